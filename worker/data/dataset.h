@@ -1,0 +1,97 @@
+// Data sets and input pipelines for the workers.
+//
+// A Dataset is an in-memory set of examples (uint8 pixels, HWC, plus int labels) read from files; a
+// BatchStream cuts a worker's shard of it into shuffled, preprocessed float batches on a prefetching thread.
+//
+// Thread-safety: Dataset is immutable after loading (safe to share). BatchStream: Next() is called by one
+// consumer thread; the stream owns its prefetching thread and stops it in its destructor.
+//
+// Example:
+//   ASSIGN_OR_RETURN(DatasetPair data, LoadDataset("/usr/share/datasets/fashion-mnist", DataFormat::kAuto));
+//   BatchStreamOptions o{.batch_size = 100, .shard_index = 0, .num_shards = 2, .seed = 1};
+//   ASSIGN_OR_RETURN(auto stream, BatchStream::Create(data.train, o));
+//   const Batch& b = stream->Next();   // blocks until a batch is ready
+#ifndef DTRAIN_WORKER_DATA_DATASET_H_
+#define DTRAIN_WORKER_DATA_DATASET_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace dtrain::data {
+
+struct Dataset {
+  int height = 0, width = 0, channels = 0;  // of the stored images
+  int num_classes = 10;
+  std::vector<uint8_t> pixels;              // count * height * width * channels, HWC per image
+  std::vector<int32_t> labels;              // count
+  int64_t count() const { return static_cast<int64_t>(labels.size()); }
+  int64_t image_size() const { return static_cast<int64_t>(height) * width * channels; }
+};
+
+struct DatasetPair {
+  Dataset train, test;
+  std::string format;  // "mnist-idx", "cifar10-bin", "tfrecord"
+};
+
+enum class DataFormat { kAuto, kMnistIdx, kCifar10Bin, kTfRecord };
+
+// Reads a data directory. kAuto detects by file names:
+//   MNIST IDX: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-... (magic 2051 / 2049 checked)
+//   CIFAR-10 binary: data_batch_1..5.bin, test_batch.bin (also inside a cifar-10-batches-bin/ subfolder)
+//   TFRecord: train.tfrecords, test.tfrecords (tf.train.Example with image_raw, label, pixels features)
+// Errors name the file and what is wrong (NotFound, DataLoss for corrupt/truncated content with byte offset).
+absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat format = DataFormat::kAuto);
+
+// Individual readers (also used by dtrain_convert and the tests).
+absl::StatusOr<Dataset> ReadMnistIdx(const std::string& images_path, const std::string& labels_path);
+absl::StatusOr<Dataset> ReadCifar10Bin(const std::vector<std::string>& paths);
+absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path);
+absl::Status WriteTfRecordExamples(const Dataset& data, const std::string& path);
+
+// The pipeline's preprocessing of one image into floats.
+enum class Preprocess {
+  kScale01,          // pixel / 255 (MNIST-like)
+  kCifarTrain,       // random crop to crop_h x crop_w, random flip, brightness +-63, contrast 0.2..1.8,
+                     // per-image standardization (the CIFAR-10 tutorial's distorted inputs)
+  kCifarEval,        // central crop to crop_h x crop_w, per-image standardization
+};
+
+struct BatchStreamOptions {
+  int batch_size = 100;
+  int shard_index = 0;   // this worker's shard: examples i with i % num_shards == shard_index
+  int num_shards = 1;
+  uint64_t seed = 1;     // shuffling (reshuffled every epoch) and distortions
+  bool shuffle = true;
+  Preprocess preprocess = Preprocess::kScale01;
+  int crop_h = 24, crop_w = 24;  // for the CIFAR modes
+  int prefetch = 4;      // batches prepared ahead
+};
+
+struct Batch {
+  int batch = 0, height = 0, width = 0, channels = 0;
+  std::vector<float> images;  // batch * height * width * channels (NHWC)
+  std::vector<float> labels;  // class indices as floats
+  int64_t epoch = 0;          // epoch the batch's first example belongs to
+};
+
+class BatchStream {
+ public:
+  static absl::StatusOr<std::unique_ptr<BatchStream>> Create(const Dataset& data, const BatchStreamOptions& o);
+  virtual ~BatchStream() = default;
+  // Blocks until the next batch is ready. The reference is valid until the next call.
+  virtual const Batch& Next() = 0;
+  virtual int64_t shard_size() const = 0;  // examples in this shard
+};
+
+// Fixed, unshuffled, preprocessed batches over the whole set (evaluation). The last batch may be smaller.
+std::vector<Batch> EvalBatches(const Dataset& data, int batch_size, Preprocess preprocess, int crop_h = 24,
+                               int crop_w = 24);
+
+}  // namespace dtrain::data
+
+#endif  // DTRAIN_WORKER_DATA_DATASET_H_

@@ -1,0 +1,114 @@
+// Models: a network built from kernels::Device ops, with all its parameters in one flat float buffer
+// (llm.c style). The flat buffer is what travels to and from the parameter servers: variable i occupies
+// [offset_i, offset_i + size_i) of it, in the order of Model::variables(). Gradients use the same layout.
+//
+// Thread-safety: a Model (one tower) is used by one thread at a time.
+//
+// Example:
+//   ASSIGN_OR_RETURN(auto dev, kernels::CreateDevice(kernels::DeviceSpec::Cpu(1)));
+//   ASSIGN_OR_RETURN(auto model, CreateModel("mlp", ModelOptions{.batch_size = 100}, dev.get()));
+//   std::vector<float> params = InitialParameters(model->variables(), /*seed=*/1);
+//   RETURN_IF_ERROR(model->SetParameters(params.data()));
+//   ASSIGN_OR_RETURN(float loss, model->TrainStep(batch, grads.data()));
+#ifndef DTRAIN_WORKER_MODELS_MODEL_H_
+#define DTRAIN_WORKER_MODELS_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/device.h"
+
+namespace dtrain::models {
+
+// How a variable is initialized by the chief.
+struct Initializer {
+  enum class Kind { kTruncatedNormal, kConstant };
+  Kind kind = Kind::kConstant;
+  float stddev = 0.0f;  // kTruncatedNormal: N(0, stddev) resampled beyond 2 stddev (TensorFlow's rule)
+  float value = 0.0f;   // kConstant
+};
+
+struct VariableInfo {
+  std::string name;            // e.g. "conv1/weights"
+  std::vector<int64_t> shape;  // logical shape (HWIO for conv filters, [in, out] for dense weights)
+  Initializer init;
+  float weight_decay = 0.0f;   // L2 coefficient applied in the loss (lambda * l2_loss(w)), 0 = none
+  int64_t size() const;        // product of shape
+};
+
+// Total number of floats in the flat buffer of `vars`, and each variable's offset in it.
+int64_t TotalSize(const std::vector<VariableInfo>& vars);
+std::vector<int64_t> Offsets(const std::vector<VariableInfo>& vars);
+
+// The chief's initial values for the flat buffer, deterministic in `seed`.
+std::vector<float> InitialParameters(const std::vector<VariableInfo>& vars, uint64_t seed);
+
+// A stable fingerprint of a model's variables (names and shapes) and options, so a parameter server can
+// refuse a worker built for another model. Example: "mlp/v1/784x500,500,500x10,10/4b1c...".
+std::string Signature(const std::string& model_name, const std::vector<VariableInfo>& vars);
+
+// One batch on the host. Images are NHWC floats already preprocessed by the data pipeline; labels are class
+// indices stored as floats.
+struct HostBatch {
+  int batch = 0, height = 0, width = 0, channels = 0;
+  const float* images = nullptr;  // batch * height * width * channels
+  const float* labels = nullptr;  // batch
+};
+
+struct ModelOptions {
+  int batch_size = 100;      // examples per step on this tower; ops are specialized for it
+  int eval_batch_size = 0;   // 0: same as batch_size. Evaluate() handles any count <= this.
+  uint64_t seed = 1;         // dropout RNG seed (combined with the step counter)
+  // Input geometry (from the data set): 28x28x1 for MNIST-like data, 24x24x3 for cifar10 (after cropping).
+  int height = 28, width = 28, channels = 1;
+  int num_classes = 10;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const std::string& name() const = 0;
+  virtual const std::vector<VariableInfo>& variables() const = 0;
+  int64_t num_parameters() const { return TotalSize(variables()); }
+
+  // Copies the flat parameter buffer (host, num_parameters() floats) to the device.
+  virtual absl::Status SetParameters(const float* host_params) = 0;
+
+  // Forward + backward on one batch of exactly options.batch_size examples (dropout on). Writes the flat
+  // gradient of the total loss (cross-entropy + weight decay terms) to `host_grads` (num_parameters() floats)
+  // and returns the total loss. `step` seeds dropout so runs are reproducible.
+  virtual absl::StatusOr<float> TrainStep(const HostBatch& batch, int64_t step, float* host_grads) = 0;
+
+  // Device-side variant for towers that average on the device (GPU/NCCL): gradients stay in
+  // device_gradients() after the call. Returns the loss.
+  virtual absl::StatusOr<float> ComputeGradients(const HostBatch& batch, int64_t step) = 0;
+  virtual float* device_gradients() = 0;  // flat gradient buffer on the device (num_parameters() floats)
+
+  // Inference (dropout off) on up to eval_batch_size examples; returns how many were classified correctly.
+  virtual absl::StatusOr<int> CountCorrect(const HostBatch& batch) = 0;
+
+  virtual kernels::Device* device() = 0;
+};
+
+// Known names: "mlp", "cnn", "convnet", "cifar10". InvalidArgument for an unknown name or bad options.
+absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name, const ModelOptions& options,
+                                                   kernels::Device* device);
+
+// Variables of a model without building it (for the ps placement and the signature).
+absl::StatusOr<std::vector<VariableInfo>> ModelVariables(const std::string& name, const ModelOptions& options);
+
+// Training defaults of the seeds for a model (used when the user does not override them).
+struct ModelDefaults {
+  std::string optimizer;   // "sgd", "momentum", "adam"
+  float learning_rate = 0.01f;
+  int batch_size = 100;
+};
+ModelDefaults DefaultsFor(const std::string& name);
+
+}  // namespace dtrain::models
+
+#endif  // DTRAIN_WORKER_MODELS_MODEL_H_
