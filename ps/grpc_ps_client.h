@@ -1,0 +1,36 @@
+// PsInterface over gRPC: a worker's connection to one ps task.
+//
+// Every call has a deadline. Calls failing with Unavailable (ps not up yet, connection reset) are retried with
+// exponential backoff until `retry_window` has passed; retried pushes reuse their request_id, so the server
+// applies each push at most once. Other errors are returned as they are (codes from ps/parameter_server.h).
+//
+// Thread-safety: all methods may be called concurrently (gRPC channels are thread-safe).
+//
+// Example:
+//   ASSIGN_OR_RETURN(std::unique_ptr<PsInterface> ps0, NewGrpcPsClient("127.0.0.1:2222", {}));
+//   ASSIGN_OR_RETURN(RegisterResponse r, ps0->Register(request));
+#ifndef DTRAIN_PS_GRPC_PS_CLIENT_H_
+#define DTRAIN_PS_GRPC_PS_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ps/parameter_server.h"
+
+namespace dtrain::ps {
+
+struct GrpcClientOptions {
+  absl::Duration rpc_timeout = absl::Seconds(60);   // per attempt, for everything but Pull
+  absl::Duration retry_window = absl::Seconds(30);  // keep retrying Unavailable this long
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& address,
+                                                             const GrpcClientOptions& options);
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_GRPC_PS_CLIENT_H_

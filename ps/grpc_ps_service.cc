@@ -1,0 +1,125 @@
+#include "ps/grpc_ps_service.h"
+
+#include <utility>
+
+#include "dtrain.grpc.pb.h"
+#include "ps/wire_format.h"
+
+namespace dtrain::ps {
+namespace {
+
+namespace pb = ::dtrain::wire;
+
+class GrpcPsService final : public pb::ParameterServer::Service {
+ public:
+  explicit GrpcPsService(PsInterface* ps) : ps_(ps) {}
+
+  grpc::Status Register(grpc::ServerContext*, const pb::RegisterRequest* req, pb::RegisterResponse* resp) override {
+    RegisterRequest r;
+    r.worker_id = req->worker_id();
+    r.is_chief = req->is_chief();
+    r.config = wire::FromProto(req->config());
+    absl::StatusOr<RegisterResponse> out = ps_->Register(r);
+    if (!out.ok()) return wire::ToGrpc(out.status());
+    resp->set_initialized(out->initialized);
+    resp->set_global_step(out->global_step);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Initialize(grpc::ServerContext*, grpc::ServerReader<pb::InitializeChunk>* reader,
+                          pb::InitializeResponse*) override {
+    InitializeRequest r;
+    wire::SliceAssembler assembler;
+    pb::InitializeChunk msg;
+    bool first = true;
+    while (reader->Read(&msg)) {
+      if (first) r.worker_id = msg.worker_id();
+      first = false;
+      for (const auto& c : msg.chunks()) {
+        absl::Status s = assembler.Add(c);
+        if (!s.ok()) return wire::ToGrpc(s);
+      }
+    }
+    if (first) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Initialize: empty stream");
+    r.slices = assembler.Take();
+    return wire::ToGrpc(ps_->Initialize(r));
+  }
+
+  grpc::Status Push(grpc::ServerContext*, grpc::ServerReader<pb::PushChunk>* reader,
+                    pb::PushResponse* resp) override {
+    PushRequest r;
+    wire::SliceAssembler assembler;
+    pb::PushChunk msg;
+    bool first = true;
+    while (reader->Read(&msg)) {
+      if (first) {
+        if (!msg.has_header()) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Push: first message has no header");
+        }
+        r.worker_id = msg.header().worker_id();
+        r.step = msg.header().step();
+        r.request_id = msg.header().request_id();
+        r.commit = msg.header().commit();
+        first = false;
+      }
+      for (const auto& c : msg.chunks()) {
+        absl::Status s = assembler.Add(c);
+        if (!s.ok()) return wire::ToGrpc(s);
+      }
+    }
+    if (first) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Push: empty stream");
+    r.gradients = assembler.Take();
+    absl::StatusOr<PushResponse> out = ps_->Push(r);
+    if (!out.ok()) return wire::ToGrpc(out.status());
+    resp->set_outcome(wire::ToProto(out->outcome));
+    resp->set_global_step(out->global_step);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Pull(grpc::ServerContext*, const pb::PullRequest* req,
+                    grpc::ServerWriter<pb::PullChunk>* writer) override {
+    PullRequest r;
+    r.worker_id = req->worker_id();
+    r.min_step = req->min_step();
+    r.since_step = req->since_step();
+    r.timeout_ms = req->timeout_ms() > 0 ? req->timeout_ms() : 60000;
+    for (const auto& d : req->decisions()) r.decisions.push_back(wire::FromProto(d));
+    absl::StatusOr<PullResponse> out = ps_->Pull(r);
+    if (!out.ok()) return wire::ToGrpc(out.status());
+    bool first = true;
+    const bool ok = wire::ForEachChunkGroup(out->slices, [&](std::vector<pb::SliceChunk>&& group) {
+      pb::PullChunk msg;
+      if (first) {
+        auto* h = msg.mutable_header();
+        h->set_step(out->step);
+        h->set_training_done(out->training_done);
+        for (const StepDecision& d : out->decisions) wire::ToProto(d, h->add_decisions());
+        first = false;
+      }
+      for (auto& c : group) *msg.add_chunks() = std::move(c);
+      return writer->Write(msg);
+    });
+    if (!ok) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "Pull: client went away");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Done(grpc::ServerContext*, const pb::DoneRequest* req, pb::DoneResponse*) override {
+    return wire::ToGrpc(ps_->Done(req->worker_id()));
+  }
+
+  grpc::Status GetStats(grpc::ServerContext*, const pb::StatsRequest*, pb::StatsResponse* resp) override {
+    absl::StatusOr<TrainingStats> out = ps_->GetStats();
+    if (!out.ok()) return wire::ToGrpc(out.status());
+    wire::ToProto(*out, resp);
+    return grpc::Status::OK;
+  }
+
+ private:
+  PsInterface* ps_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps) { return std::make_unique<GrpcPsService>(ps); }
+
+}  // namespace dtrain::ps

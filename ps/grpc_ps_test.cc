@@ -1,0 +1,157 @@
+// The gRPC adapter end to end on 127.0.0.1 (port 0): large tensors are chunked below gRPC's 4 MB limit,
+// statuses survive the trip, retried pushes are not applied twice, and the server stops by itself.
+#include <cmath>
+#include <numeric>
+
+#include <gtest/gtest.h>
+
+#include "ps/grpc_ps_client.h"
+#include "ps/server.h"
+#include "ps/wire_format.h"
+
+namespace dtrain::ps {
+namespace {
+
+constexpr int64_t kBig = 3'000'000;  // 12 MB: three times gRPC's default message limit
+
+TrainConfig Config() {
+  TrainConfig c;
+  c.model_signature = "test/v1";
+  c.mode = "sync";
+  c.num_workers = 1;
+  c.optimizer.name = "sgd";
+  c.optimizer.learning_rate = 0.5f;
+  c.slices = {SliceSpec{0, "big", 0, kBig}, SliceSpec{1, "small", kBig, 3}};
+  return c;
+}
+
+TEST(GrpcPsTest, RoundTripLargeTensorsAndRetriedPush) {
+  PsServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  so.ps.num_workers = 1;
+  so.linger = absl::ZeroDuration();
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->port(), 0);
+  absl::StatusOr<std::unique_ptr<PsInterface>> client = NewGrpcPsClient((*server)->address(), {});
+  ASSERT_TRUE(client.ok());
+  PsInterface& ps = **client;
+
+  absl::StatusOr<RegisterResponse> reg = ps.Register(RegisterRequest{0, true, Config()});
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_FALSE(reg->initialized);
+
+  InitializeRequest init;
+  init.worker_id = 0;
+  init.slices = {SliceData{0, std::vector<float>(kBig)}, SliceData{1, {1.f, 2.f, 3.f}}};
+  std::iota(init.slices[0].values.begin(), init.slices[0].values.end(), 0.f);
+  ASSERT_TRUE(ps.Initialize(init).ok());
+
+  PushRequest push;
+  push.worker_id = 0;
+  push.step = 0;
+  push.request_id = 42;
+  push.commit = true;
+  push.gradients = {SliceData{0, std::vector<float>(kBig, 2.f)}, SliceData{1, {2.f, 4.f, 6.f}}};
+  absl::StatusOr<PushResponse> pushed = ps.Push(push);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(pushed->outcome, PushResponse::Outcome::kAccepted);
+  EXPECT_EQ(pushed->global_step, 1);
+  // The same push again (a retry after a lost reply) is recognized and not applied.
+  absl::StatusOr<PushResponse> again = ps.Push(push);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome, PushResponse::Outcome::kDuplicate);
+
+  PullRequest pull;
+  pull.worker_id = 0;
+  pull.min_step = 1;
+  absl::StatusOr<PullResponse> pulled = ps.Pull(pull);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->step, 1);
+  ASSERT_EQ(pulled->slices.size(), 2u);
+  ASSERT_EQ(pulled->slices[0].values.size(), static_cast<size_t>(kBig));
+  // var -= 0.5 * 2 exactly once.
+  EXPECT_FLOAT_EQ(pulled->slices[0].values[0], -1.f);
+  EXPECT_FLOAT_EQ(pulled->slices[0].values[kBig - 1], static_cast<float>(kBig - 1) - 1.f);
+  EXPECT_FLOAT_EQ(pulled->slices[1].values[2], 0.f);
+
+  ASSERT_TRUE(ps.Done(0).ok());
+  EXPECT_TRUE((*server)->Wait(absl::Seconds(10)));
+}
+
+TEST(GrpcPsTest, ErrorsKeepTheirCodeAndMessage) {
+  PsServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  so.ps.num_workers = 2;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so);
+  ASSERT_TRUE(server.ok());
+  GrpcClientOptions co;
+  co.retry_window = absl::Milliseconds(300);
+  auto client = NewGrpcPsClient((*server)->address(), co);
+  ASSERT_TRUE(client.ok());
+  // A non-chief before the chief: Unavailable (the worker waits and retries).
+  TrainConfig c = Config();
+  c.num_workers = 2;
+  absl::StatusOr<RegisterResponse> early = (*client)->Register(RegisterRequest{1, false, c});
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable) << early.status();
+  ASSERT_TRUE((*client)->Register(RegisterRequest{0, true, c}).ok());
+  // A worker built for another model is refused with a message naming the mismatch.
+  TrainConfig other = c;
+  other.model_signature = "other/v1";
+  absl::StatusOr<RegisterResponse> bad = (*client)->Register(RegisterRequest{1, false, other});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(bad.status().message().find("model_signature"), std::string::npos) << bad.status();
+  // A stranger's worker id.
+  EXPECT_FALSE((*client)->Done(7).ok());
+  (*server)->Shutdown();
+}
+
+TEST(GrpcPsTest, UnreachableServerIsUnavailableAfterRetryWindow) {
+  GrpcClientOptions co;
+  co.retry_window = absl::Milliseconds(300);
+  co.rpc_timeout = absl::Seconds(1);
+  auto client = NewGrpcPsClient("127.0.0.1:1", co);
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<TrainingStats> s = (*client)->GetStats();
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
+  EXPECT_NE(s.status().message().find("127.0.0.1:1"), std::string::npos);
+}
+
+TEST(WireFormatTest, ChunksStayBelowLimitAndReassemble) {
+  std::vector<SliceData> slices = {SliceData{3, std::vector<float>(1'500'000, 1.f)}, SliceData{5, {7.f}},
+                                   SliceData{9, std::vector<float>(600'000, 2.f)}};
+  wire::SliceAssembler a;
+  int messages = 0;
+  ASSERT_TRUE(wire::ForEachChunkGroup(slices, [&](std::vector<dtrain::wire::SliceChunk>&& group) {
+    int64_t bytes = 0;
+    for (const auto& c : group) {
+      bytes += c.data().size();
+      EXPECT_TRUE(a.Add(c).ok());
+    }
+    EXPECT_LE(bytes, wire::kChunkBytes);
+    ++messages;
+    return true;
+  }));
+  EXPECT_GE(messages, 4);
+  std::vector<SliceData> back = a.Take();
+  ASSERT_EQ(back.size(), 3u);
+  EXPECT_EQ(back[0].key, 3u);
+  EXPECT_EQ(back[0].values, slices[0].values);
+  EXPECT_EQ(back[1].values, slices[1].values);
+  EXPECT_EQ(back[2].values, slices[2].values);
+}
+
+TEST(WireFormatTest, GapsAreRejected) {
+  wire::SliceAssembler a;
+  dtrain::wire::SliceChunk c;
+  c.set_key(1);
+  c.set_offset(4);
+  c.set_data(std::string(8, '\0'));
+  EXPECT_EQ(a.Add(c).code(), absl::StatusCode::kInvalidArgument);
+  c.set_offset(0);
+  c.set_data(std::string(7, '\0'));
+  EXPECT_EQ(a.Add(c).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain::ps

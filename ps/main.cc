@@ -1,0 +1,72 @@
+// dtrain_ps: one parameter-server task. Generic like tf.train.Server: it knows the cluster, not the model;
+// the chief worker sends the training configuration. Exits 0 once every worker has reported done.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <glog/logging.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/cluster_spec.h"
+#include "ps/server.h"
+
+ABSL_FLAG(std::string, job_name, "", "This task's job (ps)");
+ABSL_FLAG(int, task_index, -1, "This task's index in the ps job");
+ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks");
+ABSL_FLAG(std::string, worker_hosts, "", "Comma-separated host:port of the worker tasks");
+ABSL_FLAG(std::string, cluster_spec, "", "JSON file {\"ps\": [...], \"worker\": [...]} (else flags or TF_CONFIG)");
+ABSL_FLAG(std::string, listen_address, "",
+          "Address to bind (default: this task's address in the cluster spec; use 0.0.0.0:PORT for all "
+          "interfaces)");
+ABSL_FLAG(double, max_run_secs, 0, "Give up and exit 1 after this long (0: wait for the workers forever)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("dtrain parameter server task");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+
+  dtrain::ClusterFlags cf;
+  cf.cluster_spec = absl::GetFlag(FLAGS_cluster_spec);
+  cf.ps_hosts = absl::GetFlag(FLAGS_ps_hosts);
+  cf.worker_hosts = absl::GetFlag(FLAGS_worker_hosts);
+  cf.job_name = absl::GetFlag(FLAGS_job_name);
+  cf.task_index = absl::GetFlag(FLAGS_task_index);
+  const char* tf_config = std::getenv("TF_CONFIG");
+  absl::StatusOr<dtrain::ClusterConfig> cluster = dtrain::ResolveCluster(cf, tf_config ? tf_config : "");
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "dtrain_ps: bad cluster spec: %s\n", std::string(cluster.status().message()).c_str());
+    return 2;
+  }
+  if (!cluster->is_ps()) {
+    std::fprintf(stderr, "dtrain_ps: this task is not a ps task (%s); run dtrain_worker for it\n",
+                 cluster->DebugString().c_str());
+    return 2;
+  }
+  dtrain::ps::PsServerOptions o;
+  o.listen_address = absl::GetFlag(FLAGS_listen_address);
+  if (o.listen_address.empty()) o.listen_address = cluster->address();
+  o.ps.task_index = cluster->task_index;
+  o.ps.num_ps = cluster->num_ps();
+  o.ps.num_workers = cluster->num_workers();
+
+  absl::StatusOr<std::unique_ptr<dtrain::ps::PsServer>> server = dtrain::ps::PsServer::Start(o);
+  if (!server.ok()) {
+    std::fprintf(stderr, "dtrain_ps: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  LOG(INFO) << "ps task " << cluster->task_index << " listening on " << (*server)->address() << "; "
+            << cluster->DebugString();
+  const double max_secs = absl::GetFlag(FLAGS_max_run_secs);
+  const bool finished =
+      (*server)->Wait(max_secs > 0 ? absl::Seconds(max_secs) : absl::InfiniteDuration());
+  if (!finished) {
+    std::fprintf(stderr, "dtrain_ps: gave up after --max_run_secs=%g with workers still running\n", max_secs);
+    return 1;
+  }
+  LOG(INFO) << "ps task " << cluster->task_index << ": all workers done, exiting";
+  return 0;
+}

@@ -1,0 +1,74 @@
+#include "ps/server.h"
+
+#include <utility>
+
+#include <glog/logging.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "ps/grpc_ps_service.h"
+
+namespace dtrain::ps {
+
+struct PsServer::State {
+  std::string host;
+  int port = 0;
+  std::unique_ptr<ParameterServer> ps;
+  std::unique_ptr<grpc::Service> service;
+  std::unique_ptr<grpc::Server> server;
+  absl::Duration linger;
+  absl::Mutex mu;
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+};
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions& options) {
+  const std::string& addr = options.listen_address;
+  const size_t colon = addr.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("listen address '", addr, "' has no port"));
+  }
+  std::unique_ptr<PsServer> s(new PsServer());
+  s->state_ = std::make_unique<State>();
+  State& st = *s->state_;
+  st.host = addr.substr(0, colon);
+  st.linger = options.linger;
+  st.ps = std::make_unique<ParameterServer>(options.ps);
+  st.service = NewGrpcPsService(st.ps.get());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &st.port);
+  builder.RegisterService(st.service.get());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  st.server = builder.BuildAndStart();
+  if (!st.server || st.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", addr, " (address in use or not local?)"));
+  }
+  return s;
+}
+
+PsServer::~PsServer() { Shutdown(); }
+
+std::string PsServer::address() const { return absl::StrCat(state_->host, ":", state_->port); }
+int PsServer::port() const { return state_->port; }
+ParameterServer* PsServer::parameter_server() { return state_->ps.get(); }
+
+bool PsServer::Wait(absl::Duration timeout) {
+  const bool finished = state_->ps->WaitUntilFinished(timeout);
+  if (finished) absl::SleepFor(state_->linger);
+  Shutdown();
+  return finished;
+}
+
+void PsServer::Shutdown() {
+  {
+    absl::MutexLock l(&state_->mu);
+    if (state_->shut_down) return;
+    state_->shut_down = true;
+  }
+  // Blocked Pulls are released by the ParameterServer once finished; give stragglers a bounded grace period.
+  state_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  state_->server->Wait();
+}
+
+}  // namespace dtrain::ps

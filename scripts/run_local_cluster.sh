@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Starts a cluster on 127.0.0.1: NUM_PS ps tasks and NUM_WORKERS worker tasks, each its own process, on free
+# ports; passes the remaining arguments to every worker; waits for all of them and exits non-zero if any
+# process failed. Worker 0's output goes to stdout; every task's log goes to $LOGDIR/<job>_<i>.log.
+#
+#   scripts/run_local_cluster.sh [--ps N] [--workers N] [--logdir DIR] [--] WORKER_FLAGS...
+#   scripts/run_local_cluster.sh --workers 2 -- --mode=sync --model=mlp --train_steps=2000
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BIN="${DTRAIN_BIN:-$ROOT/build/bin}"
+NUM_PS=1
+NUM_WORKERS=2
+LOGDIR=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ps) NUM_PS="$2"; shift 2 ;;
+    --workers) NUM_WORKERS="$2"; shift 2 ;;
+    --logdir) LOGDIR="$2"; shift 2 ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
+[ -n "$LOGDIR" ] || LOGDIR="$(mktemp -d /tmp/dtrain_cluster.XXXXXX)"
+mkdir -p "$LOGDIR"
+for b in dtrain_ps dtrain_worker; do
+  [ -x "$BIN/$b" ] || { echo "run_local_cluster: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 2; }
+done
+
+ports="$(python3 "$ROOT/scripts/free_ports.py" $((NUM_PS + NUM_WORKERS)))"
+IFS=, read -r -a P <<<"$ports"
+ps_hosts=""; worker_hosts=""
+for ((i = 0; i < NUM_PS; i++)); do ps_hosts+="${ps_hosts:+,}127.0.0.1:${P[$i]}"; done
+for ((i = 0; i < NUM_WORKERS; i++)); do worker_hosts+="${worker_hosts:+,}127.0.0.1:${P[$((NUM_PS + i))]}"; done
+cluster=(--ps_hosts="$ps_hosts" --worker_hosts="$worker_hosts")
+echo "cluster: ps=[$ps_hosts] worker=[$worker_hosts]; logs in $LOGDIR" >&2
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
+trap cleanup INT TERM
+for ((i = 0; i < NUM_PS; i++)); do
+  "$BIN/dtrain_ps" --job_name=ps --task_index=$i "${cluster[@]}" >"$LOGDIR/ps_$i.log" 2>&1 &
+  pids+=($!)
+done
+for ((i = 1; i < NUM_WORKERS; i++)); do
+  "$BIN/dtrain_worker" --job_name=worker --task_index=$i "${cluster[@]}" "$@" >"$LOGDIR/worker_$i.log" 2>&1 &
+  pids+=($!)
+done
+"$BIN/dtrain_worker" --job_name=worker --task_index=0 "${cluster[@]}" "$@" 2>"$LOGDIR/worker_0.err" \
+  | tee "$LOGDIR/worker_0.log"
+rc=${PIPESTATUS[0]}
+failed=0
+[ "$rc" = 0 ] || { echo "worker 0 exited with $rc (see $LOGDIR/worker_0.err)" >&2; failed=1; }
+i=0
+for p in "${pids[@]}"; do
+  wait "$p"; r=$?
+  if [ "$r" != 0 ]; then echo "process $p exited with $r (logs in $LOGDIR)" >&2; failed=1; fi
+done
+exit $failed

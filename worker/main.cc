@@ -1,0 +1,143 @@
+// dtrain_worker: one worker task of a cluster (or --job_name=local: a whole training run in one process).
+// Flags → WorkerOptions → RunTraining; exit code 0 on success, 2 on bad flags/cluster spec, 1 otherwise.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/cluster_spec.h"
+#include "ps/grpc_ps_client.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(std::string, job_name, "", "This task's job: worker (or chief), or local for single-process training");
+ABSL_FLAG(int, task_index, -1, "This task's index in its job");
+ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks");
+ABSL_FLAG(std::string, worker_hosts, "", "Comma-separated host:port of the worker tasks");
+ABSL_FLAG(std::string, cluster_spec, "", "JSON file {\"ps\": [...], \"worker\": [...]} (else flags or TF_CONFIG)");
+
+ABSL_FLAG(std::string, model, "mlp", "mlp | cnn | convnet | cifar10");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
+          "MNIST IDX, CIFAR-10 binary or TFRecord files");
+ABSL_FLAG(int64_t, train_steps, 2000, "Train until the global step reaches this");
+ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
+ABSL_FLAG(double, learning_rate, 0, "Learning rate (0: the model's default)");
+ABSL_FLAG(std::string, optimizer, "", "sgd | momentum | adam (empty: the model's default)");
+ABSL_FLAG(double, momentum, 0.9, "Momentum for --optimizer=momentum");
+ABSL_FLAG(int64_t, decay_steps, 0, "Exponential learning-rate decay every this many steps (0: off)");
+ABSL_FLAG(double, decay_rate, 1.0, "Learning-rate decay factor");
+ABSL_FLAG(bool, staircase, false, "Decay the learning rate in discrete steps");
+ABSL_FLAG(double, moving_average_decay, 0, "Keep moving averages of the variables (0: off)");
+ABSL_FLAG(uint64_t, seed, 1, "Seed for initialization, shuffling and dropout");
+ABSL_FLAG(std::string, mode, "sync", "sync | async");
+ABSL_FLAG(int, replicas_to_aggregate, 0, "Sync: gradients averaged per step (0: all workers)");
+ABSL_FLAG(int, total_num_replicas, 0, "Sync: workers in total (> replicas_to_aggregate: backup workers)");
+ABSL_FLAG(int, max_staleness, -1, "Async: a worker more than this many steps ahead of the slowest waits (-1: off)");
+ABSL_FLAG(std::string, towers, "", "Towers: N CPU towers, or gpu:0,gpu:1,...");
+ABSL_FLAG(int, num_gpus, 0, "One tower per GPU 0..N-1");
+ABSL_FLAG(int, threads, 1, "CPU threads for this worker's towers");
+ABSL_FLAG(int, log_every, 100, "Print a progress line every this many local steps");
+ABSL_FLAG(int64_t, eval_every, 0, "Chief: evaluate test accuracy every this many global steps (0: at the end)");
+ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");
+ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and the chief");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("dtrain worker: trains a model against the cluster's parameter servers");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+
+  dtrain::ClusterFlags cf;
+  cf.cluster_spec = absl::GetFlag(FLAGS_cluster_spec);
+  cf.ps_hosts = absl::GetFlag(FLAGS_ps_hosts);
+  cf.worker_hosts = absl::GetFlag(FLAGS_worker_hosts);
+  cf.job_name = absl::GetFlag(FLAGS_job_name);
+  cf.task_index = absl::GetFlag(FLAGS_task_index);
+  const char* tf_config = std::getenv("TF_CONFIG");
+  absl::StatusOr<dtrain::ClusterConfig> cluster = dtrain::ResolveCluster(cf, tf_config ? tf_config : "");
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "dtrain_worker: bad cluster spec: %s\n", std::string(cluster.status().message()).c_str());
+    return 2;
+  }
+  if (cluster->is_ps()) {
+    std::fprintf(stderr, "dtrain_worker: this task is a ps task (%s); run dtrain_ps for it\n",
+                 cluster->DebugString().c_str());
+    return 2;
+  }
+
+  dtrain::worker::WorkerOptions o;
+  o.model = absl::GetFlag(FLAGS_model);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.train_steps = absl::GetFlag(FLAGS_train_steps);
+  o.batch_size = absl::GetFlag(FLAGS_batch_size);
+  o.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_learning_rate));
+  o.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  o.decay_steps = absl::GetFlag(FLAGS_decay_steps);
+  o.decay_rate = static_cast<float>(absl::GetFlag(FLAGS_decay_rate));
+  o.staircase = absl::GetFlag(FLAGS_staircase);
+  o.moving_average_decay = static_cast<float>(absl::GetFlag(FLAGS_moving_average_decay));
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.mode = absl::GetFlag(FLAGS_mode);
+  o.replicas_to_aggregate = absl::GetFlag(FLAGS_replicas_to_aggregate);
+  o.total_num_replicas = absl::GetFlag(FLAGS_total_num_replicas);
+  o.max_staleness = absl::GetFlag(FLAGS_max_staleness);
+  o.towers = absl::GetFlag(FLAGS_towers);
+  o.num_gpus = absl::GetFlag(FLAGS_num_gpus);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.log_every = absl::GetFlag(FLAGS_log_every);
+  o.eval_every = absl::GetFlag(FLAGS_eval_every);
+  o.logdir = absl::GetFlag(FLAGS_logdir);
+  o.startup_wait_secs = absl::GetFlag(FLAGS_startup_wait_secs);
+  o.worker_id = cluster->is_local() ? 0 : cluster->task_index;
+  o.num_workers = cluster->is_local() ? 1 : cluster->num_workers();
+  o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();
+
+  absl::Status flags_ok = dtrain::worker::ApplyModelDefaults(&o);
+  if (flags_ok.ok()) {
+    absl::StatusOr<std::vector<dtrain::kernels::DeviceSpec>> towers =
+        dtrain::worker::ParseTowers(o.towers, o.num_gpus, o.threads);
+    flags_ok = towers.status();
+    if (towers.ok()) {
+      for (const auto& spec : *towers) {
+        if (spec.kind == dtrain::kernels::DeviceSpec::Kind::kGpu &&
+            spec.gpu_index >= dtrain::kernels::CudaDeviceCount()) {
+          flags_ok = absl::FailedPreconditionError(absl::StrCat(
+              "no CUDA device available: tower ", spec.ToString(), " asked for, ",
+              dtrain::kernels::CudaDeviceCount(), " usable CUDA device(s) found"));
+        }
+      }
+    }
+  }
+  if (!flags_ok.ok()) {
+    std::fprintf(stderr, "dtrain_worker: %s\n", std::string(flags_ok.message()).c_str());
+    return 2;
+  }
+
+  std::vector<std::unique_ptr<dtrain::ps::PsInterface>> clients;
+  std::vector<dtrain::ps::PsInterface*> tasks;
+  if (!cluster->is_local()) {
+    LOG(INFO) << cluster->DebugString();
+    dtrain::ps::GrpcClientOptions copt;
+    for (const std::string& address : cluster->ps) {
+      auto client = dtrain::ps::NewGrpcPsClient(address, copt);
+      if (!client.ok()) {
+        std::fprintf(stderr, "dtrain_worker: %s\n", std::string(client.status().message()).c_str());
+        return 2;
+      }
+      tasks.push_back(client->get());
+      clients.push_back(std::move(*client));
+    }
+  }
+  absl::StatusOr<dtrain::worker::TrainingResult> result = dtrain::worker::RunTraining(o, tasks);
+  if (!result.ok()) {
+    std::fprintf(stderr, "dtrain_worker: %s\n", result.status().ToString().c_str());
+    return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}

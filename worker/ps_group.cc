@@ -1,0 +1,185 @@
+#include "worker/ps_group.h"
+
+#include <cstring>
+#include <future>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace dtrain::worker {
+
+PsGroup::PsGroup(std::vector<ps::PsInterface*> tasks, std::vector<std::vector<ps::SliceSpec>> placement,
+                 int worker_id, bool is_chief)
+    : tasks_(std::move(tasks)),
+      placement_(std::move(placement)),
+      worker_id_(worker_id),
+      is_chief_(is_chief),
+      last_push_bytes_(tasks_.size(), 0),
+      last_pull_bytes_(tasks_.size(), 0) {
+  // Request ids must not repeat across restarts of this worker: start from a random base.
+  std::random_device rd;
+  next_request_id_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+std::vector<ps::SliceData> PsGroup::Gather(int task, const float* flat) const {
+  std::vector<ps::SliceData> out;
+  out.reserve(placement_[task].size());
+  for (const ps::SliceSpec& s : placement_[task]) {
+    out.push_back(ps::SliceData{s.key, std::vector<float>(flat + s.flat_offset, flat + s.flat_offset + s.length)});
+  }
+  return out;
+}
+
+absl::Status PsGroup::Scatter(int task, const std::vector<ps::SliceData>& slices, float* flat) const {
+  const auto& specs = placement_[task];
+  if (slices.size() != specs.size()) {
+    return absl::DataLossError(absl::StrCat("ps task ", task, " returned ", slices.size(), " slices, expected ",
+                                            specs.size()));
+  }
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const ps::SliceSpec* spec = &specs[i];
+    if (slices[i].key != spec->key) {
+      spec = nullptr;
+      for (const auto& s : specs) {
+        if (s.key == slices[i].key) spec = &s;
+      }
+      if (spec == nullptr) {
+        return absl::DataLossError(absl::StrCat("ps task ", task, " returned unknown slice key ", slices[i].key));
+      }
+    }
+    if (static_cast<int64_t>(slices[i].values.size()) != spec->length) {
+      return absl::DataLossError(absl::StrCat("ps task ", task, " slice ", spec->key, " (", spec->variable,
+                                              ") has ", slices[i].values.size(), " floats, expected ",
+                                              spec->length));
+    }
+    std::memcpy(flat + spec->flat_offset, slices[i].values.data(), spec->length * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsGroup::Connect(const ps::TrainConfig& config, const float* initial_params, absl::Duration wait) {
+  sync_ = config.mode == "sync";
+  const absl::Time give_up = absl::Now() + wait;
+  absl::Duration backoff = absl::Milliseconds(100);
+  absl::Time next_log = absl::Now();
+  for (int t = 0; t < num_tasks(); ++t) {
+    ps::RegisterRequest req;
+    req.worker_id = worker_id_;
+    req.is_chief = is_chief_;
+    req.config = config;
+    req.config.slices = placement_[t];
+    while (true) {
+      absl::StatusOr<ps::RegisterResponse> r = tasks_[t]->Register(req);
+      std::string waiting_for;
+      if (r.ok()) {
+        if (r->initialized) break;
+        if (is_chief_) {
+          ps::InitializeRequest init;
+          init.worker_id = worker_id_;
+          init.slices = Gather(t, initial_params);
+          RETURN_IF_ERROR(tasks_[t]->Initialize(init));
+          LOG(INFO) << "initialized ps task " << t << " (" << placement_[t].size() << " slices)";
+          break;
+        }
+        waiting_for = absl::StrCat("the chief to initialize ps task ", t);
+      } else if (r.status().code() == absl::StatusCode::kUnavailable ||
+                 r.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        waiting_for = absl::StrCat("ps task ", t, " (", r.status().message(), ")");
+      } else {
+        return r.status();
+      }
+      if (absl::Now() > give_up) {
+        return absl::DeadlineExceededError(absl::StrCat("worker ", worker_id_, " gave up waiting for ",
+                                                        waiting_for, " after ", absl::FormatDuration(wait)));
+      }
+      if (absl::Now() >= next_log) {
+        LOG(INFO) << "worker " << worker_id_ << " waiting for " << waiting_for;
+        next_log = absl::Now() + absl::Seconds(5);
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ps::PushResponse> PsGroup::Push(int64_t step, const float* grads) {
+  const uint64_t request_id = next_request_id_++;
+  auto push_to = [&](int t, bool commit) -> absl::StatusOr<ps::PushResponse> {
+    ps::PushRequest req;
+    req.worker_id = worker_id_;
+    req.step = step;
+    req.request_id = request_id;
+    req.commit = commit;
+    req.gradients = Gather(t, grads);
+    int64_t bytes = 0;
+    for (const auto& s : req.gradients) bytes += s.values.size() * sizeof(float);
+    last_push_bytes_[t] = bytes;
+    return tasks_[t]->Push(req);
+  };
+  // Other tasks first (in parallel), then the commit on task 0: a committed push is complete everywhere.
+  std::vector<std::future<absl::StatusOr<ps::PushResponse>>> others;
+  for (int t = 1; t < num_tasks(); ++t) others.push_back(std::async(std::launch::async, push_to, t, false));
+  for (auto& f : others) {
+    absl::StatusOr<ps::PushResponse> r = f.get();
+    if (!r.ok()) return r.status();
+  }
+  return push_to(0, true);
+}
+
+absl::StatusOr<PullResult> PsGroup::Pull(int64_t min_step, int64_t since_step, float* params,
+                                         absl::Duration timeout) {
+  ps::PullRequest req;
+  req.worker_id = worker_id_;
+  req.min_step = min_step;
+  req.since_step = since_step;
+  req.timeout_ms = absl::ToInt64Milliseconds(timeout);
+  ASSIGN_OR_RETURN(ps::PullResponse r0, tasks_[0]->Pull(req));
+  RETURN_IF_ERROR(Scatter(0, r0.slices, params));
+  last_pull_bytes_[0] = 0;
+  for (const auto& s : r0.slices) last_pull_bytes_[0] += s.values.size() * sizeof(float);
+  PullResult result{r0.step, r0.training_done};
+  if (num_tasks() == 1) return result;
+
+  // The other tasks apply the decisions relayed from task 0, then answer at (at least) the same step.
+  ps::PullRequest others = req;
+  // In async mode the other tasks apply pushes on arrival and keep no step of their own to wait for.
+  others.min_step = sync_ ? r0.step : 0;
+  others.decisions = std::move(r0.decisions);
+  std::vector<std::future<absl::Status>> futures;
+  for (int t = 1; t < num_tasks(); ++t) {
+    futures.push_back(std::async(std::launch::async, [&, t]() -> absl::Status {
+      ASSIGN_OR_RETURN(ps::PullResponse r, tasks_[t]->Pull(others));
+      int64_t bytes = 0;
+      for (const auto& s : r.slices) bytes += s.values.size() * sizeof(float);
+      last_pull_bytes_[t] = bytes;
+      return Scatter(t, r.slices, params);
+    }));
+  }
+  absl::Status status;
+  for (auto& f : futures) {
+    absl::Status s = f.get();
+    if (status.ok()) status = s;
+  }
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::Status PsGroup::Done() {
+  absl::Status status;
+  // Task 0 last, so that its "finished" means every task has been told.
+  for (int t = num_tasks() - 1; t >= 0; --t) {
+    absl::Status s = tasks_[t]->Done(worker_id_);
+    if (status.ok()) status = s;
+  }
+  return status;
+}
+
+absl::StatusOr<ps::TrainingStats> PsGroup::Stats(int task) { return tasks_[task]->GetStats(); }
+
+}  // namespace dtrain::worker

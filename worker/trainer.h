@@ -1,0 +1,83 @@
+// The training loop of one worker: builds the towers, reads its shard of the data, connects to the ps tasks
+// (or runs a private in-process ps in local mode), and loops pull → compute → push until the global step
+// reaches train_steps. The chief (worker 0) initializes the variables, evaluates test accuracy and prints the
+// ps statistics at the end.
+//
+// Thread-safety: RunTraining is re-entrant (tests run several workers as threads of one process).
+#ifndef DTRAIN_WORKER_TRAINER_H_
+#define DTRAIN_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ps/parameter_server.h"
+#include "worker/data/dataset.h"
+
+namespace dtrain::worker {
+
+struct WorkerOptions {
+  // Model and data.
+  std::string model = "mlp";              // mlp | cnn | convnet | cifar10
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  const data::DatasetPair* dataset = nullptr;  // tests: use this instead of reading data_dir
+  bool shuffle = true;
+  uint64_t seed = 1;
+
+  // Training. 0 / "" = the model's default (models::DefaultsFor).
+  int64_t train_steps = 2000;  // global steps
+  int batch_size = 0;          // per tower
+  float learning_rate = 0;
+  std::string optimizer;
+  float momentum = 0.9f;
+  int64_t decay_steps = 0;
+  float decay_rate = 1.0f;
+  bool staircase = false;
+  float moving_average_decay = 0;
+
+  // Distribution.
+  std::string mode = "sync";  // sync | async
+  int replicas_to_aggregate = 0;  // 0 = all workers
+  int total_num_replicas = 0;     // 0 = all workers
+  int max_staleness = -1;
+  int worker_id = 0;
+  int num_workers = 1;
+  int num_ps = 1;  // placement is computed for this many tasks
+
+  // Compute.
+  std::string towers;  // see ParseTowers
+  int num_gpus = 0;
+  int threads = 1;
+
+  // Reporting.
+  int log_every = 100;
+  int64_t eval_every = 0;       // chief: evaluate every this many global steps (0 = only at the end)
+  bool evaluate = true;         // chief: evaluate at the end
+  std::string logdir;           // chief: TensorBoard event files here (empty = none)
+  double startup_wait_secs = 300;  // how long to wait for ps tasks / the chief
+  bool quiet = false;           // no progress lines (tests)
+};
+
+struct TrainingResult {
+  int64_t global_step = 0;
+  int64_t local_steps = 0;        // steps this worker computed
+  int64_t examples = 0;           // examples this worker processed
+  double seconds = 0;             // wall time of the training loop
+  float last_loss = 0;
+  double test_accuracy = -1;      // chief only, -1 if not evaluated
+  std::vector<float> parameters;  // final parameters (flat) as last pulled
+  ps::TrainingStats stats;        // chief: ps 0's statistics
+};
+
+// Resolves the model defaults into `o` (batch size, learning rate, optimizer).
+absl::Status ApplyModelDefaults(WorkerOptions* o);
+
+// Runs training against `tasks` (ps task i at index i; not owned). Empty `tasks` = local mode (an in-process
+// ps with one worker, sync: the baseline every cluster size is compared with).
+absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
+                                           const std::vector<ps::PsInterface*>& tasks);
+
+}  // namespace dtrain::worker
+
+#endif  // DTRAIN_WORKER_TRAINER_H_
