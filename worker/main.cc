@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
 #include "ps/grpc_ps_client.h"
+#include "worker/towers.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, job_name, "", "This task's job: worker (or chief), or local for single-process training");
