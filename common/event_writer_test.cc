@@ -1,0 +1,281 @@
+#include "common/event_writer.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "common/crc32c.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+// ---- A tiny protobuf decoder, independent of the writer's encoder. ----
+
+struct Field {
+  int wire_type = 0;
+  uint64_t number = 0;   // varint, fixed32, fixed64 payloads
+  std::string bytes;     // length-delimited payload
+};
+using Message = std::multimap<int, Field>;  // field number → occurrences
+
+bool ReadVarint(const std::string& s, size_t* pos, uint64_t* v) {
+  *v = 0;
+  for (int shift = 0; shift < 64 && *pos < s.size(); shift += 7) {
+    uint8_t b = static_cast<uint8_t>(s[(*pos)++]);
+    *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+uint64_t ReadLittleEndian(const std::string& s, size_t pos, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(s[pos + i])) << (8 * i);
+  return v;
+}
+
+// Decodes one message level; fails the test on malformed input.
+Message Decode(const std::string& s) {
+  Message m;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    uint64_t key;
+    EXPECT_TRUE(ReadVarint(s, &pos, &key));
+    Field f;
+    f.wire_type = static_cast<int>(key & 7);
+    switch (f.wire_type) {
+      case 0:
+        EXPECT_TRUE(ReadVarint(s, &pos, &f.number));
+        break;
+      case 1:
+        EXPECT_LE(pos + 8, s.size());
+        f.number = ReadLittleEndian(s, pos, 8);
+        pos += 8;
+        break;
+      case 2: {
+        uint64_t len;
+        EXPECT_TRUE(ReadVarint(s, &pos, &len));
+        EXPECT_LE(pos + len, s.size());
+        f.bytes = s.substr(pos, len);
+        pos += len;
+        break;
+      }
+      case 5:
+        EXPECT_LE(pos + 4, s.size());
+        f.number = ReadLittleEndian(s, pos, 4);
+        pos += 4;
+        break;
+      default:
+        ADD_FAILURE() << "unexpected wire type " << f.wire_type;
+        return m;
+    }
+    m.emplace(static_cast<int>(key >> 3), f);
+  }
+  return m;
+}
+
+const Field& Only(const Message& m, int field) {
+  static const Field kMissing;
+  EXPECT_EQ(m.count(field), 1u) << "field " << field;
+  auto it = m.find(field);
+  return it == m.end() ? kMissing : it->second;
+}
+
+double AsDouble(uint64_t bits) {
+  double d;
+  std::memcpy(&d, &bits, 8);
+  return d;
+}
+
+float AsFloat(uint64_t bits) {
+  uint32_t b = static_cast<uint32_t>(bits);
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// Splits a TFRecord file into records, checking both masked CRCs of every record.
+std::vector<std::string> ReadRecords(const std::string& file) {
+  std::vector<std::string> records;
+  size_t pos = 0;
+  while (pos < file.size()) {
+    EXPECT_GE(file.size() - pos, 12u) << "truncated header at " << pos;
+    if (file.size() - pos < 12) break;
+    const uint64_t len = ReadLittleEndian(file, pos, 8);
+    const uint32_t len_crc = static_cast<uint32_t>(ReadLittleEndian(file, pos + 8, 4));
+    EXPECT_EQ(crc32c::Unmask(len_crc), crc32c::Value(file.data() + pos, 8)) << "at " << pos;
+    EXPECT_LE(pos + 12 + len + 4, file.size()) << "truncated record at " << pos;
+    if (pos + 12 + len + 4 > file.size()) break;
+    std::string data = file.substr(pos + 12, len);
+    const uint32_t data_crc = static_cast<uint32_t>(ReadLittleEndian(file, pos + 12 + len, 4));
+    EXPECT_EQ(crc32c::Unmask(data_crc), crc32c::Value(data.data(), data.size())) << "at " << pos;
+    records.push_back(std::move(data));
+    pos += 12 + len + 4;
+  }
+  return records;
+}
+
+struct Scalar {
+  double wall_time;
+  int64_t step;
+  std::string tag;
+  float value;
+};
+
+Scalar DecodeScalarEvent(const std::string& record) {
+  Message event = Decode(record);
+  Scalar s;
+  EXPECT_EQ(Only(event, 1).wire_type, 1);
+  s.wall_time = AsDouble(Only(event, 1).number);
+  EXPECT_EQ(Only(event, 2).wire_type, 0);
+  s.step = static_cast<int64_t>(Only(event, 2).number);
+  EXPECT_EQ(event.count(3), 0u);  // no file_version
+  Message summary = Decode(Only(event, 5).bytes);
+  Message value = Decode(Only(summary, 1).bytes);
+  s.tag = Only(value, 1).bytes;
+  EXPECT_EQ(Only(value, 2).wire_type, 5);
+  s.value = AsFloat(Only(value, 2).number);
+  return s;
+}
+
+class EventWriterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/event_writer_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { ASSERT_EQ(std::system(("rm -rf '" + dir_ + "'").c_str()), 0); }
+  std::string dir_;
+};
+
+TEST_F(EventWriterTest, WritesFileVersionThenScalars) {
+  const double before = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  absl::StatusOr<std::unique_ptr<EventWriter>> writer = EventWriter::Create(dir_ + "/logs/train");
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  const std::string path = (*writer)->path();
+  EXPECT_TRUE(absl::StartsWith(path, dir_ + "/logs/train/events.out.tfevents.")) << path;
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  EXPECT_TRUE(absl::EndsWith(path, std::string(".") + host)) << path;
+
+  ASSERT_TRUE((*writer)->AddScalar("loss", 0, 2.5).ok());
+  ASSERT_TRUE((*writer)->AddScalar("loss", 100, 0.125).ok());
+  ASSERT_TRUE((*writer)->AddScalar("accuracy/test", 1LL << 40, 0.875).ok());
+  ASSERT_TRUE((*writer)->AddScalar("neg", -3, -1e30).ok());
+  ASSERT_TRUE((*writer)->Flush().ok());
+  const double after = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+
+  // Everything is readable after Flush(), before the writer closes.
+  absl::StatusOr<std::string> file = ReadFileToString(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<std::string> records = ReadRecords(*file);
+  ASSERT_EQ(records.size(), 5u);
+
+  Message first = Decode(records[0]);
+  EXPECT_EQ(Only(first, 3).bytes, "brain.Event:2");
+  const double first_time = AsDouble(Only(first, 1).number);
+  EXPECT_GE(first_time, std::floor(before));
+  EXPECT_LE(first_time, after);
+  // The file name carries the same second as the first event.
+  EXPECT_TRUE(absl::StrContains(path, ".tfevents." + std::to_string(static_cast<int64_t>(first_time)) + "."))
+      << path;
+
+  const std::vector<Scalar> expected = {{0, 0, "loss", 2.5f},
+                                        {0, 100, "loss", 0.125f},
+                                        {0, 1LL << 40, "accuracy/test", 0.875f},
+                                        {0, -3, "neg", -1e30f}};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(i);
+    Scalar s = DecodeScalarEvent(records[i + 1]);
+    EXPECT_EQ(s.tag, expected[i].tag);
+    EXPECT_EQ(s.step, expected[i].step);
+    EXPECT_EQ(s.value, expected[i].value);
+    EXPECT_GE(s.wall_time, first_time);
+    EXPECT_LE(s.wall_time, after);
+  }
+}
+
+TEST_F(EventWriterTest, TwoWritersInOneDirectoryGetDistinctFiles) {
+  auto a = EventWriter::Create(dir_);
+  auto b = EventWriter::Create(dir_);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE((*a)->path(), (*b)->path());
+  ASSERT_TRUE((*a)->AddScalar("x", 1, 1.0).ok());
+  ASSERT_TRUE((*b)->AddScalar("y", 2, 2.0).ok());
+  ASSERT_TRUE((*a)->Close().ok());
+  ASSERT_TRUE((*b)->Close().ok());
+  absl::StatusOr<std::string> fa = ReadFileToString((*a)->path());
+  absl::StatusOr<std::string> fb = ReadFileToString((*b)->path());
+  ASSERT_TRUE(fa.ok() && fb.ok());
+  std::vector<std::string> ra = ReadRecords(*fa);
+  std::vector<std::string> rb = ReadRecords(*fb);
+  ASSERT_EQ(ra.size(), 2u);
+  ASSERT_EQ(rb.size(), 2u);
+  EXPECT_EQ(DecodeScalarEvent(ra[1]).tag, "x");
+  EXPECT_EQ(DecodeScalarEvent(rb[1]).tag, "y");
+}
+
+TEST_F(EventWriterTest, ConcurrentWritersProduceWholeRecords) {
+  auto writer = EventWriter::Create(dir_);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 500;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        EXPECT_TRUE((*writer)->AddScalar("t" + std::to_string(t), i, i * 0.5).ok());
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  const std::string path = (*writer)->path();
+  writer->reset();  // destructor flushes and closes
+  absl::StatusOr<std::string> file = ReadFileToString(path);
+  ASSERT_TRUE(file.ok());
+  std::vector<std::string> records = ReadRecords(*file);
+  ASSERT_EQ(records.size(), 1u + kThreads * kPerThread);
+  std::map<std::string, int64_t> next_step;
+  for (size_t i = 1; i < records.size(); ++i) {
+    Scalar s = DecodeScalarEvent(records[i]);
+    // Each thread's events appear in its own order.
+    EXPECT_EQ(s.step, next_step[s.tag]++);
+    EXPECT_EQ(s.value, static_cast<float>(s.step * 0.5));
+  }
+  EXPECT_EQ(next_step.size(), static_cast<size_t>(kThreads));
+}
+
+TEST_F(EventWriterTest, ErrorsAfterCloseAndOnBadInput) {
+  auto writer = EventWriter::Create(dir_);
+  ASSERT_TRUE(writer.ok());
+  EXPECT_EQ((*writer)->AddScalar("", 1, 1.0).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ((*writer)->AddScalar("x", 1, 1.0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*writer)->Flush().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(EventWriterTest, CreateFailsWhenDirectoryIsAFile) {
+  const std::string file_path = dir_ + "/plain_file";
+  ASSERT_TRUE(WriteFileAtomically(file_path, "x").ok());
+  auto writer = EventWriter::Create(file_path + "/sub");
+  ASSERT_FALSE(writer.ok());
+  EXPECT_TRUE(absl::StrContains(writer.status().message(), file_path)) << writer.status();
+}
+
+}  // namespace
+}  // namespace dtrain

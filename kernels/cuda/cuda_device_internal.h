@@ -1,0 +1,118 @@
+// The CUDA Device and what its ops share. Internal to kernels/cuda: nothing outside this folder includes it (the
+// rest of dtrain sees only kernels/device.h).
+//
+// Thread-safety: as for every Device (kernels/device.h), a CudaDevice and the ops it made belong to one thread at
+// a time. Every public entry point makes the device's GPU current on the calling thread (cudaSetDevice) first, so
+// towers on different GPUs may run in different threads. Ops keep a raw pointer to their CudaDevice and must not
+// be used after it is destroyed (destroying them afterwards is fine).
+#ifndef DTRAIN_KERNELS_CUDA_CUDA_DEVICE_INTERNAL_H_
+#define DTRAIN_KERNELS_CUDA_CUDA_DEVICE_INTERNAL_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <unordered_set>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/device.h"
+
+namespace dtrain::kernels::cuda {
+
+// Device memory owned by an op (scratch, reordered weights). Move-only; frees on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  // Allocates `bytes` (at least 1) on the current device. ResourceExhausted names `what` when out of memory.
+  static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, absl::string_view what);
+  static absl::StatusOr<DeviceBuffer> AllocateFloats(int64_t n, absl::string_view what) {
+    return Allocate(static_cast<size_t>(n) * sizeof(float), what);
+  }
+  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) {
+    other.ptr_ = nullptr;
+    other.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  void* get() const { return ptr_; }
+  float* floats() const { return static_cast<float*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class CudaDevice final : public Device {
+ public:
+  // spec.kind must be kGpu and spec.gpu_index a usable device (the caller, CreateCudaDevice, has checked).
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(const DeviceSpec& spec);
+  ~CudaDevice() override;
+
+  std::string name() const override { return name_; }
+  const DeviceSpec& spec() const override { return spec_; }
+
+  absl::StatusOr<float*> Alloc(int64_t n) override;
+  void Free(float* p) override;
+  absl::Status CopyToDevice(const float* host, float* dev, int64_t n) override;
+  absl::Status CopyToHost(const float* dev, float* host, int64_t n) override;
+  absl::Status CopyOnDevice(const float* src, float* dst, int64_t n) override;
+  absl::StatusOr<float*> AllocHostPinned(int64_t n) override;
+  void FreeHostPinned(float* p) override;
+  absl::Status Synchronize() override;
+
+  absl::StatusOr<std::unique_ptr<Conv2D>> MakeConv2D(const Conv2DParams& p) override;
+  absl::StatusOr<std::unique_ptr<MaxPool>> MakeMaxPool(const PoolParams& p) override;
+  absl::StatusOr<std::unique_ptr<Lrn>> MakeLrn(const LrnParams& p) override;
+  absl::StatusOr<std::unique_ptr<Dense>> MakeDense(const DenseParams& p) override;
+
+  absl::Status Relu(const float* x, float* y, int64_t n) override;
+  absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override;
+  absl::Status Dropout(const float* x, float* y, float* mask, int64_t n, float keep_prob, uint64_t seed,
+                       uint64_t counter) override;
+  absl::Status DropoutBackward(const float* dy, const float* mask, float* dx, int64_t n) override;
+  absl::Status SoftmaxCrossEntropy(const float* logits, const float* labels, int batch, int classes,
+                                   float* dlogits, float* loss) override;
+  absl::Status L2Loss(const float* x, int64_t n, float* out) override;
+  absl::Status Axpy(float a, const float* x, float* y, int64_t n) override;
+  absl::Status Scale(float a, const float* x, float* y, int64_t n) override;
+  absl::Status Fill(float value, float* x, int64_t n) override;
+
+  // ---- for ops in kernels/cuda and the gradient all-reducer ----
+  int gpu() const { return spec_.gpu_index; }
+  cudaStream_t stream() const { return stream_; }
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  // Makes this device's GPU current on the calling thread; `op` names the caller in the error.
+  absl::Status Activate(absl::string_view op) const;
+
+ private:
+  explicit CudaDevice(const DeviceSpec& spec);
+
+  DeviceSpec spec_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceBuffer l2_partials_;  // kL2LossPartials floats of scratch for L2Loss
+  std::unordered_set<float*> allocations_;
+  std::unordered_set<float*> pinned_;
+};
+
+// Op factories (cuda_conv.cc, cuda_layers.cc). `dev` outlives the op's use; params are validated here.
+absl::StatusOr<std::unique_ptr<Conv2D>> MakeCudaConv2D(CudaDevice* dev, const Conv2DParams& p);
+absl::StatusOr<std::unique_ptr<MaxPool>> MakeCudaMaxPool(CudaDevice* dev, const PoolParams& p);
+absl::StatusOr<std::unique_ptr<Lrn>> MakeCudaLrn(CudaDevice* dev, const LrnParams& p);
+absl::StatusOr<std::unique_ptr<Dense>> MakeCudaDense(CudaDevice* dev, const DenseParams& p);
+
+}  // namespace dtrain::kernels::cuda
+
+#endif  // DTRAIN_KERNELS_CUDA_CUDA_DEVICE_INTERNAL_H_

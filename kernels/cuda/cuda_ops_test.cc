@@ -1,0 +1,353 @@
+// The CUDA backend against the CPU backend (the oracle): every op runs on both devices with the same random
+// inputs and the results are compared. GPU tests skip without a usable CUDA device; the no-GPU error path runs
+// everywhere.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/device.h"
+
+namespace dtrain::kernels::cuda {
+namespace {
+
+// ---- runs everywhere ----
+
+TEST(CreateCudaDeviceTest, UnusableGpuIsFailedPrecondition) {
+  // Without a GPU (or driver) gpu:0 is unusable; with one, the index past the last device is.
+  const int count = UsableDeviceCount();
+  EXPECT_GE(count, 0);
+  const DeviceSpec spec = DeviceSpec::Gpu(count);
+  auto dev = CreateCudaDevice(spec);
+  ASSERT_FALSE(dev.ok());
+  EXPECT_EQ(dev.status().code(), absl::StatusCode::kFailedPrecondition) << dev.status();
+  EXPECT_EQ(dev.status().message().rfind("no CUDA device available", 0), 0u) << dev.status();
+  EXPECT_NE(dev.status().message().find(spec.ToString()), std::string::npos) << dev.status();
+
+  // The dispatcher gives the same answer.
+  auto via_dispatch = CreateDevice(spec);
+  ASSERT_FALSE(via_dispatch.ok());
+  EXPECT_EQ(via_dispatch.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CudaDeviceCount(), count);
+}
+
+TEST(CreateCudaDeviceTest, CpuSpecIsInvalidArgument) {
+  auto dev = CreateCudaDevice(DeviceSpec::Cpu(1));
+  ASSERT_FALSE(dev.ok());
+  EXPECT_EQ(dev.status().code(), absl::StatusCode::kInvalidArgument) << dev.status();
+}
+
+// ---- CPU vs CUDA ----
+
+std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// Counts elements with |got - want| > abs_tol + rel * |want| and describes the first few.
+::testing::AssertionResult Near(const std::vector<float>& got, const std::vector<float>& want, float rel,
+                                float abs_tol) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  int64_t bad = 0;
+  std::ostringstream first;
+  float max_err = 0.0f;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float err = std::fabs(got[i] - want[i]);
+    max_err = std::max(max_err, err);
+    if (!(err <= abs_tol + rel * std::fabs(want[i]))) {
+      if (bad < 5) first << " [" << i << "] cuda=" << got[i] << " cpu=" << want[i] << ";";
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << got.size() << " differ (max abs err " << max_err
+                                       << "):" << first.str();
+}
+
+constexpr float kRel = 1e-3f, kAbs = 1e-4f;
+
+class CudaVsCpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (UsableDeviceCount() == 0) GTEST_SKIP() << "no usable CUDA device";
+    auto cpu = CreateCpuDevice(DeviceSpec::Cpu(2));
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    cpu_ = std::move(*cpu);
+    auto gpu = CreateCudaDevice(DeviceSpec::Gpu(0));
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    gpu_ = std::move(*gpu);
+    EXPECT_EQ(gpu_->name(), "gpu:0");
+  }
+
+  // The same host data on both devices.
+  struct Both {
+    float* cpu;
+    float* gpu;
+    int64_t n;
+  };
+  Both Upload(const std::vector<float>& v) {
+    Both b = Zeros(static_cast<int64_t>(v.size()));
+    EXPECT_TRUE(cpu_->CopyToDevice(v.data(), b.cpu, b.n).ok());
+    EXPECT_TRUE(gpu_->CopyToDevice(v.data(), b.gpu, b.n).ok());
+    return b;
+  }
+  Both Zeros(int64_t n) {
+    auto c = cpu_->Alloc(n);
+    auto g = gpu_->Alloc(n);
+    EXPECT_TRUE(c.ok() && g.ok());
+    EXPECT_TRUE(cpu_->Fill(0.0f, *c, n).ok());
+    EXPECT_TRUE(gpu_->Fill(0.0f, *g, n).ok());
+    return {*c, *g, n};
+  }
+  std::vector<float> Cpu(const Both& b) { return Get(cpu_.get(), b.cpu, b.n); }
+  std::vector<float> Gpu(const Both& b) { return Get(gpu_.get(), b.gpu, b.n); }
+  static std::vector<float> Get(Device* d, const float* p, int64_t n) {
+    std::vector<float> v(n);
+    EXPECT_TRUE(d->CopyToHost(p, v.data(), n).ok());
+    return v;
+  }
+  ::testing::AssertionResult Same(const Both& b, float rel = kRel, float abs_tol = kAbs) {
+    return Near(Gpu(b), Cpu(b), rel, abs_tol);
+  }
+
+  std::unique_ptr<Device> cpu_, gpu_;
+};
+
+struct ConvCase {
+  int batch, in_h, in_w, in_c, out_c, k_h, k_w, stride_h, stride_w;
+  Padding padding;
+};
+
+class CudaConvTest : public CudaVsCpuTest, public ::testing::WithParamInterface<ConvCase> {};
+
+TEST_P(CudaConvTest, ForwardAndBackwardMatchCpu) {
+  const ConvCase& c = GetParam();
+  Conv2DParams p{c.batch, c.in_h, c.in_w, c.in_c, c.out_c, c.k_h, c.k_w, c.stride_h, c.stride_w, c.padding};
+  auto cpu_conv = cpu_->MakeConv2D(p);
+  auto gpu_conv = gpu_->MakeConv2D(p);
+  ASSERT_TRUE(cpu_conv.ok()) << cpu_conv.status();
+  ASSERT_TRUE(gpu_conv.ok()) << gpu_conv.status();
+  const int64_t nx = int64_t{p.batch} * p.in_h * p.in_w * p.in_c;
+  const int64_t ny = int64_t{p.batch} * p.out_h() * p.out_w() * p.out_c;
+  const int64_t nw = int64_t{p.k_h} * p.k_w * p.in_c * p.out_c;
+  Both x = Upload(Random(nx, 1)), w = Upload(Random(nw, 2)), b = Upload(Random(p.out_c, 3));
+  Both dy = Upload(Random(ny, 4)), y = Zeros(ny), dx = Zeros(nx), dw = Zeros(nw), db = Zeros(p.out_c);
+
+  ASSERT_TRUE((*cpu_conv)->Forward(x.cpu, w.cpu, b.cpu, y.cpu).ok());
+  ASSERT_TRUE((*gpu_conv)->Forward(x.gpu, w.gpu, b.gpu, y.gpu).ok());
+  EXPECT_TRUE(Same(y)) << "y";
+  ASSERT_TRUE((*cpu_conv)->BackwardData(dy.cpu, w.cpu, dx.cpu).ok());
+  ASSERT_TRUE((*gpu_conv)->BackwardData(dy.gpu, w.gpu, dx.gpu).ok());
+  EXPECT_TRUE(Same(dx)) << "dx";
+  ASSERT_TRUE((*cpu_conv)->BackwardWeights(x.cpu, dy.cpu, dw.cpu, db.cpu).ok());
+  ASSERT_TRUE((*gpu_conv)->BackwardWeights(x.gpu, dy.gpu, dw.gpu, db.gpu).ok());
+  EXPECT_TRUE(Same(dw)) << "dw";
+  EXPECT_TRUE(Same(db)) << "db";
+
+  // A second step with new data reuses the op (cached algorithms, workspace, reordered filter).
+  Both x2 = Upload(Random(nx, 5)), w2 = Upload(Random(nw, 6));
+  ASSERT_TRUE((*cpu_conv)->Forward(x2.cpu, w2.cpu, b.cpu, y.cpu).ok());
+  ASSERT_TRUE((*gpu_conv)->Forward(x2.gpu, w2.gpu, b.gpu, y.gpu).ok());
+  EXPECT_TRUE(Same(y)) << "y, second step";
+  ASSERT_TRUE((*cpu_conv)->BackwardData(dy.cpu, w2.cpu, dx.cpu).ok());
+  ASSERT_TRUE((*gpu_conv)->BackwardData(dy.gpu, w2.gpu, dx.gpu).ok());
+  EXPECT_TRUE(Same(dx)) << "dx, second step";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaConvTest,
+    ::testing::Values(ConvCase{2, 8, 8, 3, 4, 5, 5, 1, 1, Padding::kSame},    // symmetric SAME: cuDNN pads
+                      ConvCase{2, 8, 8, 3, 5, 3, 3, 2, 2, Padding::kSame},    // odd total padding: explicit pad
+                      ConvCase{3, 7, 6, 2, 3, 2, 2, 1, 1, Padding::kSame},    // even kernel: pad only after
+                      ConvCase{2, 9, 7, 4, 6, 3, 5, 1, 2, Padding::kSame},    // mixed per dimension
+                      ConvCase{2, 9, 9, 3, 4, 3, 3, 2, 2, Padding::kValid},
+                      ConvCase{4, 28, 28, 1, 32, 5, 5, 1, 1, Padding::kSame}));  // MNIST conv1
+
+struct PoolCase {
+  int batch, in_h, in_w, channels, window, stride;
+  Padding padding;
+};
+
+class CudaPoolTest : public CudaVsCpuTest, public ::testing::WithParamInterface<PoolCase> {};
+
+TEST_P(CudaPoolTest, ForwardAndBackwardMatchCpu) {
+  const PoolCase& c = GetParam();
+  PoolParams p{c.batch, c.in_h, c.in_w, c.channels, c.window, c.stride, c.padding};
+  auto cpu_pool = cpu_->MakeMaxPool(p);
+  auto gpu_pool = gpu_->MakeMaxPool(p);
+  ASSERT_TRUE(cpu_pool.ok()) << cpu_pool.status();
+  ASSERT_TRUE(gpu_pool.ok()) << gpu_pool.status();
+  const int64_t nx = int64_t{p.batch} * p.in_h * p.in_w * p.channels;
+  const int64_t ny = int64_t{p.batch} * p.out_h() * p.out_w() * p.channels;
+  // Negative inputs make a padded zero win if padding were (wrongly) counted.
+  Both x = Upload(Random(nx, 7, -2.0f, -0.1f)), dy = Upload(Random(ny, 8)), y = Zeros(ny), dx = Zeros(nx);
+  ASSERT_TRUE((*cpu_pool)->Forward(x.cpu, y.cpu).ok());
+  ASSERT_TRUE((*gpu_pool)->Forward(x.gpu, y.gpu).ok());
+  EXPECT_EQ(Gpu(y), Cpu(y)) << "max pooling picks existing values: results must be identical";
+  ASSERT_TRUE((*cpu_pool)->Backward(dy.cpu, dx.cpu).ok());
+  ASSERT_TRUE((*gpu_pool)->Backward(dy.gpu, dx.gpu).ok());
+  EXPECT_TRUE(Same(dx, 1e-5f, 1e-6f)) << "dx";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaPoolTest,
+                         ::testing::Values(PoolCase{2, 8, 8, 3, 2, 2, Padding::kSame},
+                                           PoolCase{2, 7, 7, 4, 2, 2, Padding::kSame},   // pad after only
+                                           PoolCase{2, 8, 9, 5, 3, 2, Padding::kSame},   // overlapping windows
+                                           PoolCase{2, 9, 9, 3, 3, 2, Padding::kValid},
+                                           PoolCase{3, 24, 24, 64, 3, 2, Padding::kSame}));
+
+TEST_F(CudaVsCpuTest, LrnMatchesCpu) {
+  for (const LrnParams& p : {LrnParams{2, 4, 5, 16, 4, 1.0f, 0.001f / 9.0f, 0.75f},
+                             LrnParams{2, 3, 3, 7, 2, 2.0f, 0.1f, 0.5f},      // strong normalization
+                             LrnParams{1, 2, 2, 3, 5, 1.0f, 0.05f, 0.75f}}) {  // window wider than channels
+    SCOPED_TRACE(::testing::Message() << "channels=" << p.channels << " radius=" << p.depth_radius);
+    auto cpu_lrn = cpu_->MakeLrn(p);
+    auto gpu_lrn = gpu_->MakeLrn(p);
+    ASSERT_TRUE(cpu_lrn.ok()) << cpu_lrn.status();
+    ASSERT_TRUE(gpu_lrn.ok()) << gpu_lrn.status();
+    const int64_t n = int64_t{p.batch} * p.h * p.w * p.channels;
+    Both x = Upload(Random(n, 9, -3.0f, 3.0f)), dy = Upload(Random(n, 10)), y = Zeros(n), dx = Zeros(n);
+    ASSERT_TRUE((*cpu_lrn)->Forward(x.cpu, y.cpu).ok());
+    ASSERT_TRUE((*gpu_lrn)->Forward(x.gpu, y.gpu).ok());
+    EXPECT_TRUE(Same(y)) << "y";
+    ASSERT_TRUE((*cpu_lrn)->Backward(x.cpu, y.cpu, dy.cpu, dx.cpu).ok());
+    ASSERT_TRUE((*gpu_lrn)->Backward(x.gpu, y.gpu, dy.gpu, dx.gpu).ok());
+    EXPECT_TRUE(Same(dx)) << "dx";
+  }
+}
+
+TEST_F(CudaVsCpuTest, DenseMatchesCpu) {
+  for (const DenseParams& p : {DenseParams{5, 7, 3}, DenseParams{32, 300, 65}, DenseParams{1, 1, 1}}) {
+    SCOPED_TRACE(::testing::Message() << p.batch << "x" << p.in << "->" << p.out);
+    auto cpu_dense = cpu_->MakeDense(p);
+    auto gpu_dense = gpu_->MakeDense(p);
+    ASSERT_TRUE(cpu_dense.ok()) << cpu_dense.status();
+    ASSERT_TRUE(gpu_dense.ok()) << gpu_dense.status();
+    const int64_t nx = int64_t{p.batch} * p.in, ny = int64_t{p.batch} * p.out, nw = int64_t{p.in} * p.out;
+    Both x = Upload(Random(nx, 11)), w = Upload(Random(nw, 12)), b = Upload(Random(p.out, 13));
+    Both dy = Upload(Random(ny, 14)), y = Zeros(ny), dx = Zeros(nx), dw = Zeros(nw), db = Zeros(p.out);
+    ASSERT_TRUE((*cpu_dense)->Forward(x.cpu, w.cpu, b.cpu, y.cpu).ok());
+    ASSERT_TRUE((*gpu_dense)->Forward(x.gpu, w.gpu, b.gpu, y.gpu).ok());
+    EXPECT_TRUE(Same(y)) << "y";
+    ASSERT_TRUE((*cpu_dense)->BackwardData(dy.cpu, w.cpu, dx.cpu).ok());
+    ASSERT_TRUE((*gpu_dense)->BackwardData(dy.gpu, w.gpu, dx.gpu).ok());
+    EXPECT_TRUE(Same(dx)) << "dx";
+    ASSERT_TRUE((*cpu_dense)->BackwardWeights(x.cpu, dy.cpu, dw.cpu, db.cpu).ok());
+    ASSERT_TRUE((*gpu_dense)->BackwardWeights(x.gpu, dy.gpu, dw.gpu, db.gpu).ok());
+    EXPECT_TRUE(Same(dw)) << "dw";
+    EXPECT_TRUE(Same(db)) << "db";
+  }
+}
+
+TEST_F(CudaVsCpuTest, ReluAndBackwardMatchCpu) {
+  const int64_t n = 10007;
+  Both x = Upload(Random(n, 15)), dy = Upload(Random(n, 16)), y = Zeros(n), dx = Zeros(n);
+  for (Device* d : {cpu_.get(), gpu_.get()}) {
+    const bool g = d == gpu_.get();
+    ASSERT_TRUE(d->Relu(g ? x.gpu : x.cpu, g ? y.gpu : y.cpu, n).ok());
+    ASSERT_TRUE(d->ReluBackward(g ? y.gpu : y.cpu, g ? dy.gpu : dy.cpu, g ? dx.gpu : dx.cpu, n).ok());
+  }
+  EXPECT_EQ(Gpu(y), Cpu(y));
+  EXPECT_EQ(Gpu(dx), Cpu(dx));
+  // In place.
+  ASSERT_TRUE(gpu_->Relu(x.gpu, x.gpu, n).ok());
+  EXPECT_EQ(Gpu(x), Cpu(y));
+}
+
+TEST_F(CudaVsCpuTest, DropoutMasksAreBitIdenticalToCpu) {
+  const int64_t n = 100003;  // not a multiple of any block size
+  Both x = Upload(Random(n, 17)), dy = Upload(Random(n, 18));
+  for (float keep : {0.5f, 0.8f, 1.0f}) {
+    for (uint64_t counter : {0ull, 1ull, 123456789ull}) {
+      SCOPED_TRACE(::testing::Message() << "keep_prob=" << keep << " counter=" << counter);
+      Both y = Zeros(n), mask = Zeros(n), dx = Zeros(n);
+      const uint64_t seed = 0xC0FFEEull;
+      ASSERT_TRUE(cpu_->Dropout(x.cpu, y.cpu, mask.cpu, n, keep, seed, counter).ok());
+      ASSERT_TRUE(gpu_->Dropout(x.gpu, y.gpu, mask.gpu, n, keep, seed, counter).ok());
+      const std::vector<float> gm = Gpu(mask), cm = Cpu(mask);
+      ASSERT_EQ(gm.size(), cm.size());
+      EXPECT_EQ(std::memcmp(gm.data(), cm.data(), gm.size() * sizeof(float)), 0) << "masks differ";
+      EXPECT_EQ(Gpu(y), Cpu(y));
+      const double kept = std::count_if(gm.begin(), gm.end(), [](float m) { return m != 0.0f; });
+      EXPECT_NEAR(kept / n, keep, 0.01);
+      ASSERT_TRUE(cpu_->DropoutBackward(dy.cpu, mask.cpu, dx.cpu, n).ok());
+      ASSERT_TRUE(gpu_->DropoutBackward(dy.gpu, mask.gpu, dx.gpu, n).ok());
+      EXPECT_EQ(Gpu(dx), Cpu(dx));
+    }
+  }
+  EXPECT_FALSE(gpu_->Dropout(x.gpu, x.gpu, dy.gpu, n, 0.0f, 1, 1).ok());
+  EXPECT_FALSE(gpu_->Dropout(x.gpu, x.gpu, dy.gpu, n, 1.5f, 1, 1).ok());
+}
+
+TEST_F(CudaVsCpuTest, SoftmaxCrossEntropyMatchesCpu) {
+  for (auto [batch, classes] : {std::pair{4, 10}, std::pair{128, 10}, std::pair{3, 1000}, std::pair{9, 33}}) {
+    SCOPED_TRACE(::testing::Message() << batch << "x" << classes);
+    std::vector<float> labels(batch);
+    std::mt19937 gen(19);
+    for (float& l : labels) l = static_cast<float>(gen() % classes);
+    Both logits = Upload(Random(int64_t{batch} * classes, 20, -5.0f, 5.0f)), lab = Upload(labels);
+    Both dlogits = Zeros(int64_t{batch} * classes), loss = Zeros(1);
+    ASSERT_TRUE(cpu_->SoftmaxCrossEntropy(logits.cpu, lab.cpu, batch, classes, dlogits.cpu, loss.cpu).ok());
+    ASSERT_TRUE(gpu_->SoftmaxCrossEntropy(logits.gpu, lab.gpu, batch, classes, dlogits.gpu, loss.gpu).ok());
+    EXPECT_TRUE(Same(loss, 1e-5f, 1e-6f)) << "loss";
+    EXPECT_TRUE(Same(dlogits, 1e-4f, 1e-7f)) << "dlogits";
+  }
+}
+
+TEST_F(CudaVsCpuTest, L2LossAxpyScaleFillMatchCpu) {
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{1000003}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    Both x = Upload(Random(n, 21)), y = Upload(Random(n, 22)), out = Zeros(1);
+    ASSERT_TRUE(cpu_->L2Loss(x.cpu, n, out.cpu).ok());
+    ASSERT_TRUE(gpu_->L2Loss(x.gpu, n, out.gpu).ok());
+    EXPECT_TRUE(Same(out, 1e-5f, 0.0f)) << "l2 loss";
+    ASSERT_TRUE(cpu_->Axpy(-0.37f, x.cpu, y.cpu, n).ok());
+    ASSERT_TRUE(gpu_->Axpy(-0.37f, x.gpu, y.gpu, n).ok());
+    EXPECT_TRUE(Same(y, 1e-6f, 1e-7f)) << "axpy";
+    ASSERT_TRUE(cpu_->Scale(2.5f, y.cpu, x.cpu, n).ok());
+    ASSERT_TRUE(gpu_->Scale(2.5f, y.gpu, x.gpu, n).ok());
+    EXPECT_EQ(Gpu(x), Cpu(x)) << "scale";
+    ASSERT_TRUE(gpu_->Fill(-4.25f, x.gpu, n).ok());
+    EXPECT_EQ(Gpu(x), std::vector<float>(n, -4.25f)) << "fill";
+  }
+}
+
+TEST_F(CudaVsCpuTest, CopiesRoundTripThroughPinnedMemory) {
+  const int64_t n = 4099;
+  auto pinned = gpu_->AllocHostPinned(n);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  const std::vector<float> v = Random(n, 23);
+  std::copy(v.begin(), v.end(), *pinned);
+  auto a = gpu_->Alloc(n), b = gpu_->Alloc(n);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(gpu_->CopyToDevice(*pinned, *a, n).ok());
+  ASSERT_TRUE(gpu_->CopyOnDevice(*a, *b, n).ok());
+  std::fill(*pinned, *pinned + n, 0.0f);
+  ASSERT_TRUE(gpu_->CopyToHost(*b, *pinned, n).ok());
+  EXPECT_EQ(std::vector<float>(*pinned, *pinned + n), v);
+  gpu_->Free(*a);
+  gpu_->Free(*b);
+  gpu_->FreeHostPinned(*pinned);
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+}
+
+TEST_F(CudaVsCpuTest, BadShapesAreInvalidArgument) {
+  EXPECT_EQ(gpu_->MakeDense({0, 3, 4}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->MakeConv2D({1, 2, 2, 1, 1, 3, 3, 1, 1, Padding::kValid}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->MakeMaxPool({1, 4, 4, 1, 0, 2, Padding::kSame}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->Alloc(-1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain::kernels::cuda
