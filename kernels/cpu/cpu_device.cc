@@ -1,7 +1,189 @@
-// Placeholder until the oneDNN backend lands.
+// The CPU Device: host memory, a oneDNN CPU engine and stream, and spec.threads OpenMP threads for every op.
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/device.h"
+
 namespace dtrain::kernels {
-absl::StatusOr<std::unique_ptr<Device>> CreateCpuDevice(const DeviceSpec&) {
-  return absl::UnimplementedError("cpu backend not built yet");
+namespace {
+
+absl::Status CheckCount(const char* op, int64_t n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat(op, ": negative element count ", n));
+  return absl::OkStatus();
 }
+
+// Thread-safety: as for every Device, one owning thread at a time; Alloc/Free are additionally guarded by a
+// mutex so that a Device may be torn down from another thread than the one that allocated.
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(const DeviceSpec& spec, cpu::DnnlContext ctx) : spec_(spec), ctx_(std::move(ctx)) {}
+
+  ~CpuDevice() override {
+    for (float* p : allocations_) std::free(p);
+  }
+
+  std::string name() const override { return "cpu"; }
+  const DeviceSpec& spec() const override { return spec_; }
+
+  absl::StatusOr<float*> Alloc(int64_t n) override {
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("Alloc: negative size ", n));
+    const size_t bytes = (static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr)
+      return absl::ResourceExhaustedError(absl::StrCat("Alloc: out of memory allocating ", n, " floats"));
+    std::lock_guard<std::mutex> lock(mu_);
+    allocations_.insert(static_cast<float*>(p));
+    return static_cast<float*>(p);
+  }
+
+  void Free(float* p) override {
+    if (p == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (allocations_.erase(p) > 0) std::free(p);
+  }
+
+  absl::Status CopyToDevice(const float* host, float* dev, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("CopyToDevice", n));
+    cpu::CopyLoop(host, dev, n, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(const float* dev, float* host, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("CopyToHost", n));
+    cpu::CopyLoop(dev, host, n, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status CopyOnDevice(const float* src, float* dst, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("CopyOnDevice", n));
+    cpu::CopyLoop(src, dst, n, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<float*> AllocHostPinned(int64_t n) override { return Alloc(n); }
+  void FreeHostPinned(float* p) override { Free(p); }
+
+  absl::Status Synchronize() override {
+    try {
+      ctx_.stream.wait();
+    } catch (const dnnl::error& e) {
+      return cpu::DnnlError("Synchronize", e);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<Conv2D>> MakeConv2D(const Conv2DParams& p) override {
+    return cpu::MakeCpuConv2D(ctx_, p);
+  }
+  absl::StatusOr<std::unique_ptr<MaxPool>> MakeMaxPool(const PoolParams& p) override {
+    return cpu::MakeCpuMaxPool(ctx_, p);
+  }
+  absl::StatusOr<std::unique_ptr<Lrn>> MakeLrn(const LrnParams& p) override {
+    return cpu::MakeCpuLrn(ctx_, p);
+  }
+  absl::StatusOr<std::unique_ptr<Dense>> MakeDense(const DenseParams& p) override {
+    return cpu::MakeCpuDense(ctx_, p);
+  }
+
+  absl::Status Relu(const float* x, float* y, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("Relu", n));
+    cpu::ReluLoop(x, y, n, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("ReluBackward", n));
+    cpu::ReluBackwardLoop(y, dy, dx, n, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status Dropout(const float* x, float* y, float* mask, int64_t n, float keep_prob, uint64_t seed,
+                       uint64_t counter) override {
+    RETURN_IF_ERROR(CheckCount("Dropout", n));
+    if (!(keep_prob > 0.0f && keep_prob <= 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Dropout: keep_prob must be in (0, 1], got ", keep_prob));
+    }
+    if (keep_prob == 1.0f) {
+      cpu::CopyLoop(x, y, n, spec_.threads);
+      cpu::FillLoop(1.0f, mask, n, spec_.threads);
+      return absl::OkStatus();
+    }
+    cpu::DropoutLoop(x, y, mask, n, keep_prob, seed, counter, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status DropoutBackward(const float* dy, const float* mask, float* dx, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("DropoutBackward", n));
+    cpu::MulLoop(dy, mask, dx, n, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status SoftmaxCrossEntropy(const float* logits, const float* labels, int batch, int classes,
+                                   float* dlogits, float* loss) override {
+    if (batch <= 0 || classes <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SoftmaxCrossEntropy: batch and classes must be positive, got ", batch, "x", classes));
+    }
+    int bad_row = -1;
+    const double mean =
+        cpu::SoftmaxCrossEntropyLoop(logits, labels, batch, classes, dlogits, spec_.threads, &bad_row);
+    if (bad_row >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("SoftmaxCrossEntropy: label ", labels[bad_row],
+                                                     " of row ", bad_row, " is not a class index in [0, ",
+                                                     classes, ")"));
+    }
+    *loss = static_cast<float>(mean);
+    return absl::OkStatus();
+  }
+  absl::Status L2Loss(const float* x, int64_t n, float* out) override {
+    RETURN_IF_ERROR(CheckCount("L2Loss", n));
+    *out = static_cast<float>(cpu::SumSquaresHalf(x, n, spec_.threads));
+    return absl::OkStatus();
+  }
+  absl::Status Axpy(float a, const float* x, float* y, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("Axpy", n));
+    cpu::AxpyLoop(a, x, y, n, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status Scale(float a, const float* x, float* y, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("Scale", n));
+    cpu::ScaleLoop(a, x, y, n, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status Fill(float value, float* x, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("Fill", n));
+    cpu::FillLoop(value, x, n, spec_.threads);
+    return absl::OkStatus();
+  }
+
+ private:
+  DeviceSpec spec_;
+  cpu::DnnlContext ctx_;
+  std::mutex mu_;
+  std::unordered_set<float*> allocations_;  // guarded by mu_
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Device>> CreateCpuDevice(const DeviceSpec& spec) {
+  if (spec.kind != DeviceSpec::Kind::kCpu) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateCpuDevice: spec is ", spec.ToString(), ", not cpu"));
+  }
+  if (spec.threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateCpuDevice: threads must be >= 1, got ", spec.threads));
+  }
+  try {
+    cpu::DnnlContext ctx;
+    ctx.engine = dnnl::engine(dnnl::engine::kind::cpu, 0);
+    ctx.stream = dnnl::stream(ctx.engine);
+    ctx.threads = spec.threads;
+    return std::unique_ptr<Device>(new CpuDevice(spec, std::move(ctx)));
+  } catch (const dnnl::error& e) {
+    return cpu::DnnlError("CreateCpuDevice", e);
+  }
+}
+
 }  // namespace dtrain::kernels

@@ -94,7 +94,8 @@ class Model {
   virtual kernels::Device* device() = 0;
 };
 
-// Known names: "mlp", "cnn", "convnet", "cifar10". InvalidArgument for an unknown name or bad options.
+// Known names: "mlp", "cnn", "convnet", "cifar10". InvalidArgument for an unknown name or bad options (e.g. an
+// input too small for the model's convolutions and pools). `device` must outlive the model.
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name, const ModelOptions& options,
                                                    kernels::Device* device);
 

@@ -1,0 +1,225 @@
+// Conv2D on oneDNN: NHWC activations, the primitive's preferred (blocked) weights layout, asymmetric
+// padding for TensorFlow's SAME (the extra padded row/column goes after).
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace dtrain::kernels::cpu {
+namespace {
+
+using dnnl::memory;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+class DnnlConv2D final : public Conv2D {
+ public:
+  DnnlConv2D(const DnnlContext& ctx, const Conv2DParams& p) : ctx_(ctx), p_(p), what_(Describe(p)) {}
+
+  // Builds everything; dnnl::error escapes to MakeCpuConv2D.
+  void Init() {
+    const dnnl::engine& eng = ctx_.engine;
+    const memory::dims src_dims = {p_.batch, p_.in_c, p_.in_h, p_.in_w};
+    const memory::dims w_dims = {p_.out_c, p_.in_c, p_.k_h, p_.k_w};
+    const memory::dims dst_dims = {p_.batch, p_.out_c, p_.out_h(), p_.out_w()};
+    const memory::dims strides = {p_.stride_h, p_.stride_w};
+    const int ph = PadBefore(p_.in_h, p_.k_h, p_.stride_h, p_.padding);
+    const int pw = PadBefore(p_.in_w, p_.k_w, p_.stride_w, p_.padding);
+    const int total_h = std::max(0, (p_.out_h() - 1) * p_.stride_h + p_.k_h - p_.in_h);
+    const int total_w = std::max(0, (p_.out_w() - 1) * p_.stride_w + p_.k_w - p_.in_w);
+    const memory::dims pad_l = {ph, pw};
+    const memory::dims pad_r = {total_h - ph, total_w - pw};
+
+    const memory::desc src_md(src_dims, dt::f32, tag::nhwc);
+    const memory::desc dst_md(dst_dims, dt::f32, tag::nhwc);
+    const memory::desc user_w_md(w_dims, dt::f32, tag::hwio);
+    const memory::desc any_w_md(w_dims, dt::f32, tag::any);
+    const memory::desc bias_md({p_.out_c}, dt::f32, tag::x);
+    const dnnl::primitive_attr attr = UserScratchpadAttr();
+
+    dnnl::convolution_forward::primitive_desc fwd_pd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                        dnnl::algorithm::convolution_direct, src_md, any_w_md, bias_md,
+                                        dst_md, strides, pad_l, pad_r),
+        attr, eng);
+    dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
+        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_md, any_w_md, dst_md,
+                                              strides, pad_l, pad_r),
+        attr, eng, fwd_pd);
+    dnnl::convolution_backward_weights::primitive_desc bwd_w_pd(
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_md, any_w_md,
+                                                 bias_md, dst_md, strides, pad_l, pad_r),
+        attr, eng, fwd_pd);
+    impls_ = absl::StrCat("fwd=", fwd_pd.impl_info_str(), " bwd_data=", bwd_data_pd.impl_info_str(),
+                          " bwd_weights=", bwd_w_pd.impl_info_str());
+
+    // Plain-layout memories: handles are set per call.
+    src_ = memory(src_md, eng, DNNL_MEMORY_NONE);
+    dst_ = memory(dst_md, eng, DNNL_MEMORY_NONE);
+    bias_ = memory(bias_md, eng, DNNL_MEMORY_NONE);
+    user_w_ = memory(user_w_md, eng, DNNL_MEMORY_NONE);
+
+    // Forward weights: our own reordered copy unless the primitive takes HWIO as is.
+    fwd_w_reorders_ = fwd_pd.weights_desc() != user_w_md;
+    if (fwd_w_reorders_) {
+      fwd_w_ = memory(fwd_pd.weights_desc(), eng);
+      fwd_w_reorder_ = dnnl::reorder(user_w_, fwd_w_);
+    } else {
+      fwd_w_ = memory(user_w_md, eng, DNNL_MEMORY_NONE);
+    }
+    // Backward-data weights: reuse the forward copy when the layouts agree, else a second reorder.
+    bwd_data_w_mode_ = bwd_data_pd.weights_desc() == fwd_pd.weights_desc() ? kShareForward
+                       : bwd_data_pd.weights_desc() == user_w_md           ? kUser
+                                                                           : kReorderFromUser;
+    if (bwd_data_w_mode_ == kReorderFromUser) {
+      bwd_data_w_ = memory(bwd_data_pd.weights_desc(), eng);
+      bwd_data_w_reorder_ = dnnl::reorder(user_w_, bwd_data_w_);
+    }
+    // Backward-weights output: the primitive's layout, reordered into the caller's HWIO dw.
+    dw_reorders_ = bwd_w_pd.diff_weights_desc() != user_w_md;
+    if (dw_reorders_) {
+      dw_ = memory(bwd_w_pd.diff_weights_desc(), eng);
+      dw_reorder_ = dnnl::reorder(dw_, user_w_);
+    } else {
+      dw_ = memory(user_w_md, eng, DNNL_MEMORY_NONE);
+    }
+
+    scratch_.Reserve(fwd_pd);
+    scratch_.Reserve(bwd_data_pd);
+    scratch_.Reserve(bwd_w_pd);
+    scratch_.Allocate();
+    fwd_scratch_ = scratch_.For(fwd_pd, eng);
+    bwd_data_scratch_ = scratch_.For(bwd_data_pd, eng);
+    bwd_w_scratch_ = scratch_.For(bwd_w_pd, eng);
+    fwd_ = dnnl::convolution_forward(fwd_pd);
+    bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd);
+    bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd);
+  }
+
+  absl::Status Forward(const float* x, const float* w, const float* b, float* y) override {
+    UseThreads(ctx_.threads);
+    try {
+      if (fwd_w_reorders_) {
+        user_w_.set_data_handle(Mutable(w));
+        fwd_w_reorder_.execute(ctx_.stream, user_w_, fwd_w_);
+      } else {
+        fwd_w_.set_data_handle(Mutable(w));
+      }
+      src_.set_data_handle(Mutable(x));
+      bias_.set_data_handle(Mutable(b));
+      dst_.set_data_handle(y);
+      fwd_.execute(ctx_.stream, {{DNNL_ARG_SRC, src_},
+                                 {DNNL_ARG_WEIGHTS, fwd_w_},
+                                 {DNNL_ARG_BIAS, bias_},
+                                 {DNNL_ARG_DST, dst_},
+                                 {DNNL_ARG_SCRATCHPAD, fwd_scratch_}});
+    } catch (const dnnl::error& e) {
+      return DnnlError(absl::StrCat(what_, " forward"), e);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardData(const float* dy, const float* w, float* dx) override {
+    UseThreads(ctx_.threads);
+    try {
+      memory* weights = &fwd_w_;
+      switch (bwd_data_w_mode_) {
+        case kShareForward:
+          // The reordered copy made by the last Forward (the header's contract: same w).
+          if (!fwd_w_reorders_) fwd_w_.set_data_handle(Mutable(w));
+          break;
+        case kUser:
+          user_w_.set_data_handle(Mutable(w));
+          weights = &user_w_;
+          break;
+        case kReorderFromUser:
+          user_w_.set_data_handle(Mutable(w));
+          bwd_data_w_reorder_.execute(ctx_.stream, user_w_, bwd_data_w_);
+          weights = &bwd_data_w_;
+          break;
+      }
+      dst_.set_data_handle(Mutable(dy));
+      src_.set_data_handle(dx);
+      bwd_data_.execute(ctx_.stream, {{DNNL_ARG_DIFF_DST, dst_},
+                                      {DNNL_ARG_WEIGHTS, *weights},
+                                      {DNNL_ARG_DIFF_SRC, src_},
+                                      {DNNL_ARG_SCRATCHPAD, bwd_data_scratch_}});
+    } catch (const dnnl::error& e) {
+      return DnnlError(absl::StrCat(what_, " backward-data"), e);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) override {
+    UseThreads(ctx_.threads);
+    try {
+      src_.set_data_handle(Mutable(x));
+      dst_.set_data_handle(Mutable(dy));
+      bias_.set_data_handle(db);
+      if (!dw_reorders_) dw_.set_data_handle(dw);
+      bwd_w_.execute(ctx_.stream, {{DNNL_ARG_SRC, src_},
+                                   {DNNL_ARG_DIFF_DST, dst_},
+                                   {DNNL_ARG_DIFF_WEIGHTS, dw_},
+                                   {DNNL_ARG_DIFF_BIAS, bias_},
+                                   {DNNL_ARG_SCRATCHPAD, bwd_w_scratch_}});
+      if (dw_reorders_) {
+        user_w_.set_data_handle(dw);
+        dw_reorder_.execute(ctx_.stream, dw_, user_w_);
+      }
+    } catch (const dnnl::error& e) {
+      return DnnlError(absl::StrCat(what_, " backward-weights"), e);
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string& impls() const { return impls_; }
+
+ private:
+  enum BwdDataWeights { kShareForward, kUser, kReorderFromUser };
+
+  DnnlContext ctx_;
+  Conv2DParams p_;
+  std::string what_;
+  std::string impls_;
+  dnnl::convolution_forward fwd_;
+  dnnl::convolution_backward_data bwd_data_;
+  dnnl::convolution_backward_weights bwd_w_;
+  // src_/dst_ double as diff_src/diff_dst and bias_ as diff_bias: same descriptors, handles set per call.
+  memory src_, dst_, bias_, user_w_;
+  memory fwd_w_, bwd_data_w_, dw_;
+  bool fwd_w_reorders_ = false, dw_reorders_ = false;
+  BwdDataWeights bwd_data_w_mode_ = kShareForward;
+  dnnl::reorder fwd_w_reorder_, bwd_data_w_reorder_, dw_reorder_;
+  SharedScratchpad scratch_;
+  memory fwd_scratch_, bwd_data_scratch_, bwd_w_scratch_;
+};
+
+}  // namespace
+
+std::string Describe(const Conv2DParams& p) {
+  return absl::StrCat("conv2d[batch=", p.batch, " in=", p.in_h, "x", p.in_w, "x", p.in_c, " out_c=", p.out_c,
+                      " k=", p.k_h, "x", p.k_w, " stride=", p.stride_h, "x", p.stride_w,
+                      p.padding == Padding::kSame ? " SAME]" : " VALID]");
+}
+
+absl::StatusOr<std::unique_ptr<Conv2D>> MakeCpuConv2D(const DnnlContext& ctx, const Conv2DParams& p) {
+  if (p.batch <= 0 || p.in_h <= 0 || p.in_w <= 0 || p.in_c <= 0 || p.out_c <= 0 || p.k_h <= 0 || p.k_w <= 0 ||
+      p.stride_h <= 0 || p.stride_w <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MakeConv2D: every size and stride must be positive: ", Describe(p)));
+  }
+  if (p.out_h() <= 0 || p.out_w() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MakeConv2D: the kernel is larger than the VALID-padded input: ", Describe(p)));
+  }
+  UseThreads(ctx.threads);  // oneDNN plans its work split for the thread count at creation
+  auto op = std::make_unique<DnnlConv2D>(ctx, p);
+  try {
+    op->Init();
+  } catch (const dnnl::error& e) {
+    return DnnlError(absl::StrCat("MakeConv2D ", Describe(p)), e);
+  }
+  return op;
+}
+
+}  // namespace dtrain::kernels::cpu

@@ -1,0 +1,164 @@
+#include <omp.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_test_util.h"
+#include "kernels/reference_ops.h"
+
+namespace dtrain::kernels::testing {
+namespace {
+
+struct ConvCase {
+  std::string name;
+  Conv2DParams p;
+};
+
+Conv2DParams Conv(int batch, int h, int w, int c, int oc, int k_h, int k_w, int stride, Padding padding) {
+  Conv2DParams p;
+  p.batch = batch, p.in_h = h, p.in_w = w, p.in_c = c, p.out_c = oc, p.k_h = k_h, p.k_w = k_w;
+  p.stride_h = p.stride_w = stride;
+  p.padding = padding;
+  return p;
+}
+
+const std::vector<ConvCase>& Cases() {
+  static const auto* cases = new std::vector<ConvCase>{
+      {"same_5x5_s1_odd", Conv(2, 7, 9, 3, 4, 5, 5, 1, Padding::kSame)},
+      {"same_3x3_s2_odd", Conv(2, 7, 9, 3, 4, 3, 3, 2, Padding::kSame)},
+      {"same_5x5_s2_even", Conv(2, 8, 8, 2, 3, 5, 5, 2, Padding::kSame)},
+      {"valid_3x3_s1", Conv(2, 7, 9, 3, 5, 3, 3, 1, Padding::kValid)},
+      {"valid_5x5_s2", Conv(2, 9, 8, 2, 3, 5, 5, 2, Padding::kValid)},
+      {"same_3x5_rect_kernel", Conv(1, 6, 7, 2, 3, 3, 5, 1, Padding::kSame)},
+      {"in_c1_like_conv1", Conv(2, 12, 12, 1, 8, 5, 5, 1, Padding::kSame)},
+      {"blocked_channels_16", Conv(2, 6, 5, 16, 32, 3, 3, 1, Padding::kSame)},
+  };
+  return *cases;
+}
+
+class ConvTest : public CpuDeviceTest {};
+
+int64_t XSize(const Conv2DParams& p) { return int64_t{p.batch} * p.in_h * p.in_w * p.in_c; }
+int64_t WSize(const Conv2DParams& p) { return int64_t{p.k_h} * p.k_w * p.in_c * p.out_c; }
+int64_t YSize(const Conv2DParams& p) { return int64_t{p.batch} * p.out_h() * p.out_w() * p.out_c; }
+
+TEST_P(ConvTest, ForwardAndBackwardMatchReferenceAndFiniteDifferences) {
+  for (const ConvCase& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    const Conv2DParams& p = c.p;
+    auto op = dev_->MakeConv2D(p);
+    ASSERT_TRUE(op.ok()) << op.status();
+    const std::vector<float> x = RandomVector(XSize(p), 1), w = RandomVector(WSize(p), 2);
+    const std::vector<float> b = RandomVector(p.out_c, 3), r = RandomVector(YSize(p), 4);
+    float *dx = Upload(x), *dw = Upload(w), *db = Upload(b), *dy = Zeros(YSize(p)), *dr = Upload(r);
+    // Gradient buffers start with garbage: the ops must overwrite, not accumulate.
+    float *dgx = Upload(RandomVector(XSize(p), 21)), *dgw = Upload(RandomVector(WSize(p), 22));
+    float* dgb = Upload(RandomVector(p.out_c, 23));
+
+    ASSERT_TRUE((*op)->Forward(dx, dw, db, dy).ok());
+    // dL/dy = r for L = sum(y * r).
+    ASSERT_TRUE((*op)->BackwardData(dr, dw, dgx).ok());
+    ASSERT_TRUE((*op)->BackwardWeights(dx, dr, dgw, dgb).ok());
+
+    std::vector<float> y_ref(YSize(p)), gx_ref(XSize(p)), gw_ref(WSize(p)), gb_ref(p.out_c);
+    reference::Conv2DForward(p, x.data(), w.data(), b.data(), y_ref.data());
+    reference::Conv2DBackwardData(p, r.data(), w.data(), gx_ref.data());
+    reference::Conv2DBackwardWeights(p, x.data(), r.data(), gw_ref.data(), gb_ref.data());
+    const std::vector<float> gx = Download(dgx, XSize(p)), gw = Download(dgw, WSize(p)),
+                             gb = Download(dgb, p.out_c);
+    EXPECT_ARRAYS_NEAR(Download(dy, YSize(p)), y_ref, 1e-4, 1e-4);
+    EXPECT_ARRAYS_NEAR(gx, gx_ref, 1e-4, 1e-4);
+    EXPECT_ARRAYS_NEAR(gw, gw_ref, 1e-4, 1e-4);
+    EXPECT_ARRAYS_NEAR(gb, gb_ref, 1e-4, 1e-4);
+
+    // Finite differences through the device's own forward (L is linear in each argument).
+    auto loss = [&](float* x_dev, float* w_dev, float* b_dev) {
+      EXPECT_TRUE((*op)->Forward(x_dev, w_dev, b_dev, dy).ok());
+      return Dot(Download(dy, YSize(p)), r);
+    };
+    float* probe = Zeros(std::max({XSize(p), WSize(p), int64_t{p.out_c}}));
+    EXPECT_GRADIENT_OK(CheckGradient(x, gx, [&](const std::vector<float>& v) {
+      Write(v, probe);
+      return loss(probe, dw, db);
+    }));
+    EXPECT_GRADIENT_OK(CheckGradient(w, gw, [&](const std::vector<float>& v) {
+      Write(v, probe);
+      return loss(dx, probe, db);
+    }));
+    EXPECT_GRADIENT_OK(CheckGradient(b, gb, [&](const std::vector<float>& v) {
+      Write(v, probe);
+      return loss(dx, dw, probe);
+    }));
+  }
+}
+
+TEST_P(ConvTest, BackwardDataFollowsTheLatestForwardFilter) {
+  // The backend may reuse its reordered copy of w from Forward: a new filter must reach BackwardData.
+  const Conv2DParams p = Conv(1, 5, 5, 16, 16, 3, 3, 1, Padding::kSame);
+  auto op = dev_->MakeConv2D(p);
+  ASSERT_TRUE(op.ok()) << op.status();
+  const std::vector<float> x = RandomVector(XSize(p), 5), b = RandomVector(p.out_c, 6),
+                           r = RandomVector(YSize(p), 7);
+  float *dx = Upload(x), *db = Upload(b), *dy = Zeros(YSize(p)), *dr = Upload(r), *dgx = Zeros(XSize(p));
+  for (uint64_t seed : {11, 12}) {
+    const std::vector<float> w = RandomVector(WSize(p), seed);
+    float* dw = Upload(w);
+    ASSERT_TRUE((*op)->Forward(dx, dw, db, dy).ok());
+    ASSERT_TRUE((*op)->BackwardData(dr, dw, dgx).ok());
+    std::vector<float> gx_ref(XSize(p));
+    reference::Conv2DBackwardData(p, r.data(), w.data(), gx_ref.data());
+    EXPECT_ARRAYS_NEAR(Download(dgx, XSize(p)), gx_ref, 1e-4, 1e-4);
+  }
+}
+
+TEST_P(ConvTest, RejectsBadParams) {
+  Conv2DParams p = Conv(1, 5, 5, 1, 1, 3, 3, 1, Padding::kSame);
+  p.out_c = 0;
+  EXPECT_EQ(dev_->MakeConv2D(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = Conv(1, 5, 5, 1, 1, 3, 3, 0, Padding::kSame);
+  EXPECT_EQ(dev_->MakeConv2D(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = Conv(1, 2, 2, 1, 1, 3, 3, 1, Padding::kValid);  // kernel larger than the input
+  EXPECT_EQ(dev_->MakeConv2D(p).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Two towers: two Devices with different thread counts used at the same time from two std::threads. Each op
+// call sets its own thread's OpenMP count, and results match the reference.
+TEST(ConvConcurrencyTest, TwoDevicesInTwoThreads) {
+  const Conv2DParams p = Conv(4, 10, 10, 8, 16, 5, 5, 1, Padding::kSame);
+  const std::vector<float> x = RandomVector(XSize(p), 31), w = RandomVector(WSize(p), 32);
+  const std::vector<float> b = RandomVector(p.out_c, 33), r = RandomVector(YSize(p), 34);
+  std::vector<float> y_ref(YSize(p)), gw_ref(WSize(p)), gb_ref(p.out_c);
+  reference::Conv2DForward(p, x.data(), w.data(), b.data(), y_ref.data());
+  reference::Conv2DBackwardWeights(p, x.data(), r.data(), gw_ref.data(), gb_ref.data());
+
+  auto tower = [&](int threads, int* wrong, int* omp_threads_seen) {
+    auto dev = CreateCpuDevice(DeviceSpec::Cpu(threads));
+    ASSERT_TRUE(dev.ok());
+    auto op = (*dev)->MakeConv2D(p);
+    ASSERT_TRUE(op.ok()) << op.status();
+    std::vector<float> y(YSize(p)), gw(WSize(p)), gb(p.out_c);
+    for (int step = 0; step < 20; ++step) {
+      ASSERT_TRUE((*op)->Forward(x.data(), w.data(), b.data(), y.data()).ok());
+      *omp_threads_seen = omp_get_max_threads();
+      ASSERT_TRUE((*op)->BackwardWeights(x.data(), r.data(), gw.data(), gb.data()).ok());
+      *wrong += CompareArrays(y, y_ref, 1e-4, 1e-4).mismatches +
+                CompareArrays(gw, gw_ref, 1e-4, 1e-4).mismatches +
+                CompareArrays(gb, gb_ref, 1e-4, 1e-4).mismatches;
+    }
+  };
+  int wrong1 = 0, wrong2 = 0, seen1 = 0, seen2 = 0;
+  std::thread t1(tower, 1, &wrong1, &seen1), t2(tower, 2, &wrong2, &seen2);
+  t1.join();
+  t2.join();
+  EXPECT_EQ(wrong1, 0);
+  EXPECT_EQ(wrong2, 0);
+  EXPECT_EQ(seen1, 1);
+  EXPECT_EQ(seen2, 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, ConvTest, ::testing::Values(1, 2));
+
+}  // namespace
+}  // namespace dtrain::kernels::testing

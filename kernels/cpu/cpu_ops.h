@@ -1,0 +1,29 @@
+// Factories for the CPU backend's shape-specialized ops (internal to kernels/cpu; the public entry point is
+// CreateCpuDevice in kernels/device.h). Each validates its params (InvalidArgument naming the bad field),
+// builds its oneDNN primitives, memory objects and scratch once, and returns an op whose calls only set data
+// handles and execute. The ops are thread-compatible: one thread (the Device's owner) at a time.
+#ifndef DTRAIN_KERNELS_CPU_CPU_OPS_H_
+#define DTRAIN_KERNELS_CPU_CPU_OPS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/dnnl_util.h"
+#include "kernels/device.h"
+
+namespace dtrain::kernels::cpu {
+
+absl::StatusOr<std::unique_ptr<Conv2D>> MakeCpuConv2D(const DnnlContext& ctx, const Conv2DParams& p);
+absl::StatusOr<std::unique_ptr<MaxPool>> MakeCpuMaxPool(const DnnlContext& ctx, const PoolParams& p);
+absl::StatusOr<std::unique_ptr<Lrn>> MakeCpuLrn(const DnnlContext& ctx, const LrnParams& p);
+absl::StatusOr<std::unique_ptr<Dense>> MakeCpuDense(const DnnlContext& ctx, const DenseParams& p);
+
+// "conv2d[batch=50 in=28x28x1 out_c=32 k=5x5 stride=1x1 SAME]"-style descriptions for error messages.
+std::string Describe(const Conv2DParams& p);
+std::string Describe(const PoolParams& p);
+std::string Describe(const LrnParams& p);
+std::string Describe(const DenseParams& p);
+
+}  // namespace dtrain::kernels::cpu
+
+#endif  // DTRAIN_KERNELS_CPU_CPU_OPS_H_

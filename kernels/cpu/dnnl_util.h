@@ -1,0 +1,85 @@
+// Small helpers shared by the oneDNN-backed CPU ops (internal to kernels/cpu).
+#ifndef DTRAIN_KERNELS_CPU_DNNL_UTIL_H_
+#define DTRAIN_KERNELS_CPU_DNNL_UTIL_H_
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace dtrain::kernels::cpu {
+
+// What every op of one CPU Device shares: the oneDNN engine, its (in-order, synchronous on the CPU) stream,
+// and the OpenMP thread count. The handles are reference-counted, so ops may keep copies. Thread-compatible:
+// used by the one thread that owns the Device.
+struct DnnlContext {
+  dnnl::engine engine;
+  dnnl::stream stream;
+  int threads = 1;
+};
+
+// OpenMP's thread count is a per-thread setting (an ICV of the calling thread), and oneDNN's OpenMP runtime
+// reads it when it creates and when it executes a primitive. Every op calls this before doing work so that
+// two towers in two std::threads each run with their own count.
+inline void UseThreads(int threads) {
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+}
+
+// Converts a oneDNN exception into a Status naming the op and its shape.
+inline absl::Status DnnlError(absl::string_view what, const dnnl::error& e) {
+  return absl::InternalError(
+      absl::StrCat(what, ": oneDNN error ", static_cast<int>(e.status), ": ", e.what()));
+}
+
+// 64-byte aligned heap memory, freed on destruction.
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<uint8_t, AlignedFree>;
+
+inline AlignedBuffer AllocAligned(size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  return AlignedBuffer(static_cast<uint8_t*>(std::aligned_alloc(64, rounded)));
+}
+
+// oneDNN memory handles take void*; inputs are const in our interface and never written by the primitives.
+inline void* Mutable(const float* p) { return const_cast<float*>(p); }
+
+// Attributes every primitive of ours is made with: the scratchpad is ours (SharedScratchpad), never the
+// library's global one, so Devices in different threads never share scratch memory.
+inline dnnl::primitive_attr UserScratchpadAttr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// One scratchpad buffer shared by the primitives of one op, which never run concurrently. Use: Reserve()
+// every primitive descriptor, then Allocate(), then For(pd) to get each primitive's scratchpad memory.
+// Thread-compatible.
+class SharedScratchpad {
+ public:
+  void Reserve(const dnnl::primitive_desc_base& pd) {
+    bytes_ = std::max(bytes_, pd.scratchpad_desc().get_size());
+  }
+  void Allocate() { buffer_ = AllocAligned(bytes_); }
+  dnnl::memory For(const dnnl::primitive_desc_base& pd, const dnnl::engine& engine) const {
+    return dnnl::memory(pd.scratchpad_desc(), engine, buffer_.get());
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_ = 0;
+  AlignedBuffer buffer_;
+};
+
+}  // namespace dtrain::kernels::cpu
+
+#endif  // DTRAIN_KERNELS_CPU_DNNL_UTIL_H_

@@ -1,0 +1,156 @@
+#include "worker/models/sequential_model.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace dtrain::models {
+
+SequentialModel::SequentialModel(std::string name, const ModelOptions& options, kernels::Device* device)
+    : name_(std::move(name)), options_(options), device_(device) {}
+
+SequentialModel::~SequentialModel() {
+  // The networks hold views into params_/grads_: release them first.
+  train_.reset();
+  eval_.reset();
+  for (float* p : owned_) device_->Free(p);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> SequentialModel::Create(const std::string& name,
+                                                               std::vector<LayerSpec> layers,
+                                                               const ModelOptions& options,
+                                                               kernels::Device* device) {
+  if (device == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": no device"));
+  if (options.batch_size < 1 || options.eval_batch_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": batch_size (", options.batch_size,
+                                                   ") must be positive and eval_batch_size (",
+                                                   options.eval_batch_size, ") non-negative"));
+  }
+  if (options.num_classes < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": num_classes must be >= 2, got ", options.num_classes));
+  }
+  const Geometry input{options.height, options.width, options.channels};
+  ASSIGN_OR_RETURN(std::vector<VariableInfo> vars, VariablesOf(name, layers, input));
+
+  std::unique_ptr<SequentialModel> m(new SequentialModel(name, options, device));
+  if (m->options_.eval_batch_size == 0) m->options_.eval_batch_size = options.batch_size;
+  m->layers_ = std::move(layers);
+  m->vars_ = std::move(vars);
+  m->num_params_ = TotalSize(m->vars_);
+  m->example_size_ = input.size();
+  const std::vector<int64_t> offsets = Offsets(m->vars_);
+  for (size_t i = 0; i < m->vars_.size(); ++i) {
+    if (m->vars_[i].weight_decay > 0.0f) {
+      m->decayed_.push_back({offsets[i], m->vars_[i].size(), m->vars_[i].weight_decay});
+    }
+  }
+
+  auto alloc = [&](int64_t n) -> absl::StatusOr<float*> {
+    ASSIGN_OR_RETURN(float* p, device->Alloc(n));
+    m->owned_.push_back(p);
+    return p;
+  };
+  const int batch = options.batch_size, classes = options.num_classes;
+  ASSIGN_OR_RETURN(m->params_, alloc(m->num_params_));
+  ASSIGN_OR_RETURN(m->grads_, alloc(m->num_params_));
+  ASSIGN_OR_RETURN(m->labels_, alloc(batch));
+  ASSIGN_OR_RETURN(m->dlogits_, alloc(static_cast<int64_t>(batch) * classes));
+  ASSIGN_OR_RETURN(m->loss_, alloc(1));
+  ASSIGN_OR_RETURN(m->l2_scratch_, alloc(1));
+  RETURN_IF_ERROR(device->Fill(0.0f, m->params_, m->num_params_));
+  RETURN_IF_ERROR(device->Fill(0.0f, m->grads_, m->num_params_));
+
+  ASSIGN_OR_RETURN(m->train_, Network::Create(device, m->layers_, input, batch, /*with_backward=*/true, m->params_,
+                                              m->grads_));
+  if (m->train_->output_size_per_example() != classes) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": the last layer has ", m->train_->output_size_per_example(),
+                                                   " outputs but num_classes is ", classes));
+  }
+  if (m->options_.eval_batch_size != batch) {
+    ASSIGN_OR_RETURN(m->eval_, Network::Create(device, m->layers_, input, m->options_.eval_batch_size,
+                                               /*with_backward=*/false, m->params_, nullptr));
+  }
+  m->host_logits_.resize(static_cast<size_t>(m->options_.eval_batch_size) * classes);
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+absl::Status SequentialModel::SetParameters(const float* host_params) {
+  if (host_params == nullptr) return absl::InvalidArgumentError(absl::StrCat(name_, ": SetParameters(nullptr)"));
+  return device_->CopyToDevice(host_params, params_, num_params_);
+}
+
+absl::Status SequentialModel::CheckBatch(const HostBatch& batch, int min_count, int max_count) const {
+  if (batch.height != options_.height || batch.width != options_.width || batch.channels != options_.channels) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": batch images are ", batch.height, "x", batch.width, "x",
+                                                   batch.channels, " but the model was built for ", options_.height,
+                                                   "x", options_.width, "x", options_.channels));
+  }
+  if (batch.batch < min_count || batch.batch > max_count) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": batch of ", batch.batch, " examples, expected ",
+                                                   min_count == max_count ? "exactly " : "at most ", max_count));
+  }
+  if (batch.batch > 0 && (batch.images == nullptr || batch.labels == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": batch without images or labels"));
+  }
+  for (int i = 0; i < batch.batch; ++i) {
+    const float l = batch.labels[i];
+    if (!(l >= 0.0f && l < static_cast<float>(options_.num_classes)) || l != std::floor(l)) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": label ", l, " of example ", i,
+                                                     " is not a class index in [0, ", options_.num_classes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> SequentialModel::ComputeGradients(const HostBatch& batch, int64_t step) {
+  const int n = options_.batch_size, classes = options_.num_classes;
+  RETURN_IF_ERROR(CheckBatch(batch, n, n));
+  RETURN_IF_ERROR(device_->CopyToDevice(batch.images, train_->input(), n * example_size_));
+  RETURN_IF_ERROR(device_->CopyToDevice(batch.labels, labels_, n));
+  RETURN_IF_ERROR(train_->Forward(/*training=*/true, options_.seed, step));
+  RETURN_IF_ERROR(device_->SoftmaxCrossEntropy(train_->output(), labels_, n, classes, dlogits_, loss_));
+  for (const Decayed& d : decayed_) {
+    RETURN_IF_ERROR(device_->L2Loss(params_ + d.offset, d.size, l2_scratch_));
+    RETURN_IF_ERROR(device_->Axpy(d.weight_decay, l2_scratch_, loss_, 1));
+  }
+  RETURN_IF_ERROR(train_->Backward(dlogits_));
+  // d(wd * l2_loss(w))/dw = wd * w, added after Backward overwrote the gradient.
+  for (const Decayed& d : decayed_) {
+    RETURN_IF_ERROR(device_->Axpy(d.weight_decay, params_ + d.offset, grads_ + d.offset, d.size));
+  }
+  float loss = 0.0f;
+  RETURN_IF_ERROR(device_->CopyToHost(loss_, &loss, 1));
+  return loss;
+}
+
+absl::StatusOr<float> SequentialModel::TrainStep(const HostBatch& batch, int64_t step, float* host_grads) {
+  if (host_grads == nullptr) return absl::InvalidArgumentError(absl::StrCat(name_, ": TrainStep without grads"));
+  ASSIGN_OR_RETURN(float loss, ComputeGradients(batch, step));
+  RETURN_IF_ERROR(device_->CopyToHost(grads_, host_grads, num_params_));
+  return loss;
+}
+
+absl::StatusOr<int> SequentialModel::CountCorrect(const HostBatch& batch) {
+  RETURN_IF_ERROR(CheckBatch(batch, 0, options_.eval_batch_size));
+  const int n = batch.batch, classes = options_.num_classes;
+  if (n == 0) return 0;
+  // Examples past n keep stale inputs; every op is per-example, so their logits are simply ignored.
+  Network* net = eval_ ? eval_.get() : train_.get();
+  RETURN_IF_ERROR(device_->CopyToDevice(batch.images, net->input(), n * example_size_));
+  RETURN_IF_ERROR(net->Forward(/*training=*/false, options_.seed, 0));
+  RETURN_IF_ERROR(device_->CopyToHost(net->output(), host_logits_.data(), static_cast<int64_t>(n) * classes));
+  int correct = 0;
+  for (int i = 0; i < n; ++i) {
+    const float* row = host_logits_.data() + static_cast<size_t>(i) * classes;
+    int best = 0;
+    for (int c = 1; c < classes; ++c) {
+      if (row[c] > row[best]) best = c;
+    }
+    if (best == static_cast<int>(batch.labels[i])) ++correct;
+  }
+  return correct;
+}
+
+}  // namespace dtrain::models

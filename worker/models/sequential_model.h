@@ -1,0 +1,66 @@
+// SequentialModel: the Model implementation shared by every architecture. It owns the flat parameter and
+// gradient buffers on the device, a training Network for options.batch_size, and (when eval_batch_size differs)
+// a forward-only Network for evaluation. Nothing is allocated per step.
+//
+// Thread-safety: one thread at a time (a tower), like its Device.
+#ifndef DTRAIN_WORKER_MODELS_SEQUENTIAL_MODEL_H_
+#define DTRAIN_WORKER_MODELS_SEQUENTIAL_MODEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/models/layers.h"
+#include "worker/models/model.h"
+
+namespace dtrain::models {
+
+class SequentialModel : public Model {
+ public:
+  // `device` must outlive the model. InvalidArgument for bad options (sizes, a geometry the layers cannot take,
+  // a last layer whose width is not options.num_classes); device errors (out of memory) as the device reports.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const std::string& name, std::vector<LayerSpec> layers,
+                                                       const ModelOptions& options, kernels::Device* device);
+  ~SequentialModel() override;
+
+  const std::string& name() const override { return name_; }
+  const std::vector<VariableInfo>& variables() const override { return vars_; }
+  absl::Status SetParameters(const float* host_params) override;
+  absl::StatusOr<float> TrainStep(const HostBatch& batch, int64_t step, float* host_grads) override;
+  absl::StatusOr<float> ComputeGradients(const HostBatch& batch, int64_t step) override;
+  float* device_gradients() override { return grads_; }
+  absl::StatusOr<int> CountCorrect(const HostBatch& batch) override;
+  kernels::Device* device() override { return device_; }
+
+ private:
+  struct Decayed {
+    int64_t offset, size;
+    float weight_decay;
+  };
+  SequentialModel(std::string name, const ModelOptions& options, kernels::Device* device);
+  // Checks a batch's geometry against the model (and its count against `max_count`) and its labels.
+  absl::Status CheckBatch(const HostBatch& batch, int min_count, int max_count) const;
+
+  std::string name_;
+  ModelOptions options_;
+  kernels::Device* device_;
+  std::vector<LayerSpec> layers_;
+  std::vector<VariableInfo> vars_;
+  std::vector<Decayed> decayed_;
+  int64_t num_params_ = 0;
+  int64_t example_size_ = 0;
+  std::vector<float*> owned_;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  float* labels_ = nullptr;
+  float* dlogits_ = nullptr;
+  float* loss_ = nullptr;        // device scalar
+  float* l2_scratch_ = nullptr;  // device scalar
+  std::unique_ptr<Network> train_;
+  std::unique_ptr<Network> eval_;  // null: evaluation runs on train_ (same batch size)
+  std::vector<float> host_logits_;
+};
+
+}  // namespace dtrain::models
+
+#endif  // DTRAIN_WORKER_MODELS_SEQUENTIAL_MODEL_H_
