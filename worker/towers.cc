@@ -1,5 +1,6 @@
 #include "worker/towers.h"
 
+#include <algorithm>
 #include <future>
 #include <utility>
 
@@ -7,8 +8,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#ifdef DTRAIN_HAVE_CUDA
+#include "kernels/cuda/nccl_allreduce.h"
+#endif
 
 namespace dtrain::worker {
+
+struct Towers::DeviceAverager {
+#ifdef DTRAIN_HAVE_CUDA
+  std::unique_ptr<kernels::cuda::GradientAllReducer> reducer;
+#endif
+};
 
 absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& towers, int num_gpus,
                                                              int threads) {
@@ -60,7 +70,20 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
     t->devices_.push_back(std::move(dev));
     t->models_.push_back(std::move(model));
   }
-  for (size_t i = 1; i < specs.size(); ++i) t->tower_grads_.emplace_back(t->num_parameters());
+  const bool all_gpu = std::all_of(specs.begin(), specs.end(),
+                                   [](const kernels::DeviceSpec& s) { return s.kind == kernels::DeviceSpec::Kind::kGpu; });
+  if (all_gpu && specs.size() > 1) {
+#ifdef DTRAIN_HAVE_CUDA
+    std::vector<kernels::Device*> devs;
+    for (auto& d : t->devices_) devs.push_back(d.get());
+    t->device_averager_ = std::make_unique<DeviceAverager>();
+    ASSIGN_OR_RETURN(t->device_averager_->reducer,
+                     kernels::cuda::CreateGradientAllReducer(devs, t->num_parameters()));
+#endif
+  }
+  if (!t->device_averager_) {
+    for (size_t i = 1; i < specs.size(); ++i) t->tower_grads_.emplace_back(t->num_parameters());
+  }
   return t;
 }
 
@@ -80,6 +103,7 @@ absl::StatusOr<float> Towers::ComputeGradients(const std::vector<models::HostBat
     return absl::InvalidArgumentError(absl::StrCat(batches.size(), " batches for ", size(), " towers"));
   }
   if (size() == 1) return models_[0]->TrainStep(batches[0], step * 64, grads);
+  if (device_averager_) return ComputeOnDevices(batches, step, grads);
 
   std::vector<std::future<absl::StatusOr<float>>> futures;
   for (int i = 1; i < size(); ++i) {
@@ -108,6 +132,33 @@ absl::StatusOr<float> Towers::ComputeGradients(const std::vector<models::HostBat
   }
   for (int64_t j = 0; j < n; ++j) grads[j] *= inv;
   return static_cast<float>(loss / size());
+}
+
+absl::StatusOr<float> Towers::ComputeOnDevices(const std::vector<models::HostBatch>& batches, int64_t step,
+                                               float* grads) {
+#ifdef DTRAIN_HAVE_CUDA
+  std::vector<std::future<absl::StatusOr<float>>> futures;
+  for (int i = 0; i < size(); ++i) {
+    futures.push_back(std::async(std::launch::async, [this, &batches, step, i] {
+      return models_[i]->ComputeGradients(batches[i], step * 64 + i);
+    }));
+  }
+  double loss = 0;
+  absl::Status status;
+  for (auto& f : futures) {
+    absl::StatusOr<float> l = f.get();
+    if (!l.ok() && status.ok()) status = l.status();
+    if (l.ok()) loss += *l;
+  }
+  if (!status.ok()) return status;
+  std::vector<float*> buffers;
+  for (auto& m : models_) buffers.push_back(m->device_gradients());
+  RETURN_IF_ERROR(device_averager_->reducer->AverageInPlace(buffers));
+  RETURN_IF_ERROR(devices_[0]->CopyToHost(models_[0]->device_gradients(), grads, num_parameters()));
+  return static_cast<float>(loss / size());
+#else
+  return absl::FailedPreconditionError("no CUDA device available: this build has no CUDA backend");
+#endif
 }
 
 }  // namespace dtrain::worker

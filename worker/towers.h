@@ -21,6 +21,9 @@ namespace dtrain::worker {
 absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& towers, int num_gpus,
                                                              int threads);
 
+// CPU towers run on host threads and average their host gradients. GPU towers (all of them GPUs) keep their
+// gradients on the devices: they are averaged there (NCCL all-reduce across GPUs, device copies for towers sharing
+// a GPU) and tower 0's average is copied to the host once per step for the push.
 class Towers {
  public:
   // Makes one device and one model per spec. FailedPrecondition "no CUDA device available: ..." when a GPU
@@ -46,6 +49,11 @@ class Towers {
   std::vector<std::unique_ptr<kernels::Device>> devices_;
   std::vector<std::unique_ptr<models::Model>> models_;
   std::vector<std::vector<float>> tower_grads_;  // towers 1..n-1 (tower 0 writes straight into the output)
+  // GPU towers: gradients are averaged on the devices (NCCL across GPUs) and copied back once per step.
+  struct DeviceAverager;
+  std::unique_ptr<DeviceAverager> device_averager_;
+  absl::StatusOr<float> ComputeOnDevices(const std::vector<models::HostBatch>& batches, int64_t step,
+                                         float* grads);
 };
 
 }  // namespace dtrain::worker

@@ -1,0 +1,205 @@
+// Several ps tasks in sync mode with the decision-passing protocol: the result must equal one ps task's.
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "ps/parameter_server.h"
+#include "ps/ps_test_util.h"
+
+namespace dtrain::ps {
+namespace {
+
+using ::dtrain::ps::testing::MakeConfig;
+using ::dtrain::ps::testing::SimCluster;
+using ::dtrain::ps::testing::SimClusterOptions;
+using ::dtrain::ps::testing::SimWorker;
+using ::dtrain::ps::testing::TestGradient;
+
+std::vector<VariableInfo> Variables() { return {{"conv/w", 40}, {"conv/b", 4}, {"fc/w", 300}, {"fc/b", 6}}; }
+
+std::vector<float> InitialValues() {
+  std::vector<float> v(350);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
+  return v;
+}
+
+SimClusterOptions Options(int num_ps, int num_workers, int r, const std::string& optimizer) {
+  SimClusterOptions o;
+  o.variables = Variables();
+  o.num_ps = num_ps;
+  o.placement.min_slice_bytes = 400;  // fc/w (1200 bytes) is split in 2 or 3
+  o.config = MakeConfig("sync", num_workers, r, /*learning_rate=*/0.05f);
+  o.config.optimizer.name = optimizer;
+  o.config.moving_average_decay = 0.9f;
+  o.initial = InitialValues();
+  return o;
+}
+
+class Recorder {
+ public:
+  std::function<void(const StepDecision&)> Hook() {
+    return [this](const StepDecision& d) {
+      std::lock_guard<std::mutex> lock(mu_);
+      decisions_.push_back(d);
+    };
+  }
+  std::vector<StepDecision> decisions() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return decisions_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<StepDecision> decisions_;
+};
+
+// Trains kSteps on `num_ps` tasks with worker threads; returns the final flat parameters and the decisions.
+void RunCluster(int num_ps, int num_workers, int r, const std::string& optimizer, int steps, bool jitter,
+                std::vector<float>* final_params, std::vector<StepDecision>* decisions) {
+  Recorder recorder;
+  SimClusterOptions options = Options(num_ps, num_workers, r, optimizer);
+  options.on_step_applied = recorder.Hook();
+  auto cluster = *SimCluster::Start(options);
+  std::vector<std::thread> threads;
+  for (int id = 0; id < num_workers; ++id) {
+    threads.emplace_back([&, id] {
+      SimWorker w(cluster.get(), id);
+      std::vector<float> params;
+      int64_t step = *w.Pull(0, 0, &params);
+      while (step < steps) {
+        // Make a different worker the slow one from step to step, so the decided sets vary.
+        if (jitter && (step + id) % num_workers == 0) std::this_thread::sleep_for(std::chrono::milliseconds(15));
+        ASSERT_TRUE(w.Push(step, TestGradient(id, step, params)).ok());
+        absl::StatusOr<int64_t> next = w.Pull(step + 1, step, &params);
+        ASSERT_TRUE(next.ok()) << next.status();
+        step = *next;
+      }
+      ASSERT_TRUE(w.Done().ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < num_ps; ++t) EXPECT_TRUE(cluster->task(t).finished()) << "task " << t;
+  // Every task has applied every step (the last pull of each worker passed the last decisions on).
+  for (int t = 0; t < num_ps; ++t) EXPECT_EQ(cluster->task(t).step(), steps) << "task " << t;
+  SimWorker reader(cluster.get(), 0);
+  ASSERT_EQ(*reader.Pull(steps, 0, final_params), steps);
+  *decisions = recorder.decisions();
+}
+
+// Replays `decisions` on one ps task: at each step the decided workers push, in decision order, gradients
+// computed on that step's parameters.
+std::vector<float> Replay(int num_workers, int r, const std::string& optimizer,
+                          const std::vector<StepDecision>& decisions) {
+  auto cluster = *SimCluster::Start(Options(1, num_workers, r, optimizer));
+  std::vector<SimWorker> workers;
+  for (int id = 0; id < num_workers; ++id) workers.emplace_back(cluster.get(), id);
+  std::vector<float> params;
+  for (const StepDecision& d : decisions) {
+    EXPECT_EQ(*workers[0].Pull(d.step, 0, &params), d.step);
+    for (int id : d.workers) {
+      EXPECT_EQ(*workers[id].Push(d.step, TestGradient(id, d.step, params)), PushResponse::Outcome::kAccepted);
+    }
+  }
+  EXPECT_EQ(*workers[0].Pull(decisions.size(), 0, &params), static_cast<int64_t>(decisions.size()));
+  return params;
+}
+
+struct Case {
+  int num_ps, num_workers, r;
+  std::string optimizer;
+  bool jitter;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.num_ps << " ps, " << c.num_workers << " workers, R=" << c.r << ", " << c.optimizer
+      << (c.jitter ? ", jitter" : "");
+}
+
+class MultiPsTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MultiPsTest, SameParametersAsOnePsTask) {
+  const Case c = GetParam();
+  constexpr int kSteps = 12;
+  std::vector<float> params;
+  std::vector<StepDecision> decisions;
+  RunCluster(c.num_ps, c.num_workers, c.r, c.optimizer, kSteps, c.jitter, &params, &decisions);
+  ASSERT_EQ(decisions.size(), static_cast<size_t>(kSteps));
+  std::set<std::vector<int>> distinct;
+  for (const StepDecision& d : decisions) {
+    EXPECT_EQ(d.workers.size(), static_cast<size_t>(c.r));
+    std::vector<int> sorted = d.workers;
+    std::sort(sorted.begin(), sorted.end());
+    distinct.insert(sorted);
+  }
+  if (c.jitter) {
+    EXPECT_GE(distinct.size(), 2u) << "the decided sets did not vary";
+  }
+  const std::vector<float> expected = Replay(c.num_workers, c.r, c.optimizer, decisions);
+  ASSERT_EQ(params.size(), expected.size());
+  const std::vector<float> initial = InitialValues();
+  float max_change = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_NEAR(params[i], expected[i], 1e-6) << "element " << i;
+    max_change = std::max(max_change, std::abs(params[i] - initial[i]));
+  }
+  EXPECT_GT(max_change, 1e-3);  // training moved the parameters
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Clusters, MultiPsTest,
+    ::testing::Values(Case{2, 2, 2, "sgd", false}, Case{2, 2, 2, "adam", false}, Case{2, 3, 2, "momentum", true},
+                      Case{3, 3, 2, "adam", true}, Case{2, 1, 1, "sgd", false}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      const Case& c = info.param;
+      return absl::StrCat(c.num_ps, "ps_", c.num_workers, "workers_R", c.r, "_", c.optimizer);
+    });
+
+TEST(MultiPsProtocolTest, MissingOrUnbufferedDecisionsAreRejected) {
+  auto cluster = *SimCluster::Start(Options(2, 2, 2, "sgd"));
+  ParameterServer& task1 = cluster->task(1);
+  PullRequest gap;
+  gap.worker_id = 0;
+  gap.decisions = {{1, {0, 1}}};  // step 0's decision is missing
+  absl::StatusOr<PullResponse> r = task1.Pull(gap);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("missing decision for step 0"), std::string::npos) << r.status();
+
+  // Worker 0 pushed step 0 to task 1, worker 1 did not: a decision naming worker 1 cannot be applied.
+  SimWorker w0(cluster.get(), 0);
+  std::vector<float> params;
+  ASSERT_TRUE(w0.Pull(0, 0, &params).ok());
+  PushRequest push;
+  push.worker_id = 0;
+  push.step = 0;
+  push.request_id = 1;
+  push.gradients = cluster->SlicesFor(1, std::vector<float>(cluster->total_floats(), 1.0f));
+  ASSERT_TRUE(task1.Push(push).ok());
+  PullRequest unbuffered;
+  unbuffered.worker_id = 0;
+  unbuffered.decisions = {{0, {0, 1}}};
+  r = task1.Pull(unbuffered);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("includes worker 1"), std::string::npos) << r.status();
+  EXPECT_EQ(task1.step(), 0);
+
+  // A decision for step 0 with worker 0 only is applied; repeating it later is skipped.
+  PullRequest ok;
+  ok.worker_id = 0;
+  ok.min_step = 1;
+  ok.decisions = {{0, {0}}};
+  r = task1.Pull(ok);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 1);
+  r = task1.Pull(ok);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 1);
+  EXPECT_EQ(task1.GetStats()->workers[0].applied, 1);
+  // A push for step 0 now is a backup's.
+  push.worker_id = 1;
+  EXPECT_EQ(task1.Push(push)->outcome, PushResponse::Outcome::kDroppedBackup);
+}
+
+}  // namespace
+}  // namespace dtrain::ps

@@ -1,0 +1,99 @@
+#include "ps/slice_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dtrain::ps {
+
+absl::StatusOr<SliceStore> SliceStore::Create(std::vector<SliceSpec> slices, const OptimizerConfig& optimizer,
+                                              float moving_average_decay) {
+  absl::StatusOr<Optimizer> opt = Optimizer::Create(optimizer);
+  if (!opt.ok()) return opt.status();
+  if (!(moving_average_decay >= 0.0f && moving_average_decay < 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moving_average_decay must be in [0, 1), got ", moving_average_decay));
+  }
+  std::unordered_map<uint32_t, int> seen;
+  for (const SliceSpec& s : slices) {
+    if (s.length <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", s.key, " has length ", s.length));
+    }
+    if (!seen.emplace(s.key, 0).second) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", s.key, " appears twice"));
+    }
+  }
+  return SliceStore(std::move(slices), *std::move(opt), moving_average_decay);
+}
+
+SliceStore::SliceStore(std::vector<SliceSpec> specs, Optimizer optimizer, float moving_average_decay)
+    : specs_(std::move(specs)), optimizer_(std::move(optimizer)), moving_average_decay_(moving_average_decay) {
+  const int n = static_cast<int>(specs_.size());
+  values_.resize(n);
+  slots_.resize(n);
+  shadows_.resize(n);
+  for (int i = 0; i < n; ++i) {
+    const int64_t len = specs_[i].length;
+    index_of_key_[specs_[i].key] = i;
+    total_floats_ += len;
+    values_[i].assign(len, 0.0f);
+    slots_[i].assign(optimizer_.num_slots(), std::vector<float>(len, 0.0f));
+    if (has_moving_averages()) shadows_[i].assign(len, 0.0f);
+  }
+}
+
+absl::StatusOr<int> SliceStore::IndexOf(uint32_t key) const {
+  auto it = index_of_key_.find(key);
+  if (it == index_of_key_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("slice key ", key, " is not held by this ps task"));
+  }
+  return it->second;
+}
+
+absl::Status SliceStore::SetValues(const std::vector<SliceData>& values) {
+  std::vector<const SliceData*> by_index(specs_.size(), nullptr);
+  for (const SliceData& d : values) {
+    absl::StatusOr<int> i = IndexOf(d.key);
+    if (!i.ok()) return i.status();
+    if (by_index[*i] != nullptr) return absl::InvalidArgumentError(absl::StrCat("slice key ", d.key, " given twice"));
+    if (static_cast<int64_t>(d.values.size()) != specs_[*i].length) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", d.key, " ('", specs_[*i].variable, "') has ",
+                                                     d.values.size(), " values, expected ", specs_[*i].length));
+    }
+    by_index[*i] = &d;
+  }
+  for (size_t i = 0; i < by_index.size(); ++i) {
+    if (by_index[i] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no values for slice key ", specs_[i].key, " ('", specs_[i].variable, "')"));
+    }
+  }
+  for (size_t i = 0; i < by_index.size(); ++i) {
+    values_[i] = by_index[i]->values;
+    for (std::vector<float>& slot : slots_[i]) std::fill(slot.begin(), slot.end(), 0.0f);
+    if (has_moving_averages()) shadows_[i] = values_[i];
+  }
+  return absl::OkStatus();
+}
+
+void SliceStore::ApplyGradient(int i, int64_t step, const float* grad, float grad_scale) {
+  std::vector<std::vector<float>>& slots = slots_[i];
+  float* slot0 = slots.size() > 0 ? slots[0].data() : nullptr;
+  float* slot1 = slots.size() > 1 ? slots[1].data() : nullptr;
+  optimizer_.Apply(step, grad_scale, grad, values_[i].data(), slot0, slot1, specs_[i].length);
+  if (has_moving_averages()) {
+    UpdateMovingAverage(MovingAverageDecay(moving_average_decay_, step + 1), values_[i].data(),
+                        shadows_[i].data(), specs_[i].length);
+  }
+}
+
+void SliceStore::ReadValues(std::vector<SliceData>* out) const {
+  out->resize(specs_.size());
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    (*out)[i].key = specs_[i].key;
+    (*out)[i].values.assign(values_[i].begin(), values_[i].end());
+  }
+}
+
+}  // namespace dtrain::ps
