@@ -45,6 +45,10 @@ ABSL_FLAG(int, threads, 1, "CPU threads for this worker's towers");
 ABSL_FLAG(int, log_every, 100, "Print a progress line every this many local steps");
 ABSL_FLAG(int64_t, eval_every, 0, "Chief: evaluate test accuracy every this many global steps (0: at the end)");
 ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");
+// Checkpoint flags are read by dtrain_ps; workers accept them so that one command line serves every process.
+ABSL_FLAG(std::string, checkpoint_dir, "", "Checkpoints (used by the ps tasks; accepted here)");
+ABSL_FLAG(int64_t, save_checkpoint_steps, 0, "Checkpoint every N global steps (ps tasks; accepted here)");
+ABSL_FLAG(double, save_checkpoint_secs, 0, "Checkpoint every N seconds (ps tasks; accepted here)");
 ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and the chief");
 
 int main(int argc, char** argv) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/event_writer.h"
 #include "common/status_macros.h"
 #include "ps/placement.h"
 #include "worker/models/model.h"
@@ -160,6 +161,12 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     eval_batches = data::EvalBatches(dataset->test, mopt.eval_batch_size, EvalPreprocess(o.model));
   }
 
+  // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.
+  std::unique_ptr<EventWriter> events;
+  if (chief && !o.logdir.empty()) {
+    ASSIGN_OR_RETURN(events, EventWriter::Create(o.logdir));
+  }
+
   // ---- the loop ----
   TrainingResult result;
   std::vector<float> grads(n);
@@ -199,6 +206,12 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
                     secs / std::max<int64_t>(window_steps, 1));
         std::fflush(stdout);
       }
+      if (events) {
+        RETURN_IF_ERROR(events->AddScalar("loss", step, loss));
+        RETURN_IF_ERROR(events->AddScalar("examples_per_sec", step,
+                                          window_steps * examples_per_step / std::max(secs, 1e-9)));
+        RETURN_IF_ERROR(events->Flush());
+      }
       window_start = absl::Now();
       window_steps = 0;
     }
@@ -206,6 +219,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       RETURN_IF_ERROR(towers->SetParameters(params.data()));
       ASSIGN_OR_RETURN(double acc, Evaluate(model0, eval_batches));
       if (!o.quiet) std::printf("step %lld: test accuracy = %.4f\n", static_cast<long long>(step), acc);
+      if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", step, acc));
       next_eval = (step / o.eval_every + 1) * o.eval_every;
     }
   }
@@ -220,7 +234,9 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     if (o.evaluate) {
       RETURN_IF_ERROR(towers->SetParameters(params.data()));
       ASSIGN_OR_RETURN(result.test_accuracy, Evaluate(model0, eval_batches));
+      if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", result.global_step, result.test_accuracy));
     }
+    if (events) RETURN_IF_ERROR(events->Close());
   }
   if (!o.quiet) {
     std::printf("worker %d: %lld local steps, %lld examples in %.2f sec (%.1f examples/sec)\n", o.worker_id,

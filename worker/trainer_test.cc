@@ -3,6 +3,7 @@
 #include "worker/trainer.h"
 
 #include <cmath>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -67,11 +68,22 @@ TEST(TrainerTest, LocalModeTrains) {
   o.train_steps = 150;
   o.shuffle = true;
   o.evaluate = true;
+  o.log_every = 50;
+  o.logdir = ::testing::TempDir() + "/trainer_test_events";
+  std::filesystem::remove_all(o.logdir);
   absl::StatusOr<TrainingResult> r = RunTraining(o, {});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->global_step, 150);
   EXPECT_EQ(r->local_steps, 150);
   EXPECT_GT(r->test_accuracy, 0.9);
+  // The chief wrote TensorBoard events (3 loss points + accuracy, after the file-version record).
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(o.logdir)) {
+    EXPECT_EQ(e.path().filename().string().rfind("events.out.tfevents.", 0), 0u);
+    EXPECT_GT(std::filesystem::file_size(e.path()), 100u);
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
 }
 
 // 1 ps + 2 workers in sync mode, batch b each, equal local mode with batch 2b over the same examples.

@@ -79,8 +79,15 @@ struct Batch {
   int64_t epoch = 0;          // epoch the batch's first example belongs to
 };
 
+// Batches are deterministic in (data, options): batch k of a shard holds the shard's stream positions
+// [k*batch_size, (k+1)*batch_size), where positions run through epoch 0's order, then epoch 1's, ... (a batch
+// may straddle two epochs). Each epoch's order is the shard shuffled with an RNG seeded by (seed, epoch,
+// shard), or ascending when shuffle=false; kCifarTrain distortions use an RNG seeded by (seed, shard, k).
+// prefetch = 0 builds batches on the consumer thread inside Next().
 class BatchStream {
  public:
+  // InvalidArgument for a bad batch size, shard, crop or an inconsistent Dataset. `data` is not copied:
+  // it must outlive the stream.
   static absl::StatusOr<std::unique_ptr<BatchStream>> Create(const Dataset& data, const BatchStreamOptions& o);
   virtual ~BatchStream() = default;
   // Blocks until the next batch is ready. The reference is valid until the next call.
@@ -89,6 +96,7 @@ class BatchStream {
 };
 
 // Fixed, unshuffled, preprocessed batches over the whole set (evaluation). The last batch may be smaller.
+// Preconditions (CHECKed): batch_size > 0; for the CIFAR modes the crop fits the images.
 std::vector<Batch> EvalBatches(const Dataset& data, int batch_size, Preprocess preprocess, int crop_h = 24,
                                int crop_w = 24);
 

@@ -1,0 +1,316 @@
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/data/data_test_util.h"
+#include "worker/data/dataset.h"
+
+namespace dtrain::data {
+namespace {
+
+using namespace test_util;  // NOLINT
+
+// n examples of 1x2x1 whose two pixels encode the example's index, so batches can be decoded back.
+Dataset IndexedDataset(int n) {
+  Dataset d;
+  d.height = 1;
+  d.width = 2;
+  d.channels = 1;
+  for (int i = 0; i < n; ++i) {
+    d.pixels.push_back(static_cast<uint8_t>(i >> 8));
+    d.pixels.push_back(static_cast<uint8_t>(i & 0xFF));
+    d.labels.push_back(i % 10);
+  }
+  return d;
+}
+
+std::vector<int> Indices(const Batch& b) {
+  std::vector<int> out;
+  for (int i = 0; i < b.batch; ++i) {
+    out.push_back(static_cast<int>(std::lround(b.images[2 * i] * 255)) * 256 +
+                  static_cast<int>(std::lround(b.images[2 * i + 1] * 255)));
+  }
+  return out;
+}
+
+std::unique_ptr<BatchStream> MustCreate(const Dataset& d, const BatchStreamOptions& o) {
+  absl::StatusOr<std::unique_ptr<BatchStream>> s = BatchStream::Create(d, o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+// The next n example indices of a stream, over as many batches as needed (n a multiple of the batch).
+std::vector<int> Take(BatchStream* s, int n) {
+  std::vector<int> out;
+  while (static_cast<int>(out.size()) < n) {
+    std::vector<int> b = Indices(s->Next());
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
+TEST(BatchStreamTest, ShardsAreDisjointAndCoverTheData) {
+  const Dataset d = IndexedDataset(103);
+  std::vector<int> all;
+  for (int shard = 0; shard < 3; ++shard) {
+    BatchStreamOptions o;
+    o.batch_size = 1;
+    o.num_shards = 3;
+    o.shard_index = shard;
+    o.seed = 11;
+    auto s = MustCreate(d, o);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->shard_size(), shard == 0 ? 35 : 34);
+    const std::vector<int> epoch = Take(s.get(), static_cast<int>(s->shard_size()));
+    for (int i : epoch) EXPECT_EQ(i % 3, shard);
+    all.insert(all.end(), epoch.begin(), epoch.end());
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<int> want(103);
+  for (int i = 0; i < 103; ++i) want[i] = i;
+  EXPECT_EQ(all, want);
+}
+
+TEST(BatchStreamTest, ReshufflesEachEpochDeterministicallyInTheSeed) {
+  const Dataset d = IndexedDataset(60);
+  BatchStreamOptions o;
+  o.batch_size = 10;
+  o.seed = 5;
+  auto a = MustCreate(d, o), b = MustCreate(d, o);
+  o.seed = 6;
+  auto c = MustCreate(d, o);
+  const std::vector<int> a0 = Take(a.get(), 60), a1 = Take(a.get(), 60);
+  EXPECT_EQ(Take(b.get(), 120), [&] { auto v = a0; v.insert(v.end(), a1.begin(), a1.end()); return v; }());
+  EXPECT_NE(a0, a1);
+  EXPECT_NE(Take(c.get(), 60), a0);
+  std::vector<int> sorted0 = a0, sorted1 = a1;
+  std::sort(sorted0.begin(), sorted0.end());
+  std::sort(sorted1.begin(), sorted1.end());
+  EXPECT_EQ(sorted0, sorted1);  // each epoch is a permutation of the shard
+  EXPECT_EQ(sorted0.front(), 0);
+  EXPECT_EQ(sorted0.back(), 59);
+}
+
+TEST(BatchStreamTest, UnshuffledBatchesWrapAcrossEpochsInOrder) {
+  const Dataset d = IndexedDataset(10);
+  BatchStreamOptions o;
+  o.batch_size = 4;
+  o.shuffle = false;
+  auto s = MustCreate(d, o);
+  for (int k = 0; k < 8; ++k) {
+    const Batch& b = s->Next();
+    EXPECT_EQ(b.epoch, (4 * k) / 10) << "batch " << k;
+    std::vector<int> want;
+    for (int i = 0; i < 4; ++i) want.push_back((4 * k + i) % 10);
+    EXPECT_EQ(Indices(b), want) << "batch " << k;
+  }
+}
+
+// Synchronous data parallelism relies on this: 2 workers with batch b see, at every step, the same
+// examples as 1 worker with batch 2b.
+TEST(BatchStreamTest, TwoShardsOfBatchBMatchOneShardOfBatch2B) {
+  const Dataset d = IndexedDataset(48);
+  BatchStreamOptions o;
+  o.shuffle = false;
+  o.batch_size = 8;
+  auto whole = MustCreate(d, o);
+  o.batch_size = 4;
+  o.num_shards = 2;
+  auto s0 = MustCreate(d, o);
+  o.shard_index = 1;
+  auto s1 = MustCreate(d, o);
+  for (int step = 0; step < 20; ++step) {
+    std::multiset<int> both;
+    for (BatchStream* s : {s0.get(), s1.get()}) {
+      for (int i : Indices(s->Next())) both.insert(i);
+    }
+    const std::vector<int> w = Indices(whole->Next());
+    EXPECT_EQ(both, std::multiset<int>(w.begin(), w.end())) << "step " << step;
+  }
+}
+
+TEST(BatchStreamTest, SameBatchesWithAndWithoutPrefetch) {
+  const Dataset d = MakeDataset(50, 32, 32, 3);
+  BatchStreamOptions o;
+  o.batch_size = 8;
+  o.seed = 3;
+  o.preprocess = Preprocess::kCifarTrain;
+  o.prefetch = 0;
+  auto sync = MustCreate(d, o);
+  o.prefetch = 3;
+  auto prefetched = MustCreate(d, o);
+  for (int k = 0; k < 10; ++k) {
+    const Batch a = sync->Next();
+    const Batch& b = prefetched->Next();
+    EXPECT_EQ(a.images, b.images) << "batch " << k;
+    EXPECT_EQ(a.labels, b.labels) << "batch " << k;
+  }
+}
+
+TEST(BatchStreamTest, DestructorDoesNotHangWhenNotDrained) {
+  const Dataset d = MakeDataset(200, 32, 32, 3);
+  BatchStreamOptions o;
+  o.batch_size = 16;
+  o.prefetch = 2;
+  o.preprocess = Preprocess::kCifarTrain;
+  { auto never_read = MustCreate(d, o); }
+  {
+    auto read_once = MustCreate(d, o);
+    EXPECT_EQ(read_once->Next().batch, 16);
+  }
+  for (int i = 0; i < 20; ++i) {
+    auto s = MustCreate(d, o);  // destroyed while the producer may be mid-batch
+  }
+}
+
+TEST(BatchStreamTest, CifarTrainShapesAndStandardization) {
+  const Dataset d = MakeDataset(20, 32, 32, 3);
+  BatchStreamOptions o;
+  o.batch_size = 10;
+  o.preprocess = Preprocess::kCifarTrain;
+  auto s = MustCreate(d, o);
+  const Batch& b = s->Next();
+  EXPECT_EQ(b.batch, 10);
+  EXPECT_EQ(b.height, 24);
+  EXPECT_EQ(b.width, 24);
+  EXPECT_EQ(b.channels, 3);
+  ASSERT_EQ(b.images.size(), 10u * 24 * 24 * 3);
+  ASSERT_EQ(b.labels.size(), 10u);
+  const int n = 24 * 24 * 3;
+  for (int i = 0; i < b.batch; ++i) {
+    double sum = 0, sq = 0;
+    for (int j = 0; j < n; ++j) {
+      const double v = b.images[i * n + j];
+      sum += v;
+      sq += v * v;
+    }
+    const double mean = sum / n;
+    EXPECT_NEAR(mean, 0.0, 1e-4);
+    EXPECT_NEAR(std::sqrt(sq / n - mean * mean), 1.0, 1e-3);
+  }
+}
+
+TEST(BatchStreamTest, ConstantImageStandardizesToZeroWithoutNan) {
+  Dataset d = MakeDataset(2, 32, 32, 3);
+  std::fill(d.pixels.begin(), d.pixels.end(), 77);
+  const std::vector<Batch> b = EvalBatches(d, 2, Preprocess::kCifarEval);
+  for (float v : b[0].images) EXPECT_EQ(v, 0.0f);
+}
+
+// Standardizes like tf.image.per_image_standardization (reference for the checks below).
+std::vector<float> Standardized(std::vector<float> x) {
+  double sum = 0, sq = 0;
+  for (float v : x) {
+    sum += v;
+    sq += static_cast<double>(v) * v;
+  }
+  const double mean = sum / x.size(), sd = std::sqrt(std::max(0.0, sq / x.size() - mean * mean));
+  const double scale = 1.0 / std::max(sd, 1.0 / std::sqrt(static_cast<double>(x.size())));
+  for (float& v : x) v = static_cast<float>((v - mean) * scale);
+  return x;
+}
+
+std::vector<float> Window(const Dataset& d, int image, int top, int left, int h, int w, bool flip) {
+  std::vector<float> out;
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      const int sx = left + (flip ? w - 1 - x : x);
+      out.push_back(d.pixels[image * d.image_size() + (top + y) * d.width + sx]);
+    }
+  }
+  return out;
+}
+
+bool Near(const float* a, const std::vector<float>& b) {
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (std::abs(a[i] - b[i]) > 1e-3f) return false;
+  }
+  return true;
+}
+
+// On one channel, brightness and contrast are undone by standardization, so each distorted image must
+// equal the standardized crop/flip of some window of its source image.
+TEST(BatchStreamTest, CifarTrainCropsAndFlipsWindowsDeterministically) {
+  const Dataset d = MakeDataset(40, 12, 10, 1);
+  BatchStreamOptions o;
+  o.batch_size = 40;
+  o.shuffle = false;
+  o.preprocess = Preprocess::kCifarTrain;
+  o.crop_h = 8;
+  o.crop_w = 6;
+  o.seed = 21;
+  auto s = MustCreate(d, o);
+  const Batch b = s->Next();
+  std::set<int> tops, lefts;
+  int flips = 0;
+  for (int i = 0; i < 40; ++i) {
+    int matches = 0;
+    for (int top = 0; top <= 4; ++top) {
+      for (int left = 0; left <= 4; ++left) {
+        for (bool flip : {false, true}) {
+          if (Near(b.images.data() + i * 48, Standardized(Window(d, i, top, left, 8, 6, flip)))) {
+            ++matches;
+            tops.insert(top);
+            lefts.insert(left);
+            flips += flip;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(matches, 1) << "image " << i;
+  }
+  EXPECT_GT(tops.size(), 2u);  // the crop position varies ...
+  EXPECT_GT(lefts.size(), 2u);
+  EXPECT_GT(flips, 5);  // ... and so does the flip
+  EXPECT_LT(flips, 35);
+
+  auto again = MustCreate(d, o);
+  EXPECT_EQ(again->Next().images, b.images);
+  o.seed = 22;
+  auto other = MustCreate(d, o);
+  EXPECT_NE(other->Next().images, b.images);
+}
+
+TEST(BatchStreamTest, EvalBatchesCoverTheSetInOrder) {
+  const Dataset d = MakeDataset(25, 12, 10, 1);
+  const std::vector<Batch> scaled = EvalBatches(d, 10, Preprocess::kScale01);
+  ASSERT_EQ(scaled.size(), 3u);
+  EXPECT_EQ(scaled[2].batch, 5);
+  EXPECT_EQ(scaled[2].labels.size(), 5u);
+  EXPECT_EQ(scaled[1].labels[3], static_cast<float>(d.labels[13]));
+  EXPECT_FLOAT_EQ(scaled[2].images[4 * 120 + 17], d.pixels[24 * 120 + 17] / 255.0f);
+
+  const std::vector<Batch> central = EvalBatches(d, 10, Preprocess::kCifarEval, 8, 6);
+  ASSERT_EQ(central.size(), 3u);
+  EXPECT_EQ(central[0].height, 8);
+  EXPECT_EQ(central[0].width, 6);
+  EXPECT_TRUE(Near(central[2].images.data() + 3 * 48, Standardized(Window(d, 23, 2, 2, 8, 6, false))));
+}
+
+TEST(BatchStreamTest, CreateRejectsBadOptions) {
+  const Dataset d = MakeDataset(4, 32, 32, 3);
+  BatchStreamOptions o;
+  o.batch_size = 0;
+  EXPECT_EQ(BatchStream::Create(d, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.shard_index = 2;
+  o.num_shards = 2;
+  EXPECT_EQ(BatchStream::Create(d, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.num_shards = 5;
+  EXPECT_EQ(BatchStream::Create(d, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.preprocess = Preprocess::kCifarEval;
+  o.crop_h = 33;
+  absl::Status s = BatchStream::Create(d, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("33x24"));
+}
+
+}  // namespace
+}  // namespace dtrain::data

@@ -1,0 +1,81 @@
+// Runs the dtrain_convert binary (from DTRAIN_BIN_DIR, set by ctest) on small generated inputs.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/data/data_test_util.h"
+#include "worker/data/dataset.h"
+
+namespace dtrain::data {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace test_util;  // NOLINT
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+RunResult RunConvert(const std::string& args) {
+  const char* bin_dir = std::getenv("DTRAIN_BIN_DIR");
+  RunResult r;
+  const std::string cmd = std::string(bin_dir) + "/dtrain_convert " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class ConvertMainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::getenv("DTRAIN_BIN_DIR") == nullptr) GTEST_SKIP() << "DTRAIN_BIN_DIR not set (run under ctest)";
+    dir_ = MakeTempDir();
+  }
+  std::string dir_;
+};
+
+TEST_F(ConvertMainTest, ConvertsMnistToTfRecords) {
+  const Dataset train = MakeDataset(30, 28, 28, 1), test = MakeDataset(10, 28, 28, 1, /*seed=*/8);
+  WriteGzFile(dir_ + "/train-images-idx3-ubyte.gz", IdxImages(train));
+  WriteGzFile(dir_ + "/train-labels-idx1-ubyte.gz", IdxLabels(train.labels));
+  WriteGzFile(dir_ + "/t10k-images-idx3-ubyte.gz", IdxImages(test));
+  WriteGzFile(dir_ + "/t10k-labels-idx1-ubyte.gz", IdxLabels(test.labels));
+  const RunResult r = RunConvert("--input_dir=" + dir_ + " --output_dir=" + dir_ + "/out --format=tfrecord");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("wrote 30 28x28x1 examples (mnist-idx) to " + dir_ + "/out/train.tfrecords"));
+  EXPECT_THAT(r.output, HasSubstr("wrote 10 28x28x1 examples (mnist-idx) to " + dir_ + "/out/test.tfrecords"));
+  absl::StatusOr<DatasetPair> back = LoadDataset(dir_ + "/out", DataFormat::kTfRecord);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->train.pixels, train.pixels);
+  EXPECT_EQ(back->train.labels, train.labels);
+  EXPECT_EQ(back->test.pixels, test.pixels);
+}
+
+TEST_F(ConvertMainTest, BadInputExitsTwoWithOneLine) {
+  const RunResult r = RunConvert("--input_dir=" + dir_ + "/empty --output_dir=" + dir_ + "/out");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("NOT_FOUND"));
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+TEST_F(ConvertMainTest, CorruptInputExitsTwo) {
+  WriteFile(dir_ + "/train.tfrecords", "garbage that is not a record");
+  WriteFile(dir_ + "/test.tfrecords", "");
+  const RunResult r = RunConvert("--input_dir=" + dir_ + " --output_dir=" + dir_ + "/out");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr(dir_ + "/train.tfrecords: corrupt record at byte offset 0"));
+}
+
+}  // namespace
+}  // namespace dtrain::data

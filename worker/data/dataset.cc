@@ -1,0 +1,165 @@
+// LoadDataset: finds a supported data set in a directory by its file names and reads train and test.
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "worker/data/dataset.h"
+
+namespace dtrain::data {
+namespace {
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string Join(const std::string& dir, const std::string& name) {
+  if (dir.empty() || dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+// The files one format needs, resolved against a directory, plus the names tried (for NotFound).
+struct Located {
+  bool found = false;
+  std::vector<std::string> train, test;
+  std::vector<std::string> looked_for;
+};
+
+// "name" or "name.gz", preferring whichever exists.
+std::string FindMaybeGz(const std::string& dir, const std::string& name, std::vector<std::string>* tried) {
+  for (const std::string& candidate : {Join(dir, name), Join(dir, name + ".gz")}) {
+    if (IsRegularFile(candidate)) return candidate;
+  }
+  tried->push_back(Join(dir, name + "[.gz]"));
+  return "";
+}
+
+Located LocateMnist(const std::string& dir) {
+  Located l;
+  const std::string names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                                "t10k-labels-idx1-ubyte"};
+  std::string paths[4];
+  for (int i = 0; i < 4; ++i) paths[i] = FindMaybeGz(dir, names[i], &l.looked_for);
+  l.found = l.looked_for.empty();
+  if (!l.found) {
+    // Report every name, not just the missing ones, so the message shows the whole expectation.
+    l.looked_for.clear();
+    for (const std::string& n : names) l.looked_for.push_back(Join(dir, n + "[.gz]"));
+    return l;
+  }
+  l.train = {paths[0], paths[1]};
+  l.test = {paths[2], paths[3]};
+  return l;
+}
+
+Located LocateCifarIn(const std::string& dir) {
+  Located l;
+  std::vector<std::string> missing;
+  for (int k = 1; k <= 5; ++k) {
+    const std::string p = Join(dir, absl::StrCat("data_batch_", k, ".bin"));
+    if (IsRegularFile(p)) {
+      l.train.push_back(p);
+    } else {
+      missing.push_back(p);
+    }
+  }
+  const std::string test = Join(dir, "test_batch.bin");
+  l.looked_for = {Join(dir, "data_batch_{1..5}.bin"), test};
+  l.found = !l.train.empty() && IsRegularFile(test);
+  if (l.found) {
+    l.test = {test};
+    if (!missing.empty()) {
+      LOG(WARNING) << "CIFAR-10 in " << dir << ": using " << l.train.size() << " of 5 training batches; missing "
+                   << absl::StrJoin(missing, ", ");
+    }
+  }
+  return l;
+}
+
+Located LocateCifar(const std::string& dir) {
+  Located direct = LocateCifarIn(dir);
+  if (direct.found) return direct;
+  Located nested = LocateCifarIn(Join(dir, "cifar-10-batches-bin"));
+  if (nested.found) return nested;
+  direct.looked_for.insert(direct.looked_for.end(), nested.looked_for.begin(), nested.looked_for.end());
+  return direct;
+}
+
+Located LocateTfRecord(const std::string& dir) {
+  Located l;
+  const std::string train = Join(dir, "train.tfrecords"), test = Join(dir, "test.tfrecords");
+  l.looked_for = {train, test};
+  l.found = IsRegularFile(train) && IsRegularFile(test);
+  if (l.found) {
+    l.train = {train};
+    l.test = {test};
+  }
+  return l;
+}
+
+absl::StatusOr<DatasetPair> Read(DataFormat format, const Located& l) {
+  DatasetPair p;
+  switch (format) {
+    case DataFormat::kMnistIdx: {
+      p.format = "mnist-idx";
+      ASSIGN_OR_RETURN(p.train, ReadMnistIdx(l.train[0], l.train[1]));
+      ASSIGN_OR_RETURN(p.test, ReadMnistIdx(l.test[0], l.test[1]));
+      break;
+    }
+    case DataFormat::kCifar10Bin: {
+      p.format = "cifar10-bin";
+      ASSIGN_OR_RETURN(p.train, ReadCifar10Bin(l.train));
+      ASSIGN_OR_RETURN(p.test, ReadCifar10Bin(l.test));
+      break;
+    }
+    case DataFormat::kTfRecord: {
+      p.format = "tfrecord";
+      ASSIGN_OR_RETURN(p.train, ReadTfRecordExamples(l.train[0]));
+      ASSIGN_OR_RETURN(p.test, ReadTfRecordExamples(l.test[0]));
+      break;
+    }
+    case DataFormat::kAuto:
+      return absl::InternalError("Read(kAuto)");
+  }
+  if (p.train.height != p.test.height || p.train.width != p.test.width ||
+      p.train.channels != p.test.channels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train and test images differ in shape: ", p.train.height, "x", p.train.width, "x", p.train.channels,
+        " (", l.train[0], ") vs ", p.test.height, "x", p.test.width, "x", p.test.channels, " (", l.test[0], ")"));
+  }
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat format) {
+  struct Candidate {
+    DataFormat format;
+    const char* name;
+    Located (*locate)(const std::string&);
+  };
+  const Candidate candidates[] = {{DataFormat::kMnistIdx, "MNIST IDX", LocateMnist},
+                                  {DataFormat::kCifar10Bin, "CIFAR-10 binary", LocateCifar},
+                                  {DataFormat::kTfRecord, "TFRecord", LocateTfRecord}};
+  std::vector<std::string> looked_for;
+  for (const Candidate& c : candidates) {
+    if (format != DataFormat::kAuto && format != c.format) continue;
+    const Located l = c.locate(dir);
+    if (l.found) {
+      LOG(INFO) << "Loading " << c.name << " data from " << dir;
+      return Read(c.format, l);
+    }
+    looked_for.push_back(absl::StrCat(c.name, ": ", absl::StrJoin(l.looked_for, ", ")));
+  }
+  return absl::NotFoundError(absl::StrCat("no data set found in ", dir, "; looked for ",
+                                          absl::StrJoin(looked_for, "; ")));
+}
+
+}  // namespace dtrain::data

@@ -1,0 +1,146 @@
+#include <string>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/data/data_test_util.h"
+#include "worker/data/dataset.h"
+
+namespace dtrain::data {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using namespace test_util;  // NOLINT
+
+class MnistIdxTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    images_ = dir_ + "/images-idx3-ubyte";
+    labels_ = dir_ + "/labels-idx1-ubyte";
+  }
+  std::string dir_, images_, labels_;
+};
+
+void ExpectSameData(const Dataset& got, const Dataset& want) {
+  EXPECT_EQ(got.height, want.height);
+  EXPECT_EQ(got.width, want.width);
+  EXPECT_EQ(got.channels, 1);
+  EXPECT_EQ(got.labels, want.labels);
+  EXPECT_EQ(got.pixels, want.pixels);
+}
+
+TEST_F(MnistIdxTest, RawRoundTrip) {
+  const Dataset d = MakeDataset(13, 5, 4, 1);
+  WriteFile(images_, IdxImages(d));
+  WriteFile(labels_, IdxLabels(d.labels));
+  absl::StatusOr<Dataset> got = ReadMnistIdx(images_, labels_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSameData(*got, d);
+}
+
+TEST_F(MnistIdxTest, GzipRoundTrip) {
+  const Dataset d = MakeDataset(40, 28, 28, 1, /*seed=*/3);
+  WriteGzFile(images_ + ".gz", IdxImages(d));
+  WriteGzFile(labels_ + ".gz", IdxLabels(d.labels));
+  absl::StatusOr<Dataset> got = ReadMnistIdx(images_ + ".gz", labels_ + ".gz");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSameData(*got, d);
+}
+
+TEST_F(MnistIdxTest, WrongImagesMagicNamesFile) {
+  const Dataset d = MakeDataset(3, 2, 2, 1);
+  WriteFile(images_, IdxImages(d, /*magic=*/2049));
+  WriteFile(labels_, IdxLabels(d.labels));
+  absl::Status s = ReadMnistIdx(images_, labels_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(images_), HasSubstr("magic 2049"), HasSubstr("2051")));
+}
+
+TEST_F(MnistIdxTest, WrongLabelsMagicNamesFile) {
+  const Dataset d = MakeDataset(3, 2, 2, 1);
+  WriteFile(images_, IdxImages(d));
+  WriteFile(labels_, IdxLabels(d.labels, /*magic=*/2051));
+  absl::Status s = ReadMnistIdx(images_, labels_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(labels_), HasSubstr("magic 2051")));
+}
+
+TEST_F(MnistIdxTest, TruncatedPixelsReportOffset) {
+  const Dataset d = MakeDataset(6, 3, 3, 1);
+  std::string bytes = IdxImages(d);
+  bytes.resize(bytes.size() - 4);
+  WriteFile(images_, bytes);
+  WriteFile(labels_, IdxLabels(d.labels));
+  absl::Status s = ReadMnistIdx(images_, labels_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(images_), HasSubstr("truncated at byte offset " +
+                                                               std::to_string(bytes.size()))));
+}
+
+TEST_F(MnistIdxTest, TruncatedHeader) {
+  WriteFile(images_, BigEndian32(2051) + BigEndian32(10));
+  absl::Status s = ReadMnistIdx(images_, labels_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(images_), HasSubstr("byte offset 8")));
+}
+
+TEST_F(MnistIdxTest, TruncatedGzipStream) {
+  const Dataset d = MakeDataset(50, 28, 28, 1);
+  WriteGzFile(images_ + ".gz", IdxImages(d));
+  std::string gz = ReadFile(images_ + ".gz");
+  gz.resize(gz.size() / 2);
+  WriteFile(images_ + ".gz", gz);
+  WriteFile(labels_, IdxLabels(d.labels));
+  absl::Status s = ReadMnistIdx(images_ + ".gz", labels_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr(images_ + ".gz"));
+}
+
+TEST_F(MnistIdxTest, TruncatedLabels) {
+  const Dataset d = MakeDataset(6, 3, 3, 1);
+  WriteFile(images_, IdxImages(d));
+  std::string labels = IdxLabels(d.labels);
+  labels.pop_back();
+  WriteFile(labels_, labels);
+  absl::Status s = ReadMnistIdx(images_, labels_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(labels_), HasSubstr("byte offset 13")));
+}
+
+TEST_F(MnistIdxTest, CountMismatchNamesBothFiles) {
+  const Dataset d = MakeDataset(7, 2, 2, 1);
+  WriteFile(images_, IdxImages(d));
+  WriteFile(labels_, IdxLabels({1, 2, 3, 4, 5, 6}));
+  absl::Status s = ReadMnistIdx(images_, labels_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(images_), HasSubstr(labels_), HasSubstr("6 labels"),
+                                 HasSubstr("7 images")));
+}
+
+TEST_F(MnistIdxTest, LabelOutOfRange) {
+  Dataset d = MakeDataset(5, 2, 2, 1);
+  d.labels[3] = 10;
+  WriteFile(images_, IdxImages(d));
+  WriteFile(labels_, IdxLabels(d.labels));
+  absl::Status s = ReadMnistIdx(images_, labels_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(labels_), HasSubstr("label 10 of example 3")));
+}
+
+TEST_F(MnistIdxTest, MissingFileIsNotFound) {
+  absl::Status s = ReadMnistIdx(dir_ + "/nope", labels_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr(dir_ + "/nope"));
+}
+
+TEST_F(MnistIdxTest, ImplausibleHeaderIsRejectedBeforeAllocating) {
+  WriteFile(images_, BigEndian32(2051) + BigEndian32(0xFFFFFFFF) + BigEndian32(1 << 20) + BigEndian32(28));
+  absl::Status s = ReadMnistIdx(images_, labels_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("implausible image size"));
+}
+
+}  // namespace
+}  // namespace dtrain::data
