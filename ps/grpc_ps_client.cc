@@ -26,10 +26,12 @@ class GrpcPsClient final : public PsInterface {
     req.set_worker_id(request.worker_id);
     req.set_is_chief(request.is_chief);
     wire::ToProto(request.config, req.mutable_config());
+    if (request.restore_step != kRestoreNewest) req.set_restore_step(request.restore_step);
     pb::RegisterResponse resp;
-    absl::Status s = WithRetries("Register", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
-      return stub_->Register(ctx, req, &resp);
-    });
+    // One attempt: the caller (PsGroup::Connect) waits for late ps tasks itself and logs what it waits for.
+    absl::Status s = WithRetries(
+        "Register", options_.rpc_timeout,
+        [&](grpc::ClientContext* ctx) { return stub_->Register(ctx, req, &resp); }, absl::ZeroDuration());
     if (!s.ok()) return s;
     return RegisterResponse{resp.initialized(), resp.global_step()};
   }
@@ -82,6 +84,7 @@ class GrpcPsClient final : public PsInterface {
     req.set_min_step(request.min_step);
     req.set_since_step(request.since_step);
     req.set_timeout_ms(request.timeout_ms);
+    req.set_moving_averages(request.moving_averages);
     for (const StepDecision& d : request.decisions) wire::ToProto(d, req.add_decisions());
     PullResponse out;
     // The server may legitimately wait up to timeout_ms before answering.
@@ -133,8 +136,10 @@ class GrpcPsClient final : public PsInterface {
  private:
   // Runs `call` with a fresh context per attempt; retries Unavailable until the retry window is spent.
   template <typename Call>
-  absl::Status WithRetries(const char* what, absl::Duration attempt_timeout, Call call) {
-    const absl::Time give_up = absl::Now() + options_.retry_window;
+  absl::Status WithRetries(const char* what, absl::Duration attempt_timeout, Call call,
+                           absl::Duration retry_window = absl::InfiniteDuration()) {
+    if (retry_window == absl::InfiniteDuration()) retry_window = options_.retry_window;
+    const absl::Time give_up = absl::Now() + retry_window;
     absl::Duration backoff = options_.initial_backoff;
     while (true) {
       grpc::ClientContext ctx;

@@ -19,6 +19,7 @@ class GrpcPsService final : public pb::ParameterServer::Service {
     r.worker_id = req->worker_id();
     r.is_chief = req->is_chief();
     r.config = wire::FromProto(req->config());
+    r.restore_step = req->has_restore_step() ? req->restore_step() : kRestoreNewest;
     absl::StatusOr<RegisterResponse> out = ps_->Register(r);
     if (!out.ok()) return wire::ToGrpc(out.status());
     resp->set_initialized(out->initialized);
@@ -83,6 +84,7 @@ class GrpcPsService final : public pb::ParameterServer::Service {
     r.min_step = req->min_step();
     r.since_step = req->since_step();
     r.timeout_ms = req->timeout_ms() > 0 ? req->timeout_ms() : 60000;
+    r.moving_averages = req->moving_averages();
     for (const auto& d : req->decisions()) r.decisions.push_back(wire::FromProto(d));
     absl::StatusOr<PullResponse> out = ps_->Pull(r);
     if (!out.ok()) return wire::ToGrpc(out.status());

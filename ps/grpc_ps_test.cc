@@ -1,10 +1,14 @@
 // The gRPC adapter end to end on 127.0.0.1 (port 0): large tensors are chunked below gRPC's 4 MB limit,
 // statuses survive the trip, retried pushes are not applied twice, and the server stops by itself.
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "ps/grpc_ps_client.h"
 #include "ps/server.h"
 #include "ps/wire_format.h"
@@ -115,6 +119,59 @@ TEST(GrpcPsTest, UnreachableServerIsUnavailableAfterRetryWindow) {
   absl::StatusOr<TrainingStats> s = (*client)->GetStats();
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
   EXPECT_NE(s.status().message().find("127.0.0.1:1"), std::string::npos);
+}
+
+// The checkpoint-related fields: restore_step (unset = newest, kRestoreNone, a step), the decisions'
+// checkpoint flag, and pulling moving averages.
+TEST(GrpcPsTest, CheckpointFieldsCrossTheWire) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "dtrain_grpc_ckpt_", getpid());
+  std::filesystem::remove_all(dir);
+  TrainConfig c = Config();
+  c.slices = {SliceSpec{0, "w", 0, 4}};
+  c.moving_average_decay = 0.5f;
+  auto start = [&](int64_t save_steps) {
+    PsServerOptions so;
+    so.listen_address = "127.0.0.1:0";
+    so.ps.num_workers = 1;
+    so.ps.checkpoint_dir = dir;
+    so.ps.save_checkpoint_steps = save_steps;
+    so.linger = absl::ZeroDuration();
+    return PsServer::Start(so);
+  };
+  {
+    auto server = start(1);
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto client = NewGrpcPsClient((*server)->address(), {});
+    ASSERT_TRUE(client.ok());
+    ASSERT_FALSE((*client)->Register(RegisterRequest{0, true, c})->initialized);
+    ASSERT_TRUE((*client)->Initialize(InitializeRequest{0, {SliceData{0, {1.f, 2.f, 3.f, 4.f}}}}).ok());
+    ASSERT_TRUE((*client)->Push(PushRequest{0, 0, 1, true, {SliceData{0, {1.f, 1.f, 1.f, 1.f}}}}).ok());
+    PullRequest pull;
+    pull.min_step = 1;
+    absl::StatusOr<PullResponse> values = (*client)->Pull(pull);
+    ASSERT_TRUE(values.ok()) << values.status();
+    ASSERT_EQ(values->decisions.size(), 1u);
+    EXPECT_TRUE(values->decisions[0].checkpoint);  // ps 0 saved step 1
+    pull.moving_averages = true;
+    absl::StatusOr<PullResponse> averages = (*client)->Pull(pull);
+    ASSERT_TRUE(averages.ok()) << averages.status();
+    EXPECT_EQ(values->slices[0].values, (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f}));
+    // decay min(0.5, 2/11): shadow = 1 - (1 - 2/11) * 0.5 for the first element.
+    EXPECT_FLOAT_EQ(averages->slices[0].values[0], 1.f - (1.f - 2.f / 11.f) * 0.5f);
+  }
+  for (int64_t restore : {kRestoreNone, int64_t{1}, kRestoreNewest}) {
+    auto server = start(0);
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto client = NewGrpcPsClient((*server)->address(), {});
+    ASSERT_TRUE(client.ok());
+    RegisterRequest reg{0, true, c};
+    reg.restore_step = restore;
+    absl::StatusOr<RegisterResponse> r = (*client)->Register(reg);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->initialized, restore != kRestoreNone) << restore;
+    EXPECT_EQ(r->global_step, restore != kRestoreNone ? 1 : 0) << restore;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(WireFormatTest, ChunksStayBelowLimitAndReassemble) {

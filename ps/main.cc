@@ -21,6 +21,13 @@ ABSL_FLAG(std::string, cluster_spec, "", "JSON file {\"ps\": [...], \"worker\": 
 ABSL_FLAG(std::string, listen_address, "",
           "Address to bind (default: this task's address in the cluster spec; use 0.0.0.0:PORT for all "
           "interfaces)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Save this task's checkpoints here (model.ckpt-<step>.ps<task>-of-<num_ps>) and restore the newest "
+          "valid one when the chief registers (empty: no checkpoints)");
+ABSL_FLAG(int64_t, save_checkpoint_steps, 0,
+          "Save when the global step reaches a multiple of this (0: off); in sync mode ps 0 decides for all tasks");
+ABSL_FLAG(double, save_checkpoint_secs, 0, "Save when this many seconds passed since the last save (0: off)");
+ABSL_FLAG(int, keep_checkpoints, 5, "Keep the newest this many checkpoints of this task (0: keep all)");
 ABSL_FLAG(double, max_run_secs, 0, "Give up and exit 1 after this long (0: wait for the workers forever)");
 
 int main(int argc, char** argv) {
@@ -52,6 +59,19 @@ int main(int argc, char** argv) {
   o.ps.task_index = cluster->task_index;
   o.ps.num_ps = cluster->num_ps();
   o.ps.num_workers = cluster->num_workers();
+  o.ps.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.ps.save_checkpoint_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
+  o.ps.save_checkpoint_secs = absl::GetFlag(FLAGS_save_checkpoint_secs);
+  o.ps.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  if (o.ps.save_checkpoint_steps < 0 || o.ps.save_checkpoint_secs < 0 || o.ps.keep_checkpoints < 0) {
+    std::fprintf(stderr, "dtrain_ps: --save_checkpoint_steps, --save_checkpoint_secs and --keep_checkpoints "
+                         "must be >= 0\n");
+    return 2;
+  }
+  if (o.ps.checkpoint_dir.empty() && (o.ps.save_checkpoint_steps > 0 || o.ps.save_checkpoint_secs > 0)) {
+    std::fprintf(stderr, "dtrain_ps: --save_checkpoint_steps/--save_checkpoint_secs need --checkpoint_dir\n");
+    return 2;
+  }
 
   absl::StatusOr<std::unique_ptr<dtrain::ps::PsServer>> server = dtrain::ps::PsServer::Start(o);
   if (!server.ok()) {

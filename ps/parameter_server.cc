@@ -13,6 +13,10 @@
 //   possibly with step < min_step. When every worker is done it returns with training_done.
 // - Request ids are remembered per worker for the last 1024 accepted or dropped pushes (not for pushes that
 //   failed with an error, so a retry after e.g. Unavailable is handled afresh).
+// - Checkpoints: whatever advances the step (Push, Pull applying decisions, Done deciding a step) copies the
+//   state into pending_saves_ under the lock at the exact step due; the same RPC thread writes the files
+//   after releasing the lock (under save_mu_, which also orders the pruning), before it returns. Restore
+//   reads the file under the lock inside Register: nothing else can proceed before the values exist anyway.
 #include "ps/parameter_server.h"
 
 #include <algorithm>
@@ -28,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "ps/checkpoint.h"
 #include "ps/optimizer.h"
 #include "ps/recent_request_ids.h"
 #include "ps/slice_store.h"
@@ -70,6 +75,8 @@ class ParameterServer::Impl {
     CHECK_GE(options_.num_ps, 1);
     CHECK_LT(options_.task_index, options_.num_ps);
     CHECK_GE(options_.num_workers, 1);
+    CHECK_GE(options_.save_checkpoint_steps, 0);
+    CHECK_GE(options_.save_checkpoint_secs, 0);
     for (int w = 0; w < options_.num_workers; ++w) workers_[w].stats.worker_id = w;
   }
 
@@ -85,6 +92,25 @@ class ParameterServer::Impl {
       RETURN_IF_ERROR(ValidateTrainConfig(request.config, options_.num_workers));
       ASSIGN_OR_RETURN(SliceStore store, SliceStore::Create(request.config.slices, request.config.optimizer,
                                                             request.config.moving_average_decay));
+      // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
+      ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
+                       FindCheckpointToRestore(options_.checkpoint_dir, request.config, options_.task_index,
+                                               options_.num_ps, request.restore_step));
+      if (restored.has_value()) {
+        absl::Status s = store.ImportState(restored->data.slices);
+        if (!s.ok()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("cannot restore ", restored->path, ": ", s.message()));
+        }
+        step_ = restored->data.task_step;
+        step_hint_ = restored->data.global_step;
+        last_save_label_ = restored->data.global_step;
+        first_logged_step_ = step_;
+        initialized_ = true;
+        LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
+                  << restored->data.global_step << ", " << restored->data.slices.size() << " slices)";
+      }
+      last_save_time_ = absl::Now();
       config_ = request.config;
       sync_ = config_.mode == "sync";
       replicas_to_aggregate_ = ResolvedReplicasToAggregate(config_);
@@ -131,7 +157,51 @@ class ParameterServer::Impl {
   }
 
   absl::StatusOr<PushResponse> Push(const PushRequest& request) {
-    absl::MutexLock lock(&mu_);
+    absl::StatusOr<PushResponse> response;
+    std::vector<CheckpointData> saves;
+    {
+      absl::MutexLock lock(&mu_);
+      response = PushLocked(request);
+      saves.swap(pending_saves_);
+    }
+    WriteCheckpoints(std::move(saves));
+    return response;
+  }
+
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request) {
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms));
+    absl::StatusOr<PullResponse> response;
+    std::vector<CheckpointData> saves;
+    {
+      absl::MutexLock lock(&mu_);
+      response = PullLocked(request, deadline);
+      saves.swap(pending_saves_);
+    }
+    WriteCheckpoints(std::move(saves));
+    return response;
+  }
+
+  absl::Status Done(int worker_id) {
+    absl::Status status;
+    std::vector<CheckpointData> saves;
+    bool finish_after_write = false;
+    {
+      absl::MutexLock lock(&mu_);
+      status = DoneLocked(worker_id, &finish_after_write);
+      saves.swap(pending_saves_);
+    }
+    WriteCheckpoints(std::move(saves));
+    if (finish_after_write) {
+      // Only now: a finished server may exit, and the final checkpoint must be on disk by then.
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      cv_.SignalAll();
+    }
+    return status;
+  }
+
+ private:
+  absl::StatusOr<PushResponse> PushLocked(const PushRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     RETURN_IF_ERROR(CheckReady());
     RETURN_IF_ERROR(CheckWorker(request.worker_id));
     if (request.commit && !coordinator()) {
@@ -167,11 +237,15 @@ class ParameterServer::Impl {
     return response;
   }
 
-  absl::StatusOr<PullResponse> Pull(const PullRequest& request) {
-    const absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms));
-    absl::MutexLock lock(&mu_);
+  absl::StatusOr<PullResponse> PullLocked(const PullRequest& request, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     RETURN_IF_ERROR(CheckReady());
     RETURN_IF_ERROR(CheckWorker(request.worker_id));
+    if (request.moving_averages && !store_->has_moving_averages()) {
+      return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
+                                                        " keeps no moving averages (the chief's "
+                                                        "moving_average_decay is 0): cannot pull them"));
+    }
     if (request.min_step < 0 || request.since_step < 0) {
       return absl::InvalidArgumentError(absl::StrCat("pull with negative min_step (", request.min_step,
                                                      ") or since_step (", request.since_step, ")"));
@@ -203,7 +277,11 @@ class ParameterServer::Impl {
     PullResponse response;
     response.step = step_;
     response.training_done = finished_;
-    store_->ReadValues(&response.slices);
+    if (request.moving_averages) {
+      store_->ReadMovingAverages(&response.slices);
+    } else {
+      store_->ReadValues(&response.slices);
+    }
     if (sync_ && coordinator()) {
       // Decisions older than the log are gone; a task that needs them reports "missing decision".
       const int64_t first = std::max(request.since_step, first_logged_step_);
@@ -213,8 +291,7 @@ class ParameterServer::Impl {
     return response;
   }
 
-  absl::Status Done(int worker_id) {
-    absl::MutexLock lock(&mu_);
+  absl::Status DoneLocked(int worker_id, bool* finish_after_write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     RETURN_IF_ERROR(CheckWorker(worker_id));
     WorkerState& worker = workers_[worker_id];
     if (!worker.stats.done) {
@@ -224,10 +301,21 @@ class ParameterServer::Impl {
                 << " of " << options_.num_workers << ")";
     }
     if (configured_ && sync_ && coordinator()) MaybeDecide();
-    if (num_done_ == options_.num_workers) finished_ = true;
+    if (num_done_ == options_.num_workers && !finished_ && !final_save_started_) {
+      if (checkpointing() && configured_ && initialized_) {
+        final_save_started_ = true;
+        *finish_after_write = true;
+        const int64_t label = CheckpointLabel();
+        if (label != last_save_label_) SnapshotLocked(label);
+      } else {
+        finished_ = true;
+      }
+    }
     cv_.SignalAll();
     return absl::OkStatus();
   }
+
+ public:
 
   absl::StatusOr<TrainingStats> GetStats() {
     absl::MutexLock lock(&mu_);
@@ -262,6 +350,68 @@ class ParameterServer::Impl {
 
  private:
   bool coordinator() const { return options_.task_index == 0; }
+  bool checkpointing() const { return !options_.checkpoint_dir.empty(); }
+
+  // The step a checkpoint taken now belongs to: the task's step, except on a non-zero task in async mode,
+  // whose own step counts its updates: there, the newest global step seen in pushes.
+  int64_t CheckpointLabel() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return sync_ || coordinator() ? step_ : step_hint_;
+  }
+
+  // Whether ps 0 (or, in async mode, any task) saves at `label` by its own schedule; if so, the label to
+  // save under (a crossed multiple of save_checkpoint_steps, or `label` itself for a time-based save).
+  std::optional<int64_t> SaveDue(int64_t label) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!checkpointing() || label <= last_save_label_) return std::nullopt;
+    const int64_t every = options_.save_checkpoint_steps;
+    if (every > 0 && label / every > last_save_label_ / every) return label / every * every;
+    if (options_.save_checkpoint_secs > 0 &&
+        absl::Now() - last_save_time_ >= absl::Seconds(options_.save_checkpoint_secs)) {
+      return label;
+    }
+    return std::nullopt;
+  }
+
+  // Copies the state into pending_saves_; the RPC thread writes it after releasing the lock.
+  void SnapshotLocked(int64_t label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    CheckpointData d;
+    d.task_index = options_.task_index;
+    d.num_ps = options_.num_ps;
+    d.global_step = label;
+    d.task_step = step_;
+    d.model_signature = config_.model_signature;
+    d.optimizer = config_.optimizer.name;
+    d.num_slots = store_->optimizer().num_slots();
+    d.has_moving_averages = store_->has_moving_averages();
+    d.slices = store_->ExportState();
+    if (!d.has_moving_averages) {
+      for (SliceState& s : d.slices) s.moving_average.clear();
+    }
+    pending_saves_.push_back(std::move(d));
+    last_save_label_ = label;
+    last_save_time_ = absl::Now();
+  }
+
+  // Writes checkpoints taken under the lock, then deletes the oldest beyond keep_checkpoints. A failed write
+  // is logged, not returned: training goes on (the next save may succeed).
+  void WriteCheckpoints(std::vector<CheckpointData> saves) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (saves.empty()) return;
+    absl::MutexLock lock(&save_mu_);
+    for (const CheckpointData& d : saves) {
+      const std::string path =
+          CheckpointPath(options_.checkpoint_dir, d.global_step, options_.task_index, options_.num_ps);
+      const absl::Time start = absl::Now();
+      absl::Status s = WriteCheckpoint(path, d);
+      if (!s.ok()) {
+        LOG(ERROR) << "ps task " << options_.task_index << ": cannot save checkpoint " << path << ": " << s;
+        continue;
+      }
+      LOG(INFO) << "ps task " << options_.task_index << ": saved checkpoint " << path << " in "
+                << absl::FormatDuration(absl::Now() - start);
+    }
+    absl::Status s = PruneCheckpoints(options_.checkpoint_dir, options_.task_index, options_.num_ps,
+                                      options_.keep_checkpoints);
+    if (!s.ok()) LOG(WARNING) << "ps task " << options_.task_index << ": pruning old checkpoints: " << s;
+  }
 
   absl::Status CheckWorker(int worker_id) const {
     if (worker_id < 0 || worker_id >= options_.num_workers) {
@@ -345,14 +495,20 @@ class ParameterServer::Impl {
     if (!coordinator()) {
       ++step_;  // the task's own count of updates, for its learning-rate schedule
       ++worker.stats.applied;
+      step_hint_ = std::max(step_hint_, request.step + 1);
+      if (std::optional<int64_t> label = SaveDue(step_hint_)) SnapshotLocked(*label);
     } else if (request.commit) {
       const int64_t staleness = step_ - request.step;
       ++staleness_histogram_[std::min<int64_t>(staleness, kStalenessBuckets - 1)];
       max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
       ++worker.clock;
       ++worker.stats.applied;
-      const StepDecision applied{step_, {request.worker_id}};
+      StepDecision applied{step_, {request.worker_id}};
       ++step_;
+      if (std::optional<int64_t> label = SaveDue(step_)) {
+        applied.checkpoint = true;
+        SnapshotLocked(*label);
+      }
       if (options_.on_step_applied) options_.on_step_applied(applied);
     }
     cv_.SignalAll();
@@ -367,6 +523,10 @@ class ParameterServer::Impl {
     StepDecision decision{step_, std::move(pending_)};
     pending_.clear();
     ApplyDecision(decision);
+    if (std::optional<int64_t> label = SaveDue(step_)) {
+      decision.checkpoint = true;  // the other tasks save this step too when they apply the decision
+      SnapshotLocked(*label);
+    }
     decision_log_.push_back(decision);
     if (decision_log_.size() > kMaxDecisionLog) {
       decision_log_.pop_front();
@@ -404,6 +564,14 @@ class ParameterServer::Impl {
         }
       }
       ApplyDecision(d);
+      if (d.checkpoint) {
+        if (checkpointing()) {
+          SnapshotLocked(step_);
+        } else {
+          LOG_FIRST_N(WARNING, 1) << "ps task " << options_.task_index << ": ps task 0 saved a checkpoint at step "
+                                  << step_ << ", but this task has no --checkpoint_dir: its part is not saved";
+        }
+      }
     }
     return absl::OkStatus();
   }
@@ -481,6 +649,14 @@ class ParameterServer::Impl {
   int64_t max_staleness_seen_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Checkpoints.
+  int64_t step_hint_ ABSL_GUARDED_BY(mu_) = 0;        // async, tasks > 0: newest global step seen in pushes
+  int64_t last_save_label_ ABSL_GUARDED_BY(mu_) = 0;  // step of the newest checkpoint taken (or restored)
+  absl::Time last_save_time_ ABSL_GUARDED_BY(mu_);
+  std::vector<CheckpointData> pending_saves_ ABSL_GUARDED_BY(mu_);  // taken, not yet written
+  bool final_save_started_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Mutex save_mu_;  // never held with mu_; serializes writing and pruning checkpoint files
 
   std::vector<int> slice_index_ ABSL_GUARDED_BY(mu_);  // Push: slice index of each gradient in the request
   std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);    // ApplyDecision: gradient sums

@@ -12,7 +12,10 @@
 // Errors:
 //   InvalidArgument     malformed request (unknown key, wrong length, bad worker id)
 //   FailedPrecondition  config mismatch with the chief's (the message names the differing field), push for a
-//                       future step, decisions missing for a step this shard needs, non-chief Initialize
+//                       future step, decisions missing for a step this shard needs, non-chief Initialize,
+//                       a checkpoint in checkpoint_dir that does not fit the chief's config, a Pull of moving
+//                       averages that are not kept
+//   DataLoss            (Register, sync) the checkpoint of the step ps task 0 restored is corrupt on this task
 //   Unavailable         not configured / not initialized yet (the caller retries with backoff)
 //   DeadlineExceeded    Pull waited longer than its timeout
 #ifndef DTRAIN_PS_PARAMETER_SERVER_H_
@@ -43,15 +46,35 @@ class PsInterface {
   virtual absl::StatusOr<TrainingStats> GetStats() = 0;
 };
 
+// Checkpoints (ps/checkpoint.h has the file format and names). With checkpoint_dir set, each task writes
+// <checkpoint_dir>/model.ckpt-<step>.ps<task>-of-<num_ps>:
+// - Sync mode: ps 0 saves when the global step reaches a multiple of save_checkpoint_steps, or when
+//   save_checkpoint_secs have passed since its last save, and marks that step's decision (StepDecision::
+//   checkpoint); every other task saves when it applies a marked decision. So all tasks save the same steps
+//   (their own save_* options are not used) and the files of one step form a consistent checkpoint.
+// - Async mode: ps 0 saves by global step / time as above. Each other task saves on its own schedule: when its
+//   estimate of the global step (the newest step seen in pushes, + 1) crosses a multiple of
+//   save_checkpoint_steps (saved under that multiple), or by time (saved under the estimate). The tasks'
+//   files of one step are therefore taken at slightly different moments: consistency across tasks is best
+//   effort in async mode, as with TensorFlow's Saver on asynchronous training.
+// - When every worker has reported Done, each task saves a final checkpoint (unless it just saved that step);
+//   finished() turns true only after it is on disk.
+// - State is copied under the lock; the file is written outside it by the calling RPC thread (atomically:
+//   temporary file, fsync, rename), then all but the newest keep_checkpoints files of this task are deleted.
+//   A failed write is logged (LOG(ERROR)), training goes on.
+// - Restore: when the chief registers and the task holds no values, it restores the checkpoint chosen by
+//   RegisterRequest::restore_step (see FindCheckpointToRestore) before answering, so Register returns
+//   initialized=true with the restored step, and the chief skips Initialize. A corrupt newest file is skipped
+//   with a warning (the previous one is used); a checkpoint of another model, optimizer or layout fails
+//   Register with FailedPrecondition and the task stays unconfigured.
 struct ParameterServerOptions {
   int task_index = 0;  // 0 = coordinator (global step, sync decisions)
   int num_ps = 1;
   int num_workers = 1;  // from the cluster spec; the server is finished when all of them reported Done
-  // Checkpoints (issue 5): empty dir = none.
-  std::string checkpoint_dir;
-  int64_t save_checkpoint_steps = 0;  // 0 = off
-  double save_checkpoint_secs = 0;    // 0 = off
-  int keep_checkpoints = 5;
+  std::string checkpoint_dir;         // empty = no checkpoints (neither saved nor restored)
+  int64_t save_checkpoint_steps = 0;  // >= 0; 0 = no step-based saves
+  double save_checkpoint_secs = 0;    // >= 0; 0 = no time-based saves
+  int keep_checkpoints = 5;           // files of this task kept; <= 0 keeps all
   // Test hook: called on the coordinator each time a step is applied (step, contributing workers).
   std::function<void(const StepDecision&)> on_step_applied;
 };

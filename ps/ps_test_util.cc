@@ -32,8 +32,13 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
     ps_options.num_ps = options.num_ps;
     ps_options.num_workers = cluster->num_workers_;
     if (t == 0) ps_options.on_step_applied = options.on_step_applied;
+    ps_options.checkpoint_dir = options.checkpoint_dir;
+    ps_options.save_checkpoint_steps = options.save_checkpoint_steps;
+    ps_options.save_checkpoint_secs = options.save_checkpoint_secs;
+    ps_options.keep_checkpoints = options.keep_checkpoints;
     cluster->tasks_.push_back(std::make_unique<ParameterServer>(ps_options));
   }
+  int64_t restore_step = kRestoreNewest;  // task 0: its newest; the others: what task 0 restored
   for (int t = 0; t < options.num_ps; ++t) {
     TrainConfig config = options.config;
     config.slices = cluster->placement_.task_slices[t];
@@ -42,13 +47,22 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
       request.worker_id = w;
       request.is_chief = w == 0;
       request.config = config;
+      request.restore_step = restore_step;
       ASSIGN_OR_RETURN(RegisterResponse response, cluster->tasks_[t]->Register(request));
-      (void)response;
+      if (w != 0) continue;
+      if (!response.initialized) {
+        InitializeRequest init;
+        init.worker_id = 0;
+        init.slices = cluster->SlicesFor(t, options.initial);
+        RETURN_IF_ERROR(cluster->tasks_[t]->Initialize(init));
+      } else if (t > 0 && options.config.mode == "sync" && response.global_step != cluster->restored_step_) {
+        return absl::InternalError("ps tasks restored different steps");
+      }
+      if (t == 0) {
+        cluster->restored_step_ = response.initialized ? response.global_step : -1;
+        restore_step = response.initialized ? response.global_step : kRestoreNone;
+      }
     }
-    InitializeRequest init;
-    init.worker_id = 0;
-    init.slices = cluster->SlicesFor(t, options.initial);
-    RETURN_IF_ERROR(cluster->tasks_[t]->Initialize(init));
   }
   return cluster;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,12 +31,22 @@ struct SimClusterOptions {
   TrainConfig config;          // slices are filled per task
   std::vector<float> initial;  // flat initial values
   std::function<void(const StepDecision&)> on_step_applied;  // ps 0's hook
+  // Checkpoints (ParameterServerOptions); with a checkpoint_dir, Start restores like PsGroup::Connect.
+  std::string checkpoint_dir;
+  int64_t save_checkpoint_steps = 0;
+  double save_checkpoint_secs = 0;
+  int keep_checkpoints = 5;
 };
 
 class SimCluster {
  public:
   // Creates the ps tasks, registers every worker (the chief, worker 0, first) and initializes the values.
+  // Like PsGroup::Connect, the chief registers with task 0 first: if task 0 restored a checkpoint at step k,
+  // the other tasks are asked to restore step k (RegisterRequest::restore_step), else none.
   static absl::StatusOr<std::unique_ptr<SimCluster>> Start(SimClusterOptions options);
+
+  // The step the tasks restored (-1: none; they were initialized from options.initial).
+  int64_t restored_step() const { return restored_step_; }
 
   int num_ps() const { return static_cast<int>(tasks_.size()); }
   int num_workers() const { return num_workers_; }
@@ -53,6 +64,7 @@ class SimCluster {
   std::vector<std::unique_ptr<ParameterServer>> tasks_;
   int num_workers_ = 0;
   int64_t total_floats_ = 0;
+  int64_t restored_step_ = -1;
 };
 
 class SimWorker {

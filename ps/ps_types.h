@@ -73,10 +73,21 @@ struct SliceData {
   std::vector<float> values;
 };
 
+// RegisterRequest::restore_step: which checkpoint a ps task without values restores when the chief registers
+// (only with ParameterServerOptions::checkpoint_dir set; ignored once the task holds values).
+inline constexpr int64_t kRestoreNewest = -1;  // the newest valid checkpoint of this task (the default)
+inline constexpr int64_t kRestoreNone = -2;    // none: the chief initializes fresh values
+
 struct RegisterRequest {
   int worker_id = 0;
   bool is_chief = false;
   TrainConfig config;  // from every worker; the chief's is adopted if the ps has none yet
+  // kRestoreNewest, kRestoreNone, or a step >= 0: exactly that step's checkpoint. The chief registers with
+  // ps task 0 first (kRestoreNewest); if task 0 answers initialized=true at step k, the chief passes
+  // restore_step = k to the other tasks, else kRestoreNone, so that all tasks restore the same step (sync: a
+  // task that lacks a valid file for step k fails Register with FailedPrecondition/DataLoss; async: it falls
+  // back to its newest valid checkpoint with a warning, consistency being best effort there).
+  int64_t restore_step = kRestoreNewest;
 };
 struct RegisterResponse {
   bool initialized = false;  // values present (chief initialized them or a checkpoint was restored)
@@ -105,6 +116,9 @@ struct PushResponse {
 struct StepDecision {
   int64_t step = 0;
   std::vector<int> workers;
+  // ps 0 saved a checkpoint right after applying this step (at step + 1): every other task that applies the
+  // decision saves one too, so the files of one step form a consistent checkpoint in sync mode.
+  bool checkpoint = false;
 };
 
 struct PullRequest {
@@ -113,6 +127,9 @@ struct PullRequest {
   int64_t since_step = 0;  // ps 0: return decisions for [since_step, global_step)
   std::vector<StepDecision> decisions;  // other tasks: apply these first (those already applied are skipped)
   int64_t timeout_ms = 60000;           // give up waiting after this (DeadlineExceeded)
+  // Return the moving averages instead of the values (evaluation with averaged weights); FailedPrecondition
+  // when the config keeps none (moving_average_decay 0).
+  bool moving_averages = false;
 };
 struct PullResponse {
   int64_t step = 0;                     // this task's step after the pull

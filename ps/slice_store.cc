@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 
 namespace dtrain::ps {
 
@@ -94,6 +95,66 @@ void SliceStore::ReadValues(std::vector<SliceData>* out) const {
     (*out)[i].key = specs_[i].key;
     (*out)[i].values.assign(values_[i].begin(), values_[i].end());
   }
+}
+
+void SliceStore::ReadMovingAverages(std::vector<SliceData>* out) const {
+  CHECK(has_moving_averages());
+  out->resize(specs_.size());
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    (*out)[i].key = specs_[i].key;
+    (*out)[i].values.assign(shadows_[i].begin(), shadows_[i].end());
+  }
+}
+
+std::vector<SliceState> SliceStore::ExportState() const {
+  std::vector<SliceState> out(specs_.size());
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    out[i].spec = specs_[i];
+    out[i].values = values_[i];
+    out[i].slots = slots_[i];
+    out[i].moving_average = shadows_[i];
+  }
+  return out;
+}
+
+absl::Status SliceStore::ImportState(const std::vector<SliceState>& slices) {
+  std::vector<const SliceState*> by_index(specs_.size(), nullptr);
+  for (const SliceState& s : slices) {
+    absl::StatusOr<int> i = IndexOf(s.spec.key);
+    if (!i.ok()) return i.status();
+    const SliceSpec& spec = specs_[*i];
+    if (by_index[*i] != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", spec.key, " given twice"));
+    }
+    if (!(s.spec == spec)) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", spec.key, ": state for '", s.spec.variable,
+                                                     "' [", s.spec.flat_offset, ", +", s.spec.length,
+                                                     "), this store holds '", spec.variable, "' [",
+                                                     spec.flat_offset, ", +", spec.length, ")"));
+    }
+    bool ok = static_cast<int64_t>(s.values.size()) == spec.length &&
+              static_cast<int>(s.slots.size()) == optimizer_.num_slots() &&
+              (s.moving_average.empty() || static_cast<int64_t>(s.moving_average.size()) == spec.length);
+    for (const std::vector<float>& slot : s.slots) ok = ok && static_cast<int64_t>(slot.size()) == spec.length;
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", spec.key, " ('", spec.variable,
+                                                     "'): wrong number of values or optimizer slots"));
+    }
+    by_index[*i] = &s;
+  }
+  for (size_t i = 0; i < by_index.size(); ++i) {
+    if (by_index[i] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no state for slice key ", specs_[i].key, " ('", specs_[i].variable, "')"));
+    }
+  }
+  for (size_t i = 0; i < by_index.size(); ++i) {
+    const SliceState& s = *by_index[i];
+    values_[i] = s.values;
+    slots_[i] = s.slots;
+    if (has_moving_averages()) shadows_[i] = s.moving_average.empty() ? s.values : s.moving_average;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace dtrain::ps

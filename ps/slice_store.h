@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ps/checkpoint.h"
 #include "ps/optimizer.h"
 #include "ps/ps_types.h"
 
@@ -57,6 +58,15 @@ class SliceStore {
 
   // Copies every slice's values into `out` (resized to num_slices(), in slice order; reuses capacity).
   void ReadValues(std::vector<SliceData>* out) const;
+  // The same with the moving averages. Precondition (CHECKed): has_moving_averages().
+  void ReadMovingAverages(std::vector<SliceData>* out) const;
+
+  // Checkpoints: the full state of every slice (values, slots, moving averages), in slice order.
+  std::vector<SliceState> ExportState() const;
+  // Replaces the full state from a checkpoint. Every slice of this store exactly once, matching spec, the
+  // optimizer's number of slots; else InvalidArgument and nothing changes. Moving averages: taken when both
+  // sides keep them; set to the values when the store keeps them but `slices` lack them; ignored otherwise.
+  absl::Status ImportState(const std::vector<SliceState>& slices);
 
  private:
   SliceStore(std::vector<SliceSpec> specs, Optimizer optimizer, float moving_average_decay);

@@ -34,6 +34,45 @@ TEST(SliceStoreTest, SetValuesChecksEverySlice) {
   EXPECT_EQ(out[1].values, std::vector<float>({5}));
 }
 
+TEST(SliceStoreTest, ExportImportStateRestoresValuesSlotsAndAverages) {
+  OptimizerConfig adam = Sgd(0.1f);
+  adam.name = "adam";
+  SliceStore a = *SliceStore::Create(TwoSlices(), adam, 0.9f);
+  ASSERT_TRUE(a.SetValues({{3, {1, 2}}, {7, {3}}}).ok());
+  const float g0[] = {0.5f, -1.f}, g1[] = {2.f};
+  for (int step = 0; step < 3; ++step) {
+    a.ApplyGradient(0, step, g0, 1.f);
+    a.ApplyGradient(1, step, g1, 1.f);
+  }
+  const std::vector<SliceState> state = a.ExportState();
+  SliceStore b = *SliceStore::Create(TwoSlices(), adam, 0.9f);
+  ASSERT_TRUE(b.ImportState(state).ok());
+  // The same next update gives the same bits on both.
+  a.ApplyGradient(0, 3, g0, 1.f);
+  b.ApplyGradient(0, 3, g0, 1.f);
+  EXPECT_EQ(a.values(0), b.values(0));
+  EXPECT_EQ(a.slot(0, 0), b.slot(0, 0));
+  EXPECT_EQ(a.slot(0, 1), b.slot(0, 1));
+  EXPECT_EQ(a.moving_average(0), b.moving_average(0));
+  EXPECT_EQ(a.values(1), b.values(1));
+
+  // A state without averages sets them to the values; wrong specs or slot counts change nothing.
+  std::vector<SliceState> no_averages = state;
+  for (SliceState& s : no_averages) s.moving_average.clear();
+  SliceStore c = *SliceStore::Create(TwoSlices(), adam, 0.9f);
+  ASSERT_TRUE(c.ImportState(no_averages).ok());
+  EXPECT_EQ(c.moving_average(1), state[1].values);
+  std::vector<SliceState> bad = state;
+  bad[1].spec.flat_offset = 5;
+  SliceStore d = *SliceStore::Create(TwoSlices(), adam, 0.9f);
+  EXPECT_EQ(d.ImportState(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = state;
+  bad[0].slots.pop_back();
+  EXPECT_EQ(d.ImportState(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.ImportState({state[0]}).code(), absl::StatusCode::kInvalidArgument);  // slice 7 missing
+  EXPECT_EQ(d.values(0), std::vector<float>({0, 0}));
+}
+
 TEST(SliceStoreTest, CreateRejectsDuplicateKeysAndBadOptimizer) {
   EXPECT_EQ(SliceStore::Create({{1, "a", 0, 2}, {1, "b", 2, 2}}, Sgd(0.1f), 0.0f).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -73,12 +73,14 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
 void ToProto(const StepDecision& in, dtrain::wire::StepDecision* out) {
   out->set_step(in.step);
   for (int w : in.workers) out->add_workers(w);
+  out->set_checkpoint(in.checkpoint);
 }
 
 StepDecision FromProto(const dtrain::wire::StepDecision& in) {
   StepDecision d;
   d.step = in.step();
   d.workers.assign(in.workers().begin(), in.workers().end());
+  d.checkpoint = in.checkpoint();
   return d;
 }
 

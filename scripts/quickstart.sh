@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
-scripts/build.sh
+DTRAIN_TARGETS="dtrain_ps dtrain_worker" scripts/build.sh
 exec scripts/run_local_cluster.sh --ps 1 --workers 2 -- --mode=sync --model=mlp --train_steps=2000 --log_every=100 "$@"

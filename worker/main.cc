@@ -49,6 +49,7 @@ ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");
 ABSL_FLAG(std::string, checkpoint_dir, "", "Checkpoints (used by the ps tasks; accepted here)");
 ABSL_FLAG(int64_t, save_checkpoint_steps, 0, "Checkpoint every N global steps (ps tasks; accepted here)");
 ABSL_FLAG(double, save_checkpoint_secs, 0, "Checkpoint every N seconds (ps tasks; accepted here)");
+ABSL_FLAG(int, debug_step_delay_ms, 0, "Test hook: sleep this long every step (simulates a slow worker)");
 ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and the chief");
 
 int main(int argc, char** argv) {
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.logdir = absl::GetFlag(FLAGS_logdir);
   o.startup_wait_secs = absl::GetFlag(FLAGS_startup_wait_secs);
+  o.step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
   o.worker_id = cluster->is_local() ? 0 : cluster->task_index;
   o.num_workers = cluster->is_local() ? 1 : cluster->num_workers();
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();

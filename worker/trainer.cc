@@ -186,6 +186,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       views[t] = View(batches[t]);
     }
     ASSIGN_OR_RETURN(float loss, towers->ComputeGradients(views, step, grads.data()));
+    if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
                                               ": training diverged (try a smaller --learning_rate)"));

@@ -57,6 +57,7 @@ struct WorkerOptions {
   std::string logdir;           // chief: TensorBoard event files here (empty = none)
   double startup_wait_secs = 300;  // how long to wait for ps tasks / the chief
   bool quiet = false;           // no progress lines (tests)
+  int step_delay_ms = 0;        // test hook: sleep this long every step (a slow worker)
 };
 
 struct TrainingResult {

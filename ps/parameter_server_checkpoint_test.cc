@@ -1,0 +1,312 @@
+// ParameterServer with checkpoints: saving on schedule, keep-N, restore before Register answers (with the
+// fallback past a corrupt file and the refusal of another model's checkpoint), and resume equivalence: training
+// k1 steps, destroying the servers and resuming to k2 gives exactly the parameters of an uninterrupted run.
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+#include "ps/checkpoint.h"
+#include "ps/checkpoint_test_util.h"
+#include "ps/parameter_server.h"
+#include "ps/ps_test_util.h"
+
+namespace dtrain::ps {
+namespace {
+
+using ::dtrain::ps::testing::LogCapture;
+using ::dtrain::ps::testing::MakeConfig;
+using ::dtrain::ps::testing::ScratchDir;
+using ::dtrain::ps::testing::SimCluster;
+using ::dtrain::ps::testing::SimClusterOptions;
+using ::dtrain::ps::testing::SimWorker;
+using ::dtrain::ps::testing::TestGradient;
+
+constexpr int kWorkers = 2;
+
+SimClusterOptions Options(int num_ps, const std::string& dir, const std::string& optimizer = "adam") {
+  SimClusterOptions o;
+  o.variables = {{"conv/w", 40}, {"conv/b", 4}, {"fc/w", 300}, {"fc/b", 6}};
+  o.num_ps = num_ps;
+  o.placement.min_slice_bytes = 400;  // fc/w (1200 bytes) is partitioned over the tasks
+  o.config = MakeConfig("sync", kWorkers, kWorkers, /*learning_rate=*/0.05f);
+  o.config.optimizer.name = optimizer;
+  o.config.optimizer.decay_steps = 7;  // the schedule depends on the restored step
+  o.config.optimizer.decay_rate = 0.9f;
+  o.config.moving_average_decay = 0.9f;
+  o.initial.resize(350);
+  for (size_t i = 0; i < o.initial.size(); ++i) o.initial[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
+  o.checkpoint_dir = dir;
+  o.save_checkpoint_steps = 5;
+  return o;
+}
+
+// Sync steps [from, to) in lockstep on one thread: every worker pushes, then every worker pulls. The
+// gradients depend only on (worker, step, parameters), so the run is deterministic.
+// `after_step` (if set) runs after each step with the new global step.
+void RunSteps(SimCluster* cluster, int64_t from, int64_t to,
+              const std::function<void(int64_t)>& after_step = nullptr) {
+  std::vector<SimWorker> workers;
+  std::vector<std::vector<float>> params(kWorkers);
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back(cluster, w);
+    absl::StatusOr<int64_t> step = workers[w].Pull(0, 0, &params[w]);
+    ASSERT_TRUE(step.ok()) << step.status();
+    ASSERT_EQ(*step, from);
+  }
+  for (int64_t s = from; s < to; ++s) {
+    for (int w = 0; w < kWorkers; ++w) {
+      absl::StatusOr<PushResponse::Outcome> o = workers[w].Push(s, TestGradient(w, s, params[w]));
+      ASSERT_TRUE(o.ok()) << o.status();
+      ASSERT_EQ(*o, PushResponse::Outcome::kAccepted);
+    }
+    for (int w = 0; w < kWorkers; ++w) {
+      absl::StatusOr<int64_t> step = workers[w].Pull(s + 1, s, &params[w]);
+      ASSERT_TRUE(step.ok()) << step.status();
+      ASSERT_EQ(*step, s + 1);
+    }
+    if (after_step) after_step(s + 1);
+  }
+}
+
+void FinishTraining(SimCluster* cluster) {
+  for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(SimWorker(cluster, w).Done().ok());
+  for (int t = 0; t < cluster->num_ps(); ++t) EXPECT_TRUE(cluster->task(t).finished());
+}
+
+// Values (or moving averages) of every task, as a flat buffer.
+std::vector<float> Flat(SimCluster* cluster, bool moving_averages) {
+  std::vector<float> flat;
+  for (int t = 0; t < cluster->num_ps(); ++t) {
+    PullRequest request;
+    request.moving_averages = moving_averages;
+    absl::StatusOr<PullResponse> r = cluster->task(t).Pull(request);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) cluster->Scatter(r->slices, &flat);
+  }
+  return flat;
+}
+
+// Steps of the checkpoint files of each task.
+std::map<int, std::set<int64_t>> StepsOnDisk(const std::string& dir) {
+  std::map<int, std::set<int64_t>> steps;
+  absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpointFiles(dir);
+  EXPECT_TRUE(files.ok()) << files.status();
+  if (files.ok()) {
+    for (const CheckpointFile& f : *files) steps[f.task].insert(f.step);
+  }
+  return steps;
+}
+
+class ResumeTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ResumeTest, ResumedRunEqualsUninterruptedRun) {
+  const int num_ps = GetParam();
+  constexpr int64_t kStop = 13, kEnd = 24;  // the newest checkpoint before the "crash" is step 10
+
+  ScratchDir reference_dir("resume_ref");
+  auto reference = SimCluster::Start(Options(num_ps, reference_dir.path()));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  if (num_ps == 2) {
+    ASSERT_GT((*reference)->placement().task_slices[1].size(), 0u);
+    int fc_parts = 0;
+    for (const SliceSpec& s : (*reference)->placement().slices) fc_parts += s.variable == "fc/w";
+    ASSERT_GE(fc_parts, 2) << "fc/w should be partitioned";
+  }
+  RunSteps(reference->get(), 0, kEnd);
+  const std::vector<float> want_values = Flat(reference->get(), false);
+  const std::vector<float> want_averages = Flat(reference->get(), true);
+
+  ScratchDir dir("resume");
+  {
+    auto first = SimCluster::Start(Options(num_ps, dir.path()));
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ((*first)->restored_step(), -1);
+    RunSteps(first->get(), 0, kStop);
+    // Destroyed without Done: a crash after step 13, so the newest checkpoint is step 10's.
+  }
+  for (int t = 0; t < num_ps; ++t) EXPECT_EQ(StepsOnDisk(dir.path())[t], (std::set<int64_t>{5, 10})) << t;
+
+  auto resumed = SimCluster::Start(Options(num_ps, dir.path()));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_EQ((*resumed)->restored_step(), 10);
+  for (int t = 0; t < num_ps; ++t) EXPECT_EQ((*resumed)->task(t).step(), 10);
+  RunSteps(resumed->get(), 10, kEnd);
+  EXPECT_EQ(Flat(resumed->get(), false), want_values);
+  EXPECT_EQ(Flat(resumed->get(), true), want_averages);
+
+  // A clean end saves a final checkpoint at the last step on every task, before finished().
+  FinishTraining(resumed->get());
+  for (int t = 0; t < num_ps; ++t) EXPECT_TRUE(StepsOnDisk(dir.path())[t].count(kEnd)) << t;
+  auto again = SimCluster::Start(Options(num_ps, dir.path()));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->restored_step(), kEnd);
+  EXPECT_EQ(Flat(again->get(), false), want_values);
+}
+
+INSTANTIATE_TEST_SUITE_P(NumPs, ResumeTest, ::testing::Values(1, 2));
+
+TEST(ParameterServerCheckpointTest, KeepsTheNewestN) {
+  ScratchDir dir("keep");
+  SimClusterOptions o = Options(2, dir.path(), "momentum");
+  o.keep_checkpoints = 2;
+  auto cluster = SimCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RunSteps(cluster->get(), 0, 27);
+  std::map<int, std::set<int64_t>> steps = StepsOnDisk(dir.path());
+  EXPECT_EQ(steps[0], (std::set<int64_t>{20, 25}));
+  EXPECT_EQ(steps[1], (std::set<int64_t>{20, 25}));
+  FinishTraining(cluster->get());
+  steps = StepsOnDisk(dir.path());
+  EXPECT_EQ(steps[0], (std::set<int64_t>{25, 27}));
+  EXPECT_EQ(steps[1], (std::set<int64_t>{25, 27}));
+}
+
+TEST(ParameterServerCheckpointTest, TimeBasedSavesInSyncAreTheSameStepsOnEveryTask) {
+  ScratchDir dir("secs");
+  SimClusterOptions o = Options(2, dir.path(), "sgd");
+  o.save_checkpoint_steps = 0;
+  o.save_checkpoint_secs = 0.2;
+  o.keep_checkpoints = 0;  // keep all
+  auto cluster = SimCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RunSteps(cluster->get(), 0, 8, [](int64_t step) {
+    if (step % 3 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  });
+  std::map<int, std::set<int64_t>> steps = StepsOnDisk(dir.path());
+  // Due after the pauses at steps 3 and 6, so saved when steps 4 and 7 are decided.
+  EXPECT_TRUE(steps[0].count(4) && steps[0].count(7)) << steps[0].size();
+  EXPECT_EQ(steps[0], steps[1]);
+}
+
+TEST(ParameterServerCheckpointTest, CorruptNewestFallsBackToThePreviousWithAWarning) {
+  ScratchDir dir("corrupt");
+  {
+    auto cluster = SimCluster::Start(Options(2, dir.path()));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    RunSteps(cluster->get(), 0, 12);
+  }
+  // ps 0's step-10 file loses its tail: both tasks must go back to step 5 together.
+  const std::string newest = CheckpointPath(dir.path(), 10, 0, 2);
+  std::filesystem::resize_file(newest, std::filesystem::file_size(newest) / 2);
+  LogCapture log;
+  auto resumed = SimCluster::Start(Options(2, dir.path()));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->restored_step(), 5);
+  EXPECT_EQ((*resumed)->task(1).step(), 5);
+  EXPECT_TRUE(log.Contains(absl::StrCat("skipping corrupt checkpoint ", newest, ": ", newest, ": truncated at byte")))
+      << log.text();
+  EXPECT_TRUE(log.Contains("trying the previous one")) << log.text();
+}
+
+TEST(ParameterServerCheckpointTest, CorruptFileOfAnotherTaskFailsTheRestoreInSync) {
+  ScratchDir dir("corrupt_other");
+  {
+    auto cluster = SimCluster::Start(Options(2, dir.path()));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    RunSteps(cluster->get(), 0, 10);
+  }
+  const std::string path = CheckpointPath(dir.path(), 10, 1, 2);
+  std::string bytes = *ReadFileToString(path);
+  bytes[bytes.size() / 3] ^= 0x04;
+  ASSERT_TRUE(WriteFileAtomically(path, bytes).ok());
+  auto resumed = SimCluster::Start(Options(2, dir.path()));
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_EQ(resumed.status().code(), absl::StatusCode::kDataLoss) << resumed.status();
+  EXPECT_TRUE(absl::StrContains(resumed.status().message(), "checksum mismatch")) << resumed.status();
+}
+
+TEST(ParameterServerCheckpointTest, AnotherModelsCheckpointIsRefused) {
+  ScratchDir dir("other_model");
+  {
+    auto cluster = SimCluster::Start(Options(1, dir.path()));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    RunSteps(cluster->get(), 0, 5);
+  }
+  SimClusterOptions o = Options(1, dir.path());
+  ParameterServerOptions po;
+  po.num_workers = kWorkers;
+  po.checkpoint_dir = dir.path();
+  ParameterServer ps(po);
+  RegisterRequest request;
+  request.is_chief = true;
+  request.config = o.config;
+  request.config.slices = {SliceSpec{0, "conv/w", 0, 40}, SliceSpec{1, "conv/b", 40, 4},
+                           SliceSpec{2, "fc/w", 44, 300}, SliceSpec{3, "fc/b", 344, 6}};
+  request.config.model_signature = "another-model";
+  absl::StatusOr<RegisterResponse> r = ps.Register(request);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "checkpoint of another model")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "--checkpoint_dir")) << r.status();
+  // The task stays unconfigured: the right chief can still register and gets the restored values.
+  request.config.model_signature = o.config.model_signature;
+  r = ps.Register(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->initialized);
+  EXPECT_EQ(r->global_step, 5);
+}
+
+TEST(ParameterServerCheckpointTest, PullMovingAverages) {
+  SimClusterOptions o = Options(2, "");
+  auto cluster = SimCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_EQ(Flat(cluster->get(), true), o.initial);  // averages start at the values
+  RunSteps(cluster->get(), 0, 3);
+  const std::vector<float> values = Flat(cluster->get(), false);
+  const std::vector<float> averages = Flat(cluster->get(), true);
+  ASSERT_EQ(values.size(), averages.size());
+  EXPECT_NE(values, averages);
+  // With decay min(0.9, (1+n)/(10+n)) the averages lie between the initial values and the current ones.
+  for (size_t i = 0; i < values.size(); ++i) {
+    EXPECT_LE(averages[i], std::max(values[i], o.initial[i]) + 1e-6f) << i;
+    EXPECT_GE(averages[i], std::min(values[i], o.initial[i]) - 1e-6f) << i;
+  }
+
+  SimClusterOptions off = Options(1, "");
+  off.config.moving_average_decay = 0;
+  auto plain = SimCluster::Start(off);
+  ASSERT_TRUE(plain.ok());
+  PullRequest request;
+  request.moving_averages = true;
+  absl::StatusOr<PullResponse> r = (*plain)->task(0).Pull(request);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+}
+
+TEST(ParameterServerCheckpointTest, AsyncTasksSaveUnderTheGlobalStep) {
+  ScratchDir dir("async");
+  SimClusterOptions o = Options(2, dir.path(), "sgd");
+  o.config = MakeConfig("async", 1, 1, 0.05f);
+  o.config.moving_average_decay = 0.9f;
+  o.save_checkpoint_steps = 4;
+  auto cluster = SimCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  SimWorker w(cluster->get(), 0);
+  std::vector<float> params;
+  int64_t step = *w.Pull(0, 0, &params);
+  while (step < 10) {
+    ASSERT_TRUE(w.Push(step, TestGradient(0, step, params)).ok());
+    absl::StatusOr<int64_t> next = w.Pull(0, step, &params);
+    ASSERT_TRUE(next.ok()) << next.status();
+    step = *next;
+  }
+  ASSERT_TRUE(w.Done().ok());
+  std::map<int, std::set<int64_t>> steps = StepsOnDisk(dir.path());
+  EXPECT_EQ(steps[0], (std::set<int64_t>{4, 8, 10}));
+  EXPECT_EQ(steps[1], (std::set<int64_t>{4, 8, 10}));
+  // Resume: both tasks restore step 10 (a single worker keeps them in step).
+  auto resumed = SimCluster::Start(o);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->restored_step(), 10);
+  EXPECT_EQ(Flat(resumed->get(), false), params);
+}
+
+}  // namespace
+}  // namespace dtrain::ps

@@ -1,0 +1,128 @@
+// Parameter-server semantics with real processes on 127.0.0.1: backup workers (a slow worker does not slow the
+// steps, and every step has exactly R contributions), start-up in any order, and checkpoint/resume.
+#include <cstdlib>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "tests/subprocess.h"
+
+namespace dtrain::testing {
+namespace {
+
+std::string LogPath(const std::string& name) { return absl::StrCat(::testing::TempDir(), "/", name, ".log"); }
+
+struct WorkerRow {
+  int id = 0;
+  long applied = 0, stale = 0, backup = 0;
+};
+
+// Parses the chief's "ps 0 statistics" table.
+std::vector<WorkerRow> ParseStats(const std::string& out, long* global_step) {
+  std::vector<WorkerRow> rows;
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("ps 0 statistics: global step ([0-9]+)"))) return rows;
+  *global_step = std::stol(m[1]);
+  std::istringstream in(out.substr(m.position(0)));
+  std::string line;
+  std::regex row("^\\s+([0-9]+)\\s+([0-9]+)\\s+([0-9]+)\\s+([0-9]+)\\s+([0-9]+)\\s+[0-9.]+\\s*$");
+  while (std::getline(in, line)) {
+    std::smatch r;
+    if (std::regex_match(line, r, row)) {
+      rows.push_back(WorkerRow{std::stoi(r[1]), std::stol(r[2]), std::stol(r[3]), std::stol(r[4])});
+    }
+  }
+  return rows;
+}
+
+double ParseTrainSeconds(const std::string& out) {
+  std::smatch m;
+  if (std::regex_search(out, m, std::regex("local steps, [0-9]+ examples in ([0-9.]+) sec"))) return std::stod(m[1]);
+  return -1;
+}
+
+class LocalCluster {
+ public:
+  LocalCluster(int num_ps, int num_workers) {
+    std::vector<int> ports = FreePorts(num_ps + num_workers);
+    std::vector<std::string> ps, worker;
+    for (int i = 0; i < num_ps; ++i) ps.push_back(absl::StrCat("127.0.0.1:", ports[i]));
+    for (int i = 0; i < num_workers; ++i) worker.push_back(absl::StrCat("127.0.0.1:", ports[num_ps + i]));
+    flags_ = {absl::StrCat("--ps_hosts=", absl::StrJoin(ps, ",")),
+              absl::StrCat("--worker_hosts=", absl::StrJoin(worker, ","))};
+  }
+  std::unique_ptr<Subprocess> StartPs(int i, const std::string& tag, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {BinPath("dtrain_ps"), "--job_name=ps", absl::StrCat("--task_index=", i)};
+    argv.insert(argv.end(), flags_.begin(), flags_.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<Subprocess>(argv, LogPath(absl::StrCat(tag, "_ps", i)));
+  }
+  std::unique_ptr<Subprocess> StartWorker(int i, const std::string& tag, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {BinPath("dtrain_worker"), "--job_name=worker", absl::StrCat("--task_index=", i)};
+    argv.insert(argv.end(), flags_.begin(), flags_.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<Subprocess>(argv, LogPath(absl::StrCat(tag, "_worker", i)));
+  }
+
+ private:
+  std::vector<std::string> flags_;
+};
+
+// 3 workers, R = 2: each step applies exactly two contributions; a worker slowed to 100 ms per step does not
+// hold the others back (its gradients arrive late and are dropped as backups/stale).
+TEST(ClusterSemantics, BackupWorkersKeepStepsFastAndExactlyR) {
+  LocalCluster c(1, 3);
+  auto ps = c.StartPs(0, "backup");
+  const std::vector<std::string> args = {"--mode=sync", "--model=mlp", "--train_steps=150",
+                                         "--replicas_to_aggregate=2", "--total_num_replicas=3", "--log_every=50"};
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> a = args;
+    if (i == 2) a.push_back("--debug_step_delay_ms=100");
+    workers.push_back(c.StartWorker(i, "backup", a));
+  }
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Minutes(4)), 0) << w->Output();
+  EXPECT_EQ(ps->Wait(absl::Seconds(30)), 0) << ps->Output();
+  const std::string out = workers[0]->Output();
+  long global_step = 0;
+  std::vector<WorkerRow> rows = ParseStats(out, &global_step);
+  ASSERT_EQ(rows.size(), 3u) << out;
+  EXPECT_GE(global_step, 150);
+  long applied = 0;
+  for (const WorkerRow& r : rows) applied += r.applied;
+  EXPECT_EQ(applied, 2 * global_step) << out;  // exactly R contributions per step
+  EXPECT_GT(rows[2].stale + rows[2].backup, 0) << out;
+  EXPECT_LT(rows[2].applied, rows[0].applied) << out;
+  // 150 steps of the slow worker alone would take 15 s.
+  const double secs = ParseTrainSeconds(out);
+  EXPECT_GT(secs, 0);
+  EXPECT_LT(secs, 12.0) << out;
+}
+
+// Workers start first and wait (with backoff, logging what they wait for); the ps comes up 4 s later.
+TEST(ClusterSemantics, PsStartedLongAfterTheWorkers) {
+  LocalCluster c(2, 2);
+  const std::vector<std::string> args = {"--mode=sync", "--model=mlp", "--train_steps=100", "--log_every=50"};
+  auto w0 = c.StartWorker(0, "late", args);
+  auto w1 = c.StartWorker(1, "late", args);
+  absl::SleepFor(absl::Seconds(4));
+  auto ps1 = c.StartPs(1, "late");
+  absl::SleepFor(absl::Seconds(1));
+  auto ps0 = c.StartPs(0, "late");
+  EXPECT_EQ(w0->Wait(absl::Minutes(3)), 0) << w0->Output();
+  EXPECT_EQ(w1->Wait(absl::Minutes(1)), 0) << w1->Output();
+  EXPECT_EQ(ps0->Wait(absl::Seconds(30)), 0) << ps0->Output();
+  EXPECT_EQ(ps1->Wait(absl::Seconds(30)), 0) << ps1->Output();
+  EXPECT_NE(w1->Output().find("waiting for ps task"), std::string::npos) << w1->Output();
+  EXPECT_NE(w0->Output().find("test accuracy"), std::string::npos) << w0->Output();
+}
+
+}  // namespace
+}  // namespace dtrain::testing
