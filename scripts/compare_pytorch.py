@@ -325,7 +325,8 @@ def throughput(a, configs):
         d, p = med(dt), med(pt)
         ratio = f"{d / p:6.2f}" if d and p else f"{'-':>6}"
         print(f"{model:8} {batch:5d} {threads:7d} {fmt([d]):>9} {fmt([p]):>9} {ratio}   {fmt(dt)} | {fmt(pt)}")
-    return 0 if all(med(pt) for *_, pt in rows) and (a.pytorch_only or all(med(dt) for *_, dt, _ in rows)) else 1
+    failed = any(med(pt) is None or (not a.pytorch_only and med(dt) is None) for *_, dt, pt in rows)
+    return 1 if failed else 0
 
 
 def accuracy(a, configs):

@@ -46,9 +46,11 @@ ABSL_FLAG(int, log_every, 100, "Print a progress line every this many local step
 ABSL_FLAG(int64_t, eval_every, 0, "Chief: evaluate test accuracy every this many global steps (0: at the end)");
 ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");
 // Checkpoint flags are read by dtrain_ps; workers accept them so that one command line serves every process.
-ABSL_FLAG(std::string, checkpoint_dir, "", "Checkpoints (used by the ps tasks; accepted here)");
-ABSL_FLAG(int64_t, save_checkpoint_steps, 0, "Checkpoint every N global steps (ps tasks; accepted here)");
-ABSL_FLAG(double, save_checkpoint_secs, 0, "Checkpoint every N seconds (ps tasks; accepted here)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Checkpoints: written and restored by the ps tasks (and by the in-process ps of --job_name=local)");
+ABSL_FLAG(int64_t, save_checkpoint_steps, 0, "Checkpoint every N global steps (ps tasks / local mode)");
+ABSL_FLAG(double, save_checkpoint_secs, 0, "Checkpoint every N seconds (ps tasks / local mode)");
+ABSL_FLAG(int, keep_checkpoints, 5, "Keep the newest N checkpoints (ps tasks / local mode)");
 ABSL_FLAG(int, debug_step_delay_ms, 0, "Test hook: sleep this long every step (simulates a slow worker)");
 ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and the chief");
 
@@ -101,6 +103,10 @@ int main(int argc, char** argv) {
   o.logdir = absl::GetFlag(FLAGS_logdir);
   o.startup_wait_secs = absl::GetFlag(FLAGS_startup_wait_secs);
   o.step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.save_checkpoint_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
+  o.save_checkpoint_secs = absl::GetFlag(FLAGS_save_checkpoint_secs);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   o.worker_id = cluster->is_local() ? 0 : cluster->task_index;
   o.num_workers = cluster->is_local() ? 1 : cluster->num_workers();
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();

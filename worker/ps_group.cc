@@ -67,8 +67,12 @@ absl::Status PsGroup::Connect(const ps::TrainConfig& config, const float* initia
   const absl::Time give_up = absl::Now() + wait;
   absl::Duration backoff = absl::Milliseconds(100);
   absl::Time next_log = absl::Now();
+  // Every task must resume from the same checkpoint: task 0 (registered first) decides, the others restore
+  // exactly its step (or start fresh when it did).
+  int64_t restore_step = ps::kRestoreNewest;
   for (int t = 0; t < num_tasks(); ++t) {
     ps::RegisterRequest req;
+    req.restore_step = restore_step;
     req.worker_id = worker_id_;
     req.is_chief = is_chief_;
     req.config = config;
@@ -77,7 +81,13 @@ absl::Status PsGroup::Connect(const ps::TrainConfig& config, const float* initia
       absl::StatusOr<ps::RegisterResponse> r = tasks_[t]->Register(req);
       std::string waiting_for;
       if (r.ok()) {
-        if (r->initialized) break;
+        if (is_chief_ && t == 0) restore_step = r->initialized ? r->global_step : ps::kRestoreNone;
+        if (r->initialized) {
+          if (is_chief_ && r->global_step > 0) {
+            LOG(INFO) << "ps task " << t << " resumed from a checkpoint at step " << r->global_step;
+          }
+          break;
+        }
         if (is_chief_) {
           ps::InitializeRequest init;
           init.worker_id = worker_id_;
@@ -133,8 +143,9 @@ absl::StatusOr<ps::PushResponse> PsGroup::Push(int64_t step, const float* grads)
 }
 
 absl::StatusOr<PullResult> PsGroup::Pull(int64_t min_step, int64_t since_step, float* params,
-                                         absl::Duration timeout) {
+                                         absl::Duration timeout, bool moving_averages) {
   ps::PullRequest req;
+  req.moving_averages = moving_averages;
   req.worker_id = worker_id_;
   req.min_step = min_step;
   req.since_step = since_step;

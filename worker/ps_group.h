@@ -40,8 +40,9 @@ class PsGroup {
 
   // Pulls the flat parameter buffer. `min_step`: wait until the global step reaches it (sync mode: last
   // pushed step + 1). `since_step`: the step of the previous pull (decisions from it on are relayed).
+  // `moving_averages`: fetch the variables' moving averages instead of their values (for evaluation).
   absl::StatusOr<PullResult> Pull(int64_t min_step, int64_t since_step, float* params,
-                                  absl::Duration timeout = absl::Seconds(120));
+                                  absl::Duration timeout = absl::Seconds(120), bool moving_averages = false);
 
   absl::Status Done();
   absl::StatusOr<ps::TrainingStats> Stats(int task);  // stats of one task (0 = coordinator)

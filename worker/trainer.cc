@@ -149,6 +149,10 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   if (local) {
     ps::ParameterServerOptions po;
     po.num_workers = 1;
+    po.checkpoint_dir = o.checkpoint_dir;
+    po.save_checkpoint_steps = o.save_checkpoint_steps;
+    po.save_checkpoint_secs = o.save_checkpoint_secs;
+    po.keep_checkpoints = o.keep_checkpoints;
     local_ps = std::make_unique<ps::ParameterServer>(po);
     task_ptrs = {local_ps.get()};
   }
@@ -172,6 +176,8 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   std::vector<float> grads(n);
   ASSIGN_OR_RETURN(PullResult pulled, group.Pull(0, 0, params.data()));
   int64_t step = pulled.step;
+  result.first_step = step;
+  if (step > 0 && !o.quiet) std::printf("resuming at global step %lld\n", static_cast<long long>(step));
   const int64_t examples_per_step = static_cast<int64_t>(o.batch_size) * towers->size();
   const absl::Time start = absl::Now();
   absl::Time window_start = start;
@@ -236,6 +242,19 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       RETURN_IF_ERROR(towers->SetParameters(params.data()));
       ASSIGN_OR_RETURN(result.test_accuracy, Evaluate(model0, eval_batches));
       if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", result.global_step, result.test_accuracy));
+      if (o.moving_average_decay > 0) {
+        // The seeds evaluate with the moving averages of the variables when they keep them.
+        std::vector<float> averaged(n);
+        ASSIGN_OR_RETURN(PullResult unused, group.Pull(0, result.global_step, averaged.data(),
+                                                       absl::Seconds(120), /*moving_averages=*/true));
+        (void)unused;
+        RETURN_IF_ERROR(towers->SetParameters(averaged.data()));
+        ASSIGN_OR_RETURN(result.test_accuracy_averaged, Evaluate(model0, eval_batches));
+        if (events) {
+          RETURN_IF_ERROR(events->AddScalar("test_accuracy_moving_average", result.global_step,
+                                            result.test_accuracy_averaged));
+        }
+      }
     }
     if (events) RETURN_IF_ERROR(events->Close());
   }
@@ -254,6 +273,11 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   }
   RETURN_IF_ERROR(group.Done());
   if (chief) {
+    if (!o.quiet && result.test_accuracy_averaged >= 0) {
+      std::printf("step %lld: test accuracy with moving averages = %.4f (%lld examples)\n",
+                  static_cast<long long>(result.global_step), result.test_accuracy_averaged,
+                  static_cast<long long>(dataset->test.count()));
+    }
     if (!o.quiet && result.test_accuracy >= 0) {
       std::printf("step %lld: test accuracy = %.4f (%lld examples)\n", static_cast<long long>(result.global_step),
                   result.test_accuracy, static_cast<long long>(dataset->test.count()));

@@ -36,6 +36,12 @@ struct WorkerOptions {
   bool staircase = false;
   float moving_average_decay = 0;
 
+  // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/parameter_server.h).
+  std::string checkpoint_dir;
+  int64_t save_checkpoint_steps = 0;
+  double save_checkpoint_secs = 0;
+  int keep_checkpoints = 5;
+
   // Distribution.
   std::string mode = "sync";  // sync | async
   int replicas_to_aggregate = 0;  // 0 = all workers
@@ -69,6 +75,8 @@ struct TrainingResult {
   double test_accuracy = -1;      // chief only, -1 if not evaluated
   std::vector<float> parameters;  // final parameters (flat) as last pulled
   ps::TrainingStats stats;        // chief: ps 0's statistics
+  int64_t first_step = 0;         // global step when training started (> 0 after resuming a checkpoint)
+  double test_accuracy_averaged = -1;  // chief, with --moving_average_decay: accuracy of the moving averages
 };
 
 // Resolves the model defaults into `o` (batch size, learning rate, optimizer).
