@@ -270,6 +270,17 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       result.stats = *stats;
       if (!o.quiet && !local) std::printf("%s", FormatStats(*stats, config.mode == "async").c_str());
     }
+    // Traffic per ps task: what each one received (gradients) and sent (parameters) per global step.
+    if (!o.quiet && !local) {
+      const double steps = std::max<int64_t>(1, result.global_step - result.first_step);
+      for (int t = 0; t < group.num_tasks(); ++t) {
+        absl::StatusOr<ps::TrainingStats> ts = t == 0 ? stats : group.Stats(t);
+        if (!ts.ok()) continue;
+        std::printf("ps task %d: %lld bytes held; received %.2f MB/step, sent %.2f MB/step\n", t,
+                    static_cast<long long>(placement.task_bytes[t]), ts->bytes_received / steps / 1e6,
+                    ts->bytes_sent / steps / 1e6);
+      }
+    }
   }
   RETURN_IF_ERROR(group.Done());
   if (chief) {
