@@ -54,6 +54,9 @@ class GrpcPsClient final : public PsInterface {
   }
 
   absl::StatusOr<PushResponse> Push(const PushRequest& request) override {
+    if (request.flat_gradients != nullptr) {
+      return absl::InvalidArgumentError("PushRequest::flat_gradients is for in-process ps tasks only");
+    }
     pb::PushResponse resp;
     absl::Status s = WithRetries("Push", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
       auto writer = stub_->Push(ctx, &resp);
@@ -79,6 +82,9 @@ class GrpcPsClient final : public PsInterface {
   }
 
   absl::StatusOr<PullResponse> Pull(const PullRequest& request) override {
+    if (request.flat_out != nullptr) {
+      return absl::InvalidArgumentError("PullRequest::flat_out is for in-process ps tasks only");
+    }
     pb::PullRequest req;
     req.set_worker_id(request.worker_id);
     req.set_min_step(request.min_step);

@@ -92,6 +92,7 @@ class ParameterServer::Impl {
       RETURN_IF_ERROR(ValidateTrainConfig(request.config, options_.num_workers));
       ASSIGN_OR_RETURN(SliceStore store, SliceStore::Create(request.config.slices, request.config.optimizer,
                                                             request.config.moving_average_decay));
+      store.set_apply_threads(options_.apply_threads);
       // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
       ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
                        FindCheckpointToRestore(options_.checkpoint_dir, request.config, options_.task_index,
@@ -210,6 +211,17 @@ class ParameterServer::Impl {
     }
     if (request.step < 0) return absl::InvalidArgumentError(absl::StrCat("push for negative step ", request.step));
     slice_index_.clear();
+    grad_ptrs_.clear();
+    if (request.flat_gradients != nullptr) {
+      if (!request.gradients.empty()) {
+        return absl::InvalidArgumentError("push with both gradients and flat_gradients");
+      }
+      for (int i = 0; i < store_->num_slices(); ++i) {
+        slice_index_.push_back(i);
+        grad_ptrs_.push_back(request.flat_gradients + store_->spec(i).flat_offset);
+      }
+      bytes_received_ += store_->total_floats() * static_cast<int64_t>(sizeof(float));
+    }
     for (const SliceData& g : request.gradients) {
       ASSIGN_OR_RETURN(int i, store_->IndexOf(g.key));
       if (static_cast<int64_t>(g.values.size()) != store_->spec(i).length) {
@@ -221,6 +233,7 @@ class ParameterServer::Impl {
         return absl::InvalidArgumentError(absl::StrCat("gradient for slice key ", g.key, " given twice"));
       }
       slice_index_.push_back(i);
+      grad_ptrs_.push_back(g.values.data());
     }
     bytes_received_ += PayloadBytes(request.gradients);
 
@@ -277,7 +290,14 @@ class ParameterServer::Impl {
     PullResponse response;
     response.step = step_;
     response.training_done = finished_;
-    if (request.moving_averages) {
+    if (request.flat_out != nullptr) {
+      if (request.moving_averages) {
+        store_->CopyMovingAveragesToFlat(request.flat_out);
+      } else {
+        store_->CopyValuesToFlat(request.flat_out);
+      }
+      bytes_sent_ += store_->total_floats() * static_cast<int64_t>(sizeof(float));
+    } else if (request.moving_averages) {
       store_->ReadMovingAverages(&response.slices);
     } else {
       store_->ReadValues(&response.slices);
@@ -462,9 +482,9 @@ class ParameterServer::Impl {
       buffer.filled.assign(store_->num_slices(), 0);
       buffer.num_filled = 0;
     }
-    for (size_t j = 0; j < request.gradients.size(); ++j) {
+    for (size_t j = 0; j < slice_index_.size(); ++j) {
       const int i = slice_index_[j];
-      buffer.slices[i].assign(request.gradients[j].values.begin(), request.gradients[j].values.end());
+      buffer.slices[i].assign(grad_ptrs_[j], grad_ptrs_[j] + store_->spec(i).length);
       if (!buffer.filled[i]) {
         buffer.filled[i] = 1;
         ++buffer.num_filled;
@@ -489,8 +509,8 @@ class ParameterServer::Impl {
       return absl::FailedPreconditionError(absl::StrCat("push from worker ", request.worker_id, " for step ",
                                                         request.step, ", but the global step is only ", step_));
     }
-    for (size_t j = 0; j < request.gradients.size(); ++j) {
-      store_->ApplyGradient(slice_index_[j], step_, request.gradients[j].values.data(), 1.0f);
+    for (size_t j = 0; j < slice_index_.size(); ++j) {
+      store_->ApplyGradient(slice_index_[j], step_, grad_ptrs_[j], 1.0f);
     }
     if (!coordinator()) {
       ++step_;  // the task's own count of updates, for its learning-rate schedule
@@ -659,6 +679,7 @@ class ParameterServer::Impl {
   absl::Mutex save_mu_;  // never held with mu_; serializes writing and pruning checkpoint files
 
   std::vector<int> slice_index_ ABSL_GUARDED_BY(mu_);  // Push: slice index of each gradient in the request
+  std::vector<const float*> grad_ptrs_ ABSL_GUARDED_BY(mu_);  // Push: where each of those gradients is
   std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);    // ApplyDecision: gradient sums
 };
 

@@ -71,6 +71,9 @@ struct ParameterServerOptions {
   int task_index = 0;  // 0 = coordinator (global step, sync decisions)
   int num_ps = 1;
   int num_workers = 1;  // from the cluster spec; the server is finished when all of them reported Done
+  // CPU threads (OpenMP) for applying the update to large slices. dtrain_ps keeps 1 (its host's cores belong to
+  // the workers); an in-process ps in local mode uses the worker's --threads.
+  int apply_threads = 1;
   std::string checkpoint_dir;         // empty = no checkpoints (neither saved nor restored)
   int64_t save_checkpoint_steps = 0;  // >= 0; 0 = no step-based saves
   double save_checkpoint_secs = 0;    // >= 0; 0 = no time-based saves

@@ -1,6 +1,9 @@
 #include "ps/slice_store.h"
 
 #include <algorithm>
+#include <cstring>
+
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -82,10 +85,36 @@ void SliceStore::ApplyGradient(int i, int64_t step, const float* grad, float gra
   std::vector<std::vector<float>>& slots = slots_[i];
   float* slot0 = slots.size() > 0 ? slots[0].data() : nullptr;
   float* slot1 = slots.size() > 1 ? slots[1].data() : nullptr;
-  optimizer_.Apply(step, grad_scale, grad, values_[i].data(), slot0, slot1, specs_[i].length);
-  if (has_moving_averages()) {
-    UpdateMovingAverage(MovingAverageDecay(moving_average_decay_, step + 1), values_[i].data(),
-                        shadows_[i].data(), specs_[i].length);
+  float* var = values_[i].data();
+  float* shadow = has_moving_averages() ? shadows_[i].data() : nullptr;
+  const float decay = MovingAverageDecay(moving_average_decay_, step + 1);
+  const int64_t n = specs_[i].length;
+  // The update is elementwise: large slices are cut into chunks applied in parallel (same result bit for bit).
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  auto apply = [&](int64_t begin, int64_t end) {
+    optimizer_.Apply(step, grad_scale, grad + begin, var + begin, slot0 ? slot0 + begin : nullptr,
+                     slot1 ? slot1 + begin : nullptr, end - begin);
+    if (shadow != nullptr) UpdateMovingAverage(decay, var + begin, shadow + begin, end - begin);
+  };
+  if (apply_threads_ <= 1 || chunks < 2) {
+    apply(0, n);
+    return;
+  }
+#pragma omp parallel for num_threads(apply_threads_) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) apply(c * kChunk, std::min(n, (c + 1) * kChunk));
+}
+
+void SliceStore::CopyValuesToFlat(float* flat) const {
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    std::memcpy(flat + specs_[i].flat_offset, values_[i].data(), specs_[i].length * sizeof(float));
+  }
+}
+
+void SliceStore::CopyMovingAveragesToFlat(float* flat) const {
+  CHECK(has_moving_averages());
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    std::memcpy(flat + specs_[i].flat_offset, shadows_[i].data(), specs_[i].length * sizeof(float));
   }
 }
 

@@ -56,6 +56,13 @@ class SliceStore {
   // Optimizer slot `slot` (< optimizer().num_slots()) of slice i.
   const std::vector<float>& slot(int i, int slot) const { return slots_[i][slot]; }
 
+  // Copies every slice's values (or moving averages) into the model's flat buffer at the slices' flat_offsets.
+  void CopyValuesToFlat(float* flat) const;
+  void CopyMovingAveragesToFlat(float* flat) const;
+
+  // Threads ApplyGradient may use for a large slice (OpenMP; 1 = the calling thread only).
+  void set_apply_threads(int threads) { apply_threads_ = threads < 1 ? 1 : threads; }
+
   // Copies every slice's values into `out` (resized to num_slices(), in slice order; reuses capacity).
   void ReadValues(std::vector<SliceData>* out) const;
   // The same with the moving averages. Precondition (CHECKed): has_moving_averages().
@@ -72,6 +79,7 @@ class SliceStore {
   SliceStore(std::vector<SliceSpec> specs, Optimizer optimizer, float moving_average_decay);
 
   std::vector<SliceSpec> specs_;
+  int apply_threads_ = 1;
   std::unordered_map<uint32_t, int> index_of_key_;
   Optimizer optimizer_;
   float moving_average_decay_;

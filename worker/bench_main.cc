@@ -92,9 +92,10 @@ int Main() {
   std::vector<ps::VariableInfo> vars;
   for (const auto& v : model0->variables()) vars.push_back({v.name, v.size()});
   ps::ParameterServerOptions po;
+  po.apply_threads = o.threads;
   ps::ParameterServer server(po);
   absl::StatusOr<ps::Placement> placement = ps::PlaceVariables(vars, 1);
-  PsGroup group({&server}, placement->task_slices, 0, true);
+  PsGroup group({&server}, placement->task_slices, 0, true, /*in_process=*/true);
   ps::TrainConfig config;
   config.model_signature = models::Signature(o.model, model0->variables());
   config.num_workers = 1;

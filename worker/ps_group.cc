@@ -14,11 +14,12 @@
 namespace dtrain::worker {
 
 PsGroup::PsGroup(std::vector<ps::PsInterface*> tasks, std::vector<std::vector<ps::SliceSpec>> placement,
-                 int worker_id, bool is_chief)
+                 int worker_id, bool is_chief, bool in_process)
     : tasks_(std::move(tasks)),
       placement_(std::move(placement)),
       worker_id_(worker_id),
       is_chief_(is_chief),
+      in_process_(in_process),
       last_push_bytes_(tasks_.size(), 0),
       last_pull_bytes_(tasks_.size(), 0) {
   // Request ids must not repeat across restarts of this worker: start from a random base.
@@ -126,9 +127,14 @@ absl::StatusOr<ps::PushResponse> PsGroup::Push(int64_t step, const float* grads)
     req.step = step;
     req.request_id = request_id;
     req.commit = commit;
-    req.gradients = Gather(t, grads);
     int64_t bytes = 0;
-    for (const auto& s : req.gradients) bytes += s.values.size() * sizeof(float);
+    if (in_process_) {
+      req.flat_gradients = grads;
+      for (const auto& s : placement_[t]) bytes += s.length * sizeof(float);
+    } else {
+      req.gradients = Gather(t, grads);
+      for (const auto& s : req.gradients) bytes += s.values.size() * sizeof(float);
+    }
     last_push_bytes_[t] = bytes;
     return tasks_[t]->Push(req);
   };
@@ -150,10 +156,15 @@ absl::StatusOr<PullResult> PsGroup::Pull(int64_t min_step, int64_t since_step, f
   req.min_step = min_step;
   req.since_step = since_step;
   req.timeout_ms = absl::ToInt64Milliseconds(timeout);
+  if (in_process_) req.flat_out = params;
   ASSIGN_OR_RETURN(ps::PullResponse r0, tasks_[0]->Pull(req));
-  RETURN_IF_ERROR(Scatter(0, r0.slices, params));
   last_pull_bytes_[0] = 0;
-  for (const auto& s : r0.slices) last_pull_bytes_[0] += s.values.size() * sizeof(float);
+  if (in_process_) {
+    for (const auto& s : placement_[0]) last_pull_bytes_[0] += s.length * sizeof(float);
+  } else {
+    RETURN_IF_ERROR(Scatter(0, r0.slices, params));
+    for (const auto& s : r0.slices) last_pull_bytes_[0] += s.values.size() * sizeof(float);
+  }
   PullResult result{r0.step, r0.training_done};
   if (num_tasks() == 1) return result;
 
@@ -167,6 +178,11 @@ absl::StatusOr<PullResult> PsGroup::Pull(int64_t min_step, int64_t since_step, f
     futures.push_back(std::async(std::launch::async, [&, t]() -> absl::Status {
       ASSIGN_OR_RETURN(ps::PullResponse r, tasks_[t]->Pull(others));
       int64_t bytes = 0;
+      if (in_process_) {
+        for (const auto& s : placement_[t]) bytes += s.length * sizeof(float);
+        last_pull_bytes_[t] = bytes;
+        return absl::OkStatus();
+      }
       for (const auto& s : r.slices) bytes += s.values.size() * sizeof(float);
       last_pull_bytes_[t] = bytes;
       return Scatter(t, r.slices, params);

@@ -81,6 +81,8 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
                      kernels::cuda::CreateGradientAllReducer(devs, t->num_parameters()));
 #endif
   }
+  ASSIGN_OR_RETURN(t->host_params_, t->devices_[0]->AllocHostPinned(t->num_parameters()));
+  ASSIGN_OR_RETURN(t->host_grads_, t->devices_[0]->AllocHostPinned(t->num_parameters()));
   if (!t->device_averager_) {
     for (size_t i = 1; i < specs.size(); ++i) t->tower_grads_.emplace_back(t->num_parameters());
   }
@@ -88,6 +90,10 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
 }
 
 Towers::~Towers() {
+  if (!devices_.empty()) {
+    if (host_params_ != nullptr) devices_[0]->FreeHostPinned(host_params_);
+    if (host_grads_ != nullptr) devices_[0]->FreeHostPinned(host_grads_);
+  }
   models_.clear();  // models before the devices that own their memory
   devices_.clear();
 }

@@ -37,6 +37,11 @@ class Towers {
   models::Model* tower(int i) { return models_[i].get(); }
   int64_t num_parameters() const { return models_[0]->num_parameters(); }
 
+  // Host staging buffers for the flat parameters and gradients (num_parameters() floats each), allocated through
+  // tower 0's device: pinned memory for GPU towers, so the once-per-step host<->device copies are fast DMA.
+  float* host_params() { return host_params_; }
+  float* host_grads() { return host_grads_; }
+
   // Copies the flat parameters to every tower.
   absl::Status SetParameters(const float* params);
   // Runs tower i on batches[i] in parallel; writes the averaged flat gradient to `grads` and returns the mean
@@ -48,6 +53,8 @@ class Towers {
   Towers() = default;
   std::vector<std::unique_ptr<kernels::Device>> devices_;
   std::vector<std::unique_ptr<models::Model>> models_;
+  float* host_params_ = nullptr;
+  float* host_grads_ = nullptr;
   std::vector<std::vector<float>> tower_grads_;  // towers 1..n-1 (tower 0 writes straight into the output)
   // GPU towers: gradients are averaged on the devices (NCCL across GPUs) and copied back once per step.
   struct DeviceAverager;

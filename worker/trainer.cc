@@ -153,12 +153,19 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     po.save_checkpoint_steps = o.save_checkpoint_steps;
     po.save_checkpoint_secs = o.save_checkpoint_secs;
     po.keep_checkpoints = o.keep_checkpoints;
+    po.apply_threads = o.threads;
     local_ps = std::make_unique<ps::ParameterServer>(po);
     task_ptrs = {local_ps.get()};
   }
-  PsGroup group(task_ptrs, placement.task_slices, local ? 0 : o.worker_id, chief);
-  std::vector<float> params = chief ? models::InitialParameters(model0->variables(), o.seed) : std::vector<float>(n);
-  RETURN_IF_ERROR(group.Connect(config, params.data(), absl::Seconds(o.startup_wait_secs)));
+  PsGroup group(task_ptrs, placement.task_slices, local ? 0 : o.worker_id, chief, /*in_process=*/local);
+  // The flat parameters and gradients live in the towers' host staging buffers (pinned for GPUs).
+  float* params = towers->host_params();
+  float* grads = towers->host_grads();
+  if (chief) {
+    const std::vector<float> init = models::InitialParameters(model0->variables(), o.seed);
+    std::copy(init.begin(), init.end(), params);
+  }
+  RETURN_IF_ERROR(group.Connect(config, params, absl::Seconds(o.startup_wait_secs)));
 
   std::vector<data::Batch> eval_batches;
   if (chief && (o.evaluate || o.eval_every > 0)) {
@@ -173,8 +180,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
 
   // ---- the loop ----
   TrainingResult result;
-  std::vector<float> grads(n);
-  ASSIGN_OR_RETURN(PullResult pulled, group.Pull(0, 0, params.data()));
+  ASSIGN_OR_RETURN(PullResult pulled, group.Pull(0, 0, params));
   int64_t step = pulled.step;
   result.first_step = step;
   if (step > 0 && !o.quiet) std::printf("resuming at global step %lld\n", static_cast<long long>(step));
@@ -186,21 +192,21 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   std::vector<models::HostBatch> views(towers->size());
   std::vector<data::Batch> batches(towers->size());
   while (step < o.train_steps && !pulled.training_done) {
-    RETURN_IF_ERROR(towers->SetParameters(params.data()));
+    RETURN_IF_ERROR(towers->SetParameters(params));
     for (int t = 0; t < towers->size(); ++t) {
       batches[t] = stream->Next();  // copy: the stream's buffer is reused on the next call
       views[t] = View(batches[t]);
     }
-    ASSIGN_OR_RETURN(float loss, towers->ComputeGradients(views, step, grads.data()));
+    ASSIGN_OR_RETURN(float loss, towers->ComputeGradients(views, step, grads));
     if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
                                               ": training diverged (try a smaller --learning_rate)"));
     }
-    ASSIGN_OR_RETURN(ps::PushResponse pushed, group.Push(step, grads.data()));
+    ASSIGN_OR_RETURN(ps::PushResponse pushed, group.Push(step, grads));
     (void)pushed;
     const int64_t pushed_step = step;
-    ASSIGN_OR_RETURN(pulled, group.Pull(config.mode == "sync" ? pushed_step + 1 : 0, pushed_step, params.data()));
+    ASSIGN_OR_RETURN(pulled, group.Pull(config.mode == "sync" ? pushed_step + 1 : 0, pushed_step, params));
     step = pulled.step;
     result.last_loss = loss;
     ++result.local_steps;
@@ -223,7 +229,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       window_steps = 0;
     }
     if (chief && next_eval > 0 && step >= next_eval && step < o.train_steps) {
-      RETURN_IF_ERROR(towers->SetParameters(params.data()));
+      RETURN_IF_ERROR(towers->SetParameters(params));
       ASSIGN_OR_RETURN(double acc, Evaluate(model0, eval_batches));
       if (!o.quiet) std::printf("step %lld: test accuracy = %.4f\n", static_cast<long long>(step), acc);
       if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", step, acc));
@@ -236,10 +242,10 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
 
   if (chief) {
     // The newest parameters (other workers may have pushed after our last pull).
-    ASSIGN_OR_RETURN(pulled, group.Pull(0, step, params.data()));
+    ASSIGN_OR_RETURN(pulled, group.Pull(0, step, params));
     result.global_step = pulled.step;
     if (o.evaluate) {
-      RETURN_IF_ERROR(towers->SetParameters(params.data()));
+      RETURN_IF_ERROR(towers->SetParameters(params));
       ASSIGN_OR_RETURN(result.test_accuracy, Evaluate(model0, eval_batches));
       if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", result.global_step, result.test_accuracy));
       if (o.moving_average_decay > 0) {
@@ -295,7 +301,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     }
     std::fflush(stdout);
   }
-  result.parameters = std::move(params);
+  result.parameters.assign(params, params + n);
   return result;
 }
 
