@@ -115,6 +115,12 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   sopt.shuffle = o.shuffle;
   sopt.preprocess = TrainPreprocess(o.model);
   ASSIGN_OR_RETURN(std::unique_ptr<data::BatchStream> stream, data::BatchStream::Create(dataset->train, sopt));
+  if (o.model == "cifar10" && o.decay_steps == 0) {
+    // The CIFAR-10 tutorial: lr 0.1, staircase decay by 0.1 every 350 epochs (steps of one worker's batch).
+    o.decay_steps = std::max<int64_t>(1, dataset->train.count() / o.batch_size) * 350;
+    o.decay_rate = 0.1f;
+    o.staircase = true;
+  }
 
   // ---- towers ----
   ASSIGN_OR_RETURN(std::vector<kernels::DeviceSpec> specs, ParseTowers(o.towers, o.num_gpus, o.threads));
@@ -209,6 +215,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     ASSIGN_OR_RETURN(pulled, group.Pull(config.mode == "sync" ? pushed_step + 1 : 0, pushed_step, params));
     step = pulled.step;
     result.last_loss = loss;
+    result.losses.push_back(loss);
     ++result.local_steps;
     ++window_steps;
     if (result.local_steps % o.log_every == 0) {

@@ -31,6 +31,7 @@ struct WorkerOptions {
   float learning_rate = 0;
   std::string optimizer;
   float momentum = 0.9f;
+  // 0 = none, except for cifar10, whose default is the tutorial's staircase decay by 0.1 every 350 epochs.
   int64_t decay_steps = 0;
   float decay_rate = 1.0f;
   bool staircase = false;
@@ -72,6 +73,7 @@ struct TrainingResult {
   int64_t examples = 0;           // examples this worker processed
   double seconds = 0;             // wall time of the training loop
   float last_loss = 0;
+  std::vector<float> losses;      // loss of every local step, in order
   double test_accuracy = -1;      // chief only, -1 if not evaluated
   std::vector<float> parameters;  // final parameters (flat) as last pulled
   ps::TrainingStats stats;        // chief: ps 0's statistics
