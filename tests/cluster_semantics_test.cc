@@ -1,6 +1,8 @@
 // Parameter-server semantics with real processes on 127.0.0.1: backup workers (a slow worker does not slow the
 // steps, and every step has exactly R contributions), start-up in any order, and checkpoint/resume.
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -122,6 +124,63 @@ TEST(ClusterSemantics, PsStartedLongAfterTheWorkers) {
   EXPECT_EQ(ps1->Wait(absl::Seconds(30)), 0) << ps1->Output();
   EXPECT_NE(w1->Output().find("waiting for ps task"), std::string::npos) << w1->Output();
   EXPECT_NE(w0->Output().find("test accuracy"), std::string::npos) << w0->Output();
+}
+
+// A cluster with --checkpoint_dir saves as it goes; stopped after 60 steps and started again with the same
+// flags it resumes at step 60 by itself and finishes; dtrain_eval reads the result, and a corrupted newest
+// checkpoint is skipped for the previous one.
+TEST(ClusterSemantics, CheckpointResumeAcrossRestartsAndEval) {
+  const std::string dir = ::testing::TempDir() + "/semantics_ckpt";
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> ckpt = {"--checkpoint_dir=" + dir, "--save_checkpoint_steps=30"};
+  auto run = [&](int steps, const std::string& tag) {
+    LocalCluster c(2, 2);
+    auto ps0 = c.StartPs(0, tag, ckpt);
+    auto ps1 = c.StartPs(1, tag, ckpt);
+    std::vector<std::unique_ptr<Subprocess>> workers;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<std::string> a = {"--mode=sync", "--model=mlp", absl::StrCat("--train_steps=", steps),
+                                    "--log_every=30"};
+      a.insert(a.end(), ckpt.begin(), ckpt.end());
+      workers.push_back(c.StartWorker(i, tag, a));
+    }
+    for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Minutes(3)), 0) << w->Output();
+    EXPECT_EQ(ps0->Wait(absl::Seconds(30)), 0) << ps0->Output();
+    EXPECT_EQ(ps1->Wait(absl::Seconds(30)), 0) << ps1->Output();
+    return workers[0]->Output();
+  };
+  const std::string first = run(60, "ckpt_a");
+  EXPECT_EQ(first.find("resuming"), std::string::npos) << first;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/model.ckpt-60.ps0-of-2"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/model.ckpt-60.ps1-of-2"));
+  const std::string second = run(90, "ckpt_b");
+  EXPECT_NE(second.find("resuming at global step 60"), std::string::npos) << second;
+  long global_step = 0;
+  ParseStats(second, &global_step);
+  EXPECT_EQ(global_step, 90) << second;
+
+  // dtrain_eval on the directory picks the newest complete checkpoint.
+  Subprocess eval({BinPath("dtrain_eval"), "--checkpoint=" + dir, "--model=mlp"}, LogPath("ckpt_eval"));
+  EXPECT_EQ(eval.Wait(absl::Minutes(2)), 0) << eval.Output();
+  EXPECT_NE(eval.Output().find("model.ckpt-90: test accuracy = "), std::string::npos) << eval.Output();
+
+  // Flip a byte in the middle of the newest file of ps 1: that step is skipped, the previous one is used.
+  const std::string victim = dir + "/model.ckpt-90.ps1-of-2";
+  ASSERT_TRUE(std::filesystem::exists(victim));
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff size = f.tellg();
+    f.seekp(size / 2);
+    char c = 0;
+    f.seekg(size / 2);
+    f.get(c);
+    f.seekp(size / 2);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  Subprocess eval2({BinPath("dtrain_eval"), "--checkpoint=" + dir, "--model=mlp"}, LogPath("ckpt_eval2"));
+  EXPECT_EQ(eval2.Wait(absl::Minutes(2)), 0) << eval2.Output();
+  EXPECT_NE(eval2.Output().find("model.ckpt-60: test accuracy = "), std::string::npos) << eval2.Output();
 }
 
 }  // namespace
