@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "dtrain.grpc.pb.h"
 #include "ps/wire_format.h"
 
@@ -33,6 +34,10 @@ class GrpcPsClient final : public PsInterface {
         "Register", options_.rpc_timeout,
         [&](grpc::ClientContext* ctx) { return stub_->Register(ctx, req, &resp); }, absl::ZeroDuration());
     if (!s.ok()) return s;
+    {
+      absl::MutexLock l(&mu_);
+      slices_ = request.config.slices;  // the layout for flat pushes and pulls
+    }
     return RegisterResponse{resp.initialized(), resp.global_step()};
   }
 
@@ -54,14 +59,19 @@ class GrpcPsClient final : public PsInterface {
   }
 
   absl::StatusOr<PushResponse> Push(const PushRequest& request) override {
+    std::vector<wire::SliceView> views;
     if (request.flat_gradients != nullptr) {
-      return absl::InvalidArgumentError("PushRequest::flat_gradients is for in-process ps tasks only");
+      std::vector<SliceSpec> slices = RegisteredSlices();
+      if (slices.empty()) return absl::FailedPreconditionError("flat push before Register");
+      views = wire::Views(slices, request.flat_gradients);
+    } else {
+      views = wire::Views(request.gradients);
     }
     pb::PushResponse resp;
     absl::Status s = WithRetries("Push", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
       auto writer = stub_->Push(ctx, &resp);
       bool first = true;
-      wire::ForEachChunkGroup(request.gradients, [&](std::vector<pb::SliceChunk>&& group) {
+      wire::ForEachChunkGroup(views, [&](std::vector<pb::SliceChunk>&& group) {
         pb::PushChunk msg;
         if (first) {
           auto* h = msg.mutable_header();
@@ -82,8 +92,10 @@ class GrpcPsClient final : public PsInterface {
   }
 
   absl::StatusOr<PullResponse> Pull(const PullRequest& request) override {
+    std::vector<SliceSpec> slices;
     if (request.flat_out != nullptr) {
-      return absl::InvalidArgumentError("PullRequest::flat_out is for in-process ps tasks only");
+      slices = RegisteredSlices();
+      if (slices.empty()) return absl::FailedPreconditionError("flat pull before Register");
     }
     pb::PullRequest req;
     req.set_worker_id(request.worker_id);
@@ -98,6 +110,7 @@ class GrpcPsClient final : public PsInterface {
     absl::Status s = WithRetries("Pull", deadline, [&](grpc::ClientContext* ctx) {
       out = PullResponse{};
       wire::SliceAssembler assembler;
+      wire::FlatAssembler flat(slices, request.flat_out);
       auto reader = stub_->Pull(ctx, req);
       pb::PullChunk msg;
       bool first = true;
@@ -110,10 +123,11 @@ class GrpcPsClient final : public PsInterface {
         }
         first = false;
         for (const auto& c : msg.chunks()) {
-          if (bad.ok()) bad = assembler.Add(c);
+          if (bad.ok()) bad = request.flat_out != nullptr ? flat.Add(c) : assembler.Add(c);
         }
       }
       grpc::Status st = reader->Finish();
+      if (st.ok() && bad.ok() && request.flat_out != nullptr) bad = flat.Finish();
       if (st.ok() && !bad.ok()) return grpc::Status(grpc::StatusCode::DATA_LOSS, std::string(bad.message()));
       out.slices = assembler.Take();
       return st;
@@ -162,8 +176,15 @@ class GrpcPsClient final : public PsInterface {
     }
   }
 
+  std::vector<SliceSpec> RegisteredSlices() {
+    absl::MutexLock l(&mu_);
+    return slices_;
+  }
+
   const std::string address_;
   const GrpcClientOptions options_;
+  absl::Mutex mu_;
+  std::vector<SliceSpec> slices_ ABSL_GUARDED_BY(mu_);  // from the last successful Register
   std::unique_ptr<pb::ParameterServer::Stub> stub_;
 };
 

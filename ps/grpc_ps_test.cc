@@ -198,6 +198,35 @@ TEST(WireFormatTest, ChunksStayBelowLimitAndReassemble) {
   EXPECT_EQ(back[2].values, slices[2].values);
 }
 
+TEST(WireFormatTest, FlatChunksLandAtTheirOffsets) {
+  const std::vector<SliceSpec> slices = {SliceSpec{4, "a", 10, 700'000}, SliceSpec{7, "b", 2, 3}};
+  std::vector<float> src(700'010, 0.f), dst(700'010, -1.f);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
+  wire::FlatAssembler a(slices, dst.data());
+  ASSERT_TRUE(wire::ForEachChunkGroup(wire::Views(slices, src.data()),
+                                      [&](std::vector<dtrain::wire::SliceChunk>&& group) {
+                                        for (const auto& c : group) EXPECT_TRUE(a.Add(c).ok());
+                                        return true;
+                                      }));
+  ASSERT_TRUE(a.Finish().ok());
+  EXPECT_EQ(dst[0], -1.f);  // not part of any slice
+  EXPECT_EQ(dst[2], 2.f);
+  EXPECT_EQ(dst[4], 4.f);
+  EXPECT_EQ(dst[10], 10.f);
+  EXPECT_EQ(dst[700'009], 700'009.f);
+
+  wire::FlatAssembler missing(slices, dst.data());
+  EXPECT_EQ(missing.Finish().code(), absl::StatusCode::kDataLoss);
+  dtrain::wire::SliceChunk stranger;
+  stranger.set_key(99);
+  stranger.set_data(std::string(4, '\0'));
+  EXPECT_EQ(missing.Add(stranger).code(), absl::StatusCode::kDataLoss);
+  dtrain::wire::SliceChunk overflow;
+  overflow.set_key(7);
+  overflow.set_data(std::string(16, '\0'));  // 4 floats into a 3-float slice
+  EXPECT_EQ(missing.Add(overflow).code(), absl::StatusCode::kDataLoss);
+}
+
 TEST(WireFormatTest, GapsAreRejected) {
   wire::SliceAssembler a;
   dtrain::wire::SliceChunk c;

@@ -105,8 +105,8 @@ struct PushRequest {
   uint64_t request_id = 0;  // unique per (worker, push); a retry reuses it
   bool commit = false;      // ps 0 only: this worker's push for `step` is complete on all ps tasks
   std::vector<SliceData> gradients;
-  // In-process callers only (never crosses the wire; the gRPC client rejects it): instead of `gradients`, every
-  // slice of the task is read from this flat gradient buffer at its flat_offset. Saves two copies per step.
+  // Instead of `gradients`: every slice of the task (as registered) is read from this flat gradient buffer at
+  // its flat_offset. Saves copies: the in-process ps reads it directly, the gRPC client chunks straight from it.
   const float* flat_gradients = nullptr;
 };
 struct PushResponse {
@@ -130,8 +130,8 @@ struct PullRequest {
   int64_t since_step = 0;  // ps 0: return decisions for [since_step, global_step)
   std::vector<StepDecision> decisions;  // other tasks: apply these first (those already applied are skipped)
   int64_t timeout_ms = 60000;           // give up waiting after this (DeadlineExceeded)
-  // In-process callers only (never crosses the wire): the task's slices are written straight into this flat
-  // parameter buffer at their flat_offsets, and PullResponse::slices stays empty.
+  // If set, the task's slices (as registered) are written straight into this flat parameter buffer at their
+  // flat_offsets, and PullResponse::slices stays empty (the gRPC client writes the received chunks there).
   float* flat_out = nullptr;
   // Return the moving averages instead of the values (evaluation with averaged weights); FailedPrecondition
   // when the config keeps none (moving_average_decay 0).

@@ -142,12 +142,30 @@ PushResponse::Outcome FromProto(dtrain::wire::PushResponse::Outcome o) {
   }
 }
 
+std::vector<SliceView> Views(const std::vector<SliceData>& slices) {
+  std::vector<SliceView> v;
+  v.reserve(slices.size());
+  for (const SliceData& s : slices) v.push_back({s.key, s.values.data(), static_cast<int64_t>(s.values.size())});
+  return v;
+}
+
+std::vector<SliceView> Views(const std::vector<SliceSpec>& slices, const float* flat) {
+  std::vector<SliceView> v;
+  v.reserve(slices.size());
+  for (const SliceSpec& s : slices) v.push_back({s.key, flat + s.flat_offset, s.length});
+  return v;
+}
+
 bool ForEachChunkGroup(const std::vector<SliceData>& slices, const ChunkSink& emit) {
+  return ForEachChunkGroup(Views(slices), emit);
+}
+
+bool ForEachChunkGroup(const std::vector<SliceView>& slices, const ChunkSink& emit) {
   constexpr int64_t kChunkFloats = kChunkBytes / sizeof(float);
   std::vector<dtrain::wire::SliceChunk> group;
   int64_t group_floats = 0;
-  for (const SliceData& s : slices) {
-    const int64_t n = static_cast<int64_t>(s.values.size());
+  for (const SliceView& s : slices) {
+    const int64_t n = s.length;
     int64_t offset = 0;
     do {
       const int64_t room = kChunkFloats - group_floats;
@@ -155,7 +173,7 @@ bool ForEachChunkGroup(const std::vector<SliceData>& slices, const ChunkSink& em
       dtrain::wire::SliceChunk chunk;
       chunk.set_key(s.key);
       chunk.set_offset(offset);
-      chunk.set_data(reinterpret_cast<const char*>(s.values.data() + offset), take * sizeof(float));
+      chunk.set_data(reinterpret_cast<const char*>(s.data + offset), take * sizeof(float));
       group.push_back(std::move(chunk));
       group_floats += take;
       offset += take;
@@ -195,6 +213,42 @@ absl::Status SliceAssembler::Add(const dtrain::wire::SliceChunk& chunk) {
   target->values.resize(old + n);
   std::memcpy(target->values.data() + old, chunk.data().data(), n * sizeof(float));
   bytes_ += n * sizeof(float);
+  return absl::OkStatus();
+}
+
+FlatAssembler::FlatAssembler(const std::vector<SliceSpec>& slices, float* flat)
+    : slices_(slices), flat_(flat), received_(slices.size(), 0) {}
+
+absl::Status FlatAssembler::Add(const dtrain::wire::SliceChunk& chunk) {
+  int index = -1;
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    if (slices_[i].key == chunk.key()) index = static_cast<int>(i);
+  }
+  if (index < 0) return absl::DataLossError(absl::StrCat("chunk for unknown slice key ", chunk.key()));
+  const SliceSpec& spec = slices_[index];
+  if (chunk.data().size() % sizeof(float) != 0) {
+    return absl::DataLossError(
+        absl::StrCat("slice ", chunk.key(), ": chunk of ", chunk.data().size(), " bytes is not whole floats"));
+  }
+  const int64_t n = chunk.data().size() / sizeof(float);
+  if (chunk.offset() != received_[index] || chunk.offset() + n > spec.length) {
+    return absl::DataLossError(absl::StrCat("slice ", chunk.key(), " (", spec.variable, "): chunk [",
+                                            chunk.offset(), ", ", chunk.offset() + n, ") after ",
+                                            received_[index], " of ", spec.length, " floats"));
+  }
+  std::memcpy(flat_ + spec.flat_offset + chunk.offset(), chunk.data().data(), n * sizeof(float));
+  received_[index] += n;
+  bytes_ += n * sizeof(float);
+  return absl::OkStatus();
+}
+
+absl::Status FlatAssembler::Finish() const {
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    if (received_[i] != slices_[i].length) {
+      return absl::DataLossError(absl::StrCat("slice ", slices_[i].key, " (", slices_[i].variable, "): ",
+                                              received_[i], " of ", slices_[i].length, " floats received"));
+    }
+  }
   return absl::OkStatus();
 }
 

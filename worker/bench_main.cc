@@ -95,7 +95,7 @@ int Main() {
   po.apply_threads = o.threads;
   ps::ParameterServer server(po);
   absl::StatusOr<ps::Placement> placement = ps::PlaceVariables(vars, 1);
-  PsGroup group({&server}, placement->task_slices, 0, true, /*in_process=*/true);
+  PsGroup group({&server}, placement->task_slices, 0, true);
   ps::TrainConfig config;
   config.model_signature = models::Signature(o.model, model0->variables());
   config.num_workers = 1;

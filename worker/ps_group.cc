@@ -14,12 +14,11 @@
 namespace dtrain::worker {
 
 PsGroup::PsGroup(std::vector<ps::PsInterface*> tasks, std::vector<std::vector<ps::SliceSpec>> placement,
-                 int worker_id, bool is_chief, bool in_process)
+                 int worker_id, bool is_chief)
     : tasks_(std::move(tasks)),
       placement_(std::move(placement)),
       worker_id_(worker_id),
       is_chief_(is_chief),
-      in_process_(in_process),
       last_push_bytes_(tasks_.size(), 0),
       last_pull_bytes_(tasks_.size(), 0) {
   // Request ids must not repeat across restarts of this worker: start from a random base.
@@ -34,33 +33,6 @@ std::vector<ps::SliceData> PsGroup::Gather(int task, const float* flat) const {
     out.push_back(ps::SliceData{s.key, std::vector<float>(flat + s.flat_offset, flat + s.flat_offset + s.length)});
   }
   return out;
-}
-
-absl::Status PsGroup::Scatter(int task, const std::vector<ps::SliceData>& slices, float* flat) const {
-  const auto& specs = placement_[task];
-  if (slices.size() != specs.size()) {
-    return absl::DataLossError(absl::StrCat("ps task ", task, " returned ", slices.size(), " slices, expected ",
-                                            specs.size()));
-  }
-  for (size_t i = 0; i < slices.size(); ++i) {
-    const ps::SliceSpec* spec = &specs[i];
-    if (slices[i].key != spec->key) {
-      spec = nullptr;
-      for (const auto& s : specs) {
-        if (s.key == slices[i].key) spec = &s;
-      }
-      if (spec == nullptr) {
-        return absl::DataLossError(absl::StrCat("ps task ", task, " returned unknown slice key ", slices[i].key));
-      }
-    }
-    if (static_cast<int64_t>(slices[i].values.size()) != spec->length) {
-      return absl::DataLossError(absl::StrCat("ps task ", task, " slice ", spec->key, " (", spec->variable,
-                                              ") has ", slices[i].values.size(), " floats, expected ",
-                                              spec->length));
-    }
-    std::memcpy(flat + spec->flat_offset, slices[i].values.data(), spec->length * sizeof(float));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status PsGroup::Connect(const ps::TrainConfig& config, const float* initial_params, absl::Duration wait) {
@@ -127,14 +99,9 @@ absl::StatusOr<ps::PushResponse> PsGroup::Push(int64_t step, const float* grads)
     req.step = step;
     req.request_id = request_id;
     req.commit = commit;
+    req.flat_gradients = grads;
     int64_t bytes = 0;
-    if (in_process_) {
-      req.flat_gradients = grads;
-      for (const auto& s : placement_[t]) bytes += s.length * sizeof(float);
-    } else {
-      req.gradients = Gather(t, grads);
-      for (const auto& s : req.gradients) bytes += s.values.size() * sizeof(float);
-    }
+    for (const auto& s : placement_[t]) bytes += s.length * sizeof(float);
     last_push_bytes_[t] = bytes;
     return tasks_[t]->Push(req);
   };
@@ -156,15 +123,10 @@ absl::StatusOr<PullResult> PsGroup::Pull(int64_t min_step, int64_t since_step, f
   req.min_step = min_step;
   req.since_step = since_step;
   req.timeout_ms = absl::ToInt64Milliseconds(timeout);
-  if (in_process_) req.flat_out = params;
+  req.flat_out = params;
   ASSIGN_OR_RETURN(ps::PullResponse r0, tasks_[0]->Pull(req));
   last_pull_bytes_[0] = 0;
-  if (in_process_) {
-    for (const auto& s : placement_[0]) last_pull_bytes_[0] += s.length * sizeof(float);
-  } else {
-    RETURN_IF_ERROR(Scatter(0, r0.slices, params));
-    for (const auto& s : r0.slices) last_pull_bytes_[0] += s.values.size() * sizeof(float);
-  }
+  for (const auto& s : placement_[0]) last_pull_bytes_[0] += s.length * sizeof(float);
   PullResult result{r0.step, r0.training_done};
   if (num_tasks() == 1) return result;
 
@@ -176,16 +138,11 @@ absl::StatusOr<PullResult> PsGroup::Pull(int64_t min_step, int64_t since_step, f
   std::vector<std::future<absl::Status>> futures;
   for (int t = 1; t < num_tasks(); ++t) {
     futures.push_back(std::async(std::launch::async, [&, t]() -> absl::Status {
-      ASSIGN_OR_RETURN(ps::PullResponse r, tasks_[t]->Pull(others));
+      RETURN_IF_ERROR(tasks_[t]->Pull(others).status());
       int64_t bytes = 0;
-      if (in_process_) {
-        for (const auto& s : placement_[t]) bytes += s.length * sizeof(float);
-        last_pull_bytes_[t] = bytes;
-        return absl::OkStatus();
-      }
-      for (const auto& s : r.slices) bytes += s.values.size() * sizeof(float);
+      for (const auto& s : placement_[t]) bytes += s.length * sizeof(float);
       last_pull_bytes_[t] = bytes;
-      return Scatter(t, r.slices, params);
+      return absl::OkStatus();
     }));
   }
   absl::Status status;

@@ -26,10 +26,10 @@ struct PullResult {
 class PsGroup {
  public:
   // tasks[i] talks to ps task i (not owned); placement[i] = slices held by task i (from ps/placement.h).
-  // `in_process`: the tasks are ParameterServer objects in this process; pushes and pulls then pass the flat
-  // buffers themselves (PushRequest::flat_gradients, PullRequest::flat_out) instead of copies of each slice.
+  // Pushes and pulls pass the flat buffers themselves (PushRequest::flat_gradients, PullRequest::flat_out): an
+  // in-process task reads/writes them directly, a gRPC client chunks from / assembles into them.
   PsGroup(std::vector<ps::PsInterface*> tasks, std::vector<std::vector<ps::SliceSpec>> placement,
-          int worker_id, bool is_chief, bool in_process = false);
+          int worker_id, bool is_chief);
 
   // Registers with every task (the chief's config is adopted by each task; others' are checked) and makes sure
   // every task holds values: the chief initializes the tasks that have none with `initial_params` (flat buffer);
@@ -56,14 +56,12 @@ class PsGroup {
 
  private:
   std::vector<ps::SliceData> Gather(int task, const float* flat) const;
-  absl::Status Scatter(int task, const std::vector<ps::SliceData>& slices, float* flat) const;
 
   std::vector<ps::PsInterface*> tasks_;
   std::vector<std::vector<ps::SliceSpec>> placement_;
   int worker_id_;
   bool is_chief_;
   bool sync_ = true;
-  bool in_process_ = false;
   uint64_t next_request_id_;
   std::vector<int64_t> last_push_bytes_, last_pull_bytes_;
 };

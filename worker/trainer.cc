@@ -163,7 +163,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     local_ps = std::make_unique<ps::ParameterServer>(po);
     task_ptrs = {local_ps.get()};
   }
-  PsGroup group(task_ptrs, placement.task_slices, local ? 0 : o.worker_id, chief, /*in_process=*/local);
+  PsGroup group(task_ptrs, placement.task_slices, local ? 0 : o.worker_id, chief);
   // The flat parameters and gradients live in the towers' host staging buffers (pinned for GPUs).
   float* params = towers->host_params();
   float* grads = towers->host_grads();
