@@ -11,6 +11,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
+#include "common/malloc_tuning.h"
 #include "ps/server.h"
 
 ABSL_FLAG(std::string, job_name, "", "This task's job (ps)");
@@ -32,6 +33,7 @@ ABSL_FLAG(double, max_run_secs, 0, "Give up and exit 1 after this long (0: wait 
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dtrain parameter server task");
+  dtrain::TuneMallocForLargeReusedBuffers();
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

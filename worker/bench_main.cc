@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/malloc_tuning.h"
 #include "ps/placement.h"
 #include "worker/data/dataset.h"
 #include "worker/ps_group.h"
@@ -161,6 +162,7 @@ int Main() {
 }  // namespace dtrain::worker
 
 int main(int argc, char** argv) {
+  dtrain::TuneMallocForLargeReusedBuffers();
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;

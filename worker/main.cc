@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
+#include "common/malloc_tuning.h"
 #include "ps/grpc_ps_client.h"
 #include "worker/towers.h"
 #include "worker/trainer.h"
@@ -56,6 +57,7 @@ ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dtrain worker: trains a model against the cluster's parameter servers");
+  dtrain::TuneMallocForLargeReusedBuffers();
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
