@@ -49,26 +49,37 @@ class GrpcPsService final : public pb::ParameterServer::Service {
   grpc::Status Push(grpc::ServerContext*, grpc::ServerReader<pb::PushChunk>* reader,
                     pb::PushResponse* resp) override {
     PushRequest r;
-    wire::SliceAssembler assembler;
+    // Keep every message: a slice that arrived whole in one chunk is handed to the ps as a pointer into it
+    // (no copy); only slices split over several chunks are assembled.
+    std::vector<pb::PushChunk> messages;
     pb::PushChunk msg;
-    bool first = true;
-    while (reader->Read(&msg)) {
-      if (first) {
-        if (!msg.has_header()) {
-          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Push: first message has no header");
-        }
-        r.worker_id = msg.header().worker_id();
-        r.step = msg.header().step();
-        r.request_id = msg.header().request_id();
-        r.commit = msg.header().commit();
-        first = false;
-      }
-      for (const auto& c : msg.chunks()) {
+    while (reader->Read(&msg)) messages.push_back(std::move(msg));
+    if (messages.empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Push: empty stream");
+    if (!messages[0].has_header()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Push: first message has no header");
+    }
+    r.worker_id = messages[0].header().worker_id();
+    r.step = messages[0].header().step();
+    r.request_id = messages[0].header().request_id();
+    r.commit = messages[0].header().commit();
+    std::vector<const pb::SliceChunk*> chunks;
+    for (const auto& m : messages) {
+      for (const auto& c : m.chunks()) chunks.push_back(&c);
+    }
+    wire::SliceAssembler assembler;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const pb::SliceChunk& c = *chunks[i];
+      const bool whole = c.offset() == 0 && c.data().size() % sizeof(float) == 0 &&
+                         (i + 1 == chunks.size() || chunks[i + 1]->key() != c.key()) &&
+                         (i == 0 || chunks[i - 1]->key() != c.key());
+      if (whole) {
+        r.gradient_refs.push_back(SliceRef{c.key(), reinterpret_cast<const float*>(c.data().data()),
+                                           static_cast<int64_t>(c.data().size() / sizeof(float))});
+      } else {
         absl::Status s = assembler.Add(c);
         if (!s.ok()) return wire::ToGrpc(s);
       }
     }
-    if (first) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Push: empty stream");
     r.gradients = assembler.Take();
     absl::StatusOr<PushResponse> out = ps_->Push(r);
     if (!out.ok()) return wire::ToGrpc(out.status());

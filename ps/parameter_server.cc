@@ -213,7 +213,7 @@ class ParameterServer::Impl {
     slice_index_.clear();
     grad_ptrs_.clear();
     if (request.flat_gradients != nullptr) {
-      if (!request.gradients.empty()) {
+      if (!request.gradients.empty() || !request.gradient_refs.empty()) {
         return absl::InvalidArgumentError("push with both gradients and flat_gradients");
       }
       for (int i = 0; i < store_->num_slices(); ++i) {
@@ -236,6 +236,20 @@ class ParameterServer::Impl {
       grad_ptrs_.push_back(g.values.data());
     }
     bytes_received_ += PayloadBytes(request.gradients);
+    for (const SliceRef& g : request.gradient_refs) {
+      ASSIGN_OR_RETURN(int i, store_->IndexOf(g.key));
+      if (g.length != store_->spec(i).length || g.data == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("gradient for slice key ", g.key, " ('",
+                                                       store_->spec(i).variable, "') has ", g.length,
+                                                       " values, expected ", store_->spec(i).length));
+      }
+      if (std::find(slice_index_.begin(), slice_index_.end(), i) != slice_index_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("gradient for slice key ", g.key, " given twice"));
+      }
+      slice_index_.push_back(i);
+      grad_ptrs_.push_back(g.data);
+      bytes_received_ += g.length * static_cast<int64_t>(sizeof(float));
+    }
 
     WorkerState& worker = workers_[request.worker_id];
     PushResponse response;

@@ -99,12 +99,22 @@ struct InitializeRequest {
   std::vector<SliceData> slices; // initial values for every slice of this task
 };
 
+// A slice's floats held elsewhere (not owned), e.g. inside received wire messages.
+struct SliceRef {
+  uint32_t key = 0;
+  const float* data = nullptr;
+  int64_t length = 0;
+};
+
 struct PushRequest {
   int worker_id = 0;
   int64_t step = 0;         // global step at which the gradients were computed
   uint64_t request_id = 0;  // unique per (worker, push); a retry reuses it
   bool commit = false;      // ps 0 only: this worker's push for `step` is complete on all ps tasks
   std::vector<SliceData> gradients;
+  // More gradients, not owned (valid for the duration of the call): the gRPC service points these into the
+  // received messages instead of copying each slice out first.
+  std::vector<SliceRef> gradient_refs;
   // Instead of `gradients`: every slice of the task (as registered) is read from this flat gradient buffer at
   // its flat_offset. Saves copies: the in-process ps reads it directly, the gRPC client chunks straight from it.
   const float* flat_gradients = nullptr;
