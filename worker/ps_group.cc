@@ -18,9 +18,7 @@ PsGroup::PsGroup(std::vector<ps::PsInterface*> tasks, std::vector<std::vector<ps
     : tasks_(std::move(tasks)),
       placement_(std::move(placement)),
       worker_id_(worker_id),
-      is_chief_(is_chief),
-      last_push_bytes_(tasks_.size(), 0),
-      last_pull_bytes_(tasks_.size(), 0) {
+      is_chief_(is_chief) {
   // Request ids must not repeat across restarts of this worker: start from a random base.
   std::random_device rd;
   next_request_id_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -100,9 +98,6 @@ absl::StatusOr<ps::PushResponse> PsGroup::Push(int64_t step, const float* grads)
     req.request_id = request_id;
     req.commit = commit;
     req.flat_gradients = grads;
-    int64_t bytes = 0;
-    for (const auto& s : placement_[t]) bytes += s.length * sizeof(float);
-    last_push_bytes_[t] = bytes;
     return tasks_[t]->Push(req);
   };
   // Other tasks first (in parallel), then the commit on task 0: a committed push is complete everywhere.
@@ -125,8 +120,6 @@ absl::StatusOr<PullResult> PsGroup::Pull(int64_t min_step, int64_t since_step, f
   req.timeout_ms = absl::ToInt64Milliseconds(timeout);
   req.flat_out = params;
   ASSIGN_OR_RETURN(ps::PullResponse r0, tasks_[0]->Pull(req));
-  last_pull_bytes_[0] = 0;
-  for (const auto& s : placement_[0]) last_pull_bytes_[0] += s.length * sizeof(float);
   PullResult result{r0.step, r0.training_done};
   if (num_tasks() == 1) return result;
 
@@ -138,11 +131,7 @@ absl::StatusOr<PullResult> PsGroup::Pull(int64_t min_step, int64_t since_step, f
   std::vector<std::future<absl::Status>> futures;
   for (int t = 1; t < num_tasks(); ++t) {
     futures.push_back(std::async(std::launch::async, [&, t]() -> absl::Status {
-      RETURN_IF_ERROR(tasks_[t]->Pull(others).status());
-      int64_t bytes = 0;
-      for (const auto& s : placement_[t]) bytes += s.length * sizeof(float);
-      last_pull_bytes_[t] = bytes;
-      return absl::OkStatus();
+      return tasks_[t]->Pull(others).status();
     }));
   }
   absl::Status status;

@@ -50,10 +50,6 @@ class PsGroup {
   absl::StatusOr<ps::TrainingStats> Stats(int task);  // stats of one task (0 = coordinator)
   int num_tasks() const { return static_cast<int>(tasks_.size()); }
 
-  // Bytes of float payload moved by the last Push / Pull on each task (for the ps-traffic report).
-  const std::vector<int64_t>& last_push_bytes() const { return last_push_bytes_; }
-  const std::vector<int64_t>& last_pull_bytes() const { return last_pull_bytes_; }
-
  private:
   std::vector<ps::SliceData> Gather(int task, const float* flat) const;
 
@@ -63,7 +59,6 @@ class PsGroup {
   bool is_chief_;
   bool sync_ = true;
   uint64_t next_request_id_;
-  std::vector<int64_t> last_push_bytes_, last_pull_bytes_;
 };
 
 }  // namespace dtrain::worker
