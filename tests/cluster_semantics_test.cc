@@ -126,6 +126,21 @@ TEST(ClusterSemantics, PsStartedLongAfterTheWorkers) {
   EXPECT_NE(w0->Output().find("test accuracy"), std::string::npos) << w0->Output();
 }
 
+// A worker built for another model is refused with a clear message naming the mismatch, leaves the cluster,
+// and the rest of the cluster trains to the end and exits by itself.
+TEST(ClusterSemantics, MismatchedWorkerIsRefusedAndTheClusterFinishes) {
+  LocalCluster c(1, 2);
+  auto ps = c.StartPs(0, "mismatch");
+  auto chief = c.StartWorker(0, "mismatch", {"--mode=sync", "--model=mlp", "--train_steps=100", "--log_every=50"});
+  absl::SleepFor(absl::Seconds(1));
+  auto stranger = c.StartWorker(1, "mismatch", {"--mode=sync", "--model=cnn", "--train_steps=100"});
+  EXPECT_NE(stranger->Wait(absl::Minutes(2)), 0) << stranger->Output();
+  EXPECT_NE(stranger->Output().find("model_signature mismatch"), std::string::npos) << stranger->Output();
+  EXPECT_EQ(chief->Wait(absl::Minutes(2)), 0) << chief->Output();
+  EXPECT_EQ(ps->Wait(absl::Seconds(30)), 0) << ps->Output();
+  EXPECT_NE(chief->Output().find("test accuracy"), std::string::npos) << chief->Output();
+}
+
 // A cluster with --checkpoint_dir saves as it goes; stopped after 60 steps and started again with the same
 // flags it resumes at step 60 by itself and finishes; dtrain_eval reads the result, and a corrupted newest
 // checkpoint is skipped for the previous one.

@@ -8,6 +8,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -164,6 +165,12 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     task_ptrs = {local_ps.get()};
   }
   PsGroup group(task_ptrs, placement.task_slices, local ? 0 : o.worker_id, chief);
+  // A worker that stops on an error still leaves the cluster (best effort), so the ps tasks stop expecting it
+  // instead of waiting for it forever; cancelled on the normal path, which reports done itself.
+  auto leave_on_error = absl::MakeCleanup([&group, &o] {
+    absl::Status s = group.Done();
+    if (!s.ok()) LOG(WARNING) << "worker " << o.worker_id << " could not report done: " << s;
+  });
   // The flat parameters and gradients live in the towers' host staging buffers (pinned for GPUs).
   float* params = towers->host_params();
   float* grads = towers->host_grads();
@@ -295,6 +302,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       }
     }
   }
+  std::move(leave_on_error).Cancel();
   RETURN_IF_ERROR(group.Done());
   if (chief) {
     if (!o.quiet && result.test_accuracy_averaged >= 0) {
