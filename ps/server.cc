@@ -39,6 +39,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &st.port);
   builder.RegisterService(st.service.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
+  // Megabyte tensors: large HTTP/2 frames and flow-control windows mean fewer frames and window updates.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
   st.server = builder.BuildAndStart();
   if (!st.server || st.port == 0) {
