@@ -1,5 +1,5 @@
-// A PsInterface decorator for tests: duplicates pushes (as a client retry after a lost reply would), fails the
-// Nth call of a kind with Unavailable, or delays calls. Fakes over mocks (STYLE.md).
+// A PsInterface decorator for tests: delivers every push twice (as a client retry after a lost reply would).
+// Fakes over mocks (STYLE.md).
 //
 // Thread-safety: as thread-safe as the wrapped PsInterface; the counters are atomic.
 #ifndef DTRAIN_PS_FAULT_INJECTING_PS_H_
@@ -8,8 +8,6 @@
 #include <atomic>
 #include <cstdint>
 
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "ps/parameter_server.h"
 
 namespace dtrain::ps {
@@ -17,31 +15,19 @@ namespace dtrain::ps {
 class FaultInjectingPs : public PsInterface {
  public:
   struct Faults {
-    bool duplicate_pushes = false;   // deliver every push twice (same request_id); return the second reply
-    int64_t fail_push_number = -1;   // the Nth push (0-based) fails with Unavailable after being delivered
-    absl::Duration push_delay;       // sleep before each push
-    absl::Duration pull_delay;       // sleep before each pull
+    bool duplicate_pushes = false;  // deliver every push twice (same request_id); return the second reply
   };
   FaultInjectingPs(PsInterface* target, Faults faults) : target_(target), faults_(faults) {}
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& r) override { return target_->Register(r); }
   absl::Status Initialize(const InitializeRequest& r) override { return target_->Initialize(r); }
   absl::StatusOr<PushResponse> Push(const PushRequest& r) override {
-    if (faults_.push_delay > absl::ZeroDuration()) absl::SleepFor(faults_.push_delay);
-    const int64_t n = pushes_++;
+    ++pushes_;
     absl::StatusOr<PushResponse> first = target_->Push(r);
-    if (n == faults_.fail_push_number) {
-      // Delivered, but the reply is "lost": the caller retries with the same request id.
-      absl::StatusOr<PushResponse> retried = target_->Push(r);
-      return retried;
-    }
     if (faults_.duplicate_pushes && first.ok()) return target_->Push(r);
     return first;
   }
-  absl::StatusOr<PullResponse> Pull(const PullRequest& r) override {
-    if (faults_.pull_delay > absl::ZeroDuration()) absl::SleepFor(faults_.pull_delay);
-    return target_->Pull(r);
-  }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& r) override { return target_->Pull(r); }
   absl::Status Done(int worker_id) override { return target_->Done(worker_id); }
   absl::StatusOr<TrainingStats> GetStats() override { return target_->GetStats(); }
 

@@ -216,8 +216,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
                                               ": training diverged (try a smaller --learning_rate)"));
     }
-    ASSIGN_OR_RETURN(ps::PushResponse pushed, group.Push(step, grads));
-    (void)pushed;
+    RETURN_IF_ERROR(group.Push(step, grads).status());
     const int64_t pushed_step = step;
     ASSIGN_OR_RETURN(pulled, group.Pull(config.mode == "sync" ? pushed_step + 1 : 0, pushed_step, params));
     step = pulled.step;
