@@ -6,21 +6,154 @@
 
 #include <glog/logging.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/sync_stream.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
-#include "dtrain.grpc.pb.h"
+#include "common/cancellation.h"
+#include "common/status_macros.h"
+#include "dtrain.pb.h"
+#include "ps/grpc_methods.h"
+#include "ps/tensor_coding.h"
 #include "ps/wire_format.h"
 
 namespace dtrain::ps {
 namespace {
 
 namespace pb = ::dtrain::wire;
+using grpc::internal::RpcMethod;
+
+// Registers `fn` with `cancel` (may be null) for the lifetime of the object.
+class CancelScope {
+ public:
+  CancelScope(Cancellation* cancel, std::function<void()> fn) : cancel_(cancel) {
+    if (cancel_ != nullptr) id_ = cancel_->Register(std::move(fn));
+  }
+  ~CancelScope() {
+    if (cancel_ != nullptr) cancel_->Deregister(id_);
+  }
+
+ private:
+  Cancellation* cancel_;
+  int64_t id_ = 0;
+};
+
+// An upload over a client-streaming call. Slice data is referenced, not copied: it must stay unchanged until
+// Finish returns (which waits until gRPC has let go of it).
+class GrpcUpload : public SliceUpload {
+ public:
+  GrpcUpload(const std::string& address, const char* what, absl::Duration timeout, Cancellation* cancel)
+      : address_(address), what_(what), cancel_scope_(cancel, [this] { context_.TryCancel(); }) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+  ~GrpcUpload() override {
+    if (writer_ && !finished_) {
+      context_.TryCancel();
+      writer_->Finish().ok();
+    }
+    // gRPC may still hold references to the caller's memory until the call is torn down.
+    tracker_.WaitIdle(absl::Now() + absl::Seconds(5));
+  }
+
+  // Opens the stream and sends the first message (the header, or the worker id).
+  template <typename Response>
+  absl::Status Open(const std::shared_ptr<grpc::Channel>& channel, const RpcMethod& method, Response* response,
+                    coding::MessageBuilder first) {
+    writer_.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &context_,
+                                                                                 response));
+    return Send(first.Build());
+  }
+
+  absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+    const int el = DtypeBytes(dtype);
+    const int64_t per_chunk = std::max<int64_t>(1, coding::kMaxChunkBytes / el);
+    const char* bytes = static_cast<const char*>(data);
+    for (int64_t done = 0; done < n || (n == 0 && done == 0);) {
+      const int64_t m = std::min(per_chunk, n - done);
+      coding::MessageBuilder b;
+      b.AddChunkRef(key, offset + done, dtype, bytes + done * el, m, &tracker_);
+      RETURN_IF_ERROR(Send(b.Build()));
+      done += std::max<int64_t>(m, 1);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<PushResponse> Finish() override {
+    finished_ = true;
+    writer_->WritesDone();
+    absl::Status s = wire::FromGrpc(writer_->Finish());
+    tracker_.WaitIdle(absl::Now() + absl::Seconds(5));
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ps ", address_, ": ", what_, ": ", s.message()));
+    return result_();
+  }
+
+  std::function<PushResponse()> result_;
+
+ private:
+  absl::Status Send(grpc::ByteBuffer message) {
+    if (writer_->Write(message)) return absl::OkStatus();
+    // The stream is broken: the server's status says why.
+    finished_ = true;
+    absl::Status s = wire::FromGrpc(writer_->Finish());
+    if (s.ok()) s = absl::UnavailableError("stream closed");
+    return absl::Status(s.code(), absl::StrCat("ps ", address_, ": ", what_, ": ", s.message()));
+  }
+
+  const std::string address_;
+  const char* what_;
+  grpc::ClientContext context_;
+  CancelScope cancel_scope_;
+  coding::SendTracker tracker_;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer_;
+  bool finished_ = false;
+};
+
+// Hands the chunks of pulled messages to a PullReceiver, decoding from the wire type into its destination.
+class PullFeeder : public coding::ChunkHandler {
+ public:
+  explicit PullFeeder(PullReceiver* receiver) : receiver_(receiver) {}
+  absl::Status OnHeader(const std::string& bytes) override {
+    pb::PullHeader header;
+    if (!header.ParseFromString(bytes)) return absl::DataLossError("Pull: malformed header");
+    got_header_ = true;
+    return receiver_->OnHeader(wire::FromProto(header));
+  }
+  absl::Status OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+    if (!got_header_) return absl::DataLossError("Pull: slice data before the header");
+    ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver_->Destination(key, offset, n));
+    if (dst.data != nullptr) {
+      if (dst.dtype == WireDtype::kF32) {
+        DecodeFloats(dtype, data, n, static_cast<float*>(dst.data));
+      } else if (dst.dtype == dtype) {
+        std::memcpy(dst.data, data, n * DtypeBytes(dtype));
+      } else {
+        return absl::InternalError("Pull: a receiver asked for a narrow dtype the stream does not carry");
+      }
+    }
+    return receiver_->Written(key, offset, n);
+  }
+  bool got_header() const { return got_header_; }
+
+ private:
+  PullReceiver* receiver_;
+  bool got_header_ = false;
+};
 
 class GrpcPsClient final : public PsInterface {
  public:
   GrpcPsClient(std::string address, GrpcClientOptions options, std::shared_ptr<grpc::Channel> channel)
-      : address_(std::move(address)), options_(options), stub_(pb::ParameterServer::NewStub(channel)) {}
+      : address_(std::move(address)),
+        options_(options),
+        channel_(std::move(channel)),
+        register_(grpc_methods::kRegister, RpcMethod::NORMAL_RPC, channel_),
+        initialize_(grpc_methods::kInitialize, RpcMethod::CLIENT_STREAMING, channel_),
+        push_(grpc_methods::kPush, RpcMethod::CLIENT_STREAMING, channel_),
+        pull_(grpc_methods::kPull, RpcMethod::SERVER_STREAMING, channel_),
+        done_(grpc_methods::kDone, RpcMethod::NORMAL_RPC, channel_),
+        stats_(grpc_methods::kGetStats, RpcMethod::NORMAL_RPC, channel_) {}
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) override {
     pb::RegisterRequest req;
@@ -29,144 +162,92 @@ class GrpcPsClient final : public PsInterface {
     wire::ToProto(request.config, req.mutable_config());
     if (request.restore_step != kRestoreNewest) req.set_restore_step(request.restore_step);
     pb::RegisterResponse resp;
-    // One attempt: the caller (PsGroup::Connect) waits for late ps tasks itself and logs what it waits for.
-    absl::Status s = WithRetries(
-        "Register", options_.rpc_timeout,
-        [&](grpc::ClientContext* ctx) { return stub_->Register(ctx, req, &resp); }, absl::ZeroDuration());
-    if (!s.ok()) return s;
-    {
-      absl::MutexLock l(&mu_);
-      slices_ = request.config.slices;  // the layout for flat pushes and pulls
-    }
+    // One attempt: the caller (WorkerClient::Connect) waits for late ps tasks itself and logs what it waits for.
+    RETURN_IF_ERROR(Unary("Register", register_, req, &resp, absl::ZeroDuration()));
     return RegisterResponse{resp.initialized(), resp.global_step()};
   }
 
-  absl::Status Initialize(const InitializeRequest& request) override {
-    return WithRetries("Initialize", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
-      pb::InitializeResponse resp;
-      auto writer = stub_->Initialize(ctx, &resp);
-      bool first = true;
-      wire::ForEachChunkGroup(request.slices, [&](std::vector<pb::SliceChunk>&& group) {
-        pb::InitializeChunk msg;
-        if (first) msg.set_worker_id(request.worker_id);
-        first = false;
-        for (auto& c : group) *msg.add_chunks() = std::move(c);
-        return writer->Write(msg);
-      });
-      writer->WritesDone();
-      return writer->Finish();
-    });
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {
+    auto upload = std::make_unique<GrpcUpload>(address_, "Initialize", options_.rpc_timeout, nullptr);
+    auto response = std::make_shared<pb::InitializeResponse>();
+    upload->result_ = [response] { return PushResponse{PushResponse::Outcome::kAccepted, response->global_step()}; };
+    coding::MessageBuilder first;
+    first.SetWorkerId(worker_id);
+    RETURN_IF_ERROR(upload->Open(channel_, initialize_, response.get(), std::move(first)));
+    return std::unique_ptr<SliceUpload>(std::move(upload));
   }
 
-  absl::StatusOr<PushResponse> Push(const PushRequest& request) override {
-    std::vector<wire::SliceView> views;
-    if (request.flat_gradients != nullptr) {
-      std::vector<SliceSpec> slices = RegisteredSlices();
-      if (slices.empty()) return absl::FailedPreconditionError("flat push before Register");
-      views = wire::Views(slices, request.flat_gradients);
-    } else {
-      views = wire::Views(request.gradients);
-    }
-    pb::PushResponse resp;
-    absl::Status s = WithRetries("Push", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
-      auto writer = stub_->Push(ctx, &resp);
-      bool first = true;
-      wire::ForEachChunkGroup(views, [&](std::vector<pb::SliceChunk>&& group) {
-        pb::PushChunk msg;
-        if (first) {
-          auto* h = msg.mutable_header();
-          h->set_worker_id(request.worker_id);
-          h->set_step(request.step);
-          h->set_request_id(request.request_id);
-          h->set_commit(request.commit);
-          first = false;
-        }
-        for (auto& c : group) *msg.add_chunks() = std::move(c);
-        return writer->Write(msg);
-      });
-      writer->WritesDone();
-      return writer->Finish();
-    });
-    if (!s.ok()) return s;
-    return PushResponse{wire::FromProto(resp.outcome()), resp.global_step()};
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override {
+    auto upload = std::make_unique<GrpcUpload>(address_, "Push", options_.rpc_timeout, header.cancel);
+    auto response = std::make_shared<pb::PushResponse>();
+    upload->result_ = [response] {
+      return PushResponse{wire::FromProto(response->outcome()), response->global_step()};
+    };
+    pb::PushHeader h;
+    wire::ToProto(header, &h);
+    coding::MessageBuilder first;
+    first.SetHeader(h.SerializeAsString());
+    RETURN_IF_ERROR(upload->Open(channel_, push_, response.get(), std::move(first)));
+    return std::unique_ptr<SliceUpload>(std::move(upload));
   }
 
-  absl::StatusOr<PullResponse> Pull(const PullRequest& request) override {
-    std::vector<SliceSpec> slices;
-    if (request.flat_out != nullptr) {
-      slices = RegisteredSlices();
-      if (slices.empty()) return absl::FailedPreconditionError("flat pull before Register");
-    }
+  absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override {
     pb::PullRequest req;
-    req.set_worker_id(request.worker_id);
-    req.set_min_step(request.min_step);
-    req.set_since_step(request.since_step);
-    req.set_timeout_ms(request.timeout_ms);
-    req.set_moving_averages(request.moving_averages);
-    for (const StepDecision& d : request.decisions) wire::ToProto(d, req.add_decisions());
-    PullResponse out;
+    wire::ToProto(request, &req);
+    grpc::ClientContext context;
     // The server may legitimately wait up to timeout_ms before answering.
-    const absl::Duration deadline = absl::Milliseconds(request.timeout_ms) + options_.rpc_timeout;
-    absl::Status s = WithRetries("Pull", deadline, [&](grpc::ClientContext* ctx) {
-      out = PullResponse{};
-      wire::SliceAssembler assembler;
-      wire::FlatAssembler flat(slices, request.flat_out);
-      auto reader = stub_->Pull(ctx, req);
-      pb::PullChunk msg;
-      bool first = true;
-      absl::Status bad;
-      while (reader->Read(&msg)) {
-        if (first && msg.has_header()) {
-          out.step = msg.header().step();
-          out.training_done = msg.header().training_done();
-          for (const auto& d : msg.header().decisions()) out.decisions.push_back(wire::FromProto(d));
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Milliseconds(request.timeout_ms) + options_.rpc_timeout));
+    CancelScope cancel(request.cancel, [&context] { context.TryCancel(); });
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), pull_, &context, req));
+    PullFeeder feeder(receiver);
+    grpc::ByteBuffer message;
+    absl::Status bad;
+    while (reader->Read(&message)) {
+      bad = coding::DecodeMessage(message, &feeder);
+      if (!bad.ok()) {
+        context.TryCancel();
+        while (reader->Read(&message)) {
         }
-        first = false;
-        for (const auto& c : msg.chunks()) {
-          if (bad.ok()) bad = request.flat_out != nullptr ? flat.Add(c) : assembler.Add(c);
-        }
+        break;
       }
-      grpc::Status st = reader->Finish();
-      if (st.ok() && bad.ok() && request.flat_out != nullptr) bad = flat.Finish();
-      if (st.ok() && !bad.ok()) return grpc::Status(grpc::StatusCode::DATA_LOSS, std::string(bad.message()));
-      out.slices = assembler.Take();
-      return st;
-    });
-    if (!s.ok()) return s;
-    return out;
+    }
+    absl::Status s = wire::FromGrpc(reader->Finish());
+    if (!bad.ok()) return bad;
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ps ", address_, ": Pull: ", s.message()));
+    if (!feeder.got_header()) return absl::DataLossError(absl::StrCat("ps ", address_, ": Pull: no header"));
+    return absl::OkStatus();
   }
 
   absl::Status Done(int worker_id) override {
     pb::DoneRequest req;
     req.set_worker_id(worker_id);
     pb::DoneResponse resp;
-    return WithRetries("Done", options_.rpc_timeout,
-                       [&](grpc::ClientContext* ctx) { return stub_->Done(ctx, req, &resp); });
+    return Unary("Done", done_, req, &resp);
   }
 
   absl::StatusOr<TrainingStats> GetStats() override {
     pb::StatsRequest req;
     pb::StatsResponse resp;
-    absl::Status s = WithRetries("GetStats", options_.rpc_timeout,
-                                 [&](grpc::ClientContext* ctx) { return stub_->GetStats(ctx, req, &resp); });
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(Unary("GetStats", stats_, req, &resp));
     return wire::FromProto(resp);
   }
 
  private:
-  // Runs `call` with a fresh context per attempt; retries Unavailable until the retry window is spent.
-  template <typename Call>
-  absl::Status WithRetries(const char* what, absl::Duration attempt_timeout, Call call,
-                           absl::Duration retry_window = absl::InfiniteDuration()) {
+  // A unary call with a fresh context per attempt; retries Unavailable until the retry window is spent.
+  template <typename Request, typename Response>
+  absl::Status Unary(const char* what, const RpcMethod& method, const Request& request, Response* response,
+                     absl::Duration retry_window = absl::InfiniteDuration()) {
     if (retry_window == absl::InfiniteDuration()) retry_window = options_.retry_window;
     const absl::Time give_up = absl::Now() + retry_window;
     absl::Duration backoff = options_.initial_backoff;
     while (true) {
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + attempt_timeout));
-      grpc::Status st = call(&ctx);
-      if (st.ok()) return absl::OkStatus();
-      absl::Status s = wire::FromGrpc(st);
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      absl::Status s =
+          wire::FromGrpc(grpc::internal::BlockingUnaryCall(channel_.get(), method, &ctx, request, response));
+      if (s.ok()) return s;
       if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + backoff > give_up) {
         return absl::Status(s.code(), absl::StrCat("ps ", address_, ": ", what, ": ", s.message()));
       }
@@ -176,16 +257,10 @@ class GrpcPsClient final : public PsInterface {
     }
   }
 
-  std::vector<SliceSpec> RegisteredSlices() {
-    absl::MutexLock l(&mu_);
-    return slices_;
-  }
-
   const std::string address_;
   const GrpcClientOptions options_;
-  absl::Mutex mu_;
-  std::vector<SliceSpec> slices_ ABSL_GUARDED_BY(mu_);  // from the last successful Register
-  std::unique_ptr<pb::ParameterServer::Stub> stub_;
+  std::shared_ptr<grpc::Channel> channel_;
+  const RpcMethod register_, initialize_, push_, pull_, done_, stats_;
 };
 
 }  // namespace
@@ -196,9 +271,10 @@ absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  // Reconnect quickly when a ps comes up late.
+  // Megabyte tensors: large HTTP/2 frames and flow-control windows mean fewer frames and window updates.
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  // Reconnect quickly when a ps comes up late.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);

@@ -1,8 +1,10 @@
 // PsInterface over gRPC: a worker's connection to one ps task.
 //
-// Every call has a deadline. Calls failing with Unavailable (ps not up yet, connection reset) are retried with
-// exponential backoff until `retry_window` has passed; retried pushes reuse their request_id, so the server
-// applies each push at most once. Other errors are returned as they are (codes from ps/parameter_server.h).
+// Every call has a deadline. Unary calls failing with Unavailable (ps not up yet, connection reset) are retried
+// with exponential backoff until `retry_window` has passed; uploads and pulls are retried by their caller
+// (ps/worker_client.h), which can send a whole upload again. Other errors are returned as they are (codes from
+// ps/ps_interface.h). Tensor data goes out without a copy (see ps/tensor_coding.h): an upload references the
+// caller's memory until its Finish returns.
 //
 // Thread-safety: all methods may be called concurrently (gRPC channels are thread-safe).
 //
@@ -17,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "ps/parameter_server.h"
+#include "ps/ps_interface.h"
 
 namespace dtrain::ps {
 

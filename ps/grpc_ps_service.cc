@@ -2,24 +2,160 @@
 
 #include <utility>
 
-#include "dtrain.grpc.pb.h"
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/impl/rpc_service_method.h>
+#include <grpcpp/support/method_handler.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/denormals.h"
+#include "common/status_macros.h"
+#include "dtrain.pb.h"
+#include "ps/grpc_methods.h"
+#include "ps/tensor_coding.h"
 #include "ps/wire_format.h"
 
 namespace dtrain::ps {
 namespace {
 
 namespace pb = ::dtrain::wire;
+using grpc::internal::RpcMethod;
+using grpc::internal::RpcServiceMethod;
 
-class GrpcPsService final : public pb::ParameterServer::Service {
+// Feeds the chunks of received messages into an upload; the upload is opened by the first message's header.
+class UploadFeeder : public coding::ChunkHandler {
  public:
-  explicit GrpcPsService(PsInterface* ps) : ps_(ps) {}
+  UploadFeeder(PsInterface* ps, bool initialize) : ps_(ps), initialize_(initialize) {}
 
-  grpc::Status Register(grpc::ServerContext*, const pb::RegisterRequest* req, pb::RegisterResponse* resp) override {
+  absl::Status OnHeader(const std::string& bytes) override {
+    if (initialize_) return absl::InvalidArgumentError("Initialize: unexpected header");
+    if (upload_) return absl::InvalidArgumentError("Push: a second header");
+    pb::PushHeader header;
+    if (!header.ParseFromString(bytes)) return absl::InvalidArgumentError("Push: malformed header");
+    ASSIGN_OR_RETURN(upload_, ps_->StartPush(wire::FromProto(header)));
+    return absl::OkStatus();
+  }
+  absl::Status OnWorkerId(int64_t worker_id) override {
+    if (!initialize_) return absl::InvalidArgumentError("Push: unexpected worker id field");
+    if (upload_) return absl::InvalidArgumentError("Initialize: a second worker id");
+    if (worker_id < INT32_MIN || worker_id > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("Initialize: worker id ", worker_id, " out of range"));
+    }
+    ASSIGN_OR_RETURN(upload_, ps_->StartInitialize(static_cast<int>(worker_id)));
+    return absl::OkStatus();
+  }
+  absl::Status OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+    if (!upload_) {
+      return absl::InvalidArgumentError(initialize_ ? "Initialize: slice data before the worker id"
+                                                    : "Push: slice data before the header");
+    }
+    return upload_->Write(key, offset, n, dtype, data);
+  }
+  absl::StatusOr<PushResponse> Finish() {
+    if (!upload_) return absl::InvalidArgumentError(initialize_ ? "Initialize: empty stream" : "Push: empty stream");
+    return upload_->Finish();
+  }
+
+ private:
+  PsInterface* ps_;
+  const bool initialize_;
+  std::unique_ptr<SliceUpload> upload_;
+};
+
+// Sends what the ps task delivers: the header at once, then the pieces, copied into slices the messages own and
+// sent as soon as a slice is whole, a megabyte has gathered, or the task has nothing more ready.
+class StreamReceiver : public PullReceiver {
+ public:
+  StreamReceiver(grpc::ServerWriter<grpc::ByteBuffer>* writer, WireDtype dtype) : writer_(writer), dtype_(dtype) {}
+
+  absl::Status OnHeader(const PullHeader& header) override {
+    pb::PullHeader h;
+    wire::ToProto(header, &h);
+    builder_.SetHeader(h.SerializeAsString());
+    return Flush();
+  }
+  absl::StatusOr<Buffer> Destination(uint32_t key, int64_t offset, int64_t n) override {
+    return Buffer{builder_.AddChunkOwned(key, offset, dtype_, n), dtype_};
+  }
+  absl::Status Written(uint32_t, int64_t, int64_t) override {
+    return builder_.data_bytes() >= coding::kMaxChunkBytes ? Flush() : absl::OkStatus();
+  }
+  absl::Status Flush() override {
+    if (builder_.empty()) return absl::OkStatus();
+    if (!writer_->Write(builder_.Build())) return absl::UnavailableError("Pull: the worker went away");
+    return absl::OkStatus();
+  }
+
+ private:
+  grpc::ServerWriter<grpc::ByteBuffer>* writer_;
+  const WireDtype dtype_;
+  coding::MessageBuilder builder_;
+};
+
+class GrpcPsService final : public grpc::Service {
+ public:
+  GrpcPsService(PsInterface* ps, Cancellation* shutdown) : ps_(ps), shutdown_(shutdown) {
+    AddMethod(new RpcServiceMethod(
+        grpc_methods::kRegister, RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<GrpcPsService, pb::RegisterRequest, pb::RegisterResponse>(
+            [](GrpcPsService* s, grpc::ServerContext*, const pb::RegisterRequest* req, pb::RegisterResponse* resp) {
+              return s->Register(*req, resp);
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        grpc_methods::kInitialize, RpcMethod::CLIENT_STREAMING,
+        new grpc::internal::ClientStreamingHandler<GrpcPsService, grpc::ByteBuffer, pb::InitializeResponse>(
+            [](GrpcPsService* s, grpc::ServerContext*, grpc::ServerReader<grpc::ByteBuffer>* reader,
+               pb::InitializeResponse* resp) {
+              absl::StatusOr<PushResponse> r = s->Upload(reader, /*initialize=*/true);
+              if (r.ok()) resp->set_global_step(r->global_step);
+              return wire::ToGrpc(r.status());
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        grpc_methods::kPush, RpcMethod::CLIENT_STREAMING,
+        new grpc::internal::ClientStreamingHandler<GrpcPsService, grpc::ByteBuffer, pb::PushResponse>(
+            [](GrpcPsService* s, grpc::ServerContext*, grpc::ServerReader<grpc::ByteBuffer>* reader,
+               pb::PushResponse* resp) {
+              absl::StatusOr<PushResponse> r = s->Upload(reader, /*initialize=*/false);
+              if (r.ok()) {
+                resp->set_outcome(wire::ToProto(r->outcome));
+                resp->set_global_step(r->global_step);
+              }
+              return wire::ToGrpc(r.status());
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        grpc_methods::kPull, RpcMethod::SERVER_STREAMING,
+        new grpc::internal::ServerStreamingHandler<GrpcPsService, pb::PullRequest, grpc::ByteBuffer>(
+            [](GrpcPsService* s, grpc::ServerContext*, const pb::PullRequest* req,
+               grpc::ServerWriter<grpc::ByteBuffer>* writer) { return s->Pull(*req, writer); },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        grpc_methods::kDone, RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<GrpcPsService, pb::DoneRequest, pb::DoneResponse>(
+            [](GrpcPsService* s, grpc::ServerContext*, const pb::DoneRequest* req, pb::DoneResponse*) {
+              return wire::ToGrpc(s->ps_->Done(req->worker_id()));
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        grpc_methods::kGetStats, RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<GrpcPsService, pb::StatsRequest, pb::StatsResponse>(
+            [](GrpcPsService* s, grpc::ServerContext*, const pb::StatsRequest*, pb::StatsResponse* resp) {
+              absl::StatusOr<TrainingStats> out = s->ps_->GetStats();
+              if (!out.ok()) return wire::ToGrpc(out.status());
+              wire::ToProto(*out, resp);
+              return grpc::Status::OK;
+            },
+            this)));
+  }
+
+ private:
+  grpc::Status Register(const pb::RegisterRequest& req, pb::RegisterResponse* resp) {
     RegisterRequest r;
-    r.worker_id = req->worker_id();
-    r.is_chief = req->is_chief();
-    r.config = wire::FromProto(req->config());
-    r.restore_step = req->has_restore_step() ? req->restore_step() : kRestoreNewest;
+    r.worker_id = req.worker_id();
+    r.is_chief = req.is_chief();
+    r.config = wire::FromProto(req.config());
+    r.restore_step = req.has_restore_step() ? req.restore_step() : kRestoreNewest;
     absl::StatusOr<RegisterResponse> out = ps_->Register(r);
     if (!out.ok()) return wire::ToGrpc(out.status());
     resp->set_initialized(out->initialized);
@@ -27,112 +163,31 @@ class GrpcPsService final : public pb::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Initialize(grpc::ServerContext*, grpc::ServerReader<pb::InitializeChunk>* reader,
-                          pb::InitializeResponse*) override {
-    InitializeRequest r;
-    wire::SliceAssembler assembler;
-    pb::InitializeChunk msg;
-    bool first = true;
-    while (reader->Read(&msg)) {
-      if (first) r.worker_id = msg.worker_id();
-      first = false;
-      for (const auto& c : msg.chunks()) {
-        absl::Status s = assembler.Add(c);
-        if (!s.ok()) return wire::ToGrpc(s);
-      }
-    }
-    if (first) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Initialize: empty stream");
-    r.slices = assembler.Take();
-    return wire::ToGrpc(ps_->Initialize(r));
+  absl::StatusOr<PushResponse> Upload(grpc::ServerReader<grpc::ByteBuffer>* reader, bool initialize) {
+    SetFlushDenormals();  // async uploads apply the optimizer on this thread
+    UploadFeeder feeder(ps_, initialize);
+    grpc::ByteBuffer message;
+    while (reader->Read(&message)) RETURN_IF_ERROR(coding::DecodeMessage(message, &feeder));
+    return feeder.Finish();
   }
 
-  grpc::Status Push(grpc::ServerContext*, grpc::ServerReader<pb::PushChunk>* reader,
-                    pb::PushResponse* resp) override {
-    PushRequest r;
-    // Keep every message: a slice that arrived whole in one chunk is handed to the ps as a pointer into it
-    // (no copy); only slices split over several chunks are assembled.
-    std::vector<pb::PushChunk> messages;
-    pb::PushChunk msg;
-    while (reader->Read(&msg)) messages.push_back(std::move(msg));
-    if (messages.empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Push: empty stream");
-    if (!messages[0].has_header()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Push: first message has no header");
-    }
-    r.worker_id = messages[0].header().worker_id();
-    r.step = messages[0].header().step();
-    r.request_id = messages[0].header().request_id();
-    r.commit = messages[0].header().commit();
-    std::vector<const pb::SliceChunk*> chunks;
-    for (const auto& m : messages) {
-      for (const auto& c : m.chunks()) chunks.push_back(&c);
-    }
-    wire::SliceAssembler assembler;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      const pb::SliceChunk& c = *chunks[i];
-      const bool whole = c.offset() == 0 && c.data().size() % sizeof(float) == 0 &&
-                         (i + 1 == chunks.size() || chunks[i + 1]->key() != c.key()) &&
-                         (i == 0 || chunks[i - 1]->key() != c.key());
-      if (whole) {
-        r.gradient_refs.push_back(SliceRef{c.key(), reinterpret_cast<const float*>(c.data().data()),
-                                           static_cast<int64_t>(c.data().size() / sizeof(float))});
-      } else {
-        absl::Status s = assembler.Add(c);
-        if (!s.ok()) return wire::ToGrpc(s);
-      }
-    }
-    r.gradients = assembler.Take();
-    absl::StatusOr<PushResponse> out = ps_->Push(r);
-    if (!out.ok()) return wire::ToGrpc(out.status());
-    resp->set_outcome(wire::ToProto(out->outcome));
-    resp->set_global_step(out->global_step);
-    return grpc::Status::OK;
+  grpc::Status Pull(const pb::PullRequest& req, grpc::ServerWriter<grpc::ByteBuffer>* writer) {
+    SetFlushDenormals();  // sync pulls on other tasks apply the relayed decisions on this thread
+    PullRequest r = wire::FromProto(req);
+    r.cancel = shutdown_;
+    StreamReceiver receiver(writer, r.wire_dtype);
+    if (absl::Status s = ps_->Pull(r, &receiver); !s.ok()) return wire::ToGrpc(s);
+    return wire::ToGrpc(receiver.Flush());
   }
 
-  grpc::Status Pull(grpc::ServerContext*, const pb::PullRequest* req,
-                    grpc::ServerWriter<pb::PullChunk>* writer) override {
-    PullRequest r;
-    r.worker_id = req->worker_id();
-    r.min_step = req->min_step();
-    r.since_step = req->since_step();
-    r.timeout_ms = req->timeout_ms() > 0 ? req->timeout_ms() : 60000;
-    r.moving_averages = req->moving_averages();
-    for (const auto& d : req->decisions()) r.decisions.push_back(wire::FromProto(d));
-    absl::StatusOr<PullResponse> out = ps_->Pull(r);
-    if (!out.ok()) return wire::ToGrpc(out.status());
-    bool first = true;
-    const bool ok = wire::ForEachChunkGroup(out->slices, [&](std::vector<pb::SliceChunk>&& group) {
-      pb::PullChunk msg;
-      if (first) {
-        auto* h = msg.mutable_header();
-        h->set_step(out->step);
-        h->set_training_done(out->training_done);
-        for (const StepDecision& d : out->decisions) wire::ToProto(d, h->add_decisions());
-        first = false;
-      }
-      for (auto& c : group) *msg.add_chunks() = std::move(c);
-      return writer->Write(msg);
-    });
-    if (!ok) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "Pull: client went away");
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Done(grpc::ServerContext*, const pb::DoneRequest* req, pb::DoneResponse*) override {
-    return wire::ToGrpc(ps_->Done(req->worker_id()));
-  }
-
-  grpc::Status GetStats(grpc::ServerContext*, const pb::StatsRequest*, pb::StatsResponse* resp) override {
-    absl::StatusOr<TrainingStats> out = ps_->GetStats();
-    if (!out.ok()) return wire::ToGrpc(out.status());
-    wire::ToProto(*out, resp);
-    return grpc::Status::OK;
-  }
-
- private:
   PsInterface* ps_;
+  Cancellation* shutdown_;
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps) { return std::make_unique<GrpcPsService>(ps); }
+std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown) {
+  return std::make_unique<GrpcPsService>(ps, shutdown);
+}
 
 }  // namespace dtrain::ps

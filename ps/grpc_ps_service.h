@@ -1,8 +1,9 @@
 // gRPC adapter exposing a PsInterface (normally a ParameterServer) as the dtrain.wire.ParameterServer service.
-// It only converts messages (ps/wire_format.h); all logic stays in the PsInterface.
+// It only converts (ps/wire_format.h for control messages, ps/tensor_coding.h for tensor data) and keeps no
+// per-request state beyond the call in progress; all logic stays in the PsInterface.
 //
 // Thread-safety: gRPC calls the handlers from its own thread pool concurrently; the wrapped PsInterface must be
-// thread-safe (ParameterServer is). The PsInterface must outlive the service.
+// thread-safe (ParameterServer is). The PsInterface and `shutdown` must outlive the service.
 #ifndef DTRAIN_PS_GRPC_PS_SERVICE_H_
 #define DTRAIN_PS_GRPC_PS_SERVICE_H_
 
@@ -11,12 +12,14 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/service_type.h>
 
-#include "ps/parameter_server.h"
+#include "common/cancellation.h"
+#include "ps/ps_interface.h"
 
 namespace dtrain::ps {
 
-// Returns the gRPC service object to register with a grpc::ServerBuilder.
-std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps);
+// Returns the gRPC service object to register with a grpc::ServerBuilder. Cancelling `shutdown` (may be null)
+// ends every pull that is waiting, so the server can shut down at once.
+std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown = nullptr);
 
 }  // namespace dtrain::ps
 

@@ -1,9 +1,11 @@
-// The gRPC adapter end to end on 127.0.0.1 (port 0): large tensors are chunked below gRPC's 4 MB limit,
-// statuses survive the trip, retried pushes are not applied twice, and the server stops by itself.
+// The gRPC adapter end to end on 127.0.0.1 (port 0): large tensors (up to 100 MB, fp32 and bf16) are chunked
+// below gRPC's 4 MB limit, statuses survive the trip, retried pushes are not applied twice, the server stops by
+// itself, and a shutdown ends a waiting pull at once.
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <future>
 #include <numeric>
 
 #include <gtest/gtest.h>
@@ -11,10 +13,16 @@
 #include "absl/strings/str_cat.h"
 #include "ps/grpc_ps_client.h"
 #include "ps/server.h"
-#include "ps/wire_format.h"
+#include "ps/ps_test_util.h"
 
 namespace dtrain::ps {
 namespace {
+
+using ::dtrain::ps::testing::InitializeSlices;
+using ::dtrain::ps::testing::Pulled;
+using ::dtrain::ps::testing::PullSlices;
+using ::dtrain::ps::testing::PushSlices;
+using ::dtrain::ps::testing::Slices;
 
 constexpr int64_t kBig = 3'000'000;  // 12 MB: three times gRPC's default message limit
 
@@ -29,12 +37,16 @@ TrainConfig Config() {
   return c;
 }
 
-TEST(GrpcPsTest, RoundTripLargeTensorsAndRetriedPush) {
+absl::StatusOr<std::unique_ptr<PsServer>> StartServer(int num_workers = 1) {
   PsServerOptions so;
   so.listen_address = "127.0.0.1:0";
-  so.ps.num_workers = 1;
+  so.ps.num_workers = num_workers;
   so.linger = absl::ZeroDuration();
-  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so);
+  return PsServer::Start(so);
+}
+
+TEST(GrpcPsTest, RoundTripLargeTensorsAndRetriedPush) {
+  absl::StatusOr<std::unique_ptr<PsServer>> server = StartServer();
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_GT((*server)->port(), 0);
   absl::StatusOr<std::unique_ptr<PsInterface>> client = NewGrpcPsClient((*server)->address(), {});
@@ -45,42 +57,72 @@ TEST(GrpcPsTest, RoundTripLargeTensorsAndRetriedPush) {
   ASSERT_TRUE(reg.ok()) << reg.status();
   EXPECT_FALSE(reg->initialized);
 
-  InitializeRequest init;
-  init.worker_id = 0;
-  init.slices = {SliceData{0, std::vector<float>(kBig)}, SliceData{1, {1.f, 2.f, 3.f}}};
-  std::iota(init.slices[0].values.begin(), init.slices[0].values.end(), 0.f);
-  ASSERT_TRUE(ps.Initialize(init).ok());
+  std::vector<float> initial(kBig);
+  std::iota(initial.begin(), initial.end(), 0.f);
+  ASSERT_TRUE(InitializeSlices(ps, 0, {{0, initial}, {1, {1.f, 2.f, 3.f}}}).ok());
 
-  PushRequest push;
-  push.worker_id = 0;
-  push.step = 0;
-  push.request_id = 42;
-  push.commit = true;
-  push.gradients = {SliceData{0, std::vector<float>(kBig, 2.f)}, SliceData{1, {2.f, 4.f, 6.f}}};
-  absl::StatusOr<PushResponse> pushed = ps.Push(push);
+  const PushHeader header{0, 0, 42, /*commit=*/true};
+  const Slices grads = {{0, std::vector<float>(kBig, 2.f)}, {1, {2.f, 4.f, 6.f}}};
+  absl::StatusOr<PushResponse> pushed = PushSlices(ps, header, grads);
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_EQ(pushed->outcome, PushResponse::Outcome::kAccepted);
   EXPECT_EQ(pushed->global_step, 1);
-  // The same push again (a retry after a lost reply) is recognized and not applied.
-  absl::StatusOr<PushResponse> again = ps.Push(push);
+  // A retry of the same push (same request id) is recognised and not applied again.
+  absl::StatusOr<PushResponse> again = PushSlices(ps, header, grads);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->outcome, PushResponse::Outcome::kDuplicate);
 
   PullRequest pull;
   pull.worker_id = 0;
   pull.min_step = 1;
-  absl::StatusOr<PullResponse> pulled = ps.Pull(pull);
+  absl::StatusOr<Pulled> pulled = PullSlices(ps, pull);
   ASSERT_TRUE(pulled.ok()) << pulled.status();
-  EXPECT_EQ(pulled->step, 1);
-  ASSERT_EQ(pulled->slices.size(), 2u);
-  ASSERT_EQ(pulled->slices[0].values.size(), static_cast<size_t>(kBig));
-  // var -= 0.5 * 2 exactly once.
-  EXPECT_FLOAT_EQ(pulled->slices[0].values[0], -1.f);
-  EXPECT_FLOAT_EQ(pulled->slices[0].values[kBig - 1], static_cast<float>(kBig - 1) - 1.f);
-  EXPECT_FLOAT_EQ(pulled->slices[1].values[2], 0.f);
+  EXPECT_EQ(pulled->header.step, 1);
+  ASSERT_EQ(pulled->slices[0].size(), static_cast<size_t>(kBig));
+  for (int64_t i = 0; i < kBig; i += 99'991) EXPECT_EQ(pulled->slices[0][i], static_cast<float>(i) - 1.f) << i;
+  EXPECT_EQ(pulled->slices[0][kBig - 1], static_cast<float>(kBig - 1) - 1.f);
+  EXPECT_EQ(pulled->slices[1], std::vector<float>({0.f, 0.f, 0.f}));
+  absl::StatusOr<TrainingStats> stats = ps.GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->workers[0].duplicates, 1);
+  EXPECT_EQ(stats->workers[0].applied, 1);
 
   ASSERT_TRUE(ps.Done(0).ok());
-  EXPECT_TRUE((*server)->Wait(absl::Seconds(10)));
+  EXPECT_TRUE((*server)->Wait(absl::Seconds(10)));  // finished: every worker is done
+}
+
+TEST(GrpcPsTest, HundredMegabytesInNarrowAndWideTypes) {
+  constexpr int64_t kHuge = 25'000'000;  // 100 MB of floats
+  absl::StatusOr<std::unique_ptr<PsServer>> server = StartServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<PsInterface>> client = NewGrpcPsClient((*server)->address(), {});
+  ASSERT_TRUE(client.ok());
+  TrainConfig c = Config();
+  c.optimizer.learning_rate = 1.0f;
+  c.slices = {SliceSpec{0, "huge", 0, kHuge}};
+  ASSERT_TRUE((*client)->Register(RegisterRequest{0, true, c}).ok());
+  std::vector<float> values(kHuge);
+  for (int64_t i = 0; i < kHuge; ++i) values[i] = static_cast<float>(i % 1000) * 0.25f;  // exact in bf16
+  ASSERT_TRUE(InitializeSlices(**client, 0, {{0, values}}).ok());
+  // A bf16 gradient upload: half the bytes, decoded by the ps.
+  std::vector<uint16_t> bf16(kHuge, 0x3f80);  // 1.0
+  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = (*client)->StartPush(PushHeader{0, 0, 1, true});
+  ASSERT_TRUE(upload.ok()) << upload.status();
+  ASSERT_TRUE((*upload)->Write(0, 0, kHuge, WireDtype::kBF16, bf16.data()).ok());
+  ASSERT_TRUE((*upload)->Finish().ok());
+  for (WireDtype dtype : {WireDtype::kF32, WireDtype::kBF16}) {
+    PullRequest pull;
+    pull.min_step = 1;
+    pull.wire_dtype = dtype;
+    std::vector<float> out(kHuge, -7.f);
+    const std::vector<SliceSpec> slices = c.slices;
+    FlatPullReceiver receiver(&slices, out.data());
+    ASSERT_TRUE((*client)->Pull(pull, &receiver).ok()) << DtypeName(dtype);
+    ASSERT_TRUE(receiver.Finish().ok());
+    for (int64_t i = 0; i < kHuge; i += 1'000'003) EXPECT_EQ(out[i], RoundTrip(dtype, values[i] - 1.f)) << i;
+    EXPECT_EQ(out[kHuge - 1], RoundTrip(dtype, values[kHuge - 1] - 1.f)) << DtypeName(dtype);
+  }
+  (*server)->Shutdown();
 }
 
 TEST(GrpcPsTest, ErrorsKeepTheirCodeAndMessage) {
@@ -144,20 +186,20 @@ TEST(GrpcPsTest, CheckpointFieldsCrossTheWire) {
     auto client = NewGrpcPsClient((*server)->address(), {});
     ASSERT_TRUE(client.ok());
     ASSERT_FALSE((*client)->Register(RegisterRequest{0, true, c})->initialized);
-    ASSERT_TRUE((*client)->Initialize(InitializeRequest{0, {SliceData{0, {1.f, 2.f, 3.f, 4.f}}}}).ok());
-    ASSERT_TRUE((*client)->Push(PushRequest{0, 0, 1, true, {SliceData{0, {1.f, 1.f, 1.f, 1.f}}}}).ok());
+    ASSERT_TRUE(InitializeSlices(**client, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
+    ASSERT_TRUE(PushSlices(**client, PushHeader{0, 0, 1, true}, {{0, {1.f, 1.f, 1.f, 1.f}}}).ok());
     PullRequest pull;
     pull.min_step = 1;
-    absl::StatusOr<PullResponse> values = (*client)->Pull(pull);
+    absl::StatusOr<Pulled> values = PullSlices(**client, pull);
     ASSERT_TRUE(values.ok()) << values.status();
-    ASSERT_EQ(values->decisions.size(), 1u);
-    EXPECT_TRUE(values->decisions[0].checkpoint);  // ps 0 saved step 1
+    ASSERT_EQ(values->header.decisions.size(), 1u);
+    EXPECT_TRUE(values->header.decisions[0].checkpoint);  // ps 0 saved step 1
     pull.moving_averages = true;
-    absl::StatusOr<PullResponse> averages = (*client)->Pull(pull);
+    absl::StatusOr<Pulled> averages = PullSlices(**client, pull);
     ASSERT_TRUE(averages.ok()) << averages.status();
-    EXPECT_EQ(values->slices[0].values, (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f}));
+    EXPECT_EQ(values->slices[0], (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f}));
     // decay min(0.5, 2/11): shadow = 1 - (1 - 2/11) * 0.5 for the first element.
-    EXPECT_FLOAT_EQ(averages->slices[0].values[0], 1.f - (1.f - 2.f / 11.f) * 0.5f);
+    EXPECT_FLOAT_EQ(averages->slices[0][0], 1.f - (1.f - 2.f / 11.f) * 0.5f);
   }
   for (int64_t restore : {kRestoreNone, int64_t{1}, kRestoreNewest}) {
     auto server = start(0);
@@ -174,69 +216,26 @@ TEST(GrpcPsTest, CheckpointFieldsCrossTheWire) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(WireFormatTest, ChunksStayBelowLimitAndReassemble) {
-  std::vector<SliceData> slices = {SliceData{3, std::vector<float>(1'500'000, 1.f)}, SliceData{5, {7.f}},
-                                   SliceData{9, std::vector<float>(600'000, 2.f)}};
-  wire::SliceAssembler a;
-  int messages = 0;
-  ASSERT_TRUE(wire::ForEachChunkGroup(slices, [&](std::vector<dtrain::wire::SliceChunk>&& group) {
-    int64_t bytes = 0;
-    for (const auto& c : group) {
-      bytes += c.data().size();
-      EXPECT_TRUE(a.Add(c).ok());
-    }
-    EXPECT_LE(bytes, wire::kChunkBytes);
-    ++messages;
-    return true;
-  }));
-  EXPECT_GE(messages, 4);
-  std::vector<SliceData> back = a.Take();
-  ASSERT_EQ(back.size(), 3u);
-  EXPECT_EQ(back[0].key, 3u);
-  EXPECT_EQ(back[0].values, slices[0].values);
-  EXPECT_EQ(back[1].values, slices[1].values);
-  EXPECT_EQ(back[2].values, slices[2].values);
-}
-
-TEST(WireFormatTest, FlatChunksLandAtTheirOffsets) {
-  const std::vector<SliceSpec> slices = {SliceSpec{4, "a", 10, 700'000}, SliceSpec{7, "b", 2, 3}};
-  std::vector<float> src(700'010, 0.f), dst(700'010, -1.f);
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
-  wire::FlatAssembler a(slices, dst.data());
-  ASSERT_TRUE(wire::ForEachChunkGroup(wire::Views(slices, src.data()),
-                                      [&](std::vector<dtrain::wire::SliceChunk>&& group) {
-                                        for (const auto& c : group) EXPECT_TRUE(a.Add(c).ok());
-                                        return true;
-                                      }));
-  ASSERT_TRUE(a.Finish().ok());
-  EXPECT_EQ(dst[0], -1.f);  // not part of any slice
-  EXPECT_EQ(dst[2], 2.f);
-  EXPECT_EQ(dst[4], 4.f);
-  EXPECT_EQ(dst[10], 10.f);
-  EXPECT_EQ(dst[700'009], 700'009.f);
-
-  wire::FlatAssembler missing(slices, dst.data());
-  EXPECT_EQ(missing.Finish().code(), absl::StatusCode::kDataLoss);
-  dtrain::wire::SliceChunk stranger;
-  stranger.set_key(99);
-  stranger.set_data(std::string(4, '\0'));
-  EXPECT_EQ(missing.Add(stranger).code(), absl::StatusCode::kDataLoss);
-  dtrain::wire::SliceChunk overflow;
-  overflow.set_key(7);
-  overflow.set_data(std::string(16, '\0'));  // 4 floats into a 3-float slice
-  EXPECT_EQ(missing.Add(overflow).code(), absl::StatusCode::kDataLoss);
-}
-
-TEST(WireFormatTest, GapsAreRejected) {
-  wire::SliceAssembler a;
-  dtrain::wire::SliceChunk c;
-  c.set_key(1);
-  c.set_offset(4);
-  c.set_data(std::string(8, '\0'));
-  EXPECT_EQ(a.Add(c).code(), absl::StatusCode::kInvalidArgument);
-  c.set_offset(0);
-  c.set_data(std::string(7, '\0'));
-  EXPECT_EQ(a.Add(c).code(), absl::StatusCode::kInvalidArgument);
+TEST(GrpcPsTest, ShutdownEndsAWaitingPullAtOnce) {
+  absl::StatusOr<std::unique_ptr<PsServer>> server = StartServer(/*num_workers=*/2);
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<PsInterface>> client = NewGrpcPsClient((*server)->address(), {});
+  ASSERT_TRUE(client.ok());
+  TrainConfig c = Config();
+  c.num_workers = 2;
+  c.slices = {SliceSpec{0, "w", 0, 4}};
+  ASSERT_TRUE((*client)->Register(RegisterRequest{0, true, c}).ok());
+  ASSERT_TRUE(InitializeSlices(**client, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
+  PullRequest pull;
+  pull.min_step = 1;  // never comes: worker 1 does not push
+  pull.timeout_ms = 60000;
+  std::future<absl::StatusOr<Pulled>> waiting = std::async(std::launch::async, [&] { return PullSlices(**client, pull); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  const absl::Time start = absl::Now();
+  (*server)->Shutdown();
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_FALSE(waiting.get().ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 }  // namespace

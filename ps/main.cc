@@ -11,7 +11,9 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
+#include "common/denormals.h"
 #include "common/malloc_tuning.h"
+#include "common/mutex_config.h"
 #include "ps/server.h"
 
 ABSL_FLAG(std::string, job_name, "", "This task's job (ps)");
@@ -34,6 +36,8 @@ ABSL_FLAG(double, max_run_secs, 0, "Give up and exit 1 after this long (0: wait 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dtrain parameter server task");
   dtrain::TuneMallocForLargeReusedBuffers();
+  dtrain::SetFlushDenormals();
+  dtrain::DisableMutexDeadlockDetection();  // gRPC's threads made from here on inherit it; handlers set it too
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

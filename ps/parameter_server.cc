@@ -1,273 +1,560 @@
-// ParameterServer: the protocol of ps_types.h on top of a SliceStore. Choices the header leaves open:
-// - One absl::Mutex guards all state; one CondVar wakes blocked Pulls whenever the step, a worker's clock,
-//   a done flag or finished() changes. options.on_step_applied runs with that lock held, in step order:
-//   it must not call back into the ParameterServer.
-// - Sync: every task buffers each worker's gradients for the current step (one buffer per worker, reused;
-//   a step's slices may arrive in several pushes, the commit needs them all on ps 0). A step applies the
-//   average (sum in decision order, times 1/count) of the decided workers' buffers.
-// - Async: a push applies on arrival. On ps 0 only a commit advances the global step and the worker's clock;
-//   on other tasks every accepted push advances the task's own step (its learning-rate schedule).
-// - Bounded staleness: a worker's Pull on ps 0 waits while its clock exceeds the slowest active worker's by
-//   more than max_staleness, so at the moment a Pull returns, clock - min clock <= max_staleness.
+// ParameterServer: the protocol of ps_types.h as a state machine over its parts. Choices the header leaves open:
+// - Locks, always taken in this order when nested: apply_mu_ (serializes sync updates and the checkpoint
+//   snapshots between them) → a worker's gradient buffer → mu_ (control state: config, step, membership,
+//   commits, decisions, clocks) → the SliceStore's own locks. Slice data is copied into or out of the store
+//   outside mu_, so uploads and pulls of different workers proceed in parallel.
+// - Sync: every task buffers each worker's gradients for its current step (GradientBuffers). ps 0 decides a
+//   step under mu_ (the global step advances at once, so Pull headers can go out) and the thread that decided
+//   applies it, slice by slice in key order, under apply_mu_; Pulls stream each slice as soon as the store has
+//   published it at the header's step. Other tasks claim the decisions a Pull relays under mu_ (their step
+//   advances at once) and that Pull's thread applies them before streaming. Updates run in step order.
+// - Async: a slice is applied as soon as it has arrived whole. On ps 0 only a commit advances the global step
+//   and the worker's clock; on other tasks every finished upload advances the task's own step (its learning-
+//   rate schedule).
 // - A Pull never waits when no other worker is active (nobody could move the step): it returns at once,
 //   possibly with step < min_step. When every worker is done it returns with training_done.
-// - Request ids are remembered per worker for the last 1024 accepted or dropped pushes (not for pushes that
-//   failed with an error, so a retry after e.g. Unavailable is handled afresh).
-// - Checkpoints: whatever advances the step (Push, Pull applying decisions, Done deciding a step) copies the
-//   state into pending_saves_ under the lock at the exact step due; the same RPC thread writes the files
-//   after releasing the lock (under save_mu_, which also orders the pruning), before it returns. Restore
-//   reads the file under the lock inside Register: nothing else can proceed before the values exist anyway.
+// - Request ids are remembered per worker for the last 1024 finished uploads (not for uploads that failed, so
+//   a retry after e.g. Unavailable is handled afresh); a retried async upload does not apply again the slices
+//   its first attempt already applied.
+// - Checkpoints: whatever advances the step copies the state at the exact step due (sync: under apply_mu_,
+//   between two updates); the same RPC thread writes the file after releasing its locks (under save_mu_, which
+//   also orders the pruning), before it returns. Restore reads the file under mu_ inside Register: nothing
+//   else can proceed before the values exist anyway.
 #include "ps/parameter_server.h"
 
 #include <algorithm>
-#include <deque>
+#include <atomic>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/mutex_config.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "ps/checkpoint.h"
-#include "ps/optimizer.h"
-#include "ps/recent_request_ids.h"
+#include "ps/checkpoint_scheduler.h"
+#include "ps/gradient_buffers.h"
+#include "ps/membership.h"
 #include "ps/slice_store.h"
+#include "ps/staleness_gate.h"
+#include "ps/sync_coordinator.h"
 #include "ps/train_config.h"
 
 namespace dtrain::ps {
-namespace {
-
-constexpr int kStalenessBuckets = 33;          // 0..31, then ">= 32"
-constexpr size_t kMaxDecisionLog = 100000;     // sync decisions ps 0 keeps for lagging pulls
-constexpr size_t kRecentIdsPerWorker = 1024;   // retries arrive within a few calls of the original
-
-// One worker's gradients for one sync step on this task, reused across steps (no allocation after the first).
-struct GradientBuffer {
-  int64_t step = -1;                        // the step the filled slices belong to
-  std::vector<std::vector<float>> slices;   // [slice index]
-  std::vector<char> filled;                 // [slice index]
-  int num_filled = 0;
-};
-
-struct WorkerState {
-  RecentRequestIds recent_ids{kRecentIdsPerWorker};
-  WorkerStats stats;
-  int64_t clock = 0;  // async, ps 0: commits applied
-  GradientBuffer buffer;
-};
-
-int64_t PayloadBytes(const std::vector<SliceData>& slices) {
-  int64_t floats = 0;
-  for (const SliceData& s : slices) floats += static_cast<int64_t>(s.values.size());
-  return floats * static_cast<int64_t>(sizeof(float));
-}
-
-}  // namespace
 
 class ParameterServer::Impl {
  public:
-  explicit Impl(ParameterServerOptions options) : options_(std::move(options)), workers_(options_.num_workers) {
-    CHECK_GE(options_.task_index, 0);
-    CHECK_GE(options_.num_ps, 1);
-    CHECK_LT(options_.task_index, options_.num_ps);
-    CHECK_GE(options_.num_workers, 1);
-    CHECK_GE(options_.save_checkpoint_steps, 0);
-    CHECK_GE(options_.save_checkpoint_secs, 0);
-    for (int w = 0; w < options_.num_workers; ++w) workers_[w].stats.worker_id = w;
-  }
+  explicit Impl(ParameterServerOptions options)
+      : options_(std::move(options)),
+        members_(options_.num_workers),
+        complete_step_(options_.num_workers, -1),
+        checkpoints_(options_.save_checkpoint_steps, options_.save_checkpoint_secs, options_.clock) {}
 
-  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckWorker(request.worker_id));
-    if (!configured_) {
-      if (!request.is_chief) {
-        return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index,
-                                                   " is waiting for the chief to register its config (worker ",
-                                                   request.worker_id, " is not the chief)"));
-      }
-      RETURN_IF_ERROR(ValidateTrainConfig(request.config, options_.num_workers));
-      ASSIGN_OR_RETURN(SliceStore store, SliceStore::Create(request.config.slices, request.config.optimizer,
-                                                            request.config.moving_average_decay));
-      store.set_apply_threads(options_.apply_threads);
-      // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
-      ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
-                       FindCheckpointToRestore(options_.checkpoint_dir, request.config, options_.task_index,
-                                               options_.num_ps, request.restore_step));
-      if (restored.has_value()) {
-        absl::Status s = store.ImportState(restored->data.slices);
-        if (!s.ok()) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("cannot restore ", restored->path, ": ", s.message()));
-        }
-        step_ = restored->data.task_step;
-        step_hint_ = restored->data.global_step;
-        last_save_label_ = restored->data.global_step;
-        first_logged_step_ = step_;
-        initialized_ = true;
-        LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
-                  << restored->data.global_step << ", " << restored->data.slices.size() << " slices)";
-      }
-      last_save_time_ = absl::Now();
-      config_ = request.config;
-      sync_ = config_.mode == "sync";
-      replicas_to_aggregate_ = ResolvedReplicasToAggregate(config_);
-      store_.emplace(std::move(store));
-      chief_ = request.worker_id;
-      configured_ = true;
-      LOG(INFO) << "ps task " << options_.task_index << ": adopted the config of chief worker " << chief_ << " ("
-                << config_.mode << ", " << config_.num_workers << " workers, R=" << replicas_to_aggregate_ << ", "
-                << config_.optimizer.name << ", " << store_->num_slices() << " slices, " << store_->total_floats()
-                << " floats)";
-    } else {
-      RETURN_IF_ERROR(CompareTrainConfigs(config_, request.config, request.worker_id));
-      if (request.is_chief && request.worker_id != chief_) {
-        return absl::FailedPreconditionError(absl::StrCat("worker ", request.worker_id,
-                                                          " registers as chief, but the chief is worker ", chief_));
-      }
-    }
-    return RegisterResponse{initialized_, step_};
-  }
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id);
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header);
+  absl::Status Pull(const PullRequest& request, PullReceiver* receiver);
+  absl::Status Done(int worker_id);
+  absl::StatusOr<TrainingStats> GetStats();
+  bool finished() const;
+  bool WaitUntilFinished(absl::Duration timeout);
+  int64_t step() const;
 
-  absl::Status Initialize(const InitializeRequest& request) {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckWorker(request.worker_id));
-    if (!configured_) {
-      return absl::UnavailableError(
-          absl::StrCat("ps task ", options_.task_index, " has no config yet: Register the chief first"));
+ private:
+  class InitializeUpload;
+  class PushUpload;
+  class DiscardUpload;
+
+  bool coordinator() const { return options_.task_index == 0; }
+  bool checkpointing() const { return !options_.checkpoint_dir.empty(); }
+  absl::Status CheckReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool MustWait(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t CheckpointLabel() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Push: what a finished upload does (the caller holds the worker's buffer).
+  absl::StatusOr<PushResponse> FinishPush(const PushHeader& header, GradientBuffers::Buffer& buffer,
+                                          std::optional<StepDecision>* decided,
+                                          std::vector<CheckpointData>* saves) ABSL_LOCKS_EXCLUDED(mu_);
+  // Async: applies slice i of `buffer` (whole) once per upload.
+  void ApplyAsync(int i, GradientBuffers::Buffer& buffer) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Sync.
+  std::optional<StepDecision> DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<StepDecision>> ClaimDecisions(const std::vector<StepDecision>& decisions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyDecision(const StepDecision& d, std::vector<CheckpointData>* saves) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Checkpoints.
+  CheckpointData SnapshotLocked(int64_t label, int64_t task_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriteCheckpoints(std::vector<CheckpointData> saves) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const ParameterServerOptions options_;
+
+  absl::Mutex apply_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  int64_t applied_through_ ABSL_GUARDED_BY(apply_mu_) = 0;  // sync: steps whose update is complete
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled whenever the step, a clock, a worker's done flag or finished_ changes
+
+  bool configured_ ABSL_GUARDED_BY(mu_) = false;
+  TrainConfig config_ ABSL_GUARDED_BY(mu_);
+  int chief_ ABSL_GUARDED_BY(mu_) = -1;
+  bool initialized_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Set by Register under mu_ before configured_ turns true, then never changed: readers that have seen
+  // configured_ (CheckReady under mu_) may use them without the lock.
+  bool sync_ = true;
+  std::unique_ptr<SliceStore> store_;
+  std::unique_ptr<GradientBuffers> buffers_;
+  std::unique_ptr<SyncCoordinator> coordinator_;  // its state: under mu_
+  std::unique_ptr<StalenessGate> gate_;           // its state: under mu_
+
+  Membership members_ ABSL_GUARDED_BY(mu_);
+  // Sync: the step of each worker's last finished upload that held every slice (-1: none).
+  std::vector<int64_t> complete_step_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> bytes_received_{0};
+  std::atomic<int64_t> bytes_sent_{0};
+
+  CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
+  int64_t step_hint_ ABSL_GUARDED_BY(mu_) = 0;  // async, tasks > 0: newest global step seen in pushes
+  bool final_save_started_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Mutex save_mu_;  // never held with mu_; serializes writing and pruning checkpoint files
+};
+
+// ---- uploads ----------------------------------------------------------------------------------------------
+
+// An upload whose data is not needed (a duplicate, or gradients for a step already decided): its bytes are
+// counted and dropped, Finish reports the outcome decided when it started.
+class ParameterServer::Impl::DiscardUpload : public SliceUpload {
+ public:
+  DiscardUpload(Impl* impl, PushResponse response) : impl_(impl), response_(response) {}
+  absl::Status Write(uint32_t, int64_t, int64_t n, WireDtype dtype, const void*) override {
+    impl_->bytes_received_ += n * DtypeBytes(dtype);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<PushResponse> Finish() override { return response_; }
+
+ private:
+  Impl* impl_;
+  PushResponse response_;
+};
+
+// The chief's initial values, written straight into the store (under mu_: nothing else runs before the task
+// is initialized, and a concurrent retry must not write after it is).
+class ParameterServer::Impl::InitializeUpload : public SliceUpload {
+ public:
+  explicit InitializeUpload(Impl* impl) : impl_(impl), received_(impl->store_->num_slices(), 0) {}
+
+  absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+    impl_->bytes_received_ += n * DtypeBytes(dtype);
+    ASSIGN_OR_RETURN(int i, impl_->store_->IndexOf(key));
+    absl::MutexLock lock(&impl_->mu_);
+    if (impl_->initialized_) return absl::OkStatus();  // a restarted chief initializes again: ignored
+    if (offset != 0 && offset != received_[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("initial values of '", impl_->store_->spec(i).variable,
+                                                     "': floats from ", offset, " after ", received_[i]));
     }
-    if (request.worker_id != chief_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("Initialize from worker ", request.worker_id, ", but only the chief (worker ", chief_,
-                       ") initializes"));
-    }
-    bytes_received_ += PayloadBytes(request.slices);
-    if (initialized_) {
-      // A restarted chief initializes again; the values trained so far win.
-      LOG(INFO) << "ps task " << options_.task_index << ": already initialized, ignoring Initialize at step "
-                << step_;
-      return absl::OkStatus();
-    }
-    RETURN_IF_ERROR(store_->SetValues(request.slices));
-    initialized_ = true;
-    LOG(INFO) << "ps task " << options_.task_index << ": initialized " << store_->num_slices() << " slices";
+    RETURN_IF_ERROR(impl_->store_->WriteValues(i, offset, n, dtype, data));
+    received_[i] = offset + n;
     return absl::OkStatus();
   }
 
-  absl::StatusOr<PushResponse> Push(const PushRequest& request) {
-    absl::StatusOr<PushResponse> response;
-    std::vector<CheckpointData> saves;
-    {
-      absl::MutexLock lock(&mu_);
-      response = PushLocked(request);
-      saves.swap(pending_saves_);
+  absl::StatusOr<PushResponse> Finish() override {
+    absl::MutexLock lock(&impl_->mu_);
+    if (impl_->initialized_) {
+      LOG(INFO) << "ps task " << impl_->options_.task_index << ": already initialized, ignoring Initialize at step "
+                << impl_->step_;
+      return PushResponse{PushResponse::Outcome::kAccepted, impl_->step_};
     }
-    WriteCheckpoints(std::move(saves));
-    return response;
-  }
-
-  absl::StatusOr<PullResponse> Pull(const PullRequest& request) {
-    const absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms));
-    absl::StatusOr<PullResponse> response;
-    std::vector<CheckpointData> saves;
-    {
-      absl::MutexLock lock(&mu_);
-      response = PullLocked(request, deadline);
-      saves.swap(pending_saves_);
+    for (int i = 0; i < impl_->store_->num_slices(); ++i) {
+      const SliceSpec& spec = impl_->store_->spec(i);
+      if (received_[i] != spec.length) {
+        return absl::InvalidArgumentError(absl::StrCat("no complete initial values for slice key ", spec.key, " ('",
+                                                       spec.variable, "'): ", received_[i], " of ", spec.length,
+                                                       " floats"));
+      }
     }
-    WriteCheckpoints(std::move(saves));
-    return response;
-  }
-
-  absl::Status Done(int worker_id) {
-    absl::Status status;
-    std::vector<CheckpointData> saves;
-    bool finish_after_write = false;
-    {
-      absl::MutexLock lock(&mu_);
-      status = DoneLocked(worker_id, &finish_after_write);
-      saves.swap(pending_saves_);
-    }
-    WriteCheckpoints(std::move(saves));
-    if (finish_after_write) {
-      // Only now: a finished server may exit, and the final checkpoint must be on disk by then.
-      absl::MutexLock lock(&mu_);
-      finished_ = true;
-      cv_.SignalAll();
-    }
-    return status;
+    impl_->store_->ResetSlotsAndAverages(impl_->step_);
+    impl_->initialized_ = true;
+    LOG(INFO) << "ps task " << impl_->options_.task_index << ": initialized " << impl_->store_->num_slices()
+              << " slices";
+    return PushResponse{PushResponse::Outcome::kAccepted, impl_->step_};
   }
 
  private:
-  absl::StatusOr<PushResponse> PushLocked(const PushRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    RETURN_IF_ERROR(CheckReady());
-    RETURN_IF_ERROR(CheckWorker(request.worker_id));
-    if (request.commit && !coordinator()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("commit=true sent to ps task ", options_.task_index, "; only ps task 0 takes commits"));
-    }
-    if (request.step < 0) return absl::InvalidArgumentError(absl::StrCat("push for negative step ", request.step));
-    slice_index_.clear();
-    grad_ptrs_.clear();
-    if (request.flat_gradients != nullptr) {
-      if (!request.gradients.empty() || !request.gradient_refs.empty()) {
-        return absl::InvalidArgumentError("push with both gradients and flat_gradients");
-      }
-      for (int i = 0; i < store_->num_slices(); ++i) {
-        slice_index_.push_back(i);
-        grad_ptrs_.push_back(request.flat_gradients + store_->spec(i).flat_offset);
-      }
-      bytes_received_ += store_->total_floats() * static_cast<int64_t>(sizeof(float));
-    }
-    for (const SliceData& g : request.gradients) {
-      ASSIGN_OR_RETURN(int i, store_->IndexOf(g.key));
-      if (static_cast<int64_t>(g.values.size()) != store_->spec(i).length) {
-        return absl::InvalidArgumentError(absl::StrCat("gradient for slice key ", g.key, " ('",
-                                                       store_->spec(i).variable, "') has ", g.values.size(),
-                                                       " values, expected ", store_->spec(i).length));
-      }
-      if (std::find(slice_index_.begin(), slice_index_.end(), i) != slice_index_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("gradient for slice key ", g.key, " given twice"));
-      }
-      slice_index_.push_back(i);
-      grad_ptrs_.push_back(g.values.data());
-    }
-    bytes_received_ += PayloadBytes(request.gradients);
-    for (const SliceRef& g : request.gradient_refs) {
-      ASSIGN_OR_RETURN(int i, store_->IndexOf(g.key));
-      if (g.length != store_->spec(i).length || g.data == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat("gradient for slice key ", g.key, " ('",
-                                                       store_->spec(i).variable, "') has ", g.length,
-                                                       " values, expected ", store_->spec(i).length));
-      }
-      if (std::find(slice_index_.begin(), slice_index_.end(), i) != slice_index_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("gradient for slice key ", g.key, " given twice"));
-      }
-      slice_index_.push_back(i);
-      grad_ptrs_.push_back(g.data);
-      bytes_received_ += g.length * static_cast<int64_t>(sizeof(float));
-    }
+  Impl* impl_;
+  std::vector<int64_t> received_;
+};
 
-    WorkerState& worker = workers_[request.worker_id];
-    PushResponse response;
-    if (worker.recent_ids.Contains(request.request_id)) {
-      ++worker.stats.duplicates;
-      response.outcome = PushResponse::Outcome::kDuplicate;
-    } else {
-      ASSIGN_OR_RETURN(response.outcome, sync_ ? PushSync(request, worker) : PushAsync(request, worker));
-      worker.recent_ids.Insert(request.request_id);
+// One worker's gradients for one step: pieces go into the worker's buffer (sync) or are applied slice by slice
+// as they complete (async); Finish records the upload (and on ps 0 the commit).
+class ParameterServer::Impl::PushUpload : public SliceUpload {
+ public:
+  PushUpload(Impl* impl, const PushHeader& header) : impl_(impl), header_(header) {}
+
+  absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+    impl_->bytes_received_ += n * DtypeBytes(dtype);
+    if (!status_.ok()) return status_;
+    absl::StatusOr<int> i = impl_->store_->IndexOf(key);
+    if (!i.ok()) return status_ = i.status();
+    GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
+    buffer->Claim(header_.step, header_.request_id);
+    status_ = buffer->Write(*i, offset, n, dtype, data);
+    if (status_.ok() && !impl_->sync_ && buffer->complete(*i) && !buffer->applied(*i)) {
+      impl_->ApplyAsync(*i, *buffer);
     }
-    response.global_step = step_;
+    return status_;
+  }
+
+  absl::StatusOr<PushResponse> Finish() override {
+    if (!status_.ok()) return status_;
+    std::optional<StepDecision> decided;
+    std::vector<CheckpointData> saves;
+    absl::StatusOr<PushResponse> response;
+    {
+      GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
+      buffer->Claim(header_.step, header_.request_id);
+      response = impl_->FinishPush(header_, *buffer, &decided, &saves);
+    }
+    // The thread that decided a step applies it (slice by slice; pulls stream each slice as it is done).
+    if (decided) impl_->ApplyDecision(*decided, &saves);
+    impl_->WriteCheckpoints(std::move(saves));
     return response;
   }
 
-  absl::StatusOr<PullResponse> PullLocked(const PullRequest& request, absl::Time deadline)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+ private:
+  Impl* impl_;
+  const PushHeader header_;
+  absl::Status status_;
+};
+
+absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitialize(int worker_id) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(members_.CheckWorker(worker_id));
+  if (!configured_) {
+    return absl::UnavailableError(
+        absl::StrCat("ps task ", options_.task_index, " has no config yet: Register the chief first"));
+  }
+  if (worker_id != chief_) {
+    return absl::FailedPreconditionError(absl::StrCat("Initialize from worker ", worker_id,
+                                                      ", but only the chief (worker ", chief_, ") initializes"));
+  }
+  return std::unique_ptr<SliceUpload>(new InitializeUpload(this));
+}
+
+absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(const PushHeader& header) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckReady());
+  RETURN_IF_ERROR(members_.CheckWorker(header.worker_id));
+  if (header.commit && !coordinator()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("commit=true sent to ps task ", options_.task_index, "; only ps task 0 takes commits"));
+  }
+  if (header.step < 0) return absl::InvalidArgumentError(absl::StrCat("push for negative step ", header.step));
+  WorkerStats& stats = members_.stats(header.worker_id);
+  auto discard = [&](PushResponse::Outcome outcome) -> std::unique_ptr<SliceUpload> {
+    return std::make_unique<DiscardUpload>(this, PushResponse{outcome, step_});
+  };
+  if (members_.recent_ids(header.worker_id).Contains(header.request_id)) {
+    ++stats.duplicates;
+    return discard(PushResponse::Outcome::kDuplicate);
+  }
+  if (sync_) {
+    if (header.step < step_) {
+      // Every step below step_ has been decided; the one just decided is where backup workers land.
+      members_.recent_ids(header.worker_id).Insert(header.request_id);
+      if (header.step == step_ - 1) {
+        ++stats.dropped_backup;
+        return discard(PushResponse::Outcome::kDroppedBackup);
+      }
+      ++stats.dropped_stale;
+      return discard(PushResponse::Outcome::kDroppedStale);
+    }
+    if (header.commit && coordinator_->HasCommitted(header.worker_id)) {
+      ++stats.duplicates;  // a second commit for the same step under a new request id
+      return discard(PushResponse::Outcome::kDuplicate);
+    }
+  }
+  if (header.step > step_ && (sync_ || coordinator())) {
+    return absl::FailedPreconditionError(absl::StrCat("push from worker ", header.worker_id, " for step ",
+                                                      header.step, ", but ps task ", options_.task_index,
+                                                      " is at step ", step_, " (pull before pushing)"));
+  }
+  return std::unique_ptr<SliceUpload>(new PushUpload(this, header));
+}
+
+void ParameterServer::Impl::ApplyAsync(int i, GradientBuffers::Buffer& buffer) {
+  int64_t step;
+  {
+    absl::MutexLock lock(&mu_);
+    step = step_;
+  }
+  const float* grad = buffer.data(i);
+  store_->Apply(i, step, &grad, 1, 1.0f, store_->version(i) + 1);
+  buffer.set_applied(i);
+}
+
+absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader& header,
+                                                               GradientBuffers::Buffer& buffer,
+                                                               std::optional<StepDecision>* decided,
+                                                               std::vector<CheckpointData>* saves) {
+  absl::MutexLock lock(&mu_);
+  const int w = header.worker_id;
+  WorkerStats& stats = members_.stats(w);
+  if (members_.recent_ids(w).Contains(header.request_id)) {  // a concurrent retry finished first
+    ++stats.duplicates;
+    return PushResponse{PushResponse::Outcome::kDuplicate, step_};
+  }
+  PushResponse response{PushResponse::Outcome::kAccepted, step_};
+  if (sync_) {
+    if (header.step < step_) {
+      // The step was decided while this upload was on its way.
+      response.outcome = header.step == step_ - 1 ? PushResponse::Outcome::kDroppedBackup
+                                                  : PushResponse::Outcome::kDroppedStale;
+      ++(header.step == step_ - 1 ? stats.dropped_backup : stats.dropped_stale);
+    } else if (header.commit && coordinator_->HasCommitted(w)) {
+      ++stats.duplicates;
+      response.outcome = PushResponse::Outcome::kDuplicate;
+    } else if (header.commit && !buffer.all_complete()) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", w, " committed step ", header.step,
+                                                        " without every slice of ps task 0; missing: ",
+                                                        buffer.DescribeMissing()));
+    } else {
+      if (buffer.all_complete()) complete_step_[w] = header.step;
+      if (header.commit) {
+        coordinator_->AddCommit(w);
+        *decided = DecideLocked();
+      }
+    }
+  } else {
+    if (!buffer.all_complete()) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", w, "'s push for step ", header.step,
+                                                        " ended without every slice of ps task ",
+                                                        options_.task_index, "; missing: ",
+                                                        buffer.DescribeMissing()));
+    }
+    if (!coordinator()) {
+      ++step_;  // the task's own count of updates, for its learning-rate schedule
+      ++stats.applied;
+      step_hint_ = std::max(step_hint_, header.step + 1);
+      if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_hint_) : std::nullopt) {
+        saves->push_back(SnapshotLocked(*label, step_));
+      }
+    } else if (header.commit) {
+      gate_->RecordCommit(w, step_ - header.step);
+      ++stats.applied;
+      StepDecision applied{step_, {w}, false};
+      ++step_;
+      if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_) : std::nullopt) {
+        applied.checkpoint = true;
+        saves->push_back(SnapshotLocked(*label, step_));
+      }
+      if (options_.on_step_applied) options_.on_step_applied(applied);
+    }
+    cv_.SignalAll();
+  }
+  members_.recent_ids(w).Insert(header.request_id);
+  response.global_step = step_;
+  return response;
+}
+
+// ---- sync ---------------------------------------------------------------------------------------------------
+
+std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
+  std::optional<StepDecision> d = coordinator_->MaybeDecide(step_, members_.num_active());
+  if (!d) return std::nullopt;
+  ++step_;
+  if (checkpointing() && checkpoints_.Due(step_)) {
+    // The other tasks save this step too when they apply the decision; the state is copied once applied.
+    d->checkpoint = true;
+    coordinator_->MarkCheckpoint(d->step);
+    checkpoints_.Saved(step_);
+  }
+  VLOG(1) << "step " << d->step << " decided: workers " << absl::StrJoin(d->workers, ",");
+  cv_.SignalAll();
+  return d;
+}
+
+absl::StatusOr<std::vector<StepDecision>> ParameterServer::Impl::ClaimDecisions(
+    const std::vector<StepDecision>& decisions) {
+  std::vector<StepDecision> claimed;
+  int64_t next = step_;
+  for (const StepDecision& d : decisions) {
+    if (d.step < next) continue;
+    if (d.step > next) {
+      return absl::FailedPreconditionError(absl::StrCat("missing decision for step ", next, " on ps task ",
+                                                        options_.task_index, " (got one for step ", d.step, ")"));
+    }
+    if (d.workers.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("decision for step ", d.step, " names no workers"));
+    }
+    for (size_t k = 0; k < d.workers.size(); ++k) {
+      const int w = d.workers[k];
+      RETURN_IF_ERROR(members_.CheckWorker(w));
+      if (std::find(d.workers.begin(), d.workers.begin() + k, w) != d.workers.begin() + k) {
+        return absl::InvalidArgumentError(absl::StrCat("decision for step ", d.step, " names worker ", w, " twice"));
+      }
+      if (complete_step_[w] != d.step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "decision for step ", d.step, " includes worker ", w, ", but ps task ", options_.task_index,
+            " does not hold its gradients for that step (its last complete upload is for step ", complete_step_[w],
+            ")"));
+      }
+    }
+    claimed.push_back(d);
+    ++next;
+  }
+  if (next != step_) {
+    step_ = next;
+    cv_.SignalAll();
+  }
+  return claimed;
+}
+
+void ParameterServer::Impl::ApplyDecision(const StepDecision& d, std::vector<CheckpointData>* saves) {
+  absl::MutexLock apply_lock(&apply_mu_);
+  // Decisions are decided (or claimed) in step order but may reach this point out of order.
+  struct InOrder {
+    const int64_t* applied_through;
+    int64_t step;
+    static bool Ready(InOrder* o) { return *o->applied_through == o->step; }
+  } in_order{&applied_through_, d.step};
+  apply_mu_.Await(absl::Condition(&InOrder::Ready, &in_order));
+  {
+    // Buffers are locked in worker order (one lock order for every step) and summed in decision order.
+    std::vector<int> by_id = d.workers;
+    std::sort(by_id.begin(), by_id.end());
+    std::vector<GradientBuffers::Locked> held;
+    std::vector<GradientBuffers::Buffer*> buffer_of(options_.num_workers, nullptr);
+    for (int w : by_id) {
+      held.push_back(buffers_->Lock(w));
+      buffer_of[w] = &*held.back();
+    }
+    std::vector<GradientBuffers::Buffer*> summed;
+    for (int w : d.workers) {
+      GradientBuffers::Buffer* b = buffer_of[w];
+      // Only a worker that broke the protocol (pushing step s+1 before pulling it) can have overwritten them.
+      if (b->step() != d.step || !b->all_complete()) {
+        LOG(ERROR) << "ps task " << options_.task_index << ": worker " << w << "'s gradients for step " << d.step
+                   << " were overwritten (buffer holds step " << b->step() << "); step applied without them";
+        continue;
+      }
+      summed.push_back(b);
+    }
+    std::vector<const float*> grads(summed.size());
+    const float scale = summed.empty() ? 0.0f : 1.0f / static_cast<float>(summed.size());
+    for (int i = 0; i < store_->num_slices(); ++i) {
+      for (size_t k = 0; k < summed.size(); ++k) grads[k] = summed[k]->data(i);
+      if (grads.empty()) {
+        store_->Apply(i, d.step, nullptr, 0, 0.0f, d.step + 1);  // publishes the version, changes nothing
+      } else {
+        store_->Apply(i, d.step, grads.data(), static_cast<int>(grads.size()), scale, d.step + 1);
+      }
+    }
+  }
+  applied_through_ = d.step + 1;
+  absl::MutexLock lock(&mu_);
+  for (int w : d.workers) ++members_.stats(w).applied;
+  if (d.checkpoint) {
+    if (checkpointing()) {
+      saves->push_back(SnapshotLocked(d.step + 1, d.step + 1));
+    } else {
+      LOG_FIRST_N(WARNING, 1) << "ps task " << options_.task_index << ": ps task 0 saved a checkpoint at step "
+                              << d.step + 1 << ", but this task has no --checkpoint_dir: its part is not saved";
+    }
+  }
+  if (coordinator() && options_.on_step_applied) options_.on_step_applied(d);
+}
+
+// ---- register, pull, done, stats ----------------------------------------------------------------------------
+
+absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterRequest& request) {
+  absl::MutexLock apply_lock(&apply_mu_);
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
+  if (configured_) {
+    RETURN_IF_ERROR(CompareTrainConfigs(config_, request.config, request.worker_id));
+    if (request.is_chief && request.worker_id != chief_) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", request.worker_id,
+                                                        " registers as chief, but the chief is worker ", chief_));
+    }
+    return RegisterResponse{initialized_, step_};
+  }
+  if (!request.is_chief) {
+    return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index,
+                                               " is waiting for the chief to register its config (worker ",
+                                               request.worker_id, " is not the chief)"));
+  }
+  RETURN_IF_ERROR(ValidateTrainConfig(request.config, options_.num_workers));
+  ASSIGN_OR_RETURN(std::unique_ptr<SliceStore> store,
+                   SliceStore::Create(request.config.slices, request.config.optimizer,
+                                      request.config.moving_average_decay));
+  store->set_apply_threads(options_.apply_threads);
+  // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
+  ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
+                   FindCheckpointToRestore(options_.checkpoint_dir, request.config, options_.task_index,
+                                           options_.num_ps, request.restore_step));
+  if (restored.has_value()) {
+    absl::Status s = store->ImportState(restored->data.slices, restored->data.task_step);
+    if (!s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot restore ", restored->path, ": ", s.message()));
+    }
+    step_ = restored->data.task_step;
+    step_hint_ = restored->data.global_step;
+    checkpoints_.Saved(restored->data.global_step);
+    initialized_ = true;
+    LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
+              << restored->data.global_step << ", " << restored->data.slices.size() << " slices)";
+  }
+  config_ = request.config;
+  sync_ = config_.mode == "sync";
+  const int r = ResolvedReplicasToAggregate(config_);
+  store_ = std::move(store);
+  buffers_ = std::make_unique<GradientBuffers>(options_.num_workers, *store_);
+  coordinator_ = std::make_unique<SyncCoordinator>(r);
+  coordinator_->StartAt(step_);
+  gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
+  applied_through_ = step_;
+  chief_ = request.worker_id;
+  configured_ = true;
+  LOG(INFO) << "ps task " << options_.task_index << ": adopted the config of chief worker " << chief_ << " ("
+            << config_.mode << ", " << config_.num_workers << " workers, R=" << r << ", " << config_.optimizer.name
+            << ", " << store_->num_slices() << " slices, " << store_->total_floats() << " floats)";
+  return RegisterResponse{initialized_, step_};
+}
+
+absl::Status ParameterServer::Impl::CheckReady() const {
+  if (!configured_) {
+    return absl::UnavailableError(
+        absl::StrCat("ps task ", options_.task_index, " has no config yet: waiting for the chief to register"));
+  }
+  if (!initialized_) {
+    return absl::UnavailableError(
+        absl::StrCat("ps task ", options_.task_index, " is not initialized yet: waiting for the chief"));
+  }
+  return absl::OkStatus();
+}
+
+bool ParameterServer::Impl::MustWait(const PullRequest& request) const {
+  if (finished_ || !members_.AnotherActive(request.worker_id)) return false;
+  if (step_ < request.min_step) return true;
+  return !sync_ && coordinator() && gate_->MustWait(request.worker_id, members_);
+}
+
+absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceiver* receiver) {
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms));
+  {
+    absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(CheckReady());
-    RETURN_IF_ERROR(CheckWorker(request.worker_id));
+    RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
     if (request.moving_averages && !store_->has_moving_averages()) {
       return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
                                                         " keeps no moving averages (the chief's "
@@ -277,436 +564,242 @@ class ParameterServer::Impl {
       return absl::InvalidArgumentError(absl::StrCat("pull with negative min_step (", request.min_step,
                                                      ") or since_step (", request.since_step, ")"));
     }
-    if (sync_ && !coordinator()) RETURN_IF_ERROR(ApplyDecisions(request.decisions));
-
-    WorkerState& worker = workers_[request.worker_id];
+  }
+  // A cancelled pull is woken wherever it waits and ends with Cancelled.
+  int64_t cancel_id = 0;
+  if (request.cancel != nullptr) {
+    cancel_id = request.cancel->Register([this] {
+      {
+        absl::MutexLock lock(&mu_);
+        cv_.SignalAll();
+      }
+      store_->WakeWaiters();
+    });
+  }
+  auto deregister = absl::MakeCleanup([&] {
+    if (request.cancel != nullptr) request.cancel->Deregister(cancel_id);
+  });
+  auto cancelled = [&] { return request.cancel != nullptr && request.cancel->cancelled(); };
+  const auto cancelled_error = [&] {
+    return absl::CancelledError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                             options_.task_index, " cancelled"));
+  };
+  PullHeader header;
+  std::vector<StepDecision> to_apply;
+  {
+    absl::MutexLock lock(&mu_);
+    if (sync_ && !coordinator()) {
+      ASSIGN_OR_RETURN(to_apply, ClaimDecisions(request.decisions));
+    }
     const absl::Time wait_start = absl::Now();
     bool timed_out = false;
-    while (MustWait(request)) {
+    while (MustWait(request) && !cancelled()) {
       if (cv_.WaitWithDeadline(&mu_, deadline)) {
         timed_out = MustWait(request);
         break;
       }
     }
-    worker.stats.wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);
+    members_.stats(request.worker_id).wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);
     if (timed_out) {
-      std::string waiting_for = absl::StrCat("step >= ", request.min_step, " (at step ", step_, ")");
-      if (step_ >= request.min_step) {
-        waiting_for = absl::StrCat("the slowest worker (worker ", request.worker_id, " has ", worker.clock,
-                                   " commits, the slowest active worker ", MinActiveClock(),
-                                   ", max_staleness ", config_.max_staleness, ")");
-      }
+      const std::string waiting_for = step_ < request.min_step
+                                          ? absl::StrCat("step >= ", request.min_step, " (at step ", step_, ")")
+                                          : gate_->DescribeWait(request.worker_id, members_);
       return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
-                                                      options_.task_index, " timed out after ",
-                                                      request.timeout_ms, " ms waiting for ", waiting_for));
+                                                      options_.task_index, " timed out after ", request.timeout_ms,
+                                                      " ms waiting for ", waiting_for));
     }
-
-    PullResponse response;
-    response.step = step_;
-    response.training_done = finished_;
-    if (request.flat_out != nullptr) {
-      if (request.moving_averages) {
-        store_->CopyMovingAveragesToFlat(request.flat_out);
-      } else {
-        store_->CopyValuesToFlat(request.flat_out);
-      }
-      bytes_sent_ += store_->total_floats() * static_cast<int64_t>(sizeof(float));
-    } else if (request.moving_averages) {
-      store_->ReadMovingAverages(&response.slices);
-    } else {
-      store_->ReadValues(&response.slices);
-    }
-    if (sync_ && coordinator()) {
-      // Decisions older than the log are gone; a task that needs them reports "missing decision".
-      const int64_t first = std::max(request.since_step, first_logged_step_);
-      for (int64_t s = first; s < step_; ++s) response.decisions.push_back(decision_log_[s - first_logged_step_]);
-    }
-    bytes_sent_ += PayloadBytes(response.slices);
-    return response;
+    header.step = step_;
+    header.training_done = finished_;
+    if (sync_ && coordinator()) header.decisions = coordinator_->DecisionsSince(request.since_step, step_);
   }
-
-  absl::Status DoneLocked(int worker_id, bool* finish_after_write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    RETURN_IF_ERROR(CheckWorker(worker_id));
-    WorkerState& worker = workers_[worker_id];
-    if (!worker.stats.done) {
-      worker.stats.done = true;
-      ++num_done_;
-      LOG(INFO) << "ps task " << options_.task_index << ": worker " << worker_id << " is done (" << num_done_
-                << " of " << options_.num_workers << ")";
+  if (!to_apply.empty()) {
+    std::vector<CheckpointData> saves;
+    for (const StepDecision& d : to_apply) ApplyDecision(d, &saves);
+    WriteCheckpoints(std::move(saves));
+  }
+  if (cancelled()) return cancelled_error();
+  RETURN_IF_ERROR(receiver->OnHeader(header));
+  // Sync: the values of the header's step; each chunk is sent as soon as it is published, so an update in
+  // progress is streamed right behind it. Async: whatever the values are now.
+  const int64_t version = sync_ ? header.step : 0;
+  int64_t sent = 0;
+  for (int i = 0; i < store_->num_slices(); ++i) {
+    const SliceSpec& spec = store_->spec(i);
+    for (int64_t offset = 0; offset < spec.length; offset += SliceStore::kChunkFloats) {
+      const int64_t n = std::min(SliceStore::kChunkFloats, spec.length - offset);
+      if (!store_->WaitReadable(i, offset + n, version, absl::InfinitePast())) {
+        RETURN_IF_ERROR(receiver->Flush());  // send what is ready before waiting for the update
+      }
+      if (!store_->WaitReadable(i, offset + n, version, deadline, request.cancel)) {
+        if (cancelled()) return cancelled_error();
+        return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                        options_.task_index, " timed out after ",
+                                                        request.timeout_ms, " ms waiting for '", spec.variable,
+                                                        "' to be updated to step ", version));
+      }
+      ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver->Destination(spec.key, offset, n));
+      if (dst.data != nullptr) store_->Read(i, request.moving_averages, offset, n, dst.dtype, dst.data);
+      RETURN_IF_ERROR(receiver->Written(spec.key, offset, n));
+      sent += n * DtypeBytes(dst.dtype);
     }
-    if (configured_ && sync_ && coordinator()) MaybeDecide();
-    if (num_done_ == options_.num_workers && !finished_ && !final_save_started_) {
+    RETURN_IF_ERROR(receiver->Flush());  // a slice is whole: the worker may be waiting for it
+  }
+  bytes_sent_ += sent;
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Impl::Done(int worker_id) {
+  std::optional<StepDecision> decided;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(members_.CheckWorker(worker_id));
+    if (members_.MarkDone(worker_id)) {
+      LOG(INFO) << "ps task " << options_.task_index << ": worker " << worker_id << " is done ("
+                << options_.num_workers - members_.num_active() << " of " << options_.num_workers << ")";
+    }
+    if (configured_ && sync_ && coordinator()) decided = DecideLocked();
+    cv_.SignalAll();
+  }
+  std::vector<CheckpointData> saves;
+  if (decided) ApplyDecision(*decided, &saves);  // before the final checkpoint below
+  bool finish_after_write = false;
+  {
+    // The final checkpoint is copied between updates, at the step the values hold.
+    absl::MutexLock apply_lock(&apply_mu_);
+    absl::MutexLock lock(&mu_);
+    if (members_.all_done() && !finished_ && !final_save_started_) {
       if (checkpointing() && configured_ && initialized_) {
         final_save_started_ = true;
-        *finish_after_write = true;
-        const int64_t label = CheckpointLabel();
-        if (label != last_save_label_) SnapshotLocked(label);
+        finish_after_write = true;
+        const int64_t label = sync_ ? applied_through_ : CheckpointLabel();
+        if (label != checkpoints_.last_label()) saves.push_back(SnapshotLocked(label, sync_ ? label : step_));
       } else {
         finished_ = true;
       }
     }
     cv_.SignalAll();
-    return absl::OkStatus();
   }
-
- public:
-
-  absl::StatusOr<TrainingStats> GetStats() {
+  WriteCheckpoints(std::move(saves));
+  if (finish_after_write) {
     absl::MutexLock lock(&mu_);
-    TrainingStats stats;
-    stats.global_step = step_;
-    for (const WorkerState& w : workers_) stats.workers.push_back(w.stats);
-    if (configured_ && !sync_) stats.staleness_histogram = staleness_histogram_;
-    stats.max_staleness_seen = max_staleness_seen_;
-    stats.bytes_received = bytes_received_;
-    stats.bytes_sent = bytes_sent_;
-    return stats;
-  }
-
-  bool finished() const {
-    absl::MutexLock lock(&mu_);
-    return finished_;
-  }
-
-  bool WaitUntilFinished(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    absl::MutexLock lock(&mu_);
-    while (!finished_) {
-      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
-    }
-    return finished_;
-  }
-
-  int64_t step() const {
-    absl::MutexLock lock(&mu_);
-    return step_;
-  }
-
- private:
-  bool coordinator() const { return options_.task_index == 0; }
-  bool checkpointing() const { return !options_.checkpoint_dir.empty(); }
-
-  // The step a checkpoint taken now belongs to: the task's step, except on a non-zero task in async mode,
-  // whose own step counts its updates: there, the newest global step seen in pushes.
-  int64_t CheckpointLabel() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return sync_ || coordinator() ? step_ : step_hint_;
-  }
-
-  // Whether ps 0 (or, in async mode, any task) saves at `label` by its own schedule; if so, the label to
-  // save under (a crossed multiple of save_checkpoint_steps, or `label` itself for a time-based save).
-  std::optional<int64_t> SaveDue(int64_t label) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!checkpointing() || label <= last_save_label_) return std::nullopt;
-    const int64_t every = options_.save_checkpoint_steps;
-    if (every > 0 && label / every > last_save_label_ / every) return label / every * every;
-    if (options_.save_checkpoint_secs > 0 &&
-        absl::Now() - last_save_time_ >= absl::Seconds(options_.save_checkpoint_secs)) {
-      return label;
-    }
-    return std::nullopt;
-  }
-
-  // Copies the state into pending_saves_; the RPC thread writes it after releasing the lock.
-  void SnapshotLocked(int64_t label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    CheckpointData d;
-    d.task_index = options_.task_index;
-    d.num_ps = options_.num_ps;
-    d.global_step = label;
-    d.task_step = step_;
-    d.model_signature = config_.model_signature;
-    d.optimizer = config_.optimizer.name;
-    d.num_slots = store_->optimizer().num_slots();
-    d.has_moving_averages = store_->has_moving_averages();
-    d.slices = store_->ExportState();
-    if (!d.has_moving_averages) {
-      for (SliceState& s : d.slices) s.moving_average.clear();
-    }
-    pending_saves_.push_back(std::move(d));
-    last_save_label_ = label;
-    last_save_time_ = absl::Now();
-  }
-
-  // Writes checkpoints taken under the lock, then deletes the oldest beyond keep_checkpoints. A failed write
-  // is logged, not returned: training goes on (the next save may succeed).
-  void WriteCheckpoints(std::vector<CheckpointData> saves) ABSL_LOCKS_EXCLUDED(mu_) {
-    if (saves.empty()) return;
-    absl::MutexLock lock(&save_mu_);
-    for (const CheckpointData& d : saves) {
-      const std::string path =
-          CheckpointPath(options_.checkpoint_dir, d.global_step, options_.task_index, options_.num_ps);
-      const absl::Time start = absl::Now();
-      absl::Status s = WriteCheckpoint(path, d);
-      if (!s.ok()) {
-        LOG(ERROR) << "ps task " << options_.task_index << ": cannot save checkpoint " << path << ": " << s;
-        continue;
-      }
-      LOG(INFO) << "ps task " << options_.task_index << ": saved checkpoint " << path << " in "
-                << absl::FormatDuration(absl::Now() - start);
-    }
-    absl::Status s = PruneCheckpoints(options_.checkpoint_dir, options_.task_index, options_.num_ps,
-                                      options_.keep_checkpoints);
-    if (!s.ok()) LOG(WARNING) << "ps task " << options_.task_index << ": pruning old checkpoints: " << s;
-  }
-
-  absl::Status CheckWorker(int worker_id) const {
-    if (worker_id < 0 || worker_id >= options_.num_workers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker id ", worker_id, " is out of range [0, ", options_.num_workers, ")"));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status CheckReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!configured_) {
-      return absl::UnavailableError(
-          absl::StrCat("ps task ", options_.task_index, " has no config yet: waiting for the chief to register"));
-    }
-    if (!initialized_) {
-      return absl::UnavailableError(
-          absl::StrCat("ps task ", options_.task_index, " is not initialized yet: waiting for the chief"));
-    }
-    return absl::OkStatus();
-  }
-
-  // Sync push: buffer the gradient for the current step; on ps 0 a commit may decide the step.
-  absl::StatusOr<PushResponse::Outcome> PushSync(const PushRequest& request, WorkerState& worker)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (request.step < step_) {
-      // Every step below step_ has been decided; the one just decided is where backup workers land.
-      if (request.step == step_ - 1) {
-        ++worker.stats.dropped_backup;
-        return PushResponse::Outcome::kDroppedBackup;
-      }
-      ++worker.stats.dropped_stale;
-      return PushResponse::Outcome::kDroppedStale;
-    }
-    if (request.step > step_) {
-      return absl::FailedPreconditionError(absl::StrCat("push from worker ", request.worker_id, " for step ",
-                                                        request.step, ", but ps task ", options_.task_index,
-                                                        " is at step ", step_, " (pull before pushing)"));
-    }
-    if (request.commit &&
-        std::find(pending_.begin(), pending_.end(), request.worker_id) != pending_.end()) {
-      ++worker.stats.duplicates;  // a second commit for the same step under a new request id
-      return PushResponse::Outcome::kDuplicate;
-    }
-    GradientBuffer& buffer = worker.buffer;
-    if (buffer.step != request.step) {
-      buffer.step = request.step;
-      buffer.slices.resize(store_->num_slices());
-      buffer.filled.assign(store_->num_slices(), 0);
-      buffer.num_filled = 0;
-    }
-    for (size_t j = 0; j < slice_index_.size(); ++j) {
-      const int i = slice_index_[j];
-      buffer.slices[i].assign(grad_ptrs_[j], grad_ptrs_[j] + store_->spec(i).length);
-      if (!buffer.filled[i]) {
-        buffer.filled[i] = 1;
-        ++buffer.num_filled;
-      }
-    }
-    if (request.commit) {
-      if (buffer.num_filled != store_->num_slices()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "worker ", request.worker_id, " committed step ", request.step, " with gradients for ",
-            buffer.num_filled, " of the ", store_->num_slices(), " slices of ps task 0"));
-      }
-      pending_.push_back(request.worker_id);
-      MaybeDecide();
-    }
-    return PushResponse::Outcome::kAccepted;
-  }
-
-  // Async push: apply at once; on ps 0 a commit advances the global step and the worker's clock.
-  absl::StatusOr<PushResponse::Outcome> PushAsync(const PushRequest& request, WorkerState& worker)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (coordinator() && request.step > step_) {
-      return absl::FailedPreconditionError(absl::StrCat("push from worker ", request.worker_id, " for step ",
-                                                        request.step, ", but the global step is only ", step_));
-    }
-    for (size_t j = 0; j < slice_index_.size(); ++j) {
-      store_->ApplyGradient(slice_index_[j], step_, grad_ptrs_[j], 1.0f);
-    }
-    if (!coordinator()) {
-      ++step_;  // the task's own count of updates, for its learning-rate schedule
-      ++worker.stats.applied;
-      step_hint_ = std::max(step_hint_, request.step + 1);
-      if (std::optional<int64_t> label = SaveDue(step_hint_)) SnapshotLocked(*label);
-    } else if (request.commit) {
-      const int64_t staleness = step_ - request.step;
-      ++staleness_histogram_[std::min<int64_t>(staleness, kStalenessBuckets - 1)];
-      max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
-      ++worker.clock;
-      ++worker.stats.applied;
-      StepDecision applied{step_, {request.worker_id}};
-      ++step_;
-      if (std::optional<int64_t> label = SaveDue(step_)) {
-        applied.checkpoint = true;
-        SnapshotLocked(*label);
-      }
-      if (options_.on_step_applied) options_.on_step_applied(applied);
-    }
-    cv_.SignalAll();
-    return PushResponse::Outcome::kAccepted;
-  }
-
-  // ps 0, sync: decides the current step once it has min(R, active workers) commits.
-  void MaybeDecide() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int active = options_.num_workers - num_done_;
-    const size_t needed = static_cast<size_t>(std::min(replicas_to_aggregate_, active));
-    if (pending_.empty() || pending_.size() < needed) return;
-    StepDecision decision{step_, std::move(pending_)};
-    pending_.clear();
-    ApplyDecision(decision);
-    if (std::optional<int64_t> label = SaveDue(step_)) {
-      decision.checkpoint = true;  // the other tasks save this step too when they apply the decision
-      SnapshotLocked(*label);
-    }
-    decision_log_.push_back(decision);
-    if (decision_log_.size() > kMaxDecisionLog) {
-      decision_log_.pop_front();
-      ++first_logged_step_;
-    }
-    VLOG(1) << "step " << decision.step << " decided: workers " << absl::StrJoin(decision.workers, ",");
-    if (options_.on_step_applied) options_.on_step_applied(decision);
-  }
-
-  // Non-coordinator tasks, sync: applies the decisions this task has not applied yet, in order.
-  absl::Status ApplyDecisions(const std::vector<StepDecision>& decisions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const StepDecision& d : decisions) {
-      if (d.step < step_) continue;
-      if (d.step > step_) {
-        return absl::FailedPreconditionError(absl::StrCat("missing decision for step ", step_, " on ps task ",
-                                                          options_.task_index, " (got one for step ", d.step,
-                                                          ")"));
-      }
-      if (d.workers.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("decision for step ", d.step, " names no workers"));
-      }
-      for (size_t k = 0; k < d.workers.size(); ++k) {
-        const int w = d.workers[k];
-        RETURN_IF_ERROR(CheckWorker(w));
-        if (std::find(d.workers.begin(), d.workers.begin() + k, w) != d.workers.begin() + k) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("decision for step ", d.step, " names worker ", w, " twice"));
-        }
-        const GradientBuffer& b = workers_[w].buffer;
-        if (b.step != d.step || b.num_filled != store_->num_slices()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "decision for step ", d.step, " includes worker ", w, ", but ps task ", options_.task_index,
-              " does not hold its gradients for that step (buffered step ", b.step, ", ", b.num_filled, " of ",
-              store_->num_slices(), " slices)"));
-        }
-      }
-      ApplyDecision(d);
-      if (d.checkpoint) {
-        if (checkpointing()) {
-          SnapshotLocked(step_);
-        } else {
-          LOG_FIRST_N(WARNING, 1) << "ps task " << options_.task_index << ": ps task 0 saved a checkpoint at step "
-                                  << step_ << ", but this task has no --checkpoint_dir: its part is not saved";
-        }
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // Applies the average of the decided workers' buffered gradients as step_, then advances step_.
-  void ApplyDecision(const StepDecision& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const float scale = 1.0f / static_cast<float>(d.workers.size());
-    for (int i = 0; i < store_->num_slices(); ++i) {
-      const int64_t n = store_->spec(i).length;
-      const float* grad = workers_[d.workers[0]].buffer.slices[i].data();
-      if (d.workers.size() > 1) {
-        scratch_.assign(grad, grad + n);
-        for (size_t k = 1; k < d.workers.size(); ++k) {
-          AddInto(workers_[d.workers[k]].buffer.slices[i].data(), scratch_.data(), n);
-        }
-        grad = scratch_.data();
-      }
-      store_->ApplyGradient(i, step_, grad, scale);
-    }
-    for (int w : d.workers) ++workers_[w].stats.applied;
-    ++step_;
+    finished_ = true;
     cv_.SignalAll();
   }
+  return absl::OkStatus();
+}
 
-  int64_t MinActiveClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    int64_t min_clock = -1;
-    for (const WorkerState& w : workers_) {
-      if (!w.stats.done && (min_clock < 0 || w.clock < min_clock)) min_clock = w.clock;
-    }
-    return min_clock;
+absl::StatusOr<TrainingStats> ParameterServer::Impl::GetStats() {
+  absl::MutexLock lock(&mu_);
+  TrainingStats stats;
+  stats.global_step = step_;
+  stats.workers = members_.AllStats();
+  if (configured_ && !sync_) stats.staleness_histogram = gate_->histogram();
+  if (configured_) stats.max_staleness_seen = gate_->max_staleness_seen();
+  stats.bytes_received = bytes_received_;
+  stats.bytes_sent = bytes_sent_;
+  return stats;
+}
+
+bool ParameterServer::Impl::finished() const {
+  absl::MutexLock lock(&mu_);
+  return finished_;
+}
+
+bool ParameterServer::Impl::WaitUntilFinished(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (!finished_) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
   }
+  return finished_;
+}
 
-  bool AnotherWorkerActive(int worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (int w = 0; w < options_.num_workers; ++w) {
-      if (w != worker_id && !workers_[w].stats.done) return true;
-    }
-    return false;
+int64_t ParameterServer::Impl::step() const {
+  absl::MutexLock lock(&mu_);
+  return step_;
+}
+
+// ---- checkpoints ----------------------------------------------------------------------------------------------
+
+// The step a checkpoint taken now belongs to: the task's step, except on a non-zero task in async mode, whose
+// own step counts its updates: there, the newest global step seen in pushes.
+int64_t ParameterServer::Impl::CheckpointLabel() const { return sync_ || coordinator() ? step_ : step_hint_; }
+
+CheckpointData ParameterServer::Impl::SnapshotLocked(int64_t label, int64_t task_step) {
+  CheckpointData d;
+  d.task_index = options_.task_index;
+  d.num_ps = options_.num_ps;
+  d.global_step = label;
+  d.task_step = task_step;
+  d.model_signature = config_.model_signature;
+  d.optimizer = config_.optimizer.name;
+  d.num_slots = store_->optimizer().num_slots();
+  d.has_moving_averages = store_->has_moving_averages();
+  d.slices = store_->ExportState();
+  if (!d.has_moving_averages) {
+    for (SliceState& s : d.slices) s.moving_average.clear();
   }
+  checkpoints_.Saved(label);
+  return d;
+}
 
-  // Whether a Pull must keep waiting. It stops when training is finished, or when no other active worker
-  // is left to move the step or the clocks (then it returns what there is, possibly step < min_step).
-  bool MustWait(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || !AnotherWorkerActive(request.worker_id)) return false;
-    if (step_ < request.min_step) return true;
-    if (!sync_ && coordinator() && config_.max_staleness >= 0) {
-      const WorkerState& w = workers_[request.worker_id];
-      return !w.stats.done && w.clock - MinActiveClock() > config_.max_staleness;
+// Writes checkpoints taken under the locks, then deletes the oldest beyond keep_checkpoints. A failed write is
+// logged, not returned: training goes on (the next save may succeed).
+void ParameterServer::Impl::WriteCheckpoints(std::vector<CheckpointData> saves) {
+  if (saves.empty()) return;
+  absl::MutexLock lock(&save_mu_);
+  for (const CheckpointData& d : saves) {
+    const std::string path =
+        CheckpointPath(options_.checkpoint_dir, d.global_step, options_.task_index, options_.num_ps);
+    const absl::Time start = absl::Now();
+    absl::Status s = WriteCheckpoint(path, d);
+    if (!s.ok()) {
+      LOG(ERROR) << "ps task " << options_.task_index << ": cannot save checkpoint " << path << ": " << s;
+      continue;
     }
-    return false;
+    LOG(INFO) << "ps task " << options_.task_index << ": saved checkpoint " << path << " in "
+              << absl::FormatDuration(absl::Now() - start);
   }
+  absl::Status s = PruneCheckpoints(options_.checkpoint_dir, options_.task_index, options_.num_ps,
+                                    options_.keep_checkpoints);
+  if (!s.ok()) LOG(WARNING) << "ps task " << options_.task_index << ": pruning old checkpoints: " << s;
+}
 
-  const ParameterServerOptions options_;
+// ---- the public class -----------------------------------------------------------------------------------------
 
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // signalled whenever the step, a clock, a worker's done flag or finished_ changes
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(ParameterServerOptions options) {
+  DisableMutexDeadlockDetection();  // see common/mutex_config.h
+  if (options.num_ps < 1 || options.task_index < 0 || options.task_index >= options.num_ps) {
+    return absl::InvalidArgumentError(absl::StrCat("ps task_index ", options.task_index, " is outside [0, ",
+                                                   options.num_ps, ") (num_ps ", options.num_ps, ")"));
+  }
+  if (options.num_workers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers must be >= 1, got ", options.num_workers));
+  }
+  if (options.save_checkpoint_steps < 0 || options.save_checkpoint_secs < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("save_checkpoint_steps (", options.save_checkpoint_steps,
+                                                   ") and save_checkpoint_secs (", options.save_checkpoint_secs,
+                                                   ") must be >= 0"));
+  }
+  if (options.apply_threads < 1) options.apply_threads = 1;
+  return std::unique_ptr<ParameterServer>(new ParameterServer(std::make_unique<Impl>(std::move(options))));
+}
 
-  bool configured_ ABSL_GUARDED_BY(mu_) = false;
-  TrainConfig config_ ABSL_GUARDED_BY(mu_);
-  bool sync_ ABSL_GUARDED_BY(mu_) = true;
-  int replicas_to_aggregate_ ABSL_GUARDED_BY(mu_) = 1;
-  int chief_ ABSL_GUARDED_BY(mu_) = -1;
-  std::optional<SliceStore> store_ ABSL_GUARDED_BY(mu_);
-  bool initialized_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
-
-  std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
-  int num_done_ ABSL_GUARDED_BY(mu_) = 0;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-
-  std::vector<int> pending_ ABSL_GUARDED_BY(mu_);  // ps 0, sync: committed workers for step_, in order
-  std::deque<StepDecision> decision_log_ ABSL_GUARDED_BY(mu_);  // [i] decides step first_logged_step_ + i
-  int64_t first_logged_step_ ABSL_GUARDED_BY(mu_) = 0;
-
-  std::vector<int64_t> staleness_histogram_ ABSL_GUARDED_BY(mu_) = std::vector<int64_t>(kStalenessBuckets, 0);
-  int64_t max_staleness_seen_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
-
-  // Checkpoints.
-  int64_t step_hint_ ABSL_GUARDED_BY(mu_) = 0;        // async, tasks > 0: newest global step seen in pushes
-  int64_t last_save_label_ ABSL_GUARDED_BY(mu_) = 0;  // step of the newest checkpoint taken (or restored)
-  absl::Time last_save_time_ ABSL_GUARDED_BY(mu_);
-  std::vector<CheckpointData> pending_saves_ ABSL_GUARDED_BY(mu_);  // taken, not yet written
-  bool final_save_started_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Mutex save_mu_;  // never held with mu_; serializes writing and pruning checkpoint files
-
-  std::vector<int> slice_index_ ABSL_GUARDED_BY(mu_);  // Push: slice index of each gradient in the request
-  std::vector<const float*> grad_ptrs_ ABSL_GUARDED_BY(mu_);  // Push: where each of those gradients is
-  std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);    // ApplyDecision: gradient sums
-};
-
-ParameterServer::ParameterServer(ParameterServerOptions options)
-    : impl_(std::make_unique<Impl>(std::move(options))) {}
+ParameterServer::ParameterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ParameterServer::~ParameterServer() = default;
 
 absl::StatusOr<RegisterResponse> ParameterServer::Register(const RegisterRequest& request) {
   return impl_->Register(request);
 }
-absl::Status ParameterServer::Initialize(const InitializeRequest& request) { return impl_->Initialize(request); }
-absl::StatusOr<PushResponse> ParameterServer::Push(const PushRequest& request) { return impl_->Push(request); }
-absl::StatusOr<PullResponse> ParameterServer::Pull(const PullRequest& request) { return impl_->Pull(request); }
+absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::StartInitialize(int worker_id) {
+  return impl_->StartInitialize(worker_id);
+}
+absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::StartPush(const PushHeader& header) {
+  return impl_->StartPush(header);
+}
+absl::Status ParameterServer::Pull(const PullRequest& request, PullReceiver* receiver) {
+  return impl_->Pull(request, receiver);
+}
 absl::Status ParameterServer::Done(int worker_id) { return impl_->Done(worker_id); }
 absl::StatusOr<TrainingStats> ParameterServer::GetStats() { return impl_->GetStats(); }
 bool ParameterServer::finished() const { return impl_->finished(); }

@@ -2,22 +2,17 @@
 // slices of the variables with their optimizer slots and moving averages, applies gradients (sync or async,
 // see ps_types.h for the protocol), and on task 0 keeps the global step and the sync decisions.
 //
-// PsInterface is what a worker talks to. ParameterServer implements it directly (the in-process client);
-// ps/grpc_ps_client.h implements it over gRPC; ps/grpc_ps_service.h exposes a ParameterServer over gRPC.
+// It implements PsInterface directly (the in-process ps of local mode and of tests); ps/grpc_ps_service.h
+// exposes one over gRPC.
 //
-// Thread-safety: every method of ParameterServer may be called concurrently from any thread (one gRPC handler
-// thread per call). Pull blocks (on a condition variable, never polling) until its condition holds or its
-// timeout passes.
+// Composition (each part in its own file): SliceStore (values, slots, moving averages, per-slice locks and
+// versions), GradientBuffers (each worker's uploaded gradients), Membership (workers' states and statistics),
+// SyncCoordinator (ps 0, sync: commits and decisions), StalenessGate (ps 0, async: clocks and the bound),
+// CheckpointScheduler (when to save). The ParameterServer is the protocol state machine that ties them.
 //
-// Errors:
-//   InvalidArgument     malformed request (unknown key, wrong length, bad worker id)
-//   FailedPrecondition  config mismatch with the chief's (the message names the differing field), push for a
-//                       future step, decisions missing for a step this shard needs, non-chief Initialize,
-//                       a checkpoint in checkpoint_dir that does not fit the chief's config, a Pull of moving
-//                       averages that are not kept
-//   DataLoss            (Register, sync) the checkpoint of the step ps task 0 restored is corrupt on this task
-//   Unavailable         not configured / not initialized yet (the caller retries with backoff)
-//   DeadlineExceeded    Pull waited longer than its timeout
+// Thread-safety: every method may be called concurrently from any thread (one gRPC handler thread per call).
+// Pulls block (on condition variables, never polling) until their condition holds or their timeout passes.
+// Errors: as listed in ps/ps_interface.h.
 #ifndef DTRAIN_PS_PARAMETER_SERVER_H_
 #define DTRAIN_PS_PARAMETER_SERVER_H_
 
@@ -29,22 +24,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ps/ps_interface.h"
 #include "ps/ps_types.h"
 
 namespace dtrain::ps {
-
-class PsInterface {
- public:
-  virtual ~PsInterface() = default;
-  virtual absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) = 0;
-  virtual absl::Status Initialize(const InitializeRequest& request) = 0;
-  virtual absl::StatusOr<PushResponse> Push(const PushRequest& request) = 0;
-  virtual absl::StatusOr<PullResponse> Pull(const PullRequest& request) = 0;
-  // The worker has finished training. Sync: the coordinator stops expecting its commits (R becomes
-  // min(R, active workers)), and a pending step that now has enough commits is decided.
-  virtual absl::Status Done(int worker_id) = 0;
-  virtual absl::StatusOr<TrainingStats> GetStats() = 0;
-};
 
 // Checkpoints (ps/checkpoint.h has the file format and names). With checkpoint_dir set, each task writes
 // <checkpoint_dir>/model.ckpt-<step>.ps<task>-of-<num_ps>:
@@ -59,9 +42,10 @@ class PsInterface {
 //   effort in async mode, as with TensorFlow's Saver on asynchronous training.
 // - When every worker has reported Done, each task saves a final checkpoint (unless it just saved that step);
 //   finished() turns true only after it is on disk.
-// - State is copied under the lock; the file is written outside it by the calling RPC thread (atomically:
-//   temporary file, fsync, rename), then all but the newest keep_checkpoints files of this task are deleted.
-//   A failed write is logged (LOG(ERROR)), training goes on.
+// - The state is copied between updates (sync: right after the step's update, before the next one starts);
+//   the file is written outside any lock by the calling RPC thread (atomically: temporary file, fsync,
+//   rename), then all but the newest keep_checkpoints files of this task are deleted. A failed write is logged
+//   (LOG(ERROR)), training goes on.
 // - Restore: when the chief registers and the task holds no values, it restores the checkpoint chosen by
 //   RegisterRequest::restore_step (see FindCheckpointToRestore) before answering, so Register returns
 //   initialized=true with the restored step, and the chief skips Initialize. A corrupt newest file is skipped
@@ -72,37 +56,45 @@ struct ParameterServerOptions {
   int num_ps = 1;
   int num_workers = 1;  // from the cluster spec; the server is finished when all of them reported Done
   // CPU threads (OpenMP) for applying the update to large slices. dtrain_ps keeps 1 (its host's cores belong to
-  // the workers); an in-process ps in local mode uses the worker's --threads.
+  // the workers, and updates of different slices overlap with sending); an in-process ps in local mode uses the
+  // worker's --threads.
   int apply_threads = 1;
   std::string checkpoint_dir;         // empty = no checkpoints (neither saved nor restored)
   int64_t save_checkpoint_steps = 0;  // >= 0; 0 = no step-based saves
   double save_checkpoint_secs = 0;    // >= 0; 0 = no time-based saves
   int keep_checkpoints = 5;           // files of this task kept; <= 0 keeps all
-  // Test hook: called on the coordinator each time a step is applied (step, contributing workers).
+  // Test hook: called on the coordinator after each step is applied (step, contributing workers), in step
+  // order, from the thread that applied it. It must not call back into the ParameterServer.
   std::function<void(const StepDecision&)> on_step_applied;
+  // Time source for time-based checkpoints (default absl::Now); tests inject a fake clock.
+  std::function<absl::Time()> clock;
 };
 
 class ParameterServer : public PsInterface {
  public:
-  explicit ParameterServer(ParameterServerOptions options);
+  // InvalidArgument naming the bad option (task_index outside [0, num_ps), num_workers < 1, negative save
+  // intervals).
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(ParameterServerOptions options);
   ~ParameterServer() override;
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) override;
-  absl::Status Initialize(const InitializeRequest& request) override;
-  absl::StatusOr<PushResponse> Push(const PushRequest& request) override;
-  absl::StatusOr<PullResponse> Pull(const PullRequest& request) override;
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override;
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override;
+  absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override;
   absl::Status Done(int worker_id) override;
   absl::StatusOr<TrainingStats> GetStats() override;
 
-  // True once every worker of the cluster has called Done. WaitUntilFinished blocks until then or timeout;
-  // returns whether finished.
+  // True once every worker of the cluster has called Done (and the final checkpoint is written).
+  // WaitUntilFinished blocks until then or timeout; returns whether finished.
   bool finished() const;
   bool WaitUntilFinished(absl::Duration timeout);
 
-  int64_t step() const;  // this task's applied step (global step on task 0)
+  int64_t step() const;  // this task's step (global step on task 0)
+
+  class Impl;
 
  private:
-  class Impl;
+  explicit ParameterServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -71,13 +71,13 @@ TEST(AsyncTest, RetriedPushesAreNotDoubled) {
   std::vector<std::thread> threads;
   for (int id = 0; id < 2; ++id) {
     threads.emplace_back([&, id] {
-      SimWorker w(cluster.get(), id);
+      SimWorker w(cluster.get(), id, FaultInjectingPs::Faults{/*duplicate_pushes=*/true});
       std::vector<float> params;
       int64_t step = *w.Pull(0, 0, &params);
       // Gradients of 1 and 2 with lr 0.25: every update is exact in float.
       const std::vector<float> grad(8, static_cast<float>(id + 1));
       for (int i = 0; i < kStepsPerWorker; ++i) {
-        absl::StatusOr<Outcome> outcome = w.Push(step, grad, /*send_twice=*/true);
+        absl::StatusOr<Outcome> outcome = w.Push(step, grad);
         ASSERT_TRUE(outcome.ok()) << outcome.status();
         EXPECT_EQ(*outcome, Outcome::kAccepted);
         step = *w.Pull(0, step, &params);
@@ -128,9 +128,9 @@ TEST(AsyncTest, BoundedStalenessBlocksTheFastWorker) {
 
   // A pull that cannot proceed in time says why.
   auto cluster2 = *SimCluster::Start(AsyncCluster(2, 1, /*max_staleness=*/0));
-  SimWorker eager(cluster2.get(), 0);
+  SimWorker eager(cluster2.get(), 0, {}, /*step_timeout=*/absl::Milliseconds(30));
   ASSERT_TRUE(eager.Push(0, g).ok());
-  absl::StatusOr<int64_t> timed_out = eager.Pull(0, 0, &params, /*timeout_ms=*/30);
+  absl::StatusOr<int64_t> timed_out = eager.Pull(0, 0, &params);
   EXPECT_EQ(timed_out.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(timed_out.status().message().find("max_staleness 0"), std::string::npos) << timed_out.status();
 }

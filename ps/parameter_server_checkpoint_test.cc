@@ -87,7 +87,7 @@ std::vector<float> Flat(SimCluster* cluster, bool moving_averages) {
   for (int t = 0; t < cluster->num_ps(); ++t) {
     PullRequest request;
     request.moving_averages = moving_averages;
-    absl::StatusOr<PullResponse> r = cluster->task(t).Pull(request);
+    absl::StatusOr<testing::Pulled> r = testing::PullSlices(cluster->task(t), request);
     EXPECT_TRUE(r.ok()) << r.status();
     if (r.ok()) cluster->Scatter(r->slices, &flat);
   }
@@ -234,21 +234,21 @@ TEST(ParameterServerCheckpointTest, AnotherModelsCheckpointIsRefused) {
   ParameterServerOptions po;
   po.num_workers = kWorkers;
   po.checkpoint_dir = dir.path();
-  ParameterServer ps(po);
+  std::unique_ptr<ParameterServer> ps = *ParameterServer::Create(po);
   RegisterRequest request;
   request.is_chief = true;
   request.config = o.config;
   request.config.slices = {SliceSpec{0, "conv/w", 0, 40}, SliceSpec{1, "conv/b", 40, 4},
                            SliceSpec{2, "fc/w", 44, 300}, SliceSpec{3, "fc/b", 344, 6}};
   request.config.model_signature = "another-model";
-  absl::StatusOr<RegisterResponse> r = ps.Register(request);
+  absl::StatusOr<RegisterResponse> r = ps->Register(request);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(r.status().message(), "checkpoint of another model")) << r.status();
   EXPECT_TRUE(absl::StrContains(r.status().message(), "--checkpoint_dir")) << r.status();
   // The task stays unconfigured: the right chief can still register and gets the restored values.
   request.config.model_signature = o.config.model_signature;
-  r = ps.Register(request);
+  r = ps->Register(request);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->initialized);
   EXPECT_EQ(r->global_step, 5);
@@ -276,7 +276,7 @@ TEST(ParameterServerCheckpointTest, PullMovingAverages) {
   ASSERT_TRUE(plain.ok());
   PullRequest request;
   request.moving_averages = true;
-  absl::StatusOr<PullResponse> r = (*plain)->task(0).Pull(request);
+  absl::StatusOr<testing::Pulled> r = testing::PullSlices((*plain)->task(0), request);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
 }
 

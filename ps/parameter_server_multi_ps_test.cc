@@ -12,6 +12,10 @@ namespace dtrain::ps {
 namespace {
 
 using ::dtrain::ps::testing::MakeConfig;
+using ::dtrain::ps::testing::Pulled;
+using ::dtrain::ps::testing::PullSlices;
+using ::dtrain::ps::testing::PushSlices;
+using ::dtrain::ps::testing::Slices;
 using ::dtrain::ps::testing::SimCluster;
 using ::dtrain::ps::testing::SimClusterOptions;
 using ::dtrain::ps::testing::SimWorker;
@@ -162,7 +166,7 @@ TEST(MultiPsProtocolTest, MissingOrUnbufferedDecisionsAreRejected) {
   PullRequest gap;
   gap.worker_id = 0;
   gap.decisions = {{1, {0, 1}}};  // step 0's decision is missing
-  absl::StatusOr<PullResponse> r = task1.Pull(gap);
+  absl::StatusOr<Pulled> r = PullSlices(task1, gap);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("missing decision for step 0"), std::string::npos) << r.status();
 
@@ -170,16 +174,12 @@ TEST(MultiPsProtocolTest, MissingOrUnbufferedDecisionsAreRejected) {
   SimWorker w0(cluster.get(), 0);
   std::vector<float> params;
   ASSERT_TRUE(w0.Pull(0, 0, &params).ok());
-  PushRequest push;
-  push.worker_id = 0;
-  push.step = 0;
-  push.request_id = 1;
-  push.gradients = cluster->SlicesFor(1, std::vector<float>(cluster->total_floats(), 1.0f));
-  ASSERT_TRUE(task1.Push(push).ok());
+  const Slices ones = cluster->SlicesFor(1, std::vector<float>(cluster->total_floats(), 1.0f));
+  ASSERT_TRUE(PushSlices(task1, PushHeader{0, 0, 1, false}, ones).ok());
   PullRequest unbuffered;
   unbuffered.worker_id = 0;
   unbuffered.decisions = {{0, {0, 1}}};
-  r = task1.Pull(unbuffered);
+  r = PullSlices(task1, unbuffered);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("includes worker 1"), std::string::npos) << r.status();
   EXPECT_EQ(task1.step(), 0);
@@ -189,16 +189,15 @@ TEST(MultiPsProtocolTest, MissingOrUnbufferedDecisionsAreRejected) {
   ok.worker_id = 0;
   ok.min_step = 1;
   ok.decisions = {{0, {0}}};
-  r = task1.Pull(ok);
+  r = PullSlices(task1, ok);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->step, 1);
-  r = task1.Pull(ok);
+  EXPECT_EQ(r->header.step, 1);
+  r = PullSlices(task1, ok);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->step, 1);
+  EXPECT_EQ(r->header.step, 1);
   EXPECT_EQ(task1.GetStats()->workers[0].applied, 1);
   // A push for step 0 now is a backup's.
-  push.worker_id = 1;
-  EXPECT_EQ(task1.Push(push)->outcome, PushResponse::Outcome::kDroppedBackup);
+  EXPECT_EQ(PushSlices(task1, PushHeader{1, 0, 1, false}, ones)->outcome, PushResponse::Outcome::kDroppedBackup);
 }
 
 }  // namespace

@@ -9,11 +9,15 @@
 #include "gtest/gtest.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_test_util.h"
+#include "ps/slice_store.h"
 
 namespace dtrain::ps {
 namespace {
 
 using ::dtrain::ps::testing::MakeConfig;
+using ::dtrain::ps::testing::Pulled;
+using ::dtrain::ps::testing::PullSlices;
+using ::dtrain::ps::testing::PushSlices;
 using ::dtrain::ps::testing::SimCluster;
 using ::dtrain::ps::testing::SimClusterOptions;
 using ::dtrain::ps::testing::SimWorker;
@@ -70,20 +74,20 @@ TEST(SyncTest, TwoWorkersAverageTheirGradients) {
   request.worker_id = 1;
   request.min_step = 1;
   request.since_step = 0;
-  absl::StatusOr<PullResponse> r = cluster->task(0).Pull(request);
+  absl::StatusOr<Pulled> r = PullSlices(cluster->task(0), request);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->step, 1);
+  EXPECT_EQ(r->header.step, 1);
   cluster->Scatter(r->slices, &params);
   EXPECT_EQ(params, std::vector<float>({0.0f, 1.5f, 3.0f, 3.5f}));
-  ASSERT_EQ(r->decisions.size(), 1u);
-  EXPECT_EQ(r->decisions[0].step, 0);
-  EXPECT_EQ(r->decisions[0].workers, std::vector<int>({0, 1}));
+  ASSERT_EQ(r->header.decisions.size(), 1u);
+  EXPECT_EQ(r->header.decisions[0].step, 0);
+  EXPECT_EQ(r->header.decisions[0].workers, std::vector<int>({0, 1}));
   ASSERT_EQ(recorder.decisions().size(), 1u);
   EXPECT_EQ(recorder.decisions()[0].workers, std::vector<int>({0, 1}));
 
   // since_step past the step: no decisions.
   request.since_step = 1;
-  EXPECT_TRUE(cluster->task(0).Pull(request)->decisions.empty());
+  EXPECT_TRUE(PullSlices(cluster->task(0), request)->header.decisions.empty());
   TrainingStats stats = *cluster->task(0).GetStats();
   EXPECT_EQ(stats.global_step, 1);
   EXPECT_EQ(stats.workers[0].applied, 1);
@@ -184,21 +188,16 @@ TEST(SyncTest, StaleGradientIsDroppedAndValuesUnchanged) {
 TEST(SyncTest, DuplicatePushIsNotAppliedTwice) {
   auto cluster = *SimCluster::Start(OneTask(2, 2, {0, 0, 0, 0}));
   ParameterServer& ps = cluster->task(0);
-  PushRequest p;
-  p.worker_id = 0;
-  p.step = 0;
-  p.request_id = 42;
-  p.commit = true;
-  p.gradients = cluster->SlicesFor(0, {4, 4, 4, 4});
-  EXPECT_EQ(ps.Push(p)->outcome, Outcome::kAccepted);
-  EXPECT_EQ(ps.Push(p)->outcome, Outcome::kDuplicate);  // a retry
-  p.request_id = 43;
-  EXPECT_EQ(ps.Push(p)->outcome, Outcome::kDuplicate);  // a second commit for the step under a new id
+  PushHeader h{0, 0, 42, /*commit=*/true};
+  EXPECT_EQ(PushSlices(ps, h, cluster->SlicesFor(0, {4, 4, 4, 4}))->outcome, Outcome::kAccepted);
+  EXPECT_EQ(PushSlices(ps, h, cluster->SlicesFor(0, {4, 4, 4, 4}))->outcome, Outcome::kDuplicate);  // a retry
+  h.request_id = 43;
+  // A second commit for the step under a new id.
+  EXPECT_EQ(PushSlices(ps, h, cluster->SlicesFor(0, {9, 9, 9, 9}))->outcome, Outcome::kDuplicate);
   EXPECT_EQ(ps.step(), 0);  // still waiting for worker 1: the duplicates did not count as contributions
-  p.worker_id = 1;
-  p.request_id = 42;  // ids are per worker
-  p.gradients = cluster->SlicesFor(0, {2, 2, 2, 2});
-  EXPECT_EQ(ps.Push(p)->outcome, Outcome::kAccepted);
+  h.worker_id = 1;
+  h.request_id = 42;  // ids are per worker
+  EXPECT_EQ(PushSlices(ps, h, cluster->SlicesFor(0, {2, 2, 2, 2}))->outcome, Outcome::kAccepted);
   EXPECT_EQ(ps.step(), 1);
   std::vector<float> params;
   SimWorker w0(cluster.get(), 0);
@@ -207,27 +206,70 @@ TEST(SyncTest, DuplicatePushIsNotAppliedTwice) {
   EXPECT_EQ(ps.GetStats()->workers[0].duplicates, 2);
 }
 
-TEST(SyncTest, ChunkedPushBuffersUntilCommit) {
-  // A worker may send a step's slices in several pushes; the commit needs all of them.
+TEST(SyncTest, PiecesOfOneUploadAreGatheredUntilTheCommit) {
+  // Layer by layer and chunk by chunk: the commit at the end of the upload needs every slice whole.
   auto cluster = *SimCluster::Start(OneTask(1, 1, {0, 0, 0, 0}));
   ParameterServer& ps = cluster->task(0);
-  std::vector<SliceData> slices = cluster->SlicesFor(0, {2, 2, 2, 4});
-  PushRequest first;
-  first.worker_id = 0;
-  first.request_id = 1;
-  first.gradients = {slices[0]};
-  EXPECT_EQ(ps.Push(first)->outcome, Outcome::kAccepted);
+  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = ps.StartPush(PushHeader{0, 0, 1, /*commit=*/true});
+  ASSERT_TRUE(upload.ok()) << upload.status();
+  const float b[] = {4}, w[] = {2, 2, 2};
+  ASSERT_TRUE((*upload)->Write(1, 0, 1, WireDtype::kF32, b).ok());      // the last layer first
+  ASSERT_TRUE((*upload)->Write(0, 0, 2, WireDtype::kF32, w).ok());      // 'w' in two pieces
   EXPECT_EQ(ps.step(), 0);
-  PushRequest last = first;
-  last.request_id = 2;
-  last.commit = true;
-  last.gradients = {slices[1]};
-  EXPECT_EQ(ps.Push(last)->outcome, Outcome::kAccepted);
+  ASSERT_TRUE((*upload)->Write(0, 2, 1, WireDtype::kF32, w + 2).ok());
+  EXPECT_EQ(ps.step(), 0);  // nothing is decided before the upload ends
+  absl::StatusOr<PushResponse> r = (*upload)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, Outcome::kAccepted);
   EXPECT_EQ(ps.step(), 1);
   std::vector<float> params;
   SimWorker w0(cluster.get(), 0);
   ASSERT_EQ(*w0.Pull(1, 0, &params), 1);
   EXPECT_EQ(params, std::vector<float>({-1, -1, -1, -2}));
+}
+
+TEST(SyncTest, PullStreamsEachSliceAsSoonAsItIsUpdated) {
+  // A pull waiting for step 1 gets its header at the decision and every slice at step 1, in key order, even
+  // when a large slice is updated in several published chunks.
+  SimClusterOptions o;
+  const int64_t big = 3 * SliceStore::kChunkFloats + 5;
+  o.variables = {{"w", big}, {"b", 3}};
+  o.config = MakeConfig("sync", 1, 1, /*learning_rate=*/1.0f);
+  o.initial.assign(big + 3, 1.0f);
+  auto cluster = *SimCluster::Start(o);
+  std::vector<uint32_t> order;
+  class Recorder : public PullReceiver {
+   public:
+    explicit Recorder(std::vector<uint32_t>* order, std::vector<float>* flat, int64_t big)
+        : order_(order), flat_(flat), big_(big) {}
+    absl::Status OnHeader(const PullHeader& h) override {
+      step_ = h.step;
+      return absl::OkStatus();
+    }
+    absl::StatusOr<Buffer> Destination(uint32_t key, int64_t offset, int64_t n) override {
+      order_->push_back(key);
+      return Buffer{flat_->data() + (key == 0 ? 0 : big_) + offset, WireDtype::kF32};
+    }
+    absl::Status Written(uint32_t, int64_t, int64_t) override { return absl::OkStatus(); }
+    int64_t step_ = -1;
+
+   private:
+    std::vector<uint32_t>* order_;
+    std::vector<float>* flat_;
+    int64_t big_;
+  };
+  std::vector<float> flat(big + 3);
+  Recorder recorder(&order, &flat, big);
+  PullRequest request;
+  request.min_step = 1;
+  std::future<absl::Status> pull = std::async(std::launch::async, [&] { return cluster->task(0).Pull(request, &recorder); });
+  SimWorker w0(cluster.get(), 0);
+  ASSERT_EQ(*w0.Push(0, std::vector<float>(big + 3, 0.5f)), Outcome::kAccepted);
+  ASSERT_EQ(pull.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_TRUE(pull.get().ok());
+  EXPECT_EQ(recorder.step_, 1);
+  EXPECT_EQ(order, std::vector<uint32_t>({0, 0, 0, 0, 1}));  // four chunks of 'w', then 'b'
+  EXPECT_EQ(flat, std::vector<float>(big + 3, 0.5f));
 }
 
 TEST(SyncTest, ManyWorkersManyStepsStayConsistent) {

@@ -18,10 +18,64 @@ TrainConfig MakeConfig(const std::string& mode, int num_workers, int replicas_to
   return c;
 }
 
+namespace {
+
+absl::Status WriteAll(SliceUpload* upload, const Slices& slices) {
+  for (const auto& [key, values] : slices) {
+    RETURN_IF_ERROR(upload->Write(key, 0, static_cast<int64_t>(values.size()), WireDtype::kF32, values.data()));
+  }
+  return absl::OkStatus();
+}
+
+// Collects pulled slices into a map.
+class MapReceiver : public PullReceiver {
+ public:
+  explicit MapReceiver(Pulled* out) : out_(out) {}
+  absl::Status OnHeader(const PullHeader& header) override {
+    out_->header = header;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Buffer> Destination(uint32_t key, int64_t offset, int64_t n) override {
+    std::vector<float>& v = out_->slices[key];
+    if (static_cast<int64_t>(v.size()) != offset) {
+      return absl::DataLossError(absl::StrCat("slice ", key, ": floats from ", offset, " after ", v.size()));
+    }
+    v.resize(offset + n);
+    return Buffer{v.data() + offset, WireDtype::kF32};
+  }
+  absl::Status Written(uint32_t, int64_t, int64_t) override { return absl::OkStatus(); }
+
+ private:
+  Pulled* out_;
+};
+
+}  // namespace
+
+absl::StatusOr<PushResponse> PushSlices(PsInterface& ps, const PushHeader& header, const Slices& slices) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SliceUpload> upload, ps.StartPush(header));
+  RETURN_IF_ERROR(WriteAll(upload.get(), slices));
+  return upload->Finish();
+}
+
+absl::Status InitializeSlices(PsInterface& ps, int worker_id, const Slices& slices) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SliceUpload> upload, ps.StartInitialize(worker_id));
+  RETURN_IF_ERROR(WriteAll(upload.get(), slices));
+  return upload->Finish().status();
+}
+
+absl::StatusOr<Pulled> PullSlices(PsInterface& ps, const PullRequest& request) {
+  Pulled out;
+  MapReceiver receiver(&out);
+  RETURN_IF_ERROR(ps.Pull(request, &receiver));
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions options) {
   auto cluster = std::make_unique<SimCluster>();
   ASSIGN_OR_RETURN(cluster->placement_, PlaceVariables(options.variables, options.num_ps, options.placement));
   cluster->num_workers_ = options.config.num_workers;
+  cluster->config_ = options.config;
+  cluster->initial_ = options.initial;
   for (const SliceSpec& s : cluster->placement_.slices) cluster->total_floats_ += s.length;
   if (static_cast<int64_t>(options.initial.size()) != cluster->total_floats_) {
     return absl::InvalidArgumentError("initial values do not match the variables");
@@ -36,97 +90,83 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
     ps_options.save_checkpoint_steps = options.save_checkpoint_steps;
     ps_options.save_checkpoint_secs = options.save_checkpoint_secs;
     ps_options.keep_checkpoints = options.keep_checkpoints;
-    cluster->tasks_.push_back(std::make_unique<ParameterServer>(ps_options));
+    ps_options.clock = options.clock;
+    ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> ps, ParameterServer::Create(ps_options));
+    cluster->tasks_.push_back(std::move(ps));
   }
-  int64_t restore_step = kRestoreNewest;  // task 0: its newest; the others: what task 0 restored
-  for (int t = 0; t < options.num_ps; ++t) {
-    TrainConfig config = options.config;
-    config.slices = cluster->placement_.task_slices[t];
-    for (int w = 0; w < cluster->num_workers_; ++w) {
-      RegisterRequest request;
-      request.worker_id = w;
-      request.is_chief = w == 0;
-      request.config = config;
-      request.restore_step = restore_step;
-      ASSIGN_OR_RETURN(RegisterResponse response, cluster->tasks_[t]->Register(request));
-      if (w != 0) continue;
-      if (!response.initialized) {
-        InitializeRequest init;
-        init.worker_id = 0;
-        init.slices = cluster->SlicesFor(t, options.initial);
-        RETURN_IF_ERROR(cluster->tasks_[t]->Initialize(init));
-      } else if (t > 0 && options.config.mode == "sync" && response.global_step != cluster->restored_step_) {
+  // What task 0 holds before the chief's Connect: a restored checkpoint, or nothing.
+  RegisterRequest chief;
+  chief.worker_id = 0;
+  chief.is_chief = true;
+  chief.config = options.config;
+  chief.config.slices = cluster->placement_.task_slices[0];
+  ASSIGN_OR_RETURN(RegisterResponse r0, cluster->tasks_[0]->Register(chief));
+  cluster->restored_step_ = r0.initialized ? r0.global_step : -1;
+  for (int w = 0; w < cluster->num_workers_; ++w) {
+    std::vector<PsInterface*> tasks;
+    for (auto& t : cluster->tasks_) tasks.push_back(t.get());
+    WorkerClientOptions wo;
+    wo.background = false;
+    WorkerClient client(tasks, cluster->placement_.task_slices, w, w == 0, wo);
+    RETURN_IF_ERROR(client.Connect(options.config, options.initial.data(), absl::Seconds(5)));
+  }
+  if (options.config.mode == "sync" && cluster->restored_step_ >= 0) {
+    for (int t = 1; t < options.num_ps; ++t) {
+      if (cluster->tasks_[t]->step() != cluster->restored_step_) {
         return absl::InternalError("ps tasks restored different steps");
-      }
-      if (t == 0) {
-        cluster->restored_step_ = response.initialized ? response.global_step : -1;
-        restore_step = response.initialized ? response.global_step : kRestoreNone;
       }
     }
   }
   return cluster;
 }
 
-std::vector<SliceData> SimCluster::SlicesFor(int t, const std::vector<float>& flat) const {
-  std::vector<SliceData> out;
+Slices SimCluster::SlicesFor(int t, const std::vector<float>& flat) const {
+  Slices out;
   for (const SliceSpec& s : placement_.task_slices[t]) {
-    out.push_back({s.key, std::vector<float>(flat.begin() + s.flat_offset, flat.begin() + s.flat_offset + s.length)});
+    out[s.key] = std::vector<float>(flat.begin() + s.flat_offset, flat.begin() + s.flat_offset + s.length);
   }
   return out;
 }
 
-void SimCluster::Scatter(const std::vector<SliceData>& slices, std::vector<float>* flat) const {
+void SimCluster::Scatter(const Slices& slices, std::vector<float>* flat) const {
   flat->resize(total_floats_);
-  for (const SliceData& d : slices) {
-    std::copy(d.values.begin(), d.values.end(), flat->begin() + placement_.slices[d.key].flat_offset);
+  for (const auto& [key, values] : slices) {
+    std::copy(values.begin(), values.end(), flat->begin() + placement_.slices[key].flat_offset);
   }
 }
 
-absl::StatusOr<int64_t> SimWorker::Pull(int64_t min_step, int64_t since_step, std::vector<float>* params,
-                                        int64_t timeout_ms) {
-  PullRequest request;
-  request.worker_id = worker_id_;
-  request.min_step = min_step;
-  request.since_step = since_step;
-  request.timeout_ms = timeout_ms;
-  ASSIGN_OR_RETURN(PullResponse ps0, cluster_->task(0).Pull(request));
-  cluster_->Scatter(ps0.slices, params);
-  training_done_ = ps0.training_done;
-  for (int t = 1; t < cluster_->num_ps(); ++t) {
-    PullRequest other;
-    other.worker_id = worker_id_;
-    other.min_step = 0;
-    other.decisions = ps0.decisions;
-    other.timeout_ms = timeout_ms;
-    ASSIGN_OR_RETURN(PullResponse response, cluster_->task(t).Pull(other));
-    cluster_->Scatter(response.slices, params);
+SimWorker::SimWorker(SimCluster* cluster, int worker_id, FaultInjectingPs::Faults faults,
+                     absl::Duration step_timeout)
+    : cluster_(cluster) {
+  std::vector<PsInterface*> tasks;
+  for (int t = 0; t < cluster->num_ps(); ++t) {
+    faulty_.push_back(std::make_unique<FaultInjectingPs>(&cluster->task(t), faults));
+    tasks.push_back(faulty_.back().get());
   }
-  return ps0.step;
+  WorkerClientOptions wo;
+  wo.background = false;
+  wo.step_timeout = step_timeout;
+  client_ = std::make_unique<WorkerClient>(tasks, cluster->placement().task_slices, worker_id, worker_id == 0, wo);
+  // Registered already by SimCluster::Start: connecting again only checks the config and learns the mode.
+  connected_ = client_->Connect(cluster->config(), cluster->initial().data(), absl::Seconds(5));
 }
 
-absl::StatusOr<PushResponse::Outcome> SimWorker::Push(int64_t step, const std::vector<float>& grad,
-                                                      bool send_twice) {
-  const uint64_t request_id = next_request_id_++;
-  PushResponse::Outcome outcome = PushResponse::Outcome::kAccepted;
-  for (int t = cluster_->num_ps() - 1; t >= 0; --t) {
-    PushRequest request;
-    request.worker_id = worker_id_;
-    request.step = step;
-    request.request_id = request_id;
-    request.commit = t == 0;
-    request.gradients = cluster_->SlicesFor(t, grad);
-    for (int attempt = 0; attempt < (send_twice ? 2 : 1); ++attempt) {
-      ASSIGN_OR_RETURN(PushResponse response, cluster_->task(t).Push(request));
-      if (t == 0 && attempt == 0) outcome = response.outcome;
-    }
-  }
-  return outcome;
+absl::StatusOr<int64_t> SimWorker::Pull(int64_t min_step, int64_t since_step, std::vector<float>* params) {
+  RETURN_IF_ERROR(connected_);
+  params->resize(cluster_->total_floats());
+  ASSIGN_OR_RETURN(PullResult r, client_->Pull(min_step, since_step, params->data()));
+  training_done_ = r.training_done;
+  return r.step;
 }
 
-absl::Status SimWorker::Done() {
-  for (int t = 0; t < cluster_->num_ps(); ++t) RETURN_IF_ERROR(cluster_->task(t).Done(worker_id_));
-  return absl::OkStatus();
+absl::StatusOr<PushResponse::Outcome> SimWorker::Push(int64_t step, const std::vector<float>& grad) {
+  RETURN_IF_ERROR(connected_);
+  grad_ = grad;
+  ASSIGN_OR_RETURN(PushResponse r, client_->Push(step, grad_.data()));
+  return r.outcome;
 }
+
+absl::Status SimWorker::Done() { return client_->Done(); }
 
 std::vector<float> TestGradient(int worker, int64_t step, const std::vector<float>& params) {
   std::vector<float> g(params.size());

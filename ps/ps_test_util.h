@@ -1,5 +1,6 @@
-// Test helpers for ParameterServer tests: an in-process cluster of ps tasks (no sockets) and a simulated
-// worker that speaks the protocol of ps_types.h against it, with parameters and gradients as flat buffers.
+// Test helpers for ParameterServer tests: an in-process cluster of ps tasks (no sockets), a simulated worker that
+// runs the protocol through the one WorkerClient (ps/worker_client.h) against it, and helpers that upload or
+// pull whole slices of one task directly (for tests of a single ParameterServer's request handling).
 //
 // Thread-safety: SimCluster is immutable after Start (its ParameterServers are thread-safe); each SimWorker
 // belongs to one thread.
@@ -8,15 +9,18 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ps/fault_injecting_ps.h"
 #include "ps/parameter_server.h"
 #include "ps/placement.h"
 #include "ps/ps_types.h"
+#include "ps/worker_client.h"
 
 namespace dtrain::ps::testing {
 
@@ -24,6 +28,20 @@ namespace dtrain::ps::testing {
 TrainConfig MakeConfig(const std::string& mode, int num_workers, int replicas_to_aggregate,
                        float learning_rate = 0.5f);
 
+// ---- one task, whole slices -----------------------------------------------------------------------------------
+using Slices = std::map<uint32_t, std::vector<float>>;  // key -> values
+
+// Uploads every slice whole (one Write each, in key order) and finishes the upload.
+absl::StatusOr<PushResponse> PushSlices(PsInterface& ps, const PushHeader& header, const Slices& slices);
+absl::Status InitializeSlices(PsInterface& ps, int worker_id, const Slices& slices);
+// Pulls into a map (checks that every slice arrives whole and in order).
+struct Pulled {
+  PullHeader header;
+  Slices slices;
+};
+absl::StatusOr<Pulled> PullSlices(PsInterface& ps, const PullRequest& request);
+
+// ---- a cluster ------------------------------------------------------------------------------------------------
 struct SimClusterOptions {
   std::vector<VariableInfo> variables;
   int num_ps = 1;
@@ -31,21 +49,22 @@ struct SimClusterOptions {
   TrainConfig config;          // slices are filled per task
   std::vector<float> initial;  // flat initial values
   std::function<void(const StepDecision&)> on_step_applied;  // ps 0's hook
-  // Checkpoints (ParameterServerOptions); with a checkpoint_dir, Start restores like PsGroup::Connect.
+  // Checkpoints (ParameterServerOptions); with a checkpoint_dir, Start restores like WorkerClient::Connect.
   std::string checkpoint_dir;
   int64_t save_checkpoint_steps = 0;
   double save_checkpoint_secs = 0;
   int keep_checkpoints = 5;
+  std::function<absl::Time()> clock;
 };
 
 class SimCluster {
  public:
-  // Creates the ps tasks, registers every worker (the chief, worker 0, first) and initializes the values.
-  // Like PsGroup::Connect, the chief registers with task 0 first: if task 0 restored a checkpoint at step k,
-  // the other tasks are asked to restore step k (RegisterRequest::restore_step), else none.
+  // Creates the ps tasks and connects every worker (the chief, worker 0, first), which registers them and
+  // initializes the values (or restores a checkpoint: the chief's WorkerClient asks every task for the step
+  // task 0 restored).
   static absl::StatusOr<std::unique_ptr<SimCluster>> Start(SimClusterOptions options);
 
-  // The step the tasks restored (-1: none; they were initialized from options.initial).
+  // The step task 0 restored (-1: none; the tasks were initialized from options.initial).
   int64_t restored_step() const { return restored_step_; }
 
   int num_ps() const { return static_cast<int>(tasks_.size()); }
@@ -53,40 +72,47 @@ class SimCluster {
   ParameterServer& task(int i) { return *tasks_[i]; }
   const Placement& placement() const { return placement_; }
   int64_t total_floats() const { return total_floats_; }
+  const TrainConfig& config() const { return config_; }
+  const std::vector<float>& initial() const { return initial_; }
 
   // The slices of task `t` cut out of a flat buffer.
-  std::vector<SliceData> SlicesFor(int t, const std::vector<float>& flat) const;
-  // Writes slices pulled from a task into a flat buffer.
-  void Scatter(const std::vector<SliceData>& slices, std::vector<float>* flat) const;
+  Slices SlicesFor(int t, const std::vector<float>& flat) const;
+  // Writes slices pulled from a task into a flat buffer (resized to total_floats()).
+  void Scatter(const Slices& slices, std::vector<float>* flat) const;
 
  private:
   Placement placement_;
+  TrainConfig config_;
+  std::vector<float> initial_;
   std::vector<std::unique_ptr<ParameterServer>> tasks_;
   int num_workers_ = 0;
   int64_t total_floats_ = 0;
   int64_t restored_step_ = -1;
 };
 
+// One worker speaking the protocol through a WorkerClient (inline, no threads).
 class SimWorker {
  public:
-  SimWorker(SimCluster* cluster, int worker_id) : cluster_(cluster), worker_id_(worker_id) {}
+  // With `faults`, every task is reached through a FaultInjectingPs. `step_timeout`: how long a pull waits.
+  SimWorker(SimCluster* cluster, int worker_id, FaultInjectingPs::Faults faults = {},
+            absl::Duration step_timeout = absl::Seconds(20));
 
-  // Pulls from ps 0 (blocking until min_step, returning decisions since since_step), then from every other
-  // task passing those decisions. Fills `params` (flat) and returns ps 0's step.
-  absl::StatusOr<int64_t> Pull(int64_t min_step, int64_t since_step, std::vector<float>* params,
-                               int64_t timeout_ms = 20000);
-  // Pushes a flat gradient computed at `step`: to every task but 0, then with commit to ps 0. Returns ps 0's
-  // outcome. With send_twice every push is sent a second time with the same request id (a retry).
-  absl::StatusOr<PushResponse::Outcome> Push(int64_t step, const std::vector<float>& grad, bool send_twice = false);
-  // Done on every task.
+  // Pulls (ps 0 blocking until min_step and returning decisions since since_step, then every other task with
+  // those decisions) into `params` (resized) and returns ps 0's step.
+  absl::StatusOr<int64_t> Pull(int64_t min_step, int64_t since_step, std::vector<float>* params);
+  // Pushes a flat gradient computed at `step` to every task (committing on ps 0); returns ps 0's outcome.
+  absl::StatusOr<PushResponse::Outcome> Push(int64_t step, const std::vector<float>& grad);
   absl::Status Done();
 
   bool training_done() const { return training_done_; }
+  WorkerClient& client() { return *client_; }
 
  private:
   SimCluster* cluster_;
-  int worker_id_;
-  uint64_t next_request_id_ = 1;
+  std::vector<std::unique_ptr<FaultInjectingPs>> faulty_;
+  std::unique_ptr<WorkerClient> client_;
+  absl::Status connected_;
+  std::vector<float> grad_;
   bool training_done_ = false;
 };
 

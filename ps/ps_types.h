@@ -1,26 +1,34 @@
 // Plain structs of the parameter-server protocol. The gRPC wire format (proto/dtrain.proto) is mapped to and
-// from these in one place (ps/grpc_*); nothing else in ps/ or worker/ sees generated proto code.
+// from these in one place (ps/grpc_coding.*); nothing else in ps/ or worker/ sees generated proto code.
 //
 // Vocabulary:
 // - The model's parameters form one flat float buffer (see worker/models/model.h). It is cut into *slices*
 //   (contiguous ranges, each inside one variable); each slice lives on one ps task and has a cluster-wide key.
+//   Keys follow the flat buffer, which follows the layers: key order is forward order.
+// - Tensor data travels as *pieces*: floats [offset, offset + n) of one slice (ps/slice_io.h). Uploads
+//   (Initialize, Push) and downloads (Pull) move pieces; that is the only payload shape.
 // - ps task 0 also holds the *global step* and is the *coordinator*: in sync mode it decides which workers'
 //   gradients make up each step (the first R to commit at that step); other ps tasks learn the decisions from
 //   workers, who fetch them from ps 0 and pass them along when they pull (so no ps talks to another ps).
 //
 // Protocol for one worker step (worker w computed gradients on parameters pulled at step s):
-//   1. Push(w, s, request_id, gradient slices) to every ps task except 0 (in parallel), then
-//   2. Push(..., commit=true) to ps 0 with its slices: ps 0 records the commit. In sync mode, the first
-//      R = replicas_to_aggregate commits at step s (s == global step) are accepted; when the R-th arrives ps 0
-//      applies step s to its own slices and global_step becomes s+1. Commits for an already decided step are
-//      dropped (counted as backup if for the step just decided, stale if older). In async mode each commit
-//      applies at once on every shard (shards apply pushes on arrival) and increments the global step.
-//   3. Pull(min_step = s+1 in sync, 0 in async, since_step = s) from ps 0: blocks until global_step >= min_step
-//      (and, with bounded staleness, until w is no more than max_staleness commits ahead of the slowest active
-//      worker); returns ps 0's slices, the global step G, and the sync decisions for steps [s, G).
-//   4. Pull(decisions) from every other ps task: each applies the decisions it has not applied yet, in order,
-//      then returns its slices.
-// Retried pushes carry the same request_id and are not applied twice.
+//   1. Push(w, s, request_id) to every ps task, streaming each layer's gradient slices as soon as backward has
+//      produced them (last layer first). The upload to ps 0 carries commit=true and is finished only after the
+//      uploads to every other task have finished: a committed push is complete everywhere.
+//   2. ps 0 records the commit. In sync mode, the first R = replicas_to_aggregate commits at step s
+//      (s == global step) are accepted; the R-th decides step s: the global step becomes s+1 and ps 0 applies
+//      the average of the decided workers' gradients slice by slice, in key order. Commits for an already
+//      decided step are dropped (counted as backup if for the step just decided, stale if older). In async mode
+//      every task applies each slice as soon as it has arrived whole, and a commit on ps 0 increments the
+//      global step.
+//   3. Pull(min_step = s+1 in sync, 0 in async, since_step = s) from ps 0: the header (global step G, the sync
+//      decisions for steps [s, G)) comes once the step is reached (and, with bounded staleness, once w is no
+//      more than max_staleness commits ahead of the slowest active worker); then the slices, each as soon as
+//      it has been updated to step G, in key order — so a worker can start its next forward pass on the first
+//      layers while later ones are still being applied and sent.
+//   4. Pull(decisions) from every other ps task (started as soon as ps 0's header has arrived): each applies
+//      the decisions it has not applied yet, in order, streaming each slice as soon as it is updated.
+// Retried pushes carry the same request_id and are not applied twice, not even in part.
 #ifndef DTRAIN_PS_PS_TYPES_H_
 #define DTRAIN_PS_PS_TYPES_H_
 
@@ -28,7 +36,13 @@
 #include <string>
 #include <vector>
 
+namespace dtrain {
+class Cancellation;  // common/cancellation.h
+}  // namespace dtrain
+
 namespace dtrain::ps {
+
+enum class WireDtype : uint8_t;  // ps/slice_io.h
 
 // One slice of the flat parameter buffer held by a ps task.
 struct SliceSpec {
@@ -67,12 +81,6 @@ struct TrainConfig {
   std::vector<SliceSpec> slices;      // the slices this ps task holds
 };
 
-// A slice's floats in a request or response.
-struct SliceData {
-  uint32_t key = 0;
-  std::vector<float> values;
-};
-
 // RegisterRequest::restore_step: which checkpoint a ps task without values restores when the chief registers
 // (only with ParameterServerOptions::checkpoint_dir set; ignored once the task holds values).
 inline constexpr int64_t kRestoreNewest = -1;  // the newest valid checkpoint of this task (the default)
@@ -94,30 +102,14 @@ struct RegisterResponse {
   int64_t global_step = 0;   // this task's step (the global step on ps 0)
 };
 
-struct InitializeRequest {
-  int worker_id = 0;             // must be the chief
-  std::vector<SliceData> slices; // initial values for every slice of this task
-};
-
-// A slice's floats held elsewhere (not owned), e.g. inside received wire messages.
-struct SliceRef {
-  uint32_t key = 0;
-  const float* data = nullptr;
-  int64_t length = 0;
-};
-
-struct PushRequest {
+// Opens the upload of one worker's gradients for one step to one ps task.
+struct PushHeader {
   int worker_id = 0;
   int64_t step = 0;         // global step at which the gradients were computed
   uint64_t request_id = 0;  // unique per (worker, push); a retry reuses it
-  bool commit = false;      // ps 0 only: this worker's push for `step` is complete on all ps tasks
-  std::vector<SliceData> gradients;
-  // More gradients, not owned (valid for the duration of the call): the gRPC service points these into the
-  // received messages instead of copying each slice out first.
-  std::vector<SliceRef> gradient_refs;
-  // Instead of `gradients`: every slice of the task (as registered) is read from this flat gradient buffer at
-  // its flat_offset. Saves copies: the in-process ps reads it directly, the gRPC client chunks straight from it.
-  const float* flat_gradients = nullptr;
+  bool commit = false;      // ps 0 only: when the upload finishes, this worker's push for `step` is complete
+  // Local only (not sent): cancelling it ends a blocked upload at once (Cancelled). May be null.
+  Cancellation* cancel = nullptr;
 };
 struct PushResponse {
   enum class Outcome { kAccepted, kDuplicate, kDroppedStale, kDroppedBackup };
@@ -132,24 +124,28 @@ struct StepDecision {
   // ps 0 saved a checkpoint right after applying this step (at step + 1): every other task that applies the
   // decision saves one too, so the files of one step form a consistent checkpoint in sync mode.
   bool checkpoint = false;
+  bool operator==(const StepDecision& o) const {
+    return step == o.step && workers == o.workers && checkpoint == o.checkpoint;
+  }
 };
 
 struct PullRequest {
   int worker_id = 0;
-  int64_t min_step = 0;    // block until this task's step >= min_step (ps 0: the global step)
+  int64_t min_step = 0;    // wait until this task's step >= min_step (ps 0: the global step)
   int64_t since_step = 0;  // ps 0: return decisions for [since_step, global_step)
   std::vector<StepDecision> decisions;  // other tasks: apply these first (those already applied are skipped)
   int64_t timeout_ms = 60000;           // give up waiting after this (DeadlineExceeded)
-  // If set, the task's slices (as registered) are written straight into this flat parameter buffer at their
-  // flat_offsets, and PullResponse::slices stays empty (the gRPC client writes the received chunks there).
-  float* flat_out = nullptr;
   // Return the moving averages instead of the values (evaluation with averaged weights); FailedPrecondition
   // when the config keeps none (moving_average_decay 0).
   bool moving_averages = false;
+  // Element type of the slice data on the wire (a transport matter: in process it is always fp32).
+  WireDtype wire_dtype{};
+  // Local only (not sent): cancelling it wakes a waiting pull and ends it at once (Cancelled). May be null.
+  Cancellation* cancel = nullptr;
 };
-struct PullResponse {
-  int64_t step = 0;                     // this task's step after the pull
-  std::vector<SliceData> slices;        // every slice of this task
+// The first thing a Pull delivers, before any slice data.
+struct PullHeader {
+  int64_t step = 0;                     // this task's step the values belong to
   std::vector<StepDecision> decisions;  // ps 0, sync: decisions for [since_step, step)
   bool training_done = false;           // every worker has reported done
 };
@@ -166,7 +162,7 @@ struct TrainingStats {
   std::vector<WorkerStats> workers;
   std::vector<int64_t> staleness_histogram;  // async: [k] = pushes applied with staleness k (last bucket: >=)
   int64_t max_staleness_seen = 0;
-  int64_t bytes_received = 0, bytes_sent = 0;  // payload bytes (floats * 4) in pushes / pulls on this task
+  int64_t bytes_received = 0, bytes_sent = 0;  // payload bytes (floats * 4) in uploads / pulls on this task
 };
 
 }  // namespace dtrain::ps

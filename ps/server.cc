@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cancellation.h"
+#include "common/status_macros.h"
 #include "ps/grpc_ps_service.h"
 
 namespace dtrain::ps {
@@ -15,6 +17,7 @@ struct PsServer::State {
   std::string host;
   int port = 0;
   std::unique_ptr<ParameterServer> ps;
+  Cancellation shutdown;  // ends the pulls still waiting when the server shuts down
   std::unique_ptr<grpc::Service> service;
   std::unique_ptr<grpc::Server> server;
   absl::Duration linger;
@@ -33,8 +36,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   State& st = *s->state_;
   st.host = addr.substr(0, colon);
   st.linger = options.linger;
-  st.ps = std::make_unique<ParameterServer>(options.ps);
-  st.service = NewGrpcPsService(st.ps.get());
+  ASSIGN_OR_RETURN(st.ps, ParameterServer::Create(options.ps));
+  st.service = NewGrpcPsService(st.ps.get(), &st.shutdown);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &st.port);
   builder.RegisterService(st.service.get());
@@ -69,7 +72,8 @@ void PsServer::Shutdown() {
     if (state_->shut_down) return;
     state_->shut_down = true;
   }
-  // Blocked Pulls are released by the ParameterServer once finished; give stragglers a bounded grace period.
+  // Pulls still waiting end at once; other calls get a bounded grace period.
+  state_->shutdown.Cancel();
   state_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   state_->server->Wait();
 }

@@ -28,7 +28,7 @@ struct PsServerOptions {
 
 class PsServer {
  public:
-  // Unavailable if the address cannot be bound (in use, bad host).
+  // Unavailable if the address cannot be bound (in use, bad host); InvalidArgument for bad ps options.
   static absl::StatusOr<std::unique_ptr<PsServer>> Start(const PsServerOptions& options);
   ~PsServer();  // shuts the server down
 

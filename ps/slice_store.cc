@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,8 +9,9 @@
 
 namespace dtrain::ps {
 
-absl::StatusOr<SliceStore> SliceStore::Create(std::vector<SliceSpec> slices, const OptimizerConfig& optimizer,
-                                              float moving_average_decay) {
+absl::StatusOr<std::unique_ptr<SliceStore>> SliceStore::Create(std::vector<SliceSpec> slices,
+                                                               const OptimizerConfig& optimizer,
+                                                               float moving_average_decay) {
   absl::StatusOr<Optimizer> opt = Optimizer::Create(optimizer);
   if (!opt.ok()) return opt.status();
   if (!(moving_average_decay >= 0.0f && moving_average_decay < 1.0f)) {
@@ -28,23 +27,26 @@ absl::StatusOr<SliceStore> SliceStore::Create(std::vector<SliceSpec> slices, con
       return absl::InvalidArgumentError(absl::StrCat("slice key ", s.key, " appears twice"));
     }
   }
-  return SliceStore(std::move(slices), *std::move(opt), moving_average_decay);
+  return std::unique_ptr<SliceStore>(new SliceStore(std::move(slices), *std::move(opt), moving_average_decay));
 }
 
 SliceStore::SliceStore(std::vector<SliceSpec> specs, Optimizer optimizer, float moving_average_decay)
     : specs_(std::move(specs)), optimizer_(std::move(optimizer)), moving_average_decay_(moving_average_decay) {
   const int n = static_cast<int>(specs_.size());
-  values_.resize(n);
-  slots_.resize(n);
-  shadows_.resize(n);
+  slices_.reserve(n);
   for (int i = 0; i < n; ++i) {
-    const int64_t len = specs_[i].length;
-    index_of_key_[specs_[i].key] = i;
+    auto s = std::make_unique<Slice>();
+    s->spec = specs_[i];
+    const int64_t len = s->spec.length;
+    s->values.assign(len, 0.0f);
+    s->slots.assign(optimizer_.num_slots(), std::vector<float>(len, 0.0f));
+    if (has_moving_averages()) s->shadow.assign(len, 0.0f);
+    index_of_key_[s->spec.key] = i;
     total_floats_ += len;
-    values_[i].assign(len, 0.0f);
-    slots_[i].assign(optimizer_.num_slots(), std::vector<float>(len, 0.0f));
-    if (has_moving_averages()) shadows_[i].assign(len, 0.0f);
+    slices_.push_back(std::move(s));
   }
+  absl::MutexLock lock(&progress_mu_);
+  progress_.assign(n, Progress{});
 }
 
 absl::StatusOr<int> SliceStore::IndexOf(uint32_t key) const {
@@ -55,103 +57,147 @@ absl::StatusOr<int> SliceStore::IndexOf(uint32_t key) const {
   return it->second;
 }
 
-absl::Status SliceStore::SetValues(const std::vector<SliceData>& values) {
-  std::vector<const SliceData*> by_index(specs_.size(), nullptr);
-  for (const SliceData& d : values) {
-    absl::StatusOr<int> i = IndexOf(d.key);
-    if (!i.ok()) return i.status();
-    if (by_index[*i] != nullptr) return absl::InvalidArgumentError(absl::StrCat("slice key ", d.key, " given twice"));
-    if (static_cast<int64_t>(d.values.size()) != specs_[*i].length) {
-      return absl::InvalidArgumentError(absl::StrCat("slice key ", d.key, " ('", specs_[*i].variable, "') has ",
-                                                     d.values.size(), " values, expected ", specs_[*i].length));
-    }
-    by_index[*i] = &d;
-  }
-  for (size_t i = 0; i < by_index.size(); ++i) {
-    if (by_index[i] == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("no values for slice key ", specs_[i].key, " ('", specs_[i].variable, "')"));
-    }
-  }
-  for (size_t i = 0; i < by_index.size(); ++i) {
-    values_[i] = by_index[i]->values;
-    for (std::vector<float>& slot : slots_[i]) std::fill(slot.begin(), slot.end(), 0.0f);
-    if (has_moving_averages()) shadows_[i] = values_[i];
+absl::Status SliceStore::CheckRange(int i, int64_t offset, int64_t n) const {
+  const SliceSpec& s = slices_[i]->spec;
+  if (offset < 0 || n < 0 || offset > s.length - n) {
+    return absl::InvalidArgumentError(absl::StrCat("slice key ", s.key, " ('", s.variable, "') has ", s.length,
+                                                   " values; got floats [", offset, ", ", offset + n, ")"));
   }
   return absl::OkStatus();
 }
 
-void SliceStore::ApplyGradient(int i, int64_t step, const float* grad, float grad_scale) {
-  std::vector<std::vector<float>>& slots = slots_[i];
-  float* slot0 = slots.size() > 0 ? slots[0].data() : nullptr;
-  float* slot1 = slots.size() > 1 ? slots[1].data() : nullptr;
-  float* var = values_[i].data();
-  float* shadow = has_moving_averages() ? shadows_[i].data() : nullptr;
+absl::Status SliceStore::WriteValues(int i, int64_t offset, int64_t n, WireDtype dtype, const void* data) {
+  if (absl::Status s = CheckRange(i, offset, n); !s.ok()) return s;
+  Slice& slice = *slices_[i];
+  absl::MutexLock lock(&slice.mu);
+  DecodeFloats(dtype, data, n, slice.values.data() + offset);
+  return absl::OkStatus();
+}
+
+void SliceStore::ResetSlotsAndAverages(int64_t version) {
+  for (auto& s : slices_) {
+    absl::MutexLock lock(&s->mu);
+    for (std::vector<float>& slot : s->slots) std::fill(slot.begin(), slot.end(), 0.0f);
+    if (has_moving_averages()) s->shadow = s->values;
+  }
+  absl::MutexLock lock(&progress_mu_);
+  for (Progress& p : progress_) p = Progress{version, version, 0};
+  progress_cv_.SignalAll();
+}
+
+void SliceStore::Publish(int i, int64_t applying_version, int64_t applied_floats, bool done) {
+  absl::MutexLock lock(&progress_mu_);
+  Progress& p = progress_[i];
+  p.applying_version = applying_version;
+  p.applied_floats = applied_floats;
+  if (done) p.version = applying_version;
+  progress_cv_.SignalAll();
+}
+
+void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale,
+                       int64_t version) {
+  Slice& slice = *slices_[i];
+  const int64_t n = slice.spec.length;
+  if (num_grads == 0) {
+    Publish(i, version, n, /*done=*/true);
+    return;
+  }
+  float* slot0 = slice.slots.size() > 0 ? slice.slots[0].data() : nullptr;
+  float* slot1 = slice.slots.size() > 1 ? slice.slots[1].data() : nullptr;
+  float* var = slice.values.data();
+  float* shadow = has_moving_averages() ? slice.shadow.data() : nullptr;
   const float decay = MovingAverageDecay(moving_average_decay_, step + 1);
-  const int64_t n = specs_[i].length;
-  // The update is elementwise: large slices are cut into chunks applied in parallel (same result bit for bit).
-  constexpr int64_t kChunk = 1 << 16;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  auto apply = [&](int64_t begin, int64_t end) {
-    optimizer_.Apply(step, grad_scale, grad + begin, var + begin, slot0 ? slot0 + begin : nullptr,
+  // Sums of several workers' gradients are formed chunk by chunk in a per-thread scratch.
+  thread_local std::vector<float> scratch;
+  auto apply = [&](int64_t begin, int64_t end, float* sum) {
+    const float* grad = grads[0] + begin;
+    if (num_grads > 1) {
+      std::memcpy(sum, grad, (end - begin) * sizeof(float));
+      for (int k = 1; k < num_grads; ++k) AddInto(grads[k] + begin, sum, end - begin);
+      grad = sum;
+    }
+    optimizer_.Apply(step, grad_scale, grad, var + begin, slot0 ? slot0 + begin : nullptr,
                      slot1 ? slot1 + begin : nullptr, end - begin);
     if (shadow != nullptr) UpdateMovingAverage(decay, var + begin, shadow + begin, end - begin);
   };
-  if (apply_threads_ <= 1 || chunks < 2) {
-    apply(0, n);
-    return;
+  const int64_t chunks = (n + kChunkFloats - 1) / kChunkFloats;
+  if (apply_threads_ > 1 && chunks > 1) {
+    // Local mode: nobody streams concurrently; use the worker's threads for the whole slice.
+    absl::MutexLock lock(&slice.mu);
+#pragma omp parallel num_threads(apply_threads_)
+    {
+      thread_local std::vector<float> local;
+      if (num_grads > 1) local.resize(kChunkFloats);
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < chunks; ++c) {
+        apply(c * kChunkFloats, std::min(n, (c + 1) * kChunkFloats), local.data());
+      }
+    }
+  } else {
+    if (num_grads > 1) scratch.resize(kChunkFloats);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t end = std::min(n, (c + 1) * kChunkFloats);
+      {
+        absl::MutexLock lock(&slice.mu);
+        apply(c * kChunkFloats, end, scratch.data());
+      }
+      if (end < n) Publish(i, version, end, /*done=*/false);
+    }
   }
-#pragma omp parallel for num_threads(apply_threads_) schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) apply(c * kChunk, std::min(n, (c + 1) * kChunk));
+  Publish(i, version, n, /*done=*/true);
 }
 
-void SliceStore::CopyValuesToFlat(float* flat) const {
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    std::memcpy(flat + specs_[i].flat_offset, values_[i].data(), specs_[i].length * sizeof(float));
+bool SliceStore::WaitReadable(int i, int64_t end, int64_t version, absl::Time deadline,
+                              const Cancellation* cancel) const {
+  absl::MutexLock lock(&progress_mu_);
+  auto readable = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
+    const Progress& p = progress_[i];
+    return p.version >= version || (p.applying_version >= version && p.applied_floats >= end);
+  };
+  while (!readable()) {
+    if (cancel != nullptr && cancel->cancelled()) return false;
+    if (progress_cv_.WaitWithDeadline(&progress_mu_, deadline)) return readable();
   }
+  return true;
 }
 
-void SliceStore::CopyMovingAveragesToFlat(float* flat) const {
-  CHECK(has_moving_averages());
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    std::memcpy(flat + specs_[i].flat_offset, shadows_[i].data(), specs_[i].length * sizeof(float));
-  }
+void SliceStore::WakeWaiters() const {
+  absl::MutexLock lock(&progress_mu_);
+  progress_cv_.SignalAll();
 }
 
-void SliceStore::ReadValues(std::vector<SliceData>* out) const {
-  out->resize(specs_.size());
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    (*out)[i].key = specs_[i].key;
-    (*out)[i].values.assign(values_[i].begin(), values_[i].end());
-  }
+int64_t SliceStore::version(int i) const {
+  absl::MutexLock lock(&progress_mu_);
+  return progress_[i].version;
 }
 
-void SliceStore::ReadMovingAverages(std::vector<SliceData>* out) const {
-  CHECK(has_moving_averages());
-  out->resize(specs_.size());
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    (*out)[i].key = specs_[i].key;
-    (*out)[i].values.assign(shadows_[i].begin(), shadows_[i].end());
-  }
+void SliceStore::Read(int i, bool moving_average, int64_t offset, int64_t n, WireDtype dtype, void* dst) const {
+  CHECK(!moving_average || has_moving_averages());
+  const Slice& slice = *slices_[i];
+  absl::ReaderMutexLock lock(&slice.mu);
+  const std::vector<float>& src = moving_average ? slice.shadow : slice.values;
+  EncodeFloats(dtype, src.data() + offset, n, dst);
 }
 
 std::vector<SliceState> SliceStore::ExportState() const {
-  std::vector<SliceState> out(specs_.size());
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    out[i].spec = specs_[i];
-    out[i].values = values_[i];
-    out[i].slots = slots_[i];
-    out[i].moving_average = shadows_[i];
+  std::vector<SliceState> out(slices_.size());
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    const Slice& s = *slices_[i];
+    absl::ReaderMutexLock lock(&s.mu);
+    out[i].spec = s.spec;
+    out[i].values = s.values;
+    out[i].slots = s.slots;
+    out[i].moving_average = s.shadow;
   }
   return out;
 }
 
-absl::Status SliceStore::ImportState(const std::vector<SliceState>& slices) {
-  std::vector<const SliceState*> by_index(specs_.size(), nullptr);
-  for (const SliceState& s : slices) {
+absl::Status SliceStore::ImportState(const std::vector<SliceState>& state, int64_t version) {
+  std::vector<const SliceState*> by_index(slices_.size(), nullptr);
+  for (const SliceState& s : state) {
     absl::StatusOr<int> i = IndexOf(s.spec.key);
     if (!i.ok()) return i.status();
-    const SliceSpec& spec = specs_[*i];
+    const SliceSpec& spec = slices_[*i]->spec;
     if (by_index[*i] != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("slice key ", spec.key, " given twice"));
     }
@@ -179,10 +225,15 @@ absl::Status SliceStore::ImportState(const std::vector<SliceState>& slices) {
   }
   for (size_t i = 0; i < by_index.size(); ++i) {
     const SliceState& s = *by_index[i];
-    values_[i] = s.values;
-    slots_[i] = s.slots;
-    if (has_moving_averages()) shadows_[i] = s.moving_average.empty() ? s.values : s.moving_average;
+    Slice& slice = *slices_[i];
+    absl::MutexLock lock(&slice.mu);
+    slice.values = s.values;
+    slice.slots = s.slots;
+    if (has_moving_averages()) slice.shadow = s.moving_average.empty() ? s.values : s.moving_average;
   }
+  absl::MutexLock lock(&progress_mu_);
+  for (Progress& p : progress_) p = Progress{version, version, 0};
+  progress_cv_.SignalAll();
   return absl::OkStatus();
 }
 

@@ -142,119 +142,58 @@ PushResponse::Outcome FromProto(dtrain::wire::PushResponse::Outcome o) {
   }
 }
 
-std::vector<SliceView> Views(const std::vector<SliceData>& slices) {
-  std::vector<SliceView> v;
-  v.reserve(slices.size());
-  for (const SliceData& s : slices) v.push_back({s.key, s.values.data(), static_cast<int64_t>(s.values.size())});
-  return v;
+void ToProto(const PushHeader& in, dtrain::wire::PushHeader* out) {
+  out->set_worker_id(in.worker_id);
+  out->set_step(in.step);
+  out->set_request_id(in.request_id);
+  out->set_commit(in.commit);
 }
 
-std::vector<SliceView> Views(const std::vector<SliceSpec>& slices, const float* flat) {
-  std::vector<SliceView> v;
-  v.reserve(slices.size());
-  for (const SliceSpec& s : slices) v.push_back({s.key, flat + s.flat_offset, s.length});
-  return v;
+PushHeader FromProto(const dtrain::wire::PushHeader& in) {
+  PushHeader h;
+  h.worker_id = in.worker_id();
+  h.step = in.step();
+  h.request_id = in.request_id();
+  h.commit = in.commit();
+  return h;
 }
 
-bool ForEachChunkGroup(const std::vector<SliceData>& slices, const ChunkSink& emit) {
-  return ForEachChunkGroup(Views(slices), emit);
+void ToProto(const PullRequest& in, dtrain::wire::PullRequest* out) {
+  out->set_worker_id(in.worker_id);
+  out->set_min_step(in.min_step);
+  out->set_since_step(in.since_step);
+  for (const StepDecision& d : in.decisions) ToProto(d, out->add_decisions());
+  out->set_timeout_ms(in.timeout_ms);
+  out->set_moving_averages(in.moving_averages);
+  out->set_wire_dtype(static_cast<dtrain::wire::WireDtype>(in.wire_dtype));
 }
 
-bool ForEachChunkGroup(const std::vector<SliceView>& slices, const ChunkSink& emit) {
-  constexpr int64_t kChunkFloats = kChunkBytes / sizeof(float);
-  std::vector<dtrain::wire::SliceChunk> group;
-  int64_t group_floats = 0;
-  for (const SliceView& s : slices) {
-    const int64_t n = s.length;
-    int64_t offset = 0;
-    do {
-      const int64_t room = kChunkFloats - group_floats;
-      const int64_t take = std::min(room, n - offset);
-      dtrain::wire::SliceChunk chunk;
-      chunk.set_key(s.key);
-      chunk.set_offset(offset);
-      chunk.set_data(reinterpret_cast<const char*>(s.data + offset), take * sizeof(float));
-      group.push_back(std::move(chunk));
-      group_floats += take;
-      offset += take;
-      if (group_floats >= kChunkFloats) {
-        if (!emit(std::move(group))) return false;
-        group.clear();
-        group_floats = 0;
-      }
-    } while (offset < n);
-  }
-  if (!group.empty() || slices.empty()) return emit(std::move(group));
-  return true;
+PullRequest FromProto(const dtrain::wire::PullRequest& in) {
+  PullRequest r;
+  r.worker_id = in.worker_id();
+  r.min_step = in.min_step();
+  r.since_step = in.since_step();
+  for (const auto& d : in.decisions()) r.decisions.push_back(FromProto(d));
+  r.timeout_ms = in.timeout_ms() > 0 ? in.timeout_ms() : 60000;
+  r.moving_averages = in.moving_averages();
+  const int dtype = in.wire_dtype();
+  r.wire_dtype = dtype >= 0 && dtype <= static_cast<int>(WireDtype::kF16) ? static_cast<WireDtype>(dtype)
+                                                                          : WireDtype::kF32;
+  return r;
 }
 
-absl::Status SliceAssembler::Add(const dtrain::wire::SliceChunk& chunk) {
-  if (chunk.data().size() % sizeof(float) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slice ", chunk.key(), ": chunk of ", chunk.data().size(), " bytes is not whole floats"));
-  }
-  const int64_t n = chunk.data().size() / sizeof(float);
-  SliceData* target = nullptr;
-  if (!slices_.empty() && slices_.back().key == chunk.key()) {
-    target = &slices_.back();
-  } else {
-    if (chunk.offset() != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("slice ", chunk.key(), ": first chunk starts at offset ", chunk.offset(), ", not 0"));
-    }
-    slices_.push_back(SliceData{chunk.key(), {}});
-    target = &slices_.back();
-  }
-  if (chunk.offset() != static_cast<int64_t>(target->values.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("slice ", chunk.key(), ": chunk at offset ", chunk.offset(),
-                                                   " but ", target->values.size(), " floats received so far"));
-  }
-  // insert() copies without zero-filling first (resize + memcpy would write every byte twice).
-  const float* src = reinterpret_cast<const float*>(chunk.data().data());
-  target->values.insert(target->values.end(), src, src + n);
-  bytes_ += n * sizeof(float);
-  return absl::OkStatus();
+void ToProto(const PullHeader& in, dtrain::wire::PullHeader* out) {
+  out->set_step(in.step);
+  for (const StepDecision& d : in.decisions) ToProto(d, out->add_decisions());
+  out->set_training_done(in.training_done);
 }
 
-FlatAssembler::FlatAssembler(const std::vector<SliceSpec>& slices, float* flat)
-    : slices_(slices), flat_(flat), received_(slices.size(), 0) {}
-
-absl::Status FlatAssembler::Add(const dtrain::wire::SliceChunk& chunk) {
-  int index = -1;
-  for (size_t i = 0; i < slices_.size(); ++i) {
-    if (slices_[i].key == chunk.key()) index = static_cast<int>(i);
-  }
-  if (index < 0) return absl::DataLossError(absl::StrCat("chunk for unknown slice key ", chunk.key()));
-  const SliceSpec& spec = slices_[index];
-  if (chunk.data().size() % sizeof(float) != 0) {
-    return absl::DataLossError(
-        absl::StrCat("slice ", chunk.key(), ": chunk of ", chunk.data().size(), " bytes is not whole floats"));
-  }
-  const int64_t n = chunk.data().size() / sizeof(float);
-  if (chunk.offset() != received_[index] || chunk.offset() + n > spec.length) {
-    return absl::DataLossError(absl::StrCat("slice ", chunk.key(), " (", spec.variable, "): chunk [",
-                                            chunk.offset(), ", ", chunk.offset() + n, ") after ",
-                                            received_[index], " of ", spec.length, " floats"));
-  }
-  std::memcpy(flat_ + spec.flat_offset + chunk.offset(), chunk.data().data(), n * sizeof(float));
-  received_[index] += n;
-  bytes_ += n * sizeof(float);
-  return absl::OkStatus();
-}
-
-absl::Status FlatAssembler::Finish() const {
-  for (size_t i = 0; i < slices_.size(); ++i) {
-    if (received_[i] != slices_[i].length) {
-      return absl::DataLossError(absl::StrCat("slice ", slices_[i].key, " (", slices_[i].variable, "): ",
-                                              received_[i], " of ", slices_[i].length, " floats received"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-std::vector<SliceData> SliceAssembler::Take() {
-  bytes_ = 0;
-  return std::move(slices_);
+PullHeader FromProto(const dtrain::wire::PullHeader& in) {
+  PullHeader h;
+  h.step = in.step();
+  for (const auto& d : in.decisions()) h.decisions.push_back(FromProto(d));
+  h.training_done = in.training_done();
+  return h;
 }
 
 }  // namespace dtrain::ps::wire

@@ -1,9 +1,13 @@
 // dtrain_bench: training throughput of one process (forward + backward + optimizer update), data in memory,
-// warm-up excluded, median of several timing windows. Runs the same path as local training: towers → an
-// in-process parameter server applying the optimizer.
+// warm-up excluded. Runs the same path as local training (towers → StepRunner → an in-process parameter server
+// applying the optimizer) and reports two figures:
+//   - the median of several early timing windows (what compares with a peer's short benchmark), and
+//   - the steady-state rate: the last window of a long run (--steps_total, default one epoch), where denormal
+//     floats, allocator growth or thermal limits would show.
 //
 //   dtrain_bench --model=cnn --batch_size=50 --threads=1
 //   → dtrain_bench: model=cnn batch=50 threads=1 towers=cpu examples/sec median=1234.5 min=1200.1 max=1250.3
+//     steady=1230.2 (steps 1180-1200 of 1200)
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -16,10 +20,13 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/denormals.h"
 #include "common/malloc_tuning.h"
+#include "ps/parameter_server.h"
 #include "ps/placement.h"
+#include "ps/worker_client.h"
 #include "worker/data/dataset.h"
-#include "worker/ps_group.h"
+#include "worker/step_runner.h"
 #include "worker/synthetic_data.h"
 #include "worker/towers.h"
 #include "worker/trainer.h"
@@ -33,14 +40,23 @@ ABSL_FLAG(std::string, optimizer, "", "Optimizer (default: the model's)");
 ABSL_FLAG(double, learning_rate, 0, "Learning rate (default: the model's)");
 ABSL_FLAG(int, warmup_steps, 5, "Steps before timing");
 ABSL_FLAG(int, window_steps, 20, "Steps per timing window");
-ABSL_FLAG(int, windows, 5, "Timing windows (the median is reported)");
+ABSL_FLAG(int, windows, 5, "Early timing windows (the median is reported)");
+ABSL_FLAG(int64_t, steps_total, -1,
+          "Steps of the whole run; its last window gives the steady-state rate (-1: one epoch of the training "
+          "set, at least the early windows; 0: no steady-state figure)");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Data (synthetic data of the model's input shape when unreadable or for cifar10 without CIFAR files)");
 
 namespace dtrain::worker {
 namespace {
 
+int Fail(const absl::Status& s, int code = 1) {
+  std::fprintf(stderr, "dtrain_bench: %s\n", std::string(s.message()).c_str());
+  return code;
+}
+
 int Main() {
+  SetFlushDenormals();
   WorkerOptions o;
   o.model = absl::GetFlag(FLAGS_model);
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
@@ -49,15 +65,9 @@ int Main() {
   o.num_gpus = absl::GetFlag(FLAGS_num_gpus);
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
   o.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_learning_rate));
-  if (absl::Status s = ApplyModelDefaults(&o); !s.ok()) {
-    std::fprintf(stderr, "dtrain_bench: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
+  if (absl::Status s = ApplyModelDefaults(&o); !s.ok()) return Fail(s, 2);
   absl::StatusOr<std::vector<kernels::DeviceSpec>> specs = ParseTowers(o.towers, o.num_gpus, o.threads);
-  if (!specs.ok()) {
-    std::fprintf(stderr, "dtrain_bench: %s\n", std::string(specs.status().message()).c_str());
-    return 2;
-  }
+  if (!specs.ok()) return Fail(specs.status(), 2);
   // Data in memory: the real set when it loads (and fits the model), else synthetic of the same shape.
   data::DatasetPair dataset;
   absl::StatusOr<data::DatasetPair> loaded = data::LoadDataset(absl::GetFlag(FLAGS_data_dir));
@@ -73,88 +83,105 @@ int Main() {
   mopt.width = cifar ? 24 : dataset.train.width;
   mopt.channels = dataset.train.channels;
   absl::StatusOr<std::unique_ptr<Towers>> towers = Towers::Create(o.model, mopt, *specs);
-  if (!towers.ok()) {
-    std::fprintf(stderr, "dtrain_bench: %s\n", std::string(towers.status().message()).c_str());
-    return towers.status().code() == absl::StatusCode::kFailedPrecondition ? 2 : 1;
-  }
+  if (!towers.ok()) return Fail(towers.status(), towers.status().code() == absl::StatusCode::kFailedPrecondition ? 2 : 1);
   models::Model* model0 = (*towers)->tower(0);
   // Batches prepared up front: the benchmark times compute and the update, not input.
   data::BatchStreamOptions so;
   so.batch_size = o.batch_size;
   so.preprocess = cifar ? data::Preprocess::kCifarTrain : data::Preprocess::kScale01;
   auto stream = data::BatchStream::Create(dataset.train, so);
-  if (!stream.ok()) {
-    std::fprintf(stderr, "dtrain_bench: %s\n", std::string(stream.status().message()).c_str());
-    return 1;
-  }
+  if (!stream.ok()) return Fail(stream.status());
   std::vector<data::Batch> batches;
   for (int i = 0; i < 16; ++i) batches.push_back((*stream)->Next());
 
+  // The local-mode path: an in-process ps, a WorkerClient running inline, the StepRunner.
   std::vector<ps::VariableInfo> vars;
   for (const auto& v : model0->variables()) vars.push_back({v.name, v.size()});
   ps::ParameterServerOptions po;
   po.apply_threads = o.threads;
-  ps::ParameterServer server(po);
+  absl::StatusOr<std::unique_ptr<ps::ParameterServer>> server = ps::ParameterServer::Create(po);
+  if (!server.ok()) return Fail(server.status());
   absl::StatusOr<ps::Placement> placement = ps::PlaceVariables(vars, 1);
-  PsGroup group({&server}, placement->task_slices, 0, true);
+  if (!placement.ok()) return Fail(placement.status());
+  ps::WorkerClientOptions copt;
+  copt.background = false;
+  ps::WorkerClient client({server->get()}, placement->task_slices, 0, true, copt);
   ps::TrainConfig config;
   config.model_signature = models::Signature(o.model, model0->variables());
   config.num_workers = 1;
   config.optimizer.name = o.optimizer;
   config.optimizer.learning_rate = o.learning_rate;
-  std::vector<float> params = models::InitialParameters(model0->variables(), 1);
-  std::vector<float> grads(params.size());
-  if (absl::Status s = group.Connect(config, params.data(), absl::Seconds(10)); !s.ok()) {
-    std::fprintf(stderr, "dtrain_bench: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
+  const std::vector<float> init = models::InitialParameters(model0->variables(), 1);
+  std::copy(init.begin(), init.end(), (*towers)->host_params());
+  if (absl::Status s = client.Connect(config, (*towers)->host_params(), absl::Seconds(10)); !s.ok()) return Fail(s);
+  StepRunner runner(towers->get(), &client, /*sync=*/true);
+  absl::StatusOr<ps::PullResult> at = runner.Start();
+  if (!at.ok()) return Fail(at.status());
+
   const int n_towers = (*towers)->size();
-  int64_t step = 0;
   size_t next_batch = 0;
   std::vector<models::HostBatch> views(n_towers);
-  auto run_step = [&]() -> absl::Status {
-    absl::Status s = (*towers)->SetParameters(params.data());
-    if (!s.ok()) return s;
-    for (int t = 0; t < n_towers; ++t) {
-      const data::Batch& b = batches[next_batch++ % batches.size()];
-      views[t] = models::HostBatch{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};
+  auto run_steps = [&](int64_t count) -> absl::Status {
+    for (int64_t i = 0; i < count; ++i) {
+      for (int t = 0; t < n_towers; ++t) {
+        const data::Batch& b = batches[next_batch++ % batches.size()];
+        views[t] = models::HostBatch{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};
+      }
+      absl::StatusOr<float> loss = runner.Step(views, at->step);
+      if (!loss.ok()) return loss.status();
+      at = runner.NextStep();
+      if (!at.ok()) return at.status();
     }
-    absl::StatusOr<float> loss = (*towers)->ComputeGradients(views, step, grads.data());
-    if (!loss.ok()) return loss.status();
-    absl::StatusOr<ps::PushResponse> pushed = group.Push(step, grads.data());
-    if (!pushed.ok()) return pushed.status();
-    absl::StatusOr<PullResult> pulled = group.Pull(step + 1, step, params.data());
-    if (!pulled.ok()) return pulled.status();
-    step = pulled->step;
     return absl::OkStatus();
   };
-  for (int i = 0; i < absl::GetFlag(FLAGS_warmup_steps); ++i) {
-    if (absl::Status s = run_step(); !s.ok()) {
-      std::fprintf(stderr, "dtrain_bench: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
+  auto timed_window = [&](int64_t steps) -> absl::StatusOr<double> {
+    const absl::Time t0 = absl::Now();
+    if (absl::Status s = run_steps(steps); !s.ok()) return s;
+    return static_cast<double>(steps) * o.batch_size * n_towers / absl::ToDoubleSeconds(absl::Now() - t0);
+  };
+
+  if (absl::Status s = run_steps(absl::GetFlag(FLAGS_warmup_steps)); !s.ok()) return Fail(s);
   std::vector<double> rates;
   const int window_steps = std::max(1, absl::GetFlag(FLAGS_window_steps));
-  for (int w = 0; w < std::max(1, absl::GetFlag(FLAGS_windows)); ++w) {
-    const absl::Time t0 = absl::Now();
-    for (int i = 0; i < window_steps; ++i) {
-      if (absl::Status s = run_step(); !s.ok()) {
-        std::fprintf(stderr, "dtrain_bench: %s\n", s.ToString().c_str());
-        return 1;
-      }
-    }
-    const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
-    rates.push_back(static_cast<double>(window_steps) * o.batch_size * n_towers / secs);
-    std::fprintf(stderr, "  window %d: %.1f examples/sec\n", w, rates.back());
+  const int windows = std::max(1, absl::GetFlag(FLAGS_windows));
+  for (int w = 0; w < windows; ++w) {
+    absl::StatusOr<double> rate = timed_window(window_steps);
+    if (!rate.ok()) return Fail(rate.status());
+    rates.push_back(*rate);
+    std::fprintf(stderr, "  window %d: %.1f examples/sec\n", w, *rate);
   }
+  // Steady state: run on to steps_total, then time one more window.
+  int64_t steps_total = absl::GetFlag(FLAGS_steps_total);
+  if (steps_total < 0) steps_total = dataset.train.count() / (static_cast<int64_t>(o.batch_size) * n_towers);
+  const int64_t early = absl::GetFlag(FLAGS_warmup_steps) + static_cast<int64_t>(windows) * window_steps;
+  double steady = -1;
+  int64_t steady_from = 0;
+  if (steps_total > 0) {
+    steps_total = std::max(steps_total, early + window_steps);
+    const int64_t middle = steps_total - early - window_steps;
+    for (int64_t done = 0; done < middle; done += 200) {
+      if (absl::Status s = run_steps(std::min<int64_t>(200, middle - done)); !s.ok()) return Fail(s);
+      std::fprintf(stderr, "  step %lld of %lld\n", static_cast<long long>(early + done + std::min<int64_t>(200, middle - done)),
+                   static_cast<long long>(steps_total));
+    }
+    steady_from = steps_total - window_steps;
+    absl::StatusOr<double> rate = timed_window(window_steps);
+    if (!rate.ok()) return Fail(rate.status());
+    steady = *rate;
+  }
+  if (absl::StatusOr<ps::PullResult> settled = runner.Settle(); !settled.ok()) return Fail(settled.status());
   std::vector<double> sorted = rates;
   std::sort(sorted.begin(), sorted.end());
   std::vector<std::string> names;
   for (const auto& s : *specs) names.push_back(s.ToString());
-  std::printf("dtrain_bench: model=%s batch=%d threads=%d towers=%s examples/sec median=%.1f min=%.1f max=%.1f\n",
-              o.model.c_str(), o.batch_size, o.threads, absl::StrJoin(names, ",").c_str(),
-              sorted[sorted.size() / 2], sorted.front(), sorted.back());
+  std::printf("dtrain_bench: model=%s batch=%d threads=%d towers=%s examples/sec median=%.1f min=%.1f max=%.1f",
+              o.model.c_str(), o.batch_size, o.threads, absl::StrJoin(names, ",").c_str(), sorted[sorted.size() / 2],
+              sorted.front(), sorted.back());
+  if (steady >= 0) {
+    std::printf(" steady=%.1f (steps %lld-%lld of %lld)", steady, static_cast<long long>(steady_from),
+                static_cast<long long>(steps_total), static_cast<long long>(steps_total));
+  }
+  std::printf("\n");
   return 0;
 }
 

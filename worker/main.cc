@@ -12,7 +12,10 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
+#include "common/denormals.h"
 #include "common/malloc_tuning.h"
+#include "common/mutex_config.h"
+#include "ps/slice_io.h"
 #include "ps/grpc_ps_client.h"
 #include "worker/towers.h"
 #include "worker/trainer.h"
@@ -54,10 +57,16 @@ ABSL_FLAG(double, save_checkpoint_secs, 0, "Checkpoint every N seconds (ps tasks
 ABSL_FLAG(int, keep_checkpoints, 5, "Keep the newest N checkpoints (ps tasks / local mode)");
 ABSL_FLAG(int, debug_step_delay_ms, 0, "Test hook: sleep this long every step (simulates a slow worker)");
 ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and the chief");
+ABSL_FLAG(double, step_timeout_secs, 120, "How long a step may wait for the ps tasks (e.g. for other workers)");
+ABSL_FLAG(std::string, wire_dtype, "fp32",
+          "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
+          "bytes; gradients keep their rounding error for the next step)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dtrain worker: trains a model against the cluster's parameter servers");
   dtrain::TuneMallocForLargeReusedBuffers();
+  dtrain::SetFlushDenormals();
+  dtrain::DisableMutexDeadlockDetection();  // threads made from here on inherit it
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
@@ -104,6 +113,8 @@ int main(int argc, char** argv) {
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.logdir = absl::GetFlag(FLAGS_logdir);
   o.startup_wait_secs = absl::GetFlag(FLAGS_startup_wait_secs);
+  o.step_timeout_secs = absl::GetFlag(FLAGS_step_timeout_secs);
+  o.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
   o.step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.save_checkpoint_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
@@ -114,6 +125,10 @@ int main(int argc, char** argv) {
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();
 
   absl::Status flags_ok = dtrain::worker::ApplyModelDefaults(&o);
+  if (flags_ok.ok()) flags_ok = dtrain::ps::ParseWireDtype(o.wire_dtype).status();
+  if (flags_ok.ok() && !(o.step_timeout_secs > 0)) {
+    flags_ok = absl::InvalidArgumentError("--step_timeout_secs must be > 0");
+  }
   if (flags_ok.ok()) {
     absl::StatusOr<std::vector<dtrain::kernels::DeviceSpec>> towers =
         dtrain::worker::ParseTowers(o.towers, o.num_gpus, o.threads);

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <future>
+#include <map>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/denormals.h"
 #include "common/status_macros.h"
 #ifdef DTRAIN_HAVE_CUDA
 #include "kernels/cuda/nccl_allreduce.h"
@@ -64,14 +67,37 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
                                                        const std::vector<kernels::DeviceSpec>& specs) {
   if (specs.empty()) return absl::InvalidArgumentError("no towers");
   std::unique_ptr<Towers> t(new Towers());
-  for (const kernels::DeviceSpec& spec : specs) {
-    ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> dev, kernels::CreateDevice(spec));
-    ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(model_name, options, dev.get()));
-    t->devices_.push_back(std::move(dev));
-    t->models_.push_back(std::move(model));
-  }
   const bool all_gpu = std::all_of(specs.begin(), specs.end(),
                                    [](const kernels::DeviceSpec& s) { return s.kind == kernels::DeviceSpec::Kind::kGpu; });
+  t->host_resident_ = std::none_of(specs.begin(), specs.end(), [](const kernels::DeviceSpec& s) {
+    return s.kind == kernels::DeviceSpec::Kind::kGpu;
+  });
+  ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(model_name, options));
+  const int64_t n = models::TotalSize(vars);
+  for (const kernels::DeviceSpec& spec : specs) {
+    ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> dev, kernels::CreateDevice(spec));
+    t->devices_.push_back(std::move(dev));
+  }
+  ASSIGN_OR_RETURN(t->host_params_, t->devices_[0]->AllocHostPinned(n));
+  ASSIGN_OR_RETURN(t->host_grads_, t->devices_[0]->AllocHostPinned(n));
+  std::fill(t->host_params_, t->host_params_ + n, 0.0f);
+  std::fill(t->host_grads_, t->host_grads_ + n, 0.0f);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    models::ModelOptions o = options;
+    if (t->host_resident_) {
+      // Every CPU tower reads the one host parameter buffer; tower 0 writes the host gradient buffer.
+      o.params_buffer = t->host_params_;
+      if (i == 0) {
+        o.grads_buffer = t->host_grads_;
+      } else {
+        ASSIGN_OR_RETURN(o.grads_buffer, t->devices_[i]->Alloc(n));
+        t->tower_grads_.push_back(o.grads_buffer);
+      }
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model,
+                     models::CreateModel(model_name, o, t->devices_[i].get()));
+    t->models_.push_back(std::move(model));
+  }
   if (all_gpu && specs.size() > 1) {
 #ifdef DTRAIN_HAVE_CUDA
     std::vector<kernels::Device*> devs;
@@ -81,44 +107,73 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
                      kernels::cuda::CreateGradientAllReducer(devs, t->num_parameters()));
 #endif
   }
-  ASSIGN_OR_RETURN(t->host_params_, t->devices_[0]->AllocHostPinned(t->num_parameters()));
-  ASSIGN_OR_RETURN(t->host_grads_, t->devices_[0]->AllocHostPinned(t->num_parameters()));
-  if (!t->device_averager_) {
-    for (size_t i = 1; i < specs.size(); ++i) t->tower_grads_.emplace_back(t->num_parameters());
-  }
   return t;
 }
 
 Towers::~Towers() {
+  models_.clear();  // models before the buffers and devices they use
+  for (size_t i = 0; i < tower_grads_.size(); ++i) devices_[i + 1]->Free(tower_grads_[i]);
   if (!devices_.empty()) {
     if (host_params_ != nullptr) devices_[0]->FreeHostPinned(host_params_);
     if (host_grads_ != nullptr) devices_[0]->FreeHostPinned(host_grads_);
   }
-  models_.clear();  // models before the devices that own their memory
   devices_.clear();
 }
 
 absl::Status Towers::SetParameters(const float* params) {
+  if (host_resident_) {
+    if (params != host_params_) std::copy(params, params + num_parameters(), host_params_);
+    return absl::OkStatus();
+  }
   for (auto& m : models_) RETURN_IF_ERROR(m->SetParameters(params));
   return absl::OkStatus();
 }
 
 absl::StatusOr<float> Towers::ComputeGradients(const std::vector<models::HostBatch>& batches, int64_t step,
-                                               float* grads) {
+                                               const models::StepHooks* hooks) {
   if (static_cast<int>(batches.size()) != size()) {
     return absl::InvalidArgumentError(absl::StrCat(batches.size(), " batches for ", size(), " towers"));
   }
-  if (size() == 1) return models_[0]->TrainStep(batches[0], step * 64, grads);
-  if (device_averager_) return ComputeOnDevices(batches, step, grads);
+  SetFlushDenormals();  // tower 0 computes on the calling thread
+  return host_resident_ ? ComputeResident(batches, step, hooks) : ComputeOnDevices(batches, step, hooks);
+}
 
+absl::StatusOr<float> Towers::ComputeResident(const std::vector<models::HostBatch>& batches, int64_t step,
+                                              const models::StepHooks* hooks) {
+  // Each tower draws its own dropout masks: the counter is offset by the tower index.
+  if (size() == 1) return models_[0]->ComputeGradients(batches[0], step * 64, hooks);
+
+  // Several towers: a layer's gradients are averaged (into tower 0's, the host buffer) by the tower that
+  // finishes the layer last, and only then handed on.
+  absl::Mutex mu;
+  std::map<int64_t, int> remaining;  // range begin -> towers still computing it
+  const float inv = 1.0f / size();
+  models::StepHooks tower_hooks;
+  if (hooks != nullptr) {
+    tower_hooks.before_forward = hooks->before_forward;
+    tower_hooks.after_forward = hooks->after_forward;
+  }
+  tower_hooks.gradients_ready = [&](int64_t begin, int64_t end) -> absl::Status {
+    absl::MutexLock lock(&mu);
+    auto it = remaining.try_emplace(begin, size()).first;
+    if (--it->second > 0) return absl::OkStatus();
+    float* __restrict dst = host_grads_;
+    for (float* g : tower_grads_) {
+      const float* __restrict src = g;
+      for (int64_t j = begin; j < end; ++j) dst[j] += src[j];
+    }
+    for (int64_t j = begin; j < end; ++j) dst[j] *= inv;
+    if (hooks != nullptr && hooks->gradients_ready) return hooks->gradients_ready(begin, end);
+    return absl::OkStatus();
+  };
   std::vector<std::future<absl::StatusOr<float>>> futures;
   for (int i = 1; i < size(); ++i) {
-    futures.push_back(std::async(std::launch::async, [this, &batches, step, i] {
-      // Each tower draws its own dropout masks: offset the counter by the tower index.
-      return models_[i]->TrainStep(batches[i], step * 64 + i, tower_grads_[i - 1].data());
+    futures.push_back(std::async(std::launch::async, [this, &batches, &tower_hooks, step, i] {
+      SetFlushDenormals();
+      return models_[i]->ComputeGradients(batches[i], step * 64 + i, &tower_hooks);
     }));
   }
-  absl::StatusOr<float> loss0 = models_[0]->TrainStep(batches[0], step * 64, grads);
+  absl::StatusOr<float> loss0 = models_[0]->ComputeGradients(batches[0], step * 64, &tower_hooks);
   double loss = 0;
   absl::Status status = loss0.status();
   if (loss0.ok()) loss += *loss0;
@@ -128,43 +183,46 @@ absl::StatusOr<float> Towers::ComputeGradients(const std::vector<models::HostBat
     if (l.ok()) loss += *l;
   }
   if (!status.ok()) return status;
-  // Average: grads = (g0 + g1 + ... ) / n.
-  const int64_t n = num_parameters();
-  const float inv = 1.0f / size();
-  for (const auto& g : tower_grads_) {
-    const float* __restrict src = g.data();
-    float* __restrict dst = grads;
-    for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
-  }
-  for (int64_t j = 0; j < n; ++j) grads[j] *= inv;
   return static_cast<float>(loss / size());
 }
 
 absl::StatusOr<float> Towers::ComputeOnDevices(const std::vector<models::HostBatch>& batches, int64_t step,
-                                               float* grads) {
-#ifdef DTRAIN_HAVE_CUDA
-  std::vector<std::future<absl::StatusOr<float>>> futures;
-  for (int i = 0; i < size(); ++i) {
-    futures.push_back(std::async(std::launch::async, [this, &batches, step, i] {
-      return models_[i]->ComputeGradients(batches[i], step * 64 + i);
-    }));
-  }
+                                               const models::StepHooks* hooks) {
+  const int64_t n = num_parameters();
+  if (hooks != nullptr && hooks->before_forward) RETURN_IF_ERROR(hooks->before_forward(0, n));
+  RETURN_IF_ERROR(SetParameters(host_params_));
+  models::StepHooks device_hooks;
+  if (hooks != nullptr) device_hooks.after_forward = hooks->after_forward;
   double loss = 0;
-  absl::Status status;
-  for (auto& f : futures) {
-    absl::StatusOr<float> l = f.get();
-    if (!l.ok() && status.ok()) status = l.status();
-    if (l.ok()) loss += *l;
-  }
-  if (!status.ok()) return status;
-  std::vector<float*> buffers;
-  for (auto& m : models_) buffers.push_back(m->device_gradients());
-  RETURN_IF_ERROR(device_averager_->reducer->AverageInPlace(buffers));
-  RETURN_IF_ERROR(devices_[0]->CopyToHost(models_[0]->device_gradients(), grads, num_parameters()));
-  return static_cast<float>(loss / size());
+  if (size() == 1) {
+    ASSIGN_OR_RETURN(loss, models_[0]->ComputeGradients(batches[0], step * 64, &device_hooks));
+  } else {
+#ifdef DTRAIN_HAVE_CUDA
+    std::vector<std::future<absl::StatusOr<float>>> futures;
+    for (int i = 0; i < size(); ++i) {
+      futures.push_back(std::async(std::launch::async, [this, &batches, &device_hooks, step, i] {
+        SetFlushDenormals();
+        return models_[i]->ComputeGradients(batches[i], step * 64 + i, &device_hooks);
+      }));
+    }
+    absl::Status status;
+    for (auto& f : futures) {
+      absl::StatusOr<float> l = f.get();
+      if (!l.ok() && status.ok()) status = l.status();
+      if (l.ok()) loss += *l;
+    }
+    if (!status.ok()) return status;
+    std::vector<float*> buffers;
+    for (auto& m : models_) buffers.push_back(m->device_gradients());
+    RETURN_IF_ERROR(device_averager_->reducer->AverageInPlace(buffers));
+    loss /= size();
 #else
-  return absl::FailedPreconditionError("no CUDA device available: this build has no CUDA backend");
+    return absl::FailedPreconditionError("no CUDA device available: this build has no CUDA backend");
 #endif
+  }
+  RETURN_IF_ERROR(devices_[0]->CopyToHost(models_[0]->device_gradients(), host_grads_, n));
+  if (hooks != nullptr && hooks->gradients_ready) RETURN_IF_ERROR(hooks->gradients_ready(0, n));
+  return static_cast<float>(loss);
 }
 
 }  // namespace dtrain::worker

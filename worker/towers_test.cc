@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+
 #include "worker/synthetic_data.h"
 
 namespace dtrain::worker {
@@ -73,11 +77,12 @@ TEST(TowersTest, TwoTowerAverageEqualsOneTowerOnConcatenatedBatch) {
                            full.labels.data() + b};
 
   const int64_t n = (*one)->num_parameters();
-  std::vector<float> g1(n), g2(n);
-  auto l1 = (*one)->ComputeGradients({whole}, 0, g1.data());
-  auto l2 = (*two)->ComputeGradients({first, second}, 0, g2.data());
+  auto l1 = (*one)->ComputeGradients({whole}, 0);
+  auto l2 = (*two)->ComputeGradients({first, second}, 0);
   ASSERT_TRUE(l1.ok()) << l1.status();
   ASSERT_TRUE(l2.ok()) << l2.status();
+  const float* g1 = (*one)->host_grads();
+  const float* g2 = (*two)->host_grads();
   EXPECT_NEAR(*l1, *l2, 1e-5 * std::abs(*l1));
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -98,7 +103,6 @@ std::vector<float> LossCurve(const std::string& model, int batch, const std::vec
   EXPECT_TRUE(towers.ok()) << towers.status();
   if (!towers.ok()) return {};
   std::vector<float> params = models::InitialParameters((*towers)->tower(0)->variables(), 5);
-  std::vector<float> grads(params.size());
   std::vector<data::Batch> batches = data::EvalBatches(data.train, batch, data::Preprocess::kScale01);
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
@@ -108,10 +112,11 @@ std::vector<float> LossCurve(const std::string& model, int batch, const std::vec
       const data::Batch& b = batches[(s * specs.size() + t) % batches.size()];
       views.push_back({b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()});
     }
-    auto loss = (*towers)->ComputeGradients(views, s, grads.data());
+    auto loss = (*towers)->ComputeGradients(views, s);
     EXPECT_TRUE(loss.ok()) << loss.status();
     if (!loss.ok()) return {};
     losses.push_back(*loss);
+    const float* grads = (*towers)->host_grads();
     for (size_t i = 0; i < params.size(); ++i) params[i] -= lr * grads[i];
   }
   return losses;
@@ -145,6 +150,83 @@ TEST(TowersTest, LossCurveFallsOnCpu) {
       LossCurve("mlp", 32, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)}, 10, 0.1f);
   ASSERT_EQ(cpu.size(), 10u);
   EXPECT_LT(cpu.back(), 0.7f * cpu.front());
+}
+
+// CPU towers compute on the host buffers in place, and a step's hooks see it layer by layer: every tower waits
+// for each layer's parameters before reading them (forward order), and each layer's gradient is handed on once,
+// already averaged over the towers, last layer first.
+TEST(TowersTest, PerLayerHooksSeeAveragedGradientsLastLayerFirst) {
+  const int b = 8;
+  const data::DatasetPair data = MakeSyntheticDataset(4 * b, 1);
+  models::ModelOptions mo;
+  mo.batch_size = b;
+  auto towers = Towers::Create("cnn", mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)});
+  ASSERT_TRUE(towers.ok()) << towers.status();
+  EXPECT_TRUE((*towers)->host_resident());
+  const std::vector<float> params = models::InitialParameters((*towers)->tower(0)->variables(), 3);
+  std::copy(params.begin(), params.end(), (*towers)->host_params());
+  std::vector<data::Batch> batches = data::EvalBatches(data.train, b, data::Preprocess::kScale01);
+  std::vector<models::HostBatch> views;
+  for (int t = 0; t < 2; ++t) {
+    const data::Batch& x = batches[t];
+    views.push_back({x.batch, x.height, x.width, x.channels, x.images.data(), x.labels.data()});
+  }
+  absl::Mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> waited, ready;
+  std::vector<std::vector<float>> at_ready;
+  models::StepHooks hooks;
+  hooks.before_forward = [&](int64_t begin, int64_t end) {
+    absl::MutexLock lock(&mu);
+    waited.emplace_back(begin, end);
+    return absl::OkStatus();
+  };
+  hooks.gradients_ready = [&](int64_t begin, int64_t end) {
+    absl::MutexLock lock(&mu);
+    ready.emplace_back(begin, end);
+    const float* g = (*towers)->host_grads();
+    at_ready.emplace_back(g + begin, g + end);
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE((*towers)->ComputeGradients(views, 0, &hooks).ok());
+  // cnn: conv1, conv2, fc1, fc2, each [weights, biases]: 4 ranges, waited for by both towers.
+  ASSERT_EQ(waited.size(), 8u);
+  ASSERT_EQ(ready.size(), 4u);
+  for (size_t i = 1; i < ready.size(); ++i) EXPECT_EQ(ready[i].second, ready[i - 1].first) << "last layer first";
+  EXPECT_EQ(ready.back().first, 0);
+  EXPECT_EQ(ready.front().second, (*towers)->num_parameters());
+  const float* final_grads = (*towers)->host_grads();
+  for (size_t i = 0; i < ready.size(); ++i) {
+    EXPECT_EQ(at_ready[i], std::vector<float>(final_grads + ready[i].first, final_grads + ready[i].second))
+        << "range " << i << " changed after it was handed on";
+  }
+  // The same as computing without hooks.
+  std::vector<float> hooked(final_grads, final_grads + (*towers)->num_parameters());
+  ASSERT_TRUE((*towers)->ComputeGradients(views, 0).ok());
+  EXPECT_EQ(hooked, std::vector<float>((*towers)->host_grads(), (*towers)->host_grads() + (*towers)->num_parameters()));
+}
+
+// Denormal floats are flushed on the towers' threads: with denormal inputs (and so denormal products) the
+// first convolution's weight gradient (the cnn has no weight decay) is exactly zero.
+TEST(TowersTest, TowerThreadsFlushDenormals) {
+  const int b = 2;
+  models::ModelOptions mo;
+  mo.batch_size = b;
+  auto towers = Towers::Create("cnn", mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)});
+  ASSERT_TRUE(towers.ok()) << towers.status();
+  const std::vector<models::VariableInfo> vars = (*towers)->tower(0)->variables();
+  const std::vector<float> params = models::InitialParameters(vars, 3);
+  std::copy(params.begin(), params.end(), (*towers)->host_params());
+  std::vector<float> images(b * 28 * 28, 1e-39f), labels(b, 1.0f);  // 1e-39: denormal
+  const models::HostBatch batch{b, 28, 28, 1, images.data(), labels.data()};
+  std::thread t([&] {  // a fresh thread whose MXCSR is not set by this test binary
+    ASSERT_TRUE((*towers)->ComputeGradients({batch, batch}, 0).ok());
+  });
+  t.join();
+  const float* g = (*towers)->host_grads();
+  ASSERT_EQ(vars[0].name, "conv1/weights");
+  int64_t nonzero = 0;
+  for (int64_t i = 0; i < vars[0].size(); ++i) nonzero += g[i] != 0.0f;
+  EXPECT_EQ(nonzero, 0) << "denormal products survived on a tower thread";
 }
 
 }  // namespace

@@ -16,7 +16,9 @@
 #include "common/status_macros.h"
 #include "ps/placement.h"
 #include "worker/models/model.h"
-#include "worker/ps_group.h"
+#include "common/denormals.h"
+#include "ps/worker_client.h"
+#include "worker/step_runner.h"
 #include "worker/towers.h"
 
 namespace dtrain::worker {
@@ -86,6 +88,7 @@ absl::Status ApplyModelDefaults(WorkerOptions* o) {
 
 absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
                                            const std::vector<ps::PsInterface*>& tasks) {
+  SetFlushDenormals();  // the training loop computes (the kernels' own pools set it too)
   WorkerOptions o = options;
   RETURN_IF_ERROR(ApplyModelDefaults(&o));
   const bool local = tasks.empty();
@@ -161,29 +164,37 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     po.save_checkpoint_secs = o.save_checkpoint_secs;
     po.keep_checkpoints = o.keep_checkpoints;
     po.apply_threads = o.threads;
-    local_ps = std::make_unique<ps::ParameterServer>(po);
+    ASSIGN_OR_RETURN(local_ps, ps::ParameterServer::Create(po));
     task_ptrs = {local_ps.get()};
   }
-  PsGroup group(task_ptrs, placement.task_slices, local ? 0 : o.worker_id, chief);
+  ps::WorkerClientOptions copt;
+  copt.background = !local;  // an in-process ps answers inline: no transfer threads
+  copt.step_timeout = absl::Seconds(o.step_timeout_secs);
+  ASSIGN_OR_RETURN(copt.wire_dtype, ps::ParseWireDtype(o.wire_dtype));
+  ps::WorkerClient client(task_ptrs, placement.task_slices, local ? 0 : o.worker_id, chief, copt);
   // A worker that stops on an error still leaves the cluster (best effort), so the ps tasks stop expecting it
   // instead of waiting for it forever; cancelled on the normal path, which reports done itself.
-  auto leave_on_error = absl::MakeCleanup([&group, &o] {
-    absl::Status s = group.Done();
+  auto leave_on_error = absl::MakeCleanup([&client, &o] {
+    absl::Status s = client.Done();
     if (!s.ok()) LOG(WARNING) << "worker " << o.worker_id << " could not report done: " << s;
   });
-  // The flat parameters and gradients live in the towers' host staging buffers (pinned for GPUs).
+  // The flat parameters and gradients live in the towers' host buffers: CPU towers compute on them in place,
+  // GPU towers copy them (pinned memory).
   float* params = towers->host_params();
-  float* grads = towers->host_grads();
   if (chief) {
     const std::vector<float> init = models::InitialParameters(model0->variables(), o.seed);
     std::copy(init.begin(), init.end(), params);
   }
-  RETURN_IF_ERROR(group.Connect(config, params, absl::Seconds(o.startup_wait_secs)));
+  RETURN_IF_ERROR(client.Connect(config, params, absl::Seconds(o.startup_wait_secs)));
 
   std::vector<data::Batch> eval_batches;
   if (chief && (o.evaluate || o.eval_every > 0)) {
     eval_batches = data::EvalBatches(dataset->test, mopt.eval_batch_size, EvalPreprocess(o.model));
   }
+  auto evaluate = [&](const float* values) -> absl::StatusOr<double> {
+    RETURN_IF_ERROR(towers->SetParameters(values));
+    return Evaluate(model0, eval_batches);
+  };
 
   // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.
   std::unique_ptr<EventWriter> events;
@@ -193,82 +204,76 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
 
   // ---- the loop ----
   TrainingResult result;
-  ASSIGN_OR_RETURN(PullResult pulled, group.Pull(0, 0, params));
-  int64_t step = pulled.step;
-  result.first_step = step;
-  if (step > 0 && !o.quiet) std::printf("resuming at global step %lld\n", static_cast<long long>(step));
+  StepRunner runner(towers.get(), &client, config.mode == "sync");
+  ASSIGN_OR_RETURN(ps::PullResult at, runner.Start());
+  result.first_step = at.step;
+  if (at.step > 0 && !o.quiet) std::printf("resuming at global step %lld\n", static_cast<long long>(at.step));
   const int64_t examples_per_step = static_cast<int64_t>(o.batch_size) * towers->size();
   const absl::Time start = absl::Now();
   absl::Time window_start = start;
   int64_t window_steps = 0;
-  int64_t next_eval = o.eval_every > 0 ? (step / o.eval_every + 1) * o.eval_every : -1;
+  int64_t next_eval = o.eval_every > 0 ? (at.step / o.eval_every + 1) * o.eval_every : -1;
   std::vector<models::HostBatch> views(towers->size());
   std::vector<data::Batch> batches(towers->size());
-  while (step < o.train_steps && !pulled.training_done) {
-    RETURN_IF_ERROR(towers->SetParameters(params));
+  while (at.step < o.train_steps && !at.training_done) {
     for (int t = 0; t < towers->size(); ++t) {
       batches[t] = stream->Next();  // copy: the stream's buffer is reused on the next call
       views[t] = View(batches[t]);
     }
-    ASSIGN_OR_RETURN(float loss, towers->ComputeGradients(views, step, grads));
     if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
-    if (!std::isfinite(loss)) {
-      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
-                                              ": training diverged (try a smaller --learning_rate)"));
-    }
-    RETURN_IF_ERROR(group.Push(step, grads).status());
-    const int64_t pushed_step = step;
-    ASSIGN_OR_RETURN(pulled, group.Pull(config.mode == "sync" ? pushed_step + 1 : 0, pushed_step, params));
-    step = pulled.step;
+    ASSIGN_OR_RETURN(float loss, runner.Step(views, at.step));
+    ASSIGN_OR_RETURN(at, runner.NextStep());
     result.last_loss = loss;
     result.losses.push_back(loss);
     ++result.local_steps;
     ++window_steps;
     if (result.local_steps % o.log_every == 0) {
       const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
+      const double rate = window_steps * examples_per_step / std::max(secs, 1e-9);
       if (!o.quiet) {
-        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch)\n", static_cast<long long>(step),
-                    loss, window_steps * examples_per_step / std::max(secs, 1e-9),
-                    secs / std::max<int64_t>(window_steps, 1));
+        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch)\n", static_cast<long long>(at.step),
+                    loss, rate, secs / std::max<int64_t>(window_steps, 1));
         std::fflush(stdout);
       }
       if (events) {
-        RETURN_IF_ERROR(events->AddScalar("loss", step, loss));
-        RETURN_IF_ERROR(events->AddScalar("examples_per_sec", step,
-                                          window_steps * examples_per_step / std::max(secs, 1e-9)));
+        RETURN_IF_ERROR(events->AddScalar("loss", at.step, loss));
+        RETURN_IF_ERROR(events->AddScalar("examples_per_sec", at.step, rate));
         RETURN_IF_ERROR(events->Flush());
       }
       window_start = absl::Now();
       window_steps = 0;
     }
-    if (chief && next_eval > 0 && step >= next_eval && step < o.train_steps) {
-      RETURN_IF_ERROR(towers->SetParameters(params));
-      ASSIGN_OR_RETURN(double acc, Evaluate(model0, eval_batches));
-      if (!o.quiet) std::printf("step %lld: test accuracy = %.4f\n", static_cast<long long>(step), acc);
-      if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", step, acc));
-      next_eval = (step / o.eval_every + 1) * o.eval_every;
+    if (chief && next_eval > 0 && at.step >= next_eval && at.step < o.train_steps) {
+      ASSIGN_OR_RETURN(at, runner.Settle());
+      ASSIGN_OR_RETURN(double acc, evaluate(params));
+      if (!o.quiet) {
+        std::printf("step %lld: test accuracy = %.4f (%.1f sec)\n", static_cast<long long>(at.step), acc,
+                    absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", at.step, acc));
+      next_eval = (at.step / o.eval_every + 1) * o.eval_every;
     }
   }
+  ASSIGN_OR_RETURN(at, runner.Settle());
   result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result.examples = result.local_steps * examples_per_step;
-  result.global_step = step;
+  result.global_step = at.step;
 
   if (chief) {
     // The newest parameters (other workers may have pushed after our last pull).
-    ASSIGN_OR_RETURN(pulled, group.Pull(0, step, params));
-    result.global_step = pulled.step;
+    ASSIGN_OR_RETURN(at, client.Pull(0, at.step, params));
+    result.global_step = at.step;
+  }
+  result.parameters.assign(params, params + n);
+  if (chief) {
     if (o.evaluate) {
-      RETURN_IF_ERROR(towers->SetParameters(params));
-      ASSIGN_OR_RETURN(result.test_accuracy, Evaluate(model0, eval_batches));
+      ASSIGN_OR_RETURN(result.test_accuracy, evaluate(params));
       if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", result.global_step, result.test_accuracy));
       if (o.moving_average_decay > 0) {
         // The seeds evaluate with the moving averages of the variables when they keep them.
-        std::vector<float> averaged(n);
-        ASSIGN_OR_RETURN(PullResult unused, group.Pull(0, result.global_step, averaged.data(),
-                                                       absl::Seconds(120), /*moving_averages=*/true));
+        ASSIGN_OR_RETURN(ps::PullResult unused, client.Pull(0, result.global_step, params, /*moving_averages=*/true));
         (void)unused;
-        RETURN_IF_ERROR(towers->SetParameters(averaged.data()));
-        ASSIGN_OR_RETURN(result.test_accuracy_averaged, Evaluate(model0, eval_batches));
+        ASSIGN_OR_RETURN(result.test_accuracy_averaged, evaluate(params));
         if (events) {
           RETURN_IF_ERROR(events->AddScalar("test_accuracy_moving_average", result.global_step,
                                             result.test_accuracy_averaged));
@@ -284,7 +289,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   }
   if (chief) {
     // Taken before this worker reports done: ps 0 exits once every worker has.
-    absl::StatusOr<ps::TrainingStats> stats = group.Stats(0);
+    absl::StatusOr<ps::TrainingStats> stats = client.Stats(0);
     if (stats.ok()) {
       result.stats = *stats;
       if (!o.quiet && !local) std::printf("%s", FormatStats(*stats, config.mode == "async").c_str());
@@ -292,8 +297,8 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     // Traffic per ps task: what each one received (gradients) and sent (parameters) per global step.
     if (!o.quiet && !local) {
       const double steps = std::max<int64_t>(1, result.global_step - result.first_step);
-      for (int t = 0; t < group.num_tasks(); ++t) {
-        absl::StatusOr<ps::TrainingStats> ts = t == 0 ? stats : group.Stats(t);
+      for (int t = 0; t < client.num_tasks(); ++t) {
+        absl::StatusOr<ps::TrainingStats> ts = t == 0 ? stats : client.Stats(t);
         if (!ts.ok()) continue;
         std::printf("ps task %d: %lld bytes held; received %.2f MB/step, sent %.2f MB/step\n", t,
                     static_cast<long long>(placement.task_bytes[t]), ts->bytes_received / steps / 1e6,
@@ -302,7 +307,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     }
   }
   std::move(leave_on_error).Cancel();
-  RETURN_IF_ERROR(group.Done());
+  RETURN_IF_ERROR(client.Done());
   if (chief) {
     if (!o.quiet && result.test_accuracy_averaged >= 0) {
       std::printf("step %lld: test accuracy with moving averages = %.4f (%lld examples)\n",
@@ -315,7 +320,6 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     }
     std::fflush(stdout);
   }
-  result.parameters.assign(params, params + n);
   return result;
 }
 

@@ -1,6 +1,6 @@
 // The training loop of one worker: builds the towers, reads its shard of the data, connects to the ps tasks
-// (or runs a private in-process ps in local mode), and loops pull → compute → push until the global step
-// reaches train_steps. The chief (worker 0) initializes the variables, evaluates test accuracy and prints the
+// (or runs a private in-process ps in local mode), and runs steps (worker/step_runner.h: parameters pulled and
+// gradients pushed layer by layer, overlapped with compute) until the global step reaches train_steps. The chief (worker 0) initializes the variables, evaluates test accuracy and prints the
 // ps statistics at the end.
 //
 // Thread-safety: RunTraining is re-entrant (tests run several workers as threads of one process).
@@ -64,6 +64,8 @@ struct WorkerOptions {
   std::string logdir;           // chief: TensorBoard event files here (empty = none)
   double startup_wait_secs = 300;  // how long to wait for ps tasks / the chief
   bool quiet = false;           // no progress lines (tests)
+  double step_timeout_secs = 120;  // how long a step may wait for the ps (another worker's gradients)
+  std::string wire_dtype = "fp32";  // fp32 | bf16 | fp16: gradients and parameters on the wire
   int step_delay_ms = 0;        // test hook: sleep this long every step (a slow worker)
 };
 

@@ -104,7 +104,7 @@ void CheckSyncEquivalence(int num_ps) {
     po.task_index = t;
     po.num_ps = num_ps;
     po.num_workers = 2;
-    servers.push_back(std::make_unique<ps::ParameterServer>(po));
+    servers.push_back(*ps::ParameterServer::Create(po));
     tasks.push_back(servers.back().get());
   }
   WorkerOptions o = BaseOptions(&data);
@@ -133,16 +133,16 @@ TEST(TrainerTest, AsyncGlobalStepCountsAppliedPushesEvenWithRetries) {
   const data::DatasetPair data = MakeSyntheticDataset(1000, 100);
   ps::ParameterServerOptions po;
   po.num_workers = 2;
-  ps::ParameterServer server(po);
+  std::unique_ptr<ps::ParameterServer> server = *ps::ParameterServer::Create(po);
   ps::FaultInjectingPs::Faults faults;
   faults.duplicate_pushes = true;  // every push arrives twice
-  ps::FaultInjectingPs flaky(&server, faults);
+  ps::FaultInjectingPs flaky(server.get(), faults);
   WorkerOptions o = BaseOptions(&data);
   o.batch_size = 20;
   o.train_steps = 40;
   o.mode = "async";
   std::vector<TrainingResult> got = RunWorkers(o, 2, {&flaky});
-  absl::StatusOr<ps::TrainingStats> stats = server.GetStats();
+  absl::StatusOr<ps::TrainingStats> stats = server->GetStats();
   ASSERT_TRUE(stats.ok());
   int64_t applied = 0, duplicates = 0;
   for (const auto& w : stats->workers) {

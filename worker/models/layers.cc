@@ -170,6 +170,7 @@ struct Network::Layer {
   float* mask = nullptr;        // dropout mask
   const float* w = nullptr;
   const float* b = nullptr;
+  int64_t var_begin = 0, var_end = 0;  // the layer's variables in the flat buffer
   float* dw = nullptr;
   float* db = nullptr;
   uint64_t dropout_index = 0;
@@ -272,6 +273,8 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Create(kernels::Device* device
                               : in.size() * s.out;
       l.w = params + offset;
       l.b = params + offset + w_n;
+      l.var_begin = offset;
+      l.var_end = offset + w_n + s.out;
       if (grads != nullptr) {
         l.dw = grads + offset;
         l.db = grads + offset + w_n;
@@ -296,8 +299,16 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Create(kernels::Device* device
   return net;
 }
 
-absl::Status Network::Forward(bool training, uint64_t seed, int64_t step) {
-  for (Layer& l : layers_) {
+int Network::num_layers() const { return static_cast<int>(layers_.size()); }
+
+std::pair<int64_t, int64_t> Network::variable_range(int i) const {
+  return {layers_[i].var_begin, layers_[i].var_end};
+}
+
+absl::Status Network::Forward(bool training, uint64_t seed, int64_t step, const LayerHook* before_layer) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = layers_[i];
+    if (before_layer != nullptr && l.var_end > l.var_begin) RETURN_IF_ERROR((*before_layer)(static_cast<int>(i)));
     switch (l.spec.kind) {
       case LayerSpec::Kind::kConv:
         RETURN_IF_ERROR(l.conv->Forward(l.x, l.w, l.b, l.y));
@@ -329,7 +340,7 @@ absl::Status Network::Forward(bool training, uint64_t seed, int64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status Network::Backward(float* doutput) {
+absl::Status Network::Backward(float* doutput, const LayerHook* grads_ready) {
   if (!with_backward_) return absl::FailedPreconditionError("Network::Backward on a forward-only network");
   float* dy = doutput;
   for (size_t i = layers_.size(); i-- > 0;) {
@@ -339,10 +350,12 @@ absl::Status Network::Backward(float* doutput) {
     switch (l.spec.kind) {
       case LayerSpec::Kind::kConv:
         RETURN_IF_ERROR(l.conv->BackwardWeights(l.x, dy, l.dw, l.db));
+        if (grads_ready != nullptr) RETURN_IF_ERROR((*grads_ready)(static_cast<int>(i)));
         if (need_dx) RETURN_IF_ERROR(l.conv->BackwardData(dy, l.w, dx));
         break;
       case LayerSpec::Kind::kDense:
         RETURN_IF_ERROR(l.dense->BackwardWeights(l.x, dy, l.dw, l.db));
+        if (grads_ready != nullptr) RETURN_IF_ERROR((*grads_ready)(static_cast<int>(i)));
         if (need_dx) RETURN_IF_ERROR(l.dense->BackwardData(dy, l.w, dx));
         break;
       case LayerSpec::Kind::kRelu:

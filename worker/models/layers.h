@@ -15,7 +15,9 @@
 #define DTRAIN_WORKER_MODELS_LAYERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -85,11 +87,19 @@ class Network {
   const float* output() const { return output_; }  // batch * classes floats (logits) after Forward
   int64_t output_size_per_example() const { return output_per_example_; }
 
+  int num_layers() const;
+  // Where layer i's variables lie in the flat buffer: [begin, end), empty for a layer without variables.
+  std::pair<int64_t, int64_t> variable_range(int i) const;
+
+  // Called with a layer's index; an error ends the pass with that error.
+  using LayerHook = std::function<absl::Status(int layer)>;
   // Runs every layer on input(). Dropout is applied only when `training` (mask keyed by seed, step).
-  absl::Status Forward(bool training, uint64_t seed, int64_t step);
+  // `before_layer` (may be null) runs before each layer that has variables.
+  absl::Status Forward(bool training, uint64_t seed, int64_t step, const LayerHook* before_layer = nullptr);
   // Backpropagates `doutput` (batch * output floats, may be overwritten) through the last training Forward,
-  // overwriting every variable's slice of the gradient buffer. Needs with_backward.
-  absl::Status Backward(float* doutput);
+  // overwriting every variable's slice of the gradient buffer. Needs with_backward. `grads_ready` (may be
+  // null) runs as soon as a layer's variable gradients are written, before its input gradient is computed.
+  absl::Status Backward(float* doutput, const LayerHook* grads_ready = nullptr);
 
  private:
   struct Layer;

@@ -14,6 +14,7 @@
 #define DTRAIN_WORKER_MODELS_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,24 @@ struct ModelOptions {
   // Input geometry (from the data set): 28x28x1 for MNIST-like data, 24x24x3 for cifar10 (after cropping).
   int height = 28, width = 28, channels = 1;
   int num_classes = 10;
+  // Flat buffers to use instead of allocating (memory of the model's device; on the CPU, host memory), each
+  // num_parameters() floats, outliving the model: the parameters (only read by the model, so several models
+  // may share one) and the gradients. Null: the model allocates its own. CPU towers pass the worker's flat
+  // host buffers here, so parameters arrive from the ps and gradients leave for it without a copy.
+  float* params_buffer = nullptr;
+  float* grads_buffer = nullptr;
+};
+
+// Per-layer hooks of a training step, all optional. Ranges [begin, end) are in the flat buffer and cover one
+// layer's variables; an error from a hook ends the step with that error.
+struct StepHooks {
+  // Before a layer reads its parameters in the forward pass (e.g. wait for them to arrive from the ps).
+  std::function<absl::Status(int64_t begin, int64_t end)> before_forward;
+  // Once the loss of the batch is known, before the backward pass (e.g. refuse a diverged step).
+  std::function<absl::Status(float loss)> after_forward;
+  // As soon as the gradient of a layer's variables (weight decay included) is final in the gradient buffer,
+  // last layer first (e.g. push it while backward goes on).
+  std::function<absl::Status(int64_t begin, int64_t end)> gradients_ready;
 };
 
 class Model {
@@ -83,9 +102,10 @@ class Model {
   // and returns the total loss. `step` seeds dropout so runs are reproducible.
   virtual absl::StatusOr<float> TrainStep(const HostBatch& batch, int64_t step, float* host_grads) = 0;
 
-  // Device-side variant for towers that average on the device (GPU/NCCL): gradients stay in
-  // device_gradients() after the call. Returns the loss.
-  virtual absl::StatusOr<float> ComputeGradients(const HostBatch& batch, int64_t step) = 0;
+  // Device-side variant: gradients stay in device_gradients() after the call (the grads_buffer when one was
+  // given). Calls `hooks` (may be null) as the step goes. Returns the loss.
+  virtual absl::StatusOr<float> ComputeGradients(const HostBatch& batch, int64_t step,
+                                                 const StepHooks* hooks = nullptr) = 0;
   virtual float* device_gradients() = 0;  // flat gradient buffer on the device (num_parameters() floats)
 
   // Inference (dropout off) on up to eval_batch_size examples; returns how many were classified correctly.

@@ -53,14 +53,22 @@ absl::StatusOr<std::unique_ptr<Model>> SequentialModel::Create(const std::string
     return p;
   };
   const int batch = options.batch_size, classes = options.num_classes;
-  ASSIGN_OR_RETURN(m->params_, alloc(m->num_params_));
-  ASSIGN_OR_RETURN(m->grads_, alloc(m->num_params_));
+  if (options.params_buffer != nullptr) {
+    m->params_ = options.params_buffer;
+  } else {
+    ASSIGN_OR_RETURN(m->params_, alloc(m->num_params_));
+    RETURN_IF_ERROR(device->Fill(0.0f, m->params_, m->num_params_));
+  }
+  if (options.grads_buffer != nullptr) {
+    m->grads_ = options.grads_buffer;
+  } else {
+    ASSIGN_OR_RETURN(m->grads_, alloc(m->num_params_));
+    RETURN_IF_ERROR(device->Fill(0.0f, m->grads_, m->num_params_));
+  }
   ASSIGN_OR_RETURN(m->labels_, alloc(batch));
   ASSIGN_OR_RETURN(m->dlogits_, alloc(static_cast<int64_t>(batch) * classes));
   ASSIGN_OR_RETURN(m->loss_, alloc(1));
   ASSIGN_OR_RETURN(m->l2_scratch_, alloc(1));
-  RETURN_IF_ERROR(device->Fill(0.0f, m->params_, m->num_params_));
-  RETURN_IF_ERROR(device->Fill(0.0f, m->grads_, m->num_params_));
 
   ASSIGN_OR_RETURN(m->train_, Network::Create(device, m->layers_, input, batch, /*with_backward=*/true, m->params_,
                                               m->grads_));
@@ -78,6 +86,7 @@ absl::StatusOr<std::unique_ptr<Model>> SequentialModel::Create(const std::string
 
 absl::Status SequentialModel::SetParameters(const float* host_params) {
   if (host_params == nullptr) return absl::InvalidArgumentError(absl::StrCat(name_, ": SetParameters(nullptr)"));
+  if (host_params == params_) return absl::OkStatus();  // the model reads the caller's buffer directly
   return device_->CopyToDevice(host_params, params_, num_params_);
 }
 
@@ -104,31 +113,51 @@ absl::Status SequentialModel::CheckBatch(const HostBatch& batch, int min_count, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<float> SequentialModel::ComputeGradients(const HostBatch& batch, int64_t step) {
+absl::StatusOr<float> SequentialModel::ComputeGradients(const HostBatch& batch, int64_t step,
+                                                        const StepHooks* hooks) {
   const int n = options_.batch_size, classes = options_.num_classes;
   RETURN_IF_ERROR(CheckBatch(batch, n, n));
   RETURN_IF_ERROR(device_->CopyToDevice(batch.images, train_->input(), n * example_size_));
   RETURN_IF_ERROR(device_->CopyToDevice(batch.labels, labels_, n));
-  RETURN_IF_ERROR(train_->Forward(/*training=*/true, options_.seed, step));
+  Network::LayerHook before_layer = [&](int layer) {
+    const auto [begin, end] = train_->variable_range(layer);
+    return hooks->before_forward(begin, end);
+  };
+  const bool wait_per_layer = hooks != nullptr && hooks->before_forward;
+  RETURN_IF_ERROR(train_->Forward(/*training=*/true, options_.seed, step, wait_per_layer ? &before_layer : nullptr));
   RETURN_IF_ERROR(device_->SoftmaxCrossEntropy(train_->output(), labels_, n, classes, dlogits_, loss_));
   for (const Decayed& d : decayed_) {
     RETURN_IF_ERROR(device_->L2Loss(params_ + d.offset, d.size, l2_scratch_));
     RETURN_IF_ERROR(device_->Axpy(d.weight_decay, l2_scratch_, loss_, 1));
   }
-  RETURN_IF_ERROR(train_->Backward(dlogits_));
-  // d(wd * l2_loss(w))/dw = wd * w, added after Backward overwrote the gradient.
-  for (const Decayed& d : decayed_) {
-    RETURN_IF_ERROR(device_->Axpy(d.weight_decay, params_ + d.offset, grads_ + d.offset, d.size));
-  }
   float loss = 0.0f;
-  RETURN_IF_ERROR(device_->CopyToHost(loss_, &loss, 1));
+  bool have_loss = false;
+  if (hooks != nullptr && hooks->after_forward) {
+    RETURN_IF_ERROR(device_->CopyToHost(loss_, &loss, 1));
+    have_loss = true;
+    RETURN_IF_ERROR(hooks->after_forward(loss));
+  }
+  // As soon as a layer's variable gradients are written: d(wd * l2_loss(w))/dw = wd * w is added to them (the
+  // backward pass overwrote the buffer), then they are final.
+  Network::LayerHook grads_ready = [&](int layer) -> absl::Status {
+    const auto [begin, end] = train_->variable_range(layer);
+    for (const Decayed& d : decayed_) {
+      if (d.offset >= begin && d.offset + d.size <= end) {
+        RETURN_IF_ERROR(device_->Axpy(d.weight_decay, params_ + d.offset, grads_ + d.offset, d.size));
+      }
+    }
+    if (hooks != nullptr && hooks->gradients_ready) return hooks->gradients_ready(begin, end);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(train_->Backward(dlogits_, &grads_ready));
+  if (!have_loss) RETURN_IF_ERROR(device_->CopyToHost(loss_, &loss, 1));
   return loss;
 }
 
 absl::StatusOr<float> SequentialModel::TrainStep(const HostBatch& batch, int64_t step, float* host_grads) {
   if (host_grads == nullptr) return absl::InvalidArgumentError(absl::StrCat(name_, ": TrainStep without grads"));
   ASSIGN_OR_RETURN(float loss, ComputeGradients(batch, step));
-  RETURN_IF_ERROR(device_->CopyToHost(grads_, host_grads, num_params_));
+  if (host_grads != grads_) RETURN_IF_ERROR(device_->CopyToHost(grads_, host_grads, num_params_));
   return loss;
 }
 

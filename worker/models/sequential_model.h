@@ -27,7 +27,8 @@ class SequentialModel : public Model {
   const std::vector<VariableInfo>& variables() const override { return vars_; }
   absl::Status SetParameters(const float* host_params) override;
   absl::StatusOr<float> TrainStep(const HostBatch& batch, int64_t step, float* host_grads) override;
-  absl::StatusOr<float> ComputeGradients(const HostBatch& batch, int64_t step) override;
+  absl::StatusOr<float> ComputeGradients(const HostBatch& batch, int64_t step,
+                                         const StepHooks* hooks = nullptr) override;
   float* device_gradients() override { return grads_; }
   absl::StatusOr<int> CountCorrect(const HostBatch& batch) override;
   kernels::Device* device() override { return device_; }
@@ -49,7 +50,7 @@ class SequentialModel : public Model {
   std::vector<Decayed> decayed_;
   int64_t num_params_ = 0;
   int64_t example_size_ = 0;
-  std::vector<float*> owned_;
+  std::vector<float*> owned_;  // device buffers this model allocated (not the ones given in ModelOptions)
   float* params_ = nullptr;
   float* grads_ = nullptr;
   float* labels_ = nullptr;

@@ -1,0 +1,47 @@
+// PsInterface: one ps task as a worker sees it, whatever the transport. ParameterServer implements it in process
+// (local mode, tests); ps/grpc_ps_client.h implements it over gRPC; ps/grpc_ps_service.h serves a
+// ParameterServer through it. ps/worker_client.h runs the protocol of ps_types.h over a set of them.
+//
+// Thread-safety: implementations are thread-safe: every method may be called concurrently, and uploads and
+// pulls of different workers proceed in parallel. An upload object belongs to one thread.
+//
+// Errors (all implementations):
+//   InvalidArgument     malformed request (unknown key, range outside a slice, bad worker id)
+//   FailedPrecondition  config mismatch with the chief's (the message names the differing field), push for a
+//                       future step, decisions missing for a step the task needs, non-chief Initialize, an
+//                       incomplete commit, a checkpoint that does not fit the chief's config
+//   DataLoss            (Register, sync) the checkpoint of the step ps task 0 restored is corrupt on this task
+//   Unavailable         not configured / not initialized yet, or the task cannot be reached (retry with backoff)
+//   DeadlineExceeded    Pull waited longer than its timeout
+#ifndef DTRAIN_PS_PS_INTERFACE_H_
+#define DTRAIN_PS_PS_INTERFACE_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ps/ps_types.h"
+#include "ps/slice_io.h"
+
+namespace dtrain::ps {
+
+class PsInterface {
+ public:
+  virtual ~PsInterface() = default;
+  virtual absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) = 0;
+  // The chief's initial values for every slice of the task (ignored, successfully, once the task holds values).
+  virtual absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) = 0;
+  // One worker's gradients for one step (see ps_types.h).
+  virtual absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) = 0;
+  // Waits as the request says, then delivers the header and every slice of the task, in key order, each as
+  // soon as it is up to date, to `receiver`. A receiver error ends the pull with that error.
+  virtual absl::Status Pull(const PullRequest& request, PullReceiver* receiver) = 0;
+  // The worker has finished training. Sync: the coordinator stops expecting its commits (R becomes
+  // min(R, active workers)), and a pending step that now has enough commits is decided.
+  virtual absl::Status Done(int worker_id) = 0;
+  virtual absl::StatusOr<TrainingStats> GetStats() = 0;
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_PS_INTERFACE_H_

@@ -1,0 +1,589 @@
+#include "ps/worker_client.h"
+
+#include <algorithm>
+#include <random>
+#include <string_view>
+#include <utility>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/mutex_config.h"
+#include "common/status_macros.h"
+
+namespace dtrain::ps {
+
+// One task's part of the push in flight. Owned by the task's push lane while the push runs.
+struct WorkerClient::TaskPush {
+  std::unique_ptr<SliceUpload> upload;
+  std::vector<int> sent;  // slices written to this upload (a retried upload writes them again)
+  absl::Status status;
+};
+
+// Writes one task's pulled slices into the flat parameter buffer; used by the task's pull lane only.
+class WorkerClient::Receiver : public PullReceiver {
+ public:
+  Receiver(WorkerClient* client, int task)
+      : client_(client), task_(task), received_(client->slices_.size(), 0), done_(client->slices_.size(), 0) {}
+
+  // Before a new pull: nothing has arrived.
+  void Reset() {
+    std::fill(received_.begin(), received_.end(), 0);
+    std::fill(done_.begin(), done_.end(), 0);
+    header_seen_ = false;
+  }
+  // Before a retried attempt: slices that arrived whole stay; partial ones start again.
+  void Restart() {
+    for (size_t s = 0; s < received_.size(); ++s) {
+      if (!done_[s]) received_[s] = 0;
+    }
+  }
+  bool complete() const {
+    for (int s : client_->task_slices_[task_]) {
+      if (!done_[s]) return false;
+    }
+    return true;
+  }
+
+  absl::Status OnHeader(const PullHeader& header) override {
+    if (task_ == 0 && !header_seen_) client_->OnPullHeader(header);
+    header_seen_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Buffer> Destination(uint32_t key, int64_t offset, int64_t n) override {
+    const int s = key < client_->slice_of_key_.size() ? client_->slice_of_key_[key] : -1;
+    if (s < 0 || client_->slices_[s].task != task_) {
+      return absl::DataLossError(absl::StrCat("ps task ", task_, " sent slice key ", key, ", which it does not hold"));
+    }
+    const SliceSpec& spec = client_->slices_[s].spec;
+    if (done_[s]) return Buffer{};  // arrived whole in an earlier attempt
+    if (offset == 0) received_[s] = 0;
+    if (offset != received_[s] || n < 0 || offset + n > spec.length) {
+      return absl::DataLossError(absl::StrCat("ps task ", task_, " sent floats [", offset, ", ", offset + n,
+                                              ") of '", spec.variable, "' after ", received_[s], " of ",
+                                              spec.length));
+    }
+    return Buffer{client_->pull_params_ + spec.flat_offset + offset, WireDtype::kF32};
+  }
+
+  absl::Status Written(uint32_t key, int64_t offset, int64_t n) override {
+    const int s = client_->slice_of_key_[key];
+    if (done_[s]) return absl::OkStatus();
+    received_[s] += n;
+    if (received_[s] == client_->slices_[s].spec.length) {
+      done_[s] = 1;
+      client_->SliceArrived(s);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  WorkerClient* client_;
+  const int task_;
+  std::vector<int64_t> received_;  // floats per slice (global index)
+  std::vector<char> done_;
+  bool header_seen_ = false;
+};
+
+namespace {
+
+// Uploads are retried when the task is unreachable or too slow to answer; pulls only when it is unreachable
+// (a pull that timed out waiting for its step has waited long enough).
+bool Retryable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+bool RetryablePull(const absl::Status& s) { return s.code() == absl::StatusCode::kUnavailable; }
+
+// g + residual rounded to `dtype` into `out`; the rounding error becomes the new residual.
+void EncodeWithErrorFeedback(WireDtype dtype, const float* g, float* residual, int64_t n, char* out) {
+  constexpr int64_t kBlock = 4096;
+  float sum[kBlock], back[kBlock];
+  const int bytes = DtypeBytes(dtype);
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+    for (int64_t i = 0; i < m; ++i) sum[i] = g[b + i] + residual[b + i];
+    EncodeFloats(dtype, sum, m, out + b * bytes);
+    DecodeFloats(dtype, out + b * bytes, m, back);
+    for (int64_t i = 0; i < m; ++i) residual[b + i] = sum[i] - back[i];
+  }
+}
+
+}  // namespace
+
+WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vector<SliceSpec>> placement,
+                           int worker_id, bool is_chief, WorkerClientOptions options)
+    : tasks_(std::move(tasks)),
+      placement_(std::move(placement)),
+      worker_id_(worker_id),
+      is_chief_(is_chief),
+      options_(options) {
+  DisableMutexDeadlockDetection();  // see common/mutex_config.h
+  CHECK_EQ(tasks_.size(), placement_.size());
+  for (int t = 0; t < num_tasks(); ++t) {
+    for (const SliceSpec& s : placement_[t]) slices_.push_back(Slice{s, t});
+  }
+  std::sort(slices_.begin(), slices_.end(),
+            [](const Slice& a, const Slice& b) { return a.spec.flat_offset < b.spec.flat_offset; });
+  task_slices_.resize(num_tasks());
+  for (int i = 0; i < static_cast<int>(slices_.size()); ++i) {
+    const uint32_t key = slices_[i].spec.key;
+    if (key >= slice_of_key_.size()) slice_of_key_.resize(key + 1, -1);
+    slice_of_key_[key] = i;
+    task_slices_[slices_[i].task].push_back(i);
+  }
+  slice_queued_.assign(slices_.size(), 0);
+  for (int t = 0; t < num_tasks(); ++t) {
+    pushes_.push_back(std::make_unique<TaskPush>());
+    receivers_.push_back(std::make_unique<Receiver>(this, t));
+    push_lanes_.push_back(std::make_unique<SerialExecutor>(options_.background, absl::StrCat("ps", t, "-push")));
+    pull_lanes_.push_back(std::make_unique<SerialExecutor>(options_.background, absl::StrCat("ps", t, "-pull")));
+  }
+  // Request ids must not repeat across restarts of this worker: start from a random base.
+  std::random_device rd;
+  next_request_id_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  cancel_.Register([this] {
+    absl::MutexLock lock(&mu_);
+    cv_.SignalAll();
+  });
+}
+
+WorkerClient::~WorkerClient() {
+  cancel_.Cancel();
+  // Lanes finish (quickly: everything blocking is cancelled) and join before the state they use goes away.
+  push_lanes_.clear();
+  pull_lanes_.clear();
+}
+
+// ---- connecting -----------------------------------------------------------------------------------------------
+
+absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initial_params, absl::Duration wait) {
+  sync_ = config.mode == "sync";
+  const absl::Time give_up = absl::Now() + wait;
+  absl::Duration backoff = absl::Milliseconds(100);
+  absl::Time next_log = absl::Now();
+  // Every task must resume from the same checkpoint: task 0 (registered first) decides, the others restore
+  // exactly its step (or start fresh when it did).
+  int64_t restore_step = kRestoreNewest;
+  for (int t = 0; t < num_tasks(); ++t) {
+    RegisterRequest req;
+    req.restore_step = restore_step;
+    req.worker_id = worker_id_;
+    req.is_chief = is_chief_;
+    req.config = config;
+    req.config.slices = placement_[t];
+    while (true) {
+      absl::StatusOr<RegisterResponse> r = tasks_[t]->Register(req);
+      std::string waiting_for;
+      absl::Status failed;
+      if (r.ok()) {
+        if (is_chief_ && t == 0) restore_step = r->initialized ? r->global_step : kRestoreNone;
+        if (r->initialized) {
+          if (is_chief_ && r->global_step > 0) {
+            LOG(INFO) << "ps task " << t << " resumed from a checkpoint at step " << r->global_step;
+          }
+          break;
+        }
+        if (is_chief_) {
+          absl::StatusOr<std::unique_ptr<SliceUpload>> init = tasks_[t]->StartInitialize(worker_id_);
+          if (init.ok()) {
+            absl::Status s = WriteSlices(init->get(), initial_params, placement_[t]);
+            if (s.ok()) s = (*init)->Finish().status();
+            failed = s;
+          } else {
+            failed = init.status();
+          }
+          if (failed.ok()) {
+            LOG(INFO) << "initialized ps task " << t << " (" << placement_[t].size() << " slices)";
+            break;
+          }
+          if (!Retryable(failed)) return failed;
+          waiting_for = absl::StrCat("ps task ", t, " to take the initial values (", failed.message(), ")");
+        } else {
+          waiting_for = absl::StrCat("the chief to initialize ps task ", t);
+        }
+      } else if (Retryable(r.status())) {
+        waiting_for = absl::StrCat("ps task ", t, " (", r.status().message(), ")");
+      } else {
+        return r.status();
+      }
+      if (absl::Now() > give_up) {
+        return absl::DeadlineExceededError(absl::StrCat("worker ", worker_id_, " gave up waiting for ", waiting_for,
+                                                        " after ", absl::FormatDuration(wait)));
+      }
+      if (absl::Now() >= next_log) {
+        LOG(INFO) << "worker " << worker_id_ << " waiting for " << waiting_for;
+        next_log = absl::Now() + absl::Seconds(5);
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- helpers ----------------------------------------------------------------------------------------------------
+
+std::vector<int> WorkerClient::SlicesIn(int64_t begin, int64_t end) const {
+  // First slice ending after `begin`, then every slice starting before `end`.
+  auto it = std::partition_point(slices_.begin(), slices_.end(), [&](const Slice& s) {
+    return s.spec.flat_offset + s.spec.length <= begin;
+  });
+  std::vector<int> out;
+  for (; it != slices_.end() && it->spec.flat_offset < end; ++it) out.push_back(static_cast<int>(it - slices_.begin()));
+  return out;
+}
+
+absl::Status WorkerClient::AwaitWithDeadline(const absl::Condition& condition, const char* what) {
+  const absl::Time deadline = absl::Now() + options_.step_timeout + options_.retry_window;
+  while (!condition.Eval()) {
+    if (cancel_.cancelled()) return absl::CancelledError(absl::StrCat("worker ", worker_id_, ": ", what, " cancelled"));
+    if (cv_.WaitWithDeadline(&mu_, deadline) && !condition.Eval()) {
+      return absl::DeadlineExceededError(absl::StrCat("worker ", worker_id_, " timed out ", what, " after ",
+                                                      absl::FormatDuration(options_.step_timeout +
+                                                                           options_.retry_window)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename Op>
+absl::Status WorkerClient::WithRetries(const char* what, int task, Op op) {
+  const bool pull = std::string_view(what) == "pull";
+  const absl::Time give_up = absl::Now() + options_.retry_window;
+  absl::Duration backoff = options_.initial_backoff;
+  for (bool retry = false;; retry = true) {
+    absl::Status s = op(retry);
+    if (s.ok()) return s;
+    if (cancel_.cancelled()) return absl::CancelledError(absl::StrCat(what, " cancelled"));
+    if (!(pull ? RetryablePull(s) : Retryable(s)) || absl::Now() + backoff > give_up) {
+      return absl::Status(s.code(), absl::StrCat(what, " to ps task ", task, ": ", s.message()));
+    }
+    VLOG(1) << what << " to ps task " << task << " failed (" << s << "), retrying";
+    absl::MutexLock lock(&mu_);
+    const absl::Time until = absl::Now() + backoff;
+    while (!cancel_.cancelled() && !cv_.WaitWithDeadline(&mu_, until)) {
+    }
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+// ---- push -------------------------------------------------------------------------------------------------------
+
+absl::Status WorkerClient::BeginPush(int64_t step, const float* grads) {
+  bool previous_active;
+  {
+    absl::MutexLock lock(&mu_);
+    previous_active = push_active_;
+  }
+  // The previous push must be done before its buffer is overwritten.
+  if (previous_active) RETURN_IF_ERROR(WaitPush().status());
+  {
+    absl::MutexLock lock(&mu_);
+    push_step_ = step;
+    push_status_ = absl::OkStatus();
+    push_response_ = PushResponse{};
+    pushes_pending_ = num_tasks();
+    others_pending_ = num_tasks() - 1;
+    push_active_ = true;
+  }
+  push_grads_ = grads;
+  push_request_id_ = next_request_id_++;
+  std::fill(slice_queued_.begin(), slice_queued_.end(), 0);
+  for (auto& p : pushes_) *p = TaskPush{};
+  if (options_.wire_dtype != WireDtype::kF32 && residual_.empty()) {
+    const int64_t n = slices_.empty() ? 0 : slices_.back().spec.flat_offset + slices_.back().spec.length;
+    residual_.assign(n, 0.0f);
+    encoded_.assign(n * DtypeBytes(options_.wire_dtype), 0);
+  }
+  return absl::OkStatus();
+}
+
+void WorkerClient::PushRange(int64_t begin, int64_t end) {
+  std::vector<std::vector<int>> by_task(num_tasks());
+  for (int s : SlicesIn(begin, end)) {
+    const SliceSpec& spec = slices_[s].spec;
+    if (slice_queued_[s] || spec.flat_offset < begin || spec.flat_offset + spec.length > end) continue;
+    slice_queued_[s] = 1;
+    by_task[slices_[s].task].push_back(s);
+  }
+  for (int t = 0; t < num_tasks(); ++t) {
+    if (by_task[t].empty()) continue;
+    push_lanes_[t]->Run([this, t, list = std::move(by_task[t])]() mutable { SendSlices(t, std::move(list)); });
+  }
+}
+
+void WorkerClient::FinishPush() {
+  // Whatever was not pushed range by range goes now.
+  std::vector<std::vector<int>> by_task(num_tasks());
+  for (int s = 0; s < static_cast<int>(slices_.size()); ++s) {
+    if (!slice_queued_[s]) {
+      slice_queued_[s] = 1;
+      by_task[slices_[s].task].push_back(s);
+    }
+  }
+  // Other tasks first; ps 0's lane waits for them before it commits.
+  for (int t = num_tasks() - 1; t >= 0; --t) {
+    push_lanes_[t]->Run([this, t, list = std::move(by_task[t])]() mutable {
+      if (!list.empty()) SendSlices(t, std::move(list));
+      FinishTaskPush(t);
+    });
+  }
+}
+
+absl::Status WorkerClient::OpenUpload(int task) {
+  PushHeader header;
+  header.worker_id = worker_id_;
+  header.step = push_step_;  // not changed while lanes run a push
+  header.request_id = push_request_id_;
+  header.commit = task == 0;
+  header.cancel = &cancel_;
+  ASSIGN_OR_RETURN(pushes_[task]->upload, tasks_[task]->StartPush(header));
+  return absl::OkStatus();
+}
+
+absl::Status WorkerClient::WriteSlice(int task, int s) {
+  const SliceSpec& spec = slices_[s].spec;
+  const float* g = push_grads_ + spec.flat_offset;
+  if (options_.wire_dtype == WireDtype::kF32) {
+    return pushes_[task]->upload->Write(spec.key, 0, spec.length, WireDtype::kF32, g);
+  }
+  const int bytes = DtypeBytes(options_.wire_dtype);
+  char* out = encoded_.data() + spec.flat_offset * bytes;
+  TaskPush& p = *pushes_[task];
+  // Encode once per push (a retried upload sends the same bytes again).
+  if (std::find(p.sent.begin(), p.sent.end(), s) == p.sent.end()) {
+    EncodeWithErrorFeedback(options_.wire_dtype, g, residual_.data() + spec.flat_offset, spec.length, out);
+  }
+  return p.upload->Write(spec.key, 0, spec.length, options_.wire_dtype, out);
+}
+
+void WorkerClient::SendSlices(int task, std::vector<int> list) {
+  TaskPush& p = *pushes_[task];
+  if (!p.status.ok()) return;
+  p.status = WithRetries("push", task, [&](bool retry) -> absl::Status {
+    if (retry || !p.upload) {
+      RETURN_IF_ERROR(OpenUpload(task));
+      for (int s : p.sent) RETURN_IF_ERROR(WriteSlice(task, s));
+    }
+    for (int s : list) {
+      if (std::find(p.sent.begin(), p.sent.end(), s) != p.sent.end()) continue;
+      RETURN_IF_ERROR(WriteSlice(task, s));
+      p.sent.push_back(s);
+    }
+    return absl::OkStatus();
+  });
+}
+
+void WorkerClient::FinishTaskPush(int task) {
+  TaskPush& p = *pushes_[task];
+  PushResponse response;
+  if (p.status.ok() && task == 0 && num_tasks() > 1) {
+    // A committed push is complete everywhere: wait for the other tasks' uploads.
+    absl::MutexLock lock(&mu_);
+    p.status = AwaitWithDeadline(
+        absl::Condition(
+            +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return c->others_pending_ == 0; }, this),
+        "waiting for the other ps tasks to take the push");
+    if (p.status.ok() && !push_status_.ok()) p.status = push_status_;
+  }
+  if (p.status.ok()) {
+    p.status = WithRetries("push", task, [&](bool retry) -> absl::Status {
+      if (retry || !p.upload) {
+        RETURN_IF_ERROR(OpenUpload(task));
+        for (int s : p.sent) RETURN_IF_ERROR(WriteSlice(task, s));
+      }
+      absl::StatusOr<PushResponse> r = p.upload->Finish();
+      p.upload.reset();
+      if (!r.ok()) return r.status();
+      response = *r;
+      return absl::OkStatus();
+    });
+  }
+  p.upload.reset();
+  absl::MutexLock lock(&mu_);
+  if (task == 0) push_response_ = response;
+  if (!p.status.ok() && push_status_.ok()) push_status_ = p.status;
+  --pushes_pending_;
+  if (task > 0) --others_pending_;
+  cv_.SignalAll();
+}
+
+absl::StatusOr<PushResponse> WorkerClient::WaitPush() {
+  absl::MutexLock lock(&mu_);
+  if (push_active_) {
+    RETURN_IF_ERROR(AwaitWithDeadline(
+        absl::Condition(
+            +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return c->pushes_pending_ == 0; }, this),
+        "waiting for the push to complete"));
+    push_active_ = false;
+  }
+  if (!push_status_.ok()) return push_status_;
+  return push_response_;
+}
+
+absl::StatusOr<PushResponse> WorkerClient::Push(int64_t step, const float* grads) {
+  RETURN_IF_ERROR(BeginPush(step, grads));
+  FinishPush();
+  return WaitPush();
+}
+
+// ---- pull -------------------------------------------------------------------------------------------------------
+
+void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params, bool moving_averages) {
+  {
+    absl::MutexLock lock(&mu_);
+    pull_active_ = true;
+    have_header_ = false;
+    header_ = PullHeader{};
+    arrived_.assign(slices_.size(), 0);
+    pulls_pending_ = num_tasks();
+    pull_status_ = absl::OkStatus();
+  }
+  pull_params_ = params;
+  pull_moving_averages_ = moving_averages;
+  pull_min_step_ = min_step;
+  pull_since_step_ = since_step;
+  for (auto& r : receivers_) r->Reset();
+  PullRequest request;
+  request.worker_id = worker_id_;
+  request.min_step = min_step;
+  request.since_step = since_step;
+  request.timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
+  request.moving_averages = moving_averages;
+  request.wire_dtype = options_.wire_dtype;
+  request.cancel = &cancel_;
+  pull_lanes_[0]->Run([this, request] {
+    if (!sync_) {
+      // Async: pull after our own commit has been applied (the staleness gate counts it).
+      absl::Status s;
+      {
+        absl::MutexLock lock(&mu_);
+        s = AwaitWithDeadline(
+            absl::Condition(
+                +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return c->pushes_pending_ == 0; }, this),
+            "waiting for the push before pulling");
+      }
+      if (!s.ok()) return TaskPullDone(0, s);
+    }
+    RunTaskPull(0, request);
+  });
+}
+
+void WorkerClient::OnPullHeader(const PullHeader& header) {
+  {
+    absl::MutexLock lock(&mu_);
+    header_ = header;
+    have_header_ = true;
+    cv_.SignalAll();
+  }
+  // The other tasks apply the decisions relayed from task 0, then answer at (at least) the same step. In async
+  // mode they apply pushes on arrival and keep no step of their own to wait for.
+  for (int t = 1; t < num_tasks(); ++t) {
+    PullRequest request;
+    request.worker_id = worker_id_;
+    request.min_step = sync_ ? header.step : 0;
+    request.since_step = pull_since_step_;
+    request.decisions = header.decisions;
+    request.timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
+    request.moving_averages = pull_moving_averages_;
+    request.wire_dtype = options_.wire_dtype;
+    request.cancel = &cancel_;
+    pull_lanes_[t]->Run([this, t, request] { RunTaskPull(t, request); });
+  }
+}
+
+void WorkerClient::RunTaskPull(int task, PullRequest request) {
+  Receiver* receiver = receivers_[task].get();
+  absl::Status s = WithRetries("pull", task, [&](bool retry) -> absl::Status {
+    if (retry) receiver->Restart();
+    RETURN_IF_ERROR(tasks_[task]->Pull(request, receiver));
+    if (!receiver->complete()) {
+      return absl::DataLossError(absl::StrCat("ps task ", task, " ended the pull before sending every slice"));
+    }
+    return absl::OkStatus();
+  });
+  TaskPullDone(task, s);
+}
+
+void WorkerClient::SliceArrived(int slice) {
+  absl::MutexLock lock(&mu_);
+  arrived_[slice] = 1;
+  cv_.SignalAll();
+}
+
+void WorkerClient::TaskPullDone(int task, absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (!status.ok() && pull_status_.ok()) pull_status_ = status;
+  // Task 0 failing before its header means the others will never start.
+  if (task == 0 && !have_header_) pulls_pending_ = 1;
+  --pulls_pending_;
+  cv_.SignalAll();
+}
+
+absl::StatusOr<PullResult> WorkerClient::WaitPullHeader() {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(AwaitWithDeadline(
+      absl::Condition(
+          +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+            return c->have_header_ || !c->pull_status_.ok() || c->pulls_pending_ == 0;
+          },
+          this),
+      "waiting for ps task 0 to answer the pull"));
+  if (!have_header_) return pull_status_.ok() ? absl::InternalError("pull ended without a header") : pull_status_;
+  return PullResult{header_.step, header_.training_done};
+}
+
+absl::Status WorkerClient::WaitForRange(int64_t begin, int64_t end) {
+  const std::vector<int> needed = SlicesIn(begin, end);
+  struct Args {
+    WorkerClient* client;
+    const std::vector<int>* needed;
+    static bool Ready(Args* a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(a->client->mu_) {
+      if (!a->client->pull_status_.ok()) return true;
+      for (int s : *a->needed) {
+        if (!a->client->arrived_[s]) return false;
+      }
+      return true;
+    }
+  } args{this, &needed};
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(AwaitWithDeadline(absl::Condition(&Args::Ready, &args), "waiting for parameters"));
+  return pull_status_;
+}
+
+absl::StatusOr<PullResult> WorkerClient::FinishPull() {
+  absl::MutexLock lock(&mu_);
+  if (pull_active_) {
+    RETURN_IF_ERROR(AwaitWithDeadline(
+        absl::Condition(
+            +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return c->pulls_pending_ == 0; }, this),
+        "waiting for the pull to complete"));
+    pull_active_ = false;
+  }
+  if (!pull_status_.ok()) return pull_status_;
+  return PullResult{header_.step, header_.training_done};
+}
+
+absl::StatusOr<PullResult> WorkerClient::Pull(int64_t min_step, int64_t since_step, float* params,
+                                              bool moving_averages) {
+  StartPull(min_step, since_step, params, moving_averages);
+  return FinishPull();
+}
+
+// ---- the rest ---------------------------------------------------------------------------------------------------
+
+absl::Status WorkerClient::Done() {
+  absl::Status status;
+  // Task 0 last, so that its "finished" means every task has been told.
+  for (int t = num_tasks() - 1; t >= 0; --t) {
+    absl::Status s = tasks_[t]->Done(worker_id_);
+    if (status.ok()) status = s;
+  }
+  return status;
+}
+
+absl::StatusOr<TrainingStats> WorkerClient::Stats(int task) { return tasks_[task]->GetStats(); }
+
+}  // namespace dtrain::ps

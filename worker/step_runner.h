@@ -1,0 +1,53 @@
+// One worker's training steps against its ps tasks, overlapped: a step's forward pass waits for each layer's
+// parameters only as it reaches the layer (the pull streams them in forward order), its backward pass pushes
+// each layer's gradients as soon as they are final (last layer first), and the next pull starts right after
+// the commit. The training loop (trainer.cc) and dtrain_bench both run their steps through it.
+//
+// Usage:
+//   StepRunner runner(towers, client, /*sync=*/true);
+//   ASSIGN_OR_RETURN(ps::PullResult at, runner.Start());
+//   while (at.step < end && !at.training_done) {
+//     ASSIGN_OR_RETURN(float loss, runner.Step(batches, at.step));
+//     ASSIGN_OR_RETURN(at, runner.NextStep());
+//   }
+//   ASSIGN_OR_RETURN(at, runner.Settle());  // every parameter of step at.step is in towers->host_params()
+//
+// Thread-safety: one thread drives a StepRunner.
+#ifndef DTRAIN_WORKER_STEP_RUNNER_H_
+#define DTRAIN_WORKER_STEP_RUNNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ps/worker_client.h"
+#include "worker/models/model.h"
+#include "worker/towers.h"
+
+namespace dtrain::worker {
+
+class StepRunner {
+ public:
+  // `towers` and `client` must outlive the runner; the client's flat buffers are the towers' host buffers.
+  StepRunner(Towers* towers, ps::WorkerClient* client, bool sync) : towers_(towers), client_(client), sync_(sync) {}
+
+  // Pulls the current parameters (blocking): the step training starts from.
+  absl::StatusOr<ps::PullResult> Start();
+  // Computes one step on the parameters of `step` (the step of the pull in flight): forward, backward with
+  // layer-by-layer pushes, commit; then starts the next pull. Returns the loss. InternalError when the loss is
+  // not finite (nothing of the step is committed then).
+  absl::StatusOr<float> Step(const std::vector<models::HostBatch>& batches, int64_t step);
+  // Waits for the answer of the pull in flight: the step of the next parameters, and whether training is over.
+  absl::StatusOr<ps::PullResult> NextStep();
+  // Waits until the pull in flight has delivered every parameter and the last push has completed.
+  absl::StatusOr<ps::PullResult> Settle();
+
+ private:
+  Towers* towers_;
+  ps::WorkerClient* client_;
+  const bool sync_;
+};
+
+}  // namespace dtrain::worker
+
+#endif  // DTRAIN_WORKER_STEP_RUNNER_H_
