@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/denormals.h"
 #include "ps/grpc_ps_client.h"
 #include "ps/server.h"
 #include "ps/ps_test_util.h"
@@ -214,6 +215,33 @@ TEST(GrpcPsTest, CheckpointFieldsCrossTheWire) {
     EXPECT_EQ(r->global_step, restore != kRestoreNone ? 1 : 0) << restore;
   }
   std::filesystem::remove_all(dir);
+}
+
+// The ps applies updates on gRPC's handler threads (async: the uploading call; sync: the committing call) with
+// flush-to-zero and denormals-are-zero set: a denormal gradient leaves the value exactly unchanged. (This test
+// binary never sets the mode itself, so only the handlers can have.)
+TEST(GrpcPsTest, HandlerThreadsFlushDenormals) {
+  ASSERT_FALSE(FlushDenormalsEnabled());
+  for (const std::string mode : {"async", "sync"}) {
+    absl::StatusOr<std::unique_ptr<PsServer>> server = StartServer();
+    ASSERT_TRUE(server.ok()) << server.status();
+    absl::StatusOr<std::unique_ptr<PsInterface>> client = NewGrpcPsClient((*server)->address(), {});
+    ASSERT_TRUE(client.ok());
+    TrainConfig c = Config();
+    c.mode = mode;
+    c.optimizer.learning_rate = 1.0f;
+    c.slices = {SliceSpec{0, "w", 0, 4}};
+    ASSERT_TRUE((*client)->Register(RegisterRequest{0, true, c}).ok());
+    ASSERT_TRUE(InitializeSlices(**client, 0, {{0, {0.f, 0.f, 0.f, 0.f}}}).ok());
+    ASSERT_TRUE(PushSlices(**client, PushHeader{0, 0, 1, true}, {{0, std::vector<float>(4, 1e-39f)}}).ok());
+    PullRequest pull;
+    pull.min_step = 1;
+    absl::StatusOr<Pulled> r = PullSlices(**client, pull);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->header.step, 1);
+    for (float v : r->slices[0]) EXPECT_EQ(v, 0.0f) << mode << ": a denormal update was applied";
+    (*server)->Shutdown();
+  }
 }
 
 TEST(GrpcPsTest, ShutdownEndsAWaitingPullAtOnce) {

@@ -33,6 +33,7 @@ class Membership {
   WorkerStats& stats(int worker) { return workers_[worker].stats; }
   std::vector<WorkerStats> AllStats() const;
   RecentRequestIds& recent_ids(int worker) { return workers_[worker].recent_ids; }
+  const RecentRequestIds& recent_ids(int worker) const { return workers_[worker].recent_ids; }
 
  private:
   struct Worker {

@@ -271,6 +271,7 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(co
     if (header.step < step_) {
       // Every step below step_ has been decided; the one just decided is where backup workers land.
       members_.recent_ids(header.worker_id).Insert(header.request_id);
+      cv_.SignalAll();
       if (header.step == step_ - 1) {
         ++stats.dropped_backup;
         return discard(PushResponse::Outcome::kDroppedBackup);
@@ -362,6 +363,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
     cv_.SignalAll();
   }
   members_.recent_ids(w).Insert(header.request_id);
+  cv_.SignalAll();  // a pull may wait for this push (PullRequest::after_push)
   response.global_step = step_;
   return response;
 }
@@ -544,7 +546,10 @@ absl::Status ParameterServer::Impl::CheckReady() const {
 }
 
 bool ParameterServer::Impl::MustWait(const PullRequest& request) const {
-  if (finished_ || !members_.AnotherActive(request.worker_id)) return false;
+  if (finished_) return false;
+  // The worker's own push first: it may still be on its way on another stream.
+  if (request.after_push != 0 && !members_.recent_ids(request.worker_id).Contains(request.after_push)) return true;
+  if (!members_.AnotherActive(request.worker_id)) return false;
   if (step_ < request.min_step) return true;
   return !sync_ && coordinator() && gate_->MustWait(request.worker_id, members_);
 }
@@ -601,9 +606,14 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     }
     members_.stats(request.worker_id).wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);
     if (timed_out) {
-      const std::string waiting_for = step_ < request.min_step
-                                          ? absl::StrCat("step >= ", request.min_step, " (at step ", step_, ")")
-                                          : gate_->DescribeWait(request.worker_id, members_);
+      std::string waiting_for;
+      if (request.after_push != 0 && !members_.recent_ids(request.worker_id).Contains(request.after_push)) {
+        waiting_for = absl::StrCat("its push ", request.after_push, " to arrive");
+      } else if (step_ < request.min_step) {
+        waiting_for = absl::StrCat("step >= ", request.min_step, " (at step ", step_, ")");
+      } else {
+        waiting_for = gate_->DescribeWait(request.worker_id, members_);
+      }
       return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
                                                       options_.task_index, " timed out after ", request.timeout_ms,
                                                       " ms waiting for ", waiting_for));

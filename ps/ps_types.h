@@ -21,7 +21,8 @@
 //      decided step are dropped (counted as backup if for the step just decided, stale if older). In async mode
 //      every task applies each slice as soon as it has arrived whole, and a commit on ps 0 increments the
 //      global step.
-//   3. Pull(min_step = s+1 in sync, 0 in async, since_step = s) from ps 0: the header (global step G, the sync
+//   3. Pull(min_step = s+1 in sync, 0 in async, since_step = s, after_push = the commit's request id) from ps 0,
+//      sent right behind the commit and held until the commit has been handled: the header (global step G, the sync
 //      decisions for steps [s, G)) comes once the step is reached (and, with bounded staleness, once w is no
 //      more than max_staleness commits ahead of the slowest active worker); then the slices, each as soon as
 //      it has been updated to step G, in key order — so a worker can start its next forward pass on the first
@@ -138,6 +139,10 @@ struct PullRequest {
   // Return the moving averages instead of the values (evaluation with averaged weights); FailedPrecondition
   // when the config keeps none (moving_average_decay 0).
   bool moving_averages = false;
+  // Non-zero: before anything else, wait until this worker's push with this request id has been handled (its
+  // commit recorded, or the push dropped). A worker sends its next pull right behind its commit, on another
+  // stream; this keeps the pull from overtaking the commit.
+  uint64_t after_push = 0;
   // Element type of the slice data on the wire (a transport matter: in process it is always fp32).
   WireDtype wire_dtype{};
   // Local only (not sent): cancelling it wakes a waiting pull and ends it at once (Cancelled). May be null.

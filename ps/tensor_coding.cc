@@ -1,11 +1,13 @@
 #include "ps/tensor_coding.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace dtrain::ps::coding {
 namespace {
@@ -276,8 +278,12 @@ void* MessageBuilder::AddChunkOwned(uint32_t key, int64_t offset, WireDtype dtyp
   AddChunkFields(key, offset, dtype, bytes);
   if (bytes == 0) return nullptr;
   FlushMeta();
-  slices_.emplace_back(static_cast<size_t>(bytes));
-  return const_cast<uint8_t*>(slices_.back().begin());
+  // Heap memory of our own: a small grpc::Slice keeps its bytes inline in the handle, which moves with the
+  // vector of slices.
+  void* data = std::malloc(static_cast<size_t>(bytes));
+  CHECK(data != nullptr) << "out of memory for a " << bytes << "-byte message";
+  slices_.emplace_back(data, static_cast<size_t>(bytes), &std::free);
+  return data;
 }
 
 grpc::ByteBuffer MessageBuilder::Build() {

@@ -166,6 +166,7 @@ void ToProto(const PullRequest& in, dtrain::wire::PullRequest* out) {
   out->set_timeout_ms(in.timeout_ms);
   out->set_moving_averages(in.moving_averages);
   out->set_wire_dtype(static_cast<dtrain::wire::WireDtype>(in.wire_dtype));
+  out->set_after_push(in.after_push);
 }
 
 PullRequest FromProto(const dtrain::wire::PullRequest& in) {
@@ -176,6 +177,7 @@ PullRequest FromProto(const dtrain::wire::PullRequest& in) {
   for (const auto& d : in.decisions()) r.decisions.push_back(FromProto(d));
   r.timeout_ms = in.timeout_ms() > 0 ? in.timeout_ms() : 60000;
   r.moving_averages = in.moving_averages();
+  r.after_push = in.after_push();
   const int dtype = in.wire_dtype();
   r.wire_dtype = dtype >= 0 && dtype <= static_cast<int>(WireDtype::kF16) ? static_cast<WireDtype>(dtype)
                                                                           : WireDtype::kF32;

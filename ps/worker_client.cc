@@ -454,21 +454,12 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
   request.moving_averages = moving_averages;
   request.wire_dtype = options_.wire_dtype;
   request.cancel = &cancel_;
-  pull_lanes_[0]->Run([this, request] {
-    if (!sync_) {
-      // Async: pull after our own commit has been applied (the staleness gate counts it).
-      absl::Status s;
-      {
-        absl::MutexLock lock(&mu_);
-        s = AwaitWithDeadline(
-            absl::Condition(
-                +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return c->pushes_pending_ == 0; }, this),
-            "waiting for the push before pulling");
-      }
-      if (!s.ok()) return TaskPullDone(0, s);
-    }
-    RunTaskPull(0, request);
-  });
+  // ps 0 holds the pull until our push (if one is in flight) has been handled: it may still be on its way.
+  {
+    absl::MutexLock lock(&mu_);
+    if (push_active_) request.after_push = push_request_id_;
+  }
+  pull_lanes_[0]->Run([this, request] { RunTaskPull(0, request); });
 }
 
 void WorkerClient::OnPullHeader(const PullHeader& header) {
@@ -527,10 +518,11 @@ absl::StatusOr<PullResult> WorkerClient::WaitPullHeader() {
   RETURN_IF_ERROR(AwaitWithDeadline(
       absl::Condition(
           +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
-            return c->have_header_ || !c->pull_status_.ok() || c->pulls_pending_ == 0;
+            return c->have_header_ || !c->pull_status_.ok() || c->pulls_pending_ == 0 || !c->push_status_.ok();
           },
           this),
       "waiting for ps task 0 to answer the pull"));
+  if (!have_header_ && !push_status_.ok()) return push_status_;  // the pull waits for a push that failed
   if (!have_header_) return pull_status_.ok() ? absl::InternalError("pull ended without a header") : pull_status_;
   return PullResult{header_.step, header_.training_done};
 }
@@ -541,7 +533,7 @@ absl::Status WorkerClient::WaitForRange(int64_t begin, int64_t end) {
     WorkerClient* client;
     const std::vector<int>* needed;
     static bool Ready(Args* a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(a->client->mu_) {
-      if (!a->client->pull_status_.ok()) return true;
+      if (!a->client->pull_status_.ok() || !a->client->push_status_.ok()) return true;
       for (int s : *a->needed) {
         if (!a->client->arrived_[s]) return false;
       }
@@ -550,7 +542,8 @@ absl::Status WorkerClient::WaitForRange(int64_t begin, int64_t end) {
   } args{this, &needed};
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(AwaitWithDeadline(absl::Condition(&Args::Ready, &args), "waiting for parameters"));
-  return pull_status_;
+  if (!pull_status_.ok()) return pull_status_;
+  return push_status_;
 }
 
 absl::StatusOr<PullResult> WorkerClient::FinishPull() {

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/denormals.h"
 #include "ps/fault_injecting_ps.h"
 #include "ps/parameter_server.h"
 #include "worker/synthetic_data.h"
@@ -127,6 +128,32 @@ void CheckSyncEquivalence(int num_ps) {
 
 TEST(TrainerTest, SyncTwoWorkersEqualsLocalDoubleBatch) { CheckSyncEquivalence(1); }
 
+// One worker against a ps task through the overlapped client (transfer threads, the next pull sent right behind
+// the commit) trains exactly like local mode: the pull never overtakes the commit it depends on.
+TEST(TrainerTest, OneWorkerClusterEqualsLocal) {
+  const data::DatasetPair data = MakeSyntheticDataset(1000, 100);
+  WorkerOptions o = BaseOptions(&data);
+  o.batch_size = 20;
+  o.train_steps = 30;
+  absl::StatusOr<TrainingResult> local = RunTraining(o, {});
+  ASSERT_TRUE(local.ok()) << local.status();
+  for (int ps_tasks : {1, 2}) {
+    std::vector<std::unique_ptr<ps::ParameterServer>> servers;
+    std::vector<ps::PsInterface*> tasks;
+    for (int t = 0; t < ps_tasks; ++t) {
+      ps::ParameterServerOptions po;
+      po.task_index = t;
+      po.num_ps = ps_tasks;
+      servers.push_back(*ps::ParameterServer::Create(po));
+      tasks.push_back(servers.back().get());
+    }
+    std::vector<TrainingResult> got = RunWorkers(o, 1, tasks);
+    EXPECT_EQ(got[0].global_step, 30);
+    EXPECT_EQ(got[0].local_steps, 30) << "a step was computed twice on stale parameters";
+    EXPECT_EQ(got[0].parameters, local->parameters) << ps_tasks << " ps tasks";
+  }
+}
+
 TEST(TrainerTest, SyncTwoWorkersTwoPsEqualsLocalDoubleBatch) { CheckSyncEquivalence(2); }
 
 TEST(TrainerTest, AsyncGlobalStepCountsAppliedPushesEvenWithRetries) {
@@ -154,6 +181,21 @@ TEST(TrainerTest, AsyncGlobalStepCountsAppliedPushesEvenWithRetries) {
   EXPECT_EQ(duplicates, flaky.pushes());  // every second delivery was recognized
   EXPECT_GE(stats->global_step, 40);
   EXPECT_LE(stats->global_step, 41);  // each worker may finish one push past the target
+}
+
+// The training loop's thread computes with flush-to-zero and denormals-are-zero (RunTraining sets them).
+TEST(TrainerTest, TrainingLoopThreadFlushesDenormals) {
+  const data::DatasetPair data = MakeSyntheticDataset(200, 100);
+  WorkerOptions o = BaseOptions(&data);
+  o.batch_size = 20;
+  o.train_steps = 2;
+  std::thread t([&] {
+    ASSERT_FALSE(FlushDenormalsEnabled());
+    absl::StatusOr<TrainingResult> r = RunTraining(o, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(FlushDenormalsEnabled());
+  });
+  t.join();
 }
 
 // Mean of losses[begin, end).

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/denormals.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace dtrain::kernels::cpu {
@@ -26,10 +27,23 @@ struct DnnlContext {
   int threads = 1;
 };
 
+// Flush-to-zero and denormals-are-zero on the calling thread and on the OpenMP threads it runs ops with (its
+// own pool: libgomp keeps one per thread that starts parallel regions), once per thread and thread count.
+// See common/denormals.h for why.
+inline void FlushDenormalsOnThreads(int threads) {
+  thread_local int flushed_threads = 0;
+  if (threads <= flushed_threads) return;
+  SetFlushDenormals();
+#pragma omp parallel num_threads(threads)
+  SetFlushDenormals();
+  flushed_threads = threads;
+}
+
 // OpenMP's thread count is a per-thread setting (an ICV of the calling thread), and oneDNN's OpenMP runtime
 // reads it when it creates and when it executes a primitive. Every op calls this before doing work so that
-// two towers in two std::threads each run with their own count.
+// two towers in two std::threads each run with their own count (and their threads flush denormals).
 inline void UseThreads(int threads) {
+  FlushDenormalsOnThreads(threads);
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
 }
 

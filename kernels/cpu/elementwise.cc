@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/dropout_rng.h"
 
 namespace dtrain::kernels::cpu {
@@ -17,6 +18,7 @@ constexpr int kMaxThreads = 256;
 // cache line) per OpenMP thread.
 template <typename Fn>
 void ForChunks(int64_t n, int threads, int64_t min_parallel, Fn fn) {
+  FlushDenormalsOnThreads(std::min(threads, kMaxThreads));
   if (threads <= 1 || n < min_parallel) {
     fn(int64_t{0}, n);
     return;
