@@ -18,6 +18,12 @@ void SetFlushDenormals() {
 #endif
 }
 
+void ClearFlushDenormals() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_setcsr(_mm_getcsr() & ~(kFtz | kDaz));
+#endif
+}
+
 bool FlushDenormalsEnabled() {
 #if defined(__x86_64__) || defined(__i386__)
   return (_mm_getcsr() & (kFtz | kDaz)) == (kFtz | kDaz);

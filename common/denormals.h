@@ -17,6 +17,8 @@ namespace dtrain {
 void SetFlushDenormals();
 // Whether both are set on the calling thread (tests).
 bool FlushDenormalsEnabled();
+// Clears both on the calling thread (tests: a thread made by a thread that had them inherits them).
+void ClearFlushDenormals();
 
 }  // namespace dtrain
 

@@ -234,7 +234,7 @@ TEST(SyncTest, PullStreamsEachSliceAsSoonAsItIsUpdated) {
   SimClusterOptions o;
   const int64_t big = 3 * SliceStore::kChunkFloats + 5;
   o.variables = {{"w", big}, {"b", 3}};
-  o.config = MakeConfig("sync", 1, 1, /*learning_rate=*/1.0f);
+  o.config = MakeConfig("sync", 2, 1, /*learning_rate=*/1.0f);  // worker 1 pulls while worker 0 pushes
   o.initial.assign(big + 3, 1.0f);
   auto cluster = *SimCluster::Start(o);
   std::vector<uint32_t> order;
@@ -261,6 +261,7 @@ TEST(SyncTest, PullStreamsEachSliceAsSoonAsItIsUpdated) {
   std::vector<float> flat(big + 3);
   Recorder recorder(&order, &flat, big);
   PullRequest request;
+  request.worker_id = 1;
   request.min_step = 1;
   std::future<absl::Status> pull = std::async(std::launch::async, [&] { return cluster->task(0).Pull(request, &recorder); });
   SimWorker w0(cluster.get(), 0);

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "common/denormals.h"
 
 #include "worker/synthetic_data.h"
 
@@ -218,7 +219,8 @@ TEST(TowersTest, TowerThreadsFlushDenormals) {
   std::copy(params.begin(), params.end(), (*towers)->host_params());
   std::vector<float> images(b * 28 * 28, 1e-39f), labels(b, 1.0f);  // 1e-39: denormal
   const models::HostBatch batch{b, 28, 28, 1, images.data(), labels.data()};
-  std::thread t([&] {  // a fresh thread whose MXCSR is not set by this test binary
+  std::thread t([&] {
+    ClearFlushDenormals();  // as if the caller had never set it (threads inherit the mode)
     ASSERT_TRUE((*towers)->ComputeGradients({batch, batch}, 0).ok());
   });
   t.join();

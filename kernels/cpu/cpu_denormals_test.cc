@@ -15,7 +15,8 @@ constexpr float kDenormal = 1e-39f;
 
 TEST(CpuDenormalsTest, ElementwiseLoopsOnEveryPoolThread) {
   std::thread t([] {
-    ASSERT_FALSE(FlushDenormalsEnabled()) << "a fresh thread should start without FTZ/DAZ for this test to mean";
+    ClearFlushDenormals();
+    ASSERT_FALSE(FlushDenormalsEnabled());
     auto dev = CreateCpuDevice(DeviceSpec::Cpu(2));
     ASSERT_TRUE(dev.ok()) << dev.status();
     const int64_t n = 1 << 20;  // far above the parallel threshold: both OpenMP threads get a half
@@ -31,6 +32,7 @@ TEST(CpuDenormalsTest, ElementwiseLoopsOnEveryPoolThread) {
 
 TEST(CpuDenormalsTest, OneDnnPrimitivesOnEveryPoolThread) {
   std::thread t([] {
+    ClearFlushDenormals();
     auto dev = CreateCpuDevice(DeviceSpec::Cpu(2));
     ASSERT_TRUE(dev.ok()) << dev.status();
     const int batch = 64, in = 256, out = 128;
