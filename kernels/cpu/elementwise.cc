@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/dropout_rng.h"
+#include "kernels/dropout_rng.h"
 
 namespace dtrain::kernels::cpu {
 namespace {
