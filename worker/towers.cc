@@ -8,16 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#ifdef DTRAIN_HAVE_CUDA
-#include "kernels/cuda/nccl_allreduce.h"
-#endif
+#include "kernels/gradient_averager.h"
 
 namespace dtrain::worker {
 
 struct Towers::DeviceAverager {
-#ifdef DTRAIN_HAVE_CUDA
-  std::unique_ptr<kernels::cuda::GradientAllReducer> reducer;
-#endif
+  std::unique_ptr<kernels::GradientAverager> reducer;
 };
 
 absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& towers, int num_gpus,
@@ -72,18 +68,17 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
   }
   const bool all_gpu = std::all_of(specs.begin(), specs.end(),
                                    [](const kernels::DeviceSpec& s) { return s.kind == kernels::DeviceSpec::Kind::kGpu; });
-  if (all_gpu && specs.size() > 1) {
-#ifdef DTRAIN_HAVE_CUDA
+  if (specs.size() > 1) {
     std::vector<kernels::Device*> devs;
     for (auto& d : t->devices_) devs.push_back(d.get());
     t->device_averager_ = std::make_unique<DeviceAverager>();
-    ASSIGN_OR_RETURN(t->device_averager_->reducer,
-                     kernels::cuda::CreateGradientAllReducer(devs, t->num_parameters()));
-#endif
+    ASSIGN_OR_RETURN(
+        t->device_averager_->reducer,
+        kernels::CreateGradientAverager(devs, t->num_parameters(), kernels::AverageTarget::kFirstTower));
   }
   ASSIGN_OR_RETURN(t->host_params_, t->devices_[0]->AllocHostPinned(t->num_parameters()));
   ASSIGN_OR_RETURN(t->host_grads_, t->devices_[0]->AllocHostPinned(t->num_parameters()));
-  if (!t->device_averager_) {
+  if (!all_gpu) {
     for (size_t i = 1; i < specs.size(); ++i) t->tower_grads_.emplace_back(t->num_parameters());
   }
   return t;
@@ -109,7 +104,8 @@ absl::StatusOr<float> Towers::ComputeGradients(const std::vector<models::HostBat
     return absl::InvalidArgumentError(absl::StrCat(batches.size(), " batches for ", size(), " towers"));
   }
   if (size() == 1) return models_[0]->TrainStep(batches[0], step * 64, grads);
-  if (device_averager_) return ComputeOnDevices(batches, step, grads);
+  if (devices_[0]->spec().kind == kernels::DeviceSpec::Kind::kGpu)
+    return ComputeOnDevices(batches, step, grads);
 
   std::vector<std::future<absl::StatusOr<float>>> futures;
   for (int i = 1; i < size(); ++i) {
@@ -129,20 +125,14 @@ absl::StatusOr<float> Towers::ComputeGradients(const std::vector<models::HostBat
   }
   if (!status.ok()) return status;
   // Average: grads = (g0 + g1 + ... ) / n.
-  const int64_t n = num_parameters();
-  const float inv = 1.0f / size();
-  for (const auto& g : tower_grads_) {
-    const float* __restrict src = g.data();
-    float* __restrict dst = grads;
-    for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
-  }
-  for (int64_t j = 0; j < n; ++j) grads[j] *= inv;
+  std::vector<float*> buffers = {grads};
+  for (auto& g : tower_grads_) buffers.push_back(g.data());
+  RETURN_IF_ERROR(device_averager_->reducer->AverageInPlace(buffers));
   return static_cast<float>(loss / size());
 }
 
 absl::StatusOr<float> Towers::ComputeOnDevices(const std::vector<models::HostBatch>& batches, int64_t step,
                                                float* grads) {
-#ifdef DTRAIN_HAVE_CUDA
   std::vector<std::future<absl::StatusOr<float>>> futures;
   for (int i = 0; i < size(); ++i) {
     futures.push_back(std::async(std::launch::async, [this, &batches, step, i] {
@@ -162,9 +152,6 @@ absl::StatusOr<float> Towers::ComputeOnDevices(const std::vector<models::HostBat
   RETURN_IF_ERROR(device_averager_->reducer->AverageInPlace(buffers));
   RETURN_IF_ERROR(devices_[0]->CopyToHost(models_[0]->device_gradients(), grads, num_parameters()));
   return static_cast<float>(loss / size());
-#else
-  return absl::FailedPreconditionError("no CUDA device available: this build has no CUDA backend");
-#endif
 }
 
 }  // namespace dtrain::worker

@@ -297,6 +297,17 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Create(kernels::Device* device
 }
 
 absl::Status Network::Forward(bool training, uint64_t seed, int64_t step) {
+  return ForwardImpl(training, seed, step, nullptr, 0, 0);
+}
+
+absl::Status Network::ForwardDeviceCounter(bool training, uint64_t seed, const kernels::DeviceCounter& step,
+                                           uint64_t counter_stride, uint64_t counter_offset) {
+  return ForwardImpl(training, seed, 0, &step, counter_stride, counter_offset);
+}
+
+absl::Status Network::ForwardImpl(bool training, uint64_t seed, int64_t step,
+                                  const kernels::DeviceCounter* device_step, uint64_t counter_stride,
+                                  uint64_t counter_offset) {
   for (Layer& l : layers_) {
     switch (l.spec.kind) {
       case LayerSpec::Kind::kConv:
@@ -317,9 +328,15 @@ absl::Status Network::Forward(bool training, uint64_t seed, int64_t step) {
       case LayerSpec::Kind::kDropout:
         if (training && l.mask != nullptr) {
           // Each dropout layer gets its own key so two layers never share a mask.
-          RETURN_IF_ERROR(device_->Dropout(l.x, l.y, l.mask, l.in_n, l.spec.keep_prob,
-                                           seed * 0x9E3779B97F4A7C15ULL + l.dropout_index,
-                                           static_cast<uint64_t>(step)));
+          const uint64_t layer_seed = seed * 0x9E3779B97F4A7C15ULL + l.dropout_index;
+          if (device_step != nullptr) {
+            RETURN_IF_ERROR(device_->DropoutDeviceCounter(l.x, l.y, l.mask, l.in_n, l.spec.keep_prob,
+                                                          layer_seed, *device_step, counter_stride,
+                                                          counter_offset));
+          } else {
+            RETURN_IF_ERROR(device_->Dropout(l.x, l.y, l.mask, l.in_n, l.spec.keep_prob, layer_seed,
+                                             static_cast<uint64_t>(step)));
+          }
         } else {
           RETURN_IF_ERROR(device_->CopyOnDevice(l.x, l.y, l.in_n));
         }

@@ -87,6 +87,12 @@ class Network {
 
   // Runs every layer on input(). Dropout is applied only when `training` (mask keyed by seed, step).
   absl::Status Forward(bool training, uint64_t seed, int64_t step);
+  // Forward with dropout's counter read from device memory when each dropout layer runs:
+  //   counter = *step * counter_stride + counter_offset   (kernels::Device::DropoutDeviceCounter)
+  // the same masks as Forward(training, seed, that counter). A captured forward replayed after
+  // step.Increment() draws new masks. `step` must be a counter of this network's device.
+  absl::Status ForwardDeviceCounter(bool training, uint64_t seed, const kernels::DeviceCounter& step,
+                                    uint64_t counter_stride, uint64_t counter_offset);
   // Backpropagates `doutput` (batch * output floats, may be overwritten) through the last training Forward,
   // overwriting every variable's slice of the gradient buffer. Needs with_backward.
   absl::Status Backward(float* doutput);
@@ -95,6 +101,11 @@ class Network {
   struct Layer;
   Network(kernels::Device* device, int batch);
   absl::StatusOr<float*> Alloc(int64_t n);
+  // Forward's body: dropout counter `step`, or read from `device_step` (then * stride + offset) when not
+  // null.
+  absl::Status ForwardImpl(bool training, uint64_t seed, int64_t step,
+                           const kernels::DeviceCounter* device_step, uint64_t counter_stride,
+                           uint64_t counter_offset);
 
   kernels::Device* device_;
   int batch_;
