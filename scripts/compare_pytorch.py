@@ -109,6 +109,14 @@ def blas_in_use():
     return "other:" + ",".join(sorted(os.path.basename(lib) for lib in libs))
 
 
+def tf32_state(torch, device):
+    """Whether PyTorch may use TF32 tensor cores (its default for cuDNN convolutions), for the result line."""
+    if device != "cuda":
+        return "tf32=n/a"
+    return (f"tf32=conv:{int(torch.backends.cudnn.allow_tf32)},"
+            f"matmul:{int(torch.backends.cuda.matmul.allow_tf32)}")
+
+
 def build_model(torch, name):
     """The model of worker/models/<name>.cc in NCHW, initialized as dtrain does."""
     nn = torch.nn
@@ -199,6 +207,9 @@ def pytorch_child(a):
             print(f"compare_pytorch: torch {torch.__version__} has no CUDA device", file=sys.stderr)
             sys.exit(2)
         torch.backends.cudnn.benchmark = True
+        if a.strict_fp32:  # dtrain's CUDA backend computes in strict fp32 (no TF32 tensor cores)
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device(a.device)
     model, groups = build_model(torch, a.model)
     model.to(dev).train()
@@ -262,7 +273,7 @@ def pytorch_child(a):
     if not (last_loss == last_loss and abs(last_loss) < float("inf")):  # benchmarks verify what they time
         sys.exit(f"compare_pytorch: training diverged (loss {last_loss})")
     print(f"pytorch_bench: model={a.model} batch={a.batch_size} threads={a.threads} device={a.device} "
-          f"torch={torch.__version__} blas={blas} data={data} loss first={first_loss:.4f} last={last_loss:.4f} "
+          f"torch={torch.__version__} blas={blas} data={data} {tf32_state(torch, a.device)} loss first={first_loss:.4f} last={last_loss:.4f} "
           f"examples/sec median={statistics.median(rates):.1f} min={min(rates):.1f} max={max(rates):.1f}")
     return 0
 
@@ -299,6 +310,8 @@ def child_cmd(a, model, batch, threads, accuracy=False):
     cmd = [a.python, os.path.abspath(__file__), "--pytorch_child", f"--model={model}",
            f"--batch_size={batch}", f"--threads={threads}", f"--device={a.device}", f"--data_dir={a.data_dir}",
            f"--seed={a.seed}"]
+    if a.strict_fp32:
+        cmd.append("--strict_fp32")
     if accuracy:
         return cmd + ["--accuracy"]
     return cmd + [f"--warmup_steps={a.warmup(model)}", f"--window_steps={a.steps(model)}", f"--windows={a.windows}"]
@@ -389,6 +402,8 @@ def parse_args(argv):
     p.add_argument("--python", default="",
                    help="interpreter of the PyTorch side (default: /usr/bin/python3 on cpu, the python3 on PATH "
                         "on cuda)")
+    p.add_argument("--strict_fp32", action="store_true",
+                   help="cuda: forbid TF32 in PyTorch (cuDNN convolutions use it by default; dtrain never does)")
     p.add_argument("--towers", default="", help="dtrain's --towers on cpu (default: dtrain's own)")
     p.add_argument("--accuracy", action="store_true",
                    help="train one epoch (60,000 examples) in each and compare test accuracy")

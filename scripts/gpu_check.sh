@@ -10,7 +10,8 @@
 #                                                                 # pack's bin/ (../shared/device/pack.sh)
 # Options: --build DIR (default build), --bin DIR (skip the build; default $DTRAIN_BIN when set), --python PATH
 # (PyTorch's interpreter, default python3), --no-torch, --no-bench, --no-tests, --repeats N (launches of each
-# system per model, default 1), --windows N (default 5).
+# system per model, default 1), --windows N (default 5), --strict-fp32 (forbid TF32 in PyTorch: its cuDNN
+# convolutions use TF32 tensor cores by default, dtrain's CUDA backend computes in strict fp32).
 #
 # Without a GPU it says so and exits 0 after building. Exit code 1 when a test or a benchmark failed, 2 on bad
 # usage or a failed build.
@@ -21,7 +22,7 @@ repo=$(cd "$here/.." && pwd)
 build="$repo/build"
 bin="${DTRAIN_BIN:-}"
 python=python3
-torch=1 bench=1 tests=1 repeats=1 windows=5
+torch=1 bench=1 tests=1 repeats=1 windows=5 strict=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build="$2"; shift 2 ;;
@@ -32,7 +33,8 @@ while [ $# -gt 0 ]; do
     --no-tests) tests=0; shift ;;
     --repeats) repeats="$2"; shift 2 ;;
     --windows) windows="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --strict-fp32) strict=(--strict_fp32); shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -94,7 +96,7 @@ fi
 
 # ---- benchmarks: dtrain vs PyTorch eager, same GPU, same run, interleaved ----
 if [ $bench = 1 ]; then
-  have_torch=0
+  have_torch=0 tf32=""
   if [ $torch = 1 ] && "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     have_torch=1
     echo "gpu_check: PyTorch $("$python" -c 'import torch; print(torch.__version__)') with CUDA in $python"
@@ -118,9 +120,10 @@ if [ $bench = 1 ]; then
         log="$logs/pytorch_${model}_${batch}_$r.log"
         timeout 900 "$python" "$here/compare_pytorch.py" --pytorch_child --device=cuda --model="$model" \
           --batch_size="$batch" --threads=1 --warmup_steps="$warm" --window_steps="$steps" --windows="$windows" \
-          >"$log" 2>&1
+          "${strict[@]}" >"$log" 2>&1
         v=$(sed -n 's/^pytorch_bench: .*examples\/sec median=\([0-9.]*\).*/\1/p' "$log")
         if [ -z "$v" ]; then echo "  PyTorch $model b$batch failed: $(tail -2 "$log" | tr '\n' ' ')"; failed=1; v=-; fi
+        tf32=$(grep -o 'tf32=[^ ]*' "$log" | head -1)
         p+=("$v")
       fi
     done
@@ -128,7 +131,7 @@ if [ $bench = 1 ]; then
   done
   echo
   echo "Training examples/sec on gpu:0 (median of $windows windows per launch; median over $repeats launch(es);" \
-       "PyTorch eager, cudnn.benchmark, data on the GPU)"
+       "PyTorch eager, cudnn.benchmark, data on the GPU${tf32:+, PyTorch $tf32}; dtrain strict fp32)"
   printf '%-8s %5s %10s %10s %7s   %s\n' model batch dtrain PyTorch ratio "per launch: dtrain | PyTorch"
   for row in "${rows[@]}"; do
     python3 - "$row" <<'EOF'
