@@ -119,8 +119,8 @@ TEST(ClusterEndToEnd, BadClusterSpecsExitTwoWithOneClearLine) {
        "evaluater"},
       {{}, {"TF_CONFIG={not json"}, "JSON"},
       {{"--job_name=local", "--model=resnet"}, {}, "resnet"},
-      // A GPU index no machine has: unusable with or without a GPU (and in a CPU-only build), so the expectation
-      // holds on every machine (gpu:0 would start training where a GPU exists).
+      // A GPU index no machine has: unusable with or without a GPU (and in a CPU-only build), so the
+      // expectation holds on every machine (gpu:0 would start training where a GPU exists).
       {{"--job_name=local", "--towers=gpu:4096"}, {}, "no CUDA device available"},
   };
   int i = 0;

@@ -96,7 +96,8 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   mopt.batch_size = o.batch_size;
   mopt.eval_batch_size = std::max(o.batch_size, 500);
   mopt.seed = o.seed;
-  models::SetInputGeometry(defaults, dataset->train.height, dataset->train.width, dataset->train.channels, &mopt);
+  models::SetInputGeometry(defaults, dataset->train.height, dataset->train.width, dataset->train.channels,
+                           &mopt);
   mopt.num_classes = dataset->train.num_classes;
 
   data::BatchStreamOptions sopt;
@@ -174,8 +175,8 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
 
   std::vector<data::Batch> eval_batches;
   if (chief && (o.evaluate || o.eval_every > 0)) {
-    eval_batches = data::EvalBatches(dataset->test, mopt.eval_batch_size, defaults.eval_preprocess, mopt.height,
-                                     mopt.width);
+    eval_batches = data::EvalBatches(dataset->test, mopt.eval_batch_size, defaults.eval_preprocess,
+                                     mopt.height, mopt.width);
   }
 
   // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.

@@ -12,6 +12,7 @@
 namespace dtrain::kernels::cpu {
 
 // devices: CPU Devices, checked by the caller (non-empty, distinct, n > 0). Uses the sum of their threads.
+// Thread-safety and errors: as GradientAverager; the averages run synchronously on the calling thread.
 absl::StatusOr<std::unique_ptr<GradientAverager>> CreateCpuGradientAverager(std::vector<Device*> devices,
                                                                             int64_t n, AverageTarget target);
 

@@ -15,9 +15,9 @@
 // Find fails), in full fp32 (CUDNN_FMA_MATH: no TF32 tensor cores, so results match the CPU backend), with a
 // single workspace sized for the largest of the three. The bias gradient is a cuBLAS GEMV against a ones vector.
 //
-// Graph capture: Init (MakeConv2D) does everything that allocates, synchronizes or chooses (cudnnFind*, the
-// workspace, the filter copies, the ones vector); Forward/BackwardData/BackwardWeights only enqueue kernels, cuDNN
-// and cuBLAS calls on the device's stream with those buffers, so they can be captured into a CUDA graph.
+// Graph capture: Init (MakeConv2D) does all that allocates, synchronizes or chooses (cudnnFind*, the
+// workspace, the filter copies, the ones vector); Forward/BackwardData/BackwardWeights only enqueue kernels,
+// cuDNN and cuBLAS calls with those buffers on the device's stream, so a CUDA graph can capture them.
 #include <algorithm>
 #include <climits>
 #include <vector>

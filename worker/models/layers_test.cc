@@ -1,7 +1,7 @@
-// Network's dropout with the counter in device memory (Network::ForwardDeviceCounter, the form a captured CUDA graph
-// replays) draws exactly the masks of Network::Forward with that counter, forward and backward; a new counter value
-// draws new masks. On the CPU backend here; the GPU backend's masks equal the CPU's bit for bit
-// (kernels/cuda/cuda_ops_test.cc).
+// Network's dropout with the counter in device memory (Network::ForwardDeviceCounter, the form a captured
+// CUDA graph replays) draws exactly the masks of Network::Forward with that counter, forward and backward; a
+// new counter value draws new masks. On the CPU backend here; the GPU backend's masks equal the CPU's bit for
+// bit (kernels/cuda/cuda_ops_test.cc).
 #include "worker/models/layers.h"
 
 #include <vector>
@@ -15,10 +15,12 @@ namespace {
 TEST(NetworkTest, DeviceCounterDropoutEqualsHostCounterDropout) {
   auto dev = testing::MakeCpuDevice();
   ASSERT_NE(dev, nullptr);
-  const std::vector<LayerSpec> layers = {
-      LayerSpec::Dense("fc1", 64, TruncatedNormal(0.1f), Constant(0.1f)), LayerSpec::Relu(),
-      LayerSpec::Dropout(0.5f), LayerSpec::Dense("fc2", 32, TruncatedNormal(0.1f), Constant(0.1f)),
-      LayerSpec::Dropout(0.7f), LayerSpec::Dense("fc3", 10, TruncatedNormal(0.1f), Constant(0.0f))};
+  const std::vector<LayerSpec> layers = {LayerSpec::Dense("fc1", 64, TruncatedNormal(0.1f), Constant(0.1f)),
+                                         LayerSpec::Relu(),
+                                         LayerSpec::Dropout(0.5f),
+                                         LayerSpec::Dense("fc2", 32, TruncatedNormal(0.1f), Constant(0.1f)),
+                                         LayerSpec::Dropout(0.7f),
+                                         LayerSpec::Dense("fc3", 10, TruncatedNormal(0.1f), Constant(0.0f))};
   const Geometry input{4, 4, 2};
   const int batch = 8;
   auto vars = VariablesOf("net", layers, input);

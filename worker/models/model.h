@@ -104,9 +104,9 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name, cons
 absl::StatusOr<std::vector<VariableInfo>> ModelVariables(const std::string& name, const ModelOptions& options);
 
 // What a model expects beyond its layers: the seeds' training defaults (used when the user does not override
-// them), its input pipeline and its default learning-rate schedule. Everything model-specific the training loop,
-// the benchmark and the evaluator need comes from here (e.g. cifar10: distorted 24x24 crops of 32x32x3 images,
-// lr 0.1 decayed by 0.1 every 350 epochs).
+// them), its input pipeline and its default learning-rate schedule. Everything model-specific the training
+// loop, the benchmark and the evaluator need comes from here (e.g. cifar10: distorted 24x24 crops of 32x32x3
+// images, lr 0.1 decayed by 0.1 every 350 epochs).
 struct ModelDefaults {
   std::string optimizer;   // "sgd", "momentum", "adam"
   float learning_rate = 0.01f;
@@ -131,8 +131,8 @@ ModelDefaults DefaultsFor(const std::string& name);
 
 // Sets o's input geometry for a data set of height x width x channels images: the model's crop if it has one.
 void SetInputGeometry(const ModelDefaults& d, int height, int width, int channels, ModelOptions* o);
-// decay_steps of the default schedule: max(1, examples_per_epoch / batch_size) * decay_epochs (0 when the model
-// has no default decay).
+// decay_steps of the default schedule: max(1, examples_per_epoch / batch_size) * decay_epochs (0 when the
+// model has no default decay).
 int64_t DefaultDecaySteps(const ModelDefaults& d, int64_t examples_per_epoch, int batch_size);
 
 }  // namespace dtrain::models

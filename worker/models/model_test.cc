@@ -160,7 +160,8 @@ TEST(DefaultsTest, InputPipelineAndScheduleComeFromTheModel) {
   EXPECT_EQ(o.height, 24);
   EXPECT_EQ(o.width, 24);
   EXPECT_EQ(o.channels, 3);
-  // The tutorial's schedule: x0.1 every 350 epochs, staircase; 50,000 examples at batch 128 = 390 steps/epoch.
+  // The tutorial's schedule: x0.1 every 350 epochs, staircase; 50,000 examples at batch 128 = 390
+  // steps/epoch.
   EXPECT_EQ(DefaultDecaySteps(cifar, 50000, 128), 390 * 350);
   EXPECT_FLOAT_EQ(cifar.decay_rate, 0.1f);
   EXPECT_TRUE(cifar.staircase);
