@@ -32,10 +32,13 @@ TEST_F(CudaAsyncTest, CopyStreamAndEventsOrderWork) {
   float* down = Pinned(n);
   ASSERT_TRUE(up != nullptr && down != nullptr);
   std::memcpy(up, x.data(), n * sizeof(float));
-  Both buf = Zeros(n), ref = Upload(x);
+  Both buf = Zeros(n), ref = Upload(x);  // Zeros fills on the compute stream...
+  auto zeroed = gpu_->MakeEvent();
   auto uploaded = gpu_->MakeEvent();
   auto computed = gpu_->MakeEvent();
-  ASSERT_TRUE(uploaded.ok() && computed.ok());
+  ASSERT_TRUE(zeroed.ok() && uploaded.ok() && computed.ok());
+  ASSERT_TRUE(gpu_->RecordEvent(zeroed->get(), Queue::kCompute).ok());  // ... so the upload waits for it
+  ASSERT_TRUE(gpu_->WaitEvent(zeroed->get(), Queue::kCopy).ok());
   ASSERT_TRUE(gpu_->CopyToDeviceAsync(up, buf.gpu, n, Queue::kCopy).ok());
   ASSERT_TRUE(gpu_->RecordEvent(uploaded->get(), Queue::kCopy).ok());
   ASSERT_TRUE(gpu_->WaitEvent(uploaded->get(), Queue::kCompute).ok());
