@@ -1,26 +1,64 @@
-// Device-neutral op interface. A `Device` is one tower's compute context: its memory, its stream (oneDNN
-// stream on the CPU, a cudaStream_t on a GPU) and a factory for shape-specialized ops. The CPU backend
-// (kernels/cpu, oneDNN) is always built and is the oracle for the CUDA backend (kernels/cuda).
+// Device-neutral op interface. A `Device` is one tower's compute context: its memory, its queues (a oneDNN
+// stream on the CPU; a compute and a copy cudaStream_t on a GPU) and a factory for shape-specialized ops. The
+// CPU backend (kernels/cpu, oneDNN) is always built and is the oracle for the CUDA backend (kernels/cuda).
 //
 // Conventions (every backend):
 // - All float tensors are fp32, logical layout NHWC for activations, HWIO ([kh, kw, in_c, out_c]) for conv
-//   filters (TensorFlow's layout), [in, out] for dense weights. A backend may keep private layouts inside an op
-//   (e.g. oneDNN's blocked weights), but every pointer crossing this interface is in the logical layout.
+//   filters (TensorFlow's layout), [in, out] for dense weights. A backend may keep private layouts inside an
+//   op (e.g. oneDNN's blocked weights), but every pointer crossing this interface is in the logical layout.
 // - Pointers are device pointers obtained from Device::Alloc (host memory for the CPU backend). Ops never
-//   allocate on the hot path: all scratch is allocated when the op is made.
+//   allocate, synchronize with the host or choose algorithms on the hot path: all scratch and workspace is
+//   allocated, and every algorithm (cuDNN's included) chosen, when the op is made.
 // - Ops are shape-specialized: made once per shape (batch size included) and reused every step.
-// - Work is enqueued on the device's stream in call order; Device::Synchronize() waits for it. Results are
-//   visible to the host only after CopyToHost (which synchronizes).
+// - Work is enqueued on the device's compute queue in call order; Device::Synchronize() waits for it. Results
+//   are visible to the host after CopyToHost (which synchronizes) or after an event recorded behind an
+//   asynchronous copy has completed (see "Asynchronous execution" below).
 // - Errors a device can raise (launch failures, out of memory) come back as absl::Status naming the op.
+// - Errors in *device data* (today: an out-of-range label in SoftmaxCrossEntropy) are InvalidArgument with
+//   the same message on every backend. The CPU backend returns it from the op itself; a GPU cannot know it
+//   without stalling, so its kernel records it in the device and the first synchronizing call that returns
+//   after the kernel ran (CopyToHost, Synchronize, SynchronizeEvent, a true QueryEvent, DeviceCounter::Read)
+//   reports it, once. The op's outputs are then undefined (NaN on the GPU).
 //
-// Thread-safety: a Device and the ops it made belong to one thread (one tower) at a time. Different Devices
-// may be used concurrently from different threads.
+// Asynchronous execution (a step without host stalls; CUDA Graphs):
+// - Two queues: Queue::kCompute (every op) and Queue::kCopy (for asynchronous copies that should overlap
+//   compute). Events order them on the device without blocking the host: RecordEvent(e, q) marks the work
+//   enqueued on q so far; WaitEvent(e, q2) makes later work on q2 wait for it; SynchronizeEvent(e) blocks the
+//   host until it is done.
+// - CopyToDeviceAsync / CopyToHostAsync need pinned host memory (AllocHostPinned); they return at once. Read
+//   or reuse the host buffer only after an event recorded behind the copy has completed.
+//   kernels/async_readback.h wraps this for reading the loss at logging steps.
+// - DeviceCounter: an int64 in device memory that ops read when they run (the optimizer's step, dropout's
+//   counter), so a captured graph replayed after Increment() sees the new value.
+// - BeginCapture / EndCapture record everything enqueued on the compute queue (and on the copy queue, once it
+//   has waited on an event recorded on the compute queue during the capture; it must be joined back by an
+//   event before EndCapture) into a Graph, replayed by Graph::Launch() at the cost of one launch. During a
+//   capture, calls that synchronize with the host or allocate (CopyToHost, CopyToDevice, Synchronize,
+//   SynchronizeEvent, QueryEvent, Alloc, Free, Make*, DeviceCounter::Read) return FailedPrecondition instead
+//   of breaking the capture. An event recorded during a capture only orders work inside the graph: to wait
+//   for a replay, record an event after Graph::Launch. Run the step once eagerly before capturing it
+//   (libraries load their kernels lazily). The CPU backend runs ops eagerly and cannot capture: BeginCapture
+//   returns Unimplemented with the reason, so callers fall back to eager steps.
+//
+// Thread-safety: a Device and the ops, events, counters and graphs it made belong to one thread (one tower)
+// at a time. Different Devices may be used concurrently from different threads.
 //
 // Example (one dense layer forward):
 //   ASSIGN_OR_RETURN(std::unique_ptr<Device> dev, CreateDevice(DeviceSpec::Cpu(/*threads=*/1)));
 //   ASSIGN_OR_RETURN(auto dense, dev->MakeDense({.batch = 50, .in = 784, .out = 500}));
 //   float* x = dev->Alloc(50 * 784); ...
 //   RETURN_IF_ERROR(dense->Forward(x, w, b, y));
+//
+// Example (a captured step, replayed with new dropout masks and optimizer steps):
+//   ASSIGN_OR_RETURN(auto step, dev->MakeCounter(0));
+//   RunStepEagerly();                                 // warm-up: loads kernels, step -> 1
+//   if (absl::Status s = dev->BeginCapture(); s.ok()) {
+//     RETURN_IF_ERROR(EnqueueStep());                 // forward, backward, optimizer, step->Increment()
+//     ASSIGN_OR_RETURN(graph, dev->EndCapture());
+//   } else {
+//     LOG(INFO) << "no CUDA graph: " << s;           // CPU: Unimplemented, with the reason
+//   }
+//   for (...) RETURN_IF_ERROR(graph ? graph->Launch() : EnqueueStep());
 #ifndef DTRAIN_KERNELS_DEVICE_H_
 #define DTRAIN_KERNELS_DEVICE_H_
 
@@ -30,8 +68,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/optimizer_ops.h"
 
 namespace dtrain::kernels {
+
+class Device;
 
 enum class Padding { kSame, kValid };  // TensorFlow's meaning of SAME / VALID.
 
@@ -114,6 +155,42 @@ class Dense {
   virtual absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) = 0;
 };
 
+// The two queues of a Device. The CPU backend has one in-order queue: both names run there, synchronously.
+enum class Queue { kCompute, kCopy };
+
+// An event for ordering a Device's queues (Device::MakeEvent). Opaque; belongs to the Device that made it.
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual const Device* device() const = 0;
+};
+
+// A recorded sequence of work (Device::EndCapture), replayed on the device's compute queue. The buffers, ops
+// and counters it used must stay alive (and keep their addresses) while it may be launched. Destroy it before
+// its Device.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  // Enqueues one replay on the compute queue and returns at once.
+  virtual absl::Status Launch() = 0;
+  virtual const Device* device() const = 0;
+};
+
+// An int64 in device memory (host memory on the CPU backend), read by ops when they run (see the header
+// comment).
+class DeviceCounter {
+ public:
+  virtual ~DeviceCounter() = default;
+  virtual const Device* device() const = 0;
+  // The value's address in device memory, for ops of the same device.
+  virtual const int64_t* device_ptr() const = 0;
+  // Enqueued on the compute queue, ordered with ops (both are small kernels on a GPU, so capturable).
+  virtual absl::Status Set(int64_t value) = 0;
+  virtual absl::Status Increment() = 0;
+  // Synchronizes the compute queue and returns the value (FailedPrecondition during a capture).
+  virtual absl::StatusOr<int64_t> Read() = 0;
+};
+
 // Where a Device runs. `threads` is the number of CPU threads its ops may use (CPU backend).
 struct DeviceSpec {
   enum class Kind { kCpu, kGpu };
@@ -144,13 +221,41 @@ class Device {
   // Host memory suitable for fast transfers (pinned on GPUs, plain aligned memory on the CPU).
   virtual absl::StatusOr<float*> AllocHostPinned(int64_t n) = 0;
   virtual void FreeHostPinned(float* p) = 0;
+  // Waits for both queues; reports device-data errors (see the header comment).
   virtual absl::Status Synchronize() = 0;
+
+  // ---- asynchronous execution (see the header comment) ----
+  // Copies n floats on queue q and returns at once. `host` must be pinned memory from AllocHostPinned of this
+  // device (any address inside such a buffer; InvalidArgument otherwise on a GPU). Capturable.
+  virtual absl::Status CopyToDeviceAsync(const float* host, float* dev, int64_t n, Queue q) = 0;
+  virtual absl::Status CopyToHostAsync(const float* dev, float* host, int64_t n, Queue q) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Event>> MakeEvent() = 0;
+  // InvalidArgument for an event of another device.
+  virtual absl::Status RecordEvent(Event* event, Queue q) = 0;
+  virtual absl::Status WaitEvent(const Event* event, Queue q) = 0;
+  // Blocks the host until the work the event marks has run (an event never recorded counts as done).
+  virtual absl::Status SynchronizeEvent(Event* event) = 0;
+  // Whether that work has run, without blocking.
+  virtual absl::StatusOr<bool> QueryEvent(Event* event) = 0;
+  // A counter holding `initial`.
+  virtual absl::StatusOr<std::unique_ptr<DeviceCounter>> MakeCounter(int64_t initial) = 0;
+  // Graph capture of the compute queue. BeginCapture: Unimplemented on a backend without graphs (the CPU),
+  // with the reason; FailedPrecondition when already capturing. EndCapture: FailedPrecondition without a
+  // capture, or when something enqueued during the capture could not be captured (the message says what CUDA
+  // reported); the device leaves capture mode either way and stays usable.
+  virtual absl::Status BeginCapture() = 0;
+  virtual absl::StatusOr<std::unique_ptr<Graph>> EndCapture() = 0;
 
   // ---- shape-specialized ops ----
   virtual absl::StatusOr<std::unique_ptr<Conv2D>> MakeConv2D(const Conv2DParams& p) = 0;
   virtual absl::StatusOr<std::unique_ptr<MaxPool>> MakeMaxPool(const PoolParams& p) = 0;
   virtual absl::StatusOr<std::unique_ptr<Lrn>> MakeLrn(const LrnParams& p) = 0;
   virtual absl::StatusOr<std::unique_ptr<Dense>> MakeDense(const DenseParams& p) = 0;
+  // The device-resident optimizer (kernels/optimizer_ops.h), reading the step being applied from `step` (a
+  // counter of this device, which must outlive the optimizer). InvalidArgument for bad params or a foreign
+  // counter.
+  virtual absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeOptimizer(const OptimizerParams& p,
+                                                                         const DeviceCounter* step) = 0;
 
   // ---- stateless elementwise / reduction ops (n = number of floats) ----
   virtual absl::Status Relu(const float* x, float* y, int64_t n) = 0;  // in place allowed (x == y)
@@ -161,11 +266,21 @@ class Device {
   // y = x * mask. keep_prob == 1 copies x and fills mask with 1.
   virtual absl::Status Dropout(const float* x, float* y, float* mask, int64_t n, float keep_prob, uint64_t seed,
                                uint64_t counter) = 0;
+  // Dropout(x, y, mask, n, keep_prob, seed, counter) with counter = uint64(*device_counter) * counter_stride
+  // + counter_offset, read from device memory when the op runs (kernels/dropout_rng.h): the same mask bit for
+  // bit, and a captured graph replayed after device_counter->Increment() draws a new one. InvalidArgument for
+  // a counter of another device.
+  virtual absl::Status DropoutDeviceCounter(const float* x, float* y, float* mask, int64_t n, float keep_prob,
+                                            uint64_t seed, const DeviceCounter& device_counter,
+                                            uint64_t counter_stride, uint64_t counter_offset) = 0;
   // dx = dy * mask (in place allowed).
   virtual absl::Status DropoutBackward(const float* dy, const float* mask, float* dx, int64_t n) = 0;
   // Mean softmax cross-entropy over the batch. `labels` holds class indices as floats (exact below 2^24), on
   // the device, so that one buffer type serves every tensor.
   //   dlogits = (softmax(logits) - onehot(labels)) / batch;  *loss (device scalar) = mean loss.
+  // A label that is not an integer in [0, classes) is InvalidArgument "SoftmaxCrossEntropy: label L of row R
+  // is not a class index in [0, C)" on every backend: from this call on the CPU, from the next synchronizing
+  // call on a GPU (see the header comment).
   virtual absl::Status SoftmaxCrossEntropy(const float* logits, const float* labels, int batch, int classes,
                                            float* dlogits, float* loss) = 0;
   // *out (device scalar) = sum(x^2) / 2, TensorFlow's tf.nn.l2_loss.

@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/dropout_rng.h"
+#include "kernels/dropout_rng.h"
 
 namespace dtrain::kernels::reference {
 namespace {

@@ -45,7 +45,7 @@ double SoftmaxCrossEntropy(const float* logits, const float* labels, int batch, 
 // sum(x^2) / 2.
 double L2Loss(const float* x, int64_t n);
 
-// The dropout mask of kernels/cpu/dropout_rng.h, computed one element at a time.
+// The dropout mask of kernels/dropout_rng.h, computed one element at a time.
 void DropoutMask(int64_t n, float keep_prob, uint64_t seed, uint64_t counter, float* mask);
 
 }  // namespace dtrain::kernels::reference

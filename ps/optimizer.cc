@@ -1,9 +1,9 @@
 #include "ps/optimizer.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/optimizer_math.h"
 
 namespace dtrain::ps {
 namespace {
@@ -70,10 +70,8 @@ int Optimizer::num_slots() const {
 }
 
 float Optimizer::LearningRate(int64_t step) const {
-  if (config_.decay_steps <= 0) return config_.learning_rate;
-  double exponent = static_cast<double>(step) / static_cast<double>(config_.decay_steps);
-  if (config_.staircase) exponent = std::floor(exponent);
-  return static_cast<float>(config_.learning_rate * std::pow(static_cast<double>(config_.decay_rate), exponent));
+  return kernels::DecayedLearningRate(config_.learning_rate, config_.decay_rate, config_.decay_steps,
+                                      config_.staircase, step);
 }
 
 void Optimizer::Apply(int64_t step, float grad_scale, const float* grad, float* var, float* slot0, float* slot1,
@@ -93,67 +91,35 @@ void Optimizer::Apply(int64_t step, float grad_scale, const float* grad, float* 
   }
 }
 
-// The loops below are written for the vectorizer: restrict pointers, no calls, no branches. CMakeLists.txt
-// compiles this file with -fopenmp-simd -DDTRAIN_OMP_SIMD (so the pragma vectorizes even at -O2, whose cost
-// model skips loops of unknown length) and -fno-math-errno (so sqrt is an instruction, not an errno call).
-#if defined(DTRAIN_OMP_SIMD)
-#define DTRAIN_SIMD_LOOP _Pragma("omp simd")
-#else
-#define DTRAIN_SIMD_LOOP
-#endif
+// The arithmetic lives in kernels/optimizer_math.h, shared with the device optimizers (CPU and CUDA
+// backends), so that a device-resident optimizer computes what the parameter server computes.
 
-void ApplySgd(float lr, float grad_scale, const float* __restrict grad, float* __restrict var, int64_t n) {
-  const float step = lr * grad_scale;
-  DTRAIN_SIMD_LOOP
-  for (int64_t i = 0; i < n; ++i) var[i] -= step * grad[i];
+void ApplySgd(float lr, float grad_scale, const float* grad, float* var, int64_t n) {
+  kernels::ApplySgdLoop(lr, grad_scale, grad, var, n);
 }
 
-void ApplyMomentum(float lr, float momentum, float grad_scale, const float* __restrict grad,
-                   float* __restrict var, float* __restrict accum, int64_t n) {
-  DTRAIN_SIMD_LOOP
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = momentum * accum[i] + grad_scale * grad[i];
-    accum[i] = a;
-    var[i] -= lr * a;
-  }
+void ApplyMomentum(float lr, float momentum, float grad_scale, const float* grad, float* var, float* accum,
+                   int64_t n) {
+  kernels::ApplyMomentumLoop(lr, momentum, grad_scale, grad, var, accum, n);
 }
 
-void ApplyAdam(float lr_t, float beta1, float beta2, float epsilon, float grad_scale, const float* __restrict grad,
-               float* __restrict var, float* __restrict m, float* __restrict v, int64_t n) {
-  const float one_minus_b1 = 1.0f - beta1;
-  const float one_minus_b2 = 1.0f - beta2;
-  DTRAIN_SIMD_LOOP
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad_scale * grad[i];
-    const float mi = beta1 * m[i] + one_minus_b1 * g;
-    const float vi = beta2 * v[i] + one_minus_b2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    var[i] -= lr_t * mi / (std::sqrt(vi) + epsilon);
-  }
+void ApplyAdam(float lr_t, float beta1, float beta2, float epsilon, float grad_scale, const float* grad,
+               float* var, float* m, float* v, int64_t n) {
+  kernels::ApplyAdamLoop(lr_t, beta1, beta2, epsilon, grad_scale, grad, var, m, v, n);
 }
 
-void AddInto(const float* __restrict src, float* __restrict dst, int64_t n) {
-  DTRAIN_SIMD_LOOP
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-}
+void AddInto(const float* src, float* dst, int64_t n) { kernels::AddIntoLoop(src, dst, n); }
 
 float AdamLearningRate(float lr, float beta1, float beta2, int64_t step) {
-  const double t = static_cast<double>(step) + 1.0;
-  const double b1t = std::pow(static_cast<double>(beta1), t);
-  const double b2t = std::pow(static_cast<double>(beta2), t);
-  return static_cast<float>(lr * std::sqrt(1.0 - b2t) / (1.0 - b1t));
+  return kernels::AdamLearningRate(lr, beta1, beta2, step);
 }
 
 float MovingAverageDecay(float decay, int64_t num_updates) {
-  const double warmup = (1.0 + static_cast<double>(num_updates)) / (10.0 + static_cast<double>(num_updates));
-  return static_cast<float>(std::min(static_cast<double>(decay), warmup));
+  return kernels::MovingAverageDecay(decay, num_updates);
 }
 
-void UpdateMovingAverage(float decay, const float* __restrict var, float* __restrict shadow, int64_t n) {
-  const float rate = 1.0f - decay;
-  DTRAIN_SIMD_LOOP
-  for (int64_t i = 0; i < n; ++i) shadow[i] -= rate * (shadow[i] - var[i]);
+void UpdateMovingAverage(float decay, const float* var, float* shadow, int64_t n) {
+  kernels::UpdateMovingAverageLoop(decay, var, shadow, n);
 }
 
 }  // namespace dtrain::ps

@@ -57,7 +57,8 @@ class Optimizer {
   OptimizerConfig config_;
 };
 
-// The elementwise kernels behind Optimizer::Apply, exposed for tests and benchmarks.
+// The elementwise kernels behind Optimizer::Apply, exposed for tests and benchmarks. They forward to the
+// shared arithmetic of kernels/optimizer_math.h (also used by the CPU and CUDA device optimizers).
 void ApplySgd(float lr, float grad_scale, const float* grad, float* var, int64_t n);
 void ApplyMomentum(float lr, float momentum, float grad_scale, const float* grad, float* var, float* accum,
                    int64_t n);

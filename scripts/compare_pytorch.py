@@ -12,7 +12,9 @@ memory, warm-up steps excluded; examples/sec counts forward + backward + optimiz
                 LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp and OMP_NUM_THREADS=<threads>
                 (see /work/shared/BENCHMARKS.md for why both matter). The models are defined below exactly as
                 in worker/models/*.cc, in NCHW; Fashion-MNIST from /usr/share/datasets/fashion-mnist, random
-                24x24x3 data for cifar10.
+                24x24x3 data for cifar10 (and random 28x28 data for throughput when Fashion-MNIST is absent).
+                With --device=cuda the child runs under --python (default: the python3 on PATH, which on a GPU
+                machine is the CUDA PyTorch one) without the OpenBLAS set-up, cudnn.benchmark on, data on the GPU.
 
 Needs (Debian): python3-torch libopenblas0-openmp python3-numpy dataset-fashion-mnist.
 
@@ -28,6 +30,7 @@ import argparse
 import gzip
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,8 +71,16 @@ TORCH_ACC = re.compile(r"^pytorch_accuracy: .*test accuracy = ([0-9.]+)", re.M)
 # PyTorch side (runs only in the --pytorch_child process; imports torch lazily).
 # ----------------------------------------------------------------------------------------------------------
 
-def import_torch(threads):
-    """Re-executes under Debian's python with the OpenMP OpenBLAS and OMP_NUM_THREADS unless already so."""
+def import_torch(threads, device="cpu"):
+    """Re-executes under Debian's python with the OpenMP OpenBLAS and OMP_NUM_THREADS unless already so (CPU);
+    on cuda, imports the torch of the running interpreter (the driver chose it with --python)."""
+    if device == "cuda":
+        try:
+            import torch
+        except ImportError as e:
+            sys.exit(f"compare_pytorch: cannot import torch in {sys.executable} ({e}); pass --python=PATH")
+        torch.set_num_threads(threads)
+        return torch
     env_ok = (os.path.realpath(sys.executable).startswith(os.path.realpath(DEBIAN_PYTHON)) and
               os.environ.get("LD_LIBRARY_PATH", "").split(":")[0] == OPENBLAS_OPENMP and
               os.environ.get("OMP_NUM_THREADS") == str(threads))
@@ -77,7 +88,7 @@ def import_torch(threads):
         if os.environ.get("COMPARE_PYTORCH_REEXEC"):
             sys.exit("compare_pytorch: could not set up PyTorch's environment (re-exec did not take)")
         os.execve(DEBIAN_PYTHON, [DEBIAN_PYTHON, os.path.abspath(__file__)] + sys.argv[1:],
-                  torch_env(threads, COMPARE_PYTORCH_REEXEC="1"))
+                  torch_env(threads, "cpu", COMPARE_PYTORCH_REEXEC="1"))
     try:
         import torch
     except ImportError as e:
@@ -96,6 +107,14 @@ def blas_in_use():
     print(f"compare_pytorch: WARNING: PyTorch is not using {OPENBLAS_OPENMP} ({sorted(libs)}); "
           "its figures are not comparable", file=sys.stderr)
     return "other:" + ",".join(sorted(os.path.basename(lib) for lib in libs))
+
+
+def tf32_state(torch, device):
+    """Whether PyTorch may use TF32 tensor cores (its default for cuDNN convolutions), for the result line."""
+    if device != "cuda":
+        return "tf32=n/a"
+    return (f"tf32=conv:{int(torch.backends.cudnn.allow_tf32)},"
+            f"matmul:{int(torch.backends.cuda.matmul.allow_tf32)}")
 
 
 def build_model(torch, name):
@@ -180,14 +199,17 @@ def train_step(torch, model, opt, x, y):
 
 def pytorch_child(a):
     """One PyTorch launch: a throughput measurement, or one epoch and the test accuracy (--accuracy)."""
-    torch = import_torch(a.threads)
-    blas = blas_in_use()
+    torch = import_torch(a.threads, a.device)
+    blas = blas_in_use() if a.device == "cpu" else "n/a"
     torch.manual_seed(a.seed)
     if a.device == "cuda":
         if not torch.cuda.is_available():
             print(f"compare_pytorch: torch {torch.__version__} has no CUDA device", file=sys.stderr)
             sys.exit(2)
         torch.backends.cudnn.benchmark = True
+        if a.strict_fp32:  # dtrain's CUDA backend computes in strict fp32 (no TF32 tensor cores)
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device(a.device)
     model, groups = build_model(torch, a.model)
     model.to(dev).train()
@@ -213,8 +235,13 @@ def pytorch_child(a):
               f"train_secs={secs:.1f} test accuracy = {correct / len(tx):.4f} ({len(tx)} examples)")
         return 0
     # Sixteen batches prepared up front, as dtrain_bench does: compute and the update are timed, not input.
-    if a.model == "cifar10":
-        batches = [(torch.rand(a.batch_size, 3, 24, 24, generator=gen),
+    data = "fashion-mnist"
+    if a.model != "cifar10" and not os.path.exists(os.path.join(a.data_dir, "train-images-idx3-ubyte.gz")):
+        data = "random"  # throughput does not depend on the pixel values; say so in the result line
+    if a.model == "cifar10" or data == "random":
+        data = "random"
+        shape = (3, 24, 24) if a.model == "cifar10" else (1, 28, 28)
+        batches = [(torch.rand(a.batch_size, *shape, generator=gen),
                     torch.randint(0, 10, (a.batch_size,), generator=gen)) for _ in range(16)]
     else:
         x, y = load_fashion_mnist(torch, a.data_dir, "train")
@@ -246,7 +273,7 @@ def pytorch_child(a):
     if not (last_loss == last_loss and abs(last_loss) < float("inf")):  # benchmarks verify what they time
         sys.exit(f"compare_pytorch: training diverged (loss {last_loss})")
     print(f"pytorch_bench: model={a.model} batch={a.batch_size} threads={a.threads} device={a.device} "
-          f"torch={torch.__version__} blas={blas} loss first={first_loss:.4f} last={last_loss:.4f} "
+          f"torch={torch.__version__} blas={blas} data={data} {tf32_state(torch, a.device)} loss first={first_loss:.4f} last={last_loss:.4f} "
           f"examples/sec median={statistics.median(rates):.1f} min={min(rates):.1f} max={max(rates):.1f}")
     return 0
 
@@ -255,9 +282,10 @@ def pytorch_child(a):
 # Driver: launches both systems, interleaved, and prints the table (standard library only).
 # ----------------------------------------------------------------------------------------------------------
 
-def torch_env(threads, **extra):
+def torch_env(threads, device="cpu", **extra):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), **extra)
-    env["LD_LIBRARY_PATH"] = ":".join(p for p in [OPENBLAS_OPENMP, os.environ.get("LD_LIBRARY_PATH")] if p)
+    if device == "cpu":
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in [OPENBLAS_OPENMP, os.environ.get("LD_LIBRARY_PATH")] if p)
     return env
 
 
@@ -279,9 +307,11 @@ def launch(cmd, env, pattern, timeout, verbose):
 
 
 def child_cmd(a, model, batch, threads, accuracy=False):
-    cmd = [DEBIAN_PYTHON, os.path.abspath(__file__), "--pytorch_child", f"--model={model}",
+    cmd = [a.python, os.path.abspath(__file__), "--pytorch_child", f"--model={model}",
            f"--batch_size={batch}", f"--threads={threads}", f"--device={a.device}", f"--data_dir={a.data_dir}",
            f"--seed={a.seed}"]
+    if a.strict_fp32:
+        cmd.append("--strict_fp32")
     if accuracy:
         return cmd + ["--accuracy"]
     return cmd + [f"--warmup_steps={a.warmup(model)}", f"--window_steps={a.steps(model)}", f"--windows={a.windows}"]
@@ -312,7 +342,8 @@ def throughput(a, configs):
                        f"--windows={a.windows}", f"--data_dir={a.data_dir}"] + dtrain_towers(a)
                 m = launch(cmd, dict(os.environ, OMP_NUM_THREADS=str(threads)), DTRAIN_LINE, a.timeout, a.verbose)
                 dt.append(float(m.group(1)) if m else None)
-            m = launch(child_cmd(a, model, batch, threads), torch_env(threads), TORCH_LINE, a.timeout, a.verbose)
+            m = launch(child_cmd(a, model, batch, threads), torch_env(threads, a.device), TORCH_LINE, a.timeout,
+                       a.verbose)
             pt.append(float(m.group(1)) if m else None)
             d = "" if a.pytorch_only else f"dtrain {fmt(dt[-1:])}  "
             print(f"  {label} launch {r + 1}/{a.repeats}: {d}PyTorch {fmt(pt[-1:])} ex/s", file=sys.stderr)
@@ -340,7 +371,7 @@ def accuracy(a, configs):
                    f"--seed={a.seed}"] + dtrain_towers(a)
             m = launch(cmd, dict(os.environ, OMP_NUM_THREADS=str(threads)), DTRAIN_ACC, a.timeout, a.verbose)
             d = float(m.group(2)) if m else None
-        m = launch(child_cmd(a, model, batch, threads, accuracy=True), torch_env(threads), TORCH_ACC,
+        m = launch(child_cmd(a, model, batch, threads, accuracy=True), torch_env(threads, a.device), TORCH_ACC,
                    a.timeout, a.verbose)
         p = float(m.group(1)) if m else None
         ok = ok and p is not None and (a.pytorch_only or d is not None)
@@ -368,6 +399,11 @@ def parse_args(argv):
     p.add_argument("--windows", type=int, default=5, help="timing windows per launch; the median counts")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: PyTorch on cuda, dtrain with --towers=gpu:0 (exit 2 when PyTorch has no CUDA)")
+    p.add_argument("--python", default="",
+                   help="interpreter of the PyTorch side (default: /usr/bin/python3 on cpu, the python3 on PATH "
+                        "on cuda)")
+    p.add_argument("--strict_fp32", action="store_true",
+                   help="cuda: forbid TF32 in PyTorch (cuDNN convolutions use it by default; dtrain never does)")
     p.add_argument("--towers", default="", help="dtrain's --towers on cpu (default: dtrain's own)")
     p.add_argument("--accuracy", action="store_true",
                    help="train one epoch (60,000 examples) in each and compare test accuracy")
@@ -381,6 +417,8 @@ def parse_args(argv):
     p.add_argument("--verbose", action="store_true", help="show each launch's window figures")
     p.add_argument("--pytorch_child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if not a.python:
+        a.python = DEBIAN_PYTHON if a.device == "cpu" else (shutil.which("python3") or DEBIAN_PYTHON)
     a.warmup = lambda m: a.warmup_steps if a.warmup_steps is not None else MODELS[m][3]
     a.steps = lambda m: a.window_steps if a.window_steps is not None else MODELS[m][4]
     return p, a
@@ -423,11 +461,11 @@ def main(argv):
         a.warmup_steps, a.window_steps = a.warmup(a.model), a.steps(a.model)
         return pytorch_child(a)
     if a.device == "cuda":
-        probe = subprocess.run([DEBIAN_PYTHON, "-c", "import torch, sys; sys.exit(not torch.cuda.is_available())"],
-                               env=torch_env(1), capture_output=True)
+        probe = subprocess.run([a.python, "-c", "import torch, sys; sys.exit(not torch.cuda.is_available())"],
+                               env=torch_env(1, "cuda"), capture_output=True)
         if probe.returncode != 0:
-            print(f"compare_pytorch: CUDA is not available to PyTorch in {DEBIAN_PYTHON} (no GPU, or a "
-                  "CPU-only python3-torch); cannot compare on cuda", file=sys.stderr)
+            print(f"compare_pytorch: CUDA is not available to PyTorch in {a.python} (no GPU, no torch, or a "
+                  "CPU-only torch; pass --python=PATH); cannot compare on cuda", file=sys.stderr)
             return 2
     binary = a.worker_bin if a.accuracy else a.bin
     if not a.pytorch_only and not os.access(binary, os.X_OK):

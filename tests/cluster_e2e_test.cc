@@ -119,7 +119,9 @@ TEST(ClusterEndToEnd, BadClusterSpecsExitTwoWithOneClearLine) {
        "evaluater"},
       {{}, {"TF_CONFIG={not json"}, "JSON"},
       {{"--job_name=local", "--model=resnet"}, {}, "resnet"},
-      {{"--job_name=local", "--towers=gpu:0"}, {}, "no CUDA device available"},
+      // A GPU index no machine has: unusable with or without a GPU (and in a CPU-only build), so the
+      // expectation holds on every machine (gpu:0 would start training where a GPU exists).
+      {{"--job_name=local", "--towers=gpu:4096"}, {}, "no CUDA device available"},
   };
   int i = 0;
   for (const Case& k : cases) {

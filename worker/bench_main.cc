@@ -71,24 +71,24 @@ int Main() {
   // Data in memory: the real set when it loads (and fits the model), else synthetic of the same shape.
   data::DatasetPair dataset;
   absl::StatusOr<data::DatasetPair> loaded = data::LoadDataset(absl::GetFlag(FLAGS_data_dir));
-  const bool cifar = o.model == "cifar10";
-  if (loaded.ok() && (!cifar || loaded->train.channels == 3)) {
+  const models::ModelDefaults d = models::DefaultsFor(o.model);
+  if (loaded.ok() && loaded->train.channels == d.data_channels) {
     dataset = *std::move(loaded);
   } else {
-    dataset = cifar ? MakeSyntheticDataset(5000, 10, 7, 32, 32, 3) : MakeSyntheticDataset(5000, 10);
+    dataset = MakeSyntheticDataset(5000, 10, 7, d.data_height, d.data_width, d.data_channels);
   }
   models::ModelOptions mopt;
   mopt.batch_size = o.batch_size;
-  mopt.height = cifar ? 24 : dataset.train.height;
-  mopt.width = cifar ? 24 : dataset.train.width;
-  mopt.channels = dataset.train.channels;
+  models::SetInputGeometry(d, dataset.train.height, dataset.train.width, dataset.train.channels, &mopt);
   absl::StatusOr<std::unique_ptr<Towers>> towers = Towers::Create(o.model, mopt, *specs);
   if (!towers.ok()) return Fail(towers.status(), towers.status().code() == absl::StatusCode::kFailedPrecondition ? 2 : 1);
   models::Model* model0 = (*towers)->tower(0);
   // Batches prepared up front: the benchmark times compute and the update, not input.
   data::BatchStreamOptions so;
   so.batch_size = o.batch_size;
-  so.preprocess = cifar ? data::Preprocess::kCifarTrain : data::Preprocess::kScale01;
+  so.preprocess = d.train_preprocess;
+  so.crop_h = mopt.height;
+  so.crop_w = mopt.width;
   auto stream = data::BatchStream::Create(dataset.train, so);
   if (!stream.ok()) return Fail(stream.status());
   std::vector<data::Batch> batches;

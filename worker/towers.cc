@@ -11,16 +11,12 @@
 #include "absl/synchronization/mutex.h"
 #include "common/denormals.h"
 #include "common/status_macros.h"
-#ifdef DTRAIN_HAVE_CUDA
-#include "kernels/cuda/nccl_allreduce.h"
-#endif
+#include "kernels/gradient_averager.h"
 
 namespace dtrain::worker {
 
 struct Towers::DeviceAverager {
-#ifdef DTRAIN_HAVE_CUDA
-  std::unique_ptr<kernels::cuda::GradientAllReducer> reducer;
-#endif
+  std::unique_ptr<kernels::GradientAverager> reducer;  // tower 0's buffer gets the mean
 };
 
 absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& towers, int num_gpus,
@@ -98,14 +94,12 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
                      models::CreateModel(model_name, o, t->devices_[i].get()));
     t->models_.push_back(std::move(model));
   }
-  if (all_gpu && specs.size() > 1) {
-#ifdef DTRAIN_HAVE_CUDA
+  if (specs.size() > 1) {
     std::vector<kernels::Device*> devs;
     for (auto& d : t->devices_) devs.push_back(d.get());
     t->device_averager_ = std::make_unique<DeviceAverager>();
     ASSIGN_OR_RETURN(t->device_averager_->reducer,
-                     kernels::cuda::CreateGradientAllReducer(devs, t->num_parameters()));
-#endif
+                     kernels::CreateGradientAverager(devs, n, kernels::AverageTarget::kFirstTower));
   }
   return t;
 }
@@ -147,7 +141,8 @@ absl::StatusOr<float> Towers::ComputeResident(const std::vector<models::HostBatc
   // finishes the layer last, and only then handed on.
   absl::Mutex mu;
   std::map<int64_t, int> remaining;  // range begin -> towers still computing it
-  const float inv = 1.0f / size();
+  std::vector<float*> buffers = {host_grads_};
+  buffers.insert(buffers.end(), tower_grads_.begin(), tower_grads_.end());
   models::StepHooks tower_hooks;
   if (hooks != nullptr) {
     tower_hooks.before_forward = hooks->before_forward;
@@ -157,12 +152,8 @@ absl::StatusOr<float> Towers::ComputeResident(const std::vector<models::HostBatc
     absl::MutexLock lock(&mu);
     auto it = remaining.try_emplace(begin, size()).first;
     if (--it->second > 0) return absl::OkStatus();
-    float* __restrict dst = host_grads_;
-    for (float* g : tower_grads_) {
-      const float* __restrict src = g;
-      for (int64_t j = begin; j < end; ++j) dst[j] += src[j];
-    }
-    for (int64_t j = begin; j < end; ++j) dst[j] *= inv;
+    RETURN_IF_ERROR(device_averager_->reducer->AverageRange(buffers, begin, end - begin));
+    RETURN_IF_ERROR(device_averager_->reducer->Join());
     if (hooks != nullptr && hooks->gradients_ready) return hooks->gradients_ready(begin, end);
     return absl::OkStatus();
   };
@@ -197,7 +188,6 @@ absl::StatusOr<float> Towers::ComputeOnDevices(const std::vector<models::HostBat
   if (size() == 1) {
     ASSIGN_OR_RETURN(loss, models_[0]->ComputeGradients(batches[0], step * 64, &device_hooks));
   } else {
-#ifdef DTRAIN_HAVE_CUDA
     std::vector<std::future<absl::StatusOr<float>>> futures;
     for (int i = 0; i < size(); ++i) {
       futures.push_back(std::async(std::launch::async, [this, &batches, &device_hooks, step, i] {
@@ -216,9 +206,6 @@ absl::StatusOr<float> Towers::ComputeOnDevices(const std::vector<models::HostBat
     for (auto& m : models_) buffers.push_back(m->device_gradients());
     RETURN_IF_ERROR(device_averager_->reducer->AverageInPlace(buffers));
     loss /= size();
-#else
-    return absl::FailedPreconditionError("no CUDA device available: this build has no CUDA backend");
-#endif
   }
   RETURN_IF_ERROR(devices_[0]->CopyToHost(models_[0]->device_gradients(), host_grads_, n));
   if (hooks != nullptr && hooks->gradients_ready) RETURN_IF_ERROR(hooks->gradients_ready(0, n));

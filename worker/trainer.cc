@@ -24,13 +24,6 @@
 namespace dtrain::worker {
 namespace {
 
-data::Preprocess TrainPreprocess(const std::string& model) {
-  return model == "cifar10" ? data::Preprocess::kCifarTrain : data::Preprocess::kScale01;
-}
-data::Preprocess EvalPreprocess(const std::string& model) {
-  return model == "cifar10" ? data::Preprocess::kCifarEval : data::Preprocess::kScale01;
-}
-
 models::HostBatch View(const data::Batch& b) {
   return models::HostBatch{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};
 }
@@ -101,14 +94,13 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     ASSIGN_OR_RETURN(loaded, data::LoadDataset(o.data_dir));
     dataset = &loaded;
   }
-  const bool crop = o.model == "cifar10";
+  const models::ModelDefaults defaults = models::DefaultsFor(o.model);  // input pipeline, default schedule
   models::ModelOptions mopt;
   mopt.batch_size = o.batch_size;
   mopt.eval_batch_size = std::max(o.batch_size, 500);
   mopt.seed = o.seed;
-  mopt.height = crop ? 24 : dataset->train.height;
-  mopt.width = crop ? 24 : dataset->train.width;
-  mopt.channels = dataset->train.channels;
+  models::SetInputGeometry(defaults, dataset->train.height, dataset->train.width, dataset->train.channels,
+                           &mopt);
   mopt.num_classes = dataset->train.num_classes;
 
   data::BatchStreamOptions sopt;
@@ -117,13 +109,14 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   sopt.num_shards = local ? 1 : o.num_workers;
   sopt.seed = o.seed;
   sopt.shuffle = o.shuffle;
-  sopt.preprocess = TrainPreprocess(o.model);
+  sopt.preprocess = defaults.train_preprocess;
+  sopt.crop_h = mopt.height;  // the model's input size (the CIFAR modes crop to it)
+  sopt.crop_w = mopt.width;
   ASSIGN_OR_RETURN(std::unique_ptr<data::BatchStream> stream, data::BatchStream::Create(dataset->train, sopt));
-  if (o.model == "cifar10" && o.decay_steps == 0) {
-    // The CIFAR-10 tutorial: lr 0.1, staircase decay by 0.1 every 350 epochs (steps of one worker's batch).
-    o.decay_steps = std::max<int64_t>(1, dataset->train.count() / o.batch_size) * 350;
-    o.decay_rate = 0.1f;
-    o.staircase = true;
+  if (o.decay_steps == 0 && defaults.decay_epochs > 0) {  // the model's default schedule
+    o.decay_steps = models::DefaultDecaySteps(defaults, dataset->train.count(), o.batch_size);
+    o.decay_rate = defaults.decay_rate;
+    o.staircase = defaults.staircase;
   }
 
   // ---- towers ----
@@ -189,7 +182,8 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
 
   std::vector<data::Batch> eval_batches;
   if (chief && (o.evaluate || o.eval_every > 0)) {
-    eval_batches = data::EvalBatches(dataset->test, mopt.eval_batch_size, EvalPreprocess(o.model));
+    eval_batches = data::EvalBatches(dataset->test, mopt.eval_batch_size, defaults.eval_preprocess,
+                                     mopt.height, mopt.width);
   }
   auto evaluate = [&](const float* values) -> absl::StatusOr<double> {
     RETURN_IF_ERROR(towers->SetParameters(values));

@@ -10,6 +10,7 @@
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/device.h"
+#include "kernels/dropout_rng.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -18,6 +19,37 @@ absl::Status CheckCount(const char* op, int64_t n) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat(op, ": negative element count ", n));
   return absl::OkStatus();
 }
+
+// The CPU backend runs every op synchronously on the calling thread, so its queues are one: events are always
+// complete, asynchronous copies are plain copies, and a counter is an int64 in host memory.
+class CpuEvent final : public Event {
+ public:
+  explicit CpuEvent(const Device* dev) : dev_(dev) {}
+  const Device* device() const override { return dev_; }
+
+ private:
+  const Device* dev_;
+};
+
+class CpuCounter final : public DeviceCounter {
+ public:
+  CpuCounter(const Device* dev, int64_t initial) : dev_(dev), value_(initial) {}
+  const Device* device() const override { return dev_; }
+  const int64_t* device_ptr() const override { return &value_; }
+  absl::Status Set(int64_t value) override {
+    value_ = value;
+    return absl::OkStatus();
+  }
+  absl::Status Increment() override {
+    ++value_;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<int64_t> Read() override { return value_; }
+
+ private:
+  const Device* dev_;
+  int64_t value_;
+};
 
 // Thread-safety: as for every Device, one owning thread at a time; Alloc/Free are additionally guarded by a
 // mutex so that a Device may be torn down from another thread than the one that allocated.
@@ -76,6 +108,38 @@ class CpuDevice final : public Device {
     return absl::OkStatus();
   }
 
+  // ---- asynchronous execution: synchronous here ----
+  absl::Status CopyToDeviceAsync(const float* host, float* dev, int64_t n, Queue q) override {
+    return CopyToDevice(host, dev, n);
+  }
+  absl::Status CopyToHostAsync(const float* dev, float* host, int64_t n, Queue q) override {
+    return CopyToHost(dev, host, n);
+  }
+  absl::StatusOr<std::unique_ptr<Event>> MakeEvent() override { return std::make_unique<CpuEvent>(this); }
+  absl::Status RecordEvent(Event* event, Queue q) override { return CheckOwn(event, "RecordEvent"); }
+  absl::Status WaitEvent(const Event* event, Queue q) override { return CheckOwn(event, "WaitEvent"); }
+  absl::Status SynchronizeEvent(Event* event) override {
+    RETURN_IF_ERROR(CheckOwn(event, "SynchronizeEvent"));
+    return Synchronize();
+  }
+  absl::StatusOr<bool> QueryEvent(Event* event) override {
+    RETURN_IF_ERROR(CheckOwn(event, "QueryEvent"));
+    return true;
+  }
+  absl::StatusOr<std::unique_ptr<DeviceCounter>> MakeCounter(int64_t initial) override {
+    return std::make_unique<CpuCounter>(this, initial);
+  }
+  absl::Status BeginCapture() override {
+    return absl::UnimplementedError(
+        "BeginCapture on cpu: graph capture needs the CUDA backend (CPU ops run eagerly on the calling "
+        "thread, "
+        "there is nothing to replay); run the step without a graph");
+  }
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
+    return absl::FailedPreconditionError(
+        "EndCapture on cpu: no capture in progress (the CPU backend cannot capture)");
+  }
+
   absl::StatusOr<std::unique_ptr<Conv2D>> MakeConv2D(const Conv2DParams& p) override {
     return cpu::MakeCpuConv2D(ctx_, p);
   }
@@ -87,6 +151,14 @@ class CpuDevice final : public Device {
   }
   absl::StatusOr<std::unique_ptr<Dense>> MakeDense(const DenseParams& p) override {
     return cpu::MakeCpuDense(ctx_, p);
+  }
+  absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeOptimizer(const OptimizerParams& p,
+                                                                 const DeviceCounter* step) override {
+    if (step == nullptr || step->device() != this) {
+      return absl::InvalidArgumentError(
+          "MakeOptimizer: the step counter must be one of this device's (MakeCounter)");
+    }
+    return cpu::MakeCpuOptimizer(p, step, spec_.threads);
   }
 
   absl::Status Relu(const float* x, float* y, int64_t n) override {
@@ -113,6 +185,15 @@ class CpuDevice final : public Device {
     }
     cpu::DropoutLoop(x, y, mask, n, keep_prob, seed, counter, spec_.threads);
     return absl::OkStatus();
+  }
+  absl::Status DropoutDeviceCounter(const float* x, float* y, float* mask, int64_t n, float keep_prob,
+                                    uint64_t seed, const DeviceCounter& device_counter,
+                                    uint64_t counter_stride, uint64_t counter_offset) override {
+    if (device_counter.device() != this) {
+      return absl::InvalidArgumentError("DropoutDeviceCounter: the counter belongs to another device");
+    }
+    return Dropout(x, y, mask, n, keep_prob, seed,
+                   DropoutCounterFrom(*device_counter.device_ptr(), counter_stride, counter_offset));
   }
   absl::Status DropoutBackward(const float* dy, const float* mask, float* dx, int64_t n) override {
     RETURN_IF_ERROR(CheckCount("DropoutBackward", n));
@@ -158,6 +239,14 @@ class CpuDevice final : public Device {
   }
 
  private:
+  absl::Status CheckOwn(const Event* event, const char* op) const {
+    if (event == nullptr || event->device() != this) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": the event belongs to another device (or is null)"));
+    }
+    return absl::OkStatus();
+  }
+
   DeviceSpec spec_;
   cpu::DnnlContext ctx_;
   std::mutex mu_;

@@ -17,6 +17,9 @@ absl::StatusOr<std::unique_ptr<Conv2D>> MakeCpuConv2D(const DnnlContext& ctx, co
 absl::StatusOr<std::unique_ptr<MaxPool>> MakeCpuMaxPool(const DnnlContext& ctx, const PoolParams& p);
 absl::StatusOr<std::unique_ptr<Lrn>> MakeCpuLrn(const DnnlContext& ctx, const LrnParams& p);
 absl::StatusOr<std::unique_ptr<Dense>> MakeCpuDense(const DnnlContext& ctx, const DenseParams& p);
+// cpu_optimizer.cc. `step` is a counter of the calling CpuDevice (checked there); `threads` as the device's.
+absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeCpuOptimizer(const OptimizerParams& p,
+                                                                  const DeviceCounter* step, int threads);
 
 // "conv2d[batch=50 in=28x28x1 out_c=32 k=5x5 stride=1x1 SAME]"-style descriptions for error messages.
 std::string Describe(const Conv2DParams& p);

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "kernels/cpu/dnnl_util.h"
-#include "kernels/cpu/dropout_rng.h"
+#include "kernels/dropout_rng.h"
 
 namespace dtrain::kernels::cpu {
 namespace {

@@ -14,7 +14,7 @@ inline constexpr int64_t kParallelMinElements = int64_t{1} << 16;
 
 void ReluLoop(const float* x, float* y, int64_t n, int threads);
 void ReluBackwardLoop(const float* y, const float* dy, float* dx, int64_t n, int threads);
-// keep_prob in (0, 1]; the mask is kernels/cpu/dropout_rng.h's.
+// keep_prob in (0, 1]; the mask is kernels/dropout_rng.h's.
 void DropoutLoop(const float* x, float* y, float* mask, int64_t n, float keep_prob, uint64_t seed,
                  uint64_t counter, int threads);
 void MulLoop(const float* a, const float* b, float* y, int64_t n, int threads);  // y = a * b

@@ -14,6 +14,10 @@
 // Algorithms: chosen once per op with cudnnFind* (benchmarks the candidates; falls back to the _v7 heuristics if
 // Find fails), in full fp32 (CUDNN_FMA_MATH: no TF32 tensor cores, so results match the CPU backend), with a
 // single workspace sized for the largest of the three. The bias gradient is a cuBLAS GEMV against a ones vector.
+//
+// Graph capture: Init (MakeConv2D) does all that allocates, synchronizes or chooses (cudnnFind*, the
+// workspace, the filter copies, the ones vector); Forward/BackwardData/BackwardWeights only enqueue kernels,
+// cuDNN and cuBLAS calls with those buffers on the device's stream, so a CUDA graph can capture them.
 #include <algorithm>
 #include <climits>
 #include <vector>

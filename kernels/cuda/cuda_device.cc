@@ -1,5 +1,7 @@
-// CudaDevice: memory, copies, stream, cuDNN/cuBLAS handles, and the stateless elementwise ops (own kernels,
-// cuda_kernels.h). The shape-specialized ops live in cuda_conv.cc and cuda_layers.cc.
+// CudaDevice: memory, synchronous copies, streams, cuDNN/cuBLAS handles, device-data errors, and the
+// stateless elementwise ops (own kernels, cuda_kernels.h). The shape-specialized ops live in cuda_conv.cc and
+// cuda_layers.cc, the optimizer in cuda_optimizer.cc, asynchronous copies, events, counters and graphs in
+// cuda_async.cc.
 #include "kernels/cuda/cuda_device.h"
 
 #include <glog/logging.h>
@@ -19,6 +21,10 @@ absl::Status CheckCount(int64_t n, absl::string_view op) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat(op, ": negative element count ", n));
   return absl::OkStatus();
 }
+
+// cuBLAS's recommended workspace on Hopper (4 MiB suffices before it); set once so cuBLAS never allocates in
+// a step.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 }  // namespace
 
@@ -55,35 +61,102 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const DeviceSpec&
   std::unique_ptr<CudaDevice> dev(new CudaDevice(spec));
   RETURN_IF_ERROR(dev->Activate("CreateCudaDevice"));
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&dev->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&dev->copy_stream_, cudaStreamNonBlocking),
+                             "cudaStreamCreate (copy stream)"));
+  void* error_host = nullptr;
+  RETURN_IF_ERROR(CudaStatus(
+      cudaHostAlloc(&error_host, sizeof(DeviceErrorInfo), cudaHostAllocMapped | cudaHostAllocPortable),
+      "cudaHostAlloc (mapped device-error record)"));
+  dev->error_host_ = static_cast<DeviceErrorInfo*>(error_host);
+  *dev->error_host_ = DeviceErrorInfo{DeviceErrorInfo::kNone, 0, 0.0f, 0};
+  void* error_dev = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&error_dev, error_host, 0),
+                             "cudaHostGetDevicePointer (device-error record)"));
+  dev->error_dev_ = static_cast<DeviceErrorInfo*>(error_dev);
   RETURN_IF_ERROR(CudnnStatus(cudnnCreate(&dev->cudnn_), "cudnnCreate"));
   RETURN_IF_ERROR(CudnnStatus(cudnnSetStream(dev->cudnn_, dev->stream_), "cudnnSetStream"));
   RETURN_IF_ERROR(CublasStatus(cublasCreate(&dev->cublas_), "cublasCreate"));
   RETURN_IF_ERROR(CublasStatus(cublasSetStream(dev->cublas_, dev->stream_), "cublasSetStream"));
   // Full fp32 (no TF32 tensor cores), so that results match the CPU backend to fp32 rounding.
   RETURN_IF_ERROR(CublasStatus(cublasSetMathMode(dev->cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+  ASSIGN_OR_RETURN(dev->cublas_workspace_, DeviceBuffer::Allocate(kCublasWorkspaceBytes, "cuBLAS workspace"));
+  RETURN_IF_ERROR(CublasStatus(
+      cublasSetWorkspace(dev->cublas_, dev->cublas_workspace_.get(), dev->cublas_workspace_.bytes()),
+      "cublasSetWorkspace"));
   ASSIGN_OR_RETURN(dev->l2_partials_, DeviceBuffer::AllocateFloats(kL2LossPartials, "L2Loss partial sums"));
   return dev;
 }
 
 CudaDevice::~CudaDevice() {
   cudaSetDevice(spec_.gpu_index);
+  if (capturing_) {  // abandon an unfinished capture so the stream can be destroyed
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g != nullptr) cudaGraphDestroy(g);
+    cudaGetLastError();
+  }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
   for (float* p : allocations_) cudaFree(p);
   for (float* p : pinned_) cudaFreeHost(p);
   l2_partials_ = DeviceBuffer();
   if (cublas_ != nullptr) cublasDestroy(cublas_);
+  cublas_workspace_ = DeviceBuffer();
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (error_host_ != nullptr) cudaFreeHost(error_host_);
 }
 
 absl::Status CudaDevice::Activate(absl::string_view op) const {
   return CudaStatus(cudaSetDevice(spec_.gpu_index), absl::StrCat(op, " on ", name_, ": cudaSetDevice"));
 }
 
+absl::Status CudaDevice::NotCapturing(absl::string_view op) const {
+  if (!capturing_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(op, " on ", name_,
+                   " during a graph capture: it would synchronize with the host or allocate, which a CUDA "
+                   "graph cannot record (use the *Async copies from pinned memory, and make buffers and ops "
+                   "before capturing)"));
+}
+
+absl::Status CudaDevice::CheckPinned(const void* host, absl::string_view op) const {
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, host);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": cannot inspect host pointer: ", cudaGetErrorString(err)));
+  }
+  if (attr.type != cudaMemoryTypeHost) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op,
+                     ": the host buffer is not pinned memory (allocate it with AllocHostPinned); an "
+                     "asynchronous copy from "
+                     "pageable memory would synchronize or break a graph capture"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::TakeDeviceError() {
+  volatile DeviceErrorInfo* e = error_host_;
+  if (e == nullptr || e->code == DeviceErrorInfo::kNone) return absl::OkStatus();
+  const int32_t code = e->code, row = e->row, classes = e->classes;
+  const float label = e->label;
+  e->code = DeviceErrorInfo::kNone;
+  if (code == DeviceErrorInfo::kBadLabel) {
+    // The CPU backend's message, word for word (kernels/cpu/cpu_device.cc).
+    return absl::InvalidArgumentError(absl::StrCat("SoftmaxCrossEntropy: label ", label, " of row ", row,
+                                                   " is not a class index in [0, ", classes, ")"));
+  }
+  return absl::InternalError(absl::StrCat(name_, ": a kernel recorded unknown device error code ", code));
+}
+
 // ---- memory ----
 
 absl::StatusOr<float*> CudaDevice::Alloc(int64_t n) {
   RETURN_IF_ERROR(CheckCount(n, "Alloc"));
+  RETURN_IF_ERROR(NotCapturing("Alloc"));
   RETURN_IF_ERROR(Activate("Alloc"));
   void* p = nullptr;
   const size_t bytes = std::max<size_t>(1, static_cast<size_t>(n) * sizeof(float));
@@ -94,6 +167,12 @@ absl::StatusOr<float*> CudaDevice::Alloc(int64_t n) {
 
 void CudaDevice::Free(float* p) {
   if (p == nullptr) return;
+  if (capturing_) {
+    LOG(ERROR) << name_
+               << ": Free during a graph capture (cudaFree would break it); the memory is kept until the "
+               << "device is destroyed";
+    return;
+  }
   if (allocations_.erase(p) == 0) {
     LOG(ERROR) << name_ << ": Free of a pointer this device did not allocate; ignored";
     return;
@@ -104,6 +183,7 @@ void CudaDevice::Free(float* p) {
 
 absl::StatusOr<float*> CudaDevice::AllocHostPinned(int64_t n) {
   RETURN_IF_ERROR(CheckCount(n, "AllocHostPinned"));
+  RETURN_IF_ERROR(NotCapturing("AllocHostPinned"));
   RETURN_IF_ERROR(Activate("AllocHostPinned"));
   void* p = nullptr;
   const size_t bytes = std::max<size_t>(1, static_cast<size_t>(n) * sizeof(float));
@@ -114,6 +194,11 @@ absl::StatusOr<float*> CudaDevice::AllocHostPinned(int64_t n) {
 
 void CudaDevice::FreeHostPinned(float* p) {
   if (p == nullptr) return;
+  if (capturing_) {
+    LOG(ERROR) << name_
+               << ": FreeHostPinned during a graph capture; the memory is kept until the device is destroyed";
+    return;
+  }
   if (pinned_.erase(p) == 0) {
     LOG(ERROR) << name_ << ": FreeHostPinned of a pointer this device did not allocate; ignored";
     return;
@@ -124,6 +209,7 @@ void CudaDevice::FreeHostPinned(float* p) {
 absl::Status CudaDevice::CopyToDevice(const float* host, float* dev, int64_t n) {
   RETURN_IF_ERROR(CheckCount(n, "CopyToDevice"));
   if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(NotCapturing("CopyToDevice"));
   RETURN_IF_ERROR(Activate("CopyToDevice"));
   return CudaStatus(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
                     "CopyToDevice");
@@ -131,12 +217,14 @@ absl::Status CudaDevice::CopyToDevice(const float* host, float* dev, int64_t n) 
 
 absl::Status CudaDevice::CopyToHost(const float* dev, float* host, int64_t n) {
   RETURN_IF_ERROR(CheckCount(n, "CopyToHost"));
+  RETURN_IF_ERROR(NotCapturing("CopyToHost"));
   RETURN_IF_ERROR(Activate("CopyToHost"));
   if (n > 0) {
     RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
                                "CopyToHost"));
   }
-  return CudaStatus(cudaStreamSynchronize(stream_), "CopyToHost: cudaStreamSynchronize");
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "CopyToHost: cudaStreamSynchronize"));
+  return TakeDeviceError();
 }
 
 absl::Status CudaDevice::CopyOnDevice(const float* src, float* dst, int64_t n) {
@@ -148,27 +236,45 @@ absl::Status CudaDevice::CopyOnDevice(const float* src, float* dst, int64_t n) {
 }
 
 absl::Status CudaDevice::Synchronize() {
+  RETURN_IF_ERROR(NotCapturing("Synchronize"));
   RETURN_IF_ERROR(Activate("Synchronize"));
-  return CudaStatus(cudaStreamSynchronize(stream_), absl::StrCat("Synchronize ", name_));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), absl::StrCat("Synchronize ", name_)));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamSynchronize(copy_stream_), absl::StrCat("Synchronize ", name_, " (copy)")));
+  return TakeDeviceError();
 }
 
 // ---- ops ----
 
 absl::StatusOr<std::unique_ptr<Conv2D>> CudaDevice::MakeConv2D(const Conv2DParams& p) {
+  RETURN_IF_ERROR(NotCapturing("MakeConv2D"));
   RETURN_IF_ERROR(Activate("MakeConv2D"));
   return MakeCudaConv2D(this, p);
 }
 absl::StatusOr<std::unique_ptr<MaxPool>> CudaDevice::MakeMaxPool(const PoolParams& p) {
+  RETURN_IF_ERROR(NotCapturing("MakeMaxPool"));
   RETURN_IF_ERROR(Activate("MakeMaxPool"));
   return MakeCudaMaxPool(this, p);
 }
 absl::StatusOr<std::unique_ptr<Lrn>> CudaDevice::MakeLrn(const LrnParams& p) {
+  RETURN_IF_ERROR(NotCapturing("MakeLrn"));
   RETURN_IF_ERROR(Activate("MakeLrn"));
   return MakeCudaLrn(this, p);
 }
 absl::StatusOr<std::unique_ptr<Dense>> CudaDevice::MakeDense(const DenseParams& p) {
+  RETURN_IF_ERROR(NotCapturing("MakeDense"));
   RETURN_IF_ERROR(Activate("MakeDense"));
   return MakeCudaDense(this, p);
+}
+absl::StatusOr<std::unique_ptr<DeviceOptimizer>> CudaDevice::MakeOptimizer(const OptimizerParams& p,
+                                                                           const DeviceCounter* step) {
+  RETURN_IF_ERROR(NotCapturing("MakeOptimizer"));
+  if (step == nullptr || step->device() != this) {
+    return absl::InvalidArgumentError(
+        "MakeOptimizer: the step counter must be one of this device's (MakeCounter)");
+  }
+  RETURN_IF_ERROR(Activate("MakeOptimizer"));
+  return MakeCudaOptimizer(this, p, step);
 }
 
 absl::Status CudaDevice::Relu(const float* x, float* y, int64_t n) {
@@ -194,6 +300,24 @@ absl::Status CudaDevice::Dropout(const float* x, float* y, float* mask, int64_t 
   return CudaStatus(LaunchDropout(x, y, mask, n, keep_prob, seed, counter, stream_), "Dropout");
 }
 
+absl::Status CudaDevice::DropoutDeviceCounter(const float* x, float* y, float* mask, int64_t n,
+                                              float keep_prob, uint64_t seed,
+                                              const DeviceCounter& device_counter, uint64_t counter_stride,
+                                              uint64_t counter_offset) {
+  RETURN_IF_ERROR(CheckCount(n, "DropoutDeviceCounter"));
+  if (!(keep_prob > 0.0f && keep_prob <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DropoutDeviceCounter: keep_prob must be in (0, 1], got ", keep_prob));
+  }
+  if (device_counter.device() != this) {
+    return absl::InvalidArgumentError("DropoutDeviceCounter: the counter belongs to another device");
+  }
+  RETURN_IF_ERROR(Activate("DropoutDeviceCounter"));
+  return CudaStatus(LaunchDropoutDeviceCounter(x, y, mask, n, keep_prob, seed, device_counter.device_ptr(),
+                                               counter_stride, counter_offset, stream_),
+                    "DropoutDeviceCounter");
+}
+
 absl::Status CudaDevice::DropoutBackward(const float* dy, const float* mask, float* dx, int64_t n) {
   RETURN_IF_ERROR(CheckCount(n, "DropoutBackward"));
   RETURN_IF_ERROR(Activate("DropoutBackward"));
@@ -207,8 +331,9 @@ absl::Status CudaDevice::SoftmaxCrossEntropy(const float* logits, const float* l
         absl::StrCat("SoftmaxCrossEntropy: batch and classes must be positive, got ", batch, " x ", classes));
   }
   RETURN_IF_ERROR(Activate("SoftmaxCrossEntropy"));
-  return CudaStatus(LaunchSoftmaxCrossEntropy(logits, labels, batch, classes, dlogits, loss, stream_),
-                    "SoftmaxCrossEntropy");
+  return CudaStatus(
+      LaunchSoftmaxCrossEntropy(logits, labels, batch, classes, dlogits, loss, error_dev_, stream_),
+      "SoftmaxCrossEntropy");
 }
 
 absl::Status CudaDevice::L2Loss(const float* x, int64_t n, float* out) {

@@ -1,10 +1,22 @@
-// The CUDA Device and what its ops share. Internal to kernels/cuda: nothing outside this folder includes it (the
-// rest of dtrain sees only kernels/device.h).
+// The CUDA Device and what its ops share. Internal to kernels/cuda: nothing outside this folder includes it
+// (the rest of dtrain sees only kernels/device.h).
 //
-// Thread-safety: as for every Device (kernels/device.h), a CudaDevice and the ops it made belong to one thread at
-// a time. Every public entry point makes the device's GPU current on the calling thread (cudaSetDevice) first, so
-// towers on different GPUs may run in different threads. Ops keep a raw pointer to their CudaDevice and must not
-// be used after it is destroyed (destroying them afterwards is fine).
+// Streams: `stream()` (Queue::kCompute) runs every op; `copy_stream()` (Queue::kCopy) runs asynchronous
+// copies that should overlap compute. Both are non-blocking streams (no implicit sync with the legacy default
+// stream).
+//
+// Graph capture (cuda_async.cc): BeginCapture puts stream() in thread-local capture mode; while capturing_,
+// every entry point that would synchronize with the host or allocate returns FailedPrecondition
+// (NotCapturing) instead of invalidating the capture. Ops never allocate or synchronize (cuDNN algorithms,
+// workspaces and the cuBLAS workspace are set up when ops and the device are made), so they are capturable.
+//
+// Device-data errors: kernels record them in a host-mapped DeviceErrorInfo; every host-synchronizing entry
+// point reports it (TakeDeviceError) as InvalidArgument, once.
+//
+// Thread-safety: as for every Device (kernels/device.h), a CudaDevice and the ops it made belong to one
+// thread at a time. Every public entry point makes the device's GPU current on the calling thread
+// (cudaSetDevice) first, so towers on different GPUs may run in different threads. Ops keep a raw pointer to
+// their CudaDevice and must not be used after it is destroyed (destroying them afterwards is fine).
 #ifndef DTRAIN_KERNELS_CUDA_CUDA_DEVICE_INTERNAL_H_
 #define DTRAIN_KERNELS_CUDA_CUDA_DEVICE_INTERNAL_H_
 
@@ -20,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/device.h"
 
 namespace dtrain::kernels::cuda {
@@ -69,15 +82,32 @@ class CudaDevice final : public Device {
   void FreeHostPinned(float* p) override;
   absl::Status Synchronize() override;
 
+  // cuda_async.cc
+  absl::Status CopyToDeviceAsync(const float* host, float* dev, int64_t n, Queue q) override;
+  absl::Status CopyToHostAsync(const float* dev, float* host, int64_t n, Queue q) override;
+  absl::StatusOr<std::unique_ptr<Event>> MakeEvent() override;
+  absl::Status RecordEvent(Event* event, Queue q) override;
+  absl::Status WaitEvent(const Event* event, Queue q) override;
+  absl::Status SynchronizeEvent(Event* event) override;
+  absl::StatusOr<bool> QueryEvent(Event* event) override;
+  absl::StatusOr<std::unique_ptr<DeviceCounter>> MakeCounter(int64_t initial) override;
+  absl::Status BeginCapture() override;
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override;
+
   absl::StatusOr<std::unique_ptr<Conv2D>> MakeConv2D(const Conv2DParams& p) override;
   absl::StatusOr<std::unique_ptr<MaxPool>> MakeMaxPool(const PoolParams& p) override;
   absl::StatusOr<std::unique_ptr<Lrn>> MakeLrn(const LrnParams& p) override;
   absl::StatusOr<std::unique_ptr<Dense>> MakeDense(const DenseParams& p) override;
+  absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeOptimizer(const OptimizerParams& p,
+                                                                 const DeviceCounter* step) override;
 
   absl::Status Relu(const float* x, float* y, int64_t n) override;
   absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override;
   absl::Status Dropout(const float* x, float* y, float* mask, int64_t n, float keep_prob, uint64_t seed,
                        uint64_t counter) override;
+  absl::Status DropoutDeviceCounter(const float* x, float* y, float* mask, int64_t n, float keep_prob,
+                                    uint64_t seed, const DeviceCounter& device_counter,
+                                    uint64_t counter_stride, uint64_t counter_offset) override;
   absl::Status DropoutBackward(const float* dy, const float* mask, float* dx, int64_t n) override;
   absl::Status SoftmaxCrossEntropy(const float* logits, const float* labels, int batch, int classes,
                                    float* dlogits, float* loss) override;
@@ -89,6 +119,16 @@ class CudaDevice final : public Device {
   // ---- for ops in kernels/cuda and the gradient all-reducer ----
   int gpu() const { return spec_.gpu_index; }
   cudaStream_t stream() const { return stream_; }
+  cudaStream_t copy_stream() const { return copy_stream_; }
+  cudaStream_t queue(Queue q) const { return q == Queue::kCopy ? copy_stream_ : stream_; }
+  bool capturing() const { return capturing_; }
+  // FailedPrecondition naming `op` while a graph capture is in progress (for calls that would break it).
+  absl::Status NotCapturing(absl::string_view op) const;
+  // InvalidArgument naming `op` unless `host` points into pinned (page-locked) host memory.
+  absl::Status CheckPinned(const void* host, absl::string_view op) const;
+  // After a host synchronization: the device-data error a kernel recorded (InvalidArgument), cleared; else
+  // OK.
+  absl::Status TakeDeviceError();
   cudnnHandle_t cudnn() const { return cudnn_; }
   cublasHandle_t cublas() const { return cublas_; }
   // Makes this device's GPU current on the calling thread; `op` names the caller in the error.
@@ -100,6 +140,11 @@ class CudaDevice final : public Device {
   DeviceSpec spec_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;
+  bool capturing_ = false;
+  DeviceErrorInfo* error_host_ = nullptr;  // host-mapped pinned memory, written by kernels
+  DeviceErrorInfo* error_dev_ = nullptr;   // its device address
+  DeviceBuffer cublas_workspace_;          // given to cuBLAS so that it never allocates (graph capture)
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer l2_partials_;  // kL2LossPartials floats of scratch for L2Loss
@@ -112,6 +157,9 @@ absl::StatusOr<std::unique_ptr<Conv2D>> MakeCudaConv2D(CudaDevice* dev, const Co
 absl::StatusOr<std::unique_ptr<MaxPool>> MakeCudaMaxPool(CudaDevice* dev, const PoolParams& p);
 absl::StatusOr<std::unique_ptr<Lrn>> MakeCudaLrn(CudaDevice* dev, const LrnParams& p);
 absl::StatusOr<std::unique_ptr<Dense>> MakeCudaDense(CudaDevice* dev, const DenseParams& p);
+// cuda_optimizer.cc; `step` is a counter of `dev` (checked by the caller).
+absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeCudaOptimizer(CudaDevice* dev, const OptimizerParams& p,
+                                                                   const DeviceCounter* step);
 
 }  // namespace dtrain::kernels::cuda
 

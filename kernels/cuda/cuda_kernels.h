@@ -17,10 +17,16 @@ namespace dtrain::kernels::cuda {
 // ---- elementwise.cu ----
 cudaError_t LaunchRelu(const float* x, float* y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchReluBackward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream);
-// mask[i] = DropoutUniform(DropoutKey(seed, counter), i) < keep_prob ? 1.0f / keep_prob : 0; y = x * mask, with
-// the RNG of kernels/cpu/dropout_rng.h (shared with the CPU backend). 0 < keep_prob <= 1.
+// mask[i] = DropoutUniform(DropoutKey(seed, counter), i) < keep_prob ? 1.0f / keep_prob : 0; y = x * mask,
+// with the RNG of kernels/dropout_rng.h (shared with the CPU backend). 0 < keep_prob <= 1.
 cudaError_t LaunchDropout(const float* x, float* y, float* mask, int64_t n, float keep_prob, uint64_t seed,
                           uint64_t counter, cudaStream_t stream);
+// LaunchDropout with counter = DropoutCounterFrom(*device_counter, counter_stride, counter_offset), the
+// counter read by the kernel (each block computes the key), so a replayed graph sees the counter's current
+// value.
+cudaError_t LaunchDropoutDeviceCounter(const float* x, float* y, float* mask, int64_t n, float keep_prob,
+                                       uint64_t seed, const int64_t* device_counter, uint64_t counter_stride,
+                                       uint64_t counter_offset, cudaStream_t stream);
 // out[i] = a[i] * b[i] (DropoutBackward).
 cudaError_t LaunchMultiply(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
 // y[r, c] += bias[c] for a row-major [rows, channels] tensor.
@@ -30,14 +36,48 @@ cudaError_t LaunchScale(float a, const float* x, float* y, int64_t n, cudaStream
 cudaError_t LaunchFill(float value, float* x, int64_t n, cudaStream_t stream);
 
 // ---- loss.cu ----
-// One block computes the whole batch (rows are small in this project: batch <= a few hundred, classes <= a few
-// thousand). labels hold class indices as floats; an out-of-range label makes that row's loss NaN.
+// Errors found in device data by a kernel, written to host-mapped pinned memory (so the host reads them after
+// a synchronization without a copy). Only the first error is kept: a kernel writes only while code == kNone.
+// The host clears `code` after reporting.
+struct DeviceErrorInfo {
+  enum Code : int32_t { kNone = 0, kBadLabel = 1 };
+  int32_t code;
+  int32_t row;      // kBadLabel: first bad row
+  float label;      // kBadLabel: its label
+  int32_t classes;  // kBadLabel: the class count
+};
+// One block computes the whole batch (rows are small in this project: batch <= a few hundred, classes <= a
+// few thousand). labels hold class indices as floats; an out-of-range label makes the loss and that row's
+// dlogits NaN and records kBadLabel (first bad row) in *error (the device view of a DeviceErrorInfo in mapped
+// memory).
 cudaError_t LaunchSoftmaxCrossEntropy(const float* logits, const float* labels, int batch, int classes,
-                                      float* dlogits, float* loss, cudaStream_t stream);
+                                      float* dlogits, float* loss, DeviceErrorInfo* error,
+                                      cudaStream_t stream);
 // Number of partial sums L2Loss needs as scratch.
 constexpr int kL2LossPartials = 256;
 // *out = sum(x^2) / 2, in two deterministic passes through `partials` (kL2LossPartials floats).
 cudaError_t LaunchL2Loss(const float* x, int64_t n, float* partials, float* out, cudaStream_t stream);
+
+// ---- optimizer.cu ----
+// The per-step constants of an optimizer (kernels/optimizer_ops.h), computed once on the host.
+struct OptimizerKernelParams {
+  int kind;  // 0 sgd, 1 momentum, 2 adam (OptimizerParams::Kind's order)
+  float learning_rate, decay_rate;
+  int64_t decay_steps;
+  int staircase;
+  float momentum;
+  float beta1, one_minus_b1, beta2, one_minus_b2, epsilon;
+  float moving_average_decay;
+};
+// One update of n elements at step *step (read by every block when the kernel runs; kernels/optimizer_math.h
+// computes the scalars and the per-element arithmetic), with the moving average (num_updates = *step + 1)
+// fused when shadow != nullptr. slot0/slot1 as the kind needs. Compile-time specialized per kind.
+cudaError_t LaunchOptimizerApply(const OptimizerKernelParams& p, const int64_t* step, float grad_scale,
+                                 const float* grad, float* var, float* slot0, float* slot1, float* shadow,
+                                 int64_t n, cudaStream_t stream);
+// *counter = value / *counter += 1, as one-thread kernels (ordered with the stream's work, capturable).
+cudaError_t LaunchCounterSet(int64_t* counter, int64_t value, cudaStream_t stream);
+cudaError_t LaunchCounterIncrement(int64_t* counter, cudaStream_t stream);
 
 // ---- layout.cu ----
 // out[c, r] = in[r, c] for a row-major [rows, cols] matrix (HWIO <-> OHWI filters are such a transpose).

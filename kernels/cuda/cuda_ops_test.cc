@@ -1,126 +1,20 @@
 // The CUDA backend against the CPU backend (the oracle): every op runs on both devices with the same random
-// inputs and the results are compared. GPU tests skip without a usable CUDA device; the no-GPU error path runs
-// everywhere.
+// inputs and the results are compared. Every test skips without a usable CUDA device (the binary then exits
+// 77).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_test_util.h"
 #include "kernels/device.h"
 
 namespace dtrain::kernels::cuda {
 namespace {
-
-// ---- runs everywhere ----
-
-TEST(CreateCudaDeviceTest, UnusableGpuIsFailedPrecondition) {
-  // Without a GPU (or driver) gpu:0 is unusable; with one, the index past the last device is.
-  const int count = UsableDeviceCount();
-  EXPECT_GE(count, 0);
-  const DeviceSpec spec = DeviceSpec::Gpu(count);
-  auto dev = CreateCudaDevice(spec);
-  ASSERT_FALSE(dev.ok());
-  EXPECT_EQ(dev.status().code(), absl::StatusCode::kFailedPrecondition) << dev.status();
-  EXPECT_EQ(dev.status().message().rfind("no CUDA device available", 0), 0u) << dev.status();
-  EXPECT_NE(dev.status().message().find(spec.ToString()), std::string::npos) << dev.status();
-
-  // The dispatcher gives the same answer.
-  auto via_dispatch = CreateDevice(spec);
-  ASSERT_FALSE(via_dispatch.ok());
-  EXPECT_EQ(via_dispatch.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(CudaDeviceCount(), count);
-}
-
-TEST(CreateCudaDeviceTest, CpuSpecIsInvalidArgument) {
-  auto dev = CreateCudaDevice(DeviceSpec::Cpu(1));
-  ASSERT_FALSE(dev.ok());
-  EXPECT_EQ(dev.status().code(), absl::StatusCode::kInvalidArgument) << dev.status();
-}
-
-// ---- CPU vs CUDA ----
-
-std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-// Counts elements with |got - want| > abs_tol + rel * |want| and describes the first few.
-::testing::AssertionResult Near(const std::vector<float>& got, const std::vector<float>& want, float rel,
-                                float abs_tol) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
-  int64_t bad = 0;
-  std::ostringstream first;
-  float max_err = 0.0f;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const float err = std::fabs(got[i] - want[i]);
-    max_err = std::max(max_err, err);
-    if (!(err <= abs_tol + rel * std::fabs(want[i]))) {
-      if (bad < 5) first << " [" << i << "] cuda=" << got[i] << " cpu=" << want[i] << ";";
-      ++bad;
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << got.size() << " differ (max abs err " << max_err
-                                       << "):" << first.str();
-}
-
-constexpr float kRel = 1e-3f, kAbs = 1e-4f;
-
-class CudaVsCpuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (UsableDeviceCount() == 0) GTEST_SKIP() << "no usable CUDA device";
-    auto cpu = CreateCpuDevice(DeviceSpec::Cpu(2));
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    cpu_ = std::move(*cpu);
-    auto gpu = CreateCudaDevice(DeviceSpec::Gpu(0));
-    ASSERT_TRUE(gpu.ok()) << gpu.status();
-    gpu_ = std::move(*gpu);
-    EXPECT_EQ(gpu_->name(), "gpu:0");
-  }
-
-  // The same host data on both devices.
-  struct Both {
-    float* cpu;
-    float* gpu;
-    int64_t n;
-  };
-  Both Upload(const std::vector<float>& v) {
-    Both b = Zeros(static_cast<int64_t>(v.size()));
-    EXPECT_TRUE(cpu_->CopyToDevice(v.data(), b.cpu, b.n).ok());
-    EXPECT_TRUE(gpu_->CopyToDevice(v.data(), b.gpu, b.n).ok());
-    return b;
-  }
-  Both Zeros(int64_t n) {
-    auto c = cpu_->Alloc(n);
-    auto g = gpu_->Alloc(n);
-    EXPECT_TRUE(c.ok() && g.ok());
-    EXPECT_TRUE(cpu_->Fill(0.0f, *c, n).ok());
-    EXPECT_TRUE(gpu_->Fill(0.0f, *g, n).ok());
-    return {*c, *g, n};
-  }
-  std::vector<float> Cpu(const Both& b) { return Get(cpu_.get(), b.cpu, b.n); }
-  std::vector<float> Gpu(const Both& b) { return Get(gpu_.get(), b.gpu, b.n); }
-  static std::vector<float> Get(Device* d, const float* p, int64_t n) {
-    std::vector<float> v(n);
-    EXPECT_TRUE(d->CopyToHost(p, v.data(), n).ok());
-    return v;
-  }
-  ::testing::AssertionResult Same(const Both& b, float rel = kRel, float abs_tol = kAbs) {
-    return Near(Gpu(b), Cpu(b), rel, abs_tol);
-  }
-
-  std::unique_ptr<Device> cpu_, gpu_;
-};
 
 struct ConvCase {
   int batch, in_h, in_w, in_c, out_c, k_h, k_w, stride_h, stride_w;
@@ -286,6 +180,81 @@ TEST_F(CudaVsCpuTest, DropoutMasksAreBitIdenticalToCpu) {
   }
   EXPECT_FALSE(gpu_->Dropout(x.gpu, x.gpu, dy.gpu, n, 0.0f, 1, 1).ok());
   EXPECT_FALSE(gpu_->Dropout(x.gpu, x.gpu, dy.gpu, n, 1.5f, 1, 1).ok());
+}
+
+// The counter read from device memory gives the mask Dropout gives for that counter, bit for bit on both
+// backends; advancing the counter on the device (no host involvement) gives a different mask.
+TEST_F(CudaVsCpuTest, DropoutDeviceCounterMatchesCpuAndAdvances) {
+  const int64_t n = 70001;
+  Both x = Upload(Random(n, 31));
+  auto cpu_counter = cpu_->MakeCounter(5);
+  auto gpu_counter = gpu_->MakeCounter(5);
+  ASSERT_TRUE(cpu_counter.ok() && gpu_counter.ok());
+  const uint64_t seed = 77, stride = 64, offset = 3;
+  std::vector<float> previous;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    const uint64_t counter = (5 + round) * stride + offset;
+    Both y = Zeros(n), mask = Zeros(n), y_ref = Zeros(n), mask_ref = Zeros(n);
+    ASSERT_TRUE(
+        cpu_->DropoutDeviceCounter(x.cpu, y.cpu, mask.cpu, n, 0.6f, seed, **cpu_counter, stride, offset)
+            .ok());
+    ASSERT_TRUE(
+        gpu_->DropoutDeviceCounter(x.gpu, y.gpu, mask.gpu, n, 0.6f, seed, **gpu_counter, stride, offset)
+            .ok());
+    ASSERT_TRUE(gpu_->Dropout(x.gpu, y_ref.gpu, mask_ref.gpu, n, 0.6f, seed, counter).ok());
+    const std::vector<float> gm = Gpu(mask), cm = Cpu(mask), gm_ref = Gpu(mask_ref);
+    EXPECT_EQ(std::memcmp(gm.data(), cm.data(), n * sizeof(float)), 0) << "GPU and CPU masks differ";
+    EXPECT_EQ(std::memcmp(gm.data(), gm_ref.data(), n * sizeof(float)), 0) << "differs from Dropout(counter)";
+    EXPECT_EQ(Gpu(y), Cpu(y));
+    if (!previous.empty()) {
+      EXPECT_NE(gm, previous) << "the next counter value drew the same mask";
+    }
+    previous = gm;
+    ASSERT_TRUE((*cpu_counter)->Increment().ok());
+    ASSERT_TRUE((*gpu_counter)->Increment().ok());
+  }
+  auto value = (*gpu_counter)->Read();
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, 8);
+  // A counter of another device is refused.
+  EXPECT_EQ(gpu_->DropoutDeviceCounter(x.gpu, x.gpu, x.gpu, n, 0.5f, seed, **cpu_counter, 1, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// An out-of-range label is the same InvalidArgument on both backends: from the op on the CPU, from the next
+// synchronizing call on the GPU (device.h's contract); it is reported once, and the device stays usable.
+TEST_F(CudaVsCpuTest, SoftmaxCrossEntropyBadLabelIsInvalidArgumentOnBoth) {
+  const int batch = 6, classes = 10;
+  const std::vector<float> labels = {1, 2, 3, 12, 4, -1};  // rows 3 and 5 are bad; row 3 is reported
+  Both logits = Upload(Random(batch * classes, 32)), lab = Upload(labels);
+  Both dlogits = Zeros(batch * classes), loss = Zeros(1);
+  const absl::Status cpu_status =
+      cpu_->SoftmaxCrossEntropy(logits.cpu, lab.cpu, batch, classes, dlogits.cpu, loss.cpu);
+  ASSERT_EQ(cpu_status.code(), absl::StatusCode::kInvalidArgument) << cpu_status;
+  ASSERT_TRUE(gpu_->SoftmaxCrossEntropy(logits.gpu, lab.gpu, batch, classes, dlogits.gpu, loss.gpu).ok())
+      << "the GPU op cannot know yet";
+  float host_loss = 0;
+  const absl::Status gpu_status = gpu_->CopyToHost(loss.gpu, &host_loss, 1);
+  EXPECT_EQ(gpu_status.code(), absl::StatusCode::kInvalidArgument) << gpu_status;
+  EXPECT_EQ(gpu_status.message(), cpu_status.message());
+  EXPECT_EQ(cpu_status.message(), "SoftmaxCrossEntropy: label 12 of row 3 is not a class index in [0, 10)");
+  EXPECT_TRUE(std::isnan(host_loss));
+  EXPECT_TRUE(gpu_->Synchronize().ok()) << "reported once";
+  // The next (valid) batch is fine.
+  const std::vector<float> good = {1, 2, 3, 4, 5, 6};
+  Both lab2 = Upload(good);
+  ASSERT_TRUE(gpu_->SoftmaxCrossEntropy(logits.gpu, lab2.gpu, batch, classes, dlogits.gpu, loss.gpu).ok());
+  EXPECT_TRUE(gpu_->CopyToHost(loss.gpu, &host_loss, 1).ok());
+  EXPECT_TRUE(std::isfinite(host_loss));
+  // Also reported through Synchronize (and a fractional label).
+  const std::vector<float> fractional = {1, 2.5f, 3, 4, 5, 6};
+  Both lab3 = Upload(fractional);
+  ASSERT_TRUE(gpu_->SoftmaxCrossEntropy(logits.gpu, lab3.gpu, batch, classes, dlogits.gpu, loss.gpu).ok());
+  const absl::Status sync_status = gpu_->Synchronize();
+  EXPECT_EQ(sync_status.code(), absl::StatusCode::kInvalidArgument) << sync_status;
+  EXPECT_EQ(sync_status.message(),
+            cpu_->SoftmaxCrossEntropy(logits.cpu, lab3.cpu, batch, classes, dlogits.cpu, loss.cpu).message());
 }
 
 TEST_F(CudaVsCpuTest, SoftmaxCrossEntropyMatchesCpu) {

@@ -1,7 +1,7 @@
 // Elementwise kernels: ReLU, dropout, bias add, axpy, scale, fill. Kernels first, launchers below.
-#include "kernels/cpu/dropout_rng.h"  // the RNG shared with the CPU backend (host+device under nvcc)
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch_config.cuh"
+#include "kernels/dropout_rng.h"  // the RNG shared with the CPU backend (host+device under nvcc)
 
 namespace dtrain::kernels::cuda {
 namespace {
@@ -20,6 +20,20 @@ __global__ void ReluBackwardKernel(const float* y, const float* dy, float* dx, i
 // Same expression as kernels/cpu's DropoutLoop, so masks match bit for bit.
 __global__ void DropoutKernel(const float* x, float* y, float* mask, int64_t n, float keep_prob, float inv_keep,
                               uint64_t key) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) {
+    const float m = DropoutUniform(key, static_cast<uint64_t>(i)) < keep_prob ? inv_keep : 0.0f;
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+}
+
+// The counter is read when the kernel runs; thread 0 of each block derives the key once.
+__global__ void DropoutDeviceCounterKernel(const float* x, float* y, float* mask, int64_t n, float keep_prob,
+                                           float inv_keep, uint64_t seed, const int64_t* counter,
+                                           uint64_t stride, uint64_t offset) {
+  __shared__ uint64_t key;
+  if (threadIdx.x == 0) key = DropoutKey(seed, DropoutCounterFrom(*counter, stride, offset));
+  __syncthreads();
   DTRAIN_GRID_STRIDE_LOOP(i, n) {
     const float m = DropoutUniform(key, static_cast<uint64_t>(i)) < keep_prob ? inv_keep : 0.0f;
     mask[i] = m;
@@ -68,6 +82,15 @@ cudaError_t LaunchDropout(const float* x, float* y, float* mask, int64_t n, floa
   if (n <= 0) return cudaSuccess;
   DropoutKernel<<<BlocksFor(n), kThreads, 0, stream>>>(x, y, mask, n, keep_prob, 1.0f / keep_prob,
                                                         DropoutKey(seed, counter));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDropoutDeviceCounter(const float* x, float* y, float* mask, int64_t n, float keep_prob,
+                                       uint64_t seed, const int64_t* device_counter, uint64_t counter_stride,
+                                       uint64_t counter_offset, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  DropoutDeviceCounterKernel<<<BlocksFor(n), kThreads, 0, stream>>>(
+      x, y, mask, n, keep_prob, 1.0f / keep_prob, seed, device_counter, counter_stride, counter_offset);
   return cudaGetLastError();
 }
 

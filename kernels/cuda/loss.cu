@@ -24,8 +24,11 @@ __device__ float WarpSum(float v) {
 // ---- kernels ----
 
 __global__ void SoftmaxCrossEntropyKernel(const float* logits, const float* labels, int batch, int classes,
-                                          float* dlogits, float* loss) {
+                                          float* dlogits, float* loss, DeviceErrorInfo* error) {
   __shared__ float warp_loss[kXentThreads / kWarp];
+  __shared__ int first_bad_row;  // batch when every label is valid
+  if (threadIdx.x == 0) first_bad_row = batch;
+  __syncthreads();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
   const float inv_batch = 1.0f / static_cast<float>(batch);
   float loss_sum = 0.0f;  // meaningful in lane 0
@@ -47,6 +50,7 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits, const float* labe
       drow[c] = valid ? (p - (c == label ? 1.0f : 0.0f)) * inv_batch : NAN;
     }
     if (lane == 0) loss_sum += valid ? (m + logf(s) - row[label]) : NAN;
+    if (lane == 0 && !valid) atomicMin(&first_bad_row, r);
   }
   if (lane == 0) warp_loss[warp] = loss_sum;
   __syncthreads();
@@ -54,6 +58,15 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits, const float* labe
     float total = 0.0f;
     for (int w = 0; w < warps; ++w) total += warp_loss[w];
     *loss = total * inv_batch;
+    // Report the first bad row in host-mapped memory (one thread, plain stores; only when nothing is
+    // pending).
+    if (first_bad_row < batch && error != nullptr && error->code == DeviceErrorInfo::kNone) {
+      error->row = first_bad_row;
+      error->label = labels[first_bad_row];
+      error->classes = classes;
+      __threadfence_system();
+      error->code = DeviceErrorInfo::kBadLabel;
+    }
   }
 }
 
@@ -90,8 +103,10 @@ static_assert(kThreads == 256 && kL2LossPartials == 256, "reductions assume powe
 // ---- launchers ----
 
 cudaError_t LaunchSoftmaxCrossEntropy(const float* logits, const float* labels, int batch, int classes,
-                                      float* dlogits, float* loss, cudaStream_t stream) {
-  SoftmaxCrossEntropyKernel<<<1, kXentThreads, 0, stream>>>(logits, labels, batch, classes, dlogits, loss);
+                                      float* dlogits, float* loss, DeviceErrorInfo* error,
+                                      cudaStream_t stream) {
+  SoftmaxCrossEntropyKernel<<<1, kXentThreads, 0, stream>>>(logits, labels, batch, classes, dlogits, loss,
+                                                            error);
   return cudaGetLastError();
 }
 

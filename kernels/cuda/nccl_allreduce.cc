@@ -8,6 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_device_internal.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace dtrain::kernels::cuda {
@@ -24,34 +25,40 @@ absl::Status NcclStatus(ncclResult_t r, absl::string_view op) {
 // The towers on one GPU; towers[0] is the leader that takes part in NCCL.
 struct GpuGroup {
   int gpu = 0;
-  std::vector<int> towers;   // indices into devices_
-  cudaEvent_t done = nullptr;  // recorded on the leader's stream once the mean is everywhere on this GPU
-  ncclComm_t comm = nullptr;   // only with several GPUs
+  std::vector<int> towers;      // indices into devices_
+  cudaStream_t comm = nullptr;  // the averager's stream on this GPU
+  cudaEvent_t done = nullptr;   // recorded on `comm` by Join
+  ncclComm_t nccl = nullptr;    // only with several GPUs
 };
 
-class GroupedAllReducer final : public GradientAllReducer {
+class NcclGradientAverager final : public GradientAverager {
  public:
-  GroupedAllReducer(std::vector<CudaDevice*> devices, int64_t n) : devices_(std::move(devices)), n_(n) {}
-  ~GroupedAllReducer() override;
+  NcclGradientAverager(std::vector<CudaDevice*> devices, int64_t n, AverageTarget target)
+      : devices_(std::move(devices)), n_(n), target_(target) {}
+  ~NcclGradientAverager() override;
 
   absl::Status Init();
-  absl::Status AverageInPlace(const std::vector<float*>& buffers) override;
+  absl::Status AverageRange(const std::vector<float*>& buffers, int64_t offset, int64_t count) override;
+  absl::Status Join() override;
   int64_t size() const override { return n_; }
   int num_towers() const override { return static_cast<int>(devices_.size()); }
-  int num_gpus() const override { return static_cast<int>(groups_.size()); }
 
  private:
   std::vector<CudaDevice*> devices_;
   int64_t n_;
+  AverageTarget target_;
   std::vector<GpuGroup> groups_;
-  std::vector<cudaEvent_t> ready_;  // per tower: its gradient is complete (recorded on its own stream)
+  std::vector<cudaEvent_t> ready_;  // per tower: recorded on its compute stream by AverageRange
+  bool pending_ = false;            // averages enqueued since the last Join
 };
 
-GroupedAllReducer::~GroupedAllReducer() {
+NcclGradientAverager::~NcclGradientAverager() {
   for (GpuGroup& g : groups_) {
     cudaSetDevice(g.gpu);
-    if (g.comm != nullptr) ncclCommDestroy(g.comm);
+    if (g.comm != nullptr) cudaStreamSynchronize(g.comm);
+    if (g.nccl != nullptr) ncclCommDestroy(g.nccl);
     if (g.done != nullptr) cudaEventDestroy(g.done);
+    if (g.comm != nullptr) cudaStreamDestroy(g.comm);
   }
   for (size_t i = 0; i < ready_.size(); ++i) {
     if (ready_[i] == nullptr) continue;
@@ -60,24 +67,27 @@ GroupedAllReducer::~GroupedAllReducer() {
   }
 }
 
-absl::Status GroupedAllReducer::Init() {
+absl::Status NcclGradientAverager::Init() {
   std::map<int, size_t> group_of_gpu;
   for (size_t i = 0; i < devices_.size(); ++i) {
     const int gpu = devices_[i]->gpu();
     auto [it, inserted] = group_of_gpu.emplace(gpu, groups_.size());
-    if (inserted) groups_.push_back(GpuGroup{gpu, {}, nullptr, nullptr});
+    if (inserted) groups_.push_back(GpuGroup{gpu, {}, nullptr, nullptr, nullptr});
     groups_[it->second].towers.push_back(static_cast<int>(i));
   }
   ready_.assign(devices_.size(), nullptr);
   for (size_t i = 0; i < devices_.size(); ++i) {
-    RETURN_IF_ERROR(devices_[i]->Activate("CreateGradientAllReducer"));
+    RETURN_IF_ERROR(devices_[i]->NotCapturing("CreateGradientAverager"));
+    RETURN_IF_ERROR(devices_[i]->Activate("CreateGradientAverager"));
     RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&ready_[i], cudaEventDisableTiming),
-                               "CreateGradientAllReducer: cudaEventCreate"));
+                               "CreateGradientAverager: cudaEventCreate"));
   }
   for (GpuGroup& g : groups_) {
-    RETURN_IF_ERROR(devices_[g.towers[0]]->Activate("CreateGradientAllReducer"));
+    RETURN_IF_ERROR(devices_[g.towers[0]]->Activate("CreateGradientAverager"));
+    RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&g.comm, cudaStreamNonBlocking),
+                               "CreateGradientAverager: cudaStreamCreate"));
     RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&g.done, cudaEventDisableTiming),
-                               "CreateGradientAllReducer: cudaEventCreate"));
+                               "CreateGradientAverager: cudaEventCreate"));
   }
   if (groups_.size() > 1) {
     std::vector<int> gpus;
@@ -85,91 +95,102 @@ absl::Status GroupedAllReducer::Init() {
     std::vector<ncclComm_t> comms(gpus.size(), nullptr);
     RETURN_IF_ERROR(NcclStatus(ncclCommInitAll(comms.data(), static_cast<int>(gpus.size()), gpus.data()),
                                absl::StrCat("ncclCommInitAll over ", gpus.size(), " GPUs")));
-    for (size_t k = 0; k < groups_.size(); ++k) groups_[k].comm = comms[k];
+    for (size_t k = 0; k < groups_.size(); ++k) groups_[k].nccl = comms[k];
   }
   return absl::OkStatus();
 }
 
-absl::Status GroupedAllReducer::AverageInPlace(const std::vector<float*>& buffers) {
-  if (buffers.size() != devices_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("AverageInPlace: ", buffers.size(), " buffers for ",
-                                                   devices_.size(), " towers"));
-  }
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    if (buffers[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("AverageInPlace: buffer ", i, " is null"));
-  }
-  if (devices_.size() == 1) return absl::OkStatus();
+absl::Status NcclGradientAverager::AverageRange(const std::vector<float*>& buffers, int64_t offset,
+                                                int64_t count) {
+  RETURN_IF_ERROR(CheckArguments(buffers, offset, count));
+  if (devices_.size() == 1 || count == 0) return absl::OkStatus();
+  pending_ = true;
 
-  // 1. Per GPU: wait for the other towers' gradients, then sum them into the leader's buffer.
+  // 1. Per GPU: the communication stream waits for every tower's work enqueued so far, then sums the other
+  // towers'
+  //    ranges into the leader's.
   for (const GpuGroup& g : groups_) {
-    CudaDevice* leader = devices_[g.towers[0]];
-    for (size_t k = 1; k < g.towers.size(); ++k) {
-      const int t = g.towers[k];
-      RETURN_IF_ERROR(devices_[t]->Activate("AverageInPlace"));
-      RETURN_IF_ERROR(CudaStatus(cudaEventRecord(ready_[t], devices_[t]->stream()), "AverageInPlace: event record"));
-      RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(leader->stream(), ready_[t], 0), "AverageInPlace: event wait"));
+    for (int t : g.towers) {
+      RETURN_IF_ERROR(devices_[t]->Activate("AverageRange"));
+      RETURN_IF_ERROR(
+          CudaStatus(cudaEventRecord(ready_[t], devices_[t]->stream()), "AverageRange: event record"));
+      RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(g.comm, ready_[t], 0), "AverageRange: event wait"));
     }
+    float* sum = buffers[g.towers[0]] + offset;
     for (size_t k = 1; k < g.towers.size(); ++k) {
-      RETURN_IF_ERROR(leader->Axpy(1.0f, buffers[g.towers[k]], buffers[g.towers[0]], n_));
+      RETURN_IF_ERROR(CudaStatus(LaunchAxpy(1.0f, buffers[g.towers[k]] + offset, sum, count, g.comm),
+                                 "AverageRange: sum of the towers on one GPU (Axpy)"));
     }
   }
-  // 2. Across GPUs: NCCL sum of the leaders' buffers, each on its leader's stream.
+  // 2. Across GPUs: NCCL sum of the leaders' ranges, each on its group's communication stream.
   if (groups_.size() > 1) {
-    RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "AverageInPlace: ncclGroupStart"));
+    RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "AverageRange: ncclGroupStart"));
     for (const GpuGroup& g : groups_) {
-      const int t = g.towers[0];
-      const ncclResult_t r = ncclAllReduce(buffers[t], buffers[t], static_cast<size_t>(n_), ncclFloat, ncclSum,
-                                           g.comm, devices_[t]->stream());
+      float* sum = buffers[g.towers[0]] + offset;
+      const ncclResult_t r =
+          ncclAllReduce(sum, sum, static_cast<size_t>(count), ncclFloat, ncclSum, g.nccl, g.comm);
       if (r != ncclSuccess) {
         ncclGroupEnd();
-        return NcclStatus(r, "AverageInPlace: ncclAllReduce");
+        return NcclStatus(r, "AverageRange: ncclAllReduce");
       }
     }
-    RETURN_IF_ERROR(NcclStatus(ncclGroupEnd(), "AverageInPlace: ncclGroupEnd"));
+    RETURN_IF_ERROR(NcclStatus(ncclGroupEnd(), "AverageRange: ncclGroupEnd"));
   }
-  // 3. Per GPU: scale to the mean, copy it to the other towers, and order their streams after the copies.
+  // 3. Per GPU: scale to the mean and copy it to the other towers (only tower 0's group with kFirstTower;
+  // tower 0
+  //    leads the first group).
   const float inv = 1.0f / static_cast<float>(devices_.size());
-  for (const GpuGroup& g : groups_) {
-    CudaDevice* leader = devices_[g.towers[0]];
-    float* mean = buffers[g.towers[0]];
-    RETURN_IF_ERROR(leader->Scale(inv, mean, mean, n_));
-    if (g.towers.size() == 1) continue;
-    for (size_t k = 1; k < g.towers.size(); ++k) RETURN_IF_ERROR(leader->CopyOnDevice(mean, buffers[g.towers[k]], n_));
-    RETURN_IF_ERROR(leader->Activate("AverageInPlace"));
-    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(g.done, leader->stream()), "AverageInPlace: event record"));
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const GpuGroup& g = groups_[gi];
+    if (target_ == AverageTarget::kFirstTower && gi > 0) continue;
+    RETURN_IF_ERROR(devices_[g.towers[0]]->Activate("AverageRange"));
+    float* mean = buffers[g.towers[0]] + offset;
+    RETURN_IF_ERROR(
+        CudaStatus(LaunchScale(inv, mean, mean, count, g.comm), "AverageRange: scale to the mean"));
+    if (target_ == AverageTarget::kFirstTower) continue;
     for (size_t k = 1; k < g.towers.size(); ++k) {
-      RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(devices_[g.towers[k]]->stream(), g.done, 0),
-                                 "AverageInPlace: event wait"));
+      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(buffers[g.towers[k]] + offset, mean, count * sizeof(float),
+                                                 cudaMemcpyDeviceToDevice, g.comm),
+                                 "AverageRange: copy of the mean to a tower"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status NcclGradientAverager::Join() {
+  if (!pending_) return absl::OkStatus();
+  // Every tower waits, also with kFirstTower: the communication stream read the other towers' buffers, which
+  // their next backward must not overwrite before.
+  for (const GpuGroup& g : groups_) {
+    RETURN_IF_ERROR(devices_[g.towers[0]]->Activate("GradientAverager::Join"));
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(g.done, g.comm), "GradientAverager::Join: event record"));
+    for (int t : g.towers) {
+      RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(devices_[t]->stream(), g.done, 0),
+                                 "GradientAverager::Join: event wait"));
+    }
+  }
+  pending_ = false;
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GradientAllReducer>> CreateGradientAllReducer(std::vector<Device*> devices,
-                                                                             int64_t n) {
-  if (devices.empty()) return absl::InvalidArgumentError("CreateGradientAllReducer: no devices");
-  if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("CreateGradientAllReducer: n must be positive, got ", n));
+absl::StatusOr<std::unique_ptr<GradientAverager>> CreateNcclGradientAverager(std::vector<Device*> devices,
+                                                                             int64_t n,
+                                                                             AverageTarget target) {
   std::vector<CudaDevice*> cuda_devices;
   for (size_t i = 0; i < devices.size(); ++i) {
     auto* d = dynamic_cast<CudaDevice*>(devices[i]);
     if (d == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("CreateGradientAllReducer: device ", i, " (",
+      return absl::InvalidArgumentError(absl::StrCat("CreateGradientAverager: device ", i, " (",
                                                      devices[i] == nullptr ? "null" : devices[i]->name(),
                                                      ") is not a CUDA device"));
     }
-    for (CudaDevice* seen : cuda_devices) {
-      if (seen == d) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("CreateGradientAllReducer: device ", d->name(), " is listed twice"));
-      }
-    }
     cuda_devices.push_back(d);
   }
-  auto reducer = std::make_unique<GroupedAllReducer>(std::move(cuda_devices), n);
-  RETURN_IF_ERROR(reducer->Init());
-  return std::unique_ptr<GradientAllReducer>(std::move(reducer));
+  auto averager = std::make_unique<NcclGradientAverager>(std::move(cuda_devices), n, target);
+  RETURN_IF_ERROR(averager->Init());
+  return std::unique_ptr<GradientAverager>(std::move(averager));
 }
 
 }  // namespace dtrain::kernels::cuda

@@ -31,11 +31,25 @@ std::vector<LayerSpec> Cifar10Layers(const ModelOptions& o) {
   };
 }
 
+ModelDefaults Cifar10Defaults() {
+  ModelDefaults d{"sgd", 0.1f, 128};  // TF's tutorial: plain SGD from 0.1 ...
+  // ... on distorted 24x24 crops of the 32x32x3 images (central crops for evaluation) ...
+  d.train_preprocess = data::Preprocess::kCifarTrain;
+  d.eval_preprocess = data::Preprocess::kCifarEval;
+  d.crop_height = d.crop_width = 24;
+  d.data_height = d.data_width = 32;
+  d.data_channels = 3;
+  // ... decayed by 0.1 every 350 epochs, staircase (NUM_EPOCHS_PER_DECAY, LEARNING_RATE_DECAY_FACTOR).
+  d.decay_epochs = 350;
+  d.decay_rate = 0.1f;
+  d.staircase = true;
+  return d;
+}
+
 }  // namespace
 
 const ModelDef& Cifar10Def() {
-  // TF's tutorial: plain SGD from 0.1, decayed by the parameter server's schedule.
-  static const ModelDef def{"cifar10", &Cifar10Layers, {"sgd", 0.1f, 128}};
+  static const ModelDef def{"cifar10", &Cifar10Layers, Cifar10Defaults()};
   return def;
 }
 

@@ -306,6 +306,18 @@ std::pair<int64_t, int64_t> Network::variable_range(int i) const {
 }
 
 absl::Status Network::Forward(bool training, uint64_t seed, int64_t step, const LayerHook* before_layer) {
+  return ForwardImpl(training, seed, step, nullptr, 0, 0, before_layer);
+}
+
+absl::Status Network::ForwardDeviceCounter(bool training, uint64_t seed, const kernels::DeviceCounter& step,
+                                           uint64_t counter_stride, uint64_t counter_offset,
+                                           const LayerHook* before_layer) {
+  return ForwardImpl(training, seed, 0, &step, counter_stride, counter_offset, before_layer);
+}
+
+absl::Status Network::ForwardImpl(bool training, uint64_t seed, int64_t step,
+                                  const kernels::DeviceCounter* device_step, uint64_t counter_stride,
+                                  uint64_t counter_offset, const LayerHook* before_layer) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = layers_[i];
     if (before_layer != nullptr && l.var_end > l.var_begin) RETURN_IF_ERROR((*before_layer)(static_cast<int>(i)));
@@ -328,9 +340,15 @@ absl::Status Network::Forward(bool training, uint64_t seed, int64_t step, const 
       case LayerSpec::Kind::kDropout:
         if (training && l.mask != nullptr) {
           // Each dropout layer gets its own key so two layers never share a mask.
-          RETURN_IF_ERROR(device_->Dropout(l.x, l.y, l.mask, l.in_n, l.spec.keep_prob,
-                                           seed * 0x9E3779B97F4A7C15ULL + l.dropout_index,
-                                           static_cast<uint64_t>(step)));
+          const uint64_t layer_seed = seed * 0x9E3779B97F4A7C15ULL + l.dropout_index;
+          if (device_step != nullptr) {
+            RETURN_IF_ERROR(device_->DropoutDeviceCounter(l.x, l.y, l.mask, l.in_n, l.spec.keep_prob,
+                                                          layer_seed, *device_step, counter_stride,
+                                                          counter_offset));
+          } else {
+            RETURN_IF_ERROR(device_->Dropout(l.x, l.y, l.mask, l.in_n, l.spec.keep_prob, layer_seed,
+                                             static_cast<uint64_t>(step)));
+          }
         } else {
           RETURN_IF_ERROR(device_->CopyOnDevice(l.x, l.y, l.in_n));
         }

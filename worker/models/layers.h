@@ -96,6 +96,13 @@ class Network {
   // Runs every layer on input(). Dropout is applied only when `training` (mask keyed by seed, step).
   // `before_layer` (may be null) runs before each layer that has variables.
   absl::Status Forward(bool training, uint64_t seed, int64_t step, const LayerHook* before_layer = nullptr);
+  // Forward with dropout's counter read from device memory when each dropout layer runs:
+  //   counter = *step * counter_stride + counter_offset   (kernels::Device::DropoutDeviceCounter)
+  // the same masks as Forward(training, seed, that counter). A captured forward replayed after
+  // step.Increment() draws new masks. `step` must be a counter of this network's device.
+  absl::Status ForwardDeviceCounter(bool training, uint64_t seed, const kernels::DeviceCounter& step,
+                                    uint64_t counter_stride, uint64_t counter_offset,
+                                    const LayerHook* before_layer = nullptr);
   // Backpropagates `doutput` (batch * output floats, may be overwritten) through the last training Forward,
   // overwriting every variable's slice of the gradient buffer. Needs with_backward. `grads_ready` (may be
   // null) runs as soon as a layer's variable gradients are written, before its input gradient is computed.
@@ -105,6 +112,11 @@ class Network {
   struct Layer;
   Network(kernels::Device* device, int batch);
   absl::StatusOr<float*> Alloc(int64_t n);
+  // Forward's body: dropout counter `step`, or read from `device_step` (then * stride + offset) when not
+  // null.
+  absl::Status ForwardImpl(bool training, uint64_t seed, int64_t step,
+                           const kernels::DeviceCounter* device_step, uint64_t counter_stride,
+                           uint64_t counter_offset, const LayerHook* before_layer);
 
   kernels::Device* device_;
   int batch_;

@@ -1,6 +1,7 @@
 // Shared helpers of model.h (flat-buffer layout, initialization, signatures) and the model registry.
 #include "worker/models/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -143,6 +144,17 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name, cons
 ModelDefaults DefaultsFor(const std::string& name) {
   absl::StatusOr<const ModelDef*> def = FindModel(name);
   return def.ok() ? (*def)->defaults : ModelDefaults{"sgd", 0.01f, 100};
+}
+
+void SetInputGeometry(const ModelDefaults& d, int height, int width, int channels, ModelOptions* o) {
+  o->height = d.crop_height > 0 ? d.crop_height : height;
+  o->width = d.crop_width > 0 ? d.crop_width : width;
+  o->channels = channels;
+}
+
+int64_t DefaultDecaySteps(const ModelDefaults& d, int64_t examples_per_epoch, int batch_size) {
+  if (d.decay_epochs <= 0 || batch_size <= 0) return 0;
+  return std::max<int64_t>(1, examples_per_epoch / batch_size) * d.decay_epochs;
 }
 
 }  // namespace dtrain::models

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
+#include "worker/data/dataset.h"
 
 namespace dtrain::models {
 
@@ -122,13 +123,37 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name, cons
 // Variables of a model without building it (for the ps placement and the signature).
 absl::StatusOr<std::vector<VariableInfo>> ModelVariables(const std::string& name, const ModelOptions& options);
 
-// Training defaults of the seeds for a model (used when the user does not override them).
+// What a model expects beyond its layers: the seeds' training defaults (used when the user does not override
+// them), its input pipeline and its default learning-rate schedule. Everything model-specific the training
+// loop, the benchmark and the evaluator need comes from here (e.g. cifar10: distorted 24x24 crops of 32x32x3
+// images, lr 0.1 decayed by 0.1 every 350 epochs).
 struct ModelDefaults {
   std::string optimizer;   // "sgd", "momentum", "adam"
   float learning_rate = 0.01f;
   int batch_size = 100;
+
+  // Input pipeline: the preprocessing of training and evaluation images, and the crop the model takes
+  // (0 = the data set's own height/width).
+  data::Preprocess train_preprocess = data::Preprocess::kScale01;
+  data::Preprocess eval_preprocess = data::Preprocess::kScale01;
+  int crop_height = 0, crop_width = 0;
+  // The images the model is made for (synthetic data for benchmarks takes this shape).
+  int data_height = 28, data_width = 28, data_channels = 1;
+
+  // Default learning-rate schedule, used when the user sets no decay: learning_rate * decay_rate every
+  // decay_epochs epochs (floor()ed when staircase), counted in steps of one worker's batch. 0 = constant.
+  int decay_epochs = 0;
+  float decay_rate = 1.0f;
+  bool staircase = false;
 };
+// The defaults of a known model; for an unknown name, {"sgd", 0.01, 100} and the MNIST-like input pipeline.
 ModelDefaults DefaultsFor(const std::string& name);
+
+// Sets o's input geometry for a data set of height x width x channels images: the model's crop if it has one.
+void SetInputGeometry(const ModelDefaults& d, int height, int width, int channels, ModelOptions* o);
+// decay_steps of the default schedule: max(1, examples_per_epoch / batch_size) * decay_epochs (0 when the
+// model has no default decay).
+int64_t DefaultDecaySteps(const ModelDefaults& d, int64_t examples_per_epoch, int batch_size);
 
 }  // namespace dtrain::models
 

@@ -148,5 +148,38 @@ TEST(DefaultsTest, SeedsDefaults) {
   EXPECT_FLOAT_EQ(DefaultsFor("cifar10").learning_rate, 0.1f);
 }
 
+// What used to be special-cased for cifar10 in the training loop now comes from the model's definition.
+TEST(DefaultsTest, InputPipelineAndScheduleComeFromTheModel) {
+  const ModelDefaults cifar = DefaultsFor("cifar10");
+  EXPECT_EQ(cifar.train_preprocess, data::Preprocess::kCifarTrain);
+  EXPECT_EQ(cifar.eval_preprocess, data::Preprocess::kCifarEval);
+  EXPECT_EQ(cifar.crop_height, 24);
+  EXPECT_EQ(cifar.data_channels, 3);
+  ModelOptions o;
+  SetInputGeometry(cifar, 32, 32, 3, &o);
+  EXPECT_EQ(o.height, 24);
+  EXPECT_EQ(o.width, 24);
+  EXPECT_EQ(o.channels, 3);
+  // The tutorial's schedule: x0.1 every 350 epochs, staircase; 50,000 examples at batch 128 = 390
+  // steps/epoch.
+  EXPECT_EQ(DefaultDecaySteps(cifar, 50000, 128), 390 * 350);
+  EXPECT_FLOAT_EQ(cifar.decay_rate, 0.1f);
+  EXPECT_TRUE(cifar.staircase);
+  EXPECT_EQ(DefaultDecaySteps(cifar, 10, 128), 350) << "at least one step per epoch";
+
+  for (const char* name : {"mlp", "cnn", "convnet"}) {
+    SCOPED_TRACE(name);
+    const ModelDefaults d = DefaultsFor(name);
+    EXPECT_EQ(d.train_preprocess, data::Preprocess::kScale01);
+    EXPECT_EQ(d.eval_preprocess, data::Preprocess::kScale01);
+    EXPECT_EQ(DefaultDecaySteps(d, 60000, 50), 0);
+    ModelOptions m;
+    SetInputGeometry(d, 28, 28, 1, &m);
+    EXPECT_EQ(m.height, 28);
+    EXPECT_EQ(m.width, 28);
+    EXPECT_EQ(m.channels, 1);
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::models

@@ -45,10 +45,8 @@ int Batch(const std::string& name) {
 int Bench(const Flags& f, const std::string& name) {
   ModelOptions o;
   o.batch_size = Batch(name);
-  if (name == "cifar10") {
-    o.height = o.width = 24;
-    o.channels = 3;
-  }
+  const ModelDefaults d = DefaultsFor(name);
+  SetInputGeometry(d, d.data_height, d.data_width, d.data_channels, &o);
   auto dev = kernels::CreateDevice(kernels::DeviceSpec::Cpu(f.threads));
   if (!dev.ok()) return Fail(dev.status());
   auto model = CreateModel(name, o, dev->get());

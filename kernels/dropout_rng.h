@@ -13,8 +13,12 @@
 //   mask(i)       = kept(i) ? 1.0f / keep_prob : 0.0f                   (1.0f / keep_prob rounded once, fp32)
 // Using 24 bits makes u exactly representable as a float, so the comparison has no rounding differences
 // between backends.
-#ifndef DTRAIN_KERNELS_CPU_DROPOUT_RNG_H_
-#define DTRAIN_KERNELS_CPU_DROPOUT_RNG_H_
+//
+// Device::DropoutDeviceCounter reads its counter from device memory when it runs:
+//   counter       = uint64(*device_counter) * counter_stride + counter_offset        (wrapping)
+// and then draws exactly the mask above, so it matches Dropout(..., counter) bit for bit.
+#ifndef DTRAIN_KERNELS_DROPOUT_RNG_H_
+#define DTRAIN_KERNELS_DROPOUT_RNG_H_
 
 #include <cstdint>
 
@@ -40,6 +44,11 @@ DTRAIN_HOST_DEVICE inline uint64_t DropoutKey(uint64_t seed, uint64_t counter) {
   return DropoutMix64(seed ^ DropoutMix64(counter + 0x9E3779B97F4A7C15ull));
 }
 
+// The counter of a DropoutDeviceCounter call whose device counter holds `value`.
+DTRAIN_HOST_DEVICE inline uint64_t DropoutCounterFrom(int64_t value, uint64_t stride, uint64_t offset) {
+  return static_cast<uint64_t>(value) * stride + offset;
+}
+
 // Uniform in [0, 1) for element i of the call keyed by `key`; a multiple of 2^-24.
 DTRAIN_HOST_DEVICE inline float DropoutUniform(uint64_t key, uint64_t i) {
   const uint64_t bits = DropoutMix64(key + i * 0x9E3779B97F4A7C15ull) >> 40;
@@ -50,4 +59,4 @@ DTRAIN_HOST_DEVICE inline float DropoutUniform(uint64_t key, uint64_t i) {
 
 #undef DTRAIN_HOST_DEVICE
 
-#endif  // DTRAIN_KERNELS_CPU_DROPOUT_RNG_H_
+#endif  // DTRAIN_KERNELS_DROPOUT_RNG_H_
