@@ -1,6 +1,6 @@
 # The gRPC side of the ps (included from ps/CMakeLists.txt): wire format, service, client, server, binary.
 dtrain_cc_library(NAME dtrain_ps_grpc
-  SRCS wire_format.cc tensor_coding.cc grpc_ps_service.cc grpc_ps_client.cc server.cc
+  SRCS wire_format.cc tensor_coding.cc grpc_security.cc grpc_ps_service.cc grpc_ps_client.cc server.cc
   DEPS dtrain_ps_core dtrain_proto gRPC::grpc++ absl::status absl::statusor absl::strings absl::synchronization
        absl::time glog::glog)
 

@@ -45,9 +45,10 @@ class CancelScope {
 // Finish returns (which waits until gRPC has let go of it).
 class GrpcUpload : public SliceUpload {
  public:
-  GrpcUpload(const std::string& address, const char* what, absl::Duration timeout, Cancellation* cancel)
+  GrpcUpload(const std::string& address, const char* what, const GrpcClientOptions& options, Cancellation* cancel)
       : address_(address), what_(what), cancel_scope_(cancel, [this] { context_.TryCancel(); }) {
-    context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
+    AttachCallToken(options.security, &context_);
   }
   ~GrpcUpload() override {
     if (writer_ && !finished_) {
@@ -168,7 +169,7 @@ class GrpcPsClient final : public PsInterface {
   }
 
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {
-    auto upload = std::make_unique<GrpcUpload>(address_, "Initialize", options_.rpc_timeout, nullptr);
+    auto upload = std::make_unique<GrpcUpload>(address_, "Initialize", options_, nullptr);
     auto response = std::make_shared<pb::InitializeResponse>();
     upload->result_ = [response] { return PushResponse{PushResponse::Outcome::kAccepted, response->global_step()}; };
     coding::MessageBuilder first;
@@ -178,7 +179,7 @@ class GrpcPsClient final : public PsInterface {
   }
 
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override {
-    auto upload = std::make_unique<GrpcUpload>(address_, "Push", options_.rpc_timeout, header.cancel);
+    auto upload = std::make_unique<GrpcUpload>(address_, "Push", options_, header.cancel);
     auto response = std::make_shared<pb::PushResponse>();
     upload->result_ = [response] {
       return PushResponse{wire::FromProto(response->outcome()), response->global_step()};
@@ -195,6 +196,7 @@ class GrpcPsClient final : public PsInterface {
     pb::PullRequest req;
     wire::ToProto(request, &req);
     grpc::ClientContext context;
+    AttachCallToken(options_.security, &context);
     // The server may legitimately wait up to timeout_ms before answering.
     context.set_deadline(
         absl::ToChronoTime(absl::Now() + absl::Milliseconds(request.timeout_ms) + options_.rpc_timeout));
@@ -245,6 +247,7 @@ class GrpcPsClient final : public PsInterface {
     while (true) {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      AttachCallToken(options_.security, &ctx);
       absl::Status s =
           wire::FromGrpc(grpc::internal::BlockingUnaryCall(channel_.get(), method, &ctx, request, response));
       if (s.ok()) return s;
@@ -277,7 +280,8 @@ absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& 
   // Reconnect quickly when a ps comes up late.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentials(options.security, &args);
+  auto channel = grpc::CreateCustomChannel(address, credentials, args);
   return std::unique_ptr<PsInterface>(new GrpcPsClient(address, options, std::move(channel)));
 }
 

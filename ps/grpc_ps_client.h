@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ps/grpc_security.h"
 #include "ps/ps_interface.h"
 
 namespace dtrain::ps {
@@ -28,6 +29,7 @@ struct GrpcClientOptions {
   absl::Duration retry_window = absl::Seconds(30);  // keep retrying Unavailable this long
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
+  SecurityOptions security;  // token and TLS (ps/grpc_security.h)
 };
 
 absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& address,

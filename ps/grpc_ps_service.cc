@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "dtrain.pb.h"
 #include "ps/grpc_methods.h"
+#include "ps/grpc_security.h"
 #include "ps/tensor_coding.h"
 #include "ps/wire_format.h"
 
@@ -93,19 +94,22 @@ class StreamReceiver : public PullReceiver {
 
 class GrpcPsService final : public grpc::Service {
  public:
-  GrpcPsService(PsInterface* ps, Cancellation* shutdown) : ps_(ps), shutdown_(shutdown) {
+  GrpcPsService(PsInterface* ps, Cancellation* shutdown, std::string token)
+      : ps_(ps), shutdown_(shutdown), token_(std::move(token)) {
     AddMethod(new RpcServiceMethod(
         grpc_methods::kRegister, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::RegisterRequest, pb::RegisterResponse>(
-            [](GrpcPsService* s, grpc::ServerContext*, const pb::RegisterRequest* req, pb::RegisterResponse* resp) {
+            [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::RegisterRequest* req, pb::RegisterResponse* resp) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
               return s->Register(*req, resp);
             },
             this)));
     AddMethod(new RpcServiceMethod(
         grpc_methods::kInitialize, RpcMethod::CLIENT_STREAMING,
         new grpc::internal::ClientStreamingHandler<GrpcPsService, grpc::ByteBuffer, pb::InitializeResponse>(
-            [](GrpcPsService* s, grpc::ServerContext*, grpc::ServerReader<grpc::ByteBuffer>* reader,
+            [](GrpcPsService* s, grpc::ServerContext* ctx, grpc::ServerReader<grpc::ByteBuffer>* reader,
                pb::InitializeResponse* resp) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
               absl::StatusOr<PushResponse> r = s->Upload(reader, /*initialize=*/true);
               if (r.ok()) resp->set_global_step(r->global_step);
               return wire::ToGrpc(r.status());
@@ -114,8 +118,9 @@ class GrpcPsService final : public grpc::Service {
     AddMethod(new RpcServiceMethod(
         grpc_methods::kPush, RpcMethod::CLIENT_STREAMING,
         new grpc::internal::ClientStreamingHandler<GrpcPsService, grpc::ByteBuffer, pb::PushResponse>(
-            [](GrpcPsService* s, grpc::ServerContext*, grpc::ServerReader<grpc::ByteBuffer>* reader,
+            [](GrpcPsService* s, grpc::ServerContext* ctx, grpc::ServerReader<grpc::ByteBuffer>* reader,
                pb::PushResponse* resp) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
               absl::StatusOr<PushResponse> r = s->Upload(reader, /*initialize=*/false);
               if (r.ok()) {
                 resp->set_outcome(wire::ToProto(r->outcome));
@@ -127,20 +132,25 @@ class GrpcPsService final : public grpc::Service {
     AddMethod(new RpcServiceMethod(
         grpc_methods::kPull, RpcMethod::SERVER_STREAMING,
         new grpc::internal::ServerStreamingHandler<GrpcPsService, pb::PullRequest, grpc::ByteBuffer>(
-            [](GrpcPsService* s, grpc::ServerContext*, const pb::PullRequest* req,
-               grpc::ServerWriter<grpc::ByteBuffer>* writer) { return s->Pull(*req, writer); },
+            [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::PullRequest* req,
+               grpc::ServerWriter<grpc::ByteBuffer>* writer) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
+              return s->Pull(*req, writer);
+            },
             this)));
     AddMethod(new RpcServiceMethod(
         grpc_methods::kDone, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::DoneRequest, pb::DoneResponse>(
-            [](GrpcPsService* s, grpc::ServerContext*, const pb::DoneRequest* req, pb::DoneResponse*) {
+            [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::DoneRequest* req, pb::DoneResponse*) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
               return wire::ToGrpc(s->ps_->Done(req->worker_id()));
             },
             this)));
     AddMethod(new RpcServiceMethod(
         grpc_methods::kGetStats, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::StatsRequest, pb::StatsResponse>(
-            [](GrpcPsService* s, grpc::ServerContext*, const pb::StatsRequest*, pb::StatsResponse* resp) {
+            [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::StatsRequest*, pb::StatsResponse* resp) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
               absl::StatusOr<TrainingStats> out = s->ps_->GetStats();
               if (!out.ok()) return wire::ToGrpc(out.status());
               wire::ToProto(*out, resp);
@@ -182,12 +192,13 @@ class GrpcPsService final : public grpc::Service {
 
   PsInterface* ps_;
   Cancellation* shutdown_;
+  const std::string token_;  // empty: no authentication
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown) {
-  return std::make_unique<GrpcPsService>(ps, shutdown);
+std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown, const std::string& token) {
+  return std::make_unique<GrpcPsService>(ps, shutdown, token);
 }
 
 }  // namespace dtrain::ps

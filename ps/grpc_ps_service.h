@@ -8,6 +8,7 @@
 #define DTRAIN_PS_GRPC_PS_SERVICE_H_
 
 #include <memory>
+#include <string>
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/service_type.h>
@@ -18,8 +19,10 @@
 namespace dtrain::ps {
 
 // Returns the gRPC service object to register with a grpc::ServerBuilder. Cancelling `shutdown` (may be null)
-// ends every pull that is waiting, so the server can shut down at once.
-std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown = nullptr);
+// ends every pull that is waiting, so the server can shut down at once. A non-empty `token` is required on
+// every call (ps/grpc_security.h): a call without it gets UNAUTHENTICATED before it reaches `ps`.
+std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown = nullptr,
+                                                const std::string& token = "");
 
 }  // namespace dtrain::ps
 

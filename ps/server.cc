@@ -37,9 +37,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   st.host = addr.substr(0, colon);
   st.linger = options.linger;
   ASSIGN_OR_RETURN(st.ps, ParameterServer::Create(options.ps));
-  st.service = NewGrpcPsService(st.ps.get(), &st.shutdown);
+  st.service = NewGrpcPsService(st.ps.get(), &st.shutdown, options.security.auth_token);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &st.port);
+  builder.AddListeningPort(addr, ServerCredentials(options.security), &st.port);
   builder.RegisterService(st.service.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   // Megabyte tensors: large HTTP/2 frames and flow-control windows mean fewer frames and window updates.

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ps/grpc_security.h"
 #include "ps/parameter_server.h"
 
 namespace dtrain::ps {
@@ -22,6 +23,7 @@ namespace dtrain::ps {
 struct PsServerOptions {
   std::string listen_address;  // "host:port"; port 0 picks a free one
   ParameterServerOptions ps;
+  SecurityOptions security;    // token and TLS (ps/grpc_security.h)
   // After the last worker reports done, keep serving this long so in-flight calls finish.
   absl::Duration linger = absl::Milliseconds(500);
 };
