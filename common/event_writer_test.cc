@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <thread>
@@ -275,6 +277,105 @@ TEST_F(EventWriterTest, CreateFailsWhenDirectoryIsAFile) {
   auto writer = EventWriter::Create(file_path + "/sub");
   ASSERT_FALSE(writer.ok());
   EXPECT_TRUE(absl::StrContains(writer.status().message(), file_path)) << writer.status();
+}
+
+std::vector<double> UnpackDoubles(const std::string& packed) {
+  EXPECT_EQ(packed.size() % 8, 0u);
+  std::vector<double> out;
+  for (size_t i = 0; i + 8 <= packed.size(); i += 8) out.push_back(AsDouble(ReadLittleEndian(packed, i, 8)));
+  return out;
+}
+
+TEST(HistogramTest, DefaultLimitsAreTensorFlows) {
+  const std::vector<double>& limits = Histogram::DefaultLimits();
+  // TF: positive limits 1e-12 * 1.1^k below 1e20, then DBL_MAX; mirrored negatives; 0 in the middle.
+  int positive = 0;
+  for (double v = 1e-12; v < 1e20; v *= 1.1) ++positive;
+  ASSERT_EQ(limits.size(), 2u * (positive + 1) + 1);
+  EXPECT_EQ(limits.front(), -DBL_MAX);
+  EXPECT_EQ(limits.back(), DBL_MAX);
+  EXPECT_EQ(limits[positive + 1], 0.0);
+  EXPECT_EQ(limits[positive + 2], 1e-12);
+  EXPECT_TRUE(std::is_sorted(limits.begin(), limits.end()));
+  for (size_t i = 0; i < limits.size(); ++i) EXPECT_EQ(limits[i], -limits[limits.size() - 1 - i]) << i;
+}
+
+TEST(HistogramTest, CountsMomentsAndBuckets) {
+  Histogram h;
+  for (double v : {-1.0, 0.0, 0.5, 0.5, 2.0, std::nan("")}) h.Add(v);
+  EXPECT_EQ(h.min(), -1.0);
+  EXPECT_EQ(h.max(), 2.0);
+  EXPECT_EQ(h.num(), 5.0);
+  EXPECT_DOUBLE_EQ(h.sum(), 2.0);
+  EXPECT_DOUBLE_EQ(h.sum_squares(), 5.5);
+  const std::vector<double>& limits = Histogram::DefaultLimits();
+  double total = 0;
+  double previous_limit = -DBL_MAX;
+  for (const auto& [limit, count] : h.EncodedBuckets()) {
+    EXPECT_GT(limit, previous_limit);
+    total += count;
+    if (count > 0) {
+      // The bucket ending at `limit` holds the values in [the limit before it, limit).
+      const size_t i = std::find(limits.begin(), limits.end(), limit) - limits.begin();
+      ASSERT_LT(i, limits.size());
+      ASSERT_GT(i, 0u);
+      int expected = 0;
+      for (double v : {-1.0, 0.0, 0.5, 0.5, 2.0}) expected += limits[i - 1] <= v && v < limit;
+      EXPECT_EQ(count, expected) << "bucket ending at " << limit;
+    }
+    previous_limit = limit;
+  }
+  EXPECT_EQ(total, 5.0);
+  // Five distinct non-empty buckets (-1, 0, 0.5 x2, 2) separated and surrounded by merged empty runs.
+  EXPECT_EQ(h.EncodedBuckets().size(), 4u + 5u);
+  EXPECT_EQ(h.EncodedBuckets().back().first, DBL_MAX);
+
+  Histogram weighted;
+  weighted.Add(3.0, 7);
+  EXPECT_EQ(weighted.num(), 7.0);
+  EXPECT_DOUBLE_EQ(weighted.sum_squares(), 63.0);
+
+  Histogram empty;
+  ASSERT_EQ(empty.EncodedBuckets().size(), 1u);
+  EXPECT_EQ(empty.EncodedBuckets()[0].first, DBL_MAX);
+  EXPECT_EQ(empty.EncodedBuckets()[0].second, 0.0);
+}
+
+TEST_F(EventWriterTest, WritesHistogramProto) {
+  auto writer = EventWriter::Create(dir_);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  std::vector<float> values = {-0.25f, 0.001f, 0.001f, 4.0f};
+  Histogram h;
+  h.AddAll(values.data(), static_cast<int64_t>(values.size()));
+  ASSERT_TRUE((*writer)->AddHistogram("weights/w", 42, h).ok());
+  EXPECT_EQ((*writer)->AddHistogram("", 1, h).code(), absl::StatusCode::kInvalidArgument);
+  const std::string path = (*writer)->path();
+  ASSERT_TRUE((*writer)->Close().ok());
+  absl::StatusOr<std::string> file = ReadFileToString(path);
+  ASSERT_TRUE(file.ok());
+  std::vector<std::string> records = ReadRecords(*file);
+  ASSERT_EQ(records.size(), 2u);
+  Message event = Decode(records[1]);
+  EXPECT_EQ(Only(event, 2).number, 42u);
+  Message value = Decode(Only(Decode(Only(event, 5).bytes), 1).bytes);
+  EXPECT_EQ(Only(value, 1).bytes, "weights/w");
+  EXPECT_EQ(value.count(2), 0u);  // no simple_value
+  Message histo = Decode(Only(value, 5).bytes);
+  EXPECT_EQ(AsDouble(Only(histo, 1).number), -0.25);
+  EXPECT_EQ(AsDouble(Only(histo, 2).number), 4.0);
+  EXPECT_EQ(AsDouble(Only(histo, 3).number), 4.0);
+  EXPECT_DOUBLE_EQ(AsDouble(Only(histo, 4).number), h.sum());
+  EXPECT_DOUBLE_EQ(AsDouble(Only(histo, 5).number), h.sum_squares());
+  EXPECT_EQ(Only(histo, 6).wire_type, 2);  // packed
+  const std::vector<double> limits = UnpackDoubles(Only(histo, 6).bytes);
+  const std::vector<double> counts = UnpackDoubles(Only(histo, 7).bytes);
+  const auto expected = h.EncodedBuckets();
+  ASSERT_EQ(limits.size(), expected.size());
+  ASSERT_EQ(counts.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(limits[i], expected[i].first) << i;
+    EXPECT_EQ(counts[i], expected[i].second) << i;
+  }
 }
 
 }  // namespace
