@@ -46,6 +46,9 @@ ABSL_FLAG(int, threads, 1, "CPU threads for this worker's towers");
 ABSL_FLAG(int, log_every, 100, "Print a progress line every this many local steps");
 ABSL_FLAG(int64_t, eval_every, 0, "Chief: evaluate test accuracy every this many global steps (0: at the end)");
 ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");
+ABSL_FLAG(int, summary_every, 0,
+          "Chief with --logdir: every this many local steps add the learning rate, ps traffic, staleness and "
+          "weight/gradient histograms to the TensorBoard events (0: off)");
 // Checkpoint flags are read by dtrain_ps; workers accept them so that one command line serves every process.
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Checkpoints: written and restored by the ps tasks (and by the in-process ps of --job_name=local)");
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
   o.log_every = absl::GetFlag(FLAGS_log_every);
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.logdir = absl::GetFlag(FLAGS_logdir);
+  o.summary_every = absl::GetFlag(FLAGS_summary_every);
   o.startup_wait_secs = absl::GetFlag(FLAGS_startup_wait_secs);
   o.step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
@@ -114,6 +118,7 @@ int main(int argc, char** argv) {
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();
 
   absl::Status flags_ok = dtrain::worker::ApplyModelDefaults(&o);
+  if (flags_ok.ok() && o.summary_every < 0) flags_ok = absl::InvalidArgumentError("--summary_every must be >= 0");
   if (flags_ok.ok()) {
     absl::StatusOr<std::vector<dtrain::kernels::DeviceSpec>> towers =
         dtrain::worker::ParseTowers(o.towers, o.num_gpus, o.threads);

@@ -17,6 +17,7 @@
 #include "ps/placement.h"
 #include "worker/models/model.h"
 #include "worker/ps_group.h"
+#include "worker/summaries.h"
 #include "worker/towers.h"
 
 namespace dtrain::worker {
@@ -191,6 +192,15 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     ASSIGN_OR_RETURN(events, EventWriter::Create(o.logdir));
   }
 
+  // ---- [deploy] summaries hook: learning rate, ps traffic, staleness, weight/gradient histograms ----
+  std::unique_ptr<TrainingSummaries> summaries;
+  if (events && o.summary_every > 0) {
+    ASSIGN_OR_RETURN(summaries, TrainingSummaries::Create(events.get(), model0->variables(), config.optimizer,
+                                                          group.num_tasks(),
+                                                          [&group](int t) { return group.Stats(t); }, absl::Now()));
+  }
+  // ---- [deploy] end ----
+
   // ---- the loop ----
   TrainingResult result;
   ASSIGN_OR_RETURN(PullResult pulled, group.Pull(0, 0, params));
@@ -241,10 +251,16 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       window_start = absl::Now();
       window_steps = 0;
     }
+    if (summaries && result.local_steps % o.summary_every == 0) {  // [deploy] summaries hook
+      RETURN_IF_ERROR(summaries->Write(step, params, grads));
+    }
     if (chief && next_eval > 0 && step >= next_eval && step < o.train_steps) {
       RETURN_IF_ERROR(towers->SetParameters(params));
       ASSIGN_OR_RETURN(double acc, Evaluate(model0, eval_batches));
-      if (!o.quiet) std::printf("step %lld: test accuracy = %.4f\n", static_cast<long long>(step), acc);
+      if (!o.quiet) {
+        std::printf("step %lld: test accuracy = %.4f at %.2f sec\n", static_cast<long long>(step), acc,
+                    absl::ToDoubleSeconds(absl::Now() - start));
+      }
       if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", step, acc));
       next_eval = (step / o.eval_every + 1) * o.eval_every;
     }
