@@ -102,19 +102,25 @@ def run_netns_cluster(a, n, mode_args, logdir, timeout):
             f = open(log, "w")
             procs.append(subprocess.Popen([NETNS, "exec", name, str(k)] + cmd, stdout=f, stderr=subprocess.STDOUT))
             f.close()
+        # Until all have ended, the deadline passes, or one fails (the others would wait for it forever).
         deadline = time.time() + timeout
-        rc = 0
+        while any(p.poll() is None for p in procs):
+            if time.time() > deadline:
+                return 124
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
+        failed = [p.returncode for p in procs if p.poll() not in (None, 0)]  # before we stop the rest
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
         for p in procs:
             try:
-                r = p.wait(timeout=max(1, deadline - time.time()))
+                p.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                r = 124
-            rc = rc or r
-            if r != 0:  # one failed: the others would wait for it
-                for q in procs:
-                    if q.poll() is None:
-                        q.terminate()
-        return rc
+                p.kill()
+                p.wait()
+        return failed[0] if failed else next((p.returncode for p in procs if p.returncode != 0), 0)
     finally:
         for p in procs:
             if p.poll() is None:

@@ -59,6 +59,13 @@ if why="$("$ROOT/scripts/netns_hosts.sh" check)"; then
   [ "$rc" = 0 ] || fail "compare --netns exited $rc"
   grep -q "clusters on network namespaces, links capped at 1gbit" "$dir/netns.out" || fail "netns run not announced"
   check_table "$dir/netns" 2
+  # A failing worker must not leave the tool waiting for the ps (which would wait for the worker forever).
+  start=$SECONDS; rc=0
+  "$CMP" --netns --model=mlp --examples=1000 --sizes=1 --modes=sync --timeout_secs=300 -- --optimizer=bogus \
+    >"$dir/netns_fail.out" 2>&1 || rc=$?
+  tail -n 4 "$dir/netns_fail.out"
+  [ "$rc" = 1 ] && grep -q "^sync, 1 ps, 1 worker .*FAILED" "$dir/netns_fail.out" || fail "failing netns run: exit $rc"
+  [ $((SECONDS - start)) -lt 120 ] || fail "failing netns run took $((SECONDS - start)) s"
   if ip netns list | grep -q "^dtcmp"; then fail "namespaces left behind: $(ip netns list | grep '^dtcmp' | xargs)"; fi
 else
   echo "skipped: the --netns part ($why)"
