@@ -30,13 +30,13 @@ for r in rows[1:]:
     eff = r["examples_per_sec"] / (r["workers"] * local["examples_per_sec"])
     assert abs(r["scaling_efficiency"] - eff) < 2e-3, (r["scaling_efficiency"], eff)
     assert r["secs_to_target_accuracy"] is not None and 0 < r["secs_to_target_accuracy"] <= r["wall_secs"], r
-    assert 0.5 <= r["final_accuracy"] <= 1, r
+    assert 0.3 < r["final_accuracy"] <= 1, r  # far above chance (0.1) after a few dozen steps
 print("table %s: %d rows consistent" % (prefix, want))
 PY
 }
 
 rc=0
-"$CMP" --model=mlp --examples=4000 --sizes=1,2 --target_accuracy=0.5 --eval_every=10 --out="$dir/local" \
+"$CMP" --model=mlp --examples=4000 --sizes=1,2 --target_accuracy=0.4 --eval_every=10 --out="$dir/local" \
   >"$dir/local.out" 2>&1 || rc=$?
 cat "$dir/local.out"
 [ "$rc" = 0 ] || fail "compare exited $rc"
@@ -53,7 +53,7 @@ rc=0; "$CMP" --sizes=0 >"$dir/bad2.out" 2>&1 || rc=$?
 
 if why="$("$ROOT/scripts/netns_hosts.sh" check)"; then
   rc=0
-  "$CMP" --netns --bandwidth=1gbit --model=mlp --examples=4000 --sizes=2 --modes=async --target_accuracy=0.5 \
+  "$CMP" --netns --bandwidth=1gbit --model=mlp --examples=4000 --sizes=2 --modes=async --target_accuracy=0.4 \
     --eval_every=10 --out="$dir/netns" >"$dir/netns.out" 2>&1 || rc=$?
   cat "$dir/netns.out"
   [ "$rc" = 0 ] || fail "compare --netns exited $rc"
