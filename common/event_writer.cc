@@ -6,6 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -34,6 +37,14 @@ constexpr uint32_t kEventSummary = 5;      // Summary
 constexpr uint32_t kSummaryValue = 1;      // repeated Summary.Value
 constexpr uint32_t kValueTag = 1;          // string
 constexpr uint32_t kValueSimpleValue = 2;  // float
+constexpr uint32_t kValueHisto = 5;        // HistogramProto
+constexpr uint32_t kHistoMin = 1;          // double
+constexpr uint32_t kHistoMax = 2;          // double
+constexpr uint32_t kHistoNum = 3;          // double
+constexpr uint32_t kHistoSum = 4;          // double
+constexpr uint32_t kHistoSumSquares = 5;   // double
+constexpr uint32_t kHistoBucketLimit = 6;  // repeated double, packed
+constexpr uint32_t kHistoBucket = 7;       // repeated double, packed
 
 constexpr char kFileVersion[] = "brain.Event:2";
 
@@ -79,14 +90,8 @@ std::string EncodeFileVersionEvent(double wall_time) {
   return event;
 }
 
-std::string EncodeScalarEvent(double wall_time, int64_t step, absl::string_view tag, float value) {
-  std::string summary_value;
-  PutBytes(&summary_value, kValueTag, tag);
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  PutKey(&summary_value, kValueSimpleValue, kFixed32);
-  PutFixed32(&summary_value, bits);
-
+// Event{wall_time, step, summary{value{<summary_value>}}}.
+std::string EncodeSummaryEvent(double wall_time, int64_t step, const std::string& summary_value) {
   std::string summary;
   PutBytes(&summary, kSummaryValue, summary_value);
 
@@ -96,6 +101,48 @@ std::string EncodeScalarEvent(double wall_time, int64_t step, absl::string_view 
   PutVarint(&event, static_cast<uint64_t>(step));  // int64: negatives take 10 bytes, as protobuf does
   PutBytes(&event, kEventSummary, summary);
   return event;
+}
+
+std::string EncodeScalarEvent(double wall_time, int64_t step, absl::string_view tag, float value) {
+  std::string summary_value;
+  PutBytes(&summary_value, kValueTag, tag);
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  PutKey(&summary_value, kValueSimpleValue, kFixed32);
+  PutFixed32(&summary_value, bits);
+  return EncodeSummaryEvent(wall_time, step, summary_value);
+}
+
+void PutPackedDoubles(std::string* out, uint32_t field, const std::vector<double>& values) {
+  std::string packed;
+  packed.reserve(values.size() * 8);
+  for (double d : values) {
+    uint64_t bits;
+    std::memcpy(&bits, &d, sizeof(bits));
+    PutFixed64(&packed, bits);
+  }
+  PutBytes(out, field, packed);
+}
+
+std::string EncodeHistogramEvent(double wall_time, int64_t step, absl::string_view tag, const Histogram& h) {
+  std::string histo;
+  PutDouble(&histo, kHistoMin, h.min());
+  PutDouble(&histo, kHistoMax, h.max());
+  PutDouble(&histo, kHistoNum, h.num());
+  PutDouble(&histo, kHistoSum, h.sum());
+  PutDouble(&histo, kHistoSumSquares, h.sum_squares());
+  std::vector<double> limits, counts;
+  for (const auto& [limit, count] : h.EncodedBuckets()) {
+    limits.push_back(limit);
+    counts.push_back(count);
+  }
+  PutPackedDoubles(&histo, kHistoBucketLimit, limits);
+  PutPackedDoubles(&histo, kHistoBucket, counts);
+
+  std::string summary_value;
+  PutBytes(&summary_value, kValueTag, tag);
+  PutBytes(&summary_value, kValueHisto, histo);
+  return EncodeSummaryEvent(wall_time, step, summary_value);
 }
 
 // TFRecord framing around one record.
@@ -116,6 +163,59 @@ std::string HostName() {
 }
 
 }  // namespace
+
+const std::vector<double>& Histogram::DefaultLimits() {
+  // As tensorflow/core/lib/histogram/histogram.cc InitDefaultBucketsInner.
+  static const std::vector<double>* limits = [] {
+    std::vector<double> pos;
+    for (double v = 1.0e-12; v < 1.0e20; v *= 1.1) pos.push_back(v);
+    pos.push_back(DBL_MAX);
+    auto* all = new std::vector<double>();
+    for (auto it = pos.rbegin(); it != pos.rend(); ++it) all->push_back(-*it);
+    all->push_back(0.0);
+    all->insert(all->end(), pos.begin(), pos.end());
+    return all;
+  }();
+  return *limits;
+}
+
+Histogram::Histogram() : min_(DBL_MAX), max_(-DBL_MAX), counts_(DefaultLimits().size(), 0.0) {}
+
+void Histogram::Add(double value, double count) {
+  if (std::isnan(value)) return;
+  const std::vector<double>& limits = DefaultLimits();
+  size_t b = std::upper_bound(limits.begin(), limits.end(), value) - limits.begin();
+  if (b >= counts_.size()) b = counts_.size() - 1;  // +DBL_MAX, +inf
+  counts_[b] += count;
+  min_ = std::min(min_, value);
+  max_ = std::max(max_, value);
+  num_ += count;
+  sum_ += value * count;
+  sum_squares_ += value * value * count;
+}
+
+void Histogram::AddAll(const float* values, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) Add(values[i]);
+}
+
+std::vector<std::pair<double, double>> Histogram::EncodedBuckets() const {
+  const std::vector<double>& limits = DefaultLimits();
+  std::vector<std::pair<double, double>> out;
+  for (size_t i = 0; i < counts_.size();) {
+    double end = limits[i];
+    double count = counts_[i];
+    ++i;
+    if (count <= 0.0) {  // collapse a run of empty buckets into one, as TF's EncodeToProto does
+      while (i < counts_.size() && counts_[i] <= 0.0) {
+        end = limits[i];
+        count = counts_[i];
+        ++i;
+      }
+    }
+    out.emplace_back(end, count);
+  }
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::string& dir) {
   if (dir.empty()) return absl::InvalidArgumentError("EventWriter: empty directory name");
@@ -172,6 +272,13 @@ absl::Status EventWriter::WriteEvent(const std::string& event) {
 absl::Status EventWriter::AddScalar(absl::string_view tag, int64_t step, double value) {
   if (tag.empty()) return absl::InvalidArgumentError("EventWriter::AddScalar: empty tag");
   const std::string event = EncodeScalarEvent(NowSeconds(), step, tag, static_cast<float>(value));
+  absl::MutexLock lock(&mu_);
+  return WriteEvent(event);
+}
+
+absl::Status EventWriter::AddHistogram(absl::string_view tag, int64_t step, const Histogram& histogram) {
+  if (tag.empty()) return absl::InvalidArgumentError("EventWriter::AddHistogram: empty tag");
+  const std::string event = EncodeHistogramEvent(NowSeconds(), step, tag, histogram);
   absl::MutexLock lock(&mu_);
   return WriteEvent(event);
 }

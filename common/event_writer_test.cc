@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <thread>
@@ -16,116 +18,19 @@
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/file_util.h"
+#include "common/event_test_decoder.h"
 #include "gtest/gtest.h"
 
 namespace dtrain {
 namespace {
 
-// ---- A tiny protobuf decoder, independent of the writer's encoder. ----
-
-struct Field {
-  int wire_type = 0;
-  uint64_t number = 0;   // varint, fixed32, fixed64 payloads
-  std::string bytes;     // length-delimited payload
-};
-using Message = std::multimap<int, Field>;  // field number → occurrences
-
-bool ReadVarint(const std::string& s, size_t* pos, uint64_t* v) {
-  *v = 0;
-  for (int shift = 0; shift < 64 && *pos < s.size(); shift += 7) {
-    uint8_t b = static_cast<uint8_t>(s[(*pos)++]);
-    *v |= static_cast<uint64_t>(b & 0x7f) << shift;
-    if ((b & 0x80) == 0) return true;
-  }
-  return false;
-}
-
-uint64_t ReadLittleEndian(const std::string& s, size_t pos, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(s[pos + i])) << (8 * i);
-  return v;
-}
-
-// Decodes one message level; fails the test on malformed input.
-Message Decode(const std::string& s) {
-  Message m;
-  size_t pos = 0;
-  while (pos < s.size()) {
-    uint64_t key;
-    EXPECT_TRUE(ReadVarint(s, &pos, &key));
-    Field f;
-    f.wire_type = static_cast<int>(key & 7);
-    switch (f.wire_type) {
-      case 0:
-        EXPECT_TRUE(ReadVarint(s, &pos, &f.number));
-        break;
-      case 1:
-        EXPECT_LE(pos + 8, s.size());
-        f.number = ReadLittleEndian(s, pos, 8);
-        pos += 8;
-        break;
-      case 2: {
-        uint64_t len;
-        EXPECT_TRUE(ReadVarint(s, &pos, &len));
-        EXPECT_LE(pos + len, s.size());
-        f.bytes = s.substr(pos, len);
-        pos += len;
-        break;
-      }
-      case 5:
-        EXPECT_LE(pos + 4, s.size());
-        f.number = ReadLittleEndian(s, pos, 4);
-        pos += 4;
-        break;
-      default:
-        ADD_FAILURE() << "unexpected wire type " << f.wire_type;
-        return m;
-    }
-    m.emplace(static_cast<int>(key >> 3), f);
-  }
-  return m;
-}
-
-const Field& Only(const Message& m, int field) {
-  static const Field kMissing;
-  EXPECT_EQ(m.count(field), 1u) << "field " << field;
-  auto it = m.find(field);
-  return it == m.end() ? kMissing : it->second;
-}
-
-double AsDouble(uint64_t bits) {
-  double d;
-  std::memcpy(&d, &bits, 8);
-  return d;
-}
-
-float AsFloat(uint64_t bits) {
-  uint32_t b = static_cast<uint32_t>(bits);
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-// Splits a TFRecord file into records, checking both masked CRCs of every record.
-std::vector<std::string> ReadRecords(const std::string& file) {
-  std::vector<std::string> records;
-  size_t pos = 0;
-  while (pos < file.size()) {
-    EXPECT_GE(file.size() - pos, 12u) << "truncated header at " << pos;
-    if (file.size() - pos < 12) break;
-    const uint64_t len = ReadLittleEndian(file, pos, 8);
-    const uint32_t len_crc = static_cast<uint32_t>(ReadLittleEndian(file, pos + 8, 4));
-    EXPECT_EQ(crc32c::Unmask(len_crc), crc32c::Value(file.data() + pos, 8)) << "at " << pos;
-    EXPECT_LE(pos + 12 + len + 4, file.size()) << "truncated record at " << pos;
-    if (pos + 12 + len + 4 > file.size()) break;
-    std::string data = file.substr(pos + 12, len);
-    const uint32_t data_crc = static_cast<uint32_t>(ReadLittleEndian(file, pos + 12 + len, 4));
-    EXPECT_EQ(crc32c::Unmask(data_crc), crc32c::Value(data.data(), data.size())) << "at " << pos;
-    records.push_back(std::move(data));
-    pos += 12 + len + 4;
-  }
-  return records;
-}
+using testing_decoder::AsDouble;
+using testing_decoder::AsFloat;
+using testing_decoder::Decode;
+using testing_decoder::Message;
+using testing_decoder::Only;
+using testing_decoder::ReadLittleEndian;
+using testing_decoder::ReadRecords;
 
 struct Scalar {
   double wall_time;
@@ -275,6 +180,105 @@ TEST_F(EventWriterTest, CreateFailsWhenDirectoryIsAFile) {
   auto writer = EventWriter::Create(file_path + "/sub");
   ASSERT_FALSE(writer.ok());
   EXPECT_TRUE(absl::StrContains(writer.status().message(), file_path)) << writer.status();
+}
+
+std::vector<double> UnpackDoubles(const std::string& packed) {
+  EXPECT_EQ(packed.size() % 8, 0u);
+  std::vector<double> out;
+  for (size_t i = 0; i + 8 <= packed.size(); i += 8) out.push_back(AsDouble(ReadLittleEndian(packed, i, 8)));
+  return out;
+}
+
+TEST(HistogramTest, DefaultLimitsAreTensorFlows) {
+  const std::vector<double>& limits = Histogram::DefaultLimits();
+  // TF: positive limits 1e-12 * 1.1^k below 1e20, then DBL_MAX; mirrored negatives; 0 in the middle.
+  int positive = 0;
+  for (double v = 1e-12; v < 1e20; v *= 1.1) ++positive;
+  ASSERT_EQ(limits.size(), 2u * (positive + 1) + 1);
+  EXPECT_EQ(limits.front(), -DBL_MAX);
+  EXPECT_EQ(limits.back(), DBL_MAX);
+  EXPECT_EQ(limits[positive + 1], 0.0);
+  EXPECT_EQ(limits[positive + 2], 1e-12);
+  EXPECT_TRUE(std::is_sorted(limits.begin(), limits.end()));
+  for (size_t i = 0; i < limits.size(); ++i) EXPECT_EQ(limits[i], -limits[limits.size() - 1 - i]) << i;
+}
+
+TEST(HistogramTest, CountsMomentsAndBuckets) {
+  Histogram h;
+  for (double v : {-1.0, 0.0, 0.5, 0.5, 2.0, std::nan("")}) h.Add(v);
+  EXPECT_EQ(h.min(), -1.0);
+  EXPECT_EQ(h.max(), 2.0);
+  EXPECT_EQ(h.num(), 5.0);
+  EXPECT_DOUBLE_EQ(h.sum(), 2.0);
+  EXPECT_DOUBLE_EQ(h.sum_squares(), 5.5);
+  const std::vector<double>& limits = Histogram::DefaultLimits();
+  double total = 0;
+  double previous_limit = -DBL_MAX;
+  for (const auto& [limit, count] : h.EncodedBuckets()) {
+    EXPECT_GT(limit, previous_limit);
+    total += count;
+    if (count > 0) {
+      // The bucket ending at `limit` holds the values in [the limit before it, limit).
+      const size_t i = std::find(limits.begin(), limits.end(), limit) - limits.begin();
+      ASSERT_LT(i, limits.size());
+      ASSERT_GT(i, 0u);
+      int expected = 0;
+      for (double v : {-1.0, 0.0, 0.5, 0.5, 2.0}) expected += limits[i - 1] <= v && v < limit;
+      EXPECT_EQ(count, expected) << "bucket ending at " << limit;
+    }
+    previous_limit = limit;
+  }
+  EXPECT_EQ(total, 5.0);
+  // Five distinct non-empty buckets (-1, 0, 0.5 x2, 2) separated and surrounded by merged empty runs.
+  EXPECT_EQ(h.EncodedBuckets().size(), 4u + 5u);
+  EXPECT_EQ(h.EncodedBuckets().back().first, DBL_MAX);
+
+  Histogram weighted;
+  weighted.Add(3.0, 7);
+  EXPECT_EQ(weighted.num(), 7.0);
+  EXPECT_DOUBLE_EQ(weighted.sum_squares(), 63.0);
+
+  Histogram empty;
+  ASSERT_EQ(empty.EncodedBuckets().size(), 1u);
+  EXPECT_EQ(empty.EncodedBuckets()[0].first, DBL_MAX);
+  EXPECT_EQ(empty.EncodedBuckets()[0].second, 0.0);
+}
+
+TEST_F(EventWriterTest, WritesHistogramProto) {
+  auto writer = EventWriter::Create(dir_);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  std::vector<float> values = {-0.25f, 0.001f, 0.001f, 4.0f};
+  Histogram h;
+  h.AddAll(values.data(), static_cast<int64_t>(values.size()));
+  ASSERT_TRUE((*writer)->AddHistogram("weights/w", 42, h).ok());
+  EXPECT_EQ((*writer)->AddHistogram("", 1, h).code(), absl::StatusCode::kInvalidArgument);
+  const std::string path = (*writer)->path();
+  ASSERT_TRUE((*writer)->Close().ok());
+  absl::StatusOr<std::string> file = ReadFileToString(path);
+  ASSERT_TRUE(file.ok());
+  std::vector<std::string> records = ReadRecords(*file);
+  ASSERT_EQ(records.size(), 2u);
+  Message event = Decode(records[1]);
+  EXPECT_EQ(Only(event, 2).number, 42u);
+  Message value = Decode(Only(Decode(Only(event, 5).bytes), 1).bytes);
+  EXPECT_EQ(Only(value, 1).bytes, "weights/w");
+  EXPECT_EQ(value.count(2), 0u);  // no simple_value
+  Message histo = Decode(Only(value, 5).bytes);
+  EXPECT_EQ(AsDouble(Only(histo, 1).number), -0.25);
+  EXPECT_EQ(AsDouble(Only(histo, 2).number), 4.0);
+  EXPECT_EQ(AsDouble(Only(histo, 3).number), 4.0);
+  EXPECT_DOUBLE_EQ(AsDouble(Only(histo, 4).number), h.sum());
+  EXPECT_DOUBLE_EQ(AsDouble(Only(histo, 5).number), h.sum_squares());
+  EXPECT_EQ(Only(histo, 6).wire_type, 2);  // packed
+  const std::vector<double> limits = UnpackDoubles(Only(histo, 6).bytes);
+  const std::vector<double> counts = UnpackDoubles(Only(histo, 7).bytes);
+  const auto expected = h.EncodedBuckets();
+  ASSERT_EQ(limits.size(), expected.size());
+  ASSERT_EQ(counts.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(limits[i], expected[i].first) << i;
+    EXPECT_EQ(counts[i], expected[i].second) << i;
+  }
 }
 
 }  // namespace

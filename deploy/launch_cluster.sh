@@ -1,70 +1,158 @@
 #!/usr/bin/env bash
 # Launches every task of a cluster spec: one dtrain_ps per "ps" address and one dtrain_worker per "worker"
-# address, each on its host. Tasks on 127.0.0.1/localhost/this host's name run here; others run over ssh
-# (key-based, the same dtrain build path on every host: --remote_bin). Every process gets the same cluster spec
-# (via TF_CONFIG), so any of them may start first. Waits for all tasks; exits non-zero if any failed.
+# address, each on its host, and watches them until all have ended.
 #
 #   deploy/launch_cluster.sh --cluster_spec=cluster.json [--remote_bin=/opt/dtrain/bin] [--logdir=DIR] \
-#       -- --mode=sync --model=cnn --train_steps=2000
-# cluster.json: {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
-set -uo pipefail
+#       [--ps_args="--checkpoint_dir=/ckpt --save_checkpoint_steps=500"] [--deadline_secs=86400] \
+#       [--ssh_options="-i key -F ssh_config"] -- --mode=sync --model=cnn --train_steps=2000
+#   cluster.json: {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
+#
+# - Tasks whose host is 127.x, localhost, this host's name or one of its addresses run here; the others over
+#   ssh (key-based, BatchMode; the binaries at --remote_bin on every host, default: the local build path).
+# - Every task gets the same cluster in TF_CONFIG (and its own task), so any of them may start first. Flags
+#   after -- go to every worker; --ps_args (space-separated flags) to every ps task.
+# - When a task fails (non-zero exit), every other task is stopped (SIGTERM, SIGKILL after --grace_secs) and
+#   the launcher exits 1. Ctrl-C / SIGTERM stop every task the same way (exit 130 / 143). After
+#   --deadline_secs every task is stopped and the exit code is 124. A remote task is stopped by closing its ssh
+#   connection: a small watcher on the remote side ends the task when its ssh stdin closes, so a launcher that
+#   dies, even by SIGKILL, leaves no task behind on other hosts.
+# - Logs: DIR/ps_<i>.log and DIR/worker_<i>.log (default DIR: a new /tmp/dtrain_launch.XXXXXX). On success
+#   prints the chief's last test accuracy line. Exit 2 on bad arguments or a bad spec.
+set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SPEC=""; REMOTE_BIN=""; LOGDIR=""; LOCAL_BIN="${DTRAIN_BIN:-$ROOT/build/bin}"
+PS_ARGS=""; DEADLINE=86400; GRACE=10; SSH_OPTIONS=""
+die() { echo "launch_cluster: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --cluster_spec=*) SPEC="${1#*=}"; shift ;;
-    --remote_bin=*) REMOTE_BIN="${1#*=}"; shift ;;
-    --logdir=*) LOGDIR="${1#*=}"; shift ;;
+    --cluster_spec=*) SPEC="${1#*=}" ;;
+    --remote_bin=*) REMOTE_BIN="${1#*=}" ;;
+    --logdir=*) LOGDIR="${1#*=}" ;;
+    --ps_args=*) PS_ARGS="${1#*=}" ;;
+    --deadline_secs=*) DEADLINE="${1#*=}" ;;
+    --grace_secs=*) GRACE="${1#*=}" ;;
+    --ssh_options=*) SSH_OPTIONS="${1#*=}" ;;
     --) shift; break ;;
-    *) echo "launch_cluster: unknown argument '$1' (flags for the workers go after --)" >&2; exit 2 ;;
+    *) die "unknown argument '$1' (flags for the workers go after --)" ;;
   esac
+  shift
 done
-[ -n "$SPEC" ] || { echo "launch_cluster: --cluster_spec=FILE.json is required" >&2; exit 2; }
-[ -r "$SPEC" ] || { echo "launch_cluster: cannot read cluster spec '$SPEC'" >&2; exit 2; }
+[ -n "$SPEC" ] || die "--cluster_spec=FILE.json is required"
+[ -r "$SPEC" ] || die "cannot read cluster spec '$SPEC'"
+[[ "$DEADLINE" =~ ^[0-9]+$ ]] && [ "$DEADLINE" -gt 0 ] || die "--deadline_secs must be a positive integer, got '$DEADLINE'"
+[[ "$GRACE" =~ ^[0-9]+$ ]] || die "--grace_secs must be a non-negative integer, got '$GRACE'"
+[ -d "$LOCAL_BIN" ] && LOCAL_BIN="$(cd "$LOCAL_BIN" && pwd)"  # absolute: remote shells start in $HOME
 [ -n "$REMOTE_BIN" ] || REMOTE_BIN="$LOCAL_BIN"
-[ -n "$LOGDIR" ] || LOGDIR="$(mktemp -d /tmp/dtrain_launch.XXXXXX)"
-mkdir -p "$LOGDIR"
+read -r -a ps_args <<<"$PS_ARGS"
+read -r -a ssh_options <<<"$SSH_OPTIONS"
 
-# One line per task: "job index host address"; the JSON is parsed by Python's standard library.
-tasks="$(python3 - "$SPEC" <<'PY'
+# One line per task: "job index host"; then the cluster as one JSON line. Python's standard library parses.
+spec_out="$(python3 - "$SPEC" <<'PY'
 import json, sys
 try:
     spec = json.load(open(sys.argv[1]))
 except Exception as e:
     sys.exit("launch_cluster: %s is not valid JSON: %s" % (sys.argv[1], e))
+if not isinstance(spec, dict):
+    sys.exit("launch_cluster: %s must hold a JSON object {\"ps\": [...], \"worker\": [...]}" % sys.argv[1])
 for job in ("ps", "worker"):
     addrs = spec.get(job)
     if not isinstance(addrs, list) or not addrs:
         sys.exit("launch_cluster: cluster spec needs a non-empty '%s' list" % job)
     for i, a in enumerate(addrs):
-        host = a.rsplit(":", 1)[0].strip("[]")
-        print(job, i, host, a)
+        if not isinstance(a, str) or ":" not in a or not a.rsplit(":", 1)[1].isdigit():
+            sys.exit("launch_cluster: %s[%d] = %r is not host:port" % (job, i, a))
+        print(job, i, a.rsplit(":", 1)[0].strip("[]"))
+print("cluster", json.dumps({"ps": spec["ps"], "worker": spec["worker"]}))
 PY
 )" || exit 2
-cluster_json="$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(json.dumps({"ps": s["ps"], "worker": s["worker"]}))' "$SPEC")"
+cluster_json="$(sed -n 's/^cluster //p' <<<"$spec_out")"
+[ -n "$LOGDIR" ] || LOGDIR="$(mktemp -d /tmp/dtrain_launch.XXXXXX)"
+mkdir -p "$LOGDIR"
 
-is_local() { case "$1" in 127.*|localhost|"$(hostname)"|"$(hostname -f 2>/dev/null)") return 0 ;; esac; return 1; }
-quote() { printf "%q " "$@"; }
+my_addresses=" $(hostname -I 2>/dev/null || true) "
+is_local() {
+  case "$1" in 127.*|localhost|::1|"$(hostname)"|"$(hostname -f 2>/dev/null)") return 0 ;; esac
+  [[ "$my_addresses" == *" $1 "* ]]
+}
 
-pids=(); names=()
-while read -r job index host address; do
+# Remote tasks read their ssh stdin from this FIFO; the launcher holds its write end and never writes. When
+# the launcher ends or kills an ssh client, the remote watcher sees end-of-file and stops the task.
+tmp="$(mktemp -d /tmp/dtrain_launch_ctl.XXXXXX)"
+mkfifo "$tmp/keepalive"
+exec {keepalive}<>"$tmp/keepalive"
+
+declare -A name_of=()  # pid → "job:index@host"
+timer=""
+stop_reason=""
+failed=0
+exit_code=0
+cleanup() {
+  for p in "${!name_of[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  [ -z "$timer" ] || kill "$timer" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'stop_reason=interrupted; exit_code=130' INT
+trap 'stop_reason=terminated; exit_code=143' TERM
+trap 'stop_reason=deadline; exit_code=124' USR1
+
+while read -r job index host; do
+  [ "$job" = cluster ] && continue
   tf_config="{\"cluster\": $cluster_json, \"task\": {\"type\": \"$job\", \"index\": $index}}"
-  if [ "$job" = ps ]; then cmd=(dtrain_ps); else cmd=(dtrain_worker "$@"); fi
+  if [ "$job" = ps ]; then cmd=(dtrain_ps "${ps_args[@]}"); else cmd=(dtrain_worker "$@"); fi
   log="$LOGDIR/${job}_${index}.log"
   if is_local "$host"; then
-    TF_CONFIG="$tf_config" "$LOCAL_BIN/${cmd[0]}" "${cmd[@]:1}" >"$log" 2>&1 &
+    TF_CONFIG="$tf_config" "$LOCAL_BIN/${cmd[0]}" "${cmd[@]:1}" </dev/null >"$log" 2>&1 {keepalive}>&- &
   else
-    ssh -o BatchMode=yes "$host" "TF_CONFIG=$(printf %q "$tf_config") $(quote "$REMOTE_BIN/${cmd[0]}" "${cmd[@]:1}")" \
-      >"$log" 2>&1 &
+    task="TF_CONFIG=$(printf %q "$tf_config") $(printf '%q ' "$REMOTE_BIN/${cmd[0]}" "${cmd[@]:1}")"
+    # A background job's stdin is /dev/null unless redirected: the watcher reads the ssh stdin through fd 3.
+    remote="exec 3<&0; $task </dev/null 3<&- & p=\$!; ( while read -r _ <&3; do :; done; kill -TERM \$p )"
+    remote+=" >/dev/null 2>&1 & w=\$!; exec 3<&-; wait \$p; rc=\$?; kill \$w 2>/dev/null; exit \$rc"
+    ssh -o BatchMode=yes "${ssh_options[@]}" "$host" "$remote" <"$tmp/keepalive" >"$log" 2>&1 {keepalive}>&- &
   fi
-  pids+=($!); names+=("$job:$index@$host")
-done <<<"$tasks"
-echo "launched ${#pids[@]} tasks; logs in $LOGDIR" >&2
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done' INT TERM
-failed=0
-for i in "${!pids[@]}"; do
-  wait "${pids[$i]}"; rc=$?
-  if [ "$rc" != 0 ]; then echo "${names[$i]} exited with $rc (log: $LOGDIR)" >&2; failed=1; fi
+  name_of[$!]="$job:$index@$host"
+done <<<"$spec_out"
+echo "launched ${#name_of[@]} tasks; logs in $LOGDIR" >&2
+
+# The deadline timer; its sleep ends with it (no stray sleep after the launcher exits).
+( trap 'kill "$s" 2>/dev/null; exit 0' TERM; sleep "$DEADLINE" & s=$!; wait "$s"; kill -USR1 $$ ) \
+  {keepalive}>&- >/dev/null 2>&1 &
+timer=$!
+
+# Stops every task still running: SIGTERM, then SIGKILL after the grace period (bounded).
+stop_all() {
+  local p
+  for p in "${!name_of[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for ((i = 0; i < GRACE * 10; i++)); do
+    local alive=0
+    for p in "${!name_of[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for p in "${!name_of[@]}"; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  name_of=()
+}
+
+while [ ${#name_of[@]} -gt 0 ]; do
+  finished=""
+  rc=0
+  wait -n -p finished "${!name_of[@]}" || rc=$?
+  if [ -n "$stop_reason" ]; then
+    echo "launch_cluster: $stop_reason; stopping ${#name_of[@]} running task(s)" >&2
+    stop_all
+    break
+  fi
+  [ -n "$finished" ] || continue
+  name="${name_of[$finished]}"
+  unset "name_of[$finished]"
+  if [ "$rc" != 0 ]; then
+    echo "launch_cluster: $name exited with $rc (log: $LOGDIR/$(cut -d@ -f1 <<<"$name" | tr : _).log);" \
+         "stopping ${#name_of[@]} other task(s)" >&2
+    failed=1
+    stop_all
+  fi
 done
-grep -h "test accuracy" "$LOGDIR"/worker_0.log 2>/dev/null | tail -1
-exit $failed
+if [ "$exit_code" = 0 ] && [ "$failed" = 1 ]; then exit_code=1; fi
+if [ "$exit_code" = 0 ]; then grep -h "test accuracy = " "$LOGDIR/worker_0.log" 2>/dev/null | tail -1 || true; fi
+exit "$exit_code"

@@ -1,44 +1,190 @@
 #!/usr/bin/env python3
-"""Trains the same model on the same number of examples in local mode and on local clusters of 1 ps with
+"""Trains the same model on the same number of examples in local mode and on clusters of --num_ps ps tasks with
 1, 2, 4... workers, sync and async, and prints a table: configuration, wall-clock seconds, training seconds,
-examples/sec, speed-up over local, final test accuracy. With --plot FILE.png draws the figures (needs
-matplotlib: run with /usr/bin/python3 on Debian).
+examples/sec, speed-up over local, scaling efficiency (examples/sec / (workers x local examples/sec)), seconds
+to --target_accuracy, final test accuracy. Writes the table as CSV and JSON (and a PNG plot with matplotlib:
+run with /usr/bin/python3 on Debian) beside --plot FILE.png or at --out PREFIX (PREFIX.csv/.json/.png).
 
-  scripts/compare_cluster_sizes.sh --model=mlp --examples=200000 --sizes=1,2 --modes=sync,async
+Clusters run on 127.0.0.1 (scripts/run_local_cluster.sh) or, with --netns, across emulated hosts in network
+namespaces (scripts/netns_hosts.sh; root): every ps task and every worker on its own host, links optionally
+capped with --bandwidth=RATE (tc tbf, e.g. 1gbit), so a slow link's effect on sync vs async shows.
+
+Time to accuracy: the chief evaluates every --eval_every global steps and prints
+"step N: test accuracy = X at T sec"; the first T with X >= --target_accuracy is the configuration's time to
+accuracy (or the whole training time if only the final evaluation reaches it).
+
+  scripts/compare_cluster_sizes.sh --model=mlp --examples=200000 --sizes=1,2 --modes=sync,async \\
+      --target_accuracy=0.8 --eval_every=100 --out=/tmp/sizes
+  scripts/compare_cluster_sizes.sh --netns --bandwidth=1gbit --model=mlp --sizes=1,2
 Extra arguments after -- go to every worker (e.g. -- --threads=1).
 """
 import argparse
+import csv
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NETNS = os.path.join(ROOT, "scripts", "netns_hosts.sh")
+EVAL_LINE = re.compile(r"^step (\d+): test accuracy = ([0-9.]+) at ([0-9.]+) sec$", re.M)
+FINAL_LINE = re.compile(r"^step (\d+): test accuracy = ([0-9.]+) \(\d+ examples\)$", re.M)
+WORKER_LINE = re.compile(r"worker (\d+): (\d+) local steps, (\d+) examples in ([0-9.]+) sec")
 
 
-def run(cmd, log):
+def run_bounded(cmd, log, timeout, env=None):
+    """Runs cmd in its own process group, output to log; kills the group after timeout. Returns (rc, secs)."""
     t0 = time.time()
     with open(log, "w") as f:
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            f.write("\ncompare_cluster_sizes: killed after %d s\n" % timeout)
+            rc = 124
     return rc, time.time() - t0
 
 
-def parse_logs(logdir, pattern_files):
-    examples, train_secs, acc = 0, 0.0, None
-    for name in pattern_files:
+def parse_logs(logdir, names, target):
+    """Examples, training seconds (slowest worker), final accuracy, seconds to target accuracy."""
+    examples, train_secs, acc, t_acc, chief_secs = 0, 0.0, None, None, None
+    for name in names:
         path = os.path.join(logdir, name)
         if not os.path.exists(path):
             continue
-        text = open(path).read()
-        for m in re.finditer(r"worker \d+: (\d+) local steps, (\d+) examples in ([0-9.]+) sec", text):
-            examples += int(m.group(2))
-            train_secs = max(train_secs, float(m.group(3)))
-        m = re.search(r"test accuracy = ([0-9.]+) \(", text)
+        text = open(path, errors="replace").read()
+        for m in WORKER_LINE.finditer(text):
+            examples += int(m.group(3))
+            train_secs = max(train_secs, float(m.group(4)))
+            if m.group(1) == "0":
+                chief_secs = float(m.group(4))
+        m = FINAL_LINE.search(text)
         if m:
-            acc = float(m.group(1))
-    return examples, train_secs, acc
+            acc = float(m.group(2))
+        if target is not None and t_acc is None:
+            for m in EVAL_LINE.finditer(text):
+                if float(m.group(2)) >= target:
+                    t_acc = float(m.group(3))
+                    break
+    if target is not None and t_acc is None and acc is not None and acc >= target:
+        t_acc = chief_secs
+    return examples, train_secs, acc, t_acc
+
+
+def run_netns_cluster(a, n, mode_args, logdir, timeout):
+    """One ps per ps host and one worker per worker host, in network namespaces; returns the worst exit code."""
+    name = "dtcmp%d-%d" % (os.getpid(), n)
+    hosts = a.num_ps + n
+    up = [NETNS, "up", name, str(hosts)] + (["--bandwidth=" + a.bandwidth] if a.bandwidth else [])
+    out = subprocess.run(up, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    if out.returncode != 0:
+        sys.exit("compare_cluster_sizes: cannot create the network namespaces: %s" % out.stdout.strip())
+    procs = []
+    try:
+        addrs = [line.split()[1] for line in out.stdout.split("\n") if line.strip()]
+        ps_hosts = ",".join("%s:2222" % h for h in addrs[:a.num_ps])
+        worker_hosts = ",".join("%s:2222" % h for h in addrs[a.num_ps:])
+        cluster = ["--ps_hosts=" + ps_hosts, "--worker_hosts=" + worker_hosts]
+        for k in range(hosts):
+            if k < a.num_ps:
+                cmd = [os.path.join(a.bin, "dtrain_ps"), "--job_name=ps", "--task_index=%d" % k] + cluster
+                log = os.path.join(logdir, "ps_%d.log" % k)
+            else:
+                cmd = [os.path.join(a.bin, "dtrain_worker"), "--job_name=worker",
+                       "--task_index=%d" % (k - a.num_ps)] + cluster + mode_args
+                log = os.path.join(logdir, "worker_%d.log" % (k - a.num_ps))
+            f = open(log, "w")
+            procs.append(subprocess.Popen([NETNS, "exec", name, str(k)] + cmd, stdout=f, stderr=subprocess.STDOUT))
+            f.close()
+        # Until all have ended, the deadline passes, or one fails (the others would wait for it forever).
+        deadline = time.time() + timeout
+        while any(p.poll() is None for p in procs):
+            if time.time() > deadline:
+                return 124
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
+        failed = [p.returncode for p in procs if p.poll() not in (None, 0)]  # before we stop the rest
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        return failed[0] if failed else next((p.returncode for p in procs if p.returncode != 0), 0)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        subprocess.run([NETNS, "down", name], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=120)
+
+
+def write_table(rows, prefix, meta):
+    keys = ["configuration", "mode", "workers", "exit_code", "wall_secs", "train_secs", "examples",
+            "examples_per_sec", "speedup_vs_local", "scaling_efficiency", "secs_to_target_accuracy",
+            "final_accuracy"]
+    with open(prefix + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r[k] is None else r[k]) for k in keys})
+    with open(prefix + ".json", "w") as f:
+        json.dump({"settings": meta, "rows": rows}, f, indent=2)
+    print("table written to %s.csv and %s.json" % (prefix, prefix))
+
+
+def plot(rows, sizes, modes, path, title, target):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no matplotlib: run with /usr/bin/python3 (apt-get install python3-matplotlib)", file=sys.stderr)
+        return
+    local = rows[0]
+    panels = 4 if target is not None else 3
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 4))
+    ax_wall, ax_eps, ax_eff = axes[0], axes[1], axes[2]
+    ax_wall.axhline(local["wall_secs"], color="gray", linestyle="--", label="local")
+    ax_eps.axhline(local["examples_per_sec"], color="gray", linestyle="--", label="local")
+    ax_eps.plot(sizes, [n * local["examples_per_sec"] for n in sizes], color="black", linestyle=":",
+                label="ideal (linear)")
+    ax_eff.axhline(1.0, color="black", linestyle=":", label="ideal")
+    for mode in modes:
+        pts = [r for r in rows[1:] if r["mode"] == mode]
+        x = [r["workers"] for r in pts]
+        ax_wall.plot(x, [r["wall_secs"] for r in pts], "o-", label=mode)
+        ax_eps.plot(x, [r["examples_per_sec"] for r in pts], "o-", label=mode)
+        ax_eff.plot(x, [r["scaling_efficiency"] or 0 for r in pts], "o-", label=mode)
+        if target is not None:
+            t = [(r["workers"], r["secs_to_target_accuracy"]) for r in pts if r["secs_to_target_accuracy"]]
+            axes[3].plot([p[0] for p in t], [p[1] for p in t], "o-", label=mode)
+    if target is not None:
+        if local["secs_to_target_accuracy"]:
+            axes[3].axhline(local["secs_to_target_accuracy"], color="gray", linestyle="--", label="local")
+        axes[3].set_ylabel("seconds to test accuracy %.3g" % target)
+    ax_wall.set_ylabel("wall-clock seconds")
+    ax_eps.set_ylabel("examples/sec")
+    ax_eff.set_ylabel("scaling efficiency")
+    ax_eff.set_ylim(bottom=0)
+    for ax in axes:
+        ax.set_xlabel("workers")
+        ax.set_xticks(sizes)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print("plot written to %s" % path)
 
 
 def main():
@@ -49,78 +195,127 @@ def main():
     ap.add_argument("--sizes", default="1,2", help="worker counts, e.g. 1,2,4")
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--num_ps", type=int, default=1)
-    ap.add_argument("--plot", default="", help="write a PNG plot here")
+    ap.add_argument("--target_accuracy", type=float, default=None, help="report seconds until this test accuracy")
+    ap.add_argument("--eval_every", type=int, default=0,
+                    help="chief evaluates every N global steps (default with --target_accuracy: ~10 per run)")
+    ap.add_argument("--netns", action="store_true", help="run clusters across network namespaces (root)")
+    ap.add_argument("--bandwidth", default="", help="with --netns: cap every link, e.g. 1gbit or 100mbit")
+    ap.add_argument("--timeout_secs", type=int, default=3600, help="give up on one configuration after this")
+    ap.add_argument("--plot", default="", help="write a PNG plot here (and the table beside it as .csv/.json)")
+    ap.add_argument("--out", default="", help="write PREFIX.csv, PREFIX.json and PREFIX.png")
     ap.add_argument("--bin", default=os.environ.get("DTRAIN_BIN", os.path.join(ROOT, "build", "bin")))
     ap.add_argument("worker_args", nargs="*")
     a = ap.parse_args()
-    sizes = [int(s) for s in a.sizes.split(",") if s]
+    # SIGTERM unwinds like Ctrl-C, so that the network namespaces and processes of a running cluster go away.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        sizes = [int(s) for s in a.sizes.split(",") if s]
+    except ValueError:
+        ap.error("--sizes must be comma-separated worker counts, got %r" % a.sizes)
     modes = [m for m in a.modes.split(",") if m]
+    if not sizes or min(sizes) < 1:
+        ap.error("--sizes needs positive worker counts, got %r" % a.sizes)
+    if any(m not in ("sync", "async") for m in modes):
+        ap.error("--modes takes sync and/or async, got %r" % a.modes)
+    if a.num_ps < 1 or a.batch_size < 1 or a.examples < 1:
+        ap.error("--num_ps, --batch_size and --examples must be positive")
+    if a.target_accuracy is not None and not 0 < a.target_accuracy <= 1:
+        ap.error("--target_accuracy must be in (0, 1], got %g" % a.target_accuracy)
+    if a.bandwidth and not a.netns:
+        ap.error("--bandwidth needs --netns (links on 127.0.0.1 cannot be capped)")
+    if a.netns:
+        chk = subprocess.run([NETNS, "check"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if chk.returncode != 0:
+            sys.exit("compare_cluster_sizes: --netns unavailable here: %s" % chk.stdout.strip())
+        if a.bandwidth and not re.fullmatch(r"[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)", a.bandwidth):
+            ap.error("--bandwidth must look like 1gbit, 100mbit or 500kbit, got %r" % a.bandwidth)
+    for b in ("dtrain_ps", "dtrain_worker"):
+        if not os.access(os.path.join(a.bin, b), os.X_OK):
+            sys.exit("compare_cluster_sizes: %s not found in %s: build first (scripts/build.sh)" % (b, a.bin))
+    eval_every = a.eval_every
+    if a.target_accuracy is not None and eval_every <= 0:
+        eval_every = max(1, a.examples // a.batch_size // 10)
     common = ["--model=%s" % a.model, "--batch_size=%d" % a.batch_size, "--log_every=1000000"] + a.worker_args
+    target = a.target_accuracy
     env = dict(os.environ, DTRAIN_BIN=a.bin)
     rows = []
     work = tempfile.mkdtemp(prefix="dtrain_compare.")
 
+    def add_row(name, mode, n, rc, wall, logdir, names, steps):
+        ex, secs, acc, t_acc = parse_logs(logdir, names, target)
+        eps = ex / secs if secs > 0 else 0.0
+        rows.append({"configuration": name, "mode": mode, "workers": n, "exit_code": rc, "wall_secs": round(wall, 2),
+                     "train_secs": round(secs, 2), "examples": ex, "examples_per_sec": round(eps, 1),
+                     "speedup_vs_local": None, "scaling_efficiency": None,
+                     "secs_to_target_accuracy": None if t_acc is None else round(t_acc, 2),
+                     "final_accuracy": acc, "global_steps": steps})
+        print("done: %s (%.1f s)" % (name, wall), file=sys.stderr)
+
+    def eval_args(steps):
+        # Evaluate on the same fraction of the run in every configuration.
+        if eval_every <= 0:
+            return []
+        return ["--eval_every=%d" % max(1, round(eval_every * steps / max(1, a.examples // a.batch_size)))]
+
     steps_local = max(1, a.examples // a.batch_size)
     logdir = os.path.join(work, "local")
     os.makedirs(logdir)
-    rc, wall = run([os.path.join(a.bin, "dtrain_worker"), "--job_name=local",
-                    "--train_steps=%d" % steps_local] + common, os.path.join(logdir, "worker_0.log"))
-    ex, secs, acc = parse_logs(logdir, ["worker_0.log"])
-    rows.append(("local", 0, rc, wall, secs, ex, acc))
-    print("done: local (%.1f s)" % wall, file=sys.stderr)
+    rc, wall = run_bounded([os.path.join(a.bin, "dtrain_worker"), "--job_name=local", "--train_steps=%d" % steps_local]
+                           + eval_args(steps_local) + common, os.path.join(logdir, "worker_0.log"), a.timeout_secs)
+    add_row("local", "local", 0, rc, wall, logdir, ["worker_0.log"], steps_local)
 
     for mode in modes:
         for n in sizes:
             # Sync: one global step consumes n batches; async: one batch per step.
             steps = max(1, a.examples // (a.batch_size * (n if mode == "sync" else 1)))
             logdir = os.path.join(work, "%s_%d" % (mode, n))
-            cmd = [os.path.join(ROOT, "scripts", "run_local_cluster.sh"), "--ps", str(a.num_ps), "--workers", str(n),
-                   "--logdir", logdir, "--", "--mode=%s" % mode, "--train_steps=%d" % steps] + common
+            os.makedirs(logdir)
+            mode_args = ["--mode=%s" % mode, "--train_steps=%d" % steps] + eval_args(steps) + common
             t0 = time.time()
-            with open(os.path.join(work, "%s_%d.out" % (mode, n)), "w") as f:
-                rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+            if a.netns:
+                rc = run_netns_cluster(a, n, mode_args, logdir, a.timeout_secs)
+            else:
+                cmd = [os.path.join(ROOT, "scripts", "run_local_cluster.sh"), "--ps", str(a.num_ps), "--workers",
+                       str(n), "--logdir", logdir, "--"] + mode_args
+                rc, _ = run_bounded(cmd, os.path.join(work, "%s_%d.out" % (mode, n)), a.timeout_secs, env)
             wall = time.time() - t0
-            ex, secs, acc = parse_logs(logdir, ["worker_%d.log" % i for i in range(n)] +
-                                       ["worker_%d.err" % i for i in range(n)])
-            rows.append(("%s, %d ps, %d worker%s" % (mode, a.num_ps, n, "s" if n > 1 else ""), n, rc, wall, secs,
-                         ex, acc))
-            print("done: %s %d workers (%.1f s)" % (mode, n, wall), file=sys.stderr)
+            name = "%s, %d ps, %d worker%s" % (mode, a.num_ps, n, "s" if n > 1 else "")
+            add_row(name, mode, n, rc, wall, logdir,
+                    ["worker_%d.log" % i for i in range(n)] + ["worker_%d.err" % i for i in range(n)], steps)
 
-    base_eps = rows[0][5] / rows[0][4] if rows[0][4] > 0 else 0
-    print("\nmodel %s, batch %d per worker, %d examples per configuration (logs: %s)" %
-          (a.model, a.batch_size, a.examples, work))
-    hdr = "%-26s %9s %9s %13s %9s %9s" % ("configuration", "wall_s", "train_s", "examples/sec", "vs local",
-                                          "accuracy")
+    base_eps = rows[0]["examples_per_sec"]
+    for r in rows[1:]:
+        if base_eps > 0:
+            r["speedup_vs_local"] = round(r["examples_per_sec"] / base_eps, 3)
+            r["scaling_efficiency"] = round(r["examples_per_sec"] / (r["workers"] * base_eps), 3)
+    where = "127.0.0.1"
+    if a.netns:
+        where = "network namespaces%s" % (", links capped at " + a.bandwidth if a.bandwidth else ", uncapped links")
+    print("\nmodel %s, batch %d per worker, %d examples per configuration, clusters on %s (logs: %s)" %
+          (a.model, a.batch_size, a.examples, where, work))
+    tcol = "t_acc>=%.3g" % target if target is not None else "t_acc"
+    hdr = "%-26s %8s %8s %12s %9s %10s %11s %9s" % ("configuration", "wall_s", "train_s", "examples/sec",
+                                                    "vs local", "scaling", tcol, "accuracy")
     print(hdr)
     print("-" * len(hdr))
     ok = True
-    for name, n, rc, wall, secs, ex, acc in rows:
-        eps = ex / secs if secs > 0 else 0
-        print("%-26s %9.1f %9.1f %13.1f %8.2fx %9s%s" % (name, wall, secs, eps, eps / base_eps if base_eps else 0,
-                                                         "%.4f" % acc if acc is not None else "-",
-                                                         "" if rc == 0 else "  (FAILED rc=%d)" % rc))
-        ok = ok and rc == 0
-    if a.plot:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("no matplotlib: run with /usr/bin/python3 (apt-get install python3-matplotlib)", file=sys.stderr)
-            return 0 if ok else 1
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        ax1.axhline(rows[0][3], color="gray", linestyle="--", label="local")
-        ax2.axhline(rows[0][5] / max(rows[0][4], 1e-9), color="gray", linestyle="--", label="local")
-        for mode in modes:
-            pts = [(r[1], r[3], r[5] / max(r[4], 1e-9)) for r in rows[1:] if r[0].startswith(mode)]
-            ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=mode)
-            ax2.plot([p[0] for p in pts], [p[2] for p in pts], "o-", label=mode)
-        ax1.set_xlabel("workers"); ax1.set_ylabel("wall-clock seconds"); ax1.legend(); ax1.set_xticks(sizes)
-        ax2.set_xlabel("workers"); ax2.set_ylabel("examples/sec"); ax2.legend(); ax2.set_xticks(sizes)
-        fig.suptitle("dtrain %s: %d examples, batch %d" % (a.model, a.examples, a.batch_size))
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=100)
-        print("plot written to %s" % a.plot)
+    for r in rows:
+        print("%-26s %8.1f %8.1f %12.1f %9s %10s %11s %9s%s" % (
+            r["configuration"], r["wall_secs"], r["train_secs"], r["examples_per_sec"],
+            "-" if r["speedup_vs_local"] is None else "%.2fx" % r["speedup_vs_local"],
+            "-" if r["scaling_efficiency"] is None else "%.0f%%" % (100 * r["scaling_efficiency"]),
+            "-" if r["secs_to_target_accuracy"] is None else "%.1f s" % r["secs_to_target_accuracy"],
+            "-" if r["final_accuracy"] is None else "%.4f" % r["final_accuracy"],
+            "" if r["exit_code"] == 0 else "  (FAILED rc=%d)" % r["exit_code"]))
+        ok = ok and r["exit_code"] == 0
+    prefix = a.out or (os.path.splitext(a.plot)[0] if a.plot else "")
+    if prefix:
+        meta = {"model": a.model, "batch_size": a.batch_size, "examples": a.examples, "num_ps": a.num_ps,
+                "sizes": sizes, "modes": modes, "target_accuracy": target, "eval_every": eval_every,
+                "netns": a.netns, "bandwidth": a.bandwidth or None, "worker_args": a.worker_args}
+        write_table(rows, prefix, meta)
+        title = "dtrain %s: %d examples, batch %d, %s" % (a.model, a.examples, a.batch_size, where)
+        plot(rows, sizes, modes, a.plot or prefix + ".png", title, target)
     return 0 if ok else 1
 
 

@@ -3,7 +3,11 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
       libdnnl-dev ocl-icd-opencl-dev libgoogle-glog-dev nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev
-      libbenchmark-dev libssl-dev openssl dataset-fashion-mnist)
+      libbenchmark-dev libssl-dev openssl dataset-fashion-mnist
+      # The deployment tests: a real Slurm on this machine, network namespaces with tc, sshd across them.
+      slurmctld slurmd slurm-client munge iproute2 procps openssh-server openssh-client)
+# Node.js runs the offline Kubernetes manifest validator (its npm packages are installed at the end).
+command -v npm >/dev/null || pkgs+=(nodejs npm)
 # DTRAIN_WITH_PLOTS=1: matplotlib for compare_cluster_sizes --plot; DTRAIN_WITH_TORCH=1: what
 # scripts/compare_pytorch.py needs (PyTorch with the OpenMP OpenBLAS, numpy).
 if [ "${DTRAIN_WITH_PLOTS:-0}" = 1 ]; then pkgs+=(python3-matplotlib); fi
@@ -12,10 +16,29 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+# The Kubernetes validator's npm packages (pinned by deploy/kubernetes/validate/package-lock.json), into
+# deploy/kubernetes/validate/node_modules.
+install_validator() {
+  local v
+  v="$(cd "$(dirname "$0")/.." && pwd)/deploy/kubernetes/validate"
+  [ -d "$v/node_modules/kubernetes-models" ] && [ -d "$v/node_modules/yaml" ] && return 0
+  echo "installing the Kubernetes manifest validator's npm packages into $v/node_modules"
+  (cd "$v" && npm ci --no-audit --no-fund --loglevel=error)
+}
+if [ ${#missing[@]} -eq 0 ]; then install_validator; exit 0; fi
 echo "installing: ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
+# Packages with daemons (munge, slurmctld, slurmd, sshd) must not start them: the tests start their own, with
+# private configs. A policy-rc.d that says 101 makes invoke-rc.d/deb-systemd-invoke skip every start; one we
+# add is removed again, one already there is left alone.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\n# added by dtrain scripts/install_deps.sh while it installs\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+  $SUDO chmod 755 "$policy"
+  trap '$SUDO rm -f "$policy"' EXIT
+fi
 $SUDO apt-get update -qq -o DPkg::Lock::Timeout=300 || true
 $SUDO apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends "${missing[@]}"
+install_validator

@@ -49,6 +49,9 @@ ABSL_FLAG(int, threads, 1, "CPU threads for this worker's towers");
 ABSL_FLAG(int, log_every, 100, "Print a progress line every this many local steps");
 ABSL_FLAG(int64_t, eval_every, 0, "Chief: evaluate test accuracy every this many global steps (0: at the end)");
 ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");
+ABSL_FLAG(int, summary_every, 0,
+          "Chief with --logdir: every this many local steps add the learning rate, ps traffic, staleness and "
+          "weight/gradient histograms to the TensorBoard events (0: off)");
 // Checkpoint flags are read by dtrain_ps; workers accept them so that one command line serves every process.
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Checkpoints: written and restored by the ps tasks (and by the in-process ps of --job_name=local)");
@@ -112,6 +115,7 @@ int main(int argc, char** argv) {
   o.log_every = absl::GetFlag(FLAGS_log_every);
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.logdir = absl::GetFlag(FLAGS_logdir);
+  o.summary_every = absl::GetFlag(FLAGS_summary_every);
   o.startup_wait_secs = absl::GetFlag(FLAGS_startup_wait_secs);
   o.step_timeout_secs = absl::GetFlag(FLAGS_step_timeout_secs);
   o.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
@@ -129,6 +133,7 @@ int main(int argc, char** argv) {
   if (flags_ok.ok() && !(o.step_timeout_secs > 0)) {
     flags_ok = absl::InvalidArgumentError("--step_timeout_secs must be > 0");
   }
+  if (flags_ok.ok() && o.summary_every < 0) flags_ok = absl::InvalidArgumentError("--summary_every must be >= 0");
   if (flags_ok.ok()) {
     absl::StatusOr<std::vector<dtrain::kernels::DeviceSpec>> towers =
         dtrain::worker::ParseTowers(o.towers, o.num_gpus, o.threads);

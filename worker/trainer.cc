@@ -19,6 +19,7 @@
 #include "common/denormals.h"
 #include "ps/worker_client.h"
 #include "worker/step_runner.h"
+#include "worker/summaries.h"
 #include "worker/towers.h"
 
 namespace dtrain::worker {
@@ -196,6 +197,15 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     ASSIGN_OR_RETURN(events, EventWriter::Create(o.logdir));
   }
 
+  // ---- [deploy] summaries hook: learning rate, ps traffic, staleness, weight/gradient histograms ----
+  std::unique_ptr<TrainingSummaries> summaries;
+  if (events && o.summary_every > 0) {
+    ASSIGN_OR_RETURN(summaries, TrainingSummaries::Create(events.get(), model0->variables(), config.optimizer,
+                                                          client.num_tasks(),
+                                                          [&client](int t) { return client.Stats(t); }, absl::Now()));
+  }
+  // ---- [deploy] end ----
+
   // ---- the loop ----
   TrainingResult result;
   StepRunner runner(towers.get(), &client, config.mode == "sync");
@@ -237,11 +247,15 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       window_start = absl::Now();
       window_steps = 0;
     }
+    if (summaries && result.local_steps % o.summary_every == 0) {  // [deploy] summaries hook
+      ASSIGN_OR_RETURN(at, runner.Settle());  // the histograms read every parameter and gradient
+      RETURN_IF_ERROR(summaries->Write(at.step, params, towers->host_grads()));
+    }
     if (chief && next_eval > 0 && at.step >= next_eval && at.step < o.train_steps) {
       ASSIGN_OR_RETURN(at, runner.Settle());
       ASSIGN_OR_RETURN(double acc, evaluate(params));
       if (!o.quiet) {
-        std::printf("step %lld: test accuracy = %.4f (%.1f sec)\n", static_cast<long long>(at.step), acc,
+        std::printf("step %lld: test accuracy = %.4f at %.2f sec\n", static_cast<long long>(at.step), acc,
                     absl::ToDoubleSeconds(absl::Now() - start));
       }
       if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", at.step, acc));

@@ -62,6 +62,7 @@ struct WorkerOptions {
   int64_t eval_every = 0;       // chief: evaluate every this many global steps (0 = only at the end)
   bool evaluate = true;         // chief: evaluate at the end
   std::string logdir;           // chief: TensorBoard event files here (empty = none)
+  int summary_every = 0;        // chief with logdir: worker/summaries.h every this many local steps (0 = off)
   double startup_wait_secs = 300;  // how long to wait for ps tasks / the chief
   bool quiet = false;           // no progress lines (tests)
   double step_timeout_secs = 120;  // how long a step may wait for the ps (another worker's gradients)

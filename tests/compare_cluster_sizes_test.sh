@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# scripts/compare_cluster_sizes.sh end to end on a small MLP run: local, sync and async with 1 and 2 workers on
+# 127.0.0.1; the table's CSV and JSON have every configuration, scaling efficiency = examples/sec /
+# (workers x local examples/sec), seconds to the target accuracy, and the plot exists where matplotlib does.
+# As root with network namespaces: the same across namespaces with 1 Gbit/s links (--netns --bandwidth),
+# leaving no namespace behind. Bad flags exit 2.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+export DTRAIN_BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
+CMP="$ROOT/scripts/compare_cluster_sizes.sh"
+dir="$(mktemp -d /tmp/dtrain_compare_test.XXXXXX)"
+trap 'rm -rf "$dir"' EXIT
+export TMPDIR="$dir"  # the tool keeps its logs in a temp dir: inside ours
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# check_table PREFIX ROWS: the CSV/JSON at PREFIX are consistent and complete.
+check_table() {
+  /usr/bin/python3 - "$1" "$2" <<'PY' || fail "table $1"
+import csv, json, sys
+prefix, want = sys.argv[1], int(sys.argv[2])
+rows = json.load(open(prefix + ".json"))["rows"]
+assert len(rows) == want, "%d rows, want %d" % (len(rows), want)
+assert len(list(csv.DictReader(open(prefix + ".csv")))) == want, "CSV rows"
+local = rows[0]
+assert local["configuration"] == "local" and local["examples_per_sec"] > 0, local
+for r in rows[1:]:
+    assert r["exit_code"] == 0, r
+    assert r["examples_per_sec"] > 0 and r["examples"] > 0, r
+    eff = r["examples_per_sec"] / (r["workers"] * local["examples_per_sec"])
+    assert abs(r["scaling_efficiency"] - eff) < 2e-3, (r["scaling_efficiency"], eff)
+    assert r["secs_to_target_accuracy"] is not None and 0 < r["secs_to_target_accuracy"] <= r["wall_secs"], r
+    assert 0.3 < r["final_accuracy"] <= 1, r  # far above chance (0.1) after a few dozen steps
+print("table %s: %d rows consistent" % (prefix, want))
+PY
+}
+
+rc=0
+"$CMP" --model=mlp --examples=4000 --sizes=1,2 --target_accuracy=0.4 --eval_every=10 --out="$dir/local" \
+  >"$dir/local.out" 2>&1 || rc=$?
+cat "$dir/local.out"
+[ "$rc" = 0 ] || fail "compare exited $rc"
+grep -q "^async, 1 ps, 2 workers .*%" "$dir/local.out" || fail "no async 2-worker row with a scaling column"
+check_table "$dir/local" 5
+if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+  [ -s "$dir/local.png" ] || fail "no plot although matplotlib is installed"
+fi
+
+rc=0; "$CMP" --bandwidth=1gbit >"$dir/bad.out" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "bandwidth needs --netns" "$dir/bad.out" || fail "--bandwidth without --netns not refused"
+rc=0; "$CMP" --sizes=0 >"$dir/bad2.out" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "positive worker counts" "$dir/bad2.out" || fail "--sizes=0 not refused"
+
+if why="$("$ROOT/scripts/netns_hosts.sh" check)"; then
+  rc=0
+  "$CMP" --netns --bandwidth=1gbit --model=mlp --examples=4000 --sizes=2 --modes=async --target_accuracy=0.4 \
+    --eval_every=10 --out="$dir/netns" >"$dir/netns.out" 2>&1 || rc=$?
+  cat "$dir/netns.out"
+  [ "$rc" = 0 ] || fail "compare --netns exited $rc"
+  grep -q "clusters on network namespaces, links capped at 1gbit" "$dir/netns.out" || fail "netns run not announced"
+  check_table "$dir/netns" 2
+  # A failing worker must not leave the tool waiting for the ps (which would wait for the worker forever).
+  start=$SECONDS; rc=0
+  "$CMP" --netns --model=mlp --examples=1000 --sizes=1 --modes=sync --timeout_secs=300 -- --optimizer=bogus \
+    >"$dir/netns_fail.out" 2>&1 || rc=$?
+  tail -n 4 "$dir/netns_fail.out"
+  [ "$rc" = 1 ] && grep -q "^sync, 1 ps, 1 worker .*FAILED" "$dir/netns_fail.out" || fail "failing netns run: exit $rc"
+  [ $((SECONDS - start)) -lt 120 ] || fail "failing netns run took $((SECONDS - start)) s"
+  if ip netns list | grep -q "^dtcmp"; then fail "namespaces left behind: $(ip netns list | grep '^dtcmp' | xargs)"; fi
+else
+  echo "skipped: the --netns part ($why)"
+fi
+if [ "$failures" = 0 ]; then echo "1 passed, 0 failed"; exit 0; fi
+echo "0 passed, 1 failed"; exit 1
