@@ -5,11 +5,14 @@
 
 #include <cmath>
 #include <filesystem>
+#include <cstdlib>
+#include <fstream>
 #include <future>
 #include <numeric>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/denormals.h"
 #include "ps/grpc_ps_client.h"
@@ -242,6 +245,132 @@ TEST(GrpcPsTest, HandlerThreadsFlushDenormals) {
     for (float v : r->slices[0]) EXPECT_EQ(v, 0.0f) << mode << ": a denormal update was applied";
     (*server)->Shutdown();
   }
+}
+
+// A stranger without the cluster token, or with another, is refused on every method before anything changes.
+TEST(GrpcPsTest, CallsWithoutTheTokenAreRefusedAndChangeNothing) {
+  const std::string token = "0123456789abcdef-cluster-secret";
+  PsServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  so.ps.num_workers = 2;
+  so.linger = absl::ZeroDuration();
+  so.security.auth_token = token;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  GrpcClientOptions good_options;
+  good_options.security.auth_token = token;
+  absl::StatusOr<std::unique_ptr<PsInterface>> good = NewGrpcPsClient((*server)->address(), good_options);
+  ASSERT_TRUE(good.ok());
+  TrainConfig c = Config();
+  c.num_workers = 2;
+  c.slices = {SliceSpec{0, "w", 0, 4}};
+  ASSERT_TRUE((*good)->Register(RegisterRequest{0, true, c}).ok());
+  ASSERT_TRUE(InitializeSlices(**good, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
+
+  for (const std::string stranger_token : {std::string(), std::string("0123456789abcdef-wrong-secret!!")}) {
+    GrpcClientOptions o;
+    o.security.auth_token = stranger_token;
+    o.retry_window = absl::ZeroDuration();
+    absl::StatusOr<std::unique_ptr<PsInterface>> stranger = NewGrpcPsClient((*server)->address(), o);
+    ASSERT_TRUE(stranger.ok());
+    auto unauthenticated = [](const absl::Status& s) {
+      return s.code() == absl::StatusCode::kUnauthenticated && absl::StrContains(s.message(), "token");
+    };
+    EXPECT_TRUE(unauthenticated((*stranger)->Register(RegisterRequest{1, true, c}).status()));
+    EXPECT_TRUE(unauthenticated(InitializeSlices(**stranger, 0, {{0, {9.f, 9.f, 9.f, 9.f}}})));
+    EXPECT_TRUE(unauthenticated(PushSlices(**stranger, PushHeader{0, 0, 7, true}, {{0, {5.f, 5.f, 5.f, 5.f}}}).status()));
+    EXPECT_TRUE(unauthenticated(PullSlices(**stranger, PullRequest{}).status()));
+    EXPECT_TRUE(unauthenticated((*stranger)->Done(0)));
+    EXPECT_TRUE(unauthenticated((*stranger)->Done(1)));
+    EXPECT_TRUE(unauthenticated((*stranger)->GetStats().status()));
+  }
+  // Nothing changed: step 0, the initial values, nobody done, no bytes received beyond the initialization.
+  absl::StatusOr<TrainingStats> stats = (*good)->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->global_step, 0);
+  EXPECT_FALSE(stats->workers[0].done);
+  EXPECT_FALSE(stats->workers[1].done);
+  EXPECT_EQ(stats->bytes_received, 16);
+  absl::StatusOr<Pulled> values = PullSlices(**good, PullRequest{});
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(values->slices[0], (std::vector<float>{1.f, 2.f, 3.f, 4.f}));
+  (*server)->Shutdown();
+}
+
+// TLS with certificates made for this test: the right client trains; a client that does not speak TLS, one that
+// trusts another CA, and one without a client certificate (the ps requires one) cannot reach it.
+TEST(GrpcPsTest, MutualTls) {
+  if (std::system("command -v openssl >/dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl binary";
+  const std::string dir = absl::StrCat(::testing::TempDir(), "dtrain_tls_", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string script = absl::StrCat(
+      "set -e; cd ", dir, "; ",
+      "mk() { openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj \"/CN=$1\" ",
+      "-keyout $1.key -out $1.pem 2>/dev/null; }; ",
+      "sign() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj \"/CN=$2\" -keyout $2.key ",
+      "-out $2.csr 2>/dev/null; printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > $2.ext; ",
+      "openssl x509 -req -in $2.csr -CA $1.pem -CAkey $1.key -CAcreateserial -days 1 -extfile $2.ext -out $2.pem ",
+      "2>/dev/null; }; ",
+      "mk ca; mk other_ca; sign ca server; sign ca worker");
+  ASSERT_EQ(std::system(absl::StrCat("bash -c '", script, "'").c_str()), 0) << script;
+  auto load = [&](const std::string& cert, const std::string& ca) {
+    absl::StatusOr<SecurityOptions> o = LoadSecurityOptions(
+        "", cert.empty() ? "" : absl::StrCat(dir, "/", cert, ".pem"), cert.empty() ? "" : absl::StrCat(dir, "/", cert, ".key"),
+        ca.empty() ? "" : absl::StrCat(dir, "/", ca, ".pem"), "");
+    EXPECT_TRUE(o.ok()) << o.status();
+    return o.ok() ? *o : SecurityOptions{};
+  };
+  PsServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  so.ps.num_workers = 1;
+  so.linger = absl::ZeroDuration();
+  so.security = load("server", "ca");
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  TrainConfig c = Config();
+  c.slices = {SliceSpec{0, "w", 0, 4}};
+  auto client = [&](const SecurityOptions& security) {
+    GrpcClientOptions o;
+    o.security = security;
+    o.retry_window = absl::ZeroDuration();
+    o.rpc_timeout = absl::Seconds(5);
+    return *NewGrpcPsClient((*server)->address(), o);
+  };
+  std::unique_ptr<PsInterface> good = client(load("worker", "ca"));
+  ASSERT_TRUE(good->Register(RegisterRequest{0, true, c}).ok());
+  ASSERT_TRUE(InitializeSlices(*good, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
+  ASSERT_TRUE(PushSlices(*good, PushHeader{0, 0, 1, true}, {{0, {2.f, 2.f, 2.f, 2.f}}}).ok());
+  PullRequest pull;
+  pull.min_step = 1;
+  absl::StatusOr<Pulled> pulled = PullSlices(*good, pull);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->slices[0], (std::vector<float>{0.f, 1.f, 2.f, 3.f}));
+  EXPECT_FALSE(client(SecurityOptions{})->GetStats().ok()) << "plain text reached a TLS server";
+  EXPECT_FALSE(client(load("worker", "other_ca"))->GetStats().ok()) << "a client trusting another CA connected";
+  EXPECT_FALSE(client(load("", "ca"))->GetStats().ok()) << "a client without a certificate connected";
+  (*server)->Shutdown();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GrpcPsTest, SecurityFlagsAreChecked) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "dtrain_secflags_", getpid());
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(absl::StrCat(dir, "/", name)) << text;
+    return absl::StrCat(dir, "/", name);
+  };
+  EXPECT_EQ(LoadSecurityOptions(dir + "/missing", "", "", "", "").status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<SecurityOptions> s = LoadSecurityOptions(write("short", "tooshort\n"), "", "", "", "");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("at least 16"), std::string::npos) << s.status();
+  s = LoadSecurityOptions(write("good", "  0123456789abcdef0123\n"), "", "", "", "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->auth_token, "0123456789abcdef0123");
+  s = LoadSecurityOptions("", write("cert.pem", "-----BEGIN CERTIFICATE-----\n"), "", "", "");
+  EXPECT_NE(s.status().message().find("go together"), std::string::npos) << s.status();
+  s = LoadSecurityOptions("", "", "", write("ca.pem", "not a certificate"), "");
+  EXPECT_NE(s.status().message().find("not a PEM"), std::string::npos) << s.status();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(GrpcPsTest, ShutdownEndsAWaitingPullAtOnce) {

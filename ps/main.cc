@@ -31,6 +31,11 @@ ABSL_FLAG(int64_t, save_checkpoint_steps, 0,
           "Save when the global step reaches a multiple of this (0: off); in sync mode ps 0 decides for all tasks");
 ABSL_FLAG(double, save_checkpoint_secs, 0, "Save when this many seconds passed since the last save (0: off)");
 ABSL_FLAG(int, keep_checkpoints, 5, "Keep the newest this many checkpoints of this task (0: keep all)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "The cluster's secret token: every call must carry it (see ps/grpc_security.h; empty: no authentication)");
+ABSL_FLAG(std::string, tls_cert, "", "Serve TLS with this certificate chain (PEM; with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "The private key of --tls_cert (PEM)");
+ABSL_FLAG(std::string, tls_ca, "", "Require and verify client certificates signed by this CA (PEM)");
 ABSL_FLAG(double, max_run_secs, 0, "Give up and exit 1 after this long (0: wait for the workers forever)");
 
 int main(int argc, char** argv) {
@@ -79,6 +84,14 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  absl::StatusOr<dtrain::ps::SecurityOptions> security =
+      dtrain::ps::LoadSecurityOptions(absl::GetFlag(FLAGS_auth_token_file), absl::GetFlag(FLAGS_tls_cert),
+                                      absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca), "");
+  if (!security.ok()) {
+    std::fprintf(stderr, "dtrain_ps: %s\n", std::string(security.status().message()).c_str());
+    return 2;
+  }
+  o.security = *security;
   absl::StatusOr<std::unique_ptr<dtrain::ps::PsServer>> server = dtrain::ps::PsServer::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "dtrain_ps: %s\n", std::string(server.status().message()).c_str());

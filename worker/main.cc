@@ -59,6 +59,12 @@ ABSL_FLAG(int64_t, save_checkpoint_steps, 0, "Checkpoint every N global steps (p
 ABSL_FLAG(double, save_checkpoint_secs, 0, "Checkpoint every N seconds (ps tasks / local mode)");
 ABSL_FLAG(int, keep_checkpoints, 5, "Keep the newest N checkpoints (ps tasks / local mode)");
 ABSL_FLAG(int, debug_step_delay_ms, 0, "Test hook: sleep this long every step (simulates a slow worker)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "The cluster's secret token, sent with every call to the ps tasks (empty: none)");
+ABSL_FLAG(std::string, tls_cert, "", "Present this client certificate chain to the ps tasks (PEM; with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "The private key of --tls_cert (PEM)");
+ABSL_FLAG(std::string, tls_ca, "", "Talk TLS to the ps tasks and trust only certificates signed by this CA (PEM)");
+ABSL_FLAG(std::string, tls_server_name, "", "Expect this name in the ps certificates (default: the host of each address)");
 ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and the chief");
 ABSL_FLAG(double, step_timeout_secs, 120, "How long a step may wait for the ps tasks (e.g. for other workers)");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
@@ -159,6 +165,14 @@ int main(int argc, char** argv) {
   if (!cluster->is_local()) {
     LOG(INFO) << cluster->DebugString();
     dtrain::ps::GrpcClientOptions copt;
+    absl::StatusOr<dtrain::ps::SecurityOptions> security = dtrain::ps::LoadSecurityOptions(
+        absl::GetFlag(FLAGS_auth_token_file), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+        absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_server_name));
+    if (!security.ok()) {
+      std::fprintf(stderr, "dtrain_worker: %s\n", std::string(security.status().message()).c_str());
+      return 2;
+    }
+    copt.security = *security;
     for (const std::string& address : cluster->ps) {
       auto client = dtrain::ps::NewGrpcPsClient(address, copt);
       if (!client.ok()) {
