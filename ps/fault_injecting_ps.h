@@ -35,8 +35,15 @@ class FaultInjectingPs : public PsInterface {
     return std::unique_ptr<SliceUpload>(new TwiceUpload(target_, header, *std::move(upload)));
   }
   absl::Status Pull(const PullRequest& r, PullReceiver* receiver) override { return target_->Pull(r, receiver); }
-  absl::Status Done(int worker_id) override { return target_->Done(worker_id); }
+  absl::Status Done(int worker_id, uint64_t session) override { return target_->Done(worker_id, session); }
+  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {
+    return target_->Heartbeat(worker_id, session);
+  }
   absl::StatusOr<TrainingStats> GetStats() override { return target_->GetStats(); }
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& c) override { return target_->Probe(c); }
+  absl::Status Restore(const TrainConfig& c, int worker_id, int64_t step) override {
+    return target_->Restore(c, worker_id, step);
+  }
 
   int64_t pushes() const { return pushes_; }
 

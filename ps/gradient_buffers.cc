@@ -1,6 +1,7 @@
 #include "ps/gradient_buffers.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -13,10 +14,26 @@ void GradientBuffers::Buffer::Claim(int64_t step, uint64_t request_id) {
   std::fill(received_.begin(), received_.end(), 0);
   std::fill(applied_.begin(), applied_.end(), 0);
   num_complete_ = 0;
+  nonfinite_slice_.clear();
 }
 
+namespace {
+
+// Whether every float is finite: the exponent bits of NaN and Inf are all ones. Branch-free, so it vectorizes.
+bool AllFinite(const float* x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, 4);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+}  // namespace
+
 absl::Status GradientBuffers::Buffer::Write(int slice, int64_t offset, int64_t n, WireDtype dtype,
-                                            const void* data) {
+                                            const void* data, bool check_finite) {
   const int64_t length = length_[slice];
   if (offset < 0 || n < 0 || offset > length - n) {
     return absl::InvalidArgumentError(absl::StrCat("gradient for '", names_[slice], "': floats [", offset, ", ",
@@ -32,6 +49,9 @@ absl::Status GradientBuffers::Buffer::Write(int slice, int64_t offset, int64_t n
   std::vector<float>& values = values_[slice];
   if (values.empty()) values.resize(length);
   DecodeFloats(dtype, data, n, values.data() + offset);
+  if (check_finite && nonfinite_slice_.empty() && !AllFinite(values.data() + offset, n)) {
+    nonfinite_slice_ = names_[slice];
+  }
   received_[slice] += n;
   if (received_[slice] == length) ++num_complete_;
   return absl::OkStatus();

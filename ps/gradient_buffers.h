@@ -31,9 +31,12 @@ class GradientBuffers {
     uint64_t request_id() const { return request_id_; }
     // Makes the buffer belong to upload (step, request_id); a different upload resets what has arrived.
     void Claim(int64_t step, uint64_t request_id);
-    // Copies a piece in (decoding `dtype`). InvalidArgument for a range outside the slice or a piece that does
-    // not continue the slice (offset != floats received so far, unless 0).
-    absl::Status Write(int slice, int64_t offset, int64_t n, WireDtype dtype, const void* data);
+    // Copies a piece in (decoding `dtype`); with `check_finite`, notes whether it holds NaN or Inf.
+    // InvalidArgument for a range outside the slice or a piece that does not continue the slice (offset !=
+    // floats received so far, unless 0).
+    absl::Status Write(int slice, int64_t offset, int64_t n, WireDtype dtype, const void* data, bool check_finite);
+    // The first slice of the current upload with a non-finite value (its name), or empty.
+    const std::string& nonfinite_slice() const { return nonfinite_slice_; }
     bool complete(int slice) const { return received_[slice] == length_[slice]; }
     bool all_complete() const { return num_complete_ == static_cast<int>(length_.size()); }
     // "w/biases (0 of 10 floats), ..." for the slices not yet whole, for error messages.
@@ -53,6 +56,7 @@ class GradientBuffers {
     std::vector<int64_t> received_;
     std::vector<char> applied_;
     int num_complete_ = 0;
+    std::string nonfinite_slice_;
   };
 
   // RAII access to one worker's buffer.

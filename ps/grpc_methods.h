@@ -13,6 +13,9 @@ inline constexpr char kPush[] = "/dtrain.wire.ParameterServer/Push";            
 inline constexpr char kPull[] = "/dtrain.wire.ParameterServer/Pull";              // server stream of PullChunk
 inline constexpr char kDone[] = "/dtrain.wire.ParameterServer/Done";              // unary, protobuf
 inline constexpr char kGetStats[] = "/dtrain.wire.ParameterServer/GetStats";      // unary, protobuf
+inline constexpr char kHeartbeat[] = "/dtrain.wire.ParameterServer/Heartbeat";    // unary, protobuf
+inline constexpr char kProbe[] = "/dtrain.wire.ParameterServer/Probe";            // unary, protobuf
+inline constexpr char kRestore[] = "/dtrain.wire.ParameterServer/Restore";        // unary, protobuf
 
 }  // namespace dtrain::ps::grpc_methods
 

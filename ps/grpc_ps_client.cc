@@ -154,7 +154,10 @@ class GrpcPsClient final : public PsInterface {
         push_(grpc_methods::kPush, RpcMethod::CLIENT_STREAMING, channel_),
         pull_(grpc_methods::kPull, RpcMethod::SERVER_STREAMING, channel_),
         done_(grpc_methods::kDone, RpcMethod::NORMAL_RPC, channel_),
-        stats_(grpc_methods::kGetStats, RpcMethod::NORMAL_RPC, channel_) {}
+        stats_(grpc_methods::kGetStats, RpcMethod::NORMAL_RPC, channel_),
+        heartbeat_(grpc_methods::kHeartbeat, RpcMethod::NORMAL_RPC, channel_),
+        probe_(grpc_methods::kProbe, RpcMethod::NORMAL_RPC, channel_),
+        restore_(grpc_methods::kRestore, RpcMethod::NORMAL_RPC, channel_) {}
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) override {
     pb::RegisterRequest req;
@@ -165,7 +168,7 @@ class GrpcPsClient final : public PsInterface {
     pb::RegisterResponse resp;
     // One attempt: the caller (WorkerClient::Connect) waits for late ps tasks itself and logs what it waits for.
     RETURN_IF_ERROR(Unary("Register", register_, req, &resp, absl::ZeroDuration()));
-    return RegisterResponse{resp.initialized(), resp.global_step()};
+    return RegisterResponse{resp.initialized(), resp.global_step(), resp.session(), resp.lease_ms()};
   }
 
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {
@@ -222,11 +225,44 @@ class GrpcPsClient final : public PsInterface {
     return absl::OkStatus();
   }
 
-  absl::Status Done(int worker_id) override {
+  absl::Status Done(int worker_id, uint64_t session) override {
     pb::DoneRequest req;
     req.set_worker_id(worker_id);
+    req.set_session(session);
     pb::DoneResponse resp;
     return Unary("Done", done_, req, &resp);
+  }
+
+  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {
+    pb::HeartbeatRequest req;
+    req.set_worker_id(worker_id);
+    req.set_session(session);
+    pb::HeartbeatResponse resp;
+    // One attempt: the next heartbeat is soon.
+    RETURN_IF_ERROR(Unary("Heartbeat", heartbeat_, req, &resp, absl::ZeroDuration()));
+    return resp.step();
+  }
+
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override {
+    pb::ProbeRequest req;
+    wire::ToProto(config, req.mutable_config());
+    pb::ProbeResponse resp;
+    RETURN_IF_ERROR(Unary("Probe", probe_, req, &resp, absl::ZeroDuration()));
+    CheckpointProbe probe;
+    probe.configured = resp.configured();
+    probe.initialized = resp.initialized();
+    probe.step = resp.step();
+    probe.restorable_steps.assign(resp.restorable_steps().begin(), resp.restorable_steps().end());
+    return probe;
+  }
+
+  absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override {
+    pb::RestoreRequest req;
+    wire::ToProto(config, req.mutable_config());
+    req.set_worker_id(worker_id);
+    req.set_step(step);
+    pb::RestoreResponse resp;
+    return Unary("Restore", restore_, req, &resp, absl::ZeroDuration());
   }
 
   absl::StatusOr<TrainingStats> GetStats() override {
@@ -263,7 +299,7 @@ class GrpcPsClient final : public PsInterface {
   const std::string address_;
   const GrpcClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
-  const RpcMethod register_, initialize_, push_, pull_, done_, stats_;
+  const RpcMethod register_, initialize_, push_, pull_, done_, stats_, heartbeat_, probe_, restore_;
 };
 
 }  // namespace

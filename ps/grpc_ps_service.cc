@@ -142,8 +142,42 @@ class GrpcPsService final : public grpc::Service {
         grpc_methods::kDone, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::DoneRequest, pb::DoneResponse>(
             [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::DoneRequest* req, pb::DoneResponse*) {
+              SetFlushDenormals();  // a worker leaving may decide (and apply) a step
               if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
-              return wire::ToGrpc(s->ps_->Done(req->worker_id()));
+              return wire::ToGrpc(s->ps_->Done(req->worker_id(), req->session()));
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        grpc_methods::kHeartbeat, RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<GrpcPsService, pb::HeartbeatRequest, pb::HeartbeatResponse>(
+            [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::HeartbeatRequest* req,
+               pb::HeartbeatResponse* resp) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
+              absl::StatusOr<int64_t> step = s->ps_->Heartbeat(req->worker_id(), req->session());
+              if (step.ok()) resp->set_step(*step);
+              return wire::ToGrpc(step.status());
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        grpc_methods::kProbe, RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<GrpcPsService, pb::ProbeRequest, pb::ProbeResponse>(
+            [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::ProbeRequest* req, pb::ProbeResponse* resp) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
+              absl::StatusOr<CheckpointProbe> probe = s->ps_->Probe(wire::FromProto(req->config()));
+              if (!probe.ok()) return wire::ToGrpc(probe.status());
+              resp->set_configured(probe->configured);
+              resp->set_initialized(probe->initialized);
+              resp->set_step(probe->step);
+              for (int64_t step : probe->restorable_steps) resp->add_restorable_steps(step);
+              return grpc::Status::OK;
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        grpc_methods::kRestore, RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<GrpcPsService, pb::RestoreRequest, pb::RestoreResponse>(
+            [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::RestoreRequest* req, pb::RestoreResponse*) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
+              return wire::ToGrpc(s->ps_->Restore(wire::FromProto(req->config()), req->worker_id(), req->step()));
             },
             this)));
     AddMethod(new RpcServiceMethod(
@@ -170,6 +204,8 @@ class GrpcPsService final : public grpc::Service {
     if (!out.ok()) return wire::ToGrpc(out.status());
     resp->set_initialized(out->initialized);
     resp->set_global_step(out->global_step);
+    resp->set_session(out->session);
+    resp->set_lease_ms(out->lease_ms);
     return grpc::Status::OK;
   }
 

@@ -65,7 +65,7 @@ TEST(GrpcPsTest, RoundTripLargeTensorsAndRetriedPush) {
   std::iota(initial.begin(), initial.end(), 0.f);
   ASSERT_TRUE(InitializeSlices(ps, 0, {{0, initial}, {1, {1.f, 2.f, 3.f}}}).ok());
 
-  const PushHeader header{0, 0, 42, /*commit=*/true};
+  const PushHeader header{0, 0, 42, /*commit=*/true, reg->session};
   const Slices grads = {{0, std::vector<float>(kBig, 2.f)}, {1, {2.f, 4.f, 6.f}}};
   absl::StatusOr<PushResponse> pushed = PushSlices(ps, header, grads);
   ASSERT_TRUE(pushed.ok()) << pushed.status();
@@ -78,6 +78,7 @@ TEST(GrpcPsTest, RoundTripLargeTensorsAndRetriedPush) {
 
   PullRequest pull;
   pull.worker_id = 0;
+  pull.session = reg->session;
   pull.min_step = 1;
   absl::StatusOr<Pulled> pulled = PullSlices(ps, pull);
   ASSERT_TRUE(pulled.ok()) << pulled.status();
@@ -91,7 +92,7 @@ TEST(GrpcPsTest, RoundTripLargeTensorsAndRetriedPush) {
   EXPECT_EQ(stats->workers[0].duplicates, 1);
   EXPECT_EQ(stats->workers[0].applied, 1);
 
-  ASSERT_TRUE(ps.Done(0).ok());
+  ASSERT_TRUE(ps.Done(0, reg->session).ok());
   EXPECT_TRUE((*server)->Wait(absl::Seconds(10)));  // finished: every worker is done
 }
 
@@ -104,18 +105,20 @@ TEST(GrpcPsTest, HundredMegabytesInNarrowAndWideTypes) {
   TrainConfig c = Config();
   c.optimizer.learning_rate = 1.0f;
   c.slices = {SliceSpec{0, "huge", 0, kHuge}};
-  ASSERT_TRUE((*client)->Register(RegisterRequest{0, true, c}).ok());
+  absl::StatusOr<RegisterResponse> reg = (*client)->Register(RegisterRequest{0, true, c});
+  ASSERT_TRUE(reg.ok()) << reg.status();
   std::vector<float> values(kHuge);
   for (int64_t i = 0; i < kHuge; ++i) values[i] = static_cast<float>(i % 1000) * 0.25f;  // exact in bf16
   ASSERT_TRUE(InitializeSlices(**client, 0, {{0, values}}).ok());
   // A bf16 gradient upload: half the bytes, decoded by the ps.
   std::vector<uint16_t> bf16(kHuge, 0x3f80);  // 1.0
-  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = (*client)->StartPush(PushHeader{0, 0, 1, true});
+  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = (*client)->StartPush(PushHeader{0, 0, 1, true, reg->session});
   ASSERT_TRUE(upload.ok()) << upload.status();
   ASSERT_TRUE((*upload)->Write(0, 0, kHuge, WireDtype::kBF16, bf16.data()).ok());
   ASSERT_TRUE((*upload)->Finish().ok());
   for (WireDtype dtype : {WireDtype::kF32, WireDtype::kBF16}) {
     PullRequest pull;
+    pull.session = reg->session;
     pull.min_step = 1;
     pull.wire_dtype = dtype;
     std::vector<float> out(kHuge, -7.f);
@@ -152,7 +155,7 @@ TEST(GrpcPsTest, ErrorsKeepTheirCodeAndMessage) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(bad.status().message().find("model_signature"), std::string::npos) << bad.status();
   // A stranger's worker id.
-  EXPECT_FALSE((*client)->Done(7).ok());
+  EXPECT_FALSE((*client)->Done(7, 1).ok());
   (*server)->Shutdown();
 }
 
@@ -189,10 +192,13 @@ TEST(GrpcPsTest, CheckpointFieldsCrossTheWire) {
     ASSERT_TRUE(server.ok()) << server.status();
     auto client = NewGrpcPsClient((*server)->address(), {});
     ASSERT_TRUE(client.ok());
-    ASSERT_FALSE((*client)->Register(RegisterRequest{0, true, c})->initialized);
+    absl::StatusOr<RegisterResponse> reg = (*client)->Register(RegisterRequest{0, true, c});
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    ASSERT_FALSE(reg->initialized);
     ASSERT_TRUE(InitializeSlices(**client, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
-    ASSERT_TRUE(PushSlices(**client, PushHeader{0, 0, 1, true}, {{0, {1.f, 1.f, 1.f, 1.f}}}).ok());
+    ASSERT_TRUE(PushSlices(**client, PushHeader{0, 0, 1, true, reg->session}, {{0, {1.f, 1.f, 1.f, 1.f}}}).ok());
     PullRequest pull;
+    pull.session = reg->session;
     pull.min_step = 1;
     absl::StatusOr<Pulled> values = PullSlices(**client, pull);
     ASSERT_TRUE(values.ok()) << values.status();
@@ -234,10 +240,12 @@ TEST(GrpcPsTest, HandlerThreadsFlushDenormals) {
     c.mode = mode;
     c.optimizer.learning_rate = 1.0f;
     c.slices = {SliceSpec{0, "w", 0, 4}};
-    ASSERT_TRUE((*client)->Register(RegisterRequest{0, true, c}).ok());
+    absl::StatusOr<RegisterResponse> reg = (*client)->Register(RegisterRequest{0, true, c});
+    ASSERT_TRUE(reg.ok()) << reg.status();
     ASSERT_TRUE(InitializeSlices(**client, 0, {{0, {0.f, 0.f, 0.f, 0.f}}}).ok());
-    ASSERT_TRUE(PushSlices(**client, PushHeader{0, 0, 1, true}, {{0, std::vector<float>(4, 1e-39f)}}).ok());
+    ASSERT_TRUE(PushSlices(**client, PushHeader{0, 0, 1, true, reg->session}, {{0, std::vector<float>(4, 1e-39f)}}).ok());
     PullRequest pull;
+    pull.session = reg->session;
     pull.min_step = 1;
     absl::StatusOr<Pulled> r = PullSlices(**client, pull);
     ASSERT_TRUE(r.ok()) << r.status();
@@ -264,7 +272,8 @@ TEST(GrpcPsTest, CallsWithoutTheTokenAreRefusedAndChangeNothing) {
   TrainConfig c = Config();
   c.num_workers = 2;
   c.slices = {SliceSpec{0, "w", 0, 4}};
-  ASSERT_TRUE((*good)->Register(RegisterRequest{0, true, c}).ok());
+  absl::StatusOr<RegisterResponse> reg = (*good)->Register(RegisterRequest{0, true, c});
+  ASSERT_TRUE(reg.ok()) << reg.status();
   ASSERT_TRUE(InitializeSlices(**good, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
 
   for (const std::string stranger_token : {std::string(), std::string("0123456789abcdef-wrong-secret!!")}) {
@@ -278,10 +287,12 @@ TEST(GrpcPsTest, CallsWithoutTheTokenAreRefusedAndChangeNothing) {
     };
     EXPECT_TRUE(unauthenticated((*stranger)->Register(RegisterRequest{1, true, c}).status()));
     EXPECT_TRUE(unauthenticated(InitializeSlices(**stranger, 0, {{0, {9.f, 9.f, 9.f, 9.f}}})));
-    EXPECT_TRUE(unauthenticated(PushSlices(**stranger, PushHeader{0, 0, 7, true}, {{0, {5.f, 5.f, 5.f, 5.f}}}).status()));
+    EXPECT_TRUE(unauthenticated(
+        PushSlices(**stranger, PushHeader{0, 0, 7, true, reg->session}, {{0, {5.f, 5.f, 5.f, 5.f}}}).status()));
     EXPECT_TRUE(unauthenticated(PullSlices(**stranger, PullRequest{}).status()));
-    EXPECT_TRUE(unauthenticated((*stranger)->Done(0)));
-    EXPECT_TRUE(unauthenticated((*stranger)->Done(1)));
+    EXPECT_TRUE(unauthenticated((*stranger)->Done(0, 1)));
+    EXPECT_TRUE(unauthenticated((*stranger)->Done(1, 1)));
+    EXPECT_TRUE(unauthenticated((*stranger)->Heartbeat(0, 1).status()));
     EXPECT_TRUE(unauthenticated((*stranger)->GetStats().status()));
   }
   // Nothing changed: step 0, the initial values, nobody done, no bytes received beyond the initialization.
@@ -291,7 +302,9 @@ TEST(GrpcPsTest, CallsWithoutTheTokenAreRefusedAndChangeNothing) {
   EXPECT_FALSE(stats->workers[0].done);
   EXPECT_FALSE(stats->workers[1].done);
   EXPECT_EQ(stats->bytes_received, 16);
-  absl::StatusOr<Pulled> values = PullSlices(**good, PullRequest{});
+  PullRequest pull;
+  pull.session = reg->session;
+  absl::StatusOr<Pulled> values = PullSlices(**good, pull);
   ASSERT_TRUE(values.ok()) << values.status();
   EXPECT_EQ(values->slices[0], (std::vector<float>{1.f, 2.f, 3.f, 4.f}));
   (*server)->Shutdown();
@@ -337,10 +350,12 @@ TEST(GrpcPsTest, MutualTls) {
     return *NewGrpcPsClient((*server)->address(), o);
   };
   std::unique_ptr<PsInterface> good = client(load("worker", "ca"));
-  ASSERT_TRUE(good->Register(RegisterRequest{0, true, c}).ok());
+  absl::StatusOr<RegisterResponse> reg = good->Register(RegisterRequest{0, true, c});
+  ASSERT_TRUE(reg.ok()) << reg.status();
   ASSERT_TRUE(InitializeSlices(*good, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
-  ASSERT_TRUE(PushSlices(*good, PushHeader{0, 0, 1, true}, {{0, {2.f, 2.f, 2.f, 2.f}}}).ok());
+  ASSERT_TRUE(PushSlices(*good, PushHeader{0, 0, 1, true, reg->session}, {{0, {2.f, 2.f, 2.f, 2.f}}}).ok());
   PullRequest pull;
+  pull.session = reg->session;
   pull.min_step = 1;
   absl::StatusOr<Pulled> pulled = PullSlices(*good, pull);
   ASSERT_TRUE(pulled.ok()) << pulled.status();
@@ -381,9 +396,11 @@ TEST(GrpcPsTest, ShutdownEndsAWaitingPullAtOnce) {
   TrainConfig c = Config();
   c.num_workers = 2;
   c.slices = {SliceSpec{0, "w", 0, 4}};
-  ASSERT_TRUE((*client)->Register(RegisterRequest{0, true, c}).ok());
+  absl::StatusOr<RegisterResponse> reg = (*client)->Register(RegisterRequest{0, true, c});
+  ASSERT_TRUE(reg.ok()) << reg.status();
   ASSERT_TRUE(InitializeSlices(**client, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
   PullRequest pull;
+  pull.session = reg->session;
   pull.min_step = 1;  // never comes: worker 1 does not push
   pull.timeout_ms = 60000;
   std::future<absl::StatusOr<Pulled>> waiting = std::async(std::launch::async, [&] { return PullSlices(**client, pull); });

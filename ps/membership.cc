@@ -1,11 +1,14 @@
 #include "ps/membership.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace dtrain::ps {
 
-Membership::Membership(int num_workers) : workers_(num_workers) {
+Membership::Membership(int num_workers, int task) : task_(task), workers_(num_workers) {
   for (int w = 0; w < num_workers; ++w) workers_[w].stats.worker_id = w;
+  std::random_device rd;
+  random_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
 }
 
 absl::Status Membership::CheckWorker(int worker) const {
@@ -16,18 +19,100 @@ absl::Status Membership::CheckWorker(int worker) const {
   return absl::OkStatus();
 }
 
+void Membership::StartLeases(absl::Time now) {
+  for (Worker& w : workers_) {
+    if (w.session == 0) w.last_contact = now;
+  }
+}
+
+uint64_t Membership::Register(int worker, absl::Time now) {
+  Worker& w = workers_[worker];
+  do {
+    w.session = random_();
+  } while (w.session == 0);
+  w.last_contact = now;
+  w.stats.lost = false;
+  return w.session;
+}
+
+absl::Status Membership::CheckSession(int worker, uint64_t session, absl::Time now) {
+  Worker& w = workers_[worker];
+  if (w.session == 0) {
+    return absl::AbortedError(absl::StrCat("ps task ", task_, " has no session for worker ", worker,
+                                           (w.stats.lost ? " (declared lost: no contact for too long)"
+                                                         : " (the task restarted or rolled back)"),
+                                           ": register again"));
+  }
+  if (session != w.session) {
+    return absl::PermissionDeniedError(absl::StrCat("worker ", worker, "'s session on ps task ", task_,
+                                                    " is another one: a newer process registered as worker ",
+                                                    worker));
+  }
+  w.last_contact = now;
+  return absl::OkStatus();
+}
+
+absl::Status Membership::CheckLeave(int worker, uint64_t session) const {
+  const Worker& w = workers_[worker];
+  if (w.session != 0 && session != w.session) {
+    return absl::PermissionDeniedError(absl::StrCat("worker ", worker, "'s session on ps task ", task_,
+                                                    " is another one: a newer process registered as worker ",
+                                                    worker, "; this one cannot report it done"));
+  }
+  return absl::OkStatus();
+}
+
+void Membership::ResetSessions(absl::Time now) {
+  for (Worker& w : workers_) {
+    w.session = 0;
+    w.last_contact = now;
+  }
+}
+
+std::vector<int> Membership::ExpireLeases(absl::Time now, absl::Duration lease) {
+  std::vector<int> lost;
+  for (int i = 0; i < num_workers(); ++i) {
+    Worker& w = workers_[i];
+    if (!active(i) || now - w.last_contact <= lease) continue;
+    w.stats.lost = true;
+    ++w.stats.times_lost;
+    w.session = 0;
+    lost.push_back(i);
+  }
+  return lost;
+}
+
 bool Membership::MarkDone(int worker) {
   if (workers_[worker].stats.done) return false;
   workers_[worker].stats.done = true;
-  ++num_done_;
   return true;
+}
+
+int Membership::num_active() const {
+  int n = 0;
+  for (int w = 0; w < num_workers(); ++w) n += active(w);
+  return n;
+}
+
+int Membership::num_done() const {
+  int n = 0;
+  for (int w = 0; w < num_workers(); ++w) n += done(w);
+  return n;
 }
 
 bool Membership::AnotherActive(int worker) const {
   for (int w = 0; w < num_workers(); ++w) {
-    if (w != worker && !workers_[w].stats.done) return true;
+    if (w != worker && active(w)) return true;
   }
   return false;
+}
+
+std::vector<int> Membership::lost_workers() const {
+  std::vector<int> out;
+  for (int w = 0; w < num_workers(); ++w) {
+    if (lost(w)) out.push_back(w);
+  }
+  return out;
 }
 
 std::vector<WorkerStats> Membership::AllStats() const {

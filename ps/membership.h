@@ -1,14 +1,28 @@
-// Who takes part in training, as one ps task sees it: each worker's state (active or done), its statistics and
-// the ids of its recent pushes (so a retried push is recognised).
+// Who takes part in training, as one ps task sees it: each worker's session (issued when it registers), its
+// lease (renewed by its calls and heartbeats), whether it is active, done or lost, its statistics and the ids of
+// its recent pushes (so a retried push is recognised).
+//
+// Sessions: Register gives a worker a fresh random session, which every later call must carry. A worker without
+// a session here (this task restarted or rolled back, or declared the worker lost) must register again
+// (Aborted); a session other than the worker's current one is refused (PermissionDenied: another process
+// registered as this worker since). So only the worker a call names can push or pull; reporting done needs the
+// current session only while there is one (a refused worker leaves without ever having had one).
+//
+// Leases: a registered worker silent for longer than the lease is declared lost (ExpireLeases): it no longer
+// counts as active (sync mode stops waiting for it) until it registers again. A worker that never registered
+// has a lease from the moment the task was configured.
 //
 // Thread-safety: thread-compatible; the ParameterServer guards it with its lock.
 #ifndef DTRAIN_PS_MEMBERSHIP_H_
 #define DTRAIN_PS_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "ps/ps_types.h"
 #include "ps/recent_request_ids.h"
 
@@ -16,19 +30,41 @@ namespace dtrain::ps {
 
 class Membership {
  public:
-  explicit Membership(int num_workers);
+  // `task` names this ps task in messages.
+  Membership(int num_workers, int task);
 
   int num_workers() const { return static_cast<int>(workers_.size()); }
   // InvalidArgument unless 0 <= worker < num_workers().
   absl::Status CheckWorker(int worker) const;
 
+  // The leases start now (for workers that have not registered yet).
+  void StartLeases(absl::Time now);
+  // Issues a new session for `worker` (the previous one is void), revives it if it was lost, renews its lease.
+  uint64_t Register(int worker, absl::Time now);
+  // OK if `session` is the worker's current session (and renews its lease); Aborted "register again" if the
+  // worker has none here; PermissionDenied if it has another.
+  absl::Status CheckSession(int worker, uint64_t session, absl::Time now);
+  // Whether `worker` may report done with `session`: OK if it is the worker's current session, or if the worker
+  // has none here (it never registered, e.g. it was refused, or its session was voided): leaving needs no
+  // session. PermissionDenied if another process holds the worker's current session.
+  absl::Status CheckLeave(int worker, uint64_t session) const;
+  // Every session is void (a rollback): every worker registers again. Leases restart now.
+  void ResetSessions(absl::Time now);
+  // Declares lost, and returns, the active workers whose lease ran out (silent for longer than `lease`).
+  std::vector<int> ExpireLeases(absl::Time now, absl::Duration lease);
+
   bool done(int worker) const { return workers_[worker].stats.done; }
+  bool lost(int worker) const { return workers_[worker].stats.lost; }
+  bool active(int worker) const { return !done(worker) && !lost(worker); }
   // Marks the worker done; returns false if it already was.
   bool MarkDone(int worker);
-  int num_active() const { return num_workers() - num_done_; }
-  bool all_done() const { return num_done_ == num_workers(); }
+  int num_active() const;
+  int num_done() const;
+  // Every worker is done or lost: nobody is left to move training.
+  bool all_ended() const { return num_active() == 0; }
   // Whether a worker other than `worker` is still active (someone who could move the step).
   bool AnotherActive(int worker) const;
+  std::vector<int> lost_workers() const;
 
   WorkerStats& stats(int worker) { return workers_[worker].stats; }
   std::vector<WorkerStats> AllStats() const;
@@ -39,9 +75,12 @@ class Membership {
   struct Worker {
     WorkerStats stats;
     RecentRequestIds recent_ids{1024};  // retries arrive within a few calls of their original
+    uint64_t session = 0;               // 0: none
+    absl::Time last_contact = absl::InfinitePast();
   };
+  const int task_;
   std::vector<Worker> workers_;
-  int num_done_ = 0;
+  std::mt19937_64 random_;
 };
 
 }  // namespace dtrain::ps

@@ -1,21 +1,28 @@
 // ParameterServer: the protocol of ps_types.h as a state machine over its parts. Choices the header leaves open:
-// - Locks, always taken in this order when nested: apply_mu_ (serializes sync updates and the checkpoint
-//   snapshots between them) → a worker's gradient buffer → mu_ (control state: config, step, membership,
+// - Locks, always taken in this order when nested: apply_mu_ (serializes sync updates, the checkpoint snapshots
+//   between them and rollbacks) → a worker's gradient buffer → mu_ (control state: config, step, membership,
 //   commits, decisions, clocks) → the SliceStore's own locks. Slice data is copied into or out of the store
 //   outside mu_, so uploads and pulls of different workers proceed in parallel.
 // - Sync: every task buffers each worker's gradients for its current step (GradientBuffers). ps 0 decides a
-//   step under mu_ (the global step advances at once, so Pull headers can go out) and the thread that decided
-//   applies it, slice by slice in key order, under apply_mu_; Pulls stream each slice as soon as the store has
-//   published it at the header's step. Other tasks claim the decisions a Pull relays under mu_ (their step
-//   advances at once) and that Pull's thread applies them before streaming. Updates run in step order.
-// - Async: a slice is applied as soon as it has arrived whole. On ps 0 only a commit advances the global step
-//   and the worker's clock; on other tasks every finished upload advances the task's own step (its learning-
-//   rate schedule).
+//   step under mu_ (the global step advances at once, so Pull headers can go out), signs the decision, and the
+//   thread that decided applies it, slice by slice in key order, under apply_mu_; Pulls stream each slice as
+//   soon as the store has published it at the header's step. Other tasks check ps 0's signature on the
+//   decisions a Pull relays, claim them under mu_ (their step advances at once) and that Pull's thread applies
+//   them before streaming. Updates run in step order.
+// - Async: with --nonfinite=apply a slice is applied as soon as it has arrived whole; otherwise the push is
+//   checked whole and applied when its upload finishes. On ps 0 only a commit advances the global step and the
+//   worker's clock; on other tasks every finished upload advances the task's own step (its learning-rate
+//   schedule).
 // - A Pull never waits when no other worker is active (nobody could move the step): it returns at once,
-//   possibly with step < min_step. When every worker is done it returns with training_done.
+//   possibly with step < min_step. When no worker is left it returns with training_done.
 // - Request ids are remembered per worker for the last 1024 finished uploads (not for uploads that failed, so
 //   a retry after e.g. Unavailable is handled afresh); a retried async upload does not apply again the slices
 //   its first attempt already applied.
+// - Leases: a thread checks them a few times per lease; a worker declared lost counts as ended for "is anyone
+//   left", and in sync mode no longer for R. The server is finished when nobody is left.
+// - Rollback (Restore on a configured task): the state is replaced in place under apply_mu_ and mu_, every
+//   session becomes void, and the epoch moves on: pulls waiting in the old epoch end with Aborted and decided
+//   updates of the old epoch are dropped.
 // - Checkpoints: whatever advances the step copies the state at the exact step due (sync: under apply_mu_,
 //   between two updates); the same RPC thread writes the file after releasing its locks (under save_mu_, which
 //   also orders the pruning), before it returns. Restore reads the file under mu_ inside Register: nothing
@@ -25,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -34,6 +42,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/cancellation.h"
+#include "common/denormals.h"
+#include "common/hmac.h"
 #include "common/mutex_config.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -47,23 +58,45 @@
 #include "ps/train_config.h"
 
 namespace dtrain::ps {
+namespace {
+
+// What ps 0 signs of a decision: everything a task acts on.
+std::string DecisionBytes(const StepDecision& d) {
+  return absl::StrCat("dtrain-decision/v1|", d.step, "|", absl::StrJoin(d.workers, ","), "|", d.checkpoint ? 1 : 0);
+}
+
+}  // namespace
 
 class ParameterServer::Impl {
  public:
   explicit Impl(ParameterServerOptions options)
       : options_(std::move(options)),
-        members_(options_.num_workers),
+        members_(options_.num_workers, options_.task_index),
         complete_step_(options_.num_workers, -1),
-        checkpoints_(options_.save_checkpoint_steps, options_.save_checkpoint_secs, options_.clock) {}
+        checkpoints_(options_.save_checkpoint_steps, options_.save_checkpoint_secs, options_.clock) {
+    if (options_.worker_timeout > absl::ZeroDuration()) lease_thread_ = std::thread([this] { LeaseLoop(); });
+  }
+  ~Impl() {
+    {
+      absl::MutexLock lock(&lease_mu_);
+      stopping_ = true;
+    }
+    if (lease_thread_.joinable()) lease_thread_.join();
+  }
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id);
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header);
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver);
-  absl::Status Done(int worker_id);
+  absl::Status Done(int worker_id, uint64_t session);
+  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session);
   absl::StatusOr<TrainingStats> GetStats();
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config);
+  absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step);
   bool finished() const;
   bool WaitUntilFinished(absl::Duration timeout);
+  TrainingOutcome outcome() const;
+  void CheckLeases();
   int64_t step() const;
 
  private:
@@ -73,13 +106,18 @@ class ParameterServer::Impl {
 
   bool coordinator() const { return options_.task_index == 0; }
   bool checkpointing() const { return !options_.checkpoint_dir.empty(); }
+  absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
   absl::Status CheckReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool MustWait(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t CheckpointLabel() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the task configured with `config` (a new store etc.): Register and Restore of an unconfigured task.
+  absl::Status ConfigureLocked(const TrainConfig& config, int chief) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
+  // Every session void, pulls of the old epoch ended, decided updates of the old epoch dropped.
+  void NewEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
 
   // Push: what a finished upload does (the caller holds the worker's buffer).
   absl::StatusOr<PushResponse> FinishPush(const PushHeader& header, GradientBuffers::Buffer& buffer,
-                                          std::optional<StepDecision>* decided,
+                                          std::optional<StepDecision>* decided, int64_t* epoch,
                                           std::vector<CheckpointData>* saves) ABSL_LOCKS_EXCLUDED(mu_);
   // Async: applies slice i of `buffer` (whole) once per upload.
   void ApplyAsync(int i, GradientBuffers::Buffer& buffer) ABSL_LOCKS_EXCLUDED(mu_);
@@ -88,7 +126,13 @@ class ParameterServer::Impl {
   std::optional<StepDecision> DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<StepDecision>> ClaimDecisions(const std::vector<StepDecision>& decisions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyDecision(const StepDecision& d, std::vector<CheckpointData>* saves) ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplyDecision(const StepDecision& d, int64_t epoch, std::vector<CheckpointData>* saves)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Membership: after a worker ended (done or lost), apply what its leaving decided and finish when nobody is
+  // left (after the final checkpoint).
+  void AfterWorkersLeft(std::optional<StepDecision> decided, int64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
+  void LeaseLoop();
 
   // Checkpoints.
   CheckpointData SnapshotLocked(int64_t label, int64_t task_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -100,7 +144,7 @@ class ParameterServer::Impl {
   int64_t applied_through_ ABSL_GUARDED_BY(apply_mu_) = 0;  // sync: steps whose update is complete
 
   mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // signalled whenever the step, a clock, a worker's done flag or finished_ changes
+  absl::CondVar cv_;  // signalled whenever the step, a clock, membership, the epoch or finished_ changes
 
   bool configured_ ABSL_GUARDED_BY(mu_) = false;
   TrainConfig config_ ABSL_GUARDED_BY(mu_);
@@ -108,14 +152,20 @@ class ParameterServer::Impl {
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  TrainingOutcome outcome_ ABSL_GUARDED_BY(mu_);
+  // Rollbacks: epoch_ counts them (read without the lock by ApplyDecision's wait); epoch_cancel_ is cancelled
+  // when the epoch ends, waking the pulls of that epoch.
+  std::atomic<int64_t> epoch_{0};
+  std::shared_ptr<Cancellation> epoch_cancel_ ABSL_GUARDED_BY(mu_) = std::make_shared<Cancellation>();
 
-  // Set by Register under mu_ before configured_ turns true, then never changed: readers that have seen
-  // configured_ (CheckReady under mu_) may use them without the lock.
+  // Set under mu_ (and apply_mu_) before configured_ turns true, then never replaced: readers that have seen
+  // configured_ (CheckReady under mu_) may use them without the lock. A rollback changes the store's contents
+  // in place, never the objects.
   bool sync_ = true;
   std::unique_ptr<SliceStore> store_;
   std::unique_ptr<GradientBuffers> buffers_;
-  std::unique_ptr<SyncCoordinator> coordinator_;  // its state: under mu_
-  std::unique_ptr<StalenessGate> gate_;           // its state: under mu_
+  std::unique_ptr<SyncCoordinator> coordinator_;  // object and state: under mu_
+  std::unique_ptr<StalenessGate> gate_;           // object and state: under mu_
 
   Membership members_ ABSL_GUARDED_BY(mu_);
   // Sync: the step of each worker's last finished upload that held every slice (-1: none).
@@ -127,6 +177,10 @@ class ParameterServer::Impl {
   int64_t step_hint_ ABSL_GUARDED_BY(mu_) = 0;  // async, tasks > 0: newest global step seen in pushes
   bool final_save_started_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex save_mu_;  // never held with mu_; serializes writing and pruning checkpoint files
+
+  absl::Mutex lease_mu_;
+  bool stopping_ ABSL_GUARDED_BY(lease_mu_) = false;
+  std::thread lease_thread_;
 };
 
 // ---- uploads ----------------------------------------------------------------------------------------------
@@ -194,8 +248,8 @@ class ParameterServer::Impl::InitializeUpload : public SliceUpload {
   std::vector<int64_t> received_;
 };
 
-// One worker's gradients for one step: pieces go into the worker's buffer (sync) or are applied slice by slice
-// as they complete (async); Finish records the upload (and on ps 0 the commit).
+// One worker's gradients for one step: pieces go into the worker's buffer; async pushes under
+// --nonfinite=apply are applied slice by slice as they complete. Finish records the upload (on ps 0 the commit).
 class ParameterServer::Impl::PushUpload : public SliceUpload {
  public:
   PushUpload(Impl* impl, const PushHeader& header) : impl_(impl), header_(header) {}
@@ -205,10 +259,11 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     if (!status_.ok()) return status_;
     absl::StatusOr<int> i = impl_->store_->IndexOf(key);
     if (!i.ok()) return status_ = i.status();
+    const bool check = impl_->options_.nonfinite != ParameterServerOptions::NonFinite::kApply;
     GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
     buffer->Claim(header_.step, header_.request_id);
-    status_ = buffer->Write(*i, offset, n, dtype, data);
-    if (status_.ok() && !impl_->sync_ && buffer->complete(*i) && !buffer->applied(*i)) {
+    status_ = buffer->Write(*i, offset, n, dtype, data, check);
+    if (status_.ok() && !check && !impl_->sync_ && buffer->complete(*i) && !buffer->applied(*i)) {
       impl_->ApplyAsync(*i, *buffer);
     }
     return status_;
@@ -217,15 +272,16 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
   absl::StatusOr<PushResponse> Finish() override {
     if (!status_.ok()) return status_;
     std::optional<StepDecision> decided;
+    int64_t epoch = 0;
     std::vector<CheckpointData> saves;
     absl::StatusOr<PushResponse> response;
     {
       GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
       buffer->Claim(header_.step, header_.request_id);
-      response = impl_->FinishPush(header_, *buffer, &decided, &saves);
+      response = impl_->FinishPush(header_, *buffer, &decided, &epoch, &saves);
     }
     // The thread that decided a step applies it (slice by slice; pulls stream each slice as it is done).
-    if (decided) impl_->ApplyDecision(*decided, &saves);
+    if (decided) impl_->ApplyDecision(*decided, epoch, &saves);
     impl_->WriteCheckpoints(std::move(saves));
     return response;
   }
@@ -252,8 +308,9 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitial
 
 absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(const PushHeader& header) {
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckReady());
   RETURN_IF_ERROR(members_.CheckWorker(header.worker_id));
+  RETURN_IF_ERROR(CheckReady());
+  RETURN_IF_ERROR(members_.CheckSession(header.worker_id, header.session, Now()));
   if (header.commit && !coordinator()) {
     return absl::InvalidArgumentError(
         absl::StrCat("commit=true sent to ps task ", options_.task_index, "; only ps task 0 takes commits"));
@@ -305,16 +362,32 @@ void ParameterServer::Impl::ApplyAsync(int i, GradientBuffers::Buffer& buffer) {
 
 absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader& header,
                                                                GradientBuffers::Buffer& buffer,
-                                                               std::optional<StepDecision>* decided,
+                                                               std::optional<StepDecision>* decided, int64_t* epoch,
                                                                std::vector<CheckpointData>* saves) {
   absl::MutexLock lock(&mu_);
   const int w = header.worker_id;
+  // The task may have rolled back, or declared the worker lost, while the gradients were on their way.
+  RETURN_IF_ERROR(members_.CheckSession(w, header.session, Now()));
+  *epoch = epoch_;
   WorkerStats& stats = members_.stats(w);
   if (members_.recent_ids(w).Contains(header.request_id)) {  // a concurrent retry finished first
     ++stats.duplicates;
     return PushResponse{PushResponse::Outcome::kDuplicate, step_};
   }
-  PushResponse response{PushResponse::Outcome::kAccepted, step_};
+  // Non-finite gradients (checked as they arrived unless --nonfinite=apply).
+  const std::string& bad_slice = buffer.nonfinite_slice();
+  if (!bad_slice.empty()) {
+    ++stats.nonfinite;
+    if (options_.nonfinite == ParameterServerOptions::NonFinite::kReject) {
+      members_.recent_ids(w).Insert(header.request_id);
+      cv_.SignalAll();
+      return absl::InvalidArgumentError(absl::StrCat("worker ", w, "'s gradient for step ", header.step,
+                                                     " holds NaN or Inf in '", bad_slice, "' (ps task ",
+                                                     options_.task_index, ", --nonfinite=reject): nothing applied"));
+    }
+  }
+  const bool skip = !bad_slice.empty() && options_.nonfinite == ParameterServerOptions::NonFinite::kSkip;
+  PushResponse response{skip ? PushResponse::Outcome::kSkippedNonFinite : PushResponse::Outcome::kAccepted, step_};
   if (sync_) {
     if (header.step < step_) {
       // The step was decided while this upload was on its way.
@@ -329,6 +402,8 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
                                                         " without every slice of ps task 0; missing: ",
                                                         buffer.DescribeMissing()));
     } else {
+      // A skipped gradient still counts as this worker's part of the step (the step goes on); ApplyDecision
+      // leaves it out of the average.
       if (buffer.all_complete()) complete_step_[w] = header.step;
       if (header.commit) {
         coordinator_->AddCommit(w);
@@ -342,28 +417,36 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
                                                         options_.task_index, "; missing: ",
                                                         buffer.DescribeMissing()));
     }
-    if (!coordinator()) {
-      ++step_;  // the task's own count of updates, for its learning-rate schedule
-      ++stats.applied;
-      step_hint_ = std::max(step_hint_, header.step + 1);
-      if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_hint_) : std::nullopt) {
-        saves->push_back(SnapshotLocked(*label, step_));
+    if (!skip) {
+      // Checked whole first (unless --nonfinite=apply, which applied each slice on arrival).
+      for (int i = 0; i < store_->num_slices(); ++i) {
+        if (buffer.applied(i)) continue;
+        const float* grad = buffer.data(i);
+        store_->Apply(i, step_, &grad, 1, 1.0f, store_->version(i) + 1);
+        buffer.set_applied(i);
       }
-    } else if (header.commit) {
-      gate_->RecordCommit(w, step_ - header.step);
-      ++stats.applied;
-      StepDecision applied{step_, {w}, false};
-      ++step_;
-      if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_) : std::nullopt) {
-        applied.checkpoint = true;
-        saves->push_back(SnapshotLocked(*label, step_));
+      if (!coordinator()) {
+        ++step_;  // the task's own count of updates, for its learning-rate schedule
+        ++stats.applied;
+        step_hint_ = std::max(step_hint_, header.step + 1);
+        if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_hint_) : std::nullopt) {
+          saves->push_back(SnapshotLocked(*label, step_));
+        }
+      } else if (header.commit) {
+        gate_->RecordCommit(w, step_ - header.step);
+        ++stats.applied;
+        StepDecision applied{step_, {w}, false, ""};
+        ++step_;
+        if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_) : std::nullopt) {
+          applied.checkpoint = true;
+          saves->push_back(SnapshotLocked(*label, step_));
+        }
+        if (options_.on_step_applied) options_.on_step_applied(applied);
       }
-      if (options_.on_step_applied) options_.on_step_applied(applied);
     }
-    cv_.SignalAll();
   }
   members_.recent_ids(w).Insert(header.request_id);
-  cv_.SignalAll();  // a pull may wait for this push (PullRequest::after_push)
+  cv_.SignalAll();  // a pull may wait for this push (PullRequest::after_push), or for the step
   response.global_step = step_;
   return response;
 }
@@ -377,9 +460,10 @@ std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
   if (checkpointing() && checkpoints_.Due(step_)) {
     // The other tasks save this step too when they apply the decision; the state is copied once applied.
     d->checkpoint = true;
-    coordinator_->MarkCheckpoint(d->step);
     checkpoints_.Saved(step_);
   }
+  if (!options_.decision_key.empty()) d->mac = HmacSha256(options_.decision_key, DecisionBytes(*d));
+  coordinator_->Replace(*d);
   VLOG(1) << "step " << d->step << " decided: workers " << absl::StrJoin(d->workers, ",");
   cv_.SignalAll();
   return d;
@@ -394,6 +478,10 @@ absl::StatusOr<std::vector<StepDecision>> ParameterServer::Impl::ClaimDecisions(
     if (d.step > next) {
       return absl::FailedPreconditionError(absl::StrCat("missing decision for step ", next, " on ps task ",
                                                         options_.task_index, " (got one for step ", d.step, ")"));
+    }
+    if (!options_.decision_key.empty() && !HmacMatches(options_.decision_key, DecisionBytes(d), d.mac)) {
+      return absl::PermissionDeniedError(absl::StrCat("the decision for step ", d.step,
+                                                      " is not signed by ps task 0 (wrong or missing MAC): refused"));
     }
     if (d.workers.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("decision for step ", d.step, " names no workers"));
@@ -421,15 +509,18 @@ absl::StatusOr<std::vector<StepDecision>> ParameterServer::Impl::ClaimDecisions(
   return claimed;
 }
 
-void ParameterServer::Impl::ApplyDecision(const StepDecision& d, std::vector<CheckpointData>* saves) {
+void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, std::vector<CheckpointData>* saves) {
   absl::MutexLock apply_lock(&apply_mu_);
-  // Decisions are decided (or claimed) in step order but may reach this point out of order.
+  // Decisions are decided (or claimed) in step order but may reach this point out of order; a rollback ends
+  // the epoch they belong to.
   struct InOrder {
     const int64_t* applied_through;
-    int64_t step;
-    static bool Ready(InOrder* o) { return *o->applied_through == o->step; }
-  } in_order{&applied_through_, d.step};
+    const std::atomic<int64_t>* epoch_now;
+    int64_t step, epoch;
+    static bool Ready(InOrder* o) { return *o->applied_through == o->step || o->epoch_now->load() != o->epoch; }
+  } in_order{&applied_through_, &epoch_, d.step, epoch};
   apply_mu_.Await(absl::Condition(&InOrder::Ready, &in_order));
+  if (epoch_.load() != epoch) return;
   {
     // Buffers are locked in worker order (one lock order for every step) and summed in decision order.
     std::vector<int> by_id = d.workers;
@@ -447,6 +538,11 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, std::vector<Che
       if (b->step() != d.step || !b->all_complete()) {
         LOG(ERROR) << "ps task " << options_.task_index << ": worker " << w << "'s gradients for step " << d.step
                    << " were overwritten (buffer holds step " << b->step() << "); step applied without them";
+        continue;
+      }
+      if (!b->nonfinite_slice().empty() && options_.nonfinite == ParameterServerOptions::NonFinite::kSkip) {
+        LOG(WARNING) << "ps task " << options_.task_index << ": step " << d.step << " without worker " << w
+                     << "'s gradient (NaN/Inf in '" << b->nonfinite_slice() << "', --nonfinite=skip)";
         continue;
       }
       summed.push_back(b);
@@ -476,61 +572,153 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, std::vector<Che
   if (coordinator() && options_.on_step_applied) options_.on_step_applied(d);
 }
 
-// ---- register, pull, done, stats ----------------------------------------------------------------------------
+// ---- register, probe, restore ---------------------------------------------------------------------------------
+
+absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, int chief) {
+  RETURN_IF_ERROR(ValidateTrainConfig(config, options_.num_workers));
+  int64_t bytes = 0;
+  for (const SliceSpec& s : config.slices) bytes += s.length * static_cast<int64_t>(sizeof(float));
+  if (bytes > options_.max_model_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("the model's slices on ps task ", options_.task_index, " take ",
+                                                     bytes, " bytes, more than --max_model_bytes=",
+                                                     options_.max_model_bytes));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<SliceStore> store,
+                   SliceStore::Create(config.slices, config.optimizer, config.moving_average_decay));
+  store->set_apply_threads(options_.apply_threads);
+  config_ = config;
+  sync_ = config_.mode == "sync";
+  store_ = std::move(store);
+  buffers_ = std::make_unique<GradientBuffers>(options_.num_workers, *store_);
+  coordinator_ = std::make_unique<SyncCoordinator>(ResolvedReplicasToAggregate(config_));
+  coordinator_->StartAt(step_);
+  gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
+  applied_through_ = step_;
+  chief_ = chief;
+  members_.StartLeases(Now());
+  configured_ = true;
+  LOG(INFO) << "ps task " << options_.task_index << ": adopted the config of chief worker " << chief_ << " ("
+            << config_.mode << ", " << config_.num_workers << " workers, R=" << ResolvedReplicasToAggregate(config_)
+            << ", " << config_.optimizer.name << ", " << store_->num_slices() << " slices, " << store_->total_floats()
+            << " floats)";
+  return absl::OkStatus();
+}
 
 absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterRequest& request) {
   absl::MutexLock apply_lock(&apply_mu_);
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
-  if (configured_) {
+  if (!configured_) {
+    if (!request.is_chief) {
+      return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index,
+                                                 " is waiting for the chief to register its config (worker ",
+                                                 request.worker_id, " is not the chief)"));
+    }
+    // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
+    RETURN_IF_ERROR(ValidateTrainConfig(request.config, options_.num_workers));
+    ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
+                     FindCheckpointToRestore(options_.checkpoint_dir, request.config, options_.task_index,
+                                             options_.num_ps, request.restore_step));
+    if (restored.has_value()) step_ = restored->data.task_step;
+    RETURN_IF_ERROR(ConfigureLocked(request.config, request.worker_id));
+    if (restored.has_value()) {
+      absl::Status s = store_->ImportState(restored->data.slices, restored->data.task_step);
+      if (!s.ok()) {
+        configured_ = false;
+        step_ = 0;
+        return absl::FailedPreconditionError(absl::StrCat("cannot restore ", restored->path, ": ", s.message()));
+      }
+      step_hint_ = restored->data.global_step;
+      checkpoints_.Saved(restored->data.global_step);
+      initialized_ = true;
+      LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
+                << restored->data.global_step << ", " << restored->data.slices.size() << " slices)";
+    }
+  } else {
     RETURN_IF_ERROR(CompareTrainConfigs(config_, request.config, request.worker_id));
     if (request.is_chief && request.worker_id != chief_) {
       return absl::FailedPreconditionError(absl::StrCat("worker ", request.worker_id,
                                                         " registers as chief, but the chief is worker ", chief_));
     }
-    return RegisterResponse{initialized_, step_};
   }
-  if (!request.is_chief) {
-    return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index,
-                                               " is waiting for the chief to register its config (worker ",
-                                               request.worker_id, " is not the chief)"));
+  RegisterResponse response{initialized_, step_, members_.Register(request.worker_id, Now()),
+                            absl::ToInt64Milliseconds(options_.worker_timeout)};
+  cv_.SignalAll();  // a worker that comes back counts as active again
+  return response;
+}
+
+absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& config) {
+  CheckpointProbe probe;
+  {
+    absl::MutexLock lock(&mu_);
+    probe.configured = configured_;
+    probe.initialized = initialized_;
+    probe.step = step_;
+    if (configured_) RETURN_IF_ERROR(CompareTrainConfigs(config_, config, 0));
   }
-  RETURN_IF_ERROR(ValidateTrainConfig(request.config, options_.num_workers));
-  ASSIGN_OR_RETURN(std::unique_ptr<SliceStore> store,
-                   SliceStore::Create(request.config.slices, request.config.optimizer,
-                                      request.config.moving_average_decay));
-  store->set_apply_threads(options_.apply_threads);
-  // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
-  ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
-                   FindCheckpointToRestore(options_.checkpoint_dir, request.config, options_.task_index,
-                                           options_.num_ps, request.restore_step));
-  if (restored.has_value()) {
-    absl::Status s = store->ImportState(restored->data.slices, restored->data.task_step);
-    if (!s.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot restore ", restored->path, ": ", s.message()));
+  if (!checkpointing()) return probe;
+  // Every file of this task that reads back valid and fits the config (read outside the lock: it takes time).
+  ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpointFiles(options_.checkpoint_dir));
+  for (const CheckpointFile& f : files) {
+    if (f.task != options_.task_index || f.num_ps != options_.num_ps) continue;
+    absl::StatusOr<CheckpointData> data = ReadCheckpoint(f.path);
+    if (!data.ok()) {
+      LOG(WARNING) << "ps task " << options_.task_index << ": " << f.path << " is not restorable (skipping it; an older step will be tried): "
+                   << data.status();
+      continue;
     }
-    step_ = restored->data.task_step;
-    step_hint_ = restored->data.global_step;
-    checkpoints_.Saved(restored->data.global_step);
-    initialized_ = true;
-    LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
-              << restored->data.global_step << ", " << restored->data.slices.size() << " slices)";
+    if (!CheckCompatible(*data, f.path, config, options_.task_index, options_.num_ps).ok()) continue;
+    probe.restorable_steps.push_back(f.step);
   }
-  config_ = request.config;
-  sync_ = config_.mode == "sync";
-  const int r = ResolvedReplicasToAggregate(config_);
-  store_ = std::move(store);
-  buffers_ = std::make_unique<GradientBuffers>(options_.num_workers, *store_);
-  coordinator_ = std::make_unique<SyncCoordinator>(r);
+  std::sort(probe.restorable_steps.begin(), probe.restorable_steps.end());
+  return probe;
+}
+
+absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worker_id, int64_t step) {
+  if (worker_id != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Restore from worker ", worker_id, ": only the chief (worker 0) restores the ps tasks"));
+  }
+  if (!checkpointing()) {
+    return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
+                                                      " has no --checkpoint_dir: it cannot restore step ", step));
+  }
+  // Read and check the file first: a bad one leaves the task as it was.
+  const std::string path = CheckpointPath(options_.checkpoint_dir, step, options_.task_index, options_.num_ps);
+  ASSIGN_OR_RETURN(CheckpointData data, ReadCheckpoint(path));
+  RETURN_IF_ERROR(CheckCompatible(data, path, config, options_.task_index, options_.num_ps));
+  absl::MutexLock apply_lock(&apply_mu_);
+  absl::MutexLock lock(&mu_);
+  if (!configured_) {
+    step_ = data.task_step;
+    RETURN_IF_ERROR(ConfigureLocked(config, worker_id));
+  } else {
+    RETURN_IF_ERROR(CompareTrainConfigs(config_, config, worker_id));
+  }
+  RETURN_IF_ERROR(store_->ImportState(data.slices, data.task_step));
+  const int64_t was = step_;
+  step_ = data.task_step;
+  step_hint_ = data.global_step;
+  initialized_ = true;
+  applied_through_ = step_;
+  coordinator_ = std::make_unique<SyncCoordinator>(ResolvedReplicasToAggregate(config_));
   coordinator_->StartAt(step_);
   gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
-  applied_through_ = step_;
-  chief_ = request.worker_id;
-  configured_ = true;
-  LOG(INFO) << "ps task " << options_.task_index << ": adopted the config of chief worker " << chief_ << " ("
-            << config_.mode << ", " << config_.num_workers << " workers, R=" << r << ", " << config_.optimizer.name
-            << ", " << store_->num_slices() << " slices, " << store_->total_floats() << " floats)";
-  return RegisterResponse{initialized_, step_};
+  std::fill(complete_step_.begin(), complete_step_.end(), -1);
+  checkpoints_.Saved(data.global_step);
+  NewEpochLocked();
+  LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path << " on the chief's request (was at step "
+               << was << ", now " << step_ << "); every worker registers again";
+  return absl::OkStatus();
+}
+
+void ParameterServer::Impl::NewEpochLocked() {
+  members_.ResetSessions(Now());
+  ++epoch_;
+  epoch_cancel_->Cancel();
+  epoch_cancel_ = std::make_shared<Cancellation>();
+  cv_.SignalAll();
+  if (store_) store_->WakeWaiters();
 }
 
 absl::Status ParameterServer::Impl::CheckReady() const {
@@ -545,6 +733,8 @@ absl::Status ParameterServer::Impl::CheckReady() const {
   return absl::OkStatus();
 }
 
+// ---- pull ---------------------------------------------------------------------------------------------------
+
 bool ParameterServer::Impl::MustWait(const PullRequest& request) const {
   if (finished_) return false;
   // The worker's own push first: it may still be on its way on another stream.
@@ -556,10 +746,12 @@ bool ParameterServer::Impl::MustWait(const PullRequest& request) const {
 
 absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceiver* receiver) {
   const absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms));
+  std::shared_ptr<Cancellation> epoch_cancel;
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckReady());
     RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
+    RETURN_IF_ERROR(CheckReady());
+    RETURN_IF_ERROR(members_.CheckSession(request.worker_id, request.session, Now()));
     if (request.moving_averages && !store_->has_moving_averages()) {
       return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
                                                         " keeps no moving averages (the chief's "
@@ -569,28 +761,36 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
       return absl::InvalidArgumentError(absl::StrCat("pull with negative min_step (", request.min_step,
                                                      ") or since_step (", request.since_step, ")"));
     }
+    epoch_cancel = epoch_cancel_;
   }
-  // A cancelled pull is woken wherever it waits and ends with Cancelled.
-  int64_t cancel_id = 0;
-  if (request.cancel != nullptr) {
-    cancel_id = request.cancel->Register([this] {
-      {
-        absl::MutexLock lock(&mu_);
-        cv_.SignalAll();
-      }
-      store_->WakeWaiters();
-    });
-  }
+  // A cancelled pull, or one of an epoch that ended (a rollback), is woken wherever it waits and ends.
+  auto wake = [this] {
+    {
+      absl::MutexLock lock(&mu_);
+      cv_.SignalAll();
+    }
+    store_->WakeWaiters();
+  };
+  const int64_t request_id = request.cancel != nullptr ? request.cancel->Register(wake) : 0;
+  const int64_t epoch_id = epoch_cancel->Register(wake);
   auto deregister = absl::MakeCleanup([&] {
-    if (request.cancel != nullptr) request.cancel->Deregister(cancel_id);
+    if (request.cancel != nullptr) request.cancel->Deregister(request_id);
+    epoch_cancel->Deregister(epoch_id);
   });
-  auto cancelled = [&] { return request.cancel != nullptr && request.cancel->cancelled(); };
-  const auto cancelled_error = [&] {
+  auto stopped = [&] {
+    return (request.cancel != nullptr && request.cancel->cancelled()) || epoch_cancel->cancelled();
+  };
+  const auto stopped_error = [&] {
+    if (epoch_cancel->cancelled()) {
+      return absl::AbortedError(absl::StrCat("ps task ", options_.task_index,
+                                             " was restored to another step while the pull waited: register again"));
+    }
     return absl::CancelledError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
                                              options_.task_index, " cancelled"));
   };
   PullHeader header;
   std::vector<StepDecision> to_apply;
+  int64_t epoch = 0;
   {
     absl::MutexLock lock(&mu_);
     if (sync_ && !coordinator()) {
@@ -598,13 +798,14 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     }
     const absl::Time wait_start = absl::Now();
     bool timed_out = false;
-    while (MustWait(request) && !cancelled()) {
+    while (MustWait(request) && !stopped()) {
       if (cv_.WaitWithDeadline(&mu_, deadline)) {
         timed_out = MustWait(request);
         break;
       }
     }
     members_.stats(request.worker_id).wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);
+    if (stopped()) return stopped_error();
     if (timed_out) {
       std::string waiting_for;
       if (request.after_push != 0 && !members_.recent_ids(request.worker_id).Contains(request.after_push)) {
@@ -621,13 +822,14 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     header.step = step_;
     header.training_done = finished_;
     if (sync_ && coordinator()) header.decisions = coordinator_->DecisionsSince(request.since_step, step_);
+    epoch = epoch_;
   }
   if (!to_apply.empty()) {
     std::vector<CheckpointData> saves;
-    for (const StepDecision& d : to_apply) ApplyDecision(d, &saves);
+    for (const StepDecision& d : to_apply) ApplyDecision(d, epoch, &saves);
     WriteCheckpoints(std::move(saves));
   }
-  if (cancelled()) return cancelled_error();
+  if (stopped()) return stopped_error();
   RETURN_IF_ERROR(receiver->OnHeader(header));
   // Sync: the values of the header's step; each chunk is sent as soon as it is published, so an update in
   // progress is streamed right behind it. Async: whatever the values are now.
@@ -640,8 +842,8 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
       if (!store_->WaitReadable(i, offset + n, version, absl::InfinitePast())) {
         RETURN_IF_ERROR(receiver->Flush());  // send what is ready before waiting for the update
       }
-      if (!store_->WaitReadable(i, offset + n, version, deadline, request.cancel)) {
-        if (cancelled()) return cancelled_error();
+      if (!store_->WaitReadable(i, offset + n, version, deadline, stopped)) {
+        if (stopped()) return stopped_error();
         return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
                                                         options_.task_index, " timed out after ",
                                                         request.timeout_ms, " ms waiting for '", spec.variable,
@@ -658,30 +860,99 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::Impl::Done(int worker_id) {
+// ---- membership: done, heartbeats, leases, the end --------------------------------------------------------------
+
+absl::Status ParameterServer::Impl::Done(int worker_id, uint64_t session) {
   std::optional<StepDecision> decided;
+  int64_t epoch;
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(members_.CheckWorker(worker_id));
+    RETURN_IF_ERROR(members_.CheckLeave(worker_id, session));
     if (members_.MarkDone(worker_id)) {
       LOG(INFO) << "ps task " << options_.task_index << ": worker " << worker_id << " is done ("
-                << options_.num_workers - members_.num_active() << " of " << options_.num_workers << ")";
+                << members_.num_done() << " of " << options_.num_workers << ")";
     }
     if (configured_ && sync_ && coordinator()) decided = DecideLocked();
+    epoch = epoch_;
     cv_.SignalAll();
   }
+  AfterWorkersLeft(std::move(decided), epoch);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ParameterServer::Impl::Heartbeat(int worker_id, uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(members_.CheckWorker(worker_id));
+  if (!configured_) {
+    return absl::AbortedError(absl::StrCat("ps task ", options_.task_index, " has no config (it restarted): register again"));
+  }
+  RETURN_IF_ERROR(members_.CheckSession(worker_id, session, Now()));
+  return step_;
+}
+
+void ParameterServer::Impl::CheckLeases() {
+  if (options_.worker_timeout <= absl::ZeroDuration()) return;
+  std::optional<StepDecision> decided;
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!configured_ || finished_) return;
+    const std::vector<int> lost = members_.ExpireLeases(Now(), options_.worker_timeout);
+    if (lost.empty()) return;
+    LOG(WARNING) << "ps task " << options_.task_index << ": worker" << (lost.size() > 1 ? "s " : " ")
+                 << absl::StrJoin(lost, ", ") << " lost: no contact for more than "
+                 << absl::FormatDuration(options_.worker_timeout) << " (" << members_.num_active()
+                 << " still active)";
+    if (sync_ && coordinator()) decided = DecideLocked();
+    epoch = epoch_;
+    cv_.SignalAll();
+  }
+  AfterWorkersLeft(std::move(decided), epoch);
+}
+
+void ParameterServer::Impl::LeaseLoop() {
+  SetFlushDenormals();  // deciding a step here applies it here
+  const absl::Duration every =
+      std::clamp(options_.worker_timeout / 4, absl::Milliseconds(20), absl::Seconds(1));
+  absl::MutexLock lock(&lease_mu_);
+  while (!stopping_) {
+    lease_mu_.AwaitWithTimeout(absl::Condition(&stopping_), every);
+    if (stopping_) break;
+    lease_mu_.Unlock();
+    CheckLeases();
+    lease_mu_.Lock();
+  }
+}
+
+void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided, int64_t epoch) {
   std::vector<CheckpointData> saves;
-  if (decided) ApplyDecision(*decided, &saves);  // before the final checkpoint below
+  if (decided) ApplyDecision(*decided, epoch, &saves);  // before the final checkpoint below
   bool finish_after_write = false;
   {
     // The final checkpoint is copied between updates, at the step the values hold.
     absl::MutexLock apply_lock(&apply_mu_);
     absl::MutexLock lock(&mu_);
-    if (members_.all_done() && !finished_ && !final_save_started_) {
+    if (members_.all_ended() && !finished_ && !final_save_started_) {
+      TrainingOutcome& o = outcome_;
+      o.global_step = sync_ ? applied_through_ : CheckpointLabel();
+      o.lost_workers = members_.lost_workers();
+      o.succeeded = config_.train_steps > 0 ? o.global_step >= config_.train_steps : members_.num_done() > 0;
+      const std::string of = config_.train_steps > 0 ? absl::StrCat(" of ", config_.train_steps) : "";
+      const std::string lost =
+          o.lost_workers.empty() ? ""
+                                 : absl::StrCat("worker", o.lost_workers.size() > 1 ? "s " : " ",
+                                                absl::StrJoin(o.lost_workers, ", "), " lost (no contact for ",
+                                                absl::FormatDuration(options_.worker_timeout), ")");
+      o.message = o.succeeded ? absl::StrCat("training reached step ", o.global_step, of,
+                                             lost.empty() ? "" : "; ", lost)
+                              : absl::StrCat("training stopped at step ", o.global_step, of,
+                                             ": no worker is left", lost.empty() ? "" : " (", lost,
+                                             lost.empty() ? "" : ")");
       if (checkpointing() && configured_ && initialized_) {
         final_save_started_ = true;
         finish_after_write = true;
-        const int64_t label = sync_ ? applied_through_ : CheckpointLabel();
+        const int64_t label = o.global_step;
         if (label != checkpoints_.last_label()) saves.push_back(SnapshotLocked(label, sync_ ? label : step_));
       } else {
         finished_ = true;
@@ -695,7 +966,6 @@ absl::Status ParameterServer::Impl::Done(int worker_id) {
     finished_ = true;
     cv_.SignalAll();
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<TrainingStats> ParameterServer::Impl::GetStats() {
@@ -713,6 +983,11 @@ absl::StatusOr<TrainingStats> ParameterServer::Impl::GetStats() {
 bool ParameterServer::Impl::finished() const {
   absl::MutexLock lock(&mu_);
   return finished_;
+}
+
+TrainingOutcome ParameterServer::Impl::outcome() const {
+  absl::MutexLock lock(&mu_);
+  return outcome_;
 }
 
 bool ParameterServer::Impl::WaitUntilFinished(absl::Duration timeout) {
@@ -791,6 +1066,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Paramet
                                                    ") and save_checkpoint_secs (", options.save_checkpoint_secs,
                                                    ") must be >= 0"));
   }
+  if (options.worker_timeout < absl::ZeroDuration() || options.max_model_bytes <= 0) {
+    return absl::InvalidArgumentError("worker_timeout must be >= 0 and max_model_bytes > 0");
+  }
   if (options.apply_threads < 1) options.apply_threads = 1;
   return std::unique_ptr<ParameterServer>(new ParameterServer(std::make_unique<Impl>(std::move(options))));
 }
@@ -810,10 +1088,19 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::StartPush(const Pu
 absl::Status ParameterServer::Pull(const PullRequest& request, PullReceiver* receiver) {
   return impl_->Pull(request, receiver);
 }
-absl::Status ParameterServer::Done(int worker_id) { return impl_->Done(worker_id); }
+absl::Status ParameterServer::Done(int worker_id, uint64_t session) { return impl_->Done(worker_id, session); }
+absl::StatusOr<int64_t> ParameterServer::Heartbeat(int worker_id, uint64_t session) {
+  return impl_->Heartbeat(worker_id, session);
+}
 absl::StatusOr<TrainingStats> ParameterServer::GetStats() { return impl_->GetStats(); }
+absl::StatusOr<CheckpointProbe> ParameterServer::Probe(const TrainConfig& config) { return impl_->Probe(config); }
+absl::Status ParameterServer::Restore(const TrainConfig& config, int worker_id, int64_t step) {
+  return impl_->Restore(config, worker_id, step);
+}
 bool ParameterServer::finished() const { return impl_->finished(); }
 bool ParameterServer::WaitUntilFinished(absl::Duration timeout) { return impl_->WaitUntilFinished(timeout); }
+TrainingOutcome ParameterServer::outcome() const { return impl_->outcome(); }
+void ParameterServer::CheckLeases() { impl_->CheckLeases(); }
 int64_t ParameterServer::step() const { return impl_->step(); }
 
 }  // namespace dtrain::ps

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -66,8 +67,30 @@ struct ParameterServerOptions {
   // Test hook: called on the coordinator after each step is applied (step, contributing workers), in step
   // order, from the thread that applied it. It must not call back into the ParameterServer.
   std::function<void(const StepDecision&)> on_step_applied;
-  // Time source for time-based checkpoints (default absl::Now); tests inject a fake clock.
+  // Time source for time-based checkpoints and leases (default absl::Now); tests inject a fake clock.
   std::function<absl::Time()> clock;
+
+  // Membership: a worker silent (no call, no heartbeat) for longer than this is declared lost: sync mode stops
+  // waiting for it (R shrinks for the steps that follow) until it registers again. Zero: never (local mode).
+  absl::Duration worker_timeout = absl::ZeroDuration();
+  // The cluster's token: ps 0 signs its step decisions with it and every other task applies only signed ones
+  // (empty: decisions are not signed; the cluster then trusts its network).
+  std::string decision_key;
+  // Gradients with NaN or Inf: kReject refuses the push (InvalidArgument naming the slice; nothing applied),
+  // kSkip counts it and leaves it out (the step goes on without it), kApply applies it. Counted in
+  // WorkerStats::nonfinite either way.
+  enum class NonFinite { kReject, kSkip, kApply };
+  NonFinite nonfinite = NonFinite::kReject;
+  // The largest model (bytes of this task's slices) Register accepts: ResourceExhausted naming the flag beyond.
+  int64_t max_model_bytes = int64_t{4} << 30;
+};
+
+// How training ended, once the ParameterServer is finished (every worker done or lost).
+struct TrainingOutcome {
+  bool succeeded = false;  // the global step reached the config's train_steps (without one: a worker finished)
+  int64_t global_step = 0;  // this task's estimate of the global step at the end
+  std::vector<int> lost_workers;
+  std::string message;     // one line for the log: what happened, naming the lost workers
 };
 
 class ParameterServer : public PsInterface {
@@ -81,13 +104,21 @@ class ParameterServer : public PsInterface {
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override;
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override;
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override;
-  absl::Status Done(int worker_id) override;
+  absl::Status Done(int worker_id, uint64_t session) override;
+  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override;
   absl::StatusOr<TrainingStats> GetStats() override;
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override;
+  absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override;
 
-  // True once every worker of the cluster has called Done (and the final checkpoint is written).
+  // True once no worker is left (each reported Done or was declared lost) and the final checkpoint is written.
   // WaitUntilFinished blocks until then or timeout; returns whether finished.
   bool finished() const;
   bool WaitUntilFinished(absl::Duration timeout);
+  // Valid once finished().
+  TrainingOutcome outcome() const;
+  // Declares lost the workers whose lease ran out (a thread of the ParameterServer calls it a few times per
+  // lease; tests call it after moving their fake clock).
+  void CheckLeases();
 
   int64_t step() const;  // this task's step (global step on task 0)
 

@@ -163,21 +163,21 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(MultiPsProtocolTest, MissingOrUnbufferedDecisionsAreRejected) {
   auto cluster = *SimCluster::Start(Options(2, 2, 2, "sgd"));
   ParameterServer& task1 = cluster->task(1);
+  const uint64_t session0 = cluster->Session(1, 0), session1 = cluster->Session(1, 1);
   PullRequest gap;
   gap.worker_id = 0;
+  gap.session = session0;
   gap.decisions = {{1, {0, 1}}};  // step 0's decision is missing
   absl::StatusOr<Pulled> r = PullSlices(task1, gap);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("missing decision for step 0"), std::string::npos) << r.status();
 
   // Worker 0 pushed step 0 to task 1, worker 1 did not: a decision naming worker 1 cannot be applied.
-  SimWorker w0(cluster.get(), 0);
-  std::vector<float> params;
-  ASSERT_TRUE(w0.Pull(0, 0, &params).ok());
   const Slices ones = cluster->SlicesFor(1, std::vector<float>(cluster->total_floats(), 1.0f));
-  ASSERT_TRUE(PushSlices(task1, PushHeader{0, 0, 1, false}, ones).ok());
+  ASSERT_TRUE(PushSlices(task1, PushHeader{0, 0, 1, false, session0}, ones).ok());
   PullRequest unbuffered;
   unbuffered.worker_id = 0;
+  unbuffered.session = session0;
   unbuffered.decisions = {{0, {0, 1}}};
   r = PullSlices(task1, unbuffered);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -187,6 +187,7 @@ TEST(MultiPsProtocolTest, MissingOrUnbufferedDecisionsAreRejected) {
   // A decision for step 0 with worker 0 only is applied; repeating it later is skipped.
   PullRequest ok;
   ok.worker_id = 0;
+  ok.session = session0;
   ok.min_step = 1;
   ok.decisions = {{0, {0}}};
   r = PullSlices(task1, ok);
@@ -197,7 +198,8 @@ TEST(MultiPsProtocolTest, MissingOrUnbufferedDecisionsAreRejected) {
   EXPECT_EQ(r->header.step, 1);
   EXPECT_EQ(task1.GetStats()->workers[0].applied, 1);
   // A push for step 0 now is a backup's.
-  EXPECT_EQ(PushSlices(task1, PushHeader{1, 0, 1, false}, ones)->outcome, PushResponse::Outcome::kDroppedBackup);
+  EXPECT_EQ(PushSlices(task1, PushHeader{1, 0, 1, false, session1}, ones)->outcome,
+            PushResponse::Outcome::kDroppedBackup);
 }
 
 }  // namespace

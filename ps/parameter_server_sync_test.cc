@@ -72,6 +72,7 @@ TEST(SyncTest, TwoWorkersAverageTheirGradients) {
   std::vector<float> params;
   PullRequest request;
   request.worker_id = 1;
+  request.session = cluster->Session(0, 1);
   request.min_step = 1;
   request.since_step = 0;
   absl::StatusOr<Pulled> r = PullSlices(cluster->task(0), request);
@@ -188,7 +189,7 @@ TEST(SyncTest, StaleGradientIsDroppedAndValuesUnchanged) {
 TEST(SyncTest, DuplicatePushIsNotAppliedTwice) {
   auto cluster = *SimCluster::Start(OneTask(2, 2, {0, 0, 0, 0}));
   ParameterServer& ps = cluster->task(0);
-  PushHeader h{0, 0, 42, /*commit=*/true};
+  PushHeader h{0, 0, 42, /*commit=*/true, cluster->Session(0, 0)};
   EXPECT_EQ(PushSlices(ps, h, cluster->SlicesFor(0, {4, 4, 4, 4}))->outcome, Outcome::kAccepted);
   EXPECT_EQ(PushSlices(ps, h, cluster->SlicesFor(0, {4, 4, 4, 4}))->outcome, Outcome::kDuplicate);  // a retry
   h.request_id = 43;
@@ -196,6 +197,7 @@ TEST(SyncTest, DuplicatePushIsNotAppliedTwice) {
   EXPECT_EQ(PushSlices(ps, h, cluster->SlicesFor(0, {9, 9, 9, 9}))->outcome, Outcome::kDuplicate);
   EXPECT_EQ(ps.step(), 0);  // still waiting for worker 1: the duplicates did not count as contributions
   h.worker_id = 1;
+  h.session = cluster->Session(0, 1);
   h.request_id = 42;  // ids are per worker
   EXPECT_EQ(PushSlices(ps, h, cluster->SlicesFor(0, {2, 2, 2, 2}))->outcome, Outcome::kAccepted);
   EXPECT_EQ(ps.step(), 1);
@@ -210,7 +212,8 @@ TEST(SyncTest, PiecesOfOneUploadAreGatheredUntilTheCommit) {
   // Layer by layer and chunk by chunk: the commit at the end of the upload needs every slice whole.
   auto cluster = *SimCluster::Start(OneTask(1, 1, {0, 0, 0, 0}));
   ParameterServer& ps = cluster->task(0);
-  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = ps.StartPush(PushHeader{0, 0, 1, /*commit=*/true});
+  absl::StatusOr<std::unique_ptr<SliceUpload>> upload =
+      ps.StartPush(PushHeader{0, 0, 1, /*commit=*/true, cluster->Session(0, 0)});
   ASSERT_TRUE(upload.ok()) << upload.status();
   const float b[] = {4}, w[] = {2, 2, 2};
   ASSERT_TRUE((*upload)->Write(1, 0, 1, WireDtype::kF32, b).ok());      // the last layer first
@@ -262,6 +265,7 @@ TEST(SyncTest, PullStreamsEachSliceAsSoonAsItIsUpdated) {
   Recorder recorder(&order, &flat, big);
   PullRequest request;
   request.worker_id = 1;
+  request.session = cluster->Session(0, 1);
   request.min_step = 1;
   std::future<absl::Status> pull = std::async(std::launch::async, [&] { return cluster->task(0).Pull(request, &recorder); });
   SimWorker w0(cluster.get(), 0);

@@ -2,6 +2,7 @@
 #include "ps/parameter_server.h"
 
 #include <future>
+#include <map>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -51,18 +52,37 @@ absl::Status Init(ParameterServer& ps, int worker, Slices values = {{0, {1, 2, 3
   return InitializeSlices(ps, worker, values);
 }
 
+// Sessions of the workers registered through Register below (per ParameterServer, per worker).
+std::map<std::pair<const ParameterServer*, int>, uint64_t>& Sessions() {
+  static auto* sessions = new std::map<std::pair<const ParameterServer*, int>, uint64_t>;
+  return *sessions;
+}
+uint64_t SessionOf(const ParameterServer& ps, int worker) {
+  auto it = Sessions().find({&ps, worker});
+  return it == Sessions().end() ? 0 : it->second;
+}
+absl::StatusOr<RegisterResponse> Register(ParameterServer& ps, const RegisterRequest& request) {
+  absl::StatusOr<RegisterResponse> r = ps.Register(request);
+  if (r.ok()) Sessions()[{&ps, request.worker_id}] = r->session;
+  return r;
+}
+
 absl::StatusOr<PushResponse> Push(ParameterServer& ps, int worker, int64_t step, uint64_t id, std::vector<float> w,
                                   std::vector<float> b) {
-  return PushSlices(ps, PushHeader{worker, step, id, /*commit=*/true}, {{0, std::move(w)}, {1, std::move(b)}});
+  return PushSlices(ps, PushHeader{worker, step, id, /*commit=*/true, SessionOf(ps, worker)},
+                    {{0, std::move(w)}, {1, std::move(b)}});
 }
 
 absl::StatusOr<Pulled> Pull(ParameterServer& ps, int worker, int64_t min_step, int64_t timeout_ms = 10000) {
   PullRequest r;
   r.worker_id = worker;
+  r.session = SessionOf(ps, worker);
   r.min_step = min_step;
   r.timeout_ms = timeout_ms;
   return PullSlices(ps, r);
 }
+
+absl::Status Done(ParameterServer& ps, int worker) { return ps.Done(worker, SessionOf(ps, worker)); }
 
 TEST(ParameterServerTest, CreateRejectsBadOptions) {
   ParameterServerOptions o = Options(2, /*task_index=*/2, /*num_ps=*/2);
@@ -77,7 +97,7 @@ TEST(ParameterServerTest, CreateRejectsBadOptions) {
 
 TEST(ParameterServerTest, NonChiefBeforeChiefIsUnavailable) {
   auto ps = MakePs(2);
-  absl::StatusOr<RegisterResponse> r = ps->Register(Reg(1, false, Config(2, 2)));
+  absl::StatusOr<RegisterResponse> r = Register(*ps, Reg(1, false, Config(2, 2)));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(r.status().message().find("waiting for the chief"), std::string::npos);
   // Nothing works before the config arrives.
@@ -88,42 +108,42 @@ TEST(ParameterServerTest, NonChiefBeforeChiefIsUnavailable) {
 
 TEST(ParameterServerTest, ChiefConfigIsAdoptedAndOthersMustMatch) {
   auto ps = MakePs(2);
-  absl::StatusOr<RegisterResponse> chief = ps->Register(Reg(0, true, Config(2, 2)));
+  absl::StatusOr<RegisterResponse> chief = Register(*ps, Reg(0, true, Config(2, 2)));
   ASSERT_TRUE(chief.ok()) << chief.status();
   EXPECT_FALSE(chief->initialized);
   EXPECT_EQ(chief->global_step, 0);
 
   TrainConfig other = Config(2, 2);
   other.model_signature = "other-model";
-  absl::StatusOr<RegisterResponse> r = ps->Register(Reg(1, false, other));
+  absl::StatusOr<RegisterResponse> r = Register(*ps, Reg(1, false, other));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message(), "model_signature mismatch: ps has 'test-model', worker 1 has 'other-model'");
 
   other = Config(2, 1);
-  r = ps->Register(Reg(1, false, other));
+  r = Register(*ps, Reg(1, false, other));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("replicas_to_aggregate"), std::string::npos);
 
-  EXPECT_TRUE(ps->Register(Reg(1, false, Config(2, 2))).ok());
+  EXPECT_TRUE(Register(*ps, Reg(1, false, Config(2, 2))).ok());
   // A second "chief" is refused.
-  EXPECT_EQ(ps->Register(Reg(1, true, Config(2, 2))).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Register(*ps, Reg(1, true, Config(2, 2))).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ParameterServerTest, InvalidChiefConfigIsRejected) {
   auto ps = MakePs(2);
   TrainConfig c = Config(2, 2);
   c.mode = "lockstep";
-  EXPECT_EQ(ps->Register(Reg(0, true, c)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Register(*ps, Reg(0, true, c)).status().code(), absl::StatusCode::kInvalidArgument);
   c = Config(3, 2);  // the cluster spec says 2 workers
-  EXPECT_EQ(ps->Register(Reg(0, true, c)).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ps->Register(Reg(2, true, Config(2, 2))).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Register(*ps, Reg(0, true, c)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Register(*ps, Reg(2, true, Config(2, 2))).status().code(), absl::StatusCode::kInvalidArgument);
   // After the failures the ps still has no config.
-  EXPECT_EQ(ps->Register(Reg(1, false, Config(2, 2))).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Register(*ps, Reg(1, false, Config(2, 2))).status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(ParameterServerTest, InitializeIsChiefOnlyAndIdempotent) {
   auto ps = MakePs(2);
-  ASSERT_TRUE(ps->Register(Reg(0, true, Config(2, 1))).ok());
+  ASSERT_TRUE(Register(*ps, Reg(0, true, Config(2, 1))).ok());
   absl::Status s = Init(*ps, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("chief"), std::string::npos);
@@ -135,11 +155,11 @@ TEST(ParameterServerTest, InitializeIsChiefOnlyAndIdempotent) {
   EXPECT_EQ(Push(*ps, 0, 0, 1, {1, 1, 1}, {1}).status().code(), absl::StatusCode::kUnavailable);
 
   ASSERT_TRUE(Init(*ps, 0).ok());
-  EXPECT_TRUE(ps->Register(Reg(1, false, Config(2, 1)))->initialized);
+  EXPECT_TRUE(Register(*ps, Reg(1, false, Config(2, 1)))->initialized);
   ASSERT_TRUE(Push(*ps, 0, 0, 1, {2, 2, 2}, {2}).ok());  // R=1: step 0 applied at once (lr 0.5)
 
   // A restarted chief registers and initializes again: ignored, the trained values stay.
-  absl::StatusOr<RegisterResponse> again = ps->Register(Reg(0, true, Config(2, 1)));
+  absl::StatusOr<RegisterResponse> again = Register(*ps, Reg(0, true, Config(2, 1)));
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->initialized);
   EXPECT_EQ(again->global_step, 1);
@@ -153,14 +173,16 @@ TEST(ParameterServerTest, InitializeIsChiefOnlyAndIdempotent) {
 class ReadyServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(ps_->Register(Reg(0, true, Config(2, 2))).ok());
+    ASSERT_TRUE(Register(*ps_, Reg(0, true, Config(2, 2))).ok());
+    ASSERT_TRUE(Register(*ps_, Reg(1, false, Config(2, 2))).ok());
     ASSERT_TRUE(Init(*ps_, 0).ok());
   }
   std::unique_ptr<ParameterServer> ps_ = MakePs(2);
 };
 
 TEST_F(ReadyServerTest, MalformedPushesAreInvalidArgument) {
-  absl::StatusOr<PushResponse> r = PushSlices(*ps_, PushHeader{0, 0, 1, true}, {{0, {1, 1, 1}}, {9, {1}}});
+  absl::StatusOr<PushResponse> r =
+      PushSlices(*ps_, PushHeader{0, 0, 1, true, SessionOf(*ps_, 0)}, {{0, {1, 1, 1}}, {9, {1}}});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("key 9"), std::string::npos) << r.status();
 
@@ -171,10 +193,10 @@ TEST_F(ReadyServerTest, MalformedPushesAreInvalidArgument) {
   EXPECT_EQ(Push(*ps_, 2, 0, 3, {1, 1, 1}, {1}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Push(*ps_, -1, 0, 3, {1, 1, 1}, {1}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Pull(*ps_, 5, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ps_->Done(7).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ps_->Done(7, 0).code(), absl::StatusCode::kInvalidArgument);
 
   // Pieces of a slice come in order.
-  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = ps_->StartPush(PushHeader{0, 0, 4, true});
+  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = ps_->StartPush(PushHeader{0, 0, 4, true, SessionOf(*ps_, 0)});
   ASSERT_TRUE(upload.ok());
   const float one = 1;
   EXPECT_EQ((*upload)->Write(0, 2, 1, WireDtype::kF32, &one).code(), absl::StatusCode::kInvalidArgument);
@@ -183,7 +205,7 @@ TEST_F(ReadyServerTest, MalformedPushesAreInvalidArgument) {
   r = Push(*ps_, 0, 0, 5, {1, 1}, {1});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("'w' (2 of 3 floats)"), std::string::npos) << r.status();
-  r = PushSlices(*ps_, PushHeader{0, 0, 6, true}, {{0, {1, 1, 1}}});
+  r = PushSlices(*ps_, PushHeader{0, 0, 6, true, SessionOf(*ps_, 0)}, {{0, {1, 1, 1}}});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("'b' (0 of 1 floats)"), std::string::npos) << r.status();
 
@@ -216,6 +238,7 @@ TEST_F(ReadyServerTest, CancelledPullEndsAtOnce) {
   Cancellation cancel;
   PullRequest request;
   request.worker_id = 0;
+  request.session = SessionOf(*ps_, 0);
   request.min_step = 1;
   request.timeout_ms = 60000;
   request.cancel = &cancel;
@@ -230,7 +253,7 @@ TEST_F(ReadyServerTest, DoneReleasesAPullWaitingForADoneWorker) {
   ASSERT_TRUE(Push(*ps_, 0, 0, 1, {2, 2, 2}, {2}).ok());
   std::future<absl::StatusOr<Pulled>> pull = std::async(std::launch::async, [&] { return Pull(*ps_, 0, 1); });
   EXPECT_EQ(pull.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);  // blocked on worker 1
-  ASSERT_TRUE(ps_->Done(1).ok());  // R becomes min(2, 1): step 0 is decided with worker 0 alone
+  ASSERT_TRUE(Done(*ps_, 1).ok());  // R becomes min(2, 1): step 0 is decided with worker 0 alone
   ASSERT_EQ(pull.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   absl::StatusOr<Pulled> r = pull.get();
   ASSERT_TRUE(r.ok()) << r.status();
@@ -246,7 +269,7 @@ TEST_F(ReadyServerTest, DoneReleasesAPullWaitingForADoneWorker) {
   EXPECT_EQ(hopeless->header.step, 1);
 
   EXPECT_FALSE(ps_->finished());
-  ASSERT_TRUE(ps_->Done(0).ok());
+  ASSERT_TRUE(Done(*ps_, 0).ok());
   EXPECT_TRUE(ps_->finished());
   EXPECT_TRUE(ps_->WaitUntilFinished(absl::ZeroDuration()));
   absl::StatusOr<Pulled> after = Pull(*ps_, 0, 2);
@@ -259,21 +282,23 @@ TEST_F(ReadyServerTest, DoneReleasesAPullWaitingForADoneWorker) {
 
 TEST(ParameterServerTest, FinishReleasesEveryBlockedPull) {
   auto ps3 = MakePs(3);
-  ASSERT_TRUE(ps3->Register(Reg(0, true, Config(3, 3))).ok());
+  ASSERT_TRUE(Register(*ps3, Reg(0, true, Config(3, 3))).ok());
+  ASSERT_TRUE(Register(*ps3, Reg(1, false, Config(3, 3))).ok());
+  ASSERT_TRUE(Register(*ps3, Reg(2, false, Config(3, 3))).ok());
   ASSERT_TRUE(Init(*ps3, 0).ok());
   ASSERT_TRUE(Push(*ps3, 0, 0, 1, {1, 1, 1}, {1}).ok());
   ASSERT_TRUE(Push(*ps3, 1, 0, 1, {1, 1, 1}, {1}).ok());
   auto pull0 = std::async(std::launch::async, [&] { return Pull(*ps3, 0, 1); });
   auto pull1 = std::async(std::launch::async, [&] { return Pull(*ps3, 1, 1); });
   EXPECT_EQ(pull0.wait_for(std::chrono::milliseconds(30)), std::future_status::timeout);
-  ASSERT_TRUE(ps3->Done(2).ok());  // R = min(3, 2) = 2: the pending step is decided
+  ASSERT_TRUE(Done(*ps3, 2).ok());  // R = min(3, 2) = 2: the pending step is decided
   ASSERT_EQ(pull0.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   ASSERT_EQ(pull1.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_EQ(pull0.get()->header.step, 1);
   EXPECT_EQ(pull1.get()->header.step, 1);
   std::thread waiter([&] { EXPECT_TRUE(ps3->WaitUntilFinished(absl::Seconds(10))); });
-  ASSERT_TRUE(ps3->Done(0).ok());
-  ASSERT_TRUE(ps3->Done(1).ok());
+  ASSERT_TRUE(Done(*ps3, 0).ok());
+  ASSERT_TRUE(Done(*ps3, 1).ok());
   waiter.join();
 }
 
@@ -289,7 +314,7 @@ TEST_F(ReadyServerTest, BytesAreCounted) {
 
 TEST(ParameterServerTest, CommitOnlyOnTaskZero) {
   auto ps1 = MakePs(1, /*task_index=*/1, /*num_ps=*/2);
-  ASSERT_TRUE(ps1->Register(Reg(0, true, Config(1, 1))).ok());
+  ASSERT_TRUE(Register(*ps1, Reg(0, true, Config(1, 1))).ok());
   ASSERT_TRUE(Init(*ps1, 0).ok());
   EXPECT_EQ(Push(*ps1, 0, 0, 1, {1, 1, 1}, {1}).status().code(), absl::StatusCode::kInvalidArgument);
 }

@@ -13,6 +13,11 @@
 //   DataLoss            (Register, sync) the checkpoint of the step ps task 0 restored is corrupt on this task
 //   Unavailable         not configured / not initialized yet, or the task cannot be reached (retry with backoff)
 //   DeadlineExceeded    Pull waited longer than its timeout
+//   Aborted             the task has no session for the worker (it restarted or rolled back, or declared the
+//                       worker lost): register again (and, on the chief, restore the tasks), then pull
+//   PermissionDenied    another process registered as this worker since; or a decision not signed by ps 0
+//   ResourceExhausted   a limit (the message names the flag: --max_model_bytes, ...)
+//   Unauthenticated     (gRPC) the call lacked the cluster's token
 #ifndef DTRAIN_PS_PS_INTERFACE_H_
 #define DTRAIN_PS_PS_INTERFACE_H_
 
@@ -37,9 +42,19 @@ class PsInterface {
   // soon as it is up to date, to `receiver`. A receiver error ends the pull with that error.
   virtual absl::Status Pull(const PullRequest& request, PullReceiver* receiver) = 0;
   // The worker has finished training. Sync: the coordinator stops expecting its commits (R becomes
-  // min(R, active workers)), and a pending step that now has enough commits is decided.
-  virtual absl::Status Done(int worker_id) = 0;
+  // min(R, active workers)), and a pending step that now has enough commits is decided. `session` must be the
+  // worker's current one if it has one here (PermissionDenied otherwise); a worker without one (never registered,
+  // refused, forgotten) may leave with any.
+  virtual absl::Status Done(int worker_id, uint64_t session) = 0;
+  // Renews the worker's lease (any call does; this one does nothing else). Returns the task's step.
+  virtual absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) = 0;
   virtual absl::StatusOr<TrainingStats> GetStats() = 0;
+  // What the task holds and could restore under `config` (the chief's, with this task's slices).
+  virtual absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) = 0;
+  // Chief only: (re)configures the task with `config` and restores its checkpoint of `step`, replacing whatever
+  // it holds; every worker's session is void afterwards. FailedPrecondition/DataLoss when that checkpoint is
+  // missing, does not fit or is corrupt (the task is left as it was).
+  virtual absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) = 0;
 };
 
 }  // namespace dtrain::ps

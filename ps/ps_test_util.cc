@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace dtrain::ps::testing {
 
@@ -94,14 +95,10 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
     ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> ps, ParameterServer::Create(ps_options));
     cluster->tasks_.push_back(std::move(ps));
   }
-  // What task 0 holds before the chief's Connect: a restored checkpoint, or nothing.
-  RegisterRequest chief;
-  chief.worker_id = 0;
-  chief.is_chief = true;
-  chief.config = options.config;
-  chief.config.slices = cluster->placement_.task_slices[0];
-  ASSIGN_OR_RETURN(RegisterResponse r0, cluster->tasks_[0]->Register(chief));
-  cluster->restored_step_ = r0.initialized ? r0.global_step : -1;
+  // Whether the chief will restore a checkpoint (task 0 has one that fits) or initialize fresh values.
+  TrainConfig config0 = options.config;
+  config0.slices = cluster->placement_.task_slices[0];
+  ASSIGN_OR_RETURN(CheckpointProbe probe0, cluster->tasks_[0]->Probe(config0));
   for (int w = 0; w < cluster->num_workers_; ++w) {
     std::vector<PsInterface*> tasks;
     for (auto& t : cluster->tasks_) tasks.push_back(t.get());
@@ -110,14 +107,26 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
     WorkerClient client(tasks, cluster->placement_.task_slices, w, w == 0, wo);
     RETURN_IF_ERROR(client.Connect(options.config, options.initial.data(), absl::Seconds(5)));
   }
-  if (options.config.mode == "sync" && cluster->restored_step_ >= 0) {
+  cluster->restored_step_ = probe0.restorable_steps.empty() ? -1 : cluster->tasks_[0]->step();
+  if (options.config.mode == "sync") {
     for (int t = 1; t < options.num_ps; ++t) {
-      if (cluster->tasks_[t]->step() != cluster->restored_step_) {
-        return absl::InternalError("ps tasks restored different steps");
+      if (cluster->tasks_[t]->step() != cluster->tasks_[0]->step()) {
+        return absl::InternalError("ps tasks are at different steps after connecting");
       }
     }
   }
   return cluster;
+}
+
+uint64_t SimCluster::Session(int t, int worker) {
+  RegisterRequest r;
+  r.worker_id = worker;
+  r.is_chief = worker == 0;
+  r.config = config_;
+  r.config.slices = placement_.task_slices[t];
+  absl::StatusOr<RegisterResponse> response = tasks_[t]->Register(r);
+  CHECK(response.ok()) << response.status();
+  return response->session;
 }
 
 Slices SimCluster::SlicesFor(int t, const std::vector<float>& flat) const {

@@ -60,11 +60,11 @@ struct SimClusterOptions {
 class SimCluster {
  public:
   // Creates the ps tasks and connects every worker (the chief, worker 0, first), which registers them and
-  // initializes the values (or restores a checkpoint: the chief's WorkerClient asks every task for the step
-  // task 0 restored).
+  // initializes the values (or restores a checkpoint: the chief's WorkerClient brings every task to the newest
+  // step they can all restore).
   static absl::StatusOr<std::unique_ptr<SimCluster>> Start(SimClusterOptions options);
 
-  // The step task 0 restored (-1: none; the tasks were initialized from options.initial).
+  // The step the tasks restored (-1: none; they were initialized from options.initial).
   int64_t restored_step() const { return restored_step_; }
 
   int num_ps() const { return static_cast<int>(tasks_.size()); }
@@ -74,6 +74,10 @@ class SimCluster {
   int64_t total_floats() const { return total_floats_; }
   const TrainConfig& config() const { return config_; }
   const std::vector<float>& initial() const { return initial_; }
+
+  // Registers `worker` with task `t` again and returns its new session (for tests that call a task directly;
+  // the worker's earlier session on that task is void afterwards).
+  uint64_t Session(int t, int worker);
 
   // The slices of task `t` cut out of a flat buffer.
   Slices SlicesFor(int t, const std::vector<float>& flat) const;

@@ -79,6 +79,7 @@ struct TrainConfig {
   int max_staleness = -1;         // async: bounded staleness s (-1 = unbounded)
   OptimizerConfig optimizer;
   float moving_average_decay = 0.0f;  // 0 = off; else decay = min(d, (1+step)/(10+step))
+  int64_t train_steps = 0;            // training ends at this global step (0: not said); the ps's exit status
   std::vector<SliceSpec> slices;      // the slices this ps task holds
 };
 
@@ -101,6 +102,16 @@ struct RegisterRequest {
 struct RegisterResponse {
   bool initialized = false;  // values present (chief initialized them or a checkpoint was restored)
   int64_t global_step = 0;   // this task's step (the global step on ps 0)
+  uint64_t session = 0;      // carried by every later call of this worker to this task (see ps/membership.h)
+  int64_t lease_ms = 0;      // a worker silent for longer is declared lost (0: never): heartbeat well within
+};
+
+// What a ps task could restore (ParameterServer::Probe): the chief picks the newest step every task can restore
+// after a ps task restarted, and restores every task to it.
+struct CheckpointProbe {
+  bool configured = false, initialized = false;
+  int64_t step = 0;                      // the task's step when initialized
+  std::vector<int64_t> restorable_steps;  // steps of this task's valid checkpoints that fit the config, ascending
 };
 
 // Opens the upload of one worker's gradients for one step to one ps task.
@@ -109,11 +120,14 @@ struct PushHeader {
   int64_t step = 0;         // global step at which the gradients were computed
   uint64_t request_id = 0;  // unique per (worker, push); a retry reuses it
   bool commit = false;      // ps 0 only: when the upload finishes, this worker's push for `step` is complete
+  uint64_t session = 0;     // from RegisterResponse
   // Local only (not sent): cancelling it ends a blocked upload at once (Cancelled). May be null.
   Cancellation* cancel = nullptr;
 };
 struct PushResponse {
-  enum class Outcome { kAccepted, kDuplicate, kDroppedStale, kDroppedBackup };
+  // kSkippedNonFinite: the gradients held NaN or Inf and the ps task was told to skip them (--nonfinite=skip):
+  // counted, not applied (in sync mode the step goes on without them).
+  enum class Outcome { kAccepted, kDuplicate, kDroppedStale, kDroppedBackup, kSkippedNonFinite };
   Outcome outcome = Outcome::kAccepted;
   int64_t global_step = 0;  // after handling the push
 };
@@ -125,13 +139,17 @@ struct StepDecision {
   // ps 0 saved a checkpoint right after applying this step (at step + 1): every other task that applies the
   // decision saves one too, so the files of one step form a consistent checkpoint in sync mode.
   bool checkpoint = false;
+  // HMAC-SHA256 of the fields above under the cluster token, made by ps 0 (empty without a token): other tasks
+  // apply only decisions ps 0 signed, whoever relays them.
+  std::string mac;
   bool operator==(const StepDecision& o) const {
-    return step == o.step && workers == o.workers && checkpoint == o.checkpoint;
+    return step == o.step && workers == o.workers && checkpoint == o.checkpoint && mac == o.mac;
   }
 };
 
 struct PullRequest {
   int worker_id = 0;
+  uint64_t session = 0;    // from RegisterResponse
   int64_t min_step = 0;    // wait until this task's step >= min_step (ps 0: the global step)
   int64_t since_step = 0;  // ps 0: return decisions for [since_step, global_step)
   std::vector<StepDecision> decisions;  // other tasks: apply these first (those already applied are skipped)
@@ -161,6 +179,9 @@ struct WorkerStats {
   int64_t applied = 0, dropped_stale = 0, dropped_backup = 0, duplicates = 0;
   double wait_seconds = 0.0;  // time spent blocked in Pull
   bool done = false;
+  bool lost = false;          // declared lost (lease ran out) and not back since
+  int64_t times_lost = 0;     // how often it was declared lost
+  int64_t nonfinite = 0;      // pushes refused or skipped for NaN/Inf gradients
 };
 struct TrainingStats {
   int64_t global_step = 0;

@@ -148,14 +148,14 @@ void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_g
 }
 
 bool SliceStore::WaitReadable(int i, int64_t end, int64_t version, absl::Time deadline,
-                              const Cancellation* cancel) const {
+                              const std::function<bool()>& stop) const {
   absl::MutexLock lock(&progress_mu_);
   auto readable = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
     const Progress& p = progress_[i];
     return p.version >= version || (p.applying_version >= version && p.applied_floats >= end);
   };
   while (!readable()) {
-    if (cancel != nullptr && cancel->cancelled()) return false;
+    if (stop && stop()) return false;
     if (progress_cv_.WaitWithDeadline(&progress_mu_, deadline)) return readable();
   }
   return true;

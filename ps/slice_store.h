@@ -21,6 +21,7 @@
 #define DTRAIN_PS_SLICE_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -30,7 +31,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/cancellation.h"
 #include "ps/checkpoint.h"
 #include "ps/optimizer.h"
 #include "ps/ps_types.h"
@@ -74,11 +74,11 @@ class SliceStore {
   void Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale, int64_t version);
 
   // Waits until floats [0, end) of slice i hold version >= `version` (fully updated, or updated that far by the
-  // Apply in progress), or until `deadline`, or until `cancel` (may be null) is cancelled. Returns whether
-  // they do.
+  // Apply in progress), or until `deadline`, or until `stop` (may be null; checked whenever the waiter wakes)
+  // returns true. Returns whether they do.
   bool WaitReadable(int i, int64_t end, int64_t version, absl::Time deadline,
-                    const Cancellation* cancel = nullptr) const;
-  // Wakes every WaitReadable (to notice a cancellation).
+                    const std::function<bool()>& stop = nullptr) const;
+  // Wakes every WaitReadable (to check its `stop`).
   void WakeWaiters() const;
   int64_t version(int i) const;
 

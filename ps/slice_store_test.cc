@@ -3,6 +3,7 @@
 #include <future>
 #include <map>
 
+#include "common/cancellation.h"
 #include "gtest/gtest.h"
 
 namespace dtrain::ps {
@@ -176,7 +177,7 @@ TEST(SliceStoreTest, ReadersWaitForTheChunksTheyNeed) {
   // A cancelled wait returns at once.
   Cancellation cancel;
   std::future<bool> cancelled = std::async(std::launch::async, [&] {
-    return store->WaitReadable(0, n, 6, absl::Now() + absl::Seconds(30), &cancel);
+    return store->WaitReadable(0, n, 6, absl::Now() + absl::Seconds(30), [&] { return cancel.cancelled(); });
   });
   EXPECT_EQ(cancelled.wait_for(std::chrono::milliseconds(20)), std::future_status::timeout);
   cancel.Cancel();

@@ -23,9 +23,9 @@ std::optional<StepDecision> SyncCoordinator::MaybeDecide(int64_t step, int activ
   return decision;
 }
 
-void SyncCoordinator::MarkCheckpoint(int64_t step) {
-  if (step >= first_logged_step_ && step < first_logged_step_ + static_cast<int64_t>(log_.size())) {
-    log_[step - first_logged_step_].checkpoint = true;
+void SyncCoordinator::Replace(const StepDecision& d) {
+  if (d.step >= first_logged_step_ && d.step < first_logged_step_ + static_cast<int64_t>(log_.size())) {
+    log_[d.step - first_logged_step_] = d;
   }
 }
 

@@ -29,8 +29,9 @@ class SyncCoordinator {
   // Decides `step` when there are at least min(R, active_workers) commits (and at least one): returns the
   // decision (the pending commits, in order) and logs it; else nullopt.
   std::optional<StepDecision> MaybeDecide(int64_t step, int active_workers);
-  // Marks the logged decision of `step` (if still logged) as a checkpoint step.
-  void MarkCheckpoint(int64_t step);
+  // Replaces the logged decision of d.step (if still logged) with `d` (its checkpoint flag and signature are
+  // added after it is decided).
+  void Replace(const StepDecision& d);
   // Logged decisions for steps [max(since, first logged), until).
   std::vector<StepDecision> DecisionsSince(int64_t since, int64_t until) const;
 

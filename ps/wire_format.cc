@@ -36,6 +36,7 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
   o->set_beta2(in.optimizer.beta2);
   o->set_epsilon(in.optimizer.epsilon);
   out->set_moving_average_decay(in.moving_average_decay);
+  out->set_train_steps(in.train_steps);
   for (const SliceSpec& s : in.slices) {
     auto* p = out->add_slices();
     p->set_key(s.key);
@@ -64,6 +65,7 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
   c.optimizer.beta2 = o.beta2();
   c.optimizer.epsilon = o.epsilon();
   c.moving_average_decay = in.moving_average_decay();
+  c.train_steps = in.train_steps();
   for (const auto& p : in.slices()) {
     c.slices.push_back(SliceSpec{p.key(), p.variable(), p.flat_offset(), p.length()});
   }
@@ -74,6 +76,7 @@ void ToProto(const StepDecision& in, dtrain::wire::StepDecision* out) {
   out->set_step(in.step);
   for (int w : in.workers) out->add_workers(w);
   out->set_checkpoint(in.checkpoint);
+  out->set_mac(in.mac);
 }
 
 StepDecision FromProto(const dtrain::wire::StepDecision& in) {
@@ -81,6 +84,7 @@ StepDecision FromProto(const dtrain::wire::StepDecision& in) {
   d.step = in.step();
   d.workers.assign(in.workers().begin(), in.workers().end());
   d.checkpoint = in.checkpoint();
+  d.mac = in.mac();
   return d;
 }
 
@@ -95,6 +99,9 @@ void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
     p->set_duplicates(w.duplicates);
     p->set_wait_seconds(w.wait_seconds);
     p->set_done(w.done);
+    p->set_lost(w.lost);
+    p->set_times_lost(w.times_lost);
+    p->set_nonfinite(w.nonfinite);
   }
   for (int64_t h : in.staleness_histogram) out->add_staleness_histogram(h);
   out->set_max_staleness_seen(in.max_staleness_seen);
@@ -114,6 +121,9 @@ TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
     w.duplicates = p.duplicates();
     w.wait_seconds = p.wait_seconds();
     w.done = p.done();
+    w.lost = p.lost();
+    w.times_lost = p.times_lost();
+    w.nonfinite = p.nonfinite();
     s.workers.push_back(w);
   }
   s.staleness_histogram.assign(in.staleness_histogram().begin(), in.staleness_histogram().end());
@@ -129,6 +139,7 @@ dtrain::wire::PushResponse::Outcome ToProto(PushResponse::Outcome o) {
     case PushResponse::Outcome::kDuplicate: return dtrain::wire::PushResponse::DUPLICATE;
     case PushResponse::Outcome::kDroppedStale: return dtrain::wire::PushResponse::DROPPED_STALE;
     case PushResponse::Outcome::kDroppedBackup: return dtrain::wire::PushResponse::DROPPED_BACKUP;
+    case PushResponse::Outcome::kSkippedNonFinite: return dtrain::wire::PushResponse::SKIPPED_NONFINITE;
   }
   return dtrain::wire::PushResponse::ACCEPTED;
 }
@@ -138,6 +149,7 @@ PushResponse::Outcome FromProto(dtrain::wire::PushResponse::Outcome o) {
     case dtrain::wire::PushResponse::DUPLICATE: return PushResponse::Outcome::kDuplicate;
     case dtrain::wire::PushResponse::DROPPED_STALE: return PushResponse::Outcome::kDroppedStale;
     case dtrain::wire::PushResponse::DROPPED_BACKUP: return PushResponse::Outcome::kDroppedBackup;
+    case dtrain::wire::PushResponse::SKIPPED_NONFINITE: return PushResponse::Outcome::kSkippedNonFinite;
     default: return PushResponse::Outcome::kAccepted;
   }
 }
@@ -147,6 +159,7 @@ void ToProto(const PushHeader& in, dtrain::wire::PushHeader* out) {
   out->set_step(in.step);
   out->set_request_id(in.request_id);
   out->set_commit(in.commit);
+  out->set_session(in.session);
 }
 
 PushHeader FromProto(const dtrain::wire::PushHeader& in) {
@@ -155,6 +168,7 @@ PushHeader FromProto(const dtrain::wire::PushHeader& in) {
   h.step = in.step();
   h.request_id = in.request_id();
   h.commit = in.commit();
+  h.session = in.session();
   return h;
 }
 
@@ -167,6 +181,7 @@ void ToProto(const PullRequest& in, dtrain::wire::PullRequest* out) {
   out->set_moving_averages(in.moving_averages);
   out->set_wire_dtype(static_cast<dtrain::wire::WireDtype>(in.wire_dtype));
   out->set_after_push(in.after_push);
+  out->set_session(in.session);
 }
 
 PullRequest FromProto(const dtrain::wire::PullRequest& in) {
@@ -178,6 +193,7 @@ PullRequest FromProto(const dtrain::wire::PullRequest& in) {
   r.timeout_ms = in.timeout_ms() > 0 ? in.timeout_ms() : 60000;
   r.moving_averages = in.moving_averages();
   r.after_push = in.after_push();
+  r.session = in.session();
   const int dtype = in.wire_dtype();
   r.wire_dtype = dtype >= 0 && dtype <= static_cast<int>(WireDtype::kF16) ? static_cast<WireDtype>(dtype)
                                                                           : WireDtype::kF32;

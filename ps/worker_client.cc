@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <random>
 #include <string_view>
+#include <iterator>
+#include <thread>
 #include <utility>
 
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/mutex_config.h"
 #include "common/status_macros.h"
@@ -134,6 +137,7 @@ WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vec
     task_slices_[slices_[i].task].push_back(i);
   }
   slice_queued_.assign(slices_.size(), 0);
+  sessions_.assign(num_tasks(), 0);
   for (int t = 0; t < num_tasks(); ++t) {
     pushes_.push_back(std::make_unique<TaskPush>());
     receivers_.push_back(std::make_unique<Receiver>(this, t));
@@ -151,6 +155,7 @@ WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vec
 
 WorkerClient::~WorkerClient() {
   cancel_.Cancel();
+  if (heartbeat_.joinable()) heartbeat_.join();
   // Lanes finish (quickly: everything blocking is cancelled) and join before the state they use goes away.
   push_lanes_.clear();
   pull_lanes_.clear();
@@ -159,36 +164,47 @@ WorkerClient::~WorkerClient() {
 // ---- connecting -----------------------------------------------------------------------------------------------
 
 absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initial_params, absl::Duration wait) {
+  config_ = config;
   sync_ = config.mode == "sync";
+  if (initial_params != nullptr && is_chief_) {
+    const int64_t n = slices_.empty() ? 0 : slices_.back().spec.flat_offset + slices_.back().spec.length;
+    initial_.assign(initial_params, initial_params + n);
+  }
   const absl::Time give_up = absl::Now() + wait;
+  if (is_chief_) RETURN_IF_ERROR(PrepareTasks(give_up, wait));
   absl::Duration backoff = absl::Milliseconds(100);
   absl::Time next_log = absl::Now();
-  // Every task must resume from the same checkpoint: task 0 (registered first) decides, the others restore
-  // exactly its step (or start fresh when it did).
-  int64_t restore_step = kRestoreNewest;
+  int64_t lease_ms = 0;
   for (int t = 0; t < num_tasks(); ++t) {
     RegisterRequest req;
-    req.restore_step = restore_step;
     req.worker_id = worker_id_;
     req.is_chief = is_chief_;
-    req.config = config;
-    req.config.slices = placement_[t];
+    req.config = TaskConfig(t);
     while (true) {
+      if (cancel_.cancelled()) return absl::CancelledError("connecting: cancelled");
       absl::StatusOr<RegisterResponse> r = tasks_[t]->Register(req);
       std::string waiting_for;
       absl::Status failed;
       if (r.ok()) {
-        if (is_chief_ && t == 0) restore_step = r->initialized ? r->global_step : kRestoreNone;
+        {
+          absl::MutexLock lock(&mu_);
+          sessions_[t] = r->session;
+        }
+        lease_ms = std::max(lease_ms, r->lease_ms);
         if (r->initialized) {
-          if (is_chief_ && r->global_step > 0) {
-            LOG(INFO) << "ps task " << t << " resumed from a checkpoint at step " << r->global_step;
+          if (is_chief_ && t == 0 && r->global_step > 0) {
+            LOG(INFO) << "ps task 0 is at step " << r->global_step << " (restored from a checkpoint or running)";
           }
           break;
         }
         if (is_chief_) {
+          if (initial_.empty()) {
+            return absl::FailedPreconditionError(absl::StrCat("ps task ", t, " holds no values and the chief has no "
+                                                              "initial values to give it"));
+          }
           absl::StatusOr<std::unique_ptr<SliceUpload>> init = tasks_[t]->StartInitialize(worker_id_);
           if (init.ok()) {
-            absl::Status s = WriteSlices(init->get(), initial_params, placement_[t]);
+            absl::Status s = WriteSlices(init->get(), initial_.data(), placement_[t]);
             if (s.ok()) s = (*init)->Finish().status();
             failed = s;
           } else {
@@ -220,7 +236,114 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
       backoff = std::min(backoff * 2, absl::Seconds(1));
     }
   }
+  if (options_.background && lease_ms > 0 && !heartbeat_.joinable()) {
+    const absl::Duration every = std::clamp(absl::Milliseconds(lease_ms) / 4, absl::Milliseconds(20), absl::Seconds(2));
+    heartbeat_ = std::thread([this, every] { HeartbeatLoop(every); });
+  }
   return absl::OkStatus();
+}
+
+TrainConfig WorkerClient::TaskConfig(int task) const {
+  TrainConfig c = config_;
+  c.slices = placement_[task];
+  return c;
+}
+
+absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait) {
+  // What every task holds and could restore (waiting for tasks that are not up yet).
+  std::vector<CheckpointProbe> probes(num_tasks());
+  for (int t = 0; t < num_tasks(); ++t) {
+    absl::Duration backoff = absl::Milliseconds(100);
+    absl::Time next_log = absl::Now();
+    while (true) {
+      if (cancel_.cancelled()) return absl::CancelledError("connecting: cancelled");
+      absl::StatusOr<CheckpointProbe> p = tasks_[t]->Probe(TaskConfig(t));
+      if (p.ok()) {
+        probes[t] = *std::move(p);
+        break;
+      }
+      if (!Retryable(p.status())) return p.status();
+      if (absl::Now() > give_up) {
+        return absl::DeadlineExceededError(absl::StrCat("the chief gave up waiting for ps task ", t, " after ",
+                                                        absl::FormatDuration(wait), " (", p.status().message(), ")"));
+      }
+      if (absl::Now() >= next_log) {
+        LOG(INFO) << "chief waiting for ps task " << t << " (" << p.status().message() << ")";
+        next_log = absl::Now() + absl::Seconds(5);
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+  }
+  bool all_initialized = true, none_initialized = true, same_step = true, any_checkpoint = false;
+  for (const CheckpointProbe& p : probes) {
+    all_initialized = all_initialized && p.initialized;
+    none_initialized = none_initialized && !p.initialized;
+    same_step = same_step && p.step == probes[0].step;
+    any_checkpoint = any_checkpoint || !p.restorable_steps.empty();
+  }
+  // Every task runs and agrees (async tasks count their own updates: they need not agree).
+  if (all_initialized && (same_step || !sync_)) return absl::OkStatus();
+  // A fresh start: Register and Initialize do it (a checkpoint that does not fit is refused there).
+  if (none_initialized && !any_checkpoint) return absl::OkStatus();
+  // Some task lost its state (restarted), or the cluster restarts from its checkpoints: every task goes to the
+  // newest step that every task can restore.
+  std::vector<int64_t> common = probes[0].restorable_steps;
+  for (const CheckpointProbe& p : probes) {
+    std::vector<int64_t> both;
+    std::set_intersection(common.begin(), common.end(), p.restorable_steps.begin(), p.restorable_steps.end(),
+                          std::back_inserter(both));
+    common = std::move(both);
+  }
+  if (common.empty()) {
+    std::string have;
+    for (int t = 0; t < num_tasks(); ++t) {
+      absl::StrAppend(&have, t == 0 ? "" : "; ", "ps task ", t, ": ",
+                      probes[t].initialized ? absl::StrCat("running at step ", probes[t].step) : "no values",
+                      ", checkpoints [", absl::StrJoin(probes[t].restorable_steps, ","), "]");
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ps tasks cannot be brought to one step: no checkpoint step is restorable on every task (", have,
+        "). Restart every ps task with a --checkpoint_dir that holds a complete checkpoint, or an empty one"));
+  }
+  const int64_t k = common.back();
+  for (int t = 0; t < num_tasks(); ++t) {
+    absl::Status s = tasks_[t]->Restore(TaskConfig(t), worker_id_, k);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("restoring ps task ", t, " to step ", k, ": ", s.message()));
+  }
+  LOG(WARNING) << "chief: every ps task restored the checkpoint of step " << k
+               << (none_initialized ? "" : " (a ps task had lost its state)");
+  return absl::OkStatus();
+}
+
+absl::Status WorkerClient::Reconnect(absl::Duration wait) {
+  // What is in flight belongs to the old sessions: let it end first.
+  absl::Status push = WaitPush().status();
+  absl::Status pull = FinishPull().status();
+  VLOG(1) << "reconnecting after push: " << push << ", pull: " << pull;
+  return Connect(config_, nullptr, wait);
+}
+
+void WorkerClient::HeartbeatLoop(absl::Duration every) {
+  absl::MutexLock lock(&mu_);
+  while (!cancel_.cancelled()) {
+    const absl::Time until = absl::Now() + every;
+    while (!cancel_.cancelled() && !cv_.WaitWithDeadline(&mu_, until)) {
+    }
+    if (cancel_.cancelled()) break;
+    const std::vector<uint64_t> sessions = sessions_;
+    mu_.Unlock();
+    for (int t = 0; t < num_tasks(); ++t) {
+      // Failures are for the training thread to find: its next call to the task says what is wrong.
+      if (sessions[t] != 0) tasks_[t]->Heartbeat(worker_id_, sessions[t]).status().IgnoreError();
+    }
+    mu_.Lock();
+  }
+}
+
+uint64_t WorkerClient::session(int task) {
+  absl::MutexLock lock(&mu_);
+  return sessions_[task];
 }
 
 // ---- helpers ----------------------------------------------------------------------------------------------------
@@ -338,6 +461,7 @@ absl::Status WorkerClient::OpenUpload(int task) {
   header.step = push_step_;  // not changed while lanes run a push
   header.request_id = push_request_id_;
   header.commit = task == 0;
+  header.session = session(task);
   header.cancel = &cancel_;
   ASSIGN_OR_RETURN(pushes_[task]->upload, tasks_[task]->StartPush(header));
   return absl::OkStatus();
@@ -487,6 +611,7 @@ void WorkerClient::OnPullHeader(const PullHeader& header) {
 
 void WorkerClient::RunTaskPull(int task, PullRequest request) {
   Receiver* receiver = receivers_[task].get();
+  request.session = session(task);
   absl::Status s = WithRetries("pull", task, [&](bool retry) -> absl::Status {
     if (retry) receiver->Restart();
     RETURN_IF_ERROR(tasks_[task]->Pull(request, receiver));
@@ -569,9 +694,10 @@ absl::StatusOr<PullResult> WorkerClient::Pull(int64_t min_step, int64_t since_st
 
 absl::Status WorkerClient::Done() {
   absl::Status status;
-  // Task 0 last, so that its "finished" means every task has been told.
+  // Task 0 last, so that its "finished" means every task has been told. A task that forgot this worker's session
+  // (it restarted, rolled back or declared the worker lost) takes the report without one.
   for (int t = num_tasks() - 1; t >= 0; --t) {
-    absl::Status s = tasks_[t]->Done(worker_id_);
+    absl::Status s = tasks_[t]->Done(worker_id_, session(t));
     if (status.ok()) status = s;
   }
   return status;

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -69,10 +70,16 @@ class WorkerClient {
   ~WorkerClient();  // cancels what is in flight and joins the lanes
 
   // Registers with every task (the chief's config is adopted by each task; others' are checked) and makes sure
-  // every task holds values: the chief initializes the tasks that have none from `initial_params` (flat); other
-  // workers wait until the chief has. Waits for late ps tasks and for the chief with backoff, logging what it
-  // waits for, up to `wait`. FailedPrecondition on config mismatch (not retried).
+  // every task holds values of one step. The chief first asks every task what it holds and could restore
+  // (Probe): when some task lost its state (it restarted) or the cluster restarts from its checkpoints, it
+  // restores every task to the newest step that every task can restore; on a fresh start it initializes the
+  // tasks from `initial_params` (flat). Other workers wait until the chief has. Waits for late ps tasks and for
+  // the chief with backoff, logging what it waits for, up to `wait`. FailedPrecondition on config mismatch or
+  // when no step is restorable everywhere (not retried). Starts the heartbeats when the tasks hold leases.
   absl::Status Connect(const TrainConfig& config, const float* initial_params, absl::Duration wait);
+  // After a call failed with Aborted (a task restarted, rolled back, or declared this worker lost): lets what
+  // is in flight end and connects again (the chief restoring the tasks as Connect does). Then pull.
+  absl::Status Reconnect(absl::Duration wait);
 
   // ---- one step, overlapped (see the example above) ----
   // Starts the push of the gradients computed at `step`, read from `grads` (flat) until the push is done. Waits
@@ -118,6 +125,10 @@ class WorkerClient {
   void FinishTaskPush(int task);
   void RunTaskPull(int task, PullRequest request);
   absl::Status OpenUpload(int task) ABSL_LOCKS_EXCLUDED(mu_);
+  TrainConfig TaskConfig(int task) const;
+  absl::Status PrepareTasks(absl::Time give_up, absl::Duration wait);
+  void HeartbeatLoop(absl::Duration every);
+  uint64_t session(int task) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WriteSlice(int task, int slice);
   template <typename Op>
   absl::Status WithRetries(const char* what, int task, Op op);
@@ -139,6 +150,8 @@ class WorkerClient {
   std::vector<int> slice_of_key_;       // key -> index in slices_
   std::vector<std::vector<int>> task_slices_;  // task -> indices into slices_
   bool sync_ = true;
+  TrainConfig config_;         // from Connect (its slices per task: placement_)
+  std::vector<float> initial_;  // the chief's initial values (Connect), for a fresh start
   uint64_t next_request_id_;
   std::vector<std::unique_ptr<SerialExecutor>> push_lanes_, pull_lanes_;
   Cancellation cancel_;  // cancels in-flight pulls and uploads when the client goes away
@@ -149,6 +162,8 @@ class WorkerClient {
 
   absl::Mutex mu_;
   absl::CondVar cv_;
+  std::vector<uint64_t> sessions_ ABSL_GUARDED_BY(mu_);  // per task, from Register
+  std::thread heartbeat_;
   // The push in flight.
   int64_t push_step_ ABSL_GUARDED_BY(mu_) = -1;
   const float* push_grads_ = nullptr;  // set by BeginPush while no lane job runs

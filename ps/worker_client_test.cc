@@ -47,8 +47,11 @@ class ObservedPs : public PsInterface {
     Gate gate(this, receiver);
     return target_->Pull(r, &gate);
   }
-  absl::Status Done(int w) override { return target_->Done(w); }
+  absl::Status Done(int w, uint64_t session) override { return target_->Done(w, session); }
+  absl::StatusOr<int64_t> Heartbeat(int w, uint64_t session) override { return target_->Heartbeat(w, session); }
   absl::StatusOr<TrainingStats> GetStats() override { return target_->GetStats(); }
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& c) override { return target_->Probe(c); }
+  absl::Status Restore(const TrainConfig& c, int w, int64_t step) override { return target_->Restore(c, w, step); }
 
  private:
   void Log(const std::string& s) {

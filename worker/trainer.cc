@@ -25,6 +25,8 @@
 namespace dtrain::worker {
 namespace {
 
+constexpr int kMaxReconnects = 1000;  // a ps that restarts for ever stops the worker eventually
+
 models::HostBatch View(const data::Batch& b) {
   return models::HostBatch{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};
 }
@@ -147,6 +149,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   config.optimizer.decay_rate = o.decay_rate;
   config.optimizer.staircase = o.staircase;
   config.moving_average_decay = o.moving_average_decay;
+  config.train_steps = o.train_steps;
 
   std::unique_ptr<ps::ParameterServer> local_ps;
   std::vector<ps::PsInterface*> task_ptrs = tasks;
@@ -209,7 +212,23 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   // ---- the loop ----
   TrainingResult result;
   StepRunner runner(towers.get(), &client, config.mode == "sync");
-  ASSIGN_OR_RETURN(ps::PullResult at, runner.Start());
+  // A ps task that restarted (or rolled back, or declared this worker lost) answers Aborted: connect again (the
+  // chief restores every task to a common checkpoint) and go on from a fresh pull.
+  int reconnects = 0;
+  auto recover = [&](const absl::Status& failure) -> absl::StatusOr<ps::PullResult> {
+    if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
+    LOG(WARNING) << "worker " << o.worker_id << ": " << failure.message() << "; connecting again";
+    RETURN_IF_ERROR(client.Reconnect(absl::Seconds(o.startup_wait_secs)));
+    return runner.Start();
+  };
+  auto settle = [&]() -> absl::StatusOr<ps::PullResult> {
+    absl::StatusOr<ps::PullResult> r = runner.Settle();
+    return r.ok() ? r : recover(r.status());
+  };
+  absl::StatusOr<ps::PullResult> started = runner.Start();
+  if (!started.ok()) started = recover(started.status());
+  if (!started.ok()) return started.status();
+  ps::PullResult at = *started;
   result.first_step = at.step;
   if (at.step > 0 && !o.quiet) std::printf("resuming at global step %lld\n", static_cast<long long>(at.step));
   const int64_t examples_per_step = static_cast<int64_t>(o.batch_size) * towers->size();
@@ -225,8 +244,14 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       views[t] = View(batches[t]);
     }
     if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
-    ASSIGN_OR_RETURN(float loss, runner.Step(views, at.step));
-    ASSIGN_OR_RETURN(at, runner.NextStep());
+    absl::StatusOr<float> stepped = runner.Step(views, at.step);
+    absl::StatusOr<ps::PullResult> next = stepped.ok() ? runner.NextStep() : stepped.status();
+    if (!next.ok()) {
+      ASSIGN_OR_RETURN(at, recover(next.status()));
+      continue;
+    }
+    at = *next;
+    const float loss = *stepped;
     result.last_loss = loss;
     result.losses.push_back(loss);
     ++result.local_steps;
@@ -248,11 +273,11 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       window_steps = 0;
     }
     if (summaries && result.local_steps % o.summary_every == 0) {  // [deploy] summaries hook
-      ASSIGN_OR_RETURN(at, runner.Settle());  // the histograms read every parameter and gradient
+      ASSIGN_OR_RETURN(at, settle());  // the histograms read every parameter and gradient
       RETURN_IF_ERROR(summaries->Write(at.step, params, towers->host_grads()));
     }
     if (chief && next_eval > 0 && at.step >= next_eval && at.step < o.train_steps) {
-      ASSIGN_OR_RETURN(at, runner.Settle());
+      ASSIGN_OR_RETURN(at, settle());
       ASSIGN_OR_RETURN(double acc, evaluate(params));
       if (!o.quiet) {
         std::printf("step %lld: test accuracy = %.4f at %.2f sec\n", static_cast<long long>(at.step), acc,
@@ -262,7 +287,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       next_eval = (at.step / o.eval_every + 1) * o.eval_every;
     }
   }
-  ASSIGN_OR_RETURN(at, runner.Settle());
+  ASSIGN_OR_RETURN(at, settle());
   result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result.examples = result.local_steps * examples_per_step;
   result.global_step = at.step;
