@@ -225,10 +225,11 @@ class GrpcPsClient final : public PsInterface {
     return absl::OkStatus();
   }
 
-  absl::Status Done(int worker_id, uint64_t session) override {
+  absl::Status Done(int worker_id, uint64_t session, bool completed) override {
     pb::DoneRequest req;
     req.set_worker_id(worker_id);
     req.set_session(session);
+    req.set_completed(completed);
     pb::DoneResponse resp;
     return Unary("Done", done_, req, &resp);
   }

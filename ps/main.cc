@@ -1,5 +1,7 @@
 // dtrain_ps: one parameter-server task. Generic like tf.train.Server: it knows the cluster, not the model;
-// the chief worker sends the training configuration. Exits 0 once every worker has reported done.
+// the chief worker sends the training configuration. Exits by itself once no worker is left: 0 when training
+// completed, 3 (with a line naming the lost workers) when every worker was lost or stopped on an error, 2 for bad
+// flags, 1 for other errors.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -37,6 +39,16 @@ ABSL_FLAG(std::string, tls_cert, "", "Serve TLS with this certificate chain (PEM
 ABSL_FLAG(std::string, tls_key, "", "The private key of --tls_cert (PEM)");
 ABSL_FLAG(std::string, tls_ca, "", "Require and verify client certificates signed by this CA (PEM)");
 ABSL_FLAG(double, max_run_secs, 0, "Give up and exit 1 after this long (0: wait for the workers forever)");
+ABSL_FLAG(double, worker_timeout_secs, 20,
+          "A worker silent (no call, no heartbeat) for this long is declared lost: sync training stops waiting for "
+          "it and goes on with the others; it may come back by registering again (0: never declare a worker lost)");
+ABSL_FLAG(std::string, nonfinite, "reject",
+          "Gradients with NaN or Inf: reject (the push fails, nothing applied), skip (counted, left out of the "
+          "step) or apply");
+ABSL_FLAG(int64_t, max_model_bytes, int64_t{4} << 30,
+          "Refuse a chief whose model puts more than this many bytes of variables on this task");
+ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
+          "Memory gRPC may use for this task's connections and messages in flight (a gRPC resource quota)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dtrain parameter server task");
@@ -79,6 +91,25 @@ int main(int argc, char** argv) {
                          "must be >= 0\n");
     return 2;
   }
+  const double worker_timeout = absl::GetFlag(FLAGS_worker_timeout_secs);
+  if (!(worker_timeout >= 0)) {
+    std::fprintf(stderr, "dtrain_ps: --worker_timeout_secs=%g must be >= 0\n", worker_timeout);
+    return 2;
+  }
+  o.ps.worker_timeout = absl::Seconds(worker_timeout);
+  absl::StatusOr<dtrain::ps::ParameterServerOptions::NonFinite> nonfinite =
+      dtrain::ps::ParseNonFinitePolicy(absl::GetFlag(FLAGS_nonfinite));
+  if (!nonfinite.ok()) {
+    std::fprintf(stderr, "dtrain_ps: %s\n", std::string(nonfinite.status().message()).c_str());
+    return 2;
+  }
+  o.ps.nonfinite = *nonfinite;
+  o.ps.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+  o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  if (o.ps.max_model_bytes <= 0 || o.max_inflight_bytes < (int64_t{16} << 20)) {
+    std::fprintf(stderr, "dtrain_ps: --max_model_bytes must be > 0 and --max_inflight_bytes >= 16 MiB\n");
+    return 2;
+  }
   if (o.ps.checkpoint_dir.empty() && (o.ps.save_checkpoint_steps > 0 || o.ps.save_checkpoint_secs > 0)) {
     std::fprintf(stderr, "dtrain_ps: --save_checkpoint_steps/--save_checkpoint_secs need --checkpoint_dir\n");
     return 2;
@@ -92,6 +123,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.security = *security;
+  o.ps.decision_key = o.security.auth_token;  // ps 0 signs its step decisions; the others check
   absl::StatusOr<std::unique_ptr<dtrain::ps::PsServer>> server = dtrain::ps::PsServer::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "dtrain_ps: %s\n", std::string(server.status().message()).c_str());
@@ -106,6 +138,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain_ps: gave up after --max_run_secs=%g with workers still running\n", max_secs);
     return 1;
   }
-  LOG(INFO) << "ps task " << cluster->task_index << ": all workers done, exiting";
+  const dtrain::ps::TrainingOutcome outcome = (*server)->parameter_server()->outcome();
+  if (!outcome.succeeded) {
+    std::fprintf(stderr, "dtrain_ps: ps task %d: %s\n", cluster->task_index, outcome.message.c_str());
+    return 3;
+  }
+  LOG(INFO) << "ps task " << cluster->task_index << ": " << outcome.message << "; exiting";
   return 0;
 }

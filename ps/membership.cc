@@ -82,10 +82,19 @@ std::vector<int> Membership::ExpireLeases(absl::Time now, absl::Duration lease) 
   return lost;
 }
 
-bool Membership::MarkDone(int worker) {
-  if (workers_[worker].stats.done) return false;
-  workers_[worker].stats.done = true;
+bool Membership::MarkDone(int worker, bool completed) {
+  WorkerStats& s = workers_[worker].stats;
+  if (s.done) return false;
+  s.done = true;
+  s.failed = !completed;
   return true;
+}
+
+bool Membership::any_completed() const {
+  for (const Worker& w : workers_) {
+    if (w.stats.done && !w.stats.failed) return true;
+  }
+  return false;
 }
 
 int Membership::num_active() const {

@@ -56,8 +56,11 @@ class Membership {
   bool done(int worker) const { return workers_[worker].stats.done; }
   bool lost(int worker) const { return workers_[worker].stats.lost; }
   bool active(int worker) const { return !done(worker) && !lost(worker); }
-  // Marks the worker done; returns false if it already was.
-  bool MarkDone(int worker);
+  // Marks the worker done, having `completed` its training or not (it stopped on an error); returns false if it
+  // already was done.
+  bool MarkDone(int worker, bool completed);
+  // Some worker completed its training.
+  bool any_completed() const;
   int num_active() const;
   int num_done() const;
   // Every worker is done or lost: nobody is left to move training.

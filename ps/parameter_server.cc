@@ -88,7 +88,7 @@ class ParameterServer::Impl {
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id);
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header);
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver);
-  absl::Status Done(int worker_id, uint64_t session);
+  absl::Status Done(int worker_id, uint64_t session, bool completed);
   absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session);
   absl::StatusOr<TrainingStats> GetStats();
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config);
@@ -862,16 +862,22 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
 
 // ---- membership: done, heartbeats, leases, the end --------------------------------------------------------------
 
-absl::Status ParameterServer::Impl::Done(int worker_id, uint64_t session) {
+absl::Status ParameterServer::Impl::Done(int worker_id, uint64_t session, bool completed) {
   std::optional<StepDecision> decided;
   int64_t epoch;
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(members_.CheckWorker(worker_id));
     RETURN_IF_ERROR(members_.CheckLeave(worker_id, session));
-    if (members_.MarkDone(worker_id)) {
-      LOG(INFO) << "ps task " << options_.task_index << ": worker " << worker_id << " is done ("
-                << members_.num_done() << " of " << options_.num_workers << ")";
+    if (members_.MarkDone(worker_id, completed)) {
+      if (completed) {
+        LOG(INFO) << "ps task " << options_.task_index << ": worker " << worker_id << " is done ("
+                  << members_.num_done() << " of " << options_.num_workers << ")";
+      } else {
+        LOG(WARNING) << "ps task " << options_.task_index << ": worker " << worker_id
+                     << " left after an error (it stops counting; " << members_.num_active() << " of "
+                     << options_.num_workers << " still active)";
+      }
     }
     if (configured_ && sync_ && coordinator()) decided = DecideLocked();
     epoch = epoch_;
@@ -937,18 +943,26 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
       TrainingOutcome& o = outcome_;
       o.global_step = sync_ ? applied_through_ : CheckpointLabel();
       o.lost_workers = members_.lost_workers();
-      o.succeeded = config_.train_steps > 0 ? o.global_step >= config_.train_steps : members_.num_done() > 0;
+      // A worker completes when the global step reaches train_steps: ps tasks other than 0 only estimate it.
+      o.succeeded = members_.any_completed();
+      for (const WorkerStats& w : members_.AllStats()) {
+        if (w.done && w.failed) o.failed_workers.push_back(w.worker_id);
+      }
+      std::vector<std::string> what;
+      if (!o.lost_workers.empty()) {
+        what.push_back(absl::StrCat("worker", o.lost_workers.size() > 1 ? "s " : " ", absl::StrJoin(o.lost_workers, ", "),
+                                    " lost (no contact for ", absl::FormatDuration(options_.worker_timeout), ")"));
+      }
+      if (!o.failed_workers.empty()) {
+        what.push_back(absl::StrCat("worker", o.failed_workers.size() > 1 ? "s " : " ",
+                                    absl::StrJoin(o.failed_workers, ", "), " stopped on an error"));
+      }
       const std::string of = config_.train_steps > 0 ? absl::StrCat(" of ", config_.train_steps) : "";
-      const std::string lost =
-          o.lost_workers.empty() ? ""
-                                 : absl::StrCat("worker", o.lost_workers.size() > 1 ? "s " : " ",
-                                                absl::StrJoin(o.lost_workers, ", "), " lost (no contact for ",
-                                                absl::FormatDuration(options_.worker_timeout), ")");
-      o.message = o.succeeded ? absl::StrCat("training reached step ", o.global_step, of,
-                                             lost.empty() ? "" : "; ", lost)
+      o.message = o.succeeded ? absl::StrCat("training reached step ", o.global_step, of, what.empty() ? "" : "; ",
+                                             absl::StrJoin(what, "; "))
                               : absl::StrCat("training stopped at step ", o.global_step, of,
-                                             ": no worker is left", lost.empty() ? "" : " (", lost,
-                                             lost.empty() ? "" : ")");
+                                             ": no worker is left to complete it",
+                                             what.empty() ? "" : absl::StrCat(" (", absl::StrJoin(what, "; "), ")"));
       if (checkpointing() && configured_ && initialized_) {
         final_save_started_ = true;
         finish_after_write = true;
@@ -1088,7 +1102,9 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::StartPush(const Pu
 absl::Status ParameterServer::Pull(const PullRequest& request, PullReceiver* receiver) {
   return impl_->Pull(request, receiver);
 }
-absl::Status ParameterServer::Done(int worker_id, uint64_t session) { return impl_->Done(worker_id, session); }
+absl::Status ParameterServer::Done(int worker_id, uint64_t session, bool completed) {
+  return impl_->Done(worker_id, session, completed);
+}
 absl::StatusOr<int64_t> ParameterServer::Heartbeat(int worker_id, uint64_t session) {
   return impl_->Heartbeat(worker_id, session);
 }
@@ -1102,5 +1118,12 @@ bool ParameterServer::WaitUntilFinished(absl::Duration timeout) { return impl_->
 TrainingOutcome ParameterServer::outcome() const { return impl_->outcome(); }
 void ParameterServer::CheckLeases() { impl_->CheckLeases(); }
 int64_t ParameterServer::step() const { return impl_->step(); }
+
+absl::StatusOr<ParameterServerOptions::NonFinite> ParseNonFinitePolicy(absl::string_view name) {
+  if (name == "reject") return ParameterServerOptions::NonFinite::kReject;
+  if (name == "skip") return ParameterServerOptions::NonFinite::kSkip;
+  if (name == "apply") return ParameterServerOptions::NonFinite::kApply;
+  return absl::InvalidArgumentError(absl::StrCat("--nonfinite=", name, ": expected reject, skip or apply"));
+}
 
 }  // namespace dtrain::ps

@@ -85,11 +85,15 @@ struct ParameterServerOptions {
   int64_t max_model_bytes = int64_t{4} << 30;
 };
 
+// "reject", "skip" or "apply" (the --nonfinite flag); InvalidArgument naming the flag otherwise.
+absl::StatusOr<ParameterServerOptions::NonFinite> ParseNonFinitePolicy(absl::string_view name);
+
 // How training ended, once the ParameterServer is finished (every worker done or lost).
 struct TrainingOutcome {
-  bool succeeded = false;  // the global step reached the config's train_steps (without one: a worker finished)
+  bool succeeded = false;  // some worker completed its training (the global step reached train_steps)
   int64_t global_step = 0;  // this task's estimate of the global step at the end
   std::vector<int> lost_workers;
+  std::vector<int> failed_workers;  // left after an error
   std::string message;     // one line for the log: what happened, naming the lost workers
 };
 
@@ -104,7 +108,7 @@ class ParameterServer : public PsInterface {
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override;
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override;
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override;
-  absl::Status Done(int worker_id, uint64_t session) override;
+  absl::Status Done(int worker_id, uint64_t session, bool completed) override;
   absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override;
   absl::StatusOr<TrainingStats> GetStats() override;
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override;

@@ -82,7 +82,7 @@ absl::StatusOr<Pulled> Pull(ParameterServer& ps, int worker, int64_t min_step, i
   return PullSlices(ps, r);
 }
 
-absl::Status Done(ParameterServer& ps, int worker) { return ps.Done(worker, SessionOf(ps, worker)); }
+absl::Status Done(ParameterServer& ps, int worker) { return ps.Done(worker, SessionOf(ps, worker), true); }
 
 TEST(ParameterServerTest, CreateRejectsBadOptions) {
   ParameterServerOptions o = Options(2, /*task_index=*/2, /*num_ps=*/2);
@@ -193,7 +193,7 @@ TEST_F(ReadyServerTest, MalformedPushesAreInvalidArgument) {
   EXPECT_EQ(Push(*ps_, 2, 0, 3, {1, 1, 1}, {1}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Push(*ps_, -1, 0, 3, {1, 1, 1}, {1}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Pull(*ps_, 5, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ps_->Done(7, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ps_->Done(7, 0, true).code(), absl::StatusCode::kInvalidArgument);
 
   // Pieces of a slice come in order.
   absl::StatusOr<std::unique_ptr<SliceUpload>> upload = ps_->StartPush(PushHeader{0, 0, 4, true, SessionOf(*ps_, 0)});

@@ -41,11 +41,11 @@ class PsInterface {
   // Waits as the request says, then delivers the header and every slice of the task, in key order, each as
   // soon as it is up to date, to `receiver`. A receiver error ends the pull with that error.
   virtual absl::Status Pull(const PullRequest& request, PullReceiver* receiver) = 0;
-  // The worker has finished training. Sync: the coordinator stops expecting its commits (R becomes
+  // The worker has finished training (`completed`), or stopped on an error (it leaves the cluster). Sync: the coordinator stops expecting its commits (R becomes
   // min(R, active workers)), and a pending step that now has enough commits is decided. `session` must be the
   // worker's current one if it has one here (PermissionDenied otherwise); a worker without one (never registered,
   // refused, forgotten) may leave with any.
-  virtual absl::Status Done(int worker_id, uint64_t session) = 0;
+  virtual absl::Status Done(int worker_id, uint64_t session, bool completed) = 0;
   // Renews the worker's lease (any call does; this one does nothing else). Returns the task's step.
   virtual absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) = 0;
   virtual absl::StatusOr<TrainingStats> GetStats() = 0;

@@ -179,6 +179,7 @@ struct WorkerStats {
   int64_t applied = 0, dropped_stale = 0, dropped_backup = 0, duplicates = 0;
   double wait_seconds = 0.0;  // time spent blocked in Pull
   bool done = false;
+  bool failed = false;        // done, but it stopped on an error instead of completing its training
   bool lost = false;          // declared lost (lease ran out) and not back since
   int64_t times_lost = 0;     // how often it was declared lost
   int64_t nonfinite = 0;      // pushes refused or skipped for NaN/Inf gradients

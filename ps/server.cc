@@ -41,10 +41,17 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   grpc::ServerBuilder builder;
   builder.AddListeningPort(addr, ServerCredentials(options.security), &st.port);
   builder.RegisterService(st.service.get());
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  // Our messages are at most a megabyte of tensor data (ps/tensor_coding.h) plus framing.
+  builder.SetMaxReceiveMessageSize(8 << 20);
+  grpc::ResourceQuota quota("dtrain_ps");
+  quota.Resize(static_cast<size_t>(options.max_inflight_bytes));
+  builder.SetResourceQuota(quota);
+  // A worker uses a handful of streams per task (push, pull, heartbeat, unary calls).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 32);
   // Megabyte tensors: large HTTP/2 frames and flow-control windows mean fewer frames and window updates.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                             static_cast<int>(std::min<int64_t>(64 << 20, options.max_inflight_bytes / 16)));
   builder.SetMaxSendMessageSize(64 << 20);
   st.server = builder.BuildAndStart();
   if (!st.server || st.port == 0) {

@@ -26,6 +26,8 @@ struct PsServerOptions {
   SecurityOptions security;    // token and TLS (ps/grpc_security.h)
   // After the last worker reports done, keep serving this long so in-flight calls finish.
   absl::Duration linger = absl::Milliseconds(500);
+  // gRPC's resource quota for this server: the memory its connections and messages in flight may take.
+  int64_t max_inflight_bytes = int64_t{1} << 30;
 };
 
 class PsServer {
@@ -38,8 +40,8 @@ class PsServer {
   int port() const;
   ParameterServer* parameter_server();
 
-  // Blocks until every worker has reported done (or `timeout`), then shuts down after the linger period.
-  // Returns false on timeout.
+  // Blocks until no worker is left (every one done or lost; see parameter_server()->outcome()) or `timeout`, then
+  // shuts down after the linger period. Returns false on timeout.
   bool Wait(absl::Duration timeout = absl::InfiniteDuration());
   void Shutdown();
 

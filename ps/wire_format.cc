@@ -102,6 +102,7 @@ void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
     p->set_lost(w.lost);
     p->set_times_lost(w.times_lost);
     p->set_nonfinite(w.nonfinite);
+    p->set_failed(w.failed);
   }
   for (int64_t h : in.staleness_histogram) out->add_staleness_histogram(h);
   out->set_max_staleness_seen(in.max_staleness_seen);
@@ -124,6 +125,7 @@ TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
     w.lost = p.lost();
     w.times_lost = p.times_lost();
     w.nonfinite = p.nonfinite();
+    w.failed = p.failed();
     s.workers.push_back(w);
   }
   s.staleness_histogram.assign(in.staleness_histogram().begin(), in.staleness_histogram().end());

@@ -107,7 +107,7 @@ class WorkerClient {
   absl::StatusOr<PullResult> Pull(int64_t min_step, int64_t since_step, float* params,
                                   bool moving_averages = false);
 
-  absl::Status Done();
+  absl::Status Done(bool completed = true);
   absl::StatusOr<TrainingStats> Stats(int task);  // stats of one task (0 = coordinator)
   int num_tasks() const { return static_cast<int>(tasks_.size()); }
 

@@ -172,7 +172,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   // A worker that stops on an error still leaves the cluster (best effort), so the ps tasks stop expecting it
   // instead of waiting for it forever; cancelled on the normal path, which reports done itself.
   auto leave_on_error = absl::MakeCleanup([&client, &o] {
-    absl::Status s = client.Done();
+    absl::Status s = client.Done(/*completed=*/false);
     if (!s.ok()) LOG(WARNING) << "worker " << o.worker_id << " could not report done: " << s;
   });
   // The flat parameters and gradients live in the towers' host buffers: CPU towers compute on them in place,
