@@ -65,6 +65,10 @@ class ParameterServer::Impl {
   bool finished() const;
   bool WaitUntilFinished(absl::Duration timeout);
   int64_t step() const;
+  // State trained outside the ps (parameter_server.h).
+  absl::StatusOr<CheckpointData> ExportState();
+  bool CheckpointDue(int64_t step);
+  absl::Status ImportState(int64_t step, const std::vector<SliceState>& slices, bool save);
 
  private:
   class InitializeUpload;
@@ -775,6 +779,49 @@ void ParameterServer::Impl::WriteCheckpoints(std::vector<CheckpointData> saves) 
   if (!s.ok()) LOG(WARNING) << "ps task " << options_.task_index << ": pruning old checkpoints: " << s;
 }
 
+// ---- state trained outside the ps ------------------------------------------------------------------------------
+
+absl::StatusOr<CheckpointData> ParameterServer::Impl::ExportState() {
+  absl::MutexLock apply_lock(&apply_mu_);  // between updates
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckReady());
+  CheckpointData d;
+  d.task_index = options_.task_index;
+  d.num_ps = options_.num_ps;
+  d.global_step = step_;
+  d.task_step = step_;
+  d.model_signature = config_.model_signature;
+  d.optimizer = config_.optimizer.name;
+  d.num_slots = store_->optimizer().num_slots();
+  d.has_moving_averages = store_->has_moving_averages();
+  d.slices = store_->ExportState();
+  return d;
+}
+
+bool ParameterServer::Impl::CheckpointDue(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  return checkpointing() && configured_ && checkpoints_.Due(step).has_value();
+}
+
+absl::Status ParameterServer::Impl::ImportState(int64_t step, const std::vector<SliceState>& slices, bool save) {
+  std::vector<CheckpointData> saves;
+  {
+    absl::MutexLock apply_lock(&apply_mu_);
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckReady());
+    if (step < 0) return absl::InvalidArgumentError(absl::StrCat("ImportState at negative step ", step));
+    RETURN_IF_ERROR(store_->ImportState(slices, step));
+    step_ = step;
+    step_hint_ = step;
+    applied_through_ = step;
+    coordinator_->StartAt(step);
+    if (save && checkpointing()) saves.push_back(SnapshotLocked(step, step));
+    cv_.SignalAll();
+  }
+  WriteCheckpoints(std::move(saves));
+  return absl::OkStatus();
+}
+
 // ---- the public class -----------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(ParameterServerOptions options) {
@@ -815,5 +862,10 @@ absl::StatusOr<TrainingStats> ParameterServer::GetStats() { return impl_->GetSta
 bool ParameterServer::finished() const { return impl_->finished(); }
 bool ParameterServer::WaitUntilFinished(absl::Duration timeout) { return impl_->WaitUntilFinished(timeout); }
 int64_t ParameterServer::step() const { return impl_->step(); }
+absl::StatusOr<CheckpointData> ParameterServer::ExportState() { return impl_->ExportState(); }
+bool ParameterServer::CheckpointDue(int64_t step) { return impl_->CheckpointDue(step); }
+absl::Status ParameterServer::ImportState(int64_t step, const std::vector<SliceState>& slices, bool save) {
+  return impl_->ImportState(step, slices, save);
+}
 
 }  // namespace dtrain::ps
