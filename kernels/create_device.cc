@@ -40,10 +40,12 @@ namespace {
 absl::Status CheckCaptureGroup(const std::vector<Device*>& devices, const char* op, bool* gpu) {
   if (devices.empty()) return absl::InvalidArgumentError(absl::StrCat(op, ": no devices"));
   for (size_t i = 0; i < devices.size(); ++i) {
-    if (devices[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat(op, ": device ", i, " is null"));
+    if (devices[i] == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(op, ": device ", i, " is null"));
     for (size_t j = 0; j < i; ++j) {
       if (devices[j] == devices[i]) {
-        return absl::InvalidArgumentError(absl::StrCat(op, ": device ", devices[i]->name(), " is listed twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(op, ": device ", devices[i]->name(), " is listed twice"));
       }
     }
     if (devices[i]->spec().kind != devices[0]->spec().kind) {
@@ -59,7 +61,8 @@ absl::Status CheckCaptureGroup(const std::vector<Device*>& devices, const char* 
 absl::Status BeginCaptureGroup(const std::vector<Device*>& devices) {
   bool gpu = false;
   RETURN_IF_ERROR(CheckCaptureGroup(devices, "BeginCaptureGroup", &gpu));
-  if (devices.size() == 1 || !gpu) return devices[0]->BeginCapture();  // the CPU: Unimplemented, with the reason
+  if (devices.size() == 1 || !gpu)
+    return devices[0]->BeginCapture();  // the CPU: Unimplemented, with the reason
 #ifdef DTRAIN_HAVE_CUDA
   return cuda::BeginCaptureGroup(devices);
 #else

@@ -779,7 +779,7 @@ void ParameterServer::Impl::WriteCheckpoints(std::vector<CheckpointData> saves) 
   if (!s.ok()) LOG(WARNING) << "ps task " << options_.task_index << ": pruning old checkpoints: " << s;
 }
 
-// ---- state trained outside the ps ------------------------------------------------------------------------------
+// ---- state trained outside the ps -------------------------------------------------------------------------
 
 absl::StatusOr<CheckpointData> ParameterServer::Impl::ExportState() {
   absl::MutexLock apply_lock(&apply_mu_);  // between updates
@@ -803,7 +803,8 @@ bool ParameterServer::Impl::CheckpointDue(int64_t step) {
   return checkpointing() && configured_ && checkpoints_.Due(step).has_value();
 }
 
-absl::Status ParameterServer::Impl::ImportState(int64_t step, const std::vector<SliceState>& slices, bool save) {
+absl::Status ParameterServer::Impl::ImportState(int64_t step, const std::vector<SliceState>& slices,
+                                                bool save) {
   std::vector<CheckpointData> saves;
   {
     absl::MutexLock apply_lock(&apply_mu_);

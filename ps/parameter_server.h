@@ -106,8 +106,8 @@ class ParameterServer : public PsInterface {
   // Whether this task's schedule (save_checkpoint_steps / save_checkpoint_secs) saves a checkpoint at global
   // step `step` (as it would when a pushed step brings the global step there); false without checkpoint_dir.
   bool CheckpointDue(int64_t step);
-  // Replaces the state of every slice with `slices` (as ExportState returns them; InvalidArgument when they do
-  // not match the task's slices and nothing changes) and makes `step` the task's step. With `save` (and a
+  // Replaces the state of every slice with `slices` (as ExportState returns them; InvalidArgument when they
+  // do not match the task's slices and nothing changes) and makes `step` the task's step. With `save` (and a
   // checkpoint_dir), writes it as the checkpoint of that step before returning, as a scheduled save does.
   absl::Status ImportState(int64_t step, const std::vector<SliceState>& slices, bool save);
 

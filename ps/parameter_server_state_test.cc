@@ -129,7 +129,8 @@ TEST(ParameterServerStateTest, NothingBeforeRegistrationAndNoScheduleWithoutADir
   EXPECT_FALSE((*cluster)->task(0).CheckpointDue(5));
   absl::StatusOr<CheckpointData> state = (*cluster)->task(0).ExportState();
   ASSERT_TRUE(state.ok());
-  EXPECT_TRUE((*cluster)->task(0).ImportState(3, state->slices, /*save=*/true).ok()) << "no directory: not saved";
+  EXPECT_TRUE((*cluster)->task(0).ImportState(3, state->slices, /*save=*/true).ok())
+      << "no directory: not saved";
   EXPECT_EQ((*cluster)->task(0).step(), 3);
 }
 

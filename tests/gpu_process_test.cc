@@ -2,14 +2,13 @@
 // training on gpu:0 keeps its state on the device and replays the step as a CUDA graph, saves checkpoints
 // that dtrain_eval reads to the same accuracy and that a restart resumes from; a GPU worker trains in a
 // cluster with a dtrain_ps. Every process exits by itself with 0.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <regex>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -37,7 +36,9 @@ double ParseAccuracy(const std::string& out, const std::string& prefix) {
   return -1;
 }
 
-std::string LogPath(const std::string& name) { return absl::StrCat(::testing::TempDir(), "/gpu_", name, ".log"); }
+std::string LogPath(const std::string& name) {
+  return absl::StrCat(::testing::TempDir(), "/gpu_", name, ".log");
+}
 
 TEST(GpuProcessTest, LocalTrainingCheckpointsEvaluatesAndResumes) {
   if (const std::string why = SkipReason(); !why.empty()) GTEST_SKIP() << why;
@@ -77,9 +78,9 @@ TEST(GpuProcessTest, GpuWorkerInACluster) {
   std::vector<std::string> ps_args = {BinPath("dtrain_ps"), "--job_name=ps", "--task_index=0"};
   ps_args.insert(ps_args.end(), cluster.begin(), cluster.end());
   Subprocess ps(ps_args, LogPath("cluster_ps"));
-  std::vector<std::string> worker_args = {BinPath("dtrain_worker"), "--job_name=worker", "--task_index=0",
-                                          "--model=cnn",            "--towers=gpu:0",    "--train_steps=200",
-                                          "--log_every=100"};
+  std::vector<std::string> worker_args = {
+      BinPath("dtrain_worker"), "--job_name=worker", "--task_index=0", "--model=cnn",
+      "--towers=gpu:0",         "--train_steps=200", "--log_every=100"};
   worker_args.insert(worker_args.end(), cluster.begin(), cluster.end());
   Subprocess worker(worker_args, LogPath("cluster_worker"));
   EXPECT_EQ(worker.Wait(absl::Minutes(5)), 0) << worker.Output();

@@ -11,13 +11,13 @@
 //     steady=1230.2 (steps 1180-1200 of 1200) state=ps
 // (GPU towers end with state=device graphs=on, or graphs=off without a captured graph.) Every timing window
 // ends when its steps are complete on the devices and their losses are read back and finite.
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <glog/logging.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -29,8 +29,8 @@
 #include "ps/placement.h"
 #include "ps/worker_client.h"
 #include "worker/data/dataset.h"
-#include "worker/synthetic_data.h"
 #include "worker/resident_steps.h"
+#include "worker/synthetic_data.h"
 #include "worker/towers.h"
 #include "worker/trainer.h"
 #include "worker/training_steps.h"
@@ -48,9 +48,10 @@ ABSL_FLAG(int, windows, 5, "Early timing windows (the median is reported)");
 ABSL_FLAG(int64_t, steps_total, -1,
           "Steps of the whole run; its last window gives the steady-state rate (-1: one epoch of the training "
           "set, at least the early windows; 0: no steady-state figure)");
-ABSL_FLAG(bool, cuda_graphs, true,
-          "GPU towers: capture the training step once as a CUDA graph and replay it (eager steps where capture "
-          "fails, with one log line saying why)");
+ABSL_FLAG(
+    bool, cuda_graphs, true,
+    "GPU towers: capture the training step once as a CUDA graph and replay it (eager steps where capture "
+    "fails, with one log line saying why)");
 ABSL_FLAG(bool, device_resident, true,
           "GPU towers: keep variables, optimizer slots and moving averages on the devices (false: every step "
           "goes through the in-process parameter server on the host, the previous path)");
@@ -90,7 +91,8 @@ int Main() {
   models::ModelOptions mopt;
   mopt.batch_size = o.batch_size;
   models::SetInputGeometry(d, dataset.train.height, dataset.train.width, dataset.train.channels, &mopt);
-  const bool resident = absl::GetFlag(FLAGS_device_resident) && (*specs)[0].kind == kernels::DeviceSpec::Kind::kGpu;
+  const bool resident =
+      absl::GetFlag(FLAGS_device_resident) && (*specs)[0].kind == kernels::DeviceSpec::Kind::kGpu;
   TowersOptions topt;
   topt.replicated = resident;
   absl::StatusOr<std::unique_ptr<Towers>> towers = Towers::Create(o.model, mopt, *specs, topt);

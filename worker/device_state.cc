@@ -64,25 +64,26 @@ DeviceState::~DeviceState() {
 
 absl::Status DeviceState::Load(const ps::CheckpointData& state) {
   if (state.num_slots != params_.num_slots()) {
-    return absl::FailedPreconditionError(absl::StrCat("device state: the ps holds ", state.num_slots,
-                                                      " optimizer slots per variable, the device optimizer needs ",
-                                                      params_.num_slots()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("device state: the ps holds ", state.num_slots,
+                     " optimizer slots per variable, the device optimizer needs ", params_.num_slots()));
   }
   if (using_averages_) RETURN_IF_ERROR(UseMovingAverages(false));
   // The flat buffers, assembled from the slices (which must cover [0, n) exactly once).
   std::vector<float> values(n_), shadow(shadow_ != nullptr ? n_ : 0);
   std::vector<std::vector<float>> slots(params_.num_slots(), std::vector<float>(n_));
   std::vector<ps::SliceState> sorted = state.slices;
-  std::sort(sorted.begin(), sorted.end(),
-            [](const ps::SliceState& a, const ps::SliceState& b) { return a.spec.flat_offset < b.spec.flat_offset; });
+  std::sort(sorted.begin(), sorted.end(), [](const ps::SliceState& a, const ps::SliceState& b) {
+    return a.spec.flat_offset < b.spec.flat_offset;
+  });
   int64_t covered = 0;
   layout_.clear();
   for (const ps::SliceState& s : sorted) {
     const int64_t off = s.spec.flat_offset, len = s.spec.length;
     if (off != covered || len < 0 || off + len > n_ || static_cast<int64_t>(s.values.size()) != len ||
         static_cast<int>(s.slots.size()) != params_.num_slots()) {
-      return absl::FailedPreconditionError(absl::StrCat("device state: slice '", s.spec.variable, "' [", off, ", +",
-                                                        len, ") does not fit a flat buffer of ", n_,
+      return absl::FailedPreconditionError(absl::StrCat("device state: slice '", s.spec.variable, "' [", off,
+                                                        ", +", len, ") does not fit a flat buffer of ", n_,
                                                         " floats covered up to ", covered));
     }
     std::copy(s.values.begin(), s.values.end(), values.begin() + off);
@@ -95,7 +96,8 @@ absl::Status DeviceState::Load(const ps::CheckpointData& state) {
     }
     if (shadow_ != nullptr) {
       // A checkpoint without moving averages starts them at the values (the parameter server's rule).
-      const std::vector<float>& src = s.moving_average.size() == s.values.size() ? s.moving_average : s.values;
+      const std::vector<float>& src =
+          s.moving_average.size() == s.values.size() ? s.moving_average : s.values;
       std::copy(src.begin(), src.end(), shadow.begin() + off);
     }
     layout_.push_back(s.spec);
@@ -167,7 +169,8 @@ absl::StatusOr<std::vector<ps::SliceState>> DeviceState::Export() {
     const auto end = begin + static_cast<std::ptrdiff_t>(spec.length);
     out[i].spec = spec;
     out[i].values.assign(values.begin() + begin, values.begin() + end);
-    for (const std::vector<float>& slot : slots) out[i].slots.emplace_back(slot.begin() + begin, slot.begin() + end);
+    for (const std::vector<float>& slot : slots)
+      out[i].slots.emplace_back(slot.begin() + begin, slot.begin() + end);
     if (!shadow.empty()) out[i].moving_average.assign(shadow.begin() + begin, shadow.begin() + end);
   }
   return out;

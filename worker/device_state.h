@@ -41,17 +41,18 @@ absl::StatusOr<kernels::OptimizerParams> DeviceOptimizerParams(const ps::TrainCo
 class DeviceState {
  public:
   // Allocates the slots (and tower 0's moving averages when params.moving_average_decay > 0) and makes each
-  // tower's optimizer. `towers` (device-owned, not host_resident()) must outlive the state. InvalidArgument for
-  // host-resident towers or bad params; device errors (out of memory) as the device reports them.
-  static absl::StatusOr<std::unique_ptr<DeviceState>> Create(Towers* towers, const kernels::OptimizerParams& params);
+  // tower's optimizer. `towers` (device-owned, not host_resident()) must outlive the state. InvalidArgument
+  // for host-resident towers or bad params; device errors (out of memory) as the device reports them.
+  static absl::StatusOr<std::unique_ptr<DeviceState>> Create(Towers* towers,
+                                                             const kernels::OptimizerParams& params);
   ~DeviceState();
   DeviceState(const DeviceState&) = delete;
   DeviceState& operator=(const DeviceState&) = delete;
 
   // Loads a ps task's whole state (ps::ParameterServer::ExportState, whose slices cover the flat buffer) onto
-  // every tower: values, slots, and on tower 0 the moving averages (the values when `state` has none), and sets
-  // every step counter to state.task_step. Remembers the slices' layout for Export. FailedPrecondition when the
-  // state does not fit (number of slots, a slice outside the flat buffer, a gap).
+  // every tower: values, slots, and on tower 0 the moving averages (the values when `state` has none), and
+  // sets every step counter to state.task_step. Remembers the slices' layout for Export. FailedPrecondition
+  // when the state does not fit (number of slots, a slice outside the flat buffer, a gap).
   absl::Status Load(const ps::CheckpointData& state);
   // Enqueues each tower's update from its (averaged) gradients at the step its counter holds; the caller then
   // increments the counters. Never synchronizes nor allocates: capturable.
@@ -60,9 +61,9 @@ class DeviceState {
   absl::StatusOr<std::vector<ps::SliceState>> Export();
   // Tower 0's variables (flat). Synchronizes tower 0.
   absl::StatusOr<std::vector<float>> ExportValues();
-  // Tower 0 computes with the moving averages (true) or with the variables (false) from now on: for evaluating
-  // the averages. The variables are kept aside meanwhile (and Export/ExportValues read them there). Steps must
-  // not run while the averages are in use. FailedPrecondition without moving averages.
+  // Tower 0 computes with the moving averages (true) or with the variables (false) from now on: for
+  // evaluating the averages. The variables are kept aside meanwhile (and Export/ExportValues read them
+  // there). Steps must not run while the averages are in use. FailedPrecondition without moving averages.
   absl::Status UseMovingAverages(bool use);
   bool has_moving_averages() const { return shadow_ != nullptr; }
 
@@ -80,8 +81,8 @@ class DeviceState {
   kernels::OptimizerParams params_;
   int64_t n_ = 0;
   std::vector<TowerState> state_;
-  float* shadow_ = nullptr;        // tower 0's moving averages
-  float* kept_values_ = nullptr;   // tower 0's variables while the moving averages are in use
+  float* shadow_ = nullptr;       // tower 0's moving averages
+  float* kept_values_ = nullptr;  // tower 0's variables while the moving averages are in use
   bool using_averages_ = false;
   std::vector<ps::SliceSpec> layout_;  // from Load
 };

@@ -3,12 +3,12 @@
 // resuming on either path, the previous host path (--device_resident=false), and a cluster worker whose GPU
 // tower uploads parameters and downloads gradients layer by layer. Every test skips without a usable CUDA
 // device (the binary then exits 77: ctest reports it Skipped).
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "kernels/device.h"
 #include "ps/parameter_server.h"
@@ -114,8 +114,8 @@ TEST(GpuTrainingTest, ResidentStepsCaptureTheStep) {
     mo.batch_size = 16;
     TowersOptions topt;
     topt.replicated = true;
-    auto towers = Towers::Create("cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Gpu(0)),
-                                 topt);
+    auto towers = Towers::Create(
+        "cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Gpu(0)), topt);
     ASSERT_TRUE(towers.ok()) << towers.status();
     std::vector<ps::VariableInfo> vars;
     for (const auto& v : (*towers)->tower(0)->variables()) vars.push_back({v.name, v.size()});

@@ -9,12 +9,12 @@ namespace dtrain::worker {
 
 using kernels::Queue;
 
-absl::StatusOr<std::unique_ptr<InputStager>> InputStager::Create(kernels::Device* device, int64_t image_floats,
-                                                                 int batch) {
+absl::StatusOr<std::unique_ptr<InputStager>> InputStager::Create(kernels::Device* device,
+                                                                 int64_t image_floats, int batch) {
   if (device == nullptr) return absl::InvalidArgumentError("InputStager: no device");
   if (image_floats < 1 || batch < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("InputStager: sizes must be positive, got ", image_floats, " image floats, batch ", batch));
+    return absl::InvalidArgumentError(absl::StrCat("InputStager: sizes must be positive, got ", image_floats,
+                                                   " image floats, batch ", batch));
   }
   std::unique_ptr<InputStager> s(new InputStager(device, image_floats, batch));
   for (int k = 0; k < 2; ++k) {
@@ -36,8 +36,10 @@ InputStager::~InputStager() {
 }
 
 absl::Status InputStager::Stage(const models::HostBatch& batch, float* images, float* labels) {
-  const int64_t image_floats = static_cast<int64_t>(batch.batch) * batch.height * batch.width * batch.channels;
-  if (batch.batch != batch_ || image_floats != image_floats_ || batch.images == nullptr || batch.labels == nullptr) {
+  const int64_t image_floats =
+      static_cast<int64_t>(batch.batch) * batch.height * batch.width * batch.channels;
+  if (batch.batch != batch_ || image_floats != image_floats_ || batch.images == nullptr ||
+      batch.labels == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("InputStager: a batch of ", batch.batch, " examples (",
                                                    image_floats, " floats), expected ", batch_, " (",
                                                    image_floats_, ")"));

@@ -1,8 +1,8 @@
-// Uploads one tower's training batches to its device without stalling it: each batch is copied into one of two
-// pinned host slots, uploaded on the device's copy queue into a device staging buffer, and copied from there
-// into the model's inputs on the compute queue, ordered by events. So the upload of step k+1 overlaps the
-// compute of step k (the compute queue only waits for it right before step k+1), and the inputs a captured
-// CUDA graph reads keep their addresses.
+// Uploads one tower's training batches to its device without stalling it: each batch is copied into one of
+// two pinned host slots, uploaded on the device's copy queue into a device staging buffer, and copied from
+// there into the model's inputs on the compute queue, ordered by events. So the upload of step k+1 overlaps
+// the compute of step k (the compute queue only waits for it right before step k+1), and the inputs a
+// captured CUDA graph reads keep their addresses.
 //
 // Back-pressure: refilling a pinned slot waits (on the host) for the upload that last read it, i.e. the one
 // two steps back; so the host runs at most about two steps ahead of the device, and never blocks when the
@@ -49,8 +49,8 @@ class InputStager {
   kernels::Device* device_;
   const int64_t image_floats_;
   const int batch_;
-  float* pinned_[2] = {nullptr, nullptr};  // [images | labels]
-  float* staged_[2] = {nullptr, nullptr};  // device copies of the slots
+  float* pinned_[2] = {nullptr, nullptr};        // [images | labels]
+  float* staged_[2] = {nullptr, nullptr};        // device copies of the slots
   std::unique_ptr<kernels::Event> uploaded_[2];  // copy queue: slot s is on the device (pinned slot free)
   std::unique_ptr<kernels::Event> consumed_[2];  // compute queue: staged_[s] was copied into the inputs
   int next_ = 0;

@@ -49,9 +49,10 @@ ABSL_FLAG(int, threads, 1, "CPU threads for this worker's towers");
 ABSL_FLAG(bool, cuda_graphs, true,
           "GPU towers in local mode: capture the training step once as a CUDA graph and replay it every step "
           "(eager steps where capture fails, with one log line saying why)");
-ABSL_FLAG(bool, device_resident, true,
-          "GPU towers in local mode: keep variables, optimizer slots and moving averages on the devices and run "
-          "the optimizer there (false: every step goes through the in-process parameter server on the host)");
+ABSL_FLAG(
+    bool, device_resident, true,
+    "GPU towers in local mode: keep variables, optimizer slots and moving averages on the devices and run "
+    "the optimizer there (false: every step goes through the in-process parameter server on the host)");
 ABSL_FLAG(int, log_every, 100, "Print a progress line every this many local steps");
 ABSL_FLAG(int64_t, eval_every, 0, "Chief: evaluate test accuracy every this many global steps (0: at the end)");
 ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");

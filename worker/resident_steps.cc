@@ -1,9 +1,9 @@
 #include "worker/resident_steps.h"
 
+#include <glog/logging.h>
+
 #include <cmath>
 #include <utility>
-
-#include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -15,12 +15,14 @@ using kernels::Queue;
 absl::StatusOr<std::unique_ptr<ResidentSteps>> ResidentSteps::Create(Towers* towers, ps::ParameterServer* ps,
                                                                      const kernels::OptimizerParams& params,
                                                                      const ResidentStepsOptions& options) {
-  if (towers == nullptr || ps == nullptr) return absl::InvalidArgumentError("ResidentSteps: no towers or no ps");
+  if (towers == nullptr || ps == nullptr)
+    return absl::InvalidArgumentError("ResidentSteps: no towers or no ps");
   if (towers->host_resident()) {
     return absl::InvalidArgumentError("ResidentSteps: the towers compute in place on the host buffers");
   }
   if (options.loss_ring < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("ResidentSteps: loss_ring must be >= 1, got ", options.loss_ring));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ResidentSteps: loss_ring must be >= 1, got ", options.loss_ring));
   }
   std::unique_ptr<ResidentSteps> r(new ResidentSteps(towers, ps, options));
   for (int t = 0; t < towers->size(); ++t) r->devices_.push_back(towers->device(t));
@@ -78,8 +80,8 @@ absl::Status ResidentSteps::EnqueueStep() {
   // and the optimizer of the next step read the new value).
   for (int t = 0; t < towers_->size(); ++t) {
     kernels::DeviceCounter* counter = towers_->step_counter(t);
-    RETURN_IF_ERROR(
-        devices_[t]->CopyToCounterSlot(towers_->tower(t)->device_loss(), rings_[t], options_.loss_ring, *counter));
+    RETURN_IF_ERROR(devices_[t]->CopyToCounterSlot(towers_->tower(t)->device_loss(), rings_[t],
+                                                   options_.loss_ring, *counter));
     RETURN_IF_ERROR(counter->Increment());
   }
   return absl::OkStatus();
@@ -97,8 +99,8 @@ absl::Status ResidentSteps::Capture() {
 
 absl::Status ResidentSteps::Step(const std::vector<models::HostBatch>& batches, int64_t step) {
   if (step != step_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("ResidentSteps: a step for global step ", step, ", but the devices are at step ", step_));
+    return absl::FailedPreconditionError(absl::StrCat("ResidentSteps: a step for global step ", step,
+                                                      ", but the devices are at step ", step_));
   }
   RETURN_IF_ERROR(state_->UseMovingAverages(false));  // after an evaluation with the averages
   RETURN_IF_ERROR(StageInputs(batches));
@@ -106,7 +108,8 @@ absl::Status ResidentSteps::Step(const std::vector<models::HostBatch>& batches, 
   if (try_graph_ && local_steps_ > 0) {
     try_graph_ = false;
     if (absl::Status s = Capture(); s.ok()) {
-      LOG(INFO) << "the training step is a CUDA graph over " << devices_.size() << " tower(s), replayed every step";
+      LOG(INFO) << "the training step is a CUDA graph over " << devices_.size()
+                << " tower(s), replayed every step";
     } else {
       LOG(WARNING) << "CUDA graphs off, steps run eagerly: " << s.message();
     }
@@ -151,8 +154,8 @@ absl::Status ResidentSteps::DrainLosses() {
       loss = static_cast<float>(sum / n);
     }
     if (!std::isfinite(loss)) {
-      return absl::InternalError(
-          absl::StrCat("loss is ", loss, " at step ", s, ": training diverged (try a smaller --learning_rate)"));
+      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", s,
+                                              ": training diverged (try a smaller --learning_rate)"));
     }
     losses_.push_back(loss);
   }

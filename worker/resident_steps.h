@@ -2,9 +2,9 @@
 // dtrain_bench): variables, optimizer slots and moving averages live on the devices (worker/device_state.h),
 // and a step is forward + backward + per-layer averaging across towers + the device optimizer + the step
 // counters' increment, all enqueued on the devices. Nothing crosses to the host per step except the staged
-// inputs: the losses collect in a ring on each device (Device::CopyToCounterSlot) and are read back at logging
-// steps (TakeLosses); the host copies the state only to save a checkpoint, to evaluate with the moving
-// averages (a device copy), and at the end.
+// inputs: the losses collect in a ring on each device (Device::CopyToCounterSlot) and are read back at
+// logging steps (TakeLosses); the host copies the state only to save a checkpoint, to evaluate with the
+// moving averages (a device copy), and at the end.
 //
 // CUDA graphs (options.cuda_graphs, GPU towers): the first step runs eagerly (libraries load their kernels),
 // the second is captured (one graph over every tower's compute stream, forked and joined by events:
@@ -14,9 +14,9 @@
 //
 // Checkpoints stay the in-process ps's (one checkpoint path, one format): the state starts from the ps's
 // (initialized, or restored from the newest checkpoint by Register), and after every step the ps's schedule
-// is asked whether a save is due (ParameterServer::CheckpointDue); if so tower 0's state is copied to the host
-// and handed over (ImportState, which writes the checkpoint). Finish hands over the final state before the
-// worker reports done, so the ps's final checkpoint holds it.
+// is asked whether a save is due (ParameterServer::CheckpointDue); if so tower 0's state is copied to the
+// host and handed over (ImportState, which writes the checkpoint). Finish hands over the final state before
+// the worker reports done, so the ps's final checkpoint holds it.
 //
 // Thread-safety: one thread drives it (the Towers use their own threads inside a step).
 #ifndef DTRAIN_WORKER_RESIDENT_STEPS_H_
@@ -57,8 +57,8 @@ class ResidentSteps : public TrainingSteps {
   // Loads the ps's state onto the devices.
   absl::StatusOr<ps::PullResult> Start() override;
   // Stages the inputs and enqueues (or replays) the step; saves a checkpoint when the ps's schedule says so.
-  // Returns once the step is enqueued, except about every loss_ring steps (the loss ring is read) and when the
-  // host runs two steps ahead of the devices (input staging waits for them).
+  // Returns once the step is enqueued, except about every loss_ring steps (the loss ring is read) and when
+  // the host runs two steps ahead of the devices (input staging waits for them).
   absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) override;
   absl::StatusOr<ps::PullResult> NextStep() override { return ps::PullResult{step_, false}; }
   absl::StatusOr<std::vector<float>> TakeLosses() override;
@@ -96,9 +96,9 @@ class ResidentSteps : public TrainingSteps {
   std::vector<std::unique_ptr<kernels::Event>> inputs_ready_;  // per tower > 0: its inputs are staged
   std::unique_ptr<kernels::Graph> graph_;
   bool try_graph_ = false;
-  int64_t step_ = 0;        // the global step (of the next step to run)
+  int64_t step_ = 0;  // the global step (of the next step to run)
   int64_t local_steps_ = 0;
-  int64_t pending_ = 0;     // steps whose losses are still only in the rings
+  int64_t pending_ = 0;  // steps whose losses are still only in the rings
   std::vector<float> losses_;
 };
 

@@ -1,15 +1,16 @@
 // Local training with the training state on the devices (worker/resident_steps.h), run here on CPU towers
 // whose models own their buffers (the GPU towers' code path on the CPU backend): it equals today's local mode
 // (host-resident towers, the in-process ps applying every step) over many steps for SGD, momentum and Adam
-// with learning-rate decay and moving averages, one and two towers, with dropout; checkpoints it writes resume
-// to exactly the uninterrupted run (through either path), and divergence is reported like local mode does.
+// with learning-rate decay and moving averages, one and two towers, with dropout; checkpoints it writes
+// resume to exactly the uninterrupted run (through either path), and divergence is reported like local mode
+// does.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <filesystem>
 #include <ostream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
 #include "ps/checkpoint.h"
@@ -250,20 +251,24 @@ TEST(DeviceStateTest, LoadExportAndMovingAverages) {
   }
   // Tower 1 holds the same values.
   std::vector<float> tower1(n);
-  ASSERT_TRUE((*towers)->device(1)->CopyToHost((*towers)->tower(1)->device_parameters(), tower1.data(), n).ok());
+  ASSERT_TRUE(
+      (*towers)->device(1)->CopyToHost((*towers)->tower(1)->device_parameters(), tower1.data(), n).ok());
   EXPECT_EQ(std::vector<float>(tower1.begin(), tower1.begin() + cut), ckpt.slices[0].values);
 
   ASSERT_TRUE((*state)->UseMovingAverages(true).ok());
   std::vector<float> params0(n);
-  ASSERT_TRUE((*towers)->device(0)->CopyToHost((*towers)->tower(0)->device_parameters(), params0.data(), n).ok());
+  ASSERT_TRUE(
+      (*towers)->device(0)->CopyToHost((*towers)->tower(0)->device_parameters(), params0.data(), n).ok());
   EXPECT_EQ(params0[0], -1.0f);
   EXPECT_EQ(params0[n - 1], -2.0f);
   auto values = (*state)->ExportValues();
   ASSERT_TRUE(values.ok());
-  EXPECT_EQ(std::vector<float>(values->begin(), values->begin() + cut), ckpt.slices[0].values) << "kept aside";
+  EXPECT_EQ(std::vector<float>(values->begin(), values->begin() + cut), ckpt.slices[0].values)
+      << "kept aside";
   EXPECT_EQ((*state)->EnqueueUpdates().code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE((*state)->UseMovingAverages(false).ok());
-  ASSERT_TRUE((*towers)->device(0)->CopyToHost((*towers)->tower(0)->device_parameters(), params0.data(), n).ok());
+  ASSERT_TRUE(
+      (*towers)->device(0)->CopyToHost((*towers)->tower(0)->device_parameters(), params0.data(), n).ok());
   EXPECT_EQ(std::vector<float>(params0.begin(), params0.begin() + cut), ckpt.slices[0].values);
 
   ps::CheckpointData gap = ckpt;

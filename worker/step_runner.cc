@@ -9,7 +9,8 @@
 namespace dtrain::worker {
 
 absl::StatusOr<ps::PullResult> StepRunner::Start() {
-  ASSIGN_OR_RETURN(ps::PullResult at, client_->Pull(/*min_step=*/0, /*since_step=*/0, towers_->host_params()));
+  ASSIGN_OR_RETURN(ps::PullResult at,
+                   client_->Pull(/*min_step=*/0, /*since_step=*/0, towers_->host_params()));
   step_ = at.step;
   return at;
 }

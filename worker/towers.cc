@@ -105,9 +105,11 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
       kernels::Device* dev = t->devices_[i].get();
       ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceCounter> counter, dev->MakeCounter(0));
       t->counters_.push_back(std::move(counter));
-      ASSIGN_OR_RETURN(std::unique_ptr<InputStager> stager, InputStager::Create(dev, image_floats, options.batch_size));
+      ASSIGN_OR_RETURN(std::unique_ptr<InputStager> stager,
+                       InputStager::Create(dev, image_floats, options.batch_size));
       t->stagers_.push_back(std::move(stager));
-      ASSIGN_OR_RETURN(std::unique_ptr<kernels::AsyncReadback> reader, kernels::AsyncReadback::Create(dev, 1));
+      ASSIGN_OR_RETURN(std::unique_ptr<kernels::AsyncReadback> reader,
+                       kernels::AsyncReadback::Create(dev, 1));
       t->loss_readers_.push_back(std::move(reader));
       ASSIGN_OR_RETURN(std::unique_ptr<kernels::Event> done, dev->MakeEvent());
       t->step_done_.push_back(std::move(done));

@@ -5,7 +5,8 @@
 // - Host-resident (CPU towers, by default): the models compute straight on the flat host parameter buffer
 //   (shared by every tower) and tower 0 writes its gradients straight into the flat host gradient buffer:
 //   nothing is copied per step. A step's hooks run layer by layer as the towers compute.
-// - Device-owned (GPU towers; CPU towers with TowersOptions::cpu_in_place = false, so that tests run this path
+// - Device-owned (GPU towers; CPU towers with TowersOptions::cpu_in_place = false, so that tests run this
+// path
 //   on the CPU backend): each model owns its parameters and gradients in device memory. A step is *enqueued*:
 //   inputs are staged through pinned memory (InputStager), forward and backward are enqueued on each tower's
 //   compute queue, each layer's gradients are averaged across towers (GradientAverager::AverageRange, the
@@ -83,9 +84,9 @@ class Towers {
   // Runs tower i on batches[i] in parallel with the parameters in host_params(); writes the averaged flat
   // gradient to host_grads() and returns the mean loss. batches.size() must equal size(). `hooks` (may be
   // null; see models::StepHooks): before_forward runs per layer (on several tower threads at once) before
-  // the layer's parameters are read from host_params(); after_forward runs once with the mean loss, before any
-  // gradients_ready; gradients_ready runs once per layer range, one call at a time, last layer first, when the
-  // average of every tower's gradient of the range is in host_grads().
+  // the layer's parameters are read from host_params(); after_forward runs once with the mean loss, before
+  // any gradients_ready; gradients_ready runs once per layer range, one call at a time, last layer first,
+  // when the average of every tower's gradient of the range is in host_grads().
   absl::StatusOr<float> ComputeGradients(const std::vector<models::HostBatch>& batches, int64_t step,
                                          const models::StepHooks* hooks = nullptr);
 
@@ -107,9 +108,9 @@ class Towers {
     // has been enqueued (one call at a time, last layer first).
     std::function<absl::Status(int64_t begin, int64_t end)> range_averaged;
   };
-  // Enqueues forward + backward on every tower, on the staged inputs, averaging each layer's gradients as soon
-  // as every tower has enqueued them. With several towers the towers' threads meet once per layer, so each
-  // average waits only for that layer's work. Does not Join the averages (averager()->Join()). Never
+  // Enqueues forward + backward on every tower, on the staged inputs, averaging each layer's gradients as
+  // soon as every tower has enqueued them. With several towers the towers' threads meet once per layer, so
+  // each average waits only for that layer's work. Does not Join the averages (averager()->Join()). Never
   // allocates nor synchronizes with the host (given hooks that do neither): capturable.
   absl::Status EnqueueGradients(const EnqueueHooks* hooks);
 
@@ -120,8 +121,8 @@ class Towers {
   absl::StatusOr<float> ComputeOnDevices(const std::vector<models::HostBatch>& batches, int64_t step,
                                          const models::StepHooks* hooks);
   // Events reused every step (made on first use: nothing is made after the first step).
-  kernels::Event* PooledEvent(std::vector<std::unique_ptr<kernels::Event>>* pool, size_t index, kernels::Device* dev,
-                              absl::Status* status);
+  kernels::Event* PooledEvent(std::vector<std::unique_ptr<kernels::Event>>* pool, size_t index,
+                              kernels::Device* dev, absl::Status* status);
 
   std::vector<std::unique_ptr<kernels::Device>> devices_;
   std::vector<std::unique_ptr<models::Model>> models_;
@@ -134,7 +135,7 @@ class Towers {
   // Device-owned towers.
   std::vector<std::unique_ptr<kernels::DeviceCounter>> counters_;
   std::vector<std::unique_ptr<InputStager>> stagers_;
-  std::vector<std::unique_ptr<kernels::AsyncReadback>> loss_readers_;  // ComputeOnDevices: each tower's loss
+  std::vector<std::unique_ptr<kernels::AsyncReadback>> loss_readers_;   // ComputeOnDevices: each tower's loss
   std::vector<std::vector<std::unique_ptr<kernels::Event>>> uploaded_;  // per tower, per layer range
   std::vector<std::unique_ptr<kernels::Event>> produced_;               // tower 0, per range: grads enqueued
   std::vector<std::unique_ptr<kernels::Event>> downloaded_;             // tower 0, per range: on the host

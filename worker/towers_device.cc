@@ -16,10 +16,11 @@ namespace {
 
 using kernels::Queue;
 
-// The towers' threads meet once per layer: every tower enqueues a layer's gradients, then waits until all have,
-// and the last to arrive runs the layer's average (so the events it records on the other towers' compute
-// queues mark exactly that layer's work, not the rest of their backward pass). A tower that fails breaks the
-// meeting: everyone waiting, and everyone arriving later, returns the error instead of waiting forever.
+// The towers' threads meet once per layer: every tower enqueues a layer's gradients, then waits until all
+// have, and the last to arrive runs the layer's average (so the events it records on the other towers'
+// compute queues mark exactly that layer's work, not the rest of their backward pass). A tower that fails
+// breaks the meeting: everyone waiting, and everyone arriving later, returns the error instead of waiting
+// forever.
 class LayerMeeting {
  public:
   explicit LayerMeeting(int parties) : parties_(parties) {}
@@ -71,7 +72,8 @@ kernels::Event* Towers::PooledEvent(std::vector<std::unique_ptr<kernels::Event>>
 }
 
 absl::Status Towers::StageInputs(const std::vector<models::HostBatch>& batches) {
-  if (host_resident_) return absl::FailedPreconditionError("StageInputs: the towers compute in place on the host");
+  if (host_resident_)
+    return absl::FailedPreconditionError("StageInputs: the towers compute in place on the host");
   if (static_cast<int>(batches.size()) != size()) {
     return absl::InvalidArgumentError(absl::StrCat(batches.size(), " batches for ", size(), " towers"));
   }
@@ -90,7 +92,9 @@ absl::Status Towers::EnqueueGradients(const EnqueueHooks* hooks) {
   auto model_hooks = [hooks](int t, models::EnqueueHooks* mh) {
     if (hooks == nullptr) return;
     if (hooks->before_forward) {
-      mh->before_forward = [hooks, t](int64_t begin, int64_t end) { return hooks->before_forward(t, begin, end); };
+      mh->before_forward = [hooks, t](int64_t begin, int64_t end) {
+        return hooks->before_forward(t, begin, end);
+      };
     }
     if (hooks->loss_enqueued) mh->loss_enqueued = [hooks, t] { return hooks->loss_enqueued(t); };
   };
@@ -176,8 +180,8 @@ absl::StatusOr<float> Towers::ComputeOnDevices(const std::vector<models::HostBat
       RETURN_IF_ERROR(dev->RecordEvent(produced, Queue::kCompute));
       RETURN_IF_ERROR(dev->WaitEvent(produced, Queue::kCopy));
     }
-    RETURN_IF_ERROR(dev->CopyToHostAsync(models_[0]->device_gradients() + begin, host_grads_ + begin, end - begin,
-                                         Queue::kCopy));
+    RETURN_IF_ERROR(dev->CopyToHostAsync(models_[0]->device_gradients() + begin, host_grads_ + begin,
+                                         end - begin, Queue::kCopy));
     RETURN_IF_ERROR(dev->RecordEvent(landed, Queue::kCopy));
     downloads.push_back({begin, end, landed});
     return absl::OkStatus();

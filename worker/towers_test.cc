@@ -1,15 +1,13 @@
 #include "worker/towers.h"
 
-#include <cmath>
-
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "common/denormals.h"
-
 #include "worker/synthetic_data.h"
 
 namespace dtrain::worker {
@@ -287,7 +285,8 @@ TEST(TowersTest, DeviceOwnedTowersEqualHostResidentTowersWithPerLayerHooks) {
     for (int step = 0; step < 3; ++step) {
       const std::vector<float> params = models::InitialParameters((*host)->tower(0)->variables(), 3 + step);
       std::copy(params.begin(), params.end(), (*host)->host_params());
-      std::copy(params.begin(), params.end(), (*dev)->host_params());  // uploaded layer by layer, no SetParameters
+      std::copy(params.begin(), params.end(),
+                (*dev)->host_params());  // uploaded layer by layer, no SetParameters
       std::vector<models::HostBatch> views;
       for (int t = 0; t < n_towers; ++t) {
         const data::Batch& x = batches[(step + t) % batches.size()];
@@ -301,7 +300,8 @@ TEST(TowersTest, DeviceOwnedTowersEqualHostResidentTowersWithPerLayerHooks) {
       ASSERT_TRUE(got.ok()) << got.status();
       EXPECT_EQ(*got, *want) << "step " << step;
       const std::vector<float> grads((*dev)->host_grads(), (*dev)->host_grads() + n);
-      EXPECT_EQ(grads, std::vector<float>((*host)->host_grads(), (*host)->host_grads() + n)) << "step " << step;
+      EXPECT_EQ(grads, std::vector<float>((*host)->host_grads(), (*host)->host_grads() + n))
+          << "step " << step;
       // cnn: 4 layers with variables, each waited for by every tower, handed on once, last layer first, after
       // the loss, and already final when handed on.
       EXPECT_EQ(log.waited.size(), 4u * n_towers);
@@ -329,7 +329,8 @@ TEST(TowersTest, DeviceOwnedTowersFailCleanly) {
   mo.batch_size = b;
   TowersOptions device_owned;
   device_owned.cpu_in_place = false;
-  auto towers = Towers::Create("mlp", mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)}, device_owned);
+  auto towers =
+      Towers::Create("mlp", mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)}, device_owned);
   ASSERT_TRUE(towers.ok()) << towers.status();
   std::vector<data::Batch> batches = data::EvalBatches(data.train, b, data::Preprocess::kScale01);
   std::vector<models::HostBatch> views;
@@ -356,7 +357,8 @@ TEST(TowersTest, DeviceOwnedTowersFailCleanly) {
 }
 
 // The GPU tower's cluster step (per-layer uploads and downloads on the copy stream, events between streams)
-// equals the CPU tower's, for one GPU tower and for two sharing gpu:0 (averaged per layer while backward runs).
+// equals the CPU tower's, for one GPU tower and for two sharing gpu:0 (averaged per layer while backward
+// runs).
 TEST(TowersTest, GpuClusterStepMatchesCpu) {
   if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   for (int n_towers : {1, 2}) {
@@ -365,8 +367,10 @@ TEST(TowersTest, GpuClusterStepMatchesCpu) {
     const data::DatasetPair data = MakeSyntheticDataset(4 * b, 1);
     models::ModelOptions mo;
     mo.batch_size = b;
-    auto cpu = Towers::Create("cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Cpu(1)));
-    auto gpu = Towers::Create("cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Gpu(0)));
+    auto cpu =
+        Towers::Create("cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Cpu(1)));
+    auto gpu =
+        Towers::Create("cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Gpu(0)));
     ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << gpu.status();
     const int64_t n = (*cpu)->num_parameters();
     std::vector<data::Batch> batches = data::EvalBatches(data.train, b, data::Preprocess::kScale01);

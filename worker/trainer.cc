@@ -1,23 +1,23 @@
 #include "worker/trainer.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <utility>
 
-#include <glog/logging.h>
-
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/denormals.h"
 #include "common/event_writer.h"
 #include "common/status_macros.h"
 #include "ps/placement.h"
-#include "worker/models/model.h"
-#include "common/denormals.h"
 #include "ps/worker_client.h"
+#include "worker/models/model.h"
 #include "worker/towers.h"
 #include "worker/training_steps.h"
 
@@ -127,8 +127,8 @@ bool DeviceResident(const WorkerOptions& o, const std::vector<kernels::DeviceSpe
 }
 
 // ---- placement and ps config ----
-absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInterface*>& tasks, Towers* towers,
-                             Connection* c) {
+absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInterface*>& tasks,
+                             Towers* towers, Connection* c) {
   const bool local = tasks.empty();
   const bool chief = o.worker_id == 0;
   models::Model* model0 = towers->tower(0);
@@ -204,8 +204,8 @@ absl::Status CollectLosses(TrainingSteps* steps, TrainingResult* result) {
 // ---- the loop ----
 // Steps until the global step reaches train_steps: a progress line every log_every local steps, the chief's
 // test accuracy every eval_every global steps.
-absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towers* towers, TrainingSteps* steps,
-                       EventWriter* events, TrainingResult* result) {
+absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towers* towers,
+                       TrainingSteps* steps, EventWriter* events, TrainingResult* result) {
   ASSIGN_OR_RETURN(ps::PullResult at, steps->Start());
   result->first_step = at.step;
   if (at.step > 0 && !o.quiet) std::printf("resuming at global step %lld\n", static_cast<long long>(at.step));
@@ -227,7 +227,8 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     ++result->local_steps;
     ++window_steps;
     if (result->local_steps % o.log_every == 0) {
-      RETURN_IF_ERROR(CollectLosses(steps, result));  // device-resident steps: the one read-back of the window
+      RETURN_IF_ERROR(
+          CollectLosses(steps, result));  // device-resident steps: the one read-back of the window
       const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
       const double rate = window_steps * examples_per_step / std::max(secs, 1e-9);
       const float loss = result->last_loss;
@@ -266,8 +267,9 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
 // ---- the end ----
 // The final parameters, the chief's evaluation (with the moving averages too when kept), this worker's rate
 // and, on the chief in a cluster, the ps statistics and traffic. Before the worker reports done.
-absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, const TrainingData& d, Towers* towers,
-                            Connection* c, TrainingSteps* steps, EventWriter* events, TrainingResult* result) {
+absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, const TrainingData& d,
+                            Towers* towers, Connection* c, TrainingSteps* steps, EventWriter* events,
+                            TrainingResult* result) {
   RETURN_IF_ERROR(steps->Finish());
   if (chief) {
     // The newest parameters (other workers may have pushed after our last pull).
@@ -277,8 +279,10 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
   ASSIGN_OR_RETURN(result->parameters, steps->Parameters());
   if (chief) {
     if (o.evaluate) {
-      ASSIGN_OR_RETURN(result->test_accuracy, EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/false));
-      if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", result->global_step, result->test_accuracy));
+      ASSIGN_OR_RETURN(result->test_accuracy,
+                       EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/false));
+      if (events)
+        RETURN_IF_ERROR(events->AddScalar("test_accuracy", result->global_step, result->test_accuracy));
       if (o.moving_average_decay > 0) {
         // The seeds evaluate with the moving averages of the variables when they keep them.
         ASSIGN_OR_RETURN(result->test_accuracy_averaged,
@@ -327,8 +331,9 @@ void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const Training
                 static_cast<long long>(d.dataset->test.count()));
   }
   if (result.test_accuracy >= 0) {
-    std::printf("step %lld: test accuracy = %.4f (%lld examples)\n", static_cast<long long>(result.global_step),
-                result.test_accuracy, static_cast<long long>(d.dataset->test.count()));
+    std::printf("step %lld: test accuracy = %.4f (%lld examples)\n",
+                static_cast<long long>(result.global_step), result.test_accuracy,
+                static_cast<long long>(d.dataset->test.count()));
   }
 }
 
@@ -382,7 +387,8 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   sopt.local_ps = resident ? ps.local_ps.get() : nullptr;
   sopt.config = ps.config;
   sopt.cuda_graphs = o.cuda_graphs;
-  ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps, MakeTrainingSteps(towers.get(), ps.client.get(), sopt));
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,
+                   MakeTrainingSteps(towers.get(), ps.client.get(), sopt));
   // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.
   std::unique_ptr<EventWriter> events;
   if (chief && !o.logdir.empty()) {
@@ -392,7 +398,8 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   // The loop, then the end: evaluation, statistics, done.
   TrainingResult result;
   RETURN_IF_ERROR(TrainLoop(o, chief, &data, towers.get(), steps.get(), events.get(), &result));
-  RETURN_IF_ERROR(FinishTraining(o, chief, local, data, towers.get(), &ps, steps.get(), events.get(), &result));
+  RETURN_IF_ERROR(
+      FinishTraining(o, chief, local, data, towers.get(), &ps, steps.get(), events.get(), &result));
   std::move(leave_on_error).Cancel();
   RETURN_IF_ERROR(ps.client->Done());
   if (chief) {

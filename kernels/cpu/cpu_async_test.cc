@@ -55,7 +55,8 @@ TEST_P(CpuAsyncTest, GroupCaptureIsUnimplementedAndChecksItsDevices) {
   ASSERT_TRUE(other.ok());
   const absl::Status s = BeginCaptureGroup({dev_.get(), other->get()});
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_EQ(EndCaptureGroup({dev_.get(), other->get()}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(EndCaptureGroup({dev_.get(), other->get()}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(BeginCaptureGroup({}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(BeginCaptureGroup({dev_.get(), dev_.get()}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(BeginCaptureGroup({dev_.get(), nullptr}).code(), absl::StatusCode::kInvalidArgument);

@@ -204,7 +204,8 @@ class CpuDevice final : public Device {
   absl::Status CopyToCounterSlot(const float* src, float* slots, int64_t num_slots,
                                  const DeviceCounter& counter) override {
     if (num_slots < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("CopyToCounterSlot: num_slots must be >= 1, got ", num_slots));
+      return absl::InvalidArgumentError(
+          absl::StrCat("CopyToCounterSlot: num_slots must be >= 1, got ", num_slots));
     }
     if (counter.device() != this) {
       return absl::InvalidArgumentError("CopyToCounterSlot: the counter belongs to another device");

@@ -242,8 +242,9 @@ absl::Status CudaDevice::JoinCapture(CudaDevice* origin) {
   RETURN_IF_ERROR(CudaStatus(cudaEventRecord(origin->capture_event_, origin->stream_),
                              "BeginCaptureGroup: fork event record"));
   RETURN_IF_ERROR(Activate("BeginCaptureGroup"));
-  RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(stream_, origin->capture_event_, 0),
-                             absl::StrCat("BeginCaptureGroup: ", name_, " joins the capture of ", origin->name_)));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamWaitEvent(stream_, origin->capture_event_, 0),
+                 absl::StrCat("BeginCaptureGroup: ", name_, " joins the capture of ", origin->name_)));
   capturing_ = true;
   return absl::OkStatus();
 }
@@ -262,11 +263,13 @@ absl::Status CudaDevice::LeaveCapture(CudaDevice* origin) {
 
 namespace {
 
-absl::StatusOr<std::vector<CudaDevice*>> AsCudaDevices(const std::vector<Device*>& devices, absl::string_view op) {
+absl::StatusOr<std::vector<CudaDevice*>> AsCudaDevices(const std::vector<Device*>& devices,
+                                                       absl::string_view op) {
   std::vector<CudaDevice*> out;
   for (Device* d : devices) {
     auto* c = dynamic_cast<CudaDevice*>(d);
-    if (c == nullptr) return absl::InvalidArgumentError(absl::StrCat(op, ": not every device is a CUDA device"));
+    if (c == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(op, ": not every device is a CUDA device"));
     out.push_back(c);
   }
   return out;

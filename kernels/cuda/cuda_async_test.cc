@@ -269,8 +269,10 @@ TEST_F(CudaAsyncTest, CapturedCopyToCounterSlotFillsSuccessiveSlots) {
   }
   EXPECT_EQ(Gpu(ring), Cpu(ring));
   EXPECT_EQ(Gpu(value), Cpu(value));
-  EXPECT_EQ(gpu_->CopyToCounterSlot(value.gpu, ring.gpu, 0, **gpu_step).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(gpu_->CopyToCounterSlot(value.gpu, ring.gpu, 4, **cpu_step).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->CopyToCounterSlot(value.gpu, ring.gpu, 0, **gpu_step).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->CopyToCounterSlot(value.gpu, ring.gpu, 4, **cpu_step).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Two towers sharing gpu:0 (two Devices, two compute streams): an event of one orders the other's work, and a
@@ -312,7 +314,8 @@ TEST_F(CudaAsyncTest, CrossDeviceEventsAndGroupCapture) {
   auto graph = EndCaptureGroup({gpu_.get(), g1});
   ASSERT_TRUE(graph.ok()) << graph.status();
   for (int replay = 0; replay < 3; ++replay) ASSERT_TRUE((*graph)->Launch().ok());
-  // a1: 0.5 -> 1 -> 2 -> 4; out: 1 + 1 + 2 + 4. The graph ran tower 1's work too: wait for its end on tower 0.
+  // a1: 0.5 -> 1 -> 2 -> 4; out: 1 + 1 + 2 + 4. The graph ran tower 1's work too: wait for its end on tower
+  // 0.
   ASSERT_TRUE(gpu_->Synchronize().ok());
   EXPECT_EQ(Gpu(out), std::vector<float>(n, 8.0f));
   auto r0 = (*c0)->Read();

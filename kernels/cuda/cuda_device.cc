@@ -330,7 +330,8 @@ absl::Status CudaDevice::DropoutBackward(const float* dy, const float* mask, flo
 absl::Status CudaDevice::CopyToCounterSlot(const float* src, float* slots, int64_t num_slots,
                                            const DeviceCounter& counter) {
   if (num_slots < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("CopyToCounterSlot: num_slots must be >= 1, got ", num_slots));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyToCounterSlot: num_slots must be >= 1, got ", num_slots));
   }
   if (counter.device() != this) {
     return absl::InvalidArgumentError("CopyToCounterSlot: the counter belongs to another device");

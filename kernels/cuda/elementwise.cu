@@ -61,7 +61,8 @@ __global__ void FillKernel(float value, float* x, int64_t n) {
   DTRAIN_GRID_STRIDE_LOOP(i, n) { x[i] = value; }
 }
 
-__global__ void CopyToCounterSlotKernel(const float* src, float* slots, int64_t num_slots, const int64_t* counter) {
+__global__ void CopyToCounterSlotKernel(const float* src, float* slots, int64_t num_slots,
+                                        const int64_t* counter) {
   int64_t k = *counter % num_slots;
   if (k < 0) k += num_slots;
   slots[k] = *src;

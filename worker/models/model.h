@@ -133,8 +133,8 @@ class Model {
   // are class indices): the check ComputeGradients makes, for callers that stage batches themselves.
   virtual absl::Status CheckTrainingBatch(const HostBatch& batch) const = 0;
   // Enqueues forward (dropout on, its counter = *step * counter_stride + counter_offset, read when it runs) +
-  // loss + backward on the batch in device_images()/device_labels(), leaving the loss in device_loss() and the
-  // gradients in device_gradients(). Never allocates nor synchronizes with the host, so a CUDA graph can
+  // loss + backward on the batch in device_images()/device_labels(), leaving the loss in device_loss() and
+  // the gradients in device_gradients(). Never allocates nor synchronizes with the host, so a CUDA graph can
   // capture it (with hooks that do neither). The same values as ComputeGradients(batch, that counter).
   virtual absl::Status EnqueueGradients(const kernels::DeviceCounter& step, uint64_t counter_stride,
                                         uint64_t counter_offset, const EnqueueHooks* hooks = nullptr) = 0;

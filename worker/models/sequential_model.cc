@@ -126,12 +126,13 @@ absl::Status SequentialModel::EnqueueForwardAndLoss(int64_t step, const kernels:
   };
   const Network::LayerHook* hook = before_forward ? &before_layer : nullptr;
   if (device_step != nullptr) {
-    RETURN_IF_ERROR(train_->ForwardDeviceCounter(/*training=*/true, options_.seed, *device_step, stride, offset, hook));
+    RETURN_IF_ERROR(
+        train_->ForwardDeviceCounter(/*training=*/true, options_.seed, *device_step, stride, offset, hook));
   } else {
     RETURN_IF_ERROR(train_->Forward(/*training=*/true, options_.seed, step, hook));
   }
-  RETURN_IF_ERROR(
-      device_->SoftmaxCrossEntropy(train_->output(), labels_, options_.batch_size, options_.num_classes, dlogits_, loss_));
+  RETURN_IF_ERROR(device_->SoftmaxCrossEntropy(train_->output(), labels_, options_.batch_size,
+                                               options_.num_classes, dlogits_, loss_));
   for (const Decayed& d : decayed_) {
     RETURN_IF_ERROR(device_->L2Loss(params_ + d.offset, d.size, l2_scratch_));
     RETURN_IF_ERROR(device_->Axpy(d.weight_decay, l2_scratch_, loss_, 1));
@@ -160,7 +161,8 @@ absl::StatusOr<float> SequentialModel::ComputeGradients(const HostBatch& batch, 
   RETURN_IF_ERROR(CheckBatch(batch, n, n));
   RETURN_IF_ERROR(device_->CopyToDevice(batch.images, train_->input(), n * example_size_));
   RETURN_IF_ERROR(device_->CopyToDevice(batch.labels, labels_, n));
-  RETURN_IF_ERROR(EnqueueForwardAndLoss(step, nullptr, 0, 0, hooks != nullptr ? hooks->before_forward : nullptr));
+  RETURN_IF_ERROR(
+      EnqueueForwardAndLoss(step, nullptr, 0, 0, hooks != nullptr ? hooks->before_forward : nullptr));
   float loss = 0.0f;
   bool have_loss = false;
   if (hooks != nullptr && hooks->after_forward) {
@@ -176,7 +178,8 @@ absl::StatusOr<float> SequentialModel::ComputeGradients(const HostBatch& batch, 
 absl::Status SequentialModel::EnqueueGradients(const kernels::DeviceCounter& step, uint64_t counter_stride,
                                                uint64_t counter_offset, const EnqueueHooks* hooks) {
   if (step.device() != device_) {
-    return absl::InvalidArgumentError(absl::StrCat(name_, ": EnqueueGradients with another device's counter"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": EnqueueGradients with another device's counter"));
   }
   RETURN_IF_ERROR(EnqueueForwardAndLoss(0, &step, counter_stride, counter_offset,
                                         hooks != nullptr ? hooks->before_forward : nullptr));

@@ -36,8 +36,8 @@ class SequentialModel : public Model {
   float* device_labels() override { return labels_; }
   const float* device_loss() const override { return loss_; }
   absl::Status CheckTrainingBatch(const HostBatch& batch) const override;
-  absl::Status EnqueueGradients(const kernels::DeviceCounter& step, uint64_t counter_stride, uint64_t counter_offset,
-                                const EnqueueHooks* hooks = nullptr) override;
+  absl::Status EnqueueGradients(const kernels::DeviceCounter& step, uint64_t counter_stride,
+                                uint64_t counter_offset, const EnqueueHooks* hooks = nullptr) override;
   absl::StatusOr<int> CountCorrect(const HostBatch& batch) override;
   kernels::Device* device() override { return device_; }
 
