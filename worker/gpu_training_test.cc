@@ -83,8 +83,9 @@ TEST(GpuTrainingTest, DeviceResidentLocalModeMatchesCpu) {
   EXPECT_EQ(gpu_graph->global_step, 30);
   ExpectClose(*gpu_eager, *cpu, 1e-2, 1e-2);
   ExpectClose(*gpu_graph, *cpu, 1e-2, 1e-2);
-  // Separate runs may pick different cuDNN algorithms (cudnnFind times them), so even these differ in the last
-  // bits; a replay that missed the counters (repeated dropout masks, a stuck Adam step) would differ by far more.
+  // Separate runs may pick different cuDNN algorithms (cudnnFind times them), so even these differ in the
+  // last bits; a replay that missed the counters (repeated dropout masks, a stuck Adam step) would differ by
+  // far more.
   ExpectClose(*gpu_graph, *gpu_eager, 1e-3, 1e-3);
   EXPECT_LT(gpu_graph->losses.back(), gpu_graph->losses.front());
 }

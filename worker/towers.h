@@ -85,10 +85,10 @@ class Towers {
   // gradient to host_grads() and returns the mean loss. batches.size() must equal size(). `hooks` (may be
   // null; see models::StepHooks): before_forward runs per layer (on several tower threads at once) before
   // the layer's parameters are read from host_params(); after_forward runs before any gradients_ready, with
-  // each tower's loss (host-resident towers) or once with the mean loss (device-owned towers, once it has been
-  // read back); gradients_ready runs once per layer range, one call at a time, last layer first, when the
-  // average of every tower's gradient of the range is in host_grads() (device-owned towers: when its download
-  // has landed).
+  // each tower's loss (host-resident towers) or once with the mean loss (device-owned towers, once it has
+  // been read back); gradients_ready runs once per layer range, one call at a time, last layer first, when
+  // the average of every tower's gradient of the range is in host_grads() (device-owned towers: when its
+  // download has landed).
   absl::StatusOr<float> ComputeGradients(const std::vector<models::HostBatch>& batches, int64_t step,
                                          const models::StepHooks* hooks = nullptr);
 
