@@ -34,6 +34,53 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceSpec& spec) {
 #endif
 }
 
+namespace {
+
+// InvalidArgument unless `devices` is a non-empty list of distinct Devices of one backend; sets *gpu.
+absl::Status CheckCaptureGroup(const std::vector<Device*>& devices, const char* op, bool* gpu) {
+  if (devices.empty()) return absl::InvalidArgumentError(absl::StrCat(op, ": no devices"));
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(op, ": device ", i, " is null"));
+    for (size_t j = 0; j < i; ++j) {
+      if (devices[j] == devices[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(op, ": device ", devices[i]->name(), " is listed twice"));
+      }
+    }
+    if (devices[i]->spec().kind != devices[0]->spec().kind) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": a mix of CPU and GPU devices"));
+    }
+  }
+  *gpu = devices[0]->spec().kind == DeviceSpec::Kind::kGpu;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status BeginCaptureGroup(const std::vector<Device*>& devices) {
+  bool gpu = false;
+  RETURN_IF_ERROR(CheckCaptureGroup(devices, "BeginCaptureGroup", &gpu));
+  if (devices.size() == 1 || !gpu)
+    return devices[0]->BeginCapture();  // the CPU: Unimplemented, with the reason
+#ifdef DTRAIN_HAVE_CUDA
+  return cuda::BeginCaptureGroup(devices);
+#else
+  return absl::FailedPreconditionError("BeginCaptureGroup: this build has no CUDA backend");
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Graph>> EndCaptureGroup(const std::vector<Device*>& devices) {
+  bool gpu = false;
+  RETURN_IF_ERROR(CheckCaptureGroup(devices, "EndCaptureGroup", &gpu));
+  if (devices.size() == 1 || !gpu) return devices[0]->EndCapture();
+#ifdef DTRAIN_HAVE_CUDA
+  return cuda::EndCaptureGroup(devices);
+#else
+  return absl::FailedPreconditionError("EndCaptureGroup: this build has no CUDA backend");
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<GradientAverager>> CreateGradientAverager(std::vector<Device*> devices,
                                                                          int64_t n, AverageTarget target) {
   if (devices.empty()) return absl::InvalidArgumentError("CreateGradientAverager: no devices");

@@ -28,6 +28,8 @@
 // - CopyToDeviceAsync / CopyToHostAsync need pinned host memory (AllocHostPinned); they return at once. Read
 //   or reuse the host buffer only after an event recorded behind the copy has completed.
 //   kernels/async_readback.h wraps this for reading the loss at logging steps.
+// - WaitEvent also takes an event of another Device of the same backend (towers on several GPUs, or two
+//   towers sharing one): work enqueued afterwards waits for that device's work the event marks.
 // - DeviceCounter: an int64 in device memory that ops read when they run (the optimizer's step, dropout's
 //   counter), so a captured graph replayed after Increment() sees the new value.
 // - BeginCapture / EndCapture record everything enqueued on the compute queue (and on the copy queue, once it
@@ -39,6 +41,9 @@
 //   for a replay, record an event after Graph::Launch. Run the step once eagerly before capturing it
 //   (libraries load their kernels lazily). The CPU backend runs ops eagerly and cannot capture: BeginCapture
 //   returns Unimplemented with the reason, so callers fall back to eager steps.
+// - BeginCaptureGroup / EndCaptureGroup (below) capture one step spread over several Devices (towers): the
+//   first device's compute queue starts the capture, the others' join it by an event (fork) and are joined
+//   back by events (join) before it ends; the graph launches on the first device's compute queue.
 //
 // Thread-safety: a Device and the ops, events, counters and graphs it made belong to one thread (one tower)
 // at a time. Different Devices may be used concurrently from different threads.
@@ -65,6 +70,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -232,6 +238,8 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<Event>> MakeEvent() = 0;
   // InvalidArgument for an event of another device.
   virtual absl::Status RecordEvent(Event* event, Queue q) = 0;
+  // `event` may belong to another Device of the same backend (cross-device ordering); InvalidArgument for one
+  // of another backend or null.
   virtual absl::Status WaitEvent(const Event* event, Queue q) = 0;
   // Blocks the host until the work the event marks has run (an event never recorded counts as done).
   virtual absl::Status SynchronizeEvent(Event* event) = 0;
@@ -275,6 +283,12 @@ class Device {
                                             uint64_t counter_stride, uint64_t counter_offset) = 0;
   // dx = dy * mask (in place allowed).
   virtual absl::Status DropoutBackward(const float* dy, const float* mask, float* dx, int64_t n) = 0;
+  // slots[k] = *src with k = *counter mod num_slots, the counter read when the op runs (one float, e.g. a
+  // step's loss into a ring of recent losses that the host reads back every few steps). Capturable: a graph
+  // replayed after counter->Increment() writes the next slot. InvalidArgument for num_slots < 1 or a counter
+  // of another device.
+  virtual absl::Status CopyToCounterSlot(const float* src, float* slots, int64_t num_slots,
+                                         const DeviceCounter& counter) = 0;
   // Mean softmax cross-entropy over the batch. `labels` holds class indices as floats (exact below 2^24), on
   // the device, so that one buffer type serves every tensor.
   //   dlogits = (softmax(logits) - onehot(labels)) / batch;  *loss (device scalar) = mean loss.
@@ -301,6 +315,20 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceSpec& spec);
 
 // Number of usable CUDA devices; 0 when the CUDA backend is not built or no GPU/driver is present.
 int CudaDeviceCount();
+
+// Graph capture of one step spread over several Devices (towers; see "Asynchronous execution" above).
+// BeginCaptureGroup: devices[0]->BeginCapture(), then every other device's compute queue joins the capture
+// (it waits on an event recorded on devices[0]'s compute queue) and refuses host-synchronizing calls like a
+// capturing device. Work enqueued on any of their compute queues (and on queues that wait on their events,
+// e.g. a GradientAverager's) is recorded until EndCaptureGroup, which joins every other compute queue back
+// into devices[0]'s by events and ends the capture there; the Graph launches on devices[0]'s compute queue.
+// To order a device's later work after a replay, wait (WaitEvent) on an event recorded on devices[0]'s
+// compute queue after Graph::Launch. A single device is BeginCapture / EndCapture. Errors: Unimplemented on
+// the CPU backend (with the reason); InvalidArgument for an empty list, a null or repeated device, or devices
+// of different backends; EndCaptureGroup: FailedPrecondition as EndCapture, and the devices leave capture
+// mode either way.
+absl::Status BeginCaptureGroup(const std::vector<Device*>& devices);
+absl::StatusOr<std::unique_ptr<Graph>> EndCaptureGroup(const std::vector<Device*>& devices);
 
 }  // namespace dtrain::kernels
 

@@ -54,6 +54,11 @@ class GradientAverager {
   virtual absl::Status AverageRange(const std::vector<float*>& buffers, int64_t offset, int64_t count) = 0;
   // Orders every tower's compute queue after the averages enqueued since the last Join (no-op on the CPU).
   virtual absl::Status Join() = 0;
+  // Orders queue q of one tower after the averages enqueued so far, without making any compute queue wait
+  // (unlike Join): e.g. tower 0's copy queue before it copies an averaged range to the host while backward
+  // goes on. No-op on the CPU (its averages are synchronous). InvalidArgument for a tower outside
+  // [0, num_towers()).
+  virtual absl::Status WaitForAverages(int tower, Queue q) = 0;
   // AverageRange(buffers, 0, size()) followed by Join().
   absl::Status AverageInPlace(const std::vector<float*>& buffers);
 

@@ -101,6 +101,9 @@ TEST(CpuGradientAveragerTest, BadArgumentsAreInvalidArgument) {
   EXPECT_EQ((*avg)->AverageInPlace({t.buffers[0], nullptr}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*avg)->AverageRange(t.buffers, 5, 6).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*avg)->AverageRange(t.buffers, -1, 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*avg)->WaitForAverages(1, Queue::kCopy).ok()) << "synchronous averages: nothing to wait for";
+  EXPECT_EQ((*avg)->WaitForAverages(2, Queue::kCopy).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*avg)->WaitForAverages(-1, Queue::kCompute).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

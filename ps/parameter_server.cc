@@ -98,6 +98,10 @@ class ParameterServer::Impl {
   TrainingOutcome outcome() const;
   void CheckLeases();
   int64_t step() const;
+  // State trained outside the ps (parameter_server.h).
+  absl::StatusOr<CheckpointData> ExportState();
+  bool CheckpointDue(int64_t step);
+  absl::Status ImportState(int64_t step, const std::vector<SliceState>& slices, bool save);
 
  private:
   class InitializeUpload;
@@ -1064,6 +1068,50 @@ void ParameterServer::Impl::WriteCheckpoints(std::vector<CheckpointData> saves) 
   if (!s.ok()) LOG(WARNING) << "ps task " << options_.task_index << ": pruning old checkpoints: " << s;
 }
 
+// ---- state trained outside the ps -------------------------------------------------------------------------
+
+absl::StatusOr<CheckpointData> ParameterServer::Impl::ExportState() {
+  absl::MutexLock apply_lock(&apply_mu_);  // between updates
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckReady());
+  CheckpointData d;
+  d.task_index = options_.task_index;
+  d.num_ps = options_.num_ps;
+  d.global_step = step_;
+  d.task_step = step_;
+  d.model_signature = config_.model_signature;
+  d.optimizer = config_.optimizer.name;
+  d.num_slots = store_->optimizer().num_slots();
+  d.has_moving_averages = store_->has_moving_averages();
+  d.slices = store_->ExportState();
+  return d;
+}
+
+bool ParameterServer::Impl::CheckpointDue(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  return checkpointing() && configured_ && checkpoints_.Due(step).has_value();
+}
+
+absl::Status ParameterServer::Impl::ImportState(int64_t step, const std::vector<SliceState>& slices,
+                                                bool save) {
+  std::vector<CheckpointData> saves;
+  {
+    absl::MutexLock apply_lock(&apply_mu_);
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckReady());
+    if (step < 0) return absl::InvalidArgumentError(absl::StrCat("ImportState at negative step ", step));
+    RETURN_IF_ERROR(store_->ImportState(slices, step));
+    step_ = step;
+    step_hint_ = step;
+    applied_through_ = step;
+    coordinator_->StartAt(step);
+    if (save && checkpointing()) saves.push_back(SnapshotLocked(step, step));
+    cv_.SignalAll();
+  }
+  WriteCheckpoints(std::move(saves));
+  return absl::OkStatus();
+}
+
 // ---- the public class -----------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(ParameterServerOptions options) {
@@ -1118,6 +1166,11 @@ bool ParameterServer::WaitUntilFinished(absl::Duration timeout) { return impl_->
 TrainingOutcome ParameterServer::outcome() const { return impl_->outcome(); }
 void ParameterServer::CheckLeases() { impl_->CheckLeases(); }
 int64_t ParameterServer::step() const { return impl_->step(); }
+absl::StatusOr<CheckpointData> ParameterServer::ExportState() { return impl_->ExportState(); }
+bool ParameterServer::CheckpointDue(int64_t step) { return impl_->CheckpointDue(step); }
+absl::Status ParameterServer::ImportState(int64_t step, const std::vector<SliceState>& slices, bool save) {
+  return impl_->ImportState(step, slices, save);
+}
 
 absl::StatusOr<ParameterServerOptions::NonFinite> ParseNonFinitePolicy(absl::string_view name) {
   if (name == "reject") return ParameterServerOptions::NonFinite::kReject;

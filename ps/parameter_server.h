@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ps/checkpoint.h"
 #include "ps/ps_interface.h"
 #include "ps/ps_types.h"
 
@@ -125,6 +126,24 @@ class ParameterServer : public PsInterface {
   void CheckLeases();
 
   int64_t step() const;  // this task's step (global step on task 0)
+
+  // ---- State trained outside the ps (local mode with GPU towers: worker/resident_steps.h) ----
+  // The worker keeps the variables, optimizer slots and moving averages on its devices and trains them there;
+  // this in-process ps stays the owner of checkpoint policy and files (same format, so resume and dtrain_eval
+  // work unchanged). Only for a ps that no worker pushes to while these are used: nothing else may touch the
+  // slices meanwhile. Unavailable (as for pushes) before the chief has registered and the values exist
+  // (restored or initialized).
+  //
+  // The task's whole state now: every slice's values, optimizer slots and moving averages (empty when off),
+  // with global_step = task_step = step(). Nothing is written.
+  absl::StatusOr<CheckpointData> ExportState();
+  // Whether this task's schedule (save_checkpoint_steps / save_checkpoint_secs) saves a checkpoint at global
+  // step `step` (as it would when a pushed step brings the global step there); false without checkpoint_dir.
+  bool CheckpointDue(int64_t step);
+  // Replaces the state of every slice with `slices` (as ExportState returns them; InvalidArgument when they
+  // do not match the task's slices and nothing changes) and makes `step` the task's step. With `save` (and a
+  // checkpoint_dir), writes it as the checkpoint of that step before returning, as a scheduled save does.
+  absl::Status ImportState(int64_t step, const std::vector<SliceState>& slices, bool save);
 
   class Impl;
 

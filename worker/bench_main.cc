@@ -1,20 +1,23 @@
 // dtrain_bench: training throughput of one process (forward + backward + optimizer update), data in memory,
-// warm-up excluded. Runs the same path as local training (towers → StepRunner → an in-process parameter server
-// applying the optimizer) and reports two figures:
+// warm-up excluded. Runs the same path as local training (worker/training_steps.h): CPU towers → StepRunner →
+// an in-process parameter server applying the optimizer; GPU towers → the training state on the devices
+// (worker/resident_steps.h), the step captured as a CUDA graph (--cuda_graphs). Reports two figures:
 //   - the median of several early timing windows (what compares with a peer's short benchmark), and
 //   - the steady-state rate: the last window of a long run (--steps_total, default one epoch), where denormal
 //     floats, allocator growth or thermal limits would show.
 //
 //   dtrain_bench --model=cnn --batch_size=50 --threads=1
 //   → dtrain_bench: model=cnn batch=50 threads=1 towers=cpu examples/sec median=1234.5 min=1200.1 max=1250.3
-//     steady=1230.2 (steps 1180-1200 of 1200)
+//     steady=1230.2 (steps 1180-1200 of 1200) state=ps
+// (GPU towers end with state=device graphs=on, or graphs=off without a captured graph.) Every timing window
+// ends when its steps are complete on the devices and their losses are read back and finite.
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <glog/logging.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -26,10 +29,11 @@
 #include "ps/placement.h"
 #include "ps/worker_client.h"
 #include "worker/data/dataset.h"
-#include "worker/step_runner.h"
+#include "worker/resident_steps.h"
 #include "worker/synthetic_data.h"
 #include "worker/towers.h"
 #include "worker/trainer.h"
+#include "worker/training_steps.h"
 
 ABSL_FLAG(std::string, model, "cnn", "mlp | cnn | convnet | cifar10");
 ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
@@ -44,6 +48,13 @@ ABSL_FLAG(int, windows, 5, "Early timing windows (the median is reported)");
 ABSL_FLAG(int64_t, steps_total, -1,
           "Steps of the whole run; its last window gives the steady-state rate (-1: one epoch of the training "
           "set, at least the early windows; 0: no steady-state figure)");
+ABSL_FLAG(
+    bool, cuda_graphs, true,
+    "GPU towers: capture the training step once as a CUDA graph and replay it (eager steps where capture "
+    "fails, with one log line saying why)");
+ABSL_FLAG(bool, device_resident, true,
+          "GPU towers: keep variables, optimizer slots and moving averages on the devices (false: every step "
+          "goes through the in-process parameter server on the host, the previous path)");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Data (synthetic data of the model's input shape when unreadable or for cifar10 without CIFAR files)");
 
@@ -80,7 +91,11 @@ int Main() {
   models::ModelOptions mopt;
   mopt.batch_size = o.batch_size;
   models::SetInputGeometry(d, dataset.train.height, dataset.train.width, dataset.train.channels, &mopt);
-  absl::StatusOr<std::unique_ptr<Towers>> towers = Towers::Create(o.model, mopt, *specs);
+  const bool resident =
+      absl::GetFlag(FLAGS_device_resident) && (*specs)[0].kind == kernels::DeviceSpec::Kind::kGpu;
+  TowersOptions topt;
+  topt.replicated = resident;
+  absl::StatusOr<std::unique_ptr<Towers>> towers = Towers::Create(o.model, mopt, *specs, topt);
   if (!towers.ok()) return Fail(towers.status(), towers.status().code() == absl::StatusCode::kFailedPrecondition ? 2 : 1);
   models::Model* model0 = (*towers)->tower(0);
   // Batches prepared up front: the benchmark times compute and the update, not input.
@@ -94,7 +109,7 @@ int Main() {
   std::vector<data::Batch> batches;
   for (int i = 0; i < 16; ++i) batches.push_back((*stream)->Next());
 
-  // The local-mode path: an in-process ps, a WorkerClient running inline, the StepRunner.
+  // The local-mode path: an in-process ps, a WorkerClient running inline, the training steps.
   std::vector<ps::VariableInfo> vars;
   for (const auto& v : model0->variables()) vars.push_back({v.name, v.size()});
   ps::ParameterServerOptions po;
@@ -114,7 +129,13 @@ int Main() {
   const std::vector<float> init = models::InitialParameters(model0->variables(), 1);
   std::copy(init.begin(), init.end(), (*towers)->host_params());
   if (absl::Status s = client.Connect(config, (*towers)->host_params(), absl::Seconds(10)); !s.ok()) return Fail(s);
-  StepRunner runner(towers->get(), &client, /*sync=*/true);
+  TrainingStepsOptions sopt;
+  sopt.local_ps = resident ? server->get() : nullptr;
+  sopt.config = config;
+  sopt.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  absl::StatusOr<std::unique_ptr<TrainingSteps>> steps = MakeTrainingSteps(towers->get(), &client, sopt);
+  if (!steps.ok()) return Fail(steps.status());
+  TrainingSteps& runner = **steps;
   absl::StatusOr<ps::PullResult> at = runner.Start();
   if (!at.ok()) return Fail(at.status());
 
@@ -127,17 +148,17 @@ int Main() {
         const data::Batch& b = batches[next_batch++ % batches.size()];
         views[t] = models::HostBatch{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};
       }
-      absl::StatusOr<float> loss = runner.Step(views, at->step);
-      if (!loss.ok()) return loss.status();
+      if (absl::Status s = runner.Step(views, at->step); !s.ok()) return s;
       at = runner.NextStep();
       if (!at.ok()) return at.status();
     }
-    return absl::OkStatus();
+    // The steps are complete (device-resident steps: read back from the devices) and their losses finite.
+    return runner.TakeLosses().status();
   };
-  auto timed_window = [&](int64_t steps) -> absl::StatusOr<double> {
+  auto timed_window = [&](int64_t count) -> absl::StatusOr<double> {
     const absl::Time t0 = absl::Now();
-    if (absl::Status s = run_steps(steps); !s.ok()) return s;
-    return static_cast<double>(steps) * o.batch_size * n_towers / absl::ToDoubleSeconds(absl::Now() - t0);
+    if (absl::Status s = run_steps(count); !s.ok()) return s;
+    return static_cast<double>(count) * o.batch_size * n_towers / absl::ToDoubleSeconds(absl::Now() - t0);
   };
 
   if (absl::Status s = run_steps(absl::GetFlag(FLAGS_warmup_steps)); !s.ok()) return Fail(s);
@@ -180,6 +201,11 @@ int Main() {
   if (steady >= 0) {
     std::printf(" steady=%.1f (steps %lld-%lld of %lld)", steady, static_cast<long long>(steady_from),
                 static_cast<long long>(steps_total), static_cast<long long>(steps_total));
+  }
+  if (const auto* device_steps = dynamic_cast<const ResidentSteps*>(&runner); device_steps != nullptr) {
+    std::printf(" state=device graphs=%s", device_steps->graph_captured() ? "on" : "off");
+  } else {
+    std::printf(" state=ps");
   }
   std::printf("\n");
   return 0;

@@ -46,6 +46,13 @@ ABSL_FLAG(int, max_staleness, -1, "Async: a worker more than this many steps ahe
 ABSL_FLAG(std::string, towers, "", "Towers: N CPU towers, or gpu:0,gpu:1,...");
 ABSL_FLAG(int, num_gpus, 0, "One tower per GPU 0..N-1");
 ABSL_FLAG(int, threads, 1, "CPU threads for this worker's towers");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "GPU towers in local mode: capture the training step once as a CUDA graph and replay it every step "
+          "(eager steps where capture fails, with one log line saying why)");
+ABSL_FLAG(
+    bool, device_resident, true,
+    "GPU towers in local mode: keep variables, optimizer slots and moving averages on the devices and run "
+    "the optimizer there (false: every step goes through the in-process parameter server on the host)");
 ABSL_FLAG(int, log_every, 100, "Print a progress line every this many local steps");
 ABSL_FLAG(int64_t, eval_every, 0, "Chief: evaluate test accuracy every this many global steps (0: at the end)");
 ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");
@@ -118,6 +125,8 @@ int main(int argc, char** argv) {
   o.towers = absl::GetFlag(FLAGS_towers);
   o.num_gpus = absl::GetFlag(FLAGS_num_gpus);
   o.threads = absl::GetFlag(FLAGS_threads);
+  o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  o.device_resident = absl::GetFlag(FLAGS_device_resident);
   o.log_every = absl::GetFlag(FLAGS_log_every);
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.logdir = absl::GetFlag(FLAGS_logdir);

@@ -1,6 +1,7 @@
 #include "worker/step_runner.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -8,10 +9,13 @@
 namespace dtrain::worker {
 
 absl::StatusOr<ps::PullResult> StepRunner::Start() {
-  return client_->Pull(/*min_step=*/0, /*since_step=*/0, towers_->host_params());
+  ASSIGN_OR_RETURN(ps::PullResult at,
+                   client_->Pull(/*min_step=*/0, /*since_step=*/0, towers_->host_params()));
+  step_ = at.step;
+  return at;
 }
 
-absl::StatusOr<float> StepRunner::Step(const std::vector<models::HostBatch>& batches, int64_t step) {
+absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int64_t step) {
   // The previous push reads host_grads() until it is done: wait for it before backward overwrites them.
   RETURN_IF_ERROR(client_->BeginPush(step, towers_->host_grads()));
   models::StepHooks hooks;
@@ -30,15 +34,41 @@ absl::StatusOr<float> StepRunner::Step(const std::vector<models::HostBatch>& bat
   RETURN_IF_ERROR(client_->FinishPull().status());
   client_->FinishPush();
   client_->StartPull(sync_ ? step + 1 : 0, step, towers_->host_params());
-  return loss;
+  losses_.push_back(loss);
+  return absl::OkStatus();
 }
 
-absl::StatusOr<ps::PullResult> StepRunner::NextStep() { return client_->WaitPullHeader(); }
+absl::StatusOr<ps::PullResult> StepRunner::NextStep() {
+  ASSIGN_OR_RETURN(ps::PullResult at, client_->WaitPullHeader());
+  step_ = at.step;
+  return at;
+}
+
+absl::StatusOr<std::vector<float>> StepRunner::TakeLosses() { return std::exchange(losses_, {}); }
 
 absl::StatusOr<ps::PullResult> StepRunner::Settle() {
   ASSIGN_OR_RETURN(ps::PullResult at, client_->FinishPull());
   RETURN_IF_ERROR(client_->WaitPush().status());
+  step_ = at.step;
   return at;
+}
+
+absl::StatusOr<ps::PullResult> StepRunner::PullNewest() {
+  ASSIGN_OR_RETURN(ps::PullResult at, client_->Pull(0, step_, towers_->host_params()));
+  step_ = at.step;
+  return at;
+}
+
+absl::Status StepRunner::LoadParameters(bool moving_averages) {
+  if (moving_averages) {
+    RETURN_IF_ERROR(client_->Pull(0, step_, towers_->host_params(), /*moving_averages=*/true).status());
+  }
+  return towers_->SetParameters(towers_->host_params());
+}
+
+absl::StatusOr<std::vector<float>> StepRunner::Parameters() {
+  const float* p = towers_->host_params();
+  return std::vector<float>(p, p + towers_->num_parameters());
 }
 
 }  // namespace dtrain::worker

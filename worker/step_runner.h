@@ -1,13 +1,14 @@
 // One worker's training steps against its ps tasks, overlapped: a step's forward pass waits for each layer's
 // parameters only as it reaches the layer (the pull streams them in forward order), its backward pass pushes
 // each layer's gradients as soon as they are final (last layer first), and the next pull starts right after
-// the commit. The training loop (trainer.cc) and dtrain_bench both run their steps through it.
+// the commit. The training steps of a cluster worker, and of local mode with CPU towers (against the
+// in-process ps); see worker/training_steps.h for the interface.
 //
 // Usage:
 //   StepRunner runner(towers, client, /*sync=*/true);
 //   ASSIGN_OR_RETURN(ps::PullResult at, runner.Start());
 //   while (at.step < end && !at.training_done) {
-//     ASSIGN_OR_RETURN(float loss, runner.Step(batches, at.step));
+//     RETURN_IF_ERROR(runner.Step(batches, at.step));
 //     ASSIGN_OR_RETURN(at, runner.NextStep());
 //   }
 //   ASSIGN_OR_RETURN(at, runner.Settle());  // every parameter of step at.step is in towers->host_params()
@@ -23,29 +24,39 @@
 #include "ps/worker_client.h"
 #include "worker/models/model.h"
 #include "worker/towers.h"
+#include "worker/training_steps.h"
 
 namespace dtrain::worker {
 
-class StepRunner {
+class StepRunner : public TrainingSteps {
  public:
   // `towers` and `client` must outlive the runner; the client's flat buffers are the towers' host buffers.
   StepRunner(Towers* towers, ps::WorkerClient* client, bool sync) : towers_(towers), client_(client), sync_(sync) {}
 
   // Pulls the current parameters (blocking): the step training starts from.
-  absl::StatusOr<ps::PullResult> Start();
+  absl::StatusOr<ps::PullResult> Start() override;
   // Computes one step on the parameters of `step` (the step of the pull in flight): forward, backward with
-  // layer-by-layer pushes, commit; then starts the next pull. Returns the loss. InternalError when the loss is
-  // not finite (nothing of the step is committed then).
-  absl::StatusOr<float> Step(const std::vector<models::HostBatch>& batches, int64_t step);
+  // layer-by-layer pushes, commit; then starts the next pull. InternalError when the loss is not finite
+  // (nothing of the step is committed then).
+  absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) override;
   // Waits for the answer of the pull in flight: the step of the next parameters, and whether training is over.
-  absl::StatusOr<ps::PullResult> NextStep();
+  absl::StatusOr<ps::PullResult> NextStep() override;
+  absl::StatusOr<std::vector<float>> TakeLosses() override;
   // Waits until the pull in flight has delivered every parameter and the last push has completed.
-  absl::StatusOr<ps::PullResult> Settle();
+  absl::StatusOr<ps::PullResult> Settle() override;
+  absl::StatusOr<ps::PullResult> PullNewest() override;
+  // Tower 0 (every tower) computes with towers->host_params(), after pulling the moving averages into them
+  // when asked.
+  absl::Status LoadParameters(bool moving_averages) override;
+  absl::StatusOr<std::vector<float>> Parameters() override;
+  absl::Status Finish() override { return absl::OkStatus(); }
 
  private:
   Towers* towers_;
   ps::WorkerClient* client_;
   const bool sync_;
+  int64_t step_ = 0;  // of the newest answer: the parameters in (or arriving into) host_params()
+  std::vector<float> losses_;
 };
 
 }  // namespace dtrain::worker

@@ -60,10 +60,12 @@ absl::Status TrainingSummaries::Write(int64_t step, const float* params, const f
   last_time_ = now;
 
   for (const Variable& v : variables_) {
-    Histogram weights, gradients;
+    Histogram weights;
     weights.AddAll(params + v.offset, v.size);
-    gradients.AddAll(grads + v.offset, v.size);
     RETURN_IF_ERROR(writer_->AddHistogram("weights/" + v.name, step, weights));
+    if (grads == nullptr) continue;
+    Histogram gradients;
+    gradients.AddAll(grads + v.offset, v.size);
     RETURN_IF_ERROR(writer_->AddHistogram("gradients/" + v.name, step, gradients));
   }
   return writer_->Flush();

@@ -46,7 +46,8 @@ class TrainingSummaries {
       const ps::OptimizerConfig& optimizer, int num_tasks, TaskStatsFn task_stats, absl::Time start);
 
   // Writes every summary above for global step `step` (params: the flat parameters; grads: this step's
-  // flat gradient) and flushes the writer. `now` is when the step ended (tests pass their own clock).
+  // flat gradient, or null: no gradient histograms) and flushes the writer. `now` is when the step ended (tests
+  // pass their own clock).
   absl::Status Write(int64_t step, const float* params, const float* grads, absl::Time now = absl::Now());
 
  private:

@@ -15,10 +15,6 @@
 
 namespace dtrain::worker {
 
-struct Towers::DeviceAverager {
-  std::unique_ptr<kernels::GradientAverager> reducer;  // tower 0's buffer gets the mean
-};
-
 absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& towers, int num_gpus,
                                                              int threads) {
   if (threads < 1) return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1, got ", threads));
@@ -60,14 +56,13 @@ absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& 
 
 absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_name,
                                                        const models::ModelOptions& options,
-                                                       const std::vector<kernels::DeviceSpec>& specs) {
+                                                       const std::vector<kernels::DeviceSpec>& specs,
+                                                       const TowersOptions& towers_options) {
   if (specs.empty()) return absl::InvalidArgumentError("no towers");
   std::unique_ptr<Towers> t(new Towers());
-  const bool all_gpu = std::all_of(specs.begin(), specs.end(),
-                                   [](const kernels::DeviceSpec& s) { return s.kind == kernels::DeviceSpec::Kind::kGpu; });
-  t->host_resident_ = std::none_of(specs.begin(), specs.end(), [](const kernels::DeviceSpec& s) {
-    return s.kind == kernels::DeviceSpec::Kind::kGpu;
-  });
+  auto is_gpu = [](const kernels::DeviceSpec& s) { return s.kind == kernels::DeviceSpec::Kind::kGpu; };
+  t->gpu_ = std::all_of(specs.begin(), specs.end(), is_gpu);
+  t->host_resident_ = std::none_of(specs.begin(), specs.end(), is_gpu) && towers_options.cpu_in_place;
   ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(model_name, options));
   const int64_t n = models::TotalSize(vars);
   for (const kernels::DeviceSpec& spec : specs) {
@@ -97,15 +92,44 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
   if (specs.size() > 1) {
     std::vector<kernels::Device*> devs;
     for (auto& d : t->devices_) devs.push_back(d.get());
-    t->device_averager_ = std::make_unique<DeviceAverager>();
-    ASSIGN_OR_RETURN(t->device_averager_->reducer,
-                     kernels::CreateGradientAverager(devs, n, kernels::AverageTarget::kFirstTower));
+    const kernels::AverageTarget target = !t->host_resident_ && towers_options.replicated
+                                              ? kernels::AverageTarget::kEveryTower
+                                              : kernels::AverageTarget::kFirstTower;
+    ASSIGN_OR_RETURN(t->averager_, kernels::CreateGradientAverager(devs, n, target));
+  }
+  if (!t->host_resident_) {
+    const int64_t image_floats =
+        static_cast<int64_t>(options.batch_size) * options.height * options.width * options.channels;
+    t->uploaded_.resize(specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      kernels::Device* dev = t->devices_[i].get();
+      ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceCounter> counter, dev->MakeCounter(0));
+      t->counters_.push_back(std::move(counter));
+      ASSIGN_OR_RETURN(std::unique_ptr<InputStager> stager,
+                       InputStager::Create(dev, image_floats, options.batch_size));
+      t->stagers_.push_back(std::move(stager));
+      ASSIGN_OR_RETURN(std::unique_ptr<kernels::AsyncReadback> reader,
+                       kernels::AsyncReadback::Create(dev, 1));
+      t->loss_readers_.push_back(std::move(reader));
+      ASSIGN_OR_RETURN(std::unique_ptr<kernels::Event> done, dev->MakeEvent());
+      t->step_done_.push_back(std::move(done));
+    }
   }
   return t;
 }
 
 Towers::~Towers() {
+  // Copies may still be in flight into the host buffers (a step that ended with an error).
+  for (auto& d : devices_) (void)d->Synchronize();
+  stagers_.clear();
+  loss_readers_.clear();
+  uploaded_.clear();
+  produced_.clear();
+  downloaded_.clear();
+  step_done_.clear();
+  averager_.reset();
   models_.clear();  // models before the buffers and devices they use
+  counters_.clear();
   for (size_t i = 0; i < tower_grads_.size(); ++i) devices_[i + 1]->Free(tower_grads_[i]);
   if (!devices_.empty()) {
     if (host_params_ != nullptr) devices_[0]->FreeHostPinned(host_params_);
@@ -152,8 +176,8 @@ absl::StatusOr<float> Towers::ComputeResident(const std::vector<models::HostBatc
     absl::MutexLock lock(&mu);
     auto it = remaining.try_emplace(begin, size()).first;
     if (--it->second > 0) return absl::OkStatus();
-    RETURN_IF_ERROR(device_averager_->reducer->AverageRange(buffers, begin, end - begin));
-    RETURN_IF_ERROR(device_averager_->reducer->Join());
+    RETURN_IF_ERROR(averager_->AverageRange(buffers, begin, end - begin));
+    RETURN_IF_ERROR(averager_->Join());
     if (hooks != nullptr && hooks->gradients_ready) return hooks->gradients_ready(begin, end);
     return absl::OkStatus();
   };
@@ -175,41 +199,6 @@ absl::StatusOr<float> Towers::ComputeResident(const std::vector<models::HostBatc
   }
   if (!status.ok()) return status;
   return static_cast<float>(loss / size());
-}
-
-absl::StatusOr<float> Towers::ComputeOnDevices(const std::vector<models::HostBatch>& batches, int64_t step,
-                                               const models::StepHooks* hooks) {
-  const int64_t n = num_parameters();
-  if (hooks != nullptr && hooks->before_forward) RETURN_IF_ERROR(hooks->before_forward(0, n));
-  RETURN_IF_ERROR(SetParameters(host_params_));
-  models::StepHooks device_hooks;
-  if (hooks != nullptr) device_hooks.after_forward = hooks->after_forward;
-  double loss = 0;
-  if (size() == 1) {
-    ASSIGN_OR_RETURN(loss, models_[0]->ComputeGradients(batches[0], step * 64, &device_hooks));
-  } else {
-    std::vector<std::future<absl::StatusOr<float>>> futures;
-    for (int i = 0; i < size(); ++i) {
-      futures.push_back(std::async(std::launch::async, [this, &batches, &device_hooks, step, i] {
-        SetFlushDenormals();
-        return models_[i]->ComputeGradients(batches[i], step * 64 + i, &device_hooks);
-      }));
-    }
-    absl::Status status;
-    for (auto& f : futures) {
-      absl::StatusOr<float> l = f.get();
-      if (!l.ok() && status.ok()) status = l.status();
-      if (l.ok()) loss += *l;
-    }
-    if (!status.ok()) return status;
-    std::vector<float*> buffers;
-    for (auto& m : models_) buffers.push_back(m->device_gradients());
-    RETURN_IF_ERROR(device_averager_->reducer->AverageInPlace(buffers));
-    loss /= size();
-  }
-  RETURN_IF_ERROR(devices_[0]->CopyToHost(models_[0]->device_gradients(), host_grads_, n));
-  if (hooks != nullptr && hooks->gradients_ready) RETURN_IF_ERROR(hooks->gradients_ready(0, n));
-  return static_cast<float>(loss);
 }
 
 }  // namespace dtrain::worker

@@ -1,14 +1,13 @@
 #include "worker/towers.h"
 
-#include <cmath>
-
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cmath>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "common/denormals.h"
-
 #include "worker/synthetic_data.h"
 
 namespace dtrain::worker {
@@ -229,6 +228,182 @@ TEST(TowersTest, TowerThreadsFlushDenormals) {
   int64_t nonzero = 0;
   for (int64_t i = 0; i < vars[0].size(); ++i) nonzero += g[i] != 0.0f;
   EXPECT_EQ(nonzero, 0) << "denormal products survived on a tower thread";
+}
+
+// ---- device-owned towers (the GPU towers' code path), run on the CPU backend ----
+
+struct HookLog {
+  absl::Mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> waited, ready;
+  std::vector<std::vector<float>> at_ready;
+  std::vector<float> losses;
+  size_t ready_before_loss = 0;
+};
+
+models::StepHooks LoggingHooks(HookLog* log, Towers* towers) {
+  models::StepHooks hooks;
+  hooks.before_forward = [log](int64_t begin, int64_t end) {
+    absl::MutexLock lock(&log->mu);
+    log->waited.emplace_back(begin, end);
+    return absl::OkStatus();
+  };
+  hooks.after_forward = [log](float loss) {
+    absl::MutexLock lock(&log->mu);
+    log->losses.push_back(loss);
+    log->ready_before_loss += log->ready.size();
+    return absl::OkStatus();
+  };
+  hooks.gradients_ready = [log, towers](int64_t begin, int64_t end) {
+    absl::MutexLock lock(&log->mu);
+    log->ready.emplace_back(begin, end);
+    log->at_ready.emplace_back(towers->host_grads() + begin, towers->host_grads() + end);
+    return absl::OkStatus();
+  };
+  return hooks;
+}
+
+// A cluster step on device-owned towers (per-layer parameter uploads from host_params() as before_forward
+// lets them, per-layer downloads of the averaged gradients into host_grads(), gradients_ready once each has
+// landed) computes what the host-resident towers compute, for one and two towers and for the cnn's dropout.
+TEST(TowersTest, DeviceOwnedTowersEqualHostResidentTowersWithPerLayerHooks) {
+  for (int n_towers : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << n_towers << " towers");
+    const int b = 8;
+    const data::DatasetPair data = MakeSyntheticDataset(4 * b, 1);
+    models::ModelOptions mo;
+    mo.batch_size = b;
+    const std::vector<kernels::DeviceSpec> specs(n_towers, kernels::DeviceSpec::Cpu(1));
+    auto host = Towers::Create("cnn", mo, specs);
+    TowersOptions device_owned;
+    device_owned.cpu_in_place = false;
+    auto dev = Towers::Create("cnn", mo, specs, device_owned);
+    ASSERT_TRUE(host.ok() && dev.ok()) << host.status() << dev.status();
+    EXPECT_TRUE((*host)->host_resident());
+    EXPECT_FALSE((*dev)->host_resident());
+    const int64_t n = (*host)->num_parameters();
+    std::vector<data::Batch> batches = data::EvalBatches(data.train, b, data::Preprocess::kScale01);
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> params = models::InitialParameters((*host)->tower(0)->variables(), 3 + step);
+      std::copy(params.begin(), params.end(), (*host)->host_params());
+      std::copy(params.begin(), params.end(),
+                (*dev)->host_params());  // uploaded layer by layer, no SetParameters
+      std::vector<models::HostBatch> views;
+      for (int t = 0; t < n_towers; ++t) {
+        const data::Batch& x = batches[(step + t) % batches.size()];
+        views.push_back({x.batch, x.height, x.width, x.channels, x.images.data(), x.labels.data()});
+      }
+      auto want = (*host)->ComputeGradients(views, step);
+      ASSERT_TRUE(want.ok()) << want.status();
+      HookLog log;
+      const models::StepHooks hooks = LoggingHooks(&log, dev->get());
+      auto got = (*dev)->ComputeGradients(views, step, &hooks);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, *want) << "step " << step;
+      const std::vector<float> grads((*dev)->host_grads(), (*dev)->host_grads() + n);
+      EXPECT_EQ(grads, std::vector<float>((*host)->host_grads(), (*host)->host_grads() + n))
+          << "step " << step;
+      // cnn: 4 layers with variables, each waited for by every tower, handed on once, last layer first, after
+      // the loss, and already final when handed on.
+      EXPECT_EQ(log.waited.size(), 4u * n_towers);
+      ASSERT_EQ(log.ready.size(), 4u);
+      ASSERT_EQ(log.losses.size(), 1u);
+      EXPECT_EQ(log.losses[0], *want);
+      EXPECT_EQ(log.ready_before_loss, 0u);
+      EXPECT_EQ(log.ready.front().second, n);
+      EXPECT_EQ(log.ready.back().first, 0);
+      for (size_t i = 1; i < log.ready.size(); ++i) EXPECT_EQ(log.ready[i].second, log.ready[i - 1].first);
+      for (size_t i = 0; i < log.ready.size(); ++i) {
+        EXPECT_EQ(log.at_ready[i], std::vector<float>(grads.begin() + log.ready[i].first,
+                                                      grads.begin() + log.ready[i].second));
+      }
+    }
+  }
+}
+
+// A failing hook on one tower's thread ends the step with its error; the other tower does not wait forever at
+// the per-layer meeting. A bad label is InvalidArgument before anything is enqueued.
+TEST(TowersTest, DeviceOwnedTowersFailCleanly) {
+  const int b = 4;
+  const data::DatasetPair data = MakeSyntheticDataset(4 * b, 1);
+  models::ModelOptions mo;
+  mo.batch_size = b;
+  TowersOptions device_owned;
+  device_owned.cpu_in_place = false;
+  auto towers =
+      Towers::Create("mlp", mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)}, device_owned);
+  ASSERT_TRUE(towers.ok()) << towers.status();
+  std::vector<data::Batch> batches = data::EvalBatches(data.train, b, data::Preprocess::kScale01);
+  std::vector<models::HostBatch> views;
+  for (int t = 0; t < 2; ++t) {
+    views.push_back({b, 28, 28, 1, batches[t].images.data(), batches[t].labels.data()});
+  }
+  std::atomic<int> calls{0};
+  models::StepHooks hooks;
+  hooks.before_forward = [&](int64_t begin, int64_t end) -> absl::Status {
+    if (begin > 0 && calls.fetch_add(1) == 0) return absl::DeadlineExceededError("no parameters");
+    return absl::OkStatus();
+  };
+  auto failed = (*towers)->ComputeGradients(views, 0, &hooks);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDeadlineExceeded) << failed.status();
+  auto again = (*towers)->ComputeGradients(views, 1);
+  EXPECT_TRUE(again.ok()) << again.status();
+  std::vector<float> bad_labels(batches[0].labels.begin(), batches[0].labels.end());
+  bad_labels[1] = 12.0f;
+  views[1].labels = bad_labels.data();
+  EXPECT_EQ((*towers)->ComputeGradients(views, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  auto host = Towers::Create("mlp", mo, {kernels::DeviceSpec::Cpu(1)});
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ((*host)->EnqueueGradients(nullptr).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The GPU tower's cluster step (per-layer uploads and downloads on the copy stream, events between streams)
+// equals the CPU tower's, for one GPU tower and for two sharing gpu:0 (averaged per layer while backward
+// runs).
+TEST(TowersTest, GpuClusterStepMatchesCpu) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  for (int n_towers : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << n_towers << " towers");
+    const int b = 16;
+    const data::DatasetPair data = MakeSyntheticDataset(4 * b, 1);
+    models::ModelOptions mo;
+    mo.batch_size = b;
+    auto cpu =
+        Towers::Create("cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Cpu(1)));
+    auto gpu =
+        Towers::Create("cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Gpu(0)));
+    ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << gpu.status();
+    const int64_t n = (*cpu)->num_parameters();
+    std::vector<data::Batch> batches = data::EvalBatches(data.train, b, data::Preprocess::kScale01);
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> params = models::InitialParameters((*cpu)->tower(0)->variables(), 3 + step);
+      std::copy(params.begin(), params.end(), (*cpu)->host_params());
+      std::copy(params.begin(), params.end(), (*gpu)->host_params());
+      std::vector<models::HostBatch> views;
+      for (int t = 0; t < n_towers; ++t) {
+        const data::Batch& x = batches[(step + t) % batches.size()];
+        views.push_back({x.batch, x.height, x.width, x.channels, x.images.data(), x.labels.data()});
+      }
+      auto want = (*cpu)->ComputeGradients(views, step);
+      HookLog log;
+      const models::StepHooks hooks = LoggingHooks(&log, gpu->get());
+      auto got = (*gpu)->ComputeGradients(views, step, &hooks);
+      ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+      EXPECT_NEAR(*got, *want, 1e-4 * std::abs(*want));
+      double num = 0, den = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = (*gpu)->host_grads()[i] - (*cpu)->host_grads()[i];
+        num += d * d;
+        den += static_cast<double>((*cpu)->host_grads()[i]) * (*cpu)->host_grads()[i];
+      }
+      EXPECT_LE(std::sqrt(num / den), 1e-4) << "step " << step;
+      ASSERT_EQ(log.ready.size(), 4u);
+      for (size_t i = 0; i < log.ready.size(); ++i) {
+        EXPECT_EQ(log.at_ready[i], std::vector<float>((*gpu)->host_grads() + log.ready[i].first,
+                                                      (*gpu)->host_grads() + log.ready[i].second))
+            << "range " << i << " was handed on before its download had landed";
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,26 +1,26 @@
 #include "worker/trainer.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <utility>
 
-#include <glog/logging.h>
-
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/denormals.h"
 #include "common/event_writer.h"
 #include "common/status_macros.h"
 #include "ps/placement.h"
-#include "worker/models/model.h"
-#include "common/denormals.h"
 #include "ps/worker_client.h"
-#include "worker/step_runner.h"
+#include "worker/models/model.h"
 #include "worker/summaries.h"
 #include "worker/towers.h"
+#include "worker/training_steps.h"
 
 namespace dtrain::worker {
 namespace {
@@ -63,6 +63,313 @@ std::string FormatStats(const ps::TrainingStats& s, bool async) {
   return out;
 }
 
+// What the data set gives a run: the model's input geometry, this worker's training stream and (chief) the
+// test batches. Filled in place: the stream refers to the data set it reads.
+struct TrainingData {
+  data::DatasetPair loaded;  // when read from data_dir
+  const data::DatasetPair* dataset = nullptr;
+  models::ModelDefaults defaults;  // input pipeline, default schedule
+  models::ModelOptions model_options;
+  std::unique_ptr<data::BatchStream> stream;
+  std::vector<data::Batch> eval_batches;
+};
+
+// The ps side of a run: where the variables live, the config the chief registers, the in-process ps of local
+// mode, and this worker's client.
+struct Connection {
+  ps::Placement placement;
+  ps::TrainConfig config;
+  std::unique_ptr<ps::ParameterServer> local_ps;
+  std::vector<ps::PsInterface*> tasks;
+  std::unique_ptr<ps::WorkerClient> client;
+  bool device_resident = false;  // the training state lives on the devices (local mode, GPU towers)
+};
+
+// ---- data ----
+absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d) {
+  d->dataset = o->dataset;
+  if (d->dataset == nullptr) {
+    ASSIGN_OR_RETURN(d->loaded, data::LoadDataset(o->data_dir));
+    d->dataset = &d->loaded;
+  }
+  const data::Dataset& train = d->dataset->train;
+  d->defaults = models::DefaultsFor(o->model);
+  models::ModelOptions& mopt = d->model_options;
+  mopt.batch_size = o->batch_size;
+  mopt.eval_batch_size = std::max(o->batch_size, 500);
+  mopt.seed = o->seed;
+  models::SetInputGeometry(d->defaults, train.height, train.width, train.channels, &mopt);
+  mopt.num_classes = train.num_classes;
+
+  data::BatchStreamOptions sopt;
+  sopt.batch_size = o->batch_size;
+  sopt.shard_index = local ? 0 : o->worker_id;
+  sopt.num_shards = local ? 1 : o->num_workers;
+  sopt.seed = o->seed;
+  sopt.shuffle = o->shuffle;
+  sopt.preprocess = d->defaults.train_preprocess;
+  sopt.crop_h = mopt.height;  // the model's input size (the CIFAR modes crop to it)
+  sopt.crop_w = mopt.width;
+  ASSIGN_OR_RETURN(d->stream, data::BatchStream::Create(train, sopt));
+  if (o->decay_steps == 0 && d->defaults.decay_epochs > 0) {  // the model's default schedule
+    o->decay_steps = models::DefaultDecaySteps(d->defaults, train.count(), o->batch_size);
+    o->decay_rate = d->defaults.decay_rate;
+    o->staircase = d->defaults.staircase;
+  }
+  if (chief && (o->evaluate || o->eval_every > 0)) {
+    d->eval_batches = data::EvalBatches(d->dataset->test, mopt.eval_batch_size, d->defaults.eval_preprocess,
+                                        mopt.height, mopt.width);
+  }
+  return absl::OkStatus();
+}
+
+// ---- towers ----
+// Local mode with device-owned towers (GPUs) keeps the training state on the devices.
+bool DeviceResident(const WorkerOptions& o, const std::vector<kernels::DeviceSpec>& specs, bool local) {
+  const bool gpu = !specs.empty() && specs[0].kind == kernels::DeviceSpec::Kind::kGpu;
+  return local && o.device_resident && (gpu || !o.cpu_towers_in_place);
+}
+
+// ---- placement and ps config ----
+absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInterface*>& tasks,
+                             Towers* towers, Connection* c) {
+  const bool local = tasks.empty();
+  const bool chief = o.worker_id == 0;
+  models::Model* model0 = towers->tower(0);
+  std::vector<ps::VariableInfo> vars;
+  for (const models::VariableInfo& v : model0->variables()) vars.push_back({v.name, v.size()});
+  const int num_ps = local ? 1 : static_cast<int>(tasks.size());
+  ASSIGN_OR_RETURN(c->placement, ps::PlaceVariables(vars, num_ps));
+  if (chief && !local && !o.quiet) LOG(INFO) << "variable placement:\n" << ps::FormatPlacement(c->placement);
+
+  ps::TrainConfig& config = c->config;
+  config.model_signature = models::Signature(o.model, model0->variables());
+  config.mode = local ? "sync" : o.mode;
+  config.num_workers = local ? 1 : o.num_workers;
+  config.replicas_to_aggregate = local ? 1 : o.replicas_to_aggregate;
+  config.total_num_replicas = local ? 1 : o.total_num_replicas;
+  config.max_staleness = o.max_staleness;
+  config.optimizer.name = o.optimizer;
+  config.optimizer.learning_rate = o.learning_rate;
+  config.optimizer.momentum = o.momentum;
+  config.optimizer.decay_steps = o.decay_steps;
+  config.optimizer.decay_rate = o.decay_rate;
+  config.optimizer.staircase = o.staircase;
+  config.moving_average_decay = o.moving_average_decay;
+  config.train_steps = o.train_steps;
+
+  c->tasks = tasks;
+  if (local) {
+    ps::ParameterServerOptions po;
+    po.num_workers = 1;
+    po.checkpoint_dir = o.checkpoint_dir;
+    po.save_checkpoint_steps = o.save_checkpoint_steps;
+    po.save_checkpoint_secs = o.save_checkpoint_secs;
+    po.keep_checkpoints = o.keep_checkpoints;
+    po.apply_threads = o.threads;
+    ASSIGN_OR_RETURN(c->local_ps, ps::ParameterServer::Create(po));
+    c->tasks = {c->local_ps.get()};
+  }
+  ps::WorkerClientOptions copt;
+  copt.background = !local;  // an in-process ps answers inline: no transfer threads
+  copt.step_timeout = absl::Seconds(o.step_timeout_secs);
+  ASSIGN_OR_RETURN(copt.wire_dtype, ps::ParseWireDtype(o.wire_dtype));
+  c->client = std::make_unique<ps::WorkerClient>(c->tasks, c->placement.task_slices, local ? 0 : o.worker_id,
+                                                 chief, copt);
+  return absl::OkStatus();
+}
+
+// Registers with the ps tasks; the chief's initial values initialize them (unless they restore a checkpoint).
+// The flat parameters and gradients live in the towers' host buffers: CPU towers compute on them in place,
+// GPU towers copy them (pinned memory).
+absl::Status Connect(const WorkerOptions& o, Towers* towers, Connection* c) {
+  float* params = towers->host_params();
+  if (o.worker_id == 0) {
+    const std::vector<float> init = models::InitialParameters(towers->tower(0)->variables(), o.seed);
+    std::copy(init.begin(), init.end(), params);
+  }
+  return c->client->Connect(c->config, params, absl::Seconds(o.startup_wait_secs));
+}
+
+// Test accuracy of tower 0 with the current parameters (or their moving averages).
+absl::StatusOr<double> EvaluateNow(TrainingSteps* steps, models::Model* model0, const TrainingData& d,
+                                   bool moving_averages) {
+  RETURN_IF_ERROR(steps->LoadParameters(moving_averages));
+  return Evaluate(model0, d.eval_batches);
+}
+
+// Appends the losses known so far to the result.
+absl::Status CollectLosses(TrainingSteps* steps, TrainingResult* result) {
+  ASSIGN_OR_RETURN(std::vector<float> losses, steps->TakeLosses());
+  result->losses.insert(result->losses.end(), losses.begin(), losses.end());
+  if (!result->losses.empty()) result->last_loss = result->losses.back();
+  return absl::OkStatus();
+}
+
+// ---- the loop ----
+// Steps until the global step reaches train_steps: a progress line every log_every local steps, the chief's
+// test accuracy every eval_every global steps, summaries every summary_every local steps. A ps task that
+// restarted (or rolled back, or declared this worker lost) answers Aborted: the worker connects again (the chief
+// restores every task to a common checkpoint) and goes on from a fresh pull.
+absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towers* towers, Connection* c,
+                       TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries,
+                       TrainingResult* result) {
+  int reconnects = 0;
+  auto recover = [&](const absl::Status& failure) -> absl::StatusOr<ps::PullResult> {
+    if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
+    LOG(WARNING) << "worker " << o.worker_id << ": " << failure.message() << "; connecting again";
+    RETURN_IF_ERROR(c->client->Reconnect(absl::Seconds(o.startup_wait_secs)));
+    return steps->Start();
+  };
+  auto settle = [&]() -> absl::StatusOr<ps::PullResult> {
+    absl::StatusOr<ps::PullResult> r = steps->Settle();
+    return r.ok() ? r : recover(r.status());
+  };
+  absl::StatusOr<ps::PullResult> started = steps->Start();
+  if (!started.ok()) started = recover(started.status());
+  if (!started.ok()) return started.status();
+  ps::PullResult at = *started;
+  result->first_step = at.step;
+  if (at.step > 0 && !o.quiet) std::printf("resuming at global step %lld\n", static_cast<long long>(at.step));
+  const int64_t examples_per_step = static_cast<int64_t>(o.batch_size) * towers->size();
+  const absl::Time start = absl::Now();
+  absl::Time window_start = start;
+  int64_t window_steps = 0;
+  int64_t next_eval = o.eval_every > 0 ? (at.step / o.eval_every + 1) * o.eval_every : -1;
+  std::vector<models::HostBatch> views(towers->size());
+  std::vector<data::Batch> batches(towers->size());
+  while (at.step < o.train_steps && !at.training_done) {
+    for (int t = 0; t < towers->size(); ++t) {
+      batches[t] = d->stream->Next();  // copy: the stream's buffer is reused on the next call
+      views[t] = View(batches[t]);
+    }
+    if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
+    absl::Status stepped = steps->Step(views, at.step);
+    absl::StatusOr<ps::PullResult> next = stepped.ok() ? steps->NextStep() : stepped;
+    if (!next.ok()) {
+      ASSIGN_OR_RETURN(at, recover(next.status()));
+      continue;
+    }
+    at = *next;
+    ++result->local_steps;
+    ++window_steps;
+    if (result->local_steps % o.log_every == 0) {
+      RETURN_IF_ERROR(
+          CollectLosses(steps, result));  // device-resident steps: the one read-back of the window
+      const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
+      const double rate = window_steps * examples_per_step / std::max(secs, 1e-9);
+      const float loss = result->last_loss;
+      if (!o.quiet) {
+        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch)\n", static_cast<long long>(at.step),
+                    loss, rate, secs / std::max<int64_t>(window_steps, 1));
+        std::fflush(stdout);
+      }
+      if (events) {
+        RETURN_IF_ERROR(events->AddScalar("loss", at.step, loss));
+        RETURN_IF_ERROR(events->AddScalar("examples_per_sec", at.step, rate));
+        RETURN_IF_ERROR(events->Flush());
+      }
+      window_start = absl::Now();
+      window_steps = 0;
+    }
+    if (summaries && result->local_steps % o.summary_every == 0) {
+      ASSIGN_OR_RETURN(at, settle());  // the histograms read every parameter and gradient
+      ASSIGN_OR_RETURN(std::vector<float> params, steps->Parameters());
+      // Device-resident steps keep the gradients on the devices: no gradient histograms then.
+      RETURN_IF_ERROR(summaries->Write(at.step, params.data(), c->device_resident ? nullptr : towers->host_grads()));
+    }
+    if (chief && next_eval > 0 && at.step >= next_eval && at.step < o.train_steps) {
+      ASSIGN_OR_RETURN(at, settle());
+      ASSIGN_OR_RETURN(double acc, EvaluateNow(steps, towers->tower(0), *d, /*moving_averages=*/false));
+      if (!o.quiet) {
+        std::printf("step %lld: test accuracy = %.4f at %.2f sec\n", static_cast<long long>(at.step), acc,
+                    absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", at.step, acc));
+      next_eval = (at.step / o.eval_every + 1) * o.eval_every;
+    }
+  }
+  RETURN_IF_ERROR(CollectLosses(steps, result));
+  ASSIGN_OR_RETURN(at, settle());
+  result->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  result->examples = result->local_steps * examples_per_step;
+  result->global_step = at.step;
+  return absl::OkStatus();
+}
+
+// ---- the end ----
+// The final parameters, the chief's evaluation (with the moving averages too when kept), this worker's rate
+// and, on the chief in a cluster, the ps statistics and traffic. Before the worker reports done.
+absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, const TrainingData& d,
+                            Towers* towers, Connection* c, TrainingSteps* steps, EventWriter* events,
+                            TrainingResult* result) {
+  RETURN_IF_ERROR(steps->Finish());
+  if (chief) {
+    // The newest parameters (other workers may have pushed after our last pull).
+    ASSIGN_OR_RETURN(ps::PullResult at, steps->PullNewest());
+    result->global_step = at.step;
+  }
+  ASSIGN_OR_RETURN(result->parameters, steps->Parameters());
+  if (chief) {
+    if (o.evaluate) {
+      ASSIGN_OR_RETURN(result->test_accuracy,
+                       EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/false));
+      if (events)
+        RETURN_IF_ERROR(events->AddScalar("test_accuracy", result->global_step, result->test_accuracy));
+      if (o.moving_average_decay > 0) {
+        // The seeds evaluate with the moving averages of the variables when they keep them.
+        ASSIGN_OR_RETURN(result->test_accuracy_averaged,
+                         EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/true));
+        if (events) {
+          RETURN_IF_ERROR(events->AddScalar("test_accuracy_moving_average", result->global_step,
+                                            result->test_accuracy_averaged));
+        }
+      }
+    }
+    if (events) RETURN_IF_ERROR(events->Close());
+  }
+  if (!o.quiet) {
+    std::printf("worker %d: %lld local steps, %lld examples in %.2f sec (%.1f examples/sec)\n", o.worker_id,
+                static_cast<long long>(result->local_steps), static_cast<long long>(result->examples),
+                result->seconds, result->examples / std::max(result->seconds, 1e-9));
+  }
+  if (chief) {
+    // Taken before this worker reports done: ps 0 exits once every worker has.
+    absl::StatusOr<ps::TrainingStats> stats = c->client->Stats(0);
+    if (stats.ok()) {
+      result->stats = *stats;
+      if (!o.quiet && !local) std::printf("%s", FormatStats(*stats, c->config.mode == "async").c_str());
+    }
+    // Traffic per ps task: what each one received (gradients) and sent (parameters) per global step.
+    if (!o.quiet && !local) {
+      const double steps_run = std::max<int64_t>(1, result->global_step - result->first_step);
+      for (int t = 0; t < c->client->num_tasks(); ++t) {
+        absl::StatusOr<ps::TrainingStats> ts = t == 0 ? stats : c->client->Stats(t);
+        if (!ts.ok()) continue;
+        std::printf("ps task %d: %lld bytes held; received %.2f MB/step, sent %.2f MB/step\n", t,
+                    static_cast<long long>(c->placement.task_bytes[t]), ts->bytes_received / steps_run / 1e6,
+                    ts->bytes_sent / steps_run / 1e6);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The chief's last lines, after the worker reported done.
+void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const TrainingResult& result) {
+  if (o.quiet) return;
+  if (result.test_accuracy_averaged >= 0) {
+    std::printf("step %lld: test accuracy with moving averages = %.4f (%lld examples)\n",
+                static_cast<long long>(result.global_step), result.test_accuracy_averaged,
+                static_cast<long long>(d.dataset->test.count()));
+  }
+  if (result.test_accuracy >= 0) {
+    std::printf("step %lld: test accuracy = %.4f (%lld examples)\n",
+                static_cast<long long>(result.global_step), result.test_accuracy,
+                static_cast<long long>(d.dataset->test.count()));
+  }
+}
+
 }  // namespace
 
 absl::Status ApplyModelDefaults(WorkerOptions* o) {
@@ -90,267 +397,57 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   const bool local = tasks.empty();
   const bool chief = o.worker_id == 0;
 
-  // ---- data ----
-  data::DatasetPair loaded;
-  const data::DatasetPair* dataset = o.dataset;
-  if (dataset == nullptr) {
-    ASSIGN_OR_RETURN(loaded, data::LoadDataset(o.data_dir));
-    dataset = &loaded;
-  }
-  const models::ModelDefaults defaults = models::DefaultsFor(o.model);  // input pipeline, default schedule
-  models::ModelOptions mopt;
-  mopt.batch_size = o.batch_size;
-  mopt.eval_batch_size = std::max(o.batch_size, 500);
-  mopt.seed = o.seed;
-  models::SetInputGeometry(defaults, dataset->train.height, dataset->train.width, dataset->train.channels,
-                           &mopt);
-  mopt.num_classes = dataset->train.num_classes;
-
-  data::BatchStreamOptions sopt;
-  sopt.batch_size = o.batch_size;
-  sopt.shard_index = local ? 0 : o.worker_id;
-  sopt.num_shards = local ? 1 : o.num_workers;
-  sopt.seed = o.seed;
-  sopt.shuffle = o.shuffle;
-  sopt.preprocess = defaults.train_preprocess;
-  sopt.crop_h = mopt.height;  // the model's input size (the CIFAR modes crop to it)
-  sopt.crop_w = mopt.width;
-  ASSIGN_OR_RETURN(std::unique_ptr<data::BatchStream> stream, data::BatchStream::Create(dataset->train, sopt));
-  if (o.decay_steps == 0 && defaults.decay_epochs > 0) {  // the model's default schedule
-    o.decay_steps = models::DefaultDecaySteps(defaults, dataset->train.count(), o.batch_size);
-    o.decay_rate = defaults.decay_rate;
-    o.staircase = defaults.staircase;
-  }
-
-  // ---- towers ----
+  // Set-up: data, towers, placement and config, the connection (the chief initializes the variables).
+  TrainingData data;
+  RETURN_IF_ERROR(SetUpData(&o, local, chief, &data));
   ASSIGN_OR_RETURN(std::vector<kernels::DeviceSpec> specs, ParseTowers(o.towers, o.num_gpus, o.threads));
-  ASSIGN_OR_RETURN(std::unique_ptr<Towers> towers, Towers::Create(o.model, mopt, specs));
-  models::Model* model0 = towers->tower(0);
-  const int64_t n = towers->num_parameters();
-
-  // ---- placement and ps config ----
-  std::vector<ps::VariableInfo> vars;
-  for (const models::VariableInfo& v : model0->variables()) vars.push_back({v.name, v.size()});
-  const int num_ps = local ? 1 : static_cast<int>(tasks.size());
-  ASSIGN_OR_RETURN(ps::Placement placement, ps::PlaceVariables(vars, num_ps));
-  if (chief && !local && !o.quiet) LOG(INFO) << "variable placement:\n" << ps::FormatPlacement(placement);
-
-  ps::TrainConfig config;
-  config.model_signature = models::Signature(o.model, model0->variables());
-  config.mode = local ? "sync" : o.mode;
-  config.num_workers = local ? 1 : o.num_workers;
-  config.replicas_to_aggregate = local ? 1 : o.replicas_to_aggregate;
-  config.total_num_replicas = local ? 1 : o.total_num_replicas;
-  config.max_staleness = o.max_staleness;
-  config.optimizer.name = o.optimizer;
-  config.optimizer.learning_rate = o.learning_rate;
-  config.optimizer.momentum = o.momentum;
-  config.optimizer.decay_steps = o.decay_steps;
-  config.optimizer.decay_rate = o.decay_rate;
-  config.optimizer.staircase = o.staircase;
-  config.moving_average_decay = o.moving_average_decay;
-  config.train_steps = o.train_steps;
-
-  std::unique_ptr<ps::ParameterServer> local_ps;
-  std::vector<ps::PsInterface*> task_ptrs = tasks;
-  if (local) {
-    ps::ParameterServerOptions po;
-    po.num_workers = 1;
-    po.checkpoint_dir = o.checkpoint_dir;
-    po.save_checkpoint_steps = o.save_checkpoint_steps;
-    po.save_checkpoint_secs = o.save_checkpoint_secs;
-    po.keep_checkpoints = o.keep_checkpoints;
-    po.apply_threads = o.threads;
-    ASSIGN_OR_RETURN(local_ps, ps::ParameterServer::Create(po));
-    task_ptrs = {local_ps.get()};
-  }
-  ps::WorkerClientOptions copt;
-  copt.background = !local;  // an in-process ps answers inline: no transfer threads
-  copt.step_timeout = absl::Seconds(o.step_timeout_secs);
-  ASSIGN_OR_RETURN(copt.wire_dtype, ps::ParseWireDtype(o.wire_dtype));
-  ps::WorkerClient client(task_ptrs, placement.task_slices, local ? 0 : o.worker_id, chief, copt);
+  const bool resident = DeviceResident(o, specs, local);
+  TowersOptions topt;
+  topt.cpu_in_place = o.cpu_towers_in_place;
+  topt.replicated = resident;
+  ASSIGN_OR_RETURN(std::unique_ptr<Towers> towers, Towers::Create(o.model, data.model_options, specs, topt));
+  Connection ps;
+  ps.device_resident = resident;
+  RETURN_IF_ERROR(SetUpConnection(o, tasks, towers.get(), &ps));
   // A worker that stops on an error still leaves the cluster (best effort), so the ps tasks stop expecting it
   // instead of waiting for it forever; cancelled on the normal path, which reports done itself.
-  auto leave_on_error = absl::MakeCleanup([&client, &o] {
-    absl::Status s = client.Done(/*completed=*/false);
+  auto leave_on_error = absl::MakeCleanup([&ps, &o] {
+    absl::Status s = ps.client->Done(/*completed=*/false);
     if (!s.ok()) LOG(WARNING) << "worker " << o.worker_id << " could not report done: " << s;
   });
-  // The flat parameters and gradients live in the towers' host buffers: CPU towers compute on them in place,
-  // GPU towers copy them (pinned memory).
-  float* params = towers->host_params();
-  if (chief) {
-    const std::vector<float> init = models::InitialParameters(model0->variables(), o.seed);
-    std::copy(init.begin(), init.end(), params);
-  }
-  RETURN_IF_ERROR(client.Connect(config, params, absl::Seconds(o.startup_wait_secs)));
-
-  std::vector<data::Batch> eval_batches;
-  if (chief && (o.evaluate || o.eval_every > 0)) {
-    eval_batches = data::EvalBatches(dataset->test, mopt.eval_batch_size, defaults.eval_preprocess,
-                                     mopt.height, mopt.width);
-  }
-  auto evaluate = [&](const float* values) -> absl::StatusOr<double> {
-    RETURN_IF_ERROR(towers->SetParameters(values));
-    return Evaluate(model0, eval_batches);
-  };
-
+  RETURN_IF_ERROR(Connect(o, towers.get(), &ps));
+  TrainingStepsOptions sopt;
+  sopt.sync = ps.config.mode == "sync";
+  sopt.local_ps = resident ? ps.local_ps.get() : nullptr;
+  sopt.config = ps.config;
+  sopt.cuda_graphs = o.cuda_graphs;
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,
+                   MakeTrainingSteps(towers.get(), ps.client.get(), sopt));
   // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.
   std::unique_ptr<EventWriter> events;
   if (chief && !o.logdir.empty()) {
     ASSIGN_OR_RETURN(events, EventWriter::Create(o.logdir));
   }
 
-  // ---- [deploy] summaries hook: learning rate, ps traffic, staleness, weight/gradient histograms ----
+  // Summaries beyond loss and accuracy (worker/summaries.h): learning rate, ps traffic, staleness, histograms.
   std::unique_ptr<TrainingSummaries> summaries;
   if (events && o.summary_every > 0) {
-    ASSIGN_OR_RETURN(summaries, TrainingSummaries::Create(events.get(), model0->variables(), config.optimizer,
-                                                          client.num_tasks(),
-                                                          [&client](int t) { return client.Stats(t); }, absl::Now()));
+    ps::WorkerClient* client = ps.client.get();
+    ASSIGN_OR_RETURN(summaries, TrainingSummaries::Create(events.get(), towers->tower(0)->variables(),
+                                                          ps.config.optimizer, client->num_tasks(),
+                                                          [client](int t) { return client->Stats(t); }, absl::Now()));
   }
-  // ---- [deploy] end ----
 
-  // ---- the loop ----
+  // The loop, then the end: evaluation, statistics, done.
   TrainingResult result;
-  StepRunner runner(towers.get(), &client, config.mode == "sync");
-  // A ps task that restarted (or rolled back, or declared this worker lost) answers Aborted: connect again (the
-  // chief restores every task to a common checkpoint) and go on from a fresh pull.
-  int reconnects = 0;
-  auto recover = [&](const absl::Status& failure) -> absl::StatusOr<ps::PullResult> {
-    if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
-    LOG(WARNING) << "worker " << o.worker_id << ": " << failure.message() << "; connecting again";
-    RETURN_IF_ERROR(client.Reconnect(absl::Seconds(o.startup_wait_secs)));
-    return runner.Start();
-  };
-  auto settle = [&]() -> absl::StatusOr<ps::PullResult> {
-    absl::StatusOr<ps::PullResult> r = runner.Settle();
-    return r.ok() ? r : recover(r.status());
-  };
-  absl::StatusOr<ps::PullResult> started = runner.Start();
-  if (!started.ok()) started = recover(started.status());
-  if (!started.ok()) return started.status();
-  ps::PullResult at = *started;
-  result.first_step = at.step;
-  if (at.step > 0 && !o.quiet) std::printf("resuming at global step %lld\n", static_cast<long long>(at.step));
-  const int64_t examples_per_step = static_cast<int64_t>(o.batch_size) * towers->size();
-  const absl::Time start = absl::Now();
-  absl::Time window_start = start;
-  int64_t window_steps = 0;
-  int64_t next_eval = o.eval_every > 0 ? (at.step / o.eval_every + 1) * o.eval_every : -1;
-  std::vector<models::HostBatch> views(towers->size());
-  std::vector<data::Batch> batches(towers->size());
-  while (at.step < o.train_steps && !at.training_done) {
-    for (int t = 0; t < towers->size(); ++t) {
-      batches[t] = stream->Next();  // copy: the stream's buffer is reused on the next call
-      views[t] = View(batches[t]);
-    }
-    if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
-    absl::StatusOr<float> stepped = runner.Step(views, at.step);
-    absl::StatusOr<ps::PullResult> next = stepped.ok() ? runner.NextStep() : stepped.status();
-    if (!next.ok()) {
-      ASSIGN_OR_RETURN(at, recover(next.status()));
-      continue;
-    }
-    at = *next;
-    const float loss = *stepped;
-    result.last_loss = loss;
-    result.losses.push_back(loss);
-    ++result.local_steps;
-    ++window_steps;
-    if (result.local_steps % o.log_every == 0) {
-      const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
-      const double rate = window_steps * examples_per_step / std::max(secs, 1e-9);
-      if (!o.quiet) {
-        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch)\n", static_cast<long long>(at.step),
-                    loss, rate, secs / std::max<int64_t>(window_steps, 1));
-        std::fflush(stdout);
-      }
-      if (events) {
-        RETURN_IF_ERROR(events->AddScalar("loss", at.step, loss));
-        RETURN_IF_ERROR(events->AddScalar("examples_per_sec", at.step, rate));
-        RETURN_IF_ERROR(events->Flush());
-      }
-      window_start = absl::Now();
-      window_steps = 0;
-    }
-    if (summaries && result.local_steps % o.summary_every == 0) {  // [deploy] summaries hook
-      ASSIGN_OR_RETURN(at, settle());  // the histograms read every parameter and gradient
-      RETURN_IF_ERROR(summaries->Write(at.step, params, towers->host_grads()));
-    }
-    if (chief && next_eval > 0 && at.step >= next_eval && at.step < o.train_steps) {
-      ASSIGN_OR_RETURN(at, settle());
-      ASSIGN_OR_RETURN(double acc, evaluate(params));
-      if (!o.quiet) {
-        std::printf("step %lld: test accuracy = %.4f at %.2f sec\n", static_cast<long long>(at.step), acc,
-                    absl::ToDoubleSeconds(absl::Now() - start));
-      }
-      if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", at.step, acc));
-      next_eval = (at.step / o.eval_every + 1) * o.eval_every;
-    }
-  }
-  ASSIGN_OR_RETURN(at, settle());
-  result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  result.examples = result.local_steps * examples_per_step;
-  result.global_step = at.step;
-
-  if (chief) {
-    // The newest parameters (other workers may have pushed after our last pull).
-    ASSIGN_OR_RETURN(at, client.Pull(0, at.step, params));
-    result.global_step = at.step;
-  }
-  result.parameters.assign(params, params + n);
-  if (chief) {
-    if (o.evaluate) {
-      ASSIGN_OR_RETURN(result.test_accuracy, evaluate(params));
-      if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", result.global_step, result.test_accuracy));
-      if (o.moving_average_decay > 0) {
-        // The seeds evaluate with the moving averages of the variables when they keep them.
-        ASSIGN_OR_RETURN(ps::PullResult unused, client.Pull(0, result.global_step, params, /*moving_averages=*/true));
-        (void)unused;
-        ASSIGN_OR_RETURN(result.test_accuracy_averaged, evaluate(params));
-        if (events) {
-          RETURN_IF_ERROR(events->AddScalar("test_accuracy_moving_average", result.global_step,
-                                            result.test_accuracy_averaged));
-        }
-      }
-    }
-    if (events) RETURN_IF_ERROR(events->Close());
-  }
-  if (!o.quiet) {
-    std::printf("worker %d: %lld local steps, %lld examples in %.2f sec (%.1f examples/sec)\n", o.worker_id,
-                static_cast<long long>(result.local_steps), static_cast<long long>(result.examples),
-                result.seconds, result.examples / std::max(result.seconds, 1e-9));
-  }
-  if (chief) {
-    // Taken before this worker reports done: ps 0 exits once every worker has.
-    absl::StatusOr<ps::TrainingStats> stats = client.Stats(0);
-    if (stats.ok()) {
-      result.stats = *stats;
-      if (!o.quiet && !local) std::printf("%s", FormatStats(*stats, config.mode == "async").c_str());
-    }
-    // Traffic per ps task: what each one received (gradients) and sent (parameters) per global step.
-    if (!o.quiet && !local) {
-      const double steps = std::max<int64_t>(1, result.global_step - result.first_step);
-      for (int t = 0; t < client.num_tasks(); ++t) {
-        absl::StatusOr<ps::TrainingStats> ts = t == 0 ? stats : client.Stats(t);
-        if (!ts.ok()) continue;
-        std::printf("ps task %d: %lld bytes held; received %.2f MB/step, sent %.2f MB/step\n", t,
-                    static_cast<long long>(placement.task_bytes[t]), ts->bytes_received / steps / 1e6,
-                    ts->bytes_sent / steps / 1e6);
-      }
-    }
-  }
+  RETURN_IF_ERROR(TrainLoop(o, chief, &data, towers.get(), &ps, steps.get(), events.get(), summaries.get(),
+                            &result));
+  RETURN_IF_ERROR(
+      FinishTraining(o, chief, local, data, towers.get(), &ps, steps.get(), events.get(), &result));
   std::move(leave_on_error).Cancel();
-  RETURN_IF_ERROR(client.Done());
+  RETURN_IF_ERROR(ps.client->Done());
   if (chief) {
-    if (!o.quiet && result.test_accuracy_averaged >= 0) {
-      std::printf("step %lld: test accuracy with moving averages = %.4f (%lld examples)\n",
-                  static_cast<long long>(result.global_step), result.test_accuracy_averaged,
-                  static_cast<long long>(dataset->test.count()));
-    }
-    if (!o.quiet && result.test_accuracy >= 0) {
-      std::printf("step %lld: test accuracy = %.4f (%lld examples)\n", static_cast<long long>(result.global_step),
-                  result.test_accuracy, static_cast<long long>(dataset->test.count()));
-    }
+    PrintAccuracy(o, data, result);
     std::fflush(stdout);
   }
   return result;

@@ -1,7 +1,10 @@
 // The training loop of one worker: builds the towers, reads its shard of the data, connects to the ps tasks
-// (or runs a private in-process ps in local mode), and runs steps (worker/step_runner.h: parameters pulled and
-// gradients pushed layer by layer, overlapped with compute) until the global step reaches train_steps. The chief (worker 0) initializes the variables, evaluates test accuracy and prints the
-// ps statistics at the end.
+// (or runs a private in-process ps in local mode), and runs steps (worker/training_steps.h) until the global
+// step reaches train_steps: in a cluster, and in local mode with CPU towers, parameters are pulled and
+// gradients pushed layer by layer, overlapped with compute (worker/step_runner.h); in local mode with GPU
+// towers the training state stays on the devices (worker/resident_steps.h) and the in-process ps only keeps
+// the checkpoints. The chief (worker 0) initializes the variables, evaluates test accuracy and prints the ps
+// statistics at the end.
 //
 // Thread-safety: RunTraining is re-entrant (tests run several workers as threads of one process).
 #ifndef DTRAIN_WORKER_TRAINER_H_
@@ -56,6 +59,16 @@ struct WorkerOptions {
   std::string towers;  // see ParseTowers
   int num_gpus = 0;
   int threads = 1;
+  // Local mode with GPU towers: variables, optimizer slots and moving averages live on the devices and the
+  // optimizer runs there (checkpoints still go through the in-process ps). false: every step's gradients go
+  // to the in-process ps and its parameters come back, as in a cluster (for comparisons).
+  bool device_resident = true;
+  // Device-resident steps on GPUs: capture the step once as a CUDA graph and replay it (falls back to eager
+  // steps, with one log line saying why, where capture fails).
+  bool cuda_graphs = true;
+  // Tests: false runs CPU towers through the GPU towers' code paths (models own their buffers; per-layer
+  // uploads and downloads in a cluster, device-resident state in local mode), on the CPU backend.
+  bool cpu_towers_in_place = true;
 
   // Reporting.
   int log_every = 100;

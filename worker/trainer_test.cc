@@ -156,6 +156,43 @@ TEST(TrainerTest, OneWorkerClusterEqualsLocal) {
 
 TEST(TrainerTest, SyncTwoWorkersTwoPsEqualsLocalDoubleBatch) { CheckSyncEquivalence(2); }
 
+// The GPU worker's cluster step (models owning their buffers: each layer's parameters uploaded as the pull
+// brings them, each layer's averaged gradients downloaded and pushed as soon as they are final), run here on
+// CPU towers against ps tasks behind the overlapped client's transfer threads, trains exactly like the
+// host-resident towers, for one and two towers and one and two ps tasks.
+TEST(TrainerTest, ClusterWorkerWithDeviceOwnedTowersEqualsHostResident) {
+  const data::DatasetPair data = MakeSyntheticDataset(1000, 100);
+  for (int towers : {1, 2}) {
+    for (int ps_tasks : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << towers << " towers, " << ps_tasks << " ps tasks");
+      auto run = [&](bool in_place) {
+        std::vector<std::unique_ptr<ps::ParameterServer>> servers;
+        std::vector<ps::PsInterface*> tasks;
+        for (int t = 0; t < ps_tasks; ++t) {
+          ps::ParameterServerOptions po;
+          po.task_index = t;
+          po.num_ps = ps_tasks;
+          servers.push_back(*ps::ParameterServer::Create(po));
+          tasks.push_back(servers.back().get());
+        }
+        WorkerOptions o = BaseOptions(&data);
+        o.model = "cnn";
+        o.batch_size = 8;
+        o.train_steps = 12;
+        o.towers = std::to_string(towers);
+        o.threads = towers;
+        o.cpu_towers_in_place = in_place;
+        return RunWorkers(o, 1, tasks)[0];
+      };
+      const TrainingResult host = run(true);
+      const TrainingResult device = run(false);
+      EXPECT_EQ(device.global_step, 12);
+      EXPECT_EQ(device.losses, host.losses);
+      EXPECT_EQ(device.parameters, host.parameters);
+    }
+  }
+}
+
 TEST(TrainerTest, AsyncGlobalStepCountsAppliedPushesEvenWithRetries) {
   const data::DatasetPair data = MakeSyntheticDataset(1000, 100);
   ps::ParameterServerOptions po;

@@ -45,6 +45,43 @@ TEST_P(CpuAsyncTest, CopiesAndEventsAreSynchronous) {
   ASSERT_TRUE(foreign.ok());
   EXPECT_EQ(dev_->RecordEvent(foreign->get(), Queue::kCompute).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(dev_->RecordEvent(nullptr, Queue::kCompute).code(), absl::StatusCode::kInvalidArgument);
+  // ... but may be waited on (cross-device ordering between towers; nothing to wait for on the CPU).
+  EXPECT_TRUE(dev_->WaitEvent(foreign->get(), Queue::kCompute).ok());
+  EXPECT_EQ(dev_->WaitEvent(nullptr, Queue::kCompute).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(CpuAsyncTest, GroupCaptureIsUnimplementedAndChecksItsDevices) {
+  auto other = CreateDevice(DeviceSpec::Cpu(1));
+  ASSERT_TRUE(other.ok());
+  const absl::Status s = BeginCaptureGroup({dev_.get(), other->get()});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_EQ(EndCaptureGroup({dev_.get(), other->get()}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(BeginCaptureGroup({}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BeginCaptureGroup({dev_.get(), dev_.get()}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BeginCaptureGroup({dev_.get(), nullptr}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The value lands in the slot the counter names when the op runs (a ring of recent losses).
+TEST_P(CpuAsyncTest, CopyToCounterSlotWritesTheCountersSlot) {
+  float* ring = Zeros(3);
+  float* value = Upload({2.5f});
+  auto counter = dev_->MakeCounter(7);
+  ASSERT_TRUE(counter.ok());
+  ASSERT_TRUE(dev_->CopyToCounterSlot(value, ring, 3, **counter).ok());  // 7 mod 3 = 1
+  ASSERT_TRUE((*counter)->Increment().ok());
+  ASSERT_TRUE(dev_->Fill(4.0f, value, 1).ok());
+  ASSERT_TRUE(dev_->CopyToCounterSlot(value, ring, 3, **counter).ok());  // 8 mod 3 = 2
+  EXPECT_EQ(Download(ring, 3), std::vector<float>({0.0f, 2.5f, 4.0f}));
+  ASSERT_TRUE((*counter)->Set(-1).ok());
+  ASSERT_TRUE(dev_->CopyToCounterSlot(value, ring, 3, **counter).ok());  // never a negative index
+  EXPECT_EQ(Download(ring, 3)[2], 4.0f);
+  EXPECT_EQ(dev_->CopyToCounterSlot(value, ring, 0, **counter).code(), absl::StatusCode::kInvalidArgument);
+  auto other = CreateCpuDevice(DeviceSpec::Cpu(1));
+  ASSERT_TRUE(other.ok());
+  auto foreign = (*other)->MakeCounter(0);
+  ASSERT_TRUE(foreign.ok());
+  EXPECT_EQ(dev_->CopyToCounterSlot(value, ring, 3, **foreign).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(CpuAsyncTest, GraphCaptureIsUnimplementedWithAReason) {

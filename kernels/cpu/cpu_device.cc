@@ -117,7 +117,13 @@ class CpuDevice final : public Device {
   }
   absl::StatusOr<std::unique_ptr<Event>> MakeEvent() override { return std::make_unique<CpuEvent>(this); }
   absl::Status RecordEvent(Event* event, Queue q) override { return CheckOwn(event, "RecordEvent"); }
-  absl::Status WaitEvent(const Event* event, Queue q) override { return CheckOwn(event, "WaitEvent"); }
+  // Any CPU device's event: the CPU queues are synchronous, so there is nothing to wait for.
+  absl::Status WaitEvent(const Event* event, Queue q) override {
+    if (dynamic_cast<const CpuEvent*>(event) == nullptr) {
+      return absl::InvalidArgumentError("WaitEvent: the event is null or not a CPU device's");
+    }
+    return absl::OkStatus();
+  }
   absl::Status SynchronizeEvent(Event* event) override {
     RETURN_IF_ERROR(CheckOwn(event, "SynchronizeEvent"));
     return Synchronize();
@@ -194,6 +200,19 @@ class CpuDevice final : public Device {
     }
     return Dropout(x, y, mask, n, keep_prob, seed,
                    DropoutCounterFrom(*device_counter.device_ptr(), counter_stride, counter_offset));
+  }
+  absl::Status CopyToCounterSlot(const float* src, float* slots, int64_t num_slots,
+                                 const DeviceCounter& counter) override {
+    if (num_slots < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CopyToCounterSlot: num_slots must be >= 1, got ", num_slots));
+    }
+    if (counter.device() != this) {
+      return absl::InvalidArgumentError("CopyToCounterSlot: the counter belongs to another device");
+    }
+    const int64_t k = *counter.device_ptr() % num_slots;
+    slots[k < 0 ? k + num_slots : k] = *src;
+    return absl::OkStatus();
   }
   absl::Status DropoutBackward(const float* dy, const float* mask, float* dx, int64_t n) override {
     RETURN_IF_ERROR(CheckCount("DropoutBackward", n));

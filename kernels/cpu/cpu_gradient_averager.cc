@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/optimizer_math.h"
 
@@ -46,6 +47,12 @@ class CpuGradientAverager final : public GradientAverager {
   }
 
   absl::Status Join() override { return absl::OkStatus(); }
+  absl::Status WaitForAverages(int tower, Queue q) override {
+    if (tower < 0 || tower >= towers_) {
+      return absl::InvalidArgumentError(absl::StrCat("GradientAverager::WaitForAverages: no tower ", tower));
+    }
+    return absl::OkStatus();
+  }
   int64_t size() const override { return n_; }
   int num_towers() const override { return towers_; }
 

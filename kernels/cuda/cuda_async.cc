@@ -146,7 +146,11 @@ absl::Status CudaDevice::RecordEvent(Event* event, Queue q) {
 }
 
 absl::Status CudaDevice::WaitEvent(const Event* event, Queue q) {
-  ASSIGN_OR_RETURN(const CudaEvent* e, Own(this, event, "WaitEvent"));
+  // Any CUDA device's event: cudaStreamWaitEvent orders streams across devices.
+  const auto* e = dynamic_cast<const CudaEvent*>(event);
+  if (e == nullptr) {
+    return absl::InvalidArgumentError("WaitEvent: the event is null or not a CUDA device's");
+  }
   RETURN_IF_ERROR(Activate("WaitEvent"));
   return CudaStatus(cudaStreamWaitEvent(queue(q), e->get(), 0),
                     absl::StrCat("WaitEvent (", QueueName(q), " stream)"));
@@ -226,6 +230,78 @@ absl::StatusOr<std::unique_ptr<Graph>> CudaDevice::EndCapture() {
     return CudaStatus(inst, "EndCapture: cudaGraphInstantiate");
   }
   return std::unique_ptr<Graph>(new CudaGraph(this, graph, exec));
+}
+
+// ---- capture over several devices ----
+
+absl::Status CudaDevice::JoinCapture(CudaDevice* origin) {
+  if (capturing_) {
+    return absl::FailedPreconditionError(absl::StrCat("BeginCaptureGroup: ", name_, " is already capturing"));
+  }
+  RETURN_IF_ERROR(origin->Activate("BeginCaptureGroup"));
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(origin->capture_event_, origin->stream_),
+                             "BeginCaptureGroup: fork event record"));
+  RETURN_IF_ERROR(Activate("BeginCaptureGroup"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamWaitEvent(stream_, origin->capture_event_, 0),
+                 absl::StrCat("BeginCaptureGroup: ", name_, " joins the capture of ", origin->name_)));
+  capturing_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::LeaveCapture(CudaDevice* origin) {
+  if (!capturing_) {
+    return absl::FailedPreconditionError(absl::StrCat("EndCaptureGroup: ", name_, " is not capturing"));
+  }
+  capturing_ = false;
+  RETURN_IF_ERROR(Activate("EndCaptureGroup"));
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(capture_event_, stream_), "EndCaptureGroup: join event record"));
+  RETURN_IF_ERROR(origin->Activate("EndCaptureGroup"));
+  return CudaStatus(cudaStreamWaitEvent(origin->stream_, capture_event_, 0),
+                    absl::StrCat("EndCaptureGroup: ", name_, " joins back into ", origin->name_));
+}
+
+namespace {
+
+absl::StatusOr<std::vector<CudaDevice*>> AsCudaDevices(const std::vector<Device*>& devices,
+                                                       absl::string_view op) {
+  std::vector<CudaDevice*> out;
+  for (Device* d : devices) {
+    auto* c = dynamic_cast<CudaDevice*>(d);
+    if (c == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(op, ": not every device is a CUDA device"));
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status BeginCaptureGroup(const std::vector<Device*>& devices) {
+  ASSIGN_OR_RETURN(std::vector<CudaDevice*> devs, AsCudaDevices(devices, "BeginCaptureGroup"));
+  RETURN_IF_ERROR(devs[0]->BeginCapture());
+  for (size_t i = 1; i < devs.size(); ++i) {
+    absl::Status s = devs[i]->JoinCapture(devs[0]);
+    if (!s.ok()) {
+      // Undo: the devices that joined leave, the origin ends (and drops) its capture.
+      for (size_t j = 1; j < i; ++j) (void)devs[j]->LeaveCapture(devs[0]);
+      (void)devs[0]->EndCapture();
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Graph>> EndCaptureGroup(const std::vector<Device*>& devices) {
+  ASSIGN_OR_RETURN(std::vector<CudaDevice*> devs, AsCudaDevices(devices, "EndCaptureGroup"));
+  absl::Status left = absl::OkStatus();
+  for (size_t i = 1; i < devs.size(); ++i) {
+    absl::Status s = devs[i]->LeaveCapture(devs[0]);
+    if (left.ok()) left = s;
+  }
+  absl::StatusOr<std::unique_ptr<Graph>> graph = devs[0]->EndCapture();
+  if (!left.ok()) return left;  // the graph (if any) is dropped: a stream was not joined back
+  return graph;
 }
 
 }  // namespace dtrain::kernels::cuda

@@ -242,5 +242,92 @@ TEST_F(CudaAsyncTest, CaptureRefusesSynchronizingCallsAndJoinsTheCopyStream) {
   gpu_->FreeHostPinned(host);
 }
 
+// The loss ring of device-resident training: a captured step writes its value into the slot its counter
+// names, so successive replays fill successive slots (as the CPU's eager op does).
+TEST_F(CudaAsyncTest, CapturedCopyToCounterSlotFillsSuccessiveSlots) {
+  Both value = Zeros(1), ring = Zeros(4);
+  auto cpu_step = cpu_->MakeCounter(2);
+  auto gpu_step = gpu_->MakeCounter(2);
+  ASSERT_TRUE(cpu_step.ok() && gpu_step.ok());
+  auto enqueue = [&](Device* d, DeviceCounter* step, bool g) -> absl::Status {
+    float* v = g ? value.gpu : value.cpu;
+    absl::Status s = d->Scale(2.0f, v, v, 1);
+    if (s.ok()) s = d->Axpy(1.0f, g ? ring.gpu : ring.cpu, v, 1);  // depends on the ring's slot 0
+    if (s.ok()) s = d->CopyToCounterSlot(v, g ? ring.gpu : ring.cpu, 4, *step);
+    if (s.ok()) s = step->Increment();
+    return s;
+  };
+  ASSERT_TRUE(cpu_->Fill(1.0f, value.cpu, 1).ok());
+  ASSERT_TRUE(gpu_->Fill(1.0f, value.gpu, 1).ok());
+  ASSERT_TRUE(gpu_->BeginCapture().ok());
+  ASSERT_TRUE(enqueue(gpu_.get(), gpu_step->get(), true).ok());
+  auto graph = gpu_->EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  for (int replay = 0; replay < 6; ++replay) {
+    ASSERT_TRUE((*graph)->Launch().ok());
+    ASSERT_TRUE(enqueue(cpu_.get(), cpu_step->get(), false).ok());
+  }
+  EXPECT_EQ(Gpu(ring), Cpu(ring));
+  EXPECT_EQ(Gpu(value), Cpu(value));
+  EXPECT_EQ(gpu_->CopyToCounterSlot(value.gpu, ring.gpu, 0, **gpu_step).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->CopyToCounterSlot(value.gpu, ring.gpu, 4, **cpu_step).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Two towers sharing gpu:0 (two Devices, two compute streams): an event of one orders the other's work, and a
+// group capture over both records both streams' work (forked and joined by events) into one graph whose
+// replays equal the CPU's eager runs.
+TEST_F(CudaAsyncTest, CrossDeviceEventsAndGroupCapture) {
+  auto second = CreateCudaDevice(DeviceSpec::Gpu(0));
+  ASSERT_TRUE(second.ok()) << second.status();
+  Device* g1 = second->get();
+  const int64_t n = 1 << 20;
+  auto a1 = g1->Alloc(n);
+  ASSERT_TRUE(a1.ok());
+  Both out = Zeros(n);
+  auto e1 = g1->MakeEvent();
+  ASSERT_TRUE(e1.ok());
+  // Eager: tower 1 fills, tower 0 waits for it and reads the buffer.
+  ASSERT_TRUE(g1->Fill(0.5f, *a1, n).ok());
+  ASSERT_TRUE(g1->RecordEvent(e1->get(), Queue::kCompute).ok());
+  ASSERT_TRUE(gpu_->WaitEvent(e1->get(), Queue::kCompute).ok());
+  ASSERT_TRUE(gpu_->Axpy(2.0f, *a1, out.gpu, n).ok());
+  EXPECT_EQ(Gpu(out), std::vector<float>(n, 1.0f));
+
+  auto c0 = gpu_->MakeCounter(0);
+  auto c1 = g1->MakeCounter(10);
+  ASSERT_TRUE(c0.ok() && c1.ok());
+  // One step over both: tower 1 doubles a1; tower 0, after it, adds a1 to out; both counters advance.
+  auto step = [&]() -> absl::Status {
+    absl::Status s = g1->Scale(2.0f, *a1, *a1, n);
+    if (s.ok()) s = g1->RecordEvent(e1->get(), Queue::kCompute);
+    if (s.ok()) s = gpu_->WaitEvent(e1->get(), Queue::kCompute);
+    if (s.ok()) s = gpu_->Axpy(1.0f, *a1, out.gpu, n);
+    if (s.ok()) s = (*c1)->Increment();
+    if (s.ok()) s = (*c0)->Increment();
+    return s;
+  };
+  ASSERT_TRUE(BeginCaptureGroup({gpu_.get(), g1}).ok());
+  EXPECT_EQ(g1->Synchronize().code(), absl::StatusCode::kFailedPrecondition) << "tower 1 is capturing too";
+  ASSERT_TRUE(step().ok());
+  auto graph = EndCaptureGroup({gpu_.get(), g1});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  for (int replay = 0; replay < 3; ++replay) ASSERT_TRUE((*graph)->Launch().ok());
+  // a1: 0.5 -> 1 -> 2 -> 4; out: 1 + 1 + 2 + 4. The graph ran tower 1's work too: wait for its end on tower
+  // 0.
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_EQ(Gpu(out), std::vector<float>(n, 8.0f));
+  auto r0 = (*c0)->Read();
+  auto r1 = (*c1)->Read();
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  EXPECT_EQ(*r0, 3);
+  EXPECT_EQ(*r1, 13);
+  EXPECT_TRUE(g1->Fill(0.0f, *a1, n).ok()) << "tower 1 left capture mode";
+  EXPECT_TRUE(g1->Synchronize().ok());
+  EXPECT_EQ(BeginCaptureGroup({gpu_.get(), cpu_.get()}).code(), absl::StatusCode::kInvalidArgument);
+  graph->reset();
+}
+
 }  // namespace
 }  // namespace dtrain::kernels::cuda

@@ -84,6 +84,8 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const DeviceSpec&
       cublasSetWorkspace(dev->cublas_, dev->cublas_workspace_.get(), dev->cublas_workspace_.bytes()),
       "cublasSetWorkspace"));
   ASSIGN_OR_RETURN(dev->l2_partials_, DeviceBuffer::AllocateFloats(kL2LossPartials, "L2Loss partial sums"));
+  RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&dev->capture_event_, cudaEventDisableTiming),
+                             "cudaEventCreate (capture fork/join event)"));
   return dev;
 }
 
@@ -102,6 +104,7 @@ CudaDevice::~CudaDevice() {
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   cublas_workspace_ = DeviceBuffer();
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
+  if (capture_event_ != nullptr) cudaEventDestroy(capture_event_);
   if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (error_host_ != nullptr) cudaFreeHost(error_host_);
@@ -322,6 +325,20 @@ absl::Status CudaDevice::DropoutBackward(const float* dy, const float* mask, flo
   RETURN_IF_ERROR(CheckCount(n, "DropoutBackward"));
   RETURN_IF_ERROR(Activate("DropoutBackward"));
   return CudaStatus(LaunchMultiply(dy, mask, dx, n, stream_), "DropoutBackward");
+}
+
+absl::Status CudaDevice::CopyToCounterSlot(const float* src, float* slots, int64_t num_slots,
+                                           const DeviceCounter& counter) {
+  if (num_slots < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyToCounterSlot: num_slots must be >= 1, got ", num_slots));
+  }
+  if (counter.device() != this) {
+    return absl::InvalidArgumentError("CopyToCounterSlot: the counter belongs to another device");
+  }
+  RETURN_IF_ERROR(Activate("CopyToCounterSlot"));
+  return CudaStatus(LaunchCopyToCounterSlot(src, slots, num_slots, counter.device_ptr(), stream_),
+                    "CopyToCounterSlot");
 }
 
 absl::Status CudaDevice::SoftmaxCrossEntropy(const float* logits, const float* labels, int batch, int classes,

@@ -4,6 +4,7 @@
 #define DTRAIN_KERNELS_CUDA_CUDA_DEVICE_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
@@ -14,6 +15,9 @@ namespace dtrain::kernels::cuda {
 int UsableDeviceCount();
 // FailedPrecondition "no CUDA device available: ..." when spec.gpu_index is not a usable device.
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceSpec& spec);
+// kernels::BeginCaptureGroup / EndCaptureGroup (device.h) for CUDA Devices (the caller has checked the list).
+absl::Status BeginCaptureGroup(const std::vector<Device*>& devices);
+absl::StatusOr<std::unique_ptr<Graph>> EndCaptureGroup(const std::vector<Device*>& devices);
 
 }  // namespace dtrain::kernels::cuda
 

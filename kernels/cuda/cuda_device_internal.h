@@ -109,6 +109,8 @@ class CudaDevice final : public Device {
                                     uint64_t seed, const DeviceCounter& device_counter,
                                     uint64_t counter_stride, uint64_t counter_offset) override;
   absl::Status DropoutBackward(const float* dy, const float* mask, float* dx, int64_t n) override;
+  absl::Status CopyToCounterSlot(const float* src, float* slots, int64_t num_slots,
+                                 const DeviceCounter& counter) override;
   absl::Status SoftmaxCrossEntropy(const float* logits, const float* labels, int batch, int classes,
                                    float* dlogits, float* loss) override;
   absl::Status L2Loss(const float* x, int64_t n, float* out) override;
@@ -134,6 +136,12 @@ class CudaDevice final : public Device {
   // Makes this device's GPU current on the calling thread; `op` names the caller in the error.
   absl::Status Activate(absl::string_view op) const;
 
+  // ---- capture over several devices (cuda_async.cc: BeginCaptureGroup / EndCaptureGroup) ----
+  // This device's compute stream joins the capture in progress on `origin` (waits on an event recorded there)
+  // and refuses host-synchronizing calls until LeaveCapture, which joins it back into `origin`'s stream.
+  absl::Status JoinCapture(CudaDevice* origin);
+  absl::Status LeaveCapture(CudaDevice* origin);
+
  private:
   explicit CudaDevice(const DeviceSpec& spec);
 
@@ -142,6 +150,9 @@ class CudaDevice final : public Device {
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;
   bool capturing_ = false;
+  // Recorded on stream_ to fork other devices' streams into a capture this device leads (or to join this
+  // stream back into the capture another device leads). Made in Create, so capturing never creates events.
+  cudaEvent_t capture_event_ = nullptr;
   DeviceErrorInfo* error_host_ = nullptr;  // host-mapped pinned memory, written by kernels
   DeviceErrorInfo* error_dev_ = nullptr;   // its device address
   DeviceBuffer cublas_workspace_;          // given to cuBLAS so that it never allocates (graph capture)

@@ -34,6 +34,9 @@ cudaError_t LaunchBiasAdd(float* y, const float* bias, int64_t rows, int channel
 cudaError_t LaunchAxpy(float a, const float* x, float* y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchScale(float a, const float* x, float* y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchFill(float value, float* x, int64_t n, cudaStream_t stream);
+// slots[*counter mod num_slots] = *src, as a one-thread kernel (the counter read when it runs; capturable).
+cudaError_t LaunchCopyToCounterSlot(const float* src, float* slots, int64_t num_slots, const int64_t* counter,
+                                    cudaStream_t stream);
 
 // ---- loss.cu ----
 // Errors found in device data by a kernel, written to host-mapped pinned memory (so the host reads them after

@@ -61,6 +61,13 @@ __global__ void FillKernel(float value, float* x, int64_t n) {
   DTRAIN_GRID_STRIDE_LOOP(i, n) { x[i] = value; }
 }
 
+__global__ void CopyToCounterSlotKernel(const float* src, float* slots, int64_t num_slots,
+                                        const int64_t* counter) {
+  int64_t k = *counter % num_slots;
+  if (k < 0) k += num_slots;
+  slots[k] = *src;
+}
+
 }  // namespace
 
 // ---- launchers ----
@@ -122,6 +129,12 @@ cudaError_t LaunchScale(float a, const float* x, float* y, int64_t n, cudaStream
 cudaError_t LaunchFill(float value, float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   FillKernel<<<BlocksFor(n), kThreads, 0, stream>>>(value, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCopyToCounterSlot(const float* src, float* slots, int64_t num_slots, const int64_t* counter,
+                                    cudaStream_t stream) {
+  CopyToCounterSlotKernel<<<1, 1, 0, stream>>>(src, slots, num_slots, counter);
   return cudaGetLastError();
 }
 

@@ -28,6 +28,7 @@ struct GpuGroup {
   std::vector<int> towers;      // indices into devices_
   cudaStream_t comm = nullptr;  // the averager's stream on this GPU
   cudaEvent_t done = nullptr;   // recorded on `comm` by Join
+  cudaEvent_t averaged = nullptr;  // recorded on `comm` by WaitForAverages
   ncclComm_t nccl = nullptr;    // only with several GPUs
 };
 
@@ -40,6 +41,7 @@ class NcclGradientAverager final : public GradientAverager {
   absl::Status Init();
   absl::Status AverageRange(const std::vector<float*>& buffers, int64_t offset, int64_t count) override;
   absl::Status Join() override;
+  absl::Status WaitForAverages(int tower, Queue q) override;
   int64_t size() const override { return n_; }
   int num_towers() const override { return static_cast<int>(devices_.size()); }
 
@@ -48,6 +50,7 @@ class NcclGradientAverager final : public GradientAverager {
   int64_t n_;
   AverageTarget target_;
   std::vector<GpuGroup> groups_;
+  std::vector<size_t> group_of_tower_;  // index into groups_
   std::vector<cudaEvent_t> ready_;  // per tower: recorded on its compute stream by AverageRange
   bool pending_ = false;            // averages enqueued since the last Join
 };
@@ -58,6 +61,7 @@ NcclGradientAverager::~NcclGradientAverager() {
     if (g.comm != nullptr) cudaStreamSynchronize(g.comm);
     if (g.nccl != nullptr) ncclCommDestroy(g.nccl);
     if (g.done != nullptr) cudaEventDestroy(g.done);
+    if (g.averaged != nullptr) cudaEventDestroy(g.averaged);
     if (g.comm != nullptr) cudaStreamDestroy(g.comm);
   }
   for (size_t i = 0; i < ready_.size(); ++i) {
@@ -72,8 +76,9 @@ absl::Status NcclGradientAverager::Init() {
   for (size_t i = 0; i < devices_.size(); ++i) {
     const int gpu = devices_[i]->gpu();
     auto [it, inserted] = group_of_gpu.emplace(gpu, groups_.size());
-    if (inserted) groups_.push_back(GpuGroup{gpu, {}, nullptr, nullptr, nullptr});
+    if (inserted) groups_.push_back(GpuGroup{gpu, {}, nullptr, nullptr, nullptr, nullptr});
     groups_[it->second].towers.push_back(static_cast<int>(i));
+    group_of_tower_.push_back(it->second);
   }
   ready_.assign(devices_.size(), nullptr);
   for (size_t i = 0; i < devices_.size(); ++i) {
@@ -87,6 +92,8 @@ absl::Status NcclGradientAverager::Init() {
     RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&g.comm, cudaStreamNonBlocking),
                                "CreateGradientAverager: cudaStreamCreate"));
     RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&g.done, cudaEventDisableTiming),
+                               "CreateGradientAverager: cudaEventCreate"));
+    RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&g.averaged, cudaEventDisableTiming),
                                "CreateGradientAverager: cudaEventCreate"));
   }
   if (groups_.size() > 1) {
@@ -171,6 +178,20 @@ absl::Status NcclGradientAverager::Join() {
   }
   pending_ = false;
   return absl::OkStatus();
+}
+
+absl::Status NcclGradientAverager::WaitForAverages(int tower, Queue q) {
+  if (tower < 0 || tower >= static_cast<int>(devices_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("GradientAverager::WaitForAverages: no tower ", tower));
+  }
+  if (devices_.size() == 1) return absl::OkStatus();  // AverageRange enqueues nothing for one tower
+  const GpuGroup& g = groups_[group_of_tower_[tower]];
+  RETURN_IF_ERROR(devices_[g.towers[0]]->Activate("GradientAverager::WaitForAverages"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaEventRecord(g.averaged, g.comm), "GradientAverager::WaitForAverages: event record"));
+  RETURN_IF_ERROR(devices_[tower]->Activate("GradientAverager::WaitForAverages"));
+  return CudaStatus(cudaStreamWaitEvent(devices_[tower]->queue(q), g.averaged, 0),
+                    "GradientAverager::WaitForAverages: event wait");
 }
 
 }  // namespace

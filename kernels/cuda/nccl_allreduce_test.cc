@@ -132,6 +132,34 @@ TEST(NcclGradientAveragerTest, FirstTowerTargetAveragesIntoTowerZero) {
   ExpectMean(t, {0}, n, "tower 0");
 }
 
+// The per-layer download of a GPU worker in a cluster: tower 0's copy queue waits for a range's average (not
+// for a Join, so the compute queues keep going) and copies the mean to pinned host memory.
+TEST(NcclGradientAveragerTest, CopyQueueWaitsForOneRangesAverage) {
+  if (UsableDeviceCount() == 0) GTEST_SKIP() << "no usable CUDA device";
+  const int64_t n = 100000, half = n / 2;
+  Towers t = MakeTowers({0, 0}, n);
+  ASSERT_EQ(t.devices.size(), 2u);
+  auto avg = CreateGradientAverager(t.devices, n, AverageTarget::kFirstTower);
+  ASSERT_TRUE(avg.ok()) << avg.status();
+  auto host = t.devices[0]->AllocHostPinned(half);
+  auto copied = t.devices[0]->MakeEvent();
+  ASSERT_TRUE(host.ok() && copied.ok());
+  ASSERT_TRUE((*avg)->AverageRange(t.buffers, half, n - half).ok());
+  ASSERT_TRUE((*avg)->WaitForAverages(0, Queue::kCopy).ok());
+  ASSERT_TRUE(t.devices[0]->CopyToHostAsync(t.buffers[0] + half, *host, n - half, Queue::kCopy).ok());
+  ASSERT_TRUE(t.devices[0]->RecordEvent(copied->get(), Queue::kCopy).ok());
+  ASSERT_TRUE(t.devices[0]->SynchronizeEvent(copied->get()).ok());
+  int bad = 0;
+  for (int64_t i = 0; i < n - half; ++i) {
+    const double want = (static_cast<double>(t.values[0][half + i]) + t.values[1][half + i]) / 2.0;
+    if (std::abs((*host)[i] - want) > 1e-5 + 1e-5 * std::abs(want)) ++bad;
+  }
+  EXPECT_EQ(bad, 0);
+  ASSERT_TRUE((*avg)->Join().ok());
+  EXPECT_EQ((*avg)->WaitForAverages(2, Queue::kCopy).code(), absl::StatusCode::kInvalidArgument);
+  t.devices[0]->FreeHostPinned(*host);
+}
+
 TEST(NcclGradientAveragerTest, MixedCpuAndGpuTowersAreInvalidArgument) {
   if (UsableDeviceCount() == 0) GTEST_SKIP() << "no usable CUDA device";
   auto gpu = CreateDevice(DeviceSpec::Gpu(0));

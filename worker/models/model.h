@@ -88,6 +88,20 @@ struct StepHooks {
   std::function<absl::Status(int64_t begin, int64_t end)> gradients_ready;
 };
 
+// Per-layer hooks of a step that is only enqueued on the device (Model::EnqueueGradients), all optional. They
+// run on the host while the step is being enqueued, before the device has run it; ranges as in StepHooks. An
+// error from a hook ends the enqueuing with that error (what was enqueued so far still runs).
+struct EnqueueHooks {
+  // Before a layer's forward is enqueued (e.g. wait for its parameters to reach the host, then enqueue their
+  // upload and make the compute queue wait for it).
+  std::function<absl::Status(int64_t begin, int64_t end)> before_forward;
+  // Once the loss (device_loss()) is enqueued, before the backward pass (e.g. enqueue its copy to the host).
+  std::function<absl::Status()> loss_enqueued;
+  // Once the final gradient of a layer's variables (weight decay included) is enqueued, last layer first
+  // (e.g. enqueue its average across towers or its copy to the host).
+  std::function<absl::Status(int64_t begin, int64_t end)> gradients_enqueued;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -108,6 +122,22 @@ class Model {
   virtual absl::StatusOr<float> ComputeGradients(const HostBatch& batch, int64_t step,
                                                  const StepHooks* hooks = nullptr) = 0;
   virtual float* device_gradients() = 0;  // flat gradient buffer on the device (num_parameters() floats)
+
+  // ---- Steps enqueued on the device with nothing copied or synchronized (GPU towers, worker/towers.h) ----
+  // The device buffers such a step reads and writes.
+  virtual float* device_parameters() = 0;        // num_parameters() floats (the params_buffer when given)
+  virtual float* device_images() = 0;            // batch_size * height * width * channels floats
+  virtual float* device_labels() = 0;            // batch_size floats (class indices)
+  virtual const float* device_loss() const = 0;  // one float: the total loss of the last step enqueued
+  // InvalidArgument unless `batch` fits a training step (geometry, exactly batch_size examples, labels that
+  // are class indices): the check ComputeGradients makes, for callers that stage batches themselves.
+  virtual absl::Status CheckTrainingBatch(const HostBatch& batch) const = 0;
+  // Enqueues forward (dropout on, its counter = *step * counter_stride + counter_offset, read when it runs) +
+  // loss + backward on the batch in device_images()/device_labels(), leaving the loss in device_loss() and
+  // the gradients in device_gradients(). Never allocates nor synchronizes with the host, so a CUDA graph can
+  // capture it (with hooks that do neither). The same values as ComputeGradients(batch, that counter).
+  virtual absl::Status EnqueueGradients(const kernels::DeviceCounter& step, uint64_t counter_stride,
+                                        uint64_t counter_offset, const EnqueueHooks* hooks = nullptr) = 0;
 
   // Inference (dropout off) on up to eval_batch_size examples; returns how many were classified correctly.
   virtual absl::StatusOr<int> CountCorrect(const HostBatch& batch) = 0;

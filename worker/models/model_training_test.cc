@@ -178,5 +178,81 @@ TEST(ModelTrainingTest, RejectsBadBatches) {
   EXPECT_EQ(*zero, 0);
 }
 
+// The device-side step (inputs already in device memory, dropout's counter read from a device counter, the
+// loss left on the device, hooks called as the step is enqueued) computes exactly what ComputeGradients
+// computes for the same counter, for every model with its dropout and weight decay.
+TEST(ModelTrainingTest, EnqueueGradientsEqualsComputeGradients) {
+  for (const char* name : {"mlp", "cnn", "cifar10"}) {
+    SCOPED_TRACE(name);
+    auto dev = testing::MakeCpuDevice();
+    ASSERT_NE(dev, nullptr);
+    ModelOptions o;
+    o.batch_size = 4;
+    if (std::string(name) == "cifar10") {
+      o.height = o.width = 24;
+      o.channels = 3;
+    }
+    auto a = CreateModel(name, o, dev.get());
+    auto b = CreateModel(name, o, dev.get());
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    const std::vector<float> params = InitialParameters((*a)->variables(), 3);
+    ASSERT_TRUE((*a)->SetParameters(params.data()).ok());
+    ASSERT_TRUE((*b)->SetParameters(params.data()).ok());
+    const int64_t n = (*a)->num_parameters();
+    const testing::OwnedBatch batch = testing::RandomBatch(o, 4, 11);
+    auto counter = dev->MakeCounter(5);
+    ASSERT_TRUE(counter.ok());
+    for (int step = 5; step < 7; ++step) {
+      auto want_loss = (*a)->ComputeGradients(batch.view(), step * 64 + 3);
+      ASSERT_TRUE(want_loss.ok()) << want_loss.status();
+      ASSERT_TRUE((*b)->CheckTrainingBatch(batch.view()).ok());
+      ASSERT_TRUE(dev->CopyToDevice(batch.images.data(), (*b)->device_images(), batch.images.size()).ok());
+      ASSERT_TRUE(dev->CopyToDevice(batch.labels.data(), (*b)->device_labels(), 4).ok());
+      std::vector<std::pair<int64_t, int64_t>> waited, ready;
+      int losses = 0;
+      EnqueueHooks hooks;
+      hooks.before_forward = [&](int64_t begin, int64_t end) {
+        waited.emplace_back(begin, end);
+        return absl::OkStatus();
+      };
+      hooks.loss_enqueued = [&] {
+        ++losses;
+        EXPECT_EQ(ready.size(), 0u) << "the loss comes before any gradient";
+        return absl::OkStatus();
+      };
+      hooks.gradients_enqueued = [&](int64_t begin, int64_t end) {
+        ready.emplace_back(begin, end);
+        return absl::OkStatus();
+      };
+      ASSERT_TRUE((*b)->EnqueueGradients(**counter, 64, 3, &hooks).ok());
+      ASSERT_TRUE((*counter)->Increment().ok());
+      float loss = 0;
+      ASSERT_TRUE(dev->CopyToHost((*b)->device_loss(), &loss, 1).ok());
+      EXPECT_EQ(loss, *want_loss) << "step " << step;
+      std::vector<float> ga(n), gb(n);
+      ASSERT_TRUE(dev->CopyToHost((*a)->device_gradients(), ga.data(), n).ok());
+      ASSERT_TRUE(dev->CopyToHost((*b)->device_gradients(), gb.data(), n).ok());
+      EXPECT_EQ(ga, gb) << "step " << step;
+      EXPECT_EQ(losses, 1);
+      ASSERT_FALSE(waited.empty());
+      EXPECT_EQ(waited.front().first, 0);
+      EXPECT_EQ(waited.back().second, n);
+      ASSERT_EQ(ready.size(), waited.size());
+      EXPECT_EQ(ready.front().second, n) << "last layer first";
+      EXPECT_EQ(ready.back().first, 0);
+    }
+    std::vector<float> p(n);
+    ASSERT_TRUE(dev->CopyToHost((*b)->device_parameters(), p.data(), n).ok());
+    EXPECT_EQ(p, params);
+    testing::OwnedBatch bad = batch;
+    bad.labels[2] = 10.0f;
+    EXPECT_EQ((*b)->CheckTrainingBatch(bad.view()).code(), absl::StatusCode::kInvalidArgument);
+    auto other = testing::MakeCpuDevice();
+    auto foreign = other->MakeCounter(0);
+    ASSERT_TRUE(foreign.ok());
+    EXPECT_EQ((*b)->EnqueueGradients(**foreign, 64, 0).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::models

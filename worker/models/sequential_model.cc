@@ -113,23 +113,56 @@ absl::Status SequentialModel::CheckBatch(const HostBatch& batch, int min_count, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<float> SequentialModel::ComputeGradients(const HostBatch& batch, int64_t step,
-                                                        const StepHooks* hooks) {
-  const int n = options_.batch_size, classes = options_.num_classes;
-  RETURN_IF_ERROR(CheckBatch(batch, n, n));
-  RETURN_IF_ERROR(device_->CopyToDevice(batch.images, train_->input(), n * example_size_));
-  RETURN_IF_ERROR(device_->CopyToDevice(batch.labels, labels_, n));
+absl::Status SequentialModel::CheckTrainingBatch(const HostBatch& batch) const {
+  return CheckBatch(batch, options_.batch_size, options_.batch_size);
+}
+
+absl::Status SequentialModel::EnqueueForwardAndLoss(int64_t step, const kernels::DeviceCounter* device_step,
+                                                    uint64_t stride, uint64_t offset,
+                                                    const RangeHook& before_forward) {
   Network::LayerHook before_layer = [&](int layer) {
     const auto [begin, end] = train_->variable_range(layer);
-    return hooks->before_forward(begin, end);
+    return before_forward(begin, end);
   };
-  const bool wait_per_layer = hooks != nullptr && hooks->before_forward;
-  RETURN_IF_ERROR(train_->Forward(/*training=*/true, options_.seed, step, wait_per_layer ? &before_layer : nullptr));
-  RETURN_IF_ERROR(device_->SoftmaxCrossEntropy(train_->output(), labels_, n, classes, dlogits_, loss_));
+  const Network::LayerHook* hook = before_forward ? &before_layer : nullptr;
+  if (device_step != nullptr) {
+    RETURN_IF_ERROR(
+        train_->ForwardDeviceCounter(/*training=*/true, options_.seed, *device_step, stride, offset, hook));
+  } else {
+    RETURN_IF_ERROR(train_->Forward(/*training=*/true, options_.seed, step, hook));
+  }
+  RETURN_IF_ERROR(device_->SoftmaxCrossEntropy(train_->output(), labels_, options_.batch_size,
+                                               options_.num_classes, dlogits_, loss_));
   for (const Decayed& d : decayed_) {
     RETURN_IF_ERROR(device_->L2Loss(params_ + d.offset, d.size, l2_scratch_));
     RETURN_IF_ERROR(device_->Axpy(d.weight_decay, l2_scratch_, loss_, 1));
   }
+  return absl::OkStatus();
+}
+
+absl::Status SequentialModel::EnqueueBackward(const RangeHook& grads_ready) {
+  // As soon as a layer's variable gradients are written: d(wd * l2_loss(w))/dw = wd * w is added to them (the
+  // backward pass overwrote the buffer), then they are final.
+  Network::LayerHook layer_ready = [&](int layer) -> absl::Status {
+    const auto [begin, end] = train_->variable_range(layer);
+    for (const Decayed& d : decayed_) {
+      if (d.offset >= begin && d.offset + d.size <= end) {
+        RETURN_IF_ERROR(device_->Axpy(d.weight_decay, params_ + d.offset, grads_ + d.offset, d.size));
+      }
+    }
+    return grads_ready ? grads_ready(begin, end) : absl::OkStatus();
+  };
+  return train_->Backward(dlogits_, &layer_ready);
+}
+
+absl::StatusOr<float> SequentialModel::ComputeGradients(const HostBatch& batch, int64_t step,
+                                                        const StepHooks* hooks) {
+  const int n = options_.batch_size;
+  RETURN_IF_ERROR(CheckBatch(batch, n, n));
+  RETURN_IF_ERROR(device_->CopyToDevice(batch.images, train_->input(), n * example_size_));
+  RETURN_IF_ERROR(device_->CopyToDevice(batch.labels, labels_, n));
+  RETURN_IF_ERROR(
+      EnqueueForwardAndLoss(step, nullptr, 0, 0, hooks != nullptr ? hooks->before_forward : nullptr));
   float loss = 0.0f;
   bool have_loss = false;
   if (hooks != nullptr && hooks->after_forward) {
@@ -137,21 +170,21 @@ absl::StatusOr<float> SequentialModel::ComputeGradients(const HostBatch& batch, 
     have_loss = true;
     RETURN_IF_ERROR(hooks->after_forward(loss));
   }
-  // As soon as a layer's variable gradients are written: d(wd * l2_loss(w))/dw = wd * w is added to them (the
-  // backward pass overwrote the buffer), then they are final.
-  Network::LayerHook grads_ready = [&](int layer) -> absl::Status {
-    const auto [begin, end] = train_->variable_range(layer);
-    for (const Decayed& d : decayed_) {
-      if (d.offset >= begin && d.offset + d.size <= end) {
-        RETURN_IF_ERROR(device_->Axpy(d.weight_decay, params_ + d.offset, grads_ + d.offset, d.size));
-      }
-    }
-    if (hooks != nullptr && hooks->gradients_ready) return hooks->gradients_ready(begin, end);
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(train_->Backward(dlogits_, &grads_ready));
+  RETURN_IF_ERROR(EnqueueBackward(hooks != nullptr ? hooks->gradients_ready : nullptr));
   if (!have_loss) RETURN_IF_ERROR(device_->CopyToHost(loss_, &loss, 1));
   return loss;
+}
+
+absl::Status SequentialModel::EnqueueGradients(const kernels::DeviceCounter& step, uint64_t counter_stride,
+                                               uint64_t counter_offset, const EnqueueHooks* hooks) {
+  if (step.device() != device_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": EnqueueGradients with another device's counter"));
+  }
+  RETURN_IF_ERROR(EnqueueForwardAndLoss(0, &step, counter_stride, counter_offset,
+                                        hooks != nullptr ? hooks->before_forward : nullptr));
+  if (hooks != nullptr && hooks->loss_enqueued) RETURN_IF_ERROR(hooks->loss_enqueued());
+  return EnqueueBackward(hooks != nullptr ? hooks->gradients_enqueued : nullptr);
 }
 
 absl::StatusOr<float> SequentialModel::TrainStep(const HostBatch& batch, int64_t step, float* host_grads) {

@@ -6,6 +6,7 @@
 #ifndef DTRAIN_WORKER_MODELS_SEQUENTIAL_MODEL_H_
 #define DTRAIN_WORKER_MODELS_SEQUENTIAL_MODEL_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,13 @@ class SequentialModel : public Model {
   absl::StatusOr<float> ComputeGradients(const HostBatch& batch, int64_t step,
                                          const StepHooks* hooks = nullptr) override;
   float* device_gradients() override { return grads_; }
+  float* device_parameters() override { return params_; }
+  float* device_images() override { return train_->input(); }
+  float* device_labels() override { return labels_; }
+  const float* device_loss() const override { return loss_; }
+  absl::Status CheckTrainingBatch(const HostBatch& batch) const override;
+  absl::Status EnqueueGradients(const kernels::DeviceCounter& step, uint64_t counter_stride,
+                                uint64_t counter_offset, const EnqueueHooks* hooks = nullptr) override;
   absl::StatusOr<int> CountCorrect(const HostBatch& batch) override;
   kernels::Device* device() override { return device_; }
 
@@ -41,6 +49,14 @@ class SequentialModel : public Model {
   SequentialModel(std::string name, const ModelOptions& options, kernels::Device* device);
   // Checks a batch's geometry against the model (and its count against `max_count`) and its labels.
   absl::Status CheckBatch(const HostBatch& batch, int min_count, int max_count) const;
+  // The two halves of a training step on the batch already in train_->input() / labels_, shared by
+  // ComputeGradients and EnqueueGradients: forward + loss (the loss, weight decay included, in loss_), with
+  // dropout's counter from `device_step` when given (then * stride + offset), else `step`; then backward,
+  // with weight decay added to each layer's gradient before `grads_ready` sees its range.
+  using RangeHook = std::function<absl::Status(int64_t begin, int64_t end)>;
+  absl::Status EnqueueForwardAndLoss(int64_t step, const kernels::DeviceCounter* device_step, uint64_t stride,
+                                     uint64_t offset, const RangeHook& before_forward);
+  absl::Status EnqueueBackward(const RangeHook& grads_ready);
 
   std::string name_;
   ModelOptions options_;

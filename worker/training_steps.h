@@ -1,0 +1,81 @@
+// The steps of a training run as the training loop (trainer.cc) and dtrain_bench drive them, whichever side
+// holds the training state:
+//   - the parameter servers (worker/step_runner.h): each step pushes gradients and pulls parameters, layer by
+//     layer, overlapped with compute; the in-process ps of local mode with CPU towers too;
+//   - the devices of a local run with GPU towers (worker/resident_steps.h): the optimizer runs on the devices
+//     and a step crosses to the host only for a checkpoint; the in-process ps keeps checkpoint policy and
+//     files.
+//
+//   ASSIGN_OR_RETURN(ps::PullResult at, steps->Start());
+//   while (at.step < end && !at.training_done) {
+//     RETURN_IF_ERROR(steps->Step(batches, at.step));
+//     ASSIGN_OR_RETURN(at, steps->NextStep());
+//     if (logging) ASSIGN_OR_RETURN(std::vector<float> losses, steps->TakeLosses());
+//   }
+//   ASSIGN_OR_RETURN(at, steps->Settle());
+//   RETURN_IF_ERROR(steps->LoadParameters(/*moving_averages=*/false));   // evaluate tower 0
+//
+// Thread-safety: one thread drives a TrainingSteps.
+#ifndef DTRAIN_WORKER_TRAINING_STEPS_H_
+#define DTRAIN_WORKER_TRAINING_STEPS_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ps/parameter_server.h"
+#include "ps/worker_client.h"
+#include "worker/models/model.h"
+#include "worker/towers.h"
+
+namespace dtrain::worker {
+
+class TrainingSteps {
+ public:
+  virtual ~TrainingSteps() = default;
+
+  // The step training starts from (blocking: the first pull, or the ps's state loaded onto the devices).
+  virtual absl::StatusOr<ps::PullResult> Start() = 0;
+  // Runs one step on `batches` (one per tower) with the parameters of `step`, the step Start / NextStep last
+  // returned. Device-resident steps only enqueue it on the devices.
+  virtual absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) = 0;
+  // The step of the next parameters, and whether training is over.
+  virtual absl::StatusOr<ps::PullResult> NextStep() = 0;
+  // The losses of the steps run since the last call, in order. Device-resident steps read them back from the
+  // devices here (one host synchronization): call it at logging steps. A loss that is not finite is
+  // InternalError "loss is X at step N: training diverged ..." (steps that push report it from Step, before
+  // anything of the step is sent; device-resident steps here, when the update of that step has been applied).
+  virtual absl::StatusOr<std::vector<float>> TakeLosses() = 0;
+  // Waits until every step so far is complete and its parameters are in place; returns the current step.
+  virtual absl::StatusOr<ps::PullResult> Settle() = 0;
+  // After Settle (the chief, at the end): the newest parameters, which other workers may have moved since
+  // the last pull; returns their step.
+  virtual absl::StatusOr<ps::PullResult> PullNewest() = 0;
+  // After Settle: tower 0 computes with the current parameters, or with their moving averages (for
+  // evaluation; FailedPrecondition when none are kept).
+  virtual absl::Status LoadParameters(bool moving_averages) = 0;
+  // After Settle: the current parameters (flat) on the host.
+  virtual absl::StatusOr<std::vector<float>> Parameters() = 0;
+  // After the last step, before the worker reports done: hands the final state to whoever saves it (the
+  // device-resident steps: to the in-process ps, whose final checkpoint then holds it).
+  virtual absl::Status Finish() = 0;
+};
+
+struct TrainingStepsOptions {
+  bool sync = true;  // the cluster's mode (local mode is sync)
+  // Local mode with device-owned towers (made with TowersOptions::replicated): the in-process ps the client
+  // is connected to. Non-null selects the device-resident steps; null the steps that push and pull.
+  ps::ParameterServer* local_ps = nullptr;
+  ps::TrainConfig config;   // the registered config (the device optimizer's hyperparameters)
+  bool cuda_graphs = true;  // device-resident steps on GPUs: capture the step as a CUDA graph
+};
+
+// The steps for `towers` (both must outlive them): ResidentSteps with options.local_ps, else a StepRunner.
+absl::StatusOr<std::unique_ptr<TrainingSteps>> MakeTrainingSteps(Towers* towers, ps::WorkerClient* client,
+                                                                 const TrainingStepsOptions& options);
+
+}  // namespace dtrain::worker
+
+#endif  // DTRAIN_WORKER_TRAINING_STEPS_H_
