@@ -4,6 +4,11 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 export DTRAIN_BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
+# Exit 77 (ctest: Skipped, SKIP_RETURN_CODE) with the reason when what the test needs is not installed.
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  echo "SKIP: dataset-fashion-mnist is not installed (scripts/install_deps.sh)"; exit 77
+fi
+if ! command -v python3 >/dev/null; then echo "SKIP: python3 (scripts/free_ports.py) is not installed"; exit 77; fi
 dir="$(mktemp -d /tmp/dtrain_launch_test.XXXXXX)"
 trap 'rm -rf "$dir"' EXIT
 IFS=, read -r p0 p1 p2 <<<"$(python3 "$ROOT/scripts/free_ports.py" 3)"
