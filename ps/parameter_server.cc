@@ -15,7 +15,7 @@
 //   failed with an error, so a retry after e.g. Unavailable is handled afresh).
 // - Checkpoints: whatever advances the step (Push, Pull applying decisions, Done deciding a step) copies the
 //   state into pending_saves_ under the lock at the exact step due; the same RPC thread writes the files
-//   after releasing the lock (under save_mu_, which also orders the pruning), before it returns. Restore
+//   after releasing the lock (through writer_, which serializes writes and pruning), before it returns. Restore
 //   reads the file under the lock inside Register: nothing else can proceed before the values exist anyway.
 #include "ps/parameter_server.h"
 
@@ -32,7 +32,8 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
-#include "ps/checkpoint.h"
+#include "ps/checkpoint_dir.h"
+#include "ps/checkpoint_writer.h"
 #include "ps/optimizer.h"
 #include "ps/recent_request_ids.h"
 #include "ps/slice_store.h"
@@ -75,8 +76,11 @@ class ParameterServer::Impl {
     CHECK_GE(options_.num_ps, 1);
     CHECK_LT(options_.task_index, options_.num_ps);
     CHECK_GE(options_.num_workers, 1);
-    CHECK_GE(options_.save_checkpoint_steps, 0);
-    CHECK_GE(options_.save_checkpoint_secs, 0);
+    const absl::Status checkpoint_options = ValidateCheckpointOptions(options_.checkpoint);
+    CHECK(checkpoint_options.ok()) << checkpoint_options;
+    if (checkpointing()) {
+      writer_ = std::make_unique<CheckpointWriter>(options_.checkpoint, options_.task_index, options_.num_ps);
+    }
     for (int w = 0; w < options_.num_workers; ++w) workers_[w].stats.worker_id = w;
   }
 
@@ -95,8 +99,8 @@ class ParameterServer::Impl {
       store.set_apply_threads(options_.apply_threads);
       // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
       ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
-                       FindCheckpointToRestore(options_.checkpoint_dir, request.config, options_.task_index,
-                                               options_.num_ps, request.restore_step));
+                       FindCheckpointToRestore(options_.checkpoint.env, options_.checkpoint.dir, request.config,
+                                               options_.task_index, options_.num_ps, request.restore_step));
       if (restored.has_value()) {
         absl::Status s = store.ImportState(restored->data.slices);
         if (!s.ok()) {
@@ -106,6 +110,7 @@ class ParameterServer::Impl {
         step_ = restored->data.task_step;
         step_hint_ = restored->data.global_step;
         last_save_label_ = restored->data.global_step;
+        written_label_ = restored->data.global_step;
         first_logged_step_ = step_;
         initialized_ = true;
         LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
@@ -165,7 +170,8 @@ class ParameterServer::Impl {
       response = PushLocked(request);
       saves.swap(pending_saves_);
     }
-    WriteCheckpoints(std::move(saves));
+    // A periodic save that failed was logged by the writer; training goes on with the previous checkpoint.
+    WriteCheckpoints(std::move(saves)).IgnoreError();
     return response;
   }
 
@@ -178,7 +184,8 @@ class ParameterServer::Impl {
       response = PullLocked(request, deadline);
       saves.swap(pending_saves_);
     }
-    WriteCheckpoints(std::move(saves));
+    // A periodic save that failed was logged by the writer; training goes on with the previous checkpoint.
+    WriteCheckpoints(std::move(saves)).IgnoreError();
     return response;
   }
 
@@ -191,10 +198,12 @@ class ParameterServer::Impl {
       status = DoneLocked(worker_id, &finish_after_write);
       saves.swap(pending_saves_);
     }
-    WriteCheckpoints(std::move(saves));
+    const absl::Status saved = WriteCheckpoints(std::move(saves));
     if (finish_after_write) {
-      // Only now: a finished server may exit, and the final checkpoint must be on disk by then.
+      // Only now: a finished server may exit, and the final checkpoint must be on disk by then (or its failure
+      // known, for the exit code).
       absl::MutexLock lock(&mu_);
+      final_checkpoint_status_ = saved;
       finished_ = true;
       cv_.SignalAll();
     }
@@ -339,8 +348,9 @@ class ParameterServer::Impl {
       if (checkpointing() && configured_ && initialized_) {
         final_save_started_ = true;
         *finish_after_write = true;
+        // Saved again unless this step is known to be on disk already (its save may have failed, or still run).
         const int64_t label = CheckpointLabel();
-        if (label != last_save_label_) SnapshotLocked(label);
+        if (label != written_label_) SnapshotLocked(label);
       } else {
         finished_ = true;
       }
@@ -382,9 +392,14 @@ class ParameterServer::Impl {
     return step_;
   }
 
+  absl::Status final_checkpoint_status() const {
+    absl::MutexLock lock(&mu_);
+    return final_checkpoint_status_;
+  }
+
  private:
   bool coordinator() const { return options_.task_index == 0; }
-  bool checkpointing() const { return !options_.checkpoint_dir.empty(); }
+  bool checkpointing() const { return options_.checkpoint.enabled(); }
 
   // The step a checkpoint taken now belongs to: the task's step, except on a non-zero task in async mode,
   // whose own step counts its updates: there, the newest global step seen in pushes.
@@ -393,13 +408,13 @@ class ParameterServer::Impl {
   }
 
   // Whether ps 0 (or, in async mode, any task) saves at `label` by its own schedule; if so, the label to
-  // save under (a crossed multiple of save_checkpoint_steps, or `label` itself for a time-based save).
+  // save under (a crossed multiple of checkpoint.save_steps, or `label` itself for a time-based save).
   std::optional<int64_t> SaveDue(int64_t label) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!checkpointing() || label <= last_save_label_) return std::nullopt;
-    const int64_t every = options_.save_checkpoint_steps;
+    const int64_t every = options_.checkpoint.save_steps;
     if (every > 0 && label / every > last_save_label_ / every) return label / every * every;
-    if (options_.save_checkpoint_secs > 0 &&
-        absl::Now() - last_save_time_ >= absl::Seconds(options_.save_checkpoint_secs)) {
+    if (options_.checkpoint.save_secs > 0 &&
+        absl::Now() - last_save_time_ >= absl::Seconds(options_.checkpoint.save_secs)) {
       return label;
     }
     return std::nullopt;
@@ -425,26 +440,19 @@ class ParameterServer::Impl {
     last_save_time_ = absl::Now();
   }
 
-  // Writes checkpoints taken under the lock, then deletes the oldest beyond keep_checkpoints. A failed write
-  // is logged, not returned: training goes on (the next save may succeed).
-  void WriteCheckpoints(std::vector<CheckpointData> saves) ABSL_LOCKS_EXCLUDED(mu_) {
-    if (saves.empty()) return;
-    absl::MutexLock lock(&save_mu_);
+  // Writes checkpoints taken under the lock (CheckpointWriter: retried, then logged; it prunes the oldest
+  // beyond checkpoint.keep). Returns the status of the newest one: the caller decides whether it matters (the
+  // final save).
+  absl::Status WriteCheckpoints(std::vector<CheckpointData> saves) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::Status newest;
     for (const CheckpointData& d : saves) {
-      const std::string path =
-          CheckpointPath(options_.checkpoint_dir, d.global_step, options_.task_index, options_.num_ps);
-      const absl::Time start = absl::Now();
-      absl::Status s = WriteCheckpoint(path, d);
-      if (!s.ok()) {
-        LOG(ERROR) << "ps task " << options_.task_index << ": cannot save checkpoint " << path << ": " << s;
-        continue;
+      newest = writer_->Save(d);
+      if (newest.ok()) {
+        absl::MutexLock lock(&mu_);
+        written_label_ = std::max(written_label_, d.global_step);
       }
-      LOG(INFO) << "ps task " << options_.task_index << ": saved checkpoint " << path << " in "
-                << absl::FormatDuration(absl::Now() - start);
     }
-    absl::Status s = PruneCheckpoints(options_.checkpoint_dir, options_.task_index, options_.num_ps,
-                                      options_.keep_checkpoints);
-    if (!s.ok()) LOG(WARNING) << "ps task " << options_.task_index << ": pruning old checkpoints: " << s;
+    return newest;
   }
 
   absl::Status CheckWorker(int worker_id) const {
@@ -687,10 +695,12 @@ class ParameterServer::Impl {
   // Checkpoints.
   int64_t step_hint_ ABSL_GUARDED_BY(mu_) = 0;        // async, tasks > 0: newest global step seen in pushes
   int64_t last_save_label_ ABSL_GUARDED_BY(mu_) = 0;  // step of the newest checkpoint taken (or restored)
+  int64_t written_label_ ABSL_GUARDED_BY(mu_) = 0;    // step of the newest checkpoint written (or restored)
   absl::Time last_save_time_ ABSL_GUARDED_BY(mu_);
   std::vector<CheckpointData> pending_saves_ ABSL_GUARDED_BY(mu_);  // taken, not yet written
   bool final_save_started_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Mutex save_mu_;  // never held with mu_; serializes writing and pruning checkpoint files
+  absl::Status final_checkpoint_status_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<CheckpointWriter> writer_;  // set once in the constructor when checkpointing; thread-safe
 
   std::vector<int> slice_index_ ABSL_GUARDED_BY(mu_);  // Push: slice index of each gradient in the request
   std::vector<const float*> grad_ptrs_ ABSL_GUARDED_BY(mu_);  // Push: where each of those gradients is
@@ -712,5 +722,6 @@ absl::StatusOr<TrainingStats> ParameterServer::GetStats() { return impl_->GetSta
 bool ParameterServer::finished() const { return impl_->finished(); }
 bool ParameterServer::WaitUntilFinished(absl::Duration timeout) { return impl_->WaitUntilFinished(timeout); }
 int64_t ParameterServer::step() const { return impl_->step(); }
+absl::Status ParameterServer::final_checkpoint_status() const { return impl_->final_checkpoint_status(); }
 
 }  // namespace dtrain::ps

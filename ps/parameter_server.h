@@ -13,7 +13,7 @@
 //   InvalidArgument     malformed request (unknown key, wrong length, bad worker id)
 //   FailedPrecondition  config mismatch with the chief's (the message names the differing field), push for a
 //                       future step, decisions missing for a step this shard needs, non-chief Initialize,
-//                       a checkpoint in checkpoint_dir that does not fit the chief's config, a Pull of moving
+//                       a checkpoint in checkpoint.dir that does not fit the chief's config, a Pull of moving
 //                       averages that are not kept
 //   DataLoss            (Register, sync) the checkpoint of the step ps task 0 restored is corrupt on this task
 //   Unavailable         not configured / not initialized yet (the caller retries with backoff)
@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ps/checkpoint_options.h"
 #include "ps/ps_types.h"
 
 namespace dtrain::ps {
@@ -46,22 +47,23 @@ class PsInterface {
   virtual absl::StatusOr<TrainingStats> GetStats() = 0;
 };
 
-// Checkpoints (ps/checkpoint.h has the file format and names). With checkpoint_dir set, each task writes
-// <checkpoint_dir>/model.ckpt-<step>.ps<task>-of-<num_ps>:
-// - Sync mode: ps 0 saves when the global step reaches a multiple of save_checkpoint_steps, or when
-//   save_checkpoint_secs have passed since its last save, and marks that step's decision (StepDecision::
+// Checkpoints (ps/checkpoint_format.h has the file format, ps/checkpoint_dir.h the names and the restore
+// policy). With checkpoint.dir set, each task writes <checkpoint.dir>/model.ckpt-<step>.ps<task>-of-<num_ps>:
+// - Sync mode: ps 0 saves when the global step reaches a multiple of checkpoint.save_steps, or when
+//   checkpoint.save_secs have passed since its last save, and marks that step's decision (StepDecision::
 //   checkpoint); every other task saves when it applies a marked decision. So all tasks save the same steps
 //   (their own save_* options are not used) and the files of one step form a consistent checkpoint.
 // - Async mode: ps 0 saves by global step / time as above. Each other task saves on its own schedule: when its
 //   estimate of the global step (the newest step seen in pushes, + 1) crosses a multiple of
-//   save_checkpoint_steps (saved under that multiple), or by time (saved under the estimate). The tasks'
+//   checkpoint.save_steps (saved under that multiple), or by time (saved under the estimate). The tasks'
 //   files of one step are therefore taken at slightly different moments: consistency across tasks is best
 //   effort in async mode, as with TensorFlow's Saver on asynchronous training.
 // - When every worker has reported Done, each task saves a final checkpoint (unless it just saved that step);
-//   finished() turns true only after it is on disk.
-// - State is copied under the lock; the file is written outside it by the calling RPC thread (atomically:
-//   temporary file, fsync, rename), then all but the newest keep_checkpoints files of this task are deleted.
-//   A failed write is logged (LOG(ERROR)), training goes on.
+//   finished() turns true only after it was written, or failed: final_checkpoint_status() says which.
+// - State is copied under the lock; the file is written outside it by the calling RPC thread through a
+//   CheckpointWriter (ps/checkpoint_writer.h: atomically, retried checkpoint.max_attempts times with backoff),
+//   then all but the newest checkpoint.keep files of this task are deleted. A periodic save that still fails
+//   is logged (LOG(ERROR)) and training goes on; the previous checkpoint stays intact.
 // - Restore: when the chief registers and the task holds no values, it restores the checkpoint chosen by
 //   RegisterRequest::restore_step (see FindCheckpointToRestore) before answering, so Register returns
 //   initialized=true with the restored step, and the chief skips Initialize. A corrupt newest file is skipped
@@ -74,10 +76,7 @@ struct ParameterServerOptions {
   // CPU threads (OpenMP) for applying the update to large slices. dtrain_ps keeps 1 (its host's cores belong to
   // the workers); an in-process ps in local mode uses the worker's --threads.
   int apply_threads = 1;
-  std::string checkpoint_dir;         // empty = no checkpoints (neither saved nor restored)
-  int64_t save_checkpoint_steps = 0;  // >= 0; 0 = no step-based saves
-  double save_checkpoint_secs = 0;    // >= 0; 0 = no time-based saves
-  int keep_checkpoints = 5;           // files of this task kept; <= 0 keeps all
+  CheckpointOptions checkpoint;  // dir empty = no checkpoints (neither saved nor restored)
   // Test hook: called on the coordinator each time a step is applied (step, contributing workers).
   std::function<void(const StepDecision&)> on_step_applied;
 };
@@ -100,6 +99,11 @@ class ParameterServer : public PsInterface {
   bool WaitUntilFinished(absl::Duration timeout);
 
   int64_t step() const;  // this task's applied step (global step on task 0)
+
+  // OK, or why the final checkpoint (saved when every worker was done) could not be written even after its
+  // retries. Meaningful once finished(); a binary exits non-zero when it is not OK, since the end of training
+  // is then not on disk.
+  absl::Status final_checkpoint_status() const;
 
  private:
   class Impl;

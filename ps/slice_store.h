@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "ps/checkpoint.h"
+#include "ps/checkpoint_format.h"
 #include "ps/optimizer.h"
 #include "ps/ps_types.h"
 

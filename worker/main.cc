@@ -105,10 +105,10 @@ int main(int argc, char** argv) {
   o.logdir = absl::GetFlag(FLAGS_logdir);
   o.startup_wait_secs = absl::GetFlag(FLAGS_startup_wait_secs);
   o.step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
-  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  o.save_checkpoint_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
-  o.save_checkpoint_secs = absl::GetFlag(FLAGS_save_checkpoint_secs);
-  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  o.checkpoint.dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint.save_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
+  o.checkpoint.save_secs = absl::GetFlag(FLAGS_save_checkpoint_secs);
+  o.checkpoint.keep = absl::GetFlag(FLAGS_keep_checkpoints);
   o.worker_id = cluster->is_local() ? 0 : cluster->task_index;
   o.num_workers = cluster->is_local() ? 1 : cluster->num_workers();
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();

@@ -156,10 +156,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   if (local) {
     ps::ParameterServerOptions po;
     po.num_workers = 1;
-    po.checkpoint_dir = o.checkpoint_dir;
-    po.save_checkpoint_steps = o.save_checkpoint_steps;
-    po.save_checkpoint_secs = o.save_checkpoint_secs;
-    po.keep_checkpoints = o.keep_checkpoints;
+    po.checkpoint = o.checkpoint;
     po.apply_threads = o.threads;
     local_ps = std::make_unique<ps::ParameterServer>(po);
     task_ptrs = {local_ps.get()};
