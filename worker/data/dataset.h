@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace dtrain::data {
 
@@ -52,6 +53,15 @@ absl::StatusOr<Dataset> ReadMnistIdx(const std::string& images_path, const std::
 absl::StatusOr<Dataset> ReadCifar10Bin(const std::vector<std::string>& paths);
 absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path);
 absl::Status WriteTfRecordExamples(const Dataset& data, const std::string& path);
+
+// The same readers over bytes in memory (what the files hold; the fuzzers use them): the same checks and
+// errors, with `name` where the file readers put the path. ParseMnistIdx takes raw or gzip bytes, like the
+// files; ParseCifar10Bin one batch file.
+absl::StatusOr<Dataset> ParseMnistIdx(absl::string_view images, absl::string_view labels,
+                                      const std::string& images_name = "images",
+                                      const std::string& labels_name = "labels");
+absl::StatusOr<Dataset> ParseCifar10Bin(absl::string_view bytes, const std::string& name = "cifar10");
+absl::StatusOr<Dataset> ParseTfRecordExamples(absl::string_view bytes, const std::string& name = "tfrecord");
 
 // The pipeline's preprocessing of one image into floats.
 enum class Preprocess {

@@ -35,11 +35,8 @@ absl::Status ExampleGeometry(const ImageExample& e, int* h, int* w, int* c) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path) {
-  TfRecordReader reader;
-  RETURN_IF_ERROR(reader.Open(path));
+// Every record of `reader` as an image example; `path` names the file in errors.
+absl::StatusOr<Dataset> ReadExamples(TfRecordReader& reader, const std::string& path) {
   Dataset d;
   d.num_classes = 10;
   std::string record;
@@ -78,6 +75,20 @@ absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path) {
   LOG(INFO) << "Read " << d.count() << " " << d.height << "x" << d.width << "x" << d.channels
             << " examples from " << path;
   return d;
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path) {
+  TfRecordReader reader;
+  RETURN_IF_ERROR(reader.Open(path));
+  return ReadExamples(reader, path);
+}
+
+absl::StatusOr<Dataset> ParseTfRecordExamples(absl::string_view bytes, const std::string& name) {
+  TfRecordReader reader;
+  reader.OpenBytes(bytes, name);
+  return ReadExamples(reader, name);
 }
 
 absl::Status WriteTfRecordExamples(const Dataset& data, const std::string& path) {

@@ -1,6 +1,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/data/data_test_util.h"
@@ -144,6 +145,25 @@ TEST_F(TfRecordTest, GarbagePayloadAndEmptyFile) {
 
   WriteFile(path_, "");
   EXPECT_EQ(ReadTfRecordExamples(path_).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(TfRecordTest, ParsesBytesInMemoryLikeTheFile) {
+  const Dataset d = MakeDataset(7, 5, 4, 3, /*seed=*/2);
+  ASSERT_TRUE(WriteTfRecordExamples(d, path_).ok());
+  std::string bytes = ReadFile(path_);
+  absl::StatusOr<Dataset> got = ParseTfRecordExamples(bytes, "mem");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->labels, d.labels);
+  EXPECT_EQ(got->pixels, d.pixels);
+  EXPECT_EQ(got->channels, 3);
+  bytes.resize(bytes.size() - 3);
+  absl::Status s = ParseTfRecordExamples(bytes, "mem").status();
+  WriteFile(path_, bytes);
+  const absl::Status from_file = ReadTfRecordExamples(path_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.code(), from_file.code());
+  EXPECT_EQ(s.message(), absl::StrReplaceAll(from_file.message(), {{path_, "mem"}}));
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("mem: corrupt record at byte offset"), HasSubstr("truncated record")));
 }
 
 }  // namespace
