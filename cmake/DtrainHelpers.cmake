@@ -45,6 +45,11 @@ function(dtrain_cc_test)
   list(APPEND A_SKIPPABLE ${declared})
   add_executable(${A_NAME} ${A_SRCS})
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gtest dtrain_gtest_main)
+  # Unit tests (everything but the multi-process tests labelled "integration") make up dtrain_unit_tests,
+  # what the sanitizer build compiles.
+  if(NOT "integration" IN_LIST A_LABELS)
+    add_dependencies(dtrain_unit_tests ${A_NAME})
+  endif()
   target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)

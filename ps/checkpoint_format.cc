@@ -88,7 +88,11 @@ class Reader {
     return s;
   }
   absl::Status Floats(int64_t n, std::vector<float>* out, absl::string_view what) {
-    RETURN_IF_ERROR(Need(static_cast<size_t>(n) * sizeof(float), what));
+    // Compared by division: n * 4 could wrap around for a hostile n.
+    if (n < 0 || static_cast<uint64_t>(n) > (bytes_.size() - pos_) / sizeof(float)) {
+      return DataLoss(absl::StrCat("truncated at byte ", bytes_.size(), " while reading ", what, " (", n,
+                                   " floats at offset ", pos_, ")"));
+    }
     out->resize(n);
     std::memcpy(out->data(), bytes_.data() + pos_, n * sizeof(float));
     pos_ += n * sizeof(float);
@@ -241,8 +245,12 @@ absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const st
     s.spec.flat_offset = static_cast<int64_t>(offset);
     s.spec.length = static_cast<int64_t>(length);
     const uint64_t arrays = 1 + num_slots + (d.has_moving_averages ? 1 : 0);
+    // The length must fill the rest of the section exactly. Checked by division first: a hostile length times
+    // 4 * arrays could wrap around to the section's size.
+    const uint64_t left = r.pos() <= end ? end - r.pos() : 0;
     if (s.spec.flat_offset < 0 || s.spec.length <= 0 || r.pos() > end ||
-        static_cast<uint64_t>(s.spec.length) * sizeof(float) * arrays != end - r.pos()) {
+        static_cast<uint64_t>(s.spec.length) > left / (sizeof(float) * arrays) ||
+        static_cast<uint64_t>(s.spec.length) * sizeof(float) * arrays != left) {
       return r.DataLoss(absl::StrCat(section, " (", DescribeSlice(s.spec), ") has a length that does not match "
                                      "its section"));
     }

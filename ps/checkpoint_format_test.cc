@@ -15,6 +15,7 @@ namespace dtrain::ps {
 namespace {
 
 using ::dtrain::ps::testing::ExpectSame;
+using ::dtrain::ps::testing::FixChecksums;
 using ::dtrain::ps::testing::LogCapture;
 using ::dtrain::ps::testing::MakeData;
 using ::dtrain::ps::testing::ScratchDir;
@@ -90,6 +91,28 @@ TEST(CheckpointFormatTest, MessagesNameTheDamagedPart) {
   r = ParseCheckpoint(bytes + "extra", "x.ckpt");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(r.status().message(), "unexpected bytes after the trailer")) << r.status();
+}
+
+// Found by checkpoint_fuzzer: a slice length whose byte size (length * 4 * arrays) wraps around 2^64 to the
+// section's size passed the check, and the reader then tried to allocate 2^62 floats (std::length_error, an
+// abort). With valid CRCs (a hostile file) it is now refused like any other bad length.
+TEST(CheckpointFormatTest, SliceLengthThatWrapsAroundIsDataLoss) {
+  CheckpointData d = MakeData(1, 0, false);
+  d.slices[0].spec.length = 4;  // 16 bytes of values; 2^62 + 4 floats are 2^64 + 16 bytes
+  d.slices[0].values.resize(4);
+  std::string bytes = SerializeCheckpoint(d);
+  const size_t length_at = bytes.find(d.slices[0].spec.variable) + d.slices[0].spec.variable.size() + 8;
+  ASSERT_EQ(bytes[length_at], 4);
+  bytes[length_at + 7] = 0x40;  // the length's top byte: 2^62 + 4
+  FixChecksums(&bytes);
+  absl::StatusOr<CheckpointData> r = ParseCheckpoint(bytes, "hostile");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "has a length that does not match its section")) << r.status();
+  // The same edit without the wrap-around is caught the same way; the helper itself leaves a good file good.
+  std::string good = SerializeCheckpoint(d);
+  FixChecksums(&good);
+  EXPECT_TRUE(ParseCheckpoint(good, "good").ok());
 }
 
 }  // namespace

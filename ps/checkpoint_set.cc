@@ -106,7 +106,9 @@ absl::StatusOr<std::vector<float>> AssembleFlatBuffer(const std::vector<Checkpoi
                        ") keeps no moving averages: trained with --moving_average_decay=0?"));
     }
     for (const SliceState& s : d.slices) {
-      if (s.spec.flat_offset + s.spec.length > total_floats) {
+      // Compared without the sum, which a hostile offset near INT64_MAX would overflow.
+      if (s.spec.flat_offset < 0 || s.spec.length < 0 || s.spec.length > total_floats ||
+          s.spec.flat_offset > total_floats - s.spec.length) {
         return absl::FailedPreconditionError(absl::StrCat("slice ", DescribeSlice(s.spec), " of ps task ",
                                                           d.task_index, " lies beyond the model's ",
                                                           total_floats, " parameters"));

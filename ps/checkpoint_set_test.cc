@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,18 @@ TEST(CheckpointSetTest, ReadsAPrefixOrTheNewestCompleteStepOfADirectory) {
   EXPECT_EQ(AssembleFlatBuffer(*parts, 9, false).status().code(), absl::StatusCode::kFailedPrecondition);
   std::vector<CheckpointData> twice = {(*parts)[0], (*parts)[1], (*parts)[1]};
   EXPECT_TRUE(absl::StrContains(AssembleFlatBuffer(twice, 10, false).status().message(), "overlaps"));
+}
+
+// A slice whose flat offset lies near INT64_MAX: offset + length overflowed in the range check (undefined
+// behaviour); it is reported as beyond the model instead.
+TEST(CheckpointSetTest, SliceOffsetNearTheInt64LimitIsBeyondTheModel) {
+  CheckpointData d = MakeData(1, 0, false);
+  d.slices[0].spec.flat_offset = std::numeric_limits<int64_t>::max() - 2;
+  absl::StatusOr<CheckpointData> parsed = ParseCheckpoint(SerializeCheckpoint(d), "f");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const absl::Status s = AssembleFlatBuffer({*parsed}, 16, false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "lies beyond the model's 16 parameters")) << s;
 }
 
 }  // namespace

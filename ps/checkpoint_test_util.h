@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "common/crc32c.h"
 #include "common/env.h"
 #include "gtest/gtest.h"
 #include "ps/checkpoint_format.h"
@@ -69,7 +70,8 @@ class LogCapture : public google::LogSink {
 // -0.0, a denormal and a NaN), `num_slots` optimizer slots and moving averages when `averages`.
 // Bitwise equality, so -0.0, NaN payloads and denormals count.
 inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // memcmp of an empty vector's data() (maybe null) would be undefined even with length 0.
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 inline CheckpointData MakeData(int num_slices, int num_slots, bool averages, int64_t step = 1200) {
@@ -122,6 +124,28 @@ inline void ExpectSame(const CheckpointData& a, const CheckpointData& b) {
     }
     EXPECT_TRUE(SameBits(a.slices[i].moving_average, b.slices[i].moving_average)) << i;
   }
+}
+
+// Recomputes every checksum of an encoded checkpoint (header, slices, trailer) after a test edited its fields:
+// what a hostile writer does, so that the reader's checks behind the CRCs are exercised.
+inline uint32_t GetU32(const std::string& b, size_t at) {
+  uint32_t v;
+  std::memcpy(&v, b.data() + at, 4);  // the format and the tests' hosts are little-endian
+  return v;
+}
+inline void PutU32At(std::string* b, size_t at, uint32_t v) { std::memcpy(b->data() + at, &v, 4); }
+inline void FixChecksums(std::string* b) {
+  auto crc = [&](size_t from, size_t to) { return crc32c::Mask(crc32c::Value(b->data() + from, to - from)); };
+  const uint32_t header_len = GetU32(*b, 12);
+  PutU32At(b, 16 + header_len, crc(0, 16 + header_len));
+  const uint32_t num_slices = GetU32(*b, 16 + header_len - 4);
+  size_t pos = 16 + header_len + 4;
+  for (uint32_t i = 0; i < num_slices; ++i) {
+    const uint32_t body_len = GetU32(*b, pos);
+    PutU32At(b, pos + 4 + body_len, crc(pos, pos + 4 + body_len));
+    pos += 4 + body_len + 4;
+  }
+  PutU32At(b, pos + 16, crc(0, pos));  // trailer: magic (8), u64 length (8), crc
 }
 
 // Writes `d` to `path` (creating its directory) the way a CheckpointWriter would, without its retries.

@@ -1,3 +1,4 @@
+#include <limits>
 #include <string>
 
 #include "absl/status/status.h"
@@ -164,6 +165,26 @@ TEST_F(TfRecordTest, ParsesBytesInMemoryLikeTheFile) {
   EXPECT_EQ(s.code(), from_file.code());
   EXPECT_EQ(s.message(), absl::StrReplaceAll(from_file.message(), {{path_, "mem"}}));
   EXPECT_THAT(s.message(), AllOf(HasSubstr("mem: corrupt record at byte offset"), HasSubstr("truncated record")));
+}
+
+// Found with tfrecord_fuzzer (hand-made inputs): height x width x depth of 2^31 - 1 each overflowed
+// image_size() (signed overflow, undefined behaviour), and a "pixels" feature near 2^63 the square check.
+TEST_F(TfRecordTest, HugeGeometryIsRejectedWithoutOverflow) {
+  ImageExample e;
+  e.image_raw = "abcd";
+  e.label = 1;
+  e.height = e.width = e.depth = (int64_t{1} << 31) - 1;
+  WriteExamples({e});
+  absl::Status s = ReadTfRecordExamples(path_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("record 0 at byte offset 0"),
+                                 HasSubstr("implausible image size 2147483647x2147483647x2147483647")));
+  e.height = e.width = e.depth = -1;
+  e.pixels = std::numeric_limits<int64_t>::max();
+  WriteExamples({e});
+  s = ReadTfRecordExamples(path_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("implausible image size: 9223372036854775807 pixels"));
 }
 
 }  // namespace
