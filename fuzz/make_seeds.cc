@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ps/checkpoint_format.h"
+#include "worker/data/batch_stream_state.h"
 #include "worker/data/dataset.h"
 #include "worker/data/example_proto.h"
 #include "worker/data/record_io.h"
@@ -129,6 +130,25 @@ bool CheckpointSeeds(const std::string& dir) {
          Write(dir, "adam", ps::SerializeCheckpoint(Checkpoint(2, false)));
 }
 
+// batch_stream_state_fuzzer restores into a stream of seed 7, shard 1 of 2 (5 examples), batch 3.
+bool BatchStreamStateSeeds(const std::string& dir) {
+  data::BatchStreamState s;
+  s.seed = 7;
+  s.shard_index = 1;
+  s.num_shards = 2;
+  s.shard_size = 5;
+  s.batch_size = 3;
+  s.preprocess = 0;
+  bool ok = true;
+  for (int64_t k : {0, 1, 4, 1000003}) {
+    s.next_batch = k;
+    s.epoch = k * 3 / 5;
+    s.offset = k * 3 % 5;
+    ok = ok && Write(dir, absl::StrCat("batch_", k), data::EncodeBatchStreamState(s));
+  }
+  return ok;
+}
+
 }  // namespace
 }  // namespace dtrain
 
@@ -140,7 +160,8 @@ int main(int argc, char** argv) {
   const std::string out = argv[1];
   const bool ok = dtrain::MnistSeeds(out + "/mnist_idx_fuzzer") && dtrain::CifarSeeds(out + "/cifar10_fuzzer") &&
                   dtrain::TfRecordSeeds(out + "/tfrecord_fuzzer") &&
-                  dtrain::CheckpointSeeds(out + "/checkpoint_fuzzer");
+                  dtrain::CheckpointSeeds(out + "/checkpoint_fuzzer") &&
+                  dtrain::BatchStreamStateSeeds(out + "/batch_stream_state_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "dtrain_fuzz_seeds: cannot write the seeds under %s\n", out.c_str());
     return 1;

@@ -94,6 +94,11 @@ struct Batch {
 // may straddle two epochs). Each epoch's order is the shard shuffled with an RNG seeded by (seed, epoch,
 // shard), or ascending when shuffle=false; kCifarTrain distortions use an RNG seeded by (seed, shard, k).
 // prefetch = 0 builds batches on the consumer thread inside Next().
+//
+// The position can be saved with a checkpoint and restored on resume (format: batch_stream_state.h):
+//   std::string position = stream->SaveState();     // after the Next() calls whose batches were trained on
+//   ...                                               // a new process, the same data and options:
+//   RETURN_IF_ERROR(stream->Restore(position));       // Next() now returns what the saved stream returned next
 class BatchStream {
  public:
   // InvalidArgument for a bad batch size, shard, crop or an inconsistent Dataset. `data` is not copied:
@@ -103,6 +108,17 @@ class BatchStream {
   // Blocks until the next batch is ready. The reference is valid until the next call.
   virtual const Batch& Next() = 0;
   virtual int64_t shard_size() const = 0;  // examples in this shard
+  // Batches Next() has returned (or Restore set): the index of the batch the next call returns.
+  virtual int64_t batches_read() const = 0;
+
+  // The position after the batches Next() has returned so far (epoch, offset in the epoch's order, batch
+  // index), with the seed and shard that define the order: a versioned, checksummed blob.
+  virtual std::string SaveState() const = 0;
+  // Continues from a SaveState() of a stream over the same data with the same options (batches prepared ahead
+  // are dropped). DataLoss for a corrupt or truncated state, FailedPrecondition for one of another stream
+  // (seed, shard, data set size, batch size, shuffling or preprocessing differ; the message names which) or of
+  // a newer format; the position is unchanged then.
+  virtual absl::Status Restore(absl::string_view state) = 0;
 };
 
 // Fixed, unshuffled, preprocessed batches over the whole set (evaluation). The last batch may be smaller.
