@@ -3,7 +3,8 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
       libdnnl-dev ocl-icd-opencl-dev libgoogle-glog-dev nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev
-      libbenchmark-dev dataset-fashion-mnist)
+      libbenchmark-dev dataset-fashion-mnist
+      clang libclang-rt-dev)  # clang + libFuzzer/ASan/UBSan runtimes for scripts/fuzz.sh (gcc's come with g++)
 # DTRAIN_WITH_PLOTS=1: matplotlib for compare_cluster_sizes --plot; DTRAIN_WITH_TORCH=1: what
 # scripts/compare_pytorch.py needs (PyTorch with the OpenMP OpenBLAS, numpy).
 if [ "${DTRAIN_WITH_PLOTS:-0}" = 1 ]; then pkgs+=(python3-matplotlib); fi

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
 #include "common/malloc_tuning.h"
+#include "ps/checkpoint_options.h"
 #include "ps/grpc_ps_client.h"
 #include "worker/towers.h"
 #include "worker/trainer.h"
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();
 
   absl::Status flags_ok = dtrain::worker::ApplyModelDefaults(&o);
+  if (flags_ok.ok()) flags_ok = dtrain::ps::ValidateCheckpointOptions(o.checkpoint);
   if (flags_ok.ok()) {
     absl::StatusOr<std::vector<dtrain::kernels::DeviceSpec>> towers =
         dtrain::worker::ParseTowers(o.towers, o.num_gpus, o.threads);
