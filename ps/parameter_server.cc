@@ -348,9 +348,11 @@ class ParameterServer::Impl {
       if (checkpointing() && configured_ && initialized_) {
         final_save_started_ = true;
         *finish_after_write = true;
-        // Saved again unless this step is known to be on disk already (its save may have failed, or still run).
+        // Saved again unless this step is on disk already, or about to be written by this very call (a
+        // periodic save of the same step that failed, or runs on another thread, does not count).
         const int64_t label = CheckpointLabel();
-        if (label != written_label_) SnapshotLocked(label);
+        const bool pending_here = !pending_saves_.empty() && pending_saves_.back().global_step == label;
+        if (label != written_label_ && !pending_here) SnapshotLocked(label);
       } else {
         finished_ = true;
       }
