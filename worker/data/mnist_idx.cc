@@ -84,7 +84,7 @@ class RawMemorySource : public IdxSource {
   explicit RawMemorySource(absl::string_view bytes) : bytes_(bytes) {}
   absl::StatusOr<int64_t> Read(uint8_t* dst, int64_t n) override {
     const int64_t got = std::min<int64_t>(n, Remaining());
-    std::memcpy(dst, bytes_.data() + pos_, static_cast<size_t>(got));
+    if (got > 0) std::memcpy(dst, bytes_.data() + pos_, static_cast<size_t>(got));  // data() may be null
     pos_ += static_cast<size_t>(got);
     return got;
   }

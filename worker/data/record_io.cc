@@ -58,7 +58,7 @@ void TfRecordReader::OpenBytes(absl::string_view bytes, const std::string& name)
 bool TfRecordReader::ReadRaw(char* dst, int64_t n) {
   if (!in_memory_) return static_cast<bool>(in_.read(dst, static_cast<std::streamsize>(n)));
   if (n > file_size_ - bytes_pos_) return false;
-  std::memcpy(dst, bytes_.data() + bytes_pos_, static_cast<size_t>(n));
+  if (n > 0) std::memcpy(dst, bytes_.data() + bytes_pos_, static_cast<size_t>(n));  // data() may be null
   bytes_pos_ += n;
   return true;
 }
