@@ -75,8 +75,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (source == "tf_config") {
     CheckConfig(ClusterFromTfConfig(payload, job_name, task_index));
   } else if (source == "flags") {
-    CheckConfig(ClusterFromFlags(std::string(lines[0]), lines.size() > 1 ? std::string(lines[1]) : "", job_name,
-                                 task_index));
+    CheckConfig(ClusterFromFlags(std::string(lines[0]), lines.size() > 1 ? std::string(lines[1]) : "",
+                                 job_name, task_index));
   } else if (source == "hostport") {
     absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(payload);
     if (hp.ok()) {

@@ -52,8 +52,10 @@ absl::Status WriteFileAtomically(Env* env, const std::string& path, absl::string
   if (!status.ok()) {
     absl::Status removed = env->RemoveFile(tmp);
     if (!removed.ok() && !absl::IsNotFound(removed)) {
-      return absl::Status(status.code(), absl::StrCat(status.message(), "; and the temporary file could not be "
-                                                      "removed: ", removed.message()));
+      return absl::Status(status.code(), absl::StrCat(status.message(),
+                                                      "; and the temporary file could not be "
+                                                      "removed: ",
+                                                      removed.message()));
     }
     return status;
   }

@@ -64,11 +64,11 @@ class Env {
 };
 
 // Replaces `path` with `bytes` so that a reader, or a crash at any point, sees either the old content or the
-// new, never a mix: writes a temporary file beside it (TemporaryFileName), syncs and closes it, renames it over
-// `path`, then syncs the directory. The parent directory must exist. On failure the temporary file is removed
-// and `path` is untouched; the error names the step that failed (a removal that fails too is appended to the
-// message). Concurrent writers of one path, in one process or several, each use their own temporary file; the
-// last rename wins.
+// new, never a mix: writes a temporary file beside it (TemporaryFileName), syncs and closes it, renames it
+// over `path`, then syncs the directory. The parent directory must exist. On failure the temporary file is
+// removed and `path` is untouched; the error names the step that failed (a removal that fails too is appended
+// to the message). Concurrent writers of one path, in one process or several, each use their own temporary
+// file; the last rename wins.
 absl::Status WriteFileAtomically(Env* env, const std::string& path, absl::string_view bytes);
 
 // "<path>.tmp.<pid>.<n>", unique within the process; and whether a file name (without directory) is such a

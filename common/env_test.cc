@@ -81,7 +81,8 @@ TEST(TemporaryFileNameTest, UniqueAndRecognized) {
     EXPECT_TRUE(absl::StartsWith(n, "/d/model.ckpt-5.ps0-of-1.tmp.")) << n;
     EXPECT_TRUE(IsTemporaryFileName(n.substr(3))) << n;
   }
-  for (const char* not_tmp : {"model.ckpt-5.ps0-of-1", "x.tmp", "x.tmp.12", "x.tmp.12.", "x.tmp..3", "x.tmp.1a.2"}) {
+  for (const char* not_tmp :
+       {"model.ckpt-5.ps0-of-1", "x.tmp", "x.tmp.12", "x.tmp.12.", "x.tmp..3", "x.tmp.1a.2"}) {
     EXPECT_FALSE(IsTemporaryFileName(not_tmp)) << not_tmp;
   }
   EXPECT_EQ(ParentDir("a"), ".");
@@ -89,8 +90,8 @@ TEST(TemporaryFileNameTest, UniqueAndRecognized) {
   EXPECT_EQ(ParentDir("/a/b/c"), "/a/b");
 }
 
-// A full disk, a failed rename and a failed fsync each leave the old content and no temporary file behind, and
-// the next write succeeds once the fault is gone.
+// A full disk, a failed rename and a failed fsync each leave the old content and no temporary file behind,
+// and the next write succeeds once the fault is gone.
 TEST_F(EnvTest, AtomicWriteUnderFaultsKeepsTheOldContent) {
   FaultInjectionEnv env(env_);
   const std::string path = dir_ + "/state";

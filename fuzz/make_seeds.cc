@@ -28,7 +28,8 @@ bool Write(const std::string& dir, const std::string& name, const std::string& b
 }
 
 std::string BigEndian32(uint32_t v) {
-  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
 }
 
 std::string Gzip(const std::string& bytes) {
@@ -68,7 +69,8 @@ bool MnistSeeds(const std::string& dir) {
   images.append(d.pixels.begin(), d.pixels.end());
   std::string labels = BigEndian32(2049) + BigEndian32(3);
   for (int32_t l : d.labels) labels.push_back(static_cast<char>(l));
-  return Write(dir, "raw", IdxPair(images, labels)) && Write(dir, "gzip", IdxPair(Gzip(images), Gzip(labels))) &&
+  return Write(dir, "raw", IdxPair(images, labels)) &&
+         Write(dir, "gzip", IdxPair(Gzip(images), Gzip(labels))) &&
          Write(dir, "gzip_images", IdxPair(Gzip(images), labels));
 }
 
@@ -81,7 +83,8 @@ bool CifarSeeds(const std::string& dir) {
   return Write(dir, "one_record", one) && Write(dir, "two_records", two);
 }
 
-// tfrecord_fuzzer input: a first byte, even: the rest is a TFRecord file; odd: one serialized tf.train.Example.
+// tfrecord_fuzzer input: a first byte, even: the rest is a TFRecord file; odd: one serialized
+// tf.train.Example.
 bool TfRecordSeeds(const std::string& dir) {
   const std::string tmp = dir + "/.tmp.tfrecords";
   std::filesystem::create_directories(dir);
@@ -158,7 +161,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string out = argv[1];
-  const bool ok = dtrain::MnistSeeds(out + "/mnist_idx_fuzzer") && dtrain::CifarSeeds(out + "/cifar10_fuzzer") &&
+  const bool ok = dtrain::MnistSeeds(out + "/mnist_idx_fuzzer") &&
+                  dtrain::CifarSeeds(out + "/cifar10_fuzzer") &&
                   dtrain::TfRecordSeeds(out + "/tfrecord_fuzzer") &&
                   dtrain::CheckpointSeeds(out + "/checkpoint_fuzzer") &&
                   dtrain::BatchStreamStateSeeds(out + "/batch_stream_state_fuzzer");

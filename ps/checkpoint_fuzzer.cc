@@ -18,7 +18,8 @@ namespace {
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   // memcmp of an empty vector's data() (maybe null) would be undefined even with length 0.
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 }  // namespace

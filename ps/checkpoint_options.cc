@@ -16,8 +16,8 @@ absl::Status ValidateCheckpointOptions(const CheckpointOptions& o) {
     return bad(absl::StrCat("initial_backoff ", absl::FormatDuration(o.initial_backoff), " must be >= 0"));
   }
   if (o.max_backoff < o.initial_backoff) {
-    return bad(absl::StrCat("max_backoff ", absl::FormatDuration(o.max_backoff), " must be >= initial_backoff ",
-                            absl::FormatDuration(o.initial_backoff)));
+    return bad(absl::StrCat("max_backoff ", absl::FormatDuration(o.max_backoff),
+                            " must be >= initial_backoff ", absl::FormatDuration(o.initial_backoff)));
   }
   if (o.env == nullptr) return bad("env is null");
   return absl::OkStatus();

@@ -19,14 +19,15 @@ struct CheckpointOptions {
   // Where each ps task writes <dir>/model.ckpt-<step>.ps<task>-of-<num_ps> and restores from. Empty: no
   // checkpoints, neither saved nor restored (the other fields are then unused).
   std::string dir;
-  int64_t save_steps = 0;  // >= 0: save when the global step reaches a multiple of this; 0 = no step-based saves
-  double save_secs = 0;    // >= 0: save when this many seconds passed since the last save; 0 = none by time
-  int keep = 5;            // >= 0: files of this task kept after a save (the newest ones); 0 keeps all
+  int64_t save_steps =
+      0;  // >= 0: save when the global step reaches a multiple of this; 0 = no step-based saves
+  double save_secs = 0;  // >= 0: save when this many seconds passed since the last save; 0 = none by time
+  int keep = 5;          // >= 0: files of this task kept after a save (the newest ones); 0 keeps all
 
   // A failed write (full disk, failed rename or fsync...) is tried again, up to max_attempts writes in all,
   // sleeping initial_backoff, then twice as long each time, at most max_backoff, in between. The previous
   // checkpoint is never touched before a new one is complete.
-  int max_attempts = 3;                                    // >= 1
+  int max_attempts = 3;                                      // >= 1
   absl::Duration initial_backoff = absl::Milliseconds(200);  // >= 0
   absl::Duration max_backoff = absl::Seconds(5);             // >= initial_backoff
 

@@ -49,9 +49,9 @@ absl::Status CheckpointWriter::Save(const CheckpointData& data) {
   }
   if (!status.ok()) {
     ++failed_saves_;
-    last_status_ = absl::Status(status.code(), absl::StrCat("ps task ", task_, ": cannot save checkpoint ", path,
-                                                            " after ", attempt, " attempt", attempt == 1 ? "" : "s",
-                                                            ": ", status.message()));
+    last_status_ = absl::Status(
+        status.code(), absl::StrCat("ps task ", task_, ": cannot save checkpoint ", path, " after ", attempt,
+                                    " attempt", attempt == 1 ? "" : "s", ": ", status.message()));
     LOG(ERROR) << last_status_.message() << " (older checkpoints in " << options_.dir << " are kept)";
     return last_status_;
   }

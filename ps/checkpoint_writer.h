@@ -1,18 +1,21 @@
-// CheckpointWriter: saves one ps task's checkpoint files (ps/checkpoint_format.h, named as ps/checkpoint_dir.h
-// says) so that a failure is retried, reported and never costs the checkpoint saved before it.
+// CheckpointWriter: saves one ps task's checkpoint files (ps/checkpoint_format.h, named as
+// ps/checkpoint_dir.h says) so that a failure is retried, reported and never costs the checkpoint saved
+// before it.
 //
 // Save(data):
 //   1. writes <dir>/model.ckpt-<data.global_step>.ps<task>-of-<num_ps> atomically (temporary file, fsync,
 //      rename, fsync of the directory; WriteFileAtomically in common/env.h), creating <dir> if missing;
-//   2. on failure (full disk, failed rename or fsync, ...) removes the temporary file, logs a WARNING and tries
+//   2. on failure (full disk, failed rename or fsync, ...) removes the temporary file, logs a WARNING and
+//   tries
 //      again after a backoff (options.initial_backoff, doubling, at most options.max_backoff), up to
 //      options.max_attempts writes in all; InvalidArgument is not retried;
 //   3. if every attempt failed: LOG(ERROR) "ps task T: cannot save checkpoint P after N attempts: ..." and
 //      returns that error (the last attempt's code: ResourceExhausted for a full disk, Internal for EIO...,
-//      with a message naming the file and the attempts). Older checkpoints are untouched and still restorable,
-//      and no temporary file is left (unless removing it failed too, which the message says);
+//      with a message naming the file and the attempts). Older checkpoints are untouched and still
+//      restorable, and no temporary file is left (unless removing it failed too, which the message says);
 //   4. after a successful write, LOG(INFO) and deletes all but the newest options.keep files of this task
-//      (a deletion that fails is logged as a WARNING and kept in last_prune_status(); the save still succeeded).
+//      (a deletion that fails is logged as a WARNING and kept in last_prune_status(); the save still
+//      succeeded).
 //
 // last_status() keeps the outcome of the most recent Save, so an owner that saves from many threads (the
 // ParameterServer saves from its RPC threads) can report it later, e.g. make a process whose final save
@@ -57,7 +60,8 @@ class CheckpointWriter {
   const CheckpointOptions& options() const { return options_; }
 
  private:
-  absl::Status WriteOnce(const std::string& path, const std::string& bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteOnce(const std::string& path, const std::string& bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CheckpointOptions options_;
   const int task_;

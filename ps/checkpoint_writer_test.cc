@@ -82,7 +82,8 @@ TEST_F(CheckpointWriterTest, FullDiskIsRetriedReportedAndLosesNothing) {
   const absl::Status s = writer.Save(MakeData(3, 2, true, 200));
   const std::string path = CheckpointPath(options_.dir, 200, 1, 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-  EXPECT_TRUE(absl::StartsWith(s.message(), "ps task 1: cannot save checkpoint " + path + " after 3 attempts: "))
+  EXPECT_TRUE(
+      absl::StartsWith(s.message(), "ps task 1: cannot save checkpoint " + path + " after 3 attempts: "))
       << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "No space left on device")) << s;
   EXPECT_TRUE(log.Contains("ERROR: ps task 1: cannot save checkpoint " + path)) << log.text();
@@ -152,7 +153,7 @@ TEST_F(CheckpointWriterTest, BackoffDoublesUpToItsCap) {
   env_.FailRenames(100);
   EXPECT_FALSE(writer.Save(MakeData(1, 0, false, 1)).ok());
   EXPECT_EQ(env_.sleeps(), (std::vector<absl::Duration>{absl::Seconds(1), absl::Seconds(2), absl::Seconds(3),
-                                                         absl::Seconds(3)}));
+                                                        absl::Seconds(3)}));
 }
 
 // A failed pruning does not fail the save: it is logged and kept apart.
@@ -164,7 +165,8 @@ TEST_F(CheckpointWriterTest, FailedPruningIsReportedSeparately) {
   LogCapture log;
   EXPECT_TRUE(writer.Save(MakeData(1, 0, false, 2)).ok());
   EXPECT_FALSE(writer.last_prune_status().ok());
-  EXPECT_TRUE(absl::StrContains(writer.last_prune_status().message(), "cannot delete old checkpoint")) << log.text();
+  EXPECT_TRUE(absl::StrContains(writer.last_prune_status().message(), "cannot delete old checkpoint"))
+      << log.text();
   EXPECT_TRUE(log.Contains("pruning old checkpoints")) << log.text();
   EXPECT_EQ(Names(), (std::vector<std::string>{"model.ckpt-1.ps1-of-2", "model.ckpt-2.ps1-of-2"}));
   ASSERT_TRUE(writer.Save(MakeData(1, 0, false, 3)).ok());

@@ -99,7 +99,9 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionEnv::NewWritableFile
   return std::unique_ptr<WritableFile>(new File(this, path, *std::move(base)));
 }
 
-absl::StatusOr<std::string> FaultInjectionEnv::ReadFile(const std::string& path) { return base_->ReadFile(path); }
+absl::StatusOr<std::string> FaultInjectionEnv::ReadFile(const std::string& path) {
+  return base_->ReadFile(path);
+}
 
 absl::StatusOr<std::vector<std::string>> FaultInjectionEnv::GetChildren(const std::string& dir) {
   return base_->GetChildren(dir);
@@ -108,7 +110,8 @@ absl::StatusOr<std::vector<std::string>> FaultInjectionEnv::GetChildren(const st
 absl::Status FaultInjectionEnv::RemoveFile(const std::string& path) {
   {
     absl::MutexLock lock(&mu_);
-    if (Take(&fail_removes_)) return ErrnoToStatus(EIO, absl::StrCat("cannot delete '", path, "' (injected)"));
+    if (Take(&fail_removes_))
+      return ErrnoToStatus(EIO, absl::StrCat("cannot delete '", path, "' (injected)"));
   }
   return base_->RemoveFile(path);
 }

@@ -38,7 +38,7 @@ class FaultInjectionEnv : public Env {
   // A negative value removes the limit.
   void FailWritesAfter(int64_t bytes);
   void FailRenames(int count);  // the next `count` RenameFile calls fail without renaming
-  void FailSyncs(int count);    // the next `count` Sync / SyncDir calls fail (the data may or may not be there)
+  void FailSyncs(int count);  // the next `count` Sync / SyncDir calls fail (the data may or may not be there)
   void FailRemoves(int count);  // the next `count` RemoveFile calls fail without removing
   void ClearFaults();
 

@@ -5,19 +5,20 @@
 //   0    every test that ran passed
 //   1    a test failed (GoogleTest's own verdict)
 //   1    no test ran at all: a --gtest_filter that matches nothing is a broken registration, not a pass
-//   77   every test that ran was skipped: ctest's SKIP_RETURN_CODE (set by dtrain_cc_test), shown as "Skipped"
-//   1    with --dtrain_fail_on_mixed_skips (ctest entries get it): some tests passed and some were skipped in
+//   77   every test that ran was skipped: ctest's SKIP_RETURN_CODE (set by dtrain_cc_test), shown as
+//   "Skipped" 1    with --dtrain_fail_on_mixed_skips (ctest entries get it): some tests passed and some were
+//   skipped in
 //        one entry. ctest could only call that "Passed" and the skip would go unseen: register the tests that
 //        may skip as their own entry (dtrain_cc_test(... SKIPPABLE <group> <filter>)). Run by hand, without
 //        the flag, a mixed run exits 0 and says how many tests were skipped.
 //
 // Each skip's reason is printed by GoogleTest ("[  SKIPPED ] ..." with the GTEST_SKIP() message); ctest keeps
 // it in its log (ctest --output-on-failure does not show it; ctest -V or LastTest.log does).
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace {
 
@@ -80,11 +81,12 @@ int main(int argc, char** argv) {
       }
     }
     if (fail_on_mixed) {
-      std::fprintf(stderr,
-                   "%d of %d tests were skipped (%s) in a ctest entry whose other tests ran: ctest would report "
-                   "the skip as passed. Register them as their own entry: dtrain_cc_test(... SKIPPABLE <group> "
-                   "<gtest filter>)\n",
-                   skipped, ran, names.c_str());
+      std::fprintf(
+          stderr,
+          "%d of %d tests were skipped (%s) in a ctest entry whose other tests ran: ctest would report "
+          "the skip as passed. Register them as their own entry: dtrain_cc_test(... SKIPPABLE <group> "
+          "<gtest filter>)\n",
+          skipped, ran, names.c_str());
       return 1;
     }
     std::printf("%d of %d tests skipped: %s\n", skipped, ran, names.c_str());

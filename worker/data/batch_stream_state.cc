@@ -24,7 +24,9 @@ uint64_t GetLittleEndian(const char* p, int bytes) {
   return v;
 }
 
-absl::Status Bad(absl::string_view what) { return absl::DataLossError(absl::StrCat("input position: ", what)); }
+absl::Status Bad(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("input position: ", what));
+}
 
 }  // namespace
 
@@ -53,12 +55,13 @@ absl::StatusOr<BatchStreamState> DecodeBatchStreamState(absl::string_view b) {
   if (b.size() < kMagicLen + 8) return Bad(absl::StrCat("truncated at byte ", b.size(), " (header)"));
   const auto version = static_cast<uint32_t>(GetLittleEndian(b.data() + 8, 4));
   if (version == 0 || version > kBatchStreamStateVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "input position: format version ", version, ", this build reads versions 1 to ", kBatchStreamStateVersion,
-        " (saved by a newer dtrain? resume with that version)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("input position: format version ", version, ", this build reads versions 1 to ",
+                     kBatchStreamStateVersion, " (saved by a newer dtrain? resume with that version)"));
   }
   const uint64_t body_len = GetLittleEndian(b.data() + 12, 4);
-  if (body_len != kBodyLen) return Bad(absl::StrCat("body of ", body_len, " bytes, version 1 has ", kBodyLen));
+  if (body_len != kBodyLen)
+    return Bad(absl::StrCat("body of ", body_len, " bytes, version 1 has ", kBodyLen));
   const size_t total = kMagicLen + 8 + kBodyLen + 4;
   if (b.size() < total) return Bad(absl::StrCat("truncated at byte ", b.size(), " of ", total));
   if (b.size() > total) return Bad(absl::StrCat(b.size() - total, " unexpected bytes after the checksum"));

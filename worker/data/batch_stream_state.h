@@ -1,7 +1,7 @@
-// The saved position of a BatchStream (dataset.h): what a worker stores with a checkpoint so that a resumed run
-// reads exactly the batches the uninterrupted run would have read next. Everything random in a stream derives
-// from (seed, epoch, shard) (the epoch's shuffle permutation) or (seed, shard, batch index) (the distortions),
-// so the position plus those numbers is the whole state; no RNG state needs saving.
+// The saved position of a BatchStream (dataset.h): what a worker stores with a checkpoint so that a resumed
+// run reads exactly the batches the uninterrupted run would have read next. Everything random in a stream
+// derives from (seed, epoch, shard) (the epoch's shuffle permutation) or (seed, shard, batch index) (the
+// distortions), so the position plus those numbers is the whole state; no RNG state needs saving.
 //
 // Encoding (version 1; integers little-endian):
 //   "DTRNBPOS" | u32 version | u32 body_len | body | u32 masked CRC32C(everything before it)
@@ -32,8 +32,8 @@ struct BatchStreamState {
   int batch_size = 0;
   bool shuffle = true;
   int preprocess = 0;  // Preprocess as an integer
-  // Where the next batch starts: example `offset` of epoch `epoch`'s order, which is batch `next_batch` of the
-  // stream (next_batch * batch_size == epoch * shard_size + offset).
+  // Where the next batch starts: example `offset` of epoch `epoch`'s order, which is batch `next_batch` of
+  // the stream (next_batch * batch_size == epoch * shard_size + offset).
   int64_t epoch = 0;
   int64_t offset = 0;
   int64_t next_batch = 0;

@@ -3,8 +3,9 @@
 // A Dataset is an in-memory set of examples (uint8 pixels, HWC, plus int labels) read from files; a
 // BatchStream cuts a worker's shard of it into shuffled, preprocessed float batches on a prefetching thread.
 //
-// Thread-safety: Dataset is immutable after loading (safe to share). BatchStream: Next() is called by one
-// consumer thread; the stream owns its prefetching thread and stops it in its destructor.
+// Thread-safety: Dataset is immutable after loading (safe to share). BatchStream: Next(), SaveState() and
+// Restore() are called by one consumer thread; the stream owns its prefetching thread and stops it in its
+// destructor.
 //
 // Example:
 //   ASSIGN_OR_RETURN(DatasetPair data, LoadDataset("/usr/share/datasets/fashion-mnist", DataFormat::kAuto));

@@ -27,7 +27,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CHECK(again.ok()) << again.status();
     CHECK(again->image_raw == e->image_raw);
     CHECK_EQ(again->label, e->label);
-    for (auto [a, b] : {std::pair{again->height, e->height}, {again->width, e->width}, {again->depth, e->depth},
+    for (auto [a, b] : {std::pair{again->height, e->height},
+                        {again->width, e->width},
+                        {again->depth, e->depth},
                         {again->pixels, e->pixels}}) {
       // Encode writes only the features that are set (>= 0); a negative one reads back as absent (-1).
       CHECK_EQ(a, b < 0 ? -1 : b);
