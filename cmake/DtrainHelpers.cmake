@@ -1,7 +1,7 @@
 # Small helpers in the spirit of Bazel's cc_library / cc_test / cc_binary.
 #
 #   dtrain_cc_library(NAME name SRCS a.cc b.cc DEPS lib1 lib2 [PUBLIC_DEPS ...])
-#   dtrain_cc_test(NAME name SRCS a_test.cc DEPS lib [LABELS slow] [TIMEOUT 120])
+#   dtrain_cc_test(NAME name SRCS a_test.cc DEPS lib [LABELS slow] [TIMEOUT 120] [SKIPPABLE group filter ...])
 #   dtrain_cc_binary(NAME name SRCS main.cc DEPS lib)
 include(GoogleTest)
 
@@ -20,20 +20,68 @@ function(dtrain_cc_binary)
   target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
 endfunction()
 
-# Each test binary is registered with ctest as a whole (one ctest entry per binary) so that
-# process-level timeouts apply. Binaries may exit 77 to report "skipped" (e.g. no GPU).
+# Each test binary is registered with ctest as a whole (one ctest entry per binary) so that process-level
+# timeouts apply. Its main() is common/testing/gtest_main.cc: a binary whose tests all GTEST_SKIP() exits 77 and
+# ctest reports it "Skipped" (SKIP_RETURN_CODE), never "Passed".
+#
+# Tests that may skip (no GPU, no data set, no numpy...) beside tests that always run go into their own ctest
+# entries, so that each skip shows: SKIPPABLE takes pairs <group> <gtest filter>; each pair becomes the entry
+# <name>.<group> running only the tests its filter matches, and the entry <name> runs everything else. An entry
+# in which some tests pass and others skip fails with a message naming them (--dtrain_fail_on_mixed_skips), and
+# an entry whose filter matches no test fails too, so a registration cannot rot silently.
+#
+#   dtrain_cc_test(NAME towers_test SRCS towers_test.cc DEPS dtrain_worker_lib
+#                  SKIPPABLE gpu "TowersTest.Gpu*:TowersTest.TwoGpu*" no_gpu "TowersTest.*WithoutGpu*")
+#
+# dtrain_test_skippable(<test name> <group> <filter> ...) declares the same pairs ahead of the dtrain_cc_test
+# call (for instance in a parent folder's CMakeLists.txt, before its add_subdirectory); they add to SKIPPABLE.
+function(dtrain_test_skippable name)
+  set_property(GLOBAL APPEND PROPERTY DTRAIN_SKIPPABLE_${name} ${ARGN})
+endfunction()
+
 function(dtrain_cc_test)
-  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;SKIPPABLE" ${ARGN})
+  get_property(declared GLOBAL PROPERTY DTRAIN_SKIPPABLE_${A_NAME})
+  list(APPEND A_SKIPPABLE ${declared})
   add_executable(${A_NAME} ${A_SRCS})
-  target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gtest GTest::gtest_main)
+  target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gtest dtrain_gtest_main)
+  # Unit tests (everything but the multi-process tests labelled "integration") make up dtrain_unit_tests,
+  # what the sanitizer build compiles.
+  if(NOT "integration" IN_LIST A_LABELS)
+    add_dependencies(dtrain_unit_tests ${A_NAME})
+  endif()
   target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
-  add_test(NAME ${A_NAME} COMMAND ${A_NAME})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()
-  set_tests_properties(${A_NAME} PROPERTIES TIMEOUT ${A_TIMEOUT} SKIP_RETURN_CODE 77
+  list(LENGTH A_SKIPPABLE n)
+  math(EXPR odd "${n} % 2")
+  if(odd)
+    message(FATAL_ERROR "dtrain_cc_test(${A_NAME}): SKIPPABLE takes pairs <group> <gtest filter>")
+  endif()
+  set(entries ${A_NAME})
+  set(excluded "")
+  if(n GREATER 0)
+    math(EXPR last "${n} - 1")
+    foreach(i RANGE 0 ${last} 2)
+      math(EXPR j "${i} + 1")
+      list(GET A_SKIPPABLE ${i} group)
+      list(GET A_SKIPPABLE ${j} filter)
+      add_test(NAME ${A_NAME}.${group}
+               COMMAND ${A_NAME} --dtrain_fail_on_mixed_skips --gtest_filter=${filter})
+      list(APPEND entries ${A_NAME}.${group})
+      if(excluded)
+        string(APPEND excluded ":")
+      endif()
+      string(APPEND excluded "${filter}")
+    endforeach()
+    add_test(NAME ${A_NAME} COMMAND ${A_NAME} --dtrain_fail_on_mixed_skips --gtest_filter=-${excluded})
+  else()
+    add_test(NAME ${A_NAME} COMMAND ${A_NAME} --dtrain_fail_on_mixed_skips)
+  endif()
+  set_tests_properties(${entries} PROPERTIES TIMEOUT ${A_TIMEOUT} SKIP_RETURN_CODE 77
                        ENVIRONMENT "DTRAIN_BIN_DIR=${CMAKE_BINARY_DIR}/bin;DTRAIN_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
   if(A_LABELS)
-    set_tests_properties(${A_NAME} PROPERTIES LABELS "${A_LABELS}")
+    set_tests_properties(${entries} PROPERTIES LABELS "${A_LABELS}")
   endif()
 endfunction()

@@ -28,6 +28,30 @@ constexpr char kJobEvaluator[] = "evaluator";
 // Jobs as a source lists them, before validation and chief folding.
 using RawJobs = std::map<std::string, std::vector<std::string>>;
 
+// Text for an error message: control characters (a newline...), and bytes beyond ASCII written as C escapes,
+// so every message stays one printable line however hostile the input.
+std::string Printable(absl::string_view s) {
+  std::string out;
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (u < 0x20 || u >= 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// A piece of input, quoted and Printable.
+std::string Quoted(absl::string_view s) { return absl::StrCat("'", Printable(s), "'"); }
+
 bool IsHostnameChar(char c) {
   return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
 }
@@ -41,41 +65,55 @@ absl::Status CheckHostChars(absl::string_view address, absl::string_view host, b
   for (char c : host) {
     if (!(ipv6 ? IsIpv6Char(c) : IsHostnameChar(c))) {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", address, "' has an invalid character '", std::string(1, c),
-                       "' in its host"));
+          absl::StrCat(Quoted(address), " has an invalid character ", Quoted(absl::string_view(&c, 1)),
+                       " in its host"));
     }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<int> ParsePort(absl::string_view address, absl::string_view port) {
-  if (port.empty()) return absl::InvalidArgumentError(absl::StrCat("'", address, "' has no port"));
+  if (port.empty()) return absl::InvalidArgumentError(absl::StrCat(Quoted(address), " has no port"));
   bool digits = port.size() <= 5 && std::all_of(port.begin(), port.end(), [](char c) {
                   return absl::ascii_isdigit(static_cast<unsigned char>(c));
                 });
   int value = 0;
   if (!digits || !absl::SimpleAtoi(port, &value) || value > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("'", address, "' has an invalid port '", port,
-                                                   "' (must be an integer 0..65535)"));
+    return absl::InvalidArgumentError(absl::StrCat(Quoted(address), " has an invalid port ", Quoted(port),
+                                                   " (must be an integer 0..65535)"));
   }
   return value;
 }
 
 std::string JsonTypeName(const json& j) { return j.type_name(); }
 
-// Parses JSON; the error names `what` and the parser's position.
+// A JSON value for a message: a scalar as written (shortened), anything else by its type only. Never dump() a
+// container: the serializer recurses, and a deeply nested array overflows the stack.
+std::string DescribeJson(const json& j) {
+  if (j.is_structured()) return JsonTypeName(j);
+  std::string text = j.dump();
+  if (text.size() > 40) text = text.substr(0, 40) + "...";
+  return Printable(text);
+}
+
+// nlohmann's message without its "[json.exception.parse_error.101] " prefix, quoted input escaped.
+std::string JsonErrorText(const json::exception& e) {
+  absl::string_view message = e.what();
+  const size_t bracket = message.find("] ");
+  if (absl::StartsWith(message, "[") && bracket != absl::string_view::npos) message.remove_prefix(bracket + 2);
+  return Printable(message);
+}
+
+// Parses JSON; the error names `what` and the parser's position. Every exception of the parser is caught,
+// not only syntax errors: a number too large for a double ("1e999") throws out_of_range.
 absl::StatusOr<json> ParseJson(absl::string_view text, absl::string_view what) {
   try {
     return json::parse(text.begin(), text.end());
   } catch (const json::parse_error& e) {
-    absl::string_view message = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix; keep "parse error at line L, column C".
-    size_t bracket = message.find("] ");
-    if (absl::StartsWith(message, "[") && bracket != absl::string_view::npos) {
-      message.remove_prefix(bracket + 2);
-    }
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " is not valid JSON: ", message, " (byte ", e.byte, ")"));
+        absl::StrCat(what, " is not valid JSON: ", JsonErrorText(e), " (byte ", e.byte, ")"));
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON: ", JsonErrorText(e)));
   }
 }
 
@@ -87,14 +125,14 @@ absl::Status JobsFromJson(const json& cluster, absl::string_view what, RawJobs* 
   }
   for (const auto& [job, tasks] : cluster.items()) {
     if (!tasks.is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": job '", job,
-                                                     "' must be a list of \"host:port\" strings, got ",
+      return absl::InvalidArgumentError(absl::StrCat(what, ": job ", Quoted(job),
+                                                     " must be a list of \"host:port\" strings, got ",
                                                      JsonTypeName(tasks)));
     }
     std::vector<std::string>& addresses = (*jobs)[job];
     for (size_t i = 0; i < tasks.size(); ++i) {
       if (!tasks[i].is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": job '", job, "' task ", i,
+        return absl::InvalidArgumentError(absl::StrCat(what, ": job ", Quoted(job), " task ", i,
                                                        " must be a \"host:port\" string, got ",
                                                        JsonTypeName(tasks[i])));
       }
@@ -111,15 +149,15 @@ absl::StatusOr<ClusterConfig> BuildConfig(const RawJobs& jobs, const std::string
   std::map<std::string, std::string> seen;  // normalized address → "job 'x' task i"
   for (const auto& [job, addresses] : jobs) {
     if (job != kJobPs && job != kJobWorker && job != kJobChief && job != kJobEvaluator) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown job '", job, "' in ", source,
+      return absl::InvalidArgumentError(absl::StrCat("unknown job ", Quoted(job), " in ", source,
                                                      "; expected ps, worker, chief or evaluator"));
     }
     if (addresses.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("job '", job, "' in ", source, " has an empty task list"));
+          absl::StrCat("job ", Quoted(job), " in ", source, " has an empty task list"));
     }
     for (size_t i = 0; i < addresses.size(); ++i) {
-      const std::string where = absl::StrCat("job '", job, "' task ", i);
+      const std::string where = absl::StrCat("job ", Quoted(job), " task ", i);
       auto host_port = SplitHostPort(addresses[i]);
       if (!host_port.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("invalid address for ", where, " in ",
@@ -127,13 +165,13 @@ absl::StatusOr<ClusterConfig> BuildConfig(const RawJobs& jobs, const std::string
       }
       if (host_port->second == 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("invalid address for ", where, " in ", source, ": '", addresses[i],
-                         "' has port 0; cluster addresses must name the port others connect to"));
+            absl::StrCat("invalid address for ", where, " in ", source, ": ", Quoted(addresses[i]),
+                         " has port 0; cluster addresses must name the port others connect to"));
       }
       std::string key = absl::StrCat(absl::AsciiStrToLower(host_port->first), "|", host_port->second);
       auto [it, inserted] = seen.emplace(key, where);
       if (!inserted) {
-        return absl::InvalidArgumentError(absl::StrCat("duplicate address '", addresses[i], "' in ",
+        return absl::InvalidArgumentError(absl::StrCat("duplicate address ", Quoted(addresses[i]), " in ",
                                                        source, ": ", it->second, " and ", where));
       }
     }
@@ -165,13 +203,13 @@ absl::StatusOr<ClusterConfig> BuildConfig(const RawJobs& jobs, const std::string
         "job 'local' runs without a cluster, but ", source, " lists ", jobs.size(), " job(s)"));
   }
   if (job_name != kJobPs && job_name != kJobWorker && job_name != kJobChief) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown job name '", job_name, "' in ", source,
+    return absl::InvalidArgumentError(absl::StrCat("unknown job name ", Quoted(job_name), " in ", source,
                                                    "; expected ps, worker, chief or local"));
   }
   const std::vector<std::string>* own = job_tasks(job_name.c_str());
   if (own == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("job '", job_name, "' is not in the cluster (", source, ")"));
+        absl::StrCat("job ", Quoted(job_name), " is not in the cluster (", source, ")"));
   }
   if (task_index < 0) {
     return absl::InvalidArgumentError(
@@ -229,7 +267,7 @@ absl::Status SplitHostList(const std::string& list, absl::string_view flag,
     entry = absl::StripAsciiWhitespace(entry);
     if (entry.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(flag, "='", list, "' has an empty entry at position ", position));
+          absl::StrCat(flag, "=", Quoted(list), " has an empty entry at position ", position));
     }
     out->emplace_back(entry);
   }
@@ -260,7 +298,7 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view addr
   if (address.empty()) return absl::InvalidArgumentError("empty address");
   if (absl::StrContains(address, "://")) {
     return absl::InvalidArgumentError(
-        absl::StrCat("'", address, "' must be host:port, without a scheme"));
+        absl::StrCat(Quoted(address), " must be host:port, without a scheme"));
   }
   absl::string_view host;
   absl::string_view port;
@@ -269,29 +307,29 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view addr
     ipv6 = true;
     size_t close = address.find(']');
     if (close == absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("'", address, "' has no closing ']'"));
+      return absl::InvalidArgumentError(absl::StrCat(Quoted(address), " has no closing ']'"));
     }
     host = address.substr(1, close - 1);
     absl::string_view rest = address.substr(close + 1);
-    if (rest.empty()) return absl::InvalidArgumentError(absl::StrCat("'", address, "' has no port"));
+    if (rest.empty()) return absl::InvalidArgumentError(absl::StrCat(Quoted(address), " has no port"));
     if (rest[0] != ':') {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", address, "' must be '[ipv6]:port', found '", rest, "' after ']'"));
+          absl::StrCat(Quoted(address), " must be '[ipv6]:port', found ", Quoted(rest), " after ']'"));
     }
     port = rest.substr(1);
   } else {
     size_t colon = address.find(':');
     if (colon == absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("'", address, "' has no port"));
+      return absl::InvalidArgumentError(absl::StrCat(Quoted(address), " has no port"));
     }
     if (address.find(':', colon + 1) != absl::string_view::npos) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "'", address, "' has several ':'; write IPv6 addresses in brackets, e.g. '[::1]:2222'"));
+          Quoted(address), " has several ':'; write IPv6 addresses in brackets, e.g. '[::1]:2222'"));
     }
     host = address.substr(0, colon);
     port = address.substr(colon + 1);
   }
-  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("'", address, "' has an empty host"));
+  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat(Quoted(address), " has an empty host"));
   RETURN_IF_ERROR(CheckHostChars(address, host, ipv6));
   ASSIGN_OR_RETURN(int port_number, ParsePort(address, port));
   return std::make_pair(std::string(host), port_number);
@@ -342,7 +380,7 @@ absl::StatusOr<ClusterConfig> ClusterFromTfConfig(absl::string_view tf_config,
   }
   for (const auto& [key, value] : root.items()) {
     if (key != "cluster" && key != "task" && key != "environment" && key != "rpc_layer") {
-      LOG(WARNING) << "TF_CONFIG: ignoring unknown key '" << key << "'";
+      LOG(WARNING) << "TF_CONFIG: ignoring unknown key " << Quoted(key);
     }
   }
   auto cluster = root.find("cluster");
@@ -373,7 +411,7 @@ absl::StatusOr<ClusterConfig> ClusterFromTfConfig(absl::string_view tf_config,
     if (index != task->end()) {
       if (!index->is_number_integer()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("TF_CONFIG task.index must be an integer, got ", index->dump()));
+            absl::StrCat("TF_CONFIG task.index must be an integer, got ", DescribeJson(*index)));
       }
       int64_t value = index->get<int64_t>();
       if (value > std::numeric_limits<int>::max() || value < std::numeric_limits<int>::min()) {

@@ -391,5 +391,51 @@ TEST(ClusterSpecTest, MissingClusterSpecFile) {
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("/nonexistent/cluster.json"));
 }
 
+// Found by cluster_spec_fuzzer: an address holding a newline made a two-line message. Input is quoted with
+// C escapes in every message.
+TEST(ClusterSpecTest, HostileTextStaysOnOneLineInMessages) {
+  absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort("[fe80::\n[fe80::1%eth0]:1%eth0]:8080");
+  ASSERT_FALSE(hp.ok());
+  EXPECT_EQ(hp.status().message(), "'[fe80::\\n[fe80::1%eth0]:1%eth0]:8080' has an invalid character '\\n' in its host");
+  EXPECT_EQ(hp.status().message().find('\n'), absl::string_view::npos);
+  for (const absl::StatusOr<ClusterConfig>& c :
+       {ClusterFromJson("{\"ps\": [\"a:1\"], \"wor\\nker\": [\"b:2\"]}", "ps", 0),
+        ClusterFromFlags("a:1", "b:\n2", "worker", 0), ClusterFromFlags("a:1", "b:2", "wor\nker", 0),
+        ClusterFromTfConfig("{\"cluster\": {\"ps\": [\"a:1\"], \"worker\": [\"b:2\"]}}", "p\ns", 0)}) {
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.status().message().find('\n'), absl::string_view::npos) << c.status();
+    EXPECT_NE(c.status().message().find("\\n"), absl::string_view::npos) << c.status();
+  }
+}
+
+// Found by cluster_spec_fuzzer: a number beyond double's range made nlohmann throw out_of_range, which was not
+// caught, and the process aborted.
+TEST(ClusterSpecTest, HugeJsonNumberIsAnErrorNotACrash) {
+  absl::StatusOr<ClusterConfig> c = ClusterFromTfConfig(
+      "{\"cluster\": {\"ps\": [\"a:1\"], \"worker\": [\"b:2\"]}, \"task\": {\"type\": \"ps\", "
+      "\"index\": 299E9999999}}");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.status().message(), "TF_CONFIG is not valid JSON: number overflow parsing '299E9999999'");
+  c = ClusterFromJson("{\"ps\": [1e400]}", "ps", 0);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Found by feeding cluster_spec_fuzzer a deeply nested task.index: printing it for the message recursed once
+// per level and overflowed the stack.
+TEST(ClusterSpecTest, DeeplyNestedValueIsAnErrorNotAStackOverflow) {
+  const int depth = 200000;
+  const std::string tf_config =
+      "{\"cluster\": {\"ps\": [\"a:1\"], \"worker\": [\"b:2\"]}, \"task\": {\"type\": \"ps\", \"index\": " +
+      std::string(depth, '[') + std::string(depth, ']') + "}}";
+  absl::StatusOr<ClusterConfig> c = ClusterFromTfConfig(tf_config);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "TF_CONFIG task.index must be an integer, got array");
+  c = ClusterFromTfConfig(
+      "{\"cluster\": {\"ps\": [\"a:1\"], \"worker\": [\"b:2\"]}, \"task\": {\"type\": \"ps\", \"index\": 1.5}}");
+  EXPECT_EQ(c.status().message(), "TF_CONFIG task.index must be an integer, got 1.5");
+}
+
 }  // namespace
 }  // namespace dtrain

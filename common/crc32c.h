@@ -32,6 +32,15 @@ inline uint32_t Unmask(uint32_t masked_crc) {
   return (rot >> 17) | (rot << 15);
 }
 
+// False in every real build. True in fuzzing builds (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, the libFuzzer /
+// OSS-Fuzz convention, defined by -DDTRAIN_FUZZ=ON): readers then compute checksums but accept a mismatch, so
+// that a fuzzer, which cannot forge a CRC, reaches the fields behind it, as hostile input with a valid CRC would.
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+inline constexpr bool kAcceptMismatchForFuzzing = true;
+#else
+inline constexpr bool kAcceptMismatchForFuzzing = false;
+#endif
+
 namespace internal {
 // The two implementations behind Extend(), exposed so tests can compare them.
 uint32_t ExtendPortable(uint32_t init_crc, const void* data, size_t n);

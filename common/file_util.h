@@ -1,4 +1,5 @@
-// Small, careful file helpers: whole-file reads and crash-safe whole-file writes.
+// Small, careful file helpers: whole-file reads and crash-safe whole-file writes on the POSIX file system
+// (Env::Default(), common/env.h; code that tests inject faults into takes an Env* instead).
 //
 //   RETURN_IF_ERROR(WriteFileAtomically("/ckpt/latest", "step-1200\n"));
 //   ASSIGN_OR_RETURN(std::string text, ReadFileToString("/ckpt/latest"));
@@ -21,8 +22,9 @@
 namespace dtrain {
 
 // Replaces `path` with `bytes` so that a reader (or a crash) sees either the old content or the new,
-// never a mix: writes `path.tmp.<pid>`, fsyncs it, renames it over `path`, then fsyncs the directory.
+// never a mix: writes `path.tmp.<pid>.<n>`, fsyncs it, renames it over `path`, then fsyncs the directory.
 // The parent directory must exist. On failure the temporary file is removed and `path` is untouched.
+// Same as WriteFileAtomically(Env::Default(), path, bytes) (common/env.h).
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
 
 // Reads the whole file at `path`.

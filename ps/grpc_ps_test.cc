@@ -182,8 +182,8 @@ TEST(GrpcPsTest, CheckpointFieldsCrossTheWire) {
     PsServerOptions so;
     so.listen_address = "127.0.0.1:0";
     so.ps.num_workers = 1;
-    so.ps.checkpoint_dir = dir;
-    so.ps.save_checkpoint_steps = save_steps;
+    so.ps.checkpoint.dir = dir;
+    so.ps.checkpoint.save_steps = save_steps;
     so.linger = absl::ZeroDuration();
     return PsServer::Start(so);
   };

@@ -1,7 +1,7 @@
 // dtrain_ps: one parameter-server task. Generic like tf.train.Server: it knows the cluster, not the model;
 // the chief worker sends the training configuration. Exits by itself once no worker is left: 0 when training
-// completed, 3 (with a line naming the lost workers) when every worker was lost or stopped on an error, 2 for bad
-// flags, 1 for other errors.
+// completed, 3 (with a line naming the lost workers) when every worker was lost or stopped on an error, 1 when
+// the final checkpoint could not be saved (or another error), 2 for bad flags.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -82,11 +82,11 @@ int main(int argc, char** argv) {
   o.ps.task_index = cluster->task_index;
   o.ps.num_ps = cluster->num_ps();
   o.ps.num_workers = cluster->num_workers();
-  o.ps.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  o.ps.save_checkpoint_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
-  o.ps.save_checkpoint_secs = absl::GetFlag(FLAGS_save_checkpoint_secs);
-  o.ps.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-  if (o.ps.save_checkpoint_steps < 0 || o.ps.save_checkpoint_secs < 0 || o.ps.keep_checkpoints < 0) {
+  o.ps.checkpoint.dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.ps.checkpoint.save_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
+  o.ps.checkpoint.save_secs = absl::GetFlag(FLAGS_save_checkpoint_secs);
+  o.ps.checkpoint.keep = absl::GetFlag(FLAGS_keep_checkpoints);
+  if (o.ps.checkpoint.save_steps < 0 || o.ps.checkpoint.save_secs < 0 || o.ps.checkpoint.keep < 0) {
     std::fprintf(stderr, "dtrain_ps: --save_checkpoint_steps, --save_checkpoint_secs and --keep_checkpoints "
                          "must be >= 0\n");
     return 2;
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain_ps: --max_model_bytes must be > 0 and --max_inflight_bytes >= 16 MiB\n");
     return 2;
   }
-  if (o.ps.checkpoint_dir.empty() && (o.ps.save_checkpoint_steps > 0 || o.ps.save_checkpoint_secs > 0)) {
+  if (!o.ps.checkpoint.enabled() && (o.ps.checkpoint.save_steps > 0 || o.ps.checkpoint.save_secs > 0)) {
     std::fprintf(stderr, "dtrain_ps: --save_checkpoint_steps/--save_checkpoint_secs need --checkpoint_dir\n");
     return 2;
   }
@@ -136,6 +136,12 @@ int main(int argc, char** argv) {
       (*server)->Wait(max_secs > 0 ? absl::Seconds(max_secs) : absl::InfiniteDuration());
   if (!finished) {
     std::fprintf(stderr, "dtrain_ps: gave up after --max_run_secs=%g with workers still running\n", max_secs);
+    return 1;
+  }
+  const absl::Status saved = (*server)->parameter_server()->final_checkpoint_status();
+  if (!saved.ok()) {
+    std::fprintf(stderr, "dtrain_ps: no worker is left, but the final checkpoint was not saved: %s\n",
+                 std::string(saved.message()).c_str());
     return 1;
   }
   const dtrain::ps::TrainingOutcome outcome = (*server)->parameter_server()->outcome();

@@ -24,8 +24,8 @@
 //   session becomes void, and the epoch moves on: pulls waiting in the old epoch end with Aborted and decided
 //   updates of the old epoch are dropped.
 // - Checkpoints: whatever advances the step copies the state at the exact step due (sync: under apply_mu_,
-//   between two updates); the same RPC thread writes the file after releasing its locks (under save_mu_, which
-//   also orders the pruning), before it returns. Restore reads the file under mu_ inside Register: nothing
+//   between two updates); the same RPC thread writes the file after releasing its locks (through writer_, which
+//   retries, serializes writes and orders the pruning), before it returns. Restore reads the file under mu_ inside Register: nothing
 //   else can proceed before the values exist anyway.
 #include "ps/parameter_server.h"
 
@@ -48,7 +48,8 @@
 #include "common/mutex_config.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
-#include "ps/checkpoint.h"
+#include "ps/checkpoint_dir.h"
+#include "ps/checkpoint_writer.h"
 #include "ps/checkpoint_scheduler.h"
 #include "ps/gradient_buffers.h"
 #include "ps/membership.h"
@@ -73,7 +74,10 @@ class ParameterServer::Impl {
       : options_(std::move(options)),
         members_(options_.num_workers, options_.task_index),
         complete_step_(options_.num_workers, -1),
-        checkpoints_(options_.save_checkpoint_steps, options_.save_checkpoint_secs, options_.clock) {
+        checkpoints_(options_.checkpoint.save_steps, options_.checkpoint.save_secs, options_.clock) {
+    if (checkpointing()) {
+      writer_ = std::make_unique<CheckpointWriter>(options_.checkpoint, options_.task_index, options_.num_ps);
+    }
     if (options_.worker_timeout > absl::ZeroDuration()) lease_thread_ = std::thread([this] { LeaseLoop(); });
   }
   ~Impl() {
@@ -96,6 +100,10 @@ class ParameterServer::Impl {
   bool finished() const;
   bool WaitUntilFinished(absl::Duration timeout);
   TrainingOutcome outcome() const;
+  absl::Status final_checkpoint_status() const {
+    absl::MutexLock lock(&mu_);
+    return final_checkpoint_status_;
+  }
   void CheckLeases();
   int64_t step() const;
   // State trained outside the ps (parameter_server.h).
@@ -109,7 +117,7 @@ class ParameterServer::Impl {
   class DiscardUpload;
 
   bool coordinator() const { return options_.task_index == 0; }
-  bool checkpointing() const { return !options_.checkpoint_dir.empty(); }
+  bool checkpointing() const { return options_.checkpoint.enabled(); }
   absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
   absl::Status CheckReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool MustWait(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -140,7 +148,10 @@ class ParameterServer::Impl {
 
   // Checkpoints.
   CheckpointData SnapshotLocked(int64_t label, int64_t task_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WriteCheckpoints(std::vector<CheckpointData> saves) ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes checkpoints taken under the locks (CheckpointWriter: retried, then logged; it prunes the oldest beyond
+  // checkpoint.keep). Returns the status of the newest one: the caller decides whether it matters (the final
+  // save); a periodic save that failed was logged, and training goes on with the previous checkpoint.
+  absl::Status WriteCheckpoints(std::vector<CheckpointData> saves) ABSL_LOCKS_EXCLUDED(mu_);
 
   const ParameterServerOptions options_;
 
@@ -179,8 +190,10 @@ class ParameterServer::Impl {
 
   CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
   int64_t step_hint_ ABSL_GUARDED_BY(mu_) = 0;  // async, tasks > 0: newest global step seen in pushes
+  int64_t written_label_ ABSL_GUARDED_BY(mu_) = 0;  // step of the newest checkpoint written (or restored)
   bool final_save_started_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Mutex save_mu_;  // never held with mu_; serializes writing and pruning checkpoint files
+  absl::Status final_checkpoint_status_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<CheckpointWriter> writer_;  // set once in the constructor when checkpointing; thread-safe
 
   absl::Mutex lease_mu_;
   bool stopping_ ABSL_GUARDED_BY(lease_mu_) = false;
@@ -286,7 +299,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     }
     // The thread that decided a step applies it (slice by slice; pulls stream each slice as it is done).
     if (decided) impl_->ApplyDecision(*decided, epoch, &saves);
-    impl_->WriteCheckpoints(std::move(saves));
+    impl_->WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
     return response;
   }
 
@@ -621,7 +634,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
     RETURN_IF_ERROR(ValidateTrainConfig(request.config, options_.num_workers));
     ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
-                     FindCheckpointToRestore(options_.checkpoint_dir, request.config, options_.task_index,
+                     FindCheckpointToRestore(options_.checkpoint.env, options_.checkpoint.dir, request.config, options_.task_index,
                                              options_.num_ps, request.restore_step));
     if (restored.has_value()) step_ = restored->data.task_step;
     RETURN_IF_ERROR(ConfigureLocked(request.config, request.worker_id));
@@ -634,6 +647,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
       }
       step_hint_ = restored->data.global_step;
       checkpoints_.Saved(restored->data.global_step);
+      written_label_ = restored->data.global_step;
       initialized_ = true;
       LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
                 << restored->data.global_step << ", " << restored->data.slices.size() << " slices)";
@@ -662,10 +676,10 @@ absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& 
   }
   if (!checkpointing()) return probe;
   // Every file of this task that reads back valid and fits the config (read outside the lock: it takes time).
-  ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpointFiles(options_.checkpoint_dir));
+  ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpointFiles(options_.checkpoint.env, options_.checkpoint.dir));
   for (const CheckpointFile& f : files) {
     if (f.task != options_.task_index || f.num_ps != options_.num_ps) continue;
-    absl::StatusOr<CheckpointData> data = ReadCheckpoint(f.path);
+    absl::StatusOr<CheckpointData> data = ReadCheckpoint(options_.checkpoint.env, f.path);
     if (!data.ok()) {
       LOG(WARNING) << "ps task " << options_.task_index << ": " << f.path << " is not restorable (skipping it; an older step will be tried): "
                    << data.status();
@@ -688,8 +702,8 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
                                                       " has no --checkpoint_dir: it cannot restore step ", step));
   }
   // Read and check the file first: a bad one leaves the task as it was.
-  const std::string path = CheckpointPath(options_.checkpoint_dir, step, options_.task_index, options_.num_ps);
-  ASSIGN_OR_RETURN(CheckpointData data, ReadCheckpoint(path));
+  const std::string path = CheckpointPath(options_.checkpoint.dir, step, options_.task_index, options_.num_ps);
+  ASSIGN_OR_RETURN(CheckpointData data, ReadCheckpoint(options_.checkpoint.env, path));
   RETURN_IF_ERROR(CheckCompatible(data, path, config, options_.task_index, options_.num_ps));
   absl::MutexLock apply_lock(&apply_mu_);
   absl::MutexLock lock(&mu_);
@@ -710,6 +724,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
   gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
   std::fill(complete_step_.begin(), complete_step_.end(), -1);
   checkpoints_.Saved(data.global_step);
+  written_label_ = data.global_step;
   NewEpochLocked();
   LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path << " on the chief's request (was at step "
                << was << ", now " << step_ << "); every worker registers again";
@@ -831,7 +846,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
   if (!to_apply.empty()) {
     std::vector<CheckpointData> saves;
     for (const StepDecision& d : to_apply) ApplyDecision(d, epoch, &saves);
-    WriteCheckpoints(std::move(saves));
+    WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
   }
   if (stopped()) return stopped_error();
   RETURN_IF_ERROR(receiver->OnHeader(header));
@@ -971,16 +986,22 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
         final_save_started_ = true;
         finish_after_write = true;
         const int64_t label = o.global_step;
-        if (label != checkpoints_.last_label()) saves.push_back(SnapshotLocked(label, sync_ ? label : step_));
+        // Saved again unless this step is on disk already, or about to be written by this very call (a periodic
+        // save of the same step that failed, or runs on another thread, does not count).
+        const bool pending_here = !saves.empty() && saves.back().global_step == label;
+        if (label != written_label_ && !pending_here) saves.push_back(SnapshotLocked(label, sync_ ? label : step_));
       } else {
         finished_ = true;
       }
     }
     cv_.SignalAll();
   }
-  WriteCheckpoints(std::move(saves));
+  const absl::Status saved = WriteCheckpoints(std::move(saves));
   if (finish_after_write) {
+    // Only now: a finished server may exit, and the final checkpoint must be on disk by then (or its failure
+    // known, for the exit code).
     absl::MutexLock lock(&mu_);
+    final_checkpoint_status_ = saved;
     finished_ = true;
     cv_.SignalAll();
   }
@@ -1046,26 +1067,16 @@ CheckpointData ParameterServer::Impl::SnapshotLocked(int64_t label, int64_t task
   return d;
 }
 
-// Writes checkpoints taken under the locks, then deletes the oldest beyond keep_checkpoints. A failed write is
-// logged, not returned: training goes on (the next save may succeed).
-void ParameterServer::Impl::WriteCheckpoints(std::vector<CheckpointData> saves) {
-  if (saves.empty()) return;
-  absl::MutexLock lock(&save_mu_);
+absl::Status ParameterServer::Impl::WriteCheckpoints(std::vector<CheckpointData> saves) {
+  absl::Status newest;
   for (const CheckpointData& d : saves) {
-    const std::string path =
-        CheckpointPath(options_.checkpoint_dir, d.global_step, options_.task_index, options_.num_ps);
-    const absl::Time start = absl::Now();
-    absl::Status s = WriteCheckpoint(path, d);
-    if (!s.ok()) {
-      LOG(ERROR) << "ps task " << options_.task_index << ": cannot save checkpoint " << path << ": " << s;
-      continue;
+    newest = writer_->Save(d);
+    if (newest.ok()) {
+      absl::MutexLock lock(&mu_);
+      written_label_ = std::max(written_label_, d.global_step);
     }
-    LOG(INFO) << "ps task " << options_.task_index << ": saved checkpoint " << path << " in "
-              << absl::FormatDuration(absl::Now() - start);
   }
-  absl::Status s = PruneCheckpoints(options_.checkpoint_dir, options_.task_index, options_.num_ps,
-                                    options_.keep_checkpoints);
-  if (!s.ok()) LOG(WARNING) << "ps task " << options_.task_index << ": pruning old checkpoints: " << s;
+  return newest;
 }
 
 // ---- state trained outside the ps -------------------------------------------------------------------------
@@ -1108,7 +1119,7 @@ absl::Status ParameterServer::Impl::ImportState(int64_t step, const std::vector<
     if (save && checkpointing()) saves.push_back(SnapshotLocked(step, step));
     cv_.SignalAll();
   }
-  WriteCheckpoints(std::move(saves));
+  WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
   return absl::OkStatus();
 }
 
@@ -1123,11 +1134,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Paramet
   if (options.num_workers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_workers must be >= 1, got ", options.num_workers));
   }
-  if (options.save_checkpoint_steps < 0 || options.save_checkpoint_secs < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("save_checkpoint_steps (", options.save_checkpoint_steps,
-                                                   ") and save_checkpoint_secs (", options.save_checkpoint_secs,
-                                                   ") must be >= 0"));
-  }
+  RETURN_IF_ERROR(ValidateCheckpointOptions(options.checkpoint));
   if (options.worker_timeout < absl::ZeroDuration() || options.max_model_bytes <= 0) {
     return absl::InvalidArgumentError("worker_timeout must be >= 0 and max_model_bytes > 0");
   }
@@ -1165,6 +1172,7 @@ bool ParameterServer::finished() const { return impl_->finished(); }
 bool ParameterServer::WaitUntilFinished(absl::Duration timeout) { return impl_->WaitUntilFinished(timeout); }
 TrainingOutcome ParameterServer::outcome() const { return impl_->outcome(); }
 void ParameterServer::CheckLeases() { impl_->CheckLeases(); }
+absl::Status ParameterServer::final_checkpoint_status() const { return impl_->final_checkpoint_status(); }
 int64_t ParameterServer::step() const { return impl_->step(); }
 absl::StatusOr<CheckpointData> ParameterServer::ExportState() { return impl_->ExportState(); }
 bool ParameterServer::CheckpointDue(int64_t step) { return impl_->CheckpointDue(step); }

@@ -25,29 +25,31 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "ps/checkpoint.h"
+#include "ps/checkpoint_format.h"
+#include "ps/checkpoint_options.h"
 #include "ps/ps_interface.h"
 #include "ps/ps_types.h"
 
 namespace dtrain::ps {
 
-// Checkpoints (ps/checkpoint.h has the file format and names). With checkpoint_dir set, each task writes
-// <checkpoint_dir>/model.ckpt-<step>.ps<task>-of-<num_ps>:
-// - Sync mode: ps 0 saves when the global step reaches a multiple of save_checkpoint_steps, or when
-//   save_checkpoint_secs have passed since its last save, and marks that step's decision (StepDecision::
+// Checkpoints (ps/checkpoint_format.h has the file format, ps/checkpoint_dir.h the names and the restore
+// policy). With checkpoint.dir set, each task writes <checkpoint.dir>/model.ckpt-<step>.ps<task>-of-<num_ps>:
+// - Sync mode: ps 0 saves when the global step reaches a multiple of checkpoint.save_steps, or when
+//   checkpoint.save_secs have passed since its last save, and marks that step's decision (StepDecision::
 //   checkpoint); every other task saves when it applies a marked decision. So all tasks save the same steps
 //   (their own save_* options are not used) and the files of one step form a consistent checkpoint.
 // - Async mode: ps 0 saves by global step / time as above. Each other task saves on its own schedule: when its
 //   estimate of the global step (the newest step seen in pushes, + 1) crosses a multiple of
-//   save_checkpoint_steps (saved under that multiple), or by time (saved under the estimate). The tasks'
+//   checkpoint.save_steps (saved under that multiple), or by time (saved under the estimate). The tasks'
 //   files of one step are therefore taken at slightly different moments: consistency across tasks is best
 //   effort in async mode, as with TensorFlow's Saver on asynchronous training.
-// - When every worker has reported Done, each task saves a final checkpoint (unless it just saved that step);
-//   finished() turns true only after it is on disk.
+// - When no worker is left (each reported Done or was declared lost), each task saves a final checkpoint (unless it just saved that step);
+//   finished() turns true only after it was written, or failed: final_checkpoint_status() says which.
 // - The state is copied between updates (sync: right after the step's update, before the next one starts);
-//   the file is written outside any lock by the calling RPC thread (atomically: temporary file, fsync,
-//   rename), then all but the newest keep_checkpoints files of this task are deleted. A failed write is logged
-//   (LOG(ERROR)), training goes on.
+//   the file is written outside any lock by the calling RPC thread through a CheckpointWriter
+//   (ps/checkpoint_writer.h: atomically, retried checkpoint.max_attempts times with backoff), then all but the
+//   newest checkpoint.keep files of this task are deleted. A periodic save that still fails is logged
+//   (LOG(ERROR)) and training goes on; the previous checkpoint stays intact.
 // - Restore: when the chief registers and the task holds no values, it restores the checkpoint chosen by
 //   RegisterRequest::restore_step (see FindCheckpointToRestore) before answering, so Register returns
 //   initialized=true with the restored step, and the chief skips Initialize. A corrupt newest file is skipped
@@ -61,10 +63,7 @@ struct ParameterServerOptions {
   // the workers, and updates of different slices overlap with sending); an in-process ps in local mode uses the
   // worker's --threads.
   int apply_threads = 1;
-  std::string checkpoint_dir;         // empty = no checkpoints (neither saved nor restored)
-  int64_t save_checkpoint_steps = 0;  // >= 0; 0 = no step-based saves
-  double save_checkpoint_secs = 0;    // >= 0; 0 = no time-based saves
-  int keep_checkpoints = 5;           // files of this task kept; <= 0 keeps all
+  CheckpointOptions checkpoint;  // dir empty = no checkpoints (neither saved nor restored)
   // Test hook: called on the coordinator after each step is applied (step, contributing workers), in step
   // order, from the thread that applied it. It must not call back into the ParameterServer.
   std::function<void(const StepDecision&)> on_step_applied;
@@ -146,6 +145,11 @@ class ParameterServer : public PsInterface {
   absl::Status ImportState(int64_t step, const std::vector<SliceState>& slices, bool save);
 
   class Impl;
+
+  // OK, or why the final checkpoint (saved when every worker was done) could not be written even after its
+  // retries. Meaningful once finished(); a binary exits non-zero when it is not OK, since the end of training
+  // is then not on disk.
+  absl::Status final_checkpoint_status() const;
 
  private:
   explicit ParameterServer(std::unique_ptr<Impl> impl);

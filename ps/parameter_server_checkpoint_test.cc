@@ -11,9 +11,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
 #include "gtest/gtest.h"
-#include "ps/checkpoint.h"
+#include "common/env.h"
+#include "common/testing/fault_injection_env.h"
+#include "ps/checkpoint_dir.h"
 #include "ps/checkpoint_test_util.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_test_util.h"
@@ -43,8 +44,8 @@ SimClusterOptions Options(int num_ps, const std::string& dir, const std::string&
   o.config.moving_average_decay = 0.9f;
   o.initial.resize(350);
   for (size_t i = 0; i < o.initial.size(); ++i) o.initial[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
-  o.checkpoint_dir = dir;
-  o.save_checkpoint_steps = 5;
+  o.checkpoint.dir = dir;
+  o.checkpoint.save_steps = 5;
   return o;
 }
 
@@ -78,7 +79,10 @@ void RunSteps(SimCluster* cluster, int64_t from, int64_t to,
 
 void FinishTraining(SimCluster* cluster) {
   for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(SimWorker(cluster, w).Done().ok());
-  for (int t = 0; t < cluster->num_ps(); ++t) EXPECT_TRUE(cluster->task(t).finished());
+  for (int t = 0; t < cluster->num_ps(); ++t) {
+    EXPECT_TRUE(cluster->task(t).finished());
+    EXPECT_TRUE(cluster->task(t).final_checkpoint_status().ok()) << cluster->task(t).final_checkpoint_status();
+  }
 }
 
 // Values (or moving averages) of every task, as a flat buffer.
@@ -98,7 +102,7 @@ std::vector<float> Flat(SimCluster* cluster, bool moving_averages) {
 // Steps of the checkpoint files of each task.
 std::map<int, std::set<int64_t>> StepsOnDisk(const std::string& dir) {
   std::map<int, std::set<int64_t>> steps;
-  absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpointFiles(dir);
+  absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpointFiles(Env::Default(), dir);
   EXPECT_TRUE(files.ok()) << files.status();
   if (files.ok()) {
     for (const CheckpointFile& f : *files) steps[f.task].insert(f.step);
@@ -157,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(NumPs, ResumeTest, ::testing::Values(1, 2));
 TEST(ParameterServerCheckpointTest, KeepsTheNewestN) {
   ScratchDir dir("keep");
   SimClusterOptions o = Options(2, dir.path(), "momentum");
-  o.keep_checkpoints = 2;
+  o.checkpoint.keep = 2;
   auto cluster = SimCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   RunSteps(cluster->get(), 0, 27);
@@ -173,9 +177,9 @@ TEST(ParameterServerCheckpointTest, KeepsTheNewestN) {
 TEST(ParameterServerCheckpointTest, TimeBasedSavesInSyncAreTheSameStepsOnEveryTask) {
   ScratchDir dir("secs");
   SimClusterOptions o = Options(2, dir.path(), "sgd");
-  o.save_checkpoint_steps = 0;
-  o.save_checkpoint_secs = 0.2;
-  o.keep_checkpoints = 0;  // keep all
+  o.checkpoint.save_steps = 0;
+  o.checkpoint.save_secs = 0.2;
+  o.checkpoint.keep = 0;  // keep all
   auto cluster = SimCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   RunSteps(cluster->get(), 0, 8, [](int64_t step) {
@@ -216,9 +220,9 @@ TEST(ParameterServerCheckpointTest, CorruptFileOfAnotherTaskTakesEveryTaskToTheN
     RunSteps(cluster->get(), 0, 10);
   }
   const std::string path = CheckpointPath(dir.path(), 10, 1, 2);
-  std::string bytes = *ReadFileToString(path);
+  std::string bytes = *Env::Default()->ReadFile(path);
   bytes[bytes.size() / 3] ^= 0x04;
-  ASSERT_TRUE(WriteFileAtomically(path, bytes).ok());
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), path, bytes).ok());
   LogCapture log;
   auto resumed = SimCluster::Start(Options(2, dir.path()));
   ASSERT_TRUE(resumed.ok()) << resumed.status();
@@ -242,7 +246,7 @@ TEST(ParameterServerCheckpointTest, AnotherModelsCheckpointIsRefused) {
   SimClusterOptions o = Options(1, dir.path());
   ParameterServerOptions po;
   po.num_workers = kWorkers;
-  po.checkpoint_dir = dir.path();
+  po.checkpoint.dir = dir.path();
   std::unique_ptr<ParameterServer> ps = *ParameterServer::Create(po);
   RegisterRequest request;
   request.is_chief = true;
@@ -295,7 +299,7 @@ TEST(ParameterServerCheckpointTest, AsyncTasksSaveUnderTheGlobalStep) {
   SimClusterOptions o = Options(2, dir.path(), "sgd");
   o.config = MakeConfig("async", 1, 1, 0.05f);
   o.config.moving_average_decay = 0.9f;
-  o.save_checkpoint_steps = 4;
+  o.checkpoint.save_steps = 4;
   auto cluster = SimCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   SimWorker w(cluster->get(), 0);
@@ -316,6 +320,92 @@ TEST(ParameterServerCheckpointTest, AsyncTasksSaveUnderTheGlobalStep) {
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ((*resumed)->restored_step(), 10);
   EXPECT_EQ(Flat(resumed->get(), false), params);
+}
+
+// Whether any temporary file of an unfinished write is left in `dir`.
+bool HasTemporaryFiles(const std::string& dir) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (IsTemporaryFileName(e.path().filename().string())) return true;
+  }
+  return false;
+}
+
+// A full disk during a periodic save: the save is retried, then reported; training goes on; the previous
+// checkpoint stays restorable and no temporary file is left; the next save after the disk recovers works.
+TEST(ParameterServerCheckpointTest, FailedPeriodicSaveIsReportedAndTrainingGoesOn) {
+  ScratchDir dir("full_disk");
+  ::dtrain::testing::FaultInjectionEnv env(Env::Default());
+  SimClusterOptions o = Options(1, dir.path(), "sgd");
+  o.checkpoint.env = &env;
+  auto cluster = SimCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  // One run of steps (the simulated workers' request ids must not start over): the disk is full from step 7
+  // to step 12, across the step-10 save.
+  LogCapture log;
+  RunSteps(cluster->get(), 0, 16, [&](int64_t step) {
+    if (step == 7) {
+      EXPECT_EQ(StepsOnDisk(dir.path())[0], (std::set<int64_t>{5}));
+      env.FailWritesAfter(100);  // less than one checkpoint
+    }
+    if (step != 12) return;
+    EXPECT_TRUE(log.Contains("ERROR: ps task 0: cannot save checkpoint " + CheckpointPath(dir.path(), 10, 0, 1) +
+                             " after 3 attempts"))
+        << log.text();
+    EXPECT_TRUE(log.Contains("No space left on device")) << log.text();
+    EXPECT_EQ(env.sleeps().size(), 2u);  // backoff between the three attempts
+    EXPECT_EQ(StepsOnDisk(dir.path())[0], (std::set<int64_t>{5}));
+    EXPECT_FALSE(HasTemporaryFiles(dir.path()));
+    {
+      // Another cluster started on the directory restores step 5 (it trains nothing, so it saves nothing).
+      auto probe = SimCluster::Start(Options(1, dir.path(), "sgd"));
+      ASSERT_TRUE(probe.ok()) << probe.status();
+      EXPECT_EQ((*probe)->restored_step(), 5);
+    }
+    env.ClearFaults();
+  });
+  EXPECT_EQ((*cluster)->task(0).step(), 16);
+  EXPECT_EQ(StepsOnDisk(dir.path())[0], (std::set<int64_t>{5, 15}));
+  FinishTraining(cluster->get());
+  EXPECT_EQ(StepsOnDisk(dir.path())[0], (std::set<int64_t>{5, 15, 16}));
+}
+
+// The final save failing (every rename) is kept for the binary's exit code; the server still finishes.
+TEST(ParameterServerCheckpointTest, FailedFinalSaveIsReported) {
+  ScratchDir dir("final_fails");
+  ::dtrain::testing::FaultInjectionEnv env(Env::Default());
+  SimClusterOptions o = Options(1, dir.path(), "sgd");
+  o.checkpoint.env = &env;
+  auto cluster = SimCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RunSteps(cluster->get(), 0, 7);
+  env.FailRenames(1000);
+  for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(SimWorker(cluster->get(), w).Done().ok());
+  ParameterServer& ps = (*cluster)->task(0);
+  EXPECT_TRUE(ps.finished());
+  const absl::Status s = ps.final_checkpoint_status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "cannot save checkpoint " + CheckpointPath(dir.path(), 7, 0, 1)))
+      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "cannot rename")) << s;
+  EXPECT_EQ(StepsOnDisk(dir.path())[0], (std::set<int64_t>{5}));
+  EXPECT_FALSE(HasTemporaryFiles(dir.path()));
+}
+
+// A periodic save of the last step that failed is not mistaken for "that step is saved already": the final
+// save writes it.
+TEST(ParameterServerCheckpointTest, FinalSaveRewritesAStepWhoseSaveFailed) {
+  ScratchDir dir("final_after_failure");
+  ::dtrain::testing::FaultInjectionEnv env(Env::Default());
+  SimClusterOptions o = Options(1, dir.path(), "sgd");
+  o.checkpoint.env = &env;
+  o.checkpoint.max_attempts = 1;
+  auto cluster = SimCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  env.FailSyncs(1);
+  RunSteps(cluster->get(), 0, 5);  // the step-5 save fails
+  EXPECT_TRUE(StepsOnDisk(dir.path()).empty());
+  FinishTraining(cluster->get());   // at step 5
+  EXPECT_EQ(StepsOnDisk(dir.path())[0], (std::set<int64_t>{5}));
 }
 
 }  // namespace

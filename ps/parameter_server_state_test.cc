@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "ps/checkpoint.h"
+#include "ps/checkpoint_dir.h"
+#include "ps/checkpoint_set.h"
 #include "ps/checkpoint_test_util.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_test_util.h"
@@ -29,8 +30,8 @@ SimClusterOptions Options(const std::string& dir) {
   o.config.moving_average_decay = 0.9f;
   o.initial.resize(306);
   for (size_t i = 0; i < o.initial.size(); ++i) o.initial[i] = 0.01f * static_cast<float>(i % 13);
-  o.checkpoint_dir = dir;
-  o.save_checkpoint_steps = 5;
+  o.checkpoint.dir = dir;
+  o.checkpoint.save_steps = 5;
   return o;
 }
 
@@ -73,7 +74,7 @@ TEST(ParameterServerStateTest, ExportImportSaveAndRestore) {
     EXPECT_EQ(ps.step(), 5);
     EXPECT_FALSE(ps.CheckpointDue(5)) << "just saved";
     EXPECT_TRUE(ps.CheckpointDue(10));
-    absl::StatusOr<std::vector<CheckpointData>> saved = ReadCheckpointSet(CheckpointPrefix(dir.path(), 5));
+    absl::StatusOr<std::vector<CheckpointData>> saved = ReadCheckpointSet(Env::Default(), CheckpointPrefix(dir.path(), 5));
     ASSERT_TRUE(saved.ok()) << saved.status();
     ASSERT_EQ(saved->size(), 1u);
     EXPECT_EQ((*saved)[0].global_step, 5);
@@ -107,7 +108,7 @@ TEST(ParameterServerStateTest, ExportImportSaveAndRestore) {
   absl::StatusOr<CheckpointData> restored = (*restarted)->task(0).ExportState();
   ASSERT_TRUE(restored.ok());
   EXPECT_EQ(restored->global_step, 7);
-  absl::StatusOr<std::vector<CheckpointData>> at7 = ReadCheckpointSet(CheckpointPrefix(dir.path(), 7));
+  absl::StatusOr<std::vector<CheckpointData>> at7 = ReadCheckpointSet(Env::Default(), CheckpointPrefix(dir.path(), 7));
   ASSERT_TRUE(at7.ok()) << at7.status();
   for (size_t i = 0; i < restored->slices.size(); ++i) {
     EXPECT_EQ(restored->slices[i].values, (*at7)[0].slices[i].values);
@@ -124,7 +125,7 @@ TEST(ParameterServerStateTest, NothingBeforeRegistrationAndNoScheduleWithoutADir
   EXPECT_EQ((*ps)->ImportState(1, {}, false).code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE((*ps)->CheckpointDue(5));
   SimClusterOptions o = Options("");
-  o.save_checkpoint_steps = 0;
+  o.checkpoint.save_steps = 0;
   auto cluster = SimCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   EXPECT_FALSE((*cluster)->task(0).CheckpointDue(5));

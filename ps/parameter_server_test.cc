@@ -91,7 +91,7 @@ TEST(ParameterServerTest, CreateRejectsBadOptions) {
   EXPECT_NE(ps.status().message().find("task_index 2"), std::string::npos) << ps.status();
   EXPECT_EQ(ParameterServer::Create(Options(0)).status().code(), absl::StatusCode::kInvalidArgument);
   o = Options(1);
-  o.save_checkpoint_steps = -1;
+  o.checkpoint.save_steps = -1;
   EXPECT_EQ(ParameterServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

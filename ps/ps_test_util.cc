@@ -87,10 +87,7 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
     ps_options.num_ps = options.num_ps;
     ps_options.num_workers = cluster->num_workers_;
     if (t == 0) ps_options.on_step_applied = options.on_step_applied;
-    ps_options.checkpoint_dir = options.checkpoint_dir;
-    ps_options.save_checkpoint_steps = options.save_checkpoint_steps;
-    ps_options.save_checkpoint_secs = options.save_checkpoint_secs;
-    ps_options.keep_checkpoints = options.keep_checkpoints;
+    ps_options.checkpoint = options.checkpoint;
     ps_options.clock = options.clock;
     ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> ps, ParameterServer::Create(ps_options));
     cluster->tasks_.push_back(std::move(ps));

@@ -49,11 +49,8 @@ struct SimClusterOptions {
   TrainConfig config;          // slices are filled per task
   std::vector<float> initial;  // flat initial values
   std::function<void(const StepDecision&)> on_step_applied;  // ps 0's hook
-  // Checkpoints (ParameterServerOptions); with a checkpoint_dir, Start restores like WorkerClient::Connect.
-  std::string checkpoint_dir;
-  int64_t save_checkpoint_steps = 0;
-  double save_checkpoint_secs = 0;
-  int keep_checkpoints = 5;
+  // Checkpoints (ParameterServerOptions); with a checkpoint.dir, Start restores like WorkerClient::Connect.
+  CheckpointOptions checkpoint;
   std::function<absl::Time()> clock;
 };
 

@@ -84,7 +84,7 @@ struct TrainConfig {
 };
 
 // RegisterRequest::restore_step: which checkpoint a ps task without values restores when the chief registers
-// (only with ParameterServerOptions::checkpoint_dir set; ignored once the task holds values).
+// (only with ParameterServerOptions::checkpoint.dir set; ignored once the task holds values).
 inline constexpr int64_t kRestoreNewest = -1;  // the newest valid checkpoint of this task (the default)
 inline constexpr int64_t kRestoreNone = -2;    // none: the chief initializes fresh values
 

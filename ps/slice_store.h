@@ -31,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "ps/checkpoint.h"
+#include "ps/checkpoint_format.h"
 #include "ps/optimizer.h"
 #include "ps/ps_types.h"
 #include "ps/slice_io.h"

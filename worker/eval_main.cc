@@ -22,7 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/device.h"
-#include "ps/checkpoint.h"
+#include "common/env.h"
+#include "ps/checkpoint_set.h"
 #include "worker/data/dataset.h"
 #include "worker/models/model.h"
 #include "worker/npz_writer.h"
@@ -46,7 +47,7 @@ struct EvalOptions {
 };
 
 absl::Status RunEval(const EvalOptions& o) {
-  ASSIGN_OR_RETURN(std::vector<ps::CheckpointData> parts, ps::ReadCheckpointSet(o.checkpoint));
+  ASSIGN_OR_RETURN(std::vector<ps::CheckpointData> parts, ps::ReadCheckpointSet(Env::Default(), o.checkpoint));
   const int64_t step = parts[0].global_step;
   ASSIGN_OR_RETURN(data::DatasetPair dataset, data::LoadDataset(o.data_dir));
   const bool cifar = o.model == "cifar10";

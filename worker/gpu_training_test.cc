@@ -169,8 +169,8 @@ TEST(GpuTrainingTest, CheckpointsFromTheDeviceResume) {
     WorkerOptions o = CnnOptions(&data, towers);
     o.shuffle = false;
     o.eval_every = 0;
-    o.checkpoint_dir = dir;
-    o.save_checkpoint_steps = 10;
+    o.checkpoint.dir = dir;
+    o.checkpoint.save_steps = 10;
     o.train_steps = steps;
     return o;
   };

@@ -16,6 +16,7 @@
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
 #include "ps/slice_io.h"
+#include "ps/checkpoint_options.h"
 #include "ps/grpc_ps_client.h"
 #include "worker/towers.h"
 #include "worker/trainer.h"
@@ -135,10 +136,10 @@ int main(int argc, char** argv) {
   o.step_timeout_secs = absl::GetFlag(FLAGS_step_timeout_secs);
   o.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
   o.step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
-  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  o.save_checkpoint_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
-  o.save_checkpoint_secs = absl::GetFlag(FLAGS_save_checkpoint_secs);
-  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  o.checkpoint.dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint.save_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
+  o.checkpoint.save_secs = absl::GetFlag(FLAGS_save_checkpoint_secs);
+  o.checkpoint.keep = absl::GetFlag(FLAGS_keep_checkpoints);
   o.worker_id = cluster->is_local() ? 0 : cluster->task_index;
   o.num_workers = cluster->is_local() ? 1 : cluster->num_workers();
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();
@@ -149,6 +150,7 @@ int main(int argc, char** argv) {
     flags_ok = absl::InvalidArgumentError("--step_timeout_secs must be > 0");
   }
   if (flags_ok.ok() && o.summary_every < 0) flags_ok = absl::InvalidArgumentError("--summary_every must be >= 0");
+  if (flags_ok.ok()) flags_ok = dtrain::ps::ValidateCheckpointOptions(o.checkpoint);
   if (flags_ok.ok()) {
     absl::StatusOr<std::vector<dtrain::kernels::DeviceSpec>> towers =
         dtrain::worker::ParseTowers(o.towers, o.num_gpus, o.threads);

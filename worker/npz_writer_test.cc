@@ -54,7 +54,8 @@ bool ParseNpy(const std::string& npy, NpyArray* out) {
     return false;
   }
   out->data.resize(count);
-  std::memcpy(out->data.data(), npy.data() + 10 + header_len, count * sizeof(float));
+  // An empty array's data() may be null, and memcpy from or to null is undefined even for 0 bytes (UBSan).
+  if (count > 0) std::memcpy(out->data.data(), npy.data() + 10 + header_len, count * sizeof(float));
   return true;
 }
 

@@ -13,7 +13,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "ps/checkpoint.h"
+#include "ps/checkpoint_dir.h"
+#include "ps/checkpoint_set.h"
 #include "worker/device_state.h"
 #include "worker/synthetic_data.h"
 #include "worker/trainer.h"
@@ -118,8 +119,8 @@ WorkerOptions ResumeOptions(const data::DatasetPair* data, const std::string& di
   WorkerOptions o = Options(data, c);
   o.shuffle = false;
   o.eval_every = 0;
-  o.checkpoint_dir = dir;
-  o.save_checkpoint_steps = 10;
+  o.checkpoint.dir = dir;
+  o.checkpoint.save_steps = 10;
   o.cpu_towers_in_place = false;
   return o;
 }
@@ -143,7 +144,7 @@ TEST(DeviceResidentCheckpointTest, ResumedRunEqualsUninterruptedRun) {
   first.train_steps = 25;
   absl::StatusOr<TrainingResult> a = RunTraining(first, {});
   ASSERT_TRUE(a.ok()) << a.status();
-  absl::StatusOr<std::vector<ps::CheckpointFile>> files = ps::ListCheckpointFiles(dir);
+  absl::StatusOr<std::vector<ps::CheckpointFile>> files = ps::ListCheckpointFiles(Env::Default(), dir);
   ASSERT_TRUE(files.ok());
   std::vector<int64_t> steps;
   for (const auto& f : *files) steps.push_back(f.step);
@@ -157,7 +158,7 @@ TEST(DeviceResidentCheckpointTest, ResumedRunEqualsUninterruptedRun) {
   EXPECT_LE(RelativeDifference(b->parameters, want->parameters), 1e-6);
   EXPECT_EQ(b->test_accuracy_averaged, want->test_accuracy_averaged);
   // ... and the checkpoint set reads back as dtrain_eval reads it.
-  absl::StatusOr<std::vector<ps::CheckpointData>> newest = ps::ReadCheckpointSet(dir);
+  absl::StatusOr<std::vector<ps::CheckpointData>> newest = ps::ReadCheckpointSet(Env::Default(), dir);
   ASSERT_TRUE(newest.ok()) << newest.status();
   EXPECT_EQ((*newest)[0].global_step, 40);
   absl::StatusOr<std::vector<float>> flat =

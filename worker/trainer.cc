@@ -162,10 +162,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   if (local) {
     ps::ParameterServerOptions po;
     po.num_workers = 1;
-    po.checkpoint_dir = o.checkpoint_dir;
-    po.save_checkpoint_steps = o.save_checkpoint_steps;
-    po.save_checkpoint_secs = o.save_checkpoint_secs;
-    po.keep_checkpoints = o.keep_checkpoints;
+    po.checkpoint = o.checkpoint;
     po.apply_threads = o.threads;
     ASSIGN_OR_RETURN(c->local_ps, ps::ParameterServer::Create(po));
     c->tasks = {c->local_ps.get()};

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ps/checkpoint_options.h"
 #include "ps/parameter_server.h"
 #include "worker/data/dataset.h"
 
@@ -41,10 +42,7 @@ struct WorkerOptions {
   float moving_average_decay = 0;
 
   // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/parameter_server.h).
-  std::string checkpoint_dir;
-  int64_t save_checkpoint_steps = 0;
-  double save_checkpoint_secs = 0;
-  int keep_checkpoints = 5;
+  ps::CheckpointOptions checkpoint;
 
   // Distribution.
   std::string mode = "sync";  // sync | async

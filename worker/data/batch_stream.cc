@@ -1,6 +1,7 @@
 // BatchStream: a worker's shard, reshuffled every epoch, cut into preprocessed batches on a prefetching
 // thread. Everything random derives from (seed, shard, epoch) or (seed, shard, batch index), so the
-// batches are the same whatever the thread timing or prefetch depth.
+// batches are the same whatever the thread timing or prefetch depth, and a saved batch index (with the
+// numbers that define the order) is the whole state of a stream.
 #include <algorithm>
 #include <cstdint>
 #include <deque>
@@ -17,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "worker/data/batch_stream_state.h"
 #include "worker/data/dataset.h"
 #include "worker/data/preprocess.h"
 
@@ -47,8 +49,9 @@ void Shuffle(std::vector<int64_t>* v, std::mt19937_64* rng) {
   }
 }
 
-// Thread-safety: Next() from one consumer thread; the producer thread only touches queue_/stop_ under
-// mu_ and otherwise state it alone uses (next_batch_, order_, order_epoch_).
+// Thread-safety: Next(), SaveState() and Restore() from one consumer thread. The producer thread takes the
+// index of the batch to build (next_batch_) and the generation under mu_, builds it outside the lock from state
+// it alone uses (order_, order_epoch_), and queues it only if no Restore() started a new generation meanwhile.
 class PrefetchingBatchStream : public BatchStream {
  public:
   PrefetchingBatchStream(const Dataset& data, const BatchStreamOptions& o, ImageShape out_shape)
@@ -68,7 +71,7 @@ class PrefetchingBatchStream : public BatchStream {
 
   const Batch& Next() override {
     if (o_.prefetch <= 0) {
-      current_ = MakeBatch(next_batch_++);
+      current_ = MakeBatch(consumed_++);
       return current_;
     }
     mu_.LockWhen(absl::Condition(
@@ -76,7 +79,50 @@ class PrefetchingBatchStream : public BatchStream {
     current_ = std::move(queue_.front());
     queue_.pop_front();
     mu_.Unlock();
+    ++consumed_;
     return current_;
+  }
+
+  int64_t batches_read() const override { return consumed_; }
+
+  std::string SaveState() const override {
+    const int64_t first = consumed_ * o_.batch_size;
+    BatchStreamState s = Identity();
+    s.epoch = first / shard_size();
+    s.offset = first % shard_size();
+    s.next_batch = consumed_;
+    return EncodeBatchStreamState(s);
+  }
+
+  absl::Status Restore(absl::string_view state) override {
+    ASSIGN_OR_RETURN(BatchStreamState s, DecodeBatchStreamState(state));
+    const BatchStreamState me = Identity();
+    std::string differences;
+    auto differ = [&differences](absl::string_view what, auto saved, auto mine) {
+      if (saved == mine) return;
+      absl::StrAppend(&differences, differences.empty() ? "" : ", ", what, " ", saved, " (this stream: ", mine,
+                      ")");
+    };
+    differ("seed", s.seed, me.seed);
+    differ("shard", s.shard_index, me.shard_index);
+    differ("number of shards", s.num_shards, me.num_shards);
+    differ("shard size", s.shard_size, me.shard_size);
+    differ("batch size", s.batch_size, me.batch_size);
+    differ("shuffle", static_cast<int>(s.shuffle), static_cast<int>(me.shuffle));
+    differ("preprocessing", s.preprocess, me.preprocess);
+    if (!differences.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "input position: saved by another input stream: ", differences,
+          "; resume with the same data, --seed, --batch_size and cluster size, or start the input afresh"));
+    }
+    consumed_ = s.next_batch;
+    if (o_.prefetch > 0) {
+      absl::MutexLock lock(&mu_);
+      queue_.clear();
+      next_batch_ = s.next_batch;
+      ++generation_;
+    }
+    return absl::OkStatus();
   }
 
   int64_t shard_size() const override { return static_cast<int64_t>(shard_.size()); }
@@ -84,19 +130,36 @@ class PrefetchingBatchStream : public BatchStream {
  private:
   void ProduceLoop() {
     while (true) {
+      int64_t k;
+      uint64_t generation;
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(this, &PrefetchingBatchStream::ShouldProduceOrStop));
         if (stop_) return;
+        k = next_batch_++;
+        generation = generation_;
       }
-      Batch b = MakeBatch(next_batch_++);
+      Batch b = MakeBatch(k);
       absl::MutexLock lock(&mu_);
-      queue_.push_back(std::move(b));
+      if (generation == generation_) queue_.push_back(std::move(b));  // else a Restore() moved the stream
     }
   }
 
   bool ShouldProduceOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || static_cast<int>(queue_.size()) < o_.prefetch;
+  }
+
+  // The numbers that define this stream's order, with a zero position.
+  BatchStreamState Identity() const {
+    BatchStreamState s;
+    s.seed = o_.seed;
+    s.shard_index = o_.shard_index;
+    s.num_shards = o_.num_shards;
+    s.shard_size = shard_size();
+    s.batch_size = o_.batch_size;
+    s.shuffle = o_.shuffle;
+    s.preprocess = static_cast<int>(o_.preprocess);
+    return s;
   }
 
   // Shard-local index of the example at stream position p (positions run across epochs).
@@ -140,15 +203,18 @@ class PrefetchingBatchStream : public BatchStream {
   std::vector<int64_t> shard_;  // dataset indices of this shard, ascending
 
   // Producer-only state (or consumer-only when prefetch == 0).
-  int64_t next_batch_ = 0;
   std::vector<int64_t> order_;  // shard_ shuffled for order_epoch_
   int64_t order_epoch_ = -1;
 
   absl::Mutex mu_;
-  std::deque<Batch> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Batch> queue_ ABSL_GUARDED_BY(mu_);  // batches next_batch_ - queue_.size(), ..., in order
+  int64_t next_batch_ ABSL_GUARDED_BY(mu_) = 0;   // the producer's next batch index
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by Restore(): batches built before are dropped
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
-  Batch current_;  // consumer-only
+  // Consumer-only.
+  Batch current_;
+  int64_t consumed_ = 0;  // batches returned by Next() (or set by Restore)
   std::thread producer_;
 };
 

@@ -1,12 +1,18 @@
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/data/batch_stream_state.h"
 #include "worker/data/data_test_util.h"
 #include "worker/data/dataset.h"
 
@@ -310,6 +316,148 @@ TEST(BatchStreamTest, CreateRejectsBadOptions) {
   absl::Status s = BatchStream::Create(d, o).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), ::testing::HasSubstr("33x24"));
+}
+
+// ---- Saved positions (SaveState / Restore) ----
+
+void ExpectSameBatch(const Batch& a, const Batch& b, const std::string& where) {
+  EXPECT_EQ(a.images, b.images) << where;
+  EXPECT_EQ(a.labels, b.labels) << where;
+  EXPECT_EQ(a.epoch, b.epoch) << where;
+}
+
+// A stream restored from a saved position, in a new stream or the same one, returns exactly the batches the
+// original returns next: across epoch boundaries, with shuffling and distortions, on every shard, with and
+// without the prefetch thread.
+TEST(BatchStreamStateTest, RestoredStreamContinuesWithTheSameBatches) {
+  const Dataset d = MakeDataset(101, 32, 32, 3, /*seed=*/4);
+  for (int prefetch : {0, 3}) {
+    for (int shard = 0; shard < 3; ++shard) {
+      BatchStreamOptions o;
+      o.batch_size = 7;  // shard of 33 or 34 examples: batches straddle the epochs
+      o.num_shards = 3;
+      o.shard_index = shard;
+      o.seed = 29;
+      o.preprocess = Preprocess::kCifarTrain;
+      o.prefetch = prefetch;
+      auto original = MustCreate(d, o);
+      ASSERT_NE(original, nullptr);
+      std::vector<std::string> states;
+      std::vector<Batch> batches;
+      for (int k = 0; k < 14; ++k) {  // about 3 epochs
+        states.push_back(original->SaveState());
+        batches.push_back(original->Next());
+      }
+      for (int k : {0, 4, 5, 9, 13}) {
+        const std::string where = absl::StrCat("prefetch ", prefetch, " shard ", shard, " saved before batch ", k);
+        auto resumed = MustCreate(d, o);
+        ASSERT_NE(resumed, nullptr);
+        ASSERT_TRUE(resumed->Restore(states[k]).ok()) << where;
+        EXPECT_EQ(resumed->batches_read(), k) << where;
+        for (int j = k; j < 14; ++j) ExpectSameBatch(resumed->Next(), batches[j], absl::StrCat(where, ", batch ", j));
+        EXPECT_EQ(resumed->SaveState(), original->SaveState()) << where;
+      }
+      // The same stream, moved back while its producer has batches queued ahead.
+      ASSERT_TRUE(original->Restore(states[3]).ok());
+      for (int j = 3; j < 8; ++j) ExpectSameBatch(original->Next(), batches[j], absl::StrCat("back to 3, ", j));
+      ASSERT_TRUE(original->Restore(states[12]).ok());  // and forward
+      ExpectSameBatch(original->Next(), batches[12], "forward to 12");
+    }
+  }
+}
+
+TEST(BatchStreamStateTest, PositionIsEpochAndOffset) {
+  const Dataset d = IndexedDataset(10);
+  BatchStreamOptions o;
+  o.batch_size = 4;
+  o.seed = 8;
+  auto s = MustCreate(d, o);
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < 3; ++i) s->Next();  // 12 examples: epoch 1, offset 2
+  absl::StatusOr<BatchStreamState> state = DecodeBatchStreamState(s->SaveState());
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->epoch, 1);
+  EXPECT_EQ(state->offset, 2);
+  EXPECT_EQ(state->next_batch, 3);
+  EXPECT_EQ(state->seed, 8u);
+  EXPECT_EQ(state->shard_size, 10);
+  EXPECT_EQ(s->SaveState().size(), 74u);
+  EXPECT_EQ(s->SaveState().substr(0, 8), "DTRNBPOS");
+}
+
+TEST(BatchStreamStateTest, BadStatesAreRejectedAndChangeNothing) {
+  const Dataset d = IndexedDataset(30);
+  BatchStreamOptions o;
+  o.batch_size = 4;
+  o.seed = 5;
+  o.prefetch = 2;
+  auto s = MustCreate(d, o);
+  ASSERT_NE(s, nullptr);
+  s->Next();
+  const std::string good = s->SaveState();
+  s->Next();
+  const std::string here = s->SaveState();
+
+  for (size_t n = 0; n < good.size(); ++n) {
+    const absl::Status st = s->Restore(good.substr(0, n));
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << n << ": " << st;
+  }
+  for (size_t i = 0; i < good.size(); ++i) {
+    std::string bad = good;
+    bad[i] ^= 0x04;
+    const absl::Status st = s->Restore(bad);
+    ASSERT_FALSE(st.ok()) << "accepted a state with byte " << i << " flipped";
+    EXPECT_EQ(st.code(), i >= 8 && i < 12 ? absl::StatusCode::kFailedPrecondition : absl::StatusCode::kDataLoss)
+        << i << ": " << st;
+    EXPECT_TRUE(absl::StartsWith(st.message(), "input position: ")) << st;
+  }
+  EXPECT_EQ(s->Restore(good + "x").code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s->Restore("").code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s->SaveState(), here);  // nothing changed
+  auto reference = MustCreate(d, o);  // where the stream must still be: at its third batch
+  reference->Next();
+  reference->Next();
+  EXPECT_EQ(Indices(s->Next()), Indices(reference->Next()));
+
+  // Another stream's position: refused, naming what differs.
+  for (auto change : std::vector<std::function<void(BatchStreamOptions*)>>{
+           [](BatchStreamOptions* x) { x->seed = 6; }, [](BatchStreamOptions* x) { x->batch_size = 5; },
+           [](BatchStreamOptions* x) { x->num_shards = 2; }, [](BatchStreamOptions* x) { x->shuffle = false; }}) {
+    BatchStreamOptions other = o;
+    change(&other);
+    auto t = MustCreate(d, other);
+    ASSERT_NE(t, nullptr);
+    const absl::Status st = t->Restore(good);
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "saved by another input stream")) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "start the input afresh")) << st;
+  }
+  BatchStreamOptions other = o;
+  other.seed = 6;
+  EXPECT_TRUE(absl::StrContains(MustCreate(d, other)->Restore(good).message(), "seed 5 (this stream: 6)"));
+  // The same options over a data set of another size.
+  EXPECT_TRUE(absl::StrContains(MustCreate(IndexedDataset(31), o)->Restore(good).message(),
+                                "shard size 30 (this stream: 31)"));
+}
+
+// A state whose fields disagree with each other (valid checksum) is refused too.
+TEST(BatchStreamStateTest, InconsistentPositionIsDataLoss) {
+  BatchStreamState s;
+  s.shard_size = 10;
+  s.batch_size = 4;
+  s.epoch = 1;
+  s.offset = 2;
+  s.next_batch = 3;
+  EXPECT_TRUE(DecodeBatchStreamState(EncodeBatchStreamState(s)).ok());
+  s.offset = 3;
+  absl::Status st = DecodeBatchStreamState(EncodeBatchStreamState(s)).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(st.message(), "inconsistent position")) << st;
+  s.offset = 12;
+  EXPECT_EQ(DecodeBatchStreamState(EncodeBatchStreamState(s)).status().code(), absl::StatusCode::kDataLoss);
+  s.offset = 2;
+  s.next_batch = std::numeric_limits<int64_t>::max();  // * batch_size overflows
+  EXPECT_EQ(DecodeBatchStreamState(EncodeBatchStreamState(s)).status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

@@ -32,44 +32,62 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return bytes;
 }
 
-}  // namespace
+// Appends the records of one batch file to `d` (32x32x3, 10 classes).
+absl::Status AppendBatch(absl::string_view bytes, const std::string& path, Dataset* d) {
+  if (bytes.empty() || bytes.size() % kRecordBytes != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": size ", bytes.size(),
+                                            " is not a positive multiple of the CIFAR-10 record size ",
+                                            kRecordBytes, " (truncated or not a CIFAR-10 binary batch)"));
+  }
+  const int64_t n = static_cast<int64_t>(bytes.size() / kRecordBytes);
+  const int64_t first = d->count();
+  d->labels.resize(first + n);
+  d->pixels.resize((first + n) * kImageBytes);
+  for (int64_t r = 0; r < n; ++r) {
+    const auto* rec = reinterpret_cast<const uint8_t*>(bytes.data()) + r * kRecordBytes;
+    if (rec[0] >= d->num_classes) {
+      return absl::DataLossError(absl::StrCat(path, ": label ", int{rec[0]}, " at byte offset ",
+                                              r * kRecordBytes, " is not below num_classes=", d->num_classes));
+    }
+    d->labels[first + r] = rec[0];
+    const uint8_t* planes = rec + 1;
+    uint8_t* out = d->pixels.data() + (first + r) * kImageBytes;
+    for (int p = 0; p < kSide * kSide; ++p) {
+      for (int c = 0; c < kChannels; ++c) out[p * kChannels + c] = planes[c * kSide * kSide + p];
+    }
+  }
+  VLOG(1) << "Read " << n << " CIFAR-10 records from " << path;
+  return absl::OkStatus();
+}
 
-absl::StatusOr<Dataset> ReadCifar10Bin(const std::vector<std::string>& paths) {
-  if (paths.empty()) return absl::InvalidArgumentError("ReadCifar10Bin: no files given");
+Dataset EmptyCifar() {
   Dataset d;
   d.height = kSide;
   d.width = kSide;
   d.channels = kChannels;
   d.num_classes = 10;
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> ReadCifar10Bin(const std::vector<std::string>& paths) {
+  if (paths.empty()) return absl::InvalidArgumentError("ReadCifar10Bin: no files given");
+  Dataset d = EmptyCifar();
   for (const std::string& path : paths) {
-    auto bytes_or = ReadWholeFile(path);
-    if (!bytes_or.ok()) return bytes_or.status();
-    const std::string& bytes = *bytes_or;
-    if (bytes.empty() || bytes.size() % kRecordBytes != 0) {
-      return absl::DataLossError(absl::StrCat(path, ": size ", bytes.size(),
-                                              " is not a positive multiple of the CIFAR-10 record size ",
-                                              kRecordBytes, " (truncated or not a CIFAR-10 binary batch)"));
-    }
-    const int64_t n = static_cast<int64_t>(bytes.size() / kRecordBytes);
-    const int64_t first = d.count();
-    d.labels.resize(first + n);
-    d.pixels.resize((first + n) * kImageBytes);
-    for (int64_t r = 0; r < n; ++r) {
-      const auto* rec = reinterpret_cast<const uint8_t*>(bytes.data()) + r * kRecordBytes;
-      if (rec[0] >= d.num_classes) {
-        return absl::DataLossError(absl::StrCat(path, ": label ", int{rec[0]}, " at byte offset ",
-                                                r * kRecordBytes, " is not below num_classes=", d.num_classes));
-      }
-      d.labels[first + r] = rec[0];
-      const uint8_t* planes = rec + 1;
-      uint8_t* out = d.pixels.data() + (first + r) * kImageBytes;
-      for (int p = 0; p < kSide * kSide; ++p) {
-        for (int c = 0; c < kChannels; ++c) out[p * kChannels + c] = planes[c * kSide * kSide + p];
-      }
-    }
-    VLOG(1) << "Read " << n << " CIFAR-10 records from " << path;
+    absl::StatusOr<std::string> bytes = ReadWholeFile(path);
+    if (!bytes.ok()) return bytes.status();
+    absl::Status s = AppendBatch(*bytes, path, &d);
+    if (!s.ok()) return s;
   }
   LOG(INFO) << "Read " << d.count() << " CIFAR-10 images from " << paths.size() << " file(s)";
+  return d;
+}
+
+absl::StatusOr<Dataset> ParseCifar10Bin(absl::string_view bytes, const std::string& name) {
+  Dataset d = EmptyCifar();
+  absl::Status s = AppendBatch(bytes, name, &d);
+  if (!s.ok()) return s;
   return d;
 }
 

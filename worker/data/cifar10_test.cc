@@ -63,5 +63,16 @@ TEST(Cifar10Test, MissingFileAndNoFiles) {
   EXPECT_EQ(ReadCifar10Bin({}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(Cifar10Test, ParsesBytesInMemory) {
+  const Dataset d = MakeDataset(4, 32, 32, 3, /*seed=*/11);
+  absl::StatusOr<Dataset> got = ParseCifar10Bin(CifarRecords(d), "batch");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->labels, d.labels);
+  EXPECT_EQ(got->pixels, d.pixels);
+  absl::Status s = ParseCifar10Bin("", "batch").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("batch: size 0"), HasSubstr("3073")));
+}
+
 }  // namespace
 }  // namespace dtrain::data

@@ -3,8 +3,9 @@
 // A Dataset is an in-memory set of examples (uint8 pixels, HWC, plus int labels) read from files; a
 // BatchStream cuts a worker's shard of it into shuffled, preprocessed float batches on a prefetching thread.
 //
-// Thread-safety: Dataset is immutable after loading (safe to share). BatchStream: Next() is called by one
-// consumer thread; the stream owns its prefetching thread and stops it in its destructor.
+// Thread-safety: Dataset is immutable after loading (safe to share). BatchStream: Next(), SaveState() and
+// Restore() are called by one consumer thread; the stream owns its prefetching thread and stops it in its
+// destructor.
 //
 // Example:
 //   ASSIGN_OR_RETURN(DatasetPair data, LoadDataset("/usr/share/datasets/fashion-mnist", DataFormat::kAuto));
@@ -21,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace dtrain::data {
 
@@ -53,6 +55,15 @@ absl::StatusOr<Dataset> ReadCifar10Bin(const std::vector<std::string>& paths);
 absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path);
 absl::Status WriteTfRecordExamples(const Dataset& data, const std::string& path);
 
+// The same readers over bytes in memory (what the files hold; the fuzzers use them): the same checks and
+// errors, with `name` where the file readers put the path. ParseMnistIdx takes raw or gzip bytes, like the
+// files; ParseCifar10Bin one batch file.
+absl::StatusOr<Dataset> ParseMnistIdx(absl::string_view images, absl::string_view labels,
+                                      const std::string& images_name = "images",
+                                      const std::string& labels_name = "labels");
+absl::StatusOr<Dataset> ParseCifar10Bin(absl::string_view bytes, const std::string& name = "cifar10");
+absl::StatusOr<Dataset> ParseTfRecordExamples(absl::string_view bytes, const std::string& name = "tfrecord");
+
 // The pipeline's preprocessing of one image into floats.
 enum class Preprocess {
   kScale01,          // pixel / 255 (MNIST-like)
@@ -84,6 +95,11 @@ struct Batch {
 // may straddle two epochs). Each epoch's order is the shard shuffled with an RNG seeded by (seed, epoch,
 // shard), or ascending when shuffle=false; kCifarTrain distortions use an RNG seeded by (seed, shard, k).
 // prefetch = 0 builds batches on the consumer thread inside Next().
+//
+// The position can be saved with a checkpoint and restored on resume (format: batch_stream_state.h):
+//   std::string position = stream->SaveState();     // after the Next() calls whose batches were trained on
+//   ...                                               // a new process, the same data and options:
+//   RETURN_IF_ERROR(stream->Restore(position));       // Next() now returns what the saved stream returned next
 class BatchStream {
  public:
   // InvalidArgument for a bad batch size, shard, crop or an inconsistent Dataset. `data` is not copied:
@@ -93,6 +109,17 @@ class BatchStream {
   // Blocks until the next batch is ready. The reference is valid until the next call.
   virtual const Batch& Next() = 0;
   virtual int64_t shard_size() const = 0;  // examples in this shard
+  // Batches Next() has returned (or Restore set): the index of the batch the next call returns.
+  virtual int64_t batches_read() const = 0;
+
+  // The position after the batches Next() has returned so far (epoch, offset in the epoch's order, batch
+  // index), with the seed and shard that define the order: a versioned, checksummed blob.
+  virtual std::string SaveState() const = 0;
+  // Continues from a SaveState() of a stream over the same data with the same options (batches prepared ahead
+  // are dropped). DataLoss for a corrupt or truncated state, FailedPrecondition for one of another stream
+  // (seed, shard, data set size, batch size, shuffling or preprocessing differ; the message names which) or of
+  // a newer format; the position is unchanged then.
+  virtual absl::Status Restore(absl::string_view state) = 0;
 };
 
 // Fixed, unshuffled, preprocessed batches over the whole set (evaluation). The last batch may be smaller.

@@ -142,5 +142,57 @@ TEST_F(MnistIdxTest, ImplausibleHeaderIsRejectedBeforeAllocating) {
   EXPECT_THAT(s.message(), HasSubstr("implausible image size"));
 }
 
+// The in-memory entry point: raw or gzip bytes, the same data and the same errors (named by the given names).
+TEST_F(MnistIdxTest, ParsesBytesInMemoryRawAndGzip) {
+  const Dataset d = MakeDataset(9, 4, 3, 1, /*seed=*/5);
+  absl::StatusOr<Dataset> got = ParseMnistIdx(IdxImages(d), IdxLabels(d.labels));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSameData(*got, d);
+
+  WriteGzFile(images_ + ".gz", IdxImages(d));
+  WriteGzFile(labels_ + ".gz", IdxLabels(d.labels));
+  got = ParseMnistIdx(ReadFile(images_ + ".gz"), ReadFile(labels_ + ".gz"));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSameData(*got, d);
+
+  // Two gzip members one after the other, then trailing garbage: read as gzread reads such a file.
+  const std::string images = IdxImages(d);
+  WriteGzFile(images_ + ".1.gz", images.substr(0, 20));
+  WriteGzFile(images_ + ".2.gz", images.substr(20));
+  const std::string two_members = ReadFile(images_ + ".1.gz") + ReadFile(images_ + ".2.gz") + "garbage";
+  WriteFile(images_ + ".both.gz", two_members);
+  got = ParseMnistIdx(two_members, IdxLabels(d.labels));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSameData(*got, d);
+  absl::StatusOr<Dataset> from_file = ReadMnistIdx(images_ + ".both.gz", labels_ + ".gz");
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  ExpectSameData(*from_file, d);
+}
+
+TEST_F(MnistIdxTest, BytesInMemoryGiveTheFileReadersErrors) {
+  const Dataset d = MakeDataset(6, 3, 3, 1);
+  std::string images = IdxImages(d);
+  images.resize(images.size() - 4);
+  absl::Status s = ParseMnistIdx(images, IdxLabels(d.labels), "img", "lbl").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "img: truncated at byte offset " + std::to_string(images.size()) +
+                             " while reading pixel data (needed 4 more bytes)");
+  // A header claiming 4 billion images fails on the size at once (no allocation of the claim).
+  s = ParseMnistIdx(BigEndian32(2051) + BigEndian32(0xFFFFFFFF) + BigEndian32(28) + BigEndian32(28), "", "img",
+                    "lbl")
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("img: truncated at byte offset 16"), HasSubstr("pixel data")));
+  s = ParseMnistIdx(IdxImages(d), IdxLabels({1, 2}), "img", "lbl").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("lbl: has 2 labels"), HasSubstr("img has 6 images")));
+  WriteGzFile(images_ + ".gz", IdxImages(d));
+  std::string gz = ReadFile(images_ + ".gz");
+  gz.resize(gz.size() / 2);
+  s = ParseMnistIdx(gz, IdxLabels(d.labels), "img.gz", "lbl").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("img.gz: "));
+}
+
 }  // namespace
 }  // namespace dtrain::data

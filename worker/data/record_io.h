@@ -9,7 +9,7 @@
 //   RETURN_IF_ERROR(w.Close());            // the file appears under its name only now
 //
 //   TfRecordReader r;
-//   RETURN_IF_ERROR(r.Open("/data/train.tfrecords"));
+//   RETURN_IF_ERROR(r.Open("/data/train.tfrecords"));   // or r.OpenBytes(bytes, "name") for bytes in memory
 //   std::string record;
 //   while (true) {
 //     ASSIGN_OR_RETURN(bool got, r.Read(&record));
@@ -36,6 +36,9 @@ namespace dtrain::data {
 class TfRecordReader {
  public:
   absl::Status Open(const std::string& path);
+  // Reads records from `bytes` (not copied: they must outlive the reader); `name` stands for the path in
+  // errors.
+  void OpenBytes(absl::string_view bytes, const std::string& name);
   // Reads the next record into *record. Returns false at a clean end of file.
   absl::StatusOr<bool> Read(std::string* record);
   // Byte offset of the next record.
@@ -43,9 +46,14 @@ class TfRecordReader {
 
  private:
   absl::Status Corrupt(int64_t at, absl::string_view what) const;
+  // Reads the next n bytes of the file or of the bytes; false on a read error.
+  bool ReadRaw(char* dst, int64_t n);
 
   std::string path_;
   std::ifstream in_;
+  bool in_memory_ = false;
+  absl::string_view bytes_;  // in_memory_: the whole "file"; offset_ + what Read consumed of a record so far
+  int64_t bytes_pos_ = 0;
   int64_t offset_ = 0;
   int64_t file_size_ = 0;
 };

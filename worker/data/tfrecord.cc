@@ -15,16 +15,30 @@
 namespace dtrain::data {
 namespace {
 
+// Bounds that keep a hostile example's geometry from overflowing image_size() (h * w * c) or the square root
+// below; the largest real image data sets are far inside them.
+constexpr int64_t kMaxSide = 1 << 14;
+constexpr int64_t kMaxDepth = 1 << 10;
+
 // Geometry of one example: explicit height/width/depth if present, else "pixels" (or the byte count)
 // read as a square single-channel image, which is what the oldest MNIST converters wrote.
 absl::Status ExampleGeometry(const ImageExample& e, int* h, int* w, int* c) {
   if (e.height > 0 && e.width > 0 && e.depth > 0) {
+    if (e.height > kMaxSide || e.width > kMaxSide || e.depth > kMaxDepth) {
+      return absl::InvalidArgumentError(absl::StrCat("implausible image size ", e.height, "x", e.width, "x",
+                                                     e.depth, " (at most ", kMaxSide, "x", kMaxSide, "x",
+                                                     kMaxDepth, ")"));
+    }
     *h = static_cast<int>(e.height);
     *w = static_cast<int>(e.width);
     *c = static_cast<int>(e.depth);
     return absl::OkStatus();
   }
   const int64_t pixels = e.pixels > 0 ? e.pixels : static_cast<int64_t>(e.image_raw.size());
+  if (pixels > kMaxSide * kMaxSide) {
+    return absl::InvalidArgumentError(absl::StrCat("implausible image size: ", pixels, " pixels (at most ",
+                                                   kMaxSide, "x", kMaxSide, ")"));
+  }
   const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(pixels))));
   if (side <= 0 || side * side != pixels) {
     return absl::InvalidArgumentError(absl::StrCat("no height/width/depth features and ", pixels,
@@ -35,11 +49,8 @@ absl::Status ExampleGeometry(const ImageExample& e, int* h, int* w, int* c) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path) {
-  TfRecordReader reader;
-  RETURN_IF_ERROR(reader.Open(path));
+// Every record of `reader` as an image example; `path` names the file in errors.
+absl::StatusOr<Dataset> ReadExamples(TfRecordReader& reader, const std::string& path) {
   Dataset d;
   d.num_classes = 10;
   std::string record;
@@ -78,6 +89,20 @@ absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path) {
   LOG(INFO) << "Read " << d.count() << " " << d.height << "x" << d.width << "x" << d.channels
             << " examples from " << path;
   return d;
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path) {
+  TfRecordReader reader;
+  RETURN_IF_ERROR(reader.Open(path));
+  return ReadExamples(reader, path);
+}
+
+absl::StatusOr<Dataset> ParseTfRecordExamples(absl::string_view bytes, const std::string& name) {
+  TfRecordReader reader;
+  reader.OpenBytes(bytes, name);
+  return ReadExamples(reader, name);
 }
 
 absl::Status WriteTfRecordExamples(const Dataset& data, const std::string& path) {

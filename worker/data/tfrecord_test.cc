@@ -1,6 +1,8 @@
+#include <limits>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/data/data_test_util.h"
@@ -144,6 +146,45 @@ TEST_F(TfRecordTest, GarbagePayloadAndEmptyFile) {
 
   WriteFile(path_, "");
   EXPECT_EQ(ReadTfRecordExamples(path_).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(TfRecordTest, ParsesBytesInMemoryLikeTheFile) {
+  const Dataset d = MakeDataset(7, 5, 4, 3, /*seed=*/2);
+  ASSERT_TRUE(WriteTfRecordExamples(d, path_).ok());
+  std::string bytes = ReadFile(path_);
+  absl::StatusOr<Dataset> got = ParseTfRecordExamples(bytes, "mem");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->labels, d.labels);
+  EXPECT_EQ(got->pixels, d.pixels);
+  EXPECT_EQ(got->channels, 3);
+  bytes.resize(bytes.size() - 3);
+  absl::Status s = ParseTfRecordExamples(bytes, "mem").status();
+  WriteFile(path_, bytes);
+  const absl::Status from_file = ReadTfRecordExamples(path_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.code(), from_file.code());
+  EXPECT_EQ(s.message(), absl::StrReplaceAll(from_file.message(), {{path_, "mem"}}));
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("mem: corrupt record at byte offset"), HasSubstr("truncated record")));
+}
+
+// Found with tfrecord_fuzzer (hand-made inputs): height x width x depth of 2^31 - 1 each overflowed
+// image_size() (signed overflow, undefined behaviour), and a "pixels" feature near 2^63 the square check.
+TEST_F(TfRecordTest, HugeGeometryIsRejectedWithoutOverflow) {
+  ImageExample e;
+  e.image_raw = "abcd";
+  e.label = 1;
+  e.height = e.width = e.depth = (int64_t{1} << 31) - 1;
+  WriteExamples({e});
+  absl::Status s = ReadTfRecordExamples(path_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("record 0 at byte offset 0"),
+                                 HasSubstr("implausible image size 2147483647x2147483647x2147483647")));
+  e.height = e.width = e.depth = -1;
+  e.pixels = std::numeric_limits<int64_t>::max();
+  WriteExamples({e});
+  s = ReadTfRecordExamples(path_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("implausible image size: 9223372036854775807 pixels"));
 }
 
 }  // namespace

@@ -1,0 +1,162 @@
+// Env::Default(): the POSIX file system (open/write/fsync/rename, std::filesystem for directories).
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/env.h"
+#include "common/file_util.h"
+
+namespace dtrain {
+namespace {
+
+class PosixWritableFile : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  absl::Status Append(absl::string_view data) override {
+    if (fd_ < 0) return Closed("write");
+    const char* p = data.data();
+    size_t left = data.size();
+    while (left > 0) {
+      const ssize_t n = ::write(fd_, p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoToStatus(errno, absl::StrCat("cannot write '", path_, "'"));
+      }
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    if (fd_ < 0) return Closed("fsync");
+    if (::fsync(fd_) != 0) return ErrnoToStatus(errno, absl::StrCat("cannot fsync '", path_, "'"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Close() override {
+    if (fd_ < 0) return Closed("close");
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) return ErrnoToStatus(errno, absl::StrCat("cannot close '", path_, "'"));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Closed(absl::string_view op) const {
+    return absl::FailedPreconditionError(absl::StrCat("cannot ", op, " '", path_, "': already closed"));
+  }
+
+  const std::string path_;
+  int fd_;
+};
+
+class PosixEnv : public Env {
+ public:
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("cannot create '", path, "'"));
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+
+  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("cannot open '", path, "' for reading"));
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat st;
+    if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+      return ErrnoToStatus(EISDIR, absl::StrCat("cannot read '", path, "'"));
+    }
+    std::string out;
+    if (st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+    char buf[64 * 1024];
+    while (true) {
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoToStatus(errno, absl::StrCat("cannot read '", path, "'"));
+      }
+      if (n == 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    namespace fs = std::filesystem;
+    std::vector<std::string> names;
+    std::error_code ec;
+    fs::directory_iterator it(dir, ec);
+    if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("cannot list directory '", dir, "'"));
+    for (; it != fs::directory_iterator(); it.increment(ec)) {
+      if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("cannot list directory '", dir, "'"));
+      names.push_back(it->path().filename().string());
+    }
+    if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("cannot list directory '", dir, "'"));
+    return names;
+  }
+
+  absl::Status RemoveFile(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return ErrnoToStatus(errno, absl::StrCat("cannot delete '", path, "'"));
+    return absl::OkStatus();
+  }
+
+  absl::Status RenameFile(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("cannot rename '", from, "' to '", to, "'"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CreateDirs(const std::string& dir) override {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("cannot create directory '", dir, "'"));
+    return absl::OkStatus();
+  }
+
+  absl::Status SyncDir(const std::string& dir) override {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("cannot open directory '", dir, "'"));
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) return ErrnoToStatus(err, absl::StrCat("cannot fsync directory '", dir, "'"));
+    return absl::OkStatus();
+  }
+
+  bool FileExists(const std::string& path) override {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0;
+  }
+
+  bool IsDirectory(const std::string& path) override {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  }
+
+  void SleepFor(absl::Duration d) override { absl::SleepFor(d); }
+};
+
+}  // namespace
+
+Env* Env::Default() {
+  static Env* const env = new PosixEnv;  // never deleted: usable from static destructors and other threads
+  return env;
+}
+
+}  // namespace dtrain

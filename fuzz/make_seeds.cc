@@ -1,0 +1,174 @@
+// dtrain_fuzz_seeds OUT_DIR: writes a few small, valid inputs for each fuzz harness into OUT_DIR/<harness>/,
+// built with the same encoders the programs use, so the fuzzers start from files that parse (and keep doing
+// so when a format changes). scripts/fuzz.sh runs it before fuzzing.
+#include <zlib.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "ps/checkpoint_format.h"
+#include "worker/data/batch_stream_state.h"
+#include "worker/data/dataset.h"
+#include "worker/data/example_proto.h"
+#include "worker/data/record_io.h"
+
+namespace dtrain {
+namespace {
+
+bool Write(const std::string& dir, const std::string& name, const std::string& bytes) {
+  std::filesystem::create_directories(dir);
+  std::ofstream out(dir + "/" + name, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return static_cast<bool>(out);
+}
+
+std::string BigEndian32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
+std::string Gzip(const std::string& bytes) {
+  z_stream z{};
+  deflateInit2(&z, Z_BEST_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
+  std::string out(deflateBound(&z, bytes.size()) + 32, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+  z.avail_in = static_cast<uInt>(bytes.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  deflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+data::Dataset SmallImages(int n, int h, int w, int c) {
+  data::Dataset d;
+  d.height = h;
+  d.width = w;
+  d.channels = c;
+  for (int i = 0; i < n; ++i) {
+    d.labels.push_back(i % 10);
+    for (int j = 0; j < h * w * c; ++j) d.pixels.push_back(static_cast<uint8_t>(37 * i + 11 * j));
+  }
+  return d;
+}
+
+// mnist_idx_fuzzer input: u32 big-endian length L of the images file, its L bytes, then the labels file.
+std::string IdxPair(const std::string& images, const std::string& labels) {
+  return BigEndian32(static_cast<uint32_t>(images.size())) + images + labels;
+}
+
+bool MnistSeeds(const std::string& dir) {
+  const data::Dataset d = SmallImages(3, 2, 3, 1);
+  std::string images = BigEndian32(2051) + BigEndian32(3) + BigEndian32(2) + BigEndian32(3);
+  images.append(d.pixels.begin(), d.pixels.end());
+  std::string labels = BigEndian32(2049) + BigEndian32(3);
+  for (int32_t l : d.labels) labels.push_back(static_cast<char>(l));
+  return Write(dir, "raw", IdxPair(images, labels)) &&
+         Write(dir, "gzip", IdxPair(Gzip(images), Gzip(labels))) &&
+         Write(dir, "gzip_images", IdxPair(Gzip(images), labels));
+}
+
+bool CifarSeeds(const std::string& dir) {
+  std::string one(3073, '\0');
+  for (size_t i = 0; i < one.size(); ++i) one[i] = static_cast<char>(i * 7);
+  one[0] = 3;
+  std::string two = one + one;
+  two[3073] = 9;
+  return Write(dir, "one_record", one) && Write(dir, "two_records", two);
+}
+
+// tfrecord_fuzzer input: a first byte, even: the rest is a TFRecord file; odd: one serialized
+// tf.train.Example.
+bool TfRecordSeeds(const std::string& dir) {
+  const std::string tmp = dir + "/.tmp.tfrecords";
+  std::filesystem::create_directories(dir);
+  if (!data::WriteTfRecordExamples(SmallImages(2, 3, 2, 1), tmp).ok()) return false;
+  std::ifstream in(tmp, std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(tmp);
+  data::ImageExample e;
+  e.image_raw = std::string(16, '\x05');
+  e.label = 7;
+  e.pixels = 16;  // no height/width/depth: a square single-channel image
+  const std::string pixels_only = data::EncodeImageExample(e);
+  e.height = 2;
+  e.width = 2;
+  e.depth = 4;
+  const std::string full = data::EncodeImageExample(e);
+  return Write(dir, "file", std::string(1, '\0') + file) && Write(dir, "example_full", "\x01" + full) &&
+         Write(dir, "example_pixels_only", "\x01" + pixels_only);
+}
+
+ps::CheckpointData Checkpoint(int num_slots, bool averages) {
+  ps::CheckpointData d;
+  d.task_index = 0;
+  d.num_ps = 2;
+  d.global_step = d.task_step = 40;
+  d.model_signature = "mlp/v1/4x3,3";
+  d.optimizer = num_slots == 2 ? "adam" : num_slots == 1 ? "momentum" : "sgd";
+  d.num_slots = num_slots;
+  d.has_moving_averages = averages;
+  int64_t offset = 0;
+  for (int i = 0; i < 2; ++i) {
+    ps::SliceState s;
+    s.spec = ps::SliceSpec{static_cast<uint32_t>(i), absl::StrCat("v", i), offset, 3 + i};
+    offset += s.spec.length;
+    s.values.assign(s.spec.length, 0.5f * (i + 1));
+    s.slots.assign(num_slots, std::vector<float>(s.spec.length, 0.25f));
+    if (averages) s.moving_average.assign(s.spec.length, -1.0f);
+    d.slices.push_back(std::move(s));
+  }
+  return d;
+}
+
+bool CheckpointSeeds(const std::string& dir) {
+  return Write(dir, "sgd", ps::SerializeCheckpoint(Checkpoint(0, false))) &&
+         Write(dir, "momentum_averages", ps::SerializeCheckpoint(Checkpoint(1, true))) &&
+         Write(dir, "adam", ps::SerializeCheckpoint(Checkpoint(2, false)));
+}
+
+// batch_stream_state_fuzzer restores into a stream of seed 7, shard 1 of 2 (5 examples), batch 3.
+bool BatchStreamStateSeeds(const std::string& dir) {
+  data::BatchStreamState s;
+  s.seed = 7;
+  s.shard_index = 1;
+  s.num_shards = 2;
+  s.shard_size = 5;
+  s.batch_size = 3;
+  s.preprocess = 0;
+  bool ok = true;
+  for (int64_t k : {0, 1, 4, 1000003}) {
+    s.next_batch = k;
+    s.epoch = k * 3 / 5;
+    s.offset = k * 3 % 5;
+    ok = ok && Write(dir, absl::StrCat("batch_", k), data::EncodeBatchStreamState(s));
+  }
+  return ok;
+}
+
+}  // namespace
+}  // namespace dtrain
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: dtrain_fuzz_seeds OUT_DIR\n");
+    return 2;
+  }
+  const std::string out = argv[1];
+  const bool ok = dtrain::MnistSeeds(out + "/mnist_idx_fuzzer") &&
+                  dtrain::CifarSeeds(out + "/cifar10_fuzzer") &&
+                  dtrain::TfRecordSeeds(out + "/tfrecord_fuzzer") &&
+                  dtrain::CheckpointSeeds(out + "/checkpoint_fuzzer") &&
+                  dtrain::BatchStreamStateSeeds(out + "/batch_stream_state_fuzzer");
+  if (!ok) {
+    std::fprintf(stderr, "dtrain_fuzz_seeds: cannot write the seeds under %s\n", out.c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses (clang, ASan + UBSan, in build-fuzz/) and runs each for N seconds, then prints
+# executions, executions per second and crashes per harness. Exits 1 if any harness crashed (a crash, a
+# sanitizer report, a failed CHECK, a timeout or running out of memory), 2 on bad arguments.
+#
+#   scripts/fuzz.sh --seconds=60               # every harness registered with dtrain_fuzzer, 60 s each
+#   scripts/fuzz.sh --seconds=600 --only=checkpoint_fuzzer
+#
+# The corpus each harness grows is kept in build-fuzz/fuzz/corpus/<harness>/ (so later runs start from it);
+# crashing inputs land in build-fuzz/fuzz/crashes/<harness>/ (replay one: build-fuzz/bin/<harness> FILE), the
+# fuzzer's output in build-fuzz/fuzz/logs/<harness>.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=10
+only=""
+build=build-fuzz
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+for arg in "$@"; do
+  case "$arg" in
+    --seconds=*) seconds="${arg#*=}" ;;
+    --only=*) only="${arg#*=}" ;;
+    --build_dir=*) build="${arg#*=}" ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "fuzz.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
+  echo "fuzz.sh: --seconds must be a positive integer, got '$seconds'" >&2; exit 2
+fi
+for tool in clang clang++; do
+  command -v "$tool" >/dev/null || { echo "fuzz.sh: $tool not found (scripts/install_deps.sh installs it)" >&2; exit 2; }
+done
+
+launcher=()
+if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache); fi
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DDTRAIN_FUZZ=ON -DDTRAIN_CUDA=OFF "${launcher[@]}" >/dev/null
+nice -n 10 cmake --build "$build" -j"$(nproc)" --target dtrain_fuzzers >/dev/null
+"$build/bin/dtrain_fuzz_seeds" "$build/fuzz/seeds"
+
+failed=0
+ran=0
+printf '%-22s %12s %10s %8s  %s\n' harness executions exec/s crashes "(each run ${seconds} s)"
+while read -r name seeds; do
+  [ -n "$name" ] || continue
+  if [ -n "$only" ] && [ "$name" != "$only" ]; then continue; fi
+  ran=$((ran + 1))
+  corpus="$build/fuzz/corpus/$name"
+  crashes="$build/fuzz/crashes/$name"
+  log="$build/fuzz/logs/$name.log"
+  mkdir -p "$corpus" "$crashes" "$(dirname "$log")"
+  seed_dirs=()
+  IFS=: read -r -a dirs <<<"$seeds"
+  for d in "${dirs[@]}"; do [ -d "$d" ] && seed_dirs+=("$d"); done
+  before=$(find "$crashes" -type f | wc -l)
+  rc=0
+  nice -n 10 "$build/bin/$name" -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix="$crashes/" "$corpus" "${seed_dirs[@]}" >"$log" 2>&1 || rc=$?
+  after=$(find "$crashes" -type f | wc -l)
+  execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$log" | tail -1)
+  rate=$(awk '/stat::average_exec_per_sec/ {print $2}' "$log" | tail -1)
+  new=$((after - before))
+  printf '%-22s %12s %10s %8s\n' "$name" "${execs:-?}" "${rate:-?}" "$new"
+  if [ "$rc" != 0 ] || [ "$new" != 0 ]; then
+    failed=1
+    echo "---- $name exited $rc; the end of $log:" >&2
+    tail -40 "$log" >&2
+    ls -t "$crashes" | head -n "$new" | sed "s|^|crashing input: $crashes/|" >&2
+  fi
+done <"$build/fuzzers.txt"
+if [ "$ran" = 0 ]; then echo "fuzz.sh: no harness matched '${only}' (see $build/fuzzers.txt)" >&2; exit 2; fi
+exit "$failed"
