@@ -326,8 +326,10 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitial
 absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(const PushHeader& header) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(members_.CheckWorker(header.worker_id));
-  RETURN_IF_ERROR(CheckReady());
+  // The session first: a task that restarted has no config and no sessions, and its workers must hear "register
+  // again" (Aborted) rather than "wait" (Unavailable): nobody else would configure it again.
   RETURN_IF_ERROR(members_.CheckSession(header.worker_id, header.session, Now()));
+  RETURN_IF_ERROR(CheckReady());
   if (header.commit && !coordinator()) {
     return absl::InvalidArgumentError(
         absl::StrCat("commit=true sent to ps task ", options_.task_index, "; only ps task 0 takes commits"));
@@ -769,8 +771,8 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
+    RETURN_IF_ERROR(members_.CheckSession(request.worker_id, request.session, Now()));  // first: see StartPush
     RETURN_IF_ERROR(CheckReady());
-    RETURN_IF_ERROR(members_.CheckSession(request.worker_id, request.session, Now()));
     if (request.moving_averages && !store_->has_moving_averages()) {
       return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
                                                         " keeps no moving averages (the chief's "

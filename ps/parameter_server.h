@@ -77,8 +77,8 @@ struct ParameterServerOptions {
   // (empty: decisions are not signed; the cluster then trusts its network).
   std::string decision_key;
   // Gradients with NaN or Inf: kReject refuses the push (InvalidArgument naming the slice; nothing applied),
-  // kSkip counts it and leaves it out (the step goes on without it), kApply applies it. Counted in
-  // WorkerStats::nonfinite either way.
+  // kSkip counts it and leaves it out (the step goes on without it), both count it in WorkerStats::nonfinite;
+  // kApply applies it without looking (no scan of the gradients).
   enum class NonFinite { kReject, kSkip, kApply };
   NonFinite nonfinite = NonFinite::kReject;
   // The largest model (bytes of this task's slices) Register accepts: ResourceExhausted naming the flag beyond.

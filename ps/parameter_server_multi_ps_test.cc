@@ -29,6 +29,8 @@ std::vector<float> InitialValues() {
   return v;
 }
 
+constexpr char kClusterToken[] = "a-cluster-token-of-32-characters";
+
 SimClusterOptions Options(int num_ps, int num_workers, int r, const std::string& optimizer) {
   SimClusterOptions o;
   o.variables = Variables();
@@ -65,6 +67,7 @@ void RunCluster(int num_ps, int num_workers, int r, const std::string& optimizer
   Recorder recorder;
   SimClusterOptions options = Options(num_ps, num_workers, r, optimizer);
   options.on_step_applied = recorder.Hook();
+  options.decision_key = kClusterToken;  // as dtrain_ps with --auth_token_file: ps 0 signs, the others check
   auto cluster = *SimCluster::Start(options);
   std::vector<std::thread> threads;
   for (int id = 0; id < num_workers; ++id) {
@@ -200,6 +203,55 @@ TEST(MultiPsProtocolTest, MissingOrUnbufferedDecisionsAreRejected) {
   // A push for step 0 now is a backup's.
   EXPECT_EQ(PushSlices(task1, PushHeader{1, 0, 1, false, session1}, ones)->outcome,
             PushResponse::Outcome::kDroppedBackup);
+}
+
+// Task 1 applies only decisions ps 0 signed with the cluster's token: a decision a worker forged or altered, or
+// one without a signature, is refused (PermissionDenied) and nothing is applied.
+TEST(MultiPsProtocolTest, OnlyDecisionsSignedByPsZeroAreApplied) {
+  SimClusterOptions options = Options(2, 2, 2, "sgd");
+  options.decision_key = kClusterToken;
+  auto cluster = *SimCluster::Start(options);
+  ParameterServer& task0 = cluster->task(0);
+  ParameterServer& task1 = cluster->task(1);
+  const uint64_t s00 = cluster->Session(0, 0), s01 = cluster->Session(0, 1);
+  const uint64_t s10 = cluster->Session(1, 0), s11 = cluster->Session(1, 1);
+  const std::vector<float> ones(cluster->total_floats(), 1.0f);
+  // Both workers push step 0 to both tasks (committing on ps 0, which decides and signs step 0).
+  ASSERT_TRUE(PushSlices(task1, PushHeader{0, 0, 1, false, s10}, cluster->SlicesFor(1, ones)).ok());
+  ASSERT_TRUE(PushSlices(task1, PushHeader{1, 0, 1, false, s11}, cluster->SlicesFor(1, ones)).ok());
+  ASSERT_TRUE(PushSlices(task0, PushHeader{0, 0, 1, true, s00}, cluster->SlicesFor(0, ones)).ok());
+  ASSERT_TRUE(PushSlices(task0, PushHeader{1, 0, 1, true, s01}, cluster->SlicesFor(0, ones)).ok());
+  PullRequest from0;
+  from0.worker_id = 0;
+  from0.session = s00;
+  from0.min_step = 1;
+  absl::StatusOr<Pulled> pulled0 = PullSlices(task0, from0);
+  ASSERT_TRUE(pulled0.ok()) << pulled0.status();
+  ASSERT_EQ(pulled0->header.decisions.size(), 1u);
+  const StepDecision genuine = pulled0->header.decisions[0];
+  EXPECT_EQ(genuine.mac.size(), 32u) << "ps 0 signs its decisions (HMAC-SHA256)";
+
+  auto relay = [&](const StepDecision& d) {
+    PullRequest r;
+    r.worker_id = 0;
+    r.session = s10;
+    r.decisions = {d};
+    return PullSlices(task1, r).status();
+  };
+  StepDecision altered = genuine;
+  altered.workers = {0};  // as if worker 1's gradient were to be left out
+  StepDecision unsigned_decision = genuine;
+  unsigned_decision.mac.clear();
+  StepDecision forged = altered;
+  forged.mac = std::string(32, 'x');
+  for (const StepDecision& bad : {altered, unsigned_decision, forged}) {
+    absl::Status s = relay(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_NE(s.message().find("not signed by ps task 0"), std::string::npos) << s;
+  }
+  EXPECT_EQ(task1.step(), 0) << "nothing applied";
+  ASSERT_TRUE(relay(genuine).ok());
+  EXPECT_EQ(task1.step(), 1);
 }
 
 }  // namespace

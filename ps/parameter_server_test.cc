@@ -1,7 +1,10 @@
 // ParameterServer: registration, initialization, request validation, timeouts and Done.
 #include "ps/parameter_server.h"
 
+#include <atomic>
+#include <cmath>
 #include <future>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -100,10 +103,11 @@ TEST(ParameterServerTest, NonChiefBeforeChiefIsUnavailable) {
   absl::StatusOr<RegisterResponse> r = Register(*ps, Reg(1, false, Config(2, 2)));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(r.status().message().find("waiting for the chief"), std::string::npos);
-  // Nothing works before the config arrives.
-  EXPECT_EQ(Pull(*ps, 0, 0).status().code(), absl::StatusCode::kUnavailable);
+  // Nothing works before the config arrives. Pushes and pulls need a session first: register (Aborted), which
+  // is also what a worker of a task that restarted hears.
   EXPECT_EQ(Init(*ps, 0).code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(ps->StartPush(PushHeader{0, 0, 1, true}).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Pull(*ps, 0, 0).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(ps->StartPush(PushHeader{0, 0, 1, true}).status().code(), absl::StatusCode::kAborted);
 }
 
 TEST(ParameterServerTest, ChiefConfigIsAdoptedAndOthersMustMatch) {
@@ -317,6 +321,268 @@ TEST(ParameterServerTest, CommitOnlyOnTaskZero) {
   ASSERT_TRUE(Register(*ps1, Reg(0, true, Config(1, 1))).ok());
   ASSERT_TRUE(Init(*ps1, 0).ok());
   EXPECT_EQ(Push(*ps1, 0, 0, 1, {1, 1, 1}, {1}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+
+// ---- membership: sessions, leases, the end ------------------------------------------------------------------
+
+// A clock tests move by hand (read by the ps's lease thread too, hence atomic).
+class FakeClock {
+ public:
+  absl::Time Now() const { return absl::FromUnixNanos(nanos_.load()); }
+  void Advance(absl::Duration d) { nanos_ += absl::ToInt64Nanoseconds(d); }
+  std::function<absl::Time()> AsFunction() {
+    return [this] { return Now(); };
+  }
+
+ private:
+  std::atomic<int64_t> nanos_{absl::ToUnixNanos(absl::FromUnixSeconds(1'000'000))};
+};
+
+std::unique_ptr<ParameterServer> MakeLeasedPs(int num_workers, FakeClock* clock, absl::Duration lease) {
+  ParameterServerOptions o = Options(num_workers);
+  o.worker_timeout = lease;
+  o.clock = clock->AsFunction();
+  return *ParameterServer::Create(o);
+}
+
+// A sync worker silent for longer than the lease is declared lost: the step it holds up is decided without it
+// (R shrinks), its old session is refused, and once it registers again it counts for R again.
+TEST(MembershipTest, ALostWorkerNoLongerHoldsUpTheStepAndComesBackByRegistering) {
+  FakeClock clock;
+  auto ps = MakeLeasedPs(2, &clock, absl::Seconds(10));
+  ASSERT_TRUE(Register(*ps, Reg(0, true, Config(2, 2))).ok());
+  ASSERT_TRUE(Register(*ps, Reg(1, false, Config(2, 2))).ok());
+  ASSERT_TRUE(Init(*ps, 0).ok());
+  const uint64_t old_session = SessionOf(*ps, 1);
+  ASSERT_TRUE(Push(*ps, 0, 0, 1, {2, 2, 2}, {2}).ok());
+  std::future<absl::StatusOr<Pulled>> waiting = std::async(std::launch::async, [&] { return Pull(*ps, 0, 1); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);  // R=2: waits for 1
+
+  clock.Advance(absl::Seconds(6));
+  ASSERT_TRUE(ps->Heartbeat(0, SessionOf(*ps, 0)).ok());  // worker 0 stays in touch, worker 1 does not
+  ps->CheckLeases();
+  EXPECT_FALSE(ps->GetStats()->workers[1].lost) << "within its lease";
+  clock.Advance(absl::Seconds(5));
+  ps->CheckLeases();
+  TrainingStats stats = *ps->GetStats();
+  EXPECT_TRUE(stats.workers[1].lost);
+  EXPECT_EQ(stats.workers[1].times_lost, 1);
+  EXPECT_FALSE(stats.workers[0].lost);
+
+  // Step 0 is decided with worker 0 alone.
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  absl::StatusOr<Pulled> pulled = waiting.get();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->header.step, 1);
+  ASSERT_EQ(pulled->header.decisions.size(), 1u);
+  EXPECT_EQ(pulled->header.decisions[0].workers, std::vector<int>({0}));
+  EXPECT_FALSE(ps->finished());
+
+  // The lost worker's calls with its old session: register again.
+  absl::StatusOr<PushResponse> late = Push(*ps, 1, 0, 1, {5, 5, 5}, {5});
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted) << late.status();
+  EXPECT_NE(late.status().message().find("declared lost"), std::string::npos) << late.status();
+  EXPECT_EQ(ps->Heartbeat(1, old_session).status().code(), absl::StatusCode::kAborted);
+
+  // It comes back: a new session, and step 1 needs both workers again.
+  absl::StatusOr<RegisterResponse> back = Register(*ps, Reg(1, false, Config(2, 2)));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_NE(back->session, old_session);
+  EXPECT_EQ(back->global_step, 1);
+  EXPECT_EQ(back->lease_ms, 10'000);
+  EXPECT_FALSE(ps->GetStats()->workers[1].lost);
+  ASSERT_TRUE(Push(*ps, 0, 1, 2, {1, 1, 1}, {1}).ok());
+  EXPECT_EQ(Pull(*ps, 0, 2, /*timeout_ms=*/50).status().code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(Push(*ps, 1, 1, 2, {1, 1, 1}, {1}).ok());
+  pulled = Pull(*ps, 0, 2);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->header.decisions.back().workers, std::vector<int>({0, 1}));
+
+  // Both finish: training completed although a worker was lost on the way.
+  ASSERT_TRUE(Done(*ps, 0).ok());
+  ASSERT_TRUE(Done(*ps, 1).ok());
+  ASSERT_TRUE(ps->finished());
+  EXPECT_TRUE(ps->outcome().succeeded);
+  EXPECT_EQ(ps->outcome().global_step, 2);
+}
+
+// Nobody left: the ps finishes by itself, and its outcome says training did not complete and who was lost.
+TEST(MembershipTest, EveryWorkerLostEndsTheServerWithAFailedOutcome) {
+  FakeClock clock;
+  auto ps = MakeLeasedPs(3, &clock, absl::Seconds(10));
+  TrainConfig c = Config(3, 3);
+  c.train_steps = 100;
+  ASSERT_TRUE(Register(*ps, Reg(0, true, c)).ok());
+  ASSERT_TRUE(Register(*ps, Reg(1, false, c)).ok());
+  ASSERT_TRUE(Init(*ps, 0).ok());
+  // Worker 2 never registers; worker 1 stops on an error and says so.
+  ASSERT_TRUE(ps->Done(1, SessionOf(*ps, 1), /*completed=*/false).ok());
+  clock.Advance(absl::Seconds(11));
+  ps->CheckLeases();
+  ASSERT_TRUE(ps->WaitUntilFinished(absl::Seconds(10)));
+  const TrainingOutcome outcome = ps->outcome();
+  EXPECT_FALSE(outcome.succeeded);
+  EXPECT_EQ(outcome.lost_workers, std::vector<int>({0, 2}));
+  EXPECT_EQ(outcome.failed_workers, std::vector<int>({1}));
+  EXPECT_NE(outcome.message.find("training stopped at step 0 of 100"), std::string::npos) << outcome.message;
+  EXPECT_NE(outcome.message.find("workers 0, 2 lost"), std::string::npos) << outcome.message;
+  EXPECT_NE(outcome.message.find("worker 1 stopped on an error"), std::string::npos) << outcome.message;
+}
+
+// The lease thread runs by itself: with a short real lease a silent worker is declared lost without help.
+TEST(MembershipTest, TheLeaseThreadDeclaresSilentWorkersLost) {
+  ParameterServerOptions o = Options(2);
+  o.worker_timeout = absl::Milliseconds(200);
+  auto ps = *ParameterServer::Create(o);
+  ASSERT_TRUE(Register(*ps, Reg(0, true, Config(2, 2))).ok());
+  ASSERT_TRUE(Register(*ps, Reg(1, false, Config(2, 2))).ok());
+  ASSERT_TRUE(Init(*ps, 0).ok());
+  ASSERT_TRUE(Push(*ps, 0, 0, 1, {2, 2, 2}, {2}).ok());
+  // Worker 0 waits in a pull and heartbeats meanwhile (as WorkerClient's heartbeat thread does); worker 1 is
+  // silent.
+  std::atomic<bool> pulling{true};
+  std::thread heartbeat([&] {
+    while (pulling) {
+      EXPECT_TRUE(ps->Heartbeat(0, SessionOf(*ps, 0)).ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    }
+  });
+  absl::StatusOr<Pulled> pulled = Pull(*ps, 0, 1, /*timeout_ms=*/20'000);
+  pulling = false;
+  heartbeat.join();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->header.decisions[0].workers, std::vector<int>({0}));
+  EXPECT_TRUE(ps->GetStats()->workers[1].lost);
+  EXPECT_FALSE(ps->GetStats()->workers[0].lost);
+}
+
+// Done is accepted only from the worker it names: with that worker's session, or, from a worker that has none
+// here (refused at registration, say), without one.
+TEST(MembershipTest, DoneNeedsTheWorkersOwnSession) {
+  auto ps = MakePs(3);
+  ASSERT_TRUE(Register(*ps, Reg(0, true, Config(3, 3))).ok());
+  ASSERT_TRUE(Register(*ps, Reg(1, false, Config(3, 3))).ok());
+  ASSERT_TRUE(Init(*ps, 0).ok());
+  absl::Status s = ps->Done(1, SessionOf(*ps, 0), true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("cannot report it done"), std::string::npos) << s;
+  EXPECT_EQ(ps->Done(1, 0, true).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(ps->GetStats()->workers[1].done);
+  // Worker 2 never got a session (say its config was refused): it may leave.
+  EXPECT_EQ(Register(*ps, Reg(2, false, MakeConfig("async", 3, 3))).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(ps->Done(2, 0, /*completed=*/false).ok());
+  TrainingStats stats = *ps->GetStats();
+  EXPECT_TRUE(stats.workers[2].done);
+  EXPECT_TRUE(stats.workers[2].failed);
+  ASSERT_TRUE(Done(*ps, 1).ok());
+  EXPECT_TRUE(ps->GetStats()->workers[1].done);
+  EXPECT_FALSE(ps->GetStats()->workers[1].failed);
+}
+
+// ---- hostile input --------------------------------------------------------------------------------------------
+
+struct NonFiniteCase {
+  ParameterServerOptions::NonFinite policy;
+  const char* name;
+};
+
+class NonFiniteTest : public ::testing::TestWithParam<NonFiniteCase> {};
+
+// NaN or Inf in a gradient: reject refuses the push and applies nothing; skip counts it and leaves it out of the
+// step (which goes on with the other workers' gradients), both count it; apply applies it without looking.
+TEST_P(NonFiniteTest, PolicyDecidesWhatHappens) {
+  const NonFiniteCase& c = GetParam();
+  ParameterServerOptions o = Options(2);
+  o.nonfinite = c.policy;
+  auto ps = *ParameterServer::Create(o);
+  ASSERT_TRUE(Register(*ps, Reg(0, true, Config(2, 2))).ok());
+  ASSERT_TRUE(Register(*ps, Reg(1, false, Config(2, 2))).ok());
+  ASSERT_TRUE(Init(*ps, 0).ok());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  absl::StatusOr<PushResponse> bad = Push(*ps, 0, 0, 1, {1, nan, 1}, {std::numeric_limits<float>::infinity()});
+  ASSERT_TRUE(Push(*ps, 1, 0, 1, {2, 2, 2}, {2}).ok());
+  TrainingStats stats = *ps->GetStats();
+  // Counted unless applied regardless (apply does not look: it is the policy that costs nothing).
+  EXPECT_EQ(stats.workers[0].nonfinite, c.policy == ParameterServerOptions::NonFinite::kApply ? 0 : 1);
+  EXPECT_EQ(stats.workers[1].nonfinite, 0);
+  switch (c.policy) {
+    case ParameterServerOptions::NonFinite::kReject: {
+      EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+      EXPECT_NE(bad.status().message().find("NaN or Inf in 'w'"), std::string::npos) << bad.status();
+      EXPECT_NE(bad.status().message().find("--nonfinite=reject"), std::string::npos) << bad.status();
+      EXPECT_EQ(ps->step(), 0) << "worker 0's commit was refused: step 0 still waits for it";
+      ASSERT_TRUE(Done(*ps, 0).ok());  // it leaves: step 0 is decided with worker 1 alone
+      absl::StatusOr<Pulled> r = Pull(*ps, 1, 1);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->slices[0], std::vector<float>({0, 1, 2}));  // 1,2,3 - 0.5*2: worker 1's gradient only
+      break;
+    }
+    case ParameterServerOptions::NonFinite::kSkip: {
+      ASSERT_TRUE(bad.ok()) << bad.status();
+      EXPECT_EQ(bad->outcome, PushResponse::Outcome::kSkippedNonFinite);
+      absl::StatusOr<Pulled> r = Pull(*ps, 1, 1);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->header.step, 1) << "the step went on";
+      EXPECT_EQ(r->slices[0], std::vector<float>({0, 1, 2})) << "averaged over the finite gradients only";
+      EXPECT_EQ(r->slices[1], std::vector<float>({3}));
+      break;
+    }
+    case ParameterServerOptions::NonFinite::kApply: {
+      ASSERT_TRUE(bad.ok()) << bad.status();
+      EXPECT_EQ(bad->outcome, PushResponse::Outcome::kAccepted);
+      absl::StatusOr<Pulled> r = Pull(*ps, 1, 1);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_TRUE(std::isnan(r->slices[0][1]));
+      EXPECT_TRUE(std::isinf(r->slices[1][0]));
+      break;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, NonFiniteTest,
+                         ::testing::Values(NonFiniteCase{ParameterServerOptions::NonFinite::kReject, "reject"},
+                                           NonFiniteCase{ParameterServerOptions::NonFinite::kSkip, "skip"},
+                                           NonFiniteCase{ParameterServerOptions::NonFinite::kApply, "apply"}),
+                         [](const ::testing::TestParamInfo<NonFiniteCase>& info) { return info.param.name; });
+
+TEST(HostileInputTest, NonFinitePolicyFlagIsParsed) {
+  EXPECT_EQ(*ParseNonFinitePolicy("skip"), ParameterServerOptions::NonFinite::kSkip);
+  absl::StatusOr<ParameterServerOptions::NonFinite> bad = ParseNonFinitePolicy("ignore");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--nonfinite=ignore"), std::string::npos) << bad.status();
+}
+
+// A chief whose model would not fit is refused before anything is allocated, with the limit named.
+TEST(HostileInputTest, RegisterIsBoundedByMaxModelBytes) {
+  ParameterServerOptions o = Options(1);
+  o.max_model_bytes = 12;  // 3 floats; the config holds 4
+  auto ps = *ParameterServer::Create(o);
+  absl::StatusOr<RegisterResponse> r = Register(*ps, Reg(0, true, Config(1, 1)));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("16 bytes, more than --max_model_bytes=12"), std::string::npos) << r.status();
+  // Nothing was adopted: a chief with a model that fits is welcome.
+  TrainConfig small = Config(1, 1);
+  small.slices = {{0, "w", 0, 3}};
+  EXPECT_TRUE(Register(*ps, Reg(0, true, small)).ok());
+}
+
+// Only a registered worker may push or pull: without a session (or with another's) nothing is accepted.
+TEST(HostileInputTest, OnlyRegisteredWorkersPushOrPull) {
+  auto ps = MakePs(2);
+  ASSERT_TRUE(Register(*ps, Reg(0, true, Config(2, 2))).ok());
+  ASSERT_TRUE(Init(*ps, 0).ok());
+  absl::StatusOr<PushResponse> r = PushSlices(*ps, PushHeader{1, 0, 1, true, 0}, {{0, {9, 9, 9}}, {1, {9}}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  r = PushSlices(*ps, PushHeader{1, 0, 1, true, SessionOf(*ps, 0)}, {{0, {9, 9, 9}}, {1, {9}}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  r = PushSlices(*ps, PushHeader{0, 0, 1, true, SessionOf(*ps, 0) + 1}, {{0, {9, 9, 9}}, {1, {9}}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+  EXPECT_EQ(Pull(*ps, 1, 0).status().code(), absl::StatusCode::kAborted);
+  TrainingStats stats = *ps->GetStats();
+  EXPECT_EQ(stats.workers[0].applied + stats.workers[1].applied, 0);
+  EXPECT_EQ(ps->step(), 0);
 }
 
 }  // namespace

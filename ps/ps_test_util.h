@@ -52,6 +52,7 @@ struct SimClusterOptions {
   // Checkpoints (ParameterServerOptions); with a checkpoint.dir, Start restores like WorkerClient::Connect.
   CheckpointOptions checkpoint;
   std::function<absl::Time()> clock;
+  std::string decision_key;  // ParameterServerOptions::decision_key of every task
 };
 
 class SimCluster {
