@@ -206,6 +206,7 @@ class GrpcPsService final : public grpc::Service {
     resp->set_global_step(out->global_step);
     resp->set_session(out->session);
     resp->set_lease_ms(out->lease_ms);
+    resp->set_input_position(out->input_position);
     return grpc::Status::OK;
   }
 

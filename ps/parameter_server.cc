@@ -110,6 +110,16 @@ class ParameterServer::Impl {
   absl::StatusOr<CheckpointData> ExportState();
   bool CheckpointDue(int64_t step);
   absl::Status ImportState(int64_t step, const std::vector<SliceState>& slices, bool save);
+  absl::Status RecordInputPosition(int worker, int64_t step, std::string position) {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(members_.CheckWorker(worker));
+    if (position.size() > kMaxInputPositionBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("input position of ", position.size(), " bytes, more than ",
+                                                     kMaxInputPositionBytes));
+    }
+    if (coordinator()) members_.RecordInputPosition(worker, step, std::move(position));
+    return absl::OkStatus();
+  }
 
  private:
   class InitializeUpload;
@@ -334,6 +344,11 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(co
     return absl::InvalidArgumentError(
         absl::StrCat("commit=true sent to ps task ", options_.task_index, "; only ps task 0 takes commits"));
   }
+  if (header.input_position.size() > kMaxInputPositionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", header.worker_id, "'s input position takes ",
+                                                   header.input_position.size(), " bytes, more than the ",
+                                                   kMaxInputPositionBytes, " allowed"));
+  }
   if (header.step < 0) return absl::InvalidArgumentError(absl::StrCat("push for negative step ", header.step));
   WorkerStats& stats = members_.stats(header.worker_id);
   auto discard = [&](PushResponse::Outcome outcome) -> std::unique_ptr<SliceUpload> {
@@ -388,6 +403,10 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
   // The task may have rolled back, or declared the worker lost, while the gradients were on their way.
   RETURN_IF_ERROR(members_.CheckSession(w, header.session, Now()));
   *epoch = epoch_;
+  // The worker drew this step's batches whatever becomes of its gradient.
+  if (header.commit && coordinator() && !header.input_position.empty()) {
+    members_.RecordInputPosition(w, header.step, header.input_position);
+  }
   WorkerStats& stats = members_.stats(w);
   if (members_.recent_ids(w).Contains(header.request_id)) {  // a concurrent retry finished first
     ++stats.duplicates;
@@ -650,6 +669,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
       step_hint_ = restored->data.global_step;
       checkpoints_.Saved(restored->data.global_step);
       written_label_ = restored->data.global_step;
+      members_.RestoreInputPositions(restored->data.input_positions, restored->data.global_step);
       initialized_ = true;
       LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
                 << restored->data.global_step << ", " << restored->data.slices.size() << " slices)";
@@ -662,7 +682,8 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     }
   }
   RegisterResponse response{initialized_, step_, members_.Register(request.worker_id, Now()),
-                            absl::ToInt64Milliseconds(options_.worker_timeout)};
+                            absl::ToInt64Milliseconds(options_.worker_timeout),
+                            members_.RestoredInputPosition(request.worker_id)};
   cv_.SignalAll();  // a worker that comes back counts as active again
   return response;
 }
@@ -727,6 +748,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
   std::fill(complete_step_.begin(), complete_step_.end(), -1);
   checkpoints_.Saved(data.global_step);
   written_label_ = data.global_step;
+  members_.RestoreInputPositions(data.input_positions, data.global_step);
   NewEpochLocked();
   LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path << " on the chief's request (was at step "
                << was << ", now " << step_ << "); every worker registers again";
@@ -1065,6 +1087,7 @@ CheckpointData ParameterServer::Impl::SnapshotLocked(int64_t label, int64_t task
   if (!d.has_moving_averages) {
     for (SliceState& s : d.slices) s.moving_average.clear();
   }
+  if (coordinator()) d.input_positions = members_.InputPositionsBefore(label);
   checkpoints_.Saved(label);
   return d;
 }
@@ -1178,6 +1201,9 @@ absl::Status ParameterServer::final_checkpoint_status() const { return impl_->fi
 int64_t ParameterServer::step() const { return impl_->step(); }
 absl::StatusOr<CheckpointData> ParameterServer::ExportState() { return impl_->ExportState(); }
 bool ParameterServer::CheckpointDue(int64_t step) { return impl_->CheckpointDue(step); }
+absl::Status ParameterServer::RecordInputPosition(int worker, int64_t step, std::string position) {
+  return impl_->RecordInputPosition(worker, step, std::move(position));
+}
 absl::Status ParameterServer::ImportState(int64_t step, const std::vector<SliceState>& slices, bool save) {
   return impl_->ImportState(step, slices, save);
 }
