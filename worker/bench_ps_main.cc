@@ -185,17 +185,6 @@ int Main() {
     const absl::Time t1 = absl::Now();
     if (s >= warmup) step_ms.push_back(absl::ToDoubleMilliseconds(t1 - t0));
     bad += crc32c::Value(reinterpret_cast<const char*>(params.data()), bytes) != crc[(s + 1) % 2];
-    if (getenv("DEBUG_BAD")) {
-      const std::vector<float>& want = (s + 1) % 2 == 0 ? initial : after_plus;
-      int shown = 0;
-      for (int64_t i = 0; i < n && shown < 5; ++i) {
-        if (params[i] != want[i]) {
-          std::fprintf(stderr, "step %d: [%lld] got %g want %g (step %lld)\n", s, (long long)i, params[i], want[i],
-                       (long long)pulled->step);
-          ++shown;
-        }
-      }
-    }
   }
   // Pushes alone (each one a full step on the ps, pulled afterwards untimed).
   for (int s = warmup + steps; s < warmup + steps + std::max(5, steps / 4); ++s) {
