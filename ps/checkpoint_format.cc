@@ -98,6 +98,18 @@ class Reader {
     pos_ += n * sizeof(float);
     return absl::OkStatus();
   }
+  // A section: u32 body_len | body | u32 masked CRC32C(body_len + body). Checks the CRC before any field of it is
+  // trusted and returns where the body ends (its CRC follows).
+  absl::StatusOr<size_t> Section(const std::string& section) {
+    const size_t start = pos_;
+    ASSIGN_OR_RETURN(uint32_t body_len, U32(absl::StrCat("the length of ", section)));
+    RETURN_IF_ERROR(Need(static_cast<size_t>(body_len) + 4, section));
+    const size_t end = pos_ + body_len;
+    Reader crc_reader(bytes_, name_);
+    crc_reader.Skip(end);
+    RETURN_IF_ERROR(crc_reader.Crc(start, end, section));
+    return end;
+  }
   // Reads a stored masked CRC and compares it with the CRC of bytes [from, from_end).
   absl::Status Crc(size_t from, size_t end, absl::string_view section) {
     ASSIGN_OR_RETURN(uint32_t stored, U32(absl::StrCat("the checksum of ", section)));
@@ -242,16 +254,7 @@ absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const st
 
   for (uint32_t i = 0; i < num_slices; ++i) {
     const std::string section = absl::StrCat("slice ", i);
-    const size_t start = r.pos();
-    ASSIGN_OR_RETURN(uint32_t body_len, r.U32(absl::StrCat("the length of ", section)));
-    // Check the section's CRC before trusting any field of it.
-    RETURN_IF_ERROR(r.Need(static_cast<size_t>(body_len) + 4, section));
-    const size_t end = r.pos() + body_len;
-    {
-      Reader crc_reader(bytes, name);
-      crc_reader.Skip(end);
-      RETURN_IF_ERROR(crc_reader.Crc(start, end, section));
-    }
+    ASSIGN_OR_RETURN(const size_t end, r.Section(section));
     SliceState s;
     ASSIGN_OR_RETURN(s.spec.key, r.U32("a slice key"));
     ASSIGN_OR_RETURN(s.spec.variable, r.Str("a variable name"));
@@ -279,15 +282,7 @@ absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const st
 
   if (version >= 2) {
     const std::string section = "the input positions";
-    const size_t start = r.pos();
-    ASSIGN_OR_RETURN(uint32_t body_len, r.U32(absl::StrCat("the length of ", section)));
-    RETURN_IF_ERROR(r.Need(static_cast<size_t>(body_len) + 4, section));
-    const size_t end = r.pos() + body_len;
-    {
-      Reader crc_reader(bytes, name);
-      crc_reader.Skip(end);
-      RETURN_IF_ERROR(crc_reader.Crc(start, end, section));
-    }
+    ASSIGN_OR_RETURN(const size_t end, r.Section(section));
     ASSIGN_OR_RETURN(uint32_t count, r.U32("the number of input positions"));
     for (uint32_t i = 0; i < count; ++i) {
       ASSIGN_OR_RETURN(uint32_t worker, r.U32("a worker id"));

@@ -157,6 +157,8 @@ class ParameterServer::Impl {
   void LeaseLoop();
 
   // Checkpoints.
+  // The task's whole state under checkpoint `label` (nothing else changes).
+  CheckpointData StateLocked(int64_t label, int64_t task_step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   CheckpointData SnapshotLocked(int64_t label, int64_t task_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes checkpoints taken under the locks (CheckpointWriter: retried, then logged; it prunes the oldest beyond
   // checkpoint.keep). Returns the status of the newest one: the caller decides whether it matters (the final
@@ -1073,7 +1075,7 @@ int64_t ParameterServer::Impl::step() const {
 // own step counts its updates: there, the newest global step seen in pushes.
 int64_t ParameterServer::Impl::CheckpointLabel() const { return sync_ || coordinator() ? step_ : step_hint_; }
 
-CheckpointData ParameterServer::Impl::SnapshotLocked(int64_t label, int64_t task_step) {
+CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_step) const {
   CheckpointData d;
   d.task_index = options_.task_index;
   d.num_ps = options_.num_ps;
@@ -1087,6 +1089,11 @@ CheckpointData ParameterServer::Impl::SnapshotLocked(int64_t label, int64_t task
   if (!d.has_moving_averages) {
     for (SliceState& s : d.slices) s.moving_average.clear();
   }
+  return d;
+}
+
+CheckpointData ParameterServer::Impl::SnapshotLocked(int64_t label, int64_t task_step) {
+  CheckpointData d = StateLocked(label, task_step);
   if (coordinator()) d.input_positions = members_.InputPositionsBefore(label);
   checkpoints_.Saved(label);
   return d;
@@ -1110,17 +1117,7 @@ absl::StatusOr<CheckpointData> ParameterServer::Impl::ExportState() {
   absl::MutexLock apply_lock(&apply_mu_);  // between updates
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckReady());
-  CheckpointData d;
-  d.task_index = options_.task_index;
-  d.num_ps = options_.num_ps;
-  d.global_step = step_;
-  d.task_step = step_;
-  d.model_signature = config_.model_signature;
-  d.optimizer = config_.optimizer.name;
-  d.num_slots = store_->optimizer().num_slots();
-  d.has_moving_averages = store_->has_moving_averages();
-  d.slices = store_->ExportState();
-  return d;
+  return StateLocked(step_, step_);
 }
 
 bool ParameterServer::Impl::CheckpointDue(int64_t step) {

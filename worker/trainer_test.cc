@@ -45,6 +45,23 @@ double RelativeDifference(const std::vector<float>& a, const std::vector<float>&
   return std::sqrt(num / den);
 }
 
+// In-process ps tasks (ps task i of num_ps) for `num_workers` workers, checkpointing as `checkpoint` says.
+struct PsTasks {
+  PsTasks(int num_ps, int num_workers, const ps::CheckpointOptions& checkpoint = {}) {
+    for (int t = 0; t < num_ps; ++t) {
+      ps::ParameterServerOptions po;
+      po.task_index = t;
+      po.num_ps = num_ps;
+      po.num_workers = num_workers;
+      po.checkpoint = checkpoint;
+      servers.push_back(*ps::ParameterServer::Create(po));
+      tasks.push_back(servers.back().get());
+    }
+  }
+  std::vector<std::unique_ptr<ps::ParameterServer>> servers;
+  std::vector<ps::PsInterface*> tasks;
+};
+
 // Runs `num_workers` workers as threads against `tasks`; returns the chief's result.
 std::vector<TrainingResult> RunWorkers(const WorkerOptions& base, int num_workers,
                                        const std::vector<ps::PsInterface*>& tasks) {
@@ -103,16 +120,9 @@ void CheckSyncEquivalence(int num_ps) {
   absl::StatusOr<TrainingResult> expected = RunTraining(local, {});
   ASSERT_TRUE(expected.ok()) << expected.status();
 
-  std::vector<std::unique_ptr<ps::ParameterServer>> servers;
-  std::vector<ps::PsInterface*> tasks;
-  for (int t = 0; t < num_ps; ++t) {
-    ps::ParameterServerOptions po;
-    po.task_index = t;
-    po.num_ps = num_ps;
-    po.num_workers = 2;
-    servers.push_back(*ps::ParameterServer::Create(po));
-    tasks.push_back(servers.back().get());
-  }
+  PsTasks ps_tasks(num_ps, 2);
+  std::vector<std::unique_ptr<ps::ParameterServer>>& servers = ps_tasks.servers;
+  const std::vector<ps::PsInterface*>& tasks = ps_tasks.tasks;
   WorkerOptions o = BaseOptions(&data);
   o.batch_size = b;
   o.train_steps = k;
@@ -143,16 +153,8 @@ TEST(TrainerTest, OneWorkerClusterEqualsLocal) {
   absl::StatusOr<TrainingResult> local = RunTraining(o, {});
   ASSERT_TRUE(local.ok()) << local.status();
   for (int ps_tasks : {1, 2}) {
-    std::vector<std::unique_ptr<ps::ParameterServer>> servers;
-    std::vector<ps::PsInterface*> tasks;
-    for (int t = 0; t < ps_tasks; ++t) {
-      ps::ParameterServerOptions po;
-      po.task_index = t;
-      po.num_ps = ps_tasks;
-      servers.push_back(*ps::ParameterServer::Create(po));
-      tasks.push_back(servers.back().get());
-    }
-    std::vector<TrainingResult> got = RunWorkers(o, 1, tasks);
+    PsTasks cluster(ps_tasks, 1);
+    std::vector<TrainingResult> got = RunWorkers(o, 1, cluster.tasks);
     EXPECT_EQ(got[0].global_step, 30);
     EXPECT_EQ(got[0].local_steps, 30) << "a step was computed twice on stale parameters";
     EXPECT_EQ(got[0].parameters, local->parameters) << ps_tasks << " ps tasks";
@@ -211,19 +213,11 @@ TEST(TrainerTest, StopAndResumeEqualsUninterrupted) {
         return r.ok() ? *r : TrainingResult{};
       }
       // A fresh set of ps tasks over the same directory: a restarted cluster.
-      std::vector<std::unique_ptr<ps::ParameterServer>> servers;
-      std::vector<ps::PsInterface*> tasks;
-      for (int t = 0; t < 2; ++t) {
-        ps::ParameterServerOptions po;
-        po.task_index = t;
-        po.num_ps = 2;
-        po.num_workers = c.workers;
-        po.checkpoint.dir = ckpt;
-        po.checkpoint.save_steps = 5;
-        servers.push_back(*ps::ParameterServer::Create(po));
-        tasks.push_back(servers.back().get());
-      }
-      return RunWorkers(o, c.workers, tasks)[0];
+      ps::CheckpointOptions checkpoint;
+      checkpoint.dir = ckpt;
+      checkpoint.save_steps = 5;
+      PsTasks cluster(2, c.workers, checkpoint);
+      return RunWorkers(o, c.workers, cluster.tasks)[0];
     };
     std::filesystem::remove_all(dir);
     const TrainingResult uninterrupted = run(dir + "/a", 30);
@@ -250,15 +244,7 @@ TEST(TrainerTest, ClusterWorkerWithDeviceOwnedTowersEqualsHostResident) {
     for (int ps_tasks : {1, 2}) {
       SCOPED_TRACE(::testing::Message() << towers << " towers, " << ps_tasks << " ps tasks");
       auto run = [&](bool in_place) {
-        std::vector<std::unique_ptr<ps::ParameterServer>> servers;
-        std::vector<ps::PsInterface*> tasks;
-        for (int t = 0; t < ps_tasks; ++t) {
-          ps::ParameterServerOptions po;
-          po.task_index = t;
-          po.num_ps = ps_tasks;
-          servers.push_back(*ps::ParameterServer::Create(po));
-          tasks.push_back(servers.back().get());
-        }
+        PsTasks cluster(ps_tasks, 1);
         WorkerOptions o = BaseOptions(&data);
         o.model = "cnn";
         o.batch_size = 8;
@@ -266,7 +252,7 @@ TEST(TrainerTest, ClusterWorkerWithDeviceOwnedTowersEqualsHostResident) {
         o.towers = std::to_string(towers);
         o.threads = towers;
         o.cpu_towers_in_place = in_place;
-        return RunWorkers(o, 1, tasks)[0];
+        return RunWorkers(o, 1, cluster.tasks)[0];
       };
       const TrainingResult host = run(true);
       const TrainingResult device = run(false);
