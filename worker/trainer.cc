@@ -231,12 +231,18 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
                        TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries,
                        TrainingResult* result) {
   int reconnects = 0;
-  auto recover = [&](const absl::Status& failure) -> absl::StatusOr<ps::PullResult> {
-    if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
-    LOG(WARNING) << "worker " << o.worker_id << ": " << failure.message() << "; connecting again";
-    RETURN_IF_ERROR(c->client->Reconnect(absl::Seconds(o.startup_wait_secs)));
-    RETURN_IF_ERROR(ResumeInput(o, c, d));
-    return steps->Start();
+  // A worker may connect again just before the chief rolls the tasks back (voiding the sessions it just got):
+  // then the first pull is Aborted too, and it connects once more.
+  auto recover = [&](absl::Status failure) -> absl::StatusOr<ps::PullResult> {
+    while (true) {
+      if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
+      LOG(WARNING) << "worker " << o.worker_id << ": " << failure.message() << "; connecting again";
+      RETURN_IF_ERROR(c->client->Reconnect(absl::Seconds(o.startup_wait_secs)));
+      RETURN_IF_ERROR(ResumeInput(o, c, d));
+      absl::StatusOr<ps::PullResult> started = steps->Start();
+      if (started.ok()) return started;
+      failure = started.status();
+    }
   };
   auto settle = [&]() -> absl::StatusOr<ps::PullResult> {
     absl::StatusOr<ps::PullResult> r = steps->Settle();
