@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/relative_difference.h"
 #include "kernels/device.h"
 #include "ps/parameter_server.h"
 #include "ps/placement.h"
@@ -45,14 +46,7 @@ WorkerOptions CnnOptions(const data::DatasetPair* data, const std::string& tower
   return o;
 }
 
-double RelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using ::dtrain::testing::RelativeDifference;
 
 // GPU and CPU compute in fp32 with different summation orders: the runs agree to fp32 accumulation, not
 // bit for bit.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/testing/relative_difference.h"
 #include "ps/checkpoint_dir.h"
 #include "ps/checkpoint_set.h"
 #include "worker/device_state.h"
@@ -56,14 +57,7 @@ WorkerOptions Options(const data::DatasetPair* data, const Config& c) {
   return o;
 }
 
-double RelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
+using ::dtrain::testing::RelativeDifference;
 
 void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
 

@@ -16,6 +16,7 @@
 #include "common/denormals.h"
 #include "common/env.h"
 #include "common/testing/fault_injection_env.h"
+#include "common/testing/relative_difference.h"
 #include "ps/fault_injecting_ps.h"
 #include "ps/parameter_server.h"
 #include "worker/synthetic_data.h"
@@ -36,14 +37,7 @@ WorkerOptions BaseOptions(const data::DatasetPair* data) {
   return o;
 }
 
-double RelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
+using ::dtrain::testing::RelativeDifference;
 
 // In-process ps tasks (ps task i of num_ps) for `num_workers` workers, checkpointing as `checkpoint` says.
 struct PsTasks {
