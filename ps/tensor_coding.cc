@@ -309,7 +309,7 @@ absl::Status DecodeMessage(const grpc::ByteBuffer& buffer, ChunkHandler* handler
     const int field = static_cast<int>(tag >> 3), wire_type = static_cast<int>(tag & 7);
     if (field == 1 && wire_type == kLengthDelimited) {
       uint64_t n;
-      if (!r.ReadVarint(&n) || static_cast<int64_t>(n) > r.remaining()) {
+      if (!r.ReadVarint(&n) || n > static_cast<uint64_t>(r.remaining())) {  // unsigned: a huge n is no negative
         return Malformed("truncated header", r.position());
       }
       std::string header;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "dtrain.pb.h"
 #include "gtest/gtest.h"
 
@@ -239,6 +240,14 @@ TEST(TensorCodingTest, MalformedMessagesAreDataLossNeverACrash) {
             absl::StatusCode::kDataLoss);
   // A varint that never ends.
   EXPECT_EQ(DecodeMessage(Reslice(std::string(12, '\xff'), &rng, 4), &got).code(), absl::StatusCode::kDataLoss);
+  // Lengths of 2^63 and more (negative as int64) for the header, a chunk, a chunk's data and an unknown field
+  // (found by ps_request_fuzzer: the header's length once reached std::string::reserve).
+  const std::string huge("\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01", 10);  // 2^63
+  for (const std::string& prefix : {std::string("\x0a"), std::string("\x12"), std::string("\x12\x0c\x22"),
+                                    std::string("\x3a")}) {
+    EXPECT_EQ(DecodeMessage(Reslice(prefix + huge + "abcd", &rng, 4), &got).code(), absl::StatusCode::kDataLoss)
+        << absl::CEscape(prefix);
+  }
 }
 
 }  // namespace
