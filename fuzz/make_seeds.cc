@@ -5,13 +5,16 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "dtrain.pb.h"
 #include "ps/checkpoint_format.h"
+#include "ps/tensor_coding.h"
 #include "worker/data/batch_stream_state.h"
 #include "worker/data/dataset.h"
 #include "worker/data/example_proto.h"
@@ -152,6 +155,65 @@ bool BatchStreamStateSeeds(const std::string& dir) {
   return ok;
 }
 
+// ps_request_fuzzer: calls as u8 op | u16 length | payload (see ps/ps_request_fuzzer.cc), on a task holding
+// slices 0 (8 floats) and 1 (3 floats) with workers 0 and 1 registered as sessions 1 and 2.
+std::string Call(uint8_t op, const std::string& payload) {
+  std::string out(1, static_cast<char>(op));
+  out.push_back(static_cast<char>(payload.size() & 0xff));
+  out.push_back(static_cast<char>(payload.size() >> 8));
+  return out + payload;
+}
+
+std::string Message(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  (void)buffer.Dump(&slices);
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  std::string out;
+  out.push_back(static_cast<char>(bytes.size() & 0xff));
+  out.push_back(static_cast<char>(bytes.size() >> 8));
+  return out + bytes;
+}
+
+std::string PushStream(int worker, int64_t step, bool commit, float value) {
+  wire::PushHeader h;
+  h.set_worker_id(worker);
+  h.set_step(step);
+  h.set_request_id(7 + worker);
+  h.set_commit(commit);
+  h.set_session(worker + 1);
+  h.set_input_position("position");
+  const std::vector<float> w(8, value), b(3, value);
+  ps::coding::MessageBuilder m;
+  m.SetHeader(h.SerializeAsString());
+  std::string stream = Message(m.Build());
+  std::memcpy(m.AddChunkOwned(0, 0, ps::WireDtype::kF32, 8), w.data(), 8 * sizeof(float));
+  std::memcpy(m.AddChunkOwned(1, 0, ps::WireDtype::kF32, 3), b.data(), 3 * sizeof(float));
+  return stream + Message(m.Build());
+}
+
+bool PsRequestSeeds(const std::string& dir) {
+  wire::PullRequest pull;
+  pull.set_worker_id(0);
+  pull.set_session(1);
+  pull.set_min_step(1);
+  wire::DoneRequest done;
+  done.set_worker_id(1);
+  done.set_session(2);
+  done.set_completed(true);
+  wire::HeartbeatRequest beat;
+  beat.set_worker_id(0);
+  beat.set_session(1);
+  wire::RegisterRequest reg;
+  reg.set_worker_id(1);
+  wire::ProbeRequest probe;
+  return Write(dir, "step", Call(1, PushStream(0, 0, true, 0.5f)) + Call(1, PushStream(1, 0, true, -1.f)) +
+                                Call(3, pull.SerializeAsString())) &&
+         Write(dir, "done", Call(4, done.SerializeAsString()) + Call(5, beat.SerializeAsString()) +
+                                Call(1, PushStream(0, 0, true, 2.f))) &&
+         Write(dir, "register", Call(0, reg.SerializeAsString()) + Call(6, probe.SerializeAsString()));
+}
+
 }  // namespace
 }  // namespace dtrain
 
@@ -165,7 +227,8 @@ int main(int argc, char** argv) {
                   dtrain::CifarSeeds(out + "/cifar10_fuzzer") &&
                   dtrain::TfRecordSeeds(out + "/tfrecord_fuzzer") &&
                   dtrain::CheckpointSeeds(out + "/checkpoint_fuzzer") &&
-                  dtrain::BatchStreamStateSeeds(out + "/batch_stream_state_fuzzer");
+                  dtrain::BatchStreamStateSeeds(out + "/batch_stream_state_fuzzer") &&
+                  dtrain::PsRequestSeeds(out + "/ps_request_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "dtrain_fuzz_seeds: cannot write the seeds under %s\n", out.c_str());
     return 1;

@@ -98,6 +98,18 @@ class Reader {
     pos_ += n * sizeof(float);
     return absl::OkStatus();
   }
+  // A section: u32 body_len | body | u32 masked CRC32C(body_len + body). Checks the CRC before any field of it is
+  // trusted and returns where the body ends (its CRC follows).
+  absl::StatusOr<size_t> Section(const std::string& section) {
+    const size_t start = pos_;
+    ASSIGN_OR_RETURN(uint32_t body_len, U32(absl::StrCat("the length of ", section)));
+    RETURN_IF_ERROR(Need(static_cast<size_t>(body_len) + 4, section));
+    const size_t end = pos_ + body_len;
+    Reader crc_reader(bytes_, name_);
+    crc_reader.Skip(end);
+    RETURN_IF_ERROR(crc_reader.Crc(start, end, section));
+    return end;
+  }
   // Reads a stored masked CRC and compares it with the CRC of bytes [from, from_end).
   absl::Status Crc(size_t from, size_t end, absl::string_view section) {
     ASSIGN_OR_RETURN(uint32_t stored, U32(absl::StrCat("the checksum of ", section)));
@@ -167,6 +179,21 @@ std::string SerializeCheckpoint(const CheckpointData& data) {
     PutCrc(&out, start);
   }
 
+  {
+    const size_t start = out.size();
+    std::string body;
+    PutU32(&body, static_cast<uint32_t>(data.input_positions.size()));
+    for (const auto& [worker, position] : data.input_positions) {
+      CHECK_GE(worker, 0);
+      CHECK_LE(position.size(), kMaxInputPositionBytes);
+      PutU32(&body, static_cast<uint32_t>(worker));
+      PutStr(&body, position);
+    }
+    PutU32(&out, static_cast<uint32_t>(body.size()));
+    out.append(body);
+    PutCrc(&out, start);
+  }
+
   const uint64_t before_trailer = out.size();
   const uint32_t whole = crc32c::Value(out.data(), out.size());
   out.append(kTrailerMagic, kMagicLen);
@@ -227,16 +254,7 @@ absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const st
 
   for (uint32_t i = 0; i < num_slices; ++i) {
     const std::string section = absl::StrCat("slice ", i);
-    const size_t start = r.pos();
-    ASSIGN_OR_RETURN(uint32_t body_len, r.U32(absl::StrCat("the length of ", section)));
-    // Check the section's CRC before trusting any field of it.
-    RETURN_IF_ERROR(r.Need(static_cast<size_t>(body_len) + 4, section));
-    const size_t end = r.pos() + body_len;
-    {
-      Reader crc_reader(bytes, name);
-      crc_reader.Skip(end);
-      RETURN_IF_ERROR(crc_reader.Crc(start, end, section));
-    }
+    ASSIGN_OR_RETURN(const size_t end, r.Section(section));
     SliceState s;
     ASSIGN_OR_RETURN(s.spec.key, r.U32("a slice key"));
     ASSIGN_OR_RETURN(s.spec.variable, r.Str("a variable name"));
@@ -260,6 +278,23 @@ absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const st
     if (d.has_moving_averages) RETURN_IF_ERROR(r.Floats(s.spec.length, &s.moving_average, "a moving average"));
     r.Skip(4);  // the CRC, checked above
     d.slices.push_back(std::move(s));
+  }
+
+  if (version >= 2) {
+    const std::string section = "the input positions";
+    ASSIGN_OR_RETURN(const size_t end, r.Section(section));
+    ASSIGN_OR_RETURN(uint32_t count, r.U32("the number of input positions"));
+    for (uint32_t i = 0; i < count; ++i) {
+      ASSIGN_OR_RETURN(uint32_t worker, r.U32("a worker id"));
+      ASSIGN_OR_RETURN(std::string position, r.Str("an input position"));
+      if (worker > (1u << 20) || position.size() > kMaxInputPositionBytes ||
+          !d.input_positions.emplace(static_cast<int>(worker), std::move(position)).second) {
+        return r.DataLoss(absl::StrCat(section, ": implausible entry for worker ", worker));
+      }
+      if (r.pos() > end) return r.DataLoss(absl::StrCat(section, " run past their section"));
+    }
+    if (r.pos() != end) return r.DataLoss(absl::StrCat(section, ": length field does not match the entries"));
+    r.Skip(4);  // the CRC, checked above
   }
 
   const size_t before_trailer = r.pos();

@@ -3,7 +3,7 @@
 // reads and prunes the files, ps/checkpoint_writer.h writes them, ps/checkpoint_set.h reads a whole
 // checkpoint for evaluation.
 //
-// Format (version 1; integers little-endian, floats IEEE-754 float32 little-endian):
+// Format (version 2; integers little-endian, floats IEEE-754 float32 little-endian):
 //   header   "DTRNCKPT" | u32 version | u32 body_len | body | u32 masked CRC32C(everything before it)
 //            body: u32 task_index | u32 num_ps | i64 global_step | i64 task_step | str model_signature |
 //                  str optimizer | u32 num_slots | u8 has_moving_averages | u32 num_slices
@@ -11,7 +11,11 @@
 //   slice i  u32 body_len | body | u32 masked CRC32C(body_len + body)
 //            body: u32 key | str variable | i64 flat_offset | i64 length | f32 values[length] |
 //                  f32 slot[num_slots][length] | f32 moving_average[length] (when has_moving_averages)
+//   inputs   (version 2) u32 body_len | body | u32 masked CRC32C(body_len + body)
+//            body: u32 count | count x (u32 worker | str position): each worker's input position at this
+//            step (worker/data/batch_stream_state.h; kept by ps task 0 only, empty elsewhere)
 //   trailer  "DTRNTAIL" | u64 bytes before the trailer | u32 masked CRC32C(every byte before the trailer)
+// Version 1 files (no inputs section) are read as having no input positions.
 //
 // Errors from ParseCheckpoint (every message starts with the name it was given, usually the file's path):
 //   DataLoss            truncated ("truncated at byte N ..."), corrupted ("checksum mismatch in slice 3 ..."),
@@ -25,6 +29,7 @@
 #define DTRAIN_PS_CHECKPOINT_FORMAT_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,7 +40,9 @@
 namespace dtrain::ps {
 
 inline constexpr char kCheckpointMagic[] = "DTRNCKPT";  // 8 bytes, no terminator in the file
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
+// An input position larger than this is refused (it is a few dozen bytes).
+inline constexpr size_t kMaxInputPositionBytes = 1024;
 
 // The full state of one slice.
 struct SliceState {
@@ -58,6 +65,9 @@ struct CheckpointData {
   int num_slots = 0;
   bool has_moving_averages = false;
   std::vector<SliceState> slices;
+  // Ps task 0: where each worker's input stream was at this step (worker id -> BatchStream::SaveState()), so a
+  // resumed run reads the batches an uninterrupted one would. Workers without a known position are absent.
+  std::map<int, std::string> input_positions;
 };
 
 // The encoding above. CHECKs that the data is self-consistent (lengths match the specs): it is built by the

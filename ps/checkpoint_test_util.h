@@ -114,6 +114,7 @@ inline void ExpectSame(const CheckpointData& a, const CheckpointData& b) {
   EXPECT_EQ(a.optimizer, b.optimizer);
   EXPECT_EQ(a.num_slots, b.num_slots);
   EXPECT_EQ(a.has_moving_averages, b.has_moving_averages);
+  EXPECT_EQ(a.input_positions, b.input_positions);
   ASSERT_EQ(a.slices.size(), b.slices.size());
   for (size_t i = 0; i < a.slices.size(); ++i) {
     EXPECT_EQ(a.slices[i].spec, b.slices[i].spec) << i;
@@ -141,6 +142,11 @@ inline void FixChecksums(std::string* b) {
   const uint32_t num_slices = GetU32(*b, 16 + header_len - 4);
   size_t pos = 16 + header_len + 4;
   for (uint32_t i = 0; i < num_slices; ++i) {
+    const uint32_t body_len = GetU32(*b, pos);
+    PutU32At(b, pos + 4 + body_len, crc(pos, pos + 4 + body_len));
+    pos += 4 + body_len + 4;
+  }
+  if (GetU32(*b, 8) >= 2) {  // the input positions section
     const uint32_t body_len = GetU32(*b, pos);
     PutU32At(b, pos + 4 + body_len, crc(pos, pos + 4 + body_len));
     pos += 4 + body_len + 4;

@@ -1,6 +1,7 @@
 # The gRPC side of the ps (included from ps/CMakeLists.txt): wire format, service, client, server, binary.
 dtrain_cc_library(NAME dtrain_ps_grpc
-  SRCS wire_format.cc tensor_coding.cc grpc_security.cc grpc_ps_service.cc grpc_ps_client.cc server.cc
+  SRCS wire_format.cc tensor_coding.cc upload_feeder.cc grpc_security.cc grpc_ps_service.cc grpc_ps_client.cc
+       server.cc
   DEPS dtrain_ps_core dtrain_proto gRPC::grpc++ absl::status absl::statusor absl::strings absl::synchronization
        absl::time glog::glog)
 
@@ -12,3 +13,6 @@ dtrain_cc_test(NAME grpc_ps_test SRCS grpc_ps_test.cc ps_test_util.cc DEPS dtrai
 dtrain_cc_test(NAME tensor_coding_test SRCS tensor_coding_test.cc DEPS dtrain_ps_grpc TIMEOUT 120)
 # A restarted ps task is reached again quickly (the channel's reconnect and re-resolution settings).
 dtrain_cc_test(NAME grpc_reconnect_test SRCS grpc_reconnect_test.cc DEPS dtrain_ps_grpc TIMEOUT 60)
+
+# libFuzzer harness of the ps's request handling: wire bytes -> Status (built with -DDTRAIN_FUZZ=ON; scripts/fuzz.sh).
+dtrain_fuzzer(NAME ps_request_fuzzer SRCS ps_request_fuzzer.cc ps_test_util.cc DEPS dtrain_ps_grpc)

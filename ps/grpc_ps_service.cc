@@ -13,6 +13,7 @@
 #include "ps/grpc_methods.h"
 #include "ps/grpc_security.h"
 #include "ps/tensor_coding.h"
+#include "ps/upload_feeder.h"
 #include "ps/wire_format.h"
 
 namespace dtrain::ps {
@@ -21,46 +22,6 @@ namespace {
 namespace pb = ::dtrain::wire;
 using grpc::internal::RpcMethod;
 using grpc::internal::RpcServiceMethod;
-
-// Feeds the chunks of received messages into an upload; the upload is opened by the first message's header.
-class UploadFeeder : public coding::ChunkHandler {
- public:
-  UploadFeeder(PsInterface* ps, bool initialize) : ps_(ps), initialize_(initialize) {}
-
-  absl::Status OnHeader(const std::string& bytes) override {
-    if (initialize_) return absl::InvalidArgumentError("Initialize: unexpected header");
-    if (upload_) return absl::InvalidArgumentError("Push: a second header");
-    pb::PushHeader header;
-    if (!header.ParseFromString(bytes)) return absl::InvalidArgumentError("Push: malformed header");
-    ASSIGN_OR_RETURN(upload_, ps_->StartPush(wire::FromProto(header)));
-    return absl::OkStatus();
-  }
-  absl::Status OnWorkerId(int64_t worker_id) override {
-    if (!initialize_) return absl::InvalidArgumentError("Push: unexpected worker id field");
-    if (upload_) return absl::InvalidArgumentError("Initialize: a second worker id");
-    if (worker_id < INT32_MIN || worker_id > INT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat("Initialize: worker id ", worker_id, " out of range"));
-    }
-    ASSIGN_OR_RETURN(upload_, ps_->StartInitialize(static_cast<int>(worker_id)));
-    return absl::OkStatus();
-  }
-  absl::Status OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
-    if (!upload_) {
-      return absl::InvalidArgumentError(initialize_ ? "Initialize: slice data before the worker id"
-                                                    : "Push: slice data before the header");
-    }
-    return upload_->Write(key, offset, n, dtype, data);
-  }
-  absl::StatusOr<PushResponse> Finish() {
-    if (!upload_) return absl::InvalidArgumentError(initialize_ ? "Initialize: empty stream" : "Push: empty stream");
-    return upload_->Finish();
-  }
-
- private:
-  PsInterface* ps_;
-  const bool initialize_;
-  std::unique_ptr<SliceUpload> upload_;
-};
 
 // Sends what the ps task delivers: the header at once, then the pieces, copied into slices the messages own and
 // sent as soon as a slice is whole, a megabyte has gathered, or the task has nothing more ready.
@@ -206,6 +167,7 @@ class GrpcPsService final : public grpc::Service {
     resp->set_global_step(out->global_step);
     resp->set_session(out->session);
     resp->set_lease_ms(out->lease_ms);
+    resp->set_input_position(out->input_position);
     return grpc::Status::OK;
   }
 
@@ -213,7 +175,7 @@ class GrpcPsService final : public grpc::Service {
     SetFlushDenormals();  // async uploads apply the optimizer on this thread
     UploadFeeder feeder(ps_, initialize);
     grpc::ByteBuffer message;
-    while (reader->Read(&message)) RETURN_IF_ERROR(coding::DecodeMessage(message, &feeder));
+    while (reader->Read(&message)) RETURN_IF_ERROR(feeder.Feed(message));
     return feeder.Finish();
   }
 

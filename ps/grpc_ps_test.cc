@@ -196,7 +196,9 @@ TEST(GrpcPsTest, CheckpointFieldsCrossTheWire) {
     ASSERT_TRUE(reg.ok()) << reg.status();
     ASSERT_FALSE(reg->initialized);
     ASSERT_TRUE(InitializeSlices(**client, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
-    ASSERT_TRUE(PushSlices(**client, PushHeader{0, 0, 1, true, reg->session}, {{0, {1.f, 1.f, 1.f, 1.f}}}).ok());
+    PushHeader header{0, 0, 1, true, reg->session};
+    header.input_position = "worker 0's input after step 0";
+    ASSERT_TRUE(PushSlices(**client, header, {{0, {1.f, 1.f, 1.f, 1.f}}}).ok());
     PullRequest pull;
     pull.session = reg->session;
     pull.min_step = 1;
@@ -222,6 +224,7 @@ TEST(GrpcPsTest, CheckpointFieldsCrossTheWire) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->initialized, restore != kRestoreNone) << restore;
     EXPECT_EQ(r->global_step, restore != kRestoreNone ? 1 : 0) << restore;
+    EXPECT_EQ(r->input_position, restore != kRestoreNone ? "worker 0's input after step 0" : "") << restore;
   }
   std::filesystem::remove_all(dir);
 }

@@ -1,5 +1,7 @@
 #include "ps/membership.h"
 
+#include <iterator>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -130,5 +132,37 @@ std::vector<WorkerStats> Membership::AllStats() const {
   for (const Worker& w : workers_) out.push_back(w.stats);
   return out;
 }
+
+void Membership::RecordInputPosition(int worker, int64_t step, std::string position) {
+  Worker& w = workers_[worker];
+  w.positions[step] = std::move(position);
+  while (w.positions.size() > 4) w.positions.erase(w.positions.begin());  // checkpoints look one step back
+  w.restored_position.clear();
+}
+
+std::map<int, std::string> Membership::InputPositionsBefore(int64_t label) const {
+  std::map<int, std::string> out;
+  for (int i = 0; i < num_workers(); ++i) {
+    const std::map<int64_t, std::string>& p = workers_[i].positions;
+    auto it = p.lower_bound(label);  // the first step >= label
+    if (it == p.begin()) continue;
+    out[i] = std::prev(it)->second;
+  }
+  return out;
+}
+
+void Membership::RestoreInputPositions(const std::map<int, std::string>& positions, int64_t label) {
+  for (int i = 0; i < num_workers(); ++i) {
+    Worker& w = workers_[i];
+    w.positions.clear();
+    w.restored_position.clear();
+    auto it = positions.find(i);
+    if (it == positions.end()) continue;
+    w.positions[label - 1] = it->second;
+    w.restored_position = it->second;
+  }
+}
+
+std::string Membership::RestoredInputPosition(int worker) const { return workers_[worker].restored_position; }
 
 }  // namespace dtrain::ps

@@ -17,6 +17,7 @@
 #define DTRAIN_PS_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -69,6 +70,17 @@ class Membership {
   bool AnotherActive(int worker) const;
   std::vector<int> lost_workers() const;
 
+  // Input positions (ps task 0): where each worker's input stream is after the batches of a step
+  // (BatchStream::SaveState()), for checkpoints, so a resumed run reads what an uninterrupted one would.
+  // Records the position a worker's commit for `step` carried; the worker then has no restored position.
+  void RecordInputPosition(int worker, int64_t step, std::string position);
+  // For a checkpoint of global step `label`: each worker's newest position of a step before `label`.
+  std::map<int, std::string> InputPositionsBefore(int64_t label) const;
+  // A checkpoint of step `label` was restored: its positions are each worker's until it commits again, and
+  // RestoredInputPosition returns them meanwhile (empty when there is none: keep reading where you are).
+  void RestoreInputPositions(const std::map<int, std::string>& positions, int64_t label);
+  std::string RestoredInputPosition(int worker) const;
+
   WorkerStats& stats(int worker) { return workers_[worker].stats; }
   std::vector<WorkerStats> AllStats() const;
   RecentRequestIds& recent_ids(int worker) { return workers_[worker].recent_ids; }
@@ -80,6 +92,8 @@ class Membership {
     RecentRequestIds recent_ids{1024};  // retries arrive within a few calls of their original
     uint64_t session = 0;               // 0: none
     absl::Time last_contact = absl::InfinitePast();
+    std::map<int64_t, std::string> positions;  // step -> input position after it; the newest few
+    std::string restored_position;              // from the restored checkpoint, until the next commit
   };
   const int task_;
   std::vector<Worker> workers_;

@@ -143,6 +143,9 @@ class ParameterServer : public PsInterface {
   // do not match the task's slices and nothing changes) and makes `step` the task's step. With `save` (and a
   // checkpoint_dir), writes it as the checkpoint of that step before returning, as a scheduled save does.
   absl::Status ImportState(int64_t step, const std::vector<SliceState>& slices, bool save);
+  // What a commit's PushHeader::input_position does, for steps that are not pushed: worker `worker`'s input
+  // stream after the batches of `step` (kept for checkpoints on task 0). InvalidArgument if too large.
+  absl::Status RecordInputPosition(int worker, int64_t step, std::string position);
 
   class Impl;
 

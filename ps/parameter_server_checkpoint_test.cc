@@ -408,5 +408,49 @@ TEST(ParameterServerCheckpointTest, FinalSaveRewritesAStepWhoseSaveFailed) {
   EXPECT_EQ(StepsOnDisk(dir.path())[0], (std::set<int64_t>{5}));
 }
 
+// Commits carry each worker's input position; ps 0's checkpoint of step k holds each worker's position after
+// the batches of step k-1, and after a restore a worker registering learns its position (until it commits).
+TEST(ParameterServerCheckpointTest, InputPositionsAreCheckpointedAndHandedBack) {
+  ScratchDir dir("positions");
+  auto position = [](int w, int64_t s) { return absl::StrCat("worker ", w, " after step ", s); };
+  {
+    auto cluster = SimCluster::Start(Options(2, dir.path()));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    std::vector<SimWorker> workers;
+    std::vector<std::vector<float>> params(kWorkers);
+    for (int w = 0; w < kWorkers; ++w) {
+      workers.emplace_back(cluster->get(), w);
+      ASSERT_TRUE(workers[w].Pull(0, 0, &params[w]).ok());
+    }
+    for (int64_t s = 0; s < 12; ++s) {
+      for (int w = 0; w < kWorkers; ++w) {
+        workers[w].client().SetInputPosition(position(w, s));
+        ASSERT_TRUE(workers[w].Push(s, TestGradient(w, s, params[w])).ok());
+      }
+      for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(workers[w].Pull(s + 1, s, &params[w]).ok());
+    }
+  }
+  for (int64_t k : {5, 10}) {
+    absl::StatusOr<CheckpointData> ps0 = ReadCheckpoint(Env::Default(), CheckpointPath(dir.path(), k, 0, 2));
+    ASSERT_TRUE(ps0.ok()) << ps0.status();
+    EXPECT_EQ(ps0->input_positions, (std::map<int, std::string>{{0, position(0, k - 1)}, {1, position(1, k - 1)}}));
+    absl::StatusOr<CheckpointData> ps1 = ReadCheckpoint(Env::Default(), CheckpointPath(dir.path(), k, 1, 2));
+    ASSERT_TRUE(ps1.ok()) << ps1.status();
+    EXPECT_TRUE(ps1->input_positions.empty()) << "only ps 0 keeps them";
+  }
+  auto resumed = SimCluster::Start(Options(2, dir.path()));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_EQ((*resumed)->restored_step(), 10);
+  SimWorker w1(resumed->get(), 1);
+  EXPECT_EQ(w1.client().restored_input_position(), position(1, 9));
+  std::vector<float> params;
+  ASSERT_EQ(*w1.Pull(0, 0, &params), 10);
+  w1.client().SetInputPosition(position(1, 10));
+  ASSERT_TRUE(w1.Push(10, TestGradient(1, 10, params)).ok());
+  // Committed since: registering again no longer rewinds its input; worker 0 still has its restored position.
+  EXPECT_EQ(SimWorker(resumed->get(), 1).client().restored_input_position(), "");
+  EXPECT_EQ(SimWorker(resumed->get(), 0).client().restored_input_position(), position(0, 9));
+}
+
 }  // namespace
 }  // namespace dtrain::ps

@@ -580,6 +580,12 @@ TEST(HostileInputTest, OnlyRegisteredWorkersPushOrPull) {
   r = PushSlices(*ps, PushHeader{0, 0, 1, true, SessionOf(*ps, 0) + 1}, {{0, {9, 9, 9}}, {1, {9}}});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
   EXPECT_EQ(Pull(*ps, 1, 0).status().code(), absl::StatusCode::kAborted);
+  // A commit's input position is bounded.
+  PushHeader big{0, 0, 2, true, SessionOf(*ps, 0)};
+  big.input_position.assign(kMaxInputPositionBytes + 1, 'x');
+  r = PushSlices(*ps, big, {{0, {9, 9, 9}}, {1, {9}}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("input position"), std::string::npos) << r.status();
   TrainingStats stats = *ps->GetStats();
   EXPECT_EQ(stats.workers[0].applied + stats.workers[1].applied, 0);
   EXPECT_EQ(ps->step(), 0);

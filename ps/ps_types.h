@@ -104,6 +104,9 @@ struct RegisterResponse {
   int64_t global_step = 0;   // this task's step (the global step on ps 0)
   uint64_t session = 0;      // carried by every later call of this worker to this task (see ps/membership.h)
   int64_t lease_ms = 0;      // a worker silent for longer is declared lost (0: never): heartbeat well within
+  // Ps 0, when its state was restored from a checkpoint since this worker last committed: where the worker's
+  // input stream was at that step (BatchStream::SaveState()); empty otherwise (keep reading where you are).
+  std::string input_position;
 };
 
 // What a ps task could restore (ParameterServer::Probe): the chief picks the newest step every task can restore
@@ -121,6 +124,9 @@ struct PushHeader {
   uint64_t request_id = 0;  // unique per (worker, push); a retry reuses it
   bool commit = false;      // ps 0 only: when the upload finishes, this worker's push for `step` is complete
   uint64_t session = 0;     // from RegisterResponse
+  // Commits to ps 0 (optional): the worker's input stream position after drawing this step's batches
+  // (BatchStream::SaveState(), at most kMaxInputPositionBytes); checkpoints keep it per worker.
+  std::string input_position;
   // Local only (not sent): cancelling it ends a blocked upload at once (Cancelled). May be null.
   Cancellation* cancel = nullptr;
 };

@@ -12,7 +12,7 @@ bool SyncCoordinator::HasCommitted(int worker) const {
 std::optional<StepDecision> SyncCoordinator::MaybeDecide(int64_t step, int active_workers) {
   const size_t needed = static_cast<size_t>(std::max(0, std::min(replicas_to_aggregate_, active_workers)));
   if (pending_.empty() || pending_.size() < needed) return std::nullopt;
-  StepDecision decision{step, std::move(pending_), false};
+  StepDecision decision{step, std::move(pending_), false, ""};
   pending_.clear();
   if (log_.empty()) first_logged_step_ = step;
   log_.push_back(decision);

@@ -162,6 +162,7 @@ void ToProto(const PushHeader& in, dtrain::wire::PushHeader* out) {
   out->set_request_id(in.request_id);
   out->set_commit(in.commit);
   out->set_session(in.session);
+  out->set_input_position(in.input_position);
 }
 
 PushHeader FromProto(const dtrain::wire::PushHeader& in) {
@@ -171,6 +172,7 @@ PushHeader FromProto(const dtrain::wire::PushHeader& in) {
   h.request_id = in.request_id();
   h.commit = in.commit();
   h.session = in.session();
+  h.input_position = in.input_position();
   return h;
 }
 

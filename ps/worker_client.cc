@@ -189,6 +189,7 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
         {
           absl::MutexLock lock(&mu_);
           sessions_[t] = r->session;
+          if (t == 0) restored_position_ = r->input_position;
         }
         lease_ms = std::max(lease_ms, r->lease_ms);
         if (r->initialized) {
@@ -316,6 +317,13 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
   return absl::OkStatus();
 }
 
+std::string WorkerClient::restored_input_position() const {
+  absl::MutexLock lock(&mu_);
+  return restored_position_;
+}
+
+void WorkerClient::SetInputPosition(std::string position) { next_input_position_ = std::move(position); }
+
 absl::Status WorkerClient::Reconnect(absl::Duration wait) {
   // What is in flight belongs to the old sessions: let it end first.
   absl::Status push = WaitPush().status();
@@ -413,6 +421,7 @@ absl::Status WorkerClient::BeginPush(int64_t step, const float* grads) {
   }
   push_grads_ = grads;
   push_request_id_ = next_request_id_++;
+  input_position_ = next_input_position_;  // the previous push is done with it
   std::fill(slice_queued_.begin(), slice_queued_.end(), 0);
   for (auto& p : pushes_) *p = TaskPush{};
   if (options_.wire_dtype != WireDtype::kF32 && residual_.empty()) {
@@ -462,6 +471,7 @@ absl::Status WorkerClient::OpenUpload(int task) {
   header.request_id = push_request_id_;
   header.commit = task == 0;
   header.session = session(task);
+  if (header.commit) header.input_position = input_position_;
   header.cancel = &cancel_;
   ASSIGN_OR_RETURN(pushes_[task]->upload, tasks_[task]->StartPush(header));
   return absl::OkStatus();

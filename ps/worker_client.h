@@ -80,6 +80,12 @@ class WorkerClient {
   // After a call failed with Aborted (a task restarted, rolled back, or declared this worker lost): lets what
   // is in flight end and connects again (the chief restoring the tasks as Connect does). Then pull.
   absl::Status Reconnect(absl::Duration wait);
+  // After Connect / Reconnect: where ps 0 says this worker's input stream resumes (the position its restored
+  // checkpoint holds; BatchStream::Restore takes it), or empty: keep reading where you are.
+  std::string restored_input_position() const;
+  // The input stream's position after the batches of the step about to be pushed (BatchStream::SaveState()):
+  // sent with that push's commit, for checkpoints. Call before BeginPush.
+  void SetInputPosition(std::string position);
 
   // ---- one step, overlapped (see the example above) ----
   // Starts the push of the gradients computed at `step`, read from `grads` (flat) until the push is done. Waits
@@ -160,9 +166,12 @@ class WorkerClient {
   std::vector<float> residual_;
   std::vector<char> encoded_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::CondVar cv_;
   std::vector<uint64_t> sessions_ ABSL_GUARDED_BY(mu_);  // per task, from Register
+  std::string restored_position_ ABSL_GUARDED_BY(mu_);   // from ps 0's Register
+  std::string next_input_position_;  // SetInputPosition's, taken by the next BeginPush (training thread)
+  std::string input_position_;       // the current push's: set by BeginPush, read by the push lanes
   std::thread heartbeat_;
   // The push in flight.
   int64_t push_step_ ABSL_GUARDED_BY(mu_) = -1;

@@ -14,6 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/env.h"
+#include "ps/checkpoint_dir.h"
+#include "ps/checkpoint_set.h"
 #include "tests/subprocess.h"
 
 namespace dtrain::testing {
@@ -147,15 +150,15 @@ TEST(ClusterSemantics, MismatchedWorkerIsRefusedAndTheClusterFinishes) {
 TEST(ClusterSemantics, CheckpointResumeAcrossRestartsAndEval) {
   const std::string dir = ::testing::TempDir() + "/semantics_ckpt";
   std::filesystem::remove_all(dir);
-  const std::vector<std::string> ckpt = {"--checkpoint_dir=" + dir, "--save_checkpoint_steps=30"};
-  auto run = [&](int steps, const std::string& tag) {
+  auto run = [&](int steps, const std::string& tag, const std::string& in = "") {
+    const std::vector<std::string> ckpt = {"--checkpoint_dir=" + (in.empty() ? dir : in), "--save_checkpoint_steps=30"};
     LocalCluster c(2, 2);
     auto ps0 = c.StartPs(0, tag, ckpt);
     auto ps1 = c.StartPs(1, tag, ckpt);
     std::vector<std::unique_ptr<Subprocess>> workers;
     for (int i = 0; i < 2; ++i) {
       std::vector<std::string> a = {"--mode=sync", "--model=mlp", absl::StrCat("--train_steps=", steps),
-                                    "--log_every=30"};
+                                    "--log_every=30", "--threads=1"};
       a.insert(a.end(), ckpt.begin(), ckpt.end());
       workers.push_back(c.StartWorker(i, tag, a));
     }
@@ -173,6 +176,28 @@ TEST(ClusterSemantics, CheckpointResumeAcrossRestartsAndEval) {
   long global_step = 0;
   ParseStats(second, &global_step);
   EXPECT_EQ(global_step, 90) << second;
+
+  // Stopped at 60 and resumed equals never stopped: the same parameters at step 90 (each worker's input
+  // resumed where the checkpoint left it).
+  const std::string straight = ::testing::TempDir() + "/semantics_ckpt_straight";
+  std::filesystem::remove_all(straight);
+  run(90, "ckpt_straight", straight);
+  absl::StatusOr<std::vector<ps::CheckpointData>> resumed =
+      ps::ReadCheckpointSet(Env::Default(), ps::CheckpointPrefix(dir, 90));
+  absl::StatusOr<std::vector<ps::CheckpointData>> uninterrupted =
+      ps::ReadCheckpointSet(Env::Default(), ps::CheckpointPrefix(straight, 90));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
+  ASSERT_EQ(resumed->size(), uninterrupted->size());
+  for (size_t t = 0; t < resumed->size(); ++t) {
+    ASSERT_EQ((*resumed)[t].slices.size(), (*uninterrupted)[t].slices.size());
+    for (size_t i = 0; i < (*resumed)[t].slices.size(); ++i) {
+      EXPECT_EQ((*resumed)[t].slices[i].values, (*uninterrupted)[t].slices[i].values)
+          << "ps task " << t << ", " << ps::DescribeSlice((*resumed)[t].slices[i].spec);
+    }
+  }
+  EXPECT_EQ((*resumed)[0].input_positions.size(), 2u);
+  std::filesystem::remove_all(straight);
 
   // dtrain_eval on the directory picks the newest complete checkpoint.
   Subprocess eval({BinPath("dtrain_eval"), "--checkpoint=" + dir, "--model=mlp"}, LogPath("ckpt_eval"));

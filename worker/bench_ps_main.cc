@@ -170,7 +170,7 @@ int Main() {
   if (absl::Status s = client.Connect(config, initial.data(), absl::Seconds(10)); !s.ok()) return Fail("connect", s);
 
   const int warmup = absl::GetFlag(FLAGS_warmup_steps), steps = absl::GetFlag(FLAGS_steps);
-  std::vector<double> step_ms, push_ms;
+  std::vector<double> step_ms, push_ms, pull_ms;
   int bad = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     const float* grads = s % 2 == 0 ? plus.data() : minus.data();
@@ -185,27 +185,18 @@ int Main() {
     const absl::Time t1 = absl::Now();
     if (s >= warmup) step_ms.push_back(absl::ToDoubleMilliseconds(t1 - t0));
     bad += crc32c::Value(reinterpret_cast<const char*>(params.data()), bytes) != crc[(s + 1) % 2];
-    if (getenv("DEBUG_BAD")) {
-      const std::vector<float>& want = (s + 1) % 2 == 0 ? initial : after_plus;
-      int shown = 0;
-      for (int64_t i = 0; i < n && shown < 5; ++i) {
-        if (params[i] != want[i]) {
-          std::fprintf(stderr, "step %d: [%lld] got %g want %g (step %lld)\n", s, (long long)i, params[i], want[i],
-                       (long long)pulled->step);
-          ++shown;
-        }
-      }
-    }
   }
-  // Pushes alone (each one a full step on the ps, pulled afterwards untimed).
+  // Pushes alone (each one a full step on the ps), then pulls alone (of the step just applied).
   for (int s = warmup + steps; s < warmup + steps + std::max(5, steps / 4); ++s) {
     const float* grads = s % 2 == 0 ? plus.data() : minus.data();
     const absl::Time t0 = absl::Now();
     absl::StatusOr<ps::PushResponse> pushed = client.Push(s, grads);
     if (!pushed.ok()) return Fail("push", pushed.status());
-    push_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    const absl::Time t1 = absl::Now();
+    push_ms.push_back(absl::ToDoubleMilliseconds(t1 - t0));
     absl::StatusOr<ps::PullResult> pulled = client.Pull(s + 1, s, params.data());
     if (!pulled.ok()) return Fail("pull", pulled.status());
+    pull_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t1));
     bad += crc32c::Value(reinterpret_cast<const char*>(params.data()), bytes) != crc[(s + 1) % 2];
   }
   if (absl::Status s = client.Done(); !s.ok()) return Fail("done", s);
@@ -217,7 +208,8 @@ int Main() {
   std::printf("dtrain_bench_ps: %s slices=%zu wire=%s %.1f MB each way, %d steps, checksums %s\n", what.c_str(),
               placement->slices.size(), std::string(ps::DtypeName(*dtype)).c_str(), wire_bytes / 1e6, steps,
               bad == 0 ? "ok" : absl::StrCat(bad, " BAD").c_str());
-  std::printf("  push alone median_ms=%.2f; push+pull %.2f GB/s; raw TCP %.2f GB/s\n", Median(push_ms),
+  std::printf("  push alone median_ms=%.2f, pull alone %.2f; push+pull %.2f GB/s; raw TCP %.2f GB/s\n",
+              Median(push_ms), Median(pull_ms),
               2 * wire_bytes / (med * 1e6), tcp > 0 ? 2 * static_cast<double>(bytes) / (tcp * 1e6) : 0.0);
   std::printf("dtrain_bench_ps: %s push+pull median_ms=%.2f raw_tcp median_ms=%.2f ratio=%.2f\n", what.c_str(), med,
               tcp, tcp > 0 ? med / tcp : 0.0);

@@ -188,6 +188,25 @@ absl::Status Connect(const WorkerOptions& o, Towers* towers, Connection* c) {
   return c->client->Connect(c->config, params, absl::Seconds(o.startup_wait_secs));
 }
 
+// After connecting: a restored checkpoint says where this worker's input stream was at its step; reading on
+// from there gives the batches an uninterrupted run would have. A position that does not fit this stream (another
+// --batch_size or --seed, say) is reported and the stream starts over instead.
+absl::Status ResumeInput(const WorkerOptions& o, Connection* c, TrainingData* d) {
+  const std::string position = c->client->restored_input_position();
+  if (position.empty()) return absl::OkStatus();
+  absl::Status s = d->stream->Restore(position);
+  if (s.ok()) {
+    if (!o.quiet) LOG(INFO) << "worker " << o.worker_id << ": input resumes where the restored checkpoint left it";
+  } else if (s.code() == absl::StatusCode::kFailedPrecondition) {
+    LOG(WARNING) << "worker " << o.worker_id << ": the checkpoint's input position does not fit this worker's "
+                 << "input (" << s.message() << "): reading from the start of its shard instead";
+  } else {
+    return absl::Status(s.code(), absl::StrCat("the checkpoint's input position for worker ", o.worker_id, ": ",
+                                               s.message()));
+  }
+  return absl::OkStatus();
+}
+
 // Test accuracy of tower 0 with the current parameters (or their moving averages).
 absl::StatusOr<double> EvaluateNow(TrainingSteps* steps, models::Model* model0, const TrainingData& d,
                                    bool moving_averages) {
@@ -212,11 +231,18 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
                        TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries,
                        TrainingResult* result) {
   int reconnects = 0;
-  auto recover = [&](const absl::Status& failure) -> absl::StatusOr<ps::PullResult> {
-    if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
-    LOG(WARNING) << "worker " << o.worker_id << ": " << failure.message() << "; connecting again";
-    RETURN_IF_ERROR(c->client->Reconnect(absl::Seconds(o.startup_wait_secs)));
-    return steps->Start();
+  // A worker may connect again just before the chief rolls the tasks back (voiding the sessions it just got):
+  // then the first pull is Aborted too, and it connects once more.
+  auto recover = [&](absl::Status failure) -> absl::StatusOr<ps::PullResult> {
+    while (true) {
+      if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
+      LOG(WARNING) << "worker " << o.worker_id << ": " << failure.message() << "; connecting again";
+      RETURN_IF_ERROR(c->client->Reconnect(absl::Seconds(o.startup_wait_secs)));
+      RETURN_IF_ERROR(ResumeInput(o, c, d));
+      absl::StatusOr<ps::PullResult> started = steps->Start();
+      if (started.ok()) return started;
+      failure = started.status();
+    }
   };
   auto settle = [&]() -> absl::StatusOr<ps::PullResult> {
     absl::StatusOr<ps::PullResult> r = steps->Settle();
@@ -239,6 +265,12 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     for (int t = 0; t < towers->size(); ++t) {
       batches[t] = d->stream->Next();  // copy: the stream's buffer is reused on the next call
       views[t] = View(batches[t]);
+    }
+    // Where the input is after this step's batches, for the checkpoints (a few dozen bytes).
+    if (c->device_resident) {
+      RETURN_IF_ERROR(c->local_ps->RecordInputPosition(0, at.step, d->stream->SaveState()));
+    } else {
+      c->client->SetInputPosition(d->stream->SaveState());
     }
     if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
     absl::Status stepped = steps->Step(views, at.step);
@@ -413,6 +445,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     if (!s.ok()) LOG(WARNING) << "worker " << o.worker_id << " could not report done: " << s;
   });
   RETURN_IF_ERROR(Connect(o, towers.get(), &ps));
+  RETURN_IF_ERROR(ResumeInput(o, &ps, &data));
   TrainingStepsOptions sopt;
   sopt.sync = ps.config.mode == "sync";
   sopt.local_ps = resident ? ps.local_ps.get() : nullptr;
@@ -443,6 +476,14 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
       FinishTraining(o, chief, local, data, towers.get(), &ps, steps.get(), events.get(), &result));
   std::move(leave_on_error).Cancel();
   RETURN_IF_ERROR(ps.client->Done());
+  if (ps.local_ps) {
+    // Local mode: the in-process ps wrote its final checkpoint inside Done; the end of training must be on disk.
+    const absl::Status saved = ps.local_ps->final_checkpoint_status();
+    if (!saved.ok()) {
+      return absl::Status(saved.code(), absl::StrCat("training finished at step ", result.global_step,
+                                                     " but the final checkpoint was not saved: ", saved.message()));
+    }
+  }
   if (chief) {
     PrintAccuracy(o, data, result);
     std::fflush(stdout);

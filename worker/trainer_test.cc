@@ -4,13 +4,18 @@
 
 #include <cmath>
 #include <filesystem>
+#include <unistd.h>
 #include <fstream>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 #include "common/denormals.h"
+#include "common/env.h"
+#include "common/testing/fault_injection_env.h"
 #include "ps/fault_injecting_ps.h"
 #include "ps/parameter_server.h"
 #include "worker/synthetic_data.h"
@@ -39,6 +44,23 @@ double RelativeDifference(const std::vector<float>& a, const std::vector<float>&
   }
   return std::sqrt(num / den);
 }
+
+// In-process ps tasks (ps task i of num_ps) for `num_workers` workers, checkpointing as `checkpoint` says.
+struct PsTasks {
+  PsTasks(int num_ps, int num_workers, const ps::CheckpointOptions& checkpoint = {}) {
+    for (int t = 0; t < num_ps; ++t) {
+      ps::ParameterServerOptions po;
+      po.task_index = t;
+      po.num_ps = num_ps;
+      po.num_workers = num_workers;
+      po.checkpoint = checkpoint;
+      servers.push_back(*ps::ParameterServer::Create(po));
+      tasks.push_back(servers.back().get());
+    }
+  }
+  std::vector<std::unique_ptr<ps::ParameterServer>> servers;
+  std::vector<ps::PsInterface*> tasks;
+};
 
 // Runs `num_workers` workers as threads against `tasks`; returns the chief's result.
 std::vector<TrainingResult> RunWorkers(const WorkerOptions& base, int num_workers,
@@ -98,16 +120,9 @@ void CheckSyncEquivalence(int num_ps) {
   absl::StatusOr<TrainingResult> expected = RunTraining(local, {});
   ASSERT_TRUE(expected.ok()) << expected.status();
 
-  std::vector<std::unique_ptr<ps::ParameterServer>> servers;
-  std::vector<ps::PsInterface*> tasks;
-  for (int t = 0; t < num_ps; ++t) {
-    ps::ParameterServerOptions po;
-    po.task_index = t;
-    po.num_ps = num_ps;
-    po.num_workers = 2;
-    servers.push_back(*ps::ParameterServer::Create(po));
-    tasks.push_back(servers.back().get());
-  }
+  PsTasks ps_tasks(num_ps, 2);
+  std::vector<std::unique_ptr<ps::ParameterServer>>& servers = ps_tasks.servers;
+  const std::vector<ps::PsInterface*>& tasks = ps_tasks.tasks;
   WorkerOptions o = BaseOptions(&data);
   o.batch_size = b;
   o.train_steps = k;
@@ -138,16 +153,8 @@ TEST(TrainerTest, OneWorkerClusterEqualsLocal) {
   absl::StatusOr<TrainingResult> local = RunTraining(o, {});
   ASSERT_TRUE(local.ok()) << local.status();
   for (int ps_tasks : {1, 2}) {
-    std::vector<std::unique_ptr<ps::ParameterServer>> servers;
-    std::vector<ps::PsInterface*> tasks;
-    for (int t = 0; t < ps_tasks; ++t) {
-      ps::ParameterServerOptions po;
-      po.task_index = t;
-      po.num_ps = ps_tasks;
-      servers.push_back(*ps::ParameterServer::Create(po));
-      tasks.push_back(servers.back().get());
-    }
-    std::vector<TrainingResult> got = RunWorkers(o, 1, tasks);
+    PsTasks cluster(ps_tasks, 1);
+    std::vector<TrainingResult> got = RunWorkers(o, 1, cluster.tasks);
     EXPECT_EQ(got[0].global_step, 30);
     EXPECT_EQ(got[0].local_steps, 30) << "a step was computed twice on stale parameters";
     EXPECT_EQ(got[0].parameters, local->parameters) << ps_tasks << " ps tasks";
@@ -155,6 +162,77 @@ TEST(TrainerTest, OneWorkerClusterEqualsLocal) {
 }
 
 TEST(TrainerTest, SyncTwoWorkersTwoPsEqualsLocalDoubleBatch) { CheckSyncEquivalence(2); }
+
+// Local mode: a final checkpoint that cannot be written (a full disk, every retry) fails the run, saying so.
+TEST(TrainerTest, LocalModeFailsWhenTheFinalCheckpointIsNotSaved) {
+  const data::DatasetPair data = MakeSyntheticDataset(200, 50);
+  dtrain::testing::FaultInjectionEnv env(Env::Default());
+  WorkerOptions o = BaseOptions(&data);
+  o.batch_size = 20;
+  o.train_steps = 5;
+  o.checkpoint.dir = absl::StrCat(::testing::TempDir(), "/trainer_full_disk_", getpid());
+  o.checkpoint.env = &env;
+  std::filesystem::remove_all(o.checkpoint.dir);
+  env.FailWritesAfter(100);
+  absl::StatusOr<TrainingResult> r = RunTraining(o, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("final checkpoint was not saved"), std::string::npos) << r.status();
+  // With room on the disk the same run succeeds.
+  env.ClearFaults();
+  EXPECT_TRUE(RunTraining(o, {}).ok());
+  std::filesystem::remove_all(o.checkpoint.dir);
+}
+
+// A run stopped at step 17 and started again from its checkpoint equals one that never stopped: the checkpoint
+// holds each worker's input position (epoch, offset; shuffled, across epoch boundaries) and dropout's masks
+// follow the step. Local mode (host and device-resident steps) and a 2-worker, 2-ps sync cluster.
+TEST(TrainerTest, StopAndResumeEqualsUninterrupted) {
+  const data::DatasetPair data = MakeSyntheticDataset(200, 50);
+  struct Case {
+    const char* name;
+    int workers;  // 0: local mode
+    bool in_place;
+  };
+  for (const Case& c : {Case{"local", 0, true}, Case{"local, device-resident steps", 0, false},
+                        Case{"sync cluster", 2, true}}) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = absl::StrCat(::testing::TempDir(), "/trainer_resume_", getpid());
+    auto run = [&](const std::string& ckpt, int64_t steps) -> TrainingResult {
+      WorkerOptions o = BaseOptions(&data);
+      o.model = "cnn";  // dropout
+      o.batch_size = 8;
+      o.shuffle = true;
+      o.train_steps = steps;
+      o.cpu_towers_in_place = c.in_place;
+      if (c.workers == 0) {
+        o.checkpoint.dir = ckpt;
+        o.checkpoint.save_steps = 5;
+        absl::StatusOr<TrainingResult> r = RunTraining(o, {});
+        EXPECT_TRUE(r.ok()) << r.status();
+        return r.ok() ? *r : TrainingResult{};
+      }
+      // A fresh set of ps tasks over the same directory: a restarted cluster.
+      ps::CheckpointOptions checkpoint;
+      checkpoint.dir = ckpt;
+      checkpoint.save_steps = 5;
+      PsTasks cluster(2, c.workers, checkpoint);
+      return RunWorkers(o, c.workers, cluster.tasks)[0];
+    };
+    std::filesystem::remove_all(dir);
+    const TrainingResult uninterrupted = run(dir + "/a", 30);
+    const TrainingResult first = run(dir + "/b", 17);
+    EXPECT_EQ(first.global_step, 17);
+    const TrainingResult resumed = run(dir + "/b", 30);
+    EXPECT_EQ(resumed.first_step, 17);
+    EXPECT_EQ(resumed.global_step, 30);
+    ASSERT_EQ(uninterrupted.parameters.size(), resumed.parameters.size());
+    EXPECT_EQ(resumed.parameters, uninterrupted.parameters);
+    // Not vacuous: the steps after 17 moved the parameters.
+    EXPECT_NE(first.parameters, uninterrupted.parameters);
+    std::filesystem::remove_all(dir);
+  }
+}
 
 // The GPU worker's cluster step (models owning their buffers: each layer's parameters uploaded as the pull
 // brings them, each layer's averaged gradients downloaded and pushed as soon as they are final), run here on
@@ -166,15 +244,7 @@ TEST(TrainerTest, ClusterWorkerWithDeviceOwnedTowersEqualsHostResident) {
     for (int ps_tasks : {1, 2}) {
       SCOPED_TRACE(::testing::Message() << towers << " towers, " << ps_tasks << " ps tasks");
       auto run = [&](bool in_place) {
-        std::vector<std::unique_ptr<ps::ParameterServer>> servers;
-        std::vector<ps::PsInterface*> tasks;
-        for (int t = 0; t < ps_tasks; ++t) {
-          ps::ParameterServerOptions po;
-          po.task_index = t;
-          po.num_ps = ps_tasks;
-          servers.push_back(*ps::ParameterServer::Create(po));
-          tasks.push_back(servers.back().get());
-        }
+        PsTasks cluster(ps_tasks, 1);
         WorkerOptions o = BaseOptions(&data);
         o.model = "cnn";
         o.batch_size = 8;
@@ -182,7 +252,7 @@ TEST(TrainerTest, ClusterWorkerWithDeviceOwnedTowersEqualsHostResident) {
         o.towers = std::to_string(towers);
         o.threads = towers;
         o.cpu_towers_in_place = in_place;
-        return RunWorkers(o, 1, tasks)[0];
+        return RunWorkers(o, 1, cluster.tasks)[0];
       };
       const TrainingResult host = run(true);
       const TrainingResult device = run(false);
