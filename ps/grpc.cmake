@@ -11,8 +11,6 @@ dtrain_cc_binary(NAME dtrain_ps SRCS main.cc
 dtrain_cc_test(NAME grpc_ps_test SRCS grpc_ps_test.cc ps_test_util.cc DEPS dtrain_ps_grpc TIMEOUT 180
   SKIPPABLE tls "GrpcPsTest.MutualTls")  # certificates are made with the openssl binary
 dtrain_cc_test(NAME tensor_coding_test SRCS tensor_coding_test.cc DEPS dtrain_ps_grpc TIMEOUT 120)
-# A restarted ps task is reached again quickly (the channel's reconnect and re-resolution settings).
-dtrain_cc_test(NAME grpc_reconnect_test SRCS grpc_reconnect_test.cc DEPS dtrain_ps_grpc TIMEOUT 60)
 
 # libFuzzer harness of the ps's request handling: wire bytes -> Status (built with -DDTRAIN_FUZZ=ON; scripts/fuzz.sh).
 dtrain_fuzzer(NAME ps_request_fuzzer SRCS ps_request_fuzzer.cc ps_test_util.cc DEPS dtrain_ps_grpc)
