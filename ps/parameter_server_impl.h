@@ -135,8 +135,10 @@ class ParameterServer::Impl {
   int64_t CheckpointLabel() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes the task configured with `config` (a new store etc.): Register and Restore of an unconfigured task.
   absl::Status ConfigureLocked(const TrainConfig& config, int chief) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
-  // Every session void, pulls of the old epoch ended, decided updates of the old epoch dropped.
-  void NewEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
+  // Every session void, decided updates of the old epoch dropped. Returns the old epoch's cancellation: the
+  // caller cancels it after releasing the locks (its callbacks, which end the pulls of the old epoch, take mu_;
+  // cancelling it under mu_ deadlocked a task rolled back while a pull waited on it).
+  std::shared_ptr<Cancellation> NewEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
 
   // Push: what a finished upload does (the caller holds the worker's buffer).
   absl::StatusOr<PushResponse> FinishPush(const PushHeader& header, GradientBuffers::Buffer& buffer,
