@@ -149,6 +149,10 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     coordinator_->StartAt(step_);
     gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
     std::fill(complete_step_.begin(), complete_step_.end(), -1);
+    for (size_t w = 0; w < pending_accepted_.size(); ++w) {  // gradients of the old epoch: never applied
+      if (pending_accepted_[w]) ++accounting_.discarded;
+      pending_accepted_[w] = false;
+    }
     checkpoints_.Saved(data.global_step);
     written_label_ = data.global_step;
     members_.RestoreInputPositions(data.input_positions, data.global_step);
