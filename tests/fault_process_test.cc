@@ -143,6 +143,7 @@ TEST(FaultProcess, KilledSyncWorkerIsLostAndTheOthersFinish) {
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 0) << ps->Output();
   EXPECT_NE(ps->Output().find("worker 1 lost"), std::string::npos) << ps->Output();
   EXPECT_NE(ps->Output().find("training reached step 500 of 500"), std::string::npos) << ps->Output();
+  EXPECT_NE(ps->Output().find("(balanced)"), std::string::npos) << ps->Output();  // the push accounting
 }
 
 TEST(FaultProcess, EveryWorkerKilledPsExitsThreeNamingThem) {
@@ -205,6 +206,7 @@ double RunWithPsKill(const PsKill& k, const std::string& tag) {
   if (k.victim >= 0) {
     EXPECT_NE(ps[k.victim]->Output().find("restored"), std::string::npos) << ps[k.victim]->Output();
   }
+  for (auto& p : ps) EXPECT_NE(p->Output().find("(balanced)"), std::string::npos) << p->Output();
   for (auto& p : ps) {  // async: the last pushes in flight may take the count a little past train_steps
     const std::string out = p->Output();
     std::smatch m;
@@ -274,6 +276,7 @@ TEST(FaultProcess, StoppedWorkerIsLostThenComesBack) {
   EXPECT_NE(ps->Output().find("worker 1 is back"), std::string::npos) << ps->Output();
   EXPECT_NE(ps->Output().find("training reached step 900 of 900"), std::string::npos) << ps->Output();
   EXPECT_NE(ps->Output().find("worker 1 is done"), std::string::npos) << ps->Output();
+  EXPECT_NE(ps->Output().find("(balanced)"), std::string::npos) << ps->Output();
   // It trained again after it came back: more of its gradients went into steps.
   const long applied_after = AppliedOf(workers[0]->Output(), 1);
   EXPECT_GT(applied_after, applied_before + 10) << workers[0]->Output();
