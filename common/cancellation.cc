@@ -39,6 +39,7 @@ int64_t Cancellation::Register(std::function<void()> fn) {
 }
 
 void Cancellation::Deregister(int64_t id) {
+  if (id == 0) return;  // from a Register after the cancellation: the callback already ran
   absl::MutexLock lock(&mu_);
   callbacks_.erase(id);
   struct NotRunning {

@@ -26,7 +26,7 @@ class Cancellation {
  public:
   void Cancel();
   bool cancelled() const;
-  // Calls `fn` once when cancelled (now, if already). Returns an id for Deregister.
+  // Calls `fn` once when cancelled (now, if already: then the id is 0). Returns an id for Deregister.
   int64_t Register(std::function<void()> fn);
   // After it returns, the callback `id` neither runs nor is running.
   void Deregister(int64_t id);

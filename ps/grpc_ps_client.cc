@@ -173,6 +173,7 @@ class GrpcPsClient final : public PsInterface {
   }
 
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {
+    AwaitConnection(absl::Now() + kAwaitConnection);
     auto upload = std::make_unique<GrpcUpload>(address_, "Initialize", options_, nullptr);
     auto response = std::make_shared<pb::InitializeResponse>();
     upload->result_ = [response] { return PushResponse{PushResponse::Outcome::kAccepted, response->global_step()}; };
@@ -183,6 +184,7 @@ class GrpcPsClient final : public PsInterface {
   }
 
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override {
+    AwaitConnection(absl::Now() + kAwaitConnection, header.cancel);
     auto upload = std::make_unique<GrpcUpload>(address_, "Push", options_, header.cancel);
     auto response = std::make_shared<pb::PushResponse>();
     upload->result_ = [response] {
@@ -197,6 +199,7 @@ class GrpcPsClient final : public PsInterface {
   }
 
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override {
+    AwaitConnection(absl::Now() + kAwaitConnection, request.cancel);
     pb::PullRequest req;
     wire::ToProto(request, &req);
     grpc::ClientContext context;
@@ -275,6 +278,27 @@ class GrpcPsClient final : public PsInterface {
   }
 
  private:
+  // A channel whose connection broke (the ps task died, or is not up yet) reconnects in the background, but gRPC
+  // sees the outcome of a connection attempt only when some thread of this process polls the channel: calls on
+  // a channel in TRANSIENT_FAILURE fail at once without polling, and the channel's backup poller runs every 5 s.
+  // Without this a restarted ps process was reached only 5-10 s after it was back (tests/grpc_reconnect_test.cc).
+  // So before a call on a channel that is not connected, wait on its state (which polls it) until it is READY,
+  // `deadline` has passed or `cancel` (may be null) is cancelled: the attempt in progress completes as soon as
+  // the task accepts it. A connected channel (the normal path) costs one state read.
+  void AwaitConnection(absl::Time deadline, const Cancellation* cancel = nullptr) {
+    grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+    while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_SHUTDOWN) {
+      const absl::Time now = absl::Now();
+      if (now >= deadline || (cancel != nullptr && cancel->cancelled())) return;
+      // Wakes up on a state change, and every 100 ms to look at the cancellation.
+      channel_->WaitForStateChange(state, absl::ToChronoTime(std::min(deadline, now + absl::Milliseconds(100))));
+      state = channel_->GetState(/*try_to_connect=*/true);
+    }
+  }
+  // How long one call waits for a connection in progress (a refused one is retried after at most 1 s plus
+  // jitter: GRPC_ARG_MAX_RECONNECT_BACKOFF_MS below).
+  static constexpr absl::Duration kAwaitConnection = absl::Milliseconds(1200);
+
   // A unary call with a fresh context per attempt; retries Unavailable until the retry window is spent.
   template <typename Request, typename Response>
   absl::Status Unary(const char* what, const RpcMethod& method, const Request& request, Response* response,
@@ -283,6 +307,9 @@ class GrpcPsClient final : public PsInterface {
     const absl::Time give_up = absl::Now() + retry_window;
     absl::Duration backoff = options_.initial_backoff;
     while (true) {
+      // A retried call never waits past its retry window; a single attempt waits like a connect timeout.
+      const absl::Time await_until = absl::Now() + kAwaitConnection;
+      AwaitConnection(retry_window == absl::ZeroDuration() ? await_until : std::min(await_until, give_up));
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
       AttachCallToken(options_.security, &ctx);

@@ -6,6 +6,11 @@
 // ps/ps_interface.h). Tensor data goes out without a copy (see ps/tensor_coding.h): an upload references the
 // caller's memory until its Finish returns.
 //
+// Reconnection: a call on a channel that is not connected (the task died, restarted or is not up yet) first
+// waits up to about 1 s for the connection attempt in progress (never past a retried call's retry window, and
+// not after an upload's or pull's Cancellation fires), so a restarted task is reached within about a second of
+// its return. A connected channel costs one state read per call.
+//
 // Thread-safety: all methods may be called concurrently (gRPC channels are thread-safe).
 //
 // Example:

@@ -71,7 +71,7 @@ class GrpcPsService final : public grpc::Service {
             [](GrpcPsService* s, grpc::ServerContext* ctx, grpc::ServerReader<grpc::ByteBuffer>* reader,
                pb::InitializeResponse* resp) {
               if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
-              absl::StatusOr<PushResponse> r = s->Upload(reader, /*initialize=*/true);
+              absl::StatusOr<PushResponse> r = s->Upload(*ctx, reader, /*initialize=*/true);
               if (r.ok()) resp->set_global_step(r->global_step);
               return wire::ToGrpc(r.status());
             },
@@ -82,7 +82,7 @@ class GrpcPsService final : public grpc::Service {
             [](GrpcPsService* s, grpc::ServerContext* ctx, grpc::ServerReader<grpc::ByteBuffer>* reader,
                pb::PushResponse* resp) {
               if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
-              absl::StatusOr<PushResponse> r = s->Upload(reader, /*initialize=*/false);
+              absl::StatusOr<PushResponse> r = s->Upload(*ctx, reader, /*initialize=*/false);
               if (r.ok()) {
                 resp->set_outcome(wire::ToProto(r->outcome));
                 resp->set_global_step(r->global_step);
@@ -171,11 +171,15 @@ class GrpcPsService final : public grpc::Service {
     return grpc::Status::OK;
   }
 
-  absl::StatusOr<PushResponse> Upload(grpc::ServerReader<grpc::ByteBuffer>* reader, bool initialize) {
+  absl::StatusOr<PushResponse> Upload(const grpc::ServerContext& ctx, grpc::ServerReader<grpc::ByteBuffer>* reader,
+                                      bool initialize) {
     SetFlushDenormals();  // async uploads apply the optimizer on this thread
     UploadFeeder feeder(ps_, initialize);
     grpc::ByteBuffer message;
     while (reader->Read(&message)) RETURN_IF_ERROR(feeder.Feed(message));
+    // The stream ended without the client's WritesDone (it cancelled the upload, died, or lost its connection):
+    // the upload is dropped unfinished, nothing of it is committed.
+    if (ctx.IsCancelled()) return absl::CancelledError("upload cancelled by the client or its connection lost");
     return feeder.Finish();
   }
 

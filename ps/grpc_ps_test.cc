@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/cancellation.h"
 #include "common/denormals.h"
 #include "ps/grpc_ps_client.h"
 #include "ps/server.h"
@@ -159,15 +160,39 @@ TEST(GrpcPsTest, ErrorsKeepTheirCodeAndMessage) {
   (*server)->Shutdown();
 }
 
+// Nobody listens: retried calls give up when their retry window is spent (waiting for a connection does not
+// stretch it), single attempts after about a second, and a cancelled pull at once.
 TEST(GrpcPsTest, UnreachableServerIsUnavailableAfterRetryWindow) {
   GrpcClientOptions co;
   co.retry_window = absl::Milliseconds(300);
   co.rpc_timeout = absl::Seconds(1);
   auto client = NewGrpcPsClient("127.0.0.1:1", co);
   ASSERT_TRUE(client.ok());
+  absl::Time start = absl::Now();
   absl::StatusOr<TrainingStats> s = (*client)->GetStats();
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
   EXPECT_NE(s.status().message().find("127.0.0.1:1"), std::string::npos);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
+
+  co.retry_window = absl::Seconds(2);
+  client = NewGrpcPsClient("127.0.0.1:1", co);
+  ASSERT_TRUE(client.ok());
+  start = absl::Now();
+  EXPECT_EQ((*client)->GetStats().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_GT(absl::Now() - start, absl::Milliseconds(1000));  // it did retry
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(2600));
+
+  start = absl::Now();
+  EXPECT_EQ((*client)->Heartbeat(0, 1).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1800));
+
+  Cancellation cancel;
+  cancel.Cancel();
+  PullRequest pull;
+  pull.cancel = &cancel;
+  start = absl::Now();
+  EXPECT_FALSE(PullSlices(**client, pull).ok());
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
 }
 
 // The checkpoint-related fields: restore_step (unset = newest, kRestoreNone, a step), the decisions'

@@ -134,6 +134,11 @@ int main(int argc, char** argv) {
   const double max_secs = absl::GetFlag(FLAGS_max_run_secs);
   const bool finished =
       (*server)->Wait(max_secs > 0 ? absl::Seconds(max_secs) : absl::InfiniteDuration());
+  // What became of every push this task received (ps/parameter_server.h: PushAccounting); tests/chaos.sh checks
+  // that it balances.
+  LOG(INFO) << "ps task " << cluster->task_index << ": accounting: global_step="
+            << (*server)->parameter_server()->step() << " "
+            << (*server)->parameter_server()->accounting().DebugString();
   if (!finished) {
     std::fprintf(stderr, "dtrain_ps: gave up after --max_run_secs=%g with workers still running\n", max_secs);
     return 1;

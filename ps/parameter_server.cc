@@ -80,7 +80,13 @@ class ParameterServer::Impl::InitializeUpload : public SliceUpload {
 // --nonfinite=apply are applied slice by slice as they complete. Finish records the upload (on ps 0 the commit).
 class ParameterServer::Impl::PushUpload : public SliceUpload {
  public:
+  // Constructed under mu_ (StartPushLocked), which counts it in flight.
   PushUpload(Impl* impl, const PushHeader& header) : impl_(impl), header_(header) {}
+  ~PushUpload() override {
+    absl::MutexLock lock(&impl_->mu_);
+    --impl_->accounting_.in_flight;
+    if (!finished_) ++impl_->accounting_.abandoned;
+  }
 
   absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
     impl_->bytes_received_ += n * DtypeBytes(dtype);
@@ -98,7 +104,12 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
   }
 
   absl::StatusOr<PushResponse> Finish() override {
-    if (!status_.ok()) return status_;
+    finished_ = true;
+    if (!status_.ok()) {
+      absl::MutexLock lock(&impl_->mu_);
+      ++impl_->accounting_.refused;
+      return status_;
+    }
     std::optional<StepDecision> decided;
     int64_t epoch = 0;
     std::vector<CheckpointData> saves;
@@ -118,6 +129,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
   Impl* impl_;
   const PushHeader header_;
   absl::Status status_;
+  bool finished_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitialize(int worker_id) {
@@ -136,6 +148,13 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitial
 
 absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(const PushHeader& header) {
   absl::MutexLock lock(&mu_);
+  ++accounting_.received;
+  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = StartPushLocked(header);
+  if (!upload.ok()) ++accounting_.refused;
+  return upload;
+}
+
+absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLocked(const PushHeader& header) {
   RETURN_IF_ERROR(members_.CheckWorker(header.worker_id));
   // The session first: a task that restarted has no config and no sessions, and its workers must hear "register
   // again" (Aborted) rather than "wait" (Unavailable): nobody else would configure it again.
@@ -157,6 +176,7 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(co
   };
   if (members_.recent_ids(header.worker_id).Contains(header.request_id)) {
     ++stats.duplicates;
+    ++accounting_.duplicates;
     return discard(PushResponse::Outcome::kDuplicate);
   }
   if (sync_) {
@@ -166,13 +186,16 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(co
       cv_.SignalAll();
       if (header.step == step_ - 1) {
         ++stats.dropped_backup;
+        ++accounting_.dropped_backup;
         return discard(PushResponse::Outcome::kDroppedBackup);
       }
       ++stats.dropped_stale;
+      ++accounting_.dropped_stale;
       return discard(PushResponse::Outcome::kDroppedStale);
     }
     if (header.commit && coordinator_->HasCommitted(header.worker_id)) {
       ++stats.duplicates;  // a second commit for the same step under a new request id
+      ++accounting_.duplicates;
       return discard(PushResponse::Outcome::kDuplicate);
     }
   }
@@ -181,6 +204,7 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(co
                                                       header.step, ", but ps task ", options_.task_index,
                                                       " is at step ", step_, " (pull before pushing)"));
   }
+  ++accounting_.in_flight;
   return std::unique_ptr<SliceUpload>(new PushUpload(this, header));
 }
 
@@ -202,7 +226,10 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
   absl::MutexLock lock(&mu_);
   const int w = header.worker_id;
   // The task may have rolled back, or declared the worker lost, while the gradients were on their way.
-  RETURN_IF_ERROR(members_.CheckSession(w, header.session, Now()));
+  if (absl::Status s = members_.CheckSession(w, header.session, Now()); !s.ok()) {
+    ++accounting_.refused;
+    return s;
+  }
   *epoch = epoch_;
   // The worker drew this step's batches whatever becomes of its gradient.
   if (header.commit && coordinator() && !header.input_position.empty()) {
@@ -211,6 +238,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
   WorkerStats& stats = members_.stats(w);
   if (members_.recent_ids(w).Contains(header.request_id)) {  // a concurrent retry finished first
     ++stats.duplicates;
+    ++accounting_.duplicates;
     return PushResponse{PushResponse::Outcome::kDuplicate, step_};
   }
   // Non-finite gradients (checked as they arrived unless --nonfinite=apply).
@@ -218,6 +246,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
   if (!bad_slice.empty()) {
     ++stats.nonfinite;
     if (options_.nonfinite == ParameterServerOptions::NonFinite::kReject) {
+      ++accounting_.rejected_nonfinite;
       members_.recent_ids(w).Insert(header.request_id);
       cv_.SignalAll();
       return absl::InvalidArgumentError(absl::StrCat("worker ", w, "'s gradient for step ", header.step,
@@ -233,16 +262,23 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
       response.outcome = header.step == step_ - 1 ? PushResponse::Outcome::kDroppedBackup
                                                   : PushResponse::Outcome::kDroppedStale;
       ++(header.step == step_ - 1 ? stats.dropped_backup : stats.dropped_stale);
+      ++(header.step == step_ - 1 ? accounting_.dropped_backup : accounting_.dropped_stale);
     } else if (header.commit && coordinator_->HasCommitted(w)) {
       ++stats.duplicates;
+      ++accounting_.duplicates;
       response.outcome = PushResponse::Outcome::kDuplicate;
     } else if (header.commit && !buffer.all_complete()) {
+      ++accounting_.refused;
       return absl::FailedPreconditionError(absl::StrCat("worker ", w, " committed step ", header.step,
                                                         " without every slice of ps task 0; missing: ",
                                                         buffer.DescribeMissing()));
     } else {
       // A skipped gradient still counts as this worker's part of the step (the step goes on); ApplyDecision
       // leaves it out of the average.
+      ++accounting_.accepted;
+      if (pending_accepted_[w]) ++accounting_.discarded;  // its previous one never made it into a step
+      pending_accepted_[w] = buffer.all_complete();
+      if (!buffer.all_complete()) ++accounting_.discarded;  // no decision can apply an incomplete gradient
       if (buffer.all_complete()) complete_step_[w] = header.step;
       if (header.commit) {
         coordinator_->AddCommit(w);
@@ -251,11 +287,14 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
     }
   } else {
     if (!buffer.all_complete()) {
+      ++accounting_.refused;
       return absl::FailedPreconditionError(absl::StrCat("worker ", w, "'s push for step ", header.step,
                                                         " ended without every slice of ps task ",
                                                         options_.task_index, "; missing: ",
                                                         buffer.DescribeMissing()));
     }
+    ++accounting_.accepted;
+    ++(skip ? accounting_.skipped_nonfinite : accounting_.applied);
     if (!skip) {
       // Checked whole first (unless --nonfinite=apply, which applied each slice on arrival).
       for (int i = 0; i < store_->num_slices(); ++i) {
@@ -360,6 +399,8 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
   } in_order{&applied_through_, &epoch_, d.step, epoch};
   apply_mu_.Await(absl::Condition(&InOrder::Ready, &in_order));
   if (epoch_.load() != epoch) return;
+  enum Outcome : char { kApplied, kSkipped, kDiscarded };
+  std::vector<char> outcome(options_.num_workers, kDiscarded);
   {
     // Buffers are locked in worker order (one lock order for every step) and summed in decision order.
     std::vector<int> by_id = d.workers;
@@ -373,6 +414,7 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
     std::vector<GradientBuffers::Buffer*> summed;
     for (int w : d.workers) {
       GradientBuffers::Buffer* b = buffer_of[w];
+      outcome[w] = kDiscarded;
       // Only a worker that broke the protocol (pushing step s+1 before pulling it) can have overwritten them.
       if (b->step() != d.step || !b->all_complete()) {
         LOG(ERROR) << "ps task " << options_.task_index << ": worker " << w << "'s gradients for step " << d.step
@@ -382,8 +424,10 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
       if (!b->nonfinite_slice().empty() && options_.nonfinite == ParameterServerOptions::NonFinite::kSkip) {
         LOG(WARNING) << "ps task " << options_.task_index << ": step " << d.step << " without worker " << w
                      << "'s gradient (NaN/Inf in '" << b->nonfinite_slice() << "', --nonfinite=skip)";
+        outcome[w] = kSkipped;
         continue;
       }
+      outcome[w] = kApplied;
       summed.push_back(b);
     }
     std::vector<const float*> grads(summed.size());
@@ -399,7 +443,14 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
   }
   applied_through_ = d.step + 1;
   absl::MutexLock lock(&mu_);
-  for (int w : d.workers) ++members_.stats(w).applied;
+  for (int w : d.workers) {
+    ++members_.stats(w).applied;
+    if (!pending_accepted_[w]) continue;  // counted already (a rollback discarded it)
+    pending_accepted_[w] = false;
+    ++(outcome[w] == kApplied   ? accounting_.applied
+       : outcome[w] == kSkipped ? accounting_.skipped_nonfinite
+                                : accounting_.discarded);
+  }
   if (d.checkpoint) {
     if (checkpointing()) {
       saves->push_back(SnapshotLocked(d.step + 1, d.step + 1));
@@ -588,6 +639,22 @@ bool ParameterServer::WaitUntilFinished(absl::Duration timeout) { return impl_->
 TrainingOutcome ParameterServer::outcome() const { return impl_->outcome(); }
 void ParameterServer::CheckLeases() { impl_->CheckLeases(); }
 absl::Status ParameterServer::final_checkpoint_status() const { return impl_->final_checkpoint_status(); }
+
+PushAccounting ParameterServer::accounting() const { return impl_->accounting(); }
+
+bool PushAccounting::Balanced() const {
+  return received == accepted + duplicates + dropped_stale + dropped_backup + rejected_nonfinite + refused +
+                         abandoned + in_flight &&
+         accepted == applied + skipped_nonfinite + discarded + pending;
+}
+
+std::string PushAccounting::DebugString() const {
+  return absl::StrCat("received=", received, " accepted=", accepted, " duplicates=", duplicates,
+                      " dropped_stale=", dropped_stale, " dropped_backup=", dropped_backup,
+                      " rejected_nonfinite=", rejected_nonfinite, " refused=", refused, " abandoned=", abandoned,
+                      " in_flight=", in_flight, " applied=", applied, " skipped_nonfinite=", skipped_nonfinite,
+                      " discarded=", discarded, " pending=", pending, Balanced() ? " (balanced)" : " (UNBALANCED)");
+}
 int64_t ParameterServer::step() const { return impl_->step(); }
 absl::StatusOr<CheckpointData> ParameterServer::ExportState() { return impl_->ExportState(); }
 bool ParameterServer::CheckpointDue(int64_t step) { return impl_->CheckpointDue(step); }

@@ -97,6 +97,30 @@ struct TrainingOutcome {
   std::string message;     // one line for the log: what happened, naming the lost workers
 };
 
+// What became of the pushes this task received since it started: each push is counted once when it arrives
+// (received) and once by what the task answered; each accepted gradient once more by what became of it.
+//   received == accepted + duplicates + dropped_stale + dropped_backup + rejected_nonfinite + refused + abandoned
+//               + in_flight
+//   accepted == applied + skipped_nonfinite + discarded + pending
+// Balanced() checks both. Counted on every task (a task other than 0 gets each worker's gradient part for it).
+struct PushAccounting {
+  int64_t received = 0;            // StartPush calls
+  int64_t accepted = 0;            // gradients taken for a step (sync: for a decision; async: applied at once)
+  int64_t duplicates = 0;          // a retry of a push already handled, or a second commit for the step
+  int64_t dropped_stale = 0;       // for a step decided long ago (sync), or refused by the staleness bound
+  int64_t dropped_backup = 0;      // for the step just decided without it (sync backup workers)
+  int64_t rejected_nonfinite = 0;  // NaN/Inf under --nonfinite=reject
+  int64_t refused = 0;             // answered with another error (no session, not ready, protocol errors)
+  int64_t abandoned = 0;           // uploads that ended unfinished (the client cancelled, died or lost its link)
+  int64_t in_flight = 0;           // uploads still open
+  int64_t applied = 0;             // accepted gradients that went into the parameters
+  int64_t skipped_nonfinite = 0;   // accepted, left out of their step (--nonfinite=skip)
+  int64_t discarded = 0;           // accepted (sync), never applied: a rollback, or overwritten
+  int64_t pending = 0;             // accepted (sync), waiting for their step's decision
+  bool Balanced() const;
+  std::string DebugString() const;  // one line: "received=... accepted=... ... pending=..."
+};
+
 class ParameterServer : public PsInterface {
  public:
   // InvalidArgument naming the bad option (task_index outside [0, num_ps), num_workers < 1, negative save
@@ -153,6 +177,8 @@ class ParameterServer : public PsInterface {
   // retries. Meaningful once finished(); a binary exits non-zero when it is not OK, since the end of training
   // is then not on disk.
   absl::Status final_checkpoint_status() const;
+  // A snapshot of the push accounting (see PushAccounting); any thread.
+  PushAccounting accounting() const;
 
  private:
   explicit ParameterServer(std::unique_ptr<Impl> impl);

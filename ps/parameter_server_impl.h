@@ -75,6 +75,7 @@ class ParameterServer::Impl {
       : options_(std::move(options)),
         members_(options_.num_workers, options_.task_index),
         complete_step_(options_.num_workers, -1),
+        pending_accepted_(options_.num_workers, false),
         checkpoints_(options_.checkpoint.save_steps, options_.checkpoint.save_secs, options_.clock) {
     if (checkpointing()) {
       writer_ = std::make_unique<CheckpointWriter>(options_.checkpoint, options_.task_index, options_.num_ps);
@@ -92,6 +93,8 @@ class ParameterServer::Impl {
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id);
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header);
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPushLocked(const PushHeader& header)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver);
   absl::Status Done(int worker_id, uint64_t session, bool completed);
   absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session);
@@ -104,6 +107,12 @@ class ParameterServer::Impl {
   absl::Status final_checkpoint_status() const {
     absl::MutexLock lock(&mu_);
     return final_checkpoint_status_;
+  }
+  PushAccounting accounting() const {
+    absl::MutexLock lock(&mu_);
+    PushAccounting a = accounting_;
+    for (bool p : pending_accepted_) a.pending += p ? 1 : 0;
+    return a;
   }
   void CheckLeases();
   int64_t step() const;
@@ -135,8 +144,10 @@ class ParameterServer::Impl {
   int64_t CheckpointLabel() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes the task configured with `config` (a new store etc.): Register and Restore of an unconfigured task.
   absl::Status ConfigureLocked(const TrainConfig& config, int chief) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
-  // Every session void, pulls of the old epoch ended, decided updates of the old epoch dropped.
-  void NewEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
+  // Every session void, decided updates of the old epoch dropped. Returns the old epoch's cancellation: the
+  // caller cancels it after releasing the locks (its callbacks, which end the pulls of the old epoch, take mu_;
+  // cancelling it under mu_ deadlocked a task rolled back while a pull waited on it).
+  std::shared_ptr<Cancellation> NewEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
 
   // Push: what a finished upload does (the caller holds the worker's buffer).
   absl::StatusOr<PushResponse> FinishPush(const PushHeader& header, GradientBuffers::Buffer& buffer,
@@ -200,6 +211,10 @@ class ParameterServer::Impl {
   std::vector<int64_t> complete_step_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> bytes_sent_{0};
+  // The push accounting (parameter_server.h); `pending` is computed from pending_accepted_: sync, whether each
+  // worker has an accepted gradient that no decision has applied yet.
+  PushAccounting accounting_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> pending_accepted_ ABSL_GUARDED_BY(mu_);
 
   CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
   int64_t step_hint_ ABSL_GUARDED_BY(mu_) = 0;  // async, tasks > 0: newest global step seen in pushes

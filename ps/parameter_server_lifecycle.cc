@@ -77,9 +77,14 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
                                                         " registers as chief, but the chief is worker ", chief_));
     }
   }
+  const bool was_lost = members_.lost(request.worker_id);
   RegisterResponse response{initialized_, step_, members_.Register(request.worker_id, Now()),
                             absl::ToInt64Milliseconds(options_.worker_timeout),
                             members_.RestoredInputPosition(request.worker_id)};
+  if (was_lost) {
+    LOG(INFO) << "ps task " << options_.task_index << ": worker " << request.worker_id
+              << " is back (registered again after it was declared lost; " << members_.num_active() << " active)";
+  }
   cv_.SignalAll();  // a worker that comes back counts as active again
   return response;
 }
@@ -124,40 +129,49 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
   const std::string path = CheckpointPath(options_.checkpoint.dir, step, options_.task_index, options_.num_ps);
   ASSIGN_OR_RETURN(CheckpointData data, ReadCheckpoint(options_.checkpoint.env, path));
   RETURN_IF_ERROR(CheckCompatible(data, path, config, options_.task_index, options_.num_ps));
-  absl::MutexLock apply_lock(&apply_mu_);
-  absl::MutexLock lock(&mu_);
-  if (!configured_) {
+  std::shared_ptr<Cancellation> ended;
+  {
+    absl::MutexLock apply_lock(&apply_mu_);
+    absl::MutexLock lock(&mu_);
+    if (!configured_) {
+      step_ = data.task_step;
+      RETURN_IF_ERROR(ConfigureLocked(config, worker_id));
+    } else {
+      RETURN_IF_ERROR(CompareTrainConfigs(config_, config, worker_id));
+    }
+    RETURN_IF_ERROR(store_->ImportState(data.slices, data.task_step));
+    const int64_t was = step_;
     step_ = data.task_step;
-    RETURN_IF_ERROR(ConfigureLocked(config, worker_id));
-  } else {
-    RETURN_IF_ERROR(CompareTrainConfigs(config_, config, worker_id));
+    step_hint_ = data.global_step;
+    initialized_ = true;
+    applied_through_ = step_;
+    coordinator_ = std::make_unique<SyncCoordinator>(ResolvedReplicasToAggregate(config_));
+    coordinator_->StartAt(step_);
+    gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
+    std::fill(complete_step_.begin(), complete_step_.end(), -1);
+    for (size_t w = 0; w < pending_accepted_.size(); ++w) {  // gradients of the old epoch: never applied
+      if (pending_accepted_[w]) ++accounting_.discarded;
+      pending_accepted_[w] = false;
+    }
+    checkpoints_.Saved(data.global_step);
+    written_label_ = data.global_step;
+    members_.RestoreInputPositions(data.input_positions, data.global_step);
+    ended = NewEpochLocked();
+    LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path << " on the chief's request (was at step "
+                 << was << ", now " << step_ << "); every worker registers again";
   }
-  RETURN_IF_ERROR(store_->ImportState(data.slices, data.task_step));
-  const int64_t was = step_;
-  step_ = data.task_step;
-  step_hint_ = data.global_step;
-  initialized_ = true;
-  applied_through_ = step_;
-  coordinator_ = std::make_unique<SyncCoordinator>(ResolvedReplicasToAggregate(config_));
-  coordinator_->StartAt(step_);
-  gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
-  std::fill(complete_step_.begin(), complete_step_.end(), -1);
-  checkpoints_.Saved(data.global_step);
-  written_label_ = data.global_step;
-  members_.RestoreInputPositions(data.input_positions, data.global_step);
-  NewEpochLocked();
-  LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path << " on the chief's request (was at step "
-               << was << ", now " << step_ << "); every worker registers again";
+  // Outside the locks: the callbacks of the pulls waiting in the old epoch take mu_ to wake them.
+  ended->Cancel();
   return absl::OkStatus();
 }
 
-void ParameterServer::Impl::NewEpochLocked() {
+std::shared_ptr<Cancellation> ParameterServer::Impl::NewEpochLocked() {
   members_.ResetSessions(Now());
   ++epoch_;
-  epoch_cancel_->Cancel();
-  epoch_cancel_ = std::make_shared<Cancellation>();
+  std::shared_ptr<Cancellation> ended = std::exchange(epoch_cancel_, std::make_shared<Cancellation>());
   cv_.SignalAll();
   if (store_) store_->WakeWaiters();
+  return ended;
 }
 
 absl::Status ParameterServer::Impl::CheckReady() const {

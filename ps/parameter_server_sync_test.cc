@@ -116,6 +116,12 @@ TEST(SyncTest, BackupWorkerPushIsDroppedAndCounted) {
   EXPECT_EQ(stats.workers[2].dropped_backup, 1);
   EXPECT_EQ(stats.workers[2].applied, 0);
   EXPECT_EQ(stats.workers[0].applied, 1);
+  const PushAccounting a = cluster->task(0).accounting();
+  EXPECT_EQ(a.received, 3);
+  EXPECT_EQ(a.accepted, 2);
+  EXPECT_EQ(a.applied, 2);
+  EXPECT_EQ(a.dropped_backup, 1);
+  EXPECT_TRUE(a.Balanced()) << a.DebugString();
 }
 
 TEST(SyncTest, SlowWorkerDoesNotSlowTheSteps) {
@@ -184,6 +190,11 @@ TEST(SyncTest, StaleGradientIsDroppedAndValuesUnchanged) {
   EXPECT_EQ(stats.workers[1].dropped_stale, 1);
   EXPECT_EQ(stats.workers[1].dropped_backup, 0);
   EXPECT_EQ(stats.global_step, 2);
+  const PushAccounting a = cluster->task(0).accounting();
+  EXPECT_EQ(a.received, 3);
+  EXPECT_EQ(a.applied, 2);
+  EXPECT_EQ(a.dropped_stale, 1);
+  EXPECT_TRUE(a.Balanced()) << a.DebugString();
 }
 
 TEST(SyncTest, DuplicatePushIsNotAppliedTwice) {
@@ -206,6 +217,47 @@ TEST(SyncTest, DuplicatePushIsNotAppliedTwice) {
   ASSERT_EQ(*w0.Pull(1, 0, &params), 1);
   EXPECT_EQ(params, std::vector<float>({-1.5f, -1.5f, -1.5f, -1.5f}));  // -0.5 * mean(4, 2)
   EXPECT_EQ(ps.GetStats()->workers[0].duplicates, 2);
+  const PushAccounting a = ps.accounting();
+  EXPECT_EQ(a.received, 4);
+  EXPECT_EQ(a.duplicates, 2);
+  EXPECT_EQ(a.applied, 2);
+  EXPECT_EQ(a.pending, 0);
+  EXPECT_TRUE(a.Balanced()) << a.DebugString();
+}
+
+// Every push is accounted for once: a push without a session is refused, an upload dropped unfinished is
+// abandoned, an open one is in flight, and an accepted gradient waits (pending) until its step is decided.
+TEST(SyncTest, AccountingBalancesWithRefusedAbandonedAndPendingPushes) {
+  auto cluster = *SimCluster::Start(OneTask(2, 2, {0, 0, 0, 0}));
+  ParameterServer& ps = cluster->task(0);
+  PushHeader stranger{0, 0, 7, /*commit=*/true, /*session=*/12345};
+  EXPECT_FALSE(ps.StartPush(stranger).ok());
+  PushHeader h{0, 0, 8, /*commit=*/true, cluster->Session(0, 0)};
+  {
+    absl::StatusOr<std::unique_ptr<SliceUpload>> open = ps.StartPush(h);
+    ASSERT_TRUE(open.ok()) << open.status();
+    EXPECT_EQ(ps.accounting().in_flight, 1);
+    EXPECT_TRUE(ps.accounting().Balanced()) << ps.accounting().DebugString();
+  }  // dropped without Finish: the client went away
+  PushAccounting a = ps.accounting();
+  EXPECT_EQ(a.refused, 1);
+  EXPECT_EQ(a.abandoned, 1);
+  EXPECT_EQ(a.in_flight, 0);
+  EXPECT_EQ(ps.step(), 0);
+  h.request_id = 9;
+  EXPECT_EQ(PushSlices(ps, h, cluster->SlicesFor(0, {4, 4, 4, 4}))->outcome, Outcome::kAccepted);
+  a = ps.accounting();
+  EXPECT_EQ(a.received, 3);
+  EXPECT_EQ(a.accepted, 1);
+  EXPECT_EQ(a.pending, 1);  // waits for worker 1
+  EXPECT_EQ(a.applied, 0);
+  EXPECT_TRUE(a.Balanced()) << a.DebugString();
+  SimWorker w1(cluster.get(), 1);
+  EXPECT_EQ(*w1.Push(0, {2, 2, 2, 2}), Outcome::kAccepted);
+  a = ps.accounting();
+  EXPECT_EQ(a.applied, 2);
+  EXPECT_EQ(a.pending, 0);
+  EXPECT_TRUE(a.Balanced()) << a.DebugString();
 }
 
 TEST(SyncTest, PiecesOfOneUploadAreGatheredUntilTheCommit) {

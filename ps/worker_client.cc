@@ -148,6 +148,7 @@ WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vec
   std::random_device rd;
   next_request_id_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   cancel_.Register([this] {
+    inflight_.Cancel();
     absl::MutexLock lock(&mu_);
     cv_.SignalAll();
   });
@@ -325,11 +326,23 @@ std::string WorkerClient::restored_input_position() const {
 void WorkerClient::SetInputPosition(std::string position) { next_input_position_ = std::move(position); }
 
 absl::Status WorkerClient::Reconnect(absl::Duration wait) {
-  // What is in flight belongs to the old sessions: let it end first.
+  // What is in flight belongs to the old sessions: end it now (a pull may wait on ps 0 for a step that needs
+  // workers who are reconnecting themselves) and let it finish before connecting again.
+  inflight_.Cancel();
   absl::Status push = WaitPush().status();
   absl::Status pull = FinishPull().status();
   VLOG(1) << "reconnecting after push: " << push << ", pull: " << pull;
-  return Connect(config_, nullptr, wait);
+  if (cancel_.cancelled()) return absl::CancelledError("reconnecting: cancelled");
+  auto start_over = [this] {
+    absl::MutexLock lock(&mu_);
+    inflight_.Reset();  // nothing is in flight
+    session_lost_ = absl::OkStatus();
+  };
+  start_over();
+  absl::Status connected = Connect(config_, nullptr, wait);
+  // A heartbeat of an old session may have been refused while Connect ran: Connect replaced every session.
+  start_over();
+  return connected;
 }
 
 void WorkerClient::HeartbeatLoop(absl::Duration every) {
@@ -341,11 +354,22 @@ void WorkerClient::HeartbeatLoop(absl::Duration every) {
     if (cancel_.cancelled()) break;
     const std::vector<uint64_t> sessions = sessions_;
     mu_.Unlock();
+    std::vector<absl::Status> answers(num_tasks());
     for (int t = 0; t < num_tasks(); ++t) {
-      // Failures are for the training thread to find: its next call to the task says what is wrong.
-      if (sessions[t] != 0) tasks_[t]->Heartbeat(worker_id_, sessions[t]).status().IgnoreError();
+      if (sessions[t] != 0) answers[t] = tasks_[t]->Heartbeat(worker_id_, sessions[t]).status();
     }
     mu_.Lock();
+    // Other failures are for the training thread to find: its next call to the task says what is wrong. But a
+    // task that lost this worker's session may be one the training thread does not call while it waits (for a
+    // step on ps 0 that needs every worker, one of them waiting for this chief to restore the task).
+    for (int t = 0; t < num_tasks(); ++t) {
+      if (answers[t].code() == absl::StatusCode::kAborted && sessions_[t] == sessions[t] && session_lost_.ok()) {
+        session_lost_ = absl::AbortedError(absl::StrCat("heartbeat to ps task ", t, ": ", answers[t].message()));
+        LOG(WARNING) << "worker " << worker_id_ << ": " << session_lost_.message() << "; ending the calls in flight";
+        inflight_.Cancel();  // under mu_, so Reconnect's Reset cannot come between (its callbacks take no mu_)
+        cv_.SignalAll();
+      }
+    }
   }
 }
 
@@ -387,7 +411,7 @@ absl::Status WorkerClient::WithRetries(const char* what, int task, Op op) {
   for (bool retry = false;; retry = true) {
     absl::Status s = op(retry);
     if (s.ok()) return s;
-    if (cancel_.cancelled()) return absl::CancelledError(absl::StrCat(what, " cancelled"));
+    if (cancel_.cancelled() || inflight_.cancelled()) return absl::CancelledError(absl::StrCat(what, " cancelled"));
     if (!(pull ? RetryablePull(s) : Retryable(s)) || absl::Now() + backoff > give_up) {
       return absl::Status(s.code(), absl::StrCat(what, " to ps task ", task, ": ", s.message()));
     }
@@ -464,6 +488,23 @@ void WorkerClient::FinishPush() {
   }
 }
 
+void WorkerClient::AbandonPush(absl::Status why) {
+  if (why.ok()) why = absl::CancelledError("push abandoned");
+  for (int t = num_tasks() - 1; t >= 0; --t) {
+    push_lanes_[t]->Run([this, t, why] { AbandonTaskPush(t, why); });
+  }
+}
+
+void WorkerClient::AbandonTaskPush(int task, const absl::Status& why) {
+  // Destroying an unfinished upload cancels its stream; the task drops what it received of it.
+  pushes_[task]->upload.reset();
+  absl::MutexLock lock(&mu_);
+  if (push_status_.ok()) push_status_ = why;
+  --pushes_pending_;
+  if (task > 0) --others_pending_;
+  cv_.SignalAll();
+}
+
 absl::Status WorkerClient::OpenUpload(int task) {
   PushHeader header;
   header.worker_id = worker_id_;
@@ -472,7 +513,7 @@ absl::Status WorkerClient::OpenUpload(int task) {
   header.commit = task == 0;
   header.session = session(task);
   if (header.commit) header.input_position = input_position_;
-  header.cancel = &cancel_;
+  header.cancel = &inflight_;
   ASSIGN_OR_RETURN(pushes_[task]->upload, tasks_[task]->StartPush(header));
   return absl::OkStatus();
 }
@@ -553,7 +594,7 @@ absl::StatusOr<PushResponse> WorkerClient::WaitPush() {
         "waiting for the push to complete"));
     push_active_ = false;
   }
-  if (!push_status_.ok()) return push_status_;
+  if (!push_status_.ok()) return Explain(push_status_);
   return push_response_;
 }
 
@@ -587,7 +628,7 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
   request.timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
   request.moving_averages = moving_averages;
   request.wire_dtype = options_.wire_dtype;
-  request.cancel = &cancel_;
+  request.cancel = &inflight_;
   // ps 0 holds the pull until our push (if one is in flight) has been handled: it may still be on its way.
   {
     absl::MutexLock lock(&mu_);
@@ -614,7 +655,7 @@ void WorkerClient::OnPullHeader(const PullHeader& header) {
     request.timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
     request.moving_averages = pull_moving_averages_;
     request.wire_dtype = options_.wire_dtype;
-    request.cancel = &cancel_;
+    request.cancel = &inflight_;
     pull_lanes_[t]->Run([this, t, request] { RunTaskPull(t, request); });
   }
 }
@@ -657,8 +698,10 @@ absl::StatusOr<PullResult> WorkerClient::WaitPullHeader() {
           },
           this),
       "waiting for ps task 0 to answer the pull"));
-  if (!have_header_ && !push_status_.ok()) return push_status_;  // the pull waits for a push that failed
-  if (!have_header_) return pull_status_.ok() ? absl::InternalError("pull ended without a header") : pull_status_;
+  if (!have_header_ && !push_status_.ok()) return Explain(push_status_);  // the pull waits for a push that failed
+  if (!have_header_) {
+    return pull_status_.ok() ? absl::InternalError("pull ended without a header") : Explain(pull_status_);
+  }
   return PullResult{header_.step, header_.training_done};
 }
 
@@ -677,8 +720,8 @@ absl::Status WorkerClient::WaitForRange(int64_t begin, int64_t end) {
   } args{this, &needed};
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(AwaitWithDeadline(absl::Condition(&Args::Ready, &args), "waiting for parameters"));
-  if (!pull_status_.ok()) return pull_status_;
-  return push_status_;
+  if (!pull_status_.ok()) return Explain(pull_status_);
+  return Explain(push_status_);
 }
 
 absl::StatusOr<PullResult> WorkerClient::FinishPull() {
@@ -690,7 +733,7 @@ absl::StatusOr<PullResult> WorkerClient::FinishPull() {
         "waiting for the pull to complete"));
     pull_active_ = false;
   }
-  if (!pull_status_.ok()) return pull_status_;
+  if (!pull_status_.ok()) return Explain(pull_status_);
   return PullResult{header_.step, header_.training_done};
 }
 

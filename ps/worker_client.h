@@ -95,6 +95,10 @@ class WorkerClient {
   void PushRange(int64_t begin, int64_t end);
   // Every gradient is final: sends what is left and commits on ps 0 once every other task has the push.
   void FinishPush();
+  // Instead of FinishPush, when the step failed before its gradients were all final: the uploads begun are
+  // cancelled (no task commits or applies an unfinished upload) and the push completes with `why`, so that
+  // WaitPush (and Reconnect) do not wait for a push that would never finish.
+  void AbandonPush(absl::Status why);
   // Waits for the push to complete; returns ps 0's verdict.
   absl::StatusOr<PushResponse> WaitPush();
   // Starts pulling the parameters (or their moving averages) into `params` (flat). `min_step`: wait until the
@@ -129,8 +133,13 @@ class WorkerClient {
   // Lane jobs.
   void SendSlices(int task, std::vector<int> slices);
   void FinishTaskPush(int task);
+  void AbandonTaskPush(int task, const absl::Status& why);
   void RunTaskPull(int task, PullRequest request);
   absl::Status OpenUpload(int task) ABSL_LOCKS_EXCLUDED(mu_);
+  // `s`, or the reason the heartbeat thread found the session lost when `s` is an error.
+  absl::Status Explain(absl::Status s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !s.ok() && !session_lost_.ok() ? session_lost_ : s;
+  }
   TrainConfig TaskConfig(int task) const;
   absl::Status PrepareTasks(absl::Time give_up, absl::Duration wait);
   void HeartbeatLoop(absl::Duration every);
@@ -161,6 +170,14 @@ class WorkerClient {
   uint64_t next_request_id_;
   std::vector<std::unique_ptr<SerialExecutor>> push_lanes_, pull_lanes_;
   Cancellation cancel_;  // cancels in-flight pulls and uploads when the client goes away
+  // Carried by every pull and upload (cancelled with cancel_, and by Reconnect: a pull waiting on ps 0 for a
+  // step that will not come under the old sessions must not hold the reconnect up for a step timeout).
+  Cancellation inflight_;
+  // Set by the heartbeat thread when a task answers Aborted for a session still in use (it restarted, rolled
+  // back, or declared this worker lost): the calls in flight are cancelled and the waits return this status, so
+  // that the training thread reconnects instead of waiting, say, for a step that needs this very task. (The
+  // waits themselves still wait for what is in flight: cancelled, it ends at once.)
+  absl::Status session_lost_ ABSL_GUARDED_BY(mu_);
 
   // Error feedback for compressed gradients: residual (flat) and the encoded send buffer.
   std::vector<float> residual_;

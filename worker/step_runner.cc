@@ -29,12 +29,18 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
     client_->PushRange(begin, end);
     return absl::OkStatus();
   };
-  ASSIGN_OR_RETURN(float loss, towers_->ComputeGradients(batches, step, &hooks));
+  absl::StatusOr<float> loss = towers_->ComputeGradients(batches, step, &hooks);
   // Every parameter has been read; the pull that brought them is over.
-  RETURN_IF_ERROR(client_->FinishPull().status());
+  absl::Status pulled = loss.ok() ? client_->FinishPull().status() : loss.status();
+  if (!pulled.ok()) {
+    // The gradients are not all final (a pull failed, say, because a ps task restarted): the push must not
+    // commit, and must complete, or the next WaitPush (Reconnect's) would wait for it until it times out.
+    client_->AbandonPush(pulled);
+    return pulled;
+  }
   client_->FinishPush();
   client_->StartPull(sync_ ? step + 1 : 0, step, towers_->host_params());
-  losses_.push_back(loss);
+  losses_.push_back(*loss);
   return absl::OkStatus();
 }
 
