@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "common/testing/fault_injection_env.h"
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 
 namespace dtrain {
@@ -20,12 +21,6 @@ using ::dtrain::testing::FaultInjectionEnv;
 
 class EnvTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/env_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::vector<std::string> Names() {
     absl::StatusOr<std::vector<std::string>> names = env_->GetChildren(dir_);
@@ -36,7 +31,8 @@ class EnvTest : public ::testing::Test {
   }
 
   Env* env_ = Env::Default();
-  std::string dir_;
+  ::dtrain::testing::ScratchDir scratch_{"env_test"};
+  const std::string dir_ = scratch_.path();
 };
 
 TEST_F(EnvTest, PosixOperations) {

@@ -19,6 +19,7 @@
 #include "common/crc32c.h"
 #include "common/file_util.h"
 #include "common/event_test_decoder.h"
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 
 namespace dtrain {
@@ -57,13 +58,8 @@ Scalar DecodeScalarEvent(const std::string& record) {
 
 class EventWriterTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/event_writer_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { ASSERT_EQ(std::system(("rm -rf '" + dir_ + "'").c_str()), 0); }
-  std::string dir_;
+  ::dtrain::testing::ScratchDir scratch_{"event_writer_test"};
+  const std::string dir_ = scratch_.path();
 };
 
 TEST_F(EventWriterTest, WritesFileVersionThenScalars) {

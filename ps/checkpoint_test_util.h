@@ -20,27 +20,14 @@
 #include "glog/logging.h"
 #include "common/crc32c.h"
 #include "common/env.h"
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "ps/checkpoint_format.h"
 
 namespace dtrain::ps::testing {
 
-class ScratchDir {
- public:
-  explicit ScratchDir(const std::string& name)
-      : path_(absl::StrCat(::testing::TempDir(), "dtrain_ckpt_", name, "_", getpid())) {
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+// A scratch directory removed at the end (the shared test helper).
+using ::dtrain::testing::ScratchDir;
 
 class LogCapture : public google::LogSink {
  public:

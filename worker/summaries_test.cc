@@ -8,6 +8,7 @@
 
 #include "common/event_test_decoder.h"
 #include "common/file_util.h"
+#include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
 
 namespace dtrain::worker {
@@ -56,13 +57,8 @@ std::multimap<std::string, Value> ReadSummaries(const std::string& path) {
 
 class SummariesTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/summaries_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { ASSERT_EQ(std::system(("rm -rf '" + dir_ + "'").c_str()), 0); }
-  std::string dir_;
+  ::dtrain::testing::ScratchDir scratch_{"summaries_test"};
+  const std::string dir_ = scratch_.path();
 };
 
 TEST_F(SummariesTest, WritesLearningRateTrafficStalenessAndHistograms) {
