@@ -11,4 +11,10 @@ void TuneMallocForLargeReusedBuffers() {
 #endif
 }
 
+void LimitMallocArenas(int n) {
+#ifdef M_ARENA_MAX
+  if (n > 0) mallopt(M_ARENA_MAX, n);
+#endif
+}
+
 }  // namespace dtrain

@@ -229,11 +229,12 @@ class GrpcPsClient final : public PsInterface {
     return absl::OkStatus();
   }
 
-  absl::Status Done(int worker_id, uint64_t session, bool completed) override {
+  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) override {
     pb::DoneRequest req;
     req.set_worker_id(worker_id);
     req.set_session(session);
     req.set_completed(completed);
+    req.set_global_step(global_step);
     pb::DoneResponse resp;
     return Unary("Done", done_, req, &resp);
   }

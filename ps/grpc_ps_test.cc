@@ -93,7 +93,7 @@ TEST(GrpcPsTest, RoundTripLargeTensorsAndRetriedPush) {
   EXPECT_EQ(stats->workers[0].duplicates, 1);
   EXPECT_EQ(stats->workers[0].applied, 1);
 
-  ASSERT_TRUE(ps.Done(0, reg->session, true).ok());
+  ASSERT_TRUE(ps.Done(0, reg->session, true, 0).ok());
   EXPECT_TRUE((*server)->Wait(absl::Seconds(10)));  // finished: every worker is done
 }
 
@@ -156,7 +156,7 @@ TEST(GrpcPsTest, ErrorsKeepTheirCodeAndMessage) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(bad.status().message().find("model_signature"), std::string::npos) << bad.status();
   // A stranger's worker id.
-  EXPECT_FALSE((*client)->Done(7, 1, true).ok());
+  EXPECT_FALSE((*client)->Done(7, 1, true, 0).ok());
   (*server)->Shutdown();
 }
 
@@ -318,8 +318,8 @@ TEST(GrpcPsTest, CallsWithoutTheTokenAreRefusedAndChangeNothing) {
     EXPECT_TRUE(unauthenticated(
         PushSlices(**stranger, PushHeader{0, 0, 7, true, reg->session}, {{0, {5.f, 5.f, 5.f, 5.f}}}).status()));
     EXPECT_TRUE(unauthenticated(PullSlices(**stranger, PullRequest{}).status()));
-    EXPECT_TRUE(unauthenticated((*stranger)->Done(0, 1, true)));
-    EXPECT_TRUE(unauthenticated((*stranger)->Done(1, 1, true)));
+    EXPECT_TRUE(unauthenticated((*stranger)->Done(0, 1, true, 0)));
+    EXPECT_TRUE(unauthenticated((*stranger)->Done(1, 1, true, 0)));
     EXPECT_TRUE(unauthenticated((*stranger)->Heartbeat(0, 1).status()));
     EXPECT_TRUE(unauthenticated((*stranger)->GetStats().status()));
   }

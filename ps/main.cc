@@ -1,7 +1,8 @@
 // dtrain_ps: one parameter-server task. Generic like tf.train.Server: it knows the cluster, not the model;
 // the chief worker sends the training configuration. Exits by itself once no worker is left: 0 when training
-// completed, 3 (with a line naming the lost workers) when every worker was lost or stopped on an error, 1 when
-// the final checkpoint could not be saved (or another error), 2 for bad flags.
+// completed, 3 (with a line naming the lost workers) when every worker was lost or stopped on an error or no chief
+// registered within --registration_timeout_secs, 1 when the final checkpoint could not be saved (or another
+// error), 2 for bad flags.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -42,6 +43,9 @@ ABSL_FLAG(double, max_run_secs, 0, "Give up and exit 1 after this long (0: wait 
 ABSL_FLAG(double, worker_timeout_secs, 20,
           "A worker silent (no call, no heartbeat) for this long is declared lost: sync training stops waiting for "
           "it and goes on with the others; it may come back by registering again (0: never declare a worker lost)");
+ABSL_FLAG(double, registration_timeout_secs, 600,
+          "Exit 3 if no chief worker registers within this long after start (0: wait for ever). A task started "
+          "again after training ended elsewhere exits once the workers that report to it are done");
 ABSL_FLAG(std::string, nonfinite, "reject",
           "Gradients with NaN or Inf: reject (the push fails, nothing applied), skip (counted, left out of the "
           "step) or apply");
@@ -49,6 +53,9 @@ ABSL_FLAG(int64_t, max_model_bytes, int64_t{4} << 30,
           "Refuse a chief whose model puts more than this many bytes of variables on this task");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
           "Memory gRPC may use for this task's connections and messages in flight (a gRPC resource quota)");
+ABSL_FLAG(int, malloc_arenas, 2,
+          "At most this many malloc arenas: bounds the memory the allocator keeps (common/malloc_tuning.h; 0: "
+          "glibc's default of 8 per core)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dtrain parameter server task");
@@ -58,6 +65,11 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  if (absl::GetFlag(FLAGS_malloc_arenas) < 0) {
+    std::fprintf(stderr, "dtrain_ps: --malloc_arenas=%d must be >= 0\n", absl::GetFlag(FLAGS_malloc_arenas));
+    return 2;
+  }
+  dtrain::LimitMallocArenas(absl::GetFlag(FLAGS_malloc_arenas));  // before gRPC starts its threads
 
   dtrain::ClusterFlags cf;
   cf.cluster_spec = absl::GetFlag(FLAGS_cluster_spec);
@@ -97,6 +109,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.ps.worker_timeout = absl::Seconds(worker_timeout);
+  const double registration_timeout = absl::GetFlag(FLAGS_registration_timeout_secs);
+  if (!(registration_timeout >= 0)) {
+    std::fprintf(stderr, "dtrain_ps: --registration_timeout_secs=%g must be >= 0\n", registration_timeout);
+    return 2;
+  }
+  o.ps.registration_timeout =
+      registration_timeout > 0 ? absl::Seconds(registration_timeout) : absl::InfiniteDuration();
   absl::StatusOr<dtrain::ps::ParameterServerOptions::NonFinite> nonfinite =
       dtrain::ps::ParseNonFinitePolicy(absl::GetFlag(FLAGS_nonfinite));
   if (!nonfinite.ok()) {

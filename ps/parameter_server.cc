@@ -623,8 +623,8 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::StartPush(const Pu
 absl::Status ParameterServer::Pull(const PullRequest& request, PullReceiver* receiver) {
   return impl_->Pull(request, receiver);
 }
-absl::Status ParameterServer::Done(int worker_id, uint64_t session, bool completed) {
-  return impl_->Done(worker_id, session, completed);
+absl::Status ParameterServer::Done(int worker_id, uint64_t session, bool completed, int64_t global_step) {
+  return impl_->Done(worker_id, session, completed, global_step);
 }
 absl::StatusOr<int64_t> ParameterServer::Heartbeat(int worker_id, uint64_t session) {
   return impl_->Heartbeat(worker_id, session);

@@ -73,6 +73,14 @@ struct ParameterServerOptions {
   // Membership: a worker silent (no call, no heartbeat) for longer than this is declared lost: sync mode stops
   // waiting for it (R shrinks for the steps that follow) until it registers again. Zero: never (local mode).
   absl::Duration worker_timeout = absl::ZeroDuration();
+  // An unconfigured task (just started, or restarted and not registered again) waits this long for a chief to
+  // register; then it finishes, failed ("no chief registered ..."). Infinite: waits for ever (local mode, tests).
+  // While unconfigured, a worker that reports Done(completed) proves that training ended on the other tasks
+  // while this one was down: the task then finishes as soon as every worker has ended or none has called it for
+  // worker_timeout (registration_timeout when that is zero), succeeded; its final_checkpoint_status() is
+  // DataLoss when its newest checkpoint file is older than the global step the workers reported (the updates
+  // since were lost with the process that held them).
+  absl::Duration registration_timeout = absl::InfiniteDuration();
   // The cluster's token: ps 0 signs its step decisions with it and every other task applies only signed ones
   // (empty: decisions are not signed; the cluster then trusts its network).
   std::string decision_key;
@@ -132,7 +140,7 @@ class ParameterServer : public PsInterface {
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override;
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override;
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override;
-  absl::Status Done(int worker_id, uint64_t session, bool completed) override;
+  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) override;
   absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override;
   absl::StatusOr<TrainingStats> GetStats() override;
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override;

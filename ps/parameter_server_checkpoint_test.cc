@@ -1,6 +1,7 @@
 // ParameterServer with checkpoints: saving on schedule, keep-N, restore before Register answers (with the
 // fallback past a corrupt file and the refusal of another model's checkpoint), and resume equivalence: training
 // k1 steps, destroying the servers and resuming to k2 gives exactly the parameters of an uninterrupted run.
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -157,6 +158,75 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterruptedRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(NumPs, ResumeTest, ::testing::Values(1, 2));
+
+// A ps task killed after the last step, while the workers were reporting done, is started again: it has no
+// config and no chief will register again. The workers that still had to report do so to the new process; it
+// then finishes by itself once they are all done or quiet, and says whether its newest checkpoint holds the end
+// (DataLoss when the steps since were lost with the killed process).
+class RestartAfterEndTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(RestartAfterEndTest, TheRestartedTaskFinishesOnceTheWorkersReported) {
+  const int64_t reported_end = GetParam();  // the step the workers reached: 10 is on disk, 13 is not
+  ScratchDir dir("restart_after_end");
+  {
+    auto first = SimCluster::Start(Options(1, dir.path()));
+    ASSERT_TRUE(first.ok()) << first.status();
+    RunSteps(first->get(), 0, 10);
+    // Killed: worker 0 had reported done to it, worker 1 had not.
+  }
+  ASSERT_EQ(StepsOnDisk(dir.path())[0], (std::set<int64_t>{5, 10}));
+
+  std::atomic<int64_t> now_ns{absl::ToUnixNanos(absl::FromUnixSeconds(1'000'000))};
+  ParameterServerOptions o;
+  o.num_workers = kWorkers;
+  o.checkpoint.dir = dir.path();
+  o.checkpoint.save_steps = 5;
+  o.worker_timeout = absl::Seconds(10);
+  o.registration_timeout = absl::Seconds(600);
+  o.clock = [&now_ns] { return absl::FromUnixNanos(now_ns.load()); };
+  auto advance = [&now_ns](absl::Duration d) { now_ns += absl::ToInt64Nanoseconds(d); };
+  absl::StatusOr<std::unique_ptr<ParameterServer>> restarted = ParameterServer::Create(o);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ParameterServer& ps = **restarted;
+
+  // Worker 1 reports done (it has no session here) at the end of training.
+  ASSERT_TRUE(ps.Done(1, /*session=*/0, /*completed=*/true, reported_end).ok());
+  advance(absl::Seconds(9));
+  ps.CheckLeases();
+  EXPECT_FALSE(ps.finished()) << "the others may still report";
+  advance(absl::Seconds(1));
+  ps.CheckLeases();
+  ASSERT_TRUE(ps.WaitUntilFinished(absl::Seconds(10)));
+  const TrainingOutcome outcome = ps.outcome();
+  EXPECT_TRUE(outcome.succeeded);
+  EXPECT_EQ(outcome.global_step, reported_end);
+  EXPECT_NE(outcome.message.find(absl::StrCat("training reached step ", reported_end, " while this task was down")),
+            std::string::npos)
+      << outcome.message;
+  if (reported_end == 10) {
+    EXPECT_TRUE(ps.final_checkpoint_status().ok()) << ps.final_checkpoint_status();
+    EXPECT_NE(outcome.message.find("its newest checkpoint, step 10, holds the end"), std::string::npos)
+        << outcome.message;
+  } else {
+    EXPECT_EQ(ps.final_checkpoint_status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(ps.final_checkpoint_status().message().find("its newest checkpoint is step 10"), std::string::npos)
+        << ps.final_checkpoint_status();
+  }
+  // Nothing on disk was touched.
+  EXPECT_EQ(StepsOnDisk(dir.path())[0], (std::set<int64_t>{5, 10}));
+
+  // When every worker reports to the new process, it finishes at once.
+  absl::StatusOr<std::unique_ptr<ParameterServer>> again = ParameterServer::Create(o);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE((*again)->Done(0, 0, true, reported_end).ok());
+  EXPECT_FALSE((*again)->finished());
+  ASSERT_TRUE((*again)->Done(1, 0, true, reported_end).ok());
+  EXPECT_TRUE((*again)->finished());
+  EXPECT_TRUE((*again)->outcome().succeeded);
+  EXPECT_EQ((*again)->final_checkpoint_status().ok(), reported_end == 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(ReportedEnd, RestartAfterEndTest, ::testing::Values(10, 13));
 
 TEST(ParameterServerCheckpointTest, KeepsTheNewestN) {
   ScratchDir dir("keep");

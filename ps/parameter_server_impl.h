@@ -80,7 +80,10 @@ class ParameterServer::Impl {
     if (checkpointing()) {
       writer_ = std::make_unique<CheckpointWriter>(options_.checkpoint, options_.task_index, options_.num_ps);
     }
-    if (options_.worker_timeout > absl::ZeroDuration()) lease_thread_ = std::thread([this] { LeaseLoop(); });
+    unconfigured_since_ = last_contact_ = Now();
+    if (options_.worker_timeout > absl::ZeroDuration() || options_.registration_timeout < absl::InfiniteDuration()) {
+      lease_thread_ = std::thread([this] { LeaseLoop(); });
+    }
   }
   ~Impl() {
     {
@@ -96,7 +99,7 @@ class ParameterServer::Impl {
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPushLocked(const PushHeader& header)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver);
-  absl::Status Done(int worker_id, uint64_t session, bool completed);
+  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step);
   absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session);
   absl::StatusOr<TrainingStats> GetStats();
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config);
@@ -167,6 +170,11 @@ class ParameterServer::Impl {
   // left (after the final checkpoint).
   void AfterWorkersLeft(std::optional<StepDecision> decided, int64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
   void LeaseLoop();
+  // An unconfigured task: finished when no chief registered within options_.registration_timeout, or when
+  // training ended elsewhere (a completed Done) and the workers have ended or gone quiet (parameter_server.h).
+  void CheckUnconfiguredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finishes an unconfigured task whose workers reported the end of training (global step ended_step_).
+  void FinishAfterEndLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Checkpoints.
   // The task's whole state under checkpoint `label` (nothing else changes).
@@ -222,6 +230,11 @@ class ParameterServer::Impl {
   bool final_save_started_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status final_checkpoint_status_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<CheckpointWriter> writer_;  // set once in the constructor when checkpointing; thread-safe
+  // While unconfigured: since when, the last call of a worker, and the global step a completed Done reported
+  // (-1: none; training ended elsewhere when >= 0).
+  absl::Time unconfigured_since_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_contact_ ABSL_GUARDED_BY(mu_);
+  int64_t ended_step_ ABSL_GUARDED_BY(mu_) = -1;
 
   absl::Mutex lease_mu_;
   bool stopping_ ABSL_GUARDED_BY(lease_mu_) = false;

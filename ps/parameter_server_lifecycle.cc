@@ -43,6 +43,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
   if (!configured_) {
+    last_contact_ = Now();
     if (!request.is_chief) {
       return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index,
                                                  " is waiting for the chief to register its config (worker ",
@@ -188,13 +189,18 @@ absl::Status ParameterServer::Impl::CheckReady() const {
 
 // ---- membership: done, heartbeats, leases, the end --------------------------------------------------------------
 
-absl::Status ParameterServer::Impl::Done(int worker_id, uint64_t session, bool completed) {
+absl::Status ParameterServer::Impl::Done(int worker_id, uint64_t session, bool completed, int64_t global_step) {
   std::optional<StepDecision> decided;
   int64_t epoch;
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(members_.CheckWorker(worker_id));
     RETURN_IF_ERROR(members_.CheckLeave(worker_id, session));
+    last_contact_ = Now();
+    if (!configured_ && completed && !members_.done(worker_id)) {
+      // Training ended while this task was down (it restarted after the last step): see CheckUnconfiguredLocked.
+      ended_step_ = std::max({ended_step_, global_step, int64_t{0}});
+    }
     if (members_.MarkDone(worker_id, completed)) {
       if (completed) {
         LOG(INFO) << "ps task " << options_.task_index << ": worker " << worker_id << " is done ("
@@ -217,6 +223,7 @@ absl::StatusOr<int64_t> ParameterServer::Impl::Heartbeat(int worker_id, uint64_t
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(members_.CheckWorker(worker_id));
   if (!configured_) {
+    last_contact_ = Now();
     return absl::AbortedError(absl::StrCat("ps task ", options_.task_index, " has no config (it restarted): register again"));
   }
   RETURN_IF_ERROR(members_.CheckSession(worker_id, session, Now()));
@@ -224,12 +231,16 @@ absl::StatusOr<int64_t> ParameterServer::Impl::Heartbeat(int worker_id, uint64_t
 }
 
 void ParameterServer::Impl::CheckLeases() {
-  if (options_.worker_timeout <= absl::ZeroDuration()) return;
   std::optional<StepDecision> decided;
   int64_t epoch;
   {
     absl::MutexLock lock(&mu_);
-    if (!configured_ || finished_) return;
+    if (finished_) return;
+    if (!configured_) {
+      CheckUnconfiguredLocked();
+      return;
+    }
+    if (options_.worker_timeout <= absl::ZeroDuration()) return;
     const std::vector<int> lost = members_.ExpireLeases(Now(), options_.worker_timeout);
     if (lost.empty()) return;
     LOG(WARNING) << "ps task " << options_.task_index << ": worker" << (lost.size() > 1 ? "s " : " ")
@@ -243,10 +254,74 @@ void ParameterServer::Impl::CheckLeases() {
   AfterWorkersLeft(std::move(decided), epoch);
 }
 
+void ParameterServer::Impl::CheckUnconfiguredLocked() {
+  const absl::Time now = Now();
+  if (ended_step_ >= 0) {
+    // Workers that reported done to this task's previous process will not call again: wait for the others only
+    // while someone is still calling.
+    const absl::Duration quiet = options_.worker_timeout > absl::ZeroDuration() ? options_.worker_timeout
+                                                                                : options_.registration_timeout;
+    if (now - last_contact_ >= quiet) FinishAfterEndLocked();
+    return;
+  }
+  if (now - unconfigured_since_ < options_.registration_timeout) return;
+  outcome_ = TrainingOutcome();
+  outcome_.global_step = step_;
+  outcome_.message = absl::StrCat("no chief worker registered within ",
+                                  absl::FormatDuration(options_.registration_timeout),
+                                  " (--registration_timeout_secs): the workers never reached this task, or training "
+                                  "had ended before it was started again");
+  LOG(WARNING) << "ps task " << options_.task_index << ": " << outcome_.message;
+  finished_ = true;
+  cv_.SignalAll();
+}
+
+void ParameterServer::Impl::FinishAfterEndLocked() {
+  std::vector<int> reported, silent;
+  for (int w = 0; w < options_.num_workers; ++w) (members_.done(w) ? reported : silent).push_back(w);
+  outcome_ = TrainingOutcome();
+  outcome_.succeeded = true;
+  outcome_.global_step = ended_step_;
+  std::string message = absl::StrCat("training reached step ", ended_step_, " while this task was down (worker",
+                                     reported.size() > 1 ? "s " : " ", absl::StrJoin(reported, ", "),
+                                     " reported done to it after its restart");
+  if (!silent.empty()) absl::StrAppend(&message, "; ", absl::StrJoin(silent, ", "), " had reported before");
+  message += ")";
+  if (!checkpointing()) {
+    message += "; it keeps no checkpoints";
+  } else {
+    absl::StatusOr<std::vector<CheckpointFile>> files =
+        ListCheckpointFiles(options_.checkpoint.env, options_.checkpoint.dir);
+    int64_t newest = -1;
+    if (files.ok()) {
+      for (const CheckpointFile& f : *files) {
+        if (f.task == options_.task_index && f.num_ps == options_.num_ps) newest = std::max(newest, f.step);
+      }
+    }
+    if (!files.ok()) {
+      final_checkpoint_status_ = files.status();
+    } else if (newest >= ended_step_) {
+      absl::StrAppend(&message, "; its newest checkpoint, step ", newest, ", holds the end");
+    } else {
+      final_checkpoint_status_ = absl::DataLossError(absl::StrCat(
+          "training reached step ", ended_step_, " while ps task ", options_.task_index, " was down, and its newest ",
+          newest < 0 ? std::string("checkpoint: none") : absl::StrCat("checkpoint is step ", newest),
+          ": the updates of its variables since then were lost with the killed process (resume from the newest "
+          "checkpoint every task holds)"));
+    }
+  }
+  outcome_.message = std::move(message);
+  LOG(INFO) << "ps task " << options_.task_index << ": " << outcome_.message;
+  finished_ = true;
+  cv_.SignalAll();
+}
+
 void ParameterServer::Impl::LeaseLoop() {
   SetFlushDenormals();  // deciding a step here applies it here
   const absl::Duration every =
-      std::clamp(options_.worker_timeout / 4, absl::Milliseconds(20), absl::Seconds(1));
+      std::clamp(options_.worker_timeout > absl::ZeroDuration() ? options_.worker_timeout / 4
+                                                                 : options_.registration_timeout / 4,
+                 absl::Milliseconds(20), absl::Seconds(1));
   absl::MutexLock lock(&lease_mu_);
   while (!stopping_) {
     lease_mu_.AwaitWithTimeout(absl::Condition(&stopping_), every);
@@ -265,7 +340,9 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
     // The final checkpoint is copied between updates, at the step the values hold.
     absl::MutexLock apply_lock(&apply_mu_);
     absl::MutexLock lock(&mu_);
-    if (members_.all_ended() && !finished_ && !final_save_started_) {
+    if (members_.all_ended() && !finished_ && !final_save_started_ && !configured_ && ended_step_ >= 0) {
+      FinishAfterEndLocked();
+    } else if (members_.all_ended() && !finished_ && !final_save_started_) {
       TrainingOutcome& o = outcome_;
       o.global_step = sync_ ? applied_through_ : CheckpointLabel();
       o.lost_workers = members_.lost_workers();

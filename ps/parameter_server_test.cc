@@ -85,7 +85,7 @@ absl::StatusOr<Pulled> Pull(ParameterServer& ps, int worker, int64_t min_step, i
   return PullSlices(ps, r);
 }
 
-absl::Status Done(ParameterServer& ps, int worker) { return ps.Done(worker, SessionOf(ps, worker), true); }
+absl::Status Done(ParameterServer& ps, int worker) { return ps.Done(worker, SessionOf(ps, worker), true, 0); }
 
 TEST(ParameterServerTest, CreateRejectsBadOptions) {
   ParameterServerOptions o = Options(2, /*task_index=*/2, /*num_ps=*/2);
@@ -197,7 +197,7 @@ TEST_F(ReadyServerTest, MalformedPushesAreInvalidArgument) {
   EXPECT_EQ(Push(*ps_, 2, 0, 3, {1, 1, 1}, {1}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Push(*ps_, -1, 0, 3, {1, 1, 1}, {1}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Pull(*ps_, 5, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ps_->Done(7, 0, true).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ps_->Done(7, 0, true, 0).code(), absl::StatusCode::kInvalidArgument);
 
   // Pieces of a slice come in order.
   absl::StatusOr<std::unique_ptr<SliceUpload>> upload = ps_->StartPush(PushHeader{0, 0, 4, true, SessionOf(*ps_, 0)});
@@ -346,7 +346,48 @@ std::unique_ptr<ParameterServer> MakeLeasedPs(int num_workers, FakeClock* clock,
   return *ParameterServer::Create(o);
 }
 
-// A sync worker silent for longer than the lease is declared lost: the step it holds up is decided without it
+// No chief ever registers (the workers never came, or training had ended before the task was started again):
+// the task gives up after registration_timeout with a failed outcome that says so. Calls of non-chief workers
+// in the meantime do not extend it.
+TEST(MembershipTest, AnUnconfiguredTaskGivesUpAfterTheRegistrationTimeout) {
+  FakeClock clock;
+  ParameterServerOptions o = Options(2);
+  o.worker_timeout = absl::Seconds(10);
+  o.registration_timeout = absl::Seconds(60);
+  o.clock = clock.AsFunction();
+  auto ps = *ParameterServer::Create(o);
+  clock.Advance(absl::Seconds(59));
+  EXPECT_EQ(Register(*ps, Reg(1, false, Config(2, 2))).status().code(), absl::StatusCode::kUnavailable);
+  ps->CheckLeases();
+  EXPECT_FALSE(ps->finished());
+  clock.Advance(absl::Seconds(1));
+  ps->CheckLeases();
+  ASSERT_TRUE(ps->WaitUntilFinished(absl::Seconds(10)));
+  EXPECT_FALSE(ps->outcome().succeeded);
+  EXPECT_NE(ps->outcome().message.find("no chief worker registered within 1m"), std::string::npos)
+      << ps->outcome().message;
+  EXPECT_TRUE(ps->final_checkpoint_status().ok());
+
+  // Registered in time, the deadline no longer applies; without one (the default) there is none at all.
+  FakeClock clock2;
+  o.clock = clock2.AsFunction();
+  auto registered = *ParameterServer::Create(o);
+  ASSERT_TRUE(Register(*registered, Reg(0, true, Config(2, 2))).ok());
+  ASSERT_TRUE(Register(*registered, Reg(1, false, Config(2, 2))).ok());
+  for (int i = 0; i < 20; ++i) {
+    clock2.Advance(absl::Seconds(5));
+    ASSERT_TRUE(registered->Heartbeat(0, SessionOf(*registered, 0)).ok());
+    ASSERT_TRUE(registered->Heartbeat(1, SessionOf(*registered, 1)).ok());
+    registered->CheckLeases();
+  }
+  EXPECT_FALSE(registered->finished());
+  auto patient = MakeLeasedPs(2, &clock2, absl::Seconds(10));
+  clock2.Advance(absl::Hours(24));
+  patient->CheckLeases();
+  EXPECT_FALSE(patient->finished());
+}
+
+
 // (R shrinks), its old session is refused, and once it registers again it counts for R again.
 TEST(MembershipTest, ALostWorkerNoLongerHoldsUpTheStepAndComesBackByRegistering) {
   FakeClock clock;
@@ -417,7 +458,7 @@ TEST(MembershipTest, EveryWorkerLostEndsTheServerWithAFailedOutcome) {
   ASSERT_TRUE(Register(*ps, Reg(1, false, c)).ok());
   ASSERT_TRUE(Init(*ps, 0).ok());
   // Worker 2 never registers; worker 1 stops on an error and says so.
-  ASSERT_TRUE(ps->Done(1, SessionOf(*ps, 1), /*completed=*/false).ok());
+  ASSERT_TRUE(ps->Done(1, SessionOf(*ps, 1), /*completed=*/false, 0).ok());
   clock.Advance(absl::Seconds(11));
   ps->CheckLeases();
   ASSERT_TRUE(ps->WaitUntilFinished(absl::Seconds(10)));
@@ -464,15 +505,15 @@ TEST(MembershipTest, DoneNeedsTheWorkersOwnSession) {
   ASSERT_TRUE(Register(*ps, Reg(0, true, Config(3, 3))).ok());
   ASSERT_TRUE(Register(*ps, Reg(1, false, Config(3, 3))).ok());
   ASSERT_TRUE(Init(*ps, 0).ok());
-  absl::Status s = ps->Done(1, SessionOf(*ps, 0), true);
+  absl::Status s = ps->Done(1, SessionOf(*ps, 0), true, 0);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_NE(s.message().find("cannot report it done"), std::string::npos) << s;
-  EXPECT_EQ(ps->Done(1, 0, true).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ps->Done(1, 0, true, 0).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_FALSE(ps->GetStats()->workers[1].done);
   // Worker 2 never got a session (say its config was refused): it may leave.
   EXPECT_EQ(Register(*ps, Reg(2, false, MakeConfig("async", 3, 3))).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(ps->Done(2, 0, /*completed=*/false).ok());
+  ASSERT_TRUE(ps->Done(2, 0, /*completed=*/false, 0).ok());
   TrainingStats stats = *ps->GetStats();
   EXPECT_TRUE(stats.workers[2].done);
   EXPECT_TRUE(stats.workers[2].failed);

@@ -44,8 +44,9 @@ class PsInterface {
   // The worker has finished training (`completed`), or stopped on an error (it leaves the cluster). Sync: the coordinator stops expecting its commits (R becomes
   // min(R, active workers)), and a pending step that now has enough commits is decided. `session` must be the
   // worker's current one if it has one here (PermissionDenied otherwise); a worker without one (never registered,
-  // refused, forgotten) may leave with any.
-  virtual absl::Status Done(int worker_id, uint64_t session, bool completed) = 0;
+  // refused, forgotten) may leave with any. `global_step`: the step the worker reached (0: unknown); a task that
+  // restarted after training ended compares it with its newest checkpoint (ParameterServerOptions).
+  virtual absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) = 0;
   // Renews the worker's lease (any call does; this one does nothing else). Returns the task's step.
   virtual absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) = 0;
   virtual absl::StatusOr<TrainingStats> GetStats() = 0;

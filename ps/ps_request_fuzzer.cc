@@ -178,7 +178,7 @@ void Call(Task& t, uint8_t op, const std::string& payload) {
     case 4: {
       pb::DoneRequest req;
       if (!req.ParseFromString(payload)) return;
-      s = t.ps->Done(req.worker_id(), t.Map(req.session()), req.completed());
+      s = t.ps->Done(req.worker_id(), t.Map(req.session()), req.completed(), req.global_step());
       break;
     }
     case 5: {

@@ -745,12 +745,12 @@ absl::StatusOr<PullResult> WorkerClient::Pull(int64_t min_step, int64_t since_st
 
 // ---- the rest ---------------------------------------------------------------------------------------------------
 
-absl::Status WorkerClient::Done(bool completed) {
+absl::Status WorkerClient::Done(bool completed, int64_t global_step) {
   absl::Status status;
   // Task 0 last, so that its "finished" means every task has been told. A task that forgot this worker's session
   // (it restarted, rolled back or declared the worker lost) takes the report without one.
   for (int t = num_tasks() - 1; t >= 0; --t) {
-    absl::Status s = tasks_[t]->Done(worker_id_, session(t), completed);
+    absl::Status s = tasks_[t]->Done(worker_id_, session(t), completed, global_step);
     if (status.ok()) status = s;
   }
   return status;

@@ -117,7 +117,8 @@ class WorkerClient {
   absl::StatusOr<PullResult> Pull(int64_t min_step, int64_t since_step, float* params,
                                   bool moving_averages = false);
 
-  absl::Status Done(bool completed = true);
+  // Tells every task this worker is leaving: it completed training at `global_step` (0: unknown), or not.
+  absl::Status Done(bool completed = true, int64_t global_step = 0);
   absl::StatusOr<TrainingStats> Stats(int task);  // stats of one task (0 = coordinator)
   int num_tasks() const { return static_cast<int>(tasks_.size()); }
 

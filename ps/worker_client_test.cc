@@ -47,7 +47,9 @@ class ObservedPs : public PsInterface {
     Gate gate(this, receiver);
     return target_->Pull(r, &gate);
   }
-  absl::Status Done(int w, uint64_t session, bool completed) override { return target_->Done(w, session, completed); }
+  absl::Status Done(int w, uint64_t session, bool completed, int64_t step) override {
+    return target_->Done(w, session, completed, step);
+  }
   absl::StatusOr<int64_t> Heartbeat(int w, uint64_t session) override { return target_->Heartbeat(w, session); }
   absl::StatusOr<TrainingStats> GetStats() override { return target_->GetStats(); }
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& c) override { return target_->Probe(c); }

@@ -20,6 +20,9 @@ for a in "$@"; do
     *) echo "usage: $0 [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT]" >&2; exit 2 ;;
   esac
 done
+for v in minutes interval max_growth; do
+  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "soak: --$v=${!v}: expected a whole number > 0" >&2; exit 2; }
+done
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   { echo "soak: dataset-fashion-mnist is not installed (scripts/install_deps.sh)" >&2; exit 77; }
 for b in dtrain_ps dtrain_worker; do

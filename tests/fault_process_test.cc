@@ -1,7 +1,8 @@
 // Faults with real processes on 127.0.0.1 (issue 10: no hang, no loss, no stranger):
 // - a sync worker killed with SIGKILL is declared lost after --worker_timeout_secs and the others go on (the
 //   global step advances again within the timeout + 5 s) and finish; the ps exits 0;
-// - every worker killed: the ps exits 3 by itself, naming the lost workers;
+// - every worker killed: the ps exits 3 by itself, naming the lost workers; no chief at all: it exits 3 after
+//   --registration_timeout_secs;
 // - a ps task killed with SIGKILL mid-run and started again with the same flags: the run ends at --train_steps,
 //   every process exits 0, and the test accuracy is within 0.01 of an uninterrupted run with the same seed
 //   (sync with 1 ps; sync with 2 ps, one of them killed; async with 1 ps);
@@ -162,6 +163,19 @@ TEST(FaultProcess, EveryWorkerKilledPsExitsThreeNamingThem) {
   std::printf("every worker killed: the ps exited %.2f s later\n", absl::ToDoubleSeconds(absl::Now() - killed));
   EXPECT_NE(ps->Output().find("workers 0, 1 lost"), std::string::npos) << ps->Output();
   EXPECT_NE(ps->Output().find("no worker is left to complete it"), std::string::npos) << ps->Output();
+}
+
+// A ps task no chief ever reaches (the workers never started, or training had ended before the task was
+// started again) does not wait for ever: it exits 3 after --registration_timeout_secs, saying why.
+TEST(FaultProcess, PsWithoutAChiefExitsThreeAfterTheRegistrationTimeout) {
+  Cluster c(1, 2, "no_chief");
+  const absl::Time start = absl::Now();
+  auto ps = c.StartPs(0, {"--registration_timeout_secs=2"});
+  EXPECT_EQ(ps->Wait(absl::Seconds(30)), 3) << ps->Output();
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  std::printf("no chief: the ps exited %.2f s after it started\n", secs);
+  EXPECT_GE(secs, 2);
+  EXPECT_NE(ps->Output().find("no chief worker registered within 2s"), std::string::npos) << ps->Output();
 }
 
 struct PsKill {

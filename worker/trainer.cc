@@ -475,7 +475,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   RETURN_IF_ERROR(
       FinishTraining(o, chief, local, data, towers.get(), &ps, steps.get(), events.get(), &result));
   std::move(leave_on_error).Cancel();
-  RETURN_IF_ERROR(ps.client->Done());
+  RETURN_IF_ERROR(ps.client->Done(/*completed=*/true, result.global_step));
   if (ps.local_ps) {
     // Local mode: the in-process ps wrote its final checkpoint inside Done; the end of training must be on disk.
     const absl::Status saved = ps.local_ps->final_checkpoint_status();
