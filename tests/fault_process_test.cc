@@ -2,7 +2,7 @@
 // - a sync worker killed with SIGKILL is declared lost after --worker_timeout_secs and the others go on (the
 //   global step advances again within the timeout + 5 s) and finish; the ps exits 0;
 // - every worker killed: the ps exits 3 by itself, naming the lost workers; no chief at all: it exits 3 after
-//   --registration_timeout_secs;
+//   --registration_timeout_secs; a ps killed after the last step and started again exits by itself;
 // - a ps task killed with SIGKILL mid-run and started again with the same flags: the run ends at --train_steps,
 //   every process exits 0, and the test accuracy is within 0.01 of an uninterrupted run with the same seed
 //   (sync with 1 ps; sync with 2 ps, one of them killed; async with 1 ps);
@@ -176,6 +176,52 @@ TEST(FaultProcess, PsWithoutAChiefExitsThreeAfterTheRegistrationTimeout) {
   std::printf("no chief: the ps exited %.2f s after it started\n", secs);
   EXPECT_GE(secs, 2);
   EXPECT_NE(ps->Output().find("no chief worker registered within 2s"), std::string::npos) << ps->Output();
+}
+
+// The ps task is killed once training has reached its last step (and that step's checkpoint is on disk),
+// while the workers are finishing, and started again. The chief's final pull meets the new process: it
+// connects again, restores step 300 there, evaluates and reports done; the ps exits 0. Had every worker
+// reported before the kill, no chief comes: the ps exits 3 after --registration_timeout_secs.
+TEST(FaultProcess, PsKilledAfterTheLastStepIsNotLeftWaiting) {
+  SKIP_WITHOUT_DATA();
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/fault_ckpt_after_end");
+  std::filesystem::remove_all(dir);
+  Cluster c(1, 2, "after_end");
+  const std::vector<std::string> ps_flags = {"--checkpoint_dir=" + dir, "--save_checkpoint_steps=100",
+                                             "--registration_timeout_secs=8"};
+  auto ps = c.StartPs(0, ps_flags);
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int i = 0; i < 2; ++i) workers.push_back(c.StartWorker(i, {"--mode=sync", "--train_steps=300", "--seed=7"}));
+  auto monitor = c.Monitor();
+  ASSERT_NE(monitor, nullptr);
+  ASSERT_TRUE(WaitForStep(*monitor, 300, absl::Now() + absl::Minutes(1))) << ps->Output();
+  const std::string last = absl::StrCat(dir, "/model.ckpt-300.ps0-of-1");
+  for (const absl::Time until = absl::Now() + absl::Seconds(10); !std::filesystem::exists(last) && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(std::filesystem::exists(last));
+  const int first = ps->Wait(absl::ZeroDuration());  // its exit code, or -9: killed now
+  if (first == 0) GTEST_SKIP() << "every worker had reported done and the ps had exited before the kill";
+  ASSERT_EQ(first, -9) << ps->Output();
+  const absl::Time killed = absl::Now();
+  ps = c.StartPs(0, ps_flags, /*incarnation=*/1);
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Minutes(1)), 0) << w->Output();
+  const int code = ps->Wait(absl::Seconds(30));
+  const std::string out = ps->Output();
+  std::printf("ps killed after the last step: the restarted ps exited %d, %.2f s after the kill\n", code,
+              absl::ToDoubleSeconds(absl::Now() - killed));
+  EXPECT_GT(ParseAccuracy(workers[0]->Output()), 0.5) << workers[0]->Output();
+  if (code == 0) {
+    // The chief, whose final pull met the new process, connected again and restored step 300 there; or the
+    // workers' reports came in without it.
+    EXPECT_TRUE(out.find("training reached step 300 of 300") != std::string::npos ||
+                out.find("its newest checkpoint, step 300, holds the end") != std::string::npos)
+        << out;
+  } else {
+    EXPECT_EQ(code, 3) << out;
+    EXPECT_NE(out.find("no chief worker registered within 8s"), std::string::npos) << out;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 struct PsKill {

@@ -470,10 +470,26 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
 
   // The loop, then the end: evaluation, statistics, done.
   TrainingResult result;
-  RETURN_IF_ERROR(TrainLoop(o, chief, &data, towers.get(), &ps, steps.get(), events.get(), summaries.get(),
-                            &result));
-  RETURN_IF_ERROR(
-      FinishTraining(o, chief, local, data, towers.get(), &ps, steps.get(), events.get(), &result));
+  // A ps task that restarts after the last step answers the chief's final pull with Aborted: connect again (the
+  // chief restores every task to the newest common checkpoint) and train from there to the end once more.
+  int64_t first_step = -1;
+  for (int reconnects = 0;; ++reconnects) {
+    const double seconds_before = result.seconds;
+    RETURN_IF_ERROR(TrainLoop(o, chief, &data, towers.get(), &ps, steps.get(), events.get(), summaries.get(),
+                              &result));
+    // The throughput figures cover the whole run.
+    if (first_step < 0) first_step = result.first_step;
+    result.first_step = first_step;
+    result.seconds += seconds_before;
+    const absl::Status finished =
+        FinishTraining(o, chief, local, data, towers.get(), &ps, steps.get(), events.get(), &result);
+    if (finished.ok()) break;
+    if (finished.code() != absl::StatusCode::kAborted || local || reconnects >= kMaxReconnects) return finished;
+    LOG(WARNING) << "worker " << o.worker_id << ": at the end of training: " << finished.message()
+                 << "; connecting again";
+    RETURN_IF_ERROR(ps.client->Reconnect(absl::Seconds(o.startup_wait_secs)));
+    RETURN_IF_ERROR(ResumeInput(o, &ps, &data));
+  }
   std::move(leave_on_error).Cancel();
   RETURN_IF_ERROR(ps.client->Done(/*completed=*/true, result.global_step));
   if (ps.local_ps) {

@@ -6,12 +6,14 @@
 #include <filesystem>
 #include <unistd.h>
 #include <fstream>
+#include <memory>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 #include "common/denormals.h"
 #include "common/env.h"
@@ -226,6 +228,90 @@ TEST(TrainerTest, StopAndResumeEqualsUninterrupted) {
     EXPECT_NE(first.parameters, uninterrupted.parameters);
     std::filesystem::remove_all(dir);
   }
+}
+
+// A ps task that is killed and started again (a fresh ParameterServer over the same checkpoint directory) when
+// the chief asks for the newest parameters after the last step: the new instance has no config and answers
+// Aborted.
+class RestartsAtTheFinalPull : public ps::PsInterface {
+ public:
+  RestartsAtTheFinalPull(ps::ParameterServerOptions options, int64_t last_step)
+      : options_(std::move(options)), last_step_(last_step), ps_(*ps::ParameterServer::Create(options_)) {}
+  bool restarted() {
+    absl::MutexLock lock(&mu_);
+    return restarted_;
+  }
+  std::shared_ptr<ps::ParameterServer> current() {
+    absl::MutexLock lock(&mu_);
+    return ps_;
+  }
+
+  absl::StatusOr<ps::RegisterResponse> Register(const ps::RegisterRequest& r) override {
+    return current()->Register(r);
+  }
+  absl::StatusOr<std::unique_ptr<ps::SliceUpload>> StartInitialize(int w) override {
+    return current()->StartInitialize(w);
+  }
+  absl::StatusOr<std::unique_ptr<ps::SliceUpload>> StartPush(const ps::PushHeader& h) override {
+    return current()->StartPush(h);
+  }
+  absl::Status Pull(const ps::PullRequest& r, ps::PullReceiver* receiver) override {
+    {
+      absl::MutexLock lock(&mu_);
+      // The chief's final pull (StepRunner::PullNewest): no step to wait for, decisions since the last one.
+      if (!restarted_ && r.min_step == 0 && r.since_step >= last_step_) {
+        ps_ = *ps::ParameterServer::Create(options_);
+        restarted_ = true;
+      }
+    }
+    return current()->Pull(r, receiver);
+  }
+  absl::Status Done(int w, uint64_t session, bool completed, int64_t step) override {
+    return current()->Done(w, session, completed, step);
+  }
+  absl::StatusOr<int64_t> Heartbeat(int w, uint64_t session) override { return current()->Heartbeat(w, session); }
+  absl::StatusOr<ps::TrainingStats> GetStats() override { return current()->GetStats(); }
+  absl::StatusOr<ps::CheckpointProbe> Probe(const ps::TrainConfig& c) override { return current()->Probe(c); }
+  absl::Status Restore(const ps::TrainConfig& c, int w, int64_t step) override {
+    return current()->Restore(c, w, step);
+  }
+
+ private:
+  const ps::ParameterServerOptions options_;
+  const int64_t last_step_;
+  absl::Mutex mu_;
+  bool restarted_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<ps::ParameterServer> ps_ ABSL_GUARDED_BY(mu_);
+};
+
+// The ps task dies after the last step, before the chief has pulled the final parameters: the chief connects
+// again, restores the newest checkpoint on the new process (the last step's) and ends with the parameters of a
+// run without the restart; the new process finishes with a successful outcome.
+TEST(TrainerTest, ChiefRecoversFromAPsRestartAfterTheLastStep) {
+  const data::DatasetPair data = MakeSyntheticDataset(200, 50);
+  WorkerOptions o = BaseOptions(&data);
+  o.batch_size = 10;
+  o.train_steps = 20;
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/trainer_final_pull_", getpid());
+  std::filesystem::remove_all(dir);
+  ps::ParameterServerOptions po;
+  po.checkpoint.dir = dir;
+  po.checkpoint.save_steps = 10;
+  RestartsAtTheFinalPull flaky(po, o.train_steps);
+  const TrainingResult got = RunWorkers(o, 1, {&flaky})[0];
+  EXPECT_TRUE(flaky.restarted());
+  EXPECT_EQ(got.global_step, 20);
+  std::shared_ptr<ps::ParameterServer> now = flaky.current();
+  EXPECT_TRUE(now->finished());
+  EXPECT_TRUE(now->outcome().succeeded) << now->outcome().message;
+  EXPECT_TRUE(now->final_checkpoint_status().ok()) << now->final_checkpoint_status();
+
+  PsTasks plain(1, 1);
+  const TrainingResult want = RunWorkers(o, 1, plain.tasks)[0];
+  ASSERT_EQ(want.global_step, 20);
+  EXPECT_EQ(got.parameters, want.parameters);
+  EXPECT_EQ(got.first_step, 0);
+  std::filesystem::remove_all(dir);
 }
 
 // The GPU worker's cluster step (models owning their buffers: each layer's parameters uploaded as the pull
