@@ -17,4 +17,33 @@ void LimitMallocArenas(int n) {
 #endif
 }
 
+PeriodicMallocTrim::PeriodicMallocTrim(absl::Duration every) {
+  if (every > absl::ZeroDuration()) thread_ = std::thread([this, every] { Loop(every); });
+}
+
+PeriodicMallocTrim::~PeriodicMallocTrim() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+int PeriodicMallocTrim::trims() const {
+  absl::MutexLock lock(&mu_);
+  return trims_;
+}
+
+void PeriodicMallocTrim::Loop(absl::Duration every) {
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), every)) {
+    mu_.Unlock();
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+    mu_.Lock();
+    ++trims_;
+  }
+}
+
 }  // namespace dtrain

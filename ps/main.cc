@@ -53,6 +53,8 @@ ABSL_FLAG(int64_t, max_model_bytes, int64_t{4} << 30,
           "Refuse a chief whose model puts more than this many bytes of variables on this task");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
           "Memory gRPC may use for this task's connections and messages in flight (a gRPC resource quota)");
+ABSL_FLAG(double, malloc_trim_secs, 10,
+          "Give the allocator's free pages back to the system this often (common/malloc_tuning.h; 0: never)");
 ABSL_FLAG(int, malloc_arenas, 2,
           "At most this many malloc arenas: bounds the memory the allocator keeps (common/malloc_tuning.h; 0: "
           "glibc's default of 8 per core)");
@@ -70,6 +72,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   dtrain::LimitMallocArenas(absl::GetFlag(FLAGS_malloc_arenas));  // before gRPC starts its threads
+  const double trim_secs = absl::GetFlag(FLAGS_malloc_trim_secs);
+  if (!(trim_secs >= 0)) {
+    std::fprintf(stderr, "dtrain_ps: --malloc_trim_secs=%g must be >= 0\n", trim_secs);
+    return 2;
+  }
+  dtrain::PeriodicMallocTrim trim(absl::Seconds(trim_secs));
 
   dtrain::ClusterFlags cf;
   cf.cluster_spec = absl::GetFlag(FLAGS_cluster_spec);
