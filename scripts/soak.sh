@@ -2,9 +2,10 @@
 # Soak: 1 ps + 4 async workers on 127.0.0.1 train the MLP for N minutes (checkpoints every 30 s, the chief
 # evaluating every 2000 steps) while the resident memory (VmRSS from /proc) of every process is sampled every
 # few seconds. After a warm-up (the first 20% of the time, at least one minute) memory must stay flat: the
-# script prints, per process, the RSS at the end of the warm-up, at the end, the peak and the growth, and exits 1
-# if any process grew by 5% or more (or died). The processes are stopped at the end (training has no time limit
-# of its own: train_steps is set beyond reach).
+# script prints, per process, the mean RSS of the first minute after the warm-up and of the last minute (means:
+# one sample moves with the messages in flight at that moment, a few MiB), the peak and the growth between the
+# two means, and exits 1 if any process grew by 5% or more (or died). The processes are stopped at the end
+# (training has no time limit of its own: train_steps is set beyond reach).
 # Usage: scripts/soak.sh [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT]   (default 10, 5, 5)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -55,10 +56,11 @@ done
 rss() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 total=$((minutes * 60))
 warmup=$((total / 5)); [ $warmup -ge 60 ] || warmup=60
-[ $warmup -lt $total ] || { echo "soak: --minutes must leave time after the one-minute warm-up" >&2; exit 2; }
+[ $((warmup + 60)) -le $((total - 60)) ] || warmup=$((total - 120))
+[ $warmup -ge 60 ] || { echo "soak: --minutes must be at least 3 (a minute of warm-up, then two to compare)" >&2; exit 2; }
 echo "soak: 1 ps + 4 async workers, ${minutes} min, RSS every ${interval} s, warm-up ${warmup} s, limit +${max_growth}%"
-declare -a at_warmup peak last
-for k in 0 1 2 3 4; do at_warmup[$k]=0; peak[$k]=0; last[$k]=0; done
+echo "  (growth: the mean RSS of the last minute against the mean of the first minute after the warm-up)"
+for k in 0 1 2 3 4; do : > "$dir/rss.$k"; done
 start=$(date +%s)
 died=""
 next_report=60
@@ -68,14 +70,12 @@ while true; do
   for k in 0 1 2 3 4; do
     r=$(rss "${pids[$k]}")
     if [ "$r" = 0 ]; then died="$died ${names[$k]}"; continue; fi
-    last[$k]=$r
-    [ "$r" -le "${peak[$k]}" ] || peak[$k]=$r
-    # The first sample after the warm-up is the reference.
-    if [ $now -ge $warmup ] && [ "${at_warmup[$k]}" = 0 ]; then at_warmup[$k]=$r; fi
+    echo "$now $r" >> "$dir/rss.$k"
   done
   if [ -n "$died" ]; then break; fi
   if [ $now -ge $next_report ]; then
-    echo "  t=${now}s RSS MiB: $(for k in 0 1 2 3 4; do printf '%s=%.1f ' "${names[$k]}" "$(echo "${last[$k]} / 1024" | bc -l)"; done)"
+    echo "  t=${now}s RSS MiB: $(for k in 0 1 2 3 4; do printf '%s=%.1f ' "${names[$k]}" \
+      "$(tail -1 "$dir/rss.$k" | awk '{print $2 / 1024}')"; done)"
     next_report=$((next_report + 60))
   fi
   sleep "$interval"
@@ -88,14 +88,21 @@ if [ -n "$died" ]; then
   echo "FAIL: exited before the end:$died"; fail=1
   for k in 0 1 2 3 4; do tail -3 "$dir/$( [ $k = 0 ] && echo ps || echo w$((k - 1)) ).log" | sed "s/^/  ${names[$k]}: /"; done
 fi
-printf '%-8s %14s %12s %12s %9s\n' process "warm-up MiB" "end MiB" "peak MiB" growth
+printf '%-8s %16s %16s %12s %9s\n' process "after warm-up MiB" "last minute MiB" "peak MiB" growth
 for k in 0 1 2 3 4; do
-  w=${at_warmup[$k]}; e=${last[$k]}; p=${peak[$k]}
-  if [ "$w" = 0 ]; then printf '%-8s %14s\n' "${names[$k]}" "(no sample after the warm-up)"; fail=1; continue; fi
+  # mean of [warmup, warmup + 60), mean of [elapsed - 60, elapsed), peak after the warm-up; in KiB
+  read -r w e p < <(awk -v a=$warmup -v b=$((warmup + 60)) -v c=$((elapsed - 60)) '
+    $1 >= a && $1 < b {sw += $2; nw++} $1 >= c {se += $2; ne++} $1 >= a && $2 > p {p = $2}
+    END {printf "%.1f %.1f %d\n", nw ? sw / nw : 0, ne ? se / ne : 0, p}' "$dir/rss.$k")
+  if [ "${w%.*}" = 0 ] || [ "${e%.*}" = 0 ]; then
+    printf '%-8s %16s\n' "${names[$k]}" "(too few samples after the warm-up)"; fail=1; continue
+  fi
   g=$(echo "($e - $w) * 100 / $w" | bc -l)
-  printf '%-8s %14.1f %12.1f %12.1f %8.2f%%\n' "${names[$k]}" "$(echo "$w/1024" | bc -l)" "$(echo "$e/1024" | bc -l)" \
+  printf '%-8s %16.1f %16.1f %12.1f %8.2f%%\n' "${names[$k]}" "$(echo "$w/1024" | bc -l)" "$(echo "$e/1024" | bc -l)" \
     "$(echo "$p/1024" | bc -l)" "$g"
-  if [ "$(echo "$g >= $max_growth" | bc -l)" = 1 ]; then echo "FAIL: ${names[$k]} grew ${g}% after the warm-up"; fail=1; fi
+  if [ "$(echo "$g >= $max_growth" | bc -l)" = 1 ]; then
+    printf 'FAIL: %s grew %.2f%% after the warm-up\n' "${names[$k]}" "$g"; fail=1
+  fi
 done
 [ $fail = 0 ] && echo "soak: PASS (no process grew by ${max_growth}% or more after the warm-up)"
 exit $fail
