@@ -197,6 +197,13 @@ std::vector<float> Train(const Case& c, const std::string& dir, int* reconnects)
     ASSERT_TRUE(client.Connect(config, initial.data(), absl::Seconds(20)).ok());
     std::vector<float> params(total);
     absl::StatusOr<PullResult> at = client.Pull(0, 0, params.data());
+    // Async: worker 0 does not wait for worker 1, and may have killed and restarted a task before this first
+    // pull (a slow thread start, e.g. under ASan): connect again, as after any restart.
+    while (!at.ok() && at.status().code() == absl::StatusCode::kAborted) {
+      ASSERT_LT(++total_reconnects, 40) << "reconnecting for ever";
+      ASSERT_TRUE(client.Reconnect(absl::Seconds(20)).ok());
+      at = client.Pull(0, 0, params.data());
+    }
     ASSERT_TRUE(at.ok()) << at.status();
     bool killed = false;
     while (at->step < kSteps && !at->training_done) {
