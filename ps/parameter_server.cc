@@ -146,6 +146,26 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitial
   return std::unique_ptr<SliceUpload>(new InitializeUpload(this));
 }
 
+void ParameterServer::Impl::CountNotTaken(int worker, PushResponse::Outcome outcome) {
+  WorkerStats& stats = members_.stats(worker);
+  switch (outcome) {
+    case PushResponse::Outcome::kDuplicate:
+      ++stats.duplicates;
+      ++accounting_.duplicates;
+      break;
+    case PushResponse::Outcome::kDroppedBackup:
+      ++stats.dropped_backup;
+      ++accounting_.dropped_backup;
+      break;
+    case PushResponse::Outcome::kDroppedStale:
+      ++stats.dropped_stale;
+      ++accounting_.dropped_stale;
+      break;
+    default:
+      LOG(DFATAL) << "CountNotTaken: not an outcome of a push left out";
+  }
+}
+
 absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(const PushHeader& header) {
   absl::MutexLock lock(&mu_);
   ++accounting_.received;
@@ -170,13 +190,11 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLoc
                                                    kMaxInputPositionBytes, " allowed"));
   }
   if (header.step < 0) return absl::InvalidArgumentError(absl::StrCat("push for negative step ", header.step));
-  WorkerStats& stats = members_.stats(header.worker_id);
   auto discard = [&](PushResponse::Outcome outcome) -> std::unique_ptr<SliceUpload> {
+    CountNotTaken(header.worker_id, outcome);
     return std::make_unique<DiscardUpload>(this, PushResponse{outcome, step_});
   };
   if (members_.recent_ids(header.worker_id).Contains(header.request_id)) {
-    ++stats.duplicates;
-    ++accounting_.duplicates;
     return discard(PushResponse::Outcome::kDuplicate);
   }
   if (sync_) {
@@ -184,18 +202,11 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLoc
       // Every step below step_ has been decided; the one just decided is where backup workers land.
       members_.recent_ids(header.worker_id).Insert(header.request_id);
       cv_.SignalAll();
-      if (header.step == step_ - 1) {
-        ++stats.dropped_backup;
-        ++accounting_.dropped_backup;
-        return discard(PushResponse::Outcome::kDroppedBackup);
-      }
-      ++stats.dropped_stale;
-      ++accounting_.dropped_stale;
-      return discard(PushResponse::Outcome::kDroppedStale);
+      return discard(header.step == step_ - 1 ? PushResponse::Outcome::kDroppedBackup
+                                              : PushResponse::Outcome::kDroppedStale);
     }
     if (header.commit && coordinator_->HasCommitted(header.worker_id)) {
-      ++stats.duplicates;  // a second commit for the same step under a new request id
-      ++accounting_.duplicates;
+      // A second commit for the same step under a new request id.
       return discard(PushResponse::Outcome::kDuplicate);
     }
   }
@@ -237,8 +248,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
   }
   WorkerStats& stats = members_.stats(w);
   if (members_.recent_ids(w).Contains(header.request_id)) {  // a concurrent retry finished first
-    ++stats.duplicates;
-    ++accounting_.duplicates;
+    CountNotTaken(w, PushResponse::Outcome::kDuplicate);
     return PushResponse{PushResponse::Outcome::kDuplicate, step_};
   }
   // Non-finite gradients (checked as they arrived unless --nonfinite=apply).
@@ -261,12 +271,10 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
       // The step was decided while this upload was on its way.
       response.outcome = header.step == step_ - 1 ? PushResponse::Outcome::kDroppedBackup
                                                   : PushResponse::Outcome::kDroppedStale;
-      ++(header.step == step_ - 1 ? stats.dropped_backup : stats.dropped_stale);
-      ++(header.step == step_ - 1 ? accounting_.dropped_backup : accounting_.dropped_stale);
+      CountNotTaken(w, response.outcome);
     } else if (header.commit && coordinator_->HasCommitted(w)) {
-      ++stats.duplicates;
-      ++accounting_.duplicates;
       response.outcome = PushResponse::Outcome::kDuplicate;
+      CountNotTaken(w, response.outcome);
     } else if (header.commit && !buffer.all_complete()) {
       ++accounting_.refused;
       return absl::FailedPreconditionError(absl::StrCat("worker ", w, " committed step ", header.step,
@@ -414,7 +422,6 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
     std::vector<GradientBuffers::Buffer*> summed;
     for (int w : d.workers) {
       GradientBuffers::Buffer* b = buffer_of[w];
-      outcome[w] = kDiscarded;
       // Only a worker that broke the protocol (pushing step s+1 before pulling it) can have overwritten them.
       if (b->step() != d.step || !b->all_complete()) {
         LOG(ERROR) << "ps task " << options_.task_index << ": worker " << w << "'s gradients for step " << d.step

@@ -152,6 +152,9 @@ class ParameterServer::Impl {
   // cancelling it under mu_ deadlocked a task rolled back while a pull waited on it).
   std::shared_ptr<Cancellation> NewEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
 
+  // Push: counts a push left out (a duplicate, or dropped as backup or stale) in the worker's stats and the
+  // task's accounting.
+  void CountNotTaken(int worker, PushResponse::Outcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Push: what a finished upload does (the caller holds the worker's buffer).
   absl::StatusOr<PushResponse> FinishPush(const PushHeader& header, GradientBuffers::Buffer& buffer,
                                           std::optional<StepDecision>* decided, int64_t* epoch,

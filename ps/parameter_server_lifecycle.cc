@@ -290,13 +290,12 @@ void ParameterServer::Impl::FinishAfterEndLocked() {
   if (!checkpointing()) {
     message += "; it keeps no checkpoints";
   } else {
+    // A directory listing under mu_: once, when the task ends, with nothing left to serve.
     absl::StatusOr<std::vector<CheckpointFile>> files =
         ListCheckpointFiles(options_.checkpoint.env, options_.checkpoint.dir);
     int64_t newest = -1;
-    if (files.ok()) {
-      for (const CheckpointFile& f : *files) {
-        if (f.task == options_.task_index && f.num_ps == options_.num_ps) newest = std::max(newest, f.step);
-      }
+    for (const CheckpointFile& f : files.ok() ? *files : std::vector<CheckpointFile>{}) {
+      if (f.task == options_.task_index && f.num_ps == options_.num_ps) newest = std::max(newest, f.step);
     }
     if (!files.ok()) {
       final_checkpoint_status_ = files.status();
@@ -304,8 +303,8 @@ void ParameterServer::Impl::FinishAfterEndLocked() {
       absl::StrAppend(&message, "; its newest checkpoint, step ", newest, ", holds the end");
     } else {
       final_checkpoint_status_ = absl::DataLossError(absl::StrCat(
-          "training reached step ", ended_step_, " while ps task ", options_.task_index, " was down, and its newest ",
-          newest < 0 ? std::string("checkpoint: none") : absl::StrCat("checkpoint is step ", newest),
+          "training reached step ", ended_step_, " while ps task ", options_.task_index,
+          " was down, and its newest ", newest < 0 ? std::string("checkpoint: none") : absl::StrCat("checkpoint is step ", newest),
           ": the updates of its variables since then were lost with the killed process (resume from the newest "
           "checkpoint every task holds)"));
     }
@@ -340,9 +339,10 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
     // The final checkpoint is copied between updates, at the step the values hold.
     absl::MutexLock apply_lock(&apply_mu_);
     absl::MutexLock lock(&mu_);
-    if (members_.all_ended() && !finished_ && !final_save_started_ && !configured_ && ended_step_ >= 0) {
-      FinishAfterEndLocked();
-    } else if (members_.all_ended() && !finished_ && !final_save_started_) {
+    const bool ending = members_.all_ended() && !finished_ && !final_save_started_;
+    if (ending && !configured_ && ended_step_ >= 0) {
+      FinishAfterEndLocked();  // restarted after the end: nothing of its own to save
+    } else if (ending) {
       TrainingOutcome& o = outcome_;
       o.global_step = sync_ ? applied_through_ : CheckpointLabel();
       o.lost_workers = members_.lost_workers();

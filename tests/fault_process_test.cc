@@ -80,6 +80,12 @@ class Cluster {
     Append(extra, &argv);
     return std::make_unique<Subprocess>(argv, LogPath(absl::StrCat(tag_, "_worker", i)));
   }
+  // Every worker, with the same flags.
+  std::vector<std::unique_ptr<Subprocess>> StartWorkers(const std::vector<std::string>& extra) {
+    std::vector<std::unique_ptr<Subprocess>> started;
+    for (int i = 0; i < static_cast<int>(workers_.size()); ++i) started.push_back(StartWorker(i, extra));
+    return started;
+  }
   // A monitoring client of ps task 0 (short retries: a dead task answers Unavailable soon).
   std::unique_ptr<ps::PsInterface> Monitor() const {
     ps::GrpcClientOptions o;
@@ -119,8 +125,7 @@ TEST(FaultProcess, KilledSyncWorkerIsLostAndTheOthersFinish) {
   SKIP_WITHOUT_DATA();
   Cluster c(1, 3, "kill_worker");
   auto ps = c.StartPs(0, {});
-  std::vector<std::unique_ptr<Subprocess>> workers;
-  for (int i = 0; i < 3; ++i) workers.push_back(c.StartWorker(i, {"--mode=sync", "--train_steps=500"}));
+  auto workers = c.StartWorkers({"--mode=sync", "--train_steps=500"});
   auto monitor = c.Monitor();
   ASSERT_NE(monitor, nullptr);
   ASSERT_TRUE(WaitForStep(*monitor, 60, absl::Now() + absl::Minutes(1))) << ps->Output();
@@ -151,8 +156,7 @@ TEST(FaultProcess, EveryWorkerKilledPsExitsThreeNamingThem) {
   SKIP_WITHOUT_DATA();
   Cluster c(1, 2, "kill_all");
   auto ps = c.StartPs(0, {});
-  std::vector<std::unique_ptr<Subprocess>> workers;
-  for (int i = 0; i < 2; ++i) workers.push_back(c.StartWorker(i, {"--mode=sync", "--train_steps=100000"}));
+  auto workers = c.StartWorkers({"--mode=sync", "--train_steps=100000"});
   auto monitor = c.Monitor();
   ASSERT_NE(monitor, nullptr);
   ASSERT_TRUE(WaitForStep(*monitor, 30, absl::Now() + absl::Minutes(1))) << ps->Output();
@@ -190,15 +194,13 @@ TEST(FaultProcess, PsKilledAfterTheLastStepIsNotLeftWaiting) {
   const std::vector<std::string> ps_flags = {"--checkpoint_dir=" + dir, "--save_checkpoint_steps=100",
                                              "--registration_timeout_secs=8"};
   auto ps = c.StartPs(0, ps_flags);
-  std::vector<std::unique_ptr<Subprocess>> workers;
-  for (int i = 0; i < 2; ++i) workers.push_back(c.StartWorker(i, {"--mode=sync", "--train_steps=300", "--seed=7"}));
+  auto workers = c.StartWorkers({"--mode=sync", "--train_steps=300", "--seed=7"});
   auto monitor = c.Monitor();
   ASSERT_NE(monitor, nullptr);
   ASSERT_TRUE(WaitForStep(*monitor, 300, absl::Now() + absl::Minutes(1))) << ps->Output();
   const std::string last = absl::StrCat(dir, "/model.ckpt-300.ps0-of-1");
-  for (const absl::Time until = absl::Now() + absl::Seconds(10); !std::filesystem::exists(last) && absl::Now() < until;) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!std::filesystem::exists(last) && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_TRUE(std::filesystem::exists(last));
   const int first = ps->Wait(absl::ZeroDuration());  // its exit code, or -9: killed now
   if (first == 0) GTEST_SKIP() << "every worker had reported done and the ps had exited before the kill";
@@ -312,8 +314,7 @@ TEST(FaultProcess, StoppedWorkerIsLostThenComesBack) {
   SKIP_WITHOUT_DATA();
   Cluster c(1, 3, "stop_worker");
   auto ps = c.StartPs(0, {});
-  std::vector<std::unique_ptr<Subprocess>> workers;
-  for (int i = 0; i < 3; ++i) workers.push_back(c.StartWorker(i, {"--mode=sync", "--train_steps=900"}));
+  auto workers = c.StartWorkers({"--mode=sync", "--train_steps=900"});
   auto monitor = c.Monitor();
   ASSERT_NE(monitor, nullptr);
   ASSERT_TRUE(WaitForStep(*monitor, 60, absl::Now() + absl::Minutes(1))) << ps->Output();

@@ -207,6 +207,15 @@ absl::Status ResumeInput(const WorkerOptions& o, Connection* c, TrainingData* d)
   return absl::OkStatus();
 }
 
+// After a call failed with Aborted (`why`: a ps task restarted, rolled back or declared this worker lost):
+// connects again (the chief restores every task to the newest common checkpoint) and resumes the input where
+// that checkpoint left it.
+absl::Status ConnectAgain(const WorkerOptions& o, Connection* c, TrainingData* d, const absl::Status& why) {
+  LOG(WARNING) << "worker " << o.worker_id << ": " << why.message() << "; connecting again";
+  RETURN_IF_ERROR(c->client->Reconnect(absl::Seconds(o.startup_wait_secs)));
+  return ResumeInput(o, c, d);
+}
+
 // Test accuracy of tower 0 with the current parameters (or their moving averages).
 absl::StatusOr<double> EvaluateNow(TrainingSteps* steps, models::Model* model0, const TrainingData& d,
                                    bool moving_averages) {
@@ -236,9 +245,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   auto recover = [&](absl::Status failure) -> absl::StatusOr<ps::PullResult> {
     while (true) {
       if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
-      LOG(WARNING) << "worker " << o.worker_id << ": " << failure.message() << "; connecting again";
-      RETURN_IF_ERROR(c->client->Reconnect(absl::Seconds(o.startup_wait_secs)));
-      RETURN_IF_ERROR(ResumeInput(o, c, d));
+      RETURN_IF_ERROR(ConnectAgain(o, c, d, failure));
       absl::StatusOr<ps::PullResult> started = steps->Start();
       if (started.ok()) return started;
       failure = started.status();
@@ -485,10 +492,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
         FinishTraining(o, chief, local, data, towers.get(), &ps, steps.get(), events.get(), &result);
     if (finished.ok()) break;
     if (finished.code() != absl::StatusCode::kAborted || local || reconnects >= kMaxReconnects) return finished;
-    LOG(WARNING) << "worker " << o.worker_id << ": at the end of training: " << finished.message()
-                 << "; connecting again";
-    RETURN_IF_ERROR(ps.client->Reconnect(absl::Seconds(o.startup_wait_secs)));
-    RETURN_IF_ERROR(ResumeInput(o, &ps, &data));
+    RETURN_IF_ERROR(ConnectAgain(o, &ps, &data, finished));
   }
   std::move(leave_on_error).Cancel();
   RETURN_IF_ERROR(ps.client->Done(/*completed=*/true, result.global_step));
