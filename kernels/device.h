@@ -88,17 +88,44 @@ int OutputSize(int in, int k, int stride, Padding padding);
 // Padding before the first element for SAME (TensorFlow puts the extra one after); 0 for VALID.
 int PadBefore(int in, int k, int stride, Padding padding);
 
+// Layout of a convolution's filter: TensorFlow's [k_h, k_w, in_c / groups, out_c] (the built-in models) or
+// ONNX's / PyTorch's [out_c, in_c / groups, k_h, k_w] (imported models keep their own layout, so that the
+// variables on the ps are the file's tensors).
+enum class WeightLayout { kHWIO, kOIHW };
+
+// Padding of one spatial dimension, resolved: elements added before and after the data.
+struct Pads {
+  int before = 0, after = 0;
+};
+
 struct Conv2DParams {
   int batch = 0, in_h = 0, in_w = 0, in_c = 0;
   int out_c = 0, k_h = 0, k_w = 0;
   int stride_h = 1, stride_w = 1;
-  Padding padding = Padding::kSame;
-  int out_h() const { return OutputSize(in_h, k_h, stride_h, padding); }
-  int out_w() const { return OutputSize(in_w, k_w, stride_w, padding); }
+  Padding padding = Padding::kSame;  // TensorFlow's rule; ignored when explicit_padding
+  // ONNX / PyTorch: explicit (possibly asymmetric) zero padding instead of `padding`.
+  bool explicit_padding = false;
+  int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  int dilation_h = 1, dilation_w = 1;
+  // Grouped convolution: in_c and out_c are multiples of groups; group g maps input channels
+  // [g * in_c / groups, (g + 1) * in_c / groups) to output channels [g * out_c / groups, ...). groups == in_c
+  // == out_c is a depthwise convolution.
+  int groups = 1;
+  WeightLayout weight_layout = WeightLayout::kHWIO;
+  bool has_bias = true;  // false: b (and db) may be null; no bias is added
+
+  int dilated_k_h() const { return (k_h - 1) * dilation_h + 1; }
+  int dilated_k_w() const { return (k_w - 1) * dilation_w + 1; }
+  Pads pads_h() const;  // explicit pads, or TensorFlow's SAME/VALID for the dilated kernel
+  Pads pads_w() const;
+  int out_h() const;    // floor((in + before + after - dilated_k) / stride) + 1
+  int out_w() const;
+  int64_t weights_size() const { return static_cast<int64_t>(k_h) * k_w * (in_c / groups) * out_c; }
 };
 
-// 2-D convolution with bias: y = conv(x, w) + b.
-//   x: [batch, in_h, in_w, in_c]  w: [k_h, k_w, in_c, out_c]  b: [out_c]  y: [batch, out_h, out_w, out_c]
+// 2-D convolution with bias: y = conv(x, w) + b (cross-correlation, as every framework).
+//   x: [batch, in_h, in_w, in_c]  w: HWIO [k_h, k_w, in_c/groups, out_c] or OIHW [out_c, in_c/groups, k_h, k_w]
+//   b: [out_c] (or null without has_bias)  y: [batch, out_h, out_w, out_c]
 class Conv2D {
  public:
   virtual ~Conv2D() = default;
@@ -112,10 +139,31 @@ class Conv2D {
 
 struct PoolParams {
   int batch = 0, in_h = 0, in_w = 0, channels = 0;
-  int window = 2, stride = 2;
-  Padding padding = Padding::kSame;
-  int out_h() const { return OutputSize(in_h, window, stride, padding); }
-  int out_w() const { return OutputSize(in_w, window, stride, padding); }
+  int window = 2, stride = 2;  // square window and stride (TensorFlow style); see window_h/w below
+  Padding padding = Padding::kSame;  // ignored when explicit_padding
+  // ONNX / PyTorch: rectangular windows and strides (0 = `window` / `stride`), explicit asymmetric padding,
+  // ceil_mode (the output size rounds up; a window that would start in the right padding is dropped, as in
+  // PyTorch) and, for average pooling, whether padded positions count in the divisor.
+  int window_h = 0, window_w = 0, stride_h = 0, stride_w = 0;
+  bool explicit_padding = false;
+  int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  bool ceil_mode = false;
+  bool count_include_pad = false;  // AvgPool: divide by the whole window (padding included) instead of the
+                                   // count of real input elements in it. Positions past the explicit padding
+                                   // (ceil_mode overhang) never count.
+
+  int kh() const { return window_h > 0 ? window_h : window; }
+  int kw() const { return window_w > 0 ? window_w : window; }
+  int sh() const { return stride_h > 0 ? stride_h : stride; }
+  int sw() const { return stride_w > 0 ? stride_w : stride; }
+  // The padding as given (explicit) or TensorFlow's; `after` does not include the ceil_mode overhang.
+  Pads pads_h() const;
+  Pads pads_w() const;
+  int out_h() const;
+  int out_w() const;
+  // Padding after the data that windows actually reach: pads_h().after plus the ceil_mode overhang.
+  int effective_pad_bottom() const;
+  int effective_pad_right() const;
 };
 
 // Max pooling, NHWC. Padded positions never win (as in TensorFlow).
@@ -125,6 +173,16 @@ class MaxPool {
   // Remembers what it needs (e.g. argmax workspace) for the next Backward.
   virtual absl::Status Forward(const float* x, float* y) = 0;
   // dx is overwritten. Must follow the Forward of the same example batch.
+  virtual absl::Status Backward(const float* dy, float* dx) = 0;
+};
+
+// Average pooling, NHWC (ONNX AveragePool / GlobalAveragePool, TensorFlow's avg_pool with VALID/SAME: SAME
+// divides by the real elements, i.e. count_include_pad = false).
+class AvgPool {
+ public:
+  virtual ~AvgPool() = default;
+  virtual absl::Status Forward(const float* x, float* y) = 0;
+  // dx is overwritten.
   virtual absl::Status Backward(const float* dy, float* dx) = 0;
 };
 
@@ -148,17 +206,105 @@ class Lrn {
 
 struct DenseParams {
   int batch = 0, in = 0, out = 0;
+  // ONNX Gemm: w stored [out, in] (transB = 1, PyTorch's Linear) instead of [in, out]; y = alpha x w + beta b.
+  bool weights_transposed = false;
+  bool has_bias = true;  // false: b and db may be null
+  float alpha = 1.0f, beta = 1.0f;
 };
 
-// Inner product with bias: y = x w + b.  x: [batch, in]  w: [in, out]  b: [out]  y: [batch, out]
+// Inner product with bias: y = alpha x w + beta b.  x: [batch, in]  w: [in, out] (or [out, in] when
+// weights_transposed)  b: [out]  y: [batch, out]
 class Dense {
  public:
   virtual ~Dense() = default;
   virtual absl::Status Forward(const float* x, const float* w, const float* b, float* y) = 0;
-  // dx = dy w^T (overwritten). May be skipped for the first layer.
+  // dx = alpha dy w^T (overwritten). May be skipped for the first layer.
   virtual absl::Status BackwardData(const float* dy, const float* w, float* dx) = 0;
-  // dw = x^T dy, db = sum_batch dy (both overwritten).
+  // dw = alpha x^T dy (in w's layout), db = beta * sum_batch dy (both overwritten; db ignored without bias).
   virtual absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) = 0;
+};
+
+// Batch normalization over the channels of an NHWC tensor viewed as [batch * spatial, channels] (spatial = h *
+// w; 1 for a [batch, channels] tensor), ONNX BatchNormalization / PyTorch BatchNorm1d/2d.
+struct BatchNormParams {
+  int batch = 0;
+  int64_t spatial = 1;
+  int channels = 0;
+  float epsilon = 1e-5f;
+};
+
+class BatchNorm {
+ public:
+  virtual ~BatchNorm() = default;
+  // Training: y = scale * (x - mean) / sqrt(var + epsilon) + bias with the batch's per-channel mean and biased
+  // variance (over batch * spatial elements), which are written to batch_mean and batch_var (channels floats
+  // each) for Backward and for the running statistics.
+  virtual absl::Status ForwardTraining(const float* x, const float* scale, const float* bias, float* y,
+                                       float* batch_mean, float* batch_var) = 0;
+  // Inference: the same with the given (running) mean and variance.
+  virtual absl::Status ForwardInference(const float* x, const float* scale, const float* bias, const float* mean,
+                                        const float* var, float* y) = 0;
+  // Gradients of ForwardTraining (x, batch_mean, batch_var are its input and outputs); all overwritten.
+  virtual absl::Status Backward(const float* x, const float* dy, const float* scale, const float* batch_mean,
+                                const float* batch_var, float* dx, float* dscale, float* dbias) = 0;
+};
+
+// Elementwise binary ops with numpy (ONNX) broadcasting, on tensors in their stored layout: the output has up to
+// kMaxBroadcastRank dimensions (outermost first, the last one contiguous); each input is addressed with a stride
+// per output dimension, 0 where it is broadcast. E.g. an NHWC tensor plus a per-channel bias:
+//   dims = {batch * h * w, c}, a_strides = {c, 1}, b_strides = {0, 1}.
+inline constexpr int kMaxBroadcastRank = 5;
+enum class BinaryOp { kAdd, kSub, kMul, kDiv };
+struct BroadcastParams {
+  BinaryOp op = BinaryOp::kAdd;
+  int rank = 1;
+  int64_t dims[kMaxBroadcastRank] = {0, 0, 0, 0, 0};
+  int64_t a_strides[kMaxBroadcastRank] = {0, 0, 0, 0, 0};
+  int64_t b_strides[kMaxBroadcastRank] = {0, 0, 0, 0, 0};
+  int64_t out_size() const;
+  // Elements of a (b): the largest offset a stride reaches + 1.
+  int64_t a_size() const;
+  int64_t b_size() const;
+};
+
+class Binary {
+ public:
+  virtual ~Binary() = default;
+  // y = a op b (y may alias a or b when it has the same size and strides).
+  virtual absl::Status Forward(const float* a, const float* b, float* y) = 0;
+  // da = sum over a's broadcast dimensions of dy * d(a op b)/da, db likewise; either may be null (not needed).
+  // Both are overwritten. a and b are the forward's inputs (only read by Mul/Div).
+  virtual absl::Status Backward(const float* a, const float* b, const float* dy, float* da, float* db) = 0;
+};
+
+// Elementwise activations beyond ReLU (kernels with no state).
+struct ActivationParams {
+  enum class Kind { kLeakyRelu, kClip, kSigmoid, kTanh };
+  Kind kind = Kind::kSigmoid;
+  float alpha = 0.01f;             // kLeakyRelu: y = x < 0 ? alpha x : x
+  float lo = 0.0f, hi = 6.0f;      // kClip: y = min(max(x, lo), hi); gradient 1 strictly inside, 0 outside
+};
+
+// An embedding table's rows gathered by index: y[i, :] = table[index[i], :]. Indices are int32 row numbers in
+// a buffer of the device (Alloc'd floats reinterpreted: one int32 per float), so that a step's lookups need no
+// host round trip.
+struct GatherParams {
+  int64_t rows = 0;   // rows of the table
+  int dim = 0;        // floats per row
+  int64_t count = 0;  // lookups (y has count rows)
+  // Bags (EmbeddingBag): when num_bags > 0, y has num_bags rows and y[b, :] = combine(table[index[j], :] for j in
+  // [offsets[b], offsets[b + 1])), offsets being num_bags + 1 int32 in a device buffer like the indices
+  // (offsets[num_bags] == count). An empty bag gives zeros.
+  int64_t num_bags = 0;
+  bool mean = false;  // bags: average instead of sum
+};
+
+// DLRM's pairwise dot-product interaction: for each example, the f feature vectors z[k] (dim floats each; x is
+// [batch, f, dim]) give the f (f - 1) / 2 dot products z[i] . z[j], i > j, in row-major lower-triangle order
+// (i = 1..f-1, j = 0..i-1): y is [batch, f (f - 1) / 2].
+struct InteractionParams {
+  int batch = 0, features = 0, dim = 0;
+  int64_t outputs() const { return static_cast<int64_t>(features) * (features - 1) / 2; }
 };
 
 // The two queues of a Device. The CPU backend has one in-order queue: both names run there, synchronously.
@@ -259,6 +405,11 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<MaxPool>> MakeMaxPool(const PoolParams& p) = 0;
   virtual absl::StatusOr<std::unique_ptr<Lrn>> MakeLrn(const LrnParams& p) = 0;
   virtual absl::StatusOr<std::unique_ptr<Dense>> MakeDense(const DenseParams& p) = 0;
+  // The ops of imported (ONNX) graphs and sparse models. A backend that lacks one returns Unimplemented naming
+  // it (the base class's default), so a model that needs it fails when it is built, never mid-step.
+  virtual absl::StatusOr<std::unique_ptr<AvgPool>> MakeAvgPool(const PoolParams& p);
+  virtual absl::StatusOr<std::unique_ptr<BatchNorm>> MakeBatchNorm(const BatchNormParams& p);
+  virtual absl::StatusOr<std::unique_ptr<Binary>> MakeBinary(const BroadcastParams& p);
   // The device-resident optimizer (kernels/optimizer_ops.h), reading the step being applied from `step` (a
   // counter of this device, which must outlive the optimizer). InvalidArgument for bad params or a foreign
   // counter.
@@ -304,6 +455,46 @@ class Device {
   // y = a * x (in place allowed).
   virtual absl::Status Scale(float a, const float* x, float* y, int64_t n) = 0;
   virtual absl::Status Fill(float value, float* x, int64_t n) = 0;
+
+  // ---- ops of imported graphs and sparse models (default: Unimplemented naming the op) ----
+  // y = f(x) for an activation other than ReLU (in place allowed).
+  virtual absl::Status Activation(const ActivationParams& p, const float* x, float* y, int64_t n);
+  // dx = dy * f'(x), from the forward's input x and output y (in place allowed: dx == dy).
+  virtual absl::Status ActivationBackward(const ActivationParams& p, const float* x, const float* y,
+                                          const float* dy, float* dx, int64_t n);
+  // A block of rows x cols floats: dst[r * dst_stride + c] = src[r * src_stride + c] (accumulate: +=). Concat
+  // along the last stored dimension, and its backward (the split).
+  virtual absl::Status CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                                   int64_t rows, int64_t cols, bool accumulate);
+  // Per batch entry, a [rows, cols] row-major matrix transposed into [cols, rows]: y[b][c][r] = x[b][r][c]
+  // (NHWC -> NCHW order for an ONNX Flatten, and back in its backward).
+  virtual absl::Status Transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols);
+  // The running-statistics update of BatchNorm in training mode (PyTorch's convention: momentum is the weight of
+  // the new batch statistics, ONNX's is 1 minus it), expressed as the change a parameter server applies by
+  // subtracting it ("gradient" of a non-trainable variable):
+  //   d_mean = momentum * (running_mean - batch_mean)
+  //   d_var  = momentum * (running_var - batch_var * (unbiased ? count / (count - 1) : 1))
+  // so that running - d = (1 - momentum) running + momentum batch. channels floats each.
+  virtual absl::Status BatchNormRunningDelta(const float* running_mean, const float* running_var,
+                                             const float* batch_mean, const float* batch_var, int channels,
+                                             int64_t count, float momentum, bool unbiased, float* d_mean,
+                                             float* d_var);
+  // Embedding lookups (GatherParams): y = gathered (or combined) rows.
+  virtual absl::Status Gather(const GatherParams& p, const float* table, const int32_t* indices,
+                              const int32_t* offsets, float* y);
+  // The backward of Gather: dtable[index[i], :] += dy[i, :] (bags: the bag's row of dy, / bag size for mean).
+  // dtable is NOT zeroed first (the caller zeroes the rows it will read).
+  virtual absl::Status GatherBackward(const GatherParams& p, const float* dy, const int32_t* indices,
+                                      const int32_t* offsets, float* dtable);
+  // DLRM interaction (InteractionParams) and its backward (dx overwritten).
+  virtual absl::Status Interaction(const InteractionParams& p, const float* x, float* y);
+  virtual absl::Status InteractionBackward(const InteractionParams& p, const float* x, const float* dy, float* dx);
+  // Mean sigmoid cross-entropy of batch logits against labels in {0, 1} (floats):
+  //   loss = mean(max(z, 0) - z * t + log(1 + exp(-|z|))),  dlogits = (sigmoid(z) - t) / batch.
+  // A label other than 0 or 1 is InvalidArgument "SigmoidCrossEntropy: label L of row R is not 0 or 1", reported
+  // as SoftmaxCrossEntropy reports its bad labels.
+  virtual absl::Status SigmoidCrossEntropy(const float* logits, const float* labels, int batch, float* dlogits,
+                                           float* loss);
 };
 
 // Backend factories (kernels/cpu, kernels/cuda). Prefer CreateDevice, which dispatches on spec.kind.

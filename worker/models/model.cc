@@ -102,6 +102,9 @@ std::vector<float> InitialParameters(const std::vector<VariableInfo>& vars, uint
     const int64_t n = v.size();
     if (v.init.kind == Initializer::Kind::kConstant) {
       std::fill(out, out + n, v.init.value);
+    } else if (v.init.kind == Initializer::Kind::kValues) {
+      // The list was checked when the model was made (GraphBuilder): exactly n values.
+      std::copy(v.init.values->begin(), v.init.values->begin() + n, out);
     } else {
       // One stream per variable, keyed by its name: adding a variable does not change the others' values.
       Normal normal(SplitMix64(seed ^ SplitMix64(Fnv1a(v.name))));

@@ -28,17 +28,22 @@ namespace dtrain::models {
 
 // How a variable is initialized by the chief.
 struct Initializer {
-  enum class Kind { kTruncatedNormal, kConstant };
+  enum class Kind { kTruncatedNormal, kConstant, kValues };
   Kind kind = Kind::kConstant;
   float stddev = 0.0f;  // kTruncatedNormal: N(0, stddev) resampled beyond 2 stddev (TensorFlow's rule)
   float value = 0.0f;   // kConstant
+  // kValues: exactly these (an imported model's initializer, shared by every copy of the variable list).
+  std::shared_ptr<const std::vector<float>> values;
 };
 
 struct VariableInfo {
-  std::string name;            // e.g. "conv1/weights"
-  std::vector<int64_t> shape;  // logical shape (HWIO for conv filters, [in, out] for dense weights)
+  std::string name;            // e.g. "conv1/weights", or an ONNX initializer's name ("fc1.weight")
+  std::vector<int64_t> shape;  // logical shape (HWIO / [in, out] for the built-ins; ONNX's own for imports)
   Initializer init;
   float weight_decay = 0.0f;   // L2 coefficient applied in the loss (lambda * l2_loss(w)), 0 = none
+  // false: state, not trained (BatchNorm's running statistics): the ps applies its "gradient" as a plain
+  // change (value -= gradient, averaged over the aggregated workers in sync mode), whatever the optimizer.
+  bool trainable = true;
   int64_t size() const;        // product of shape
 };
 
