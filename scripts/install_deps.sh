@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
       libdnnl-dev ocl-icd-opencl-dev libgoogle-glog-dev nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev
-      libbenchmark-dev libssl-dev openssl dataset-fashion-mnist
+      libbenchmark-dev libssl-dev openssl dataset-fashion-mnist libonnx-dev
       clang libclang-rt-dev  # clang + libFuzzer/ASan/UBSan runtimes for scripts/fuzz.sh (gcc's come with g++)
       # The deployment tests: a real Slurm on this machine, network namespaces with tc, sshd across them.
       slurmctld slurmd slurm-client munge iproute2 procps openssh-server openssh-client)

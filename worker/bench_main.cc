@@ -82,7 +82,7 @@ int Main() {
   // Data in memory: the real set when it loads (and fits the model), else synthetic of the same shape.
   data::DatasetPair dataset;
   absl::StatusOr<data::DatasetPair> loaded = data::LoadDataset(absl::GetFlag(FLAGS_data_dir));
-  const models::ModelDefaults d = models::DefaultsFor(o.model);
+  const models::ModelDefaults& d = o.resolved_model->defaults;
   if (loaded.ok() && loaded->train.channels == d.data_channels) {
     dataset = *std::move(loaded);
   } else {
@@ -95,7 +95,7 @@ int Main() {
       absl::GetFlag(FLAGS_device_resident) && (*specs)[0].kind == kernels::DeviceSpec::Kind::kGpu;
   TowersOptions topt;
   topt.replicated = resident;
-  absl::StatusOr<std::unique_ptr<Towers>> towers = Towers::Create(o.model, mopt, *specs, topt);
+  absl::StatusOr<std::unique_ptr<Towers>> towers = Towers::Create(*o.resolved_model, mopt, *specs, topt);
   if (!towers.ok()) return Fail(towers.status(), towers.status().code() == absl::StatusCode::kFailedPrecondition ? 2 : 1);
   models::Model* model0 = (*towers)->tower(0);
   // Batches prepared up front: the benchmark times compute and the update, not input.
@@ -122,7 +122,7 @@ int Main() {
   copt.background = false;
   ps::WorkerClient client({server->get()}, placement->task_slices, 0, true, copt);
   ps::TrainConfig config;
-  config.model_signature = models::Signature(o.model, model0->variables());
+  config.model_signature = models::ModelSignature(*o.resolved_model, model0->variables());
   config.num_workers = 1;
   config.optimizer.name = o.optimizer;
   config.optimizer.learning_rate = o.learning_rate;

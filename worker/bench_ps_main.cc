@@ -36,8 +36,9 @@
 #include "ps/server.h"
 #include "ps/worker_client.h"
 #include "worker/models/model.h"
+#include "worker/models/registry.h"
 
-ABSL_FLAG(std::string, model, "cnn", "Move this model's parameters (mlp | cnn | convnet | cifar10)");
+ABSL_FLAG(std::string, model, "cnn", "Move this model's parameters (mlp | cnn | convnet | cifar10 | PATH.onnx)");
 ABSL_FLAG(int64_t, bytes, 0, "Instead of a model: one variable of this many bytes");
 ABSL_FLAG(int, steps, 40, "Timed steps (push + pull each)");
 ABSL_FLAG(int, warmup_steps, 5, "Steps before timing");
@@ -128,9 +129,13 @@ int Main() {
     vars.push_back({"bytes", std::max<int64_t>(1, absl::GetFlag(FLAGS_bytes) / 4)});
     what = absl::StrCat("bytes=", vars[0].size * 4);
   } else {
+    absl::StatusOr<models::ModelRef> spec = models::ResolveModel(absl::GetFlag(FLAGS_model));
+    if (!spec.ok()) return Fail("--model", spec.status());
+    // The model's own input (its defaults: the data it is made for, cropped as it crops).
+    const models::ModelDefaults& d = (*spec)->defaults;
     models::ModelOptions mo;
-    if (absl::GetFlag(FLAGS_model) == "cifar10") mo.height = mo.width = 24, mo.channels = 3;
-    absl::StatusOr<std::vector<models::VariableInfo>> mv = models::ModelVariables(absl::GetFlag(FLAGS_model), mo);
+    models::SetInputGeometry(d, d.data_height, d.data_width, d.data_channels, &mo);
+    absl::StatusOr<std::vector<models::VariableInfo>> mv = models::ModelVariables(**spec, mo);
     if (!mv.ok()) return Fail("--model", mv.status());
     for (const models::VariableInfo& v : *mv) vars.push_back({v.name, v.size()});
     what = absl::StrCat("model=", absl::GetFlag(FLAGS_model));

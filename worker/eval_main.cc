@@ -26,6 +26,7 @@
 #include "ps/checkpoint_set.h"
 #include "worker/data/dataset.h"
 #include "worker/models/model.h"
+#include "worker/models/registry.h"
 #include "worker/npz_writer.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "Checkpoint prefix <dir>/model.ckpt-<step>, or a directory (newest step)");
@@ -50,17 +51,16 @@ absl::Status RunEval(const EvalOptions& o) {
   ASSIGN_OR_RETURN(std::vector<ps::CheckpointData> parts, ps::ReadCheckpointSet(Env::Default(), o.checkpoint));
   const int64_t step = parts[0].global_step;
   ASSIGN_OR_RETURN(data::DatasetPair dataset, data::LoadDataset(o.data_dir));
-  const bool cifar = o.model == "cifar10";
+  ASSIGN_OR_RETURN(models::ModelRef spec, models::ResolveModel(o.model));
+  const models::ModelDefaults& defaults = spec->defaults;
 
   models::ModelOptions mopt;
   mopt.batch_size = o.batch_size;
   mopt.eval_batch_size = o.batch_size;
-  mopt.height = cifar ? 24 : dataset.test.height;
-  mopt.width = cifar ? 24 : dataset.test.width;
-  mopt.channels = dataset.test.channels;
+  models::SetInputGeometry(defaults, dataset.test.height, dataset.test.width, dataset.test.channels, &mopt);
   mopt.num_classes = dataset.test.num_classes;
-  ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(o.model, mopt));
-  const std::string signature = models::Signature(o.model, vars);
+  ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(*spec, mopt));
+  const std::string signature = models::ModelSignature(*spec, vars);
   if (parts[0].model_signature != signature) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the checkpoint is of model '", parts[0].model_signature, "', but --model=", o.model, " on ", o.data_dir,
@@ -85,10 +85,10 @@ absl::Status RunEval(const EvalOptions& o) {
 
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> device,
                    kernels::CreateDevice(kernels::DeviceSpec::Cpu(o.threads)));
-  ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(o.model, mopt, device.get()));
+  ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(*spec, mopt, device.get()));
   RETURN_IF_ERROR(model->SetParameters(params.data()));
-  const std::vector<data::Batch> batches = data::EvalBatches(
-      dataset.test, o.batch_size, cifar ? data::Preprocess::kCifarEval : data::Preprocess::kScale01);
+  const std::vector<data::Batch> batches =
+      data::EvalBatches(dataset.test, o.batch_size, defaults.eval_preprocess, mopt.height, mopt.width);
   int64_t correct = 0, total = 0;
   for (const data::Batch& b : batches) {
     const models::HostBatch view{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};

@@ -15,6 +15,7 @@
 #include "ps/parameter_server.h"
 #include "ps/placement.h"
 #include "ps/worker_client.h"
+#include "worker/models/registry.h"
 #include "worker/resident_steps.h"
 #include "worker/synthetic_data.h"
 #include "worker/trainer.h"
@@ -22,6 +23,13 @@
 
 namespace dtrain::worker {
 namespace {
+
+// The tests name their models; Towers take the resolved value.
+models::ModelRef ResolvedModel(const std::string& name) {
+  absl::StatusOr<models::ModelRef> spec = models::ResolveModel(name);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : nullptr;
+}
 
 bool HaveGpu() { return kernels::CudaDeviceCount() > 0; }
 
@@ -111,8 +119,7 @@ TEST(GpuTrainingTest, ResidentStepsCaptureTheStep) {
     mo.batch_size = 16;
     TowersOptions topt;
     topt.replicated = true;
-    auto towers = Towers::Create(
-        "cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Gpu(0)), topt);
+    auto towers = Towers::Create(*ResolvedModel("cnn"), mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Gpu(0)), topt);
     ASSERT_TRUE(towers.ok()) << towers.status();
     std::vector<ps::VariableInfo> vars;
     for (const auto& v : (*towers)->tower(0)->variables()) vars.push_back({v.name, v.size()});

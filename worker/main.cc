@@ -27,7 +27,7 @@ ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks"
 ABSL_FLAG(std::string, worker_hosts, "", "Comma-separated host:port of the worker tasks");
 ABSL_FLAG(std::string, cluster_spec, "", "JSON file {\"ps\": [...], \"worker\": [...]} (else flags or TF_CONFIG)");
 
-ABSL_FLAG(std::string, model, "mlp", "mlp | cnn | convnet | cifar10");
+ABSL_FLAG(std::string, model, "mlp", "mlp | cnn | convnet | cifar10, or PATH.onnx: a model exported as ONNX");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "MNIST IDX, CIFAR-10 binary or TFRecord files");
 ABSL_FLAG(int64_t, train_steps, 2000, "Train until the global step reaches this");

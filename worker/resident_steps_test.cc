@@ -16,12 +16,20 @@
 #include "common/testing/relative_difference.h"
 #include "ps/checkpoint_dir.h"
 #include "ps/checkpoint_set.h"
+#include "worker/models/registry.h"
 #include "worker/device_state.h"
 #include "worker/synthetic_data.h"
 #include "worker/trainer.h"
 
 namespace dtrain::worker {
 namespace {
+
+// The tests name their models; Towers take the resolved value.
+models::ModelRef ResolvedModel(const std::string& name) {
+  absl::StatusOr<models::ModelRef> spec = models::ResolveModel(name);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : nullptr;
+}
 
 struct Config {
   std::string name;
@@ -206,7 +214,7 @@ TEST(DeviceStateTest, LoadExportAndMovingAverages) {
   TowersOptions topt;
   topt.cpu_in_place = false;
   topt.replicated = true;
-  auto towers = Towers::Create("mlp", mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)}, topt);
+  auto towers = Towers::Create(*ResolvedModel("mlp"), mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)}, topt);
   ASSERT_TRUE(towers.ok()) << towers.status();
   const int64_t n = (*towers)->num_parameters();
   kernels::OptimizerParams p;
@@ -272,7 +280,7 @@ TEST(DeviceStateTest, LoadExportAndMovingAverages) {
   ps::CheckpointData slots = ckpt;
   slots.num_slots = 2;
   EXPECT_EQ((*state)->Load(slots).code(), absl::StatusCode::kFailedPrecondition);
-  auto host = Towers::Create("mlp", mo, {kernels::DeviceSpec::Cpu(1)});
+  auto host = Towers::Create(*ResolvedModel("mlp"), mo, {kernels::DeviceSpec::Cpu(1)});
   ASSERT_TRUE(host.ok());
   EXPECT_EQ(DeviceState::Create(host->get(), p).status().code(), absl::StatusCode::kInvalidArgument);
 }

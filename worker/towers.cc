@@ -54,7 +54,7 @@ absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& 
   return specs;
 }
 
-absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_name,
+absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const models::ModelSpec& model,
                                                        const models::ModelOptions& options,
                                                        const std::vector<kernels::DeviceSpec>& specs,
                                                        const TowersOptions& towers_options) {
@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
   auto is_gpu = [](const kernels::DeviceSpec& s) { return s.kind == kernels::DeviceSpec::Kind::kGpu; };
   t->gpu_ = std::all_of(specs.begin(), specs.end(), is_gpu);
   t->host_resident_ = std::none_of(specs.begin(), specs.end(), is_gpu) && towers_options.cpu_in_place;
-  ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(model_name, options));
+  ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(model, options));
   const int64_t n = models::TotalSize(vars);
   for (const kernels::DeviceSpec& spec : specs) {
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> dev, kernels::CreateDevice(spec));
@@ -86,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const std::string& model_
       }
     }
     ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model,
-                     models::CreateModel(model_name, o, t->devices_[i].get()));
+                     models::CreateModel(model, o, t->devices_[i].get()));
     t->models_.push_back(std::move(model));
   }
   if (specs.size() > 1) {

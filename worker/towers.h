@@ -57,7 +57,7 @@ class Towers {
  public:
   // Makes one device and one model per spec. FailedPrecondition "no CUDA device available: ..." when a GPU
   // tower cannot be made.
-  static absl::StatusOr<std::unique_ptr<Towers>> Create(const std::string& model_name,
+  static absl::StatusOr<std::unique_ptr<Towers>> Create(const models::ModelSpec& model,
                                                         const models::ModelOptions& options,
                                                         const std::vector<kernels::DeviceSpec>& specs,
                                                         const TowersOptions& towers_options = {});

@@ -1,3 +1,4 @@
+#include "worker/models/registry.h"
 #include "worker/towers.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,13 @@
 
 namespace dtrain::worker {
 namespace {
+
+// The tests name their models; Towers take the resolved value.
+models::ModelRef ResolvedModel(const std::string& name) {
+  absl::StatusOr<models::ModelRef> spec = models::ResolveModel(name);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : nullptr;
+}
 
 TEST(ParseTowersTest, Forms) {
   auto one = ParseTowers("", 0, 2);
@@ -44,7 +52,7 @@ TEST(TowersTest, GpuTowerWithoutGpuFailsClearly) {
   if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is present";
   models::ModelOptions mo;
   mo.batch_size = 4;
-  auto towers = Towers::Create("mlp", mo, {kernels::DeviceSpec::Gpu(0)});
+  auto towers = Towers::Create(*ResolvedModel("mlp"), mo, {kernels::DeviceSpec::Gpu(0)});
   ASSERT_FALSE(towers.ok());
   EXPECT_EQ(towers.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(towers.status().message().rfind("no CUDA device available", 0), 0u) << towers.status();
@@ -57,10 +65,10 @@ TEST(TowersTest, TwoTowerAverageEqualsOneTowerOnConcatenatedBatch) {
   const data::DatasetPair data = MakeSyntheticDataset(2 * b, 1);
   models::ModelOptions mo;
   mo.batch_size = b;
-  auto two = Towers::Create("mlp", mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)});
+  auto two = Towers::Create(*ResolvedModel("mlp"), mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)});
   ASSERT_TRUE(two.ok()) << two.status();
   mo.batch_size = 2 * b;
-  auto one = Towers::Create("mlp", mo, {kernels::DeviceSpec::Cpu(1)});
+  auto one = Towers::Create(*ResolvedModel("mlp"), mo, {kernels::DeviceSpec::Cpu(1)});
   ASSERT_TRUE(one.ok()) << one.status();
 
   const std::vector<float> params = models::InitialParameters((*one)->tower(0)->variables(), 3);
@@ -99,7 +107,7 @@ std::vector<float> LossCurve(const std::string& model, int batch, const std::vec
   const data::DatasetPair data = MakeSyntheticDataset(batch * static_cast<int>(specs.size()) * 4, 1);
   models::ModelOptions mo;
   mo.batch_size = batch;
-  auto towers = Towers::Create(model, mo, specs);
+  auto towers = Towers::Create(*ResolvedModel(model), mo, specs);
   EXPECT_TRUE(towers.ok()) << towers.status();
   if (!towers.ok()) return {};
   std::vector<float> params = models::InitialParameters((*towers)->tower(0)->variables(), 5);
@@ -160,7 +168,7 @@ TEST(TowersTest, PerLayerHooksSeeAveragedGradientsLastLayerFirst) {
   const data::DatasetPair data = MakeSyntheticDataset(4 * b, 1);
   models::ModelOptions mo;
   mo.batch_size = b;
-  auto towers = Towers::Create("cnn", mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)});
+  auto towers = Towers::Create(*ResolvedModel("cnn"), mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)});
   ASSERT_TRUE(towers.ok()) << towers.status();
   EXPECT_TRUE((*towers)->host_resident());
   const std::vector<float> params = models::InitialParameters((*towers)->tower(0)->variables(), 3);
@@ -211,7 +219,7 @@ TEST(TowersTest, TowerThreadsFlushDenormals) {
   const int b = 2;
   models::ModelOptions mo;
   mo.batch_size = b;
-  auto towers = Towers::Create("cnn", mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)});
+  auto towers = Towers::Create(*ResolvedModel("cnn"), mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)});
   ASSERT_TRUE(towers.ok()) << towers.status();
   const std::vector<models::VariableInfo> vars = (*towers)->tower(0)->variables();
   const std::vector<float> params = models::InitialParameters(vars, 3);
@@ -273,10 +281,10 @@ TEST(TowersTest, DeviceOwnedTowersEqualHostResidentTowersWithPerLayerHooks) {
     models::ModelOptions mo;
     mo.batch_size = b;
     const std::vector<kernels::DeviceSpec> specs(n_towers, kernels::DeviceSpec::Cpu(1));
-    auto host = Towers::Create("cnn", mo, specs);
+    auto host = Towers::Create(*ResolvedModel("cnn"), mo, specs);
     TowersOptions device_owned;
     device_owned.cpu_in_place = false;
-    auto dev = Towers::Create("cnn", mo, specs, device_owned);
+    auto dev = Towers::Create(*ResolvedModel("cnn"), mo, specs, device_owned);
     ASSERT_TRUE(host.ok() && dev.ok()) << host.status() << dev.status();
     EXPECT_TRUE((*host)->host_resident());
     EXPECT_FALSE((*dev)->host_resident());
@@ -330,7 +338,7 @@ TEST(TowersTest, DeviceOwnedTowersFailCleanly) {
   TowersOptions device_owned;
   device_owned.cpu_in_place = false;
   auto towers =
-      Towers::Create("mlp", mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)}, device_owned);
+      Towers::Create(*ResolvedModel("mlp"), mo, {kernels::DeviceSpec::Cpu(1), kernels::DeviceSpec::Cpu(1)}, device_owned);
   ASSERT_TRUE(towers.ok()) << towers.status();
   std::vector<data::Batch> batches = data::EvalBatches(data.train, b, data::Preprocess::kScale01);
   std::vector<models::HostBatch> views;
@@ -351,7 +359,7 @@ TEST(TowersTest, DeviceOwnedTowersFailCleanly) {
   bad_labels[1] = 12.0f;
   views[1].labels = bad_labels.data();
   EXPECT_EQ((*towers)->ComputeGradients(views, 2).status().code(), absl::StatusCode::kInvalidArgument);
-  auto host = Towers::Create("mlp", mo, {kernels::DeviceSpec::Cpu(1)});
+  auto host = Towers::Create(*ResolvedModel("mlp"), mo, {kernels::DeviceSpec::Cpu(1)});
   ASSERT_TRUE(host.ok());
   EXPECT_EQ((*host)->EnqueueGradients(nullptr).code(), absl::StatusCode::kFailedPrecondition);
 }
@@ -368,9 +376,9 @@ TEST(TowersTest, GpuClusterStepMatchesCpu) {
     models::ModelOptions mo;
     mo.batch_size = b;
     auto cpu =
-        Towers::Create("cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Cpu(1)));
+        Towers::Create(*ResolvedModel("cnn"), mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Cpu(1)));
     auto gpu =
-        Towers::Create("cnn", mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Gpu(0)));
+        Towers::Create(*ResolvedModel("cnn"), mo, std::vector<kernels::DeviceSpec>(n_towers, kernels::DeviceSpec::Gpu(0)));
     ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << gpu.status();
     const int64_t n = (*cpu)->num_parameters();
     std::vector<data::Batch> batches = data::EvalBatches(data.train, b, data::Preprocess::kScale01);

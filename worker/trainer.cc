@@ -18,6 +18,7 @@
 #include "ps/placement.h"
 #include "ps/worker_client.h"
 #include "worker/models/model.h"
+#include "worker/models/registry.h"
 #include "worker/summaries.h"
 #include "worker/towers.h"
 #include "worker/training_steps.h"
@@ -93,7 +94,7 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
     d->dataset = &d->loaded;
   }
   const data::Dataset& train = d->dataset->train;
-  d->defaults = models::DefaultsFor(o->model);
+  d->defaults = o->resolved_model->defaults;
   models::ModelOptions& mopt = d->model_options;
   mopt.batch_size = o->batch_size;
   mopt.eval_batch_size = std::max(o->batch_size, 500);
@@ -143,7 +144,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   if (chief && !local && !o.quiet) LOG(INFO) << "variable placement:\n" << ps::FormatPlacement(c->placement);
 
   ps::TrainConfig& config = c->config;
-  config.model_signature = models::Signature(o.model, model0->variables());
+  config.model_signature = models::ModelSignature(*o.resolved_model, model0->variables());
   config.mode = local ? "sync" : o.mode;
   config.num_workers = local ? 1 : o.num_workers;
   config.replicas_to_aggregate = local ? 1 : o.replicas_to_aggregate;
@@ -409,11 +410,10 @@ void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const Training
 }  // namespace
 
 absl::Status ApplyModelDefaults(WorkerOptions* o) {
-  const models::ModelDefaults d = models::DefaultsFor(o->model);
-  if (d.optimizer.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown --model=", o->model, " (expected mlp, cnn, convnet or cifar10)"));
+  if (o->resolved_model == nullptr) {
+    ASSIGN_OR_RETURN(o->resolved_model, models::ResolveModel(o->model));
   }
+  const models::ModelDefaults& d = o->resolved_model->defaults;
   if (o->batch_size <= 0) o->batch_size = d.batch_size;
   if (o->learning_rate <= 0) o->learning_rate = d.learning_rate;
   if (o->optimizer.empty()) o->optimizer = d.optimizer;
@@ -441,7 +441,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   TowersOptions topt;
   topt.cpu_in_place = o.cpu_towers_in_place;
   topt.replicated = resident;
-  ASSIGN_OR_RETURN(std::unique_ptr<Towers> towers, Towers::Create(o.model, data.model_options, specs, topt));
+  ASSIGN_OR_RETURN(std::unique_ptr<Towers> towers, Towers::Create(*o.resolved_model, data.model_options, specs, topt));
   Connection ps;
   ps.device_resident = resident;
   RETURN_IF_ERROR(SetUpConnection(o, tasks, towers.get(), &ps));

@@ -18,18 +18,22 @@
 #include "ps/checkpoint_options.h"
 #include "ps/parameter_server.h"
 #include "worker/data/dataset.h"
+#include "worker/models/model.h"
 
 namespace dtrain::worker {
 
 struct WorkerOptions {
   // Model and data.
-  std::string model = "mlp";              // mlp | cnn | convnet | cifar10
+  std::string model = "mlp";              // --model: a built-in name or PATH.onnx (worker/models/registry.h)
+  // The model --model names, resolved once (dtrain_worker resolves it in main); null: RunTraining resolves
+  // `model` itself. Everything downstream uses this value.
+  models::ModelRef resolved_model;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   const data::DatasetPair* dataset = nullptr;  // tests: use this instead of reading data_dir
   bool shuffle = true;
   uint64_t seed = 1;
 
-  // Training. 0 / "" = the model's default (models::DefaultsFor).
+  // Training. 0 / "" = the model's default (resolved_model->defaults).
   int64_t train_steps = 2000;  // global steps
   int batch_size = 0;          // per tower
   float learning_rate = 0;
@@ -95,7 +99,8 @@ struct TrainingResult {
   double test_accuracy_averaged = -1;  // chief, with --moving_average_decay: accuracy of the moving averages
 };
 
-// Resolves the model defaults into `o` (batch size, learning rate, optimizer).
+// Resolves the model (o->resolved_model, when not done yet) and its defaults into `o` (batch size, learning rate,
+// optimizer).
 absl::Status ApplyModelDefaults(WorkerOptions* o);
 
 // Runs training against `tasks` (ps task i at index i; not owned). Empty `tasks` = local mode (an in-process

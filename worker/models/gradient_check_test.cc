@@ -42,7 +42,7 @@ TEST_P(GradientCheckTest, MatchesCentralDifferences) {
   o.width = c.width;
   o.channels = c.channels;
   o.seed = 3;
-  auto model_or = CreateModel(c.model, o, dev.get());
+  auto model_or = CreateModelByName(c.model, o, dev.get());
   ASSERT_TRUE(model_or.ok()) << model_or.status();
   Model& model = **model_or;
   const std::vector<VariableInfo>& vars = model.variables();

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "worker/models/model_defs.h"
-#include "worker/models/sequential_model.h"
+#include "worker/models/graph.h"
+#include "worker/models/graph_model.h"
 
 namespace dtrain::models {
 
@@ -78,21 +78,6 @@ class Normal {
   double spare_ = 0.0;
 };
 
-const std::vector<const ModelDef*>& Registry() {
-  static const std::vector<const ModelDef*> defs = {&MlpDef(), &CnnDef(), &ConvnetDef(), &Cifar10Def()};
-  return defs;
-}
-
-absl::StatusOr<const ModelDef*> FindModel(const std::string& name) {
-  std::vector<std::string> names;
-  for (const ModelDef* def : Registry()) {
-    if (name == def->name) return def;
-    names.push_back(def->name);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown model \"", name, "\"; known models: ", absl::StrJoin(names, ", ")));
-}
-
 }  // namespace
 
 std::vector<float> InitialParameters(const std::vector<VariableInfo>& vars, uint64_t seed) {
@@ -133,20 +118,21 @@ std::string Signature(const std::string& model_name, const std::vector<VariableI
   return absl::StrCat(model_name, "/v1/", absl::StrJoin(shapes, ","), "/", hash);
 }
 
-absl::StatusOr<std::vector<VariableInfo>> ModelVariables(const std::string& name, const ModelOptions& options) {
-  ASSIGN_OR_RETURN(const ModelDef* def, FindModel(name));
-  return VariablesOf(name, def->layers(options), {options.height, options.width, options.channels});
+absl::StatusOr<std::vector<VariableInfo>> ModelVariables(const ModelSpec& spec, const ModelOptions& options) {
+  ASSIGN_OR_RETURN(Graph graph, spec.build_graph(options));
+  return graph.variables;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name, const ModelOptions& options,
+absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelSpec& spec, const ModelOptions& options,
                                                    kernels::Device* device) {
-  ASSIGN_OR_RETURN(const ModelDef* def, FindModel(name));
-  return SequentialModel::Create(name, def->layers(options), options, device);
+  ASSIGN_OR_RETURN(Graph graph, spec.build_graph(options));
+  return GraphModel::Create(std::move(graph), options, device);
 }
 
-ModelDefaults DefaultsFor(const std::string& name) {
-  absl::StatusOr<const ModelDef*> def = FindModel(name);
-  return def.ok() ? (*def)->defaults : ModelDefaults{"sgd", 0.01f, 100};
+std::string ModelSignature(const ModelSpec& spec, const std::vector<VariableInfo>& vars) {
+  // Built-in models keep the signature they always had (checkpoints name it).
+  if (!spec.imported()) return Signature(spec.name, vars);
+  return Signature(absl::StrCat("onnx:", spec.name, spec.structure.empty() ? "" : ":", spec.structure), vars);
 }
 
 void SetInputGeometry(const ModelDefaults& d, int height, int width, int channels, ModelOptions* o) {

@@ -6,7 +6,8 @@
 //
 // Example:
 //   ASSIGN_OR_RETURN(auto dev, kernels::CreateDevice(kernels::DeviceSpec::Cpu(1)));
-//   ASSIGN_OR_RETURN(auto model, CreateModel("mlp", ModelOptions{.batch_size = 100}, dev.get()));
+//   ASSIGN_OR_RETURN(ModelRef spec, ResolveModel("mlp"));   // worker/models/registry.h
+//   ASSIGN_OR_RETURN(auto model, CreateModel(*spec, ModelOptions{.batch_size = 100}, dev.get()));
 //   std::vector<float> params = InitialParameters(model->variables(), /*seed=*/1);
 //   RETURN_IF_ERROR(model->SetParameters(params.data()));
 //   ASSIGN_OR_RETURN(float loss, model->TrainStep(batch, grads.data()));
@@ -150,14 +151,6 @@ class Model {
   virtual kernels::Device* device() = 0;
 };
 
-// Known names: "mlp", "cnn", "convnet", "cifar10". InvalidArgument for an unknown name or bad options (e.g. an
-// input too small for the model's convolutions and pools). `device` must outlive the model.
-absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name, const ModelOptions& options,
-                                                   kernels::Device* device);
-
-// Variables of a model without building it (for the ps placement and the signature).
-absl::StatusOr<std::vector<VariableInfo>> ModelVariables(const std::string& name, const ModelOptions& options);
-
 // What a model expects beyond its layers: the seeds' training defaults (used when the user does not override
 // them), its input pipeline and its default learning-rate schedule. Everything model-specific the training
 // loop, the benchmark and the evaluator need comes from here (e.g. cifar10: distorted 24x24 crops of 32x32x3
@@ -181,8 +174,38 @@ struct ModelDefaults {
   float decay_rate = 1.0f;
   bool staircase = false;
 };
-// The defaults of a known model; for an unknown name, {"sgd", 0.01, 100} and the MNIST-like input pipeline.
-ModelDefaults DefaultsFor(const std::string& name);
+struct Graph;  // worker/models/graph.h
+
+// A model, resolved once from --model (a built-in name or an ONNX file: worker/models/registry.h) into the
+// value that flows wherever the model matters: the towers build it, the ps checks its signature, evaluation
+// and export use it. Nothing downstream looks a model up by its name again.
+//
+// Thread-safety: immutable once made; shared (std::shared_ptr<const ModelSpec>) by every tower and thread.
+struct ModelSpec {
+  std::string name;  // "cnn"; an imported model: the file's stem ("resnet20")
+  std::string path;  // the ONNX file (empty for a built-in model)
+  ModelDefaults defaults;
+  // The graph for the options' input geometry and class count: a built-in model adapts to the data set; an
+  // imported one checks they match its own input and output (InvalidArgument naming both shapes).
+  std::function<absl::StatusOr<Graph>(const ModelOptions&)> build_graph;
+  // What identifies the model's structure beyond its variables (for imported graphs, a hash of their nodes),
+  // folded into the signature the ps checks.
+  std::string structure;
+  // What export needs (worker/models/onnx: the file's parsed ModelProto); null for built-ins.
+  std::shared_ptr<const void> source;
+
+  bool imported() const { return !path.empty(); }
+};
+using ModelRef = std::shared_ptr<const ModelSpec>;
+
+// The variables of `spec` for the options (placement, signature) without building any op.
+absl::StatusOr<std::vector<VariableInfo>> ModelVariables(const ModelSpec& spec, const ModelOptions& options);
+// Builds one tower's model on `device` (which must outlive it). InvalidArgument for bad options (an input the
+// graph cannot take, a class count its output does not give); Unimplemented when the device lacks an op.
+absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelSpec& spec, const ModelOptions& options,
+                                                   kernels::Device* device);
+// The signature a ps compares: Signature(name or "onnx:<name>", variables), with the structure folded in.
+std::string ModelSignature(const ModelSpec& spec, const std::vector<VariableInfo>& vars);
 
 // Sets o's input geometry for a data set of height x width x channels images: the model's crop if it has one.
 void SetInputGeometry(const ModelDefaults& d, int height, int width, int channels, ModelOptions* o);

@@ -10,7 +10,7 @@ namespace dtrain::models {
 namespace {
 
 int64_t Count(const std::string& name, const ModelOptions& o) {
-  auto vars = ModelVariables(name, o);
+  auto vars = ModelVariablesByName(name, o);
   EXPECT_TRUE(vars.ok()) << vars.status();
   return vars.ok() ? TotalSize(*vars) : -1;
 }
@@ -32,7 +32,7 @@ TEST(ModelVariablesTest, ParameterCounts) {
 }
 
 TEST(ModelVariablesTest, NamesShapesAndDecay) {
-  auto vars = ModelVariables("mlp", {});
+  auto vars = ModelVariablesByName("mlp", {});
   ASSERT_TRUE(vars.ok()) << vars.status();
   ASSERT_EQ(vars->size(), 4u);
   EXPECT_EQ((*vars)[0].name, "hidden1/weights");
@@ -46,7 +46,7 @@ TEST(ModelVariablesTest, NamesShapesAndDecay) {
   ModelOptions o;
   o.height = o.width = 24;
   o.channels = 3;
-  auto cifar = ModelVariables("cifar10", o);
+  auto cifar = ModelVariablesByName("cifar10", o);
   ASSERT_TRUE(cifar.ok()) << cifar.status();
   EXPECT_EQ((*cifar)[0].name, "conv1/weights");
   EXPECT_EQ((*cifar)[0].shape, (std::vector<int64_t>{5, 5, 3, 64}));  // HWIO
@@ -58,31 +58,31 @@ TEST(ModelVariablesTest, NamesShapesAndDecay) {
 }
 
 TEST(ModelVariablesTest, RejectsUnknownNamesAndSmallInputs) {
-  auto bad = ModelVariables("resnet", {});
+  auto bad = ModelVariablesByName("resnet", {});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("mlp, cnn, convnet, cifar10"), std::string::npos) << bad.status();
 
   ModelOptions small;
   small.height = small.width = 14;  // convnet's VALID pools need >= 16x16
-  auto too_small = ModelVariables("convnet", small);
+  auto too_small = ModelVariablesByName("convnet", small);
   ASSERT_FALSE(too_small.ok());
   EXPECT_EQ(too_small.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_small.status().message().find("too small"), std::string::npos) << too_small.status();
   small.height = small.width = 16;
-  EXPECT_TRUE(ModelVariables("convnet", small).ok());
+  EXPECT_TRUE(ModelVariablesByName("convnet", small).ok());
 
   auto dev = testing::MakeCpuDevice();
   ASSERT_NE(dev, nullptr);
-  auto unknown = CreateModel("lenet", {}, dev.get());
+  auto unknown = CreateModelByName("lenet", {}, dev.get());
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   ModelOptions no_batch;
   no_batch.batch_size = 0;
-  EXPECT_EQ(CreateModel("mlp", no_batch, dev.get()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateModelByName("mlp", no_batch, dev.get()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(InitialParametersTest, TruncatedNormalAndConstants) {
-  auto vars = ModelVariables("mlp", {});
+  auto vars = ModelVariablesByName("mlp", {});
   ASSERT_TRUE(vars.ok());
   const std::vector<float> p = InitialParameters(*vars, 42);
   ASSERT_EQ(static_cast<int64_t>(p.size()), TotalSize(*vars));
@@ -101,14 +101,14 @@ TEST(InitialParametersTest, TruncatedNormalAndConstants) {
   for (int64_t i = n; i < n + 500; ++i) EXPECT_EQ(p[i], 0.0f);  // hidden1/biases
 
   ModelOptions o;
-  auto cnn = ModelVariables("cnn", o);
+  auto cnn = ModelVariablesByName("cnn", o);
   ASSERT_TRUE(cnn.ok());
   const std::vector<float> c = InitialParameters(*cnn, 1);
   EXPECT_EQ(c[5 * 5 * 32], 0.1f);  // conv1/biases[0]
 }
 
 TEST(InitialParametersTest, DeterministicInSeed) {
-  auto vars = ModelVariables("cnn", {});
+  auto vars = ModelVariablesByName("cnn", {});
   ASSERT_TRUE(vars.ok());
   EXPECT_EQ(InitialParameters(*vars, 7), InitialParameters(*vars, 7));
   EXPECT_NE(InitialParameters(*vars, 7), InitialParameters(*vars, 8));
@@ -119,7 +119,7 @@ TEST(InitialParametersTest, DeterministicInSeed) {
 }
 
 TEST(SignatureTest, NamesShapesAndChangesWithShapes) {
-  auto mlp = ModelVariables("mlp", {});
+  auto mlp = ModelVariablesByName("mlp", {});
   ASSERT_TRUE(mlp.ok());
   const std::string sig = Signature("mlp", *mlp);
   EXPECT_EQ(sig.rfind("mlp/v1/784x500,500,500x10,10/", 0), 0u) << sig;
@@ -127,7 +127,7 @@ TEST(SignatureTest, NamesShapesAndChangesWithShapes) {
 
   ModelOptions o;
   o.num_classes = 11;
-  auto mlp11 = ModelVariables("mlp", o);
+  auto mlp11 = ModelVariablesByName("mlp", o);
   ASSERT_TRUE(mlp11.ok());
   EXPECT_NE(Signature("mlp", *mlp11), sig);
   EXPECT_NE(Signature("cnn", *mlp), sig);
@@ -137,20 +137,20 @@ TEST(SignatureTest, NamesShapesAndChangesWithShapes) {
 }
 
 TEST(DefaultsTest, SeedsDefaults) {
-  EXPECT_EQ(DefaultsFor("mlp").optimizer, "sgd");
-  EXPECT_EQ(DefaultsFor("mlp").batch_size, 100);
-  EXPECT_EQ(DefaultsFor("cnn").optimizer, "adam");
-  EXPECT_FLOAT_EQ(DefaultsFor("cnn").learning_rate, 1e-4f);
-  EXPECT_EQ(DefaultsFor("cnn").batch_size, 50);
-  EXPECT_EQ(DefaultsFor("convnet").optimizer, "adam");
-  EXPECT_FLOAT_EQ(DefaultsFor("convnet").learning_rate, 1e-3f);
-  EXPECT_EQ(DefaultsFor("cifar10").batch_size, 128);
-  EXPECT_FLOAT_EQ(DefaultsFor("cifar10").learning_rate, 0.1f);
+  EXPECT_EQ(DefaultsByName("mlp").optimizer, "sgd");
+  EXPECT_EQ(DefaultsByName("mlp").batch_size, 100);
+  EXPECT_EQ(DefaultsByName("cnn").optimizer, "adam");
+  EXPECT_FLOAT_EQ(DefaultsByName("cnn").learning_rate, 1e-4f);
+  EXPECT_EQ(DefaultsByName("cnn").batch_size, 50);
+  EXPECT_EQ(DefaultsByName("convnet").optimizer, "adam");
+  EXPECT_FLOAT_EQ(DefaultsByName("convnet").learning_rate, 1e-3f);
+  EXPECT_EQ(DefaultsByName("cifar10").batch_size, 128);
+  EXPECT_FLOAT_EQ(DefaultsByName("cifar10").learning_rate, 0.1f);
 }
 
 // What used to be special-cased for cifar10 in the training loop now comes from the model's definition.
 TEST(DefaultsTest, InputPipelineAndScheduleComeFromTheModel) {
-  const ModelDefaults cifar = DefaultsFor("cifar10");
+  const ModelDefaults cifar = DefaultsByName("cifar10");
   EXPECT_EQ(cifar.train_preprocess, data::Preprocess::kCifarTrain);
   EXPECT_EQ(cifar.eval_preprocess, data::Preprocess::kCifarEval);
   EXPECT_EQ(cifar.crop_height, 24);
@@ -169,7 +169,7 @@ TEST(DefaultsTest, InputPipelineAndScheduleComeFromTheModel) {
 
   for (const char* name : {"mlp", "cnn", "convnet"}) {
     SCOPED_TRACE(name);
-    const ModelDefaults d = DefaultsFor(name);
+    const ModelDefaults d = DefaultsByName(name);
     EXPECT_EQ(d.train_preprocess, data::Preprocess::kScale01);
     EXPECT_EQ(d.eval_preprocess, data::Preprocess::kScale01);
     EXPECT_EQ(DefaultDecaySteps(d, 60000, 50), 0);

@@ -43,7 +43,7 @@ TEST(ModelTrainingTest, MlpLearnsSeparableDataWithSgd) {
   ModelOptions o;
   o.batch_size = 100;
   o.eval_batch_size = 500;  // a separate forward-only network
-  auto model_or = CreateModel("mlp", o, dev.get());
+  auto model_or = CreateModelByName("mlp", o, dev.get());
   ASSERT_TRUE(model_or.ok()) << model_or.status();
   Model& model = **model_or;
   std::vector<float> params = InitialParameters(model.variables(), 1);
@@ -56,7 +56,7 @@ TEST(ModelTrainingTest, MlpLearnsSeparableDataWithSgd) {
   auto correct_before = model.CountCorrect(test.view());
   ASSERT_TRUE(correct_before.ok()) << correct_before.status();
 
-  const float lr = DefaultsFor("mlp").learning_rate;
+  const float lr = DefaultsByName("mlp").learning_rate;
   float first_loss = 0, last_loss = 0;
   for (int step = 0; step < 100; ++step) {
     const testing::OwnedBatch b = clusters.Sample(o, 100, gen);
@@ -92,13 +92,13 @@ TEST(ModelTrainingTest, SameSeedSameLossAndGradients) {
   ModelOptions o;
   o.batch_size = 4;
   o.seed = 5;
-  auto vars = ModelVariables("cnn", o);
+  auto vars = ModelVariablesByName("cnn", o);
   ASSERT_TRUE(vars.ok());
   const std::vector<float> params = InitialParameters(*vars, 3);
   const testing::OwnedBatch batch = testing::RandomBatch(o, 4, 8);
   auto run = [&](int64_t step, std::vector<float>* grads) {
     auto dev = testing::MakeCpuDevice();
-    auto model = CreateModel("cnn", o, dev.get());
+    auto model = CreateModelByName("cnn", o, dev.get());
     EXPECT_TRUE(model.ok()) << model.status();
     EXPECT_TRUE((*model)->SetParameters(params.data()).ok());
     grads->assign(params.size(), 0.0f);
@@ -122,7 +122,7 @@ TEST(ModelTrainingTest, WeightDecayAddsToLossAndGradient) {
   ASSERT_NE(dev, nullptr);
   ModelOptions o;
   o.batch_size = 8;
-  auto model_or = CreateModel("mlp", o, dev.get());
+  auto model_or = CreateModelByName("mlp", o, dev.get());
   ASSERT_TRUE(model_or.ok()) << model_or.status();
   Model& model = **model_or;
   ASSERT_EQ(model.variables()[0].name, "hidden1/weights");
@@ -154,7 +154,7 @@ TEST(ModelTrainingTest, RejectsBadBatches) {
   ASSERT_NE(dev, nullptr);
   ModelOptions o;
   o.batch_size = 8;
-  auto model_or = CreateModel("mlp", o, dev.get());
+  auto model_or = CreateModelByName("mlp", o, dev.get());
   ASSERT_TRUE(model_or.ok()) << model_or.status();
   Model& model = **model_or;
   std::vector<float> grads(model.num_parameters());
@@ -192,8 +192,8 @@ TEST(ModelTrainingTest, EnqueueGradientsEqualsComputeGradients) {
       o.height = o.width = 24;
       o.channels = 3;
     }
-    auto a = CreateModel(name, o, dev.get());
-    auto b = CreateModel(name, o, dev.get());
+    auto a = CreateModelByName(name, o, dev.get());
+    auto b = CreateModelByName(name, o, dev.get());
     ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
     const std::vector<float> params = InitialParameters((*a)->variables(), 3);
     ASSERT_TRUE((*a)->SetParameters(params.data()).ok());

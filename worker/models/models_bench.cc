@@ -5,7 +5,7 @@
 //                       [--fashion_mnist=/usr/share/datasets/fashion-mnist] [--steps=2000]
 //
 // Prints one line per model: batch, steps timed, examples/sec, last loss (checked finite). With
-// --fashion_mnist, trains the mlp with plain SGD at DefaultsFor("mlp") for --steps steps and prints its test
+// --fashion_mnist, trains the mlp with plain SGD at DefaultsByName("mlp") for --steps steps and prints its test
 // accuracy (exit code 1 below 80%).
 #include <zlib.h>
 
@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/device.h"
 #include "worker/models/model.h"
+#include "worker/models/registry.h"
 
 namespace dtrain::models {
 namespace {
@@ -37,19 +38,31 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// The bench names its models; each is resolved once where it is benchmarked.
+ModelDefaults DefaultsByName(const std::string& name) {
+  absl::StatusOr<ModelRef> spec = ResolveModel(name);
+  return spec.ok() ? (*spec)->defaults : ModelDefaults{};
+}
+absl::StatusOr<std::unique_ptr<Model>> CreateModelByName(const std::string& name, const ModelOptions& o,
+                                                        kernels::Device* device) {
+  absl::StatusOr<ModelRef> spec = ResolveModel(name);
+  if (!spec.ok()) return spec.status();
+  return CreateModel(**spec, o, device);
+}
+
 int Batch(const std::string& name) {
   if (name == "convnet") return 256;  // one tower's share of the 1024 default
-  return DefaultsFor(name).batch_size;
+  return DefaultsByName(name).batch_size;
 }
 
 int Bench(const Flags& f, const std::string& name) {
   ModelOptions o;
   o.batch_size = Batch(name);
-  const ModelDefaults d = DefaultsFor(name);
+  const ModelDefaults d = DefaultsByName(name);
   SetInputGeometry(d, d.data_height, d.data_width, d.data_channels, &o);
   auto dev = kernels::CreateDevice(kernels::DeviceSpec::Cpu(f.threads));
   if (!dev.ok()) return Fail(dev.status());
-  auto model = CreateModel(name, o, dev->get());
+  auto model = CreateModelByName(name, o, dev->get());
   if (!model.ok()) return Fail(model.status());
   std::vector<float> params = InitialParameters((*model)->variables(), 1);
   std::vector<float> grads(params.size());
@@ -101,13 +114,13 @@ int FashionMnist(const Flags& f) {
       test_x.size() != test_y.size() * 784 || test_y.size() % 1000 != 0) {
     return Fail(absl::NotFoundError("cannot read Fashion-MNIST IDX files from " + d));
   }
-  const ModelDefaults defaults = DefaultsFor("mlp");
+  const ModelDefaults defaults = DefaultsByName("mlp");
   ModelOptions o;
   o.batch_size = defaults.batch_size;
   o.eval_batch_size = 1000;
   auto dev = kernels::CreateDevice(kernels::DeviceSpec::Cpu(f.threads));
   if (!dev.ok()) return Fail(dev.status());
-  auto model = CreateModel("mlp", o, dev->get());
+  auto model = CreateModelByName("mlp", o, dev->get());
   if (!model.ok()) return Fail(model.status());
   std::vector<float> params = InitialParameters((*model)->variables(), 1), grads(params.size());
   std::vector<float> images(784 * 1000), labels(1000);

@@ -12,6 +12,29 @@
 #include "gtest/gtest.h"
 #include "kernels/device.h"
 #include "worker/models/model.h"
+#include "worker/models/registry.h"
+
+namespace dtrain::models {
+
+// Tests name models; the code under test takes the resolved value (worker/models/registry.h).
+inline absl::StatusOr<std::vector<VariableInfo>> ModelVariablesByName(const std::string& name,
+                                                                      const ModelOptions& o) {
+  absl::StatusOr<ModelRef> spec = ResolveModel(name);
+  if (!spec.ok()) return spec.status();
+  return ModelVariables(**spec, o);
+}
+inline absl::StatusOr<std::unique_ptr<Model>> CreateModelByName(const std::string& name, const ModelOptions& o,
+                                                                kernels::Device* device) {
+  absl::StatusOr<ModelRef> spec = ResolveModel(name);
+  if (!spec.ok()) return spec.status();
+  return CreateModel(**spec, o, device);
+}
+inline ModelDefaults DefaultsByName(const std::string& name) {
+  absl::StatusOr<ModelRef> spec = ResolveModel(name);
+  return spec.ok() ? (*spec)->defaults : ModelDefaults{};
+}
+
+}  // namespace dtrain::models
 
 namespace dtrain::models::testing {
 

@@ -1,4 +1,4 @@
-#include "worker/models/sequential_model.h"
+#include "worker/models/graph_model.h"
 
 #include <cmath>
 #include <utility>
@@ -8,41 +8,48 @@
 
 namespace dtrain::models {
 
-SequentialModel::SequentialModel(std::string name, const ModelOptions& options, kernels::Device* device)
+GraphModel::GraphModel(std::string name, const ModelOptions& options, kernels::Device* device)
     : name_(std::move(name)), options_(options), device_(device) {}
 
-SequentialModel::~SequentialModel() {
+GraphModel::~GraphModel() {
   // The networks hold views into params_/grads_: release them first.
   train_.reset();
   eval_.reset();
   for (float* p : owned_) device_->Free(p);
 }
 
-absl::StatusOr<std::unique_ptr<Model>> SequentialModel::Create(const std::string& name,
-                                                               std::vector<LayerSpec> layers,
-                                                               const ModelOptions& options,
-                                                               kernels::Device* device) {
+absl::StatusOr<std::unique_ptr<Model>> GraphModel::Create(Graph graph, const ModelOptions& options,
+                                                          kernels::Device* device) {
+  const std::string name = graph.name;
   if (device == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": no device"));
   if (options.batch_size < 1 || options.eval_batch_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": batch_size (", options.batch_size,
                                                    ") must be positive and eval_batch_size (",
                                                    options.eval_batch_size, ") non-negative"));
   }
-  if (options.num_classes < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": num_classes must be >= 2, got ", options.num_classes));
+  const TensorShape& in = graph.input_shape();
+  if (!(in.is_image() && in.dims[0] == options.channels && in.dims[1] == options.height &&
+        in.dims[2] == options.width)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": the model takes ", in.ToString(),
+                                                   " (C x H x W) inputs but the options give ", options.channels,
+                                                   "x", options.height, "x", options.width));
   }
-  const Geometry input{options.height, options.width, options.channels};
-  ASSIGN_OR_RETURN(std::vector<VariableInfo> vars, VariablesOf(name, layers, input));
-
-  std::unique_ptr<SequentialModel> m(new SequentialModel(name, options, device));
+  const int classes = graph.loss == Loss::kSoftmaxCrossEntropy ? static_cast<int>(graph.output_shape().size()) : 2;
+  if (classes != options.num_classes) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": the model's output has ", graph.output_shape().size(),
+                                                   " logits but the data set has ", options.num_classes,
+                                                   " classes"));
+  }
+  const int64_t example_size = in.size();
+  std::unique_ptr<GraphModel> m(new GraphModel(name, options, device));
   if (m->options_.eval_batch_size == 0) m->options_.eval_batch_size = options.batch_size;
-  m->layers_ = std::move(layers);
-  m->vars_ = std::move(vars);
+  m->graph_ = std::move(graph);
+  m->vars_ = m->graph_.variables;
   m->num_params_ = TotalSize(m->vars_);
-  m->example_size_ = input.size();
+  m->example_size_ = example_size;
   const std::vector<int64_t> offsets = Offsets(m->vars_);
   for (size_t i = 0; i < m->vars_.size(); ++i) {
-    if (m->vars_[i].weight_decay > 0.0f) {
+    if (m->vars_[i].weight_decay > 0.0f && m->vars_[i].trainable) {
       m->decayed_.push_back({offsets[i], m->vars_[i].size(), m->vars_[i].weight_decay});
     }
   }
@@ -52,7 +59,8 @@ absl::StatusOr<std::unique_ptr<Model>> SequentialModel::Create(const std::string
     m->owned_.push_back(p);
     return p;
   };
-  const int batch = options.batch_size, classes = options.num_classes;
+  const int batch = options.batch_size;
+  const int64_t logits = m->graph_.output_shape().size();
   if (options.params_buffer != nullptr) {
     m->params_ = options.params_buffer;
   } else {
@@ -66,31 +74,27 @@ absl::StatusOr<std::unique_ptr<Model>> SequentialModel::Create(const std::string
     RETURN_IF_ERROR(device->Fill(0.0f, m->grads_, m->num_params_));
   }
   ASSIGN_OR_RETURN(m->labels_, alloc(batch));
-  ASSIGN_OR_RETURN(m->dlogits_, alloc(static_cast<int64_t>(batch) * classes));
+  ASSIGN_OR_RETURN(m->dlogits_, alloc(static_cast<int64_t>(batch) * logits));
   ASSIGN_OR_RETURN(m->loss_, alloc(1));
   ASSIGN_OR_RETURN(m->l2_scratch_, alloc(1));
 
-  ASSIGN_OR_RETURN(m->train_, Network::Create(device, m->layers_, input, batch, /*with_backward=*/true, m->params_,
-                                              m->grads_));
-  if (m->train_->output_size_per_example() != classes) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": the last layer has ", m->train_->output_size_per_example(),
-                                                   " outputs but num_classes is ", classes));
-  }
+  ASSIGN_OR_RETURN(m->train_, GraphNetwork::Create(device, m->graph_, batch, /*with_backward=*/true, m->params_,
+                                                   m->grads_));
   if (m->options_.eval_batch_size != batch) {
-    ASSIGN_OR_RETURN(m->eval_, Network::Create(device, m->layers_, input, m->options_.eval_batch_size,
-                                               /*with_backward=*/false, m->params_, nullptr));
+    ASSIGN_OR_RETURN(m->eval_, GraphNetwork::Create(device, m->graph_, m->options_.eval_batch_size,
+                                                    /*with_backward=*/false, m->params_, nullptr));
   }
-  m->host_logits_.resize(static_cast<size_t>(m->options_.eval_batch_size) * classes);
+  m->host_logits_.resize(static_cast<size_t>(m->options_.eval_batch_size) * logits);
   return std::unique_ptr<Model>(std::move(m));
 }
 
-absl::Status SequentialModel::SetParameters(const float* host_params) {
+absl::Status GraphModel::SetParameters(const float* host_params) {
   if (host_params == nullptr) return absl::InvalidArgumentError(absl::StrCat(name_, ": SetParameters(nullptr)"));
   if (host_params == params_) return absl::OkStatus();  // the model reads the caller's buffer directly
   return device_->CopyToDevice(host_params, params_, num_params_);
 }
 
-absl::Status SequentialModel::CheckBatch(const HostBatch& batch, int min_count, int max_count) const {
+absl::Status GraphModel::CheckBatch(const HostBatch& batch, int min_count, int max_count) const {
   if (batch.height != options_.height || batch.width != options_.width || batch.channels != options_.channels) {
     return absl::InvalidArgumentError(absl::StrCat(name_, ": batch images are ", batch.height, "x", batch.width, "x",
                                                    batch.channels, " but the model was built for ", options_.height,
@@ -113,26 +117,30 @@ absl::Status SequentialModel::CheckBatch(const HostBatch& batch, int min_count, 
   return absl::OkStatus();
 }
 
-absl::Status SequentialModel::CheckTrainingBatch(const HostBatch& batch) const {
+absl::Status GraphModel::CheckTrainingBatch(const HostBatch& batch) const {
   return CheckBatch(batch, options_.batch_size, options_.batch_size);
 }
 
-absl::Status SequentialModel::EnqueueForwardAndLoss(int64_t step, const kernels::DeviceCounter* device_step,
+absl::Status GraphModel::EnqueueForwardAndLoss(int64_t step, const kernels::DeviceCounter* device_step,
                                                     uint64_t stride, uint64_t offset,
                                                     const RangeHook& before_forward) {
-  Network::LayerHook before_layer = [&](int layer) {
+  GraphNetwork::NodeHook before_layer = [&](int layer) {
     const auto [begin, end] = train_->variable_range(layer);
     return before_forward(begin, end);
   };
-  const Network::LayerHook* hook = before_forward ? &before_layer : nullptr;
+  const GraphNetwork::NodeHook* hook = before_forward ? &before_layer : nullptr;
   if (device_step != nullptr) {
     RETURN_IF_ERROR(
         train_->ForwardDeviceCounter(/*training=*/true, options_.seed, *device_step, stride, offset, hook));
   } else {
     RETURN_IF_ERROR(train_->Forward(/*training=*/true, options_.seed, step, hook));
   }
-  RETURN_IF_ERROR(device_->SoftmaxCrossEntropy(train_->output(), labels_, options_.batch_size,
-                                               options_.num_classes, dlogits_, loss_));
+  if (graph_.loss == Loss::kSigmoidCrossEntropy) {
+    RETURN_IF_ERROR(device_->SigmoidCrossEntropy(train_->output(), labels_, options_.batch_size, dlogits_, loss_));
+  } else {
+    RETURN_IF_ERROR(device_->SoftmaxCrossEntropy(train_->output(), labels_, options_.batch_size,
+                                                 options_.num_classes, dlogits_, loss_));
+  }
   for (const Decayed& d : decayed_) {
     RETURN_IF_ERROR(device_->L2Loss(params_ + d.offset, d.size, l2_scratch_));
     RETURN_IF_ERROR(device_->Axpy(d.weight_decay, l2_scratch_, loss_, 1));
@@ -140,10 +148,10 @@ absl::Status SequentialModel::EnqueueForwardAndLoss(int64_t step, const kernels:
   return absl::OkStatus();
 }
 
-absl::Status SequentialModel::EnqueueBackward(const RangeHook& grads_ready) {
+absl::Status GraphModel::EnqueueBackward(const RangeHook& grads_ready) {
   // As soon as a layer's variable gradients are written: d(wd * l2_loss(w))/dw = wd * w is added to them (the
   // backward pass overwrote the buffer), then they are final.
-  Network::LayerHook layer_ready = [&](int layer) -> absl::Status {
+  GraphNetwork::NodeHook layer_ready = [&](int layer) -> absl::Status {
     const auto [begin, end] = train_->variable_range(layer);
     for (const Decayed& d : decayed_) {
       if (d.offset >= begin && d.offset + d.size <= end) {
@@ -155,7 +163,7 @@ absl::Status SequentialModel::EnqueueBackward(const RangeHook& grads_ready) {
   return train_->Backward(dlogits_, &layer_ready);
 }
 
-absl::StatusOr<float> SequentialModel::ComputeGradients(const HostBatch& batch, int64_t step,
+absl::StatusOr<float> GraphModel::ComputeGradients(const HostBatch& batch, int64_t step,
                                                         const StepHooks* hooks) {
   const int n = options_.batch_size;
   RETURN_IF_ERROR(CheckBatch(batch, n, n));
@@ -175,7 +183,7 @@ absl::StatusOr<float> SequentialModel::ComputeGradients(const HostBatch& batch, 
   return loss;
 }
 
-absl::Status SequentialModel::EnqueueGradients(const kernels::DeviceCounter& step, uint64_t counter_stride,
+absl::Status GraphModel::EnqueueGradients(const kernels::DeviceCounter& step, uint64_t counter_stride,
                                                uint64_t counter_offset, const EnqueueHooks* hooks) {
   if (step.device() != device_) {
     return absl::InvalidArgumentError(
@@ -187,23 +195,28 @@ absl::Status SequentialModel::EnqueueGradients(const kernels::DeviceCounter& ste
   return EnqueueBackward(hooks != nullptr ? hooks->gradients_enqueued : nullptr);
 }
 
-absl::StatusOr<float> SequentialModel::TrainStep(const HostBatch& batch, int64_t step, float* host_grads) {
+absl::StatusOr<float> GraphModel::TrainStep(const HostBatch& batch, int64_t step, float* host_grads) {
   if (host_grads == nullptr) return absl::InvalidArgumentError(absl::StrCat(name_, ": TrainStep without grads"));
   ASSIGN_OR_RETURN(float loss, ComputeGradients(batch, step));
   if (host_grads != grads_) RETURN_IF_ERROR(device_->CopyToHost(grads_, host_grads, num_params_));
   return loss;
 }
 
-absl::StatusOr<int> SequentialModel::CountCorrect(const HostBatch& batch) {
+absl::StatusOr<int> GraphModel::CountCorrect(const HostBatch& batch) {
   RETURN_IF_ERROR(CheckBatch(batch, 0, options_.eval_batch_size));
   const int n = batch.batch, classes = options_.num_classes;
   if (n == 0) return 0;
   // Examples past n keep stale inputs; every op is per-example, so their logits are simply ignored.
-  Network* net = eval_ ? eval_.get() : train_.get();
+  GraphNetwork* net = eval_ ? eval_.get() : train_.get();
   RETURN_IF_ERROR(device_->CopyToDevice(batch.images, net->input(), n * example_size_));
   RETURN_IF_ERROR(net->Forward(/*training=*/false, options_.seed, 0));
-  RETURN_IF_ERROR(device_->CopyToHost(net->output(), host_logits_.data(), static_cast<int64_t>(n) * classes));
+  const int64_t logits = graph_.output_shape().size();
+  RETURN_IF_ERROR(device_->CopyToHost(net->output(), host_logits_.data(), static_cast<int64_t>(n) * logits));
   int correct = 0;
+  if (graph_.loss == Loss::kSigmoidCrossEntropy) {
+    for (int i = 0; i < n; ++i) correct += (host_logits_[i] > 0.0f) == (batch.labels[i] > 0.5f);
+    return correct;
+  }
   for (int i = 0; i < n; ++i) {
     const float* row = host_logits_.data() + static_cast<size_t>(i) * classes;
     int best = 0;

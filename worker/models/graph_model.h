@@ -1,28 +1,30 @@
-// SequentialModel: the Model implementation shared by every architecture. It owns the flat parameter and
-// gradient buffers on the device, a training Network for options.batch_size, and (when eval_batch_size differs)
-// a forward-only Network for evaluation. Nothing is allocated per step.
+// GraphModel: the Model implementation shared by every architecture, built-in or imported. It owns the flat
+// parameter and gradient buffers on the device, a training GraphNetwork for options.batch_size, and (when
+// eval_batch_size differs) a forward-only one for evaluation, and the loss head (softmax or sigmoid
+// cross-entropy, plus the weight-decay terms). Nothing is allocated per step.
 //
 // Thread-safety: one thread at a time (a tower), like its Device.
-#ifndef DTRAIN_WORKER_MODELS_SEQUENTIAL_MODEL_H_
-#define DTRAIN_WORKER_MODELS_SEQUENTIAL_MODEL_H_
+#ifndef DTRAIN_WORKER_MODELS_GRAPH_MODEL_H_
+#define DTRAIN_WORKER_MODELS_GRAPH_MODEL_H_
 
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "worker/models/layers.h"
+#include "worker/models/graph.h"
+#include "worker/models/graph_network.h"
 #include "worker/models/model.h"
 
 namespace dtrain::models {
 
-class SequentialModel : public Model {
+class GraphModel : public Model {
  public:
-  // `device` must outlive the model. InvalidArgument for bad options (sizes, a geometry the layers cannot take,
-  // a last layer whose width is not options.num_classes); device errors (out of memory) as the device reports.
-  static absl::StatusOr<std::unique_ptr<Model>> Create(const std::string& name, std::vector<LayerSpec> layers,
-                                                       const ModelOptions& options, kernels::Device* device);
-  ~SequentialModel() override;
+  // `device` must outlive the model. InvalidArgument for bad options (sizes, a batch geometry that is not the
+  // graph's input, a class count its output does not give); device errors (out of memory) as the device reports.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(Graph graph, const ModelOptions& options,
+                                                       kernels::Device* device);
+  ~GraphModel() override;
 
   const std::string& name() const override { return name_; }
   const std::vector<VariableInfo>& variables() const override { return vars_; }
@@ -46,7 +48,7 @@ class SequentialModel : public Model {
     int64_t offset, size;
     float weight_decay;
   };
-  SequentialModel(std::string name, const ModelOptions& options, kernels::Device* device);
+  GraphModel(std::string name, const ModelOptions& options, kernels::Device* device);
   // Checks a batch's geometry against the model (and its count against `max_count`) and its labels.
   absl::Status CheckBatch(const HostBatch& batch, int min_count, int max_count) const;
   // The two halves of a training step on the batch already in train_->input() / labels_, shared by
@@ -61,7 +63,7 @@ class SequentialModel : public Model {
   std::string name_;
   ModelOptions options_;
   kernels::Device* device_;
-  std::vector<LayerSpec> layers_;
+  Graph graph_;
   std::vector<VariableInfo> vars_;
   std::vector<Decayed> decayed_;
   int64_t num_params_ = 0;
@@ -73,11 +75,11 @@ class SequentialModel : public Model {
   float* dlogits_ = nullptr;
   float* loss_ = nullptr;        // device scalar
   float* l2_scratch_ = nullptr;  // device scalar
-  std::unique_ptr<Network> train_;
-  std::unique_ptr<Network> eval_;  // null: evaluation runs on train_ (same batch size)
+  std::unique_ptr<GraphNetwork> train_;
+  std::unique_ptr<GraphNetwork> eval_;  // null: evaluation runs on train_ (same batch size)
   std::vector<float> host_logits_;
 };
 
 }  // namespace dtrain::models
 
-#endif  // DTRAIN_WORKER_MODELS_SEQUENTIAL_MODEL_H_
+#endif  // DTRAIN_WORKER_MODELS_GRAPH_MODEL_H_

@@ -1,8 +1,8 @@
-// Network's dropout with the counter in device memory (Network::ForwardDeviceCounter, the form a captured
-// CUDA graph replays) draws exactly the masks of Network::Forward with that counter, forward and backward; a
-// new counter value draws new masks. On the CPU backend here; the GPU backend's masks equal the CPU's bit for
-// bit (kernels/cuda/cuda_ops_test.cc).
-#include "worker/models/layers.h"
+// GraphNetwork: dropout with the counter in device memory (ForwardDeviceCounter, the form a captured CUDA graph
+// replays) draws exactly the masks of Forward with that counter, forward and backward; a new counter value draws
+// new masks. On the CPU backend here; the GPU backend's masks equal the CPU's bit for bit
+// (kernels/cuda/cuda_ops_test.cc).
+#include "worker/models/graph_network.h"
 
 #include <vector>
 
@@ -12,7 +12,7 @@
 namespace dtrain::models {
 namespace {
 
-TEST(NetworkTest, DeviceCounterDropoutEqualsHostCounterDropout) {
+TEST(GraphNetworkTest, DeviceCounterDropoutEqualsHostCounterDropout) {
   auto dev = testing::MakeCpuDevice();
   ASSERT_NE(dev, nullptr);
   const std::vector<LayerSpec> layers = {LayerSpec::Dense("fc1", 64, TruncatedNormal(0.1f), Constant(0.1f)),
@@ -23,8 +23,9 @@ TEST(NetworkTest, DeviceCounterDropoutEqualsHostCounterDropout) {
                                          LayerSpec::Dense("fc3", 10, TruncatedNormal(0.1f), Constant(0.0f))};
   const Geometry input{4, 4, 2};
   const int batch = 8;
-  auto vars = VariablesOf("net", layers, input);
-  ASSERT_TRUE(vars.ok());
+  auto graph = GraphFromLayers("net", layers, input, 10);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const std::vector<VariableInfo>* vars = &graph->variables;
   const int64_t n = TotalSize(*vars);
   const std::vector<float> init = InitialParameters(*vars, 3);
   auto params = dev->Alloc(n);
@@ -32,8 +33,8 @@ TEST(NetworkTest, DeviceCounterDropoutEqualsHostCounterDropout) {
   auto grads_b = dev->Alloc(n);
   ASSERT_TRUE(params.ok() && grads_a.ok() && grads_b.ok());
   ASSERT_TRUE(dev->CopyToDevice(init.data(), *params, n).ok());
-  auto a = Network::Create(dev.get(), layers, input, batch, true, *params, *grads_a);
-  auto b = Network::Create(dev.get(), layers, input, batch, true, *params, *grads_b);
+  auto a = GraphNetwork::Create(dev.get(), *graph, batch, true, *params, *grads_a);
+  auto b = GraphNetwork::Create(dev.get(), *graph, batch, true, *params, *grads_b);
   ASSERT_TRUE(a.ok() && b.ok());
   ModelOptions o;
   o.height = input.h;
@@ -45,7 +46,7 @@ TEST(NetworkTest, DeviceCounterDropoutEqualsHostCounterDropout) {
   auto counter = dev->MakeCounter(7);
   ASSERT_TRUE(counter.ok());
 
-  auto out = [&](Network* net) {
+  auto out = [&](GraphNetwork* net) {
     std::vector<float> v(batch * 10);
     EXPECT_TRUE(dev->CopyToHost(net->output(), v.data(), v.size()).ok());
     return v;
