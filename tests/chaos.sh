@@ -87,8 +87,9 @@ alive() {
   s=${s##*") "}
   [[ "$s" != Z* ]]
 }
-# An integer in [lo, hi].
-rand_in() { echo $(( $1 + (RANDOM * 32768 + RANDOM) % ($2 - $1 + 1) )); }
+# An integer in [lo, hi], in RAND. Not through $(...): bash seeds RANDOM afresh in a subshell (from the time and
+# its pid), so a draw there is not the seed's and does not advance this shell's sequence.
+rand_in() { RAND=$(( $1 + (RANDOM * 32768 + RANDOM) % ($2 - $1 + 1) )); }
 
 # The workers' logs are followed through open descriptors: each poll reads the lines added since the last one.
 # A line still being written is kept in wpart and completed by the next read.
@@ -120,10 +121,10 @@ for ((t = 1; t <= trials; t++)); do
   # only on the seed and its number): the victim (0: the ps, 1..3: worker 0..2), the step to kill it at, whether
   # a killed worker is started again, and how long the victim stays down.
   victim=$((RANDOM % 4))
-  kill_step=$(rand_in $first_kill $last_kill)
+  rand_in $first_kill $last_kill; kill_step=$RAND
   restart_worker=$((RANDOM % 2))
-  ps_down_ms=$(rand_in 200 1500)
-  worker_down_ms=$(rand_in 200 2000)
+  rand_in 200 1500; ps_down_ms=$RAND
+  rand_in 200 2000; worker_down_ms=$RAND
 
   dir="$top/trial$t"; mkdir -p "$dir"
   IFS=, read -r p0 p1 p2 p3 < <(python3 "$ROOT/scripts/free_ports.py" 4)
