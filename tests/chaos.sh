@@ -1,39 +1,62 @@
 #!/usr/bin/env bash
-# Chaos trials: each starts 1 ps + 3 sync workers on 127.0.0.1 (the MLP, checkpoints every 25 steps, a 3 s worker
-# timeout), kills a random process with SIGKILL at a random moment and, when it was the ps, starts it again with
-# the same flags (a killed worker is started again half of the time). Each trial passes when:
+# Chaos trials: each starts 1 ps + 3 sync workers on 127.0.0.1 (--model, the MLP by default; checkpoints every 25
+# steps, a 3 s worker timeout). From the seeded RNG each trial draws a victim (the ps or worker 0, 1, 2) and a
+# step in [10, 80% of --steps]; it follows the workers' progress lines ("step N, loss = ...", one per step) until
+# the global step reaches the drawn step, kills the victim there with SIGKILL and, when it was the ps, starts it
+# again with the same flags (a killed worker is started again half of the time). Each trial passes when:
+#   - the victim was killed (a trial whose run ended, or whose victim exited, before the drawn step fails);
 #   - every process exits by itself before the deadline (no hang: otherwise it is killed and the trial fails);
 #   - exit codes are the documented ones: the last ps and every worker not killed exit 0;
 #   - training reached its last step (the ps's "training reached step N of N");
 #   - the ps's push accounting balances (ps/parameter_server.h, PushAccounting), recomputed here from its
 #     "accounting:" line: received == accepted + duplicates + dropped_stale + dropped_backup + rejected_nonfinite
 #     + refused + abandoned + in_flight, and accepted == applied + skipped_nonfinite + discarded + pending.
-# Prints one line per trial and "chaos: P/N trials passed, H hangs"; exits 1 on any failure, 77 without the
-# data set. Usage: tests/chaos.sh [--trials=N] [--seed=S] [--steps=N] [--keep]   (DTRAIN_BIN_DIR: the binaries)
+# Prints one line per trial ("trial 3: killed ps at step 212 (restarted): passed in 7.9 s") and
+# "chaos: P/N trials passed, H hangs; killed: ps X, worker Y (Z restarted), nothing W"; exits 1 on any failure,
+# 77 without the data set (Fashion-MNIST, or the --data_dir given in --worker_flags).
+# Usage: tests/chaos.sh [--trials=N] [--seed=S] [--steps=N] [--model=NAME] [--worker_flags="FLAGS"] [--keep]
+#   --worker_flags: more dtrain_worker flags, split at white space, after (so overriding) the script's own.
+#   DTRAIN_BIN_DIR: the binaries.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
 trials=5
 seed=$(( $(date +%s) % 100000 ))
 steps=400
+model=mlp
+extra_flags=""
 keep=0
+usage="usage: $0 [--trials=N] [--seed=S] [--steps=N] [--model=NAME] [--worker_flags=\"FLAGS\"] [--keep]"
 for a in "$@"; do
   case "$a" in
     --trials=*) trials="${a#*=}" ;;
     --seed=*) seed="${a#*=}" ;;
     --steps=*) steps="${a#*=}" ;;
+    --model=*) model="${a#*=}" ;;
+    --worker_flags=*) extra_flags="${a#*=}" ;;
     --keep) keep=1 ;;
-    *) echo "usage: $0 [--trials=N] [--seed=S] [--steps=N] [--keep]" >&2; exit 2 ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
 done
-if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
-  echo "SKIP: dataset-fashion-mnist is not installed (scripts/install_deps.sh)"; exit 77
+[[ "$trials" =~ ^[0-9]+$ && "$seed" =~ ^[0-9]+$ && "$steps" =~ ^[0-9]+$ ]] || { echo "$usage" >&2; exit 2; }
+first_kill=10
+last_kill=$((steps * 8 / 10))
+[ "$last_kill" -ge "$first_kill" ] || { echo "--steps=$steps leaves no step to kill at (at least 13)" >&2; exit 2; }
+read -r -a extra <<< "$extra_flags"
+data_dir=""
+for f in "${extra[@]}"; do [[ "$f" == --data_dir=* ]] && data_dir="${f#*=}"; done
+if [ -z "$data_dir" ]; then
+  if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    echo "SKIP: dataset-fashion-mnist is not installed (scripts/install_deps.sh)"; exit 77
+  fi
+elif [ ! -d "$data_dir" ]; then
+  echo "SKIP: no data set in $data_dir (the --data_dir of --worker_flags)"; exit 77
 fi
 for b in dtrain_ps dtrain_worker; do
   [ -x "$BIN/$b" ] || { echo "FAIL: $BIN/$b not built (set DTRAIN_BIN_DIR)"; exit 1; }
 done
 RANDOM=$seed
-TRIAL_DEADLINE=90   # seconds for a whole trial (an uninterrupted one takes about 10 s on 2 cores)
+TRIAL_DEADLINE=90   # seconds for a whole trial (an uninterrupted MLP one takes about 10 s on 2 cores)
 
 top="$(mktemp -d /tmp/dtrain_chaos.XXXXXX)"
 cleanup() {
@@ -45,85 +68,164 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 
+# The loop that waits for the drawn step polls every 20 ms while the cluster trains on the same cores: it runs
+# on builtins only (no process started per poll). A read from a FIFO that this shell holds open at both ends
+# never gets data, so "read -t" on it is a sleep.
+mkfifo "$top/sleep"
+exec {sleep_fd}<>"$top/sleep"
+sleep_ms() {
+  local secs
+  printf -v secs '%d.%03d' $(($1 / 1000)) $(($1 % 1000))
+  read -r -t "$secs" -u "$sleep_fd" _ || true
+}
+# Milliseconds since the epoch, in NOW_MS.
+now_ms() { local t=${EPOCHREALTIME/[.,]/}; NOW_MS=$((10#$t / 1000)); }
 # Running (an exited child stays a zombie until it is waited for: that is not running).
-alive() { local s; s=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [[ "$s" != Z* ]]; }
-# The newest global step a worker printed ("step N, loss = ..."), 0 if none yet.
-last_step() { grep -o '^step [0-9]*, loss' "$1" 2>/dev/null | tail -1 | grep -o '[0-9]*' || echo 0; }
-# Milliseconds in [lo, hi).
-rand_ms() { echo $(( $1 + (RANDOM * 32768 + RANDOM) % ($2 - $1) )); }
-sleep_ms() { sleep "$(printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)))"; }
+alive() {
+  local s
+  { IFS= read -r s < "/proc/$1/stat"; } 2>/dev/null || return 1
+  s=${s##*") "}
+  [[ "$s" != Z* ]]
+}
+# An integer in [lo, hi], in RAND. Not through $(...): bash seeds RANDOM afresh in a subshell (from the time and
+# its pid), so a draw there is not the seed's and does not advance this shell's sequence.
+rand_in() { RAND=$(( $1 + (RANDOM * 32768 + RANDOM) % ($2 - $1 + 1) )); }
+
+# The workers' logs are followed through open descriptors: each poll reads the lines added since the last one.
+# A line still being written is kept in wpart and completed by the next read.
+declare -a wfd=() wpart=()
+# Reads the new lines of every worker log; SEEN is the highest global step printed so far.
+read_progress() {
+  local i line
+  for i in 0 1 2; do
+    while true; do
+      if IFS= read -r -u "${wfd[$i]}" line; then
+        line="${wpart[$i]}$line"; wpart[$i]=""
+        if [[ "$line" =~ ^step\ ([0-9]+),\ loss ]] && [ "${BASH_REMATCH[1]}" -gt "$SEEN" ]; then
+          SEEN=${BASH_REMATCH[1]}
+        fi
+      else
+        wpart[$i]="${wpart[$i]}$line"
+        break
+      fi
+    done
+  done
+}
 
 passed=0; hangs=0
-echo "chaos: $trials trials, seed $seed, $steps steps each, binaries in $BIN"
+kills_ps=0; kills_worker=0; workers_restarted=0; kills_nothing=0
+echo "chaos: $trials trials, seed $seed, $steps steps each, model $model${extra_flags:+, worker flags $extra_flags}," \
+     "binaries in $BIN"
 for ((t = 1; t <= trials; t++)); do
+  # The trial's plan, drawn before it starts (the same number of draws in every trial, so a trial's plan depends
+  # only on the seed and its number): the victim (0: the ps, 1..3: worker 0..2), the step to kill it at, whether
+  # a killed worker is started again, and how long the victim stays down.
+  victim=$((RANDOM % 4))
+  rand_in $first_kill $last_kill; kill_step=$RAND
+  restart_worker=$((RANDOM % 2))
+  rand_in 200 1500; ps_down_ms=$RAND
+  rand_in 200 2000; worker_down_ms=$RAND
+
   dir="$top/trial$t"; mkdir -p "$dir"
   IFS=, read -r p0 p1 p2 p3 < <(python3 "$ROOT/scripts/free_ports.py" 4)
   cluster=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1,127.0.0.1:$p2,127.0.0.1:$p3)
   ps_flags=(--job_name=ps --task_index=0 "${cluster[@]}" --worker_timeout_secs=3 --checkpoint_dir="$dir/ckpt"
             --save_checkpoint_steps=25)
-  worker_flags=("${cluster[@]}" --mode=sync --model=mlp --train_steps="$steps" --log_every=10 --threads=1
-                --seed=$((t + seed)))
-  start=$(date +%s%N)
+  # --log_every=1: a progress line per step, so that the drawn step is seen within a step or two.
+  worker_flags=("${cluster[@]}" --mode=sync --model="$model" --train_steps="$steps" --log_every=1 --threads=1
+                --seed=$((t + seed)) "${extra[@]}")
+  now_ms; start=$NOW_MS
   "$BIN/dtrain_ps" "${ps_flags[@]}" > "$dir/ps.0.log" 2>&1 & ps_pid=$!
-  declare -a wpid=()
+  declare -a wpid=() wlog=()
   for i in 0 1 2; do
-    "$BIN/dtrain_worker" --job_name=worker --task_index=$i "${worker_flags[@]}" > "$dir/w$i.0.log" 2>&1 &
+    wlog[$i]="$dir/w$i.0.log"
+    : > "${wlog[$i]}"
+    exec {fd}<"${wlog[$i]}"
+    wfd[$i]=$fd; wpart[$i]=""
+    "$BIN/dtrain_worker" --job_name=worker --task_index=$i "${worker_flags[@]}" > "${wlog[$i]}" 2>&1 &
     wpid[$i]=$!
   done
-  declare -a wlog=("$dir/w0.0.log" "$dir/w1.0.log" "$dir/w2.0.log")
   declare -a killed=(0 0 0)
+  declare -A code=()
   ps_log="$dir/ps.0.log"
+  problems=()
+  deadline=$((start + TRIAL_DEADLINE * 1000))
 
-  # The victim (0: the ps, 1..3: worker 0..2) and the moment: while training runs (after the first steps,
-  # before the last 20%).
-  victim=$((RANDOM % 4))
-  at_ms=$(rand_ms 300 4000)
-  what="nothing killed"
-  waited=0
-  while [ "$(last_step "${wlog[0]}")" -lt 10 ] && [ $waited -lt 60000 ]; do sleep 0.1; waited=$((waited + 100)); done
-  sleep_ms "$at_ms"
-  step_now=$(last_step "${wlog[0]}")
-  all_alive=1
-  for p in "$ps_pid" "${wpid[@]}"; do alive "$p" || all_alive=0; done
-  if [ "$all_alive" = 1 ] && [ "$step_now" -lt $((steps * 8 / 10)) ]; then
-    if [ "$victim" = 0 ]; then
-      kill -KILL "$ps_pid"; wait "$ps_pid" 2>/dev/null || true
-      sleep_ms "$(rand_ms 200 1500)"
+  # Wait until the global step reaches the drawn step, every process still running.
+  if [ "$victim" = 0 ]; then victim_name="ps"; victim_pid=$ps_pid; else
+    victim_name="worker $((victim - 1))"; victim_pid=${wpid[$((victim - 1))]}; fi
+  SEEN=0
+  gone=""
+  while true; do
+    read_progress
+    [ "$SEEN" -ge "$kill_step" ] && break
+    for n in ps 0 1 2; do
+      if [ "$n" = ps ]; then p=$ps_pid; else p=${wpid[$n]}; fi
+      alive "$p" || { gone=$([ "$n" = ps ] && echo "the ps" || echo "worker $n"); break; }
+    done
+    [ -n "$gone" ] && break
+    now_ms; [ "$NOW_MS" -lt "$deadline" ] || break
+    sleep_ms 20
+  done
+  for i in 0 1 2; do fd=${wfd[$i]}; exec {fd}<&-; done
+
+  what=""
+  if [ "$SEEN" -lt "$kill_step" ]; then
+    if [ -n "$gone" ]; then
+      why="$gone exited before step $kill_step (last step seen $SEEN)"
+    else
+      why="step $kill_step not reached within ${TRIAL_DEADLINE} s (last step seen $SEEN)"
+    fi
+    problems+=("nothing killed: $why")
+    what="killed nothing ($victim_name drawn at step $kill_step)"
+    kills_nothing=$((kills_nothing + 1))
+  else
+    kill -KILL "$victim_pid" 2>/dev/null || true
+    set +e; wait "$victim_pid" 2>/dev/null; victim_code=$?; set -e
+    if [ "$victim_code" != 137 ]; then
+      # It exited by itself between the last look and the kill: nothing was killed.
+      code[$victim_pid]=$victim_code
+      problems+=("nothing killed: $victim_name exited $victim_code by itself at step ~$SEEN, before the kill")
+      what="killed nothing ($victim_name drawn at step $kill_step)"
+      kills_nothing=$((kills_nothing + 1))
+    elif [ "$victim" = 0 ]; then
+      sleep_ms "$ps_down_ms"
       ps_log="$dir/ps.1.log"
       "$BIN/dtrain_ps" "${ps_flags[@]}" > "$ps_log" 2>&1 & ps_pid=$!
-      what="ps killed at step ~$step_now, restarted"
+      what="killed ps at step $SEEN (restarted)"
+      kills_ps=$((kills_ps + 1))
     else
       i=$((victim - 1))
-      kill -KILL "${wpid[$i]}"; wait "${wpid[$i]}" 2>/dev/null || true
-      what="worker $i killed at step ~$step_now"
-      if [ $((RANDOM % 2)) = 0 ]; then
-        sleep_ms "$(rand_ms 200 2000)"
+      kills_worker=$((kills_worker + 1))
+      if [ "$restart_worker" = 1 ]; then
+        sleep_ms "$worker_down_ms"
         wlog[$i]="$dir/w$i.1.log"
         "$BIN/dtrain_worker" --job_name=worker --task_index=$i "${worker_flags[@]}" > "${wlog[$i]}" 2>&1 &
         wpid[$i]=$!
-        what="$what, restarted"
+        what="killed worker $i at step $SEEN (restarted)"
+        workers_restarted=$((workers_restarted + 1))
       else
         killed[$i]=1
+        what="killed worker $i at step $SEEN"
       fi
     fi
-  else
-    what="nothing killed (at step $step_now the run was too far or a process had exited)"
   fi
 
   # Every process must exit by itself before the deadline.
-  problems=()
   hung=0
-  deadline=$((start / 1000000 + TRIAL_DEADLINE * 1000))
-  declare -A code=()
   for p in "$ps_pid" "${wpid[@]}"; do
-    while alive "$p" && [ "$(date +%s%3N)" -lt $deadline ]; do sleep 0.1; done
+    [ -n "${code[$p]+set}" ] && continue
+    while alive "$p"; do
+      now_ms; [ "$NOW_MS" -lt "$deadline" ] || break
+      sleep_ms 100
+    done
     if alive "$p"; then
       hung=1
       kill -KILL "$p" 2>/dev/null || true
     fi
     set +e; wait "$p" 2>/dev/null; code[$p]=$?; set -e
   done
-  secs=$(( ($(date +%s%N) - start) / 1000000 ))
+  now_ms; secs=$(( (NOW_MS - start) / 1000 )).$(( (NOW_MS - start) % 1000 / 100 ))
   [ "$hung" = 1 ] && problems+=("HANG: a process was still running after ${TRIAL_DEADLINE} s")
 
   [ "${code[$ps_pid]}" = 0 ] || problems+=("ps exited ${code[$ps_pid]}, expected 0")
@@ -150,10 +252,11 @@ for ((t = 1; t <= trials; t++)); do
 
   if [ ${#problems[@]} = 0 ]; then
     passed=$((passed + 1))
-    echo "trial $t: PASS  $what; ${secs} ms; ps: received=$rec applied=$ap stale=$st backup=$bk dup=$dup refused=$ref abandoned=$ab"
+    echo "trial $t: $what: passed in $secs s; drawn step $kill_step; ps: received=$rec applied=$ap stale=$st" \
+         "backup=$bk dup=$dup refused=$ref abandoned=$ab discarded=$di"
   else
     [ "$hung" = 1 ] && hangs=$((hangs + 1))
-    echo "trial $t: FAIL  $what; ${secs} ms"
+    echo "trial $t: $what: FAILED in $secs s; drawn step $kill_step"
     for m in "${problems[@]}"; do echo "    $m"; done
     failed_dir="/tmp/dtrain_chaos_failed.$seed.$t"
     rm -rf "$failed_dir"; mv "$dir" "$failed_dir"
@@ -162,5 +265,6 @@ for ((t = 1; t <= trials; t++)); do
   [ "$keep" = 1 ] || rm -rf "$dir"
   unset code wpid wlog killed
 done
-echo "chaos: $passed/$trials trials passed, $hangs hangs"
+echo "chaos: $passed/$trials trials passed, $hangs hangs; killed: ps $kills_ps, worker $kills_worker" \
+     "($workers_restarted restarted), nothing $kills_nothing"
 [ "$passed" = "$trials" ]
