@@ -1,6 +1,8 @@
-// Naive reference implementations of every op in kernels/device.h, with TensorFlow semantics. They are the
-// oracle in the tests of both backends: plain loops over host memory in the logical layouts (NHWC, HWIO,
-// [in, out]), accumulating in double, written for obviousness rather than speed. Do not use them in training.
+// Naive reference implementations of every op in kernels/device.h, with the semantics the header documents
+// (TensorFlow's for the built-in models' ops, ONNX's / PyTorch's for the params of imported graphs). They are
+// the oracle in the tests of both backends: plain loops over host memory in the logical layouts (NHWC, HWIO or
+// OIHW, [in, out] or [out, in]), accumulating in double, written for obviousness rather than speed. Do not use
+// them in training.
 //
 // All functions are pure (they read their inputs and overwrite their outputs), so they are thread-safe.
 // Shapes come from the same *Params structs the devices take; pointers must hold at least the sizes the
@@ -14,23 +16,31 @@
 
 namespace dtrain::kernels::reference {
 
-// y = conv(x, w) + b (TensorFlow SAME/VALID, strides).
+// y = conv(x, w) + b: every Conv2DParams field (TensorFlow SAME/VALID or explicit pads, strides, dilations,
+// groups, HWIO or OIHW filters; b and db may be null without has_bias).
 void Conv2DForward(const Conv2DParams& p, const float* x, const float* w, const float* b, float* y);
 // dx = dL/dx given dy = dL/dy.
 void Conv2DBackwardData(const Conv2DParams& p, const float* dy, const float* w, float* dx);
-// dw = dL/dw, db = dL/db.
+// dw = dL/dw (in p.weight_layout), db = dL/db.
 void Conv2DBackwardWeights(const Conv2DParams& p, const float* x, const float* dy, float* dw, float* db);
 
-// Max pooling; padded positions never win. The backward routes each dy to the first maximal input of its
-// window (row-major window order), as TensorFlow does.
+// Max pooling (every PoolParams field); padded positions never win. The backward routes each dy to the first
+// maximal input of its window (row-major window order), as TensorFlow does.
 void MaxPoolForward(const PoolParams& p, const float* x, float* y);
 void MaxPoolBackward(const PoolParams& p, const float* x, const float* dy, float* dx);
+
+// Average pooling: each output is the sum of its window's inputs divided by the count of real inputs in it
+// (count_include_pad = false), or by the window's size clipped to the explicit padding (count_include_pad =
+// true: positions of the ceil_mode overhang never count, PyTorch's rule).
+void AvgPoolForward(const PoolParams& p, const float* x, float* y);
+void AvgPoolBackward(const PoolParams& p, const float* dy, float* dx);
 
 // tf.nn.lrn and its gradient.
 void LrnForward(const LrnParams& p, const float* x, float* y);
 void LrnBackward(const LrnParams& p, const float* x, const float* dy, float* dx);
 
-// y = x w + b; dx = dy w^T; dw = x^T dy; db = column sums of dy.
+// y = alpha x w + beta b; dx = alpha dy w^T; dw = alpha x^T dy (in w's layout: [in, out], or [out, in] when
+// weights_transposed); db = beta * column sums of dy. b and db may be null without has_bias.
 void DenseForward(const DenseParams& p, const float* x, const float* w, const float* b, float* y);
 void DenseBackwardData(const DenseParams& p, const float* dy, const float* w, float* dx);
 void DenseBackwardWeights(const DenseParams& p, const float* x, const float* dy, float* dw, float* db);

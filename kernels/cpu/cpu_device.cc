@@ -158,6 +158,9 @@ class CpuDevice final : public Device {
   absl::StatusOr<std::unique_ptr<Dense>> MakeDense(const DenseParams& p) override {
     return cpu::MakeCpuDense(ctx_, p);
   }
+  absl::StatusOr<std::unique_ptr<AvgPool>> MakeAvgPool(const PoolParams& p) override {
+    return cpu::MakeCpuAvgPool(ctx_, p);
+  }
   absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeOptimizer(const OptimizerParams& p,
                                                                  const DeviceCounter* step) override {
     if (step == nullptr || step->device() != this) {

@@ -15,6 +15,7 @@ namespace dtrain::kernels::cpu {
 
 absl::StatusOr<std::unique_ptr<Conv2D>> MakeCpuConv2D(const DnnlContext& ctx, const Conv2DParams& p);
 absl::StatusOr<std::unique_ptr<MaxPool>> MakeCpuMaxPool(const DnnlContext& ctx, const PoolParams& p);
+absl::StatusOr<std::unique_ptr<AvgPool>> MakeCpuAvgPool(const DnnlContext& ctx, const PoolParams& p);
 absl::StatusOr<std::unique_ptr<Lrn>> MakeCpuLrn(const DnnlContext& ctx, const LrnParams& p);
 absl::StatusOr<std::unique_ptr<Dense>> MakeCpuDense(const DnnlContext& ctx, const DenseParams& p);
 // cpu_optimizer.cc. `step` is a counter of the calling CpuDevice (checked there); `threads` as the device's.
