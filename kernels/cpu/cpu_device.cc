@@ -161,6 +161,12 @@ class CpuDevice final : public Device {
   absl::StatusOr<std::unique_ptr<AvgPool>> MakeAvgPool(const PoolParams& p) override {
     return cpu::MakeCpuAvgPool(ctx_, p);
   }
+  absl::StatusOr<std::unique_ptr<BatchNorm>> MakeBatchNorm(const BatchNormParams& p) override {
+    return cpu::MakeCpuBatchNorm(ctx_, p);
+  }
+  absl::StatusOr<std::unique_ptr<Binary>> MakeBinary(const BroadcastParams& p) override {
+    return cpu::MakeCpuBinary(ctx_, p);
+  }
   absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeOptimizer(const OptimizerParams& p,
                                                                  const DeviceCounter* step) override {
     if (step == nullptr || step->device() != this) {
