@@ -58,6 +58,51 @@ double L2Loss(const float* x, int64_t n);
 // The dropout mask of kernels/dropout_rng.h, computed one element at a time.
 void DropoutMask(int64_t n, float keep_prob, uint64_t seed, uint64_t counter, float* mask);
 
+// ---- ops of imported graphs and sparse models (reference_graph_ops.cc) ----
+
+// BatchNorm over [count = batch * spatial, channels]. Training: writes the batch mean and biased variance.
+void BatchNormForwardTraining(const BatchNormParams& p, const float* x, const float* scale, const float* bias,
+                              float* y, float* batch_mean, float* batch_var);
+void BatchNormForwardInference(const BatchNormParams& p, const float* x, const float* scale, const float* bias,
+                               const float* mean, const float* var, float* y);
+// Gradients of BatchNormForwardTraining (the batch statistics depend on x).
+void BatchNormBackward(const BatchNormParams& p, const float* x, const float* dy, const float* scale,
+                       const float* batch_mean, const float* batch_var, float* dx, float* dscale, float* dbias);
+
+// y = a op b with BroadcastParams addressing; y is dense [dims].
+void BinaryForward(const BroadcastParams& p, const float* a, const float* b, float* y);
+// da (a_size() floats) and db (b_size()), either may be null: every element overwritten, the sum over the
+// output elements that read it of dy * d(a op b)/d(that input); zero for an element no output reads.
+void BinaryBackward(const BroadcastParams& p, const float* a, const float* b, const float* dy, float* da,
+                    float* db);
+
+void Activation(const ActivationParams& p, const float* x, float* y, int64_t n);
+// dx = dy * f'(x) (x and y the forward's input and output).
+void ActivationBackward(const ActivationParams& p, const float* x, const float* y, const float* dy, float* dx,
+                        int64_t n);
+
+void CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols,
+                 bool accumulate);
+// y[b][c][r] = x[b][r][c].
+void Transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols);
+void BatchNormRunningDelta(const float* running_mean, const float* running_var, const float* batch_mean,
+                           const float* batch_var, int channels, int64_t count, float momentum, bool unbiased,
+                           float* d_mean, float* d_var);
+
+// Embedding lookups (GatherParams; indices and offsets as int32 arrays, assumed valid) and the backward,
+// which adds into dtable.
+void Gather(const GatherParams& p, const float* table, const int32_t* indices, const int32_t* offsets, float* y);
+void GatherBackward(const GatherParams& p, const float* dy, const int32_t* indices, const int32_t* offsets,
+                    float* dtable);
+
+// DLRM interaction: y[b] = z_i . z_j for i > j in row-major lower-triangle order; dx overwritten.
+void Interaction(const InteractionParams& p, const float* x, float* y);
+void InteractionBackward(const InteractionParams& p, const float* x, const float* dy, float* dx);
+
+// Mean sigmoid cross-entropy of `batch` logits against 0/1 labels; writes dlogits = (sigmoid(z) - t) / batch
+// and returns the mean loss.
+double SigmoidCrossEntropy(const float* logits, const float* labels, int batch, float* dlogits);
+
 }  // namespace dtrain::kernels::reference
 
 #endif  // DTRAIN_KERNELS_REFERENCE_OPS_H_
