@@ -280,7 +280,10 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
       } else {
         RETURN_IF_ERROR(expect_var(0, {p.in, p.out}, "weight"));
       }
-      if (p.has_bias) RETURN_IF_ERROR(expect_var(1, {p.out}, "bias"));
+      // The bias may also be [1, out] (an ONNX Gemm's C broadcast over the batch): the same floats.
+      if (p.has_bias && declared[1].shape != std::vector<int64_t>{1, p.out}) {
+        RETURN_IF_ERROR(expect_var(1, {p.out}, "bias"));
+      }
       out.dims = {p.out};
       break;
     }
@@ -430,7 +433,7 @@ absl::StatusOr<Graph> GraphBuilder::Finish(int logits, Loss loss) {
     return absl::InvalidArgumentError(absl::StrCat(graph_.name, ": the output is not computed by any node"));
   }
   const TensorShape& out = graph_.tensors[logits];
-  if (out.dims.size() != 1 || (loss == Loss::kSigmoidCrossEntropy && out.dims[0] != 1) ||
+  if ((loss != Loss::kNone && out.dims.size() != 1) || (loss == Loss::kSigmoidCrossEntropy && out.dims[0] != 1) ||
       (loss == Loss::kSoftmaxCrossEntropy && out.dims[0] < 2)) {
     return absl::InvalidArgumentError(absl::StrCat(
         graph_.name, ": the output '", graph_.tensor_names[logits], "' has shape ", ShapeText(out.dims),

@@ -72,6 +72,8 @@ enum class FlattenOrder { kChannelsFirst, kChannelsLast };
 enum class Loss {
   kSoftmaxCrossEntropy,  // logits (num_classes) against class indices; metric: accuracy
   kSigmoidCrossEntropy,  // one logit against a 0/1 label; metrics: log loss, AUC
+  kNone,                 // no loss head: a forward-only graph of any output shape (GraphNetwork; e.g. the
+                         // ONNX operator tests); a Model refuses it
 };
 
 struct Node {
@@ -118,7 +120,10 @@ struct VarSpec {
   std::vector<int64_t> shape;
   Initializer init;
   float weight_decay = 0.0f;
-  bool trainable = true;  // false: state (BatchNorm running statistics)
+  // false: not trained. BatchNorm's running statistics (state: their gradient slot holds the change the ps
+  // applies), or a constant operand of another op (e.g. an ONNX Constant node's value read by Mul): its gradient
+  // slot stays zero, so the ps never changes it.
+  bool trainable = true;
   VarSpec(std::string n, std::vector<int64_t> s, Initializer i, float wd = 0.0f, bool t = true)
       : name(std::move(n)), shape(std::move(s)), init(std::move(i)), weight_decay(wd), trainable(t) {}
 };
@@ -161,7 +166,7 @@ class GraphBuilder {
   void SetSparseFeatures(int n) { graph_.num_sparse_features = n; }
 
   // The finished graph with `logits` as its output. kSoftmaxCrossEntropy needs logits of rank 1 (the classes);
-  // kSigmoidCrossEntropy one logit (shape (1)).
+  // kSigmoidCrossEntropy one logit (shape (1)); kNone takes any tensor.
   absl::StatusOr<Graph> Finish(int logits, Loss loss);
 
  private:

@@ -27,6 +27,9 @@ absl::StatusOr<std::unique_ptr<Model>> GraphModel::Create(Graph graph, const Mod
                                                    ") must be positive and eval_batch_size (",
                                                    options.eval_batch_size, ") non-negative"));
   }
+  if (graph.loss == Loss::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": a graph without a loss head cannot be trained"));
+  }
   const TensorShape& in = graph.input_shape();
   if (!(in.is_image() && in.dims[0] == options.channels && in.dims[1] == options.height &&
         in.dims[2] == options.width)) {

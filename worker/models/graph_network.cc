@@ -62,6 +62,8 @@ struct GraphNetwork::Step {
   std::vector<float*> dw;       // their gradient slots (null without backward)
   int64_t var_begin = 0, var_end = 0;
   bool has_trainable = false;
+  // Positions in w/dw of constant variables (not trainable, not BatchNorm state): their gradient stays zero.
+  std::vector<size_t> constant_slots;
   uint64_t dropout_index = 0;
   float* mask = nullptr;                       // dropout
   float* bn_mean = nullptr, *bn_var = nullptr;  // batch statistics
@@ -238,7 +240,12 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
         }
         s.w.push_back(params_ + var_offsets_[v]);
         s.dw.push_back(grads_ != nullptr ? grads_ + var_offsets_[v] : nullptr);
-        if (graph_.variables[v].trainable) s.has_trainable = true;
+        if (graph_.variables[v].trainable) {
+          s.has_trainable = true;
+        } else if (n.op != Op::kBatchNorm) {
+          s.constant_slots.push_back(k);
+          if (grads_ != nullptr) RETURN_IF_ERROR(device_->Fill(0.0f, s.dw[k], graph_.variables[v].size()));
+        }
       }
     }
     const TensorShape& in0 = graph_.tensors[n.inputs.empty() ? 0 : n.inputs[0]];
@@ -613,6 +620,10 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
   const float* y = act_[n.output];
   const int64_t out_n = act_n_[n.output];
   auto ready = [&]() -> absl::Status {
+    // A kernel may have written a constant's gradient (a Conv's or Gemm's constant bias): it must stay zero.
+    for (size_t k : s.constant_slots) {
+      RETURN_IF_ERROR(device_->Fill(0.0f, s.dw[k], graph_.variables[n.variables[k]].size()));
+    }
     if (grads_ready != nullptr && s.var_end > s.var_begin) return (*grads_ready)(s.index);
     return absl::OkStatus();
   };
@@ -651,8 +662,8 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
       const float* a = x;
       const float* b = s.b_is_variable ? s.w[0] : act_[n.inputs[1]];
       if (s.b_is_variable) {
-        // The variable's gradient first (it is final then), then the tensor's.
-        RETURN_IF_ERROR(s.binary->Backward(a, b, dy, nullptr, s.dw[0]));
+        // The variable's gradient first (it is final then), then the tensor's. A constant has none.
+        if (s.constant_slots.empty()) RETURN_IF_ERROR(s.binary->Backward(a, b, dy, nullptr, s.dw[0]));
         RETURN_IF_ERROR(ready());
         if (s.in_grad[0].needed) {
           RETURN_IF_ERROR(s.binary->Backward(a, b, dy, target(0), nullptr));

@@ -67,7 +67,8 @@ class GraphNetwork {
                                     uint64_t counter_stride, uint64_t counter_offset,
                                     const NodeHook* before_node = nullptr);
   // Backpropagates `doutput` (batch * output floats, may be overwritten) through the last training Forward,
-  // overwriting every trainable variable's slice of the gradient buffer (state variables keep what Forward wrote).
+  // overwriting every trainable variable's slice of the gradient buffer (BatchNorm's state
+  // variables keep what Forward wrote; other variables that are not trainable, constants, stay zero).
   // Needs with_backward. `grads_ready` (may be null) runs as soon as a node's variable gradients are written,
   // before its input gradients are computed, last node first.
   absl::Status Backward(float* doutput, const NodeHook* grads_ready = nullptr);

@@ -3,7 +3,21 @@
 // the file's values. See README.md ("Bring your own model") for what is supported and how to export from
 // PyTorch.
 //
-// Thread-safety: plain functions.
+// What the spec holds:
+//   name       the file's stem ("resnet20"); path: the file as given
+//   defaults   adam, learning rate 0.001, batch 100; pixels scaled to [0, 1] (--input_mean/--input_std
+//              normalize them further); the data geometry of the file's input (benchmarks' synthetic data)
+//   build_graph  maps the file for the options' images: a (C, H, W) input must have their sizes, a flat
+//              [N, F] input needs C*H*W = F (a Reshape in channels-first order goes in front); the output must
+//              give num_classes logits. InvalidArgument naming both shapes otherwise.
+//   structure  a hash of the nodes (ops, attributes, wiring), so that a ps refuses a worker with another file
+//   source     the parsed file, for export (worker/models/onnx/onnx_export.h)
+//
+// Usage:
+//   ASSIGN_OR_RETURN(models::ModelRef spec, models::onnx::ImportModel("lenet5.onnx"));
+//   ASSIGN_OR_RETURN(auto model, models::CreateModel(*spec, options, device));
+//
+// Thread-safety: plain functions; the spec is immutable and may be shared.
 #ifndef DTRAIN_WORKER_MODELS_ONNX_ONNX_IMPORT_H_
 #define DTRAIN_WORKER_MODELS_ONNX_ONNX_IMPORT_H_
 
@@ -17,6 +31,9 @@ namespace dtrain::models::onnx {
 struct ImportOptions {
   // BatchNormalization's running_var update: unbiased batch variance (PyTorch) or biased (ONNX's reference).
   bool bn_unbiased_running_var = true;
+  // Forward-only use (the operator tests): the graph's first output as it is, of any shape, with no loss head
+  // (Loss::kNone: GraphNetwork runs it, CreateModel refuses it); Softmax and friends are then refused.
+  bool forward_only = false;
 };
 
 // Reads and checks `path`, folds the constant shape arithmetic exporters emit, and maps every node onto the
@@ -25,6 +42,10 @@ struct ImportOptions {
 // Errors: NotFound (no such file), DataLoss (not an ONNX protobuf), InvalidArgument with one line naming the
 // node, its op and the attribute that is not supported, what is, and how to export instead.
 absl::StatusOr<ModelRef> ImportModel(const std::string& path, const ImportOptions& options = {});
+
+// The same from a file's contents in memory; `file` stands for its path (messages, the spec's name and path).
+absl::StatusOr<ModelRef> ImportModelFromBytes(std::string bytes, const std::string& file,
+                                              const ImportOptions& options = {});
 
 }  // namespace dtrain::models::onnx
 

@@ -1,0 +1,531 @@
+#include "worker/models/onnx/onnx_constants.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "worker/models/onnx/onnx_attributes.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ONNX raw_data is little-endian; so must the host be");
+
+namespace dtrain::models::onnx {
+namespace {
+
+using ::onnx::TensorProto;
+
+absl::Status Error(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+int64_t Product(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+ConstRef MakeInts(std::vector<int64_t> dims, std::vector<int64_t> ints, std::vector<bool> batch = {}) {
+  auto c = std::make_shared<Const>();
+  c->type = Const::Type::kInt;
+  c->data_type = TensorProto::INT64;
+  c->dims = std::move(dims);
+  c->ints = std::move(ints);
+  if (std::find(batch.begin(), batch.end(), true) != batch.end()) c->batch = std::move(batch);
+  return c;
+}
+
+ConstRef MakeFloats(std::vector<int64_t> dims, std::vector<float> values) {
+  auto c = std::make_shared<Const>();
+  c->type = Const::Type::kFloat;
+  c->data_type = TensorProto::FLOAT;
+  c->dims = std::move(dims);
+  c->floats = std::make_shared<const std::vector<float>>(std::move(values));
+  return c;
+}
+
+// A copy of `c` with new dims (same elements), no longer an initializer.
+ConstRef WithDims(const Const& c, std::vector<int64_t> dims) {
+  auto out = std::make_shared<Const>(c);
+  out->dims = std::move(dims);
+  out->initializer.clear();
+  return out;
+}
+
+// Reads `n` elements of type T from raw little-endian bytes.
+template <typename T>
+absl::Status ReadRaw(const std::string& raw, int64_t n, const std::string& what, std::vector<T>* out) {
+  if (static_cast<int64_t>(raw.size()) != n * static_cast<int64_t>(sizeof(T))) {
+    return Error(absl::StrCat(what, ": raw_data holds ", raw.size(), " bytes, its dims need ", n * sizeof(T)));
+  }
+  out->resize(n);
+  if (n > 0) std::memcpy(out->data(), raw.data(), raw.size());
+  return absl::OkStatus();
+}
+
+absl::Status CountMismatch(const std::string& what, int64_t have, int64_t want) {
+  return Error(absl::StrCat(what, " holds ", have, " values, its dims need ", want));
+}
+
+// Normalizes an axis against `rank` (negative counts from the end).
+absl::StatusOr<int64_t> Axis(int64_t axis, int64_t rank, const char* what) {
+  if (axis < -rank || axis >= rank) return Error(absl::StrCat(what, " ", axis, " is outside rank ", rank));
+  return axis < 0 ? axis + rank : axis;
+}
+
+// Ints of an optional constant input or, before `input_opset`, of an attribute.
+std::vector<int64_t> IntsOf(const Const* c) {
+  std::vector<int64_t> v;
+  if (c == nullptr) return v;
+  for (int64_t i = 0; i < c->size(); ++i) v.push_back(static_cast<int64_t>(c->at(i)));
+  return v;
+}
+
+absl::StatusOr<std::vector<ConstRef>> Single(absl::StatusOr<ConstRef> c) {
+  if (!c.ok()) return c.status();
+  return std::vector<ConstRef>{*std::move(c)};
+}
+
+absl::StatusOr<ConstRef> FoldConstantNode(const ::onnx::NodeProto& n) {
+  for (const ::onnx::AttributeProto& a : n.attribute()) {
+    if (a.name() == "value") return DecodeTensor(a.t(), "its value");
+    if (a.name() == "value_float") return MakeFloats({}, {a.f()});
+    if (a.name() == "value_floats") {
+      return MakeFloats({a.floats_size()}, std::vector<float>(a.floats().begin(), a.floats().end()));
+    }
+    if (a.name() == "value_int") return MakeInts({}, {a.i()});
+    if (a.name() == "value_ints") {
+      return MakeInts({a.ints_size()}, std::vector<int64_t>(a.ints().begin(), a.ints().end()));
+    }
+    return Error(absl::StrCat("attribute ", a.name(), " is not supported (supported: value, value_float(s), "
+                              "value_int(s))"));
+  }
+  return Error("no value");
+}
+
+absl::StatusOr<ConstRef> Gather(const ::onnx::NodeProto& n, const Const& data, const Const& indices) {
+  if (data.dims.size() != 1) return Error("only 1-D data is folded");
+  if (indices.type != Const::Type::kInt) return Error("indices must be integers");
+  ASSIGN_OR_RETURN(int64_t axis, Axis(AttrInt(n, "axis", 0), 1, "axis"));
+  (void)axis;
+  const int64_t len = data.dims[0];
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  std::vector<bool> batch;
+  for (int64_t k = 0; k < indices.size(); ++k) {
+    int64_t i = indices.ints[k];
+    if (i < 0) i += len;
+    if (i < 0 || i >= len) return Error(absl::StrCat("index ", indices.ints[k], " is outside [0, ", len, ")"));
+    if (data.type == Const::Type::kInt) {
+      ints.push_back(data.ints[i]);
+      batch.push_back(data.is_batch(i));
+    } else {
+      floats.push_back((*data.floats)[i]);
+    }
+  }
+  if (data.type == Const::Type::kInt) return MakeInts(indices.dims, std::move(ints), std::move(batch));
+  return MakeFloats(indices.dims, std::move(floats));
+}
+
+absl::StatusOr<ConstRef> Unsqueeze(const Const& data, std::vector<int64_t> axes) {
+  const int64_t rank = static_cast<int64_t>(data.dims.size() + axes.size());
+  std::set<int64_t> at;
+  for (int64_t a : axes) {
+    ASSIGN_OR_RETURN(int64_t k, Axis(a, rank, "axis"));
+    if (!at.insert(k).second) return Error(absl::StrCat("axis ", a, " is repeated"));
+  }
+  std::vector<int64_t> dims;
+  size_t next = 0;
+  for (int64_t k = 0; k < rank; ++k) dims.push_back(at.count(k) ? 1 : data.dims[next++]);
+  return WithDims(data, std::move(dims));
+}
+
+absl::StatusOr<ConstRef> Squeeze(const Const& data, const std::vector<int64_t>& axes) {
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  std::set<int64_t> at;
+  for (int64_t a : axes) {
+    ASSIGN_OR_RETURN(int64_t k, Axis(a, rank, "axis"));
+    if (data.dims[k] != 1) return Error(absl::StrCat("axis ", a, " has size ", data.dims[k], ", not 1"));
+    at.insert(k);
+  }
+  std::vector<int64_t> dims;
+  for (int64_t k = 0; k < rank; ++k) {
+    if (axes.empty() ? data.dims[k] != 1 : at.count(k) == 0) dims.push_back(data.dims[k]);
+  }
+  return WithDims(data, std::move(dims));
+}
+
+absl::StatusOr<ConstRef> Concat(const ::onnx::NodeProto& n, const std::vector<const Const*>& in) {
+  if (in.empty()) return Error("no inputs");
+  const int64_t rank = static_cast<int64_t>(in[0]->dims.size());
+  if (rank == 0) return Error("scalars cannot be concatenated");
+  ASSIGN_OR_RETURN(int64_t axis, Axis(AttrInt(n, "axis", 0), rank, "axis"));
+  std::vector<int64_t> dims = in[0]->dims;
+  dims[axis] = 0;
+  for (const Const* c : in) {
+    if (c == nullptr) return Error("an omitted input");
+    if (c->type != in[0]->type) return Error("inputs of different types");
+    bool fits = static_cast<int64_t>(c->dims.size()) == rank;
+    for (int64_t k = 0; fits && k < rank; ++k) fits = k == axis || c->dims[k] == in[0]->dims[k];
+    if (!fits) return Error("input shapes do not fit");
+    dims[axis] += c->dims[axis];
+  }
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < axis; ++k) outer *= dims[k];
+  for (int64_t k = axis + 1; k < rank; ++k) inner *= dims[k];
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  std::vector<bool> batch;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (const Const* c : in) {
+      const int64_t block = c->dims[axis] * inner;
+      for (int64_t j = o * block; j < (o + 1) * block; ++j) {
+        if (c->type == Const::Type::kInt) {
+          ints.push_back(c->ints[j]);
+          batch.push_back(c->is_batch(j));
+        } else {
+          floats.push_back((*c->floats)[j]);
+        }
+      }
+    }
+  }
+  if (in[0]->type == Const::Type::kInt) return MakeInts(dims, std::move(ints), std::move(batch));
+  return MakeFloats(dims, std::move(floats));
+}
+
+absl::StatusOr<ConstRef> Slice(const Const& data, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                               const std::vector<int64_t>& axes, const std::vector<int64_t>& steps) {
+  if (data.dims.size() != 1) return Error("only 1-D data is folded");
+  if (starts.size() != 1 || ends.size() != 1 || axes.size() > 1 || steps.size() > 1) {
+    return Error("only one axis is folded");
+  }
+  if (!axes.empty() && axes[0] != 0 && axes[0] != -1) return Error(absl::StrCat("axis ", axes[0], " of 1-D data"));
+  const int64_t len = data.dims[0];
+  const int64_t step = steps.empty() ? 1 : steps[0];
+  if (step == 0) return Error("step 0");
+  auto clamp = [&](int64_t v) {
+    if (v < 0) v += len;
+    return step > 0 ? std::clamp<int64_t>(v, 0, len) : std::clamp<int64_t>(v, -1, len - 1);
+  };
+  const int64_t b = clamp(starts[0]), e = clamp(ends[0]);
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  std::vector<bool> batch;
+  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) {
+    if (data.type == Const::Type::kInt) {
+      ints.push_back(data.ints[i]);
+      batch.push_back(data.is_batch(i));
+    } else {
+      floats.push_back((*data.floats)[i]);
+    }
+  }
+  const int64_t count = data.type == Const::Type::kInt ? static_cast<int64_t>(ints.size())
+                                                        : static_cast<int64_t>(floats.size());
+  if (data.type == Const::Type::kInt) return MakeInts({count}, std::move(ints), std::move(batch));
+  return MakeFloats({count}, std::move(floats));
+}
+
+absl::StatusOr<ConstRef> Cast(const ::onnx::NodeProto& n, const Const& data) {
+  const int64_t to = AttrInt(n, "to", 0);
+  switch (to) {
+    case TensorProto::FLOAT:
+    case TensorProto::DOUBLE: {
+      if (data.any_batch()) return Error("casting the batch size to a float is not supported");
+      std::vector<float> v(data.size());
+      for (int64_t i = 0; i < data.size(); ++i) v[i] = static_cast<float>(data.at(i));
+      return MakeFloats(data.dims, std::move(v));
+    }
+    case TensorProto::INT64:
+    case TensorProto::INT32:
+    case TensorProto::INT16:
+    case TensorProto::INT8:
+    case TensorProto::UINT8:
+    case TensorProto::BOOL: {
+      std::vector<int64_t> v(data.size());
+      std::vector<bool> batch(data.size());
+      for (int64_t i = 0; i < data.size(); ++i) {
+        const double x = data.at(i);
+        v[i] = to == TensorProto::BOOL ? (x != 0) : static_cast<int64_t>(std::trunc(x));
+        batch[i] = data.is_batch(i) && to != TensorProto::BOOL;
+      }
+      return MakeInts(data.dims, std::move(v), std::move(batch));
+    }
+    default:
+      return Error(absl::StrCat("attribute to=", DataTypeName(static_cast<int>(to)),
+                                " is not supported (supported: FLOAT, DOUBLE and the integer types)"));
+  }
+}
+
+absl::StatusOr<ConstRef> Arithmetic(const std::string& op, const Const& a, const Const& b) {
+  // Equal shapes, or one side a single element (scalar or [1]) broadcast over the other.
+  const bool same = a.dims == b.dims;
+  const bool a_one = a.size() == 1, b_one = b.size() == 1;
+  if (!same && !a_one && !b_one) {
+    return Error(absl::StrCat("operand shapes ", absl::StrJoin(a.dims, "x"), " and ", absl::StrJoin(b.dims, "x"),
+                              " (only equal shapes or a single element are folded)"));
+  }
+  std::vector<int64_t> dims = a.dims.size() >= b.dims.size() ? a.dims : b.dims;  // equal, or both one element
+  if (!same && a_one != b_one) dims = a_one ? b.dims : a.dims;
+  const int64_t n = Product(dims);
+  auto ai = [&](int64_t i) { return a_one ? 0 : i; };
+  auto bi = [&](int64_t i) { return b_one ? 0 : i; };
+  if (a.type == Const::Type::kInt && b.type == Const::Type::kInt) {
+    std::vector<int64_t> v(n);
+    std::vector<bool> batch(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t x = a.ints[ai(i)], y = b.ints[bi(i)];
+      const bool xb = a.is_batch(ai(i)), yb = b.is_batch(bi(i));
+      if (op == "Div" && y == 0) return Error("division by zero");
+      v[i] = op == "Add" ? x + y : op == "Sub" ? x - y : op == "Mul" ? x * y : x / y;
+      // The batch size survives only arithmetic that leaves it as it is.
+      const bool keeps = (xb && !yb && ((op == "Add" || op == "Sub") ? y == 0 : y == 1)) ||
+                         (yb && !xb && ((op == "Add" && x == 0) || (op == "Mul" && x == 1)));
+      if ((xb || yb) && !keeps) {
+        return Error(absl::StrCat(op, " of the batch size with ", xb ? y : x,
+                                  " (shape arithmetic on the batch dimension is not supported)"));
+      }
+      batch[i] = keeps;
+    }
+    return MakeInts(dims, std::move(v), std::move(batch));
+  }
+  if (a.any_batch() || b.any_batch()) return Error("float arithmetic on the batch size is not supported");
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = static_cast<float>(a.at(ai(i))), y = static_cast<float>(b.at(bi(i)));
+    v[i] = op == "Add" ? x + y : op == "Sub" ? x - y : op == "Mul" ? x * y : x / y;
+  }
+  return MakeFloats(dims, std::move(v));
+}
+
+absl::StatusOr<ConstRef> ReshapeConst(const ::onnx::NodeProto& n, const Const& data, const Const& shape) {
+  if (shape.any_batch()) return Error("a constant cannot take the batch size as a dimension");
+  std::vector<int64_t> dims = IntsOf(&shape);
+  int64_t known = 1, infer = -1;
+  for (size_t k = 0; k < dims.size(); ++k) {
+    if (dims[k] == 0 && AttrInt(n, "allowzero", 0) == 0) {
+      if (k >= data.dims.size()) return Error("a 0 beyond the data's rank");
+      dims[k] = data.dims[k];
+    }
+    if (dims[k] == -1) {
+      if (infer >= 0) return Error("two -1 dimensions");
+      infer = static_cast<int64_t>(k);
+    } else {
+      known *= dims[k];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || data.size() % known != 0) return Error("the shape does not fit the data");
+    dims[infer] = data.size() / known;
+  }
+  if (Product(dims) != data.size()) return Error("the shape does not fit the data");
+  return WithDims(data, std::move(dims));
+}
+
+absl::StatusOr<ConstRef> ConstantOfShape(const ::onnx::NodeProto& n, const Const& shape) {
+  if (shape.any_batch()) {
+    return Error("a tensor as large as the batch is not a constant (ConstantOfShape of the batch size)");
+  }
+  std::vector<int64_t> dims = IntsOf(&shape);
+  const int64_t count = Product(dims);
+  if (count > (int64_t{1} << 28)) return Error("too large");
+  const ::onnx::AttributeProto* value = FindAttr(n, "value");
+  if (value == nullptr) return MakeFloats(dims, std::vector<float>(count, 0.0f));
+  ASSIGN_OR_RETURN(ConstRef v, DecodeTensor(value->t(), "its value"));
+  if (v->size() != 1) return Error("value must hold one element");
+  if (v->type == Const::Type::kInt) return MakeInts(dims, std::vector<int64_t>(count, v->ints[0]));
+  return MakeFloats(dims, std::vector<float>(count, (*v->floats)[0]));
+}
+
+}  // namespace
+
+int64_t Const::size() const { return Product(dims); }
+
+bool Const::any_batch() const { return std::find(batch.begin(), batch.end(), true) != batch.end(); }
+
+double Const::at(int64_t i) const {
+  return type == Type::kInt ? static_cast<double>(ints[i]) : static_cast<double>((*floats)[i]);
+}
+
+std::string DataTypeName(int data_type) {
+  if (!::onnx::TensorProto_DataType_IsValid(data_type)) return absl::StrCat("type ", data_type);
+  return ::onnx::TensorProto_DataType_Name(static_cast<TensorProto::DataType>(data_type));
+}
+
+absl::StatusOr<ConstRef> DecodeTensor(const TensorProto& t, const std::string& what) {
+  if (t.data_location() == TensorProto::EXTERNAL || t.external_data_size() > 0) {
+    return Error(absl::StrCat(what, " keeps its data in an external file"));
+  }
+  if (t.has_segment()) return Error(absl::StrCat(what, " is segmented"));
+  auto c = std::make_shared<Const>();
+  c->dims.assign(t.dims().begin(), t.dims().end());
+  for (int64_t d : c->dims) {
+    if (d < 0) return Error(absl::StrCat(what, " has a negative dimension"));
+  }
+  c->data_type = t.data_type();
+  const int64_t n = c->size();
+  const bool raw = t.has_raw_data();
+  switch (t.data_type()) {
+    case TensorProto::FLOAT: {
+      c->type = Const::Type::kFloat;
+      auto v = std::make_shared<std::vector<float>>();
+      if (raw) {
+        RETURN_IF_ERROR(ReadRaw(t.raw_data(), n, what, v.get()));
+      } else {
+        if (t.float_data_size() != n) return CountMismatch(what, t.float_data_size(), n);
+        v->assign(t.float_data().begin(), t.float_data().end());
+      }
+      c->floats = std::move(v);
+      return c;
+    }
+    case TensorProto::DOUBLE: {
+      c->type = Const::Type::kFloat;
+      std::vector<double> d;
+      if (raw) {
+        RETURN_IF_ERROR(ReadRaw(t.raw_data(), n, what, &d));
+      } else {
+        if (t.double_data_size() != n) return CountMismatch(what, t.double_data_size(), n);
+        d.assign(t.double_data().begin(), t.double_data().end());
+      }
+      c->floats = std::make_shared<std::vector<float>>(d.begin(), d.end());
+      return c;
+    }
+    case TensorProto::INT64: {
+      c->type = Const::Type::kInt;
+      if (raw) {
+        RETURN_IF_ERROR(ReadRaw(t.raw_data(), n, what, &c->ints));
+      } else {
+        if (t.int64_data_size() != n) return CountMismatch(what, t.int64_data_size(), n);
+        c->ints.assign(t.int64_data().begin(), t.int64_data().end());
+      }
+      return c;
+    }
+    case TensorProto::INT32:
+    case TensorProto::INT16:
+    case TensorProto::INT8:
+    case TensorProto::UINT16:
+    case TensorProto::UINT8:
+    case TensorProto::BOOL: {
+      c->type = Const::Type::kInt;
+      if (raw) {
+        const std::string& r = t.raw_data();
+        const int type = t.data_type();
+        const int64_t width = type == TensorProto::INT32 ? 4 : (type == TensorProto::INT16 || type == TensorProto::UINT16) ? 2 : 1;
+        if (static_cast<int64_t>(r.size()) != n * width) {
+          return Error(absl::StrCat(what, ": raw_data holds ", r.size(), " bytes, its dims need ", n * width));
+        }
+        c->ints.resize(n);
+        for (int64_t i = 0; i < n; ++i) {
+          const char* p = r.data() + i * width;
+          if (type == TensorProto::INT32) {
+            int32_t x;
+            std::memcpy(&x, p, 4);
+            c->ints[i] = x;
+          } else if (type == TensorProto::INT16) {
+            int16_t x;
+            std::memcpy(&x, p, 2);
+            c->ints[i] = x;
+          } else if (type == TensorProto::UINT16) {
+            uint16_t x;
+            std::memcpy(&x, p, 2);
+            c->ints[i] = x;
+          } else if (type == TensorProto::INT8) {
+            c->ints[i] = static_cast<int8_t>(*p);
+          } else {
+            c->ints[i] = static_cast<uint8_t>(*p);
+          }
+        }
+      } else {
+        if (t.int32_data_size() != n) return CountMismatch(what, t.int32_data_size(), n);
+        c->ints.assign(t.int32_data().begin(), t.int32_data().end());
+      }
+      return c;
+    }
+    default:
+      return Error(absl::StrCat(what, " has data type ", DataTypeName(t.data_type()),
+                                " (supported: FLOAT, DOUBLE and the integer types)"));
+  }
+}
+
+bool IsFoldable(const std::string& op) {
+  static const std::set<std::string> kOps = {"Constant", "Gather",  "Unsqueeze", "Squeeze", "Concat",
+                                             "Slice",    "Cast",    "Add",       "Sub",     "Mul",
+                                             "Div",      "Reshape", "Identity",  "ConstantOfShape", "Flatten"};
+  return kOps.count(op) > 0;
+}
+
+absl::StatusOr<ConstRef> MakeShapeOf(const ::onnx::NodeProto& n, const std::vector<int64_t>& dims) {
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  int64_t start = AttrInt(n, "start", 0), end = AttrInt(n, "end", rank);
+  if (start < 0) start += rank;
+  if (end < 0) end += rank;
+  start = std::clamp<int64_t>(start, 0, rank);
+  end = std::clamp<int64_t>(end, start, rank);
+  std::vector<int64_t> ints(dims.begin() + start, dims.begin() + end);
+  std::vector<bool> batch(ints.size(), false);
+  if (start == 0 && !batch.empty()) batch[0] = true;
+  return MakeInts({end - start}, std::move(ints), std::move(batch));
+}
+
+absl::StatusOr<std::vector<ConstRef>> FoldNode(const ::onnx::NodeProto& n, const std::vector<const Const*>& in,
+                                               int opset) {
+  const std::string& op = n.op_type();
+  auto input = [&](size_t k) -> const Const* { return k < in.size() ? in[k] : nullptr; };
+  auto need = [&](size_t k) -> absl::StatusOr<const Const*> {
+    if (input(k) == nullptr) return Error(absl::StrCat("input ", k, " is missing"));
+    return input(k);
+  };
+  if (op == "Constant") return Single(FoldConstantNode(n));
+  if (op == "Identity") {
+    ASSIGN_OR_RETURN(const Const* x, need(0));
+    return Single(WithDims(*x, x->dims));
+  }
+  if (op == "Gather") {
+    ASSIGN_OR_RETURN(const Const* data, need(0));
+    ASSIGN_OR_RETURN(const Const* indices, need(1));
+    return Single(Gather(n, *data, *indices));
+  }
+  if (op == "Unsqueeze" || op == "Squeeze") {
+    ASSIGN_OR_RETURN(const Const* data, need(0));
+    const std::vector<int64_t> axes = opset >= 13 ? IntsOf(input(1)) : AttrInts(n, "axes");
+    if (op == "Unsqueeze") return Single(Unsqueeze(*data, axes));
+    return Single(Squeeze(*data, axes));
+  }
+  if (op == "Concat") return Single(Concat(n, in));
+  if (op == "Slice") {
+    ASSIGN_OR_RETURN(const Const* data, need(0));
+    if (opset < 10) return Error("Slice before opset 10");
+    ASSIGN_OR_RETURN(const Const* starts, need(1));
+    ASSIGN_OR_RETURN(const Const* ends, need(2));
+    return Single(Slice(*data, IntsOf(starts), IntsOf(ends), IntsOf(input(3)), IntsOf(input(4))));
+  }
+  if (op == "Cast") {
+    ASSIGN_OR_RETURN(const Const* data, need(0));
+    return Single(Cast(n, *data));
+  }
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+    ASSIGN_OR_RETURN(const Const* a, need(0));
+    ASSIGN_OR_RETURN(const Const* b, need(1));
+    return Single(Arithmetic(op, *a, *b));
+  }
+  if (op == "Reshape") {
+    ASSIGN_OR_RETURN(const Const* data, need(0));
+    ASSIGN_OR_RETURN(const Const* shape, need(1));
+    return Single(ReshapeConst(n, *data, *shape));
+  }
+  if (op == "Flatten") {
+    ASSIGN_OR_RETURN(const Const* data, need(0));
+    const int64_t rank = static_cast<int64_t>(data->dims.size());
+    ASSIGN_OR_RETURN(int64_t axis, Axis(AttrInt(n, "axis", 1), rank + 1, "axis"));
+    int64_t outer = 1;
+    for (int64_t k = 0; k < axis; ++k) outer *= data->dims[k];
+    return Single(WithDims(*data, {outer, data->size() / std::max<int64_t>(outer, 1)}));
+  }
+  if (op == "ConstantOfShape") {
+    ASSIGN_OR_RETURN(const Const* shape, need(0));
+    return Single(ConstantOfShape(n, *shape));
+  }
+  return Error(absl::StrCat(op, " of constants is not folded"));
+}
+
+}  // namespace dtrain::models::onnx

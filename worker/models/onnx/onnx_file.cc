@@ -1,0 +1,190 @@
+#include "worker/models/onnx/onnx_file.h"
+
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "common/status_macros.h"
+#include "onnx/checker.h"
+#include "onnx/shape_inference/implementation.h"
+
+namespace dtrain::models::onnx {
+
+const char kExportHint[] =
+    "export from PyTorch with model.train() and torch.onnx.export(..., training=torch.onnx.TrainingMode.TRAINING, "
+    "do_constant_folding=False, opset_version=11..17, dynamic_axes={'x': {0: 'N'}})";
+
+namespace {
+
+// The ops the mapper computes, the head it strips and the constant arithmetic it folds.
+const std::set<std::string>& ComputedOps() {
+  static const std::set<std::string> ops = {
+      "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Gemm", "MatMul", "Add", "Sub",
+      "Mul", "Div", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "BatchNormalization", "Dropout", "LRN",
+      "Flatten", "Reshape", "Concat", "Identity", "Pad", "Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss",
+      "Constant", "Shape", "Gather", "Unsqueeze", "Squeeze", "Slice", "Cast", "ConstantOfShape"};
+  return ops;
+}
+
+// One line without the newlines ONNX's messages carry.
+std::string OneLine(absl::string_view text) {
+  std::string s = absl::StrReplaceAll(text, {{"\r", " "}, {"\n", " "}});
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+std::vector<int64_t> DimsOf(const ::onnx::TypeProto& type) {
+  std::vector<int64_t> dims;
+  if (!type.has_tensor_type() || !type.tensor_type().has_shape()) return dims;
+  for (const auto& d : type.tensor_type().shape().dim()) dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+  return dims;
+}
+
+bool IsExternal(const ::onnx::TensorProto& t) {
+  return t.data_location() == ::onnx::TensorProto::EXTERNAL || t.external_data_size() > 0;
+}
+
+}  // namespace
+
+const std::string& SupportedOpsText() {
+  static const std::string text =
+      "supported: Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, Gemm, MatMul, Add, Sub, Mul, Div, "
+      "Relu, LeakyRelu, Clip, Sigmoid, Tanh, BatchNormalization, Dropout, LRN, Flatten, Reshape, Concat, "
+      "Identity, Pad before Conv/AveragePool, Softmax/LogSoftmax/SoftmaxCrossEntropyLoss as the head, and shape "
+      "arithmetic on constants (Constant, Shape, Gather, Unsqueeze, Squeeze, Slice, Cast, ConstantOfShape)";
+  return text;
+}
+
+std::string NodeName(const ::onnx::NodeProto& n, int index) {
+  return n.name().empty() ? absl::StrCat(n.op_type(), "_", index) : n.name();
+}
+
+absl::Status NodeRefusal(const OnnxFile& f, int node, absl::string_view what) {
+  const ::onnx::NodeProto& n = f.model->graph().node(node);
+  return absl::InvalidArgumentError(
+      absl::StrCat(f.file, ": node '", NodeName(n, node), "' (", n.op_type(), "): ", what, "; ", kExportHint));
+}
+
+absl::Status FileRefusal(const std::string& file, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(file, ": ", what, "; ", kExportHint));
+}
+
+absl::StatusOr<std::shared_ptr<OnnxFile>> ReadOnnxFile(std::string bytes, const std::string& file) {
+  auto f = std::make_shared<OnnxFile>();
+  f->file = file;
+  std::string base = file.substr(file.find_last_of('/') + 1);
+  const size_t dot = base.rfind('.');
+  f->name = dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
+  auto model = std::make_shared<::onnx::ModelProto>();
+  if (!model->ParseFromString(bytes) || !model->has_graph() || model->graph().node_size() == 0) {
+    return absl::DataLossError(absl::StrCat(file, ": not an ONNX model (", bytes.size(),
+                                            " bytes that do not parse as an ONNX ModelProto with a graph)"));
+  }
+  std::string().swap(bytes);
+  const ::onnx::GraphProto& g = model->graph();
+
+  // Versions and domains, before ONNX's checker (which would refuse a newer IR with a less helpful message).
+  if (model->ir_version() < kMinIrVersion || model->ir_version() > kMaxIrVersion) {
+    return FileRefusal(file, absl::StrCat("IR version ", model->ir_version(), " is not supported (supported: ",
+                                          kMinIrVersion, "-", kMaxIrVersion, ", what ONNX 1.12 reads)"));
+  }
+  for (const ::onnx::OperatorSetIdProto& o : model->opset_import()) {
+    if (o.domain().empty() || o.domain() == "ai.onnx") f->opset = static_cast<int>(o.version());
+  }
+  if (f->opset < kMinOpset || f->opset > kMaxOpset) {
+    return FileRefusal(file, f->opset == 0 ? std::string("no ai.onnx opset is imported")
+                                           : absl::StrCat("opset ", f->opset, " of ai.onnx is not supported (supported: ",
+                                                          kMinOpset, "-", kMaxOpset, ")"));
+  }
+  f->model = model;  // for NodeRefusal
+  for (int i = 0; i < g.node_size(); ++i) {
+    const ::onnx::NodeProto& n = g.node(i);
+    if (!n.domain().empty() && n.domain() != "ai.onnx") {
+      return NodeRefusal(*f, i, absl::StrCat("domain '", n.domain(), "' is not supported (supported: ai.onnx)"));
+    }
+    if (n.op_type() == "If" || n.op_type() == "Loop" || n.op_type() == "Scan") {
+      return NodeRefusal(*f, i, absl::StrCat("control flow (", n.op_type(),
+                                             ") is not supported (supported: a fixed graph; trace the model "
+                                             "instead of scripting its data-dependent branches and loops)"));
+    }
+    if (ComputedOps().count(n.op_type()) == 0) {
+      return NodeRefusal(*f, i, absl::StrCat("operator ", n.op_type(), " is not supported (", SupportedOpsText(), ")"));
+    }
+    for (const ::onnx::AttributeProto& a : n.attribute()) {
+      if (a.has_t() && IsExternal(a.t())) {
+        return NodeRefusal(*f, i, absl::StrCat("attribute ", a.name(), " keeps its data in an external file "
+                                                                     "(supported: data inside the .onnx file)"));
+      }
+    }
+  }
+  for (const ::onnx::TensorProto& t : g.initializer()) {
+    if (IsExternal(t)) {
+      return FileRefusal(file, absl::StrCat("initializer '", t.name(), "' keeps its data in an external file "
+                                                                      "(supported: data inside the .onnx file, below 2 GB)"));
+    }
+  }
+  if (g.sparse_initializer_size() > 0) {
+    return FileRefusal(file, absl::StrCat("sparse initializer '", g.sparse_initializer(0).values().name(),
+                                          "' is not supported (supported: dense initializers)"));
+  }
+
+  // ONNX's own checks: the checker, then shape inference (strict) on a copy, so that the model stays as read.
+  try {
+    ::onnx::checker::check_model(*model);
+  } catch (const std::exception& e) {
+    return FileRefusal(file, absl::StrCat("ONNX's checker refuses it: ", OneLine(e.what())));
+  }
+  {
+    ::onnx::ModelProto copy = *model;
+    try {
+      ::onnx::shape_inference::InferShapes(copy, ::onnx::OpSchemaRegistry::Instance(),
+                                           ::onnx::ShapeInferenceOptions(/*check_type=*/true, /*strict_mode=*/1,
+                                                                         /*data_prop=*/true));
+    } catch (const std::exception& e) {
+      return FileRefusal(file, absl::StrCat("ONNX's shape inference fails: ", OneLine(e.what())));
+    }
+    for (const ::onnx::ValueInfoProto& v : copy.graph().value_info()) f->inferred[v.name()] = DimsOf(v.type());
+    for (const ::onnx::ValueInfoProto& v : copy.graph().output()) f->inferred[v.name()] = DimsOf(v.type());
+  }
+
+  for (const ::onnx::TensorProto& t : g.initializer()) {
+    absl::StatusOr<ConstRef> c = DecodeTensor(t, absl::StrCat("initializer '", t.name(), "'"));
+    if (!c.ok()) return FileRefusal(file, c.status().message());
+    auto named = std::make_shared<Const>(**c);  // a shallow copy: the values are shared
+    named->initializer = t.name();
+    f->initializers[t.name()] = std::move(named);
+  }
+  // The inputs that are not initializers: the first is the data, the others (a loss head's labels) are checked
+  // by the mapper.
+  for (const ::onnx::ValueInfoProto& in : g.input()) {
+    if (f->initializers.count(in.name())) continue;
+    if (!f->data_input.empty()) {
+      f->other_inputs.insert(in.name());
+      continue;
+    }
+    f->data_input = in.name();
+    std::vector<int64_t> dims = DimsOf(in.type());
+    f->input_elem_type = in.type().has_tensor_type() ? in.type().tensor_type().elem_type() : 0;
+    if (f->input_elem_type != ::onnx::TensorProto::FLOAT) {
+      return FileRefusal(file, absl::StrCat("input '", in.name(), "' has type ", DataTypeName(f->input_elem_type),
+                                            " (supported: FLOAT images or features)"));
+    }
+    if (dims.empty()) {
+      return FileRefusal(file, absl::StrCat("input '", in.name(), "' is a scalar (supported: a batch axis first, then features or C x H x W)"));
+    }
+    f->input_batch = dims[0];
+    f->input_dims.assign(dims.begin() + 1, dims.end());
+  }
+  if (f->data_input.empty()) return FileRefusal(file, "the graph has no input besides its initializers");
+  for (int i = 0; i < g.node_size(); ++i) {
+    for (const std::string& in : g.node(i).input()) {
+      if (!in.empty()) f->readers[in].push_back(i);
+    }
+  }
+  for (const ::onnx::ValueInfoProto& out : g.output()) f->outputs.push_back(out.name());
+  return f;
+}
+
+}  // namespace dtrain::models::onnx

@@ -1,0 +1,918 @@
+#include "worker/models/onnx/onnx_mapper.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <set>
+#include <tuple>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "worker/models/onnx/onnx_attributes.h"
+
+namespace dtrain::models::onnx {
+namespace {
+
+using ::onnx::NodeProto;
+
+// What an ONNX value name stands for while the graph is mapped.
+struct Value {
+  int tensor = -1;   // a tensor of the graph (per example)
+  ConstRef constant;  // or a value known at import
+  // A Pad waiting for the Conv or AveragePool that reads it (tensor: its input): the spatial pads.
+  bool padded = false;
+  int64_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  std::string unavailable;  // non-empty: a value dtrain does not compute, and why
+  int head_of = -1;         // the output of a stripped softmax head: the logits tensor
+};
+
+std::string Shape(const std::vector<int64_t>& dims) { return dims.empty() ? "a scalar" : absl::StrJoin(dims, "x"); }
+
+// SAME padding of one dimension (ONNX's auto_pad): {before, after}.
+std::pair<int64_t, int64_t> SamePads(int64_t in, int64_t k, int64_t stride, int64_t dilation, bool upper) {
+  const int64_t out = (in + stride - 1) / stride;
+  const int64_t dk = (k - 1) * dilation + 1;
+  const int64_t total = std::max<int64_t>(0, (out - 1) * stride + dk - in);
+  const int64_t small = total / 2;
+  return upper ? std::make_pair(small, total - small) : std::make_pair(total - small, small);
+}
+
+class Mapper {
+ public:
+  Mapper(const OnnxFile& f, const ImportOptions& o) : f_(f), o_(o), g_(f.model->graph()) {}
+  absl::StatusOr<Graph> Run(const DataGeometry* data);
+
+ private:
+  const NodeProto& node(int i) const { return g_.node(i); }
+  absl::Status Refuse(int i, absl::string_view what) const { return NodeRefusal(f_, i, what); }
+  absl::Status SetInput(const DataGeometry* data);
+  absl::Status MapNode(int i);
+
+  // Input k of node i: its value (an error names a value nothing computes); as a tensor of the graph; as a
+  // constant (null when omitted); as a variable (an initializer: trainable unless `state`; a Constant's value:
+  // a constant variable).
+  absl::StatusOr<const Value*> Get(int i, int k) const;
+  absl::StatusOr<int> Tensor(int i, int k) const;
+  absl::StatusOr<const Const*> ConstIn(int i, int k) const;
+  absl::StatusOr<VarSpec> Param(int i, int k, const char* role, bool state = false);
+  // Adds `n` to the graph as node i's output `out` (default: its first output name).
+  absl::Status Emit(int i, Node n, std::vector<int> inputs, std::vector<VarSpec> vars, std::string out = "");
+  // Marks node i's outputs from `first` on as values dtrain does not compute.
+  void Unavailable(int i, int first, const std::string& why);
+  Node Make(int i, Op op) const;
+
+  absl::Status Fold(int i);
+  absl::Status MapConv(int i);
+  absl::Status MapPool(int i);
+  absl::Status MapGlobalPool(int i);
+  absl::Status MapGemm(int i);
+  absl::Status MapMatMul(int i);
+  absl::Status MapBinary(int i);
+  absl::Status MapActivation(int i);
+  absl::Status MapBatchNorm(int i);
+  absl::Status MapDropout(int i);
+  absl::Status MapLrn(int i);
+  absl::Status MapFlatten(int i);
+  absl::Status MapReshape(int i);
+  absl::Status MapConcat(int i);
+  absl::Status MapPad(int i);
+  absl::Status MapHead(int i);
+  // The spatial pads of node i (pads / auto_pad attributes) for an input of in_h x in_w (Pad's included).
+  absl::Status SpatialPads(int i, int64_t in_h, int64_t in_w, const std::vector<int64_t>& kernel,
+                           const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations, int64_t* top,
+                           int64_t* left, int64_t* bottom, int64_t* right);
+  // The 2-element attribute `name` (default `fallback` for both), refused otherwise.
+  absl::StatusOr<std::vector<int64_t>> Pair(int i, const char* name, int64_t fallback) const;
+
+  const OnnxFile& f_;
+  ImportOptions o_;
+  const ::onnx::GraphProto& g_;
+  std::unique_ptr<GraphBuilder> b_;
+  std::unordered_map<std::string, Value> values_;
+  std::set<int> fused_;             // nodes mapped together with an earlier one (the Add of MatMul + Add)
+  std::set<std::string> var_names_;  // variables declared so far
+};
+
+absl::StatusOr<const Value*> Mapper::Get(int i, int k) const {
+  const std::string name = InputName(node(i), k);
+  auto it = values_.find(name);
+  if (name.empty() || it == values_.end()) {
+    return Refuse(i, absl::StrCat("input ", k, " ('", name, "') is not computed by any earlier node"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<int> Mapper::Tensor(int i, int k) const {
+  ASSIGN_OR_RETURN(const Value* v, Get(i, k));
+  const std::string name = InputName(node(i), k);
+  if (!v->unavailable.empty()) return Refuse(i, absl::StrCat("input '", name, "' is ", v->unavailable));
+  if (v->head_of >= 0) {
+    return Refuse(i, absl::StrCat("reads '", name, "', the output of the softmax head (supported: Softmax, LogSoftmax "
+                                               "and SoftmaxCrossEntropyLoss only as the graph's last node)"));
+  }
+  if (v->padded) {
+    return Refuse(i, absl::StrCat("reads '", name, "', the output of a Pad (supported: Pad only before a Conv or an "
+                                               "AveragePool)"));
+  }
+  if (v->tensor < 0) {
+    return Refuse(i, absl::StrCat("input '", name, "' is a constant (supported: a tensor computed from the input "
+                                               "here; constants only as weights and operands)"));
+  }
+  return v->tensor;
+}
+
+absl::StatusOr<const Const*> Mapper::ConstIn(int i, int k) const {
+  if (InputName(node(i), k).empty()) return nullptr;
+  ASSIGN_OR_RETURN(const Value* v, Get(i, k));
+  if (v->constant == nullptr) {
+    return Refuse(i, absl::StrCat("input ", k, " ('", InputName(node(i), k),
+                                  "') is computed from the data (supported: a constant or an initializer)"));
+  }
+  return v->constant.get();
+}
+
+absl::StatusOr<VarSpec> Mapper::Param(int i, int k, const char* role, bool state) {
+  const std::string name = InputName(node(i), k);
+  ASSIGN_OR_RETURN(const Value* v, Get(i, k));
+  if (v->constant == nullptr) {
+    return Refuse(i, absl::StrCat("its ", role, " '", name, "' is computed by the graph (supported: an initializer)"));
+  }
+  const Const& c = *v->constant;
+  if (c.type != Const::Type::kFloat || c.data_type != ::onnx::TensorProto::FLOAT) {
+    return Refuse(i, absl::StrCat("its ", role, " '", name, "' has type ", DataTypeName(c.data_type),
+                                  " (supported: FLOAT)"));
+  }
+  Initializer init;
+  init.kind = Initializer::Kind::kValues;
+  init.values = c.floats;
+  if (!c.initializer.empty()) {
+    if (c.initializer.rfind("onnx::", 0) == 0) {
+      return Refuse(i, absl::StrCat("its ", role, " '", c.initializer,
+                                    "' is not a parameter of the PyTorch module but a value the exporter made (an "
+                                    "eval-mode export that folded BatchNorm into Conv; supported: parameters under "
+                                    "their state_dict names)"));
+    }
+    var_names_.insert(c.initializer);
+    return VarSpec(c.initializer, c.dims, std::move(init), 0.0f, /*trainable=*/!state);
+  }
+  // A Constant's value (or folded arithmetic): a constant variable, named after the value (a second reader
+  // gets its own copy).
+  std::string var = name;
+  for (int n = 2; var_names_.count(var); ++n) var = absl::StrCat(name, "#", n);
+  var_names_.insert(var);
+  return VarSpec(var, c.dims, std::move(init), 0.0f, /*trainable=*/false);
+}
+
+Node Mapper::Make(int i, Op op) const {
+  Node n;
+  n.op = op;
+  n.name = NodeName(node(i), i);
+  return n;
+}
+
+absl::Status Mapper::Emit(int i, Node n, std::vector<int> inputs, std::vector<VarSpec> vars, std::string out) {
+  if (out.empty()) out = node(i).output(0);
+  ASSIGN_OR_RETURN(int t, b_->Add(std::move(n), std::move(inputs), std::move(vars), out));
+  Value v;
+  v.tensor = t;
+  values_[out] = v;
+  // ONNX's shape inference, where it knows the shape, must agree (the batch axis aside).
+  auto it = f_.inferred.find(out);
+  if (it != f_.inferred.end() && it->second.size() >= 1) {
+    std::vector<int64_t> dims(it->second.begin() + 1, it->second.end());
+    bool known = true;
+    for (int64_t d : dims) known = known && d >= 0;
+    if (known && dims != b_->shape(t).dims) {
+      return absl::InternalError(absl::StrCat(f_.file, ": node '", NodeName(node(i), i), "' (", node(i).op_type(),
+                                              "): dtrain computes per-example shape ", Shape(b_->shape(t).dims),
+                                              " where ONNX's shape inference gives ", Shape(dims)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Mapper::Unavailable(int i, int first, const std::string& why) {
+  for (int k = first; k < node(i).output_size(); ++k) {
+    if (node(i).output(k).empty()) continue;
+    Value v;
+    v.unavailable = why;
+    values_[node(i).output(k)] = v;
+  }
+}
+
+absl::StatusOr<std::vector<int64_t>> Mapper::Pair(int i, const char* name, int64_t fallback) const {
+  std::vector<int64_t> v = AttrInts(node(i), name);
+  if (v.empty()) return std::vector<int64_t>{fallback, fallback};
+  if (v.size() != 2) {
+    return Refuse(i, absl::StrCat("attribute ", name, "=[", absl::StrJoin(v, ","), "] is not supported (supported: ",
+                                  "two values, 2-D images)"));
+  }
+  return v;
+}
+
+absl::Status Mapper::SpatialPads(int i, int64_t in_h, int64_t in_w, const std::vector<int64_t>& kernel,
+                                 const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
+                                 int64_t* top, int64_t* left, int64_t* bottom, int64_t* right) {
+  const std::string auto_pad = AttrString(node(i), "auto_pad", "NOTSET");
+  if (auto_pad == "NOTSET") {
+    std::vector<int64_t> pads = AttrInts(node(i), "pads");
+    if (pads.empty()) pads = {0, 0, 0, 0};
+    if (pads.size() != 4) {
+      return Refuse(i, absl::StrCat("attribute pads=[", absl::StrJoin(pads, ","),
+                                    "] is not supported (supported: four values, 2-D images)"));
+    }
+    for (int64_t p : pads) {
+      if (p < 0) return Refuse(i, absl::StrCat("attribute pads=[", absl::StrJoin(pads, ","), "] has a negative pad"));
+    }
+    *top = pads[0], *left = pads[1], *bottom = pads[2], *right = pads[3];
+  } else if (auto_pad == "VALID") {
+    *top = *left = *bottom = *right = 0;
+  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    const bool upper = auto_pad == "SAME_UPPER";
+    std::tie(*top, *bottom) = SamePads(in_h, kernel[0], strides[0], dilations[0], upper);
+    std::tie(*left, *right) = SamePads(in_w, kernel[1], strides[1], dilations[1], upper);
+  } else {
+    return Refuse(i, absl::StrCat("attribute auto_pad=", auto_pad,
+                                  " is not supported (supported: NOTSET, VALID, SAME_UPPER, SAME_LOWER)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Mapper::SetInput(const DataGeometry* data) {
+  const std::vector<int64_t>& fd = f_.input_dims;
+  const std::string& name = f_.data_input;
+  TensorShape input;
+  bool reshape = false;
+  int64_t per_example = 1;
+  bool known = true;
+  for (int64_t d : fd) {
+    per_example *= d;
+    known = known && d >= 0;
+  }
+  if (data != nullptr) {
+    input.dims = {data->channels, data->height, data->width};
+    const std::string images = absl::StrCat(Shape(input.dims), " (C x H x W)");
+    if (fd.size() == 3) {
+      for (int k = 0; k < 3; ++k) {
+        if (fd[k] >= 0 && fd[k] != input.dims[k]) {
+          std::vector<std::string> want;
+          for (int64_t d : fd) want.push_back(d >= 0 ? absl::StrCat(d) : "?");
+          return absl::InvalidArgumentError(absl::StrCat(
+              f_.file, ": the model's input '", name, "' takes ", absl::StrJoin(want, "x"),
+              " images (C x H x W) but the data set's images are ", images,
+              "; train it on data of its shape or export it for these images"));
+        }
+      }
+    } else {
+      if (!known || per_example != input.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f_.file, ": the model's input '", name, "' takes ", known ? Shape(fd) : "a symbolic shape of",
+            " values per example but the data set's images are ", images, ", ", input.size(),
+            " values; train it on data of its size or export it for these images"));
+      }
+      reshape = true;
+    }
+  } else {
+    if (!known) {
+      return FileRefusal(f_.file, absl::StrCat("the input '", name, "' has symbolic sizes besides the batch axis "
+                                               "(supported here: fixed sizes)"));
+    }
+    input.dims = fd;
+  }
+  b_ = std::make_unique<GraphBuilder>(f_.name, input, reshape ? name + ":images" : name);
+  Value v;
+  v.tensor = b_->input();
+  if (reshape) {
+    // Images flattened in ONNX's (C, H, W) order, as x.view(N, -1) does in PyTorch.
+    ASSIGN_OR_RETURN(v.tensor, b_->Add(Node::Reshape(name + "/from_images", fd, FlattenOrder::kChannelsFirst),
+                                       {b_->input()}, {}, name));
+  }
+  values_[name] = v;
+  for (const std::string& other : f_.other_inputs) {
+    Value u;
+    u.unavailable = "a graph input dtrain does not feed (it feeds one input, the images; a second one may only be "
+                    "the labels of a SoftmaxCrossEntropyLoss head)";
+    values_[other] = u;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Graph> Mapper::Run(const DataGeometry* data) {
+  for (const auto& [name, c] : f_.initializers) {
+    Value v;
+    v.constant = c;
+    values_[name] = v;
+  }
+  RETURN_IF_ERROR(SetInput(data));
+  for (int i = 0; i < g_.node_size(); ++i) {
+    if (fused_.count(i)) continue;
+    RETURN_IF_ERROR(MapNode(i));
+  }
+  if (f_.outputs.empty()) return FileRefusal(f_.file, "the graph has no output");
+  const std::string& out = f_.outputs[0];
+  auto it = values_.find(out);
+  const Value* v = it == values_.end() ? nullptr : &it->second;
+  const int logits = v == nullptr ? -1 : (o_.forward_only ? v->tensor : (v->head_of >= 0 ? v->head_of : v->tensor));
+  if (logits < 0 || v->padded) {
+    return FileRefusal(f_.file, absl::StrCat("the graph's output '", out, "' is not computed from its input ",
+                                             "(supported: logits, or a softmax head over them, as the first output)"));
+  }
+  return b_->Finish(logits, o_.forward_only ? Loss::kNone : Loss::kSoftmaxCrossEntropy);
+}
+
+absl::Status Mapper::MapNode(int i) {
+  const NodeProto& n = node(i);
+  const std::string& op = n.op_type();
+  // Identity of an initializer: how an eval-mode export aliases equal initializers (before folding takes it).
+  if (op == "Identity") {
+    ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
+    if (v->constant != nullptr && !v->constant->initializer.empty()) {
+      return Refuse(i, absl::StrCat("an alias of initializer '", v->constant->initializer,
+                                    "' (an eval-mode export merges equal initializers into Identity aliases; "
+                                    "supported: Identity of a tensor)"));
+    }
+  }
+  // Values known at import: all inputs constant (and Shape, which reads only a tensor's dims).
+  bool all_constant = true;
+  for (int k = 0; k < n.input_size(); ++k) {
+    if (n.input(k).empty()) continue;
+    ASSIGN_OR_RETURN(const Value* v, Get(i, k));
+    all_constant = all_constant && v->constant != nullptr;
+  }
+  if (op == "Shape" || op == "Constant" || (all_constant && n.input_size() > 0)) return Fold(i);
+
+  if (op == "Conv") return MapConv(i);
+  if (op == "MaxPool" || op == "AveragePool") return MapPool(i);
+  if (op == "GlobalAveragePool" || op == "GlobalMaxPool") return MapGlobalPool(i);
+  if (op == "Gemm") return MapGemm(i);
+  if (op == "MatMul") return MapMatMul(i);
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") return MapBinary(i);
+  if (op == "Relu" || op == "LeakyRelu" || op == "Clip" || op == "Sigmoid" || op == "Tanh") return MapActivation(i);
+  if (op == "BatchNormalization") return MapBatchNorm(i);
+  if (op == "Dropout") return MapDropout(i);
+  if (op == "LRN") return MapLrn(i);
+  if (op == "Flatten") return MapFlatten(i);
+  if (op == "Reshape") return MapReshape(i);
+  if (op == "Concat") return MapConcat(i);
+  if (op == "Pad") return MapPad(i);
+  if (op == "Softmax" || op == "LogSoftmax" || op == "SoftmaxCrossEntropyLoss") return MapHead(i);
+  if (op == "Identity") {
+    ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+    return Emit(i, Make(i, Op::kIdentity), {x}, {});
+  }
+  // Gather, Unsqueeze, Squeeze, Slice, Cast, ConstantOfShape on data.
+  return Refuse(i, absl::StrCat(op, " of a tensor computed from the input is not supported (supported: ", op,
+                                " of constants, i.e. shape arithmetic)"));
+}
+
+absl::Status Mapper::Fold(int i) {
+  const NodeProto& n = node(i);
+  std::vector<ConstRef> out;
+  if (n.op_type() == "Shape") {
+    ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
+    std::vector<int64_t> dims;
+    if (v->constant != nullptr) {
+      dims = v->constant->dims;
+    } else {
+      ASSIGN_OR_RETURN(int t, Tensor(i, 0));
+      dims = b_->shape(t).dims;
+      dims.insert(dims.begin(), f_.input_batch > 0 ? f_.input_batch : 1);
+    }
+    absl::StatusOr<ConstRef> shape = MakeShapeOf(n, dims);
+    if (!shape.ok()) return Refuse(i, shape.status().message());
+    auto c = std::const_pointer_cast<Const>(*shape);
+    if (v->constant != nullptr) c->batch.clear();  // a constant's dims are plain numbers
+    out.push_back(c);
+  } else {
+    if (!IsFoldable(n.op_type())) {
+      return Refuse(i, absl::StrCat(n.op_type(), " of constants is not supported (supported: shape arithmetic: "
+                                                 "Constant, Shape, Gather, Unsqueeze, Squeeze, Concat, Slice, Cast, "
+                                                 "Add, Sub, Mul, Div, Reshape, Flatten, Identity, ConstantOfShape)"));
+    }
+    std::vector<const Const*> in;
+    for (int k = 0; k < n.input_size(); ++k) {
+      ASSIGN_OR_RETURN(const Const* c, ConstIn(i, k));
+      in.push_back(c);
+    }
+    absl::StatusOr<std::vector<ConstRef>> folded = FoldNode(n, in, f_.opset);
+    if (!folded.ok()) return Refuse(i, folded.status().message());
+    out = *std::move(folded);
+  }
+  for (size_t k = 0; k < out.size() && static_cast<int>(k) < n.output_size(); ++k) {
+    Value v;
+    v.constant = out[k];
+    values_[n.output(k)] = v;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Mapper::MapConv(int i) {
+  const NodeProto& n = node(i);
+  ASSIGN_OR_RETURN(const Value* xv, Get(i, 0));
+  Value padded_input;
+  if (xv->padded) {
+    padded_input = *xv;
+    padded_input.padded = false;
+  }
+  const Value& x = xv->padded ? padded_input : *xv;
+  if (x.tensor < 0) RETURN_IF_ERROR(Tensor(i, 0).status());
+  ASSIGN_OR_RETURN(VarSpec w, Param(i, 1, "weight"));
+  if (w.shape.size() != 4) {
+    return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", Shape(w.shape),
+                                  " (supported: 2-D convolutions, a 4-D weight [out, in / group, kH, kW])"));
+  }
+  const std::vector<int64_t> kernel = {w.shape[2], w.shape[3]};
+  const std::vector<int64_t> ks = AttrInts(n, "kernel_shape");
+  if (!ks.empty() && ks != kernel) {
+    return Refuse(i, absl::StrCat("attribute kernel_shape=[", absl::StrJoin(ks, ","), "] does not match its weight ",
+                                  Shape(w.shape)));
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> strides, Pair(i, "strides", 1));
+  ASSIGN_OR_RETURN(std::vector<int64_t> dilations, Pair(i, "dilations", 1));
+  const TensorShape& in = b_->shape(x.tensor);
+  if (!in.is_image()) {
+    return Refuse(i, absl::StrCat("its input has shape ", Shape(in.dims), " per example (supported: C x H x W images)"));
+  }
+  Node c = Make(i, Op::kConv);
+  kernels::Conv2DParams& p = c.conv;
+  p.k_h = static_cast<int>(kernel[0]);
+  p.k_w = static_cast<int>(kernel[1]);
+  p.out_c = static_cast<int>(w.shape[0]);
+  p.stride_h = static_cast<int>(strides[0]);
+  p.stride_w = static_cast<int>(strides[1]);
+  p.dilation_h = static_cast<int>(dilations[0]);
+  p.dilation_w = static_cast<int>(dilations[1]);
+  p.groups = static_cast<int>(AttrInt(n, "group", 1));
+  p.weight_layout = kernels::WeightLayout::kOIHW;
+  p.explicit_padding = true;
+  int64_t top, left, bottom, right;
+  RETURN_IF_ERROR(SpatialPads(i, in.dims[1] + x.pad_top + x.pad_bottom, in.dims[2] + x.pad_left + x.pad_right, kernel,
+                              strides, dilations, &top, &left, &bottom, &right));
+  p.pad_top = static_cast<int>(top + x.pad_top);
+  p.pad_left = static_cast<int>(left + x.pad_left);
+  p.pad_bottom = static_cast<int>(bottom + x.pad_bottom);
+  p.pad_right = static_cast<int>(right + x.pad_right);
+  std::vector<VarSpec> vars = {std::move(w)};
+  if (!InputName(n, 2).empty()) {
+    ASSIGN_OR_RETURN(VarSpec bias, Param(i, 2, "bias"));
+    vars.push_back(std::move(bias));
+  }
+  return Emit(i, std::move(c), {x.tensor}, std::move(vars));
+}
+
+absl::Status Mapper::MapPool(int i) {
+  const NodeProto& n = node(i);
+  const bool max = n.op_type() == "MaxPool";
+  ASSIGN_OR_RETURN(const Value* xv, Get(i, 0));
+  Value x = *xv;
+  const bool padded = x.padded;
+  x.padded = false;
+  if (x.tensor < 0 || !x.unavailable.empty() || x.head_of >= 0) RETURN_IF_ERROR(Tensor(i, 0).status());
+  const std::vector<int64_t> kernel = AttrInts(n, "kernel_shape");
+  if (kernel.size() != 2) {
+    return Refuse(i, absl::StrCat("attribute kernel_shape=[", absl::StrJoin(kernel, ","),
+                                  "] is not supported (supported: 2-D pooling, two values)"));
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> strides, Pair(i, "strides", 1));
+  ASSIGN_OR_RETURN(std::vector<int64_t> dilations, Pair(i, "dilations", 1));
+  if (dilations[0] != 1 || dilations[1] != 1) {
+    return Refuse(i, absl::StrCat("attribute dilations=[", absl::StrJoin(dilations, ","),
+                                  "] is not supported (supported: 1, 1)"));
+  }
+  const TensorShape& in = b_->shape(x.tensor);
+  if (!in.is_image()) {
+    return Refuse(i, absl::StrCat("its input has shape ", Shape(in.dims), " per example (supported: C x H x W images)"));
+  }
+  Node p = Make(i, max ? Op::kMaxPool : Op::kAvgPool);
+  kernels::PoolParams& pp = p.pool;
+  pp.window = pp.window_h = static_cast<int>(kernel[0]);
+  pp.window_w = static_cast<int>(kernel[1]);
+  pp.stride = pp.stride_h = static_cast<int>(strides[0]);
+  pp.stride_w = static_cast<int>(strides[1]);
+  pp.explicit_padding = true;
+  pp.ceil_mode = AttrInt(n, "ceil_mode", 0) != 0;
+  pp.count_include_pad = !max && AttrInt(n, "count_include_pad", 0) != 0;
+  int64_t top, left, bottom, right;
+  RETURN_IF_ERROR(SpatialPads(i, in.dims[1] + x.pad_top + x.pad_bottom, in.dims[2] + x.pad_left + x.pad_right, kernel,
+                              strides, {1, 1}, &top, &left, &bottom, &right));
+  if (padded) {
+    // The Pad's zeros are part of the input: they count in every window's divisor.
+    if (!pp.count_include_pad && (top || left || bottom || right)) {
+      return Refuse(i, "a Pad before an AveragePool with its own pads and count_include_pad=0 is not supported "
+                       "(supported: a Pad before an AveragePool without pads, or with count_include_pad=1)");
+    }
+    pp.count_include_pad = true;
+  }
+  pp.pad_top = static_cast<int>(top + x.pad_top);
+  pp.pad_left = static_cast<int>(left + x.pad_left);
+  pp.pad_bottom = static_cast<int>(bottom + x.pad_bottom);
+  pp.pad_right = static_cast<int>(right + x.pad_right);
+  if (max) Unavailable(i, 1, "MaxPool's Indices, which dtrain does not compute");
+  return Emit(i, std::move(p), {x.tensor}, {});
+}
+
+absl::Status Mapper::MapGlobalPool(int i) {
+  const bool max = node(i).op_type() == "GlobalMaxPool";
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  const TensorShape& in = b_->shape(x);
+  if (!in.is_image()) {
+    return Refuse(i, absl::StrCat("its input has shape ", Shape(in.dims), " per example (supported: C x H x W images)"));
+  }
+  Node p = Make(i, max ? Op::kMaxPool : Op::kAvgPool);
+  p.pool.window = p.pool.window_h = static_cast<int>(in.dims[1]);
+  p.pool.window_w = static_cast<int>(in.dims[2]);
+  p.pool.stride = p.pool.stride_h = p.pool.stride_w = 1;
+  p.pool.explicit_padding = true;
+  return Emit(i, std::move(p), {x}, {});
+}
+
+absl::Status Mapper::MapGemm(int i) {
+  const NodeProto& n = node(i);
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  if (AttrInt(n, "transA", 0) != 0) {
+    return Refuse(i, "attribute transA=1 is not supported (supported: transA=0, the batch along A's first axis)");
+  }
+  ASSIGN_OR_RETURN(VarSpec w, Param(i, 1, "weight"));
+  if (w.shape.size() != 2) {
+    return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", Shape(w.shape), " (supported: 2-D)"));
+  }
+  const bool trans_b = AttrInt(n, "transB", 0) != 0;
+  const float alpha = AttrFloat(n, "alpha", 1.0f), beta = AttrFloat(n, "beta", 1.0f);
+  const int64_t out = trans_b ? w.shape[0] : w.shape[1];
+  Node d = Node::Dense(NodeName(n, i), static_cast<int>(out));
+  d.dense.weights_transposed = trans_b;
+  d.dense.alpha = alpha;
+  d.dense.beta = beta;
+  std::vector<VarSpec> vars = {std::move(w)};
+  if (InputName(n, 2).empty()) return Emit(i, std::move(d), {x}, std::move(vars));
+  ASSIGN_OR_RETURN(VarSpec c, Param(i, 2, "bias C"));
+  if (c.shape == std::vector<int64_t>{out} || c.shape == std::vector<int64_t>{1, out}) {
+    vars.push_back(std::move(c));
+    return Emit(i, std::move(d), {x}, std::move(vars));
+  }
+  // A bias broadcast from a single element or [1, out]: Dense, then Add.
+  int64_t size = 1;
+  for (int64_t s : c.shape) size *= s;
+  const bool broadcast = c.shape.size() <= 2 && size == 1;
+  if (!broadcast) {
+    return Refuse(i, absl::StrCat("its bias C '", c.name, "' has shape ", Shape(c.shape), " (supported: [", out,
+                                  "], [1, ", out, "] or one element; a bias per example is not)"));
+  }
+  if (beta != 1.0f) {
+    return Refuse(i, absl::StrCat("attribute beta=", beta, " with a bias C of shape ", Shape(c.shape),
+                                  " is not supported (supported: beta=1 there, any beta with a bias of shape [", out,
+                                  "] or [1, ", out, "])"));
+  }
+  const std::string product = n.output(0) + "/product";
+  RETURN_IF_ERROR(Emit(i, std::move(d), {x}, std::move(vars), product));
+  Node add = Make(i, Op::kBinary);
+  add.name += "/bias";
+  add.binary = kernels::BinaryOp::kAdd;
+  return Emit(i, std::move(add), {values_[product].tensor}, {std::move(c)});
+}
+
+absl::Status Mapper::MapMatMul(int i) {
+  const NodeProto& n = node(i);
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  ASSIGN_OR_RETURN(const Value* bv, Get(i, 1));
+  if (bv->constant == nullptr) {
+    return Refuse(i, "its B is computed by the graph (supported: a MatMul of the data by an initializer)");
+  }
+  ASSIGN_OR_RETURN(VarSpec w, Param(i, 1, "weight"));
+  if (w.shape.size() != 2) {
+    return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", Shape(w.shape), " (supported: 2-D)"));
+  }
+  const int64_t out = w.shape[1];
+  std::vector<VarSpec> vars = {std::move(w)};
+  std::string out_name;
+  // MatMul + Add of a bias initializer [out] (tf2onnx's and some exporters' Linear): one Dense.
+  const std::string& product = n.output(0);
+  auto readers = f_.readers.find(product);
+  const bool is_output = std::find(f_.outputs.begin(), f_.outputs.end(), product) != f_.outputs.end();
+  if (!is_output && readers != f_.readers.end() && readers->second.size() == 1) {
+    const int j = readers->second[0];
+    const NodeProto& add = node(j);
+    if (add.op_type() == "Add" && add.input_size() == 2) {
+      const std::string other = add.input(0) == product ? add.input(1) : add.input(0);
+      auto it = f_.initializers.find(other);
+      if (it != f_.initializers.end() && it->second->dims == std::vector<int64_t>{out} &&
+          it->second->data_type == ::onnx::TensorProto::FLOAT && other != product) {
+        const int k = add.input(0) == product ? 1 : 0;
+        ASSIGN_OR_RETURN(VarSpec bias, Param(j, k, "bias"));
+        vars.push_back(std::move(bias));
+        fused_.insert(j);
+        out_name = add.output(0);
+      }
+    }
+  }
+  return Emit(i, Node::Dense(NodeName(n, i), static_cast<int>(out)), {x}, std::move(vars), out_name);
+}
+
+absl::Status Mapper::MapBinary(int i) {
+  const NodeProto& n = node(i);
+  const std::string& op = n.op_type();
+  Node node_out = Make(i, Op::kBinary);
+  node_out.binary = op == "Add"   ? kernels::BinaryOp::kAdd
+                    : op == "Sub" ? kernels::BinaryOp::kSub
+                    : op == "Mul" ? kernels::BinaryOp::kMul
+                                  : kernels::BinaryOp::kDiv;
+  ASSIGN_OR_RETURN(const Value* a, Get(i, 0));
+  ASSIGN_OR_RETURN(const Value* b, Get(i, 1));
+  const bool a_const = a->constant != nullptr, b_const = b->constant != nullptr;
+  if (!a_const && !b_const) {
+    ASSIGN_OR_RETURN(int ta, Tensor(i, 0));
+    ASSIGN_OR_RETURN(int tb, Tensor(i, 1));
+    return Emit(i, std::move(node_out), {ta, tb}, {});
+  }
+  int tensor_k = b_const ? 0 : 1;
+  if (a_const && (op == "Sub" || op == "Div")) {
+    return Refuse(i, absl::StrCat("a constant ", op == "Sub" ? "minus" : "divided by",
+                                  " a tensor is not supported (supported: tensor ", op,
+                                  " constant, or two tensors)"));
+  }
+  ASSIGN_OR_RETURN(int t, Tensor(i, tensor_k));
+  ASSIGN_OR_RETURN(VarSpec v, Param(i, 1 - tensor_k, "operand"));
+  return Emit(i, std::move(node_out), {t}, {std::move(v)});
+}
+
+absl::Status Mapper::MapActivation(int i) {
+  const NodeProto& n = node(i);
+  const std::string& op = n.op_type();
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  if (op == "Relu") return Emit(i, Node::Relu(NodeName(n, i)), {x}, {});
+  Node a = Make(i, Op::kActivation);
+  if (op == "LeakyRelu") {
+    a.activation.kind = kernels::ActivationParams::Kind::kLeakyRelu;
+    a.activation.alpha = AttrFloat(n, "alpha", 0.01f);
+  } else if (op == "Sigmoid") {
+    a.activation.kind = kernels::ActivationParams::Kind::kSigmoid;
+  } else if (op == "Tanh") {
+    a.activation.kind = kernels::ActivationParams::Kind::kTanh;
+  } else {  // Clip: bounds from inputs 1 and 2 (opset 11 on), each optional
+    a.activation.kind = kernels::ActivationParams::Kind::kClip;
+    a.activation.lo = -std::numeric_limits<float>::infinity();
+    a.activation.hi = std::numeric_limits<float>::infinity();
+    for (int k = 1; k <= 2; ++k) {
+      ASSIGN_OR_RETURN(const Const* c, ConstIn(i, k));
+      if (c == nullptr) continue;
+      if (c->size() != 1) {
+        return Refuse(i, absl::StrCat(k == 1 ? "min" : "max", " has shape ", Shape(c->dims),
+                                      " (supported: one value)"));
+      }
+      (k == 1 ? a.activation.lo : a.activation.hi) = static_cast<float>(c->at(0));
+    }
+  }
+  return Emit(i, std::move(a), {x}, {});
+}
+
+absl::Status Mapper::MapBatchNorm(int i) {
+  const NodeProto& n = node(i);
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  std::vector<VarSpec> vars;
+  const char* roles[] = {"scale", "bias", "running mean", "running variance"};
+  for (int k = 1; k <= 4; ++k) {
+    ASSIGN_OR_RETURN(VarSpec v, Param(i, k, roles[k - 1], /*state=*/k >= 3));
+    vars.push_back(std::move(v));
+  }
+  Node bn = Make(i, Op::kBatchNorm);
+  bn.epsilon = AttrFloat(n, "epsilon", 1e-5f);
+  // ONNX's momentum weighs the running statistics, PyTorch's (ours) the batch's.
+  bn.momentum = static_cast<float>(1.0 - static_cast<double>(AttrFloat(n, "momentum", 0.9f)));
+  bn.unbiased_running_var = o_.bn_unbiased_running_var;
+  Unavailable(i, 1, "one of BatchNormalization's running statistics, which are variables of the model in dtrain, "
+                    "not tensors");
+  return Emit(i, std::move(bn), {x}, std::move(vars));
+}
+
+absl::Status Mapper::MapDropout(int i) {
+  const NodeProto& n = node(i);
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  float ratio = 0.5f;
+  if (f_.opset >= 12) {
+    ASSIGN_OR_RETURN(const Const* r, ConstIn(i, 1));
+    if (r != nullptr) {
+      if (r->size() != 1) return Refuse(i, "its ratio must be one value");
+      ratio = static_cast<float>(r->at(0));
+    }
+    ASSIGN_OR_RETURN(const Const* training, ConstIn(i, 2));  // constant or omitted; dtrain trains with dropout
+    (void)training;
+  } else {
+    ratio = AttrFloat(n, "ratio", 0.5f);
+  }
+  if (!(ratio >= 0.0f && ratio < 1.0f)) {
+    return Refuse(i, absl::StrCat("ratio ", ratio, " is not supported (supported: 0 <= ratio < 1)"));
+  }
+  Unavailable(i, 1, "Dropout's mask, which dtrain does not expose");
+  return Emit(i, Node::Dropout(NodeName(n, i), 1.0f - ratio), {x}, {});
+}
+
+absl::Status Mapper::MapLrn(int i) {
+  const NodeProto& n = node(i);
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  const int64_t size = AttrInt(n, "size", 0);
+  if (size < 1 || size % 2 == 0) {
+    return Refuse(i, absl::StrCat("attribute size=", size, " is not supported (supported: odd sizes, a window "
+                                                           "centred on each channel)"));
+  }
+  // ONNX divides alpha by the window's size; TensorFlow's LRN (ours) does not.
+  const float alpha = AttrFloat(n, "alpha", 1e-4f) / static_cast<float>(size);
+  return Emit(i, Node::Lrn(NodeName(n, i), static_cast<int>((size - 1) / 2), AttrFloat(n, "bias", 1.0f), alpha,
+                           AttrFloat(n, "beta", 0.75f)),
+              {x}, {});
+}
+
+absl::Status Mapper::MapFlatten(int i) {
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  const int64_t rank = static_cast<int64_t>(b_->shape(x).dims.size()) + 1;
+  int64_t axis = AttrInt(node(i), "axis", 1);
+  if (axis < 0) axis += rank;
+  if (axis != 1) {
+    return Refuse(i, absl::StrCat("attribute axis=", AttrInt(node(i), "axis", 1),
+                                  " merges the batch axis with others (supported: axis=1, one row per example)"));
+  }
+  return Emit(i, Node::Reshape(NodeName(node(i), i), {b_->shape(x).size()}, FlattenOrder::kChannelsFirst), {x}, {});
+}
+
+absl::Status Mapper::MapReshape(int i) {
+  const NodeProto& n = node(i);
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  ASSIGN_OR_RETURN(const Const* shape, ConstIn(i, 1));
+  if (shape == nullptr || shape->type != Const::Type::kInt || shape->dims.size() != 1 || shape->size() < 1) {
+    return Refuse(i, "its shape is not a 1-D integer constant (supported: a constant shape, or one computed from "
+                     "Shape/Gather/Unsqueeze/Concat)");
+  }
+  const std::vector<int64_t>& in = b_->shape(x).dims;
+  const int64_t in_size = b_->shape(x).size();
+  const bool allowzero = AttrInt(n, "allowzero", 0) != 0;
+  const std::string text = absl::StrCat("shape [", absl::StrJoin(shape->ints, ","), "]");
+  std::vector<int64_t> out;
+  int infer = -1;
+  int64_t known = 1;
+  for (int64_t k = 1; k < shape->size(); ++k) {
+    int64_t d = shape->ints[k];
+    if (shape->is_batch(k)) {
+      return Refuse(i, absl::StrCat(text, " puts the batch size at axis ", k, " (supported: the batch axis first)"));
+    }
+    if (d == 0 && !allowzero) {
+      if (k - 1 >= static_cast<int64_t>(in.size())) return Refuse(i, absl::StrCat(text, ": a 0 beyond the input's rank"));
+      d = in[k - 1];
+    }
+    if (d == -1) {
+      if (infer >= 0) return Refuse(i, absl::StrCat(text, " has two -1"));
+      infer = static_cast<int>(out.size());
+    } else if (d < 1) {
+      return Refuse(i, absl::StrCat(text, " has size ", d, " at axis ", k, " (supported: positive sizes, 0, -1)"));
+    } else {
+      known *= d;
+    }
+    out.push_back(d);
+  }
+  const int64_t first = shape->ints[0];
+  const bool keeps_batch = shape->is_batch(0) || (first == 0 && !allowzero) ||
+                           (first == -1 && infer < 0 && known == in_size) ||
+                           (f_.input_batch > 0 && first == f_.input_batch);
+  if (!keeps_batch) {
+    return Refuse(i, absl::StrCat(text, " changes the batch axis (supported: the batch size kept first: x.size(0), 0, "
+                                        "or -1 with the other sizes fixed)"));
+  }
+  if (infer >= 0) {
+    if (known == 0 || in_size % known != 0) {
+      return Refuse(i, absl::StrCat(text, " does not fit ", Shape(in), " per example"));
+    }
+    out[infer] = in_size / known;
+  }
+  int64_t out_size = 1;
+  for (int64_t d : out) out_size *= d;
+  if (out_size != in_size) {
+    return Refuse(i, absl::StrCat(text, " does not fit ", Shape(in), " per example (", in_size, " values)"));
+  }
+  return Emit(i, Node::Reshape(NodeName(n, i), out, FlattenOrder::kChannelsFirst), {x}, {});
+}
+
+absl::Status Mapper::MapConcat(int i) {
+  const NodeProto& n = node(i);
+  std::vector<int> inputs;
+  for (int k = 0; k < n.input_size(); ++k) {
+    ASSIGN_OR_RETURN(int t, Tensor(i, k));
+    inputs.push_back(t);
+  }
+  if (inputs.empty()) return Refuse(i, "no inputs");
+  const int64_t rank = static_cast<int64_t>(b_->shape(inputs[0]).dims.size()) + 1;
+  int64_t axis = AttrInt(n, "axis", 0);
+  if (axis < 0) axis += rank;
+  if (axis <= 0 || axis >= rank) {
+    return Refuse(i, absl::StrCat("attribute axis=", AttrInt(n, "axis", 0),
+                                  axis == 0 ? " concatenates along the batch axis" : " is outside the rank",
+                                  " (supported: axes 1..", rank - 1, ")"));
+  }
+  Node c = Make(i, Op::kConcat);
+  c.axis = static_cast<int>(axis - 1);
+  return Emit(i, std::move(c), std::move(inputs), {});
+}
+
+absl::Status Mapper::MapPad(int i) {
+  const NodeProto& n = node(i);
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  const std::string mode = AttrString(n, "mode", "constant");
+  if (mode != "constant") {
+    return Refuse(i, absl::StrCat("attribute mode=", mode, " is not supported (supported: constant zeros)"));
+  }
+  ASSIGN_OR_RETURN(const Const* pads, ConstIn(i, 1));
+  ASSIGN_OR_RETURN(const Const* value, ConstIn(i, 2));
+  if (value != nullptr && (value->size() != 1 || value->at(0) != 0.0)) {
+    return Refuse(i, "its constant_value is not 0 (supported: zero padding)");
+  }
+  const TensorShape& in = b_->shape(x);
+  if (pads == nullptr || !in.is_image() || pads->size() != 8) {
+    return Refuse(i, "its pads are not 8 constants of a C x H x W image (supported: zero padding of H and W)");
+  }
+  const std::vector<int64_t> p = {static_cast<int64_t>(pads->at(0)), static_cast<int64_t>(pads->at(1)),
+                                  static_cast<int64_t>(pads->at(2)), static_cast<int64_t>(pads->at(3)),
+                                  static_cast<int64_t>(pads->at(4)), static_cast<int64_t>(pads->at(5)),
+                                  static_cast<int64_t>(pads->at(6)), static_cast<int64_t>(pads->at(7))};
+  if (p[0] || p[1] || p[4] || p[5] || p[2] < 0 || p[3] < 0 || p[6] < 0 || p[7] < 0) {
+    return Refuse(i, absl::StrCat("pads [", absl::StrJoin(p, ","),
+                                  "] are not supported (supported: non-negative pads of H and W only)"));
+  }
+  const std::string& out = n.output(0);
+  auto readers = f_.readers.find(out);
+  const bool is_output = std::find(f_.outputs.begin(), f_.outputs.end(), out) != f_.outputs.end();
+  bool fits = !is_output && readers != f_.readers.end() && readers->second.size() == 1;
+  if (fits) {
+    const NodeProto& r = node(readers->second[0]);
+    fits = (r.op_type() == "Conv" || r.op_type() == "AveragePool") && r.input(0) == out;
+  }
+  if (!fits) {
+    return Refuse(i, "its output is not read by exactly one Conv or AveragePool (supported: a Pad merged into the "
+                     "Conv or AveragePool after it, as PyTorch exports AvgPool2d(padding=p))");
+  }
+  Value v;
+  v.tensor = x;
+  v.padded = true;
+  v.pad_top = p[2];
+  v.pad_left = p[3];
+  v.pad_bottom = p[6];
+  v.pad_right = p[7];
+  values_[out] = v;
+  return absl::OkStatus();
+}
+
+absl::Status Mapper::MapHead(int i) {
+  const NodeProto& n = node(i);
+  const std::string& op = n.op_type();
+  if (o_.forward_only) {
+    return Refuse(i, absl::StrCat(op, " is not computed (supported only as the model's head, which training strips)"));
+  }
+  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  const std::vector<int64_t>& dims = b_->shape(x).dims;
+  if (dims.size() != 1) {
+    return Refuse(i, absl::StrCat("its input has shape ", Shape(dims), " per example (supported: class logits, a "
+                                                                        "flat vector per example)"));
+  }
+  if (op == "SoftmaxCrossEntropyLoss") {
+    if (FindAttr(n, "ignore_index") != nullptr || !InputName(n, 2).empty()) {
+      return Refuse(i, "ignore_index and class weights are not supported (supported: the plain mean loss)");
+    }
+    const std::string reduction = AttrString(n, "reduction", "mean");
+    if (reduction != "mean") {
+      return Refuse(i, absl::StrCat("attribute reduction=", reduction, " is not supported (supported: mean)"));
+    }
+    if (f_.other_inputs.count(InputName(n, 1)) == 0) {
+      return Refuse(i, "its labels are not a graph input (supported: the labels as the graph's second input)");
+    }
+  } else {
+    int64_t axis = AttrInt(n, "axis", f_.opset >= 13 ? -1 : 1);
+    if (axis < 0) axis += 2;
+    if (axis != 1) {
+      return Refuse(i, absl::StrCat("attribute axis=", AttrInt(n, "axis", 0),
+                                    " is not supported (supported: the class axis, 1 or -1)"));
+    }
+  }
+  // Nothing may read the head's outputs; the graph's output is then the logits.
+  for (int k = 0; k < n.output_size(); ++k) {
+    auto readers = f_.readers.find(n.output(k));
+    if (readers != f_.readers.end() && !readers->second.empty()) {
+      const int j = readers->second[0];
+      return Refuse(i, absl::StrCat("its output '", n.output(k), "' is read by node '", NodeName(node(j), j),
+                                    "' (supported: ", op, " only as the model's head, the graph's last node)"));
+    }
+    Value v;
+    v.head_of = x;
+    values_[n.output(k)] = v;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Graph> MapGraph(const OnnxFile& f, const ImportOptions& options, const DataGeometry* data) {
+  Mapper m(f, options);
+  return m.Run(data);
+}
+
+}  // namespace dtrain::models::onnx

@@ -1,0 +1,38 @@
+// Maps an ONNX file's nodes onto GraphBuilder (worker/models/graph.h), node by node in the file's order:
+// constants and shape arithmetic are folded, Pad is merged into the Conv or AveragePool that reads it, MatMul +
+// Add of a bias into one Dense, a Softmax / LogSoftmax / SoftmaxCrossEntropyLoss head is stripped to the logits.
+// Internal to worker/models/onnx; what it supports and refuses is listed in README.md ("Bring your own model").
+//
+// Variables: an initializer an op takes as a weight is a trainable variable under its ONNX name, in ONNX's layout
+// (Conv OIHW, Gemm [out, in] with transB = 1), starting from the file's values; BatchNormalization's running mean
+// and variance are state variables; a Constant node's value an op takes as an operand (x * 0.5) is a constant
+// variable (not trainable; named after the Constant's output).
+//
+// Thread-safety: plain functions.
+#ifndef DTRAIN_WORKER_MODELS_ONNX_ONNX_MAPPER_H_
+#define DTRAIN_WORKER_MODELS_ONNX_ONNX_MAPPER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/models/graph.h"
+#include "worker/models/onnx/onnx_file.h"
+#include "worker/models/onnx/onnx_import.h"
+
+namespace dtrain::models::onnx {
+
+// The images the data set gives, logical (C, H, W).
+struct DataGeometry {
+  int64_t channels = 0, height = 0, width = 0;
+};
+
+// The graph of `f` for `data` (null: the file's own input shape, which must then be fully known). With images,
+// the file's input must be (C, H, W) with those sizes, or a flat [N, C*H*W] input (a Reshape in channels-first
+// order is put in front). Refusals as NodeRefusal / FileRefusal (onnx_file.h); a geometry that does not fit
+// names both shapes.
+absl::StatusOr<Graph> MapGraph(const OnnxFile& f, const ImportOptions& options, const DataGeometry* data);
+
+}  // namespace dtrain::models::onnx
+
+#endif  // DTRAIN_WORKER_MODELS_ONNX_ONNX_MAPPER_H_
