@@ -192,6 +192,7 @@ class PrefetchingBatchStream : public BatchStream {
       const int64_t ex = ExampleAt(first + i);
       PreprocessImage(data_.pixels.data() + ex * data_.image_size(), in_shape_, o_.preprocess, out_shape_, &rng,
                       b.images.data() + i * out_shape_.size());
+      NormalizeImage(o_.normalize, out_shape_, b.images.data() + i * out_shape_.size());
       b.labels[i] = static_cast<float>(data_.labels[ex]);
     }
     return b;
@@ -236,13 +237,17 @@ absl::StatusOr<std::unique_ptr<BatchStream>> BatchStream::Create(const Dataset& 
                                                    data.count(), " images of ", data.height, "x", data.width, "x",
                                                    data.channels));
   }
+  RETURN_IF_ERROR(CheckNormalization(o.normalize, data.channels));
   ASSIGN_OR_RETURN(ImageShape out, PreprocessedShape({data.height, data.width, data.channels}, o.preprocess,
                                                      o.crop_h, o.crop_w));
   return std::unique_ptr<BatchStream>(new PrefetchingBatchStream(data, o, out));
 }
 
-std::vector<Batch> EvalBatches(const Dataset& data, int batch_size, Preprocess preprocess, int crop_h, int crop_w) {
+std::vector<Batch> EvalBatches(const Dataset& data, int batch_size, Preprocess preprocess, int crop_h, int crop_w,
+                               const Normalization& normalize) {
   CHECK_GT(batch_size, 0) << "EvalBatches: batch_size";
+  const absl::Status normalization = CheckNormalization(normalize, data.channels);
+  CHECK(normalization.ok()) << "EvalBatches: " << normalization;
   const ImageShape in{data.height, data.width, data.channels};
   absl::StatusOr<ImageShape> out = PreprocessedShape(in, preprocess, crop_h, crop_w);
   CHECK(out.ok()) << "EvalBatches: " << out.status();
@@ -259,6 +264,7 @@ std::vector<Batch> EvalBatches(const Dataset& data, int batch_size, Preprocess p
     for (int i = 0; i < b.batch; ++i) {
       PreprocessImage(data.pixels.data() + (first + i) * data.image_size(), in, preprocess, *out, &rng,
                       b.images.data() + i * out->size());
+      NormalizeImage(normalize, *out, b.images.data() + i * out->size());
       b.labels[i] = static_cast<float>(data.labels[first + i]);
     }
     batches.push_back(std::move(b));

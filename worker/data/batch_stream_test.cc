@@ -298,6 +298,44 @@ TEST(BatchStreamTest, EvalBatchesCoverTheSetInOrder) {
   EXPECT_TRUE(Near(central[2].images.data() + 3 * 48, Standardized(Window(d, 23, 2, 2, 8, 6, false))));
 }
 
+// --input_mean/--input_std: per channel, after scaling to [0, 1], the same in training and evaluation.
+TEST(BatchStreamTest, NormalizesEachChannelInTrainingAndEvaluation) {
+  const Dataset d = MakeDataset(6, 4, 5, 3);
+  absl::StatusOr<Normalization> n = ParseNormalization("0.5,0.25,0", "0.5, 2,4");
+  ASSERT_TRUE(n.ok()) << n.status();
+  BatchStreamOptions o;
+  o.batch_size = 6;
+  o.shuffle = false;
+  o.normalize = *n;
+  auto stream = BatchStream::Create(d, o);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const Batch& b = (*stream)->Next();
+  const std::vector<Batch> eval = EvalBatches(d, 6, Preprocess::kScale01, 24, 24, *n);
+  const float mean[3] = {0.5f, 0.25f, 0.0f}, inv[3] = {2.0f, 0.5f, 0.25f};
+  for (int64_t i = 0; i < 6 * 60; ++i) {
+    const int ch = static_cast<int>(i % 3);
+    const float want = (d.pixels[i] * (1.0f / 255.0f) - mean[ch]) * inv[ch];
+    ASSERT_FLOAT_EQ(b.images[i], want) << i;
+    ASSERT_FLOAT_EQ(eval[0].images[i], want) << i;
+  }
+  // One value for every channel.
+  n = ParseNormalization("0.5", "");
+  ASSERT_TRUE(n.ok());
+  EXPECT_FLOAT_EQ(EvalBatches(d, 6, Preprocess::kScale01, 24, 24, *n)[0].images[4], d.pixels[4] / 255.0f - 0.5f);
+}
+
+TEST(BatchStreamTest, NormalizationErrorsNameTheFlag) {
+  EXPECT_THAT(ParseNormalization("0.5,x", "").status().message(), ::testing::HasSubstr("--input_mean: 'x'"));
+  EXPECT_THAT(ParseNormalization("", "0.5,0").status().message(), ::testing::HasSubstr("--input_std: 0 is not"));
+  EXPECT_THAT(ParseNormalization("1,2", "1,2,3").status().message(), ::testing::HasSubstr("2 values"));
+  const Dataset d = MakeDataset(4, 4, 4, 1);
+  BatchStreamOptions o;
+  o.normalize = *ParseNormalization("0.1,0.2,0.3", "");
+  absl::Status s = BatchStream::Create(d, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("--input_mean has 3 values but the images have 1 channel(s)"));
+}
+
 TEST(BatchStreamTest, CreateRejectsBadOptions) {
   const Dataset d = MakeDataset(4, 32, 32, 3);
   BatchStreamOptions o;

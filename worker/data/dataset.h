@@ -72,6 +72,20 @@ enum class Preprocess {
   kCifarEval,        // central crop to crop_h x crop_w, per-image standardization
 };
 
+// Per-channel normalization after the preprocessing (kScale01's pixels in [0, 1]): x = (x - mean[c]) / stddev[c]
+// (--input_mean/--input_std, for models trained on normalized inputs, e.g. torchvision's
+// transforms.Normalize). One value applies to every channel; empty: none.
+struct Normalization {
+  std::vector<float> mean, stddev;
+  bool empty() const { return mean.empty() && stddev.empty(); }
+};
+
+// "0.4914,0.4822,0.4465" and "0.247,0.243,0.261" (either may be empty: mean 0, stddev 1). InvalidArgument for
+// a value that is not a number, a stddev <= 0, or lists of different lengths (besides one value).
+absl::StatusOr<Normalization> ParseNormalization(const std::string& mean, const std::string& stddev);
+// InvalidArgument unless each list has 0, 1 or `channels` values.
+absl::Status CheckNormalization(const Normalization& n, int channels);
+
 struct BatchStreamOptions {
   int batch_size = 100;
   int shard_index = 0;   // this worker's shard: examples i with i % num_shards == shard_index
@@ -81,6 +95,7 @@ struct BatchStreamOptions {
   Preprocess preprocess = Preprocess::kScale01;
   int crop_h = 24, crop_w = 24;  // for the CIFAR modes
   int prefetch = 4;      // batches prepared ahead
+  Normalization normalize;  // after the preprocessing (CheckNormalization'ed by Create)
 };
 
 struct Batch {
@@ -122,10 +137,11 @@ class BatchStream {
   virtual absl::Status Restore(absl::string_view state) = 0;
 };
 
-// Fixed, unshuffled, preprocessed batches over the whole set (evaluation). The last batch may be smaller.
-// Preconditions (CHECKed): batch_size > 0; for the CIFAR modes the crop fits the images.
+// Fixed, unshuffled, preprocessed (and normalized) batches over the whole set (evaluation). The last batch may
+// be smaller. Preconditions (CHECKed): batch_size > 0; for the CIFAR modes the crop fits the images;
+// CheckNormalization(normalize, data.channels).
 std::vector<Batch> EvalBatches(const Dataset& data, int batch_size, Preprocess preprocess, int crop_h = 24,
-                               int crop_w = 24);
+                               int crop_w = 24, const Normalization& normalize = {});
 
 }  // namespace dtrain::data
 

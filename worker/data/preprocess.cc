@@ -4,7 +4,10 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
 
 namespace dtrain::data {
 namespace {
@@ -37,6 +40,56 @@ void Crop(const uint8_t* image, const ImageShape& in, int top, int left, bool fl
 }
 
 }  // namespace
+
+absl::StatusOr<Normalization> ParseNormalization(const std::string& mean, const std::string& stddev) {
+  Normalization n;
+  auto parse = [](const std::string& text, const char* flag, std::vector<float>* out) -> absl::Status {
+    if (text.empty()) return absl::OkStatus();
+    for (absl::string_view part : absl::StrSplit(text, ',')) {
+      float v;
+      if (!absl::SimpleAtof(absl::StripAsciiWhitespace(part), &v) || !std::isfinite(v)) {
+        return absl::InvalidArgumentError(absl::StrCat(flag, ": '", part, "' is not a number (comma-separated "
+                                                       "values per channel, e.g. 0.5,0.5,0.5)"));
+      }
+      out->push_back(v);
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = parse(mean, "--input_mean", &n.mean); !s.ok()) return s;
+  if (absl::Status s = parse(stddev, "--input_std", &n.stddev); !s.ok()) return s;
+  for (float s : n.stddev) {
+    if (!(s > 0)) return absl::InvalidArgumentError(absl::StrCat("--input_std: ", s, " is not positive"));
+  }
+  if (n.mean.size() > 1 && n.stddev.size() > 1 && n.mean.size() != n.stddev.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("--input_mean has ", n.mean.size(), " values but --input_std ",
+                                                   n.stddev.size(), " (one per channel, or one for all)"));
+  }
+  return n;
+}
+
+absl::Status CheckNormalization(const Normalization& n, int channels) {
+  for (const auto* v : {&n.mean, &n.stddev}) {
+    if (v->size() > 1 && static_cast<int>(v->size()) != channels) {
+      return absl::InvalidArgumentError(absl::StrCat(v == &n.mean ? "--input_mean" : "--input_std", " has ", v->size(),
+                                                     " values but the images have ", channels, " channel(s)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void NormalizeImage(const Normalization& n, const ImageShape& shape, float* image) {
+  if (n.empty()) return;
+  const int c = shape.channels;
+  std::vector<float> mean(c, 0.0f), inv(c, 1.0f);
+  for (int ch = 0; ch < c; ++ch) {
+    if (!n.mean.empty()) mean[ch] = n.mean.size() == 1 ? n.mean[0] : n.mean[ch];
+    if (!n.stddev.empty()) inv[ch] = 1.0f / (n.stddev.size() == 1 ? n.stddev[0] : n.stddev[ch]);
+  }
+  const int64_t pixels = static_cast<int64_t>(shape.height) * shape.width;
+  for (int64_t p = 0; p < pixels; ++p) {
+    for (int ch = 0; ch < c; ++ch) image[p * c + ch] = (image[p * c + ch] - mean[ch]) * inv[ch];
+  }
+}
 
 absl::StatusOr<ImageShape> PreprocessedShape(const ImageShape& in, Preprocess mode, int crop_h, int crop_w) {
   if (mode == Preprocess::kScale01) return in;

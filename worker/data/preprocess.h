@@ -26,6 +26,9 @@ absl::StatusOr<ImageShape> PreprocessedShape(const ImageShape& in, Preprocess mo
 void PreprocessImage(const uint8_t* image, const ImageShape& in, Preprocess mode, const ImageShape& out_shape,
                      std::mt19937_64* rng, float* out);
 
+// Applies `n` (CheckNormalization'ed for shape's channels) to one preprocessed image (HWC) in place.
+void NormalizeImage(const Normalization& n, const ImageShape& shape, float* image);
+
 // A double uniform in [0, 1) from 53 random bits (std::uniform_real_distribution is not portable).
 inline double Uniform01(std::mt19937_64* rng) { return static_cast<double>((*rng)() >> 11) * 0x1.0p-53; }
 
