@@ -30,7 +30,8 @@ namespace dtrain::ps {
 // A model variable in flat-buffer order.
 struct VariableInfo {
   std::string name;
-  int64_t size = 0;  // floats
+  int64_t size = 0;    // floats
+  bool state = false;  // not trained: its slices are SliceSpec::state
 };
 
 struct PlacementOptions {

@@ -144,5 +144,15 @@ TEST(PlacementTest, FormatNamesEveryTaskAndVariable) {
   EXPECT_NE(table.find("[0, 800)"), std::string::npos) << table;
 }
 
+// State variables (BatchNorm's running statistics) mark every slice they are cut into, on every task.
+TEST(PlacementTest, StateVariablesMarkTheirSlices) {
+  std::vector<VariableInfo> vars = {{"bn.weight", 16}, {"bn.running_mean", 1 << 20, true}, {"fc.weight", 1 << 20}};
+  absl::StatusOr<Placement> p = PlaceVariables(vars, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  for (const std::vector<SliceSpec>& task : p->task_slices) {
+    for (const SliceSpec& s : task) EXPECT_EQ(s.state, s.variable == "bn.running_mean") << s.variable;
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::ps

@@ -51,6 +51,10 @@ struct SliceSpec {
   std::string variable;      // variable name, for logs and checkpoints
   int64_t flat_offset = 0;   // where the slice starts in the model's flat buffer
   int64_t length = 0;        // floats
+  // A state variable's slice (models::VariableInfo::trainable == false): its gradient is applied as a plain
+  // change, var -= grad_scale * sum of gradients, whatever the optimizer. A property of the model (which the
+  // signature names), not of the placement: == and checkpoints leave it out.
+  bool state = false;
   bool operator==(const SliceSpec& o) const {
     return key == o.key && variable == o.variable && flat_offset == o.flat_offset && length == o.length;
   }

@@ -116,8 +116,12 @@ void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_g
       for (int k = 1; k < num_grads; ++k) AddInto(grads[k] + begin, sum, end - begin);
       grad = sum;
     }
-    optimizer_.Apply(step, grad_scale, grad, var + begin, slot0 ? slot0 + begin : nullptr,
-                     slot1 ? slot1 + begin : nullptr, end - begin);
+    if (slice.spec.state) {
+      ApplySgd(1.0f, grad_scale, grad, var + begin, end - begin);  // a state variable: a plain change
+    } else {
+      optimizer_.Apply(step, grad_scale, grad, var + begin, slot0 ? slot0 + begin : nullptr,
+                       slot1 ? slot1 + begin : nullptr, end - begin);
+    }
     if (shadow != nullptr) UpdateMovingAverage(decay, var + begin, shadow + begin, end - begin);
   };
   const int64_t chunks = (n + kChunkFloats - 1) / kChunkFloats;

@@ -132,6 +132,24 @@ TEST(SliceStoreTest, ApplyUsesScaleSumsAndSlots) {
   EXPECT_EQ(Slot(*store, 0, 0), std::vector<float>({0.0f, 0.0f}));
 }
 
+// A state slice (BatchNorm's running statistics) takes its gradient as a plain change, whatever the optimizer.
+TEST(SliceStoreTest, StateSlicesApplyAPlainChange) {
+  OptimizerConfig c;
+  c.name = "adam";
+  c.learning_rate = 0.001f;
+  std::vector<SliceSpec> slices = TwoSlices();
+  slices[1].state = true;
+  std::unique_ptr<SliceStore> store = *SliceStore::Create(slices, c, 0.0f);
+  Set(*store, {{0, {1, 2}}, {1, {5}}});
+  const float grad[] = {4, -2}, delta[] = {0.5f}, zero[] = {0};
+  const float* deltas[] = {delta, zero};
+  store->Apply(1, 0, deltas, 2, 0.5f, 1);  // two workers' changes averaged: 5 - 0.5 * (0.5 + 0) = 4.75
+  EXPECT_EQ(Values(*store, 1), std::vector<float>({4.75f}));
+  Apply(*store, 0, 0, grad, 1.0f);  // the trainable slice: Adam's first step moves each value by lr
+  EXPECT_NEAR(Values(*store, 0)[0], 1.0f - 0.001f, 1e-6);
+  EXPECT_NEAR(Values(*store, 0)[1], 2.0f + 0.001f, 1e-6);
+}
+
 TEST(SliceStoreTest, MovingAveragesFollowTheValues) {
   std::unique_ptr<SliceStore> store = *SliceStore::Create(TwoSlices(), Sgd(1.0f), 0.5f);
   ASSERT_TRUE(store->has_moving_averages());
