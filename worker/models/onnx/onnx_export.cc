@@ -1,0 +1,77 @@
+#include "worker/models/onnx/onnx_export.h"
+
+#include <cstring>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "worker/models/onnx/onnx_file.h"
+
+namespace dtrain::models::onnx {
+namespace {
+
+// `t`'s data replaced by n floats (FLOAT, raw_data), its name and dims kept.
+void SetFloats(::onnx::TensorProto* t, const float* values, int64_t n) {
+  t->clear_float_data();
+  t->clear_double_data();
+  t->clear_int32_data();
+  t->clear_int64_data();
+  t->clear_uint64_data();
+  t->clear_string_data();
+  t->clear_external_data();
+  t->clear_data_location();
+  t->set_data_type(::onnx::TensorProto::FLOAT);
+  t->set_raw_data(std::string(reinterpret_cast<const char*>(values), static_cast<size_t>(n) * sizeof(float)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::vector<VariableInfo>& vars,
+                                            const float* params) {
+  if (!spec.imported() || spec.source == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", spec.name, "' is not an ONNX import: only a model trained from --model=PATH.onnx exports as ONNX"));
+  }
+  const OnnxFile& f = *std::static_pointer_cast<const OnnxFile>(spec.source);
+  std::unordered_map<std::string, std::pair<int64_t, const VariableInfo*>> by_name;
+  int64_t offset = 0;
+  for (const VariableInfo& v : vars) {
+    by_name[v.name] = {offset, &v};
+    offset += v.size();
+  }
+  ::onnx::ModelProto out = *f.model;
+  for (::onnx::TensorProto& t : *out.mutable_graph()->mutable_initializer()) {
+    auto it = by_name.find(t.name());
+    if (it != by_name.end()) {
+      const VariableInfo& v = *it->second.second;
+      const std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
+      if (dims != v.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(f.file, ": variable '", v.name, "' has shape ",
+                                                       absl::StrJoin(v.shape, "x"), " but its initializer ",
+                                                       absl::StrJoin(dims, "x")));
+      }
+      SetFloats(&t, params + it->second.first, v.size());
+      continue;
+    }
+    // An initializer whose data the import dropped (it was a variable there) gets the file's values back.
+    auto kept = f.initializers.find(t.name());
+    if (kept != f.initializers.end() && kept->second->type == Const::Type::kFloat && !t.has_raw_data() &&
+        t.float_data_size() == 0 && kept->second->size() > 0) {
+      SetFloats(&t, kept->second->floats->data(), kept->second->size());
+    }
+  }
+  std::string bytes;
+  if (!out.SerializeToString(&bytes)) {
+    return absl::InternalError(absl::StrCat(f.file, ": the exported model does not serialize (over 2 GB?)"));
+  }
+  return bytes;
+}
+
+absl::Status ExportOnnx(const ModelSpec& spec, const std::vector<VariableInfo>& vars, const float* params,
+                        const std::string& path, Env* env) {
+  ASSIGN_OR_RETURN(std::string bytes, ExportOnnxBytes(spec, vars, params));
+  return WriteFileAtomically(env, path, bytes);
+}
+
+}  // namespace dtrain::models::onnx

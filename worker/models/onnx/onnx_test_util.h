@@ -1,0 +1,166 @@
+// Test helper: ONNX models written in C++ (what PyTorch's exporter would write), for the importer's and the
+// exporter's tests.
+//
+//   OnnxBuilder b;                                   // ai.onnx opset 14, IR 7, producer "pytorch"
+//   b.Input("x", {-1, 784});                         // -1: the dynamic batch axis "N"
+//   b.Initializer("fc.weight", {10, 784}, values);
+//   b.Node("Gemm", {"x", "fc.weight"}, {"logits"}, {IntAttr("transB", 1)});
+//   b.Output("logits", {-1, 10});
+//   absl::StatusOr<ModelRef> spec = ImportModelFromBytes(b.Bytes(), "mlp.onnx");
+#ifndef DTRAIN_WORKER_MODELS_ONNX_ONNX_TEST_UTIL_H_
+#define DTRAIN_WORKER_MODELS_ONNX_ONNX_TEST_UTIL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "onnx/onnx_pb.h"
+
+namespace dtrain::models::onnx::testing {
+
+inline ::onnx::AttributeProto IntAttr(const std::string& name, int64_t v) {
+  ::onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(::onnx::AttributeProto::INT);
+  a.set_i(v);
+  return a;
+}
+inline ::onnx::AttributeProto FloatAttr(const std::string& name, float v) {
+  ::onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(::onnx::AttributeProto::FLOAT);
+  a.set_f(v);
+  return a;
+}
+inline ::onnx::AttributeProto IntsAttr(const std::string& name, const std::vector<int64_t>& v) {
+  ::onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(::onnx::AttributeProto::INTS);
+  for (int64_t x : v) a.add_ints(x);
+  return a;
+}
+inline ::onnx::AttributeProto StringAttr(const std::string& name, const std::string& v) {
+  ::onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(::onnx::AttributeProto::STRING);
+  a.set_s(v);
+  return a;
+}
+
+inline ::onnx::TensorProto FloatTensor(const std::string& name, const std::vector<int64_t>& dims,
+                                       const std::vector<float>& values, bool raw = true) {
+  ::onnx::TensorProto t;
+  t.set_name(name);
+  t.set_data_type(::onnx::TensorProto::FLOAT);
+  for (int64_t d : dims) t.add_dims(d);
+  if (raw) {
+    t.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+  } else {
+    for (float v : values) t.add_float_data(v);
+  }
+  return t;
+}
+inline ::onnx::TensorProto IntTensor(const std::string& name, const std::vector<int64_t>& dims,
+                                     const std::vector<int64_t>& values) {
+  ::onnx::TensorProto t;
+  t.set_name(name);
+  t.set_data_type(::onnx::TensorProto::INT64);
+  for (int64_t d : dims) t.add_dims(d);
+  for (int64_t v : values) t.add_int64_data(v);
+  return t;
+}
+
+// 0.01 * (i % 17 - 8): small, varied, reproducible values.
+inline std::vector<float> Ramp(int64_t n, float scale = 0.01f) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(i % 17 - 8);
+  return v;
+}
+
+class OnnxBuilder {
+ public:
+  explicit OnnxBuilder(int opset = 14, int ir_version = 7) {
+    model_.set_ir_version(ir_version);
+    model_.set_producer_name("pytorch");
+    model_.set_producer_version("1.13.0");
+    auto* o = model_.add_opset_import();
+    o->set_domain("");
+    o->set_version(opset);
+    model_.mutable_graph()->set_name("torch_jit");
+  }
+
+  // dims with -1 for the symbolic batch axis "N".
+  OnnxBuilder& Input(const std::string& name, const std::vector<int64_t>& dims,
+                     int elem_type = ::onnx::TensorProto::FLOAT) {
+    auto* in = model_.mutable_graph()->add_input();
+    in->set_name(name);
+    auto* t = in->mutable_type()->mutable_tensor_type();
+    t->set_elem_type(elem_type);
+    for (int64_t d : dims) {
+      auto* dim = t->mutable_shape()->add_dim();
+      if (d < 0) {
+        dim->set_dim_param("N");
+      } else {
+        dim->set_dim_value(d);
+      }
+    }
+    return *this;
+  }
+  OnnxBuilder& Initializer(const std::string& name, const std::vector<int64_t>& dims, const std::vector<float>& v) {
+    *model_.mutable_graph()->add_initializer() = FloatTensor(name, dims, v);
+    return *this;
+  }
+  OnnxBuilder& IntInitializer(const std::string& name, const std::vector<int64_t>& dims,
+                              const std::vector<int64_t>& v) {
+    *model_.mutable_graph()->add_initializer() = IntTensor(name, dims, v);
+    return *this;
+  }
+  // A node named "/<op>_<k>" like PyTorch's, unless `name` is given.
+  OnnxBuilder& Node(const std::string& op, const std::vector<std::string>& inputs,
+                    const std::vector<std::string>& outputs, const std::vector<::onnx::AttributeProto>& attrs = {},
+                    const std::string& name = "", const std::string& domain = "") {
+    auto* n = model_.mutable_graph()->add_node();
+    n->set_op_type(op);
+    n->set_name(name.empty() ? "/" + op + "_" + std::to_string(model_.graph().node_size() - 1) : name);
+    if (!domain.empty()) n->set_domain(domain);
+    for (const std::string& i : inputs) n->add_input(i);
+    for (const std::string& o : outputs) n->add_output(o);
+    for (const auto& a : attrs) *n->add_attribute() = a;
+    return *this;
+  }
+  // A Constant node holding `t` (its output named t.name()).
+  OnnxBuilder& Constant(const ::onnx::TensorProto& t) {
+    ::onnx::AttributeProto a;
+    a.set_name("value");
+    a.set_type(::onnx::AttributeProto::TENSOR);
+    *a.mutable_t() = t;
+    return Node("Constant", {}, {t.name()}, {a});
+  }
+  // dims with -1 for the batch axis "N".
+  OnnxBuilder& Output(const std::string& name, const std::vector<int64_t>& dims) {
+    auto* o = model_.mutable_graph()->add_output();
+    o->set_name(name);
+    auto* t = o->mutable_type()->mutable_tensor_type();
+    t->set_elem_type(::onnx::TensorProto::FLOAT);
+    for (int64_t d : dims) {
+      auto* dim = t->mutable_shape()->add_dim();
+      if (d < 0) {
+        dim->set_dim_param("N");
+      } else {
+        dim->set_dim_value(d);
+      }
+    }
+    return *this;
+  }
+
+  ::onnx::ModelProto& model() { return model_; }
+  const ::onnx::ModelProto& model() const { return model_; }
+  std::string Bytes() const { return model_.SerializeAsString(); }
+
+ private:
+  ::onnx::ModelProto model_;
+};
+
+}  // namespace dtrain::models::onnx::testing
+
+#endif  // DTRAIN_WORKER_MODELS_ONNX_ONNX_TEST_UTIL_H_
