@@ -35,7 +35,9 @@
 #include "worker/trainer.h"
 #include "worker/training_steps.h"
 
-ABSL_FLAG(std::string, model, "cnn", "mlp | cnn | convnet | cifar10");
+ABSL_FLAG(std::string, model, "cnn", "mlp | cnn | convnet | cifar10, or PATH.onnx: a model exported as ONNX");
+ABSL_FLAG(std::string, input_mean, "", "Per-channel means subtracted from the [0, 1] pixels (as dtrain_worker)");
+ABSL_FLAG(std::string, input_std, "", "Per-channel standard deviations the pixels are divided by (as dtrain_worker)");
 ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
 ABSL_FLAG(int, threads, 1, "CPU threads");
 ABSL_FLAG(std::string, towers, "", "N CPU towers or gpu:0,...");
@@ -77,13 +79,20 @@ int Main() {
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
   o.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_learning_rate));
   if (absl::Status s = ApplyModelDefaults(&o); !s.ok()) return Fail(s, 2);
+  absl::StatusOr<data::Normalization> normalize =
+      data::ParseNormalization(absl::GetFlag(FLAGS_input_mean), absl::GetFlag(FLAGS_input_std));
+  if (!normalize.ok()) return Fail(normalize.status(), 2);
   absl::StatusOr<std::vector<kernels::DeviceSpec>> specs = ParseTowers(o.towers, o.num_gpus, o.threads);
   if (!specs.ok()) return Fail(specs.status(), 2);
   // Data in memory: the real set when it loads (and fits the model), else synthetic of the same shape.
   data::DatasetPair dataset;
   absl::StatusOr<data::DatasetPair> loaded = data::LoadDataset(absl::GetFlag(FLAGS_data_dir));
   const models::ModelDefaults& d = o.resolved_model->defaults;
-  if (loaded.ok() && loaded->train.channels == d.data_channels) {
+  // An imported model takes exactly its input's images (a built-in one adapts to the data set's size).
+  const bool fits = loaded.ok() && loaded->train.channels == d.data_channels &&
+                    (!o.resolved_model->imported() ||
+                     (loaded->train.height == d.data_height && loaded->train.width == d.data_width));
+  if (fits) {
     dataset = *std::move(loaded);
   } else {
     dataset = MakeSyntheticDataset(5000, 10, 7, d.data_height, d.data_width, d.data_channels);
@@ -96,7 +105,11 @@ int Main() {
   TowersOptions topt;
   topt.replicated = resident;
   absl::StatusOr<std::unique_ptr<Towers>> towers = Towers::Create(*o.resolved_model, mopt, *specs, topt);
-  if (!towers.ok()) return Fail(towers.status(), towers.status().code() == absl::StatusCode::kFailedPrecondition ? 2 : 1);
+  if (!towers.ok()) {
+    const absl::StatusCode code = towers.status().code();
+    return Fail(towers.status(),
+                code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kInvalidArgument ? 2 : 1);
+  }
   models::Model* model0 = (*towers)->tower(0);
   // Batches prepared up front: the benchmark times compute and the update, not input.
   data::BatchStreamOptions so;
@@ -104,6 +117,8 @@ int Main() {
   so.preprocess = d.train_preprocess;
   so.crop_h = mopt.height;
   so.crop_w = mopt.width;
+  if (absl::Status s = data::CheckNormalization(*normalize, dataset.train.channels); !s.ok()) return Fail(s, 2);
+  so.normalize = *normalize;
   auto stream = data::BatchStream::Create(dataset.train, so);
   if (!stream.ok()) return Fail(stream.status());
   std::vector<data::Batch> batches;
@@ -111,7 +126,7 @@ int Main() {
 
   // The local-mode path: an in-process ps, a WorkerClient running inline, the training steps.
   std::vector<ps::VariableInfo> vars;
-  for (const auto& v : model0->variables()) vars.push_back({v.name, v.size()});
+  for (const auto& v : model0->variables()) vars.push_back({v.name, v.size(), !v.trainable});
   ps::ParameterServerOptions po;
   po.apply_threads = o.threads;
   absl::StatusOr<std::unique_ptr<ps::ParameterServer>> server = ps::ParameterServer::Create(po);

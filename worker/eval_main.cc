@@ -1,12 +1,17 @@
 // dtrain_eval: evaluates a checkpoint written by the ps tasks on the test set, and optionally exports its
-// weights as a NumPy .npz.
+// weights as a NumPy .npz or, for a model imported from ONNX, as an ONNX file.
 //
 //   dtrain_eval --checkpoint=/ckpt/model.ckpt-2000 --model=cnn --data_dir=/usr/share/datasets/fashion-mnist
 //   dtrain_eval --checkpoint=/ckpt --model=cnn --use_moving_averages --export=/tmp/cnn.npz
+//   dtrain_eval --checkpoint=/ckpt --model=lenet5.onnx --export=trained.onnx   # the file, trained
+//   dtrain_eval --model=lenet5.onnx                                           # the file's own weights
 //
 // --checkpoint is a prefix <dir>/model.ckpt-<step> (all its .psI-of-N files are read) or a directory (its
-// newest complete, valid step). Prints "checkpoint model.ckpt-<step>: test accuracy = 0.8512 (10000 examples)".
-// Exit codes: 0 ok, 1 a failure (unreadable or mismatched checkpoint, data), 2 bad flags.
+// newest complete, valid step); without it, an ONNX model is evaluated with the weights in its file. Prints
+// "checkpoint model.ckpt-<step>: test accuracy = 0.8512 (10000 examples)". --export picks the format by the
+// extension (.onnx: ONNX, worker/models/onnx/onnx_export.h; anything else: .npz). --logits_out writes the test
+// set's logits (array "logits", [examples, classes], and "labels") as an .npz, e.g. to compare with another runtime.
+// Exit codes: 0 ok, 1 a failure (unreadable or mismatched checkpoint, data), 2 bad flags or a refused model.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -25,15 +30,25 @@
 #include "common/env.h"
 #include "ps/checkpoint_set.h"
 #include "worker/data/dataset.h"
+#include "absl/strings/match.h"
+#include "worker/models/graph.h"
+#include "worker/models/graph_network.h"
 #include "worker/models/model.h"
+#include "worker/models/onnx/onnx_export.h"
 #include "worker/models/registry.h"
 #include "worker/npz_writer.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "Checkpoint prefix <dir>/model.ckpt-<step>, or a directory (newest step)");
-ABSL_FLAG(std::string, model, "mlp", "Model the checkpoint was trained with: mlp | cnn | convnet | cifar10");
+ABSL_FLAG(std::string, model, "mlp",
+          "Model the checkpoint was trained with: mlp | cnn | convnet | cifar10, or PATH.onnx");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Data set directory (its test split)");
 ABSL_FLAG(bool, use_moving_averages, false, "Evaluate the moving averages of the weights instead of the weights");
-ABSL_FLAG(std::string, export, "", "Also write the weights to this .npz file (one <variable>.npy per variable)");
+ABSL_FLAG(std::string, export, "",
+          "Also write the weights to this file: FILE.onnx (a model imported from ONNX: the file with its "
+          "initializers trained) or an .npz (one <variable>.npy per variable)");
+ABSL_FLAG(std::string, logits_out, "", "Also write the test set's logits and labels to this .npz file");
+ABSL_FLAG(std::string, input_mean, "", "Per-channel means subtracted from the [0, 1] pixels (as in training)");
+ABSL_FLAG(std::string, input_std, "", "Per-channel standard deviations the pixels are divided by (as in training)");
 ABSL_FLAG(int, batch_size, 500, "Examples per evaluation batch");
 ABSL_FLAG(int, threads, 1, "CPU threads for the model's ops");
 ABSL_FLAG(bool, skip_eval, false, "Only --export, do not evaluate (the data set is still read for its shape)");
@@ -42,16 +57,62 @@ namespace dtrain::worker {
 namespace {
 
 struct EvalOptions {
-  std::string checkpoint, model, data_dir, export_path;
+  std::string checkpoint, model, data_dir, export_path, logits_path;
   bool use_moving_averages = false, skip_eval = false;
   int batch_size = 500, threads = 1;
+  data::Normalization normalize;
 };
 
+// The logits of every test example under `params`, written as an .npz with the labels.
+absl::Status WriteLogits(const models::ModelSpec& spec, const models::ModelOptions& mopt, const float* params,
+                         const std::vector<data::Batch>& batches, kernels::Device* device, const std::string& path) {
+  ASSIGN_OR_RETURN(models::Graph graph, spec.build_graph(mopt));
+  ASSIGN_OR_RETURN(float* dev_params, device->Alloc(std::max<int64_t>(1, models::TotalSize(graph.variables))));
+  RETURN_IF_ERROR(device->CopyToDevice(params, dev_params, models::TotalSize(graph.variables)));
+  absl::StatusOr<std::unique_ptr<models::GraphNetwork>> net =
+      models::GraphNetwork::Create(device, graph, mopt.eval_batch_size, /*with_backward=*/false, dev_params, nullptr);
+  if (!net.ok()) {
+    device->Free(dev_params);
+    return net.status();
+  }
+  const int64_t classes = (*net)->output_size_per_example(), example = graph.input_shape().size();
+  NpyArray logits{"logits", {0, classes}, {}}, labels{"labels", {0}, {}};
+  absl::Status s = absl::OkStatus();
+  for (const data::Batch& b : batches) {
+    if (!(s = device->CopyToDevice(b.images.data(), (*net)->input(), b.batch * example)).ok()) break;
+    if (!(s = (*net)->Forward(/*training=*/false, mopt.seed, 0)).ok()) break;
+    const size_t at = logits.data.size();
+    logits.data.resize(at + b.batch * classes);
+    if (!(s = device->CopyToHost((*net)->output(), logits.data.data() + at, b.batch * classes)).ok()) break;
+    labels.data.insert(labels.data.end(), b.labels.begin(), b.labels.end());
+  }
+  net->reset();
+  device->Free(dev_params);
+  RETURN_IF_ERROR(s);
+  logits.shape[0] = labels.shape[0] = static_cast<int64_t>(labels.data.size());
+  return WriteNpz(path, {logits, labels});
+}
+
 absl::Status RunEval(const EvalOptions& o) {
-  ASSIGN_OR_RETURN(std::vector<ps::CheckpointData> parts, ps::ReadCheckpointSet(Env::Default(), o.checkpoint));
-  const int64_t step = parts[0].global_step;
-  ASSIGN_OR_RETURN(data::DatasetPair dataset, data::LoadDataset(o.data_dir));
   ASSIGN_OR_RETURN(models::ModelRef spec, models::ResolveModel(o.model));
+  if (o.checkpoint.empty() && !spec->imported()) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint is required for the built-in model '", o.model,
+                                                   "' (<dir>/model.ckpt-<step> or a directory)"));
+  }
+  if (absl::EndsWithIgnoreCase(o.export_path, ".onnx") && !spec->imported()) {
+    return absl::InvalidArgumentError(absl::StrCat("--export=", o.export_path, " writes ONNX, which needs a model "
+                                                   "imported from ONNX (--model=PATH.onnx); '", o.model,
+                                                   "' is built in: export an .npz instead"));
+  }
+  std::vector<ps::CheckpointData> parts;
+  if (!o.checkpoint.empty()) {
+    ASSIGN_OR_RETURN(parts, ps::ReadCheckpointSet(Env::Default(), o.checkpoint));
+  }
+  const int64_t step = parts.empty() ? 0 : parts[0].global_step;
+  const std::string what = parts.empty() ? absl::StrCat(o.model, " (its own weights)")
+                                         : absl::StrCat("checkpoint model.ckpt-", step);
+  ASSIGN_OR_RETURN(data::DatasetPair dataset, data::LoadDataset(o.data_dir));
+  RETURN_IF_ERROR(data::CheckNormalization(o.normalize, dataset.test.channels));
   const models::ModelDefaults& defaults = spec->defaults;
 
   models::ModelOptions mopt;
@@ -60,16 +121,24 @@ absl::Status RunEval(const EvalOptions& o) {
   models::SetInputGeometry(defaults, dataset.test.height, dataset.test.width, dataset.test.channels, &mopt);
   mopt.num_classes = dataset.test.num_classes;
   ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(*spec, mopt));
-  const std::string signature = models::ModelSignature(*spec, vars);
-  if (parts[0].model_signature != signature) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint is of model '", parts[0].model_signature, "', but --model=", o.model, " on ", o.data_dir,
-        " is '", signature, "': pass the --model (and data set) it was trained with"));
+  std::vector<float> params;
+  if (parts.empty()) {
+    params = models::InitialParameters(vars, /*seed=*/1);  // an ONNX file's initializers: its own values
+  } else {
+    const std::string signature = models::ModelSignature(*spec, vars);
+    if (parts[0].model_signature != signature) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint is of model '", parts[0].model_signature, "', but --model=", o.model, " on ", o.data_dir,
+          " is '", signature, "': pass the --model (and data set) it was trained with"));
+    }
+    ASSIGN_OR_RETURN(params, ps::AssembleFlatBuffer(parts, models::TotalSize(vars), o.use_moving_averages));
   }
-  ASSIGN_OR_RETURN(std::vector<float> params,
-                   ps::AssembleFlatBuffer(parts, models::TotalSize(vars), o.use_moving_averages));
 
-  if (!o.export_path.empty()) {
+  if (absl::EndsWithIgnoreCase(o.export_path, ".onnx")) {
+    RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), o.export_path));
+    std::printf("exported %s%s to %s\n", what.c_str(), o.use_moving_averages ? " (moving averages)" : "",
+                o.export_path.c_str());
+  } else if (!o.export_path.empty()) {
     std::vector<NpyArray> arrays;
     const std::vector<int64_t> offsets = models::Offsets(vars);
     for (size_t i = 0; i < vars.size(); ++i) {
@@ -78,17 +147,22 @@ absl::Status RunEval(const EvalOptions& o) {
                                                    params.begin() + offsets[i] + vars[i].size())});
     }
     RETURN_IF_ERROR(WriteNpz(o.export_path, arrays));
-    std::printf("exported %zu variables of model.ckpt-%lld%s to %s\n", arrays.size(), static_cast<long long>(step),
+    std::printf("exported %zu variables of %s%s to %s\n", arrays.size(), what.c_str(),
                 o.use_moving_averages ? " (moving averages)" : "", o.export_path.c_str());
   }
-  if (o.skip_eval) return absl::OkStatus();
+  if (o.skip_eval && o.logits_path.empty()) return absl::OkStatus();
 
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> device,
                    kernels::CreateDevice(kernels::DeviceSpec::Cpu(o.threads)));
   ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(*spec, mopt, device.get()));
   RETURN_IF_ERROR(model->SetParameters(params.data()));
-  const std::vector<data::Batch> batches =
-      data::EvalBatches(dataset.test, o.batch_size, defaults.eval_preprocess, mopt.height, mopt.width);
+  const std::vector<data::Batch> batches = data::EvalBatches(dataset.test, o.batch_size, defaults.eval_preprocess,
+                                                             mopt.height, mopt.width, o.normalize);
+  if (!o.logits_path.empty()) {
+    RETURN_IF_ERROR(WriteLogits(*spec, mopt, params.data(), batches, device.get(), o.logits_path));
+    std::printf("wrote the logits of %zu batches to %s\n", batches.size(), o.logits_path.c_str());
+  }
+  if (o.skip_eval) return absl::OkStatus();
   int64_t correct = 0, total = 0;
   for (const data::Batch& b : batches) {
     const models::HostBatch view{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};
@@ -97,7 +171,7 @@ absl::Status RunEval(const EvalOptions& o) {
     total += b.batch;
   }
   if (total == 0) return absl::FailedPreconditionError(absl::StrCat("the test set in ", o.data_dir, " is empty"));
-  std::printf("checkpoint model.ckpt-%lld%s: test accuracy = %.4f (%lld examples)\n", static_cast<long long>(step),
+  std::printf("%s%s: test accuracy = %.4f (%lld examples)\n", what.c_str(),
               o.use_moving_averages ? " (moving averages)" : "", static_cast<double>(correct) / total,
               static_cast<long long>(total));
   return absl::OkStatus();
@@ -120,16 +194,25 @@ int main(int argc, char** argv) {
   o.skip_eval = absl::GetFlag(FLAGS_skip_eval);
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.threads = absl::GetFlag(FLAGS_threads);
-  if (o.checkpoint.empty()) {
-    std::fprintf(stderr, "dtrain_eval: --checkpoint is required (<dir>/model.ckpt-<step> or a directory)\n");
+  o.logits_path = absl::GetFlag(FLAGS_logits_out);
+  absl::StatusOr<dtrain::data::Normalization> n =
+      dtrain::data::ParseNormalization(absl::GetFlag(FLAGS_input_mean), absl::GetFlag(FLAGS_input_std));
+  if (!n.ok()) {
+    std::fprintf(stderr, "dtrain_eval: %s\n", std::string(n.status().message()).c_str());
     return 2;
   }
+  o.normalize = *std::move(n);
   if (o.batch_size <= 0 || o.threads <= 0) {
     std::fprintf(stderr, "dtrain_eval: --batch_size and --threads must be > 0\n");
     return 2;
   }
   const absl::Status s = dtrain::worker::RunEval(o);
   if (!s.ok()) {
+    // A refused model or flags (InvalidArgument) exit 2 with the one line that says why; other failures 1.
+    if (s.code() == absl::StatusCode::kInvalidArgument) {
+      std::fprintf(stderr, "dtrain_eval: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
     std::fprintf(stderr, "dtrain_eval: %s\n", s.ToString().c_str());
     return 1;
   }

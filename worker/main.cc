@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
 #include "common/denormals.h"
+#include "common/env.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
 #include "ps/slice_io.h"
@@ -30,6 +31,16 @@ ABSL_FLAG(std::string, cluster_spec, "", "JSON file {\"ps\": [...], \"worker\": 
 ABSL_FLAG(std::string, model, "mlp", "mlp | cnn | convnet | cifar10, or PATH.onnx: a model exported as ONNX");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "MNIST IDX, CIFAR-10 binary or TFRecord files");
+ABSL_FLAG(std::string, input_mean, "",
+          "Per-channel means subtracted from the pixels after scaling them to [0, 1], e.g. 0.4914,0.4822,0.4465 "
+          "(for models trained on normalized inputs; one value: every channel)");
+ABSL_FLAG(std::string, input_std, "", "Per-channel standard deviations the pixels are divided by (after --input_mean)");
+ABSL_FLAG(bool, shuffle, true, "Shuffle each worker's shard every epoch (false: read it in order)");
+ABSL_FLAG(std::string, metrics_file, "",
+          "Write this worker's loss of every local step here at the end, as CSV local_step,loss");
+ABSL_FLAG(std::string, export_onnx, "",
+          "Chief, with --model=PATH.onnx: write the trained model as this ONNX file at the end (the imported file "
+          "with its initializers trained)");
 ABSL_FLAG(int64_t, train_steps, 2000, "Train until the global step reaches this");
 ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
 ABSL_FLAG(double, learning_rate, 0, "Learning rate (0: the model's default)");
@@ -109,6 +120,9 @@ int main(int argc, char** argv) {
   dtrain::worker::WorkerOptions o;
   o.model = absl::GetFlag(FLAGS_model);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.shuffle = absl::GetFlag(FLAGS_shuffle);
+  o.metrics_file = absl::GetFlag(FLAGS_metrics_file);
+  o.export_onnx = absl::GetFlag(FLAGS_export_onnx);
   o.train_steps = absl::GetFlag(FLAGS_train_steps);
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_learning_rate));
@@ -145,6 +159,17 @@ int main(int argc, char** argv) {
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();
 
   absl::Status flags_ok = dtrain::worker::ApplyModelDefaults(&o);
+  if (flags_ok.ok()) {
+    absl::StatusOr<dtrain::data::Normalization> n =
+        dtrain::data::ParseNormalization(absl::GetFlag(FLAGS_input_mean), absl::GetFlag(FLAGS_input_std));
+    flags_ok = n.status();
+    if (n.ok()) o.input_normalization = *std::move(n);
+  }
+  for (const std::string* out : {&o.export_onnx, &o.metrics_file}) {
+    if (flags_ok.ok() && !out->empty() && !dtrain::Env::Default()->IsDirectory(dtrain::ParentDir(*out))) {
+      flags_ok = absl::InvalidArgumentError(absl::StrCat("cannot write ", *out, ": its directory does not exist"));
+    }
+  }
   if (flags_ok.ok()) flags_ok = dtrain::ps::ParseWireDtype(o.wire_dtype).status();
   if (flags_ok.ok() && !(o.step_timeout_secs > 0)) {
     flags_ok = absl::InvalidArgumentError("--step_timeout_secs must be > 0");

@@ -14,10 +14,12 @@
 #include "absl/time/clock.h"
 #include "common/denormals.h"
 #include "common/event_writer.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 #include "ps/placement.h"
 #include "ps/worker_client.h"
 #include "worker/models/model.h"
+#include "worker/models/onnx/onnx_export.h"
 #include "worker/models/registry.h"
 #include "worker/summaries.h"
 #include "worker/towers.h"
@@ -109,6 +111,8 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
   sopt.seed = o->seed;
   sopt.shuffle = o->shuffle;
   sopt.preprocess = d->defaults.train_preprocess;
+  RETURN_IF_ERROR(data::CheckNormalization(o->input_normalization, train.channels));
+  sopt.normalize = o->input_normalization;
   sopt.crop_h = mopt.height;  // the model's input size (the CIFAR modes crop to it)
   sopt.crop_w = mopt.width;
   ASSIGN_OR_RETURN(d->stream, data::BatchStream::Create(train, sopt));
@@ -119,7 +123,7 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
   }
   if (chief && (o->evaluate || o->eval_every > 0)) {
     d->eval_batches = data::EvalBatches(d->dataset->test, mopt.eval_batch_size, d->defaults.eval_preprocess,
-                                        mopt.height, mopt.width);
+                                        mopt.height, mopt.width, o->input_normalization);
   }
   return absl::OkStatus();
 }
@@ -138,7 +142,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   const bool chief = o.worker_id == 0;
   models::Model* model0 = towers->tower(0);
   std::vector<ps::VariableInfo> vars;
-  for (const models::VariableInfo& v : model0->variables()) vars.push_back({v.name, v.size()});
+  for (const models::VariableInfo& v : model0->variables()) vars.push_back({v.name, v.size(), !v.trainable});
   const int num_ps = local ? 1 : static_cast<int>(tasks.size());
   ASSIGN_OR_RETURN(c->placement, ps::PlaceVariables(vars, num_ps));
   if (chief && !local && !o.quiet) LOG(INFO) << "variable placement:\n" << ps::FormatPlacement(c->placement);
@@ -407,11 +411,22 @@ void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const Training
   }
 }
 
+// The loss of every local step, one CSV line each, with the digits that give the float back.
+absl::Status WriteMetrics(const std::string& path, const TrainingResult& result) {
+  std::string csv = "local_step,loss\n";
+  for (size_t i = 0; i < result.losses.size(); ++i) absl::StrAppendFormat(&csv, "%d,%.9g\n", i + 1, result.losses[i]);
+  return WriteFileAtomically(path, csv);
+}
+
 }  // namespace
 
 absl::Status ApplyModelDefaults(WorkerOptions* o) {
   if (o->resolved_model == nullptr) {
     ASSIGN_OR_RETURN(o->resolved_model, models::ResolveModel(o->model));
+  }
+  if (!o->export_onnx.empty() && !o->resolved_model->imported()) {
+    return absl::InvalidArgumentError(absl::StrCat("--export_onnx needs a model imported from ONNX (--model=PATH.onnx); '",
+                                                   o->resolved_model->name, "' is built in"));
   }
   const models::ModelDefaults& d = o->resolved_model->defaults;
   if (o->batch_size <= 0) o->batch_size = d.batch_size;
@@ -437,7 +452,18 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   TrainingData data;
   RETURN_IF_ERROR(SetUpData(&o, local, chief, &data));
   ASSIGN_OR_RETURN(std::vector<kernels::DeviceSpec> specs, ParseTowers(o.towers, o.num_gpus, o.threads));
-  const bool resident = DeviceResident(o, specs, local);
+  bool resident = DeviceResident(o, specs, local);
+  if (resident) {
+    // The device optimizer updates every variable alike; state variables (BatchNorm's running statistics) need
+    // the ps's plain change, so such models train through the in-process ps.
+    ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(*o.resolved_model, data.model_options));
+    for (const models::VariableInfo& v : vars) {
+      if (!v.trainable && resident) {
+        resident = false;
+        if (!o.quiet) LOG(INFO) << "variable '" << v.name << "' is state: the step goes through the in-process ps";
+      }
+    }
+  }
   TowersOptions topt;
   topt.cpu_in_place = o.cpu_towers_in_place;
   topt.replicated = resident;
@@ -507,6 +533,12 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   if (chief) {
     PrintAccuracy(o, data, result);
     std::fflush(stdout);
+  }
+  if (!o.metrics_file.empty()) RETURN_IF_ERROR(WriteMetrics(o.metrics_file, result));
+  if (chief && !o.export_onnx.empty()) {
+    RETURN_IF_ERROR(models::onnx::ExportOnnx(*o.resolved_model, towers->tower(0)->variables(), result.parameters.data(),
+                                             o.export_onnx));
+    if (!o.quiet) std::printf("exported the trained model to %s\n", o.export_onnx.c_str());
   }
   return result;
 }

@@ -30,7 +30,10 @@ struct WorkerOptions {
   models::ModelRef resolved_model;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   const data::DatasetPair* dataset = nullptr;  // tests: use this instead of reading data_dir
-  bool shuffle = true;
+  bool shuffle = true;  // false: every worker reads its shard in order (reproducible comparisons)
+  // Per-channel normalization of the pixels after scaling to [0, 1] (--input_mean/--input_std), in training and
+  // evaluation alike; InvalidArgument from RunTraining when it does not fit the images' channels.
+  data::Normalization input_normalization;
   uint64_t seed = 1;
 
   // Training. 0 / "" = the model's default (resolved_model->defaults).
@@ -83,6 +86,12 @@ struct WorkerOptions {
   double step_timeout_secs = 120;  // how long a step may wait for the ps (another worker's gradients)
   std::string wire_dtype = "fp32";  // fp32 | bf16 | fp16: gradients and parameters on the wire
   int step_delay_ms = 0;        // test hook: sleep this long every step (a slow worker)
+
+  // Output files.
+  std::string metrics_file;  // this worker's loss of every local step, as CSV "local_step,loss" (exact floats)
+  // Chief: the final parameters written as this ONNX file (the imported file with its initializers trained,
+  // worker/models/onnx/onnx_export.h); the model must be an ONNX import (InvalidArgument otherwise).
+  std::string export_onnx;
 };
 
 struct TrainingResult {
