@@ -5,6 +5,7 @@
 //   dtrain_eval --checkpoint=/ckpt --model=cnn --use_moving_averages --export=/tmp/cnn.npz
 //   dtrain_eval --checkpoint=/ckpt --model=lenet5.onnx --export=trained.onnx   # the file, trained
 //   dtrain_eval --model=lenet5.onnx                                           # the file's own weights
+//   dtrain_eval --checkpoint=/ckpt --model=resnet.onnx --export=infer.onnx --export_for_inference  # onnxruntime
 //
 // --checkpoint is a prefix <dir>/model.ckpt-<step> (all its .psI-of-N files are read) or a directory (its
 // newest complete, valid step); without it, an ONNX model is evaluated with the weights in its file. Prints
@@ -46,6 +47,9 @@ ABSL_FLAG(bool, use_moving_averages, false, "Evaluate the moving averages of the
 ABSL_FLAG(std::string, export, "",
           "Also write the weights to this file: FILE.onnx (a model imported from ONNX: the file with its "
           "initializers trained) or an .npz (one <variable>.npy per variable)");
+ABSL_FLAG(bool, export_for_inference, false,
+          "With --export=FILE.onnx: BatchNormalization in inference mode (the running statistics) and Dropout off, "
+          "for inference runtimes such as onnxruntime (default: the training graph as imported)");
 ABSL_FLAG(std::string, logits_out, "", "Also write the test set's logits and labels to this .npz file");
 ABSL_FLAG(std::string, input_mean, "", "Per-channel means subtracted from the [0, 1] pixels (as in training)");
 ABSL_FLAG(std::string, input_std, "", "Per-channel standard deviations the pixels are divided by (as in training)");
@@ -58,7 +62,7 @@ namespace {
 
 struct EvalOptions {
   std::string checkpoint, model, data_dir, export_path, logits_path;
-  bool use_moving_averages = false, skip_eval = false;
+  bool use_moving_averages = false, skip_eval = false, for_inference = false;
   int batch_size = 500, threads = 1;
   data::Normalization normalize;
 };
@@ -93,8 +97,7 @@ absl::Status WriteLogits(const models::ModelSpec& spec, const models::ModelOptio
   return WriteNpz(path, {logits, labels});
 }
 
-absl::Status RunEval(const EvalOptions& o) {
-  ASSIGN_OR_RETURN(models::ModelRef spec, models::ResolveModel(o.model));
+absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
   if (o.checkpoint.empty() && !spec->imported()) {
     return absl::InvalidArgumentError(absl::StrCat("--checkpoint is required for the built-in model '", o.model,
                                                    "' (<dir>/model.ckpt-<step> or a directory)"));
@@ -135,7 +138,9 @@ absl::Status RunEval(const EvalOptions& o) {
   }
 
   if (absl::EndsWithIgnoreCase(o.export_path, ".onnx")) {
-    RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), o.export_path));
+    models::onnx::ExportOptions eo;
+    eo.inference = o.for_inference;
+    RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), o.export_path, eo));
     std::printf("exported %s%s to %s\n", what.c_str(), o.use_moving_averages ? " (moving averages)" : "",
                 o.export_path.c_str());
   } else if (!o.export_path.empty()) {
@@ -195,6 +200,7 @@ int main(int argc, char** argv) {
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.logits_path = absl::GetFlag(FLAGS_logits_out);
+  o.for_inference = absl::GetFlag(FLAGS_export_for_inference);
   absl::StatusOr<dtrain::data::Normalization> n =
       dtrain::data::ParseNormalization(absl::GetFlag(FLAGS_input_mean), absl::GetFlag(FLAGS_input_std));
   if (!n.ok()) {
@@ -206,7 +212,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain_eval: --batch_size and --threads must be > 0\n");
     return 2;
   }
-  const absl::Status s = dtrain::worker::RunEval(o);
+  // The model first: a missing or refused file exits 2 with the importer's one line.
+  absl::StatusOr<dtrain::models::ModelRef> spec = dtrain::models::ResolveModel(o.model);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "dtrain_eval: %s\n", std::string(spec.status().message()).c_str());
+    return 2;
+  }
+  const absl::Status s = dtrain::worker::RunEval(o, *spec);
   if (!s.ok()) {
     // A refused model or flags (InvalidArgument) exit 2 with the one line that says why; other failures 1.
     if (s.code() == absl::StatusCode::kInvalidArgument) {

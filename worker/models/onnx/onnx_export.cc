@@ -1,6 +1,7 @@
 #include "worker/models/onnx/onnx_export.h"
 
 #include <cstring>
+#include <set>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -25,10 +26,42 @@ void SetFloats(::onnx::TensorProto* t, const float* values, int64_t n) {
   t->set_raw_data(std::string(reinterpret_cast<const char*>(values), static_cast<size_t>(n) * sizeof(float)));
 }
 
+// ExportOptions::inference on `g`: BatchNormalization with training_mode=0, Dropout without training_mode, and
+// their training-only outputs dropped.
+absl::Status ForInference(const std::string& file, ::onnx::GraphProto* g) {
+  std::set<std::string> read;
+  for (const ::onnx::NodeProto& n : g->node()) read.insert(n.input().begin(), n.input().end());
+  for (const ::onnx::ValueInfoProto& o : g->output()) read.insert(o.name());
+  for (::onnx::NodeProto& n : *g->mutable_node()) {
+    if (n.op_type() != "BatchNormalization" && n.op_type() != "Dropout") continue;
+    for (int k = 1; k < n.output_size(); ++k) {
+      if (!n.output(k).empty() && read.count(n.output(k))) {
+        return absl::FailedPreconditionError(absl::StrCat(file, ": node '", n.name(), "' (", n.op_type(),
+                                                          "): its training output '", n.output(k),
+                                                          "' is read, so the graph has no inference form"));
+      }
+    }
+    while (n.output_size() > 1) n.mutable_output()->RemoveLast();
+    if (n.op_type() == "Dropout") {
+      while (n.input_size() > 2) n.mutable_input()->RemoveLast();
+      continue;
+    }
+    bool found = false;
+    for (::onnx::AttributeProto& a : *n.mutable_attribute()) {
+      if (a.name() == "training_mode") {
+        a.set_i(0);
+        found = true;
+      }
+    }
+    (void)found;  // absent: inference already (opset < 14 decides by the outputs, now one)
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::vector<VariableInfo>& vars,
-                                            const float* params) {
+                                            const float* params, const ExportOptions& options) {
   if (!spec.imported() || spec.source == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "model '", spec.name, "' is not an ONNX import: only a model trained from --model=PATH.onnx exports as ONNX"));
@@ -61,6 +94,7 @@ absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::ve
       SetFloats(&t, kept->second->floats->data(), kept->second->size());
     }
   }
+  if (options.inference) RETURN_IF_ERROR(ForInference(f.file, out.mutable_graph()));
   std::string bytes;
   if (!out.SerializeToString(&bytes)) {
     return absl::InternalError(absl::StrCat(f.file, ": the exported model does not serialize (over 2 GB?)"));
@@ -69,8 +103,8 @@ absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::ve
 }
 
 absl::Status ExportOnnx(const ModelSpec& spec, const std::vector<VariableInfo>& vars, const float* params,
-                        const std::string& path, Env* env) {
-  ASSIGN_OR_RETURN(std::string bytes, ExportOnnxBytes(spec, vars, params));
+                        const std::string& path, const ExportOptions& options, Env* env) {
+  ASSIGN_OR_RETURN(std::string bytes, ExportOnnxBytes(spec, vars, params, options));
   return WriteFileAtomically(env, path, bytes);
 }
 

@@ -21,16 +21,24 @@
 
 namespace dtrain::models::onnx {
 
+struct ExportOptions {
+  // For inference runtimes (onnxruntime): BatchNormalization nodes get training_mode=0 (they normalize with the
+  // running statistics, as dtrain's evaluation does; in the training graph a runtime uses each batch's own) and
+  // Dropout nodes lose their training_mode input (off); the outputs only training gives (running statistics,
+  // masks) are dropped. FailedPrecondition when a node reads one. Default: the graph exactly as imported.
+  bool inference = false;
+};
+
 // The exported file's bytes. `params` holds TotalSize(vars) floats laid out as `vars` (the flat buffer of a
 // model built from `spec`). FailedPrecondition when `spec` is not an ONNX import; InvalidArgument when a
 // variable's shape differs from its initializer's.
 absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::vector<VariableInfo>& vars,
-                                            const float* params);
+                                            const float* params, const ExportOptions& options = {});
 
 // ExportOnnxBytes written to `path` atomically (a temporary file beside it, renamed over it): on failure nothing
 // is left and an existing file is untouched.
 absl::Status ExportOnnx(const ModelSpec& spec, const std::vector<VariableInfo>& vars, const float* params,
-                        const std::string& path, Env* env = Env::Default());
+                        const std::string& path, const ExportOptions& options = {}, Env* env = Env::Default());
 
 }  // namespace dtrain::models::onnx
 

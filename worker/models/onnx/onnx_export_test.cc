@@ -132,6 +132,42 @@ TEST(OnnxExportTest, ReplacesTheVariablesAndKeepsEverythingElse) {
   EXPECT_EQ((*again)->structure, m.spec->structure);
 }
 
+// For inference runtimes: BatchNormalization in inference mode, training outputs dropped; the checker and the
+// importer accept the result.
+TEST(OnnxExportTest, AnInferenceExportTurnsTrainingModeOff) {
+  OnnxBuilder b = Model();
+  b.Constant(testing::FloatTensor("ratio", {}, {0.25f}));
+  ::onnx::TensorProto train_mode;
+  train_mode.set_name("train");
+  train_mode.set_data_type(::onnx::TensorProto::BOOL);
+  train_mode.add_int32_data(1);
+  b.Constant(train_mode);
+  auto* g = b.model().mutable_graph();
+  g->mutable_node(g->node_size() - 3)->set_output(0, "logits_before");  // the Gemm, then Dropout
+  b.Node("Dropout", {"logits_before", "ratio", "train"}, {"logits", "mask"}, {}, "/drop/Dropout");
+  const Imported m = ImportAndTrain(b);
+  ASSERT_NE(m.spec, nullptr);
+  ExportOptions o;
+  o.inference = true;
+  absl::StatusOr<std::string> bytes = ExportOnnxBytes(*m.spec, m.vars, m.trained.data(), o);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ::onnx::ModelProto out;
+  ASSERT_TRUE(out.ParseFromString(*bytes));
+  for (const ::onnx::NodeProto& n : out.graph().node()) {
+    if (n.op_type() == "BatchNormalization") {
+      EXPECT_EQ(n.output_size(), 1);
+      for (const auto& a : n.attribute()) {
+        if (a.name() == "training_mode") EXPECT_EQ(a.i(), 0);
+      }
+    }
+    if (n.op_type() == "Dropout") {
+      EXPECT_EQ(n.input_size(), 2);
+      EXPECT_EQ(n.output_size(), 1);
+    }
+  }
+  EXPECT_TRUE(ImportModelFromBytes(*bytes, "inference.onnx").ok());
+}
+
 TEST(OnnxExportTest, WritesAtomically) {
   dtrain::testing::ScratchDir dir("onnx_export");
   const Imported m = ImportAndTrain(Model());
@@ -144,7 +180,7 @@ TEST(OnnxExportTest, WritesAtomically) {
   env.FailRenames(1);
   std::vector<float> other = m.trained;
   other[0] = 42.0f;
-  absl::Status s = ExportOnnx(*m.spec, m.vars, other.data(), path, &env);
+  absl::Status s = ExportOnnx(*m.spec, m.vars, other.data(), path, {}, &env);
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(*ReadFileToString(path), first);
   EXPECT_EQ(*Env::Default()->GetChildren(dir.path()), std::vector<std::string>({"trained.onnx"}));

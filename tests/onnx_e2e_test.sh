@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# ONNX files through the command line, end to end:
+#   1. refusals: a missing file, a file that is not ONNX, an unsupported operator, an opset too new, an eval-mode
+#      PyTorch export and a model for other images each make dtrain_worker exit 2 with one line naming what is
+#      wrong, and write nothing (no checkpoint, event, metrics or export file); dtrain_eval exits 2 likewise;
+#   2. a cluster (1 ps + 2 sync workers, scripts/run_local_cluster.sh) trains ResNet-8 (BatchNorm, residual Adds;
+#      its running statistics are state on the ps) from --model=FILE.onnx and the chief exports it
+#      (--export_onnx); dtrain_eval evaluates the exported file's own weights to the chief's accuracy;
+#   3. an independent runtime: onnxruntime-node runs the inference export of that file and of a LeNet-5 trained
+#      in local mode on the test images, and its logits match dtrain's evaluation to 1e-4.
+# Skipped (77) without PyTorch/onnx for /usr/bin/python3, without Node.js and tests/onnxruntime's npm packages
+# (scripts/install_deps.sh installs them), or without Fashion-MNIST.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
+DATA=/usr/share/datasets/fashion-mnist
+ORT="$ROOT/tests/onnxruntime"
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; exit 1; }
+[ -r "$DATA/t10k-images-idx3-ubyte.gz" ] || skip "$DATA is missing (apt-get install dataset-fashion-mnist)"
+/usr/bin/python3 -c "import torch, onnx" 2>/dev/null || skip "/usr/bin/python3 lacks torch or onnx (apt-get install python3-torch python3-onnx)"
+command -v node >/dev/null || skip "no Node.js (apt-get install nodejs npm)"
+[ -d "$ORT/node_modules/onnxruntime-node" ] || skip "onnxruntime-node is not installed in $ORT (scripts/install_deps.sh)"
+for b in dtrain_worker dtrain_eval dtrain_ps; do [ -x "$BIN/$b" ] || fail "$BIN/$b not built"; done
+
+WORK="$(mktemp -d /tmp/dtrain_onnx_e2e.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK" || exit 1
+
+# ---- the models ----
+/usr/bin/python3 - "$ROOT/examples" <<'PY' >models.log 2>&1 || { cat models.log; fail "exporting the models"; }
+import sys
+sys.path.insert(0, sys.argv[1])
+import onnx
+import torch
+from onnx import helper, TensorProto
+from export_lenet5 import LeNet5
+from export_mlp import export
+from export_resnet20 import ResNet
+torch.manual_seed(0)
+export(LeNet5(), torch.zeros(1, 1, 28, 28), "lenet5.onnx")
+export(ResNet(blocks=1, in_channels=1), torch.zeros(1, 1, 28, 28), "resnet8.onnx")
+export(ResNet(blocks=1, in_channels=3), torch.zeros(1, 3, 32, 32), "cifar_resnet8.onnx")
+m = ResNet(blocks=1, in_channels=1)
+m.eval()  # what not to do: BatchNorm folded into Conv, weights renamed
+torch.onnx.export(m, torch.zeros(1, 1, 28, 28), "eval_mode.onnx", input_names=["x"], dynamic_axes={"x": {0: "N"}})
+g = onnx.load("lenet5.onnx")
+for n in g.graph.node:
+    if n.op_type == "Relu":
+        n.op_type = "Selu"  # an operator dtrain does not compute
+        break
+onnx.save(g, "selu.onnx")
+g = onnx.load("lenet5.onnx")
+g.opset_import[0].version = 18
+onnx.save(g, "opset18.onnx")
+PY
+echo "this is not an ONNX model" >notes.onnx
+
+# ---- 1. refusals: exit 2, one line, nothing written ----
+refuse() {  # refuse FILE EXPECTED-SUBSTRING
+  local file="$1" want="$2" out rc
+  rm -rf out && mkdir out
+  out="$("$BIN/dtrain_worker" --job_name=local --model="$file" --train_steps=5 --checkpoint_dir=out/ckpt \
+    --logdir=out/logs --metrics_file=out/metrics.csv --export_onnx=out/trained.onnx 2>&1)"
+  rc=$?
+  [ "$rc" = 2 ] || fail "dtrain_worker --model=$file exited $rc, expected 2: $out"
+  local lines
+  lines="$(printf '%s\n' "$out" | grep -v '^I[0-9]\{8\} ' | grep -c .)"
+  [ "$lines" = 1 ] || fail "dtrain_worker --model=$file said $lines lines, expected one: $out"
+  printf '%s\n' "$out" | grep -qF -- "$want" || fail "dtrain_worker --model=$file: '$want' not in: $out"
+  [ -z "$(ls -A out)" ] || fail "dtrain_worker --model=$file wrote $(ls -A out)"
+  out="$("$BIN/dtrain_eval" --model="$file" 2>&1)"
+  rc=$?
+  [ "$rc" = 2 ] || fail "dtrain_eval --model=$file exited $rc, expected 2: $out"
+  echo "refused $file: $(printf '%s\n' "$out" | grep -v '^I[0-9]\{8\} ' | cut -c1-160)..."
+}
+refuse missing.onnx "missing.onnx"
+refuse notes.onnx "notes.onnx: not an ONNX model"
+refuse selu.onnx "node '/Relu' (Selu): operator Selu is not supported"
+refuse opset18.onnx "opset18.onnx: opset 18 of ai.onnx is not supported (supported: 11-17)"
+refuse eval_mode.onnx "an eval-mode export"
+refuse cifar_resnet8.onnx "takes 3x32x32 images (C x H x W) but the data set's images are 1x28x28"
+grep -q "training=torch.onnx.TrainingMode.TRAINING" <<<"$("$BIN/dtrain_worker" --job_name=local --model=selu.onnx 2>&1)" ||
+  fail "the refusal does not say how to export"
+out="$("$BIN/dtrain_worker" --job_name=local --model=mlp --export_onnx=x.onnx 2>&1)"
+[ $? = 2 ] && grep -q "export_onnx needs a model imported from ONNX" <<<"$out" || fail "--export_onnx with a built-in: $out"
+
+# ---- 2. a cluster trains ResNet-8 from the file; the chief exports it ----
+"$ROOT/scripts/run_local_cluster.sh" --ps 1 --workers 2 --logdir "$WORK/cluster" --deadline_secs 300 -- \
+  --model="$WORK/resnet8.onnx" --mode=sync --train_steps=20 --batch_size=50 --learning_rate=0.01 \
+  --log_every=10 --export_onnx="$WORK/resnet8_trained.onnx" >cluster.log 2>&1 ||
+  { tail -30 cluster.log; fail "the cluster run failed"; }
+chief_acc="$(grep -o 'step 20: test accuracy = [0-9.]*' cluster.log | grep -o '[0-9.]*$')"
+[ -n "$chief_acc" ] || { tail -20 cluster.log; fail "no test accuracy from the chief"; }
+[ -s resnet8_trained.onnx ] || fail "the chief exported nothing"
+eval_out="$("$BIN/dtrain_eval" --model=resnet8_trained.onnx --export=resnet8_infer.onnx --export_for_inference \
+  --logits_out=resnet8_logits.npz 2>&1)" || fail "dtrain_eval of the exported file: $eval_out"
+file_acc="$(grep -o 'test accuracy = [0-9.]*' <<<"$eval_out" | grep -o '[0-9.]*$')"
+echo "cluster: the chief's test accuracy $chief_acc; the exported file's own weights: $file_acc"
+[ "$chief_acc" = "$file_acc" ] || fail "the exported file evaluates to $file_acc, the chief said $chief_acc"
+# The running statistics moved on the ps (state slices), away from the file's 0 and 1.
+/usr/bin/python3 - <<'PY' || fail "the running statistics were not trained"
+import onnx
+from onnx import numpy_helper
+t = {i.name: numpy_helper.to_array(i) for i in onnx.load("resnet8_trained.onnx").graph.initializer}
+assert abs(t["bn.running_mean"]).max() > 1e-3 and abs(t["bn.running_var"] - 1).max() > 1e-3, t["bn.running_var"]
+PY
+
+# ---- 3. onnxruntime runs the exported files: the same logits ----
+"$BIN/dtrain_worker" --job_name=local --model=lenet5.onnx --train_steps=30 --batch_size=50 --checkpoint_dir=ckpt \
+  --log_every=1000 >lenet5.log 2>&1 || { tail lenet5.log; fail "training LeNet-5"; }
+"$BIN/dtrain_eval" --checkpoint=ckpt --model=lenet5.onnx --export=lenet5_trained.onnx --logits_out=lenet5_logits.npz \
+  >eval.log 2>&1 || { cat eval.log; fail "dtrain_eval of LeNet-5"; }
+(cd "$ORT" && node compare_logits.mjs "$WORK/lenet5_trained.onnx" "$WORK/lenet5_logits.npz" \
+  "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on LeNet-5"
+(cd "$ORT" && node compare_logits.mjs "$WORK/resnet8_infer.onnx" "$WORK/resnet8_logits.npz" \
+  "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on ResNet-8"
+echo PASS
