@@ -5,6 +5,7 @@
 #   deploy/launch_cluster.sh --cluster_spec=cluster.json [--remote_bin=/opt/dtrain/bin] [--logdir=DIR] \
 #       [--ps_args="--checkpoint_dir=/ckpt --save_checkpoint_steps=500"] [--deadline_secs=86400] \
 #       [--ssh_options="-i key -F ssh_config"] -- --mode=sync --model=cnn --train_steps=2000
+#   (--model=PATH.onnx: an ONNX file, at the same absolute path on every worker host; checked here first)
 #   cluster.json: {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
 #
 # - Tasks whose host is 127.x, localhost, this host's name or one of its addresses run here; the others over
@@ -45,6 +46,11 @@ done
 [ -n "$REMOTE_BIN" ] || REMOTE_BIN="$LOCAL_BIN"
 read -r -a ps_args <<<"$PS_ARGS"
 read -r -a ssh_options <<<"$SSH_OPTIONS"
+# A --model=PATH.onnx must be readable here; it is passed as an absolute path, at which every host must have it.
+# shellcheck source=scripts/model_args.sh
+source "$ROOT/scripts/model_args.sh"
+resolve_model_args launch_cluster "$@"
+set -- "${MODEL_ARGS[@]}"
 
 # One line per task: "job index host"; then the cluster as one JSON line. Python's standard library parses.
 spec_out="$(python3 - "$SPEC" <<'PY'

@@ -16,6 +16,7 @@ accuracy (or the whole training time if only the final evaluation reaches it).
   scripts/compare_cluster_sizes.sh --model=mlp --examples=200000 --sizes=1,2 --modes=sync,async \\
       --target_accuracy=0.8 --eval_every=100 --out=/tmp/sizes
   scripts/compare_cluster_sizes.sh --netns --bandwidth=1gbit --model=mlp --sizes=1,2
+  scripts/compare_cluster_sizes.sh --model=lenet5.onnx --examples=100000 --sizes=1,2   # an ONNX file
 Extra arguments after -- go to every worker (e.g. -- --threads=1).
 """
 import argparse
@@ -189,7 +190,7 @@ def plot(rows, sizes, modes, path, title, target):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--model", default="mlp", help="a built-in model or PATH.onnx (an ONNX file)")
     ap.add_argument("--batch_size", type=int, default=100)
     ap.add_argument("--examples", type=int, default=200000, help="training examples in every configuration")
     ap.add_argument("--sizes", default="1,2", help="worker counts, e.g. 1,2,4")
@@ -229,6 +230,11 @@ def main():
             sys.exit("compare_cluster_sizes: --netns unavailable here: %s" % chk.stdout.strip())
         if a.bandwidth and not re.fullmatch(r"[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)", a.bandwidth):
             ap.error("--bandwidth must look like 1gbit, 100mbit or 500kbit, got %r" % a.bandwidth)
+    if a.model.lower().endswith(".onnx"):
+        # Every worker (in any namespace or directory) reads the file at one absolute path.
+        if not os.path.isfile(a.model) or not os.access(a.model, os.R_OK):
+            ap.error("--model=%s: no such readable file" % a.model)
+        a.model = os.path.abspath(a.model)
     for b in ("dtrain_ps", "dtrain_worker"):
         if not os.access(os.path.join(a.bin, b), os.X_OK):
             sys.exit("compare_cluster_sizes: %s not found in %s: build first (scripts/build.sh)" % (b, a.bin))

@@ -4,15 +4,18 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
       libdnnl-dev ocl-icd-opencl-dev libgoogle-glog-dev nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev
       libbenchmark-dev libssl-dev openssl dataset-fashion-mnist libonnx-dev
+      # The ONNX tests: each operator's reference data, PyTorch to export models and train them beside dtrain,
+      # numpy and onnx for /usr/bin/python3 (npz_writer_test, the PyTorch equivalence test).
+      libonnx-testdata python3-torch python3-onnx python3-numpy
       clang libclang-rt-dev  # clang + libFuzzer/ASan/UBSan runtimes for scripts/fuzz.sh (gcc's come with g++)
       # The deployment tests: a real Slurm on this machine, network namespaces with tc, sshd across them.
       slurmctld slurmd slurm-client munge iproute2 procps openssh-server openssh-client)
 # Node.js runs the offline Kubernetes manifest validator (its npm packages are installed at the end).
 command -v npm >/dev/null || pkgs+=(nodejs npm)
-# DTRAIN_WITH_PLOTS=1: matplotlib for compare_cluster_sizes --plot; DTRAIN_WITH_TORCH=1: what
-# scripts/compare_pytorch.py needs (PyTorch with the OpenMP OpenBLAS, numpy).
+# DTRAIN_WITH_PLOTS=1: matplotlib for compare_cluster_sizes --plot; DTRAIN_WITH_TORCH=1: the OpenMP OpenBLAS
+# scripts/compare_pytorch.py times PyTorch with.
 if [ "${DTRAIN_WITH_PLOTS:-0}" = 1 ]; then pkgs+=(python3-matplotlib); fi
-if [ "${DTRAIN_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch libopenblas0-openmp python3-numpy); fi
+if [ "${DTRAIN_WITH_TORCH:-0}" = 1 ]; then pkgs+=(libopenblas0-openmp); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -26,7 +29,17 @@ install_validator() {
   echo "installing the Kubernetes manifest validator's npm packages into $v/node_modules"
   (cd "$v" && npm ci --no-audit --no-fund --loglevel=error)
 }
-if [ ${#missing[@]} -eq 0 ]; then install_validator; exit 0; fi
+# onnxruntime-node for tests/onnx_e2e_test.sh (pinned by tests/onnxruntime/package-lock.json), into
+# tests/onnxruntime/node_modules. Its install script would download CUDA binaries from outside: skipped (the
+# package bundles the CPU runtime).
+install_onnxruntime() {
+  local d
+  d="$(cd "$(dirname "$0")/.." && pwd)/tests/onnxruntime"
+  [ -d "$d/node_modules/onnxruntime-node" ] && return 0
+  echo "installing onnxruntime-node into $d/node_modules"
+  (cd "$d" && ONNXRUNTIME_NODE_INSTALL_CUDA=skip npm ci --no-audit --no-fund --loglevel=error)
+}
+if [ ${#missing[@]} -eq 0 ]; then install_validator && install_onnxruntime; exit $?; fi
 echo "installing: ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -43,3 +56,4 @@ fi
 $SUDO apt-get update -qq -o DPkg::Lock::Timeout=300 || true
 $SUDO apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends "${missing[@]}"
 install_validator
+install_onnxruntime

@@ -6,6 +6,7 @@
 #
 #   scripts/run_local_cluster.sh [--ps N] [--workers N] [--logdir DIR] [--deadline_secs S] [--] WORKER_FLAGS...
 #   scripts/run_local_cluster.sh --workers 2 -- --mode=sync --model=mlp --train_steps=2000
+#   scripts/run_local_cluster.sh --workers 2 -- --model=lenet5.onnx --export_onnx=trained.onnx  # an ONNX file
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN:-$ROOT/build/bin}"
@@ -26,6 +27,11 @@ done
 for v in "$NUM_PS" "$NUM_WORKERS" "$DEADLINE"; do
   [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "run_local_cluster: --ps, --workers, --deadline_secs need positive integers, got '$v'" >&2; exit 2; }
 done
+# A --model=PATH.onnx must be there (and is passed on as an absolute path).
+# shellcheck source=scripts/model_args.sh
+source "$ROOT/scripts/model_args.sh"
+resolve_model_args run_local_cluster "$@"
+set -- "${MODEL_ARGS[@]}"
 [ -n "$LOGDIR" ] || LOGDIR="$(mktemp -d /tmp/dtrain_cluster.XXXXXX)"
 mkdir -p "$LOGDIR"
 for b in dtrain_ps dtrain_worker; do
