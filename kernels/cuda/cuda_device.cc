@@ -269,6 +269,11 @@ absl::StatusOr<std::unique_ptr<Dense>> CudaDevice::MakeDense(const DenseParams& 
   RETURN_IF_ERROR(Activate("MakeDense"));
   return MakeCudaDense(this, p);
 }
+absl::StatusOr<std::unique_ptr<AvgPool>> CudaDevice::MakeAvgPool(const PoolParams& p) {
+  RETURN_IF_ERROR(NotCapturing("MakeAvgPool"));
+  RETURN_IF_ERROR(Activate("MakeAvgPool"));
+  return MakeCudaAvgPool(this, p);
+}
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> CudaDevice::MakeOptimizer(const OptimizerParams& p,
                                                                            const DeviceCounter* step) {
   RETURN_IF_ERROR(NotCapturing("MakeOptimizer"));

@@ -118,6 +118,8 @@ class CudaDevice final : public Device {
   absl::Status Scale(float a, const float* x, float* y, int64_t n) override;
   absl::Status Fill(float value, float* x, int64_t n) override;
 
+  absl::StatusOr<std::unique_ptr<AvgPool>> MakeAvgPool(const PoolParams& p) override;
+
   // ---- for ops in kernels/cuda and the gradient all-reducer ----
   int gpu() const { return spec_.gpu_index; }
   cudaStream_t stream() const { return stream_; }
@@ -168,6 +170,7 @@ absl::StatusOr<std::unique_ptr<Conv2D>> MakeCudaConv2D(CudaDevice* dev, const Co
 absl::StatusOr<std::unique_ptr<MaxPool>> MakeCudaMaxPool(CudaDevice* dev, const PoolParams& p);
 absl::StatusOr<std::unique_ptr<Lrn>> MakeCudaLrn(CudaDevice* dev, const LrnParams& p);
 absl::StatusOr<std::unique_ptr<Dense>> MakeCudaDense(CudaDevice* dev, const DenseParams& p);
+absl::StatusOr<std::unique_ptr<AvgPool>> MakeCudaAvgPool(CudaDevice* dev, const PoolParams& p);
 // cuda_optimizer.cc; `step` is a counter of `dev` (checked by the caller).
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeCudaOptimizer(CudaDevice* dev, const OptimizerParams& p,
                                                                    const DeviceCounter* step);

@@ -1,7 +1,8 @@
 // Launchers for dtrain's own CUDA kernels (elementwise.cu, loss.cu, layout.cu, pool_lrn.cu). Each enqueues its
 // kernel(s) on `stream` and returns cudaGetLastError(); callers turn that into an absl::Status naming the op
-// (cuda_status.h). No launcher allocates, synchronizes or reads memory on the host. The caller has made the
-// stream's device current. Pointers are device pointers; n/sizes are element counts.
+// (cuda_status.h). No launcher allocates, synchronizes or reads memory on the host, so all of them can be
+// captured into a CUDA graph. The caller has made the stream's device current. Pointers are device pointers;
+// n/sizes are element counts. The per-element math lives in op_math.h.
 //
 // Kept free of Abseil so that the .cu files compile with nvcc alone.
 // Thread-safety: launchers are stateless; concurrent calls on different streams are fine.
@@ -11,6 +12,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/op_math.h"
 
 namespace dtrain::kernels::cuda {
 
@@ -31,6 +34,9 @@ cudaError_t LaunchDropoutDeviceCounter(const float* x, float* y, float* mask, in
 cudaError_t LaunchMultiply(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
 // y[r, c] += bias[c] for a row-major [rows, channels] tensor.
 cudaError_t LaunchBiasAdd(float* y, const float* bias, int64_t rows, int channels, cudaStream_t stream);
+// y[r, c] += scale * bias[c] (Dense's beta).
+cudaError_t LaunchScaledBiasAdd(float* y, const float* bias, float scale, int64_t rows, int channels,
+                                cudaStream_t stream);
 cudaError_t LaunchAxpy(float a, const float* x, float* y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchScale(float a, const float* x, float* y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchFill(float value, float* x, int64_t n, cudaStream_t stream);
@@ -85,6 +91,10 @@ cudaError_t LaunchCounterIncrement(int64_t* counter, cudaStream_t stream);
 // ---- layout.cu ----
 // out[c, r] = in[r, c] for a row-major [rows, cols] matrix (HWIO <-> OHWI filters are such a transpose).
 cudaError_t LaunchTranspose2D(const float* in, float* out, int rows, int cols, cudaStream_t stream);
+// The same for each of `batch` consecutive matrices: out[b][c][r] = in[b][r][c] (OIHW <-> KRSC filters,
+// Device::Transpose).
+cudaError_t LaunchBatchedTranspose(const float* in, float* out, int64_t batch, int rows, int cols,
+                                   cudaStream_t stream);
 // Zero-pads NHWC x [n, h, w, c] into [n, h + pad_top + pad_bottom, w + pad_left + pad_right, c].
 cudaError_t LaunchPadNhwc(const float* x, float* padded, int n, int h, int w, int c, int pad_top, int pad_left,
                           int padded_h, int padded_w, cudaStream_t stream);
@@ -92,10 +102,7 @@ cudaError_t LaunchPadNhwc(const float* x, float* padded, int n, int h, int w, in
 cudaError_t LaunchCropNhwc(const float* padded, float* x, int n, int h, int w, int c, int pad_top, int pad_left,
                            int padded_h, int padded_w, cudaStream_t stream);
 
-// ---- pool_lrn.cu ----
-struct PoolShape {
-  int batch, in_h, in_w, channels, out_h, out_w, window, stride, pad_top, pad_left;
-};
+// ---- pool_lrn.cu (PoolShape: op_math.h) ----
 // NHWC max pooling over the in-bounds part of each window (padding never wins, as in TensorFlow); the first
 // maximum wins ties. argmax[o] = flat index into x of the winner.
 cudaError_t LaunchMaxPoolForward(const float* x, float* y, int32_t* argmax, const PoolShape& s,
@@ -103,6 +110,10 @@ cudaError_t LaunchMaxPoolForward(const float* x, float* y, int32_t* argmax, cons
 // dx[i] = sum of dy[o] over outputs o whose argmax is i (a gather: deterministic, no atomics).
 cudaError_t LaunchMaxPoolBackward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& s,
                                   cudaStream_t stream);
+// NHWC average pooling (op_math.h's AvgPoolOutput) and its gradient (a gather over the covering windows:
+// deterministic, no atomics).
+cudaError_t LaunchAvgPoolForward(const float* x, float* y, const PoolShape& s, cudaStream_t stream);
+cudaError_t LaunchAvgPoolBackward(const float* dy, float* dx, const PoolShape& s, cudaStream_t stream);
 struct LrnShape {
   int64_t pixels;  // batch * h * w
   int channels, depth_radius;

@@ -49,6 +49,10 @@ __global__ void BiasAddKernel(float* y, const float* bias, int64_t n, int channe
   DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] += bias[i % channels]; }
 }
 
+__global__ void ScaledBiasAddKernel(float* y, const float* bias, float scale, int64_t n, int channels) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] += scale * bias[i % channels]; }
+}
+
 __global__ void AxpyKernel(float a, const float* x, float* y, int64_t n) {
   DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] = fmaf(a, x[i], y[i]); }
 }
@@ -111,6 +115,14 @@ cudaError_t LaunchBiasAdd(float* y, const float* bias, int64_t rows, int channel
   const int64_t n = rows * channels;
   if (n <= 0) return cudaSuccess;
   BiasAddKernel<<<BlocksFor(n), kThreads, 0, stream>>>(y, bias, n, channels);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScaledBiasAdd(float* y, const float* bias, float scale, int64_t rows, int channels,
+                                cudaStream_t stream) {
+  const int64_t n = rows * channels;
+  if (n <= 0) return cudaSuccess;
+  ScaledBiasAddKernel<<<BlocksFor(n), kThreads, 0, stream>>>(y, bias, scale, n, channels);
   return cudaGetLastError();
 }
 
