@@ -24,7 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "common/env.h"
 #include "ps/checkpoint_format.h"
-#include "ps/ps_types.h"
+#include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
 

@@ -35,7 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "ps/ps_types.h"
+#include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
 

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "ps/ps_interface.h"
+#include "ps/api/ps_interface.h"
 
 namespace dtrain::ps {
 

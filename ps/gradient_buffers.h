@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "ps/slice_io.h"
+#include "ps/api/slice_io.h"
 #include "ps/slice_store.h"
 
 namespace dtrain::ps {

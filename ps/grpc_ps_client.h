@@ -3,7 +3,7 @@
 // Every call has a deadline. Unary calls failing with Unavailable (ps not up yet, connection reset) are retried
 // with exponential backoff until `retry_window` has passed; uploads and pulls are retried by their caller
 // (ps/worker_client.h), which can send a whole upload again. Other errors are returned as they are (codes from
-// ps/ps_interface.h). Tensor data goes out without a copy (see ps/tensor_coding.h): an upload references the
+// ps/api/ps_interface.h). Tensor data goes out without a copy (see ps/tensor_coding.h): an upload references the
 // caller's memory until its Finish returns.
 //
 // Reconnection: a call on a channel that is not connected (the task died, restarted or is not up yet) first
@@ -25,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ps/grpc_security.h"
-#include "ps/ps_interface.h"
+#include "ps/api/ps_interface.h"
 
 namespace dtrain::ps {
 

@@ -14,7 +14,7 @@
 #include <grpcpp/impl/service_type.h>
 
 #include "common/cancellation.h"
-#include "ps/ps_interface.h"
+#include "ps/api/ps_interface.h"
 
 namespace dtrain::ps {
 

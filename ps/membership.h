@@ -24,7 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "ps/ps_types.h"
+#include "ps/api/ps_types.h"
 #include "ps/recent_request_ids.h"
 
 namespace dtrain::ps {

@@ -12,7 +12,7 @@
 //
 // Thread-safety: every method may be called concurrently from any thread (one gRPC handler thread per call).
 // Pulls block (on condition variables, never polling) until their condition holds or their timeout passes.
-// Errors: as listed in ps/ps_interface.h.
+// Errors: as listed in ps/api/ps_interface.h.
 #ifndef DTRAIN_PS_PARAMETER_SERVER_H_
 #define DTRAIN_PS_PARAMETER_SERVER_H_
 
@@ -27,8 +27,8 @@
 #include "absl/time/time.h"
 #include "ps/checkpoint_format.h"
 #include "ps/checkpoint_options.h"
-#include "ps/ps_interface.h"
-#include "ps/ps_types.h"
+#include "ps/api/ps_interface.h"
+#include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
 

@@ -2,7 +2,7 @@
 // stranger who has the token, or a buggy worker): the unary requests as protobuf bytes (Register, Pull, Done,
 // Heartbeat, Probe, Restore) through the wire conversions into a ParameterServer, and the Push / Initialize
 // streams as raw messages through the service's decoder (UploadFeeder). Every answer must be a Status with one
-// of the codes the ps documents (ps/ps_interface.h), never a crash, a hang or a sanitizer report; the task stays
+// of the codes the ps documents (ps/api/ps_interface.h), never a crash, a hang or a sanitizer report; the task stays
 // consistent (GetStats works, a well-formed pull still streams every slice).
 //
 // Input: a sequence of calls, each  u8 op | u16 length | payload[length]:

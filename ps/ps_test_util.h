@@ -19,7 +19,7 @@
 #include "ps/fault_injecting_ps.h"
 #include "ps/parameter_server.h"
 #include "ps/placement.h"
-#include "ps/ps_types.h"
+#include "ps/api/ps_types.h"
 #include "ps/worker_client.h"
 
 namespace dtrain::ps::testing {

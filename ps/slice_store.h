@@ -33,8 +33,8 @@
 #include "absl/time/time.h"
 #include "ps/checkpoint_format.h"
 #include "ps/optimizer.h"
-#include "ps/ps_types.h"
-#include "ps/slice_io.h"
+#include "ps/api/ps_types.h"
+#include "ps/api/slice_io.h"
 
 namespace dtrain::ps {
 

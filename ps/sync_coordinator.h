@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "ps/ps_types.h"
+#include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
 

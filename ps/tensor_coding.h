@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "ps/slice_io.h"
+#include "ps/api/slice_io.h"
 
 namespace dtrain::ps::coding {
 

@@ -6,7 +6,7 @@
 #define DTRAIN_PS_TRAIN_CONFIG_H_
 
 #include "absl/status/status.h"
-#include "ps/ps_types.h"
+#include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
 

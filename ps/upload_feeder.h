@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "ps/ps_interface.h"
+#include "ps/api/ps_interface.h"
 #include "ps/tensor_coding.h"
 
 namespace dtrain::ps {

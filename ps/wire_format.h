@@ -1,4 +1,4 @@
-// The one place where the plain structs of ps/ps_types.h meet the generated proto messages of the control
+// The one place where the plain structs of ps/api/ps_types.h meet the generated proto messages of the control
 // fields, and where gRPC and absl statuses are converted. Tensor data is coded by ps/tensor_coding.h. Used only
 // by ps/grpc_ps_service and ps/grpc_ps_client.
 //
@@ -13,8 +13,8 @@
 
 #include "absl/status/status.h"
 #include "dtrain.pb.h"
-#include "ps/ps_types.h"
-#include "ps/slice_io.h"
+#include "ps/api/ps_types.h"
+#include "ps/api/slice_io.h"
 
 namespace dtrain::ps::wire {
 

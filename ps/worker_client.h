@@ -40,8 +40,8 @@
 #include "absl/time/time.h"
 #include "common/cancellation.h"
 #include "common/serial_executor.h"
-#include "ps/ps_interface.h"
-#include "ps/ps_types.h"
+#include "ps/api/ps_interface.h"
+#include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
 

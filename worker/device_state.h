@@ -30,7 +30,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/optimizer_ops.h"
 #include "ps/checkpoint_format.h"
-#include "ps/ps_types.h"
+#include "ps/api/ps_types.h"
 #include "worker/towers.h"
 
 namespace dtrain::worker {

@@ -15,7 +15,7 @@
 #include "common/denormals.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
-#include "ps/slice_io.h"
+#include "ps/api/slice_io.h"
 #include "ps/checkpoint_options.h"
 #include "ps/grpc_ps_client.h"
 #include "worker/towers.h"

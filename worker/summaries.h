@@ -29,7 +29,7 @@
 #include "absl/time/time.h"
 #include "common/event_writer.h"
 #include "ps/optimizer.h"
-#include "ps/ps_types.h"
+#include "ps/api/ps_types.h"
 #include "worker/models/model.h"
 
 namespace dtrain::worker {

@@ -9,8 +9,8 @@
 // Pieces may carry floats in a narrower wire type (bf16, fp16: --wire_dtype); the receiving side converts.
 //
 // Thread-safety: an upload or a receiver is used by one thread at a time.
-#ifndef DTRAIN_PS_SLICE_IO_H_
-#define DTRAIN_PS_SLICE_IO_H_
+#ifndef DTRAIN_PS_API_SLICE_IO_H_
+#define DTRAIN_PS_API_SLICE_IO_H_
 
 #include <cstdint>
 #include <string>
@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "ps/ps_types.h"
+#include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
 
@@ -102,4 +102,4 @@ class FlatPullReceiver : public PullReceiver {
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_SLICE_IO_H_
+#endif  // DTRAIN_PS_API_SLICE_IO_H_

@@ -1,4 +1,4 @@
-#include "ps/slice_io.h"
+#include "ps/api/slice_io.h"
 
 #include <algorithm>
 #include <cmath>

@@ -5,7 +5,7 @@
 // - The model's parameters form one flat float buffer (see worker/models/model.h). It is cut into *slices*
 //   (contiguous ranges, each inside one variable); each slice lives on one ps task and has a cluster-wide key.
 //   Keys follow the flat buffer, which follows the layers: key order is forward order.
-// - Tensor data travels as *pieces*: floats [offset, offset + n) of one slice (ps/slice_io.h). Uploads
+// - Tensor data travels as *pieces*: floats [offset, offset + n) of one slice (ps/api/slice_io.h). Uploads
 //   (Initialize, Push) and downloads (Pull) move pieces; that is the only payload shape.
 // - ps task 0 also holds the *global step* and is the *coordinator*: in sync mode it decides which workers'
 //   gradients make up each step (the first R to commit at that step); other ps tasks learn the decisions from
@@ -30,8 +30,8 @@
 //   4. Pull(decisions) from every other ps task (started as soon as ps 0's header has arrived): each applies
 //      the decisions it has not applied yet, in order, streaming each slice as soon as it is updated.
 // Retried pushes carry the same request_id and are not applied twice, not even in part.
-#ifndef DTRAIN_PS_PS_TYPES_H_
-#define DTRAIN_PS_PS_TYPES_H_
+#ifndef DTRAIN_PS_API_PS_TYPES_H_
+#define DTRAIN_PS_API_PS_TYPES_H_
 
 #include <cstdint>
 #include <string>
@@ -43,7 +43,7 @@ class Cancellation;  // common/cancellation.h
 
 namespace dtrain::ps {
 
-enum class WireDtype : uint8_t;  // ps/slice_io.h
+enum class WireDtype : uint8_t;  // ps/api/slice_io.h
 
 // One slice of the flat parameter buffer held by a ps task.
 struct SliceSpec {
@@ -200,4 +200,4 @@ struct TrainingStats {
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_PS_TYPES_H_
+#endif  // DTRAIN_PS_API_PS_TYPES_H_

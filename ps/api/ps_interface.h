@@ -18,15 +18,15 @@
 //   PermissionDenied    another process registered as this worker since; or a decision not signed by ps 0
 //   ResourceExhausted   a limit (the message names the flag: --max_model_bytes, ...)
 //   Unauthenticated     (gRPC) the call lacked the cluster's token
-#ifndef DTRAIN_PS_PS_INTERFACE_H_
-#define DTRAIN_PS_PS_INTERFACE_H_
+#ifndef DTRAIN_PS_API_PS_INTERFACE_H_
+#define DTRAIN_PS_API_PS_INTERFACE_H_
 
 #include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "ps/ps_types.h"
-#include "ps/slice_io.h"
+#include "ps/api/ps_types.h"
+#include "ps/api/slice_io.h"
 
 namespace dtrain::ps {
 
@@ -60,4 +60,4 @@ class PsInterface {
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_PS_INTERFACE_H_
+#endif  // DTRAIN_PS_API_PS_INTERFACE_H_

@@ -1,5 +1,5 @@
 // Wire element types (bf16, fp16 rounding, specials, saturation) and the flat pull receiver.
-#include "ps/slice_io.h"
+#include "ps/api/slice_io.h"
 
 #include <cmath>
 #include <limits>
