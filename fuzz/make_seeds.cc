@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dtrain.pb.h"
-#include "ps/checkpoint_format.h"
+#include "ps/checkpoint/checkpoint_format.h"
 #include "ps/tensor_coding.h"
 #include "worker/data/batch_stream_state.h"
 #include "worker/data/dataset.h"

@@ -25,15 +25,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "ps/checkpoint_format.h"
-#include "ps/checkpoint_options.h"
+#include "ps/checkpoint/checkpoint_format.h"
+#include "ps/checkpoint/checkpoint_options.h"
 #include "ps/api/ps_interface.h"
 #include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
 
-// Checkpoints (ps/checkpoint_format.h has the file format, ps/checkpoint_dir.h the names and the restore
-// policy). With checkpoint.dir set, each task writes <checkpoint.dir>/model.ckpt-<step>.ps<task>-of-<num_ps>:
+// Checkpoints (ps/checkpoint/checkpoint_format.h has the file format, ps/checkpoint/checkpoint_dir.h the names
+// and the restore policy). With checkpoint.dir set, each task writes
+// <checkpoint.dir>/model.ckpt-<step>.ps<task>-of-<num_ps>:
 // - Sync mode: ps 0 saves when the global step reaches a multiple of checkpoint.save_steps, or when
 //   checkpoint.save_secs have passed since its last save, and marks that step's decision (StepDecision::
 //   checkpoint); every other task saves when it applies a marked decision. So all tasks save the same steps
@@ -47,8 +48,8 @@ namespace dtrain::ps {
 //   finished() turns true only after it was written, or failed: final_checkpoint_status() says which.
 // - The state is copied between updates (sync: right after the step's update, before the next one starts);
 //   the file is written outside any lock by the calling RPC thread through a CheckpointWriter
-//   (ps/checkpoint_writer.h: atomically, retried checkpoint.max_attempts times with backoff), then all but the
-//   newest checkpoint.keep files of this task are deleted. A periodic save that still fails is logged
+//   (ps/checkpoint/checkpoint_writer.h: atomically, retried checkpoint.max_attempts times with backoff), then all
+//   but the newest checkpoint.keep files of this task are deleted. A periodic save that still fails is logged
 //   (LOG(ERROR)) and training goes on; the previous checkpoint stays intact.
 // - Restore: when the chief registers and the task holds no values, it restores the checkpoint chosen by
 //   RegisterRequest::restore_step (see FindCheckpointToRestore) before answering, so Register returns

@@ -15,8 +15,8 @@
 #include "gtest/gtest.h"
 #include "common/env.h"
 #include "common/testing/fault_injection_env.h"
-#include "ps/checkpoint_dir.h"
-#include "ps/checkpoint_test_util.h"
+#include "ps/checkpoint/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_test_util.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_test_util.h"
 

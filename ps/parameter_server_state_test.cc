@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "ps/checkpoint_dir.h"
-#include "ps/checkpoint_set.h"
-#include "ps/checkpoint_test_util.h"
+#include "ps/checkpoint/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_set.h"
+#include "ps/checkpoint/checkpoint_test_util.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_test_util.h"
 

@@ -31,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "ps/checkpoint_format.h"
+#include "ps/checkpoint/checkpoint_format.h"
 #include "ps/optimizer.h"
 #include "ps/api/ps_types.h"
 #include "ps/api/slice_io.h"

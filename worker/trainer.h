@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ps/checkpoint_options.h"
+#include "ps/checkpoint/checkpoint_options.h"
 #include "ps/parameter_server.h"
 #include "worker/data/dataset.h"
 

@@ -11,8 +11,8 @@
 
 #include "absl/strings/string_view.h"
 #include "glog/logging.h"
-#include "ps/checkpoint_format.h"
-#include "ps/checkpoint_set.h"
+#include "ps/checkpoint/checkpoint_format.h"
+#include "ps/checkpoint/checkpoint_set.h"
 
 namespace {
 

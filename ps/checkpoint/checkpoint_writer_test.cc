@@ -1,4 +1,4 @@
-#include "ps/checkpoint_writer.h"
+#include "ps/checkpoint/checkpoint_writer.h"
 
 #include <algorithm>
 #include <set>
@@ -10,8 +10,8 @@
 #include "common/env.h"
 #include "common/testing/fault_injection_env.h"
 #include "gtest/gtest.h"
-#include "ps/checkpoint_dir.h"
-#include "ps/checkpoint_test_util.h"
+#include "ps/checkpoint/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_test_util.h"
 
 namespace dtrain::ps {
 namespace {

@@ -1,10 +1,10 @@
 // Reading a whole checkpoint (the files of every ps task for one step) and reassembling the model's flat
 // parameter buffer from it: what dtrain_eval does with a checkpoint directory or prefix. Names and the single-file
-// reader are ps/checkpoint_dir.h; the bytes are ps/checkpoint_format.h.
+// reader are checkpoint_dir.h; the bytes are checkpoint_format.h.
 //
 // Thread-safety: free functions without shared state, safe from any thread.
-#ifndef DTRAIN_PS_CHECKPOINT_SET_H_
-#define DTRAIN_PS_CHECKPOINT_SET_H_
+#ifndef DTRAIN_PS_CHECKPOINT_CHECKPOINT_SET_H_
+#define DTRAIN_PS_CHECKPOINT_CHECKPOINT_SET_H_
 
 #include <cstdint>
 #include <string>
@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/env.h"
-#include "ps/checkpoint_format.h"
+#include "ps/checkpoint/checkpoint_format.h"
 
 namespace dtrain::ps {
 
@@ -34,4 +34,4 @@ absl::StatusOr<std::vector<float>> AssembleFlatBuffer(const std::vector<Checkpoi
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_CHECKPOINT_SET_H_
+#endif  // DTRAIN_PS_CHECKPOINT_CHECKPOINT_SET_H_

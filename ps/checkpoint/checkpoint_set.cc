@@ -1,4 +1,4 @@
-#include "ps/checkpoint_set.h"
+#include "ps/checkpoint/checkpoint_set.h"
 
 #include <algorithm>
 #include <map>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
-#include "ps/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_dir.h"
 
 namespace dtrain::ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "ps/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_dir.h"
 
 #include <cstring>
 #include <filesystem>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/env.h"
 #include "gtest/gtest.h"
-#include "ps/checkpoint_test_util.h"
+#include "ps/checkpoint/checkpoint_test_util.h"
 
 namespace dtrain::ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "ps/checkpoint_writer.h"
+#include "ps/checkpoint/checkpoint_writer.h"
 
 #include <algorithm>
 
@@ -6,7 +6,7 @@
 #include "absl/time/clock.h"
 #include "common/env.h"
 #include "glog/logging.h"
-#include "ps/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_dir.h"
 
 namespace dtrain::ps {
 

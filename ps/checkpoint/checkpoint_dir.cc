@@ -1,4 +1,4 @@
-#include "ps/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_dir.h"
 
 #include <algorithm>
 #include <map>

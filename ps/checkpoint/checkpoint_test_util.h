@@ -2,8 +2,8 @@
 // messages logged while it lives, sample CheckpointData, a bitwise comparison, and a plain file writer.
 //
 // Thread-safety: LogCapture may receive messages from any thread; the rest belongs to one test.
-#ifndef DTRAIN_PS_CHECKPOINT_TEST_UTIL_H_
-#define DTRAIN_PS_CHECKPOINT_TEST_UTIL_H_
+#ifndef DTRAIN_PS_CHECKPOINT_CHECKPOINT_TEST_UTIL_H_
+#define DTRAIN_PS_CHECKPOINT_CHECKPOINT_TEST_UTIL_H_
 
 #include <unistd.h>
 
@@ -22,7 +22,7 @@
 #include "common/env.h"
 #include "common/testing/scratch_dir.h"
 #include "gtest/gtest.h"
-#include "ps/checkpoint_format.h"
+#include "ps/checkpoint/checkpoint_format.h"
 
 namespace dtrain::ps::testing {
 
@@ -151,4 +151,4 @@ inline void WriteCheckpointFile(const std::string& path, const CheckpointData& d
 
 }  // namespace dtrain::ps::testing
 
-#endif  // DTRAIN_PS_CHECKPOINT_TEST_UTIL_H_
+#endif  // DTRAIN_PS_CHECKPOINT_CHECKPOINT_TEST_UTIL_H_

@@ -3,8 +3,8 @@
 // save (saved under the label itself). Time comes from an injected clock, so tests need not sleep.
 //
 // Thread-safety: thread-compatible; the ParameterServer guards it with its lock.
-#ifndef DTRAIN_PS_CHECKPOINT_SCHEDULER_H_
-#define DTRAIN_PS_CHECKPOINT_SCHEDULER_H_
+#ifndef DTRAIN_PS_CHECKPOINT_CHECKPOINT_SCHEDULER_H_
+#define DTRAIN_PS_CHECKPOINT_CHECKPOINT_SCHEDULER_H_
 
 #include <cstdint>
 #include <functional>
@@ -35,4 +35,4 @@ class CheckpointScheduler {
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_CHECKPOINT_SCHEDULER_H_
+#endif  // DTRAIN_PS_CHECKPOINT_CHECKPOINT_SCHEDULER_H_

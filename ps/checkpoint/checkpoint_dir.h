@@ -4,15 +4,15 @@
 //   <dir>/model.ckpt-<step>.ps<task>-of-<num_ps>
 //
 // The files of one step across all tasks form the checkpoint `<dir>/model.ckpt-<step>` (its "prefix"). The
-// bytes inside are ps/checkpoint_format.h; writing is ps/checkpoint_writer.h; ps/checkpoint_set.h reads a whole
+// bytes inside are checkpoint_format.h; writing is checkpoint_writer.h; checkpoint_set.h reads a whole
 // prefix for evaluation. Every function reaches the disk through the given Env (common/env.h).
 //
 // Errors: as ParseCheckpoint (DataLoss, FailedPrecondition), the Env's (NotFound, PermissionDenied...), and
 // FailedPrecondition from CheckCompatible / FindCheckpointToRestore with a hint how to fix it.
 //
 // Thread-safety: free functions without shared state, safe from any thread.
-#ifndef DTRAIN_PS_CHECKPOINT_DIR_H_
-#define DTRAIN_PS_CHECKPOINT_DIR_H_
+#ifndef DTRAIN_PS_CHECKPOINT_CHECKPOINT_DIR_H_
+#define DTRAIN_PS_CHECKPOINT_CHECKPOINT_DIR_H_
 
 #include <cstdint>
 #include <optional>
@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/env.h"
-#include "ps/checkpoint_format.h"
+#include "ps/checkpoint/checkpoint_format.h"
 #include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
@@ -84,4 +84,4 @@ absl::Status PruneCheckpoints(Env* env, const std::string& dir, int task, int nu
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_CHECKPOINT_DIR_H_
+#endif  // DTRAIN_PS_CHECKPOINT_CHECKPOINT_DIR_H_

@@ -1,4 +1,4 @@
-#include "ps/checkpoint_set.h"
+#include "ps/checkpoint/checkpoint_set.h"
 
 #include <cstring>
 #include <filesystem>
@@ -9,9 +9,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/env.h"
-#include "ps/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_dir.h"
 #include "gtest/gtest.h"
-#include "ps/checkpoint_test_util.h"
+#include "ps/checkpoint/checkpoint_test_util.h"
 
 namespace dtrain::ps {
 namespace {

@@ -1,10 +1,10 @@
 // CheckpointOptions: every checkpoint setting of a ps task in one struct, carried unchanged from the flags
 // (ps/main.cc, worker/main.cc for local mode) through PsServerOptions, ParameterServerOptions and
-// WorkerOptions to the CheckpointWriter (ps/checkpoint_writer.h) and the restore (ps/checkpoint_dir.h).
+// WorkerOptions to the CheckpointWriter (checkpoint_writer.h) and the restore (checkpoint_dir.h).
 //
 // Thread-safety: a plain value. `env` must be safe to use from any thread (every Env is).
-#ifndef DTRAIN_PS_CHECKPOINT_OPTIONS_H_
-#define DTRAIN_PS_CHECKPOINT_OPTIONS_H_
+#ifndef DTRAIN_PS_CHECKPOINT_CHECKPOINT_OPTIONS_H_
+#define DTRAIN_PS_CHECKPOINT_CHECKPOINT_OPTIONS_H_
 
 #include <cstdint>
 #include <string>
@@ -42,4 +42,4 @@ absl::Status ValidateCheckpointOptions(const CheckpointOptions& options);
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_CHECKPOINT_OPTIONS_H_
+#endif  // DTRAIN_PS_CHECKPOINT_CHECKPOINT_OPTIONS_H_

@@ -1,4 +1,4 @@
-#include "ps/checkpoint_options.h"
+#include "ps/checkpoint/checkpoint_options.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,6 +1,6 @@
 // The checkpoint file format: the state of one ps task (values, optimizer slots and moving averages of its
-// slices, and its step) as bytes, versioned and checksummed. No I/O here: ps/checkpoint_dir.h names, finds,
-// reads and prunes the files, ps/checkpoint_writer.h writes them, ps/checkpoint_set.h reads a whole
+// slices, and its step) as bytes, versioned and checksummed. No I/O here: checkpoint_dir.h names, finds,
+// reads and prunes the files, checkpoint_writer.h writes them, checkpoint_set.h reads a whole
 // checkpoint for evaluation.
 //
 // Format (version 2; integers little-endian, floats IEEE-754 float32 little-endian):
@@ -25,8 +25,8 @@
 //   Unimplemented       on a big-endian host
 //
 // Thread-safety: stateless functions, safe from any thread.
-#ifndef DTRAIN_PS_CHECKPOINT_FORMAT_H_
-#define DTRAIN_PS_CHECKPOINT_FORMAT_H_
+#ifndef DTRAIN_PS_CHECKPOINT_CHECKPOINT_FORMAT_H_
+#define DTRAIN_PS_CHECKPOINT_CHECKPOINT_FORMAT_H_
 
 #include <cstdint>
 #include <map>
@@ -82,4 +82,4 @@ std::string DescribeSlice(const SliceSpec& s);
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_CHECKPOINT_FORMAT_H_
+#endif  // DTRAIN_PS_CHECKPOINT_CHECKPOINT_FORMAT_H_

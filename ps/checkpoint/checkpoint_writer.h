@@ -1,5 +1,5 @@
-// CheckpointWriter: saves one ps task's checkpoint files (ps/checkpoint_format.h, named as
-// ps/checkpoint_dir.h says) so that a failure is retried, reported and never costs the checkpoint saved
+// CheckpointWriter: saves one ps task's checkpoint files (checkpoint_format.h, named as
+// checkpoint_dir.h says) so that a failure is retried, reported and never costs the checkpoint saved
 // before it.
 //
 // Save(data):
@@ -28,8 +28,8 @@
 //
 // Thread-safety: every method may be called from any thread; Saves are serialized (one at a time, in the
 // order they take the internal lock), so pruning never races a write.
-#ifndef DTRAIN_PS_CHECKPOINT_WRITER_H_
-#define DTRAIN_PS_CHECKPOINT_WRITER_H_
+#ifndef DTRAIN_PS_CHECKPOINT_CHECKPOINT_WRITER_H_
+#define DTRAIN_PS_CHECKPOINT_CHECKPOINT_WRITER_H_
 
 #include <cstdint>
 #include <string>
@@ -37,8 +37,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "ps/checkpoint_format.h"
-#include "ps/checkpoint_options.h"
+#include "ps/checkpoint/checkpoint_format.h"
+#include "ps/checkpoint/checkpoint_options.h"
 
 namespace dtrain::ps {
 
@@ -75,4 +75,4 @@ class CheckpointWriter {
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_CHECKPOINT_WRITER_H_
+#endif  // DTRAIN_PS_CHECKPOINT_CHECKPOINT_WRITER_H_

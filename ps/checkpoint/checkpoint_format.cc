@@ -1,4 +1,4 @@
-#include "ps/checkpoint_format.h"
+#include "ps/checkpoint/checkpoint_format.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "ps/checkpoint_scheduler.h"
+#include "ps/checkpoint/checkpoint_scheduler.h"
 
 #include <utility>
 
