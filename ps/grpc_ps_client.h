@@ -2,8 +2,8 @@
 //
 // Every call has a deadline. Unary calls failing with Unavailable (ps not up yet, connection reset) are retried
 // with exponential backoff until `retry_window` has passed; uploads and pulls are retried by their caller
-// (ps/worker_client.h), which can send a whole upload again. Other errors are returned as they are (codes from
-// ps/api/ps_interface.h). Tensor data goes out without a copy (see ps/tensor_coding.h): an upload references the
+// (ps/client/worker_client.h), which can send a whole upload again. Other errors are returned as they are (codes
+// from ps/api/ps_interface.h). Tensor data goes out without a copy (see ps/tensor_coding.h): an upload references the
 // caller's memory until its Finish returns.
 //
 // Reconnection: a call on a channel that is not connected (the task died, restarted or is not up yet) first

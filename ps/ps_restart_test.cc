@@ -17,9 +17,9 @@
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "ps/parameter_server.h"
-#include "ps/placement.h"
+#include "ps/client/placement.h"
 #include "ps/ps_test_util.h"
-#include "ps/worker_client.h"
+#include "ps/client/worker_client.h"
 
 namespace dtrain::ps {
 namespace {

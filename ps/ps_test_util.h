@@ -1,6 +1,6 @@
 // Test helpers for ParameterServer tests: an in-process cluster of ps tasks (no sockets), a simulated worker that
-// runs the protocol through the one WorkerClient (ps/worker_client.h) against it, and helpers that upload or
-// pull whole slices of one task directly (for tests of a single ParameterServer's request handling).
+// runs the protocol through the one WorkerClient (ps/client/worker_client.h) against it, and helpers that upload
+// or pull whole slices of one task directly (for tests of a single ParameterServer's request handling).
 //
 // Thread-safety: SimCluster is immutable after Start (its ParameterServers are thread-safe); each SimWorker
 // belongs to one thread.
@@ -18,9 +18,9 @@
 #include "absl/status/statusor.h"
 #include "ps/fault_injecting_ps.h"
 #include "ps/parameter_server.h"
-#include "ps/placement.h"
+#include "ps/client/placement.h"
 #include "ps/api/ps_types.h"
-#include "ps/worker_client.h"
+#include "ps/client/worker_client.h"
 
 namespace dtrain::ps::testing {
 

@@ -32,9 +32,9 @@
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
 #include "ps/grpc_ps_client.h"
-#include "ps/placement.h"
+#include "ps/client/placement.h"
 #include "ps/server.h"
-#include "ps/worker_client.h"
+#include "ps/client/worker_client.h"
 #include "worker/models/model.h"
 
 ABSL_FLAG(std::string, model, "cnn", "Move this model's parameters (mlp | cnn | convnet | cifar10)");

@@ -1,6 +1,6 @@
 // PsInterface: one ps task as a worker sees it, whatever the transport. ParameterServer implements it in process
 // (local mode, tests); ps/grpc_ps_client.h implements it over gRPC; ps/grpc_ps_service.h serves a
-// ParameterServer through it. ps/worker_client.h runs the protocol of ps_types.h over a set of them.
+// ParameterServer through it. ps/client/worker_client.h runs the protocol of ps_types.h over a set of them.
 //
 // Thread-safety: implementations are thread-safe: every method may be called concurrently, and uploads and
 // pulls of different workers proceed in parallel. An upload object belongs to one thread.

@@ -25,8 +25,8 @@
 // error of each step is added to the next step's gradient) and the parameters are rounded when pulled.
 //
 // Thread-safety: one thread (the training loop) calls the methods; the lanes are internal.
-#ifndef DTRAIN_PS_WORKER_CLIENT_H_
-#define DTRAIN_PS_WORKER_CLIENT_H_
+#ifndef DTRAIN_PS_CLIENT_WORKER_CLIENT_H_
+#define DTRAIN_PS_CLIENT_WORKER_CLIENT_H_
 
 #include <cstdint>
 #include <memory>
@@ -64,7 +64,7 @@ struct PullResult {
 class WorkerClient {
  public:
   // tasks[i] talks to ps task i (not owned, must outlive the client); placement[i] = the slices held by task i
-  // (ps/placement.h), in key order.
+  // (ps/client/placement.h), in key order.
   WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vector<SliceSpec>> placement, int worker_id,
                bool is_chief, WorkerClientOptions options = {});
   ~WorkerClient();  // cancels what is in flight and joins the lanes
@@ -217,4 +217,4 @@ class WorkerClient {
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_WORKER_CLIENT_H_
+#endif  // DTRAIN_PS_CLIENT_WORKER_CLIENT_H_

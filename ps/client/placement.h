@@ -15,8 +15,8 @@
 //   config.slices = p.task_slices[task_index];
 //
 // Thread-safety: free functions over values; safe to call concurrently.
-#ifndef DTRAIN_PS_PLACEMENT_H_
-#define DTRAIN_PS_PLACEMENT_H_
+#ifndef DTRAIN_PS_CLIENT_PLACEMENT_H_
+#define DTRAIN_PS_CLIENT_PLACEMENT_H_
 
 #include <cstdint>
 #include <string>
@@ -57,4 +57,4 @@ std::string FormatPlacement(const Placement& placement);
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_PLACEMENT_H_
+#endif  // DTRAIN_PS_CLIENT_PLACEMENT_H_

@@ -1,4 +1,4 @@
-#include "ps/worker_client.h"
+#include "ps/client/worker_client.h"
 
 #include <algorithm>
 #include <random>

@@ -1,4 +1,4 @@
-#include "ps/placement.h"
+#include "ps/client/placement.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -1,7 +1,7 @@
 // WorkerClient: the order in which pushes and pulls move slices (layer by layer, last layer first up; forward
 // order down, usable before the pull ends), the commit after every other task, retries that never apply twice,
 // bf16 with error feedback, and cancellation of what is in flight.
-#include "ps/worker_client.h"
+#include "ps/client/worker_client.h"
 
 #include <atomic>
 #include <future>
