@@ -2,7 +2,7 @@
 // slices of the variables with their optimizer slots and moving averages, applies gradients (sync or async,
 // see ps_types.h for the protocol), and on task 0 keeps the global step and the sync decisions.
 //
-// It implements PsInterface directly (the in-process ps of local mode and of tests); ps/grpc_ps_service.h
+// It implements PsInterface directly (the in-process ps of local mode and of tests); ps/rpc/grpc_ps_service.h
 // exposes one over gRPC.
 //
 // Composition (each part in its own file): SliceStore (values, slots, moving averages, per-slice locks and

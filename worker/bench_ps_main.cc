@@ -31,9 +31,9 @@
 #include "common/denormals.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
-#include "ps/grpc_ps_client.h"
+#include "ps/rpc/grpc_ps_client.h"
 #include "ps/client/placement.h"
-#include "ps/server.h"
+#include "ps/rpc/server.h"
 #include "ps/client/worker_client.h"
 #include "worker/models/model.h"
 

@@ -17,7 +17,7 @@
 #include "common/mutex_config.h"
 #include "ps/api/slice_io.h"
 #include "ps/checkpoint/checkpoint_options.h"
-#include "ps/grpc_ps_client.h"
+#include "ps/rpc/grpc_ps_client.h"
 #include "worker/towers.h"
 #include "worker/trainer.h"
 

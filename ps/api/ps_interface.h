@@ -1,5 +1,5 @@
 // PsInterface: one ps task as a worker sees it, whatever the transport. ParameterServer implements it in process
-// (local mode, tests); ps/grpc_ps_client.h implements it over gRPC; ps/grpc_ps_service.h serves a
+// (local mode, tests); ps/rpc/grpc_ps_client.h implements it over gRPC; ps/rpc/grpc_ps_service.h serves a
 // ParameterServer through it. ps/client/worker_client.h runs the protocol of ps_types.h over a set of them.
 //
 // Thread-safety: implementations are thread-safe: every method may be called concurrently, and uploads and

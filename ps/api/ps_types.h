@@ -1,5 +1,5 @@
 // Plain structs of the parameter-server protocol. The gRPC wire format (proto/dtrain.proto) is mapped to and
-// from these in one place (ps/grpc_coding.*); nothing else in ps/ or worker/ sees generated proto code.
+// from these in one place (ps/rpc/wire_format.h); nothing else in ps/ or worker/ sees generated proto code.
 //
 // Vocabulary:
 // - The model's parameters form one flat float buffer (see worker/models/model.h). It is cut into *slices*

@@ -13,8 +13,8 @@
 // and the tensors travel in clear text.
 //
 // Thread-safety: free functions and immutable values.
-#ifndef DTRAIN_PS_GRPC_SECURITY_H_
-#define DTRAIN_PS_GRPC_SECURITY_H_
+#ifndef DTRAIN_PS_RPC_GRPC_SECURITY_H_
+#define DTRAIN_PS_RPC_GRPC_SECURITY_H_
 
 #include <memory>
 #include <string>
@@ -56,4 +56,4 @@ void AttachCallToken(const SecurityOptions& options, grpc::ClientContext* contex
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_GRPC_SECURITY_H_
+#endif  // DTRAIN_PS_RPC_GRPC_SECURITY_H_

@@ -1,4 +1,4 @@
-#include "ps/grpc_security.h"
+#include "ps/rpc/grpc_security.h"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "ps/grpc_ps_service.h"
+#include "ps/rpc/grpc_ps_service.h"
 
 #include <utility>
 
@@ -10,11 +10,11 @@
 #include "common/denormals.h"
 #include "common/status_macros.h"
 #include "dtrain.pb.h"
-#include "ps/grpc_methods.h"
-#include "ps/grpc_security.h"
-#include "ps/tensor_coding.h"
-#include "ps/upload_feeder.h"
-#include "ps/wire_format.h"
+#include "ps/rpc/grpc_methods.h"
+#include "ps/rpc/grpc_security.h"
+#include "ps/rpc/tensor_coding.h"
+#include "ps/rpc/upload_feeder.h"
+#include "ps/rpc/wire_format.h"
 
 namespace dtrain::ps {
 namespace {

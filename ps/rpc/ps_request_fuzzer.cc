@@ -31,8 +31,8 @@
 #include "glog/logging.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_test_util.h"
-#include "ps/upload_feeder.h"
-#include "ps/wire_format.h"
+#include "ps/rpc/upload_feeder.h"
+#include "ps/rpc/wire_format.h"
 
 namespace dtrain::ps {
 namespace {

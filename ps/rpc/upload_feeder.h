@@ -1,13 +1,14 @@
 // What the ps's gRPC service does with the messages of one Push or Initialize stream: decodes each
-// (ps/tensor_coding.h) and feeds the header (or worker id) and the slice data into an upload of a PsInterface.
-// Separate from the service so that the ps-request fuzzer (ps/ps_request_fuzzer.cc) drives exactly this code.
+// (ps/rpc/tensor_coding.h) and feeds the header (or worker id) and the slice data into an upload of a
+// PsInterface. Separate from the service so that the ps-request fuzzer (ps/rpc/ps_request_fuzzer.cc) drives
+// exactly this code.
 //
 // Errors: InvalidArgument for a malformed stream (a second header, data before the header, an unexpected field,
 // an empty stream, a message that does not decode); otherwise whatever the PsInterface answers.
 //
 // Thread-safety: one UploadFeeder belongs to one stream (one thread).
-#ifndef DTRAIN_PS_UPLOAD_FEEDER_H_
-#define DTRAIN_PS_UPLOAD_FEEDER_H_
+#ifndef DTRAIN_PS_RPC_UPLOAD_FEEDER_H_
+#define DTRAIN_PS_RPC_UPLOAD_FEEDER_H_
 
 #include <cstdint>
 #include <memory>
@@ -18,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ps/api/ps_interface.h"
-#include "ps/tensor_coding.h"
+#include "ps/rpc/tensor_coding.h"
 
 namespace dtrain::ps {
 
@@ -44,4 +45,4 @@ class UploadFeeder : public coding::ChunkHandler {
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_UPLOAD_FEEDER_H_
+#endif  // DTRAIN_PS_RPC_UPLOAD_FEEDER_H_

@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/cancellation.h"
 #include "common/denormals.h"
-#include "ps/grpc_ps_client.h"
-#include "ps/server.h"
+#include "ps/rpc/grpc_ps_client.h"
+#include "ps/rpc/server.h"
 #include "ps/ps_test_util.h"
 
 namespace dtrain::ps {

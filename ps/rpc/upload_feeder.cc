@@ -1,11 +1,11 @@
-#include "ps/upload_feeder.h"
+#include "ps/rpc/upload_feeder.h"
 
 #include <climits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "dtrain.pb.h"
-#include "ps/wire_format.h"
+#include "ps/rpc/wire_format.h"
 
 namespace dtrain::ps {
 

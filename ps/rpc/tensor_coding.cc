@@ -1,4 +1,4 @@
-#include "ps/tensor_coding.h"
+#include "ps/rpc/tensor_coding.h"
 
 #include <algorithm>
 #include <cstdlib>

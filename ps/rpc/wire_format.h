@@ -1,10 +1,10 @@
 // The one place where the plain structs of ps/api/ps_types.h meet the generated proto messages of the control
-// fields, and where gRPC and absl statuses are converted. Tensor data is coded by ps/tensor_coding.h. Used only
-// by ps/grpc_ps_service and ps/grpc_ps_client.
+// fields, and where gRPC and absl statuses are converted. Tensor data is coded by ps/rpc/tensor_coding.h. Used
+// only by ps/rpc/grpc_ps_service and ps/rpc/grpc_ps_client.
 //
 // Thread-safety: free functions, no shared state.
-#ifndef DTRAIN_PS_WIRE_FORMAT_H_
-#define DTRAIN_PS_WIRE_FORMAT_H_
+#ifndef DTRAIN_PS_RPC_WIRE_FORMAT_H_
+#define DTRAIN_PS_RPC_WIRE_FORMAT_H_
 
 #include <cstdint>
 #include <vector>
@@ -41,5 +41,5 @@ PullHeader FromProto(const dtrain::wire::PullHeader& in);
 
 }  // namespace dtrain::ps::wire
 
-#endif  // DTRAIN_PS_WIRE_FORMAT_H_
+#endif  // DTRAIN_PS_RPC_WIRE_FORMAT_H_
 

@@ -1,4 +1,4 @@
-#include "ps/grpc_ps_client.h"
+#include "ps/rpc/grpc_ps_client.h"
 
 #include <algorithm>
 #include <thread>
@@ -16,9 +16,9 @@
 #include "common/cancellation.h"
 #include "common/status_macros.h"
 #include "dtrain.pb.h"
-#include "ps/grpc_methods.h"
-#include "ps/tensor_coding.h"
-#include "ps/wire_format.h"
+#include "ps/rpc/grpc_methods.h"
+#include "ps/rpc/tensor_coding.h"
+#include "ps/rpc/wire_format.h"
 
 namespace dtrain::ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "ps/server.h"
+#include "ps/rpc/server.h"
 
 #include <utility>
 
@@ -9,7 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cancellation.h"
 #include "common/status_macros.h"
-#include "ps/grpc_ps_service.h"
+#include "ps/rpc/grpc_ps_service.h"
 
 namespace dtrain::ps {
 
@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   grpc::ServerBuilder builder;
   builder.AddListeningPort(addr, ServerCredentials(options.security), &st.port);
   builder.RegisterService(st.service.get());
-  // Our messages are at most a megabyte of tensor data (ps/tensor_coding.h) plus framing.
+  // Our messages are at most a megabyte of tensor data (ps/rpc/tensor_coding.h) plus framing.
   builder.SetMaxReceiveMessageSize(8 << 20);
   grpc::ResourceQuota quota("dtrain_ps");
   quota.Resize(static_cast<size_t>(options.max_inflight_bytes));

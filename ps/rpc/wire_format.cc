@@ -1,4 +1,4 @@
-#include "ps/wire_format.h"
+#include "ps/rpc/wire_format.h"
 
 #include <cstring>
 #include <utility>

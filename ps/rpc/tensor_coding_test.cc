@@ -1,7 +1,7 @@
 // The zero-copy coding of tensor messages: round trips of 0, 1, chunk-boundary and 100 MB payloads through
 // arbitrary re-slicing (as the network splits them, floats cut in half included), references instead of copies
 // on the sending side, byte compatibility with the generated protobuf classes, and malformed input.
-#include "ps/tensor_coding.h"
+#include "ps/rpc/tensor_coding.h"
 
 #include <cstring>
 #include <map>

@@ -13,8 +13,8 @@
 //
 // Thread-safety: a MessageBuilder belongs to one thread; a SendTracker's methods may be called from any thread
 // (gRPC releases slices on its own threads).
-#ifndef DTRAIN_PS_TENSOR_CODING_H_
-#define DTRAIN_PS_TENSOR_CODING_H_
+#ifndef DTRAIN_PS_RPC_TENSOR_CODING_H_
+#define DTRAIN_PS_RPC_TENSOR_CODING_H_
 
 #include <cstdint>
 #include <string>
@@ -91,4 +91,4 @@ absl::Status DecodeMessage(const grpc::ByteBuffer& buffer, ChunkHandler* handler
 
 }  // namespace dtrain::ps::coding
 
-#endif  // DTRAIN_PS_TENSOR_CODING_H_
+#endif  // DTRAIN_PS_RPC_TENSOR_CODING_H_

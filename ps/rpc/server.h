@@ -7,15 +7,15 @@
 //   ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server, PsServer::Start(o));
 //   std::string address = server->address();   // with the port actually bound
 //   server->Wait();                             // returns once every worker has reported done
-#ifndef DTRAIN_PS_SERVER_H_
-#define DTRAIN_PS_SERVER_H_
+#ifndef DTRAIN_PS_RPC_SERVER_H_
+#define DTRAIN_PS_RPC_SERVER_H_
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "ps/grpc_security.h"
+#include "ps/rpc/grpc_security.h"
 #include "ps/parameter_server.h"
 
 namespace dtrain::ps {
@@ -23,7 +23,7 @@ namespace dtrain::ps {
 struct PsServerOptions {
   std::string listen_address;  // "host:port"; port 0 picks a free one
   ParameterServerOptions ps;
-  SecurityOptions security;    // token and TLS (ps/grpc_security.h)
+  SecurityOptions security;    // token and TLS (ps/rpc/grpc_security.h)
   // After the last worker reports done, keep serving this long so in-flight calls finish.
   absl::Duration linger = absl::Milliseconds(500);
   // gRPC's resource quota for this server: the memory its connections and messages in flight may take.
@@ -53,4 +53,4 @@ class PsServer {
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_SERVER_H_
+#endif  // DTRAIN_PS_RPC_SERVER_H_

@@ -1,9 +1,9 @@
 // The methods of the dtrain.wire.ParameterServer service (proto/dtrain.proto), in one list for the client and
-// the server. The service is registered by hand (ps/grpc_ps_service.cc, ps/grpc_ps_client.cc) because the
-// tensor-carrying methods exchange grpc::ByteBuffer messages coded by ps/tensor_coding.h instead of
+// the server. The service is registered by hand (ps/rpc/grpc_ps_service.cc, ps/rpc/grpc_ps_client.cc) because
+// the tensor-carrying methods exchange grpc::ByteBuffer messages coded by ps/rpc/tensor_coding.h instead of
 // generated protobuf classes.
-#ifndef DTRAIN_PS_GRPC_METHODS_H_
-#define DTRAIN_PS_GRPC_METHODS_H_
+#ifndef DTRAIN_PS_RPC_GRPC_METHODS_H_
+#define DTRAIN_PS_RPC_GRPC_METHODS_H_
 
 namespace dtrain::ps::grpc_methods {
 
@@ -19,4 +19,4 @@ inline constexpr char kRestore[] = "/dtrain.wire.ParameterServer/Restore";      
 
 }  // namespace dtrain::ps::grpc_methods
 
-#endif  // DTRAIN_PS_GRPC_METHODS_H_
+#endif  // DTRAIN_PS_RPC_GRPC_METHODS_H_
