@@ -7,7 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "ps/parameter_server.h"
-#include "ps/ps_test_util.h"
+#include "ps/testing/ps_test_util.h"
 
 namespace dtrain::ps {
 namespace {

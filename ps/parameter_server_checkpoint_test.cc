@@ -18,7 +18,7 @@
 #include "ps/checkpoint/checkpoint_dir.h"
 #include "ps/checkpoint/checkpoint_test_util.h"
 #include "ps/parameter_server.h"
-#include "ps/ps_test_util.h"
+#include "ps/testing/ps_test_util.h"
 
 namespace dtrain::ps {
 namespace {

@@ -10,7 +10,7 @@
 #include "ps/checkpoint/checkpoint_set.h"
 #include "ps/checkpoint/checkpoint_test_util.h"
 #include "ps/parameter_server.h"
-#include "ps/ps_test_util.h"
+#include "ps/testing/ps_test_util.h"
 
 namespace dtrain::ps {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "ps/parameter_server.h"
-#include "ps/ps_test_util.h"
+#include "ps/testing/ps_test_util.h"
 #include "ps/slice_store.h"
 
 namespace dtrain::ps {

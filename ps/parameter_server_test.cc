@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "ps/ps_test_util.h"
+#include "ps/testing/ps_test_util.h"
 #include "common/cancellation.h"
 #include "glog/logging.h"
 

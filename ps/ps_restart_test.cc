@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "ps/parameter_server.h"
 #include "ps/client/placement.h"
-#include "ps/ps_test_util.h"
+#include "ps/testing/ps_test_util.h"
 #include "ps/client/worker_client.h"
 
 namespace dtrain::ps {

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
-#include "ps/ps_test_util.h"
+#include "ps/testing/ps_test_util.h"
 
 namespace dtrain::ps {
 namespace {

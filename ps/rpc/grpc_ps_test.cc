@@ -18,7 +18,7 @@
 #include "common/denormals.h"
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/server.h"
-#include "ps/ps_test_util.h"
+#include "ps/testing/ps_test_util.h"
 
 namespace dtrain::ps {
 namespace {

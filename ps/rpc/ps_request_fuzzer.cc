@@ -30,7 +30,7 @@
 #include "dtrain.pb.h"
 #include "glog/logging.h"
 #include "ps/parameter_server.h"
-#include "ps/ps_test_util.h"
+#include "ps/testing/ps_test_util.h"
 #include "ps/rpc/upload_feeder.h"
 #include "ps/rpc/wire_format.h"
 

@@ -1,4 +1,4 @@
-#include "ps/ps_test_util.h"
+#include "ps/testing/ps_test_util.h"
 
 #include <utility>
 

@@ -2,8 +2,8 @@
 // Fakes over mocks (STYLE.md).
 //
 // Thread-safety: as thread-safe as the wrapped PsInterface; the counters are atomic.
-#ifndef DTRAIN_PS_FAULT_INJECTING_PS_H_
-#define DTRAIN_PS_FAULT_INJECTING_PS_H_
+#ifndef DTRAIN_PS_TESTING_FAULT_INJECTING_PS_H_
+#define DTRAIN_PS_TESTING_FAULT_INJECTING_PS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -94,4 +94,4 @@ class FaultInjectingPs : public PsInterface {
 
 }  // namespace dtrain::ps
 
-#endif  // DTRAIN_PS_FAULT_INJECTING_PS_H_
+#endif  // DTRAIN_PS_TESTING_FAULT_INJECTING_PS_H_

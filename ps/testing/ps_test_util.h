@@ -4,8 +4,8 @@
 //
 // Thread-safety: SimCluster is immutable after Start (its ParameterServers are thread-safe); each SimWorker
 // belongs to one thread.
-#ifndef DTRAIN_PS_PS_TEST_UTIL_H_
-#define DTRAIN_PS_PS_TEST_UTIL_H_
+#ifndef DTRAIN_PS_TESTING_PS_TEST_UTIL_H_
+#define DTRAIN_PS_TESTING_PS_TEST_UTIL_H_
 
 #include <cstdint>
 #include <functional>
@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "ps/fault_injecting_ps.h"
+#include "ps/testing/fault_injecting_ps.h"
 #include "ps/parameter_server.h"
 #include "ps/client/placement.h"
 #include "ps/api/ps_types.h"
@@ -123,4 +123,4 @@ std::vector<float> TestGradient(int worker, int64_t step, const std::vector<floa
 
 }  // namespace dtrain::ps::testing
 
-#endif  // DTRAIN_PS_PS_TEST_UTIL_H_
+#endif  // DTRAIN_PS_TESTING_PS_TEST_UTIL_H_
