@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
   const double max_secs = absl::GetFlag(FLAGS_max_run_secs);
   const bool finished =
       (*server)->Wait(max_secs > 0 ? absl::Seconds(max_secs) : absl::InfiniteDuration());
-  // What became of every push this task received (ps/parameter_server.h: PushAccounting); tests/chaos.sh checks
-  // that it balances.
+  // What became of every push this task received (ps/core/parameter_server.h: PushAccounting); tests/chaos.sh
+  // checks that it balances.
   LOG(INFO) << "ps task " << cluster->task_index << ": accounting: global_step="
             << (*server)->parameter_server()->step() << " "
             << (*server)->parameter_server()->accounting().DebugString();

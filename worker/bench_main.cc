@@ -25,7 +25,7 @@
 #include "absl/time/clock.h"
 #include "common/denormals.h"
 #include "common/malloc_tuning.h"
-#include "ps/parameter_server.h"
+#include "ps/core/parameter_server.h"
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
 #include "worker/data/dataset.h"

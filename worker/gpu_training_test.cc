@@ -12,7 +12,7 @@
 
 #include "common/testing/relative_difference.h"
 #include "kernels/device.h"
-#include "ps/parameter_server.h"
+#include "ps/core/parameter_server.h"
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
 #include "worker/resident_steps.h"

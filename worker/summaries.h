@@ -28,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/event_writer.h"
-#include "ps/optimizer.h"
+#include "ps/core/optimizer.h"
 #include "ps/api/ps_types.h"
 #include "worker/models/model.h"
 

@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "ps/checkpoint/checkpoint_options.h"
-#include "ps/parameter_server.h"
+#include "ps/core/parameter_server.h"
 #include "worker/data/dataset.h"
 
 namespace dtrain::worker {
@@ -41,7 +41,7 @@ struct WorkerOptions {
   bool staircase = false;
   float moving_average_decay = 0;
 
-  // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/parameter_server.h).
+  // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/core/parameter_server.h).
   ps::CheckpointOptions checkpoint;
 
   // Distribution.

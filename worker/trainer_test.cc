@@ -20,7 +20,7 @@
 #include "common/testing/fault_injection_env.h"
 #include "common/testing/relative_difference.h"
 #include "ps/testing/fault_injecting_ps.h"
-#include "ps/parameter_server.h"
+#include "ps/core/parameter_server.h"
 #include "worker/synthetic_data.h"
 
 namespace dtrain::worker {

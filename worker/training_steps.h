@@ -25,7 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "ps/parameter_server.h"
+#include "ps/core/parameter_server.h"
 #include "ps/client/worker_client.h"
 #include "worker/models/model.h"
 #include "worker/towers.h"

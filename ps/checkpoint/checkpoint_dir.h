@@ -58,7 +58,7 @@ absl::Status CheckCompatible(const CheckpointData& data, const std::string& path
 
 // The checkpoint ps task `task` of `num_ps` (configured with `config`) restores from `dir`, read, validated
 // and checked with CheckCompatible; nullopt when there is none to restore (or `dir` is empty). `restore_step`
-// as in RegisterRequest (ps_types.h):
+// as in RegisterRequest (ps/api/ps_types.h):
 //   kRestoreNone    nullopt.
 //   kRestoreNewest  the newest file of this task that reads back valid. A corrupt or truncated file is skipped
 //                   with LOG(WARNING) "skipping corrupt checkpoint X: ...; trying the previous one"; if every

@@ -57,7 +57,8 @@ struct CheckpointData {
   int task_index = 0;
   int num_ps = 1;
   // The step the checkpoint belongs to (the number in the file name): the global step on task 0 and in sync
-  // mode on every task; in async mode a non-zero task's estimate of the global step (see parameter_server.h).
+  // mode on every task; in async mode a non-zero task's estimate of the global step (see
+  // ps/core/parameter_server.h).
   int64_t global_step = 0;
   int64_t task_step = 0;  // the task's own applied-step counter (drives its learning-rate schedule)
   std::string model_signature;

@@ -1,4 +1,5 @@
-// WorkerClient: a worker's side of the protocol (ps_types.h), in one place (the role of ps-lite's KVWorker).
+// WorkerClient: a worker's side of the protocol (ps/api/ps_types.h), in one place (the role of ps-lite's
+// KVWorker).
 // It maps the model's flat parameter/gradient buffers onto the slices placed on each ps task and moves them
 // with overlap: gradients are pushed layer by layer while backward still runs, parameters are pulled in
 // forward order while the next forward pass already consumes the first layers.

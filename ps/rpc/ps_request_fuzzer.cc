@@ -29,7 +29,7 @@
 #include "absl/status/status.h"
 #include "dtrain.pb.h"
 #include "glog/logging.h"
-#include "ps/parameter_server.h"
+#include "ps/core/parameter_server.h"
 #include "ps/testing/ps_test_util.h"
 #include "ps/rpc/upload_feeder.h"
 #include "ps/rpc/wire_format.h"

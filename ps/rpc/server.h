@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ps/rpc/grpc_security.h"
-#include "ps/parameter_server.h"
+#include "ps/core/parameter_server.h"
 
 namespace dtrain::ps {
 

@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ps/testing/fault_injecting_ps.h"
-#include "ps/parameter_server.h"
+#include "ps/core/parameter_server.h"
 #include "ps/client/placement.h"
 #include "ps/api/ps_types.h"
 #include "ps/client/worker_client.h"
