@@ -29,8 +29,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/optimizer_ops.h"
-#include "ps/checkpoint_format.h"
-#include "ps/ps_types.h"
+#include "ps/checkpoint/checkpoint_format.h"
+#include "ps/api/ps_types.h"
 #include "worker/towers.h"
 
 namespace dtrain::worker {

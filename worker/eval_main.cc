@@ -23,7 +23,7 @@
 #include "common/status_macros.h"
 #include "kernels/device.h"
 #include "common/env.h"
-#include "ps/checkpoint_set.h"
+#include "ps/checkpoint/checkpoint_set.h"
 #include "worker/data/dataset.h"
 #include "worker/models/model.h"
 #include "worker/models/registry.h"
