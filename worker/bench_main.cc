@@ -111,7 +111,7 @@ int Main() {
 
   // The local-mode path: an in-process ps, a WorkerClient running inline, the training steps.
   std::vector<ps::VariableInfo> vars;
-  for (const auto& v : model0->variables()) vars.push_back({v.name, v.size()});
+  for (const auto& v : model0->variables()) vars.push_back({v.name, v.size(), v.trainable});
   ps::ParameterServerOptions po;
   po.apply_threads = o.threads;
   absl::StatusOr<std::unique_ptr<ps::ParameterServer>> server = ps::ParameterServer::Create(po);

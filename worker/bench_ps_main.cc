@@ -137,7 +137,7 @@ int Main() {
     models::SetInputGeometry(d, d.data_height, d.data_width, d.data_channels, &mo);
     absl::StatusOr<std::vector<models::VariableInfo>> mv = models::ModelVariables(**spec, mo);
     if (!mv.ok()) return Fail("--model", mv.status());
-    for (const models::VariableInfo& v : *mv) vars.push_back({v.name, v.size()});
+    for (const models::VariableInfo& v : *mv) vars.push_back({v.name, v.size(), v.trainable});
     what = absl::StrCat("model=", absl::GetFlag(FLAGS_model));
   }
   absl::StatusOr<ps::Placement> placement = ps::PlaceVariables(vars, 1);

@@ -138,7 +138,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   const bool chief = o.worker_id == 0;
   models::Model* model0 = towers->tower(0);
   std::vector<ps::VariableInfo> vars;
-  for (const models::VariableInfo& v : model0->variables()) vars.push_back({v.name, v.size()});
+  for (const models::VariableInfo& v : model0->variables()) vars.push_back({v.name, v.size(), v.trainable});
   const int num_ps = local ? 1 : static_cast<int>(tasks.size());
   ASSIGN_OR_RETURN(c->placement, ps::PlaceVariables(vars, num_ps));
   if (chief && !local && !o.quiet) LOG(INFO) << "variable placement:\n" << ps::FormatPlacement(c->placement);

@@ -51,8 +51,14 @@ struct SliceSpec {
   std::string variable;      // variable name, for logs and checkpoints
   int64_t flat_offset = 0;   // where the slice starts in the model's flat buffer
   int64_t length = 0;        // floats
+  // false: state, not trained (BatchNorm's running statistics): a pushed "gradient" g is applied as the plain
+  // change value -= g (averaged over the step's workers in sync mode, each push as it comes in async mode),
+  // whatever the optimizer; no optimizer slots move, no learning rate or decay applies, and its moving average
+  // is the value itself.
+  bool trainable = true;
   bool operator==(const SliceSpec& o) const {
-    return key == o.key && variable == o.variable && flat_offset == o.flat_offset && length == o.length;
+    return key == o.key && variable == o.variable && flat_offset == o.flat_offset && length == o.length &&
+           trainable == o.trainable;
   }
 };
 

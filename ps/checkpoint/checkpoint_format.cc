@@ -132,15 +132,17 @@ std::string DescribeSlice(const SliceSpec& s) {
   return absl::StrCat("key ", s.key, " '", s.variable, "' [", s.flat_offset, ", +", s.length, ")");
 }
 
-std::string SerializeCheckpoint(const CheckpointData& data) {
+std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version) {
   CHECK(HostIsLittleEndian()) << "checkpoints are written on little-endian hosts only";
+  CHECK(version >= 1 && version <= kCheckpointFormatVersion) << version;
+  const bool flags = version >= 3;
   std::string out;
   int64_t floats = 0;
   for (const SliceState& s : data.slices) floats += s.spec.length * (2 + data.num_slots);
   out.reserve(256 + data.slices.size() * 64 + floats * sizeof(float));
 
   out.append(kCheckpointMagic, kMagicLen);
-  PutU32(&out, kCheckpointFormatVersion);
+  PutU32(&out, version);
   std::string body;
   PutU32(&body, static_cast<uint32_t>(data.task_index));
   PutU32(&body, static_cast<uint32_t>(data.num_ps));
@@ -160,7 +162,8 @@ std::string SerializeCheckpoint(const CheckpointData& data) {
     CHECK_EQ(static_cast<int>(s.slots.size()), data.num_slots) << DescribeSlice(s.spec);
     CHECK_EQ(static_cast<int64_t>(s.moving_average.size()), data.has_moving_averages ? s.spec.length : 0);
     const size_t start = out.size();
-    const uint64_t body_len = 4 + 4 + s.spec.variable.size() + 8 + 8 +
+    CHECK(flags || s.spec.trainable) << "format version " << version << " has no state slices";
+    const uint64_t body_len = 4 + 4 + s.spec.variable.size() + 8 + 8 + (flags ? 1 : 0) +
                               static_cast<uint64_t>(s.spec.length) * sizeof(float) *
                                   (1 + data.num_slots + (data.has_moving_averages ? 1 : 0));
     CHECK_LT(body_len, uint64_t{1} << 32) << "slice too large for one section: " << DescribeSlice(s.spec);
@@ -169,6 +172,7 @@ std::string SerializeCheckpoint(const CheckpointData& data) {
     PutStr(&out, s.spec.variable);
     PutU64(&out, static_cast<uint64_t>(s.spec.flat_offset));
     PutU64(&out, static_cast<uint64_t>(s.spec.length));
+    if (flags) out.push_back(s.spec.trainable ? 0 : 1);
     PutFloats(&out, s.values);
     for (const std::vector<float>& slot : s.slots) {
       CHECK_EQ(static_cast<int64_t>(slot.size()), s.spec.length);
@@ -179,7 +183,7 @@ std::string SerializeCheckpoint(const CheckpointData& data) {
     PutCrc(&out, start);
   }
 
-  {
+  if (version >= 2) {
     const size_t start = out.size();
     std::string body;
     PutU32(&body, static_cast<uint32_t>(data.input_positions.size()));
@@ -262,6 +266,11 @@ absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const st
     ASSIGN_OR_RETURN(uint64_t length, r.U64("a slice length"));
     s.spec.flat_offset = static_cast<int64_t>(offset);
     s.spec.length = static_cast<int64_t>(length);
+    if (version >= 3) {
+      ASSIGN_OR_RETURN(uint8_t flags, r.U8("the slice flags"));
+      if (flags > 1) return r.DataLoss(absl::StrCat(section, " has unknown flags ", int{flags}));
+      s.spec.trainable = (flags & 1) == 0;
+    }
     const uint64_t arrays = 1 + num_slots + (d.has_moving_averages ? 1 : 0);
     // The length must fill the rest of the section exactly. Checked by division first: a hostile length times
     // 4 * arrays could wrap around to the section's size.

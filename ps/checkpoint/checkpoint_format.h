@@ -3,19 +3,21 @@
 // reads and prunes the files, checkpoint_writer.h writes them, checkpoint_set.h reads a whole
 // checkpoint for evaluation.
 //
-// Format (version 2; integers little-endian, floats IEEE-754 float32 little-endian):
+// Format (version 3; integers little-endian, floats IEEE-754 float32 little-endian):
 //   header   "DTRNCKPT" | u32 version | u32 body_len | body | u32 masked CRC32C(everything before it)
 //            body: u32 task_index | u32 num_ps | i64 global_step | i64 task_step | str model_signature |
 //                  str optimizer | u32 num_slots | u8 has_moving_averages | u32 num_slices
 //            (str = u32 length + bytes)
 //   slice i  u32 body_len | body | u32 masked CRC32C(body_len + body)
-//            body: u32 key | str variable | i64 flat_offset | i64 length | f32 values[length] |
+//            body: u32 key | str variable | i64 flat_offset | i64 length | u8 flags (version 3; bit 0: state,
+//                  not trainable) | f32 values[length] |
 //                  f32 slot[num_slots][length] | f32 moving_average[length] (when has_moving_averages)
 //   inputs   (version 2) u32 body_len | body | u32 masked CRC32C(body_len + body)
 //            body: u32 count | count x (u32 worker | str position): each worker's input position at this
 //            step (worker/data/batch_stream_state.h; kept by ps task 0 only, empty elsewhere)
 //   trailer  "DTRNTAIL" | u64 bytes before the trailer | u32 masked CRC32C(every byte before the trailer)
-// Version 1 files (no inputs section) are read as having no input positions.
+// Version 1 files (no inputs section) are read as having no input positions; version 1 and 2 slices (no flags)
+// as trainable.
 //
 // Errors from ParseCheckpoint (every message starts with the name it was given, usually the file's path):
 //   DataLoss            truncated ("truncated at byte N ..."), corrupted ("checksum mismatch in slice 3 ..."),
@@ -40,7 +42,7 @@
 namespace dtrain::ps {
 
 inline constexpr char kCheckpointMagic[] = "DTRNCKPT";  // 8 bytes, no terminator in the file
-inline constexpr uint32_t kCheckpointFormatVersion = 2;
+inline constexpr uint32_t kCheckpointFormatVersion = 3;
 // An input position larger than this is refused (it is a few dozen bytes).
 inline constexpr size_t kMaxInputPositionBytes = 1024;
 
@@ -73,7 +75,9 @@ struct CheckpointData {
 
 // The encoding above. CHECKs that the data is self-consistent (lengths match the specs): it is built by the
 // ParameterServer, not read from input.
-std::string SerializeCheckpoint(const CheckpointData& data);
+// `version` < kCheckpointFormatVersion writes an older format (what that version would have written; its
+// readers' tests use it): no slice flags before 3 (every slice must be trainable), no inputs section before 2.
+std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version = kCheckpointFormatVersion);
 
 // Validates everything (see Errors above); `name` prefixes the messages.
 absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const std::string& name);

@@ -32,6 +32,17 @@ TEST(CheckpointFormatTest, RoundTripIsExact) {
   }
 }
 
+// State slices (BatchNorm running statistics) keep their flag.
+TEST(CheckpointFormatTest, StateSlicesRoundTrip) {
+  CheckpointData d = MakeData(3, 2, false);
+  d.slices[1].spec.trainable = false;
+  absl::StatusOr<CheckpointData> back = ParseCheckpoint(SerializeCheckpoint(d), "mem");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSame(d, *back);
+  EXPECT_TRUE(back->slices[0].spec.trainable);
+  EXPECT_FALSE(back->slices[1].spec.trainable);
+}
+
 TEST(CheckpointFormatTest, InputPositionsRoundTrip) {
   CheckpointData d = MakeData(2, 1, false);
   d.input_positions = {{0, std::string("DTRNBPOS\x01\x00 position of worker 0", 32)}, {3, "w3"}, {17, ""}};
@@ -40,21 +51,19 @@ TEST(CheckpointFormatTest, InputPositionsRoundTrip) {
   ExpectSame(d, *back);
 }
 
-// Files of format version 1 (before input positions) are still read, as having none.
-TEST(CheckpointFormatTest, VersionOneFilesAreRead) {
-  const CheckpointData d = MakeData(3, 2, true);
-  std::string bytes = SerializeCheckpoint(d);
-  // Version 1 = this without the (empty) inputs section: u32 length 4, u32 count 0, u32 CRC before the trailer.
-  const size_t trailer = bytes.size() - 20;
-  bytes.erase(trailer - 12, 12);
-  bytes[8] = 1;
-  // The trailer's length field counts the bytes before it.
-  const uint64_t before = trailer - 12;
-  for (int i = 0; i < 8; ++i) bytes[before + 8 + i] = static_cast<char>((before >> (8 * i)) & 0xff);
-  FixChecksums(&bytes);
+// Files of format version 1 (before input positions) are still read, as having none; version 1 and 2 files
+// (before slice flags) as having only trainable slices.
+TEST(CheckpointFormatTest, OlderVersionsAreRead) {
+  CheckpointData d = MakeData(3, 2, true);
+  std::string bytes = SerializeCheckpoint(d, 1);
   absl::StatusOr<CheckpointData> back = ParseCheckpoint(bytes, "v1");
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSame(d, *back);
+  d.input_positions = {{1, "w1"}};
+  back = ParseCheckpoint(SerializeCheckpoint(d, 2), "v2");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSame(d, *back);
+  for (const SliceState& s : back->slices) EXPECT_TRUE(s.spec.trainable);
   // And a version from the future is refused with a message that says so.
   bytes[8] = 9;
   absl::StatusOr<CheckpointData> future = ParseCheckpoint(bytes, "v9");

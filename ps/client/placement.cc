@@ -52,6 +52,7 @@ absl::StatusOr<Placement> PlaceVariables(const std::vector<VariableInfo>& variab
       s.variable = v.name;
       s.flat_offset = offset;
       s.length = base + (i < extra ? 1 : 0);
+      s.trainable = v.trainable;
       offset += s.length;
       p.slices.push_back(std::move(s));
     }

@@ -31,6 +31,7 @@ namespace dtrain::ps {
 struct VariableInfo {
   std::string name;
   int64_t size = 0;  // floats
+  bool trainable = true;  // false: state (SliceSpec::trainable)
 };
 
 struct PlacementOptions {

@@ -107,6 +107,7 @@ void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_g
   float* var = slice.values.data();
   float* shadow = has_moving_averages() ? slice.shadow.data() : nullptr;
   const float decay = MovingAverageDecay(moving_average_decay_, step + 1);
+  const bool state = !slice.spec.trainable;
   // Sums of several workers' gradients are formed chunk by chunk in a per-thread scratch.
   thread_local std::vector<float> scratch;
   auto apply = [&](int64_t begin, int64_t end, float* sum) {
@@ -116,9 +117,15 @@ void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_g
       for (int k = 1; k < num_grads; ++k) AddInto(grads[k] + begin, sum, end - begin);
       grad = sum;
     }
-    optimizer_.Apply(step, grad_scale, grad, var + begin, slot0 ? slot0 + begin : nullptr,
-                     slot1 ? slot1 + begin : nullptr, end - begin);
-    if (shadow != nullptr) UpdateMovingAverage(decay, var + begin, shadow + begin, end - begin);
+    if (!state) {
+      optimizer_.Apply(step, grad_scale, grad, var + begin, slot0 ? slot0 + begin : nullptr,
+                       slot1 ? slot1 + begin : nullptr, end - begin);
+      if (shadow != nullptr) UpdateMovingAverage(decay, var + begin, shadow + begin, end - begin);
+    } else {
+      // State (BatchNorm running statistics): the pushed change, averaged; the "average" is the value itself.
+      for (int64_t k = 0; k < end - begin; ++k) var[begin + k] -= grad_scale * grad[k];
+      if (shadow != nullptr) std::memcpy(shadow + begin, var + begin, (end - begin) * sizeof(float));
+    }
   };
   const int64_t chunks = (n + kChunkFloats - 1) / kChunkFloats;
   if (apply_threads_ > 1 && chunks > 1) {

@@ -55,6 +55,30 @@ TEST(SliceStoreTest, WritesAreCheckedAgainstTheSlice) {
   EXPECT_EQ(Values(*store, 1), std::vector<float>({2}));
 }
 
+// A state slice (BatchNorm running statistics) takes the averaged change as is, whatever the optimizer: no
+// learning rate, no slots, no decay; its moving average is its value.
+TEST(SliceStoreTest, StateSlicesApplyThePlainChange) {
+  OptimizerConfig adam = Sgd(0.5f);
+  adam.name = "adam";
+  adam.decay_steps = 1;
+  adam.decay_rate = 0.5f;
+  std::vector<SliceSpec> specs = {{1, "bn.weight", 0, 2}, {2, "bn.running_mean", 2, 2}};
+  specs[1].trainable = false;
+  std::unique_ptr<SliceStore> store = *SliceStore::Create(specs, adam, 0.9f);
+  Set(*store, {{0, {1, 1}}, {1, {4, 8}}});
+  const float g1[] = {1, 2}, g2[] = {3, -2};
+  const float* grads[] = {g1, g2};
+  store->Apply(1, 3, grads, 2, 0.5f, 4);
+  EXPECT_EQ(Values(*store, 1), std::vector<float>({2, 8}));  // 4 - (1 + 3) / 2, 8 - 0
+  EXPECT_EQ(Values(*store, 1, /*averages=*/true), std::vector<float>({2, 8}));
+  EXPECT_EQ(Slot(*store, 1, 0), std::vector<float>({0, 0}));
+  EXPECT_EQ(Slot(*store, 1, 1), std::vector<float>({0, 0}));
+  // The trainable slice next to it still gets Adam.
+  store->Apply(0, 3, grads, 2, 0.5f, 4);
+  EXPECT_NE(Values(*store, 0), std::vector<float>({-1, 0}));
+  EXPECT_NE(Slot(*store, 0, 0), std::vector<float>({0, 0}));
+}
+
 TEST(SliceStoreTest, ExportImportStateRestoresValuesSlotsAndAverages) {
   OptimizerConfig adam = Sgd(0.1f);
   adam.name = "adam";

@@ -43,6 +43,7 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
     p->set_variable(s.variable);
     p->set_flat_offset(s.flat_offset);
     p->set_length(s.length);
+    p->set_state(!s.trainable);
   }
 }
 
@@ -67,7 +68,7 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
   c.moving_average_decay = in.moving_average_decay();
   c.train_steps = in.train_steps();
   for (const auto& p : in.slices()) {
-    c.slices.push_back(SliceSpec{p.key(), p.variable(), p.flat_offset(), p.length()});
+    c.slices.push_back(SliceSpec{p.key(), p.variable(), p.flat_offset(), p.length(), !p.state()});
   }
   return c;
 }
