@@ -74,6 +74,54 @@ struct OptimizerConfig {
   bool operator==(const OptimizerConfig& o) const;
 };
 
+// ---- Sparse embedding tables ----
+// A table holds rows of `dim` floats keyed by int64 ids. Unlike the dense variables it is not placed: every ps
+// task holds the rows whose id it owns (ShardOfId), so hot ids spread over the tasks. A step touches only the
+// rows of the ids in its batch: a worker pulls those rows (deduplicated) with its dense pull and pushes their
+// gradients (summed per id) with its dense push. Bytes on the wire are proportional to the unique ids.
+struct SparseTableSpec {
+  uint32_t table = 0;       // cluster-wide index (the position in TrainConfig::tables)
+  std::string name;         // for checkpoints, statistics and export ("emb_C1", an ONNX initializer name)
+  int dim = 0;              // floats per row
+  // > 0: a [rows, dim] variable (ids must be in [0, rows)); 0: a hash table keyed by any int64 id, rows created
+  // on first touch.
+  int64_t rows = 0;
+  // A row's initial value, drawn when the row is created: uniform in [-init_scale, init_scale], deterministic in
+  // (init_seed, table, id) (SparseInitialRow), so it does not matter which task or when.
+  float init_scale = 0.01f;
+  uint64_t init_seed = 0;
+  // Memory bound per task: beyond max_rows rows the least recently touched are evicted (0: no bound).
+  int64_t max_rows = 0;
+  // Admission filter: a row is created only once its id has been looked up this many times; until then it
+  // reads as zeros and its gradient is dropped (0 or 1: created at first touch).
+  int admit_after = 0;
+  bool operator==(const SparseTableSpec& o) const;
+};
+
+// The update of the sparse rows (TensorFlow's sparse optimizers; only the touched rows and their slots move).
+struct SparseOptimizerConfig {
+  std::string name = "adagrad";  // "sgd", "adagrad", "adam" (lazy: only touched rows' moments), "ftrl"
+  float learning_rate = 0.01f;   // decayed as the dense one (OptimizerConfig's decay_steps/rate/staircase)
+  float initial_accumulator = 0.1f;  // adagrad, ftrl (TensorFlow's default 0.1)
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  // adam
+  float l1 = 0.0f, l2 = 0.0f, lr_power = -0.5f;          // ftrl
+  // Slot floats per row element: 0 (sgd), 1 (adagrad: accumulator), 2 (adam: m, v; ftrl: z, n).
+  int num_slots() const;
+  bool operator==(const SparseOptimizerConfig& o) const;
+};
+
+// The ps task that holds id's row when there are num_ps tasks: a fixed 64-bit mix of the id modulo num_ps (the
+// same on every worker and task).
+int ShardOfId(int64_t id, int num_ps);
+// Row `id`'s initial values (dim floats) for a table (SparseTableSpec::init_scale, init_seed).
+void SparseInitialRow(const SparseTableSpec& table, int64_t id, float* row);
+
+// The ids of one table a pull asks for (sorted or not, without repeats), and the rows a push brings.
+struct SparseIds {
+  uint32_t table = 0;
+  std::vector<int64_t> ids;
+};
+
 // What the chief sends when it registers; every other worker's must match (except `slices`, which each ps
 // task receives for itself).
 struct TrainConfig {
@@ -87,6 +135,10 @@ struct TrainConfig {
   float moving_average_decay = 0.0f;  // 0 = off; else decay = min(d, (1+step)/(10+step))
   int64_t train_steps = 0;            // training ends at this global step (0: not said); the ps's exit status
   std::vector<SliceSpec> slices;      // the slices this ps task holds
+  // Sparse embedding tables (every task holds its shard of each) and their optimizer. A model may have only
+  // tables (no slices on some task).
+  std::vector<SparseTableSpec> tables;
+  SparseOptimizerConfig sparse_optimizer;
 };
 
 // RegisterRequest::restore_step: which checkpoint a ps task without values restores when the chief registers
@@ -175,6 +227,9 @@ struct PullRequest {
   uint64_t after_push = 0;
   // Element type of the slice data on the wire (a transport matter: in process it is always fp32).
   WireDtype wire_dtype{};
+  // Sparse rows to deliver after the slices (only ids this task owns): per table, in the order of `ids`,
+  // through PullReceiver::SparseDestination/SparseWritten. An id not admitted yet reads as zeros.
+  std::vector<SparseIds> sparse;
   // Local only (not sent): cancelling it wakes a waiting pull and ends it at once (Cancelled). May be null.
   Cancellation* cancel = nullptr;
 };
@@ -196,12 +251,24 @@ struct WorkerStats {
   int64_t times_lost = 0;     // how often it was declared lost
   int64_t nonfinite = 0;      // pushes refused or skipped for NaN/Inf gradients
 };
+// One sparse table's shard on a task.
+struct SparseTableStats {
+  std::string name;
+  int64_t rows = 0;               // rows held now
+  int64_t created = 0;            // rows created since the task started (or restored)
+  int64_t evicted = 0;            // rows evicted by max_rows
+  int64_t not_admitted = 0;       // lookups of ids not admitted yet (read as zeros)
+  int64_t dropped_gradients = 0;  // row gradients dropped (ids not admitted, or evicted meanwhile)
+  int64_t lookups = 0;            // ids pulled
+  int64_t updates = 0;            // row updates applied
+};
 struct TrainingStats {
   int64_t global_step = 0;
   std::vector<WorkerStats> workers;
   std::vector<int64_t> staleness_histogram;  // async: [k] = pushes applied with staleness k (last bucket: >=)
   int64_t max_staleness_seen = 0;
-  int64_t bytes_received = 0, bytes_sent = 0;  // payload bytes (floats * 4) in uploads / pulls on this task
+  int64_t bytes_received = 0, bytes_sent = 0;  // payload bytes (values * wire size, + ids) in uploads / pulls
+  std::vector<SparseTableStats> tables;      // this task's shard of each table
 };
 
 }  // namespace dtrain::ps

@@ -48,6 +48,14 @@ class SliceUpload {
   // bytes are copied (or, by a gRPC client, referenced until Finish returns: the caller keeps them unchanged
   // until then). InvalidArgument for an unknown key or a range outside the slice; the upload is then unusable.
   virtual absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) = 0;
+  // A push's sparse gradients: rows[i] (dim floats of table `table`, stored as `dtype`) is the gradient of
+  // id ids[i]. Ids this task does not own, or repeated within the push, are InvalidArgument. May be called
+  // several times per table (chunks); a retried upload sends them again (applied once). Uploads that are not
+  // pushes (Initialize) refuse it: sparse rows start from their initializer.
+  virtual absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, WireDtype dtype,
+                                   const void* rows) {
+    return absl::InvalidArgumentError("this upload takes no sparse rows");
+  }
   // Ends the upload. For a push: the outcome; a commit requires every slice of the task to have arrived whole
   // (FailedPrecondition naming the missing slices otherwise). For an Initialize: kAccepted with the step.
   virtual absl::StatusOr<PushResponse> Finish() = 0;
@@ -74,6 +82,12 @@ class PullReceiver {
   // The ps task has finished a slice, or has nothing more ready right now (it may wait for an update next): a
   // receiver that batches pieces (a gRPC stream) sends what it holds.
   virtual absl::Status Flush() { return absl::OkStatus(); }
+  // Sparse rows (PullRequest::sparse), after every slice: where rows [first, first + n) of the request's ids of
+  // `table` go (n * dim values of `dtype`), then SparseWritten once they are in place. In request order.
+  virtual absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n) {
+    return absl::InvalidArgumentError("this receiver takes no sparse rows");
+  }
+  virtual absl::Status SparseWritten(uint32_t table, int64_t first, int64_t n) { return absl::OkStatus(); }
 };
 
 // A PullReceiver that writes into a flat fp32 buffer at each slice's flat_offset and checks that every slice of
