@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -142,8 +143,28 @@ void GradSegment(const float* a, int64_t ao, int64_t sa, const float* b, int64_t
                  float* dx, int64_t sx, int64_t n) {
   constexpr bool kReadsInputs = op == BinaryOp::kMul || op == BinaryOp::kDiv;
   if (sx == 0) {
+    // A sum: vectorized (omp simd) when the strides of the inputs it reads are compile-time 0 or 1.
+    auto sum = [&](auto sa_c, auto sb_c) {
+      constexpr int64_t kSa = decltype(sa_c)::value, kSb = decltype(sb_c)::value;
+      float s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < n; ++i) s += Grad<op, kWrtA>(dy[i], a, ao + i * kSa, b, bo + i * kSb);
+      return s;
+    };
+    using Zero = std::integral_constant<int64_t, 0>;
+    using One = std::integral_constant<int64_t, 1>;
     float s = 0;
-    for (int64_t i = 0; i < n; ++i) s += Grad<op, kWrtA>(dy[i], a, ao + i * sa, b, bo + i * sb);
+    if (!kReadsInputs) {
+      s = sum(Zero(), Zero());
+    } else if (sa == 1 && sb == 0) {
+      s = sum(One(), Zero());
+    } else if (sa == 0 && sb == 1) {
+      s = sum(Zero(), One());
+    } else if (sa == 1 && sb == 1) {
+      s = sum(One(), One());
+    } else {
+      for (int64_t i = 0; i < n; ++i) s += Grad<op, kWrtA>(dy[i], a, ao + i * sa, b, bo + i * sb);
+    }
     *dx = kAccumulate ? *dx + s : s;
   } else if (sx == 1 && (!kReadsInputs || (sa == 1 && sb == 1))) {
     for (int64_t i = 0; i < n; ++i) {
