@@ -1,7 +1,10 @@
-// Conv2D on oneDNN: NHWC activations, the primitive's preferred (blocked) weights layout, asymmetric
-// padding for TensorFlow's SAME (the extra padded row/column goes after).
+// Conv2D on oneDNN: NHWC activations, the primitive's preferred (blocked) weights layout, explicit (possibly
+// asymmetric) padding: TensorFlow's SAME puts the extra padded row/column after. Dilations (oneDNN counts
+// d - 1), groups (oneDNN's 5-D grouped weights [g, out_c/g, in_c/g, kh, kw], depthwise included) and both
+// filter layouts are described to oneDNN by strides over the caller's buffer, so nothing is copied for them.
 #include <cstdlib>
 #include <string>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -13,6 +16,19 @@ using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
+// The caller's filter (HWIO or OIHW) as oneDNN's logical weights: {out_c, in_c, kh, kw} without groups,
+// {groups, out_c/groups, in_c/groups, kh, kw} with them.
+memory::desc UserWeightsDesc(const Conv2DParams& p) {
+  const memory::dim G = p.groups, O = p.out_c, I = p.in_c / p.groups, KH = p.k_h, KW = p.k_w;
+  const bool oihw = p.weight_layout == WeightLayout::kOIHW;
+  if (G == 1) return memory::desc({O, I, KH, KW}, dt::f32, oihw ? tag::oihw : tag::hwio);
+  const memory::dim Og = O / G;
+  // Strides of (g, o, i, h, w); output channel g * Og + o in both layouts.
+  const memory::dims strides = oihw ? memory::dims{Og * I * KH * KW, I * KH * KW, KH * KW, KW, 1}
+                                    : memory::dims{Og, 1, O, KW * I * O, I * O};
+  return memory::desc({G, Og, I, KH, KW}, dt::f32, strides);
+}
+
 class DnnlConv2D final : public Conv2D {
  public:
   DnnlConv2D(const DnnlContext& ctx, const Conv2DParams& p) : ctx_(ctx), p_(p), what_(Describe(p)) {}
@@ -21,21 +37,19 @@ class DnnlConv2D final : public Conv2D {
   void Init() {
     const dnnl::engine& eng = ctx_.engine;
     const memory::dims src_dims = {p_.batch, p_.in_c, p_.in_h, p_.in_w};
-    const memory::dims w_dims = {p_.out_c, p_.in_c, p_.k_h, p_.k_w};
     const memory::dims dst_dims = {p_.batch, p_.out_c, p_.out_h(), p_.out_w()};
     const memory::dims strides = {p_.stride_h, p_.stride_w};
-    const int ph = PadBefore(p_.in_h, p_.k_h, p_.stride_h, p_.padding);
-    const int pw = PadBefore(p_.in_w, p_.k_w, p_.stride_w, p_.padding);
-    const int total_h = std::max(0, (p_.out_h() - 1) * p_.stride_h + p_.k_h - p_.in_h);
-    const int total_w = std::max(0, (p_.out_w() - 1) * p_.stride_w + p_.k_w - p_.in_w);
-    const memory::dims pad_l = {ph, pw};
-    const memory::dims pad_r = {total_h - ph, total_w - pw};
+    const memory::dims dilates = {p_.dilation_h - 1, p_.dilation_w - 1};
+    const Pads ph = p_.pads_h(), pw = p_.pads_w();
+    const memory::dims pad_l = {ph.before, pw.before};
+    const memory::dims pad_r = {ph.after, pw.after};
 
     const memory::desc src_md(src_dims, dt::f32, tag::nhwc);
     const memory::desc dst_md(dst_dims, dt::f32, tag::nhwc);
-    const memory::desc user_w_md(w_dims, dt::f32, tag::hwio);
-    const memory::desc any_w_md(w_dims, dt::f32, tag::any);
-    const memory::desc bias_md({p_.out_c}, dt::f32, tag::x);
+    const memory::desc user_w_md = UserWeightsDesc(p_);
+    const memory::desc any_w_md(user_w_md.dims(), dt::f32, tag::any);
+    // A zero descriptor is oneDNN's "no bias" (no BIAS / DIFF_BIAS argument either).
+    const memory::desc bias_md = p_.has_bias ? memory::desc({p_.out_c}, dt::f32, tag::x) : memory::desc();
     const dnnl::primitive_attr attr = UserScratchpadAttr();
 
     struct Pds {
@@ -47,13 +61,14 @@ class DnnlConv2D final : public Conv2D {
       Pds pds;
       pds.fwd = dnnl::convolution_forward::primitive_desc(
           dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, s_md, any_w_md, bias_md, d_md,
-                                          strides, pad_l, pad_r),
+                                          strides, dilates, pad_l, pad_r),
           attr, eng);
       pds.bwd_data = dnnl::convolution_backward_data::primitive_desc(
-          dnnl::convolution_backward_data::desc(alg, s_md, any_w_md, d_md, strides, pad_l, pad_r), attr, eng,
+          dnnl::convolution_backward_data::desc(alg, s_md, any_w_md, d_md, strides, dilates, pad_l, pad_r), attr, eng,
           pds.fwd);
       pds.bwd_w = dnnl::convolution_backward_weights::primitive_desc(
-          dnnl::convolution_backward_weights::desc(alg, s_md, any_w_md, bias_md, d_md, strides, pad_l, pad_r),
+          dnnl::convolution_backward_weights::desc(alg, s_md, any_w_md, bias_md, d_md, strides, dilates, pad_l,
+                                                   pad_r),
           attr, eng, pds.fwd);
       return pds;
     };
@@ -64,7 +79,8 @@ class DnnlConv2D final : public Conv2D {
     Pds pds;
     const char* wino_env = std::getenv("DTRAIN_CONV_WINOGRAD");
     const bool try_wino = p_.k_h == 3 && p_.k_w == 3 && p_.stride_h == 1 && p_.stride_w == 1 && p_.in_c >= 16 &&
-                          p_.out_c >= 16 && !(wino_env != nullptr && std::string(wino_env) == "0");
+                          p_.out_c >= 16 && p_.groups == 1 && p_.dilation_h == 1 && p_.dilation_w == 1 &&
+                          !(wino_env != nullptr && std::string(wino_env) == "0");
     if (try_wino) {
       try {
         pds = make(dnnl::algorithm::convolution_winograd, memory::desc(src_dims, dt::f32, tag::any),
@@ -99,7 +115,7 @@ class DnnlConv2D final : public Conv2D {
       diff_src_ = user_src_;
       diff_dst_ = user_dst_;
     }
-    bias_ = memory(bias_md, eng, DNNL_MEMORY_NONE);
+    if (p_.has_bias) bias_ = memory(bias_md, eng, DNNL_MEMORY_NONE);
     user_w_ = memory(user_w_md, eng, DNNL_MEMORY_NONE);
 
     // Forward weights: our own reordered copy unless the primitive takes HWIO as is.
@@ -118,7 +134,7 @@ class DnnlConv2D final : public Conv2D {
       bwd_data_w_ = memory(bwd_data_pd.weights_desc(), eng);
       bwd_data_w_reorder_ = dnnl::reorder(user_w_, bwd_data_w_);
     }
-    // Backward-weights output: the primitive's layout, reordered into the caller's HWIO dw.
+    // Backward-weights output: the primitive's layout, reordered into the caller's layout.
     dw_reorders_ = bwd_w_pd.diff_weights_desc() != user_w_md;
     if (dw_reorders_) {
       dw_ = memory(bwd_w_pd.diff_weights_desc(), eng);
@@ -148,7 +164,6 @@ class DnnlConv2D final : public Conv2D {
       } else {
         fwd_w_.set_data_handle(Mutable(w));
       }
-      bias_.set_data_handle(Mutable(b));
       cached_dy_ = nullptr;
       if (blocked_) {
         user_src_.set_data_handle(Mutable(x));
@@ -157,11 +172,15 @@ class DnnlConv2D final : public Conv2D {
         src_.set_data_handle(Mutable(x));
         dst_.set_data_handle(y);
       }
-      fwd_.execute(ctx_.stream, {{DNNL_ARG_SRC, src_},
-                                 {DNNL_ARG_WEIGHTS, fwd_w_},
-                                 {DNNL_ARG_BIAS, bias_},
-                                 {DNNL_ARG_DST, dst_},
-                                 {DNNL_ARG_SCRATCHPAD, fwd_scratch_}});
+      std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_},
+                                              {DNNL_ARG_WEIGHTS, fwd_w_},
+                                              {DNNL_ARG_DST, dst_},
+                                              {DNNL_ARG_SCRATCHPAD, fwd_scratch_}};
+      if (p_.has_bias) {
+        bias_.set_data_handle(Mutable(b));
+        args[DNNL_ARG_BIAS] = bias_;
+      }
+      fwd_.execute(ctx_.stream, args);
       if (blocked_) {
         user_dst_.set_data_handle(y);
         from_dst_.execute(ctx_.stream, dst_, user_dst_);
@@ -228,13 +247,16 @@ class DnnlConv2D final : public Conv2D {
         src_.set_data_handle(Mutable(x));
         diff_dst_.set_data_handle(Mutable(dy));
       }
-      bias_.set_data_handle(db);
       if (!dw_reorders_) dw_.set_data_handle(dw);
-      bwd_w_.execute(ctx_.stream, {{DNNL_ARG_SRC, src_},
-                                   {DNNL_ARG_DIFF_DST, diff_dst_},
-                                   {DNNL_ARG_DIFF_WEIGHTS, dw_},
-                                   {DNNL_ARG_DIFF_BIAS, bias_},
-                                   {DNNL_ARG_SCRATCHPAD, bwd_w_scratch_}});
+      std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_},
+                                              {DNNL_ARG_DIFF_DST, diff_dst_},
+                                              {DNNL_ARG_DIFF_WEIGHTS, dw_},
+                                              {DNNL_ARG_SCRATCHPAD, bwd_w_scratch_}};
+      if (p_.has_bias) {
+        bias_.set_data_handle(db);
+        args[DNNL_ARG_DIFF_BIAS] = bias_;
+      }
+      bwd_w_.execute(ctx_.stream, args);
       if (dw_reorders_) {
         user_w_.set_data_handle(dw);
         dw_reorder_.execute(ctx_.stream, dw_, user_w_);
@@ -258,7 +280,7 @@ class DnnlConv2D final : public Conv2D {
   dnnl::convolution_backward_data bwd_data_;
   dnnl::convolution_backward_weights bwd_w_;
   // Direct: src_/dst_/diff_src_/diff_dst_ are the caller's NHWC buffers (handles set per call); bias_ doubles
-  // as diff_bias. Winograd (blocked_): they are blocked buffers owned here, reordered from/to user_src_/user_dst_.
+  // as diff_bias (unused without has_bias). Winograd (blocked_): they are blocked buffers owned here, reordered from/to user_src_/user_dst_.
   memory src_, dst_, diff_src_, diff_dst_, bias_, user_w_, user_src_, user_dst_;
   bool blocked_ = false;
   dnnl::reorder to_src_, from_dst_, to_diff_dst_, from_diff_src_;
@@ -275,20 +297,36 @@ class DnnlConv2D final : public Conv2D {
 }  // namespace
 
 std::string Describe(const Conv2DParams& p) {
-  return absl::StrCat("conv2d[batch=", p.batch, " in=", p.in_h, "x", p.in_w, "x", p.in_c, " out_c=", p.out_c,
-                      " k=", p.k_h, "x", p.k_w, " stride=", p.stride_h, "x", p.stride_w,
-                      p.padding == Padding::kSame ? " SAME]" : " VALID]");
+  std::string s = absl::StrCat("conv2d[batch=", p.batch, " in=", p.in_h, "x", p.in_w, "x", p.in_c, " out_c=", p.out_c,
+                               " k=", p.k_h, "x", p.k_w, " stride=", p.stride_h, "x", p.stride_w);
+  if (p.explicit_padding) {
+    absl::StrAppend(&s, " pads=", p.pad_top, ",", p.pad_bottom, ",", p.pad_left, ",", p.pad_right);
+  } else {
+    absl::StrAppend(&s, p.padding == Padding::kSame ? " SAME" : " VALID");
+  }
+  if (p.dilation_h != 1 || p.dilation_w != 1) absl::StrAppend(&s, " dilation=", p.dilation_h, "x", p.dilation_w);
+  if (p.groups != 1) absl::StrAppend(&s, " groups=", p.groups);
+  if (p.weight_layout == WeightLayout::kOIHW) absl::StrAppend(&s, " OIHW");
+  if (!p.has_bias) absl::StrAppend(&s, " no_bias");
+  return s + "]";
 }
 
 absl::StatusOr<std::unique_ptr<Conv2D>> MakeCpuConv2D(const DnnlContext& ctx, const Conv2DParams& p) {
   if (p.batch <= 0 || p.in_h <= 0 || p.in_w <= 0 || p.in_c <= 0 || p.out_c <= 0 || p.k_h <= 0 || p.k_w <= 0 ||
-      p.stride_h <= 0 || p.stride_w <= 0) {
+      p.stride_h <= 0 || p.stride_w <= 0 || p.dilation_h <= 0 || p.dilation_w <= 0 || p.groups <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("MakeConv2D: every size and stride must be positive: ", Describe(p)));
+        absl::StrCat("MakeConv2D: every size, stride, dilation and the groups must be positive: ", Describe(p)));
+  }
+  if (p.in_c % p.groups != 0 || p.out_c % p.groups != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MakeConv2D: in_c and out_c must be multiples of groups: ", Describe(p)));
+  }
+  if (p.explicit_padding && (p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("MakeConv2D: negative padding: ", Describe(p)));
   }
   if (p.out_h() <= 0 || p.out_w() <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("MakeConv2D: the kernel is larger than the VALID-padded input: ", Describe(p)));
+        absl::StrCat("MakeConv2D: the (dilated) kernel is larger than the padded input: ", Describe(p)));
   }
   UseThreads(ctx.threads);  // oneDNN plans its work split for the thread count at creation
   auto op = std::make_unique<DnnlConv2D>(ctx, p);

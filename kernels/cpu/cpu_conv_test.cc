@@ -24,6 +24,22 @@ Conv2DParams Conv(int batch, int h, int w, int c, int oc, int k_h, int k_w, int 
   return p;
 }
 
+// The ONNX / PyTorch params on top of Conv(): explicit pads (top, bottom, left, right), dilation, groups,
+// layout, bias.
+Conv2DParams Onnx(Conv2DParams p, std::vector<int> pads, int dilation_h, int dilation_w, int groups,
+                  WeightLayout layout, bool has_bias) {
+  if (!pads.empty()) {
+    p.explicit_padding = true;
+    p.pad_top = pads[0], p.pad_bottom = pads[1], p.pad_left = pads[2], p.pad_right = pads[3];
+  }
+  p.dilation_h = dilation_h, p.dilation_w = dilation_w, p.groups = groups;
+  p.weight_layout = layout;
+  p.has_bias = has_bias;
+  return p;
+}
+
+constexpr WeightLayout kHWIO = WeightLayout::kHWIO, kOIHW = WeightLayout::kOIHW;
+
 const std::vector<ConvCase>& Cases() {
   static const auto* cases = new std::vector<ConvCase>{
       {"same_5x5_s1_odd", Conv(2, 7, 9, 3, 4, 5, 5, 1, Padding::kSame)},
@@ -34,6 +50,23 @@ const std::vector<ConvCase>& Cases() {
       {"same_3x5_rect_kernel", Conv(1, 6, 7, 2, 3, 3, 5, 1, Padding::kSame)},
       {"in_c1_like_conv1", Conv(2, 12, 12, 1, 8, 5, 5, 1, Padding::kSame)},
       {"blocked_channels_16", Conv(2, 6, 5, 16, 32, 3, 3, 1, Padding::kSame)},
+      // Imported graphs: explicit asymmetric pads, dilations, groups, OIHW filters, no bias.
+      {"explicit_asym_pads_oihw", Onnx(Conv(2, 7, 8, 3, 4, 3, 3, 1, Padding::kValid), {2, 0, 1, 3}, 1, 1, 1, kOIHW, true)},
+      {"explicit_pads_s2_hwio_nobias",
+       Onnx(Conv(2, 9, 7, 2, 3, 3, 2, 2, Padding::kValid), {1, 1, 0, 1}, 1, 1, 1, kHWIO, false)},
+      {"dilation2_same", Onnx(Conv(2, 9, 10, 3, 4, 3, 3, 1, Padding::kSame), {}, 2, 2, 1, kHWIO, true)},
+      {"dilation2x3_explicit_s2_oihw",
+       Onnx(Conv(1, 11, 12, 2, 3, 3, 3, 2, Padding::kValid), {2, 1, 3, 0}, 2, 3, 1, kOIHW, true)},
+      {"groups2_hwio", Onnx(Conv(2, 6, 7, 4, 6, 3, 3, 1, Padding::kSame), {}, 1, 1, 2, kHWIO, true)},
+      {"groups3_oihw_nobias", Onnx(Conv(2, 6, 5, 6, 9, 3, 1, 1, Padding::kValid), {1, 1, 0, 0}, 1, 1, 3, kOIHW, false)},
+      {"depthwise_3x3_s2_oihw", Onnx(Conv(2, 9, 8, 8, 8, 3, 3, 2, Padding::kValid), {1, 1, 1, 1}, 1, 1, 8, kOIHW, true)},
+      {"depthwise_5x5_same_hwio", Onnx(Conv(1, 7, 6, 5, 5, 5, 5, 1, Padding::kSame), {}, 1, 1, 5, kHWIO, true)},
+      {"depthwise_dilation2_nobias", Onnx(Conv(2, 8, 8, 4, 4, 3, 3, 1, Padding::kValid), {2, 2, 2, 2}, 2, 2, 4, kOIHW, false)},
+      {"winograd_shape_explicit_pads_oihw",
+       Onnx(Conv(2, 6, 5, 16, 32, 3, 3, 1, Padding::kValid), {1, 1, 1, 1}, 1, 1, 1, kOIHW, true)},
+      {"winograd_shape_asym_pads_nobias",
+       Onnx(Conv(1, 6, 7, 16, 16, 3, 3, 1, Padding::kValid), {0, 2, 2, 0}, 1, 1, 1, kHWIO, false)},
+      {"pointwise_1x1_s2_oihw", Onnx(Conv(2, 7, 7, 8, 12, 1, 1, 2, Padding::kValid), {}, 1, 1, 1, kOIHW, true)},
   };
   return *cases;
 }
@@ -41,7 +74,7 @@ const std::vector<ConvCase>& Cases() {
 class ConvTest : public CpuDeviceTest {};
 
 int64_t XSize(const Conv2DParams& p) { return int64_t{p.batch} * p.in_h * p.in_w * p.in_c; }
-int64_t WSize(const Conv2DParams& p) { return int64_t{p.k_h} * p.k_w * p.in_c * p.out_c; }
+int64_t WSize(const Conv2DParams& p) { return p.weights_size(); }
 int64_t YSize(const Conv2DParams& p) { return int64_t{p.batch} * p.out_h() * p.out_w() * p.out_c; }
 
 TEST_P(ConvTest, ForwardAndBackwardMatchReferenceAndFiniteDifferences) {
@@ -52,10 +85,11 @@ TEST_P(ConvTest, ForwardAndBackwardMatchReferenceAndFiniteDifferences) {
     ASSERT_TRUE(op.ok()) << op.status();
     const std::vector<float> x = RandomVector(XSize(p), 1), w = RandomVector(WSize(p), 2);
     const std::vector<float> b = RandomVector(p.out_c, 3), r = RandomVector(YSize(p), 4);
-    float *dx = Upload(x), *dw = Upload(w), *db = Upload(b), *dy = Zeros(YSize(p)), *dr = Upload(r);
+    float *dx = Upload(x), *dw = Upload(w), *dy = Zeros(YSize(p)), *dr = Upload(r);
+    float* db = p.has_bias ? Upload(b) : nullptr;  // without a bias, b and db are null
     // Gradient buffers start with garbage: the ops must overwrite, not accumulate.
     float *dgx = Upload(RandomVector(XSize(p), 21)), *dgw = Upload(RandomVector(WSize(p), 22));
-    float* dgb = Upload(RandomVector(p.out_c, 23));
+    float* dgb = p.has_bias ? Upload(RandomVector(p.out_c, 23)) : nullptr;
 
     ASSERT_TRUE((*op)->Forward(dx, dw, db, dy).ok());
     // dL/dy = r for L = sum(y * r).
@@ -66,12 +100,10 @@ TEST_P(ConvTest, ForwardAndBackwardMatchReferenceAndFiniteDifferences) {
     reference::Conv2DForward(p, x.data(), w.data(), b.data(), y_ref.data());
     reference::Conv2DBackwardData(p, r.data(), w.data(), gx_ref.data());
     reference::Conv2DBackwardWeights(p, x.data(), r.data(), gw_ref.data(), gb_ref.data());
-    const std::vector<float> gx = Download(dgx, XSize(p)), gw = Download(dgw, WSize(p)),
-                             gb = Download(dgb, p.out_c);
+    const std::vector<float> gx = Download(dgx, XSize(p)), gw = Download(dgw, WSize(p));
     EXPECT_ARRAYS_NEAR(Download(dy, YSize(p)), y_ref, 1e-4, 1e-4);
     EXPECT_ARRAYS_NEAR(gx, gx_ref, 1e-4, 1e-4);
     EXPECT_ARRAYS_NEAR(gw, gw_ref, 1e-4, 1e-4);
-    EXPECT_ARRAYS_NEAR(gb, gb_ref, 1e-4, 1e-4);
 
     // Finite differences through the device's own forward (L is linear in each argument).
     auto loss = [&](float* x_dev, float* w_dev, float* b_dev) {
@@ -87,11 +119,51 @@ TEST_P(ConvTest, ForwardAndBackwardMatchReferenceAndFiniteDifferences) {
       Write(v, probe);
       return loss(dx, probe, db);
     }));
-    EXPECT_GRADIENT_OK(CheckGradient(b, gb, [&](const std::vector<float>& v) {
-      Write(v, probe);
-      return loss(dx, dw, probe);
-    }));
+    if (p.has_bias) {
+      const std::vector<float> gb = Download(dgb, p.out_c);
+      EXPECT_ARRAYS_NEAR(gb, gb_ref, 1e-4, 1e-4);
+      EXPECT_GRADIENT_OK(CheckGradient(b, gb, [&](const std::vector<float>& v) {
+        Write(v, probe);
+        return loss(dx, dw, probe);
+      }));
+    }
   }
+}
+
+TEST_P(ConvTest, LayoutsAgree) {
+  // The same grouped filter in OIHW and HWIO gives the same output, and dw comes back in each one's layout.
+  const Conv2DParams hwio = Onnx(Conv(2, 6, 7, 6, 4, 3, 2, 1, Padding::kSame), {}, 1, 1, 2, kHWIO, true);
+  Conv2DParams oihw = hwio;
+  oihw.weight_layout = kOIHW;
+  const int icg = hwio.in_c / hwio.groups;
+  const std::vector<float> w_hwio = RandomVector(WSize(hwio), 41);
+  std::vector<float> w_oihw(WSize(hwio));
+  for (int kh = 0; kh < hwio.k_h; ++kh)
+    for (int kw = 0; kw < hwio.k_w; ++kw)
+      for (int i = 0; i < icg; ++i)
+        for (int o = 0; o < hwio.out_c; ++o)
+          w_oihw[((int64_t{o} * icg + i) * hwio.k_h + kh) * hwio.k_w + kw] =
+              w_hwio[((int64_t{kh} * hwio.k_w + kw) * icg + i) * hwio.out_c + o];
+  const std::vector<float> x = RandomVector(XSize(hwio), 42), b = RandomVector(hwio.out_c, 43),
+                           r = RandomVector(YSize(hwio), 44);
+  auto op1 = dev_->MakeConv2D(hwio);
+  auto op2 = dev_->MakeConv2D(oihw);
+  ASSERT_TRUE(op1.ok() && op2.ok());
+  float *dx = Upload(x), *db = Upload(b), *dr = Upload(r), *y1 = Zeros(YSize(hwio)), *y2 = Zeros(YSize(hwio));
+  float *w1 = Upload(w_hwio), *w2 = Upload(w_oihw), *gw1 = Zeros(WSize(hwio)), *gw2 = Zeros(WSize(hwio));
+  float* gb = Zeros(hwio.out_c);
+  ASSERT_TRUE((*op1)->Forward(dx, w1, db, y1).ok());
+  ASSERT_TRUE((*op2)->Forward(dx, w2, db, y2).ok());
+  EXPECT_ARRAYS_NEAR(Download(y2, YSize(hwio)), Download(y1, YSize(hwio)), 1e-5, 1e-5);
+  ASSERT_TRUE((*op1)->BackwardWeights(dx, dr, gw1, gb).ok());
+  ASSERT_TRUE((*op2)->BackwardWeights(dx, dr, gw2, gb).ok());
+  const std::vector<float> g1 = Download(gw1, WSize(hwio)), g2 = Download(gw2, WSize(hwio));
+  for (int kh = 0; kh < hwio.k_h; ++kh)
+    for (int kw = 0; kw < hwio.k_w; ++kw)
+      for (int i = 0; i < icg; ++i)
+        for (int o = 0; o < hwio.out_c; ++o)
+          ASSERT_NEAR(g2[((int64_t{o} * icg + i) * hwio.k_h + kh) * hwio.k_w + kw],
+                      g1[((int64_t{kh} * hwio.k_w + kw) * icg + i) * hwio.out_c + o], 1e-4);
 }
 
 TEST_P(ConvTest, BackwardDataFollowsTheLatestForwardFilter) {
@@ -120,6 +192,14 @@ TEST_P(ConvTest, RejectsBadParams) {
   p = Conv(1, 5, 5, 1, 1, 3, 3, 0, Padding::kSame);
   EXPECT_EQ(dev_->MakeConv2D(p).status().code(), absl::StatusCode::kInvalidArgument);
   p = Conv(1, 2, 2, 1, 1, 3, 3, 1, Padding::kValid);  // kernel larger than the input
+  EXPECT_EQ(dev_->MakeConv2D(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = Onnx(Conv(1, 4, 4, 3, 4, 3, 3, 1, Padding::kSame), {}, 1, 1, 2, kHWIO, true);  // 3 channels in 2 groups
+  EXPECT_EQ(dev_->MakeConv2D(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = Onnx(Conv(1, 4, 4, 2, 2, 3, 3, 1, Padding::kSame), {}, 0, 1, 1, kHWIO, true);  // dilation 0
+  EXPECT_EQ(dev_->MakeConv2D(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = Onnx(Conv(1, 4, 4, 2, 2, 3, 3, 1, Padding::kValid), {-1, 0, 0, 0}, 1, 1, 1, kHWIO, true);
+  EXPECT_EQ(dev_->MakeConv2D(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = Onnx(Conv(1, 4, 4, 2, 2, 3, 3, 1, Padding::kValid), {}, 2, 2, 1, kHWIO, true);  // dilated 5x5 > 4x4
   EXPECT_EQ(dev_->MakeConv2D(p).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -1,7 +1,11 @@
-// Dense on oneDNN's matmul primitive. The logical weights [in, out] are row-major `ab`; the two backward
-// products read w and x transposed in place through `ba` descriptors, so nothing is copied.
+// Dense on oneDNN's matmul primitive. The logical weights [in, out] are row-major `ab` ([out, in] when
+// weights_transposed: `ba`); the backward products read w, x and dy transposed in place through `ba`/`ab`
+// descriptors, so nothing is copied. alpha is the matmul's output scale; the bias is the matmul's own when
+// alpha is 1 (scaled by beta into a private copy when beta is not 1), else added by a loop after it.
 #include <cstring>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -20,24 +24,33 @@ class DnnlDense final : public Dense {
   void Init() {
     const dnnl::engine& eng = ctx_.engine;
     const memory::dim B = p_.batch, I = p_.in, O = p_.out;
-    const dnnl::primitive_attr attr = UserScratchpadAttr();
-    // Forward: y[B,O] = x[B,I] w[I,O] + b[1,O].
-    const memory::desc x_md({B, I}, dt::f32, tag::ab), w_md({I, O}, dt::f32, tag::ab);
-    const memory::desc b_md({1, O}, dt::f32, tag::ab), y_md({B, O}, dt::f32, tag::ab);
+    const bool t = p_.weights_transposed;
+    dnnl::primitive_attr attr = UserScratchpadAttr();
+    if (p_.alpha != 1.0f) attr.set_output_scales(0, {p_.alpha});
+    bias_in_matmul_ = p_.has_bias && p_.alpha == 1.0f;
+    if (bias_in_matmul_ && p_.beta != 1.0f) scaled_bias_.resize(p_.out);
+    // Forward: y[B,O] = x[B,I] w[I,O] (+ b[1,O]).
+    const memory::desc x_md({B, I}, dt::f32, tag::ab), w_md({I, O}, dt::f32, t ? tag::ba : tag::ab);
+    const memory::desc b_md = bias_in_matmul_ ? memory::desc({1, O}, dt::f32, tag::ab) : memory::desc();
+    const memory::desc y_md({B, O}, dt::f32, tag::ab);
     dnnl::matmul::primitive_desc fwd_pd(dnnl::matmul::desc(x_md, w_md, b_md, y_md), attr, eng);
     // Backward data: dx[B,I] = dy[B,O] w^T[O,I].
-    const memory::desc wt_md({O, I}, dt::f32, tag::ba);
+    const memory::desc wt_md({O, I}, dt::f32, t ? tag::ab : tag::ba);
     dnnl::matmul::primitive_desc bwd_data_pd(dnnl::matmul::desc(y_md, wt_md, x_md), attr, eng);
-    // Backward weights: dw[I,O] = x^T[I,B] dy[B,O].
-    const memory::desc xt_md({I, B}, dt::f32, tag::ba);
-    dnnl::matmul::primitive_desc bwd_w_pd(dnnl::matmul::desc(xt_md, y_md, w_md), attr, eng);
+    // Backward weights in w's layout: dw[I,O] = x^T[I,B] dy[B,O], or dw[O,I] = dy^T[O,B] x[B,I].
+    const memory::desc xt_md({I, B}, dt::f32, tag::ba), dyt_md({O, B}, dt::f32, tag::ba);
+    const memory::desc dw_md({t ? O : I, t ? I : O}, dt::f32, tag::ab);
+    dnnl::matmul::primitive_desc bwd_w_pd(
+        t ? dnnl::matmul::desc(dyt_md, x_md, dw_md) : dnnl::matmul::desc(xt_md, y_md, dw_md), attr, eng);
 
     x_ = memory(x_md, eng, DNNL_MEMORY_NONE);
     w_ = memory(w_md, eng, DNNL_MEMORY_NONE);
-    b_ = memory(b_md, eng, DNNL_MEMORY_NONE);
+    if (bias_in_matmul_) b_ = memory(b_md, eng, DNNL_MEMORY_NONE);
     y_ = memory(y_md, eng, DNNL_MEMORY_NONE);
     wt_ = memory(wt_md, eng, DNNL_MEMORY_NONE);
     xt_ = memory(xt_md, eng, DNNL_MEMORY_NONE);
+    dyt_ = memory(dyt_md, eng, DNNL_MEMORY_NONE);
+    dw_ = memory(dw_md, eng, DNNL_MEMORY_NONE);
     scratch_.Reserve(fwd_pd);
     scratch_.Reserve(bwd_data_pd);
     scratch_.Reserve(bwd_w_pd);
@@ -55,16 +68,22 @@ class DnnlDense final : public Dense {
     try {
       x_.set_data_handle(Mutable(x));
       w_.set_data_handle(Mutable(w));
-      b_.set_data_handle(Mutable(b));
       y_.set_data_handle(y);
-      fwd_.execute(ctx_.stream, {{DNNL_ARG_SRC, x_},
-                                 {DNNL_ARG_WEIGHTS, w_},
-                                 {DNNL_ARG_BIAS, b_},
-                                 {DNNL_ARG_DST, y_},
-                                 {DNNL_ARG_SCRATCHPAD, fwd_scratch_}});
+      std::unordered_map<int, memory> args = {
+          {DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}, {DNNL_ARG_SCRATCHPAD, fwd_scratch_}};
+      if (bias_in_matmul_) {
+        if (!scaled_bias_.empty()) {
+          for (int o = 0; o < p_.out; ++o) scaled_bias_[o] = p_.beta * b[o];
+          b = scaled_bias_.data();
+        }
+        b_.set_data_handle(Mutable(b));
+        args[DNNL_ARG_BIAS] = b_;
+      }
+      fwd_.execute(ctx_.stream, args);
     } catch (const dnnl::error& e) {
       return DnnlError(absl::StrCat(what_, " forward"), e);
     }
+    if (p_.has_bias && !bias_in_matmul_) AddScaledBias(b, y);
     return absl::OkStatus();
   }
 
@@ -87,22 +106,31 @@ class DnnlDense final : public Dense {
   absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) override {
     UseThreads(ctx_.threads);
     try {
-      xt_.set_data_handle(Mutable(x));
-      y_.set_data_handle(Mutable(dy));
-      w_.set_data_handle(dw);
-      bwd_w_.execute(ctx_.stream, {{DNNL_ARG_SRC, xt_},
-                                   {DNNL_ARG_WEIGHTS, y_},
-                                   {DNNL_ARG_DST, w_},
-                                   {DNNL_ARG_SCRATCHPAD, bwd_w_scratch_}});
+      dw_.set_data_handle(dw);
+      if (p_.weights_transposed) {
+        dyt_.set_data_handle(Mutable(dy));
+        x_.set_data_handle(Mutable(x));
+        bwd_w_.execute(ctx_.stream, {{DNNL_ARG_SRC, dyt_},
+                                     {DNNL_ARG_WEIGHTS, x_},
+                                     {DNNL_ARG_DST, dw_},
+                                     {DNNL_ARG_SCRATCHPAD, bwd_w_scratch_}});
+      } else {
+        xt_.set_data_handle(Mutable(x));
+        y_.set_data_handle(Mutable(dy));
+        bwd_w_.execute(ctx_.stream, {{DNNL_ARG_SRC, xt_},
+                                     {DNNL_ARG_WEIGHTS, y_},
+                                     {DNNL_ARG_DST, dw_},
+                                     {DNNL_ARG_SCRATCHPAD, bwd_w_scratch_}});
+      }
     } catch (const dnnl::error& e) {
       return DnnlError(absl::StrCat(what_, " backward-weights"), e);
     }
-    ColumnSums(dy, db);
+    if (p_.has_bias && db != nullptr) ColumnSums(dy, db);
     return absl::OkStatus();
   }
 
  private:
-  // db[o] = sum_n dy[n, o]; the inner loop runs over contiguous o and vectorizes.
+  // db[o] = beta * sum_n dy[n, o]; the inner loop runs over contiguous o and vectorizes.
   void ColumnSums(const float* __restrict dy, float* __restrict db) const {
     const int out = p_.out;
     std::memcpy(db, dy, sizeof(float) * out);
@@ -110,13 +138,27 @@ class DnnlDense final : public Dense {
       const float* __restrict row = dy + static_cast<int64_t>(n) * out;
       for (int o = 0; o < out; ++o) db[o] += row[o];
     }
+    if (p_.beta != 1.0f) {
+      for (int o = 0; o < out; ++o) db[o] *= p_.beta;
+    }
+  }
+
+  // y[n, :] += beta * b (when alpha is not 1, the matmul's output scale would also scale its bias).
+  void AddScaledBias(const float* __restrict b, float* __restrict y) const {
+    const int out = p_.out;
+    for (int n = 0; n < p_.batch; ++n) {
+      float* __restrict row = y + static_cast<int64_t>(n) * out;
+      for (int o = 0; o < out; ++o) row[o] += p_.beta * b[o];
+    }
   }
 
   DnnlContext ctx_;
   DenseParams p_;
   std::string what_;
   dnnl::matmul fwd_, bwd_data_, bwd_w_;
-  memory x_, w_, b_, y_, wt_, xt_;  // x_/w_/y_ double as dx/dw/dy
+  memory x_, w_, b_, y_, wt_, xt_, dyt_, dw_;  // x_/y_ double as dx/dy
+  bool bias_in_matmul_ = false;
+  std::vector<float> scaled_bias_;  // beta * b, when the matmul adds a bias that beta scales
   SharedScratchpad scratch_;
   memory fwd_scratch_, bwd_data_scratch_, bwd_w_scratch_;
 };
@@ -124,7 +166,9 @@ class DnnlDense final : public Dense {
 }  // namespace
 
 std::string Describe(const DenseParams& p) {
-  return absl::StrCat("dense[batch=", p.batch, " in=", p.in, " out=", p.out, "]");
+  return absl::StrCat("dense[batch=", p.batch, " in=", p.in, " out=", p.out, p.weights_transposed ? " transposed" : "",
+                      p.has_bias ? "" : " no_bias", p.alpha != 1.0f ? absl::StrCat(" alpha=", p.alpha) : "",
+                      p.beta != 1.0f ? absl::StrCat(" beta=", p.beta) : "", "]");
 }
 
 absl::StatusOr<std::unique_ptr<Dense>> MakeCpuDense(const DnnlContext& ctx, const DenseParams& p) {

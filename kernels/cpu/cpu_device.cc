@@ -9,6 +9,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/graph_loops.h"
 #include "kernels/device.h"
 #include "kernels/dropout_rng.h"
 
@@ -17,6 +18,26 @@ namespace {
 
 absl::Status CheckCount(const char* op, int64_t n) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat(op, ": negative element count ", n));
+  return absl::OkStatus();
+}
+
+absl::Status CheckGatherParams(const char* op, const GatherParams& p, const int32_t* offsets) {
+  if (p.rows < 0 || p.dim <= 0 || p.count < 0 || p.num_bags < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": need rows, count, num_bags >= 0 and dim > 0, got rows=",
+                                                   p.rows, " dim=", p.dim, " count=", p.count,
+                                                   " num_bags=", p.num_bags));
+  }
+  if (p.num_bags > 0 && offsets == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": bags need offsets"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckInteractionParams(const char* op, const InteractionParams& p) {
+  if (p.batch < 0 || p.features < 1 || p.dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": need batch >= 0, features >= 1 and dim >= 1, got ",
+                                                   p.batch, ", ", p.features, ", ", p.dim));
+  }
   return absl::OkStatus();
 }
 
@@ -158,6 +179,15 @@ class CpuDevice final : public Device {
   absl::StatusOr<std::unique_ptr<Dense>> MakeDense(const DenseParams& p) override {
     return cpu::MakeCpuDense(ctx_, p);
   }
+  absl::StatusOr<std::unique_ptr<AvgPool>> MakeAvgPool(const PoolParams& p) override {
+    return cpu::MakeCpuAvgPool(ctx_, p);
+  }
+  absl::StatusOr<std::unique_ptr<BatchNorm>> MakeBatchNorm(const BatchNormParams& p) override {
+    return cpu::MakeCpuBatchNorm(ctx_, p);
+  }
+  absl::StatusOr<std::unique_ptr<Binary>> MakeBinary(const BroadcastParams& p) override {
+    return cpu::MakeCpuBinary(ctx_, p);
+  }
   absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeOptimizer(const OptimizerParams& p,
                                                                  const DeviceCounter* step) override {
     if (step == nullptr || step->device() != this) {
@@ -255,6 +285,79 @@ class CpuDevice final : public Device {
     RETURN_IF_ERROR(CheckCount("Fill", n));
     cpu::FillLoop(value, x, n, spec_.threads);
     return absl::OkStatus();
+  }
+
+  // ---- ops of imported graphs and sparse models (kernels/cpu/graph_loops.h) ----
+  absl::Status Activation(const ActivationParams& p, const float* x, float* y, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("Activation", n));
+    cpu::ActivationLoop(p, x, y, n, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status ActivationBackward(const ActivationParams& p, const float* x, const float* y, const float* dy,
+                                  float* dx, int64_t n) override {
+    RETURN_IF_ERROR(CheckCount("ActivationBackward", n));
+    cpu::ActivationBackwardLoop(p, x, y, dy, dx, n, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                           int64_t cols, bool accumulate) override {
+    if (rows < 0 || cols < 0 || (rows > 1 && (src_stride < cols || dst_stride < cols))) {
+      return absl::InvalidArgumentError(absl::StrCat("CopyStrided: need rows, cols >= 0 and strides >= cols, got ",
+                                                     rows, "x", cols, " strides ", src_stride, ", ", dst_stride));
+    }
+    cpu::CopyStridedLoop(src, src_stride, dst, dst_stride, rows, cols, accumulate, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status Transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) override {
+    if (batch < 0 || rows < 0 || cols < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Transpose: negative size ", batch, "x", rows, "x", cols));
+    }
+    cpu::TransposeLoop(x, y, batch, rows, cols, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status BatchNormRunningDelta(const float* running_mean, const float* running_var, const float* batch_mean,
+                                     const float* batch_var, int channels, int64_t count, float momentum,
+                                     bool unbiased, float* d_mean, float* d_var) override {
+    if (channels < 0 || count < (unbiased ? 2 : 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BatchNormRunningDelta: need channels >= 0 and count >= ", unbiased ? 2 : 1,
+          " (the unbiased variance divides by count - 1), got ", channels, " channels, count ", count));
+    }
+    cpu::BatchNormRunningDeltaLoop(running_mean, running_var, batch_mean, batch_var, channels, count, momentum,
+                                   unbiased, d_mean, d_var);
+    return absl::OkStatus();
+  }
+  absl::Status Gather(const GatherParams& p, const float* table, const int32_t* indices, const int32_t* offsets,
+                      float* y) override {
+    RETURN_IF_ERROR(CheckGatherParams("Gather", p, offsets));
+    RETURN_IF_ERROR(cpu::CheckGatherData("Gather", p, indices, offsets));
+    cpu::GatherLoop(p, table, indices, offsets, y, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status GatherBackward(const GatherParams& p, const float* dy, const int32_t* indices, const int32_t* offsets,
+                              float* dtable) override {
+    RETURN_IF_ERROR(CheckGatherParams("GatherBackward", p, offsets));
+    RETURN_IF_ERROR(cpu::CheckGatherData("GatherBackward", p, indices, offsets));
+    cpu::GatherBackwardLoop(p, dy, indices, offsets, dtable, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status Interaction(const InteractionParams& p, const float* x, float* y) override {
+    RETURN_IF_ERROR(CheckInteractionParams("Interaction", p));
+    cpu::InteractionLoop(p, x, y, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status InteractionBackward(const InteractionParams& p, const float* x, const float* dy, float* dx) override {
+    RETURN_IF_ERROR(CheckInteractionParams("InteractionBackward", p));
+    cpu::InteractionBackwardLoop(p, x, dy, dx, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::Status SigmoidCrossEntropy(const float* logits, const float* labels, int batch, float* dlogits,
+                                   float* loss) override {
+    if (batch <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("SigmoidCrossEntropy: batch must be positive, got ", batch));
+    }
+    return cpu::SigmoidCrossEntropyLoop(logits, labels, batch, dlogits, loss, spec_.threads);
   }
 
  private:

@@ -15,8 +15,13 @@ namespace dtrain::kernels::cpu {
 
 absl::StatusOr<std::unique_ptr<Conv2D>> MakeCpuConv2D(const DnnlContext& ctx, const Conv2DParams& p);
 absl::StatusOr<std::unique_ptr<MaxPool>> MakeCpuMaxPool(const DnnlContext& ctx, const PoolParams& p);
+absl::StatusOr<std::unique_ptr<AvgPool>> MakeCpuAvgPool(const DnnlContext& ctx, const PoolParams& p);
 absl::StatusOr<std::unique_ptr<Lrn>> MakeCpuLrn(const DnnlContext& ctx, const LrnParams& p);
 absl::StatusOr<std::unique_ptr<Dense>> MakeCpuDense(const DnnlContext& ctx, const DenseParams& p);
+// cpu_batchnorm.cc.
+absl::StatusOr<std::unique_ptr<BatchNorm>> MakeCpuBatchNorm(const DnnlContext& ctx, const BatchNormParams& p);
+// cpu_binary.cc (loops).
+absl::StatusOr<std::unique_ptr<Binary>> MakeCpuBinary(const DnnlContext& ctx, const BroadcastParams& p);
 // cpu_optimizer.cc. `step` is a counter of the calling CpuDevice (checked there); `threads` as the device's.
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeCpuOptimizer(const OptimizerParams& p,
                                                                   const DeviceCounter* step, int threads);
@@ -26,6 +31,8 @@ std::string Describe(const Conv2DParams& p);
 std::string Describe(const PoolParams& p);
 std::string Describe(const LrnParams& p);
 std::string Describe(const DenseParams& p);
+std::string Describe(const BatchNormParams& p);
+std::string Describe(const BroadcastParams& p);
 
 }  // namespace dtrain::kernels::cpu
 

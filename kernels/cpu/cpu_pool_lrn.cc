@@ -1,7 +1,12 @@
-// MaxPool and LRN on oneDNN, NHWC. Both keep the forward's workspace (argmax / normalizers) for Backward.
+// MaxPool, AvgPool and LRN on oneDNN, NHWC (and one loop for an average pooling oneDNN cannot express). Max
+// pooling and LRN keep the forward's workspace (argmax / normalizers) for Backward.
+#include <algorithm>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace dtrain::kernels::cpu {
@@ -11,35 +16,35 @@ using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
-// oneDNN's pooling_max skips padded positions (they never win), which is TensorFlow's SAME semantics; the
-// pool test checks it on windows that overlap the padding.
-class DnnlMaxPool final : public MaxPool {
+// Max and average pooling on oneDNN's pooling primitive. oneDNN's pooling_max skips padded positions (they
+// never win), which is TensorFlow's SAME semantics; pooling_avg_exclude_padding divides by the count of real
+// inputs in the window, pooling_avg_include_padding by the whole window. The padding after the data is the
+// effective one (explicit padding plus the ceil_mode overhang), so that oneDNN's output size is ours.
+template <typename Base>
+class DnnlPool final : public Base {
  public:
-  DnnlMaxPool(const DnnlContext& ctx, const PoolParams& p) : ctx_(ctx), p_(p), what_(Describe(p)) {}
+  DnnlPool(const DnnlContext& ctx, const PoolParams& p, dnnl::algorithm alg)
+      : ctx_(ctx), p_(p), alg_(alg), what_(Describe(p)) {}
 
   void Init() {
     const dnnl::engine& eng = ctx_.engine;
     const memory::desc src_md({p_.batch, p_.channels, p_.in_h, p_.in_w}, dt::f32, tag::nhwc);
     const memory::desc dst_md({p_.batch, p_.channels, p_.out_h(), p_.out_w()}, dt::f32, tag::nhwc);
-    const int ph = PadBefore(p_.in_h, p_.window, p_.stride, p_.padding);
-    const int pw = PadBefore(p_.in_w, p_.window, p_.stride, p_.padding);
-    const int total_h = std::max(0, (p_.out_h() - 1) * p_.stride + p_.window - p_.in_h);
-    const int total_w = std::max(0, (p_.out_w() - 1) * p_.stride + p_.window - p_.in_w);
-    const memory::dims strides = {p_.stride, p_.stride}, kernel = {p_.window, p_.window};
-    const memory::dims pad_l = {ph, pw}, pad_r = {total_h - ph, total_w - pw};
+    const memory::dims strides = {p_.sh(), p_.sw()}, kernel = {p_.kh(), p_.kw()};
+    const memory::dims pad_l = {p_.pads_h().before, p_.pads_w().before};
+    const memory::dims pad_r = {p_.effective_pad_bottom(), p_.effective_pad_right()};
     const dnnl::primitive_attr attr = UserScratchpadAttr();
 
     dnnl::pooling_forward::primitive_desc fwd_pd(
-        dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max, src_md,
-                                    dst_md, strides, kernel, pad_l, pad_r),
+        dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg_, src_md, dst_md, strides, kernel,
+                                    pad_l, pad_r),
         attr, eng);
     dnnl::pooling_backward::primitive_desc bwd_pd(
-        dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, src_md, dst_md, strides, kernel, pad_l,
-                                     pad_r),
-        attr, eng, fwd_pd);
+        dnnl::pooling_backward::desc(alg_, src_md, dst_md, strides, kernel, pad_l, pad_r), attr, eng, fwd_pd);
     src_ = memory(src_md, eng, DNNL_MEMORY_NONE);
     dst_ = memory(dst_md, eng, DNNL_MEMORY_NONE);
-    workspace_ = memory(fwd_pd.workspace_desc(), eng);
+    has_workspace_ = fwd_pd.workspace_desc().get_size() > 0;  // max pooling's argmax
+    if (has_workspace_) workspace_ = memory(fwd_pd.workspace_desc(), eng);
     scratch_.Reserve(fwd_pd);
     scratch_.Reserve(bwd_pd);
     scratch_.Allocate();
@@ -54,10 +59,10 @@ class DnnlMaxPool final : public MaxPool {
     try {
       src_.set_data_handle(Mutable(x));
       dst_.set_data_handle(y);
-      fwd_.execute(ctx_.stream, {{DNNL_ARG_SRC, src_},
-                                 {DNNL_ARG_DST, dst_},
-                                 {DNNL_ARG_WORKSPACE, workspace_},
-                                 {DNNL_ARG_SCRATCHPAD, fwd_scratch_}});
+      std::unordered_map<int, memory> args = {
+          {DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}, {DNNL_ARG_SCRATCHPAD, fwd_scratch_}};
+      if (has_workspace_) args[DNNL_ARG_WORKSPACE] = workspace_;
+      fwd_.execute(ctx_.stream, args);
     } catch (const dnnl::error& e) {
       return DnnlError(absl::StrCat(what_, " forward"), e);
     }
@@ -69,10 +74,10 @@ class DnnlMaxPool final : public MaxPool {
     try {
       dst_.set_data_handle(Mutable(dy));
       src_.set_data_handle(dx);
-      bwd_.execute(ctx_.stream, {{DNNL_ARG_DIFF_DST, dst_},
-                                 {DNNL_ARG_DIFF_SRC, src_},
-                                 {DNNL_ARG_WORKSPACE, workspace_},
-                                 {DNNL_ARG_SCRATCHPAD, bwd_scratch_}});
+      std::unordered_map<int, memory> args = {
+          {DNNL_ARG_DIFF_DST, dst_}, {DNNL_ARG_DIFF_SRC, src_}, {DNNL_ARG_SCRATCHPAD, bwd_scratch_}};
+      if (has_workspace_) args[DNNL_ARG_WORKSPACE] = workspace_;
+      bwd_.execute(ctx_.stream, args);
     } catch (const dnnl::error& e) {
       return DnnlError(absl::StrCat(what_, " backward"), e);
     }
@@ -82,12 +87,86 @@ class DnnlMaxPool final : public MaxPool {
  private:
   DnnlContext ctx_;
   PoolParams p_;
+  dnnl::algorithm alg_;
   std::string what_;
   dnnl::pooling_forward fwd_;
   dnnl::pooling_backward bwd_;
   memory src_, dst_, workspace_;  // src_/dst_ double as diff_src/diff_dst
+  bool has_workspace_ = false;
   SharedScratchpad scratch_;
   memory fwd_scratch_, bwd_scratch_;
+};
+
+// Average pooling that counts the padding but not the ceil_mode overhang (PyTorch's count_include_pad with
+// ceil_mode): the divisor of a window reaching into the overhang is the window clipped to the explicit
+// padding, which oneDNN cannot express (include_padding divides by the whole window). Plain loops over NHWC,
+// the channels innermost; images are split over the OpenMP threads.
+class LoopAvgPool final : public AvgPool {
+ public:
+  LoopAvgPool(const DnnlContext& ctx, const PoolParams& p) : ctx_(ctx), p_(p) {
+    const Pads ph = p.pads_h(), pw = p.pads_w();
+    for (int oh = 0; oh < p.out_h(); ++oh) rows_.push_back(Window(oh * p.sh() - ph.before, p.kh(), p.in_h, ph.after));
+    for (int ow = 0; ow < p.out_w(); ++ow) cols_.push_back(Window(ow * p.sw() - pw.before, p.kw(), p.in_w, pw.after));
+  }
+
+  absl::Status Forward(const float* x, float* y) override {
+    UseThreads(ctx_.threads);
+    const int C = p_.channels, oh_n = p_.out_h(), ow_n = p_.out_w();
+#pragma omp parallel for num_threads(ctx_.threads) if (ctx_.threads > 1 && p_.batch > 1)
+    for (int n = 0; n < p_.batch; ++n) {
+      for (int oh = 0; oh < oh_n; ++oh)
+        for (int ow = 0; ow < ow_n; ++ow) {
+          const Span& r = rows_[oh];
+          const Span& c = cols_[ow];
+          float* __restrict out = y + ((int64_t{n} * oh_n + oh) * ow_n + ow) * C;
+          std::fill(out, out + C, 0.0f);
+          for (int ih = r.begin; ih < r.end; ++ih)
+            for (int iw = c.begin; iw < c.end; ++iw) {
+              const float* __restrict in = x + ((int64_t{n} * p_.in_h + ih) * p_.in_w + iw) * C;
+              for (int k = 0; k < C; ++k) out[k] += in[k];
+            }
+          const float scale = 1.0f / static_cast<float>(r.divisor * c.divisor);
+          for (int k = 0; k < C; ++k) out[k] *= scale;
+        }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(const float* dy, float* dx) override {
+    UseThreads(ctx_.threads);
+    const int C = p_.channels, oh_n = p_.out_h(), ow_n = p_.out_w();
+    const int64_t image = int64_t{p_.in_h} * p_.in_w * C;
+#pragma omp parallel for num_threads(ctx_.threads) if (ctx_.threads > 1 && p_.batch > 1)
+    for (int n = 0; n < p_.batch; ++n) {
+      std::fill(dx + n * image, dx + (n + 1) * image, 0.0f);
+      for (int oh = 0; oh < oh_n; ++oh)
+        for (int ow = 0; ow < ow_n; ++ow) {
+          const Span& r = rows_[oh];
+          const Span& c = cols_[ow];
+          const float* __restrict g = dy + ((int64_t{n} * oh_n + oh) * ow_n + ow) * C;
+          const float scale = 1.0f / static_cast<float>(r.divisor * c.divisor);
+          for (int ih = r.begin; ih < r.end; ++ih)
+            for (int iw = c.begin; iw < c.end; ++iw) {
+              float* __restrict in = dx + ((int64_t{n} * p_.in_h + ih) * p_.in_w + iw) * C;
+              for (int k = 0; k < C; ++k) in[k] += g[k] * scale;
+            }
+        }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // One window along one dimension: its real inputs [begin, end) and its share of the divisor.
+  struct Span {
+    int begin, end, divisor;
+  };
+  static Span Window(int start, int k, int in, int pad_after) {
+    return {std::max(start, 0), std::min(start + k, in), std::min(start + k, in + pad_after) - start};
+  }
+
+  DnnlContext ctx_;
+  PoolParams p_;
+  std::vector<Span> rows_, cols_;
 };
 
 // Advances `pd` past implementations whose name contains "jit" (when another one is available).
@@ -180,10 +259,53 @@ class DnnlLrn final : public Lrn {
 }  // namespace
 
 std::string Describe(const PoolParams& p) {
-  return absl::StrCat("maxpool[batch=", p.batch, " in=", p.in_h, "x", p.in_w, "x", p.channels,
-                      " window=", p.window, " stride=", p.stride,
-                      p.padding == Padding::kSame ? " SAME]" : " VALID]");
+  std::string s = absl::StrCat("pool[batch=", p.batch, " in=", p.in_h, "x", p.in_w, "x", p.channels,
+                               " window=", p.kh(), "x", p.kw(), " stride=", p.sh(), "x", p.sw());
+  if (p.explicit_padding) {
+    absl::StrAppend(&s, " pads=", p.pad_top, ",", p.pad_bottom, ",", p.pad_left, ",", p.pad_right,
+                    p.ceil_mode ? " ceil_mode" : "");
+  } else {
+    absl::StrAppend(&s, p.padding == Padding::kSame ? " SAME" : " VALID");
+  }
+  if (p.count_include_pad) absl::StrAppend(&s, " count_include_pad");
+  return s + "]";
 }
+
+namespace {
+
+// What MaxPool and AvgPool require of their params (InvalidArgument naming `op` otherwise).
+absl::Status CheckPoolParams(const char* op, const PoolParams& p) {
+  if (p.batch <= 0 || p.in_h <= 0 || p.in_w <= 0 || p.channels <= 0 || p.kh() <= 0 || p.kw() <= 0 || p.sh() <= 0 ||
+      p.sw() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": every size, window and stride must be positive: ", Describe(p)));
+  }
+  if (p.explicit_padding) {
+    // Smaller pads than the window keep a real input in every window (PyTorch requires at most half of it).
+    if (p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0 || p.pad_top >= p.kh() ||
+        p.pad_bottom >= p.kh() || p.pad_left >= p.kw() || p.pad_right >= p.kw()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": explicit pads must be in [0, window) on each side: ", Describe(p)));
+    }
+  }
+  if (p.out_h() <= 0 || p.out_w() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the window is larger than the padded input: ", Describe(p)));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Op>
+absl::StatusOr<std::unique_ptr<Op>> InitPool(const char* op_name, std::unique_ptr<Op> op, const PoolParams& p) {
+  try {
+    op->Init();
+  } catch (const dnnl::error& e) {
+    return DnnlError(absl::StrCat(op_name, " ", Describe(p)), e);
+  }
+  return op;
+}
+
+}  // namespace
 
 std::string Describe(const LrnParams& p) {
   return absl::StrCat("lrn[batch=", p.batch, " in=", p.h, "x", p.w, "x", p.channels,
@@ -192,22 +314,23 @@ std::string Describe(const LrnParams& p) {
 }
 
 absl::StatusOr<std::unique_ptr<MaxPool>> MakeCpuMaxPool(const DnnlContext& ctx, const PoolParams& p) {
-  if (p.batch <= 0 || p.in_h <= 0 || p.in_w <= 0 || p.channels <= 0 || p.window <= 0 || p.stride <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MakeMaxPool: every size and stride must be positive: ", Describe(p)));
-  }
-  if (p.out_h() <= 0 || p.out_w() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MakeMaxPool: the window is larger than the VALID-padded input: ", Describe(p)));
-  }
+  if (absl::Status s = CheckPoolParams("MakeMaxPool", p); !s.ok()) return s;
   UseThreads(ctx.threads);
-  auto op = std::make_unique<DnnlMaxPool>(ctx, p);
-  try {
-    op->Init();
-  } catch (const dnnl::error& e) {
-    return DnnlError(absl::StrCat("MakeMaxPool ", Describe(p)), e);
-  }
-  return op;
+  auto op = std::make_unique<DnnlPool<MaxPool>>(ctx, p, dnnl::algorithm::pooling_max);
+  ASSIGN_OR_RETURN(auto made, InitPool("MakeMaxPool", std::move(op), p));
+  return std::unique_ptr<MaxPool>(std::move(made));
+}
+
+absl::StatusOr<std::unique_ptr<AvgPool>> MakeCpuAvgPool(const DnnlContext& ctx, const PoolParams& p) {
+  if (absl::Status s = CheckPoolParams("MakeAvgPool", p); !s.ok()) return s;
+  UseThreads(ctx.threads);
+  const bool overhang = p.effective_pad_bottom() > p.pads_h().after || p.effective_pad_right() > p.pads_w().after;
+  if (p.count_include_pad && overhang) return std::unique_ptr<AvgPool>(std::make_unique<LoopAvgPool>(ctx, p));
+  auto op = std::make_unique<DnnlPool<AvgPool>>(ctx, p,
+                                                p.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
+                                                                    : dnnl::algorithm::pooling_avg_exclude_padding);
+  ASSIGN_OR_RETURN(auto made, InitPool("MakeAvgPool", std::move(op), p));
+  return std::unique_ptr<AvgPool>(std::move(made));
 }
 
 absl::StatusOr<std::unique_ptr<Lrn>> MakeCpuLrn(const DnnlContext& ctx, const LrnParams& p) {

@@ -7,30 +7,11 @@
 #include <cstring>
 
 #include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/dropout_rng.h"
 
 namespace dtrain::kernels::cpu {
 namespace {
-
-constexpr int kMaxThreads = 256;
-
-// Runs fn(begin, end) over [0, n): inline when small, else one contiguous chunk (a multiple of 16 floats, one
-// cache line) per OpenMP thread.
-template <typename Fn>
-void ForChunks(int64_t n, int threads, int64_t min_parallel, Fn fn) {
-  FlushDenormalsOnThreads(std::min(threads, kMaxThreads));
-  if (threads <= 1 || n < min_parallel) {
-    fn(int64_t{0}, n);
-    return;
-  }
-#pragma omp parallel num_threads(std::min(threads, kMaxThreads))
-  {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t chunk = ((n + nt - 1) / nt + 15) / 16 * 16;
-    const int64_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
-    if (begin < end) fn(begin, end);
-  }
-}
 
 // Sum over threads of fn(begin, end) -> double.
 template <typename Fn>
