@@ -1,4 +1,4 @@
-// CTR Datasets: consistency and batches (ctr_dataset.h).
+// CTR Datasets: consistency, batches, TFRecord files (ctr_dataset.h).
 #include "worker/data/ctr_dataset.h"
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "worker/data/example_proto.h"
 
 namespace dtrain::data {
 namespace {
@@ -83,6 +84,78 @@ void AppendCtrExample(const Dataset& d, int64_t e, Batch* b) {
     b->id_offsets.push_back(static_cast<int32_t>(b->ids.size()));
   }
   ++b->batch;
+}
+
+absl::StatusOr<Dataset> ReadCtrRecords(TfRecordReader& reader, const std::string& first, const std::string& path) {
+  Dataset d;
+  d.num_classes = 2;
+  // The compact layout (dataset.h) until a bag of another size shows up; then the offsets so far are written.
+  bool one_id_per_bag = true;
+  CtrExample e;
+  std::string record = first;
+  for (int64_t index = 0;; ++index) {
+    int64_t offset = 0;  // the first record starts the file
+    if (index > 0) {
+      offset = reader.offset();
+      ASSIGN_OR_RETURN(bool got, reader.Read(&record));
+      if (!got) break;
+    }
+    auto where = [&] { return absl::StrCat(path, ": record ", index, " at byte offset ", offset, ": "); };
+    if (absl::Status s = DecodeCtrExample(record, &e); !s.ok()) {
+      return absl::DataLossError(absl::StrCat(where(), s.message()));
+    }
+    const int num_dense = static_cast<int>(e.dense.size()), num_sparse = e.num_sparse();
+    if (index == 0) {
+      if (num_dense + num_sparse == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(where(), "a CTR example without dense or sparse features"));
+      }
+      d.num_dense = num_dense;
+      d.num_sparse = num_sparse;
+    } else if (num_dense != d.num_dense || num_sparse != d.num_sparse) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), num_dense, " dense and ", num_sparse,
+                                                     " sparse features, earlier examples have ", d.num_dense,
+                                                     " and ", d.num_sparse));
+    }
+    d.labels.push_back(static_cast<int32_t>(e.label));
+    d.dense.insert(d.dense.end(), e.dense.begin(), e.dense.end());
+    const auto base = static_cast<int64_t>(d.ids.size());
+    d.ids.insert(d.ids.end(), e.ids.begin(), e.ids.end());
+    bool ones = true;
+    for (int f = 0; f < num_sparse; ++f) ones &= e.id_offsets[f + 1] - e.id_offsets[f] == 1;
+    if (one_id_per_bag && !ones) {
+      one_id_per_bag = false;
+      for (int64_t i = 0; i <= base; ++i) d.id_offsets.push_back(i);
+    }
+    if (!one_id_per_bag) {
+      for (int f = 0; f < num_sparse; ++f) d.id_offsets.push_back(base + e.id_offsets[f + 1]);
+    }
+  }
+  LOG(INFO) << "Read " << d.count() << " CTR examples (" << d.num_dense << " dense, " << d.num_sparse
+            << " sparse features) from " << path;
+  return d;
+}
+
+absl::Status WriteCtrRecords(const Dataset& d, const std::string& path) {
+  if (absl::Status s = CheckCtrDataset(d); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteTfRecordExamples(", path, "): ", s.message()));
+  }
+  TfRecordWriter writer;
+  RETURN_IF_ERROR(writer.Open(path));
+  CtrExample e;
+  for (int64_t i = 0; i < d.count(); ++i) {
+    e.label = d.labels[i];
+    e.dense.assign(d.dense.begin() + i * d.num_dense, d.dense.begin() + (i + 1) * d.num_dense);
+    e.ids.clear();
+    e.id_offsets.assign(1, 0);
+    for (int f = 0; f < d.num_sparse; ++f) {
+      const absl::Span<const int64_t> bag = d.Bag(i, f);
+      e.ids.insert(e.ids.end(), bag.begin(), bag.end());
+      e.id_offsets.push_back(static_cast<int64_t>(e.ids.size()));
+    }
+    if (d.num_sparse == 0) e.id_offsets.clear();
+    RETURN_IF_ERROR(writer.Write(EncodeCtrExample(e)));
+  }
+  return writer.Close();
 }
 
 }  // namespace dtrain::data

@@ -1,5 +1,6 @@
-// CTR Datasets (dataset.h) inside the data library: the consistency check and batch assembly for BatchStream
-// and EvalBatches. Internal: the public API is dataset.h's.
+// CTR Datasets (dataset.h) inside the data library: the consistency check, batch assembly for BatchStream and
+// EvalBatches, and the TFRecord side (tf.train.Example CTR examples, example_proto.h). Internal: the public API
+// is dataset.h's.
 //
 // Thread-safety: the functions are stateless; each writes only the objects it is given.
 #ifndef DTRAIN_WORKER_DATA_CTR_DATASET_H_
@@ -11,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/data/dataset.h"
+#include "worker/data/record_io.h"
 
 namespace dtrain::data {
 
@@ -22,6 +24,12 @@ absl::Status CheckCtrDataset(const Dataset& d);
 void StartCtrBatch(const Dataset& d, int batch, Batch* b);
 // Appends example e of d (CheckCtrDataset(d) ok) to b: its label, dense features and bags.
 void AppendCtrExample(const Dataset& d, int64_t e, Batch* b);
+
+// The CTR examples of `reader`, whose first record (already read) is `first`; `path` names the file in errors.
+// Every example must have the first one's number of dense and sparse features. id_offsets stays empty when
+// every bag holds one id.
+absl::StatusOr<Dataset> ReadCtrRecords(TfRecordReader& reader, const std::string& first, const std::string& path);
+absl::Status WriteCtrRecords(const Dataset& d, const std::string& path);
 
 }  // namespace dtrain::data
 

@@ -1,8 +1,10 @@
-// CTR data through the pipeline: BatchStream and EvalBatches batches.
+// CTR data through the pipeline: BatchStream and EvalBatches batches, the TFRecord round trip, the
+// tf.train.Example CTR codec.
 #include "worker/data/ctr_dataset.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +15,8 @@
 #include "worker/data/criteo.h"
 #include "worker/data/data_test_util.h"
 #include "worker/data/dataset.h"
+#include "worker/data/example_proto.h"
+#include "worker/data/record_io.h"
 
 namespace dtrain::data {
 namespace {
@@ -201,6 +205,154 @@ TEST(CtrBatchStreamTest, InconsistentDatasetsAreRefused) {
   d.id_offsets.clear();  // compact: needs one id per bag
   d.ids.push_back(1);
   EXPECT_THAT(CheckCtrDataset(d).message(), HasSubstr("ids and no offsets"));
+}
+
+// ---- TFRecord ----
+
+class CtrTfRecordTest : public ::testing::Test {
+ protected:
+  void SetUp() override { path_ = MakeTempDir() + "/train.tfrecords"; }
+  std::string path_;
+};
+
+TEST_F(CtrTfRecordTest, RoundTripWithBags) {
+  const Dataset d = IndexedCtr(30);
+  ASSERT_TRUE(WriteTfRecordExamples(d, path_).ok());
+  absl::StatusOr<Dataset> got = ReadTfRecordExamples(path_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->kind(), DataKind::kCtr);
+  EXPECT_EQ(got->num_classes, 2);
+  EXPECT_EQ(got->labels, d.labels);
+  EXPECT_EQ(got->dense, d.dense);
+  EXPECT_EQ(got->ids, d.ids);
+  EXPECT_EQ(got->id_offsets, d.id_offsets);
+  absl::StatusOr<Dataset> parsed = ParseTfRecordExamples(ReadFile(path_));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->ids, d.ids);
+}
+
+TEST_F(CtrTfRecordTest, CriteoThroughTfRecordIsTheSameDataset) {
+  std::string text;
+  for (int i = 0; i < 50; ++i) {
+    text += absl::StrCat(i % 4 == 0 ? 1 : 0, "\t", i, "\t\t", -i, "\t", absl::Hex(i * 977), "\t\t",
+                         absl::Hex(i), "\n");
+  }
+  absl::StatusOr<Dataset> d = ParseCriteo(text, "t", CriteoLayout{3, 3});
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(WriteTfRecordExamples(*d, path_).ok());
+  absl::StatusOr<Dataset> got = ReadTfRecordExamples(path_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->labels, d->labels);
+  EXPECT_EQ(got->dense, d->dense);
+  EXPECT_EQ(got->ids, d->ids);  // int64 ids, the top bits too
+  EXPECT_TRUE(got->id_offsets.empty());  // one id per bag: compact again
+  EXPECT_EQ(got->num_dense, 3);
+  EXPECT_EQ(got->num_sparse, 3);
+}
+
+TEST_F(CtrTfRecordTest, ExamplesMustAgreeInTheirFeatures) {
+  TfRecordWriter w;
+  ASSERT_TRUE(w.Open(path_).ok());
+  CtrExample e;
+  e.label = 1;
+  e.dense = {1, 2};
+  e.ids = {5};
+  e.id_offsets = {0, 1};
+  ASSERT_TRUE(w.Write(EncodeCtrExample(e)).ok());
+  e.dense = {1, 2, 3};
+  ASSERT_TRUE(w.Write(EncodeCtrExample(e)).ok());
+  ASSERT_TRUE(w.Close().ok());
+  absl::Status s = ReadTfRecordExamples(path_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr(path_ + ": record 1 at byte offset "));
+  EXPECT_THAT(s.message(), HasSubstr("3 dense and 1 sparse features, earlier examples have 2 and 1"));
+}
+
+// ---- the tf.train.Example CTR codec ----
+
+std::string Bytes(std::initializer_list<int> b) {
+  std::string s;
+  for (int v : b) s.push_back(static_cast<char>(v));
+  return s;
+}
+
+// Example{features{feature{key: `key` value: `feature`}}} for one or more (key, serialized Feature) pairs.
+std::string ExampleOf(std::initializer_list<std::pair<std::string, std::string>> features) {
+  std::string f;
+  for (const auto& [key, feature] : features) {
+    std::string entry = Bytes({0x0a, static_cast<int>(key.size())}) + key + Bytes({0x12, static_cast<int>(feature.size())}) + feature;
+    f += Bytes({0x0a, static_cast<int>(entry.size())}) + entry;
+  }
+  return Bytes({0x0a, static_cast<int>(f.size())}) + f;
+}
+
+std::string FloatBytes(float v) {
+  std::string s(4, '\0');
+  std::memcpy(s.data(), &v, 4);  // little-endian machines, as the wire format
+  return s;
+}
+
+TEST(CtrExampleTest, RoundTripAndKind) {
+  CtrExample e;
+  e.label = 1;
+  e.dense = {0.5f, -2.0f, 1e30f};
+  e.ids = {7, -3, (int64_t{1} << 62) + 5, 9};
+  e.id_offsets = {0, 3, 3, 4};  // bags of 3, 0 and 1 ids
+  const std::string bytes = EncodeCtrExample(e);
+  EXPECT_TRUE(IsCtrExample(bytes));
+  CtrExample got;
+  got.ids = {1, 2, 3};  // reused: cleared first
+  ASSERT_TRUE(DecodeCtrExample(bytes, &got).ok());
+  EXPECT_EQ(got.label, 1);
+  EXPECT_EQ(got.dense, e.dense);
+  EXPECT_EQ(got.ids, e.ids);
+  EXPECT_EQ(got.id_offsets, e.id_offsets);
+  EXPECT_EQ(got.num_sparse(), 3);
+
+  ImageExample image;
+  image.label = 1;
+  image.image_raw = "xy";
+  EXPECT_FALSE(IsCtrExample(EncodeImageExample(image)));
+  EXPECT_FALSE(IsCtrExample("\xff\xff"));
+}
+
+TEST(CtrExampleTest, FloatLabelsUnpackedListsAndAnyKeyOrder) {
+  // label: float_list{1.0}; sparse_1 before sparse_0, unpacked int64s; dense: unpacked floats.
+  const std::string label = Bytes({0x12, 0x05, 0x0d}) + FloatBytes(1.0f);
+  const std::string sparse1 = Bytes({0x1a, 0x04, 0x08, 0x05, 0x08, 0x06});
+  const std::string sparse0 = Bytes({0x1a, 0x00});  // an empty bag
+  const std::string dense = Bytes({0x12, 0x0a, 0x0d}) + FloatBytes(2.5f) + Bytes({0x0d}) + FloatBytes(-1.0f);
+  CtrExample e;
+  absl::Status s = DecodeCtrExample(
+      ExampleOf({{"sparse_1", sparse1}, {"label", label}, {"other", label}, {"sparse_0", sparse0}, {"dense", dense}}), &e);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(e.label, 1);
+  EXPECT_EQ(e.dense, (std::vector<float>{2.5f, -1.0f}));
+  EXPECT_EQ(e.ids, (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(e.id_offsets, (std::vector<int64_t>{0, 0, 2}));
+}
+
+TEST(CtrExampleTest, Errors) {
+  const std::string int_label = Bytes({0x1a, 0x03, 0x0a, 0x01, 0x01});
+  const std::string bag = Bytes({0x1a, 0x03, 0x0a, 0x01, 0x07});
+  CtrExample e;
+  EXPECT_EQ(DecodeCtrExample(ExampleOf({{"sparse_0", bag}}), &e).message(),
+            "tf.train.Example has no \"label\" feature");
+  EXPECT_EQ(DecodeCtrExample(ExampleOf({{"label", int_label}, {"sparse_2", bag}, {"sparse_0", bag}}), &e).message(),
+            "tf.train.Example has \"sparse_2\" but no \"sparse_1\"");
+  EXPECT_EQ(DecodeCtrExample(ExampleOf({{"label", Bytes({0x1a, 0x03, 0x0a, 0x01, 0x02})}, {"sparse_0", bag}}), &e)
+                .message(),
+            "feature \"label\": 2 is not 0 or 1");
+  EXPECT_EQ(DecodeCtrExample(ExampleOf({{"label", int_label}, {"dense", bag}}), &e).message(),
+            "feature \"dense\": expected a float_list");
+  EXPECT_EQ(DecodeCtrExample(ExampleOf({{"label", int_label}, {"sparse_0", Bytes({0x12, 0x00})}}), &e).message(),
+            "feature \"sparse_0\": expected an int64_list");
+  EXPECT_THAT(DecodeCtrExample(ExampleOf({{"label", int_label}, {"dense", Bytes({0x12, 0x03, 0x0a, 0x01, 0x00})}}), &e)
+                  .message(),
+              HasSubstr("packed float_list of a partial float"));
+  EXPECT_THAT(DecodeCtrExample(ExampleOf({{"label", int_label}, {"sparse_99999999", bag}}), &e).message(),
+              HasSubstr("more than 10000 sparse features"));
+  EXPECT_EQ(DecodeCtrExample(Bytes({0x0a, 0x05, 0x01}), &e).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

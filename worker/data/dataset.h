@@ -74,7 +74,8 @@ absl::StatusOr<DataFormat> ParseDataFormat(absl::string_view name);
 // Reads a data directory. kAuto detects by file names:
 //   MNIST IDX: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-... (magic 2051 / 2049 checked)
 //   CIFAR-10 binary: data_batch_1..5.bin, test_batch.bin (also inside a cifar-10-batches-bin/ subfolder)
-//   TFRecord: train.tfrecords, test.tfrecords (tf.train.Example with image_raw, label, pixels features)
+//   TFRecord: train.tfrecords, test.tfrecords (tf.train.Example with image_raw, label, pixels features; or CTR
+//             examples with label, dense, sparse_0 ... sparse_{k-1}: example_proto.h)
 //   Criteo: train.txt[.gz], test.txt[.gz] (criteo.h; 13 integer + 26 categorical features per line unless a
 //           criteo_layout.txt beside them says otherwise)
 // Errors name the file and what is wrong (NotFound, DataLoss for corrupt/truncated content with byte offset).
