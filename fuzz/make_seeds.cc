@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "dtrain.pb.h"
-#include "ps/checkpoint_format.h"
-#include "ps/tensor_coding.h"
+#include "ps/checkpoint/checkpoint_format.h"
+#include "ps/rpc/tensor_coding.h"
 #include "worker/data/batch_stream_state.h"
 #include "worker/data/dataset.h"
 #include "worker/data/example_proto.h"
@@ -155,8 +155,8 @@ bool BatchStreamStateSeeds(const std::string& dir) {
   return ok;
 }
 
-// ps_request_fuzzer: calls as u8 op | u16 length | payload (see ps/ps_request_fuzzer.cc), on a task holding
-// slices 0 (8 floats) and 1 (3 floats) with workers 0 and 1 registered as sessions 1 and 2.
+// ps_request_fuzzer: calls as u8 op | u16 length | payload (see ps/rpc/ps_request_fuzzer.cc), on a task
+// holding slices 0 (8 floats) and 1 (3 floats) with workers 0 and 1 registered as sessions 1 and 2.
 std::string Call(uint8_t op, const std::string& payload) {
   std::string out(1, static_cast<char>(op));
   out.push_back(static_cast<char>(payload.size() & 0xff));

@@ -143,7 +143,9 @@ struct PoolParams {
   Padding padding = Padding::kSame;  // ignored when explicit_padding
   // ONNX / PyTorch: rectangular windows and strides (0 = `window` / `stride`), explicit asymmetric padding,
   // ceil_mode (the output size rounds up; a window that would start in the right padding is dropped, as in
-  // PyTorch) and, for average pooling, whether padded positions count in the divisor.
+  // PyTorch) and, for average pooling, whether padded positions count in the divisor. Explicit pads must be
+  // in [0, window) on each side, so that every window holds an input element (PyTorch allows at most half the
+  // window); MakeMaxPool / MakeAvgPool return InvalidArgument otherwise.
   int window_h = 0, window_w = 0, stride_h = 0, stride_w = 0;
   bool explicit_padding = false;
   int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;

@@ -1,5 +1,5 @@
 // The optimizer and moving-average arithmetic of dtrain, in one place for every user:
-//   - the parameter server (ps/optimizer.cc) applies it to the host slices it holds;
+//   - the parameter server (ps/core/optimizer.cc) applies it to the host slices it holds;
 //   - the CPU backend's device optimizer (kernels/cpu/cpu_optimizer.cc) runs the same loops;
 //   - the CUDA backend (kernels/cuda/optimizer.cu) includes this header and calls the same inline per-element
 //     and per-step functions from its kernels (they are __host__ __device__ under nvcc).

@@ -17,7 +17,7 @@
 #include "common/denormals.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
-#include "ps/server.h"
+#include "ps/rpc/server.h"
 
 ABSL_FLAG(std::string, job_name, "", "This task's job (ps)");
 ABSL_FLAG(int, task_index, -1, "This task's index in the ps job");
@@ -35,7 +35,8 @@ ABSL_FLAG(int64_t, save_checkpoint_steps, 0,
 ABSL_FLAG(double, save_checkpoint_secs, 0, "Save when this many seconds passed since the last save (0: off)");
 ABSL_FLAG(int, keep_checkpoints, 5, "Keep the newest this many checkpoints of this task (0: keep all)");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "The cluster's secret token: every call must carry it (see ps/grpc_security.h; empty: no authentication)");
+          "The cluster's secret token: every call must carry it (see ps/rpc/grpc_security.h; empty: no "
+          "authentication)");
 ABSL_FLAG(std::string, tls_cert, "", "Serve TLS with this certificate chain (PEM; with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "The private key of --tls_cert (PEM)");
 ABSL_FLAG(std::string, tls_ca, "", "Require and verify client certificates signed by this CA (PEM)");
@@ -161,8 +162,8 @@ int main(int argc, char** argv) {
   const double max_secs = absl::GetFlag(FLAGS_max_run_secs);
   const bool finished =
       (*server)->Wait(max_secs > 0 ? absl::Seconds(max_secs) : absl::InfiniteDuration());
-  // What became of every push this task received (ps/parameter_server.h: PushAccounting); tests/chaos.sh checks
-  // that it balances.
+  // What became of every push this task received (ps/core/parameter_server.h: PushAccounting); tests/chaos.sh
+  // checks that it balances.
   LOG(INFO) << "ps task " << cluster->task_index << ": accounting: global_step="
             << (*server)->parameter_server()->step() << " "
             << (*server)->parameter_server()->accounting().DebugString();

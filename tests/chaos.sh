@@ -8,7 +8,7 @@
 #   - every process exits by itself before the deadline (no hang: otherwise it is killed and the trial fails);
 #   - exit codes are the documented ones: the last ps and every worker not killed exit 0;
 #   - training reached its last step (the ps's "training reached step N of N");
-#   - the ps's push accounting balances (ps/parameter_server.h, PushAccounting), recomputed here from its
+#   - the ps's push accounting balances (ps/core/parameter_server.h, PushAccounting), recomputed here from its
 #     "accounting:" line: received == accepted + duplicates + dropped_stale + dropped_backup + rejected_nonfinite
 #     + refused + abandoned + in_flight, and accepted == applied + skipped_nonfinite + discarded + pending.
 # Prints one line per trial ("trial 3: killed ps at step 212 (restarted): passed in 7.9 s") and

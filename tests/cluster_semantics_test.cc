@@ -15,8 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/env.h"
-#include "ps/checkpoint_dir.h"
-#include "ps/checkpoint_set.h"
+#include "ps/checkpoint/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_set.h"
 #include "tests/subprocess.h"
 
 namespace dtrain::testing {

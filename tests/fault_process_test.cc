@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "ps/grpc_ps_client.h"
+#include "ps/rpc/grpc_ps_client.h"
 #include "tests/subprocess.h"
 
 namespace dtrain::testing {

@@ -1,6 +1,6 @@
 // A ps task (a real dtrain_ps process) killed with SIGKILL and started again on the same address is reached
-// again by an existing client within a second or two of its return (ps/grpc_ps_client.cc: AwaitConnection and
-// the channel's reconnect backoff). The server must be another process: a server in the test's own process
+// again by an existing client within a second or two of its return (ps/rpc/grpc_ps_client.cc: AwaitConnection
+// and the channel's reconnect backoff). The server must be another process: a server in the test's own process
 // polls the same file descriptors as the client and would hide a client that never polls its broken channel.
 #include <iostream>
 #include <memory>
@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "ps/grpc_ps_client.h"
+#include "ps/rpc/grpc_ps_client.h"
 #include "tests/subprocess.h"
 
 namespace dtrain::testing {

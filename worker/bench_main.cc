@@ -25,9 +25,9 @@
 #include "absl/time/clock.h"
 #include "common/denormals.h"
 #include "common/malloc_tuning.h"
-#include "ps/parameter_server.h"
-#include "ps/placement.h"
-#include "ps/worker_client.h"
+#include "ps/core/parameter_server.h"
+#include "ps/client/placement.h"
+#include "ps/client/worker_client.h"
 #include "worker/data/dataset.h"
 #include "worker/resident_steps.h"
 #include "worker/synthetic_data.h"
@@ -126,7 +126,7 @@ int Main() {
 
   // The local-mode path: an in-process ps, a WorkerClient running inline, the training steps.
   std::vector<ps::VariableInfo> vars;
-  for (const auto& v : model0->variables()) vars.push_back({v.name, v.size(), !v.trainable});
+  for (const auto& v : model0->variables()) vars.push_back({v.name, v.size(), v.trainable});
   ps::ParameterServerOptions po;
   po.apply_threads = o.threads;
   absl::StatusOr<std::unique_ptr<ps::ParameterServer>> server = ps::ParameterServer::Create(po);

@@ -31,10 +31,10 @@
 #include "common/denormals.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
-#include "ps/grpc_ps_client.h"
-#include "ps/placement.h"
-#include "ps/server.h"
-#include "ps/worker_client.h"
+#include "ps/rpc/grpc_ps_client.h"
+#include "ps/client/placement.h"
+#include "ps/rpc/server.h"
+#include "ps/client/worker_client.h"
 #include "worker/models/model.h"
 #include "worker/models/registry.h"
 
@@ -137,7 +137,7 @@ int Main() {
     models::SetInputGeometry(d, d.data_height, d.data_width, d.data_channels, &mo);
     absl::StatusOr<std::vector<models::VariableInfo>> mv = models::ModelVariables(**spec, mo);
     if (!mv.ok()) return Fail("--model", mv.status());
-    for (const models::VariableInfo& v : *mv) vars.push_back({v.name, v.size(), !v.trainable});
+    for (const models::VariableInfo& v : *mv) vars.push_back({v.name, v.size(), v.trainable});
     what = absl::StrCat("model=", absl::GetFlag(FLAGS_model));
   }
   absl::StatusOr<ps::Placement> placement = ps::PlaceVariables(vars, 1);

@@ -34,6 +34,17 @@ absl::StatusOr<std::unique_ptr<DeviceState>> DeviceState::Create(Towers* towers,
   }
   RETURN_IF_ERROR(kernels::ValidateOptimizerParams(params));
   std::unique_ptr<DeviceState> s(new DeviceState(towers, params));
+  // Runs of trainable variables get the optimizer; runs of state (BatchNorm running statistics) the plain
+  // change the ps applies to them (ps/api/ps_types.h, SliceSpec::trainable).
+  int64_t offset = 0;
+  for (const models::VariableInfo& v : towers->tower(0)->variables()) {
+    if (!s->runs_.empty() && s->runs_.back().trainable == v.trainable) {
+      s->runs_.back().size += v.size();
+    } else {
+      s->runs_.push_back({offset, v.size(), v.trainable});
+    }
+    offset += v.size();
+  }
   s->state_.resize(towers->size());
   for (int t = 0; t < towers->size(); ++t) {
     kernels::Device* dev = towers->device(t);
@@ -128,14 +139,25 @@ absl::Status DeviceState::EnqueueUpdates() {
   }
   for (int t = 0; t < towers_->size(); ++t) {
     models::Model* m = towers_->tower(t);
-    kernels::OptimizerBuffers b;
-    b.grad = m->device_gradients();
-    b.var = m->device_parameters();
-    b.slot0 = state_[t].slot0;
-    b.slot1 = state_[t].slot1;
-    b.shadow = t == 0 ? shadow_ : nullptr;
-    b.n = n_;
-    RETURN_IF_ERROR(state_[t].optimizer->Apply(b, 1.0f));
+    kernels::Device* dev = towers_->device(t);
+    float* shadow = t == 0 ? shadow_ : nullptr;
+    for (const Run& r : runs_) {
+      if (!r.trainable) {
+        RETURN_IF_ERROR(dev->Axpy(-1.0f, m->device_gradients() + r.offset, m->device_parameters() + r.offset, r.size));
+        if (shadow != nullptr) {
+          RETURN_IF_ERROR(dev->CopyOnDevice(m->device_parameters() + r.offset, shadow + r.offset, r.size));
+        }
+        continue;
+      }
+      kernels::OptimizerBuffers b;
+      b.grad = m->device_gradients() + r.offset;
+      b.var = m->device_parameters() + r.offset;
+      b.slot0 = state_[t].slot0 != nullptr ? state_[t].slot0 + r.offset : nullptr;
+      b.slot1 = state_[t].slot1 != nullptr ? state_[t].slot1 + r.offset : nullptr;
+      b.shadow = shadow != nullptr ? shadow + r.offset : nullptr;
+      b.n = r.size;
+      RETURN_IF_ERROR(state_[t].optimizer->Apply(b, 1.0f));
+    }
   }
   return absl::OkStatus();
 }

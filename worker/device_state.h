@@ -29,8 +29,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/optimizer_ops.h"
-#include "ps/checkpoint_format.h"
-#include "ps/ps_types.h"
+#include "ps/checkpoint/checkpoint_format.h"
+#include "ps/api/ps_types.h"
 #include "worker/towers.h"
 
 namespace dtrain::worker {
@@ -81,6 +81,12 @@ class DeviceState {
   kernels::OptimizerParams params_;
   int64_t n_ = 0;
   std::vector<TowerState> state_;
+  // The flat buffer as runs of trainable variables and of state, in order.
+  struct Run {
+    int64_t offset = 0, size = 0;
+    bool trainable = true;
+  };
+  std::vector<Run> runs_;
   float* shadow_ = nullptr;       // tower 0's moving averages
   float* kept_values_ = nullptr;  // tower 0's variables while the moving averages are in use
   bool using_averages_ = false;

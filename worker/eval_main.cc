@@ -29,7 +29,7 @@
 #include "common/status_macros.h"
 #include "kernels/device.h"
 #include "common/env.h"
-#include "ps/checkpoint_set.h"
+#include "ps/checkpoint/checkpoint_set.h"
 #include "worker/data/dataset.h"
 #include "absl/strings/match.h"
 #include "worker/models/graph.h"

@@ -12,9 +12,9 @@
 
 #include "common/testing/relative_difference.h"
 #include "kernels/device.h"
-#include "ps/parameter_server.h"
-#include "ps/placement.h"
-#include "ps/worker_client.h"
+#include "ps/core/parameter_server.h"
+#include "ps/client/placement.h"
+#include "ps/client/worker_client.h"
 #include "worker/models/registry.h"
 #include "worker/resident_steps.h"
 #include "worker/synthetic_data.h"

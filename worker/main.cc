@@ -16,9 +16,9 @@
 #include "common/env.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
-#include "ps/slice_io.h"
-#include "ps/checkpoint_options.h"
-#include "ps/grpc_ps_client.h"
+#include "ps/api/slice_io.h"
+#include "ps/checkpoint/checkpoint_options.h"
+#include "ps/rpc/grpc_ps_client.h"
 #include "worker/towers.h"
 #include "worker/trainer.h"
 

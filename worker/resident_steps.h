@@ -30,7 +30,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/async_readback.h"
 #include "kernels/device.h"
-#include "ps/parameter_server.h"
+#include "ps/core/parameter_server.h"
 #include "worker/device_state.h"
 #include "worker/towers.h"
 #include "worker/training_steps.h"

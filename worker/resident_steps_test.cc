@@ -14,8 +14,8 @@
 
 #include "absl/strings/match.h"
 #include "common/testing/relative_difference.h"
-#include "ps/checkpoint_dir.h"
-#include "ps/checkpoint_set.h"
+#include "ps/checkpoint/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_set.h"
 #include "worker/models/registry.h"
 #include "worker/device_state.h"
 #include "worker/synthetic_data.h"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ps/worker_client.h"
+#include "ps/client/worker_client.h"
 #include "worker/models/model.h"
 #include "worker/towers.h"
 #include "worker/training_steps.h"

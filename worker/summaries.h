@@ -28,8 +28,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/event_writer.h"
-#include "ps/optimizer.h"
-#include "ps/ps_types.h"
+#include "ps/core/optimizer.h"
+#include "ps/api/ps_types.h"
 #include "worker/models/model.h"
 
 namespace dtrain::worker {

@@ -16,8 +16,8 @@
 #include "common/event_writer.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
-#include "ps/placement.h"
-#include "ps/worker_client.h"
+#include "ps/client/placement.h"
+#include "ps/client/worker_client.h"
 #include "worker/models/model.h"
 #include "worker/models/onnx/onnx_export.h"
 #include "worker/models/registry.h"
@@ -142,7 +142,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   const bool chief = o.worker_id == 0;
   models::Model* model0 = towers->tower(0);
   std::vector<ps::VariableInfo> vars;
-  for (const models::VariableInfo& v : model0->variables()) vars.push_back({v.name, v.size(), !v.trainable});
+  for (const models::VariableInfo& v : model0->variables()) vars.push_back({v.name, v.size(), v.trainable});
   const int num_ps = local ? 1 : static_cast<int>(tasks.size());
   ASSIGN_OR_RETURN(c->placement, ps::PlaceVariables(vars, num_ps));
   if (chief && !local && !o.quiet) LOG(INFO) << "variable placement:\n" << ps::FormatPlacement(c->placement);
@@ -452,18 +452,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   TrainingData data;
   RETURN_IF_ERROR(SetUpData(&o, local, chief, &data));
   ASSIGN_OR_RETURN(std::vector<kernels::DeviceSpec> specs, ParseTowers(o.towers, o.num_gpus, o.threads));
-  bool resident = DeviceResident(o, specs, local);
-  if (resident) {
-    // The device optimizer updates every variable alike; state variables (BatchNorm's running statistics) need
-    // the ps's plain change, so such models train through the in-process ps.
-    ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(*o.resolved_model, data.model_options));
-    for (const models::VariableInfo& v : vars) {
-      if (!v.trainable && resident) {
-        resident = false;
-        if (!o.quiet) LOG(INFO) << "variable '" << v.name << "' is state: the step goes through the in-process ps";
-      }
-    }
-  }
+  const bool resident = DeviceResident(o, specs, local);
   TowersOptions topt;
   topt.cpu_in_place = o.cpu_towers_in_place;
   topt.replicated = resident;

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ps/checkpoint_options.h"
-#include "ps/parameter_server.h"
+#include "ps/checkpoint/checkpoint_options.h"
+#include "ps/core/parameter_server.h"
 #include "worker/data/dataset.h"
 #include "worker/models/model.h"
 
@@ -48,7 +48,7 @@ struct WorkerOptions {
   bool staircase = false;
   float moving_average_decay = 0;
 
-  // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/parameter_server.h).
+  // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/core/parameter_server.h).
   ps::CheckpointOptions checkpoint;
 
   // Distribution.

@@ -19,8 +19,8 @@
 #include "common/env.h"
 #include "common/testing/fault_injection_env.h"
 #include "common/testing/relative_difference.h"
-#include "ps/fault_injecting_ps.h"
-#include "ps/parameter_server.h"
+#include "ps/testing/fault_injecting_ps.h"
+#include "ps/core/parameter_server.h"
 #include "worker/synthetic_data.h"
 
 namespace dtrain::worker {

@@ -25,8 +25,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "ps/parameter_server.h"
-#include "ps/worker_client.h"
+#include "ps/core/parameter_server.h"
+#include "ps/client/worker_client.h"
 #include "worker/models/model.h"
 #include "worker/towers.h"
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -142,9 +143,29 @@ void GradSegment(const float* a, int64_t ao, int64_t sa, const float* b, int64_t
                  float* dx, int64_t sx, int64_t n) {
   constexpr bool kReadsInputs = op == BinaryOp::kMul || op == BinaryOp::kDiv;
   if (sx == 0) {
+    // A sum: vectorized (omp simd) when the strides of the inputs it reads are compile-time 0 or 1.
+    auto sum = [&](auto sa_c, auto sb_c) {
+      constexpr int64_t kSa = decltype(sa_c)::value, kSb = decltype(sb_c)::value;
+      float s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < n; ++i) s += Grad<op, kWrtA>(dy[i], a, ao + i * kSa, b, bo + i * kSb);
+      return s;
+    };
+    using Zero = std::integral_constant<int64_t, 0>;
+    using One = std::integral_constant<int64_t, 1>;
     float s = 0;
-    for (int64_t i = 0; i < n; ++i) s += Grad<op, kWrtA>(dy[i], a, ao + i * sa, b, bo + i * sb);
-    *dx += s;
+    if (!kReadsInputs) {
+      s = sum(Zero(), Zero());
+    } else if (sa == 1 && sb == 0) {
+      s = sum(One(), Zero());
+    } else if (sa == 0 && sb == 1) {
+      s = sum(Zero(), One());
+    } else if (sa == 1 && sb == 1) {
+      s = sum(One(), One());
+    } else {
+      for (int64_t i = 0; i < n; ++i) s += Grad<op, kWrtA>(dy[i], a, ao + i * sa, b, bo + i * sb);
+    }
+    *dx = kAccumulate ? *dx + s : s;
   } else if (sx == 1 && (!kReadsInputs || (sa == 1 && sb == 1))) {
     for (int64_t i = 0; i < n; ++i) {
       const float g = Grad<op, kWrtA>(dy[i], a, ao + i, b, bo + i);
@@ -158,6 +179,25 @@ void GradSegment(const float* a, int64_t ao, int64_t sa, const float* b, int64_t
   }
 }
 
+// Whether distinct output elements always read distinct elements of an input with strides s: no zero stride,
+// and, taking the dimensions by decreasing stride, each stride steps over everything the smaller ones reach
+// (false for overlapping views, which are then reduced like a broadcast).
+bool Injective(const Layout& l, const int64_t* s) {
+  std::vector<std::pair<int64_t, int64_t>> by_stride;  // (stride, dim)
+  for (int d = 0; d < l.rank; ++d) {
+    if (l.dims[d] == 1) continue;
+    if (s[d] == 0) return false;
+    by_stride.emplace_back(s[d], l.dims[d]);
+  }
+  std::sort(by_stride.begin(), by_stride.end());
+  int64_t extent = 1;  // one past the largest offset the smaller strides reach
+  for (const auto& [stride, dim] : by_stride) {
+    if (stride < extent) return false;
+    extent = stride * (dim - 1) + extent;
+  }
+  return true;
+}
+
 class LoopBinary final : public Binary {
  public:
   LoopBinary(const DnnlContext& ctx, const BroadcastParams& p) : ctx_(ctx), p_(p), l_(Simplify(p)) {
@@ -165,18 +205,10 @@ class LoopBinary final : public Binary {
     parallel_ = ctx.threads > 1 && n_ >= kParallelMinElements;
     for (int x = 0; x < 2; ++x) {
       const int64_t* s = x == 0 ? l_.sa : l_.sb;
-      int64_t reached = 1;  // elements of the input the output reads
-      bool broadcast = false;
-      for (int d = 0; d < l_.rank; ++d) {
-        if (s[d] == 0) {
-          broadcast = true;
-        } else {
-          reached *= l_.dims[d];
-        }
-      }
       input_[x].size = x == 0 ? p.a_size() : p.b_size();
-      input_[x].broadcast = broadcast;
-      input_[x].dense = reached == input_[x].size;
+      input_[x].broadcast = !Injective(l_, s);
+      // Without sharing, the output reads out_size distinct elements: all of them, or there are gaps.
+      input_[x].dense = !input_[x].broadcast && n_ == input_[x].size;
     }
     if (parallel_) {
       const int64_t most = std::max(input_[0].broadcast ? input_[0].size : 0, input_[1].broadcast ? input_[1].size : 0);
@@ -215,8 +247,8 @@ class LoopBinary final : public Binary {
  private:
   struct Input {
     int64_t size = 0;        // a_size() / b_size()
-    bool broadcast = false;  // some output elements share an element of it
-    bool dense = false;      // the output reads every element of it
+    bool broadcast = false;  // some output elements share an element of it (a zero stride or an overlap)
+    bool dense = false;      // the output reads every element of it, each once
   };
 
   template <BinaryOp op>

@@ -44,6 +44,7 @@ const std::vector<BinaryCase>& Cases() {
       {"rank5_permuted_a", Bcast({2, 3, 4, 5, 2}, {120, 2, 6, 24, 1}, {0, 1, 0, 3, 0})},
       {"size_one_dims", Bcast({1, 8, 1, 6}, {0, 6, 0, 1}, {0, 0, 0, 1})},
       {"strided_a_with_gaps", Bcast({6, 4}, {10, 2}, {4, 1})},
+      {"overlapping_a_view", Bcast({3, 4}, {1, 1}, {4, 1})},
   };
   return *cases;
 }

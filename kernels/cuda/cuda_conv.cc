@@ -1,15 +1,21 @@
-// Conv2D on cuDNN (legacy convolution API, still present in cuDNN 9).
+// Conv2D on cuDNN (legacy convolution API, still present in cuDNN 9): strides, dilations and groups (depthwise
+// included) through the convolution descriptor (cudnnSetConvolution2dDescriptor, cudnnSetConvolutionGroupCount).
 //
-// Layouts: activations are NHWC cuDNN tensors. cuDNN takes filters as KCRS (NCHW) or KRSC (NHWC, i.e.
-// [out_c, kh, kw, in_c]); TensorFlow's HWIO is neither, but viewed as a [kh*kw*in_c, out_c] matrix it is the
-// transpose of KRSC viewed as [out_c, kh*kw*in_c]. So Forward transposes w into a private KRSC copy (reused by
-// BackwardData, as device.h allows), and BackwardWeights computes dw in KRSC and transposes it back to HWIO.
+// Layouts: activations are NHWC cuDNN tensors. With NHWC activations cuDNN takes the filter as KRSC
+// ([out_c, kh, kw, in_c / groups], a CUDNN_TENSOR_NHWC filter descriptor). Neither of the interface's layouts is
+// that, but both are a transpose away: TensorFlow's HWIO viewed as a [kh*kw*in_c/groups, out_c] matrix is the
+// transpose of KRSC viewed as [out_c, kh*kw*in_c/groups], and ONNX's OIHW is, per output channel, the transpose
+// of [kh*kw, in_c/groups] (a batched transpose). So Forward reorders w into a private KRSC copy (reused by
+// BackwardData, as device.h allows), and BackwardWeights computes dw in KRSC and reorders it back. When the
+// reorder is the identity (HWIO with one output channel; OIHW with one input channel per group, e.g. depthwise,
+// or a 1x1 kernel) w and dw are used as they are.
 //
-// Padding: TensorFlow's SAME puts the odd extra row/column after the data (e.g. stride 2 on an even input),
-// which cuDNN's symmetric padding cannot express. When padding is symmetric, cuDNN pads; otherwise the input is
-// zero-padded explicitly into a scratch buffer (pad kernel) and cuDNN runs unpadded. BackwardData then computes
-// the gradient of the padded input into that scratch and crops it into dx; BackwardWeights re-pads x (so it never
-// depends on what BackwardData left in the scratch).
+// Padding: explicit (ONNX) pads may be asymmetric, and so is TensorFlow's SAME when the total is odd (the extra
+// row/column goes after the data); cuDNN's padding is symmetric. When cuDNN, padding `before` on both sides,
+// yields exactly the output size the op must have, the windows it computes are the op's (padding is zeros either
+// way) and cuDNN pads. Otherwise the input is zero-padded explicitly into a scratch buffer (pad kernel) and cuDNN
+// runs unpadded: BackwardData then computes the gradient of the padded input into that scratch and crops it into
+// dx; BackwardWeights re-pads x (so it never depends on what BackwardData left in the scratch).
 //
 // Algorithms: chosen once per op with cudnnFind* (benchmarks the candidates; falls back to the _v7 heuristics if
 // Find fails), in full fp32 (CUDNN_FMA_MATH: no TF32 tensor cores, so results match the CPU backend), with a
@@ -27,6 +33,7 @@
 #include "kernels/cuda/cuda_device_internal.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/kernel_shapes.h"
 
 namespace dtrain::kernels::cuda {
 namespace {
@@ -79,14 +86,19 @@ class CudaConv2D final : public Conv2D {
   absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) override;
 
  private:
-  int FilterRows() const { return p_.k_h * p_.k_w * p_.in_c; }  // HWIO as [FilterRows, out_c]
+  int GroupChannels() const { return p_.in_c / p_.groups; }
+  int FilterRows() const { return p_.k_h * p_.k_w * GroupChannels(); }  // HWIO as [FilterRows, out_c]
   // The tensor cuDNN convolves: x itself, or x padded into padded_.
   absl::StatusOr<const float*> ConvInput(const float* x, absl::string_view op);
+  // w (the interface's layout) -> KRSC, and back.
+  cudaError_t ToKrsc(const float* w, float* krsc) const;
+  cudaError_t FromKrsc(const float* krsc, float* w) const;
 
   CudaDevice* dev_;
   Conv2DParams p_;
   int out_h_ = 0, out_w_ = 0, pad_top_ = 0, pad_left_ = 0, padded_h_ = 0, padded_w_ = 0;
   bool explicit_pad_ = false;
+  bool reorder_ = true;  // false: the interface's filter layout already is KRSC in memory
   TensorDesc x_desc_, y_desc_;  // x_desc_ describes the padded input when explicit_pad_
   FilterDesc w_desc_;
   ConvDesc conv_desc_;
@@ -99,16 +111,14 @@ class CudaConv2D final : public Conv2D {
 absl::Status CudaConv2D::Init() {
   out_h_ = p_.out_h();
   out_w_ = p_.out_w();
-  pad_top_ = PadBefore(p_.in_h, p_.k_h, p_.stride_h, p_.padding);
-  pad_left_ = PadBefore(p_.in_w, p_.k_w, p_.stride_w, p_.padding);
-  int total_h = 0, total_w = 0;
-  if (p_.padding == Padding::kSame) {
-    total_h = std::max(0, (out_h_ - 1) * p_.stride_h + p_.k_h - p_.in_h);
-    total_w = std::max(0, (out_w_ - 1) * p_.stride_w + p_.k_w - p_.in_w);
-  }
-  explicit_pad_ = (total_h != 2 * pad_top_) || (total_w != 2 * pad_left_);
-  padded_h_ = p_.in_h + total_h;
-  padded_w_ = p_.in_w + total_w;
+  const Pads ph = p_.pads_h(), pw = p_.pads_w();
+  pad_top_ = ph.before;
+  pad_left_ = pw.before;
+  explicit_pad_ = NeedsExplicitPadding(p_);
+  padded_h_ = p_.in_h + ph.before + ph.after;
+  padded_w_ = p_.in_w + pw.before + pw.after;
+  reorder_ = p_.weight_layout == WeightLayout::kHWIO ? !(p_.out_c == 1 || FilterRows() == 1)
+                                                     : !(GroupChannels() == 1 || p_.k_h * p_.k_w == 1);
 
   if (explicit_pad_) {
     ASSIGN_OR_RETURN(x_desc_, MakeNhwcTensor(p_.batch, padded_h_, padded_w_, p_.in_c));
@@ -122,27 +132,28 @@ absl::Status CudaConv2D::Init() {
   cudnnFilterDescriptor_t fd = nullptr;
   RETURN_IF_ERROR(CudnnStatus(cudnnCreateFilterDescriptor(&fd), "Conv2D: cudnnCreateFilterDescriptor"));
   w_desc_.reset(fd);
-  RETURN_IF_ERROR(CudnnStatus(
-      cudnnSetFilter4dDescriptor(fd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, p_.out_c, p_.in_c, p_.k_h, p_.k_w),
-      "Conv2D: KRSC filter descriptor"));
+  RETURN_IF_ERROR(CudnnStatus(cudnnSetFilter4dDescriptor(fd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, p_.out_c,
+                                                         GroupChannels(), p_.k_h, p_.k_w),
+                              "Conv2D: KRSC filter descriptor"));
 
   cudnnConvolutionDescriptor_t cd = nullptr;
   RETURN_IF_ERROR(CudnnStatus(cudnnCreateConvolutionDescriptor(&cd), "Conv2D: cudnnCreateConvolutionDescriptor"));
   conv_desc_.reset(cd);
   const int cudnn_pad_h = explicit_pad_ ? 0 : pad_top_, cudnn_pad_w = explicit_pad_ ? 0 : pad_left_;
   RETURN_IF_ERROR(CudnnStatus(cudnnSetConvolution2dDescriptor(cd, cudnn_pad_h, cudnn_pad_w, p_.stride_h,
-                                                              p_.stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
-                                                              CUDNN_DATA_FLOAT),
+                                                              p_.stride_w, p_.dilation_h, p_.dilation_w,
+                                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
                               "Conv2D: cudnnSetConvolution2dDescriptor"));
+  RETURN_IF_ERROR(CudnnStatus(cudnnSetConvolutionGroupCount(cd, p_.groups), "Conv2D: cudnnSetConvolutionGroupCount"));
   RETURN_IF_ERROR(CudnnStatus(cudnnSetConvolutionMathType(cd, CUDNN_FMA_MATH), "Conv2D: math type"));
 
-  // cuDNN must agree with TensorFlow's output size, or the padding logic above is wrong.
+  // cuDNN must agree with the interface's output size, or the padding logic above is wrong.
   int on = 0, oc = 0, oh = 0, ow = 0;
   RETURN_IF_ERROR(CudnnStatus(cudnnGetConvolution2dForwardOutputDim(cd, x_desc_.get(), fd, &on, &oc, &oh, &ow),
                               "Conv2D: cudnnGetConvolution2dForwardOutputDim"));
   if (on != p_.batch || oc != p_.out_c || oh != out_h_ || ow != out_w_) {
     return absl::InternalError(absl::StrCat("Conv2D: cuDNN output ", on, "x", oh, "x", ow, "x", oc,
-                                            " differs from TensorFlow's ", p_.batch, "x", out_h_, "x", out_w_,
+                                            " differs from the expected ", p_.batch, "x", out_h_, "x", out_w_,
                                             "x", p_.out_c));
   }
 
@@ -198,12 +209,29 @@ absl::Status CudaConv2D::Init() {
                               "Conv2D: backward-filter workspace size"));
   ASSIGN_OR_RETURN(workspace_, DeviceBuffer::Allocate(std::max({fwd_ws, data_ws, filter_ws}), "Conv2D workspace"));
 
-  const int64_t filter = int64_t{FilterRows()} * p_.out_c;
-  ASSIGN_OR_RETURN(w_krsc_, DeviceBuffer::AllocateFloats(filter, "Conv2D KRSC filter"));
-  ASSIGN_OR_RETURN(dw_krsc_, DeviceBuffer::AllocateFloats(filter, "Conv2D KRSC filter gradient"));
+  if (reorder_) {
+    ASSIGN_OR_RETURN(w_krsc_, DeviceBuffer::AllocateFloats(p_.weights_size(), "Conv2D KRSC filter"));
+    ASSIGN_OR_RETURN(dw_krsc_, DeviceBuffer::AllocateFloats(p_.weights_size(), "Conv2D KRSC filter gradient"));
+  }
+  if (!p_.has_bias) return absl::OkStatus();
   const int64_t rows = int64_t{p_.batch} * out_h_ * out_w_;
   ASSIGN_OR_RETURN(ones_, DeviceBuffer::AllocateFloats(rows, "Conv2D bias-gradient ones"));
   return CudaStatus(LaunchFill(1.0f, ones_.floats(), rows, dev_->stream()), "Conv2D: fill ones");
+}
+
+cudaError_t CudaConv2D::ToKrsc(const float* w, float* krsc) const {
+  if (p_.weight_layout == WeightLayout::kHWIO) {
+    return LaunchTranspose2D(w, krsc, FilterRows(), p_.out_c, dev_->stream());
+  }
+  // OIHW: per output channel, [in_c/groups, kh*kw] -> [kh*kw, in_c/groups].
+  return LaunchBatchedTranspose(w, krsc, p_.out_c, GroupChannels(), p_.k_h * p_.k_w, dev_->stream());
+}
+
+cudaError_t CudaConv2D::FromKrsc(const float* krsc, float* w) const {
+  if (p_.weight_layout == WeightLayout::kHWIO) {
+    return LaunchTranspose2D(krsc, w, p_.out_c, FilterRows(), dev_->stream());
+  }
+  return LaunchBatchedTranspose(krsc, w, p_.out_c, p_.k_h * p_.k_w, GroupChannels(), dev_->stream());
 }
 
 absl::StatusOr<const float*> CudaConv2D::ConvInput(const float* x, absl::string_view op) {
@@ -216,25 +244,32 @@ absl::StatusOr<const float*> CudaConv2D::ConvInput(const float* x, absl::string_
 
 absl::Status CudaConv2D::Forward(const float* x, const float* w, const float* b, float* y) {
   RETURN_IF_ERROR(dev_->Activate("Conv2D::Forward"));
-  cudaStream_t s = dev_->stream();
-  RETURN_IF_ERROR(CudaStatus(LaunchTranspose2D(w, w_krsc_.floats(), FilterRows(), p_.out_c, s),
-                             "Conv2D::Forward: HWIO->KRSC"));
+  if (p_.has_bias && b == nullptr) {
+    return absl::InvalidArgumentError("Conv2D::Forward: b is null but the op was made with has_bias");
+  }
+  const float* filter = w;
+  if (reorder_) {
+    RETURN_IF_ERROR(CudaStatus(ToKrsc(w, w_krsc_.floats()), "Conv2D::Forward: filter -> KRSC"));
+    filter = w_krsc_.floats();
+  }
   ASSIGN_OR_RETURN(const float* in, ConvInput(x, "Conv2D::Forward"));
   const float one = 1.0f, zero = 0.0f;
   RETURN_IF_ERROR(CudnnStatus(cudnnConvolutionForward(dev_->cudnn(), &one, x_desc_.get(), in, w_desc_.get(),
-                                                      w_krsc_.get(), conv_desc_.get(), fwd_algo_, workspace_.get(),
+                                                      filter, conv_desc_.get(), fwd_algo_, workspace_.get(),
                                                       workspace_.bytes(), &zero, y_desc_.get(), y),
                               "Conv2D::Forward: cudnnConvolutionForward"));
-  return CudaStatus(LaunchBiasAdd(y, b, int64_t{p_.batch} * out_h_ * out_w_, p_.out_c, s),
+  if (!p_.has_bias) return absl::OkStatus();
+  return CudaStatus(LaunchBiasAdd(y, b, int64_t{p_.batch} * out_h_ * out_w_, p_.out_c, dev_->stream()),
                     "Conv2D::Forward: bias add");
 }
 
 absl::Status CudaConv2D::BackwardData(const float* dy, const float* w, float* dx) {
   RETURN_IF_ERROR(dev_->Activate("Conv2D::BackwardData"));
-  // w_krsc_ already holds `w` reordered by the last Forward (device.h's contract).
+  // With a reorder, w_krsc_ already holds `w` reordered by the last Forward (device.h's contract).
+  const float* filter = reorder_ ? w_krsc_.floats() : w;
   const float one = 1.0f, zero = 0.0f;
   float* out = explicit_pad_ ? padded_.floats() : dx;
-  RETURN_IF_ERROR(CudnnStatus(cudnnConvolutionBackwardData(dev_->cudnn(), &one, w_desc_.get(), w_krsc_.get(),
+  RETURN_IF_ERROR(CudnnStatus(cudnnConvolutionBackwardData(dev_->cudnn(), &one, w_desc_.get(), filter,
                                                            y_desc_.get(), dy, conv_desc_.get(), bwd_data_algo_,
                                                            workspace_.get(), workspace_.bytes(), &zero,
                                                            x_desc_.get(), out),
@@ -247,16 +282,18 @@ absl::Status CudaConv2D::BackwardData(const float* dy, const float* w, float* dx
 
 absl::Status CudaConv2D::BackwardWeights(const float* x, const float* dy, float* dw, float* db) {
   RETURN_IF_ERROR(dev_->Activate("Conv2D::BackwardWeights"));
-  cudaStream_t s = dev_->stream();
   ASSIGN_OR_RETURN(const float* in, ConvInput(x, "Conv2D::BackwardWeights"));
   const float one = 1.0f, zero = 0.0f;
+  float* filter_grad = reorder_ ? dw_krsc_.floats() : dw;
   RETURN_IF_ERROR(CudnnStatus(cudnnConvolutionBackwardFilter(dev_->cudnn(), &one, x_desc_.get(), in,
                                                              y_desc_.get(), dy, conv_desc_.get(), bwd_filter_algo_,
                                                              workspace_.get(), workspace_.bytes(), &zero,
-                                                             w_desc_.get(), dw_krsc_.get()),
+                                                             w_desc_.get(), filter_grad),
                               "Conv2D::BackwardWeights: cudnnConvolutionBackwardFilter"));
-  RETURN_IF_ERROR(CudaStatus(LaunchTranspose2D(dw_krsc_.floats(), dw, p_.out_c, FilterRows(), s),
-                             "Conv2D::BackwardWeights: KRSC->HWIO"));
+  if (reorder_) {
+    RETURN_IF_ERROR(CudaStatus(FromKrsc(dw_krsc_.floats(), dw), "Conv2D::BackwardWeights: KRSC -> filter"));
+  }
+  if (!p_.has_bias || db == nullptr) return absl::OkStatus();
   // db = dy^T * ones: dy is row-major [rows, out_c], i.e. column-major [out_c, rows].
   const int rows = p_.batch * out_h_ * out_w_;
   return CublasStatus(cublasSgemv(dev_->cublas(), CUBLAS_OP_N, p_.out_c, rows, &one, dy, p_.out_c,
@@ -268,17 +305,30 @@ absl::Status CudaConv2D::BackwardWeights(const float* x, const float* dy, float*
 
 absl::StatusOr<std::unique_ptr<Conv2D>> MakeCudaConv2D(CudaDevice* dev, const Conv2DParams& p) {
   if (p.batch <= 0 || p.in_h <= 0 || p.in_w <= 0 || p.in_c <= 0 || p.out_c <= 0 || p.k_h <= 0 || p.k_w <= 0 ||
-      p.stride_h <= 0 || p.stride_w <= 0) {
+      p.stride_h <= 0 || p.stride_w <= 0 || p.dilation_h <= 0 || p.dilation_w <= 0 || p.groups <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MakeConv2D: every size must be positive, got batch=", p.batch, " in=", p.in_h, "x", p.in_w, "x", p.in_c,
-        " out_c=", p.out_c, " k=", p.k_h, "x", p.k_w, " stride=", p.stride_h, "x", p.stride_w));
+        " out_c=", p.out_c, " k=", p.k_h, "x", p.k_w, " stride=", p.stride_h, "x", p.stride_w,
+        " dilation=", p.dilation_h, "x", p.dilation_w, " groups=", p.groups));
+  }
+  if (p.in_c % p.groups != 0 || p.out_c % p.groups != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("MakeConv2D: in_c=", p.in_c, " and out_c=", p.out_c,
+                                                   " must be multiples of groups=", p.groups));
+  }
+  if (p.explicit_padding && (p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("MakeConv2D: negative padding top=", p.pad_top, " bottom=",
+                                                   p.pad_bottom, " left=", p.pad_left, " right=", p.pad_right));
   }
   if (p.out_h() <= 0 || p.out_w() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("MakeConv2D: VALID ", p.k_h, "x", p.k_w, " kernel does not fit a ",
-                                                   p.in_h, "x", p.in_w, " input"));
+    return absl::InvalidArgumentError(absl::StrCat("MakeConv2D: the ", p.dilated_k_h(), "x", p.dilated_k_w(),
+                                                   " (dilated) kernel does not fit the padded ", p.in_h, "x",
+                                                   p.in_w, " input"));
   }
-  const int64_t rows = int64_t{p.batch} * std::max(p.in_h, p.out_h()) * std::max(p.in_w, p.out_w());
-  if (rows * std::max(p.in_c, p.out_c) > INT_MAX) {
+  const int64_t padded_h = int64_t{p.in_h} + p.pads_h().before + p.pads_h().after;
+  const int64_t padded_w = int64_t{p.in_w} + p.pads_w().before + p.pads_w().after;
+  const int64_t rows =
+      int64_t{p.batch} * std::max<int64_t>(padded_h, p.out_h()) * std::max<int64_t>(padded_w, p.out_w());
+  if (rows * std::max(p.in_c, p.out_c) > INT_MAX || p.weights_size() > INT_MAX) {
     return absl::InvalidArgumentError("MakeConv2D: tensors over 2^31 elements are not supported");
   }
   auto conv = std::make_unique<CudaConv2D>(dev, p);

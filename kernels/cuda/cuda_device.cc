@@ -1,7 +1,8 @@
 // CudaDevice: memory, synchronous copies, streams, cuDNN/cuBLAS handles, device-data errors, and the
-// stateless elementwise ops (own kernels, cuda_kernels.h). The shape-specialized ops live in cuda_conv.cc and
-// cuda_layers.cc, the optimizer in cuda_optimizer.cc, asynchronous copies, events, counters and graphs in
-// cuda_async.cc.
+// stateless elementwise ops (own kernels, cuda_kernels.h). The shape-specialized ops live in cuda_conv.cc,
+// cuda_layers.cc, cuda_batch_norm.cc and cuda_binary.cc, the stateless ops of imported graphs and sparse models
+// in cuda_imported_ops.cc, the optimizer in cuda_optimizer.cc, asynchronous copies, events, counters and graphs
+// in cuda_async.cc.
 #include "kernels/cuda/cuda_device.h"
 
 #include <glog/logging.h>
@@ -68,7 +69,7 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const DeviceSpec&
       cudaHostAlloc(&error_host, sizeof(DeviceErrorInfo), cudaHostAllocMapped | cudaHostAllocPortable),
       "cudaHostAlloc (mapped device-error record)"));
   dev->error_host_ = static_cast<DeviceErrorInfo*>(error_host);
-  *dev->error_host_ = DeviceErrorInfo{DeviceErrorInfo::kNone, 0, 0.0f, 0};
+  *dev->error_host_ = DeviceErrorInfo{};  // code kNone
   void* error_dev = nullptr;
   RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&error_dev, error_host, 0),
                              "cudaHostGetDevicePointer (device-error record)"));
@@ -84,6 +85,11 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const DeviceSpec&
       cublasSetWorkspace(dev->cublas_, dev->cublas_workspace_.get(), dev->cublas_workspace_.bytes()),
       "cublasSetWorkspace"));
   ASSIGN_OR_RETURN(dev->l2_partials_, DeviceBuffer::AllocateFloats(kL2LossPartials, "L2Loss partial sums"));
+  ASSIGN_OR_RETURN(dev->gather_first_bad_,
+                   DeviceBuffer::Allocate(2 * sizeof(unsigned long long), "Gather bad-index record"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(dev->gather_first_bad_.get(), 0xFF, dev->gather_first_bad_.bytes(),
+                                             dev->stream_),
+                             "cudaMemsetAsync (Gather bad-index record)"));
   RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&dev->capture_event_, cudaEventDisableTiming),
                              "cudaEventCreate (capture fork/join event)"));
   return dev;
@@ -101,6 +107,7 @@ CudaDevice::~CudaDevice() {
   for (float* p : allocations_) cudaFree(p);
   for (float* p : pinned_) cudaFreeHost(p);
   l2_partials_ = DeviceBuffer();
+  gather_first_bad_ = DeviceBuffer();
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   cublas_workspace_ = DeviceBuffer();
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
@@ -146,11 +153,26 @@ absl::Status CudaDevice::TakeDeviceError() {
   if (e == nullptr || e->code == DeviceErrorInfo::kNone) return absl::OkStatus();
   const int32_t code = e->code, row = e->row, classes = e->classes;
   const float label = e->label;
+  const char* gather_op = e->backward ? "GatherBackward" : "Gather";
+  const int64_t position = e->position, value = e->value, value2 = e->value2, bound = e->bound;
   e->code = DeviceErrorInfo::kNone;
-  if (code == DeviceErrorInfo::kBadLabel) {
-    // The CPU backend's message, word for word (kernels/cpu/cpu_device.cc).
-    return absl::InvalidArgumentError(absl::StrCat("SoftmaxCrossEntropy: label ", label, " of row ", row,
-                                                   " is not a class index in [0, ", classes, ")"));
+  switch (code) {
+    case DeviceErrorInfo::kBadLabel:
+      // The CPU backend's message, word for word (kernels/cpu/cpu_device.cc).
+      return absl::InvalidArgumentError(absl::StrCat("SoftmaxCrossEntropy: label ", label, " of row ", row,
+                                                     " is not a class index in [0, ", classes, ")"));
+    case DeviceErrorInfo::kBadBinaryLabel:
+      // kernels/device.h's message.
+      return absl::InvalidArgumentError(
+          absl::StrCat("SigmoidCrossEntropy: label ", label, " of row ", row, " is not 0 or 1"));
+    case DeviceErrorInfo::kBadGatherIndex:
+      return absl::InvalidArgumentError(absl::StrCat(gather_op, ": index ", value, " of lookup ", position,
+                                                     " is not a row of the table, [0, ", bound, ")"));
+    case DeviceErrorInfo::kBadGatherOffsets:
+      return absl::InvalidArgumentError(absl::StrCat(gather_op, ": bag ", position, " has offsets [", value, ", ",
+                                                     value2, "), not an ascending range in [0, ", bound, "]"));
+    default:
+      break;
   }
   return absl::InternalError(absl::StrCat(name_, ": a kernel recorded unknown device error code ", code));
 }
@@ -268,6 +290,21 @@ absl::StatusOr<std::unique_ptr<Dense>> CudaDevice::MakeDense(const DenseParams& 
   RETURN_IF_ERROR(NotCapturing("MakeDense"));
   RETURN_IF_ERROR(Activate("MakeDense"));
   return MakeCudaDense(this, p);
+}
+absl::StatusOr<std::unique_ptr<AvgPool>> CudaDevice::MakeAvgPool(const PoolParams& p) {
+  RETURN_IF_ERROR(NotCapturing("MakeAvgPool"));
+  RETURN_IF_ERROR(Activate("MakeAvgPool"));
+  return MakeCudaAvgPool(this, p);
+}
+absl::StatusOr<std::unique_ptr<BatchNorm>> CudaDevice::MakeBatchNorm(const BatchNormParams& p) {
+  RETURN_IF_ERROR(NotCapturing("MakeBatchNorm"));
+  RETURN_IF_ERROR(Activate("MakeBatchNorm"));
+  return MakeCudaBatchNorm(this, p);
+}
+absl::StatusOr<std::unique_ptr<Binary>> CudaDevice::MakeBinary(const BroadcastParams& p) {
+  RETURN_IF_ERROR(NotCapturing("MakeBinary"));
+  RETURN_IF_ERROR(Activate("MakeBinary"));
+  return MakeCudaBinary(this, p);
 }
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> CudaDevice::MakeOptimizer(const OptimizerParams& p,
                                                                            const DeviceCounter* step) {

@@ -118,6 +118,29 @@ class CudaDevice final : public Device {
   absl::Status Scale(float a, const float* x, float* y, int64_t n) override;
   absl::Status Fill(float value, float* x, int64_t n) override;
 
+  // The ops of imported graphs and sparse models: cuda_layers.cc (AvgPool), cuda_batch_norm.cc,
+  // cuda_binary.cc, cuda_imported_ops.cc (the stateless ones).
+  absl::StatusOr<std::unique_ptr<AvgPool>> MakeAvgPool(const PoolParams& p) override;
+  absl::StatusOr<std::unique_ptr<BatchNorm>> MakeBatchNorm(const BatchNormParams& p) override;
+  absl::StatusOr<std::unique_ptr<Binary>> MakeBinary(const BroadcastParams& p) override;
+  absl::Status Activation(const ActivationParams& p, const float* x, float* y, int64_t n) override;
+  absl::Status ActivationBackward(const ActivationParams& p, const float* x, const float* y, const float* dy,
+                                  float* dx, int64_t n) override;
+  absl::Status CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                           int64_t cols, bool accumulate) override;
+  absl::Status Transpose(const float* x, float* y, int64_t batch, int64_t rows, int64_t cols) override;
+  absl::Status BatchNormRunningDelta(const float* running_mean, const float* running_var,
+                                     const float* batch_mean, const float* batch_var, int channels, int64_t count,
+                                     float momentum, bool unbiased, float* d_mean, float* d_var) override;
+  absl::Status Gather(const GatherParams& p, const float* table, const int32_t* indices, const int32_t* offsets,
+                      float* y) override;
+  absl::Status GatherBackward(const GatherParams& p, const float* dy, const int32_t* indices,
+                              const int32_t* offsets, float* dtable) override;
+  absl::Status Interaction(const InteractionParams& p, const float* x, float* y) override;
+  absl::Status InteractionBackward(const InteractionParams& p, const float* x, const float* dy, float* dx) override;
+  absl::Status SigmoidCrossEntropy(const float* logits, const float* labels, int batch, float* dlogits,
+                                   float* loss) override;
+
   // ---- for ops in kernels/cuda and the gradient all-reducer ----
   int gpu() const { return spec_.gpu_index; }
   cudaStream_t stream() const { return stream_; }
@@ -159,15 +182,21 @@ class CudaDevice final : public Device {
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer l2_partials_;  // kL2LossPartials floats of scratch for L2Loss
+  // Two unsigned 64-bit words, all ones between calls: the first bad lookup and bag of a Gather (embedding.cu).
+  DeviceBuffer gather_first_bad_;
   std::unordered_set<float*> allocations_;
   std::unordered_set<float*> pinned_;
 };
 
-// Op factories (cuda_conv.cc, cuda_layers.cc). `dev` outlives the op's use; params are validated here.
+// Op factories (cuda_conv.cc, cuda_layers.cc, cuda_batch_norm.cc, cuda_binary.cc). `dev` outlives the op's
+// use; params are validated here.
 absl::StatusOr<std::unique_ptr<Conv2D>> MakeCudaConv2D(CudaDevice* dev, const Conv2DParams& p);
 absl::StatusOr<std::unique_ptr<MaxPool>> MakeCudaMaxPool(CudaDevice* dev, const PoolParams& p);
 absl::StatusOr<std::unique_ptr<Lrn>> MakeCudaLrn(CudaDevice* dev, const LrnParams& p);
 absl::StatusOr<std::unique_ptr<Dense>> MakeCudaDense(CudaDevice* dev, const DenseParams& p);
+absl::StatusOr<std::unique_ptr<AvgPool>> MakeCudaAvgPool(CudaDevice* dev, const PoolParams& p);
+absl::StatusOr<std::unique_ptr<BatchNorm>> MakeCudaBatchNorm(CudaDevice* dev, const BatchNormParams& p);
+absl::StatusOr<std::unique_ptr<Binary>> MakeCudaBinary(CudaDevice* dev, const BroadcastParams& p);
 // cuda_optimizer.cc; `step` is a counter of `dev` (checked by the caller).
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeCudaOptimizer(CudaDevice* dev, const OptimizerParams& p,
                                                                    const DeviceCounter* step);

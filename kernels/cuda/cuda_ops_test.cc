@@ -1,6 +1,6 @@
 // The CUDA backend against the CPU backend (the oracle): every op runs on both devices with the same random
-// inputs and the results are compared. Every test skips without a usable CUDA device (the binary then exits
-// 77).
+// inputs and the results are compared (the ops of imported graphs and sparse models: cuda_imported_ops_test).
+// Every test skips without a usable CUDA device (the binary then exits 77).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -98,6 +98,203 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaPoolTest,
                                            PoolCase{2, 8, 9, 5, 3, 2, Padding::kSame},   // overlapping windows
                                            PoolCase{2, 9, 9, 3, 3, 2, Padding::kValid},
                                            PoolCase{3, 24, 24, 64, 3, 2, Padding::kSame}));
+
+// ---- the generalized params (ONNX / PyTorch models): explicit and asymmetric pads, dilations, groups, OIHW
+// filters, no bias; rectangular pooling windows, ceil_mode; transposed dense weights, alpha, beta ----
+
+struct GeneralConvCase {
+  const char* name;
+  Conv2DParams p;
+};
+
+// Makes an explicitly padded convolution; the remaining fields keep their defaults until the caller sets them.
+Conv2DParams ExplicitConv(int batch, int in_h, int in_w, int in_c, int out_c, int k_h, int k_w, int stride,
+                          int top, int bottom, int left, int right) {
+  Conv2DParams p{batch, in_h, in_w, in_c, out_c, k_h, k_w, stride, stride, Padding::kValid};
+  p.explicit_padding = true;
+  p.pad_top = top;
+  p.pad_bottom = bottom;
+  p.pad_left = left;
+  p.pad_right = right;
+  return p;
+}
+
+std::vector<GeneralConvCase> GeneralConvCases() {
+  std::vector<GeneralConvCase> cases;
+  auto add = [&](const char* name, Conv2DParams p) { cases.push_back({name, p}); };
+  Conv2DParams p = ExplicitConv(2, 8, 8, 3, 4, 3, 3, 1, 1, 1, 1, 1);
+  p.weight_layout = WeightLayout::kOIHW;
+  add("OihwSymmetricPads", p);                                    // cuDNN pads
+  p = ExplicitConv(2, 9, 7, 4, 6, 3, 2, 2, 0, 2, 1, 0);
+  p.weight_layout = WeightLayout::kOIHW;
+  add("OihwAsymmetricPads", p);                                   // explicit pad scratch
+  p = ExplicitConv(2, 5, 5, 2, 3, 3, 3, 2, 1, 2, 1, 2);
+  add("AsymmetricPadsCuDnnCanStillPad", p);                       // (1,2) with stride 2: same windows as (1,1)
+  p = ExplicitConv(2, 10, 9, 3, 5, 3, 3, 1, 2, 2, 2, 2);
+  p.dilation_h = p.dilation_w = 2;
+  add("Dilated", p);
+  p = ExplicitConv(2, 11, 10, 2, 4, 3, 2, 2, 1, 0, 0, 1);
+  p.dilation_h = 2;
+  p.weight_layout = WeightLayout::kOIHW;
+  add("DilatedStridedAsymmetric", p);
+  p = ExplicitConv(2, 8, 8, 6, 4, 3, 3, 1, 1, 1, 1, 1);
+  p.groups = 2;
+  add("GroupsHwio", p);
+  p.weight_layout = WeightLayout::kOIHW;
+  add("GroupsOihw", p);
+  p = ExplicitConv(2, 9, 9, 8, 8, 3, 3, 2, 1, 1, 1, 1);
+  p.groups = 8;
+  p.weight_layout = WeightLayout::kOIHW;
+  add("DepthwiseOihw", p);                                        // OIHW with one channel per group: no reorder
+  p.weight_layout = WeightLayout::kHWIO;
+  add("DepthwiseHwio", p);
+  p = ExplicitConv(2, 6, 6, 5, 7, 1, 1, 1, 0, 0, 0, 0);
+  p.weight_layout = WeightLayout::kOIHW;
+  add("Pointwise1x1Oihw", p);                                     // no reorder
+  p = Conv2DParams{2, 8, 8, 3, 4, 3, 3, 2, 2, Padding::kSame};
+  p.has_bias = false;
+  add("NoBiasSame", p);
+  p = Conv2DParams{3, 7, 7, 4, 1, 3, 3, 1, 1, Padding::kSame};
+  add("OneOutputChannelHwio", p);                                 // HWIO with out_c 1: no reorder
+  p = Conv2DParams{2, 9, 9, 4, 6, 3, 3, 2, 2, Padding::kSame};
+  p.dilation_h = p.dilation_w = 2;
+  p.groups = 2;
+  p.weight_layout = WeightLayout::kOIHW;
+  p.has_bias = false;
+  add("SameDilatedGroupedNoBias", p);
+  return cases;
+}
+
+class CudaGeneralConvTest : public CudaVsCpuTest, public ::testing::WithParamInterface<GeneralConvCase> {};
+
+TEST_P(CudaGeneralConvTest, ForwardAndBackwardMatchCpu) {
+  const Conv2DParams& p = GetParam().p;
+  auto cpu_conv = cpu_->MakeConv2D(p);
+  auto gpu_conv = gpu_->MakeConv2D(p);
+  ASSERT_TRUE(cpu_conv.ok()) << cpu_conv.status();
+  ASSERT_TRUE(gpu_conv.ok()) << gpu_conv.status();
+  const int64_t nx = int64_t{p.batch} * p.in_h * p.in_w * p.in_c;
+  const int64_t ny = int64_t{p.batch} * p.out_h() * p.out_w() * p.out_c;
+  const int64_t nw = p.weights_size();
+  Both x = Upload(Random(nx, 41)), w = Upload(Random(nw, 42)), b = Upload(Random(p.out_c, 43));
+  Both dy = Upload(Random(ny, 44)), y = Zeros(ny), dx = Zeros(nx), dw = Zeros(nw), db = Zeros(p.out_c);
+  const float* cb = p.has_bias ? b.cpu : nullptr;
+  const float* gb = p.has_bias ? b.gpu : nullptr;
+  float* cdb = p.has_bias ? db.cpu : nullptr;
+  float* gdb = p.has_bias ? db.gpu : nullptr;
+  for (int step = 0; step < 2; ++step) {  // the second step reuses the op with new data
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    if (step == 1) {
+      x = Upload(Random(nx, 45));
+      w = Upload(Random(nw, 46));
+    }
+    ASSERT_TRUE((*cpu_conv)->Forward(x.cpu, w.cpu, cb, y.cpu).ok());
+    ASSERT_TRUE((*gpu_conv)->Forward(x.gpu, w.gpu, gb, y.gpu).ok());
+    EXPECT_TRUE(Same(y)) << "y";
+    ASSERT_TRUE((*cpu_conv)->BackwardData(dy.cpu, w.cpu, dx.cpu).ok());
+    ASSERT_TRUE((*gpu_conv)->BackwardData(dy.gpu, w.gpu, dx.gpu).ok());
+    EXPECT_TRUE(Same(dx)) << "dx";
+    ASSERT_TRUE((*cpu_conv)->BackwardWeights(x.cpu, dy.cpu, dw.cpu, cdb).ok());
+    ASSERT_TRUE((*gpu_conv)->BackwardWeights(x.gpu, dy.gpu, dw.gpu, gdb).ok());
+    EXPECT_TRUE(Same(dw)) << "dw";
+    if (p.has_bias) {
+      EXPECT_TRUE(Same(db)) << "db";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Params, CudaGeneralConvTest, ::testing::ValuesIn(GeneralConvCases()),
+                         [](const ::testing::TestParamInfo<GeneralConvCase>& info) { return info.param.name; });
+
+PoolParams ExplicitPool(int batch, int h, int w, int c, int kh, int kw, int sh, int sw, int top, int bottom,
+                        int left, int right, bool ceil_mode) {
+  PoolParams p{batch, h, w, c, 2, 2, Padding::kValid};
+  p.window_h = kh;
+  p.window_w = kw;
+  p.stride_h = sh;
+  p.stride_w = sw;
+  p.explicit_padding = true;
+  p.pad_top = top;
+  p.pad_bottom = bottom;
+  p.pad_left = left;
+  p.pad_right = right;
+  p.ceil_mode = ceil_mode;
+  return p;
+}
+
+TEST_F(CudaVsCpuTest, GeneralizedMaxPoolMatchesCpu) {
+  for (const PoolParams& p : {ExplicitPool(2, 7, 6, 3, 3, 2, 2, 1, 1, 1, 0, 1, false),   // rectangular, asymmetric
+                              ExplicitPool(2, 6, 6, 4, 3, 3, 2, 2, 0, 0, 0, 0, true),    // ceil_mode overhang
+                              ExplicitPool(1, 8, 7, 2, 3, 3, 2, 2, 1, 1, 1, 1, true),    // PyTorch pad 1, ceil
+                              ExplicitPool(2, 9, 5, 3, 2, 3, 3, 2, 0, 1, 1, 0, false),
+                              ExplicitPool(2, 5, 5, 3, 5, 5, 1, 1, 0, 0, 0, 0, false)}) {  // global
+    SCOPED_TRACE(::testing::Message() << "in " << p.in_h << "x" << p.in_w << " window " << p.kh() << "x" << p.kw()
+                                      << " stride " << p.sh() << "x" << p.sw() << " ceil " << p.ceil_mode);
+    auto cpu_pool = cpu_->MakeMaxPool(p);
+    auto gpu_pool = gpu_->MakeMaxPool(p);
+    ASSERT_TRUE(cpu_pool.ok()) << cpu_pool.status();
+    ASSERT_TRUE(gpu_pool.ok()) << gpu_pool.status();
+    const int64_t nx = int64_t{p.batch} * p.in_h * p.in_w * p.channels;
+    const int64_t ny = int64_t{p.batch} * p.out_h() * p.out_w() * p.channels;
+    // Negative inputs: a padded zero would win if padding counted.
+    Both x = Upload(Random(nx, 47, -2.0f, -0.1f)), dy = Upload(Random(ny, 48)), y = Zeros(ny), dx = Zeros(nx);
+    ASSERT_TRUE((*cpu_pool)->Forward(x.cpu, y.cpu).ok());
+    ASSERT_TRUE((*gpu_pool)->Forward(x.gpu, y.gpu).ok());
+    EXPECT_EQ(Gpu(y), Cpu(y)) << "max pooling picks existing values: results must be identical";
+    ASSERT_TRUE((*cpu_pool)->Backward(dy.cpu, dx.cpu).ok());
+    ASSERT_TRUE((*gpu_pool)->Backward(dy.gpu, dx.gpu).ok());
+    EXPECT_TRUE(Same(dx, 1e-5f, 1e-6f)) << "dx";
+  }
+}
+
+TEST_F(CudaVsCpuTest, GeneralizedDenseMatchesCpu) {
+  std::vector<DenseParams> cases;
+  for (bool transposed : {false, true}) {
+    for (bool bias : {true, false}) {
+      cases.push_back({7, 13, 5, transposed, bias, 1.0f, 1.0f});
+      cases.push_back({32, 300, 65, transposed, bias, 0.5f, -2.0f});
+    }
+  }
+  for (const DenseParams& p : cases) {
+    SCOPED_TRACE(::testing::Message() << p.batch << "x" << p.in << "->" << p.out << " transposed "
+                                      << p.weights_transposed << " bias " << p.has_bias << " alpha " << p.alpha
+                                      << " beta " << p.beta);
+    auto cpu_dense = cpu_->MakeDense(p);
+    auto gpu_dense = gpu_->MakeDense(p);
+    ASSERT_TRUE(cpu_dense.ok()) << cpu_dense.status();
+    ASSERT_TRUE(gpu_dense.ok()) << gpu_dense.status();
+    const int64_t nx = int64_t{p.batch} * p.in, ny = int64_t{p.batch} * p.out, nw = int64_t{p.in} * p.out;
+    Both x = Upload(Random(nx, 49)), w = Upload(Random(nw, 50)), b = Upload(Random(p.out, 51));
+    Both dy = Upload(Random(ny, 52)), y = Zeros(ny), dx = Zeros(nx), dw = Zeros(nw), db = Zeros(p.out);
+    ASSERT_TRUE((*cpu_dense)->Forward(x.cpu, w.cpu, p.has_bias ? b.cpu : nullptr, y.cpu).ok());
+    ASSERT_TRUE((*gpu_dense)->Forward(x.gpu, w.gpu, p.has_bias ? b.gpu : nullptr, y.gpu).ok());
+    EXPECT_TRUE(Same(y)) << "y";
+    ASSERT_TRUE((*cpu_dense)->BackwardData(dy.cpu, w.cpu, dx.cpu).ok());
+    ASSERT_TRUE((*gpu_dense)->BackwardData(dy.gpu, w.gpu, dx.gpu).ok());
+    EXPECT_TRUE(Same(dx)) << "dx";
+    ASSERT_TRUE((*cpu_dense)->BackwardWeights(x.cpu, dy.cpu, dw.cpu, p.has_bias ? db.cpu : nullptr).ok());
+    ASSERT_TRUE((*gpu_dense)->BackwardWeights(x.gpu, dy.gpu, dw.gpu, p.has_bias ? db.gpu : nullptr).ok());
+    EXPECT_TRUE(Same(dw)) << "dw";
+    if (p.has_bias) {
+      EXPECT_TRUE(Same(db)) << "db";
+    }
+  }
+}
+
+TEST_F(CudaVsCpuTest, GeneralizedBadParamsAreInvalidArgument) {
+  Conv2DParams groups{1, 4, 4, 3, 4, 3, 3, 1, 1, Padding::kSame};
+  groups.groups = 2;  // 3 input channels do not split in 2 groups
+  EXPECT_EQ(gpu_->MakeConv2D(groups).status().code(), absl::StatusCode::kInvalidArgument);
+  Conv2DParams dilation{1, 4, 4, 2, 2, 3, 3, 1, 1, Padding::kSame};
+  dilation.dilation_w = 0;
+  EXPECT_EQ(gpu_->MakeConv2D(dilation).status().code(), absl::StatusCode::kInvalidArgument);
+  Conv2DParams pads = ExplicitConv(1, 4, 4, 1, 1, 3, 3, 1, -1, 0, 0, 0);
+  EXPECT_EQ(gpu_->MakeConv2D(pads).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->MakeMaxPool(ExplicitPool(1, 4, 4, 1, 2, 2, 2, 2, 0, -1, 0, 0, false)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->MakeAvgPool(ExplicitPool(1, 4, 4, 1, 6, 2, 2, 2, 0, 0, 0, 0, false)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
 
 TEST_F(CudaVsCpuTest, LrnMatchesCpu) {
   for (const LrnParams& p : {LrnParams{2, 4, 5, 16, 4, 1.0f, 0.001f / 9.0f, 0.75f},

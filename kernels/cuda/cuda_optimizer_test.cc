@@ -1,5 +1,5 @@
 // The CUDA device optimizer against the CPU one (the oracle, itself equal to the parameter server's
-// optimizer: see ps/device_optimizer_test.cc): 200 steps of each optimizer with learning-rate decay and
+// optimizer: see ps/core/device_optimizer_test.cc): 200 steps of each optimizer with learning-rate decay and
 // moving averages, eagerly and replayed from a captured CUDA graph, agree to 1e-6 relative. Every test skips
 // without a usable CUDA device.
 #include <cstring>

@@ -1,4 +1,5 @@
-// Elementwise kernels: ReLU, dropout, bias add, axpy, scale, fill. Kernels first, launchers below.
+// Elementwise kernels: ReLU, dropout, bias add, axpy, scale, fill, the activations of imported graphs, strided
+// copies and BatchNorm's running-statistics delta. Kernels first, launchers below.
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch_config.cuh"
 #include "kernels/dropout_rng.h"  // the RNG shared with the CPU backend (host+device under nvcc)
@@ -47,6 +48,42 @@ __global__ void MultiplyKernel(const float* a, const float* b, float* out, int64
 
 __global__ void BiasAddKernel(float* y, const float* bias, int64_t n, int channels) {
   DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] += bias[i % channels]; }
+}
+
+__global__ void ScaledBiasAddKernel(float* y, const float* bias, float scale, int64_t n, int channels) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] += scale * bias[i % channels]; }
+}
+
+__global__ void ActivationKernel(ActivationArgs a, const float* x, float* y, int64_t n) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] = ActivationValue(a, x[i]); }
+}
+
+// x or y may be null when the kind does not read it (the caller passes what device.h gives).
+__global__ void ActivationBackwardKernel(ActivationArgs a, const float* x, const float* y, const float* dy,
+                                         float* dx, int64_t n) {
+  const bool reads_x = a.kind == kActLeakyRelu || a.kind == kActClip;
+  DTRAIN_GRID_STRIDE_LOOP(i, n) {
+    dx[i] = ActivationGrad(a, reads_x ? x[i] : 0.0f, reads_x ? 0.0f : y[i], dy[i]);
+  }
+}
+
+__global__ void CopyStridedKernel(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                                  int64_t cols, int64_t n, bool accumulate) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) {
+    const int64_t r = i / cols, c = i % cols;
+    const float v = src[r * src_stride + c];
+    float* d = dst + r * dst_stride + c;
+    *d = accumulate ? *d + v : v;
+  }
+}
+
+__global__ void BatchNormRunningDeltaKernel(const float* running_mean, const float* running_var,
+                                            const float* batch_mean, const float* batch_var, int channels,
+                                            float momentum, float var_factor, float* d_mean, float* d_var) {
+  DTRAIN_GRID_STRIDE_LOOP(c, channels) {
+    d_mean[c] = momentum * (running_mean[c] - batch_mean[c]);
+    d_var[c] = momentum * (running_var[c] - batch_var[c] * var_factor);
+  }
 }
 
 __global__ void AxpyKernel(float a, const float* x, float* y, int64_t n) {
@@ -111,6 +148,45 @@ cudaError_t LaunchBiasAdd(float* y, const float* bias, int64_t rows, int channel
   const int64_t n = rows * channels;
   if (n <= 0) return cudaSuccess;
   BiasAddKernel<<<BlocksFor(n), kThreads, 0, stream>>>(y, bias, n, channels);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScaledBiasAdd(float* y, const float* bias, float scale, int64_t rows, int channels,
+                                cudaStream_t stream) {
+  const int64_t n = rows * channels;
+  if (n <= 0) return cudaSuccess;
+  ScaledBiasAddKernel<<<BlocksFor(n), kThreads, 0, stream>>>(y, bias, scale, n, channels);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchActivation(const ActivationArgs& a, const float* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  ActivationKernel<<<BlocksFor(n), kThreads, 0, stream>>>(a, x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchActivationBackward(const ActivationArgs& a, const float* x, const float* y, const float* dy,
+                                     float* dx, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  ActivationBackwardKernel<<<BlocksFor(n), kThreads, 0, stream>>>(a, x, y, dy, dx, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                              int64_t cols, bool accumulate, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return cudaSuccess;
+  CopyStridedKernel<<<BlocksFor(n), kThreads, 0, stream>>>(src, src_stride, dst, dst_stride, cols, n, accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBatchNormRunningDelta(const float* running_mean, const float* running_var,
+                                        const float* batch_mean, const float* batch_var, int channels,
+                                        float momentum, float var_factor, float* d_mean, float* d_var,
+                                        cudaStream_t stream) {
+  if (channels <= 0) return cudaSuccess;
+  BatchNormRunningDeltaKernel<<<BlocksFor(channels), kThreads, 0, stream>>>(
+      running_mean, running_var, batch_mean, batch_var, channels, momentum, var_factor, d_mean, d_var);
   return cudaGetLastError();
 }
 

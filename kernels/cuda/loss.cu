@@ -1,5 +1,5 @@
-// Loss kernels: softmax cross-entropy (mean over the batch, with its gradient) and L2 loss. Both reduce in a fixed
-// order, so results are deterministic run to run. Kernels first, launchers below.
+// Loss kernels: softmax and sigmoid cross-entropy (mean over the batch, with the gradient) and L2 loss. All reduce
+// in a fixed order, so results are deterministic run to run. Kernels first, launchers below.
 #include <cmath>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -70,6 +70,43 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits, const float* labe
   }
 }
 
+// One block: each thread sums its rows' losses (in double), then a fixed-order tree over the threads.
+__global__ void SigmoidCrossEntropyKernel(const float* logits, const float* labels, int batch, float* dlogits,
+                                          float* loss, DeviceErrorInfo* error) {
+  __shared__ double partial[kXentThreads];
+  __shared__ int first_bad_row;  // batch when every label is valid
+  if (threadIdx.x == 0) first_bad_row = batch;
+  __syncthreads();
+  const float inv_batch = 1.0f / static_cast<float>(batch);
+  double acc = 0.0;
+  for (int r = threadIdx.x; r < batch; r += blockDim.x) {
+    const float z = logits[r], t = labels[r];
+    if (IsBinaryLabel(t)) {
+      acc += static_cast<double>(SigmoidCrossEntropyLoss(z, t));
+      dlogits[r] = (Sigmoid(z) - t) * inv_batch;
+    } else {
+      acc = NAN;
+      dlogits[r] = NAN;
+      atomicMin(&first_bad_row, r);
+    }
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *loss = static_cast<float>(partial[0] / batch);
+    if (first_bad_row < batch && error != nullptr && error->code == DeviceErrorInfo::kNone) {
+      error->row = first_bad_row;
+      error->label = labels[first_bad_row];
+      __threadfence_system();
+      error->code = DeviceErrorInfo::kBadBinaryLabel;
+    }
+  }
+}
+
 // Each block writes the sum of squares of its grid-stride share of x to partials[blockIdx.x].
 __global__ void SumSquaresKernel(const float* x, int64_t n, float* partials) {
   __shared__ float shared[kThreads];
@@ -96,7 +133,8 @@ __global__ void HalfSumKernel(const float* partials, int count, float* out) {
   if (threadIdx.x == 0) *out = 0.5f * shared[0];
 }
 
-static_assert(kThreads == 256 && kL2LossPartials == 256, "reductions assume power-of-two block sizes");
+static_assert(kThreads == 256 && kL2LossPartials == 256 && kXentThreads == 256,
+              "reductions assume power-of-two block sizes");
 
 }  // namespace
 
@@ -107,6 +145,12 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* logits, const float* labels, 
                                       cudaStream_t stream) {
   SoftmaxCrossEntropyKernel<<<1, kXentThreads, 0, stream>>>(logits, labels, batch, classes, dlogits, loss,
                                                             error);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSigmoidCrossEntropy(const float* logits, const float* labels, int batch, float* dlogits,
+                                      float* loss, DeviceErrorInfo* error, cudaStream_t stream) {
+  SigmoidCrossEntropyKernel<<<1, kXentThreads, 0, stream>>>(logits, labels, batch, dlogits, loss, error);
   return cudaGetLastError();
 }
 

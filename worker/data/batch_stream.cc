@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "worker/data/batch_stream_state.h"
+#include "worker/data/ctr_dataset.h"
 #include "worker/data/dataset.h"
 #include "worker/data/preprocess.h"
 
@@ -179,6 +180,12 @@ class PrefetchingBatchStream : public BatchStream {
 
   Batch MakeBatch(int64_t k) {
     Batch b;
+    if (data_.kind() == DataKind::kCtr) {
+      StartCtrBatch(data_, o_.batch_size, &b);
+      b.epoch = k * o_.batch_size / shard_size();
+      for (int i = 0; i < o_.batch_size; ++i) AppendCtrExample(data_, ExampleAt(k * o_.batch_size + i), &b);
+      return b;
+    }
     b.batch = o_.batch_size;
     b.height = out_shape_.height;
     b.width = out_shape_.width;
@@ -231,6 +238,10 @@ absl::StatusOr<std::unique_ptr<BatchStream>> BatchStream::Create(const Dataset& 
     return absl::InvalidArgumentError(absl::StrCat("data set of ", data.count(), " examples cannot be split into ",
                                                    o.num_shards, " non-empty shards"));
   }
+  if (data.kind() == DataKind::kCtr) {
+    RETURN_IF_ERROR(CheckCtrDataset(data));
+    return std::unique_ptr<BatchStream>(new PrefetchingBatchStream(data, o, ImageShape{}));
+  }
   if (data.height <= 0 || data.width <= 0 || data.channels <= 0 ||
       static_cast<int64_t>(data.pixels.size()) != data.count() * data.image_size()) {
     return absl::InvalidArgumentError(absl::StrCat("inconsistent Dataset: ", data.pixels.size(), " pixel bytes for ",
@@ -246,6 +257,18 @@ absl::StatusOr<std::unique_ptr<BatchStream>> BatchStream::Create(const Dataset& 
 std::vector<Batch> EvalBatches(const Dataset& data, int batch_size, Preprocess preprocess, int crop_h, int crop_w,
                                const Normalization& normalize) {
   CHECK_GT(batch_size, 0) << "EvalBatches: batch_size";
+  if (data.kind() == DataKind::kCtr) {
+    const absl::Status ok = CheckCtrDataset(data);
+    CHECK(ok.ok()) << "EvalBatches: " << ok;
+    std::vector<Batch> batches;
+    for (int64_t first = 0; first < data.count(); first += batch_size) {
+      const int n = static_cast<int>(std::min<int64_t>(batch_size, data.count() - first));
+      Batch& b = batches.emplace_back();
+      StartCtrBatch(data, n, &b);
+      for (int i = 0; i < n; ++i) AppendCtrExample(data, first + i, &b);
+    }
+    return batches;
+  }
   const absl::Status normalization = CheckNormalization(normalize, data.channels);
   CHECK(normalization.ok()) << "EvalBatches: " << normalization;
   const ImageShape in{data.height, data.width, data.channels};

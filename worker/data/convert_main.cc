@@ -1,31 +1,85 @@
 // dtrain_convert: reads a data set in any supported format and writes train.tfrecords and
-// test.tfrecords of tf.train.Example, as TensorFlow's MNIST convert_to_records.py does.
+// test.tfrecords of tf.train.Example, as TensorFlow's MNIST convert_to_records.py does (CTR data: the CTR
+// examples of example_proto.h). With --synthetic_ctr it writes synthetic click-through-rate data in Criteo text
+// format instead (synthetic_ctr.h).
 //
 //   dtrain_convert --input_dir=/usr/share/datasets/fashion-mnist --output_dir=/tmp/fmnist-tfr
+//   dtrain_convert --input_dir=/data/criteo --input_format=criteo --output_dir=/tmp/criteo-tfr
+//   dtrain_convert --synthetic_ctr --examples=1000000 --out=/tmp/ctr
 //
 // Exit codes: 0 success, 1 bad flags, 2 bad input or a failed write (one line on stderr).
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "glog/logging.h"
 #include "worker/data/dataset.h"
+#include "worker/data/synthetic_ctr.h"
 
 ABSL_FLAG(std::string, input_dir, "/usr/share/datasets/fashion-mnist", "Directory holding the source data set");
-ABSL_FLAG(std::string, input_format, "auto", "Source format: auto, mnist-idx, cifar10-bin or tfrecord");
+ABSL_FLAG(std::string, input_format, "auto", "Source format: auto, mnist-idx, cifar10-bin, tfrecord or criteo");
 ABSL_FLAG(std::string, output_dir, "", "Directory to write train.tfrecords and test.tfrecords into");
 ABSL_FLAG(std::string, format, "tfrecord", "Output format (only tfrecord)");
 
+ABSL_FLAG(bool, synthetic_ctr, false,
+          "Write synthetic click-through-rate data (Criteo text: train.txt, test.txt) to --out instead of converting");
+ABSL_FLAG(std::string, out, "", "--synthetic_ctr: the directory to write (default: --output_dir)");
+ABSL_FLAG(int64_t, examples, 1000000, "--synthetic_ctr: training examples");
+ABSL_FLAG(int64_t, test_examples, -1, "--synthetic_ctr: test examples (-1: examples / 10)");
+ABSL_FLAG(uint64_t, seed, 1, "--synthetic_ctr: the seed (the files are a function of it)");
+ABSL_FLAG(double, zipf_exponent, 1.05, "--synthetic_ctr: s of the ids' Zipf law P(rank k) ~ k^-s");
+ABSL_FLAG(int32_t, num_dense, 13, "--synthetic_ctr: integer features per example");
+ABSL_FLAG(int32_t, num_sparse, 26, "--synthetic_ctr: categorical features per example");
+ABSL_FLAG(std::string, vocab, "",
+          "--synthetic_ctr: ids per categorical feature: one size for all, or one per feature (comma-separated); "
+          "default 10 up to 1,000,000, log-spaced");
+
 namespace {
 
-int Fail(const std::string& line) {
+int Fail(const std::string& line, int exit_code = 2) {
   std::cerr << "dtrain_convert: " << line << "\n";
-  return 2;
+  return exit_code;
+}
+
+int BadFlag(const std::string& line) { return Fail(line, 1); }
+
+int WriteSynthetic() {
+  dtrain::data::SyntheticCtrOptions o;
+  o.examples = absl::GetFlag(FLAGS_examples);
+  o.test_examples = absl::GetFlag(FLAGS_test_examples);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.zipf_exponent = absl::GetFlag(FLAGS_zipf_exponent);
+  o.num_dense = absl::GetFlag(FLAGS_num_dense);
+  o.num_sparse = absl::GetFlag(FLAGS_num_sparse);
+  for (absl::string_view v : absl::StrSplit(absl::GetFlag(FLAGS_vocab), ',', absl::SkipWhitespace())) {
+    int64_t size;
+    if (!absl::SimpleAtoi(v, &size)) return BadFlag("--vocab: \"" + std::string(v) + "\" is not a number");
+    o.vocab.push_back(size);
+  }
+  const std::string out = absl::GetFlag(FLAGS_out).empty() ? absl::GetFlag(FLAGS_output_dir) : absl::GetFlag(FLAGS_out);
+  if (out.empty()) return BadFlag("--synthetic_ctr needs --out");
+  auto r = dtrain::data::WriteSyntheticCtr(o, out);
+  if (!r.ok()) return absl::IsInvalidArgument(r.status()) ? BadFlag(std::string(r.status().message()))
+                                                          : Fail(r.status().ToString());
+  std::printf("wrote %lld examples to %s/train.txt (CTR %.4f) and %lld to %s/test.txt (CTR %.4f) in %.1f s\n",
+              static_cast<long long>(r->train_examples), out.c_str(), r->train_ctr,
+              static_cast<long long>(r->test_examples), out.c_str(), r->test_ctr, r->seconds);
+  std::printf("law: %d integer features, %d categorical with Zipf exponent %g over vocabularies %s\n", o.num_dense,
+              o.num_sparse, o.zipf_exponent, absl::StrJoin(r->vocab, ",").c_str());
+  std::printf("planted model on the test set: Bayes-optimal AUC %.4f (log loss %.4f); its dense part alone AUC "
+              "%.4f; constant CTR log loss %.4f\n",
+              r->bayes_auc, r->bayes_log_loss, r->dense_only_auc, r->constant_log_loss);
+  return 0;
 }
 
 }  // namespace
@@ -36,17 +90,10 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   using dtrain::data::DataFormat;
 
+  if (absl::GetFlag(FLAGS_synthetic_ctr)) return WriteSynthetic();
   const std::string in_fmt = absl::GetFlag(FLAGS_input_format);
-  DataFormat format;
-  if (in_fmt == "auto") {
-    format = DataFormat::kAuto;
-  } else if (in_fmt == "mnist-idx") {
-    format = DataFormat::kMnistIdx;
-  } else if (in_fmt == "cifar10-bin") {
-    format = DataFormat::kCifar10Bin;
-  } else if (in_fmt == "tfrecord") {
-    format = DataFormat::kTfRecord;
-  } else {
+  const absl::StatusOr<DataFormat> format = dtrain::data::ParseDataFormat(in_fmt);
+  if (!format.ok()) {
     std::cerr << "dtrain_convert: unknown --input_format=" << in_fmt << "\n";
     return 1;
   }
@@ -60,7 +107,7 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  auto data = dtrain::data::LoadDataset(absl::GetFlag(FLAGS_input_dir), format);
+  auto data = dtrain::data::LoadDataset(absl::GetFlag(FLAGS_input_dir), *format);
   if (!data.ok()) return Fail(data.status().ToString());
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
@@ -71,8 +118,13 @@ int main(int argc, char** argv) {
   for (const auto& [set, name] : parts) {
     const std::string path = (std::filesystem::path(out_dir) / name).string();
     if (absl::Status s = dtrain::data::WriteTfRecordExamples(*set, path); !s.ok()) return Fail(s.ToString());
-    std::cout << "wrote " << set->count() << " " << set->height << "x" << set->width << "x" << set->channels
-              << " examples (" << data->format << ") to " << path << "\n";
+    if (set->kind() == dtrain::data::DataKind::kCtr) {
+      std::cout << "wrote " << set->count() << " CTR examples of " << set->num_dense << " dense and "
+                << set->num_sparse << " sparse features (" << data->format << ") to " << path << "\n";
+    } else {
+      std::cout << "wrote " << set->count() << " " << set->height << "x" << set->width << "x" << set->channels
+                << " examples (" << data->format << ") to " << path << "\n";
+    }
   }
   return 0;
 }

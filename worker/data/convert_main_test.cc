@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/data/criteo.h"
 #include "worker/data/data_test_util.h"
 #include "worker/data/dataset.h"
 
@@ -75,6 +76,41 @@ TEST_F(ConvertMainTest, CorruptInputExitsTwo) {
   const RunResult r = RunConvert("--input_dir=" + dir_ + " --output_dir=" + dir_ + "/out");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr(dir_ + "/train.tfrecords: corrupt record at byte offset 0"));
+}
+
+TEST_F(ConvertMainTest, SyntheticCtrWritesCriteoTextAndReportsThePlantedAuc) {
+  const RunResult r = RunConvert("--synthetic_ctr --examples=2000 --test_examples=1000 --seed=3 --vocab=100 --out=" +
+                                 dir_ + "/ctr");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("wrote 2000 examples to " + dir_ + "/ctr/train.txt"));
+  EXPECT_THAT(r.output, HasSubstr("and 1000 to " + dir_ + "/ctr/test.txt"));
+  EXPECT_THAT(r.output, HasSubstr("Zipf exponent 1.05 over vocabularies 100,100,"));
+  EXPECT_THAT(r.output, HasSubstr("planted model on the test set: Bayes-optimal AUC 0."));
+  absl::StatusOr<DatasetPair> back = LoadDataset(dir_ + "/ctr");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->format, "criteo");
+  EXPECT_EQ(back->train.count(), 2000);
+
+  // Criteo text -> TFRecord: the same examples.
+  const RunResult c = RunConvert("--input_dir=" + dir_ + "/ctr --input_format=criteo --output_dir=" + dir_ + "/tfr");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_THAT(c.output, HasSubstr("wrote 2000 CTR examples of 13 dense and 26 sparse features (criteo) to " + dir_ +
+                                  "/tfr/train.tfrecords"));
+  absl::StatusOr<DatasetPair> tfr = LoadDataset(dir_ + "/tfr", DataFormat::kTfRecord);
+  ASSERT_TRUE(tfr.ok()) << tfr.status();
+  EXPECT_EQ(tfr->test.ids, back->test.ids);
+  EXPECT_EQ(tfr->test.dense, back->test.dense);
+  EXPECT_EQ(tfr->test.labels, back->test.labels);
+}
+
+TEST_F(ConvertMainTest, BadSyntheticOrFormatFlagsExitOne) {
+  for (const std::string& flags : {"--synthetic_ctr --examples=10 --vocab=1,2 --out=" + dir_ + "/x",
+                                   "--synthetic_ctr --examples=10 --vocab=ten --out=" + dir_ + "/x",
+                                   std::string("--synthetic_ctr --examples=10"), "--input_format=csv --output_dir=" + dir_}) {
+    const RunResult r = RunConvert(flags);
+    EXPECT_EQ(r.exit_code, 1) << flags << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
 }
 
 }  // namespace

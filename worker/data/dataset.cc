@@ -1,6 +1,7 @@
 // LoadDataset: finds a supported data set in a directory by its file names and reads train and test.
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "worker/data/criteo.h"
 #include "worker/data/dataset.h"
 
 namespace dtrain::data {
@@ -104,6 +106,37 @@ Located LocateTfRecord(const std::string& dir) {
   return l;
 }
 
+Located LocateCriteo(const std::string& dir) {
+  Located l;
+  const std::string train = FindMaybeGz(dir, "train.txt", &l.looked_for);
+  const std::string test = FindMaybeGz(dir, "test.txt", &l.looked_for);
+  l.found = l.looked_for.empty();
+  if (l.found) {
+    l.train = {train};
+    l.test = {test};
+  } else {
+    l.looked_for = {Join(dir, "train.txt[.gz]"), Join(dir, "test.txt[.gz]")};
+  }
+  return l;
+}
+
+// Train and test must be the same kind of data with the same geometry or features.
+absl::Status CheckSameShape(const DatasetPair& p, const Located& l) {
+  if (p.train.kind() == DataKind::kCtr || p.test.kind() == DataKind::kCtr) {
+    if (p.train.num_dense == p.test.num_dense && p.train.num_sparse == p.test.num_sparse) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train and test examples differ in their features: ", p.train.num_dense, " dense + ", p.train.num_sparse,
+        " sparse (", l.train[0], ") vs ", p.test.num_dense, " dense + ", p.test.num_sparse, " sparse (", l.test[0],
+        ")"));
+  }
+  if (p.train.height != p.test.height || p.train.width != p.test.width || p.train.channels != p.test.channels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train and test images differ in shape: ", p.train.height, "x", p.train.width, "x", p.train.channels,
+        " (", l.train[0], ") vs ", p.test.height, "x", p.test.width, "x", p.test.channels, " (", l.test[0], ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DatasetPair> Read(DataFormat format, const Located& l) {
   DatasetPair p;
   switch (format) {
@@ -125,15 +158,17 @@ absl::StatusOr<DatasetPair> Read(DataFormat format, const Located& l) {
       ASSIGN_OR_RETURN(p.test, ReadTfRecordExamples(l.test[0]));
       break;
     }
+    case DataFormat::kCriteo: {
+      p.format = "criteo";
+      ASSIGN_OR_RETURN(CriteoLayout layout, ReadCriteoLayout(std::filesystem::path(l.train[0]).parent_path()));
+      ASSIGN_OR_RETURN(p.train, ReadCriteo(l.train[0], layout));
+      ASSIGN_OR_RETURN(p.test, ReadCriteo(l.test[0], layout));
+      break;
+    }
     case DataFormat::kAuto:
       return absl::InternalError("Read(kAuto)");
   }
-  if (p.train.height != p.test.height || p.train.width != p.test.width ||
-      p.train.channels != p.test.channels) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train and test images differ in shape: ", p.train.height, "x", p.train.width, "x", p.train.channels,
-        " (", l.train[0], ") vs ", p.test.height, "x", p.test.width, "x", p.test.channels, " (", l.test[0], ")"));
-  }
+  RETURN_IF_ERROR(CheckSameShape(p, l));
   return p;
 }
 
@@ -147,7 +182,8 @@ absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat forma
   };
   const Candidate candidates[] = {{DataFormat::kMnistIdx, "MNIST IDX", LocateMnist},
                                   {DataFormat::kCifar10Bin, "CIFAR-10 binary", LocateCifar},
-                                  {DataFormat::kTfRecord, "TFRecord", LocateTfRecord}};
+                                  {DataFormat::kTfRecord, "TFRecord", LocateTfRecord},
+                                  {DataFormat::kCriteo, "Criteo text", LocateCriteo}};
   std::vector<std::string> looked_for;
   for (const Candidate& c : candidates) {
     if (format != DataFormat::kAuto && format != c.format) continue;
@@ -160,6 +196,21 @@ absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat forma
   }
   return absl::NotFoundError(absl::StrCat("no data set found in ", dir, "; looked for ",
                                           absl::StrJoin(looked_for, "; ")));
+}
+
+absl::StatusOr<DataFormat> ParseDataFormat(absl::string_view name) {
+  const std::pair<const char*, DataFormat> formats[] = {{"auto", DataFormat::kAuto},
+                                                        {"mnist-idx", DataFormat::kMnistIdx},
+                                                        {"cifar10-bin", DataFormat::kCifar10Bin},
+                                                        {"tfrecord", DataFormat::kTfRecord},
+                                                        {"criteo", DataFormat::kCriteo}};
+  std::vector<std::string> names;
+  for (const auto& [n, format] : formats) {
+    if (name == n) return format;
+    names.push_back(n);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown data format \"", name, "\"; expected one of ", absl::StrJoin(names, ", ")));
 }
 
 }  // namespace dtrain::data

@@ -1,7 +1,8 @@
 // Data sets and input pipelines for the workers.
 //
-// A Dataset is an in-memory set of examples (uint8 pixels, HWC, plus int labels) read from files; a
-// BatchStream cuts a worker's shard of it into shuffled, preprocessed float batches on a prefetching thread.
+// A Dataset is an in-memory set of examples (uint8 pixels, HWC, plus int labels; or the dense and sparse
+// features of click-through-rate data) read from files; a BatchStream cuts a worker's shard of it into shuffled,
+// preprocessed float batches on a prefetching thread.
 //
 // Thread-safety: Dataset is immutable after loading (safe to share). BatchStream: Next(), SaveState() and
 // Restore() are called by one consumer thread; the stream owns its prefetching thread and stops it in its
@@ -23,8 +24,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace dtrain::data {
+
+// Images (pixels + class labels) or click-through-rate examples (dense + sparse features, 0/1 labels).
+enum class DataKind { kImage, kCtr };
 
 struct Dataset {
   int height = 0, width = 0, channels = 0;  // of the stored images
@@ -33,19 +38,46 @@ struct Dataset {
   std::vector<int32_t> labels;              // count
   int64_t count() const { return static_cast<int64_t>(labels.size()); }
   int64_t image_size() const { return static_cast<int64_t>(height) * width * channels; }
+
+  // Click-through-rate (CTR) data, e.g. Criteo (criteo.h); num_classes = 2, labels 0 (no click) or 1, no pixels.
+  //   dense:      count * num_dense floats, example-major, already transformed (Criteo's integer features x
+  //               become log(1 + max(x, 0)), an empty field 0).
+  //   ids:        the sparse features' int64 ids, example-major then feature: a bag of ids per (example,
+  //               feature), possibly empty.
+  //   id_offsets: count * num_sparse + 1 offsets into ids: the bag of example e, feature f is
+  //               ids[id_offsets[e * num_sparse + f] .. id_offsets[e * num_sparse + f + 1]); id_offsets[0] = 0.
+  //               EMPTY when every bag holds exactly one id (Criteo text): the bag is then ids[e * num_sparse + f],
+  //               which halves the memory. Read bags through Bag(), which knows both layouts.
+  int num_dense = 0, num_sparse = 0;
+  std::vector<float> dense;
+  std::vector<int64_t> ids;
+  std::vector<int64_t> id_offsets;
+  DataKind kind() const { return num_dense > 0 || num_sparse > 0 ? DataKind::kCtr : DataKind::kImage; }
+  absl::Span<const int64_t> Bag(int64_t e, int f) const {
+    const int64_t i = e * num_sparse + f;
+    if (id_offsets.empty()) return absl::Span<const int64_t>(ids.data() + i, 1);
+    return absl::Span<const int64_t>(ids.data() + id_offsets[i], id_offsets[i + 1] - id_offsets[i]);
+  }
 };
 
 struct DatasetPair {
   Dataset train, test;
-  std::string format;  // "mnist-idx", "cifar10-bin", "tfrecord"
+  std::string format;  // "mnist-idx", "cifar10-bin", "tfrecord", "criteo"
 };
 
-enum class DataFormat { kAuto, kMnistIdx, kCifar10Bin, kTfRecord };
+enum class DataFormat { kAuto, kMnistIdx, kCifar10Bin, kTfRecord, kCriteo };
+
+// "auto", "mnist-idx", "cifar10-bin", "tfrecord" or "criteo" (what --data_format / --input_format take);
+// InvalidArgument naming the choices otherwise.
+absl::StatusOr<DataFormat> ParseDataFormat(absl::string_view name);
 
 // Reads a data directory. kAuto detects by file names:
 //   MNIST IDX: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-... (magic 2051 / 2049 checked)
 //   CIFAR-10 binary: data_batch_1..5.bin, test_batch.bin (also inside a cifar-10-batches-bin/ subfolder)
-//   TFRecord: train.tfrecords, test.tfrecords (tf.train.Example with image_raw, label, pixels features)
+//   TFRecord: train.tfrecords, test.tfrecords (tf.train.Example with image_raw, label, pixels features; or CTR
+//             examples with label, dense, sparse_0 ... sparse_{k-1}: example_proto.h)
+//   Criteo: train.txt[.gz], test.txt[.gz] (criteo.h; 13 integer + 26 categorical features per line unless a
+//           criteo_layout.txt beside them says otherwise)
 // Errors name the file and what is wrong (NotFound, DataLoss for corrupt/truncated content with byte offset).
 absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat format = DataFormat::kAuto);
 
@@ -103,13 +135,24 @@ struct Batch {
   std::vector<float> images;  // batch * height * width * channels (NHWC)
   std::vector<float> labels;  // class indices as floats
   int64_t epoch = 0;          // epoch the batch's first example belongs to
+
+  // CTR batches (a Dataset of kind kCtr; images empty, labels 0/1): the examples' features in batch order.
+  //   dense:      batch * num_dense floats.
+  //   ids:        the batch's ids, example-major then feature.
+  //   id_offsets: batch * num_sparse + 1, relative to this batch (id_offsets[0] = 0, always filled): the bag of
+  //               example i, feature f is ids[id_offsets[i * num_sparse + f] .. id_offsets[i * num_sparse + f + 1]).
+  int num_dense = 0, num_sparse = 0;
+  std::vector<float> dense;
+  std::vector<int64_t> ids;
+  std::vector<int32_t> id_offsets;
 };
 
 // Batches are deterministic in (data, options): batch k of a shard holds the shard's stream positions
 // [k*batch_size, (k+1)*batch_size), where positions run through epoch 0's order, then epoch 1's, ... (a batch
 // may straddle two epochs). Each epoch's order is the shard shuffled with an RNG seeded by (seed, epoch,
 // shard), or ascending when shuffle=false; kCifarTrain distortions use an RNG seeded by (seed, shard, k).
-// prefetch = 0 builds batches on the consumer thread inside Next().
+// prefetch = 0 builds batches on the consumer thread inside Next(). Over CTR data the batches carry the features
+// (Batch's CTR fields), with the same order, sharding and positions; preprocess and the crops are not used.
 //
 // The position can be saved with a checkpoint and restored on resume (format: batch_stream_state.h):
 //   std::string position = stream->SaveState();     // after the Next() calls whose batches were trained on
@@ -138,8 +181,8 @@ class BatchStream {
 };
 
 // Fixed, unshuffled, preprocessed (and normalized) batches over the whole set (evaluation). The last batch may
-// be smaller. Preconditions (CHECKed): batch_size > 0; for the CIFAR modes the crop fits the images;
-// CheckNormalization(normalize, data.channels).
+// be smaller. Preconditions (CHECKed): batch_size > 0; for the CIFAR modes the crop fits the images; CTR data
+// consistent; CheckNormalization(normalize, data.channels) for images.
 std::vector<Batch> EvalBatches(const Dataset& data, int batch_size, Preprocess preprocess, int crop_h = 24,
                                int crop_w = 24, const Normalization& normalize = {});
 

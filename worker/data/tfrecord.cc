@@ -1,4 +1,5 @@
-// Dataset <-> TFRecord files of tf.train.Example, as TensorFlow's MNIST convert_to_records.py writes them.
+// Dataset <-> TFRecord files of tf.train.Example, as TensorFlow's MNIST convert_to_records.py writes them (CTR
+// examples: ctr_dataset.cc).
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "worker/data/ctr_dataset.h"
 #include "worker/data/dataset.h"
 #include "worker/data/example_proto.h"
 #include "worker/data/record_io.h"
@@ -58,6 +60,7 @@ absl::StatusOr<Dataset> ReadExamples(TfRecordReader& reader, const std::string& 
     const int64_t offset = reader.offset();
     ASSIGN_OR_RETURN(bool got, reader.Read(&record));
     if (!got) break;
+    if (index == 0 && IsCtrExample(record)) return ReadCtrRecords(reader, record, path);
     auto where = [&] { return absl::StrCat(path, ": record ", index, " at byte offset ", offset, ": "); };
     auto example = DecodeImageExample(record);
     if (!example.ok()) return absl::DataLossError(absl::StrCat(where(), example.status().message()));
@@ -106,6 +109,7 @@ absl::StatusOr<Dataset> ParseTfRecordExamples(absl::string_view bytes, const std
 }
 
 absl::Status WriteTfRecordExamples(const Dataset& data, const std::string& path) {
+  if (data.kind() == DataKind::kCtr) return WriteCtrRecords(data, path);
   if (static_cast<int64_t>(data.pixels.size()) != data.count() * data.image_size()) {
     return absl::InvalidArgumentError(absl::StrCat("WriteTfRecordExamples(", path, "): ", data.pixels.size(),
                                                    " pixel bytes for ", data.count(), " images of ",

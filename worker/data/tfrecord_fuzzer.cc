@@ -1,14 +1,16 @@
 // libFuzzer harness for the TFRecord reader and the tf.train.Example codec (ParseTfRecordExamples,
-// DecodeImageExample). Beyond "no crash, no sanitizer report", a data set that parses must be consistent, and
-// a decoded example must survive re-encoding.
+// DecodeImageExample, DecodeCtrExample). Beyond "no crash, no sanitizer report", a data set that parses must be
+// consistent, and a decoded example must survive re-encoding.
 //
-// Input: a first byte; even: the rest is a TFRecord file; odd: the rest is one serialized tf.train.Example.
+// Input: a first byte; even: the rest is a TFRecord file; odd: the rest is one serialized tf.train.Example
+// (decoded as an image example and as a CTR example).
 // Seeds: dtrain_fuzz_seeds (fuzz/make_seeds.cc).
 #include <cstddef>
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
 #include "glog/logging.h"
+#include "worker/data/ctr_dataset.h"
 #include "worker/data/dataset.h"
 #include "worker/data/example_proto.h"
 
@@ -17,6 +19,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const absl::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
   if (data[0] % 2 == 1) {
+    CtrExample ctr, ctr_again;
+    if (absl::Status s = DecodeCtrExample(rest, &ctr); s.ok()) {
+      CHECK(ctr.label == 0 || ctr.label == 1) << ctr.label;
+      const absl::Status again = DecodeCtrExample(EncodeCtrExample(ctr), &ctr_again);
+      CHECK(again.ok()) << again;
+      CHECK_EQ(ctr_again.label, ctr.label);
+      CHECK_EQ(ctr_again.dense.size(), ctr.dense.size());  // NaN payloads survive, but NaN != NaN
+      CHECK(ctr_again.ids == ctr.ids);
+      CHECK(ctr_again.id_offsets == ctr.id_offsets);
+    } else {
+      CHECK(absl::IsInvalidArgument(s)) << s;
+    }
     absl::StatusOr<ImageExample> e = DecodeImageExample(rest);
     if (!e.ok()) {
       CHECK(absl::IsInvalidArgument(e.status())) << e.status();
@@ -39,6 +53,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<Dataset> d = ParseTfRecordExamples(rest);
   if (!d.ok()) {
     CHECK(!d.status().message().empty());
+    return 0;
+  }
+  if (d->kind() == DataKind::kCtr) {
+    CHECK_GT(d->count(), 0);
+    const absl::Status consistent = CheckCtrDataset(*d);
+    CHECK(consistent.ok()) << consistent;
     return 0;
   }
   CHECK(d->height > 0 && d->width > 0 && d->channels > 0);

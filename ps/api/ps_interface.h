@@ -1,0 +1,63 @@
+// PsInterface: one ps task as a worker sees it, whatever the transport. ParameterServer implements it in process
+// (local mode, tests); ps/rpc/grpc_ps_client.h implements it over gRPC; ps/rpc/grpc_ps_service.h serves a
+// ParameterServer through it. ps/client/worker_client.h runs the protocol of ps_types.h over a set of them.
+//
+// Thread-safety: implementations are thread-safe: every method may be called concurrently, and uploads and
+// pulls of different workers proceed in parallel. An upload object belongs to one thread.
+//
+// Errors (all implementations):
+//   InvalidArgument     malformed request (unknown key, range outside a slice, bad worker id)
+//   FailedPrecondition  config mismatch with the chief's (the message names the differing field), push for a
+//                       future step, decisions missing for a step the task needs, non-chief Initialize, an
+//                       incomplete commit, a checkpoint that does not fit the chief's config
+//   DataLoss            (Register, sync) the checkpoint of the step ps task 0 restored is corrupt on this task
+//   Unavailable         not configured / not initialized yet, or the task cannot be reached (retry with backoff)
+//   DeadlineExceeded    Pull waited longer than its timeout
+//   Aborted             the task has no session for the worker (it restarted or rolled back, or declared the
+//                       worker lost): register again (and, on the chief, restore the tasks), then pull
+//   PermissionDenied    another process registered as this worker since; or a decision not signed by ps 0
+//   ResourceExhausted   a limit (the message names the flag: --max_model_bytes, ...)
+//   Unauthenticated     (gRPC) the call lacked the cluster's token
+#ifndef DTRAIN_PS_API_PS_INTERFACE_H_
+#define DTRAIN_PS_API_PS_INTERFACE_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ps/api/ps_types.h"
+#include "ps/api/slice_io.h"
+
+namespace dtrain::ps {
+
+class PsInterface {
+ public:
+  virtual ~PsInterface() = default;
+  virtual absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) = 0;
+  // The chief's initial values for every slice of the task (ignored, successfully, once the task holds values).
+  virtual absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) = 0;
+  // One worker's gradients for one step (see ps_types.h).
+  virtual absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) = 0;
+  // Waits as the request says, then delivers the header and every slice of the task, in key order, each as
+  // soon as it is up to date, to `receiver`. A receiver error ends the pull with that error.
+  virtual absl::Status Pull(const PullRequest& request, PullReceiver* receiver) = 0;
+  // The worker has finished training (`completed`), or stopped on an error (it leaves the cluster). Sync: the coordinator stops expecting its commits (R becomes
+  // min(R, active workers)), and a pending step that now has enough commits is decided. `session` must be the
+  // worker's current one if it has one here (PermissionDenied otherwise); a worker without one (never registered,
+  // refused, forgotten) may leave with any. `global_step`: the step the worker reached (0: unknown); a task that
+  // restarted after training ended compares it with its newest checkpoint (ParameterServerOptions).
+  virtual absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) = 0;
+  // Renews the worker's lease (any call does; this one does nothing else). Returns the task's step.
+  virtual absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) = 0;
+  virtual absl::StatusOr<TrainingStats> GetStats() = 0;
+  // What the task holds and could restore under `config` (the chief's, with this task's slices).
+  virtual absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) = 0;
+  // Chief only: (re)configures the task with `config` and restores its checkpoint of `step`, replacing whatever
+  // it holds; every worker's session is void afterwards. FailedPrecondition/DataLoss when that checkpoint is
+  // missing, does not fit or is corrupt (the task is left as it was).
+  virtual absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) = 0;
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_API_PS_INTERFACE_H_

@@ -1,0 +1,276 @@
+// Plain structs of the parameter-server protocol. The gRPC wire format (proto/dtrain.proto) is mapped to and
+// from these in one place (ps/rpc/wire_format.h); nothing else in ps/ or worker/ sees generated proto code.
+//
+// Vocabulary:
+// - The model's parameters form one flat float buffer (see worker/models/model.h). It is cut into *slices*
+//   (contiguous ranges, each inside one variable); each slice lives on one ps task and has a cluster-wide key.
+//   Keys follow the flat buffer, which follows the layers: key order is forward order.
+// - Tensor data travels as *pieces*: floats [offset, offset + n) of one slice (ps/api/slice_io.h). Uploads
+//   (Initialize, Push) and downloads (Pull) move pieces; that is the only payload shape.
+// - ps task 0 also holds the *global step* and is the *coordinator*: in sync mode it decides which workers'
+//   gradients make up each step (the first R to commit at that step); other ps tasks learn the decisions from
+//   workers, who fetch them from ps 0 and pass them along when they pull (so no ps talks to another ps).
+//
+// Protocol for one worker step (worker w computed gradients on parameters pulled at step s):
+//   1. Push(w, s, request_id) to every ps task, streaming each layer's gradient slices as soon as backward has
+//      produced them (last layer first). The upload to ps 0 carries commit=true and is finished only after the
+//      uploads to every other task have finished: a committed push is complete everywhere.
+//   2. ps 0 records the commit. In sync mode, the first R = replicas_to_aggregate commits at step s
+//      (s == global step) are accepted; the R-th decides step s: the global step becomes s+1 and ps 0 applies
+//      the average of the decided workers' gradients slice by slice, in key order. Commits for an already
+//      decided step are dropped (counted as backup if for the step just decided, stale if older). In async mode
+//      every task applies each slice as soon as it has arrived whole, and a commit on ps 0 increments the
+//      global step.
+//   3. Pull(min_step = s+1 in sync, 0 in async, since_step = s, after_push = the commit's request id) from ps 0,
+//      sent right behind the commit and held until the commit has been handled: the header (global step G, the sync
+//      decisions for steps [s, G)) comes once the step is reached (and, with bounded staleness, once w is no
+//      more than max_staleness commits ahead of the slowest active worker); then the slices, each as soon as
+//      it has been updated to step G, in key order — so a worker can start its next forward pass on the first
+//      layers while later ones are still being applied and sent.
+//   4. Pull(decisions) from every other ps task (started as soon as ps 0's header has arrived): each applies
+//      the decisions it has not applied yet, in order, streaming each slice as soon as it is updated.
+// Retried pushes carry the same request_id and are not applied twice, not even in part.
+#ifndef DTRAIN_PS_API_PS_TYPES_H_
+#define DTRAIN_PS_API_PS_TYPES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+class Cancellation;  // common/cancellation.h
+}  // namespace dtrain
+
+namespace dtrain::ps {
+
+enum class WireDtype : uint8_t;  // ps/api/slice_io.h
+
+// One slice of the flat parameter buffer held by a ps task.
+struct SliceSpec {
+  uint32_t key = 0;          // cluster-wide id (index in the placement's slice list)
+  std::string variable;      // variable name, for logs and checkpoints
+  int64_t flat_offset = 0;   // where the slice starts in the model's flat buffer
+  int64_t length = 0;        // floats
+  // false: state, not trained (BatchNorm's running statistics): a pushed "gradient" g is applied as the plain
+  // change value -= g (averaged over the step's workers in sync mode, each push as it comes in async mode),
+  // whatever the optimizer; no optimizer slots move, no learning rate or decay applies, and its moving average
+  // is the value itself.
+  bool trainable = true;
+  bool operator==(const SliceSpec& o) const {
+    return key == o.key && variable == o.variable && flat_offset == o.flat_offset && length == o.length &&
+           trainable == o.trainable;
+  }
+};
+
+struct OptimizerConfig {
+  std::string name = "sgd";  // "sgd", "momentum", "adam"
+  float learning_rate = 0.01f;
+  // Exponential decay: lr * decay_rate ^ (step / decay_steps), floor()ed when staircase. decay_steps 0 = off.
+  int64_t decay_steps = 0;
+  float decay_rate = 1.0f;
+  bool staircase = false;
+  float momentum = 0.9f;    // "momentum"
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  // "adam" (TensorFlow's defaults)
+  bool operator==(const OptimizerConfig& o) const;
+};
+
+// ---- Sparse embedding tables ----
+// A table holds rows of `dim` floats keyed by int64 ids. Unlike the dense variables it is not placed: every ps
+// task holds the rows whose id it owns (ShardOfId), so hot ids spread over the tasks. A step touches only the
+// rows of the ids in its batch: a worker pulls those rows (deduplicated) with its dense pull and pushes their
+// gradients (summed per id) with its dense push. Bytes on the wire are proportional to the unique ids.
+struct SparseTableSpec {
+  uint32_t table = 0;       // cluster-wide index (the position in TrainConfig::tables)
+  std::string name;         // for checkpoints, statistics and export ("emb_C1", an ONNX initializer name)
+  int dim = 0;              // floats per row
+  // > 0: a [rows, dim] variable (ids must be in [0, rows)); 0: a hash table keyed by any int64 id, rows created
+  // on first touch.
+  int64_t rows = 0;
+  // A row's initial value, drawn when the row is created: uniform in [-init_scale, init_scale], deterministic in
+  // (init_seed, table, id) (SparseInitialRow), so it does not matter which task or when.
+  float init_scale = 0.01f;
+  uint64_t init_seed = 0;
+  // Memory bound per task: beyond max_rows rows the least recently touched are evicted (0: no bound).
+  int64_t max_rows = 0;
+  // Admission filter: a row is created only once its id has been looked up this many times; until then it
+  // reads as zeros and its gradient is dropped (0 or 1: created at first touch).
+  int admit_after = 0;
+  bool operator==(const SparseTableSpec& o) const;
+};
+
+// The update of the sparse rows (TensorFlow's sparse optimizers; only the touched rows and their slots move).
+struct SparseOptimizerConfig {
+  std::string name = "adagrad";  // "sgd", "adagrad", "adam" (lazy: only touched rows' moments), "ftrl"
+  float learning_rate = 0.01f;   // decayed as the dense one (OptimizerConfig's decay_steps/rate/staircase)
+  float initial_accumulator = 0.1f;  // adagrad, ftrl (TensorFlow's default 0.1)
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  // adam
+  float l1 = 0.0f, l2 = 0.0f, lr_power = -0.5f;          // ftrl
+  // Slot floats per row element: 0 (sgd), 1 (adagrad: accumulator), 2 (adam: m, v; ftrl: z, n).
+  int num_slots() const;
+  bool operator==(const SparseOptimizerConfig& o) const;
+};
+
+// The ps task that holds id's row when there are num_ps tasks: a fixed 64-bit mix of the id modulo num_ps (the
+// same on every worker and task).
+int ShardOfId(int64_t id, int num_ps);
+// Row `id`'s initial values (dim floats) for a table (SparseTableSpec::init_scale, init_seed).
+void SparseInitialRow(const SparseTableSpec& table, int64_t id, float* row);
+
+// The ids of one table a pull asks for (sorted or not, without repeats), and the rows a push brings.
+struct SparseIds {
+  uint32_t table = 0;
+  std::vector<int64_t> ids;
+};
+
+// What the chief sends when it registers; every other worker's must match (except `slices`, which each ps
+// task receives for itself).
+struct TrainConfig {
+  std::string model_signature;  // models::Signature()
+  std::string mode = "sync";    // "sync" or "async"
+  int num_workers = 1;          // worker tasks in the cluster spec
+  int replicas_to_aggregate = 0;  // sync: R (0 = num_workers)
+  int total_num_replicas = 0;     // sync: T (0 = num_workers); T > R means backup workers
+  int max_staleness = -1;         // async: bounded staleness s (-1 = unbounded)
+  OptimizerConfig optimizer;
+  float moving_average_decay = 0.0f;  // 0 = off; else decay = min(d, (1+step)/(10+step))
+  int64_t train_steps = 0;            // training ends at this global step (0: not said); the ps's exit status
+  std::vector<SliceSpec> slices;      // the slices this ps task holds
+  // Sparse embedding tables (every task holds its shard of each) and their optimizer. A model may have only
+  // tables (no slices on some task).
+  std::vector<SparseTableSpec> tables;
+  SparseOptimizerConfig sparse_optimizer;
+};
+
+// RegisterRequest::restore_step: which checkpoint a ps task without values restores when the chief registers
+// (only with ParameterServerOptions::checkpoint.dir set; ignored once the task holds values).
+inline constexpr int64_t kRestoreNewest = -1;  // the newest valid checkpoint of this task (the default)
+inline constexpr int64_t kRestoreNone = -2;    // none: the chief initializes fresh values
+
+struct RegisterRequest {
+  int worker_id = 0;
+  bool is_chief = false;
+  TrainConfig config;  // from every worker; the chief's is adopted if the ps has none yet
+  // kRestoreNewest, kRestoreNone, or a step >= 0: exactly that step's checkpoint. The chief registers with
+  // ps task 0 first (kRestoreNewest); if task 0 answers initialized=true at step k, the chief passes
+  // restore_step = k to the other tasks, else kRestoreNone, so that all tasks restore the same step (sync: a
+  // task that lacks a valid file for step k fails Register with FailedPrecondition/DataLoss; async: it falls
+  // back to its newest valid checkpoint with a warning, consistency being best effort there).
+  int64_t restore_step = kRestoreNewest;
+};
+struct RegisterResponse {
+  bool initialized = false;  // values present (chief initialized them or a checkpoint was restored)
+  int64_t global_step = 0;   // this task's step (the global step on ps 0)
+  uint64_t session = 0;      // carried by every later call of this worker to this task (ps/core/membership.h)
+  int64_t lease_ms = 0;      // a worker silent for longer is declared lost (0: never): heartbeat well within
+  // Ps 0, when its state was restored from a checkpoint since this worker last committed: where the worker's
+  // input stream was at that step (BatchStream::SaveState()); empty otherwise (keep reading where you are).
+  std::string input_position;
+};
+
+// What a ps task could restore (ParameterServer::Probe): the chief picks the newest step every task can restore
+// after a ps task restarted, and restores every task to it.
+struct CheckpointProbe {
+  bool configured = false, initialized = false;
+  int64_t step = 0;                      // the task's step when initialized
+  std::vector<int64_t> restorable_steps;  // steps of this task's valid checkpoints that fit the config, ascending
+};
+
+// Opens the upload of one worker's gradients for one step to one ps task.
+struct PushHeader {
+  int worker_id = 0;
+  int64_t step = 0;         // global step at which the gradients were computed
+  uint64_t request_id = 0;  // unique per (worker, push); a retry reuses it
+  bool commit = false;      // ps 0 only: when the upload finishes, this worker's push for `step` is complete
+  uint64_t session = 0;     // from RegisterResponse
+  // Commits to ps 0 (optional): the worker's input stream position after drawing this step's batches
+  // (BatchStream::SaveState(), at most kMaxInputPositionBytes); checkpoints keep it per worker.
+  std::string input_position;
+  // Local only (not sent): cancelling it ends a blocked upload at once (Cancelled). May be null.
+  Cancellation* cancel = nullptr;
+};
+struct PushResponse {
+  // kSkippedNonFinite: the gradients held NaN or Inf and the ps task was told to skip them (--nonfinite=skip):
+  // counted, not applied (in sync mode the step goes on without them).
+  enum class Outcome { kAccepted, kDuplicate, kDroppedStale, kDroppedBackup, kSkippedNonFinite };
+  Outcome outcome = Outcome::kAccepted;
+  int64_t global_step = 0;  // after handling the push
+};
+
+// Sync decision: the workers whose gradients make up `step`.
+struct StepDecision {
+  int64_t step = 0;
+  std::vector<int> workers;
+  // ps 0 saved a checkpoint right after applying this step (at step + 1): every other task that applies the
+  // decision saves one too, so the files of one step form a consistent checkpoint in sync mode.
+  bool checkpoint = false;
+  // HMAC-SHA256 of the fields above under the cluster token, made by ps 0 (empty without a token): other tasks
+  // apply only decisions ps 0 signed, whoever relays them.
+  std::string mac;
+  bool operator==(const StepDecision& o) const {
+    return step == o.step && workers == o.workers && checkpoint == o.checkpoint && mac == o.mac;
+  }
+};
+
+struct PullRequest {
+  int worker_id = 0;
+  uint64_t session = 0;    // from RegisterResponse
+  int64_t min_step = 0;    // wait until this task's step >= min_step (ps 0: the global step)
+  int64_t since_step = 0;  // ps 0: return decisions for [since_step, global_step)
+  std::vector<StepDecision> decisions;  // other tasks: apply these first (those already applied are skipped)
+  int64_t timeout_ms = 60000;           // give up waiting after this (DeadlineExceeded)
+  // Return the moving averages instead of the values (evaluation with averaged weights); FailedPrecondition
+  // when the config keeps none (moving_average_decay 0).
+  bool moving_averages = false;
+  // Non-zero: before anything else, wait until this worker's push with this request id has been handled (its
+  // commit recorded, or the push dropped). A worker sends its next pull right behind its commit, on another
+  // stream; this keeps the pull from overtaking the commit.
+  uint64_t after_push = 0;
+  // Element type of the slice data on the wire (a transport matter: in process it is always fp32).
+  WireDtype wire_dtype{};
+  // Sparse rows to deliver after the slices (only ids this task owns): per table, in the order of `ids`,
+  // through PullReceiver::SparseDestination/SparseWritten. An id not admitted yet reads as zeros.
+  std::vector<SparseIds> sparse;
+  // Local only (not sent): cancelling it wakes a waiting pull and ends it at once (Cancelled). May be null.
+  Cancellation* cancel = nullptr;
+};
+// The first thing a Pull delivers, before any slice data.
+struct PullHeader {
+  int64_t step = 0;                     // this task's step the values belong to
+  std::vector<StepDecision> decisions;  // ps 0, sync: decisions for [since_step, step)
+  bool training_done = false;           // every worker has reported done
+};
+
+// What ps 0 reports at the end of training (and dtrain_worker prints on the chief).
+struct WorkerStats {
+  int worker_id = 0;
+  int64_t applied = 0, dropped_stale = 0, dropped_backup = 0, duplicates = 0;
+  double wait_seconds = 0.0;  // time spent blocked in Pull
+  bool done = false;
+  bool failed = false;        // done, but it stopped on an error instead of completing its training
+  bool lost = false;          // declared lost (lease ran out) and not back since
+  int64_t times_lost = 0;     // how often it was declared lost
+  int64_t nonfinite = 0;      // pushes refused or skipped for NaN/Inf gradients
+};
+// One sparse table's shard on a task.
+struct SparseTableStats {
+  std::string name;
+  int64_t rows = 0;               // rows held now
+  int64_t created = 0;            // rows created since the task started (or restored)
+  int64_t evicted = 0;            // rows evicted by max_rows
+  int64_t not_admitted = 0;       // lookups of ids not admitted yet (read as zeros)
+  int64_t dropped_gradients = 0;  // row gradients dropped (ids not admitted, or evicted meanwhile)
+  int64_t lookups = 0;            // ids pulled
+  int64_t updates = 0;            // row updates applied
+};
+struct TrainingStats {
+  int64_t global_step = 0;
+  std::vector<WorkerStats> workers;
+  std::vector<int64_t> staleness_histogram;  // async: [k] = pushes applied with staleness k (last bucket: >=)
+  int64_t max_staleness_seen = 0;
+  int64_t bytes_received = 0, bytes_sent = 0;  // payload bytes (values * wire size, + ids) in uploads / pulls
+  std::vector<SparseTableStats> tables;      // this task's shard of each table
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_API_PS_TYPES_H_

@@ -1,0 +1,90 @@
+// The checkpoint file format: the state of one ps task (values, optimizer slots and moving averages of its
+// slices, and its step) as bytes, versioned and checksummed. No I/O here: checkpoint_dir.h names, finds,
+// reads and prunes the files, checkpoint_writer.h writes them, checkpoint_set.h reads a whole
+// checkpoint for evaluation.
+//
+// Format (version 3; integers little-endian, floats IEEE-754 float32 little-endian):
+//   header   "DTRNCKPT" | u32 version | u32 body_len | body | u32 masked CRC32C(everything before it)
+//            body: u32 task_index | u32 num_ps | i64 global_step | i64 task_step | str model_signature |
+//                  str optimizer | u32 num_slots | u8 has_moving_averages | u32 num_slices
+//            (str = u32 length + bytes)
+//   slice i  u32 body_len | body | u32 masked CRC32C(body_len + body)
+//            body: u32 key | str variable | i64 flat_offset | i64 length | u8 flags (version 3; bit 0: state,
+//                  not trainable) | f32 values[length] |
+//                  f32 slot[num_slots][length] | f32 moving_average[length] (when has_moving_averages)
+//   inputs   (version 2) u32 body_len | body | u32 masked CRC32C(body_len + body)
+//            body: u32 count | count x (u32 worker | str position): each worker's input position at this
+//            step (worker/data/batch_stream_state.h; kept by ps task 0 only, empty elsewhere)
+//   trailer  "DTRNTAIL" | u64 bytes before the trailer | u32 masked CRC32C(every byte before the trailer)
+// Version 1 files (no inputs section) are read as having no input positions; version 1 and 2 slices (no flags)
+// as trainable.
+//
+// Errors from ParseCheckpoint (every message starts with the name it was given, usually the file's path):
+//   DataLoss            truncated ("truncated at byte N ..."), corrupted ("checksum mismatch in slice 3 ..."),
+//                       not a checkpoint ("bad magic: not a dtrain checkpoint"), trailing garbage, fields that
+//                       cannot be true (a slice longer than its section, an impossible task index)
+//   FailedPrecondition  written by a newer format version (read it with that dtrain)
+//   Unimplemented       on a big-endian host
+//
+// Thread-safety: stateless functions, safe from any thread.
+#ifndef DTRAIN_PS_CHECKPOINT_CHECKPOINT_FORMAT_H_
+#define DTRAIN_PS_CHECKPOINT_CHECKPOINT_FORMAT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "ps/api/ps_types.h"
+
+namespace dtrain::ps {
+
+inline constexpr char kCheckpointMagic[] = "DTRNCKPT";  // 8 bytes, no terminator in the file
+inline constexpr uint32_t kCheckpointFormatVersion = 3;
+// An input position larger than this is refused (it is a few dozen bytes).
+inline constexpr size_t kMaxInputPositionBytes = 1024;
+
+// The full state of one slice.
+struct SliceState {
+  SliceSpec spec;
+  std::vector<float> values;                 // spec.length
+  std::vector<std::vector<float>> slots;     // [slot][spec.length], Optimizer::num_slots() of them
+  std::vector<float> moving_average;         // spec.length, or empty when moving averages are off
+};
+
+// What one checkpoint file holds.
+struct CheckpointData {
+  int task_index = 0;
+  int num_ps = 1;
+  // The step the checkpoint belongs to (the number in the file name): the global step on task 0 and in sync
+  // mode on every task; in async mode a non-zero task's estimate of the global step (see
+  // ps/core/parameter_server.h).
+  int64_t global_step = 0;
+  int64_t task_step = 0;  // the task's own applied-step counter (drives its learning-rate schedule)
+  std::string model_signature;
+  std::string optimizer;  // OptimizerConfig::name
+  int num_slots = 0;
+  bool has_moving_averages = false;
+  std::vector<SliceState> slices;
+  // Ps task 0: where each worker's input stream was at this step (worker id -> BatchStream::SaveState()), so a
+  // resumed run reads the batches an uninterrupted one would. Workers without a known position are absent.
+  std::map<int, std::string> input_positions;
+};
+
+// The encoding above. CHECKs that the data is self-consistent (lengths match the specs): it is built by the
+// ParameterServer, not read from input.
+// `version` < kCheckpointFormatVersion writes an older format (what that version would have written; its
+// readers' tests use it): no slice flags before 3 (every slice must be trainable), no inputs section before 2.
+std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version = kCheckpointFormatVersion);
+
+// Validates everything (see Errors above); `name` prefixes the messages.
+absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const std::string& name);
+
+// "key 3 'layer1/weights' [120, +40)", for messages.
+std::string DescribeSlice(const SliceSpec& s);
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_CHECKPOINT_CHECKPOINT_FORMAT_H_

@@ -1,0 +1,105 @@
+#include "ps/checkpoint/checkpoint_set.h"
+
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/env.h"
+#include "ps/checkpoint/checkpoint_dir.h"
+#include "gtest/gtest.h"
+#include "ps/checkpoint/checkpoint_test_util.h"
+
+namespace dtrain::ps {
+namespace {
+
+using ::dtrain::ps::testing::ExpectSame;
+using ::dtrain::ps::testing::LogCapture;
+using ::dtrain::ps::testing::MakeData;
+using ::dtrain::ps::testing::ScratchDir;
+using ::dtrain::ps::testing::WriteCheckpointFile;
+
+// Two tasks' files covering a 10-float model: task 0 holds [0, 4) and [7, 10), task 1 [4, 7).
+void WriteModelStep(const std::string& dir, int64_t step) {
+  for (int task = 0; task < 2; ++task) {
+    CheckpointData d;
+    d.task_index = task;
+    d.num_ps = 2;
+    d.global_step = d.task_step = step;
+    d.model_signature = "m";
+    d.optimizer = "sgd";
+    d.has_moving_averages = true;
+    std::vector<SliceSpec> specs = task == 0 ? std::vector<SliceSpec>{{0, "a", 0, 4}, {2, "b", 7, 3}}
+                                             : std::vector<SliceSpec>{{1, "a", 4, 3}};
+    for (const SliceSpec& spec : specs) {
+      SliceState s;
+      s.spec = spec;
+      for (int64_t j = 0; j < spec.length; ++j) {
+        s.values.push_back(static_cast<float>(step + spec.flat_offset + j));
+        s.moving_average.push_back(-static_cast<float>(spec.flat_offset + j));
+      }
+      d.slices.push_back(std::move(s));
+    }
+    WriteCheckpointFile(CheckpointPath(dir, step, task, 2), d);
+  }
+}
+
+TEST(CheckpointSetTest, ReadsAPrefixOrTheNewestCompleteStepOfADirectory) {
+  ScratchDir dir("set");
+  WriteModelStep(dir.path(), 10);
+  WriteModelStep(dir.path(), 20);
+  WriteModelStep(dir.path(), 30);
+  std::filesystem::remove(CheckpointPath(dir.path(), 30, 1, 2));  // step 30 incomplete
+  const std::string p20 = CheckpointPath(dir.path(), 20, 0, 2);
+  std::filesystem::resize_file(p20, std::filesystem::file_size(p20) - 1);  // step 20 corrupt
+
+  absl::StatusOr<std::vector<CheckpointData>> parts = ReadCheckpointSet(Env::Default(), dir.path());
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_EQ(parts->size(), 2u);
+  EXPECT_EQ((*parts)[0].global_step, 10);
+  absl::StatusOr<std::vector<float>> flat = AssembleFlatBuffer(*parts, 10, false);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  EXPECT_EQ(*flat, (std::vector<float>{10, 11, 12, 13, 14, 15, 16, 17, 18, 19}));
+  flat = AssembleFlatBuffer(*parts, 10, true);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  EXPECT_EQ(*flat, (std::vector<float>{0, -1, -2, -3, -4, -5, -6, -7, -8, -9}));
+
+  parts = ReadCheckpointSet(Env::Default(), CheckpointPrefix(dir.path(), 10));
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  EXPECT_EQ((*parts)[1].task_index, 1);
+  EXPECT_EQ(ReadCheckpointSet(Env::Default(), CheckpointPrefix(dir.path(), 20)).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadCheckpointSet(Env::Default(), CheckpointPrefix(dir.path(), 30)).status().code(), absl::StatusCode::kNotFound);
+  absl::Status missing = ReadCheckpointSet(Env::Default(), CheckpointPrefix(dir.path(), 40)).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(missing.message(), "10, 20, 30")) << missing;
+  EXPECT_EQ(ReadCheckpointSet(Env::Default(), dir.path() + "/nonsense").status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Coverage: a missing task leaves a gap; a bigger model is not covered; a smaller one is exceeded.
+  parts = ReadCheckpointSet(Env::Default(), CheckpointPrefix(dir.path(), 10));
+  std::vector<CheckpointData> only0 = {(*parts)[0]};
+  absl::Status gap = AssembleFlatBuffer(only0, 10, false).status();
+  EXPECT_EQ(gap.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(gap.message(), "does not cover parameter 4")) << gap;
+  EXPECT_EQ(AssembleFlatBuffer(*parts, 11, false).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AssembleFlatBuffer(*parts, 9, false).status().code(), absl::StatusCode::kFailedPrecondition);
+  std::vector<CheckpointData> twice = {(*parts)[0], (*parts)[1], (*parts)[1]};
+  EXPECT_TRUE(absl::StrContains(AssembleFlatBuffer(twice, 10, false).status().message(), "overlaps"));
+}
+
+// A slice whose flat offset lies near INT64_MAX: offset + length overflowed in the range check (undefined
+// behaviour); it is reported as beyond the model instead.
+TEST(CheckpointSetTest, SliceOffsetNearTheInt64LimitIsBeyondTheModel) {
+  CheckpointData d = MakeData(1, 0, false);
+  d.slices[0].spec.flat_offset = std::numeric_limits<int64_t>::max() - 2;
+  absl::StatusOr<CheckpointData> parsed = ParseCheckpoint(SerializeCheckpoint(d), "f");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const absl::Status s = AssembleFlatBuffer({*parsed}, 16, false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "lies beyond the model's 16 parameters")) << s;
+}
+
+}  // namespace
+}  // namespace dtrain::ps

@@ -1,0 +1,761 @@
+#include "ps/client/worker_client.h"
+
+#include <algorithm>
+#include <random>
+#include <string_view>
+#include <iterator>
+#include <thread>
+#include <utility>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/mutex_config.h"
+#include "common/status_macros.h"
+
+namespace dtrain::ps {
+
+// One task's part of the push in flight. Owned by the task's push lane while the push runs.
+struct WorkerClient::TaskPush {
+  std::unique_ptr<SliceUpload> upload;
+  std::vector<int> sent;  // slices written to this upload (a retried upload writes them again)
+  absl::Status status;
+};
+
+// Writes one task's pulled slices into the flat parameter buffer; used by the task's pull lane only.
+class WorkerClient::Receiver : public PullReceiver {
+ public:
+  Receiver(WorkerClient* client, int task)
+      : client_(client), task_(task), received_(client->slices_.size(), 0), done_(client->slices_.size(), 0) {}
+
+  // Before a new pull: nothing has arrived.
+  void Reset() {
+    std::fill(received_.begin(), received_.end(), 0);
+    std::fill(done_.begin(), done_.end(), 0);
+    header_seen_ = false;
+  }
+  // Before a retried attempt: slices that arrived whole stay; partial ones start again.
+  void Restart() {
+    for (size_t s = 0; s < received_.size(); ++s) {
+      if (!done_[s]) received_[s] = 0;
+    }
+  }
+  bool complete() const {
+    for (int s : client_->task_slices_[task_]) {
+      if (!done_[s]) return false;
+    }
+    return true;
+  }
+
+  absl::Status OnHeader(const PullHeader& header) override {
+    if (task_ == 0 && !header_seen_) client_->OnPullHeader(header);
+    header_seen_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Buffer> Destination(uint32_t key, int64_t offset, int64_t n) override {
+    const int s = key < client_->slice_of_key_.size() ? client_->slice_of_key_[key] : -1;
+    if (s < 0 || client_->slices_[s].task != task_) {
+      return absl::DataLossError(absl::StrCat("ps task ", task_, " sent slice key ", key, ", which it does not hold"));
+    }
+    const SliceSpec& spec = client_->slices_[s].spec;
+    if (done_[s]) return Buffer{};  // arrived whole in an earlier attempt
+    if (offset == 0) received_[s] = 0;
+    if (offset != received_[s] || n < 0 || offset + n > spec.length) {
+      return absl::DataLossError(absl::StrCat("ps task ", task_, " sent floats [", offset, ", ", offset + n,
+                                              ") of '", spec.variable, "' after ", received_[s], " of ",
+                                              spec.length));
+    }
+    return Buffer{client_->pull_params_ + spec.flat_offset + offset, WireDtype::kF32};
+  }
+
+  absl::Status Written(uint32_t key, int64_t offset, int64_t n) override {
+    const int s = client_->slice_of_key_[key];
+    if (done_[s]) return absl::OkStatus();
+    received_[s] += n;
+    if (received_[s] == client_->slices_[s].spec.length) {
+      done_[s] = 1;
+      client_->SliceArrived(s);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  WorkerClient* client_;
+  const int task_;
+  std::vector<int64_t> received_;  // floats per slice (global index)
+  std::vector<char> done_;
+  bool header_seen_ = false;
+};
+
+namespace {
+
+// Uploads are retried when the task is unreachable or too slow to answer; pulls only when it is unreachable
+// (a pull that timed out waiting for its step has waited long enough).
+bool Retryable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+bool RetryablePull(const absl::Status& s) { return s.code() == absl::StatusCode::kUnavailable; }
+
+// g + residual rounded to `dtype` into `out`; the rounding error becomes the new residual.
+void EncodeWithErrorFeedback(WireDtype dtype, const float* g, float* residual, int64_t n, char* out) {
+  constexpr int64_t kBlock = 4096;
+  float sum[kBlock], back[kBlock];
+  const int bytes = DtypeBytes(dtype);
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+    for (int64_t i = 0; i < m; ++i) sum[i] = g[b + i] + residual[b + i];
+    EncodeFloats(dtype, sum, m, out + b * bytes);
+    DecodeFloats(dtype, out + b * bytes, m, back);
+    for (int64_t i = 0; i < m; ++i) residual[b + i] = sum[i] - back[i];
+  }
+}
+
+}  // namespace
+
+WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vector<SliceSpec>> placement,
+                           int worker_id, bool is_chief, WorkerClientOptions options)
+    : tasks_(std::move(tasks)),
+      placement_(std::move(placement)),
+      worker_id_(worker_id),
+      is_chief_(is_chief),
+      options_(options) {
+  DisableMutexDeadlockDetection();  // see common/mutex_config.h
+  CHECK_EQ(tasks_.size(), placement_.size());
+  for (int t = 0; t < num_tasks(); ++t) {
+    for (const SliceSpec& s : placement_[t]) slices_.push_back(Slice{s, t});
+  }
+  std::sort(slices_.begin(), slices_.end(),
+            [](const Slice& a, const Slice& b) { return a.spec.flat_offset < b.spec.flat_offset; });
+  task_slices_.resize(num_tasks());
+  for (int i = 0; i < static_cast<int>(slices_.size()); ++i) {
+    const uint32_t key = slices_[i].spec.key;
+    if (key >= slice_of_key_.size()) slice_of_key_.resize(key + 1, -1);
+    slice_of_key_[key] = i;
+    task_slices_[slices_[i].task].push_back(i);
+  }
+  slice_queued_.assign(slices_.size(), 0);
+  sessions_.assign(num_tasks(), 0);
+  for (int t = 0; t < num_tasks(); ++t) {
+    pushes_.push_back(std::make_unique<TaskPush>());
+    receivers_.push_back(std::make_unique<Receiver>(this, t));
+    push_lanes_.push_back(std::make_unique<SerialExecutor>(options_.background, absl::StrCat("ps", t, "-push")));
+    pull_lanes_.push_back(std::make_unique<SerialExecutor>(options_.background, absl::StrCat("ps", t, "-pull")));
+  }
+  // Request ids must not repeat across restarts of this worker: start from a random base.
+  std::random_device rd;
+  next_request_id_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  cancel_.Register([this] {
+    inflight_.Cancel();
+    absl::MutexLock lock(&mu_);
+    cv_.SignalAll();
+  });
+}
+
+WorkerClient::~WorkerClient() {
+  cancel_.Cancel();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  // Lanes finish (quickly: everything blocking is cancelled) and join before the state they use goes away.
+  push_lanes_.clear();
+  pull_lanes_.clear();
+}
+
+// ---- connecting -----------------------------------------------------------------------------------------------
+
+absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initial_params, absl::Duration wait) {
+  config_ = config;
+  sync_ = config.mode == "sync";
+  if (initial_params != nullptr && is_chief_) {
+    const int64_t n = slices_.empty() ? 0 : slices_.back().spec.flat_offset + slices_.back().spec.length;
+    initial_.assign(initial_params, initial_params + n);
+  }
+  const absl::Time give_up = absl::Now() + wait;
+  if (is_chief_) RETURN_IF_ERROR(PrepareTasks(give_up, wait));
+  absl::Duration backoff = absl::Milliseconds(100);
+  absl::Time next_log = absl::Now();
+  int64_t lease_ms = 0;
+  for (int t = 0; t < num_tasks(); ++t) {
+    RegisterRequest req;
+    req.worker_id = worker_id_;
+    req.is_chief = is_chief_;
+    req.config = TaskConfig(t);
+    while (true) {
+      if (cancel_.cancelled()) return absl::CancelledError("connecting: cancelled");
+      absl::StatusOr<RegisterResponse> r = tasks_[t]->Register(req);
+      std::string waiting_for;
+      absl::Status failed;
+      if (r.ok()) {
+        {
+          absl::MutexLock lock(&mu_);
+          sessions_[t] = r->session;
+          if (t == 0) restored_position_ = r->input_position;
+        }
+        lease_ms = std::max(lease_ms, r->lease_ms);
+        if (r->initialized) {
+          if (is_chief_ && t == 0 && r->global_step > 0) {
+            LOG(INFO) << "ps task 0 is at step " << r->global_step << " (restored from a checkpoint or running)";
+          }
+          break;
+        }
+        if (is_chief_) {
+          if (initial_.empty()) {
+            return absl::FailedPreconditionError(absl::StrCat("ps task ", t, " holds no values and the chief has no "
+                                                              "initial values to give it"));
+          }
+          absl::StatusOr<std::unique_ptr<SliceUpload>> init = tasks_[t]->StartInitialize(worker_id_);
+          if (init.ok()) {
+            absl::Status s = WriteSlices(init->get(), initial_.data(), placement_[t]);
+            if (s.ok()) s = (*init)->Finish().status();
+            failed = s;
+          } else {
+            failed = init.status();
+          }
+          if (failed.ok()) {
+            LOG(INFO) << "initialized ps task " << t << " (" << placement_[t].size() << " slices)";
+            break;
+          }
+          if (!Retryable(failed)) return failed;
+          waiting_for = absl::StrCat("ps task ", t, " to take the initial values (", failed.message(), ")");
+        } else {
+          waiting_for = absl::StrCat("the chief to initialize ps task ", t);
+        }
+      } else if (Retryable(r.status())) {
+        waiting_for = absl::StrCat("ps task ", t, " (", r.status().message(), ")");
+      } else {
+        return r.status();
+      }
+      if (absl::Now() > give_up) {
+        return absl::DeadlineExceededError(absl::StrCat("worker ", worker_id_, " gave up waiting for ", waiting_for,
+                                                        " after ", absl::FormatDuration(wait)));
+      }
+      if (absl::Now() >= next_log) {
+        LOG(INFO) << "worker " << worker_id_ << " waiting for " << waiting_for;
+        next_log = absl::Now() + absl::Seconds(5);
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+  }
+  if (options_.background && lease_ms > 0 && !heartbeat_.joinable()) {
+    const absl::Duration every = std::clamp(absl::Milliseconds(lease_ms) / 4, absl::Milliseconds(20), absl::Seconds(2));
+    heartbeat_ = std::thread([this, every] { HeartbeatLoop(every); });
+  }
+  return absl::OkStatus();
+}
+
+TrainConfig WorkerClient::TaskConfig(int task) const {
+  TrainConfig c = config_;
+  c.slices = placement_[task];
+  return c;
+}
+
+absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait) {
+  // What every task holds and could restore (waiting for tasks that are not up yet).
+  std::vector<CheckpointProbe> probes(num_tasks());
+  for (int t = 0; t < num_tasks(); ++t) {
+    absl::Duration backoff = absl::Milliseconds(100);
+    absl::Time next_log = absl::Now();
+    while (true) {
+      if (cancel_.cancelled()) return absl::CancelledError("connecting: cancelled");
+      absl::StatusOr<CheckpointProbe> p = tasks_[t]->Probe(TaskConfig(t));
+      if (p.ok()) {
+        probes[t] = *std::move(p);
+        break;
+      }
+      if (!Retryable(p.status())) return p.status();
+      if (absl::Now() > give_up) {
+        return absl::DeadlineExceededError(absl::StrCat("the chief gave up waiting for ps task ", t, " after ",
+                                                        absl::FormatDuration(wait), " (", p.status().message(), ")"));
+      }
+      if (absl::Now() >= next_log) {
+        LOG(INFO) << "chief waiting for ps task " << t << " (" << p.status().message() << ")";
+        next_log = absl::Now() + absl::Seconds(5);
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+  }
+  bool all_initialized = true, none_initialized = true, same_step = true, any_checkpoint = false;
+  for (const CheckpointProbe& p : probes) {
+    all_initialized = all_initialized && p.initialized;
+    none_initialized = none_initialized && !p.initialized;
+    same_step = same_step && p.step == probes[0].step;
+    any_checkpoint = any_checkpoint || !p.restorable_steps.empty();
+  }
+  // Every task runs and agrees (async tasks count their own updates: they need not agree).
+  if (all_initialized && (same_step || !sync_)) return absl::OkStatus();
+  // A fresh start: Register and Initialize do it (a checkpoint that does not fit is refused there).
+  if (none_initialized && !any_checkpoint) return absl::OkStatus();
+  // Some task lost its state (restarted), or the cluster restarts from its checkpoints: every task goes to the
+  // newest step that every task can restore.
+  std::vector<int64_t> common = probes[0].restorable_steps;
+  for (const CheckpointProbe& p : probes) {
+    std::vector<int64_t> both;
+    std::set_intersection(common.begin(), common.end(), p.restorable_steps.begin(), p.restorable_steps.end(),
+                          std::back_inserter(both));
+    common = std::move(both);
+  }
+  if (common.empty()) {
+    std::string have;
+    for (int t = 0; t < num_tasks(); ++t) {
+      absl::StrAppend(&have, t == 0 ? "" : "; ", "ps task ", t, ": ",
+                      probes[t].initialized ? absl::StrCat("running at step ", probes[t].step) : "no values",
+                      ", checkpoints [", absl::StrJoin(probes[t].restorable_steps, ","), "]");
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ps tasks cannot be brought to one step: no checkpoint step is restorable on every task (", have,
+        "). Restart every ps task with a --checkpoint_dir that holds a complete checkpoint, or an empty one"));
+  }
+  const int64_t k = common.back();
+  for (int t = 0; t < num_tasks(); ++t) {
+    absl::Status s = tasks_[t]->Restore(TaskConfig(t), worker_id_, k);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("restoring ps task ", t, " to step ", k, ": ", s.message()));
+  }
+  LOG(WARNING) << "chief: every ps task restored the checkpoint of step " << k
+               << (none_initialized ? "" : " (a ps task had lost its state)");
+  return absl::OkStatus();
+}
+
+std::string WorkerClient::restored_input_position() const {
+  absl::MutexLock lock(&mu_);
+  return restored_position_;
+}
+
+void WorkerClient::SetInputPosition(std::string position) { next_input_position_ = std::move(position); }
+
+absl::Status WorkerClient::Reconnect(absl::Duration wait) {
+  // What is in flight belongs to the old sessions: end it now (a pull may wait on ps 0 for a step that needs
+  // workers who are reconnecting themselves) and let it finish before connecting again.
+  inflight_.Cancel();
+  absl::Status push = WaitPush().status();
+  absl::Status pull = FinishPull().status();
+  VLOG(1) << "reconnecting after push: " << push << ", pull: " << pull;
+  if (cancel_.cancelled()) return absl::CancelledError("reconnecting: cancelled");
+  auto start_over = [this] {
+    absl::MutexLock lock(&mu_);
+    inflight_.Reset();  // nothing is in flight
+    session_lost_ = absl::OkStatus();
+  };
+  start_over();
+  absl::Status connected = Connect(config_, nullptr, wait);
+  // A heartbeat of an old session may have been refused while Connect ran: Connect replaced every session.
+  start_over();
+  return connected;
+}
+
+void WorkerClient::HeartbeatLoop(absl::Duration every) {
+  absl::MutexLock lock(&mu_);
+  while (!cancel_.cancelled()) {
+    const absl::Time until = absl::Now() + every;
+    while (!cancel_.cancelled() && !cv_.WaitWithDeadline(&mu_, until)) {
+    }
+    if (cancel_.cancelled()) break;
+    const std::vector<uint64_t> sessions = sessions_;
+    mu_.Unlock();
+    std::vector<absl::Status> answers(num_tasks());
+    for (int t = 0; t < num_tasks(); ++t) {
+      if (sessions[t] != 0) answers[t] = tasks_[t]->Heartbeat(worker_id_, sessions[t]).status();
+    }
+    mu_.Lock();
+    // Other failures are for the training thread to find: its next call to the task says what is wrong. But a
+    // task that lost this worker's session may be one the training thread does not call while it waits (for a
+    // step on ps 0 that needs every worker, one of them waiting for this chief to restore the task).
+    for (int t = 0; t < num_tasks(); ++t) {
+      if (answers[t].code() == absl::StatusCode::kAborted && sessions_[t] == sessions[t] && session_lost_.ok()) {
+        session_lost_ = absl::AbortedError(absl::StrCat("heartbeat to ps task ", t, ": ", answers[t].message()));
+        LOG(WARNING) << "worker " << worker_id_ << ": " << session_lost_.message() << "; ending the calls in flight";
+        inflight_.Cancel();  // under mu_, so Reconnect's Reset cannot come between (its callbacks take no mu_)
+        cv_.SignalAll();
+      }
+    }
+  }
+}
+
+uint64_t WorkerClient::session(int task) {
+  absl::MutexLock lock(&mu_);
+  return sessions_[task];
+}
+
+// ---- helpers ----------------------------------------------------------------------------------------------------
+
+std::vector<int> WorkerClient::SlicesIn(int64_t begin, int64_t end) const {
+  // First slice ending after `begin`, then every slice starting before `end`.
+  auto it = std::partition_point(slices_.begin(), slices_.end(), [&](const Slice& s) {
+    return s.spec.flat_offset + s.spec.length <= begin;
+  });
+  std::vector<int> out;
+  for (; it != slices_.end() && it->spec.flat_offset < end; ++it) out.push_back(static_cast<int>(it - slices_.begin()));
+  return out;
+}
+
+absl::Status WorkerClient::AwaitWithDeadline(const absl::Condition& condition, const char* what) {
+  const absl::Time deadline = absl::Now() + options_.step_timeout + options_.retry_window;
+  while (!condition.Eval()) {
+    if (cancel_.cancelled()) return absl::CancelledError(absl::StrCat("worker ", worker_id_, ": ", what, " cancelled"));
+    if (cv_.WaitWithDeadline(&mu_, deadline) && !condition.Eval()) {
+      return absl::DeadlineExceededError(absl::StrCat("worker ", worker_id_, " timed out ", what, " after ",
+                                                      absl::FormatDuration(options_.step_timeout +
+                                                                           options_.retry_window)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename Op>
+absl::Status WorkerClient::WithRetries(const char* what, int task, Op op) {
+  const bool pull = std::string_view(what) == "pull";
+  const absl::Time give_up = absl::Now() + options_.retry_window;
+  absl::Duration backoff = options_.initial_backoff;
+  for (bool retry = false;; retry = true) {
+    absl::Status s = op(retry);
+    if (s.ok()) return s;
+    if (cancel_.cancelled() || inflight_.cancelled()) return absl::CancelledError(absl::StrCat(what, " cancelled"));
+    if (!(pull ? RetryablePull(s) : Retryable(s)) || absl::Now() + backoff > give_up) {
+      return absl::Status(s.code(), absl::StrCat(what, " to ps task ", task, ": ", s.message()));
+    }
+    VLOG(1) << what << " to ps task " << task << " failed (" << s << "), retrying";
+    absl::MutexLock lock(&mu_);
+    const absl::Time until = absl::Now() + backoff;
+    while (!cancel_.cancelled() && !cv_.WaitWithDeadline(&mu_, until)) {
+    }
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+// ---- push -------------------------------------------------------------------------------------------------------
+
+absl::Status WorkerClient::BeginPush(int64_t step, const float* grads) {
+  bool previous_active;
+  {
+    absl::MutexLock lock(&mu_);
+    previous_active = push_active_;
+  }
+  // The previous push must be done before its buffer is overwritten.
+  if (previous_active) RETURN_IF_ERROR(WaitPush().status());
+  {
+    absl::MutexLock lock(&mu_);
+    push_step_ = step;
+    push_status_ = absl::OkStatus();
+    push_response_ = PushResponse{};
+    pushes_pending_ = num_tasks();
+    others_pending_ = num_tasks() - 1;
+    push_active_ = true;
+  }
+  push_grads_ = grads;
+  push_request_id_ = next_request_id_++;
+  input_position_ = next_input_position_;  // the previous push is done with it
+  std::fill(slice_queued_.begin(), slice_queued_.end(), 0);
+  for (auto& p : pushes_) *p = TaskPush{};
+  if (options_.wire_dtype != WireDtype::kF32 && residual_.empty()) {
+    const int64_t n = slices_.empty() ? 0 : slices_.back().spec.flat_offset + slices_.back().spec.length;
+    residual_.assign(n, 0.0f);
+    encoded_.assign(n * DtypeBytes(options_.wire_dtype), 0);
+  }
+  return absl::OkStatus();
+}
+
+void WorkerClient::PushRange(int64_t begin, int64_t end) {
+  std::vector<std::vector<int>> by_task(num_tasks());
+  for (int s : SlicesIn(begin, end)) {
+    const SliceSpec& spec = slices_[s].spec;
+    if (slice_queued_[s] || spec.flat_offset < begin || spec.flat_offset + spec.length > end) continue;
+    slice_queued_[s] = 1;
+    by_task[slices_[s].task].push_back(s);
+  }
+  for (int t = 0; t < num_tasks(); ++t) {
+    if (by_task[t].empty()) continue;
+    push_lanes_[t]->Run([this, t, list = std::move(by_task[t])]() mutable { SendSlices(t, std::move(list)); });
+  }
+}
+
+void WorkerClient::FinishPush() {
+  // Whatever was not pushed range by range goes now.
+  std::vector<std::vector<int>> by_task(num_tasks());
+  for (int s = 0; s < static_cast<int>(slices_.size()); ++s) {
+    if (!slice_queued_[s]) {
+      slice_queued_[s] = 1;
+      by_task[slices_[s].task].push_back(s);
+    }
+  }
+  // Other tasks first; ps 0's lane waits for them before it commits.
+  for (int t = num_tasks() - 1; t >= 0; --t) {
+    push_lanes_[t]->Run([this, t, list = std::move(by_task[t])]() mutable {
+      if (!list.empty()) SendSlices(t, std::move(list));
+      FinishTaskPush(t);
+    });
+  }
+}
+
+void WorkerClient::AbandonPush(absl::Status why) {
+  if (why.ok()) why = absl::CancelledError("push abandoned");
+  for (int t = num_tasks() - 1; t >= 0; --t) {
+    push_lanes_[t]->Run([this, t, why] { AbandonTaskPush(t, why); });
+  }
+}
+
+void WorkerClient::AbandonTaskPush(int task, const absl::Status& why) {
+  // Destroying an unfinished upload cancels its stream; the task drops what it received of it.
+  pushes_[task]->upload.reset();
+  absl::MutexLock lock(&mu_);
+  if (push_status_.ok()) push_status_ = why;
+  --pushes_pending_;
+  if (task > 0) --others_pending_;
+  cv_.SignalAll();
+}
+
+absl::Status WorkerClient::OpenUpload(int task) {
+  PushHeader header;
+  header.worker_id = worker_id_;
+  header.step = push_step_;  // not changed while lanes run a push
+  header.request_id = push_request_id_;
+  header.commit = task == 0;
+  header.session = session(task);
+  if (header.commit) header.input_position = input_position_;
+  header.cancel = &inflight_;
+  ASSIGN_OR_RETURN(pushes_[task]->upload, tasks_[task]->StartPush(header));
+  return absl::OkStatus();
+}
+
+absl::Status WorkerClient::WriteSlice(int task, int s) {
+  const SliceSpec& spec = slices_[s].spec;
+  const float* g = push_grads_ + spec.flat_offset;
+  if (options_.wire_dtype == WireDtype::kF32) {
+    return pushes_[task]->upload->Write(spec.key, 0, spec.length, WireDtype::kF32, g);
+  }
+  const int bytes = DtypeBytes(options_.wire_dtype);
+  char* out = encoded_.data() + spec.flat_offset * bytes;
+  TaskPush& p = *pushes_[task];
+  // Encode once per push (a retried upload sends the same bytes again).
+  if (std::find(p.sent.begin(), p.sent.end(), s) == p.sent.end()) {
+    EncodeWithErrorFeedback(options_.wire_dtype, g, residual_.data() + spec.flat_offset, spec.length, out);
+  }
+  return p.upload->Write(spec.key, 0, spec.length, options_.wire_dtype, out);
+}
+
+void WorkerClient::SendSlices(int task, std::vector<int> list) {
+  TaskPush& p = *pushes_[task];
+  if (!p.status.ok()) return;
+  p.status = WithRetries("push", task, [&](bool retry) -> absl::Status {
+    if (retry || !p.upload) {
+      RETURN_IF_ERROR(OpenUpload(task));
+      for (int s : p.sent) RETURN_IF_ERROR(WriteSlice(task, s));
+    }
+    for (int s : list) {
+      if (std::find(p.sent.begin(), p.sent.end(), s) != p.sent.end()) continue;
+      RETURN_IF_ERROR(WriteSlice(task, s));
+      p.sent.push_back(s);
+    }
+    return absl::OkStatus();
+  });
+}
+
+void WorkerClient::FinishTaskPush(int task) {
+  TaskPush& p = *pushes_[task];
+  PushResponse response;
+  if (p.status.ok() && task == 0 && num_tasks() > 1) {
+    // A committed push is complete everywhere: wait for the other tasks' uploads.
+    absl::MutexLock lock(&mu_);
+    p.status = AwaitWithDeadline(
+        absl::Condition(
+            +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return c->others_pending_ == 0; }, this),
+        "waiting for the other ps tasks to take the push");
+    if (p.status.ok() && !push_status_.ok()) p.status = push_status_;
+  }
+  if (p.status.ok()) {
+    p.status = WithRetries("push", task, [&](bool retry) -> absl::Status {
+      if (retry || !p.upload) {
+        RETURN_IF_ERROR(OpenUpload(task));
+        for (int s : p.sent) RETURN_IF_ERROR(WriteSlice(task, s));
+      }
+      absl::StatusOr<PushResponse> r = p.upload->Finish();
+      p.upload.reset();
+      if (!r.ok()) return r.status();
+      response = *r;
+      return absl::OkStatus();
+    });
+  }
+  p.upload.reset();
+  absl::MutexLock lock(&mu_);
+  if (task == 0) push_response_ = response;
+  if (!p.status.ok() && push_status_.ok()) push_status_ = p.status;
+  --pushes_pending_;
+  if (task > 0) --others_pending_;
+  cv_.SignalAll();
+}
+
+absl::StatusOr<PushResponse> WorkerClient::WaitPush() {
+  absl::MutexLock lock(&mu_);
+  if (push_active_) {
+    RETURN_IF_ERROR(AwaitWithDeadline(
+        absl::Condition(
+            +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return c->pushes_pending_ == 0; }, this),
+        "waiting for the push to complete"));
+    push_active_ = false;
+  }
+  if (!push_status_.ok()) return Explain(push_status_);
+  return push_response_;
+}
+
+absl::StatusOr<PushResponse> WorkerClient::Push(int64_t step, const float* grads) {
+  RETURN_IF_ERROR(BeginPush(step, grads));
+  FinishPush();
+  return WaitPush();
+}
+
+// ---- pull -------------------------------------------------------------------------------------------------------
+
+void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params, bool moving_averages) {
+  {
+    absl::MutexLock lock(&mu_);
+    pull_active_ = true;
+    have_header_ = false;
+    header_ = PullHeader{};
+    arrived_.assign(slices_.size(), 0);
+    pulls_pending_ = num_tasks();
+    pull_status_ = absl::OkStatus();
+  }
+  pull_params_ = params;
+  pull_moving_averages_ = moving_averages;
+  pull_min_step_ = min_step;
+  pull_since_step_ = since_step;
+  for (auto& r : receivers_) r->Reset();
+  PullRequest request;
+  request.worker_id = worker_id_;
+  request.min_step = min_step;
+  request.since_step = since_step;
+  request.timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
+  request.moving_averages = moving_averages;
+  request.wire_dtype = options_.wire_dtype;
+  request.cancel = &inflight_;
+  // ps 0 holds the pull until our push (if one is in flight) has been handled: it may still be on its way.
+  {
+    absl::MutexLock lock(&mu_);
+    if (push_active_) request.after_push = push_request_id_;
+  }
+  pull_lanes_[0]->Run([this, request] { RunTaskPull(0, request); });
+}
+
+void WorkerClient::OnPullHeader(const PullHeader& header) {
+  {
+    absl::MutexLock lock(&mu_);
+    header_ = header;
+    have_header_ = true;
+    cv_.SignalAll();
+  }
+  // The other tasks apply the decisions relayed from task 0, then answer at (at least) the same step. In async
+  // mode they apply pushes on arrival and keep no step of their own to wait for.
+  for (int t = 1; t < num_tasks(); ++t) {
+    PullRequest request;
+    request.worker_id = worker_id_;
+    request.min_step = sync_ ? header.step : 0;
+    request.since_step = pull_since_step_;
+    request.decisions = header.decisions;
+    request.timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
+    request.moving_averages = pull_moving_averages_;
+    request.wire_dtype = options_.wire_dtype;
+    request.cancel = &inflight_;
+    pull_lanes_[t]->Run([this, t, request] { RunTaskPull(t, request); });
+  }
+}
+
+void WorkerClient::RunTaskPull(int task, PullRequest request) {
+  Receiver* receiver = receivers_[task].get();
+  request.session = session(task);
+  absl::Status s = WithRetries("pull", task, [&](bool retry) -> absl::Status {
+    if (retry) receiver->Restart();
+    RETURN_IF_ERROR(tasks_[task]->Pull(request, receiver));
+    if (!receiver->complete()) {
+      return absl::DataLossError(absl::StrCat("ps task ", task, " ended the pull before sending every slice"));
+    }
+    return absl::OkStatus();
+  });
+  TaskPullDone(task, s);
+}
+
+void WorkerClient::SliceArrived(int slice) {
+  absl::MutexLock lock(&mu_);
+  arrived_[slice] = 1;
+  cv_.SignalAll();
+}
+
+void WorkerClient::TaskPullDone(int task, absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (!status.ok() && pull_status_.ok()) pull_status_ = status;
+  // Task 0 failing before its header means the others will never start.
+  if (task == 0 && !have_header_) pulls_pending_ = 1;
+  --pulls_pending_;
+  cv_.SignalAll();
+}
+
+absl::StatusOr<PullResult> WorkerClient::WaitPullHeader() {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(AwaitWithDeadline(
+      absl::Condition(
+          +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+            return c->have_header_ || !c->pull_status_.ok() || c->pulls_pending_ == 0 || !c->push_status_.ok();
+          },
+          this),
+      "waiting for ps task 0 to answer the pull"));
+  if (!have_header_ && !push_status_.ok()) return Explain(push_status_);  // the pull waits for a push that failed
+  if (!have_header_) {
+    return pull_status_.ok() ? absl::InternalError("pull ended without a header") : Explain(pull_status_);
+  }
+  return PullResult{header_.step, header_.training_done};
+}
+
+absl::Status WorkerClient::WaitForRange(int64_t begin, int64_t end) {
+  const std::vector<int> needed = SlicesIn(begin, end);
+  struct Args {
+    WorkerClient* client;
+    const std::vector<int>* needed;
+    static bool Ready(Args* a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(a->client->mu_) {
+      if (!a->client->pull_status_.ok() || !a->client->push_status_.ok()) return true;
+      for (int s : *a->needed) {
+        if (!a->client->arrived_[s]) return false;
+      }
+      return true;
+    }
+  } args{this, &needed};
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(AwaitWithDeadline(absl::Condition(&Args::Ready, &args), "waiting for parameters"));
+  if (!pull_status_.ok()) return Explain(pull_status_);
+  return Explain(push_status_);
+}
+
+absl::StatusOr<PullResult> WorkerClient::FinishPull() {
+  absl::MutexLock lock(&mu_);
+  if (pull_active_) {
+    RETURN_IF_ERROR(AwaitWithDeadline(
+        absl::Condition(
+            +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return c->pulls_pending_ == 0; }, this),
+        "waiting for the pull to complete"));
+    pull_active_ = false;
+  }
+  if (!pull_status_.ok()) return Explain(pull_status_);
+  return PullResult{header_.step, header_.training_done};
+}
+
+absl::StatusOr<PullResult> WorkerClient::Pull(int64_t min_step, int64_t since_step, float* params,
+                                              bool moving_averages) {
+  StartPull(min_step, since_step, params, moving_averages);
+  return FinishPull();
+}
+
+// ---- the rest ---------------------------------------------------------------------------------------------------
+
+absl::Status WorkerClient::Done(bool completed, int64_t global_step) {
+  absl::Status status;
+  // Task 0 last, so that its "finished" means every task has been told. A task that forgot this worker's session
+  // (it restarted, rolled back or declared the worker lost) takes the report without one.
+  for (int t = num_tasks() - 1; t >= 0; --t) {
+    absl::Status s = tasks_[t]->Done(worker_id_, session(t), completed, global_step);
+    if (status.ok()) status = s;
+  }
+  return status;
+}
+
+absl::StatusOr<TrainingStats> WorkerClient::Stats(int task) { return tasks_[task]->GetStats(); }
+
+}  // namespace dtrain::ps

@@ -1,0 +1,221 @@
+// WorkerClient: a worker's side of the protocol (ps/api/ps_types.h), in one place (the role of ps-lite's
+// KVWorker).
+// It maps the model's flat parameter/gradient buffers onto the slices placed on each ps task and moves them
+// with overlap: gradients are pushed layer by layer while backward still runs, parameters are pulled in
+// forward order while the next forward pass already consumes the first layers.
+//
+// Every ps task gets two lanes (SerialExecutor): one for its uploads, one for its pulls; with
+// `background = false` (in-process ps tasks) everything runs inline in the caller's thread instead.
+//
+// One step, overlapped:
+//   client.BeginPush(step, grads);                   // grads: flat, unchanged until the push is done
+//   ... backward ... client.PushRange(begin, end);   // each layer's gradients as soon as they are final
+//   client.FinishPush();                             // the commit on ps 0, after every other task has all
+//   client.StartPull(step + 1, step, params);        // sync: min_step = step + 1
+//   ASSIGN_OR_RETURN(PullResult next, client.WaitPullHeader());
+//   ... forward: before each layer, RETURN_IF_ERROR(client.WaitForRange(begin, end)); ...
+//   ASSIGN_OR_RETURN(PushResponse verdict, client.WaitPush());
+//   ASSIGN_OR_RETURN(next, client.FinishPull());
+// Whole-buffer calls (Push, Pull) do the same without overlap.
+//
+// Retries: uploads and pulls failing with Unavailable or DeadlineExceeded (a task restarting, a broken
+// connection) are retried with exponential backoff for `retry_window`; a retried upload reuses its request id
+// and writes again every slice it had sent (the ps applies each at most once).
+//
+// Wire compression: with wire_dtype bf16/fp16 the gradients are rounded with error feedback (the rounding
+// error of each step is added to the next step's gradient) and the parameters are rounded when pulled.
+//
+// Thread-safety: one thread (the training loop) calls the methods; the lanes are internal.
+#ifndef DTRAIN_PS_CLIENT_WORKER_CLIENT_H_
+#define DTRAIN_PS_CLIENT_WORKER_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/cancellation.h"
+#include "common/serial_executor.h"
+#include "ps/api/ps_interface.h"
+#include "ps/api/ps_types.h"
+
+namespace dtrain::ps {
+
+struct WorkerClientOptions {
+  bool background = true;  // lanes on threads (gRPC tasks); false: inline (in-process tasks)
+  // How long a pull may wait for its step (another worker's gradients), and any other wait of a step.
+  absl::Duration step_timeout = absl::Seconds(120);
+  // How long uploads and pulls are retried on Unavailable/DeadlineExceeded before giving up.
+  absl::Duration retry_window = absl::Seconds(30);
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  WireDtype wire_dtype = WireDtype::kF32;
+};
+
+struct PullResult {
+  int64_t step = 0;            // global step of the parameters pulled
+  bool training_done = false;  // every worker reported done
+};
+
+class WorkerClient {
+ public:
+  // tasks[i] talks to ps task i (not owned, must outlive the client); placement[i] = the slices held by task i
+  // (ps/client/placement.h), in key order.
+  WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vector<SliceSpec>> placement, int worker_id,
+               bool is_chief, WorkerClientOptions options = {});
+  ~WorkerClient();  // cancels what is in flight and joins the lanes
+
+  // Registers with every task (the chief's config is adopted by each task; others' are checked) and makes sure
+  // every task holds values of one step. The chief first asks every task what it holds and could restore
+  // (Probe): when some task lost its state (it restarted) or the cluster restarts from its checkpoints, it
+  // restores every task to the newest step that every task can restore; on a fresh start it initializes the
+  // tasks from `initial_params` (flat). Other workers wait until the chief has. Waits for late ps tasks and for
+  // the chief with backoff, logging what it waits for, up to `wait`. FailedPrecondition on config mismatch or
+  // when no step is restorable everywhere (not retried). Starts the heartbeats when the tasks hold leases.
+  absl::Status Connect(const TrainConfig& config, const float* initial_params, absl::Duration wait);
+  // After a call failed with Aborted (a task restarted, rolled back, or declared this worker lost): lets what
+  // is in flight end and connects again (the chief restoring the tasks as Connect does). Then pull.
+  absl::Status Reconnect(absl::Duration wait);
+  // After Connect / Reconnect: where ps 0 says this worker's input stream resumes (the position its restored
+  // checkpoint holds; BatchStream::Restore takes it), or empty: keep reading where you are.
+  std::string restored_input_position() const;
+  // The input stream's position after the batches of the step about to be pushed (BatchStream::SaveState()):
+  // sent with that push's commit, for checkpoints. Call before BeginPush.
+  void SetInputPosition(std::string position);
+
+  // ---- one step, overlapped (see the example above) ----
+  // Starts the push of the gradients computed at `step`, read from `grads` (flat) until the push is done. Waits
+  // for the previous push first.
+  absl::Status BeginPush(int64_t step, const float* grads);
+  // The gradients in flat range [begin, end) are final: sends the slices inside it.
+  void PushRange(int64_t begin, int64_t end);
+  // Every gradient is final: sends what is left and commits on ps 0 once every other task has the push.
+  void FinishPush();
+  // Instead of FinishPush, when the step failed before its gradients were all final: the uploads begun are
+  // cancelled (no task commits or applies an unfinished upload) and the push completes with `why`, so that
+  // WaitPush (and Reconnect) do not wait for a push that would never finish.
+  void AbandonPush(absl::Status why);
+  // Waits for the push to complete; returns ps 0's verdict.
+  absl::StatusOr<PushResponse> WaitPush();
+  // Starts pulling the parameters (or their moving averages) into `params` (flat). `min_step`: wait until the
+  // global step reaches it (sync: last pushed step + 1). `since_step`: the step of the previous pull
+  // (decisions from it on are relayed). In async mode it starts after the push in flight has completed.
+  void StartPull(int64_t min_step, int64_t since_step, float* params, bool moving_averages = false);
+  // Waits for ps 0's answer (the step the parameters belong to).
+  absl::StatusOr<PullResult> WaitPullHeader();
+  // Waits until the parameters in flat range [begin, end) have arrived.
+  absl::Status WaitForRange(int64_t begin, int64_t end);
+  // Waits until every parameter has arrived.
+  absl::StatusOr<PullResult> FinishPull();
+
+  // ---- whole buffers ----
+  absl::StatusOr<PushResponse> Push(int64_t step, const float* grads);
+  absl::StatusOr<PullResult> Pull(int64_t min_step, int64_t since_step, float* params,
+                                  bool moving_averages = false);
+
+  // Tells every task this worker is leaving: it completed training at `global_step` (0: unknown), or not.
+  absl::Status Done(bool completed = true, int64_t global_step = 0);
+  absl::StatusOr<TrainingStats> Stats(int task);  // stats of one task (0 = coordinator)
+  int num_tasks() const { return static_cast<int>(tasks_.size()); }
+
+ private:
+  struct Slice {
+    SliceSpec spec;
+    int task = 0;
+  };
+  struct TaskPush;
+  struct TaskPull;
+  class Receiver;
+
+  // Lane jobs.
+  void SendSlices(int task, std::vector<int> slices);
+  void FinishTaskPush(int task);
+  void AbandonTaskPush(int task, const absl::Status& why);
+  void RunTaskPull(int task, PullRequest request);
+  absl::Status OpenUpload(int task) ABSL_LOCKS_EXCLUDED(mu_);
+  // `s`, or the reason the heartbeat thread found the session lost when `s` is an error.
+  absl::Status Explain(absl::Status s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !s.ok() && !session_lost_.ok() ? session_lost_ : s;
+  }
+  TrainConfig TaskConfig(int task) const;
+  absl::Status PrepareTasks(absl::Time give_up, absl::Duration wait);
+  void HeartbeatLoop(absl::Duration every);
+  uint64_t session(int task) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status WriteSlice(int task, int slice);
+  template <typename Op>
+  absl::Status WithRetries(const char* what, int task, Op op);
+
+  // Slices (global index) whose range lies in [begin, end).
+  std::vector<int> SlicesIn(int64_t begin, int64_t end) const;
+  void OnPullHeader(const PullHeader& header) ABSL_LOCKS_EXCLUDED(mu_);
+  void SliceArrived(int slice) ABSL_LOCKS_EXCLUDED(mu_);
+  void TaskPullDone(int task, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status AwaitWithDeadline(const absl::Condition& condition, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::vector<PsInterface*> tasks_;
+  const std::vector<std::vector<SliceSpec>> placement_;
+  const int worker_id_;
+  const bool is_chief_;
+  const WorkerClientOptions options_;
+  std::vector<Slice> slices_;           // every slice, in flat order (== key order)
+  std::vector<int> slice_of_key_;       // key -> index in slices_
+  std::vector<std::vector<int>> task_slices_;  // task -> indices into slices_
+  bool sync_ = true;
+  TrainConfig config_;         // from Connect (its slices per task: placement_)
+  std::vector<float> initial_;  // the chief's initial values (Connect), for a fresh start
+  uint64_t next_request_id_;
+  std::vector<std::unique_ptr<SerialExecutor>> push_lanes_, pull_lanes_;
+  Cancellation cancel_;  // cancels in-flight pulls and uploads when the client goes away
+  // Carried by every pull and upload (cancelled with cancel_, and by Reconnect: a pull waiting on ps 0 for a
+  // step that will not come under the old sessions must not hold the reconnect up for a step timeout).
+  Cancellation inflight_;
+  // Set by the heartbeat thread when a task answers Aborted for a session still in use (it restarted, rolled
+  // back, or declared this worker lost): the calls in flight are cancelled and the waits return this status, so
+  // that the training thread reconnects instead of waiting, say, for a step that needs this very task. (The
+  // waits themselves still wait for what is in flight: cancelled, it ends at once.)
+  absl::Status session_lost_ ABSL_GUARDED_BY(mu_);
+
+  // Error feedback for compressed gradients: residual (flat) and the encoded send buffer.
+  std::vector<float> residual_;
+  std::vector<char> encoded_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::vector<uint64_t> sessions_ ABSL_GUARDED_BY(mu_);  // per task, from Register
+  std::string restored_position_ ABSL_GUARDED_BY(mu_);   // from ps 0's Register
+  std::string next_input_position_;  // SetInputPosition's, taken by the next BeginPush (training thread)
+  std::string input_position_;       // the current push's: set by BeginPush, read by the push lanes
+  std::thread heartbeat_;
+  // The push in flight.
+  int64_t push_step_ ABSL_GUARDED_BY(mu_) = -1;
+  const float* push_grads_ = nullptr;  // set by BeginPush while no lane job runs
+  uint64_t push_request_id_ = 0;
+  std::vector<char> slice_queued_;     // training thread only: slices handed to a lane this push
+  std::vector<std::unique_ptr<TaskPush>> pushes_;  // per task; lane-owned while a push runs
+  int pushes_pending_ ABSL_GUARDED_BY(mu_) = 0;    // tasks whose upload has not finished
+  int others_pending_ ABSL_GUARDED_BY(mu_) = 0;    // tasks > 0 whose upload has not finished
+  absl::Status push_status_ ABSL_GUARDED_BY(mu_);
+  PushResponse push_response_ ABSL_GUARDED_BY(mu_);
+  bool push_active_ ABSL_GUARDED_BY(mu_) = false;
+  // The pull in flight.
+  bool pull_active_ ABSL_GUARDED_BY(mu_) = false;
+  float* pull_params_ = nullptr;
+  bool pull_moving_averages_ = false;
+  int64_t pull_min_step_ = 0, pull_since_step_ = 0;
+  bool have_header_ ABSL_GUARDED_BY(mu_) = false;
+  PullHeader header_ ABSL_GUARDED_BY(mu_);
+  std::vector<char> arrived_ ABSL_GUARDED_BY(mu_);  // per slice
+  int pulls_pending_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status pull_status_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Receiver>> receivers_;  // per task
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_CLIENT_WORKER_CLIENT_H_

@@ -1,0 +1,248 @@
+// WorkerClient: the order in which pushes and pulls move slices (layer by layer, last layer first up; forward
+// order down, usable before the pull ends), the commit after every other task, retries that never apply twice,
+// bf16 with error feedback, and cancellation of what is in flight.
+#include "ps/client/worker_client.h"
+
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "ps/testing/ps_test_util.h"
+
+namespace dtrain::ps {
+namespace {
+
+using ::dtrain::ps::testing::MakeConfig;
+using ::dtrain::ps::testing::SimCluster;
+using ::dtrain::ps::testing::SimClusterOptions;
+
+// Logs what reaches a task, for checking orders; can hold back pulled slices and fail the first calls.
+class ObservedPs : public PsInterface {
+ public:
+  ObservedPs(PsInterface* target, std::string name, std::vector<std::string>* log, std::mutex* mu)
+      : target_(target), name_(std::move(name)), log_(log), mu_(mu) {}
+
+  void HoldSlicesFrom(uint32_t key) { hold_from_ = key; }
+  void Release() { release_.Notify(); }
+  void FailFirst(int uploads, int pulls) {
+    fail_uploads_ = uploads;
+    fail_pulls_ = pulls;
+  }
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& r) override { return target_->Register(r); }
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int w) override { return target_->StartInitialize(w); }
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& h) override {
+    absl::StatusOr<std::unique_ptr<SliceUpload>> up = target_->StartPush(h);
+    if (!up.ok()) return up;
+    return std::unique_ptr<SliceUpload>(new Upload(this, *std::move(up), fail_uploads_-- > 0));
+  }
+  absl::Status Pull(const PullRequest& r, PullReceiver* receiver) override {
+    if (fail_pulls_-- > 0) return absl::UnavailableError("injected: task restarting");
+    Gate gate(this, receiver);
+    return target_->Pull(r, &gate);
+  }
+  absl::Status Done(int w, uint64_t session, bool completed, int64_t step) override {
+    return target_->Done(w, session, completed, step);
+  }
+  absl::StatusOr<int64_t> Heartbeat(int w, uint64_t session) override { return target_->Heartbeat(w, session); }
+  absl::StatusOr<TrainingStats> GetStats() override { return target_->GetStats(); }
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& c) override { return target_->Probe(c); }
+  absl::Status Restore(const TrainConfig& c, int w, int64_t step) override { return target_->Restore(c, w, step); }
+
+ private:
+  void Log(const std::string& s) {
+    std::lock_guard<std::mutex> lock(*mu_);
+    log_->push_back(absl::StrCat(name_, ":", s));
+  }
+  class Upload : public SliceUpload {
+   public:
+    Upload(ObservedPs* ps, std::unique_ptr<SliceUpload> up, bool fail) : ps_(ps), up_(std::move(up)), fail_(fail) {}
+    absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+      ps_->Log(absl::StrCat("push ", key));
+      if (fail_) return absl::UnavailableError("injected: connection reset");
+      return up_->Write(key, offset, n, dtype, data);
+    }
+    absl::StatusOr<PushResponse> Finish() override {
+      ps_->Log("finish");
+      return up_->Finish();
+    }
+
+   private:
+    ObservedPs* ps_;
+    std::unique_ptr<SliceUpload> up_;
+    bool fail_;
+  };
+  class Gate : public PullReceiver {
+   public:
+    Gate(ObservedPs* ps, PullReceiver* r) : ps_(ps), r_(r) {}
+    absl::Status OnHeader(const PullHeader& h) override { return r_->OnHeader(h); }
+    absl::StatusOr<Buffer> Destination(uint32_t key, int64_t offset, int64_t n) override {
+      if (key >= ps_->hold_from_) ps_->release_.WaitForNotificationWithTimeout(absl::Seconds(20));
+      ps_->Log(absl::StrCat("pull ", key));
+      return r_->Destination(key, offset, n);
+    }
+    absl::Status Written(uint32_t key, int64_t offset, int64_t n) override { return r_->Written(key, offset, n); }
+
+   private:
+    ObservedPs* ps_;
+    PullReceiver* r_;
+  };
+
+  PsInterface* target_;
+  const std::string name_;
+  std::vector<std::string>* log_;
+  std::mutex* mu_;
+  std::atomic<uint32_t> hold_from_{~0u};
+  absl::Notification release_;
+  std::atomic<int> fail_uploads_{0}, fail_pulls_{0};
+};
+
+// Four "layers" of one variable each, spread over two ps tasks.
+SimClusterOptions Layers(int num_ps, const std::string& mode = "sync", float lr = 0.5f) {
+  SimClusterOptions o;
+  o.variables = {{"l0", 3}, {"l1", 5}, {"l2", 4}, {"l3", 2}};
+  o.num_ps = num_ps;
+  o.placement.min_slice_bytes = 0;  // keep each variable whole
+  o.config = MakeConfig(mode, 1, 1, lr);
+  o.initial = std::vector<float>(14, 1.0f);
+  return o;
+}
+
+struct Fixture {
+  explicit Fixture(SimClusterOptions o, WorkerClientOptions wo = {}) {
+    cluster = *SimCluster::Start(o);
+    for (int t = 0; t < cluster->num_ps(); ++t) {
+      observed.push_back(std::make_unique<ObservedPs>(&cluster->task(t), absl::StrCat("ps", t), &log, &mu));
+      tasks.push_back(observed.back().get());
+    }
+    wo.initial_backoff = absl::Milliseconds(5);
+    client = std::make_unique<WorkerClient>(tasks, cluster->placement().task_slices, 0, true, wo);
+    EXPECT_TRUE(client->Connect(cluster->config(), cluster->initial().data(), absl::Seconds(5)).ok());
+  }
+  std::vector<std::string> Log() {
+    std::lock_guard<std::mutex> lock(mu);
+    return log;
+  }
+  std::unique_ptr<SimCluster> cluster;
+  std::mutex mu;
+  std::vector<std::string> log;
+  std::vector<std::unique_ptr<ObservedPs>> observed;
+  std::vector<PsInterface*> tasks;
+  std::unique_ptr<WorkerClient> client;
+};
+
+TEST(WorkerClientTest, PushesEachLayerAsItIsReadyAndCommitsLast) {
+  Fixture f(Layers(2));
+  const std::vector<float> grads(14, 1.0f);
+  ASSERT_TRUE(f.client->BeginPush(0, grads.data()).ok());
+  // Backward: last layer first.
+  f.client->PushRange(12, 14);
+  f.client->PushRange(8, 12);
+  f.client->PushRange(3, 8);
+  f.client->PushRange(0, 3);
+  f.client->FinishPush();
+  absl::StatusOr<PushResponse> r = f.client->WaitPush();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, PushResponse::Outcome::kAccepted);
+  // Per task, slices go out in the order they became ready; ps 0's upload (the commit) finishes last.
+  std::vector<std::string> per_task[2];
+  int finished = 0;
+  for (const std::string& e : f.Log()) {
+    per_task[e[2] - '0'].push_back(e.substr(4));
+    if (e.find("finish") != std::string::npos) {
+      EXPECT_EQ(e, finished == 0 ? "ps1:finish" : "ps0:finish");
+      ++finished;
+    }
+  }
+  EXPECT_EQ(finished, 2);
+  const Placement& p = f.cluster->placement();
+  for (int t = 0; t < 2; ++t) {
+    std::vector<std::string> want;
+    for (int key = 3; key >= 0; --key) {
+      if (p.task_of_slice[key] == t) want.push_back(absl::StrCat("push ", key));
+    }
+    want.push_back("finish");
+    EXPECT_EQ(per_task[t], want) << "task " << t;
+  }
+  EXPECT_EQ(f.cluster->task(0).step(), 1);
+}
+
+TEST(WorkerClientTest, PullsInForwardOrderAndEachLayerIsUsableBeforeThePullEnds) {
+  Fixture f(Layers(1));
+  std::vector<float> params(14, 0.0f);
+  f.observed[0]->HoldSlicesFrom(2);  // the ps "is still updating" layers 2 and 3
+  f.client->StartPull(0, 0, params.data());
+  absl::StatusOr<PullResult> header = f.client->WaitPullHeader();
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->step, 0);
+  ASSERT_TRUE(f.client->WaitForRange(0, 8).ok());  // layers 0 and 1 are there
+  EXPECT_EQ(params[0], 1.0f);
+  EXPECT_EQ(params[7], 1.0f);
+  std::future<absl::Status> later =
+      std::async(std::launch::async, [&] { return f.client->WaitForRange(8, 14); });
+  EXPECT_EQ(later.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  EXPECT_EQ(params[8], 0.0f);
+  f.observed[0]->Release();
+  ASSERT_EQ(later.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(later.get().ok());
+  ASSERT_TRUE(f.client->FinishPull().ok());
+  EXPECT_EQ(params, std::vector<float>(14, 1.0f));
+  std::vector<std::string> want = {"ps0:pull 0", "ps0:pull 1", "ps0:pull 2", "ps0:pull 3"};
+  EXPECT_EQ(f.Log(), want);
+}
+
+TEST(WorkerClientTest, RetriesUnavailableWithoutApplyingTwice) {
+  Fixture f(Layers(2, "async", 1.0f));
+  f.observed[1]->FailFirst(/*uploads=*/1, /*pulls=*/2);
+  f.observed[0]->FailFirst(/*uploads=*/1, /*pulls=*/1);
+  const std::vector<float> grads(14, 0.25f);
+  absl::StatusOr<PushResponse> r = f.client->Push(0, grads.data());
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<float> params(14, 0.0f);
+  absl::StatusOr<PullResult> pulled = f.client->Pull(0, 0, params.data());
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->step, 1);
+  EXPECT_EQ(params, std::vector<float>(14, 0.75f));  // applied exactly once on both tasks
+  EXPECT_EQ(f.cluster->task(1).step(), 1);
+}
+
+TEST(WorkerClientTest, NarrowWireTypesKeepTheRoundingErrorForTheNextStep) {
+  WorkerClientOptions wo;
+  wo.wire_dtype = WireDtype::kBF16;
+  Fixture f(Layers(1, "sync", 1.0f), wo);
+  // 1.001 is not a bf16 number: rounded alone it would be 1.0 every step.
+  const std::vector<float> grads(14, 1.001f);
+  std::vector<float> params(14);
+  constexpr int kSteps = 100;
+  for (int s = 0; s < kSteps; ++s) {
+    ASSERT_TRUE(f.client->Push(s, grads.data()).ok());
+    ASSERT_TRUE(f.client->Pull(s + 1, s, params.data()).ok());
+  }
+  // Sum of what was sent = 100 * 1.001 minus the last residual (under one bf16 rounding of ~1.0).
+  for (float v : params) EXPECT_NEAR(v, 1.0f - kSteps * 1.001f, 0.005f);
+}
+
+TEST(WorkerClientTest, DestroyingTheClientEndsAWaitingPull) {
+  SimClusterOptions o = Layers(1);
+  o.config = MakeConfig("sync", 2, 2);  // step 1 needs a second worker that never comes
+  std::unique_ptr<SimCluster> cluster = *SimCluster::Start(o);
+  std::vector<PsInterface*> tasks = {&cluster->task(0)};
+  auto client = std::make_unique<WorkerClient>(tasks, cluster->placement().task_slices, 0, true);
+  ASSERT_TRUE(client->Connect(cluster->config(), cluster->initial().data(), absl::Seconds(5)).ok());
+  std::vector<float> grads(14, 1.0f), params(14);
+  ASSERT_TRUE(client->Push(0, grads.data()).ok());
+  client->StartPull(1, 0, params.data());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const absl::Time start = absl::Now();
+  client.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+}  // namespace
+}  // namespace dtrain::ps

@@ -1,0 +1,89 @@
+#include "ps/core/gradient_buffers.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace dtrain::ps {
+
+void GradientBuffers::Buffer::Claim(int64_t step, uint64_t request_id) {
+  if (step == step_ && request_id == request_id_) return;
+  step_ = step;
+  request_id_ = request_id;
+  std::fill(received_.begin(), received_.end(), 0);
+  std::fill(applied_.begin(), applied_.end(), 0);
+  num_complete_ = 0;
+  nonfinite_slice_.clear();
+}
+
+namespace {
+
+// Whether every float is finite: the exponent bits of NaN and Inf are all ones. Branch-free, so it vectorizes.
+bool AllFinite(const float* x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, 4);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+}  // namespace
+
+absl::Status GradientBuffers::Buffer::Write(int slice, int64_t offset, int64_t n, WireDtype dtype,
+                                            const void* data, bool check_finite) {
+  const int64_t length = length_[slice];
+  if (offset < 0 || n < 0 || offset > length - n) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient for '", names_[slice], "': floats [", offset, ", ",
+                                                   offset + n, ") outside its ", length, " values"));
+  }
+  if (offset == 0) {
+    if (received_[slice] == length) --num_complete_;
+    received_[slice] = 0;
+  } else if (offset != received_[slice]) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient for '", names_[slice], "': floats from ", offset,
+                                                   " after ", received_[slice], " (pieces of a slice come in order)"));
+  }
+  std::vector<float>& values = values_[slice];
+  if (values.empty()) values.resize(length);
+  DecodeFloats(dtype, data, n, values.data() + offset);
+  if (check_finite && nonfinite_slice_.empty() && !AllFinite(values.data() + offset, n)) {
+    nonfinite_slice_ = names_[slice];
+  }
+  received_[slice] += n;
+  if (received_[slice] == length) ++num_complete_;
+  return absl::OkStatus();
+}
+
+std::string GradientBuffers::Buffer::DescribeMissing() const {
+  std::string out;
+  for (size_t i = 0; i < length_.size(); ++i) {
+    if (received_[i] == length_[i]) continue;
+    absl::StrAppend(&out, out.empty() ? "" : ", ", "'", names_[i], "' (", received_[i], " of ", length_[i],
+                    " floats)");
+  }
+  return out;
+}
+
+GradientBuffers::GradientBuffers(int num_workers, const SliceStore& store) {
+  for (int w = 0; w < num_workers; ++w) {
+    auto e = std::make_unique<Entry>();
+    for (int i = 0; i < store.num_slices(); ++i) {
+      e->buffer.names_.push_back(store.spec(i).variable);
+      e->buffer.length_.push_back(store.spec(i).length);
+    }
+    e->buffer.values_.resize(store.num_slices());
+    e->buffer.received_.assign(store.num_slices(), 0);
+    e->buffer.applied_.assign(store.num_slices(), 0);
+    entries_.push_back(std::move(e));
+  }
+}
+
+GradientBuffers::Locked GradientBuffers::Lock(int worker) {
+  Entry& e = *entries_[worker];
+  return Locked(&e.mu, &e.buffer);
+}
+
+}  // namespace dtrain::ps

@@ -1,0 +1,90 @@
+// What each worker has uploaded to one ps task for its current push: the gradient floats of every slice of
+// the task, and how much of each slice has arrived. Sync mode keeps a worker's buffer until its step is decided
+// and applied; async mode uses it to gather each slice whole before applying it.
+//
+// A buffer belongs to one upload, named by (step, request_id): an upload with another name starts it afresh
+// (the memory is reused, no allocation after the first step). Within an upload, a slice's pieces arrive in
+// increasing offset without gaps; a piece at offset 0 starts that slice again (a retried upload rewrites it).
+//
+// Thread-safety: each worker's buffer has its own lock; Lock() hands it out for a sequence of calls.
+#ifndef DTRAIN_PS_CORE_GRADIENT_BUFFERS_H_
+#define DTRAIN_PS_CORE_GRADIENT_BUFFERS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "ps/api/slice_io.h"
+#include "ps/core/slice_store.h"
+
+namespace dtrain::ps {
+
+class GradientBuffers {
+ public:
+  // One worker's buffer. Use it through Locked.
+  class Buffer {
+   public:
+    int64_t step() const { return step_; }
+    uint64_t request_id() const { return request_id_; }
+    // Makes the buffer belong to upload (step, request_id); a different upload resets what has arrived.
+    void Claim(int64_t step, uint64_t request_id);
+    // Copies a piece in (decoding `dtype`); with `check_finite`, notes whether it holds NaN or Inf.
+    // InvalidArgument for a range outside the slice or a piece that does not continue the slice (offset !=
+    // floats received so far, unless 0).
+    absl::Status Write(int slice, int64_t offset, int64_t n, WireDtype dtype, const void* data, bool check_finite);
+    // The first slice of the current upload with a non-finite value (its name), or empty.
+    const std::string& nonfinite_slice() const { return nonfinite_slice_; }
+    bool complete(int slice) const { return received_[slice] == length_[slice]; }
+    bool all_complete() const { return num_complete_ == static_cast<int>(length_.size()); }
+    // "w/biases (0 of 10 floats), ..." for the slices not yet whole, for error messages.
+    std::string DescribeMissing() const;
+    const float* data(int slice) const { return values_[slice].data(); }
+    // Async: whether slice `slice` of the current upload has been applied (a retried upload applies it once).
+    bool applied(int slice) const { return applied_[slice] != 0; }
+    void set_applied(int slice) { applied_[slice] = 1; }
+
+   private:
+    friend class GradientBuffers;
+    int64_t step_ = -1;
+    uint64_t request_id_ = 0;
+    std::vector<std::string> names_;
+    std::vector<int64_t> length_;
+    std::vector<std::vector<float>> values_;  // allocated on first use
+    std::vector<int64_t> received_;
+    std::vector<char> applied_;
+    int num_complete_ = 0;
+    std::string nonfinite_slice_;
+  };
+
+  // RAII access to one worker's buffer.
+  class Locked {
+   public:
+    Locked(Locked&&) = default;
+    Buffer* operator->() const { return buffer_; }
+    Buffer& operator*() const { return *buffer_; }
+
+   private:
+    friend class GradientBuffers;
+    Locked(absl::Mutex* mu, Buffer* buffer) : lock_(std::make_unique<absl::MutexLock>(mu)), buffer_(buffer) {}
+    std::unique_ptr<absl::MutexLock> lock_;
+    Buffer* buffer_;
+  };
+
+  GradientBuffers(int num_workers, const SliceStore& store);
+  // Precondition: 0 <= worker < num_workers.
+  Locked Lock(int worker);
+
+ private:
+  struct Entry {
+    absl::Mutex mu;
+    Buffer buffer;
+  };
+  std::vector<std::unique_ptr<Entry>> entries_;
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_CORE_GRADIENT_BUFFERS_H_

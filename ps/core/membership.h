@@ -1,0 +1,105 @@
+// Who takes part in training, as one ps task sees it: each worker's session (issued when it registers), its
+// lease (renewed by its calls and heartbeats), whether it is active, done or lost, its statistics and the ids of
+// its recent pushes (so a retried push is recognised).
+//
+// Sessions: Register gives a worker a fresh random session, which every later call must carry. A worker without
+// a session here (this task restarted or rolled back, or declared the worker lost) must register again
+// (Aborted); a session other than the worker's current one is refused (PermissionDenied: another process
+// registered as this worker since). So only the worker a call names can push or pull; reporting done needs the
+// current session only while there is one (a refused worker leaves without ever having had one).
+//
+// Leases: a registered worker silent for longer than the lease is declared lost (ExpireLeases): it no longer
+// counts as active (sync mode stops waiting for it) until it registers again. A worker that never registered
+// has a lease from the moment the task was configured.
+//
+// Thread-safety: thread-compatible; the ParameterServer guards it with its lock.
+#ifndef DTRAIN_PS_CORE_MEMBERSHIP_H_
+#define DTRAIN_PS_CORE_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "ps/api/ps_types.h"
+#include "ps/core/recent_request_ids.h"
+
+namespace dtrain::ps {
+
+class Membership {
+ public:
+  // `task` names this ps task in messages.
+  Membership(int num_workers, int task);
+
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  // InvalidArgument unless 0 <= worker < num_workers().
+  absl::Status CheckWorker(int worker) const;
+
+  // The leases start now (for workers that have not registered yet).
+  void StartLeases(absl::Time now);
+  // Issues a new session for `worker` (the previous one is void), revives it if it was lost, renews its lease.
+  uint64_t Register(int worker, absl::Time now);
+  // OK if `session` is the worker's current session (and renews its lease); Aborted "register again" if the
+  // worker has none here; PermissionDenied if it has another.
+  absl::Status CheckSession(int worker, uint64_t session, absl::Time now);
+  // Whether `worker` may report done with `session`: OK if it is the worker's current session, or if the worker
+  // has none here (it never registered, e.g. it was refused, or its session was voided): leaving needs no
+  // session. PermissionDenied if another process holds the worker's current session.
+  absl::Status CheckLeave(int worker, uint64_t session) const;
+  // Every session is void (a rollback): every worker registers again. Leases restart now.
+  void ResetSessions(absl::Time now);
+  // Declares lost, and returns, the active workers whose lease ran out (silent for longer than `lease`).
+  std::vector<int> ExpireLeases(absl::Time now, absl::Duration lease);
+
+  bool done(int worker) const { return workers_[worker].stats.done; }
+  bool lost(int worker) const { return workers_[worker].stats.lost; }
+  bool active(int worker) const { return !done(worker) && !lost(worker); }
+  // Marks the worker done, having `completed` its training or not (it stopped on an error); returns false if it
+  // already was done.
+  bool MarkDone(int worker, bool completed);
+  // Some worker completed its training.
+  bool any_completed() const;
+  int num_active() const;
+  int num_done() const;
+  // Every worker is done or lost: nobody is left to move training.
+  bool all_ended() const { return num_active() == 0; }
+  // Whether a worker other than `worker` is still active (someone who could move the step).
+  bool AnotherActive(int worker) const;
+  std::vector<int> lost_workers() const;
+
+  // Input positions (ps task 0): where each worker's input stream is after the batches of a step
+  // (BatchStream::SaveState()), for checkpoints, so a resumed run reads what an uninterrupted one would.
+  // Records the position a worker's commit for `step` carried; the worker then has no restored position.
+  void RecordInputPosition(int worker, int64_t step, std::string position);
+  // For a checkpoint of global step `label`: each worker's newest position of a step before `label`.
+  std::map<int, std::string> InputPositionsBefore(int64_t label) const;
+  // A checkpoint of step `label` was restored: its positions are each worker's until it commits again, and
+  // RestoredInputPosition returns them meanwhile (empty when there is none: keep reading where you are).
+  void RestoreInputPositions(const std::map<int, std::string>& positions, int64_t label);
+  std::string RestoredInputPosition(int worker) const;
+
+  WorkerStats& stats(int worker) { return workers_[worker].stats; }
+  std::vector<WorkerStats> AllStats() const;
+  RecentRequestIds& recent_ids(int worker) { return workers_[worker].recent_ids; }
+  const RecentRequestIds& recent_ids(int worker) const { return workers_[worker].recent_ids; }
+
+ private:
+  struct Worker {
+    WorkerStats stats;
+    RecentRequestIds recent_ids{1024};  // retries arrive within a few calls of their original
+    uint64_t session = 0;               // 0: none
+    absl::Time last_contact = absl::InfinitePast();
+    std::map<int64_t, std::string> positions;  // step -> input position after it; the newest few
+    std::string restored_position;              // from the restored checkpoint, until the next commit
+  };
+  const int task_;
+  std::vector<Worker> workers_;
+  std::mt19937_64 random_;
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_CORE_MEMBERSHIP_H_

@@ -1,0 +1,682 @@
+// ParameterServer, part 1: uploads (push, initialize), sync decisions and their application, pulls, and the
+// public class. Part 2 (parameter_server_lifecycle.cc): registration, probe and restore, membership and the
+// end of training, checkpoints. The design and the lock order: parameter_server_impl.h.
+#include "ps/core/parameter_server.h"
+
+#include "ps/core/parameter_server_impl.h"
+
+namespace dtrain::ps {
+
+std::string DecisionBytes(const StepDecision& d) {
+  return absl::StrCat("dtrain-decision/v1|", d.step, "|", absl::StrJoin(d.workers, ","), "|", d.checkpoint ? 1 : 0);
+}
+
+// ---- uploads ----------------------------------------------------------------------------------------------
+
+// An upload whose data is not needed (a duplicate, or gradients for a step already decided): its bytes are
+// counted and dropped, Finish reports the outcome decided when it started.
+class ParameterServer::Impl::DiscardUpload : public SliceUpload {
+ public:
+  DiscardUpload(Impl* impl, PushResponse response) : impl_(impl), response_(response) {}
+  absl::Status Write(uint32_t, int64_t, int64_t n, WireDtype dtype, const void*) override {
+    impl_->bytes_received_ += n * DtypeBytes(dtype);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<PushResponse> Finish() override { return response_; }
+
+ private:
+  Impl* impl_;
+  PushResponse response_;
+};
+
+// The chief's initial values, written straight into the store (under mu_: nothing else runs before the task
+// is initialized, and a concurrent retry must not write after it is).
+class ParameterServer::Impl::InitializeUpload : public SliceUpload {
+ public:
+  explicit InitializeUpload(Impl* impl) : impl_(impl), received_(impl->store_->num_slices(), 0) {}
+
+  absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+    impl_->bytes_received_ += n * DtypeBytes(dtype);
+    ASSIGN_OR_RETURN(int i, impl_->store_->IndexOf(key));
+    absl::MutexLock lock(&impl_->mu_);
+    if (impl_->initialized_) return absl::OkStatus();  // a restarted chief initializes again: ignored
+    if (offset != 0 && offset != received_[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("initial values of '", impl_->store_->spec(i).variable,
+                                                     "': floats from ", offset, " after ", received_[i]));
+    }
+    RETURN_IF_ERROR(impl_->store_->WriteValues(i, offset, n, dtype, data));
+    received_[i] = offset + n;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<PushResponse> Finish() override {
+    absl::MutexLock lock(&impl_->mu_);
+    if (impl_->initialized_) {
+      LOG(INFO) << "ps task " << impl_->options_.task_index << ": already initialized, ignoring Initialize at step "
+                << impl_->step_;
+      return PushResponse{PushResponse::Outcome::kAccepted, impl_->step_};
+    }
+    for (int i = 0; i < impl_->store_->num_slices(); ++i) {
+      const SliceSpec& spec = impl_->store_->spec(i);
+      if (received_[i] != spec.length) {
+        return absl::InvalidArgumentError(absl::StrCat("no complete initial values for slice key ", spec.key, " ('",
+                                                       spec.variable, "'): ", received_[i], " of ", spec.length,
+                                                       " floats"));
+      }
+    }
+    impl_->store_->ResetSlotsAndAverages(impl_->step_);
+    impl_->initialized_ = true;
+    LOG(INFO) << "ps task " << impl_->options_.task_index << ": initialized " << impl_->store_->num_slices()
+              << " slices";
+    return PushResponse{PushResponse::Outcome::kAccepted, impl_->step_};
+  }
+
+ private:
+  Impl* impl_;
+  std::vector<int64_t> received_;
+};
+
+// One worker's gradients for one step: pieces go into the worker's buffer; async pushes under
+// --nonfinite=apply are applied slice by slice as they complete. Finish records the upload (on ps 0 the commit).
+class ParameterServer::Impl::PushUpload : public SliceUpload {
+ public:
+  // Constructed under mu_ (StartPushLocked), which counts it in flight.
+  PushUpload(Impl* impl, const PushHeader& header) : impl_(impl), header_(header) {}
+  ~PushUpload() override {
+    absl::MutexLock lock(&impl_->mu_);
+    --impl_->accounting_.in_flight;
+    if (!finished_) ++impl_->accounting_.abandoned;
+  }
+
+  absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+    impl_->bytes_received_ += n * DtypeBytes(dtype);
+    if (!status_.ok()) return status_;
+    absl::StatusOr<int> i = impl_->store_->IndexOf(key);
+    if (!i.ok()) return status_ = i.status();
+    const bool check = impl_->options_.nonfinite != ParameterServerOptions::NonFinite::kApply;
+    GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
+    buffer->Claim(header_.step, header_.request_id);
+    status_ = buffer->Write(*i, offset, n, dtype, data, check);
+    if (status_.ok() && !check && !impl_->sync_ && buffer->complete(*i) && !buffer->applied(*i)) {
+      impl_->ApplyAsync(*i, *buffer);
+    }
+    return status_;
+  }
+
+  absl::StatusOr<PushResponse> Finish() override {
+    finished_ = true;
+    if (!status_.ok()) {
+      absl::MutexLock lock(&impl_->mu_);
+      ++impl_->accounting_.refused;
+      return status_;
+    }
+    std::optional<StepDecision> decided;
+    int64_t epoch = 0;
+    std::vector<CheckpointData> saves;
+    absl::StatusOr<PushResponse> response;
+    {
+      GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
+      buffer->Claim(header_.step, header_.request_id);
+      response = impl_->FinishPush(header_, *buffer, &decided, &epoch, &saves);
+    }
+    // The thread that decided a step applies it (slice by slice; pulls stream each slice as it is done).
+    if (decided) impl_->ApplyDecision(*decided, epoch, &saves);
+    impl_->WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
+    return response;
+  }
+
+ private:
+  Impl* impl_;
+  const PushHeader header_;
+  absl::Status status_;
+  bool finished_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitialize(int worker_id) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(members_.CheckWorker(worker_id));
+  if (!configured_) {
+    return absl::UnavailableError(
+        absl::StrCat("ps task ", options_.task_index, " has no config yet: Register the chief first"));
+  }
+  if (worker_id != chief_) {
+    return absl::FailedPreconditionError(absl::StrCat("Initialize from worker ", worker_id,
+                                                      ", but only the chief (worker ", chief_, ") initializes"));
+  }
+  return std::unique_ptr<SliceUpload>(new InitializeUpload(this));
+}
+
+void ParameterServer::Impl::CountNotTaken(int worker, PushResponse::Outcome outcome) {
+  WorkerStats& stats = members_.stats(worker);
+  switch (outcome) {
+    case PushResponse::Outcome::kDuplicate:
+      ++stats.duplicates;
+      ++accounting_.duplicates;
+      break;
+    case PushResponse::Outcome::kDroppedBackup:
+      ++stats.dropped_backup;
+      ++accounting_.dropped_backup;
+      break;
+    case PushResponse::Outcome::kDroppedStale:
+      ++stats.dropped_stale;
+      ++accounting_.dropped_stale;
+      break;
+    default:
+      LOG(DFATAL) << "CountNotTaken: not an outcome of a push left out";
+  }
+}
+
+absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(const PushHeader& header) {
+  absl::MutexLock lock(&mu_);
+  ++accounting_.received;
+  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = StartPushLocked(header);
+  if (!upload.ok()) ++accounting_.refused;
+  return upload;
+}
+
+absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLocked(const PushHeader& header) {
+  RETURN_IF_ERROR(members_.CheckWorker(header.worker_id));
+  // The session first: a task that restarted has no config and no sessions, and its workers must hear "register
+  // again" (Aborted) rather than "wait" (Unavailable): nobody else would configure it again.
+  RETURN_IF_ERROR(members_.CheckSession(header.worker_id, header.session, Now()));
+  RETURN_IF_ERROR(CheckReady());
+  if (header.commit && !coordinator()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("commit=true sent to ps task ", options_.task_index, "; only ps task 0 takes commits"));
+  }
+  if (header.input_position.size() > kMaxInputPositionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", header.worker_id, "'s input position takes ",
+                                                   header.input_position.size(), " bytes, more than the ",
+                                                   kMaxInputPositionBytes, " allowed"));
+  }
+  if (header.step < 0) return absl::InvalidArgumentError(absl::StrCat("push for negative step ", header.step));
+  auto discard = [&](PushResponse::Outcome outcome) -> std::unique_ptr<SliceUpload> {
+    CountNotTaken(header.worker_id, outcome);
+    return std::make_unique<DiscardUpload>(this, PushResponse{outcome, step_});
+  };
+  if (members_.recent_ids(header.worker_id).Contains(header.request_id)) {
+    return discard(PushResponse::Outcome::kDuplicate);
+  }
+  if (sync_) {
+    if (header.step < step_) {
+      // Every step below step_ has been decided; the one just decided is where backup workers land.
+      members_.recent_ids(header.worker_id).Insert(header.request_id);
+      cv_.SignalAll();
+      return discard(header.step == step_ - 1 ? PushResponse::Outcome::kDroppedBackup
+                                              : PushResponse::Outcome::kDroppedStale);
+    }
+    if (header.commit && coordinator_->HasCommitted(header.worker_id)) {
+      // A second commit for the same step under a new request id.
+      return discard(PushResponse::Outcome::kDuplicate);
+    }
+  }
+  if (header.step > step_ && (sync_ || coordinator())) {
+    return absl::FailedPreconditionError(absl::StrCat("push from worker ", header.worker_id, " for step ",
+                                                      header.step, ", but ps task ", options_.task_index,
+                                                      " is at step ", step_, " (pull before pushing)"));
+  }
+  ++accounting_.in_flight;
+  return std::unique_ptr<SliceUpload>(new PushUpload(this, header));
+}
+
+void ParameterServer::Impl::ApplyAsync(int i, GradientBuffers::Buffer& buffer) {
+  int64_t step;
+  {
+    absl::MutexLock lock(&mu_);
+    step = step_;
+  }
+  const float* grad = buffer.data(i);
+  store_->Apply(i, step, &grad, 1, 1.0f, store_->version(i) + 1);
+  buffer.set_applied(i);
+}
+
+absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader& header,
+                                                               GradientBuffers::Buffer& buffer,
+                                                               std::optional<StepDecision>* decided, int64_t* epoch,
+                                                               std::vector<CheckpointData>* saves) {
+  absl::MutexLock lock(&mu_);
+  const int w = header.worker_id;
+  // The task may have rolled back, or declared the worker lost, while the gradients were on their way.
+  if (absl::Status s = members_.CheckSession(w, header.session, Now()); !s.ok()) {
+    ++accounting_.refused;
+    return s;
+  }
+  *epoch = epoch_;
+  // The worker drew this step's batches whatever becomes of its gradient.
+  if (header.commit && coordinator() && !header.input_position.empty()) {
+    members_.RecordInputPosition(w, header.step, header.input_position);
+  }
+  WorkerStats& stats = members_.stats(w);
+  if (members_.recent_ids(w).Contains(header.request_id)) {  // a concurrent retry finished first
+    CountNotTaken(w, PushResponse::Outcome::kDuplicate);
+    return PushResponse{PushResponse::Outcome::kDuplicate, step_};
+  }
+  // Non-finite gradients (checked as they arrived unless --nonfinite=apply).
+  const std::string& bad_slice = buffer.nonfinite_slice();
+  if (!bad_slice.empty()) {
+    ++stats.nonfinite;
+    if (options_.nonfinite == ParameterServerOptions::NonFinite::kReject) {
+      ++accounting_.rejected_nonfinite;
+      members_.recent_ids(w).Insert(header.request_id);
+      cv_.SignalAll();
+      return absl::InvalidArgumentError(absl::StrCat("worker ", w, "'s gradient for step ", header.step,
+                                                     " holds NaN or Inf in '", bad_slice, "' (ps task ",
+                                                     options_.task_index, ", --nonfinite=reject): nothing applied"));
+    }
+  }
+  const bool skip = !bad_slice.empty() && options_.nonfinite == ParameterServerOptions::NonFinite::kSkip;
+  PushResponse response{skip ? PushResponse::Outcome::kSkippedNonFinite : PushResponse::Outcome::kAccepted, step_};
+  if (sync_) {
+    if (header.step < step_) {
+      // The step was decided while this upload was on its way.
+      response.outcome = header.step == step_ - 1 ? PushResponse::Outcome::kDroppedBackup
+                                                  : PushResponse::Outcome::kDroppedStale;
+      CountNotTaken(w, response.outcome);
+    } else if (header.commit && coordinator_->HasCommitted(w)) {
+      response.outcome = PushResponse::Outcome::kDuplicate;
+      CountNotTaken(w, response.outcome);
+    } else if (header.commit && !buffer.all_complete()) {
+      ++accounting_.refused;
+      return absl::FailedPreconditionError(absl::StrCat("worker ", w, " committed step ", header.step,
+                                                        " without every slice of ps task 0; missing: ",
+                                                        buffer.DescribeMissing()));
+    } else {
+      // A skipped gradient still counts as this worker's part of the step (the step goes on); ApplyDecision
+      // leaves it out of the average.
+      ++accounting_.accepted;
+      if (pending_accepted_[w]) ++accounting_.discarded;  // its previous one never made it into a step
+      pending_accepted_[w] = buffer.all_complete();
+      if (!buffer.all_complete()) ++accounting_.discarded;  // no decision can apply an incomplete gradient
+      if (buffer.all_complete()) complete_step_[w] = header.step;
+      if (header.commit) {
+        coordinator_->AddCommit(w);
+        *decided = DecideLocked();
+      }
+    }
+  } else {
+    if (!buffer.all_complete()) {
+      ++accounting_.refused;
+      return absl::FailedPreconditionError(absl::StrCat("worker ", w, "'s push for step ", header.step,
+                                                        " ended without every slice of ps task ",
+                                                        options_.task_index, "; missing: ",
+                                                        buffer.DescribeMissing()));
+    }
+    ++accounting_.accepted;
+    ++(skip ? accounting_.skipped_nonfinite : accounting_.applied);
+    if (!skip) {
+      // Checked whole first (unless --nonfinite=apply, which applied each slice on arrival).
+      for (int i = 0; i < store_->num_slices(); ++i) {
+        if (buffer.applied(i)) continue;
+        const float* grad = buffer.data(i);
+        store_->Apply(i, step_, &grad, 1, 1.0f, store_->version(i) + 1);
+        buffer.set_applied(i);
+      }
+      if (!coordinator()) {
+        ++step_;  // the task's own count of updates, for its learning-rate schedule
+        ++stats.applied;
+        step_hint_ = std::max(step_hint_, header.step + 1);
+        if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_hint_) : std::nullopt) {
+          saves->push_back(SnapshotLocked(*label, step_));
+        }
+      } else if (header.commit) {
+        gate_->RecordCommit(w, step_ - header.step);
+        ++stats.applied;
+        StepDecision applied{step_, {w}, false, ""};
+        ++step_;
+        if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_) : std::nullopt) {
+          applied.checkpoint = true;
+          saves->push_back(SnapshotLocked(*label, step_));
+        }
+        if (options_.on_step_applied) options_.on_step_applied(applied);
+      }
+    }
+  }
+  members_.recent_ids(w).Insert(header.request_id);
+  cv_.SignalAll();  // a pull may wait for this push (PullRequest::after_push), or for the step
+  response.global_step = step_;
+  return response;
+}
+
+// ---- sync ---------------------------------------------------------------------------------------------------
+
+std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
+  std::optional<StepDecision> d = coordinator_->MaybeDecide(step_, members_.num_active());
+  if (!d) return std::nullopt;
+  ++step_;
+  if (checkpointing() && checkpoints_.Due(step_)) {
+    // The other tasks save this step too when they apply the decision; the state is copied once applied.
+    d->checkpoint = true;
+    checkpoints_.Saved(step_);
+  }
+  if (!options_.decision_key.empty()) d->mac = HmacSha256(options_.decision_key, DecisionBytes(*d));
+  coordinator_->Replace(*d);
+  VLOG(1) << "step " << d->step << " decided: workers " << absl::StrJoin(d->workers, ",");
+  cv_.SignalAll();
+  return d;
+}
+
+absl::StatusOr<std::vector<StepDecision>> ParameterServer::Impl::ClaimDecisions(
+    const std::vector<StepDecision>& decisions) {
+  std::vector<StepDecision> claimed;
+  int64_t next = step_;
+  for (const StepDecision& d : decisions) {
+    if (d.step < next) continue;
+    if (d.step > next) {
+      return absl::FailedPreconditionError(absl::StrCat("missing decision for step ", next, " on ps task ",
+                                                        options_.task_index, " (got one for step ", d.step, ")"));
+    }
+    if (!options_.decision_key.empty() && !HmacMatches(options_.decision_key, DecisionBytes(d), d.mac)) {
+      return absl::PermissionDeniedError(absl::StrCat("the decision for step ", d.step,
+                                                      " is not signed by ps task 0 (wrong or missing MAC): refused"));
+    }
+    if (d.workers.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("decision for step ", d.step, " names no workers"));
+    }
+    for (size_t k = 0; k < d.workers.size(); ++k) {
+      const int w = d.workers[k];
+      RETURN_IF_ERROR(members_.CheckWorker(w));
+      if (std::find(d.workers.begin(), d.workers.begin() + k, w) != d.workers.begin() + k) {
+        return absl::InvalidArgumentError(absl::StrCat("decision for step ", d.step, " names worker ", w, " twice"));
+      }
+      if (complete_step_[w] != d.step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "decision for step ", d.step, " includes worker ", w, ", but ps task ", options_.task_index,
+            " does not hold its gradients for that step (its last complete upload is for step ", complete_step_[w],
+            ")"));
+      }
+    }
+    claimed.push_back(d);
+    ++next;
+  }
+  if (next != step_) {
+    step_ = next;
+    cv_.SignalAll();
+  }
+  return claimed;
+}
+
+void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, std::vector<CheckpointData>* saves) {
+  absl::MutexLock apply_lock(&apply_mu_);
+  // Decisions are decided (or claimed) in step order but may reach this point out of order; a rollback ends
+  // the epoch they belong to.
+  struct InOrder {
+    const int64_t* applied_through;
+    const std::atomic<int64_t>* epoch_now;
+    int64_t step, epoch;
+    static bool Ready(InOrder* o) { return *o->applied_through == o->step || o->epoch_now->load() != o->epoch; }
+  } in_order{&applied_through_, &epoch_, d.step, epoch};
+  apply_mu_.Await(absl::Condition(&InOrder::Ready, &in_order));
+  if (epoch_.load() != epoch) return;
+  enum Outcome : char { kApplied, kSkipped, kDiscarded };
+  std::vector<char> outcome(options_.num_workers, kDiscarded);
+  {
+    // Buffers are locked in worker order (one lock order for every step) and summed in decision order.
+    std::vector<int> by_id = d.workers;
+    std::sort(by_id.begin(), by_id.end());
+    std::vector<GradientBuffers::Locked> held;
+    std::vector<GradientBuffers::Buffer*> buffer_of(options_.num_workers, nullptr);
+    for (int w : by_id) {
+      held.push_back(buffers_->Lock(w));
+      buffer_of[w] = &*held.back();
+    }
+    std::vector<GradientBuffers::Buffer*> summed;
+    for (int w : d.workers) {
+      GradientBuffers::Buffer* b = buffer_of[w];
+      // Only a worker that broke the protocol (pushing step s+1 before pulling it) can have overwritten them.
+      if (b->step() != d.step || !b->all_complete()) {
+        LOG(ERROR) << "ps task " << options_.task_index << ": worker " << w << "'s gradients for step " << d.step
+                   << " were overwritten (buffer holds step " << b->step() << "); step applied without them";
+        continue;
+      }
+      if (!b->nonfinite_slice().empty() && options_.nonfinite == ParameterServerOptions::NonFinite::kSkip) {
+        LOG(WARNING) << "ps task " << options_.task_index << ": step " << d.step << " without worker " << w
+                     << "'s gradient (NaN/Inf in '" << b->nonfinite_slice() << "', --nonfinite=skip)";
+        outcome[w] = kSkipped;
+        continue;
+      }
+      outcome[w] = kApplied;
+      summed.push_back(b);
+    }
+    std::vector<const float*> grads(summed.size());
+    const float scale = summed.empty() ? 0.0f : 1.0f / static_cast<float>(summed.size());
+    for (int i = 0; i < store_->num_slices(); ++i) {
+      for (size_t k = 0; k < summed.size(); ++k) grads[k] = summed[k]->data(i);
+      if (grads.empty()) {
+        store_->Apply(i, d.step, nullptr, 0, 0.0f, d.step + 1);  // publishes the version, changes nothing
+      } else {
+        store_->Apply(i, d.step, grads.data(), static_cast<int>(grads.size()), scale, d.step + 1);
+      }
+    }
+  }
+  applied_through_ = d.step + 1;
+  absl::MutexLock lock(&mu_);
+  for (int w : d.workers) {
+    ++members_.stats(w).applied;
+    if (!pending_accepted_[w]) continue;  // counted already (a rollback discarded it)
+    pending_accepted_[w] = false;
+    ++(outcome[w] == kApplied   ? accounting_.applied
+       : outcome[w] == kSkipped ? accounting_.skipped_nonfinite
+                                : accounting_.discarded);
+  }
+  if (d.checkpoint) {
+    if (checkpointing()) {
+      saves->push_back(SnapshotLocked(d.step + 1, d.step + 1));
+    } else {
+      LOG_FIRST_N(WARNING, 1) << "ps task " << options_.task_index << ": ps task 0 saved a checkpoint at step "
+                              << d.step + 1 << ", but this task has no --checkpoint_dir: its part is not saved";
+    }
+  }
+  if (coordinator() && options_.on_step_applied) options_.on_step_applied(d);
+}
+
+// ---- pull ---------------------------------------------------------------------------------------------------
+
+bool ParameterServer::Impl::MustWait(const PullRequest& request) const {
+  if (finished_) return false;
+  // The worker's own push first: it may still be on its way on another stream.
+  if (request.after_push != 0 && !members_.recent_ids(request.worker_id).Contains(request.after_push)) return true;
+  if (!members_.AnotherActive(request.worker_id)) return false;
+  if (step_ < request.min_step) return true;
+  return !sync_ && coordinator() && gate_->MustWait(request.worker_id, members_);
+}
+
+absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceiver* receiver) {
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms));
+  std::shared_ptr<Cancellation> epoch_cancel;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
+    RETURN_IF_ERROR(members_.CheckSession(request.worker_id, request.session, Now()));  // first: see StartPush
+    RETURN_IF_ERROR(CheckReady());
+    if (request.moving_averages && !store_->has_moving_averages()) {
+      return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
+                                                        " keeps no moving averages (the chief's "
+                                                        "moving_average_decay is 0): cannot pull them"));
+    }
+    if (request.min_step < 0 || request.since_step < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("pull with negative min_step (", request.min_step,
+                                                     ") or since_step (", request.since_step, ")"));
+    }
+    epoch_cancel = epoch_cancel_;
+  }
+  // A cancelled pull, or one of an epoch that ended (a rollback), is woken wherever it waits and ends.
+  auto wake = [this] {
+    {
+      absl::MutexLock lock(&mu_);
+      cv_.SignalAll();
+    }
+    store_->WakeWaiters();
+  };
+  const int64_t request_id = request.cancel != nullptr ? request.cancel->Register(wake) : 0;
+  const int64_t epoch_id = epoch_cancel->Register(wake);
+  auto deregister = absl::MakeCleanup([&] {
+    if (request.cancel != nullptr) request.cancel->Deregister(request_id);
+    epoch_cancel->Deregister(epoch_id);
+  });
+  auto stopped = [&] {
+    return (request.cancel != nullptr && request.cancel->cancelled()) || epoch_cancel->cancelled();
+  };
+  const auto stopped_error = [&] {
+    if (epoch_cancel->cancelled()) {
+      return absl::AbortedError(absl::StrCat("ps task ", options_.task_index,
+                                             " was restored to another step while the pull waited: register again"));
+    }
+    return absl::CancelledError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                             options_.task_index, " cancelled"));
+  };
+  PullHeader header;
+  std::vector<StepDecision> to_apply;
+  int64_t epoch = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (sync_ && !coordinator()) {
+      ASSIGN_OR_RETURN(to_apply, ClaimDecisions(request.decisions));
+    }
+    const absl::Time wait_start = absl::Now();
+    bool timed_out = false;
+    while (MustWait(request) && !stopped()) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) {
+        timed_out = MustWait(request);
+        break;
+      }
+    }
+    members_.stats(request.worker_id).wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);
+    if (stopped()) return stopped_error();
+    if (timed_out) {
+      std::string waiting_for;
+      if (request.after_push != 0 && !members_.recent_ids(request.worker_id).Contains(request.after_push)) {
+        waiting_for = absl::StrCat("its push ", request.after_push, " to arrive");
+      } else if (step_ < request.min_step) {
+        waiting_for = absl::StrCat("step >= ", request.min_step, " (at step ", step_, ")");
+      } else {
+        waiting_for = gate_->DescribeWait(request.worker_id, members_);
+      }
+      return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                      options_.task_index, " timed out after ", request.timeout_ms,
+                                                      " ms waiting for ", waiting_for));
+    }
+    header.step = step_;
+    header.training_done = finished_;
+    if (sync_ && coordinator()) header.decisions = coordinator_->DecisionsSince(request.since_step, step_);
+    epoch = epoch_;
+  }
+  if (!to_apply.empty()) {
+    std::vector<CheckpointData> saves;
+    for (const StepDecision& d : to_apply) ApplyDecision(d, epoch, &saves);
+    WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
+  }
+  if (stopped()) return stopped_error();
+  RETURN_IF_ERROR(receiver->OnHeader(header));
+  // Sync: the values of the header's step; each chunk is sent as soon as it is published, so an update in
+  // progress is streamed right behind it. Async: whatever the values are now.
+  const int64_t version = sync_ ? header.step : 0;
+  int64_t sent = 0;
+  for (int i = 0; i < store_->num_slices(); ++i) {
+    const SliceSpec& spec = store_->spec(i);
+    for (int64_t offset = 0; offset < spec.length; offset += SliceStore::kChunkFloats) {
+      const int64_t n = std::min(SliceStore::kChunkFloats, spec.length - offset);
+      if (!store_->WaitReadable(i, offset + n, version, absl::InfinitePast())) {
+        RETURN_IF_ERROR(receiver->Flush());  // send what is ready before waiting for the update
+      }
+      if (!store_->WaitReadable(i, offset + n, version, deadline, stopped)) {
+        if (stopped()) return stopped_error();
+        return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                        options_.task_index, " timed out after ",
+                                                        request.timeout_ms, " ms waiting for '", spec.variable,
+                                                        "' to be updated to step ", version));
+      }
+      ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver->Destination(spec.key, offset, n));
+      if (dst.data != nullptr) store_->Read(i, request.moving_averages, offset, n, dst.dtype, dst.data);
+      RETURN_IF_ERROR(receiver->Written(spec.key, offset, n));
+      sent += n * DtypeBytes(dst.dtype);
+    }
+    RETURN_IF_ERROR(receiver->Flush());  // a slice is whole: the worker may be waiting for it
+  }
+  bytes_sent_ += sent;
+  return absl::OkStatus();
+}
+
+// ---- the public class -----------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(ParameterServerOptions options) {
+  DisableMutexDeadlockDetection();  // see common/mutex_config.h
+  if (options.num_ps < 1 || options.task_index < 0 || options.task_index >= options.num_ps) {
+    return absl::InvalidArgumentError(absl::StrCat("ps task_index ", options.task_index, " is outside [0, ",
+                                                   options.num_ps, ") (num_ps ", options.num_ps, ")"));
+  }
+  if (options.num_workers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers must be >= 1, got ", options.num_workers));
+  }
+  RETURN_IF_ERROR(ValidateCheckpointOptions(options.checkpoint));
+  if (options.worker_timeout < absl::ZeroDuration() || options.max_model_bytes <= 0) {
+    return absl::InvalidArgumentError("worker_timeout must be >= 0 and max_model_bytes > 0");
+  }
+  if (options.apply_threads < 1) options.apply_threads = 1;
+  return std::unique_ptr<ParameterServer>(new ParameterServer(std::make_unique<Impl>(std::move(options))));
+}
+
+ParameterServer::ParameterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ParameterServer::~ParameterServer() = default;
+
+absl::StatusOr<RegisterResponse> ParameterServer::Register(const RegisterRequest& request) {
+  return impl_->Register(request);
+}
+absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::StartInitialize(int worker_id) {
+  return impl_->StartInitialize(worker_id);
+}
+absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::StartPush(const PushHeader& header) {
+  return impl_->StartPush(header);
+}
+absl::Status ParameterServer::Pull(const PullRequest& request, PullReceiver* receiver) {
+  return impl_->Pull(request, receiver);
+}
+absl::Status ParameterServer::Done(int worker_id, uint64_t session, bool completed, int64_t global_step) {
+  return impl_->Done(worker_id, session, completed, global_step);
+}
+absl::StatusOr<int64_t> ParameterServer::Heartbeat(int worker_id, uint64_t session) {
+  return impl_->Heartbeat(worker_id, session);
+}
+absl::StatusOr<TrainingStats> ParameterServer::GetStats() { return impl_->GetStats(); }
+absl::StatusOr<CheckpointProbe> ParameterServer::Probe(const TrainConfig& config) { return impl_->Probe(config); }
+absl::Status ParameterServer::Restore(const TrainConfig& config, int worker_id, int64_t step) {
+  return impl_->Restore(config, worker_id, step);
+}
+bool ParameterServer::finished() const { return impl_->finished(); }
+bool ParameterServer::WaitUntilFinished(absl::Duration timeout) { return impl_->WaitUntilFinished(timeout); }
+TrainingOutcome ParameterServer::outcome() const { return impl_->outcome(); }
+void ParameterServer::CheckLeases() { impl_->CheckLeases(); }
+absl::Status ParameterServer::final_checkpoint_status() const { return impl_->final_checkpoint_status(); }
+
+PushAccounting ParameterServer::accounting() const { return impl_->accounting(); }
+
+bool PushAccounting::Balanced() const {
+  return received == accepted + duplicates + dropped_stale + dropped_backup + rejected_nonfinite + refused +
+                         abandoned + in_flight &&
+         accepted == applied + skipped_nonfinite + discarded + pending;
+}
+
+std::string PushAccounting::DebugString() const {
+  return absl::StrCat("received=", received, " accepted=", accepted, " duplicates=", duplicates,
+                      " dropped_stale=", dropped_stale, " dropped_backup=", dropped_backup,
+                      " rejected_nonfinite=", rejected_nonfinite, " refused=", refused, " abandoned=", abandoned,
+                      " in_flight=", in_flight, " applied=", applied, " skipped_nonfinite=", skipped_nonfinite,
+                      " discarded=", discarded, " pending=", pending, Balanced() ? " (balanced)" : " (UNBALANCED)");
+}
+int64_t ParameterServer::step() const { return impl_->step(); }
+absl::StatusOr<CheckpointData> ParameterServer::ExportState() { return impl_->ExportState(); }
+bool ParameterServer::CheckpointDue(int64_t step) { return impl_->CheckpointDue(step); }
+absl::Status ParameterServer::RecordInputPosition(int worker, int64_t step, std::string position) {
+  return impl_->RecordInputPosition(worker, step, std::move(position));
+}
+absl::Status ParameterServer::ImportState(int64_t step, const std::vector<SliceState>& slices, bool save) {
+  return impl_->ImportState(step, slices, save);
+}
+
+absl::StatusOr<ParameterServerOptions::NonFinite> ParseNonFinitePolicy(absl::string_view name) {
+  if (name == "reject") return ParameterServerOptions::NonFinite::kReject;
+  if (name == "skip") return ParameterServerOptions::NonFinite::kSkip;
+  if (name == "apply") return ParameterServerOptions::NonFinite::kApply;
+  return absl::InvalidArgumentError(absl::StrCat("--nonfinite=", name, ": expected reject, skip or apply"));
+}
+
+}  // namespace dtrain::ps

@@ -1,0 +1,199 @@
+// The parameter server's logic, free of any transport: one ParameterServer per ps task holds that task's
+// slices of the variables with their optimizer slots and moving averages, applies gradients (sync or async,
+// see ps/api/ps_types.h for the protocol), and on task 0 keeps the global step and the sync decisions.
+//
+// It implements PsInterface directly (the in-process ps of local mode and of tests); ps/rpc/grpc_ps_service.h
+// exposes one over gRPC.
+//
+// Composition (each part in its own file): SliceStore (values, slots, moving averages, per-slice locks and
+// versions), GradientBuffers (each worker's uploaded gradients), Membership (workers' states and statistics),
+// SyncCoordinator (ps 0, sync: commits and decisions), StalenessGate (ps 0, async: clocks and the bound),
+// CheckpointScheduler (when to save). The ParameterServer is the protocol state machine that ties them.
+//
+// Thread-safety: every method may be called concurrently from any thread (one gRPC handler thread per call).
+// Pulls block (on condition variables, never polling) until their condition holds or their timeout passes.
+// Errors: as listed in ps/api/ps_interface.h.
+#ifndef DTRAIN_PS_CORE_PARAMETER_SERVER_H_
+#define DTRAIN_PS_CORE_PARAMETER_SERVER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ps/checkpoint/checkpoint_format.h"
+#include "ps/checkpoint/checkpoint_options.h"
+#include "ps/api/ps_interface.h"
+#include "ps/api/ps_types.h"
+
+namespace dtrain::ps {
+
+// Checkpoints (ps/checkpoint/checkpoint_format.h has the file format, ps/checkpoint/checkpoint_dir.h the names
+// and the restore policy). With checkpoint.dir set, each task writes
+// <checkpoint.dir>/model.ckpt-<step>.ps<task>-of-<num_ps>:
+// - Sync mode: ps 0 saves when the global step reaches a multiple of checkpoint.save_steps, or when
+//   checkpoint.save_secs have passed since its last save, and marks that step's decision (StepDecision::
+//   checkpoint); every other task saves when it applies a marked decision. So all tasks save the same steps
+//   (their own save_* options are not used) and the files of one step form a consistent checkpoint.
+// - Async mode: ps 0 saves by global step / time as above. Each other task saves on its own schedule: when its
+//   estimate of the global step (the newest step seen in pushes, + 1) crosses a multiple of
+//   checkpoint.save_steps (saved under that multiple), or by time (saved under the estimate). The tasks'
+//   files of one step are therefore taken at slightly different moments: consistency across tasks is best
+//   effort in async mode, as with TensorFlow's Saver on asynchronous training.
+// - When no worker is left (each reported Done or was declared lost), each task saves a final checkpoint (unless it just saved that step);
+//   finished() turns true only after it was written, or failed: final_checkpoint_status() says which.
+// - The state is copied between updates (sync: right after the step's update, before the next one starts);
+//   the file is written outside any lock by the calling RPC thread through a CheckpointWriter
+//   (ps/checkpoint/checkpoint_writer.h: atomically, retried checkpoint.max_attempts times with backoff), then all
+//   but the newest checkpoint.keep files of this task are deleted. A periodic save that still fails is logged
+//   (LOG(ERROR)) and training goes on; the previous checkpoint stays intact.
+// - Restore: when the chief registers and the task holds no values, it restores the checkpoint chosen by
+//   RegisterRequest::restore_step (see FindCheckpointToRestore) before answering, so Register returns
+//   initialized=true with the restored step, and the chief skips Initialize. A corrupt newest file is skipped
+//   with a warning (the previous one is used); a checkpoint of another model, optimizer or layout fails
+//   Register with FailedPrecondition and the task stays unconfigured.
+struct ParameterServerOptions {
+  int task_index = 0;  // 0 = coordinator (global step, sync decisions)
+  int num_ps = 1;
+  int num_workers = 1;  // from the cluster spec; the server is finished when all of them reported Done
+  // CPU threads (OpenMP) for applying the update to large slices. dtrain_ps keeps 1 (its host's cores belong to
+  // the workers, and updates of different slices overlap with sending); an in-process ps in local mode uses the
+  // worker's --threads.
+  int apply_threads = 1;
+  CheckpointOptions checkpoint;  // dir empty = no checkpoints (neither saved nor restored)
+  // Test hook: called on the coordinator after each step is applied (step, contributing workers), in step
+  // order, from the thread that applied it. It must not call back into the ParameterServer.
+  std::function<void(const StepDecision&)> on_step_applied;
+  // Time source for time-based checkpoints and leases (default absl::Now); tests inject a fake clock.
+  std::function<absl::Time()> clock;
+
+  // Membership: a worker silent (no call, no heartbeat) for longer than this is declared lost: sync mode stops
+  // waiting for it (R shrinks for the steps that follow) until it registers again. Zero: never (local mode).
+  absl::Duration worker_timeout = absl::ZeroDuration();
+  // An unconfigured task (just started, or restarted and not registered again) waits this long for a chief to
+  // register; then it finishes, failed ("no chief registered ..."). Infinite: waits for ever (local mode, tests).
+  // While unconfigured, a worker that reports Done(completed) proves that training ended on the other tasks
+  // while this one was down: the task then finishes as soon as every worker has ended or none has called it for
+  // worker_timeout (registration_timeout when that is zero), succeeded; its final_checkpoint_status() is
+  // DataLoss when its newest checkpoint file is older than the global step the workers reported (the updates
+  // since were lost with the process that held them).
+  absl::Duration registration_timeout = absl::InfiniteDuration();
+  // The cluster's token: ps 0 signs its step decisions with it and every other task applies only signed ones
+  // (empty: decisions are not signed; the cluster then trusts its network).
+  std::string decision_key;
+  // Gradients with NaN or Inf: kReject refuses the push (InvalidArgument naming the slice; nothing applied),
+  // kSkip counts it and leaves it out (the step goes on without it), both count it in WorkerStats::nonfinite;
+  // kApply applies it without looking (no scan of the gradients).
+  enum class NonFinite { kReject, kSkip, kApply };
+  NonFinite nonfinite = NonFinite::kReject;
+  // The largest model (bytes of this task's slices) Register accepts: ResourceExhausted naming the flag beyond.
+  int64_t max_model_bytes = int64_t{4} << 30;
+};
+
+// "reject", "skip" or "apply" (the --nonfinite flag); InvalidArgument naming the flag otherwise.
+absl::StatusOr<ParameterServerOptions::NonFinite> ParseNonFinitePolicy(absl::string_view name);
+
+// How training ended, once the ParameterServer is finished (every worker done or lost).
+struct TrainingOutcome {
+  bool succeeded = false;  // some worker completed its training (the global step reached train_steps)
+  int64_t global_step = 0;  // this task's estimate of the global step at the end
+  std::vector<int> lost_workers;
+  std::vector<int> failed_workers;  // left after an error
+  std::string message;     // one line for the log: what happened, naming the lost workers
+};
+
+// What became of the pushes this task received since it started: each push is counted once when it arrives
+// (received) and once by what the task answered; each accepted gradient once more by what became of it.
+//   received == accepted + duplicates + dropped_stale + dropped_backup + rejected_nonfinite + refused + abandoned
+//               + in_flight
+//   accepted == applied + skipped_nonfinite + discarded + pending
+// Balanced() checks both. Counted on every task (a task other than 0 gets each worker's gradient part for it).
+struct PushAccounting {
+  int64_t received = 0;            // StartPush calls
+  int64_t accepted = 0;            // gradients taken for a step (sync: for a decision; async: applied at once)
+  int64_t duplicates = 0;          // a retry of a push already handled, or a second commit for the step
+  int64_t dropped_stale = 0;       // for a step decided long ago (sync), or refused by the staleness bound
+  int64_t dropped_backup = 0;      // for the step just decided without it (sync backup workers)
+  int64_t rejected_nonfinite = 0;  // NaN/Inf under --nonfinite=reject
+  int64_t refused = 0;             // answered with another error (no session, not ready, protocol errors)
+  int64_t abandoned = 0;           // uploads that ended unfinished (the client cancelled, died or lost its link)
+  int64_t in_flight = 0;           // uploads still open
+  int64_t applied = 0;             // accepted gradients that went into the parameters
+  int64_t skipped_nonfinite = 0;   // accepted, left out of their step (--nonfinite=skip)
+  int64_t discarded = 0;           // accepted (sync), never applied: a rollback, or overwritten
+  int64_t pending = 0;             // accepted (sync), waiting for their step's decision
+  bool Balanced() const;
+  std::string DebugString() const;  // one line: "received=... accepted=... ... pending=..."
+};
+
+class ParameterServer : public PsInterface {
+ public:
+  // InvalidArgument naming the bad option (task_index outside [0, num_ps), num_workers < 1, negative save
+  // intervals).
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(ParameterServerOptions options);
+  ~ParameterServer() override;
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) override;
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override;
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override;
+  absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override;
+  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) override;
+  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override;
+  absl::StatusOr<TrainingStats> GetStats() override;
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override;
+  absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override;
+
+  // True once no worker is left (each reported Done or was declared lost) and the final checkpoint is written.
+  // WaitUntilFinished blocks until then or timeout; returns whether finished.
+  bool finished() const;
+  bool WaitUntilFinished(absl::Duration timeout);
+  // Valid once finished().
+  TrainingOutcome outcome() const;
+  // Declares lost the workers whose lease ran out (a thread of the ParameterServer calls it a few times per
+  // lease; tests call it after moving their fake clock).
+  void CheckLeases();
+
+  int64_t step() const;  // this task's step (global step on task 0)
+
+  // ---- State trained outside the ps (local mode with GPU towers: worker/resident_steps.h) ----
+  // The worker keeps the variables, optimizer slots and moving averages on its devices and trains them there;
+  // this in-process ps stays the owner of checkpoint policy and files (same format, so resume and dtrain_eval
+  // work unchanged). Only for a ps that no worker pushes to while these are used: nothing else may touch the
+  // slices meanwhile. Unavailable (as for pushes) before the chief has registered and the values exist
+  // (restored or initialized).
+  //
+  // The task's whole state now: every slice's values, optimizer slots and moving averages (empty when off),
+  // with global_step = task_step = step(). Nothing is written.
+  absl::StatusOr<CheckpointData> ExportState();
+  // Whether this task's schedule (save_checkpoint_steps / save_checkpoint_secs) saves a checkpoint at global
+  // step `step` (as it would when a pushed step brings the global step there); false without checkpoint_dir.
+  bool CheckpointDue(int64_t step);
+  // Replaces the state of every slice with `slices` (as ExportState returns them; InvalidArgument when they
+  // do not match the task's slices and nothing changes) and makes `step` the task's step. With `save` (and a
+  // checkpoint_dir), writes it as the checkpoint of that step before returning, as a scheduled save does.
+  absl::Status ImportState(int64_t step, const std::vector<SliceState>& slices, bool save);
+  // What a commit's PushHeader::input_position does, for steps that are not pushed: worker `worker`'s input
+  // stream after the batches of `step` (kept for checkpoints on task 0). InvalidArgument if too large.
+  absl::Status RecordInputPosition(int worker, int64_t step, std::string position);
+
+  class Impl;
+
+  // OK, or why the final checkpoint (saved when every worker was done) could not be written even after its
+  // retries. Meaningful once finished(); a binary exits non-zero when it is not OK, since the end of training
+  // is then not on disk.
+  absl::Status final_checkpoint_status() const;
+  // A snapshot of the push accounting (see PushAccounting); any thread.
+  PushAccounting accounting() const;
+
+ private:
+  explicit ParameterServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_CORE_PARAMETER_SERVER_H_

@@ -1,0 +1,250 @@
+// Internal to the ParameterServer (parameter_server.cc and parameter_server_lifecycle.cc): the class
+// behind ParameterServer. Nothing else includes this header.
+//
+// ParameterServer: the protocol of ps/api/ps_types.h as a state machine over its parts. Choices the header
+// leaves open:
+// - Locks, always taken in this order when nested: apply_mu_ (serializes sync updates, the checkpoint snapshots
+//   between them and rollbacks) → a worker's gradient buffer → mu_ (control state: config, step, membership,
+//   commits, decisions, clocks) → the SliceStore's own locks. Slice data is copied into or out of the store
+//   outside mu_, so uploads and pulls of different workers proceed in parallel.
+// - Sync: every task buffers each worker's gradients for its current step (GradientBuffers). ps 0 decides a
+//   step under mu_ (the global step advances at once, so Pull headers can go out), signs the decision, and the
+//   thread that decided applies it, slice by slice in key order, under apply_mu_; Pulls stream each slice as
+//   soon as the store has published it at the header's step. Other tasks check ps 0's signature on the
+//   decisions a Pull relays, claim them under mu_ (their step advances at once) and that Pull's thread applies
+//   them before streaming. Updates run in step order.
+// - Async: with --nonfinite=apply a slice is applied as soon as it has arrived whole; otherwise the push is
+//   checked whole and applied when its upload finishes. On ps 0 only a commit advances the global step and the
+//   worker's clock; on other tasks every finished upload advances the task's own step (its learning-rate
+//   schedule).
+// - A Pull never waits when no other worker is active (nobody could move the step): it returns at once,
+//   possibly with step < min_step. When no worker is left it returns with training_done.
+// - Request ids are remembered per worker for the last 1024 finished uploads (not for uploads that failed, so
+//   a retry after e.g. Unavailable is handled afresh); a retried async upload does not apply again the slices
+//   its first attempt already applied.
+// - Leases: a thread checks them a few times per lease; a worker declared lost counts as ended for "is anyone
+//   left", and in sync mode no longer for R. The server is finished when nobody is left.
+// - Rollback (Restore on a configured task): the state is replaced in place under apply_mu_ and mu_, every
+//   session becomes void, and the epoch moves on: pulls waiting in the old epoch end with Aborted and decided
+//   updates of the old epoch are dropped.
+// - Checkpoints: whatever advances the step copies the state at the exact step due (sync: under apply_mu_,
+//   between two updates); the same RPC thread writes the file after releasing its locks (through writer_, which
+//   retries, serializes writes and orders the pruning), before it returns. Restore reads the file under mu_
+//   inside Register: nothing else can proceed before the values exist anyway.
+#ifndef DTRAIN_PS_CORE_PARAMETER_SERVER_IMPL_H_
+#define DTRAIN_PS_CORE_PARAMETER_SERVER_IMPL_H_
+
+#include "ps/core/parameter_server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/cancellation.h"
+#include "common/denormals.h"
+#include "common/hmac.h"
+#include "common/mutex_config.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "ps/checkpoint/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_writer.h"
+#include "ps/checkpoint/checkpoint_scheduler.h"
+#include "ps/core/gradient_buffers.h"
+#include "ps/core/membership.h"
+#include "ps/core/slice_store.h"
+#include "ps/core/staleness_gate.h"
+#include "ps/core/sync_coordinator.h"
+#include "ps/core/train_config.h"
+
+namespace dtrain::ps {
+
+// What ps 0 signs of a decision: everything a task acts on.
+std::string DecisionBytes(const StepDecision& d);
+
+class ParameterServer::Impl {
+ public:
+  explicit Impl(ParameterServerOptions options)
+      : options_(std::move(options)),
+        members_(options_.num_workers, options_.task_index),
+        complete_step_(options_.num_workers, -1),
+        pending_accepted_(options_.num_workers, false),
+        checkpoints_(options_.checkpoint.save_steps, options_.checkpoint.save_secs, options_.clock) {
+    if (checkpointing()) {
+      writer_ = std::make_unique<CheckpointWriter>(options_.checkpoint, options_.task_index, options_.num_ps);
+    }
+    unconfigured_since_ = last_contact_ = Now();
+    if (options_.worker_timeout > absl::ZeroDuration() || options_.registration_timeout < absl::InfiniteDuration()) {
+      lease_thread_ = std::thread([this] { LeaseLoop(); });
+    }
+  }
+  ~Impl() {
+    {
+      absl::MutexLock lock(&lease_mu_);
+      stopping_ = true;
+    }
+    if (lease_thread_.joinable()) lease_thread_.join();
+  }
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id);
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header);
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPushLocked(const PushHeader& header)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Pull(const PullRequest& request, PullReceiver* receiver);
+  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step);
+  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session);
+  absl::StatusOr<TrainingStats> GetStats();
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config);
+  absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step);
+  bool finished() const;
+  bool WaitUntilFinished(absl::Duration timeout);
+  TrainingOutcome outcome() const;
+  absl::Status final_checkpoint_status() const {
+    absl::MutexLock lock(&mu_);
+    return final_checkpoint_status_;
+  }
+  PushAccounting accounting() const {
+    absl::MutexLock lock(&mu_);
+    PushAccounting a = accounting_;
+    for (bool p : pending_accepted_) a.pending += p ? 1 : 0;
+    return a;
+  }
+  void CheckLeases();
+  int64_t step() const;
+  // State trained outside the ps (parameter_server.h).
+  absl::StatusOr<CheckpointData> ExportState();
+  bool CheckpointDue(int64_t step);
+  absl::Status ImportState(int64_t step, const std::vector<SliceState>& slices, bool save);
+  absl::Status RecordInputPosition(int worker, int64_t step, std::string position) {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(members_.CheckWorker(worker));
+    if (position.size() > kMaxInputPositionBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("input position of ", position.size(), " bytes, more than ",
+                                                     kMaxInputPositionBytes));
+    }
+    if (coordinator()) members_.RecordInputPosition(worker, step, std::move(position));
+    return absl::OkStatus();
+  }
+
+ private:
+  class InitializeUpload;
+  class PushUpload;
+  class DiscardUpload;
+
+  bool coordinator() const { return options_.task_index == 0; }
+  bool checkpointing() const { return options_.checkpoint.enabled(); }
+  absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+  absl::Status CheckReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool MustWait(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t CheckpointLabel() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the task configured with `config` (a new store etc.): Register and Restore of an unconfigured task.
+  absl::Status ConfigureLocked(const TrainConfig& config, int chief) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
+  // Every session void, decided updates of the old epoch dropped. Returns the old epoch's cancellation: the
+  // caller cancels it after releasing the locks (its callbacks, which end the pulls of the old epoch, take mu_;
+  // cancelling it under mu_ deadlocked a task rolled back while a pull waited on it).
+  std::shared_ptr<Cancellation> NewEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
+
+  // Push: counts a push left out (a duplicate, or dropped as backup or stale) in the worker's stats and the
+  // task's accounting.
+  void CountNotTaken(int worker, PushResponse::Outcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Push: what a finished upload does (the caller holds the worker's buffer).
+  absl::StatusOr<PushResponse> FinishPush(const PushHeader& header, GradientBuffers::Buffer& buffer,
+                                          std::optional<StepDecision>* decided, int64_t* epoch,
+                                          std::vector<CheckpointData>* saves) ABSL_LOCKS_EXCLUDED(mu_);
+  // Async: applies slice i of `buffer` (whole) once per upload.
+  void ApplyAsync(int i, GradientBuffers::Buffer& buffer) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Sync.
+  std::optional<StepDecision> DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<StepDecision>> ClaimDecisions(const std::vector<StepDecision>& decisions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyDecision(const StepDecision& d, int64_t epoch, std::vector<CheckpointData>* saves)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Membership: after a worker ended (done or lost), apply what its leaving decided and finish when nobody is
+  // left (after the final checkpoint).
+  void AfterWorkersLeft(std::optional<StepDecision> decided, int64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
+  void LeaseLoop();
+  // An unconfigured task: finished when no chief registered within options_.registration_timeout, or when
+  // training ended elsewhere (a completed Done) and the workers have ended or gone quiet (parameter_server.h).
+  void CheckUnconfiguredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finishes an unconfigured task whose workers reported the end of training (global step ended_step_).
+  void FinishAfterEndLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Checkpoints.
+  // The task's whole state under checkpoint `label` (nothing else changes).
+  CheckpointData StateLocked(int64_t label, int64_t task_step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  CheckpointData SnapshotLocked(int64_t label, int64_t task_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes checkpoints taken under the locks (CheckpointWriter: retried, then logged; it prunes the oldest beyond
+  // checkpoint.keep). Returns the status of the newest one: the caller decides whether it matters (the final
+  // save); a periodic save that failed was logged, and training goes on with the previous checkpoint.
+  absl::Status WriteCheckpoints(std::vector<CheckpointData> saves) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const ParameterServerOptions options_;
+
+  absl::Mutex apply_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  int64_t applied_through_ ABSL_GUARDED_BY(apply_mu_) = 0;  // sync: steps whose update is complete
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled whenever the step, a clock, membership, the epoch or finished_ changes
+
+  bool configured_ ABSL_GUARDED_BY(mu_) = false;
+  TrainConfig config_ ABSL_GUARDED_BY(mu_);
+  int chief_ ABSL_GUARDED_BY(mu_) = -1;
+  bool initialized_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  TrainingOutcome outcome_ ABSL_GUARDED_BY(mu_);
+  // Rollbacks: epoch_ counts them (read without the lock by ApplyDecision's wait); epoch_cancel_ is cancelled
+  // when the epoch ends, waking the pulls of that epoch.
+  std::atomic<int64_t> epoch_{0};
+  std::shared_ptr<Cancellation> epoch_cancel_ ABSL_GUARDED_BY(mu_) = std::make_shared<Cancellation>();
+
+  // Set under mu_ (and apply_mu_) before configured_ turns true, then never replaced: readers that have seen
+  // configured_ (CheckReady under mu_) may use them without the lock. A rollback changes the store's contents
+  // in place, never the objects.
+  bool sync_ = true;
+  std::unique_ptr<SliceStore> store_;
+  std::unique_ptr<GradientBuffers> buffers_;
+  std::unique_ptr<SyncCoordinator> coordinator_;  // object and state: under mu_
+  std::unique_ptr<StalenessGate> gate_;           // object and state: under mu_
+
+  Membership members_ ABSL_GUARDED_BY(mu_);
+  // Sync: the step of each worker's last finished upload that held every slice (-1: none).
+  std::vector<int64_t> complete_step_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> bytes_received_{0};
+  std::atomic<int64_t> bytes_sent_{0};
+  // The push accounting (parameter_server.h); `pending` is computed from pending_accepted_: sync, whether each
+  // worker has an accepted gradient that no decision has applied yet.
+  PushAccounting accounting_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> pending_accepted_ ABSL_GUARDED_BY(mu_);
+
+  CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
+  int64_t step_hint_ ABSL_GUARDED_BY(mu_) = 0;  // async, tasks > 0: newest global step seen in pushes
+  int64_t written_label_ ABSL_GUARDED_BY(mu_) = 0;  // step of the newest checkpoint written (or restored)
+  bool final_save_started_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status final_checkpoint_status_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<CheckpointWriter> writer_;  // set once in the constructor when checkpointing; thread-safe
+  // While unconfigured: since when, the last call of a worker, and the global step a completed Done reported
+  // (-1: none; training ended elsewhere when >= 0).
+  absl::Time unconfigured_since_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_contact_ ABSL_GUARDED_BY(mu_);
+  int64_t ended_step_ ABSL_GUARDED_BY(mu_) = -1;
+
+  absl::Mutex lease_mu_;
+  bool stopping_ ABSL_GUARDED_BY(lease_mu_) = false;
+  std::thread lease_thread_;
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_CORE_PARAMETER_SERVER_IMPL_H_

@@ -1,0 +1,247 @@
+#include "ps/core/slice_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace dtrain::ps {
+
+absl::StatusOr<std::unique_ptr<SliceStore>> SliceStore::Create(std::vector<SliceSpec> slices,
+                                                               const OptimizerConfig& optimizer,
+                                                               float moving_average_decay) {
+  absl::StatusOr<Optimizer> opt = Optimizer::Create(optimizer);
+  if (!opt.ok()) return opt.status();
+  if (!(moving_average_decay >= 0.0f && moving_average_decay < 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moving_average_decay must be in [0, 1), got ", moving_average_decay));
+  }
+  std::unordered_map<uint32_t, int> seen;
+  for (const SliceSpec& s : slices) {
+    if (s.length <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", s.key, " has length ", s.length));
+    }
+    if (!seen.emplace(s.key, 0).second) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", s.key, " appears twice"));
+    }
+  }
+  return std::unique_ptr<SliceStore>(new SliceStore(std::move(slices), *std::move(opt), moving_average_decay));
+}
+
+SliceStore::SliceStore(std::vector<SliceSpec> specs, Optimizer optimizer, float moving_average_decay)
+    : specs_(std::move(specs)), optimizer_(std::move(optimizer)), moving_average_decay_(moving_average_decay) {
+  const int n = static_cast<int>(specs_.size());
+  slices_.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    auto s = std::make_unique<Slice>();
+    s->spec = specs_[i];
+    const int64_t len = s->spec.length;
+    s->values.assign(len, 0.0f);
+    s->slots.assign(optimizer_.num_slots(), std::vector<float>(len, 0.0f));
+    if (has_moving_averages()) s->shadow.assign(len, 0.0f);
+    index_of_key_[s->spec.key] = i;
+    total_floats_ += len;
+    slices_.push_back(std::move(s));
+  }
+  absl::MutexLock lock(&progress_mu_);
+  progress_.assign(n, Progress{});
+}
+
+absl::StatusOr<int> SliceStore::IndexOf(uint32_t key) const {
+  auto it = index_of_key_.find(key);
+  if (it == index_of_key_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("slice key ", key, " is not held by this ps task"));
+  }
+  return it->second;
+}
+
+absl::Status SliceStore::CheckRange(int i, int64_t offset, int64_t n) const {
+  const SliceSpec& s = slices_[i]->spec;
+  if (offset < 0 || n < 0 || offset > s.length - n) {
+    return absl::InvalidArgumentError(absl::StrCat("slice key ", s.key, " ('", s.variable, "') has ", s.length,
+                                                   " values; got floats [", offset, ", ", offset + n, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SliceStore::WriteValues(int i, int64_t offset, int64_t n, WireDtype dtype, const void* data) {
+  if (absl::Status s = CheckRange(i, offset, n); !s.ok()) return s;
+  Slice& slice = *slices_[i];
+  absl::MutexLock lock(&slice.mu);
+  DecodeFloats(dtype, data, n, slice.values.data() + offset);
+  return absl::OkStatus();
+}
+
+void SliceStore::ResetSlotsAndAverages(int64_t version) {
+  for (auto& s : slices_) {
+    absl::MutexLock lock(&s->mu);
+    for (std::vector<float>& slot : s->slots) std::fill(slot.begin(), slot.end(), 0.0f);
+    if (has_moving_averages()) s->shadow = s->values;
+  }
+  absl::MutexLock lock(&progress_mu_);
+  for (Progress& p : progress_) p = Progress{version, version, 0};
+  progress_cv_.SignalAll();
+}
+
+void SliceStore::Publish(int i, int64_t applying_version, int64_t applied_floats, bool done) {
+  absl::MutexLock lock(&progress_mu_);
+  Progress& p = progress_[i];
+  p.applying_version = applying_version;
+  p.applied_floats = applied_floats;
+  if (done) p.version = applying_version;
+  progress_cv_.SignalAll();
+}
+
+void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale,
+                       int64_t version) {
+  Slice& slice = *slices_[i];
+  const int64_t n = slice.spec.length;
+  if (num_grads == 0) {
+    Publish(i, version, n, /*done=*/true);
+    return;
+  }
+  float* slot0 = slice.slots.size() > 0 ? slice.slots[0].data() : nullptr;
+  float* slot1 = slice.slots.size() > 1 ? slice.slots[1].data() : nullptr;
+  float* var = slice.values.data();
+  float* shadow = has_moving_averages() ? slice.shadow.data() : nullptr;
+  const float decay = MovingAverageDecay(moving_average_decay_, step + 1);
+  const bool state = !slice.spec.trainable;
+  // Sums of several workers' gradients are formed chunk by chunk in a per-thread scratch.
+  thread_local std::vector<float> scratch;
+  auto apply = [&](int64_t begin, int64_t end, float* sum) {
+    const float* grad = grads[0] + begin;
+    if (num_grads > 1) {
+      std::memcpy(sum, grad, (end - begin) * sizeof(float));
+      for (int k = 1; k < num_grads; ++k) AddInto(grads[k] + begin, sum, end - begin);
+      grad = sum;
+    }
+    if (!state) {
+      optimizer_.Apply(step, grad_scale, grad, var + begin, slot0 ? slot0 + begin : nullptr,
+                       slot1 ? slot1 + begin : nullptr, end - begin);
+      if (shadow != nullptr) UpdateMovingAverage(decay, var + begin, shadow + begin, end - begin);
+    } else {
+      // State (BatchNorm running statistics): the pushed change, averaged; the "average" is the value itself.
+      for (int64_t k = 0; k < end - begin; ++k) var[begin + k] -= grad_scale * grad[k];
+      if (shadow != nullptr) std::memcpy(shadow + begin, var + begin, (end - begin) * sizeof(float));
+    }
+  };
+  const int64_t chunks = (n + kChunkFloats - 1) / kChunkFloats;
+  if (apply_threads_ > 1 && chunks > 1) {
+    // Local mode: nobody streams concurrently; use the worker's threads for the whole slice.
+    absl::MutexLock lock(&slice.mu);
+#pragma omp parallel num_threads(apply_threads_)
+    {
+      thread_local std::vector<float> local;
+      if (num_grads > 1) local.resize(kChunkFloats);
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < chunks; ++c) {
+        apply(c * kChunkFloats, std::min(n, (c + 1) * kChunkFloats), local.data());
+      }
+    }
+  } else {
+    if (num_grads > 1) scratch.resize(kChunkFloats);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t end = std::min(n, (c + 1) * kChunkFloats);
+      {
+        absl::MutexLock lock(&slice.mu);
+        apply(c * kChunkFloats, end, scratch.data());
+      }
+      if (end < n) Publish(i, version, end, /*done=*/false);
+    }
+  }
+  Publish(i, version, n, /*done=*/true);
+}
+
+bool SliceStore::WaitReadable(int i, int64_t end, int64_t version, absl::Time deadline,
+                              const std::function<bool()>& stop) const {
+  absl::MutexLock lock(&progress_mu_);
+  auto readable = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
+    const Progress& p = progress_[i];
+    return p.version >= version || (p.applying_version >= version && p.applied_floats >= end);
+  };
+  while (!readable()) {
+    if (stop && stop()) return false;
+    if (progress_cv_.WaitWithDeadline(&progress_mu_, deadline)) return readable();
+  }
+  return true;
+}
+
+void SliceStore::WakeWaiters() const {
+  absl::MutexLock lock(&progress_mu_);
+  progress_cv_.SignalAll();
+}
+
+int64_t SliceStore::version(int i) const {
+  absl::MutexLock lock(&progress_mu_);
+  return progress_[i].version;
+}
+
+void SliceStore::Read(int i, bool moving_average, int64_t offset, int64_t n, WireDtype dtype, void* dst) const {
+  CHECK(!moving_average || has_moving_averages());
+  const Slice& slice = *slices_[i];
+  absl::ReaderMutexLock lock(&slice.mu);
+  const std::vector<float>& src = moving_average ? slice.shadow : slice.values;
+  EncodeFloats(dtype, src.data() + offset, n, dst);
+}
+
+std::vector<SliceState> SliceStore::ExportState() const {
+  std::vector<SliceState> out(slices_.size());
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    const Slice& s = *slices_[i];
+    absl::ReaderMutexLock lock(&s.mu);
+    out[i].spec = s.spec;
+    out[i].values = s.values;
+    out[i].slots = s.slots;
+    out[i].moving_average = s.shadow;
+  }
+  return out;
+}
+
+absl::Status SliceStore::ImportState(const std::vector<SliceState>& state, int64_t version) {
+  std::vector<const SliceState*> by_index(slices_.size(), nullptr);
+  for (const SliceState& s : state) {
+    absl::StatusOr<int> i = IndexOf(s.spec.key);
+    if (!i.ok()) return i.status();
+    const SliceSpec& spec = slices_[*i]->spec;
+    if (by_index[*i] != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", spec.key, " given twice"));
+    }
+    if (!(s.spec == spec)) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", spec.key, ": state for '", s.spec.variable,
+                                                     "' [", s.spec.flat_offset, ", +", s.spec.length,
+                                                     "), this store holds '", spec.variable, "' [",
+                                                     spec.flat_offset, ", +", spec.length, ")"));
+    }
+    bool ok = static_cast<int64_t>(s.values.size()) == spec.length &&
+              static_cast<int>(s.slots.size()) == optimizer_.num_slots() &&
+              (s.moving_average.empty() || static_cast<int64_t>(s.moving_average.size()) == spec.length);
+    for (const std::vector<float>& slot : s.slots) ok = ok && static_cast<int64_t>(slot.size()) == spec.length;
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", spec.key, " ('", spec.variable,
+                                                     "'): wrong number of values or optimizer slots"));
+    }
+    by_index[*i] = &s;
+  }
+  for (size_t i = 0; i < by_index.size(); ++i) {
+    if (by_index[i] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no state for slice key ", specs_[i].key, " ('", specs_[i].variable, "')"));
+    }
+  }
+  for (size_t i = 0; i < by_index.size(); ++i) {
+    const SliceState& s = *by_index[i];
+    Slice& slice = *slices_[i];
+    absl::MutexLock lock(&slice.mu);
+    slice.values = s.values;
+    slice.slots = s.slots;
+    if (has_moving_averages()) slice.shadow = s.moving_average.empty() ? s.values : s.moving_average;
+  }
+  absl::MutexLock lock(&progress_mu_);
+  for (Progress& p : progress_) p = Progress{version, version, 0};
+  progress_cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+}  // namespace dtrain::ps

@@ -1,0 +1,133 @@
+// The variables one ps task holds: for each slice its values, optimizer slots and (when enabled) moving
+// averages, with the optimizer step that updates them, and each slice's *version*: the number of updates
+// applied to it (== the task's step in sync mode).
+//
+// Updates are applied slice by slice and, within a slice, chunk by chunk in increasing offset; each chunk is
+// published as soon as it is done, so a reader can stream the start of a slice while the rest is still being
+// updated (WaitReadable). Every chunk is updated and read under the slice's own lock: no global lock.
+//
+// Usage:
+//   ASSIGN_OR_RETURN(std::unique_ptr<SliceStore> store, SliceStore::Create(slices, optimizer, 0.999f));
+//   RETURN_IF_ERROR(store->WriteValues(i, 0, n, WireDtype::kF32, data));   // before training
+//   store->ResetSlotsAndAverages(/*version=*/0);
+//   const float* grads[] = {sum.data()};
+//   store->Apply(i, step, grads, 1, 1.0f / count, /*version=*/step + 1);
+//   if (store->WaitReadable(i, n, step + 1, deadline)) store->Read(i, false, 0, n, WireDtype::kF32, out);
+//
+// Thread-safety: Apply, Read and WaitReadable may run concurrently from any threads (Apply of one slice by one
+// thread at a time). WriteValues, ResetSlotsAndAverages, ImportState and set_apply_threads are for set-up:
+// callers make sure nothing else touches the store meanwhile. ExportState copies each slice under its lock.
+#ifndef DTRAIN_PS_CORE_SLICE_STORE_H_
+#define DTRAIN_PS_CORE_SLICE_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ps/checkpoint/checkpoint_format.h"
+#include "ps/core/optimizer.h"
+#include "ps/api/ps_types.h"
+#include "ps/api/slice_io.h"
+
+namespace dtrain::ps {
+
+class SliceStore {
+ public:
+  // Floats per published chunk of an update.
+  static constexpr int64_t kChunkFloats = 1 << 16;
+
+  // InvalidArgument for a bad optimizer config, a bad moving_average_decay, a repeated slice key or a
+  // non-positive length. Values, slots and versions start at zero.
+  static absl::StatusOr<std::unique_ptr<SliceStore>> Create(std::vector<SliceSpec> slices,
+                                                            const OptimizerConfig& optimizer,
+                                                            float moving_average_decay);
+
+  int num_slices() const { return static_cast<int>(slices_.size()); }
+  const SliceSpec& spec(int i) const { return specs_[i]; }
+  const std::vector<SliceSpec>& specs() const { return specs_; }
+  int64_t total_floats() const { return total_floats_; }
+  const Optimizer& optimizer() const { return optimizer_; }
+  bool has_moving_averages() const { return moving_average_decay_ > 0.0f; }
+
+  // The index of the slice with cluster-wide `key`; InvalidArgument naming the key when this task lacks it.
+  absl::StatusOr<int> IndexOf(uint32_t key) const;
+  // InvalidArgument unless [offset, offset + n) lies inside slice i (n >= 0).
+  absl::Status CheckRange(int i, int64_t offset, int64_t n) const;
+
+  // Set-up: writes values of slice i (decoded from `dtype`).
+  absl::Status WriteValues(int i, int64_t offset, int64_t n, WireDtype dtype, const void* data);
+  // Set-up: zeroes the optimizer slots, sets the moving averages to the values and every version to `version`.
+  void ResetSlotsAndAverages(int64_t version);
+
+  // Updates slice i as optimizer step `step` (0-based: drives the learning-rate schedule and Adam's t = step + 1)
+  // with the gradient grad_scale * (grads[0] + ... + grads[num_grads - 1]) (each spec(i).length floats), then
+  // its moving average with num_updates = step + 1, chunk by chunk; afterwards the slice's version is
+  // `version`. Large slices use up to apply_threads OpenMP threads (same result bit for bit). num_grads == 0
+  // only publishes the new version.
+  void Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale, int64_t version);
+
+  // Waits until floats [0, end) of slice i hold version >= `version` (fully updated, or updated that far by the
+  // Apply in progress), or until `deadline`, or until `stop` (may be null; checked whenever the waiter wakes)
+  // returns true. Returns whether they do.
+  bool WaitReadable(int i, int64_t end, int64_t version, absl::Time deadline,
+                    const std::function<bool()>& stop = nullptr) const;
+  // Wakes every WaitReadable (to check its `stop`).
+  void WakeWaiters() const;
+  int64_t version(int i) const;
+
+  // Copies floats [offset, offset + n) of slice i's values (or moving averages) to dst as `dtype`.
+  // Precondition (CHECKed): moving_average implies has_moving_averages().
+  void Read(int i, bool moving_average, int64_t offset, int64_t n, WireDtype dtype, void* dst) const;
+
+  // Threads Apply may use for a large slice (OpenMP; 1 = the calling thread only).
+  void set_apply_threads(int threads) { apply_threads_ = threads < 1 ? 1 : threads; }
+
+  // Checkpoints: the full state of every slice (values, slots, moving averages), in slice order.
+  std::vector<SliceState> ExportState() const;
+  // Replaces the full state from a checkpoint and sets every version to `version`. Every slice of this store
+  // exactly once, matching spec and the optimizer's number of slots; else InvalidArgument and nothing changes.
+  // Moving averages: taken when both sides keep them; set to the values when the store keeps them but `slices`
+  // lack them; ignored otherwise.
+  absl::Status ImportState(const std::vector<SliceState>& slices, int64_t version);
+
+ private:
+  struct Slice {
+    SliceSpec spec;
+    mutable absl::Mutex mu;  // guards the floats below, chunk by chunk
+    std::vector<float> values;
+    std::vector<std::vector<float>> slots;
+    std::vector<float> shadow;  // empty when moving averages are off
+  };
+  // Progress of one slice's updates, guarded by progress_mu_.
+  struct Progress {
+    int64_t version = 0;           // completed updates
+    int64_t applying_version = 0;  // version being applied (== version when none is in progress)
+    int64_t applied_floats = 0;    // floats [0, applied_floats) already hold applying_version
+  };
+
+  SliceStore(std::vector<SliceSpec> specs, Optimizer optimizer, float moving_average_decay);
+  void Publish(int i, int64_t applying_version, int64_t applied_floats, bool done);
+
+  std::vector<SliceSpec> specs_;
+  std::vector<std::unique_ptr<Slice>> slices_;
+  std::unordered_map<uint32_t, int> index_of_key_;
+  Optimizer optimizer_;
+  float moving_average_decay_;
+  int64_t total_floats_ = 0;
+  int apply_threads_ = 1;
+
+  mutable absl::Mutex progress_mu_;
+  mutable absl::CondVar progress_cv_;
+  std::vector<Progress> progress_ ABSL_GUARDED_BY(progress_mu_);
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_CORE_SLICE_STORE_H_

@@ -1,0 +1,136 @@
+#include "ps/core/train_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "ps/core/optimizer.h"
+
+namespace dtrain::ps {
+namespace {
+
+std::string Describe(const SliceSpec& s) {
+  return absl::StrCat("{key ", s.key, ", '", s.variable, "', offset ", s.flat_offset, ", length ", s.length, "}");
+}
+
+std::string Describe(const std::string& s) { return absl::StrCat("'", s, "'"); }
+std::string Describe(bool b) { return b ? "true" : "false"; }
+std::string Describe(float f) { return absl::StrFormat("%.9g", f); }
+template <typename T>
+std::string Describe(const T& v) {
+  return absl::StrCat(v);
+}
+
+template <typename T>
+absl::Status Mismatch(absl::string_view field, const T& ps_value, const T& worker_value, int worker_id) {
+  return absl::FailedPreconditionError(absl::StrCat(field, " mismatch: ps has ", Describe(ps_value), ", worker ",
+                                                    worker_id, " has ", Describe(worker_value)));
+}
+
+}  // namespace
+
+int ResolvedReplicasToAggregate(const TrainConfig& config) {
+  return config.replicas_to_aggregate == 0 ? config.num_workers : config.replicas_to_aggregate;
+}
+
+int ResolvedTotalNumReplicas(const TrainConfig& config) {
+  return config.total_num_replicas == 0 ? config.num_workers : config.total_num_replicas;
+}
+
+absl::Status ValidateTrainConfig(const TrainConfig& config, int cluster_num_workers) {
+  if (config.mode != "sync" && config.mode != "async") {
+    return absl::InvalidArgumentError(absl::StrCat("mode must be 'sync' or 'async', got '", config.mode, "'"));
+  }
+  if (config.num_workers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers must be >= 1, got ", config.num_workers));
+  }
+  if (cluster_num_workers > 0 && config.num_workers != cluster_num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers is ", config.num_workers,
+                                                   " but the ps's cluster spec has ", cluster_num_workers,
+                                                   " workers"));
+  }
+  const int r = ResolvedReplicasToAggregate(config), t = ResolvedTotalNumReplicas(config);
+  if (config.replicas_to_aggregate < 0 || config.total_num_replicas < 0 || r > t || t > config.num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("need 1 <= replicas_to_aggregate (", r, ") <= total_num_replicas (", t,
+                     ") <= num_workers (", config.num_workers, ")"));
+  }
+  if (config.max_staleness < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_staleness must be >= 0 or -1 (unbounded), got ", config.max_staleness));
+  }
+  if (absl::StatusOr<Optimizer> opt = Optimizer::Create(config.optimizer); !opt.ok()) return opt.status();
+  if (!(config.moving_average_decay >= 0.0f && config.moving_average_decay < 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moving_average_decay must be in [0, 1), got ", config.moving_average_decay));
+  }
+  std::set<uint32_t> keys;
+  std::vector<const SliceSpec*> by_offset;
+  for (const SliceSpec& s : config.slices) {
+    if (s.length <= 0 || s.flat_offset < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("slice ", Describe(s), " has a bad offset or length"));
+    }
+    if (!keys.insert(s.key).second) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", s.key, " appears twice"));
+    }
+    by_offset.push_back(&s);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const SliceSpec* a, const SliceSpec* b) { return a->flat_offset < b->flat_offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i - 1]->flat_offset + by_offset[i - 1]->length > by_offset[i]->flat_offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slices ", Describe(*by_offset[i - 1]), " and ", Describe(*by_offset[i]), " overlap"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompareTrainConfigs(const TrainConfig& ps, const TrainConfig& w, int worker_id) {
+  if (ps.model_signature != w.model_signature) {
+    return Mismatch("model_signature", ps.model_signature, w.model_signature, worker_id);
+  }
+  if (ps.mode != w.mode) return Mismatch("mode", ps.mode, w.mode, worker_id);
+  if (ps.num_workers != w.num_workers) return Mismatch("num_workers", ps.num_workers, w.num_workers, worker_id);
+  if (ResolvedReplicasToAggregate(ps) != ResolvedReplicasToAggregate(w)) {
+    return Mismatch("replicas_to_aggregate", ResolvedReplicasToAggregate(ps), ResolvedReplicasToAggregate(w),
+                    worker_id);
+  }
+  if (ResolvedTotalNumReplicas(ps) != ResolvedTotalNumReplicas(w)) {
+    return Mismatch("total_num_replicas", ResolvedTotalNumReplicas(ps), ResolvedTotalNumReplicas(w), worker_id);
+  }
+  if (ps.max_staleness != w.max_staleness) {
+    return Mismatch("max_staleness", ps.max_staleness, w.max_staleness, worker_id);
+  }
+  const OptimizerConfig &a = ps.optimizer, &b = w.optimizer;
+  if (a.name != b.name) return Mismatch("optimizer.name", a.name, b.name, worker_id);
+  if (a.learning_rate != b.learning_rate) {
+    return Mismatch("optimizer.learning_rate", a.learning_rate, b.learning_rate, worker_id);
+  }
+  if (a.decay_steps != b.decay_steps) return Mismatch("optimizer.decay_steps", a.decay_steps, b.decay_steps, worker_id);
+  if (a.decay_rate != b.decay_rate) return Mismatch("optimizer.decay_rate", a.decay_rate, b.decay_rate, worker_id);
+  if (a.staircase != b.staircase) return Mismatch("optimizer.staircase", a.staircase, b.staircase, worker_id);
+  if (a.momentum != b.momentum) return Mismatch("optimizer.momentum", a.momentum, b.momentum, worker_id);
+  if (a.beta1 != b.beta1) return Mismatch("optimizer.beta1", a.beta1, b.beta1, worker_id);
+  if (a.beta2 != b.beta2) return Mismatch("optimizer.beta2", a.beta2, b.beta2, worker_id);
+  if (a.epsilon != b.epsilon) return Mismatch("optimizer.epsilon", a.epsilon, b.epsilon, worker_id);
+  if (ps.moving_average_decay != w.moving_average_decay) {
+    return Mismatch("moving_average_decay", ps.moving_average_decay, w.moving_average_decay, worker_id);
+  }
+  if (ps.slices.size() != w.slices.size()) {
+    return Mismatch("number of slices", ps.slices.size(), w.slices.size(), worker_id);
+  }
+  for (size_t i = 0; i < ps.slices.size(); ++i) {
+    if (!(ps.slices[i] == w.slices[i])) {
+      return Mismatch(absl::StrCat("slices[", i, "]"), ps.slices[i], w.slices[i], worker_id);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dtrain::ps

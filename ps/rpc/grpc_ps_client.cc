@@ -1,0 +1,354 @@
+#include "ps/rpc/grpc_ps_client.h"
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include <glog/logging.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/sync_stream.h>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "common/cancellation.h"
+#include "common/status_macros.h"
+#include "dtrain.pb.h"
+#include "ps/rpc/grpc_methods.h"
+#include "ps/rpc/tensor_coding.h"
+#include "ps/rpc/wire_format.h"
+
+namespace dtrain::ps {
+namespace {
+
+namespace pb = ::dtrain::wire;
+using grpc::internal::RpcMethod;
+
+// Registers `fn` with `cancel` (may be null) for the lifetime of the object.
+class CancelScope {
+ public:
+  CancelScope(Cancellation* cancel, std::function<void()> fn) : cancel_(cancel) {
+    if (cancel_ != nullptr) id_ = cancel_->Register(std::move(fn));
+  }
+  ~CancelScope() {
+    if (cancel_ != nullptr) cancel_->Deregister(id_);
+  }
+
+ private:
+  Cancellation* cancel_;
+  int64_t id_ = 0;
+};
+
+// An upload over a client-streaming call. Slice data is referenced, not copied: it must stay unchanged until
+// Finish returns (which waits until gRPC has let go of it).
+class GrpcUpload : public SliceUpload {
+ public:
+  GrpcUpload(const std::string& address, const char* what, const GrpcClientOptions& options, Cancellation* cancel)
+      : address_(address), what_(what), cancel_scope_(cancel, [this] { context_.TryCancel(); }) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
+    AttachCallToken(options.security, &context_);
+  }
+  ~GrpcUpload() override {
+    if (writer_ && !finished_) {
+      context_.TryCancel();
+      writer_->Finish().ok();
+    }
+    // gRPC may still hold references to the caller's memory until the call is torn down.
+    tracker_.WaitIdle(absl::Now() + absl::Seconds(5));
+  }
+
+  // Opens the stream and sends the first message (the header, or the worker id).
+  template <typename Response>
+  absl::Status Open(const std::shared_ptr<grpc::Channel>& channel, const RpcMethod& method, Response* response,
+                    coding::MessageBuilder first) {
+    writer_.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &context_,
+                                                                                 response));
+    return Send(first.Build());
+  }
+
+  absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+    const int el = DtypeBytes(dtype);
+    const int64_t per_chunk = std::max<int64_t>(1, coding::kMaxChunkBytes / el);
+    const char* bytes = static_cast<const char*>(data);
+    for (int64_t done = 0; done < n || (n == 0 && done == 0);) {
+      const int64_t m = std::min(per_chunk, n - done);
+      coding::MessageBuilder b;
+      b.AddChunkRef(key, offset + done, dtype, bytes + done * el, m, &tracker_);
+      RETURN_IF_ERROR(Send(b.Build()));
+      done += std::max<int64_t>(m, 1);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<PushResponse> Finish() override {
+    finished_ = true;
+    writer_->WritesDone();
+    absl::Status s = wire::FromGrpc(writer_->Finish());
+    tracker_.WaitIdle(absl::Now() + absl::Seconds(5));
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ps ", address_, ": ", what_, ": ", s.message()));
+    return result_();
+  }
+
+  std::function<PushResponse()> result_;
+
+ private:
+  absl::Status Send(grpc::ByteBuffer message) {
+    if (writer_->Write(message)) return absl::OkStatus();
+    // The stream is broken: the server's status says why.
+    finished_ = true;
+    absl::Status s = wire::FromGrpc(writer_->Finish());
+    if (s.ok()) s = absl::UnavailableError("stream closed");
+    return absl::Status(s.code(), absl::StrCat("ps ", address_, ": ", what_, ": ", s.message()));
+  }
+
+  const std::string address_;
+  const char* what_;
+  grpc::ClientContext context_;
+  CancelScope cancel_scope_;
+  coding::SendTracker tracker_;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer_;
+  bool finished_ = false;
+};
+
+// Hands the chunks of pulled messages to a PullReceiver, decoding from the wire type into its destination.
+class PullFeeder : public coding::ChunkHandler {
+ public:
+  explicit PullFeeder(PullReceiver* receiver) : receiver_(receiver) {}
+  absl::Status OnHeader(const std::string& bytes) override {
+    pb::PullHeader header;
+    if (!header.ParseFromString(bytes)) return absl::DataLossError("Pull: malformed header");
+    got_header_ = true;
+    return receiver_->OnHeader(wire::FromProto(header));
+  }
+  absl::Status OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+    if (!got_header_) return absl::DataLossError("Pull: slice data before the header");
+    ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver_->Destination(key, offset, n));
+    if (dst.data != nullptr) {
+      if (dst.dtype == WireDtype::kF32) {
+        DecodeFloats(dtype, data, n, static_cast<float*>(dst.data));
+      } else if (dst.dtype == dtype) {
+        std::memcpy(dst.data, data, n * DtypeBytes(dtype));
+      } else {
+        return absl::InternalError("Pull: a receiver asked for a narrow dtype the stream does not carry");
+      }
+    }
+    return receiver_->Written(key, offset, n);
+  }
+  bool got_header() const { return got_header_; }
+
+ private:
+  PullReceiver* receiver_;
+  bool got_header_ = false;
+};
+
+class GrpcPsClient final : public PsInterface {
+ public:
+  GrpcPsClient(std::string address, GrpcClientOptions options, std::shared_ptr<grpc::Channel> channel)
+      : address_(std::move(address)),
+        options_(options),
+        channel_(std::move(channel)),
+        register_(grpc_methods::kRegister, RpcMethod::NORMAL_RPC, channel_),
+        initialize_(grpc_methods::kInitialize, RpcMethod::CLIENT_STREAMING, channel_),
+        push_(grpc_methods::kPush, RpcMethod::CLIENT_STREAMING, channel_),
+        pull_(grpc_methods::kPull, RpcMethod::SERVER_STREAMING, channel_),
+        done_(grpc_methods::kDone, RpcMethod::NORMAL_RPC, channel_),
+        stats_(grpc_methods::kGetStats, RpcMethod::NORMAL_RPC, channel_),
+        heartbeat_(grpc_methods::kHeartbeat, RpcMethod::NORMAL_RPC, channel_),
+        probe_(grpc_methods::kProbe, RpcMethod::NORMAL_RPC, channel_),
+        restore_(grpc_methods::kRestore, RpcMethod::NORMAL_RPC, channel_) {}
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) override {
+    pb::RegisterRequest req;
+    req.set_worker_id(request.worker_id);
+    req.set_is_chief(request.is_chief);
+    wire::ToProto(request.config, req.mutable_config());
+    if (request.restore_step != kRestoreNewest) req.set_restore_step(request.restore_step);
+    pb::RegisterResponse resp;
+    // One attempt: the caller (WorkerClient::Connect) waits for late ps tasks itself and logs what it waits for.
+    RETURN_IF_ERROR(Unary("Register", register_, req, &resp, absl::ZeroDuration()));
+    return RegisterResponse{resp.initialized(), resp.global_step(), resp.session(), resp.lease_ms(),
+                            resp.input_position()};
+  }
+
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {
+    AwaitConnection(absl::Now() + kAwaitConnection);
+    auto upload = std::make_unique<GrpcUpload>(address_, "Initialize", options_, nullptr);
+    auto response = std::make_shared<pb::InitializeResponse>();
+    upload->result_ = [response] { return PushResponse{PushResponse::Outcome::kAccepted, response->global_step()}; };
+    coding::MessageBuilder first;
+    first.SetWorkerId(worker_id);
+    RETURN_IF_ERROR(upload->Open(channel_, initialize_, response.get(), std::move(first)));
+    return std::unique_ptr<SliceUpload>(std::move(upload));
+  }
+
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override {
+    AwaitConnection(absl::Now() + kAwaitConnection, header.cancel);
+    auto upload = std::make_unique<GrpcUpload>(address_, "Push", options_, header.cancel);
+    auto response = std::make_shared<pb::PushResponse>();
+    upload->result_ = [response] {
+      return PushResponse{wire::FromProto(response->outcome()), response->global_step()};
+    };
+    pb::PushHeader h;
+    wire::ToProto(header, &h);
+    coding::MessageBuilder first;
+    first.SetHeader(h.SerializeAsString());
+    RETURN_IF_ERROR(upload->Open(channel_, push_, response.get(), std::move(first)));
+    return std::unique_ptr<SliceUpload>(std::move(upload));
+  }
+
+  absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override {
+    AwaitConnection(absl::Now() + kAwaitConnection, request.cancel);
+    pb::PullRequest req;
+    wire::ToProto(request, &req);
+    grpc::ClientContext context;
+    AttachCallToken(options_.security, &context);
+    // The server may legitimately wait up to timeout_ms before answering.
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Milliseconds(request.timeout_ms) + options_.rpc_timeout));
+    CancelScope cancel(request.cancel, [&context] { context.TryCancel(); });
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), pull_, &context, req));
+    PullFeeder feeder(receiver);
+    grpc::ByteBuffer message;
+    absl::Status bad;
+    while (reader->Read(&message)) {
+      bad = coding::DecodeMessage(message, &feeder);
+      if (!bad.ok()) {
+        context.TryCancel();
+        while (reader->Read(&message)) {
+        }
+        break;
+      }
+    }
+    absl::Status s = wire::FromGrpc(reader->Finish());
+    if (!bad.ok()) return bad;
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ps ", address_, ": Pull: ", s.message()));
+    if (!feeder.got_header()) return absl::DataLossError(absl::StrCat("ps ", address_, ": Pull: no header"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) override {
+    pb::DoneRequest req;
+    req.set_worker_id(worker_id);
+    req.set_session(session);
+    req.set_completed(completed);
+    req.set_global_step(global_step);
+    pb::DoneResponse resp;
+    return Unary("Done", done_, req, &resp);
+  }
+
+  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {
+    pb::HeartbeatRequest req;
+    req.set_worker_id(worker_id);
+    req.set_session(session);
+    pb::HeartbeatResponse resp;
+    // One attempt: the next heartbeat is soon.
+    RETURN_IF_ERROR(Unary("Heartbeat", heartbeat_, req, &resp, absl::ZeroDuration()));
+    return resp.step();
+  }
+
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override {
+    pb::ProbeRequest req;
+    wire::ToProto(config, req.mutable_config());
+    pb::ProbeResponse resp;
+    RETURN_IF_ERROR(Unary("Probe", probe_, req, &resp, absl::ZeroDuration()));
+    CheckpointProbe probe;
+    probe.configured = resp.configured();
+    probe.initialized = resp.initialized();
+    probe.step = resp.step();
+    probe.restorable_steps.assign(resp.restorable_steps().begin(), resp.restorable_steps().end());
+    return probe;
+  }
+
+  absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override {
+    pb::RestoreRequest req;
+    wire::ToProto(config, req.mutable_config());
+    req.set_worker_id(worker_id);
+    req.set_step(step);
+    pb::RestoreResponse resp;
+    return Unary("Restore", restore_, req, &resp, absl::ZeroDuration());
+  }
+
+  absl::StatusOr<TrainingStats> GetStats() override {
+    pb::StatsRequest req;
+    pb::StatsResponse resp;
+    RETURN_IF_ERROR(Unary("GetStats", stats_, req, &resp));
+    return wire::FromProto(resp);
+  }
+
+ private:
+  // A channel whose connection broke (the ps task died, or is not up yet) reconnects in the background, but gRPC
+  // sees the outcome of a connection attempt only when some thread of this process polls the channel: calls on
+  // a channel in TRANSIENT_FAILURE fail at once without polling, and the channel's backup poller runs every 5 s.
+  // Without this a restarted ps process was reached only 5-10 s after it was back (tests/grpc_reconnect_test.cc).
+  // So before a call on a channel that is not connected, wait on its state (which polls it) until it is READY,
+  // `deadline` has passed or `cancel` (may be null) is cancelled: the attempt in progress completes as soon as
+  // the task accepts it. A connected channel (the normal path) costs one state read.
+  void AwaitConnection(absl::Time deadline, const Cancellation* cancel = nullptr) {
+    grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+    while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_SHUTDOWN) {
+      const absl::Time now = absl::Now();
+      if (now >= deadline || (cancel != nullptr && cancel->cancelled())) return;
+      // Wakes up on a state change, and every 100 ms to look at the cancellation.
+      channel_->WaitForStateChange(state, absl::ToChronoTime(std::min(deadline, now + absl::Milliseconds(100))));
+      state = channel_->GetState(/*try_to_connect=*/true);
+    }
+  }
+  // How long one call waits for a connection in progress (a refused one is retried after at most 1 s plus
+  // jitter: GRPC_ARG_MAX_RECONNECT_BACKOFF_MS below).
+  static constexpr absl::Duration kAwaitConnection = absl::Milliseconds(1200);
+
+  // A unary call with a fresh context per attempt; retries Unavailable until the retry window is spent.
+  template <typename Request, typename Response>
+  absl::Status Unary(const char* what, const RpcMethod& method, const Request& request, Response* response,
+                     absl::Duration retry_window = absl::InfiniteDuration()) {
+    if (retry_window == absl::InfiniteDuration()) retry_window = options_.retry_window;
+    const absl::Time give_up = absl::Now() + retry_window;
+    absl::Duration backoff = options_.initial_backoff;
+    while (true) {
+      // A retried call never waits past its retry window; a single attempt waits like a connect timeout.
+      const absl::Time await_until = absl::Now() + kAwaitConnection;
+      AwaitConnection(retry_window == absl::ZeroDuration() ? await_until : std::min(await_until, give_up));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      AttachCallToken(options_.security, &ctx);
+      absl::Status s =
+          wire::FromGrpc(grpc::internal::BlockingUnaryCall(channel_.get(), method, &ctx, request, response));
+      if (s.ok()) return s;
+      if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + backoff > give_up) {
+        return absl::Status(s.code(), absl::StrCat("ps ", address_, ": ", what, ": ", s.message()));
+      }
+      VLOG(1) << "ps " << address_ << ": " << what << " unavailable (" << s.message() << "), retrying";
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
+      backoff = std::min(backoff * 2, options_.max_backoff);
+    }
+  }
+
+  const std::string address_;
+  const GrpcClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  const RpcMethod register_, initialize_, push_, pull_, done_, stats_, heartbeat_, probe_, restore_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& address,
+                                                             const GrpcClientOptions& options) {
+  if (address.empty()) return absl::InvalidArgumentError("empty ps address");
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  // Megabyte tensors: large HTTP/2 frames and flow-control windows mean fewer frames and window updates.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  // Reconnect quickly when a ps comes up late.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentials(options.security, &args);
+  auto channel = grpc::CreateCustomChannel(address, credentials, args);
+  return std::unique_ptr<PsInterface>(new GrpcPsClient(address, options, std::move(channel)));
+}
+
+}  // namespace dtrain::ps

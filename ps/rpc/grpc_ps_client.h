@@ -1,0 +1,45 @@
+// PsInterface over gRPC: a worker's connection to one ps task.
+//
+// Every call has a deadline. Unary calls failing with Unavailable (ps not up yet, connection reset) are retried
+// with exponential backoff until `retry_window` has passed; uploads and pulls are retried by their caller
+// (ps/client/worker_client.h), which can send a whole upload again. Other errors are returned as they are (codes
+// from ps/api/ps_interface.h). Tensor data goes out without a copy (see ps/rpc/tensor_coding.h): an upload
+// references the caller's memory until its Finish returns.
+//
+// Reconnection: a call on a channel that is not connected (the task died, restarted or is not up yet) first
+// waits up to about 1 s for the connection attempt in progress (never past a retried call's retry window, and
+// not after an upload's or pull's Cancellation fires), so a restarted task is reached within about a second of
+// its return. A connected channel costs one state read per call.
+//
+// Thread-safety: all methods may be called concurrently (gRPC channels are thread-safe).
+//
+// Example:
+//   ASSIGN_OR_RETURN(std::unique_ptr<PsInterface> ps0, NewGrpcPsClient("127.0.0.1:2222", {}));
+//   ASSIGN_OR_RETURN(RegisterResponse r, ps0->Register(request));
+#ifndef DTRAIN_PS_RPC_GRPC_PS_CLIENT_H_
+#define DTRAIN_PS_RPC_GRPC_PS_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ps/rpc/grpc_security.h"
+#include "ps/api/ps_interface.h"
+
+namespace dtrain::ps {
+
+struct GrpcClientOptions {
+  absl::Duration rpc_timeout = absl::Seconds(60);   // per attempt, for everything but Pull
+  absl::Duration retry_window = absl::Seconds(30);  // keep retrying Unavailable this long
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  SecurityOptions security;  // token and TLS (ps/rpc/grpc_security.h)
+};
+
+absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& address,
+                                                             const GrpcClientOptions& options);
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_RPC_GRPC_PS_CLIENT_H_

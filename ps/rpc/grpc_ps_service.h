@@ -1,0 +1,29 @@
+// gRPC adapter exposing a PsInterface (normally a ParameterServer) as the dtrain.wire.ParameterServer service.
+// It only converts (ps/rpc/wire_format.h for control messages, ps/rpc/tensor_coding.h for tensor data) and keeps
+// no per-request state beyond the call in progress; all logic stays in the PsInterface.
+//
+// Thread-safety: gRPC calls the handlers from its own thread pool concurrently; the wrapped PsInterface must be
+// thread-safe (ParameterServer is). The PsInterface and `shutdown` must outlive the service.
+#ifndef DTRAIN_PS_RPC_GRPC_PS_SERVICE_H_
+#define DTRAIN_PS_RPC_GRPC_PS_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/service_type.h>
+
+#include "common/cancellation.h"
+#include "ps/api/ps_interface.h"
+
+namespace dtrain::ps {
+
+// Returns the gRPC service object to register with a grpc::ServerBuilder. Cancelling `shutdown` (may be null)
+// ends every pull that is waiting, so the server can shut down at once. A non-empty `token` is required on
+// every call (ps/rpc/grpc_security.h): a call without it gets UNAUTHENTICATED before it reaches `ps`.
+std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown = nullptr,
+                                                const std::string& token = "");
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_RPC_GRPC_PS_SERVICE_H_

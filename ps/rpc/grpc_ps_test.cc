@@ -1,0 +1,444 @@
+// The gRPC adapter end to end on 127.0.0.1 (port 0): large tensors (up to 100 MB, fp32 and bf16) are chunked
+// below gRPC's 4 MB limit, statuses survive the trip, retried pushes are not applied twice, the server stops by
+// itself, and a shutdown ends a waiting pull at once.
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <numeric>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/cancellation.h"
+#include "common/denormals.h"
+#include "ps/rpc/grpc_ps_client.h"
+#include "ps/rpc/server.h"
+#include "ps/testing/ps_test_util.h"
+
+namespace dtrain::ps {
+namespace {
+
+using ::dtrain::ps::testing::InitializeSlices;
+using ::dtrain::ps::testing::Pulled;
+using ::dtrain::ps::testing::PullSlices;
+using ::dtrain::ps::testing::PushSlices;
+using ::dtrain::ps::testing::Slices;
+
+constexpr int64_t kBig = 3'000'000;  // 12 MB: three times gRPC's default message limit
+
+TrainConfig Config() {
+  TrainConfig c;
+  c.model_signature = "test/v1";
+  c.mode = "sync";
+  c.num_workers = 1;
+  c.optimizer.name = "sgd";
+  c.optimizer.learning_rate = 0.5f;
+  c.slices = {SliceSpec{0, "big", 0, kBig}, SliceSpec{1, "small", kBig, 3}};
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<PsServer>> StartServer(int num_workers = 1) {
+  PsServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  so.ps.num_workers = num_workers;
+  so.linger = absl::ZeroDuration();
+  return PsServer::Start(so);
+}
+
+TEST(GrpcPsTest, RoundTripLargeTensorsAndRetriedPush) {
+  absl::StatusOr<std::unique_ptr<PsServer>> server = StartServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->port(), 0);
+  absl::StatusOr<std::unique_ptr<PsInterface>> client = NewGrpcPsClient((*server)->address(), {});
+  ASSERT_TRUE(client.ok());
+  PsInterface& ps = **client;
+
+  absl::StatusOr<RegisterResponse> reg = ps.Register(RegisterRequest{0, true, Config()});
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_FALSE(reg->initialized);
+
+  std::vector<float> initial(kBig);
+  std::iota(initial.begin(), initial.end(), 0.f);
+  ASSERT_TRUE(InitializeSlices(ps, 0, {{0, initial}, {1, {1.f, 2.f, 3.f}}}).ok());
+
+  const PushHeader header{0, 0, 42, /*commit=*/true, reg->session};
+  const Slices grads = {{0, std::vector<float>(kBig, 2.f)}, {1, {2.f, 4.f, 6.f}}};
+  absl::StatusOr<PushResponse> pushed = PushSlices(ps, header, grads);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(pushed->outcome, PushResponse::Outcome::kAccepted);
+  EXPECT_EQ(pushed->global_step, 1);
+  // A retry of the same push (same request id) is recognised and not applied again.
+  absl::StatusOr<PushResponse> again = PushSlices(ps, header, grads);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome, PushResponse::Outcome::kDuplicate);
+
+  PullRequest pull;
+  pull.worker_id = 0;
+  pull.session = reg->session;
+  pull.min_step = 1;
+  absl::StatusOr<Pulled> pulled = PullSlices(ps, pull);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->header.step, 1);
+  ASSERT_EQ(pulled->slices[0].size(), static_cast<size_t>(kBig));
+  for (int64_t i = 0; i < kBig; i += 99'991) EXPECT_EQ(pulled->slices[0][i], static_cast<float>(i) - 1.f) << i;
+  EXPECT_EQ(pulled->slices[0][kBig - 1], static_cast<float>(kBig - 1) - 1.f);
+  EXPECT_EQ(pulled->slices[1], std::vector<float>({0.f, 0.f, 0.f}));
+  absl::StatusOr<TrainingStats> stats = ps.GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->workers[0].duplicates, 1);
+  EXPECT_EQ(stats->workers[0].applied, 1);
+
+  ASSERT_TRUE(ps.Done(0, reg->session, true, 0).ok());
+  EXPECT_TRUE((*server)->Wait(absl::Seconds(10)));  // finished: every worker is done
+}
+
+TEST(GrpcPsTest, HundredMegabytesInNarrowAndWideTypes) {
+  constexpr int64_t kHuge = 25'000'000;  // 100 MB of floats
+  absl::StatusOr<std::unique_ptr<PsServer>> server = StartServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<PsInterface>> client = NewGrpcPsClient((*server)->address(), {});
+  ASSERT_TRUE(client.ok());
+  TrainConfig c = Config();
+  c.optimizer.learning_rate = 1.0f;
+  c.slices = {SliceSpec{0, "huge", 0, kHuge}};
+  absl::StatusOr<RegisterResponse> reg = (*client)->Register(RegisterRequest{0, true, c});
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  std::vector<float> values(kHuge);
+  for (int64_t i = 0; i < kHuge; ++i) values[i] = static_cast<float>(i % 1000) * 0.25f;  // exact in bf16
+  ASSERT_TRUE(InitializeSlices(**client, 0, {{0, values}}).ok());
+  // A bf16 gradient upload: half the bytes, decoded by the ps.
+  std::vector<uint16_t> bf16(kHuge, 0x3f80);  // 1.0
+  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = (*client)->StartPush(PushHeader{0, 0, 1, true, reg->session});
+  ASSERT_TRUE(upload.ok()) << upload.status();
+  ASSERT_TRUE((*upload)->Write(0, 0, kHuge, WireDtype::kBF16, bf16.data()).ok());
+  ASSERT_TRUE((*upload)->Finish().ok());
+  for (WireDtype dtype : {WireDtype::kF32, WireDtype::kBF16}) {
+    PullRequest pull;
+    pull.session = reg->session;
+    pull.min_step = 1;
+    pull.wire_dtype = dtype;
+    std::vector<float> out(kHuge, -7.f);
+    const std::vector<SliceSpec> slices = c.slices;
+    FlatPullReceiver receiver(&slices, out.data());
+    ASSERT_TRUE((*client)->Pull(pull, &receiver).ok()) << DtypeName(dtype);
+    ASSERT_TRUE(receiver.Finish().ok());
+    for (int64_t i = 0; i < kHuge; i += 1'000'003) EXPECT_EQ(out[i], RoundTrip(dtype, values[i] - 1.f)) << i;
+    EXPECT_EQ(out[kHuge - 1], RoundTrip(dtype, values[kHuge - 1] - 1.f)) << DtypeName(dtype);
+  }
+  (*server)->Shutdown();
+}
+
+TEST(GrpcPsTest, ErrorsKeepTheirCodeAndMessage) {
+  PsServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  so.ps.num_workers = 2;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so);
+  ASSERT_TRUE(server.ok());
+  GrpcClientOptions co;
+  co.retry_window = absl::Milliseconds(300);
+  auto client = NewGrpcPsClient((*server)->address(), co);
+  ASSERT_TRUE(client.ok());
+  // A non-chief before the chief: Unavailable (the worker waits and retries).
+  TrainConfig c = Config();
+  c.num_workers = 2;
+  absl::StatusOr<RegisterResponse> early = (*client)->Register(RegisterRequest{1, false, c});
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable) << early.status();
+  ASSERT_TRUE((*client)->Register(RegisterRequest{0, true, c}).ok());
+  // A worker built for another model is refused with a message naming the mismatch.
+  TrainConfig other = c;
+  other.model_signature = "other/v1";
+  absl::StatusOr<RegisterResponse> bad = (*client)->Register(RegisterRequest{1, false, other});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(bad.status().message().find("model_signature"), std::string::npos) << bad.status();
+  // A stranger's worker id.
+  EXPECT_FALSE((*client)->Done(7, 1, true, 0).ok());
+  (*server)->Shutdown();
+}
+
+// Nobody listens: retried calls give up when their retry window is spent (waiting for a connection does not
+// stretch it), single attempts after about a second, and a cancelled pull at once.
+TEST(GrpcPsTest, UnreachableServerIsUnavailableAfterRetryWindow) {
+  GrpcClientOptions co;
+  co.retry_window = absl::Milliseconds(300);
+  co.rpc_timeout = absl::Seconds(1);
+  auto client = NewGrpcPsClient("127.0.0.1:1", co);
+  ASSERT_TRUE(client.ok());
+  absl::Time start = absl::Now();
+  absl::StatusOr<TrainingStats> s = (*client)->GetStats();
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
+  EXPECT_NE(s.status().message().find("127.0.0.1:1"), std::string::npos);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
+
+  co.retry_window = absl::Seconds(2);
+  client = NewGrpcPsClient("127.0.0.1:1", co);
+  ASSERT_TRUE(client.ok());
+  start = absl::Now();
+  EXPECT_EQ((*client)->GetStats().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_GT(absl::Now() - start, absl::Milliseconds(1000));  // it did retry
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(2600));
+
+  start = absl::Now();
+  EXPECT_EQ((*client)->Heartbeat(0, 1).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1800));
+
+  Cancellation cancel;
+  cancel.Cancel();
+  PullRequest pull;
+  pull.cancel = &cancel;
+  start = absl::Now();
+  EXPECT_FALSE(PullSlices(**client, pull).ok());
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
+}
+
+// The checkpoint-related fields: restore_step (unset = newest, kRestoreNone, a step), the decisions'
+// checkpoint flag, and pulling moving averages.
+TEST(GrpcPsTest, CheckpointFieldsCrossTheWire) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "dtrain_grpc_ckpt_", getpid());
+  std::filesystem::remove_all(dir);
+  TrainConfig c = Config();
+  c.slices = {SliceSpec{0, "w", 0, 4}};
+  c.moving_average_decay = 0.5f;
+  auto start = [&](int64_t save_steps) {
+    PsServerOptions so;
+    so.listen_address = "127.0.0.1:0";
+    so.ps.num_workers = 1;
+    so.ps.checkpoint.dir = dir;
+    so.ps.checkpoint.save_steps = save_steps;
+    so.linger = absl::ZeroDuration();
+    return PsServer::Start(so);
+  };
+  {
+    auto server = start(1);
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto client = NewGrpcPsClient((*server)->address(), {});
+    ASSERT_TRUE(client.ok());
+    absl::StatusOr<RegisterResponse> reg = (*client)->Register(RegisterRequest{0, true, c});
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    ASSERT_FALSE(reg->initialized);
+    ASSERT_TRUE(InitializeSlices(**client, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
+    PushHeader header{0, 0, 1, true, reg->session};
+    header.input_position = "worker 0's input after step 0";
+    ASSERT_TRUE(PushSlices(**client, header, {{0, {1.f, 1.f, 1.f, 1.f}}}).ok());
+    PullRequest pull;
+    pull.session = reg->session;
+    pull.min_step = 1;
+    absl::StatusOr<Pulled> values = PullSlices(**client, pull);
+    ASSERT_TRUE(values.ok()) << values.status();
+    ASSERT_EQ(values->header.decisions.size(), 1u);
+    EXPECT_TRUE(values->header.decisions[0].checkpoint);  // ps 0 saved step 1
+    pull.moving_averages = true;
+    absl::StatusOr<Pulled> averages = PullSlices(**client, pull);
+    ASSERT_TRUE(averages.ok()) << averages.status();
+    EXPECT_EQ(values->slices[0], (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f}));
+    // decay min(0.5, 2/11): shadow = 1 - (1 - 2/11) * 0.5 for the first element.
+    EXPECT_FLOAT_EQ(averages->slices[0][0], 1.f - (1.f - 2.f / 11.f) * 0.5f);
+  }
+  for (int64_t restore : {kRestoreNone, int64_t{1}, kRestoreNewest}) {
+    auto server = start(0);
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto client = NewGrpcPsClient((*server)->address(), {});
+    ASSERT_TRUE(client.ok());
+    RegisterRequest reg{0, true, c};
+    reg.restore_step = restore;
+    absl::StatusOr<RegisterResponse> r = (*client)->Register(reg);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->initialized, restore != kRestoreNone) << restore;
+    EXPECT_EQ(r->global_step, restore != kRestoreNone ? 1 : 0) << restore;
+    EXPECT_EQ(r->input_position, restore != kRestoreNone ? "worker 0's input after step 0" : "") << restore;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The ps applies updates on gRPC's handler threads (async: the uploading call; sync: the committing call) with
+// flush-to-zero and denormals-are-zero set: a denormal gradient leaves the value exactly unchanged. (This test
+// binary never sets the mode itself, so only the handlers can have.)
+TEST(GrpcPsTest, HandlerThreadsFlushDenormals) {
+  ASSERT_FALSE(FlushDenormalsEnabled());
+  for (const std::string mode : {"async", "sync"}) {
+    absl::StatusOr<std::unique_ptr<PsServer>> server = StartServer();
+    ASSERT_TRUE(server.ok()) << server.status();
+    absl::StatusOr<std::unique_ptr<PsInterface>> client = NewGrpcPsClient((*server)->address(), {});
+    ASSERT_TRUE(client.ok());
+    TrainConfig c = Config();
+    c.mode = mode;
+    c.optimizer.learning_rate = 1.0f;
+    c.slices = {SliceSpec{0, "w", 0, 4}};
+    absl::StatusOr<RegisterResponse> reg = (*client)->Register(RegisterRequest{0, true, c});
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    ASSERT_TRUE(InitializeSlices(**client, 0, {{0, {0.f, 0.f, 0.f, 0.f}}}).ok());
+    ASSERT_TRUE(PushSlices(**client, PushHeader{0, 0, 1, true, reg->session}, {{0, std::vector<float>(4, 1e-39f)}}).ok());
+    PullRequest pull;
+    pull.session = reg->session;
+    pull.min_step = 1;
+    absl::StatusOr<Pulled> r = PullSlices(**client, pull);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->header.step, 1);
+    for (float v : r->slices[0]) EXPECT_EQ(v, 0.0f) << mode << ": a denormal update was applied";
+    (*server)->Shutdown();
+  }
+}
+
+// A stranger without the cluster token, or with another, is refused on every method before anything changes.
+TEST(GrpcPsTest, CallsWithoutTheTokenAreRefusedAndChangeNothing) {
+  const std::string token = "0123456789abcdef-cluster-secret";
+  PsServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  so.ps.num_workers = 2;
+  so.linger = absl::ZeroDuration();
+  so.security.auth_token = token;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  GrpcClientOptions good_options;
+  good_options.security.auth_token = token;
+  absl::StatusOr<std::unique_ptr<PsInterface>> good = NewGrpcPsClient((*server)->address(), good_options);
+  ASSERT_TRUE(good.ok());
+  TrainConfig c = Config();
+  c.num_workers = 2;
+  c.slices = {SliceSpec{0, "w", 0, 4}};
+  absl::StatusOr<RegisterResponse> reg = (*good)->Register(RegisterRequest{0, true, c});
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  ASSERT_TRUE(InitializeSlices(**good, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
+
+  for (const std::string stranger_token : {std::string(), std::string("0123456789abcdef-wrong-secret!!")}) {
+    GrpcClientOptions o;
+    o.security.auth_token = stranger_token;
+    o.retry_window = absl::ZeroDuration();
+    absl::StatusOr<std::unique_ptr<PsInterface>> stranger = NewGrpcPsClient((*server)->address(), o);
+    ASSERT_TRUE(stranger.ok());
+    auto unauthenticated = [](const absl::Status& s) {
+      return s.code() == absl::StatusCode::kUnauthenticated && absl::StrContains(s.message(), "token");
+    };
+    EXPECT_TRUE(unauthenticated((*stranger)->Register(RegisterRequest{1, true, c}).status()));
+    EXPECT_TRUE(unauthenticated(InitializeSlices(**stranger, 0, {{0, {9.f, 9.f, 9.f, 9.f}}})));
+    EXPECT_TRUE(unauthenticated(
+        PushSlices(**stranger, PushHeader{0, 0, 7, true, reg->session}, {{0, {5.f, 5.f, 5.f, 5.f}}}).status()));
+    EXPECT_TRUE(unauthenticated(PullSlices(**stranger, PullRequest{}).status()));
+    EXPECT_TRUE(unauthenticated((*stranger)->Done(0, 1, true, 0)));
+    EXPECT_TRUE(unauthenticated((*stranger)->Done(1, 1, true, 0)));
+    EXPECT_TRUE(unauthenticated((*stranger)->Heartbeat(0, 1).status()));
+    EXPECT_TRUE(unauthenticated((*stranger)->GetStats().status()));
+  }
+  // Nothing changed: step 0, the initial values, nobody done, no bytes received beyond the initialization.
+  absl::StatusOr<TrainingStats> stats = (*good)->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->global_step, 0);
+  EXPECT_FALSE(stats->workers[0].done);
+  EXPECT_FALSE(stats->workers[1].done);
+  EXPECT_EQ(stats->bytes_received, 16);
+  PullRequest pull;
+  pull.session = reg->session;
+  absl::StatusOr<Pulled> values = PullSlices(**good, pull);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(values->slices[0], (std::vector<float>{1.f, 2.f, 3.f, 4.f}));
+  (*server)->Shutdown();
+}
+
+// TLS with certificates made for this test: the right client trains; a client that does not speak TLS, one that
+// trusts another CA, and one without a client certificate (the ps requires one) cannot reach it.
+TEST(GrpcPsTest, MutualTls) {
+  if (std::system("command -v openssl >/dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl binary";
+  const std::string dir = absl::StrCat(::testing::TempDir(), "dtrain_tls_", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string script = absl::StrCat(
+      "set -e; cd ", dir, "; ",
+      "mk() { openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj \"/CN=$1\" ",
+      "-keyout $1.key -out $1.pem 2>/dev/null; }; ",
+      "sign() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj \"/CN=$2\" -keyout $2.key ",
+      "-out $2.csr 2>/dev/null; printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > $2.ext; ",
+      "openssl x509 -req -in $2.csr -CA $1.pem -CAkey $1.key -CAcreateserial -days 1 -extfile $2.ext -out $2.pem ",
+      "2>/dev/null; }; ",
+      "mk ca; mk other_ca; sign ca server; sign ca worker");
+  ASSERT_EQ(std::system(absl::StrCat("bash -c '", script, "'").c_str()), 0) << script;
+  auto load = [&](const std::string& cert, const std::string& ca) {
+    absl::StatusOr<SecurityOptions> o = LoadSecurityOptions(
+        "", cert.empty() ? "" : absl::StrCat(dir, "/", cert, ".pem"), cert.empty() ? "" : absl::StrCat(dir, "/", cert, ".key"),
+        ca.empty() ? "" : absl::StrCat(dir, "/", ca, ".pem"), "");
+    EXPECT_TRUE(o.ok()) << o.status();
+    return o.ok() ? *o : SecurityOptions{};
+  };
+  PsServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  so.ps.num_workers = 1;
+  so.linger = absl::ZeroDuration();
+  so.security = load("server", "ca");
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  TrainConfig c = Config();
+  c.slices = {SliceSpec{0, "w", 0, 4}};
+  auto client = [&](const SecurityOptions& security) {
+    GrpcClientOptions o;
+    o.security = security;
+    o.retry_window = absl::ZeroDuration();
+    o.rpc_timeout = absl::Seconds(5);
+    return *NewGrpcPsClient((*server)->address(), o);
+  };
+  std::unique_ptr<PsInterface> good = client(load("worker", "ca"));
+  absl::StatusOr<RegisterResponse> reg = good->Register(RegisterRequest{0, true, c});
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  ASSERT_TRUE(InitializeSlices(*good, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
+  ASSERT_TRUE(PushSlices(*good, PushHeader{0, 0, 1, true, reg->session}, {{0, {2.f, 2.f, 2.f, 2.f}}}).ok());
+  PullRequest pull;
+  pull.session = reg->session;
+  pull.min_step = 1;
+  absl::StatusOr<Pulled> pulled = PullSlices(*good, pull);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->slices[0], (std::vector<float>{0.f, 1.f, 2.f, 3.f}));
+  EXPECT_FALSE(client(SecurityOptions{})->GetStats().ok()) << "plain text reached a TLS server";
+  EXPECT_FALSE(client(load("worker", "other_ca"))->GetStats().ok()) << "a client trusting another CA connected";
+  EXPECT_FALSE(client(load("", "ca"))->GetStats().ok()) << "a client without a certificate connected";
+  (*server)->Shutdown();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GrpcPsTest, SecurityFlagsAreChecked) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "dtrain_secflags_", getpid());
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(absl::StrCat(dir, "/", name)) << text;
+    return absl::StrCat(dir, "/", name);
+  };
+  EXPECT_EQ(LoadSecurityOptions(dir + "/missing", "", "", "", "").status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<SecurityOptions> s = LoadSecurityOptions(write("short", "tooshort\n"), "", "", "", "");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("at least 16"), std::string::npos) << s.status();
+  s = LoadSecurityOptions(write("good", "  0123456789abcdef0123\n"), "", "", "", "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->auth_token, "0123456789abcdef0123");
+  s = LoadSecurityOptions("", write("cert.pem", "-----BEGIN CERTIFICATE-----\n"), "", "", "");
+  EXPECT_NE(s.status().message().find("go together"), std::string::npos) << s.status();
+  s = LoadSecurityOptions("", "", "", write("ca.pem", "not a certificate"), "");
+  EXPECT_NE(s.status().message().find("not a PEM"), std::string::npos) << s.status();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GrpcPsTest, ShutdownEndsAWaitingPullAtOnce) {
+  absl::StatusOr<std::unique_ptr<PsServer>> server = StartServer(/*num_workers=*/2);
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<PsInterface>> client = NewGrpcPsClient((*server)->address(), {});
+  ASSERT_TRUE(client.ok());
+  TrainConfig c = Config();
+  c.num_workers = 2;
+  c.slices = {SliceSpec{0, "w", 0, 4}};
+  absl::StatusOr<RegisterResponse> reg = (*client)->Register(RegisterRequest{0, true, c});
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  ASSERT_TRUE(InitializeSlices(**client, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
+  PullRequest pull;
+  pull.session = reg->session;
+  pull.min_step = 1;  // never comes: worker 1 does not push
+  pull.timeout_ms = 60000;
+  std::future<absl::StatusOr<Pulled>> waiting = std::async(std::launch::async, [&] { return PullSlices(**client, pull); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  const absl::Time start = absl::Now();
+  (*server)->Shutdown();
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_FALSE(waiting.get().ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace dtrain::ps

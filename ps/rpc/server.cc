@@ -1,0 +1,88 @@
+#include "ps/rpc/server.h"
+
+#include <utility>
+
+#include <glog/logging.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/cancellation.h"
+#include "common/status_macros.h"
+#include "ps/rpc/grpc_ps_service.h"
+
+namespace dtrain::ps {
+
+struct PsServer::State {
+  std::string host;
+  int port = 0;
+  std::unique_ptr<ParameterServer> ps;
+  Cancellation shutdown;  // ends the pulls still waiting when the server shuts down
+  std::unique_ptr<grpc::Service> service;
+  std::unique_ptr<grpc::Server> server;
+  absl::Duration linger;
+  absl::Mutex mu;
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+};
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions& options) {
+  const std::string& addr = options.listen_address;
+  const size_t colon = addr.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("listen address '", addr, "' has no port"));
+  }
+  std::unique_ptr<PsServer> s(new PsServer());
+  s->state_ = std::make_unique<State>();
+  State& st = *s->state_;
+  st.host = addr.substr(0, colon);
+  st.linger = options.linger;
+  ASSIGN_OR_RETURN(st.ps, ParameterServer::Create(options.ps));
+  st.service = NewGrpcPsService(st.ps.get(), &st.shutdown, options.security.auth_token);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(addr, ServerCredentials(options.security), &st.port);
+  builder.RegisterService(st.service.get());
+  // Our messages are at most a megabyte of tensor data (ps/rpc/tensor_coding.h) plus framing.
+  builder.SetMaxReceiveMessageSize(8 << 20);
+  grpc::ResourceQuota quota("dtrain_ps");
+  quota.Resize(static_cast<size_t>(options.max_inflight_bytes));
+  builder.SetResourceQuota(quota);
+  // A worker uses a handful of streams per task (push, pull, heartbeat, unary calls).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 32);
+  // Megabyte tensors: large HTTP/2 frames and flow-control windows mean fewer frames and window updates.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                             static_cast<int>(std::min<int64_t>(64 << 20, options.max_inflight_bytes / 16)));
+  builder.SetMaxSendMessageSize(64 << 20);
+  st.server = builder.BuildAndStart();
+  if (!st.server || st.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", addr, " (address in use or not local?)"));
+  }
+  return s;
+}
+
+PsServer::~PsServer() { Shutdown(); }
+
+std::string PsServer::address() const { return absl::StrCat(state_->host, ":", state_->port); }
+int PsServer::port() const { return state_->port; }
+ParameterServer* PsServer::parameter_server() { return state_->ps.get(); }
+
+bool PsServer::Wait(absl::Duration timeout) {
+  const bool finished = state_->ps->WaitUntilFinished(timeout);
+  if (finished) absl::SleepFor(state_->linger);
+  Shutdown();
+  return finished;
+}
+
+void PsServer::Shutdown() {
+  {
+    absl::MutexLock l(&state_->mu);
+    if (state_->shut_down) return;
+    state_->shut_down = true;
+  }
+  // Pulls still waiting end at once; other calls get a bounded grace period.
+  state_->shutdown.Cancel();
+  state_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  state_->server->Wait();
+}
+
+}  // namespace dtrain::ps

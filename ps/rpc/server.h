@@ -1,0 +1,56 @@
+// Runs a ParameterServer behind a gRPC server: what `dtrain_ps` does, and what tests start in-process.
+//
+// Thread-safety: PsServer's methods may be called from any thread.
+//
+// Example:
+//   PsServerOptions o; o.listen_address = "127.0.0.1:0"; o.ps.num_workers = 2;
+//   ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server, PsServer::Start(o));
+//   std::string address = server->address();   // with the port actually bound
+//   server->Wait();                             // returns once every worker has reported done
+#ifndef DTRAIN_PS_RPC_SERVER_H_
+#define DTRAIN_PS_RPC_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ps/rpc/grpc_security.h"
+#include "ps/core/parameter_server.h"
+
+namespace dtrain::ps {
+
+struct PsServerOptions {
+  std::string listen_address;  // "host:port"; port 0 picks a free one
+  ParameterServerOptions ps;
+  SecurityOptions security;    // token and TLS (ps/rpc/grpc_security.h)
+  // After the last worker reports done, keep serving this long so in-flight calls finish.
+  absl::Duration linger = absl::Milliseconds(500);
+  // gRPC's resource quota for this server: the memory its connections and messages in flight may take.
+  int64_t max_inflight_bytes = int64_t{1} << 30;
+};
+
+class PsServer {
+ public:
+  // Unavailable if the address cannot be bound (in use, bad host); InvalidArgument for bad ps options.
+  static absl::StatusOr<std::unique_ptr<PsServer>> Start(const PsServerOptions& options);
+  ~PsServer();  // shuts the server down
+
+  std::string address() const;  // host:bound_port
+  int port() const;
+  ParameterServer* parameter_server();
+
+  // Blocks until no worker is left (every one done or lost; see parameter_server()->outcome()) or `timeout`, then
+  // shuts down after the linger period. Returns false on timeout.
+  bool Wait(absl::Duration timeout = absl::InfiniteDuration());
+  void Shutdown();
+
+ private:
+  PsServer() = default;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_RPC_SERVER_H_

@@ -1,0 +1,338 @@
+#include "ps/rpc/tensor_coding.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace dtrain::ps::coding {
+namespace {
+
+constexpr int kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
+
+void AppendVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+void AppendTag(std::string* out, int field, int wire_type) {
+  AppendVarint(out, (static_cast<uint64_t>(field) << 3) | wire_type);
+}
+
+// Reads across the slices of a received message without copying them.
+class Reader {
+ public:
+  explicit Reader(const std::vector<grpc::Slice>& slices) : slices_(slices) {
+    for (const grpc::Slice& s : slices) total_ += static_cast<int64_t>(s.size());
+    SkipEmpty();
+  }
+  struct Pos {
+    size_t slice = 0, offset = 0;
+    int64_t absolute = 0;
+  };
+  Pos Tell() const { return pos_; }
+  void Seek(Pos p) { pos_ = p; }
+  int64_t position() const { return pos_.absolute; }
+  int64_t remaining() const { return total_ - pos_.absolute; }
+  bool at_end() const { return remaining() == 0; }
+
+  bool ReadByte(uint8_t* b) {
+    if (at_end()) return false;
+    *b = slices_[pos_.slice].begin()[pos_.offset];
+    Advance(1);
+    return true;
+  }
+  bool ReadVarint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!ReadByte(&b)) return false;
+      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;  // more than 10 bytes
+  }
+  bool Skip(int64_t n) {
+    if (n < 0 || n > remaining()) return false;
+    while (n > 0) {
+      const int64_t step = std::min<int64_t>(n, Contiguous());
+      Advance(step);
+      n -= step;
+    }
+    return true;
+  }
+  // Bytes readable at data() without crossing into the next slice.
+  int64_t Contiguous() const {
+    return at_end() ? 0 : static_cast<int64_t>(slices_[pos_.slice].size() - pos_.offset);
+  }
+  const uint8_t* data() const { return slices_[pos_.slice].begin() + pos_.offset; }
+  void Advance(int64_t n) {
+    pos_.offset += n;
+    pos_.absolute += n;
+    SkipEmpty();
+  }
+
+ private:
+  void SkipEmpty() {
+    while (pos_.slice < slices_.size() && pos_.offset == slices_[pos_.slice].size()) {
+      ++pos_.slice;
+      pos_.offset = 0;
+    }
+  }
+  const std::vector<grpc::Slice>& slices_;
+  int64_t total_ = 0;
+  Pos pos_;
+};
+
+absl::Status Malformed(const std::string& what, int64_t at) {
+  return absl::DataLossError(absl::StrCat("malformed tensor message: ", what, " at byte ", at));
+}
+
+absl::Status SkipField(Reader& r, int wire_type) {
+  uint64_t v;
+  switch (wire_type) {
+    case kVarint:
+      if (!r.ReadVarint(&v)) return Malformed("truncated varint", r.position());
+      return absl::OkStatus();
+    case kFixed64:
+      if (!r.Skip(8)) return Malformed("truncated fixed64", r.position());
+      return absl::OkStatus();
+    case kFixed32:
+      if (!r.Skip(4)) return Malformed("truncated fixed32", r.position());
+      return absl::OkStatus();
+    case kLengthDelimited:
+      if (!r.ReadVarint(&v) || !r.Skip(static_cast<int64_t>(v))) {
+        return Malformed("truncated length-delimited field", r.position());
+      }
+      return absl::OkStatus();
+    default:
+      return Malformed(absl::StrCat("unsupported wire type ", wire_type), r.position());
+  }
+}
+
+// Hands `len` bytes of chunk data at the reader's position to the handler as runs of whole elements.
+absl::Status EmitData(Reader& r, int64_t len, uint32_t key, int64_t offset, WireDtype dtype,
+                      ChunkHandler* handler) {
+  const int el = DtypeBytes(dtype);
+  if (len % el != 0) {
+    return Malformed(absl::StrCat("chunk of slice ", key, " has ", len, " data bytes, not a whole number of ",
+                                  DtypeName(dtype), " elements"),
+                     r.position());
+  }
+  char carry[8];
+  int carried = 0;
+  int64_t next = offset;
+  while (len > 0) {
+    int64_t avail = std::min<int64_t>(len, r.Contiguous());
+    const uint8_t* p = r.data();
+    if (carried > 0) {  // an element split across two slices
+      const int take = static_cast<int>(std::min<int64_t>(el - carried, avail));
+      std::memcpy(carry + carried, p, take);
+      carried += take;
+      r.Advance(take);
+      len -= take;
+      if (carried == el) {
+        RETURN_IF_ERROR(handler->OnData(key, next++, 1, dtype, carry));
+        carried = 0;
+      }
+      continue;
+    }
+    const int64_t whole = avail / el;
+    if (whole > 0) {
+      RETURN_IF_ERROR(handler->OnData(key, next, whole, dtype, p));
+      next += whole;
+      r.Advance(whole * el);
+      len -= whole * el;
+      avail -= whole * el;
+      p += whole * el;
+    }
+    if (avail > 0 && len > 0) {  // the start of an element whose rest is in the next slice
+      std::memcpy(carry, p, avail);
+      carried = static_cast<int>(avail);
+      r.Advance(avail);
+      len -= avail;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeChunk(Reader& r, int64_t len, ChunkHandler* handler) {
+  if (len < 0 || len > r.remaining()) return Malformed("truncated chunk", r.position());
+  const int64_t end = r.position() + len;
+  uint64_t key = 0, offset = 0, dtype = 0;
+  bool have_data = false;
+  Reader::Pos data_pos;
+  int64_t data_len = 0;
+  while (r.position() < end) {
+    uint64_t tag;
+    if (!r.ReadVarint(&tag)) return Malformed("truncated tag", r.position());
+    const int field = static_cast<int>(tag >> 3), wire_type = static_cast<int>(tag & 7);
+    if (field >= 1 && field <= 3 && wire_type == kVarint) {
+      uint64_t v;
+      if (!r.ReadVarint(&v)) return Malformed("truncated varint", r.position());
+      (field == 1 ? key : field == 2 ? offset : dtype) = v;
+    } else if (field == 4 && wire_type == kLengthDelimited) {
+      uint64_t n;
+      if (!r.ReadVarint(&n)) return Malformed("truncated length", r.position());
+      data_pos = r.Tell();
+      data_len = static_cast<int64_t>(n);
+      have_data = true;
+      if (data_len < 0 || !r.Skip(data_len)) return Malformed("truncated chunk data", r.position());
+    } else {
+      RETURN_IF_ERROR(SkipField(r, wire_type));
+    }
+  }
+  if (r.position() != end) return Malformed("a field runs past the end of its chunk", r.position());
+  if (key > 0xffffffffu) return Malformed(absl::StrCat("slice key ", key, " out of range"), end);
+  if (static_cast<int64_t>(offset) < 0) return Malformed("negative chunk offset", end);
+  if (dtype > static_cast<uint64_t>(WireDtype::kF16)) return Malformed(absl::StrCat("unknown dtype ", dtype), end);
+  if (!have_data || data_len == 0) return absl::OkStatus();
+  const Reader::Pos after = r.Tell();
+  r.Seek(data_pos);
+  RETURN_IF_ERROR(EmitData(r, data_len, static_cast<uint32_t>(key), static_cast<int64_t>(offset),
+                           static_cast<WireDtype>(dtype), handler));
+  r.Seek(after);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---- SendTracker ----------------------------------------------------------------------------------------------
+
+void SendTracker::Acquire() {
+  absl::MutexLock lock(&mu_);
+  ++outstanding_;
+}
+
+void SendTracker::Release(void* tracker) {
+  SendTracker* t = static_cast<SendTracker*>(tracker);
+  absl::MutexLock lock(&t->mu_);
+  --t->outstanding_;
+}
+
+bool SendTracker::WaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithDeadline(
+      absl::Condition(+[](int64_t* n) { return *n == 0; }, &outstanding_), deadline);
+}
+
+int64_t SendTracker::outstanding() const {
+  absl::MutexLock lock(&mu_);
+  return outstanding_;
+}
+
+// ---- MessageBuilder -------------------------------------------------------------------------------------------
+
+void MessageBuilder::SetHeader(const std::string& serialized_header) {
+  AppendTag(&meta_, 1, kLengthDelimited);
+  AppendVarint(&meta_, serialized_header.size());
+  meta_ += serialized_header;
+}
+
+void MessageBuilder::SetWorkerId(int32_t worker_id) {
+  AppendTag(&meta_, 1, kVarint);
+  AppendVarint(&meta_, static_cast<uint64_t>(static_cast<int64_t>(worker_id)));
+}
+
+void MessageBuilder::AddChunkFields(uint32_t key, int64_t offset, WireDtype dtype, int64_t bytes) {
+  std::string fields;
+  AppendTag(&fields, 1, kVarint);
+  AppendVarint(&fields, key);
+  AppendTag(&fields, 2, kVarint);
+  AppendVarint(&fields, static_cast<uint64_t>(offset));
+  AppendTag(&fields, 3, kVarint);
+  AppendVarint(&fields, static_cast<uint64_t>(dtype));
+  AppendTag(&fields, 4, kLengthDelimited);
+  AppendVarint(&fields, static_cast<uint64_t>(bytes));
+  AppendTag(&meta_, 2, kLengthDelimited);
+  AppendVarint(&meta_, fields.size() + bytes);
+  meta_ += fields;
+  data_bytes_ += bytes;
+}
+
+void MessageBuilder::FlushMeta() {
+  if (meta_.empty()) return;
+  slices_.emplace_back(meta_);
+  meta_.clear();
+}
+
+void MessageBuilder::AddChunkRef(uint32_t key, int64_t offset, WireDtype dtype, const void* data, int64_t n,
+                                 SendTracker* tracker) {
+  const int64_t bytes = n * DtypeBytes(dtype);
+  AddChunkFields(key, offset, dtype, bytes);
+  if (bytes == 0) return;
+  FlushMeta();
+  tracker->Acquire();
+  slices_.emplace_back(const_cast<void*>(data), static_cast<size_t>(bytes), &SendTracker::Release, tracker);
+}
+
+void* MessageBuilder::AddChunkOwned(uint32_t key, int64_t offset, WireDtype dtype, int64_t n) {
+  const int64_t bytes = n * DtypeBytes(dtype);
+  AddChunkFields(key, offset, dtype, bytes);
+  if (bytes == 0) return nullptr;
+  FlushMeta();
+  // Heap memory of our own: a small grpc::Slice keeps its bytes inline in the handle, which moves with the
+  // vector of slices.
+  void* data = std::malloc(static_cast<size_t>(bytes));
+  CHECK(data != nullptr) << "out of memory for a " << bytes << "-byte message";
+  slices_.emplace_back(data, static_cast<size_t>(bytes), &std::free);
+  return data;
+}
+
+grpc::ByteBuffer MessageBuilder::Build() {
+  FlushMeta();
+  grpc::ByteBuffer out(slices_.data(), slices_.size());
+  slices_.clear();
+  data_bytes_ = 0;
+  return out;
+}
+
+// ---- decoding -------------------------------------------------------------------------------------------------
+
+absl::Status DecodeMessage(const grpc::ByteBuffer& buffer, ChunkHandler* handler) {
+  std::vector<grpc::Slice> slices;
+  if (buffer.Valid()) {
+    grpc::Status s = buffer.Dump(&slices);
+    if (!s.ok()) return absl::DataLossError(absl::StrCat("cannot read a received message: ", s.error_message()));
+  }
+  Reader r(slices);
+  while (!r.at_end()) {
+    uint64_t tag;
+    if (!r.ReadVarint(&tag)) return Malformed("truncated tag", r.position());
+    const int field = static_cast<int>(tag >> 3), wire_type = static_cast<int>(tag & 7);
+    if (field == 1 && wire_type == kLengthDelimited) {
+      uint64_t n;
+      if (!r.ReadVarint(&n) || n > static_cast<uint64_t>(r.remaining())) {  // unsigned: a huge n is no negative
+        return Malformed("truncated header", r.position());
+      }
+      std::string header;
+      header.reserve(n);
+      while (header.size() < n) {
+        const int64_t take = std::min<int64_t>(n - header.size(), r.Contiguous());
+        header.append(reinterpret_cast<const char*>(r.data()), take);
+        r.Advance(take);
+      }
+      RETURN_IF_ERROR(handler->OnHeader(header));
+    } else if (field == 1 && wire_type == kVarint) {
+      uint64_t v;
+      if (!r.ReadVarint(&v)) return Malformed("truncated varint", r.position());
+      RETURN_IF_ERROR(handler->OnWorkerId(static_cast<int64_t>(v)));
+    } else if (field == 2 && wire_type == kLengthDelimited) {
+      uint64_t n;
+      if (!r.ReadVarint(&n)) return Malformed("truncated chunk length", r.position());
+      RETURN_IF_ERROR(DecodeChunk(r, static_cast<int64_t>(n), handler));
+    } else {
+      RETURN_IF_ERROR(SkipField(r, wire_type));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dtrain::ps::coding

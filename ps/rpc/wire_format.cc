@@ -1,0 +1,222 @@
+#include "ps/rpc/wire_format.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dtrain::ps::wire {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  // gRPC and absl share the canonical code numbering.
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
+  out->set_model_signature(in.model_signature);
+  out->set_mode(in.mode);
+  out->set_num_workers(in.num_workers);
+  out->set_replicas_to_aggregate(in.replicas_to_aggregate);
+  out->set_total_num_replicas(in.total_num_replicas);
+  out->set_max_staleness(in.max_staleness);
+  auto* o = out->mutable_optimizer();
+  o->set_name(in.optimizer.name);
+  o->set_learning_rate(in.optimizer.learning_rate);
+  o->set_decay_steps(in.optimizer.decay_steps);
+  o->set_decay_rate(in.optimizer.decay_rate);
+  o->set_staircase(in.optimizer.staircase);
+  o->set_momentum(in.optimizer.momentum);
+  o->set_beta1(in.optimizer.beta1);
+  o->set_beta2(in.optimizer.beta2);
+  o->set_epsilon(in.optimizer.epsilon);
+  out->set_moving_average_decay(in.moving_average_decay);
+  out->set_train_steps(in.train_steps);
+  for (const SliceSpec& s : in.slices) {
+    auto* p = out->add_slices();
+    p->set_key(s.key);
+    p->set_variable(s.variable);
+    p->set_flat_offset(s.flat_offset);
+    p->set_length(s.length);
+    p->set_state(!s.trainable);
+  }
+}
+
+TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
+  TrainConfig c;
+  c.model_signature = in.model_signature();
+  c.mode = in.mode();
+  c.num_workers = in.num_workers();
+  c.replicas_to_aggregate = in.replicas_to_aggregate();
+  c.total_num_replicas = in.total_num_replicas();
+  c.max_staleness = in.max_staleness();
+  const auto& o = in.optimizer();
+  c.optimizer.name = o.name();
+  c.optimizer.learning_rate = o.learning_rate();
+  c.optimizer.decay_steps = o.decay_steps();
+  c.optimizer.decay_rate = o.decay_rate();
+  c.optimizer.staircase = o.staircase();
+  c.optimizer.momentum = o.momentum();
+  c.optimizer.beta1 = o.beta1();
+  c.optimizer.beta2 = o.beta2();
+  c.optimizer.epsilon = o.epsilon();
+  c.moving_average_decay = in.moving_average_decay();
+  c.train_steps = in.train_steps();
+  for (const auto& p : in.slices()) {
+    c.slices.push_back(SliceSpec{p.key(), p.variable(), p.flat_offset(), p.length(), !p.state()});
+  }
+  return c;
+}
+
+void ToProto(const StepDecision& in, dtrain::wire::StepDecision* out) {
+  out->set_step(in.step);
+  for (int w : in.workers) out->add_workers(w);
+  out->set_checkpoint(in.checkpoint);
+  out->set_mac(in.mac);
+}
+
+StepDecision FromProto(const dtrain::wire::StepDecision& in) {
+  StepDecision d;
+  d.step = in.step();
+  d.workers.assign(in.workers().begin(), in.workers().end());
+  d.checkpoint = in.checkpoint();
+  d.mac = in.mac();
+  return d;
+}
+
+void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
+  out->set_global_step(in.global_step);
+  for (const WorkerStats& w : in.workers) {
+    auto* p = out->add_workers();
+    p->set_worker_id(w.worker_id);
+    p->set_applied(w.applied);
+    p->set_dropped_stale(w.dropped_stale);
+    p->set_dropped_backup(w.dropped_backup);
+    p->set_duplicates(w.duplicates);
+    p->set_wait_seconds(w.wait_seconds);
+    p->set_done(w.done);
+    p->set_lost(w.lost);
+    p->set_times_lost(w.times_lost);
+    p->set_nonfinite(w.nonfinite);
+    p->set_failed(w.failed);
+  }
+  for (int64_t h : in.staleness_histogram) out->add_staleness_histogram(h);
+  out->set_max_staleness_seen(in.max_staleness_seen);
+  out->set_bytes_received(in.bytes_received);
+  out->set_bytes_sent(in.bytes_sent);
+}
+
+TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
+  TrainingStats s;
+  s.global_step = in.global_step();
+  for (const auto& p : in.workers()) {
+    WorkerStats w;
+    w.worker_id = p.worker_id();
+    w.applied = p.applied();
+    w.dropped_stale = p.dropped_stale();
+    w.dropped_backup = p.dropped_backup();
+    w.duplicates = p.duplicates();
+    w.wait_seconds = p.wait_seconds();
+    w.done = p.done();
+    w.lost = p.lost();
+    w.times_lost = p.times_lost();
+    w.nonfinite = p.nonfinite();
+    w.failed = p.failed();
+    s.workers.push_back(w);
+  }
+  s.staleness_histogram.assign(in.staleness_histogram().begin(), in.staleness_histogram().end());
+  s.max_staleness_seen = in.max_staleness_seen();
+  s.bytes_received = in.bytes_received();
+  s.bytes_sent = in.bytes_sent();
+  return s;
+}
+
+dtrain::wire::PushResponse::Outcome ToProto(PushResponse::Outcome o) {
+  switch (o) {
+    case PushResponse::Outcome::kAccepted: return dtrain::wire::PushResponse::ACCEPTED;
+    case PushResponse::Outcome::kDuplicate: return dtrain::wire::PushResponse::DUPLICATE;
+    case PushResponse::Outcome::kDroppedStale: return dtrain::wire::PushResponse::DROPPED_STALE;
+    case PushResponse::Outcome::kDroppedBackup: return dtrain::wire::PushResponse::DROPPED_BACKUP;
+    case PushResponse::Outcome::kSkippedNonFinite: return dtrain::wire::PushResponse::SKIPPED_NONFINITE;
+  }
+  return dtrain::wire::PushResponse::ACCEPTED;
+}
+
+PushResponse::Outcome FromProto(dtrain::wire::PushResponse::Outcome o) {
+  switch (o) {
+    case dtrain::wire::PushResponse::DUPLICATE: return PushResponse::Outcome::kDuplicate;
+    case dtrain::wire::PushResponse::DROPPED_STALE: return PushResponse::Outcome::kDroppedStale;
+    case dtrain::wire::PushResponse::DROPPED_BACKUP: return PushResponse::Outcome::kDroppedBackup;
+    case dtrain::wire::PushResponse::SKIPPED_NONFINITE: return PushResponse::Outcome::kSkippedNonFinite;
+    default: return PushResponse::Outcome::kAccepted;
+  }
+}
+
+void ToProto(const PushHeader& in, dtrain::wire::PushHeader* out) {
+  out->set_worker_id(in.worker_id);
+  out->set_step(in.step);
+  out->set_request_id(in.request_id);
+  out->set_commit(in.commit);
+  out->set_session(in.session);
+  out->set_input_position(in.input_position);
+}
+
+PushHeader FromProto(const dtrain::wire::PushHeader& in) {
+  PushHeader h;
+  h.worker_id = in.worker_id();
+  h.step = in.step();
+  h.request_id = in.request_id();
+  h.commit = in.commit();
+  h.session = in.session();
+  h.input_position = in.input_position();
+  return h;
+}
+
+void ToProto(const PullRequest& in, dtrain::wire::PullRequest* out) {
+  out->set_worker_id(in.worker_id);
+  out->set_min_step(in.min_step);
+  out->set_since_step(in.since_step);
+  for (const StepDecision& d : in.decisions) ToProto(d, out->add_decisions());
+  out->set_timeout_ms(in.timeout_ms);
+  out->set_moving_averages(in.moving_averages);
+  out->set_wire_dtype(static_cast<dtrain::wire::WireDtype>(in.wire_dtype));
+  out->set_after_push(in.after_push);
+  out->set_session(in.session);
+}
+
+PullRequest FromProto(const dtrain::wire::PullRequest& in) {
+  PullRequest r;
+  r.worker_id = in.worker_id();
+  r.min_step = in.min_step();
+  r.since_step = in.since_step();
+  for (const auto& d : in.decisions()) r.decisions.push_back(FromProto(d));
+  r.timeout_ms = in.timeout_ms() > 0 ? in.timeout_ms() : 60000;
+  r.moving_averages = in.moving_averages();
+  r.after_push = in.after_push();
+  r.session = in.session();
+  const int dtype = in.wire_dtype();
+  r.wire_dtype = dtype >= 0 && dtype <= static_cast<int>(WireDtype::kF16) ? static_cast<WireDtype>(dtype)
+                                                                          : WireDtype::kF32;
+  return r;
+}
+
+void ToProto(const PullHeader& in, dtrain::wire::PullHeader* out) {
+  out->set_step(in.step);
+  for (const StepDecision& d : in.decisions) ToProto(d, out->add_decisions());
+  out->set_training_done(in.training_done);
+}
+
+PullHeader FromProto(const dtrain::wire::PullHeader& in) {
+  PullHeader h;
+  h.step = in.step();
+  for (const auto& d : in.decisions()) h.decisions.push_back(FromProto(d));
+  h.training_done = in.training_done();
+  return h;
+}
+
+}  // namespace dtrain::ps::wire

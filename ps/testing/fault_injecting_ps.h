@@ -1,0 +1,97 @@
+// A PsInterface decorator for tests: delivers every push twice (as a client retry after a lost reply would).
+// Fakes over mocks (STYLE.md).
+//
+// Thread-safety: as thread-safe as the wrapped PsInterface; the counters are atomic.
+#ifndef DTRAIN_PS_TESTING_FAULT_INJECTING_PS_H_
+#define DTRAIN_PS_TESTING_FAULT_INJECTING_PS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "ps/api/ps_interface.h"
+
+namespace dtrain::ps {
+
+class FaultInjectingPs : public PsInterface {
+ public:
+  struct Faults {
+    // Deliver every push twice: after the first upload finishes, the same pieces go again under the same
+    // header (request id), as a retry after a lost reply; the first reply is returned.
+    bool duplicate_pushes = false;
+  };
+  FaultInjectingPs(PsInterface* target, Faults faults) : target_(target), faults_(faults) {}
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& r) override { return target_->Register(r); }
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {
+    return target_->StartInitialize(worker_id);
+  }
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override {
+    ++pushes_;
+    absl::StatusOr<std::unique_ptr<SliceUpload>> upload = target_->StartPush(header);
+    if (!upload.ok() || !faults_.duplicate_pushes) return upload;
+    return std::unique_ptr<SliceUpload>(new TwiceUpload(target_, header, *std::move(upload)));
+  }
+  absl::Status Pull(const PullRequest& r, PullReceiver* receiver) override { return target_->Pull(r, receiver); }
+  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) override {
+    return target_->Done(worker_id, session, completed, global_step);
+  }
+  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {
+    return target_->Heartbeat(worker_id, session);
+  }
+  absl::StatusOr<TrainingStats> GetStats() override { return target_->GetStats(); }
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& c) override { return target_->Probe(c); }
+  absl::Status Restore(const TrainConfig& c, int worker_id, int64_t step) override {
+    return target_->Restore(c, worker_id, step);
+  }
+
+  int64_t pushes() const { return pushes_; }
+
+ private:
+  // Forwards pieces and keeps a copy; Finish replays them in a second upload with the same header.
+  class TwiceUpload : public SliceUpload {
+   public:
+    TwiceUpload(PsInterface* target, PushHeader header, std::unique_ptr<SliceUpload> first)
+        : target_(target), header_(header), first_(std::move(first)) {}
+    absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+      const char* bytes = static_cast<const char*>(data);
+      pieces_.push_back(Piece{key, offset, n, dtype, std::vector<char>(bytes, bytes + n * DtypeBytes(dtype))});
+      return first_->Write(key, offset, n, dtype, data);
+    }
+    absl::StatusOr<PushResponse> Finish() override {
+      absl::StatusOr<PushResponse> first = first_->Finish();
+      if (!first.ok()) return first;
+      absl::StatusOr<std::unique_ptr<SliceUpload>> again = target_->StartPush(header_);
+      if (!again.ok()) return again.status();
+      for (const Piece& p : pieces_) {
+        absl::Status s = (*again)->Write(p.key, p.offset, p.n, p.dtype, p.bytes.data());
+        if (!s.ok()) return s;
+      }
+      absl::StatusOr<PushResponse> second = (*again)->Finish();
+      if (!second.ok()) return second.status();
+      return first;
+    }
+
+   private:
+    struct Piece {
+      uint32_t key;
+      int64_t offset, n;
+      WireDtype dtype;
+      std::vector<char> bytes;
+    };
+    PsInterface* target_;
+    PushHeader header_;
+    std::unique_ptr<SliceUpload> first_;
+    std::vector<Piece> pieces_;
+  };
+
+  PsInterface* target_;
+  Faults faults_;
+  std::atomic<int64_t> pushes_{0};
+};
+
+}  // namespace dtrain::ps
+
+#endif  // DTRAIN_PS_TESTING_FAULT_INJECTING_PS_H_
