@@ -157,7 +157,9 @@ TEST(OnnxExportTest, AnInferenceExportTurnsTrainingModeOff) {
     if (n.op_type() == "BatchNormalization") {
       EXPECT_EQ(n.output_size(), 1);
       for (const auto& a : n.attribute()) {
-        if (a.name() == "training_mode") EXPECT_EQ(a.i(), 0);
+        if (a.name() == "training_mode") {
+          EXPECT_EQ(a.i(), 0);
+        }
       }
     }
     if (n.op_type() == "Dropout") {

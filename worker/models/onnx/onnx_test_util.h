@@ -77,6 +77,21 @@ inline std::vector<float> Ramp(int64_t n, float scale = 0.01f) {
   return v;
 }
 
+// A float tensor type of these dims (-1: the symbolic batch axis "N").
+inline void SetTensorType(::onnx::TypeProto* type, const std::vector<int64_t>& dims,
+                          int elem_type = ::onnx::TensorProto::FLOAT) {
+  auto* t = type->mutable_tensor_type();
+  t->set_elem_type(elem_type);
+  for (int64_t d : dims) {
+    auto* dim = t->mutable_shape()->add_dim();
+    if (d < 0) {
+      dim->set_dim_param("N");
+    } else {
+      dim->set_dim_value(d);
+    }
+  }
+}
+
 class OnnxBuilder {
  public:
   explicit OnnxBuilder(int opset = 14, int ir_version = 7) {
@@ -94,16 +109,7 @@ class OnnxBuilder {
                      int elem_type = ::onnx::TensorProto::FLOAT) {
     auto* in = model_.mutable_graph()->add_input();
     in->set_name(name);
-    auto* t = in->mutable_type()->mutable_tensor_type();
-    t->set_elem_type(elem_type);
-    for (int64_t d : dims) {
-      auto* dim = t->mutable_shape()->add_dim();
-      if (d < 0) {
-        dim->set_dim_param("N");
-      } else {
-        dim->set_dim_value(d);
-      }
-    }
+    SetTensorType(in->mutable_type(), dims, elem_type);
     return *this;
   }
   OnnxBuilder& Initializer(const std::string& name, const std::vector<int64_t>& dims, const std::vector<float>& v) {
@@ -140,16 +146,7 @@ class OnnxBuilder {
   OnnxBuilder& Output(const std::string& name, const std::vector<int64_t>& dims) {
     auto* o = model_.mutable_graph()->add_output();
     o->set_name(name);
-    auto* t = o->mutable_type()->mutable_tensor_type();
-    t->set_elem_type(::onnx::TensorProto::FLOAT);
-    for (int64_t d : dims) {
-      auto* dim = t->mutable_shape()->add_dim();
-      if (d < 0) {
-        dim->set_dim_param("N");
-      } else {
-        dim->set_dim_value(d);
-      }
-    }
+    SetTensorType(o->mutable_type(), dims);
     return *this;
   }
 
