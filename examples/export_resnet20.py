@@ -4,7 +4,9 @@ shortcuts where the shape changes), with BatchNorm and residual Adds, exported a
 
   /usr/bin/python3 examples/export_resnet20.py resnet20.onnx
   build/bin/dtrain_worker --job_name=local --model=resnet20.onnx --data_dir=/data/cifar-10-batches-bin \\
-      --input_mean=0.4914,0.4822,0.4465 --input_std=0.2470,0.2435,0.2616 --train_steps=20000
+      --optimizer=momentum --learning_rate=0.1 --batch_size=128 --train_steps=20000
+(Add --input_mean=0.4914,0.4822,0.4465 --input_std=0.2470,0.2435,0.2616 to train on normalized pixels, as
+torchvision's CIFAR-10 recipes do; then give PyTorch the same normalization.)
 
 ResNet(blocks=1, in_channels=1) is ResNet-8 for 28x28x1 images (the PyTorch equivalence test uses it).
 """
