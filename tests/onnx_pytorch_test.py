@@ -11,6 +11,8 @@ exported in training mode as the examples do:
   2. dtrain_eval exports the trained checkpoint as ONNX; its initializers load into the module with
      load_state_dict(strict=True) (num_batches_tracked, which the ONNX graph does not hold, set to the steps
      trained), and the module's test accuracy in eval mode equals dtrain_eval's to 1e-4.
+  3. OpsNet (below: PyTorch's exports of depthwise, dilated and asymmetrically padded convolutions, padded and
+     ceil-mode pooling, clamp, view, constants) gives PyTorch's logits to 1e-5 from the file's own weights.
 
 Adam: dtrain's is TensorFlow's (epsilon added to sqrt(v) after the bias correction; PyTorch adds it to the
 bias-corrected sqrt(v_hat), i.e. epsilon / sqrt(1 - beta2^t) in TensorFlow's terms). The 1e-4 check is against
@@ -69,6 +71,26 @@ class SmallResNet(nn.Module):
         x = torch.relu(self.bn(self.conv(x)))
         x = torch.relu(x + self.bn1(self.conv1(x)))
         return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class OpsNet(nn.Module):
+    """Operators and attributes as PyTorch exports them: a depthwise convolution with dilations and asymmetric
+    pads, AvgPool2d(padding, ceil_mode) (Pad + AveragePool), MaxPool2d(ceil_mode), LeakyReLU, clamp (Clip),
+    view / reshape (Shape arithmetic), a product by a Python float (a Constant), two branches added."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
+        self.dw = nn.Conv2d(6, 6, 3, padding=(1, 2), dilation=(1, 2), groups=6)
+        self.pool = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True)
+        self.mp = nn.MaxPool2d(2, ceil_mode=True)
+        self.fc1 = nn.Linear(6 * 8 * 8, classes)
+        self.fc2 = nn.Linear(6 * 8 * 8, classes)
+
+    def forward(self, x):
+        y = F.leaky_relu(self.dw(torch.relu(self.conv1(x))), 0.2)
+        y = torch.clamp(self.mp(self.pool(y)), 0, 6)
+        return self.fc1(y.view(y.size(0), -1)) * 0.5 + torch.sigmoid(self.fc2(y.reshape(-1, 6 * 8 * 8)))
 
 
 class TFAdam(torch.optim.Optimizer):
@@ -241,6 +263,21 @@ def main():
             if abs(torch_acc - dtrain_acc) > 1e-4:
                 failures.append("%s: test accuracy %.4f (dtrain) vs %.4f (PyTorch, exported weights)" %
                                 (tag, dtrain_acc, torch_acc))
+    # Forward only: the file's own weights, dtrain's logits against PyTorch's on 1000 test images.
+    torch.manual_seed(1)
+    ops = OpsNet()
+    path = os.path.join(work, "ops.onnx")
+    export(ops, torch.zeros(1, 1, 28, 28), path)
+    logits = os.path.join(work, "ops_logits.npz")
+    run([os.path.join(a.bin, "dtrain_eval"), "--model=" + path, "--logits_out=" + logits, "--skip_eval",
+         "--data_dir=" + DATA])
+    ops.eval()
+    with torch.no_grad():
+        want = ops(test_x[:1000]).numpy()
+    diff = float(np.abs(np.load(logits)["logits"][:1000] - want).max())
+    print("%-20s forward: largest logit difference %.2e" % ("ops", diff))
+    if diff > 1e-5:
+        failures.append("ops: logits differ by %.2e from PyTorch's" % diff)
     print("largest relative loss difference: SGD %.2e, Adam (TensorFlow's update) %.2e, torch.optim.Adam %.2e" %
           (worst["sgd"], worst["adam"], worst["torch.optim.Adam"]))
     if failures:
