@@ -75,7 +75,8 @@ class SmallResNet(nn.Module):
 
 class OpsNet(nn.Module):
     """Operators and attributes as PyTorch exports them: a depthwise convolution with dilations and asymmetric
-    pads, AvgPool2d(padding, ceil_mode) (Pad + AveragePool), MaxPool2d(ceil_mode), LeakyReLU, clamp (Clip),
+    pads, AvgPool2d(padding, ceil_mode) (Pad + AveragePool), MaxPool2d(padding, ceil_mode) whose last window is
+    dropped (as PyTorch does; ONNX 1.12's shape inference keeps it), LeakyReLU, clamp (Clip),
     view / reshape (Shape arithmetic), a product by a Python float (a Constant), two branches added."""
 
     def __init__(self, classes=10):
@@ -83,7 +84,7 @@ class OpsNet(nn.Module):
         self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
         self.dw = nn.Conv2d(6, 6, 3, padding=(1, 2), dilation=(1, 2), groups=6)
         self.pool = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True)
-        self.mp = nn.MaxPool2d(2, ceil_mode=True)
+        self.mp = nn.MaxPool2d(2, padding=1, ceil_mode=True)  # its last window would start in the padding: dropped
         self.fc1 = nn.Linear(6 * 8 * 8, classes)
         self.fc2 = nn.Linear(6 * 8 * 8, classes)
 

@@ -96,6 +96,7 @@ class Mapper {
   std::unordered_map<std::string, Value> values_;
   std::set<int> fused_;             // nodes mapped together with an earlier one (the Add of MatMul + Add)
   std::set<std::string> var_names_;  // variables declared so far
+  bool check_inferred_ = true;       // compare shapes with ONNX's inference (see Emit)
 };
 
 absl::StatusOr<const Value*> Mapper::Get(int i, int k) const {
@@ -181,13 +182,19 @@ absl::Status Mapper::Emit(int i, Node n, std::vector<int> inputs, std::vector<Va
   Value v;
   v.tensor = t;
   values_[out] = v;
-  // ONNX's shape inference, where it knows the shape, must agree (the batch axis aside).
+  // ONNX's shape inference, where it knows the shape, must agree (the batch axis aside). Except after a
+  // ceil_mode pooling whose last window would start in the padding: dtrain drops it, as PyTorch does, ONNX 1.12's
+  // inference does not, and every shape after it differs.
   auto it = f_.inferred.find(out);
-  if (it != f_.inferred.end() && it->second.size() >= 1) {
+  if (check_inferred_ && it != f_.inferred.end() && it->second.size() >= 1) {
     std::vector<int64_t> dims(it->second.begin() + 1, it->second.end());
     bool known = true;
     for (int64_t d : dims) known = known && d >= 0;
-    if (known && dims != b_->shape(t).dims) {
+    const bool ceil_pool = (node(i).op_type() == "MaxPool" || node(i).op_type() == "AveragePool") &&
+                           AttrInt(node(i), "ceil_mode", 0) != 0;
+    if (known && dims != b_->shape(t).dims && ceil_pool) {
+      check_inferred_ = false;
+    } else if (known && dims != b_->shape(t).dims) {
       return absl::InternalError(absl::StrCat(f_.file, ": node '", NodeName(node(i), i), "' (", node(i).op_type(),
                                               "): dtrain computes per-example shape ", Shape(b_->shape(t).dims),
                                               " where ONNX's shape inference gives ", Shape(dims)));
