@@ -382,7 +382,19 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
     }
     if (!made.ok()) return node_error(n, made);
   }
-  if (with_backward) RETURN_IF_ERROR(PlanBackward());
+  if (with_backward) {
+    RETURN_IF_ERROR(PlanBackward());
+    // Constants (non-trainable variables other than BatchNorm's running statistics, whose slots Forward
+    // writes) push a zero change.
+    for (int i = 0; i < num_nodes; ++i) {
+      const Node& n = graph_.nodes[i];
+      if (n.op == Op::kBatchNorm) continue;
+      for (size_t k = 0; k < n.variables.size(); ++k) {
+        const VariableInfo& v = graph_.variables[n.variables[k]];
+        if (!v.trainable) RETURN_IF_ERROR(device_->Fill(0.0f, steps_[i].dw[k], v.size()));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -651,8 +663,9 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
       const float* a = x;
       const float* b = s.b_is_variable ? s.w[0] : act_[n.inputs[1]];
       if (s.b_is_variable) {
-        // The variable's gradient first (it is final then), then the tensor's.
-        RETURN_IF_ERROR(s.binary->Backward(a, b, dy, nullptr, s.dw[0]));
+        // The variable's gradient first (it is final then), then the tensor's. A constant (a non-trainable
+        // variable) has none: its slot stays zero (Build).
+        if (s.has_trainable) RETURN_IF_ERROR(s.binary->Backward(a, b, dy, nullptr, s.dw[0]));
         RETURN_IF_ERROR(ready());
         if (s.in_grad[0].needed) {
           RETURN_IF_ERROR(s.binary->Backward(a, b, dy, target(0), nullptr));
