@@ -174,6 +174,29 @@ void SharedGraph(Graph* out) {
   *out = *g;
 }
 
+// A tensor read by two Concats (DLRM's bottom output feeds the interaction's stack and the top MLP), one of
+// them followed by a view Reshape.
+void TwoConcatsGraph(Graph* out) {
+  GraphBuilder b("two_concats", TensorShape{{1, 2, 2}});
+  int x = b.input(), bot = 0, e = 0, stack = 0, top = 0, h = 0;
+  ADD(x, Flatten("flat_in", 4), {x});
+  ADD(bot, Node::Dense("bottom", 3), {x}, {Var("bottom/w", {4, 3}), Var("bottom/b", {3}, 0.1f)});
+  ADD(bot, Node::Relu("bottom/act"), {bot});
+  ADD(e, Node::Dense("side", 3), {x}, {Var("side/w", {4, 3}), Var("side/b", {3}, 0.1f)});
+  Node cat = Simple(Op::kConcat, "stack");
+  cat.axis = 0;
+  ADD(stack, cat, {bot, e});
+  ADD(stack, Node::Reshape("rows", {2, 3}, FlattenOrder::kChannelsFirst), {stack});
+  ADD(stack, Simple(Op::kInteraction, "dots"), {stack});
+  Node cat2 = Simple(Op::kConcat, "top_in");
+  cat2.axis = 0;
+  ADD(top, cat2, {bot, stack});
+  ADD(h, Node::Dense("fc", 3), {top}, {Var("fc/w", {4, 3}), Var("fc/b", {3}, 0.1f)});
+  auto g = b.Finish(h, Loss::kSoftmaxCrossEntropy);
+  ASSERT_TRUE(g.ok()) << g.status();
+  *out = *g;
+}
+
 struct GraphCase {
   std::string name;
   std::function<void(Graph*)> make;
@@ -251,7 +274,8 @@ TEST_P(GraphGradientTest, TrainableGradientsMatchCentralDifferences) {
 INSTANTIATE_TEST_SUITE_P(Graphs, GraphGradientTest,
                          ::testing::Values(GraphCase{"residual", ResidualGraph, 4, 1e-2f},
                                            GraphCase{"branches", BranchGraph, 3, 2e-3f},
-                                           GraphCase{"shared", SharedGraph, 3, 1e-2f}),
+                                           GraphCase{"shared", SharedGraph, 3, 1e-2f},
+                                           GraphCase{"two_concats", TwoConcatsGraph, 3, 1e-4f}),
                          [](const ::testing::TestParamInfo<GraphCase>& i) { return i.param.name; });
 
 // The slots of BatchNorm's running statistics hold momentum * (running - batch statistic) after a training

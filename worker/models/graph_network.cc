@@ -372,7 +372,7 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
         s.interaction.dim = static_cast<int>(in0.dims[1]);
         break;
       case Op::kEmbedding:
-        made = absl::UnimplementedError("embedding nodes need the sparse tables");
+        s.has_trainable = true;  // its table's rows
         break;
       case Op::kRelu:
       case Op::kActivation:
@@ -583,8 +583,32 @@ absl::Status GraphNetwork::ForwardNode(Step& s, bool training, uint64_t seed, in
     }
     case Op::kInteraction:
       return device_->Interaction(s.interaction, x, y);
-    case Op::kEmbedding:
-      return absl::UnimplementedError("embedding");
+    case Op::kEmbedding: {
+      kernels::GatherParams p;
+      RETURN_IF_ERROR(EmbeddingParams(n, &p));
+      const Node::Embedding& e = n.embedding;
+      return device_->Gather(p, sparse_->rows[e.table], sparse_->indices[e.feature],
+                             e.bag ? sparse_->offsets[e.feature] : nullptr, y);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GraphNetwork::EmbeddingParams(const Node& n, kernels::GatherParams* p) const {
+  const Node::Embedding& e = n.embedding;
+  if (sparse_ == nullptr || e.table >= static_cast<int>(sparse_->rows.size()) ||
+      e.feature >= static_cast<int>(sparse_->indices.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(graph_.name, ": node '", n.name, "' (Embedding) runs without its sparse inputs bound"));
+  }
+  p->rows = sparse_->num_rows[e.table];
+  p->dim = graph_.tables[e.table].dim;
+  p->count = sparse_->counts[e.feature];
+  p->num_bags = e.bag ? batch_ : 0;
+  p->mean = e.mean;
+  if (!e.bag && p->count != batch_) {
+    return absl::InvalidArgumentError(absl::StrCat(graph_.name, ": node '", n.name, "' (Embedding) takes one id per example, got ",
+                                                   p->count, " for ", batch_, " examples"));
   }
   return absl::OkStatus();
 }
@@ -687,6 +711,13 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
         RETURN_IF_ERROR(finish(k));
       }
       return absl::OkStatus();
+    }
+    case Op::kEmbedding: {
+      kernels::GatherParams p;
+      RETURN_IF_ERROR(EmbeddingParams(n, &p));
+      const Node::Embedding& e = n.embedding;
+      return device_->GatherBackward(p, dy, sparse_->indices[e.feature], e.bag ? sparse_->offsets[e.feature] : nullptr,
+                                     sparse_->row_grads[e.table]);
     }
     default:
       break;
