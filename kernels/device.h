@@ -283,7 +283,7 @@ class Binary {
 struct ActivationParams {
   enum class Kind { kLeakyRelu, kClip, kSigmoid, kTanh };
   Kind kind = Kind::kSigmoid;
-  float alpha = 0.01f;             // kLeakyRelu: y = x < 0 ? alpha x : x
+  float alpha = 0.01f;             // kLeakyRelu: y = x < 0 ? alpha x : x; slope alpha at 0 (PyTorch's)
   float lo = 0.0f, hi = 6.0f;      // kClip: y = min(max(x, lo), hi); gradient 1 strictly inside, 0 outside
 };
 
@@ -481,7 +481,10 @@ class Device {
                                              const float* batch_mean, const float* batch_var, int channels,
                                              int64_t count, float momentum, bool unbiased, float* d_mean,
                                              float* d_var);
-  // Embedding lookups (GatherParams): y = gathered (or combined) rows.
+  // Embedding lookups (GatherParams): y = gathered (or combined) rows. Bad data is InvalidArgument, reported as
+  // SoftmaxCrossEntropy reports its bad labels: "Gather: index I of lookup L is not a row in [0, ROWS)", or for
+  // bags (offsets must ascend from 0 to count) "Gather: bag B has offsets [A, B'), not an ascending range in
+  // [0, COUNT]" (GatherBackward likewise).
   virtual absl::Status Gather(const GatherParams& p, const float* table, const int32_t* indices,
                               const int32_t* offsets, float* y);
   // The backward of Gather: dtable[index[i], :] += dy[i, :] (bags: the bag's row of dy, / bag size for mean).

@@ -161,7 +161,7 @@ void ActivationBackward(const ActivationParams& p, const float* x, const float* 
     double d = 0;
     switch (p.kind) {
       case ActivationParams::Kind::kLeakyRelu:
-        d = v < 0 ? p.alpha : 1.0;
+        d = v > 0 ? 1.0 : p.alpha;  // slope alpha at 0, as PyTorch
         break;
       case ActivationParams::Kind::kClip:
         d = (v > p.lo && v < p.hi) ? 1.0 : 0.0;

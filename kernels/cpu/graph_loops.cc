@@ -60,7 +60,7 @@ void ActivationBackwardLoop(const ActivationParams& p, const float* x, const flo
     switch (p.kind) {
       case Kind::kLeakyRelu: {
         const float alpha = p.alpha;
-        for (int64_t i = b; i < e; ++i) dx[i] = x[i] < 0 ? alpha * dy[i] : dy[i];
+        for (int64_t i = b; i < e; ++i) dx[i] = x[i] > 0 ? dy[i] : alpha * dy[i];  // slope alpha at 0 (PyTorch)
         break;
       }
       case Kind::kClip: {
@@ -135,15 +135,15 @@ absl::Status CheckGatherData(const char* op, const GatherParams& p, const int32_
     }
   }
   if (p.num_bags == 0) return absl::OkStatus();
+  // kernels/device.h's message (the CUDA backend reports the same).
   for (int64_t b = 0; b < p.num_bags; ++b) {
-    if (offsets[b] < 0 || offsets[b] > offsets[b + 1]) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": offsets ", offsets[b], ", ", offsets[b + 1], " of bag ",
-                                                     b, " are not a non-decreasing pair in [0, ", p.count, "]"));
+    const bool last = b + 1 == p.num_bags;
+    if (offsets[b] < 0 || offsets[b] > offsets[b + 1] || offsets[b + 1] > p.count ||
+        (last && offsets[b + 1] != p.count)) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": bag ", b, " has offsets [", offsets[b], ", ",
+                                                     offsets[b + 1], "), not an ascending range in [0, ", p.count,
+                                                     "]"));
     }
-  }
-  if (offsets[p.num_bags] != p.count) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": the last offset is ", offsets[p.num_bags],
-                                                   ", not the lookup count ", p.count));
   }
   return absl::OkStatus();
 }

@@ -167,7 +167,7 @@ absl::Status CudaDevice::TakeDeviceError() {
           absl::StrCat("SigmoidCrossEntropy: label ", label, " of row ", row, " is not 0 or 1"));
     case DeviceErrorInfo::kBadGatherIndex:
       return absl::InvalidArgumentError(absl::StrCat(gather_op, ": index ", value, " of lookup ", position,
-                                                     " is not a row of the table, [0, ", bound, ")"));
+                                                     " is not a row in [0, ", bound, ")"));
     case DeviceErrorInfo::kBadGatherOffsets:
       return absl::InvalidArgumentError(absl::StrCat(gather_op, ": bag ", position, " has offsets [", value, ", ",
                                                      value2, "), not an ascending range in [0, ", bound, "]"));

@@ -293,7 +293,7 @@ TEST_F(CudaImportedOpsTest, GatherBadIndexIsReportedAtTheNextSynchronization) {
   ASSERT_TRUE(gpu_->Gather(p, table.gpu, Ints(idx.gpu), nullptr, y.gpu).ok()) << "the GPU op cannot know yet";
   const absl::Status s = gpu_->Synchronize();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_EQ(s.message(), "Gather: index 10 of lookup 1 is not a row of the table, [0, 10)");
+  EXPECT_EQ(s.message(), "Gather: index 10 of lookup 1 is not a row in [0, 10)");
   const std::vector<float> got = Gpu(y);
   EXPECT_TRUE(std::isnan(got[dim])) << "lookup 1";
   EXPECT_FALSE(std::isnan(got[0])) << "lookup 0 is fine";

@@ -416,8 +416,20 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
       out.dims = {x.dims[0] * (x.dims[0] - 1) / 2};
       break;
     }
-    case Op::kEmbedding:
-      return Error(node, "embedding nodes are added with the sparse tables (not supported yet here)");
+    case Op::kEmbedding: {
+      RETURN_IF_ERROR(expect_inputs(0));
+      RETURN_IF_ERROR(expect_vars(0, 0));
+      const Node::Embedding& e = node.embedding;
+      if (e.table < 0 || e.table >= static_cast<int>(graph_.tables.size())) {
+        return Error(node, absl::StrCat("table ", e.table, " is not declared (", graph_.tables.size(), " tables)"));
+      }
+      if (e.feature < 0 || e.feature >= graph_.num_sparse_features) {
+        return Error(node, absl::StrCat("sparse feature ", e.feature, " is outside the batch's ",
+                                        graph_.num_sparse_features, " features"));
+      }
+      out.dims = {graph_.tables[e.table].dim};
+      break;
+    }
   }
   const int id = num_tensors;
   node.output = id;
@@ -426,6 +438,22 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
   for (VariableInfo& v : declared) graph_.variables.push_back(std::move(v));
   graph_.nodes.push_back(std::move(node));
   return id;
+}
+
+absl::StatusOr<int> GraphBuilder::AddTable(TableInfo table) {
+  if (table.name.empty() || table.dim < 1 || table.rows < 0 || table.max_rows < 0 || table.admit_after < 0 ||
+      !(table.init_scale >= 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(graph_.name, ": table '", table.name, "' has a bad spec (dim ",
+                                                   table.dim, ", rows ", table.rows, ", max_rows ", table.max_rows,
+                                                   ")"));
+  }
+  for (const TableInfo& t : graph_.tables) {
+    if (t.name == table.name) {
+      return absl::InvalidArgumentError(absl::StrCat(graph_.name, ": table '", table.name, "' declared twice"));
+    }
+  }
+  graph_.tables.push_back(std::move(table));
+  return static_cast<int>(graph_.tables.size()) - 1;
 }
 
 absl::StatusOr<Graph> GraphBuilder::Finish(int logits, Loss loss) {

@@ -60,7 +60,7 @@ enum class Op {
   kReshape,        // inputs {x}; attrs shape, flatten_order (Flatten, Reshape: a view or a transposed copy)
   kConcat,         // inputs {x0, x1, ...}; attrs axis (logical, per example: 0 = channels of an image)
   kIdentity,       // inputs {x}
-  kEmbedding,      // inputs {ids input}; vars {table (sparse)}; attrs embedding (one id or a bag per example)
+  kEmbedding,      // inputs {}: reads the batch's ids of one sparse feature; attrs embedding (table, feature, bag)
   kInteraction,    // inputs {x: (F, d)}; DLRM's pairwise dot products -> (F (F - 1) / 2)
 };
 const char* OpName(Op op);
@@ -99,8 +99,9 @@ struct Node {
   FlattenOrder flatten_order = FlattenOrder::kChannelsFirst;  // kReshape between an image and features
   int axis = 0;                        // kConcat
   struct Embedding {
-    int feature = 0;     // which sparse feature of the id input (column of the batch's ids)
-    bool bag = false;    // several ids per example (EmbeddingBag)
+    int table = 0;       // Graph::tables index
+    int feature = 0;     // which sparse feature of the batch (HostBatch::ids)
+    bool bag = false;    // any number of ids per example, combined (EmbeddingBag); false: exactly one id
     bool mean = false;   // bag: average instead of sum
   } embedding;
 
@@ -112,6 +113,22 @@ struct Node {
   static Node Dropout(std::string name, float keep_prob);
   static Node Lrn(std::string name, int depth_radius, float bias, float alpha, float beta);
   static Node Reshape(std::string name, std::vector<int64_t> shape, FlattenOrder order);
+};
+
+// A sparse embedding table (kEmbedding nodes read it). Its rows live on the ps tasks, keyed by int64 id
+// (ps/api/ps_types.h, SparseTableSpec), not in the flat buffer: a step binds the rows its batch's ids touch
+// (Model::SetSparseInputs) and produces their gradients.
+struct TableInfo {
+  std::string name;
+  int dim = 0;
+  // > 0: a [rows, dim] table; an id is taken modulo rows (the hashing trick). 0: keyed by the id itself, rows
+  // created on first touch.
+  int64_t rows = 0;
+  float init_scale = 0.01f;  // rows start uniform in [-init_scale, init_scale] (ps::SparseInitialRow)
+  int64_t max_rows = 0;      // per ps task: evict the least recently touched beyond this (0: no bound)
+  int admit_after = 0;       // create a row once its id was looked up this many times (0: at once)
+  // The table's row for an id as the batch gives it.
+  int64_t RowId(int64_t id) const { return rows > 0 ? ((id % rows) + rows) % rows : id; }
 };
 
 // A variable as a node declares it.
@@ -136,8 +153,10 @@ struct Graph {
   int output = -1;                      // the logits
   Loss loss = Loss::kSoftmaxCrossEntropy;
   std::vector<VariableInfo> variables;  // flat-buffer order (first use by the nodes)
-  // Sparse features (kEmbedding nodes): ids per example in the batch (0 without sparse inputs).
+  // Sparse features (kEmbedding nodes): features per example in the batch's ids (0 without sparse inputs), and
+  // the tables they are looked up in.
   int num_sparse_features = 0;
+  std::vector<TableInfo> tables;
 
   const TensorShape& input_shape() const { return tensors[0]; }
   const TensorShape& output_shape() const { return tensors[output]; }
@@ -162,8 +181,11 @@ class GraphBuilder {
   // Fills the node's size attributes from the input shapes, checks every shape, and returns the output tensor.
   absl::StatusOr<int> Add(Node node, std::vector<int> inputs, std::vector<VarSpec> new_variables = {},
                           std::string output_name = "");
-  // Declares that the id input has `n` sparse features (kEmbedding nodes read column `feature` < n).
+  // Declares that the batch has `n` sparse features (kEmbedding nodes read feature < n).
   void SetSparseFeatures(int n) { graph_.num_sparse_features = n; }
+  // Declares a sparse table; returns its index (Node::embedding.table). InvalidArgument for a bad spec or a
+  // repeated name.
+  absl::StatusOr<int> AddTable(TableInfo table);
 
   // The finished graph with `logits` as its output. kSoftmaxCrossEntropy needs logits of rank 1 (the classes);
   // kSigmoidCrossEntropy one logit (shape (1)); kNone takes any tensor.

@@ -31,11 +31,14 @@ absl::StatusOr<std::unique_ptr<Model>> GraphModel::Create(Graph graph, const Mod
     return absl::InvalidArgumentError(absl::StrCat(name, ": a graph without a loss head cannot be trained"));
   }
   const TensorShape& in = graph.input_shape();
-  if (!(in.is_image() && in.dims[0] == options.channels && in.dims[1] == options.height &&
-        in.dims[2] == options.width)) {
+  const bool fits = in.is_image() ? in.dims[0] == options.channels && in.dims[1] == options.height &&
+                                        in.dims[2] == options.width
+                                  : in.size() == int64_t{options.channels} * options.height * options.width;
+  if (!fits) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": the model takes ", in.ToString(),
-                                                   " (C x H x W) inputs but the options give ", options.channels,
-                                                   "x", options.height, "x", options.width));
+                                                   in.is_image() ? " (C x H x W)" : " (features)",
+                                                   " inputs but the data gives ", options.channels, "x",
+                                                   options.height, "x", options.width));
   }
   const int classes = graph.loss == Loss::kSoftmaxCrossEntropy ? static_cast<int>(graph.output_shape().size()) : 2;
   if (classes != options.num_classes) {
@@ -88,6 +91,25 @@ absl::StatusOr<std::unique_ptr<Model>> GraphModel::Create(Graph graph, const Mod
                                                     /*with_backward=*/false, m->params_, nullptr));
   }
   m->host_logits_.resize(static_cast<size_t>(m->options_.eval_batch_size) * logits);
+  // Sparse inputs: buffers grow with the batches (SetSparseInputs); the networks read the bindings.
+  const size_t tables = m->graph_.tables.size(), features = m->graph_.num_sparse_features;
+  m->max_batch_ = std::max(batch, m->options_.eval_batch_size);
+  m->rows_.assign(tables, nullptr);
+  m->row_grads_.assign(tables, nullptr);
+  m->rows_capacity_.assign(tables, 0);
+  m->grads_capacity_.assign(tables, 0);
+  m->num_rows_.assign(tables, 0);
+  m->indices_.assign(features, nullptr);
+  m->offsets_.assign(features, nullptr);
+  m->indices_capacity_.assign(features, 0);
+  for (size_t f = 0; f < features; ++f) {
+    ASSIGN_OR_RETURN(float* off, alloc(m->max_batch_ + 1));
+    m->offsets_[f] = reinterpret_cast<int32_t*>(off);
+  }
+  if (tables > 0) {
+    m->train_->BindSparse(&m->train_binding_);
+    if (m->eval_) m->eval_->BindSparse(&m->eval_binding_);
+  }
   return std::unique_ptr<Model>(std::move(m));
 }
 
@@ -98,6 +120,11 @@ absl::Status GraphModel::SetParameters(const float* host_params) {
 }
 
 absl::Status GraphModel::CheckBatch(const HostBatch& batch, int min_count, int max_count) const {
+  if (graph_.num_sparse_features > 0 &&
+      (batch.num_sparse != graph_.num_sparse_features || (batch.batch > 0 && (batch.ids == nullptr || batch.id_offsets == nullptr)))) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": the model reads ", graph_.num_sparse_features,
+                                                   " sparse features per example, the batch has ", batch.num_sparse));
+  }
   if (batch.height != options_.height || batch.width != options_.width || batch.channels != options_.channels) {
     return absl::InvalidArgumentError(absl::StrCat(name_, ": batch images are ", batch.height, "x", batch.width, "x",
                                                    batch.channels, " but the model was built for ", options_.height,
@@ -152,6 +179,13 @@ absl::Status GraphModel::EnqueueForwardAndLoss(int64_t step, const kernels::Devi
 }
 
 absl::Status GraphModel::EnqueueBackward(const RangeHook& grads_ready) {
+  // The embedding nodes add their rows' gradients: start from zero.
+  for (size_t t = 0; t < graph_.tables.size(); ++t) {
+    if (row_grads_[t] == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(name_, ": a step without sparse inputs (SetSparseInputs)"));
+    }
+    RETURN_IF_ERROR(device_->Fill(0.0f, row_grads_[t], std::max<int64_t>(num_rows_[t], 1) * graph_.tables[t].dim));
+  }
   // As soon as a layer's variable gradients are written: d(wd * l2_loss(w))/dw = wd * w is added to them (the
   // backward pass overwrote the buffer), then they are final.
   GraphNetwork::NodeHook layer_ready = [&](int layer) -> absl::Status {
@@ -205,16 +239,116 @@ absl::StatusOr<float> GraphModel::TrainStep(const HostBatch& batch, int64_t step
   return loss;
 }
 
-absl::StatusOr<int> GraphModel::CountCorrect(const HostBatch& batch) {
+absl::Status GraphModel::Predict(const HostBatch& batch, float* logits) {
   RETURN_IF_ERROR(CheckBatch(batch, 0, options_.eval_batch_size));
-  const int n = batch.batch, classes = options_.num_classes;
-  if (n == 0) return 0;
-  // Examples past n keep stale inputs; every op is per-example, so their logits are simply ignored.
+  const int n = batch.batch;
+  if (n == 0) return absl::OkStatus();
+  // Examples past n keep stale inputs (sparse ones padded with row 0); every op is per example (BatchNorm uses
+  // its running statistics here), so their logits are simply ignored.
   GraphNetwork* net = eval_ ? eval_.get() : train_.get();
   RETURN_IF_ERROR(device_->CopyToDevice(batch.images, net->input(), n * example_size_));
   RETURN_IF_ERROR(net->Forward(/*training=*/false, options_.seed, 0));
-  const int64_t logits = graph_.output_shape().size();
-  RETURN_IF_ERROR(device_->CopyToHost(net->output(), host_logits_.data(), static_cast<int64_t>(n) * logits));
+  return device_->CopyToHost(net->output(), logits, static_cast<int64_t>(n) * graph_.output_shape().size());
+}
+
+absl::StatusOr<float*> GraphModel::Grow(float* old, int64_t* capacity, int64_t n) {
+  if (old != nullptr && n <= *capacity) return old;
+  const int64_t want = std::max<int64_t>(n + n / 4, 64);
+  ASSIGN_OR_RETURN(float* p, device_->Alloc(want));
+  if (old != nullptr) {
+    owned_.erase(std::find(owned_.begin(), owned_.end(), old));
+    device_->Free(old);
+  }
+  owned_.push_back(p);
+  *capacity = want;
+  return p;
+}
+
+absl::Status GraphModel::SetSparseInputs(const SparseInputs& in) {
+  const int tables = static_cast<int>(graph_.tables.size());
+  const int features = graph_.num_sparse_features;
+  if (static_cast<int>(in.tables.size()) != tables || static_cast<int>(in.features.size()) != features) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": sparse inputs for ", in.tables.size(), " tables and ",
+                                                   in.features.size(), " features; the model has ", tables, " and ",
+                                                   features));
+  }
+  if (in.batch < 0 || in.batch > max_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": sparse inputs for ", in.batch, " examples"));
+  }
+  const bool cpu = device_->spec().kind == kernels::DeviceSpec::Kind::kCpu;
+  for (int t = 0; t < tables; ++t) {
+    const int64_t n = in.tables[t].num_rows, dim = graph_.tables[t].dim;
+    if (n < 0 || (n > 0 && in.tables[t].rows == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": table ", graph_.tables[t].name, " without rows"));
+    }
+    ASSIGN_OR_RETURN(row_grads_[t], Grow(row_grads_[t], &grads_capacity_[t], std::max<int64_t>(n, 1) * dim));
+    if (cpu) {
+      rows_[t] = const_cast<float*>(in.tables[t].rows);  // read in place (never written)
+    } else {
+      ASSIGN_OR_RETURN(rows_[t], Grow(rows_[t], &rows_capacity_[t], std::max<int64_t>(n, 1) * dim));
+      if (n > 0) RETURN_IF_ERROR(device_->CopyToDevice(in.tables[t].rows, rows_[t], n * dim));
+    }
+    num_rows_[t] = n;
+  }
+  train_binding_ = {};
+  for (int t = 0; t < tables; ++t) {
+    train_binding_.rows.push_back(rows_[t]);
+    train_binding_.num_rows.push_back(num_rows_[t]);
+    train_binding_.row_grads.push_back(row_grads_[t]);
+  }
+  eval_binding_ = train_binding_;
+  std::vector<int32_t> staged;
+  for (int f = 0; f < features; ++f) {
+    const SparseInputs::Feature& feature = in.features[f];
+    const bool bag = feature.offsets != nullptr;
+    // The feature's table (any embedding node reading it).
+    int table = -1;
+    for (const Node& node : graph_.nodes) {
+      if (node.op == Op::kEmbedding && node.embedding.feature == f) table = node.embedding.table;
+    }
+    const int64_t rows = table >= 0 ? num_rows_[table] : 0;
+    if (!bag && feature.count != in.batch) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": feature ", f, " has ", feature.count,
+                                                     " ids for ", in.batch, " examples"));
+    }
+    // Indices, padded with row 0 to the larger network batch (one id features), checked on the host so that a
+    // bad one is an error now rather than on the device.
+    const int64_t padded = bag ? feature.count : max_batch_;
+    staged.assign(std::max<int64_t>(padded, 1), 0);
+    for (int64_t i = 0; i < feature.count; ++i) {
+      const int32_t k = feature.indices[i];
+      if (k < 0 || k >= rows) {
+        return absl::InvalidArgumentError(absl::StrCat(name_, ": index ", k, " of feature ", f, " is not a row in [0, ",
+                                                       rows, ")"));
+      }
+      staged[i] = k;
+    }
+    int64_t capacity = indices_capacity_[f];
+    ASSIGN_OR_RETURN(float* idx, Grow(reinterpret_cast<float*>(indices_[f]), &capacity, static_cast<int64_t>(staged.size())));
+    indices_capacity_[f] = capacity;
+    indices_[f] = reinterpret_cast<int32_t*>(idx);
+    RETURN_IF_ERROR(device_->CopyToDevice(reinterpret_cast<const float*>(staged.data()), idx,
+                                          static_cast<int64_t>(staged.size())));
+    if (bag) {
+      std::vector<int32_t> offsets(max_batch_ + 1, static_cast<int32_t>(feature.count));
+      for (int e = 0; e <= in.batch; ++e) offsets[e] = feature.offsets[e];
+      RETURN_IF_ERROR(device_->CopyToDevice(reinterpret_cast<const float*>(offsets.data()),
+                                            reinterpret_cast<float*>(offsets_[f]), max_batch_ + 1));
+    }
+    for (GraphNetwork::SparseBinding* b : {&train_binding_, &eval_binding_}) {
+      const int net_batch = b == &train_binding_ ? options_.batch_size : options_.eval_batch_size;
+      b->indices.push_back(indices_[f]);
+      b->counts.push_back(bag ? feature.count : net_batch);
+      b->offsets.push_back(bag ? offsets_[f] : nullptr);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> GraphModel::CountCorrect(const HostBatch& batch) {
+  const int n = batch.batch, classes = options_.num_classes;
+  RETURN_IF_ERROR(Predict(batch, host_logits_.data()));
+  if (n == 0) return 0;
   int correct = 0;
   if (graph_.loss == Loss::kSigmoidCrossEntropy) {
     for (int i = 0; i < n; ++i) correct += (host_logits_[i] > 0.0f) == (batch.labels[i] > 0.5f);

@@ -41,6 +41,9 @@ class GraphModel : public Model {
   absl::Status EnqueueGradients(const kernels::DeviceCounter& step, uint64_t counter_stride,
                                 uint64_t counter_offset, const EnqueueHooks* hooks = nullptr) override;
   absl::StatusOr<int> CountCorrect(const HostBatch& batch) override;
+  absl::Status Predict(const HostBatch& batch, float* logits) override;
+  absl::Status SetSparseInputs(const SparseInputs& inputs) override;
+  const float* device_sparse_gradients(int table) const override { return row_grads_[table]; }
   kernels::Device* device() override { return device_; }
 
  private:
@@ -78,6 +81,17 @@ class GraphModel : public Model {
   std::unique_ptr<GraphNetwork> train_;
   std::unique_ptr<GraphNetwork> eval_;  // null: evaluation runs on train_ (same batch size)
   std::vector<float> host_logits_;
+  // Sparse models: per table the rows bound for this step (device copies, or the caller's host rows on the CPU)
+  // and their gradients; per feature the indices (int32 in device buffers, padded to the larger batch) and bag
+  // offsets; the bindings of the training and evaluation networks.
+  int max_batch_ = 0;
+  std::vector<float*> rows_, row_grads_;
+  std::vector<int64_t> rows_capacity_, grads_capacity_, num_rows_;
+  std::vector<int32_t*> indices_, offsets_;
+  std::vector<int64_t> indices_capacity_;
+  GraphNetwork::SparseBinding train_binding_, eval_binding_;
+  // Grows a device buffer to at least n floats (bound by the model, freed with it).
+  absl::StatusOr<float*> Grow(float* old, int64_t* capacity, int64_t n);
 };
 
 }  // namespace dtrain::models

@@ -243,8 +243,7 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
         if (graph_.variables[v].trainable) {
           s.has_trainable = true;
         } else if (n.op != Op::kBatchNorm) {
-          s.constant_slots.push_back(k);
-          if (grads_ != nullptr) RETURN_IF_ERROR(device_->Fill(0.0f, s.dw[k], graph_.variables[v].size()));
+          s.constant_slots.push_back(k);  // zeroed once (after PlanBackward) and after a kernel wrote it
         }
       }
     }
@@ -379,7 +378,7 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
         s.interaction.dim = static_cast<int>(in0.dims[1]);
         break;
       case Op::kEmbedding:
-        made = absl::UnimplementedError("embedding nodes need the sparse tables");
+        s.has_trainable = true;  // its table's rows
         break;
       case Op::kRelu:
       case Op::kActivation:
@@ -389,7 +388,19 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
     }
     if (!made.ok()) return node_error(n, made);
   }
-  if (with_backward) RETURN_IF_ERROR(PlanBackward());
+  if (with_backward) {
+    RETURN_IF_ERROR(PlanBackward());
+    // Constants (non-trainable variables other than BatchNorm's running statistics, whose slots Forward
+    // writes) push a zero change.
+    for (int i = 0; i < num_nodes; ++i) {
+      const Node& n = graph_.nodes[i];
+      if (n.op == Op::kBatchNorm) continue;
+      for (size_t k = 0; k < n.variables.size(); ++k) {
+        const VariableInfo& v = graph_.variables[n.variables[k]];
+        if (!v.trainable) RETURN_IF_ERROR(device_->Fill(0.0f, steps_[i].dw[k], v.size()));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -578,8 +589,32 @@ absl::Status GraphNetwork::ForwardNode(Step& s, bool training, uint64_t seed, in
     }
     case Op::kInteraction:
       return device_->Interaction(s.interaction, x, y);
-    case Op::kEmbedding:
-      return absl::UnimplementedError("embedding");
+    case Op::kEmbedding: {
+      kernels::GatherParams p;
+      RETURN_IF_ERROR(EmbeddingParams(n, &p));
+      const Node::Embedding& e = n.embedding;
+      return device_->Gather(p, sparse_->rows[e.table], sparse_->indices[e.feature],
+                             e.bag ? sparse_->offsets[e.feature] : nullptr, y);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GraphNetwork::EmbeddingParams(const Node& n, kernels::GatherParams* p) const {
+  const Node::Embedding& e = n.embedding;
+  if (sparse_ == nullptr || e.table >= static_cast<int>(sparse_->rows.size()) ||
+      e.feature >= static_cast<int>(sparse_->indices.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(graph_.name, ": node '", n.name, "' (Embedding) runs without its sparse inputs bound"));
+  }
+  p->rows = sparse_->num_rows[e.table];
+  p->dim = graph_.tables[e.table].dim;
+  p->count = sparse_->counts[e.feature];
+  p->num_bags = e.bag ? batch_ : 0;
+  p->mean = e.mean;
+  if (!e.bag && p->count != batch_) {
+    return absl::InvalidArgumentError(absl::StrCat(graph_.name, ": node '", n.name, "' (Embedding) takes one id per example, got ",
+                                                   p->count, " for ", batch_, " examples"));
   }
   return absl::OkStatus();
 }
@@ -662,8 +697,9 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
       const float* a = x;
       const float* b = s.b_is_variable ? s.w[0] : act_[n.inputs[1]];
       if (s.b_is_variable) {
-        // The variable's gradient first (it is final then), then the tensor's. A constant has none.
-        if (s.constant_slots.empty()) RETURN_IF_ERROR(s.binary->Backward(a, b, dy, nullptr, s.dw[0]));
+        // The variable's gradient first (it is final then), then the tensor's. A constant (a non-trainable
+        // variable) has none: its slot stays zero (Build).
+        if (s.has_trainable) RETURN_IF_ERROR(s.binary->Backward(a, b, dy, nullptr, s.dw[0]));
         RETURN_IF_ERROR(ready());
         if (s.in_grad[0].needed) {
           RETURN_IF_ERROR(s.binary->Backward(a, b, dy, target(0), nullptr));
@@ -685,6 +721,13 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
         RETURN_IF_ERROR(finish(k));
       }
       return absl::OkStatus();
+    }
+    case Op::kEmbedding: {
+      kernels::GatherParams p;
+      RETURN_IF_ERROR(EmbeddingParams(n, &p));
+      const Node::Embedding& e = n.embedding;
+      return device_->GatherBackward(p, dy, sparse_->indices[e.feature], e.bag ? sparse_->offsets[e.feature] : nullptr,
+                                     sparse_->row_grads[e.table]);
     }
     default:
       break;

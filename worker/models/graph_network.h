@@ -51,6 +51,18 @@ class GraphNetwork {
   int64_t output_size_per_example() const { return graph_.output_shape().size(); }
 
   int num_nodes() const { return static_cast<int>(graph_.nodes.size()); }
+
+  // Sparse models (Graph::tables): what the embedding nodes read this step, in device memory. Set before each
+  // Forward (the binding must stay valid through the Backward that follows).
+  struct SparseBinding {
+    std::vector<const float*> rows;       // per table: [num_rows, dim] rows the batch's ids refer to
+    std::vector<int64_t> num_rows;        // per table
+    std::vector<float*> row_grads;        // per table: [num_rows, dim], added to by Backward (zero them first)
+    std::vector<const int32_t*> indices;  // per sparse feature: row indices into its table's rows
+    std::vector<int64_t> counts;          // per sparse feature: how many (batch, or the bags' total)
+    std::vector<const int32_t*> offsets;  // per sparse feature of a bag node: batch + 1 offsets (else null)
+  };
+  void BindSparse(const SparseBinding* binding) { sparse_ = binding; }
   // Where node i's variables lie in the flat buffer: [begin, end), empty for a node without variables.
   std::pair<int64_t, int64_t> variable_range(int node) const;
 
@@ -85,6 +97,8 @@ class GraphNetwork {
                            const kernels::DeviceCounter* device_step, uint64_t counter_stride,
                            uint64_t counter_offset);
   absl::Status BackwardNode(Step& s, const NodeHook* grads_ready);
+  // The Gather of an embedding node for the bound sparse inputs.
+  absl::Status EmbeddingParams(const Node& n, kernels::GatherParams* p) const;
   // Writes or adds (accumulate) `n` floats of src into dst.
   absl::Status Deliver(const float* src, float* dst, int64_t n, bool accumulate);
 
@@ -104,6 +118,7 @@ class GraphNetwork {
   const float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<int64_t> var_offsets_;
+  const SparseBinding* sparse_ = nullptr;
 };
 
 }  // namespace dtrain::models

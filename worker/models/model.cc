@@ -131,7 +131,9 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelSpec& spec, const 
 
 std::string ModelSignature(const ModelSpec& spec, const std::vector<VariableInfo>& vars) {
   // Built-in models keep the signature they always had (checkpoints name it).
-  if (!spec.imported()) return Signature(spec.name, vars);
+  if (!spec.imported()) {
+    return Signature(spec.structure.empty() ? spec.name : absl::StrCat(spec.name, ":", spec.structure), vars);
+  }
   return Signature(absl::StrCat("onnx:", spec.name, spec.structure.empty() ? "" : ":", spec.structure), vars);
 }
 

@@ -63,8 +63,33 @@ std::string Signature(const std::string& model_name, const std::vector<VariableI
 // indices stored as floats.
 struct HostBatch {
   int batch = 0, height = 0, width = 0, channels = 0;
-  const float* images = nullptr;  // batch * height * width * channels
+  // batch * height * width * channels: images (NHWC), or dense features (height = width = 1, channels = their
+  // count) for click-through-rate data.
+  const float* images = nullptr;
   const float* labels = nullptr;  // batch
+  // Sparse features (click-through-rate data; the model's graph has tables): num_sparse per example; the ids of
+  // example e, feature f are ids[id_offsets[e * num_sparse + f] .. id_offsets[e * num_sparse + f + 1]).
+  int num_sparse = 0;
+  const int64_t* ids = nullptr;
+  const int32_t* id_offsets = nullptr;  // batch * num_sparse + 1
+};
+
+// What a sparse model's embedding nodes read for one batch (worker/sparse_batch.h builds it): per table the rows
+// the batch's ids refer to (pulled from the ps tasks; host memory), per sparse feature the row index of each id
+// (bags: their offsets).
+struct SparseInputs {
+  struct Table {
+    const float* rows = nullptr;  // num_rows * dim floats
+    int64_t num_rows = 0;
+  };
+  struct Feature {
+    const int32_t* indices = nullptr;  // count row indices into its table's rows
+    int64_t count = 0;
+    const int32_t* offsets = nullptr;  // bag features: batch + 1 offsets into indices (else null)
+  };
+  int batch = 0;                  // examples the indices are for
+  std::vector<Table> tables;      // Graph::tables order
+  std::vector<Feature> features;  // Graph::num_sparse_features
 };
 
 struct ModelOptions {
@@ -74,6 +99,8 @@ struct ModelOptions {
   // Input geometry (from the data set): 28x28x1 for MNIST-like data, 24x24x3 for cifar10 (after cropping).
   int height = 28, width = 28, channels = 1;
   int num_classes = 10;
+  // Sparse features per example in the data (click-through-rate data; 0 for images).
+  int num_sparse = 0;
   // Flat buffers to use instead of allocating (memory of the model's device; on the CPU, host memory), each
   // num_parameters() floats, outliving the model: the parameters (only read by the model, so several models
   // may share one) and the gradients. Null: the model allocates its own. CPU towers pass the worker's flat
@@ -147,6 +174,17 @@ class Model {
 
   // Inference (dropout off) on up to eval_batch_size examples; returns how many were classified correctly.
   virtual absl::StatusOr<int> CountCorrect(const HostBatch& batch) = 0;
+  // Inference on up to eval_batch_size examples: their logits (batch.batch * outputs floats) into `logits`.
+  virtual absl::Status Predict(const HostBatch& batch, float* logits) = 0;
+
+  // ---- sparse models (the graph has tables) ----
+  // The rows and indices the next training step or evaluation reads (copied to the device unless it is the
+  // CPU, whose towers read the host memory in place: it must then stay unchanged until the step is done).
+  // InvalidArgument when they do not fit the graph (table or feature count, an index outside its table's rows).
+  virtual absl::Status SetSparseInputs(const SparseInputs& inputs) = 0;
+  // After a training step: table t's row gradients (the last SetSparseInputs' num_rows * dim floats, device
+  // memory; on the CPU host memory), of the total loss as the flat gradients are.
+  virtual const float* device_sparse_gradients(int table) const = 0;
 
   virtual kernels::Device* device() = 0;
 };
@@ -173,6 +211,12 @@ struct ModelDefaults {
   int decay_epochs = 0;
   float decay_rate = 1.0f;
   bool staircase = false;
+
+  // Models with sparse embedding tables: their optimizer and learning rate on the ps ("" without tables).
+  std::string sparse_optimizer;
+  float sparse_learning_rate = 0.0f;
+  // The data the model reads: images (the fields above) or click-through-rate data (dense + sparse features).
+  bool ctr_data = false;
 };
 struct Graph;  // worker/models/graph.h
 

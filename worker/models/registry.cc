@@ -40,13 +40,37 @@ bool IsFile(const std::string& path) {
 std::vector<std::string> BuiltinModelNames() {
   std::vector<std::string> names;
   for (const ModelDef* def : Builtins()) names.push_back(def->name);
+  names.push_back("dlrm");
   return names;
+}
+
+// DLRM on click-through-rate data: dense Adam, sparse Adagrad (TensorFlow's recommendation setups), batch 512.
+ModelRef DlrmSpec(const DlrmConfig& config) {
+  auto spec = std::make_shared<ModelSpec>();
+  spec->name = "dlrm";
+  spec->defaults.optimizer = "adam";
+  spec->defaults.learning_rate = 1e-3f;
+  spec->defaults.batch_size = 512;
+  spec->defaults.sparse_optimizer = "adagrad";
+  spec->defaults.sparse_learning_rate = 0.05f;
+  spec->defaults.ctr_data = true;
+  spec->defaults.data_height = spec->defaults.data_width = 1;
+  spec->defaults.data_channels = 13;
+  spec->build_graph = [config](const ModelOptions& o) {
+    return DlrmGraph(config, o.height * o.width * o.channels, o.num_sparse);
+  };
+  // The widths and tables are not all visible in the variables: fold them into the signature.
+  spec->structure = absl::StrCat("dim", config.embedding_dim, "-bottom", absl::StrJoin(config.bottom, "x"), "-top",
+                                 absl::StrJoin(config.top, "x"), "-rows", config.table_rows, "-max", config.max_rows,
+                                 "-admit", config.admit_after);
+  return spec;
 }
 
 absl::StatusOr<ModelRef> ResolveModel(const std::string& model, const ResolveOptions& options) {
   for (const ModelDef* def : Builtins()) {
     if (model == def->name) return BuiltinSpec(def);
   }
+  if (model == "dlrm") return DlrmSpec(options.dlrm);
   if (absl::EndsWithIgnoreCase(model, ".onnx") || IsFile(model)) {
     onnx::ImportOptions io;
     io.bn_unbiased_running_var = options.bn_unbiased_running_var;

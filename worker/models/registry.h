@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/models/dlrm.h"
 #include "worker/models/model.h"
 
 namespace dtrain::models {
@@ -21,6 +22,8 @@ struct ResolveOptions {
   // Imported BatchNormalization: update running_var with the unbiased batch variance (PyTorch's rule; the
   // default, since exported models come from PyTorch) or the biased one (ONNX's reference implementation).
   bool bn_unbiased_running_var = true;
+  // --model=dlrm: its layer widths and tables (worker/models/dlrm.h).
+  DlrmConfig dlrm;
 };
 
 // A name without ".onnx" is a built-in model; anything ending in ".onnx" (or naming an existing file) is
@@ -28,7 +31,7 @@ struct ResolveOptions {
 // message names the node, op and attribute); NotFound / DataLoss for a missing or unreadable file.
 absl::StatusOr<ModelRef> ResolveModel(const std::string& model, const ResolveOptions& options = {});
 
-// "mlp", "cnn", "convnet", "cifar10".
+// "mlp", "cnn", "convnet", "cifar10", "dlrm".
 std::vector<std::string> BuiltinModelNames();
 
 }  // namespace dtrain::models
