@@ -241,16 +241,16 @@ TEST(OnnxImportTest, LrnAlphaIsDividedByTheSize) {
   EXPECT_FLOAT_EQ(g->nodes[0].lrn.bias, 2.0f);
 }
 
-// A Constant operand (x * 0.5, as exported from Python floats) is a constant variable: not trainable, and its
-// gradient stays zero through a training step.
+// A Constant operand (x * 0.5, as exported from Python floats; a Gemm's bias written as a constant) is a constant
+// variable: not trainable, and its gradient stays zero through a training step.
 TEST(OnnxImportTest, ConstantOperandsAreConstantVariables) {
   OnnxBuilder b;
   b.Input("x", {-1, 6})
       .Constant(testing::FloatTensor("/Constant_output_0", {}, {0.5f}))
       .Node("Mul", {"x", "/Constant_output_0"}, {"half"})
       .Initializer("fc.weight", {3, 6}, Ramp(18))
-      .Initializer("fc.bias", {3}, Ramp(3))
-      .Node("Gemm", {"half", "fc.weight", "fc.bias"}, {"logits"}, {IntAttr("transB", 1)})
+      .Constant(testing::FloatTensor("/Constant_1_output_0", {3}, {0.1f, 0.2f, 0.3f}))
+      .Node("Gemm", {"half", "fc.weight", "/Constant_1_output_0"}, {"logits"}, {IntAttr("transB", 1)})
       .Output("logits", {-1, 3});
   absl::StatusOr<ModelRef> spec = Import(b);
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -270,8 +270,10 @@ TEST(OnnxImportTest, ConstantOperandsAreConstantVariables) {
   const std::vector<float> images = Ramp(12, 0.1f), labels = {0, 2};
   HostBatch batch{2, 1, 1, 6, images.data(), labels.data()};
   ASSERT_TRUE((*model)->TrainStep(batch, 0, grads.data()).ok());
-  EXPECT_EQ(grads[0], 0.0f);  // the constant
+  EXPECT_EQ(grads[0], 0.0f);  // the constant factor
   EXPECT_NE(grads[1], 0.0f);  // fc.weight
+  EXPECT_FALSE((*vars)[2].trainable);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(grads[1 + 18 + k], 0.0f) << "the constant bias, " << k;
 }
 
 // ---- refusals: one line naming the node, its op and the attribute, what is supported, the export hint ----
