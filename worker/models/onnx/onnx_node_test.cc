@@ -182,24 +182,18 @@ void PrependOne(::onnx::TypeProto* type) {
   return m;
 }
 
-// NCHW (logical) <-> NHWC (stored) for per-example rank 3.
-std::vector<float> ToStored(const std::vector<float>& x, const std::vector<int64_t>& dims) {
-  if (dims.size() != 4) return x;
-  const int64_t n = dims[0], c = dims[1], h = dims[2], w = dims[3];
-  std::vector<float> y(x.size());
+// NCHW (logical) <-> NHWC (stored) for per-example rank 3 (`dims` the logical N, C, H, W); other ranks as they are.
+std::vector<float> Relayout(const std::vector<float>& in, const std::vector<int64_t>& dims, bool to_stored) {
+  if (dims.size() != 4) return in;
+  const int64_t n = dims[0], c = dims[1], hw = dims[2] * dims[3];
+  std::vector<float> out(in.size());
   for (int64_t b = 0; b < n; ++b)
     for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t i = 0; i < h * w; ++i) y[(b * h * w + i) * c + ch] = x[(b * c + ch) * h * w + i];
-  return y;
-}
-std::vector<float> ToLogical(const std::vector<float>& y, const std::vector<int64_t>& dims) {
-  if (dims.size() != 4) return y;
-  const int64_t n = dims[0], c = dims[1], h = dims[2], w = dims[3];
-  std::vector<float> x(y.size());
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t i = 0; i < h * w; ++i) x[(b * c + ch) * h * w + i] = y[(b * h * w + i) * c + ch];
-  return x;
+      for (int64_t i = 0; i < hw; ++i) {
+        const int64_t logical = (b * c + ch) * hw + i, stored = (b * hw + i) * c + ch;
+        out[to_stored ? stored : logical] = in[to_stored ? logical : stored];
+      }
+  return out;
 }
 
 void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
@@ -262,7 +256,7 @@ TEST_P(OnnxNodeTest, MatchesReferenceOutputs) {
   absl::StatusOr<std::unique_ptr<GraphNetwork>> net =
       GraphNetwork::Create(dev->get(), *graph, batch, c.training, params.data(), c.training ? grads.data() : nullptr);
   ASSERT_TRUE(net.ok()) << net.status();
-  const std::vector<float> x = ToStored(Floats(inputs[0]), in_dims);
+  const std::vector<float> x = Relayout(Floats(inputs[0]), in_dims, /*to_stored=*/true);
   ASSERT_EQ(static_cast<int64_t>(x.size()), batch * per_example);
   ASSERT_TRUE((*dev)->CopyToDevice(x.data(), (*net)->input(), static_cast<int64_t>(x.size())).ok());
   absl::Status ran = (*net)->Forward(c.training, /*seed=*/1, /*step=*/0);
@@ -274,7 +268,7 @@ TEST_P(OnnxNodeTest, MatchesReferenceOutputs) {
   std::vector<float> got(want.size());
   ASSERT_EQ(static_cast<int64_t>(got.size()), batch * (*net)->output_size_per_example());
   ASSERT_TRUE((*dev)->CopyToHost((*net)->output(), got.data(), static_cast<int64_t>(got.size())).ok());
-  ExpectNear(ToLogical(got, out_dims), want, c.tolerance, "output 0");
+  ExpectNear(Relayout(got, out_dims, /*to_stored=*/false), want, c.tolerance, "output 0");
 
   // BatchNormalization in training: outputs 1 and 2 are the running mean and variance after the update, i.e.
   // the variables minus the change written to their gradient slots (what the ps applies).
