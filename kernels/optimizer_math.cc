@@ -38,6 +38,18 @@ void ApplyAdamLoop(float lr_t, float beta1, float beta2, float epsilon, float gr
   }
 }
 
+void ApplyPaperAdamLoop(float step_size, float bc2_sqrt, float beta1, float beta2, float epsilon, float grad_scale,
+                        const float* __restrict grad, float* __restrict var, float* __restrict m,
+                        float* __restrict v, int64_t n) {
+  const float one_minus_b1 = 1.0f - beta1;
+  const float one_minus_b2 = 1.0f - beta2;
+  DTRAIN_SIMD_LOOP
+  for (int64_t i = 0; i < n; ++i) {
+    PaperAdamElement(step_size, bc2_sqrt, beta1, one_minus_b1, beta2, one_minus_b2, epsilon, grad_scale, grad[i],
+                     var[i], m[i], v[i]);
+  }
+}
+
 void UpdateMovingAverageLoop(float decay, const float* __restrict var, float* __restrict shadow, int64_t n) {
   const float rate = 1.0f - decay;
   DTRAIN_SIMD_LOOP

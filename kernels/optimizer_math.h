@@ -12,6 +12,11 @@
 //   adam      lr_t = lr * sqrt(1 - beta2^(step+1)) / (1 - beta1^(step+1))   (double, rounded to float once)
 //             g = grad_scale * grad;  m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
 //             var -= lr_t * m / (sqrt(v) + epsilon)                          (epsilon outside the sqrt)
+//   pytorch_  Kingma & Ba's Algorithm 1 as torch.optim.Adam computes it, in its order of operations:
+//   adam      step_size = lr / (1 - beta1^t), bc2 = sqrt(1 - beta2^t)   (double, rounded to float once)
+//             m, v as adam;  var += (-step_size * m) / (sqrt(v) / bc2 + epsilon)
+//             (TensorFlow's form adds epsilon to the uncorrected sqrt(v): the two differ where sqrt(v) is near
+//             epsilon)
 //   moving    decay = min(d, (1 + num_updates) / (10 + num_updates))
 //   average   shadow -= (1 - decay) * (shadow - var)
 // `step` is the step being applied (0 for the first); the parameter server's moving averages use
@@ -57,6 +62,14 @@ DTRAIN_OPT_HD inline float AdamLearningRate(float lr, float beta1, float beta2, 
   return static_cast<float>(lr * ::sqrt(1.0 - b2t) / (1.0 - b1t));
 }
 
+// pytorch_adam's per-step scalars for applying `step`: lr / (1 - beta1^(step+1)) and sqrt(1 - beta2^(step+1)).
+DTRAIN_OPT_HD inline void PaperAdamScalars(float lr, float beta1, float beta2, int64_t step, float* step_size,
+                                           float* bc2_sqrt) {
+  const double t = static_cast<double>(step) + 1.0;
+  *step_size = static_cast<float>(lr / (1.0 - ::pow(static_cast<double>(beta1), t)));
+  *bc2_sqrt = static_cast<float>(::sqrt(1.0 - ::pow(static_cast<double>(beta2), t)));
+}
+
 // min(decay, (1 + num_updates) / (10 + num_updates)).
 DTRAIN_OPT_HD inline float MovingAverageDecay(float decay, int64_t num_updates) {
   const double warmup = (1.0 + static_cast<double>(num_updates)) / (10.0 + static_cast<double>(num_updates));
@@ -88,6 +101,18 @@ DTRAIN_OPT_HD inline void AdamElement(float lr_t, float beta1, float one_minus_b
   var -= lr_t * mi / (::sqrtf(vi) + epsilon);
 }
 
+// torch.optim.Adam's element update (PaperAdamScalars; one_minus_* as for AdamElement).
+DTRAIN_OPT_HD inline void PaperAdamElement(float step_size, float bc2_sqrt, float beta1, float one_minus_b1,
+                                           float beta2, float one_minus_b2, float epsilon, float grad_scale,
+                                           float grad, float& var, float& m, float& v) {
+  const float g = grad_scale * grad;
+  const float mi = beta1 * m + one_minus_b1 * g;
+  const float vi = beta2 * v + one_minus_b2 * g * g;
+  m = mi;
+  v = vi;
+  var += (-step_size * mi) / (::sqrtf(vi) / bc2_sqrt + epsilon);
+}
+
 // rate = 1.0f - decay.
 DTRAIN_OPT_HD inline void MovingAverageElement(float rate, float var, float& shadow) {
   shadow -= rate * (shadow - var);
@@ -101,6 +126,9 @@ void ApplyMomentumLoop(float lr, float momentum, float grad_scale, const float* 
 // lr_t is AdamLearningRate(lr, beta1, beta2, step).
 void ApplyAdamLoop(float lr_t, float beta1, float beta2, float epsilon, float grad_scale, const float* grad,
                    float* var, float* m, float* v, int64_t n);
+// PaperAdamScalars' step_size and bc2_sqrt.
+void ApplyPaperAdamLoop(float step_size, float bc2_sqrt, float beta1, float beta2, float epsilon, float grad_scale,
+                        const float* grad, float* var, float* m, float* v, int64_t n);
 // shadow -= (1 - decay) * (shadow - var).
 void UpdateMovingAverageLoop(float decay, const float* var, float* shadow, int64_t n);
 // dst += src.

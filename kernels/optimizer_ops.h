@@ -39,13 +39,17 @@ struct OptimizerParams {
   bool staircase = false;
   float momentum = 0.9f;                                // kMomentum
   float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  // kAdam (TensorFlow's defaults)
+  // kAdam: epsilon in the paper's place (torch.optim.Adam's; optimizer name "pytorch_adam") instead of
+  // TensorFlow's (kernels/optimizer_math.h).
+  bool adam_paper_epsilon = false;
   float moving_average_decay = 0.0f;  // > 0: Apply may update moving averages (shadow); 0 = none
 
   // Slots per variable element: 0 (sgd), 1 (momentum: accum), 2 (adam: m, v).
   int num_slots() const { return kind == Kind::kSgd ? 0 : kind == Kind::kMomentum ? 1 : 2; }
 };
 
-// "sgd", "momentum", "adam" -> Kind; InvalidArgument otherwise.
+// "sgd", "momentum", "adam", "pytorch_adam" -> Kind (both Adams are kAdam; "pytorch_adam" also sets
+// adam_paper_epsilon: OptimizerParamsFromName); InvalidArgument otherwise.
 absl::StatusOr<OptimizerParams::Kind> OptimizerKindFromName(const std::string& name);
 // InvalidArgument naming the first out-of-range hyperparameter (the same ranges ps::Optimizer::Create
 // accepts, plus moving_average_decay in [0, 1)).

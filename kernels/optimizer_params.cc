@@ -18,9 +18,9 @@ absl::Status CheckOpen01(const char* field, float value) {
 absl::StatusOr<OptimizerParams::Kind> OptimizerKindFromName(const std::string& name) {
   if (name == "sgd") return OptimizerParams::Kind::kSgd;
   if (name == "momentum") return OptimizerParams::Kind::kMomentum;
-  if (name == "adam") return OptimizerParams::Kind::kAdam;
+  if (name == "adam" || name == "pytorch_adam") return OptimizerParams::Kind::kAdam;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown optimizer '", name, "' (expected sgd, momentum or adam)"));
+      absl::StrCat("unknown optimizer '", name, "' (expected sgd, momentum, adam or pytorch_adam)"));
 }
 
 absl::Status ValidateOptimizerParams(const OptimizerParams& p) {

@@ -14,10 +14,11 @@ exported in training mode as the examples do:
   3. OpsNet (below: PyTorch's exports of depthwise, dilated and asymmetrically padded convolutions, padded and
      ceil-mode pooling, clamp, view, constants) gives PyTorch's logits to 1e-5 from the file's own weights.
 
-Adam: dtrain's is TensorFlow's (epsilon added to sqrt(v) after the bias correction; PyTorch adds it to the
-bias-corrected sqrt(v_hat), i.e. epsilon / sqrt(1 - beta2^t) in TensorFlow's terms). The 1e-4 check is against
-PyTorch running TensorFlow's update (TFAdam below); torch.optim.Adam's difference is printed and only bounded by
-5e-2: with many gradients near epsilon (pixels rarely lit) it reaches a few 1e-3 within 30 steps.
+Adam, both forms: dtrain's --optimizer=adam is TensorFlow's (epsilon added to sqrt(v) before the bias
+correction), checked against PyTorch running that update (TFAdam below); --optimizer=pytorch_adam puts epsilon
+where torch.optim.Adam does (on the bias-corrected sqrt(v_hat)), checked against torch.optim.Adam itself. Both
+within 1e-4. (The two forms differ by a few 1e-3 within 30 steps here: many gradients are near epsilon, pixels
+being rarely lit, so comparing one with the other would not do.)
 
 The models are chosen so that fp32 rounding alone stays far below 1e-4 over the run (PyTorch's own fp32 against
 fp64: ~1e-7 for these three); deeper BatchNorm nets (ResNet-8 at batch 50) amplify any rounding difference to
@@ -176,10 +177,10 @@ def main():
         ("lenet5", lambda: LeNet5(), (1, 1, 28, 28), 0.2, None),
         ("small_resnet", lambda: SmallResNet(), (1, 1, 28, 28), 0.05, (0.2860, 0.3530)),
     ]
-    optimizers = [("sgd", None), ("adam", 0.001)]
+    optimizers = [("sgd", None), ("adam", 0.001), ("pytorch_adam", 0.001)]
     work = tempfile.mkdtemp(prefix="dtrain_onnx_pytorch.")
     failures = []
-    worst = {"sgd": 0.0, "adam": 0.0, "torch.optim.Adam": 0.0}
+    worst = {"sgd": 0.0, "adam": 0.0, "pytorch_adam": 0.0}
     for name, make, example_shape, sgd_lr, normalize in models:
         flags, train_in, test_in = [], train_x, test_x
         if normalize:
@@ -221,14 +222,10 @@ def main():
 
             if opt == "sgd":
                 torch_losses = train_in_pytorch(lambda p: torch.optim.SGD(p, lr=lr))
-            else:
+            elif opt == "adam":
                 torch_losses = train_in_pytorch(lambda p: TFAdam(p, lr=lr))
-                native = train_in_pytorch(lambda p: torch.optim.Adam(p, lr=lr, betas=(0.9, 0.999), eps=1e-8))
-                native_rel = max(abs(d - t) / abs(t) for d, t in zip(dtrain_losses, native))
-                worst["torch.optim.Adam"] = max(worst["torch.optim.Adam"], native_rel)
-                print("%-20s against torch.optim.Adam: max relative difference %.2e" % (tag, native_rel))
-                if native_rel > 5e-2:
-                    failures.append("%s: %.2e from torch.optim.Adam (> 5e-2)" % (tag, native_rel))
+            else:
+                torch_losses = train_in_pytorch(lambda p: torch.optim.Adam(p, lr=lr, betas=(0.9, 0.999), eps=1e-8))
             if len(dtrain_losses) != a.steps:
                 failures.append("%s: dtrain reported %d losses, expected %d" % (tag, len(dtrain_losses), a.steps))
                 continue
@@ -279,8 +276,8 @@ def main():
     print("%-20s forward: largest logit difference %.2e" % ("ops", diff))
     if diff > 1e-5:
         failures.append("ops: logits differ by %.2e from PyTorch's" % diff)
-    print("largest relative loss difference: SGD %.2e, Adam (TensorFlow's update) %.2e, torch.optim.Adam %.2e" %
-          (worst["sgd"], worst["adam"], worst["torch.optim.Adam"]))
+    print("largest relative loss difference: SGD %.2e, adam (TensorFlow's update) %.2e, "
+          "pytorch_adam (against torch.optim.Adam) %.2e" % (worst["sgd"], worst["adam"], worst["pytorch_adam"]))
     if failures:
         print("FAIL:\n  " + "\n  ".join(failures))
         sys.exit(1)

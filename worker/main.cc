@@ -44,7 +44,7 @@ ABSL_FLAG(std::string, export_onnx, "",
 ABSL_FLAG(int64_t, train_steps, 2000, "Train until the global step reaches this");
 ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
 ABSL_FLAG(double, learning_rate, 0, "Learning rate (0: the model's default)");
-ABSL_FLAG(std::string, optimizer, "", "sgd | momentum | adam (empty: the model's default)");
+ABSL_FLAG(std::string, optimizer, "", "sgd | momentum | adam (TensorFlow's) | pytorch_adam (torch.optim.Adam's epsilon) (empty: the model's default)");
 ABSL_FLAG(double, momentum, 0.9, "Momentum for --optimizer=momentum");
 ABSL_FLAG(int64_t, decay_steps, 0, "Exponential learning-rate decay every this many steps (0: off)");
 ABSL_FLAG(double, decay_rate, 1.0, "Learning-rate decay factor");

@@ -29,6 +29,8 @@ class CpuOptimizer final : public DeviceOptimizer {
     const float lr = DecayedLearningRate(p_.learning_rate, p_.decay_rate, p_.decay_steps, p_.staircase, step);
     const float lr_t =
         p_.kind == OptimizerParams::Kind::kAdam ? AdamLearningRate(lr, p_.beta1, p_.beta2, step) : 0;
+    float step_size = 0, bc2_sqrt = 0;
+    if (p_.adam_paper_epsilon) PaperAdamScalars(lr, p_.beta1, p_.beta2, step, &step_size, &bc2_sqrt);
     const float ma_decay = b.shadow != nullptr ? MovingAverageDecay(p_.moving_average_decay, step + 1) : 0;
     auto apply = [&](int64_t begin, int64_t end) {
       const int64_t len = end - begin;
@@ -40,8 +42,13 @@ class CpuOptimizer final : public DeviceOptimizer {
           ApplyMomentumLoop(lr, p_.momentum, grad_scale, b.grad + begin, b.var + begin, b.slot0 + begin, len);
           break;
         case OptimizerParams::Kind::kAdam:
-          ApplyAdamLoop(lr_t, p_.beta1, p_.beta2, p_.epsilon, grad_scale, b.grad + begin, b.var + begin,
-                        b.slot0 + begin, b.slot1 + begin, len);
+          if (p_.adam_paper_epsilon) {
+            ApplyPaperAdamLoop(step_size, bc2_sqrt, p_.beta1, p_.beta2, p_.epsilon, grad_scale, b.grad + begin,
+                               b.var + begin, b.slot0 + begin, b.slot1 + begin, len);
+          } else {
+            ApplyAdamLoop(lr_t, p_.beta1, p_.beta2, p_.epsilon, grad_scale, b.grad + begin, b.var + begin,
+                          b.slot0 + begin, b.slot1 + begin, len);
+          }
           break;
       }
       if (b.shadow != nullptr) UpdateMovingAverageLoop(ma_decay, b.var + begin, b.shadow + begin, len);

@@ -106,6 +106,7 @@ struct OptimizerKernelParams {
   int staircase;
   float momentum;
   float beta1, one_minus_b1, beta2, one_minus_b2, epsilon;
+  int adam_paper_epsilon;  // pytorch_adam: torch.optim.Adam's update (optimizer_math.h PaperAdamElement)
   float moving_average_decay;
 };
 // One update of n elements at step *step (read by every block when the kernel runs; kernels/optimizer_math.h

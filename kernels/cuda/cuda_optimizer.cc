@@ -24,6 +24,7 @@ class CudaOptimizer final : public DeviceOptimizer {
     k_.beta2 = p.beta2;
     k_.one_minus_b2 = 1.0f - p.beta2;
     k_.epsilon = p.epsilon;
+    k_.adam_paper_epsilon = p.adam_paper_epsilon ? 1 : 0;
     k_.moving_average_decay = p.moving_average_decay;
   }
 

@@ -37,6 +37,11 @@ OptimizerParams Params(OptimizerParams::Kind kind, float lr, int64_t decay_steps
   return p;
 }
 
+OptimizerParams PaperAdam(OptimizerParams p) {
+  p.adam_paper_epsilon = true;
+  return p;
+}
+
 std::vector<Case> Cases() {
   using K = OptimizerParams::Kind;
   return {
@@ -44,6 +49,7 @@ std::vector<Case> Cases() {
       {"momentum_staircase", Params(K::kMomentum, 0.05f, 30, 0.7f, true, 0.9f)},
       {"adam_smooth_decay", Params(K::kAdam, 1e-3f, 40, 0.9f, false, 0.999f)},
       {"adam_no_decay_no_ema", Params(K::kAdam, 1e-4f, 0, 1.0f, false, 0.0f)},
+      {"pytorch_adam_smooth_decay", PaperAdam(Params(K::kAdam, 1e-3f, 40, 0.9f, false, 0.999f))},
   };
 }
 

@@ -19,7 +19,7 @@ template <int kKind, bool kShadow>
 __global__ void OptimizerApplyKernel(OptimizerKernelParams p, const int64_t* step_ptr, float grad_scale,
                                      const float* grad, float* var, float* slot0, float* slot1, float* shadow,
                                      int64_t n) {
-  __shared__ float scalars[3];  // sgd: lr * grad_scale, else lr | adam lr_t | 1 - moving-average decay
+  __shared__ float scalars[4];  // sgd: lr * grad_scale, else lr | adam lr_t | 1 - moving-average decay | eps
   if (threadIdx.x == 0) {
     const int64_t step = *step_ptr;
     const float lr =
@@ -27,9 +27,13 @@ __global__ void OptimizerApplyKernel(OptimizerKernelParams p, const int64_t* ste
     scalars[0] = kKind == kSgd ? lr * grad_scale : lr;
     scalars[1] = kKind == kAdam ? AdamLearningRate(lr, p.beta1, p.beta2, step) : 0.0f;
     scalars[2] = kShadow ? 1.0f - MovingAverageDecay(p.moving_average_decay, step + 1) : 0.0f;
+    scalars[3] = 0.0f;
+    if (kKind == kAdam && p.adam_paper_epsilon != 0) {
+      PaperAdamScalars(lr, p.beta1, p.beta2, step, &scalars[1], &scalars[3]);  // step_size, bc2_sqrt
+    }
   }
   __syncthreads();
-  const float lr = scalars[0], lr_t = scalars[1], ma_rate = scalars[2];
+  const float lr = scalars[0], lr_t = scalars[1], ma_rate = scalars[2], bc2_sqrt = scalars[3];
   DTRAIN_GRID_STRIDE_LOOP(i, n) {
     float w = var[i];
     if constexpr (kKind == kSgd) {
@@ -40,8 +44,13 @@ __global__ void OptimizerApplyKernel(OptimizerKernelParams p, const int64_t* ste
       slot0[i] = a;
     } else {
       float m = slot0[i], v = slot1[i];
-      AdamElement(lr_t, p.beta1, p.one_minus_b1, p.beta2, p.one_minus_b2, p.epsilon, grad_scale, grad[i], w,
-                  m, v);
+      if (p.adam_paper_epsilon != 0) {
+        PaperAdamElement(lr_t, bc2_sqrt, p.beta1, p.one_minus_b1, p.beta2, p.one_minus_b2, p.epsilon, grad_scale,
+                         grad[i], w, m, v);
+      } else {
+        AdamElement(lr_t, p.beta1, p.one_minus_b1, p.beta2, p.one_minus_b2, p.epsilon, grad_scale, grad[i], w,
+                    m, v);
+      }
       slot0[i] = m;
       slot1[i] = v;
     }

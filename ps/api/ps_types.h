@@ -63,7 +63,7 @@ struct SliceSpec {
 };
 
 struct OptimizerConfig {
-  std::string name = "sgd";  // "sgd", "momentum", "adam"
+  std::string name = "sgd";  // "sgd", "momentum", "adam" (TensorFlow's), "pytorch_adam" (torch.optim.Adam's)
   float learning_rate = 0.01f;
   // Exponential decay: lr * decay_rate ^ (step / decay_steps), floor()ed when staircase. decay_steps 0 = off.
   int64_t decay_steps = 0;

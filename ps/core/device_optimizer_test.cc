@@ -36,6 +36,7 @@ OptimizerConfig Config(const std::string& name, float lr, int64_t decay_steps, f
 kernels::OptimizerParams ToParams(const OptimizerConfig& c, float moving_average_decay) {
   kernels::OptimizerParams p;
   p.kind = *kernels::OptimizerKindFromName(c.name);
+  p.adam_paper_epsilon = c.name == "pytorch_adam";
   p.learning_rate = c.learning_rate;
   p.decay_steps = c.decay_steps;
   p.decay_rate = c.decay_rate;
@@ -99,7 +100,9 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{"momentum_staircase", Config("momentum", 0.05f, 30, 0.7f, true),
                                               0.9f},
                                          Case{"adam_decay", Config("adam", 1e-3f, 40, 0.9f, false), 0.999f},
-                                         Case{"adam_plain", Config("adam", 1e-4f, 0, 1.0f, false), 0.0f}),
+                                         Case{"adam_plain", Config("adam", 1e-4f, 0, 1.0f, false), 0.0f},
+                                         Case{"pytorch_adam_decay", Config("pytorch_adam", 1e-3f, 40, 0.9f, false),
+                                              0.999f}),
                        ::testing::Values(1, 3)),
     [](const auto& info) {
       return std::get<0>(info.param).name + "_threads" + std::to_string(std::get<1>(info.param));

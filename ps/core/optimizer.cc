@@ -25,11 +25,11 @@ absl::StatusOr<Optimizer> Optimizer::Create(const OptimizerConfig& config) {
     kind = Kind::kSgd;
   } else if (config.name == "momentum") {
     kind = Kind::kMomentum;
-  } else if (config.name == "adam") {
+  } else if (config.name == "adam" || config.name == "pytorch_adam") {
     kind = Kind::kAdam;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown optimizer '", config.name, "' (expected sgd, momentum or adam)"));
+        absl::StrCat("unknown optimizer '", config.name, "' (expected sgd, momentum, adam or pytorch_adam)"));
   }
   if (!Finite(config.learning_rate) || config.learning_rate < 0.0f) {
     return absl::InvalidArgumentError(
@@ -85,8 +85,15 @@ void Optimizer::Apply(int64_t step, float grad_scale, const float* grad, float* 
       ApplyMomentum(lr, config_.momentum, grad_scale, grad, var, slot0, n);
       break;
     case Kind::kAdam:
-      ApplyAdam(AdamLearningRate(lr, config_.beta1, config_.beta2, step), config_.beta1, config_.beta2,
-                config_.epsilon, grad_scale, grad, var, slot0, slot1, n);
+      if (config_.name == "pytorch_adam") {
+        float step_size, bc2_sqrt;
+        kernels::PaperAdamScalars(lr, config_.beta1, config_.beta2, step, &step_size, &bc2_sqrt);
+        kernels::ApplyPaperAdamLoop(step_size, bc2_sqrt, config_.beta1, config_.beta2, config_.epsilon, grad_scale,
+                                    grad, var, slot0, slot1, n);
+      } else {
+        ApplyAdam(AdamLearningRate(lr, config_.beta1, config_.beta2, step), config_.beta1, config_.beta2,
+                  config_.epsilon, grad_scale, grad, var, slot0, slot1, n);
+      }
       break;
   }
 }

@@ -5,6 +5,7 @@
 //   adam      t = step + 1;  lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)
 //             m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
 //             var -= lr_t * m / (sqrt(v) + epsilon)                       (tf.train.AdamOptimizer)
+//   pytorch_adam  torch.optim.Adam (the paper's form): var -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //
 // The learning rate follows tf.train.exponential_decay: lr * decay_rate ^ (step / decay_steps), the exponent
 // floor()ed when staircase, off when decay_steps == 0. `step` is the step being applied (0 for the first).

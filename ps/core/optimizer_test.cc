@@ -1,5 +1,7 @@
 #include "ps/core/optimizer.h"
 
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -95,6 +97,41 @@ TEST(OptimizerTest, AdamByHand) {
   }
   EXPECT_NEAR(AdamLearningRate(0.1f, 0.9f, 0.999f, 0), 0.0316228f, 1e-6);
   EXPECT_NEAR(AdamLearningRate(0.1f, 0.9f, 0.999f, 1), 0.0235317f, 1e-6);
+}
+
+// "pytorch_adam" is torch.optim.Adam: var -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps). With a large
+// epsilon the two forms differ visibly; each follows its own formula (computed here in double).
+TEST(OptimizerTest, PytorchAdamPutsEpsilonWhereTorchDoes) {
+  for (const char* name : {"adam", "pytorch_adam"}) {
+    SCOPED_TRACE(name);
+    OptimizerConfig c = Config(name, 0.1f);
+    c.epsilon = 0.05f;
+    Optimizer opt = *Optimizer::Create(c);
+    std::vector<float> var = {1.0f}, m = {0.0f}, v = {0.0f};
+    double dvar = 1.0, dm = 0.0, dv = 0.0;
+    const float grads[] = {1.0f, 0.5f, -0.25f, 2.0f};
+    for (int step = 0; step < 4; ++step) {
+      opt.Apply(step, 1.0f, &grads[step], var.data(), m.data(), v.data(), 1);
+      const double t = step + 1, g = grads[step];
+      dm = 0.9 * dm + 0.1 * g;
+      dv = 0.999 * dv + (1 - 0.999) * g * g;
+      const double b1t = std::pow(0.9, t), b2t = std::pow(0.999, t);
+      if (std::string(name) == "adam") {
+        dvar -= 0.1 * std::sqrt(1 - b2t) / (1 - b1t) * dm / (std::sqrt(dv) + 0.05);
+      } else {
+        dvar -= 0.1 / (1 - b1t) * dm / (std::sqrt(dv / (1 - b2t)) + 0.05);
+      }
+      EXPECT_NEAR(var[0], dvar, 2e-5) << "step " << step;
+    }
+  }
+  // The two differ by much more than that here.
+  OptimizerConfig a = Config("adam", 0.1f), p = Config("pytorch_adam", 0.1f);
+  a.epsilon = p.epsilon = 0.05f;
+  std::vector<float> va = {1.0f}, vp = {1.0f}, ma = {0}, mp = {0}, sa = {0}, sp = {0};
+  const float g = 1.0f;
+  Optimizer::Create(a)->Apply(0, 1.0f, &g, va.data(), ma.data(), sa.data(), 1);
+  Optimizer::Create(p)->Apply(0, 1.0f, &g, vp.data(), mp.data(), sp.data(), 1);
+  EXPECT_GT(std::fabs(va[0] - vp[0]), 1e-2);
 }
 
 TEST(OptimizerTest, VectorLoopsMatchScalarReferenceOnLongArrays) {

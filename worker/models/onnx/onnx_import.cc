@@ -79,7 +79,7 @@ absl::StatusOr<ModelRef> ImportModelFromBytes(std::string bytes, const std::stri
   spec->path = file;
   spec->structure = StructureHash(*f);
   ModelDefaults& d = spec->defaults;
-  d.optimizer = "adam";
+  d.optimizer = "pytorch_adam";  // the exporter's framework's Adam
   d.learning_rate = 0.001f;
   d.batch_size = 100;
   SetDataGeometry(*f, &d);

@@ -108,7 +108,7 @@ TEST(OnnxImportTest, InitializersBecomeVariablesUnderTheirNamesWithTheFilesValue
   EXPECT_EQ((*spec)->name, "mlp");
   EXPECT_EQ((*spec)->path, "/models/mlp.onnx");
   EXPECT_TRUE((*spec)->imported());
-  EXPECT_EQ((*spec)->defaults.optimizer, "adam");
+  EXPECT_EQ((*spec)->defaults.optimizer, "pytorch_adam");
   EXPECT_EQ((*spec)->defaults.batch_size, 100);
   absl::StatusOr<std::vector<VariableInfo>> vars = ModelVariables(**spec, Images(1, 28, 28));
   ASSERT_TRUE(vars.ok()) << vars.status();

@@ -1,0 +1,238 @@
+#!/usr/bin/python3
+"""DLRM in PyTorch, as dtrain's --model=dlrm builds it, for comparisons in the same run (scripts/compare_dlrm.sh).
+
+Reads Criteo-format text (train.txt, test.txt; `dtrain_convert --synthetic_ctr` writes such files) with dtrain's
+own transforms: integer features log(1 + max(x, 0)), categorical values hashed to ids exactly as
+worker/data/criteo.h does (CriteoId), taken modulo --table_rows (the hashing trick, dtrain's --table_rows).
+The model: bottom MLP (ReLU after every layer, the last embedding_dim wide), one EmbeddingBag(sum) per
+categorical feature, pairwise dot products of the bottom output and the embeddings (lower triangle), top MLP,
+one logit, BCE-with-logits. Dense parameters train with Adam (TensorFlow's epsilon placement is not reproduced:
+torch.optim.Adam), the tables with Adagrad (initial accumulator 0.1, TensorFlow's default), as dtrain's dlrm.
+
+  --mode=sparse   one process, sparse=True embeddings: only the touched rows' gradients and Adagrad state move
+  --mode=dense    one process, dense embedding gradients
+  --mode=ddp      --ranks processes (DistributedDataParallel, gloo): every step all-reduces the whole tables'
+                  gradients (what an all-reduce system must do)
+
+Prints one JSON line: examples/sec (median over timing windows after a warm-up), and with --eval the test log
+loss and AUC. Run with /usr/bin/python3 (Debian's torch) and, for a fair comparison,
+LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp.
+"""
+import argparse
+import gzip
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+MASK64 = (1 << 64) - 1
+SALT = 0x63726974656F0000  # worker/data/criteo.h kCriteoHashSalt
+MISSING = MASK64  # kCriteoMissingValue
+
+
+def mix64(z):
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def read_layout(data_dir):
+    num_dense, num_sparse = 13, 26
+    path = os.path.join(data_dir, "criteo_layout.txt")
+    if os.path.exists(path):
+        for tok in open(path).read().split():
+            k, v = tok.split("=")
+            if k == "num_dense":
+                num_dense = int(v)
+            elif k == "num_sparse":
+                num_sparse = int(v)
+    return num_dense, num_sparse
+
+
+def read_criteo(path, num_dense, num_sparse, rows, limit=0):
+    opener = gzip.open if path.endswith(".gz") else open
+    salts = [mix64((SALT + f) & MASK64) for f in range(num_sparse)]
+    labels, dense, ids = [], [], []
+    with opener(path, "rt") as f:
+        for n, line in enumerate(f):
+            if limit and n >= limit:
+                break
+            fields = line.rstrip("\r\n").split("\t")
+            labels.append(float(fields[0]))
+            dense.append([math.log1p(int(x)) if x and int(x) > 0 else 0.0 for x in fields[1:1 + num_dense]])
+            row = []
+            for j, v in enumerate(fields[1 + num_dense:1 + num_dense + num_sparse]):
+                value = int(v, 16) if v else MISSING
+                i = mix64(value ^ salts[j]) & ((1 << 63) - 1)
+                row.append(i % rows)
+            ids.append(row)
+    return (torch.tensor(dense, dtype=torch.float32), torch.tensor(ids, dtype=torch.int64),
+            torch.tensor(labels, dtype=torch.float32))
+
+
+class Dlrm(nn.Module):
+    def __init__(self, num_dense, num_sparse, dim, bottom, top, rows, sparse):
+        super().__init__()
+        layers, prev = [], num_dense
+        for w in bottom + [dim]:
+            layers += [nn.Linear(prev, w), nn.ReLU()]
+            prev = w
+        self.bottom = nn.Sequential(*layers)
+        bound = 1.0 / math.sqrt(rows)
+        self.tables = nn.ModuleList()
+        for _ in range(num_sparse):
+            t = nn.EmbeddingBag(rows, dim, mode="sum", sparse=sparse)
+            nn.init.uniform_(t.weight, -bound, bound)
+            self.tables.append(t)
+        f = num_sparse + 1
+        self.li, self.lj = torch.tril_indices(f, f, offset=-1)
+        layers, prev = [], dim + f * (f - 1) // 2
+        for w in top:
+            layers += [nn.Linear(prev, w), nn.ReLU()]
+            prev = w
+        layers.append(nn.Linear(prev, 1))
+        self.top = nn.Sequential(*layers)
+        for m in list(self.bottom) + list(self.top):
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / (m.in_features + m.out_features)))
+                nn.init.zeros_(m.bias)
+
+    def forward(self, dense, ids):
+        b = self.bottom(dense)
+        offsets = torch.arange(ids.shape[0], dtype=torch.int64)
+        z = torch.stack([b] + [t(ids[:, k], offsets) for k, t in enumerate(self.tables)], dim=1)
+        dots = torch.bmm(z, z.transpose(1, 2))[:, self.li, self.lj]
+        return self.top(torch.cat([b, dots], dim=1)).squeeze(1)
+
+
+def make_optimizers(model, args, sparse):
+    table_params = [p for t in model.tables for p in t.parameters()]
+    dense_params = [p for n, p in model.named_parameters() if not n.startswith("tables.")
+                    and not n.startswith("module.tables.")]
+    return [torch.optim.Adam(dense_params, lr=args.learning_rate),
+            torch.optim.Adagrad(table_params, lr=args.sparse_learning_rate, initial_accumulator_value=0.1)]
+
+
+def auc(scores, labels):
+    order = np.argsort(scores, kind="mergesort")
+    s, l = scores[order], labels[order]
+    ranks = np.empty(len(s))
+    i = 0
+    while i < len(s):  # average ranks of ties
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[i]:
+            j += 1
+        ranks[i:j + 1] = (i + j) / 2.0 + 1
+        i = j + 1
+    pos = l.sum()
+    neg = len(l) - pos
+    return float((ranks[l == 1].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def train(rank, world, args, data):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    if world > 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(args.port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    num_dense, num_sparse, (dense, ids, labels), test = data
+    sparse = args.mode == "sparse"
+    model = Dlrm(num_dense, num_sparse, args.dim, args.bottom, args.top, args.table_rows, sparse)
+    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opts = make_optimizers(model, args, sparse)
+    loss_fn = nn.BCEWithLogitsLoss()
+    n = dense.shape[0]
+    # Each rank reads its own shard, in order (examples i with i % world == rank), as dtrain's workers do.
+    shard = torch.arange(rank, n, world)
+    times, window_start = [], None
+    steps_per_epoch = len(shard) // args.batch_size
+    for step in range(args.steps):
+        k = step % steps_per_epoch
+        idx = shard[k * args.batch_size:(k + 1) * args.batch_size]
+        if step == args.warmup:
+            window_start = time.perf_counter()
+        out = net(dense[idx], ids[idx])
+        loss = loss_fn(out, labels[idx])
+        for o in opts:
+            o.zero_grad()
+        loss.backward()
+        for o in opts:
+            o.step()
+        if window_start is not None and (step - args.warmup + 1) % args.window == 0:
+            now = time.perf_counter()
+            times.append(now - window_start)
+            window_start = now
+    result = {}
+    if rank == 0:
+        per_window = args.window * args.batch_size * world
+        rates = [per_window / t for t in times] or [float("nan")]
+        result = {"mode": args.mode, "ranks": world, "threads": args.threads, "batch": args.batch_size,
+                  "table_rows": args.table_rows, "steps": args.steps,
+                  "examples_per_sec": statistics.median(rates), "windows": len(rates)}
+        if args.eval and test is not None:
+            tdense, tids, tlabels = test
+            model.eval()
+            with torch.no_grad():
+                logits = torch.cat([model(tdense[i:i + 4096], tids[i:i + 4096]) for i in range(0, len(tlabels), 4096)])
+            p = torch.sigmoid(logits).numpy().astype(np.float64)
+            y = tlabels.numpy()
+            eps = 1e-12
+            result["test_log_loss"] = float(-np.mean(y * np.log(np.maximum(p, eps)) +
+                                                     (1 - y) * np.log(np.maximum(1 - p, eps))))
+            result["test_auc"] = auc(logits.numpy().astype(np.float64), y)
+        print(json.dumps(result), flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data_dir", required=True)
+    ap.add_argument("--mode", choices=["sparse", "dense", "ddp"], default="sparse")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch_size", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--window", type=int, default=10)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--bottom", default="64")
+    ap.add_argument("--top", default="128,64")
+    ap.add_argument("--table_rows", type=int, default=1000000)
+    ap.add_argument("--learning_rate", type=float, default=1e-3)
+    ap.add_argument("--sparse_learning_rate", type=float, default=0.05)
+    ap.add_argument("--train_examples", type=int, default=0, help="read at most this many (0: all)")
+    ap.add_argument("--eval", action="store_true", help="test log loss and AUC at the end")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--port", type=int, default=29577)
+    args = ap.parse_args()
+    args.bottom = [int(x) for x in args.bottom.split(",") if x]
+    args.top = [int(x) for x in args.top.split(",") if x]
+    num_dense, num_sparse = read_layout(args.data_dir)
+
+    def find(name):
+        for p in (os.path.join(args.data_dir, name), os.path.join(args.data_dir, name + ".gz")):
+            if os.path.exists(p):
+                return p
+        sys.exit(f"dlrm_pytorch.py: no {name}[.gz] in {args.data_dir}")
+
+    train_data = read_criteo(find("train.txt"), num_dense, num_sparse, args.table_rows, args.train_examples)
+    test = read_criteo(find("test.txt"), num_dense, num_sparse, args.table_rows) if args.eval else None
+    data = (num_dense, num_sparse, train_data, test)
+    if args.mode == "ddp":
+        mp.spawn(train, args=(args.ranks, args, data), nprocs=args.ranks, join=True)
+    else:
+        train(0, 1, args, data)
+
+
+if __name__ == "__main__":
+    main()
