@@ -1,0 +1,184 @@
+// Imported graphs through the whole training loop (in-process ps tasks, the worker's overlapped client):
+//   - sync with 2 workers (batch b each) equals local mode with batch 2b for a graph with a residual Add;
+//   - with BatchNorm (running statistics as state slices on the ps), a 1-worker sync cluster equals local mode
+//     exactly, and the running statistics moved as PyTorch's rule says they should over the run.
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "common/testing/relative_difference.h"
+#include "ps/core/parameter_server.h"
+#include "worker/models/onnx/onnx_test_util.h"
+#include "worker/models/registry.h"
+#include "worker/synthetic_data.h"
+#include "worker/trainer.h"
+
+namespace dtrain::worker {
+namespace {
+
+using ::dtrain::models::onnx::testing::FloatAttr;
+using ::dtrain::models::onnx::testing::IntAttr;
+using ::dtrain::models::onnx::testing::IntsAttr;
+using ::dtrain::models::onnx::testing::OnnxBuilder;
+using ::dtrain::models::onnx::testing::Ramp;
+using ::dtrain::testing::RelativeDifference;
+
+// Conv(1->4) [BN] ReLU -> Conv(4->4) [BN] + the ReLU's output -> ReLU -> GlobalAveragePool -> Flatten -> Gemm(10),
+// what PyTorch exports for a one-block residual net in training mode. Written to a temp file; returns its path.
+std::string WriteResidualNet(const std::string& name, bool batch_norm) {
+  OnnxBuilder b;
+  b.Input("x", {-1, 1, 28, 28});
+  const std::vector<::onnx::AttributeProto> conv = {IntsAttr("kernel_shape", {3, 3}), IntsAttr("pads", {1, 1, 1, 1}),
+                                                   IntsAttr("strides", {1, 1})};
+  b.Initializer("conv1.weight", {4, 1, 3, 3}, Ramp(36, 0.05f));
+  b.Initializer("conv2.weight", {4, 4, 3, 3}, Ramp(144, 0.03f));
+  std::string h1 = "c1", h2 = "c2";
+  if (batch_norm) {
+    b.Node("Conv", {"x", "conv1.weight"}, {"c1"}, conv);
+    for (const char* bn : {"bn1", "bn2"}) {
+      b.Initializer(std::string(bn) + ".weight", {4}, {1.0f, 0.9f, 1.1f, 1.2f});
+      b.Initializer(std::string(bn) + ".bias", {4}, {0.0f, 0.1f, -0.1f, 0.05f});
+      b.Initializer(std::string(bn) + ".running_mean", {4}, {0, 0, 0, 0});
+      b.Initializer(std::string(bn) + ".running_var", {4}, {1, 1, 1, 1});
+    }
+    const std::vector<::onnx::AttributeProto> bn = {FloatAttr("epsilon", 1e-5f), FloatAttr("momentum", 0.9f),
+                                                   IntAttr("training_mode", 1)};
+    b.Node("BatchNormalization", {"c1", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var"},
+           {"b1", "bn1_mean_out", "bn1_var_out"}, bn);
+    h1 = "b1";
+    b.Node("Relu", {h1}, {"r1"});
+    b.Node("Conv", {"r1", "conv2.weight"}, {"c2"}, conv);
+    b.Node("BatchNormalization", {"c2", "bn2.weight", "bn2.bias", "bn2.running_mean", "bn2.running_var"},
+           {"b2", "bn2_mean_out", "bn2_var_out"}, bn);
+    h2 = "b2";
+  } else {
+    b.Initializer("conv1.bias", {4}, {0.1f, 0.0f, -0.1f, 0.05f});
+    b.Initializer("conv2.bias", {4}, {0.0f, 0.02f, 0.0f, -0.02f});
+    b.Node("Conv", {"x", "conv1.weight", "conv1.bias"}, {"c1"}, conv);
+    b.Node("Relu", {h1}, {"r1"});
+    b.Node("Conv", {"r1", "conv2.weight", "conv2.bias"}, {"c2"}, conv);
+  }
+  b.Node("Add", {h2, "r1"}, {"sum"});
+  b.Node("Relu", {"sum"}, {"r2"});
+  b.Node("GlobalAveragePool", {"r2"}, {"gap"});
+  b.Node("Flatten", {"gap"}, {"flat"}, {IntAttr("axis", 1)});
+  b.Initializer("fc.weight", {10, 4}, Ramp(40, 0.1f));
+  b.Initializer("fc.bias", {10}, Ramp(10, 0.01f));
+  b.Node("Gemm", {"flat", "fc.weight", "fc.bias"}, {"logits"}, {IntAttr("transB", 1)});
+  b.Output("logits", {-1, 10});
+  const std::string path = ::testing::TempDir() + "/" + name + ".onnx";
+  std::ofstream(path, std::ios::binary) << b.Bytes();
+  return path;
+}
+
+WorkerOptions Options(const data::DatasetPair* data, const std::string& model) {
+  WorkerOptions o;
+  o.model = model;
+  o.dataset = data;
+  o.shuffle = false;
+  o.optimizer = "sgd";
+  o.learning_rate = 0.1f;
+  o.quiet = true;
+  o.evaluate = false;
+  o.startup_wait_secs = 30;
+  return o;
+}
+
+std::vector<TrainingResult> RunCluster(const WorkerOptions& base, int num_ps, int num_workers) {
+  std::vector<std::unique_ptr<ps::ParameterServer>> servers;
+  std::vector<ps::PsInterface*> tasks;
+  for (int t = 0; t < num_ps; ++t) {
+    ps::ParameterServerOptions po;
+    po.task_index = t;
+    po.num_ps = num_ps;
+    po.num_workers = num_workers;
+    servers.push_back(*ps::ParameterServer::Create(po));
+    tasks.push_back(servers.back().get());
+  }
+  std::vector<absl::StatusOr<TrainingResult>> results(num_workers, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < num_workers; ++w) {
+    threads.emplace_back([&, w] {
+      WorkerOptions o = base;
+      o.worker_id = w;
+      o.num_workers = num_workers;
+      o.num_ps = num_ps;
+      results[w] = RunTraining(o, tasks);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<TrainingResult> out;
+  for (int w = 0; w < num_workers; ++w) {
+    EXPECT_TRUE(results[w].ok()) << "worker " << w << ": " << results[w].status();
+    out.push_back(results[w].ok() ? *std::move(results[w]) : TrainingResult{});
+  }
+  return out;
+}
+
+TEST(TrainerOnnxTest, SyncTwoWorkersEqualLocalDoubleBatchWithAResidualAdd) {
+  const data::DatasetPair data = MakeSyntheticDataset(600, 60);
+  const std::string path = WriteResidualNet("residual", /*batch_norm=*/false);
+  const int b = 10, k = 10;
+  WorkerOptions local = Options(&data, path);
+  local.batch_size = 2 * b;
+  local.train_steps = k;
+  absl::StatusOr<TrainingResult> expected = RunTraining(local, {});
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  for (int num_ps : {1, 2}) {
+    SCOPED_TRACE(num_ps);
+    WorkerOptions o = Options(&data, path);
+    o.batch_size = b;
+    o.train_steps = k;
+    o.mode = "sync";
+    std::vector<TrainingResult> got = RunCluster(o, num_ps, 2);
+    ASSERT_EQ(got[0].global_step, k);
+    ASSERT_EQ(got[0].parameters.size(), expected->parameters.size());
+    const double rel = RelativeDifference(got[0].parameters, expected->parameters);
+    EXPECT_LE(rel, 1e-5) << "sync 2 workers vs local differ by " << rel;
+  }
+  // The comparison is not vacuous: one step moves the parameters far more than that.
+  WorkerOptions one = local;
+  one.train_steps = 1;
+  absl::StatusOr<TrainingResult> first = RunTraining(one, {});
+  ASSERT_TRUE(first.ok());
+  EXPECT_GT(RelativeDifference(first->parameters, expected->parameters), 1e-3);
+}
+
+TEST(TrainerOnnxTest, BatchNormOneWorkerClusterEqualsLocalExactly) {
+  const data::DatasetPair data = MakeSyntheticDataset(600, 60);
+  const std::string path = WriteResidualNet("residual_bn", /*batch_norm=*/true);
+  WorkerOptions o = Options(&data, path);
+  o.batch_size = 16;
+  o.train_steps = 12;
+  absl::StatusOr<TrainingResult> local = RunTraining(o, {});
+  ASSERT_TRUE(local.ok()) << local.status();
+  o.mode = "sync";
+  std::vector<TrainingResult> got = RunCluster(o, 1, 1);
+  ASSERT_EQ(got[0].global_step, 12);
+  EXPECT_EQ(got[0].parameters, local->parameters);
+  // The running statistics are state on the ps: they moved from their initial values (mean 0, var 1) toward the
+  // batches' statistics, by PyTorch's rule, whatever the optimizer (SGD's learning rate does not scale them).
+  absl::StatusOr<models::ModelRef> spec = models::ResolveModel(path);
+  ASSERT_TRUE(spec.ok());
+  models::ModelOptions mo;
+  mo.height = mo.width = 28;
+  mo.channels = 1;
+  absl::StatusOr<std::vector<models::VariableInfo>> vars = models::ModelVariables(**spec, mo);
+  ASSERT_TRUE(vars.ok()) << vars.status();
+  const std::vector<int64_t> offsets = models::Offsets(*vars);
+  bool moved = false;
+  for (size_t v = 0; v < vars->size(); ++v) {
+    if ((*vars)[v].name != "bn1.running_var") continue;
+    EXPECT_FALSE((*vars)[v].trainable);
+    for (int c = 0; c < 4; ++c) {
+      const float var = local->parameters[offsets[v] + c];
+      EXPECT_GT(var, 0.0f);
+      moved = moved || std::abs(var - 1.0f) > 1e-3f;
+    }
+  }
+  EXPECT_TRUE(moved) << "bn1.running_var did not move";
+}
+
+}  // namespace
+}  // namespace dtrain::worker
