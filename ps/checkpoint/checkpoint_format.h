@@ -54,6 +54,14 @@ struct SliceState {
   std::vector<float> moving_average;         // spec.length, or empty when moving averages are off
 };
 
+// The rows of one sparse table that exist on a task (ps/core/sparse_store.h), with their optimizer slots.
+struct SparseTableState {
+  SparseTableSpec spec;
+  std::vector<int64_t> ids;               // one per row, no repeats
+  std::vector<float> values;              // ids.size() * spec.dim: row i at [i * dim, (i + 1) * dim)
+  std::vector<std::vector<float>> slots;  // [slot][ids.size() * spec.dim], SparseOptimizer::num_slots() of them
+};
+
 // What one checkpoint file holds.
 struct CheckpointData {
   int task_index = 0;
@@ -71,6 +79,11 @@ struct CheckpointData {
   // Ps task 0: where each worker's input stream was at this step (worker id -> BatchStream::SaveState()), so a
   // resumed run reads the batches an uninterrupted one would. Workers without a known position are absent.
   std::map<int, std::string> input_positions;
+  // Version 4: the task's shard of every sparse table (TrainConfig::tables, in table order), and the sparse
+  // optimizer they were trained with (its name and slots per row element). Empty before version 4.
+  std::string sparse_optimizer;
+  int sparse_num_slots = 0;
+  std::vector<SparseTableState> tables;
 };
 
 // The encoding above. CHECKs that the data is self-consistent (lengths match the specs): it is built by the
