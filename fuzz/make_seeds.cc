@@ -130,10 +130,38 @@ ps::CheckpointData Checkpoint(int num_slots, bool averages) {
   return d;
 }
 
+// Version 4: a hash table (rows in blocks of 2) and a fixed-size [6, 2] table, trained with ftrl (2 slots).
+ps::CheckpointData CheckpointWithTables() {
+  ps::CheckpointData d = Checkpoint(1, false);
+  d.sparse_optimizer = "ftrl";
+  d.sparse_num_slots = 2;
+  for (int t = 0; t < 2; ++t) {
+    ps::SparseTableState s;
+    s.spec.table = t;
+    s.spec.name = t == 0 ? "emb_hash" : "emb_fixed";
+    s.spec.dim = 2;
+    s.spec.rows = t == 0 ? 0 : 6;
+    s.spec.max_rows = t == 0 ? 100 : 0;
+    s.spec.admit_after = t == 0 ? 2 : 0;
+    s.slots.resize(2);
+    for (int64_t id = 0; id < 6; ++id) {
+      if (ps::ShardOfId(id, d.num_ps) != d.task_index) continue;
+      s.ids.push_back(t == 0 ? id * 1000003 : id);
+      s.values.insert(s.values.end(), {0.5f * id, -0.25f});
+      s.slots[0].insert(s.slots[0].end(), {0.0f, 1.0f});
+      s.slots[1].insert(s.slots[1].end(), {0.1f, 0.2f});
+    }
+    d.tables.push_back(std::move(s));
+  }
+  return d;
+}
+
 bool CheckpointSeeds(const std::string& dir) {
   return Write(dir, "sgd", ps::SerializeCheckpoint(Checkpoint(0, false))) &&
          Write(dir, "momentum_averages", ps::SerializeCheckpoint(Checkpoint(1, true))) &&
-         Write(dir, "adam", ps::SerializeCheckpoint(Checkpoint(2, false)));
+         Write(dir, "adam", ps::SerializeCheckpoint(Checkpoint(2, false))) &&
+         Write(dir, "adam_v3", ps::SerializeCheckpoint(Checkpoint(2, false), 3)) &&
+         Write(dir, "tables", ps::SerializeCheckpoint(CheckpointWithTables(), ps::kCheckpointFormatVersion, 40));
 }
 
 // batch_stream_state_fuzzer restores into a stream of seed 7, shard 1 of 2 (5 examples), batch 3.
