@@ -547,7 +547,12 @@ std::vector<SparseTableState> SparseStore::ExportState() const {
   return out;
 }
 
-absl::Status SparseStore::ImportState(const std::vector<SparseTableState>& tables, int64_t version) {
+absl::Status SparseStore::CheckState(const std::vector<SparseTableState>& tables) const {
+  return Match(tables).status();
+}
+
+absl::StatusOr<std::vector<const SparseTableState*>> SparseStore::Match(
+    const std::vector<SparseTableState>& tables) const {
   std::vector<const SparseTableState*> by_table(specs_.size(), nullptr);
   const int slots = optimizer_.num_slots();
   for (const SparseTableState& s : tables) {
@@ -581,6 +586,13 @@ absl::Status SparseStore::ImportState(const std::vector<SparseTableState>& table
       return absl::InvalidArgumentError(absl::StrCat("no state for sparse table ", t, " ('", specs_[t].name, "')"));
     }
   }
+  return by_table;
+}
+
+absl::Status SparseStore::ImportState(const std::vector<SparseTableState>& tables, int64_t version) {
+  absl::StatusOr<std::vector<const SparseTableState*>> matched = Match(tables);
+  if (!matched.ok()) return matched.status();
+  const std::vector<const SparseTableState*>& by_table = *matched;
   for (size_t t = 0; t < specs_.size(); ++t) {
     const int64_t evicted = tables_[t]->Import(*by_table[t]);
     if (evicted > 0) {

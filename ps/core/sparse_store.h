@@ -133,11 +133,15 @@ class SparseStore {
   // the optimizer's slots; ids owned by this task, valid and not repeated) and sets the version; else
   // InvalidArgument and nothing changes. Rows beyond a table's max_rows are evicted as they come in.
   absl::Status ImportState(const std::vector<SparseTableState>& tables, int64_t version);
+  // The checks of ImportState alone (nothing changes): ImportState after a CheckState that passed succeeds.
+  absl::Status CheckState(const std::vector<SparseTableState>& tables) const;
   // Drops every row (and admission count) and sets the version.
   void Clear(int64_t version);
 
  private:
   SparseStore(std::vector<SparseTableSpec> specs, SparseOptimizer optimizer, SparseStoreOptions options);
+  // The state of each table (ImportState's checks).
+  absl::StatusOr<std::vector<const SparseTableState*>> Match(const std::vector<SparseTableState>& tables) const;
 
   std::vector<SparseTableSpec> specs_;
   SparseOptimizer optimizer_;
