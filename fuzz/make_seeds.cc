@@ -184,7 +184,8 @@ bool BatchStreamStateSeeds(const std::string& dir) {
 }
 
 // ps_request_fuzzer: calls as u8 op | u16 length | payload (see ps/rpc/ps_request_fuzzer.cc), on a task
-// holding slices 0 (8 floats) and 1 (3 floats) with workers 0 and 1 registered as sessions 1 and 2.
+// holding slices 0 (8 floats) and 1 (3 floats), sparse tables 0 (dim 2) and 1 ([10, 3]), with workers 0 and 1
+// registered as sessions 1 and 2.
 std::string Call(uint8_t op, const std::string& payload) {
   std::string out(1, static_cast<char>(op));
   out.push_back(static_cast<char>(payload.size() & 0xff));
@@ -217,6 +218,14 @@ std::string PushStream(int worker, int64_t step, bool commit, float value) {
   std::string stream = Message(m.Build());
   std::memcpy(m.AddChunkOwned(0, 0, ps::WireDtype::kF32, 8), w.data(), 8 * sizeof(float));
   std::memcpy(m.AddChunkOwned(1, 0, ps::WireDtype::kF32, 3), b.data(), 3 * sizeof(float));
+  stream += Message(m.Build());
+  // Sparse rows of both tables (ids 1 and 2 of the hash table, 4 of the fixed one; bf16 for the latter).
+  const std::vector<int64_t> ids = {1, 2}, fixed_ids = {4};
+  const std::vector<float> rows(4, value);
+  const std::vector<uint16_t> fixed_rows(3, 0x3f80);
+  ps::coding::SendTracker tracker;
+  m.AddRowGradientsRef(0, ids.data(), 2, 2, ps::WireDtype::kF32, rows.data(), &tracker);
+  m.AddRowGradientsRef(1, fixed_ids.data(), 1, 3, ps::WireDtype::kBF16, fixed_rows.data(), &tracker);
   return stream + Message(m.Build());
 }
 
@@ -225,6 +234,12 @@ bool PsRequestSeeds(const std::string& dir) {
   pull.set_worker_id(0);
   pull.set_session(1);
   pull.set_min_step(1);
+  auto* sparse = pull.add_sparse();
+  sparse->set_table(0);
+  for (int64_t id : {1, 2, 5}) sparse->add_ids(id);
+  sparse = pull.add_sparse();
+  sparse->set_table(1);
+  sparse->add_ids(4);
   wire::DoneRequest done;
   done.set_worker_id(1);
   done.set_session(2);
