@@ -68,6 +68,7 @@ ABSL_FLAG(int64_t, max_rows, 0, "Sparse mode: the table's max_rows per ps task (
 ABSL_FLAG(int64_t, dense_floats, 1000, "Sparse mode: dense parameters beside the table");
 ABSL_FLAG(std::string, sparse_optimizer, "adagrad", "Sparse mode: sgd | adagrad | adam | ftrl");
 ABSL_FLAG(std::string, ps_binary, "", "Sparse mode: the dtrain_ps to start (default: beside this binary)");
+ABSL_FLAG(double, hold_secs, 0, "Sparse mode: keep the ps processes up this long after the report (to inspect them)");
 
 namespace dtrain {
 namespace {
@@ -335,16 +336,21 @@ int SparseMain() {
     total_rows += t.rows;
     const auto [rss, hwm] = Rss(pids[i]);
     const double floats = static_cast<double>(t.rows) * dim * (1 + slots) * 4;
-    std::printf("  ps %d: rows=%ld created=%ld evicted=%ld (max_rows %ld) | RSS %.2f GiB (peak %.2f), at start "
-                "%.1f MiB; rows x (dim + slots) x 4 = %.2f GiB; RSS - start = %.4f x that (%.1f bytes per row "
-                "beyond the floats)\n",
+    std::printf("  ps %d: rows=%ld created=%ld evicted=%ld (max_rows %ld) | RSS %.3f GiB (peak %.3f), at start "
+                "%.1f MiB; rows x (dim + slots) x 4 = %.3f GiB; RSS - start = %.4f x that (%.1f bytes per row "
+                "beyond the floats; the store counts %.1f)\n",
                 i, static_cast<long>(t.rows), static_cast<long>(t.created), static_cast<long>(t.evicted),
                 static_cast<long>(table.max_rows), rss / 1073741824.0, hwm / 1073741824.0, base_rss[i] / 1048576.0,
                 floats / 1073741824.0, (rss - base_rss[i]) / std::max(floats, 1.0),
-                t.rows > 0 ? (rss - base_rss[i] - floats) / t.rows : 0.0);
+                t.rows > 0 ? (rss - base_rss[i] - floats) / t.rows : 0.0,
+                t.rows > 0 ? (t.bytes - floats) / t.rows : 0.0);
     if (table.max_rows > 0 && t.rows > table.max_rows) ++wrong;
   }
-  std::printf("  rows held: %ld\n", static_cast<long>(total_rows));
+  std::printf("  rows held: %ld (ps pids:", static_cast<long>(total_rows));
+  for (pid_t pid : pids) std::printf(" %d", static_cast<int>(pid));
+  std::printf(")\n");
+  std::fflush(stdout);
+  absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_hold_secs)));
   client.Done().IgnoreError();
   for (pid_t pid : pids) waitpid(pid, nullptr, 0);
   return wrong == 0 ? 0 : 1;

@@ -262,6 +262,7 @@ struct SparseTableStats {
   int64_t dropped_gradients = 0;  // row gradients dropped (ids not admitted, or evicted meanwhile)
   int64_t lookups = 0;            // ids pulled
   int64_t updates = 0;            // row updates applied
+  int64_t bytes = 0;              // memory the shard takes: rows, ids, index, admission sketch
 };
 struct TrainingStats {
   int64_t global_step = 0;

@@ -3,14 +3,15 @@
 // (SparseInitialRow), carry their optimizer slots (SparseOptimizer), and are bounded per table by max_rows
 // with eviction of the least recently touched, and optionally admitted only after admit_after lookups.
 //
-// Memory (per table): rows live in chunks of up to 1024 rows (the first chunks are smaller: 16, 32, ... rows,
-// so a small table stays small; with max_rows the last one is cut to the rows allowed), each chunk one allocation holding the rows' ids (int64), their floats
+// Memory (per table): rows live in chunks of up to 8192 rows (the first chunks are smaller: 16, 32, ... rows,
+// so a small table stays small; with max_rows the last one is cut to the rows allowed), each chunk one mapping holding the rows' ids (int64), their floats
 // ([values: dim][slots: num_slots * dim], see sparse_optimizer.h) and one reference bit per row. An id finds
 // its row through an open-addressing index (linear probing) of 32-bit entries (24 bits of row number, 8 bits
-// of the id's hash as a tag, so a probe rarely reads an id) with backward-shift deletion. The index grows by
-// 1.25x when it is 90% full, and when max_rows is set it never grows past max_rows / 0.9 entries, so a full
-// table costs 8 (id) + 4 / 0.9 (index) + 1/8 (reference bit) ~ 12.6 bytes per row beyond its floats; a table
-// that grows without max_rows costs ~13 bytes (the index is between 72% and 90% full). No per-row allocation;
+// of the id's hash as a tag, so a probe rarely reads an id) with backward-shift deletion. With max_rows the
+// index is made for max_rows / 0.9 entries when a sub-shard gets its first row (4.4 bytes per row allowed), so
+// a full table costs 8 (id) + 4 / 0.9 (index) + 1/8 (reference bit) ~ 12.6 bytes per row beyond its floats;
+// without max_rows it grows by 1.25x when 90% full, ~13-14 bytes per row (72% to 90% full, and the allocator
+// keeps some of the smaller indexes it freed). No per-row allocation;
 // evicted rows are reused in place, so rows [0, size) of each sub-shard are all live.
 //
 // Locking: each table is split into up to 32 sub-shards by a hash of the id (independent of ShardOfId), each

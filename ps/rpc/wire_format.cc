@@ -164,6 +164,7 @@ void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
     p->set_dropped_gradients(t.dropped_gradients);
     p->set_lookups(t.lookups);
     p->set_updates(t.updates);
+    p->set_bytes(t.bytes);
   }
 }
 
@@ -191,7 +192,7 @@ TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
   s.bytes_sent = in.bytes_sent();
   for (const auto& p : in.tables()) {
     s.tables.push_back(SparseTableStats{p.name(), p.rows(), p.created(), p.evicted(), p.not_admitted(),
-                                        p.dropped_gradients(), p.lookups(), p.updates()});
+                                        p.dropped_gradients(), p.lookups(), p.updates(), p.bytes()});
   }
   return s;
 }
