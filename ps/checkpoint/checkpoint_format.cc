@@ -103,37 +103,23 @@ class Reader {
     std::memcpy(&f, &bits, 4);
     return f;
   }
-  // Appends n int64s (or floats, with Floats below) to `out`.
-  absl::Status AppendInt64s(int64_t n, std::vector<int64_t>* out, absl::string_view what) {
-    if (n < 0 || static_cast<uint64_t>(n) > (bytes_.size() - pos_) / sizeof(int64_t)) {
-      return DataLoss(absl::StrCat("truncated at byte ", bytes_.size(), " while reading ", what));
+  // Appends n values (int64s or floats) to `out`.
+  template <typename T>
+  absl::Status Append(int64_t n, std::vector<T>* out, absl::string_view what) {
+    // Compared by division: n * sizeof(T) could wrap around for a hostile n.
+    if (n < 0 || static_cast<uint64_t>(n) > (bytes_.size() - pos_) / sizeof(T)) {
+      return DataLoss(absl::StrCat("truncated at byte ", bytes_.size(), " while reading ", what, " (", n,
+                                   " values at offset ", pos_, ")"));
     }
     const size_t old = out->size();
     out->resize(old + n);
-    std::memcpy(out->data() + old, bytes_.data() + pos_, n * sizeof(int64_t));
-    pos_ += n * sizeof(int64_t);
-    return absl::OkStatus();
-  }
-  absl::Status AppendFloats(int64_t n, std::vector<float>* out, absl::string_view what) {
-    if (n < 0 || static_cast<uint64_t>(n) > (bytes_.size() - pos_) / sizeof(float)) {
-      return DataLoss(absl::StrCat("truncated at byte ", bytes_.size(), " while reading ", what));
-    }
-    const size_t old = out->size();
-    out->resize(old + n);
-    std::memcpy(out->data() + old, bytes_.data() + pos_, n * sizeof(float));
-    pos_ += n * sizeof(float);
+    std::memcpy(out->data() + old, bytes_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
     return absl::OkStatus();
   }
   absl::Status Floats(int64_t n, std::vector<float>* out, absl::string_view what) {
-    // Compared by division: n * 4 could wrap around for a hostile n.
-    if (n < 0 || static_cast<uint64_t>(n) > (bytes_.size() - pos_) / sizeof(float)) {
-      return DataLoss(absl::StrCat("truncated at byte ", bytes_.size(), " while reading ", what, " (", n,
-                                   " floats at offset ", pos_, ")"));
-    }
-    out->resize(n);
-    std::memcpy(out->data(), bytes_.data() + pos_, n * sizeof(float));
-    pos_ += n * sizeof(float);
-    return absl::OkStatus();
+    out->clear();
+    return Append(n, out, what);
   }
   // A section: u32 body_len | body | u32 masked CRC32C(body_len + body). Checks the CRC before any field of it is
   // trusted and returns where the body ends (its CRC follows).
@@ -224,9 +210,9 @@ absl::Status ParseTables(Reader& r, CheckpointData* d) {
         return r.DataLoss(absl::StrCat(block, ": ", count, " rows do not match the section or the table"));
       }
       const int64_t m = static_cast<int64_t>(count);
-      RETURN_IF_ERROR(r.AppendInt64s(m, &table.ids, "ids"));
-      RETURN_IF_ERROR(r.AppendFloats(m * dim, &table.values, "row values"));
-      for (auto& s : table.slots) RETURN_IF_ERROR(r.AppendFloats(m * dim, &s, "row slots"));
+      RETURN_IF_ERROR(r.Append(m, &table.ids, "ids"));
+      RETURN_IF_ERROR(r.Append(m * dim, &table.values, "row values"));
+      for (auto& s : table.slots) RETURN_IF_ERROR(r.Append(m * dim, &s, "row slots"));
       r.Skip(4);
       read += m;
     }

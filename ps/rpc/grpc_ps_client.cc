@@ -144,36 +144,32 @@ class PullFeeder : public coding::ChunkHandler {
   absl::Status OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
     if (!got_header_) return absl::DataLossError("Pull: slice data before the header");
     ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver_->Destination(key, offset, n));
-    if (dst.data != nullptr) {
-      if (dst.dtype == WireDtype::kF32) {
-        DecodeFloats(dtype, data, n, static_cast<float*>(dst.data));
-      } else if (dst.dtype == dtype) {
-        std::memcpy(dst.data, data, n * DtypeBytes(dtype));
-      } else {
-        return absl::InternalError("Pull: a receiver asked for a narrow dtype the stream does not carry");
-      }
-    }
+    RETURN_IF_ERROR(CopyInto(dst, dtype, data, n));
     return receiver_->Written(key, offset, n);
   }
   absl::Status OnRows(uint32_t table, int64_t first, int64_t count, int dim, WireDtype dtype,
                       const void* data) override {
     if (!got_header_) return absl::DataLossError("Pull: sparse rows before the header");
     ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver_->SparseDestination(table, first, count, dim));
-    const int64_t n = count * dim;
-    if (dst.data != nullptr) {
-      if (dst.dtype == WireDtype::kF32) {
-        DecodeFloats(dtype, data, n, static_cast<float*>(dst.data));
-      } else if (dst.dtype == dtype) {
-        std::memcpy(dst.data, data, n * DtypeBytes(dtype));
-      } else {
-        return absl::InternalError("Pull: a receiver asked for a narrow dtype the stream does not carry");
-      }
-    }
+    RETURN_IF_ERROR(CopyInto(dst, dtype, data, count * dim));
     return receiver_->SparseWritten(table, first, count);
   }
   bool got_header() const { return got_header_; }
 
  private:
+  // n values of `dtype` at `data` into the receiver's buffer (decoded to fp32, or as they are).
+  static absl::Status CopyInto(const PullReceiver::Buffer& dst, WireDtype dtype, const void* data, int64_t n) {
+    if (dst.data == nullptr) return absl::OkStatus();
+    if (dst.dtype == WireDtype::kF32) {
+      DecodeFloats(dtype, data, n, static_cast<float*>(dst.data));
+    } else if (dst.dtype == dtype) {
+      std::memcpy(dst.data, data, n * DtypeBytes(dtype));
+    } else {
+      return absl::InternalError("Pull: a receiver asked for a narrow dtype the stream does not carry");
+    }
+    return absl::OkStatus();
+  }
+
   PullReceiver* receiver_;
   bool got_header_ = false;
 };

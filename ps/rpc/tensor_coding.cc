@@ -390,12 +390,7 @@ void* MessageBuilder::AddRowsOwned(uint32_t table, int64_t first, int64_t count,
   AppendVarint(&meta_, fields.size() + bytes);
   meta_ += fields;
   data_bytes_ += bytes;
-  if (bytes == 0) return nullptr;
-  FlushMeta();
-  void* data = std::malloc(static_cast<size_t>(bytes));
-  CHECK(data != nullptr) << "out of memory for a " << bytes << "-byte message";
-  slices_.emplace_back(data, static_cast<size_t>(bytes), &std::free);
-  return data;
+  return OwnedData(bytes);
 }
 
 void MessageBuilder::AddRowGradientsRef(uint32_t table, const int64_t* ids, int64_t count, int dim, WireDtype dtype,
@@ -425,6 +420,10 @@ void MessageBuilder::AddRowGradientsRef(uint32_t table, const int64_t* ids, int6
 void* MessageBuilder::AddChunkOwned(uint32_t key, int64_t offset, WireDtype dtype, int64_t n) {
   const int64_t bytes = n * DtypeBytes(dtype);
   AddChunkFields(key, offset, dtype, bytes);
+  return OwnedData(bytes);
+}
+
+void* MessageBuilder::OwnedData(int64_t bytes) {
   if (bytes == 0) return nullptr;
   FlushMeta();
   // Heap memory of our own: a small grpc::Slice keeps its bytes inline in the handle, which moves with the

@@ -80,6 +80,7 @@ class MessageBuilder {
  private:
   void AddChunkFields(uint32_t key, int64_t offset, WireDtype dtype, int64_t bytes);
   void AddRef(const void* data, int64_t bytes, SendTracker* tracker);
+  void* OwnedData(int64_t bytes);  // a slice of `bytes` the caller fills (nullptr for 0)
   void FlushMeta();
   std::string meta_;                 // encoded fields not yet in a slice
   std::vector<grpc::Slice> slices_;  // finished slices, in order
