@@ -1,6 +1,7 @@
 #include "ps/checkpoint/checkpoint_format.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -186,6 +187,7 @@ absl::Status ParseTables(Reader& r, CheckpointData* d) {
     const uint64_t row_bytes = 8 + uint64_t{dim} * 4 * (1 + slots);
     // Every row takes row_bytes of the file: a count beyond what is left cannot be true (and is not allocated).
     if (r.pos() != end || table.spec.table != t || dim < 1 || dim > kMaxSparseDim ||
+        !(std::isfinite(table.spec.init_scale) && table.spec.init_scale >= 0.0f) ||
         static_cast<int64_t>(rows) < 0 || static_cast<int64_t>(max_rows) < 0 || admit_after > 255 ||
         num_rows > (r.size() - r.pos()) / row_bytes || num_blocks > num_rows + 1) {
       return r.DataLoss(absl::StrCat(section, " ('", table.spec.name, "'): implausible spec (table ",

@@ -215,6 +215,14 @@ TEST(CheckpointFormatTest, DamagedTablesAreDataLoss) {
   r = ParseCheckpoint(hostile, "hostile");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(r.status().message(), "do not match")) << r.status();
+  // Found by checkpoint_fuzzer: a NaN init_scale read back, and the spec no longer equalled itself.
+  hostile = bytes;
+  const uint32_t nan_bits = 0x7fc00000;
+  std::memcpy(hostile.data() + name_at + 8 + 4 + 8, &nan_bits, 4);
+  testing::FixChecksums(&hostile);
+  r = ParseCheckpoint(hostile, "hostile");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "implausible spec")) << r.status();
   std::string good = bytes;
   testing::FixChecksums(&good);
   EXPECT_TRUE(ParseCheckpoint(good, "good").ok());
