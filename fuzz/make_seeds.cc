@@ -130,10 +130,38 @@ ps::CheckpointData Checkpoint(int num_slots, bool averages) {
   return d;
 }
 
+// Version 4: a hash table (rows in blocks of 2) and a fixed-size [6, 2] table, trained with ftrl (2 slots).
+ps::CheckpointData CheckpointWithTables() {
+  ps::CheckpointData d = Checkpoint(1, false);
+  d.sparse_optimizer = "ftrl";
+  d.sparse_num_slots = 2;
+  for (int t = 0; t < 2; ++t) {
+    ps::SparseTableState s;
+    s.spec.table = t;
+    s.spec.name = t == 0 ? "emb_hash" : "emb_fixed";
+    s.spec.dim = 2;
+    s.spec.rows = t == 0 ? 0 : 6;
+    s.spec.max_rows = t == 0 ? 100 : 0;
+    s.spec.admit_after = t == 0 ? 2 : 0;
+    s.slots.resize(2);
+    for (int64_t id = 0; id < 6; ++id) {
+      if (ps::ShardOfId(id, d.num_ps) != d.task_index) continue;
+      s.ids.push_back(t == 0 ? id * 1000003 : id);
+      s.values.insert(s.values.end(), {0.5f * id, -0.25f});
+      s.slots[0].insert(s.slots[0].end(), {0.0f, 1.0f});
+      s.slots[1].insert(s.slots[1].end(), {0.1f, 0.2f});
+    }
+    d.tables.push_back(std::move(s));
+  }
+  return d;
+}
+
 bool CheckpointSeeds(const std::string& dir) {
   return Write(dir, "sgd", ps::SerializeCheckpoint(Checkpoint(0, false))) &&
          Write(dir, "momentum_averages", ps::SerializeCheckpoint(Checkpoint(1, true))) &&
-         Write(dir, "adam", ps::SerializeCheckpoint(Checkpoint(2, false)));
+         Write(dir, "adam", ps::SerializeCheckpoint(Checkpoint(2, false))) &&
+         Write(dir, "adam_v3", ps::SerializeCheckpoint(Checkpoint(2, false), 3)) &&
+         Write(dir, "tables", ps::SerializeCheckpoint(CheckpointWithTables(), ps::kCheckpointFormatVersion, 40));
 }
 
 // batch_stream_state_fuzzer restores into a stream of seed 7, shard 1 of 2 (5 examples), batch 3.
@@ -156,7 +184,8 @@ bool BatchStreamStateSeeds(const std::string& dir) {
 }
 
 // ps_request_fuzzer: calls as u8 op | u16 length | payload (see ps/rpc/ps_request_fuzzer.cc), on a task
-// holding slices 0 (8 floats) and 1 (3 floats) with workers 0 and 1 registered as sessions 1 and 2.
+// holding slices 0 (8 floats) and 1 (3 floats), sparse tables 0 (dim 2) and 1 ([10, 3]), with workers 0 and 1
+// registered as sessions 1 and 2.
 std::string Call(uint8_t op, const std::string& payload) {
   std::string out(1, static_cast<char>(op));
   out.push_back(static_cast<char>(payload.size() & 0xff));
@@ -189,6 +218,14 @@ std::string PushStream(int worker, int64_t step, bool commit, float value) {
   std::string stream = Message(m.Build());
   std::memcpy(m.AddChunkOwned(0, 0, ps::WireDtype::kF32, 8), w.data(), 8 * sizeof(float));
   std::memcpy(m.AddChunkOwned(1, 0, ps::WireDtype::kF32, 3), b.data(), 3 * sizeof(float));
+  stream += Message(m.Build());
+  // Sparse rows of both tables (ids 1 and 2 of the hash table, 4 of the fixed one; bf16 for the latter).
+  const std::vector<int64_t> ids = {1, 2}, fixed_ids = {4};
+  const std::vector<float> rows(4, value);
+  const std::vector<uint16_t> fixed_rows(3, 0x3f80);
+  ps::coding::SendTracker tracker;
+  m.AddRowGradientsRef(0, ids.data(), 2, 2, ps::WireDtype::kF32, rows.data(), &tracker);
+  m.AddRowGradientsRef(1, fixed_ids.data(), 1, 3, ps::WireDtype::kBF16, fixed_rows.data(), &tracker);
   return stream + Message(m.Build());
 }
 
@@ -197,6 +234,12 @@ bool PsRequestSeeds(const std::string& dir) {
   pull.set_worker_id(0);
   pull.set_session(1);
   pull.set_min_step(1);
+  auto* sparse = pull.add_sparse();
+  sparse->set_table(0);
+  for (int64_t id : {1, 2, 5}) sparse->add_ids(id);
+  sparse = pull.add_sparse();
+  sparse->set_table(1);
+  sparse->add_ids(4);
   wire::DoneRequest done;
   done.set_worker_id(1);
   done.set_session(2);

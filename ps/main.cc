@@ -52,6 +52,9 @@ ABSL_FLAG(std::string, nonfinite, "reject",
           "step) or apply");
 ABSL_FLAG(int64_t, max_model_bytes, int64_t{4} << 30,
           "Refuse a chief whose model puts more than this many bytes of variables on this task");
+ABSL_FLAG(int64_t, sparse_max_rows_per_table, 0,
+          "Hold at most this many rows of each sparse embedding table on this task, whatever the chief's max_rows "
+          "(the least recently touched are evicted; 0: the chief's max_rows alone)");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
           "Memory gRPC may use for this task's connections and messages in flight (a gRPC resource quota)");
 ABSL_FLAG(double, malloc_trim_secs, 10,
@@ -133,6 +136,11 @@ int main(int argc, char** argv) {
   }
   o.ps.nonfinite = *nonfinite;
   o.ps.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+  o.ps.sparse_max_rows = absl::GetFlag(FLAGS_sparse_max_rows_per_table);
+  if (o.ps.sparse_max_rows < 0) {
+    std::fprintf(stderr, "dtrain_ps: --sparse_max_rows_per_table must be >= 0\n");
+    return 2;
+  }
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   if (o.ps.max_model_bytes <= 0 || o.max_inflight_bytes < (int64_t{16} << 20)) {
     std::fprintf(stderr, "dtrain_ps: --max_model_bytes must be > 0 and --max_inflight_bytes >= 16 MiB\n");

@@ -39,7 +39,8 @@ class PsInterface {
   // One worker's gradients for one step (see ps_types.h).
   virtual absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) = 0;
   // Waits as the request says, then delivers the header and every slice of the task, in key order, each as
-  // soon as it is up to date, to `receiver`. A receiver error ends the pull with that error.
+  // soon as it is up to date, then the rows of request.sparse (SparseDestination), to `receiver`. A receiver
+  // error ends the pull with that error.
   virtual absl::Status Pull(const PullRequest& request, PullReceiver* receiver) = 0;
   // The worker has finished training (`completed`), or stopped on an error (it leaves the cluster). Sync: the coordinator stops expecting its commits (R becomes
   // min(R, active workers)), and a pending step that now has enough commits is decided. `session` must be the

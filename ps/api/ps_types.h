@@ -227,8 +227,9 @@ struct PullRequest {
   uint64_t after_push = 0;
   // Element type of the slice data on the wire (a transport matter: in process it is always fp32).
   WireDtype wire_dtype{};
-  // Sparse rows to deliver after the slices (only ids this task owns): per table, in the order of `ids`,
-  // through PullReceiver::SparseDestination/SparseWritten. An id not admitted yet reads as zeros.
+  // Sparse rows to deliver after the slices (only ids this task owns; each table at most once): per table, in
+  // the order of `ids`, through PullReceiver::SparseDestination/SparseWritten. An id not admitted yet reads as
+  // zeros. Tables keep no moving averages: with moving_averages the rows' values are delivered.
   std::vector<SparseIds> sparse;
   // Local only (not sent): cancelling it wakes a waiting pull and ends it at once (Cancelled). May be null.
   Cancellation* cancel = nullptr;
@@ -261,6 +262,7 @@ struct SparseTableStats {
   int64_t dropped_gradients = 0;  // row gradients dropped (ids not admitted, or evicted meanwhile)
   int64_t lookups = 0;            // ids pulled
   int64_t updates = 0;            // row updates applied
+  int64_t bytes = 0;              // memory the shard takes: rows, ids, index, admission sketch
 };
 struct TrainingStats {
   int64_t global_step = 0;

@@ -48,11 +48,13 @@ class SliceUpload {
   // bytes are copied (or, by a gRPC client, referenced until Finish returns: the caller keeps them unchanged
   // until then). InvalidArgument for an unknown key or a range outside the slice; the upload is then unusable.
   virtual absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) = 0;
-  // A push's sparse gradients: rows[i] (dim floats of table `table`, stored as `dtype`) is the gradient of
-  // id ids[i]. Ids this task does not own, or repeated within the push, are InvalidArgument. May be called
-  // several times per table (chunks); a retried upload sends them again (applied once). Uploads that are not
-  // pushes (Initialize) refuse it: sparse rows start from their initializer.
-  virtual absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, WireDtype dtype,
+  // A push's sparse gradients: row i of `rows` (`dim` values of `dtype`, rows back to back, unaligned allowed)
+  // is the gradient of id ids[i] in table `table`, summed over the worker's batch. Ids this task does not own,
+  // ids outside a fixed-size table, ids repeated within the upload, or a `dim` that is not the table's are
+  // InvalidArgument. May be called several times per table (chunks); the bytes are copied (or, by a gRPC client,
+  // referenced until Finish returns). A retried upload sends its rows again (applied once). Uploads that are
+  // not pushes (Initialize) refuse it: sparse rows start from their initializer.
+  virtual absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
                                    const void* rows) {
     return absl::InvalidArgumentError("this upload takes no sparse rows");
   }
@@ -83,8 +85,10 @@ class PullReceiver {
   // receiver that batches pieces (a gRPC stream) sends what it holds.
   virtual absl::Status Flush() { return absl::OkStatus(); }
   // Sparse rows (PullRequest::sparse), after every slice: where rows [first, first + n) of the request's ids of
-  // `table` go (n * dim values of `dtype`), then SparseWritten once they are in place. In request order.
-  virtual absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n) {
+  // `table` go (n * dim values of the returned dtype; data nullptr: drop them), then SparseWritten once they
+  // are in place. In request order, table by table, in pieces. A receiver that expects another `dim` returns
+  // DataLoss.
+  virtual absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n, int dim) {
     return absl::InvalidArgumentError("this receiver takes no sparse rows");
   }
   virtual absl::Status SparseWritten(uint32_t table, int64_t first, int64_t n) { return absl::OkStatus(); }

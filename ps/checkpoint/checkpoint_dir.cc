@@ -73,6 +73,44 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(Env* env, const std::string& path)
   return ParseCheckpoint(bytes, path);
 }
 
+namespace {
+
+// The sparse tables: the same tables (name, dim, rows, initializer) and sparse optimizer. max_rows and
+// admit_after are memory settings a resumed run may change (rows beyond a smaller max_rows are evicted).
+absl::Status CheckTablesCompatible(const CheckpointData& data, const std::string& path, const TrainConfig& config,
+                                   const std::string& hint) {
+  if (data.tables.size() != config.tables.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": holds ", data.tables.size(),
+                                                      " sparse tables, this run has ", config.tables.size(),
+                                                      data.tables.empty() ? " (written before format version 4, "
+                                                                            "or by a model without tables)"
+                                                                          : "",
+                                                      hint));
+  }
+  if (config.tables.empty()) return absl::OkStatus();
+  if (data.sparse_optimizer != config.sparse_optimizer.name) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": sparse tables trained with '", data.sparse_optimizer,
+                                                      "', this run uses sparse_optimizer '",
+                                                      config.sparse_optimizer.name, "'", hint));
+  }
+  for (size_t i = 0; i < config.tables.size(); ++i) {
+    const SparseTableSpec &a = data.tables[i].spec, &b = config.tables[i];
+    std::string diff;
+    if (a.name != b.name) diff = absl::StrCat("name '", a.name, "' vs '", b.name, "'");
+    else if (a.dim != b.dim) diff = absl::StrCat("dim ", a.dim, " vs ", b.dim);
+    else if (a.rows != b.rows) diff = absl::StrCat("rows ", a.rows, " vs ", b.rows);
+    else if (a.init_scale != b.init_scale) diff = absl::StrCat("init_scale ", a.init_scale, " vs ", b.init_scale);
+    else if (a.init_seed != b.init_seed) diff = absl::StrCat("init_seed ", a.init_seed, " vs ", b.init_seed);
+    if (!diff.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(path, ": sparse table ", i, " differs: ", diff,
+                                                        " (checkpoint vs this run)", hint));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CheckCompatible(const CheckpointData& data, const std::string& path, const TrainConfig& config,
                              int task, int num_ps) {
   const std::string hint =
@@ -108,7 +146,7 @@ absl::Status CheckCompatible(const CheckpointData& data, const std::string& path
           " (another variable placement: --min_slice_bytes or the number of ps tasks changed?)", hint));
     }
   }
-  return absl::OkStatus();
+  return CheckTablesCompatible(data, path, config, hint);
 }
 
 absl::StatusOr<std::optional<RestorableCheckpoint>> FindCheckpointToRestore(Env* env, const std::string& dir,

@@ -50,7 +50,9 @@ absl::StatusOr<std::vector<CheckpointFile>> ListCheckpointFiles(Env* env, const 
 absl::StatusOr<CheckpointData> ReadCheckpoint(Env* env, const std::string& path);
 
 // Whether `data` (read from `path`) can be restored into ps task `task` of `num_ps` configured with `config`:
-// same task and number of ps tasks, model signature, optimizer and exactly the slices of config.slices.
+// same task and number of ps tasks, model signature, optimizer and exactly the slices of config.slices, and the
+// same sparse tables (name, dim, rows, init_scale, init_seed; max_rows and admit_after may change) trained with
+// the same sparse optimizer.
 // FailedPrecondition naming the difference and how to fix it (use another --checkpoint_dir, or the same
 // model/flags as the run that wrote it).
 absl::Status CheckCompatible(const CheckpointData& data, const std::string& path, const TrainConfig& config,

@@ -90,6 +90,42 @@ TEST(CheckpointDirTest, CompatibilityChecks) {
   EXPECT_EQ(CheckCompatible(d, "p", other, 1, 2).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(CheckpointDirTest, SparseTablesMustMatch) {
+  CheckpointData d = MakeData(2, 1, false);
+  testing::AddTables(&d);
+  TrainConfig c = ConfigFor(d);
+  for (const SparseTableState& t : d.tables) c.tables.push_back(t.spec);
+  c.sparse_optimizer.name = "adagrad";
+  EXPECT_TRUE(CheckCompatible(d, "p", c, 1, 2).ok());
+  // Memory settings may change between runs.
+  TrainConfig other = c;
+  other.tables[0].max_rows = 10;
+  other.tables[0].admit_after = 0;
+  EXPECT_TRUE(CheckCompatible(d, "p", other, 1, 2).ok());
+
+  other = c;
+  other.tables[1].dim = 3;
+  absl::Status s = CheckCompatible(d, "p", other, 1, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "sparse table 1 differs: dim 2 vs 3")) << s;
+  other = c;
+  other.tables[0].init_seed = 1;
+  EXPECT_TRUE(absl::StrContains(CheckCompatible(d, "p", other, 1, 2).message(), "init_seed 99 vs 1"));
+  other = c;
+  other.sparse_optimizer.name = "ftrl";
+  s = CheckCompatible(d, "p", other, 1, 2);
+  EXPECT_TRUE(absl::StrContains(s.message(), "trained with 'adagrad'")) << s;
+  other = c;
+  other.tables.pop_back();
+  s = CheckCompatible(d, "p", other, 1, 2);
+  EXPECT_TRUE(absl::StrContains(s.message(), "holds 2 sparse tables, this run has 1")) << s;
+  // A file without tables (format 3, or a model without them) for a run with tables.
+  const CheckpointData v3 = MakeData(2, 1, false);
+  s = CheckCompatible(v3, "p", c, 1, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "holds 0 sparse tables, this run has 2")) << s;
+}
+
 void WriteStep(const std::string& dir, int64_t step, int task, int num_ps, const std::string& signature = "sig") {
   CheckpointData d = MakeData(2, 0, false, step);
   d.task_index = task;

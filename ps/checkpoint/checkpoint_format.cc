@@ -1,5 +1,7 @@
 #include "ps/checkpoint/checkpoint_format.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,7 @@ constexpr size_t kMagicLen = 8;
 constexpr size_t kTrailerLen = kMagicLen + 8 + 4;
 // Sanity bounds, so a corrupted length cannot make the reader allocate gigabytes before the CRC check.
 constexpr uint32_t kMaxStringLen = 1 << 20;
+constexpr uint32_t kMaxSparseDim = 65536;
 
 bool HostIsLittleEndian() {
   const uint32_t one = 1;
@@ -37,6 +40,14 @@ void PutStr(std::string* out, const std::string& s) {
 }
 void PutFloats(std::string* out, const std::vector<float>& v) {
   out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+void PutFloatRange(std::string* out, const float* v, int64_t n) {
+  out->append(reinterpret_cast<const char*>(v), n * sizeof(float));
+}
+void PutF32(std::string* out, float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  PutU32(out, bits);
 }
 void PutCrc(std::string* out, size_t from) {
   PutU32(out, crc32c::Mask(crc32c::Value(out->data() + from, out->size() - from)));
@@ -87,16 +98,29 @@ class Reader {
     pos_ += n;
     return s;
   }
-  absl::Status Floats(int64_t n, std::vector<float>* out, absl::string_view what) {
-    // Compared by division: n * 4 could wrap around for a hostile n.
-    if (n < 0 || static_cast<uint64_t>(n) > (bytes_.size() - pos_) / sizeof(float)) {
+  absl::StatusOr<float> F32(absl::string_view what) {
+    ASSIGN_OR_RETURN(uint32_t bits, U32(what));
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  // Appends n values (int64s or floats) to `out`.
+  template <typename T>
+  absl::Status Append(int64_t n, std::vector<T>* out, absl::string_view what) {
+    // Compared by division: n * sizeof(T) could wrap around for a hostile n.
+    if (n < 0 || static_cast<uint64_t>(n) > (bytes_.size() - pos_) / sizeof(T)) {
       return DataLoss(absl::StrCat("truncated at byte ", bytes_.size(), " while reading ", what, " (", n,
-                                   " floats at offset ", pos_, ")"));
+                                   " values at offset ", pos_, ")"));
     }
-    out->resize(n);
-    std::memcpy(out->data(), bytes_.data() + pos_, n * sizeof(float));
-    pos_ += n * sizeof(float);
+    const size_t old = out->size();
+    out->resize(old + n);
+    std::memcpy(out->data() + old, bytes_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
     return absl::OkStatus();
+  }
+  absl::Status Floats(int64_t n, std::vector<float>* out, absl::string_view what) {
+    out->clear();
+    return Append(n, out, what);
   }
   // A section: u32 body_len | body | u32 masked CRC32C(body_len + body). Checks the CRC before any field of it is
   // trusted and returns where the body ends (its CRC follows).
@@ -126,19 +150,95 @@ class Reader {
   size_t pos_ = 0;
 };
 
+// Version 4: the sparse tables (see the header).
+absl::Status ParseTables(Reader& r, CheckpointData* d) {
+  {
+    const std::string section = "the sparse tables";
+    ASSIGN_OR_RETURN(const size_t end, r.Section(section));
+    ASSIGN_OR_RETURN(d->sparse_optimizer, r.Str("the sparse optimizer name"));
+    ASSIGN_OR_RETURN(uint32_t slots, r.U32("the number of sparse slots"));
+    ASSIGN_OR_RETURN(uint32_t num_tables, r.U32("the number of sparse tables"));
+    if (r.pos() != end || slots > 2 || num_tables > (1u << 16)) {
+      return r.DataLoss(absl::StrCat(section, ": implausible header (", slots, " slots, ", num_tables, " tables)"));
+    }
+    r.Skip(4);
+    d->sparse_num_slots = static_cast<int>(slots);
+    d->tables.resize(num_tables);
+  }
+  const uint64_t slots = d->sparse_num_slots;
+  for (size_t t = 0; t < d->tables.size(); ++t) {
+    SparseTableState& table = d->tables[t];
+    const std::string section = absl::StrCat("sparse table ", t);
+    ASSIGN_OR_RETURN(const size_t end, r.Section(section));
+    ASSIGN_OR_RETURN(table.spec.table, r.U32("a table index"));
+    ASSIGN_OR_RETURN(table.spec.name, r.Str("a table name"));
+    ASSIGN_OR_RETURN(uint32_t dim, r.U32("a table's dim"));
+    ASSIGN_OR_RETURN(uint64_t rows, r.U64("a table's rows"));
+    ASSIGN_OR_RETURN(table.spec.init_scale, r.F32("a table's init_scale"));
+    ASSIGN_OR_RETURN(table.spec.init_seed, r.U64("a table's init_seed"));
+    ASSIGN_OR_RETURN(uint64_t max_rows, r.U64("a table's max_rows"));
+    ASSIGN_OR_RETURN(uint32_t admit_after, r.U32("a table's admit_after"));
+    ASSIGN_OR_RETURN(uint64_t num_rows, r.U64("a table's number of rows"));
+    ASSIGN_OR_RETURN(uint32_t num_blocks, r.U32("a table's number of blocks"));
+    table.spec.dim = static_cast<int>(dim);
+    table.spec.rows = static_cast<int64_t>(rows);
+    table.spec.max_rows = static_cast<int64_t>(max_rows);
+    table.spec.admit_after = static_cast<int>(admit_after);
+    const uint64_t row_bytes = 8 + uint64_t{dim} * 4 * (1 + slots);
+    // Every row takes row_bytes of the file: a count beyond what is left cannot be true (and is not allocated).
+    if (r.pos() != end || table.spec.table != t || dim < 1 || dim > kMaxSparseDim ||
+        !(std::isfinite(table.spec.init_scale) && table.spec.init_scale >= 0.0f) ||
+        static_cast<int64_t>(rows) < 0 || static_cast<int64_t>(max_rows) < 0 || admit_after > 255 ||
+        num_rows > (r.size() - r.pos()) / row_bytes || num_blocks > num_rows + 1) {
+      return r.DataLoss(absl::StrCat(section, " ('", table.spec.name, "'): implausible spec (table ",
+                                     table.spec.table, ", dim ", dim, ", ", num_rows, " rows in ", num_blocks,
+                                     " blocks)"));
+    }
+    r.Skip(4);
+    const int64_t n = static_cast<int64_t>(num_rows);
+    table.ids.reserve(n);
+    table.values.reserve(n * dim);
+    table.slots.resize(slots);
+    for (auto& s : table.slots) s.reserve(n * dim);
+    int64_t read = 0;
+    for (uint32_t b = 0; b < num_blocks; ++b) {
+      const std::string block = absl::StrCat(section, " block ", b);
+      ASSIGN_OR_RETURN(const size_t block_end, r.Section(block));
+      ASSIGN_OR_RETURN(uint32_t index, r.U32("a block's table index"));
+      ASSIGN_OR_RETURN(uint64_t count, r.U64("a block's row count"));
+      const uint64_t left = r.pos() <= block_end ? block_end - r.pos() : 0;
+      if (index != t || r.pos() > block_end || count > static_cast<uint64_t>(n - read) ||
+          count > left / row_bytes || count * row_bytes != left) {
+        return r.DataLoss(absl::StrCat(block, ": ", count, " rows do not match the section or the table"));
+      }
+      const int64_t m = static_cast<int64_t>(count);
+      RETURN_IF_ERROR(r.Append(m, &table.ids, "ids"));
+      RETURN_IF_ERROR(r.Append(m * dim, &table.values, "row values"));
+      for (auto& s : table.slots) RETURN_IF_ERROR(r.Append(m * dim, &s, "row slots"));
+      r.Skip(4);
+      read += m;
+    }
+    if (read != n) {
+      return r.DataLoss(absl::StrCat(section, " ('", table.spec.name, "'): its blocks hold ", read, " of ", n, " rows"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string DescribeSlice(const SliceSpec& s) {
   return absl::StrCat("key ", s.key, " '", s.variable, "' [", s.flat_offset, ", +", s.length, ")");
 }
 
-std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version) {
+std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version, int64_t sparse_block_bytes) {
   CHECK(HostIsLittleEndian()) << "checkpoints are written on little-endian hosts only";
   CHECK(version >= 1 && version <= kCheckpointFormatVersion) << version;
   const bool flags = version >= 3;
   std::string out;
   int64_t floats = 0;
   for (const SliceState& s : data.slices) floats += s.spec.length * (2 + data.num_slots);
+  for (const SparseTableState& t : data.tables) floats += t.values.size() * (1 + data.sparse_num_slots) + 2 * t.ids.size();
   out.reserve(256 + data.slices.size() * 64 + floats * sizeof(float));
 
   out.append(kCheckpointMagic, kMagicLen);
@@ -196,6 +296,55 @@ std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version) {
     PutU32(&out, static_cast<uint32_t>(body.size()));
     out.append(body);
     PutCrc(&out, start);
+  }
+
+  CHECK(version >= 4 || data.tables.empty()) << "format version " << version << " has no sparse tables";
+  if (version >= 4) {
+    size_t start = out.size();
+    std::string body;
+    PutStr(&body, data.sparse_optimizer);
+    PutU32(&body, static_cast<uint32_t>(data.sparse_num_slots));
+    PutU32(&body, static_cast<uint32_t>(data.tables.size()));
+    PutU32(&out, static_cast<uint32_t>(body.size()));
+    out.append(body);
+    PutCrc(&out, start);
+    for (const SparseTableState& t : data.tables) {
+      const int64_t n = static_cast<int64_t>(t.ids.size());
+      const int64_t dim = t.spec.dim;
+      CHECK_EQ(static_cast<int64_t>(t.values.size()), n * dim) << t.spec.name;
+      CHECK_EQ(static_cast<int>(t.slots.size()), data.sparse_num_slots) << t.spec.name;
+      for (const std::vector<float>& slot : t.slots) CHECK_EQ(static_cast<int64_t>(slot.size()), n * dim);
+      const int64_t row_bytes = 8 + dim * 4 * (1 + data.sparse_num_slots);
+      const int64_t per_block = std::max<int64_t>(1, sparse_block_bytes / row_bytes);
+      const int64_t blocks = (n + per_block - 1) / per_block;
+      start = out.size();
+      body.clear();
+      PutU32(&body, t.spec.table);
+      PutStr(&body, t.spec.name);
+      PutU32(&body, static_cast<uint32_t>(t.spec.dim));
+      PutU64(&body, static_cast<uint64_t>(t.spec.rows));
+      PutF32(&body, t.spec.init_scale);
+      PutU64(&body, t.spec.init_seed);
+      PutU64(&body, static_cast<uint64_t>(t.spec.max_rows));
+      PutU32(&body, static_cast<uint32_t>(t.spec.admit_after));
+      PutU64(&body, static_cast<uint64_t>(n));
+      PutU32(&body, static_cast<uint32_t>(blocks));
+      PutU32(&out, static_cast<uint32_t>(body.size()));
+      out.append(body);
+      PutCrc(&out, start);
+      for (int64_t first = 0; first < n; first += per_block) {
+        const int64_t count = std::min(per_block, n - first);
+        start = out.size();
+        PutU32(&out, static_cast<uint32_t>(4 + 8 + count * row_bytes));
+        PutU32(&out, t.spec.table);
+        PutU64(&out, static_cast<uint64_t>(count));
+        out.append(reinterpret_cast<const char*>(t.ids.data() + first), count * sizeof(int64_t));
+        PutFloatRange(&out, t.values.data() + first * dim, count * dim);
+        for (const std::vector<float>& slot : t.slots) PutFloatRange(&out, slot.data() + first * dim, count * dim);
+        CHECK_EQ(out.size() - start, static_cast<size_t>(4 + 4 + 8 + count * row_bytes));
+        PutCrc(&out, start);
+      }
+    }
   }
 
   const uint64_t before_trailer = out.size();
@@ -305,6 +454,8 @@ absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const st
     if (r.pos() != end) return r.DataLoss(absl::StrCat(section, ": length field does not match the entries"));
     r.Skip(4);  // the CRC, checked above
   }
+
+  if (version >= 4) RETURN_IF_ERROR(ParseTables(r, &d));
 
   const size_t before_trailer = r.pos();
   RETURN_IF_ERROR(r.Need(kTrailerLen, "the trailer"));

@@ -3,7 +3,7 @@
 // reads and prunes the files, checkpoint_writer.h writes them, checkpoint_set.h reads a whole
 // checkpoint for evaluation.
 //
-// Format (version 3; integers little-endian, floats IEEE-754 float32 little-endian):
+// Format (version 4; integers little-endian, floats IEEE-754 float32 little-endian):
 //   header   "DTRNCKPT" | u32 version | u32 body_len | body | u32 masked CRC32C(everything before it)
 //            body: u32 task_index | u32 num_ps | i64 global_step | i64 task_step | str model_signature |
 //                  str optimizer | u32 num_slots | u8 has_moving_averages | u32 num_slices
@@ -15,9 +15,19 @@
 //   inputs   (version 2) u32 body_len | body | u32 masked CRC32C(body_len + body)
 //            body: u32 count | count x (u32 worker | str position): each worker's input position at this
 //            step (worker/data/batch_stream_state.h; kept by ps task 0 only, empty elsewhere)
+//   tables   (version 4) u32 body_len | body | u32 masked CRC32C(body_len + body)
+//            body: str sparse_optimizer | u32 sparse_num_slots | u32 num_tables
+//   table t  (version 4, num_tables of them) a spec section, then its rows in blocks:
+//            u32 body_len | body | u32 masked CRC32C(body_len + body)
+//            body: u32 table | str name | u32 dim | i64 rows | f32 init_scale | u64 init_seed | i64 max_rows |
+//                  u32 admit_after | i64 num_rows | u32 num_blocks
+//            num_blocks x (u32 body_len | body | u32 masked CRC32C(body_len + body))
+//            body: u32 table | u64 count | i64 ids[count] | f32 values[count * dim] |
+//                  f32 slot[sparse_num_slots][count * dim]
+//            (the blocks' counts add up to num_rows; a writer keeps a block under 64 MiB)
 //   trailer  "DTRNTAIL" | u64 bytes before the trailer | u32 masked CRC32C(every byte before the trailer)
 // Version 1 files (no inputs section) are read as having no input positions; version 1 and 2 slices (no flags)
-// as trainable.
+// as trainable; versions 1-3 as having no sparse tables.
 //
 // Errors from ParseCheckpoint (every message starts with the name it was given, usually the file's path):
 //   DataLoss            truncated ("truncated at byte N ..."), corrupted ("checksum mismatch in slice 3 ..."),
@@ -42,7 +52,7 @@
 namespace dtrain::ps {
 
 inline constexpr char kCheckpointMagic[] = "DTRNCKPT";  // 8 bytes, no terminator in the file
-inline constexpr uint32_t kCheckpointFormatVersion = 3;
+inline constexpr uint32_t kCheckpointFormatVersion = 4;
 // An input position larger than this is refused (it is a few dozen bytes).
 inline constexpr size_t kMaxInputPositionBytes = 1024;
 
@@ -52,6 +62,14 @@ struct SliceState {
   std::vector<float> values;                 // spec.length
   std::vector<std::vector<float>> slots;     // [slot][spec.length], Optimizer::num_slots() of them
   std::vector<float> moving_average;         // spec.length, or empty when moving averages are off
+};
+
+// The rows of one sparse table that exist on a task (ps/core/sparse_store.h), with their optimizer slots.
+struct SparseTableState {
+  SparseTableSpec spec;
+  std::vector<int64_t> ids;               // one per row, no repeats
+  std::vector<float> values;              // ids.size() * spec.dim: row i at [i * dim, (i + 1) * dim)
+  std::vector<std::vector<float>> slots;  // [slot][ids.size() * spec.dim], SparseOptimizer::num_slots() of them
 };
 
 // What one checkpoint file holds.
@@ -71,13 +89,22 @@ struct CheckpointData {
   // Ps task 0: where each worker's input stream was at this step (worker id -> BatchStream::SaveState()), so a
   // resumed run reads the batches an uninterrupted one would. Workers without a known position are absent.
   std::map<int, std::string> input_positions;
+  // Version 4: the task's shard of every sparse table (TrainConfig::tables, in table order), and the sparse
+  // optimizer they were trained with (its name and slots per row element). Empty before version 4.
+  std::string sparse_optimizer;
+  int sparse_num_slots = 0;
+  std::vector<SparseTableState> tables;
 };
 
 // The encoding above. CHECKs that the data is self-consistent (lengths match the specs): it is built by the
 // ParameterServer, not read from input.
 // `version` < kCheckpointFormatVersion writes an older format (what that version would have written; its
-// readers' tests use it): no slice flags before 3 (every slice must be trainable), no inputs section before 2.
-std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version = kCheckpointFormatVersion);
+// readers' tests use it): no sparse tables before 4 (there must be none), no slice flags before 3 (every slice
+// must be trainable), no inputs section before 2.
+// `sparse_block_bytes`: the most bytes of rows in one block of a sparse table (tests make it small).
+inline constexpr int64_t kSparseBlockBytes = int64_t{64} << 20;
+std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version = kCheckpointFormatVersion,
+                                int64_t sparse_block_bytes = kSparseBlockBytes);
 
 // Validates everything (see Errors above); `name` prefixes the messages.
 absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const std::string& name);

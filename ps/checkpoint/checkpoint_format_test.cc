@@ -14,6 +14,7 @@
 namespace dtrain::ps {
 namespace {
 
+using ::dtrain::ps::testing::AddTables;
 using ::dtrain::ps::testing::ExpectSame;
 using ::dtrain::ps::testing::FixChecksums;
 using ::dtrain::ps::testing::LogCapture;
@@ -150,6 +151,80 @@ TEST(CheckpointFormatTest, SliceLengthThatWrapsAroundIsDataLoss) {
   // The same edit without the wrap-around is caught the same way; the helper itself leaves a good file good.
   std::string good = SerializeCheckpoint(d);
   FixChecksums(&good);
+  EXPECT_TRUE(ParseCheckpoint(good, "good").ok());
+}
+
+// Version 4: the rows of each sparse table with their ids and slots, in blocks of bounded size.
+TEST(CheckpointFormatTest, SparseTablesRoundTrip) {
+  for (int64_t block_bytes : {kSparseBlockBytes, int64_t{100}}) {  // one block; 3 rows (of 32 bytes) a block
+    CheckpointData d = MakeData(2, 1, false);
+    AddTables(&d, 10);
+    const std::string bytes = SerializeCheckpoint(d, kCheckpointFormatVersion, block_bytes);
+    absl::StatusOr<CheckpointData> back = ParseCheckpoint(bytes, "v4");
+    ASSERT_TRUE(back.ok()) << back.status();
+    ExpectSame(d, *back);
+    EXPECT_EQ(back->tables[0].spec.max_rows, 1000);
+    EXPECT_EQ(back->tables[1].spec.rows, 50);
+    EXPECT_TRUE(back->tables[1].ids.empty());
+  }
+  // A model of tables only.
+  CheckpointData d = MakeData(1, 0, false);
+  d.slices.clear();
+  AddTables(&d, 3);
+  absl::StatusOr<CheckpointData> back = ParseCheckpoint(SerializeCheckpoint(d), "tables only");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSame(d, *back);
+}
+
+TEST(CheckpointFormatTest, VersionThreeFilesHaveNoTables) {
+  const CheckpointData d = MakeData(3, 2, true);
+  absl::StatusOr<CheckpointData> back = ParseCheckpoint(SerializeCheckpoint(d, 3), "v3");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSame(d, *back);
+  EXPECT_TRUE(back->tables.empty());
+  EXPECT_EQ(back->sparse_optimizer, "");
+}
+
+TEST(CheckpointFormatTest, DamagedTablesAreDataLoss) {
+  CheckpointData d = MakeData(1, 0, false);
+  AddTables(&d, 5);
+  const std::string bytes = SerializeCheckpoint(d, kCheckpointFormatVersion, 64);  // 2 rows a block
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string bad = bytes;
+    bad[i] ^= 0x08;
+    absl::StatusOr<CheckpointData> r = ParseCheckpoint(bad, "f");
+    ASSERT_FALSE(r.ok()) << "accepted a file with byte " << i << " flipped";
+  }
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_EQ(ParseCheckpoint(bytes.substr(0, n), "f").status().code(), absl::StatusCode::kDataLoss) << n;
+  }
+  // With valid checksums (a hostile writer): a row count beyond the file is refused before anything is
+  // allocated, and a block that claims more rows than its table too.
+  const size_t name_at = bytes.find("emb_user");
+  const size_t num_rows_at = name_at + 8 + 4 + 8 + 4 + 8 + 8 + 4;  // after name: dim rows scale seed max admit
+  ASSERT_EQ(bytes[num_rows_at], 5);
+  std::string hostile = bytes;
+  hostile[num_rows_at + 6] = 0x10;
+  testing::FixChecksums(&hostile);
+  absl::StatusOr<CheckpointData> r = ParseCheckpoint(hostile, "hostile");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "sparse table 0 ('emb_user'): implausible spec")) << r.status();
+  hostile = bytes;
+  hostile[num_rows_at] = 4;  // the blocks hold 5
+  testing::FixChecksums(&hostile);
+  r = ParseCheckpoint(hostile, "hostile");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "do not match")) << r.status();
+  // Found by checkpoint_fuzzer: a NaN init_scale read back, and the spec no longer equalled itself.
+  hostile = bytes;
+  const uint32_t nan_bits = 0x7fc00000;
+  std::memcpy(hostile.data() + name_at + 8 + 4 + 8, &nan_bits, 4);
+  testing::FixChecksums(&hostile);
+  r = ParseCheckpoint(hostile, "hostile");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "implausible spec")) << r.status();
+  std::string good = bytes;
+  testing::FixChecksums(&good);
   EXPECT_TRUE(ParseCheckpoint(good, "good").ok());
 }
 

@@ -1,6 +1,7 @@
 // libFuzzer harness for the checkpoint reader (ParseCheckpoint; in the fuzzing build it accepts wrong CRCs,
 // see common/crc32c.h, so the fields behind them are reached as a hostile file with valid CRCs would reach
-// them) and for what dtrain_eval does with a parsed file (AssembleFlatBuffer). A file that parses must
+// them) and for what dtrain_eval does with a parsed file (AssembleFlatBuffer, ReadSparseTables,
+// AssembleFixedTable). A file that parses must
 // re-encode to a file that parses to the same data. Input: one checkpoint file. Seeds: dtrain_fuzz_seeds.
 #include <algorithm>
 #include <cstddef>
@@ -40,6 +41,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CHECK(again->slices[i].spec == d->slices[i].spec);
     CHECK(SameBits(again->slices[i].values, d->slices[i].values));
     CHECK(SameBits(again->slices[i].moving_average, d->slices[i].moving_average));
+  }
+  CHECK_EQ(again->tables.size(), d->tables.size());
+  for (size_t t = 0; t < d->tables.size(); ++t) {
+    CHECK(again->tables[t].spec == d->tables[t].spec);
+    CHECK(again->tables[t].ids == d->tables[t].ids);
+    CHECK(SameBits(again->tables[t].values, d->tables[t].values));
+  }
+  // The tables as dtrain_eval reads them: a clean answer, never a crash, whatever ids the file holds.
+  absl::StatusOr<std::vector<SparseTableRows>> tables = ReadSparseTables({*d});
+  if (tables.ok()) {
+    for (const SparseTableRows& t : *tables) {
+      if (t.spec.rows > 0 && t.spec.dim > 0 && t.spec.rows <= (int64_t{1} << 14) / t.spec.dim) {
+        absl::StatusOr<std::vector<float>> dense = AssembleFixedTable(t);
+        if (dense.ok()) CHECK_EQ(static_cast<int64_t>(dense->size()), t.spec.rows * t.spec.dim);
+      }
+    }
   }
   // Reassembling the model as dtrain_eval does, for a model of about the slices' extent (at most 16K floats):
   // a clean answer, never a crash, whatever offsets the file claims.

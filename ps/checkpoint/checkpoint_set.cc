@@ -134,4 +134,82 @@ absl::StatusOr<std::vector<float>> AssembleFlatBuffer(const std::vector<Checkpoi
   return flat;
 }
 
+absl::StatusOr<std::vector<SparseTableRows>> ReadSparseTables(const std::vector<CheckpointData>& parts) {
+  if (parts.empty()) return absl::InvalidArgumentError("no checkpoint files to read tables from");
+  const CheckpointData& first = parts[0];
+  std::vector<SparseTableRows> out(first.tables.size());
+  for (size_t t = 0; t < out.size(); ++t) out[t].spec = first.tables[t].spec;
+  for (const CheckpointData& d : parts) {
+    if (d.global_step != first.global_step || d.num_ps != first.num_ps || d.tables.size() != out.size()) {
+      return absl::FailedPreconditionError(absl::StrCat("the files of ps tasks 0 and ", d.task_index,
+                                                        " disagree (step ", first.global_step, " vs ",
+                                                        d.global_step, ", ", out.size(), " vs ", d.tables.size(),
+                                                        " sparse tables)"));
+    }
+    for (size_t t = 0; t < out.size(); ++t) {
+      const SparseTableState& s = d.tables[t];
+      const SparseTableSpec& spec = out[t].spec;
+      if (s.spec.name != spec.name || s.spec.dim != spec.dim || s.spec.rows != spec.rows ||
+          s.values.size() != s.ids.size() * static_cast<size_t>(spec.dim)) {
+        return absl::FailedPreconditionError(absl::StrCat("sparse table ", t, " of ps task ", d.task_index, " ('",
+                                                          s.spec.name, "', dim ", s.spec.dim, ") is not ps task 0's ('",
+                                                          spec.name, "', dim ", spec.dim, ")"));
+      }
+      for (int64_t id : s.ids) {
+        if (ShardOfId(id, d.num_ps) != d.task_index || (spec.rows > 0 && (id < 0 || id >= spec.rows))) {
+          return absl::FailedPreconditionError(absl::StrCat("sparse table '", spec.name, "': ps task ",
+                                                            d.task_index, " holds id ", id,
+                                                            ", which is not its own (or outside the table)"));
+        }
+      }
+      out[t].ids.insert(out[t].ids.end(), s.ids.begin(), s.ids.end());
+      out[t].values.insert(out[t].values.end(), s.values.begin(), s.values.end());
+    }
+  }
+  for (SparseTableRows& table : out) {
+    const int dim = table.spec.dim;
+    std::vector<size_t> order(table.ids.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return table.ids[a] < table.ids[b]; });
+    std::vector<int64_t> ids(order.size());
+    std::vector<float> values(table.values.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      ids[i] = table.ids[order[i]];
+      if (i > 0 && ids[i] == ids[i - 1]) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("sparse table '", table.spec.name, "': id ", ids[i], " is held twice"));
+      }
+      std::copy_n(table.values.begin() + order[i] * dim, dim, values.begin() + i * dim);
+    }
+    table.ids = std::move(ids);
+    table.values = std::move(values);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> AssembleFixedTable(const SparseTableRows& table) {
+  const SparseTableSpec& spec = table.spec;
+  if (spec.rows <= 0 || spec.dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse table '", spec.name, "' is a hash table (no row count)"));
+  }
+  if (spec.rows > (int64_t{1} << 34) / spec.dim) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse table '", spec.name, "' is too large to assemble"));
+  }
+  std::vector<float> out(spec.rows * spec.dim);
+  std::vector<char> have(spec.rows, 0);
+  for (size_t i = 0; i < table.ids.size(); ++i) {
+    const int64_t id = table.ids[i];
+    if (id < 0 || id >= spec.rows) {
+      return absl::InvalidArgumentError(absl::StrCat("sparse table '", spec.name, "': id ", id, " outside [0, ",
+                                                     spec.rows, ")"));
+    }
+    std::copy_n(table.values.begin() + i * spec.dim, spec.dim, out.begin() + id * spec.dim);
+    have[id] = 1;
+  }
+  for (int64_t id = 0; id < spec.rows; ++id) {
+    if (!have[id]) SparseInitialRow(spec, id, out.data() + id * spec.dim);
+  }
+  return out;
+}
+
 }  // namespace dtrain::ps

@@ -32,6 +32,24 @@ absl::StatusOr<std::vector<CheckpointData>> ReadCheckpointSet(Env* env, const st
 absl::StatusOr<std::vector<float>> AssembleFlatBuffer(const std::vector<CheckpointData>& parts,
                                                       int64_t total_floats, bool moving_averages);
 
+// One sparse table of a whole checkpoint: the rows that exist on any task, sorted by id.
+struct SparseTableRows {
+  SparseTableSpec spec;
+  std::vector<int64_t> ids;
+  std::vector<float> values;  // ids.size() * spec.dim
+};
+// Every sparse table of a checkpoint, its rows merged across the tasks' files (no optimizer slots). Verifies
+// that the parts agree (one step, the same tables and num_ps) and that each id is held by the task ShardOfId
+// names, once (FailedPrecondition naming the table and id otherwise). An id without a row reads as its
+// initializer in a fixed-size table (SparseInitialRow) and as absent in a hash table (a model evaluates it as
+// the ps would serve it: a row created from its initializer, or zeros while not admitted).
+absl::StatusOr<std::vector<SparseTableRows>> ReadSparseTables(const std::vector<CheckpointData>& parts);
+
+// A fixed-size table ([spec.rows, spec.dim]) as one dense buffer: the rows of `table`, the others from their
+// initializer, as the ps would serve them. InvalidArgument for a hash table (rows == 0) or an id outside
+// [0, rows).
+absl::StatusOr<std::vector<float>> AssembleFixedTable(const SparseTableRows& table);
+
 }  // namespace dtrain::ps
 
 #endif  // DTRAIN_PS_CHECKPOINT_CHECKPOINT_SET_H_

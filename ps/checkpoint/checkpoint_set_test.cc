@@ -101,5 +101,72 @@ TEST(CheckpointSetTest, SliceOffsetNearTheInt64LimitIsBeyondTheModel) {
   EXPECT_TRUE(absl::StrContains(s.message(), "lies beyond the model's 16 parameters")) << s;
 }
 
+// Two tasks' shards of a hash table and of a fixed-size [8, 2] table, merged as dtrain_eval reads them.
+std::vector<CheckpointData> TableParts() {
+  std::vector<CheckpointData> parts(2);
+  for (int task = 0; task < 2; ++task) {
+    CheckpointData& d = parts[task];
+    d.task_index = task;
+    d.num_ps = 2;
+    d.global_step = d.task_step = 5;
+    d.model_signature = "m";
+    d.sparse_optimizer = "sgd";
+    SparseTableState hash, fixed;
+    hash.spec.table = 0;
+    hash.spec.name = "h";
+    hash.spec.dim = 2;
+    fixed.spec.table = 1;
+    fixed.spec.name = "f";
+    fixed.spec.dim = 2;
+    fixed.spec.rows = 8;
+    fixed.spec.init_scale = 0.5f;
+    for (int64_t id : {900, -3, 17, 5, 2, 41}) {
+      if (ShardOfId(id, 2) != task) continue;
+      hash.ids.push_back(id);
+      hash.values.insert(hash.values.end(), {static_cast<float>(id), -static_cast<float>(id)});
+    }
+    for (int64_t id : {1, 6, 3}) {
+      if (ShardOfId(id, 2) != task) continue;
+      fixed.ids.push_back(id);
+      fixed.values.insert(fixed.values.end(), {100.0f + id, 200.0f + id});
+    }
+    d.tables = {hash, fixed};
+  }
+  return parts;
+}
+
+TEST(CheckpointSetTest, SparseTablesAreMergedAcrossTasks) {
+  std::vector<CheckpointData> parts = TableParts();
+  absl::StatusOr<std::vector<SparseTableRows>> tables = ReadSparseTables(parts);
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  ASSERT_EQ(tables->size(), 2u);
+  EXPECT_EQ((*tables)[0].ids, std::vector<int64_t>({-3, 2, 5, 17, 41, 900}));
+  EXPECT_EQ((*tables)[0].values, std::vector<float>({-3, 3, 2, -2, 5, -5, 17, -17, 41, -41, 900, -900}));
+  absl::StatusOr<std::vector<float>> fixed = AssembleFixedTable((*tables)[1]);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  ASSERT_EQ(fixed->size(), 16u);
+  EXPECT_EQ((*fixed)[2], 101.0f);
+  EXPECT_EQ((*fixed)[13], 206.0f);
+  std::vector<float> initial(2);
+  SparseInitialRow((*tables)[1].spec, 0, initial.data());
+  EXPECT_EQ((*fixed)[0], initial[0]);
+  EXPECT_EQ((*fixed)[1], initial[1]);
+  EXPECT_EQ(AssembleFixedTable((*tables)[0]).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // An id on the wrong task, or tasks that disagree, are refused.
+  std::vector<CheckpointData> bad = TableParts();
+  bad[0].tables[0].ids.push_back(bad[1].tables[0].ids[0]);
+  bad[0].tables[0].values.insert(bad[0].tables[0].values.end(), {0, 0});
+  absl::Status s = ReadSparseTables(bad).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "not its own")) << s;
+  bad = TableParts();
+  bad[1].tables[1].spec.dim = 3;
+  EXPECT_EQ(ReadSparseTables(bad).status().code(), absl::StatusCode::kFailedPrecondition);
+  bad = TableParts();
+  bad[1].tables.pop_back();
+  EXPECT_EQ(ReadSparseTables(bad).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace dtrain::ps

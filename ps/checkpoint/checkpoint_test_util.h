@@ -92,6 +92,38 @@ inline CheckpointData MakeData(int num_slices, int num_slots, bool averages, int
   return d;
 }
 
+// Adds two sparse tables trained with adagrad (one slot): table 0 hash-keyed with `rows` rows (ids spread over
+// int64, values including -0.0 and a NaN), table 1 a fixed-size [50, 2] table with no row yet.
+inline void AddTables(CheckpointData* d, int64_t rows = 7) {
+  d->sparse_optimizer = "adagrad";
+  d->sparse_num_slots = 1;
+  SparseTableState a;
+  a.spec.table = 0;
+  a.spec.name = "emb_user";
+  a.spec.dim = 3;
+  a.spec.init_scale = 0.05f;
+  a.spec.init_seed = 99;
+  a.spec.max_rows = 1000;
+  a.spec.admit_after = 2;
+  a.slots.resize(1);
+  for (int64_t i = 0; i < rows; ++i) {
+    a.ids.push_back((i - 3) * 1234567891011LL);
+    for (int k = 0; k < 3; ++k) {
+      a.values.push_back(0.1f * i - k);
+      a.slots[0].push_back(0.1f + i + k);
+    }
+  }
+  if (rows > 0) a.values[0] = -0.0f;
+  if (rows > 1) a.values[4] = std::numeric_limits<float>::quiet_NaN();
+  SparseTableState b;
+  b.spec.table = 1;
+  b.spec.name = "emb_item";
+  b.spec.dim = 2;
+  b.spec.rows = 50;
+  b.slots.resize(1);
+  d->tables = {a, b};
+}
+
 inline void ExpectSame(const CheckpointData& a, const CheckpointData& b) {
   EXPECT_EQ(a.task_index, b.task_index);
   EXPECT_EQ(a.num_ps, b.num_ps);
@@ -111,6 +143,18 @@ inline void ExpectSame(const CheckpointData& a, const CheckpointData& b) {
       EXPECT_TRUE(SameBits(a.slices[i].slots[k], b.slices[i].slots[k])) << i << " slot " << k;
     }
     EXPECT_TRUE(SameBits(a.slices[i].moving_average, b.slices[i].moving_average)) << i;
+  }
+  EXPECT_EQ(a.sparse_optimizer, b.sparse_optimizer);
+  EXPECT_EQ(a.sparse_num_slots, b.sparse_num_slots);
+  ASSERT_EQ(a.tables.size(), b.tables.size());
+  for (size_t t = 0; t < a.tables.size(); ++t) {
+    EXPECT_EQ(a.tables[t].spec, b.tables[t].spec) << t;
+    EXPECT_EQ(a.tables[t].ids, b.tables[t].ids) << t;
+    EXPECT_TRUE(SameBits(a.tables[t].values, b.tables[t].values)) << t;
+    ASSERT_EQ(a.tables[t].slots.size(), b.tables[t].slots.size()) << t;
+    for (size_t k = 0; k < a.tables[t].slots.size(); ++k) {
+      EXPECT_TRUE(SameBits(a.tables[t].slots[k], b.tables[t].slots[k])) << t << " slot " << k;
+    }
   }
 }
 
@@ -133,10 +177,21 @@ inline void FixChecksums(std::string* b) {
     PutU32At(b, pos + 4 + body_len, crc(pos, pos + 4 + body_len));
     pos += 4 + body_len + 4;
   }
-  if (GetU32(*b, 8) >= 2) {  // the input positions section
+  // Fixes the section at pos and moves past it; returns the last u32 of its body.
+  auto section = [&]() {
     const uint32_t body_len = GetU32(*b, pos);
     PutU32At(b, pos + 4 + body_len, crc(pos, pos + 4 + body_len));
+    const uint32_t last = GetU32(*b, pos + body_len);
     pos += 4 + body_len + 4;
+    return last;
+  };
+  if (GetU32(*b, 8) >= 2) section();  // the input positions
+  if (GetU32(*b, 8) >= 4) {
+    const uint32_t num_tables = section();
+    for (uint32_t t = 0; t < num_tables; ++t) {
+      const uint32_t num_blocks = section();
+      for (uint32_t k = 0; k < num_blocks; ++k) section();
+    }
   }
   PutU32At(b, pos + 16, crc(0, pos));  // trailer: magic (8), u64 length (8), crc
 }

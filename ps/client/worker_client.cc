@@ -21,6 +21,7 @@ namespace dtrain::ps {
 struct WorkerClient::TaskPush {
   std::unique_ptr<SliceUpload> upload;
   std::vector<int> sent;  // slices written to this upload (a retried upload writes them again)
+  std::vector<SparsePart*> sparse_sent;  // sparse parts written to it (likewise)
   absl::Status status;
 };
 
@@ -30,23 +31,72 @@ class WorkerClient::Receiver : public PullReceiver {
   Receiver(WorkerClient* client, int task)
       : client_(client), task_(task), received_(client->slices_.size(), 0), done_(client->slices_.size(), 0) {}
 
-  // Before a new pull: nothing has arrived.
+  // Before a new pull (after the client set its sparse_): nothing has arrived.
   void Reset() {
     std::fill(received_.begin(), received_.end(), 0);
     std::fill(done_.begin(), done_.end(), 0);
     header_seen_ = false;
+    const size_t tables = client_->sparse_.size();
+    rows_received_.assign(tables, 0);
+    rows_done_.assign(tables, 0);
+    for (size_t i = 0; i < tables; ++i) rows_done_[i] = client_->sparse_[i].ids[task_].empty();
   }
-  // Before a retried attempt: slices that arrived whole stay; partial ones start again.
+  // Before a retried attempt: slices and tables that arrived whole stay; partial ones start again.
   void Restart() {
     for (size_t s = 0; s < received_.size(); ++s) {
       if (!done_[s]) received_[s] = 0;
+    }
+    for (size_t i = 0; i < rows_received_.size(); ++i) {
+      if (!rows_done_[i]) rows_received_[i] = 0;
     }
   }
   bool complete() const {
     for (int s : client_->task_slices_[task_]) {
       if (!done_[s]) return false;
     }
+    for (char d : rows_done_) {
+      if (!d) return false;
+    }
     return true;
+  }
+
+  absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n, int dim) override {
+    const int i = table < client_->sparse_index_.size() ? client_->sparse_index_[table] : -1;
+    if (i < 0) return absl::DataLossError(absl::StrCat("ps task ", task_, " sent rows of table ", table, " unasked"));
+    SparsePull& sp = client_->sparse_[i];
+    if (dim != sp.dim) {
+      return absl::DataLossError(absl::StrCat("ps task ", task_, " sent rows of ", dim, " values for table ", table,
+                                              " of dim ", sp.dim));
+    }
+    if (rows_done_[i]) return Buffer{};  // arrived whole in an earlier attempt
+    if (first == 0) rows_received_[i] = 0;
+    const int64_t want = static_cast<int64_t>(sp.ids[task_].size());
+    if (first != rows_received_[i] || n < 0 || n > want - first) {
+      return absl::DataLossError(absl::StrCat("ps task ", task_, " sent rows [", first, ", ", first + n,
+                                              ") of table ", table, " after ", rows_received_[i], " of ", want));
+    }
+    float* dst = client_->num_tasks() == 1 ? sp.rows + first * dim : sp.scratch[task_].data() + first * dim;
+    return Buffer{dst, WireDtype::kF32};
+  }
+
+  absl::Status SparseWritten(uint32_t table, int64_t first, int64_t n) override {
+    const int i = client_->sparse_index_[table];
+    if (rows_done_[i]) return absl::OkStatus();
+    SparsePull& sp = client_->sparse_[i];
+    if (client_->num_tasks() > 1) {  // back to the caller's order
+      const int dim = sp.dim;
+      const float* src = sp.scratch[task_].data();
+      const int64_t* position = sp.position[task_].data();
+      for (int64_t k = first; k < first + n; ++k) {
+        std::copy_n(src + k * dim, dim, sp.rows + position[k] * dim);
+      }
+    }
+    rows_received_[i] += n;
+    if (rows_received_[i] == static_cast<int64_t>(sp.ids[task_].size())) {
+      rows_done_[i] = 1;
+      client_->SparseArrived(i);
+    }
+    return absl::OkStatus();
   }
 
   absl::Status OnHeader(const PullHeader& header) override {
@@ -87,6 +137,8 @@ class WorkerClient::Receiver : public PullReceiver {
   const int task_;
   std::vector<int64_t> received_;  // floats per slice (global index)
   std::vector<char> done_;
+  std::vector<int64_t> rows_received_;  // per table of the pull (index in client_->sparse_)
+  std::vector<char> rows_done_;
   bool header_seen_ = false;
 };
 
@@ -138,6 +190,7 @@ WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vec
   }
   slice_queued_.assign(slices_.size(), 0);
   sessions_.assign(num_tasks(), 0);
+  sparse_parts_.resize(num_tasks());
   for (int t = 0; t < num_tasks(); ++t) {
     pushes_.push_back(std::make_unique<TaskPush>());
     receivers_.push_back(std::make_unique<Receiver>(this, t));
@@ -200,7 +253,7 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
           break;
         }
         if (is_chief_) {
-          if (initial_.empty()) {
+          if (initial_.empty() && !slices_.empty()) {
             return absl::FailedPreconditionError(absl::StrCat("ps task ", t, " holds no values and the chief has no "
                                                               "initial values to give it"));
           }
@@ -448,6 +501,8 @@ absl::Status WorkerClient::BeginPush(int64_t step, const float* grads) {
   input_position_ = next_input_position_;  // the previous push is done with it
   std::fill(slice_queued_.begin(), slice_queued_.end(), 0);
   for (auto& p : pushes_) *p = TaskPush{};
+  for (auto& parts : sparse_parts_) parts.clear();
+  push_finishing_ = false;
   if (options_.wire_dtype != WireDtype::kF32 && residual_.empty()) {
     const int64_t n = slices_.empty() ? 0 : slices_.back().spec.flat_offset + slices_.back().spec.length;
     residual_.assign(n, 0.0f);
@@ -471,6 +526,7 @@ void WorkerClient::PushRange(int64_t begin, int64_t end) {
 }
 
 void WorkerClient::FinishPush() {
+  push_finishing_ = true;
   // Whatever was not pushed range by range goes now.
   std::vector<std::vector<int>> by_task(num_tasks());
   for (int s = 0; s < static_cast<int>(slices_.size()); ++s) {
@@ -489,6 +545,7 @@ void WorkerClient::FinishPush() {
 }
 
 void WorkerClient::AbandonPush(absl::Status why) {
+  push_finishing_ = true;
   if (why.ok()) why = absl::CancelledError("push abandoned");
   for (int t = num_tasks() - 1; t >= 0; --t) {
     push_lanes_[t]->Run([this, t, why] { AbandonTaskPush(t, why); });
@@ -534,14 +591,79 @@ absl::Status WorkerClient::WriteSlice(int task, int s) {
   return p.upload->Write(spec.key, 0, spec.length, options_.wire_dtype, out);
 }
 
+absl::Status WorkerClient::Reopen(int task) {
+  TaskPush& p = *pushes_[task];
+  RETURN_IF_ERROR(OpenUpload(task));
+  for (int s : p.sent) RETURN_IF_ERROR(WriteSlice(task, s));
+  for (const SparsePart* part : p.sparse_sent) RETURN_IF_ERROR(WriteSparsePart(task, *part));
+  return absl::OkStatus();
+}
+
+absl::Status WorkerClient::WriteSparsePart(int task, const SparsePart& part) {
+  const WireDtype dtype = options_.wire_dtype;
+  const void* data = dtype == WireDtype::kF32 ? static_cast<const void*>(part.grads.data()) : part.encoded.data();
+  return pushes_[task]->upload->WriteSparse(part.table, part.ids.data(), static_cast<int64_t>(part.ids.size()),
+                                            part.dim, dtype, data);
+}
+
+void WorkerClient::SendSparse(int task, SparsePart* part) {
+  TaskPush& p = *pushes_[task];
+  if (!p.status.ok()) return;
+  p.status = WithRetries("push", task, [&](bool retry) -> absl::Status {
+    if (retry || !p.upload) RETURN_IF_ERROR(Reopen(task));
+    if (std::find(p.sparse_sent.begin(), p.sparse_sent.end(), part) == p.sparse_sent.end()) {
+      RETURN_IF_ERROR(WriteSparsePart(task, *part));
+      p.sparse_sent.push_back(part);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status WorkerClient::PushSparse(uint32_t table, const int64_t* ids, int64_t n, const float* grads) {
+  if (table >= config_.tables.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("PushSparse: no sparse table ", table, " (the config has ",
+                                                   config_.tables.size(), ")"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!push_active_ || push_finishing_) {
+      return absl::FailedPreconditionError("PushSparse outside a push (call it between BeginPush and FinishPush)");
+    }
+  }
+  if (n < 0 || (n > 0 && (ids == nullptr || grads == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrCat("PushSparse: ", n, " rows without ids or gradients"));
+  }
+  const int dim = config_.tables[table].dim;
+  std::vector<std::unique_ptr<SparsePart>> parts(num_tasks());
+  for (auto& part : parts) {
+    part = std::make_unique<SparsePart>();
+    part->table = table;
+    part->dim = dim;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    SparsePart& part = *parts[ShardOfId(ids[i], num_tasks())];
+    part.ids.push_back(ids[i]);
+    part.grads.insert(part.grads.end(), grads + i * dim, grads + (i + 1) * dim);
+  }
+  for (int t = 0; t < num_tasks(); ++t) {
+    if (parts[t]->ids.empty()) continue;
+    SparsePart* part = parts[t].get();
+    if (options_.wire_dtype != WireDtype::kF32) {
+      part->encoded.resize(part->grads.size() * DtypeBytes(options_.wire_dtype));
+      EncodeFloats(options_.wire_dtype, part->grads.data(), static_cast<int64_t>(part->grads.size()),
+                   part->encoded.data());
+    }
+    sparse_parts_[t].push_back(std::move(parts[t]));
+    push_lanes_[t]->Run([this, t, part] { SendSparse(t, part); });
+  }
+  return absl::OkStatus();
+}
+
 void WorkerClient::SendSlices(int task, std::vector<int> list) {
   TaskPush& p = *pushes_[task];
   if (!p.status.ok()) return;
   p.status = WithRetries("push", task, [&](bool retry) -> absl::Status {
-    if (retry || !p.upload) {
-      RETURN_IF_ERROR(OpenUpload(task));
-      for (int s : p.sent) RETURN_IF_ERROR(WriteSlice(task, s));
-    }
+    if (retry || !p.upload) RETURN_IF_ERROR(Reopen(task));
     for (int s : list) {
       if (std::find(p.sent.begin(), p.sent.end(), s) != p.sent.end()) continue;
       RETURN_IF_ERROR(WriteSlice(task, s));
@@ -565,10 +687,7 @@ void WorkerClient::FinishTaskPush(int task) {
   }
   if (p.status.ok()) {
     p.status = WithRetries("push", task, [&](bool retry) -> absl::Status {
-      if (retry || !p.upload) {
-        RETURN_IF_ERROR(OpenUpload(task));
-        for (int s : p.sent) RETURN_IF_ERROR(WriteSlice(task, s));
-      }
+      if (retry || !p.upload) RETURN_IF_ERROR(Reopen(task));
       absl::StatusOr<PushResponse> r = p.upload->Finish();
       p.upload.reset();
       if (!r.ok()) return r.status();
@@ -604,9 +723,92 @@ absl::StatusOr<PushResponse> WorkerClient::Push(int64_t step, const float* grads
   return WaitPush();
 }
 
+absl::StatusOr<PushResponse> WorkerClient::Push(int64_t step, const float* grads,
+                                                const std::vector<SparseGradients>& sparse) {
+  RETURN_IF_ERROR(BeginPush(step, grads));
+  for (const SparseGradients& g : sparse) {
+    if (absl::Status s = PushSparse(g.table, g.ids, g.n, g.grads); !s.ok()) {
+      AbandonPush(s);
+      WaitPush().status().IgnoreError();
+      return s;
+    }
+  }
+  FinishPush();
+  return WaitPush();
+}
+
 // ---- pull -------------------------------------------------------------------------------------------------------
 
+absl::Status WorkerClient::SetSparsePull(std::vector<SparsePullRequest> requests) {
+  std::vector<SparsePull> next;
+  std::vector<char> named(config_.tables.size(), 0);
+  for (const SparsePullRequest& r : requests) {
+    if (r.table >= config_.tables.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("SetSparsePull: no sparse table ", r.table, " (the config has ",
+                                                     config_.tables.size(), ")"));
+    }
+    if (named[r.table]++) return absl::InvalidArgumentError(absl::StrCat("SetSparsePull: table ", r.table, " twice"));
+    if (r.n < 0 || (r.n > 0 && (r.ids == nullptr || r.rows == nullptr))) {
+      return absl::InvalidArgumentError(absl::StrCat("SetSparsePull: ", r.n, " rows without ids or room"));
+    }
+    SparsePull sp;
+    sp.table = r.table;
+    sp.dim = config_.tables[r.table].dim;
+    sp.rows = r.rows;
+    sp.ids.resize(num_tasks());
+    sp.position.resize(num_tasks());
+    for (int64_t i = 0; i < r.n; ++i) {
+      const int t = ShardOfId(r.ids[i], num_tasks());
+      sp.ids[t].push_back(r.ids[i]);
+      sp.position[t].push_back(i);
+    }
+    if (num_tasks() > 1) {
+      sp.scratch.resize(num_tasks());
+      for (int t = 0; t < num_tasks(); ++t) sp.scratch[t].resize(sp.ids[t].size() * sp.dim);
+    }
+    next.push_back(std::move(sp));
+  }
+  next_sparse_ = std::move(next);
+  return absl::OkStatus();
+}
+
+std::vector<SparseIds> WorkerClient::SparseRequest(int task) const {
+  std::vector<SparseIds> out;
+  for (const SparsePull& sp : sparse_) {
+    if (!sp.ids[task].empty()) out.push_back(SparseIds{sp.table, sp.ids[task]});
+  }
+  return out;
+}
+
+void WorkerClient::SparseArrived(int index) {
+  absl::MutexLock lock(&mu_);
+  --sparse_pending_[index];
+  cv_.SignalAll();
+}
+
+absl::Status WorkerClient::WaitForSparse(uint32_t table) {
+  const int index = table < sparse_index_.size() ? sparse_index_[table] : -1;
+  if (index < 0) return absl::OkStatus();
+  struct Args {
+    WorkerClient* client;
+    int index;
+    static bool Ready(Args* a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(a->client->mu_) {
+      return !a->client->pull_status_.ok() || !a->client->push_status_.ok() ||
+             a->client->sparse_pending_[a->index] == 0;
+    }
+  } args{this, index};
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(AwaitWithDeadline(absl::Condition(&Args::Ready, &args), "waiting for sparse rows"));
+  if (!pull_status_.ok()) return Explain(pull_status_);
+  return Explain(push_status_);
+}
+
 void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params, bool moving_averages) {
+  // The sparse rows SetSparsePull asked for (no lane job of an earlier pull runs any more: FinishPull waited).
+  sparse_ = std::move(next_sparse_);
+  next_sparse_.clear();
+  sparse_index_.assign(config_.tables.size(), -1);
+  for (size_t i = 0; i < sparse_.size(); ++i) sparse_index_[sparse_[i].table] = static_cast<int>(i);
   {
     absl::MutexLock lock(&mu_);
     pull_active_ = true;
@@ -615,6 +817,10 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
     arrived_.assign(slices_.size(), 0);
     pulls_pending_ = num_tasks();
     pull_status_ = absl::OkStatus();
+    sparse_pending_.assign(sparse_.size(), 0);
+    for (size_t i = 0; i < sparse_.size(); ++i) {
+      for (const std::vector<int64_t>& ids : sparse_[i].ids) sparse_pending_[i] += ids.empty() ? 0 : 1;
+    }
   }
   pull_params_ = params;
   pull_moving_averages_ = moving_averages;
@@ -628,6 +834,7 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
   request.timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
   request.moving_averages = moving_averages;
   request.wire_dtype = options_.wire_dtype;
+  request.sparse = SparseRequest(0);
   request.cancel = &inflight_;
   // ps 0 holds the pull until our push (if one is in flight) has been handled: it may still be on its way.
   {
@@ -655,6 +862,7 @@ void WorkerClient::OnPullHeader(const PullHeader& header) {
     request.timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
     request.moving_averages = pull_moving_averages_;
     request.wire_dtype = options_.wire_dtype;
+    request.sparse = SparseRequest(t);
     request.cancel = &inflight_;
     pull_lanes_[t]->Run([this, t, request] { RunTaskPull(t, request); });
   }
@@ -740,6 +948,13 @@ absl::StatusOr<PullResult> WorkerClient::FinishPull() {
 absl::StatusOr<PullResult> WorkerClient::Pull(int64_t min_step, int64_t since_step, float* params,
                                               bool moving_averages) {
   StartPull(min_step, since_step, params, moving_averages);
+  return FinishPull();
+}
+
+absl::StatusOr<PullResult> WorkerClient::Pull(int64_t min_step, int64_t since_step, float* params,
+                                              std::vector<SparsePullRequest> sparse) {
+  RETURN_IF_ERROR(SetSparsePull(std::move(sparse)));
+  StartPull(min_step, since_step, params);
   return FinishPull();
 }
 

@@ -18,12 +18,31 @@
 //   ASSIGN_OR_RETURN(next, client.FinishPull());
 // Whole-buffer calls (Push, Pull) do the same without overlap.
 //
+// Sparse embedding tables (TrainConfig::tables): a step pulls only the rows of its batch's ids and pushes only
+// their gradients. The caller deduplicates the ids (one entry per id) and sums the gradients per id; the client
+// splits them over the ps tasks by ShardOfId (one request per task, in the same pull as the slices), and puts
+// each pulled row back at its id's position:
+//   std::vector<int64_t> ids = UniqueIds(batch);           // the next batch's, before StartPull
+//   std::vector<float> rows(ids.size() * dim);
+//   RETURN_IF_ERROR(client.SetSparsePull({{table, ids.data(), (int64_t)ids.size(), rows.data()}}));
+//   client.StartPull(step + 1, step, params);
+//   ... RETURN_IF_ERROR(client.WaitForSparse(table));  // rows[i * dim, (i + 1) * dim) is ids[i]'s row ...
+//   ... backward: row gradients summed per id into row_grads ...
+//   RETURN_IF_ERROR(client.BeginPush(step, grads));
+//   RETURN_IF_ERROR(client.PushSparse(table, ids.data(), ids.size(), row_grads.data()));  // before FinishPush
+//   client.FinishPush();
+// Rows travel after the slices of each task. The rows of ids a task has not admitted yet arrive as zeros, and
+// their gradients are dropped there (ps/core/sparse_store.h).
+//
 // Retries: uploads and pulls failing with Unavailable or DeadlineExceeded (a task restarting, a broken
 // connection) are retried with exponential backoff for `retry_window`; a retried upload reuses its request id
 // and writes again every slice it had sent (the ps applies each at most once).
 //
 // Wire compression: with wire_dtype bf16/fp16 the gradients are rounded with error feedback (the rounding
-// error of each step is added to the next step's gradient) and the parameters are rounded when pulled.
+// error of each step is added to the next step's gradient) and the parameters are rounded when pulled. Sparse
+// rows are rounded both ways too, but their gradients without error feedback: a residual could only be added
+// the next time the same id is pushed, often many steps later, and keeping one per id ever pushed would cost
+// memory in proportion to the table (round to nearest even is unbiased on average).
 //
 // Thread-safety: one thread (the training loop) calls the methods; the lanes are internal.
 #ifndef DTRAIN_PS_CLIENT_WORKER_CLIENT_H_
@@ -60,6 +79,24 @@ struct WorkerClientOptions {
 struct PullResult {
   int64_t step = 0;            // global step of the parameters pulled
   bool training_done = false;  // every worker reported done
+};
+
+// The rows of one sparse table a pull brings: ids[0, n) (unique) into rows[0, n * dim), row i for ids[i]. Both
+// stay valid, and rows untouched by the caller, until the pull has finished (FinishPull) or WaitForSparse for
+// the table has returned.
+struct SparsePullRequest {
+  uint32_t table = 0;
+  const int64_t* ids = nullptr;
+  int64_t n = 0;
+  float* rows = nullptr;
+};
+// The gradients of one sparse table a push brings: grads[i * dim, (i + 1) * dim) for ids[i] (unique ids,
+// gradients summed per id over the batch).
+struct SparseGradients {
+  uint32_t table = 0;
+  const int64_t* ids = nullptr;
+  int64_t n = 0;
+  const float* grads = nullptr;
 };
 
 class WorkerClient {
@@ -110,13 +147,30 @@ class WorkerClient {
   absl::StatusOr<PullResult> WaitPullHeader();
   // Waits until the parameters in flat range [begin, end) have arrived.
   absl::Status WaitForRange(int64_t begin, int64_t end);
-  // Waits until every parameter has arrived.
+  // Waits until every parameter (and every sparse row) has arrived.
   absl::StatusOr<PullResult> FinishPull();
+
+  // ---- sparse tables (after Connect; see the example above) ----
+  // The rows the next StartPull (or Pull) brings besides the slices; the pull after it brings none unless this
+  // is called again. InvalidArgument for a table the config lacks or a table named twice (ids are checked by
+  // the ps tasks: an id outside a fixed-size table fails the pull with InvalidArgument).
+  absl::Status SetSparsePull(std::vector<SparsePullRequest> requests);
+  // Waits until the rows of `table` have arrived from every task (at once when the pull did not ask for it).
+  absl::Status WaitForSparse(uint32_t table);
+  // Between BeginPush and FinishPush: sends the row gradients of `table` (grads: n * dim floats), split by
+  // task. Copied before it returns (the caller may reuse ids and grads). May be called for several tables, and
+  // several times for one (with other ids). InvalidArgument for an unknown table, FailedPrecondition outside a
+  // push.
+  absl::Status PushSparse(uint32_t table, const int64_t* ids, int64_t n, const float* grads);
 
   // ---- whole buffers ----
   absl::StatusOr<PushResponse> Push(int64_t step, const float* grads);
   absl::StatusOr<PullResult> Pull(int64_t min_step, int64_t since_step, float* params,
                                   bool moving_averages = false);
+  // With sparse tables: the push with their gradients, the pull with their rows.
+  absl::StatusOr<PushResponse> Push(int64_t step, const float* grads, const std::vector<SparseGradients>& sparse);
+  absl::StatusOr<PullResult> Pull(int64_t min_step, int64_t since_step, float* params,
+                                  std::vector<SparsePullRequest> sparse);
 
   // Tells every task this worker is leaving: it completed training at `global_step` (0: unknown), or not.
   absl::Status Done(bool completed = true, int64_t global_step = 0);
@@ -131,9 +185,32 @@ class WorkerClient {
   struct TaskPush;
   struct TaskPull;
   class Receiver;
+  // One table's part of a push for one task: its ids and gradient rows (encoded when the wire type is narrow).
+  struct SparsePart {
+    uint32_t table = 0;
+    int dim = 0;
+    std::vector<int64_t> ids;
+    std::vector<float> grads;
+    std::vector<char> encoded;
+  };
+  // One table of the pull in flight: which ids each task brings, and where their rows go.
+  struct SparsePull {
+    uint32_t table = 0;
+    int dim = 0;
+    float* rows = nullptr;                       // the caller's
+    std::vector<std::vector<int64_t>> ids;       // per task
+    std::vector<std::vector<int64_t>> position;  // per task: index of each id in the caller's list
+    std::vector<std::vector<float>> scratch;     // per task: rows as they arrive (several tasks only)
+  };
 
   // Lane jobs.
   void SendSlices(int task, std::vector<int> slices);
+  void SendSparse(int task, SparsePart* part);
+  // A new upload for the push in flight to `task`, with everything sent so far written again (a retry).
+  absl::Status Reopen(int task);
+  absl::Status WriteSparsePart(int task, const SparsePart& part);
+  void SparseArrived(int index) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<SparseIds> SparseRequest(int task) const;
   void FinishTaskPush(int task);
   void AbandonTaskPush(int task, const absl::Status& why);
   void RunTaskPull(int task, PullRequest request);
@@ -198,6 +275,10 @@ class WorkerClient {
   uint64_t push_request_id_ = 0;
   std::vector<char> slice_queued_;     // training thread only: slices handed to a lane this push
   std::vector<std::unique_ptr<TaskPush>> pushes_;  // per task; lane-owned while a push runs
+  // The sparse parts of the push in flight, per task: made by the training thread (PushSparse), read by the
+  // task's lane through the pointer its job carries; cleared by BeginPush once the previous push is done.
+  std::vector<std::vector<std::unique_ptr<SparsePart>>> sparse_parts_;
+  bool push_finishing_ = false;  // training thread only: FinishPush or AbandonPush was called
   int pushes_pending_ ABSL_GUARDED_BY(mu_) = 0;    // tasks whose upload has not finished
   int others_pending_ ABSL_GUARDED_BY(mu_) = 0;    // tasks > 0 whose upload has not finished
   absl::Status push_status_ ABSL_GUARDED_BY(mu_);
@@ -214,6 +295,11 @@ class WorkerClient {
   int pulls_pending_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status pull_status_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Receiver>> receivers_;  // per task
+  // Sparse rows: what SetSparsePull set for the next pull (training thread), and the pull in flight's (set by
+  // StartPull before any lane job of the pull runs; read by the lanes).
+  std::vector<SparsePull> next_sparse_, sparse_;
+  std::vector<int> sparse_index_;  // table -> index in sparse_, -1 when the pull does not bring it
+  std::vector<int> sparse_pending_ ABSL_GUARDED_BY(mu_);  // per index in sparse_: tasks whose rows are missing
 };
 
 }  // namespace dtrain::ps

@@ -4,7 +4,9 @@
 #include "ps/client/worker_client.h"
 
 #include <atomic>
+#include <algorithm>
 #include <future>
+#include <numeric>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -68,6 +70,12 @@ class ObservedPs : public PsInterface {
       if (fail_) return absl::UnavailableError("injected: connection reset");
       return up_->Write(key, offset, n, dtype, data);
     }
+    absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
+                             const void* rows) override {
+      ps_->Log(absl::StrCat("push rows ", table, " x", n));
+      if (fail_) return absl::UnavailableError("injected: connection reset");
+      return up_->WriteSparse(table, ids, n, dim, dtype, rows);
+    }
     absl::StatusOr<PushResponse> Finish() override {
       ps_->Log("finish");
       return up_->Finish();
@@ -88,6 +96,13 @@ class ObservedPs : public PsInterface {
       return r_->Destination(key, offset, n);
     }
     absl::Status Written(uint32_t key, int64_t offset, int64_t n) override { return r_->Written(key, offset, n); }
+    absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n, int dim) override {
+      ps_->Log(absl::StrCat("pull rows ", table, " x", n));
+      return r_->SparseDestination(table, first, n, dim);
+    }
+    absl::Status SparseWritten(uint32_t table, int64_t first, int64_t n) override {
+      return r_->SparseWritten(table, first, n);
+    }
 
    private:
     ObservedPs* ps_;
@@ -242,6 +257,122 @@ TEST(WorkerClientTest, DestroyingTheClientEndsAWaitingPull) {
   const absl::Time start = absl::Now();
   client.reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+// Layers(num_ps) with a hash table of dim 3 (rows from the initializer, sgd at learning rate 1).
+SimClusterOptions WithTable(int num_ps, const std::string& mode = "sync") {
+  SimClusterOptions o = Layers(num_ps, mode);
+  SparseTableSpec t;
+  t.name = "emb";
+  t.dim = 3;
+  t.init_scale = 0.5f;
+  t.init_seed = 11;
+  o.config.tables = {t};
+  o.config.sparse_optimizer.name = "sgd";
+  o.config.sparse_optimizer.learning_rate = 1.0f;
+  return o;
+}
+
+std::vector<float> InitialRows(const SparseTableSpec& t, const std::vector<int64_t>& ids) {
+  std::vector<float> rows(ids.size() * t.dim);
+  for (size_t i = 0; i < ids.size(); ++i) SparseInitialRow(t, ids[i], rows.data() + i * t.dim);
+  return rows;
+}
+
+TEST(WorkerClientTest, SparseRowsAreSplitByTaskAndComeBackInTheCallersOrder) {
+  Fixture f(WithTable(2));
+  const SparseTableSpec& table = f.cluster->config().tables[0];
+  const std::vector<int64_t> ids = {901, -5, 17, 4, 123456789012345, 0, 33, 8, 1 << 20};
+  int on_task[2] = {0, 0};
+  for (int64_t id : ids) ++on_task[ShardOfId(id, 2)];
+  ASSERT_GT(on_task[0], 0);
+  ASSERT_GT(on_task[1], 0);
+  std::vector<float> params(14), rows(ids.size() * 3, -1.0f);
+  ASSERT_TRUE(f.client->SetSparsePull({{0, ids.data(), static_cast<int64_t>(ids.size()), rows.data()}}).ok());
+  f.client->StartPull(0, 0, params.data());
+  ASSERT_TRUE(f.client->WaitForSparse(0).ok());
+  EXPECT_EQ(rows, InitialRows(table, ids));
+  ASSERT_TRUE(f.client->FinishPull().ok());
+  // One request per task with its ids only, after its slices.
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_EQ(f.cluster->task(t).GetStats()->tables[0].lookups, on_task[t]);
+    const std::vector<std::string> log = f.Log();
+    EXPECT_EQ(std::count(log.begin(), log.end(), absl::StrCat("ps", t, ":pull rows 0 x", on_task[t])), 1);
+  }
+
+  // A push brings each task the gradients of its ids; the next pull sees them applied (sync, one worker).
+  std::vector<float> grads(14, 0.0f), row_grads(ids.size() * 3);
+  for (size_t i = 0; i < row_grads.size(); ++i) row_grads[i] = 0.125f * static_cast<float>(i);
+  ASSERT_TRUE(f.client->BeginPush(0, grads.data()).ok());
+  ASSERT_TRUE(f.client->PushSparse(0, ids.data(), static_cast<int64_t>(ids.size()), row_grads.data()).ok());
+  f.client->FinishPush();
+  ASSERT_TRUE(f.client->WaitPush().ok());
+  std::vector<float> after(ids.size() * 3);
+  const std::vector<int64_t> reversed(ids.rbegin(), ids.rend());
+  ASSERT_TRUE(f.client->Pull(1, 0, params.data(), {{0, reversed.data(), 9, after.data()}}).ok());
+  const std::vector<float> initial = InitialRows(table, reversed);
+  for (size_t i = 0; i < reversed.size(); ++i) {
+    for (int k = 0; k < 3; ++k) {
+      const size_t j = ids.size() - 1 - i;  // reversed[i] == ids[j]
+      EXPECT_EQ(after[i * 3 + k], initial[i * 3 + k] - row_grads[j * 3 + k]) << reversed[i];
+    }
+  }
+  // The pull after that brings no rows unless asked again.
+  ASSERT_TRUE(f.client->Pull(1, 1, params.data()).ok());
+  EXPECT_EQ(f.cluster->task(0).GetStats()->tables[0].lookups, 2 * on_task[0]);
+}
+
+TEST(WorkerClientTest, SparseRetriesApplyOnce) {
+  Fixture f(WithTable(2, "async"));
+  const SparseTableSpec& table = f.cluster->config().tables[0];
+  std::vector<int64_t> ids(40);
+  std::iota(ids.begin(), ids.end(), 100);
+  std::vector<float> params(14), rows(ids.size() * 3);
+  ASSERT_TRUE(f.client->Pull(0, 0, params.data(), {{0, ids.data(), 40, rows.data()}}).ok());
+  f.observed[0]->FailFirst(/*uploads=*/1, /*pulls=*/1);
+  f.observed[1]->FailFirst(/*uploads=*/1, /*pulls=*/2);
+  const std::vector<float> grads(14, 0.0f), row_grads(ids.size() * 3, 0.5f);
+  absl::StatusOr<PushResponse> pushed = f.client->Push(0, grads.data(), {{0, ids.data(), 40, row_grads.data()}});
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  ASSERT_TRUE(f.client->Pull(0, 0, params.data(), {{0, ids.data(), 40, rows.data()}}).ok());
+  std::vector<float> want = InitialRows(table, ids);
+  for (float& x : want) x -= 0.5f;
+  EXPECT_EQ(rows, want);
+}
+
+TEST(WorkerClientTest, SparseMisuseIsRefused) {
+  Fixture f(WithTable(1));
+  std::vector<float> grads(14), rows(3);
+  const int64_t id = 1;
+  EXPECT_EQ(f.client->PushSparse(0, &id, 1, rows.data()).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f.client->SetSparsePull({{1, &id, 1, rows.data()}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.client->SetSparsePull({{0, &id, 1, rows.data()}, {0, &id, 1, rows.data()}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(f.client->BeginPush(0, grads.data()).ok());
+  EXPECT_EQ(f.client->PushSparse(2, &id, 1, rows.data()).code(), absl::StatusCode::kInvalidArgument);
+  f.client->FinishPush();
+  EXPECT_EQ(f.client->PushSparse(0, &id, 1, rows.data()).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(f.client->WaitPush().ok());
+  EXPECT_TRUE(f.client->WaitForSparse(0).ok());  // no pull asked for it: at once
+}
+
+// (In process the pulled rows come as fp32, as the slices do: the gRPC service rounds them, see grpc_ps_test.)
+TEST(WorkerClientTest, NarrowWireTypesRoundSparseGradientsWithoutErrorFeedback) {
+  WorkerClientOptions wo;
+  wo.wire_dtype = WireDtype::kBF16;
+  Fixture f(WithTable(1), wo);
+  const SparseTableSpec& table = f.cluster->config().tables[0];
+  const std::vector<int64_t> ids = {3, 4};
+  std::vector<float> params(14), rows(6);
+  ASSERT_TRUE(f.client->Pull(0, 0, params.data(), {{0, ids.data(), 2, rows.data()}}).ok());
+  const std::vector<float> initial = InitialRows(table, ids);
+  EXPECT_EQ(rows, initial);
+  const std::vector<float> grads(14, 0.0f), row_grads(6, 1.001f);  // 1.0 in bf16, every time
+  for (int s = 0; s < 3; ++s) {
+    ASSERT_TRUE(f.client->Push(s, grads.data(), {{0, ids.data(), 2, row_grads.data()}}).ok());
+    ASSERT_TRUE(f.client->Pull(s + 1, s, params.data(), {{0, ids.data(), 2, rows.data()}}).ok());
+  }
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i], initial[i] - 1.0f - 1.0f - 1.0f);
 }
 
 }  // namespace

@@ -15,6 +15,12 @@ void GradientBuffers::Buffer::Claim(int64_t step, uint64_t request_id) {
   std::fill(applied_.begin(), applied_.end(), 0);
   num_complete_ = 0;
   nonfinite_slice_.clear();
+  for (SparseRows& t : sparse_) {
+    t.ids.clear();
+    t.grads.clear();
+    t.writer.clear();
+    t.row_of.clear();
+  }
 }
 
 namespace {
@@ -57,6 +63,32 @@ absl::Status GradientBuffers::Buffer::Write(int slice, int64_t offset, int64_t n
   return absl::OkStatus();
 }
 
+absl::Status GradientBuffers::Buffer::WriteSparse(int table, const int64_t* ids, int64_t n, WireDtype dtype,
+                                                  const void* rows, bool check_finite, uint64_t writer) {
+  SparseRows& t = sparse_[table];
+  const int dim = t.dim;
+  const int el = DtypeBytes(dtype);
+  const char* src = static_cast<const char*>(rows);
+  for (int64_t i = 0; i < n; ++i) {
+    auto [it, inserted] = t.row_of.try_emplace(ids[i], static_cast<uint32_t>(t.ids.size()));
+    const uint32_t row = it->second;
+    if (inserted) {
+      t.ids.push_back(ids[i]);
+      t.grads.resize(t.grads.size() + dim);
+      t.writer.push_back(writer);
+    } else if (t.writer[row] == writer) {
+      return absl::InvalidArgumentError(absl::StrCat("sparse gradients of '", t.name, "': id ", ids[i],
+                                                     " repeated within one push (sum them per id)"));
+    } else {
+      t.writer[row] = writer;  // a retried upload sends it again
+    }
+    float* dst = t.grads.data() + static_cast<int64_t>(row) * dim;
+    DecodeFloats(dtype, src + i * dim * el, dim, dst);
+    if (check_finite && nonfinite_slice_.empty() && !AllFinite(dst, dim)) nonfinite_slice_ = t.name;
+  }
+  return absl::OkStatus();
+}
+
 std::string GradientBuffers::Buffer::DescribeMissing() const {
   std::string out;
   for (size_t i = 0; i < length_.size(); ++i) {
@@ -67,7 +99,7 @@ std::string GradientBuffers::Buffer::DescribeMissing() const {
   return out;
 }
 
-GradientBuffers::GradientBuffers(int num_workers, const SliceStore& store) {
+GradientBuffers::GradientBuffers(int num_workers, const SliceStore& store, const SparseStore* tables) {
   for (int w = 0; w < num_workers; ++w) {
     auto e = std::make_unique<Entry>();
     for (int i = 0; i < store.num_slices(); ++i) {
@@ -77,6 +109,12 @@ GradientBuffers::GradientBuffers(int num_workers, const SliceStore& store) {
     e->buffer.values_.resize(store.num_slices());
     e->buffer.received_.assign(store.num_slices(), 0);
     e->buffer.applied_.assign(store.num_slices(), 0);
+    for (int t = 0; tables != nullptr && t < tables->num_tables(); ++t) {
+      Buffer::SparseRows rows;
+      rows.name = tables->spec(t).name;
+      rows.dim = tables->spec(t).dim;
+      e->buffer.sparse_.push_back(std::move(rows));
+    }
     entries_.push_back(std::move(e));
   }
 }

@@ -1,6 +1,11 @@
 // What each worker has uploaded to one ps task for its current push: the gradient floats of every slice of
-// the task, and how much of each slice has arrived. Sync mode keeps a worker's buffer until its step is decided
-// and applied; async mode uses it to gather each slice whole before applying it.
+// the task, and how much of each slice has arrived; and the rows of each sparse table it pushed (ids and their
+// gradients). Sync mode keeps a worker's buffer until its step is decided and applied; async mode uses it to
+// gather each slice whole before applying it (and the rows until the push finishes).
+//
+// Sparse rows: an id may come once per upload *attempt*: a retried upload (a new SliceUpload with the same
+// request id, identified by a different `writer`) sends its rows again and overwrites them, while a repeat
+// within one attempt is InvalidArgument.
 //
 // A buffer belongs to one upload, named by (step, request_id): an upload with another name starts it afresh
 // (the memory is reused, no allocation after the first step). Within an upload, a slice's pieces arrive in
@@ -15,10 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "ps/api/slice_io.h"
 #include "ps/core/slice_store.h"
+#include "ps/core/sparse_store.h"
 
 namespace dtrain::ps {
 
@@ -46,6 +53,17 @@ class GradientBuffers {
     bool applied(int slice) const { return applied_[slice] != 0; }
     void set_applied(int slice) { applied_[slice] = 1; }
 
+    // Rows of sparse table `table` (checked by the caller: owned ids, the table's `dim`), decoded from `dtype`,
+    // written by upload attempt `writer` (any number unique per attempt); with `check_finite` notes NaN/Inf.
+    // InvalidArgument for an id repeated within the attempt (the rows before it are kept; the upload fails).
+    absl::Status WriteSparse(int table, const int64_t* ids, int64_t n, WireDtype dtype, const void* rows,
+                             bool check_finite, uint64_t writer);
+    int num_tables() const { return static_cast<int>(sparse_.size()); }
+    // The rows of one table in arrival order: ids, and ids.size() * dim gradient floats.
+    const std::vector<int64_t>& sparse_ids(int table) const { return sparse_[table].ids; }
+    const float* sparse_grads(int table) const { return sparse_[table].grads.data(); }
+    int sparse_dim(int table) const { return sparse_[table].dim; }
+
    private:
     friend class GradientBuffers;
     int64_t step_ = -1;
@@ -57,6 +75,15 @@ class GradientBuffers {
     std::vector<char> applied_;
     int num_complete_ = 0;
     std::string nonfinite_slice_;
+    struct SparseRows {
+      std::string name;
+      int dim = 0;
+      std::vector<int64_t> ids;
+      std::vector<float> grads;
+      std::vector<uint64_t> writer;                   // per row: the attempt that wrote it
+      absl::flat_hash_map<int64_t, uint32_t> row_of;  // id -> row
+    };
+    std::vector<SparseRows> sparse_;
   };
 
   // RAII access to one worker's buffer.
@@ -73,7 +100,8 @@ class GradientBuffers {
     Buffer* buffer_;
   };
 
-  GradientBuffers(int num_workers, const SliceStore& store);
+  // `tables` may be null (no sparse tables).
+  GradientBuffers(int num_workers, const SliceStore& store, const SparseStore* tables = nullptr);
   // Precondition: 0 <= worker < num_workers.
   Locked Lock(int worker);
 

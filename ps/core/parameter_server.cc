@@ -22,6 +22,10 @@ class ParameterServer::Impl::DiscardUpload : public SliceUpload {
     impl_->bytes_received_ += n * DtypeBytes(dtype);
     return absl::OkStatus();
   }
+  absl::Status WriteSparse(uint32_t, const int64_t*, int64_t n, int dim, WireDtype dtype, const void*) override {
+    impl_->bytes_received_ += n * (8 + int64_t{dim} * DtypeBytes(dtype));
+    return absl::OkStatus();
+  }
   absl::StatusOr<PushResponse> Finish() override { return response_; }
 
  private:
@@ -65,6 +69,7 @@ class ParameterServer::Impl::InitializeUpload : public SliceUpload {
       }
     }
     impl_->store_->ResetSlotsAndAverages(impl_->step_);
+    impl_->sparse_->Clear(impl_->step_);  // rows come from their initializer as they are first touched
     impl_->initialized_ = true;
     LOG(INFO) << "ps task " << impl_->options_.task_index << ": initialized " << impl_->store_->num_slices()
               << " slices";
@@ -81,7 +86,7 @@ class ParameterServer::Impl::InitializeUpload : public SliceUpload {
 class ParameterServer::Impl::PushUpload : public SliceUpload {
  public:
   // Constructed under mu_ (StartPushLocked), which counts it in flight.
-  PushUpload(Impl* impl, const PushHeader& header) : impl_(impl), header_(header) {}
+  PushUpload(Impl* impl, const PushHeader& header) : impl_(impl), header_(header), writer_(impl->next_writer_++) {}
   ~PushUpload() override {
     absl::MutexLock lock(&impl_->mu_);
     --impl_->accounting_.in_flight;
@@ -101,6 +106,23 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
       impl_->ApplyAsync(*i, *buffer);
     }
     return status_;
+  }
+
+  absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
+                           const void* rows) override {
+    impl_->bytes_received_ += n * (8 + int64_t{dim} * DtypeBytes(dtype));
+    if (!status_.ok()) return status_;
+    status_ = impl_->sparse_->CheckIds(table, ids, n);
+    if (status_.ok() && dim != impl_->sparse_->spec(table).dim) {
+      status_ = absl::InvalidArgumentError(absl::StrCat("sparse gradients of '", impl_->sparse_->spec(table).name,
+                                                        "' with ", dim, " values a row, the table has ",
+                                                        impl_->sparse_->spec(table).dim));
+    }
+    if (!status_.ok()) return status_;
+    const bool check = impl_->options_.nonfinite != ParameterServerOptions::NonFinite::kApply;
+    GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
+    buffer->Claim(header_.step, header_.request_id);
+    return status_ = buffer->WriteSparse(static_cast<int>(table), ids, n, dtype, rows, check, writer_);
   }
 
   absl::StatusOr<PushResponse> Finish() override {
@@ -128,6 +150,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
  private:
   Impl* impl_;
   const PushHeader header_;
+  const uint64_t writer_;  // this attempt, for the sparse rows (a retry is another)
   absl::Status status_;
   bool finished_ = false;
 };
@@ -230,6 +253,37 @@ void ParameterServer::Impl::ApplyAsync(int i, GradientBuffers::Buffer& buffer) {
   buffer.set_applied(i);
 }
 
+void ParameterServer::Impl::ApplySparse(const std::vector<GradientBuffers::Buffer*>& buffers, int64_t step,
+                                        float scale) {
+  for (int t = 0; t < sparse_->num_tables(); ++t) {
+    if (buffers.size() == 1) {
+      const std::vector<int64_t>& ids = buffers[0]->sparse_ids(t);
+      if (!ids.empty()) sparse_->Apply(t, step, ids.data(), ids.size(), buffers[0]->sparse_grads(t), scale);
+      continue;
+    }
+    // Summed per id over the workers, in their order (the same bits on every run).
+    const int dim = sparse_->spec(t).dim;
+    absl::flat_hash_map<int64_t, uint32_t> row_of;
+    std::vector<int64_t> ids;
+    std::vector<float> sum;
+    for (const GradientBuffers::Buffer* b : buffers) {
+      const std::vector<int64_t>& bids = b->sparse_ids(t);
+      const float* grads = b->sparse_grads(t);
+      for (size_t i = 0; i < bids.size(); ++i) {
+        auto [it, inserted] = row_of.try_emplace(bids[i], static_cast<uint32_t>(ids.size()));
+        const float* g = grads + i * dim;
+        if (inserted) {
+          ids.push_back(bids[i]);
+          sum.insert(sum.end(), g, g + dim);
+        } else {
+          AddInto(g, sum.data() + static_cast<int64_t>(it->second) * dim, dim);
+        }
+      }
+    }
+    if (!ids.empty()) sparse_->Apply(t, step, ids.data(), ids.size(), sum.data(), scale);
+  }
+}
+
 absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader& header,
                                                                GradientBuffers::Buffer& buffer,
                                                                std::optional<StepDecision>* decided, int64_t* epoch,
@@ -311,6 +365,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
         store_->Apply(i, step_, &grad, 1, 1.0f, store_->version(i) + 1);
         buffer.set_applied(i);
       }
+      ApplySparse({&buffer}, step_, 1.0f);
       if (!coordinator()) {
         ++step_;  // the task's own count of updates, for its learning-rate schedule
         ++stats.applied;
@@ -447,6 +502,9 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
         store_->Apply(i, d.step, grads.data(), static_cast<int>(grads.size()), scale, d.step + 1);
       }
     }
+    // The tables after the slices (pulls stream them in that order), with the same 1/R.
+    ApplySparse(summed, d.step, scale);
+    sparse_->SetVersion(d.step + 1);
   }
   applied_through_ = d.step + 1;
   absl::MutexLock lock(&mu_);
@@ -499,6 +557,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     }
     epoch_cancel = epoch_cancel_;
   }
+  RETURN_IF_ERROR(CheckSparseRequest(request));
   // A cancelled pull, or one of an epoch that ended (a rollback), is woken wherever it waits and ends.
   auto wake = [this] {
     {
@@ -506,6 +565,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
       cv_.SignalAll();
     }
     store_->WakeWaiters();
+    sparse_->WakeWaiters();
   };
   const int64_t request_id = request.cancel != nullptr ? request.cancel->Register(wake) : 0;
   const int64_t epoch_id = epoch_cancel->Register(wake);
@@ -592,7 +652,45 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     }
     RETURN_IF_ERROR(receiver->Flush());  // a slice is whole: the worker may be waiting for it
   }
+  if (!request.sparse.empty()) {
+    // The rows at the same step as the slices, once the tables' update (after the slices') is done.
+    if (!sparse_->WaitReadable(version, absl::InfinitePast())) RETURN_IF_ERROR(receiver->Flush());
+    if (!sparse_->WaitReadable(version, deadline, stopped)) {
+      if (stopped()) return stopped_error();
+      return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                      options_.task_index, " timed out after ", request.timeout_ms,
+                                                      " ms waiting for the sparse tables to be updated to step ",
+                                                      version));
+    }
+    int64_t ids = 0;
+    for (const SparseIds& e : request.sparse) {
+      const int dim = sparse_->spec(e.table).dim;
+      const int64_t per_piece = std::max<int64_t>(1, SliceStore::kChunkFloats / dim);
+      const int64_t n = static_cast<int64_t>(e.ids.size());
+      ids += n;
+      for (int64_t first = 0; first < n; first += per_piece) {
+        const int64_t m = std::min(per_piece, n - first);
+        ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver->SparseDestination(e.table, first, m, dim));
+        if (dst.data != nullptr) sparse_->Lookup(e.table, e.ids.data() + first, m, dst.dtype, dst.data);
+        RETURN_IF_ERROR(receiver->SparseWritten(e.table, first, m));
+        sent += m * dim * DtypeBytes(dst.dtype);
+      }
+      RETURN_IF_ERROR(receiver->Flush());
+    }
+    bytes_received_ += ids * 8;  // the ids came with the request
+  }
   bytes_sent_ += sent;
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Impl::CheckSparseRequest(const PullRequest& request) const {
+  std::vector<char> asked(sparse_->num_tables(), 0);
+  for (const SparseIds& e : request.sparse) {
+    RETURN_IF_ERROR(sparse_->CheckIds(e.table, e.ids.data(), static_cast<int64_t>(e.ids.size())));
+    if (asked[e.table]++) {
+      return absl::InvalidArgumentError(absl::StrCat("pull asks for sparse table ", e.table, " twice"));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -1,6 +1,13 @@
 // The parameter server's logic, free of any transport: one ParameterServer per ps task holds that task's
-// slices of the variables with their optimizer slots and moving averages, applies gradients (sync or async,
-// see ps/api/ps_types.h for the protocol), and on task 0 keeps the global step and the sync decisions.
+// slices of the variables with their optimizer slots and moving averages, and its shard of every sparse
+// embedding table (the ids ShardOfId gives it, ps/core/sparse_store.h), applies gradients (sync or async, see
+// ps/api/ps_types.h for the protocol), and on task 0 keeps the global step and the sync decisions.
+//
+// Sparse tables: a pull's PullRequest::sparse ids get their rows after the slices, at the pull's step; a push's
+// rows (SliceUpload::WriteSparse) are applied with its step: sync, summed per id over the step's workers and
+// divided by R (the number of gradients in the step, whether or not a worker touched the row: TensorFlow's
+// sparse accumulator), async, each push as it finishes. Duplicates and retries apply once, a rollback drops
+// buffered rows, NaN/Inf rows follow --nonfinite like slices. Checkpoints hold the rows that exist.
 //
 // It implements PsInterface directly (the in-process ps of local mode and of tests); ps/rpc/grpc_ps_service.h
 // exposes one over gRPC.
@@ -90,8 +97,12 @@ struct ParameterServerOptions {
   // kApply applies it without looking (no scan of the gradients).
   enum class NonFinite { kReject, kSkip, kApply };
   NonFinite nonfinite = NonFinite::kReject;
-  // The largest model (bytes of this task's slices) Register accepts: ResourceExhausted naming the flag beyond.
+  // The largest model (bytes of this task's slices, plus max_rows rows of each bounded sparse table) Register
+  // accepts: ResourceExhausted naming the flag beyond.
   int64_t max_model_bytes = int64_t{4} << 30;
+  // A bound on the rows of every sparse table on this task, whatever the chief's max_rows (0: none; see
+  // SparseStoreOptions::max_rows_cap).
+  int64_t sparse_max_rows = 0;
 };
 
 // "reject", "skip" or "apply" (the --nonfinite flag); InvalidArgument naming the flag otherwise.

@@ -27,6 +27,13 @@
 // - Rollback (Restore on a configured task): the state is replaced in place under apply_mu_ and mu_, every
 //   session becomes void, and the epoch moves on: pulls waiting in the old epoch end with Aborted and decided
 //   updates of the old epoch are dropped.
+// - Sparse tables (SparseStore, beside the SliceStore): a push's rows go into the worker's GradientBuffers with
+//   its dense gradients. Sync: the decision's thread applies them after the slices, summed per id over the
+//   decided workers (in decision order) with scale 1/R (the workers summed, as for slices: a row one worker
+//   touched is divided by R too, TensorFlow's sparse accumulator), then publishes the tables' version; a pull
+//   streams its rows after the slices once that version has reached its step. Async: the rows of a push are
+//   applied (scale 1) when it finishes, under mu_ like its slices. Rows are read and updated under the
+//   store's sub-shard locks, which come after mu_ in the lock order.
 // - Checkpoints: whatever advances the step copies the state at the exact step due (sync: under apply_mu_,
 //   between two updates); the same RPC thread writes the file after releasing its locks (through writer_, which
 //   retries, serializes writes and orders the pruning), before it returns. Restore reads the file under mu_
@@ -61,6 +68,7 @@
 #include "ps/core/gradient_buffers.h"
 #include "ps/core/membership.h"
 #include "ps/core/slice_store.h"
+#include "ps/core/sparse_store.h"
 #include "ps/core/staleness_gate.h"
 #include "ps/core/sync_coordinator.h"
 #include "ps/core/train_config.h"
@@ -162,6 +170,10 @@ class ParameterServer::Impl {
                                           std::vector<CheckpointData>* saves) ABSL_LOCKS_EXCLUDED(mu_);
   // Async: applies slice i of `buffer` (whole) once per upload.
   void ApplyAsync(int i, GradientBuffers::Buffer& buffer) ABSL_LOCKS_EXCLUDED(mu_);
+  // Applies the sparse rows of `buffers` at `step`: summed per id (in the order given), times `scale`.
+  void ApplySparse(const std::vector<GradientBuffers::Buffer*>& buffers, int64_t step, float scale);
+  // Pull: InvalidArgument for sparse ids the task does not hold (or a table asked twice).
+  absl::Status CheckSparseRequest(const PullRequest& request) const;
 
   // Sync.
   std::optional<StepDecision> DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -214,6 +226,7 @@ class ParameterServer::Impl {
   // in place, never the objects.
   bool sync_ = true;
   std::unique_ptr<SliceStore> store_;
+  std::unique_ptr<SparseStore> sparse_;  // every table's shard on this task (no tables: none)
   std::unique_ptr<GradientBuffers> buffers_;
   std::unique_ptr<SyncCoordinator> coordinator_;  // object and state: under mu_
   std::unique_ptr<StalenessGate> gate_;           // object and state: under mu_
@@ -221,6 +234,7 @@ class ParameterServer::Impl {
   Membership members_ ABSL_GUARDED_BY(mu_);
   // Sync: the step of each worker's last finished upload that held every slice (-1: none).
   std::vector<int64_t> complete_step_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> next_writer_{1};  // numbers the push uploads (a retried upload is another writer)
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> bytes_sent_{0};
   // The push accounting (parameter_server.h); `pending` is computed from pending_accepted_: sync, whether each

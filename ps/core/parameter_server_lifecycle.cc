@@ -20,10 +20,27 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   ASSIGN_OR_RETURN(std::unique_ptr<SliceStore> store,
                    SliceStore::Create(config.slices, config.optimizer, config.moving_average_decay));
   store->set_apply_threads(options_.apply_threads);
+  // Without tables the sparse optimizer is not used (and may be unset): an empty store with the defaults.
+  SparseStoreOptions sparse_options{options_.task_index, options_.num_ps, options_.sparse_max_rows};
+  ASSIGN_OR_RETURN(std::unique_ptr<SparseStore> sparse,
+                   SparseStore::Create(config.tables,
+                                       config.tables.empty() ? SparseOptimizerConfig() : config.sparse_optimizer,
+                                       config.optimizer, sparse_options));
+  for (int t = 0; t < sparse->num_tables(); ++t) {
+    const int64_t row_bytes = 13 + int64_t{4} * sparse->spec(t).dim * (1 + sparse->optimizer().num_slots());
+    if (sparse->max_rows(t) > 0) bytes += sparse->max_rows(t) * row_bytes;
+  }
+  if (bytes > options_.max_model_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("the model's slices and bounded sparse tables (max_rows) on ps "
+                                                     "task ", options_.task_index, " take up to ", bytes,
+                                                     " bytes, more than --max_model_bytes=", options_.max_model_bytes));
+  }
+  sparse->SetVersion(step_);
   config_ = config;
   sync_ = config_.mode == "sync";
   store_ = std::move(store);
-  buffers_ = std::make_unique<GradientBuffers>(options_.num_workers, *store_);
+  sparse_ = std::move(sparse);
+  buffers_ = std::make_unique<GradientBuffers>(options_.num_workers, *store_, sparse_.get());
   coordinator_ = std::make_unique<SyncCoordinator>(ResolvedReplicasToAggregate(config_));
   coordinator_->StartAt(step_);
   gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
@@ -34,7 +51,9 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   LOG(INFO) << "ps task " << options_.task_index << ": adopted the config of chief worker " << chief_ << " ("
             << config_.mode << ", " << config_.num_workers << " workers, R=" << ResolvedReplicasToAggregate(config_)
             << ", " << config_.optimizer.name << ", " << store_->num_slices() << " slices, " << store_->total_floats()
-            << " floats)";
+            << " floats" << (config_.tables.empty() ? "" : absl::StrCat(", ", config_.tables.size(), " sparse tables (",
+                                                                        config_.sparse_optimizer.name, ")"))
+            << ")";
   return absl::OkStatus();
 }
 
@@ -57,7 +76,9 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     if (restored.has_value()) step_ = restored->data.task_step;
     RETURN_IF_ERROR(ConfigureLocked(request.config, request.worker_id));
     if (restored.has_value()) {
-      absl::Status s = store_->ImportState(restored->data.slices, restored->data.task_step);
+      absl::Status s = sparse_->CheckState(restored->data.tables);
+      if (s.ok()) s = store_->ImportState(restored->data.slices, restored->data.task_step);
+      if (s.ok()) s = sparse_->ImportState(restored->data.tables, restored->data.task_step);
       if (!s.ok()) {
         configured_ = false;
         step_ = 0;
@@ -68,8 +89,11 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
       written_label_ = restored->data.global_step;
       members_.RestoreInputPositions(restored->data.input_positions, restored->data.global_step);
       initialized_ = true;
+      int64_t rows = 0;
+      for (const SparseTableState& t : restored->data.tables) rows += static_cast<int64_t>(t.ids.size());
       LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
-                << restored->data.global_step << ", " << restored->data.slices.size() << " slices)";
+                << restored->data.global_step << ", " << restored->data.slices.size() << " slices"
+                << (restored->data.tables.empty() ? "" : absl::StrCat(", ", rows, " sparse rows")) << ")";
     }
   } else {
     RETURN_IF_ERROR(CompareTrainConfigs(config_, request.config, request.worker_id));
@@ -140,7 +164,9 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     } else {
       RETURN_IF_ERROR(CompareTrainConfigs(config_, config, worker_id));
     }
+    RETURN_IF_ERROR(sparse_->CheckState(data.tables));
     RETURN_IF_ERROR(store_->ImportState(data.slices, data.task_step));
+    RETURN_IF_ERROR(sparse_->ImportState(data.tables, data.task_step));
     const int64_t was = step_;
     step_ = data.task_step;
     step_hint_ = data.global_step;
@@ -172,6 +198,7 @@ std::shared_ptr<Cancellation> ParameterServer::Impl::NewEpochLocked() {
   std::shared_ptr<Cancellation> ended = std::exchange(epoch_cancel_, std::make_shared<Cancellation>());
   cv_.SignalAll();
   if (store_) store_->WakeWaiters();
+  if (sparse_) sparse_->WakeWaiters();
   return ended;
 }
 
@@ -400,6 +427,7 @@ absl::StatusOr<TrainingStats> ParameterServer::Impl::GetStats() {
   if (configured_) stats.max_staleness_seen = gate_->max_staleness_seen();
   stats.bytes_received = bytes_received_;
   stats.bytes_sent = bytes_sent_;
+  if (configured_) stats.tables = sparse_->Stats();
   return stats;
 }
 
@@ -447,6 +475,11 @@ CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_st
   if (!d.has_moving_averages) {
     for (SliceState& s : d.slices) s.moving_average.clear();
   }
+  if (!config_.tables.empty()) {
+    d.sparse_optimizer = config_.sparse_optimizer.name;
+    d.sparse_num_slots = sparse_->optimizer().num_slots();
+    d.tables = sparse_->ExportState();
+  }
   return d;
 }
 
@@ -492,6 +525,7 @@ absl::Status ParameterServer::Impl::ImportState(int64_t step, const std::vector<
     RETURN_IF_ERROR(CheckReady());
     if (step < 0) return absl::InvalidArgumentError(absl::StrCat("ImportState at negative step ", step));
     RETURN_IF_ERROR(store_->ImportState(slices, step));
+    sparse_->SetVersion(step);  // the tables keep their rows
     step_ = step;
     step_hint_ = step;
     applied_through_ = step;

@@ -1,7 +1,8 @@
 // A ps task killed mid-run and started again with the same options: the workers see it unavailable, retry,
 // get Aborted (no session), connect again; the chief asks every task what it can restore and rolls them all
 // back to the newest step they share; training ends where it would have without the restart (sync: exactly
-// the same parameters, since the steps after the checkpoint are computed again from the same values).
+// the same parameters, since the steps after the checkpoint are computed again from the same values), with a
+// sparse embedding table too (its rows and accumulators restored from the checkpoints).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -130,6 +131,11 @@ class RestartablePs : public PsInterface {
       if (live_.kill->cancelled()) return owner_->Down();
       return up_->Write(key, offset, n, dtype, data);
     }
+    absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
+                             const void* rows) override {
+      if (live_.kill->cancelled()) return owner_->Down();
+      return up_->WriteSparse(table, ids, n, dim, dtype, rows);
+    }
     absl::StatusOr<PushResponse> Finish() override {
       if (live_.kill->cancelled()) return owner_->Down();
       return up_->Finish();
@@ -151,8 +157,20 @@ class RestartablePs : public PsInterface {
 
 struct Case {
   std::string mode;
-  int victim;  // the ps task that is killed and started again; -1: none
+  int victim;           // the ps task that is killed and started again; -1: none
+  bool sparse = false;  // the model has an embedding table too (its rows are checkpointed and restored)
 };
+
+// With Case::sparse: a hash table of dim 4 (adagrad); worker w pulls and pushes ids kIds[w] every step (both
+// touch 3 and 40, each id held by either task).
+constexpr int kDim = 4;
+const std::vector<int64_t> kIds[2] = {{1, 3, 17, 40, 99}, {3, 8, 40, 64, 1000003}};
+
+std::vector<float> RowGradient(int worker, int64_t step, const std::vector<float>& rows) {
+  std::vector<float> g(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) g[i] = 0.5f * rows[i] + 0.02f * (worker + 1) - 0.001f * step;
+  return g;
+}
 
 constexpr int kNumPs = 2, kNumWorkers = 2, kSteps = 30, kKillAt = 13, kSaveEvery = 5;
 
@@ -167,6 +185,15 @@ std::vector<float> Train(const Case& c, const std::string& dir, int* reconnects)
   config.optimizer.name = "momentum";
   config.optimizer.momentum = 0.9f;
   config.train_steps = kSteps;
+  if (c.sparse) {
+    SparseTableSpec t;
+    t.name = "emb";
+    t.dim = kDim;
+    t.init_scale = 0.1f;
+    config.tables = {t};
+    config.sparse_optimizer.name = "adagrad";
+    config.sparse_optimizer.learning_rate = 0.1f;
+  }
   int64_t total = 0;
   for (const VariableInfo& v : vars) total += v.size;
   std::vector<float> initial(total);
@@ -196,13 +223,28 @@ std::vector<float> Train(const Case& c, const std::string& dir, int* reconnects)
     WorkerClient client(task_ptrs, placement.task_slices, id, id == 0, wo);
     ASSERT_TRUE(client.Connect(config, initial.data(), absl::Seconds(20)).ok());
     std::vector<float> params(total);
-    absl::StatusOr<PullResult> at = client.Pull(0, 0, params.data());
+    const std::vector<int64_t>& ids = kIds[id];
+    std::vector<float> rows(ids.size() * kDim);
+    // Every pull brings the rows of this worker's ids (with a table), every push their gradients.
+    auto pull = [&](int64_t min_step, int64_t since_step) {
+      if (c.sparse) {
+        const absl::Status s = client.SetSparsePull({{0, ids.data(), static_cast<int64_t>(ids.size()), rows.data()}});
+        if (!s.ok()) return absl::StatusOr<PullResult>(s);
+      }
+      return client.Pull(min_step, since_step, params.data());
+    };
+    auto push = [&](int64_t step, const std::vector<float>& grad) {
+      if (!c.sparse) return client.Push(step, grad.data());
+      const std::vector<float> row_grads = RowGradient(id, step, rows);
+      return client.Push(step, grad.data(), {{0, ids.data(), static_cast<int64_t>(ids.size()), row_grads.data()}});
+    };
+    absl::StatusOr<PullResult> at = pull(0, 0);
     // Async: worker 0 does not wait for worker 1, and may have killed and restarted a task before this first
     // pull (a slow thread start, e.g. under ASan): connect again, as after any restart.
     while (!at.ok() && at.status().code() == absl::StatusCode::kAborted) {
       ASSERT_LT(++total_reconnects, 40) << "reconnecting for ever";
       ASSERT_TRUE(client.Reconnect(absl::Seconds(20)).ok());
-      at = client.Pull(0, 0, params.data());
+      at = pull(0, 0);
     }
     ASSERT_TRUE(at.ok()) << at.status();
     bool killed = false;
@@ -215,8 +257,8 @@ std::vector<float> Train(const Case& c, const std::string& dir, int* reconnects)
         tasks[c.victim]->Start();
       }
       const std::vector<float> grad = TestGradient(id, step, params);
-      absl::StatusOr<PushResponse> pushed = client.Push(step, grad.data());
-      at = pushed.ok() ? client.Pull(step + 1, step, params.data()) : absl::StatusOr<PullResult>(pushed.status());
+      absl::StatusOr<PushResponse> pushed = push(step, grad);
+      at = pushed.ok() ? pull(step + 1, step) : absl::StatusOr<PullResult>(pushed.status());
       if (!at.ok()) {
         // Only Aborted is expected: Unavailable while the task is down is retried inside the client.
         ASSERT_EQ(at.status().code(), absl::StatusCode::kAborted) << "worker " << id << ": " << at.status();
@@ -225,18 +267,26 @@ std::vector<float> Train(const Case& c, const std::string& dir, int* reconnects)
         do {
           ASSERT_LT(++total_reconnects, 40) << "reconnecting for ever";
           ASSERT_TRUE(client.Reconnect(absl::Seconds(20)).ok());
-          at = client.Pull(0, 0, params.data());
+          at = pull(0, 0);
         } while (!at.ok() && at.status().code() == absl::StatusCode::kAborted);
         ASSERT_TRUE(at.ok()) << at.status();
       }
     }
     if (id == 0) {
+      // The final state: the dense parameters and (with a table) every row both workers trained.
+      std::vector<int64_t> all = kIds[0];
+      all.insert(all.end(), {8, 64, 1000003});
+      std::vector<float> all_rows(all.size() * kDim);
+      if (c.sparse) {
+        ASSERT_TRUE(client.SetSparsePull({{0, all.data(), static_cast<int64_t>(all.size()), all_rows.data()}}).ok());
+      }
       absl::StatusOr<PullResult> newest = client.Pull(kSteps, 0, params.data());
       ASSERT_TRUE(newest.ok()) << newest.status();
       // Async: both workers may push at the last step.
       if (c.mode == "sync") EXPECT_EQ(newest->step, kSteps);
       EXPECT_GE(newest->step, kSteps);
       final_params = params;
+      if (c.sparse) final_params.insert(final_params.end(), all_rows.begin(), all_rows.end());
     }
     EXPECT_TRUE(client.Done().ok());
   };
@@ -256,10 +306,10 @@ class PsRestartTest : public ::testing::TestWithParam<Case> {};
 TEST_P(PsRestartTest, TheClusterRollsBackToTheNewestCommonCheckpointAndFinishes) {
   const Case& c = GetParam();
   const std::string base =
-      absl::StrCat(::testing::TempDir(), "/dtrain_restart_", getpid(), "_", c.mode, "_", c.victim);
+      absl::StrCat(::testing::TempDir(), "/dtrain_restart_", getpid(), "_", c.mode, "_", c.victim, c.sparse ? "_s" : "");
   std::filesystem::remove_all(base);
   int reconnects = 0;
-  const std::vector<float> uninterrupted = Train(Case{c.mode, -1}, base + "/a", &reconnects);
+  const std::vector<float> uninterrupted = Train(Case{c.mode, -1, c.sparse}, base + "/a", &reconnects);
   EXPECT_EQ(reconnects, 0);
   const std::vector<float> restarted = Train(c, base + "/b", &reconnects);
   EXPECT_GT(reconnects, 0) << "the workers noticed the restart";
@@ -283,9 +333,11 @@ TEST_P(PsRestartTest, TheClusterRollsBackToTheNewestCommonCheckpointAndFinishes)
 }
 
 INSTANTIATE_TEST_SUITE_P(Victims, PsRestartTest,
-                         ::testing::Values(Case{"sync", 0}, Case{"sync", 1}, Case{"async", 0}, Case{"async", 1}),
+                         ::testing::Values(Case{"sync", 0}, Case{"sync", 1}, Case{"async", 0}, Case{"async", 1},
+                                           Case{"sync", 0, true}, Case{"sync", 1, true}, Case{"async", 1, true}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return absl::StrCat(info.param.mode, "_ps", info.param.victim);
+                           return absl::StrCat(info.param.mode, "_ps", info.param.victim,
+                                               info.param.sparse ? "_sparse" : "");
                          });
 
 }  // namespace

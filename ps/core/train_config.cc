@@ -10,12 +10,20 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "ps/core/optimizer.h"
+#include "ps/core/sparse_optimizer.h"
+#include "ps/core/sparse_store.h"
 
 namespace dtrain::ps {
 namespace {
 
 std::string Describe(const SliceSpec& s) {
   return absl::StrCat("{key ", s.key, ", '", s.variable, "', offset ", s.flat_offset, ", length ", s.length, "}");
+}
+
+std::string Describe(const SparseTableSpec& t) {
+  return absl::StrCat("{table ", t.table, ", '", t.name, "', dim ", t.dim, ", rows ", t.rows, ", init_scale ",
+                      absl::StrFormat("%.9g", t.init_scale), ", init_seed ", t.init_seed, ", max_rows ", t.max_rows,
+                      ", admit_after ", t.admit_after, "}");
 }
 
 std::string Describe(const std::string& s) { return absl::StrCat("'", s, "'"); }
@@ -68,6 +76,11 @@ absl::Status ValidateTrainConfig(const TrainConfig& config, int cluster_num_work
   if (!(config.moving_average_decay >= 0.0f && config.moving_average_decay < 1.0f)) {
     return absl::InvalidArgumentError(
         absl::StrCat("moving_average_decay must be in [0, 1), got ", config.moving_average_decay));
+  }
+  if (absl::Status s = ValidateSparseTables(config.tables); !s.ok()) return s;
+  if (!config.tables.empty()) {
+    absl::StatusOr<SparseOptimizer> opt = SparseOptimizer::Create(config.sparse_optimizer, config.optimizer);
+    if (!opt.ok()) return opt.status();
   }
   std::set<uint32_t> keys;
   std::vector<const SliceSpec*> by_offset;
@@ -129,6 +142,31 @@ absl::Status CompareTrainConfigs(const TrainConfig& ps, const TrainConfig& w, in
     if (!(ps.slices[i] == w.slices[i])) {
       return Mismatch(absl::StrCat("slices[", i, "]"), ps.slices[i], w.slices[i], worker_id);
     }
+  }
+  if (ps.tables.size() != w.tables.size()) {
+    return Mismatch("number of sparse tables", ps.tables.size(), w.tables.size(), worker_id);
+  }
+  for (size_t i = 0; i < ps.tables.size(); ++i) {
+    if (!(ps.tables[i] == w.tables[i])) {
+      return Mismatch(absl::StrCat("tables[", i, "]"), ps.tables[i], w.tables[i], worker_id);
+    }
+  }
+  if (!ps.tables.empty()) {
+    const SparseOptimizerConfig &x = ps.sparse_optimizer, &y = w.sparse_optimizer;
+    if (x.name != y.name) return Mismatch("sparse_optimizer.name", x.name, y.name, worker_id);
+    if (x.learning_rate != y.learning_rate) {
+      return Mismatch("sparse_optimizer.learning_rate", x.learning_rate, y.learning_rate, worker_id);
+    }
+    if (x.initial_accumulator != y.initial_accumulator) {
+      return Mismatch("sparse_optimizer.initial_accumulator", x.initial_accumulator, y.initial_accumulator,
+                      worker_id);
+    }
+    if (x.beta1 != y.beta1) return Mismatch("sparse_optimizer.beta1", x.beta1, y.beta1, worker_id);
+    if (x.beta2 != y.beta2) return Mismatch("sparse_optimizer.beta2", x.beta2, y.beta2, worker_id);
+    if (x.epsilon != y.epsilon) return Mismatch("sparse_optimizer.epsilon", x.epsilon, y.epsilon, worker_id);
+    if (x.l1 != y.l1) return Mismatch("sparse_optimizer.l1", x.l1, y.l1, worker_id);
+    if (x.l2 != y.l2) return Mismatch("sparse_optimizer.l2", x.l2, y.l2, worker_id);
+    if (x.lr_power != y.lr_power) return Mismatch("sparse_optimizer.lr_power", x.lr_power, y.lr_power, worker_id);
   }
   return absl::OkStatus();
 }

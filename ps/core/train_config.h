@@ -16,11 +16,12 @@ int ResolvedTotalNumReplicas(const TrainConfig& config);
 
 // InvalidArgument naming the bad field: mode not "sync"/"async", num_workers < 1 or != cluster_num_workers
 // (when cluster_num_workers > 0), not 1 <= R <= T <= num_workers, max_staleness < -1, a bad optimizer,
-// moving_average_decay outside [0, 1), or slices that are empty-length, repeat a key or overlap.
+// moving_average_decay outside [0, 1), slices that are empty-length, repeat a key or overlap, sparse tables that
+// ValidateSparseTables refuses (ps/core/sparse_store.h), or (with tables) a bad sparse_optimizer.
 absl::Status ValidateTrainConfig(const TrainConfig& config, int cluster_num_workers);
 
 // OK when `worker_config` (registered by worker `worker_id`) matches the adopted `ps_config` in every field,
-// slices included; else FailedPrecondition naming the first differing field and both values, e.g.
+// slices and sparse tables included (the sparse optimizer when there are tables); else FailedPrecondition naming the first differing field and both values, e.g.
 // "model_signature mismatch: ps has 'a', worker 3 has 'b'".
 absl::Status CompareTrainConfigs(const TrainConfig& ps_config, const TrainConfig& worker_config, int worker_id);
 

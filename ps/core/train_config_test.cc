@@ -98,5 +98,67 @@ TEST(TrainConfigTest, MismatchNamesFieldAndBothValues) {
   EXPECT_EQ(CompareTrainConfigs(ps, w, 1).message(), "replicas_to_aggregate mismatch: ps has 3, worker 1 has 1");
 }
 
+TrainConfig WithTables() {
+  TrainConfig c = Valid();
+  c.tables.resize(2);
+  c.tables[0].table = 0;
+  c.tables[0].name = "emb_a";
+  c.tables[0].dim = 8;
+  c.tables[1].table = 1;
+  c.tables[1].name = "emb_b";
+  c.tables[1].dim = 4;
+  c.tables[1].rows = 1000;
+  c.sparse_optimizer.name = "ftrl";
+  return c;
+}
+
+TEST(TrainConfigTest, SparseTablesAndTheirOptimizerAreChecked) {
+  EXPECT_TRUE(ValidateTrainConfig(WithTables(), 3).ok());
+  auto expect_invalid = [](const TrainConfig& c, const std::string& needle) {
+    const absl::Status s = ValidateTrainConfig(c, 3);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  TrainConfig c = WithTables();
+  c.tables[1].table = 0;
+  expect_invalid(c, "has index 0, expected 1");
+  c = WithTables();
+  c.tables[1].name = "emb_a";
+  expect_invalid(c, "unique");
+  c = WithTables();
+  c.tables[0].dim = 0;
+  expect_invalid(c, "dim 0");
+  c = WithTables();
+  c.tables[0].admit_after = 300;
+  expect_invalid(c, "admit_after 300");
+  c = WithTables();
+  c.sparse_optimizer.name = "momentum";
+  expect_invalid(c, "sparse_optimizer");
+  // Without tables the sparse optimizer is not used (an old worker sends none).
+  c = Valid();
+  c.sparse_optimizer.name = "";
+  EXPECT_TRUE(ValidateTrainConfig(c, 3).ok());
+  // A model of tables only: no slices.
+  c = WithTables();
+  c.slices.clear();
+  EXPECT_TRUE(ValidateTrainConfig(c, 3).ok());
+}
+
+TEST(TrainConfigTest, SparseMismatchesNameTheTableField) {
+  TrainConfig ps = WithTables(), w = WithTables();
+  EXPECT_TRUE(CompareTrainConfigs(ps, w, 1).ok());
+  w.tables[1].max_rows = 10;
+  absl::Status s = CompareTrainConfigs(ps, w, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("tables[1] mismatch"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("max_rows 10"), std::string::npos) << s.message();
+  w = WithTables();
+  w.tables.pop_back();
+  EXPECT_EQ(CompareTrainConfigs(ps, w, 1).message(), "number of sparse tables mismatch: ps has 2, worker 1 has 1");
+  w = WithTables();
+  w.sparse_optimizer.l1 = 0.5f;
+  EXPECT_EQ(CompareTrainConfigs(ps, w, 4).message(), "sparse_optimizer.l1 mismatch: ps has 0, worker 4 has 0.5");
+}
+
 }  // namespace
 }  // namespace dtrain::ps

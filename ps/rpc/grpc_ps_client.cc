@@ -46,7 +46,8 @@ class CancelScope {
 class GrpcUpload : public SliceUpload {
  public:
   GrpcUpload(const std::string& address, const char* what, const GrpcClientOptions& options, Cancellation* cancel)
-      : address_(address), what_(what), cancel_scope_(cancel, [this] { context_.TryCancel(); }) {
+      : address_(address), what_(what), counters_(options.counters),
+        cancel_scope_(cancel, [this] { context_.TryCancel(); }) {
     context_.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
     AttachCallToken(options.security, &context_);
   }
@@ -82,6 +83,22 @@ class GrpcUpload : public SliceUpload {
     return absl::OkStatus();
   }
 
+  absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
+                           const void* rows) override {
+    if (dim < 1 || n < 0) return absl::InvalidArgumentError(absl::StrCat("sparse rows of width ", dim));
+    const int64_t row_bytes = int64_t{dim} * DtypeBytes(dtype);
+    const int64_t per_chunk = std::max<int64_t>(1, coding::kMaxChunkBytes / (row_bytes + 8));
+    const char* bytes = static_cast<const char*>(rows);
+    for (int64_t done = 0; done < n;) {
+      const int64_t m = std::min(per_chunk, n - done);
+      coding::MessageBuilder b;
+      b.AddRowGradientsRef(table, ids + done, m, dim, dtype, bytes + done * row_bytes, &tracker_);
+      RETURN_IF_ERROR(Send(b.Build()));
+      done += m;
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<PushResponse> Finish() override {
     finished_ = true;
     writer_->WritesDone();
@@ -95,6 +112,7 @@ class GrpcUpload : public SliceUpload {
 
  private:
   absl::Status Send(grpc::ByteBuffer message) {
+    if (counters_ != nullptr) counters_->sent += static_cast<int64_t>(message.Length());
     if (writer_->Write(message)) return absl::OkStatus();
     // The stream is broken: the server's status says why.
     finished_ = true;
@@ -105,6 +123,7 @@ class GrpcUpload : public SliceUpload {
 
   const std::string address_;
   const char* what_;
+  WireCounters* const counters_;
   grpc::ClientContext context_;
   CancelScope cancel_scope_;
   coding::SendTracker tracker_;
@@ -125,20 +144,32 @@ class PullFeeder : public coding::ChunkHandler {
   absl::Status OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
     if (!got_header_) return absl::DataLossError("Pull: slice data before the header");
     ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver_->Destination(key, offset, n));
-    if (dst.data != nullptr) {
-      if (dst.dtype == WireDtype::kF32) {
-        DecodeFloats(dtype, data, n, static_cast<float*>(dst.data));
-      } else if (dst.dtype == dtype) {
-        std::memcpy(dst.data, data, n * DtypeBytes(dtype));
-      } else {
-        return absl::InternalError("Pull: a receiver asked for a narrow dtype the stream does not carry");
-      }
-    }
+    RETURN_IF_ERROR(CopyInto(dst, dtype, data, n));
     return receiver_->Written(key, offset, n);
+  }
+  absl::Status OnRows(uint32_t table, int64_t first, int64_t count, int dim, WireDtype dtype,
+                      const void* data) override {
+    if (!got_header_) return absl::DataLossError("Pull: sparse rows before the header");
+    ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver_->SparseDestination(table, first, count, dim));
+    RETURN_IF_ERROR(CopyInto(dst, dtype, data, count * dim));
+    return receiver_->SparseWritten(table, first, count);
   }
   bool got_header() const { return got_header_; }
 
  private:
+  // n values of `dtype` at `data` into the receiver's buffer (decoded to fp32, or as they are).
+  static absl::Status CopyInto(const PullReceiver::Buffer& dst, WireDtype dtype, const void* data, int64_t n) {
+    if (dst.data == nullptr) return absl::OkStatus();
+    if (dst.dtype == WireDtype::kF32) {
+      DecodeFloats(dtype, data, n, static_cast<float*>(dst.data));
+    } else if (dst.dtype == dtype) {
+      std::memcpy(dst.data, data, n * DtypeBytes(dtype));
+    } else {
+      return absl::InternalError("Pull: a receiver asked for a narrow dtype the stream does not carry");
+    }
+    return absl::OkStatus();
+  }
+
   PullReceiver* receiver_;
   bool got_header_ = false;
 };
@@ -187,7 +218,8 @@ class GrpcPsClient final : public PsInterface {
     AwaitConnection(absl::Now() + kAwaitConnection, header.cancel);
     auto upload = std::make_unique<GrpcUpload>(address_, "Push", options_, header.cancel);
     auto response = std::make_shared<pb::PushResponse>();
-    upload->result_ = [response] {
+    upload->result_ = [response, counters = options_.counters] {
+      if (counters != nullptr) counters->received += static_cast<int64_t>(response->ByteSizeLong());
       return PushResponse{wire::FromProto(response->outcome()), response->global_step()};
     };
     pb::PushHeader h;
@@ -202,6 +234,7 @@ class GrpcPsClient final : public PsInterface {
     AwaitConnection(absl::Now() + kAwaitConnection, request.cancel);
     pb::PullRequest req;
     wire::ToProto(request, &req);
+    if (options_.counters != nullptr) options_.counters->sent += static_cast<int64_t>(req.ByteSizeLong());
     grpc::ClientContext context;
     AttachCallToken(options_.security, &context);
     // The server may legitimately wait up to timeout_ms before answering.
@@ -214,6 +247,7 @@ class GrpcPsClient final : public PsInterface {
     grpc::ByteBuffer message;
     absl::Status bad;
     while (reader->Read(&message)) {
+      if (options_.counters != nullptr) options_.counters->received += static_cast<int64_t>(message.Length());
       bad = coding::DecodeMessage(message, &feeder);
       if (!bad.ok()) {
         context.TryCancel();
@@ -316,6 +350,10 @@ class GrpcPsClient final : public PsInterface {
       AttachCallToken(options_.security, &ctx);
       absl::Status s =
           wire::FromGrpc(grpc::internal::BlockingUnaryCall(channel_.get(), method, &ctx, request, response));
+      if (options_.counters != nullptr) {
+        options_.counters->sent += static_cast<int64_t>(request.ByteSizeLong());
+        if (s.ok()) options_.counters->received += static_cast<int64_t>(response->ByteSizeLong());
+      }
       if (s.ok()) return s;
       if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + backoff > give_up) {
         return absl::Status(s.code(), absl::StrCat("ps ", address_, ": ", what, ": ", s.message()));

@@ -19,6 +19,8 @@
 #ifndef DTRAIN_PS_RPC_GRPC_PS_CLIENT_H_
 #define DTRAIN_PS_RPC_GRPC_PS_CLIENT_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -29,12 +31,20 @@
 
 namespace dtrain::ps {
 
+// The bytes of the messages a client sent and received (their protobuf encoding; gRPC's and HTTP/2's framing
+// not counted): what the data path costs on the wire. Any thread; several clients may share one.
+struct WireCounters {
+  std::atomic<int64_t> sent{0};
+  std::atomic<int64_t> received{0};
+};
+
 struct GrpcClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(60);   // per attempt, for everything but Pull
   absl::Duration retry_window = absl::Seconds(30);  // keep retrying Unavailable this long
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
   SecurityOptions security;  // token and TLS (ps/rpc/grpc_security.h)
+  WireCounters* counters = nullptr;  // not owned; when set, counts every message of this client
 };
 
 absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& address,

@@ -23,8 +23,9 @@ namespace pb = ::dtrain::wire;
 using grpc::internal::RpcMethod;
 using grpc::internal::RpcServiceMethod;
 
-// Sends what the ps task delivers: the header at once, then the pieces, copied into slices the messages own and
-// sent as soon as a slice is whole, a megabyte has gathered, or the task has nothing more ready.
+// Sends what the ps task delivers: the header at once, then the pieces (and sparse rows), copied into slices the
+// messages own and sent as soon as a slice (or a table's rows) is whole, a megabyte has gathered, or the task
+// has nothing more ready.
 class StreamReceiver : public PullReceiver {
  public:
   StreamReceiver(grpc::ServerWriter<grpc::ByteBuffer>* writer, WireDtype dtype) : writer_(writer), dtype_(dtype) {}
@@ -39,6 +40,12 @@ class StreamReceiver : public PullReceiver {
     return Buffer{builder_.AddChunkOwned(key, offset, dtype_, n), dtype_};
   }
   absl::Status Written(uint32_t, int64_t, int64_t) override {
+    return builder_.data_bytes() >= coding::kMaxChunkBytes ? Flush() : absl::OkStatus();
+  }
+  absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n, int dim) override {
+    return Buffer{builder_.AddRowsOwned(table, first, n, dim, dtype_), dtype_};
+  }
+  absl::Status SparseWritten(uint32_t, int64_t, int64_t) override {
     return builder_.data_bytes() >= coding::kMaxChunkBytes ? Flush() : absl::OkStatus();
   }
   absl::Status Flush() override {

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <future>
 #include <numeric>
+#include <random>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -16,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/cancellation.h"
 #include "common/denormals.h"
+#include "ps/client/placement.h"
+#include "ps/client/worker_client.h"
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/server.h"
 #include "ps/testing/ps_test_util.h"
@@ -438,6 +442,132 @@ TEST(GrpcPsTest, ShutdownEndsAWaitingPullAtOnce) {
   ASSERT_EQ(waiting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_FALSE(waiting.get().ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// A cluster of `num_ps` gRPC ps tasks on 127.0.0.1 and one worker's WorkerClient over them, counting the
+// bytes of every message (WireCounters).
+struct GrpcCluster {
+  GrpcCluster(int num_ps, TrainConfig config, std::vector<VariableInfo> variables, WireDtype dtype) {
+    placement = *PlaceVariables(variables, num_ps);
+    GrpcClientOptions co;
+    co.counters = &counters;
+    std::vector<PsInterface*> tasks;
+    for (int t = 0; t < num_ps; ++t) {
+      PsServerOptions so;
+      so.listen_address = "127.0.0.1:0";
+      so.ps.task_index = t;
+      so.ps.num_ps = num_ps;
+      so.ps.num_workers = config.num_workers;
+      so.linger = absl::ZeroDuration();
+      servers.push_back(*PsServer::Start(so));
+      clients.push_back(*NewGrpcPsClient(servers.back()->address(), co));
+      tasks.push_back(clients.back().get());
+    }
+    int64_t n = 0;
+    for (const VariableInfo& v : variables) n += v.size;
+    initial.assign(n, 0.5f);
+    WorkerClientOptions wo;
+    wo.wire_dtype = dtype;
+    client = std::make_unique<WorkerClient>(tasks, placement.task_slices, 0, true, wo);
+    connected = client->Connect(config, initial.data(), absl::Seconds(10));
+  }
+  WireCounters counters;
+  Placement placement;
+  std::vector<std::unique_ptr<PsServer>> servers;
+  std::vector<std::unique_ptr<PsInterface>> clients;
+  std::vector<float> initial;
+  std::unique_ptr<WorkerClient> client;
+  absl::Status connected;
+};
+
+TrainConfig SparseConfig(int64_t rows, int dim) {
+  TrainConfig c;
+  c.model_signature = "sparse/v1";
+  c.mode = "sync";
+  c.num_workers = 1;
+  c.optimizer.name = "sgd";
+  c.optimizer.learning_rate = 0.5f;
+  SparseTableSpec t;
+  t.name = "emb";
+  t.dim = dim;
+  t.rows = rows;
+  t.init_scale = 0.25f;
+  c.tables = {t};
+  c.sparse_optimizer.name = "adagrad";
+  return c;
+}
+
+// The target: a step moves bytes in proportion to the ids it touches, not to the table. A [1M, 16]
+// table (64 MB) and 1000 dense floats on two ps tasks; each step pulls and pushes 300 unique ids.
+TEST(GrpcPsTest, BytesPerStepAreProportionalToTheUniqueIds) {
+  constexpr int64_t kRows = 1'000'000, kDense = 1000, kIds = 300;
+  constexpr int kDim = 16, kSteps = 5;
+  for (WireDtype dtype : {WireDtype::kF32, WireDtype::kBF16}) {
+    GrpcCluster c(2, SparseConfig(kRows, kDim), {{"dense", kDense}}, dtype);
+    ASSERT_TRUE(c.connected.ok()) << c.connected;
+    std::mt19937_64 gen(9);
+    std::vector<float> params(kDense), grads(kDense, 0.01f), rows(kIds * kDim), row_grads(kIds * kDim, 0.1f);
+    std::vector<int64_t> ids;
+    auto next_ids = [&] {
+      std::set<int64_t> unique;
+      while (static_cast<int64_t>(unique.size()) < kIds) unique.insert(static_cast<int64_t>(gen() % kRows));
+      ids.assign(unique.begin(), unique.end());
+    };
+    next_ids();
+    ASSERT_TRUE(c.client->Pull(0, 0, params.data(), {{0, ids.data(), kIds, rows.data()}}).ok());
+    const int64_t sent0 = c.counters.sent, received0 = c.counters.received;
+    for (int s = 0; s < kSteps; ++s) {
+      ASSERT_TRUE(c.client->Push(s, grads.data(), {{0, ids.data(), kIds, row_grads.data()}}).ok());
+      next_ids();
+      ASSERT_TRUE(c.client->Pull(s + 1, s, params.data(), {{0, ids.data(), kIds, rows.data()}}).ok());
+    }
+    const double per_step = static_cast<double>(c.counters.sent - sent0 + c.counters.received - received0) / kSteps;
+    const double formula = kIds * kDim * 4.0 * 2 + kDense * 4.0 * 2;
+    std::printf("%s: %.0f bytes per step on the wire, %.3f x (unique ids x dim x 4 x 2 + dense x 4 x 2) = %.0f; "
+                "the table is %.0f bytes\n",
+                std::string(DtypeName(dtype)).c_str(), per_step, per_step / formula, formula, kRows * kDim * 4.0);
+    EXPECT_LE(per_step, 1.2 * formula);
+    EXPECT_LT(per_step, kRows * kDim * 4.0 / 500);
+    int64_t lookups = 0;
+    for (auto& t : c.clients) lookups += t->GetStats()->tables[0].lookups;
+    EXPECT_EQ(lookups, (kSteps + 1) * kIds);
+  }
+}
+
+TEST(GrpcPsTest, SparseRowsCrossTheWireInNarrowTypes) {
+  GrpcCluster c(2, SparseConfig(0, 5), {{"dense", 3}}, WireDtype::kBF16);
+  ASSERT_TRUE(c.connected.ok()) << c.connected;
+  const SparseTableSpec table = SparseConfig(0, 5).tables[0];
+  std::vector<int64_t> ids(2000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 7919) - 5000;  // chunks of both tasks
+  std::vector<float> params(3), rows(ids.size() * 5), row_grads(ids.size() * 5, 1.0f), grads(3, 0.0f);
+  ASSERT_TRUE(c.client->Pull(0, 0, params.data(), {{0, ids.data(), 2000, rows.data()}}).ok());
+  std::vector<float> initial(5);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    SparseInitialRow(table, ids[i], initial.data());
+    for (int k = 0; k < 5; ++k) ASSERT_EQ(rows[i * 5 + k], RoundTrip(WireDtype::kBF16, initial[k])) << ids[i];
+  }
+  ASSERT_TRUE(c.client->Push(0, grads.data(), {{0, ids.data(), 2000, row_grads.data()}}).ok());
+  ASSERT_TRUE(c.client->Pull(1, 0, params.data(), {{0, ids.data(), 2000, rows.data()}}).ok());
+  // adagrad (lr 0.01, accumulator 0.1 + 1): each row moved by -0.01 / sqrt(1.1).
+  for (size_t i = 0; i < ids.size(); i += 97) {
+    SparseInitialRow(table, ids[i], initial.data());
+    for (int k = 0; k < 5; ++k) {
+      EXPECT_EQ(rows[i * 5 + k], RoundTrip(WireDtype::kBF16, initial[k] - 0.01f / std::sqrt(1.1f))) << ids[i];
+    }
+  }
+  TrainingStats stats = *c.clients[1]->GetStats();
+  ASSERT_EQ(stats.tables.size(), 1u);
+  EXPECT_EQ(stats.tables[0].name, "emb");
+  EXPECT_GT(stats.tables[0].rows, 500);
+  EXPECT_EQ(stats.tables[0].updates, stats.tables[0].rows);
+  // The config with its tables crossed the wire: another worker's mismatch is refused.
+  TrainConfig other = SparseConfig(0, 5);
+  other.tables[0].admit_after = 3;
+  other.slices = c.placement.task_slices[0];
+  absl::StatusOr<RegisterResponse> refused = c.clients[0]->Register(RegisterRequest{0, false, other});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "tables[0] mismatch")) << refused.status();
 }
 
 }  // namespace

@@ -15,7 +15,8 @@
 //            6 Probe         payload: wire::ProbeRequest
 //            7 Restore       payload: wire::RestoreRequest
 // Sessions 1 and 2 in any request stand for the real sessions of workers 0 and 1, which the harness registers
-// (with a small valid config) before the calls, so that fuzzed pushes and pulls get past the session check.
+// (with a small valid config: two slices, a bounded hash table with admission and a fixed-size table, ftrl)
+// before the calls, so that fuzzed pushes and pulls (their sparse ids and rows too) get past the session check.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -68,6 +69,14 @@ class DiscardReceiver : public PullReceiver {
     return Buffer{scratch_.data(), WireDtype::kF32};
   }
   absl::Status Written(uint32_t, int64_t, int64_t) override { return absl::OkStatus(); }
+  absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n, int dim) override {
+    CHECK_LT(table, 2u);
+    CHECK_GE(first, 0);
+    CHECK_GE(n, 1);
+    CHECK_EQ(dim, table == 0 ? 2 : 3);
+    scratch_.resize(static_cast<size_t>(n) * dim * sizeof(float));
+    return Buffer{scratch_.data(), WireDtype::kF32};
+  }
 
  private:
   std::vector<char> scratch_;
@@ -104,6 +113,18 @@ TrainConfig SmallConfig() {
   c.optimizer.name = "momentum";
   c.moving_average_decay = 0.9f;
   c.slices = {{0, "w", 0, 8}, {1, "b", 8, 3}};
+  // A hash table (bounded, with admission) and a fixed-size [10, 3] one.
+  c.tables.resize(2);
+  c.tables[0].table = 0;
+  c.tables[0].name = "emb";
+  c.tables[0].dim = 2;
+  c.tables[0].max_rows = 16;
+  c.tables[0].admit_after = 2;
+  c.tables[1].table = 1;
+  c.tables[1].name = "fixed";
+  c.tables[1].dim = 3;
+  c.tables[1].rows = 10;
+  c.sparse_optimizer.name = "ftrl";
   return c;
 }
 
@@ -221,6 +242,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     PullRequest r;
     r.session = t.sessions[0];
     r.timeout_ms = 0;
+    r.sparse = {SparseIds{0, {1, -2, 3}}, SparseIds{1, {9, 0}}};
     DiscardReceiver receiver;
     const absl::Status s = t.ps->Pull(r, &receiver);
     CHECK(Documented(s)) << s;

@@ -202,6 +202,102 @@ absl::Status DecodeChunk(Reader& r, int64_t len, ChunkHandler* handler) {
   return absl::OkStatus();
 }
 
+// Copies `len` bytes at the reader's position to `out` (the reader moves past them).
+void Gather(Reader& r, int64_t len, std::string* out) {
+  out->clear();
+  out->reserve(len);
+  while (len > 0) {
+    const int64_t take = std::min<int64_t>(len, r.Contiguous());
+    out->append(reinterpret_cast<const char*>(r.data()), take);
+    r.Advance(take);
+    len -= take;
+  }
+}
+
+int64_t LoadInt64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return static_cast<int64_t>(v);
+}
+
+// Field 3: a RowChunk (pull: fields first, count, data = 5) or a RowGradientChunk (push: ids, data = 4).
+absl::Status DecodeRows(Reader& r, int64_t len, ChunkHandler* handler) {
+  if (len < 0 || len > r.remaining()) return Malformed("truncated rows", r.position());
+  const int64_t end = r.position() + len;
+  uint64_t table = 0, first = 0, dtype = 0, count = 0;
+  bool pull_kind = false, have_data = false;
+  Reader::Pos data_pos;
+  int64_t data_len = 0;
+  std::vector<int64_t> ids;
+  while (r.position() < end) {
+    uint64_t tag;
+    if (!r.ReadVarint(&tag)) return Malformed("truncated tag", r.position());
+    const int field = static_cast<int>(tag >> 3), wire_type = static_cast<int>(tag & 7);
+    uint64_t v;
+    if ((field == 1 || field == 3) && wire_type == kVarint) {
+      if (!r.ReadVarint(&v)) return Malformed("truncated varint", r.position());
+      (field == 1 ? table : dtype) = v;
+    } else if ((field == 2 || field == 4) && wire_type == kVarint) {  // a RowChunk's first, count
+      if (!r.ReadVarint(&v)) return Malformed("truncated varint", r.position());
+      (field == 2 ? first : count) = v;
+      pull_kind = true;
+    } else if (field == 2 && (wire_type == kLengthDelimited || wire_type == kFixed64)) {  // ids
+      uint64_t n = 8;
+      if (wire_type == kLengthDelimited && !r.ReadVarint(&n)) return Malformed("truncated length", r.position());
+      if (n % 8 != 0 || n > static_cast<uint64_t>(end - r.position())) return Malformed("truncated ids", r.position());
+      uint8_t b[8];
+      for (uint64_t k = 0; k < n / 8; ++k) {
+        for (int i = 0; i < 8; ++i) r.ReadByte(&b[i]);
+        ids.push_back(LoadInt64(b));
+      }
+    } else if ((field == 4 || field == 5) && wire_type == kLengthDelimited) {  // data (push: 4, pull: 5)
+      if (!r.ReadVarint(&v)) return Malformed("truncated length", r.position());
+      data_pos = r.Tell();
+      data_len = static_cast<int64_t>(v);
+      have_data = true;
+      if (field == 5) pull_kind = true;
+      if (data_len < 0 || !r.Skip(data_len)) return Malformed("truncated row data", r.position());
+    } else {
+      RETURN_IF_ERROR(SkipField(r, wire_type));
+    }
+  }
+  if (r.position() != end) return Malformed("a field runs past the end of its rows", r.position());
+  if (table > 0xffffffffu) return Malformed(absl::StrCat("table ", table, " out of range"), end);
+  if (dtype > static_cast<uint64_t>(WireDtype::kF16)) return Malformed(absl::StrCat("unknown dtype ", dtype), end);
+  const int el = DtypeBytes(static_cast<WireDtype>(dtype));
+  const int64_t rows = pull_kind ? static_cast<int64_t>(count) : static_cast<int64_t>(ids.size());
+  if (pull_kind && (!ids.empty() || static_cast<int64_t>(first) < 0 || rows < 0)) {
+    return Malformed("rows with both ids and a first row, or a negative first row or count", end);
+  }
+  if (!have_data) data_len = 0;
+  if (rows == 0) {
+    if (data_len != 0) return Malformed("row data without rows", end);
+    return absl::OkStatus();
+  }
+  if (data_len % el != 0 || (data_len / el) % rows != 0 || data_len / el / rows < 1 ||
+      data_len / el / rows > kMaxRowDim) {
+    return Malformed(absl::StrCat(rows, " rows of table ", table, " with ", data_len, " bytes of ",
+                                  DtypeName(static_cast<WireDtype>(dtype)), " data"),
+                     end);
+  }
+  const int dim = static_cast<int>(data_len / el / rows);
+  const Reader::Pos after = r.Tell();
+  r.Seek(data_pos);
+  const void* data = r.data();
+  std::string gathered;
+  if (r.Contiguous() < data_len) {  // gRPC split it: gather (a megabyte at most)
+    Gather(r, data_len, &gathered);
+    data = gathered.data();
+  }
+  r.Seek(after);
+  if (pull_kind) {
+    return handler->OnRows(static_cast<uint32_t>(table), static_cast<int64_t>(first), rows, dim,
+                           static_cast<WireDtype>(dtype), data);
+  }
+  return handler->OnRowGradients(static_cast<uint32_t>(table), ids.data(), rows, dim, static_cast<WireDtype>(dtype),
+                                 data);
+}
+
 }  // namespace
 
 // ---- SendTracker ----------------------------------------------------------------------------------------------
@@ -263,19 +359,71 @@ void MessageBuilder::FlushMeta() {
   meta_.clear();
 }
 
-void MessageBuilder::AddChunkRef(uint32_t key, int64_t offset, WireDtype dtype, const void* data, int64_t n,
-                                 SendTracker* tracker) {
-  const int64_t bytes = n * DtypeBytes(dtype);
-  AddChunkFields(key, offset, dtype, bytes);
+void MessageBuilder::AddRef(const void* data, int64_t bytes, SendTracker* tracker) {
   if (bytes == 0) return;
   FlushMeta();
   tracker->Acquire();
   slices_.emplace_back(const_cast<void*>(data), static_cast<size_t>(bytes), &SendTracker::Release, tracker);
 }
 
+void MessageBuilder::AddChunkRef(uint32_t key, int64_t offset, WireDtype dtype, const void* data, int64_t n,
+                                 SendTracker* tracker) {
+  const int64_t bytes = n * DtypeBytes(dtype);
+  AddChunkFields(key, offset, dtype, bytes);
+  AddRef(data, bytes, tracker);
+}
+
+void* MessageBuilder::AddRowsOwned(uint32_t table, int64_t first, int64_t count, int dim, WireDtype dtype) {
+  const int64_t bytes = count * dim * DtypeBytes(dtype);
+  std::string fields;
+  AppendTag(&fields, 1, kVarint);
+  AppendVarint(&fields, table);
+  AppendTag(&fields, 2, kVarint);
+  AppendVarint(&fields, static_cast<uint64_t>(first));
+  AppendTag(&fields, 3, kVarint);
+  AppendVarint(&fields, static_cast<uint64_t>(dtype));
+  AppendTag(&fields, 4, kVarint);
+  AppendVarint(&fields, static_cast<uint64_t>(count));
+  AppendTag(&fields, 5, kLengthDelimited);
+  AppendVarint(&fields, static_cast<uint64_t>(bytes));
+  AppendTag(&meta_, 3, kLengthDelimited);
+  AppendVarint(&meta_, fields.size() + bytes);
+  meta_ += fields;
+  data_bytes_ += bytes;
+  return OwnedData(bytes);
+}
+
+void MessageBuilder::AddRowGradientsRef(uint32_t table, const int64_t* ids, int64_t count, int dim, WireDtype dtype,
+                                        const void* data, SendTracker* tracker) {
+  static_assert(sizeof(int64_t) == 8, "sfixed64");
+  const int64_t id_bytes = count * 8;  // packed sfixed64: the host's int64s, little-endian (x86, arm)
+  const int64_t bytes = count * dim * DtypeBytes(dtype);
+  std::string head;
+  AppendTag(&head, 1, kVarint);
+  AppendVarint(&head, table);
+  AppendTag(&head, 2, kLengthDelimited);
+  AppendVarint(&head, static_cast<uint64_t>(id_bytes));
+  std::string tail;
+  AppendTag(&tail, 3, kVarint);
+  AppendVarint(&tail, static_cast<uint64_t>(dtype));
+  AppendTag(&tail, 4, kLengthDelimited);
+  AppendVarint(&tail, static_cast<uint64_t>(bytes));
+  AppendTag(&meta_, 3, kLengthDelimited);
+  AppendVarint(&meta_, head.size() + id_bytes + tail.size() + bytes);
+  meta_ += head;
+  AddRef(ids, id_bytes, tracker);
+  meta_ += tail;
+  AddRef(data, bytes, tracker);
+  data_bytes_ += id_bytes + bytes;
+}
+
 void* MessageBuilder::AddChunkOwned(uint32_t key, int64_t offset, WireDtype dtype, int64_t n) {
   const int64_t bytes = n * DtypeBytes(dtype);
   AddChunkFields(key, offset, dtype, bytes);
+  return OwnedData(bytes);
+}
+
+void* MessageBuilder::OwnedData(int64_t bytes) {
   if (bytes == 0) return nullptr;
   FlushMeta();
   // Heap memory of our own: a small grpc::Slice keeps its bytes inline in the handle, which moves with the
@@ -328,6 +476,12 @@ absl::Status DecodeMessage(const grpc::ByteBuffer& buffer, ChunkHandler* handler
       uint64_t n;
       if (!r.ReadVarint(&n)) return Malformed("truncated chunk length", r.position());
       RETURN_IF_ERROR(DecodeChunk(r, static_cast<int64_t>(n), handler));
+    } else if (field == 3 && wire_type == kLengthDelimited) {
+      uint64_t n;
+      if (!r.ReadVarint(&n) || n > static_cast<uint64_t>(r.remaining())) {
+        return Malformed("truncated rows length", r.position());
+      }
+      RETURN_IF_ERROR(DecodeRows(r, static_cast<int64_t>(n), handler));
     } else {
       RETURN_IF_ERROR(SkipField(r, wire_type));
     }

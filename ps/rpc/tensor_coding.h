@@ -1,13 +1,17 @@
 // The tensor-carrying messages of proto/dtrain.proto (InitializeChunk, PushChunk, PullChunk: a header in field 1,
-// SliceChunks in field 2) encoded straight into and decoded straight out of grpc::ByteBuffer, the idea of
-// TensorFlow's grpc_tensor_coding:
+// SliceChunks in field 2, sparse rows in field 3: RowGradientChunks in a PushChunk, RowChunks in a PullChunk)
+// encoded straight into and decoded straight out of grpc::ByteBuffer, the idea of TensorFlow's
+// grpc_tensor_coding:
 // - Encoding (MessageBuilder): the small fields are gathered in one slice per message; a chunk's data is either
 //   a slice that *references* the caller's memory (AddChunkRef: no copy; a SendTracker counts the references
 //   gRPC still holds, so the caller knows when it may overwrite the memory) or a slice the caller fills
 //   (AddChunkOwned: the one copy of a ps task that sends values it keeps updating).
 // - Decoding (DecodeMessage): walks the received slices without copying and hands each chunk's data to a
 //   callback as runs of whole elements (a run never splits an element, even when gRPC's slices do); the
-//   callback copies them to their destination, the one copy on the receiving side.
+//   callback copies them to their destination, the one copy on the receiving side. A chunk of rows is handed
+//   over whole (its data gathered into one buffer only when gRPC split it; its ids are copied, being few).
+// Sparse rows: a RowGradientChunk's ids (packed sfixed64: the host's little-endian int64s) and data are
+// referenced like slice data (AddRowGradientsRef); a RowChunk's data is owned (AddRowsOwned).
 // The bytes are the plain protobuf encoding of those messages (fields in number order), and the decoder accepts
 // any valid encoding of them (any field order, unknown fields skipped).
 //
@@ -33,6 +37,8 @@ namespace dtrain::ps::coding {
 
 // Largest data of one chunk. Each message carries at most a few chunks.
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;
+// The widest sparse row a decoder accepts (SparseTableSpec::dim is at most this).
+inline constexpr int64_t kMaxRowDim = 65536;
 
 // Counts the zero-copy slices gRPC still holds.
 class SendTracker {
@@ -59,6 +65,13 @@ class MessageBuilder {
                    SendTracker* tracker);
   // A chunk of `n` elements whose data the caller writes into the returned memory (valid until Build).
   void* AddChunkOwned(uint32_t key, int64_t offset, WireDtype dtype, int64_t n);
+  // PullChunk.rows: rows [first, first + count) of `table`, count * dim elements the caller writes into the
+  // returned memory (valid until Build; nullptr for no elements).
+  void* AddRowsOwned(uint32_t table, int64_t first, int64_t count, int dim, WireDtype dtype);
+  // PushChunk.rows: the gradients of ids[0, count), count * dim elements at `data`; ids and data stay unchanged
+  // until `tracker` says gRPC let go of them.
+  void AddRowGradientsRef(uint32_t table, const int64_t* ids, int64_t count, int dim, WireDtype dtype,
+                          const void* data, SendTracker* tracker);
   int64_t data_bytes() const { return data_bytes_; }
   bool empty() const { return slices_.empty() && meta_.empty(); }
   // The message; the builder is empty again afterwards.
@@ -66,6 +79,8 @@ class MessageBuilder {
 
  private:
   void AddChunkFields(uint32_t key, int64_t offset, WireDtype dtype, int64_t bytes);
+  void AddRef(const void* data, int64_t bytes, SendTracker* tracker);
+  void* OwnedData(int64_t bytes);  // a slice of `bytes` the caller fills (nullptr for 0)
   void FlushMeta();
   std::string meta_;                 // encoded fields not yet in a slice
   std::vector<grpc::Slice> slices_;  // finished slices, in order
@@ -83,10 +98,22 @@ class ChunkHandler {
   // Elements [offset, offset + n) of slice `key`, n >= 1, as `dtype` at `data` (any alignment). A chunk's data
   // comes in one or more consecutive runs.
   virtual absl::Status OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) = 0;
+  // A RowChunk (pull): rows [first, first + count) of `table`, count >= 1, count * dim values of `dtype` at
+  // `data` (contiguous, any alignment).
+  virtual absl::Status OnRows(uint32_t table, int64_t first, int64_t count, int dim, WireDtype dtype,
+                              const void* data) {
+    return absl::DataLossError("malformed tensor message: unexpected sparse rows");
+  }
+  // A RowGradientChunk (push): the gradients of ids[0, count), count >= 1, count * dim values of `dtype` at
+  // `data` (contiguous, any alignment).
+  virtual absl::Status OnRowGradients(uint32_t table, const int64_t* ids, int64_t count, int dim, WireDtype dtype,
+                                      const void* data) {
+    return absl::DataLossError("malformed tensor message: unexpected sparse gradients");
+  }
 };
 
-// DataLoss naming what is malformed (truncated varint or field, data not a whole number of elements, negative
-// offset, unknown dtype); a handler error is returned as it is.
+// DataLoss naming what is malformed (truncated varint or field, data not a whole number of elements or rows,
+// negative offset, unknown dtype, a row wider than kMaxRowDim); a handler error is returned as it is.
 absl::Status DecodeMessage(const grpc::ByteBuffer& buffer, ChunkHandler* handler);
 
 }  // namespace dtrain::ps::coding

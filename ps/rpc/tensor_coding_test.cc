@@ -32,6 +32,26 @@ struct Collected : ChunkHandler {
     worker_id = id;
     return absl::OkStatus();
   }
+  struct Rows {
+    uint32_t table;
+    int64_t first;  // -1 for gradients
+    std::vector<int64_t> ids;
+    int dim;
+    WireDtype dtype;
+    std::string data;
+  };
+  std::vector<Rows> rows;
+  absl::Status OnRows(uint32_t table, int64_t first, int64_t count, int dim, WireDtype dt, const void* p) override {
+    rows.push_back(Rows{table, first, {}, dim, dt,
+                        std::string(static_cast<const char*>(p), count * dim * DtypeBytes(dt))});
+    return absl::OkStatus();
+  }
+  absl::Status OnRowGradients(uint32_t table, const int64_t* ids, int64_t count, int dim, WireDtype dt,
+                              const void* p) override {
+    rows.push_back(Rows{table, -1, std::vector<int64_t>(ids, ids + count), dim, dt,
+                        std::string(static_cast<const char*>(p), count * dim * DtypeBytes(dt))});
+    return absl::OkStatus();
+  }
   absl::Status OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dt, const void* p) override {
     std::vector<char>& v = data[key];
     const int el = DtypeBytes(dt);
@@ -247,6 +267,108 @@ TEST(TensorCodingTest, MalformedMessagesAreDataLossNeverACrash) {
                                     std::string("\x3a")}) {
     EXPECT_EQ(DecodeMessage(Reslice(prefix + huge + "abcd", &rng, 4), &got).code(), absl::StatusCode::kDataLoss)
         << absl::CEscape(prefix);
+  }
+}
+
+TEST(TensorCodingTest, SparseRowsRoundTripThroughAnySlicingAndParseAsProtobuf) {
+  std::mt19937 rng(5);
+  const std::vector<int64_t> ids = {7, -1, int64_t{1} << 62, 0, 123456789};
+  std::vector<float> grads(ids.size() * 3);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.5f * static_cast<float>(i) - 2.0f;
+  SendTracker tracker;
+  MessageBuilder b;
+  dtrain::wire::PushHeader h;
+  h.set_step(3);
+  b.SetHeader(h.SerializeAsString());
+  b.AddRowGradientsRef(2, ids.data(), static_cast<int64_t>(ids.size()), 3, WireDtype::kF32, grads.data(), &tracker);
+  EXPECT_EQ(b.data_bytes(), static_cast<int64_t>(ids.size() * (8 + 12)));
+  const std::string bytes = Flatten(b.Build());
+  // Sent without a copy: the message references the ids and the gradients.
+  EXPECT_EQ(tracker.outstanding(), 0);  // (Flatten's copy released the buffer)
+  dtrain::wire::PushChunk parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  ASSERT_EQ(parsed.rows_size(), 1);
+  EXPECT_EQ(parsed.rows(0).table(), 2u);
+  EXPECT_EQ(std::vector<int64_t>(parsed.rows(0).ids().begin(), parsed.rows(0).ids().end()), ids);
+  EXPECT_EQ(parsed.rows(0).data(), std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+  for (int max_piece : {1, 3, 64, 1 << 20}) {
+    Collected got;
+    ASSERT_TRUE(DecodeMessage(Reslice(bytes, &rng, max_piece), &got).ok()) << max_piece;
+    ASSERT_EQ(got.rows.size(), 1u);
+    EXPECT_EQ(got.rows[0].first, -1);
+    EXPECT_EQ(got.rows[0].ids, ids);
+    EXPECT_EQ(got.rows[0].dim, 3);
+    EXPECT_EQ(got.rows[0].data, parsed.rows(0).data());
+  }
+  // A pull's rows (owned), and what the generated classes encode for them.
+  MessageBuilder pull;
+  void* dst = pull.AddRowsOwned(4, 10, 2, 3, WireDtype::kBF16);
+  EncodeFloats(WireDtype::kBF16, grads.data(), 6, dst);
+  dtrain::wire::PullChunk chunk;
+  ASSERT_TRUE(chunk.ParseFromString(Flatten(pull.Build())));
+  ASSERT_EQ(chunk.rows_size(), 1);
+  EXPECT_EQ(chunk.rows(0).first(), 10);
+  EXPECT_EQ(chunk.rows(0).count(), 2);
+  EXPECT_EQ(chunk.rows(0).dtype(), dtrain::wire::BF16);
+  Collected got;
+  ASSERT_TRUE(DecodeMessage(Reslice(chunk.SerializeAsString(), &rng, 5), &got).ok());
+  ASSERT_EQ(got.rows.size(), 1u);
+  EXPECT_EQ(got.rows[0].first, 10);
+  EXPECT_EQ(got.rows[0].dim, 3);
+  EXPECT_EQ(got.rows[0].data, chunk.rows(0).data());
+  // Unpacked ids (another valid encoding) decode too.
+  dtrain::wire::PushChunk unpacked;
+  auto* r = unpacked.add_rows();
+  r->add_ids(5);
+  r->set_data(std::string(8, '\0'));
+  std::string encoded = unpacked.SerializeAsString();
+  Collected u;
+  ASSERT_TRUE(DecodeMessage(Reslice(encoded, &rng, 2), &u).ok());
+  ASSERT_EQ(u.rows.size(), 1u);
+  EXPECT_EQ(u.rows[0].ids, std::vector<int64_t>({5}));
+  EXPECT_EQ(u.rows[0].dim, 2);
+}
+
+TEST(TensorCodingTest, MalformedRowsAreDataLoss) {
+  std::mt19937 rng(6);
+  auto decode = [&](const dtrain::wire::PushChunk& m) {
+    Collected got;
+    return DecodeMessage(Reslice(m.SerializeAsString(), &rng, 3), &got).code();
+  };
+  dtrain::wire::PushChunk m;
+  auto* r = m.add_rows();
+  r->add_ids(1);
+  r->add_ids(2);
+  r->set_data(std::string(12, 'x'));  // 3 floats for 2 ids
+  EXPECT_EQ(decode(m), absl::StatusCode::kDataLoss);
+  r->set_data(std::string(16, 'x'));
+  r->set_dtype(static_cast<dtrain::wire::WireDtype>(7));
+  EXPECT_EQ(decode(m), absl::StatusCode::kDataLoss);
+  r->set_dtype(dtrain::wire::FP32);
+  EXPECT_EQ(decode(m), absl::StatusCode::kOk);
+  r->clear_ids();
+  EXPECT_EQ(decode(m), absl::StatusCode::kDataLoss);  // data without ids
+  // Rows wider than kMaxRowDim.
+  r->add_ids(1);
+  r->set_data(std::string((kMaxRowDim + 1) * 4, 'x'));
+  EXPECT_EQ(decode(m), absl::StatusCode::kDataLoss);
+  // A pull's rows with a negative count.
+  dtrain::wire::PullChunk p;
+  auto* rows = p.add_rows();
+  rows->set_count(-1);
+  rows->set_data("abcd");
+  Collected got;
+  EXPECT_EQ(DecodeMessage(Reslice(p.SerializeAsString(), &rng, 3), &got).code(), absl::StatusCode::kDataLoss);
+  // Every truncation of a good message.
+  SendTracker tracker;
+  MessageBuilder b;
+  const int64_t ids[] = {3, 4};
+  const float g[] = {1, 2, 3, 4};
+  b.AddRowGradientsRef(0, ids, 2, 2, WireDtype::kF32, g, &tracker);
+  const std::string good = Flatten(b.Build());
+  for (size_t len = 1; len < good.size(); ++len) {
+    Collected c;
+    EXPECT_EQ(DecodeMessage(Reslice(good.substr(0, len), &rng, 5), &c).code(), absl::StatusCode::kDataLoss) << len;
   }
 }
 

@@ -36,6 +36,15 @@ absl::Status UploadFeeder::OnData(uint32_t key, int64_t offset, int64_t n, WireD
   return upload_->Write(key, offset, n, dtype, data);
 }
 
+absl::Status UploadFeeder::OnRowGradients(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
+                                          const void* data) {
+  if (!upload_) {
+    return absl::InvalidArgumentError(initialize_ ? "Initialize: sparse rows before the worker id"
+                                                  : "Push: sparse rows before the header");
+  }
+  return upload_->WriteSparse(table, ids, n, dim, dtype, data);
+}
+
 absl::StatusOr<PushResponse> UploadFeeder::Finish() {
   if (!upload_) return absl::InvalidArgumentError(initialize_ ? "Initialize: empty stream" : "Push: empty stream");
   return upload_->Finish();

@@ -1,6 +1,6 @@
 // What the ps's gRPC service does with the messages of one Push or Initialize stream: decodes each
-// (ps/rpc/tensor_coding.h) and feeds the header (or worker id) and the slice data into an upload of a
-// PsInterface. Separate from the service so that the ps-request fuzzer (ps/rpc/ps_request_fuzzer.cc) drives
+// (ps/rpc/tensor_coding.h) and feeds the header (or worker id), the slice data and the sparse rows into an
+// upload of a PsInterface. Separate from the service so that the ps-request fuzzer (ps/rpc/ps_request_fuzzer.cc) drives
 // exactly this code.
 //
 // Errors: InvalidArgument for a malformed stream (a second header, data before the header, an unexpected field,
@@ -36,6 +36,8 @@ class UploadFeeder : public coding::ChunkHandler {
   absl::Status OnHeader(const std::string& bytes) override;
   absl::Status OnWorkerId(int64_t worker_id) override;
   absl::Status OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override;
+  absl::Status OnRowGradients(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
+                              const void* data) override;
 
  private:
   PsInterface* ps_;

@@ -45,6 +45,27 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
     p->set_length(s.length);
     p->set_state(!s.trainable);
   }
+  for (const SparseTableSpec& t : in.tables) {
+    auto* p = out->add_tables();
+    p->set_table(t.table);
+    p->set_name(t.name);
+    p->set_dim(t.dim);
+    p->set_rows(t.rows);
+    p->set_init_scale(t.init_scale);
+    p->set_init_seed(t.init_seed);
+    p->set_max_rows(t.max_rows);
+    p->set_admit_after(t.admit_after);
+  }
+  auto* so = out->mutable_sparse_optimizer();
+  so->set_name(in.sparse_optimizer.name);
+  so->set_learning_rate(in.sparse_optimizer.learning_rate);
+  so->set_initial_accumulator(in.sparse_optimizer.initial_accumulator);
+  so->set_beta1(in.sparse_optimizer.beta1);
+  so->set_beta2(in.sparse_optimizer.beta2);
+  so->set_epsilon(in.sparse_optimizer.epsilon);
+  so->set_l1(in.sparse_optimizer.l1);
+  so->set_l2(in.sparse_optimizer.l2);
+  so->set_lr_power(in.sparse_optimizer.lr_power);
 }
 
 TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
@@ -69,6 +90,30 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
   c.train_steps = in.train_steps();
   for (const auto& p : in.slices()) {
     c.slices.push_back(SliceSpec{p.key(), p.variable(), p.flat_offset(), p.length(), !p.state()});
+  }
+  for (const auto& p : in.tables()) {
+    SparseTableSpec t;
+    t.table = p.table();
+    t.name = p.name();
+    t.dim = p.dim();
+    t.rows = p.rows();
+    t.init_scale = p.init_scale();
+    t.init_seed = p.init_seed();
+    t.max_rows = p.max_rows();
+    t.admit_after = p.admit_after();
+    c.tables.push_back(std::move(t));
+  }
+  if (in.has_sparse_optimizer()) {  // else the defaults (a worker that knows no tables)
+    const auto& so = in.sparse_optimizer();
+    c.sparse_optimizer.name = so.name();
+    c.sparse_optimizer.learning_rate = so.learning_rate();
+    c.sparse_optimizer.initial_accumulator = so.initial_accumulator();
+    c.sparse_optimizer.beta1 = so.beta1();
+    c.sparse_optimizer.beta2 = so.beta2();
+    c.sparse_optimizer.epsilon = so.epsilon();
+    c.sparse_optimizer.l1 = so.l1();
+    c.sparse_optimizer.l2 = so.l2();
+    c.sparse_optimizer.lr_power = so.lr_power();
   }
   return c;
 }
@@ -109,6 +154,18 @@ void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
   out->set_max_staleness_seen(in.max_staleness_seen);
   out->set_bytes_received(in.bytes_received);
   out->set_bytes_sent(in.bytes_sent);
+  for (const SparseTableStats& t : in.tables) {
+    auto* p = out->add_tables();
+    p->set_name(t.name);
+    p->set_rows(t.rows);
+    p->set_created(t.created);
+    p->set_evicted(t.evicted);
+    p->set_not_admitted(t.not_admitted);
+    p->set_dropped_gradients(t.dropped_gradients);
+    p->set_lookups(t.lookups);
+    p->set_updates(t.updates);
+    p->set_bytes(t.bytes);
+  }
 }
 
 TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
@@ -133,6 +190,10 @@ TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
   s.max_staleness_seen = in.max_staleness_seen();
   s.bytes_received = in.bytes_received();
   s.bytes_sent = in.bytes_sent();
+  for (const auto& p : in.tables()) {
+    s.tables.push_back(SparseTableStats{p.name(), p.rows(), p.created(), p.evicted(), p.not_admitted(),
+                                        p.dropped_gradients(), p.lookups(), p.updates(), p.bytes()});
+  }
   return s;
 }
 
@@ -187,6 +248,11 @@ void ToProto(const PullRequest& in, dtrain::wire::PullRequest* out) {
   out->set_wire_dtype(static_cast<dtrain::wire::WireDtype>(in.wire_dtype));
   out->set_after_push(in.after_push);
   out->set_session(in.session);
+  for (const SparseIds& e : in.sparse) {
+    auto* p = out->add_sparse();
+    p->set_table(e.table);
+    p->mutable_ids()->Add(e.ids.begin(), e.ids.end());
+  }
 }
 
 PullRequest FromProto(const dtrain::wire::PullRequest& in) {
@@ -202,6 +268,7 @@ PullRequest FromProto(const dtrain::wire::PullRequest& in) {
   const int dtype = in.wire_dtype();
   r.wire_dtype = dtype >= 0 && dtype <= static_cast<int>(WireDtype::kF16) ? static_cast<WireDtype>(dtype)
                                                                           : WireDtype::kF32;
+  for (const auto& p : in.sparse()) r.sparse.push_back(SparseIds{p.table(), {p.ids().begin(), p.ids().end()}});
   return r;
 }
 

@@ -1,4 +1,5 @@
-// A PsInterface decorator for tests: delivers every push twice (as a client retry after a lost reply would).
+// A PsInterface decorator for tests: delivers every push twice (as a client retry after a lost reply would),
+// slices and sparse rows alike.
 // Fakes over mocks (STYLE.md).
 //
 // Thread-safety: as thread-safe as the wrapped PsInterface; the counters are atomic.
@@ -60,13 +61,23 @@ class FaultInjectingPs : public PsInterface {
       pieces_.push_back(Piece{key, offset, n, dtype, std::vector<char>(bytes, bytes + n * DtypeBytes(dtype))});
       return first_->Write(key, offset, n, dtype, data);
     }
+    absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
+                             const void* rows) override {
+      const char* bytes = static_cast<const char*>(rows);
+      Piece p{table, -1, n, dtype, std::vector<char>(bytes, bytes + n * dim * DtypeBytes(dtype))};
+      p.ids.assign(ids, ids + n);
+      p.dim = dim;
+      pieces_.push_back(std::move(p));
+      return first_->WriteSparse(table, ids, n, dim, dtype, rows);
+    }
     absl::StatusOr<PushResponse> Finish() override {
       absl::StatusOr<PushResponse> first = first_->Finish();
       if (!first.ok()) return first;
       absl::StatusOr<std::unique_ptr<SliceUpload>> again = target_->StartPush(header_);
       if (!again.ok()) return again.status();
       for (const Piece& p : pieces_) {
-        absl::Status s = (*again)->Write(p.key, p.offset, p.n, p.dtype, p.bytes.data());
+        absl::Status s = p.offset < 0 ? (*again)->WriteSparse(p.key, p.ids.data(), p.n, p.dim, p.dtype, p.bytes.data())
+                                      : (*again)->Write(p.key, p.offset, p.n, p.dtype, p.bytes.data());
         if (!s.ok()) return s;
       }
       absl::StatusOr<PushResponse> second = (*again)->Finish();
@@ -76,10 +87,12 @@ class FaultInjectingPs : public PsInterface {
 
    private:
     struct Piece {
-      uint32_t key;
-      int64_t offset, n;
+      uint32_t key;       // or the table, for sparse rows
+      int64_t offset, n;  // offset -1: sparse rows (n ids)
       WireDtype dtype;
       std::vector<char> bytes;
+      std::vector<int64_t> ids = {};
+      int dim = 0;
     };
     PsInterface* target_;
     PushHeader header_;

@@ -45,6 +45,14 @@ class MapReceiver : public PullReceiver {
     return Buffer{v.data() + offset, WireDtype::kF32};
   }
   absl::Status Written(uint32_t, int64_t, int64_t) override { return absl::OkStatus(); }
+  absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n, int dim) override {
+    std::vector<float>& v = out_->rows[table];
+    if (static_cast<int64_t>(v.size()) != first * dim) {
+      return absl::DataLossError(absl::StrCat("table ", table, ": rows from ", first, " after ", v.size() / dim));
+    }
+    v.resize((first + n) * dim);
+    return Buffer{v.data() + first * dim, WireDtype::kF32};
+  }
 
  private:
   Pulled* out_;
@@ -52,9 +60,15 @@ class MapReceiver : public PullReceiver {
 
 }  // namespace
 
-absl::StatusOr<PushResponse> PushSlices(PsInterface& ps, const PushHeader& header, const Slices& slices) {
+absl::StatusOr<PushResponse> PushSlices(PsInterface& ps, const PushHeader& header, const Slices& slices,
+                                        const std::vector<SparseRows>& sparse) {
   ASSIGN_OR_RETURN(std::unique_ptr<SliceUpload> upload, ps.StartPush(header));
   RETURN_IF_ERROR(WriteAll(upload.get(), slices));
+  for (const SparseRows& r : sparse) {
+    const int64_t n = static_cast<int64_t>(r.ids.size());
+    const int dim = n == 0 ? 0 : static_cast<int>(r.rows.size() / n);
+    RETURN_IF_ERROR(upload->WriteSparse(r.table, r.ids.data(), n, dim, WireDtype::kF32, r.rows.data()));
+  }
   return upload->Finish();
 }
 

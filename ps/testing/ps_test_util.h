@@ -31,13 +31,24 @@ TrainConfig MakeConfig(const std::string& mode, int num_workers, int replicas_to
 // ---- one task, whole slices -----------------------------------------------------------------------------------
 using Slices = std::map<uint32_t, std::vector<float>>;  // key -> values
 
-// Uploads every slice whole (one Write each, in key order) and finishes the upload.
-absl::StatusOr<PushResponse> PushSlices(PsInterface& ps, const PushHeader& header, const Slices& slices);
+// Sparse gradients of one table: ids and their rows (ids.size() * dim floats).
+struct SparseRows {
+  uint32_t table = 0;
+  std::vector<int64_t> ids;
+  std::vector<float> rows;
+};
+
+// Uploads every slice whole (one Write each, in key order), then the sparse rows (one WriteSparse each), and
+// finishes the upload.
+absl::StatusOr<PushResponse> PushSlices(PsInterface& ps, const PushHeader& header, const Slices& slices,
+                                        const std::vector<SparseRows>& sparse = {});
 absl::Status InitializeSlices(PsInterface& ps, int worker_id, const Slices& slices);
-// Pulls into a map (checks that every slice arrives whole and in order).
+// Pulls into a map (checks that every slice arrives whole and in order); the rows of request.sparse land in
+// `rows` (table -> the rows of its ids, in request order).
 struct Pulled {
   PullHeader header;
   Slices slices;
+  std::map<uint32_t, std::vector<float>> rows;
 };
 absl::StatusOr<Pulled> PullSlices(PsInterface& ps, const PullRequest& request);
 
