@@ -28,13 +28,27 @@ ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks"
 ABSL_FLAG(std::string, worker_hosts, "", "Comma-separated host:port of the worker tasks");
 ABSL_FLAG(std::string, cluster_spec, "", "JSON file {\"ps\": [...], \"worker\": [...]} (else flags or TF_CONFIG)");
 
-ABSL_FLAG(std::string, model, "mlp", "mlp | cnn | convnet | cifar10, or PATH.onnx: a model exported as ONNX");
+ABSL_FLAG(std::string, model, "mlp",
+          "mlp | cnn | convnet | cifar10 | dlrm (click-through-rate data), or PATH.onnx: a model exported as ONNX");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "MNIST IDX, CIFAR-10 binary or TFRecord files");
 ABSL_FLAG(std::string, input_mean, "",
           "Per-channel means subtracted from the pixels after scaling them to [0, 1], e.g. 0.4914,0.4822,0.4465 "
           "(for models trained on normalized inputs; one value: every channel)");
 ABSL_FLAG(std::string, input_std, "", "Per-channel standard deviations the pixels are divided by (after --input_mean)");
+ABSL_FLAG(std::string, data_format, "auto",
+          "auto | mnist-idx | cifar10-bin | tfrecord | criteo (auto: by the file names in --data_dir)");
+ABSL_FLAG(std::string, sparse_optimizer, "",
+          "Models with embedding tables: sgd | adagrad | adam (lazy) | ftrl for the rows on the ps (empty: the model's)");
+ABSL_FLAG(double, sparse_learning_rate, 0, "Learning rate of --sparse_optimizer (0: the model's)");
+ABSL_FLAG(int, embedding_dim, 16, "--model=dlrm: floats per embedding row (and the bottom MLP's output)");
+ABSL_FLAG(std::string, dlrm_bottom, "64", "--model=dlrm: hidden widths of the bottom MLP (comma-separated)");
+ABSL_FLAG(std::string, dlrm_top, "128,64", "--model=dlrm: hidden widths of the top MLP (comma-separated)");
+ABSL_FLAG(int64_t, table_rows, 0,
+          "--model=dlrm: rows per table, ids taken modulo it (0: hash tables keyed by the id, rows made on first touch)");
+ABSL_FLAG(int64_t, max_rows, 0, "--model=dlrm: rows per table and ps task beyond which the least recently used "
+                                "are evicted (0: no bound)");
+ABSL_FLAG(int, admit_after, 0, "--model=dlrm: give an id a row once it was looked up this many times (0: at once)");
 ABSL_FLAG(bool, shuffle, true, "Shuffle each worker's shard every epoch (false: read it in order)");
 ABSL_FLAG(std::string, metrics_file, "",
           "Write this worker's loss of every local step here at the end, as CSV local_step,loss");
@@ -158,7 +172,22 @@ int main(int argc, char** argv) {
   o.num_workers = cluster->is_local() ? 1 : cluster->num_workers();
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();
 
-  absl::Status flags_ok = dtrain::worker::ApplyModelDefaults(&o);
+  o.sparse_optimizer = absl::GetFlag(FLAGS_sparse_optimizer);
+  o.sparse_learning_rate = static_cast<float>(absl::GetFlag(FLAGS_sparse_learning_rate));
+  absl::Status flags_ok = absl::OkStatus();
+  {
+    absl::StatusOr<dtrain::data::DataFormat> format = dtrain::data::ParseDataFormat(absl::GetFlag(FLAGS_data_format));
+    absl::StatusOr<dtrain::models::DlrmConfig> dlrm = dtrain::models::ParseDlrmConfig(
+        absl::GetFlag(FLAGS_embedding_dim), absl::GetFlag(FLAGS_dlrm_bottom), absl::GetFlag(FLAGS_dlrm_top),
+        absl::GetFlag(FLAGS_table_rows), absl::GetFlag(FLAGS_max_rows), absl::GetFlag(FLAGS_admit_after));
+    if (!format.ok()) flags_ok = format.status();
+    if (flags_ok.ok()) flags_ok = dlrm.status();
+    if (flags_ok.ok()) {
+      o.data_format = *format;
+      o.dlrm = *dlrm;
+    }
+  }
+  if (flags_ok.ok()) flags_ok = dtrain::worker::ApplyModelDefaults(&o);
   if (flags_ok.ok()) {
     absl::StatusOr<dtrain::data::Normalization> n =
         dtrain::data::ParseNormalization(absl::GetFlag(FLAGS_input_mean), absl::GetFlag(FLAGS_input_std));

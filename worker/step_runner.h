@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "ps/client/worker_client.h"
 #include "worker/models/model.h"
+#include "worker/sparse_batch.h"
 #include "worker/towers.h"
 #include "worker/training_steps.h"
 
@@ -31,10 +32,12 @@ namespace dtrain::worker {
 class StepRunner : public TrainingSteps {
  public:
   // `towers` and `client` must outlive the runner; the client's flat buffers are the towers' host buffers.
-  StepRunner(Towers* towers, ps::WorkerClient* client, bool sync) : towers_(towers), client_(client), sync_(sync) {}
+  StepRunner(Towers* towers, ps::WorkerClient* client, bool sync);
 
   // Pulls the current parameters (blocking): the step training starts from.
   absl::StatusOr<ps::PullResult> Start() override;
+  absl::Status SetUpcomingBatches(const std::vector<models::HostBatch>& batches) override;
+  absl::Status LoadSparseRows(const models::HostBatch& batch) override;
   // Computes one step on the parameters of `step` (the step of the pull in flight): forward, backward with
   // layer-by-layer pushes, commit; then starts the next pull. InternalError when the loss is not finite
   // (nothing of the step is committed then).
@@ -52,11 +55,25 @@ class StepRunner : public TrainingSteps {
   absl::Status Finish() override { return absl::OkStatus(); }
 
  private:
+  // Sparse tables: SetSparsePull for the rows of sparse_[upcoming_]'s ids.
+  absl::Status RequestRows(SparseBatch* batch);
+  // Binds the rows of the current step (arrived with the pull in flight) to every tower.
+  absl::Status BindRows();
+  // After the towers' backward: averages their row gradients and adds them to the push.
+  absl::Status PushRows();
+
   Towers* towers_;
   ps::WorkerClient* client_;
   const bool sync_;
   int64_t step_ = 0;  // of the newest answer: the parameters in (or arriving into) host_params()
   std::vector<float> losses_;
+  // Models with tables: two steps' ids and rows (the current step's, and the upcoming one's the pull in flight
+  // brings), swapped at each step; and one for evaluation batches.
+  bool sparse_model_ = false;
+  std::unique_ptr<SparseBatch> sparse_[2], eval_sparse_;
+  int current_ = 0;
+  bool upcoming_set_ = false;  // SetUpcomingBatches since the last pull started
+  std::vector<float> scratch_params_;  // where an evaluation pull's parameters go
 };
 
 }  // namespace dtrain::worker

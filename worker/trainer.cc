@@ -18,6 +18,8 @@
 #include "common/status_macros.h"
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
+#include "worker/data/metrics.h"
+#include "worker/models/graph.h"
 #include "worker/models/model.h"
 #include "worker/models/onnx/onnx_export.h"
 #include "worker/models/registry.h"
@@ -31,19 +33,51 @@ namespace {
 constexpr int kMaxReconnects = 1000;  // a ps that restarts for ever stops the worker eventually
 
 models::HostBatch View(const data::Batch& b) {
+  if (b.num_dense > 0 || b.num_sparse > 0) {  // click-through-rate data: dense features as a 1x1 image
+    models::HostBatch v{b.batch, 1, 1, b.num_dense, b.dense.data(), b.labels.data()};
+    v.num_sparse = b.num_sparse;
+    v.ids = b.ids.data();
+    v.id_offsets = b.id_offsets.data();
+    return v;
+  }
   return models::HostBatch{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};
 }
 
-// Accuracy of `model` (tower 0, parameters already set) on the whole test set.
-absl::StatusOr<double> Evaluate(models::Model* model, const std::vector<data::Batch>& batches) {
+// What the chief's evaluation gives: the accuracy, and for models with one logit the log loss and AUC.
+struct Evaluation {
+  double accuracy = -1, log_loss = -1, auc = -1;
+};
+
+// Tower 0 (parameters already set) on the whole test set; the rows of a sparse model's ids are pulled batch by
+// batch.
+absl::StatusOr<Evaluation> Evaluate(TrainingSteps* steps, models::Model* model,
+                                    const std::vector<data::Batch>& batches) {
+  const bool sigmoid = model->graph().loss == models::Loss::kSigmoidCrossEntropy;
   int64_t correct = 0, total = 0;
+  data::BinaryMetrics metrics;
+  std::vector<float> logits;
   for (const data::Batch& b : batches) {
-    ASSIGN_OR_RETURN(int c, model->CountCorrect(View(b)));
-    correct += c;
+    const models::HostBatch view = View(b);
+    RETURN_IF_ERROR(steps->LoadSparseRows(view));
+    if (sigmoid) {
+      logits.resize(b.batch);
+      RETURN_IF_ERROR(model->Predict(view, logits.data()));
+      metrics.Add(absl::MakeConstSpan(logits.data(), b.batch), absl::MakeConstSpan(b.labels.data(), b.batch));
+      for (int i = 0; i < b.batch; ++i) correct += (logits[i] > 0.0f) == (b.labels[i] > 0.5f);
+    } else {
+      ASSIGN_OR_RETURN(int c, model->CountCorrect(view));
+      correct += c;
+    }
     total += b.batch;
   }
   if (total == 0) return absl::FailedPreconditionError("empty test set");
-  return static_cast<double>(correct) / total;
+  Evaluation e;
+  e.accuracy = static_cast<double>(correct) / total;
+  if (sigmoid) {
+    e.log_loss = metrics.log_loss();
+    e.auc = metrics.auc();
+  }
+  return e;
 }
 
 std::string FormatStats(const ps::TrainingStats& s, bool async) {
@@ -92,16 +126,32 @@ struct Connection {
 absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d) {
   d->dataset = o->dataset;
   if (d->dataset == nullptr) {
-    ASSIGN_OR_RETURN(d->loaded, data::LoadDataset(o->data_dir));
+    ASSIGN_OR_RETURN(d->loaded, data::LoadDataset(o->data_dir, o->data_format));
     d->dataset = &d->loaded;
   }
   const data::Dataset& train = d->dataset->train;
   d->defaults = o->resolved_model->defaults;
+  const bool ctr = train.kind() == data::DataKind::kCtr;
+  if (ctr != d->defaults.ctr_data) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model=", o->model, " trains on ", d->defaults.ctr_data ? "click-through-rate data" : "images",
+        " but ", o->dataset != nullptr ? std::string("the data set") : o->data_dir, " holds ",
+        ctr ? "click-through-rate data (dense and categorical features)" : "images",
+        d->defaults.ctr_data ? " (give --data_dir a Criteo-format directory, e.g. one dtrain_convert "
+                               "--synthetic_ctr wrote)"
+                             : ""));
+  }
   models::ModelOptions& mopt = d->model_options;
   mopt.batch_size = o->batch_size;
   mopt.eval_batch_size = std::max(o->batch_size, 500);
   mopt.seed = o->seed;
-  models::SetInputGeometry(d->defaults, train.height, train.width, train.channels, &mopt);
+  if (ctr) {
+    mopt.height = mopt.width = 1;  // the dense features, as a 1x1 image of num_dense channels
+    mopt.channels = train.num_dense;
+    mopt.num_sparse = train.num_sparse;
+  } else {
+    models::SetInputGeometry(d->defaults, train.height, train.width, train.channels, &mopt);
+  }
   mopt.num_classes = train.num_classes;
 
   data::BatchStreamOptions sopt;
@@ -111,7 +161,7 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
   sopt.seed = o->seed;
   sopt.shuffle = o->shuffle;
   sopt.preprocess = d->defaults.train_preprocess;
-  RETURN_IF_ERROR(data::CheckNormalization(o->input_normalization, train.channels));
+  if (!ctr) RETURN_IF_ERROR(data::CheckNormalization(o->input_normalization, train.channels));
   sopt.normalize = o->input_normalization;
   sopt.crop_h = mopt.height;  // the model's input size (the CIFAR modes crop to it)
   sopt.crop_w = mopt.width;
@@ -162,6 +212,23 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   config.optimizer.staircase = o.staircase;
   config.moving_average_decay = o.moving_average_decay;
   config.train_steps = o.train_steps;
+  const std::vector<models::TableInfo>& tables = model0->graph().tables;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    ps::SparseTableSpec s;
+    s.table = static_cast<uint32_t>(t);
+    s.name = tables[t].name;
+    s.dim = tables[t].dim;
+    s.rows = tables[t].rows;
+    s.init_scale = tables[t].init_scale;
+    s.init_seed = o.seed;
+    s.max_rows = tables[t].max_rows;
+    s.admit_after = tables[t].admit_after;
+    config.tables.push_back(std::move(s));
+  }
+  if (!tables.empty()) {
+    config.sparse_optimizer.name = o.sparse_optimizer;
+    config.sparse_optimizer.learning_rate = o.sparse_learning_rate;
+  }
 
   c->tasks = tasks;
   if (local) {
@@ -222,10 +289,10 @@ absl::Status ConnectAgain(const WorkerOptions& o, Connection* c, TrainingData* d
 }
 
 // Test accuracy of tower 0 with the current parameters (or their moving averages).
-absl::StatusOr<double> EvaluateNow(TrainingSteps* steps, models::Model* model0, const TrainingData& d,
-                                   bool moving_averages) {
+absl::StatusOr<Evaluation> EvaluateNow(TrainingSteps* steps, models::Model* model0, const TrainingData& d,
+                                       bool moving_averages) {
   RETURN_IF_ERROR(steps->LoadParameters(moving_averages));
-  return Evaluate(model0, d.eval_batches);
+  return Evaluate(steps, model0, d.eval_batches);
 }
 
 // Appends the losses known so far to the result.
@@ -241,17 +308,46 @@ absl::Status CollectLosses(TrainingSteps* steps, TrainingResult* result) {
 // test accuracy every eval_every global steps, summaries every summary_every local steps. A ps task that
 // restarted (or rolled back, or declared this worker lost) answers Aborted: the worker connects again (the chief
 // restores every task to a common checkpoint) and goes on from a fresh pull.
+// One step's input: a batch per tower and where the stream is after them (for the checkpoints).
+struct StepInput {
+  std::vector<data::Batch> batches;
+  std::vector<models::HostBatch> views;  // into batches (whose buffers move with them on a swap)
+  std::string position;
+};
+
 absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towers* towers, Connection* c,
                        TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries,
                        TrainingResult* result) {
   int reconnects = 0;
+  // Models with sparse tables read one step ahead: the pull that brings a step's parameters also brings the rows
+  // of that step's ids (TrainingSteps::SetUpcomingBatches).
+  const bool sparse = !towers->tower(0)->graph().tables.empty();
+  StepInput current, upcoming;
+  bool have_current = false;
+  auto draw = [&](StepInput* in) {
+    in->batches.resize(towers->size());
+    in->views.resize(towers->size());
+    for (int t = 0; t < towers->size(); ++t) {
+      in->batches[t] = d->stream->Next();  // copy: the stream's buffer is reused on the next call
+      in->views[t] = View(in->batches[t]);
+    }
+    in->position = d->stream->SaveState();
+  };
+  auto start_pulling = [&]() -> absl::StatusOr<ps::PullResult> {
+    if (sparse) {
+      draw(&current);
+      have_current = true;
+      RETURN_IF_ERROR(steps->SetUpcomingBatches(current.views));
+    }
+    return steps->Start();
+  };
   // A worker may connect again just before the chief rolls the tasks back (voiding the sessions it just got):
   // then the first pull is Aborted too, and it connects once more.
   auto recover = [&](absl::Status failure) -> absl::StatusOr<ps::PullResult> {
     while (true) {
       if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
       RETURN_IF_ERROR(ConnectAgain(o, c, d, failure));
-      absl::StatusOr<ps::PullResult> started = steps->Start();
+      absl::StatusOr<ps::PullResult> started = start_pulling();  // from the input position the restore gave back
       if (started.ok()) return started;
       failure = started.status();
     }
@@ -260,7 +356,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     absl::StatusOr<ps::PullResult> r = steps->Settle();
     return r.ok() ? r : recover(r.status());
   };
-  absl::StatusOr<ps::PullResult> started = steps->Start();
+  absl::StatusOr<ps::PullResult> started = start_pulling();
   if (!started.ok()) started = recover(started.status());
   if (!started.ok()) return started.status();
   ps::PullResult at = *started;
@@ -271,21 +367,26 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   absl::Time window_start = start;
   int64_t window_steps = 0;
   int64_t next_eval = o.eval_every > 0 ? (at.step / o.eval_every + 1) * o.eval_every : -1;
-  std::vector<models::HostBatch> views(towers->size());
-  std::vector<data::Batch> batches(towers->size());
   while (at.step < o.train_steps && !at.training_done) {
-    for (int t = 0; t < towers->size(); ++t) {
-      batches[t] = d->stream->Next();  // copy: the stream's buffer is reused on the next call
-      views[t] = View(batches[t]);
+    if (!have_current) draw(&current);
+    absl::Status stepped = absl::OkStatus();
+    if (sparse) {
+      draw(&upcoming);
+      stepped = steps->SetUpcomingBatches(upcoming.views);
     }
     // Where the input is after this step's batches, for the checkpoints (a few dozen bytes).
     if (c->device_resident) {
-      RETURN_IF_ERROR(c->local_ps->RecordInputPosition(0, at.step, d->stream->SaveState()));
+      RETURN_IF_ERROR(c->local_ps->RecordInputPosition(0, at.step, current.position));
     } else {
-      c->client->SetInputPosition(d->stream->SaveState());
+      c->client->SetInputPosition(current.position);
     }
     if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
-    absl::Status stepped = steps->Step(views, at.step);
+    if (stepped.ok()) stepped = steps->Step(current.views, at.step);
+    if (sparse) {
+      std::swap(current, upcoming);  // the next step's batches, whose rows the pull now in flight brings
+    } else {
+      have_current = false;
+    }
     absl::StatusOr<ps::PullResult> next = stepped.ok() ? steps->NextStep() : stepped;
     if (!next.ok()) {
       ASSIGN_OR_RETURN(at, recover(next.status()));
@@ -321,12 +422,24 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     }
     if (chief && next_eval > 0 && at.step >= next_eval && at.step < o.train_steps) {
       ASSIGN_OR_RETURN(at, settle());
-      ASSIGN_OR_RETURN(double acc, EvaluateNow(steps, towers->tower(0), *d, /*moving_averages=*/false));
+      ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), *d, /*moving_averages=*/false));
+      const double secs = absl::ToDoubleSeconds(absl::Now() - start);
       if (!o.quiet) {
-        std::printf("step %lld: test accuracy = %.4f at %.2f sec\n", static_cast<long long>(at.step), acc,
-                    absl::ToDoubleSeconds(absl::Now() - start));
+        if (e.auc >= 0) {
+          std::printf("step %lld: test log loss = %.4f, AUC = %.4f at %.2f sec\n", static_cast<long long>(at.step),
+                      e.log_loss, e.auc, secs);
+        } else {
+          std::printf("step %lld: test accuracy = %.4f at %.2f sec\n", static_cast<long long>(at.step), e.accuracy,
+                      secs);
+        }
       }
-      if (events) RETURN_IF_ERROR(events->AddScalar("test_accuracy", at.step, acc));
+      if (events) {
+        RETURN_IF_ERROR(events->AddScalar("test_accuracy", at.step, e.accuracy));
+        if (e.auc >= 0) {
+          RETURN_IF_ERROR(events->AddScalar("test_auc", at.step, e.auc));
+          RETURN_IF_ERROR(events->AddScalar("test_log_loss", at.step, e.log_loss));
+        }
+      }
       next_eval = (at.step / o.eval_every + 1) * o.eval_every;
     }
   }
@@ -353,14 +466,21 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
   ASSIGN_OR_RETURN(result->parameters, steps->Parameters());
   if (chief) {
     if (o.evaluate) {
-      ASSIGN_OR_RETURN(result->test_accuracy,
-                       EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/false));
-      if (events)
+      ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/false));
+      result->test_accuracy = e.accuracy;
+      result->test_log_loss = e.log_loss;
+      result->test_auc = e.auc;
+      if (events) {
         RETURN_IF_ERROR(events->AddScalar("test_accuracy", result->global_step, result->test_accuracy));
+        if (e.auc >= 0) {
+          RETURN_IF_ERROR(events->AddScalar("test_auc", result->global_step, e.auc));
+          RETURN_IF_ERROR(events->AddScalar("test_log_loss", result->global_step, e.log_loss));
+        }
+      }
       if (o.moving_average_decay > 0) {
         // The seeds evaluate with the moving averages of the variables when they keep them.
-        ASSIGN_OR_RETURN(result->test_accuracy_averaged,
-                         EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/true));
+        ASSIGN_OR_RETURN(Evaluation averaged, EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/true));
+        result->test_accuracy_averaged = averaged.accuracy;
         if (events) {
           RETURN_IF_ERROR(events->AddScalar("test_accuracy_moving_average", result->global_step,
                                             result->test_accuracy_averaged));
@@ -390,6 +510,12 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
         std::printf("ps task %d: %lld bytes held; received %.2f MB/step, sent %.2f MB/step\n", t,
                     static_cast<long long>(c->placement.task_bytes[t]), ts->bytes_received / steps_run / 1e6,
                     ts->bytes_sent / steps_run / 1e6);
+        for (const ps::SparseTableStats& s : ts->tables) {
+          std::printf("  table %s: %lld rows (%lld created, %lld evicted), %lld lookups, %lld not admitted\n",
+                      s.name.c_str(), static_cast<long long>(s.rows), static_cast<long long>(s.created),
+                      static_cast<long long>(s.evicted), static_cast<long long>(s.lookups),
+                      static_cast<long long>(s.not_admitted));
+        }
       }
     }
   }
@@ -404,7 +530,11 @@ void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const Training
                 static_cast<long long>(result.global_step), result.test_accuracy_averaged,
                 static_cast<long long>(d.dataset->test.count()));
   }
-  if (result.test_accuracy >= 0) {
+  if (result.test_auc >= 0) {
+    std::printf("step %lld: test log loss = %.4f, AUC = %.4f, accuracy = %.4f (%lld examples)\n",
+                static_cast<long long>(result.global_step), result.test_log_loss, result.test_auc,
+                result.test_accuracy, static_cast<long long>(d.dataset->test.count()));
+  } else if (result.test_accuracy >= 0) {
     std::printf("step %lld: test accuracy = %.4f (%lld examples)\n",
                 static_cast<long long>(result.global_step), result.test_accuracy,
                 static_cast<long long>(d.dataset->test.count()));
@@ -422,7 +552,9 @@ absl::Status WriteMetrics(const std::string& path, const TrainingResult& result)
 
 absl::Status ApplyModelDefaults(WorkerOptions* o) {
   if (o->resolved_model == nullptr) {
-    ASSIGN_OR_RETURN(o->resolved_model, models::ResolveModel(o->model));
+    models::ResolveOptions ro;
+    ro.dlrm = o->dlrm;
+    ASSIGN_OR_RETURN(o->resolved_model, models::ResolveModel(o->model, ro));
   }
   if (!o->export_onnx.empty() && !o->resolved_model->imported()) {
     return absl::InvalidArgumentError(absl::StrCat("--export_onnx needs a model imported from ONNX (--model=PATH.onnx); '",
@@ -432,6 +564,10 @@ absl::Status ApplyModelDefaults(WorkerOptions* o) {
   if (o->batch_size <= 0) o->batch_size = d.batch_size;
   if (o->learning_rate <= 0) o->learning_rate = d.learning_rate;
   if (o->optimizer.empty()) o->optimizer = d.optimizer;
+  if (o->sparse_optimizer.empty()) o->sparse_optimizer = d.sparse_optimizer.empty() ? "adagrad" : d.sparse_optimizer;
+  if (o->sparse_learning_rate <= 0) {
+    o->sparse_learning_rate = d.sparse_learning_rate > 0 ? d.sparse_learning_rate : o->learning_rate;
+  }
   if (o->mode != "sync" && o->mode != "async") {
     return absl::InvalidArgumentError(absl::StrCat("--mode must be sync or async, got '", o->mode, "'"));
   }
@@ -452,7 +588,10 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   TrainingData data;
   RETURN_IF_ERROR(SetUpData(&o, local, chief, &data));
   ASSIGN_OR_RETURN(std::vector<kernels::DeviceSpec> specs, ParseTowers(o.towers, o.num_gpus, o.threads));
-  const bool resident = DeviceResident(o, specs, local);
+  // Sparse tables stay on the ps (a step pulls the rows of its ids), so their models never keep the training
+  // state on the devices.
+  ASSIGN_OR_RETURN(const models::Graph graph, o.resolved_model->build_graph(data.model_options));
+  const bool resident = DeviceResident(o, specs, local) && graph.tables.empty();
   TowersOptions topt;
   topt.cpu_in_place = o.cpu_towers_in_place;
   topt.replicated = resident;

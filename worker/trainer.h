@@ -18,6 +18,7 @@
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/core/parameter_server.h"
 #include "worker/data/dataset.h"
+#include "worker/models/dlrm.h"
 #include "worker/models/model.h"
 
 namespace dtrain::worker {
@@ -34,6 +35,13 @@ struct WorkerOptions {
   // Per-channel normalization of the pixels after scaling to [0, 1] (--input_mean/--input_std), in training and
   // evaluation alike; InvalidArgument from RunTraining when it does not fit the images' channels.
   data::Normalization input_normalization;
+  data::DataFormat data_format = data::DataFormat::kAuto;  // --data_format
+
+  // Models with sparse embedding tables (--model=dlrm): the update of their rows on the ps ("" / 0: the model's
+  // default) and the dlrm's shape (worker/models/dlrm.h): passed to the registry when it resolves the model.
+  std::string sparse_optimizer;
+  float sparse_learning_rate = 0;
+  models::DlrmConfig dlrm;
   uint64_t seed = 1;
 
   // Training. 0 / "" = the model's default (resolved_model->defaults).
@@ -102,6 +110,9 @@ struct TrainingResult {
   float last_loss = 0;
   std::vector<float> losses;      // loss of every local step, in order
   double test_accuracy = -1;      // chief only, -1 if not evaluated
+  // Chief, models with one logit (sigmoid cross-entropy, e.g. dlrm): the test set's log loss and ROC AUC (-1
+  // if not evaluated); test_accuracy is then the share of examples on the right side of 0.5.
+  double test_log_loss = -1, test_auc = -1;
   std::vector<float> parameters;  // final parameters (flat) as last pulled
   ps::TrainingStats stats;        // chief: ps 0's statistics
   int64_t first_step = 0;         // global step when training started (> 0 after resuming a checkpoint)

@@ -38,6 +38,16 @@ class TrainingSteps {
 
   // The step training starts from (blocking: the first pull, or the ps's state loaded onto the devices).
   virtual absl::StatusOr<ps::PullResult> Start() = 0;
+  // Models with sparse tables: the batches (one per tower) of the step whose parameters the next pull brings —
+  // before Start, the first step's; before Step, the following step's — so that the pull brings the rows of
+  // their ids with the parameters. The views must stay valid until that step has run. Nothing for models
+  // without tables.
+  virtual absl::Status SetUpcomingBatches(const std::vector<models::HostBatch>& batches) {
+    return absl::OkStatus();
+  }
+  // Models with sparse tables, after Settle: pulls the rows of `batch`'s ids for tower 0 (evaluation on that
+  // batch), at the current step.
+  virtual absl::Status LoadSparseRows(const models::HostBatch& batch) { return absl::OkStatus(); }
   // Runs one step on `batches` (one per tower) with the parameters of `step`, the step Start / NextStep last
   // returned. Device-resident steps only enqueue it on the devices.
   virtual absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) = 0;

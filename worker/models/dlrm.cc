@@ -2,7 +2,9 @@
 
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 
 namespace dtrain::models {
@@ -29,7 +31,38 @@ absl::StatusOr<int> Mlp(GraphBuilder* b, int x, const std::string& prefix, const
   return x;
 }
 
+absl::StatusOr<std::vector<int>> Widths(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  if (text.empty()) return out;
+  for (absl::string_view w : absl::StrSplit(text, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(w, &v) || v < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", text, ": expected positive widths separated by "
+                                                     "commas, e.g. 128,64"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
 }  // namespace
+
+absl::StatusOr<DlrmConfig> ParseDlrmConfig(int embedding_dim, const std::string& bottom, const std::string& top,
+                                           int64_t table_rows, int64_t max_rows, int admit_after) {
+  DlrmConfig c;
+  if (embedding_dim < 1) return absl::InvalidArgumentError("--embedding_dim must be > 0");
+  if (table_rows < 0 || max_rows < 0 || admit_after < 0) {
+    return absl::InvalidArgumentError("--table_rows, --max_rows and --admit_after must be >= 0");
+  }
+  if (admit_after > 255) return absl::InvalidArgumentError("--admit_after must be at most 255");
+  c.embedding_dim = embedding_dim;
+  ASSIGN_OR_RETURN(c.bottom, Widths("dlrm_bottom", bottom));
+  ASSIGN_OR_RETURN(c.top, Widths("dlrm_top", top));
+  c.table_rows = table_rows;
+  c.max_rows = max_rows;
+  c.admit_after = admit_after;
+  return c;
+}
 
 absl::StatusOr<Graph> DlrmGraph(const DlrmConfig& c, int num_dense, int num_sparse) {
   if (c.embedding_dim < 1 || num_dense < 1 || num_sparse < 1 || c.table_rows < 0 || c.max_rows < 0 ||

@@ -11,6 +11,7 @@
 #define DTRAIN_WORKER_MODELS_DLRM_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,11 @@ struct DlrmConfig {
   int64_t max_rows = 0;    // per table and ps task (0: no bound)
   int admit_after = 0;     // admission filter (0: every id gets a row at once)
 };
+
+// The config from the command line's words: widths as comma-separated lists ("64" or "128,64"; "" for none).
+// InvalidArgument naming the flag for a value that is not a positive number.
+absl::StatusOr<DlrmConfig> ParseDlrmConfig(int embedding_dim, const std::string& bottom, const std::string& top,
+                                           int64_t table_rows, int64_t max_rows, int admit_after);
 
 // The graph for num_dense dense and num_sparse categorical features. InvalidArgument for a bad config.
 absl::StatusOr<Graph> DlrmGraph(const DlrmConfig& config, int num_dense, int num_sparse);

@@ -28,6 +28,7 @@ class GraphModel : public Model {
 
   const std::string& name() const override { return name_; }
   const std::vector<VariableInfo>& variables() const override { return vars_; }
+  const Graph& graph() const override { return graph_; }
   absl::Status SetParameters(const float* host_params) override;
   absl::StatusOr<float> TrainStep(const HostBatch& batch, int64_t step, float* host_grads) override;
   absl::StatusOr<float> ComputeGradients(const HostBatch& batch, int64_t step,

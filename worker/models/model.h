@@ -27,6 +27,8 @@
 
 namespace dtrain::models {
 
+struct Graph;  // worker/models/graph.h
+
 // How a variable is initialized by the chief.
 struct Initializer {
   enum class Kind { kTruncatedNormal, kConstant, kValues };
@@ -140,6 +142,8 @@ class Model {
   virtual ~Model() = default;
   virtual const std::string& name() const = 0;
   virtual const std::vector<VariableInfo>& variables() const = 0;
+  // The graph the model runs (its tables, its loss).
+  virtual const Graph& graph() const = 0;
   int64_t num_parameters() const { return TotalSize(variables()); }
 
   // Copies the flat parameter buffer (host, num_parameters() floats) to the device.
@@ -218,8 +222,6 @@ struct ModelDefaults {
   // The data the model reads: images (the fields above) or click-through-rate data (dense + sparse features).
   bool ctr_data = false;
 };
-struct Graph;  // worker/models/graph.h
-
 // A model, resolved once from --model (a built-in name or an ONNX file: worker/models/registry.h) into the
 // value that flows wherever the model matters: the towers build it, the ps checks its signature, evaluation
 // and export use it. Nothing downstream looks a model up by its name again.
