@@ -79,6 +79,13 @@ int Main() {
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
   o.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_learning_rate));
   if (absl::Status s = ApplyModelDefaults(&o); !s.ok()) return Fail(s, 2);
+  if (o.resolved_model->defaults.ctr_data) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--model=", o.model, " trains on click-through-rate data with its tables on the ps; time it with "
+                    "dtrain_worker --job_name=local --data_dir=DIR (its progress lines give examples/sec) or "
+                    "scripts/compare_cluster_sizes.sh --model=", o.model)),
+                2);
+  }
   absl::StatusOr<data::Normalization> normalize =
       data::ParseNormalization(absl::GetFlag(FLAGS_input_mean), absl::GetFlag(FLAGS_input_std));
   if (!normalize.ok()) return Fail(normalize.status(), 2);
