@@ -3,7 +3,7 @@
 #   1. refusals: a missing file, a file that is not ONNX, an unsupported operator, an opset too new, an eval-mode
 #      PyTorch export and a model for other images each make dtrain_worker exit 2 with one line naming what is
 #      wrong, and write nothing (no checkpoint, event, metrics or export file); dtrain_eval exits 2 likewise;
-#   2. a cluster (1 ps + 2 sync workers, scripts/run_local_cluster.sh) trains ResNet-8 (BatchNorm, residual Adds;
+#   2. a cluster (1 ps + 2 sync workers, scripts/run_local_cluster.sh) trains ResNet-20 (BatchNorm, residual Adds;
 #      its running statistics are state on the ps) from --model=FILE.onnx and the chief exports it
 #      (--export_onnx); dtrain_eval evaluates the exported file's own weights to the chief's accuracy;
 #   3. an independent runtime: onnxruntime-node runs the inference export of that file and of a LeNet-5 trained
@@ -39,7 +39,7 @@ from export_mlp import export
 from export_resnet20 import ResNet
 torch.manual_seed(0)
 export(LeNet5(), torch.zeros(1, 1, 28, 28), "lenet5.onnx")
-export(ResNet(blocks=1, in_channels=1), torch.zeros(1, 1, 28, 28), "resnet8.onnx")
+export(ResNet(blocks=3, in_channels=1), torch.zeros(1, 1, 28, 28), "resnet20.onnx")
 export(ResNet(blocks=1, in_channels=3), torch.zeros(1, 3, 32, 32), "cifar_resnet8.onnx")
 m = ResNet(blocks=1, in_channels=1)
 m.eval()  # what not to do: BatchNorm folded into Conv, weights renamed
@@ -85,16 +85,16 @@ grep -q "training=torch.onnx.TrainingMode.TRAINING" <<<"$("$BIN/dtrain_worker" -
 out="$("$BIN/dtrain_worker" --job_name=local --model=mlp --export_onnx=x.onnx 2>&1)"
 [ $? = 2 ] && grep -q "export_onnx needs a model imported from ONNX" <<<"$out" || fail "--export_onnx with a built-in: $out"
 
-# ---- 2. a cluster trains ResNet-8 from the file; the chief exports it ----
+# ---- 2. a cluster trains ResNet-20 from the file; the chief exports it ----
 "$ROOT/scripts/run_local_cluster.sh" --ps 1 --workers 2 --logdir "$WORK/cluster" --deadline_secs 300 -- \
-  --model="$WORK/resnet8.onnx" --mode=sync --train_steps=20 --batch_size=50 --learning_rate=0.01 \
-  --log_every=10 --export_onnx="$WORK/resnet8_trained.onnx" >cluster.log 2>&1 ||
+  --model="$WORK/resnet20.onnx" --mode=sync --train_steps=12 --batch_size=32 --learning_rate=0.01 \
+  --log_every=10 --export_onnx="$WORK/resnet20_trained.onnx" >cluster.log 2>&1 ||
   { tail -30 cluster.log; fail "the cluster run failed"; }
-chief_acc="$(grep -o 'step 20: test accuracy = [0-9.]*' cluster.log | grep -o '[0-9.]*$')"
+chief_acc="$(grep -o 'step 12: test accuracy = [0-9.]*' cluster.log | grep -o '[0-9.]*$')"
 [ -n "$chief_acc" ] || { tail -20 cluster.log; fail "no test accuracy from the chief"; }
-[ -s resnet8_trained.onnx ] || fail "the chief exported nothing"
-eval_out="$("$BIN/dtrain_eval" --model=resnet8_trained.onnx --export=resnet8_infer.onnx --export_for_inference \
-  --logits_out=resnet8_logits.npz 2>&1)" || fail "dtrain_eval of the exported file: $eval_out"
+[ -s resnet20_trained.onnx ] || fail "the chief exported nothing"
+eval_out="$("$BIN/dtrain_eval" --model=resnet20_trained.onnx --export=resnet20_infer.onnx --export_for_inference \
+  --logits_out=resnet20_logits.npz 2>&1)" || fail "dtrain_eval of the exported file: $eval_out"
 file_acc="$(grep -o 'test accuracy = [0-9.]*' <<<"$eval_out" | grep -o '[0-9.]*$')"
 echo "cluster: the chief's test accuracy $chief_acc; the exported file's own weights: $file_acc"
 [ "$chief_acc" = "$file_acc" ] || fail "the exported file evaluates to $file_acc, the chief said $chief_acc"
@@ -102,7 +102,7 @@ echo "cluster: the chief's test accuracy $chief_acc; the exported file's own wei
 /usr/bin/python3 - <<'PY' || fail "the running statistics were not trained"
 import onnx
 from onnx import numpy_helper
-t = {i.name: numpy_helper.to_array(i) for i in onnx.load("resnet8_trained.onnx").graph.initializer}
+t = {i.name: numpy_helper.to_array(i) for i in onnx.load("resnet20_trained.onnx").graph.initializer}
 assert abs(t["bn.running_mean"]).max() > 1e-3 and abs(t["bn.running_var"] - 1).max() > 1e-3, t["bn.running_var"]
 PY
 
@@ -113,6 +113,6 @@ PY
   >eval.log 2>&1 || { cat eval.log; fail "dtrain_eval of LeNet-5"; }
 (cd "$ORT" && node compare_logits.mjs "$WORK/lenet5_trained.onnx" "$WORK/lenet5_logits.npz" \
   "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on LeNet-5"
-(cd "$ORT" && node compare_logits.mjs "$WORK/resnet8_infer.onnx" "$WORK/resnet8_logits.npz" \
-  "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on ResNet-8"
+(cd "$ORT" && node compare_logits.mjs "$WORK/resnet20_infer.onnx" "$WORK/resnet20_logits.npz" \
+  "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on ResNet-20"
 echo PASS
