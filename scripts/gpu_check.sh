@@ -74,8 +74,8 @@ failed=0
 if [ $tests = 1 ]; then
   total_pass=0 total_skip=0 total_fail=0
   printf '\n%-24s %7s %8s %7s  %s\n' "test binary" passed skipped failed log
-  for t in cuda_device_test cuda_ops_test cuda_optimizer_test cuda_async_test nccl_allreduce_test towers_test \
-           gpu_training_test gpu_process_test; do
+  for t in cuda_device_test cuda_ops_test cuda_imported_ops_test cuda_optimizer_test cuda_async_test nccl_allreduce_test \
+           towers_test sparse_batch_test gpu_training_test gpu_process_test; do
     if [ ! -x "$bin/$t" ]; then
       printf '%-24s %s\n' "$t" "missing from $bin"
       failed=1

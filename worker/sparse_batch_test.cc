@@ -166,5 +166,68 @@ TEST(DlrmTest, GradientsMatchCentralDifferences) {
   }
 }
 
+// DLRM on a GPU (embedding lookups, the interaction, sigmoid cross-entropy in CUDA) computes the CPU's loss,
+// flat gradients and row gradients on the same rows and batch.
+TEST(DlrmTest, GpuMatchesCpu) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  models::DlrmConfig c;
+  c.embedding_dim = 8;
+  c.bottom = {16};
+  c.top = {16};
+  const int dense = 4, sparse = 6, batch = 32;
+  absl::StatusOr<models::Graph> g = models::DlrmGraph(c, dense, sparse);
+  ASSERT_TRUE(g.ok()) << g.status();
+  models::ModelOptions o;
+  o.batch_size = batch;
+  o.height = o.width = 1;
+  o.channels = dense;
+  o.num_classes = 2;
+  o.num_sparse = sparse;
+  const CtrBatch b = RandomCtr(batch, dense, sparse, 20, 3);
+  std::vector<float> params = models::InitialParameters(g->variables, 4);
+  struct Run {
+    float loss = 0;
+    std::vector<float> grads;
+    std::vector<std::vector<float>> rows;
+  };
+  auto run = [&](const kernels::DeviceSpec& spec) {
+    Run r;
+    auto dev = kernels::CreateDevice(spec);
+    EXPECT_TRUE(dev.ok()) << dev.status();
+    if (!dev.ok()) return r;
+    auto model = models::GraphModel::Create(*g, o, dev->get());
+    EXPECT_TRUE(model.ok()) << model.status();
+    if (!model.ok()) return r;
+    SparseBatch sb(*g);
+    EXPECT_TRUE(sb.Prepare({b.view()}).ok());
+    std::mt19937_64 gen(9);
+    std::uniform_real_distribution<float> u(-0.3f, 0.3f);
+    for (int t = 0; t < sb.num_tables(); ++t) {
+      for (size_t i = 0; i < sb.unique_ids(t).size() * c.embedding_dim; ++i) sb.rows(t)[i] = u(gen);
+    }
+    EXPECT_TRUE((*model)->SetParameters(params.data()).ok());
+    EXPECT_TRUE((*model)->SetSparseInputs(sb.inputs(0)).ok());
+    r.grads.resize(params.size());
+    auto loss = (*model)->TrainStep(b.view(), 0, r.grads.data());
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    r.loss = loss.ok() ? *loss : 0;
+    EXPECT_TRUE(sb.AverageGradients({model->get()}).ok());
+    for (int t = 0; t < sb.num_tables(); ++t) {
+      r.rows.emplace_back(sb.grads(t), sb.grads(t) + sb.unique_ids(t).size() * c.embedding_dim);
+    }
+    return r;
+  };
+  const Run cpu = run(kernels::DeviceSpec::Cpu(1)), gpu = run(kernels::DeviceSpec::Gpu(0));
+  EXPECT_NEAR(cpu.loss, gpu.loss, 1e-5 * std::abs(cpu.loss) + 1e-6);
+  ASSERT_EQ(cpu.grads.size(), gpu.grads.size());
+  for (size_t i = 0; i < cpu.grads.size(); ++i) EXPECT_NEAR(cpu.grads[i], gpu.grads[i], 1e-4 * std::abs(cpu.grads[i]) + 1e-6) << i;
+  ASSERT_EQ(cpu.rows.size(), gpu.rows.size());
+  for (size_t t = 0; t < cpu.rows.size(); ++t) {
+    for (size_t i = 0; i < cpu.rows[t].size(); ++i) {
+      EXPECT_NEAR(cpu.rows[t][i], gpu.rows[t][i], 1e-4 * std::abs(cpu.rows[t][i]) + 1e-6) << "table " << t << " " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::worker

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <fstream>
 #include <cmath>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "common/denormals.h"
+#include "worker/models/onnx/onnx_test_util.h"
 #include "worker/synthetic_data.h"
 
 namespace dtrain::worker {
@@ -150,6 +152,18 @@ TEST(TowersTest, TwoGpuTowersMatchTwoCpuTowers) {
       LossCurve("mlp", 32, {kernels::DeviceSpec::Gpu(0), kernels::DeviceSpec::Gpu(0)}, 6, 0.1f);
   ASSERT_EQ(cpu.size(), gpu.size());
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(cpu[i], gpu[i], 1e-3 * std::abs(cpu[i]) + 1e-4) << "step " << i;
+}
+
+// An imported graph (BatchNorm in training mode, a residual Add, a transposed Gemm, ONNX's OIHW filters) on a GPU
+// tower trains like on the CPU tower.
+TEST(TowersTest, GpuImportedResidualNetMatchesCpu) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string path = ::testing::TempDir() + "/towers_residual_bn.onnx";
+  std::ofstream(path, std::ios::binary) << models::onnx::testing::ResidualNetBytes(/*batch_norm=*/true);
+  const std::vector<float> cpu = LossCurve(path, 16, {kernels::DeviceSpec::Cpu(2)}, 6, 0.05f);
+  const std::vector<float> gpu = LossCurve(path, 16, {kernels::DeviceSpec::Gpu(0)}, 6, 0.05f);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(cpu[i], gpu[i], 2e-3 * std::abs(cpu[i]) + 1e-4) << "step " << i;
 }
 
 // The CPU two-tower loop itself trains (the helper the GPU tests rely on is sound).

@@ -158,6 +158,52 @@ class OnnxBuilder {
   ::onnx::ModelProto model_;
 };
 
+// Conv(1->4) [BN] ReLU -> Conv(4->4) [BN] + the ReLU's output -> ReLU -> GlobalAveragePool -> Flatten -> Gemm(10),
+// what PyTorch exports for a one-block residual net in training mode (28x28x1 images, 10 classes).
+inline std::string ResidualNetBytes(bool batch_norm) {
+  OnnxBuilder b;
+  b.Input("x", {-1, 1, 28, 28});
+  const std::vector<::onnx::AttributeProto> conv = {IntsAttr("kernel_shape", {3, 3}), IntsAttr("pads", {1, 1, 1, 1}),
+                                                   IntsAttr("strides", {1, 1})};
+  b.Initializer("conv1.weight", {4, 1, 3, 3}, Ramp(36, 0.05f));
+  b.Initializer("conv2.weight", {4, 4, 3, 3}, Ramp(144, 0.03f));
+  std::string h1 = "c1", h2 = "c2";
+  if (batch_norm) {
+    b.Node("Conv", {"x", "conv1.weight"}, {"c1"}, conv);
+    for (const char* bn : {"bn1", "bn2"}) {
+      b.Initializer(std::string(bn) + ".weight", {4}, {1.0f, 0.9f, 1.1f, 1.2f});
+      b.Initializer(std::string(bn) + ".bias", {4}, {0.0f, 0.1f, -0.1f, 0.05f});
+      b.Initializer(std::string(bn) + ".running_mean", {4}, {0, 0, 0, 0});
+      b.Initializer(std::string(bn) + ".running_var", {4}, {1, 1, 1, 1});
+    }
+    const std::vector<::onnx::AttributeProto> bn = {FloatAttr("epsilon", 1e-5f), FloatAttr("momentum", 0.9f),
+                                                   IntAttr("training_mode", 1)};
+    b.Node("BatchNormalization", {"c1", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var"},
+           {"b1", "bn1_mean_out", "bn1_var_out"}, bn);
+    h1 = "b1";
+    b.Node("Relu", {h1}, {"r1"});
+    b.Node("Conv", {"r1", "conv2.weight"}, {"c2"}, conv);
+    b.Node("BatchNormalization", {"c2", "bn2.weight", "bn2.bias", "bn2.running_mean", "bn2.running_var"},
+           {"b2", "bn2_mean_out", "bn2_var_out"}, bn);
+    h2 = "b2";
+  } else {
+    b.Initializer("conv1.bias", {4}, {0.1f, 0.0f, -0.1f, 0.05f});
+    b.Initializer("conv2.bias", {4}, {0.0f, 0.02f, 0.0f, -0.02f});
+    b.Node("Conv", {"x", "conv1.weight", "conv1.bias"}, {"c1"}, conv);
+    b.Node("Relu", {h1}, {"r1"});
+    b.Node("Conv", {"r1", "conv2.weight", "conv2.bias"}, {"c2"}, conv);
+  }
+  b.Node("Add", {h2, "r1"}, {"sum"});
+  b.Node("Relu", {"sum"}, {"r2"});
+  b.Node("GlobalAveragePool", {"r2"}, {"gap"});
+  b.Node("Flatten", {"gap"}, {"flat"}, {IntAttr("axis", 1)});
+  b.Initializer("fc.weight", {10, 4}, Ramp(40, 0.1f));
+  b.Initializer("fc.bias", {10}, Ramp(10, 0.01f));
+  b.Node("Gemm", {"flat", "fc.weight", "fc.bias"}, {"logits"}, {IntAttr("transB", 1)});
+  b.Output("logits", {-1, 10});
+  return b.Bytes();
+}
+
 }  // namespace dtrain::models::onnx::testing
 
 #endif  // DTRAIN_WORKER_MODELS_ONNX_ONNX_TEST_UTIL_H_
