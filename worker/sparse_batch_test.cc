@@ -166,6 +166,83 @@ TEST(DlrmTest, GradientsMatchCentralDifferences) {
   }
 }
 
+// An EmbeddingBag (a bag of ids per example, mean and sum) through SparseBatch and a graph: the row gradients
+// match central differences, and an empty bag reads as zeros.
+TEST(SparseBatchTest, BagsTrain) {
+  for (bool mean : {false, true}) {
+    SCOPED_TRACE(mean);
+    models::GraphBuilder b("bags", models::TensorShape{{2}});
+    b.SetSparseFeatures(1);
+    models::TableInfo t;
+    t.name = "tokens";
+    t.dim = 3;
+    ASSERT_TRUE(b.AddTable(t).ok());
+    models::Node e;
+    e.op = models::Op::kEmbedding;
+    e.name = "bag";
+    e.embedding.bag = true;
+    e.embedding.mean = mean;
+    absl::StatusOr<int> bag = b.Add(e, {});
+    ASSERT_TRUE(bag.ok()) << bag.status();
+    models::Node cat;
+    cat.op = models::Op::kConcat;
+    cat.name = "cat";
+    absl::StatusOr<int> x = b.Add(cat, {b.input(), *bag});
+    ASSERT_TRUE(x.ok()) << x.status();
+    x = b.Add(models::Node::Dense("fc", 1), {*x},
+              {models::VarSpec("fc/w", {5, 1}, models::TruncatedNormal(0.5f)),
+               models::VarSpec("fc/b", {1}, models::Constant(0.1f))});
+    ASSERT_TRUE(x.ok()) << x.status();
+    absl::StatusOr<models::Graph> g = b.Finish(*x, models::Loss::kSigmoidCrossEntropy);
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto dev = kernels::CreateDevice(kernels::DeviceSpec::Cpu(1));
+    ASSERT_TRUE(dev.ok());
+    models::ModelOptions o;
+    o.batch_size = 4;
+    o.height = o.width = 1;
+    o.channels = 2;
+    o.num_classes = 2;
+    o.num_sparse = 1;
+    auto model_or = models::GraphModel::Create(*g, o, dev->get());
+    ASSERT_TRUE(model_or.ok()) << model_or.status();
+    models::Model& model = **model_or;
+    // Bags of 3, 0, 1 and 2 ids (id 7 twice in the first).
+    CtrBatch batch{4, 2, 1, {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f}, {1, 0, 1, 0}, {7, 9, 7, 4, 9, 11},
+                   {0, 3, 3, 4, 6}};
+    std::vector<float> params = models::InitialParameters(g->variables, 2);
+    ASSERT_TRUE(model.SetParameters(params.data()).ok());
+    SparseBatch sb(*g);
+    ASSERT_TRUE(sb.Prepare({batch.view()}).ok());
+    ASSERT_EQ(sb.unique_ids(0), std::vector<int64_t>({7, 9, 4, 11}));
+    for (size_t i = 0; i < 4 * 3; ++i) sb.rows(0)[i] = 0.1f * static_cast<float>(i % 5) - 0.2f;
+    ASSERT_TRUE(model.SetSparseInputs(sb.inputs(0)).ok());
+    std::vector<float> grads(params.size());
+    ASSERT_TRUE(model.TrainStep(batch.view(), 0, grads.data()).ok());
+    ASSERT_TRUE(sb.AverageGradients({&model}).ok());
+    const std::vector<float> row_grads(sb.grads(0), sb.grads(0) + 12);
+    auto loss_at = [&]() {
+      EXPECT_TRUE(model.SetSparseInputs(sb.inputs(0)).ok());
+      auto l = model.ComputeGradients(batch.view(), 0);
+      return l.ok() ? static_cast<double>(*l) : NAN;
+    };
+    for (size_t i = 0; i < 12; ++i) {
+      const float saved = sb.rows(0)[i];
+      sb.rows(0)[i] = saved + 1e-3f;
+      const double plus = loss_at();
+      sb.rows(0)[i] = saved - 1e-3f;
+      const double minus = loss_at();
+      sb.rows(0)[i] = saved;
+      EXPECT_NEAR(row_grads[i], (plus - minus) / 2e-3, 1e-3) << "row value " << i;
+    }
+    // The empty bag (example 1) reads as zeros: its logit is fc's bias plus its dense part only.
+    std::vector<float> logits(4);
+    ASSERT_TRUE(model.SetSparseInputs(sb.inputs(0)).ok());
+    ASSERT_TRUE(model.Predict(batch.view(), logits.data()).ok());
+    const std::vector<int64_t> off = models::Offsets(g->variables);
+    EXPECT_NEAR(logits[1], 0.3f * params[off[0]] + 0.4f * params[off[0] + 1] + params[off[1]], 1e-5);
+  }
+}
+
 // DLRM on a GPU (embedding lookups, the interaction, sigmoid cross-entropy in CUDA) computes the CPU's loss,
 // flat gradients and row gradients on the same rows and batch.
 TEST(DlrmTest, GpuMatchesCpu) {
