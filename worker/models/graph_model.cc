@@ -100,6 +100,10 @@ absl::StatusOr<std::unique_ptr<Model>> GraphModel::Create(Graph graph, const Mod
   m->grads_capacity_.assign(tables, 0);
   m->num_rows_.assign(tables, 0);
   m->indices_.assign(features, nullptr);
+  m->table_of_feature_.assign(features, -1);  // the table an embedding node looks the feature up in
+  for (const Node& node : m->graph_.nodes) {
+    if (node.op == Op::kEmbedding) m->table_of_feature_[node.embedding.feature] = node.embedding.table;
+  }
   m->offsets_.assign(features, nullptr);
   m->indices_capacity_.assign(features, 0);
   for (size_t f = 0; f < features; ++f) {
@@ -301,11 +305,7 @@ absl::Status GraphModel::SetSparseInputs(const SparseInputs& in) {
   for (int f = 0; f < features; ++f) {
     const SparseInputs::Feature& feature = in.features[f];
     const bool bag = feature.offsets != nullptr;
-    // The feature's table (any embedding node reading it).
-    int table = -1;
-    for (const Node& node : graph_.nodes) {
-      if (node.op == Op::kEmbedding && node.embedding.feature == f) table = node.embedding.table;
-    }
+    const int table = table_of_feature_[f];
     const int64_t rows = table >= 0 ? num_rows_[table] : 0;
     if (!bag && feature.count != in.batch) {
       return absl::InvalidArgumentError(absl::StrCat(name_, ": feature ", f, " has ", feature.count,

@@ -89,6 +89,7 @@ class GraphModel : public Model {
   std::vector<float*> rows_, row_grads_;
   std::vector<int64_t> rows_capacity_, grads_capacity_, num_rows_;
   std::vector<int32_t*> indices_, offsets_;
+  std::vector<int> table_of_feature_;  // -1: no embedding node reads it
   std::vector<int64_t> indices_capacity_;
   GraphNetwork::SparseBinding train_binding_, eval_binding_;
   // Grows a device buffer to at least n floats (bound by the model, freed with it).
