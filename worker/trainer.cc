@@ -579,9 +579,12 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   std::unique_ptr<TrainingSummaries> summaries;
   if (events && o.summary_every > 0) {
     ps::WorkerClient* client = ps.client.get();
+    TrainingSummaries::UniqueIdsFn unique_ids;  // sparse/unique_ids_per_step, for models with tables
+    if (!graph.tables.empty()) unique_ids = [s = steps.get()] { return s->last_step_unique_ids(); };
     ASSIGN_OR_RETURN(summaries, TrainingSummaries::Create(events.get(), towers->tower(0)->variables(),
                                                           ps.config.optimizer, client->num_tasks(),
-                                                          [client](int t) { return client->Stats(t); }, absl::Now()));
+                                                          [client](int t) { return client->Stats(t); }, absl::Now(),
+                                                          std::move(unique_ids)));
   }
 
   // The loop, then the end: evaluation, statistics, done.
