@@ -53,6 +53,22 @@ std::string FormatStats(const ps::TrainingStats& s, bool async) {
   return out;
 }
 
+// Models with tables: the rows held over every task and table, and the bytes the tasks received and sent per
+// global step of this run, on one line (scripts/compare_cluster_sizes.py reads it).
+void PrintSparseTotals(ps::WorkerClient* client, const TrainingResult& result) {
+  int64_t rows = 0, bytes = 0;
+  for (int t = 0; t < client->num_tasks(); ++t) {
+    absl::StatusOr<ps::TrainingStats> s = client->Stats(t);
+    if (!s.ok()) return;
+    for (const ps::SparseTableStats& table : s->tables) rows += table.rows;
+    bytes += s->bytes_received + s->bytes_sent;
+  }
+  const int64_t steps = std::max<int64_t>(1, result.global_step - result.first_step);
+  std::printf("sparse tables: %lld rows held on %d ps task%s; %lld bytes/step received + sent by the ps tasks "
+              "(%lld steps)\n", static_cast<long long>(rows), client->num_tasks(), client->num_tasks() > 1 ? "s" : "",
+              static_cast<long long>(bytes / steps), static_cast<long long>(steps));
+}
+
 // What the data set gives a run: the model's input geometry, this worker's training stream and (chief) the
 // test batches. Filled in place: the stream refers to the data set it reads.
 struct TrainingData {
@@ -473,6 +489,7 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
         }
       }
     }
+    if (!o.quiet && !c->config.tables.empty()) PrintSparseTotals(c->client.get(), *result);
   }
   return absl::OkStatus();
 }
