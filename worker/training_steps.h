@@ -48,6 +48,9 @@ class TrainingSteps {
   // Models with sparse tables, after Settle: pulls the rows of `batch`'s ids for tower 0 (evaluation on that
   // batch), at the current step.
   virtual absl::Status LoadSparseRows(const models::HostBatch& batch) { return absl::OkStatus(); }
+  // Models with sparse tables: the unique ids over all tables of the last step that pushed its row gradients
+  // (the rows it pulled and pushed); 0 before then and for models without tables.
+  virtual int64_t last_step_unique_ids() const { return 0; }
   // Runs one step on `batches` (one per tower) with the parameters of `step`, the step Start / NextStep last
   // returned. Device-resident steps only enqueue it on the devices.
   virtual absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) = 0;
