@@ -729,6 +729,18 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
       return device_->GatherBackward(p, dy, sparse_->indices[e.feature], e.bag ? sparse_->offsets[e.feature] : nullptr,
                                      sparse_->row_grads[e.table]);
     }
+    case Op::kConcat: {
+      // Each input that needs it (the first may not: the data, say, beside embeddings that do).
+      int64_t col = 0;
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        if (s.in_grad[k].needed) {
+          RETURN_IF_ERROR(device_->CopyStrided(dy + col, s.concat_out_cols, s.in_grad[k].dst, s.concat_cols[k],
+                                               s.concat_rows, s.concat_cols[k], s.in_grad[k].accumulate));
+        }
+        col += s.concat_cols[k];
+      }
+      return absl::OkStatus();
+    }
     default:
       break;
   }
@@ -762,17 +774,6 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
       // The inverse transpose: the forward's [rows, cols] became [cols, rows].
       RETURN_IF_ERROR(device_->Transpose(dy, target(0), batch_, s.t_cols, s.t_rows));
       return finish(0);
-    case Op::kConcat: {
-      int64_t col = 0;
-      for (size_t k = 0; k < n.inputs.size(); ++k) {
-        if (s.in_grad[k].needed) {
-          RETURN_IF_ERROR(device_->CopyStrided(dy + col, s.concat_out_cols, s.in_grad[k].dst, s.concat_cols[k],
-                                               s.concat_rows, s.concat_cols[k], s.in_grad[k].accumulate));
-        }
-        col += s.concat_cols[k];
-      }
-      return absl::OkStatus();
-    }
     case Op::kInteraction:
       RETURN_IF_ERROR(device_->InteractionBackward(s.interaction, x, dy, target(0)));
       return finish(0);
