@@ -15,6 +15,7 @@
 // Exit codes: 0 ok, 1 a failure (unreadable or mismatched checkpoint, data), 2 bad flags or a refused model.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -122,6 +123,11 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
   mopt.batch_size = o.batch_size;
   mopt.eval_batch_size = o.batch_size;
   models::SetInputGeometry(defaults, dataset.test.height, dataset.test.width, dataset.test.channels, &mopt);
+  if (dataset.test.kind() == data::DataKind::kCtr) {  // the dense features as C x 1 x 1, and the sparse ones
+    mopt.height = mopt.width = 1;
+    mopt.channels = dataset.test.num_dense;
+    mopt.num_sparse = dataset.test.num_sparse;
+  }
   mopt.num_classes = dataset.test.num_classes;
   ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(*spec, mopt));
   std::vector<float> params;
@@ -140,7 +146,14 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
   if (absl::EndsWithIgnoreCase(o.export_path, ".onnx")) {
     models::onnx::ExportOptions eo;
     eo.inference = o.for_inference;
-    RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), o.export_path, eo));
+    // Embedding tables: the checkpoint's rows, the file's for those it lacks (rows never touched).
+    ASSIGN_OR_RETURN(const models::Graph graph, spec->build_graph(mopt));
+    models::onnx::TableRows rows = models::onnx::FileTableRows(graph);
+    if (!parts.empty() && !graph.tables.empty()) {
+      const std::map<std::string, absl::Span<const float>> file(rows.begin(), rows.end());
+      ASSIGN_OR_RETURN(rows, ps::AssembleFixedTables(parts, file));
+    }
+    RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), rows, o.export_path, eo));
     std::printf("exported %s%s to %s\n", what.c_str(), o.use_moving_averages ? " (moving averages)" : "",
                 o.export_path.c_str());
   } else if (!o.export_path.empty()) {

@@ -48,6 +48,11 @@ class TrainingSteps {
   // Models with sparse tables, after Settle: pulls the rows of `batch`'s ids for tower 0 (evaluation on that
   // batch), at the current step.
   virtual absl::Status LoadSparseRows(const models::HostBatch& batch) { return absl::OkStatus(); }
+  // Models with sparse tables, after Settle (the chief, at the end, for export): every row of each fixed-size
+  // table, rows * dim floats per table in Graph::tables order (empty for a hash table), at the current step.
+  virtual absl::StatusOr<std::vector<std::vector<float>>> PullTables() {
+    return std::vector<std::vector<float>>();
+  }
   // Runs one step on `batches` (one per tower) with the parameters of `step`, the step Start / NextStep last
   // returned. Device-resident steps only enqueue it on the devices.
   virtual absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) = 0;
