@@ -13,10 +13,17 @@ Time to accuracy: the chief evaluates every --eval_every global steps and prints
 "step N: test accuracy = X at T sec"; the first T with X >= --target_accuracy is the configuration's time to
 accuracy (or the whole training time if only the final evaluation reaches it).
 
+A model with sparse embedding tables (--model=dlrm, on click-through-rate data: --data_dir, --data_format and
+its shape flags are passed to every worker) reports test AUC and log loss instead of accuracy (--target_accuracy
+is then an AUC), and two more columns from the chief's "sparse tables:" line: the rows held at the end (summed
+over the ps tasks and tables) and the bytes the ps tasks received and sent per global step.
+
   scripts/compare_cluster_sizes.sh --model=mlp --examples=200000 --sizes=1,2 --modes=sync,async \\
       --target_accuracy=0.8 --eval_every=100 --out=/tmp/sizes
   scripts/compare_cluster_sizes.sh --netns --bandwidth=1gbit --model=mlp --sizes=1,2
   scripts/compare_cluster_sizes.sh --model=lenet5.onnx --examples=100000 --sizes=1,2   # an ONNX file
+  scripts/compare_cluster_sizes.sh --model=dlrm --data_dir=/tmp/ctr --table_rows=100000 --batch_size=512 \\
+      --examples=200000 --sizes=1,2 --num_ps=2
 Extra arguments after -- go to every worker (e.g. -- --threads=1).
 """
 import argparse
@@ -34,6 +41,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETNS = os.path.join(ROOT, "scripts", "netns_hosts.sh")
 EVAL_LINE = re.compile(r"^step (\d+): test accuracy = ([0-9.]+) at ([0-9.]+) sec$", re.M)
 FINAL_LINE = re.compile(r"^step (\d+): test accuracy = ([0-9.]+) \(\d+ examples\)$", re.M)
+# Models with one logit (dlrm): AUC takes the place of accuracy.
+EVAL_LINE_AUC = re.compile(r"^step (\d+): test log loss = ([0-9.]+), AUC = ([0-9.]+) at ([0-9.]+) sec$", re.M)
+FINAL_LINE_AUC = re.compile(
+    r"^step (\d+): test log loss = ([0-9.]+), AUC = ([0-9.]+), accuracy = ([0-9.]+) \(\d+ examples\)$", re.M)
+SPARSE_LINE = re.compile(r"^sparse tables: (\d+) rows held on \d+ ps tasks?; (\d+) bytes/step", re.M)
+# dtrain_worker's data and dlrm shape flags, passed through to every worker.
+DATA_FLAGS = ("data_dir", "data_format", "embedding_dim", "dlrm_bottom", "dlrm_top", "table_rows", "max_rows",
+              "admit_after")
 WORKER_LINE = re.compile(r"worker (\d+): (\d+) local steps, (\d+) examples in ([0-9.]+) sec")
 
 
@@ -53,8 +68,9 @@ def run_bounded(cmd, log, timeout, env=None):
 
 
 def parse_logs(logdir, names, target):
-    """Examples, training seconds (slowest worker), final accuracy, seconds to target accuracy."""
-    examples, train_secs, acc, t_acc, chief_secs = 0, 0.0, None, None, None
+    """Examples, training seconds (slowest worker), final accuracy (AUC for models with one logit), seconds to
+    target accuracy, and for sparse models {"log_loss", "rows_held", "bytes_per_step"} (else empty)."""
+    examples, train_secs, acc, t_acc, chief_secs, sparse = 0, 0.0, None, None, None, {}
     for name in names:
         path = os.path.join(logdir, name)
         if not os.path.exists(path):
@@ -68,14 +84,19 @@ def parse_logs(logdir, names, target):
         m = FINAL_LINE.search(text)
         if m:
             acc = float(m.group(2))
+        m = FINAL_LINE_AUC.search(text)
+        if m:
+            acc, sparse["log_loss"] = float(m.group(3)), float(m.group(2))
+        m = SPARSE_LINE.search(text)
+        if m:
+            sparse["rows_held"], sparse["bytes_per_step"] = int(m.group(1)), int(m.group(2))
         if target is not None and t_acc is None:
-            for m in EVAL_LINE.finditer(text):
-                if float(m.group(2)) >= target:
-                    t_acc = float(m.group(3))
-                    break
+            evals = [(float(m.group(2)), float(m.group(3))) for m in EVAL_LINE.finditer(text)]
+            evals += [(float(m.group(3)), float(m.group(4))) for m in EVAL_LINE_AUC.finditer(text)]
+            t_acc = next((secs for value, secs in evals if value >= target), None)
     if target is not None and t_acc is None and acc is not None and acc >= target:
         t_acc = chief_secs
-    return examples, train_secs, acc, t_acc
+    return examples, train_secs, acc, t_acc, sparse
 
 
 def run_netns_cluster(a, n, mode_args, logdir, timeout):
@@ -130,10 +151,12 @@ def run_netns_cluster(a, n, mode_args, logdir, timeout):
         subprocess.run([NETNS, "down", name], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=120)
 
 
-def write_table(rows, prefix, meta):
+def write_table(rows, prefix, meta, sparse):
     keys = ["configuration", "mode", "workers", "exit_code", "wall_secs", "train_secs", "examples",
             "examples_per_sec", "speedup_vs_local", "scaling_efficiency", "secs_to_target_accuracy",
             "final_accuracy"]
+    if sparse:  # final_accuracy holds the AUC
+        keys += ["final_log_loss", "rows_held", "bytes_per_step"]
     with open(prefix + ".csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
@@ -205,6 +228,8 @@ def main():
     ap.add_argument("--plot", default="", help="write a PNG plot here (and the table beside it as .csv/.json)")
     ap.add_argument("--out", default="", help="write PREFIX.csv, PREFIX.json and PREFIX.png")
     ap.add_argument("--bin", default=os.environ.get("DTRAIN_BIN", os.path.join(ROOT, "build", "bin")))
+    for flag in DATA_FLAGS:
+        ap.add_argument("--" + flag, default=None, help="passed to every worker (dtrain_worker's flag)")
     ap.add_argument("worker_args", nargs="*")
     a = ap.parse_args()
     # SIGTERM unwinds like Ctrl-C, so that the network namespaces and processes of a running cluster go away.
@@ -241,20 +266,25 @@ def main():
     eval_every = a.eval_every
     if a.target_accuracy is not None and eval_every <= 0:
         eval_every = max(1, a.examples // a.batch_size // 10)
-    common = ["--model=%s" % a.model, "--batch_size=%d" % a.batch_size, "--log_every=1000000"] + a.worker_args
+    if a.data_dir is not None:
+        a.data_dir = os.path.abspath(a.data_dir)  # every worker (any namespace or directory) reads one path
+    data_args = ["--%s=%s" % (f, getattr(a, f)) for f in DATA_FLAGS if getattr(a, f) is not None]
+    common = ["--model=%s" % a.model, "--batch_size=%d" % a.batch_size, "--log_every=1000000"] + data_args + \
+        a.worker_args
     target = a.target_accuracy
     env = dict(os.environ, DTRAIN_BIN=a.bin)
     rows = []
     work = tempfile.mkdtemp(prefix="dtrain_compare.")
 
     def add_row(name, mode, n, rc, wall, logdir, names, steps):
-        ex, secs, acc, t_acc = parse_logs(logdir, names, target)
+        ex, secs, acc, t_acc, sparse = parse_logs(logdir, names, target)
         eps = ex / secs if secs > 0 else 0.0
         rows.append({"configuration": name, "mode": mode, "workers": n, "exit_code": rc, "wall_secs": round(wall, 2),
                      "train_secs": round(secs, 2), "examples": ex, "examples_per_sec": round(eps, 1),
                      "speedup_vs_local": None, "scaling_efficiency": None,
                      "secs_to_target_accuracy": None if t_acc is None else round(t_acc, 2),
-                     "final_accuracy": acc, "global_steps": steps})
+                     "final_accuracy": acc, "global_steps": steps, "final_log_loss": sparse.get("log_loss"),
+                     "rows_held": sparse.get("rows_held"), "bytes_per_step": sparse.get("bytes_per_step")})
         print("done: %s (%.1f s)" % (name, wall), file=sys.stderr)
 
     def eval_args(steps):
@@ -299,27 +329,39 @@ def main():
         where = "network namespaces%s" % (", links capped at " + a.bandwidth if a.bandwidth else ", uncapped links")
     print("\nmodel %s, batch %d per worker, %d examples per configuration, clusters on %s (logs: %s)" %
           (a.model, a.batch_size, a.examples, where, work))
-    tcol = "t_acc>=%.3g" % target if target is not None else "t_acc"
+    # A model with tables (its chief prints "sparse tables:" and AUC lines) shows AUC, log loss, rows, bytes.
+    sparse = any(r["rows_held"] is not None or r["final_log_loss"] is not None for r in rows)
+    metric = "AUC" if sparse else "accuracy"
+    tcol = "t_%s>=%.3g" % ("auc" if sparse else "acc", target) if target is not None else "t_acc"
     hdr = "%-26s %8s %8s %12s %9s %10s %11s %9s" % ("configuration", "wall_s", "train_s", "examples/sec",
-                                                    "vs local", "scaling", tcol, "accuracy")
+                                                    "vs local", "scaling", tcol, metric)
+    if sparse:
+        hdr += " %8s %10s %12s" % ("log_loss", "rows", "bytes/step")
     print(hdr)
     print("-" * len(hdr))
     ok = True
+
+    def dash(v, fmt):
+        return "-" if v is None else fmt % v
+
     for r in rows:
-        print("%-26s %8.1f %8.1f %12.1f %9s %10s %11s %9s%s" % (
+        line = "%-26s %8.1f %8.1f %12.1f %9s %10s %11s %9s" % (
             r["configuration"], r["wall_secs"], r["train_secs"], r["examples_per_sec"],
             "-" if r["speedup_vs_local"] is None else "%.2fx" % r["speedup_vs_local"],
             "-" if r["scaling_efficiency"] is None else "%.0f%%" % (100 * r["scaling_efficiency"]),
             "-" if r["secs_to_target_accuracy"] is None else "%.1f s" % r["secs_to_target_accuracy"],
-            "-" if r["final_accuracy"] is None else "%.4f" % r["final_accuracy"],
-            "" if r["exit_code"] == 0 else "  (FAILED rc=%d)" % r["exit_code"]))
+            dash(r["final_accuracy"], "%.4f"))
+        if sparse:
+            line += " %8s %10s %12s" % (dash(r["final_log_loss"], "%.4f"), dash(r["rows_held"], "%d"),
+                                        dash(r["bytes_per_step"], "%d"))
+        print(line + ("" if r["exit_code"] == 0 else "  (FAILED rc=%d)" % r["exit_code"]))
         ok = ok and r["exit_code"] == 0
     prefix = a.out or (os.path.splitext(a.plot)[0] if a.plot else "")
     if prefix:
         meta = {"model": a.model, "batch_size": a.batch_size, "examples": a.examples, "num_ps": a.num_ps,
                 "sizes": sizes, "modes": modes, "target_accuracy": target, "eval_every": eval_every,
-                "netns": a.netns, "bandwidth": a.bandwidth or None, "worker_args": a.worker_args}
-        write_table(rows, prefix, meta)
+                "netns": a.netns, "bandwidth": a.bandwidth or None, "worker_args": data_args + a.worker_args}
+        write_table(rows, prefix, meta, sparse)
         title = "dtrain %s: %d examples, batch %d, %s" % (a.model, a.examples, a.batch_size, where)
         plot(rows, sizes, modes, a.plot or prefix + ".png", title, target)
     return 0 if ok else 1

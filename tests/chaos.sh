@@ -8,6 +8,8 @@
 #   - every process exits by itself before the deadline (no hang: otherwise it is killed and the trial fails);
 #   - exit codes are the documented ones: the last ps and every worker not killed exit 0;
 #   - training reached its last step (the ps's "training reached step N of N");
+#   - a restarted ps restored the newest checkpoint there was when it was killed (its "restored ..." line), with
+#     sparse rows when the model has embedding tables (the chief's "sparse tables:" line says so);
 #   - the ps's push accounting balances (ps/core/parameter_server.h, PushAccounting), recomputed here from its
 #     "accounting:" line: received == accepted + duplicates + dropped_stale + dropped_backup + rejected_nonfinite
 #     + refused + abandoned + in_flight, and accepted == applied + skipped_nonfinite + discarded + pending.
@@ -146,6 +148,7 @@ for ((t = 1; t <= trials; t++)); do
     wpid[$i]=$!
   done
   declare -a killed=(0 0 0)
+  newest_ckpt=-1
   declare -A code=()
   ps_log="$dir/ps.0.log"
   problems=()
@@ -189,6 +192,11 @@ for ((t = 1; t <= trials; t++)); do
       what="killed nothing ($victim_name drawn at step $kill_step)"
       kills_nothing=$((kills_nothing + 1))
     elif [ "$victim" = 0 ]; then
+      # The checkpoint the restarted ps must restore (none before the first save: then the chief starts afresh).
+      for f in "$dir"/ckpt/model.ckpt-*.ps0-of-1; do
+        [[ "$f" =~ model\.ckpt-([0-9]+)\.ps0-of-1$ ]] && [ "${BASH_REMATCH[1]}" -gt "$newest_ckpt" ] &&
+          newest_ckpt=${BASH_REMATCH[1]}
+      done
       sleep_ms "$ps_down_ms"
       ps_log="$dir/ps.1.log"
       "$BIN/dtrain_ps" "${ps_flags[@]}" > "$ps_log" 2>&1 & ps_pid=$!
@@ -236,6 +244,27 @@ for ((t = 1; t <= trials; t++)); do
   grep -q "training reached step $steps of $steps" "$ps_log" ||
     problems+=("the ps did not report 'training reached step $steps of $steps'")
 
+  restored=""
+  if [ "$newest_ckpt" -ge 0 ]; then
+    # At the chief's Register ("restored PATH (step N, S slices, R sparse rows)"), or when the chief rolls every
+    # task back to a common step ("restored PATH on the chief's request (was at step A, now N, R sparse rows)").
+    line=$(grep -o 'restored [^ ]*model.ckpt-[0-9]*\.ps0-of-1 [^)]*)' "$ps_log" | head -1 || true)
+    if [[ "$line" =~ (\(step|now)\ ([0-9]+) ]]; then
+      rstep=${BASH_REMATCH[2]}
+      restored="; restored step $rstep"
+      [ "$rstep" = "$newest_ckpt" ] ||
+        problems+=("the restarted ps restored step $rstep, not its newest checkpoint $newest_ckpt")
+      if [[ "$line" =~ ,\ ([0-9]+)\ sparse\ rows ]]; then
+        restored+=" with ${BASH_REMATCH[1]} sparse rows"
+        [ "${BASH_REMATCH[1]}" -gt 0 ] || problems+=("the restarted ps restored no sparse rows: $line")
+      elif grep -q "^sparse tables:" "$dir"/w0.*.log; then
+        problems+=("the restarted ps restored no sparse tables (the model has them): $line")
+      fi
+    else
+      problems+=("the restarted ps restored no checkpoint (its newest was step $newest_ckpt)")
+    fi
+  fi
+
   acct=$(grep -o 'accounting: .*' "$ps_log" | tail -1 || true)
   if [ -z "$acct" ]; then
     problems+=("no accounting line in the ps output")
@@ -253,7 +282,7 @@ for ((t = 1; t <= trials; t++)); do
   if [ ${#problems[@]} = 0 ]; then
     passed=$((passed + 1))
     echo "trial $t: $what: passed in $secs s; drawn step $kill_step; ps: received=$rec applied=$ap stale=$st" \
-         "backup=$bk dup=$dup refused=$ref abandoned=$ab discarded=$di"
+         "backup=$bk dup=$dup refused=$ref abandoned=$ab discarded=$di$restored"
   else
     [ "$hung" = 1 ] && hangs=$((hangs + 1))
     echo "trial $t: $what: FAILED in $secs s; drawn step $kill_step"

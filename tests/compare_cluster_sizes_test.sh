@@ -2,6 +2,8 @@
 # scripts/compare_cluster_sizes.sh end to end on a small MLP run: local, sync and async with 1 and 2 workers on
 # 127.0.0.1; the table's CSV and JSON have every configuration, scaling efficiency = examples/sec /
 # (workers x local examples/sec), seconds to the target accuracy, and the plot exists where matplotlib does.
+# dlrm on synthetic click-through-rate data (2 ps tasks, sync, 1 and 2 workers): AUC, log loss, rows held and
+# bytes per step in every row, the data and shape flags passed to every worker.
 # As root with network namespaces: the same across namespaces with 1 Gbit/s links (--netns --bandwidth),
 # leaving no namespace behind. Bad flags exit 2.
 set -euo pipefail
@@ -45,6 +47,39 @@ check_table "$dir/local" 5
 if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
   [ -s "$dir/local.png" ] || fail "no plot although matplotlib is installed"
 fi
+
+# dlrm: the same table with AUC for accuracy, plus log loss, rows held and bytes per step.
+"$DTRAIN_BIN/dtrain_convert" --synthetic_ctr --examples=4000 --test_examples=1000 --out="$dir/ctr" >/dev/null ||
+  fail "dtrain_convert --synthetic_ctr"
+rc=0
+"$CMP" --model=dlrm --data_dir="$dir/ctr" --data_format=criteo --table_rows=2000 --embedding_dim=8 --batch_size=64 \
+  --examples=8000 --sizes=1,2 --modes=sync --num_ps=2 --target_accuracy=0.55 --eval_every=10 --out="$dir/dlrm" \
+  >"$dir/dlrm.out" 2>&1 || rc=$?
+cat "$dir/dlrm.out"
+[ "$rc" = 0 ] || fail "compare --model=dlrm exited $rc"
+grep -q "t_auc>=0.55 *AUC log_loss *rows *bytes/step" "$dir/dlrm.out" || fail "no AUC, log_loss, rows, bytes/step columns"
+/usr/bin/python3 - "$dir/dlrm" <<'PY' || fail "dlrm table"
+import csv, json, sys
+doc = json.load(open(sys.argv[1] + ".json"))
+rows = doc["rows"]
+assert [r["configuration"] for r in rows] == ["local", "sync, 2 ps, 1 worker", "sync, 2 ps, 2 workers"], rows
+assert "--table_rows=2000" in doc["settings"]["worker_args"], doc["settings"]
+assert len(list(csv.DictReader(open(sys.argv[1] + ".csv")))) == 3, "CSV rows"
+for r in rows:
+    assert r["exit_code"] == 0 and r["examples_per_sec"] > 0, r
+    assert 0.55 < r["final_accuracy"] <= 1, r  # the AUC: above chance on the planted signal
+    assert 0 < r["final_log_loss"] < 0.69, r
+    # 26 tables of 2000 rows with --embedding_dim=8 (a fixed-size table holds the rows it was asked for).
+    assert 26 <= r["rows_held"] <= 26 * 2000, r
+    assert r["bytes_per_step"] > 0 and r["secs_to_target_accuracy"] is not None, r
+local, one, two = rows
+# One sync worker is local mode over the wire: the same batches, the same model, the same rows and bytes.
+assert one["final_accuracy"] == local["final_accuracy"] and one["rows_held"] == local["rows_held"], (one, local)
+assert one["bytes_per_step"] == local["bytes_per_step"], (one, local)
+# Two workers push and pull twice the rows and parameters a step.
+assert 1.6 < two["bytes_per_step"] / one["bytes_per_step"] < 2.2, (two, one)
+print("dlrm table: 3 rows consistent")
+PY
 
 rc=0; "$CMP" --bandwidth=1gbit >"$dir/bad.out" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "bandwidth needs --netns" "$dir/bad.out" || fail "--bandwidth without --netns not refused"

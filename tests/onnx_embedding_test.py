@@ -16,7 +16,8 @@ On a tiny synthetic data set (dtrain_convert --synthetic_ctr: 4 dense, 3 categor
   2. The trained file (dtrain_worker --export_onnx: the chief pulls every row of the tables at the end) and the
      checkpoint exported by dtrain_eval --export (rows the checkpoint lacks keep the file's values) load into
      the module with load_state_dict(strict=True); both hold PyTorch's trained weights (1e-5), and the module's
-     test log loss and AUC equal dtrain's (the chief's final evaluation) to 1e-4.
+     test log loss and AUC equal dtrain's (the chief's final evaluation) to 1e-4. dtrain_eval on the checkpoint
+     and on the exported file alone (its tables read from the file) prints the chief's figures.
 
 The ids: dtrain hashes each categorical value (worker/data/criteo.h CriteoId) and a fixed-size table takes the
 id modulo its rows (TableInfo::RowId); the PyTorch side computes the same row indices (scripts/dlrm_pytorch.py
@@ -223,8 +224,16 @@ def main():
 
             # The trained file, from the worker and from the checkpoint, back in PyTorch.
             from_eval = ckpt + ".eval.onnx"
-            run([os.path.join(a.bin, "dtrain_eval"), "--checkpoint=" + ckpt, "--model=" + path,
-                 "--export=" + from_eval, "--data_dir=" + data, "--skip_eval"])
+            evals = [run([os.path.join(a.bin, "dtrain_eval"), "--checkpoint=" + ckpt, "--model=" + path,
+                          "--export=" + from_eval, "--data_dir=" + data]),
+                     run([os.path.join(a.bin, "dtrain_eval"), "--model=" + exported, "--data_dir=" + data])]
+            # dtrain_eval on the checkpoint, and on the exported file's own weights (its tables' rows included),
+            # reports the chief's final evaluation.
+            for what, text in zip(("the checkpoint", "the exported file"), evals):
+                m = re.search(r"test log loss = ([0-9.]+), AUC = ([0-9.]+)", text)
+                if m is None or (float(m.group(1)), float(m.group(2))) != (dtrain_log_loss, dtrain_auc):
+                    failures.append("%s: dtrain_eval on %s: %s; the chief reported log loss %.4f, AUC %.4f" %
+                                    (tag, what, text.strip().splitlines()[-1], dtrain_log_loss, dtrain_auc))
             trained = module.state_dict()
             for what, file in (("dtrain_worker --export_onnx", exported), ("dtrain_eval --export", from_eval)):
                 onnx.checker.check_model(onnx.load(file))

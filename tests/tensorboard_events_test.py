@@ -4,10 +4,12 @@ parses the TFRecord framing and checks both masked CRC-32Cs itself, and decodes 
 HistogramProto with its own protobuf wire-format decoder, following TensorFlow's public schema
 (tensorflow/core/util/event.proto, tensorflow/core/framework/summary.proto).
 
-Runs (1) a local training run and (2) an async cluster of 2 ps tasks + 2 workers, both with --logdir and
---summary_every, and checks that the learning rate (with its decay), the test accuracy, bytes per second per
-ps task, the staleness histogram (async) and the weight and gradient histograms are there, at the right steps,
-with sane values and TensorFlow's default bucket limits.
+Runs (1) a local training run, (2) an async cluster of 2 ps tasks + 2 workers and (3) dlrm on synthetic
+click-through-rate data on a sync cluster of 2 ps tasks + 2 workers, all with --logdir and --summary_every, and
+checks that the learning rate (with its decay), the test accuracy, bytes per second per ps task, the staleness
+histogram (async) and the weight and gradient histograms are there, at the right steps, with sane values and
+TensorFlow's default bucket limits; and for dlrm every table's rows (summed over the ps tasks), rows created and
+evicted per second, the unique ids per step, test AUC and log loss.
 
   tests/tensorboard_events_test.py [--bin build/bin]
 """
@@ -183,6 +185,49 @@ def check_histogram(c, name, histo, expected_num, limits):
             "%s: the first non-empty bucket holds min" % name)
 
 
+def check_dlrm(c, bin_dir, work):
+    data = os.path.join(work, "ctr")
+    out = subprocess.run([os.path.join(bin_dir, "dtrain_convert"), "--synthetic_ctr", "--examples=5000",
+                          "--test_examples=1000", "--out=" + data], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         timeout=120, text=True)
+    c.check(out.returncode == 0, "dtrain_convert --synthetic_ctr exits 0")
+    logdir = os.path.join(work, "dlrm")
+    batch, max_rows = 64, 300
+    cmd = [os.path.join(ROOT, "scripts", "run_local_cluster.sh"), "--ps", "2", "--workers", "2", "--logdir",
+           os.path.join(work, "dlrm_logs"), "--", "--model=dlrm", "--data_dir=" + data, "--data_format=criteo",
+           "--mode=sync", "--train_steps=60", "--batch_size=%d" % batch, "--max_rows=%d" % max_rows,
+           "--log_every=20", "--summary_every=20", "--logdir=" + logdir]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, text=True,
+                         env=dict(os.environ, DTRAIN_BIN=bin_dir))
+    print(out.stdout[-1500:])
+    c.check(out.returncode == 0, "dlrm cluster exits 0")
+    scalars, _ = read_events(logdir)
+    tables = ["embedding/C%d" % (f + 1) for f in range(26)]
+    tags = ["sparse/%s/%s" % (t, what) for t in tables for what in ("rows", "rows_created_per_sec",
+                                                                     "rows_evicted_per_sec")]
+    bad = [tag for tag in tags if [s for s, _ in scalars.get(tag, [])] != [20, 40, 60] or
+           any(x < 0 for _, x in scalars.get(tag, []))]
+    c.check(not bad, "%d table scalars at steps 20, 40, 60, none negative%s" %
+            (len(tags), "; not: %s" % ", ".join(bad[:5]) if bad else ""))
+    # C1 has 10 ids, spread over the two tasks: the sum holds each once. C26 (a million ids) fills both tasks.
+    c1 = [x for _, x in scalars.get("sparse/embedding/C1/rows", [])]
+    c.check(c1 and all(x == 10 for x in c1), "C1's 10 rows summed over both ps tasks: %r" % c1)
+    c26 = [x for _, x in scalars.get("sparse/embedding/C26/rows", [])]
+    c.check(c26 and all(max_rows < x <= 2 * max_rows for x in c26),
+            "C26 held by both tasks, at most %d rows each: %r" % (max_rows, c26))
+    created = [x for _, x in scalars.get("sparse/embedding/C1/rows_created_per_sec", [])]
+    c.check(len(created) == 3 and created[0] > 0 and created[1:] == [0, 0],
+            "C1's rows are created in the first summary period only: %r" % created)
+    evicted = [x for _, x in scalars.get("sparse/embedding/C26/rows_evicted_per_sec", [])]
+    c.check(len(evicted) == 3 and all(x > 0 for x in evicted[1:]), "C26 evicts beyond max_rows: %r" % evicted)
+    unique = [x for _, x in scalars.get("sparse/unique_ids_per_step", [])]
+    c.check(len(unique) == 3 and all(26 < x <= 26 * batch for x in unique),
+            "unique ids per step in (26, 26 x batch]: %r" % unique)
+    auc = scalars.get("test_auc", [])
+    c.check(len(auc) == 1 and 0.5 < auc[0][1] <= 1, "test_auc at the end: %r" % auc)
+    c.check(len(scalars.get("test_log_loss", [])) == 1, "test_log_loss at the end")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.environ.get("DTRAIN_BIN_DIR", os.path.join(ROOT, "build", "bin")))
@@ -250,6 +295,9 @@ def main():
                     "staleness: min %g >= 0, max %g, %g pushes" % (h["min"], h["max"], h["num"]))
             c.check(st[-1][1]["num"] > st[0][1]["num"], "staleness counts grow over the run")
             check_histogram(c, "staleness", h, h["num"], limits)
+
+        # 3. dlrm, sync cluster of 2 ps tasks + 2 workers, hash tables of at most 300 rows per task.
+        check_dlrm(c, a.bin, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("%d passed, %d failed" % (1 if c.failures == 0 else 0, 1 if c.failures else 0))

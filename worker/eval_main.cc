@@ -6,16 +6,20 @@
 //   dtrain_eval --checkpoint=/ckpt --model=lenet5.onnx --export=trained.onnx   # the file, trained
 //   dtrain_eval --model=lenet5.onnx                                           # the file's own weights
 //   dtrain_eval --checkpoint=/ckpt --model=resnet.onnx --export=infer.onnx --export_for_inference  # onnxruntime
+//   dtrain_eval --checkpoint=/ckpt --model=dlrm --data_dir=/data/ctr --table_rows=100000 --export=dlrm.npz
 //
 // --checkpoint is a prefix <dir>/model.ckpt-<step> (all its .psI-of-N files are read) or a directory (its
 // newest complete, valid step); without it, an ONNX model is evaluated with the weights in its file. Prints
 // "checkpoint model.ckpt-<step>: test accuracy = 0.8512 (10000 examples)". --export picks the format by the
 // extension (.onnx: ONNX, worker/models/onnx/onnx_export.h; anything else: .npz). --logits_out writes the test
 // set's logits (array "logits", [examples, classes], and "labels") as an .npz, e.g. to compare with another runtime.
+// A model with sparse embedding tables (--model=dlrm, with the shape flags it was trained with) reads every
+// table's rows from the checkpoint (worker/checkpoint_tables.h: an id without a row takes its initializer, as on
+// the ps), prints "checkpoint model.ckpt-<step>: test log loss = 0.4512, AUC = 0.7840, accuracy = 0.7901 (N
+// examples)", and --export=FILE.npz adds per table "<table>/ids" (int64) and "<table>/values" ([n, dim]).
 // Exit codes: 0 ok, 1 a failure (unreadable or mismatched checkpoint, data), 2 bad flags or a refused model.
 #include <algorithm>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,9 +35,13 @@
 #include "kernels/device.h"
 #include "common/env.h"
 #include "ps/checkpoint/checkpoint_set.h"
+#include "worker/batch_view.h"
+#include "worker/checkpoint_tables.h"
 #include "worker/data/dataset.h"
+#include "worker/evaluation.h"
 #include "absl/strings/match.h"
 #include "worker/models/graph.h"
+#include "worker/models/dlrm.h"
 #include "worker/models/graph_network.h"
 #include "worker/models/model.h"
 #include "worker/models/onnx/onnx_export.h"
@@ -44,6 +52,14 @@ ABSL_FLAG(std::string, checkpoint, "", "Checkpoint prefix <dir>/model.ckpt-<step
 ABSL_FLAG(std::string, model, "mlp",
           "Model the checkpoint was trained with: mlp | cnn | convnet | cifar10, or PATH.onnx");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Data set directory (its test split)");
+ABSL_FLAG(std::string, data_format, "auto", "Format of --data_dir, as dtrain_worker takes it (criteo: CTR data)");
+// --model=dlrm: its shape, as dtrain_worker took it (the checkpoint's tables must match).
+ABSL_FLAG(int, embedding_dim, 16, "--model=dlrm: floats per embedding row");
+ABSL_FLAG(std::string, dlrm_bottom, "64", "--model=dlrm: the bottom MLP's hidden widths");
+ABSL_FLAG(std::string, dlrm_top, "128,64", "--model=dlrm: the top MLP's hidden widths");
+ABSL_FLAG(int64_t, table_rows, 0, "--model=dlrm: rows per table (0: hash tables)");
+ABSL_FLAG(int64_t, max_rows, 0, "--model=dlrm: max_rows per table and ps task it was trained with");
+ABSL_FLAG(int, admit_after, 0, "--model=dlrm: admit_after it was trained with");
 ABSL_FLAG(bool, use_moving_averages, false, "Evaluate the moving averages of the weights instead of the weights");
 ABSL_FLAG(std::string, export, "",
           "Also write the weights to this file: FILE.onnx (a model imported from ONNX: the file with its "
@@ -63,6 +79,7 @@ namespace {
 
 struct EvalOptions {
   std::string checkpoint, model, data_dir, export_path, logits_path;
+  data::DataFormat data_format = data::DataFormat::kAuto;
   bool use_moving_averages = false, skip_eval = false, for_inference = false;
   int batch_size = 500, threads = 1;
   data::Normalization normalize;
@@ -98,6 +115,57 @@ absl::Status WriteLogits(const models::ModelSpec& spec, const models::ModelOptio
   return WriteNpz(path, {logits, labels});
 }
 
+// The model's input geometry for the test set: images (cropped as the model wants), or for click-through-rate
+// data its dense features as a 1x1 image and its sparse features. InvalidArgument when the model and the data
+// set do not fit (images for dlrm, say).
+absl::StatusOr<models::ModelOptions> ModelOptionsFor(const EvalOptions& o, const models::ModelSpec& spec,
+                                                    const data::Dataset& test) {
+  const bool ctr = test.kind() == data::DataKind::kCtr;
+  if (ctr != spec.defaults.ctr_data) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model=", o.model, " evaluates ", spec.defaults.ctr_data ? "click-through-rate data" : "images", " but ",
+        o.data_dir, " holds ", ctr ? "click-through-rate data" : "images",
+        spec.defaults.ctr_data ? " (give --data_dir the Criteo-format directory it was trained on)" : ""));
+  }
+  models::ModelOptions mopt;
+  mopt.batch_size = o.batch_size;
+  mopt.eval_batch_size = o.batch_size;
+  if (ctr) {
+    mopt.height = mopt.width = 1;
+    mopt.channels = test.num_dense;
+    mopt.num_sparse = test.num_sparse;
+  } else {
+    RETURN_IF_ERROR(data::CheckNormalization(o.normalize, test.channels));
+    models::SetInputGeometry(spec.defaults, test.height, test.width, test.channels, &mopt);
+  }
+  mopt.num_classes = test.num_classes;
+  return mopt;
+}
+
+// Writes the variables (and the rows of every sparse table) as an .npz.
+absl::Status ExportNpz(const EvalOptions& o, const std::vector<models::VariableInfo>& vars,
+                       const std::vector<float>& params, const CheckpointTables* tables, const std::string& what) {
+  std::vector<NpyArray> arrays;
+  const std::vector<int64_t> offsets = models::Offsets(vars);
+  for (size_t i = 0; i < vars.size(); ++i) {
+    arrays.push_back(NpyArray{NpzNameForVariable(vars[i].name), vars[i].shape,
+                              std::vector<float>(params.begin() + offsets[i],
+                                                 params.begin() + offsets[i] + vars[i].size())});
+  }
+  std::string rows;
+  if (tables != nullptr) {
+    int64_t held = 0;
+    for (int t = 0; t < tables->num_tables(); ++t) held += static_cast<int64_t>(tables->table(t).ids.size());
+    const std::vector<NpyArray> table_arrays = tables->ExportArrays();
+    arrays.insert(arrays.end(), table_arrays.begin(), table_arrays.end());
+    rows = absl::StrCat(" and ", tables->num_tables(), " sparse tables (", held, " rows)");
+  }
+  RETURN_IF_ERROR(WriteNpz(o.export_path, arrays));
+  std::printf("exported %zu variables%s of %s%s to %s\n", vars.size(), rows.c_str(), what.c_str(),
+              o.use_moving_averages ? " (moving averages)" : "", o.export_path.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
   if (o.checkpoint.empty() && !spec->imported()) {
     return absl::InvalidArgumentError(absl::StrCat("--checkpoint is required for the built-in model '", o.model,
@@ -115,21 +183,30 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
   const int64_t step = parts.empty() ? 0 : parts[0].global_step;
   const std::string what = parts.empty() ? absl::StrCat(o.model, " (its own weights)")
                                          : absl::StrCat("checkpoint model.ckpt-", step);
-  ASSIGN_OR_RETURN(data::DatasetPair dataset, data::LoadDataset(o.data_dir));
-  RETURN_IF_ERROR(data::CheckNormalization(o.normalize, dataset.test.channels));
+  ASSIGN_OR_RETURN(data::DatasetPair dataset, data::LoadDataset(o.data_dir, o.data_format));
   const models::ModelDefaults& defaults = spec->defaults;
-
-  models::ModelOptions mopt;
-  mopt.batch_size = o.batch_size;
-  mopt.eval_batch_size = o.batch_size;
-  models::SetInputGeometry(defaults, dataset.test.height, dataset.test.width, dataset.test.channels, &mopt);
-  if (dataset.test.kind() == data::DataKind::kCtr) {  // the dense features as C x 1 x 1, and the sparse ones
-    mopt.height = mopt.width = 1;
-    mopt.channels = dataset.test.num_dense;
-    mopt.num_sparse = dataset.test.num_sparse;
-  }
-  mopt.num_classes = dataset.test.num_classes;
+  ASSIGN_OR_RETURN(const models::ModelOptions mopt, ModelOptionsFor(o, *spec, dataset.test));
   ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(*spec, mopt));
+  // Sparse tables: the model's (Graph::tables) against the checkpoint's, before the signature (which would only
+  // say that the models differ).
+  ASSIGN_OR_RETURN(const models::Graph graph, spec->build_graph(mopt));
+  std::unique_ptr<CheckpointTables> tables;
+  if (!parts.empty()) {
+    ASSIGN_OR_RETURN(std::vector<ps::SparseTableRows> rows, ps::ReadSparseTables(parts));
+    if (!rows.empty() || !graph.tables.empty()) {
+      absl::StatusOr<CheckpointTables> t = CheckpointTables::Create(std::move(rows), graph.tables);
+      if (!t.ok()) {
+        return absl::Status(t.status().code(), absl::StrCat(what, " and --model=", o.model, " on ", o.data_dir,
+                                                            ": ", t.status().message()));
+      }
+      tables = std::make_unique<CheckpointTables>(*std::move(t));
+    }
+  } else if (!graph.tables.empty()) {  // no checkpoint: an ONNX file's own rows
+    tables = std::make_unique<CheckpointTables>(CheckpointTables::FromModel(graph.tables));
+  }
+  if (!graph.tables.empty() && !o.logits_path.empty()) {
+    return absl::InvalidArgumentError("--logits_out is not supported for models with sparse tables");
+  }
   std::vector<float> params;
   if (parts.empty()) {
     params = models::InitialParameters(vars, /*seed=*/1);  // an ONNX file's initializers: its own values
@@ -147,26 +224,19 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
     models::onnx::ExportOptions eo;
     eo.inference = o.for_inference;
     // Embedding tables: the checkpoint's rows, the file's for those it lacks (rows never touched).
-    ASSIGN_OR_RETURN(const models::Graph graph, spec->build_graph(mopt));
     models::onnx::TableRows rows = models::onnx::FileTableRows(graph);
-    if (!parts.empty() && !graph.tables.empty()) {
-      const std::map<std::string, absl::Span<const float>> file(rows.begin(), rows.end());
-      ASSIGN_OR_RETURN(rows, ps::AssembleFixedTables(parts, file));
+    for (int t = 0; tables != nullptr && t < tables->num_tables(); ++t) {
+      const ps::SparseTableRows& held = tables->table(t);
+      auto file = rows.find(held.spec.name);
+      ASSIGN_OR_RETURN(std::vector<float> all,
+                       ps::AssembleFixedTable(held, file == rows.end() ? absl::Span<const float>() : file->second));
+      rows[held.spec.name] = std::move(all);
     }
     RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), rows, o.export_path, eo));
     std::printf("exported %s%s to %s\n", what.c_str(), o.use_moving_averages ? " (moving averages)" : "",
                 o.export_path.c_str());
   } else if (!o.export_path.empty()) {
-    std::vector<NpyArray> arrays;
-    const std::vector<int64_t> offsets = models::Offsets(vars);
-    for (size_t i = 0; i < vars.size(); ++i) {
-      arrays.push_back(NpyArray{NpzNameForVariable(vars[i].name), vars[i].shape,
-                                std::vector<float>(params.begin() + offsets[i],
-                                                   params.begin() + offsets[i] + vars[i].size())});
-    }
-    RETURN_IF_ERROR(WriteNpz(o.export_path, arrays));
-    std::printf("exported %zu variables of %s%s to %s\n", arrays.size(), what.c_str(),
-                o.use_moving_averages ? " (moving averages)" : "", o.export_path.c_str());
+    RETURN_IF_ERROR(ExportNpz(o, vars, params, tables.get(), what));
   }
   if (o.skip_eval && o.logits_path.empty()) return absl::OkStatus();
 
@@ -181,17 +251,29 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
     std::printf("wrote the logits of %zu batches to %s\n", batches.size(), o.logits_path.c_str());
   }
   if (o.skip_eval) return absl::OkStatus();
-  int64_t correct = 0, total = 0;
-  for (const data::Batch& b : batches) {
-    const models::HostBatch view{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};
-    ASSIGN_OR_RETURN(int c, model->CountCorrect(view));
-    correct += c;
-    total += b.batch;
+  // A sparse model reads each batch's rows from the checkpoint (as the ps would serve them).
+  LoadRowsFn load_rows;
+  SparseBatch rows(graph);
+  if (!graph.tables.empty()) {
+    load_rows = [&](const models::HostBatch& b) {
+      RETURN_IF_ERROR(rows.Prepare({b}));
+      tables->FillRows(&rows);
+      return model->SetSparseInputs(rows.inputs(0));
+    };
   }
-  if (total == 0) return absl::FailedPreconditionError(absl::StrCat("the test set in ", o.data_dir, " is empty"));
-  std::printf("%s%s: test accuracy = %.4f (%lld examples)\n", what.c_str(),
-              o.use_moving_averages ? " (moving averages)" : "", static_cast<double>(correct) / total,
-              static_cast<long long>(total));
+  absl::StatusOr<Evaluation> e = EvaluateBatches(model.get(), batches, load_rows);
+  if (!e.ok() && e.status().code() == absl::StatusCode::kFailedPrecondition) {
+    return absl::FailedPreconditionError(absl::StrCat("the test set in ", o.data_dir, " is empty"));
+  }
+  RETURN_IF_ERROR(e.status());
+  const char* averaged = o.use_moving_averages ? " (moving averages)" : "";
+  if (e->auc >= 0) {
+    std::printf("%s%s: test log loss = %.4f, AUC = %.4f, accuracy = %.4f (%lld examples)\n", what.c_str(), averaged,
+                e->log_loss, e->auc, e->accuracy, static_cast<long long>(e->examples));
+  } else {
+    std::printf("%s%s: test accuracy = %.4f (%lld examples)\n", what.c_str(), averaged, e->accuracy,
+                static_cast<long long>(e->examples));
+  }
   return absl::OkStatus();
 }
 
@@ -214,6 +296,17 @@ int main(int argc, char** argv) {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.logits_path = absl::GetFlag(FLAGS_logits_out);
   o.for_inference = absl::GetFlag(FLAGS_export_for_inference);
+  absl::StatusOr<dtrain::data::DataFormat> format = dtrain::data::ParseDataFormat(absl::GetFlag(FLAGS_data_format));
+  absl::StatusOr<dtrain::models::DlrmConfig> dlrm = dtrain::models::ParseDlrmConfig(
+      absl::GetFlag(FLAGS_embedding_dim), absl::GetFlag(FLAGS_dlrm_bottom), absl::GetFlag(FLAGS_dlrm_top),
+      absl::GetFlag(FLAGS_table_rows), absl::GetFlag(FLAGS_max_rows), absl::GetFlag(FLAGS_admit_after));
+  for (const absl::Status& s : {format.status(), dlrm.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "dtrain_eval: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  o.data_format = *format;
   absl::StatusOr<dtrain::data::Normalization> n =
       dtrain::data::ParseNormalization(absl::GetFlag(FLAGS_input_mean), absl::GetFlag(FLAGS_input_std));
   if (!n.ok()) {
@@ -226,7 +319,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   // The model first: a missing or refused file exits 2 with the importer's one line.
-  absl::StatusOr<dtrain::models::ModelRef> spec = dtrain::models::ResolveModel(o.model);
+  dtrain::models::ResolveOptions ro;
+  ro.dlrm = *dlrm;
+  absl::StatusOr<dtrain::models::ModelRef> spec = dtrain::models::ResolveModel(o.model, ro);
   if (!spec.ok()) {
     std::fprintf(stderr, "dtrain_eval: %s\n", std::string(spec.status().message()).c_str());
     return 2;

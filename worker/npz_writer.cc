@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -42,20 +43,33 @@ uint32_t Crc32(const std::string& bytes) {
 
 }  // namespace
 
+NpyArray Int64NpyArray(std::string name, std::vector<int64_t> shape, std::vector<int64_t> data) {
+  NpyArray a{std::move(name), std::move(shape), {}};
+  a.type = NpyType::kInt64;
+  a.int64_data = std::move(data);
+  return a;
+}
+
 absl::StatusOr<std::string> EncodeNpy(const NpyArray& array) {
   int64_t count = 1;
   for (int64_t d : array.shape) {
     if (d < 0) return absl::InvalidArgumentError(absl::StrCat("array '", array.name, "' has a negative dimension"));
     count *= d;
   }
-  if (count != static_cast<int64_t>(array.data.size())) {
+  const bool int64 = array.type == NpyType::kInt64;
+  const size_t values = int64 ? array.int64_data.size() : array.data.size();
+  if (!(int64 ? array.data.empty() : array.int64_data.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat("array '", array.name, "' is ", int64 ? "int64" : "float32",
+                                                   " but has values of the other type"));
+  }
+  if (count != static_cast<int64_t>(values)) {
     return absl::InvalidArgumentError(absl::StrCat("array '", array.name, "' has shape (",
-                                                   absl::StrJoin(array.shape, ", "), ") but ", array.data.size(),
-                                                   " values"));
+                                                   absl::StrJoin(array.shape, ", "), ") but ", values, " values"));
   }
   std::string shape = absl::StrJoin(array.shape, ", ");
   if (array.shape.size() == 1) shape += ",";
-  std::string header = absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", shape, "), }");
+  std::string header = absl::StrCat("{'descr': '", int64 ? "<i8" : "<f4", "', 'fortran_order': False, 'shape': (",
+                                    shape, "), }");
   // Magic (6) + version (2) + length (2) + header + '\n' is a multiple of 64.
   const size_t unpadded = 10 + header.size() + 1;
   header.append((64 - unpadded % 64) % 64, ' ');
@@ -64,7 +78,12 @@ absl::StatusOr<std::string> EncodeNpy(const NpyArray& array) {
   std::string out("\x93NUMPY\x01\x00", 8);
   Put16(&out, static_cast<uint16_t>(header.size()));
   out += header;
-  out.append(reinterpret_cast<const char*>(array.data.data()), array.data.size() * sizeof(float));
+  // Little-endian hosts only (x86, arm64), as the header says.
+  if (int64) {
+    out.append(reinterpret_cast<const char*>(array.int64_data.data()), values * sizeof(int64_t));
+  } else {
+    out.append(reinterpret_cast<const char*>(array.data.data()), values * sizeof(float));
+  }
   return out;
 }
 

@@ -36,7 +36,9 @@ bool ParseNpy(const std::string& npy, NpyArray* out) {
   std::string header = npy.substr(10, header_len);
   EXPECT_EQ(header.back(), '\n');
   absl::string_view h = absl::StripTrailingAsciiWhitespace(header);
-  const std::string prefix = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
+  out->type = absl::StartsWith(h, "{'descr': '<i8'") ? NpyType::kInt64 : NpyType::kFloat32;
+  const std::string prefix = absl::StrCat("{'descr': '", out->type == NpyType::kInt64 ? "<i8" : "<f4",
+                                          "', 'fortran_order': False, 'shape': (");
   if (!absl::ConsumePrefix(&h, prefix) || !absl::ConsumeSuffix(&h, "), }")) {
     ADD_FAILURE() << "unexpected NPY header: " << header;
     return false;
@@ -49,13 +51,21 @@ bool ParseNpy(const std::string& npy, NpyArray* out) {
     out->shape.push_back(v);
     count *= v;
   }
-  if (npy.size() != 10 + header_len + count * sizeof(float)) {
-    ADD_FAILURE() << "NPY data size " << npy.size() - 10 - header_len << " for " << count << " floats";
+  const size_t element = out->type == NpyType::kInt64 ? sizeof(int64_t) : sizeof(float);
+  if (npy.size() != 10 + header_len + count * element) {
+    ADD_FAILURE() << "NPY data size " << npy.size() - 10 - header_len << " for " << count << " elements";
     return false;
   }
-  out->data.resize(count);
+  void* to = nullptr;
+  if (out->type == NpyType::kInt64) {
+    out->int64_data.resize(count);
+    to = out->int64_data.data();
+  } else {
+    out->data.resize(count);
+    to = out->data.data();
+  }
   // An empty array's data() may be null, and memcpy from or to null is undefined even for 0 bytes (UBSan).
-  if (count > 0) std::memcpy(out->data.data(), npy.data() + 10 + header_len, count * sizeof(float));
+  if (count > 0) std::memcpy(to, npy.data() + 10 + header_len, count * element);
   return true;
 }
 
@@ -100,19 +110,23 @@ std::map<std::string, NpyArray> ParseNpz(const std::string& zip) {
 std::vector<NpyArray> Sample() {
   NpyArray conv{"conv1_weights", {2, 3, 1, 2}, {}};
   for (int i = 0; i < 12; ++i) conv.data.push_back(0.5f * i - 1.25f);
+  // A sparse table's ids: int64 beyond float precision, and a name with '/' (numpy.load() keeps it).
   return {conv, NpyArray{"conv1_biases", {2}, {0.1f, -0.2f}}, NpyArray{"scale", {}, {3.5f}},
-          NpyArray{"empty", {0, 4}, {}}};
+          NpyArray{"empty", {0, 4}, {}}, Int64NpyArray("embedding/C1/ids", {3}, {-5, 123456789012345678, 0}),
+          Int64NpyArray("no_ids", {0}, {})};
 }
 
 TEST(NpzWriterTest, OwnParserReadsBackEveryArray) {
   absl::StatusOr<std::string> zip = EncodeNpz(Sample());
   ASSERT_TRUE(zip.ok()) << zip.status();
   std::map<std::string, NpyArray> back = ParseNpz(*zip);
-  ASSERT_EQ(back.size(), 4u);
+  ASSERT_EQ(back.size(), 6u);
   for (const NpyArray& want : Sample()) {
     ASSERT_TRUE(back.count(want.name)) << want.name;
     EXPECT_EQ(back[want.name].shape, want.shape) << want.name;
+    EXPECT_EQ(back[want.name].type, want.type) << want.name;
     EXPECT_EQ(back[want.name].data, want.data) << want.name;
+    EXPECT_EQ(back[want.name].int64_data, want.int64_data) << want.name;
   }
 }
 
@@ -130,6 +144,10 @@ TEST(NpzWriterTest, RejectsBadInput) {
   EXPECT_EQ(EncodeNpz({NpyArray{"a", {1}, {1}}, NpyArray{"a", {1}, {2}}}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(EncodeNpz({NpyArray{"", {1}, {1}}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeNpy(Int64NpyArray("ids", {2}, {1})).status().code(), absl::StatusCode::kInvalidArgument);
+  NpyArray mixed = Int64NpyArray("ids", {1}, {1});
+  mixed.data = {1.0f};
+  EXPECT_EQ(EncodeNpy(mixed).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(NpzNameForVariable("conv1/weights/part"), "conv1_weights_part");
 }
 
@@ -142,7 +160,7 @@ TEST(NpzWriterTest, NumpyLoadsTheArchive) {
   ASSERT_TRUE(WriteNpz(path, Sample()).ok());
   const std::string cmd = absl::StrCat(
       "/usr/bin/python3 -c \"import numpy as np\nz = np.load('", path, "')\n",
-      "for k in sorted(z.files):\n  a = z[k]\n  print(k, a.dtype, a.shape, ' '.join(repr(float(x)) for x in "
+      "for k in sorted(z.files):\n  a = z[k]\n  print(k, a.dtype, a.shape, ' '.join(repr(x.item()) for x in "
       "a.ravel()))\"");
   FILE* pipe = popen(cmd.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
@@ -154,7 +172,9 @@ TEST(NpzWriterTest, NumpyLoadsTheArchive) {
   EXPECT_EQ(output,
             "conv1_biases float32 (2,) 0.10000000149011612 -0.20000000298023224\n"
             "conv1_weights float32 (2, 3, 1, 2) -1.25 -0.75 -0.25 0.25 0.75 1.25 1.75 2.25 2.75 3.25 3.75 4.25\n"
+            "embedding/C1/ids int64 (3,) -5 123456789012345678 0\n"
             "empty float32 (0, 4) \n"
+            "no_ids int64 (0,) \n"
             "scale float32 () 3.5\n");
 }
 

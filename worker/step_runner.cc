@@ -47,6 +47,7 @@ absl::Status StepRunner::PushRows() {
   std::vector<models::Model*> models;
   for (int k = 0; k < towers_->size(); ++k) models.push_back(towers_->tower(k));
   RETURN_IF_ERROR(b.AverageGradients(models));
+  last_step_unique_ids_ = b.total_unique();
   for (int t = 0; t < b.num_tables(); ++t) {
     RETURN_IF_ERROR(client_->PushSparse(static_cast<uint32_t>(t), b.unique_ids(t).data(),
                                         static_cast<int64_t>(b.unique_ids(t).size()), b.grads(t)));

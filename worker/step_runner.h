@@ -39,6 +39,7 @@ class StepRunner : public TrainingSteps {
   absl::Status SetUpcomingBatches(const std::vector<models::HostBatch>& batches) override;
   absl::Status LoadSparseRows(const models::HostBatch& batch) override;
   absl::StatusOr<std::vector<std::vector<float>>> PullTables() override;
+  int64_t last_step_unique_ids() const override { return last_step_unique_ids_; }
   // Computes one step on the parameters of `step` (the step of the pull in flight): forward, backward with
   // layer-by-layer pushes, commit; then starts the next pull. InternalError when the loss is not finite
   // (nothing of the step is committed then).
@@ -74,6 +75,7 @@ class StepRunner : public TrainingSteps {
   std::unique_ptr<SparseBatch> sparse_[2], eval_sparse_;
   int current_ = 0;
   bool upcoming_set_ = false;  // SetUpcomingBatches since the last pull started
+  int64_t last_step_unique_ids_ = 0;
   std::vector<float> scratch_params_;  // where an evaluation pull's parameters go
 };
 

@@ -126,6 +126,57 @@ TEST_F(SummariesTest, WritesLearningRateTrafficStalenessAndHistograms) {
   EXPECT_EQ(values("gradients/layer/biases")[0].sum, -6);
 }
 
+// Sparse tables: rows held summed over the tasks, rows created and evicted per second (a task that restarted
+// counts from zero again), and the worker's unique ids per step.
+TEST_F(SummariesTest, WritesEachTablesRowsAndTheUniqueIdsPerStep) {
+  auto writer = EventWriter::Create(dir_);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  std::vector<models::VariableInfo> vars(1);
+  vars[0].name = "w";
+  vars[0].shape = {1};
+  const std::vector<float> params = {1};
+  int call = 0;
+  auto stats = [&call](int task) -> absl::StatusOr<ps::TrainingStats> {
+    const int64_t round = call++ / 2;
+    ps::TrainingStats s;
+    ps::SparseTableStats a, b;
+    a.name = "emb/a";
+    b.name = "emb/b";
+    // Task 0: a created 100 then 300 rows (2 evicted then 6); task 1 restarts before the second round.
+    a.rows = task == 0 ? (round == 0 ? 100 : 296) : (round == 0 ? 50 : 20);
+    a.created = task == 0 ? (round == 0 ? 100 : 300) : (round == 0 ? 50 : 20);
+    a.evicted = task == 0 ? (round == 0 ? 2 : 6) : 0;
+    b.rows = b.created = 10 * (task + 1);
+    s.tables = {a, b};
+    return s;
+  };
+  int64_t unique = 0;
+  const absl::Time start = absl::FromUnixSeconds(1000);
+  auto summaries = TrainingSummaries::Create(writer->get(), vars, ps::OptimizerConfig(), 2, stats, start,
+                                             [&unique] { return unique; });
+  ASSERT_TRUE(summaries.ok()) << summaries.status();
+  unique = 700;
+  ASSERT_TRUE((*summaries)->Write(10, params.data(), nullptr, start + absl::Seconds(2)).ok());
+  unique = 650;
+  ASSERT_TRUE((*summaries)->Write(20, params.data(), nullptr, start + absl::Seconds(4)).ok());
+  const std::string path = (*writer)->path();
+  writer->reset();
+
+  std::multimap<std::string, Value> got = ReadSummaries(path);
+  auto scalars = [&got](const std::string& tag) {
+    std::vector<float> v;
+    for (auto [it, end] = got.equal_range(tag); it != end; ++it) v.push_back(it->second.scalar);
+    return v;
+  };
+  EXPECT_EQ(scalars("sparse/emb/a/rows"), (std::vector<float>{150, 316}));
+  EXPECT_EQ(scalars("sparse/emb/b/rows"), (std::vector<float>{30, 30}));
+  // (100 + 50) / 2 s, then (200 + 20 since task 1's restart) / 2 s.
+  EXPECT_EQ(scalars("sparse/emb/a/rows_created_per_sec"), (std::vector<float>{75, 110}));
+  EXPECT_EQ(scalars("sparse/emb/a/rows_evicted_per_sec"), (std::vector<float>{1, 2}));
+  EXPECT_EQ(scalars("sparse/emb/b/rows_created_per_sec"), (std::vector<float>{15, 0}));
+  EXPECT_EQ(scalars("sparse/unique_ids_per_step"), (std::vector<float>{700, 650}));
+}
+
 TEST_F(SummariesTest, SyncHasNoStalenessAndErrorsPropagate) {
   auto writer = EventWriter::Create(dir_);
   ASSERT_TRUE(writer.ok());

@@ -18,7 +18,8 @@
 #include "common/status_macros.h"
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
-#include "worker/data/metrics.h"
+#include "worker/batch_view.h"
+#include "worker/evaluation.h"
 #include "worker/models/graph.h"
 #include "worker/models/model.h"
 #include "worker/models/onnx/onnx_export.h"
@@ -31,54 +32,6 @@ namespace dtrain::worker {
 namespace {
 
 constexpr int kMaxReconnects = 1000;  // a ps that restarts for ever stops the worker eventually
-
-models::HostBatch View(const data::Batch& b) {
-  if (b.num_dense > 0 || b.num_sparse > 0) {  // click-through-rate data: dense features as a 1x1 image
-    models::HostBatch v{b.batch, 1, 1, b.num_dense, b.dense.data(), b.labels.data()};
-    v.num_sparse = b.num_sparse;
-    v.ids = b.ids.data();
-    v.id_offsets = b.id_offsets.data();
-    return v;
-  }
-  return models::HostBatch{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};
-}
-
-// What the chief's evaluation gives: the accuracy, and for models with one logit the log loss and AUC.
-struct Evaluation {
-  double accuracy = -1, log_loss = -1, auc = -1;
-};
-
-// Tower 0 (parameters already set) on the whole test set; the rows of a sparse model's ids are pulled batch by
-// batch.
-absl::StatusOr<Evaluation> Evaluate(TrainingSteps* steps, models::Model* model,
-                                    const std::vector<data::Batch>& batches) {
-  const bool sigmoid = model->graph().loss == models::Loss::kSigmoidCrossEntropy;
-  int64_t correct = 0, total = 0;
-  data::BinaryMetrics metrics;
-  std::vector<float> logits;
-  for (const data::Batch& b : batches) {
-    const models::HostBatch view = View(b);
-    RETURN_IF_ERROR(steps->LoadSparseRows(view));
-    if (sigmoid) {
-      logits.resize(b.batch);
-      RETURN_IF_ERROR(model->Predict(view, logits.data()));
-      metrics.Add(absl::MakeConstSpan(logits.data(), b.batch), absl::MakeConstSpan(b.labels.data(), b.batch));
-      for (int i = 0; i < b.batch; ++i) correct += (logits[i] > 0.0f) == (b.labels[i] > 0.5f);
-    } else {
-      ASSIGN_OR_RETURN(int c, model->CountCorrect(view));
-      correct += c;
-    }
-    total += b.batch;
-  }
-  if (total == 0) return absl::FailedPreconditionError("empty test set");
-  Evaluation e;
-  e.accuracy = static_cast<double>(correct) / total;
-  if (sigmoid) {
-    e.log_loss = metrics.log_loss();
-    e.auc = metrics.auc();
-  }
-  return e;
-}
 
 std::string FormatStats(const ps::TrainingStats& s, bool async) {
   std::string out = absl::StrFormat("ps 0 statistics: global step %d\n", s.global_step);
@@ -98,6 +51,22 @@ std::string FormatStats(const ps::TrainingStats& s, bool async) {
     absl::StrAppendFormat(&out, "; max %d\n", s.max_staleness_seen);
   }
   return out;
+}
+
+// Models with tables: the rows held over every task and table, and the bytes the tasks received and sent per
+// global step of this run, on one line (scripts/compare_cluster_sizes.py reads it).
+void PrintSparseTotals(ps::WorkerClient* client, const TrainingResult& result) {
+  int64_t rows = 0, bytes = 0;
+  for (int t = 0; t < client->num_tasks(); ++t) {
+    absl::StatusOr<ps::TrainingStats> s = client->Stats(t);
+    if (!s.ok()) return;
+    for (const ps::SparseTableStats& table : s->tables) rows += table.rows;
+    bytes += s->bytes_received + s->bytes_sent;
+  }
+  const int64_t steps = std::max<int64_t>(1, result.global_step - result.first_step);
+  std::printf("sparse tables: %lld rows held on %d ps task%s; %lld bytes/step received + sent by the ps tasks "
+              "(%lld steps)\n", static_cast<long long>(rows), client->num_tasks(), client->num_tasks() > 1 ? "s" : "",
+              static_cast<long long>(bytes / steps), static_cast<long long>(steps));
 }
 
 // What the data set gives a run: the model's input geometry, this worker's training stream and (chief) the
@@ -299,7 +268,9 @@ absl::Status ConnectAgain(const WorkerOptions& o, Connection* c, TrainingData* d
 absl::StatusOr<Evaluation> EvaluateNow(TrainingSteps* steps, models::Model* model0, const TrainingData& d,
                                        bool moving_averages) {
   RETURN_IF_ERROR(steps->LoadParameters(moving_averages));
-  return Evaluate(steps, model0, d.eval_batches);
+  // Tower 0 on the whole test set; the rows of a sparse model's ids are pulled batch by batch.
+  return EvaluateBatches(model0, d.eval_batches,
+                         [steps](const models::HostBatch& b) { return steps->LoadSparseRows(b); });
 }
 
 // Appends the losses known so far to the result.
@@ -528,6 +499,7 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
         }
       }
     }
+    if (!o.quiet && !c->config.tables.empty()) PrintSparseTotals(c->client.get(), *result);
   }
   return absl::OkStatus();
 }
@@ -634,9 +606,12 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   std::unique_ptr<TrainingSummaries> summaries;
   if (events && o.summary_every > 0) {
     ps::WorkerClient* client = ps.client.get();
+    TrainingSummaries::UniqueIdsFn unique_ids;  // sparse/unique_ids_per_step, for models with tables
+    if (!graph.tables.empty()) unique_ids = [s = steps.get()] { return s->last_step_unique_ids(); };
     ASSIGN_OR_RETURN(summaries, TrainingSummaries::Create(events.get(), towers->tower(0)->variables(),
                                                           ps.config.optimizer, client->num_tasks(),
-                                                          [client](int t) { return client->Stats(t); }, absl::Now()));
+                                                          [client](int t) { return client->Stats(t); }, absl::Now(),
+                                                          std::move(unique_ids)));
   }
 
   // The loop, then the end: evaluation, statistics, done.

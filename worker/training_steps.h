@@ -53,6 +53,9 @@ class TrainingSteps {
   virtual absl::StatusOr<std::vector<std::vector<float>>> PullTables() {
     return std::vector<std::vector<float>>();
   }
+  // Models with sparse tables: the unique ids over all tables of the last step that pushed its row gradients
+  // (the rows it pulled and pushed); 0 before then and for models without tables.
+  virtual int64_t last_step_unique_ids() const { return 0; }
   // Runs one step on `batches` (one per tower) with the parameters of `step`, the step Start / NextStep last
   // returned. Device-resident steps only enqueue it on the devices.
   virtual absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) = 0;

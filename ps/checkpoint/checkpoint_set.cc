@@ -221,16 +221,4 @@ absl::StatusOr<std::vector<float>> AssembleFixedTable(const SparseTableRows& tab
   return out;
 }
 
-absl::StatusOr<std::map<std::string, std::vector<float>>> AssembleFixedTables(
-    const std::vector<CheckpointData>& parts, const std::map<std::string, absl::Span<const float>>& initial) {
-  ASSIGN_OR_RETURN(std::vector<SparseTableRows> tables, ReadSparseTables(parts));
-  std::map<std::string, std::vector<float>> out;
-  for (const SparseTableRows& t : tables) {
-    if (t.spec.rows <= 0) continue;
-    auto it = initial.find(t.spec.name);
-    ASSIGN_OR_RETURN(out[t.spec.name], AssembleFixedTable(t, it == initial.end() ? absl::Span<const float>() : it->second));
-  }
-  return out;
-}
-
 }  // namespace dtrain::ps

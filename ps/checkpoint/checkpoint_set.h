@@ -7,7 +7,6 @@
 #define DTRAIN_PS_CHECKPOINT_CHECKPOINT_SET_H_
 
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -54,12 +53,6 @@ absl::StatusOr<std::vector<SparseTableRows>> ReadSparseTables(const std::vector<
 // another size.
 absl::StatusOr<std::vector<float>> AssembleFixedTable(const SparseTableRows& table,
                                                       absl::Span<const float> initial = {});
-
-// Every fixed-size table of a checkpoint (ReadSparseTables) as one dense buffer each (AssembleFixedTable), by
-// table name; a table named in `initial` takes the rows the checkpoint lacks from there (its initial values).
-// Errors as ReadSparseTables and AssembleFixedTable.
-absl::StatusOr<std::map<std::string, std::vector<float>>> AssembleFixedTables(
-    const std::vector<CheckpointData>& parts, const std::map<std::string, absl::Span<const float>>& initial);
 
 }  // namespace dtrain::ps
 

@@ -163,11 +163,6 @@ TEST(CheckpointSetTest, SparseTablesAreMergedAcrossTasks) {
   }
   EXPECT_EQ(AssembleFixedTable((*tables)[1], absl::MakeConstSpan(file).subspan(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // All fixed-size tables by name (the hash table is not one).
-  absl::StatusOr<std::map<std::string, std::vector<float>>> all = AssembleFixedTables(parts, {{"f", file}});
-  ASSERT_TRUE(all.ok()) << all.status();
-  ASSERT_EQ(all->size(), 1u);
-  EXPECT_EQ(all->at("f"), *from_file);
 
   // An id on the wrong task, or tasks that disagree, are refused.
   std::vector<CheckpointData> bad = TableParts();

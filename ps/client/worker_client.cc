@@ -424,6 +424,9 @@ absl::Status WorkerClient::Reconnect(absl::Duration wait) {
     absl::MutexLock lock(&mu_);
     inflight_.Reset();  // nothing is in flight
     session_lost_ = absl::OkStatus();
+    // The old push's failure was taken above: it must not fail the new sessions' waits (WaitForSparse, which a
+    // sparse step calls before its BeginPush, and WaitPush with no push in flight would report it).
+    push_status_ = absl::OkStatus();
   };
   start_over();
   absl::Status connected = Connect(config_, nullptr, wait);

@@ -356,6 +356,27 @@ TEST(WorkerClientTest, SparseMisuseIsRefused) {
   EXPECT_TRUE(f.client->WaitForSparse(0).ok());  // no pull asked for it: at once
 }
 
+// A push that failed with the old sessions (a ps task restarted) is over once Reconnect returns: the next
+// step's rows, which a sparse step waits for before it begins its push, and WaitPush do not report it again.
+TEST(WorkerClientTest, APushThatFailedBeforeReconnectingDoesNotFailTheNextStep) {
+  Fixture f(WithTable(2));
+  std::vector<float> params(14), grads(14, 0.0f), rows(3, -1.0f);
+  const int64_t id = 7;
+  ASSERT_TRUE(f.client->Pull(0, 0, params.data()).ok());
+  ASSERT_TRUE(f.client->BeginPush(0, grads.data()).ok());
+  f.client->AbandonPush(absl::CancelledError("push cancelled"));
+  EXPECT_EQ(f.client->WaitPush().status().code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(f.client->Reconnect(absl::Seconds(5)).ok());
+  ASSERT_TRUE(f.client->SetSparsePull({{0, &id, 1, rows.data()}}).ok());
+  f.client->StartPull(0, 0, params.data());
+  const absl::Status arrived = f.client->WaitForSparse(0);
+  EXPECT_TRUE(arrived.ok()) << arrived;
+  EXPECT_EQ(rows, InitialRows(f.cluster->config().tables[0], {id}));
+  EXPECT_TRUE(f.client->FinishPull().ok());
+  const absl::Status pushed = f.client->WaitPush().status();
+  EXPECT_TRUE(pushed.ok()) << pushed;
+}
+
 // (In process the pulled rows come as fp32, as the slices do: the gRPC service rounds them, see grpc_ps_test.)
 TEST(WorkerClientTest, NarrowWireTypesRoundSparseGradientsWithoutErrorFeedback) {
   WorkerClientOptions wo;

@@ -5,6 +5,17 @@
 #include "ps/core/parameter_server_impl.h"
 
 namespace dtrain::ps {
+namespace {
+
+// ", N sparse rows" for the log line of a restored checkpoint with tables ("" without).
+std::string SparseRowsRestored(const std::vector<SparseTableState>& tables) {
+  if (tables.empty()) return "";
+  int64_t rows = 0;
+  for (const SparseTableState& t : tables) rows += static_cast<int64_t>(t.ids.size());
+  return absl::StrCat(", ", rows, " sparse rows");
+}
+
+}  // namespace
 
 // ---- register, probe, restore ---------------------------------------------------------------------------------
 
@@ -89,11 +100,9 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
       written_label_ = restored->data.global_step;
       members_.RestoreInputPositions(restored->data.input_positions, restored->data.global_step);
       initialized_ = true;
-      int64_t rows = 0;
-      for (const SparseTableState& t : restored->data.tables) rows += static_cast<int64_t>(t.ids.size());
       LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
                 << restored->data.global_step << ", " << restored->data.slices.size() << " slices"
-                << (restored->data.tables.empty() ? "" : absl::StrCat(", ", rows, " sparse rows")) << ")";
+                << SparseRowsRestored(restored->data.tables) << ")";
     }
   } else {
     RETURN_IF_ERROR(CompareTrainConfigs(config_, request.config, request.worker_id));
@@ -185,7 +194,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     members_.RestoreInputPositions(data.input_positions, data.global_step);
     ended = NewEpochLocked();
     LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path << " on the chief's request (was at step "
-                 << was << ", now " << step_ << "); every worker registers again";
+                 << was << ", now " << step_ << SparseRowsRestored(data.tables) << "); every worker registers again";
   }
   // Outside the locks: the callbacks of the pulls waiting in the old epoch take mu_ to wake them.
   ended->Cancel();
