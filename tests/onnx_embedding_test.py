@@ -48,6 +48,9 @@ except ImportError as e:  # the CI machine installs them (scripts/install_deps.s
     print("SKIP: %s (apt-get install python3-torch python3-onnx python3-numpy)" % e)
     sys.exit(77)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loss_comparison import compare_losses, run  # noqa: E402
+
 MASK64 = (1 << 64) - 1
 SALT = 0x63726974656F0000  # worker/data/criteo.h kCriteoHashSalt
 MISSING = MASK64  # kCriteoMissingValue
@@ -139,13 +142,6 @@ def auc(scores, labels):
     return (ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
 
 
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        sys.exit("FAIL: %s exited %d:\n%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:]))
-    return p.stdout
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
@@ -208,19 +204,7 @@ def main():
                 for o in optims:
                     o.step()
                 torch_losses.append(loss.item())
-            if len(dtrain_losses) != a.steps:
-                failures.append("%s: dtrain reported %d losses, expected %d" % (tag, len(dtrain_losses), a.steps))
-                continue
-            rel = [abs(d - t) / abs(t) for d, t in zip(dtrain_losses, torch_losses)]
-            if a.verbose:
-                print(tag, "per step:", " ".join("%.1e" % r for r in rel))
-            worst[opt] = max(worst[opt], max(rel))
-            print("%-24s loss step 1 %.6f -> step %d %.6f (PyTorch %.6f); max relative difference %.2e" %
-                  (tag, dtrain_losses[0], a.steps, dtrain_losses[-1], torch_losses[-1], max(rel)))
-            if max(rel) > 1e-4:
-                k = rel.index(max(rel))
-                failures.append("%s: step %d loss %.8g (dtrain) vs %.8g (PyTorch): relative difference %.2e > 1e-4" %
-                                (tag, k + 1, dtrain_losses[k], torch_losses[k], max(rel)))
+            worst[opt] = max(worst[opt], compare_losses(tag, dtrain_losses, torch_losses, failures, a.verbose, width=24))
 
             # The trained file, from the worker and from the checkpoint, back in PyTorch.
             from_eval = ckpt + ".eval.onnx"

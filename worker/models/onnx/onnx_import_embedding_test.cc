@@ -29,6 +29,10 @@ using testing::Ramp;
 using testing::StringAttr;
 
 const std::string kHint = kExportHint;
+// What the refusals of tables and ids say is supported.
+const std::string kIds =
+    "supported: Gather(table, ids) of a float initializer table [rows, dim], with columns picked by Gather(ids, k, "
+    "axis=1), Slice along axis 1, Squeeze or Unsqueeze";
 constexpr int64_t kInt64 = ::onnx::TensorProto::INT64;
 
 // Click-through-rate data: `dense` dense and `sparse` categorical features.
@@ -385,10 +389,8 @@ TEST(OnnxEmbeddingTest, RefusesAGatherOnATableThatIsNoInitializer) {
       .Node("Gemm", {"e", "fc.weight"}, {"logit"}, {IntAttr("transB", 1)}, "/fc/Gemm")
       .Output("logit", {-1, 1});
   EXPECT_EQ(Refusal(b, Ctr(3, 1)),
-            absl::StrCat("ctr.onnx: node '/emb/Gather' (Gather): its table 'x' is computed by the graph (supported: "
-                         "Gather(table, ids) of a float initializer table [rows, dim], with columns picked by "
-                         "Gather(ids, k, axis=1), Slice along axis 1, Squeeze or Unsqueeze); ",
-                         kHint));
+            absl::StrCat("ctr.onnx: node '/emb/Gather' (Gather): its table 'x' is computed by the graph (", kIds,
+                         "); ", kHint));
 }
 
 TEST(OnnxEmbeddingTest, RefusesAGatherAlongTheTablesColumns) {
@@ -466,10 +468,8 @@ TEST(OnnxEmbeddingTest, RefusesIdsThatAreNotInt64OrAreComputed) {
       .Output("logit", {-1, 1});
   EXPECT_EQ(Refusal(add, Ctr(1, 1)),
             absl::StrCat("ctr.onnx: node '/Add' (Add): reads the ids 'ids' (the int64 input, which dtrain feeds as "
-                         "the rows of its embedding tables) as a tensor: computed ids are not supported (supported: "
-                         "Gather(table, ids) of a float initializer table [rows, dim], with columns picked by "
-                         "Gather(ids, k, axis=1), Slice along axis 1, Squeeze or Unsqueeze); ",
-                         kHint));
+                         "the rows of its embedding tables) as a tensor: computed ids are not supported (", kIds,
+                         "); ", kHint));
   // Cast of the ids to int32.
   OnnxBuilder cast;
   cast.Input("ids", {-1}, kInt64)
