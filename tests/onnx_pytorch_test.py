@@ -51,7 +51,9 @@ except ImportError as e:  # the CI machine installs them (scripts/install_deps.s
     sys.exit(77)
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_lenet5 import LeNet5  # noqa: E402
+from loss_comparison import compare_losses, run  # noqa: E402
 from export_mlp import MLP, export  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -148,13 +150,6 @@ def load_initializers(module, path, steps_trained):
     module.load_state_dict(state, strict=True)
 
 
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        sys.exit("FAIL: %s exited %d:\n%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:]))
-    return p.stdout
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
@@ -226,19 +221,7 @@ def main():
                 torch_losses = train_in_pytorch(lambda p: TFAdam(p, lr=lr))
             else:
                 torch_losses = train_in_pytorch(lambda p: torch.optim.Adam(p, lr=lr, betas=(0.9, 0.999), eps=1e-8))
-            if len(dtrain_losses) != a.steps:
-                failures.append("%s: dtrain reported %d losses, expected %d" % (tag, len(dtrain_losses), a.steps))
-                continue
-            rel = [abs(d - t) / abs(t) for d, t in zip(dtrain_losses, torch_losses)]
-            if a.verbose:
-                print(tag, "per step:", " ".join("%.1e" % r for r in rel))
-            worst[opt] = max(worst[opt], max(rel))
-            print("%-20s loss step 1 %.6f -> step %d %.6f (PyTorch %.6f); max relative difference %.2e" %
-                  (tag, dtrain_losses[0], a.steps, dtrain_losses[-1], torch_losses[-1], max(rel)))
-            if max(rel) > 1e-4:
-                k = rel.index(max(rel))
-                failures.append("%s: step %d loss %.8g (dtrain) vs %.8g (PyTorch): relative difference %.2e > 1e-4" %
-                                (tag, k + 1, dtrain_losses[k], torch_losses[k], max(rel)))
+            worst[opt] = max(worst[opt], compare_losses(tag, dtrain_losses, torch_losses, failures, a.verbose))
 
             # The trained checkpoint, exported as ONNX, back in PyTorch: the same test accuracy.
             trained = ckpt + ".onnx"

@@ -59,7 +59,28 @@ absl::StatusOr<CheckpointTables> CheckpointTables::Create(std::vector<ps::Sparse
           absl::StrCat("sparse table ", t, " '", model_tables[t].name, "': ", difference, hint));
     }
   }
-  return CheckpointTables(std::move(tables));
+  std::vector<std::shared_ptr<const std::vector<float>>> initial;
+  for (const models::TableInfo& t : model_tables) initial.push_back(t.initial_values);
+  return CheckpointTables(std::move(tables), std::move(initial));
+}
+
+CheckpointTables CheckpointTables::FromModel(const std::vector<models::TableInfo>& model_tables) {
+  std::vector<ps::SparseTableRows> tables;
+  std::vector<std::shared_ptr<const std::vector<float>>> initial;
+  for (size_t t = 0; t < model_tables.size(); ++t) {
+    const models::TableInfo& m = model_tables[t];
+    ps::SparseTableRows r;
+    r.spec.table = static_cast<uint32_t>(t);
+    r.spec.name = m.name;
+    r.spec.dim = m.dim;
+    r.spec.rows = m.rows;
+    r.spec.init_scale = m.init_scale;
+    r.spec.max_rows = m.max_rows;
+    r.spec.admit_after = m.admit_after;
+    tables.push_back(std::move(r));
+    initial.push_back(m.initial_values);
+  }
+  return CheckpointTables(std::move(tables), std::move(initial));
 }
 
 void CheckpointTables::FillRows(SparseBatch* batch) const {
@@ -73,6 +94,8 @@ void CheckpointTables::FillRows(SparseBatch* batch) const {
       const auto it = std::lower_bound(table.ids.begin(), table.ids.end(), ids[i]);
       if (it != table.ids.end() && *it == ids[i]) {
         std::copy_n(table.values.begin() + (it - table.ids.begin()) * dim, dim, row);
+      } else if (initial_[t] != nullptr) {
+        std::copy_n(initial_[t]->begin() + ids[i] * dim, dim, row);
       } else {
         ps::SparseInitialRow(table.spec, ids[i], row);
       }

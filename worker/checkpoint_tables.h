@@ -10,13 +10,15 @@
 //   std::vector<NpyArray> arrays = tables.ExportArrays();  // <table>/ids (int64), <table>/values ([n, dim])
 //
 // An id the checkpoint holds no row for reads as its initializer (ps::SparseInitialRow with the checkpoint's
-// spec): the row the ps would create at its first lookup. (With admit_after, a ps reads an id it has not
+// spec): the row the ps would create at its first lookup; in a table with initial values (TableInfo::
+// initial_values: an ONNX file's), as that row of them. (With admit_after, a ps reads an id it has not
 // admitted yet as zeros; admission counts are not checkpointed, so evaluation takes the initializer.)
 //
 // Thread-safety: immutable after Create; FillRows may be called from several threads on distinct batches.
 #ifndef DTRAIN_WORKER_CHECKPOINT_TABLES_H_
 #define DTRAIN_WORKER_CHECKPOINT_TABLES_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,9 @@ class CheckpointTables {
   // the dtrain_worker flag that sets it).
   static absl::StatusOr<CheckpointTables> Create(std::vector<ps::SparseTableRows> tables,
                                                  const std::vector<models::TableInfo>& model_tables);
+  // Without a checkpoint: no rows held, every row read from the table's initial values (an ONNX file's own
+  // rows) or its initializer.
+  static CheckpointTables FromModel(const std::vector<models::TableInfo>& model_tables);
 
   int num_tables() const { return static_cast<int>(tables_.size()); }
   const ps::SparseTableRows& table(int t) const { return tables_[t]; }
@@ -46,8 +51,11 @@ class CheckpointTables {
   std::vector<NpyArray> ExportArrays() const;
 
  private:
-  explicit CheckpointTables(std::vector<ps::SparseTableRows> tables) : tables_(std::move(tables)) {}
+  CheckpointTables(std::vector<ps::SparseTableRows> tables,
+                   std::vector<std::shared_ptr<const std::vector<float>>> initial)
+      : tables_(std::move(tables)), initial_(std::move(initial)) {}
   std::vector<ps::SparseTableRows> tables_;
+  std::vector<std::shared_ptr<const std::vector<float>>> initial_;  // per table: TableInfo::initial_values
 };
 
 }  // namespace dtrain::worker

@@ -4,6 +4,7 @@
 #include "worker/checkpoint_tables.h"
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,43 @@ TEST(CheckpointTablesTest, FixedSizeTablesTakeIdsModuloTheirRows) {
   tables->FillRows(&sb);
   EXPECT_EQ(std::vector<float>(sb.rows(0), sb.rows(0) + 3), (std::vector<float>{0, 1, 2}));
   EXPECT_EQ(std::vector<float>(sb.rows(1), sb.rows(1) + 3), (std::vector<float>{100, 101, 102}));
+}
+
+// A table from an ONNX file: the rows the checkpoint lacks are the file's.
+TEST(CheckpointTablesTest, RowsATableWithInitialValuesLacksAreItsInitialValues) {
+  models::Graph g = Dlrm(/*table_rows=*/10);
+  for (models::TableInfo& t : g.tables) {
+    auto values = std::make_shared<std::vector<float>>(30);
+    for (int i = 0; i < 30; ++i) (*values)[i] = -1.0f - i;
+    t.initial_values = values;
+  }
+  absl::StatusOr<CheckpointTables> tables = CheckpointTables::Create(Saved(g, {3}), g.tables);
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  SparseBatch sb(g);
+  const Batch b = MakeBatch({13}, {5});  // rows 3 (held) and 5 (not)
+  ASSERT_TRUE(sb.Prepare({b.view()}).ok());
+  tables->FillRows(&sb);
+  EXPECT_EQ(std::vector<float>(sb.rows(0), sb.rows(0) + 3), (std::vector<float>{0, 1, 2}));
+  EXPECT_EQ(std::vector<float>(sb.rows(1), sb.rows(1) + 3), (std::vector<float>{-16, -17, -18}));
+}
+
+// No checkpoint (dtrain_eval --model=FILE.onnx): every row is the file's.
+TEST(CheckpointTablesTest, FromTheModelEveryRowIsItsInitialValues) {
+  models::Graph g = Dlrm(/*table_rows=*/10);
+  for (models::TableInfo& t : g.tables) {
+    auto values = std::make_shared<std::vector<float>>(30);
+    for (int i = 0; i < 30; ++i) (*values)[i] = 0.5f * i;
+    t.initial_values = values;
+  }
+  const CheckpointTables tables = CheckpointTables::FromModel(g.tables);
+  ASSERT_EQ(tables.num_tables(), 2);
+  EXPECT_TRUE(tables.table(0).ids.empty());
+  SparseBatch sb(g);
+  const Batch b = MakeBatch({13}, {9});  // rows 3 and 9
+  ASSERT_TRUE(sb.Prepare({b.view()}).ok());
+  tables.FillRows(&sb);
+  EXPECT_EQ(std::vector<float>(sb.rows(0), sb.rows(0) + 3), (std::vector<float>{4.5f, 5, 5.5f}));
+  EXPECT_EQ(std::vector<float>(sb.rows(1), sb.rows(1) + 3), (std::vector<float>{13.5f, 14, 14.5f}));
 }
 
 void ExpectRefused(const std::vector<ps::SparseTableRows>& saved, const models::Graph& g, const std::string& says) {

@@ -201,6 +201,8 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
       }
       tables = std::make_unique<CheckpointTables>(*std::move(t));
     }
+  } else if (!graph.tables.empty()) {  // no checkpoint: an ONNX file's own rows
+    tables = std::make_unique<CheckpointTables>(CheckpointTables::FromModel(graph.tables));
   }
   if (!graph.tables.empty() && !o.logits_path.empty()) {
     return absl::InvalidArgumentError("--logits_out is not supported for models with sparse tables");
@@ -221,7 +223,16 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
   if (absl::EndsWithIgnoreCase(o.export_path, ".onnx")) {
     models::onnx::ExportOptions eo;
     eo.inference = o.for_inference;
-    RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), o.export_path, eo));
+    // Embedding tables: the checkpoint's rows, the file's for those it lacks (rows never touched).
+    models::onnx::TableRows rows = models::onnx::FileTableRows(graph);
+    for (int t = 0; tables != nullptr && t < tables->num_tables(); ++t) {
+      const ps::SparseTableRows& held = tables->table(t);
+      auto file = rows.find(held.spec.name);
+      ASSIGN_OR_RETURN(std::vector<float> all,
+                       ps::AssembleFixedTable(held, file == rows.end() ? absl::Span<const float>() : file->second));
+      rows[held.spec.name] = std::move(all);
+    }
+    RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), rows, o.export_path, eo));
     std::printf("exported %s%s to %s\n", what.c_str(), o.use_moving_averages ? " (moving averages)" : "",
                 o.export_path.c_str());
   } else if (!o.export_path.empty()) {

@@ -81,6 +81,24 @@ absl::Status StepRunner::LoadSparseRows(const models::HostBatch& batch) {
   return towers_->tower(0)->SetSparseInputs(eval_sparse_->inputs(0));
 }
 
+absl::StatusOr<std::vector<std::vector<float>>> StepRunner::PullTables() {
+  const std::vector<models::TableInfo>& tables = towers_->tower(0)->graph().tables;
+  std::vector<std::vector<float>> rows(tables.size());
+  std::vector<std::vector<int64_t>> ids(tables.size());
+  std::vector<ps::SparsePullRequest> requests;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (tables[t].rows <= 0) continue;
+    ids[t].resize(tables[t].rows);
+    for (int64_t id = 0; id < tables[t].rows; ++id) ids[t][id] = id;
+    rows[t].resize(tables[t].rows * tables[t].dim);
+    requests.push_back({static_cast<uint32_t>(t), ids[t].data(), tables[t].rows, rows[t].data()});
+  }
+  if (requests.empty()) return rows;
+  scratch_params_.resize(towers_->num_parameters());
+  RETURN_IF_ERROR(client_->Pull(sync_ ? step_ : 0, step_, scratch_params_.data(), std::move(requests)).status());
+  return rows;
+}
+
 absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int64_t step) {
   if (sparse_model_) {
     if (!upcoming_set_) {

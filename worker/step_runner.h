@@ -38,6 +38,7 @@ class StepRunner : public TrainingSteps {
   absl::StatusOr<ps::PullResult> Start() override;
   absl::Status SetUpcomingBatches(const std::vector<models::HostBatch>& batches) override;
   absl::Status LoadSparseRows(const models::HostBatch& batch) override;
+  absl::StatusOr<std::vector<std::vector<float>>> PullTables() override;
   int64_t last_step_unique_ids() const override { return last_step_unique_ids_; }
   // Computes one step on the parameters of `step` (the step of the pull in flight): forward, backward with
   // layer-by-layer pushes, commit; then starts the next pull. InternalError when the loss is not finite

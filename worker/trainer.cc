@@ -192,6 +192,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
     s.init_seed = o.seed;
     s.max_rows = tables[t].max_rows;
     s.admit_after = tables[t].admit_after;
+    s.initial_values = tables[t].initial_values != nullptr;
     config.tables.push_back(std::move(s));
   }
   if (!tables.empty()) {
@@ -217,7 +218,8 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   return absl::OkStatus();
 }
 
-// Registers with the ps tasks; the chief's initial values initialize them (unless they restore a checkpoint).
+// Registers with the ps tasks; the chief's initial values (and the initial rows of tables from a file)
+// initialize them (unless they restore a checkpoint).
 // The flat parameters and gradients live in the towers' host buffers: CPU towers compute on them in place,
 // GPU towers copy them (pinned memory).
 absl::Status Connect(const WorkerOptions& o, Towers* towers, Connection* c) {
@@ -226,7 +228,12 @@ absl::Status Connect(const WorkerOptions& o, Towers* towers, Connection* c) {
     const std::vector<float> init = models::InitialParameters(towers->tower(0)->variables(), o.seed);
     std::copy(init.begin(), init.end(), params);
   }
-  return c->client->Connect(c->config, params, absl::Seconds(o.startup_wait_secs));
+  std::vector<ps::InitialRows> rows;  // tables from a file start from its values
+  const std::vector<models::TableInfo>& tables = towers->tower(0)->graph().tables;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (tables[t].initial_values != nullptr) rows.push_back({static_cast<uint32_t>(t), tables[t].initial_values});
+  }
+  return c->client->Connect(c->config, params, absl::Seconds(o.startup_wait_secs), std::move(rows));
 }
 
 // After connecting: a restored checkpoint says where this worker's input stream was at its step; reading on
@@ -435,6 +442,9 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
     result->global_step = at.step;
   }
   ASSIGN_OR_RETURN(result->parameters, steps->Parameters());
+  if (chief && !o.export_onnx.empty()) {
+    ASSIGN_OR_RETURN(result->table_rows, steps->PullTables());
+  }
   if (chief) {
     if (o.evaluate) {
       ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/false));
@@ -639,8 +649,13 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   }
   if (!o.metrics_file.empty()) RETURN_IF_ERROR(WriteMetrics(o.metrics_file, result));
   if (chief && !o.export_onnx.empty()) {
+    models::onnx::TableRows rows;  // the embedding tables' rows, into their initializers
+    const std::vector<models::TableInfo>& tables = towers->tower(0)->graph().tables;
+    for (size_t t = 0; t < tables.size() && t < result.table_rows.size(); ++t) {
+      if (!result.table_rows[t].empty()) rows[tables[t].name] = result.table_rows[t];
+    }
     RETURN_IF_ERROR(models::onnx::ExportOnnx(*o.resolved_model, towers->tower(0)->variables(), result.parameters.data(),
-                                             o.export_onnx));
+                                             rows, o.export_onnx));
     if (!o.quiet) std::printf("exported the trained model to %s\n", o.export_onnx.c_str());
   }
   return result;

@@ -114,6 +114,9 @@ struct TrainingResult {
   // if not evaluated); test_accuracy is then the share of examples on the right side of 0.5.
   double test_log_loss = -1, test_auc = -1;
   std::vector<float> parameters;  // final parameters (flat) as last pulled
+  // Chief with export_onnx, models with fixed-size tables: every row of each (Graph::tables order), pulled at
+  // the end (TrainingSteps::PullTables).
+  std::vector<std::vector<float>> table_rows;
   ps::TrainingStats stats;        // chief: ps 0's statistics
   int64_t first_step = 0;         // global step when training started (> 0 after resuming a checkpoint)
   double test_accuracy_averaged = -1;  // chief, with --moving_average_decay: accuracy of the moving averages

@@ -48,6 +48,11 @@ class TrainingSteps {
   // Models with sparse tables, after Settle: pulls the rows of `batch`'s ids for tower 0 (evaluation on that
   // batch), at the current step.
   virtual absl::Status LoadSparseRows(const models::HostBatch& batch) { return absl::OkStatus(); }
+  // Models with sparse tables, after Settle (the chief, at the end, for export): every row of each fixed-size
+  // table, rows * dim floats per table in Graph::tables order (empty for a hash table), at the current step.
+  virtual absl::StatusOr<std::vector<std::vector<float>>> PullTables() {
+    return std::vector<std::vector<float>>();
+  }
   // Models with sparse tables: the unique ids over all tables of the last step that pushed its row gradients
   // (the rows it pulled and pushed); 0 before then and for models without tables.
   virtual int64_t last_step_unique_ids() const { return 0; }

@@ -20,7 +20,8 @@ bool OptimizerConfig::operator==(const OptimizerConfig& o) const {
 
 bool SparseTableSpec::operator==(const SparseTableSpec& o) const {
   return table == o.table && name == o.name && dim == o.dim && rows == o.rows && init_scale == o.init_scale &&
-         init_seed == o.init_seed && max_rows == o.max_rows && admit_after == o.admit_after;
+         init_seed == o.init_seed && max_rows == o.max_rows && admit_after == o.admit_after &&
+         initial_values == o.initial_values;
 }
 
 int SparseOptimizerConfig::num_slots() const {

@@ -95,6 +95,11 @@ struct SparseTableSpec {
   // Admission filter: a row is created only once its id has been looked up this many times; until then it
   // reads as zeros and its gradient is dropped (0 or 1: created at first touch).
   int admit_after = 0;
+  // true: the rows start from values the chief uploads with its Initialize (SliceUpload::WriteSparse, each task
+  // the ids it owns, every one of them; e.g. an ONNX file's embedding initializer), not from init_scale. Only a
+  // fixed-size table without max_rows or admission (it holds every row from the start) may have them. Not kept
+  // in checkpoints (their tables hold every row anyway): a restored spec reads false.
+  bool initial_values = false;
   bool operator==(const SparseTableSpec& o) const;
 };
 

@@ -52,8 +52,9 @@ class SliceUpload {
   // is the gradient of id ids[i] in table `table`, summed over the worker's batch. Ids this task does not own,
   // ids outside a fixed-size table, ids repeated within the upload, or a `dim` that is not the table's are
   // InvalidArgument. May be called several times per table (chunks); the bytes are copied (or, by a gRPC client,
-  // referenced until Finish returns). A retried upload sends its rows again (applied once). Uploads that are
-  // not pushes (Initialize) refuse it: sparse rows start from their initializer.
+  // referenced until Finish returns). A retried upload sends its rows again (applied once). An Initialize takes
+  // the initial rows of tables with initial values (SparseTableSpec::initial_values), every id the task owns;
+  // other tables' rows start from their initializer there (InvalidArgument).
   virtual absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
                                    const void* rows) {
     return absl::InvalidArgumentError("this upload takes no sparse rows");

@@ -187,13 +187,17 @@ absl::StatusOr<std::vector<SparseTableRows>> ReadSparseTables(const std::vector<
   return out;
 }
 
-absl::StatusOr<std::vector<float>> AssembleFixedTable(const SparseTableRows& table) {
+absl::StatusOr<std::vector<float>> AssembleFixedTable(const SparseTableRows& table, absl::Span<const float> initial) {
   const SparseTableSpec& spec = table.spec;
   if (spec.rows <= 0 || spec.dim <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("sparse table '", spec.name, "' is a hash table (no row count)"));
   }
   if (spec.rows > (int64_t{1} << 34) / spec.dim) {
     return absl::InvalidArgumentError(absl::StrCat("sparse table '", spec.name, "' is too large to assemble"));
+  }
+  if (!initial.empty() && static_cast<int64_t>(initial.size()) != spec.rows * spec.dim) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse table '", spec.name, "': ", initial.size(),
+                                                   " initial values for ", spec.rows, " x ", spec.dim, " rows"));
   }
   std::vector<float> out(spec.rows * spec.dim);
   std::vector<char> have(spec.rows, 0);
@@ -207,7 +211,12 @@ absl::StatusOr<std::vector<float>> AssembleFixedTable(const SparseTableRows& tab
     have[id] = 1;
   }
   for (int64_t id = 0; id < spec.rows; ++id) {
-    if (!have[id]) SparseInitialRow(spec, id, out.data() + id * spec.dim);
+    if (have[id]) continue;
+    if (initial.empty()) {
+      SparseInitialRow(spec, id, out.data() + id * spec.dim);
+    } else {
+      std::copy_n(initial.begin() + id * spec.dim, spec.dim, out.begin() + id * spec.dim);
+    }
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/env.h"
 #include "ps/checkpoint/checkpoint_format.h"
 
@@ -46,9 +47,12 @@ struct SparseTableRows {
 absl::StatusOr<std::vector<SparseTableRows>> ReadSparseTables(const std::vector<CheckpointData>& parts);
 
 // A fixed-size table ([spec.rows, spec.dim]) as one dense buffer: the rows of `table`, the others from their
-// initializer, as the ps would serve them. InvalidArgument for a hash table (rows == 0) or an id outside
-// [0, rows).
-absl::StatusOr<std::vector<float>> AssembleFixedTable(const SparseTableRows& table);
+// initializer, as the ps would serve them, or, for a table with initial values (which checkpoints do not
+// record: the caller knows them, e.g. from the ONNX file), from `initial` (spec.rows * spec.dim floats; empty:
+// the initializer). InvalidArgument for a hash table (rows == 0), an id outside [0, rows), or `initial` of
+// another size.
+absl::StatusOr<std::vector<float>> AssembleFixedTable(const SparseTableRows& table,
+                                                      absl::Span<const float> initial = {});
 
 }  // namespace dtrain::ps
 

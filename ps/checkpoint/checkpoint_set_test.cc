@@ -152,6 +152,17 @@ TEST(CheckpointSetTest, SparseTablesAreMergedAcrossTasks) {
   EXPECT_EQ((*fixed)[0], initial[0]);
   EXPECT_EQ((*fixed)[1], initial[1]);
   EXPECT_EQ(AssembleFixedTable((*tables)[0]).status().code(), absl::StatusCode::kInvalidArgument);
+  // A table with initial values: the rows the checkpoint lacks come from them.
+  std::vector<float> file(16);
+  for (size_t i = 0; i < file.size(); ++i) file[i] = -0.5f * static_cast<float>(i);
+  absl::StatusOr<std::vector<float>> from_file = AssembleFixedTable((*tables)[1], file);
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  for (size_t i = 0; i < file.size(); ++i) {
+    const bool held = i / 2 == 1 || i / 2 == 3 || i / 2 == 6;  // rows 1, 3 and 6
+    EXPECT_EQ((*from_file)[i], held ? (*fixed)[i] : file[i]) << i;
+  }
+  EXPECT_EQ(AssembleFixedTable((*tables)[1], absl::MakeConstSpan(file).subspan(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 
   // An id on the wrong task, or tasks that disagree, are refused.
   std::vector<CheckpointData> bad = TableParts();

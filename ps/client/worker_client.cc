@@ -217,13 +217,15 @@ WorkerClient::~WorkerClient() {
 
 // ---- connecting -----------------------------------------------------------------------------------------------
 
-absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initial_params, absl::Duration wait) {
+absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initial_params, absl::Duration wait,
+                                   std::vector<InitialRows> initial_rows) {
   config_ = config;
   sync_ = config.mode == "sync";
   if (initial_params != nullptr && is_chief_) {
     const int64_t n = slices_.empty() ? 0 : slices_.back().spec.flat_offset + slices_.back().spec.length;
     initial_.assign(initial_params, initial_params + n);
   }
+  if (!initial_rows.empty() && is_chief_) initial_rows_ = std::move(initial_rows);
   const absl::Time give_up = absl::Now() + wait;
   if (is_chief_) RETURN_IF_ERROR(PrepareTasks(give_up, wait));
   absl::Duration backoff = absl::Milliseconds(100);
@@ -259,7 +261,10 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
           }
           absl::StatusOr<std::unique_ptr<SliceUpload>> init = tasks_[t]->StartInitialize(worker_id_);
           if (init.ok()) {
+            std::vector<std::vector<int64_t>> row_ids;
+            std::vector<std::vector<float>> rows;
             absl::Status s = WriteSlices(init->get(), initial_.data(), placement_[t]);
+            if (s.ok()) s = WriteInitialRows(init->get(), t, &row_ids, &rows);
             if (s.ok()) s = (*init)->Finish().status();
             failed = s;
           } else {
@@ -294,6 +299,35 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
   if (options_.background && lease_ms > 0 && !heartbeat_.joinable()) {
     const absl::Duration every = std::clamp(absl::Milliseconds(lease_ms) / 4, absl::Milliseconds(20), absl::Seconds(2));
     heartbeat_ = std::thread([this, every] { HeartbeatLoop(every); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerClient::WriteInitialRows(SliceUpload* upload, int task, std::vector<std::vector<int64_t>>* ids,
+                                            std::vector<std::vector<float>>* rows) const {
+  for (const SparseTableSpec& spec : config_.tables) {
+    if (!spec.initial_values) continue;
+    const InitialRows* given = nullptr;
+    for (const InitialRows& r : initial_rows_) {
+      if (r.table == spec.table) given = &r;
+    }
+    const size_t want = static_cast<size_t>(spec.rows) * spec.dim;
+    if (given == nullptr || given->values == nullptr || given->values->size() != want) {
+      return absl::FailedPreconditionError(absl::StrCat("sparse table '", spec.name, "' starts from initial values, "
+                                                        "but the chief has no ", spec.rows, " x ", spec.dim,
+                                                        " rows to give ps task ", task));
+    }
+    // The rows of the ids this task owns, in id order.
+    std::vector<int64_t>& i = ids->emplace_back();
+    std::vector<float>& r = rows->emplace_back();
+    const float* values = given->values->data();
+    for (int64_t id = 0; id < spec.rows; ++id) {
+      if (ShardOfId(id, num_tasks()) != task) continue;
+      i.push_back(id);
+      r.insert(r.end(), values + id * spec.dim, values + (id + 1) * spec.dim);
+    }
+    RETURN_IF_ERROR(upload->WriteSparse(spec.table, i.data(), static_cast<int64_t>(i.size()), spec.dim,
+                                        WireDtype::kF32, r.data()));
   }
   return absl::OkStatus();
 }

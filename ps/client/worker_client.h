@@ -99,6 +99,13 @@ struct SparseGradients {
   const float* grads = nullptr;
 };
 
+// The chief's initial rows of a table with initial values (SparseTableSpec::initial_values): rows * dim floats,
+// id i's row at [i * dim, (i + 1) * dim).
+struct InitialRows {
+  uint32_t table = 0;
+  std::shared_ptr<const std::vector<float>> values;
+};
+
 class WorkerClient {
  public:
   // tasks[i] talks to ps task i (not owned, must outlive the client); placement[i] = the slices held by task i
@@ -111,10 +118,13 @@ class WorkerClient {
   // every task holds values of one step. The chief first asks every task what it holds and could restore
   // (Probe): when some task lost its state (it restarted) or the cluster restarts from its checkpoints, it
   // restores every task to the newest step that every task can restore; on a fresh start it initializes the
-  // tasks from `initial_params` (flat). Other workers wait until the chief has. Waits for late ps tasks and for
-  // the chief with backoff, logging what it waits for, up to `wait`. FailedPrecondition on config mismatch or
-  // when no step is restorable everywhere (not retried). Starts the heartbeats when the tasks hold leases.
-  absl::Status Connect(const TrainConfig& config, const float* initial_params, absl::Duration wait);
+  // tasks from `initial_params` (flat) and `initial_rows` (the tables with initial values: each task the rows of
+  // the ids it owns; kept, as the parameters are, for a later Reconnect). Other workers wait until the chief
+  // has. Waits for late ps tasks and for the chief with backoff, logging what it waits for, up to `wait`.
+  // FailedPrecondition on config mismatch, when no step is restorable everywhere, or when a table with initial
+  // values has none here (not retried). Starts the heartbeats when the tasks hold leases.
+  absl::Status Connect(const TrainConfig& config, const float* initial_params, absl::Duration wait,
+                       std::vector<InitialRows> initial_rows = {});
   // After a call failed with Aborted (a task restarted, rolled back, or declared this worker lost): lets what
   // is in flight end and connects again (the chief restoring the tasks as Connect does). Then pull.
   absl::Status Reconnect(absl::Duration wait);
@@ -224,6 +234,10 @@ class WorkerClient {
   void HeartbeatLoop(absl::Duration every);
   uint64_t session(int task) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WriteSlice(int task, int slice);
+  // Initialize: the initial rows `task` owns of every table with initial values (kept in *buffers until the
+  // upload has finished).
+  absl::Status WriteInitialRows(SliceUpload* upload, int task, std::vector<std::vector<int64_t>>* ids,
+                                std::vector<std::vector<float>>* rows) const;
   template <typename Op>
   absl::Status WithRetries(const char* what, int task, Op op);
 
@@ -246,6 +260,7 @@ class WorkerClient {
   bool sync_ = true;
   TrainConfig config_;         // from Connect (its slices per task: placement_)
   std::vector<float> initial_;  // the chief's initial values (Connect), for a fresh start
+  std::vector<InitialRows> initial_rows_;  // and its tables' initial rows
   uint64_t next_request_id_;
   std::vector<std::unique_ptr<SerialExecutor>> push_lanes_, pull_lanes_;
   Cancellation cancel_;  // cancels in-flight pulls and uploads when the client goes away

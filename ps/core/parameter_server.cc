@@ -53,6 +53,16 @@ class ParameterServer::Impl::InitializeUpload : public SliceUpload {
     return absl::OkStatus();
   }
 
+  // The initial rows of tables with initial values (each id this task owns, once or again: a row written again
+  // is overwritten, so a retried upload may send everything anew).
+  absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
+                           const void* rows) override {
+    impl_->bytes_received_ += n * (8 + int64_t{dim} * DtypeBytes(dtype));
+    absl::MutexLock lock(&impl_->mu_);
+    if (impl_->initialized_) return absl::OkStatus();  // a restarted chief initializes again: ignored
+    return impl_->sparse_->WriteRows(table, ids, n, dim, dtype, rows);
+  }
+
   absl::StatusOr<PushResponse> Finish() override {
     absl::MutexLock lock(&impl_->mu_);
     if (impl_->initialized_) {
@@ -68,8 +78,11 @@ class ParameterServer::Impl::InitializeUpload : public SliceUpload {
                                                        " floats"));
       }
     }
+    RETURN_IF_ERROR(impl_->sparse_->CheckInitialRows());
     impl_->store_->ResetSlotsAndAverages(impl_->step_);
-    impl_->sparse_->Clear(impl_->step_);  // rows come from their initializer as they are first touched
+    // Tables without initial values were emptied when the upload started: their rows come from their
+    // initializer as they are first touched.
+    impl_->sparse_->SetVersion(impl_->step_);
     impl_->initialized_ = true;
     LOG(INFO) << "ps task " << impl_->options_.task_index << ": initialized " << impl_->store_->num_slices()
               << " slices";
@@ -166,6 +179,9 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitial
     return absl::FailedPreconditionError(absl::StrCat("Initialize from worker ", worker_id,
                                                       ", but only the chief (worker ", chief_, ") initializes"));
   }
+  // Every row goes (a previous attempt's too): tables with initial values are filled by this upload, the others
+  // start empty.
+  if (!initialized_) sparse_->Clear(step_);
   return std::unique_ptr<SliceUpload>(new InitializeUpload(this));
 }
 

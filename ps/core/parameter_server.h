@@ -7,7 +7,10 @@
 // rows (SliceUpload::WriteSparse) are applied with its step: sync, summed per id over the step's workers and
 // divided by R (the number of gradients in the step, whether or not a worker touched the row: TensorFlow's
 // sparse accumulator), async, each push as it finishes. Duplicates and retries apply once, a rollback drops
-// buffered rows, NaN/Inf rows follow --nonfinite like slices. Checkpoints hold the rows that exist.
+// buffered rows, NaN/Inf rows follow --nonfinite like slices. Checkpoints hold the rows that exist. A table
+// with initial values (SparseTableSpec::initial_values) gets every row this task owns from the chief's Initialize
+// (WriteSparse on that upload: a row written twice keeps the last, a retried Initialize writes them anew, one
+// after the task is initialized is ignored); Initialize fails with InvalidArgument while such a table lacks a row.
 //
 // It implements PsInterface directly (the in-process ps of local mode and of tests); ps/rpc/grpc_ps_service.h
 // exposes one over gRPC.

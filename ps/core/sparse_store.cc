@@ -144,6 +144,22 @@ class SparseTable {
     });
   }
 
+  // Sets the rows of ids[0, n) to `src` (n * dim values of `dtype`), creating them, with fresh optimizer slots.
+  void Write(const int64_t* ids, int64_t n, WireDtype dtype, const void* src) {
+    const char* in = static_cast<const char*>(src);
+    const int64_t row_bytes = int64_t{dim_} * DtypeBytes(dtype);
+    ForEachByStripe(ids, n, [&](Stripe& st, int64_t i, uint64_t h) {
+      uint32_t row = Find(st, ids[i], h);
+      if (row == kNone) {
+        row = Insert(st, ids[i], h);
+        ++st.created;
+      }
+      float* data = RowData(st, row);
+      DecodeFloats(dtype, in + i * row_bytes, dim_, data);
+      optimizer_->InitSlots(data + dim_, dim_);
+    });
+  }
+
   SparseTableStats Stats() const {
     SparseTableStats s;
     s.name = spec_.name;
@@ -477,6 +493,10 @@ absl::Status ValidateSparseTables(const std::vector<SparseTableSpec>& tables) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": admit_after ", t.admit_after, " not in [0, ", SparseStore::kMaxAdmitAfter, "]"));
     }
+    if (t.initial_values && (t.rows == 0 || t.max_rows > 0 || t.admit_after > 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": initial values need a fixed-size table without "
+                                                           "max_rows or admit_after (every row held from the start)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -499,7 +519,10 @@ SparseStore::SparseStore(std::vector<SparseTableSpec> specs, SparseOptimizer opt
     : specs_(std::move(specs)), optimizer_(std::move(optimizer)), options_(options) {
   for (const SparseTableSpec& s : specs_) {
     int64_t max_rows = s.max_rows;
-    if (options_.max_rows_cap > 0) max_rows = max_rows > 0 ? std::min(max_rows, options_.max_rows_cap) : options_.max_rows_cap;
+    // A table with initial values holds every row (an evicted one could not come back with its value).
+    if (options_.max_rows_cap > 0 && !s.initial_values) {
+      max_rows = max_rows > 0 ? std::min(max_rows, options_.max_rows_cap) : options_.max_rows_cap;
+    }
     tables_.push_back(std::make_unique<SparseTable>(s, &optimizer_, max_rows));
   }
 }
@@ -535,6 +558,43 @@ void SparseStore::Lookup(int t, const int64_t* ids, int64_t n, WireDtype dtype, 
 
 void SparseStore::Apply(int t, int64_t step, const int64_t* ids, int64_t n, const float* grads, float grad_scale) {
   tables_[t]->Apply(optimizer_.Prepare(step), ids, n, grads, grad_scale);
+}
+
+absl::Status SparseStore::WriteRows(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
+                                    const void* rows) {
+  if (absl::Status s = CheckIds(table, ids, n); !s.ok()) return s;
+  const SparseTableSpec& spec = specs_[table];
+  if (!spec.initial_values) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse table '", spec.name, "' starts from its initializer "
+                                                   "(init_scale): the chief uploads rows only for tables with "
+                                                   "initial values"));
+  }
+  if (dim != spec.dim) {
+    return absl::InvalidArgumentError(absl::StrCat("initial rows of '", spec.name, "' with ", dim,
+                                                   " values a row, the table has ", spec.dim));
+  }
+  tables_[table]->Write(ids, n, dtype, rows);
+  return absl::OkStatus();
+}
+
+int64_t SparseStore::OwnedRows(int t) const {
+  const SparseTableSpec& spec = specs_[t];
+  if (options_.num_ps == 1) return spec.rows;
+  int64_t n = 0;
+  for (int64_t id = 0; id < spec.rows; ++id) n += ShardOfId(id, options_.num_ps) == options_.task_index ? 1 : 0;
+  return n;
+}
+
+absl::Status SparseStore::CheckInitialRows() const {
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    if (!specs_[t].initial_values) continue;
+    const int64_t held = tables_[t]->Stats().rows, owned = OwnedRows(static_cast<int>(t));
+    if (held != owned) {
+      return absl::InvalidArgumentError(absl::StrCat("no complete initial rows for sparse table '", specs_[t].name,
+                                                     "': ", held, " of the ", owned, " rows this task holds"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void SparseStore::SetVersion(int64_t version) {

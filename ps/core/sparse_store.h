@@ -38,6 +38,9 @@
 // admitted at once). Until admitted an id reads as zeros and its gradients are dropped. Counts are not part
 // of checkpoints: after a restore, ids without a row start counting again.
 //
+// Initial values (SparseTableSpec::initial_values: a table from an ONNX file): the chief's Initialize writes
+// every row this task owns (WriteRows) before training; such a table is never bounded by max_rows_cap.
+//
 // Updates: Apply runs the sparse optimizer on each row (a sum over workers and the 1/R scale are the caller's,
 // ps/core/parameter_server.cc). A gradient for an id without a row is dropped (counted) in a hash table (the id
 // was not admitted, or its row was evicted since the worker pulled it); in a fixed-size table ([rows, dim],
@@ -56,8 +59,8 @@
 //   store->SetVersion(step + 1);
 //
 // Thread-safety: Lookup, Apply, CheckIds, Stats, ExportState, WaitReadable and SetVersion may run concurrently
-// from any threads. ImportState and Clear are for set-up and rollback: callers make sure no Apply runs
-// meanwhile (lookups are safe: they see rows of either state).
+// from any threads. ImportState, Clear, WriteRows and CheckInitialRows are for set-up and rollback: callers make
+// sure no Apply runs meanwhile (lookups are safe: they see rows of either state).
 #ifndef DTRAIN_PS_CORE_SPARSE_STORE_H_
 #define DTRAIN_PS_CORE_SPARSE_STORE_H_
 
@@ -82,7 +85,7 @@ struct SparseStoreOptions {
   int task_index = 0;  // this task holds the ids with ShardOfId(id, num_ps) == task_index
   int num_ps = 1;
   // A ps-side bound on every table's rows on this task (0: none): the effective max_rows of a table is the
-  // smaller of this and its SparseTableSpec::max_rows (when that is set).
+  // smaller of this and its SparseTableSpec::max_rows (when that is set). Not for tables with initial values.
   int64_t max_rows_cap = 0;
 };
 
@@ -116,6 +119,15 @@ class SparseStore {
   // Applies the sparse optimizer at `step` to the rows of ids[0, n) (checked, no repeats) with gradients
   // grad_scale * grads[i * dim, (i + 1) * dim).
   void Apply(int t, int64_t step, const int64_t* ids, int64_t n, const float* grads, float grad_scale);
+
+  // Initial values (SparseTableSpec::initial_values): sets the rows of ids[0, n) to `rows` (n * dim values of
+  // `dtype`), creating them, their optimizer slots at their initial value; a row written again is overwritten.
+  // InvalidArgument as CheckIds, for a table without initial values or another dim. CheckInitialRows then says
+  // whether every such table holds all the rows this task owns (InvalidArgument naming the first that does not).
+  absl::Status WriteRows(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype, const void* rows);
+  absl::Status CheckInitialRows() const;
+  // The ids of fixed-size table t this task owns (ShardOfId over [0, rows)).
+  int64_t OwnedRows(int t) const;
 
   // Versions: SetVersion publishes (wakes waiters); WaitReadable waits until version() >= `version`, `deadline`
   // or `stop` (checked whenever the waiter wakes) and returns whether it is.
@@ -155,7 +167,8 @@ class SparseStore {
 };
 
 // Checks a table spec list as TrainConfig::tables (table indices 0.., names unique and non-empty, dim in
-// [1, 65536], rows, max_rows >= 0, init_scale finite >= 0, admit_after in [0, 255]); InvalidArgument naming it.
+// [1, 65536], rows, max_rows >= 0, init_scale finite >= 0, admit_after in [0, 255], initial values only on a
+// fixed-size table without max_rows or admission); InvalidArgument naming it.
 absl::Status ValidateSparseTables(const std::vector<SparseTableSpec>& tables);
 
 }  // namespace dtrain::ps

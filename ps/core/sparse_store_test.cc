@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace dtrain::ps {
@@ -149,6 +150,65 @@ TEST(SparseStoreTest, FixedSizeTablesCheckBoundsAndReadAsPrefilled) {
   for (float& x : want) x -= 1.0f;
   EXPECT_EQ(Row(*store, 17), want);
   EXPECT_EQ(store->Stats()[0].dropped_gradients, 0);
+}
+
+TEST(SparseStoreTest, InitialRowsAreWrittenWithFreshSlotsAndCheckedComplete) {
+  SparseTableSpec t = Table(2, /*rows=*/10);
+  t.initial_values = true;
+  SparseStoreOptions o;
+  o.task_index = 1;
+  o.num_ps = 2;
+  o.max_rows_cap = 1;  // not for a table with initial values
+  auto store = Make(t, "adagrad", 0.5f, o);
+  EXPECT_EQ(store->max_rows(0), 0);
+  std::vector<int64_t> mine;
+  for (int64_t id = 0; id < 10; ++id) {
+    if (ShardOfId(id, 2) == 1) mine.push_back(id);
+  }
+  ASSERT_EQ(store->OwnedRows(0), static_cast<int64_t>(mine.size()));
+  std::vector<float> values;
+  for (int64_t id : mine) values.insert(values.end(), {id + 0.5f, -id - 0.25f});
+  // The first row alone: incomplete.
+  ASSERT_TRUE(store->WriteRows(0, mine.data(), 1, 2, WireDtype::kF32, values.data()).ok());
+  const absl::Status partial = store->CheckInitialRows();
+  EXPECT_EQ(partial.message(), absl::StrCat("no complete initial rows for sparse table 'emb': 1 of the ",
+                                            mine.size(), " rows this task holds"));
+  // Then all of them (the first again, overwritten) in bf16 on the wire: exact for these values.
+  std::vector<uint16_t> narrow(values.size());
+  EncodeFloats(WireDtype::kBF16, values.data(), values.size(), narrow.data());
+  ASSERT_TRUE(store->WriteRows(0, mine.data(), mine.size(), 2, WireDtype::kBF16, narrow.data()).ok());
+  ASSERT_TRUE(store->CheckInitialRows().ok());
+  EXPECT_EQ(store->Stats()[0].rows, static_cast<int64_t>(mine.size()));
+  EXPECT_EQ(Lookup(*store, mine), values);
+  // Adagrad's accumulator starts at its initial value (0.1): g = 1 moves the row by 0.5 / sqrt(1.1).
+  const float g[] = {1, 0};
+  store->Apply(0, 0, mine.data(), 1, g, 1.0f);
+  EXPECT_FLOAT_EQ(Row(*store, mine[0])[0], values[0] - 0.5f / std::sqrt(1.1f));
+  EXPECT_EQ(Row(*store, mine[0])[1], values[1]);
+
+  // Refusals: another task's id, an id outside the table, another dim, a table that starts from its initializer.
+  int64_t theirs = 0;
+  while (ShardOfId(theirs, 2) != 0) ++theirs;
+  const int64_t outside = 10;
+  EXPECT_EQ(store->WriteRows(0, &theirs, 1, 2, WireDtype::kF32, values.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->WriteRows(0, &outside, 1, 2, WireDtype::kF32, values.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->WriteRows(0, mine.data(), 1, 3, WireDtype::kF32, values.data()).message(),
+            "initial rows of 'emb' with 3 values a row, the table has 2");
+  auto plain = Make(Table(2, 10));
+  const int64_t zero = 0;
+  EXPECT_EQ(plain->WriteRows(0, &zero, 1, 2, WireDtype::kF32, values.data()).message(),
+            "sparse table 'emb' starts from its initializer (init_scale): the chief uploads rows only for tables "
+            "with initial values");
+  EXPECT_TRUE(plain->CheckInitialRows().ok());
+  // Initial values need a fixed-size table that holds every row.
+  for (SparseTableSpec bad : {Table(2), Table(2, 10, 5), Table(2, 10, 0, 3)}) {
+    bad.initial_values = true;
+    const absl::Status s = ValidateSparseTables({bad});
+    EXPECT_EQ(s.message(), "sparse table 0 ('emb'): initial values need a fixed-size table without max_rows or "
+                           "admit_after (every row held from the start)");
+  }
 }
 
 TEST(SparseStoreTest, HashTablesDropGradientsOfRowsThatDoNotExist) {

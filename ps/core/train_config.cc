@@ -23,7 +23,7 @@ std::string Describe(const SliceSpec& s) {
 std::string Describe(const SparseTableSpec& t) {
   return absl::StrCat("{table ", t.table, ", '", t.name, "', dim ", t.dim, ", rows ", t.rows, ", init_scale ",
                       absl::StrFormat("%.9g", t.init_scale), ", init_seed ", t.init_seed, ", max_rows ", t.max_rows,
-                      ", admit_after ", t.admit_after, "}");
+                      ", admit_after ", t.admit_after, t.initial_values ? ", initial values" : "", "}");
 }
 
 std::string Describe(const std::string& s) { return absl::StrCat("'", s, "'"); }

@@ -447,7 +447,8 @@ TEST(GrpcPsTest, ShutdownEndsAWaitingPullAtOnce) {
 // A cluster of `num_ps` gRPC ps tasks on 127.0.0.1 and one worker's WorkerClient over them, counting the
 // bytes of every message (WireCounters).
 struct GrpcCluster {
-  GrpcCluster(int num_ps, TrainConfig config, std::vector<VariableInfo> variables, WireDtype dtype) {
+  GrpcCluster(int num_ps, TrainConfig config, std::vector<VariableInfo> variables, WireDtype dtype,
+              std::vector<InitialRows> initial_rows = {}) {
     placement = *PlaceVariables(variables, num_ps);
     GrpcClientOptions co;
     co.counters = &counters;
@@ -469,7 +470,7 @@ struct GrpcCluster {
     WorkerClientOptions wo;
     wo.wire_dtype = dtype;
     client = std::make_unique<WorkerClient>(tasks, placement.task_slices, 0, true, wo);
-    connected = client->Connect(config, initial.data(), absl::Seconds(10));
+    connected = client->Connect(config, initial.data(), absl::Seconds(10), std::move(initial_rows));
   }
   WireCounters counters;
   Placement placement;
@@ -568,6 +569,31 @@ TEST(GrpcPsTest, SparseRowsCrossTheWireInNarrowTypes) {
   absl::StatusOr<RegisterResponse> refused = c.clients[0]->Register(RegisterRequest{0, false, other});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "tables[0] mismatch")) << refused.status();
+}
+
+// A table with initial values: the chief's Initialize streams each task its rows (10 MB, chunked below gRPC's
+// limit), and they read back exactly.
+TEST(GrpcPsTest, InitialRowsCrossTheWireWithInitialize) {
+  constexpr int64_t kRows = 300'000;
+  constexpr int kDim = 8;
+  TrainConfig config = SparseConfig(kRows, kDim);
+  config.tables[0].initial_values = true;
+  auto values = std::make_shared<std::vector<float>>(kRows * kDim);
+  for (size_t i = 0; i < values->size(); ++i) (*values)[i] = static_cast<float>(i % 1009) * 0.25f - 100.0f;
+  GrpcCluster c(2, config, {{"dense", 3}}, WireDtype::kF32, {InitialRows{0, values}});
+  ASSERT_TRUE(c.connected.ok()) << c.connected;
+  std::vector<int64_t> ids(kRows);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::vector<float> params(3), rows(kRows * kDim);
+  ASSERT_TRUE(c.client->Pull(0, 0, params.data(), {{0, ids.data(), kRows, rows.data()}}).ok());
+  EXPECT_TRUE(rows == *values);
+  EXPECT_EQ(c.clients[0]->GetStats()->tables[0].rows + c.clients[1]->GetStats()->tables[0].rows, kRows);
+  // The flag crossed the wire with the config: a worker without it is refused.
+  TrainConfig other = SparseConfig(kRows, kDim);
+  other.slices = c.placement.task_slices[0];
+  absl::StatusOr<RegisterResponse> refused = c.clients[0]->Register(RegisterRequest{0, false, other});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "initial values}, worker 0 has")) << refused.status();
 }
 
 }  // namespace

@@ -55,6 +55,7 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
     p->set_init_seed(t.init_seed);
     p->set_max_rows(t.max_rows);
     p->set_admit_after(t.admit_after);
+    p->set_initial_values(t.initial_values);
   }
   auto* so = out->mutable_sparse_optimizer();
   so->set_name(in.sparse_optimizer.name);
@@ -101,6 +102,7 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
     t.init_seed = p.init_seed();
     t.max_rows = p.max_rows();
     t.admit_after = p.admit_after();
+    t.initial_values = p.initial_values();
     c.tables.push_back(std::move(t));
   }
   if (in.has_sparse_optimizer()) {  // else the defaults (a worker that knows no tables)

@@ -117,7 +117,7 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
     WorkerClientOptions wo;
     wo.background = false;
     WorkerClient client(tasks, cluster->placement_.task_slices, w, w == 0, wo);
-    RETURN_IF_ERROR(client.Connect(options.config, options.initial.data(), absl::Seconds(5)));
+    RETURN_IF_ERROR(client.Connect(options.config, options.initial.data(), absl::Seconds(5), options.initial_rows));
   }
   cluster->restored_step_ = probe0.restorable_steps.empty() ? -1 : cluster->tasks_[0]->step();
   if (options.config.mode == "sync") {

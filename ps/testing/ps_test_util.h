@@ -59,6 +59,7 @@ struct SimClusterOptions {
   PlacementOptions placement;
   TrainConfig config;          // slices are filled per task
   std::vector<float> initial;  // flat initial values
+  std::vector<InitialRows> initial_rows;  // of the tables with initial values
   std::function<void(const StepDecision&)> on_step_applied;  // ps 0's hook
   // Checkpoints (ParameterServerOptions); with a checkpoint.dir, Start restores like WorkerClient::Connect.
   CheckpointOptions checkpoint;

@@ -447,6 +447,13 @@ absl::StatusOr<int> GraphBuilder::AddTable(TableInfo table) {
                                                    table.dim, ", rows ", table.rows, ", max_rows ", table.max_rows,
                                                    ")"));
   }
+  if (table.initial_values != nullptr &&
+      (table.rows == 0 || table.max_rows > 0 || table.admit_after > 1 ||
+       static_cast<int64_t>(table.initial_values->size()) != table.rows * table.dim)) {
+    return absl::InvalidArgumentError(absl::StrCat(graph_.name, ": table '", table.name, "' has ",
+                                                   table.initial_values->size(), " initial values; they need a ",
+                                                   "fixed-size table without max_rows or admission, rows x dim of them"));
+  }
   for (const TableInfo& t : graph_.tables) {
     if (t.name == table.name) {
       return absl::InvalidArgumentError(absl::StrCat(graph_.name, ": table '", table.name, "' declared twice"));

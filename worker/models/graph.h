@@ -27,6 +27,7 @@
 #define DTRAIN_WORKER_MODELS_GRAPH_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -127,6 +128,10 @@ struct TableInfo {
   float init_scale = 0.01f;  // rows start uniform in [-init_scale, init_scale] (ps::SparseInitialRow)
   int64_t max_rows = 0;      // per ps task: evict the least recently touched beyond this (0: no bound)
   int admit_after = 0;       // create a row once its id was looked up this many times (0: at once)
+  // Non-null: the table's initial rows (rows * dim floats, row i at [i * dim, (i + 1) * dim); an ONNX file's
+  // embedding initializer), which the chief uploads to the ps tasks instead of init_scale's random rows
+  // (ps::SparseTableSpec::initial_values). Only for a fixed-size table without max_rows or admission.
+  std::shared_ptr<const std::vector<float>> initial_values;
   // The table's row for an id as the batch gives it.
   int64_t RowId(int64_t id) const { return rows > 0 ? ((id % rows) + rows) % rows : id; }
 };

@@ -1,6 +1,6 @@
 // Graph-level gradient checks of GraphNetwork (through GraphModel::TrainStep) on graphs that are not chains:
 // residual Adds with BatchNorm, branches joined by Concat, a tensor read by several nodes (accumulated
-// gradients, Add(x, x)), transposing Reshapes, broadcasting Muls with a variable, depthwise and dilated
+// gradients, Add(x, x)), a Concat whose first input needs no gradient, transposing Reshapes, broadcasting Muls with a variable, depthwise and dilated
 // convolutions, padded and ceil_mode pooling, smooth activations, and a dead branch. Every trainable variable's
 // gradient is compared with central differences of the loss (BatchNorm's running statistics are state: their
 // slots hold the change of the running statistics, checked separately against the batch statistics).
@@ -197,6 +197,22 @@ void TwoConcatsGraph(Graph* out) {
   *out = *g;
 }
 
+// A Concat whose first input needs no gradient (the data, beside a computed branch: a click-through-rate
+// model's dense features beside its embeddings); the branch still gets its gradient.
+void DataFirstConcatGraph(Graph* out) {
+  GraphBuilder b("data_first_concat", TensorShape{{1, 2, 2}});
+  int x = b.input(), side = 0, cat = 0, h = 0;
+  ADD(x, Flatten("flat_in", 4), {x});
+  ADD(side, Node::Dense("side", 3), {x}, {Var("side/w", {4, 3}), Var("side/b", {3}, 0.1f)});
+  Node c = Simple(Op::kConcat, "cat");
+  c.axis = 0;
+  ADD(cat, c, {x, side});
+  ADD(h, Node::Dense("fc", 3), {cat}, {Var("fc/w", {7, 3}), Var("fc/b", {3}, 0.1f)});
+  auto g = b.Finish(h, Loss::kSoftmaxCrossEntropy);
+  ASSERT_TRUE(g.ok()) << g.status();
+  *out = *g;
+}
+
 struct GraphCase {
   std::string name;
   std::function<void(Graph*)> make;
@@ -275,7 +291,8 @@ INSTANTIATE_TEST_SUITE_P(Graphs, GraphGradientTest,
                          ::testing::Values(GraphCase{"residual", ResidualGraph, 4, 1e-2f},
                                            GraphCase{"branches", BranchGraph, 3, 2e-3f},
                                            GraphCase{"shared", SharedGraph, 3, 1e-2f},
-                                           GraphCase{"two_concats", TwoConcatsGraph, 3, 1e-4f}),
+                                           GraphCase{"two_concats", TwoConcatsGraph, 3, 1e-4f},
+                                           GraphCase{"data_first_concat", DataFirstConcatGraph, 3, 1e-3f}),
                          [](const ::testing::TestParamInfo<GraphCase>& i) { return i.param.name; });
 
 // The slots of BatchNorm's running statistics hold momentum * (running - batch statistic) after a training

@@ -306,7 +306,16 @@ absl::Status GraphModel::SetSparseInputs(const SparseInputs& in) {
     const SparseInputs::Feature& feature = in.features[f];
     const bool bag = feature.offsets != nullptr;
     const int table = table_of_feature_[f];
-    const int64_t rows = table >= 0 ? num_rows_[table] : 0;
+    if (table < 0) {
+      // A feature no embedding reads (an imported model may look up only some columns of its ids).
+      for (GraphNetwork::SparseBinding* b : {&train_binding_, &eval_binding_}) {
+        b->indices.push_back(nullptr);
+        b->counts.push_back(0);
+        b->offsets.push_back(nullptr);
+      }
+      continue;
+    }
+    const int64_t rows = num_rows_[table];
     if (!bag && feature.count != in.batch) {
       return absl::InvalidArgumentError(absl::StrCat(name_, ": feature ", f, " has ", feature.count,
                                                      " ids for ", in.batch, " examples"));

@@ -60,8 +60,22 @@ absl::Status ForInference(const std::string& file, ::onnx::GraphProto* g) {
 
 }  // namespace
 
+TableRows FileTableRows(const Graph& graph) {
+  TableRows out;
+  for (const TableInfo& t : graph.tables) {
+    if (t.initial_values != nullptr) out[t.name] = *t.initial_values;
+  }
+  return out;
+}
+
 absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::vector<VariableInfo>& vars,
                                             const float* params, const ExportOptions& options) {
+  return ExportOnnxBytes(spec, vars, params, TableRows(), options);
+}
+
+absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::vector<VariableInfo>& vars,
+                                            const float* params, const TableRows& tables,
+                                            const ExportOptions& options) {
   if (!spec.imported() || spec.source == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "model '", spec.name, "' is not an ONNX import: only a model trained from --model=PATH.onnx exports as ONNX"));
@@ -73,8 +87,28 @@ absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::ve
     by_name[v.name] = {offset, &v};
     offset += v.size();
   }
+  for (const std::string& table : f.tables) {
+    if (tables.count(table) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          f.file, ": no rows for the embedding table '", table, "' (its rows live on the ps: export with "
+          "dtrain_worker --export_onnx, or dtrain_eval --checkpoint=DIR --export=FILE.onnx)"));
+    }
+  }
+  std::set<std::string> written;
   ::onnx::ModelProto out = *f.model;
   for (::onnx::TensorProto& t : *out.mutable_graph()->mutable_initializer()) {
+    auto rows = tables.find(t.name());
+    if (rows != tables.end()) {
+      const std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
+      const int64_t n = dims.size() == 2 ? dims[0] * dims[1] : -1;
+      if (t.data_type() != ::onnx::TensorProto::FLOAT || n != static_cast<int64_t>(rows->second.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(f.file, ": ", rows->second.size(), " values for the embedding "
+                                                       "table '", t.name(), "' of shape ", absl::StrJoin(dims, "x")));
+      }
+      SetFloats(&t, rows->second.data(), n);
+      written.insert(t.name());
+      continue;
+    }
     auto it = by_name.find(t.name());
     if (it != by_name.end()) {
       const VariableInfo& v = *it->second.second;
@@ -94,6 +128,11 @@ absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::ve
       SetFloats(&t, kept->second->floats->data(), kept->second->size());
     }
   }
+  for (const auto& [name, rows] : tables) {
+    if (written.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(f.file, ": rows for '", name, "', which is not an initializer"));
+    }
+  }
   if (options.inference) RETURN_IF_ERROR(ForInference(f.file, out.mutable_graph()));
   std::string bytes;
   if (!out.SerializeToString(&bytes)) {
@@ -103,9 +142,14 @@ absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::ve
 }
 
 absl::Status ExportOnnx(const ModelSpec& spec, const std::vector<VariableInfo>& vars, const float* params,
-                        const std::string& path, const ExportOptions& options, Env* env) {
-  ASSIGN_OR_RETURN(std::string bytes, ExportOnnxBytes(spec, vars, params, options));
+                        const TableRows& tables, const std::string& path, const ExportOptions& options, Env* env) {
+  ASSIGN_OR_RETURN(std::string bytes, ExportOnnxBytes(spec, vars, params, tables, options));
   return WriteFileAtomically(env, path, bytes);
+}
+
+absl::Status ExportOnnx(const ModelSpec& spec, const std::vector<VariableInfo>& vars, const float* params,
+                        const std::string& path, const ExportOptions& options, Env* env) {
+  return ExportOnnx(spec, vars, params, TableRows(), path, options, env);
 }
 
 }  // namespace dtrain::models::onnx

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "onnx/checker.h"
 #include "onnx/shape_inference/implementation.h"
+#include "worker/models/onnx/onnx_attributes.h"
 
 namespace dtrain::models::onnx {
 
@@ -24,7 +25,8 @@ const std::set<std::string>& ComputedOps() {
       "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Gemm", "MatMul", "Add", "Sub",
       "Mul", "Div", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "BatchNormalization", "Dropout", "LRN",
       "Flatten", "Reshape", "Concat", "Identity", "Pad", "Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss",
-      "Constant", "Shape", "Gather", "Unsqueeze", "Squeeze", "Slice", "Cast", "ConstantOfShape"};
+      "Constant", "Shape", "Gather", "Unsqueeze", "Squeeze", "Slice", "Cast", "ConstantOfShape", "ReduceSum",
+      "ReduceMean"};
   return ops;
 }
 
@@ -46,14 +48,44 @@ bool IsExternal(const ::onnx::TensorProto& t) {
   return t.data_location() == ::onnx::TensorProto::EXTERNAL || t.external_data_size() > 0;
 }
 
+bool IsInteger(int elem_type) {
+  switch (elem_type) {
+    case ::onnx::TensorProto::INT8: case ::onnx::TensorProto::INT16: case ::onnx::TensorProto::INT32:
+    case ::onnx::TensorProto::INT64: case ::onnx::TensorProto::UINT8: case ::onnx::TensorProto::UINT16:
+    case ::onnx::TensorProto::UINT32: case ::onnx::TensorProto::UINT64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whether a Loop's body looks up rows (a Gather of an outer value and a reduction): nn.EmbeddingBag's export.
+bool IsEmbeddingBagLoop(const ::onnx::NodeProto& n) {
+  bool gather = false, reduce = false;
+  for (const ::onnx::AttributeProto& a : n.attribute()) {
+    if (!a.has_g()) continue;
+    for (const ::onnx::NodeProto& b : a.g().node()) {
+      gather = gather || b.op_type() == "Gather";
+      reduce = reduce || b.op_type() == "ReduceSum" || b.op_type() == "ReduceMean" || b.op_type() == "ReduceMax";
+    }
+  }
+  return gather && reduce;
+}
+
+constexpr char kEmbeddingBagHint[] =
+    "nn.EmbeddingBag exports as a Loop (or, with ATen fallback, an ATen op) dtrain cannot train; supported: "
+    "nn.Embedding on int64 ids [N] or [N, F], then .sum(1) or .mean(1) for a bag of F ids";
+
 }  // namespace
 
 const std::string& SupportedOpsText() {
   static const std::string text =
       "supported: Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, Gemm, MatMul, Add, Sub, Mul, Div, "
       "Relu, LeakyRelu, Clip, Sigmoid, Tanh, BatchNormalization, Dropout, LRN, Flatten, Reshape, Concat, "
-      "Identity, Pad before Conv/AveragePool, Softmax/LogSoftmax/SoftmaxCrossEntropyLoss as the head, and shape "
-      "arithmetic on constants (Constant, Shape, Gather, Unsqueeze, Squeeze, Slice, Cast, ConstantOfShape)";
+      "Identity, Pad before Conv/AveragePool, Softmax/LogSoftmax/SoftmaxCrossEntropyLoss as the head, Gather of an "
+      "embedding initializer by the int64 ids input (columns picked with Gather/Slice/Squeeze/Unsqueeze), "
+      "ReduceSum/ReduceMean over its columns, Squeeze/Unsqueeze, and shape arithmetic on constants (Constant, "
+      "Shape, Gather, Unsqueeze, Squeeze, Slice, Cast, ConstantOfShape)";
   return text;
 }
 
@@ -99,6 +131,22 @@ absl::StatusOr<std::shared_ptr<OnnxFile>> ReadOnnxFile(std::string bytes, const 
                                                           kMinOpset, "-", kMaxOpset, ")"));
   }
   f->model = model;  // for NodeRefusal
+  // nn.EmbeddingBag first: its export begins with ops of its own (ReduceProd, Range) that would be named instead.
+  for (int i = 0; i < g.node_size(); ++i) {
+    const ::onnx::NodeProto& n = g.node(i);
+    if (n.op_type() == "Loop" && IsEmbeddingBagLoop(n)) {
+      return NodeRefusal(*f, i, absl::StrCat("a Loop that gathers and reduces rows: ", kEmbeddingBagHint));
+    }
+    if (n.op_type() == "ATen") {
+      std::string what;
+      for (const ::onnx::AttributeProto& a : n.attribute()) {
+        if (a.name() == "operator") what = a.s();
+      }
+      return NodeRefusal(*f, i, absl::StrCat("PyTorch's ATen operator '", what, "' is not supported",
+                                             what == "embedding_bag" ? absl::StrCat(": ", kEmbeddingBagHint)
+                                                                     : " (export without ATen fallback)"));
+    }
+  }
   for (int i = 0; i < g.node_size(); ++i) {
     const ::onnx::NodeProto& n = g.node(i);
     if (!n.domain().empty() && n.domain() != "ai.onnx") {
@@ -156,32 +204,63 @@ absl::StatusOr<std::shared_ptr<OnnxFile>> ReadOnnxFile(std::string bytes, const 
     named->initializer = t.name();
     f->initializers[t.name()] = std::move(named);
   }
-  // The inputs that are not initializers: the first is the data, the others (a loss head's labels) are checked
-  // by the mapper.
+  for (int i = 0; i < g.node_size(); ++i) {
+    for (const std::string& in : g.node(i).input()) {
+      if (!in.empty()) f->readers[in].push_back(i);
+    }
+  }
+  // The inputs that are not initializers: the first float one is the data (images or dense features), an int64
+  // one the ids of embedding lookups; the others (a loss head's labels) are checked by the mapper.
   for (const ::onnx::ValueInfoProto& in : g.input()) {
     if (f->initializers.count(in.name())) continue;
-    if (!f->data_input.empty()) {
+    const int type = in.type().has_tensor_type() ? in.type().tensor_type().elem_type() : 0;
+    std::vector<int64_t> dims = DimsOf(in.type());
+    bool labels = false;  // read only as the labels of a SoftmaxCrossEntropyLoss
+    auto readers = f->readers.find(in.name());
+    if (readers != f->readers.end()) {
+      labels = true;
+      for (int j : readers->second) {
+        labels = labels && g.node(j).op_type() == "SoftmaxCrossEntropyLoss" && InputName(g.node(j), 1) == in.name();
+      }
+    }
+    if (labels || (type == ::onnx::TensorProto::FLOAT && !f->data_input.empty())) {
       f->other_inputs.insert(in.name());
       continue;
     }
-    f->data_input = in.name();
-    std::vector<int64_t> dims = DimsOf(in.type());
-    f->input_elem_type = in.type().has_tensor_type() ? in.type().tensor_type().elem_type() : 0;
-    if (f->input_elem_type != ::onnx::TensorProto::FLOAT) {
-      return FileRefusal(file, absl::StrCat("input '", in.name(), "' has type ", DataTypeName(f->input_elem_type),
-                                            " (supported: FLOAT images or features)"));
+    if (IsInteger(type)) {
+      if (type != ::onnx::TensorProto::INT64) {
+        return FileRefusal(file, absl::StrCat("input '", in.name(), "' has type ", DataTypeName(type),
+                                              " (supported: INT64 ids, as nn.Embedding takes them; export with "
+                                              "torch.long ids)"));
+      }
+      if (!f->ids_input.empty()) {
+        return FileRefusal(file, absl::StrCat("input '", in.name(), "' is a second int64 input (supported: one input "
+                                              "of ids, [N] or [N, F]: '", f->ids_input, "')"));
+      }
+      if (dims.empty() || dims.size() > 2 || (dims.size() == 2 && dims[1] < 1)) {
+        return FileRefusal(file, absl::StrCat("input '", in.name(), "' of ids has shape [",
+                                              absl::StrJoin(dims, ","), "] (supported: [N] or [N, F] with F fixed: "
+                                              "F categorical features per example)"));
+      }
+      f->ids_input = in.name();
+      f->ids_dims.assign(dims.begin() + 1, dims.end());
+      if (f->input_batch < 0) f->input_batch = dims[0];
+      continue;
     }
+    if (type != ::onnx::TensorProto::FLOAT) {
+      return FileRefusal(file, absl::StrCat("input '", in.name(), "' has type ", DataTypeName(type),
+                                            " (supported: FLOAT images or features, INT64 ids)"));
+    }
+    f->data_input = in.name();
+    f->input_elem_type = type;
     if (dims.empty()) {
       return FileRefusal(file, absl::StrCat("input '", in.name(), "' is a scalar (supported: a batch axis first, then features or C x H x W)"));
     }
     f->input_batch = dims[0];
     f->input_dims.assign(dims.begin() + 1, dims.end());
   }
-  if (f->data_input.empty()) return FileRefusal(file, "the graph has no input besides its initializers");
-  for (int i = 0; i < g.node_size(); ++i) {
-    for (const std::string& in : g.node(i).input()) {
-      if (!in.empty()) f->readers[in].push_back(i);
-    }
+  if (f->data_input.empty() && f->ids_input.empty()) {
+    return FileRefusal(file, "the graph has no input besides its initializers");
   }
   for (const ::onnx::ValueInfoProto& out : g.output()) f->outputs.push_back(out.name());
   return f;

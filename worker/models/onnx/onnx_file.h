@@ -38,14 +38,22 @@ struct OnnxFile {
   // Every initializer, decoded (the float ones become variables when an op takes them as weights).
   std::unordered_map<std::string, ConstRef> initializers;
 
-  // The graph input the images feed: its name, dims without the batch (-1: symbolic) and batch dim (-1: a
-  // dynamic axis), element type.
+  // The float graph input the images or dense features feed: its name, dims without the batch (-1: symbolic)
+  // and batch dim (-1: a dynamic axis), element type. Empty for a model that reads only ids.
   std::string data_input;
   std::vector<int64_t> input_dims;
   int64_t input_batch = -1;
   int input_elem_type = 0;
+  // The int64 graph input of ids that embedding lookups read (the batch's sparse features), [N] or [N, F]:
+  // its name (empty: none), dims without the batch ({} or {F}).
+  std::string ids_input;
+  std::vector<int64_t> ids_dims;
   // Further graph inputs that are not initializers (a loss head's labels).
   std::set<std::string> other_inputs;
+  // The initializers that are embedding tables (their rows live on the ps), as the import found them mapping
+  // the file's own shapes; export needs trained rows for each (onnx_export.h). Set once, before the file is
+  // shared.
+  std::set<std::string> tables;
 
   std::unordered_map<std::string, std::vector<int>> readers;  // value name -> indices of the nodes reading it
   std::vector<std::string> outputs;                             // the graph's outputs, in order
@@ -55,8 +63,9 @@ struct OnnxFile {
 
 // Parses and checks `bytes` (the contents of `file`): DataLoss when they are not an ONNX model; InvalidArgument
 // (one line, with kExportHint) for an IR version or opset outside the supported ones, another domain's node,
-// an op dtrain does not compute, control flow, external data, no usable input; what ONNX's checker and its
-// shape inference (strict) report.
+// an op dtrain does not compute, control flow (nn.EmbeddingBag's Loop or ATen export named as such), external
+// data, no usable input, an integer input that is not int64 ids [N] or [N, F] (or a loss head's labels); what
+// ONNX's checker and its shape inference (strict) report.
 absl::StatusOr<std::shared_ptr<OnnxFile>> ReadOnnxFile(std::string bytes, const std::string& file);
 
 // "<file>: node '<name>' (<op>): <what>; <kExportHint>". Nodes without a name are called "<op>_<index>".

@@ -27,6 +27,10 @@ std::string StructureHash(const OnnxFile& f) {
   uint64_t h = Fnv(absl::StrCat("opset", f.opset), kFnvOffset);
   h = Fnv(f.data_input, h);
   for (int64_t d : f.input_dims) h = Fnv(absl::StrCat(d), h);
+  if (!f.ids_input.empty()) {
+    h = Fnv(absl::StrCat("ids:", f.ids_input), h);
+    for (int64_t d : f.ids_dims) h = Fnv(absl::StrCat(d), h);
+  }
   for (const ::onnx::NodeProto& n : f.model->graph().node()) {
     h = Fnv(n.op_type(), h);
     h = Fnv(n.domain(), h);
@@ -41,9 +45,15 @@ std::string StructureHash(const OnnxFile& f) {
   return hex;
 }
 
-// The geometry of the images the file is made for (synthetic data for benchmarks); 28x28x1 when unknown.
+// The geometry of the images the file is made for (synthetic data for benchmarks); 28x28x1 when unknown. A
+// model with ids reads click-through-rate data: its dense features as C x 1 x 1.
 void SetDataGeometry(const OnnxFile& f, ModelDefaults* d) {
   const std::vector<int64_t>& dims = f.input_dims;
+  if (!f.ids_input.empty()) {
+    d->data_height = d->data_width = 1;
+    d->data_channels = dims.size() == 1 && dims[0] > 0 ? static_cast<int>(dims[0]) : 1;
+    return;
+  }
   bool known = true;
   int64_t size = 1;
   for (int64_t x : dims) {
@@ -83,18 +93,25 @@ absl::StatusOr<ModelRef> ImportModelFromBytes(std::string bytes, const std::stri
   d.learning_rate = 0.001f;
   d.batch_size = 100;
   SetDataGeometry(*f, &d);
+  if (!f->ids_input.empty()) {
+    // Embedding lookups: click-through-rate data; the rows on the ps move with lazy Adam (torch.optim.SparseAdam's
+    // kind: only the rows a step touches) at the dense learning rate unless the flags say otherwise.
+    d.ctr_data = true;
+    d.sparse_optimizer = "adam";
+  }
 
   // With the file's own input fixed, map it now: what it refuses is refused at import. Then the data of the
-  // initializers that became variables is dropped from the kept file: `initializers` holds their values, and
-  // export writes the trained ones in their place.
+  // initializers that became variables or embedding tables is dropped from the kept file: `initializers` holds
+  // their values, and export writes the trained ones in their place.
   bool fixed = true;
   for (int64_t x : f->input_dims) fixed = fixed && x > 0;
   if (fixed) {
     ASSIGN_OR_RETURN(Graph graph, MapGraph(*f, options, nullptr));
     std::set<std::string> variables;
     for (const VariableInfo& v : graph.variables) variables.insert(v.name);
+    for (const TableInfo& t : graph.tables) f->tables.insert(t.name);
     for (::onnx::TensorProto& t : *f->model->mutable_graph()->mutable_initializer()) {
-      if (variables.count(t.name()) == 0) continue;
+      if (variables.count(t.name()) == 0 && f->tables.count(t.name()) == 0) continue;
       t.clear_raw_data();
       t.clear_float_data();
     }
@@ -103,9 +120,15 @@ absl::StatusOr<ModelRef> ImportModelFromBytes(std::string bytes, const std::stri
   std::shared_ptr<const OnnxFile> source = f;
   spec->source = source;
   spec->build_graph = [source, options](const ModelOptions& o) -> absl::StatusOr<Graph> {
-    const DataGeometry data{o.channels, o.height, o.width};
+    const DataGeometry data{o.channels, o.height, o.width, o.num_sparse};
     ASSIGN_OR_RETURN(Graph graph, MapGraph(*source, options, &data));
-    if (!options.forward_only && graph.output_shape().size() != o.num_classes) {
+    if (!options.forward_only && graph.loss == Loss::kSigmoidCrossEntropy && o.num_classes != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source->file, ": the model's output '", graph.tensor_names[graph.output], "' is one logit (sigmoid "
+          "cross-entropy against 0/1 labels) but the data set has ", o.num_classes, " classes"));
+    }
+    if (!options.forward_only && graph.loss != Loss::kSigmoidCrossEntropy &&
+        graph.output_shape().size() != o.num_classes) {
       return absl::InvalidArgumentError(absl::StrCat(
           source->file, ": the model's output '", graph.tensor_names[graph.output], "' gives ",
           graph.output_shape().size(), " class logits but the data set has ", o.num_classes,

@@ -6,10 +6,14 @@
 // What the spec holds:
 //   name       the file's stem ("resnet20"); path: the file as given
 //   defaults   adam, learning rate 0.001, batch 100; pixels scaled to [0, 1] (--input_mean/--input_std
-//              normalize them further); the data geometry of the file's input (benchmarks' synthetic data)
+//              normalize them further); the data geometry of the file's input (benchmarks' synthetic data). A
+//              model with an int64 ids input trains on click-through-rate data (ctr_data), its embedding
+//              tables with lazy Adam (sparse_optimizer "adam") at the dense learning rate
 //   build_graph  maps the file for the options' images: a (C, H, W) input must have their sizes, a flat
 //              [N, F] input needs C*H*W = F (a Reshape in channels-first order goes in front); the output must
-//              give num_classes logits. InvalidArgument naming both shapes otherwise.
+//              give num_classes logits, or one logit (sigmoid cross-entropy) for 2 classes. Click-through-rate
+//              data: the float input takes the dense features, the ids input [N] or [N, num_sparse] the
+//              categorical ones. InvalidArgument naming both shapes otherwise.
 //   structure  a hash of the nodes (ops, attributes, wiring), so that a ps refuses a worker with another file
 //   source     the parsed file, for export (worker/models/onnx/onnx_export.h)
 //

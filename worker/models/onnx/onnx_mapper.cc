@@ -14,24 +14,13 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "worker/models/onnx/onnx_attributes.h"
+#include "worker/models/onnx/onnx_mapper_internal.h"
 
 namespace dtrain::models::onnx {
-namespace {
 
 using ::onnx::NodeProto;
 
-// What an ONNX value name stands for while the graph is mapped.
-struct Value {
-  int tensor = -1;   // a tensor of the graph (per example)
-  ConstRef constant;  // or a value known at import
-  // A Pad waiting for the Conv or AveragePool that reads it (tensor: its input): the spatial pads.
-  bool padded = false;
-  int64_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
-  std::string unavailable;  // non-empty: a value dtrain does not compute, and why
-  int head_of = -1;         // the output of a stripped softmax head: the logits tensor
-};
-
-std::string Shape(const std::vector<int64_t>& dims) { return dims.empty() ? "a scalar" : absl::StrJoin(dims, "x"); }
+namespace {
 
 // SAME padding of one dimension (ONNX's auto_pad): {before, after}.
 std::pair<int64_t, int64_t> SamePads(int64_t in, int64_t k, int64_t stride, int64_t dilation, bool upper) {
@@ -42,62 +31,7 @@ std::pair<int64_t, int64_t> SamePads(int64_t in, int64_t k, int64_t stride, int6
   return upper ? std::make_pair(small, total - small) : std::make_pair(total - small, small);
 }
 
-class Mapper {
- public:
-  Mapper(const OnnxFile& f, const ImportOptions& o) : f_(f), o_(o), g_(f.model->graph()) {}
-  absl::StatusOr<Graph> Run(const DataGeometry* data);
-
- private:
-  const NodeProto& node(int i) const { return g_.node(i); }
-  absl::Status Refuse(int i, absl::string_view what) const { return NodeRefusal(f_, i, what); }
-  absl::Status SetInput(const DataGeometry* data);
-  absl::Status MapNode(int i);
-
-  // Input k of node i: its value (an error names a value nothing computes); as a tensor of the graph; as a
-  // constant (null when omitted); as a variable (an initializer: trainable unless `state`; a Constant's value:
-  // a constant variable).
-  absl::StatusOr<const Value*> Get(int i, int k) const;
-  absl::StatusOr<int> Tensor(int i, int k) const;
-  absl::StatusOr<const Const*> ConstIn(int i, int k) const;
-  absl::StatusOr<VarSpec> Param(int i, int k, const char* role, bool state = false);
-  // Adds `n` to the graph as node i's output `out` (default: its first output name).
-  absl::Status Emit(int i, Node n, std::vector<int> inputs, std::vector<VarSpec> vars, std::string out = "");
-  // Marks node i's outputs from `first` on as values dtrain does not compute.
-  void Unavailable(int i, int first, const std::string& why);
-  Node Make(int i, Op op) const;
-
-  absl::Status Fold(int i);
-  absl::Status MapConv(int i);
-  absl::Status MapPool(int i);
-  absl::Status MapGlobalPool(int i);
-  absl::Status MapGemm(int i);
-  absl::Status MapMatMul(int i);
-  absl::Status MapBinary(int i);
-  absl::Status MapActivation(int i);
-  absl::Status MapBatchNorm(int i);
-  absl::Status MapDropout(int i);
-  absl::Status MapLrn(int i);
-  absl::Status MapFlatten(int i);
-  absl::Status MapReshape(int i);
-  absl::Status MapConcat(int i);
-  absl::Status MapPad(int i);
-  absl::Status MapHead(int i);
-  // The spatial pads of node i (pads / auto_pad attributes) for an input of in_h x in_w (Pad's included).
-  absl::Status SpatialPads(int i, int64_t in_h, int64_t in_w, const std::vector<int64_t>& kernel,
-                           const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations, int64_t* top,
-                           int64_t* left, int64_t* bottom, int64_t* right);
-  // The 2-element attribute `name` (default `fallback` for both), refused otherwise.
-  absl::StatusOr<std::vector<int64_t>> Pair(int i, const char* name, int64_t fallback) const;
-
-  const OnnxFile& f_;
-  ImportOptions o_;
-  const ::onnx::GraphProto& g_;
-  std::unique_ptr<GraphBuilder> b_;
-  std::unordered_map<std::string, Value> values_;
-  std::set<int> fused_;             // nodes mapped together with an earlier one (the Add of MatMul + Add)
-  std::set<std::string> var_names_;  // variables declared so far
-  bool check_inferred_ = true;       // compare shapes with ONNX's inference (see Emit)
-};
+}  // namespace
 
 absl::StatusOr<const Value*> Mapper::Get(int i, int k) const {
   const std::string name = InputName(node(i), k);
@@ -108,14 +42,21 @@ absl::StatusOr<const Value*> Mapper::Get(int i, int k) const {
   return &it->second;
 }
 
-absl::StatusOr<int> Mapper::Tensor(int i, int k) const {
+absl::StatusOr<int> Mapper::Tensor(int i, int k) {
   ASSIGN_OR_RETURN(const Value* v, Get(i, k));
   const std::string name = InputName(node(i), k);
   if (!v->unavailable.empty()) return Refuse(i, absl::StrCat("input '", name, "' is ", v->unavailable));
-  if (v->head_of >= 0) {
+  if (v->head_of >= 0 && v->softmax_head) {
     return Refuse(i, absl::StrCat("reads '", name, "', the output of the softmax head (supported: Softmax, LogSoftmax "
                                                "and SoftmaxCrossEntropyLoss only as the graph's last node)"));
   }
+  if (v->head_of >= 0) {
+    return Refuse(i, absl::StrCat("reads '", name, "', the model's one logit squeezed or through its Sigmoid head "
+                                               "(supported: Squeeze and Sigmoid of one logit only at the graph's "
+                                               "output)"));
+  }
+  if (v->ids) return RefuseComputedIds(i, k);
+  if (v->tensor < 0 && !v->parts.empty()) return Stack(name, &values_[name]);
   if (v->padded) {
     return Refuse(i, absl::StrCat("reads '", name, "', the output of a Pad (supported: Pad only before a Conv or an "
                                                "AveragePool)"));
@@ -144,6 +85,10 @@ absl::StatusOr<VarSpec> Mapper::Param(int i, int k, const char* role, bool state
     return Refuse(i, absl::StrCat("its ", role, " '", name, "' is computed by the graph (supported: an initializer)"));
   }
   const Const& c = *v->constant;
+  if (tables_.count(c.initializer)) {
+    return Refuse(i, absl::StrCat("its ", role, " '", name, "' is an embedding table (a Gather reads it), whose rows "
+                                  "live on the ps (supported: a table that only Gather reads)"));
+  }
   if (c.type != Const::Type::kFloat || c.data_type != ::onnx::TensorProto::FLOAT) {
     return Refuse(i, absl::StrCat("its ", role, " '", name, "' has type ", DataTypeName(c.data_type),
                                   " (supported: FLOAT)"));
@@ -196,8 +141,8 @@ absl::Status Mapper::Emit(int i, Node n, std::vector<int> inputs, std::vector<Va
       check_inferred_ = false;
     } else if (known && dims != b_->shape(t).dims) {
       return absl::InternalError(absl::StrCat(f_.file, ": node '", NodeName(node(i), i), "' (", node(i).op_type(),
-                                              "): dtrain computes per-example shape ", Shape(b_->shape(t).dims),
-                                              " where ONNX's shape inference gives ", Shape(dims)));
+                                              "): dtrain computes per-example shape ", ShapeText(b_->shape(t).dims),
+                                              " where ONNX's shape inference gives ", ShapeText(dims)));
     }
   }
   return absl::OkStatus();
@@ -261,9 +206,22 @@ absl::Status Mapper::SetInput(const DataGeometry* data) {
     per_example *= d;
     known = known && d >= 0;
   }
-  if (data != nullptr) {
+  const bool ctr = data != nullptr && data->num_sparse > 0;
+  if (name.empty()) {
+    // A model of ids alone: the batch's dense features (or images) are an input nothing reads.
+    input.dims = {data != nullptr ? data->channels * data->height * data->width : 1};
+  } else if (ctr) {
+    // Click-through-rate data: the dense features, one flat vector per example.
+    input.dims = {data->channels * data->height * data->width};
+    if (fd.size() != 1 || fd[0] != input.dims[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f_.file, ": the model's input '", name, "' takes ", known ? ShapeText(fd) : "a symbolic shape of",
+          " values per example but the data set has ", input.dims[0], " dense features; train it on data with ",
+          known ? ShapeText(fd) : "that many", " dense features or export it for ", input.dims[0]));
+    }
+  } else if (data != nullptr) {
     input.dims = {data->channels, data->height, data->width};
-    const std::string images = absl::StrCat(Shape(input.dims), " (C x H x W)");
+    const std::string images = absl::StrCat(ShapeText(input.dims), " (C x H x W)");
     if (fd.size() == 3) {
       for (int k = 0; k < 3; ++k) {
         if (fd[k] >= 0 && fd[k] != input.dims[k]) {
@@ -278,7 +236,7 @@ absl::Status Mapper::SetInput(const DataGeometry* data) {
     } else {
       if (!known || per_example != input.size()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            f_.file, ": the model's input '", name, "' takes ", known ? Shape(fd) : "a symbolic shape of",
+            f_.file, ": the model's input '", name, "' takes ", known ? ShapeText(fd) : "a symbolic shape of",
             " values per example but the data set's images are ", images, ", ", input.size(),
             " values; train it on data of its size or export it for these images"));
       }
@@ -291,22 +249,25 @@ absl::Status Mapper::SetInput(const DataGeometry* data) {
     }
     input.dims = fd;
   }
-  b_ = std::make_unique<GraphBuilder>(f_.name, input, reshape ? name + ":images" : name);
-  Value v;
-  v.tensor = b_->input();
-  if (reshape) {
-    // Images flattened in ONNX's (C, H, W) order, as x.view(N, -1) does in PyTorch.
-    ASSIGN_OR_RETURN(v.tensor, b_->Add(Node::Reshape(name + "/from_images", fd, FlattenOrder::kChannelsFirst),
-                                       {b_->input()}, {}, name));
+  b_ = std::make_unique<GraphBuilder>(f_.name, input,
+                                      name.empty() ? "dense (not read)" : reshape ? name + ":images" : name);
+  if (!name.empty()) {
+    Value v;
+    v.tensor = b_->input();
+    if (reshape) {
+      // Images flattened in ONNX's (C, H, W) order, as x.view(N, -1) does in PyTorch.
+      ASSIGN_OR_RETURN(v.tensor, b_->Add(Node::Reshape(name + "/from_images", fd, FlattenOrder::kChannelsFirst),
+                                         {b_->input()}, {}, name));
+    }
+    values_[name] = v;
   }
-  values_[name] = v;
   for (const std::string& other : f_.other_inputs) {
     Value u;
-    u.unavailable = "a graph input dtrain does not feed (it feeds one input, the images; a second one may only be "
-                    "the labels of a SoftmaxCrossEntropyLoss head)";
+    u.unavailable = "a graph input dtrain does not feed (it feeds the images or dense features and the int64 ids; "
+                    "another one may only be the labels of a SoftmaxCrossEntropyLoss head)";
     values_[other] = u;
   }
-  return absl::OkStatus();
+  return SetIdsInput(data);
 }
 
 absl::StatusOr<Graph> Mapper::Run(const DataGeometry* data) {
@@ -324,12 +285,19 @@ absl::StatusOr<Graph> Mapper::Run(const DataGeometry* data) {
   const std::string& out = f_.outputs[0];
   auto it = values_.find(out);
   const Value* v = it == values_.end() ? nullptr : &it->second;
-  const int logits = v == nullptr ? -1 : (o_.forward_only ? v->tensor : (v->head_of >= 0 ? v->head_of : v->tensor));
+  int logits = v == nullptr ? -1 : (o_.forward_only ? v->tensor : (v->head_of >= 0 ? v->head_of : v->tensor));
+  if (v != nullptr && logits < 0 && !v->parts.empty()) {
+    ASSIGN_OR_RETURN(logits, Stack(out, &values_[out]));
+  }
   if (logits < 0 || v->padded) {
     return FileRefusal(f_.file, absl::StrCat("the graph's output '", out, "' is not computed from its input ",
                                              "(supported: logits, or a softmax head over them, as the first output)"));
   }
-  return b_->Finish(logits, o_.forward_only ? Loss::kNone : Loss::kSoftmaxCrossEntropy);
+  // One logit (N, 1) trains with sigmoid cross-entropy against 0/1 labels (click-through-rate data).
+  const bool one_logit = b_->shape(logits).dims == std::vector<int64_t>{1} && !v->softmax_head;
+  return b_->Finish(logits, o_.forward_only ? Loss::kNone
+                            : one_logit     ? Loss::kSigmoidCrossEntropy
+                                            : Loss::kSoftmaxCrossEntropy);
 }
 
 absl::Status Mapper::MapNode(int i) {
@@ -351,7 +319,21 @@ absl::Status Mapper::MapNode(int i) {
     ASSIGN_OR_RETURN(const Value* v, Get(i, k));
     all_constant = all_constant && v->constant != nullptr;
   }
+  if (op == "Gather" && all_constant) RETURN_IF_ERROR(CheckConstantGather(i));
   if (op == "Shape" || op == "Constant" || (all_constant && n.input_size() > 0)) return Fold(i);
+
+  // The ids input and embedding lookups (onnx_mapper_sparse.cc).
+  if (op == "Gather") return MapGather(i);
+  if (op == "Squeeze" || op == "Unsqueeze") return MapSqueeze(i);
+  if (op == "ReduceSum" || op == "ReduceMean") return MapReduce(i);
+  if (op == "Slice" || op == "Cast") {
+    ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
+    if (v->ids) return op == "Slice" ? MapSliceOfIds(i, *v) : MapCastOfIds(i, *v);
+  }
+  if (op == "Sigmoid") {
+    ASSIGN_OR_RETURN(const bool head, MapSigmoidHead(i));
+    if (head) return absl::OkStatus();
+  }
 
   if (op == "Conv") return MapConv(i);
   if (op == "MaxPool" || op == "AveragePool") return MapPool(i);
@@ -372,7 +354,7 @@ absl::Status Mapper::MapNode(int i) {
     ASSIGN_OR_RETURN(int x, Tensor(i, 0));
     return Emit(i, Make(i, Op::kIdentity), {x}, {});
   }
-  // Gather, Unsqueeze, Squeeze, Slice, Cast, ConstantOfShape on data.
+  // Slice, Cast, ConstantOfShape on data.
   return Refuse(i, absl::StrCat(op, " of a tensor computed from the input is not supported (supported: ", op,
                                 " of constants, i.e. shape arithmetic)"));
 }
@@ -385,6 +367,12 @@ absl::Status Mapper::Fold(int i) {
     std::vector<int64_t> dims;
     if (v->constant != nullptr) {
       dims = v->constant->dims;
+    } else if (v->ids) {
+      dims = {f_.input_batch > 0 ? f_.input_batch : 1};
+      if (v->ids_rank == 1) dims.push_back(static_cast<int64_t>(v->columns.size()));
+    } else if (v->tensor < 0 && !v->parts.empty()) {  // a lookup not stacked yet: [N, k, dim]
+      dims = {f_.input_batch > 0 ? f_.input_batch : 1, static_cast<int64_t>(v->parts.size()),
+              b_->shape(v->parts[0]).dims[0]};
     } else {
       ASSIGN_OR_RETURN(int t, Tensor(i, 0));
       dims = b_->shape(t).dims;
@@ -430,20 +418,20 @@ absl::Status Mapper::MapConv(int i) {
   if (x.tensor < 0) RETURN_IF_ERROR(Tensor(i, 0).status());
   ASSIGN_OR_RETURN(VarSpec w, Param(i, 1, "weight"));
   if (w.shape.size() != 4) {
-    return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", Shape(w.shape),
+    return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", ShapeText(w.shape),
                                   " (supported: 2-D convolutions, a 4-D weight [out, in / group, kH, kW])"));
   }
   const std::vector<int64_t> kernel = {w.shape[2], w.shape[3]};
   const std::vector<int64_t> ks = AttrInts(n, "kernel_shape");
   if (!ks.empty() && ks != kernel) {
     return Refuse(i, absl::StrCat("attribute kernel_shape=[", absl::StrJoin(ks, ","), "] does not match its weight ",
-                                  Shape(w.shape)));
+                                  ShapeText(w.shape)));
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> strides, Pair(i, "strides", 1));
   ASSIGN_OR_RETURN(std::vector<int64_t> dilations, Pair(i, "dilations", 1));
   const TensorShape& in = b_->shape(x.tensor);
   if (!in.is_image()) {
-    return Refuse(i, absl::StrCat("its input has shape ", Shape(in.dims), " per example (supported: C x H x W images)"));
+    return Refuse(i, absl::StrCat("its input has shape ", ShapeText(in.dims), " per example (supported: C x H x W images)"));
   }
   Node c = Make(i, Op::kConv);
   kernels::Conv2DParams& p = c.conv;
@@ -493,7 +481,7 @@ absl::Status Mapper::MapPool(int i) {
   }
   const TensorShape& in = b_->shape(x.tensor);
   if (!in.is_image()) {
-    return Refuse(i, absl::StrCat("its input has shape ", Shape(in.dims), " per example (supported: C x H x W images)"));
+    return Refuse(i, absl::StrCat("its input has shape ", ShapeText(in.dims), " per example (supported: C x H x W images)"));
   }
   Node p = Make(i, max ? Op::kMaxPool : Op::kAvgPool);
   kernels::PoolParams& pp = p.pool;
@@ -528,7 +516,7 @@ absl::Status Mapper::MapGlobalPool(int i) {
   ASSIGN_OR_RETURN(int x, Tensor(i, 0));
   const TensorShape& in = b_->shape(x);
   if (!in.is_image()) {
-    return Refuse(i, absl::StrCat("its input has shape ", Shape(in.dims), " per example (supported: C x H x W images)"));
+    return Refuse(i, absl::StrCat("its input has shape ", ShapeText(in.dims), " per example (supported: C x H x W images)"));
   }
   Node p = Make(i, max ? Op::kMaxPool : Op::kAvgPool);
   p.pool.window = p.pool.window_h = static_cast<int>(in.dims[1]);
@@ -546,7 +534,7 @@ absl::Status Mapper::MapGemm(int i) {
   }
   ASSIGN_OR_RETURN(VarSpec w, Param(i, 1, "weight"));
   if (w.shape.size() != 2) {
-    return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", Shape(w.shape), " (supported: 2-D)"));
+    return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", ShapeText(w.shape), " (supported: 2-D)"));
   }
   const bool trans_b = AttrInt(n, "transB", 0) != 0;
   const float alpha = AttrFloat(n, "alpha", 1.0f), beta = AttrFloat(n, "beta", 1.0f);
@@ -567,11 +555,11 @@ absl::Status Mapper::MapGemm(int i) {
   for (int64_t s : c.shape) size *= s;
   const bool broadcast = c.shape.size() <= 2 && size == 1;
   if (!broadcast) {
-    return Refuse(i, absl::StrCat("its bias C '", c.name, "' has shape ", Shape(c.shape), " (supported: [", out,
+    return Refuse(i, absl::StrCat("its bias C '", c.name, "' has shape ", ShapeText(c.shape), " (supported: [", out,
                                   "], [1, ", out, "] or one element; a bias per example is not)"));
   }
   if (beta != 1.0f) {
-    return Refuse(i, absl::StrCat("attribute beta=", beta, " with a bias C of shape ", Shape(c.shape),
+    return Refuse(i, absl::StrCat("attribute beta=", beta, " with a bias C of shape ", ShapeText(c.shape),
                                   " is not supported (supported: beta=1 there, any beta with a bias of shape [", out,
                                   "] or [1, ", out, "])"));
   }
@@ -592,7 +580,7 @@ absl::Status Mapper::MapMatMul(int i) {
   }
   ASSIGN_OR_RETURN(VarSpec w, Param(i, 1, "weight"));
   if (w.shape.size() != 2) {
-    return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", Shape(w.shape), " (supported: 2-D)"));
+    return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", ShapeText(w.shape), " (supported: 2-D)"));
   }
   const int64_t out = w.shape[1];
   std::vector<VarSpec> vars = {std::move(w)};
@@ -668,7 +656,7 @@ absl::Status Mapper::MapActivation(int i) {
       ASSIGN_OR_RETURN(const Const* c, ConstIn(i, k));
       if (c == nullptr) continue;
       if (c->size() != 1) {
-        return Refuse(i, absl::StrCat(k == 1 ? "min" : "max", " has shape ", Shape(c->dims),
+        return Refuse(i, absl::StrCat(k == 1 ? "min" : "max", " has shape ", ShapeText(c->dims),
                                       " (supported: one value)"));
       }
       (k == 1 ? a.activation.lo : a.activation.hi) = static_cast<float>(c->at(0));
@@ -789,14 +777,14 @@ absl::Status Mapper::MapReshape(int i) {
   }
   if (infer >= 0) {
     if (known == 0 || in_size % known != 0) {
-      return Refuse(i, absl::StrCat(text, " does not fit ", Shape(in), " per example"));
+      return Refuse(i, absl::StrCat(text, " does not fit ", ShapeText(in), " per example"));
     }
     out[infer] = in_size / known;
   }
   int64_t out_size = 1;
   for (int64_t d : out) out_size *= d;
   if (out_size != in_size) {
-    return Refuse(i, absl::StrCat(text, " does not fit ", Shape(in), " per example (", in_size, " values)"));
+    return Refuse(i, absl::StrCat(text, " does not fit ", ShapeText(in), " per example (", in_size, " values)"));
   }
   return Emit(i, Node::Reshape(NodeName(n, i), out, FlattenOrder::kChannelsFirst), {x}, {});
 }
@@ -878,7 +866,7 @@ absl::Status Mapper::MapHead(int i) {
   ASSIGN_OR_RETURN(int x, Tensor(i, 0));
   const std::vector<int64_t>& dims = b_->shape(x).dims;
   if (dims.size() != 1) {
-    return Refuse(i, absl::StrCat("its input has shape ", Shape(dims), " per example (supported: class logits, a "
+    return Refuse(i, absl::StrCat("its input has shape ", ShapeText(dims), " per example (supported: class logits, a "
                                                                         "flat vector per example)"));
   }
   if (op == "SoftmaxCrossEntropyLoss") {
@@ -910,12 +898,11 @@ absl::Status Mapper::MapHead(int i) {
     }
     Value v;
     v.head_of = x;
+    v.softmax_head = true;
     values_[n.output(k)] = v;
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<Graph> MapGraph(const OnnxFile& f, const ImportOptions& options, const DataGeometry* data) {
   Mapper m(f, options);
