@@ -117,7 +117,7 @@ TEST(CriteoTest, ManyChunksOfAFile) {
   std::string bytes;
   for (int i = 0; bytes.size() < (size_t{17} << 20); ++i) {
     bytes += Line(i % 3 == 0 ? "1" : "0", {std::to_string(i), "", std::to_string(i % 97)},
-                  {absl::StrCat(absl::Hex(i)), "", absl::StrCat(absl::Hex(i * 7919))});
+                  {absl::StrCat(absl::Hex(i)), "", absl::StrCat(absl::Hex(static_cast<int64_t>(i) * 7919))});
   }
   const std::string dir = MakeTempDir();
   WriteFile(dir + "/train.txt", bytes);
