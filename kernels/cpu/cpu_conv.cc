@@ -101,14 +101,32 @@ class DnnlConv2D final : public Conv2D {
     user_src_ = memory(src_md, eng, DNNL_MEMORY_NONE);
     user_dst_ = memory(dst_md, eng, DNNL_MEMORY_NONE);
     if (blocked_) {
-      src_ = memory(fwd_pd.src_desc(), eng);
-      dst_ = memory(fwd_pd.dst_desc(), eng);
-      diff_src_ = memory(bwd_data_pd.diff_src_desc(), eng);
-      diff_dst_ = memory(bwd_w_pd.diff_dst_desc(), eng);
-      to_src_ = dnnl::reorder(user_src_, src_);
-      from_dst_ = dnnl::reorder(dst_, user_dst_);
-      to_diff_dst_ = dnnl::reorder(user_dst_, diff_dst_);
-      from_diff_src_ = dnnl::reorder(diff_src_, user_src_);
+      // A blocked layout of exactly one 16-channel block (nChw16c with 16 channels) is NHWC's bytes: such a
+      // tensor is used in place (its handle set per call) instead of being reordered into a copy.
+      auto nhwc_bytes = [](const memory::desc& md) {
+        return md.dims()[1] == 16 && md == memory::desc(md.dims(), dt::f32, tag::nChw16c);
+      };
+      src_in_place_ = nhwc_bytes(fwd_pd.src_desc()) && nhwc_bytes(bwd_data_pd.diff_src_desc());
+      dst_in_place_ = nhwc_bytes(fwd_pd.dst_desc()) && nhwc_bytes(bwd_w_pd.diff_dst_desc()) &&
+                      bwd_data_pd.diff_dst_desc() == bwd_w_pd.diff_dst_desc();
+      if (src_in_place_) {
+        src_ = memory(fwd_pd.src_desc(), eng, DNNL_MEMORY_NONE);
+        diff_src_ = memory(bwd_data_pd.diff_src_desc(), eng, DNNL_MEMORY_NONE);
+      } else {
+        src_ = memory(fwd_pd.src_desc(), eng);
+        diff_src_ = memory(bwd_data_pd.diff_src_desc(), eng);
+        to_src_ = dnnl::reorder(user_src_, src_);
+        from_diff_src_ = dnnl::reorder(diff_src_, user_src_);
+      }
+      if (dst_in_place_) {
+        dst_ = memory(fwd_pd.dst_desc(), eng, DNNL_MEMORY_NONE);
+        diff_dst_ = memory(bwd_w_pd.diff_dst_desc(), eng, DNNL_MEMORY_NONE);
+      } else {
+        dst_ = memory(fwd_pd.dst_desc(), eng);
+        diff_dst_ = memory(bwd_w_pd.diff_dst_desc(), eng);
+        from_dst_ = dnnl::reorder(dst_, user_dst_);
+        to_diff_dst_ = dnnl::reorder(user_dst_, diff_dst_);
+      }
     } else {
       src_ = user_src_;
       dst_ = user_dst_;
@@ -165,13 +183,13 @@ class DnnlConv2D final : public Conv2D {
         fwd_w_.set_data_handle(Mutable(w));
       }
       cached_dy_ = nullptr;
-      if (blocked_) {
+      if (blocked_ && !src_in_place_) {
         user_src_.set_data_handle(Mutable(x));
         to_src_.execute(ctx_.stream, user_src_, src_);  // kept for BackwardWeights (same x by contract)
       } else {
         src_.set_data_handle(Mutable(x));
-        dst_.set_data_handle(y);
       }
+      if (!blocked_ || dst_in_place_) dst_.set_data_handle(y);
       std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_},
                                               {DNNL_ARG_WEIGHTS, fwd_w_},
                                               {DNNL_ARG_DST, dst_},
@@ -181,7 +199,7 @@ class DnnlConv2D final : public Conv2D {
         args[DNNL_ARG_BIAS] = bias_;
       }
       fwd_.execute(ctx_.stream, args);
-      if (blocked_) {
+      if (blocked_ && !dst_in_place_) {
         user_dst_.set_data_handle(y);
         from_dst_.execute(ctx_.stream, dst_, user_dst_);
       }
@@ -210,7 +228,7 @@ class DnnlConv2D final : public Conv2D {
           weights = &bwd_data_w_;
           break;
       }
-      if (blocked_) {
+      if (blocked_ && !dst_in_place_) {
         // BackwardWeights (called just before, with the same dy) may have reordered dy already.
         if (cached_dy_ != dy) {
           user_dst_.set_data_handle(Mutable(dy));
@@ -219,13 +237,13 @@ class DnnlConv2D final : public Conv2D {
         cached_dy_ = nullptr;
       } else {
         diff_dst_.set_data_handle(Mutable(dy));
-        diff_src_.set_data_handle(dx);
       }
+      if (!blocked_ || src_in_place_) diff_src_.set_data_handle(dx);
       bwd_data_.execute(ctx_.stream, {{DNNL_ARG_DIFF_DST, diff_dst_},
                                       {DNNL_ARG_WEIGHTS, *weights},
                                       {DNNL_ARG_DIFF_SRC, diff_src_},
                                       {DNNL_ARG_SCRATCHPAD, bwd_data_scratch_}});
-      if (blocked_) {
+      if (blocked_ && !src_in_place_) {
         user_src_.set_data_handle(dx);
         from_diff_src_.execute(ctx_.stream, diff_src_, user_src_);
       }
@@ -238,13 +256,14 @@ class DnnlConv2D final : public Conv2D {
   absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) override {
     UseThreads(ctx_.threads);
     try {
-      if (blocked_) {
-        // src_ still holds the blocked copy of the last Forward's x (the header's contract).
+      // Blocked and not in place, src_ still holds the reordered copy of the last Forward's x (the header's
+      // contract).
+      if (!blocked_ || src_in_place_) src_.set_data_handle(Mutable(x));
+      if (blocked_ && !dst_in_place_) {
         user_dst_.set_data_handle(Mutable(dy));
         to_diff_dst_.execute(ctx_.stream, user_dst_, diff_dst_);
         cached_dy_ = dy;
       } else {
-        src_.set_data_handle(Mutable(x));
         diff_dst_.set_data_handle(Mutable(dy));
       }
       if (!dw_reorders_) dw_.set_data_handle(dw);
@@ -283,6 +302,8 @@ class DnnlConv2D final : public Conv2D {
   // as diff_bias (unused without has_bias). Winograd (blocked_): they are blocked buffers owned here, reordered from/to user_src_/user_dst_.
   memory src_, dst_, diff_src_, diff_dst_, bias_, user_w_, user_src_, user_dst_;
   bool blocked_ = false;
+  // Blocked, with x/dx (src) or y/dy (dst) in a layout that is NHWC's bytes: used in place, never reordered.
+  bool src_in_place_ = false, dst_in_place_ = false;
   dnnl::reorder to_src_, from_dst_, to_diff_dst_, from_diff_src_;
   // dy reordered by BackwardWeights, reused by the BackwardData that follows (cleared by Forward and by use).
   const float* cached_dy_ = nullptr;

@@ -35,7 +35,12 @@ void ReluLoop(const float* x, float* y, int64_t n, int threads) {
 
 void ReluBackwardLoop(const float* y, const float* dy, float* dx, int64_t n, int threads) {
   ForChunks(n, threads, kParallelMinElements, [=](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    // dy read unconditionally: the loop is then branch-free and vectorizes (with dy read only where y > 0 it
+    // compiled to a scalar, mispredicted branch per element: a fifth of ResNet-20's step).
+    for (int64_t i = b; i < e; ++i) {
+      const float g = dy[i];
+      dx[i] = y[i] > 0.0f ? g : 0.0f;
+    }
   });
 }
 

@@ -65,7 +65,10 @@ void ActivationBackwardLoop(const ActivationParams& p, const float* x, const flo
       }
       case Kind::kClip: {
         const float lo = p.lo, hi = p.hi;
-        for (int64_t i = b; i < e; ++i) dx[i] = x[i] > lo && x[i] < hi ? dy[i] : 0.0f;
+        for (int64_t i = b; i < e; ++i) {
+          const float g = dy[i];  // read unconditionally: branch-free, vectorized (as ReluBackwardLoop)
+          dx[i] = x[i] > lo && x[i] < hi ? g : 0.0f;
+        }
         break;
       }
       case Kind::kSigmoid:
