@@ -6,7 +6,6 @@
 //     with twice the batch, tables included.
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include "gtest/gtest.h"
 #include "common/testing/relative_difference.h"
@@ -17,6 +16,7 @@
 #include "worker/models/registry.h"
 #include "worker/synthetic_data.h"
 #include "worker/trainer.h"
+#include "worker/trainer_test_util.h"
 
 namespace dtrain::worker {
 namespace {
@@ -46,34 +46,8 @@ WorkerOptions Options(const data::DatasetPair* data, const std::string& model) {
 }
 
 std::vector<TrainingResult> RunCluster(const WorkerOptions& base, int num_ps, int num_workers) {
-  std::vector<std::unique_ptr<ps::ParameterServer>> servers;
-  std::vector<ps::PsInterface*> tasks;
-  for (int t = 0; t < num_ps; ++t) {
-    ps::ParameterServerOptions po;
-    po.task_index = t;
-    po.num_ps = num_ps;
-    po.num_workers = num_workers;
-    servers.push_back(*ps::ParameterServer::Create(po));
-    tasks.push_back(servers.back().get());
-  }
-  std::vector<absl::StatusOr<TrainingResult>> results(num_workers, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int w = 0; w < num_workers; ++w) {
-    threads.emplace_back([&, w] {
-      WorkerOptions o = base;
-      o.worker_id = w;
-      o.num_workers = num_workers;
-      o.num_ps = num_ps;
-      results[w] = RunTraining(o, tasks);
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::vector<TrainingResult> out;
-  for (int w = 0; w < num_workers; ++w) {
-    EXPECT_TRUE(results[w].ok()) << "worker " << w << ": " << results[w].status();
-    out.push_back(results[w].ok() ? *std::move(results[w]) : TrainingResult{});
-  }
-  return out;
+  PsTasks cluster(num_ps, num_workers);
+  return RunWorkers(base, num_workers, cluster.tasks);
 }
 
 TEST(TrainerOnnxTest, SyncTwoWorkersEqualLocalDoubleBatchWithAResidualAdd) {

@@ -6,7 +6,6 @@
 //   - the chief's evaluation reads the rows (log loss and AUC of a model that learned something).
 #include <filesystem>
 #include <map>
-#include <thread>
 
 #include "common/env.h"
 #include "gtest/gtest.h"
@@ -16,6 +15,7 @@
 #include "worker/data/dataset.h"
 #include "worker/data/synthetic_ctr.h"
 #include "worker/trainer.h"
+#include "worker/trainer_test_util.h"
 
 namespace dtrain::worker {
 namespace {
@@ -111,36 +111,13 @@ ClusterRun RunCluster(const WorkerOptions& base, int num_ps, int num_workers, co
   ClusterRun run;
   run.checkpoint_dir = ::testing::TempDir() + "/" + name;
   std::filesystem::remove_all(run.checkpoint_dir);
-  std::vector<std::unique_ptr<ps::ParameterServer>> servers;
-  std::vector<ps::PsInterface*> tasks;
-  for (int t = 0; t < num_ps; ++t) {
-    ps::ParameterServerOptions po;
-    po.task_index = t;
-    po.num_ps = num_ps;
-    po.num_workers = num_workers;
-    po.checkpoint.dir = run.checkpoint_dir;
-    servers.push_back(*ps::ParameterServer::Create(po));
-    tasks.push_back(servers.back().get());
-  }
-  std::vector<absl::StatusOr<TrainingResult>> results(num_workers, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int w = 0; w < num_workers; ++w) {
-    threads.emplace_back([&, w] {
-      WorkerOptions o = base;
-      o.worker_id = w;
-      o.num_workers = num_workers;
-      o.num_ps = num_ps;
-      results[w] = RunTraining(o, tasks);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& s : servers) {
+  ps::CheckpointOptions checkpoint;
+  checkpoint.dir = run.checkpoint_dir;
+  PsTasks cluster(num_ps, num_workers, checkpoint);
+  run.results = RunWorkers(base, num_workers, cluster.tasks);
+  for (auto& s : cluster.servers) {
     EXPECT_TRUE(s->WaitUntilFinished(absl::Seconds(30)));
     EXPECT_TRUE(s->final_checkpoint_status().ok()) << s->final_checkpoint_status();
-  }
-  for (int w = 0; w < num_workers; ++w) {
-    EXPECT_TRUE(results[w].ok()) << "worker " << w << ": " << results[w].status();
-    run.results.push_back(results[w].ok() ? *std::move(results[w]) : TrainingResult{});
   }
   return run;
 }

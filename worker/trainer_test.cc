@@ -1,6 +1,7 @@
 // The training loop against in-process parameter servers (no sockets): sync equivalence with local mode, async
 // accounting with retried pushes, and several ps tasks.
 #include "worker/trainer.h"
+#include "worker/trainer_test_util.h"
 
 #include <cmath>
 #include <filesystem>
@@ -40,46 +41,6 @@ WorkerOptions BaseOptions(const data::DatasetPair* data) {
 }
 
 using ::dtrain::testing::RelativeDifference;
-
-// In-process ps tasks (ps task i of num_ps) for `num_workers` workers, checkpointing as `checkpoint` says.
-struct PsTasks {
-  PsTasks(int num_ps, int num_workers, const ps::CheckpointOptions& checkpoint = {}) {
-    for (int t = 0; t < num_ps; ++t) {
-      ps::ParameterServerOptions po;
-      po.task_index = t;
-      po.num_ps = num_ps;
-      po.num_workers = num_workers;
-      po.checkpoint = checkpoint;
-      servers.push_back(*ps::ParameterServer::Create(po));
-      tasks.push_back(servers.back().get());
-    }
-  }
-  std::vector<std::unique_ptr<ps::ParameterServer>> servers;
-  std::vector<ps::PsInterface*> tasks;
-};
-
-// Runs `num_workers` workers as threads against `tasks`; returns the chief's result.
-std::vector<TrainingResult> RunWorkers(const WorkerOptions& base, int num_workers,
-                                       const std::vector<ps::PsInterface*>& tasks) {
-  std::vector<absl::StatusOr<TrainingResult>> results(num_workers, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int w = 0; w < num_workers; ++w) {
-    threads.emplace_back([&, w] {
-      WorkerOptions o = base;
-      o.worker_id = w;
-      o.num_workers = num_workers;
-      o.num_ps = static_cast<int>(tasks.size());
-      results[w] = RunTraining(o, tasks);
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::vector<TrainingResult> out;
-  for (int w = 0; w < num_workers; ++w) {
-    EXPECT_TRUE(results[w].ok()) << "worker " << w << ": " << results[w].status();
-    out.push_back(results[w].ok() ? *std::move(results[w]) : TrainingResult{});
-  }
-  return out;
-}
 
 TEST(TrainerTest, LocalModeTrains) {
   const data::DatasetPair data = MakeSyntheticDataset(2000, 500);
