@@ -146,13 +146,6 @@ double RawTcpRoundTripMs(size_t n, int warmup, int rounds) {
 
 // ---- sparse mode ------------------------------------------------------------------------------------------------
 
-uint64_t Mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -272,7 +265,7 @@ int SparseMain() {
   int64_t next = 0, wrong = 0, checked = 0;
   auto next_ids = [&](int64_t s) {
     ids.clear();
-    for (int64_t j = 0; j < k; ++j) ids.push_back(static_cast<int64_t>(Mix64(static_cast<uint64_t>(next++ % n))));
+    for (int64_t j = 0; j < k; ++j) ids.push_back(static_cast<int64_t>(ps::Mix64(static_cast<uint64_t>(next++ % n))));
     return s < fill_steps;  // the first pass: every row pulled is new
   };
   bool fresh = next_ids(0);
@@ -325,9 +318,7 @@ int SparseMain() {
   std::printf("  wire: %.0f bytes/step, %.3f x formula (ids x dim x 4 x 2 + dense x 4 x 2 = %.0f)%s\n", per_step,
               per_step / formula, formula,
               bytes_fill > 0 ? absl::StrFormat(", filling %.0f bytes/step", static_cast<double>(bytes_fill) / fill_steps).c_str() : "");
-  const int slots = config.sparse_optimizer.name == "adagrad" ? 1
-                    : config.sparse_optimizer.name == "sgd"   ? 0
-                                                              : 2;
+  const int slots = config.sparse_optimizer.num_slots();
   int64_t total_rows = 0;
   for (int i = 0; i < num_ps; ++i) {
     absl::StatusOr<ps::TrainingStats> stats = client.Stats(i);

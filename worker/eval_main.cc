@@ -42,7 +42,6 @@
 #include "absl/strings/match.h"
 #include "worker/models/graph.h"
 #include "worker/models/dlrm.h"
-#include "worker/models/graph_network.h"
 #include "worker/models/model.h"
 #include "worker/models/onnx/onnx_export.h"
 #include "worker/models/registry.h"
@@ -85,32 +84,17 @@ struct EvalOptions {
   data::Normalization normalize;
 };
 
-// The logits of every test example under `params`, written as an .npz with the labels.
-absl::Status WriteLogits(const models::ModelSpec& spec, const models::ModelOptions& mopt, const float* params,
-                         const std::vector<data::Batch>& batches, kernels::Device* device, const std::string& path) {
-  ASSIGN_OR_RETURN(models::Graph graph, spec.build_graph(mopt));
-  ASSIGN_OR_RETURN(float* dev_params, device->Alloc(std::max<int64_t>(1, models::TotalSize(graph.variables))));
-  RETURN_IF_ERROR(device->CopyToDevice(params, dev_params, models::TotalSize(graph.variables)));
-  absl::StatusOr<std::unique_ptr<models::GraphNetwork>> net =
-      models::GraphNetwork::Create(device, graph, mopt.eval_batch_size, /*with_backward=*/false, dev_params, nullptr);
-  if (!net.ok()) {
-    device->Free(dev_params);
-    return net.status();
-  }
-  const int64_t classes = (*net)->output_size_per_example(), example = graph.input_shape().size();
-  NpyArray logits{"logits", {0, classes}, {}}, labels{"labels", {0}, {}};
-  absl::Status s = absl::OkStatus();
+// The logits (`outputs` per example) of every test example under the model's parameters, written as an .npz with
+// the labels.
+absl::Status WriteLogits(models::Model* model, int64_t outputs, const std::vector<data::Batch>& batches,
+                         const std::string& path) {
+  NpyArray logits{"logits", {0, outputs}, {}}, labels{"labels", {0}, {}};
   for (const data::Batch& b : batches) {
-    if (!(s = device->CopyToDevice(b.images.data(), (*net)->input(), b.batch * example)).ok()) break;
-    if (!(s = (*net)->Forward(/*training=*/false, mopt.seed, 0)).ok()) break;
     const size_t at = logits.data.size();
-    logits.data.resize(at + b.batch * classes);
-    if (!(s = device->CopyToHost((*net)->output(), logits.data.data() + at, b.batch * classes)).ok()) break;
+    logits.data.resize(at + b.batch * outputs);
+    RETURN_IF_ERROR(model->Predict(View(b), logits.data.data() + at));
     labels.data.insert(labels.data.end(), b.labels.begin(), b.labels.end());
   }
-  net->reset();
-  device->Free(dev_params);
-  RETURN_IF_ERROR(s);
   logits.shape[0] = labels.shape[0] = static_cast<int64_t>(labels.data.size());
   return WriteNpz(path, {logits, labels});
 }
@@ -247,7 +231,7 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
   const std::vector<data::Batch> batches = data::EvalBatches(dataset.test, o.batch_size, defaults.eval_preprocess,
                                                              mopt.height, mopt.width, o.normalize);
   if (!o.logits_path.empty()) {
-    RETURN_IF_ERROR(WriteLogits(*spec, mopt, params.data(), batches, device.get(), o.logits_path));
+    RETURN_IF_ERROR(WriteLogits(model.get(), graph.output_shape().size(), batches, o.logits_path));
     std::printf("wrote the logits of %zu batches to %s\n", batches.size(), o.logits_path.c_str());
   }
   if (o.skip_eval) return absl::OkStatus();
@@ -261,18 +245,17 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
       return model->SetSparseInputs(rows.inputs(0));
     };
   }
-  absl::StatusOr<Evaluation> e = EvaluateBatches(model.get(), batches, load_rows);
-  if (!e.ok() && e.status().code() == absl::StatusCode::kFailedPrecondition) {
+  if (dataset.test.count() == 0) {
     return absl::FailedPreconditionError(absl::StrCat("the test set in ", o.data_dir, " is empty"));
   }
-  RETURN_IF_ERROR(e.status());
+  ASSIGN_OR_RETURN(const Evaluation e, EvaluateBatches(model.get(), batches, load_rows));
   const char* averaged = o.use_moving_averages ? " (moving averages)" : "";
-  if (e->auc >= 0) {
+  if (e.binary) {
     std::printf("%s%s: test log loss = %.4f, AUC = %.4f, accuracy = %.4f (%lld examples)\n", what.c_str(), averaged,
-                e->log_loss, e->auc, e->accuracy, static_cast<long long>(e->examples));
+                e.log_loss, e.auc, e.accuracy, static_cast<long long>(e.examples));
   } else {
-    std::printf("%s%s: test accuracy = %.4f (%lld examples)\n", what.c_str(), averaged, e->accuracy,
-                static_cast<long long>(e->examples));
+    std::printf("%s%s: test accuracy = %.4f (%lld examples)\n", what.c_str(), averaged, e.accuracy,
+                static_cast<long long>(e.examples));
   }
   return absl::OkStatus();
 }

@@ -32,6 +32,7 @@ absl::StatusOr<Evaluation> EvaluateBatches(models::Model* model, const std::vect
   Evaluation e;
   e.examples = total;
   e.accuracy = static_cast<double>(correct) / total;
+  e.binary = sigmoid;
   if (sigmoid) {
     e.log_loss = metrics.log_loss();
     e.auc = metrics.auc();

@@ -23,6 +23,8 @@ namespace dtrain::worker {
 
 struct Evaluation {
   double accuracy = -1, log_loss = -1, auc = -1;  // log loss and AUC: models with one logit, else -1
+  // One logit: log_loss and auc are set (auc is NaN for a test set of one class, so test this, not auc >= 0).
+  bool binary = false;
   int64_t examples = 0;
 };
 

@@ -265,6 +265,16 @@ absl::Status ConnectAgain(const WorkerOptions& o, Connection* c, TrainingData* d
 }
 
 // Test accuracy of tower 0 with the current parameters (or their moving averages).
+// The test metrics of `e` as TensorBoard scalars at `step`.
+absl::Status AddEvaluationScalars(EventWriter* events, int64_t step, const Evaluation& e) {
+  RETURN_IF_ERROR(events->AddScalar("test_accuracy", step, e.accuracy));
+  if (e.binary) {
+    RETURN_IF_ERROR(events->AddScalar("test_auc", step, e.auc));
+    RETURN_IF_ERROR(events->AddScalar("test_log_loss", step, e.log_loss));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Evaluation> EvaluateNow(TrainingSteps* steps, models::Model* model0, const TrainingData& d,
                                        bool moving_averages) {
   RETURN_IF_ERROR(steps->LoadParameters(moving_averages));
@@ -403,7 +413,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), *d, /*moving_averages=*/false));
       const double secs = absl::ToDoubleSeconds(absl::Now() - start);
       if (!o.quiet) {
-        if (e.auc >= 0) {
+        if (e.binary) {
           std::printf("step %lld: test log loss = %.4f, AUC = %.4f at %.2f sec\n", static_cast<long long>(at.step),
                       e.log_loss, e.auc, secs);
         } else {
@@ -411,13 +421,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
                       secs);
         }
       }
-      if (events) {
-        RETURN_IF_ERROR(events->AddScalar("test_accuracy", at.step, e.accuracy));
-        if (e.auc >= 0) {
-          RETURN_IF_ERROR(events->AddScalar("test_auc", at.step, e.auc));
-          RETURN_IF_ERROR(events->AddScalar("test_log_loss", at.step, e.log_loss));
-        }
-      }
+      if (events) RETURN_IF_ERROR(AddEvaluationScalars(events, at.step, e));
       next_eval = (at.step / o.eval_every + 1) * o.eval_every;
     }
   }
@@ -451,13 +455,8 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
       result->test_accuracy = e.accuracy;
       result->test_log_loss = e.log_loss;
       result->test_auc = e.auc;
-      if (events) {
-        RETURN_IF_ERROR(events->AddScalar("test_accuracy", result->global_step, result->test_accuracy));
-        if (e.auc >= 0) {
-          RETURN_IF_ERROR(events->AddScalar("test_auc", result->global_step, e.auc));
-          RETURN_IF_ERROR(events->AddScalar("test_log_loss", result->global_step, e.log_loss));
-        }
-      }
+      result->test_binary = e.binary;
+      if (events) RETURN_IF_ERROR(AddEvaluationScalars(events, result->global_step, e));
       if (o.moving_average_decay > 0) {
         // The seeds evaluate with the moving averages of the variables when they keep them.
         ASSIGN_OR_RETURN(Evaluation averaged, EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/true));
@@ -512,7 +511,7 @@ void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const Training
                 static_cast<long long>(result.global_step), result.test_accuracy_averaged,
                 static_cast<long long>(d.dataset->test.count()));
   }
-  if (result.test_auc >= 0) {
+  if (result.test_binary) {
     std::printf("step %lld: test log loss = %.4f, AUC = %.4f, accuracy = %.4f (%lld examples)\n",
                 static_cast<long long>(result.global_step), result.test_log_loss, result.test_auc,
                 result.test_accuracy, static_cast<long long>(d.dataset->test.count()));

@@ -113,6 +113,7 @@ struct TrainingResult {
   // Chief, models with one logit (sigmoid cross-entropy, e.g. dlrm): the test set's log loss and ROC AUC (-1
   // if not evaluated); test_accuracy is then the share of examples on the right side of 0.5.
   double test_log_loss = -1, test_auc = -1;
+  bool test_binary = false;       // test_log_loss and test_auc were evaluated (test_auc NaN for one class)
   std::vector<float> parameters;  // final parameters (flat) as last pulled
   // Chief with export_onnx, models with fixed-size tables: every row of each (Graph::tables order), pulled at
   // the end (TrainingSteps::PullTables).

@@ -1,16 +1,13 @@
 #include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
-namespace {
 
-uint64_t Mix64(uint64_t x) {  // SplitMix64's finalizer: a bijection that spreads every input bit
+uint64_t Mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
   return x ^ (x >> 31);
 }
-
-}  // namespace
 
 bool OptimizerConfig::operator==(const OptimizerConfig& o) const {
   return name == o.name && learning_rate == o.learning_rate && decay_steps == o.decay_steps &&

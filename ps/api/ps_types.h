@@ -118,6 +118,9 @@ struct SparseOptimizerConfig {
 // The ps task that holds id's row when there are num_ps tasks: a fixed 64-bit mix of the id modulo num_ps (the
 // same on every worker and task).
 int ShardOfId(int64_t id, int num_ps);
+
+// SplitMix64's finalizer: a bijection of 64-bit values that spreads every input bit (the ps's id hashes).
+uint64_t Mix64(uint64_t x);
 // Row `id`'s initial values (dim floats) for a table (SparseTableSpec::init_scale, init_seed).
 void SparseInitialRow(const SparseTableSpec& table, int64_t id, float* row);
 

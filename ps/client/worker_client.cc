@@ -878,7 +878,7 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
     absl::MutexLock lock(&mu_);
     if (push_active_) request.after_push = push_request_id_;
   }
-  pull_lanes_[0]->Run([this, request] { RunTaskPull(0, request); });
+  pull_lanes_[0]->Run([this, request = std::move(request)]() mutable { RunTaskPull(0, std::move(request)); });
 }
 
 void WorkerClient::OnPullHeader(const PullHeader& header) {
@@ -901,7 +901,7 @@ void WorkerClient::OnPullHeader(const PullHeader& header) {
     request.wire_dtype = options_.wire_dtype;
     request.sparse = SparseRequest(t);
     request.cancel = &inflight_;
-    pull_lanes_[t]->Run([this, t, request] { RunTaskPull(t, request); });
+    pull_lanes_[t]->Run([this, t, request = std::move(request)]() mutable { RunTaskPull(t, std::move(request)); });
   }
 }
 

@@ -14,12 +14,6 @@
 namespace dtrain::ps {
 namespace {
 
-uint64_t Mix64(uint64_t x) {  // SplitMix64's finalizer
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 // The hash of an id inside a task: independent of ShardOfId's (another salt). Its high 32 bits pick the
 // sub-shard (their top bits) and the tag (their low 8 bits), its low 32 bits the index position.
 uint64_t HashId(int64_t id) { return Mix64(static_cast<uint64_t>(id) ^ 0xA0761D6478BD642FULL); }
@@ -225,7 +219,10 @@ class SparseTable {
       Stripe& st = *stripes_[StripeOf(h)];
       absl::MutexLock lock(&st.mu);
       const int64_t before = st.evicted;
-      const uint32_t row = Insert(st, state.ids[i], h);
+      // A lookup running meanwhile (allowed: see the header) may have made this id's row since Clear: reuse it,
+      // never index an id twice.
+      uint32_t row = Find(st, state.ids[i], h);
+      if (row == kNone) row = Insert(st, state.ids[i], h);
       evicted += st.evicted - before;
       float* data = RowData(st, row);
       std::memcpy(data, state.values.data() + i * dim_, sizeof(float) * dim_);

@@ -49,6 +49,17 @@ class Reader {
     Advance(1);
     return true;
   }
+  // Copies the next n bytes (n <= remaining()) to dst, across slices.
+  void ReadBytes(void* dst, int64_t n) {
+    uint8_t* out = static_cast<uint8_t*>(dst);
+    while (n > 0) {
+      const int64_t take = std::min<int64_t>(n, Contiguous());
+      std::memcpy(out, data(), take);
+      Advance(take);
+      out += take;
+      n -= take;
+    }
+  }
   bool ReadVarint(uint64_t* v) {
     *v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
@@ -204,20 +215,8 @@ absl::Status DecodeChunk(Reader& r, int64_t len, ChunkHandler* handler) {
 
 // Copies `len` bytes at the reader's position to `out` (the reader moves past them).
 void Gather(Reader& r, int64_t len, std::string* out) {
-  out->clear();
-  out->reserve(len);
-  while (len > 0) {
-    const int64_t take = std::min<int64_t>(len, r.Contiguous());
-    out->append(reinterpret_cast<const char*>(r.data()), take);
-    r.Advance(take);
-    len -= take;
-  }
-}
-
-int64_t LoadInt64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return static_cast<int64_t>(v);
+  out->resize(len);
+  r.ReadBytes(out->data(), len);
 }
 
 // Field 3: a RowChunk (pull: fields first, count, data = 5) or a RowGradientChunk (push: ids, data = 4).
@@ -245,11 +244,11 @@ absl::Status DecodeRows(Reader& r, int64_t len, ChunkHandler* handler) {
       uint64_t n = 8;
       if (wire_type == kLengthDelimited && !r.ReadVarint(&n)) return Malformed("truncated length", r.position());
       if (n % 8 != 0 || n > static_cast<uint64_t>(end - r.position())) return Malformed("truncated ids", r.position());
-      uint8_t b[8];
-      for (uint64_t k = 0; k < n / 8; ++k) {
-        for (int i = 0; i < 8; ++i) r.ReadByte(&b[i]);
-        ids.push_back(LoadInt64(b));
-      }
+      // Packed sfixed64: little-endian int64s, as in memory on the hosts this runs on (x86, arm).
+      static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ids are copied as they are on the wire");
+      const size_t at = ids.size();
+      ids.resize(at + n / 8);
+      r.ReadBytes(ids.data() + at, static_cast<int64_t>(n));
     } else if ((field == 4 || field == 5) && wire_type == kLengthDelimited) {  // data (push: 4, pull: 5)
       if (!r.ReadVarint(&v)) return Malformed("truncated length", r.position());
       data_pos = r.Tell();
