@@ -70,13 +70,7 @@ CheckpointTables CheckpointTables::FromModel(const std::vector<models::TableInfo
   for (size_t t = 0; t < model_tables.size(); ++t) {
     const models::TableInfo& m = model_tables[t];
     ps::SparseTableRows r;
-    r.spec.table = static_cast<uint32_t>(t);
-    r.spec.name = m.name;
-    r.spec.dim = m.dim;
-    r.spec.rows = m.rows;
-    r.spec.init_scale = m.init_scale;
-    r.spec.max_rows = m.max_rows;
-    r.spec.admit_after = m.admit_after;
+    r.spec = TableSpecOf(m, static_cast<uint32_t>(t), /*seed=*/0);  // no checkpoint: the model's own rows
     tables.push_back(std::move(r));
     initial.push_back(m.initial_values);
   }

@@ -27,6 +27,7 @@
 #include "worker/models/graph.h"
 #include "worker/npz_writer.h"
 #include "worker/sparse_batch.h"
+#include "worker/table_spec.h"
 
 namespace dtrain::worker {
 

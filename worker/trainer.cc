@@ -25,6 +25,7 @@
 #include "worker/models/onnx/onnx_export.h"
 #include "worker/models/registry.h"
 #include "worker/summaries.h"
+#include "worker/table_spec.h"
 #include "worker/towers.h"
 #include "worker/training_steps.h"
 
@@ -183,17 +184,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   config.train_steps = o.train_steps;
   const std::vector<models::TableInfo>& tables = model0->graph().tables;
   for (size_t t = 0; t < tables.size(); ++t) {
-    ps::SparseTableSpec s;
-    s.table = static_cast<uint32_t>(t);
-    s.name = tables[t].name;
-    s.dim = tables[t].dim;
-    s.rows = tables[t].rows;
-    s.init_scale = tables[t].init_scale;
-    s.init_seed = o.seed;
-    s.max_rows = tables[t].max_rows;
-    s.admit_after = tables[t].admit_after;
-    s.initial_values = tables[t].initial_values != nullptr;
-    config.tables.push_back(std::move(s));
+    config.tables.push_back(TableSpecOf(tables[t], static_cast<uint32_t>(t), o.seed));
   }
   if (!tables.empty()) {
     config.sparse_optimizer.name = o.sparse_optimizer;

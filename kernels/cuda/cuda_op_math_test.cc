@@ -488,6 +488,10 @@ TEST(GatherMathTest, BagRangesAndRows) {
   EXPECT_FALSE(BagRange(reversed.data(), s, 1, &lo, &hi));
   EXPECT_EQ(lo, hi);
   EXPECT_FALSE(BagRange(past.data(), s, 2, &lo, &hi));
+  const std::vector<int32_t> short_last = {0, 2, 4, 5};  // lookup 5 in no bag: refused, as on the CPU
+  EXPECT_TRUE(BagRange(short_last.data(), s, 1, &lo, &hi));
+  EXPECT_FALSE(BagRange(short_last.data(), s, 2, &lo, &hi));
+  EXPECT_TRUE(BagRange(good.data(), s, 2, &lo, &hi));
   EXPECT_TRUE(IsTableRow(0, 10) && IsTableRow(9, 10));
   EXPECT_FALSE(IsTableRow(10, 10) || IsTableRow(-1, 10));
 }

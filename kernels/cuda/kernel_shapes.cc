@@ -9,6 +9,12 @@
 
 namespace dtrain::kernels::cuda {
 
+// The device math's copies of the interface's constants (op_math.h cannot include device.h): kept in step here.
+static_assert(kMaxRank == kMaxBroadcastRank, "op_math.h kMaxRank");
+static_assert(kBinAdd == static_cast<int>(BinaryOp::kAdd) && kBinSub == static_cast<int>(BinaryOp::kSub) &&
+                  kBinMul == static_cast<int>(BinaryOp::kMul) && kBinDiv == static_cast<int>(BinaryOp::kDiv),
+              "op_math.h BinaryKind follows BinaryOp's order");
+
 absl::StatusOr<PoolShape> MakePoolShape(const PoolParams& p, absl::string_view op) {
   if (p.batch <= 0 || p.in_h <= 0 || p.in_w <= 0 || p.channels <= 0 || p.kh() <= 0 || p.kw() <= 0 ||
       p.sh() <= 0 || p.sw() <= 0) {
@@ -16,9 +22,14 @@ absl::StatusOr<PoolShape> MakePoolShape(const PoolParams& p, absl::string_view o
                                                    p.in_h, "x", p.in_w, "x", p.channels, " window=", p.kh(), "x",
                                                    p.kw(), " stride=", p.sh(), "x", p.sw()));
   }
-  if (p.explicit_padding && (p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": negative padding top=", p.pad_top, " bottom=",
-                                                   p.pad_bottom, " left=", p.pad_left, " right=", p.pad_right));
+  // As the CPU (CheckPoolParams): pads smaller than the window keep a real input in every window.
+  if (p.explicit_padding && (p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0 ||
+                             p.pad_top >= p.kh() || p.pad_bottom >= p.kh() || p.pad_left >= p.kw() ||
+                             p.pad_right >= p.kw())) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": explicit pads must be in [0, window) on each side, got top=",
+                                                   p.pad_top, " bottom=", p.pad_bottom, " left=", p.pad_left,
+                                                   " right=", p.pad_right, " for a ", p.kh(), "x", p.kw(),
+                                                   " window"));
   }
   if (p.out_h() <= 0 || p.out_w() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": the ", p.kh(), "x", p.kw(),

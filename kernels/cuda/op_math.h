@@ -420,10 +420,11 @@ struct GatherShape {
 };
 
 DTRAIN_HD bool IsTableRow(int32_t index, int64_t rows) { return index >= 0 && index < rows; }
-// Bag b's lookups [*lo, *hi); false (and an empty range) when its offsets are not ascending within [0, count].
+// Bag b's lookups [*lo, *hi); false (and an empty range) when its offsets are not ascending within [0, count] or
+// the last bag does not end at count (the CPU's rule: every lookup belongs to a bag).
 DTRAIN_HD bool BagRange(const int32_t* offsets, const GatherShape& s, int64_t b, int64_t* lo, int64_t* hi) {
   const int64_t l = offsets[b], h = offsets[b + 1];
-  if (l < 0 || h < l || h > s.count) {
+  if (l < 0 || h < l || h > s.count || (b + 1 == s.num_bags && h != s.count)) {
     *lo = *hi = 0;
     return false;
   }

@@ -117,11 +117,11 @@ absl::Status GraphBuilder::Error(const Node& node, const std::string& what) cons
       absl::StrCat(graph_.name, ": node '", node.name, "' (", OpName(node.op), "): ", what));
 }
 
-namespace {
-
 std::string ShapeText(const std::vector<int64_t>& dims) {
   return dims.empty() ? std::string("a scalar") : absl::StrJoin(dims, "x");
 }
+
+namespace {
 
 // numpy broadcasting of two shapes (right-aligned); false when they do not broadcast.
 bool Broadcast(const std::vector<int64_t>& a, const std::vector<int64_t>& b, std::vector<int64_t>* out) {

@@ -47,6 +47,9 @@ struct TensorShape {
   bool operator==(const TensorShape& o) const { return dims == o.dims; }
 };
 
+// Dims for messages: "1x28x28", or "a scalar" for none.
+std::string ShapeText(const std::vector<int64_t>& dims);
+
 enum class Op {
   kConv,           // inputs {x: image}; vars {w, b?}; attrs conv
   kMaxPool,        // inputs {x: image}; attrs pool

@@ -393,11 +393,8 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
     // Constants (non-trainable variables other than BatchNorm's running statistics, whose slots Forward
     // writes) push a zero change.
     for (int i = 0; i < num_nodes; ++i) {
-      const Node& n = graph_.nodes[i];
-      if (n.op == Op::kBatchNorm) continue;
-      for (size_t k = 0; k < n.variables.size(); ++k) {
-        const VariableInfo& v = graph_.variables[n.variables[k]];
-        if (!v.trainable) RETURN_IF_ERROR(device_->Fill(0.0f, steps_[i].dw[k], v.size()));
+      for (size_t k : steps_[i].constant_slots) {
+        RETURN_IF_ERROR(device_->Fill(0.0f, steps_[i].dw[k], graph_.variables[graph_.nodes[i].variables[k]].size()));
       }
     }
   }
@@ -655,9 +652,12 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
   const float* y = act_[n.output];
   const int64_t out_n = act_n_[n.output];
   auto ready = [&]() -> absl::Status {
-    // A kernel may have written a constant's gradient (a Conv's or Gemm's constant bias): it must stay zero.
-    for (size_t k : s.constant_slots) {
-      RETURN_IF_ERROR(device_->Fill(0.0f, s.dw[k], graph_.variables[n.variables[k]].size()));
+    // Conv's and Dense's kernels write every weight gradient, a constant's too (a constant bias): it must
+    // stay zero. (Binary writes only a trainable operand's.)
+    if (n.op == Op::kConv || n.op == Op::kDense) {
+      for (size_t k : s.constant_slots) {
+        RETURN_IF_ERROR(device_->Fill(0.0f, s.dw[k], graph_.variables[n.variables[k]].size()));
+      }
     }
     if (grads_ready != nullptr && s.var_end > s.var_begin) return (*grads_ready)(s.index);
     return absl::OkStatus();

@@ -252,7 +252,6 @@ absl::StatusOr<std::shared_ptr<OnnxFile>> ReadOnnxFile(std::string bytes, const 
                                             " (supported: FLOAT images or features, INT64 ids)"));
     }
     f->data_input = in.name();
-    f->input_elem_type = type;
     if (dims.empty()) {
       return FileRefusal(file, absl::StrCat("input '", in.name(), "' is a scalar (supported: a batch axis first, then features or C x H x W)"));
     }

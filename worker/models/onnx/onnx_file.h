@@ -39,11 +39,10 @@ struct OnnxFile {
   std::unordered_map<std::string, ConstRef> initializers;
 
   // The float graph input the images or dense features feed: its name, dims without the batch (-1: symbolic)
-  // and batch dim (-1: a dynamic axis), element type. Empty for a model that reads only ids.
+  // and batch dim (-1: a dynamic axis). Empty for a model that reads only ids.
   std::string data_input;
   std::vector<int64_t> input_dims;
   int64_t input_batch = -1;
-  int input_elem_type = 0;
   // The int64 graph input of ids that embedding lookups read (the batch's sparse features), [N] or [N, F]:
   // its name (empty: none), dims without the batch ({} or {F}).
   std::string ids_input;

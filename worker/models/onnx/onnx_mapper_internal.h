@@ -23,10 +23,6 @@
 
 namespace dtrain::models::onnx {
 
-inline std::string ShapeText(const std::vector<int64_t>& dims) {
-  return dims.empty() ? "a scalar" : absl::StrJoin(dims, "x");
-}
-
 // What an ONNX value name stands for while the graph is mapped.
 struct Value {
   int tensor = -1;    // a tensor of the graph (per example)
