@@ -62,7 +62,6 @@ class GradientBuffers {
     // The rows of one table in arrival order: ids, and ids.size() * dim gradient floats.
     const std::vector<int64_t>& sparse_ids(int table) const { return sparse_[table].ids; }
     const float* sparse_grads(int table) const { return sparse_[table].grads.data(); }
-    int sparse_dim(int table) const { return sparse_[table].dim; }
 
    private:
     friend class GradientBuffers;

@@ -279,9 +279,14 @@ void ParameterServer::Impl::ApplySparse(const std::vector<GradientBuffers::Buffe
     }
     // Summed per id over the workers, in their order (the same bits on every run).
     const int dim = sparse_->spec(t).dim;
+    size_t at_most = 0;  // ids over all buffers: sized once, no rehashing or regrowth while summing
+    for (const GradientBuffers::Buffer* b : buffers) at_most += b->sparse_ids(t).size();
     absl::flat_hash_map<int64_t, uint32_t> row_of;
+    row_of.reserve(at_most);
     std::vector<int64_t> ids;
+    ids.reserve(at_most);
     std::vector<float> sum;
+    sum.reserve(at_most * dim);
     for (const GradientBuffers::Buffer* b : buffers) {
       const std::vector<int64_t>& bids = b->sparse_ids(t);
       const float* grads = b->sparse_grads(t);

@@ -87,9 +87,10 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     if (restored.has_value()) step_ = restored->data.task_step;
     RETURN_IF_ERROR(ConfigureLocked(request.config, request.worker_id));
     if (restored.has_value()) {
-      absl::Status s = sparse_->CheckState(restored->data.tables);
+      absl::StatusOr<SparseStore::CheckedState> tables = sparse_->CheckState(restored->data.tables);
+      absl::Status s = tables.status();
       if (s.ok()) s = store_->ImportState(restored->data.slices, restored->data.task_step);
-      if (s.ok()) s = sparse_->ImportState(restored->data.tables, restored->data.task_step);
+      if (s.ok()) sparse_->ImportChecked(*tables, restored->data.task_step);
       if (!s.ok()) {
         configured_ = false;
         step_ = 0;
@@ -173,9 +174,9 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     } else {
       RETURN_IF_ERROR(CompareTrainConfigs(config_, config, worker_id));
     }
-    RETURN_IF_ERROR(sparse_->CheckState(data.tables));
+    ASSIGN_OR_RETURN(const SparseStore::CheckedState tables, sparse_->CheckState(data.tables));
     RETURN_IF_ERROR(store_->ImportState(data.slices, data.task_step));
-    RETURN_IF_ERROR(sparse_->ImportState(data.tables, data.task_step));
+    sparse_->ImportChecked(tables, data.task_step);
     const int64_t was = step_;
     step_ = data.task_step;
     step_hint_ = data.global_step;

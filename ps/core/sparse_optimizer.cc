@@ -103,11 +103,9 @@ void SparseOptimizer::ApplyRow(const Step& step, float grad_scale, const float* 
   float* s0 = row + dim;
   float* s1 = row + 2 * dim;
   switch (kind_) {
-    case Kind::kSgd: {
-      const float a = step.lr * grad_scale;
-      for (int i = 0; i < dim; ++i) var[i] -= a * grad[i];
+    case Kind::kSgd:
+      kernels::ApplySgdLoop(step.lr, grad_scale, grad, var, dim);  // the dense variables' loops
       break;
-    }
     case Kind::kAdagrad: {
       for (int i = 0; i < dim; ++i) {
         const float g = grad_scale * grad[i];
@@ -116,14 +114,10 @@ void SparseOptimizer::ApplyRow(const Step& step, float grad_scale, const float* 
       }
       break;
     }
-    case Kind::kAdam: {
-      const float b1 = config_.beta1, b2 = config_.beta2;
-      for (int i = 0; i < dim; ++i) {
-        kernels::AdamElement(step.lr_t, b1, 1.0f - b1, b2, 1.0f - b2, config_.epsilon, grad_scale, grad[i], var[i],
-                             s0[i], s1[i]);
-      }
+    case Kind::kAdam:  // lazy: only this row's moments move
+      kernels::ApplyAdamLoop(step.lr_t, config_.beta1, config_.beta2, config_.epsilon, grad_scale, grad, var, s0, s1,
+                             dim);
       break;
-    }
     case Kind::kFtrl: {
       const float lr = step.lr, l1 = config_.l1, l2 = config_.l2, p = config_.lr_power;
       const bool half = p == -0.5f;

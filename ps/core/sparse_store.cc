@@ -258,7 +258,6 @@ class SparseTable {
     int64_t* keys = nullptr;
     uint64_t* ref = nullptr;
     float* data = nullptr;
-    uint32_t rows = 0;  // allocated (rows of the chunk's span beyond a sub-shard's share are not)
   };
   struct Stripe {
     mutable absl::Mutex mu;
@@ -399,7 +398,6 @@ class SparseTable {
         c.keys = static_cast<int64_t*>(c.memory.data());
         c.ref = reinterpret_cast<uint64_t*>(c.keys + rows);  // zero: fresh pages
         c.data = reinterpret_cast<float*>(c.ref + (rows + 63) / 64);
-        c.rows = rows;
         st.chunks.push_back(std::move(c));
         st.capacity += rows;
       }
@@ -432,13 +430,17 @@ class SparseTable {
   template <typename Fn>
   void ForEachByStripe(const int64_t* ids, int64_t n, Fn fn) {
     const int stripes = static_cast<int>(stripes_.size());
-    if (n == 1 || stripes == 1) {
-      for (int64_t i = 0; i < n; ++i) {
-        const uint64_t h = HashId(ids[i]);
-        Stripe& st = *stripes_[StripeOf(h)];
-        absl::MutexLock lock(&st.mu);
-        fn(st, i, h);
-      }
+    if (stripes == 1) {  // one lock for all
+      Stripe& st = *stripes_[0];
+      absl::MutexLock lock(&st.mu);
+      for (int64_t i = 0; i < n; ++i) fn(st, i, HashId(ids[i]));
+      return;
+    }
+    if (n == 1) {
+      const uint64_t h = HashId(ids[0]);
+      Stripe& st = *stripes_[StripeOf(h)];
+      absl::MutexLock lock(&st.mu);
+      fn(st, 0, h);
       return;
     }
     thread_local std::vector<uint64_t> hashes;
@@ -637,11 +639,7 @@ std::vector<SparseTableState> SparseStore::ExportState() const {
   return out;
 }
 
-absl::Status SparseStore::CheckState(const std::vector<SparseTableState>& tables) const {
-  return Match(tables).status();
-}
-
-absl::StatusOr<std::vector<const SparseTableState*>> SparseStore::Match(
+absl::StatusOr<SparseStore::CheckedState> SparseStore::CheckState(
     const std::vector<SparseTableState>& tables) const {
   std::vector<const SparseTableState*> by_table(specs_.size(), nullptr);
   const int slots = optimizer_.num_slots();
@@ -680,9 +678,13 @@ absl::StatusOr<std::vector<const SparseTableState*>> SparseStore::Match(
 }
 
 absl::Status SparseStore::ImportState(const std::vector<SparseTableState>& tables, int64_t version) {
-  absl::StatusOr<std::vector<const SparseTableState*>> matched = Match(tables);
-  if (!matched.ok()) return matched.status();
-  const std::vector<const SparseTableState*>& by_table = *matched;
+  absl::StatusOr<CheckedState> checked = CheckState(tables);
+  if (!checked.ok()) return checked.status();
+  ImportChecked(*checked, version);
+  return absl::OkStatus();
+}
+
+void SparseStore::ImportChecked(const CheckedState& by_table, int64_t version) {
   for (size_t t = 0; t < specs_.size(); ++t) {
     const int64_t evicted = tables_[t]->Import(*by_table[t]);
     if (evicted > 0) {
@@ -691,7 +693,6 @@ absl::Status SparseStore::ImportState(const std::vector<SparseTableState>& table
     }
   }
   SetVersion(version);
-  return absl::OkStatus();
 }
 
 void SparseStore::Clear(int64_t version) {

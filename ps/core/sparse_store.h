@@ -146,15 +146,17 @@ class SparseStore {
   // the optimizer's slots; ids owned by this task, valid and not repeated) and sets the version; else
   // InvalidArgument and nothing changes. Rows beyond a table's max_rows are evicted as they come in.
   absl::Status ImportState(const std::vector<SparseTableState>& tables, int64_t version);
-  // The checks of ImportState alone (nothing changes): ImportState after a CheckState that passed succeeds.
-  absl::Status CheckState(const std::vector<SparseTableState>& tables) const;
+  // ImportState in two halves, for a caller that must check everything before it changes anything: CheckState
+  // makes ImportState's checks (nothing changes) and gives each table's state (pointers into `tables`, which
+  // must outlive them); ImportChecked then imports them.
+  using CheckedState = std::vector<const SparseTableState*>;
+  absl::StatusOr<CheckedState> CheckState(const std::vector<SparseTableState>& tables) const;
+  void ImportChecked(const CheckedState& by_table, int64_t version);
   // Drops every row (and admission count) and sets the version.
   void Clear(int64_t version);
 
  private:
   SparseStore(std::vector<SparseTableSpec> specs, SparseOptimizer optimizer, SparseStoreOptions options);
-  // The state of each table (ImportState's checks).
-  absl::StatusOr<std::vector<const SparseTableState*>> Match(const std::vector<SparseTableState>& tables) const;
 
   std::vector<SparseTableSpec> specs_;
   SparseOptimizer optimizer_;
