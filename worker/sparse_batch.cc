@@ -9,13 +9,11 @@ namespace dtrain::worker {
 
 SparseBatch::SparseBatch(const models::Graph& graph)
     : tables_(graph.tables),
-      table_of_feature_(graph.num_sparse_features, -1),
+      table_of_feature_(graph.table_of_feature()),
       bag_(graph.num_sparse_features, false),
       tables_state_(graph.tables.size()) {
   for (const models::Node& n : graph.nodes) {
-    if (n.op != models::Op::kEmbedding) continue;
-    table_of_feature_[n.embedding.feature] = n.embedding.table;
-    bag_[n.embedding.feature] = n.embedding.bag;
+    if (n.op == models::Op::kEmbedding) bag_[n.embedding.feature] = n.embedding.bag;
   }
 }
 

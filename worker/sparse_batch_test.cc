@@ -245,6 +245,37 @@ TEST(SparseBatchTest, BagsTrain) {
 
 // DLRM on a GPU (embedding lookups, the interaction, sigmoid cross-entropy in CUDA) computes the CPU's loss,
 // flat gradients and row gradients on the same rows and batch.
+// A feature's ids index one table one way: a second lookup of it from another table, or as bags where the first
+// takes one id, is refused when the graph is built; the same lookup twice is fine.
+TEST(SparseBatchTest, AFeatureIsLookedUpInOneTable) {
+  models::GraphBuilder b("twice", models::TensorShape{{2}});
+  b.SetSparseFeatures(2);
+  for (const char* name : {"a", "b"}) {
+    models::TableInfo t;
+    t.name = name;
+    t.dim = 3;
+    ASSERT_TRUE(b.AddTable(t).ok());
+  }
+  auto lookup = [&](const char* name, int table, int feature, bool bag) {
+    models::Node e;
+    e.op = models::Op::kEmbedding;
+    e.name = name;
+    e.embedding.table = table;
+    e.embedding.feature = feature;
+    e.embedding.bag = bag;
+    return b.Add(e, {});
+  };
+  ASSERT_TRUE(lookup("f0", 0, 0, false).ok());
+  ASSERT_TRUE(lookup("f0_again", 0, 0, false).ok());
+  ASSERT_TRUE(lookup("f1", 1, 1, false).ok());
+  const absl::Status other_table = lookup("f0_in_b", 1, 0, false).status();
+  EXPECT_EQ(other_table.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(other_table.message().find("sparse feature 0 is read by node 'f0'"), absl::string_view::npos)
+      << other_table;
+  EXPECT_EQ(lookup("f1_bags", 1, 1, true).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.graph().table_of_feature(), (std::vector<int>{0, 1}));
+}
+
 TEST(DlrmTest, GpuMatchesCpu) {
   if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   models::DlrmConfig c;

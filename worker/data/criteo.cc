@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -20,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -304,11 +304,11 @@ absl::StatusOr<Dataset> ReadCriteo(const std::string& path, const CriteoLayout& 
 
 absl::StatusOr<CriteoLayout> ReadCriteoLayout(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / kCriteoLayoutFile).string();
-  std::ifstream in(path);
   CriteoLayout layout;
-  if (!in) return layout;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (absl::string_view item : absl::StrSplit(text, absl::ByAnyChar(" \t\r\n"), absl::SkipEmpty())) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (absl::IsNotFound(text.status())) return layout;  // no layout file: Criteo's own 13 + 26
+  if (!text.ok()) return text.status();
+  for (absl::string_view item : absl::StrSplit(*text, absl::ByAnyChar(" \t\r\n"), absl::SkipEmpty())) {
     const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     int* target = kv.first == "num_dense" ? &layout.num_dense : kv.first == "num_sparse" ? &layout.num_sparse
                                                                                           : nullptr;
@@ -326,11 +326,8 @@ absl::StatusOr<CriteoLayout> ReadCriteoLayout(const std::string& dir) {
 absl::Status WriteCriteoLayout(const std::string& dir, const CriteoLayout& layout) {
   RETURN_IF_ERROR(CheckLayout(layout));
   const std::string path = (std::filesystem::path(dir) / kCriteoLayoutFile).string();
-  std::ofstream out(path, std::ios::trunc);
-  out << "num_dense=" << layout.num_dense << " num_sparse=" << layout.num_sparse << "\n";
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat(path, ": cannot write"));
-  return absl::OkStatus();
+  return WriteFileAtomically(path,
+                             absl::StrCat("num_dense=", layout.num_dense, " num_sparse=", layout.num_sparse, "\n"));
 }
 
 }  // namespace dtrain::data

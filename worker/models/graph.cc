@@ -117,6 +117,14 @@ absl::Status GraphBuilder::Error(const Node& node, const std::string& what) cons
       absl::StrCat(graph_.name, ": node '", node.name, "' (", OpName(node.op), "): ", what));
 }
 
+std::vector<int> Graph::table_of_feature() const {
+  std::vector<int> table(num_sparse_features, -1);
+  for (const Node& n : nodes) {
+    if (n.op == Op::kEmbedding) table[n.embedding.feature] = n.embedding.table;
+  }
+  return table;
+}
+
 std::string ShapeText(const std::vector<int64_t>& dims) {
   return dims.empty() ? std::string("a scalar") : absl::StrJoin(dims, "x");
 }
@@ -426,6 +434,14 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
       if (e.feature < 0 || e.feature >= graph_.num_sparse_features) {
         return Error(node, absl::StrCat("sparse feature ", e.feature, " is outside the batch's ",
                                         graph_.num_sparse_features, " features"));
+      }
+      for (const Node& other : graph_.nodes) {  // a feature's ids index one table, one way
+        if (other.op == Op::kEmbedding && other.embedding.feature == e.feature &&
+            (other.embedding.table != e.table || other.embedding.bag != e.bag)) {
+          return Error(node, absl::StrCat("sparse feature ", e.feature, " is read by node '", other.name,
+                                          "' too, from another table or as bags the other way (supported: each "
+                                          "feature looked up in one table, as bags or not)"));
+        }
       }
       out.dims = {graph_.tables[e.table].dim};
       break;

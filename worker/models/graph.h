@@ -170,6 +170,9 @@ struct Graph {
   const TensorShape& output_shape() const { return tensors[output]; }
   // Variables' flat offsets (Offsets(variables)).
   std::vector<int64_t> variable_offsets() const;
+  // For each sparse feature, the table its embedding nodes look it up in (one per feature: GraphBuilder checks),
+  // or -1 when no node reads it.
+  std::vector<int> table_of_feature() const;
 };
 
 // Builds a Graph node by node, inferring and checking shapes as it goes. Errors are InvalidArgument naming the

@@ -100,10 +100,7 @@ absl::StatusOr<std::unique_ptr<Model>> GraphModel::Create(Graph graph, const Mod
   m->grads_capacity_.assign(tables, 0);
   m->num_rows_.assign(tables, 0);
   m->indices_.assign(features, nullptr);
-  m->table_of_feature_.assign(features, -1);  // the table an embedding node looks the feature up in
-  for (const Node& node : m->graph_.nodes) {
-    if (node.op == Op::kEmbedding) m->table_of_feature_[node.embedding.feature] = node.embedding.table;
-  }
+  m->table_of_feature_ = m->graph_.table_of_feature();
   m->offsets_.assign(features, nullptr);
   m->indices_capacity_.assign(features, 0);
   for (size_t f = 0; f < features; ++f) {
