@@ -641,8 +641,13 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   if (chief && !o.export_onnx.empty()) {
     models::onnx::TableRows rows;  // the embedding tables' rows, into their initializers
     const std::vector<models::TableInfo>& tables = towers->tower(0)->graph().tables;
-    for (size_t t = 0; t < tables.size() && t < result.table_rows.size(); ++t) {
-      if (!result.table_rows[t].empty()) rows[tables[t].name] = result.table_rows[t];
+    for (size_t t = 0; t < tables.size(); ++t) {
+      // Every table's rows, whatever the file's dims let the import see: the file's own rows never stand in.
+      if (t >= result.table_rows.size() || result.table_rows[t].empty()) {
+        return absl::InternalError(absl::StrCat("--export_onnx: the rows of embedding table '", tables[t].name,
+                                                "' were not pulled at the end"));
+      }
+      rows[tables[t].name] = result.table_rows[t];
     }
     RETURN_IF_ERROR(models::onnx::ExportOnnx(*o.resolved_model, towers->tower(0)->variables(), result.parameters.data(),
                                              rows, o.export_onnx));
