@@ -308,6 +308,8 @@ struct InteractionParams {
   int batch = 0, features = 0, dim = 0;
   int64_t outputs() const { return static_cast<int64_t>(features) * (features - 1) / 2; }
 };
+// What every backend requires of InteractionParams (kernels/shape.cc): InvalidArgument naming `op` otherwise.
+absl::Status CheckInteractionParams(const char* op, const InteractionParams& p);
 
 // The two queues of a Device. The CPU backend has one in-order queue: both names run there, synchronously.
 enum class Queue { kCompute, kCopy };

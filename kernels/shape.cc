@@ -5,6 +5,14 @@
 
 namespace dtrain::kernels {
 
+absl::Status CheckInteractionParams(const char* op, const InteractionParams& p) {
+  if (p.batch < 0 || p.features < 1 || p.dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": need batch >= 0, features >= 1 and dim >= 1, got ",
+                                                   p.batch, ", ", p.features, ", ", p.dim));
+  }
+  return absl::OkStatus();
+}
+
 int OutputSize(int in, int k, int stride, Padding padding) {
   if (padding == Padding::kSame) return (in + stride - 1) / stride;
   return (in - k + 1 + stride - 1) / stride;

@@ -33,14 +33,6 @@ absl::Status CheckGatherParams(const char* op, const GatherParams& p, const int3
   return absl::OkStatus();
 }
 
-absl::Status CheckInteractionParams(const char* op, const InteractionParams& p) {
-  if (p.batch < 0 || p.features < 1 || p.dim < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": need batch >= 0, features >= 1 and dim >= 1, got ",
-                                                   p.batch, ", ", p.features, ", ", p.dim));
-  }
-  return absl::OkStatus();
-}
-
 // The CPU backend runs every op synchronously on the calling thread, so its queues are one: events are always
 // complete, asynchronous copies are plain copies, and a counter is an int64 in host memory.
 class CpuEvent final : public Event {
@@ -312,6 +304,9 @@ class CpuDevice final : public Device {
     if (batch < 0 || rows < 0 || cols < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("Transpose: negative size ", batch, "x", rows, "x", cols));
+    }
+    if (x == y && rows > 1 && cols > 1 && batch > 0) {  // as the CUDA backend: no transpose in place
+      return absl::InvalidArgumentError("Transpose: x and y must not be the same buffer");
     }
     cpu::TransposeLoop(x, y, batch, rows, cols, spec_.threads);
     return absl::OkStatus();

@@ -11,21 +11,6 @@
 #include "kernels/dropout_rng.h"
 
 namespace dtrain::kernels::cpu {
-namespace {
-
-// Sum over threads of fn(begin, end) -> double.
-template <typename Fn>
-double ParallelSum(int64_t n, int threads, int64_t min_parallel, Fn fn) {
-  if (threads <= 1 || n < min_parallel) return fn(int64_t{0}, n);
-  double partial[kMaxThreads] = {};
-  ForChunks(n, threads, min_parallel,
-            [&](int64_t b, int64_t e) { partial[omp_get_thread_num()] = fn(b, e); });
-  double s = 0;
-  for (double p : partial) s += p;
-  return s;
-}
-
-}  // namespace
 
 void ReluLoop(const float* x, float* y, int64_t n, int threads) {
   ForChunks(n, threads, kParallelMinElements, [=](int64_t b, int64_t e) {

@@ -262,22 +262,16 @@ absl::Status SigmoidCrossEntropyLoop(const float* logits, const float* labels, i
     }
   }
   const float inv_batch = 1.0f / static_cast<float>(batch);
-  double partial[kMaxThreads] = {};
-  ForChunks(
-      batch, threads, kParallelMinElements / 8,
-      [&](int64_t b, int64_t e) {
-        double sum = 0;
-        for (int64_t r = b; r < e; ++r) {
-          const float z = logits[r], t = labels[r];
-          const double zd = z;
-          sum += std::max(zd, 0.0) - zd * t + std::log1p(std::exp(-std::fabs(zd)));
-          dlogits[r] = (Sigmoid(z) - t) * inv_batch;
-        }
-        partial[omp_get_thread_num()] = sum;
-      },
-      /*align=*/16);
-  double total = 0;
-  for (double s : partial) total += s;
+  const double total = ParallelSum(batch, threads, kParallelMinElements / 8, [=](int64_t b, int64_t e) {
+    double sum = 0;
+    for (int64_t r = b; r < e; ++r) {
+      const float z = logits[r], t = labels[r];
+      const double zd = z;
+      sum += std::max(zd, 0.0) - zd * t + std::log1p(std::exp(-std::fabs(zd)));
+      dlogits[r] = (Sigmoid(z) - t) * inv_batch;
+    }
+    return sum;
+  });
   *loss = static_cast<float>(total / batch);
   return absl::OkStatus();
 }

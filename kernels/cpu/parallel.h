@@ -33,6 +33,18 @@ void ForChunks(int64_t n, int threads, int64_t min_parallel, Fn fn, int64_t alig
   }
 }
 
+// Sum over threads of fn(begin, end) -> double, the chunks as ForChunks makes them; the partial sums added in
+// thread order (the same bits for the same thread count).
+template <typename Fn>
+double ParallelSum(int64_t n, int threads, int64_t min_parallel, Fn fn) {
+  if (threads <= 1 || n < min_parallel) return fn(int64_t{0}, n);
+  double partial[kMaxThreads] = {};
+  ForChunks(n, threads, min_parallel, [&](int64_t b, int64_t e) { partial[omp_get_thread_num()] = fn(b, e); });
+  double s = 0;
+  for (double p : partial) s += p;
+  return s;
+}
+
 }  // namespace dtrain::kernels::cpu
 
 #endif  // DTRAIN_KERNELS_CPU_PARALLEL_H_

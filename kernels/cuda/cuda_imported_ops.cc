@@ -50,14 +50,6 @@ absl::StatusOr<GatherShape> ToGatherShape(const GatherParams& p, const int32_t* 
   return GatherShape{p.rows, p.dim, p.count, p.num_bags, p.mean ? 1 : 0};
 }
 
-absl::Status CheckInteraction(const InteractionParams& p, absl::string_view op) {
-  if (p.batch < 0 || p.features < 1 || p.dim < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": bad shape batch=", p.batch, " features=", p.features,
-                                                   " dim=", p.dim));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status CudaDevice::Activation(const ActivationParams& p, const float* x, float* y, int64_t n) {
@@ -145,14 +137,14 @@ absl::Status CudaDevice::GatherBackward(const GatherParams& p, const float* dy, 
 }
 
 absl::Status CudaDevice::Interaction(const InteractionParams& p, const float* x, float* y) {
-  RETURN_IF_ERROR(CheckInteraction(p, "Interaction"));
+  RETURN_IF_ERROR(CheckInteractionParams("Interaction", p));
   RETURN_IF_ERROR(Activate("Interaction"));
   return CudaStatus(LaunchInteraction(x, y, p.batch, p.features, p.dim, stream_), "Interaction");
 }
 
 absl::Status CudaDevice::InteractionBackward(const InteractionParams& p, const float* x, const float* dy,
                                              float* dx) {
-  RETURN_IF_ERROR(CheckInteraction(p, "InteractionBackward"));
+  RETURN_IF_ERROR(CheckInteractionParams("InteractionBackward", p));
   RETURN_IF_ERROR(Activate("InteractionBackward"));
   return CudaStatus(LaunchInteractionBackward(x, dy, dx, p.batch, p.features, p.dim, stream_),
                     "InteractionBackward");
