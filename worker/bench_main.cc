@@ -29,6 +29,7 @@
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
 #include "worker/data/dataset.h"
+#include "worker/model_flags.h"
 #include "worker/resident_steps.h"
 #include "worker/synthetic_data.h"
 #include "worker/towers.h"
@@ -36,8 +37,6 @@
 #include "worker/training_steps.h"
 
 ABSL_FLAG(std::string, model, "cnn", "mlp | cnn | convnet | cifar10, or PATH.onnx: a model exported as ONNX");
-ABSL_FLAG(std::string, input_mean, "", "Per-channel means subtracted from the [0, 1] pixels (as dtrain_worker)");
-ABSL_FLAG(std::string, input_std, "", "Per-channel standard deviations the pixels are divided by (as dtrain_worker)");
 ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
 ABSL_FLAG(int, threads, 1, "CPU threads");
 ABSL_FLAG(std::string, towers, "", "N CPU towers or gpu:0,...");
@@ -86,8 +85,7 @@ int Main() {
                     "scripts/compare_cluster_sizes.sh --model=", o.model)),
                 2);
   }
-  absl::StatusOr<data::Normalization> normalize =
-      data::ParseNormalization(absl::GetFlag(FLAGS_input_mean), absl::GetFlag(FLAGS_input_std));
+  absl::StatusOr<data::Normalization> normalize = InputNormalizationFromFlags();  // as dtrain_worker takes them
   if (!normalize.ok()) return Fail(normalize.status(), 2);
   absl::StatusOr<std::vector<kernels::DeviceSpec>> specs = ParseTowers(o.towers, o.num_gpus, o.threads);
   if (!specs.ok()) return Fail(specs.status(), 2);

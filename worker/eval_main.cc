@@ -39,6 +39,7 @@
 #include "worker/checkpoint_tables.h"
 #include "worker/data/dataset.h"
 #include "worker/evaluation.h"
+#include "worker/model_flags.h"
 #include "absl/strings/match.h"
 #include "worker/models/graph.h"
 #include "worker/models/dlrm.h"
@@ -51,14 +52,6 @@ ABSL_FLAG(std::string, checkpoint, "", "Checkpoint prefix <dir>/model.ckpt-<step
 ABSL_FLAG(std::string, model, "mlp",
           "Model the checkpoint was trained with: mlp | cnn | convnet | cifar10, or PATH.onnx");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Data set directory (its test split)");
-ABSL_FLAG(std::string, data_format, "auto", "Format of --data_dir, as dtrain_worker takes it (criteo: CTR data)");
-// --model=dlrm: its shape, as dtrain_worker took it (the checkpoint's tables must match).
-ABSL_FLAG(int, embedding_dim, 16, "--model=dlrm: floats per embedding row");
-ABSL_FLAG(std::string, dlrm_bottom, "64", "--model=dlrm: the bottom MLP's hidden widths");
-ABSL_FLAG(std::string, dlrm_top, "128,64", "--model=dlrm: the top MLP's hidden widths");
-ABSL_FLAG(int64_t, table_rows, 0, "--model=dlrm: rows per table (0: hash tables)");
-ABSL_FLAG(int64_t, max_rows, 0, "--model=dlrm: max_rows per table and ps task it was trained with");
-ABSL_FLAG(int, admit_after, 0, "--model=dlrm: admit_after it was trained with");
 ABSL_FLAG(bool, use_moving_averages, false, "Evaluate the moving averages of the weights instead of the weights");
 ABSL_FLAG(std::string, export, "",
           "Also write the weights to this file: FILE.onnx (a model imported from ONNX: the file with its "
@@ -67,8 +60,6 @@ ABSL_FLAG(bool, export_for_inference, false,
           "With --export=FILE.onnx: BatchNormalization in inference mode (the running statistics) and Dropout off, "
           "for inference runtimes such as onnxruntime (default: the training graph as imported)");
 ABSL_FLAG(std::string, logits_out, "", "Also write the test set's logits and labels to this .npz file");
-ABSL_FLAG(std::string, input_mean, "", "Per-channel means subtracted from the [0, 1] pixels (as in training)");
-ABSL_FLAG(std::string, input_std, "", "Per-channel standard deviations the pixels are divided by (as in training)");
 ABSL_FLAG(int, batch_size, 500, "Examples per evaluation batch");
 ABSL_FLAG(int, threads, 1, "CPU threads for the model's ops");
 ABSL_FLAG(bool, skip_eval, false, "Only --export, do not evaluate (the data set is still read for its shape)");
@@ -279,10 +270,10 @@ int main(int argc, char** argv) {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.logits_path = absl::GetFlag(FLAGS_logits_out);
   o.for_inference = absl::GetFlag(FLAGS_export_for_inference);
-  absl::StatusOr<dtrain::data::DataFormat> format = dtrain::data::ParseDataFormat(absl::GetFlag(FLAGS_data_format));
-  absl::StatusOr<dtrain::models::DlrmConfig> dlrm = dtrain::models::ParseDlrmConfig(
-      absl::GetFlag(FLAGS_embedding_dim), absl::GetFlag(FLAGS_dlrm_bottom), absl::GetFlag(FLAGS_dlrm_top),
-      absl::GetFlag(FLAGS_table_rows), absl::GetFlag(FLAGS_max_rows), absl::GetFlag(FLAGS_admit_after));
+  // --data_format, --model=dlrm's shape and --input_mean/--input_std as dtrain_worker took them (the checkpoint's
+  // tables must match): worker/model_flags.h.
+  absl::StatusOr<dtrain::data::DataFormat> format = dtrain::worker::DataFormatFromFlags();
+  absl::StatusOr<dtrain::models::DlrmConfig> dlrm = dtrain::worker::DlrmConfigFromFlags();
   for (const absl::Status& s : {format.status(), dlrm.status()}) {
     if (!s.ok()) {
       std::fprintf(stderr, "dtrain_eval: %s\n", std::string(s.message()).c_str());
@@ -290,8 +281,7 @@ int main(int argc, char** argv) {
     }
   }
   o.data_format = *format;
-  absl::StatusOr<dtrain::data::Normalization> n =
-      dtrain::data::ParseNormalization(absl::GetFlag(FLAGS_input_mean), absl::GetFlag(FLAGS_input_std));
+  absl::StatusOr<dtrain::data::Normalization> n = dtrain::worker::InputNormalizationFromFlags();
   if (!n.ok()) {
     std::fprintf(stderr, "dtrain_eval: %s\n", std::string(n.status().message()).c_str());
     return 2;

@@ -19,6 +19,7 @@
 #include "ps/api/slice_io.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/rpc/grpc_ps_client.h"
+#include "worker/model_flags.h"
 #include "worker/towers.h"
 #include "worker/trainer.h"
 
@@ -32,23 +33,9 @@ ABSL_FLAG(std::string, model, "mlp",
           "mlp | cnn | convnet | cifar10 | dlrm (click-through-rate data), or PATH.onnx: a model exported as ONNX");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "MNIST IDX, CIFAR-10 binary or TFRecord files");
-ABSL_FLAG(std::string, input_mean, "",
-          "Per-channel means subtracted from the pixels after scaling them to [0, 1], e.g. 0.4914,0.4822,0.4465 "
-          "(for models trained on normalized inputs; one value: every channel)");
-ABSL_FLAG(std::string, input_std, "", "Per-channel standard deviations the pixels are divided by (after --input_mean)");
-ABSL_FLAG(std::string, data_format, "auto",
-          "auto | mnist-idx | cifar10-bin | tfrecord | criteo (auto: by the file names in --data_dir)");
 ABSL_FLAG(std::string, sparse_optimizer, "",
           "Models with embedding tables: sgd | adagrad | adam (lazy) | ftrl for the rows on the ps (empty: the model's)");
 ABSL_FLAG(double, sparse_learning_rate, 0, "Learning rate of --sparse_optimizer (0: the model's)");
-ABSL_FLAG(int, embedding_dim, 16, "--model=dlrm: floats per embedding row (and the bottom MLP's output)");
-ABSL_FLAG(std::string, dlrm_bottom, "64", "--model=dlrm: hidden widths of the bottom MLP (comma-separated)");
-ABSL_FLAG(std::string, dlrm_top, "128,64", "--model=dlrm: hidden widths of the top MLP (comma-separated)");
-ABSL_FLAG(int64_t, table_rows, 0,
-          "--model=dlrm: rows per table, ids taken modulo it (0: hash tables keyed by the id, rows made on first touch)");
-ABSL_FLAG(int64_t, max_rows, 0, "--model=dlrm: rows per table and ps task beyond which the least recently used "
-                                "are evicted (0: no bound)");
-ABSL_FLAG(int, admit_after, 0, "--model=dlrm: give an id a row once it was looked up this many times (0: at once)");
 ABSL_FLAG(bool, shuffle, true, "Shuffle each worker's shard every epoch (false: read it in order)");
 ABSL_FLAG(std::string, metrics_file, "",
           "Write this worker's loss of every local step here at the end, as CSV local_step,loss");
@@ -176,10 +163,8 @@ int main(int argc, char** argv) {
   o.sparse_learning_rate = static_cast<float>(absl::GetFlag(FLAGS_sparse_learning_rate));
   absl::Status flags_ok = absl::OkStatus();
   {
-    absl::StatusOr<dtrain::data::DataFormat> format = dtrain::data::ParseDataFormat(absl::GetFlag(FLAGS_data_format));
-    absl::StatusOr<dtrain::models::DlrmConfig> dlrm = dtrain::models::ParseDlrmConfig(
-        absl::GetFlag(FLAGS_embedding_dim), absl::GetFlag(FLAGS_dlrm_bottom), absl::GetFlag(FLAGS_dlrm_top),
-        absl::GetFlag(FLAGS_table_rows), absl::GetFlag(FLAGS_max_rows), absl::GetFlag(FLAGS_admit_after));
+    absl::StatusOr<dtrain::data::DataFormat> format = dtrain::worker::DataFormatFromFlags();
+    absl::StatusOr<dtrain::models::DlrmConfig> dlrm = dtrain::worker::DlrmConfigFromFlags();
     if (!format.ok()) flags_ok = format.status();
     if (flags_ok.ok()) flags_ok = dlrm.status();
     if (flags_ok.ok()) {
@@ -189,8 +174,7 @@ int main(int argc, char** argv) {
   }
   if (flags_ok.ok()) flags_ok = dtrain::worker::ApplyModelDefaults(&o);
   if (flags_ok.ok()) {
-    absl::StatusOr<dtrain::data::Normalization> n =
-        dtrain::data::ParseNormalization(absl::GetFlag(FLAGS_input_mean), absl::GetFlag(FLAGS_input_std));
+    absl::StatusOr<dtrain::data::Normalization> n = dtrain::worker::InputNormalizationFromFlags();
     flags_ok = n.status();
     if (n.ok()) o.input_normalization = *std::move(n);
   }
