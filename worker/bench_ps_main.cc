@@ -146,19 +146,27 @@ double RawTcpRoundTripMs(size_t n, int warmup, int rounds) {
 
 // ---- sparse mode ------------------------------------------------------------------------------------------------
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+// `count` distinct free ports on 127.0.0.1: every socket stays bound until all are picked (one at a time, the
+// kernel may hand the same port out twice). Empty when sockets cannot be made.
+std::vector<int> FreePorts(int count) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < count; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    fds.push_back(fd);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      break;
+    }
+    ports.push_back(ntohs(addr.sin_port));
   }
-  close(fd);
-  return port;
+  for (int fd : fds) close(fd);
+  if (static_cast<int>(ports.size()) != count) ports.clear();
+  return ports;
 }
 
 // VmRSS and VmHWM of a process, in bytes (-1 if unreadable).
@@ -205,8 +213,8 @@ int SparseMain() {
     ps_binary = dir.substr(0, dir.find_last_of('/')) + "/dtrain_ps";
   }
   // The cluster: num_ps ps processes, one worker (this process).
-  std::vector<int> ports;
-  for (int i = 0; i <= num_ps; ++i) ports.push_back(FreePort());
+  const std::vector<int> ports = FreePorts(num_ps + 1);
+  if (ports.empty()) return Fail("ports", absl::UnavailableError("cannot bind sockets on 127.0.0.1"));
   std::string ps_hosts;
   for (int i = 0; i < num_ps; ++i) absl::StrAppend(&ps_hosts, i ? "," : "", "127.0.0.1:", ports[i]);
   std::vector<pid_t> pids;
