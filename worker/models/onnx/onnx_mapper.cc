@@ -587,10 +587,8 @@ absl::Status Mapper::MapMatMul(int i) {
   std::string out_name;
   // MatMul + Add of a bias initializer [out] (tf2onnx's and some exporters' Linear): one Dense.
   const std::string& product = n.output(0);
-  auto readers = f_.readers.find(product);
-  const bool is_output = std::find(f_.outputs.begin(), f_.outputs.end(), product) != f_.outputs.end();
-  if (!is_output && readers != f_.readers.end() && readers->second.size() == 1) {
-    const int j = readers->second[0];
+  const int j = IsGraphOutput(product) ? -1 : SoleReader(product);
+  if (j >= 0) {
     const NodeProto& add = node(j);
     if (add.op_type() == "Add" && add.input_size() == 2) {
       const std::string other = add.input(0) == product ? add.input(1) : add.input(0);
@@ -835,13 +833,9 @@ absl::Status Mapper::MapPad(int i) {
                                   "] are not supported (supported: non-negative pads of H and W only)"));
   }
   const std::string& out = n.output(0);
-  auto readers = f_.readers.find(out);
-  const bool is_output = std::find(f_.outputs.begin(), f_.outputs.end(), out) != f_.outputs.end();
-  bool fits = !is_output && readers != f_.readers.end() && readers->second.size() == 1;
-  if (fits) {
-    const NodeProto& r = node(readers->second[0]);
-    fits = (r.op_type() == "Conv" || r.op_type() == "AveragePool") && r.input(0) == out;
-  }
+  const int reader = IsGraphOutput(out) ? -1 : SoleReader(out);
+  const bool fits = reader >= 0 && (node(reader).op_type() == "Conv" || node(reader).op_type() == "AveragePool") &&
+                    node(reader).input(0) == out;
   if (!fits) {
     return Refuse(i, "its output is not read by exactly one Conv or AveragePool (supported: a Pad merged into the "
                      "Conv or AveragePool after it, as PyTorch exports AvgPool2d(padding=p))");

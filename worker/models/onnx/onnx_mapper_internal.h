@@ -74,6 +74,10 @@ class Mapper {
   Node Make(int i, Op op) const;
   // Whether value `name` is the graph's output, read by no node.
   bool IsFinalOutput(const std::string& name) const;
+  // The index of the one node that reads `value`, or -1 when none or several do.
+  int SoleReader(const std::string& value) const;
+  // Whether `value` is one of the graph's outputs.
+  bool IsGraphOutput(const std::string& value) const;
 
   absl::Status Fold(int i);
   absl::Status MapConv(int i);

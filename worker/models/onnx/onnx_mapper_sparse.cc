@@ -206,10 +206,9 @@ absl::Status Mapper::MapSqueeze(int i) {
       // One logit squeezed to [N] (BCEWithLogitsLoss against [N] labels): the model's output, or the input of
       // its Sigmoid head.
       const std::string& out = n.output(0);
-      auto readers = f_.readers.find(out);
-      bool to_head = readers != f_.readers.end() && readers->second.size() == 1 &&
-                     node(readers->second[0]).op_type() == "Sigmoid" &&
-                     IsFinalOutput(node(readers->second[0]).output(0));
+      const int reader = SoleReader(out);
+      const bool to_head =
+          reader >= 0 && node(reader).op_type() == "Sigmoid" && IsFinalOutput(node(reader).output(0));
       if (o_.forward_only || (!IsFinalOutput(out) && !to_head)) {
         return Refuse(i, "Squeeze to one value per example is supported only for the model's one logit at its "
                          "output (or before its Sigmoid head)");
@@ -363,6 +362,15 @@ absl::Status Mapper::MapReduce(int i) {
   return absl::OkStatus();
 }
 
+int Mapper::SoleReader(const std::string& value) const {
+  auto readers = f_.readers.find(value);
+  return readers != f_.readers.end() && readers->second.size() == 1 ? readers->second[0] : -1;
+}
+
+bool Mapper::IsGraphOutput(const std::string& value) const {
+  return std::find(f_.outputs.begin(), f_.outputs.end(), value) != f_.outputs.end();
+}
+
 bool Mapper::IsFinalOutput(const std::string& name) const {
   if (f_.outputs.empty() || f_.outputs[0] != name) return false;
   auto readers = f_.readers.find(name);
@@ -373,10 +381,9 @@ absl::StatusOr<bool> Mapper::MapSigmoidHead(int i) {
   const ::onnx::NodeProto& n = node(i);
   if (o_.forward_only) return false;
   // The graph's output, or read only by a Squeeze that is (torch.sigmoid(logit).squeeze(1)).
-  auto readers = f_.readers.find(n.output(0));
-  const bool squeezed = readers != f_.readers.end() && readers->second.size() == 1 &&
-                        node(readers->second[0]).op_type() == "Squeeze" &&
-                        IsFinalOutput(node(readers->second[0]).output(0));
+  const int reader = SoleReader(n.output(0));
+  const bool squeezed =
+      reader >= 0 && node(reader).op_type() == "Squeeze" && IsFinalOutput(node(reader).output(0));
   if (!IsFinalOutput(n.output(0)) && !squeezed) return false;
   ASSIGN_OR_RETURN(const Value* in, Get(i, 0));
   int logit = -1;
