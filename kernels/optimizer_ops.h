@@ -48,9 +48,9 @@ struct OptimizerParams {
   int num_slots() const { return kind == Kind::kSgd ? 0 : kind == Kind::kMomentum ? 1 : 2; }
 };
 
-// "sgd", "momentum", "adam", "pytorch_adam" -> Kind (both Adams are kAdam; "pytorch_adam" also sets
-// adam_paper_epsilon: OptimizerParamsFromName); InvalidArgument otherwise.
-absl::StatusOr<OptimizerParams::Kind> OptimizerKindFromName(const std::string& name);
+// "sgd", "momentum", "adam", "pytorch_adam" -> p->kind (both Adams are kAdam) and p->adam_paper_epsilon (set for
+// "pytorch_adam" only): the name resolved once; InvalidArgument otherwise (p unchanged).
+absl::Status SetOptimizerFromName(const std::string& name, OptimizerParams* p);
 // InvalidArgument naming the first out-of-range hyperparameter (the same ranges ps::Optimizer::Create
 // accepts, plus moving_average_decay in [0, 1)).
 absl::Status ValidateOptimizerParams(const OptimizerParams& p);

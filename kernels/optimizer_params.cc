@@ -15,12 +15,21 @@ absl::Status CheckOpen01(const char* field, float value) {
 
 }  // namespace
 
-absl::StatusOr<OptimizerParams::Kind> OptimizerKindFromName(const std::string& name) {
-  if (name == "sgd") return OptimizerParams::Kind::kSgd;
-  if (name == "momentum") return OptimizerParams::Kind::kMomentum;
-  if (name == "adam" || name == "pytorch_adam") return OptimizerParams::Kind::kAdam;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown optimizer '", name, "' (expected sgd, momentum, adam or pytorch_adam)"));
+absl::Status SetOptimizerFromName(const std::string& name, OptimizerParams* p) {
+  OptimizerParams::Kind kind;
+  if (name == "sgd") {
+    kind = OptimizerParams::Kind::kSgd;
+  } else if (name == "momentum") {
+    kind = OptimizerParams::Kind::kMomentum;
+  } else if (name == "adam" || name == "pytorch_adam") {
+    kind = OptimizerParams::Kind::kAdam;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown optimizer '", name, "' (expected sgd, momentum, adam or pytorch_adam)"));
+  }
+  p->kind = kind;
+  p->adam_paper_epsilon = name == "pytorch_adam";
+  return absl::OkStatus();
 }
 
 absl::Status ValidateOptimizerParams(const OptimizerParams& p) {

@@ -10,8 +10,7 @@ namespace dtrain::worker {
 
 absl::StatusOr<kernels::OptimizerParams> DeviceOptimizerParams(const ps::TrainConfig& config) {
   kernels::OptimizerParams p;
-  ASSIGN_OR_RETURN(p.kind, kernels::OptimizerKindFromName(config.optimizer.name));
-  p.adam_paper_epsilon = config.optimizer.name == "pytorch_adam";
+  RETURN_IF_ERROR(kernels::SetOptimizerFromName(config.optimizer.name, &p));
   p.learning_rate = config.optimizer.learning_rate;
   p.decay_steps = config.optimizer.decay_steps;
   p.decay_rate = config.optimizer.decay_rate;

@@ -35,8 +35,7 @@ OptimizerConfig Config(const std::string& name, float lr, int64_t decay_steps, f
 
 kernels::OptimizerParams ToParams(const OptimizerConfig& c, float moving_average_decay) {
   kernels::OptimizerParams p;
-  p.kind = *kernels::OptimizerKindFromName(c.name);
-  p.adam_paper_epsilon = c.name == "pytorch_adam";
+  EXPECT_TRUE(kernels::SetOptimizerFromName(c.name, &p).ok()) << c.name;
   p.learning_rate = c.learning_rate;
   p.decay_steps = c.decay_steps;
   p.decay_rate = c.decay_rate;

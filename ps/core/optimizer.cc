@@ -85,7 +85,7 @@ void Optimizer::Apply(int64_t step, float grad_scale, const float* grad, float* 
       ApplyMomentum(lr, config_.momentum, grad_scale, grad, var, slot0, n);
       break;
     case Kind::kAdam:
-      if (config_.name == "pytorch_adam") {
+      if (paper_adam_) {
         float step_size, bc2_sqrt;
         kernels::PaperAdamScalars(lr, config_.beta1, config_.beta2, step, &step_size, &bc2_sqrt);
         kernels::ApplyPaperAdamLoop(step_size, bc2_sqrt, config_.beta1, config_.beta2, config_.epsilon, grad_scale,

@@ -52,9 +52,11 @@ class Optimizer {
              int64_t n) const;
 
  private:
-  Optimizer(Kind kind, const OptimizerConfig& config) : kind_(kind), config_(config) {}
+  Optimizer(Kind kind, const OptimizerConfig& config)
+      : kind_(kind), paper_adam_(config.name == "pytorch_adam"), config_(config) {}
 
   Kind kind_;
+  bool paper_adam_;  // kAdam as torch.optim.Adam ("pytorch_adam"), resolved from the name once
   OptimizerConfig config_;
 };
 
