@@ -68,6 +68,22 @@ absl::StatusOr<int> Mapper::Tensor(int i, int k) {
   return v->tensor;
 }
 
+absl::StatusOr<Mapper::ImageInput> Mapper::ImageInputOf(int i) {
+  ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
+  ImageInput in;
+  if (v->padded) {  // MapPad: the Pad's input tensor and its pads
+    in.tensor = v->tensor;
+    in.padded = true;
+    in.pad_top = v->pad_top;
+    in.pad_left = v->pad_left;
+    in.pad_bottom = v->pad_bottom;
+    in.pad_right = v->pad_right;
+    return in;
+  }
+  ASSIGN_OR_RETURN(in.tensor, Tensor(i, 0));
+  return in;
+}
+
 absl::StatusOr<const Const*> Mapper::ConstIn(int i, int k) const {
   if (InputName(node(i), k).empty()) return nullptr;
   ASSIGN_OR_RETURN(const Value* v, Get(i, k));
@@ -408,14 +424,7 @@ absl::Status Mapper::Fold(int i) {
 
 absl::Status Mapper::MapConv(int i) {
   const NodeProto& n = node(i);
-  ASSIGN_OR_RETURN(const Value* xv, Get(i, 0));
-  Value padded_input;
-  if (xv->padded) {
-    padded_input = *xv;
-    padded_input.padded = false;
-  }
-  const Value& x = xv->padded ? padded_input : *xv;
-  if (x.tensor < 0) RETURN_IF_ERROR(Tensor(i, 0).status());
+  ASSIGN_OR_RETURN(const ImageInput x, ImageInputOf(i));
   ASSIGN_OR_RETURN(VarSpec w, Param(i, 1, "weight"));
   if (w.shape.size() != 4) {
     return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", ShapeText(w.shape),
@@ -463,11 +472,7 @@ absl::Status Mapper::MapConv(int i) {
 absl::Status Mapper::MapPool(int i) {
   const NodeProto& n = node(i);
   const bool max = n.op_type() == "MaxPool";
-  ASSIGN_OR_RETURN(const Value* xv, Get(i, 0));
-  Value x = *xv;
-  const bool padded = x.padded;
-  x.padded = false;
-  if (x.tensor < 0 || !x.unavailable.empty() || x.head_of >= 0) RETURN_IF_ERROR(Tensor(i, 0).status());
+  ASSIGN_OR_RETURN(const ImageInput x, ImageInputOf(i));
   const std::vector<int64_t> kernel = AttrInts(n, "kernel_shape");
   if (kernel.size() != 2) {
     return Refuse(i, absl::StrCat("attribute kernel_shape=[", absl::StrJoin(kernel, ","),
@@ -495,7 +500,7 @@ absl::Status Mapper::MapPool(int i) {
   int64_t top, left, bottom, right;
   RETURN_IF_ERROR(SpatialPads(i, in.dims[1] + x.pad_top + x.pad_bottom, in.dims[2] + x.pad_left + x.pad_right, kernel,
                               strides, {1, 1}, &top, &left, &bottom, &right));
-  if (padded) {
+  if (x.padded) {
     // The Pad's zeros are part of the input: they count in every window's divisor.
     if (!pp.count_include_pad && (top || left || bottom || right)) {
       return Refuse(i, "a Pad before an AveragePool with its own pads and count_include_pad=0 is not supported "

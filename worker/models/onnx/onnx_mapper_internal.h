@@ -74,6 +74,14 @@ class Mapper {
   Node Make(int i, Op op) const;
   // Whether value `name` is the graph's output, read by no node.
   bool IsFinalOutput(const std::string& name) const;
+  // Input 0 of node i read as an image by a Conv or pool: its tensor, and the pads of a Pad merged into it (all
+  // zero and padded false without one). The node's refusal when the input is no tensor.
+  struct ImageInput {
+    int tensor = -1;
+    bool padded = false;
+    int64_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  };
+  absl::StatusOr<ImageInput> ImageInputOf(int i);
   // The index of the one node that reads `value`, or -1 when none or several do.
   int SoleReader(const std::string& value) const;
   // Whether `value` is one of the graph's outputs.
