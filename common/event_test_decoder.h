@@ -1,5 +1,5 @@
 // Test-only: a tiny protobuf and TFRecord decoder, independent of EventWriter's encoder, for tests that read
-// event files back (common/event_writer_test.cc, worker/summaries_test.cc). Fails the running test on
+// event files back (common/event_writer_test.cc, worker/train/summaries_test.cc). Fails the running test on
 // malformed input.
 #ifndef DTRAIN_COMMON_EVENT_TEST_DECODER_H_
 #define DTRAIN_COMMON_EVENT_TEST_DECODER_H_

@@ -33,7 +33,7 @@ CpuTowers Make(int towers, int threads_each, int64_t n) {
   return t;
 }
 
-// The towers' old host loop (worker/towers.cc before the averager): sum into tower 0 in tower order, then
+// The towers' old host loop (worker/towers/towers.cc before the averager): sum into tower 0 in tower order, then
 // scale.
 std::vector<float> ExpectedMean(const std::vector<std::vector<float>>& data) {
   std::vector<float> mean = data[0];

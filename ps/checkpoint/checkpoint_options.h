@@ -1,5 +1,5 @@
 // CheckpointOptions: every checkpoint setting of a ps task in one struct, carried unchanged from the flags
-// (ps/main.cc, worker/main.cc for local mode) through PsServerOptions, ParameterServerOptions and
+// (ps/main.cc, worker/app/main.cc for local mode) through PsServerOptions, ParameterServerOptions and
 // WorkerOptions to the CheckpointWriter (checkpoint_writer.h) and the restore (checkpoint_dir.h).
 //
 // Thread-safety: a plain value. `env` must be safe to use from any thread (every Env is).

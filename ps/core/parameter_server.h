@@ -173,7 +173,7 @@ class ParameterServer : public PsInterface {
 
   int64_t step() const;  // this task's step (global step on task 0)
 
-  // ---- State trained outside the ps (local mode with GPU towers: worker/resident_steps.h) ----
+  // ---- State trained outside the ps (local mode with GPU towers: worker/train/resident_steps.h) ----
   // The worker keeps the variables, optimizer slots and moving averages on its devices and trains them there;
   // this in-process ps stays the owner of checkpoint policy and files (same format, so resume and dtrain_eval
   // work unchanged). Only for a ps that no worker pushes to while these are used: nothing else may touch the

@@ -76,7 +76,7 @@ struct HostBatch {
   const int32_t* id_offsets = nullptr;  // batch * num_sparse + 1
 };
 
-// What a sparse model's embedding nodes read for one batch (worker/sparse_batch.h builds it): per table the rows
+// What a sparse model's embedding nodes read for one batch (worker/batch/sparse_batch.h builds it): per table the rows
 // the batch's ids refer to (pulled from the ps tasks; host memory), per sparse feature the row index of each id
 // (bags: their offsets).
 struct SparseInputs {
@@ -160,7 +160,7 @@ class Model {
                                                  const StepHooks* hooks = nullptr) = 0;
   virtual float* device_gradients() = 0;  // flat gradient buffer on the device (num_parameters() floats)
 
-  // ---- Steps enqueued on the device with nothing copied or synchronized (GPU towers, worker/towers.h) ----
+  // ---- Steps enqueued on the device with nothing copied or synchronized (GPU towers, worker/towers/towers.h) ----
   // The device buffers such a step reads and writes.
   virtual float* device_parameters() = 0;        // num_parameters() floats (the params_buffer when given)
   virtual float* device_images() = 0;            // batch_size * height * width * channels floats

@@ -1,0 +1,313 @@
+// dtrain_eval: evaluates a checkpoint written by the ps tasks on the test set, and optionally exports its
+// weights as a NumPy .npz or, for a model imported from ONNX, as an ONNX file.
+//
+//   dtrain_eval --checkpoint=/ckpt/model.ckpt-2000 --model=cnn --data_dir=/usr/share/datasets/fashion-mnist
+//   dtrain_eval --checkpoint=/ckpt --model=cnn --use_moving_averages --export=/tmp/cnn.npz
+//   dtrain_eval --checkpoint=/ckpt --model=lenet5.onnx --export=trained.onnx   # the file, trained
+//   dtrain_eval --model=lenet5.onnx                                           # the file's own weights
+//   dtrain_eval --checkpoint=/ckpt --model=resnet.onnx --export=infer.onnx --export_for_inference  # onnxruntime
+//   dtrain_eval --checkpoint=/ckpt --model=dlrm --data_dir=/data/ctr --table_rows=100000 --export=dlrm.npz
+//
+// --checkpoint is a prefix <dir>/model.ckpt-<step> (all its .psI-of-N files are read) or a directory (its
+// newest complete, valid step); without it, an ONNX model is evaluated with the weights in its file. Prints
+// "checkpoint model.ckpt-<step>: test accuracy = 0.8512 (10000 examples)". --export picks the format by the
+// extension (.onnx: ONNX, worker/models/onnx/onnx_export.h; anything else: .npz). --logits_out writes the test
+// set's logits (array "logits", [examples, classes], and "labels") as an .npz, e.g. to compare with another runtime.
+// A model with sparse embedding tables (--model=dlrm, with the shape flags it was trained with) reads every
+// table's rows from the checkpoint (worker/eval/checkpoint_tables.h: an id without a row takes its initializer, as on
+// the ps), prints "checkpoint model.ckpt-<step>: test log loss = 0.4512, AUC = 0.7840, accuracy = 0.7901 (N
+// examples)", and --export=FILE.npz adds per table "<table>/ids" (int64) and "<table>/values" ([n, dim]).
+// Exit codes: 0 ok, 1 a failure (unreadable or mismatched checkpoint, data), 2 bad flags or a refused model.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/device.h"
+#include "common/env.h"
+#include "ps/checkpoint/checkpoint_set.h"
+#include "worker/batch/batch_view.h"
+#include "worker/eval/checkpoint_tables.h"
+#include "worker/data/dataset.h"
+#include "worker/eval/evaluation.h"
+#include "worker/app/model_flags.h"
+#include "absl/strings/match.h"
+#include "worker/models/graph.h"
+#include "worker/models/dlrm.h"
+#include "worker/models/model.h"
+#include "worker/models/onnx/onnx_export.h"
+#include "worker/models/registry.h"
+#include "worker/eval/npz_writer.h"
+
+ABSL_FLAG(std::string, checkpoint, "", "Checkpoint prefix <dir>/model.ckpt-<step>, or a directory (newest step)");
+ABSL_FLAG(std::string, model, "mlp",
+          "Model the checkpoint was trained with: mlp | cnn | convnet | cifar10, or PATH.onnx");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Data set directory (its test split)");
+ABSL_FLAG(bool, use_moving_averages, false, "Evaluate the moving averages of the weights instead of the weights");
+ABSL_FLAG(std::string, export, "",
+          "Also write the weights to this file: FILE.onnx (a model imported from ONNX: the file with its "
+          "initializers trained) or an .npz (one <variable>.npy per variable)");
+ABSL_FLAG(bool, export_for_inference, false,
+          "With --export=FILE.onnx: BatchNormalization in inference mode (the running statistics) and Dropout off, "
+          "for inference runtimes such as onnxruntime (default: the training graph as imported)");
+ABSL_FLAG(std::string, logits_out, "", "Also write the test set's logits and labels to this .npz file");
+ABSL_FLAG(int, batch_size, 500, "Examples per evaluation batch");
+ABSL_FLAG(int, threads, 1, "CPU threads for the model's ops");
+ABSL_FLAG(bool, skip_eval, false, "Only --export, do not evaluate (the data set is still read for its shape)");
+
+namespace dtrain::worker {
+namespace {
+
+struct EvalOptions {
+  std::string checkpoint, model, data_dir, export_path, logits_path;
+  data::DataFormat data_format = data::DataFormat::kAuto;
+  bool use_moving_averages = false, skip_eval = false, for_inference = false;
+  int batch_size = 500, threads = 1;
+  data::Normalization normalize;
+};
+
+// The logits (`outputs` per example) of every test example under the model's parameters, written as an .npz with
+// the labels.
+absl::Status WriteLogits(models::Model* model, int64_t outputs, const std::vector<data::Batch>& batches,
+                         const std::string& path) {
+  NpyArray logits{"logits", {0, outputs}, {}}, labels{"labels", {0}, {}};
+  for (const data::Batch& b : batches) {
+    const size_t at = logits.data.size();
+    logits.data.resize(at + b.batch * outputs);
+    RETURN_IF_ERROR(model->Predict(View(b), logits.data.data() + at));
+    labels.data.insert(labels.data.end(), b.labels.begin(), b.labels.end());
+  }
+  logits.shape[0] = labels.shape[0] = static_cast<int64_t>(labels.data.size());
+  return WriteNpz(path, {logits, labels});
+}
+
+// The model's input geometry for the test set: images (cropped as the model wants), or for click-through-rate
+// data its dense features as a 1x1 image and its sparse features. InvalidArgument when the model and the data
+// set do not fit (images for dlrm, say).
+absl::StatusOr<models::ModelOptions> ModelOptionsFor(const EvalOptions& o, const models::ModelSpec& spec,
+                                                    const data::Dataset& test) {
+  const bool ctr = test.kind() == data::DataKind::kCtr;
+  if (ctr != spec.defaults.ctr_data) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model=", o.model, " evaluates ", spec.defaults.ctr_data ? "click-through-rate data" : "images", " but ",
+        o.data_dir, " holds ", ctr ? "click-through-rate data" : "images",
+        spec.defaults.ctr_data ? " (give --data_dir the Criteo-format directory it was trained on)" : ""));
+  }
+  models::ModelOptions mopt;
+  mopt.batch_size = o.batch_size;
+  mopt.eval_batch_size = o.batch_size;
+  if (ctr) {
+    mopt.height = mopt.width = 1;
+    mopt.channels = test.num_dense;
+    mopt.num_sparse = test.num_sparse;
+  } else {
+    RETURN_IF_ERROR(data::CheckNormalization(o.normalize, test.channels));
+    models::SetInputGeometry(spec.defaults, test.height, test.width, test.channels, &mopt);
+  }
+  mopt.num_classes = test.num_classes;
+  return mopt;
+}
+
+// Writes the variables (and the rows of every sparse table) as an .npz.
+absl::Status ExportNpz(const EvalOptions& o, const std::vector<models::VariableInfo>& vars,
+                       const std::vector<float>& params, const CheckpointTables* tables, const std::string& what) {
+  std::vector<NpyArray> arrays;
+  const std::vector<int64_t> offsets = models::Offsets(vars);
+  for (size_t i = 0; i < vars.size(); ++i) {
+    arrays.push_back(NpyArray{NpzNameForVariable(vars[i].name), vars[i].shape,
+                              std::vector<float>(params.begin() + offsets[i],
+                                                 params.begin() + offsets[i] + vars[i].size())});
+  }
+  std::string rows;
+  if (tables != nullptr) {
+    int64_t held = 0;
+    for (int t = 0; t < tables->num_tables(); ++t) held += static_cast<int64_t>(tables->table(t).ids.size());
+    const std::vector<NpyArray> table_arrays = tables->ExportArrays();
+    arrays.insert(arrays.end(), table_arrays.begin(), table_arrays.end());
+    rows = absl::StrCat(" and ", tables->num_tables(), " sparse tables (", held, " rows)");
+  }
+  RETURN_IF_ERROR(WriteNpz(o.export_path, arrays));
+  std::printf("exported %zu variables%s of %s%s to %s\n", vars.size(), rows.c_str(), what.c_str(),
+              o.use_moving_averages ? " (moving averages)" : "", o.export_path.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
+  if (o.checkpoint.empty() && !spec->imported()) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint is required for the built-in model '", o.model,
+                                                   "' (<dir>/model.ckpt-<step> or a directory)"));
+  }
+  if (absl::EndsWithIgnoreCase(o.export_path, ".onnx") && !spec->imported()) {
+    return absl::InvalidArgumentError(absl::StrCat("--export=", o.export_path, " writes ONNX, which needs a model "
+                                                   "imported from ONNX (--model=PATH.onnx); '", o.model,
+                                                   "' is built in: export an .npz instead"));
+  }
+  std::vector<ps::CheckpointData> parts;
+  if (!o.checkpoint.empty()) {
+    ASSIGN_OR_RETURN(parts, ps::ReadCheckpointSet(Env::Default(), o.checkpoint));
+  }
+  const int64_t step = parts.empty() ? 0 : parts[0].global_step;
+  const std::string what = parts.empty() ? absl::StrCat(o.model, " (its own weights)")
+                                         : absl::StrCat("checkpoint model.ckpt-", step);
+  ASSIGN_OR_RETURN(data::DatasetPair dataset, data::LoadDataset(o.data_dir, o.data_format));
+  const models::ModelDefaults& defaults = spec->defaults;
+  ASSIGN_OR_RETURN(const models::ModelOptions mopt, ModelOptionsFor(o, *spec, dataset.test));
+  ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(*spec, mopt));
+  // Sparse tables: the model's (Graph::tables) against the checkpoint's, before the signature (which would only
+  // say that the models differ).
+  ASSIGN_OR_RETURN(const models::Graph graph, spec->build_graph(mopt));
+  std::unique_ptr<CheckpointTables> tables;
+  if (!parts.empty()) {
+    ASSIGN_OR_RETURN(std::vector<ps::SparseTableRows> rows, ps::ReadSparseTables(parts));
+    if (!rows.empty() || !graph.tables.empty()) {
+      absl::StatusOr<CheckpointTables> t = CheckpointTables::Create(std::move(rows), graph.tables);
+      if (!t.ok()) {
+        return absl::Status(t.status().code(), absl::StrCat(what, " and --model=", o.model, " on ", o.data_dir,
+                                                            ": ", t.status().message()));
+      }
+      tables = std::make_unique<CheckpointTables>(*std::move(t));
+    }
+  } else if (!graph.tables.empty()) {  // no checkpoint: an ONNX file's own rows
+    tables = std::make_unique<CheckpointTables>(CheckpointTables::FromModel(graph.tables));
+  }
+  if (!graph.tables.empty() && !o.logits_path.empty()) {
+    return absl::InvalidArgumentError("--logits_out is not supported for models with sparse tables");
+  }
+  std::vector<float> params;
+  if (parts.empty()) {
+    params = models::InitialParameters(vars, /*seed=*/1);  // an ONNX file's initializers: its own values
+  } else {
+    const std::string signature = models::ModelSignature(*spec, vars);
+    if (parts[0].model_signature != signature) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint is of model '", parts[0].model_signature, "', but --model=", o.model, " on ", o.data_dir,
+          " is '", signature, "': pass the --model (and data set) it was trained with"));
+    }
+    ASSIGN_OR_RETURN(params, ps::AssembleFlatBuffer(parts, models::TotalSize(vars), o.use_moving_averages));
+  }
+
+  if (absl::EndsWithIgnoreCase(o.export_path, ".onnx")) {
+    models::onnx::ExportOptions eo;
+    eo.inference = o.for_inference;
+    // Embedding tables: the checkpoint's rows, the file's for those it lacks (rows never touched).
+    models::onnx::TableRows rows = models::onnx::FileTableRows(graph);
+    for (int t = 0; tables != nullptr && t < tables->num_tables(); ++t) {
+      const ps::SparseTableRows& held = tables->table(t);
+      auto file = rows.find(held.spec.name);
+      ASSIGN_OR_RETURN(std::vector<float> all,
+                       ps::AssembleFixedTable(held, file == rows.end() ? absl::Span<const float>() : file->second));
+      rows[held.spec.name] = std::move(all);
+    }
+    RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), rows, o.export_path, eo));
+    std::printf("exported %s%s to %s\n", what.c_str(), o.use_moving_averages ? " (moving averages)" : "",
+                o.export_path.c_str());
+  } else if (!o.export_path.empty()) {
+    RETURN_IF_ERROR(ExportNpz(o, vars, params, tables.get(), what));
+  }
+  if (o.skip_eval && o.logits_path.empty()) return absl::OkStatus();
+
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> device,
+                   kernels::CreateDevice(kernels::DeviceSpec::Cpu(o.threads)));
+  ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(*spec, mopt, device.get()));
+  RETURN_IF_ERROR(model->SetParameters(params.data()));
+  const std::vector<data::Batch> batches = data::EvalBatches(dataset.test, o.batch_size, defaults.eval_preprocess,
+                                                             mopt.height, mopt.width, o.normalize);
+  if (!o.logits_path.empty()) {
+    RETURN_IF_ERROR(WriteLogits(model.get(), graph.output_shape().size(), batches, o.logits_path));
+    std::printf("wrote the logits of %zu batches to %s\n", batches.size(), o.logits_path.c_str());
+  }
+  if (o.skip_eval) return absl::OkStatus();
+  // A sparse model reads each batch's rows from the checkpoint (as the ps would serve them).
+  LoadRowsFn load_rows;
+  SparseBatch rows(graph);
+  if (!graph.tables.empty()) {
+    load_rows = [&](const models::HostBatch& b) {
+      RETURN_IF_ERROR(rows.Prepare({b}));
+      tables->FillRows(&rows);
+      return model->SetSparseInputs(rows.inputs(0));
+    };
+  }
+  if (dataset.test.count() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("the test set in ", o.data_dir, " is empty"));
+  }
+  ASSIGN_OR_RETURN(const Evaluation e, EvaluateBatches(model.get(), batches, load_rows));
+  const char* averaged = o.use_moving_averages ? " (moving averages)" : "";
+  if (e.binary) {
+    std::printf("%s%s: test log loss = %.4f, AUC = %.4f, accuracy = %.4f (%lld examples)\n", what.c_str(), averaged,
+                e.log_loss, e.auc, e.accuracy, static_cast<long long>(e.examples));
+  } else {
+    std::printf("%s%s: test accuracy = %.4f (%lld examples)\n", what.c_str(), averaged, e.accuracy,
+                static_cast<long long>(e.examples));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace dtrain::worker
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("evaluate a dtrain checkpoint: dtrain_eval --checkpoint=DIR/model.ckpt-STEP --model=...");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  dtrain::worker::EvalOptions o;
+  o.checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  o.model = absl::GetFlag(FLAGS_model);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.export_path = absl::GetFlag(FLAGS_export);
+  o.use_moving_averages = absl::GetFlag(FLAGS_use_moving_averages);
+  o.skip_eval = absl::GetFlag(FLAGS_skip_eval);
+  o.batch_size = absl::GetFlag(FLAGS_batch_size);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.logits_path = absl::GetFlag(FLAGS_logits_out);
+  o.for_inference = absl::GetFlag(FLAGS_export_for_inference);
+  // --data_format, --model=dlrm's shape and --input_mean/--input_std as dtrain_worker took them (the checkpoint's
+  // tables must match): worker/app/model_flags.h.
+  absl::StatusOr<dtrain::data::DataFormat> format = dtrain::worker::DataFormatFromFlags();
+  absl::StatusOr<dtrain::models::DlrmConfig> dlrm = dtrain::worker::DlrmConfigFromFlags();
+  for (const absl::Status& s : {format.status(), dlrm.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "dtrain_eval: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  o.data_format = *format;
+  absl::StatusOr<dtrain::data::Normalization> n = dtrain::worker::InputNormalizationFromFlags();
+  if (!n.ok()) {
+    std::fprintf(stderr, "dtrain_eval: %s\n", std::string(n.status().message()).c_str());
+    return 2;
+  }
+  o.normalize = *std::move(n);
+  if (o.batch_size <= 0 || o.threads <= 0) {
+    std::fprintf(stderr, "dtrain_eval: --batch_size and --threads must be > 0\n");
+    return 2;
+  }
+  // The model first: a missing or refused file exits 2 with the importer's one line.
+  dtrain::models::ResolveOptions ro;
+  ro.dlrm = *dlrm;
+  absl::StatusOr<dtrain::models::ModelRef> spec = dtrain::models::ResolveModel(o.model, ro);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "dtrain_eval: %s\n", std::string(spec.status().message()).c_str());
+    return 2;
+  }
+  const absl::Status s = dtrain::worker::RunEval(o, *spec);
+  if (!s.ok()) {
+    // A refused model or flags (InvalidArgument) exit 2 with the one line that says why; other failures 1.
+    if (s.code() == absl::StatusCode::kInvalidArgument) {
+      std::fprintf(stderr, "dtrain_eval: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "dtrain_eval: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,43 @@
+#include "worker/eval/evaluation.h"
+
+#include "absl/types/span.h"
+#include "common/status_macros.h"
+#include "worker/batch/batch_view.h"
+#include "worker/data/metrics.h"
+#include "worker/models/graph.h"
+
+namespace dtrain::worker {
+
+absl::StatusOr<Evaluation> EvaluateBatches(models::Model* model, const std::vector<data::Batch>& batches,
+                                           const LoadRowsFn& load_rows) {
+  const bool sigmoid = model->graph().loss == models::Loss::kSigmoidCrossEntropy;
+  int64_t correct = 0, total = 0;
+  data::BinaryMetrics metrics;
+  std::vector<float> logits;
+  for (const data::Batch& b : batches) {
+    const models::HostBatch view = View(b);
+    if (load_rows) RETURN_IF_ERROR(load_rows(view));
+    if (sigmoid) {
+      logits.resize(b.batch);
+      RETURN_IF_ERROR(model->Predict(view, logits.data()));
+      metrics.Add(absl::MakeConstSpan(logits.data(), b.batch), absl::MakeConstSpan(b.labels.data(), b.batch));
+      for (int i = 0; i < b.batch; ++i) correct += (logits[i] > 0.0f) == (b.labels[i] > 0.5f);
+    } else {
+      ASSIGN_OR_RETURN(int c, model->CountCorrect(view));
+      correct += c;
+    }
+    total += b.batch;
+  }
+  if (total == 0) return absl::FailedPreconditionError("empty test set");
+  Evaluation e;
+  e.examples = total;
+  e.accuracy = static_cast<double>(correct) / total;
+  e.binary = sigmoid;
+  if (sigmoid) {
+    e.log_loss = metrics.log_loss();
+    e.auc = metrics.auc();
+  }
+  return e;
+}
+
+}  // namespace dtrain::worker

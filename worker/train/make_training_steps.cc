@@ -1,0 +1,24 @@
+#include "worker/train/make_training_steps.h"
+
+#include <utility>
+
+#include "common/status_macros.h"
+#include "worker/train/device_state.h"
+#include "worker/train/resident_steps.h"
+#include "worker/train/step_runner.h"
+
+namespace dtrain::worker {
+
+absl::StatusOr<std::unique_ptr<TrainingSteps>> MakeTrainingSteps(Towers* towers, ps::WorkerClient* client,
+                                                                 const TrainingStepsOptions& options) {
+  if (options.local_ps == nullptr)
+    return std::unique_ptr<TrainingSteps>(new StepRunner(towers, client, options.sync));
+  ASSIGN_OR_RETURN(kernels::OptimizerParams params, DeviceOptimizerParams(options.config));
+  ResidentStepsOptions ro;
+  ro.cuda_graphs = options.cuda_graphs;
+  ASSIGN_OR_RETURN(std::unique_ptr<ResidentSteps> steps,
+                   ResidentSteps::Create(towers, options.local_ps, params, ro));
+  return std::unique_ptr<TrainingSteps>(std::move(steps));
+}
+
+}  // namespace dtrain::worker

@@ -1,0 +1,32 @@
+// Which TrainingSteps a run uses (worker/train/training_steps.h): the steps that push to and pull from the ps
+// tasks (worker/train/step_runner.h), or, in local mode with device-owned towers, the device-resident steps
+// (worker/train/resident_steps.h). Kept apart from the interface so that the interface knows neither.
+#ifndef DTRAIN_WORKER_TRAIN_MAKE_TRAINING_STEPS_H_
+#define DTRAIN_WORKER_TRAIN_MAKE_TRAINING_STEPS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "ps/client/worker_client.h"
+#include "ps/core/parameter_server.h"
+#include "worker/towers/towers.h"
+#include "worker/train/training_steps.h"
+
+namespace dtrain::worker {
+
+struct TrainingStepsOptions {
+  bool sync = true;  // the cluster's mode (local mode is sync)
+  // Local mode with device-owned towers (made with TowersOptions::replicated): the in-process ps the client
+  // is connected to. Non-null selects the device-resident steps; null the steps that push and pull.
+  ps::ParameterServer* local_ps = nullptr;
+  ps::TrainConfig config;   // the registered config (the device optimizer's hyperparameters)
+  bool cuda_graphs = true;  // device-resident steps on GPUs: capture the step as a CUDA graph
+};
+
+// The steps for `towers` (both must outlive them): ResidentSteps with options.local_ps, else a StepRunner.
+absl::StatusOr<std::unique_ptr<TrainingSteps>> MakeTrainingSteps(Towers* towers, ps::WorkerClient* client,
+                                                                 const TrainingStepsOptions& options);
+
+}  // namespace dtrain::worker
+
+#endif  // DTRAIN_WORKER_TRAIN_MAKE_TRAINING_STEPS_H_

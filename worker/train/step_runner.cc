@@ -1,0 +1,177 @@
+#include "worker/train/step_runner.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace dtrain::worker {
+
+StepRunner::StepRunner(Towers* towers, ps::WorkerClient* client, bool sync)
+    : towers_(towers), client_(client), sync_(sync) {
+  const models::Graph& graph = towers->tower(0)->graph();
+  sparse_model_ = !graph.tables.empty();
+  if (sparse_model_) {
+    for (auto& s : sparse_) s = std::make_unique<SparseBatch>(graph);
+    eval_sparse_ = std::make_unique<SparseBatch>(graph);
+  }
+}
+
+absl::Status StepRunner::SetUpcomingBatches(const std::vector<models::HostBatch>& batches) {
+  if (!sparse_model_) return absl::OkStatus();
+  // The slot the current step is not using (the previous step's, done).
+  RETURN_IF_ERROR(sparse_[1 - current_]->Prepare(batches));
+  upcoming_set_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::RequestRows(SparseBatch* b) {
+  std::vector<ps::SparsePullRequest> requests;
+  for (int t = 0; t < b->num_tables(); ++t) {
+    requests.push_back({static_cast<uint32_t>(t), b->unique_ids(t).data(),
+                        static_cast<int64_t>(b->unique_ids(t).size()), b->rows(t)});
+  }
+  return client_->SetSparsePull(std::move(requests));
+}
+
+absl::Status StepRunner::BindRows() {
+  SparseBatch& b = *sparse_[current_];
+  for (int t = 0; t < b.num_tables(); ++t) RETURN_IF_ERROR(client_->WaitForSparse(static_cast<uint32_t>(t)));
+  for (int k = 0; k < towers_->size(); ++k) RETURN_IF_ERROR(towers_->tower(k)->SetSparseInputs(b.inputs(k)));
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::PushRows() {
+  SparseBatch& b = *sparse_[current_];
+  std::vector<models::Model*> models;
+  for (int k = 0; k < towers_->size(); ++k) models.push_back(towers_->tower(k));
+  RETURN_IF_ERROR(b.AverageGradients(models));
+  last_step_unique_ids_ = b.total_unique();
+  for (int t = 0; t < b.num_tables(); ++t) {
+    RETURN_IF_ERROR(client_->PushSparse(static_cast<uint32_t>(t), b.unique_ids(t).data(),
+                                        static_cast<int64_t>(b.unique_ids(t).size()), b.grads(t)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ps::PullResult> StepRunner::Start() {
+  if (sparse_model_) {
+    if (!upcoming_set_) {
+      return absl::FailedPreconditionError("a model with sparse tables starts with SetUpcomingBatches");
+    }
+    current_ = 1 - current_;
+    upcoming_set_ = false;
+    RETURN_IF_ERROR(RequestRows(sparse_[current_].get()));
+  }
+  ASSIGN_OR_RETURN(ps::PullResult at,
+                   client_->Pull(/*min_step=*/0, /*since_step=*/0, towers_->host_params()));
+  step_ = at.step;
+  return at;
+}
+
+absl::Status StepRunner::LoadSparseRows(const models::HostBatch& batch) {
+  if (!sparse_model_) return absl::OkStatus();
+  RETURN_IF_ERROR(eval_sparse_->Prepare({batch}));
+  RETURN_IF_ERROR(RequestRows(eval_sparse_.get()));
+  // The parameters of that pull are not used (tower 0 keeps what LoadParameters gave it: maybe the moving
+  // averages): only the rows.
+  scratch_params_.resize(towers_->num_parameters());
+  RETURN_IF_ERROR(client_->Pull(sync_ ? step_ : 0, step_, scratch_params_.data()).status());
+  return towers_->tower(0)->SetSparseInputs(eval_sparse_->inputs(0));
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> StepRunner::PullTables() {
+  const std::vector<models::TableInfo>& tables = towers_->tower(0)->graph().tables;
+  std::vector<std::vector<float>> rows(tables.size());
+  std::vector<std::vector<int64_t>> ids(tables.size());
+  std::vector<ps::SparsePullRequest> requests;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (tables[t].rows <= 0) continue;
+    ids[t].resize(tables[t].rows);
+    for (int64_t id = 0; id < tables[t].rows; ++id) ids[t][id] = id;
+    rows[t].resize(tables[t].rows * tables[t].dim);
+    requests.push_back({static_cast<uint32_t>(t), ids[t].data(), tables[t].rows, rows[t].data()});
+  }
+  if (requests.empty()) return rows;
+  scratch_params_.resize(towers_->num_parameters());
+  RETURN_IF_ERROR(client_->Pull(sync_ ? step_ : 0, step_, scratch_params_.data(), std::move(requests)).status());
+  return rows;
+}
+
+absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int64_t step) {
+  if (sparse_model_) {
+    if (!upcoming_set_) {
+      return absl::FailedPreconditionError("a model with sparse tables steps after SetUpcomingBatches");
+    }
+    RETURN_IF_ERROR(BindRows());
+  }
+  // The previous push reads host_grads() until it is done: wait for it before backward overwrites them.
+  RETURN_IF_ERROR(client_->BeginPush(step, towers_->host_grads()));
+  models::StepHooks hooks;
+  hooks.before_forward = [this](int64_t begin, int64_t end) { return client_->WaitForRange(begin, end); };
+  hooks.after_forward = [step](float loss) -> absl::Status {
+    if (std::isfinite(loss)) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat("loss is ", loss, " at step ", step, ": training diverged (try a smaller --learning_rate)"));
+  };
+  hooks.gradients_ready = [this](int64_t begin, int64_t end) {
+    client_->PushRange(begin, end);
+    return absl::OkStatus();
+  };
+  absl::StatusOr<float> loss = towers_->ComputeGradients(batches, step, &hooks);
+  // Every parameter has been read; the pull that brought them is over.
+  absl::Status pulled = loss.ok() ? client_->FinishPull().status() : loss.status();
+  if (pulled.ok() && sparse_model_) pulled = PushRows();
+  if (!pulled.ok()) {
+    // The gradients are not all final (a pull failed, say, because a ps task restarted): the push must not
+    // commit, and must complete, or the next WaitPush (Reconnect's) would wait for it until it times out.
+    client_->AbandonPush(pulled);
+    return pulled;
+  }
+  client_->FinishPush();
+  if (sparse_model_) {
+    // The next step's rows come with the next pull.
+    current_ = 1 - current_;
+    upcoming_set_ = false;
+    RETURN_IF_ERROR(RequestRows(sparse_[current_].get()));
+  }
+  client_->StartPull(sync_ ? step + 1 : 0, step, towers_->host_params());
+  losses_.push_back(*loss);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ps::PullResult> StepRunner::NextStep() {
+  ASSIGN_OR_RETURN(ps::PullResult at, client_->WaitPullHeader());
+  step_ = at.step;
+  return at;
+}
+
+absl::StatusOr<std::vector<float>> StepRunner::TakeLosses() { return std::exchange(losses_, {}); }
+
+absl::StatusOr<ps::PullResult> StepRunner::Settle() {
+  ASSIGN_OR_RETURN(ps::PullResult at, client_->FinishPull());
+  RETURN_IF_ERROR(client_->WaitPush().status());
+  step_ = at.step;
+  return at;
+}
+
+absl::StatusOr<ps::PullResult> StepRunner::PullNewest() {
+  ASSIGN_OR_RETURN(ps::PullResult at, client_->Pull(0, step_, towers_->host_params()));
+  step_ = at.step;
+  return at;
+}
+
+absl::Status StepRunner::LoadParameters(bool moving_averages) {
+  if (moving_averages) {
+    RETURN_IF_ERROR(client_->Pull(0, step_, towers_->host_params(), /*moving_averages=*/true).status());
+  }
+  return towers_->SetParameters(towers_->host_params());
+}
+
+absl::StatusOr<std::vector<float>> StepRunner::Parameters() {
+  const float* p = towers_->host_params();
+  return std::vector<float>(p, p + towers_->num_parameters());
+}
+
+}  // namespace dtrain::worker

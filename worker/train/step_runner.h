@@ -1,0 +1,84 @@
+// One worker's training steps against its ps tasks, overlapped: a step's forward pass waits for each layer's
+// parameters only as it reaches the layer (the pull streams them in forward order), its backward pass pushes
+// each layer's gradients as soon as they are final (last layer first), and the next pull starts right after
+// the commit. The training steps of a cluster worker, and of local mode with CPU towers (against the
+// in-process ps); see worker/train/training_steps.h for the interface.
+//
+// Usage:
+//   StepRunner runner(towers, client, /*sync=*/true);
+//   ASSIGN_OR_RETURN(ps::PullResult at, runner.Start());
+//   while (at.step < end && !at.training_done) {
+//     RETURN_IF_ERROR(runner.Step(batches, at.step));
+//     ASSIGN_OR_RETURN(at, runner.NextStep());
+//   }
+//   ASSIGN_OR_RETURN(at, runner.Settle());  // every parameter of step at.step is in towers->host_params()
+//
+// Thread-safety: one thread drives a StepRunner.
+#ifndef DTRAIN_WORKER_TRAIN_STEP_RUNNER_H_
+#define DTRAIN_WORKER_TRAIN_STEP_RUNNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ps/client/worker_client.h"
+#include "worker/models/model.h"
+#include "worker/batch/sparse_batch.h"
+#include "worker/towers/towers.h"
+#include "worker/train/training_steps.h"
+
+namespace dtrain::worker {
+
+class StepRunner : public TrainingSteps {
+ public:
+  // `towers` and `client` must outlive the runner; the client's flat buffers are the towers' host buffers.
+  StepRunner(Towers* towers, ps::WorkerClient* client, bool sync);
+
+  // Pulls the current parameters (blocking): the step training starts from.
+  absl::StatusOr<ps::PullResult> Start() override;
+  absl::Status SetUpcomingBatches(const std::vector<models::HostBatch>& batches) override;
+  absl::Status LoadSparseRows(const models::HostBatch& batch) override;
+  absl::StatusOr<std::vector<std::vector<float>>> PullTables() override;
+  int64_t last_step_unique_ids() const override { return last_step_unique_ids_; }
+  // Computes one step on the parameters of `step` (the step of the pull in flight): forward, backward with
+  // layer-by-layer pushes, commit; then starts the next pull. InternalError when the loss is not finite
+  // (nothing of the step is committed then).
+  absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) override;
+  // Waits for the answer of the pull in flight: the step of the next parameters, and whether training is over.
+  absl::StatusOr<ps::PullResult> NextStep() override;
+  absl::StatusOr<std::vector<float>> TakeLosses() override;
+  // Waits until the pull in flight has delivered every parameter and the last push has completed.
+  absl::StatusOr<ps::PullResult> Settle() override;
+  absl::StatusOr<ps::PullResult> PullNewest() override;
+  // Tower 0 (every tower) computes with towers->host_params(), after pulling the moving averages into them
+  // when asked.
+  absl::Status LoadParameters(bool moving_averages) override;
+  absl::StatusOr<std::vector<float>> Parameters() override;
+  absl::Status Finish() override { return absl::OkStatus(); }
+
+ private:
+  // Sparse tables: SetSparsePull for the rows of sparse_[upcoming_]'s ids.
+  absl::Status RequestRows(SparseBatch* batch);
+  // Binds the rows of the current step (arrived with the pull in flight) to every tower.
+  absl::Status BindRows();
+  // After the towers' backward: averages their row gradients and adds them to the push.
+  absl::Status PushRows();
+
+  Towers* towers_;
+  ps::WorkerClient* client_;
+  const bool sync_;
+  int64_t step_ = 0;  // of the newest answer: the parameters in (or arriving into) host_params()
+  std::vector<float> losses_;
+  // Models with tables: two steps' ids and rows (the current step's, and the upcoming one's the pull in flight
+  // brings), swapped at each step; and one for evaluation batches.
+  bool sparse_model_ = false;
+  std::unique_ptr<SparseBatch> sparse_[2], eval_sparse_;
+  int current_ = 0;
+  bool upcoming_set_ = false;  // SetUpcomingBatches since the last pull started
+  int64_t last_step_unique_ids_ = 0;
+  std::vector<float> scratch_params_;  // where an evaluation pull's parameters go
+};
+
+}  // namespace dtrain::worker
+
+#endif  // DTRAIN_WORKER_TRAIN_STEP_RUNNER_H_

@@ -1,0 +1,659 @@
+#include "worker/train/trainer.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/denormals.h"
+#include "common/event_writer.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+#include "ps/client/placement.h"
+#include "ps/client/worker_client.h"
+#include "worker/batch/batch_view.h"
+#include "worker/eval/evaluation.h"
+#include "worker/models/graph.h"
+#include "worker/models/model.h"
+#include "worker/models/onnx/onnx_export.h"
+#include "worker/models/registry.h"
+#include "worker/train/summaries.h"
+#include "worker/batch/table_spec.h"
+#include "worker/towers/towers.h"
+#include "worker/train/make_training_steps.h"
+
+namespace dtrain::worker {
+namespace {
+
+constexpr int kMaxReconnects = 1000;  // a ps that restarts for ever stops the worker eventually
+
+std::string FormatStats(const ps::TrainingStats& s, bool async) {
+  std::string out = absl::StrFormat("ps 0 statistics: global step %d\n", s.global_step);
+  absl::StrAppendFormat(&out, "  %-8s %10s %12s %13s %10s %12s\n", "worker", "applied", "dropped_stale",
+                        "dropped_backup", "duplicates", "wait_secs");
+  for (const ps::WorkerStats& w : s.workers) {
+    absl::StrAppendFormat(&out, "  %-8d %10d %12d %13d %10d %12.2f\n", w.worker_id, w.applied, w.dropped_stale,
+                          w.dropped_backup, w.duplicates, w.wait_seconds);
+  }
+  if (async && !s.staleness_histogram.empty()) {
+    absl::StrAppend(&out, "  staleness histogram (staleness: pushes):");
+    for (size_t k = 0; k < s.staleness_histogram.size(); ++k) {
+      if (s.staleness_histogram[k] == 0) continue;
+      const bool last = k + 1 == s.staleness_histogram.size();
+      absl::StrAppendFormat(&out, " %s%d: %d", last ? ">=" : "", k, s.staleness_histogram[k]);
+    }
+    absl::StrAppendFormat(&out, "; max %d\n", s.max_staleness_seen);
+  }
+  return out;
+}
+
+// Models with tables: the rows held over every task and table, and the bytes the tasks received and sent per
+// global step of this run, on one line (scripts/compare_cluster_sizes.py reads it).
+void PrintSparseTotals(ps::WorkerClient* client, const TrainingResult& result) {
+  int64_t rows = 0, bytes = 0;
+  for (int t = 0; t < client->num_tasks(); ++t) {
+    absl::StatusOr<ps::TrainingStats> s = client->Stats(t);
+    if (!s.ok()) return;
+    for (const ps::SparseTableStats& table : s->tables) rows += table.rows;
+    bytes += s->bytes_received + s->bytes_sent;
+  }
+  const int64_t steps = std::max<int64_t>(1, result.global_step - result.first_step);
+  std::printf("sparse tables: %lld rows held on %d ps task%s; %lld bytes/step received + sent by the ps tasks "
+              "(%lld steps)\n", static_cast<long long>(rows), client->num_tasks(), client->num_tasks() > 1 ? "s" : "",
+              static_cast<long long>(bytes / steps), static_cast<long long>(steps));
+}
+
+// What the data set gives a run: the model's input geometry, this worker's training stream and (chief) the
+// test batches. Filled in place: the stream refers to the data set it reads.
+struct TrainingData {
+  data::DatasetPair loaded;  // when read from data_dir
+  const data::DatasetPair* dataset = nullptr;
+  models::ModelDefaults defaults;  // input pipeline, default schedule
+  models::ModelOptions model_options;
+  std::unique_ptr<data::BatchStream> stream;
+  std::vector<data::Batch> eval_batches;
+};
+
+// The ps side of a run: where the variables live, the config the chief registers, the in-process ps of local
+// mode, and this worker's client.
+struct Connection {
+  ps::Placement placement;
+  ps::TrainConfig config;
+  std::unique_ptr<ps::ParameterServer> local_ps;
+  std::vector<ps::PsInterface*> tasks;
+  std::unique_ptr<ps::WorkerClient> client;
+  bool device_resident = false;  // the training state lives on the devices (local mode, GPU towers)
+};
+
+// ---- data ----
+absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d) {
+  d->dataset = o->dataset;
+  if (d->dataset == nullptr) {
+    ASSIGN_OR_RETURN(d->loaded, data::LoadDataset(o->data_dir, o->data_format));
+    d->dataset = &d->loaded;
+  }
+  const data::Dataset& train = d->dataset->train;
+  d->defaults = o->resolved_model->defaults;
+  const bool ctr = train.kind() == data::DataKind::kCtr;
+  if (ctr != d->defaults.ctr_data) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model=", o->model, " trains on ", d->defaults.ctr_data ? "click-through-rate data" : "images",
+        " but ", o->dataset != nullptr ? std::string("the data set") : o->data_dir, " holds ",
+        ctr ? "click-through-rate data (dense and categorical features)" : "images",
+        d->defaults.ctr_data ? " (give --data_dir a Criteo-format directory, e.g. one dtrain_convert "
+                               "--synthetic_ctr wrote)"
+                             : ""));
+  }
+  models::ModelOptions& mopt = d->model_options;
+  mopt.batch_size = o->batch_size;
+  mopt.eval_batch_size = std::max(o->batch_size, 500);
+  mopt.seed = o->seed;
+  if (ctr) {
+    mopt.height = mopt.width = 1;  // the dense features, as a 1x1 image of num_dense channels
+    mopt.channels = train.num_dense;
+    mopt.num_sparse = train.num_sparse;
+  } else {
+    models::SetInputGeometry(d->defaults, train.height, train.width, train.channels, &mopt);
+  }
+  mopt.num_classes = train.num_classes;
+
+  data::BatchStreamOptions sopt;
+  sopt.batch_size = o->batch_size;
+  sopt.shard_index = local ? 0 : o->worker_id;
+  sopt.num_shards = local ? 1 : o->num_workers;
+  sopt.seed = o->seed;
+  sopt.shuffle = o->shuffle;
+  sopt.preprocess = d->defaults.train_preprocess;
+  if (!ctr) RETURN_IF_ERROR(data::CheckNormalization(o->input_normalization, train.channels));
+  sopt.normalize = o->input_normalization;
+  sopt.crop_h = mopt.height;  // the model's input size (the CIFAR modes crop to it)
+  sopt.crop_w = mopt.width;
+  ASSIGN_OR_RETURN(d->stream, data::BatchStream::Create(train, sopt));
+  if (o->decay_steps == 0 && d->defaults.decay_epochs > 0) {  // the model's default schedule
+    o->decay_steps = models::DefaultDecaySteps(d->defaults, train.count(), o->batch_size);
+    o->decay_rate = d->defaults.decay_rate;
+    o->staircase = d->defaults.staircase;
+  }
+  if (chief && (o->evaluate || o->eval_every > 0)) {
+    d->eval_batches = data::EvalBatches(d->dataset->test, mopt.eval_batch_size, d->defaults.eval_preprocess,
+                                        mopt.height, mopt.width, o->input_normalization);
+  }
+  return absl::OkStatus();
+}
+
+// ---- towers ----
+// Local mode with device-owned towers (GPUs) keeps the training state on the devices.
+bool DeviceResident(const WorkerOptions& o, const std::vector<kernels::DeviceSpec>& specs, bool local) {
+  const bool gpu = !specs.empty() && specs[0].kind == kernels::DeviceSpec::Kind::kGpu;
+  return local && o.device_resident && (gpu || !o.cpu_towers_in_place);
+}
+
+// ---- placement and ps config ----
+absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInterface*>& tasks,
+                             Towers* towers, Connection* c) {
+  const bool local = tasks.empty();
+  const bool chief = o.worker_id == 0;
+  models::Model* model0 = towers->tower(0);
+  std::vector<ps::VariableInfo> vars;
+  for (const models::VariableInfo& v : model0->variables()) vars.push_back({v.name, v.size(), v.trainable});
+  const int num_ps = local ? 1 : static_cast<int>(tasks.size());
+  ASSIGN_OR_RETURN(c->placement, ps::PlaceVariables(vars, num_ps));
+  if (chief && !local && !o.quiet) LOG(INFO) << "variable placement:\n" << ps::FormatPlacement(c->placement);
+
+  ps::TrainConfig& config = c->config;
+  config.model_signature = models::ModelSignature(*o.resolved_model, model0->variables());
+  config.mode = local ? "sync" : o.mode;
+  config.num_workers = local ? 1 : o.num_workers;
+  config.replicas_to_aggregate = local ? 1 : o.replicas_to_aggregate;
+  config.total_num_replicas = local ? 1 : o.total_num_replicas;
+  config.max_staleness = o.max_staleness;
+  config.optimizer.name = o.optimizer;
+  config.optimizer.learning_rate = o.learning_rate;
+  config.optimizer.momentum = o.momentum;
+  config.optimizer.decay_steps = o.decay_steps;
+  config.optimizer.decay_rate = o.decay_rate;
+  config.optimizer.staircase = o.staircase;
+  config.moving_average_decay = o.moving_average_decay;
+  config.train_steps = o.train_steps;
+  const std::vector<models::TableInfo>& tables = model0->graph().tables;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    config.tables.push_back(TableSpecOf(tables[t], static_cast<uint32_t>(t), o.seed));
+  }
+  if (!tables.empty()) {
+    config.sparse_optimizer.name = o.sparse_optimizer;
+    config.sparse_optimizer.learning_rate = o.sparse_learning_rate;
+  }
+
+  c->tasks = tasks;
+  if (local) {
+    ps::ParameterServerOptions po;
+    po.num_workers = 1;
+    po.checkpoint = o.checkpoint;
+    po.apply_threads = o.threads;
+    ASSIGN_OR_RETURN(c->local_ps, ps::ParameterServer::Create(po));
+    c->tasks = {c->local_ps.get()};
+  }
+  ps::WorkerClientOptions copt;
+  copt.background = !local;  // an in-process ps answers inline: no transfer threads
+  copt.step_timeout = absl::Seconds(o.step_timeout_secs);
+  ASSIGN_OR_RETURN(copt.wire_dtype, ps::ParseWireDtype(o.wire_dtype));
+  c->client = std::make_unique<ps::WorkerClient>(c->tasks, c->placement.task_slices, local ? 0 : o.worker_id,
+                                                 chief, copt);
+  return absl::OkStatus();
+}
+
+// Registers with the ps tasks; the chief's initial values (and the initial rows of tables from a file)
+// initialize them (unless they restore a checkpoint).
+// The flat parameters and gradients live in the towers' host buffers: CPU towers compute on them in place,
+// GPU towers copy them (pinned memory).
+absl::Status Connect(const WorkerOptions& o, Towers* towers, Connection* c) {
+  float* params = towers->host_params();
+  if (o.worker_id == 0) {
+    const std::vector<float> init = models::InitialParameters(towers->tower(0)->variables(), o.seed);
+    std::copy(init.begin(), init.end(), params);
+  }
+  std::vector<ps::InitialRows> rows;  // tables from a file start from its values
+  const std::vector<models::TableInfo>& tables = towers->tower(0)->graph().tables;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (tables[t].initial_values != nullptr) rows.push_back({static_cast<uint32_t>(t), tables[t].initial_values});
+  }
+  return c->client->Connect(c->config, params, absl::Seconds(o.startup_wait_secs), std::move(rows));
+}
+
+// After connecting: a restored checkpoint says where this worker's input stream was at its step; reading on
+// from there gives the batches an uninterrupted run would have. A position that does not fit this stream (another
+// --batch_size or --seed, say) is reported and the stream starts over instead.
+absl::Status ResumeInput(const WorkerOptions& o, Connection* c, TrainingData* d) {
+  const std::string position = c->client->restored_input_position();
+  if (position.empty()) return absl::OkStatus();
+  absl::Status s = d->stream->Restore(position);
+  if (s.ok()) {
+    if (!o.quiet) LOG(INFO) << "worker " << o.worker_id << ": input resumes where the restored checkpoint left it";
+  } else if (s.code() == absl::StatusCode::kFailedPrecondition) {
+    LOG(WARNING) << "worker " << o.worker_id << ": the checkpoint's input position does not fit this worker's "
+                 << "input (" << s.message() << "): reading from the start of its shard instead";
+  } else {
+    return absl::Status(s.code(), absl::StrCat("the checkpoint's input position for worker ", o.worker_id, ": ",
+                                               s.message()));
+  }
+  return absl::OkStatus();
+}
+
+// After a call failed with Aborted (`why`: a ps task restarted, rolled back or declared this worker lost):
+// connects again (the chief restores every task to the newest common checkpoint) and resumes the input where
+// that checkpoint left it.
+absl::Status ConnectAgain(const WorkerOptions& o, Connection* c, TrainingData* d, const absl::Status& why) {
+  LOG(WARNING) << "worker " << o.worker_id << ": " << why.message() << "; connecting again";
+  RETURN_IF_ERROR(c->client->Reconnect(absl::Seconds(o.startup_wait_secs)));
+  return ResumeInput(o, c, d);
+}
+
+// Test accuracy of tower 0 with the current parameters (or their moving averages).
+// The test metrics of `e` as TensorBoard scalars at `step`.
+absl::Status AddEvaluationScalars(EventWriter* events, int64_t step, const Evaluation& e) {
+  RETURN_IF_ERROR(events->AddScalar("test_accuracy", step, e.accuracy));
+  if (e.binary) {
+    RETURN_IF_ERROR(events->AddScalar("test_auc", step, e.auc));
+    RETURN_IF_ERROR(events->AddScalar("test_log_loss", step, e.log_loss));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Evaluation> EvaluateNow(TrainingSteps* steps, models::Model* model0, const TrainingData& d,
+                                       bool moving_averages) {
+  RETURN_IF_ERROR(steps->LoadParameters(moving_averages));
+  // Tower 0 on the whole test set; the rows of a sparse model's ids are pulled batch by batch.
+  return EvaluateBatches(model0, d.eval_batches,
+                         [steps](const models::HostBatch& b) { return steps->LoadSparseRows(b); });
+}
+
+// Appends the losses known so far to the result.
+absl::Status CollectLosses(TrainingSteps* steps, TrainingResult* result) {
+  ASSIGN_OR_RETURN(std::vector<float> losses, steps->TakeLosses());
+  result->losses.insert(result->losses.end(), losses.begin(), losses.end());
+  if (!result->losses.empty()) result->last_loss = result->losses.back();
+  return absl::OkStatus();
+}
+
+// ---- the loop ----
+// Steps until the global step reaches train_steps: a progress line every log_every local steps, the chief's
+// test accuracy every eval_every global steps, summaries every summary_every local steps. A ps task that
+// restarted (or rolled back, or declared this worker lost) answers Aborted: the worker connects again (the chief
+// restores every task to a common checkpoint) and goes on from a fresh pull.
+// One step's input: a batch per tower and where the stream is after them (for the checkpoints).
+struct StepInput {
+  std::vector<data::Batch> batches;
+  std::vector<models::HostBatch> views;  // into batches (whose buffers move with them on a swap)
+  std::string position;
+};
+
+absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towers* towers, Connection* c,
+                       TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries,
+                       TrainingResult* result) {
+  int reconnects = 0;
+  // Models with sparse tables read one step ahead: the pull that brings a step's parameters also brings the rows
+  // of that step's ids (TrainingSteps::SetUpcomingBatches).
+  const bool sparse = !towers->tower(0)->graph().tables.empty();
+  StepInput current, upcoming;
+  bool have_current = false;
+  auto draw = [&](StepInput* in) {
+    in->batches.resize(towers->size());
+    in->views.resize(towers->size());
+    for (int t = 0; t < towers->size(); ++t) {
+      in->batches[t] = d->stream->Next();  // copy: the stream's buffer is reused on the next call
+      in->views[t] = View(in->batches[t]);
+    }
+    in->position = d->stream->SaveState();
+  };
+  auto start_pulling = [&]() -> absl::StatusOr<ps::PullResult> {
+    if (sparse) {
+      draw(&current);
+      have_current = true;
+      RETURN_IF_ERROR(steps->SetUpcomingBatches(current.views));
+    }
+    return steps->Start();
+  };
+  // A worker may connect again just before the chief rolls the tasks back (voiding the sessions it just got):
+  // then the first pull is Aborted too, and it connects once more.
+  auto recover = [&](absl::Status failure) -> absl::StatusOr<ps::PullResult> {
+    while (true) {
+      if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
+      RETURN_IF_ERROR(ConnectAgain(o, c, d, failure));
+      absl::StatusOr<ps::PullResult> started = start_pulling();  // from the input position the restore gave back
+      if (started.ok()) return started;
+      failure = started.status();
+    }
+  };
+  auto settle = [&]() -> absl::StatusOr<ps::PullResult> {
+    absl::StatusOr<ps::PullResult> r = steps->Settle();
+    return r.ok() ? r : recover(r.status());
+  };
+  absl::StatusOr<ps::PullResult> started = start_pulling();
+  if (!started.ok()) started = recover(started.status());
+  if (!started.ok()) return started.status();
+  ps::PullResult at = *started;
+  result->first_step = at.step;
+  if (at.step > 0 && !o.quiet) std::printf("resuming at global step %lld\n", static_cast<long long>(at.step));
+  const int64_t examples_per_step = static_cast<int64_t>(o.batch_size) * towers->size();
+  const absl::Time start = absl::Now();
+  absl::Time window_start = start;
+  int64_t window_steps = 0;
+  int64_t next_eval = o.eval_every > 0 ? (at.step / o.eval_every + 1) * o.eval_every : -1;
+  while (at.step < o.train_steps && !at.training_done) {
+    if (!have_current) draw(&current);
+    absl::Status stepped = absl::OkStatus();
+    if (sparse) {
+      draw(&upcoming);
+      stepped = steps->SetUpcomingBatches(upcoming.views);
+    }
+    // Where the input is after this step's batches, for the checkpoints (a few dozen bytes).
+    if (c->device_resident) {
+      RETURN_IF_ERROR(c->local_ps->RecordInputPosition(0, at.step, current.position));
+    } else {
+      c->client->SetInputPosition(current.position);
+    }
+    if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
+    if (stepped.ok()) stepped = steps->Step(current.views, at.step);
+    if (sparse) {
+      std::swap(current, upcoming);  // the next step's batches, whose rows the pull now in flight brings
+    } else {
+      have_current = false;
+    }
+    absl::StatusOr<ps::PullResult> next = stepped.ok() ? steps->NextStep() : stepped;
+    if (!next.ok()) {
+      ASSIGN_OR_RETURN(at, recover(next.status()));
+      continue;
+    }
+    at = *next;
+    ++result->local_steps;
+    ++window_steps;
+    if (result->local_steps % o.log_every == 0) {
+      RETURN_IF_ERROR(
+          CollectLosses(steps, result));  // device-resident steps: the one read-back of the window
+      const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
+      const double rate = window_steps * examples_per_step / std::max(secs, 1e-9);
+      const float loss = result->last_loss;
+      if (!o.quiet) {
+        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch)\n", static_cast<long long>(at.step),
+                    loss, rate, secs / std::max<int64_t>(window_steps, 1));
+        std::fflush(stdout);
+      }
+      if (events) {
+        RETURN_IF_ERROR(events->AddScalar("loss", at.step, loss));
+        RETURN_IF_ERROR(events->AddScalar("examples_per_sec", at.step, rate));
+        RETURN_IF_ERROR(events->Flush());
+      }
+      window_start = absl::Now();
+      window_steps = 0;
+    }
+    if (summaries && result->local_steps % o.summary_every == 0) {
+      ASSIGN_OR_RETURN(at, settle());  // the histograms read every parameter and gradient
+      ASSIGN_OR_RETURN(std::vector<float> params, steps->Parameters());
+      // Device-resident steps keep the gradients on the devices: no gradient histograms then.
+      RETURN_IF_ERROR(summaries->Write(at.step, params.data(), c->device_resident ? nullptr : towers->host_grads()));
+    }
+    if (chief && next_eval > 0 && at.step >= next_eval && at.step < o.train_steps) {
+      ASSIGN_OR_RETURN(at, settle());
+      ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), *d, /*moving_averages=*/false));
+      const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+      if (!o.quiet) {
+        if (e.binary) {
+          std::printf("step %lld: test log loss = %.4f, AUC = %.4f at %.2f sec\n", static_cast<long long>(at.step),
+                      e.log_loss, e.auc, secs);
+        } else {
+          std::printf("step %lld: test accuracy = %.4f at %.2f sec\n", static_cast<long long>(at.step), e.accuracy,
+                      secs);
+        }
+      }
+      if (events) RETURN_IF_ERROR(AddEvaluationScalars(events, at.step, e));
+      next_eval = (at.step / o.eval_every + 1) * o.eval_every;
+    }
+  }
+  RETURN_IF_ERROR(CollectLosses(steps, result));
+  ASSIGN_OR_RETURN(at, settle());
+  result->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  result->examples = result->local_steps * examples_per_step;
+  result->global_step = at.step;
+  return absl::OkStatus();
+}
+
+// ---- the end ----
+// The final parameters, the chief's evaluation (with the moving averages too when kept), this worker's rate
+// and, on the chief in a cluster, the ps statistics and traffic. Before the worker reports done.
+absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, const TrainingData& d,
+                            Towers* towers, Connection* c, TrainingSteps* steps, EventWriter* events,
+                            TrainingResult* result) {
+  RETURN_IF_ERROR(steps->Finish());
+  if (chief) {
+    // The newest parameters (other workers may have pushed after our last pull).
+    ASSIGN_OR_RETURN(ps::PullResult at, steps->PullNewest());
+    result->global_step = at.step;
+  }
+  ASSIGN_OR_RETURN(result->parameters, steps->Parameters());
+  if (chief && !o.export_onnx.empty()) {
+    ASSIGN_OR_RETURN(result->table_rows, steps->PullTables());
+  }
+  if (chief) {
+    if (o.evaluate) {
+      ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/false));
+      result->test_accuracy = e.accuracy;
+      result->test_log_loss = e.log_loss;
+      result->test_auc = e.auc;
+      result->test_binary = e.binary;
+      if (events) RETURN_IF_ERROR(AddEvaluationScalars(events, result->global_step, e));
+      if (o.moving_average_decay > 0) {
+        // The seeds evaluate with the moving averages of the variables when they keep them.
+        ASSIGN_OR_RETURN(Evaluation averaged, EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/true));
+        result->test_accuracy_averaged = averaged.accuracy;
+        if (events) {
+          RETURN_IF_ERROR(events->AddScalar("test_accuracy_moving_average", result->global_step,
+                                            result->test_accuracy_averaged));
+        }
+      }
+    }
+    if (events) RETURN_IF_ERROR(events->Close());
+  }
+  if (!o.quiet) {
+    std::printf("worker %d: %lld local steps, %lld examples in %.2f sec (%.1f examples/sec)\n", o.worker_id,
+                static_cast<long long>(result->local_steps), static_cast<long long>(result->examples),
+                result->seconds, result->examples / std::max(result->seconds, 1e-9));
+  }
+  if (chief) {
+    // Taken before this worker reports done: ps 0 exits once every worker has.
+    absl::StatusOr<ps::TrainingStats> stats = c->client->Stats(0);
+    if (stats.ok()) {
+      result->stats = *stats;
+      if (!o.quiet && !local) std::printf("%s", FormatStats(*stats, c->config.mode == "async").c_str());
+    }
+    // Traffic per ps task: what each one received (gradients) and sent (parameters) per global step.
+    if (!o.quiet && !local) {
+      const double steps_run = std::max<int64_t>(1, result->global_step - result->first_step);
+      for (int t = 0; t < c->client->num_tasks(); ++t) {
+        absl::StatusOr<ps::TrainingStats> ts = t == 0 ? stats : c->client->Stats(t);
+        if (!ts.ok()) continue;
+        std::printf("ps task %d: %lld bytes held; received %.2f MB/step, sent %.2f MB/step\n", t,
+                    static_cast<long long>(c->placement.task_bytes[t]), ts->bytes_received / steps_run / 1e6,
+                    ts->bytes_sent / steps_run / 1e6);
+        for (const ps::SparseTableStats& s : ts->tables) {
+          std::printf("  table %s: %lld rows (%lld created, %lld evicted), %lld lookups, %lld not admitted\n",
+                      s.name.c_str(), static_cast<long long>(s.rows), static_cast<long long>(s.created),
+                      static_cast<long long>(s.evicted), static_cast<long long>(s.lookups),
+                      static_cast<long long>(s.not_admitted));
+        }
+      }
+    }
+    if (!o.quiet && !c->config.tables.empty()) PrintSparseTotals(c->client.get(), *result);
+  }
+  return absl::OkStatus();
+}
+
+// The chief's last lines, after the worker reported done.
+void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const TrainingResult& result) {
+  if (o.quiet) return;
+  if (result.test_accuracy_averaged >= 0) {
+    std::printf("step %lld: test accuracy with moving averages = %.4f (%lld examples)\n",
+                static_cast<long long>(result.global_step), result.test_accuracy_averaged,
+                static_cast<long long>(d.dataset->test.count()));
+  }
+  if (result.test_binary) {
+    std::printf("step %lld: test log loss = %.4f, AUC = %.4f, accuracy = %.4f (%lld examples)\n",
+                static_cast<long long>(result.global_step), result.test_log_loss, result.test_auc,
+                result.test_accuracy, static_cast<long long>(d.dataset->test.count()));
+  } else if (result.test_accuracy >= 0) {
+    std::printf("step %lld: test accuracy = %.4f (%lld examples)\n",
+                static_cast<long long>(result.global_step), result.test_accuracy,
+                static_cast<long long>(d.dataset->test.count()));
+  }
+}
+
+// The loss of every local step, one CSV line each, with the digits that give the float back.
+absl::Status WriteMetrics(const std::string& path, const TrainingResult& result) {
+  std::string csv = "local_step,loss\n";
+  for (size_t i = 0; i < result.losses.size(); ++i) absl::StrAppendFormat(&csv, "%d,%.9g\n", i + 1, result.losses[i]);
+  return WriteFileAtomically(path, csv);
+}
+
+}  // namespace
+
+absl::Status ApplyModelDefaults(WorkerOptions* o) {
+  if (o->resolved_model == nullptr) {
+    models::ResolveOptions ro;
+    ro.dlrm = o->dlrm;
+    ASSIGN_OR_RETURN(o->resolved_model, models::ResolveModel(o->model, ro));
+  }
+  if (!o->export_onnx.empty() && !o->resolved_model->imported()) {
+    return absl::InvalidArgumentError(absl::StrCat("--export_onnx needs a model imported from ONNX (--model=PATH.onnx); '",
+                                                   o->resolved_model->name, "' is built in"));
+  }
+  const models::ModelDefaults& d = o->resolved_model->defaults;
+  if (o->batch_size <= 0) o->batch_size = d.batch_size;
+  if (o->learning_rate <= 0) o->learning_rate = d.learning_rate;
+  if (o->optimizer.empty()) o->optimizer = d.optimizer;
+  if (o->sparse_optimizer.empty()) o->sparse_optimizer = d.sparse_optimizer.empty() ? "adagrad" : d.sparse_optimizer;
+  if (o->sparse_learning_rate <= 0) {
+    o->sparse_learning_rate = d.sparse_learning_rate > 0 ? d.sparse_learning_rate : o->learning_rate;
+  }
+  if (o->mode != "sync" && o->mode != "async") {
+    return absl::InvalidArgumentError(absl::StrCat("--mode must be sync or async, got '", o->mode, "'"));
+  }
+  if (o->train_steps <= 0) return absl::InvalidArgumentError("--train_steps must be > 0");
+  if (o->log_every <= 0) return absl::InvalidArgumentError("--log_every must be > 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
+                                           const std::vector<ps::PsInterface*>& tasks) {
+  SetFlushDenormals();  // the training loop computes (the kernels' own pools set it too)
+  WorkerOptions o = options;
+  RETURN_IF_ERROR(ApplyModelDefaults(&o));
+  const bool local = tasks.empty();
+  const bool chief = o.worker_id == 0;
+
+  // Set-up: data, towers, placement and config, the connection (the chief initializes the variables).
+  TrainingData data;
+  RETURN_IF_ERROR(SetUpData(&o, local, chief, &data));
+  ASSIGN_OR_RETURN(std::vector<kernels::DeviceSpec> specs, ParseTowers(o.towers, o.num_gpus, o.threads));
+  // Sparse tables stay on the ps (a step pulls the rows of its ids), so their models never keep the training
+  // state on the devices.
+  ASSIGN_OR_RETURN(const models::Graph graph, o.resolved_model->build_graph(data.model_options));
+  const bool resident = DeviceResident(o, specs, local) && graph.tables.empty();
+  TowersOptions topt;
+  topt.cpu_in_place = o.cpu_towers_in_place;
+  topt.replicated = resident;
+  ASSIGN_OR_RETURN(std::unique_ptr<Towers> towers, Towers::Create(*o.resolved_model, data.model_options, specs, topt));
+  Connection ps;
+  ps.device_resident = resident;
+  RETURN_IF_ERROR(SetUpConnection(o, tasks, towers.get(), &ps));
+  // A worker that stops on an error still leaves the cluster (best effort), so the ps tasks stop expecting it
+  // instead of waiting for it forever; cancelled on the normal path, which reports done itself.
+  auto leave_on_error = absl::MakeCleanup([&ps, &o] {
+    absl::Status s = ps.client->Done(/*completed=*/false);
+    if (!s.ok()) LOG(WARNING) << "worker " << o.worker_id << " could not report done: " << s;
+  });
+  RETURN_IF_ERROR(Connect(o, towers.get(), &ps));
+  RETURN_IF_ERROR(ResumeInput(o, &ps, &data));
+  TrainingStepsOptions sopt;
+  sopt.sync = ps.config.mode == "sync";
+  sopt.local_ps = resident ? ps.local_ps.get() : nullptr;
+  sopt.config = ps.config;
+  sopt.cuda_graphs = o.cuda_graphs;
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,
+                   MakeTrainingSteps(towers.get(), ps.client.get(), sopt));
+  // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.
+  std::unique_ptr<EventWriter> events;
+  if (chief && !o.logdir.empty()) {
+    ASSIGN_OR_RETURN(events, EventWriter::Create(o.logdir));
+  }
+
+  // Summaries beyond loss and accuracy (worker/train/summaries.h): learning rate, ps traffic, staleness, histograms.
+  std::unique_ptr<TrainingSummaries> summaries;
+  if (events && o.summary_every > 0) {
+    ps::WorkerClient* client = ps.client.get();
+    TrainingSummaries::UniqueIdsFn unique_ids;  // sparse/unique_ids_per_step, for models with tables
+    if (!graph.tables.empty()) unique_ids = [s = steps.get()] { return s->last_step_unique_ids(); };
+    ASSIGN_OR_RETURN(summaries, TrainingSummaries::Create(events.get(), towers->tower(0)->variables(),
+                                                          ps.config.optimizer, client->num_tasks(),
+                                                          [client](int t) { return client->Stats(t); }, absl::Now(),
+                                                          std::move(unique_ids)));
+  }
+
+  // The loop, then the end: evaluation, statistics, done.
+  TrainingResult result;
+  // A ps task that restarts after the last step answers the chief's final pull with Aborted: connect again (the
+  // chief restores every task to the newest common checkpoint) and train from there to the end once more.
+  int64_t first_step = -1;
+  for (int reconnects = 0;; ++reconnects) {
+    const double seconds_before = result.seconds;
+    RETURN_IF_ERROR(TrainLoop(o, chief, &data, towers.get(), &ps, steps.get(), events.get(), summaries.get(),
+                              &result));
+    // The throughput figures cover the whole run.
+    if (first_step < 0) first_step = result.first_step;
+    result.first_step = first_step;
+    result.seconds += seconds_before;
+    const absl::Status finished =
+        FinishTraining(o, chief, local, data, towers.get(), &ps, steps.get(), events.get(), &result);
+    if (finished.ok()) break;
+    if (finished.code() != absl::StatusCode::kAborted || local || reconnects >= kMaxReconnects) return finished;
+    RETURN_IF_ERROR(ConnectAgain(o, &ps, &data, finished));
+  }
+  std::move(leave_on_error).Cancel();
+  RETURN_IF_ERROR(ps.client->Done(/*completed=*/true, result.global_step));
+  if (ps.local_ps) {
+    // Local mode: the in-process ps wrote its final checkpoint inside Done; the end of training must be on disk.
+    const absl::Status saved = ps.local_ps->final_checkpoint_status();
+    if (!saved.ok()) {
+      return absl::Status(saved.code(), absl::StrCat("training finished at step ", result.global_step,
+                                                     " but the final checkpoint was not saved: ", saved.message()));
+    }
+  }
+  if (chief) {
+    PrintAccuracy(o, data, result);
+    std::fflush(stdout);
+  }
+  if (!o.metrics_file.empty()) RETURN_IF_ERROR(WriteMetrics(o.metrics_file, result));
+  if (chief && !o.export_onnx.empty()) {
+    models::onnx::TableRows rows;  // the embedding tables' rows, into their initializers
+    const std::vector<models::TableInfo>& tables = towers->tower(0)->graph().tables;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      // Every table's rows, whatever the file's dims let the import see: the file's own rows never stand in.
+      if (t >= result.table_rows.size() || result.table_rows[t].empty()) {
+        return absl::InternalError(absl::StrCat("--export_onnx: the rows of embedding table '", tables[t].name,
+                                                "' were not pulled at the end"));
+      }
+      rows[tables[t].name] = result.table_rows[t];
+    }
+    RETURN_IF_ERROR(models::onnx::ExportOnnx(*o.resolved_model, towers->tower(0)->variables(), result.parameters.data(),
+                                             rows, o.export_onnx));
+    if (!o.quiet) std::printf("exported the trained model to %s\n", o.export_onnx.c_str());
+  }
+  return result;
+}
+
+}  // namespace dtrain::worker

@@ -1,0 +1,137 @@
+// The training loop of one worker: builds the towers, reads its shard of the data, connects to the ps tasks
+// (or runs a private in-process ps in local mode), and runs steps (worker/train/training_steps.h) until the global
+// step reaches train_steps: in a cluster, and in local mode with CPU towers, parameters are pulled and
+// gradients pushed layer by layer, overlapped with compute (worker/train/step_runner.h); in local mode with GPU
+// towers the training state stays on the devices (worker/train/resident_steps.h) and the in-process ps only keeps
+// the checkpoints. The chief (worker 0) initializes the variables, evaluates test accuracy and prints the ps
+// statistics at the end.
+//
+// Thread-safety: RunTraining is re-entrant (tests run several workers as threads of one process).
+#ifndef DTRAIN_WORKER_TRAIN_TRAINER_H_
+#define DTRAIN_WORKER_TRAIN_TRAINER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ps/checkpoint/checkpoint_options.h"
+#include "ps/core/parameter_server.h"
+#include "worker/data/dataset.h"
+#include "worker/models/dlrm.h"
+#include "worker/models/model.h"
+
+namespace dtrain::worker {
+
+struct WorkerOptions {
+  // Model and data.
+  std::string model = "mlp";              // --model: a built-in name or PATH.onnx (worker/models/registry.h)
+  // The model --model names, resolved once (dtrain_worker resolves it in main); null: RunTraining resolves
+  // `model` itself. Everything downstream uses this value.
+  models::ModelRef resolved_model;
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  const data::DatasetPair* dataset = nullptr;  // tests: use this instead of reading data_dir
+  bool shuffle = true;  // false: every worker reads its shard in order (reproducible comparisons)
+  // Per-channel normalization of the pixels after scaling to [0, 1] (--input_mean/--input_std), in training and
+  // evaluation alike; InvalidArgument from RunTraining when it does not fit the images' channels.
+  data::Normalization input_normalization;
+  data::DataFormat data_format = data::DataFormat::kAuto;  // --data_format
+
+  // Models with sparse embedding tables (--model=dlrm): the update of their rows on the ps ("" / 0: the model's
+  // default) and the dlrm's shape (worker/models/dlrm.h): passed to the registry when it resolves the model.
+  std::string sparse_optimizer;
+  float sparse_learning_rate = 0;
+  models::DlrmConfig dlrm;
+  uint64_t seed = 1;
+
+  // Training. 0 / "" = the model's default (resolved_model->defaults).
+  int64_t train_steps = 2000;  // global steps
+  int batch_size = 0;          // per tower
+  float learning_rate = 0;
+  std::string optimizer;
+  float momentum = 0.9f;
+  // 0 = none, except for cifar10, whose default is the tutorial's staircase decay by 0.1 every 350 epochs.
+  int64_t decay_steps = 0;
+  float decay_rate = 1.0f;
+  bool staircase = false;
+  float moving_average_decay = 0;
+
+  // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/core/parameter_server.h).
+  ps::CheckpointOptions checkpoint;
+
+  // Distribution.
+  std::string mode = "sync";  // sync | async
+  int replicas_to_aggregate = 0;  // 0 = all workers
+  int total_num_replicas = 0;     // 0 = all workers
+  int max_staleness = -1;
+  int worker_id = 0;
+  int num_workers = 1;
+  int num_ps = 1;  // placement is computed for this many tasks
+
+  // Compute.
+  std::string towers;  // see ParseTowers
+  int num_gpus = 0;
+  int threads = 1;
+  // Local mode with GPU towers: variables, optimizer slots and moving averages live on the devices and the
+  // optimizer runs there (checkpoints still go through the in-process ps). false: every step's gradients go
+  // to the in-process ps and its parameters come back, as in a cluster (for comparisons).
+  bool device_resident = true;
+  // Device-resident steps on GPUs: capture the step once as a CUDA graph and replay it (falls back to eager
+  // steps, with one log line saying why, where capture fails).
+  bool cuda_graphs = true;
+  // Tests: false runs CPU towers through the GPU towers' code paths (models own their buffers; per-layer
+  // uploads and downloads in a cluster, device-resident state in local mode), on the CPU backend.
+  bool cpu_towers_in_place = true;
+
+  // Reporting.
+  int log_every = 100;
+  int64_t eval_every = 0;       // chief: evaluate every this many global steps (0 = only at the end)
+  bool evaluate = true;         // chief: evaluate at the end
+  std::string logdir;           // chief: TensorBoard event files here (empty = none)
+  int summary_every = 0;        // chief with logdir: worker/train/summaries.h every this many local steps (0 = off)
+  double startup_wait_secs = 300;  // how long to wait for ps tasks / the chief
+  bool quiet = false;           // no progress lines (tests)
+  double step_timeout_secs = 120;  // how long a step may wait for the ps (another worker's gradients)
+  std::string wire_dtype = "fp32";  // fp32 | bf16 | fp16: gradients and parameters on the wire
+  int step_delay_ms = 0;        // test hook: sleep this long every step (a slow worker)
+
+  // Output files.
+  std::string metrics_file;  // this worker's loss of every local step, as CSV "local_step,loss" (exact floats)
+  // Chief: the final parameters written as this ONNX file (the imported file with its initializers trained,
+  // worker/models/onnx/onnx_export.h); the model must be an ONNX import (InvalidArgument otherwise).
+  std::string export_onnx;
+};
+
+struct TrainingResult {
+  int64_t global_step = 0;
+  int64_t local_steps = 0;        // steps this worker computed
+  int64_t examples = 0;           // examples this worker processed
+  double seconds = 0;             // wall time of the training loop
+  float last_loss = 0;
+  std::vector<float> losses;      // loss of every local step, in order
+  double test_accuracy = -1;      // chief only, -1 if not evaluated
+  // Chief, models with one logit (sigmoid cross-entropy, e.g. dlrm): the test set's log loss and ROC AUC (-1
+  // if not evaluated); test_accuracy is then the share of examples on the right side of 0.5.
+  double test_log_loss = -1, test_auc = -1;
+  bool test_binary = false;       // test_log_loss and test_auc were evaluated (test_auc NaN for one class)
+  std::vector<float> parameters;  // final parameters (flat) as last pulled
+  // Chief with export_onnx, models with fixed-size tables: every row of each (Graph::tables order), pulled at
+  // the end (TrainingSteps::PullTables).
+  std::vector<std::vector<float>> table_rows;
+  ps::TrainingStats stats;        // chief: ps 0's statistics
+  int64_t first_step = 0;         // global step when training started (> 0 after resuming a checkpoint)
+  double test_accuracy_averaged = -1;  // chief, with --moving_average_decay: accuracy of the moving averages
+};
+
+// Resolves the model (o->resolved_model, when not done yet) and its defaults into `o` (batch size, learning rate,
+// optimizer).
+absl::Status ApplyModelDefaults(WorkerOptions* o);
+
+// Runs training against `tasks` (ps task i at index i; not owned). Empty `tasks` = local mode (an in-process
+// ps with one worker, sync: the baseline every cluster size is compared with).
+absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
+                                           const std::vector<ps::PsInterface*>& tasks);
+
+}  // namespace dtrain::worker
+
+#endif  // DTRAIN_WORKER_TRAIN_TRAINER_H_
