@@ -15,6 +15,7 @@
 #include "dtrain.pb.h"
 #include "ps/checkpoint/checkpoint_format.h"
 #include "ps/rpc/tensor_coding.h"
+#include "ps/shm/shm_frame.h"
 #include "worker/data/batch_stream_state.h"
 #include "worker/data/dataset.h"
 #include "worker/data/example_proto.h"
@@ -257,6 +258,46 @@ bool PsRequestSeeds(const std::string& dir) {
          Write(dir, "register", Call(0, reg.SerializeAsString()) + Call(6, probe.SerializeAsString()));
 }
 
+
+// shm_frame_fuzzer: one valid frame of each type a lane carries (ps/shm/shm_frame.h).
+bool ShmFrameSeeds(const std::string& dir) {
+  using namespace ps::shm;  // NOLINT
+  ps::PushHeader push;
+  push.worker_id = 1;
+  push.step = 7;
+  push.request_id = 99;
+  push.commit = true;
+  push.session = 3;
+  push.input_position = "pos";
+  PullOrder order;
+  order.request.worker_id = 1;
+  order.request.min_step = 8;
+  order.request.decisions.push_back(ps::StepDecision{7, {0, 1}, true, "mac"});
+  order.destinations.push_back(Destination{0, Destination::Kind::kInPlace, 2, 4096, 100});
+  order.destinations.push_back(Destination{1, Destination::Kind::kStaging, 4, 0, 10});
+  order.sparse.push_back(SparseOrder{0, 3, 16, 4, 64, 128});
+  ps::PullHeader header;
+  header.step = 8;
+  header.decisions = order.request.decisions;
+  PiecesWritten pieces;
+  pieces.slices.push_back(SlicePiece{0, 0, 100, ps::WireDtype::kF32});
+  pieces.rows.push_back(RowPiece{0, 0, 3, ps::WireDtype::kBF16});
+  PushResult result;
+  result.status = absl::AbortedError("register again");
+  return Write(dir, "hello", EncodeFrame(FrameType::kHello, EncodeHello(Hello{LaneKind::kPull, 1, "abcd"}))) &&
+         Write(dir, "segment", EncodeFrame(FrameType::kSegment, EncodeSegment(SegmentInfo{1, 1 << 20}))) &&
+         Write(dir, "push_begin", EncodeFrame(FrameType::kPushBegin, EncodePushHeader(push))) &&
+         Write(dir, "push_data",
+               EncodeFrame(FrameType::kPushData, EncodeDataRef(DataRef{3, 0, 256, ps::WireDtype::kBF16, 1, 64}))) &&
+         Write(dir, "push_rows",
+               EncodeFrame(FrameType::kPushRows, EncodeRowsRef(RowsRef{0, 3, 16, ps::WireDtype::kF32, 1, 0, 64}))) &&
+         Write(dir, "push_finish", EncodeFrame(FrameType::kPushFinish, "")) &&
+         Write(dir, "push_result", EncodeFrame(FrameType::kPushResult, EncodePushResult(result))) &&
+         Write(dir, "pull_request", EncodeFrame(FrameType::kPullRequest, EncodePullOrder(order))) &&
+         Write(dir, "pull_header", EncodeFrame(FrameType::kPullHeader, EncodePullHeader(header))) &&
+         Write(dir, "pull_pieces", EncodeFrame(FrameType::kPullPieces, EncodePieces(pieces)));
+}
+
 }  // namespace
 }  // namespace dtrain
 
@@ -271,7 +312,8 @@ int main(int argc, char** argv) {
                   dtrain::TfRecordSeeds(out + "/tfrecord_fuzzer") &&
                   dtrain::CheckpointSeeds(out + "/checkpoint_fuzzer") &&
                   dtrain::BatchStreamStateSeeds(out + "/batch_stream_state_fuzzer") &&
-                  dtrain::PsRequestSeeds(out + "/ps_request_fuzzer");
+                  dtrain::PsRequestSeeds(out + "/ps_request_fuzzer") &&
+                  dtrain::ShmFrameSeeds(out + "/shm_frame_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "dtrain_fuzz_seeds: cannot write the seeds under %s\n", out.c_str());
     return 1;

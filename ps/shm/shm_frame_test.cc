@@ -1,0 +1,103 @@
+#include "ps/shm/shm_frame.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace dtrain::ps::shm {
+namespace {
+
+TEST(ShmFrameTest, FramesRoundTrip) {
+  const std::string payload = EncodeHello(Hello{LaneKind::kPull, 3, "0123456789abcdef"});
+  absl::StatusOr<Frame> f = DecodeFrame(EncodeFrame(FrameType::kHello, payload));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->type, FrameType::kHello);
+  absl::StatusOr<Hello> h = DecodeHello(f->payload);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->lane, LaneKind::kPull);
+  EXPECT_EQ(h->worker_id, 3);
+  EXPECT_EQ(h->ticket, "0123456789abcdef");
+}
+
+TEST(ShmFrameTest, BadFramesAreDataLossNamingWhatIsWrong) {
+  const std::string good = EncodeFrame(FrameType::kPushFinish, "xyz");
+  ASSERT_TRUE(DecodeFrame(good).ok());
+  struct Case {
+    std::string bytes;
+    std::string says;
+  };
+  std::string magic = good, version = good, type = good, crc = good, length = good;
+  magic[0] ^= 1;
+  version[4] = 9;
+  type[6] = 99;
+  crc[kFrameHeaderBytes] ^= 1;
+  length[8] = 5;
+  const Case cases[] = {{good.substr(0, 10), "shorter than its"},
+                        {magic, "not a dtrain lane"},
+                        {version, "run the same dtrain"},
+                        {type, "unknown type"},
+                        {crc, "checksum mismatch"},
+                        {length, "payload bytes"},
+                        {good + "x", "payload bytes"}};
+  for (const Case& c : cases) {
+    absl::StatusOr<Frame> f = DecodeFrame(c.bytes);
+    ASSERT_FALSE(f.ok());
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(f.status().message().find(c.says), std::string::npos) << f.status();
+  }
+}
+
+TEST(ShmFrameTest, PayloadsRoundTripAndRefuseGarbage) {
+  PullOrder order;
+  order.request.worker_id = 2;
+  order.request.session = 77;
+  order.request.min_step = 5;
+  order.request.since_step = 4;
+  order.request.decisions = {StepDecision{4, {0, 2}, true, "mac"}};
+  order.request.timeout_ms = 1234;
+  order.request.moving_averages = true;
+  order.request.after_push = 9;
+  order.request.wire_dtype = WireDtype::kBF16;
+  order.destinations = {Destination{1, Destination::Kind::kInPlace, 3, 4096, 10},
+                        Destination{2, Destination::Kind::kSkip, 0, 0, 5}};
+  order.sparse = {SparseOrder{0, 4, 16, 2, 0, 64}};
+  const std::string bytes = EncodePullOrder(order);
+  absl::StatusOr<PullOrder> back = DecodePullOrder(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->request.worker_id, 2);
+  EXPECT_EQ(back->request.session, 77u);
+  EXPECT_EQ(back->request.decisions, order.request.decisions);
+  EXPECT_EQ(back->request.wire_dtype, WireDtype::kBF16);
+  EXPECT_TRUE(back->request.moving_averages);
+  ASSERT_EQ(back->destinations.size(), 2u);
+  EXPECT_EQ(back->destinations[0].kind, Destination::Kind::kInPlace);
+  EXPECT_EQ(back->destinations[0].at, 4096);
+  ASSERT_EQ(back->sparse.size(), 1u);
+  EXPECT_EQ(back->sparse[0].rows_at, 64);
+  EXPECT_EQ(EncodePullOrder(*back), bytes);
+  // Truncated, extended, or with a list count larger than the bytes: DataLoss.
+  EXPECT_EQ(DecodePullOrder(bytes.substr(0, bytes.size() - 1)).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodePullOrder(bytes + "x").status().code(), absl::StatusCode::kDataLoss);
+  std::string many = EncodePieces(PiecesWritten{});
+  many[0] = '\xff';
+  many[1] = '\xff';
+  EXPECT_EQ(DecodePieces(many).status().code(), absl::StatusCode::kDataLoss);
+
+  PushResult r;
+  r.status = absl::AbortedError("register again");
+  r.transport_failure = true;
+  r.response.outcome = PushResponse::Outcome::kDroppedBackup;
+  r.response.global_step = 12;
+  absl::StatusOr<PushResult> rb = DecodePushResult(EncodePushResult(r));
+  ASSERT_TRUE(rb.ok());
+  EXPECT_EQ(rb->status, r.status);
+  EXPECT_TRUE(rb->transport_failure);
+  EXPECT_EQ(rb->response.outcome, PushResponse::Outcome::kDroppedBackup);
+  EXPECT_EQ(rb->response.global_step, 12);
+  std::string bad_dtype = EncodeDataRef(DataRef{1, 0, 4, WireDtype::kF16, 1, 0});
+  bad_dtype[20] = 7;  // the dtype byte
+  EXPECT_EQ(DecodeDataRef(bad_dtype).status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace dtrain::ps::shm

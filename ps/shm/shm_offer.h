@@ -1,0 +1,42 @@
+// How a worker and a ps task agree, over the authenticated gRPC channel, to move data through shared memory
+// (ps/shm/README.md): the worker asks (ShmAttachRequest), the ps offers (ShmOffer) a socket to connect its two
+// lanes to, and one single-use ticket for each. Only a process that passed the gRPC handshake (the cluster's
+// token, TLS) ever sees a ticket, and a lane without a valid ticket is closed before it can do anything; the
+// worker's memory is handed over only on a lane that presented one.
+#ifndef DTRAIN_PS_SHM_SHM_OFFER_H_
+#define DTRAIN_PS_SHM_SHM_OFFER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain::ps::shm {
+
+struct ShmAttachRequest {
+  int worker_id = 0;
+  std::string boot_id;  // the worker's host (HostBootId)
+  uint32_t uid = 0;     // the worker's effective user id
+};
+
+struct ShmOffer {
+  std::string socket_name;  // an abstract Unix socket (no file), in the ps's network namespace
+  std::string push_ticket, pull_ticket;  // one per lane, single use, valid for a few seconds
+  std::string boot_id;  // the ps's host
+  uint32_t uid = 0;     // the ps's effective user id
+  int32_t pid = 0;      // the ps process, for logs
+};
+
+// Asks one ps task for an offer (ps/rpc/grpc_ps_client.h makes one over gRPC; tests call ShmServer::Offer).
+// Errors: Unavailable when the ps cannot be reached now (retry later), Unimplemented or FailedPrecondition
+// when it offers no shared memory, others as the ps says.
+using ShmAttachFn = std::function<absl::StatusOr<ShmOffer>(const ShmAttachRequest&)>;
+
+// This host's boot id (/proc/sys/kernel/random/boot_id): equal for processes on one machine (any container or
+// network namespace of it), different across machines. Empty when unreadable.
+std::string HostBootId();
+
+}  // namespace dtrain::ps::shm
+
+#endif  // DTRAIN_PS_SHM_SHM_OFFER_H_

@@ -1,0 +1,709 @@
+#include "ps/shm/shm_server.h"
+
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <list>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/denormals.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "ps/shm/shm_frame.h"
+#include "ps/shm/shm_lane.h"
+#include "ps/shm/shm_segment.h"
+
+namespace dtrain::ps::shm {
+namespace {
+
+std::string RandomHex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  size_t got = 0;
+  while (got < bytes) {
+    const ssize_t n = getrandom(raw.data() + got, bytes - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(raw);
+}
+
+// A data-plane failure (not the ps's answer): the worker moves to gRPC or fails, see PushResult.
+absl::Status TransportError(std::string message) { return absl::FailedPreconditionError(std::move(message)); }
+
+}  // namespace
+
+// One attached worker: its tickets, its two lanes, the segments it shared.
+struct Attachment {
+  int worker_id = 0;
+  std::string push_ticket, pull_ticket;
+  absl::Time expires;
+  // Cancelled when the attachment ends: wakes a pull in flight.
+  Cancellation pull_cancel;
+
+  absl::Mutex mu;
+  bool ended ABSL_GUARDED_BY(mu) = false;
+  int active ABSL_GUARDED_BY(mu) = 0;  // lane threads serving it
+  std::vector<Lane*> lanes ABSL_GUARDED_BY(mu);
+  std::map<uint32_t, std::unique_ptr<ShmSegment>> segments ABSL_GUARDED_BY(mu);
+  // A segment the worker shared that could not be mapped: every later call fails with it (a transport failure).
+  absl::Status segment_error ABSL_GUARDED_BY(mu);
+
+  // Ends it: lanes shut, pull cancelled. Idempotent; any thread.
+  void End() {
+    {
+      absl::MutexLock lock(&mu);
+      ended = true;
+      for (Lane* lane : lanes) lane->Shutdown();
+    }
+    pull_cancel.Cancel();
+  }
+  // Where [at, at + bytes) of segment `id` is mapped here; a transport failure when it is not.
+  absl::StatusOr<char*> Resolve(uint32_t id, int64_t at, int64_t bytes, int64_t align = 1) {
+    absl::MutexLock lock(&mu);
+    if (!segment_error.ok()) return segment_error;
+    auto it = segments.find(id);
+    if (it == segments.end()) return TransportError(absl::StrCat("shared memory: segment ", id, " was not shared"));
+    const ShmSegment& s = *it->second;
+    if (at < 0 || bytes < 0 || at > s.size() || bytes > s.size() - at || at % align != 0) {
+      return TransportError(absl::StrCat("shared memory: bytes [", at, ", +", bytes, ") outside segment ", id, " of ",
+                                         s.size(), " bytes"));
+    }
+    return s.data() + at;
+  }
+};
+
+class ShmServer::Impl {
+ public:
+  Impl(PsInterface* ps, ShmServerOptions options, std::unique_ptr<LaneListener> listener)
+      : ps_(ps), options_(std::move(options)), listener_(std::move(listener)) {}
+  ~Impl() { Shutdown(); }
+
+  void StartAccepting() { accept_thread_ = std::thread([this] { AcceptLoop(); }); }
+
+  absl::StatusOr<ShmOffer> Offer(const ShmAttachRequest& request);
+  void Shutdown();
+  ShmServerCounters counters() const {
+    absl::MutexLock lock(&mu_);
+    ShmServerCounters c = counters_;
+    c.active_attachments = 0;
+    for (const auto& a : attachments_) {
+      absl::MutexLock al(&a->mu);
+      c.active_attachments += a->ended ? 0 : 1;
+    }
+    return c;
+  }
+  const std::string& socket_name() const { return listener_->name(); }
+
+ private:
+  void AcceptLoop();
+  struct LaneThread;
+  void ServeConnection(int fd, LaneThread* t);
+  // Checks the first frame; returns the attachment the lane belongs to (registered with it), or null.
+  std::shared_ptr<Attachment> Admit(Lane* lane, LaneKind* kind);
+  void ServePushes(Lane* lane, Attachment* a);
+  void ServePulls(Lane* lane, Attachment* a);
+  // A Segment frame: maps it into the attachment (a failure is kept as the attachment's segment_error).
+  void AddSegment(Attachment* a, const Frame& frame, int fd);
+  void ReapFinishedThreads();
+  // A frame that does not decode: logged; the caller closes the lane.
+  void Malformed(const Attachment* a, const absl::Status& s) const {
+    LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s lane: " << s
+                 << ": closing it";
+  }
+
+  PsInterface* const ps_;
+  const ShmServerOptions options_;
+  std::unique_ptr<LaneListener> listener_;
+  std::thread accept_thread_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // an attachment's active count dropped, or a lane thread finished
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::list<std::shared_ptr<Attachment>> attachments_ ABSL_GUARDED_BY(mu_);
+  struct LaneThread {
+    std::thread thread;
+    bool done = false;
+    Lane* lane = nullptr;  // while serving (under mu_)
+  };
+  std::list<LaneThread> threads_ ABSL_GUARDED_BY(mu_);
+  ShmServerCounters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<ShmOffer> ShmServer::Impl::Offer(const ShmAttachRequest& request) {
+  ShmOffer offer;
+  offer.socket_name = listener_->name();
+  offer.boot_id = HostBootId();
+  offer.uid = static_cast<uint32_t>(geteuid());
+  offer.pid = static_cast<int32_t>(getpid());
+  if (request.boot_id.empty() || request.boot_id != offer.boot_id) {
+    return absl::FailedPreconditionError(absl::StrCat("the ps task runs on another host (boot id ", offer.boot_id,
+                                                      ", the worker's ", request.boot_id, ")"));
+  }
+  if (request.uid != offer.uid) {
+    return absl::FailedPreconditionError(absl::StrCat("the ps task runs as user ", offer.uid, ", the worker as ",
+                                                      request.uid, ": shared memory is only for one user"));
+  }
+  // End the worker's previous attachment, and wait until its lanes have left the ParameterServer (an old pull
+  // must not write into buffers after the worker's next pull began).
+  std::vector<std::shared_ptr<Attachment>> previous;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("the ps task is shutting down");
+    for (auto it = attachments_.begin(); it != attachments_.end();) {
+      if ((*it)->worker_id == request.worker_id) {
+        previous.push_back(*it);
+        it = attachments_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& a : previous) {
+    a->End();
+    absl::MutexLock lock(&a->mu);
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (a->active > 0) {
+      if (a->mu.AwaitWithDeadline(absl::Condition(
+                                      +[](Attachment* x) ABSL_EXCLUSIVE_LOCKS_REQUIRED(x->mu) { return x->active == 0; },
+                                      a.get()),
+                                  give_up)) {
+        break;
+      }
+      return absl::UnavailableError(absl::StrCat("worker ", request.worker_id,
+                                                 "'s previous shared-memory calls have not ended after 10 s"));
+    }
+  }
+  auto a = std::make_shared<Attachment>();
+  a->worker_id = request.worker_id;
+  a->push_ticket = RandomHex(16);
+  a->pull_ticket = RandomHex(16);
+  a->expires = absl::Now() + options_.ticket_ttl;
+  offer.push_ticket = a->push_ticket;
+  offer.pull_ticket = a->pull_ticket;
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the ps task is shutting down");
+  // Attachments that ended (both lanes gone) or whose tickets expired unused are dropped here.
+  for (auto it = attachments_.begin(); it != attachments_.end();) {
+    absl::MutexLock al(&(*it)->mu);
+    const bool unused = (*it)->lanes.empty() && (*it)->active == 0;
+    if ((*it)->ended && (*it)->active == 0) {
+      it = attachments_.erase(it);
+    } else if (unused && (*it)->expires < absl::Now() && !(*it)->push_ticket.empty()) {
+      it = attachments_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  attachments_.push_back(a);
+  ++counters_.offers;
+  return offer;
+}
+
+void ShmServer::Impl::AcceptLoop() {
+  while (true) {
+    absl::StatusOr<int> fd = listener_->Accept(absl::Now() + absl::Seconds(1));
+    ReapFinishedThreads();
+    if (!fd.ok()) {
+      if (fd.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+      if (fd.status().code() != absl::StatusCode::kCancelled) {
+        LOG(ERROR) << "ps task " << options_.task_index << ": shared-memory socket: " << fd.status();
+      }
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    if (shut_down_ || counters_.active_lanes >= options_.max_lanes) {
+      ++counters_.lanes_refused;
+      close(*fd);
+      continue;
+    }
+    ++counters_.active_lanes;
+    threads_.emplace_back();
+    LaneThread* t = &threads_.back();
+    const int socket = *fd;
+    t->thread = std::thread([this, t, socket] {
+      ServeConnection(socket, t);
+      absl::MutexLock l(&mu_);
+      t->done = true;
+      --counters_.active_lanes;
+      cv_.SignalAll();
+    });
+  }
+}
+
+void ShmServer::Impl::ReapFinishedThreads() {
+  std::vector<std::thread> done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = threads_.begin(); it != threads_.end();) {
+      if (it->done) {
+        done.push_back(std::move(it->thread));
+        it = threads_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (std::thread& t : done) t.join();
+}
+
+std::shared_ptr<Attachment> ShmServer::Impl::Admit(Lane* lane, LaneKind* kind) {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  const absl::Status creds = lane->PeerCredentials(&pid, &uid);
+  absl::StatusOr<Frame> frame = lane->Receive(absl::Now() + options_.hello_timeout);
+  absl::Status refused;
+  std::shared_ptr<Attachment> found;
+  if (!creds.ok()) {
+    refused = creds;
+  } else if (uid != geteuid()) {
+    refused = absl::PermissionDeniedError(absl::StrCat("process ", pid, " runs as user ", uid));
+  } else if (!frame.ok()) {
+    refused = frame.status();
+  } else if (frame->type != FrameType::kHello) {
+    refused = absl::InvalidArgumentError(absl::StrCat("first frame ", FrameTypeName(frame->type), ", not Hello"));
+  } else {
+    absl::StatusOr<Hello> hello = DecodeHello(frame->payload);
+    if (!hello.ok()) {
+      refused = hello.status();
+    } else {
+      absl::MutexLock lock(&mu_);
+      for (const auto& a : attachments_) {
+        std::string* ticket = hello->lane == LaneKind::kPush ? &a->push_ticket : &a->pull_ticket;
+        if (ticket->empty() || *ticket != hello->ticket) continue;
+        absl::MutexLock al(&a->mu);
+        if (a->worker_id != hello->worker_id || a->ended || a->expires < absl::Now()) break;
+        ticket->clear();  // single use
+        found = a;
+        a->lanes.push_back(lane);
+        ++a->active;
+        *kind = hello->lane;
+        break;
+      }
+      if (found == nullptr) {
+        refused = absl::PermissionDeniedError(absl::StrCat("process ", pid, " presented no valid ticket for worker ",
+                                                           hello->worker_id));
+      }
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++(refused.ok() ? counters_.lanes_accepted : counters_.lanes_refused);
+  }
+  PushResult welcome;
+  welcome.status = refused;
+  lane->Send(FrameType::kWelcome, EncodePushResult(welcome), -1, absl::Now() + options_.hello_timeout).IgnoreError();
+  if (!refused.ok()) {
+    LOG(WARNING) << "ps task " << options_.task_index << ": refused a shared-memory connection: " << refused;
+    return nullptr;
+  }
+  return found;
+}
+
+void ShmServer::Impl::ServeConnection(int fd, LaneThread* t) {
+  SetFlushDenormals();  // uploads apply the optimizer on this thread (async; the deciding commit in sync)
+  Lane lane(fd);
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    t->lane = &lane;  // Shutdown can reach it from now on
+  }
+  LaneKind kind = LaneKind::kPush;
+  std::shared_ptr<Attachment> a = Admit(&lane, &kind);
+  if (a != nullptr) {
+    if (kind == LaneKind::kPush) {
+      ServePushes(&lane, a.get());
+      VLOG(1) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload lane closed";
+    } else {
+      ServePulls(&lane, a.get());
+    }
+    // Either lane closing ends the attachment: the worker is gone, or gave up on a call.
+    a->End();
+    absl::MutexLock al(&a->mu);
+    a->lanes.erase(std::find(a->lanes.begin(), a->lanes.end(), &lane));
+    if (--a->active == 0) a->segments.clear();
+  }
+  absl::MutexLock lock(&mu_);
+  t->lane = nullptr;
+}
+
+void ShmServer::Impl::AddSegment(Attachment* a, const Frame& frame, int fd) {
+  absl::StatusOr<SegmentInfo> info = DecodeSegment(frame.payload);
+  absl::Status s = info.status();
+  std::unique_ptr<ShmSegment> seg;
+  if (s.ok() && fd < 0) s = absl::InvalidArgumentError("a Segment frame without a descriptor");
+  if (s.ok()) {
+    absl::StatusOr<std::unique_ptr<ShmSegment>> mapped = ShmSegment::Map(fd, info->bytes);
+    fd = -1;  // taken over
+    s = mapped.status();
+    if (s.ok()) seg = std::move(*mapped);
+  }
+  if (fd >= 0) close(fd);
+  absl::MutexLock lock(&a->mu);
+  // A segment number is never reused: the other lane may be reading the one it names.
+  if (s.ok() && a->segments.count(info->segment) != 0) {
+    s = absl::InvalidArgumentError(absl::StrCat("segment ", info->segment, " shared twice"));
+  }
+  if (s.ok() && static_cast<int>(a->segments.size()) >= options_.max_segments) {
+    s = absl::ResourceExhaustedError(absl::StrCat("more than ", options_.max_segments, " segments"));
+  }
+  if (!s.ok()) {
+    LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id
+                 << "'s shared segment cannot be used: " << s;
+    if (a->segment_error.ok()) {
+      a->segment_error = TransportError(absl::StrCat("shared memory: the ps cannot use a segment: ", s.message()));
+    }
+    return;
+  }
+  a->segments[info->segment] = std::move(seg);
+}
+
+void ShmServer::Impl::ServePushes(Lane* lane, Attachment* a) {
+  std::unique_ptr<SliceUpload> upload;
+  bool open = false;
+  absl::Status error;       // the upload's first error (it is then unusable)
+  bool transport = false;   // that error is the data plane's
+  while (true) {
+    int fd = -1;
+    const absl::Time deadline = open ? absl::Now() + options_.upload_timeout : absl::InfiniteFuture();
+    absl::StatusOr<Frame> frame = lane->Receive(deadline, &fd);
+    if (!frame.ok()) {
+      if (open && frame.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload was silent for "
+                     << absl::FormatDuration(options_.upload_timeout) << ": dropped unfinished";
+      } else if (frame.status().code() == absl::StatusCode::kDataLoss) {
+        LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload lane: "
+                     << frame.status();
+      }
+      return;  // the upload (if any) is dropped unfinished: nothing of it is committed
+    }
+    auto fail = [&](absl::Status s, bool of_transport) {
+      if (error.ok()) {
+        error = std::move(s);
+        transport = of_transport;
+      }
+      upload.reset();
+    };
+    switch (frame->type) {
+      case FrameType::kSegment:
+        AddSegment(a, *frame, fd);
+        continue;
+      case FrameType::kPushBegin: {
+        if (open) return;  // protocol error: close the lane
+        absl::StatusOr<PushHeader> header = DecodePushHeader(frame->payload);
+        if (!header.ok()) return Malformed(a, header.status());
+        open = true;
+        error = absl::OkStatus();
+        transport = false;
+        if (header->worker_id != a->worker_id) {
+          fail(absl::PermissionDeniedError(absl::StrCat("a push for worker ", header->worker_id, " on worker ",
+                                                        a->worker_id, "'s lane")),
+               false);
+          continue;
+        }
+        absl::StatusOr<std::unique_ptr<SliceUpload>> u = ps_->StartPush(*header);
+        if (u.ok()) {
+          upload = std::move(*u);
+        } else {
+          fail(u.status(), false);
+        }
+        continue;
+      }
+      case FrameType::kPushData: {
+        if (!open) return;
+        absl::StatusOr<DataRef> ref = DecodeDataRef(frame->payload);
+        if (!ref.ok()) return Malformed(a, ref.status());
+        if (!error.ok()) continue;
+        if (ref->n < 0 || ref->n > (int64_t{1} << 40)) {
+          fail(TransportError(absl::StrCat("shared memory: a piece of ", ref->n, " values")), true);
+          continue;
+        }
+        absl::StatusOr<char*> data = a->Resolve(ref->segment, ref->at, ref->n * DtypeBytes(ref->dtype));
+        if (!data.ok()) {
+          fail(data.status(), true);
+          continue;
+        }
+        if (absl::Status s = upload->Write(ref->key, ref->offset, ref->n, ref->dtype, *data); !s.ok()) fail(s, false);
+        continue;
+      }
+      case FrameType::kPushRows: {
+        if (!open) return;
+        absl::StatusOr<RowsRef> ref = DecodeRowsRef(frame->payload);
+        if (!ref.ok()) return Malformed(a, ref.status());
+        if (!error.ok()) continue;
+        if (ref->n < 0 || ref->n > (int64_t{1} << 32) || ref->dim < 1 || ref->dim > (1 << 20)) {
+          fail(TransportError(absl::StrCat("shared memory: ", ref->n, " rows of ", ref->dim, " values")), true);
+          continue;
+        }
+        absl::StatusOr<char*> ids = a->Resolve(ref->segment, ref->ids_at, ref->n * 8, /*align=*/8);
+        absl::StatusOr<char*> rows =
+            a->Resolve(ref->segment, ref->rows_at, ref->n * ref->dim * DtypeBytes(ref->dtype));
+        if (!ids.ok() || !rows.ok()) {
+          fail(!ids.ok() ? ids.status() : rows.status(), true);
+          continue;
+        }
+        absl::Status s = upload->WriteSparse(ref->table, reinterpret_cast<const int64_t*>(*ids), ref->n, ref->dim,
+                                             ref->dtype, *rows);
+        if (!s.ok()) fail(s, false);
+        continue;
+      }
+      case FrameType::kPushFinish: {
+        if (!open) return;
+        PushResult result;
+        if (error.ok()) {
+          absl::StatusOr<PushResponse> r = upload->Finish();
+          result.status = r.status();
+          if (r.ok()) result.response = *r;
+        } else {
+          result.status = error;
+          result.transport_failure = transport;
+        }
+        upload.reset();
+        open = false;
+        if (!lane->Send(FrameType::kPushResult, EncodePushResult(result)).ok()) return;
+        continue;
+      }
+      case FrameType::kPushAbandon: {
+        upload.reset();  // unfinished: nothing of it is committed
+        open = false;
+        PushResult result;
+        result.status = absl::CancelledError("upload abandoned by the worker");
+        if (!lane->Send(FrameType::kPushResult, EncodePushResult(result)).ok()) return;
+        continue;
+      }
+      default:
+        LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload lane sent "
+                     << FrameTypeName(frame->type) << ": closing it";
+        if (fd >= 0) close(fd);
+        return;
+    }
+  }
+}
+
+namespace {
+
+using DestKind = Destination::Kind;
+
+// Delivers a pull into the worker's memory: slices in place (fp32, straight into its parameter buffer) or into
+// its staging area (the pull's wire dtype), sparse rows into the staging area; tells the worker what was
+// written at every Flush.
+class ShmPullReceiver : public PullReceiver {
+ public:
+  ShmPullReceiver(Lane* lane, Attachment* a, const PullOrder& order) : lane_(lane), a_(a), order_(order) {}
+
+  // Resolves every destination; a transport failure when one lies outside what the worker shared.
+  absl::Status Prepare() {
+    const int el = DtypeBytes(order_.request.wire_dtype);
+    for (const shm::Destination& d : order_.destinations) {
+      if (d.length < 0 || d.length > (int64_t{1} << 40)) {
+        return TransportError(absl::StrCat("shared memory: slice ", d.key, " of ", d.length, " floats"));
+      }
+      Target t;
+      t.kind = d.kind;
+      t.length = d.length;
+      if (d.kind == DestKind::kInPlace) {
+        ASSIGN_OR_RETURN(t.base, a_->Resolve(d.segment, d.at, d.length * 4, /*align=*/4));
+        t.dtype = WireDtype::kF32;
+      } else if (d.kind == DestKind::kStaging) {
+        ASSIGN_OR_RETURN(t.base, a_->Resolve(d.segment, d.at, d.length * el));
+        t.dtype = order_.request.wire_dtype;
+      }
+      targets_[d.key] = t;
+    }
+    for (const SparseOrder& s : order_.sparse) {
+      if (s.n < 0 || s.n > (int64_t{1} << 32) || s.dim < 1 || s.dim > (1 << 20)) {
+        return TransportError(absl::StrCat("shared memory: ", s.n, " rows of ", s.dim, " values"));
+      }
+      RowsTarget r;
+      r.dim = s.dim;
+      r.n = s.n;
+      ASSIGN_OR_RETURN(r.base, a_->Resolve(s.segment, s.rows_at, s.n * s.dim * el));
+      rows_[s.table] = r;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status OnHeader(const PullHeader& header) override {
+    return lane_->Send(FrameType::kPullHeader, EncodePullHeader(header));
+  }
+  absl::StatusOr<Buffer> Destination(uint32_t key, int64_t offset, int64_t n) override {
+    RETURN_IF_ERROR(Alive());
+    auto it = targets_.find(key);
+    if (it == targets_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("the worker's pull names no destination for slice key ", key,
+                                                     ": its placement differs from this ps task's"));
+    }
+    const Target& t = it->second;
+    if (offset < 0 || n < 0 || offset + n > t.length) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", key, ": floats [", offset, ", ", offset + n,
+                                                     ") beyond the worker's ", t.length));
+    }
+    if (t.kind == DestKind::kSkip) return Buffer{};
+    return Buffer{t.base + offset * DtypeBytes(t.dtype), t.dtype};
+  }
+  absl::Status Written(uint32_t key, int64_t offset, int64_t n) override {
+    const Target& t = targets_[key];
+    if (t.kind == DestKind::kSkip) return absl::OkStatus();
+    pieces_.slices.push_back(SlicePiece{key, offset, n, t.dtype});
+    return pieces_.slices.size() >= 1024 ? Flush() : absl::OkStatus();
+  }
+  absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n, int dim) override {
+    RETURN_IF_ERROR(Alive());
+    auto it = rows_.find(table);
+    if (it == rows_.end() || it->second.dim != dim || first < 0 || n < 0 || first + n > it->second.n) {
+      return absl::InvalidArgumentError(absl::StrCat("rows [", first, ", ", first + n, ") of table ", table, " (dim ",
+                                                     dim, ") beyond the worker's pull"));
+    }
+    const int el = DtypeBytes(order_.request.wire_dtype);
+    return Buffer{it->second.base + first * dim * el, order_.request.wire_dtype};
+  }
+  absl::Status SparseWritten(uint32_t table, int64_t first, int64_t n) override {
+    pieces_.rows.push_back(RowPiece{table, first, n, order_.request.wire_dtype});
+    return pieces_.rows.size() >= 1024 ? Flush() : absl::OkStatus();
+  }
+  absl::Status Flush() override {
+    if (pieces_.slices.empty() && pieces_.rows.empty()) return absl::OkStatus();
+    absl::Status s = lane_->Send(FrameType::kPullPieces, EncodePieces(pieces_));
+    pieces_ = PiecesWritten();
+    return s;
+  }
+
+ private:
+  struct Target {
+    DestKind kind = DestKind::kSkip;
+    char* base = nullptr;
+    int64_t length = 0;
+    WireDtype dtype = WireDtype::kF32;
+  };
+  struct RowsTarget {
+    char* base = nullptr;
+    int64_t n = 0;
+    int dim = 0;
+  };
+  // The worker's memory is written only while its attachment lives.
+  absl::Status Alive() const {
+    if (lane_->dead() || a_->pull_cancel.cancelled()) {
+      return absl::CancelledError("the worker's shared-memory attachment ended");
+    }
+    return absl::OkStatus();
+  }
+
+  Lane* lane_;
+  Attachment* a_;
+  const PullOrder& order_;
+  std::map<uint32_t, Target> targets_;
+  std::map<uint32_t, RowsTarget> rows_;
+  PiecesWritten pieces_;
+};
+
+}  // namespace
+
+void ShmServer::Impl::ServePulls(Lane* lane, Attachment* a) {
+  while (true) {
+    int fd = -1;
+    absl::StatusOr<Frame> frame = lane->Receive(absl::InfiniteFuture(), &fd);
+    if (!frame.ok()) return;
+    if (frame->type == FrameType::kSegment) {
+      AddSegment(a, *frame, fd);
+      continue;
+    }
+    if (fd >= 0) close(fd);
+    if (frame->type != FrameType::kPullRequest) {
+      LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s pull lane sent "
+                   << FrameTypeName(frame->type) << ": closing it";
+      return;
+    }
+    absl::StatusOr<PullOrder> order = DecodePullOrder(frame->payload);
+    if (!order.ok()) {
+      LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s pull lane: " << order.status();
+      return;
+    }
+    PushResult end;
+    ShmPullReceiver receiver(lane, a, *order);
+    PullRequest request = order->request;
+    if (request.worker_id != a->worker_id) {
+      end.status = absl::PermissionDeniedError(
+          absl::StrCat("a pull for worker ", request.worker_id, " on worker ", a->worker_id, "'s lane"));
+    } else if (absl::Status s = receiver.Prepare(); !s.ok()) {
+      end.status = s;
+      end.transport_failure = true;
+    } else {
+      for (const SparseOrder& so : order->sparse) {
+        absl::StatusOr<char*> ids = a->Resolve(so.segment, so.ids_at, so.n * 8, /*align=*/8);
+        if (!ids.ok()) {
+          end.status = ids.status();
+          end.transport_failure = true;
+          break;
+        }
+        const int64_t* p = reinterpret_cast<const int64_t*>(*ids);
+        request.sparse.push_back(SparseIds{so.table, std::vector<int64_t>(p, p + so.n)});
+      }
+    }
+    if (end.status.ok()) {
+      // Both the attachment's end and the server's shutdown wake a pull that waits.
+      Cancellation cancel;
+      const int64_t id1 = a->pull_cancel.Register([&cancel] { cancel.Cancel(); });
+      const int64_t id2 =
+          options_.shutdown != nullptr ? options_.shutdown->Register([&cancel] { cancel.Cancel(); }) : 0;
+      request.cancel = &cancel;
+      end.status = ps_->Pull(request, &receiver);
+      a->pull_cancel.Deregister(id1);
+      if (options_.shutdown != nullptr) options_.shutdown->Deregister(id2);
+      if (end.status.ok()) end.status = receiver.Flush();
+    }
+    if (!lane->Send(FrameType::kPullEnd, EncodePushResult(end)).ok()) return;
+  }
+}
+
+void ShmServer::Impl::Shutdown() {
+  std::vector<std::shared_ptr<Attachment>> attachments;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    attachments.assign(attachments_.begin(), attachments_.end());
+    attachments_.clear();
+  }
+  listener_->Shutdown();
+  for (const auto& a : attachments) a->End();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  // Every lane still open (in its Hello, or of an attachment made meanwhile) is shut until all threads are done.
+  std::list<LaneThread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      bool all_done = true;
+      for (LaneThread& t : threads_) {
+        if (!t.done && t.lane != nullptr) t.lane->Shutdown();
+        all_done = all_done && t.done;
+      }
+      if (all_done) break;
+      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+    }
+    threads = std::move(threads_);
+  }
+  for (LaneThread& t : threads) t.thread.join();
+}
+
+absl::StatusOr<std::unique_ptr<ShmServer>> ShmServer::Start(PsInterface* ps, ShmServerOptions options) {
+  const std::string name = absl::StrCat("dtrain-ps", options.task_index, "-", getpid(), "-", RandomHex(8));
+  ASSIGN_OR_RETURN(std::unique_ptr<LaneListener> listener, LaneListener::Listen(name));
+  auto impl = std::make_unique<Impl>(ps, std::move(options), std::move(listener));
+  impl->StartAccepting();
+  return std::unique_ptr<ShmServer>(new ShmServer(std::move(impl)));
+}
+
+ShmServer::ShmServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ShmServer::~ShmServer() { impl_->Shutdown(); }
+absl::StatusOr<ShmOffer> ShmServer::Offer(const ShmAttachRequest& request) { return impl_->Offer(request); }
+void ShmServer::Shutdown() { impl_->Shutdown(); }
+ShmServerCounters ShmServer::counters() const { return impl_->counters(); }
+const std::string& ShmServer::socket_name() const { return impl_->socket_name(); }
+
+}  // namespace dtrain::ps::shm
