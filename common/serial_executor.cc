@@ -32,6 +32,16 @@ void SerialExecutor::Run(std::function<void()> fn) {
   queue_.push_back(std::move(fn));
 }
 
+void SerialExecutor::RunInline(std::function<void()> fn) {
+  if (threaded_ && std::this_thread::get_id() != thread_.get_id()) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](SerialExecutor* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) { return e->queue_.empty() && !e->running_; },
+        this));
+  }
+  fn();
+}
+
 void SerialExecutor::Loop() {
   SetFlushDenormals();  // lanes decode and quantize floats
   while (true) {
@@ -44,8 +54,11 @@ void SerialExecutor::Loop() {
       if (queue_.empty()) return;  // stopping, and everything queued has run
       fn = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
     fn();
+    absl::MutexLock lock(&mu_);
+    running_ = false;
   }
 }
 

@@ -24,6 +24,9 @@ class SerialExecutor {
   SerialExecutor& operator=(const SerialExecutor&) = delete;
 
   void Run(std::function<void()> fn);
+  // Runs `fn` in the calling thread once everything queued before it has run (at once when not threaded, or
+  // when called from a closure of this executor): for work too quick to be worth a hand-off to the thread.
+  void RunInline(std::function<void()> fn);
   bool threaded() const { return threaded_; }
 
  private:
@@ -32,6 +35,7 @@ class SerialExecutor {
   const bool threaded_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // the thread is running a closure
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

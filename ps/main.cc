@@ -18,6 +18,7 @@
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
 #include "ps/rpc/server.h"
+#include "ps/rpc/transport.h"
 
 ABSL_FLAG(std::string, job_name, "", "This task's job (ps)");
 ABSL_FLAG(int, task_index, -1, "This task's index in the ps job");
@@ -55,6 +56,9 @@ ABSL_FLAG(int64_t, max_model_bytes, int64_t{4} << 30,
 ABSL_FLAG(int64_t, sparse_max_rows_per_table, 0,
           "Hold at most this many rows of each sparse embedding table on this task, whatever the chief's max_rows "
           "(the least recently touched are evicted; 0: the chief's max_rows alone)");
+ABSL_FLAG(std::string, transport, "auto",
+          "auto | shm: also offer workers on this host a shared-memory data plane (gradients and parameters move "
+          "through memory files both processes map; gRPC carries the control calls); grpc: gRPC only");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
           "Memory gRPC may use for this task's connections and messages in flight (a gRPC resource quota)");
 ABSL_FLAG(double, malloc_trim_secs, 10,
@@ -135,6 +139,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.ps.nonfinite = *nonfinite;
+  absl::StatusOr<dtrain::ps::Transport> transport = dtrain::ps::ParseTransport(absl::GetFlag(FLAGS_transport));
+  if (!transport.ok()) {
+    std::fprintf(stderr, "dtrain_ps: %s\n", std::string(transport.status().message()).c_str());
+    return 2;
+  }
+  o.offer_shm = *transport != dtrain::ps::Transport::kGrpc;
   o.ps.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   o.ps.sparse_max_rows = absl::GetFlag(FLAGS_sparse_max_rows_per_table);
   if (o.ps.sparse_max_rows < 0) {

@@ -57,6 +57,12 @@ class PsInterface {
   // it holds; every worker's session is void afterwards. FailedPrecondition/DataLoss when that checkpoint is
   // missing, does not fit or is corrupt (the task is left as it was).
   virtual absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) = 0;
+
+  // Whether uploads and pulls on this task take only as long as the ps's own work (no network in between: a
+  // task reached through shared memory, ps/shm/): a caller may then run them in its own thread rather than hand
+  // them to another (WorkerClient does), saving the hand-offs. May change over time (an attachment made or
+  // lost); any thread.
+  virtual bool PrefersInlineCalls() const { return false; }
 };
 
 }  // namespace dtrain::ps

@@ -5,7 +5,8 @@
 // forward order while the next forward pass already consumes the first layers.
 //
 // Every ps task gets two lanes (SerialExecutor): one for its uploads, one for its pulls; with
-// `background = false` (in-process ps tasks) everything runs inline in the caller's thread instead.
+// `background = false` (in-process ps tasks) everything runs inline in the caller's thread instead, and so do
+// the calls of a task that prefers it (PsInterface::PrefersInlineCalls: one reached through shared memory).
 //
 // One step, overlapped:
 //   client.BeginPush(step, grads);                   // grads: flat, unchanged until the push is done
@@ -49,6 +50,7 @@
 #define DTRAIN_PS_CLIENT_WORKER_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -213,6 +215,8 @@ class WorkerClient {
     std::vector<std::vector<float>> scratch;     // per task: rows as they arrive (several tasks only)
   };
 
+  // Runs `job` on `lane` of `task`: on its thread, or in the calling thread when the task prefers inline calls.
+  void RunOn(SerialExecutor* lane, int task, std::function<void()> job);
   // Lane jobs.
   void SendSlices(int task, std::vector<int> slices);
   void SendSparse(int task, SparsePart* part);

@@ -16,6 +16,7 @@ inline constexpr char kGetStats[] = "/dtrain.wire.ParameterServer/GetStats";    
 inline constexpr char kHeartbeat[] = "/dtrain.wire.ParameterServer/Heartbeat";    // unary, protobuf
 inline constexpr char kProbe[] = "/dtrain.wire.ParameterServer/Probe";            // unary, protobuf
 inline constexpr char kRestore[] = "/dtrain.wire.ParameterServer/Restore";        // unary, protobuf
+inline constexpr char kAttachShm[] = "/dtrain.wire.ParameterServer/AttachShm";    // unary, protobuf
 
 }  // namespace dtrain::ps::grpc_methods
 

@@ -372,9 +372,11 @@ class GrpcPsClient final : public PsInterface {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& address,
-                                                             const GrpcClientOptions& options) {
-  if (address.empty()) return absl::InvalidArgumentError("empty ps address");
+namespace {
+
+// A channel to `address` with the data path's arguments. Channels made with equal arguments share one
+// connection (gRPC's subchannel pool), so the shared-memory attach below adds no connection of its own.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const GrpcClientOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
@@ -385,8 +387,40 @@ absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& 
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentials(options.security, &args);
-  auto channel = grpc::CreateCustomChannel(address, credentials, args);
-  return std::unique_ptr<PsInterface>(new GrpcPsClient(address, options, std::move(channel)));
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& address,
+                                                             const GrpcClientOptions& options) {
+  if (address.empty()) return absl::InvalidArgumentError("empty ps address");
+  return std::unique_ptr<PsInterface>(new GrpcPsClient(address, options, MakeChannel(address, options)));
+}
+
+shm::ShmAttachFn NewGrpcShmAttach(const std::string& address, const GrpcClientOptions& options) {
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(address, options);
+  auto method = std::make_shared<RpcMethod>(grpc_methods::kAttachShm, RpcMethod::NORMAL_RPC, channel);
+  return [channel, method, address, options](const shm::ShmAttachRequest& r) -> absl::StatusOr<shm::ShmOffer> {
+    pb::ShmAttachRequest req;
+    req.set_worker_id(r.worker_id);
+    req.set_boot_id(r.boot_id);
+    req.set_uid(r.uid);
+    pb::ShmAttachResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::min(options.rpc_timeout, absl::Seconds(20))));
+    AttachCallToken(options.security, &ctx);
+    absl::Status s = wire::FromGrpc(grpc::internal::BlockingUnaryCall(channel.get(), *method, &ctx, req, &resp));
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ps ", address, ": AttachShm: ", s.message()));
+    shm::ShmOffer offer;
+    offer.socket_name = resp.socket_name();
+    offer.push_ticket = resp.push_ticket();
+    offer.pull_ticket = resp.pull_ticket();
+    offer.boot_id = resp.boot_id();
+    offer.uid = resp.uid();
+    offer.pid = resp.pid();
+    return offer;
+  };
 }
 
 }  // namespace dtrain::ps

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "ps/rpc/grpc_security.h"
 #include "ps/api/ps_interface.h"
+#include "ps/shm/shm_offer.h"
 
 namespace dtrain::ps {
 
@@ -49,6 +50,10 @@ struct GrpcClientOptions {
 
 absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& address,
                                                              const GrpcClientOptions& options);
+
+// Asks the ps task at `address` for a shared-memory offer (the AttachShm call, with the token and TLS of
+// `options`; one attempt), for ps/shm/shm_ps_client.h. UNIMPLEMENTED from a ps that serves gRPC only.
+shm::ShmAttachFn NewGrpcShmAttach(const std::string& address, const GrpcClientOptions& options);
 
 }  // namespace dtrain::ps
 

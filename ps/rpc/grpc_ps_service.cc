@@ -62,8 +62,8 @@ class StreamReceiver : public PullReceiver {
 
 class GrpcPsService final : public grpc::Service {
  public:
-  GrpcPsService(PsInterface* ps, Cancellation* shutdown, std::string token)
-      : ps_(ps), shutdown_(shutdown), token_(std::move(token)) {
+  GrpcPsService(PsInterface* ps, Cancellation* shutdown, std::string token, shm::ShmServer* shm)
+      : ps_(ps), shutdown_(shutdown), token_(std::move(token)), shm_(shm) {
     AddMethod(new RpcServiceMethod(
         grpc_methods::kRegister, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::RegisterRequest, pb::RegisterResponse>(
@@ -149,6 +149,28 @@ class GrpcPsService final : public grpc::Service {
             },
             this)));
     AddMethod(new RpcServiceMethod(
+        grpc_methods::kAttachShm, RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<GrpcPsService, pb::ShmAttachRequest, pb::ShmAttachResponse>(
+            [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::ShmAttachRequest* req,
+               pb::ShmAttachResponse* resp) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
+              if (s->shm_ == nullptr) {
+                return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                    "this ps task serves gRPC only (--transport=grpc)");
+              }
+              absl::StatusOr<shm::ShmOffer> offer =
+                  s->shm_->Offer(shm::ShmAttachRequest{req->worker_id(), req->boot_id(), req->uid()});
+              if (!offer.ok()) return wire::ToGrpc(offer.status());
+              resp->set_socket_name(offer->socket_name);
+              resp->set_push_ticket(offer->push_ticket);
+              resp->set_pull_ticket(offer->pull_ticket);
+              resp->set_boot_id(offer->boot_id);
+              resp->set_uid(offer->uid);
+              resp->set_pid(offer->pid);
+              return grpc::Status::OK;
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
         grpc_methods::kGetStats, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::StatsRequest, pb::StatsResponse>(
             [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::StatsRequest*, pb::StatsResponse* resp) {
@@ -202,12 +224,14 @@ class GrpcPsService final : public grpc::Service {
   PsInterface* ps_;
   Cancellation* shutdown_;
   const std::string token_;  // empty: no authentication
+  shm::ShmServer* shm_;      // null: no shared memory offered
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown, const std::string& token) {
-  return std::make_unique<GrpcPsService>(ps, shutdown, token);
+std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown, const std::string& token,
+                                                shm::ShmServer* shm) {
+  return std::make_unique<GrpcPsService>(ps, shutdown, token, shm);
 }
 
 }  // namespace dtrain::ps

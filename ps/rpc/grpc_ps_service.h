@@ -15,14 +15,17 @@
 
 #include "common/cancellation.h"
 #include "ps/api/ps_interface.h"
+#include "ps/shm/shm_server.h"
 
 namespace dtrain::ps {
 
 // Returns the gRPC service object to register with a grpc::ServerBuilder. Cancelling `shutdown` (may be null)
 // ends every pull that is waiting, so the server can shut down at once. A non-empty `token` is required on
-// every call (ps/rpc/grpc_security.h): a call without it gets UNAUTHENTICATED before it reaches `ps`.
+// every call (ps/rpc/grpc_security.h): a call without it gets UNAUTHENTICATED before it reaches `ps`. With
+// `shm` (may be null; must outlive the service), AttachShm hands out its offers to workers that passed that
+// check; without, AttachShm answers UNIMPLEMENTED (the ps serves gRPC only).
 std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown = nullptr,
-                                                const std::string& token = "");
+                                                const std::string& token = "", shm::ShmServer* shm = nullptr);
 
 }  // namespace dtrain::ps
 

@@ -1,5 +1,6 @@
 #include "ps/rpc/server.h"
 
+#include <algorithm>
 #include <utility>
 
 #include <glog/logging.h>
@@ -18,6 +19,7 @@ struct PsServer::State {
   int port = 0;
   std::unique_ptr<ParameterServer> ps;
   Cancellation shutdown;  // ends the pulls still waiting when the server shuts down
+  std::unique_ptr<shm::ShmServer> shm;
   std::unique_ptr<grpc::Service> service;
   std::unique_ptr<grpc::Server> server;
   absl::Duration linger;
@@ -37,7 +39,14 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   st.host = addr.substr(0, colon);
   st.linger = options.linger;
   ASSIGN_OR_RETURN(st.ps, ParameterServer::Create(options.ps));
-  st.service = NewGrpcPsService(st.ps.get(), &st.shutdown, options.security.auth_token);
+  if (options.offer_shm) {
+    shm::ShmServerOptions so;
+    so.task_index = options.ps.task_index;
+    so.shutdown = &st.shutdown;
+    so.max_lanes = std::max(64, 8 * options.ps.num_workers + 16);
+    ASSIGN_OR_RETURN(st.shm, shm::ShmServer::Start(st.ps.get(), so));
+  }
+  st.service = NewGrpcPsService(st.ps.get(), &st.shutdown, options.security.auth_token, st.shm.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(addr, ServerCredentials(options.security), &st.port);
   builder.RegisterService(st.service.get());
@@ -65,6 +74,7 @@ PsServer::~PsServer() { Shutdown(); }
 std::string PsServer::address() const { return absl::StrCat(state_->host, ":", state_->port); }
 int PsServer::port() const { return state_->port; }
 ParameterServer* PsServer::parameter_server() { return state_->ps.get(); }
+shm::ShmServer* PsServer::shm_server() { return state_->shm.get(); }
 
 bool PsServer::Wait(absl::Duration timeout) {
   const bool finished = state_->ps->WaitUntilFinished(timeout);
@@ -81,6 +91,7 @@ void PsServer::Shutdown() {
   }
   // Pulls still waiting end at once; other calls get a bounded grace period.
   state_->shutdown.Cancel();
+  if (state_->shm != nullptr) state_->shm->Shutdown();
   state_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   state_->server->Wait();
 }

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "ps/rpc/grpc_security.h"
 #include "ps/core/parameter_server.h"
+#include "ps/shm/shm_server.h"
 
 namespace dtrain::ps {
 
@@ -28,6 +29,8 @@ struct PsServerOptions {
   absl::Duration linger = absl::Milliseconds(500);
   // gRPC's resource quota for this server: the memory its connections and messages in flight may take.
   int64_t max_inflight_bytes = int64_t{1} << 30;
+  // Offer workers on this host the shared-memory data plane (ps/shm/; --transport auto or shm). false: gRPC only.
+  bool offer_shm = true;
 };
 
 class PsServer {
@@ -39,6 +42,8 @@ class PsServer {
   std::string address() const;  // host:bound_port
   int port() const;
   ParameterServer* parameter_server();
+  // The shared-memory server (null when options.offer_shm was false).
+  shm::ShmServer* shm_server();
 
   // Blocks until no worker is left (every one done or lost; see parameter_server()->outcome()) or `timeout`, then
   // shuts down after the linger period. Returns false on timeout.

@@ -49,12 +49,42 @@ class Lane {
   bool PeerClosed() const;
   // The connected peer's process and effective user (SO_PEERCRED).
   absl::Status PeerCredentials(pid_t* pid, uid_t* uid) const;
+  // Receive looks for a frame this long before it sleeps (0: sleeps at once). For lanes whose answers come
+  // within microseconds (a push's result, a pull's pieces).
+  void set_spin(int microseconds) { spin_us_ = microseconds; }
+  // Doorbells in memory both ends map (a LaneDoorbells of the worker's control segment): Send counts each frame
+  // in `mine` once it is in the socket, and Receive (and WaitAny) watch `peer` while they spin, so that a
+  // spinning wait makes no system call. Without them a spin polls the socket.
+  void set_doorbells(std::atomic<uint64_t>* mine, std::atomic<uint64_t>* peer) {
+    mine_ = mine;
+    peer_ = peer;
+  }
+  // Waits until one of `lanes` has a frame to read (or has closed): the index of the first such, looking
+  // `spin_us` before sleeping. DeadlineExceeded at `deadline`, Unavailable when one was shut down.
+  static absl::StatusOr<int> WaitAny(Lane* const* lanes, int n, absl::Time deadline, int spin_us);
 
  private:
+  // Whether a frame is there to read, looking at the doorbell when there is one (a poll otherwise).
+  bool Readable() const;
+
   const int fd_;
   std::atomic<bool> dead_{false};
+  int spin_us_ = 0;
+  std::atomic<uint64_t>* mine_ = nullptr;  // frames sent (doorbell), or null
+  std::atomic<uint64_t>* peer_ = nullptr;  // frames the peer sent (doorbell), or null
+  uint64_t received_ = 0;                  // frames received
   std::string buffer_;  // one frame
 };
+
+// The doorbells of one lane, in a segment both ends map (64-byte lines: no false sharing between the ends).
+struct LaneDoorbells {
+  alignas(64) std::atomic<uint64_t> worker_sent{0};
+  alignas(64) std::atomic<uint64_t> ps_sent{0};
+};
+static_assert(sizeof(LaneDoorbells) == 128, "two cache lines");
+// The worker's doorbell segment, sent with the Hello of each lane: the push lane's LaneDoorbells at byte 0, the
+// pull lane's at byte 128.
+inline constexpr int64_t kDoorbellSegmentBytes = 4096;
 
 // Listens on an abstract socket.
 class LaneListener {

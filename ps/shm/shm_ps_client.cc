@@ -64,6 +64,7 @@ class LaneState {
 // One attachment: its two lanes, each used by one call at a time.
 struct Connection {
   std::unique_ptr<LaneState> push, pull;
+  std::unique_ptr<ShmSegment> doorbells;  // the lanes' LaneDoorbells (kDoorbellSegmentBytes)
   std::atomic<bool> push_busy{false}, pull_busy{false};
   bool dead() const { return push->lane()->dead() || pull->lane()->dead() || push->lane()->PeerClosed(); }
   void Kill() {
@@ -123,6 +124,8 @@ class ShmPsClient final : public PsInterface {
     return control_->Heartbeat(worker_id, session);
   }
   absl::StatusOr<TrainingStats> GetStats() override { return control_->GetStats(); }
+  // Attached: a call costs the ps's own work and a few frames, less than handing it to another thread.
+  bool PrefersInlineCalls() const override { return attached_.load(std::memory_order_acquire); }
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override { return control_->Probe(config); }
   absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override {
     return control_->Restore(config, worker_id, step);
@@ -166,7 +169,7 @@ class ShmPsClient final : public PsInterface {
   std::shared_ptr<Connection> connection_ ABSL_GUARDED_BY(mu_);
   bool fallback_ ABSL_GUARDED_BY(mu_) = false;  // data calls go to control_ for good
   absl::Status unusable_ ABSL_GUARDED_BY(mu_);   // required: why shared memory does not apply
-  bool logged_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> attached_{false};  // connection_ is set (it may have died since)
 };
 
 absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Attach(int worker_id, std::string* why_not) {
@@ -194,6 +197,7 @@ absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Attach(int worker_id, s
     return nullptr;
   }
   auto c = std::make_shared<Connection>();
+  ASSIGN_OR_RETURN(c->doorbells, ShmSegment::Create(kDoorbellSegmentBytes));
   for (LaneKind kind : {LaneKind::kPush, LaneKind::kPull}) {
     absl::StatusOr<std::unique_ptr<Lane>> lane = Lane::Connect(offer->socket_name);
     if (!lane.ok()) {
@@ -211,7 +215,7 @@ absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Attach(int worker_id, s
     hello.worker_id = worker_id;
     hello.ticket = kind == LaneKind::kPush ? offer->push_ticket : offer->pull_ticket;
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    RETURN_IF_ERROR((*lane)->Send(FrameType::kHello, EncodeHello(hello), -1, deadline));
+    RETURN_IF_ERROR((*lane)->Send(FrameType::kHello, EncodeHello(hello), c->doorbells->fd(), deadline));
     absl::StatusOr<Frame> welcome = (*lane)->Receive(deadline);
     if (!welcome.ok() || welcome->type != FrameType::kWelcome) {
       return absl::UnavailableError(absl::StrCat(
@@ -223,6 +227,9 @@ absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Attach(int worker_id, s
       *why_not = absl::StrCat("the ps refused the lane: ", w.status.message());
       return nullptr;
     }
+    (*lane)->set_spin(options_.spin_us);
+    auto* bells = reinterpret_cast<LaneDoorbells*>(c->doorbells->data() + (kind == LaneKind::kPush ? 0 : 128));
+    (*lane)->set_doorbells(&bells->worker_sent, &bells->ps_sent);
     (kind == LaneKind::kPush ? c->push : c->pull) =
         std::make_unique<LaneState>(std::move(*lane), kind == LaneKind::kPush ? 1 : 2);
   }
@@ -254,9 +261,11 @@ absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Acquire() {
   absl::MutexLock lock(&mu_);
   if (*c != nullptr) {
     connection_ = *c;
+    attached_ = true;
     return connection_;
   }
   connection_ = nullptr;
+  attached_ = false;
   if (options_.required) {
     unusable_ = absl::FailedPreconditionError(
         absl::StrCat("--transport=shm: ", Who(), " cannot be reached through shared memory: ", why_not));
@@ -272,6 +281,7 @@ absl::Status ShmPsClient::TransportFailed(const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   if (connection_ != nullptr) connection_->Kill();
   connection_ = nullptr;
+  attached_ = false;
   if (options_.required) {
     unusable_ = absl::FailedPreconditionError(absl::StrCat("--transport=shm: ", Who(), ": ", why.message()));
     return unusable_;
@@ -282,10 +292,17 @@ absl::Status ShmPsClient::TransportFailed(const absl::Status& why) {
 }
 
 absl::Status ShmPsClient::LaneFailed(const std::shared_ptr<Connection>& c, const absl::Status& why, const char* what) {
+  if (why.code() != absl::StatusCode::kCancelled) {
+    LOG(WARNING) << Who() << ": the shared-memory " << what << " failed (" << why.message()
+                 << "); the next call attaches again";
+  }
   c->Kill();
   {
     absl::MutexLock lock(&mu_);
-    if (connection_ == c) connection_ = nullptr;
+    if (connection_ == c) {
+      connection_ = nullptr;
+      attached_ = false;
+    }
   }
   const absl::StatusCode code =
       why.code() == absl::StatusCode::kCancelled ? absl::StatusCode::kCancelled : absl::StatusCode::kUnavailable;

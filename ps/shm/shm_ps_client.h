@@ -52,6 +52,8 @@ struct ShmClientOptions {
   int task = 0;         // the ps task's index, for logs and errors
   absl::Duration rpc_timeout = absl::Seconds(60);  // an upload's Finish; a pull's wait beyond its own timeout
   ShmCounters* counters = nullptr;  // not owned
+  // A lane looks for the ps's answer this long before its thread sleeps (Lane::set_spin).
+  int spin_us = 20;
 };
 
 std::unique_ptr<PsInterface> NewShmPsClient(std::unique_ptr<PsInterface> control, ShmAttachFn attach,

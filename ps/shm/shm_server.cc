@@ -49,8 +49,11 @@ struct Attachment {
 
   absl::Mutex mu;
   bool ended ABSL_GUARDED_BY(mu) = false;
-  int active ABSL_GUARDED_BY(mu) = 0;  // lane threads serving it
-  std::vector<Lane*> lanes ABSL_GUARDED_BY(mu);
+  int active ABSL_GUARDED_BY(mu) = 0;  // threads holding it (admitting a lane, or serving it)
+  // Its lanes once admitted; one thread serves both (ServeAttachment), the one that admitted the second.
+  std::unique_ptr<Lane> push_lane ABSL_GUARDED_BY(mu), pull_lane ABSL_GUARDED_BY(mu);
+  std::vector<std::shared_ptr<ShmSegment>> doorbells ABSL_GUARDED_BY(mu);  // the lanes' (LaneDoorbells)
+  bool served ABSL_GUARDED_BY(mu) = false;
   std::map<uint32_t, std::unique_ptr<ShmSegment>> segments ABSL_GUARDED_BY(mu);
   // A segment the worker shared that could not be mapped: every later call fails with it (a transport failure).
   absl::Status segment_error ABSL_GUARDED_BY(mu);
@@ -60,7 +63,8 @@ struct Attachment {
     {
       absl::MutexLock lock(&mu);
       ended = true;
-      for (Lane* lane : lanes) lane->Shutdown();
+      if (push_lane != nullptr) push_lane->Shutdown();
+      if (pull_lane != nullptr) pull_lane->Shutdown();
     }
     pull_cancel.Cancel();
   }
@@ -107,8 +111,14 @@ class ShmServer::Impl {
   void ServeConnection(int fd, LaneThread* t);
   // Checks the first frame; returns the attachment the lane belongs to (registered with it), or null.
   std::shared_ptr<Attachment> Admit(Lane* lane, LaneKind* kind);
-  void ServePushes(Lane* lane, Attachment* a);
-  void ServePulls(Lane* lane, Attachment* a);
+  // Serves both lanes of an attachment on this thread, until either closes.
+  void ServeAttachment(Attachment* a);
+  struct UploadState;
+  // One frame of the push lane / the pull lane; false: close the attachment.
+  bool HandlePush(Lane* lane, Attachment* a, const Frame& frame, int fd, UploadState* st);
+  bool HandlePull(Lane* lane, Attachment* a, const Frame& frame, int fd);
+  // Before a pull: takes the push lane's frames until the upload the pull follows has ended (see the .cc).
+  bool TakePushFirst(Lane* push_lane, Attachment* a, const std::string& pull_payload, UploadState* st);
   // A Segment frame: maps it into the attachment (a failure is kept as the attachment's segment_error).
   void AddSegment(Attachment* a, const Frame& frame, int fd);
   void ReapFinishedThreads();
@@ -192,7 +202,7 @@ absl::StatusOr<ShmOffer> ShmServer::Impl::Offer(const ShmAttachRequest& request)
   // Attachments that ended (both lanes gone) or whose tickets expired unused are dropped here.
   for (auto it = attachments_.begin(); it != attachments_.end();) {
     absl::MutexLock al(&(*it)->mu);
-    const bool unused = (*it)->lanes.empty() && (*it)->active == 0;
+    const bool unused = (*it)->push_lane == nullptr && (*it)->pull_lane == nullptr && (*it)->active == 0;
     if ((*it)->ended && (*it)->active == 0) {
       it = attachments_.erase(it);
     } else if (unused && (*it)->expires < absl::Now() && !(*it)->push_ticket.empty()) {
@@ -257,7 +267,13 @@ std::shared_ptr<Attachment> ShmServer::Impl::Admit(Lane* lane, LaneKind* kind) {
   pid_t pid = 0;
   uid_t uid = 0;
   const absl::Status creds = lane->PeerCredentials(&pid, &uid);
-  absl::StatusOr<Frame> frame = lane->Receive(absl::Now() + options_.hello_timeout);
+  int doorbell_fd = -1;
+  absl::StatusOr<Frame> frame = lane->Receive(absl::Now() + options_.hello_timeout, &doorbell_fd);
+  std::shared_ptr<ShmSegment> doorbells;
+  if (doorbell_fd >= 0) {
+    absl::StatusOr<std::unique_ptr<ShmSegment>> mapped = ShmSegment::Map(doorbell_fd, kDoorbellSegmentBytes);
+    if (mapped.ok()) doorbells = std::move(*mapped);
+  }
   absl::Status refused;
   std::shared_ptr<Attachment> found;
   if (!creds.ok()) {
@@ -281,7 +297,6 @@ std::shared_ptr<Attachment> ShmServer::Impl::Admit(Lane* lane, LaneKind* kind) {
         if (a->worker_id != hello->worker_id || a->ended || a->expires < absl::Now()) break;
         ticket->clear();  // single use
         found = a;
-        a->lanes.push_back(lane);
         ++a->active;
         *kind = hello->lane;
         break;
@@ -303,34 +318,62 @@ std::shared_ptr<Attachment> ShmServer::Impl::Admit(Lane* lane, LaneKind* kind) {
     LOG(WARNING) << "ps task " << options_.task_index << ": refused a shared-memory connection: " << refused;
     return nullptr;
   }
+  if (doorbells != nullptr) {  // from now on each side counts the frames it sends
+    auto* bells = reinterpret_cast<LaneDoorbells*>(doorbells->data() + (*kind == LaneKind::kPush ? 0 : 128));
+    lane->set_doorbells(&bells->ps_sent, &bells->worker_sent);
+    absl::MutexLock al(&found->mu);
+    found->doorbells.push_back(std::move(doorbells));
+  }
   return found;
 }
 
 void ShmServer::Impl::ServeConnection(int fd, LaneThread* t) {
   SetFlushDenormals();  // uploads apply the optimizer on this thread (async; the deciding commit in sync)
-  Lane lane(fd);
+  auto lane = std::make_unique<Lane>(fd);
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;
-    t->lane = &lane;  // Shutdown can reach it from now on
+    t->lane = lane.get();  // Shutdown can reach it from now on
   }
   LaneKind kind = LaneKind::kPush;
-  std::shared_ptr<Attachment> a = Admit(&lane, &kind);
+  std::shared_ptr<Attachment> a = Admit(lane.get(), &kind);
+  // The thread of the first lane admitted serves the attachment once the second has come; the second's thread
+  // hands its lane over and ends.
+  bool serve = false;
   if (a != nullptr) {
-    if (kind == LaneKind::kPush) {
-      ServePushes(&lane, a.get());
-      VLOG(1) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload lane closed";
+    lane->set_spin(options_.spin_us);
+    absl::MutexLock al(&a->mu);
+    if (a->ended) lane->Shutdown();
+    (kind == LaneKind::kPush ? a->push_lane : a->pull_lane) = std::move(lane);  // the attachment owns it now
+    serve = !a->served;
+    a->served = true;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    t->lane = nullptr;  // from now on a->End() reaches it
+  }
+  if (a == nullptr) return;
+  if (serve) {
+    bool both = false;
+    {
+      absl::MutexLock al(&a->mu);
+      auto complete = [](Attachment* x) ABSL_EXCLUSIVE_LOCKS_REQUIRED(x->mu) {
+        return x->ended || (x->push_lane != nullptr && x->pull_lane != nullptr);
+      };
+      a->mu.AwaitWithTimeout(absl::Condition(+complete, a.get()), 2 * options_.hello_timeout);
+      both = !a->ended && a->push_lane != nullptr && a->pull_lane != nullptr;
+    }
+    if (both) {
+      ServeAttachment(a.get());
     } else {
-      ServePulls(&lane, a.get());
+      LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id
+                   << " opened one shared-memory lane of two: closing it";
     }
     // Either lane closing ends the attachment: the worker is gone, or gave up on a call.
     a->End();
-    absl::MutexLock al(&a->mu);
-    a->lanes.erase(std::find(a->lanes.begin(), a->lanes.end(), &lane));
-    if (--a->active == 0) a->segments.clear();
   }
-  absl::MutexLock lock(&mu_);
-  t->lane = nullptr;
+  absl::MutexLock al(&a->mu);
+  if (--a->active == 0 && a->ended) a->segments.clear();
 }
 
 void ShmServer::Impl::AddSegment(Attachment* a, const Frame& frame, int fd) {
@@ -364,125 +407,179 @@ void ShmServer::Impl::AddSegment(Attachment* a, const Frame& frame, int fd) {
   a->segments[info->segment] = std::move(seg);
 }
 
-void ShmServer::Impl::ServePushes(Lane* lane, Attachment* a) {
+// An upload in progress on an attachment's push lane.
+struct ShmServer::Impl::UploadState {
   std::unique_ptr<SliceUpload> upload;
   bool open = false;
-  absl::Status error;       // the upload's first error (it is then unusable)
-  bool transport = false;   // that error is the data plane's
+  absl::Status error;      // the upload's first error (it is then unusable)
+  bool transport = false;  // that error is the data plane's
+  uint64_t request_id = 0;    // of the open upload
+  uint64_t last_request = 0;  // of the last upload that ended (finished or abandoned)
+
+  void Fail(absl::Status s, bool of_transport) {
+    if (error.ok()) {
+      error = std::move(s);
+      transport = of_transport;
+    }
+    upload.reset();
+  }
+};
+
+void ShmServer::Impl::ServeAttachment(Attachment* a) {
+  Lane* lanes[2];
+  {
+    absl::MutexLock al(&a->mu);
+    lanes[0] = a->push_lane.get();
+    lanes[1] = a->pull_lane.get();
+  }
+  UploadState st;
   while (true) {
+    // While an upload is open only its lane is read: a pull right behind a commit waits for that commit, which
+    // this same thread must take first. Otherwise whichever lane has a frame, the push lane first.
+    int which = 0;
+    absl::Time deadline = absl::InfiniteFuture();
+    if (st.open) {
+      deadline = absl::Now() + options_.upload_timeout;
+    } else {
+      absl::StatusOr<int> ready = Lane::WaitAny(lanes, 2, absl::InfiniteFuture(), options_.spin_us);
+      if (!ready.ok()) return;
+      which = *ready;
+    }
     int fd = -1;
-    const absl::Time deadline = open ? absl::Now() + options_.upload_timeout : absl::InfiniteFuture();
-    absl::StatusOr<Frame> frame = lane->Receive(deadline, &fd);
+    absl::StatusOr<Frame> frame = lanes[which]->Receive(deadline, &fd);
     if (!frame.ok()) {
-      if (open && frame.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      if (st.open && frame.status().code() == absl::StatusCode::kDeadlineExceeded) {
         LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload was silent for "
                      << absl::FormatDuration(options_.upload_timeout) << ": dropped unfinished";
       } else if (frame.status().code() == absl::StatusCode::kDataLoss) {
-        LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload lane: "
-                     << frame.status();
+        Malformed(a, frame.status());
       }
-      return;  // the upload (if any) is dropped unfinished: nothing of it is committed
+      return;  // an open upload is dropped unfinished: nothing of it is committed
     }
-    auto fail = [&](absl::Status s, bool of_transport) {
-      if (error.ok()) {
-        error = std::move(s);
-        transport = of_transport;
-      }
-      upload.reset();
-    };
-    switch (frame->type) {
-      case FrameType::kSegment:
-        AddSegment(a, *frame, fd);
-        continue;
-      case FrameType::kPushBegin: {
-        if (open) return;  // protocol error: close the lane
-        absl::StatusOr<PushHeader> header = DecodePushHeader(frame->payload);
-        if (!header.ok()) return Malformed(a, header.status());
-        open = true;
-        error = absl::OkStatus();
-        transport = false;
-        if (header->worker_id != a->worker_id) {
-          fail(absl::PermissionDeniedError(absl::StrCat("a push for worker ", header->worker_id, " on worker ",
-                                                        a->worker_id, "'s lane")),
-               false);
-          continue;
-        }
-        absl::StatusOr<std::unique_ptr<SliceUpload>> u = ps_->StartPush(*header);
-        if (u.ok()) {
-          upload = std::move(*u);
-        } else {
-          fail(u.status(), false);
-        }
-        continue;
-      }
-      case FrameType::kPushData: {
-        if (!open) return;
-        absl::StatusOr<DataRef> ref = DecodeDataRef(frame->payload);
-        if (!ref.ok()) return Malformed(a, ref.status());
-        if (!error.ok()) continue;
-        if (ref->n < 0 || ref->n > (int64_t{1} << 40)) {
-          fail(TransportError(absl::StrCat("shared memory: a piece of ", ref->n, " values")), true);
-          continue;
-        }
-        absl::StatusOr<char*> data = a->Resolve(ref->segment, ref->at, ref->n * DtypeBytes(ref->dtype));
-        if (!data.ok()) {
-          fail(data.status(), true);
-          continue;
-        }
-        if (absl::Status s = upload->Write(ref->key, ref->offset, ref->n, ref->dtype, *data); !s.ok()) fail(s, false);
-        continue;
-      }
-      case FrameType::kPushRows: {
-        if (!open) return;
-        absl::StatusOr<RowsRef> ref = DecodeRowsRef(frame->payload);
-        if (!ref.ok()) return Malformed(a, ref.status());
-        if (!error.ok()) continue;
-        if (ref->n < 0 || ref->n > (int64_t{1} << 32) || ref->dim < 1 || ref->dim > (1 << 20)) {
-          fail(TransportError(absl::StrCat("shared memory: ", ref->n, " rows of ", ref->dim, " values")), true);
-          continue;
-        }
-        absl::StatusOr<char*> ids = a->Resolve(ref->segment, ref->ids_at, ref->n * 8, /*align=*/8);
-        absl::StatusOr<char*> rows =
-            a->Resolve(ref->segment, ref->rows_at, ref->n * ref->dim * DtypeBytes(ref->dtype));
-        if (!ids.ok() || !rows.ok()) {
-          fail(!ids.ok() ? ids.status() : rows.status(), true);
-          continue;
-        }
-        absl::Status s = upload->WriteSparse(ref->table, reinterpret_cast<const int64_t*>(*ids), ref->n, ref->dim,
-                                             ref->dtype, *rows);
-        if (!s.ok()) fail(s, false);
-        continue;
-      }
-      case FrameType::kPushFinish: {
-        if (!open) return;
-        PushResult result;
-        if (error.ok()) {
-          absl::StatusOr<PushResponse> r = upload->Finish();
-          result.status = r.status();
-          if (r.ok()) result.response = *r;
-        } else {
-          result.status = error;
-          result.transport_failure = transport;
-        }
-        upload.reset();
-        open = false;
-        if (!lane->Send(FrameType::kPushResult, EncodePushResult(result)).ok()) return;
-        continue;
-      }
-      case FrameType::kPushAbandon: {
-        upload.reset();  // unfinished: nothing of it is committed
-        open = false;
-        PushResult result;
-        result.status = absl::CancelledError("upload abandoned by the worker");
-        if (!lane->Send(FrameType::kPushResult, EncodePushResult(result)).ok()) return;
-        continue;
-      }
-      default:
-        LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload lane sent "
-                     << FrameTypeName(frame->type) << ": closing it";
-        if (fd >= 0) close(fd);
-        return;
+    if (which == 1 && frame->type == FrameType::kPullRequest && !TakePushFirst(lanes[0], a, frame->payload, &st)) {
+      return;
     }
+    const bool keep = which == 0 ? HandlePush(lanes[0], a, *frame, fd, &st) : HandlePull(lanes[1], a, *frame, fd);
+    if (!keep) return;
+  }
+}
+
+bool ShmServer::Impl::TakePushFirst(Lane* push_lane, Attachment* a, const std::string& pull_payload,
+                                     UploadState* st) {
+  // A worker sends its pull right behind the commit it follows (PullRequest::after_push), on the other lane:
+  // the pull may be read first. The ps's Pull would wait for that commit, which only this thread can take:
+  // take the push lane's frames first, until that upload has ended. A commit that went another way (an earlier
+  // attachment, gRPC) never comes here: then the pull goes ahead after a short while (the ps's Pull itself
+  // waits for the commit wherever it was made).
+  absl::StatusOr<PullOrder> order = DecodePullOrder(pull_payload);
+  if (!order.ok() || order->request.after_push == 0) return true;
+  const uint64_t after = order->request.after_push;
+  const absl::Time give_up = absl::Now() + absl::Milliseconds(200);
+  while (st->last_request != after) {
+    const absl::Time deadline = st->open ? absl::Now() + options_.upload_timeout : give_up;
+    int fd = -1;
+    absl::StatusOr<Frame> frame = push_lane->Receive(deadline, &fd);
+    if (!frame.ok()) return frame.status().code() == absl::StatusCode::kDeadlineExceeded && !st->open;
+    if (!HandlePush(push_lane, a, *frame, fd, st)) return false;
+  }
+  return true;
+}
+
+bool ShmServer::Impl::HandlePush(Lane* lane, Attachment* a, const Frame& frame, int fd, UploadState* st) {
+  switch (frame.type) {
+    case FrameType::kSegment:
+      AddSegment(a, frame, fd);
+      return true;
+    case FrameType::kPushBegin: {
+      if (st->open) return false;  // protocol error: close the lane
+      absl::StatusOr<PushHeader> header = DecodePushHeader(frame.payload);
+      if (!header.ok()) return Malformed(a, header.status()), false;
+      st->open = true;
+      st->error = absl::OkStatus();
+      st->transport = false;
+      st->request_id = header->request_id;
+      if (header->worker_id != a->worker_id) {
+        st->Fail(absl::PermissionDeniedError(absl::StrCat("a push for worker ", header->worker_id, " on worker ",
+                                                          a->worker_id, "'s lane")),
+                 false);
+        return true;
+      }
+      absl::StatusOr<std::unique_ptr<SliceUpload>> u = ps_->StartPush(*header);
+      if (u.ok()) {
+        st->upload = std::move(*u);
+      } else {
+        st->Fail(u.status(), false);
+      }
+      return true;
+    }
+    case FrameType::kPushData: {
+      if (!st->open) return false;
+      absl::StatusOr<DataRef> ref = DecodeDataRef(frame.payload);
+      if (!ref.ok()) return Malformed(a, ref.status()), false;
+      if (!st->error.ok()) return true;
+      if (ref->n < 0 || ref->n > (int64_t{1} << 40)) {
+        st->Fail(TransportError(absl::StrCat("shared memory: a piece of ", ref->n, " values")), true);
+        return true;
+      }
+      absl::StatusOr<char*> data = a->Resolve(ref->segment, ref->at, ref->n * DtypeBytes(ref->dtype));
+      if (!data.ok()) {
+        st->Fail(data.status(), true);
+        return true;
+      }
+      if (absl::Status s = st->upload->Write(ref->key, ref->offset, ref->n, ref->dtype, *data); !s.ok()) {
+        st->Fail(s, false);
+      }
+      return true;
+    }
+    case FrameType::kPushRows: {
+      if (!st->open) return false;
+      absl::StatusOr<RowsRef> ref = DecodeRowsRef(frame.payload);
+      if (!ref.ok()) return Malformed(a, ref.status()), false;
+      if (!st->error.ok()) return true;
+      if (ref->n < 0 || ref->n > (int64_t{1} << 32) || ref->dim < 1 || ref->dim > (1 << 20)) {
+        st->Fail(TransportError(absl::StrCat("shared memory: ", ref->n, " rows of ", ref->dim, " values")), true);
+        return true;
+      }
+      absl::StatusOr<char*> ids = a->Resolve(ref->segment, ref->ids_at, ref->n * 8, /*align=*/8);
+      absl::StatusOr<char*> rows = a->Resolve(ref->segment, ref->rows_at, ref->n * ref->dim * DtypeBytes(ref->dtype));
+      if (!ids.ok() || !rows.ok()) {
+        st->Fail(!ids.ok() ? ids.status() : rows.status(), true);
+        return true;
+      }
+      absl::Status s = st->upload->WriteSparse(ref->table, reinterpret_cast<const int64_t*>(*ids), ref->n, ref->dim,
+                                               ref->dtype, *rows);
+      if (!s.ok()) st->Fail(s, false);
+      return true;
+    }
+    case FrameType::kPushFinish: {
+      if (!st->open) return false;
+      PushResult result;
+      if (st->error.ok()) {
+        absl::StatusOr<PushResponse> r = st->upload->Finish();
+        result.status = r.status();
+        if (r.ok()) result.response = *r;
+      } else {
+        result.status = st->error;
+        result.transport_failure = st->transport;
+      }
+      st->upload.reset();
+      st->open = false;
+      st->last_request = st->request_id;
+      return lane->Send(FrameType::kPushResult, EncodePushResult(result)).ok();
+    }
+    case FrameType::kPushAbandon: {
+      st->upload.reset();  // unfinished: nothing of it is committed
+      st->open = false;
+      st->last_request = st->request_id;
+      PushResult result;
+      result.status = absl::CancelledError("upload abandoned by the worker");
+      return lane->Send(FrameType::kPushResult, EncodePushResult(result)).ok();
+    }
+    default:
+      LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload lane sent "
+                   << FrameTypeName(frame.type) << ": closing it";
+      if (fd >= 0) close(fd);
+      return false;
   }
 }
 
@@ -604,61 +701,52 @@ class ShmPullReceiver : public PullReceiver {
 
 }  // namespace
 
-void ShmServer::Impl::ServePulls(Lane* lane, Attachment* a) {
-  while (true) {
-    int fd = -1;
-    absl::StatusOr<Frame> frame = lane->Receive(absl::InfiniteFuture(), &fd);
-    if (!frame.ok()) return;
-    if (frame->type == FrameType::kSegment) {
-      AddSegment(a, *frame, fd);
-      continue;
-    }
-    if (fd >= 0) close(fd);
-    if (frame->type != FrameType::kPullRequest) {
-      LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s pull lane sent "
-                   << FrameTypeName(frame->type) << ": closing it";
-      return;
-    }
-    absl::StatusOr<PullOrder> order = DecodePullOrder(frame->payload);
-    if (!order.ok()) {
-      LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s pull lane: " << order.status();
-      return;
-    }
-    PushResult end;
-    ShmPullReceiver receiver(lane, a, *order);
-    PullRequest request = order->request;
-    if (request.worker_id != a->worker_id) {
-      end.status = absl::PermissionDeniedError(
-          absl::StrCat("a pull for worker ", request.worker_id, " on worker ", a->worker_id, "'s lane"));
-    } else if (absl::Status s = receiver.Prepare(); !s.ok()) {
-      end.status = s;
-      end.transport_failure = true;
-    } else {
-      for (const SparseOrder& so : order->sparse) {
-        absl::StatusOr<char*> ids = a->Resolve(so.segment, so.ids_at, so.n * 8, /*align=*/8);
-        if (!ids.ok()) {
-          end.status = ids.status();
-          end.transport_failure = true;
-          break;
-        }
-        const int64_t* p = reinterpret_cast<const int64_t*>(*ids);
-        request.sparse.push_back(SparseIds{so.table, std::vector<int64_t>(p, p + so.n)});
-      }
-    }
-    if (end.status.ok()) {
-      // Both the attachment's end and the server's shutdown wake a pull that waits.
-      Cancellation cancel;
-      const int64_t id1 = a->pull_cancel.Register([&cancel] { cancel.Cancel(); });
-      const int64_t id2 =
-          options_.shutdown != nullptr ? options_.shutdown->Register([&cancel] { cancel.Cancel(); }) : 0;
-      request.cancel = &cancel;
-      end.status = ps_->Pull(request, &receiver);
-      a->pull_cancel.Deregister(id1);
-      if (options_.shutdown != nullptr) options_.shutdown->Deregister(id2);
-      if (end.status.ok()) end.status = receiver.Flush();
-    }
-    if (!lane->Send(FrameType::kPullEnd, EncodePushResult(end)).ok()) return;
+bool ShmServer::Impl::HandlePull(Lane* lane, Attachment* a, const Frame& frame, int fd) {
+  if (frame.type == FrameType::kSegment) {
+    AddSegment(a, frame, fd);
+    return true;
   }
+  if (fd >= 0) close(fd);
+  if (frame.type != FrameType::kPullRequest) {
+    LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s pull lane sent "
+                 << FrameTypeName(frame.type) << ": closing it";
+    return false;
+  }
+  absl::StatusOr<PullOrder> order = DecodePullOrder(frame.payload);
+  if (!order.ok()) return Malformed(a, order.status()), false;
+  PushResult end;
+  ShmPullReceiver receiver(lane, a, *order);
+  PullRequest request = order->request;
+  if (request.worker_id != a->worker_id) {
+    end.status = absl::PermissionDeniedError(
+        absl::StrCat("a pull for worker ", request.worker_id, " on worker ", a->worker_id, "'s lane"));
+  } else if (absl::Status s = receiver.Prepare(); !s.ok()) {
+    end.status = s;
+    end.transport_failure = true;
+  } else {
+    for (const SparseOrder& so : order->sparse) {
+      absl::StatusOr<char*> ids = a->Resolve(so.segment, so.ids_at, so.n * 8, /*align=*/8);
+      if (!ids.ok()) {
+        end.status = ids.status();
+        end.transport_failure = true;
+        break;
+      }
+      const int64_t* p = reinterpret_cast<const int64_t*>(*ids);
+      request.sparse.push_back(SparseIds{so.table, std::vector<int64_t>(p, p + so.n)});
+    }
+  }
+  if (end.status.ok()) {
+    // Both the attachment's end and the server's shutdown wake a pull that waits.
+    Cancellation cancel;
+    const int64_t id1 = a->pull_cancel.Register([&cancel] { cancel.Cancel(); });
+    const int64_t id2 = options_.shutdown != nullptr ? options_.shutdown->Register([&cancel] { cancel.Cancel(); }) : 0;
+    request.cancel = &cancel;
+    end.status = ps_->Pull(request, &receiver);
+    a->pull_cancel.Deregister(id1);
+    if (options_.shutdown != nullptr) options_.shutdown->Deregister(id2);
+    if (end.status.ok()) end.status = receiver.Flush();
+  }
+  return lane->Send(FrameType::kPullEnd, EncodePushResult(end)).ok();
 }
 
 void ShmServer::Impl::Shutdown() {

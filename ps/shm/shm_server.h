@@ -41,6 +41,8 @@ struct ShmServerOptions {
   // An upload silent for longer is dropped unfinished and its lane closed.
   absl::Duration upload_timeout = absl::Seconds(120);
   int max_segments = 64;  // per attachment
+  // A lane looks for the worker's next frame this long before its thread sleeps (Lane::set_spin).
+  int spin_us = 20;
 };
 
 struct ShmServerCounters {

@@ -261,9 +261,13 @@ TEST(ShmTransportTest, AnUploadCutOffMidwayIsNeverApplied) {
         (*server)->Offer(ShmAttachRequest{0, HostBootId(), static_cast<uint32_t>(geteuid())});
     ASSERT_TRUE(offer.ok());
     auto lane = Lane::Connect((*server)->socket_name());
-    ASSERT_TRUE(lane.ok());
+    auto pull_lane = Lane::Connect((*server)->socket_name());
+    ASSERT_TRUE(lane.ok() && pull_lane.ok());
     ASSERT_TRUE((*lane)->Send(FrameType::kHello, EncodeHello(Hello{LaneKind::kPush, 0, offer->push_ticket})).ok());
     ASSERT_TRUE((*lane)->Receive(absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(
+        (*pull_lane)->Send(FrameType::kHello, EncodeHello(Hello{LaneKind::kPull, 0, offer->pull_ticket})).ok());
+    ASSERT_TRUE((*pull_lane)->Receive(absl::Now() + absl::Seconds(5)).ok());
     auto seg = ShmSegment::Create(1 << 20);
     ASSERT_TRUE(seg.ok());
     ASSERT_TRUE((*lane)->Send(FrameType::kSegment, EncodeSegment(SegmentInfo{1, (*seg)->size()}), (*seg)->fd()).ok());

@@ -51,6 +51,7 @@
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/client/placement.h"
 #include "ps/rpc/server.h"
+#include "ps/rpc/transport.h"
 #include "ps/client/worker_client.h"
 #include "worker/models/model.h"
 #include "worker/models/registry.h"
@@ -60,6 +61,10 @@ ABSL_FLAG(int64_t, bytes, 0, "Instead of a model: one variable of this many byte
 ABSL_FLAG(int, steps, 40, "Timed steps (push + pull each)");
 ABSL_FLAG(int, warmup_steps, 5, "Steps before timing");
 ABSL_FLAG(std::string, wire_dtype, "fp32", "fp32 | bf16 | fp16 on the wire");
+ABSL_FLAG(std::string, transport, "grpc",
+          "grpc | shm | auto: how the worker side reaches the ps (shm: shared memory, the buffers read and written "
+          "in place); in_process: the worker calls the ParameterServer directly, as local mode does (the floor "
+          "of any transport: the ps's own copies and update)");
 ABSL_FLAG(int64_t, sparse_rows, 0, "Sparse mode: the embedding table's rows (hash-keyed; 0: dense mode)");
 ABSL_FLAG(int, dim, 16, "Sparse mode: floats per row");
 ABSL_FLAG(int64_t, ids_per_step, 10000, "Sparse mode: unique ids each step pulls and pushes");
@@ -144,6 +149,25 @@ double RawTcpRoundTripMs(size_t n, int warmup, int rounds) {
   return ok ? Median(ms) : -1;
 }
 
+// n floats on the heap, or in shared memory for a shared-memory transport (what the towers use then).
+class HostBuffer {
+ public:
+  HostBuffer(int64_t n, ps::Transport transport) {
+    if (transport != ps::Transport::kGrpc) {
+      absl::StatusOr<float*> p = ps::shm::SharedHostMemory::Default()->Allocate(n);
+      if (p.ok()) shared_ = *p;
+    }
+    if (shared_ == nullptr) heap_.resize(n);
+  }
+  ~HostBuffer() { ps::shm::SharedHostMemory::Default()->Free(shared_); }
+  float* data() { return shared_ != nullptr ? shared_ : heap_.data(); }
+  float& operator[](int64_t i) { return data()[i]; }
+
+ private:
+  float* shared_ = nullptr;
+  std::vector<float> heap_;
+};
+
 // ---- sparse mode ------------------------------------------------------------------------------------------------
 
 // `count` distinct free ports on 127.0.0.1: every socket stays bound until all are picked (one at a time, the
@@ -197,6 +221,8 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
 }
 
 int SparseMain() {
+  absl::StatusOr<ps::Transport> transport = ps::ParseTransport(absl::GetFlag(FLAGS_transport));
+  if (!transport.ok()) return Fail("flags", transport.status());
   const int64_t n = absl::GetFlag(FLAGS_sparse_rows), k = absl::GetFlag(FLAGS_ids_per_step);
   const int dim = absl::GetFlag(FLAGS_dim), num_ps = absl::GetFlag(FLAGS_num_ps);
   const int64_t dense = absl::GetFlag(FLAGS_dense_floats);
@@ -223,7 +249,8 @@ int SparseMain() {
     pids.push_back(Spawn({ps_binary, "--job_name=ps", absl::StrCat("--task_index=", i),
                           absl::StrCat("--ps_hosts=", ps_hosts), absl::StrCat("--worker_hosts=127.0.0.1:", ports[num_ps]),
                           "--worker_timeout_secs=0", "--registration_timeout_secs=120", "--malloc_trim_secs=2",
-                          "--max_model_bytes=1099511627776"},
+                          "--max_model_bytes=1099511627776",
+                          absl::StrCat("--transport=", absl::GetFlag(FLAGS_transport))},
                          log));
     if (pids.back() < 0) return Fail("starting " + ps_binary, absl::UnavailableError("posix_spawn failed"));
   }
@@ -232,12 +259,14 @@ int SparseMain() {
     for (pid_t pid : pids) waitpid(pid, nullptr, 0);
   };
   ps::WireCounters counters;
-  ps::GrpcClientOptions co;
-  co.counters = &counters;
+  ps::PsClientOptions co;
+  co.grpc.counters = &counters;
+  co.transport = *transport;
   std::vector<std::unique_ptr<ps::PsInterface>> owned;
   std::vector<ps::PsInterface*> tasks;
   for (int i = 0; i < num_ps; ++i) {
-    absl::StatusOr<std::unique_ptr<ps::PsInterface>> t = ps::NewGrpcPsClient(absl::StrCat("127.0.0.1:", ports[i]), co);
+    co.task = i;
+    absl::StatusOr<std::unique_ptr<ps::PsInterface>> t = ps::NewPsClient(absl::StrCat("127.0.0.1:", ports[i]), co);
     if (!t.ok()) return stop_all(), Fail("ps client", t.status());
     owned.push_back(*std::move(t));
     tasks.push_back(owned.back().get());
@@ -384,16 +413,27 @@ int Main() {
   for (const ps::VariableInfo& v : vars) n += v.size;
   const int64_t bytes = n * 4;
 
+  const bool in_process = absl::GetFlag(FLAGS_transport) == "in_process";
+  absl::StatusOr<ps::Transport> transport =
+      in_process ? ps::Transport::kGrpc : ps::ParseTransport(absl::GetFlag(FLAGS_transport));
+  if (!transport.ok()) return Fail("flags", transport.status());
   ps::PsServerOptions so;
   so.listen_address = "127.0.0.1:0";
   so.ps.num_workers = 1;
+  so.offer_shm = *transport != ps::Transport::kGrpc;
   absl::StatusOr<std::unique_ptr<ps::PsServer>> server = ps::PsServer::Start(so);
   if (!server.ok()) return Fail("ps server", server.status());
-  absl::StatusOr<std::unique_ptr<ps::PsInterface>> task = ps::NewGrpcPsClient((*server)->address(), {});
+  ps::shm::ShmCounters shm_counters;
+  ps::PsClientOptions co;
+  co.transport = *transport;
+  co.shm_counters = &shm_counters;
+  absl::StatusOr<std::unique_ptr<ps::PsInterface>> task = ps::NewPsClient((*server)->address(), co);
   if (!task.ok()) return Fail("ps client", task.status());
   ps::WorkerClientOptions wo;
   wo.wire_dtype = *dtype;
-  ps::WorkerClient client({task->get()}, placement->task_slices, 0, /*is_chief=*/true, wo);
+  wo.background = !in_process;
+  ps::WorkerClient client({in_process ? static_cast<ps::PsInterface*>((*server)->parameter_server()) : task->get()},
+                          placement->task_slices, 0, /*is_chief=*/true, wo);
   ps::TrainConfig config;
   config.model_signature = "dtrain_bench_ps";
   config.num_workers = 1;
@@ -401,7 +441,10 @@ int Main() {
   config.optimizer.learning_rate = 1.0f;
   // Small integers and an alternating +d/-d gradient: every update is exact, so the values alternate between
   // two known buffers whose checksums are computed once (in any wire type: they are exact in bf16 and fp16).
-  std::vector<float> initial(n), params(n), plus(n), minus(n), after_plus(n);
+  // The worker's buffers: in shared memory with a shared-memory transport (as the towers' are), so that the ps
+  // reads the gradients and writes the parameters in place.
+  std::vector<float> initial(n), after_plus(n);
+  HostBuffer params(n, *transport), plus(n, *transport), minus(n, *transport);
   for (int64_t i = 0; i < n; ++i) {
     initial[i] = static_cast<float>(i % 64);
     plus[i] = static_cast<float>(1 + i % 3);
@@ -454,8 +497,17 @@ int Main() {
   std::printf("  push alone median_ms=%.2f, pull alone %.2f; push+pull %.2f GB/s; raw TCP %.2f GB/s\n",
               Median(push_ms), Median(pull_ms),
               2 * wire_bytes / (med * 1e6), tcp > 0 ? 2 * static_cast<double>(bytes) / (tcp * 1e6) : 0.0);
-  std::printf("dtrain_bench_ps: %s push+pull median_ms=%.2f raw_tcp median_ms=%.2f ratio=%.2f\n", what.c_str(), med,
-              tcp, tcp > 0 ? med / tcp : 0.0);
+  if (*transport != ps::Transport::kGrpc) {
+    std::printf("  shared memory: %ld pushes and %ld pulls over the lanes (%ld / %ld on gRPC), %.1f MB in place, "
+                "%.1f MB staged\n",
+                static_cast<long>(shm_counters.shm_pushes.load()), static_cast<long>(shm_counters.shm_pulls.load()),
+                static_cast<long>(shm_counters.control_pushes.load()),
+                static_cast<long>(shm_counters.control_pulls.load()), shm_counters.bytes_in_place.load() / 1e6,
+                shm_counters.bytes_staged.load() / 1e6);
+  }
+  std::printf("dtrain_bench_ps: %s transport=%s push+pull median_ms=%.2f raw_tcp median_ms=%.2f ratio=%.2f\n",
+              what.c_str(), in_process ? "in_process" : std::string(ps::TransportName(*transport)).c_str(), med, tcp,
+              tcp > 0 ? med / tcp : 0.0);
   return bad == 0 && tcp > 0 ? 0 : 1;
 }
 

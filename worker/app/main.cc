@@ -19,6 +19,7 @@
 #include "ps/api/slice_io.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/rpc/grpc_ps_client.h"
+#include "ps/rpc/transport.h"
 #include "worker/app/model_flags.h"
 #include "worker/towers/towers.h"
 #include "worker/train/trainer.h"
@@ -87,6 +88,10 @@ ABSL_FLAG(std::string, tls_ca, "", "Talk TLS to the ps tasks and trust only cert
 ABSL_FLAG(std::string, tls_server_name, "", "Expect this name in the ps certificates (default: the host of each address)");
 ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and the chief");
 ABSL_FLAG(double, step_timeout_secs, 120, "How long a step may wait for the ps tasks (e.g. for other workers)");
+ABSL_FLAG(std::string, transport, "auto",
+          "How data reaches the ps tasks: auto (shared memory for a ps task on this host, gRPC otherwise; one log "
+          "line per task says which and why), shm (shared memory, failing when a task cannot be reached so), grpc. "
+          "Control calls always go over gRPC");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
           "bytes; gradients keep their rounding error for the next step)");
@@ -222,8 +227,19 @@ int main(int argc, char** argv) {
       return 2;
     }
     copt.security = *security;
+    absl::StatusOr<dtrain::ps::Transport> transport = dtrain::ps::ParseTransport(absl::GetFlag(FLAGS_transport));
+    if (!transport.ok()) {
+      std::fprintf(stderr, "dtrain_worker: %s\n", std::string(transport.status().message()).c_str());
+      return 2;
+    }
+    dtrain::ps::PsClientOptions popt;
+    popt.transport = *transport;
+    popt.grpc = copt;
+    // With shared memory, the towers' flat buffers are what the local ps tasks read and write in place.
+    if (*transport != dtrain::ps::Transport::kGrpc) o.host_memory = popt.memory;
     for (const std::string& address : cluster->ps) {
-      auto client = dtrain::ps::NewGrpcPsClient(address, copt);
+      popt.task = static_cast<int>(tasks.size());
+      auto client = dtrain::ps::NewPsClient(address, popt);
       if (!client.ok()) {
         std::fprintf(stderr, "dtrain_worker: %s\n", std::string(client.status().message()).c_str());
         return 2;

@@ -69,8 +69,14 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(const models::ModelSpec& 
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> dev, kernels::CreateDevice(spec));
     t->devices_.push_back(std::move(dev));
   }
-  ASSIGN_OR_RETURN(t->host_params_, t->devices_[0]->AllocHostPinned(n));
-  ASSIGN_OR_RETURN(t->host_grads_, t->devices_[0]->AllocHostPinned(n));
+  if (t->host_resident_ && towers_options.host_memory != nullptr) {
+    t->host_memory_ = towers_options.host_memory;
+    ASSIGN_OR_RETURN(t->host_params_, t->host_memory_->Allocate(n));
+    ASSIGN_OR_RETURN(t->host_grads_, t->host_memory_->Allocate(n));
+  } else {
+    ASSIGN_OR_RETURN(t->host_params_, t->devices_[0]->AllocHostPinned(n));
+    ASSIGN_OR_RETURN(t->host_grads_, t->devices_[0]->AllocHostPinned(n));
+  }
   std::fill(t->host_params_, t->host_params_ + n, 0.0f);
   std::fill(t->host_grads_, t->host_grads_ + n, 0.0f);
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -132,8 +138,13 @@ Towers::~Towers() {
   counters_.clear();
   for (size_t i = 0; i < tower_grads_.size(); ++i) devices_[i + 1]->Free(tower_grads_[i]);
   if (!devices_.empty()) {
-    if (host_params_ != nullptr) devices_[0]->FreeHostPinned(host_params_);
-    if (host_grads_ != nullptr) devices_[0]->FreeHostPinned(host_grads_);
+    if (host_memory_ != nullptr) {
+      host_memory_->Free(host_params_);
+      host_memory_->Free(host_grads_);
+    } else {
+      if (host_params_ != nullptr) devices_[0]->FreeHostPinned(host_params_);
+      if (host_grads_ != nullptr) devices_[0]->FreeHostPinned(host_grads_);
+    }
   }
   devices_.clear();
 }

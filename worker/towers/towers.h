@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/host_memory.h"
 #include "kernels/async_readback.h"
 #include "kernels/device.h"
 #include "kernels/gradient_averager.h"
@@ -51,6 +52,10 @@ struct TowersOptions {
   // Every tower applies the update to its own copy of the training state (local device-resident training),
   // so each layer's average lands in every tower's gradients. false: in tower 0's only (copied to the host).
   bool replicated = false;
+  // Where host-resident (CPU) towers keep host_params() and host_grads(); null: the device's host memory.
+  // A worker whose ps tasks share its memory (ps/shm/) passes theirs, so that pushes and pulls copy nothing.
+  // Not used for GPU towers (their host buffers are pinned). Must outlive the towers.
+  HostMemory* host_memory = nullptr;
 };
 
 class Towers {
@@ -132,6 +137,7 @@ class Towers {
   bool gpu_ = false;
   float* host_params_ = nullptr;
   float* host_grads_ = nullptr;
+  HostMemory* host_memory_ = nullptr;  // where host_params_ and host_grads_ come from (null: devices_[0])
   std::vector<float*> tower_grads_;  // host-resident towers 1..n-1: their own gradient buffers
   std::unique_ptr<kernels::GradientAverager> averager_;
   // Device-owned towers.

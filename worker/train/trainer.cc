@@ -567,6 +567,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   TowersOptions topt;
   topt.cpu_in_place = o.cpu_towers_in_place;
   topt.replicated = resident;
+  if (!local) topt.host_memory = o.host_memory;
   ASSIGN_OR_RETURN(std::unique_ptr<Towers> towers, Towers::Create(*o.resolved_model, data.model_options, specs, topt));
   Connection ps;
   ps.device_resident = resident;

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/core/parameter_server.h"
+#include "common/host_memory.h"
 #include "worker/data/dataset.h"
 #include "worker/models/dlrm.h"
 #include "worker/models/model.h"
@@ -67,6 +68,10 @@ struct WorkerOptions {
   int worker_id = 0;
   int num_workers = 1;
   int num_ps = 1;  // placement is computed for this many tasks
+
+  // Where CPU towers keep their flat parameters and gradients (TowersOptions::host_memory): the shared
+  // memory of the ps tasks' transport (ps/shm/), or null for ordinary memory. Not owned.
+  HostMemory* host_memory = nullptr;
 
   // Compute.
   std::string towers;  // see ParseTowers
