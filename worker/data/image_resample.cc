@@ -160,6 +160,7 @@ void ResampleRgb(const uint8_t* rgb, int width, int height, const CropRect& crop
       const float wk = w[k];
       for (size_t i = 0; i < out_stride; ++i) dst[i] += s[i] * wk;
     }
+    for (size_t i = 0; i < out_stride; ++i) dst[i] = std::min(dst[i], 1.0f);  // weights sum to 1 up to rounding
   }
 }
 
