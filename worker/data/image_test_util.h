@@ -1,19 +1,17 @@
-// Test-only helpers for the image readers' tests: JPEG and PNG files encoded with the same libraries the readers
-// decode with (libjpeg-turbo's compressor, libspng's encoder), and small synthetic pictures. Header-only.
+// Test-only helpers for the image readers' tests: small synthetic pictures, encoded as JPEG and PNG with the same
+// libraries the readers decode with (image_encode.h). Header-only.
 #ifndef DTRAIN_WORKER_DATA_IMAGE_TEST_UTIL_H_
 #define DTRAIN_WORKER_DATA_IMAGE_TEST_UTIL_H_
 
-#include <jpeglib.h>
 #include <spng.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/data/image_encode.h"
 
 namespace dtrain::data::test_util {
 
@@ -36,55 +34,19 @@ inline std::vector<uint8_t> Picture(int width, int height, int channels, int see
   return p;
 }
 
-// JPEG of `pixels` (channels 1 or 3), baseline unless `progressive`.
+// JPEG / PNG of `pixels` (image_encode.h), failing the test if the encoder refuses.
 inline std::string EncodeJpeg(const std::vector<uint8_t>& pixels, int width, int height, int channels,
                               int quality = 95, bool progressive = false) {
-  jpeg_compress_struct c;
-  jpeg_error_mgr err;
-  c.err = jpeg_std_error(&err);
-  jpeg_create_compress(&c);
-  unsigned char* out = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&c, &out, &size);
-  c.image_width = width;
-  c.image_height = height;
-  c.input_components = channels;
-  c.in_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
-  jpeg_set_defaults(&c);
-  jpeg_set_quality(&c, quality, TRUE);
-  if (progressive) jpeg_simple_progression(&c);
-  jpeg_start_compress(&c, TRUE);
-  while (c.next_scanline < c.image_height) {
-    JSAMPROW row = const_cast<JSAMPROW>(pixels.data() + static_cast<size_t>(c.next_scanline) * width * channels);
-    jpeg_write_scanlines(&c, &row, 1);
-  }
-  jpeg_finish_compress(&c);
-  jpeg_destroy_compress(&c);
-  std::string bytes(reinterpret_cast<char*>(out), size);
-  std::free(out);
-  return bytes;
+  absl::StatusOr<std::string> b = data::EncodeJpeg(pixels, width, height, channels, quality, progressive);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *b : std::string();
 }
 
-// PNG of `pixels` with spng's color type (SPNG_COLOR_TYPE_TRUECOLOR, _GRAYSCALE, _TRUECOLOR_ALPHA, ...) and bit
-// depth (8 or 16; 16-bit samples in host byte order, as spng's encoder takes them).
-inline std::string EncodePng(const std::vector<uint8_t>& pixels, int width, int height, uint8_t color_type,
-                             uint8_t bit_depth = 8) {
-  spng_ctx* enc = spng_ctx_new(SPNG_CTX_ENCODER);
-  spng_set_option(enc, SPNG_ENCODE_TO_BUFFER, 1);
-  spng_ihdr ihdr = {};
-  ihdr.width = width;
-  ihdr.height = height;
-  ihdr.bit_depth = bit_depth;
-  ihdr.color_type = color_type;
-  spng_set_ihdr(enc, &ihdr);
-  int e = spng_encode_image(enc, pixels.data(), pixels.size(), SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE);
-  EXPECT_EQ(e, 0) << spng_strerror(e);
-  size_t size = 0;
-  void* png = spng_get_png_buffer(enc, &size, &e);
-  std::string bytes(static_cast<char*>(png), size);
-  std::free(png);
-  spng_ctx_free(enc);
-  return bytes;
+inline std::string EncodePng(const std::vector<uint8_t>& pixels, int width, int height, int color_type,
+                             int bit_depth = 8) {
+  absl::StatusOr<std::string> b = data::EncodePng(pixels, width, height, color_type, bit_depth);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *b : std::string();
 }
 
 // The mean absolute difference of two byte images of equal size.
