@@ -67,16 +67,9 @@ absl::StatusOr<InputPipeline> InputPipelineFromFlags() {
   }
   l.x_name = names[0];
   l.y_name = names[1];
-  const std::string layout = absl::GetFlag(FLAGS_array_layout);
-  if (layout == "auto") {
-    l.layout = data::ArrayLayout::kAuto;
-  } else if (layout == "nhwc") {
-    l.layout = data::ArrayLayout::kNhwc;
-  } else if (layout == "nchw") {
-    l.layout = data::ArrayLayout::kNchw;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("--array_layout=", layout, ": expected auto, nhwc or nchw"));
-  }
+  absl::StatusOr<data::ArrayLayout> layout = data::ParseArrayLayout(absl::GetFlag(FLAGS_array_layout));
+  if (!layout.ok()) return absl::InvalidArgumentError(absl::StrCat("--array_layout: ", layout.status().message()));
+  l.layout = *layout;
   p.threads = absl::GetFlag(FLAGS_input_threads);
   if (p.threads < 0) return absl::InvalidArgumentError("--input_threads must be >= 0");
   p.augment = absl::GetFlag(FLAGS_augment);

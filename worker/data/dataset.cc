@@ -1,6 +1,7 @@
 // LoadDataset: finds a supported data set in a directory by its file names and reads train and test.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -211,6 +212,8 @@ absl::StatusOr<DatasetPair> Read(DataFormat format, const Located& l, const Load
       return absl::InternalError("Read(kAuto)");
   }
   RETURN_IF_ERROR(CheckSameShape(p, l));
+  // One class count for both (a test set may lack the last classes).
+  p.train.num_classes = p.test.num_classes = std::max(p.train.num_classes, p.test.num_classes);
   return p;
 }
 

@@ -124,6 +124,9 @@ absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat forma
 absl::StatusOr<Dataset> ReadMnistIdx(const std::string& images_path, const std::string& labels_path);
 absl::StatusOr<Dataset> ReadCifar10Bin(const std::vector<std::string>& paths);
 absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path);
+// Writes image examples (image_raw, or image_float for examples that are not bytes), or CTR examples. A data set
+// with a source is written as evaluation reads it (image folders: Resize + CenterCrop to image_size), its
+// examples decoded on every core; one that fails to read is left out (logged).
 absl::Status WriteTfRecordExamples(const Dataset& data, const std::string& path);
 
 // The same readers over bytes in memory (what the files hold; the fuzzers use them): the same checks and
@@ -166,6 +169,13 @@ enum class BadExamples {
 
 // "skip" or "fail" (--bad_images); InvalidArgument otherwise.
 absl::StatusOr<BadExamples> ParseBadExamples(absl::string_view name);
+
+// WriteTfRecordExamples with a choice for a source's examples that fail to read (kFail: the error naming the
+// file; what was written so far stays in the file).
+absl::Status WriteTfRecordExamples(const Dataset& data, const std::string& path, BadExamples bad_examples);
+
+// "auto", "nhwc" or "nchw" (--array_layout); InvalidArgument otherwise.
+absl::StatusOr<ArrayLayout> ParseArrayLayout(absl::string_view name);
 
 struct BatchStreamOptions {
   int batch_size = 100;

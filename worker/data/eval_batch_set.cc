@@ -73,4 +73,11 @@ absl::StatusOr<BadExamples> ParseBadExamples(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("unknown bad-image policy \"", name, "\"; expected skip or fail"));
 }
 
+absl::StatusOr<ArrayLayout> ParseArrayLayout(absl::string_view name) {
+  if (name == "auto") return ArrayLayout::kAuto;
+  if (name == "nhwc") return ArrayLayout::kNhwc;
+  if (name == "nchw") return ArrayLayout::kNchw;
+  return absl::InvalidArgumentError(absl::StrCat("unknown array layout \"", name, "\"; expected auto, nhwc or nchw"));
+}
+
 }  // namespace dtrain::data
