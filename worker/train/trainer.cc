@@ -326,10 +326,11 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     in->views.resize(towers->size());
     for (int t = 0; t < towers->size(); ++t) {
       const absl::Time asked = absl::Now();
-      in->batches[t] = d->stream->Next();  // copy: the stream's buffer is reused on the next call
+      const data::Batch& next = d->stream->Next();  // blocks only while the batch is not ready
       const double waited = absl::ToDoubleSeconds(absl::Now() - asked);
       result->input_wait_seconds += waited;
       window_input_wait += waited;
+      in->batches[t] = next;  // copy: the stream's buffer is reused on the next call
       if (in->batches[t].batch == 0) {
         const absl::Status s = d->stream->status();
         return s.ok() ? absl::InternalError("the input stream returned an empty batch") : s;
