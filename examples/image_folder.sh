@@ -72,4 +72,4 @@ echo "== 3. training it on $data_dir"
   --learning_rate=0.01 --train_steps="$steps" --log_every=20 --export_onnx="$work/${model}_trained.onnx"
 echo "== 4. evaluating the trained file on $data_dir's validation images"
 "$root/build/bin/dtrain_eval" --model="$work/${model}_trained.onnx" --data_dir="$data_dir" \
-  --data_format=image_folder "${norm[@]}" --threads="$threads"
+  --data_format=image_folder "${norm[@]}" --threads="$threads" --batch_size="$batch_size"

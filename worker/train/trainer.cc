@@ -113,7 +113,12 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
   }
   models::ModelOptions& mopt = d->model_options;
   mopt.batch_size = o->batch_size;
-  mopt.eval_batch_size = std::max(o->batch_size, 500);
+  // Evaluation batches of up to 500 examples, fewer for large examples (an eval batch's input at most 4 M
+  // floats: 26 images of 224 x 224 x 3), never fewer than the training batch.
+  const int64_t example_floats = std::max<int64_t>(1, train.kind() == data::DataKind::kCtr
+                                                          ? train.num_dense + train.num_sparse
+                                                          : train.image_size());
+  mopt.eval_batch_size = std::max<int>(o->batch_size, static_cast<int>(std::min<int64_t>(500, (4 << 20) / example_floats)));
   mopt.seed = o->seed;
   if (ctr) {
     mopt.height = mopt.width = 1;  // the dense features, as a 1x1 image of num_dense channels
