@@ -271,7 +271,10 @@ absl::StatusOr<NpzMembers> ParseNpz(absl::string_view bytes, const std::string& 
       if (compressed != size) return loss(absl::StrCat(member, ": stored with two different sizes"));
       npy = raw;
     } else if (method == 8) {
-      if (size > (uint64_t{1} << 40)) return loss(absl::StrCat(member, ": implausible size ", size));
+      // Deflate expands at most 1032:1: a larger claimed size is corrupt (and must not be allocated).
+      if (size > (uint64_t{1} << 40) || size / 1032 > compressed + 1) {
+        return loss(absl::StrCat(member, ": implausible size ", size, " for ", compressed, " deflated bytes"));
+      }
       auto out = std::make_unique<std::string>(size, '\0');
       z_stream z{};
       if (inflateInit2(&z, -MAX_WBITS) != Z_OK) return absl::InternalError("inflateInit2 failed");
