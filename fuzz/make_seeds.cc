@@ -19,7 +19,9 @@
 #include "worker/data/batch_stream_state.h"
 #include "worker/data/dataset.h"
 #include "worker/data/example_proto.h"
+#include "worker/data/image_encode.h"
 #include "worker/data/record_io.h"
+#include "worker/eval/npz_writer.h"
 
 namespace dtrain {
 namespace {
@@ -296,6 +298,41 @@ bool ShmFrameSeeds(const std::string& dir) {
          Write(dir, "pull_request", EncodeFrame(FrameType::kPullRequest, EncodePullOrder(order))) &&
          Write(dir, "pull_header", EncodeFrame(FrameType::kPullHeader, EncodePullHeader(header))) &&
          Write(dir, "pull_pieces", EncodeFrame(FrameType::kPullPieces, EncodePieces(pieces)));
+// image_decode_fuzzer input: 8 bytes of request (image_decode_fuzzer.cc), then a JPEG or PNG of each kind.
+bool ImageDecodeSeeds(const std::string& dir) {
+  std::vector<uint8_t> rgb(24 * 16 * 3), gray(24 * 16), rgba(24 * 16 * 4);
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>(i * 7 % 251);
+  for (size_t i = 0; i < gray.size(); ++i) gray[i] = static_cast<uint8_t>(i * 3 % 253);
+  for (size_t i = 0; i < rgba.size(); ++i) rgba[i] = static_cast<uint8_t>(i * 5 % 249);
+  const std::string whole("\x00\x00\x00\x00\x00\x00\x00\x05", 8), cropped("\x01\x20\x30\x80\x60\x08\x01\x87", 8);
+  struct Seed {
+    const char* name;
+    absl::StatusOr<std::string> bytes;
+  } seeds[] = {
+      {"baseline.jpg", data::EncodeJpeg(rgb, 24, 16, 3)},
+      {"progressive.jpg", data::EncodeJpeg(rgb, 24, 16, 3, 80, true)},
+      {"gray.jpg", data::EncodeJpeg(gray, 24, 16, 1)},
+      {"rgb.png", data::EncodePng(rgb, 24, 16, 2)},
+      {"gray.png", data::EncodePng(gray, 24, 16, 0)},
+      {"rgba.png", data::EncodePng(rgba, 24, 16, 6)},
+  };
+  for (const Seed& s : seeds) {
+    if (!s.bytes.ok() || !Write(dir, absl::StrCat("whole_", s.name), whole + *s.bytes) ||
+        !Write(dir, absl::StrCat("cropped_", s.name), cropped + *s.bytes)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// npy_fuzzer input: a byte (odd: a .npy, even: a .npz), then the file.
+bool NpySeeds(const std::string& dir) {
+  worker::NpyArray x{"x", {3, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}};
+  worker::NpyArray y = worker::Int64NpyArray("y", {3}, {0, 1, 2});
+  absl::StatusOr<std::string> npz = worker::EncodeNpz({x, y});
+  absl::StatusOr<std::string> npy = worker::EncodeNpy(x);
+  return npz.ok() && npy.ok() && Write(dir, "xy.npz", std::string(1, '\0') + *npz) &&
+         Write(dir, "x.npy", std::string(1, '\1') + *npy);
 }
 
 }  // namespace
@@ -313,7 +350,8 @@ int main(int argc, char** argv) {
                   dtrain::CheckpointSeeds(out + "/checkpoint_fuzzer") &&
                   dtrain::BatchStreamStateSeeds(out + "/batch_stream_state_fuzzer") &&
                   dtrain::PsRequestSeeds(out + "/ps_request_fuzzer") &&
-                  dtrain::ShmFrameSeeds(out + "/shm_frame_fuzzer");
+                  dtrain::ShmFrameSeeds(out + "/shm_frame_fuzzer") &&
+                  dtrain::ImageDecodeSeeds(out + "/image_decode_fuzzer") && dtrain::NpySeeds(out + "/npy_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "dtrain_fuzz_seeds: cannot write the seeds under %s\n", out.c_str());
     return 1;

@@ -4,6 +4,9 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
       libdnnl-dev ocl-icd-opencl-dev libgoogle-glog-dev nlohmann-json3-dev zlib1g-dev libgtest-dev libgmock-dev
       libbenchmark-dev libssl-dev openssl dataset-fashion-mnist libonnx-dev
+      # Image folders: JPEG (libjpeg-turbo, libjpeg API) and PNG (libspng) decoders; torchvision and PIL for the
+      # tests that compare with ImageFolder and its transforms, and scripts/compare_input_pipeline.py.
+      libjpeg62-turbo-dev libspng-dev python3-torchvision python3-pil
       # The ONNX tests: each operator's reference data, PyTorch to export models and train them beside dtrain,
       # numpy and onnx for /usr/bin/python3 (npz_writer_test, the PyTorch equivalence test).
       libonnx-testdata python3-torch python3-onnx python3-numpy

@@ -73,19 +73,21 @@ struct EvalOptions {
   bool use_moving_averages = false, skip_eval = false, for_inference = false;
   int batch_size = 500, threads = 1;
   data::Normalization normalize;
+  InputPipeline input;  // image folders, arrays, CSV: as dtrain_worker read them
 };
 
 // The logits (`outputs` per example) of every test example under the model's parameters, written as an .npz with
 // the labels.
-absl::Status WriteLogits(models::Model* model, int64_t outputs, const std::vector<data::Batch>& batches,
+absl::Status WriteLogits(models::Model* model, int64_t outputs, const data::EvalBatchSet& batches,
                          const std::string& path) {
   NpyArray logits{"logits", {0, outputs}, {}}, labels{"labels", {0}, {}};
-  for (const data::Batch& b : batches) {
+  RETURN_IF_ERROR(batches.ForEach([&](const data::Batch& b) {
     const size_t at = logits.data.size();
     logits.data.resize(at + b.batch * outputs);
     RETURN_IF_ERROR(model->Predict(View(b), logits.data.data() + at));
     labels.data.insert(labels.data.end(), b.labels.begin(), b.labels.end());
-  }
+    return absl::OkStatus();
+  }));
   logits.shape[0] = labels.shape[0] = static_cast<int64_t>(labels.data.size());
   return WriteNpz(path, {logits, labels});
 }
@@ -158,7 +160,7 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
   const int64_t step = parts.empty() ? 0 : parts[0].global_step;
   const std::string what = parts.empty() ? absl::StrCat(o.model, " (its own weights)")
                                          : absl::StrCat("checkpoint model.ckpt-", step);
-  ASSIGN_OR_RETURN(data::DatasetPair dataset, data::LoadDataset(o.data_dir, o.data_format));
+  ASSIGN_OR_RETURN(data::DatasetPair dataset, data::LoadDataset(o.data_dir, o.data_format, o.input.load));
   const models::ModelDefaults& defaults = spec->defaults;
   ASSIGN_OR_RETURN(const models::ModelOptions mopt, ModelOptionsFor(o, *spec, dataset.test));
   ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(*spec, mopt));
@@ -219,11 +221,19 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
                    kernels::CreateDevice(kernels::DeviceSpec::Cpu(o.threads)));
   ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(*spec, mopt, device.get()));
   RETURN_IF_ERROR(model->SetParameters(params.data()));
-  const std::vector<data::Batch> batches = data::EvalBatches(dataset.test, o.batch_size, defaults.eval_preprocess,
-                                                             mopt.height, mopt.width, o.normalize);
+  data::EvalBatchOptions eo;
+  eo.batch_size = o.batch_size;
+  eo.preprocess = defaults.eval_preprocess;
+  eo.crop_h = mopt.height;
+  eo.crop_w = mopt.width;
+  eo.normalize = o.normalize;
+  eo.threads = o.input.threads;
+  eo.bad_examples = o.input.bad_images;
+  ASSIGN_OR_RETURN(const std::unique_ptr<data::EvalBatchSet> batches, data::EvalBatchSet::Create(dataset.test, eo));
   if (!o.logits_path.empty()) {
-    RETURN_IF_ERROR(WriteLogits(model.get(), graph.output_shape().size(), batches, o.logits_path));
-    std::printf("wrote the logits of %zu batches to %s\n", batches.size(), o.logits_path.c_str());
+    RETURN_IF_ERROR(WriteLogits(model.get(), graph.output_shape().size(), *batches, o.logits_path));
+    std::printf("wrote the logits of %lld examples to %s\n", static_cast<long long>(dataset.test.count()),
+                o.logits_path.c_str());
   }
   if (o.skip_eval) return absl::OkStatus();
   // A sparse model reads each batch's rows from the checkpoint (as the ps would serve them).
@@ -239,7 +249,7 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
   if (dataset.test.count() == 0) {
     return absl::FailedPreconditionError(absl::StrCat("the test set in ", o.data_dir, " is empty"));
   }
-  ASSIGN_OR_RETURN(const Evaluation e, EvaluateBatches(model.get(), batches, load_rows));
+  ASSIGN_OR_RETURN(const Evaluation e, EvaluateBatches(model.get(), *batches, load_rows));
   const char* averaged = o.use_moving_averages ? " (moving averages)" : "";
   if (e.binary) {
     std::printf("%s%s: test log loss = %.4f, AUC = %.4f, accuracy = %.4f (%lld examples)\n", what.c_str(), averaged,
@@ -286,6 +296,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain_eval: %s\n", std::string(n.status().message()).c_str());
     return 2;
   }
+  absl::StatusOr<dtrain::worker::InputPipeline> input = dtrain::worker::InputPipelineFromFlags();
+  if (!input.ok()) {
+    std::fprintf(stderr, "dtrain_eval: %s\n", std::string(input.status().message()).c_str());
+    return 2;
+  }
+  o.input = *std::move(input);
   o.normalize = *std::move(n);
   if (o.batch_size <= 0 || o.threads <= 0) {
     std::fprintf(stderr, "dtrain_eval: --batch_size and --threads must be > 0\n");

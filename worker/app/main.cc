@@ -33,7 +33,8 @@ ABSL_FLAG(std::string, cluster_spec, "", "JSON file {\"ps\": [...], \"worker\": 
 ABSL_FLAG(std::string, model, "mlp",
           "mlp | cnn | convnet | cifar10 | dlrm (click-through-rate data), or PATH.onnx: a model exported as ONNX");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
-          "MNIST IDX, CIFAR-10 binary or TFRecord files");
+          "MNIST IDX, CIFAR-10 binary, TFRecord or Criteo files, an image folder (train/<class>/*.jpg), NumPy arrays "
+          "or CSV tables (--data_format)");
 ABSL_FLAG(std::string, sparse_optimizer, "",
           "Models with embedding tables: sgd | adagrad | adam (lazy) | ftrl for the rows on the ps (empty: the model's)");
 ABSL_FLAG(double, sparse_learning_rate, 0, "Learning rate of --sparse_optimizer (0: the model's)");
@@ -175,6 +176,16 @@ int main(int argc, char** argv) {
     if (flags_ok.ok()) {
       o.data_format = *format;
       o.dlrm = *dlrm;
+    }
+  }
+  if (flags_ok.ok()) {
+    absl::StatusOr<dtrain::worker::InputPipeline> input = dtrain::worker::InputPipelineFromFlags();
+    flags_ok = input.status();
+    if (input.ok()) {
+      o.data_options = input->load;
+      o.input_threads = input->threads;
+      o.augment = input->augment;
+      o.bad_images = input->bad_images;
     }
   }
   if (flags_ok.ok()) flags_ok = dtrain::worker::ApplyModelDefaults(&o);

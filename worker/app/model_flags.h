@@ -5,6 +5,9 @@
 //   input_flags.cc: --input_mean --input_std                        -> InputNormalizationFromFlags()
 //   data_flags.cc:  --data_format and the shape of --model=dlrm      -> DataFormatFromFlags(), DlrmConfigFromFlags()
 //                   (--embedding_dim --dlrm_bottom --dlrm_top --table_rows --max_rows --admit_after)
+//                   image folders, arrays and CSV                   -> InputPipelineFromFlags()
+//                   (--image_size --resize_size --validation_split --label_column --npz_arrays --array_layout
+//                    --input_threads --augment --bad_images)
 //
 // A binary links the library of the flags it takes (dtrain_input_flags, dtrain_data_flags).
 #ifndef DTRAIN_WORKER_APP_MODEL_FLAGS_H_
@@ -17,6 +20,15 @@
 namespace dtrain::worker {
 
 absl::StatusOr<data::Normalization> InputNormalizationFromFlags();
+
+// How the data set is read (data::LoadOptions) and how its examples are fed (image folders, arrays).
+struct InputPipeline {
+  data::LoadOptions load;
+  int threads = 0;
+  bool augment = true;
+  data::BadExamples bad_images = data::BadExamples::kSkip;
+};
+absl::StatusOr<InputPipeline> InputPipelineFromFlags();
 absl::StatusOr<data::DataFormat> DataFormatFromFlags();
 absl::StatusOr<models::DlrmConfig> DlrmConfigFromFlags();
 

@@ -22,33 +22,11 @@
 #include "worker/data/ctr_dataset.h"
 #include "worker/data/dataset.h"
 #include "worker/data/preprocess.h"
+#include "worker/data/source_batch_stream.h"
+#include "worker/data/stream_rng.h"
 
 namespace dtrain::data {
 namespace {
-
-// Stream tags keep the shuffle and distortion RNGs apart even for equal (seed, epoch/batch) numbers.
-constexpr uint32_t kShuffleTag = 0x53485546;  // "SHUF"
-constexpr uint32_t kDistortTag = 0x44495354;  // "DIST"
-
-std::mt19937_64 SeededRng(uint64_t seed, uint64_t counter, int shard, uint32_t tag) {
-  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
-                    static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
-                    static_cast<uint32_t>(shard), tag};
-  return std::mt19937_64(seq);
-}
-
-// Fisher-Yates with an explicit unbiased draw (std::shuffle's algorithm is implementation-defined).
-void Shuffle(std::vector<int64_t>* v, std::mt19937_64* rng) {
-  for (size_t i = v->size(); i > 1; --i) {
-    const uint64_t bound = i;
-    const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
-    uint64_t r;
-    do {
-      r = (*rng)();
-    } while (r >= limit);
-    std::swap((*v)[i - 1], (*v)[r % bound]);
-  }
-}
 
 // Thread-safety: Next(), SaveState() and Restore() from one consumer thread. The producer thread takes the
 // index of the batch to build (next_batch_) and the generation under mu_, builds it outside the lock from state
@@ -242,6 +220,12 @@ absl::StatusOr<std::unique_ptr<BatchStream>> BatchStream::Create(const Dataset& 
     RETURN_IF_ERROR(CheckCtrDataset(data));
     return std::unique_ptr<BatchStream>(new PrefetchingBatchStream(data, o, ImageShape{}));
   }
+  if (data.source != nullptr) {
+    RETURN_IF_ERROR(CheckSourceDataset(data));
+    RETURN_IF_ERROR(CheckNormalization(o.normalize, data.channels));
+    if (o.threads < 0) return absl::InvalidArgumentError(absl::StrCat("threads ", o.threads, " < 0"));
+    return CreateSourceBatchStream(data, o);
+  }
   if (data.height <= 0 || data.width <= 0 || data.channels <= 0 ||
       static_cast<int64_t>(data.pixels.size()) != data.count() * data.image_size()) {
     return absl::InvalidArgumentError(absl::StrCat("inconsistent Dataset: ", data.pixels.size(), " pixel bytes for ",
@@ -257,6 +241,20 @@ absl::StatusOr<std::unique_ptr<BatchStream>> BatchStream::Create(const Dataset& 
 std::vector<Batch> EvalBatches(const Dataset& data, int batch_size, Preprocess preprocess, int crop_h, int crop_w,
                                const Normalization& normalize) {
   CHECK_GT(batch_size, 0) << "EvalBatches: batch_size";
+  if (data.source != nullptr) {
+    const absl::Status ok = CheckSourceDataset(data);
+    CHECK(ok.ok()) << "EvalBatches: " << ok;
+    EvalBatchOptions eo;
+    eo.batch_size = batch_size;
+    eo.normalize = normalize;
+    std::unique_ptr<BatchStream> stream = CreateSourceEvalStream(data, eo);
+    std::vector<Batch> batches;
+    for (int64_t first = 0; first < data.count(); first += batch_size) {
+      const Batch& b = stream->Next();
+      if (b.batch > 0) batches.push_back(b);
+    }
+    return batches;
+  }
   if (data.kind() == DataKind::kCtr) {
     const absl::Status ok = CheckCtrDataset(data);
     CHECK(ok.ok()) << "EvalBatches: " << ok;

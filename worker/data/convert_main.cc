@@ -5,6 +5,11 @@
 //
 //   dtrain_convert --input_dir=/usr/share/datasets/fashion-mnist --output_dir=/tmp/fmnist-tfr
 //   dtrain_convert --input_dir=/data/criteo --input_format=criteo --output_dir=/tmp/criteo-tfr
+//   dtrain_convert --input_dir=/data/flowers --input_format=image_folder --image_size=224 --output_dir=/tmp/f-tfr
+//   dtrain_convert --input_dir=/data/table --input_format=csv --label_column=species --output_dir=/tmp/t-tfr
+//
+// Image folders are written as their evaluation reads them (Resize(--resize_size) + CenterCrop(--image_size), as
+// image_raw bytes); float arrays and CSV rows as image_float lists (dtrain reads both back).
 //   dtrain_convert --synthetic_ctr --examples=1000000 --out=/tmp/ctr
 //
 // Exit codes: 0 success, 1 bad flags, 2 bad input or a failed write (one line on stderr).
@@ -27,7 +32,17 @@
 #include "worker/data/synthetic_ctr.h"
 
 ABSL_FLAG(std::string, input_dir, "/usr/share/datasets/fashion-mnist", "Directory holding the source data set");
-ABSL_FLAG(std::string, input_format, "auto", "Source format: auto, mnist-idx, cifar10-bin, tfrecord or criteo");
+ABSL_FLAG(std::string, input_format, "auto",
+          "Source format: auto, mnist-idx, cifar10-bin, tfrecord, criteo, image_folder, npy or csv");
+// How image folders, arrays and CSV are read: as dtrain_worker's flags of the same names (worker/app/data_flags.cc).
+ABSL_FLAG(int, image_size, 224, "Image folders: the side of the square images written (Resize + CenterCrop)");
+ABSL_FLAG(int, resize_size, 0, "Image folders: the shorter side before the centre crop (0: image_size * 256 / 224)");
+ABSL_FLAG(double, validation_split, 0,
+          "A data set without a test part: this fraction of the training examples is written as the test set");
+ABSL_FLAG(std::string, label_column, "label", "CSV: the label column, by header name or 0-based index");
+ABSL_FLAG(std::string, npz_arrays, "x,y", "NumPy train.npz / test.npz: the names of the examples' and labels' arrays");
+ABSL_FLAG(std::string, array_layout, "auto", "NumPy arrays [N, a, b, c]: nhwc | nchw | auto");
+ABSL_FLAG(std::string, bad_images, "skip", "An image that cannot be decoded: skip (leave it out, logged) | fail");
 ABSL_FLAG(std::string, output_dir, "", "Directory to write train.tfrecords and test.tfrecords into");
 ABSL_FLAG(std::string, format, "tfrecord", "Output format (only tfrecord)");
 
@@ -87,6 +102,7 @@ int WriteSynthetic() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Converts a data set directory to TFRecord files of tf.train.Example.");
   absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;  // the images skipped, by path
   google::InitGoogleLogging(argv[0]);
   using dtrain::data::DataFormat;
 
@@ -107,7 +123,22 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  auto data = dtrain::data::LoadDataset(absl::GetFlag(FLAGS_input_dir), *format);
+  dtrain::data::LoadOptions lo;
+  lo.image_size = absl::GetFlag(FLAGS_image_size);
+  lo.resize_size = absl::GetFlag(FLAGS_resize_size);
+  lo.validation_split = absl::GetFlag(FLAGS_validation_split);
+  lo.label_column = absl::GetFlag(FLAGS_label_column);
+  const std::vector<std::string> arrays = absl::StrSplit(absl::GetFlag(FLAGS_npz_arrays), ',');
+  if (arrays.size() != 2) return BadFlag("--npz_arrays: expected two array names, X,Y");
+  lo.x_name = arrays[0];
+  lo.y_name = arrays[1];
+  const absl::StatusOr<dtrain::data::ArrayLayout> layout =
+      dtrain::data::ParseArrayLayout(absl::GetFlag(FLAGS_array_layout));
+  if (!layout.ok()) return BadFlag(std::string(layout.status().message()));
+  lo.layout = *layout;
+  const absl::StatusOr<dtrain::data::BadExamples> bad = dtrain::data::ParseBadExamples(absl::GetFlag(FLAGS_bad_images));
+  if (!bad.ok()) return BadFlag(std::string(bad.status().message()));
+  auto data = dtrain::data::LoadDataset(absl::GetFlag(FLAGS_input_dir), *format, lo);
   if (!data.ok()) return Fail(data.status().ToString());
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
@@ -117,7 +148,7 @@ int main(int argc, char** argv) {
                                                                          {&data->test, "test.tfrecords"}};
   for (const auto& [set, name] : parts) {
     const std::string path = (std::filesystem::path(out_dir) / name).string();
-    if (absl::Status s = dtrain::data::WriteTfRecordExamples(*set, path); !s.ok()) return Fail(s.ToString());
+    if (absl::Status s = dtrain::data::WriteTfRecordExamples(*set, path, *bad); !s.ok()) return Fail(s.ToString());
     if (set->kind() == dtrain::data::DataKind::kCtr) {
       std::cout << "wrote " << set->count() << " CTR examples of " << set->num_dense << " dense and "
                 << set->num_sparse << " sparse features (" << data->format << ") to " << path << "\n";

@@ -4,13 +4,18 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/match.h"
 #include "worker/data/criteo.h"
 #include "worker/data/data_test_util.h"
 #include "worker/data/dataset.h"
+#include "worker/data/example_source.h"
+#include "worker/data/image_test_util.h"
 
 namespace dtrain::data {
 namespace {
@@ -106,11 +111,63 @@ TEST_F(ConvertMainTest, SyntheticCtrWritesCriteoTextAndReportsThePlantedAuc) {
 TEST_F(ConvertMainTest, BadSyntheticOrFormatFlagsExitOne) {
   for (const std::string& flags : {"--synthetic_ctr --examples=10 --vocab=1,2 --out=" + dir_ + "/x",
                                    "--synthetic_ctr --examples=10 --vocab=ten --out=" + dir_ + "/x",
-                                   std::string("--synthetic_ctr --examples=10"), "--input_format=csv --output_dir=" + dir_}) {
+                                   std::string("--synthetic_ctr --examples=10"), "--input_format=xml --output_dir=" + dir_}) {
     const RunResult r = RunConvert(flags);
     EXPECT_EQ(r.exit_code, 1) << flags << ": " << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   }
+}
+
+
+TEST_F(ConvertMainTest, ConvertsAnImageFolderAsEvaluationReadsIt) {
+  for (const char* path : {"/train/a/1.jpg", "/train/a/2.png", "/train/b/1.jpg", "/val/b/2.jpg"}) {
+    std::filesystem::create_directories(std::filesystem::path(dir_ + path).parent_path());
+    const std::vector<uint8_t> p = Picture(40, 30, 3, path[7]);
+    WriteFile(dir_ + path, absl::EndsWith(path, ".png") ? test_util::EncodePng(p, 40, 30, SPNG_COLOR_TYPE_TRUECOLOR)
+                                                         : test_util::EncodeJpeg(p, 40, 30, 3));
+  }
+  WriteFile(dir_ + "/train/b/broken.jpg", "not a jpeg");
+  RunResult r = RunConvert("--input_dir=" + dir_ + " --input_format=image_folder --image_size=16 --output_dir=" +
+                           dir_ + "/out");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("wrote 4 16x16x3 examples (image-folder)"));  // 4 images listed, 3 written
+  EXPECT_THAT(r.output, HasSubstr("broken.jpg"));
+  absl::StatusOr<DatasetPair> back = LoadDataset(dir_ + "/out", DataFormat::kTfRecord);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->train.count(), 3);
+  EXPECT_EQ(back->test.count(), 1);
+  EXPECT_EQ(back->train.height, 16);
+  // The bytes are the evaluation batches' values, rounded.
+  absl::StatusOr<DatasetPair> folder =
+      LoadDataset(dir_, DataFormat::kImageFolder, LoadOptions{.image_size = 16});
+  ASSERT_TRUE(folder.ok());
+  const std::vector<Batch> b = EvalBatches(folder->test, 1, Preprocess::kScale01);
+  ASSERT_EQ(b.size(), 1u);
+  for (size_t k = 0; k < b[0].images.size(); ++k) {
+    ASSERT_NEAR(back->test.pixels[k] / 255.0, b[0].images[k], 0.5 / 255 + 1e-6);
+  }
+  r = RunConvert("--input_dir=" + dir_ + " --input_format=image_folder --image_size=16 --bad_images=fail "
+                 "--output_dir=" + dir_ + "/out2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("broken.jpg: not a JPEG or PNG image"));
+}
+
+TEST_F(ConvertMainTest, ConvertsCsvRowsAsFloatsThatReadBack) {
+  WriteFile(dir_ + "/train.csv", "a,b,label\n0.5,-1,cat\n2,3.25,dog\n1,1,cat\n");
+  WriteFile(dir_ + "/test.csv", "a,b,label\n7,8,dog\n");
+  const RunResult r = RunConvert("--input_dir=" + dir_ + " --output_dir=" + dir_ + "/out");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("wrote 3 1x1x2 examples (csv)"));
+  absl::StatusOr<DatasetPair> back = LoadDataset(dir_ + "/out", DataFormat::kTfRecord);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->train.count(), 3);
+  ASSERT_NE(back->train.source, nullptr);
+  EXPECT_EQ(back->train.labels, std::vector<int32_t>({0, 1, 0}));
+  std::vector<float> e(2);
+  ASSERT_TRUE(back->train.source->Read(1, false, nullptr, e.data()).ok());
+  EXPECT_EQ(e, std::vector<float>({2.0f, 3.25f}));
+  ASSERT_TRUE(back->test.source->Read(0, false, nullptr, e.data()).ok());
+  EXPECT_EQ(e, std::vector<float>({7.0f, 8.0f}));
 }
 
 }  // namespace

@@ -266,7 +266,7 @@ TEST(CriteoTest, LoadDatasetDetectsCriteo) {
   EXPECT_EQ(ParseDataFormat("criteo").value(), DataFormat::kCriteo);
   EXPECT_EQ(ParseDataFormat("auto").value(), DataFormat::kAuto);
   EXPECT_EQ(ParseDataFormat("tfrecord").value(), DataFormat::kTfRecord);
-  EXPECT_THAT(ParseDataFormat("csv").status().message(),
+  EXPECT_THAT(ParseDataFormat("parquet").status().message(),
               HasSubstr("expected one of auto, mnist-idx, cifar10-bin, tfrecord, criteo"));
 
   // A layout file beside them; train and test must agree.

@@ -1,6 +1,7 @@
 // LoadDataset: finds a supported data set in a directory by its file names and reads train and test.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -11,8 +12,10 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "worker/data/array_source.h"
 #include "worker/data/criteo.h"
 #include "worker/data/dataset.h"
+#include "worker/data/image_folder.h"
 
 namespace dtrain::data {
 namespace {
@@ -137,9 +140,49 @@ absl::Status CheckSameShape(const DatasetPair& p, const Located& l) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<DatasetPair> Read(DataFormat format, const Located& l) {
+Located LocateNpy(const std::string& dir) {
+  Located l;
+  l.looked_for = {Join(dir, "train.npz"), Join(dir, "x_train.npy + y_train.npy"), Join(dir, "*.npz with x_train")};
+  l.found = LooksLikeNpy(dir);
+  if (l.found) l.train = l.test = {dir};
+  return l;
+}
+
+Located LocateCsv(const std::string& dir) {
+  Located l;
+  l.looked_for = {Join(dir, "train.csv[.gz]")};
+  l.found = LooksLikeCsv(dir);
+  if (l.found) l.train = l.test = {dir};
+  return l;
+}
+
+Located LocateImageFolder(const std::string& dir) {
+  Located l;
+  l.looked_for = {Join(dir, "train/<class>/*.jpg|png")};
+  l.found = LooksLikeImageFolder(dir);
+  if (l.found) l.train = l.test = {dir};
+  return l;
+}
+
+absl::StatusOr<DatasetPair> Read(DataFormat format, const Located& l, const LoadOptions& o) {
   DatasetPair p;
   switch (format) {
+    case DataFormat::kImageFolder: {
+      ImageFolderOptions io;
+      io.image_size = o.image_size;
+      io.resize_size = o.resize_size;
+      io.validation_split = o.validation_split;
+      ASSIGN_OR_RETURN(p, ReadImageFolder(l.train[0], io));
+      break;
+    }
+    case DataFormat::kNpy: {
+      ASSIGN_OR_RETURN(p, ReadNpyDataset(l.train[0], o));
+      break;
+    }
+    case DataFormat::kCsv: {
+      ASSIGN_OR_RETURN(p, ReadCsvDataset(l.train[0], o));
+      break;
+    }
     case DataFormat::kMnistIdx: {
       p.format = "mnist-idx";
       ASSIGN_OR_RETURN(p.train, ReadMnistIdx(l.train[0], l.train[1]));
@@ -169,12 +212,14 @@ absl::StatusOr<DatasetPair> Read(DataFormat format, const Located& l) {
       return absl::InternalError("Read(kAuto)");
   }
   RETURN_IF_ERROR(CheckSameShape(p, l));
+  // One class count for both (a test set may lack the last classes).
+  p.train.num_classes = p.test.num_classes = std::max(p.train.num_classes, p.test.num_classes);
   return p;
 }
 
 }  // namespace
 
-absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat format) {
+absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat format, const LoadOptions& options) {
   struct Candidate {
     DataFormat format;
     const char* name;
@@ -183,14 +228,25 @@ absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat forma
   const Candidate candidates[] = {{DataFormat::kMnistIdx, "MNIST IDX", LocateMnist},
                                   {DataFormat::kCifar10Bin, "CIFAR-10 binary", LocateCifar},
                                   {DataFormat::kTfRecord, "TFRecord", LocateTfRecord},
-                                  {DataFormat::kCriteo, "Criteo text", LocateCriteo}};
+                                  {DataFormat::kCriteo, "Criteo text", LocateCriteo},
+                                  {DataFormat::kNpy, "NumPy", LocateNpy},
+                                  {DataFormat::kCsv, "CSV", LocateCsv},
+                                  {DataFormat::kImageFolder, "image folder", LocateImageFolder}};
+  if (format == DataFormat::kImageFolder) {
+    // Named explicitly, DIR itself may be the class folders (with a validation split): its reader says what is
+    // missing.
+    Located l;
+    l.found = true;
+    l.train = l.test = {dir};
+    return Read(format, l, options);
+  }
   std::vector<std::string> looked_for;
   for (const Candidate& c : candidates) {
     if (format != DataFormat::kAuto && format != c.format) continue;
     const Located l = c.locate(dir);
     if (l.found) {
       LOG(INFO) << "Loading " << c.name << " data from " << dir;
-      return Read(c.format, l);
+      return Read(c.format, l, options);
     }
     looked_for.push_back(absl::StrCat(c.name, ": ", absl::StrJoin(l.looked_for, ", ")));
   }
@@ -203,11 +259,16 @@ absl::StatusOr<DataFormat> ParseDataFormat(absl::string_view name) {
                                                         {"mnist-idx", DataFormat::kMnistIdx},
                                                         {"cifar10-bin", DataFormat::kCifar10Bin},
                                                         {"tfrecord", DataFormat::kTfRecord},
-                                                        {"criteo", DataFormat::kCriteo}};
+                                                        {"criteo", DataFormat::kCriteo},
+                                                        {"image_folder", DataFormat::kImageFolder},
+                                                        {"image-folder", DataFormat::kImageFolder},
+                                                        {"npy", DataFormat::kNpy},
+                                                        {"npz", DataFormat::kNpy},
+                                                        {"csv", DataFormat::kCsv}};
   std::vector<std::string> names;
   for (const auto& [n, format] : formats) {
     if (name == n) return format;
-    names.push_back(n);
+    if (absl::string_view(n) != "image-folder" && absl::string_view(n) != "npz") names.push_back(n);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown data format \"", name, "\"; expected one of ", absl::StrJoin(names, ", ")));

@@ -1,8 +1,10 @@
 // Data sets and input pipelines for the workers.
 //
 // A Dataset is an in-memory set of examples (uint8 pixels, HWC, plus int labels; or the dense and sparse
-// features of click-through-rate data) read from files; a BatchStream cuts a worker's shard of it into shuffled,
-// preprocessed float batches on a prefetching thread.
+// features of click-through-rate data) read from files, or the labels of examples read as they are needed (an
+// ExampleSource: image folders decoded per read, memory-mapped NumPy arrays, CSV tables); a BatchStream cuts a
+// worker's shard of it into shuffled, preprocessed float batches on a prefetching thread (sources: on a pool of
+// threads, several batches ahead).
 //
 // Thread-safety: Dataset is immutable after loading (safe to share). BatchStream: Next(), SaveState() and
 // Restore() are called by one consumer thread; the stream owns its prefetching thread and stops it in its
@@ -17,6 +19,7 @@
 #define DTRAIN_WORKER_DATA_DATASET_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +30,8 @@
 #include "absl/types/span.h"
 
 namespace dtrain::data {
+
+class ExampleSource;  // example_source.h
 
 // Images (pixels + class labels) or click-through-rate examples (dense + sparse features, 0/1 labels).
 enum class DataKind { kImage, kCtr };
@@ -58,19 +63,48 @@ struct Dataset {
     if (id_offsets.empty()) return absl::Span<const int64_t>(ids.data() + i, 1);
     return absl::Span<const int64_t>(ids.data() + id_offsets[i], id_offsets[i + 1] - id_offsets[i]);
   }
+
+  // Examples read as they are needed (image folders, arrays: example_source.h): pixels is empty, labels holds
+  // every example's label, height x width x channels is the shape the source writes (floats, not bytes).
+  std::shared_ptr<const ExampleSource> source;
+  std::vector<std::string> class_names;  // image folders: the class folder of each label (sorted, as ImageFolder)
 };
 
 struct DatasetPair {
   Dataset train, test;
-  std::string format;  // "mnist-idx", "cifar10-bin", "tfrecord", "criteo"
+  std::string format;  // "mnist-idx", "cifar10-bin", "tfrecord", "criteo", "image-folder", "npy", "csv"
 };
 
-enum class DataFormat { kAuto, kMnistIdx, kCifar10Bin, kTfRecord, kCriteo };
+enum class DataFormat { kAuto, kMnistIdx, kCifar10Bin, kTfRecord, kCriteo, kImageFolder, kNpy, kCsv };
 
-// "auto", "mnist-idx", "cifar10-bin", "tfrecord" or "criteo" (what --data_format / --input_format take);
-// InvalidArgument naming the choices otherwise.
+// "auto", "mnist-idx", "cifar10-bin", "tfrecord", "criteo", "image_folder" (or "image-folder"), "npy" (or "npz")
+// or "csv" (what --data_format / --input_format take); InvalidArgument naming the choices otherwise.
 absl::StatusOr<DataFormat> ParseDataFormat(absl::string_view name);
 
+// How arrays of rank 3 beyond the examples' axis are laid out (array_source.h).
+enum class ArrayLayout {
+  kAuto,  // [N, H, W, C] when the last axis has 1, 3 or 4 entries, else [N, C, H, W] when the first has
+  kNhwc,
+  kNchw,  // transposed to HWC as it is read
+};
+
+// What LoadDataset needs beyond a directory for image folders, arrays and CSV (the other formats ignore it).
+struct LoadOptions {
+  // Image folders (image_folder.h): the side of the square images the model takes, and evaluation's shorter
+  // side before the centre crop (0: image_size * 256 / 224, torchvision's 256 for 224).
+  int image_size = 224;
+  int resize_size = 0;
+  // A data set without a test part (an image folder without val/, arrays or CSV without test files): this
+  // fraction of the training examples, evenly spaced (per class for image folders), is the test set; 0: none,
+  // and such a data set is refused naming what is missing.
+  double validation_split = 0;
+  // CSV: the column holding the labels, by header name or 0-based index (integers, or class names: sorted,
+  // they become 0, 1, ...); every other column is a numeric feature.
+  std::string label_column = "label";
+  // NumPy .npz files: the names of the examples' and the labels' arrays.
+  std::string x_name = "x", y_name = "y";
+  ArrayLayout layout = ArrayLayout::kAuto;
+};
 // Reads a data directory. kAuto detects by file names:
 //   MNIST IDX: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-... (magic 2051 / 2049 checked)
 //   CIFAR-10 binary: data_batch_1..5.bin, test_batch.bin (also inside a cifar-10-batches-bin/ subfolder)
@@ -78,13 +112,21 @@ absl::StatusOr<DataFormat> ParseDataFormat(absl::string_view name);
 //             examples with label, dense, sparse_0 ... sparse_{k-1}: example_proto.h)
 //   Criteo: train.txt[.gz], test.txt[.gz] (criteo.h; 13 integer + 26 categorical features per line unless a
 //           criteo_layout.txt beside them says otherwise)
+//   NumPy: train.npz + test.npz (arrays x and y), a .npz with x_train, y_train, x_test, y_test (Keras's), or
+//          x_train.npy, y_train.npy, x_test.npy, y_test.npy (array_source.h; memory-mapped)
+//   CSV: train.csv and test.csv (or val.csv) (array_source.h)
+//   Image folder: train/<class>/*.jpg|png and val/ (or validation/, test/) (image_folder.h)
 // Errors name the file and what is wrong (NotFound, DataLoss for corrupt/truncated content with byte offset).
-absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat format = DataFormat::kAuto);
+absl::StatusOr<DatasetPair> LoadDataset(const std::string& dir, DataFormat format = DataFormat::kAuto,
+                                        const LoadOptions& options = {});
 
 // Individual readers (also used by dtrain_convert and the tests).
 absl::StatusOr<Dataset> ReadMnistIdx(const std::string& images_path, const std::string& labels_path);
 absl::StatusOr<Dataset> ReadCifar10Bin(const std::vector<std::string>& paths);
 absl::StatusOr<Dataset> ReadTfRecordExamples(const std::string& path);
+// Writes image examples (image_raw, or image_float for examples that are not bytes), or CTR examples. A data set
+// with a source is written as evaluation reads it (image folders: Resize + CenterCrop to image_size), its
+// examples decoded on every core; one that fails to read is left out (logged).
 absl::Status WriteTfRecordExamples(const Dataset& data, const std::string& path);
 
 // The same readers over bytes in memory (what the files hold; the fuzzers use them): the same checks and
@@ -118,6 +160,23 @@ absl::StatusOr<Normalization> ParseNormalization(const std::string& mean, const 
 // InvalidArgument unless each list has 0, 1 or `channels` values.
 absl::Status CheckNormalization(const Normalization& n, int channels);
 
+// What a stream does with an example of a source (an image file) that fails to read.
+enum class BadExamples {
+  kSkip,  // log its path once and go on: a training batch takes the next readable example of the epoch's order
+          // in its place, evaluation leaves it out
+  kFail,  // stop: the stream's status() names the file
+};
+
+// "skip" or "fail" (--bad_images); InvalidArgument otherwise.
+absl::StatusOr<BadExamples> ParseBadExamples(absl::string_view name);
+
+// WriteTfRecordExamples with a choice for a source's examples that fail to read (kFail: the error naming the
+// file; what was written so far stays in the file).
+absl::Status WriteTfRecordExamples(const Dataset& data, const std::string& path, BadExamples bad_examples);
+
+// "auto", "nhwc" or "nchw" (--array_layout); InvalidArgument otherwise.
+absl::StatusOr<ArrayLayout> ParseArrayLayout(absl::string_view name);
+
 struct BatchStreamOptions {
   int batch_size = 100;
   int shard_index = 0;   // this worker's shard: examples i with i % num_shards == shard_index
@@ -128,6 +187,12 @@ struct BatchStreamOptions {
   int crop_h = 24, crop_w = 24;  // for the CIFAR modes
   int prefetch = 4;      // batches prepared ahead
   Normalization normalize;  // after the preprocessing (CheckNormalization'ed by Create)
+  // Data sets with a source (example_source.h; `preprocess` and the crops do not apply, the source transforms):
+  // the threads reading examples, together on the `prefetch` batches ahead (0: one per core); whether training
+  // reads augment (image folders: random resized crop + flip); what a failed read does.
+  int threads = 0;
+  bool augment = true;
+  BadExamples bad_examples = BadExamples::kSkip;
 };
 
 struct Batch {
@@ -147,10 +212,11 @@ struct Batch {
   std::vector<int32_t> id_offsets;
 };
 
-// Batches are deterministic in (data, options): batch k of a shard holds the shard's stream positions
+// Batches are deterministic in (data, options), whatever the threads: batch k of a shard holds the shard's stream positions
 // [k*batch_size, (k+1)*batch_size), where positions run through epoch 0's order, then epoch 1's, ... (a batch
 // may straddle two epochs). Each epoch's order is the shard shuffled with an RNG seeded by (seed, epoch,
-// shard), or ascending when shuffle=false; kCifarTrain distortions use an RNG seeded by (seed, shard, k).
+// shard), or ascending when shuffle=false; kCifarTrain distortions use an RNG seeded by (seed, shard, k), a
+// source's augmentation one seeded by (seed, shard, stream position).
 // prefetch = 0 builds batches on the consumer thread inside Next(). Over CTR data the batches carry the features
 // (Batch's CTR fields), with the same order, sharding and positions; preprocess and the crops are not used.
 //
@@ -164,8 +230,11 @@ class BatchStream {
   // it must outlive the stream.
   static absl::StatusOr<std::unique_ptr<BatchStream>> Create(const Dataset& data, const BatchStreamOptions& o);
   virtual ~BatchStream() = default;
-  // Blocks until the next batch is ready. The reference is valid until the next call.
+  // Blocks until the next batch is ready. The reference is valid until the next call. A stream that failed
+  // (a source's read with BadExamples::kFail, or no readable example left in the shard) returns an empty batch
+  // (batch == 0) from then on, and status() says why.
   virtual const Batch& Next() = 0;
+  virtual absl::Status status() const { return absl::OkStatus(); }
   virtual int64_t shard_size() const = 0;  // examples in this shard
   // Batches Next() has returned (or Restore set): the index of the batch the next call returns.
   virtual int64_t batches_read() const = 0;
@@ -182,9 +251,34 @@ class BatchStream {
 
 // Fixed, unshuffled, preprocessed (and normalized) batches over the whole set (evaluation). The last batch may
 // be smaller. Preconditions (CHECKed): batch_size > 0; for the CIFAR modes the crop fits the images; CTR data
-// consistent; CheckNormalization(normalize, data.channels) for images.
+// consistent; CheckNormalization(normalize, data.channels) for images. A source's examples are all read (on
+// every core), those that fail left out: for large sets, EvalBatchSet reads them batch by batch instead.
 std::vector<Batch> EvalBatches(const Dataset& data, int batch_size, Preprocess preprocess, int crop_h = 24,
                                int crop_w = 24, const Normalization& normalize = {});
+
+struct EvalBatchOptions {
+  int batch_size = 500;
+  Preprocess preprocess = Preprocess::kScale01;  // in-memory images (as EvalBatches)
+  int crop_h = 24, crop_w = 24;
+  Normalization normalize;
+  int threads = 0;  // sources: reading threads (0: one per core)
+  BadExamples bad_examples = BadExamples::kSkip;
+};
+
+// The evaluation batches of a test set of any size, as EvalBatches makes them: an in-memory data set's are made
+// once and kept; a source's are read while they are visited (a few batches ahead, on `threads` threads), so
+// that a test set larger than memory evaluates.
+//
+// Thread-safety: ForEach from one thread at a time. The data set must outlive the object.
+class EvalBatchSet {
+ public:
+  // InvalidArgument for a bad batch size, crop or normalization.
+  static absl::StatusOr<std::unique_ptr<EvalBatchSet>> Create(const Dataset& data, const EvalBatchOptions& o);
+  virtual ~EvalBatchSet() = default;
+  // Calls `fn` on every batch in order and returns its first error. A source's example that fails to read is
+  // left out (kSkip, its path logged once) or ends the visit with the error naming it (kFail).
+  virtual absl::Status ForEach(const std::function<absl::Status(const Batch&)>& fn) const = 0;
+};
 
 }  // namespace dtrain::data
 

@@ -91,6 +91,29 @@ TEST(LoadDatasetTest, ReaderErrorsPropagate) {
   EXPECT_THAT(s.message(), HasSubstr("t10k-labels-idx1-ubyte"));
 }
 
+TEST(LoadDatasetTest, ParsesTheNewFormatsAndTheInputFlagsValues) {
+  EXPECT_EQ(*ParseDataFormat("image_folder"), DataFormat::kImageFolder);
+  EXPECT_EQ(*ParseDataFormat("image-folder"), DataFormat::kImageFolder);
+  EXPECT_EQ(*ParseDataFormat("npy"), DataFormat::kNpy);
+  EXPECT_EQ(*ParseDataFormat("npz"), DataFormat::kNpy);
+  EXPECT_EQ(*ParseDataFormat("csv"), DataFormat::kCsv);
+  const absl::Status bad = ParseDataFormat("parquet").status();
+  EXPECT_THAT(bad.message(), HasSubstr("criteo, image_folder, npy, csv"));
+  EXPECT_EQ(*ParseBadExamples("fail"), BadExamples::kFail);
+  EXPECT_FALSE(ParseBadExamples("ignore").ok());
+  EXPECT_EQ(*ParseArrayLayout("nchw"), ArrayLayout::kNchw);
+  EXPECT_FALSE(ParseArrayLayout("chw").ok());
+}
+
+TEST(LoadDatasetTest, NoDataSetNamesEveryLayoutLookedFor) {
+  const std::string dir = MakeTempDir();
+  const absl::Status s = LoadDataset(dir).status();
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  for (const char* what : {"train.npz", "train.csv[.gz]", "train/<class>/*.jpg|png", "train-images-idx3-ubyte"}) {
+    EXPECT_THAT(s.message(), HasSubstr(what));
+  }
+}
+
 // The real data set, where Debian's dataset-fashion-mnist package installed it.
 TEST(LoadDatasetTest, RealFashionMnist) {
   const std::string dir = "/usr/share/datasets/fashion-mnist";

@@ -220,9 +220,17 @@ absl::Status ForEachMapEntry(absl::string_view bytes, Each each) {
   return absl::OkStatus();
 }
 
+// Float lists (defined below, beside the CTR examples' list codec).
+absl::Status DecodeFloatList(absl::string_view key, absl::string_view feature, std::vector<float>* out);
+std::string PackedFloats(const std::vector<float>& values);
+
 absl::Status DecodeMapEntry(absl::string_view key, absl::string_view value, ImageExample* e, bool* have_image) {
   if (key == "image_raw") {
     ASSIGN_OR_RETURN(e->image_raw, DecodeBytesFeature(key, value));
+    *have_image = true;
+  } else if (key == "image_float") {
+    e->image_float.clear();
+    RETURN_IF_ERROR(DecodeFloatList(key, value, &e->image_float));
     *have_image = true;
   } else if (key == "label") {
     ASSIGN_OR_RETURN(e->label, DecodeInt64Feature(key, value));
@@ -248,7 +256,11 @@ std::string EncodeImageExample(const ImageExample& e) {
   if (e.depth >= 0) PutMapEntry("depth", Int64Feature(e.depth), &features);
   if (e.pixels >= 0) PutMapEntry("pixels", Int64Feature(e.pixels), &features);
   if (e.label >= 0) PutMapEntry("label", Int64Feature(e.label), &features);
-  PutMapEntry("image_raw", BytesFeature(e.image_raw), &features);
+  if (!e.image_float.empty()) {
+    PutMapEntry("image_float", PackedFloats(e.image_float), &features);
+  } else {
+    PutMapEntry("image_raw", BytesFeature(e.image_raw), &features);
+  }
   std::string example;
   PutLengthDelimited(1, features, &example);
   return example;
@@ -260,7 +272,9 @@ absl::StatusOr<ImageExample> DecodeImageExample(absl::string_view bytes) {
   RETURN_IF_ERROR(ForEachMapEntry(bytes, [&](absl::string_view key, absl::string_view value) {
     return DecodeMapEntry(key, value, &e, &have_image);
   }));
-  if (!have_image) return absl::InvalidArgumentError("tf.train.Example has no \"image_raw\" feature");
+  if (!have_image) {
+    return absl::InvalidArgumentError("tf.train.Example has no \"image_raw\" (or \"image_float\") feature");
+  }
   if (e.label < 0) return absl::InvalidArgumentError("tf.train.Example has no (non-negative) \"label\" feature");
   return e;
 }
@@ -366,6 +380,24 @@ std::string PackedList(uint32_t list_field, const std::string& packed) {
   if (!packed.empty()) PutLengthDelimited(1, packed, &list);
   PutLengthDelimited(list_field, list, &feature);
   return feature;
+}
+
+}  // namespace
+
+namespace {
+
+absl::Status DecodeFloatList(absl::string_view key, absl::string_view feature, std::vector<float>* out) {
+  return ForEachListValue(key, feature, 2, [out](uint64_t v) { out->push_back(FloatFromBits(v)); });
+}
+
+std::string PackedFloats(const std::vector<float>& values) {
+  std::string packed;
+  for (float v : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    for (int i = 0; i < 4; ++i) packed.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+  }
+  return PackedList(2, packed);
 }
 
 }  // namespace

@@ -26,16 +26,18 @@ namespace dtrain::data {
 // readers expect it). An absent int64 feature reads as -1.
 struct ImageExample {
   std::string image_raw;  // "image_raw": uint8 HWC bytes
+  // "image_float": float_list, HWC: examples that are not bytes (float arrays, CSV rows), in place of image_raw.
+  std::vector<float> image_float;
   int64_t label = -1;     // "label"
   int64_t height = -1, width = -1, depth = -1;  // "height", "width", "depth"
   int64_t pixels = -1;    // "pixels" = height * width * depth
 };
 
-// Serializes an Example holding the features that are set (>= 0; image_raw always).
+// Serializes an Example holding the features that are set (>= 0; image_float when not empty, else image_raw).
 std::string EncodeImageExample(const ImageExample& e);
 
 // Parses a serialized Example. InvalidArgument on malformed wire data or a feature of the wrong kind
-// (e.g. "label" as a bytes_list); missing "image_raw" or "label" is InvalidArgument too.
+// (e.g. "label" as a bytes_list); missing both "image_raw" and "image_float", or "label", is InvalidArgument too.
 absl::StatusOr<ImageExample> DecodeImageExample(absl::string_view bytes);
 
 // A click-through-rate example (dataset.h's CTR data), with the features

@@ -8,13 +8,17 @@
 
 namespace dtrain::worker {
 
-absl::StatusOr<Evaluation> EvaluateBatches(models::Model* model, const std::vector<data::Batch>& batches,
-                                           const LoadRowsFn& load_rows) {
+namespace {
+
+using VisitFn = std::function<absl::Status(const std::function<absl::Status(const data::Batch&)>&)>;
+
+// The metrics over every batch `visit` gives.
+absl::StatusOr<Evaluation> Evaluate(models::Model* model, const VisitFn& visit, const LoadRowsFn& load_rows) {
   const bool sigmoid = model->graph().loss == models::Loss::kSigmoidCrossEntropy;
   int64_t correct = 0, total = 0;
   data::BinaryMetrics metrics;
   std::vector<float> logits;
-  for (const data::Batch& b : batches) {
+  RETURN_IF_ERROR(visit([&](const data::Batch& b) -> absl::Status {
     const models::HostBatch view = View(b);
     if (load_rows) RETURN_IF_ERROR(load_rows(view));
     if (sigmoid) {
@@ -27,7 +31,8 @@ absl::StatusOr<Evaluation> EvaluateBatches(models::Model* model, const std::vect
       correct += c;
     }
     total += b.batch;
-  }
+    return absl::OkStatus();
+  }));
   if (total == 0) return absl::FailedPreconditionError("empty test set");
   Evaluation e;
   e.examples = total;
@@ -38,6 +43,26 @@ absl::StatusOr<Evaluation> EvaluateBatches(models::Model* model, const std::vect
     e.auc = metrics.auc();
   }
   return e;
+}
+
+}  // namespace
+
+absl::StatusOr<Evaluation> EvaluateBatches(models::Model* model, const std::vector<data::Batch>& batches,
+                                           const LoadRowsFn& load_rows) {
+  return Evaluate(
+      model,
+      [&batches](const std::function<absl::Status(const data::Batch&)>& fn) {
+        for (const data::Batch& b : batches) RETURN_IF_ERROR(fn(b));
+        return absl::OkStatus();
+      },
+      load_rows);
+}
+
+absl::StatusOr<Evaluation> EvaluateBatches(models::Model* model, const data::EvalBatchSet& batches,
+                                           const LoadRowsFn& load_rows) {
+  return Evaluate(
+      model, [&batches](const std::function<absl::Status(const data::Batch&)>& fn) { return batches.ForEach(fn); },
+      load_rows);
 }
 
 }  // namespace dtrain::worker

@@ -35,6 +35,10 @@ using LoadRowsFn = std::function<absl::Status(const models::HostBatch& batch)>;
 // tables). FailedPrecondition for no examples; the model's and load_rows' errors as they come.
 absl::StatusOr<Evaluation> EvaluateBatches(models::Model* model, const std::vector<data::Batch>& batches,
                                            const LoadRowsFn& load_rows);
+// The same over a test set's batches as an EvalBatchSet reads them (image folders, arrays: batch by batch); its
+// read errors as they come.
+absl::StatusOr<Evaluation> EvaluateBatches(models::Model* model, const data::EvalBatchSet& batches,
+                                           const LoadRowsFn& load_rows);
 
 }  // namespace dtrain::worker
 

@@ -78,7 +78,7 @@ struct TrainingData {
   models::ModelDefaults defaults;  // input pipeline, default schedule
   models::ModelOptions model_options;
   std::unique_ptr<data::BatchStream> stream;
-  std::vector<data::Batch> eval_batches;
+  std::unique_ptr<data::EvalBatchSet> eval_set;  // chief: the test set's batches
 };
 
 // The ps side of a run: where the variables live, the config the chief registers, the in-process ps of local
@@ -96,7 +96,7 @@ struct Connection {
 absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d) {
   d->dataset = o->dataset;
   if (d->dataset == nullptr) {
-    ASSIGN_OR_RETURN(d->loaded, data::LoadDataset(o->data_dir, o->data_format));
+    ASSIGN_OR_RETURN(d->loaded, data::LoadDataset(o->data_dir, o->data_format, o->data_options));
     d->dataset = &d->loaded;
   }
   const data::Dataset& train = d->dataset->train;
@@ -113,7 +113,12 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
   }
   models::ModelOptions& mopt = d->model_options;
   mopt.batch_size = o->batch_size;
-  mopt.eval_batch_size = std::max(o->batch_size, 500);
+  // Evaluation batches of up to 500 examples, fewer for large examples (an eval batch's input at most 4 M
+  // floats: 26 images of 224 x 224 x 3), never fewer than the training batch.
+  const int64_t example_floats = std::max<int64_t>(1, train.kind() == data::DataKind::kCtr
+                                                          ? train.num_dense + train.num_sparse
+                                                          : train.image_size());
+  mopt.eval_batch_size = std::max<int>(o->batch_size, static_cast<int>(std::min<int64_t>(500, (4 << 20) / example_floats)));
   mopt.seed = o->seed;
   if (ctr) {
     mopt.height = mopt.width = 1;  // the dense features, as a 1x1 image of num_dense channels
@@ -121,6 +126,12 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
     mopt.num_sparse = train.num_sparse;
   } else {
     models::SetInputGeometry(d->defaults, train.height, train.width, train.channels, &mopt);
+    if (train.source != nullptr && (mopt.height != train.height || mopt.width != train.width)) {
+      // Examples read by a source (image folders) come out at their final size; the model's own crops do not apply.
+      return absl::InvalidArgumentError(absl::StrCat("--model=", o->model, " takes ", mopt.height, "x", mopt.width,
+                                                     " crops but the data set's examples are ", train.height, "x",
+                                                     train.width, " (an image folder: --image_size=", mopt.height, ")"));
+    }
   }
   mopt.num_classes = train.num_classes;
 
@@ -135,6 +146,9 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
   sopt.normalize = o->input_normalization;
   sopt.crop_h = mopt.height;  // the model's input size (the CIFAR modes crop to it)
   sopt.crop_w = mopt.width;
+  sopt.threads = o->input_threads;
+  sopt.augment = o->augment;
+  sopt.bad_examples = o->bad_images;
   ASSIGN_OR_RETURN(d->stream, data::BatchStream::Create(train, sopt));
   if (o->decay_steps == 0 && d->defaults.decay_epochs > 0) {  // the model's default schedule
     o->decay_steps = models::DefaultDecaySteps(d->defaults, train.count(), o->batch_size);
@@ -142,8 +156,15 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
     o->staircase = d->defaults.staircase;
   }
   if (chief && (o->evaluate || o->eval_every > 0)) {
-    d->eval_batches = data::EvalBatches(d->dataset->test, mopt.eval_batch_size, d->defaults.eval_preprocess,
-                                        mopt.height, mopt.width, o->input_normalization);
+    data::EvalBatchOptions eo;
+    eo.batch_size = mopt.eval_batch_size;
+    eo.preprocess = d->defaults.eval_preprocess;
+    eo.crop_h = mopt.height;
+    eo.crop_w = mopt.width;
+    eo.normalize = o->input_normalization;
+    eo.threads = o->input_threads;
+    eo.bad_examples = o->bad_images;
+    ASSIGN_OR_RETURN(d->eval_set, data::EvalBatchSet::Create(d->dataset->test, eo));
   }
   return absl::OkStatus();
 }
@@ -270,7 +291,7 @@ absl::StatusOr<Evaluation> EvaluateNow(TrainingSteps* steps, models::Model* mode
                                        bool moving_averages) {
   RETURN_IF_ERROR(steps->LoadParameters(moving_averages));
   // Tower 0 on the whole test set; the rows of a sparse model's ids are pulled batch by batch.
-  return EvaluateBatches(model0, d.eval_batches,
+  return EvaluateBatches(model0, *d.eval_set,
                          [steps](const models::HostBatch& b) { return steps->LoadSparseRows(b); });
 }
 
@@ -303,18 +324,30 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   const bool sparse = !towers->tower(0)->graph().tables.empty();
   StepInput current, upcoming;
   bool have_current = false;
-  auto draw = [&](StepInput* in) {
+  // The time the loop waits for input (a stream that keeps ahead of the towers returns at once).
+  double window_input_wait = 0;
+  auto draw = [&](StepInput* in) -> absl::Status {
     in->batches.resize(towers->size());
     in->views.resize(towers->size());
     for (int t = 0; t < towers->size(); ++t) {
-      in->batches[t] = d->stream->Next();  // copy: the stream's buffer is reused on the next call
+      const absl::Time asked = absl::Now();
+      const data::Batch& next = d->stream->Next();  // blocks only while the batch is not ready
+      const double waited = absl::ToDoubleSeconds(absl::Now() - asked);
+      result->input_wait_seconds += waited;
+      window_input_wait += waited;
+      in->batches[t] = next;  // copy: the stream's buffer is reused on the next call
+      if (in->batches[t].batch == 0) {
+        const absl::Status s = d->stream->status();
+        return s.ok() ? absl::InternalError("the input stream returned an empty batch") : s;
+      }
       in->views[t] = View(in->batches[t]);
     }
     in->position = d->stream->SaveState();
+    return absl::OkStatus();
   };
   auto start_pulling = [&]() -> absl::StatusOr<ps::PullResult> {
     if (sparse) {
-      draw(&current);
+      RETURN_IF_ERROR(draw(&current));
       have_current = true;
       RETURN_IF_ERROR(steps->SetUpcomingBatches(current.views));
     }
@@ -347,10 +380,10 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   int64_t window_steps = 0;
   int64_t next_eval = o.eval_every > 0 ? (at.step / o.eval_every + 1) * o.eval_every : -1;
   while (at.step < o.train_steps && !at.training_done) {
-    if (!have_current) draw(&current);
+    if (!have_current) RETURN_IF_ERROR(draw(&current));
     absl::Status stepped = absl::OkStatus();
     if (sparse) {
-      draw(&upcoming);
+      RETURN_IF_ERROR(draw(&upcoming));
       stepped = steps->SetUpcomingBatches(upcoming.views);
     }
     // Where the input is after this step's batches, for the checkpoints (a few dozen bytes).
@@ -381,8 +414,9 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       const double rate = window_steps * examples_per_step / std::max(secs, 1e-9);
       const float loss = result->last_loss;
       if (!o.quiet) {
-        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch)\n", static_cast<long long>(at.step),
-                    loss, rate, secs / std::max<int64_t>(window_steps, 1));
+        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch; input wait %.3f sec/batch)\n",
+                    static_cast<long long>(at.step), loss, rate, secs / std::max<int64_t>(window_steps, 1),
+                    window_input_wait / std::max<int64_t>(window_steps, 1));
         std::fflush(stdout);
       }
       if (events) {
@@ -392,6 +426,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       }
       window_start = absl::Now();
       window_steps = 0;
+      window_input_wait = 0;
     }
     if (summaries && result->local_steps % o.summary_every == 0) {
       ASSIGN_OR_RETURN(at, settle());  // the histograms read every parameter and gradient
@@ -464,6 +499,8 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
     std::printf("worker %d: %lld local steps, %lld examples in %.2f sec (%.1f examples/sec)\n", o.worker_id,
                 static_cast<long long>(result->local_steps), static_cast<long long>(result->examples),
                 result->seconds, result->examples / std::max(result->seconds, 1e-9));
+    std::printf("worker %d: waited %.2f sec for input (%.1f%% of the training loop)\n", o.worker_id,
+                result->input_wait_seconds, 100.0 * result->input_wait_seconds / std::max(result->seconds, 1e-9));
   }
   if (chief) {
     // Taken before this worker reports done: ps 0 exits once every worker has.

@@ -37,6 +37,13 @@ struct WorkerOptions {
   // evaluation alike; InvalidArgument from RunTraining when it does not fit the images' channels.
   data::Normalization input_normalization;
   data::DataFormat data_format = data::DataFormat::kAuto;  // --data_format
+  // Image folders, arrays and CSV (--image_size, --resize_size, --validation_split, --label_column, --npz_arrays,
+  // --array_layout), and how their examples are read: threads (0: one per core), the training augmentation, what
+  // a file that does not decode does (worker/data/dataset.h).
+  data::LoadOptions data_options;
+  int input_threads = 0;
+  bool augment = true;
+  data::BadExamples bad_images = data::BadExamples::kSkip;
 
   // Models with sparse embedding tables (--model=dlrm): the update of their rows on the ps ("" / 0: the model's
   // default) and the dlrm's shape (worker/models/dlrm.h): passed to the registry when it resolves the model.
@@ -126,6 +133,9 @@ struct TrainingResult {
   ps::TrainingStats stats;        // chief: ps 0's statistics
   int64_t first_step = 0;         // global step when training started (> 0 after resuming a checkpoint)
   double test_accuracy_averaged = -1;  // chief, with --moving_average_decay: accuracy of the moving averages
+  // Seconds the training loop waited for the input stream's batches (the rest of `seconds` is the steps'): 0 when
+  // the input pipeline keeps ahead of the towers.
+  double input_wait_seconds = 0;
 };
 
 // Resolves the model (o->resolved_model, when not done yet) and its defaults into `o` (batch size, learning rate,
