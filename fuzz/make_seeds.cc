@@ -260,7 +260,6 @@ bool PsRequestSeeds(const std::string& dir) {
          Write(dir, "register", Call(0, reg.SerializeAsString()) + Call(6, probe.SerializeAsString()));
 }
 
-
 // shm_frame_fuzzer: one valid frame of each type a lane carries (ps/shm/shm_frame.h).
 bool ShmFrameSeeds(const std::string& dir) {
   using namespace ps::shm;  // NOLINT
@@ -298,6 +297,8 @@ bool ShmFrameSeeds(const std::string& dir) {
          Write(dir, "pull_request", EncodeFrame(FrameType::kPullRequest, EncodePullOrder(order))) &&
          Write(dir, "pull_header", EncodeFrame(FrameType::kPullHeader, EncodePullHeader(header))) &&
          Write(dir, "pull_pieces", EncodeFrame(FrameType::kPullPieces, EncodePieces(pieces)));
+}
+
 // image_decode_fuzzer input: 8 bytes of request (image_decode_fuzzer.cc), then a JPEG or PNG of each kind.
 bool ImageDecodeSeeds(const std::string& dir) {
   std::vector<uint8_t> rgb(24 * 16 * 3), gray(24 * 16), rgba(24 * 16 * 4);
@@ -351,7 +352,8 @@ int main(int argc, char** argv) {
                   dtrain::BatchStreamStateSeeds(out + "/batch_stream_state_fuzzer") &&
                   dtrain::PsRequestSeeds(out + "/ps_request_fuzzer") &&
                   dtrain::ShmFrameSeeds(out + "/shm_frame_fuzzer") &&
-                  dtrain::ImageDecodeSeeds(out + "/image_decode_fuzzer") && dtrain::NpySeeds(out + "/npy_fuzzer");
+                  dtrain::ImageDecodeSeeds(out + "/image_decode_fuzzer") &&
+                  dtrain::NpySeeds(out + "/npy_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "dtrain_fuzz_seeds: cannot write the seeds under %s\n", out.c_str());
     return 1;

@@ -24,6 +24,13 @@ over the ps tasks and tables) and the bytes the ps tasks received and sent per g
   scripts/compare_cluster_sizes.sh --model=lenet5.onnx --examples=100000 --sizes=1,2   # an ONNX file
   scripts/compare_cluster_sizes.sh --model=dlrm --data_dir=/tmp/ctr --table_rows=100000 --batch_size=512 \\
       --examples=200000 --sizes=1,2 --num_ps=2
+--transport (auto | grpc | shm) goes to every ps task and worker (auto: shared memory between processes on one
+host, gRPC across hosts; see README "Speed"). --ddp adds PyTorch DistributedDataParallel (gloo,
+scripts/ddp_baseline.py) on the same built-in model, batch per rank, threads per process (the workers' --threads)
+and examples: one plain PyTorch process, the baseline of DDP's own scaling efficiency, and DDP with as many ranks
+as each cluster size has workers; the dtrain sync rows then show their rate against DDP's. --repeats=N runs every
+configuration N times, interleaved (A B C A B C ...), and reports each one's median launch.
+
 Extra arguments after -- go to every worker (e.g. -- --threads=1).
 """
 import argparse
@@ -50,6 +57,8 @@ SPARSE_LINE = re.compile(r"^sparse tables: (\d+) rows held on \d+ ps tasks?; (\d
 DATA_FLAGS = ("data_dir", "data_format", "embedding_dim", "dlrm_bottom", "dlrm_top", "table_rows", "max_rows",
               "admit_after")
 WORKER_LINE = re.compile(r"worker (\d+): (\d+) local steps, (\d+) examples in ([0-9.]+) sec")
+DDP_LINE = re.compile(r"^ddp_baseline: .* examples/sec=([0-9.]+) blas=(\S+)", re.M)
+DDP_MODELS = ("mlp", "cnn", "convnet", "cifar10")
 
 
 def run_bounded(cmd, log, timeout, env=None):
@@ -115,7 +124,8 @@ def run_netns_cluster(a, n, mode_args, logdir, timeout):
         cluster = ["--ps_hosts=" + ps_hosts, "--worker_hosts=" + worker_hosts]
         for k in range(hosts):
             if k < a.num_ps:
-                cmd = [os.path.join(a.bin, "dtrain_ps"), "--job_name=ps", "--task_index=%d" % k] + cluster
+                cmd = [os.path.join(a.bin, "dtrain_ps"), "--job_name=ps", "--task_index=%d" % k,
+                       "--transport=%s" % a.transport] + cluster
                 log = os.path.join(logdir, "ps_%d.log" % k)
             else:
                 cmd = [os.path.join(a.bin, "dtrain_worker"), "--job_name=worker",
@@ -152,8 +162,8 @@ def run_netns_cluster(a, n, mode_args, logdir, timeout):
 
 
 def write_table(rows, prefix, meta, sparse):
-    keys = ["configuration", "mode", "workers", "exit_code", "wall_secs", "train_secs", "examples",
-            "examples_per_sec", "speedup_vs_local", "scaling_efficiency", "secs_to_target_accuracy",
+    keys = ["configuration", "system", "mode", "workers", "exit_code", "wall_secs", "train_secs", "examples",
+            "examples_per_sec", "speedup_vs_local", "scaling_efficiency", "vs_ddp", "secs_to_target_accuracy",
             "final_accuracy"]
     if sparse:  # final_accuracy holds the AUC
         keys += ["final_log_loss", "rows_held", "bytes_per_step"]
@@ -185,11 +195,11 @@ def plot(rows, sizes, modes, path, title, target):
                 label="ideal (linear)")
     ax_eff.axhline(1.0, color="black", linestyle=":", label="ideal")
     for mode in modes:
-        pts = [r for r in rows[1:] if r["mode"] == mode]
+        pts = [r for r in rows[1:] if r["mode"] == mode and r["workers"] > 0]
         x = [r["workers"] for r in pts]
-        ax_wall.plot(x, [r["wall_secs"] for r in pts], "o-", label=mode)
-        ax_eps.plot(x, [r["examples_per_sec"] for r in pts], "o-", label=mode)
-        ax_eff.plot(x, [r["scaling_efficiency"] or 0 for r in pts], "o-", label=mode)
+        ax_wall.plot(x, [r["wall_secs"] for r in pts], "o-", label=mode if mode != "ddp" else "PyTorch DDP")
+        ax_eps.plot(x, [r["examples_per_sec"] for r in pts], "o-", label=mode if mode != "ddp" else "PyTorch DDP")
+        ax_eff.plot(x, [r["scaling_efficiency"] or 0 for r in pts], "o-", label=mode if mode != "ddp" else "PyTorch DDP")
         if target is not None:
             t = [(r["workers"], r["secs_to_target_accuracy"]) for r in pts if r["secs_to_target_accuracy"]]
             axes[3].plot([p[0] for p in t], [p[1] for p in t], "o-", label=mode)
@@ -228,6 +238,11 @@ def main():
     ap.add_argument("--plot", default="", help="write a PNG plot here (and the table beside it as .csv/.json)")
     ap.add_argument("--out", default="", help="write PREFIX.csv, PREFIX.json and PREFIX.png")
     ap.add_argument("--bin", default=os.environ.get("DTRAIN_BIN", os.path.join(ROOT, "build", "bin")))
+    ap.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm"),
+                    help="every ps task's and worker's --transport")
+    ap.add_argument("--ddp", action="store_true",
+                    help="add PyTorch DDP (gloo) at each size, and plain PyTorch as its baseline (built-in models)")
+    ap.add_argument("--repeats", type=int, default=1, help="launches of each configuration, interleaved; medians")
     for flag in DATA_FLAGS:
         ap.add_argument("--" + flag, default=None, help="passed to every worker (dtrain_worker's flag)")
     ap.add_argument("worker_args", nargs="*")
@@ -243,8 +258,10 @@ def main():
         ap.error("--sizes needs positive worker counts, got %r" % a.sizes)
     if any(m not in ("sync", "async") for m in modes):
         ap.error("--modes takes sync and/or async, got %r" % a.modes)
-    if a.num_ps < 1 or a.batch_size < 1 or a.examples < 1:
-        ap.error("--num_ps, --batch_size and --examples must be positive")
+    if a.num_ps < 1 or a.batch_size < 1 or a.examples < 1 or a.repeats < 1:
+        ap.error("--num_ps, --batch_size, --examples and --repeats must be positive")
+    if a.ddp and a.model not in DDP_MODELS:
+        ap.error("--ddp compares built-in models (%s), not %r" % (", ".join(DDP_MODELS), a.model))
     if a.target_accuracy is not None and not 0 < a.target_accuracy <= 1:
         ap.error("--target_accuracy must be in (0, 1], got %g" % a.target_accuracy)
     if a.bandwidth and not a.netns:
@@ -269,23 +286,26 @@ def main():
     if a.data_dir is not None:
         a.data_dir = os.path.abspath(a.data_dir)  # every worker (any namespace or directory) reads one path
     data_args = ["--%s=%s" % (f, getattr(a, f)) for f in DATA_FLAGS if getattr(a, f) is not None]
-    common = ["--model=%s" % a.model, "--batch_size=%d" % a.batch_size, "--log_every=1000000"] + data_args + \
-        a.worker_args
+    common = ["--model=%s" % a.model, "--batch_size=%d" % a.batch_size, "--log_every=1000000",
+              "--transport=%s" % a.transport] + data_args + a.worker_args
+    threads = 1
+    for w in a.worker_args:
+        m = re.fullmatch(r"--threads=(\d+)", w)
+        if m:
+            threads = int(m.group(1))
     target = a.target_accuracy
     env = dict(os.environ, DTRAIN_BIN=a.bin)
-    rows = []
     work = tempfile.mkdtemp(prefix="dtrain_compare.")
 
-    def add_row(name, mode, n, rc, wall, logdir, names, steps):
+    def row(name, mode, n, rc, wall, logdir, names, steps, system="dtrain"):
         ex, secs, acc, t_acc, sparse = parse_logs(logdir, names, target)
         eps = ex / secs if secs > 0 else 0.0
-        rows.append({"configuration": name, "mode": mode, "workers": n, "exit_code": rc, "wall_secs": round(wall, 2),
-                     "train_secs": round(secs, 2), "examples": ex, "examples_per_sec": round(eps, 1),
-                     "speedup_vs_local": None, "scaling_efficiency": None,
-                     "secs_to_target_accuracy": None if t_acc is None else round(t_acc, 2),
-                     "final_accuracy": acc, "global_steps": steps, "final_log_loss": sparse.get("log_loss"),
-                     "rows_held": sparse.get("rows_held"), "bytes_per_step": sparse.get("bytes_per_step")})
-        print("done: %s (%.1f s)" % (name, wall), file=sys.stderr)
+        return {"configuration": name, "system": system, "mode": mode, "workers": n, "exit_code": rc,
+                "wall_secs": round(wall, 2), "train_secs": round(secs, 2), "examples": ex,
+                "examples_per_sec": round(eps, 1), "speedup_vs_local": None, "scaling_efficiency": None,
+                "vs_ddp": None, "secs_to_target_accuracy": None if t_acc is None else round(t_acc, 2),
+                "final_accuracy": acc, "global_steps": steps, "final_log_loss": sparse.get("log_loss"),
+                "rows_held": sparse.get("rows_held"), "bytes_per_step": sparse.get("bytes_per_step")}
 
     def eval_args(steps):
         # Evaluate on the same fraction of the run in every configuration.
@@ -293,48 +313,105 @@ def main():
             return []
         return ["--eval_every=%d" % max(1, round(eval_every * steps / max(1, a.examples // a.batch_size)))]
 
-    steps_local = max(1, a.examples // a.batch_size)
-    logdir = os.path.join(work, "local")
-    os.makedirs(logdir)
-    rc, wall = run_bounded([os.path.join(a.bin, "dtrain_worker"), "--job_name=local", "--train_steps=%d" % steps_local]
-                           + eval_args(steps_local) + common, os.path.join(logdir, "worker_0.log"), a.timeout_secs)
-    add_row("local", "local", 0, rc, wall, logdir, ["worker_0.log"], steps_local)
+    def run_local(rep):
+        steps = max(1, a.examples // a.batch_size)
+        logdir = os.path.join(work, "local.%d" % rep)
+        os.makedirs(logdir)
+        rc, wall = run_bounded([os.path.join(a.bin, "dtrain_worker"), "--job_name=local", "--train_steps=%d" % steps]
+                               + eval_args(steps) + common, os.path.join(logdir, "worker_0.log"), a.timeout_secs)
+        return row("local", "local", 0, rc, wall, logdir, ["worker_0.log"], steps)
 
-    for mode in modes:
-        for n in sizes:
-            # Sync: one global step consumes n batches; async: one batch per step.
-            steps = max(1, a.examples // (a.batch_size * (n if mode == "sync" else 1)))
-            logdir = os.path.join(work, "%s_%d" % (mode, n))
-            os.makedirs(logdir)
-            mode_args = ["--mode=%s" % mode, "--train_steps=%d" % steps] + eval_args(steps) + common
-            t0 = time.time()
-            if a.netns:
-                rc = run_netns_cluster(a, n, mode_args, logdir, a.timeout_secs)
-            else:
-                cmd = [os.path.join(ROOT, "scripts", "run_local_cluster.sh"), "--ps", str(a.num_ps), "--workers",
-                       str(n), "--logdir", logdir, "--"] + mode_args
-                rc, _ = run_bounded(cmd, os.path.join(work, "%s_%d.out" % (mode, n)), a.timeout_secs, env)
-            wall = time.time() - t0
-            name = "%s, %d ps, %d worker%s" % (mode, a.num_ps, n, "s" if n > 1 else "")
-            add_row(name, mode, n, rc, wall, logdir,
-                    ["worker_%d.log" % i for i in range(n)] + ["worker_%d.err" % i for i in range(n)], steps)
+    def run_cluster(mode, n, rep):
+        # Sync: one global step consumes n batches; async: one batch per step.
+        steps = max(1, a.examples // (a.batch_size * (n if mode == "sync" else 1)))
+        logdir = os.path.join(work, "%s_%d.%d" % (mode, n, rep))
+        os.makedirs(logdir)
+        mode_args = ["--mode=%s" % mode, "--train_steps=%d" % steps] + eval_args(steps) + common
+        t0 = time.time()
+        if a.netns:
+            rc = run_netns_cluster(a, n, mode_args, logdir, a.timeout_secs)
+        else:
+            cmd = [os.path.join(ROOT, "scripts", "run_local_cluster.sh"), "--ps", str(a.num_ps), "--workers",
+                   str(n), "--logdir", logdir, "--ps_flag", "--transport=%s" % a.transport, "--"] + mode_args
+            rc, _ = run_bounded(cmd, os.path.join(work, "%s_%d.%d.out" % (mode, n, rep)), a.timeout_secs, env)
+        wall = time.time() - t0
+        name = "%s, %d ps, %d worker%s" % (mode, a.num_ps, n, "s" if n > 1 else "")
+        return row(name, mode, n, rc, wall, logdir,
+                   ["worker_%d.log" % i for i in range(n)] + ["worker_%d.err" % i for i in range(n)], steps)
 
-    base_eps = rows[0]["examples_per_sec"]
-    for r in rows[1:]:
-        if base_eps > 0:
-            r["speedup_vs_local"] = round(r["examples_per_sec"] / base_eps, 3)
-            r["scaling_efficiency"] = round(r["examples_per_sec"] / (r["workers"] * base_eps), 3)
+    def run_ddp(n, rep):
+        """PyTorch: plain in one process (n == 0), or DDP over gloo with n ranks."""
+        log = os.path.join(work, "ddp_%d.%d.log" % (n, rep))
+        cmd = [sys.executable, os.path.join(ROOT, "scripts", "ddp_baseline.py"), "--model=%s" % a.model,
+               "--batch_size=%d" % a.batch_size, "--examples=%d" % a.examples, "--threads=%d" % threads,
+               "--ranks=%d" % max(1, n)] + (["--no_ddp"] if n == 0 else [])
+        if a.data_dir is not None:
+            cmd.append("--data_dir=%s" % a.data_dir)
+        rc, wall = run_bounded(cmd, log, a.timeout_secs)
+        m = DDP_LINE.search(open(log, errors="replace").read())
+        if m and m.group(2) != "openblas-openmp":
+            print("compare_cluster_sizes: WARNING: PyTorch ran with %s, not the OpenMP OpenBLAS: its figures are "
+                  "not comparable (see ../shared/BENCHMARKS.md)" % m.group(2), file=sys.stderr)
+        name = "pytorch, 1 process" if n == 0 else "ddp (gloo), %d rank%s" % (n, "s" if n > 1 else "")
+        return {"configuration": name, "system": "pytorch", "mode": "ddp" if n else "pytorch", "workers": n,
+                "exit_code": rc if m else (rc or 1), "wall_secs": round(wall, 2), "train_secs": None,
+                "examples": a.examples, "examples_per_sec": float(m.group(1)) if m else 0.0,
+                "speedup_vs_local": None, "scaling_efficiency": None, "vs_ddp": None,
+                "secs_to_target_accuracy": None, "final_accuracy": None, "global_steps": None,
+                "final_log_loss": None, "rows_held": None, "bytes_per_step": None}
+
+    # Every configuration, in the order they run in each repeat: those of one size side by side.
+    configs = [("local", run_local)]
+    if a.ddp:
+        configs.append(("pytorch", lambda rep: run_ddp(0, rep)))
+    for n in sizes:
+        for mode in modes:
+            configs.append(("%s_%d" % (mode, n), lambda rep, mode=mode, n=n: run_cluster(mode, n, rep)))
+        if a.ddp:
+            configs.append(("ddp_%d" % n, lambda rep, n=n: run_ddp(n, rep)))
+    launches = {key: [] for key, _ in configs}
+    for rep in range(a.repeats):
+        for key, run in configs:
+            r = run(rep)
+            launches[key].append(r)
+            print("done: %s%s (%.1f s, %.1f examples/sec)" % (r["configuration"], " #%d" % (rep + 1) if a.repeats > 1
+                                                             else "", r["wall_secs"], r["examples_per_sec"]),
+                  file=sys.stderr)
+    # Each configuration's median launch (by examples/sec); every launch's rate is kept in the JSON.
+    rows = []
+    for key, _ in configs:
+        runs = sorted(launches[key], key=lambda r: r["examples_per_sec"])
+        r = dict(runs[(len(runs) - 1) // 2])
+        r["examples_per_sec_launches"] = [x["examples_per_sec"] for x in launches[key]]
+        if any(x["exit_code"] != 0 for x in launches[key]):
+            r["exit_code"] = next(x["exit_code"] for x in launches[key] if x["exit_code"] != 0)
+        rows.append(r)
+    by_key = dict(zip([k for k, _ in configs], rows))
+    base_eps = by_key["local"]["examples_per_sec"]
+    torch_eps = by_key["pytorch"]["examples_per_sec"] if a.ddp else 0
+    for key, r in by_key.items():
+        base = torch_eps if r["system"] == "pytorch" else base_eps
+        if key in ("local", "pytorch") or base <= 0:
+            continue
+        r["speedup_vs_local"] = round(r["examples_per_sec"] / base, 3)
+        r["scaling_efficiency"] = round(r["examples_per_sec"] / (r["workers"] * base), 3)
+        ddp = by_key.get("ddp_%d" % r["workers"])
+        if r["system"] == "dtrain" and ddp and ddp["examples_per_sec"] > 0:
+            r["vs_ddp"] = round(r["examples_per_sec"] / ddp["examples_per_sec"], 3)
     where = "127.0.0.1"
     if a.netns:
         where = "network namespaces%s" % (", links capped at " + a.bandwidth if a.bandwidth else ", uncapped links")
-    print("\nmodel %s, batch %d per worker, %d examples per configuration, clusters on %s (logs: %s)" %
-          (a.model, a.batch_size, a.examples, where, work))
+    print("\nmodel %s, batch %d per worker, %d examples per configuration, clusters on %s, --transport=%s%s "
+          "(logs: %s)" % (a.model, a.batch_size, a.examples, where, a.transport,
+                          ", median of %d interleaved launches" % a.repeats if a.repeats > 1 else "", work))
     # A model with tables (its chief prints "sparse tables:" and AUC lines) shows AUC, log loss, rows, bytes.
     sparse = any(r["rows_held"] is not None or r["final_log_loss"] is not None for r in rows)
     metric = "AUC" if sparse else "accuracy"
     tcol = "t_%s>=%.3g" % ("auc" if sparse else "acc", target) if target is not None else "t_acc"
     hdr = "%-26s %8s %8s %12s %9s %10s %11s %9s" % ("configuration", "wall_s", "train_s", "examples/sec",
                                                     "vs local", "scaling", tcol, metric)
+    if a.ddp:
+        hdr += " %8s" % "vs DDP"
     if sparse:
         hdr += " %8s %10s %12s" % ("log_loss", "rows", "bytes/step")
     print(hdr)
@@ -345,8 +422,8 @@ def main():
         return "-" if v is None else fmt % v
 
     for r in rows:
-        line = "%-26s %8.1f %8.1f %12.1f %9s %10s %11s %9s" % (
-            r["configuration"], r["wall_secs"], r["train_secs"], r["examples_per_sec"],
+        line = "%-26s %8.1f %8s %12.1f %9s %10s %11s %9s" % (
+            r["configuration"], r["wall_secs"], dash(r["train_secs"], "%.1f"), r["examples_per_sec"],
             "-" if r["speedup_vs_local"] is None else "%.2fx" % r["speedup_vs_local"],
             "-" if r["scaling_efficiency"] is None else "%.0f%%" % (100 * r["scaling_efficiency"]),
             "-" if r["secs_to_target_accuracy"] is None else "%.1f s" % r["secs_to_target_accuracy"],
@@ -354,16 +431,19 @@ def main():
         if sparse:
             line += " %8s %10s %12s" % (dash(r["final_log_loss"], "%.4f"), dash(r["rows_held"], "%d"),
                                         dash(r["bytes_per_step"], "%d"))
+        if a.ddp:
+            line += " %8s" % dash(r["vs_ddp"], "%.2fx")
         print(line + ("" if r["exit_code"] == 0 else "  (FAILED rc=%d)" % r["exit_code"]))
         ok = ok and r["exit_code"] == 0
     prefix = a.out or (os.path.splitext(a.plot)[0] if a.plot else "")
     if prefix:
         meta = {"model": a.model, "batch_size": a.batch_size, "examples": a.examples, "num_ps": a.num_ps,
                 "sizes": sizes, "modes": modes, "target_accuracy": target, "eval_every": eval_every,
+                "transport": a.transport, "repeats": a.repeats, "ddp": a.ddp,
                 "netns": a.netns, "bandwidth": a.bandwidth or None, "worker_args": data_args + a.worker_args}
         write_table(rows, prefix, meta, sparse)
         title = "dtrain %s: %d examples, batch %d, %s" % (a.model, a.examples, a.batch_size, where)
-        plot(rows, sizes, modes, a.plot or prefix + ".png", title, target)
+        plot(rows, sizes, modes + (["ddp"] if a.ddp else []), a.plot or prefix + ".png", title, target)
     return 0 if ok else 1
 
 

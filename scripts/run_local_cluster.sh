@@ -4,7 +4,9 @@
 # process failed. Worker 0's output goes to stdout; every task's log goes to $LOGDIR/<job>_<i>.log. If worker 0
 # fails, the other tasks are stopped; after --deadline_secs (default 86400) every task is stopped (exit 124).
 #
-#   scripts/run_local_cluster.sh [--ps N] [--workers N] [--logdir DIR] [--deadline_secs S] [--] WORKER_FLAGS...
+#   scripts/run_local_cluster.sh [--ps N] [--workers N] [--logdir DIR] [--deadline_secs S] [--ps_flag FLAG]...
+#                                [--] WORKER_FLAGS...
+# (--ps_flag passes one flag to every ps task, e.g. --ps_flag --transport=grpc.)
 #   scripts/run_local_cluster.sh --workers 2 -- --mode=sync --model=mlp --train_steps=2000
 #   scripts/run_local_cluster.sh --workers 2 -- --model=lenet5.onnx --export_onnx=trained.onnx  # an ONNX file
 set -uo pipefail
@@ -14,8 +16,10 @@ NUM_PS=1
 NUM_WORKERS=2
 LOGDIR=""
 DEADLINE=86400
+PS_FLAGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --ps_flag) PS_FLAGS+=("$2"); shift 2 ;;
     --ps) NUM_PS="$2"; shift 2 ;;
     --workers) NUM_WORKERS="$2"; shift 2 ;;
     --logdir) LOGDIR="$2"; shift 2 ;;
@@ -55,7 +59,7 @@ trap '[ -z "$timer" ] || kill "$timer" 2>/dev/null' EXIT
 ( trap 'kill "$s" 2>/dev/null; exit 0' TERM; sleep "$DEADLINE" & s=$!; wait "$s"; kill -USR1 $$ ) >/dev/null 2>&1 &
 timer=$!
 for ((i = 0; i < NUM_PS; i++)); do
-  "$BIN/dtrain_ps" --job_name=ps --task_index=$i "${cluster[@]}" >"$LOGDIR/ps_$i.log" 2>&1 &
+  "$BIN/dtrain_ps" --job_name=ps --task_index=$i "${cluster[@]}" "${PS_FLAGS[@]}" >"$LOGDIR/ps_$i.log" 2>&1 &
   pids+=($!)
 done
 for ((i = 1; i < NUM_WORKERS; i++)); do

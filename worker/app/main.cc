@@ -81,6 +81,9 @@ ABSL_FLAG(int64_t, save_checkpoint_steps, 0, "Checkpoint every N global steps (p
 ABSL_FLAG(double, save_checkpoint_secs, 0, "Checkpoint every N seconds (ps tasks / local mode)");
 ABSL_FLAG(int, keep_checkpoints, 5, "Keep the newest N checkpoints (ps tasks / local mode)");
 ABSL_FLAG(int, debug_step_delay_ms, 0, "Test hook: sleep this long every step (simulates a slow worker)");
+ABSL_FLAG(int64_t, debug_kill_mid_push_at_step, -1,
+          "Test hook: at this global step, kill this process (SIGKILL) right after the first layer's gradients "
+          "were handed to the ps tasks, in the middle of its push (-1: never)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "The cluster's secret token, sent with every call to the ps tasks (empty: none)");
 ABSL_FLAG(std::string, tls_cert, "", "Present this client certificate chain to the ps tasks (PEM; with --tls_key)");
@@ -157,6 +160,7 @@ int main(int argc, char** argv) {
   o.step_timeout_secs = absl::GetFlag(FLAGS_step_timeout_secs);
   o.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
   o.step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
+  o.kill_mid_push_at_step = absl::GetFlag(FLAGS_debug_kill_mid_push_at_step);
   o.checkpoint.dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint.save_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
   o.checkpoint.save_secs = absl::GetFlag(FLAGS_save_checkpoint_secs);

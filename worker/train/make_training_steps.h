@@ -21,6 +21,9 @@ struct TrainingStepsOptions {
   ps::ParameterServer* local_ps = nullptr;
   ps::TrainConfig config;   // the registered config (the device optimizer's hyperparameters)
   bool cuda_graphs = true;  // device-resident steps on GPUs: capture the step as a CUDA graph
+  // Test hook of the steps that push: SIGKILL this process at this step, right after the first range of
+  // gradients was handed to the client (a worker killed in the middle of a push). -1: never.
+  int64_t kill_mid_push_at_step = -1;
 };
 
 // The steps for `towers` (both must outlive them): ResidentSteps with options.local_ps, else a StepRunner.

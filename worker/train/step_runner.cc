@@ -1,5 +1,10 @@
 #include "worker/train/step_runner.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <cmath>
 #include <utility>
 
@@ -8,8 +13,8 @@
 
 namespace dtrain::worker {
 
-StepRunner::StepRunner(Towers* towers, ps::WorkerClient* client, bool sync)
-    : towers_(towers), client_(client), sync_(sync) {
+StepRunner::StepRunner(Towers* towers, ps::WorkerClient* client, bool sync, int64_t kill_mid_push_at_step)
+    : kill_mid_push_at_step_(kill_mid_push_at_step), towers_(towers), client_(client), sync_(sync) {
   const models::Graph& graph = towers->tower(0)->graph();
   sparse_model_ = !graph.tables.empty();
   if (sparse_model_) {
@@ -115,8 +120,14 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
     return absl::InternalError(
         absl::StrCat("loss is ", loss, " at step ", step, ": training diverged (try a smaller --learning_rate)"));
   };
-  hooks.gradients_ready = [this](int64_t begin, int64_t end) {
+  hooks.gradients_ready = [this, step](int64_t begin, int64_t end) {
     client_->PushRange(begin, end);
+    if (step == kill_mid_push_at_step_) {
+      std::fprintf(stderr, "debug: killing this worker in the middle of the push of step %lld\n",
+                   static_cast<long long>(step));
+      std::fflush(stderr);
+      kill(getpid(), SIGKILL);
+    }
     return absl::OkStatus();
   };
   absl::StatusOr<float> loss = towers_->ComputeGradients(batches, step, &hooks);

@@ -32,7 +32,8 @@ namespace dtrain::worker {
 class StepRunner : public TrainingSteps {
  public:
   // `towers` and `client` must outlive the runner; the client's flat buffers are the towers' host buffers.
-  StepRunner(Towers* towers, ps::WorkerClient* client, bool sync);
+  // `kill_mid_push_at_step` >= 0: a test hook (TrainingStepsOptions::kill_mid_push_at_step).
+  StepRunner(Towers* towers, ps::WorkerClient* client, bool sync, int64_t kill_mid_push_at_step = -1);
 
   // Pulls the current parameters (blocking): the step training starts from.
   absl::StatusOr<ps::PullResult> Start() override;
@@ -57,6 +58,7 @@ class StepRunner : public TrainingSteps {
   absl::Status Finish() override { return absl::OkStatus(); }
 
  private:
+  const int64_t kill_mid_push_at_step_;
   // Sparse tables: SetSparsePull for the rows of sparse_[upcoming_]'s ids.
   absl::Status RequestRows(SparseBatch* batch);
   // Binds the rows of the current step (arrived with the pull in flight) to every tower.

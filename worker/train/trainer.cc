@@ -622,6 +622,7 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   sopt.local_ps = resident ? ps.local_ps.get() : nullptr;
   sopt.config = ps.config;
   sopt.cuda_graphs = o.cuda_graphs;
+  sopt.kill_mid_push_at_step = o.kill_mid_push_at_step;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,
                    MakeTrainingSteps(towers.get(), ps.client.get(), sopt));
   // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.

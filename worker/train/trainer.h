@@ -106,6 +106,7 @@ struct WorkerOptions {
   double step_timeout_secs = 120;  // how long a step may wait for the ps (another worker's gradients)
   std::string wire_dtype = "fp32";  // fp32 | bf16 | fp16: gradients and parameters on the wire
   int step_delay_ms = 0;        // test hook: sleep this long every step (a slow worker)
+  int64_t kill_mid_push_at_step = -1;  // test hook: SIGKILL this process mid-push at this step (-1: never)
 
   // Output files.
   std::string metrics_file;  // this worker's loss of every local step, as CSV "local_step,loss" (exact floats)
