@@ -53,9 +53,9 @@ struct OptimizerBuffers {
   float* var = nullptr;
   float* slot0 = nullptr;   // slot 0 (OptimizerParams::num_slots() says which exist; optimizer_math.h their order)
   float* slot1 = nullptr;   // slot 1
-  float* slot2 = nullptr;   // slot 2 (rmsprop with momentum and centered)
   float* shadow = nullptr;  // moving average of var, or null (requires moving_average_decay > 0)
   int64_t n = 0;
+  float* slot2 = nullptr;   // slot 2 (rmsprop with momentum and centered; last, so that {...} lists stay valid)
 };
 
 // InvalidArgument (naming `op`) unless b has what p's kind needs: non-null grad and var, a non-null slot k for
