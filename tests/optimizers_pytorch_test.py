@@ -6,7 +6,8 @@
    gRPC on 127.0.0.1); PyTorch's optimizer and learning-rate scheduler take the same gradients. Every value after
    every step must agree within 1e-5 relative (to max(1, |value|)). Covered: SGD with L2 weight decay and StepLR,
    SGD momentum with ExponentialLR, Nesterov with weight decay and LinearLR warmup then CosineAnnealingLR
-   (SequentialLR), Adam (torch.optim.Adam: pytorch_adam) with weight decay, AdamW with warmup + cosine, Adagrad
+   (SequentialLR; PyTorch's cosine rises again after T_max where dtrain's stays at its floor, so the cases end
+   by then), Adam (torch.optim.Adam: pytorch_adam) with weight decay, AdamW with warmup + cosine, Adagrad
    with TensorFlow's defaults (torch.optim.Adagrad with initial_accumulator_value=0.1, eps=0) and with PyTorch's,
    RMSprop (torch.optim.RMSprop, centered, momentum), and TensorFlow's forms PyTorch lacks (adam, rmsprop),
    written out below (TFAdam, TFRMSProp) from tf.train's formulas. Gradient clipping by global norm
@@ -14,9 +15,10 @@
    averaged), async with two workers (each push a step of its own), over gRPC, and across a checkpoint restart
    (the tasks restored from step 12 go on as if never stopped: slots and the schedule's step come back).
 2. As a user runs it: dtrain_worker --job_name=local trains an MLP exported from PyTorch (examples/export_mlp.py)
-   with --optimizer=adamw --weight_decay --lr_schedule=cosine --warmup_steps --clip_norm, and with
-   --optimizer=pytorch_rmsprop --momentum --centered; PyTorch trains the module with the same optimizer, scheduler
-   and clipping on the same batches: every step's loss within 1e-4 relative (forward/backward rounding differs).
+   with --optimizer=adamw --weight_decay --lr_schedule=cosine --warmup_steps --clip_norm, with
+   --optimizer=pytorch_rmsprop --momentum --lr_schedule=step, and with --optimizer=momentum --nesterov
+   --weight_decay --clip_norm; PyTorch trains the module with the same optimizer, scheduler and clipping on the
+   same batches: every step's loss within 1e-4 relative (forward/backward rounding differs).
    Skipped part when Fashion-MNIST is missing.
 
 Exit 77 (skipped) without PyTorch or numpy. Runs with /usr/bin/python3 (Debian's torch 1.13).
@@ -32,6 +34,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = "/usr/share/datasets/fashion-mnist"
@@ -137,7 +140,7 @@ def cases():
          lambda p: T.SGD(p, lr=0.02, momentum=0.9)),
         ("nesterov_l2_warmup_cosine", dict(name="momentum", learning_rate=0.02, momentum=0.8, nesterov=True,
                                            weight_decay=1e-3, warmup_steps=5, warmup_start_factor=0.2,
-                                           lr_schedule="cosine", decay_steps=20, min_learning_rate=0.001),
+                                           lr_schedule="cosine", decay_steps=25, min_learning_rate=0.001),
          lambda p: T.SGD(p, lr=0.02, momentum=0.8, nesterov=True, weight_decay=1e-3)),
         ("pytorch_adam_l2", dict(name="pytorch_adam", learning_rate=0.01, weight_decay=0.01),
          lambda p: T.Adam(p, lr=0.01, weight_decay=0.01)),
@@ -165,7 +168,7 @@ def cases():
          lambda p: T.RMSprop(p, lr=0.01, momentum=0.5), "sync", 2, "grpc"),
         ("rmsprop_clip_warmup_cosine_restart",
          dict(name="pytorch_rmsprop", learning_rate=0.01, centered=True, momentum=0.9, clip_norm=1.0,
-              warmup_steps=3, warmup_start_factor=0.5, lr_schedule="cosine", decay_steps=20),
+              warmup_steps=3, warmup_start_factor=0.5, lr_schedule="cosine", decay_steps=27),
          lambda p: T.RMSprop(p, lr=0.01, centered=True, momentum=0.9), "sync", 2, "inprocess", 12),
         ("adamw_cosine_restart", dict(name="adamw", learning_rate=0.01, weight_decay=0.05, lr_schedule="cosine",
                                       decay_steps=30, clip_norm=3.0),
@@ -277,10 +280,13 @@ def check_training(args, work, failures):
           "--warmup_steps=5", "--warmup_start_factor=0.1", "--clip_norm=0.5"],
          lambda p: T.AdamW(p, lr=0.002, weight_decay=0.05),
          dict(lr_schedule="cosine", decay_steps=args.steps - 5, warmup_steps=5, warmup_start_factor=0.1), 0.5),
-        ("mlp/pytorch_rmsprop_centered",
-         ["--optimizer=pytorch_rmsprop", "--learning_rate=0.001", "--momentum=0.9", "--centered",
+        # Not centered here: centered RMSprop divides by sqrt(E[g^2] - E[g]^2), which cancels where a gradient
+        # hardly varies, and amplifies rounding (PyTorch's own fp32 and fp64 runs of this MLP differ by 2.6e-4 in
+        # 30 steps); part 1 checks it exactly, on the same gradients.
+        ("mlp/pytorch_rmsprop_momentum_steplr",
+         ["--optimizer=pytorch_rmsprop", "--learning_rate=0.001", "--momentum=0.9",
           "--lr_schedule=step", "--decay_steps=10", "--decay_rate=0.5"],
-         lambda p: T.RMSprop(p, lr=0.001, momentum=0.9, centered=True),
+         lambda p: T.RMSprop(p, lr=0.001, momentum=0.9),
          dict(decay_steps=10, decay_rate=0.5, staircase=True), 0.0),
         ("mlp/nesterov_l2",
          ["--optimizer=momentum", "--learning_rate=0.05", "--nesterov", "--weight_decay=1e-3", "--clip_norm=1"],
@@ -319,7 +325,8 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float32)
+    # SequentialLR steps the next scheduler with an epoch at its milestone, which PyTorch 1.13 warns about.
+    warnings.filterwarnings("ignore", message="The epoch parameter")
     work = tempfile.mkdtemp(prefix="dtrain_optimizers_pytorch.")
     failures = []
     check_updates(args, work, failures)

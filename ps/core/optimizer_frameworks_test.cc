@@ -290,7 +290,9 @@ TEST(OptimizerNamesTest, DefaultsSlotsAndInitialValues) {
     Optimizer opt = *Optimizer::Create(*c);
     EXPECT_EQ(opt.num_slots(), e.slots);
     EXPECT_EQ(c->num_slots(), e.slots) << "ps_types.h's count agrees with the optimizer's";
-    if (e.slots > 0) EXPECT_EQ(opt.SlotInitialValue(0), e.first_slot_initial);
+    if (e.slots > 0) {
+      EXPECT_EQ(opt.SlotInitialValue(0), e.first_slot_initial);
+    }
   }
   // The frameworks' defaults.
   EXPECT_EQ(DefaultOptimizerConfig("adamw")->weight_decay, 0.01f);

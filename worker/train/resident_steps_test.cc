@@ -100,6 +100,13 @@ TEST_P(DeviceResidentTest, EqualsLocalModeOverManySteps) {
   if (c.moving_average_decay > 0) {
     EXPECT_GE(got->test_accuracy_averaged, 0.0);
   }
+  if (host.clip_norm > 0) {  // not vacuous: the clipping changed the run
+    WorkerOptions unclipped = host;
+    unclipped.clip_norm = 0;
+    absl::StatusOr<TrainingResult> free = RunTraining(unclipped, {});
+    ASSERT_TRUE(free.ok()) << free.status();
+    EXPECT_GT(RelativeDifference(free->parameters, got->parameters), 1e-4);
+  }
   // Not vacuous: the parameters moved from their initial values.
   WorkerOptions one = device;
   one.train_steps = 1;
