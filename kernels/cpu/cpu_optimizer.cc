@@ -37,7 +37,10 @@ class CpuOptimizer final : public DeviceOptimizer {
     }
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     std::vector<double> partial(chunks, 0.0);
-    auto sum = [&](int64_t c) { partial[c] = SumOfSquaresLoop(grad + c * kChunk, std::min(n, (c + 1) * kChunk) - c * kChunk); };
+    auto sum = [&](int64_t c) {
+      const int64_t begin = c * kChunk;
+      partial[c] = SumOfSquaresLoop(grad + begin, std::min(n, begin + kChunk) - begin);
+    };
     if (threads_ <= 1 || chunks < 2) {
       for (int64_t c = 0; c < chunks; ++c) sum(c);
     } else {

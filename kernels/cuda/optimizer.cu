@@ -94,11 +94,11 @@ cudaError_t LaunchOptimizerApply(const OptimizerParams& p, const int64_t* step, 
   if (n <= 0) return cudaSuccess;
   if (p.clip_norm > 0.0f && norm_sq == nullptr) return cudaErrorInvalidValue;
   if (shadow != nullptr) {
-    OptimizerApplyKernel<true>
-        <<<BlocksFor(n), kThreads, 0, stream>>>(p, step, norm_sq, grad_scale, grad, var, slot0, slot1, slot2, shadow, n);
+    OptimizerApplyKernel<true><<<BlocksFor(n), kThreads, 0, stream>>>(p, step, norm_sq, grad_scale, grad, var,
+                                                                       slot0, slot1, slot2, shadow, n);
   } else {
-    OptimizerApplyKernel<false>
-        <<<BlocksFor(n), kThreads, 0, stream>>>(p, step, norm_sq, grad_scale, grad, var, slot0, slot1, slot2, shadow, n);
+    OptimizerApplyKernel<false><<<BlocksFor(n), kThreads, 0, stream>>>(p, step, norm_sq, grad_scale, grad, var,
+                                                                        slot0, slot1, slot2, shadow, n);
   }
   return cudaGetLastError();
 }

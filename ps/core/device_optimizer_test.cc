@@ -42,12 +42,6 @@ kernels::OptimizerParams ToParams(const OptimizerConfig& c, float moving_average
   return *p;
 }
 
-template <typename F>
-OptimizerConfig With(OptimizerConfig c, F f) {
-  f(c);
-  return c;
-}
-
 class DeviceOptimizerTest : public ::testing::TestWithParam<std::tuple<Case, int>> {};
 
 TEST_P(DeviceOptimizerTest, TwoHundredStepsEqualTheParameterServersBitForBit) {
@@ -114,86 +108,73 @@ TEST_P(DeviceOptimizerTest, TwoHundredStepsEqualTheParameterServersBitForBit) {
   EXPECT_NE(var, kernels::testing::RandomVector(n, 1)) << "the variables moved";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Optimizers, DeviceOptimizerTest,
-    ::testing::Combine(::testing::Values(Case{"sgd_smooth", Config("sgd", 0.1f, 50, 0.5f, false), 0.99f},
-                                         Case{"momentum_staircase", Config("momentum", 0.05f, 30, 0.7f, true),
-                                              0.9f},
-                                         Case{"adam_decay", Config("adam", 1e-3f, 40, 0.9f, false), 0.999f},
-                                         Case{"adam_plain", Config("adam", 1e-4f, 0, 1.0f, false), 0.0f},
-                                         Case{"pytorch_adam_decay", Config("pytorch_adam", 1e-3f, 40, 0.9f, false),
-                                              0.999f},
-                                         Case{"nesterov_l2", With(Config("momentum", 0.05f, 30, 0.7f, true),
-                                                                  [](OptimizerConfig& c) {
-                                                                    c.nesterov = true;
-                                                                    c.weight_decay = 1e-3f;
-                                                                  }),
-                                              0.9f},
-                                         Case{"sgd_l2_cosine_warmup", With(Config("sgd", 0.1f, 100, 1.0f, false),
-                                                                           [](OptimizerConfig& c) {
-                                                                             c.lr_schedule = "cosine";
-                                                                             c.warmup_steps = 20;
-                                                                             c.min_learning_rate = 0.01f;
-                                                                             c.weight_decay = 1e-2f;
-                                                                           }),
-                                              0.0f},
-                                         Case{"adam_l2", With(Config("adam", 1e-3f, 0, 1.0f, false),
-                                                              [](OptimizerConfig& c) { c.weight_decay = 1e-2f; }),
-                                              0.0f},
-                                         Case{"adamw_warmup", With(Config("adamw", 1e-3f, 0, 1.0f, false),
-                                                                   [](OptimizerConfig& c) {
-                                                                     c.weight_decay = 0.05f;
-                                                                     c.warmup_steps = 10;
-                                                                   }),
-                                              0.99f},
-                                         Case{"adagrad", Config("adagrad", 0.05f, 50, 0.5f, true), 0.0f},
-                                         Case{"pytorch_adagrad_l2", With(Config("pytorch_adagrad", 0.05f, 0, 1.0f, false),
-                                                                         [](OptimizerConfig& c) {
-                                                                           c.initial_accumulator = 0.0f;
-                                                                           c.epsilon = 1e-10f;
-                                                                           c.weight_decay = 1e-3f;
-                                                                         }),
-                                              0.0f},
-                                         Case{"rmsprop_centered_momentum", With(Config("rmsprop", 1e-3f, 0, 1.0f, false),
-                                                                                [](OptimizerConfig& c) {
-                                                                                  c.epsilon = 1e-10f;
-                                                                                  c.momentum = 0.9f;
-                                                                                  c.centered = true;
-                                                                                }),
-                                              0.9f},
-                                         Case{"rmsprop_plain", With(Config("rmsprop", 1e-3f, 0, 1.0f, false),
-                                                                    [](OptimizerConfig& c) {
-                                                                      c.epsilon = 1e-10f;
-                                                                      c.momentum = 0.0f;
-                                                                    }),
-                                              0.0f},
-                                         Case{"pytorch_rmsprop_momentum", With(Config("pytorch_rmsprop", 1e-3f, 0, 1.0f, false),
-                                                                               [](OptimizerConfig& c) {
-                                                                                 c.rho = 0.99f;
-                                                                                 c.momentum = 0.5f;
-                                                                                 c.weight_decay = 1e-3f;
-                                                                               }),
-                                              0.0f},
-                                         Case{"pytorch_rmsprop_centered", With(Config("pytorch_rmsprop", 1e-3f, 0, 1.0f, false),
-                                                                               [](OptimizerConfig& c) {
-                                                                                 c.rho = 0.99f;
-                                                                                 c.momentum = 0.0f;
-                                                                                 c.centered = true;
-                                                                               }),
-                                              0.0f},
-                                         Case{"momentum_clipped", With(Config("momentum", 0.05f, 0, 1.0f, false),
-                                                                       [](OptimizerConfig& c) { c.clip_norm = 1.0f; }),
-                                              0.0f},
-                                         Case{"adamw_clipped", With(Config("adamw", 1e-3f, 0, 1.0f, false),
-                                                                    [](OptimizerConfig& c) {
-                                                                      c.clip_norm = 5.0f;
-                                                                      c.weight_decay = 0.01f;
-                                                                    }),
-                                              0.0f}),
-                       ::testing::Values(1, 3)),
-    [](const auto& info) {
-      return std::get<0>(info.param).name + "_threads" + std::to_string(std::get<1>(info.param));
-    });
+std::vector<Case> Cases() {
+  std::vector<Case> cases = {
+      {"sgd_smooth", Config("sgd", 0.1f, 50, 0.5f, false), 0.99f},
+      {"momentum_staircase", Config("momentum", 0.05f, 30, 0.7f, true), 0.9f},
+      {"adam_decay", Config("adam", 1e-3f, 40, 0.9f, false), 0.999f},
+      {"adam_plain", Config("adam", 1e-4f, 0, 1.0f, false), 0.0f},
+      {"pytorch_adam_decay", Config("pytorch_adam", 1e-3f, 40, 0.9f, false), 0.999f},
+      {"adagrad", Config("adagrad", 0.05f, 50, 0.5f, true), 0.0f},
+  };
+  auto add = [&](const std::string& name, OptimizerConfig c, float ema, auto edit) {
+    edit(c);
+    cases.push_back({name, c, ema});
+  };
+  add("nesterov_l2", Config("momentum", 0.05f, 30, 0.7f, true), 0.9f, [](OptimizerConfig& c) {
+    c.nesterov = true;
+    c.weight_decay = 1e-3f;
+  });
+  add("sgd_l2_cosine_warmup", Config("sgd", 0.1f, 100, 1.0f, false), 0.0f, [](OptimizerConfig& c) {
+    c.lr_schedule = "cosine";
+    c.warmup_steps = 20;
+    c.min_learning_rate = 0.01f;
+    c.weight_decay = 1e-2f;
+  });
+  add("adam_l2", Config("adam", 1e-3f, 0, 1.0f, false), 0.0f, [](OptimizerConfig& c) { c.weight_decay = 1e-2f; });
+  add("adamw_warmup", Config("adamw", 1e-3f, 0, 1.0f, false), 0.99f, [](OptimizerConfig& c) {
+    c.weight_decay = 0.05f;
+    c.warmup_steps = 10;
+  });
+  add("pytorch_adagrad_l2", Config("pytorch_adagrad", 0.05f, 0, 1.0f, false), 0.0f, [](OptimizerConfig& c) {
+    c.initial_accumulator = 0.0f;
+    c.epsilon = 1e-10f;
+    c.weight_decay = 1e-3f;
+  });
+  add("rmsprop_centered_momentum", Config("rmsprop", 1e-3f, 0, 1.0f, false), 0.9f, [](OptimizerConfig& c) {
+    c.epsilon = 1e-10f;
+    c.momentum = 0.9f;
+    c.centered = true;
+  });
+  add("rmsprop_plain", Config("rmsprop", 1e-3f, 0, 1.0f, false), 0.0f, [](OptimizerConfig& c) {
+    c.epsilon = 1e-10f;
+    c.momentum = 0.0f;
+  });
+  add("pytorch_rmsprop_momentum", Config("pytorch_rmsprop", 1e-3f, 0, 1.0f, false), 0.0f, [](OptimizerConfig& c) {
+    c.rho = 0.99f;
+    c.momentum = 0.5f;
+    c.weight_decay = 1e-3f;
+  });
+  add("pytorch_rmsprop_centered", Config("pytorch_rmsprop", 1e-3f, 0, 1.0f, false), 0.0f, [](OptimizerConfig& c) {
+    c.rho = 0.99f;
+    c.momentum = 0.0f;
+    c.centered = true;
+  });
+  add("momentum_clipped", Config("momentum", 0.05f, 0, 1.0f, false), 0.0f,
+      [](OptimizerConfig& c) { c.clip_norm = 1.0f; });
+  add("adamw_clipped", Config("adamw", 1e-3f, 0, 1.0f, false), 0.0f, [](OptimizerConfig& c) {
+    c.clip_norm = 5.0f;
+    c.weight_decay = 0.01f;
+  });
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, DeviceOptimizerTest,
+                         ::testing::Combine(::testing::ValuesIn(Cases()), ::testing::Values(1, 3)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_threads" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace dtrain::ps

@@ -240,8 +240,10 @@ INSTANTIATE_TEST_SUITE_P(
                                           c.decay_steps = 10;
                                           c.warmup_steps = 3;
                                         })},
-                      ResumeCase{"adamw_warmup", Edited("adamw", 0.01f, [](OptimizerConfig& c) { c.warmup_steps = 4; })},
-                      ResumeCase{"adagrad_l2", Edited("adagrad", 0.1f, [](OptimizerConfig& c) { c.weight_decay = 0.01f; })},
+                      ResumeCase{"adamw_warmup",
+                                 Edited("adamw", 0.01f, [](OptimizerConfig& c) { c.warmup_steps = 4; })},
+                      ResumeCase{"adagrad_l2",
+                                 Edited("adagrad", 0.1f, [](OptimizerConfig& c) { c.weight_decay = 0.01f; })},
                       ResumeCase{"nesterov_step", Edited("momentum", 0.01f,
                                                          [](OptimizerConfig& c) {
                                                            c.nesterov = true;

@@ -131,7 +131,8 @@ absl::Status DeviceState::EnqueueUpdates() {
       // The global norm of the step's (averaged) gradient over every trainable run, gathered on the device.
       RETURN_IF_ERROR(state_[t].optimizer->ClearNorm());
       for (const Run& r : runs_) {
-        if (r.trainable) RETURN_IF_ERROR(state_[t].optimizer->AddToNorm(m->device_gradients() + r.offset, r.size, 1.0f));
+        if (!r.trainable) continue;
+        RETURN_IF_ERROR(state_[t].optimizer->AddToNorm(m->device_gradients() + r.offset, r.size, 1.0f));
       }
     }
     for (const Run& r : runs_) {
