@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/op_math.h"
+#include "kernels/optimizer_math.h"
 
 namespace dtrain::kernels::cuda {
 
@@ -98,23 +99,22 @@ constexpr int kL2LossPartials = 256;
 cudaError_t LaunchL2Loss(const float* x, int64_t n, float* partials, float* out, cudaStream_t stream);
 
 // ---- optimizer.cu ----
-// The per-step constants of an optimizer (kernels/optimizer_ops.h), computed once on the host.
-struct OptimizerKernelParams {
-  int kind;  // 0 sgd, 1 momentum, 2 adam (OptimizerParams::Kind's order)
-  float learning_rate, decay_rate;
-  int64_t decay_steps;
-  int staircase;
-  float momentum;
-  float beta1, one_minus_b1, beta2, one_minus_b2, epsilon;
-  int adam_paper_epsilon;  // pytorch_adam: torch.optim.Adam's update (optimizer_math.h PaperAdamElement)
-  float moving_average_decay;
-};
-// One update of n elements at step *step (read by every block when the kernel runs; kernels/optimizer_math.h
-// computes the scalars and the per-element arithmetic), with the moving average (num_updates = *step + 1)
-// fused when shadow != nullptr. slot0/slot1 as the kind needs. Compile-time specialized per kind.
-cudaError_t LaunchOptimizerApply(const OptimizerKernelParams& p, const int64_t* step, float grad_scale,
-                                 const float* grad, float* var, float* slot0, float* slot1, float* shadow,
-                                 int64_t n, cudaStream_t stream);
+// One update of n elements with p's optimizer (kernels/optimizer_math.h: UpdateElement, the CPU's arithmetic) at
+// step *step (read by every block when the kernel runs, with the per-step scalars), with the moving average
+// (num_updates = *step + 1) fused when shadow != nullptr. slot0..slot2 as p.num_slots() says (else unused).
+// With p.clip_norm > 0 the gradient is also scaled by ClipFactor(p.clip_norm, sqrt(*norm_sq)), read when the
+// kernel runs (norm_sq: the step's sum of squares, LaunchNormAdd).
+cudaError_t LaunchOptimizerApply(const OptimizerParams& p, const int64_t* step, const double* norm_sq,
+                                 float grad_scale, const float* grad, float* var, float* slot0, float* slot1,
+                                 float* slot2, float* shadow, int64_t n, cudaStream_t stream);
+// Partial sums (doubles) LaunchNormAdd uses as scratch.
+constexpr int kNormPartials = 256;
+// *norm_sq = 0.
+cudaError_t LaunchNormClear(double* norm_sq, cudaStream_t stream);
+// *norm_sq += sum(x[i]^2) * grad_scale^2, in double, in two fixed-order passes through `partials`
+// (kNormPartials doubles): the same bits on every run.
+cudaError_t LaunchNormAdd(const float* x, int64_t n, float grad_scale, double* partials, double* norm_sq,
+                          cudaStream_t stream);
 // *counter = value / *counter += 1, as one-thread kernels (ordered with the stream's work, capturable).
 cudaError_t LaunchCounterSet(int64_t* counter, int64_t value, cudaStream_t stream);
 cudaError_t LaunchCounterIncrement(int64_t* counter, cudaStream_t stream);

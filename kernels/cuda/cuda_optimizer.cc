@@ -1,5 +1,5 @@
-// The CUDA backend's device optimizer: one fused kernel per Apply (optimizer.cu), reading the step from the
-// device counter when it runs, so it can be captured in a graph and replayed every step.
+// The CUDA backend's device optimizer: one fused kernel per Apply (optimizer.cu), reading the step (and the
+// clipping norm) from device memory when it runs, so it can be captured in a graph and replayed every step.
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_device_internal.h"
@@ -9,23 +9,15 @@
 namespace dtrain::kernels::cuda {
 namespace {
 
+// Floats of device memory for the norm: the sum (one double) and kNormPartials partial sums (doubles).
+constexpr int64_t kNormFloats = 2 * (1 + kNormPartials);
+
 class CudaOptimizer final : public DeviceOptimizer {
  public:
-  CudaOptimizer(CudaDevice* dev, const OptimizerParams& p, const DeviceCounter* step)
-      : dev_(dev), p_(p), step_(step) {
-    k_.kind = static_cast<int>(p.kind);
-    k_.learning_rate = p.learning_rate;
-    k_.decay_rate = p.decay_rate;
-    k_.decay_steps = p.decay_steps;
-    k_.staircase = p.staircase ? 1 : 0;
-    k_.momentum = p.momentum;
-    k_.beta1 = p.beta1;
-    k_.one_minus_b1 = 1.0f - p.beta1;  // rounded once, as ApplyAdamLoop does
-    k_.beta2 = p.beta2;
-    k_.one_minus_b2 = 1.0f - p.beta2;
-    k_.epsilon = p.epsilon;
-    k_.adam_paper_epsilon = p.adam_paper_epsilon ? 1 : 0;
-    k_.moving_average_decay = p.moving_average_decay;
+  CudaOptimizer(CudaDevice* dev, const OptimizerParams& p, const DeviceCounter* step, float* norm_memory)
+      : dev_(dev), p_(p), step_(step), norm_memory_(norm_memory) {}
+  ~CudaOptimizer() override {
+    if (norm_memory_ != nullptr) dev_->Free(norm_memory_);
   }
 
   const OptimizerParams& params() const override { return p_; }
@@ -33,29 +25,54 @@ class CudaOptimizer final : public DeviceOptimizer {
   absl::Status Apply(const OptimizerBuffers& b, float grad_scale) override {
     RETURN_IF_ERROR(ValidateOptimizerBuffers(p_, b, "Optimizer::Apply"));
     RETURN_IF_ERROR(dev_->Activate("Optimizer::Apply"));
-    return CudaStatus(LaunchOptimizerApply(k_, step_->device_ptr(), grad_scale, b.grad, b.var, b.slot0,
-                                           b.slot1, b.shadow, b.n, dev_->stream()),
+    return CudaStatus(LaunchOptimizerApply(p_, step_->device_ptr(), norm_sq(), grad_scale, b.grad, b.var, b.slot0,
+                                           b.slot1, b.slot2, b.shadow, b.n, dev_->stream()),
                       "Optimizer::Apply");
   }
 
+  absl::Status ClearNorm() override {
+    if (norm_memory_ == nullptr) return absl::OkStatus();  // clip_norm 0: nothing reads it
+    RETURN_IF_ERROR(dev_->Activate("Optimizer::ClearNorm"));
+    return CudaStatus(LaunchNormClear(norm_sq(), dev_->stream()), "Optimizer::ClearNorm");
+  }
+
+  absl::Status AddToNorm(const float* grad, int64_t n, float grad_scale) override {
+    if (grad == nullptr || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("Optimizer::AddToNorm: no gradient or negative count ", n));
+    }
+    if (norm_memory_ == nullptr) return absl::OkStatus();
+    RETURN_IF_ERROR(dev_->Activate("Optimizer::AddToNorm"));
+    return CudaStatus(LaunchNormAdd(grad, n, grad_scale, norm_sq() + 1, norm_sq(), dev_->stream()),
+                      "Optimizer::AddToNorm");
+  }
+
  private:
+  // cudaMalloc'd memory is 256-byte aligned: doubles fit.
+  double* norm_sq() const { return reinterpret_cast<double*>(norm_memory_); }
+
   CudaDevice* dev_;
   OptimizerParams p_;
   const DeviceCounter* step_;
-  OptimizerKernelParams k_{};
+  float* norm_memory_;  // kNormFloats floats when clip_norm > 0, else null
 };
-
-static_assert(static_cast<int>(OptimizerParams::Kind::kSgd) == 0 &&
-                  static_cast<int>(OptimizerParams::Kind::kMomentum) == 1 &&
-                  static_cast<int>(OptimizerParams::Kind::kAdam) == 2,
-              "optimizer.cu numbers the kinds in this order");
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeCudaOptimizer(CudaDevice* dev, const OptimizerParams& p,
                                                                    const DeviceCounter* step) {
   RETURN_IF_ERROR(ValidateOptimizerParams(p));
-  return std::unique_ptr<DeviceOptimizer>(new CudaOptimizer(dev, p, step));
+  float* norm_memory = nullptr;
+  if (p.clip_norm > 0.0f) {
+    ASSIGN_OR_RETURN(norm_memory, dev->Alloc(kNormFloats));
+    // A clip before any AddToNorm sees a zero norm (no clipping), not garbage.
+    if (absl::Status s = CudaStatus(LaunchNormClear(reinterpret_cast<double*>(norm_memory), dev->stream()),
+                                    "MakeOptimizer");
+        !s.ok()) {
+      dev->Free(norm_memory);
+      return s;
+    }
+  }
+  return std::unique_ptr<DeviceOptimizer>(new CudaOptimizer(dev, p, step, norm_memory));
 }
 
 }  // namespace dtrain::kernels::cuda

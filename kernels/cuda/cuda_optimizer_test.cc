@@ -1,7 +1,8 @@
 // The CUDA device optimizer against the CPU one (the oracle, itself equal to the parameter server's
-// optimizer: see ps/core/device_optimizer_test.cc): 200 steps of each optimizer with learning-rate decay and
-// moving averages, eagerly and replayed from a captured CUDA graph, agree to 1e-6 relative. Every test skips
-// without a usable CUDA device.
+// optimizer: see ps/core/device_optimizer_test.cc): 200 steps of each optimizer kind (Nesterov, AdamW, Adagrad,
+// both RMSProps included) with learning-rate schedules, weight decay, gradient clipping (the norm gathered on the
+// device, inside the graph too) and moving averages, eagerly and replayed from a captured CUDA graph, agree to
+// 1e-6 relative. Every test skips without a usable CUDA device.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -16,8 +17,9 @@ namespace dtrain::kernels::cuda {
 namespace {
 
 constexpr int kSteps = 200;
-// The arithmetic is the same fp32 sequence on both (no FMA); only the per-step scalars (double pow) may
-// differ in their last bit, which moves the variables by far less than this.
+// The arithmetic is the same fp32 sequence on both (no FMA); only the per-step scalars (double pow, cos) and
+// the clipping norm (summed in another order) may differ in their last bit, which moves the variables by far
+// less than this.
 constexpr float kOptRel = 1e-6f, kOptAbs = 1e-7f;
 
 struct Case {
@@ -42,6 +44,12 @@ OptimizerParams PaperAdam(OptimizerParams p) {
   return p;
 }
 
+template <typename F>
+OptimizerParams With(OptimizerParams p, F f) {
+  f(p);
+  return p;
+}
+
 std::vector<Case> Cases() {
   using K = OptimizerParams::Kind;
   return {
@@ -50,6 +58,39 @@ std::vector<Case> Cases() {
       {"adam_smooth_decay", Params(K::kAdam, 1e-3f, 40, 0.9f, false, 0.999f)},
       {"adam_no_decay_no_ema", Params(K::kAdam, 1e-4f, 0, 1.0f, false, 0.0f)},
       {"pytorch_adam_smooth_decay", PaperAdam(Params(K::kAdam, 1e-3f, 40, 0.9f, false, 0.999f))},
+      {"nesterov_l2_cosine_warmup", With(Params(K::kMomentum, 0.05f, 150, 1.0f, false, 0.0f),
+                                         [](OptimizerParams& p) {
+                                           p.nesterov = true;
+                                           p.weight_decay = 1e-3f;
+                                           p.schedule = LrSchedule::kCosine;
+                                           p.min_learning_rate = 1e-3f;
+                                           p.warmup_steps = 20;
+                                         })},
+      {"adamw", With(PaperAdam(Params(K::kAdam, 1e-3f, 0, 1.0f, false, 0.99f)),
+                     [](OptimizerParams& p) {
+                       p.decoupled_weight_decay = true;
+                       p.weight_decay = 0.01f;
+                     })},
+      {"adagrad_l2", With(Params(K::kAdagrad, 0.05f, 0, 1.0f, false, 0.0f),
+                          [](OptimizerParams& p) {
+                            p.initial_accumulator = 0.1f;
+                            p.epsilon = 0.0f;
+                            p.weight_decay = 1e-3f;
+                          })},
+      {"rmsprop_centered_momentum", With(Params(K::kRmsProp, 1e-3f, 0, 1.0f, false, 0.9f),
+                                         [](OptimizerParams& p) {
+                                           p.momentum = 0.9f;
+                                           p.centered = true;
+                                           p.epsilon = 1e-10f;
+                                         })},
+      {"pytorch_rmsprop_momentum", With(Params(K::kRmsProp, 1e-3f, 0, 1.0f, false, 0.0f),
+                                        [](OptimizerParams& p) {
+                                          p.torch_rmsprop = true;
+                                          p.rho = 0.99f;
+                                          p.momentum = 0.5f;
+                                        })},
+      {"momentum_clipped", With(Params(K::kMomentum, 0.05f, 0, 1.0f, false, 0.0f),
+                                [](OptimizerParams& p) { p.clip_norm = 10.0f; })},
   };
 }
 
@@ -57,14 +98,16 @@ class CudaOptimizerTest : public CudaVsCpuTest, public ::testing::WithParamInter
  protected:
   // The state of one run on both devices.
   struct State {
-    Both var, slot0, slot1, shadow, grad;
+    Both var, slot0, slot1, slot2, shadow, grad;
   };
-  State MakeState(int64_t n) {
+  State MakeState(int64_t n, const OptimizerParams& p) {
     State s;
     const std::vector<float> init = Random(n, 101);
     s.var = Upload(init);
-    s.slot0 = Zeros(n);
+    // Slots start where the parameter server starts them (adagrad's accumulator, TensorFlow's rmsprop's ms).
+    s.slot0 = Upload(std::vector<float>(n, p.SlotInitialValue(0)));
     s.slot1 = Zeros(n);
+    s.slot2 = Zeros(n);
     s.shadow = Upload(init);  // shadows start at the variable's value, as the parameter server's do
     s.grad = Zeros(n);
     return s;
@@ -75,6 +118,7 @@ class CudaOptimizerTest : public CudaVsCpuTest, public ::testing::WithParamInter
     b.var = gpu ? s.var.gpu : s.var.cpu;
     b.slot0 = p.num_slots() >= 1 ? (gpu ? s.slot0.gpu : s.slot0.cpu) : nullptr;
     b.slot1 = p.num_slots() >= 2 ? (gpu ? s.slot1.gpu : s.slot1.cpu) : nullptr;
+    b.slot2 = p.num_slots() >= 3 ? (gpu ? s.slot2.gpu : s.slot2.cpu) : nullptr;
     b.shadow = p.moving_average_decay > 0 ? (gpu ? s.shadow.gpu : s.shadow.cpu) : nullptr;
     b.n = s.var.n;
     return b;
@@ -87,6 +131,9 @@ class CudaOptimizerTest : public CudaVsCpuTest, public ::testing::WithParamInter
     if (p.num_slots() >= 2) {
       EXPECT_TRUE(Same(s.slot1, kOptRel, 1e-12f)) << "slot1";
     }
+    if (p.num_slots() >= 3) {
+      EXPECT_TRUE(Same(s.slot2, kOptRel, 1e-12f)) << "slot2";
+    }
     if (p.moving_average_decay > 0) {
       EXPECT_TRUE(Same(s.shadow, kOptRel, kOptAbs)) << "shadow";
     }
@@ -96,7 +143,7 @@ class CudaOptimizerTest : public CudaVsCpuTest, public ::testing::WithParamInter
 TEST_P(CudaOptimizerTest, TwoHundredEagerStepsMatchCpu) {
   const OptimizerParams& p = GetParam().params;
   const int64_t n = 100003;  // several blocks, not a multiple of the block size
-  State s = MakeState(n);
+  State s = MakeState(n, p);
   auto cpu_step = cpu_->MakeCounter(0);
   auto gpu_step = gpu_->MakeCounter(0);
   ASSERT_TRUE(cpu_step.ok() && gpu_step.ok());
@@ -108,6 +155,14 @@ TEST_P(CudaOptimizerTest, TwoHundredEagerStepsMatchCpu) {
     const std::vector<float> g = Random(n, 1000 + step, -0.5f, 0.5f);
     ASSERT_TRUE(cpu_->CopyToDevice(g.data(), s.grad.cpu, n).ok());
     ASSERT_TRUE(gpu_->CopyToDevice(g.data(), s.grad.gpu, n).ok());
+    if (p.clip_norm > 0) {  // the norm gathered in two parts, as DeviceState adds runs of variables
+      for (DeviceOptimizer* opt : {cpu_opt->get(), gpu_opt->get()}) {
+        const float* grad = opt == cpu_opt->get() ? s.grad.cpu : s.grad.gpu;
+        ASSERT_TRUE(opt->ClearNorm().ok());
+        ASSERT_TRUE(opt->AddToNorm(grad, n / 2, 0.5f).ok());
+        ASSERT_TRUE(opt->AddToNorm(grad + n / 2, n - n / 2, 0.5f).ok());
+      }
+    }
     ASSERT_TRUE((*cpu_opt)->Apply(Buffers(s, false, p), 0.5f).ok());
     ASSERT_TRUE((*gpu_opt)->Apply(Buffers(s, true, p), 0.5f).ok());
     ASSERT_TRUE((*cpu_step)->Increment().ok());
@@ -125,7 +180,7 @@ TEST_P(CudaOptimizerTest, TwoHundredEagerStepsMatchCpu) {
 TEST_P(CudaOptimizerTest, GraphReplaysMatchEagerCpu) {
   const OptimizerParams& p = GetParam().params;
   const int64_t n = 4099;
-  State s = MakeState(n);
+  State s = MakeState(n, p);
   auto cpu_step = cpu_->MakeCounter(0);
   auto gpu_step = gpu_->MakeCounter(0);
   ASSERT_TRUE(cpu_step.ok() && gpu_step.ok());
@@ -137,6 +192,10 @@ TEST_P(CudaOptimizerTest, GraphReplaysMatchEagerCpu) {
 
   ASSERT_TRUE(gpu_->BeginCapture().ok());
   ASSERT_TRUE(gpu_->CopyToDeviceAsync(*pinned, s.grad.gpu, n, Queue::kCompute).ok());
+  if (p.clip_norm > 0) {  // the norm is gathered inside the graph too
+    ASSERT_TRUE((*gpu_opt)->ClearNorm().ok());
+    ASSERT_TRUE((*gpu_opt)->AddToNorm(s.grad.gpu, n, 0.5f).ok());
+  }
   ASSERT_TRUE((*gpu_opt)->Apply(Buffers(s, true, p), 0.5f).ok());
   ASSERT_TRUE((*gpu_step)->Increment().ok());
   auto graph = gpu_->EndCapture();
@@ -148,6 +207,10 @@ TEST_P(CudaOptimizerTest, GraphReplaysMatchEagerCpu) {
                 n * sizeof(float));  // the previous replay has finished (Synchronize below)
     ASSERT_TRUE((*graph)->Launch().ok());
     ASSERT_TRUE(cpu_->CopyToDevice(g.data(), s.grad.cpu, n).ok());
+    if (p.clip_norm > 0) {
+      ASSERT_TRUE((*cpu_opt)->ClearNorm().ok());
+      ASSERT_TRUE((*cpu_opt)->AddToNorm(s.grad.cpu, n, 0.5f).ok());
+    }
     ASSERT_TRUE((*cpu_opt)->Apply(Buffers(s, false, p), 0.5f).ok());
     ASSERT_TRUE((*cpu_step)->Increment().ok());
     ASSERT_TRUE(gpu_->Synchronize().ok());

@@ -9,10 +9,22 @@ uint64_t Mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+int OptimizerConfig::num_slots() const {
+  // Mirrors kernels::OptimizerParams::num_slots() (ps/core/optimizer_test.cc checks that they agree).
+  if (name == "momentum" || name == "adagrad" || name == "pytorch_adagrad") return 1;
+  if (name == "adam" || name == "pytorch_adam" || name == "adamw") return 2;
+  if (name == "rmsprop" || name == "pytorch_rmsprop") return 1 + (momentum > 0.0f ? 1 : 0) + (centered ? 1 : 0);
+  return 0;
+}
+
 bool OptimizerConfig::operator==(const OptimizerConfig& o) const {
-  return name == o.name && learning_rate == o.learning_rate && decay_steps == o.decay_steps &&
-         decay_rate == o.decay_rate && staircase == o.staircase && momentum == o.momentum && beta1 == o.beta1 &&
-         beta2 == o.beta2 && epsilon == o.epsilon;
+  return name == o.name && learning_rate == o.learning_rate && lr_schedule == o.lr_schedule &&
+         decay_steps == o.decay_steps && decay_rate == o.decay_rate && staircase == o.staircase &&
+         min_learning_rate == o.min_learning_rate && warmup_steps == o.warmup_steps &&
+         warmup_start_factor == o.warmup_start_factor && momentum == o.momentum && nesterov == o.nesterov &&
+         beta1 == o.beta1 && beta2 == o.beta2 && epsilon == o.epsilon && weight_decay == o.weight_decay &&
+         rho == o.rho && centered == o.centered && initial_accumulator == o.initial_accumulator &&
+         clip_norm == o.clip_norm;
 }
 
 bool SparseTableSpec::operator==(const SparseTableSpec& o) const {

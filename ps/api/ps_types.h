@@ -62,15 +62,49 @@ struct SliceSpec {
   }
 };
 
+// The dense variables' optimizer (its arithmetic: kernels/optimizer_math.h). The defaults below are the fields'
+// generic ones; ps::DefaultOptimizerConfig(name) (ps/core/optimizer.h) gives each name its framework's defaults
+// (what dtrain_worker's flags start from).
+//
+// Gradient clipping by global norm (clip_norm > 0), in a cluster: each worker computes the L2 norm of its whole
+// dense gradient (the trainable slices of every ps task; not the sparse tables' rows) once backward is done, and
+// sends that one number with its upload to every task (SliceUpload::SetGradientNorm); every task scales that
+// worker's gradient by min(1, clip_norm / (norm + 1e-6)), so all tasks use the same factor without talking to
+// each other. Async: each push is clipped as torch.nn.utils.clip_grad_norm_ clips one step's gradient. Sync:
+// the R clipped gradients are averaged (TensorFlow 1.x's clip_by_global_norm before SyncReplicasOptimizer, not
+// DDP's clip of the average; with R = 1, and in local mode, the two are the same). A push without its norm is
+// refused (FailedPrecondition) while the config clips.
 struct OptimizerConfig {
-  std::string name = "sgd";  // "sgd", "momentum", "adam" (TensorFlow's), "pytorch_adam" (torch.optim.Adam's)
+  // "sgd", "momentum" (tf.train.MomentumOptimizer = torch.optim.SGD with momentum, dampening 0), "adam"
+  // (TensorFlow's), "pytorch_adam" (torch.optim.Adam's), "adamw" (torch.optim.AdamW: decoupled weight decay),
+  // "adagrad" / "pytorch_adagrad" (one update, TensorFlow's / PyTorch's defaults), "rmsprop" (TensorFlow's:
+  // epsilon inside the sqrt, ms starting at 1) and "pytorch_rmsprop" (torch.optim.RMSprop's).
+  std::string name = "sgd";
   float learning_rate = 0.01f;
-  // Exponential decay: lr * decay_rate ^ (step / decay_steps), floor()ed when staircase. decay_steps 0 = off.
+  // The learning-rate schedule (kernels/optimizer_math.h): "exponential" (lr * decay_rate ^ (step / decay_steps),
+  // floor()ed when staircase; decay_steps 0 = constant) or "cosine" (from learning_rate to min_learning_rate over
+  // decay_steps steps, then flat). With warmup_steps > 0 the rate first rises linearly from
+  // warmup_start_factor * learning_rate, and the decay starts after the warmup.
+  std::string lr_schedule = "exponential";
   int64_t decay_steps = 0;
   float decay_rate = 1.0f;
   bool staircase = false;
-  float momentum = 0.9f;    // "momentum"
-  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  // "adam" (TensorFlow's defaults)
+  float min_learning_rate = 0.0f;  // "cosine"
+  int64_t warmup_steps = 0;
+  float warmup_start_factor = 0.0f;
+  float momentum = 0.9f;    // "momentum"; the "rmsprop"s' (0: none, and no momentum slot)
+  bool nesterov = false;    // "momentum"
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  // the adams; epsilon also the adagrads and rmsprops
+  // L2 weight decay: weight_decay * var added to the gradient (PyTorch's weight_decay of SGD, Adam, Adagrad and
+  // RMSprop); "adamw": decoupled, var *= 1 - lr * weight_decay before the update. Trainable variables only.
+  float weight_decay = 0.0f;
+  float rho = 0.9f;                  // the rmsprops: decay of the mean square (TensorFlow's decay, PyTorch's alpha)
+  bool centered = false;             // the rmsprops
+  float initial_accumulator = 0.1f;  // the adagrads: the accumulator's start
+  float clip_norm = 0.0f;            // > 0: gradients clipped to this global L2 norm (see above)
+  // Slot floats per variable element: 0 (sgd), 1 (momentum: accum; adagrad: accumulator), 2 (adam: m, v), and
+  // 1-3 for the rmsprops (ms; mom when momentum > 0; mg when centered). 0 for an unknown name.
+  int num_slots() const;
   bool operator==(const OptimizerConfig& o) const;
 };
 
@@ -106,7 +140,7 @@ struct SparseTableSpec {
 // The update of the sparse rows (TensorFlow's sparse optimizers; only the touched rows and their slots move).
 struct SparseOptimizerConfig {
   std::string name = "adagrad";  // "sgd", "adagrad", "adam" (lazy: only touched rows' moments), "ftrl"
-  float learning_rate = 0.01f;   // decayed as the dense one (OptimizerConfig's decay_steps/rate/staircase)
+  float learning_rate = 0.01f;   // scheduled as the dense one (OptimizerConfig's lr_schedule, decay and warmup)
   float initial_accumulator = 0.1f;  // adagrad, ftrl (TensorFlow's default 0.1)
   float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  // adam
   float l1 = 0.0f, l2 = 0.0f, lr_power = -0.5f;          // ftrl

@@ -59,6 +59,13 @@ class SliceUpload {
                                    const void* rows) {
     return absl::InvalidArgumentError("this upload takes no sparse rows");
   }
+  // A push's gradient norm: the L2 norm of the worker's whole dense gradient (every trainable slice on every ps
+  // task), sent after the slices and before Finish when the config clips gradients (OptimizerConfig::clip_norm >
+  // 0; see there). A retried upload sends it again. InvalidArgument for a negative norm (NaN and +Inf are taken:
+  // a non-finite gradient is the --nonfinite policy's matter) or on an upload that is not a push.
+  virtual absl::Status SetGradientNorm(double norm) {
+    return absl::InvalidArgumentError("this upload takes no gradient norm");
+  }
   // Ends the upload. For a push: the outcome; a commit requires every slice of the task to have arrived whole
   // (FailedPrecondition naming the missing slices otherwise). For an Initialize: kAccepted with the step.
   virtual absl::StatusOr<PushResponse> Finish() = 0;

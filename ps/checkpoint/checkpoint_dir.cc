@@ -130,6 +130,12 @@ absl::Status CheckCompatible(const CheckpointData& data, const std::string& path
     return absl::FailedPreconditionError(absl::StrCat(path, ": written with optimizer '", data.optimizer,
                                                       "', this run uses '", config.optimizer.name, "'", hint));
   }
+  if (data.num_slots != config.optimizer.num_slots()) {
+    // The same optimizer with another slot layout (rmsprop's momentum or centered changed).
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": written with ", data.num_slots, " optimizer slots per value, this run's '", config.optimizer.name,
+        "' keeps ", config.optimizer.num_slots(), " (rmsprop: 1, +1 with momentum > 0, +1 when centered)", hint));
+  }
   std::map<uint32_t, const SliceSpec*> want;
   for (const SliceSpec& s : config.slices) want[s.key] = &s;
   if (want.size() != data.slices.size()) {

@@ -392,7 +392,7 @@ absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const st
                                    " bytes, its fields take ", r.pos() - header_start, ")"));
   }
   r.Skip(4);  // the header's CRC, checked above
-  if (num_ps < 1 || task >= num_ps || num_slots > 2 || has_averages > 1 ||
+  if (num_ps < 1 || task >= num_ps || num_slots > kMaxCheckpointSlots || has_averages > 1 ||
       static_cast<int64_t>(global_step) < 0 || static_cast<int64_t>(task_step) < 0) {
     return r.DataLoss(absl::StrCat("implausible header (task ", task, " of ", num_ps, ", steps ",
                                    static_cast<int64_t>(global_step), "/", static_cast<int64_t>(task_step),

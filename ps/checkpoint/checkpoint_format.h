@@ -53,6 +53,9 @@ namespace dtrain::ps {
 
 inline constexpr char kCheckpointMagic[] = "DTRNCKPT";  // 8 bytes, no terminator in the file
 inline constexpr uint32_t kCheckpointFormatVersion = 4;
+// The most optimizer slots per value a file may hold (rmsprop centered with momentum keeps 3: ms, momentum, mg;
+// files of any version may have up to 3, the layout does not depend on the number).
+inline constexpr uint32_t kMaxCheckpointSlots = 3;
 // An input position larger than this is refused (it is a few dozen bytes).
 inline constexpr size_t kMaxInputPositionBytes = 1024;
 

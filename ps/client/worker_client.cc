@@ -1,6 +1,7 @@
 #include "ps/client/worker_client.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <string_view>
 #include <iterator>
@@ -574,6 +575,18 @@ void WorkerClient::PushRange(int64_t begin, int64_t end) {
 
 void WorkerClient::FinishPush() {
   push_finishing_ = true;
+  // Gradient clipping: the norm of the whole gradient (every task's trainable slices), known only now that
+  // every gradient is final; each task gets it after its slices (OptimizerConfig::clip_norm, ps_types.h).
+  push_norm_ = -1.0;
+  if (config_.optimizer.clip_norm > 0.0f) {
+    double sum = 0.0;
+    for (const Slice& slice : slices_) {
+      if (!slice.spec.trainable) continue;
+      const float* g = push_grads_ + slice.spec.flat_offset;
+      for (int64_t i = 0; i < slice.spec.length; ++i) sum += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+    }
+    push_norm_ = std::sqrt(sum);
+  }
   // Whatever was not pushed range by range goes now.
   std::vector<std::vector<int>> by_task(num_tasks());
   for (int s = 0; s < static_cast<int>(slices_.size()); ++s) {
@@ -735,6 +748,7 @@ void WorkerClient::FinishTaskPush(int task) {
   if (p.status.ok()) {
     p.status = WithRetries("push", task, [&](bool retry) -> absl::Status {
       if (retry || !p.upload) RETURN_IF_ERROR(Reopen(task));
+      if (push_norm_ >= 0.0) RETURN_IF_ERROR(p.upload->SetGradientNorm(push_norm_));
       absl::StatusOr<PushResponse> r = p.upload->Finish();
       p.upload.reset();
       if (!r.ok()) return r.status();

@@ -35,6 +35,10 @@
 // Rows travel after the slices of each task. The rows of ids a task has not admitted yet arrive as zeros, and
 // their gradients are dropped there (ps/core/sparse_store.h).
 //
+// Gradient clipping (TrainConfig's optimizer.clip_norm > 0): FinishPush computes the L2 norm of the whole flat
+// gradient's trainable slices and sends it to every task after its slices (SliceUpload::SetGradientNorm), so
+// that every task scales this worker's gradient by the same factor.
+//
 // Retries: uploads and pulls failing with Unavailable or DeadlineExceeded (a task restarting, a broken
 // connection) are retried with exponential backoff for `retry_window`; a retried upload reuses its request id
 // and writes again every slice it had sent (the ps applies each at most once).
@@ -291,6 +295,8 @@ class WorkerClient {
   // The push in flight.
   int64_t push_step_ ABSL_GUARDED_BY(mu_) = -1;
   const float* push_grads_ = nullptr;  // set by BeginPush while no lane job runs
+  // The push's gradient norm when the config clips (else -1): set by FinishPush before it queues the lanes' jobs.
+  double push_norm_ = -1.0;
   uint64_t push_request_id_ = 0;
   std::vector<char> slice_queued_;     // training thread only: slices handed to a lane this push
   std::vector<std::unique_ptr<TaskPush>> pushes_;  // per task; lane-owned while a push runs

@@ -15,6 +15,8 @@ void GradientBuffers::Buffer::Claim(int64_t step, uint64_t request_id) {
   std::fill(applied_.begin(), applied_.end(), 0);
   num_complete_ = 0;
   nonfinite_slice_.clear();
+  has_gradient_norm_ = false;
+  gradient_norm_ = 0.0;
   for (SparseRows& t : sparse_) {
     t.ids.clear();
     t.grads.clear();

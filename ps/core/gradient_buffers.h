@@ -49,6 +49,13 @@ class GradientBuffers {
     // "w/biases (0 of 10 floats), ..." for the slices not yet whole, for error messages.
     std::string DescribeMissing() const;
     const float* data(int slice) const { return values_[slice].data(); }
+    // The worker's gradient norm for this upload (SliceUpload::SetGradientNorm; a retried upload sets it again).
+    void set_gradient_norm(double norm) {
+      gradient_norm_ = norm;
+      has_gradient_norm_ = true;
+    }
+    bool has_gradient_norm() const { return has_gradient_norm_; }
+    double gradient_norm() const { return gradient_norm_; }
     // Async: whether slice `slice` of the current upload has been applied (a retried upload applies it once).
     bool applied(int slice) const { return applied_[slice] != 0; }
     void set_applied(int slice) { applied_[slice] = 1; }
@@ -74,6 +81,8 @@ class GradientBuffers {
     std::vector<char> applied_;
     int num_complete_ = 0;
     std::string nonfinite_slice_;
+    bool has_gradient_norm_ = false;
+    double gradient_norm_ = 0.0;
     struct SparseRows {
       std::string name;
       int dim = 0;

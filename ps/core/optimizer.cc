@@ -1,101 +1,122 @@
 #include "ps/core/optimizer.h"
 
-#include <cmath>
-
 #include "absl/strings/str_cat.h"
-#include "kernels/optimizer_math.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "kernels/optimizer_ops.h"
 
 namespace dtrain::ps {
-namespace {
 
-bool Finite(float x) { return std::isfinite(x); }
-
-absl::Status CheckOpen01(const char* field, float value) {
-  if (!(value > 0.0f && value < 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer ", field, " must be in (0, 1), got ", value));
+absl::StatusOr<OptimizerConfig> DefaultOptimizerConfig(const std::string& name) {
+  kernels::OptimizerParams p;
+  RETURN_IF_ERROR(kernels::SetOptimizerFromName(name, &p));
+  OptimizerConfig c;
+  c.name = name;
+  c.momentum = 0.9f;
+  c.beta1 = 0.9f;
+  c.beta2 = 0.999f;
+  c.epsilon = 1e-8f;
+  if (name == "adamw") c.weight_decay = 0.01f;
+  if (name == "adagrad") {
+    c.initial_accumulator = 0.1f;
+    c.epsilon = 0.0f;
+  } else if (name == "pytorch_adagrad") {
+    c.initial_accumulator = 0.0f;
+    c.epsilon = 1e-10f;
+  } else if (name == "rmsprop") {
+    c.rho = 0.9f;
+    c.epsilon = 1e-10f;
+    c.momentum = 0.0f;
+  } else if (name == "pytorch_rmsprop") {
+    c.rho = 0.99f;
+    c.epsilon = 1e-8f;
+    c.momentum = 0.0f;
   }
-  return absl::OkStatus();
+  return c;
 }
 
-}  // namespace
+absl::StatusOr<kernels::OptimizerParams> ToOptimizerParams(const OptimizerConfig& config,
+                                                           float moving_average_decay) {
+  kernels::OptimizerParams p;
+  RETURN_IF_ERROR(kernels::SetOptimizerFromName(config.name, &p));
+  p.learning_rate = config.learning_rate;
+  if (config.lr_schedule == "exponential") {
+    p.schedule = kernels::LrSchedule::kExponential;
+  } else if (config.lr_schedule == "cosine") {
+    p.schedule = kernels::LrSchedule::kCosine;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown learning-rate schedule '", config.lr_schedule,
+                                                   "' (expected exponential or cosine)"));
+  }
+  p.decay_steps = config.decay_steps;
+  p.decay_rate = config.decay_rate;
+  p.staircase = config.staircase;
+  p.min_learning_rate = config.min_learning_rate;
+  p.warmup_steps = config.warmup_steps;
+  p.warmup_start_factor = config.warmup_start_factor;
+  p.momentum = config.momentum;
+  p.nesterov = config.nesterov;
+  p.beta1 = config.beta1;
+  p.beta2 = config.beta2;
+  p.epsilon = config.epsilon;
+  p.weight_decay = config.weight_decay;
+  p.rho = config.rho;
+  p.centered = config.centered;
+  p.initial_accumulator = config.initial_accumulator;
+  p.clip_norm = config.clip_norm;
+  p.moving_average_decay = moving_average_decay;
+  RETURN_IF_ERROR(kernels::ValidateOptimizerParams(p));
+  return p;
+}
+
+float ScheduledLearningRate(const OptimizerConfig& config, float base, int64_t step) {
+  kernels::OptimizerParams p;
+  p.schedule = config.lr_schedule == "cosine" ? kernels::LrSchedule::kCosine : kernels::LrSchedule::kExponential;
+  p.decay_steps = config.decay_steps;
+  p.decay_rate = config.decay_rate;
+  p.staircase = config.staircase;
+  p.min_learning_rate = config.min_learning_rate;
+  p.warmup_steps = config.warmup_steps;
+  p.warmup_start_factor = config.warmup_start_factor;
+  return kernels::ScheduledLearningRate(p, base, step);
+}
 
 absl::StatusOr<Optimizer> Optimizer::Create(const OptimizerConfig& config) {
-  Kind kind;
-  if (config.name == "sgd") {
-    kind = Kind::kSgd;
-  } else if (config.name == "momentum") {
-    kind = Kind::kMomentum;
-  } else if (config.name == "adam" || config.name == "pytorch_adam") {
-    kind = Kind::kAdam;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown optimizer '", config.name, "' (expected sgd, momentum, adam or pytorch_adam)"));
-  }
-  if (!Finite(config.learning_rate) || config.learning_rate < 0.0f) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer learning_rate must be finite and >= 0, got ", config.learning_rate));
-  }
-  if (config.decay_steps < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer decay_steps must be >= 0, got ", config.decay_steps));
-  }
-  if (config.decay_steps > 0 && !(Finite(config.decay_rate) && config.decay_rate > 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer decay_rate must be finite and > 0, got ", config.decay_rate));
-  }
-  if (kind == Kind::kMomentum && !(Finite(config.momentum) && config.momentum >= 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer momentum must be finite and >= 0, got ", config.momentum));
-  }
-  if (kind == Kind::kAdam) {
-    if (absl::Status s = CheckOpen01("beta1", config.beta1); !s.ok()) return s;
-    if (absl::Status s = CheckOpen01("beta2", config.beta2); !s.ok()) return s;
-    if (!(Finite(config.epsilon) && config.epsilon > 0.0f)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("optimizer epsilon must be finite and > 0, got ", config.epsilon));
-    }
-  }
-  return Optimizer(kind, config);
+  ASSIGN_OR_RETURN(kernels::OptimizerParams p, ToOptimizerParams(config));
+  return Optimizer(p, config);
 }
 
-int Optimizer::num_slots() const {
-  switch (kind_) {
+std::string Optimizer::DescribeSlots() const {
+  std::vector<std::string> names;
+  switch (params_.kind) {
     case Kind::kSgd:
-      return 0;
+      break;
     case Kind::kMomentum:
-      return 1;
+      names = {"accum"};
+      break;
     case Kind::kAdam:
-      return 2;
+      names = {"m", "v"};
+      break;
+    case Kind::kAdagrad:
+      names = {"accumulator"};
+      break;
+    case Kind::kRmsProp:
+      names = {"ms"};
+      if (params_.momentum > 0.0f) names.push_back("momentum");
+      if (params_.centered) names.push_back("mg");
+      break;
   }
-  return 0;
+  if (names.empty()) return "no slots";
+  return absl::StrJoin(names, ", ");
 }
 
 float Optimizer::LearningRate(int64_t step) const {
-  return kernels::DecayedLearningRate(config_.learning_rate, config_.decay_rate, config_.decay_steps,
-                                      config_.staircase, step);
+  return kernels::ScheduledLearningRate(params_, params_.learning_rate, step);
 }
 
-void Optimizer::Apply(int64_t step, float grad_scale, const float* grad, float* var, float* slot0, float* slot1,
+void Optimizer::Apply(int64_t step, float grad_scale, const float* grad, float* var, float* const* slots,
                       int64_t n) const {
-  const float lr = LearningRate(step);
-  switch (kind_) {
-    case Kind::kSgd:
-      ApplySgd(lr, grad_scale, grad, var, n);
-      break;
-    case Kind::kMomentum:
-      ApplyMomentum(lr, config_.momentum, grad_scale, grad, var, slot0, n);
-      break;
-    case Kind::kAdam:
-      if (paper_adam_) {
-        float step_size, bc2_sqrt;
-        kernels::PaperAdamScalars(lr, config_.beta1, config_.beta2, step, &step_size, &bc2_sqrt);
-        kernels::ApplyPaperAdamLoop(step_size, bc2_sqrt, config_.beta1, config_.beta2, config_.epsilon, grad_scale,
-                                    grad, var, slot0, slot1, n);
-      } else {
-        ApplyAdam(AdamLearningRate(lr, config_.beta1, config_.beta2, step), config_.beta1, config_.beta2,
-                  config_.epsilon, grad_scale, grad, var, slot0, slot1, n);
-      }
-      break;
-  }
+  kernels::ApplyOptimizerLoop(params_, kernels::StepScalarsFor(params_, step), grad_scale, grad, var, slots, n);
 }
 
 // The arithmetic lives in kernels/optimizer_math.h, shared with the device optimizers (CPU and CUDA
@@ -116,6 +137,8 @@ void ApplyAdam(float lr_t, float beta1, float beta2, float epsilon, float grad_s
 }
 
 void AddInto(const float* src, float* dst, int64_t n) { kernels::AddIntoLoop(src, dst, n); }
+
+void AxpyInto(float a, const float* src, float* dst, int64_t n) { kernels::AxpyIntoLoop(a, src, dst, n); }
 
 float AdamLearningRate(float lr, float beta1, float beta2, int64_t step) {
   return kernels::AdamLearningRate(lr, beta1, beta2, step);

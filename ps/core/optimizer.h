@@ -1,62 +1,85 @@
-// Elementwise optimizers over the float slices a ps task holds, with TensorFlow 1.x semantics:
+// The dense optimizers over the float slices a ps task holds: every name of OptimizerConfig (ps/api/ps_types.h)
+// with its learning-rate schedule, weight decay and slots. The arithmetic, with each framework's formula and
+// order of operations, is kernels/optimizer_math.h's (shared with the device optimizers of local GPU training);
+// this class resolves a config into it once and applies it to host arrays.
 //
-//   sgd       var -= lr * g
-//   momentum  accum = momentum * accum + g;  var -= lr * accum            (tf.train.MomentumOptimizer)
-//   adam      t = step + 1;  lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)
-//             m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
-//             var -= lr_t * m / (sqrt(v) + epsilon)                       (tf.train.AdamOptimizer)
-//   pytorch_adam  torch.optim.Adam (the paper's form): var -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-//
-// The learning rate follows tf.train.exponential_decay: lr * decay_rate ^ (step / decay_steps), the exponent
-// floor()ed when staircase, off when decay_steps == 0. `step` is the step being applied (0 for the first).
+// `step` is the step being applied (0 for the first): it drives the schedule and Adam's t = step + 1. Gradient
+// clipping is not done here: the caller folds each gradient's clip factor into grad_scale (ClipFactor of
+// kernels/optimizer_math.h; SliceStore::Apply takes per-gradient weights).
 //
 // Moving averages follow tf.train.ExponentialMovingAverage with num_updates:
 //   decay = min(d, (1 + num_updates) / (10 + num_updates));  shadow -= (1 - decay) * (shadow - var)
 //
 // Usage:
 //   ASSIGN_OR_RETURN(Optimizer opt, Optimizer::Create(config));
-//   std::vector<float> m(n), v(n);  // opt.num_slots() slots, zero-initialized
-//   opt.Apply(step, /*grad_scale=*/1.0f / count, grad_sum, var, m.data(), v.data(), n);
+//   std::vector<std::vector<float>> slots(opt.num_slots());
+//   for (int k = 0; k < opt.num_slots(); ++k) slots[k].assign(n, opt.SlotInitialValue(k));
+//   float* s[3] = {...slots[k].data()...};
+//   opt.Apply(step, /*grad_scale=*/1.0f / count, grad_sum, var, s, n);
 //
 // Thread-safety: an Optimizer is immutable after Create; Apply may run concurrently on disjoint arrays.
 #ifndef DTRAIN_PS_CORE_OPTIMIZER_H_
 #define DTRAIN_PS_CORE_OPTIMIZER_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/optimizer_math.h"
 #include "ps/api/ps_types.h"
 
 namespace dtrain::ps {
 
+// The most slots an optimizer keeps per variable element (rmsprop with momentum, centered).
+inline constexpr int kMaxOptimizerSlots = 3;
+
+// `name`'s framework defaults (learning_rate and the schedule left at OptimizerConfig's): momentum 0.9 for
+// "momentum" (dtrain's long-standing default; PyTorch has none); betas 0.9/0.999 and epsilon 1e-8 for the adams,
+// weight_decay 0.01 for "adamw" (torch.optim.AdamW's); initial_accumulator 0.1 and epsilon 0 for "adagrad"
+// (tf.train.AdagradOptimizer), 0 and 1e-10 for "pytorch_adagrad"; rho 0.9, epsilon 1e-10, momentum 0 for
+// "rmsprop" (tf.train.RMSPropOptimizer), rho (alpha) 0.99, epsilon 1e-8, momentum 0 for "pytorch_rmsprop".
+// InvalidArgument for an unknown name.
+absl::StatusOr<OptimizerConfig> DefaultOptimizerConfig(const std::string& name);
+
+// The device optimizers' hyperparameters for `config` (kernels/optimizer_ops.h), validated: InvalidArgument for
+// an unknown name, an unknown lr_schedule or an out-of-range value (the message names it).
+absl::StatusOr<kernels::OptimizerParams> ToOptimizerParams(const OptimizerConfig& config,
+                                                           float moving_average_decay = 0.0f);
+
+// The learning rate for applying `step` under config's schedule, starting from `base` (the sparse tables' rate
+// follows the dense schedule: ps/core/sparse_optimizer.h). Precondition: config is valid (ToOptimizerParams).
+float ScheduledLearningRate(const OptimizerConfig& config, float base, int64_t step);
+
 class Optimizer {
  public:
-  enum class Kind { kSgd, kMomentum, kAdam };
+  using Kind = kernels::OptimizerKind;
 
   // InvalidArgument for an unknown name or an out-of-range hyperparameter (the message names it).
   static absl::StatusOr<Optimizer> Create(const OptimizerConfig& config);
 
-  Kind kind() const { return kind_; }
+  Kind kind() const { return params_.kind; }
   const OptimizerConfig& config() const { return config_; }
-  // Slots per variable element: 0 (sgd), 1 (momentum: accum), 2 (adam: m, v).
-  int num_slots() const;
+  const kernels::OptimizerParams& params() const { return params_; }
+  // Slots per variable element (OptimizerConfig::num_slots()), and what slot k holds before the first update.
+  int num_slots() const { return params_.num_slots(); }
+  float SlotInitialValue(int k) const { return params_.SlotInitialValue(k); }
+  // "rms, momentum, mg"-style names of the slots, for messages.
+  std::string DescribeSlots() const;
 
-  // The decayed learning rate for applying `step`.
+  // The scheduled learning rate for applying `step`.
   float LearningRate(int64_t step) const;
 
-  // One update of n elements with gradient grad_scale * grad[i] (grad_scale folds the 1/count of an average
-  // into the same pass). slot0/slot1 are the slots (nullptr where num_slots() says unused). No aliasing
-  // between the arrays.
-  void Apply(int64_t step, float grad_scale, const float* grad, float* var, float* slot0, float* slot1,
-             int64_t n) const;
+  // One update of n elements with gradient grad_scale * grad[i] (grad_scale folds the 1/count of an average and
+  // a clip factor into the same pass). slots[k] for k < num_slots(), each n floats. No aliasing between the
+  // arrays.
+  void Apply(int64_t step, float grad_scale, const float* grad, float* var, float* const* slots, int64_t n) const;
 
  private:
-  Optimizer(Kind kind, const OptimizerConfig& config)
-      : kind_(kind), paper_adam_(config.name == "pytorch_adam"), config_(config) {}
+  Optimizer(const kernels::OptimizerParams& params, const OptimizerConfig& config)
+      : params_(params), config_(config) {}
 
-  Kind kind_;
-  bool paper_adam_;  // kAdam as torch.optim.Adam ("pytorch_adam"), resolved from the name once
+  kernels::OptimizerParams params_;
   OptimizerConfig config_;
 };
 
@@ -73,6 +96,8 @@ float AdamLearningRate(float lr, float beta1, float beta2, int64_t step);
 
 // dst += src (summing workers' gradients before an average).
 void AddInto(const float* src, float* dst, int64_t n);
+// dst += a * src (summing workers' clipped gradients).
+void AxpyInto(float a, const float* src, float* dst, int64_t n);
 
 // min(decay, (1 + num_updates) / (10 + num_updates)).
 float MovingAverageDecay(float decay, int64_t num_updates);

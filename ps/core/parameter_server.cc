@@ -26,6 +26,7 @@ class ParameterServer::Impl::DiscardUpload : public SliceUpload {
     impl_->bytes_received_ += n * (8 + int64_t{dim} * DtypeBytes(dtype));
     return absl::OkStatus();
   }
+  absl::Status SetGradientNorm(double) override { return absl::OkStatus(); }
   absl::StatusOr<PushResponse> Finish() override { return response_; }
 
  private:
@@ -115,10 +116,24 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
     buffer->Claim(header_.step, header_.request_id);
     status_ = buffer->Write(*i, offset, n, dtype, data, check);
-    if (status_.ok() && !check && !impl_->sync_ && buffer->complete(*i) && !buffer->applied(*i)) {
+    // Clipping needs the worker's norm, which comes after the slices: such pushes are applied when they finish.
+    if (status_.ok() && !check && !impl_->sync_ && !impl_->clipping() && buffer->complete(*i) &&
+        !buffer->applied(*i)) {
       impl_->ApplyAsync(*i, *buffer);
     }
     return status_;
+  }
+
+  absl::Status SetGradientNorm(double norm) override {
+    if (!status_.ok()) return status_;
+    if (norm < 0.0) {
+      return status_ = absl::InvalidArgumentError(absl::StrCat("worker ", header_.worker_id,
+                                                               " sent a negative gradient norm ", norm));
+    }
+    GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
+    buffer->Claim(header_.step, header_.request_id);
+    buffer->set_gradient_norm(norm);
+    return absl::OkStatus();
   }
 
   absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
@@ -326,6 +341,13 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
     CountNotTaken(w, PushResponse::Outcome::kDuplicate);
     return PushResponse{PushResponse::Outcome::kDuplicate, step_};
   }
+  if (clipping() && !buffer.has_gradient_norm()) {
+    ++accounting_.refused;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", w, "'s push for step ", header.step, " came without its gradient norm, but the chief's config "
+        "clips gradients (clip_norm ", config_.optimizer.clip_norm, "): every worker must send it (SliceUpload::"
+        "SetGradientNorm; a dtrain_worker of this version does)"));
+  }
   // Non-finite gradients (checked as they arrived unless --nonfinite=apply).
   const std::string& bad_slice = buffer.nonfinite_slice();
   if (!bad_slice.empty()) {
@@ -380,10 +402,11 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
     ++(skip ? accounting_.skipped_nonfinite : accounting_.applied);
     if (!skip) {
       // Checked whole first (unless --nonfinite=apply, which applied each slice on arrival).
+      const float clip = ClipFactorOf(buffer);
       for (int i = 0; i < store_->num_slices(); ++i) {
         if (buffer.applied(i)) continue;
         const float* grad = buffer.data(i);
-        store_->Apply(i, step_, &grad, 1, 1.0f, store_->version(i) + 1);
+        store_->Apply(i, step_, &grad, 1, 1.0f, store_->version(i) + 1, &clip);
         buffer.set_applied(i);
       }
       ApplySparse({&buffer}, step_, 1.0f);
@@ -515,12 +538,16 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
     }
     std::vector<const float*> grads(summed.size());
     const float scale = summed.empty() ? 0.0f : 1.0f / static_cast<float>(summed.size());
+    // Each worker's gradient scaled by its own clip factor (its global norm came with its upload).
+    std::vector<float> clip(summed.size(), 1.0f);
+    for (size_t k = 0; k < summed.size(); ++k) clip[k] = ClipFactorOf(*summed[k]);
+    const float* weights = clipping() ? clip.data() : nullptr;
     for (int i = 0; i < store_->num_slices(); ++i) {
       for (size_t k = 0; k < summed.size(); ++k) grads[k] = summed[k]->data(i);
       if (grads.empty()) {
         store_->Apply(i, d.step, nullptr, 0, 0.0f, d.step + 1);  // publishes the version, changes nothing
       } else {
-        store_->Apply(i, d.step, grads.data(), static_cast<int>(grads.size()), scale, d.step + 1);
+        store_->Apply(i, d.step, grads.data(), static_cast<int>(grads.size()), scale, d.step + 1, weights);
       }
     }
     // The tables after the slices (pulls stream them in that order), with the same 1/R.

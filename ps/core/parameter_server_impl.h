@@ -17,6 +17,10 @@
 //   checked whole and applied when its upload finishes. On ps 0 only a commit advances the global step and the
 //   worker's clock; on other tasks every finished upload advances the task's own step (its learning-rate
 //   schedule).
+// - Gradient clipping (clip_norm > 0): a push's norm (SetGradientNorm, after its slices) is kept in the worker's
+//   buffer; the push is refused at Finish without it. Each worker's gradient is scaled by its own factor: sync,
+//   as a weight in the decision's sum (SliceStore::Apply); async, when the push finishes (never slice by slice
+//   on arrival, even with --nonfinite=apply, since the norm comes last).
 // - A Pull never waits when no other worker is active (nobody could move the step): it returns at once,
 //   possibly with step < min_step. When no worker is left it returns with training_done.
 // - Request ids are remembered per worker for the last 1024 finished uploads (not for uploads that failed, so
@@ -170,6 +174,14 @@ class ParameterServer::Impl {
                                           std::vector<CheckpointData>* saves) ABSL_LOCKS_EXCLUDED(mu_);
   // Async: applies slice i of `buffer` (whole) once per upload.
   void ApplyAsync(int i, GradientBuffers::Buffer& buffer) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the config clips gradients (OptimizerConfig::clip_norm > 0), and the factor a worker's gradient is
+  // scaled by (1 without clipping or without its norm). Read from the store's optimizer, which changes only
+  // when the task is (re)configured, as the store itself.
+  bool clipping() const { return store_->optimizer().params().clip_norm > 0.0f; }
+  float ClipFactorOf(const GradientBuffers::Buffer& b) const {
+    return b.has_gradient_norm() ? kernels::ClipFactor(store_->optimizer().params().clip_norm, b.gradient_norm())
+                                 : 1.0f;
+  }
   // Applies the sparse rows of `buffers` at `step`: summed per id (in the order given), times `scale`.
   void ApplySparse(const std::vector<GradientBuffers::Buffer*>& buffers, int64_t step, float scale);
   // Pull: InvalidArgument for sparse ids the task does not hold (or a table asked twice).

@@ -9,6 +9,9 @@
 
 namespace dtrain::ps {
 
+static_assert(kMaxOptimizerSlots <= static_cast<int>(kMaxCheckpointSlots),
+              "every optimizer's slots must fit a checkpoint (ps/checkpoint/checkpoint_format.h)");
+
 absl::StatusOr<std::unique_ptr<SliceStore>> SliceStore::Create(std::vector<SliceSpec> slices,
                                                                const OptimizerConfig& optimizer,
                                                                float moving_average_decay) {
@@ -39,7 +42,7 @@ SliceStore::SliceStore(std::vector<SliceSpec> specs, Optimizer optimizer, float 
     s->spec = specs_[i];
     const int64_t len = s->spec.length;
     s->values.assign(len, 0.0f);
-    s->slots.assign(optimizer_.num_slots(), std::vector<float>(len, 0.0f));
+    for (int k = 0; k < optimizer_.num_slots(); ++k) s->slots.emplace_back(len, optimizer_.SlotInitialValue(k));
     if (has_moving_averages()) s->shadow.assign(len, 0.0f);
     index_of_key_[s->spec.key] = i;
     total_floats_ += len;
@@ -77,7 +80,9 @@ absl::Status SliceStore::WriteValues(int i, int64_t offset, int64_t n, WireDtype
 void SliceStore::ResetSlotsAndAverages(int64_t version) {
   for (auto& s : slices_) {
     absl::MutexLock lock(&s->mu);
-    for (std::vector<float>& slot : s->slots) std::fill(slot.begin(), slot.end(), 0.0f);
+    for (size_t k = 0; k < s->slots.size(); ++k) {
+      std::fill(s->slots[k].begin(), s->slots[k].end(), optimizer_.SlotInitialValue(static_cast<int>(k)));
+    }
     if (has_moving_averages()) s->shadow = s->values;
   }
   absl::MutexLock lock(&progress_mu_);
@@ -95,31 +100,40 @@ void SliceStore::Publish(int i, int64_t applying_version, int64_t applied_floats
 }
 
 void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale,
-                       int64_t version) {
+                       int64_t version, const float* weights) {
   Slice& slice = *slices_[i];
   const int64_t n = slice.spec.length;
   if (num_grads == 0) {
     Publish(i, version, n, /*done=*/true);
     return;
   }
-  float* slot0 = slice.slots.size() > 0 ? slice.slots[0].data() : nullptr;
-  float* slot1 = slice.slots.size() > 1 ? slice.slots[1].data() : nullptr;
+  float* slots[kMaxOptimizerSlots] = {};
+  for (size_t k = 0; k < slice.slots.size(); ++k) slots[k] = slice.slots[k].data();
   float* var = slice.values.data();
   float* shadow = has_moving_averages() ? slice.shadow.data() : nullptr;
   const float decay = MovingAverageDecay(moving_average_decay_, step + 1);
   const bool state = !slice.spec.trainable;
+  // Trainable slices: a single gradient's weight folds into grad_scale; several are summed with their weights.
+  const bool weighted = weights != nullptr && !state;
+  const float scale = weighted && num_grads == 1 ? grad_scale * weights[0] : grad_scale;
   // Sums of several workers' gradients are formed chunk by chunk in a per-thread scratch.
   thread_local std::vector<float> scratch;
   auto apply = [&](int64_t begin, int64_t end, float* sum) {
     const float* grad = grads[0] + begin;
     if (num_grads > 1) {
-      std::memcpy(sum, grad, (end - begin) * sizeof(float));
-      for (int k = 1; k < num_grads; ++k) AddInto(grads[k] + begin, sum, end - begin);
+      if (weighted) {
+        for (int64_t k = 0; k < end - begin; ++k) sum[k] = weights[0] * grad[k];
+        for (int k = 1; k < num_grads; ++k) AxpyInto(weights[k], grads[k] + begin, sum, end - begin);
+      } else {
+        std::memcpy(sum, grad, (end - begin) * sizeof(float));
+        for (int k = 1; k < num_grads; ++k) AddInto(grads[k] + begin, sum, end - begin);
+      }
       grad = sum;
     }
     if (!state) {
-      optimizer_.Apply(step, grad_scale, grad, var + begin, slot0 ? slot0 + begin : nullptr,
-                       slot1 ? slot1 + begin : nullptr, end - begin);
+      float* chunk_slots[kMaxOptimizerSlots] = {};
+      for (size_t k = 0; k < slice.slots.size(); ++k) chunk_slots[k] = slots[k] + begin;
+      optimizer_.Apply(step, scale, grad, var + begin, chunk_slots, end - begin);
       if (shadow != nullptr) UpdateMovingAverage(decay, var + begin, shadow + begin, end - begin);
     } else {
       // State (BatchNorm running statistics): the pushed change, averaged; the "average" is the value itself.
@@ -214,8 +228,13 @@ absl::Status SliceStore::ImportState(const std::vector<SliceState>& state, int64
                                                      "), this store holds '", spec.variable, "' [",
                                                      spec.flat_offset, ", +", spec.length, ")"));
     }
+    if (static_cast<int>(s.slots.size()) != optimizer_.num_slots()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slice key ", spec.key, " ('", spec.variable, "'): the state holds ", s.slots.size(),
+          " optimizer slots per value, optimizer '", optimizer_.config().name, "' as configured keeps ",
+          optimizer_.num_slots(), " (", optimizer_.DescribeSlots(), ")"));
+    }
     bool ok = static_cast<int64_t>(s.values.size()) == spec.length &&
-              static_cast<int>(s.slots.size()) == optimizer_.num_slots() &&
               (s.moving_average.empty() || static_cast<int64_t>(s.moving_average.size()) == spec.length);
     for (const std::vector<float>& slot : s.slots) ok = ok && static_cast<int64_t>(slot.size()) == spec.length;
     if (!ok) {

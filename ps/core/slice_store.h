@@ -63,15 +63,18 @@ class SliceStore {
 
   // Set-up: writes values of slice i (decoded from `dtype`).
   absl::Status WriteValues(int i, int64_t offset, int64_t n, WireDtype dtype, const void* data);
-  // Set-up: zeroes the optimizer slots, sets the moving averages to the values and every version to `version`.
+  // Set-up: sets the optimizer slots to their initial values (Optimizer::SlotInitialValue: zero but for adagrad's
+  // accumulator and TensorFlow's rmsprop's ms), the moving averages to the values and every version to `version`.
   void ResetSlotsAndAverages(int64_t version);
 
   // Updates slice i as optimizer step `step` (0-based: drives the learning-rate schedule and Adam's t = step + 1)
-  // with the gradient grad_scale * (grads[0] + ... + grads[num_grads - 1]) (each spec(i).length floats), then
-  // its moving average with num_updates = step + 1, chunk by chunk; afterwards the slice's version is
-  // `version`. Large slices use up to apply_threads OpenMP threads (same result bit for bit). num_grads == 0
-  // only publishes the new version.
-  void Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale, int64_t version);
+  // with the gradient grad_scale * (w[0] * grads[0] + ... + w[num_grads - 1] * grads[num_grads - 1]) (each
+  // spec(i).length floats; w = `weights`, each gradient's clip factor, or all 1 when null), then its moving
+  // average with num_updates = step + 1, chunk by chunk; afterwards the slice's version is `version`. A state
+  // slice (not trainable) ignores the weights. Large slices use up to apply_threads OpenMP threads (same result
+  // bit for bit). num_grads == 0 only publishes the new version.
+  void Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale, int64_t version,
+             const float* weights = nullptr);
 
   // Waits until floats [0, end) of slice i hold version >= `version` (fully updated, or updated that far by the
   // Apply in progress), or until `deadline`, or until `stop` (may be null; checked whenever the waiter wakes)
@@ -92,7 +95,8 @@ class SliceStore {
   // Checkpoints: the full state of every slice (values, slots, moving averages), in slice order.
   std::vector<SliceState> ExportState() const;
   // Replaces the full state from a checkpoint and sets every version to `version`. Every slice of this store
-  // exactly once, matching spec and the optimizer's number of slots; else InvalidArgument and nothing changes.
+  // exactly once, matching spec and the optimizer's number of slots; else InvalidArgument (naming the slots this
+  // optimizer keeps when their number differs) and nothing changes.
   // Moving averages: taken when both sides keep them; set to the values when the store keeps them but `slices`
   // lack them; ignored otherwise.
   absl::Status ImportState(const std::vector<SliceState>& slices, int64_t version);

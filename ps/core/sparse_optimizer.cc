@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/optimizer_math.h"
+#include "ps/core/optimizer.h"
 
 namespace dtrain::ps {
 namespace {
@@ -92,8 +93,7 @@ void SparseOptimizer::InitSlots(float* slots, int dim) const {
 
 SparseOptimizer::Step SparseOptimizer::Prepare(int64_t step) const {
   Step s;
-  s.lr = kernels::DecayedLearningRate(config_.learning_rate, decay_.decay_rate, decay_.decay_steps,
-                                      decay_.staircase, step);
+  s.lr = ScheduledLearningRate(decay_, config_.learning_rate, step);  // the dense schedule
   if (kind_ == Kind::kAdam) s.lr_t = kernels::AdamLearningRate(s.lr, config_.beta1, config_.beta2, step);
   return s;
 }

@@ -15,8 +15,8 @@
 //                                                                         (tf.train.FtrlOptimizer / ApplyFtrl;
 //                                                                         z starts at 0, n at initial_accumulator)
 //
-// The learning rate decays like the dense one (tf.train.exponential_decay with the dense OptimizerConfig's
-// decay_steps, decay_rate and staircase) at the step being applied.
+// The learning rate follows the dense one's schedule (the dense OptimizerConfig's lr_schedule, decay and warmup:
+// ScheduledLearningRate of ps/core/optimizer.h) at the step being applied.
 //
 // A row is laid out as [values: dim][slot 0: dim][slot 1: dim] (num_slots() slots): adagrad's slot 0 is accum,
 // adam's slots are m, v, ftrl's are z (linear), n (accumulator).

@@ -128,10 +128,30 @@ absl::Status CompareTrainConfigs(const TrainConfig& ps, const TrainConfig& w, in
   if (a.decay_steps != b.decay_steps) return Mismatch("optimizer.decay_steps", a.decay_steps, b.decay_steps, worker_id);
   if (a.decay_rate != b.decay_rate) return Mismatch("optimizer.decay_rate", a.decay_rate, b.decay_rate, worker_id);
   if (a.staircase != b.staircase) return Mismatch("optimizer.staircase", a.staircase, b.staircase, worker_id);
+  if (a.lr_schedule != b.lr_schedule) return Mismatch("optimizer.lr_schedule", a.lr_schedule, b.lr_schedule, worker_id);
+  if (a.min_learning_rate != b.min_learning_rate) {
+    return Mismatch("optimizer.min_learning_rate", a.min_learning_rate, b.min_learning_rate, worker_id);
+  }
+  if (a.warmup_steps != b.warmup_steps) {
+    return Mismatch("optimizer.warmup_steps", a.warmup_steps, b.warmup_steps, worker_id);
+  }
+  if (a.warmup_start_factor != b.warmup_start_factor) {
+    return Mismatch("optimizer.warmup_start_factor", a.warmup_start_factor, b.warmup_start_factor, worker_id);
+  }
   if (a.momentum != b.momentum) return Mismatch("optimizer.momentum", a.momentum, b.momentum, worker_id);
+  if (a.nesterov != b.nesterov) return Mismatch("optimizer.nesterov", a.nesterov, b.nesterov, worker_id);
   if (a.beta1 != b.beta1) return Mismatch("optimizer.beta1", a.beta1, b.beta1, worker_id);
   if (a.beta2 != b.beta2) return Mismatch("optimizer.beta2", a.beta2, b.beta2, worker_id);
   if (a.epsilon != b.epsilon) return Mismatch("optimizer.epsilon", a.epsilon, b.epsilon, worker_id);
+  if (a.weight_decay != b.weight_decay) {
+    return Mismatch("optimizer.weight_decay", a.weight_decay, b.weight_decay, worker_id);
+  }
+  if (a.rho != b.rho) return Mismatch("optimizer.rho", a.rho, b.rho, worker_id);
+  if (a.centered != b.centered) return Mismatch("optimizer.centered", a.centered, b.centered, worker_id);
+  if (a.initial_accumulator != b.initial_accumulator) {
+    return Mismatch("optimizer.initial_accumulator", a.initial_accumulator, b.initial_accumulator, worker_id);
+  }
+  if (a.clip_norm != b.clip_norm) return Mismatch("optimizer.clip_norm", a.clip_norm, b.clip_norm, worker_id);
   if (ps.moving_average_decay != w.moving_average_decay) {
     return Mismatch("moving_average_decay", ps.moving_average_decay, w.moving_average_decay, worker_id);
   }

@@ -1,5 +1,10 @@
 #include "ps/core/train_config.h"
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace dtrain::ps {
@@ -50,8 +55,8 @@ TEST(TrainConfigTest, RejectsBadFields) {
   c.max_staleness = -2;
   expect_invalid(c, "max_staleness");
   c = Valid();
-  c.optimizer.name = "rmsprop";
-  expect_invalid(c, "rmsprop");
+  c.optimizer.name = "adadelta";
+  expect_invalid(c, "adadelta");
   c = Valid();
   c.moving_average_decay = 1.0f;
   expect_invalid(c, "moving_average_decay");
@@ -88,6 +93,27 @@ TEST(TrainConfigTest, MismatchNamesFieldAndBothValues) {
   s = CompareTrainConfigs(ps, w, 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("slices[1] mismatch"), std::string::npos) << s.message();
+
+  // Every optimizer field is compared, by name.
+  const std::vector<std::pair<std::string, std::function<void(OptimizerConfig&)>>> fields = {
+      {"lr_schedule", [](OptimizerConfig& o) { o.lr_schedule = "cosine"; }},
+      {"min_learning_rate", [](OptimizerConfig& o) { o.min_learning_rate = 1e-3f; }},
+      {"warmup_steps", [](OptimizerConfig& o) { o.warmup_steps = 10; }},
+      {"warmup_start_factor", [](OptimizerConfig& o) { o.warmup_start_factor = 0.5f; }},
+      {"nesterov", [](OptimizerConfig& o) { o.nesterov = true; }},
+      {"weight_decay", [](OptimizerConfig& o) { o.weight_decay = 0.01f; }},
+      {"rho", [](OptimizerConfig& o) { o.rho = 0.5f; }},
+      {"centered", [](OptimizerConfig& o) { o.centered = true; }},
+      {"initial_accumulator", [](OptimizerConfig& o) { o.initial_accumulator = 0.5f; }},
+      {"clip_norm", [](OptimizerConfig& o) { o.clip_norm = 1.0f; }},
+  };
+  for (const auto& [field, edit] : fields) {
+    w = Valid();
+    edit(w.optimizer);
+    s = CompareTrainConfigs(ps, w, 3);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << field;
+    EXPECT_NE(s.message().find("optimizer." + field + " mismatch"), std::string::npos) << s.message();
+  }
 
   // 0 and num_workers mean the same R.
   w = Valid();

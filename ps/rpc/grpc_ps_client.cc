@@ -99,6 +99,14 @@ class GrpcUpload : public SliceUpload {
     return absl::OkStatus();
   }
 
+  absl::Status SetGradientNorm(double norm) override {
+    ::dtrain::wire::PushTrailer trailer;
+    trailer.set_gradient_norm(norm);
+    coding::MessageBuilder b;
+    b.SetTrailer(trailer.SerializeAsString());
+    return Send(b.Build());
+  }
+
   absl::StatusOr<PushResponse> Finish() override {
     finished_ = true;
     writer_->WritesDone();

@@ -20,6 +20,7 @@
 #include "common/denormals.h"
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
+#include "ps/core/optimizer.h"
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/server.h"
 #include "ps/testing/ps_test_util.h"
@@ -480,6 +481,77 @@ struct GrpcCluster {
   std::unique_ptr<WorkerClient> client;
   absl::Status connected;
 };
+
+// Every optimizer field and a push's gradient norm cross the wire: three steps on two gRPC ps tasks equal the
+// optimizer applied here to the whole flat buffer with the clip factor of the global norm (a field lost on the
+// way, or a factor from one task's part of the norm, would change the values); a worker whose config differs in
+// one new field is refused by its name.
+TEST(GrpcPsTest, OptimizerConfigAndGradientNormCrossTheWire) {
+  OptimizerConfig rmsprop = *DefaultOptimizerConfig("pytorch_rmsprop");
+  rmsprop.learning_rate = 0.01f;
+  rmsprop.momentum = 0.5f;
+  rmsprop.centered = true;
+  rmsprop.rho = 0.95f;
+  rmsprop.epsilon = 1e-4f;
+  rmsprop.weight_decay = 0.01f;
+  rmsprop.lr_schedule = "cosine";
+  rmsprop.decay_steps = 4;
+  rmsprop.min_learning_rate = 0.001f;
+  rmsprop.warmup_steps = 1;
+  rmsprop.warmup_start_factor = 0.5f;
+  rmsprop.clip_norm = 1.0f;
+  OptimizerConfig adagrad = *DefaultOptimizerConfig("adagrad");
+  adagrad.learning_rate = 0.1f;
+  adagrad.initial_accumulator = 0.3f;
+  adagrad.clip_norm = 2.0f;
+  adagrad.decay_steps = 2;
+  adagrad.decay_rate = 0.5f;
+  adagrad.staircase = true;
+  OptimizerConfig nesterov = *DefaultOptimizerConfig("momentum");
+  nesterov.learning_rate = 0.1f;
+  nesterov.nesterov = true;
+  nesterov.momentum = 0.8f;
+  OptimizerConfig adam = *DefaultOptimizerConfig("adam");
+  adam.beta1 = 0.8f;
+  adam.beta2 = 0.99f;
+  for (const OptimizerConfig& optimizer : {rmsprop, adagrad, nesterov, adam}) {
+    SCOPED_TRACE(optimizer.name);
+    TrainConfig config = Config();
+    config.slices.clear();
+    config.optimizer = optimizer;
+    const std::vector<VariableInfo> variables = {{"a", 700}, {"b", 600}};
+    GrpcCluster c(2, config, variables, WireDtype::kF32);
+    ASSERT_TRUE(c.connected.ok()) << c.connected;
+    ASSERT_EQ(c.placement.task_slices[1].size(), 1u) << "one variable on each task";
+    const int64_t n = 1300;
+    Optimizer opt = *Optimizer::Create(optimizer);
+    std::vector<float> want = c.initial, params(n);
+    std::vector<std::vector<float>> slots(3);
+    for (int k = 0; k < opt.num_slots(); ++k) slots[k].assign(n, opt.SlotInitialValue(k));
+    for (int64_t step = 0; step < 3; ++step) {
+      std::vector<float> grad(n);
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        grad[i] = 0.01f * static_cast<float>((i * 7 + step) % 23) - 0.1f;
+        sum += static_cast<double>(grad[i]) * grad[i];
+      }
+      ASSERT_GT(std::sqrt(sum), optimizer.clip_norm);  // clipping bites where it is on
+      absl::StatusOr<PushResponse> pushed = c.client->Push(step, grad.data());
+      ASSERT_TRUE(pushed.ok()) << pushed.status();
+      float* s[3] = {slots[0].data(), slots[1].data(), slots[2].data()};
+      opt.Apply(step, kernels::ClipFactor(optimizer.clip_norm, std::sqrt(sum)), grad.data(), want.data(), s, n);
+      ASSERT_TRUE(c.client->Pull(step + 1, step, params.data()).ok());
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(params[i], want[i], 1e-6f * (1 + std::fabs(want[i]))) << i;
+    }
+    // A config that differs in one field is refused, naming it (the field crossed the wire).
+    TrainConfig other = config;
+    other.optimizer.clip_norm += 1.0f;
+    other.slices = c.placement.task_slices[0];
+    absl::StatusOr<CheckpointProbe> refused = c.clients[0]->Probe(other);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("optimizer.clip_norm"), std::string::npos) << refused.status();
+  }
+}
 
 TrainConfig SparseConfig(int64_t rows, int dim) {
   TrainConfig c;

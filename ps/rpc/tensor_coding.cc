@@ -331,6 +331,12 @@ void MessageBuilder::SetHeader(const std::string& serialized_header) {
   meta_ += serialized_header;
 }
 
+void MessageBuilder::SetTrailer(const std::string& serialized_trailer) {
+  AppendTag(&meta_, 4, kLengthDelimited);
+  AppendVarint(&meta_, serialized_trailer.size());
+  meta_ += serialized_trailer;
+}
+
 void MessageBuilder::SetWorkerId(int32_t worker_id) {
   AppendTag(&meta_, 1, kVarint);
   AppendVarint(&meta_, static_cast<uint64_t>(static_cast<int64_t>(worker_id)));
@@ -454,19 +460,19 @@ absl::Status DecodeMessage(const grpc::ByteBuffer& buffer, ChunkHandler* handler
     uint64_t tag;
     if (!r.ReadVarint(&tag)) return Malformed("truncated tag", r.position());
     const int field = static_cast<int>(tag >> 3), wire_type = static_cast<int>(tag & 7);
-    if (field == 1 && wire_type == kLengthDelimited) {
+    if ((field == 1 || field == 4) && wire_type == kLengthDelimited) {  // the header, or a push's trailer
       uint64_t n;
       if (!r.ReadVarint(&n) || n > static_cast<uint64_t>(r.remaining())) {  // unsigned: a huge n is no negative
-        return Malformed("truncated header", r.position());
+        return Malformed(field == 1 ? "truncated header" : "truncated trailer", r.position());
       }
-      std::string header;
-      header.reserve(n);
-      while (header.size() < n) {
-        const int64_t take = std::min<int64_t>(n - header.size(), r.Contiguous());
-        header.append(reinterpret_cast<const char*>(r.data()), take);
+      std::string bytes;
+      bytes.reserve(n);
+      while (bytes.size() < n) {
+        const int64_t take = std::min<int64_t>(n - bytes.size(), r.Contiguous());
+        bytes.append(reinterpret_cast<const char*>(r.data()), take);
         r.Advance(take);
       }
-      RETURN_IF_ERROR(handler->OnHeader(header));
+      RETURN_IF_ERROR(field == 1 ? handler->OnHeader(bytes) : handler->OnTrailer(bytes));
     } else if (field == 1 && wire_type == kVarint) {
       uint64_t v;
       if (!r.ReadVarint(&v)) return Malformed("truncated varint", r.position());

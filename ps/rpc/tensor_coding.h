@@ -1,5 +1,6 @@
 // The tensor-carrying messages of proto/dtrain.proto (InitializeChunk, PushChunk, PullChunk: a header in field 1,
-// SliceChunks in field 2, sparse rows in field 3: RowGradientChunks in a PushChunk, RowChunks in a PullChunk)
+// SliceChunks in field 2, sparse rows in field 3: RowGradientChunks in a PushChunk, RowChunks in a PullChunk; a
+// PushChunk's trailer in field 4)
 // encoded straight into and decoded straight out of grpc::ByteBuffer, the idea of TensorFlow's
 // grpc_tensor_coding:
 // - Encoding (MessageBuilder): the small fields are gathered in one slice per message; a chunk's data is either
@@ -60,6 +61,8 @@ class MessageBuilder {
   // Field 1: a serialized header message (PushHeader, PullHeader), or InitializeChunk's worker_id.
   void SetHeader(const std::string& serialized_header);
   void SetWorkerId(int32_t worker_id);
+  // Field 4 of a PushChunk: a serialized PushTrailer (sent after the data).
+  void SetTrailer(const std::string& serialized_trailer);
   // A chunk of `n` elements whose data stays at `data` (unchanged until `tracker` says gRPC let go of it).
   void AddChunkRef(uint32_t key, int64_t offset, WireDtype dtype, const void* data, int64_t n,
                    SendTracker* tracker);
@@ -93,6 +96,8 @@ class ChunkHandler {
   virtual ~ChunkHandler() = default;
   // Field 1 as a length-delimited header (PushChunk, PullChunk): its serialized bytes.
   virtual absl::Status OnHeader(const std::string& serialized_header) { return absl::OkStatus(); }
+  // Field 4 as a length-delimited trailer (PushChunk): its serialized bytes.
+  virtual absl::Status OnTrailer(const std::string& serialized_trailer) { return absl::OkStatus(); }
   // Field 1 as a varint (InitializeChunk's worker_id).
   virtual absl::Status OnWorkerId(int64_t worker_id) { return absl::OkStatus(); }
   // Elements [offset, offset + n) of slice `key`, n >= 1, as `dtype` at `data` (any alignment). A chunk's data

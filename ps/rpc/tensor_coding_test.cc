@@ -32,6 +32,11 @@ struct Collected : ChunkHandler {
     worker_id = id;
     return absl::OkStatus();
   }
+  std::string trailer;
+  absl::Status OnTrailer(const std::string& t) override {
+    trailer = t;
+    return absl::OkStatus();
+  }
   struct Rows {
     uint32_t table;
     int64_t first;  // -1 for gradients
@@ -229,6 +234,32 @@ TEST(TensorCodingTest, BytesAreTheProtobufEncoding) {
   float one;
   std::memcpy(&one, r.data[9].data(), 4);
   EXPECT_EQ(one, 1.f);
+}
+
+// A push's trailer (its gradient norm, after the data) parses with the generated classes and decodes back, cut
+// anywhere.
+TEST(TensorCodingTest, PushTrailerIsTheProtobufEncoding) {
+  dtrain::wire::PushTrailer t;
+  t.set_gradient_norm(12.375);
+  MessageBuilder b;
+  b.SetTrailer(t.SerializeAsString());
+  const std::string bytes = Flatten(b.Build());
+  dtrain::wire::PushChunk parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  ASSERT_TRUE(parsed.has_trailer());
+  ASSERT_TRUE(parsed.trailer().has_gradient_norm());
+  EXPECT_EQ(parsed.trailer().gradient_norm(), 12.375);
+  std::mt19937 rng(3);
+  for (int piece : {1, 2, 5}) {
+    Collected got;
+    ASSERT_TRUE(DecodeMessage(Reslice(bytes, &rng, piece), &got).ok());
+    dtrain::wire::PushTrailer back;
+    ASSERT_TRUE(back.ParseFromString(got.trailer));
+    EXPECT_EQ(back.gradient_norm(), 12.375);
+  }
+  Collected truncated;
+  EXPECT_EQ(DecodeMessage(Reslice(bytes.substr(0, bytes.size() - 1), &rng, 4), &truncated).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST(TensorCodingTest, MalformedMessagesAreDataLossNeverACrash) {

@@ -28,6 +28,15 @@ absl::Status UploadFeeder::OnWorkerId(int64_t worker_id) {
   return absl::OkStatus();
 }
 
+absl::Status UploadFeeder::OnTrailer(const std::string& bytes) {
+  if (initialize_) return absl::InvalidArgumentError("Initialize: unexpected trailer");
+  if (!upload_) return absl::InvalidArgumentError("Push: trailer before the header");
+  ::dtrain::wire::PushTrailer trailer;
+  if (!trailer.ParseFromString(bytes)) return absl::InvalidArgumentError("Push: malformed trailer");
+  if (trailer.has_gradient_norm()) return upload_->SetGradientNorm(trailer.gradient_norm());
+  return absl::OkStatus();
+}
+
 absl::Status UploadFeeder::OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) {
   if (!upload_) {
     return absl::InvalidArgumentError(initialize_ ? "Initialize: slice data before the worker id"

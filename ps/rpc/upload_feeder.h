@@ -4,7 +4,8 @@
 // exactly this code.
 //
 // Errors: InvalidArgument for a malformed stream (a second header, data before the header, an unexpected field,
-// an empty stream, a message that does not decode); otherwise whatever the PsInterface answers.
+// an empty stream, a message that does not decode, a trailer outside a push or before its header); otherwise
+// whatever the PsInterface answers.
 //
 // Thread-safety: one UploadFeeder belongs to one stream (one thread).
 #ifndef DTRAIN_PS_RPC_UPLOAD_FEEDER_H_
@@ -35,6 +36,7 @@ class UploadFeeder : public coding::ChunkHandler {
 
   absl::Status OnHeader(const std::string& bytes) override;
   absl::Status OnWorkerId(int64_t worker_id) override;
+  absl::Status OnTrailer(const std::string& bytes) override;
   absl::Status OnData(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override;
   absl::Status OnRowGradients(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
                               const void* data) override;

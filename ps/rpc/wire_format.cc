@@ -35,6 +35,16 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
   o->set_beta1(in.optimizer.beta1);
   o->set_beta2(in.optimizer.beta2);
   o->set_epsilon(in.optimizer.epsilon);
+  o->set_lr_schedule(in.optimizer.lr_schedule);
+  o->set_min_learning_rate(in.optimizer.min_learning_rate);
+  o->set_warmup_steps(in.optimizer.warmup_steps);
+  o->set_warmup_start_factor(in.optimizer.warmup_start_factor);
+  o->set_nesterov(in.optimizer.nesterov);
+  o->set_weight_decay(in.optimizer.weight_decay);
+  o->set_rho(in.optimizer.rho);
+  o->set_centered(in.optimizer.centered);
+  o->set_initial_accumulator(in.optimizer.initial_accumulator);
+  o->set_clip_norm(in.optimizer.clip_norm);
   out->set_moving_average_decay(in.moving_average_decay);
   out->set_train_steps(in.train_steps);
   for (const SliceSpec& s : in.slices) {
@@ -87,6 +97,16 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
   c.optimizer.beta1 = o.beta1();
   c.optimizer.beta2 = o.beta2();
   c.optimizer.epsilon = o.epsilon();
+  c.optimizer.lr_schedule = o.lr_schedule().empty() ? "exponential" : o.lr_schedule();
+  c.optimizer.min_learning_rate = o.min_learning_rate();
+  c.optimizer.warmup_steps = o.warmup_steps();
+  c.optimizer.warmup_start_factor = o.warmup_start_factor();
+  c.optimizer.nesterov = o.nesterov();
+  c.optimizer.weight_decay = o.weight_decay();
+  c.optimizer.rho = o.rho();
+  c.optimizer.centered = o.centered();
+  c.optimizer.initial_accumulator = o.initial_accumulator();
+  c.optimizer.clip_norm = o.clip_norm();
   c.moving_average_decay = in.moving_average_decay();
   c.train_steps = in.train_steps();
   for (const auto& p : in.slices()) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ps/api/ps_interface.h"
@@ -70,6 +71,10 @@ class FaultInjectingPs : public PsInterface {
       pieces_.push_back(std::move(p));
       return first_->WriteSparse(table, ids, n, dim, dtype, rows);
     }
+    absl::Status SetGradientNorm(double norm) override {
+      norm_ = norm;
+      return first_->SetGradientNorm(norm);
+    }
     absl::StatusOr<PushResponse> Finish() override {
       absl::StatusOr<PushResponse> first = first_->Finish();
       if (!first.ok()) return first;
@@ -79,6 +84,9 @@ class FaultInjectingPs : public PsInterface {
         absl::Status s = p.offset < 0 ? (*again)->WriteSparse(p.key, p.ids.data(), p.n, p.dim, p.dtype, p.bytes.data())
                                       : (*again)->Write(p.key, p.offset, p.n, p.dtype, p.bytes.data());
         if (!s.ok()) return s;
+      }
+      if (norm_) {
+        if (absl::Status s = (*again)->SetGradientNorm(*norm_); !s.ok()) return s;
       }
       absl::StatusOr<PushResponse> second = (*again)->Finish();
       if (!second.ok()) return second.status();
@@ -98,6 +106,7 @@ class FaultInjectingPs : public PsInterface {
     PushHeader header_;
     std::unique_ptr<SliceUpload> first_;
     std::vector<Piece> pieces_;
+    std::optional<double> norm_;
   };
 
   PsInterface* target_;

@@ -144,8 +144,9 @@ int Main() {
   ps::TrainConfig config;
   config.model_signature = models::ModelSignature(*o.resolved_model, model0->variables());
   config.num_workers = 1;
-  config.optimizer.name = o.optimizer;
-  config.optimizer.learning_rate = o.learning_rate;
+  absl::StatusOr<ps::OptimizerConfig> optimizer = OptimizerConfigOf(o);  // the optimizer's framework defaults
+  if (!optimizer.ok()) return Fail(optimizer.status(), 2);
+  config.optimizer = *optimizer;
   const std::vector<float> init = models::InitialParameters(model0->variables(), 1);
   std::copy(init.begin(), init.end(), (*towers)->host_params());
   if (absl::Status s = client.Connect(config, (*towers)->host_params(), absl::Seconds(10)); !s.ok()) return Fail(s);

@@ -2,6 +2,7 @@
 // Flags → WorkerOptions → RunTraining; exit code 0 on success, 2 on bad flags/cluster spec, 1 otherwise.
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,11 +48,40 @@ ABSL_FLAG(std::string, export_onnx, "",
 ABSL_FLAG(int64_t, train_steps, 2000, "Train until the global step reaches this");
 ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
 ABSL_FLAG(double, learning_rate, 0, "Learning rate (0: the model's default)");
-ABSL_FLAG(std::string, optimizer, "", "sgd | momentum | adam (TensorFlow's) | pytorch_adam (torch.optim.Adam's epsilon) (empty: the model's default)");
-ABSL_FLAG(double, momentum, 0.9, "Momentum for --optimizer=momentum");
-ABSL_FLAG(int64_t, decay_steps, 0, "Exponential learning-rate decay every this many steps (0: off)");
-ABSL_FLAG(double, decay_rate, 1.0, "Learning-rate decay factor");
+ABSL_FLAG(std::string, optimizer, "",
+          "sgd | momentum | adam (TensorFlow's) | pytorch_adam (torch.optim.Adam) | adamw (torch.optim.AdamW) | "
+          "adagrad (TensorFlow's defaults) | pytorch_adagrad | rmsprop (TensorFlow's) | pytorch_rmsprop "
+          "(torch.optim.RMSprop) (empty: the model's default). Unset hyperparameters take the optimizer's "
+          "framework defaults");
+ABSL_FLAG(std::optional<double>, momentum, std::nullopt,
+          "Momentum of --optimizer=momentum (default 0.9) and of the rmsprops (default 0: none)");
+ABSL_FLAG(bool, nesterov, false, "--optimizer=momentum: Nesterov momentum (torch.optim.SGD(nesterov=True))");
+ABSL_FLAG(std::optional<double>, beta1, std::nullopt, "Adam's beta1 (default 0.9)");
+ABSL_FLAG(std::optional<double>, beta2, std::nullopt, "Adam's beta2 (default 0.999)");
+ABSL_FLAG(std::optional<double>, epsilon, std::nullopt,
+          "Epsilon of the adams (1e-8), adagrad (0) / pytorch_adagrad (1e-10), rmsprop (1e-10) / pytorch_rmsprop "
+          "(1e-8)");
+ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt,
+          "Weight decay: L2 (weight_decay * w added to the gradient, PyTorch's weight_decay) for every optimizer but "
+          "adamw, whose decay is decoupled (default 0.01 for adamw, else 0)");
+ABSL_FLAG(std::optional<double>, rho, std::nullopt,
+          "RMSProp's decay of the mean square (rmsprop: 0.9, pytorch_rmsprop's alpha: 0.99)");
+ABSL_FLAG(bool, centered, false, "RMSProp: centered (divide by the variance estimate)");
+ABSL_FLAG(std::optional<double>, initial_accumulator, std::nullopt,
+          "Adagrad's accumulator start (adagrad: 0.1, pytorch_adagrad: 0)");
+ABSL_FLAG(double, clip_norm, 0,
+          "Clip each worker's gradient to this global L2 norm over every variable on every ps task "
+          "(torch.nn.utils.clip_grad_norm_; sync mode averages the clipped gradients) (0: off)");
+ABSL_FLAG(std::string, lr_schedule, "exponential",
+          "exponential (--decay_rate every --decay_steps; --staircase for steps) | step (StepLR: staircase) | "
+          "cosine (to --min_learning_rate over --decay_steps, default the rest of --train_steps) | constant");
+ABSL_FLAG(int64_t, decay_steps, 0, "Learning-rate decay period (exponential, step) or length (cosine) (0: off)");
+ABSL_FLAG(double, decay_rate, 1.0, "Learning-rate decay factor (exponential, step)");
 ABSL_FLAG(bool, staircase, false, "Decay the learning rate in discrete steps");
+ABSL_FLAG(double, min_learning_rate, 0, "--lr_schedule=cosine: the rate it ends at");
+ABSL_FLAG(int64_t, warmup_steps, 0,
+          "Linear learning-rate warmup over this many steps before the schedule (LinearLR + SequentialLR)");
+ABSL_FLAG(double, warmup_start_factor, 0, "The warmup starts at this fraction of --learning_rate");
 ABSL_FLAG(double, moving_average_decay, 0, "Keep moving averages of the variables (0: off)");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for initialization, shuffling and dropout");
 ABSL_FLAG(std::string, mode, "sync", "sync | async");
@@ -137,10 +167,27 @@ int main(int argc, char** argv) {
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_learning_rate));
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
-  o.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  auto optional_float = [](const std::optional<double>& v) -> std::optional<float> {
+    if (!v) return std::nullopt;
+    return static_cast<float>(*v);
+  };
+  o.momentum = optional_float(absl::GetFlag(FLAGS_momentum));
+  o.nesterov = absl::GetFlag(FLAGS_nesterov);
+  o.beta1 = optional_float(absl::GetFlag(FLAGS_beta1));
+  o.beta2 = optional_float(absl::GetFlag(FLAGS_beta2));
+  o.epsilon = optional_float(absl::GetFlag(FLAGS_epsilon));
+  o.weight_decay = optional_float(absl::GetFlag(FLAGS_weight_decay));
+  o.rho = optional_float(absl::GetFlag(FLAGS_rho));
+  o.centered = absl::GetFlag(FLAGS_centered);
+  o.initial_accumulator = optional_float(absl::GetFlag(FLAGS_initial_accumulator));
+  o.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
+  o.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
   o.decay_steps = absl::GetFlag(FLAGS_decay_steps);
   o.decay_rate = static_cast<float>(absl::GetFlag(FLAGS_decay_rate));
   o.staircase = absl::GetFlag(FLAGS_staircase);
+  o.min_learning_rate = static_cast<float>(absl::GetFlag(FLAGS_min_learning_rate));
+  o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  o.warmup_start_factor = static_cast<float>(absl::GetFlag(FLAGS_warmup_start_factor));
   o.moving_average_decay = static_cast<float>(absl::GetFlag(FLAGS_moving_average_decay));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.mode = absl::GetFlag(FLAGS_mode);
@@ -193,6 +240,7 @@ int main(int argc, char** argv) {
     }
   }
   if (flags_ok.ok()) flags_ok = dtrain::worker::ApplyModelDefaults(&o);
+  if (flags_ok.ok()) flags_ok = dtrain::worker::OptimizerConfigOf(o).status();  // bad optimizer flags fail now
   if (flags_ok.ok()) {
     absl::StatusOr<dtrain::data::Normalization> n = dtrain::worker::InputNormalizationFromFlags();
     flags_ok = n.status();

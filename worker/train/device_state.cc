@@ -5,23 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "ps/core/optimizer.h"
 
 namespace dtrain::worker {
 
 absl::StatusOr<kernels::OptimizerParams> DeviceOptimizerParams(const ps::TrainConfig& config) {
-  kernels::OptimizerParams p;
-  RETURN_IF_ERROR(kernels::SetOptimizerFromName(config.optimizer.name, &p));
-  p.learning_rate = config.optimizer.learning_rate;
-  p.decay_steps = config.optimizer.decay_steps;
-  p.decay_rate = config.optimizer.decay_rate;
-  p.staircase = config.optimizer.staircase;
-  p.momentum = config.optimizer.momentum;
-  p.beta1 = config.optimizer.beta1;
-  p.beta2 = config.optimizer.beta2;
-  p.epsilon = config.optimizer.epsilon;
-  p.moving_average_decay = config.moving_average_decay;
-  RETURN_IF_ERROR(kernels::ValidateOptimizerParams(p));
-  return p;
+  return ps::ToOptimizerParams(config.optimizer, config.moving_average_decay);
 }
 
 DeviceState::DeviceState(Towers* towers, const kernels::OptimizerParams& params)
@@ -49,11 +38,8 @@ absl::StatusOr<std::unique_ptr<DeviceState>> DeviceState::Create(Towers* towers,
   for (int t = 0; t < towers->size(); ++t) {
     kernels::Device* dev = towers->device(t);
     TowerState& ts = s->state_[t];
-    if (params.num_slots() >= 1) {
-      ASSIGN_OR_RETURN(ts.slot0, dev->Alloc(s->n_));
-    }
-    if (params.num_slots() >= 2) {
-      ASSIGN_OR_RETURN(ts.slot1, dev->Alloc(s->n_));
+    for (int k = 0; k < params.num_slots(); ++k) {
+      ASSIGN_OR_RETURN(ts.slots[k], dev->Alloc(s->n_));
     }
     ASSIGN_OR_RETURN(ts.optimizer, dev->MakeOptimizer(params, towers->step_counter(t)));
   }
@@ -66,8 +52,7 @@ absl::StatusOr<std::unique_ptr<DeviceState>> DeviceState::Create(Towers* towers,
 DeviceState::~DeviceState() {
   for (int t = 0; t < static_cast<int>(state_.size()); ++t) {
     state_[t].optimizer.reset();
-    towers_->device(t)->Free(state_[t].slot0);
-    towers_->device(t)->Free(state_[t].slot1);
+    for (float* slot : state_[t].slots) towers_->device(t)->Free(slot);
   }
   towers_->device(0)->Free(shadow_);
   towers_->device(0)->Free(kept_values_);
@@ -121,8 +106,9 @@ absl::Status DeviceState::Load(const ps::CheckpointData& state) {
   for (int t = 0; t < towers_->size(); ++t) {
     kernels::Device* dev = towers_->device(t);
     RETURN_IF_ERROR(dev->CopyToDevice(values.data(), towers_->tower(t)->device_parameters(), n_));
-    if (state_[t].slot0 != nullptr) RETURN_IF_ERROR(dev->CopyToDevice(slots[0].data(), state_[t].slot0, n_));
-    if (state_[t].slot1 != nullptr) RETURN_IF_ERROR(dev->CopyToDevice(slots[1].data(), state_[t].slot1, n_));
+    for (int k = 0; k < params_.num_slots(); ++k) {
+      RETURN_IF_ERROR(dev->CopyToDevice(slots[k].data(), state_[t].slots[k], n_));
+    }
     RETURN_IF_ERROR(towers_->step_counter(t)->Set(state.task_step));
     RETURN_IF_ERROR(dev->Synchronize());  // the host vectors go away on return
   }
@@ -141,6 +127,14 @@ absl::Status DeviceState::EnqueueUpdates() {
     models::Model* m = towers_->tower(t);
     kernels::Device* dev = towers_->device(t);
     float* shadow = t == 0 ? shadow_ : nullptr;
+    if (params_.clip_norm > 0.0f) {
+      // The global norm of the step's (averaged) gradient over every trainable run, gathered on the device.
+      RETURN_IF_ERROR(state_[t].optimizer->ClearNorm());
+      for (const Run& r : runs_) {
+        if (!r.trainable) continue;
+        RETURN_IF_ERROR(state_[t].optimizer->AddToNorm(m->device_gradients() + r.offset, r.size, 1.0f));
+      }
+    }
     for (const Run& r : runs_) {
       if (!r.trainable) {
         RETURN_IF_ERROR(dev->Axpy(-1.0f, m->device_gradients() + r.offset, m->device_parameters() + r.offset, r.size));
@@ -152,8 +146,9 @@ absl::Status DeviceState::EnqueueUpdates() {
       kernels::OptimizerBuffers b;
       b.grad = m->device_gradients() + r.offset;
       b.var = m->device_parameters() + r.offset;
-      b.slot0 = state_[t].slot0 != nullptr ? state_[t].slot0 + r.offset : nullptr;
-      b.slot1 = state_[t].slot1 != nullptr ? state_[t].slot1 + r.offset : nullptr;
+      b.slot0 = state_[t].slots[0] != nullptr ? state_[t].slots[0] + r.offset : nullptr;
+      b.slot1 = state_[t].slots[1] != nullptr ? state_[t].slots[1] + r.offset : nullptr;
+      b.slot2 = state_[t].slots[2] != nullptr ? state_[t].slots[2] + r.offset : nullptr;
       b.shadow = shadow != nullptr ? shadow + r.offset : nullptr;
       b.n = r.size;
       RETURN_IF_ERROR(state_[t].optimizer->Apply(b, 1.0f));
@@ -177,8 +172,9 @@ absl::StatusOr<std::vector<ps::SliceState>> DeviceState::Export() {
   kernels::Device* dev = towers_->device(0);
   ASSIGN_OR_RETURN(std::vector<float> values, ExportValues());
   std::vector<std::vector<float>> slots(params_.num_slots(), std::vector<float>(n_));
-  if (state_[0].slot0 != nullptr) RETURN_IF_ERROR(dev->CopyToHost(state_[0].slot0, slots[0].data(), n_));
-  if (state_[0].slot1 != nullptr) RETURN_IF_ERROR(dev->CopyToHost(state_[0].slot1, slots[1].data(), n_));
+  for (int k = 0; k < params_.num_slots(); ++k) {
+    RETURN_IF_ERROR(dev->CopyToHost(state_[0].slots[k], slots[k].data(), n_));
+  }
   std::vector<float> shadow;
   if (shadow_ != nullptr) {
     shadow.resize(n_);

@@ -15,6 +15,7 @@
 //   ASSIGN_OR_RETURN(ps::CheckpointData start, local_ps->ExportState());
 //   RETURN_IF_ERROR(state->Load(start));
 //   per step, after the towers' gradients are averaged: RETURN_IF_ERROR(state->EnqueueUpdates());
+//   (with clip_norm > 0 each tower first gathers the global norm of its averaged gradient on its device)
 //                                                      (then the step counters' Increment)
 //   ASSIGN_OR_RETURN(std::vector<ps::SliceState> slices, state->Export());
 //
@@ -35,7 +36,8 @@
 
 namespace dtrain::worker {
 
-// The device optimizer's hyperparameters for a ps config (InvalidArgument for an unknown optimizer name).
+// The device optimizer's hyperparameters for a ps config (ps::ToOptimizerParams: InvalidArgument for an unknown
+// optimizer name or an out-of-range value).
 absl::StatusOr<kernels::OptimizerParams> DeviceOptimizerParams(const ps::TrainConfig& config);
 
 class DeviceState {
@@ -69,8 +71,7 @@ class DeviceState {
 
  private:
   struct TowerState {
-    float* slot0 = nullptr;
-    float* slot1 = nullptr;
+    float* slots[3] = {nullptr, nullptr, nullptr};  // params.num_slots() of them
     std::unique_ptr<kernels::DeviceOptimizer> optimizer;
   };
   DeviceState(Towers* towers, const kernels::OptimizerParams& params);

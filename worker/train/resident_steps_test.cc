@@ -1,13 +1,15 @@
 // Local training with the training state on the devices (worker/train/resident_steps.h), run here on CPU towers
 // whose models own their buffers (the GPU towers' code path on the CPU backend): it equals today's local mode
 // (host-resident towers, the in-process ps applying every step) over many steps for SGD, momentum and Adam
-// with learning-rate decay and moving averages, one and two towers, with dropout; checkpoints it writes
+// with learning-rate decay and moving averages, one and two towers, with dropout, and for the other optimizers
+// (Nesterov, AdamW, Adagrad, both RMSProps) with weight decay, schedules and gradient clipping; checkpoints it writes
 // resume to exactly the uninterrupted run (through either path), and divergence is reported like local mode
 // does.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -40,6 +42,7 @@ struct Config {
   bool staircase;
   float moving_average_decay;
   int towers;
+  std::function<void(WorkerOptions&)> edit = nullptr;  // further optimizer options
 };
 
 WorkerOptions Options(const data::DatasetPair* data, const Config& c) {
@@ -62,6 +65,7 @@ WorkerOptions Options(const data::DatasetPair* data, const Config& c) {
   o.eval_every = 25;  // a mid-run evaluation on the devices' parameters
   o.log_every = 7;    // losses read back every 7 steps (and at the end)
   o.startup_wait_secs = 30;
+  if (c.edit) c.edit(o);
   return o;
 }
 
@@ -96,6 +100,13 @@ TEST_P(DeviceResidentTest, EqualsLocalModeOverManySteps) {
   if (c.moving_average_decay > 0) {
     EXPECT_GE(got->test_accuracy_averaged, 0.0);
   }
+  if (host.clip_norm > 0) {  // not vacuous: the clipping changed the run
+    WorkerOptions unclipped = host;
+    unclipped.clip_norm = 0;
+    absl::StatusOr<TrainingResult> free = RunTraining(unclipped, {});
+    ASSERT_TRUE(free.ok()) << free.status();
+    EXPECT_GT(RelativeDifference(free->parameters, got->parameters), 1e-4);
+  }
   // Not vacuous: the parameters moved from their initial values.
   WorkerOptions one = device;
   one.train_steps = 1;
@@ -111,7 +122,34 @@ INSTANTIATE_TEST_SUITE_P(
                       Config{"adam_decay_averages", "mlp", "adam", 1e-3f, 25, false, 0.999f, 1},
                       Config{"adam_two_towers", "mlp", "adam", 1e-3f, 25, false, 0.99f, 2},
                       Config{"cnn_dropout_adam", "cnn", "adam", 1e-3f, 10, true, 0.99f, 1},
-                      Config{"cnn_dropout_two_towers", "cnn", "momentum", 0.01f, 0, false, 0.0f, 2}),
+                      Config{"cnn_dropout_two_towers", "cnn", "momentum", 0.01f, 0, false, 0.0f, 2},
+                      // Gradient clipping: the host path clips by the norm the worker sends the ps, the devices
+                      // by the norm they gather themselves.
+                      Config{"rmsprop_centered_clipped_cosine", "mlp", "rmsprop", 1e-3f, 50, false, 0.99f, 1,
+                             [](WorkerOptions& o) {
+                               o.centered = true;
+                               o.momentum = 0.9f;
+                               o.clip_norm = 0.5f;
+                               o.lr_schedule = "cosine";
+                               o.warmup_steps = 5;
+                             }},
+                      Config{"adamw_clipped_two_towers", "mlp", "adamw", 1e-3f, 0, false, 0.0f, 2,
+                             [](WorkerOptions& o) {
+                               o.weight_decay = 0.05f;
+                               o.clip_norm = 0.3f;
+                             }},
+                      Config{"nesterov_l2_step", "mlp", "momentum", 0.05f, 10, true, 0.0f, 1,
+                             [](WorkerOptions& o) {
+                               o.nesterov = true;
+                               o.weight_decay = 1e-3f;
+                               o.lr_schedule = "step";
+                             }},
+                      Config{"adagrad_averages", "mlp", "adagrad", 0.05f, 0, false, 0.9f, 1},
+                      Config{"pytorch_rmsprop_l2", "mlp", "pytorch_rmsprop", 1e-3f, 0, false, 0.0f, 1,
+                             [](WorkerOptions& o) {
+                               o.momentum = 0.0f;
+                               o.weight_decay = 1e-3f;
+                             }}),
     [](const auto& info) { return info.param.name; });
 
 // One batch repeated (the data set is one batch, unshuffled), so a resumed run sees the batches an

@@ -201,7 +201,7 @@ TEST_F(SummariesTest, SyncHasNoStalenessAndErrorsPropagate) {
   EXPECT_EQ(got.count("learning_rate"), 2u);
 
   ps::OptimizerConfig bad;
-  bad.name = "adagrad";
+  bad.name = "adadelta";
   auto w2 = EventWriter::Create(dir_);
   ASSERT_TRUE(w2.ok());
   EXPECT_EQ(TrainingSummaries::Create(w2->get(), vars, bad, 1, stats, absl::Now()).status().code(),

@@ -17,6 +17,7 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "ps/client/placement.h"
+#include "ps/core/optimizer.h"
 #include "ps/client/worker_client.h"
 #include "worker/batch/batch_view.h"
 #include "worker/eval/evaluation.h"
@@ -150,7 +151,8 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
   sopt.augment = o->augment;
   sopt.bad_examples = o->bad_images;
   ASSIGN_OR_RETURN(d->stream, data::BatchStream::Create(train, sopt));
-  if (o->decay_steps == 0 && d->defaults.decay_epochs > 0) {  // the model's default schedule
+  if (o->decay_steps == 0 && d->defaults.decay_epochs > 0 &&
+      (o->lr_schedule == "exponential" || o->lr_schedule == "step")) {  // the model's default schedule
     o->decay_steps = models::DefaultDecaySteps(d->defaults, train.count(), o->batch_size);
     o->decay_rate = d->defaults.decay_rate;
     o->staircase = d->defaults.staircase;
@@ -195,12 +197,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   config.replicas_to_aggregate = local ? 1 : o.replicas_to_aggregate;
   config.total_num_replicas = local ? 1 : o.total_num_replicas;
   config.max_staleness = o.max_staleness;
-  config.optimizer.name = o.optimizer;
-  config.optimizer.learning_rate = o.learning_rate;
-  config.optimizer.momentum = o.momentum;
-  config.optimizer.decay_steps = o.decay_steps;
-  config.optimizer.decay_rate = o.decay_rate;
-  config.optimizer.staircase = o.staircase;
+  ASSIGN_OR_RETURN(config.optimizer, OptimizerConfigOf(o));
   config.moving_average_decay = o.moving_average_decay;
   config.train_steps = o.train_steps;
   const std::vector<models::TableInfo>& tables = model0->graph().tables;
@@ -583,6 +580,49 @@ absl::Status ApplyModelDefaults(WorkerOptions* o) {
   if (o->train_steps <= 0) return absl::InvalidArgumentError("--train_steps must be > 0");
   if (o->log_every <= 0) return absl::InvalidArgumentError("--log_every must be > 0");
   return absl::OkStatus();
+}
+
+absl::StatusOr<ps::OptimizerConfig> OptimizerConfigOf(const WorkerOptions& o) {
+  ASSIGN_OR_RETURN(ps::OptimizerConfig c, ps::DefaultOptimizerConfig(o.optimizer));
+  c.learning_rate = o.learning_rate;
+  if (o.momentum) c.momentum = *o.momentum;
+  if (o.beta1) c.beta1 = *o.beta1;
+  if (o.beta2) c.beta2 = *o.beta2;
+  if (o.epsilon) c.epsilon = *o.epsilon;
+  if (o.weight_decay) c.weight_decay = *o.weight_decay;
+  if (o.rho) c.rho = *o.rho;
+  if (o.initial_accumulator) c.initial_accumulator = *o.initial_accumulator;
+  c.nesterov = o.nesterov;
+  c.centered = o.centered;
+  c.clip_norm = o.clip_norm;
+  c.decay_steps = o.decay_steps;
+  c.decay_rate = o.decay_rate;
+  c.staircase = o.staircase;
+  c.min_learning_rate = o.min_learning_rate;
+  c.warmup_steps = o.warmup_steps;
+  c.warmup_start_factor = o.warmup_start_factor;
+  if (o.lr_schedule == "exponential") {
+    c.lr_schedule = "exponential";
+  } else if (o.lr_schedule == "step") {
+    if (o.decay_steps <= 0) {
+      return absl::InvalidArgumentError("--lr_schedule=step needs --decay_steps > 0 (the step size)");
+    }
+    c.lr_schedule = "exponential";
+    c.staircase = true;
+  } else if (o.lr_schedule == "cosine") {
+    c.lr_schedule = "cosine";
+    if (c.decay_steps == 0) c.decay_steps = std::max<int64_t>(1, o.train_steps - o.warmup_steps);
+  } else if (o.lr_schedule == "constant") {
+    c.lr_schedule = "exponential";
+    c.decay_steps = 0;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--lr_schedule must be exponential, step, cosine or constant, got '",
+                                                   o.lr_schedule, "'"));
+  }
+  if (absl::Status s = ps::ToOptimizerParams(c).status(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--optimizer=", o.optimizer, ": ", s.message()));
+  }
+  return c;
 }
 
 absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,

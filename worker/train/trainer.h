@@ -11,6 +11,7 @@
 #define DTRAIN_WORKER_TRAIN_TRAINER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,12 +57,24 @@ struct WorkerOptions {
   int64_t train_steps = 2000;  // global steps
   int batch_size = 0;          // per tower
   float learning_rate = 0;
-  std::string optimizer;
-  float momentum = 0.9f;
+  std::string optimizer;  // a name of ps::OptimizerConfig (ps/api/ps_types.h)
+  // The optimizer's hyperparameters; unset: the optimizer's framework default (ps::DefaultOptimizerConfig:
+  // PyTorch's for pytorch_* and adamw, TensorFlow's for the others; momentum 0.9 for "momentum").
+  std::optional<float> momentum, beta1, beta2, epsilon, weight_decay, rho, initial_accumulator;
+  bool nesterov = false;  // momentum
+  bool centered = false;  // rmsprop, pytorch_rmsprop
+  float clip_norm = 0;    // > 0: clip the gradient to this global L2 norm (each worker's; see ps_types.h)
+  // The learning-rate schedule: "exponential" (decay_rate every decay_steps, smooth unless staircase), "step"
+  // (the same, staircase), "cosine" (to min_learning_rate over decay_steps; 0: over train_steps - warmup_steps)
+  // or "constant". Linear warmup from warmup_start_factor * learning_rate over warmup_steps comes first.
+  std::string lr_schedule = "exponential";
   // 0 = none, except for cifar10, whose default is the tutorial's staircase decay by 0.1 every 350 epochs.
   int64_t decay_steps = 0;
   float decay_rate = 1.0f;
   bool staircase = false;
+  float min_learning_rate = 0;
+  int64_t warmup_steps = 0;
+  float warmup_start_factor = 0;
   float moving_average_decay = 0;
 
   // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/core/parameter_server.h).
@@ -142,6 +155,11 @@ struct TrainingResult {
 // Resolves the model (o->resolved_model, when not done yet) and its defaults into `o` (batch size, learning rate,
 // optimizer).
 absl::Status ApplyModelDefaults(WorkerOptions* o);
+
+// The optimizer config `o` asks for (after ApplyModelDefaults and the model's default schedule): the optimizer's
+// framework defaults with o's hyperparameters over them and the schedule resolved. InvalidArgument naming the
+// option for an unknown optimizer or schedule, or a value out of range.
+absl::StatusOr<ps::OptimizerConfig> OptimizerConfigOf(const WorkerOptions& o);
 
 // Runs training against `tasks` (ps task i at index i; not owned). Empty `tasks` = local mode (an in-process
 // ps with one worker, sync: the baseline every cluster size is compared with).
