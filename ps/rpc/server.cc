@@ -91,7 +91,12 @@ void PsServer::Shutdown() {
   }
   // Pulls still waiting end at once; other calls get a bounded grace period.
   state_->shutdown.Cancel();
-  if (state_->shm != nullptr) state_->shm->Shutdown();
+  if (state_->shm != nullptr) {
+    state_->shm->Shutdown();
+    const shm::ShmServerCounters c = state_->shm->counters();
+    LOG(INFO) << "shared memory: " << c.offers << " attachments offered, " << c.lanes_accepted << " lanes accepted, "
+              << c.lanes_refused << " refused, " << c.uploads_cut_off << " uploads cut off (none of them applied)";
+  }
   state_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   state_->server->Wait();
 }

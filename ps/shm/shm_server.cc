@@ -373,7 +373,12 @@ void ShmServer::Impl::ServeConnection(int fd, LaneThread* t) {
     a->End();
   }
   absl::MutexLock al(&a->mu);
-  if (--a->active == 0 && a->ended) a->segments.clear();
+  if (--a->active == 0 && a->ended) {  // nothing reads them any more: unmap the worker's memory, close the lanes
+    a->segments.clear();
+    a->doorbells.clear();
+    a->push_lane.reset();
+    a->pull_lane.reset();
+  }
 }
 
 void ShmServer::Impl::AddSegment(Attachment* a, const Frame& frame, int fd) {
@@ -442,7 +447,7 @@ void ShmServer::Impl::ServeAttachment(Attachment* a) {
       deadline = absl::Now() + options_.upload_timeout;
     } else {
       absl::StatusOr<int> ready = Lane::WaitAny(lanes, 2, absl::InfiniteFuture(), options_.spin_us);
-      if (!ready.ok()) return;
+      if (!ready.ok()) break;
       which = *ready;
     }
     int fd = -1;
@@ -454,13 +459,19 @@ void ShmServer::Impl::ServeAttachment(Attachment* a) {
       } else if (frame.status().code() == absl::StatusCode::kDataLoss) {
         Malformed(a, frame.status());
       }
-      return;  // an open upload is dropped unfinished: nothing of it is committed
+      break;  // an open upload is dropped unfinished: nothing of it is committed
     }
     if (which == 1 && frame->type == FrameType::kPullRequest && !TakePushFirst(lanes[0], a, frame->payload, &st)) {
-      return;
+      break;
     }
     const bool keep = which == 0 ? HandlePush(lanes[0], a, *frame, fd, &st) : HandlePull(lanes[1], a, *frame, fd);
-    if (!keep) return;
+    if (!keep) break;
+  }
+  if (st.open) {
+    LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload (request "
+                 << st.request_id << ") ended unfinished with its lane: dropped, nothing of it applied";
+    absl::MutexLock lock(&mu_);
+    ++counters_.uploads_cut_off;
   }
 }
 

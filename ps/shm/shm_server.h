@@ -51,6 +51,7 @@ struct ShmServerCounters {
   int64_t lanes_refused = 0;  // no valid ticket, another user, too many, malformed Hello
   int64_t active_lanes = 0;
   int64_t active_attachments = 0;
+  int64_t uploads_cut_off = 0;  // open when their lane closed or fell silent: dropped, nothing applied
 };
 
 class ShmServer {
