@@ -1,12 +1,14 @@
 // A model with sparse embedding tables (dlrm) through the whole training loop against in-process ps tasks:
 //   - sync with 2 workers (batch b each) equals local mode with batch 2b: the dense parameters and every row of
-//     every table (read from the final checkpoints) to 1e-5, with 1 and 2 ps tasks, for sgd and adagrad rows —
+//     every table (read from the final checkpoints) to 1e-5, with 1 and 2 ps tasks, in process and over shared
+//     memory (ps/shm), for sgd and adagrad rows —
 //     TensorFlow's sparse accumulator semantics (a row's gradients summed over the aggregated workers, / R);
 //   - a 1-worker sync cluster equals local mode exactly;
 //   - the chief's evaluation reads the rows (log loss and AUC of a model that learned something).
 #include <filesystem>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "common/env.h"
 #include "gtest/gtest.h"
 #include "common/testing/relative_difference.h"
@@ -107,14 +109,22 @@ struct ClusterRun {
   std::string checkpoint_dir;
 };
 
-ClusterRun RunCluster(const WorkerOptions& base, int num_ps, int num_workers, const std::string& name) {
+ClusterRun RunCluster(const WorkerOptions& base, int num_ps, int num_workers, const std::string& name,
+                      bool shm = false) {
   ClusterRun run;
   run.checkpoint_dir = ::testing::TempDir() + "/" + name;
   std::filesystem::remove_all(run.checkpoint_dir);
   ps::CheckpointOptions checkpoint;
   checkpoint.dir = run.checkpoint_dir;
   PsTasks cluster(num_ps, num_workers, checkpoint);
-  run.results = RunWorkers(base, num_workers, cluster.tasks);
+  std::unique_ptr<ShmFront> front = shm ? std::make_unique<ShmFront>(cluster.tasks, num_workers) : nullptr;
+  run.results = RunWorkers(base, num_workers, cluster.tasks, front.get());
+  if (shm) {  // rows and dense slices went through shared memory
+    EXPECT_GT(front->counters.shm_pushes.load(), 0);
+    EXPECT_EQ(front->counters.control_pushes.load(), 0);
+    EXPECT_EQ(front->counters.control_pulls.load(), 0);
+    front.reset();
+  }
   for (auto& s : cluster.servers) {
     EXPECT_TRUE(s->WaitUntilFinished(absl::Seconds(30)));
     EXPECT_TRUE(s->final_checkpoint_status().ok()) << s->final_checkpoint_status();
@@ -142,13 +152,14 @@ TEST_P(TrainerSparseTest, SyncTwoWorkersEqualLocalDoubleBatch) {
   const TrainingResult expected = RunLocal(local, "sparse_local_" + GetParam(), &local_dir);
   const auto expected_rows = Rows(local_dir);
   ASSERT_FALSE(expected_rows.empty());
-  for (int num_ps : {1, 2}) {
-    SCOPED_TRACE(num_ps);
+  for (const auto& [num_ps, shm] : std::vector<std::pair<int, bool>>{{1, false}, {2, false}, {1, true}, {2, true}}) {
+    SCOPED_TRACE(absl::StrCat(num_ps, " ps", shm ? ", shared memory" : ""));
     WorkerOptions o = Options(GetParam());
     o.batch_size = b;
     o.train_steps = k;
     o.mode = "sync";
-    ClusterRun got = RunCluster(o, num_ps, 2, "sparse_sync_" + GetParam() + std::to_string(num_ps));
+    ClusterRun got =
+        RunCluster(o, num_ps, 2, absl::StrCat("sparse_sync_", GetParam(), num_ps, shm ? "_shm" : ""), shm);
     ASSERT_EQ(got.results[0].global_step, k);
     ASSERT_EQ(got.results[0].parameters.size(), expected.parameters.size());
     EXPECT_LE(RelativeDifference(got.results[0].parameters, expected.parameters), 1e-5);

@@ -68,7 +68,9 @@ TEST(TrainerTest, LocalModeTrains) {
 }
 
 // 1 ps + 2 workers in sync mode, batch b each, equal local mode with batch 2b over the same examples.
-void CheckSyncEquivalence(int num_ps) {
+// With `shm`, the workers reach the tasks through the shared-memory data plane, their buffers read and written
+// in place.
+void CheckSyncEquivalence(int num_ps, bool shm = false) {
   const data::DatasetPair data = MakeSyntheticDataset(1000, 100);
   const int b = 20, k = 12;
   WorkerOptions local = BaseOptions(&data);
@@ -84,7 +86,15 @@ void CheckSyncEquivalence(int num_ps) {
   o.batch_size = b;
   o.train_steps = k;
   o.mode = "sync";
-  std::vector<TrainingResult> got = RunWorkers(o, 2, tasks);
+  std::unique_ptr<ShmFront> front = shm ? std::make_unique<ShmFront>(tasks, 2) : nullptr;
+  std::vector<TrainingResult> got = RunWorkers(o, 2, tasks, front.get());
+  if (shm) {  // every step went through shared memory, in place
+    EXPECT_EQ(front->counters.shm_pushes.load(), 2 * k * num_ps);
+    EXPECT_EQ(front->counters.control_pushes.load(), 0);
+    EXPECT_EQ(front->counters.bytes_staged.load(), 0);
+    EXPECT_GT(front->counters.bytes_in_place.load(), 0);
+    front.reset();
+  }
   ASSERT_EQ(got[0].global_step, k);
   ASSERT_EQ(got[0].parameters.size(), expected->parameters.size());
   const double rel = RelativeDifference(got[0].parameters, expected->parameters);
@@ -99,6 +109,10 @@ void CheckSyncEquivalence(int num_ps) {
 }
 
 TEST(TrainerTest, SyncTwoWorkersEqualsLocalDoubleBatch) { CheckSyncEquivalence(1); }
+TEST(TrainerTest, SyncTwoWorkersOverSharedMemoryEqualLocalDoubleBatch) {
+  CheckSyncEquivalence(1, /*shm=*/true);
+  CheckSyncEquivalence(2, /*shm=*/true);
+}
 
 // One worker against a ps task through the overlapped client (transfer threads, the next pull sent right behind
 // the commit) trains exactly like local mode: the pull never overtakes the commit it depends on.

@@ -9,6 +9,9 @@
 
 #include "gtest/gtest.h"
 #include "ps/core/parameter_server.h"
+#include "ps/shm/shm_ps_client.h"
+#include "ps/shm/shm_server.h"
+#include "ps/testing/fault_injecting_ps.h"
 #include "worker/train/trainer.h"
 
 namespace dtrain::worker {
@@ -30,11 +33,46 @@ struct PsTasks {
   std::vector<ps::PsInterface*> tasks;
 };
 
+// `tasks` behind the shared-memory data plane (ps/shm/), as dtrain_ps and dtrain_worker use it on one host: a
+// ShmServer per task and, for each worker, its own shm clients (shared memory required; the control calls go to
+// the task directly instead of over gRPC). Build it after the tasks, destroy it before them.
+struct ShmFront {
+  ShmFront(const std::vector<ps::PsInterface*>& tasks, int num_workers) {
+    for (size_t t = 0; t < tasks.size(); ++t) {
+      ps::shm::ShmServerOptions so;
+      so.task_index = static_cast<int>(t);
+      absl::StatusOr<std::unique_ptr<ps::shm::ShmServer>> server = ps::shm::ShmServer::Start(tasks[t], so);
+      EXPECT_TRUE(server.ok()) << server.status();
+      servers.push_back(server.ok() ? std::move(*server) : nullptr);
+    }
+    tasks_of_worker.resize(num_workers);
+    for (int w = 0; w < num_workers; ++w) {
+      for (size_t t = 0; t < tasks.size(); ++t) {
+        ps::shm::ShmClientOptions co;
+        co.required = true;
+        co.task = static_cast<int>(t);
+        co.address = "in-process";
+        co.counters = &counters;
+        ps::shm::ShmServer* server = servers[t].get();
+        clients.push_back(ps::shm::NewShmPsClient(
+            std::make_unique<ps::FaultInjectingPs>(tasks[t], ps::FaultInjectingPs::Faults{}),
+            [server](const ps::shm::ShmAttachRequest& r) { return server->Offer(r); }, co));
+        tasks_of_worker[w].push_back(clients.back().get());
+      }
+    }
+  }
+  std::vector<std::unique_ptr<ps::shm::ShmServer>> servers;
+  std::vector<std::unique_ptr<ps::PsInterface>> clients;
+  std::vector<std::vector<ps::PsInterface*>> tasks_of_worker;
+  ps::shm::ShmCounters counters;
+};
+
 // Runs `num_workers` workers (worker_id 0..num_workers-1, num_ps = tasks.size(), the rest from `base`) as threads
-// against `tasks`; returns their results in worker order (an empty TrainingResult, with a test failure, for a
-// worker whose RunTraining failed).
+// against `tasks` (through `shm` when given, their buffers in shared memory); returns their results in worker
+// order (an empty TrainingResult, with a test failure, for a worker whose RunTraining failed).
 inline std::vector<TrainingResult> RunWorkers(const WorkerOptions& base, int num_workers,
-                                              const std::vector<ps::PsInterface*>& tasks) {
+                                              const std::vector<ps::PsInterface*>& tasks,
+                                              ShmFront* shm = nullptr) {
   std::vector<absl::StatusOr<TrainingResult>> results(num_workers, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int w = 0; w < num_workers; ++w) {
@@ -43,7 +81,8 @@ inline std::vector<TrainingResult> RunWorkers(const WorkerOptions& base, int num
       o.worker_id = w;
       o.num_workers = num_workers;
       o.num_ps = static_cast<int>(tasks.size());
-      results[w] = RunTraining(o, tasks);
+      if (shm != nullptr) o.host_memory = ps::shm::SharedHostMemory::Default();
+      results[w] = RunTraining(o, shm != nullptr ? shm->tasks_of_worker[w] : tasks);
     });
   }
   for (auto& t : threads) t.join();
