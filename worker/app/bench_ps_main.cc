@@ -18,6 +18,14 @@
 // evictions and RSS against rows x (dim + dim x slots) x 4.
 //
 //   dtrain_bench_ps --sparse_rows=50000000 --dim=16 --ids_per_step=100000 --num_ps=2 --max_rows=25000000
+//
+// Across hosts (--netns, root): the ps and the client run on two emulated hosts, network namespaces cabled to a
+// switch by scripts/netns_hosts.sh, each link capped at --bandwidth in both directions (tc tbf); the raw TCP
+// round trip crosses the same link. Prints the goodput, the bytes both directions carried over the step's time,
+// as a fraction of one direction's cap (push then pull at the cap: 1.0; the two fully overlapped: 2.0).
+//
+//   dtrain_bench_ps --netns --bandwidth=1gbit --model=cnn --transport=grpc
+//   → ... goodput 118.6 MB/s = 0.95 of the 1gbit cap (2.00: both directions full)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -29,9 +37,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -73,6 +83,14 @@ ABSL_FLAG(int64_t, max_rows, 0, "Sparse mode: the table's max_rows per ps task (
 ABSL_FLAG(int64_t, dense_floats, 1000, "Sparse mode: dense parameters beside the table");
 ABSL_FLAG(std::string, sparse_optimizer, "adagrad", "Sparse mode: sgd | adagrad | adam | ftrl");
 ABSL_FLAG(std::string, ps_binary, "", "Sparse mode: the dtrain_ps to start (default: beside this binary)");
+ABSL_FLAG(bool, netns, false,
+          "Run the ps and the client on two emulated hosts (network namespaces, scripts/netns_hosts.sh; root)");
+ABSL_FLAG(std::string, bandwidth, "", "With --netns: cap each link at this rate in both directions (e.g. 1gbit)");
+ABSL_FLAG(std::string, netns_hosts, "",
+          "With --netns: the netns_hosts.sh to use (default: scripts/netns_hosts.sh of the source tree)");
+ABSL_FLAG(std::string, serve_on, "", "Internal (--netns): be the ps host, listening on this address");
+ABSL_FLAG(std::string, connect_to, "", "Internal (--netns): be the client host of the ps host at this address");
+ABSL_FLAG(double, cap_bytes_per_sec, 0, "Internal (--netns): the links' cap, for the goodput line");
 ABSL_FLAG(double, hold_secs, 0, "Sparse mode: keep the ps processes up this long after the report (to inspect them)");
 
 namespace dtrain {
@@ -110,6 +128,73 @@ bool RecvAll(int fd, char* p, size_t n) {
 
 // Median milliseconds of `rounds` round trips of `n` bytes each way over TCP on 127.0.0.1 (an echo server
 // thread answering from its own buffer), or -1 on a socket error.
+// Ports of the ps host in --netns mode (its namespace is fresh: nothing else listens there).
+constexpr int kNetnsPsPort = 7070;
+constexpr int kNetnsEchoPort = 7071;
+
+// Connects to host:port over TCP (no delay), retrying until `deadline`; -1 then.
+int ConnectTcp(const std::string& host, int port, absl::Time deadline) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return -1;
+  while (true) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+    close(fd);
+    if (absl::Now() >= deadline) return -1;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+// The raw TCP reference across hosts: an 8-byte size, then `rounds` of n bytes there and n back.
+double RemoteTcpRoundTripMs(const std::string& host, size_t n, int warmup, int rounds) {
+  const int fd = ConnectTcp(host, kNetnsEchoPort, absl::Now() + absl::Seconds(30));
+  if (fd < 0) return -1;
+  const uint64_t header[2] = {n, static_cast<uint64_t>(warmup + rounds)};
+  bool ok = SendAll(fd, reinterpret_cast<const char*>(header), sizeof(header));
+  std::vector<char> out(n, 'w'), in(n);
+  std::vector<double> ms;
+  for (int i = 0; ok && i < warmup + rounds; ++i) {
+    const absl::Time t0 = absl::Now();
+    ok = SendAll(fd, out.data(), n) && RecvAll(fd, in.data(), n);
+    if (i >= warmup) ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+  }
+  close(fd);
+  return ok && !ms.empty() ? Median(ms) : -1;
+}
+
+// The ps host's echo for RemoteTcpRoundTripMs (one connection).
+void ServeEcho(const std::string& host) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(kNetnsEchoPort);
+  const int one = 1;
+  setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (listener < 0 || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1 ||
+      bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listener, 1) != 0) {
+    std::fprintf(stderr, "dtrain_bench_ps: cannot listen on %s:%d: %s\n", host.c_str(), kNetnsEchoPort,
+                 std::strerror(errno));
+    return;
+  }
+  const int fd = accept(listener, nullptr, nullptr);
+  close(listener);
+  if (fd < 0) return;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  uint64_t header[2] = {0, 0};
+  if (RecvAll(fd, reinterpret_cast<char*>(header), sizeof(header)) && header[0] <= (uint64_t{1} << 32)) {
+    std::vector<char> buf(header[0]);
+    for (uint64_t i = 0; i < header[1]; ++i) {
+      if (!RecvAll(fd, buf.data(), buf.size()) || !SendAll(fd, buf.data(), buf.size())) break;
+    }
+  }
+  close(fd);
+}
+
 double RawTcpRoundTripMs(size_t n, int warmup, int rounds) {
   const int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -384,10 +469,125 @@ int SparseMain() {
   return wrong == 0 ? 0 : 1;
 }
 
+// --netns, the ps host: a ps task for one worker on `host`:7070 and the raw TCP echo on `host`:7071, until the
+// client is done (at most 10 minutes).
+int ServeMain(const std::string& host) {
+  ps::PsServerOptions so;
+  so.listen_address = absl::StrCat(host, ":", kNetnsPsPort);
+  so.ps.num_workers = 1;
+  so.offer_shm = false;
+  absl::StatusOr<std::unique_ptr<ps::PsServer>> server = ps::PsServer::Start(so);
+  if (!server.ok()) return Fail("ps server", server.status());
+  std::thread echo([host] { ServeEcho(host); });
+  const bool done = (*server)->Wait(absl::Minutes(10));
+  echo.join();
+  return done ? 0 : 1;
+}
+
+// Runs `argv` and returns its exit code (-1 when it cannot run); its stdout goes to `out` when given.
+int RunCommand(const std::vector<std::string>& argv, std::string* out) {
+  std::string line;
+  for (const std::string& a : argv) absl::StrAppend(&line, line.empty() ? "" : " ", "'", a, "'");
+  FILE* p = popen(line.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof(buf), p)) > 0) {
+    if (out != nullptr) {
+      out->append(buf, got);
+    } else {
+      fwrite(buf, 1, got, stdout);
+    }
+  }
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Bytes per second of a tc rate such as 1gbit, 100mbit; 0 when it is not one.
+double RateBytesPerSec(const std::string& rate) {
+  double num = 0;
+  char unit[16] = {0};
+  if (std::sscanf(rate.c_str(), "%lf%15s", &num, unit) != 2 || num <= 0) return 0;
+  const std::string u = unit;
+  const double mult = u == "bit" ? 1 : u == "kbit" ? 1e3 : u == "mbit" ? 1e6 : u == "gbit" ? 1e9 : 0;
+  return num * mult / 8;
+}
+
+// --netns: two emulated hosts, this binary as the ps on host 0 and as the client on host 1, then the hosts
+// removed (also when a side fails).
+int NetnsMain() {
+  const std::string bandwidth = absl::GetFlag(FLAGS_bandwidth);
+  const double cap = bandwidth.empty() ? 0 : RateBytesPerSec(bandwidth);
+  if (!bandwidth.empty() && cap <= 0) {
+    return Fail("--bandwidth", absl::InvalidArgumentError(absl::StrCat(
+                                   "'", bandwidth, "' is not a rate (a number with bit, kbit, mbit or gbit)")));
+  }
+  std::string script = absl::GetFlag(FLAGS_netns_hosts);
+  if (script.empty()) script = std::string(DTRAIN_SOURCE_DIR) + "/scripts/netns_hosts.sh";
+  if (access(script.c_str(), X_OK) != 0) {
+    return Fail("--netns", absl::NotFoundError(absl::StrCat(script, " is not there (--netns_hosts=PATH)")));
+  }
+  std::string why;
+  if (RunCommand({script, "check"}, &why) != 0) {
+    std::fprintf(stderr, "dtrain_bench_ps: --netns cannot run here: %s\n", why.c_str());
+    return 77;
+  }
+  const std::string name = absl::StrCat("benchps", getpid());
+  std::vector<std::string> up = {script, "up", name, "2"};
+  if (!bandwidth.empty()) up.push_back("--bandwidth=" + bandwidth);
+  std::string hosts;
+  if (RunCommand(up, &hosts) != 0) {
+    RunCommand({script, "down", name}, nullptr);
+    return Fail("--netns", absl::UnavailableError("scripts/netns_hosts.sh up failed"));
+  }
+  // "NAME-h0 ADDRESS\n..."
+  char host0[64] = {0};
+  std::sscanf(hosts.c_str(), "%*s %63s", host0);
+  char self[4096] = {0};
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  int code = 1;
+  if (len > 0 && host0[0] != '\0') {
+    std::vector<std::string> pass = {
+        "--model=" + absl::GetFlag(FLAGS_model), absl::StrCat("--bytes=", absl::GetFlag(FLAGS_bytes)),
+        absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
+        absl::StrCat("--warmup_steps=", absl::GetFlag(FLAGS_warmup_steps)),
+        "--wire_dtype=" + absl::GetFlag(FLAGS_wire_dtype), "--bandwidth=" + bandwidth};
+    std::vector<std::string> serve = {script, "exec", name, "0", self, std::string("--serve_on=") + host0};
+    std::string log = absl::StrCat("/tmp/", name, "_ps.log");
+    std::string cmd;
+    for (const std::string& a : serve) absl::StrAppend(&cmd, "'", a, "' ");
+    const pid_t ps = Spawn({"/bin/sh", "-c", cmd}, log);
+    std::vector<std::string> client = {script, "exec", name, "1", self, std::string("--connect_to=") + host0,
+                                       absl::StrCat("--cap_bytes_per_sec=", cap),
+                                       "--transport=" + absl::GetFlag(FLAGS_transport)};
+    client.insert(client.end(), pass.begin(), pass.end());
+    std::printf("dtrain_bench_ps: the ps on %s, the client on the second emulated host%s\n", host0,
+                bandwidth.empty() ? " (links not capped)" : absl::StrCat(", links capped at ", bandwidth).c_str());
+    std::fflush(stdout);
+    code = RunCommand(client, nullptr);
+    if (ps > 0) {
+      int status = 0;
+      const absl::Time until = absl::Now() + absl::Seconds(30);
+      while (waitpid(ps, &status, WNOHANG) == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(50));
+    }
+    if (code != 0) {
+      std::ifstream in(log);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::fprintf(stderr, "dtrain_bench_ps: the ps host's log (%s):\n%s\n", log.c_str(), text.c_str());
+    }
+    unlink(log.c_str());
+  }
+  RunCommand({script, "down", name}, nullptr);  // also ends the ps host's process if it is still there
+  return code;
+}
+
 int Main() {
   SetFlushDenormals();
   DisableMutexDeadlockDetection();
   if (absl::GetFlag(FLAGS_sparse_rows) > 0) return SparseMain();
+  if (absl::GetFlag(FLAGS_netns)) return NetnsMain();
+  if (!absl::GetFlag(FLAGS_serve_on).empty()) return ServeMain(absl::GetFlag(FLAGS_serve_on));
+  const std::string remote = absl::GetFlag(FLAGS_connect_to);
   absl::StatusOr<ps::WireDtype> dtype = ps::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype));
   if (!dtype.ok()) return Fail("flags", dtype.status());
   std::vector<ps::VariableInfo> vars;
@@ -417,22 +617,30 @@ int Main() {
   absl::StatusOr<ps::Transport> transport =
       in_process ? ps::Transport::kGrpc : ps::ParseTransport(absl::GetFlag(FLAGS_transport));
   if (!transport.ok()) return Fail("flags", transport.status());
-  ps::PsServerOptions so;
-  so.listen_address = "127.0.0.1:0";
-  so.ps.num_workers = 1;
-  so.offer_shm = *transport != ps::Transport::kGrpc;
-  absl::StatusOr<std::unique_ptr<ps::PsServer>> server = ps::PsServer::Start(so);
-  if (!server.ok()) return Fail("ps server", server.status());
+  if (!remote.empty() && (in_process || *transport == ps::Transport::kShm)) {
+    return Fail("flags", absl::InvalidArgumentError("--netns: the hosts are apart: --transport=grpc or auto"));
+  }
+  std::unique_ptr<ps::PsServer> server;
+  if (remote.empty()) {
+    ps::PsServerOptions so;
+    so.listen_address = "127.0.0.1:0";
+    so.ps.num_workers = 1;
+    so.offer_shm = *transport != ps::Transport::kGrpc;
+    absl::StatusOr<std::unique_ptr<ps::PsServer>> started = ps::PsServer::Start(so);
+    if (!started.ok()) return Fail("ps server", started.status());
+    server = std::move(*started);
+  }
   ps::shm::ShmCounters shm_counters;
   ps::PsClientOptions co;
   co.transport = *transport;
   co.shm_counters = &shm_counters;
-  absl::StatusOr<std::unique_ptr<ps::PsInterface>> task = ps::NewPsClient((*server)->address(), co);
+  const std::string address = remote.empty() ? server->address() : absl::StrCat(remote, ":", kNetnsPsPort);
+  absl::StatusOr<std::unique_ptr<ps::PsInterface>> task = ps::NewPsClient(address, co);
   if (!task.ok()) return Fail("ps client", task.status());
   ps::WorkerClientOptions wo;
   wo.wire_dtype = *dtype;
   wo.background = !in_process;
-  ps::WorkerClient client({in_process ? static_cast<ps::PsInterface*>((*server)->parameter_server()) : task->get()},
+  ps::WorkerClient client({in_process ? static_cast<ps::PsInterface*>(server->parameter_server()) : task->get()},
                           placement->task_slices, 0, /*is_chief=*/true, wo);
   ps::TrainConfig config;
   config.model_signature = "dtrain_bench_ps";
@@ -453,7 +661,9 @@ int Main() {
   }
   const uint32_t crc[2] = {crc32c::Value(reinterpret_cast<const char*>(initial.data()), bytes),
                            crc32c::Value(reinterpret_cast<const char*>(after_plus.data()), bytes)};
-  if (absl::Status s = client.Connect(config, initial.data(), absl::Seconds(10)); !s.ok()) return Fail("connect", s);
+  if (absl::Status s = client.Connect(config, initial.data(), absl::Seconds(remote.empty() ? 10 : 60)); !s.ok()) {
+    return Fail("connect", s);
+  }
 
   const int warmup = absl::GetFlag(FLAGS_warmup_steps), steps = absl::GetFlag(FLAGS_steps);
   std::vector<double> step_ms, push_ms, pull_ms;
@@ -486,9 +696,10 @@ int Main() {
     bad += crc32c::Value(reinterpret_cast<const char*>(params.data()), bytes) != crc[(s + 1) % 2];
   }
   if (absl::Status s = client.Done(); !s.ok()) return Fail("done", s);
-  (*server)->Wait(absl::Seconds(10));
+  if (server != nullptr) server->Wait(absl::Seconds(10));
 
-  const double tcp = RawTcpRoundTripMs(static_cast<size_t>(bytes), warmup, steps);
+  const double tcp = remote.empty() ? RawTcpRoundTripMs(static_cast<size_t>(bytes), warmup, steps)
+                                    : RemoteTcpRoundTripMs(remote, static_cast<size_t>(bytes), warmup, steps);
   const double wire_bytes = static_cast<double>(bytes) * ps::DtypeBytes(*dtype) / 4;
   const double med = Median(step_ms);
   std::printf("dtrain_bench_ps: %s slices=%zu wire=%s %.1f MB each way, %d steps, checksums %s\n", what.c_str(),
@@ -504,6 +715,13 @@ int Main() {
                 static_cast<long>(shm_counters.control_pushes.load()),
                 static_cast<long>(shm_counters.control_pulls.load()), shm_counters.bytes_in_place.load() / 1e6,
                 shm_counters.bytes_staged.load() / 1e6);
+  }
+  if (const double cap = absl::GetFlag(FLAGS_cap_bytes_per_sec); cap > 0) {
+    const double goodput = 2 * wire_bytes / (med / 1e3), raw = tcp > 0 ? 2 * static_cast<double>(bytes) / (tcp / 1e3) : 0;
+    std::printf("  across hosts: goodput %.1f MB/s = %.2f of the %s cap (2.00: both directions full); raw TCP "
+                "%.2f of it\n",
+                goodput / 1e6, goodput / cap, absl::GetFlag(FLAGS_bandwidth).c_str(), raw / cap);
+    std::printf("dtrain_bench_ps: goodput_fraction=%.3f raw_tcp_fraction=%.3f\n", goodput / cap, raw / cap);
   }
   std::printf("dtrain_bench_ps: %s transport=%s push+pull median_ms=%.2f raw_tcp median_ms=%.2f ratio=%.2f\n",
               what.c_str(), in_process ? "in_process" : std::string(ps::TransportName(*transport)).c_str(), med, tcp,
