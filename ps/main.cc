@@ -59,6 +59,9 @@ ABSL_FLAG(int64_t, sparse_max_rows_per_table, 0,
 ABSL_FLAG(std::string, transport, "auto",
           "auto | shm: also offer workers on this host a shared-memory data plane (gradients and parameters move "
           "through memory files both processes map; gRPC carries the control calls); grpc: gRPC only");
+ABSL_FLAG(int, shm_spin_us, 20,
+          "Shared memory: how long a lane looks for a worker's next frame before its thread sleeps in a system call "
+          "(more: less wake-up latency, more CPU spent waiting)");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
           "Memory gRPC may use for this task's connections and messages in flight (a gRPC resource quota)");
 ABSL_FLAG(double, malloc_trim_secs, 10,
@@ -145,6 +148,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.offer_shm = *transport != dtrain::ps::Transport::kGrpc;
+  o.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
   o.ps.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   o.ps.sparse_max_rows = absl::GetFlag(FLAGS_sparse_max_rows_per_table);
   if (o.ps.sparse_max_rows < 0) {

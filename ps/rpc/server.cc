@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   if (options.offer_shm) {
     shm::ShmServerOptions so;
     so.task_index = options.ps.task_index;
+    so.spin_us = options.shm_spin_us;
     so.shutdown = &st.shutdown;
     so.max_lanes = std::max(64, 8 * options.ps.num_workers + 16);
     ASSIGN_OR_RETURN(st.shm, shm::ShmServer::Start(st.ps.get(), so));

@@ -31,6 +31,7 @@ struct PsServerOptions {
   int64_t max_inflight_bytes = int64_t{1} << 30;
   // Offer workers on this host the shared-memory data plane (ps/shm/; --transport auto or shm). false: gRPC only.
   bool offer_shm = true;
+  int shm_spin_us = 20;  // a shared-memory lane looks for the worker's next frame this long before sleeping
 };
 
 class PsServer {

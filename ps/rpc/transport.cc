@@ -37,6 +37,7 @@ absl::StatusOr<std::unique_ptr<PsInterface>> NewPsClient(const std::string& addr
   so.task = options.task;
   so.rpc_timeout = options.grpc.rpc_timeout;
   so.counters = options.shm_counters;
+  so.spin_us = options.shm_spin_us;
   return shm::NewShmPsClient(std::move(grpc), NewGrpcShmAttach(address, options.grpc), so);
 }
 

@@ -34,6 +34,7 @@ struct PsClientOptions {
   // Shared memory: the buffers the ps may use in place (the worker's towers allocate from it) and counters.
   shm::SharedHostMemory* memory = shm::SharedHostMemory::Default();
   shm::ShmCounters* shm_counters = nullptr;
+  int shm_spin_us = 20;  // a lane looks for the ps's answer this long before its thread sleeps
 };
 
 // The PsInterface a worker uses for the ps task at `address`.

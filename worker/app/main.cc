@@ -126,6 +126,9 @@ ABSL_FLAG(std::string, transport, "auto",
           "How data reaches the ps tasks: auto (shared memory for a ps task on this host, gRPC otherwise; one log "
           "line per task says which and why), shm (shared memory, failing when a task cannot be reached so), grpc. "
           "Control calls always go over gRPC");
+ABSL_FLAG(int, shm_spin_us, 20,
+          "Shared memory: how long a lane looks for the ps's answer before its thread sleeps in a system call "
+          "(more: less wake-up latency, more CPU spent waiting)");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
           "bytes; gradients keep their rounding error for the next step)");
@@ -297,6 +300,7 @@ int main(int argc, char** argv) {
     }
     dtrain::ps::PsClientOptions popt;
     popt.transport = *transport;
+    popt.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
     popt.grpc = copt;
     // With shared memory, the towers' flat buffers are what the local ps tasks read and write in place.
     if (*transport != dtrain::ps::Transport::kGrpc) o.host_memory = popt.memory;
