@@ -457,12 +457,9 @@ absl::StatusOr<Dataset> ParseCsv(absl::string_view text, const std::string& name
   const bool named = classes != nullptr && !classes->empty();
   bool integers = !named;
   for (int64_t r = 0; r < n && integers; ++r) {
-    int v;
-    integers = absl::SimpleAtoi(label_text[r], &v) && v >= 0;
+    integers = absl::SimpleAtoi(label_text[r], &d.labels[r]) && d.labels[r] >= 0;
   }
-  if (integers) {
-    for (int64_t r = 0; r < n; ++r) absl::SimpleAtoi(label_text[r], &d.labels[r]);
-  } else {
+  if (!integers) {
     std::vector<std::string> names;
     if (named) {
       names = *classes;
