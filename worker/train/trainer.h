@@ -11,10 +11,13 @@
 #define DTRAIN_WORKER_TRAIN_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/cancellation.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/core/parameter_server.h"
 #include "worker/data/dataset.h"
@@ -95,6 +98,19 @@ struct WorkerOptions {
   std::string wire_dtype = "fp32";  // fp32 | bf16 | fp16: gradients and parameters on the wire
   int step_delay_ms = 0;        // test hook: sleep this long every step (a slow worker)
 
+  // Stopping before the end (SIGTERM/SIGINT, common/stop_signal.h; null: never). Once `stop` is cancelled the
+  // worker finishes the step in flight (abandoning it if that takes longer than `stop_grace`; a worker still
+  // connecting gives up at once) and leaves the cluster as stopped (ps::Leaving::kStopped, with stop_reason());
+  // the chief first pulls the newest parameters, evaluates and exports as at the end, and its leaving ends the
+  // run: the ps tasks save a final checkpoint and tell the other workers to stop. TrainingResult::stopped.
+  Cancellation* stop = nullptr;
+  std::function<std::string()> stop_reason;  // "SIGTERM" (null: "asked to stop")
+  absl::Duration stop_grace = absl::Seconds(10);
+
+  // Chief: its model and data flags as "name=value" lines, kept in the checkpoints (ps::TrainConfig::
+  // model_flags) so that dtrain_eval --checkpoint=DIR needs nothing else.
+  std::vector<std::string> model_flags;
+
   // Output files.
   std::string metrics_file;  // this worker's loss of every local step, as CSV "local_step,loss" (exact floats)
   // Chief: the final parameters written as this ONNX file (the imported file with its initializers trained,
@@ -121,6 +137,12 @@ struct TrainingResult {
   ps::TrainingStats stats;        // chief: ps 0's statistics
   int64_t first_step = 0;         // global step when training started (> 0 after resuming a checkpoint)
   double test_accuracy_averaged = -1;  // chief, with --moving_average_decay: accuracy of the moving averages
+  bool stopped = false;  // stopped before the end (WorkerOptions::stop): it left the cluster as stopped
+  // How the run ended, as ps 0 saw it once every worker had left (a cluster worker that completed waits for that,
+  // at most a lease and a few seconds; local mode: complete), and its summary line (empty when ps 0 could not be
+  // asked). Printed by the chief, and by any worker when the run was not complete.
+  ps::RunOutcome outcome = ps::RunOutcome::kComplete;
+  std::string outcome_line;
 };
 
 // Resolves the model (o->resolved_model, when not done yet) and its defaults into `o` (batch size, learning rate,
@@ -129,8 +151,16 @@ absl::Status ApplyModelDefaults(WorkerOptions* o);
 
 // Runs training against `tasks` (ps task i at index i; not owned). Empty `tasks` = local mode (an in-process
 // ps with one worker, sync: the baseline every cluster size is compared with).
+// On failure the worker has told the ps tasks it leaves (ps::Leaving: refused, failed, stopped or peer failed,
+// with the error as its reason, so that the ps tasks can end the run or go on without it);
+// HowTrainingFailed(status) says which.
 absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
                                            const std::vector<ps::PsInterface*>& tasks);
+
+// How the worker left after RunTraining failed with `s` (decides its exit code, common/exit_codes.h): kRefused
+// (its configuration: a bad flag or model, or one the ps tasks refused), kPeerFailed (the run ended elsewhere,
+// or the ps tasks could not be reached in time), kStopped (WorkerOptions::stop), kFailed (an error of its own).
+ps::Leaving HowTrainingFailed(const absl::Status& s);
 
 }  // namespace dtrain::worker
 
