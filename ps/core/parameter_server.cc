@@ -321,8 +321,11 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
                                                                std::vector<CheckpointData>* saves) {
   absl::MutexLock lock(&mu_);
   const int w = header.worker_id;
-  // The task may have rolled back, or declared the worker lost, while the gradients were on their way.
-  if (absl::Status s = members_.CheckSession(w, header.session, Now()); !s.ok()) {
+  // The task may have rolled back, or declared the worker lost, or the run may have ended, while the gradients
+  // were on their way.
+  absl::Status s = CheckRunning();
+  if (s.ok()) s = members_.CheckSession(w, header.session, Now());
+  if (!s.ok()) {
     ++accounting_.refused;
     return s;
   }
@@ -430,6 +433,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
 // ---- sync ---------------------------------------------------------------------------------------------------
 
 std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
+  if (!job_ended_.empty()) return std::nullopt;  // the run ended early: no more steps
   std::optional<StepDecision> d = coordinator_->MaybeDecide(step_, members_.num_active());
   if (!d) return std::nullopt;
   ++step_;

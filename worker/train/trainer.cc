@@ -350,7 +350,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     // A restored checkpoint gives this worker the input position it had at that step; a worker that simply
     // starts after the others joins the run where it is.
     if (!c->client->restored_input_position().empty()) {
-      std::printf("resuming from the checkpoint of global step %lld\n", static_cast<long long>(at.step));
+      std::printf("resuming at global step %lld\n", static_cast<long long>(at.step));
     } else {
       std::printf("joining the run at global step %lld\n", static_cast<long long>(at.step));
     }
@@ -823,6 +823,8 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     const std::string reason = leaving == ps::Leaving::kStopped     ? StopReason(options)
                                : leaving == ps::Leaving::kPeerFailed ? ps::JobEndedReason(s)
                                                                      : ReasonLine(s);
+    LOG(INFO) << "worker " << options.worker_id << " leaves the cluster (" << ps::LeavingName(leaving)
+              << "): telling the ps tasks, for at most 5 s";
     absl::Status told;
     if (ps.client != nullptr) {
       told = ps.client->Done(leaving, 0, reason, absl::Seconds(5));
