@@ -94,7 +94,9 @@ absl::Status ReadFlagfile(const std::string& path, int depth, std::vector<Arg>* 
   return absl::OkStatus();
 }
 
-std::string Where(const Arg& a) { return a.source.empty() ? "" : absl::StrCat(" (in --flagfile=", a.source, ")"); }
+std::string Where(const Arg& a) {
+  return a.source.empty() ? "" : absl::StrCat(" (in --flagfile=", a.source, ")");
+}
 
 // Word-wraps `text` at `width` columns, each line indented by `indent`.
 std::string Wrap(absl::string_view text, int indent, int width) {
@@ -111,7 +113,7 @@ std::string Wrap(absl::string_view text, int indent, int width) {
   return out;
 }
 
-// ---- groups --------------------------------------------------------------------------------------------------
+// ---- groups -----------------------------------------------------------------------------------------------
 
 struct GroupRule {
   const char* group;
@@ -139,7 +141,10 @@ bool IsAny(absl::string_view s, std::initializer_list<absl::string_view> names) 
 
 // First match wins: the order settles names that fit several (checkpoint_dir is about checkpoints, not data).
 const GroupRule kGroupRules[] = {
-    {"Security", [](absl::string_view n, absl::string_view) { return StartsAny(n, {"auth_", "tls_"}); }},
+    {"Security",
+     [](absl::string_view n, absl::string_view) {
+       return StartsAny(n, {"auth_", "tls_"});
+     }},
     {"Checkpoints", [](absl::string_view n, absl::string_view) { return HasAny(n, {"checkpoint"}); }},
     {"Cluster",
      [](absl::string_view n, absl::string_view) {
@@ -151,15 +156,16 @@ const GroupRule kGroupRules[] = {
      }},
     {"Model",
      [](absl::string_view n, absl::string_view) {
-       return IsAny(n, {"model", "table_rows", "max_rows", "admit_after", "dim", "embedding_dim", "sparse_rows",
-                        "dense_floats"}) ||
+       return IsAny(n, {"model", "table_rows", "max_rows", "admit_after", "dim", "embedding_dim",
+                        "sparse_rows", "dense_floats"}) ||
               StartsAny(n, {"dlrm_", "embedding", "sparse_", "bn_", "max_model"});
      }},
     {"Data",
      [](absl::string_view n, absl::string_view f) {
        return StartsAny(n, {"data_", "input_", "synthetic", "num_dense", "num_sparse", "vocab", "zipf",
                             "test_examples", "examples", "output_dir", "format"}) ||
-              IsAny(n, {"shuffle"}) || absl::EndsWith(f, "data_flags.cc") || absl::EndsWith(f, "input_flags.cc");
+              IsAny(n, {"shuffle"}) || absl::EndsWith(f, "data_flags.cc") ||
+              absl::EndsWith(f, "input_flags.cc");
      }},
     {"Training",
      [](absl::string_view n, absl::string_view) {
@@ -175,13 +181,13 @@ const GroupRule kGroupRules[] = {
      }},
     {"Output",
      [](absl::string_view n, absl::string_view) {
-       return StartsAny(n, {"log", "eval_", "summary_", "metrics_", "export", "out", "bytes", "hold_", "skip_",
-                            "use_"}) ||
+       return StartsAny(n, {"log", "eval_", "summary_", "metrics_", "export", "out", "bytes", "hold_",
+                            "skip_", "use_"}) ||
               absl::EndsWith(n, "_out") || absl::EndsWith(n, "_every");
      }},
 };
 
-const char* const kGroupOrder[] = {"Cluster", "Model",  "Data",     "Training", "Compute",
+const char* const kGroupOrder[] = {"Cluster",     "Model",  "Data",     "Training", "Compute",
                                    "Checkpoints", "Output", "Security", "Other",    "Abseil"};
 
 }  // namespace
@@ -194,14 +200,20 @@ std::string FlagGroupOf(absl::string_view name, absl::string_view file) {
 }
 
 std::vector<std::string> ClosestFlags(absl::string_view name, const std::vector<std::string>& known, int max) {
+  // By edit distance; one name containing the other (a prefix left out, a word added) comes after every close
+  // spelling, and only when the shorter is at least half the longer ("out" in "output_dri" is no match).
   std::vector<std::pair<int, std::string>> scored;
+  const int limit = std::max<int>(2, static_cast<int>(name.size()) / 4);
   for (const std::string& k : known) {
-    int d = EditDistance(name, k);
-    const bool contains = name.size() >= 3 && (absl::StrContains(k, name) || absl::StrContains(name, k));
-    const int limit = std::max<int>(2, static_cast<int>(name.size()) / 4);
-    if (d > limit && !contains) continue;
-    if (contains) d = std::min(d, limit);
-    scored.push_back({d, k});
+    const int d = EditDistance(name, k);
+    const size_t shorter = std::min(name.size(), k.size()), longer = std::max(name.size(), k.size());
+    const bool contains =
+        shorter >= 3 && 2 * shorter >= longer && (absl::StrContains(k, name) || absl::StrContains(name, k));
+    if (d <= limit) {
+      scored.push_back({d, k});
+    } else if (contains) {
+      scored.push_back({limit + 1, k});
+    }
   }
   std::sort(scored.begin(), scored.end());
   std::vector<std::string> out;
@@ -236,9 +248,9 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLineArgs(const std::vector<std::st
         }
         return absl::OkStatus();
       }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", name, " is a flag of ", spec.peer_program, ", not of ", spec.program,
-          " (in a --flagfile the processes share, ", spec.program, " ignores it)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " is a flag of ", spec.peer_program, ", not of ", spec.program,
+                       " (in a --flagfile the processes share, ", spec.program, " ignores it)"));
     }
     if (undefok.count(name) > 0) return absl::OkStatus();
     std::string message = absl::StrCat("unknown flag --", name, Where(a));
@@ -299,7 +311,8 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLineArgs(const std::vector<std::st
     if (name == "undefok") {
       absl::StatusOr<std::string> names = next_value();
       if (!names.ok()) return names.status();
-      for (absl::string_view n : absl::StrSplit(*names, ',', absl::SkipEmpty())) undefok.insert(std::string(n));
+      for (absl::string_view n : absl::StrSplit(*names, ',', absl::SkipEmpty()))
+        undefok.insert(std::string(n));
       continue;
     }
     absl::CommandLineFlag* flag = Find(name, /*abseil=*/false);
@@ -336,13 +349,13 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLineArgs(const std::vector<std::st
     parsed.specified.insert(flag_name);
   }
   if (!spec.positional_args && !parsed.positional.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", parsed.positional[0], "' (", spec.program,
-                                                   " takes only --flags; --help lists them)"));
+    return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", parsed.positional[0], "' (",
+                                                   spec.program, " takes only --flags; --help lists them)"));
   }
   if (!parsed.ignored.empty()) {
-    parsed.note = absl::StrCat("ignoring ", parsed.ignored.size(), " flag", parsed.ignored.size() > 1 ? "s" : "",
-                               " of ", spec.peer_program, " from the shared --flagfile: --",
-                               absl::StrJoin(parsed.ignored, ", --"));
+    parsed.note = absl::StrCat("ignoring ", parsed.ignored.size(), " flag",
+                               parsed.ignored.size() > 1 ? "s" : "", " of ", spec.peer_program,
+                               " from the shared --flagfile: --", absl::StrJoin(parsed.ignored, ", --"));
   }
   return parsed;
 }
@@ -355,8 +368,9 @@ std::string FormatHelp(const CommandLineSpec& spec, bool all) {
     if (abseil && !all) continue;
     groups[abseil ? "Abseil" : FlagGroupOf(name, flag->Filename())].push_back(flag);
   }
-  std::string out = absl::StrCat(spec.program, ": ", spec.summary, "\n\nUsage: ", spec.program,
-                                 " --flag=value ...   (--flagfile=FILE reads flags from a file, one a line)\n");
+  std::string out =
+      absl::StrCat(spec.program, ": ", spec.summary, "\n\nUsage: ", spec.program,
+                   " --flag=value ...   (--flagfile=FILE reads flags from a file, one a line)\n");
   for (const char* group : kGroupOrder) {
     auto it = groups.find(group);
     if (it == groups.end()) continue;
@@ -372,7 +386,8 @@ std::string FormatHelp(const CommandLineSpec& spec, bool all) {
       absl::StrAppend(&out, "  --", f->Name(), " (", type, ", default ", def, ")\n", Wrap(f->Help(), 6, 110));
     }
   }
-  if (!spec.epilogue.empty()) absl::StrAppend(&out, "\n", spec.epilogue, spec.epilogue.back() == '\n' ? "" : "\n");
+  if (!spec.epilogue.empty())
+    absl::StrAppend(&out, "\n", spec.epilogue, spec.epilogue.back() == '\n' ? "" : "\n");
   return out;
 }
 
@@ -392,7 +407,8 @@ ParsedCommandLine ParseCommandLineOrExit(int argc, char** argv, const CommandLin
   return *std::move(parsed);
 }
 
-std::vector<std::string> FlagValues(const std::vector<std::string>& files, const std::vector<std::string>& names) {
+std::vector<std::string> FlagValues(const std::vector<std::string>& files,
+                                    const std::vector<std::string>& names) {
   std::vector<std::string> lines;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     if (flag->IsRetired() || IsAbseilFlag(*flag)) continue;
@@ -407,7 +423,8 @@ std::vector<std::string> FlagValues(const std::vector<std::string>& files, const
 absl::Status SetFlagValues(const std::vector<std::string>& lines, const std::set<std::string>& keep) {
   for (const std::string& line : lines) {
     const size_t eq = line.find('=');
-    if (eq == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("'", line, "' is not name=value"));
+    if (eq == std::string::npos)
+      return absl::InvalidArgumentError(absl::StrCat("'", line, "' is not name=value"));
     const std::string name = line.substr(0, eq);
     if (keep.count(name) > 0) continue;
     absl::CommandLineFlag* flag = Find(name, false);

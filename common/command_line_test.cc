@@ -1,12 +1,12 @@
 #include "common/command_line.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "absl/flags/flag.h"
 
@@ -88,8 +88,10 @@ TEST_F(CommandLineTest, BadValueAndMissingValueAreRefused) {
 
 TEST_F(CommandLineTest, SharedFlagfileIgnoresPeerFlagsWithOneNote) {
   const std::string inner = WriteFile("inner.flags", "--test_train_steps=77\n--replicas_to_aggregate=2\n");
-  const std::string path = WriteFile("shared.flags", "# the cluster's flags\n\n--test_model=cnn\n  --mode=async\n"
-                                                     "--flagfile=" + inner + "\n--mode=sync\n");
+  const std::string path = WriteFile("shared.flags",
+                                     "# the cluster's flags\n\n--test_model=cnn\n  --mode=async\n"
+                                     "--flagfile=" +
+                                         inner + "\n--mode=sync\n");
   absl::StatusOr<ParsedCommandLine> p = Parse({"--flagfile=" + path, "--test_train_steps=5"});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(absl::GetFlag(FLAGS_test_model), "cnn");
@@ -148,10 +150,14 @@ TEST(FlagGroupTest, ByRuleSoNewFlagsLandSomewhereSensible) {
 }
 
 TEST(ClosestFlagsTest, EditDistanceAndContainment) {
-  const std::vector<std::string> known = {"learning_rate", "sparse_learning_rate", "train_steps", "batch_size"};
+  const std::vector<std::string> known = {"learning_rate", "sparse_learning_rate", "train_steps",
+                                          "batch_size"};
   EXPECT_THAT(ClosestFlags("learning_rte", known), ElementsAre("learning_rate"));
   EXPECT_THAT(ClosestFlags("train_step", known), ElementsAre("train_steps"));
   EXPECT_TRUE(ClosestFlags("zzz", known).empty());
+  // A short name inside a long one is no match; a long one inside is, after the close spellings.
+  EXPECT_THAT(ClosestFlags("output_dri", {"out", "output_dir"}), ElementsAre("output_dir"));
+  EXPECT_THAT(ClosestFlags("learning_rate", known), ElementsAre("learning_rate", "sparse_learning_rate"));
 }
 
 TEST_F(CommandLineTest, FlagValuesRoundTripKeepingWhatWasGiven) {

@@ -1,12 +1,13 @@
 // How a dtrain process ends, as its exit code: one table for dtrain_worker and dtrain_ps (README "How a run
 // ends"), so that a script, Slurm or a Kubernetes Job can tell a complete run from a degraded or failed one.
-// The tools (dtrain_eval, dtrain_bench, dtrain_bench_ps, dtrain_convert) use 0, 1 and 2 with the same meaning.
+// The tools (dtrain_eval, dtrain_bench, dtrain_bench_ps, dtrain_convert) use 0, 1 and 2 with the same
+// meaning.
 //
 //   0    complete: the run reached its end as configured (--train_steps), no worker left before it
 //   1    this process failed (an error of its own: data, disk, a final checkpoint not saved, an export)
 //   2    configuration refused: a bad flag or cluster spec, or a configuration the ps tasks refused; when the
-//        run cannot go on without the refused process (the chief, or any worker in sync mode with every worker
-//        aggregated), every process of the run exits 2
+//        run cannot go on without the refused process (the chief, or any worker in sync mode with every
+//        worker aggregated), every process of the run exits 2
 //   3    degraded: the run reached its end, but some worker left before it (lost, failed or stopped; the
 //        summary line says which, at which step and why); --allow_degraded makes it 0
 //   4    a peer failed: the run stopped before its end because another process failed, was refused or was

@@ -65,8 +65,8 @@ void StopSignals::Loop() {
       continue;
     }
     if (signal == received_.load() && absl::Now() - first < kSameStop) {
-      // The same stop delivered twice: to this process and through its launcher (Slurm signals every process of a
-      // task, and dtrain_task.sh passes the signal on).
+      // The same stop delivered twice: to this process and through its launcher (Slurm signals every process
+      // of a task, and dtrain_task.sh passes the signal on).
       continue;
     }
     std::fprintf(stderr, "%s: second signal (%s): stopping at once, exit code %d\n", program_.c_str(),

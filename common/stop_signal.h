@@ -1,9 +1,9 @@
 // Graceful stop on SIGTERM and SIGINT, as Kubernetes (pod deletion, with terminationGracePeriodSeconds before
-// SIGKILL) and Slurm (--signal=TERM@SECS before the time limit) ask: the first signal asks the process to stop
-// (stop() is cancelled: whoever registered on it wraps up: a worker leaves the cluster, the chief evaluates and
-// exports, a ps saves its final checkpoint); a second signal ends the process at once with exit code 128 +
-// signal (the same signal again within a second counts as the first delivered twice, as a launcher that passes
-// the signal on to a process that got it already does). Both are said in one line on stderr.
+// SIGKILL) and Slurm (--signal=TERM@SECS before the time limit) ask: the first signal asks the process to
+// stop (stop() is cancelled: whoever registered on it wraps up: a worker leaves the cluster, the chief
+// evaluates and exports, a ps saves its final checkpoint); a second signal ends the process at once with exit
+// code 128 + signal (the same signal again within a second counts as the first delivered twice, as a launcher
+// that passes the signal on to a process that got it already does). Both are said in one line on stderr.
 //
 // Usage, first thing in main() (before any thread starts: threads inherit the blocked signals):
 //   dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_ps");
@@ -24,8 +24,8 @@ namespace dtrain {
 
 class StopSignals {
  public:
-  // Blocks SIGTERM and SIGINT in the calling thread and every thread started after, and starts the thread that
-  // waits for them. `program` names the process in the lines it prints.
+  // Blocks SIGTERM and SIGINT in the calling thread and every thread started after, and starts the thread
+  // that waits for them. `program` names the process in the lines it prints.
   static StopSignals* Install(std::string program);
 
   // Cancelled at the first signal (its callbacks run on a thread of their own).

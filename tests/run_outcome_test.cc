@@ -1,15 +1,17 @@
 // How a run ends, with real processes on 127.0.0.1 (issue 25; README "How a run ends"):
-// - the exit code of every process for each ending: complete (0 everywhere, one summary line from the ps and the
-//   chief), degraded (3; --allow_degraded 0), a configuration refused (2 on every process), a peer that failed
-//   (4; a worker waiting for a chief that failed hears it at once);
+// - the exit code of every process for each ending: complete (0 everywhere, one summary line from the ps and
+//   the chief), degraded (3; --allow_degraded 0), a configuration refused (2 on every process), a peer that
+//   failed (4; a worker waiting for a chief that failed hears it at once);
 // - SIGTERM to a sync worker mid-run costs the others no lease stall (the global step goes on within seconds,
 //   with --worker_timeout_secs=20), and the worker exits 143 having left;
 // - SIGTERM to the chief mid-run: it evaluates and exports, the ps tasks write their final checkpoint at its
-//   step and tell the other workers, every process exits by itself; dtrain_eval then reads that checkpoint with
-//   --checkpoint=DIR alone (the model flags are in it);
+//   step and tell the other workers, every process exits by itself; dtrain_eval then reads that checkpoint
+//   with --checkpoint=DIR alone (the model flags are in it);
 // - --help of every binary shows its own flags in groups; an unknown flag names the closest and exits 2; a
 //   flagfile shared by the ps and the workers works for both.
-// Every test but the help test and the dlrm one needs Fashion-MNIST (skipped without it: scripts/install_deps.sh).
+// Every test but the help test and the dlrm one needs Fashion-MNIST (skipped without it:
+// scripts/install_deps.sh).
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -20,8 +22,6 @@
 #include <regex>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -69,8 +69,9 @@ class Cluster {
     return std::make_unique<Subprocess>(argv, absl::StrCat(dir_, "/ps", i, ".log"));
   }
   std::unique_ptr<Subprocess> StartWorker(int i, std::vector<std::string> extra) {
-    std::vector<std::string> argv = {BinPath("dtrain_worker"), "--job_name=worker", absl::StrCat("--task_index=", i),
-                                     "--threads=1", "--log_every=1000", "--startup_wait_secs=60"};
+    std::vector<std::string> argv = {
+        BinPath("dtrain_worker"), "--job_name=worker",     absl::StrCat("--task_index=", i), "--threads=1",
+        "--log_every=1000",       "--startup_wait_secs=60"};
     Append(ClusterFlags(), &argv);
     Append(extra, &argv);
     return std::make_unique<Subprocess>(argv, absl::StrCat(dir_, "/worker", i, ".log"));
@@ -106,7 +107,7 @@ bool WaitForStep(ps::PsInterface& monitor, int64_t step, absl::Time deadline) {
 
 bool Has(const std::string& out, const std::string& what) { return out.find(what) != std::string::npos; }
 
-// ---- the four endings -----------------------------------------------------------------------------------------
+// ---- the four endings -------------------------------------------------------------------------------------
 
 TEST(RunOutcome, CompleteExitsZeroEverywhereWithOneSummaryLine) {
   SKIP_WITHOUT_DATA();
@@ -123,8 +124,8 @@ TEST(RunOutcome, CompleteExitsZeroEverywhereWithOneSummaryLine) {
   EXPECT_FALSE(Has(worker->Output(), "run complete")) << "only the chief prints a complete run's line";
 }
 
-// Worker 2 fails on its own (no data): the others train to the end without it. Every process but the failed one
-// exits 3; the ps given --allow_degraded exits 0. The summary line says which worker left, when and why.
+// Worker 2 fails on its own (no data): the others train to the end without it. Every process but the failed
+// one exits 3; the ps given --allow_degraded exits 0. The summary line says which worker left, when and why.
 TEST(RunOutcome, DegradedExitsThreeUnlessAllowed) {
   SKIP_WITHOUT_DATA();
   Cluster c(1, 3, "degraded");
@@ -136,15 +137,16 @@ TEST(RunOutcome, DegradedExitsThreeUnlessAllowed) {
   EXPECT_EQ(chief->Wait(absl::Minutes(2)), 3) << chief->Output();
   EXPECT_EQ(worker->Wait(absl::Minutes(1)), 3) << worker->Output();
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 0) << ps->Output();
-  const std::regex line("run degraded: training reached step 30 of 30 without worker 2 \\(failed at step 0: [^\\n]*"
-                        "no_data");
+  const std::regex line(
+      "run degraded: training reached step 30 of 30 without worker 2 \\(failed at step 0: [^\\n]*"
+      "no_data");
   EXPECT_TRUE(std::regex_search(ps->Output(), line)) << ps->Output();
   EXPECT_TRUE(std::regex_search(chief->Output(), line)) << chief->Output();
   EXPECT_TRUE(std::regex_search(worker->Output(), line)) << worker->Output();
 }
 
-// Worker 1's cluster spec lists 3 workers where the others list 2: the ps refuses its configuration; in sync mode
-// with every worker aggregated the run cannot complete, so every process exits 2, soon.
+// Worker 1's cluster spec lists 3 workers where the others list 2: the ps refuses its configuration; in sync
+// mode with every worker aggregated the run cannot complete, so every process exits 2, soon.
 TEST(RunOutcome, RefusedConfigurationExitsTwoOnEveryProcess) {
   SKIP_WITHOUT_DATA();
   Cluster c(1, 2, "refused");
@@ -160,7 +162,8 @@ TEST(RunOutcome, RefusedConfigurationExitsTwoOnEveryProcess) {
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 2) << ps->Output();
   EXPECT_LT(absl::Now() - start, absl::Seconds(45)) << "no process may wait out a timeout";
   EXPECT_TRUE(Has(worker->Output(), "num_workers")) << worker->Output();
-  EXPECT_TRUE(Has(ps->Output(), "run ended early at step 0 of 2000: configuration refused: worker 1")) << ps->Output();
+  EXPECT_TRUE(Has(ps->Output(), "run ended early at step 0 of 2000: configuration refused: worker 1"))
+      << ps->Output();
   EXPECT_TRUE(Has(chief->Output(), "configuration refused: worker 1")) << chief->Output();
 }
 
@@ -182,10 +185,10 @@ TEST(RunOutcome, PeerFailedExitsFourAndWaitingWorkersHearAtOnce) {
   EXPECT_TRUE(Has(ps->Output(), "run ended early at step 0: the chief (worker 0) failed")) << ps->Output();
 }
 
-// ---- signals ---------------------------------------------------------------------------------------------------
+// ---- signals ----------------------------------------------------------------------------------------------
 
-// SIGTERM to a sync worker mid-run: it finishes its step and leaves, so the others' next steps need it no more
-// at once: no stall of --worker_timeout_secs (20 s). It exits 143; the others end degraded (3), naming it.
+// SIGTERM to a sync worker mid-run: it finishes its step and leaves, so the others' next steps need it no
+// more at once: no stall of --worker_timeout_secs (20 s). It exits 143; the others end degraded (3).
 TEST(RunOutcome, SigtermToAWorkerCostsNoLeaseStall) {
   SKIP_WITHOUT_DATA();
   Cluster c(1, 3, "sigterm_worker");
@@ -206,16 +209,18 @@ TEST(RunOutcome, SigtermToAWorkerCostsNoLeaseStall) {
   const bool went_on = WaitForStep(*monitor, at_signal + 30, sent + absl::Seconds(8));
   const double secs = absl::ToDoubleSeconds(absl::Now() - sent);
   EXPECT_TRUE(went_on) << "the global step stalled after SIGTERM to worker 2\n" << ps->Output();
-  std::printf("SIGTERM to sync worker 2 at step %lld: 30 more global steps in %.2f s (%.1f steps/s before; a lease "
-              "is 20 s)\n",
-              static_cast<long long>(at_signal), secs, pace);
+  std::printf(
+      "SIGTERM to sync worker 2 at step %lld: 30 more global steps in %.2f s (%.1f steps/s before; a lease "
+      "is 20 s)\n",
+      static_cast<long long>(at_signal), secs, pace);
   EXPECT_EQ(w[2]->Wait(absl::Seconds(20)), 143) << w[2]->Output();
   EXPECT_TRUE(Has(w[2]->Output(), "stopped by SIGTERM at step")) << w[2]->Output();
   EXPECT_EQ(w[0]->Wait(absl::Minutes(2)), 3) << w[0]->Output();
   EXPECT_EQ(w[1]->Wait(absl::Minutes(1)), 3) << w[1]->Output();
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 3) << ps->Output();
-  EXPECT_TRUE(std::regex_search(ps->Output(), std::regex("run degraded: training reached step 400 of 400 without "
-                                                         "worker 2 \\(stopped at step [0-9]+: SIGTERM at step")))
+  EXPECT_TRUE(
+      std::regex_search(ps->Output(), std::regex("run degraded: training reached step 400 of 400 without "
+                                                 "worker 2 \\(stopped at step [0-9]+: SIGTERM at step")))
       << ps->Output();
   EXPECT_FALSE(Has(ps->Output(), "worker 2 lost")) << "it left; it was not lost";
 }
@@ -235,9 +240,9 @@ std::string WriteLinearOnnx(const std::string& dir) {
   return path;
 }
 
-// SIGTERM to the chief mid-run: it evaluates, exports, leaves; the ps writes its final checkpoint at that step
-// and tells worker 1, and every process exits by itself (chief 143, the others 4). dtrain_eval then evaluates the
-// checkpoint with nothing but the model file: the data flags are in the checkpoint.
+// SIGTERM to the chief mid-run: it evaluates, exports, leaves; the ps writes its final checkpoint at that
+// step and tells worker 1, and every process exits by itself (chief 143, the others 4). dtrain_eval then
+// evaluates the checkpoint with nothing but the model file: the data flags are in the checkpoint.
 TEST(RunOutcome, SigtermToTheChiefStillCheckpointsEvaluatesAndExports) {
   SKIP_WITHOUT_DATA();
   Cluster c(1, 2, "sigterm_chief");
@@ -260,14 +265,16 @@ TEST(RunOutcome, SigtermToTheChiefStillCheckpointsEvaluatesAndExports) {
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 4) << ps->Output();
   const std::string out = chief->Output();
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(out, m, std::regex("step ([0-9]+): test accuracy = ([0-9.]+) \\(10000 examples\\)")))
+  ASSERT_TRUE(
+      std::regex_search(out, m, std::regex("step ([0-9]+): test accuracy = ([0-9.]+) \\(10000 examples\\)")))
       << out;
   const std::string step = m[1];
   EXPECT_TRUE(Has(out, "exported the trained model to " + exported)) << out;
   EXPECT_TRUE(std::filesystem::exists(exported));
   EXPECT_TRUE(Has(out, "run stopped at step " + step + " of 100000: the chief was stopped (SIGTERM)")) << out;
   EXPECT_TRUE(Has(ps->Output(), "final checkpoint of step " + step + " saved")) << ps->Output();
-  EXPECT_TRUE(Has(ps->Output(), "run ended early at step " + step + " of 100000: the chief (worker 0) was stopped"))
+  EXPECT_TRUE(
+      Has(ps->Output(), "run ended early at step " + step + " of 100000: the chief (worker 0) was stopped"))
       << ps->Output();
   EXPECT_TRUE(Has(worker->Output(), "the chief (worker 0) was stopped")) << worker->Output();
   EXPECT_TRUE(std::filesystem::exists(absl::StrCat(ckpt, "/model.ckpt-", step, ".ps0-of-1"))) << ps->Output();
@@ -277,35 +284,38 @@ TEST(RunOutcome, SigtermToTheChiefStillCheckpointsEvaluatesAndExports) {
   EXPECT_EQ(eval.Wait(absl::Minutes(1)), 0) << eval.Output();
   EXPECT_TRUE(Has(eval.Output(), "dtrain_eval: from the checkpoint: ")) << eval.Output();
   EXPECT_TRUE(Has(eval.Output(), absl::StrCat("--data_dir=", kFashion))) << eval.Output();
-  EXPECT_TRUE(Has(eval.Output(), absl::StrCat("checkpoint model.ckpt-", step, ": test accuracy = ", m[2].str())))
+  EXPECT_TRUE(
+      Has(eval.Output(), absl::StrCat("checkpoint model.ckpt-", step, ": test accuracy = ", m[2].str())))
       << eval.Output() << "\nchief: " << out;
 }
 
 // A built-in model with its own shape flags and data: dlrm on synthetic click-through-rate data, trained with
-// --embedding_dim, --table_rows and --data_dir that differ from the defaults; dtrain_eval --checkpoint=DIR alone
-// takes them from the checkpoint. Needs no data set.
+// --embedding_dim, --table_rows and --data_dir that differ from the defaults; dtrain_eval --checkpoint=DIR
+// alone takes them from the checkpoint. Needs no data set.
 TEST(RunOutcome, EvalOfABuiltInModelNeedsOnlyTheCheckpoint) {
   const std::string dir = Scratch("eval_alone");
   Subprocess data({BinPath("dtrain_convert"), "--synthetic_ctr", "--examples=2000", "--test_examples=500",
                    "--num_dense=4", "--num_sparse=3", "--vocab=500", "--out=" + dir + "/ctr"},
                   dir + "/data.log");
   ASSERT_EQ(data.Wait(absl::Minutes(1)), 0) << data.Output();
-  Subprocess train({BinPath("dtrain_worker"), "--job_name=local", "--model=dlrm", "--data_dir=" + dir + "/ctr",
-                    "--embedding_dim=8", "--dlrm_bottom=16", "--dlrm_top=16", "--table_rows=500", "--batch_size=64",
-                    "--train_steps=20", "--log_every=20", "--checkpoint_dir=" + dir + "/ckpt"},
-                   dir + "/train.log");
+  Subprocess train(
+      {BinPath("dtrain_worker"), "--job_name=local", "--model=dlrm", "--data_dir=" + dir + "/ctr",
+       "--embedding_dim=8", "--dlrm_bottom=16", "--dlrm_top=16", "--table_rows=500", "--batch_size=64",
+       "--train_steps=20", "--log_every=20", "--checkpoint_dir=" + dir + "/ckpt"},
+      dir + "/train.log");
   ASSERT_EQ(train.Wait(absl::Minutes(2)), 0) << train.Output();
   const std::string trained = train.Output();
   EXPECT_TRUE(Has(trained, "run complete: training reached step 20 of 20")) << trained;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(trained, m, std::regex("step 20: test log loss = ([0-9.]+), AUC = ([0-9.]+)")))
+  ASSERT_TRUE(
+      std::regex_search(trained, m, std::regex("step 20: test log loss = ([0-9.]+), AUC = ([0-9.]+)")))
       << trained;
   Subprocess eval({BinPath("dtrain_eval"), "--checkpoint=" + dir + "/ckpt"}, dir + "/eval.log");
   EXPECT_EQ(eval.Wait(absl::Minutes(1)), 0) << eval.Output();
   EXPECT_TRUE(Has(eval.Output(), "--model=dlrm")) << eval.Output();
   EXPECT_TRUE(Has(eval.Output(), "--embedding_dim=8")) << eval.Output();
-  EXPECT_TRUE(Has(eval.Output(), absl::StrCat("checkpoint model.ckpt-20: test log loss = ", m[1].str(), ", AUC = ",
-                                              m[2].str())))
+  EXPECT_TRUE(Has(eval.Output(), absl::StrCat("checkpoint model.ckpt-20: test log loss = ", m[1].str(),
+                                              ", AUC = ", m[2].str())))
       << eval.Output() << "\ntraining: " << trained;
   // A flag given on the command line wins over the checkpoint's: another shape is refused, naming the flag.
   Subprocess other({BinPath("dtrain_eval"), "--checkpoint=" + dir + "/ckpt", "--embedding_dim=4"},
@@ -314,7 +324,7 @@ TEST(RunOutcome, EvalOfABuiltInModelNeedsOnlyTheCheckpoint) {
   EXPECT_FALSE(Has(other.Output(), "--embedding_dim=8")) << other.Output();
 }
 
-// ---- the command line -------------------------------------------------------------------------------------------
+// ---- the command line -------------------------------------------------------------------------------------
 
 TEST(RunOutcome, HelpShowsEachBinarysOwnFlagsAndUnknownFlagsExitTwo) {
   struct Binary {
@@ -345,14 +355,15 @@ TEST(RunOutcome, HelpShowsEachBinarysOwnFlagsAndUnknownFlagsExitTwo) {
   const std::string dir = Scratch("help_close");
   Subprocess worker({BinPath("dtrain_worker"), "--job_name=local", "--trian_steps=5"}, dir + "/worker.log");
   EXPECT_EQ(worker.Wait(absl::Seconds(30)), 2);
-  EXPECT_TRUE(Has(worker.Output(), "unknown flag --trian_steps; did you mean --train_steps?")) << worker.Output();
+  EXPECT_TRUE(Has(worker.Output(), "unknown flag --trian_steps; did you mean --train_steps?"))
+      << worker.Output();
   Subprocess ps({BinPath("dtrain_ps"), "--mode=sync"}, dir + "/ps.log");
   EXPECT_EQ(ps.Wait(absl::Seconds(30)), 2);
   EXPECT_TRUE(Has(ps.Output(), "--mode is a flag of dtrain_worker, not of dtrain_ps")) << ps.Output();
 }
 
-// One flagfile for every process, as TensorFlow users keep one command line: the ps ignores the worker's flags in
-// it with one note (and the workers the ps's), and the run completes.
+// One flagfile for every process, as TensorFlow users keep one command line: the ps ignores the worker's
+// flags in it with one note (and the workers the ps's), and the run completes.
 TEST(RunOutcome, OneFlagfileServesThePsAndTheWorkers) {
   SKIP_WITHOUT_DATA();
   Cluster c(1, 1, "flagfile");
@@ -361,18 +372,22 @@ TEST(RunOutcome, OneFlagfileServesThePsAndTheWorkers) {
     std::ofstream f(flagfile);
     f << "# the cluster's flags, for every process\n";
     for (const std::string& flag : c.ClusterFlags()) f << flag << "\n";
-    f << "--mode=sync\n--model=mlp\n--train_steps=10\n--worker_timeout_secs=10\n--max_model_bytes=100000000\n";
+    f << "--mode=sync\n--model=mlp\n--train_steps=10\n--worker_timeout_secs=10\n--max_model_bytes="
+         "100000000\n";
   }
   auto ps = c.StartPs(0, {"--flagfile=" + flagfile});
-  Subprocess worker({BinPath("dtrain_worker"), "--flagfile=" + flagfile, "--job_name=worker", "--task_index=0"},
-                    c.dir() + "/worker.log");
+  Subprocess worker(
+      {BinPath("dtrain_worker"), "--flagfile=" + flagfile, "--job_name=worker", "--task_index=0"},
+      c.dir() + "/worker.log");
   EXPECT_EQ(worker.Wait(absl::Minutes(1)), 0) << worker.Output();
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 0) << ps->Output();
-  EXPECT_TRUE(Has(ps->Output(), "dtrain_ps: ignoring 3 flags of dtrain_worker from the shared --flagfile: --mode, "
-                                "--model, --train_steps"))
+  EXPECT_TRUE(Has(ps->Output(),
+                  "dtrain_ps: ignoring 3 flags of dtrain_worker from the shared --flagfile: --mode, "
+                  "--model, --train_steps"))
       << ps->Output();
-  EXPECT_TRUE(Has(worker.Output(), "dtrain_worker: ignoring 2 flags of dtrain_ps from the shared --flagfile: "
-                                   "--worker_timeout_secs, --max_model_bytes"))
+  EXPECT_TRUE(Has(worker.Output(),
+                  "dtrain_worker: ignoring 2 flags of dtrain_ps from the shared --flagfile: "
+                  "--worker_timeout_secs, --max_model_bytes"))
       << worker.Output();
 }
 

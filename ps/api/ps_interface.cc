@@ -10,7 +10,9 @@ constexpr absl::string_view kJobEnded = "the run ended early: ";
 
 }  // namespace
 
-absl::Status JobEndedError(absl::string_view why) { return absl::OutOfRangeError(absl::StrCat(kJobEnded, why)); }
+absl::Status JobEndedError(absl::string_view why) {
+  return absl::OutOfRangeError(absl::StrCat(kJobEnded, why));
+}
 
 bool IsJobEnded(const absl::Status& s) {
   return s.code() == absl::StatusCode::kOutOfRange && absl::StrContains(s.message(), kJobEnded);

@@ -6,8 +6,9 @@
 // Format (version 5; integers little-endian, floats IEEE-754 float32 little-endian):
 //   header   "DTRNCKPT" | u32 version | u32 body_len | body | u32 masked CRC32C(everything before it)
 //            body: u32 task_index | u32 num_ps | i64 global_step | i64 task_step | str model_signature |
-//                  str optimizer | u32 num_slots | u8 has_moving_averages | u32 num_slices |
-//                  (version 5) u32 num_model_flags | num_model_flags x str model_flag
+//                  str optimizer | u32 num_slots | u8 has_moving_averages |
+//                  (version 5) u32 num_model_flags | num_model_flags x str model_flag |
+//                  u32 num_slices (always the header's last field)
 //            (str = u32 length + bytes)
 //   slice i  u32 body_len | body | u32 masked CRC32C(body_len + body)
 //            body: u32 key | str variable | i64 flat_offset | i64 length | u8 flags (version 3; bit 0: state,

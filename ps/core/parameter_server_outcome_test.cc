@@ -26,7 +26,8 @@ using ::dtrain::ps::testing::PushSlices;
 // One ps task and its workers, registered by hand (their sessions kept).
 class OutcomeTest : public ::testing::Test {
  protected:
-  void Start(int num_workers, const std::string& mode, int r, int64_t train_steps, std::string checkpoint_dir = "") {
+  void Start(int num_workers, const std::string& mode, int r, int64_t train_steps,
+             std::string checkpoint_dir = "") {
     ParameterServerOptions o;
     o.num_workers = num_workers;
     o.checkpoint.dir = checkpoint_dir;
@@ -51,7 +52,8 @@ class OutcomeTest : public ::testing::Test {
     return absl::OkStatus();
   }
   absl::Status Push(int worker, int64_t step) {
-    return PushSlices(*ps_, PushHeader{worker, step, NextId(), /*commit=*/true, sessions_[worker]}, {{0, {0.1f, 0.1f}}})
+    return PushSlices(*ps_, PushHeader{worker, step, NextId(), /*commit=*/true, sessions_[worker]},
+                      {{0, {0.1f, 0.1f}}})
         .status();
   }
   absl::StatusOr<int64_t> Pull(int worker, int64_t min_step, int64_t timeout_ms = 10000) {
@@ -121,7 +123,9 @@ TEST_F(OutcomeTest, AStoppedWorkerLeavesAtOnceAndTheEndIsDegraded) {
   const TrainingOutcome o = ps_->outcome();
   EXPECT_EQ(o.kind, RunOutcome::kDegraded);
   EXPECT_TRUE(o.succeeded);
-  EXPECT_EQ(o.message, "run degraded: training reached step 4 of 4 without worker 2 (stopped at step 2: SIGTERM at step 2)");
+  EXPECT_EQ(
+      o.message,
+      "run degraded: training reached step 4 of 4 without worker 2 (stopped at step 2: SIGTERM at step 2)");
   absl::StatusOr<TrainingStats> stats = ps_->GetStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->workers[2].leaving, Leaving::kStopped);
@@ -129,9 +133,9 @@ TEST_F(OutcomeTest, AStoppedWorkerLeavesAtOnceAndTheEndIsDegraded) {
   EXPECT_TRUE(stats->job_ended.empty());
 }
 
-// The chief stopped (SIGTERM, after evaluating): the run ends there. A worker waiting for the next step hears it
-// at once, every later call too, and the task saves its final checkpoint (holding the chief's model flags) before
-// the others have left.
+// The chief stopped (SIGTERM, after evaluating): the run ends there. A worker waiting for the next step hears
+// it at once, every later call too, and the task saves its final checkpoint (holding the chief's model flags)
+// before the others have left.
 TEST_F(OutcomeTest, TheChiefStoppedEndsTheRunAndWakesTheWaitingWorker) {
   const std::string dir = ::testing::TempDir() + "/outcome_chief_stopped";
   std::filesystem::remove_all(dir);
@@ -141,7 +145,8 @@ TEST_F(OutcomeTest, TheChiefStoppedEndsTheRunAndWakesTheWaitingWorker) {
   ASSERT_TRUE(Register(1).ok());
   Steps({0, 1}, 0, 2);
   ASSERT_TRUE(Push(1, 2).ok());
-  std::future<absl::StatusOr<int64_t>> waiting = std::async(std::launch::async, [&] { return Pull(1, 3, 30000); });
+  std::future<absl::StatusOr<int64_t>> waiting =
+      std::async(std::launch::async, [&] { return Pull(1, 3, 30000); });
   absl::SleepFor(absl::Milliseconds(100));
   const absl::Time stopped = absl::Now();
   ASSERT_TRUE(Leave(0, Leaving::kStopped, 2, "SIGTERM at step 2").ok());
@@ -166,11 +171,13 @@ TEST_F(OutcomeTest, TheChiefStoppedEndsTheRunAndWakesTheWaitingWorker) {
   EXPECT_TRUE(ps_->final_checkpoint_status().ok());
   const TrainingOutcome o = ps_->outcome();
   EXPECT_EQ(o.kind, RunOutcome::kEndedEarly);
-  EXPECT_EQ(o.message, "run ended early at step 2 of 100: the chief (worker 0) was stopped at step 2: SIGTERM at step 2");
+  EXPECT_EQ(
+      o.message,
+      "run ended early at step 2 of 100: the chief (worker 0) was stopped at step 2: SIGTERM at step 2");
 }
 
-// A worker refused for its configuration in sync mode with every worker aggregated: the run cannot complete, so
-// it ends, as refused (every process exits 2).
+// A worker refused for its configuration in sync mode with every worker aggregated: the run cannot complete,
+// so it ends, as refused (every process exits 2).
 TEST_F(OutcomeTest, ARefusedWorkerEndsASyncRunThatNeedsEveryWorker) {
   Start(2, "sync", 0, 10);
   ASSERT_TRUE(Register(0).ok());
@@ -188,7 +195,8 @@ TEST_F(OutcomeTest, ARefusedWorkerEndsASyncRunThatNeedsEveryWorker) {
   EXPECT_EQ(ps_->outcome().kind, RunOutcome::kRefused);
 }
 
-// The same refusal with R < all workers (or in async mode) only degrades the run: it goes on without the worker.
+// The same refusal with R < all workers (or in async mode) only degrades the run: it goes on without the
+// worker.
 TEST_F(OutcomeTest, ARefusedWorkerOnlyDegradesARunThatCanGoOn) {
   Start(2, "async", 0, 2);
   ASSERT_TRUE(Register(0).ok());
@@ -200,7 +208,9 @@ TEST_F(OutcomeTest, ARefusedWorkerOnlyDegradesARunThatCanGoOn) {
   ASSERT_TRUE(Leave(0, Leaving::kCompleted, 2).ok());
   const TrainingOutcome o = ps_->outcome();
   EXPECT_EQ(o.kind, RunOutcome::kDegraded);
-  EXPECT_EQ(o.message, "run degraded: training reached step 2 of 2 without worker 1 (refused at step 0: num_workers mismatch)");
+  EXPECT_EQ(o.message,
+            "run degraded: training reached step 2 of 2 without worker 1 (refused at step 0: num_workers "
+            "mismatch)");
 }
 
 // The chief failed before it registered: a worker waiting for it hears so at once instead of waiting out
@@ -212,7 +222,8 @@ TEST_F(OutcomeTest, AWorkerWaitingForAChiefThatFailedHearsItAtOnce) {
   ASSERT_TRUE(Leave(0, Leaving::kFailed, 0, "cannot read /data: no such directory").ok());
   const absl::Status heard = ps_->Register(r).status();
   ASSERT_TRUE(IsJobEnded(heard)) << heard;
-  EXPECT_EQ(JobEndedReason(heard), "the chief (worker 0) failed at step 0: cannot read /data: no such directory");
+  EXPECT_EQ(JobEndedReason(heard),
+            "the chief (worker 0) failed at step 0: cannot read /data: no such directory");
   ASSERT_TRUE(Leave(1, Leaving::kPeerFailed, 0, JobEndedReason(heard)).ok());
   ASSERT_TRUE(ps_->finished());
   EXPECT_EQ(ps_->outcome().kind, RunOutcome::kEndedEarly);
@@ -233,7 +244,8 @@ TEST_F(OutcomeTest, EndRunSavesAndTellsTheWorkers) {
   EXPECT_EQ((*files)[0].step, 3);
   EXPECT_TRUE(IsJobEnded(Pull(0, 3).status()));
   ASSERT_TRUE(Leave(0, Leaving::kPeerFailed, 3, "ps task 0 was stopped by SIGTERM at step 3").ok());
-  EXPECT_EQ(ps_->outcome().message, "run ended early at step 3 of 100: ps task 0 was stopped by SIGTERM at step 3");
+  EXPECT_EQ(ps_->outcome().message,
+            "run ended early at step 3 of 100: ps task 0 was stopped by SIGTERM at step 3");
 }
 
 // Async: pushes that arrive once the global step reached train_steps are too late; the run ends at exactly
@@ -269,7 +281,9 @@ TEST(SummarizeRunTest, LinesAndKinds) {
   w[1].left_at_step = 120;
   w[1].reason = "no contact for 20s";
   EXPECT_EQ(SummarizeRun(w, 300, 300, "", &line), RunOutcome::kDegraded);
-  EXPECT_EQ(line, "run degraded: training reached step 300 of 300 without worker 1 (lost at step 120: no contact for 20s)");
+  EXPECT_EQ(line,
+            "run degraded: training reached step 300 of 300 without worker 1 (lost at step 120: no contact "
+            "for 20s)");
   EXPECT_EQ(SummarizeRun(w, 120, 300, "the chief (worker 0) failed at step 120: disk full", &line),
             RunOutcome::kEndedEarly);
   EXPECT_EQ(line, "run ended early at step 120 of 300: the chief (worker 0) failed at step 120: disk full");
@@ -281,7 +295,8 @@ TEST(SummarizeRunTest, LinesAndKinds) {
     s.lost = false;
   }
   EXPECT_EQ(SummarizeRun(w, 50, 300, "", &line), RunOutcome::kEndedEarly);
-  EXPECT_TRUE(absl::StartsWith(line, "run ended early at step 50 of 300: no worker is left to complete it")) << line;
+  EXPECT_TRUE(absl::StartsWith(line, "run ended early at step 50 of 300: no worker is left to complete it"))
+      << line;
 }
 
 }  // namespace

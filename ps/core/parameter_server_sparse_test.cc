@@ -320,6 +320,8 @@ TEST(ParameterServerSparseTest, ReadOnlyPullLeavesTheTableAsItWas) {
   stats = (*c)->task(0).GetStats();
   EXPECT_EQ(stats->tables[0].rows, 3);
   // Read-only again: the rows exist now and read as they are; the count stays.
+  peek = Pull(c->get(), 0, 0, 0, ids);  // the worker's new session (Rows registered it again)
+  peek.sparse_read_only = true;
   read = PullSlices((*c)->task(0), peek);
   ASSERT_TRUE(read.ok());
   EXPECT_EQ(read->rows[0], *trained);
