@@ -7,6 +7,7 @@
 // - SIGTERM to the chief mid-run: it evaluates and exports, the ps tasks write their final checkpoint at its
 //   step and tell the other workers, every process exits by itself; dtrain_eval then reads that checkpoint
 //   with --checkpoint=DIR alone (the model flags are in it);
+// - SIGTERM to the ps mid-run: its final checkpoint, the workers told at once (4), the ps exits 143;
 // - --help of every binary shows its own flags in groups; an unknown flag names the closest and exits 2; a
 //   flagfile shared by the ps and the workers works for both.
 // The image runs train on a small MNIST-shaped data set the test writes (learnable: each label lights its own
@@ -303,6 +304,35 @@ TEST(RunOutcome, SigtermToTheChiefStillCheckpointsEvaluatesAndExports) {
   EXPECT_TRUE(
       Has(eval.Output(), absl::StrCat("checkpoint model.ckpt-", step, ": test accuracy = ", m[2].str())))
       << eval.Output() << "\nchief: " << out;
+}
+
+// SIGTERM to the ps mid-run: it saves its final checkpoint at the step it holds and tells the workers, who
+// leave at once (4, naming it); it exits 143 once they left.
+TEST(RunOutcome, SigtermToThePsCheckpointsAndTellsTheWorkers) {
+  Cluster c(1, 2, "sigterm_ps");
+  const std::string ckpt = c.dir() + "/ckpt";
+  auto ps = c.StartPs(0, {"--checkpoint_dir=" + ckpt});
+  auto chief = c.StartWorker(0, {"--mode=sync", "--train_steps=100000"});
+  auto worker = c.StartWorker(1, {"--mode=sync", "--train_steps=100000"});
+  auto monitor = c.Monitor();
+  ASSERT_NE(monitor, nullptr);
+  ASSERT_TRUE(WaitForStep(*monitor, 20, absl::Now() + absl::Minutes(1))) << ps->Output();
+  monitor.reset();
+  ASSERT_EQ(kill(ps->pid(), SIGTERM), 0);
+  const absl::Time sent = absl::Now();
+  EXPECT_EQ(chief->Wait(absl::Seconds(30)), 4) << chief->Output();
+  EXPECT_EQ(worker->Wait(absl::Seconds(30)), 4) << worker->Output();
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(10)) << "the workers must hear it, not wait out a timeout";
+  EXPECT_EQ(ps->Wait(absl::Seconds(30)), 143) << ps->Output();
+  std::smatch m;
+  const std::string out = ps->Output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("final checkpoint of step ([0-9]+) saved"))) << out;
+  EXPECT_TRUE(std::filesystem::exists(absl::StrCat(ckpt, "/model.ckpt-", m[1].str(), ".ps0-of-1"))) << out;
+  EXPECT_TRUE(Has(out, "run ended early at step " + m[1].str() + " of 100000: ps task 0 was stopped by SIGTERM"))
+      << out;
+  EXPECT_TRUE(Has(chief->Output(), "ps task 0 was stopped by SIGTERM")) << chief->Output();
+  EXPECT_TRUE(Has(worker->Output(), "ps task 0 was stopped by SIGTERM")) << worker->Output();
+  EXPECT_FALSE(Has(chief->Output() + worker->Output(), "type.dtrain")) << "a line for people, not payloads";
 }
 
 // A built-in model with its own shape flags and data: dlrm on synthetic click-through-rate data, trained with

@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::vector<dtrain::ps::CheckpointData>> read =
         dtrain::ps::ReadCheckpointSet(dtrain::Env::Default(), absl::GetFlag(FLAGS_checkpoint));
     if (!read.ok()) {
-      std::fprintf(stderr, "dtrain_eval: %s\n", read.status().ToString().c_str());
+      std::fprintf(stderr, "dtrain_eval: %s\n", std::string(read.status().message()).c_str());
       return 1;
     }
     parts = *std::move(read);

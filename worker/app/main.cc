@@ -306,7 +306,8 @@ int main(int argc, char** argv) {
   const int signal = signals->received();
   if (!result.ok()) {
     const dtrain::ps::Leaving leaving = dtrain::worker::HowTrainingFailed(result.status());
-    std::fprintf(stderr, "dtrain_worker: %s (%s)\n", result.status().ToString().c_str(),
+    // The message alone: the status's code name and payloads (the leaving kind) are no words for a user.
+    std::fprintf(stderr, "dtrain_worker: %s (%s)\n", std::string(result.status().message()).c_str(),
                  dtrain::ps::LeavingName(leaving));
     switch (leaving) {
       case dtrain::ps::Leaving::kRefused:
