@@ -133,9 +133,11 @@ bool Has(const std::string& out, const std::string& what) { return out.find(what
 TEST(RunOutcome, CompleteExitsZeroEverywhereWithOneSummaryLine) {
   Cluster c(1, 2, "complete");
   auto ps = c.StartPs(0);
-  auto chief = c.StartWorker(0, {"--mode=sync", "--train_steps=30"});
+  // --checkpoint_dir is the ps tasks' flag: a cluster worker given it says that it does not use it.
+  auto chief = c.StartWorker(0, {"--mode=sync", "--train_steps=30", "--checkpoint_dir=" + c.dir() + "/ckpt"});
   auto worker = c.StartWorker(1, {"--mode=sync", "--train_steps=30"});
   EXPECT_EQ(chief->Wait(absl::Minutes(2)), 0) << chief->Output();
+  EXPECT_TRUE(Has(chief->Output(), "--checkpoint_dir=" + c.dir() + "/ckpt is for the ps tasks")) << chief->Output();
   EXPECT_EQ(worker->Wait(absl::Minutes(1)), 0) << worker->Output();
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 0) << ps->Output();
   const std::string line = "run complete: training reached step 30 of 30; all 2 workers completed";
