@@ -1,13 +1,12 @@
 #include "common/stop_signal.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-
-#include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
 #include "common/exit_codes.h"

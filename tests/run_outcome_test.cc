@@ -91,7 +91,7 @@ class Cluster {
   }
   std::unique_ptr<Subprocess> StartWorker(int i, std::vector<std::string> extra) {
     std::vector<std::string> argv = {
-        BinPath("dtrain_worker"), "--job_name=worker",     absl::StrCat("--task_index=", i), "--threads=1",
+        BinPath("dtrain_worker"), "--job_name=worker",      absl::StrCat("--task_index=", i), "--threads=1",
         "--log_every=1000",       "--startup_wait_secs=60", "--data_dir=" + ImageData()};
     Append(ClusterFlags(), &argv);
     Append(extra, &argv);
@@ -137,7 +137,8 @@ TEST(RunOutcome, CompleteExitsZeroEverywhereWithOneSummaryLine) {
   auto chief = c.StartWorker(0, {"--mode=sync", "--train_steps=30", "--checkpoint_dir=" + c.dir() + "/ckpt"});
   auto worker = c.StartWorker(1, {"--mode=sync", "--train_steps=30"});
   EXPECT_EQ(chief->Wait(absl::Minutes(2)), 0) << chief->Output();
-  EXPECT_TRUE(Has(chief->Output(), "--checkpoint_dir=" + c.dir() + "/ckpt is for the ps tasks")) << chief->Output();
+  EXPECT_TRUE(Has(chief->Output(), "--checkpoint_dir=" + c.dir() + "/ckpt is for the ps tasks"))
+      << chief->Output();
   EXPECT_EQ(worker->Wait(absl::Minutes(1)), 0) << worker->Output();
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 0) << ps->Output();
   const std::string line = "run complete: training reached step 30 of 30; all 2 workers completed";
@@ -284,8 +285,9 @@ TEST(RunOutcome, SigtermToTheChiefStillCheckpointsEvaluatesAndExports) {
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 4) << ps->Output();
   const std::string out = chief->Output();
   std::smatch m;
-  ASSERT_TRUE(
-      std::regex_search(out, m, std::regex(absl::StrCat("step ([0-9]+): test accuracy = ([0-9.]+) \\(", kTestExamples, " examples\\)"))))
+  ASSERT_TRUE(std::regex_search(out, m,
+                                std::regex(absl::StrCat("step ([0-9]+): test accuracy = ([0-9.]+) \\(",
+                                                        kTestExamples, " examples\\)"))))
       << out;
   const std::string step = m[1];
   EXPECT_TRUE(Has(out, "exported the trained model to " + exported)) << out;
@@ -330,7 +332,8 @@ TEST(RunOutcome, SigtermToThePsCheckpointsAndTellsTheWorkers) {
   const std::string out = ps->Output();
   ASSERT_TRUE(std::regex_search(out, m, std::regex("final checkpoint of step ([0-9]+) saved"))) << out;
   EXPECT_TRUE(std::filesystem::exists(absl::StrCat(ckpt, "/model.ckpt-", m[1].str(), ".ps0-of-1"))) << out;
-  EXPECT_TRUE(Has(out, "run ended early at step " + m[1].str() + " of 100000: ps task 0 was stopped by SIGTERM"))
+  EXPECT_TRUE(
+      Has(out, "run ended early at step " + m[1].str() + " of 100000: ps task 0 was stopped by SIGTERM"))
       << out;
   EXPECT_TRUE(Has(chief->Output(), "ps task 0 was stopped by SIGTERM")) << chief->Output();
   EXPECT_TRUE(Has(worker->Output(), "ps task 0 was stopped by SIGTERM")) << worker->Output();
@@ -423,10 +426,9 @@ TEST(RunOutcome, OneFlagfileServesThePsAndTheWorkers) {
          "100000000\n";
   }
   auto ps = c.StartPs(0, {"--flagfile=" + flagfile});
-  Subprocess worker(
-      {BinPath("dtrain_worker"), "--flagfile=" + flagfile, "--job_name=worker", "--task_index=0",
-       "--data_dir=" + ImageData()},
-      c.dir() + "/worker.log");
+  Subprocess worker({BinPath("dtrain_worker"), "--flagfile=" + flagfile, "--job_name=worker",
+                     "--task_index=0", "--data_dir=" + ImageData()},
+                    c.dir() + "/worker.log");
   EXPECT_EQ(worker.Wait(absl::Minutes(1)), 0) << worker.Output();
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 0) << ps->Output();
   EXPECT_TRUE(Has(ps->Output(),
