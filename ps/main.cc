@@ -49,6 +49,10 @@ ABSL_FLAG(double, max_run_secs, 0, "Give up and exit 1 after this long (0: wait 
 ABSL_FLAG(bool, allow_degraded, false,
           "Exit 0, not 3, when the run reached its end without some worker (lost, failed or stopped before it): "
           "for elastic jobs where workers may come and go");
+ABSL_FLAG(double, chief_grace_secs, 30,
+          "After SIGTERM/SIGINT, wait at most this long for a training chief to leave before ending the run: when "
+          "every process gets the signal at once (a Kubernetes Job deleted, Slurm's --signal), the chief finishes "
+          "its step, evaluates and exports first, and the final checkpoint is of its step (0: end the run at once)");
 ABSL_FLAG(double, worker_timeout_secs, 20,
           "A worker silent (no call, no heartbeat) for this long is declared lost: sync training stops waiting for "
           "it and goes on with the others; it may come back by registering again (0: never declare a worker lost)");
@@ -148,6 +152,12 @@ int main(int argc, char** argv) {
     return dtrain::kExitConfigRefused;
   }
   o.ps.worker_timeout = absl::Seconds(worker_timeout);
+  const double chief_grace_secs = absl::GetFlag(FLAGS_chief_grace_secs);
+  if (!(chief_grace_secs >= 0)) {
+    std::fprintf(stderr, "dtrain_ps: --chief_grace_secs=%g must be >= 0\n", chief_grace_secs);
+    return dtrain::kExitConfigRefused;
+  }
+  const absl::Duration chief_grace = absl::Seconds(chief_grace_secs);
   const double registration_timeout = absl::GetFlag(FLAGS_registration_timeout_secs);
   if (!(registration_timeout >= 0)) {
     std::fprintf(stderr, "dtrain_ps: --registration_timeout_secs=%g must be >= 0\n", registration_timeout);
@@ -213,7 +223,22 @@ int main(int argc, char** argv) {
   // The workers that do not leave are lost after --worker_timeout_secs (10 s without leases); then it exits.
   const absl::Duration stop_grace =
       (o.ps.worker_timeout > absl::ZeroDuration() ? o.ps.worker_timeout : absl::Seconds(10)) + absl::Seconds(5);
-  signals->stop()->Register([signals, ps, task, stop_grace] {
+  signals->stop()->Register([signals, ps, task, stop_grace, chief_grace] {
+    // A chief that is training may have got the signal too: let it finish its step and leave (its leaving ends
+    // the run, and the final checkpoint is then of the step it evaluated), for at most --chief_grace_secs.
+    const auto chief_training = [ps] {
+      absl::StatusOr<dtrain::ps::TrainingStats> s = ps->GetStats();
+      return s.ok() && s->job_ended.empty() && !s->workers.empty() && s->workers[0].applied > 0 &&
+             !s->workers[0].done && !s->workers[0].lost && !ps->finished();
+    };
+    if (chief_grace > absl::ZeroDuration() && chief_training()) {
+      const absl::Time until = absl::Now() + chief_grace;
+      LOG(WARNING) << "ps task " << task << ": " << signals->received_name() << ": waiting until "
+                   << absl::FormatTime("%H:%M:%S", until, absl::LocalTimeZone())
+                   << " (--chief_grace_secs) for the chief to finish its step and leave, then ending the run";
+      while (absl::Now() < until && chief_training()) absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (ps->finished() || !ps->GetStats().ok() || !ps->GetStats()->job_ended.empty()) return;  // the chief ended it
     LOG(WARNING) << "ps task " << task << ": " << signals->received_name() << ": saving the final checkpoint and "
                  << "telling the workers; exiting once they left, at the latest at "
                  << absl::FormatTime("%H:%M:%S", absl::Now() + stop_grace, absl::LocalTimeZone());
@@ -226,7 +251,9 @@ int main(int argc, char** argv) {
   bool finished = false;
   while (!(finished = ps->WaitUntilFinished(absl::Seconds(1)))) {
     if (absl::Now() >= give_up) break;
-    if (signals->received() != 0 && stop_deadline == absl::InfiniteFuture()) stop_deadline = absl::Now() + stop_grace;
+    if (signals->received() != 0 && stop_deadline == absl::InfiniteFuture()) {
+      stop_deadline = absl::Now() + chief_grace + stop_grace;
+    }
     if (absl::Now() >= stop_deadline) break;
   }
   (*server)->Wait(absl::ZeroDuration());  // the linger for calls in flight, then the shutdown

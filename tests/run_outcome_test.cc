@@ -315,7 +315,8 @@ TEST(RunOutcome, SigtermToTheChiefStillCheckpointsEvaluatesAndExports) {
 TEST(RunOutcome, SigtermToThePsCheckpointsAndTellsTheWorkers) {
   Cluster c(1, 2, "sigterm_ps");
   const std::string ckpt = c.dir() + "/ckpt";
-  auto ps = c.StartPs(0, {"--checkpoint_dir=" + ckpt});
+  // The chief, not signalled, does not leave: the ps waits --chief_grace_secs for it, then ends the run.
+  auto ps = c.StartPs(0, {"--checkpoint_dir=" + ckpt, "--chief_grace_secs=1"});
   auto chief = c.StartWorker(0, {"--mode=sync", "--train_steps=100000"});
   auto worker = c.StartWorker(1, {"--mode=sync", "--train_steps=100000"});
   auto monitor = c.Monitor();
@@ -338,6 +339,34 @@ TEST(RunOutcome, SigtermToThePsCheckpointsAndTellsTheWorkers) {
   EXPECT_TRUE(Has(chief->Output(), "ps task 0 was stopped by SIGTERM")) << chief->Output();
   EXPECT_TRUE(Has(worker->Output(), "ps task 0 was stopped by SIGTERM")) << worker->Output();
   EXPECT_FALSE(Has(chief->Output() + worker->Output(), "type.dtrain")) << "a line for people, not payloads";
+  EXPECT_TRUE(Has(out, "(--chief_grace_secs) for the chief to finish its step and leave")) << out;
+}
+
+// SIGTERM to every process at once, as when a Kubernetes Job is deleted or Slurm signals a job before its time
+// limit: the ps waits for the chief, which finishes its step, evaluates and leaves; the final checkpoint is of
+// the step the chief evaluated; the other worker leaves too. Every process exits 143.
+TEST(RunOutcome, SigtermToEveryProcessAtOnceStillEvaluatesAndCheckpoints) {
+  Cluster c(1, 2, "sigterm_all");
+  const std::string ckpt = c.dir() + "/ckpt";
+  auto ps = c.StartPs(0, {"--checkpoint_dir=" + ckpt});
+  auto chief = c.StartWorker(0, {"--mode=sync", "--train_steps=100000"});
+  auto worker = c.StartWorker(1, {"--mode=sync", "--train_steps=100000"});
+  auto monitor = c.Monitor();
+  ASSERT_NE(monitor, nullptr);
+  ASSERT_TRUE(WaitForStep(*monitor, 20, absl::Now() + absl::Minutes(1))) << ps->Output();
+  monitor.reset();
+  for (Subprocess* p : {ps.get(), chief.get(), worker.get()}) ASSERT_EQ(kill(p->pid(), SIGTERM), 0);
+  EXPECT_EQ(chief->Wait(absl::Seconds(30)), 143) << chief->Output();
+  EXPECT_EQ(worker->Wait(absl::Seconds(30)), 143) << worker->Output();
+  EXPECT_EQ(ps->Wait(absl::Seconds(30)), 143) << ps->Output();
+  std::smatch m;
+  const std::string out = chief->Output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("step ([0-9]+): test accuracy = [0-9.]+ \\(500 examples\\)")))
+      << out;
+  EXPECT_TRUE(Has(out, "run stopped at step " + m[1].str() + " of 100000: the chief was stopped (SIGTERM)")) << out;
+  EXPECT_TRUE(Has(ps->Output(), "final checkpoint of step " + m[1].str() + " saved")) << ps->Output();
+  EXPECT_TRUE(std::filesystem::exists(absl::StrCat(ckpt, "/model.ckpt-", m[1].str(), ".ps0-of-1")))
+      << ps->Output();
 }
 
 // A built-in model with its own shape flags and data: dlrm on synthetic click-through-rate data, trained with
