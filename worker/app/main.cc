@@ -313,6 +313,9 @@ int main(int argc, char** argv) {
       case dtrain::ps::Leaving::kRefused:
         return dtrain::kExitConfigRefused;
       case dtrain::ps::Leaving::kPeerFailed:
+        // Signalled, and the run ended meanwhile (every process got the signal at once, the chief left first):
+        // stopped, as asked.
+        if (signal != 0) return dtrain::ExitCodeForSignal(signal);
         // A run ended for another process's refused configuration: 2 on every process, as on that one.
         return dtrain::ps::EndedByRefusal(dtrain::ps::JobEndedReason(result.status())) ? dtrain::kExitConfigRefused
                                                                                       : dtrain::kExitPeerFailed;
