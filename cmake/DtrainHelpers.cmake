@@ -3,6 +3,8 @@
 #   dtrain_cc_library(NAME name SRCS a.cc b.cc DEPS lib1 lib2 [PUBLIC_DEPS ...])
 #   dtrain_cc_test(NAME name SRCS a_test.cc DEPS lib [LABELS slow] [TIMEOUT 120] [SKIPPABLE group filter ...])
 #   dtrain_cc_binary(NAME name SRCS main.cc DEPS lib)
+#   dtrain_flag_names(NAME lib FUNCTION Fn SOURCES main.cc ...): a library whose Fn() returns the names of the
+#     flags those sources define (a binary that shares a --flagfile with them: common/command_line.h)
 include(GoogleTest)
 
 function(dtrain_cc_library)
@@ -84,4 +86,15 @@ function(dtrain_cc_test)
   if(A_LABELS)
     set_tests_properties(${entries} PROPERTIES LABELS "${A_LABELS}")
   endif()
+endfunction()
+
+function(dtrain_flag_names)
+  cmake_parse_arguments(A "" "NAME;FUNCTION" "SOURCES" ${ARGN})
+  set(out ${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}.cc)
+  add_custom_command(OUTPUT ${out}
+    COMMAND ${CMAKE_COMMAND} "-DSOURCES=${A_SOURCES}" -DOUTPUT=${out} -DFUNCTION=${A_FUNCTION}
+            -P ${PROJECT_SOURCE_DIR}/cmake/flag_names.cmake
+    DEPENDS ${A_SOURCES} ${PROJECT_SOURCE_DIR}/cmake/flag_names.cmake
+    COMMENT "Listing the flags of ${A_SOURCES}" VERBATIM)
+  add_library(${A_NAME} STATIC ${out})
 endfunction()

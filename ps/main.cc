@@ -1,8 +1,11 @@
 // dtrain_ps: one parameter-server task. Generic like tf.train.Server: it knows the cluster, not the model;
-// the chief worker sends the training configuration. Exits by itself once no worker is left: 0 when training
-// completed, 3 (with a line naming the lost workers) when every worker was lost or stopped on an error or no chief
-// registered within --registration_timeout_secs, 1 when the final checkpoint could not be saved (or another
-// error), 2 for bad flags.
+// the chief worker sends the training configuration. Exits by itself once no worker is left, with one summary
+// line and the exit code of common/exit_codes.h: 0 complete, 3 degraded (0 with --allow_degraded), 4 the run
+// ended early (a peer failed, was refused or stopped, every worker was lost, or no chief registered within
+// --registration_timeout_secs), 1 when the final checkpoint could not be saved (or --max_run_secs ran out), 2
+// for bad flags. SIGTERM/SIGINT: the run ends here (final checkpoint, then the workers are told), then 143/130.
+#include <signal.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -10,13 +13,15 @@
 #include <glog/logging.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
+#include "common/command_line.h"
 #include "common/denormals.h"
+#include "common/exit_codes.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
+#include "common/stop_signal.h"
 #include "ps/rpc/server.h"
 #include "ps/rpc/transport.h"
 
@@ -42,12 +47,20 @@ ABSL_FLAG(std::string, tls_cert, "", "Serve TLS with this certificate chain (PEM
 ABSL_FLAG(std::string, tls_key, "", "The private key of --tls_cert (PEM)");
 ABSL_FLAG(std::string, tls_ca, "", "Require and verify client certificates signed by this CA (PEM)");
 ABSL_FLAG(double, max_run_secs, 0, "Give up and exit 1 after this long (0: wait for the workers forever)");
+ABSL_FLAG(bool, allow_degraded, false,
+          "Exit 0, not 3, when the run reached its end without some worker (lost, failed or stopped before it): "
+          "for elastic jobs where workers may come and go");
+ABSL_FLAG(double, chief_grace_secs, 30,
+          "After SIGTERM/SIGINT, wait at most this long for a training chief to leave before ending the run: when "
+          "every process gets the signal at once (a Kubernetes Job deleted, Slurm's --signal), the chief finishes "
+          "its step, evaluates and exports first, and the final checkpoint is of its step (0: end the run at once)");
 ABSL_FLAG(double, worker_timeout_secs, 20,
           "A worker silent (no call, no heartbeat) for this long is declared lost: sync training stops waiting for "
           "it and goes on with the others; it may come back by registering again (0: never declare a worker lost)");
 ABSL_FLAG(double, registration_timeout_secs, 600,
-          "Exit 3 if no chief worker registers within this long after start (0: wait for ever). A task started "
-          "again after training ended elsewhere exits once the workers that report to it are done");
+          "Exit 4 (the run ended early) if no chief worker registers within this long after start (0: wait for "
+          "ever). A task started again after training ended elsewhere exits once the workers that report to it are "
+          "done");
 ABSL_FLAG(std::string, nonfinite, "reject",
           "Gradients with NaN or Inf: reject (the push fails, nothing applied), skip (counted, left out of the "
           "step) or apply");
@@ -70,23 +83,41 @@ ABSL_FLAG(int, malloc_arenas, 2,
           "At most this many malloc arenas: bounds the memory the allocator keeps (common/malloc_tuning.h; 0: "
           "glibc's default of 8 per core)");
 
+namespace {
+
+constexpr char kExitCodes[] =
+    "Exit codes: 0 the run completed; 3 it reached its end without some worker (0 with --allow_degraded); 4 it\n"
+    "ended early (a peer failed, was refused or stopped; every worker gone; no chief in time); 1 the final\n"
+    "checkpoint was not saved or --max_run_secs ran out; 2 bad flags; 143/130 stopped by SIGTERM/SIGINT (after the\n"
+    "final checkpoint; a second signal stops at once). A --flagfile shared with dtrain_worker may hold its flags:\n"
+    "they are ignored here, with one note.";
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_ps");  // before any thread starts
   absl::SetProgramUsageMessage("dtrain parameter server task");
   dtrain::TuneMallocForLargeReusedBuffers();
   dtrain::SetFlushDenormals();
   dtrain::DisableMutexDeadlockDetection();  // gRPC's threads made from here on inherit it; handlers set it too
-  absl::ParseCommandLine(argc, argv);
+  dtrain::CommandLineSpec spec;
+  spec.program = "dtrain_ps";
+  spec.summary = "one parameter-server task of a cluster (it learns the model from the chief worker)";
+  spec.epilogue = kExitCodes;
+  spec.peer_program = "dtrain_worker";
+  spec.peer_flags = dtrain::DtrainWorkerFlagNames();
+  dtrain::ParseCommandLineOrExit(argc, argv, spec);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   if (absl::GetFlag(FLAGS_malloc_arenas) < 0) {
     std::fprintf(stderr, "dtrain_ps: --malloc_arenas=%d must be >= 0\n", absl::GetFlag(FLAGS_malloc_arenas));
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   dtrain::LimitMallocArenas(absl::GetFlag(FLAGS_malloc_arenas));  // before gRPC starts its threads
   const double trim_secs = absl::GetFlag(FLAGS_malloc_trim_secs);
   if (!(trim_secs >= 0)) {
     std::fprintf(stderr, "dtrain_ps: --malloc_trim_secs=%g must be >= 0\n", trim_secs);
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   dtrain::PeriodicMallocTrim trim(absl::Seconds(trim_secs));
 
@@ -100,12 +131,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<dtrain::ClusterConfig> cluster = dtrain::ResolveCluster(cf, tf_config ? tf_config : "");
   if (!cluster.ok()) {
     std::fprintf(stderr, "dtrain_ps: bad cluster spec: %s\n", std::string(cluster.status().message()).c_str());
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   if (!cluster->is_ps()) {
     std::fprintf(stderr, "dtrain_ps: this task is not a ps task (%s); run dtrain_worker for it\n",
                  cluster->DebugString().c_str());
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   dtrain::ps::PsServerOptions o;
   o.listen_address = absl::GetFlag(FLAGS_listen_address);
@@ -120,18 +151,24 @@ int main(int argc, char** argv) {
   if (o.ps.checkpoint.save_steps < 0 || o.ps.checkpoint.save_secs < 0 || o.ps.checkpoint.keep < 0) {
     std::fprintf(stderr, "dtrain_ps: --save_checkpoint_steps, --save_checkpoint_secs and --keep_checkpoints "
                          "must be >= 0\n");
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   const double worker_timeout = absl::GetFlag(FLAGS_worker_timeout_secs);
   if (!(worker_timeout >= 0)) {
     std::fprintf(stderr, "dtrain_ps: --worker_timeout_secs=%g must be >= 0\n", worker_timeout);
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   o.ps.worker_timeout = absl::Seconds(worker_timeout);
+  const double chief_grace_secs = absl::GetFlag(FLAGS_chief_grace_secs);
+  if (!(chief_grace_secs >= 0)) {
+    std::fprintf(stderr, "dtrain_ps: --chief_grace_secs=%g must be >= 0\n", chief_grace_secs);
+    return dtrain::kExitConfigRefused;
+  }
+  const absl::Duration chief_grace = absl::Seconds(chief_grace_secs);
   const double registration_timeout = absl::GetFlag(FLAGS_registration_timeout_secs);
   if (!(registration_timeout >= 0)) {
     std::fprintf(stderr, "dtrain_ps: --registration_timeout_secs=%g must be >= 0\n", registration_timeout);
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   o.ps.registration_timeout =
       registration_timeout > 0 ? absl::Seconds(registration_timeout) : absl::InfiniteDuration();
@@ -139,7 +176,7 @@ int main(int argc, char** argv) {
       dtrain::ps::ParseNonFinitePolicy(absl::GetFlag(FLAGS_nonfinite));
   if (!nonfinite.ok()) {
     std::fprintf(stderr, "dtrain_ps: %s\n", std::string(nonfinite.status().message()).c_str());
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   o.ps.nonfinite = *nonfinite;
   absl::StatusOr<dtrain::ps::Transport> transport = dtrain::ps::ParseTransport(absl::GetFlag(FLAGS_transport));
@@ -153,16 +190,16 @@ int main(int argc, char** argv) {
   o.ps.sparse_max_rows = absl::GetFlag(FLAGS_sparse_max_rows_per_table);
   if (o.ps.sparse_max_rows < 0) {
     std::fprintf(stderr, "dtrain_ps: --sparse_max_rows_per_table must be >= 0\n");
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   if (o.ps.max_model_bytes <= 0 || o.max_inflight_bytes < (int64_t{16} << 20)) {
     std::fprintf(stderr, "dtrain_ps: --max_model_bytes must be > 0 and --max_inflight_bytes >= 16 MiB\n");
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   if (!o.ps.checkpoint.enabled() && (o.ps.checkpoint.save_steps > 0 || o.ps.checkpoint.save_secs > 0)) {
     std::fprintf(stderr, "dtrain_ps: --save_checkpoint_steps/--save_checkpoint_secs need --checkpoint_dir\n");
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
 
   absl::StatusOr<dtrain::ps::SecurityOptions> security =
@@ -170,40 +207,103 @@ int main(int argc, char** argv) {
                                       absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca), "");
   if (!security.ok()) {
     std::fprintf(stderr, "dtrain_ps: %s\n", std::string(security.status().message()).c_str());
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   o.security = *security;
   o.ps.decision_key = o.security.auth_token;  // ps 0 signs its step decisions; the others check
+  // After the last worker left, serve a while longer: the workers that completed ask ps 0 how the run ended
+  // (every worker's leaving) before they exit with its code.
+  o.linger = absl::Seconds(2);
+  if (signals->received() != 0) {
+    std::fprintf(stderr, "dtrain_ps: stopped by %s before it started\n", signals->received_name().c_str());
+    return dtrain::ExitCodeForSignal(signals->received());
+  }
   absl::StatusOr<std::unique_ptr<dtrain::ps::PsServer>> server = dtrain::ps::PsServer::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "dtrain_ps: %s\n", std::string(server.status().message()).c_str());
-    return 1;
+    return dtrain::kExitError;
   }
+  dtrain::ps::ParameterServer* ps = (*server)->parameter_server();
   LOG(INFO) << "ps task " << cluster->task_index << " listening on " << (*server)->address() << "; "
             << cluster->DebugString();
+  if (o.ps.registration_timeout < absl::InfiniteDuration()) {
+    LOG(INFO) << "ps task " << cluster->task_index << ": waiting for the chief worker to register until "
+              << absl::FormatTime("%H:%M:%S", absl::Now() + o.ps.registration_timeout, absl::LocalTimeZone())
+              << " (--registration_timeout_secs=" << registration_timeout << ")";
+  }
+  // SIGTERM/SIGINT: the run ends here. The final checkpoint is written inside EndRun; the workers hear of it with
+  // their next call (a pull waiting for a step is woken) and leave; this task then finishes.
+  const int task = cluster->task_index;
+  // The workers that do not leave are lost after --worker_timeout_secs (10 s without leases); then it exits.
+  const absl::Duration stop_grace =
+      (o.ps.worker_timeout > absl::ZeroDuration() ? o.ps.worker_timeout : absl::Seconds(10)) + absl::Seconds(5);
+  signals->stop()->Register([signals, ps, task, stop_grace, chief_grace] {
+    // A chief that is training may have got the signal too: let it finish its step and leave (its leaving ends
+    // the run, and the final checkpoint is then of the step it evaluated), for at most --chief_grace_secs.
+    const auto chief_training = [ps] {
+      absl::StatusOr<dtrain::ps::TrainingStats> s = ps->GetStats();
+      return s.ok() && s->job_ended.empty() && !s->workers.empty() && s->workers[0].applied > 0 &&
+             !s->workers[0].done && !s->workers[0].lost && !ps->finished();
+    };
+    if (chief_grace > absl::ZeroDuration() && chief_training()) {
+      const absl::Time until = absl::Now() + chief_grace;
+      LOG(WARNING) << "ps task " << task << ": " << signals->received_name() << ": waiting until "
+                   << absl::FormatTime("%H:%M:%S", until, absl::LocalTimeZone())
+                   << " (--chief_grace_secs) for the chief to finish its step and leave, then ending the run";
+      while (absl::Now() < until && chief_training()) absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (ps->finished() || !ps->GetStats().ok() || !ps->GetStats()->job_ended.empty()) return;  // the chief ended it
+    LOG(WARNING) << "ps task " << task << ": " << signals->received_name() << ": saving the final checkpoint and "
+                 << "telling the workers; exiting once they left, at the latest at "
+                 << absl::FormatTime("%H:%M:%S", absl::Now() + stop_grace, absl::LocalTimeZone());
+    ps->EndRun(absl::StrCat("ps task ", task, " was stopped by ", signals->received_name(), " at step ",
+                            ps->step()));
+  });
   const double max_secs = absl::GetFlag(FLAGS_max_run_secs);
-  const bool finished =
-      (*server)->Wait(max_secs > 0 ? absl::Seconds(max_secs) : absl::InfiniteDuration());
+  const absl::Time give_up = max_secs > 0 ? absl::Now() + absl::Seconds(max_secs) : absl::InfiniteFuture();
+  absl::Time stop_deadline = absl::InfiniteFuture();
+  bool finished = false;
+  while (!(finished = ps->WaitUntilFinished(absl::Seconds(1)))) {
+    if (absl::Now() >= give_up) break;
+    if (signals->received() != 0 && stop_deadline == absl::InfiniteFuture()) {
+      stop_deadline = absl::Now() + chief_grace + stop_grace;
+    }
+    if (absl::Now() >= stop_deadline) break;
+  }
+  (*server)->Wait(absl::ZeroDuration());  // the linger for calls in flight, then the shutdown
   // What became of every push this task received (ps/core/parameter_server.h: PushAccounting); tests/chaos.sh
   // checks that it balances.
   LOG(INFO) << "ps task " << cluster->task_index << ": accounting: global_step="
             << (*server)->parameter_server()->step() << " "
             << (*server)->parameter_server()->accounting().DebugString();
+  const absl::Status saved = ps->final_checkpoint_status();
+  if (!saved.ok()) {
+    std::fprintf(stderr, "dtrain_ps: ps task %d: the final checkpoint was not saved: %s\n", task,
+                 std::string(saved.message()).c_str());
+    return dtrain::kExitError;
+  }
+  if (signals->received() != 0) {
+    std::fprintf(stderr, "dtrain_ps: ps task %d: stopped by %s%s\n", task, signals->received_name().c_str(),
+                 finished ? absl::StrCat("; ", ps->outcome().message).c_str()
+                          : "; some workers had not left yet (they hear of it at their next call)");
+    return dtrain::ExitCodeForSignal(signals->received());
+  }
   if (!finished) {
     std::fprintf(stderr, "dtrain_ps: gave up after --max_run_secs=%g with workers still running\n", max_secs);
-    return 1;
+    return dtrain::kExitError;
   }
-  const absl::Status saved = (*server)->parameter_server()->final_checkpoint_status();
-  if (!saved.ok()) {
-    std::fprintf(stderr, "dtrain_ps: no worker is left, but the final checkpoint was not saved: %s\n",
-                 std::string(saved.message()).c_str());
-    return 1;
+  // The summary line, the same the chief prints.
+  const dtrain::ps::TrainingOutcome outcome = ps->outcome();
+  std::fprintf(stderr, "dtrain_ps: ps task %d: %s\n", task, outcome.message.c_str());
+  switch (outcome.kind) {
+    case dtrain::ps::RunOutcome::kComplete:
+      return dtrain::kExitComplete;
+    case dtrain::ps::RunOutcome::kDegraded:
+      return absl::GetFlag(FLAGS_allow_degraded) ? dtrain::kExitComplete : dtrain::kExitDegraded;
+    case dtrain::ps::RunOutcome::kRefused:
+      return dtrain::kExitConfigRefused;  // the same code as the refused process
+    case dtrain::ps::RunOutcome::kEndedEarly:
+      break;
   }
-  const dtrain::ps::TrainingOutcome outcome = (*server)->parameter_server()->outcome();
-  if (!outcome.succeeded) {
-    std::fprintf(stderr, "dtrain_ps: ps task %d: %s\n", cluster->task_index, outcome.message.c_str());
-    return 3;
-  }
-  LOG(INFO) << "ps task " << cluster->task_index << ": " << outcome.message << "; exiting";
-  return 0;
+  return dtrain::kExitPeerFailed;
 }

@@ -183,7 +183,12 @@ def plot(rows, sizes, modes, path, title, target):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("no matplotlib: run with /usr/bin/python3 (apt-get install python3-matplotlib)", file=sys.stderr)
+        # The table and CSV/JSON are written anyway; only the picture needs matplotlib.
+        if sys.executable != "/usr/bin/python3":
+            hint = "run with /usr/bin/python3, Debian's, after DTRAIN_WITH_PLOTS=1 scripts/install_deps.sh"
+        else:
+            hint = "install it: DTRAIN_WITH_PLOTS=1 scripts/install_deps.sh (python3-matplotlib)"
+        print("no plot %s: %s has no matplotlib; %s" % (path, sys.executable, hint), file=sys.stderr)
         return
     local = rows[0]
     panels = 4 if target is not None else 3

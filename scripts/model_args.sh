@@ -5,14 +5,16 @@
 # find it at the same path. The flags, so rewritten, are left in the array MODEL_ARGS. Exits 2 with
 # "NAME: --model=PATH: ..." when the file is not there. Built-in model names pass unchanged.
 resolve_model_args() {
-  local name="$1" a path next=0
+  local name="$1" a path next=0 separate=0
   shift
   MODEL_ARGS=()
   for a in "$@"; do
     if [ "$next" = 1 ]; then
       next=0
+      separate=1
       path="$a"
     else
+      separate=0
       case "$a" in
         --model=*.onnx | --model=*.ONNX) path="${a#--model=}" ;;
         --model) MODEL_ARGS+=("$a"); next=1; continue ;;
@@ -24,6 +26,8 @@ resolve_model_args() {
         [ -f "$path" ] && [ -r "$path" ] || { echo "$name: --model=$path: no such readable file" >&2; exit 2; }
         path="$(cd "$(dirname "$path")" && pwd)/$(basename "$path")" ;;
     esac
-    if [ "${MODEL_ARGS[${#MODEL_ARGS[@]}-1]:-}" = "--model" ]; then MODEL_ARGS+=("$path"); else MODEL_ARGS+=("--model=$path"); fi
+    # (Not by looking back at MODEL_ARGS: with the model the first flag, that array is still empty, and an index
+    # of -1 into it is a "bad array subscript".)
+    if [ "$separate" = 1 ]; then MODEL_ARGS+=("$path"); else MODEL_ARGS+=("--model=$path"); fi
   done
 }

@@ -6,7 +6,8 @@
 # again with the same flags (a killed worker is started again half of the time). Each trial passes when:
 #   - the victim was killed (a trial whose run ended, or whose victim exited, before the drawn step fails);
 #   - every process exits by itself before the deadline (no hang: otherwise it is killed and the trial fails);
-#   - exit codes are the documented ones: the last ps and every worker not killed exit 0;
+#   - exit codes are the documented ones (common/exit_codes.h): the last ps and every worker not killed exit 0,
+#     or 3 when a killed worker was not started again (the run reached its end degraded: "run degraded: ...");
 #   - training reached its last step (the ps's "training reached step N of N");
 #   - a restarted ps restored the newest checkpoint there was when it was killed (its "restored ..." line), with
 #     sparse rows when the model has embedding tables (the chief's "sparse tables:" line says so);
@@ -236,10 +237,14 @@ for ((t = 1; t <= trials; t++)); do
   now_ms; secs=$(( (NOW_MS - start) / 1000 )).$(( (NOW_MS - start) % 1000 / 100 ))
   [ "$hung" = 1 ] && problems+=("HANG: a process was still running after ${TRIAL_DEADLINE} s")
 
-  [ "${code[$ps_pid]}" = 0 ] || problems+=("ps exited ${code[$ps_pid]}, expected 0")
+  # A worker killed for good leaves the run degraded: 3 from everyone left (0 with --allow_degraded).
+  expected=0
+  for i in 0 1 2; do [ "${killed[$i]}" = 1 ] && expected=3; done
+  [ "${code[$ps_pid]}" = "$expected" ] || problems+=("ps exited ${code[$ps_pid]}, expected $expected")
   for i in 0 1 2; do
     [ "${killed[$i]}" = 1 ] && continue
-    [ "${code[${wpid[$i]}]}" = 0 ] || problems+=("worker $i exited ${code[${wpid[$i]}]}, expected 0")
+    [ "${code[${wpid[$i]}]}" = "$expected" ] ||
+      problems+=("worker $i exited ${code[${wpid[$i]}]}, expected $expected")
   done
   grep -q "training reached step $steps of $steps" "$ps_log" ||
     problems+=("the ps did not report 'training reached step $steps of $steps'")

@@ -86,9 +86,12 @@ if [ "$procid" -lt "$NUM_PS" ]; then
 else
   cmd=("$BIN/dtrain_worker" --job_name=worker --task_index=$((procid - NUM_PS)) "${cluster[@]}" "${worker_args[@]}")
 fi
-# When one task fails, srun (--kill-on-bad-exit) sends SIGTERM to the others. srun's exit code is the highest
-# of its tasks' codes, 128+signal for a task killed by a signal: so a task stopped that way exits with 1
-# instead of dying of the signal, and the job's exit code is the failed task's (e.g. 2 for a bad flag).
+# When one task fails, srun (--kill-on-bad-exit) sends SIGTERM to the others; so does Slurm before the time
+# limit (dtrain.sbatch's --signal). dtrain's binaries stop gracefully on it (a worker leaves, the chief evaluates
+# and exports, a ps saves its final checkpoint) and take the signal this script passes on, within a second of
+# Slurm's own, as the same one. srun's exit code is the highest of its tasks' codes, 128+signal for a task
+# stopped by a signal: so a task stopped that way exits with 1 instead, and the job's exit code is the failed
+# task's (e.g. 2 for a bad flag).
 "${cmd[@]}" &
 child=$!
 trap 'kill -TERM "$child" 2>/dev/null || true; wait "$child" 2>/dev/null || true; exit 1' TERM INT

@@ -18,6 +18,8 @@
 //   PermissionDenied    another process registered as this worker since; or a decision not signed by ps 0
 //   ResourceExhausted   a limit (the message names the flag: --max_model_bytes, ...)
 //   Unauthenticated     (gRPC) the call lacked the cluster's token
+//   OutOfRange          the run has ended before its end (JobEndedError: a peer failed, was refused or stopped;
+//                       the message says which): nothing more will happen, the worker stops (exit code 4)
 #ifndef DTRAIN_PS_API_PS_INTERFACE_H_
 #define DTRAIN_PS_API_PS_INTERFACE_H_
 
@@ -42,12 +44,23 @@ class PsInterface {
   // soon as it is up to date, then the rows of request.sparse (SparseDestination), to `receiver`. A receiver
   // error ends the pull with that error.
   virtual absl::Status Pull(const PullRequest& request, PullReceiver* receiver) = 0;
-  // The worker has finished training (`completed`), or stopped on an error (it leaves the cluster). Sync: the coordinator stops expecting its commits (R becomes
-  // min(R, active workers)), and a pending step that now has enough commits is decided. `session` must be the
-  // worker's current one if it has one here (PermissionDenied otherwise); a worker without one (never registered,
-  // refused, forgotten) may leave with any. `global_step`: the step the worker reached (0: unknown); a task that
-  // restarted after training ended compares it with its newest checkpoint (ParameterServerOptions).
-  virtual absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) = 0;
+  // The worker leaves the cluster: it completed its training, or not (request.leaving says how, request.reason
+  // why). Sync: the coordinator stops expecting its commits (R becomes min(R, active workers)), and a pending step
+  // that now has enough commits is decided; a refused worker with R = all workers, or the chief stopped or
+  // failed, ends the run instead (ps/core/parameter_server.h). `session` must be the worker's current one if it
+  // has one here (PermissionDenied otherwise); a worker without one (never registered, refused, forgotten) may
+  // leave with any. `global_step`: the step the worker reached (0: unknown); a task that restarted after training
+  // ended compares it with its newest checkpoint (ParameterServerOptions).
+  virtual absl::Status Done(const DoneRequest& request) = 0;
+  // The same without a reason: completed, or failed (tests, tools).
+  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) {
+    DoneRequest request;
+    request.worker_id = worker_id;
+    request.session = session;
+    request.leaving = completed ? Leaving::kCompleted : Leaving::kFailed;
+    request.global_step = global_step;
+    return Done(request);
+  }
   // Renews the worker's lease (any call does; this one does nothing else). Returns the task's step.
   virtual absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) = 0;
   virtual absl::StatusOr<TrainingStats> GetStats() = 0;
@@ -64,6 +77,14 @@ class PsInterface {
   // lost); any thread.
   virtual bool PrefersInlineCalls() const { return false; }
 };
+
+// The error every call of a worker gets once the run has ended before its end (OutOfRange, `why` in the
+// message). A worker that gets it stops at once.
+absl::Status JobEndedError(absl::string_view why);
+// Whether `s` is (or wraps, with a transport's prefix) a JobEndedError.
+bool IsJobEnded(const absl::Status& s);
+// The `why` of a JobEndedError (without a transport's prefix); the whole message for any other status.
+std::string JobEndedReason(const absl::Status& s);
 
 }  // namespace dtrain::ps
 

@@ -1,6 +1,72 @@
 #include "ps/api/ps_types.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace dtrain::ps {
+
+const char* LeavingName(Leaving leaving) {
+  switch (leaving) {
+    case Leaving::kCompleted:
+      return "completed";
+    case Leaving::kFailed:
+      return "failed";
+    case Leaving::kRefused:
+      return "refused";
+    case Leaving::kStopped:
+      return "stopped";
+    case Leaving::kPeerFailed:
+      return "peer failed";
+  }
+  return "unknown";
+}
+
+namespace {
+
+bool LeftEarly(const WorkerStats& w) { return w.lost || (w.done && w.failed); }
+
+}  // namespace
+
+bool EndedByRefusal(const std::string& why) { return why.rfind(kConfigurationRefused, 0) == 0; }
+
+std::string DescribeLeftEarly(const std::vector<WorkerStats>& workers) {
+  std::string out;
+  for (const WorkerStats& w : workers) {
+    if (!LeftEarly(w)) continue;
+    absl::StrAppend(&out, out.empty() ? "" : "; ", "worker ", w.worker_id, " (",
+                    w.lost ? "lost" : LeavingName(w.leaving));
+    if (w.left_at_step >= 0) absl::StrAppend(&out, " at step ", w.left_at_step);
+    if (!w.reason.empty()) absl::StrAppend(&out, ": ", w.reason);
+    out += ")";
+  }
+  return out;
+}
+
+RunOutcome SummarizeRun(const std::vector<WorkerStats>& workers, int64_t global_step, int64_t train_steps,
+                        const std::string& job_ended, std::string* line) {
+  const std::string of = train_steps > 0 ? absl::StrCat(" of ", train_steps) : "";
+  bool any_completed = false, any_left = false;
+  for (const WorkerStats& w : workers) {
+    any_completed = any_completed || (w.done && !w.failed);
+    any_left = any_left || LeftEarly(w);
+  }
+  const std::string left = DescribeLeftEarly(workers);
+  if (!job_ended.empty()) {
+    *line = absl::StrCat("run ended early at step ", global_step, of, ": ", job_ended);
+    return EndedByRefusal(job_ended) ? RunOutcome::kRefused : RunOutcome::kEndedEarly;
+  }
+  if (!any_completed) {
+    *line = absl::StrCat("run ended early at step ", global_step, of, ": no worker is left to complete it",
+                         left.empty() ? "" : absl::StrCat(" (", left, ")"));
+    return RunOutcome::kEndedEarly;
+  }
+  if (!any_left) {
+    *line = absl::StrCat("run complete: training reached step ", global_step, of, "; all ", workers.size(),
+                         " worker", workers.size() == 1 ? "" : "s", " completed");
+    return RunOutcome::kComplete;
+  }
+  *line = absl::StrCat("run degraded: training reached step ", global_step, of, " without ", left);
+  return RunOutcome::kDegraded;
+}
 
 uint64_t Mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;

@@ -177,6 +177,10 @@ struct TrainConfig {
   float moving_average_decay = 0.0f;  // 0 = off; else decay = min(d, (1+step)/(10+step))
   int64_t train_steps = 0;            // training ends at this global step (0: not said); the ps's exit status
   std::vector<SliceSpec> slices;      // the slices this ps task holds
+  // What evaluates the checkpoints without the training command line (dtrain_eval --checkpoint=DIR alone): the
+  // chief's model and data flags as "name=value" lines (--model, --data_dir, dlrm's shape, ...). Opaque to the
+  // ps, which keeps the chief's in its checkpoints; not compared between workers (their paths may differ).
+  std::vector<std::string> model_flags;
   // Sparse embedding tables (every task holds its shard of each) and their optimizer. A model may have only
   // tables (no slices on some task).
   std::vector<SparseTableSpec> tables;
@@ -273,6 +277,10 @@ struct PullRequest {
   // the order of `ids`, through PullReceiver::SparseDestination/SparseWritten. An id not admitted yet reads as
   // zeros. Tables keep no moving averages: with moving_averages the rows' values are delivered.
   std::vector<SparseIds> sparse;
+  // Read the rows of `sparse` without changing the tables (evaluation, export): an id without a row reads as
+  // the row the ps would create for it (SparseInitialRow; zeros while not admitted), and nothing is created,
+  // counted or marked recently used.
+  bool sparse_read_only = false;
   // Local only (not sent): cancelling it wakes a waiting pull and ends it at once (Cancelled). May be null.
   Cancellation* cancel = nullptr;
 };
@@ -281,6 +289,32 @@ struct PullHeader {
   int64_t step = 0;                     // this task's step the values belong to
   std::vector<StepDecision> decisions;  // ps 0, sync: decisions for [since_step, step)
   bool training_done = false;           // every worker has reported done
+};
+
+// How a worker leaves the cluster (Done), which decides how the run ends (README "How a run ends").
+enum class Leaving : uint8_t {
+  kCompleted = 0,  // it completed its training: the global step reached train_steps
+  kFailed = 1,     // it stopped on an error of its own
+  // Its configuration was refused (a bad flag, or a ps refused its config): in sync mode with every worker
+  // aggregated (R = all) the run cannot complete and ends at once; otherwise it goes on without the worker.
+  kRefused = 2,
+  // It was stopped on request (SIGTERM/SIGINT) before the end. The chief's stop ends the run (after the chief
+  // has evaluated and exported): every task saves a final checkpoint and tells the other workers to stop.
+  kStopped = 3,
+  kPeerFailed = 4,  // it stopped because the run had ended elsewhere (a ps told it so, or a peer was gone)
+};
+// "completed", "failed", "refused", "stopped", "peer failed".
+const char* LeavingName(Leaving leaving);
+
+struct DoneRequest {
+  int worker_id = 0;
+  uint64_t session = 0;
+  Leaving leaving = Leaving::kCompleted;
+  int64_t global_step = 0;  // the step the worker reached (0: unknown)
+  std::string reason;       // one line: the error or signal it left on (empty when completed)
+  // Local only (not sent): how long a transport keeps retrying a task it cannot reach (0: its default). A
+  // worker leaving after a failure does not wait long for a ps that may be gone.
+  int64_t retry_ms = 0;
 };
 
 // What ps 0 reports at the end of training (and dtrain_worker prints on the chief).
@@ -293,7 +327,34 @@ struct WorkerStats {
   bool lost = false;          // declared lost (lease ran out) and not back since
   int64_t times_lost = 0;     // how often it was declared lost
   int64_t nonfinite = 0;      // pushes refused or skipped for NaN/Inf gradients
+  // Once done or lost: how it left, at which step (this task's step then), and why (the worker's line; for a
+  // lost worker the lease that ran out).
+  Leaving leaving = Leaving::kCompleted;
+  int64_t left_at_step = -1;
+  std::string reason;
 };
+// How a run ended (README "How a run ends"; the exit codes follow it: common/exit_codes.h).
+enum class RunOutcome {
+  kComplete,    // the global step reached train_steps and no worker left before
+  kDegraded,    // it reached train_steps, but some worker left before (lost, failed, refused or stopped)
+  kRefused,     // it ended at once because a configuration was refused that it cannot do without
+  kEndedEarly   // it did not reach train_steps: the run was ended (job_ended says why) or nobody was left
+};
+// The reason (TrainingStats::job_ended) of a run ended because a configuration was refused starts with this:
+// every process then exits 2, as the refused one does (common/exit_codes.h).
+inline constexpr char kConfigurationRefused[] = "configuration refused: ";
+bool EndedByRefusal(const std::string& why);
+// Once every worker is done or lost: how the run ended, and `line`, the one summary line the ps tasks and the
+// chief print: "run complete: training reached step 300 of 300; all 3 workers completed", "run degraded: training
+// reached step 300 of 300 without worker 1 (lost at step 120: no contact for 20s)", "run ended early at step 120
+// of 300: the chief (worker 0) was stopped at step 120: SIGTERM". `train_steps` 0: not known; `job_ended`: why
+// the run ended early, if it did (TrainingStats::job_ended).
+RunOutcome SummarizeRun(const std::vector<WorkerStats>& workers, int64_t global_step, int64_t train_steps,
+                        const std::string& job_ended, std::string* line);
+// The workers that left without completing (lost, or done but not completed), one phrase each: "worker 1 (lost
+// at step 120: no contact for 20s); worker 2 (stopped at step 150: SIGTERM)".
+std::string DescribeLeftEarly(const std::vector<WorkerStats>& workers);
+
 // One sparse table's shard on a task.
 struct SparseTableStats {
   std::string name;
@@ -313,6 +374,9 @@ struct TrainingStats {
   int64_t max_staleness_seen = 0;
   int64_t bytes_received = 0, bytes_sent = 0;  // payload bytes (values * wire size, + ids) in uploads / pulls
   std::vector<SparseTableStats> tables;      // this task's shard of each table
+  // Non-empty once the run ended before its end (a peer failed, was refused or stopped): why. Every later call
+  // of a worker gets a job-ended error (ps_interface.h) saying the same.
+  std::string job_ended;
 };
 
 }  // namespace dtrain::ps

@@ -252,6 +252,10 @@ std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version, in
   PutStr(&body, data.optimizer);
   PutU32(&body, static_cast<uint32_t>(data.num_slots));
   body.push_back(data.has_moving_averages ? 1 : 0);
+  if (version >= 5) {
+    PutU32(&body, static_cast<uint32_t>(data.model_flags.size()));
+    for (const std::string& f : data.model_flags) PutStr(&body, f);
+  }
   PutU32(&body, static_cast<uint32_t>(data.slices.size()));
   PutU32(&out, static_cast<uint32_t>(body.size()));
   out.append(body);
@@ -386,6 +390,14 @@ absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const st
   ASSIGN_OR_RETURN(d.optimizer, r.Str("the optimizer name"));
   ASSIGN_OR_RETURN(uint32_t num_slots, r.U32("the number of optimizer slots"));
   ASSIGN_OR_RETURN(uint8_t has_averages, r.U8("the moving-average flag"));
+  if (version >= 5) {
+    ASSIGN_OR_RETURN(uint32_t num_flags, r.U32("the number of model flags"));
+    if (num_flags > header_len) return r.DataLoss(absl::StrCat("implausible count of ", num_flags, " model flags"));
+    for (uint32_t i = 0; i < num_flags; ++i) {
+      ASSIGN_OR_RETURN(std::string flag, r.Str("a model flag"));
+      d.model_flags.push_back(std::move(flag));
+    }
+  }
   ASSIGN_OR_RETURN(uint32_t num_slices, r.U32("the number of slices"));
   if (r.pos() - header_start != header_len) {
     return r.DataLoss(absl::StrCat("checksum mismatch in header (its length field says ", header_len,

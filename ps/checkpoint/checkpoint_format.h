@@ -3,10 +3,12 @@
 // reads and prunes the files, checkpoint_writer.h writes them, checkpoint_set.h reads a whole
 // checkpoint for evaluation.
 //
-// Format (version 4; integers little-endian, floats IEEE-754 float32 little-endian):
+// Format (version 5; integers little-endian, floats IEEE-754 float32 little-endian):
 //   header   "DTRNCKPT" | u32 version | u32 body_len | body | u32 masked CRC32C(everything before it)
 //            body: u32 task_index | u32 num_ps | i64 global_step | i64 task_step | str model_signature |
-//                  str optimizer | u32 num_slots | u8 has_moving_averages | u32 num_slices
+//                  str optimizer | u32 num_slots | u8 has_moving_averages |
+//                  (version 5) u32 num_model_flags | num_model_flags x str model_flag |
+//                  u32 num_slices (always the header's last field)
 //            (str = u32 length + bytes)
 //   slice i  u32 body_len | body | u32 masked CRC32C(body_len + body)
 //            body: u32 key | str variable | i64 flat_offset | i64 length | u8 flags (version 3; bit 0: state,
@@ -27,7 +29,7 @@
 //            (the blocks' counts add up to num_rows; a writer keeps a block under 64 MiB)
 //   trailer  "DTRNTAIL" | u64 bytes before the trailer | u32 masked CRC32C(every byte before the trailer)
 // Version 1 files (no inputs section) are read as having no input positions; version 1 and 2 slices (no flags)
-// as trainable; versions 1-3 as having no sparse tables.
+// as trainable; versions 1-3 as having no sparse tables; versions 1-4 as having no model flags.
 //
 // Errors from ParseCheckpoint (every message starts with the name it was given, usually the file's path):
 //   DataLoss            truncated ("truncated at byte N ..."), corrupted ("checksum mismatch in slice 3 ..."),
@@ -52,7 +54,7 @@
 namespace dtrain::ps {
 
 inline constexpr char kCheckpointMagic[] = "DTRNCKPT";  // 8 bytes, no terminator in the file
-inline constexpr uint32_t kCheckpointFormatVersion = 4;
+inline constexpr uint32_t kCheckpointFormatVersion = 5;
 // The most optimizer slots per value a file may hold (rmsprop centered with momentum keeps 3: ms, momentum, mg;
 // files of any version may have up to 3, the layout does not depend on the number).
 inline constexpr uint32_t kMaxCheckpointSlots = 3;
@@ -97,13 +99,16 @@ struct CheckpointData {
   std::string sparse_optimizer;
   int sparse_num_slots = 0;
   std::vector<SparseTableState> tables;
+  // Version 5: the chief's model and data flags ("name=value", TrainConfig::model_flags), so that dtrain_eval
+  // evaluates the checkpoint without the training command line. Empty before version 5.
+  std::vector<std::string> model_flags;
 };
 
 // The encoding above. CHECKs that the data is self-consistent (lengths match the specs): it is built by the
 // ParameterServer, not read from input.
 // `version` < kCheckpointFormatVersion writes an older format (what that version would have written; its
-// readers' tests use it): no sparse tables before 4 (there must be none), no slice flags before 3 (every slice
-// must be trainable), no inputs section before 2.
+// readers' tests use it): no model flags before 5 (they are left out), no sparse tables before 4 (there must be
+// none), no slice flags before 3 (every slice must be trainable), no inputs section before 2.
 // `sparse_block_bytes`: the most bytes of rows in one block of a sparse table (tests make it small).
 inline constexpr int64_t kSparseBlockBytes = int64_t{64} << 20;
 std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version = kCheckpointFormatVersion,

@@ -52,6 +52,21 @@ TEST(CheckpointFormatTest, InputPositionsRoundTrip) {
   ExpectSame(d, *back);
 }
 
+// Version 5 keeps the chief's model and data flags (dtrain_eval --checkpoint=DIR alone); version 4 files are read
+// as having none, and writing version 4 leaves them out.
+TEST(CheckpointFormatTest, ModelFlagsRoundTripAndOlderFilesHaveNone) {
+  CheckpointData d = MakeData(2, 1, false);
+  d.model_flags = {"data_dir=/tmp/ctr", "embedding_dim=8", "model=dlrm", "input_mean="};
+  absl::StatusOr<CheckpointData> back = ParseCheckpoint(SerializeCheckpoint(d), "mem");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSame(d, *back);
+  EXPECT_EQ(back->model_flags, d.model_flags);
+  back = ParseCheckpoint(SerializeCheckpoint(d, 4), "v4");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->model_flags.empty());
+  EXPECT_EQ(back->slices.size(), d.slices.size());
+}
+
 // Files of format version 1 (before input positions) are still read, as having none; version 1 and 2 files
 // (before slice flags) as having only trainable slices.
 TEST(CheckpointFormatTest, OlderVersionsAreRead) {

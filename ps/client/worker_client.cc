@@ -152,6 +152,14 @@ bool Retryable(const absl::Status& s) {
 }
 bool RetryablePull(const absl::Status& s) { return s.code() == absl::StatusCode::kUnavailable; }
 
+// "until 12:04:31 (at most 5m, 4m54s left)": the deadline of a wait, for its log lines.
+std::string Until(absl::Time give_up, absl::Duration wait) {
+  const absl::Duration left = std::max(absl::ZeroDuration(), give_up - absl::Now());
+  return absl::StrCat("until ", absl::FormatTime("%H:%M:%S", give_up, absl::LocalTimeZone()), " (at most ",
+                      absl::FormatDuration(wait), ", ", absl::FormatDuration(absl::Trunc(left, absl::Seconds(1))),
+                      " left)");
+}
+
 // g + residual rounded to `dtype` into `out`; the rounding error becomes the new residual.
 void EncodeWithErrorFeedback(WireDtype dtype, const float* g, float* residual, int64_t n, char* out) {
   constexpr int64_t kBlock = 4096;
@@ -290,12 +298,16 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
                                                         " after ", absl::FormatDuration(wait)));
       }
       if (absl::Now() >= next_log) {
-        LOG(INFO) << "worker " << worker_id_ << " waiting for " << waiting_for;
+        LOG(INFO) << "worker " << worker_id_ << " waiting for " << waiting_for << " " << Until(give_up, wait);
         next_log = absl::Now() + absl::Seconds(5);
       }
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(1));
     }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    lease_ = absl::Milliseconds(lease_ms);
   }
   if (options_.background && lease_ms > 0 && !heartbeat_.joinable()) {
     const absl::Duration every = std::clamp(absl::Milliseconds(lease_ms) / 4, absl::Milliseconds(20), absl::Seconds(2));
@@ -358,7 +370,7 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
                                                         absl::FormatDuration(wait), " (", p.status().message(), ")"));
       }
       if (absl::Now() >= next_log) {
-        LOG(INFO) << "chief waiting for ps task " << t << " (" << p.status().message() << ")";
+        LOG(INFO) << "chief waiting for ps task " << t << " (" << p.status().message() << ") " << Until(give_up, wait);
         next_log = absl::Now() + absl::Seconds(5);
       }
       absl::SleepFor(backoff);
@@ -454,6 +466,13 @@ void WorkerClient::HeartbeatLoop(absl::Duration every) {
     // task that lost this worker's session may be one the training thread does not call while it waits (for a
     // step on ps 0 that needs every worker, one of them waiting for this chief to restore the task).
     for (int t = 0; t < num_tasks(); ++t) {
+      if (IsJobEnded(answers[t]) && session_lost_.ok()) {
+        // The run ended elsewhere: what the training thread waits for will not come; it stops.
+        session_lost_ = absl::Status(answers[t].code(), absl::StrCat("ps task ", t, ": ", answers[t].message()));
+        LOG(WARNING) << "worker " << worker_id_ << ": " << session_lost_.message() << "; ending the calls in flight";
+        inflight_.Cancel();
+        cv_.SignalAll();
+      }
       if (answers[t].code() == absl::StatusCode::kAborted && sessions_[t] == sessions[t] && session_lost_.ok()) {
         session_lost_ = absl::AbortedError(absl::StrCat("heartbeat to ps task ", t, ": ", answers[t].message()));
         LOG(WARNING) << "worker " << worker_id_ << ": " << session_lost_.message() << "; ending the calls in flight";
@@ -486,9 +505,11 @@ absl::Status WorkerClient::AwaitWithDeadline(const absl::Condition& condition, c
   while (!condition.Eval()) {
     if (cancel_.cancelled()) return absl::CancelledError(absl::StrCat("worker ", worker_id_, ": ", what, " cancelled"));
     if (cv_.WaitWithDeadline(&mu_, deadline) && !condition.Eval()) {
-      return absl::DeadlineExceededError(absl::StrCat("worker ", worker_id_, " timed out ", what, " after ",
-                                                      absl::FormatDuration(options_.step_timeout +
-                                                                           options_.retry_window)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "worker ", worker_id_, " timed out ", what, " after ",
+          absl::FormatDuration(options_.step_timeout + options_.retry_window), " (the step timeout, ",
+          absl::FormatDuration(options_.step_timeout), ", and ", absl::FormatDuration(options_.retry_window),
+          " of retries)"));
     }
   }
   return absl::OkStatus();
@@ -800,7 +821,7 @@ absl::StatusOr<PushResponse> WorkerClient::Push(int64_t step, const float* grads
 
 // ---- pull -------------------------------------------------------------------------------------------------------
 
-absl::Status WorkerClient::SetSparsePull(std::vector<SparsePullRequest> requests) {
+absl::Status WorkerClient::SetSparsePull(std::vector<SparsePullRequest> requests, bool read_only) {
   std::vector<SparsePull> next;
   std::vector<char> named(config_.tables.size(), 0);
   for (const SparsePullRequest& r : requests) {
@@ -830,6 +851,7 @@ absl::Status WorkerClient::SetSparsePull(std::vector<SparsePullRequest> requests
     next.push_back(std::move(sp));
   }
   next_sparse_ = std::move(next);
+  next_sparse_read_only_ = read_only;
   return absl::OkStatus();
 }
 
@@ -868,6 +890,7 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
   // The sparse rows SetSparsePull asked for (no lane job of an earlier pull runs any more: FinishPull waited).
   sparse_ = std::move(next_sparse_);
   next_sparse_.clear();
+  sparse_read_only_ = std::exchange(next_sparse_read_only_, false);
   sparse_index_.assign(config_.tables.size(), -1);
   for (size_t i = 0; i < sparse_.size(); ++i) sparse_index_[sparse_[i].table] = static_cast<int>(i);
   {
@@ -896,6 +919,7 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
   request.moving_averages = moving_averages;
   request.wire_dtype = options_.wire_dtype;
   request.sparse = SparseRequest(0);
+  request.sparse_read_only = sparse_read_only_;
   request.cancel = &inflight_;
   // ps 0 holds the pull until our push (if one is in flight) has been handled: it may still be on its way.
   {
@@ -924,6 +948,7 @@ void WorkerClient::OnPullHeader(const PullHeader& header) {
     request.moving_averages = pull_moving_averages_;
     request.wire_dtype = options_.wire_dtype;
     request.sparse = SparseRequest(t);
+    request.sparse_read_only = sparse_read_only_;
     request.cancel = &inflight_;
     RunOn(pull_lanes_[t].get(), t, [this, t, request = std::move(request)]() mutable { RunTaskPull(t, std::move(request)); });
   }
@@ -1013,25 +1038,37 @@ absl::StatusOr<PullResult> WorkerClient::Pull(int64_t min_step, int64_t since_st
 }
 
 absl::StatusOr<PullResult> WorkerClient::Pull(int64_t min_step, int64_t since_step, float* params,
-                                              std::vector<SparsePullRequest> sparse) {
-  RETURN_IF_ERROR(SetSparsePull(std::move(sparse)));
+                                              std::vector<SparsePullRequest> sparse, bool read_only) {
+  RETURN_IF_ERROR(SetSparsePull(std::move(sparse), read_only));
   StartPull(min_step, since_step, params);
   return FinishPull();
 }
 
 // ---- the rest ---------------------------------------------------------------------------------------------------
 
-absl::Status WorkerClient::Done(bool completed, int64_t global_step) {
+absl::Status WorkerClient::Done(Leaving leaving, int64_t global_step, std::string reason, absl::Duration retry) {
   absl::Status status;
   // Task 0 last, so that its "finished" means every task has been told. A task that forgot this worker's session
   // (it restarted, rolled back or declared the worker lost) takes the report without one.
+  DoneRequest request;
+  request.worker_id = worker_id_;
+  request.leaving = leaving;
+  request.global_step = global_step;
+  request.reason = std::move(reason);
+  request.retry_ms = retry > absl::ZeroDuration() ? std::max<int64_t>(1, absl::ToInt64Milliseconds(retry)) : 0;
   for (int t = num_tasks() - 1; t >= 0; --t) {
-    absl::Status s = tasks_[t]->Done(worker_id_, session(t), completed, global_step);
+    request.session = session(t);
+    absl::Status s = tasks_[t]->Done(request);
     if (status.ok()) status = s;
   }
   return status;
 }
 
 absl::StatusOr<TrainingStats> WorkerClient::Stats(int task) { return tasks_[task]->GetStats(); }
+
+absl::Duration WorkerClient::lease() const {
+  absl::MutexLock lock(&mu_);
+  return lease_;
+}
 
 }  // namespace dtrain::ps

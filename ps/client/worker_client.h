@@ -170,7 +170,9 @@ class WorkerClient {
   // The rows the next StartPull (or Pull) brings besides the slices; the pull after it brings none unless this
   // is called again. InvalidArgument for a table the config lacks or a table named twice (ids are checked by
   // the ps tasks: an id outside a fixed-size table fails the pull with InvalidArgument).
-  absl::Status SetSparsePull(std::vector<SparsePullRequest> requests);
+  // `read_only`: the rows are read without changing the tables (evaluation, export: PullRequest::
+  // sparse_read_only).
+  absl::Status SetSparsePull(std::vector<SparsePullRequest> requests, bool read_only = false);
   // Waits until the rows of `table` have arrived from every task (at once when the pull did not ask for it).
   absl::Status WaitForSparse(uint32_t table);
   // Between BeginPush and FinishPush: sends the row gradients of `table` (grads: n * dim floats), split by
@@ -186,12 +188,20 @@ class WorkerClient {
   // With sparse tables: the push with their gradients, the pull with their rows.
   absl::StatusOr<PushResponse> Push(int64_t step, const float* grads, const std::vector<SparseGradients>& sparse);
   absl::StatusOr<PullResult> Pull(int64_t min_step, int64_t since_step, float* params,
-                                  std::vector<SparsePullRequest> sparse);
+                                  std::vector<SparsePullRequest> sparse, bool read_only = false);
 
-  // Tells every task this worker is leaving: it completed training at `global_step` (0: unknown), or not.
-  absl::Status Done(bool completed = true, int64_t global_step = 0);
+  // Tells every task this worker is leaving, as `leaving` says (ps_types.h), having reached `global_step` (0:
+  // unknown), for `reason` (one line; empty when completed). `retry`: how long an unreachable task is retried
+  // (0: the transport's default); a worker leaving after a failure passes a few seconds.
+  absl::Status Done(Leaving leaving = Leaving::kCompleted, int64_t global_step = 0, std::string reason = "",
+                    absl::Duration retry = absl::ZeroDuration());
   absl::StatusOr<TrainingStats> Stats(int task);  // stats of one task (0 = coordinator)
   int num_tasks() const { return static_cast<int>(tasks_.size()); }
+  // The longest lease a task gave at the last Connect (zero: none): a worker silent this long is declared lost.
+  absl::Duration lease() const;
+  // Ends everything in flight and every wait, for good (Cancelled): a worker stopping (SIGTERM) that cannot
+  // finish its step in time. Done still reaches the tasks. Any thread.
+  void Stop() { cancel_.Cancel(); }
 
  private:
   struct Slice {
@@ -289,6 +299,7 @@ class WorkerClient {
   absl::CondVar cv_;
   std::vector<uint64_t> sessions_ ABSL_GUARDED_BY(mu_);  // per task, from Register
   std::string restored_position_ ABSL_GUARDED_BY(mu_);   // from ps 0's Register
+  absl::Duration lease_ ABSL_GUARDED_BY(mu_);            // from the last Connect
   std::string next_input_position_;  // SetInputPosition's, taken by the next BeginPush (training thread)
   std::string input_position_;       // the current push's: set by BeginPush, read by the push lanes
   std::thread heartbeat_;
@@ -323,6 +334,7 @@ class WorkerClient {
   // Sparse rows: what SetSparsePull set for the next pull (training thread), and the pull in flight's (set by
   // StartPull before any lane job of the pull runs; read by the lanes).
   std::vector<SparsePull> next_sparse_, sparse_;
+  bool next_sparse_read_only_ = false, sparse_read_only_ = false;
   std::vector<int> sparse_index_;  // table -> index in sparse_, -1 when the pull does not bring it
   std::vector<int> sparse_pending_ ABSL_GUARDED_BY(mu_);  // per index in sparse_: tasks whose rows are missing
 };

@@ -49,8 +49,8 @@ class ObservedPs : public PsInterface {
     Gate gate(this, receiver);
     return target_->Pull(r, &gate);
   }
-  absl::Status Done(int w, uint64_t session, bool completed, int64_t step) override {
-    return target_->Done(w, session, completed, step);
+  absl::Status Done(const DoneRequest& request) override {
+    return target_->Done(request);
   }
   absl::StatusOr<int64_t> Heartbeat(int w, uint64_t session) override { return target_->Heartbeat(w, session); }
   absl::StatusOr<TrainingStats> GetStats() override { return target_->GetStats(); }

@@ -71,24 +71,46 @@ void Membership::ResetSessions(absl::Time now) {
   }
 }
 
-std::vector<int> Membership::ExpireLeases(absl::Time now, absl::Duration lease) {
+std::vector<int> Membership::ExpireLeases(absl::Time now, absl::Duration lease, int64_t step) {
   std::vector<int> lost;
   for (int i = 0; i < num_workers(); ++i) {
     Worker& w = workers_[i];
     if (!active(i) || now - w.last_contact <= lease) continue;
     w.stats.lost = true;
     ++w.stats.times_lost;
+    w.stats.leaving = Leaving::kFailed;
+    w.stats.left_at_step = step;
+    w.stats.reason = absl::StrCat("no contact for ", absl::FormatDuration(lease));
     w.session = 0;
     lost.push_back(i);
   }
   return lost;
 }
 
-bool Membership::MarkDone(int worker, bool completed) {
+std::vector<int> Membership::ExpireAll(int64_t step, const std::string& why) {
+  std::vector<int> lost;
+  for (int i = 0; i < num_workers(); ++i) {
+    Worker& w = workers_[i];
+    if (!active(i)) continue;
+    w.stats.lost = true;
+    ++w.stats.times_lost;
+    w.stats.leaving = Leaving::kFailed;
+    w.stats.left_at_step = step;
+    w.stats.reason = why;
+    w.session = 0;
+    lost.push_back(i);
+  }
+  return lost;
+}
+
+bool Membership::MarkDone(int worker, Leaving leaving, int64_t step, std::string reason) {
   WorkerStats& s = workers_[worker].stats;
   if (s.done) return false;
   s.done = true;
-  s.failed = !completed;
+  s.failed = leaving != Leaving::kCompleted;
+  s.leaving = leaving;
+  s.left_at_step = step;
+  s.reason = std::move(reason);
   return true;
 }
 

@@ -51,15 +51,18 @@ class Membership {
   absl::Status CheckLeave(int worker, uint64_t session) const;
   // Every session is void (a rollback): every worker registers again. Leases restart now.
   void ResetSessions(absl::Time now);
-  // Declares lost, and returns, the active workers whose lease ran out (silent for longer than `lease`).
-  std::vector<int> ExpireLeases(absl::Time now, absl::Duration lease);
+  // Declares lost, and returns, the active workers whose lease ran out (silent for longer than `lease`); `step`:
+  // this task's step, recorded as where they left.
+  std::vector<int> ExpireLeases(absl::Time now, absl::Duration lease, int64_t step);
+  // Declares lost every active worker (the run ended and they went silent); `why` is recorded as their reason.
+  std::vector<int> ExpireAll(int64_t step, const std::string& why);
 
   bool done(int worker) const { return workers_[worker].stats.done; }
   bool lost(int worker) const { return workers_[worker].stats.lost; }
   bool active(int worker) const { return !done(worker) && !lost(worker); }
-  // Marks the worker done, having `completed` its training or not (it stopped on an error); returns false if it
-  // already was done.
-  bool MarkDone(int worker, bool completed);
+  // Marks the worker done, leaving as `leaving` says (WorkerStats::failed unless kCompleted) at `step` for
+  // `reason`; returns false if it already was done.
+  bool MarkDone(int worker, Leaving leaving, int64_t step, std::string reason);
   // Some worker completed its training.
   bool any_completed() const;
   int num_active() const;
@@ -69,6 +72,7 @@ class Membership {
   // Whether a worker other than `worker` is still active (someone who could move the step).
   bool AnotherActive(int worker) const;
   std::vector<int> lost_workers() const;
+
 
   // Input positions (ps task 0): where each worker's input stream is after the batches of a step
   // (BatchStream::SaveState()), for checkpoints, so a resumed run reads what an uninterrupted one would.

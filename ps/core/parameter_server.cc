@@ -186,6 +186,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
 absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitialize(int worker_id) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(members_.CheckWorker(worker_id));
+  RETURN_IF_ERROR(CheckRunning());
   if (!configured_) {
     return absl::UnavailableError(
         absl::StrCat("ps task ", options_.task_index, " has no config yet: Register the chief first"));
@@ -230,6 +231,7 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPush(co
 
 absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLocked(const PushHeader& header) {
   RETURN_IF_ERROR(members_.CheckWorker(header.worker_id));
+  RETURN_IF_ERROR(CheckRunning());
   // The session first: a task that restarted has no config and no sessions, and its workers must hear "register
   // again" (Aborted) rather than "wait" (Unavailable): nobody else would configure it again.
   RETURN_IF_ERROR(members_.CheckSession(header.worker_id, header.session, Now()));
@@ -250,6 +252,14 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLoc
   };
   if (members_.recent_ids(header.worker_id).Contains(header.request_id)) {
     return discard(PushResponse::Outcome::kDuplicate);
+  }
+  // Async: the run's last step is reached; a push computed before it (or, on another task, at it or after) is
+  // too late, so the global step ends at train_steps and not a push or two beyond.
+  if (!sync_ && config_.train_steps > 0 &&
+      (coordinator() ? step_ >= config_.train_steps : header.step >= config_.train_steps)) {
+    members_.recent_ids(header.worker_id).Insert(header.request_id);
+    cv_.SignalAll();
+    return discard(PushResponse::Outcome::kDroppedStale);
   }
   if (sync_) {
     if (header.step < step_) {
@@ -326,8 +336,11 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
                                                                std::vector<CheckpointData>* saves) {
   absl::MutexLock lock(&mu_);
   const int w = header.worker_id;
-  // The task may have rolled back, or declared the worker lost, while the gradients were on their way.
-  if (absl::Status s = members_.CheckSession(w, header.session, Now()); !s.ok()) {
+  // The task may have rolled back, or declared the worker lost, or the run may have ended, while the gradients
+  // were on their way.
+  absl::Status s = CheckRunning();
+  if (s.ok()) s = members_.CheckSession(w, header.session, Now());
+  if (!s.ok()) {
     ++accounting_.refused;
     return s;
   }
@@ -390,6 +403,10 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
         *decided = DecideLocked();
       }
     }
+  } else if (coordinator() && header.commit && config_.train_steps > 0 && step_ >= config_.train_steps) {
+    // Async: the last step was reached while this push was on its way (see StartPushLocked).
+    response.outcome = PushResponse::Outcome::kDroppedStale;
+    CountNotTaken(w, response.outcome);
   } else {
     if (!buffer.all_complete()) {
       ++accounting_.refused;
@@ -439,6 +456,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
 // ---- sync ---------------------------------------------------------------------------------------------------
 
 std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
+  if (!job_ended_.empty()) return std::nullopt;  // the run ended early: no more steps
   std::optional<StepDecision> d = coordinator_->MaybeDecide(step_, members_.num_active());
   if (!d) return std::nullopt;
   ++step_;
@@ -592,6 +610,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
+    RETURN_IF_ERROR(CheckRunning());
     RETURN_IF_ERROR(members_.CheckSession(request.worker_id, request.session, Now()));  // first: see StartPush
     RETURN_IF_ERROR(CheckReady());
     if (request.moving_averages && !store_->has_moving_averages()) {
@@ -642,7 +661,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     }
     const absl::Time wait_start = absl::Now();
     bool timed_out = false;
-    while (MustWait(request) && !stopped()) {
+    while (MustWait(request) && !stopped() && job_ended_.empty()) {
       if (cv_.WaitWithDeadline(&mu_, deadline)) {
         timed_out = MustWait(request);
         break;
@@ -650,6 +669,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     }
     members_.stats(request.worker_id).wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);
     if (stopped()) return stopped_error();
+    RETURN_IF_ERROR(CheckRunning());  // the run ended while the pull waited: the worker stops
     if (timed_out) {
       std::string waiting_for;
       if (request.after_push != 0 && !members_.recent_ids(request.worker_id).Contains(request.after_push)) {
@@ -719,7 +739,13 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
       for (int64_t first = 0; first < n; first += per_piece) {
         const int64_t m = std::min(per_piece, n - first);
         ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver->SparseDestination(e.table, first, m, dim));
-        if (dst.data != nullptr) sparse_->Lookup(e.table, e.ids.data() + first, m, dst.dtype, dst.data);
+        if (dst.data != nullptr) {
+          if (request.sparse_read_only) {
+            sparse_->Peek(e.table, e.ids.data() + first, m, dst.dtype, dst.data);
+          } else {
+            sparse_->Lookup(e.table, e.ids.data() + first, m, dst.dtype, dst.data);
+          }
+        }
         RETURN_IF_ERROR(receiver->SparseWritten(e.table, first, m));
         sent += m * dim * DtypeBytes(dst.dtype);
       }
@@ -776,9 +802,8 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::StartPush(const Pu
 absl::Status ParameterServer::Pull(const PullRequest& request, PullReceiver* receiver) {
   return impl_->Pull(request, receiver);
 }
-absl::Status ParameterServer::Done(int worker_id, uint64_t session, bool completed, int64_t global_step) {
-  return impl_->Done(worker_id, session, completed, global_step);
-}
+absl::Status ParameterServer::Done(const DoneRequest& request) { return impl_->Done(request); }
+void ParameterServer::EndRun(const std::string& why) { impl_->EndRun(why); }
 absl::StatusOr<int64_t> ParameterServer::Heartbeat(int worker_id, uint64_t session) {
   return impl_->Heartbeat(worker_id, session);
 }

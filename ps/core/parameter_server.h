@@ -54,8 +54,18 @@ namespace dtrain::ps {
 //   checkpoint.save_steps (saved under that multiple), or by time (saved under the estimate). The tasks'
 //   files of one step are therefore taken at slightly different moments: consistency across tasks is best
 //   effort in async mode, as with TensorFlow's Saver on asynchronous training.
-// - When no worker is left (each reported Done or was declared lost), each task saves a final checkpoint (unless it just saved that step);
-//   finished() turns true only after it was written, or failed: final_checkpoint_status() says which.
+// - When no worker is left (each reported Done or was declared lost), or the run ends early (see below), each task
+//   saves a final checkpoint (unless it just saved that step); finished() turns true only after it was written,
+//   or failed (final_checkpoint_status() says which), and no worker is left.
+// - The run ends early (a job-ended state: every later call of a worker but Done and GetStats gets
+//   JobEndedError(why), ps/api/ps_interface.h, and pulls waiting for a step are woken with it, so that waiting
+//   workers stop at once) when the chief leaves stopped (a signal: it evaluated and exported first), failed or
+//   refused; when a worker is refused in sync mode with every worker aggregated (R = num_workers: the run
+//   cannot complete); when a worker reports that the run ended elsewhere (Leaving::kPeerFailed: another ps task
+//   told it, so the tasks agree); or on EndRun (dtrain_ps got SIGTERM). No step is decided after that. Workers
+//   that stay silent then are declared lost after worker_timeout (an unconfigured task: once none has called for
+//   that long). Another worker that fails, is stopped or lost only leaves: the run goes on without it
+//   (degraded, TrainingOutcome).
 // - The state is copied between updates (sync: right after the step's update, before the next one starts);
 //   the file is written outside any lock by the calling RPC thread through a CheckpointWriter
 //   (ps/checkpoint/checkpoint_writer.h: atomically, retried checkpoint.max_attempts times with backoff), then all
@@ -111,13 +121,21 @@ struct ParameterServerOptions {
 // "reject", "skip" or "apply" (the --nonfinite flag); InvalidArgument naming the flag otherwise.
 absl::StatusOr<ParameterServerOptions::NonFinite> ParseNonFinitePolicy(absl::string_view name);
 
-// How training ended, once the ParameterServer is finished (every worker done or lost).
+// How training ended, once the ParameterServer is finished (every worker done or lost). dtrain_ps prints the
+// message as its summary line and exits by the kind (common/exit_codes.h).
 struct TrainingOutcome {
-  bool succeeded = false;  // some worker completed its training (the global step reached train_steps)
+  // kComplete, kDegraded, kRefused (a configuration the run cannot do without), or kEndedEarly (the chief
+  // stopped or failed, EndRun, nobody left).
+  using Kind = RunOutcome;
+  Kind kind = Kind::kEndedEarly;
+  bool succeeded = false;  // the run reached its end: kComplete or kDegraded
   int64_t global_step = 0;  // this task's estimate of the global step at the end
   std::vector<int> lost_workers;
-  std::vector<int> failed_workers;  // left after an error
-  std::string message;     // one line for the log: what happened, naming the lost workers
+  std::vector<int> failed_workers;  // left without completing, other than lost (failed, refused, stopped)
+  std::string job_ended;   // kEndedEarly by a peer or EndRun: why (as JobEndedError says)
+  // One line: "run complete: ...", "run degraded: ... without worker 1 (lost at step 120: ...)", "run ended
+  // early at step S of N: ...".
+  std::string message;
 };
 
 // What became of the pushes this task received since it started: each push is counted once when it arrives
@@ -155,7 +173,8 @@ class ParameterServer : public PsInterface {
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override;
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override;
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override;
-  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) override;
+  absl::Status Done(const DoneRequest& request) override;
+  using PsInterface::Done;
   absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override;
   absl::StatusOr<TrainingStats> GetStats() override;
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override;
@@ -167,6 +186,10 @@ class ParameterServer : public PsInterface {
   bool WaitUntilFinished(absl::Duration timeout);
   // Valid once finished().
   TrainingOutcome outcome() const;
+  // Ends the run before its end (dtrain_ps on SIGTERM/SIGINT): no more steps; the final checkpoint of this
+  // task's state now is written before it returns; every later call of a worker gets JobEndedError(why); the
+  // task finishes once every worker has left or gone silent. Nothing happens when the run already ended.
+  void EndRun(const std::string& why);
   // Declares lost the workers whose lease ran out (a thread of the ParameterServer calls it a few times per
   // lease; tests call it after moving their fake clock).
   void CheckLeases();

@@ -112,7 +112,8 @@ class ParameterServer::Impl {
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPushLocked(const PushHeader& header)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver);
-  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step);
+  absl::Status Done(const DoneRequest& request);
+  void EndRun(const std::string& why);
   absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session);
   absl::StatusOr<TrainingStats> GetStats();
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config);
@@ -156,6 +157,16 @@ class ParameterServer::Impl {
   bool checkpointing() const { return options_.checkpoint.enabled(); }
   absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
   absl::Status CheckReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // JobEndedError once the run ended early, OK before.
+  absl::Status CheckRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return job_ended_.empty() ? absl::OkStatus() : JobEndedError(job_ended_);
+  }
+  // The run ends early: no more steps, waiting pulls are woken (parameter_server.h).
+  void EndRunLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `request`'s leaving ends the run ("" when the run goes on without the worker).
+  std::string WhyLeavingEndsRunLocked(const DoneRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every worker has ended and the final checkpoint is written: the outcome, finished_.
+  void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
   bool MustWait(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t CheckpointLabel() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes the task configured with `config` (a new store etc.): Register and Restore of an unconfigured task.
@@ -194,8 +205,8 @@ class ParameterServer::Impl {
   void ApplyDecision(const StepDecision& d, int64_t epoch, std::vector<CheckpointData>* saves)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Membership: after a worker ended (done or lost), apply what its leaving decided and finish when nobody is
-  // left (after the final checkpoint).
+  // Membership: after a worker ended (done or lost) or the run ended early, apply what the leaving decided,
+  // write the final checkpoint when nobody is left or the run ended, and finish when nobody is left (after it).
   void AfterWorkersLeft(std::optional<StepDecision> decided, int64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
   void LeaseLoop();
   // An unconfigured task: finished when no chief registered within options_.registration_timeout, or when
@@ -258,6 +269,9 @@ class ParameterServer::Impl {
   int64_t step_hint_ ABSL_GUARDED_BY(mu_) = 0;  // async, tasks > 0: newest global step seen in pushes
   int64_t written_label_ ABSL_GUARDED_BY(mu_) = 0;  // step of the newest checkpoint written (or restored)
   bool final_save_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool final_save_done_ ABSL_GUARDED_BY(mu_) = false;  // written (or failed, or nothing to save)
+  // Why the run ended early (parameter_server.h); empty while it has not.
+  std::string job_ended_ ABSL_GUARDED_BY(mu_);
   absl::Status final_checkpoint_status_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<CheckpointWriter> writer_;  // set once in the constructor when checkpointing; thread-safe
   // While unconfigured: since when, the last call of a worker, and the global step a completed Done reported

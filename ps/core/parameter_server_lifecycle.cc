@@ -59,6 +59,16 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   chief_ = chief;
   members_.StartLeases(Now());
   configured_ = true;
+  // A worker refused before the chief registered (it reported its bad flags) fails a run that needs it.
+  for (int w = 0; w < options_.num_workers && job_ended_.empty(); ++w) {
+    if (!members_.done(w) || members_.stats(w).leaving != Leaving::kRefused) continue;
+    DoneRequest refused;
+    refused.worker_id = w;
+    refused.leaving = Leaving::kRefused;
+    refused.reason = members_.stats(w).reason;
+    const std::string why = WhyLeavingEndsRunLocked(refused);
+    if (!why.empty()) EndRunLocked(why);
+  }
   LOG(INFO) << "ps task " << options_.task_index << ": adopted the config of chief worker " << chief_ << " ("
             << config_.mode << ", " << config_.num_workers << " workers, R=" << ResolvedReplicasToAggregate(config_)
             << ", " << config_.optimizer.name << ", " << store_->num_slices() << " slices, " << store_->total_floats()
@@ -72,8 +82,9 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
   absl::MutexLock apply_lock(&apply_mu_);
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
+  if (!configured_) last_contact_ = Now();
+  RETURN_IF_ERROR(CheckRunning());  // a worker waiting for a chief that failed hears it at once
   if (!configured_) {
-    last_contact_ = Now();
     if (!request.is_chief) {
       return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index,
                                                  " is waiting for the chief to register its config (worker ",
@@ -226,29 +237,37 @@ absl::Status ParameterServer::Impl::CheckReady() const {
 
 // ---- membership: done, heartbeats, leases, the end --------------------------------------------------------------
 
-absl::Status ParameterServer::Impl::Done(int worker_id, uint64_t session, bool completed, int64_t global_step) {
+absl::Status ParameterServer::Impl::Done(const DoneRequest& request) {
+  const int worker_id = request.worker_id;
   std::optional<StepDecision> decided;
   int64_t epoch;
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(members_.CheckWorker(worker_id));
-    RETURN_IF_ERROR(members_.CheckLeave(worker_id, session));
+    RETURN_IF_ERROR(members_.CheckLeave(worker_id, request.session));
     last_contact_ = Now();
+    const bool completed = request.leaving == Leaving::kCompleted;
     if (!configured_ && completed && !members_.done(worker_id)) {
       // Training ended while this task was down (it restarted after the last step): see CheckUnconfiguredLocked.
-      ended_step_ = std::max({ended_step_, global_step, int64_t{0}});
+      ended_step_ = std::max({ended_step_, request.global_step, int64_t{0}});
     }
-    if (members_.MarkDone(worker_id, completed)) {
+    const int64_t at = request.global_step > 0 ? request.global_step : (configured_ ? CheckpointLabel() : step_);
+    if (members_.MarkDone(worker_id, request.leaving, at, request.reason)) {
       if (completed) {
         LOG(INFO) << "ps task " << options_.task_index << ": worker " << worker_id << " is done ("
                   << members_.num_done() << " of " << options_.num_workers << ")";
       } else {
-        LOG(WARNING) << "ps task " << options_.task_index << ": worker " << worker_id
-                     << " left after an error (it stops counting; " << members_.num_active() << " of "
-                     << options_.num_workers << " still active)";
+        LOG(WARNING) << "ps task " << options_.task_index << ": worker " << worker_id << " left ("
+                     << LeavingName(request.leaving) << " at step " << at
+                     << (request.reason.empty() ? "" : absl::StrCat(": ", request.reason)) << "; "
+                     << members_.num_active() << " of " << options_.num_workers << " still active)";
+      }
+      if (job_ended_.empty()) {
+        const std::string why = WhyLeavingEndsRunLocked(request);
+        if (!why.empty()) EndRunLocked(why);
       }
     }
-    if (configured_ && sync_ && coordinator()) decided = DecideLocked();
+    if (configured_ && sync_ && coordinator() && job_ended_.empty()) decided = DecideLocked();
     epoch = epoch_;
     cv_.SignalAll();
   }
@@ -256,11 +275,56 @@ absl::Status ParameterServer::Impl::Done(int worker_id, uint64_t session, bool c
   return absl::OkStatus();
 }
 
+std::string ParameterServer::Impl::WhyLeavingEndsRunLocked(const DoneRequest& r) const {
+  const int w = r.worker_id;
+  const bool chief = w == (chief_ >= 0 ? chief_ : 0);  // before a chief registered: worker 0, the chief to be
+  const std::string who = chief ? absl::StrCat("the chief (worker ", w, ")") : absl::StrCat("worker ", w);
+  const std::string because = r.reason.empty() ? "" : absl::StrCat(": ", r.reason);
+  const int64_t at = r.global_step > 0 ? r.global_step : step_;
+  switch (r.leaving) {
+    case Leaving::kCompleted:
+      return "";
+    case Leaving::kStopped:
+      return chief ? absl::StrCat(who, " was stopped at step ", at, because) : "";
+    case Leaving::kFailed:
+      return chief ? absl::StrCat(who, " failed at step ", at, because) : "";
+    case Leaving::kRefused:
+      if (chief) return absl::StrCat(kConfigurationRefused, who, because);
+      if (configured_ && sync_ && ResolvedReplicasToAggregate(config_) >= options_.num_workers) {
+        return absl::StrCat(kConfigurationRefused, who, because, " (sync training aggregates every worker, R = ",
+                            options_.num_workers, ": the run cannot complete without it)");
+      }
+      return "";
+    case Leaving::kPeerFailed:
+      return r.reason.empty() ? absl::StrCat(who, " stopped: the run ended elsewhere") : r.reason;
+  }
+  return "";
+}
+
+void ParameterServer::Impl::EndRunLocked(const std::string& why) {
+  job_ended_ = why;
+  LOG(WARNING) << "ps task " << options_.task_index << ": " << why << ": the run ends here (step " << step_
+               << "); the workers still running are told to stop";
+  cv_.SignalAll();  // pulls waiting for a step wake up and hear it
+}
+
+void ParameterServer::Impl::EndRun(const std::string& why) {
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!job_ended_.empty() || finished_) return;
+    EndRunLocked(why);
+    epoch = epoch_;
+  }
+  AfterWorkersLeft(std::nullopt, epoch);
+}
+
 absl::StatusOr<int64_t> ParameterServer::Impl::Heartbeat(int worker_id, uint64_t session) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(members_.CheckWorker(worker_id));
+  if (!configured_) last_contact_ = Now();
+  RETURN_IF_ERROR(CheckRunning());
   if (!configured_) {
-    last_contact_ = Now();
     return absl::AbortedError(absl::StrCat("ps task ", options_.task_index, " has no config (it restarted): register again"));
   }
   RETURN_IF_ERROR(members_.CheckSession(worker_id, session, Now()));
@@ -273,19 +337,25 @@ void ParameterServer::Impl::CheckLeases() {
   {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
-    if (!configured_) {
-      CheckUnconfiguredLocked();
-      return;
-    }
-    if (options_.worker_timeout <= absl::ZeroDuration()) return;
-    const std::vector<int> lost = members_.ExpireLeases(Now(), options_.worker_timeout);
-    if (lost.empty()) return;
-    LOG(WARNING) << "ps task " << options_.task_index << ": worker" << (lost.size() > 1 ? "s " : " ")
-                 << absl::StrJoin(lost, ", ") << " lost: no contact for more than "
-                 << absl::FormatDuration(options_.worker_timeout) << " (" << members_.num_active()
-                 << " still active)";
-    if (sync_ && coordinator()) decided = DecideLocked();
     epoch = epoch_;
+    if (!configured_ || options_.worker_timeout <= absl::ZeroDuration()) {
+      if (!configured_) CheckUnconfiguredLocked();
+      // The run ended and nobody holds a lease: the workers that stay silent are not coming.
+      const absl::Duration quiet = std::min(options_.registration_timeout, absl::Seconds(10));
+      if (finished_ || job_ended_.empty() || members_.all_ended() || Now() - last_contact_ < quiet) return;
+      const std::vector<int> gone = members_.ExpireAll(step_, "silent after the run ended");
+      LOG(WARNING) << "ps task " << options_.task_index << ": no call for " << absl::FormatDuration(quiet)
+                   << " after the run ended: worker" << (gone.size() > 1 ? "s " : " ") << absl::StrJoin(gone, ", ")
+                   << " declared lost";
+    } else {
+      const std::vector<int> lost = members_.ExpireLeases(Now(), options_.worker_timeout, CheckpointLabel());
+      if (lost.empty()) return;
+      LOG(WARNING) << "ps task " << options_.task_index << ": worker" << (lost.size() > 1 ? "s " : " ")
+                   << absl::StrJoin(lost, ", ") << " lost: no contact for more than "
+                   << absl::FormatDuration(options_.worker_timeout) << " (" << members_.num_active()
+                   << " still active)";
+      if (sync_ && coordinator() && job_ended_.empty()) decided = DecideLocked();
+    }
     cv_.SignalAll();
   }
   AfterWorkersLeft(std::move(decided), epoch);
@@ -301,10 +371,10 @@ void ParameterServer::Impl::CheckUnconfiguredLocked() {
     if (now - last_contact_ >= quiet) FinishAfterEndLocked();
     return;
   }
-  if (now - unconfigured_since_ < options_.registration_timeout) return;
+  if (!job_ended_.empty() || now - unconfigured_since_ < options_.registration_timeout) return;
   outcome_ = TrainingOutcome();
   outcome_.global_step = step_;
-  outcome_.message = absl::StrCat("no chief worker registered within ",
+  outcome_.message = absl::StrCat("run ended early: no chief worker registered within ",
                                   absl::FormatDuration(options_.registration_timeout),
                                   " (--registration_timeout_secs): the workers never reached this task, or training "
                                   "had ended before it was started again");
@@ -317,11 +387,12 @@ void ParameterServer::Impl::FinishAfterEndLocked() {
   std::vector<int> reported, silent;
   for (int w = 0; w < options_.num_workers; ++w) (members_.done(w) ? reported : silent).push_back(w);
   outcome_ = TrainingOutcome();
+  outcome_.kind = TrainingOutcome::Kind::kComplete;
   outcome_.succeeded = true;
   outcome_.global_step = ended_step_;
-  std::string message = absl::StrCat("training reached step ", ended_step_, " while this task was down (worker",
-                                     reported.size() > 1 ? "s " : " ", absl::StrJoin(reported, ", "),
-                                     " reported done to it after its restart");
+  std::string message = absl::StrCat("run complete: training reached step ", ended_step_,
+                                     " while this task was down (worker", reported.size() > 1 ? "s " : " ",
+                                     absl::StrJoin(reported, ", "), " reported done to it after its restart");
   if (!silent.empty()) absl::StrAppend(&message, "; ", absl::StrJoin(silent, ", "), " had reported before");
   message += ")";
   if (!checkpointing()) {
@@ -368,62 +439,61 @@ void ParameterServer::Impl::LeaseLoop() {
   }
 }
 
+void ParameterServer::Impl::FinishLocked() {
+  TrainingOutcome& o = outcome_;
+  o = TrainingOutcome();
+  o.global_step = !configured_ ? step_ : sync_ ? applied_through_ : CheckpointLabel();
+  o.lost_workers = members_.lost_workers();
+  const std::vector<WorkerStats> stats = members_.AllStats();
+  for (const WorkerStats& w : stats) {
+    if (w.done && w.failed) o.failed_workers.push_back(w.worker_id);
+  }
+  o.job_ended = job_ended_;
+  o.kind = SummarizeRun(stats, o.global_step, configured_ ? config_.train_steps : 0, job_ended_, &o.message);
+  o.succeeded = o.kind == TrainingOutcome::Kind::kComplete || o.kind == TrainingOutcome::Kind::kDegraded;
+  finished_ = true;
+}
+
 void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided, int64_t epoch) {
   std::vector<CheckpointData> saves;
   if (decided) ApplyDecision(*decided, epoch, &saves);  // before the final checkpoint below
-  bool finish_after_write = false;
+  bool writing_final = false;
   {
     // The final checkpoint is copied between updates, at the step the values hold.
     absl::MutexLock apply_lock(&apply_mu_);
     absl::MutexLock lock(&mu_);
-    const bool ending = members_.all_ended() && !finished_ && !final_save_started_;
+    const bool ending = (members_.all_ended() || !job_ended_.empty()) && !finished_ && !final_save_started_;
     if (ending && !configured_ && ended_step_ >= 0) {
-      FinishAfterEndLocked();  // restarted after the end: nothing of its own to save
+      if (members_.all_ended()) FinishAfterEndLocked();  // restarted after the end: nothing of its own to save
     } else if (ending) {
-      TrainingOutcome& o = outcome_;
-      o.global_step = sync_ ? applied_through_ : CheckpointLabel();
-      o.lost_workers = members_.lost_workers();
-      // A worker completes when the global step reaches train_steps: ps tasks other than 0 only estimate it.
-      o.succeeded = members_.any_completed();
-      for (const WorkerStats& w : members_.AllStats()) {
-        if (w.done && w.failed) o.failed_workers.push_back(w.worker_id);
-      }
-      std::vector<std::string> what;
-      if (!o.lost_workers.empty()) {
-        what.push_back(absl::StrCat("worker", o.lost_workers.size() > 1 ? "s " : " ", absl::StrJoin(o.lost_workers, ", "),
-                                    " lost (no contact for ", absl::FormatDuration(options_.worker_timeout), ")"));
-      }
-      if (!o.failed_workers.empty()) {
-        what.push_back(absl::StrCat("worker", o.failed_workers.size() > 1 ? "s " : " ",
-                                    absl::StrJoin(o.failed_workers, ", "), " stopped on an error"));
-      }
-      const std::string of = config_.train_steps > 0 ? absl::StrCat(" of ", config_.train_steps) : "";
-      o.message = o.succeeded ? absl::StrCat("training reached step ", o.global_step, of, what.empty() ? "" : "; ",
-                                             absl::StrJoin(what, "; "))
-                              : absl::StrCat("training stopped at step ", o.global_step, of,
-                                             ": no worker is left to complete it",
-                                             what.empty() ? "" : absl::StrCat(" (", absl::StrJoin(what, "; "), ")"));
+      final_save_started_ = true;
       if (checkpointing() && configured_ && initialized_) {
-        final_save_started_ = true;
-        finish_after_write = true;
-        const int64_t label = o.global_step;
+        writing_final = true;
+        const int64_t label = sync_ ? applied_through_ : CheckpointLabel();
         // Saved again unless this step is on disk already, or about to be written by this very call (a periodic
         // save of the same step that failed, or runs on another thread, does not count).
         const bool pending_here = !saves.empty() && saves.back().global_step == label;
         if (label != written_label_ && !pending_here) saves.push_back(SnapshotLocked(label, sync_ ? label : step_));
       } else {
-        finished_ = true;
+        final_save_done_ = true;  // nothing to save
       }
     }
+    if (!writing_final && final_save_done_ && members_.all_ended() && !finished_) FinishLocked();
     cv_.SignalAll();
   }
   const absl::Status saved = WriteCheckpoints(std::move(saves));
-  if (finish_after_write) {
+  if (writing_final) {
     // Only now: a finished server may exit, and the final checkpoint must be on disk by then (or its failure
     // known, for the exit code).
+    absl::MutexLock apply_lock(&apply_mu_);
     absl::MutexLock lock(&mu_);
     final_checkpoint_status_ = saved;
-    finished_ = true;
+    final_save_done_ = true;
+    if (saved.ok()) {
+      LOG(INFO) << "ps task " << options_.task_index << ": final checkpoint of step "
+                << std::max(written_label_, int64_t{0}) << " saved";
+    }
+    if (members_.all_ended() && !finished_) FinishLocked();
     cv_.SignalAll();
   }
 }
@@ -438,6 +508,7 @@ absl::StatusOr<TrainingStats> ParameterServer::Impl::GetStats() {
   stats.bytes_received = bytes_received_;
   stats.bytes_sent = bytes_sent_;
   if (configured_) stats.tables = sparse_->Stats();
+  stats.job_ended = job_ended_;
   return stats;
 }
 
@@ -478,6 +549,7 @@ CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_st
   d.global_step = label;
   d.task_step = task_step;
   d.model_signature = config_.model_signature;
+  d.model_flags = config_.model_flags;
   d.optimizer = config_.optimizer.name;
   d.num_slots = store_->optimizer().num_slots();
   d.has_moving_averages = store_->has_moving_averages();

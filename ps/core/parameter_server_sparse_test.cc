@@ -290,3 +290,43 @@ TEST(SparseParameterServerTest, BytesCountTheIdsAndTheRows) {
 
 }  // namespace
 }  // namespace dtrain::ps
+
+namespace dtrain::ps {
+namespace {
+
+// Evaluation reads rows without changing a table (PullRequest::sparse_read_only): ids without a row read as the
+// row a training pull would create (their initializer), and no row is created, counted or made recent; a
+// training pull of the same ids then creates them with the same values.
+TEST(ParameterServerSparseTest, ReadOnlyPullLeavesTheTableAsItWas) {
+  SimClusterOptions o = Options("sync", 1);
+  o.config.tables[0].init_scale = 0.5f;
+  o.config.tables[0].init_seed = 7;
+  absl::StatusOr<std::unique_ptr<SimCluster>> c = SimCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<int64_t> ids = {3, 11, 42};
+  PullRequest peek = Pull(c->get(), 0, 0, 0, ids);
+  peek.sparse_read_only = true;
+  absl::StatusOr<Pulled> read = PullSlices((*c)->task(0), peek);
+  ASSERT_TRUE(read.ok()) << read.status();
+  absl::StatusOr<TrainingStats> stats = (*c)->task(0).GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->tables[0].rows, 0);
+  EXPECT_EQ(stats->tables[0].created, 0);
+  EXPECT_EQ(stats->tables[0].lookups, 0);
+  // A training pull creates the rows, with exactly the values evaluation read.
+  absl::StatusOr<std::vector<float>> trained = Rows(c->get(), 0, 0, 0, ids);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_EQ(read->rows[0], *trained);
+  stats = (*c)->task(0).GetStats();
+  EXPECT_EQ(stats->tables[0].rows, 3);
+  // Read-only again: the rows exist now and read as they are; the count stays.
+  peek = Pull(c->get(), 0, 0, 0, ids);  // the worker's new session (Rows registered it again)
+  peek.sparse_read_only = true;
+  read = PullSlices((*c)->task(0), peek);
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->rows[0], *trained);
+  EXPECT_EQ((*c)->task(0).GetStats()->tables[0].rows, 3);
+}
+
+}  // namespace
+}  // namespace dtrain::ps

@@ -88,9 +88,9 @@ class RestartablePs : public PsInterface {
     if (live.kill->cancelled()) return Down();
     return s;
   }
-  absl::Status Done(int w, uint64_t session, bool completed, int64_t step) override {
+  absl::Status Done(const DoneRequest& request) override {
     ASSIGN_OR_RETURN(Live live, Current());
-    return live.ps->Done(w, session, completed, step);
+    return live.ps->Done(request);
   }
   absl::StatusOr<int64_t> Heartbeat(int w, uint64_t session) override {
     ASSIGN_OR_RETURN(Live live, Current());

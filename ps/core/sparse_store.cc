@@ -122,6 +122,24 @@ class SparseTable {
     });
   }
 
+  void Peek(const int64_t* ids, int64_t n, WireDtype dtype, void* dst) {
+    const int bytes = DtypeBytes(dtype);
+    char* out = static_cast<char*>(dst);
+    std::vector<float> initial(dim_);
+    ForEachByStripe(ids, n, [&](Stripe& st, int64_t i, uint64_t h) {
+      char* row_out = out + i * dim_ * bytes;
+      const uint32_t row = Find(st, ids[i], h);
+      if (row != kNone) {
+        EncodeFloats(dtype, RowData(st, row), dim_, row_out);
+      } else if (spec_.admit_after > 1 && EstimateCount(st, h) + 1 < spec_.admit_after) {
+        std::memset(row_out, 0, static_cast<size_t>(dim_) * bytes);  // a lookup now would not admit it
+      } else {
+        SparseInitialRow(spec_, ids[i], initial.data());
+        EncodeFloats(dtype, initial.data(), dim_, row_out);
+      }
+    });
+  }
+
   void Apply(const SparseOptimizer::Step& step, const int64_t* ids, int64_t n, const float* grads, float scale) {
     const bool fixed = spec_.rows > 0;
     ForEachByStripe(ids, n, [&](Stripe& st, int64_t i, uint64_t h) {
@@ -553,6 +571,10 @@ absl::Status SparseStore::CheckIds(uint32_t table, const int64_t* ids, int64_t n
 
 void SparseStore::Lookup(int t, const int64_t* ids, int64_t n, WireDtype dtype, void* dst) {
   tables_[t]->Lookup(ids, n, dtype, dst);
+}
+
+void SparseStore::Peek(int t, const int64_t* ids, int64_t n, WireDtype dtype, void* dst) {
+  tables_[t]->Peek(ids, n, dtype, dst);
 }
 
 void SparseStore::Apply(int t, int64_t step, const int64_t* ids, int64_t n, const float* grads, float grad_scale) {

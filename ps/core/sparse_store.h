@@ -116,6 +116,10 @@ class SparseStore {
   // Writes the rows of ids[0, n) (checked with CheckIds) as n * dim values of `dtype` at `dst`, in order,
   // creating rows of admitted ids; ids not admitted read as zeros.
   void Lookup(int t, const int64_t* ids, int64_t n, WireDtype dtype, void* dst);
+  // As Lookup, but changes nothing (evaluation, export: PullRequest::sparse_read_only): an id without a row
+  // reads as the row Lookup would create for it (SparseInitialRow), or zeros while admission would not admit
+  // it yet; no row is created, no lookup counted, no reference bit set.
+  void Peek(int t, const int64_t* ids, int64_t n, WireDtype dtype, void* dst);
   // Applies the sparse optimizer at `step` to the rows of ids[0, n) (checked, no repeats) with gradients
   // grad_scale * grads[i * dim, (i + 1) * dim).
   void Apply(int t, int64_t step, const int64_t* ids, int64_t n, const float* grads, float grad_scale);

@@ -271,14 +271,12 @@ class GrpcPsClient final : public PsInterface {
     return absl::OkStatus();
   }
 
-  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) override {
+  absl::Status Done(const DoneRequest& request) override {
     pb::DoneRequest req;
-    req.set_worker_id(worker_id);
-    req.set_session(session);
-    req.set_completed(completed);
-    req.set_global_step(global_step);
+    wire::ToProto(request, &req);
     pb::DoneResponse resp;
-    return Unary("Done", done_, req, &resp);
+    return Unary("Done", done_, req, &resp,
+                 request.retry_ms > 0 ? absl::Milliseconds(request.retry_ms) : absl::InfiniteDuration());
   }
 
   absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {

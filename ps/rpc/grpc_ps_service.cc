@@ -112,7 +112,7 @@ class GrpcPsService final : public grpc::Service {
             [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::DoneRequest* req, pb::DoneResponse*) {
               SetFlushDenormals();  // a worker leaving may decide (and apply) a step
               if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
-              return wire::ToGrpc(s->ps_->Done(req->worker_id(), req->session(), req->completed(), req->global_step()));
+              return wire::ToGrpc(s->ps_->Done(wire::FromProto(*req)));
             },
             this)));
     AddMethod(new RpcServiceMethod(

@@ -199,7 +199,9 @@ void Call(Task& t, uint8_t op, const std::string& payload) {
     case 4: {
       pb::DoneRequest req;
       if (!req.ParseFromString(payload)) return;
-      s = t.ps->Done(req.worker_id(), t.Map(req.session()), req.completed(), req.global_step());
+      ps::DoneRequest done = wire::FromProto(req);
+      done.session = t.Map(req.session());
+      s = t.ps->Done(done);
       break;
     }
     case 5: {

@@ -77,6 +77,7 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
   so->set_l1(in.sparse_optimizer.l1);
   so->set_l2(in.sparse_optimizer.l2);
   so->set_lr_power(in.sparse_optimizer.lr_power);
+  for (const std::string& f : in.model_flags) out->add_model_flags(f);
 }
 
 TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
@@ -125,6 +126,7 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
     t.initial_values = p.initial_values();
     c.tables.push_back(std::move(t));
   }
+  c.model_flags.assign(in.model_flags().begin(), in.model_flags().end());
   if (in.has_sparse_optimizer()) {  // else the defaults (a worker that knows no tables)
     const auto& so = in.sparse_optimizer();
     c.sparse_optimizer.name = so.name();
@@ -171,7 +173,11 @@ void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
     p->set_times_lost(w.times_lost);
     p->set_nonfinite(w.nonfinite);
     p->set_failed(w.failed);
+    p->set_leaving(static_cast<int32_t>(w.leaving));
+    p->set_left_at_step(w.left_at_step);
+    p->set_reason(w.reason);
   }
+  out->set_job_ended(in.job_ended);
   for (int64_t h : in.staleness_histogram) out->add_staleness_histogram(h);
   out->set_max_staleness_seen(in.max_staleness_seen);
   out->set_bytes_received(in.bytes_received);
@@ -206,8 +212,12 @@ TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
     w.times_lost = p.times_lost();
     w.nonfinite = p.nonfinite();
     w.failed = p.failed();
-    s.workers.push_back(w);
+    w.leaving = LeavingFromProto(p.leaving());
+    w.left_at_step = p.left_at_step();
+    w.reason = p.reason();
+    s.workers.push_back(std::move(w));
   }
+  s.job_ended = in.job_ended();
   s.staleness_histogram.assign(in.staleness_histogram().begin(), in.staleness_histogram().end());
   s.max_staleness_seen = in.max_staleness_seen();
   s.bytes_received = in.bytes_received();
@@ -275,6 +285,7 @@ void ToProto(const PullRequest& in, dtrain::wire::PullRequest* out) {
     p->set_table(e.table);
     p->mutable_ids()->Add(e.ids.begin(), e.ids.end());
   }
+  out->set_sparse_read_only(in.sparse_read_only);
 }
 
 PullRequest FromProto(const dtrain::wire::PullRequest& in) {
@@ -291,6 +302,7 @@ PullRequest FromProto(const dtrain::wire::PullRequest& in) {
   r.wire_dtype = dtype >= 0 && dtype <= static_cast<int>(WireDtype::kF16) ? static_cast<WireDtype>(dtype)
                                                                           : WireDtype::kF32;
   for (const auto& p : in.sparse()) r.sparse.push_back(SparseIds{p.table(), {p.ids().begin(), p.ids().end()}});
+  r.sparse_read_only = in.sparse_read_only();
   return r;
 }
 
@@ -306,6 +318,39 @@ PullHeader FromProto(const dtrain::wire::PullHeader& in) {
   for (const auto& d : in.decisions()) h.decisions.push_back(FromProto(d));
   h.training_done = in.training_done();
   return h;
+}
+
+Leaving LeavingFromProto(int32_t leaving) {
+  switch (leaving) {
+    case static_cast<int32_t>(Leaving::kCompleted):
+    case static_cast<int32_t>(Leaving::kFailed):
+    case static_cast<int32_t>(Leaving::kRefused):
+    case static_cast<int32_t>(Leaving::kStopped):
+    case static_cast<int32_t>(Leaving::kPeerFailed):
+      return static_cast<Leaving>(leaving);
+    default:
+      return Leaving::kFailed;  // a newer kind this build does not know: not completed
+  }
+}
+
+void ToProto(const DoneRequest& in, dtrain::wire::DoneRequest* out) {
+  out->set_worker_id(in.worker_id);
+  out->set_session(in.session);
+  out->set_completed(in.leaving == Leaving::kCompleted);
+  out->set_global_step(in.global_step);
+  out->set_leaving(static_cast<int32_t>(in.leaving));
+  out->set_reason(in.reason);
+}
+
+DoneRequest FromProto(const dtrain::wire::DoneRequest& in) {
+  DoneRequest r;
+  r.worker_id = in.worker_id();
+  r.session = in.session();
+  r.global_step = in.global_step();
+  r.leaving = in.completed() ? Leaving::kCompleted : LeavingFromProto(in.leaving());
+  if (!in.completed() && r.leaving == Leaving::kCompleted) r.leaving = Leaving::kFailed;
+  r.reason = in.reason();
+  return r;
 }
 
 }  // namespace dtrain::ps::wire

@@ -30,6 +30,10 @@ void ToProto(const StepDecision& in, dtrain::wire::StepDecision* out);
 StepDecision FromProto(const dtrain::wire::StepDecision& in);
 void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out);
 TrainingStats FromProto(const dtrain::wire::StatsResponse& in);
+void ToProto(const DoneRequest& in, dtrain::wire::DoneRequest* out);
+DoneRequest FromProto(const dtrain::wire::DoneRequest& in);
+// A Leaving from its wire number (an unknown one reads as kFailed: not completed).
+Leaving LeavingFromProto(int32_t leaving);
 dtrain::wire::PushResponse::Outcome ToProto(PushResponse::Outcome o);
 PushResponse::Outcome FromProto(dtrain::wire::PushResponse::Outcome o);
 void ToProto(const PushHeader& in, dtrain::wire::PushHeader* out);

@@ -37,8 +37,8 @@ class FaultInjectingPs : public PsInterface {
     return std::unique_ptr<SliceUpload>(new TwiceUpload(target_, header, *std::move(upload)));
   }
   absl::Status Pull(const PullRequest& r, PullReceiver* receiver) override { return target_->Pull(r, receiver); }
-  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) override {
-    return target_->Done(worker_id, session, completed, global_step);
+  absl::Status Done(const DoneRequest& request) override {
+    return target_->Done(request);
   }
   absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {
     return target_->Heartbeat(worker_id, session);

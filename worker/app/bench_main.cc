@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "common/command_line.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/denormals.h"
@@ -237,7 +237,11 @@ int Main() {
 
 int main(int argc, char** argv) {
   dtrain::TuneMallocForLargeReusedBuffers();
-  absl::ParseCommandLine(argc, argv);
+  dtrain::CommandLineSpec spec;
+  spec.program = "dtrain_bench";
+  spec.summary = "training examples/sec of one process: forward, backward and the update (median of windows)";
+  spec.epilogue = "Exit codes: 0 measured; 1 a failure; 2 bad flags.";
+  dtrain::ParseCommandLineOrExit(argc, argv, spec);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;
   google::InitGoogleLogging(argv[0]);

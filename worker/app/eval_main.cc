@@ -1,6 +1,7 @@
 // dtrain_eval: evaluates a checkpoint written by the ps tasks on the test set, and optionally exports its
 // weights as a NumPy .npz or, for a model imported from ONNX, as an ONNX file.
 //
+//   dtrain_eval --checkpoint=/ckpt                          # the model and data flags the checkpoint recorded
 //   dtrain_eval --checkpoint=/ckpt/model.ckpt-2000 --model=cnn --data_dir=/usr/share/datasets/fashion-mnist
 //   dtrain_eval --checkpoint=/ckpt --model=cnn --use_moving_averages --export=/tmp/cnn.npz
 //   dtrain_eval --checkpoint=/ckpt --model=lenet5.onnx --export=trained.onnx   # the file, trained
@@ -17,6 +18,10 @@
 // table's rows from the checkpoint (worker/eval/checkpoint_tables.h: an id without a row takes its initializer, as on
 // the ps), prints "checkpoint model.ckpt-<step>: test log loss = 0.4512, AUC = 0.7840, accuracy = 0.7901 (N
 // examples)", and --export=FILE.npz adds per table "<table>/ids" (int64) and "<table>/values" ([n, dim]).
+// A checkpoint keeps the chief's model and data flags (--model, --data_dir, --data_format, dlrm's shape,
+// --input_mean/--input_std: ps::CheckpointData::model_flags): those not given on the command line are taken from
+// it, so --checkpoint=DIR alone evaluates a built-in model; a model imported from ONNX needs --model=FILE.onnx
+// when its recorded path is gone. A --flagfile shared with dtrain_worker may hold its other flags (ignored).
 // Exit codes: 0 ok, 1 a failure (unreadable or mismatched checkpoint, data), 2 bad flags or a refused model.
 #include <algorithm>
 #include <cstdio>
@@ -27,10 +32,10 @@
 #include <glog/logging.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
 #include "common/status_macros.h"
 #include "kernels/device.h"
 #include "common/env.h"
@@ -41,6 +46,7 @@
 #include "worker/eval/evaluation.h"
 #include "worker/app/model_flags.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "worker/models/graph.h"
 #include "worker/models/dlrm.h"
 #include "worker/models/model.h"
@@ -50,8 +56,10 @@
 
 ABSL_FLAG(std::string, checkpoint, "", "Checkpoint prefix <dir>/model.ckpt-<step>, or a directory (newest step)");
 ABSL_FLAG(std::string, model, "mlp",
-          "Model the checkpoint was trained with: mlp | cnn | convnet | cifar10, or PATH.onnx");
-ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Data set directory (its test split)");
+          "Model the checkpoint was trained with: mlp | cnn | convnet | cifar10 | dlrm, or PATH.onnx (default: the "
+          "one the checkpoint recorded, else mlp)");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
+          "Data set directory (its test split; default: the one the checkpoint recorded)");
 ABSL_FLAG(bool, use_moving_averages, false, "Evaluate the moving averages of the weights instead of the weights");
 ABSL_FLAG(std::string, export, "",
           "Also write the weights to this file: FILE.onnx (a model imported from ONNX: the file with its "
@@ -143,7 +151,7 @@ absl::Status ExportNpz(const EvalOptions& o, const std::vector<models::VariableI
   return absl::OkStatus();
 }
 
-absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
+absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec, std::vector<ps::CheckpointData> parts) {
   if (o.checkpoint.empty() && !spec->imported()) {
     return absl::InvalidArgumentError(absl::StrCat("--checkpoint is required for the built-in model '", o.model,
                                                    "' (<dir>/model.ckpt-<step> or a directory)"));
@@ -152,10 +160,6 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
     return absl::InvalidArgumentError(absl::StrCat("--export=", o.export_path, " writes ONNX, which needs a model "
                                                    "imported from ONNX (--model=PATH.onnx); '", o.model,
                                                    "' is built in: export an .npz instead"));
-  }
-  std::vector<ps::CheckpointData> parts;
-  if (!o.checkpoint.empty()) {
-    ASSIGN_OR_RETURN(parts, ps::ReadCheckpointSet(Env::Default(), o.checkpoint));
   }
   const int64_t step = parts.empty() ? 0 : parts[0].global_step;
   const std::string what = parts.empty() ? absl::StrCat(o.model, " (its own weights)")
@@ -266,9 +270,51 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("evaluate a dtrain checkpoint: dtrain_eval --checkpoint=DIR/model.ckpt-STEP --model=...");
-  absl::ParseCommandLine(argc, argv);
+  dtrain::CommandLineSpec cli;
+  cli.program = "dtrain_eval";
+  cli.summary = "evaluates a checkpoint of the ps tasks on the test set and exports its weights (.npz, .onnx)";
+  cli.epilogue =
+      "The checkpoint records the model and data flags it was trained with: those not given here are taken from it.\n"
+      "Exit codes: 0 ok; 1 a failure (unreadable or mismatched checkpoint, data); 2 bad flags or a refused model.";
+  cli.peer_program = "dtrain_worker";
+  cli.peer_flags = dtrain::DtrainWorkerFlagNames();
+  const dtrain::ParsedCommandLine parsed = dtrain::ParseCommandLineOrExit(argc, argv, cli);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // The checkpoint first: the model and data flags it recorded fill in those not given on the command line.
+  std::vector<dtrain::ps::CheckpointData> parts;
+  if (!absl::GetFlag(FLAGS_checkpoint).empty()) {
+    absl::StatusOr<std::vector<dtrain::ps::CheckpointData>> read =
+        dtrain::ps::ReadCheckpointSet(dtrain::Env::Default(), absl::GetFlag(FLAGS_checkpoint));
+    if (!read.ok()) {
+      std::fprintf(stderr, "dtrain_eval: %s\n", std::string(read.status().message()).c_str());
+      return 1;
+    }
+    parts = *std::move(read);
+    const std::vector<std::string>& recorded = parts[0].model_flags;
+    std::vector<std::string> taken;
+    for (const std::string& line : recorded) {
+      const std::string name = line.substr(0, line.find('='));
+      if (parsed.specified.count(name) == 0) taken.push_back(line);
+    }
+    // An imported model's file may have moved: then --model=FILE.onnx is needed.
+    for (const std::string& line : taken) {
+      const std::string model = line.substr(line.find('=') + 1);
+      if (absl::StartsWith(line, "model=") && absl::EndsWithIgnoreCase(model, ".onnx") &&
+          !dtrain::Env::Default()->FileExists(model)) {
+        std::fprintf(stderr, "dtrain_eval: the checkpoint was trained from the ONNX file %s, which is not there: "
+                     "give its --model=FILE.onnx\n", model.c_str());
+        return 2;
+      }
+    }
+    if (absl::Status s = dtrain::SetFlagValues(taken, parsed.specified); !s.ok()) {
+      std::fprintf(stderr, "dtrain_eval: the checkpoint's model flags: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    if (!taken.empty()) {
+      std::fprintf(stderr, "dtrain_eval: from the checkpoint: --%s\n", absl::StrJoin(taken, " --").c_str());
+    }
+  }
   dtrain::worker::EvalOptions o;
   o.checkpoint = absl::GetFlag(FLAGS_checkpoint);
   o.model = absl::GetFlag(FLAGS_model);
@@ -315,7 +361,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain_eval: %s\n", std::string(spec.status().message()).c_str());
     return 2;
   }
-  const absl::Status s = dtrain::worker::RunEval(o, *spec);
+  const absl::Status s = dtrain::worker::RunEval(o, *spec, std::move(parts));
   if (!s.ok()) {
     // A refused model or flags (InvalidArgument) exit 2 with the one line that says why; other failures 1.
     if (s.code() == absl::StatusCode::kInvalidArgument) {

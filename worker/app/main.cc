@@ -1,5 +1,11 @@
 // dtrain_worker: one worker task of a cluster (or --job_name=local: a whole training run in one process).
-// Flags → WorkerOptions → RunTraining; exit code 0 on success, 2 on bad flags/cluster spec, 1 otherwise.
+// Flags → WorkerOptions → RunTraining; the exit code follows common/exit_codes.h: 0 complete, 1 an error of its
+// own, 2 a configuration refused (here or by the ps tasks), 3 the run ended degraded (0 with --allow_degraded), 4
+// a peer failed, 143/130 stopped by SIGTERM/SIGINT (after leaving the cluster; the chief evaluates and exports
+// first).
+#include <signal.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -9,14 +15,16 @@
 #include <glog/logging.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
+#include "common/command_line.h"
 #include "common/denormals.h"
 #include "common/env.h"
+#include "common/exit_codes.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
+#include "common/stop_signal.h"
 #include "ps/api/slice_io.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/rpc/grpc_ps_client.h"
@@ -104,9 +112,11 @@ ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");
 ABSL_FLAG(int, summary_every, 0,
           "Chief with --logdir: every this many local steps add the learning rate, ps traffic, staleness and "
           "weight/gradient histograms to the TensorBoard events (0: off)");
-// Checkpoint flags are read by dtrain_ps; workers accept them so that one command line serves every process.
+// Checkpoint flags are read by dtrain_ps; workers accept them so that one command line serves every process (a
+// cluster worker says so once).
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "Checkpoints: written and restored by the ps tasks (and by the in-process ps of --job_name=local)");
+          "Checkpoints: written and restored by the ps tasks (give it to dtrain_ps; a cluster worker only notes it), "
+          "and by the in-process ps of --job_name=local");
 ABSL_FLAG(int64_t, save_checkpoint_steps, 0, "Checkpoint every N global steps (ps tasks / local mode)");
 ABSL_FLAG(double, save_checkpoint_secs, 0, "Checkpoint every N seconds (ps tasks / local mode)");
 ABSL_FLAG(int, keep_checkpoints, 5, "Keep the newest N checkpoints (ps tasks / local mode)");
@@ -120,7 +130,15 @@ ABSL_FLAG(std::string, tls_cert, "", "Present this client certificate chain to t
 ABSL_FLAG(std::string, tls_key, "", "The private key of --tls_cert (PEM)");
 ABSL_FLAG(std::string, tls_ca, "", "Talk TLS to the ps tasks and trust only certificates signed by this CA (PEM)");
 ABSL_FLAG(std::string, tls_server_name, "", "Expect this name in the ps certificates (default: the host of each address)");
-ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and the chief");
+ABSL_FLAG(double, startup_wait_secs, 300,
+          "How long to wait for the ps tasks and the chief at start (a ps that knows the chief failed says so at "
+          "once)");
+ABSL_FLAG(bool, allow_degraded, false,
+          "Exit 0, not 3, when the run reached its end without some worker (lost, failed or stopped before it): "
+          "for elastic jobs where workers may come and go");
+ABSL_FLAG(double, stop_grace_secs, 10,
+          "After SIGTERM/SIGINT: how long the step in flight may take before it is abandoned (the worker then "
+          "leaves the cluster; the chief evaluates and exports first)");
 ABSL_FLAG(double, step_timeout_secs, 120, "How long a step may wait for the ps tasks (e.g. for other workers)");
 ABSL_FLAG(std::string, transport, "auto",
           "How data reaches the ps tasks: auto (shared memory for a ps task on this host, gRPC otherwise; one log "
@@ -133,12 +151,54 @@ ABSL_FLAG(std::string, wire_dtype, "fp32",
           "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
           "bytes; gradients keep their rounding error for the next step)");
 
+namespace {
+
+constexpr char kExitCodes[] =
+    "Exit codes: 0 the run completed; 3 it reached its end without some worker (0 with --allow_degraded); 4 it\n"
+    "ended early because of another process (the line names it); 2 a configuration refused (a bad flag, or one\n"
+    "the ps tasks refused); 1 an error of this process; 143/130 stopped by SIGTERM/SIGINT (it leaves the cluster\n"
+    "first; the chief evaluates and exports first; a second signal stops at once). A --flagfile shared with\n"
+    "dtrain_ps may hold its flags: they are ignored here, with one note.";
+
+// A cluster worker refused for its flags still tells the ps tasks it leaves (best effort, a few seconds), so
+// that the run does not wait for it: the ps tasks end a run that cannot complete without it (the chief; sync with
+// every worker aggregated) and tell the other workers, or go on without it.
+void LeaveRefused(const dtrain::ClusterConfig& cluster, const std::string& reason) {
+  absl::StatusOr<dtrain::ps::SecurityOptions> security = dtrain::ps::LoadSecurityOptions(
+      absl::GetFlag(FLAGS_auth_token_file), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+      absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_server_name));
+  if (!security.ok()) return;
+  dtrain::ps::GrpcClientOptions copt;
+  copt.security = *security;
+  copt.retry_window = absl::Seconds(3);
+  copt.rpc_timeout = absl::Seconds(5);
+  dtrain::ps::DoneRequest request;
+  request.worker_id = cluster.task_index;
+  request.leaving = dtrain::ps::Leaving::kRefused;
+  request.reason = reason;
+  request.retry_ms = 3000;
+  for (int t = cluster.num_ps() - 1; t >= 0; --t) {
+    absl::StatusOr<std::unique_ptr<dtrain::ps::PsInterface>> client =
+        dtrain::ps::NewGrpcPsClient(cluster.ps[t], copt);
+    if (client.ok()) (*client)->Done(request).IgnoreError();
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_worker");  // before any thread starts
   absl::SetProgramUsageMessage("dtrain worker: trains a model against the cluster's parameter servers");
   dtrain::TuneMallocForLargeReusedBuffers();
   dtrain::SetFlushDenormals();
   dtrain::DisableMutexDeadlockDetection();  // threads made from here on inherit it
-  absl::ParseCommandLine(argc, argv);
+  dtrain::CommandLineSpec spec;
+  spec.program = "dtrain_worker";
+  spec.summary = "one worker task of a cluster, or --job_name=local: a whole training run in one process";
+  spec.epilogue = kExitCodes;
+  spec.peer_program = "dtrain_ps";
+  spec.peer_flags = dtrain::DtrainPsFlagNames();
+  dtrain::ParseCommandLineOrExit(argc, argv, spec);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
 
@@ -152,12 +212,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<dtrain::ClusterConfig> cluster = dtrain::ResolveCluster(cf, tf_config ? tf_config : "");
   if (!cluster.ok()) {
     std::fprintf(stderr, "dtrain_worker: bad cluster spec: %s\n", std::string(cluster.status().message()).c_str());
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
   if (cluster->is_ps()) {
     std::fprintf(stderr, "dtrain_worker: this task is a ps task (%s); run dtrain_ps for it\n",
                  cluster->DebugString().c_str());
-    return 2;
+    return dtrain::kExitConfigRefused;
   }
 
   dtrain::worker::WorkerOptions o;
@@ -277,8 +337,18 @@ int main(int argc, char** argv) {
   }
   if (!flags_ok.ok()) {
     std::fprintf(stderr, "dtrain_worker: %s\n", std::string(flags_ok.message()).c_str());
-    return 2;
+    if (!cluster->is_local()) LeaveRefused(*cluster, std::string(flags_ok.message()));
+    return dtrain::kExitConfigRefused;
   }
+  if (!cluster->is_local() && !o.checkpoint.dir.empty()) {
+    std::fprintf(stderr, "dtrain_worker: note: --checkpoint_dir=%s is for the ps tasks (each writes its part there: "
+                 "give it to dtrain_ps); this cluster worker neither reads nor writes it\n", o.checkpoint.dir.c_str());
+  }
+  // What dtrain_eval needs to evaluate the checkpoints without this command line: the model and data flags.
+  o.model_flags = dtrain::FlagValues({"worker/app/data_flags.cc", "worker/app/input_flags.cc"}, {"model", "data_dir"});
+  o.stop = signals->stop();
+  o.stop_reason = [signals] { return signals->received_name(); };
+  o.stop_grace = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_stop_grace_secs)));
 
   std::vector<std::unique_ptr<dtrain::ps::PsInterface>> clients;
   std::vector<dtrain::ps::PsInterface*> tasks;
@@ -290,7 +360,7 @@ int main(int argc, char** argv) {
         absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_server_name));
     if (!security.ok()) {
       std::fprintf(stderr, "dtrain_worker: %s\n", std::string(security.status().message()).c_str());
-      return 2;
+      return dtrain::kExitConfigRefused;
     }
     copt.security = *security;
     absl::StatusOr<dtrain::ps::Transport> transport = dtrain::ps::ParseTransport(absl::GetFlag(FLAGS_transport));
@@ -309,16 +379,49 @@ int main(int argc, char** argv) {
       auto client = dtrain::ps::NewPsClient(address, popt);
       if (!client.ok()) {
         std::fprintf(stderr, "dtrain_worker: %s\n", std::string(client.status().message()).c_str());
-        return 2;
+        return dtrain::kExitConfigRefused;
       }
       tasks.push_back(client->get());
       clients.push_back(std::move(*client));
     }
   }
   absl::StatusOr<dtrain::worker::TrainingResult> result = dtrain::worker::RunTraining(o, tasks);
+  const int signal = signals->received();
   if (!result.ok()) {
-    std::fprintf(stderr, "dtrain_worker: %s\n", result.status().ToString().c_str());
-    return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    const dtrain::ps::Leaving leaving = dtrain::worker::HowTrainingFailed(result.status());
+    // The message alone: the status's code name and payloads (the leaving kind) are no words for a user.
+    std::fprintf(stderr, "dtrain_worker: %s (%s)\n", std::string(result.status().message()).c_str(),
+                 dtrain::ps::LeavingName(leaving));
+    switch (leaving) {
+      case dtrain::ps::Leaving::kRefused:
+        return dtrain::kExitConfigRefused;
+      case dtrain::ps::Leaving::kPeerFailed:
+        // Signalled, and the run ended meanwhile (every process got the signal at once, the chief left first):
+        // stopped, as asked.
+        if (signal != 0) return dtrain::ExitCodeForSignal(signal);
+        // A run ended for another process's refused configuration: 2 on every process, as on that one.
+        return dtrain::ps::EndedByRefusal(dtrain::ps::JobEndedReason(result.status())) ? dtrain::kExitConfigRefused
+                                                                                      : dtrain::kExitPeerFailed;
+      case dtrain::ps::Leaving::kStopped:
+        return signal != 0 ? dtrain::ExitCodeForSignal(signal) : dtrain::kExitError;
+      default:
+        return dtrain::kExitError;
+    }
   }
-  return 0;
+  if (result->stopped) {
+    std::fprintf(stderr, "dtrain_worker: stopped by %s at step %lld; it left the cluster\n",
+                 signals->received_name().c_str(), static_cast<long long>(result->global_step));
+    return dtrain::ExitCodeForSignal(signal != 0 ? signal : SIGTERM);
+  }
+  switch (result->outcome) {
+    case dtrain::ps::RunOutcome::kComplete:
+      return dtrain::kExitComplete;
+    case dtrain::ps::RunOutcome::kDegraded:
+      return absl::GetFlag(FLAGS_allow_degraded) ? dtrain::kExitComplete : dtrain::kExitDegraded;
+    case dtrain::ps::RunOutcome::kRefused:
+      return dtrain::kExitConfigRefused;
+    case dtrain::ps::RunOutcome::kEndedEarly:
+      break;
+  }
+  return dtrain::kExitPeerFailed;
 }

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "common/command_line.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -66,7 +66,7 @@ int Fail(const std::string& line, int exit_code = 2) {
   return exit_code;
 }
 
-int BadFlag(const std::string& line) { return Fail(line, 1); }
+int BadFlag(const std::string& line) { return Fail(line, 2); }  // a bad flag: common/exit_codes.h
 
 int WriteSynthetic() {
   dtrain::data::SyntheticCtrOptions o;
@@ -101,7 +101,12 @@ int WriteSynthetic() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Converts a data set directory to TFRecord files of tf.train.Example.");
-  absl::ParseCommandLine(argc, argv);
+  dtrain::CommandLineSpec spec;
+  spec.program = "dtrain_convert";
+  spec.summary = "converts a data set directory to TFRecord files of tf.train.Example, or writes synthetic "
+                 "click-through-rate data (--synthetic_ctr)";
+  spec.epilogue = "Exit codes: 0 written; 1 a failure writing; 2 bad flags or unreadable input.";
+  dtrain::ParseCommandLineOrExit(argc, argv, spec);
   FLAGS_logtostderr = true;  // the images skipped, by path
   google::InitGoogleLogging(argv[0]);
   using dtrain::data::DataFormat;
@@ -111,16 +116,16 @@ int main(int argc, char** argv) {
   const absl::StatusOr<DataFormat> format = dtrain::data::ParseDataFormat(in_fmt);
   if (!format.ok()) {
     std::cerr << "dtrain_convert: unknown --input_format=" << in_fmt << "\n";
-    return 1;
+    return 2;
   }
   if (absl::GetFlag(FLAGS_format) != "tfrecord") {
     std::cerr << "dtrain_convert: unsupported --format=" << absl::GetFlag(FLAGS_format) << " (only tfrecord)\n";
-    return 1;
+    return 2;
   }
   const std::string out_dir = absl::GetFlag(FLAGS_output_dir);
   if (out_dir.empty()) {
     std::cerr << "dtrain_convert: --output_dir is required\n";
-    return 1;
+    return 2;
   }
 
   dtrain::data::LoadOptions lo;

@@ -108,12 +108,12 @@ TEST_F(ConvertMainTest, SyntheticCtrWritesCriteoTextAndReportsThePlantedAuc) {
   EXPECT_EQ(tfr->test.labels, back->test.labels);
 }
 
-TEST_F(ConvertMainTest, BadSyntheticOrFormatFlagsExitOne) {
+TEST_F(ConvertMainTest, BadSyntheticOrFormatFlagsExitTwo) {
   for (const std::string& flags : {"--synthetic_ctr --examples=10 --vocab=1,2 --out=" + dir_ + "/x",
                                    "--synthetic_ctr --examples=10 --vocab=ten --out=" + dir_ + "/x",
                                    std::string("--synthetic_ctr --examples=10"), "--input_format=xml --output_dir=" + dir_}) {
     const RunResult r = RunConvert(flags);
-    EXPECT_EQ(r.exit_code, 1) << flags << ": " << r.output;
+    EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   }
 }
@@ -168,6 +168,12 @@ TEST_F(ConvertMainTest, ConvertsCsvRowsAsFloatsThatReadBack) {
   EXPECT_EQ(e, std::vector<float>({2.0f, 3.25f}));
   ASSERT_TRUE(back->test.source->Read(0, false, nullptr, e.data()).ok());
   EXPECT_EQ(e, std::vector<float>({7.0f, 8.0f}));
+}
+
+TEST_F(ConvertMainTest, UnknownFlagNamesTheClosestAndExitsTwo) {
+  const RunResult r = RunConvert("--output_dri=" + dir_);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("unknown flag --output_dri; did you mean --output_dir?"));
 }
 
 }  // namespace

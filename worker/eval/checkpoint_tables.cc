@@ -101,8 +101,9 @@ std::vector<NpyArray> CheckpointTables::ExportArrays() const {
   std::vector<NpyArray> arrays;
   for (const ps::SparseTableRows& table : tables_) {
     const int64_t n = static_cast<int64_t>(table.ids.size());
-    arrays.push_back(Int64NpyArray(table.spec.name + "/ids", {n}, table.ids));
-    arrays.push_back(NpyArray{table.spec.name + "/values", {n, table.spec.dim}, table.values});
+    // Named as the dense variables are (NpzNameForVariable: '/' becomes '_'): "embedding_C1_ids".
+    arrays.push_back(Int64NpyArray(NpzNameForVariable(table.spec.name + "/ids"), {n}, table.ids));
+    arrays.push_back(NpyArray{NpzNameForVariable(table.spec.name + "/values"), {n, table.spec.dim}, table.values});
   }
   return arrays;
 }

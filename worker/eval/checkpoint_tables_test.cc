@@ -180,10 +180,10 @@ TEST(CheckpointTablesTest, ExportsEachTablesIdsAndValues) {
   ASSERT_TRUE(tables.ok());
   const std::vector<NpyArray> arrays = tables->ExportArrays();
   ASSERT_EQ(arrays.size(), 4u);
-  EXPECT_EQ(arrays[0].name, "embedding/C1/ids");
+  EXPECT_EQ(arrays[0].name, "embedding_C1_ids");
   EXPECT_EQ(arrays[0].type, NpyType::kInt64);
   EXPECT_EQ(arrays[0].int64_data, (std::vector<int64_t>{-4, 10}));
-  EXPECT_EQ(arrays[3].name, "embedding/C2/values");
+  EXPECT_EQ(arrays[3].name, "embedding_C2_values");
   EXPECT_EQ(arrays[3].shape, (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(arrays[3].data[0], 100.0f);
   EXPECT_TRUE(EncodeNpz(arrays).ok());

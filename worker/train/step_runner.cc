@@ -31,13 +31,13 @@ absl::Status StepRunner::SetUpcomingBatches(const std::vector<models::HostBatch>
   return absl::OkStatus();
 }
 
-absl::Status StepRunner::RequestRows(SparseBatch* b) {
+absl::Status StepRunner::RequestRows(SparseBatch* b, bool read_only) {
   std::vector<ps::SparsePullRequest> requests;
   for (int t = 0; t < b->num_tables(); ++t) {
     requests.push_back({static_cast<uint32_t>(t), b->unique_ids(t).data(),
                         static_cast<int64_t>(b->unique_ids(t).size()), b->rows(t)});
   }
-  return client_->SetSparsePull(std::move(requests));
+  return client_->SetSparsePull(std::move(requests), read_only);
 }
 
 absl::Status StepRunner::BindRows() {
@@ -78,7 +78,8 @@ absl::StatusOr<ps::PullResult> StepRunner::Start() {
 absl::Status StepRunner::LoadSparseRows(const models::HostBatch& batch) {
   if (!sparse_model_) return absl::OkStatus();
   RETURN_IF_ERROR(eval_sparse_->Prepare({batch}));
-  RETURN_IF_ERROR(RequestRows(eval_sparse_.get()));
+  // Read only: evaluation must not create (or count, or keep from eviction) the rows of the test set's ids.
+  RETURN_IF_ERROR(RequestRows(eval_sparse_.get(), /*read_only=*/true));
   // The parameters of that pull are not used (tower 0 keeps what LoadParameters gave it: maybe the moving
   // averages): only the rows.
   scratch_params_.resize(towers_->num_parameters());
@@ -100,7 +101,10 @@ absl::StatusOr<std::vector<std::vector<float>>> StepRunner::PullTables() {
   }
   if (requests.empty()) return rows;
   scratch_params_.resize(towers_->num_parameters());
-  RETURN_IF_ERROR(client_->Pull(sync_ ? step_ : 0, step_, scratch_params_.data(), std::move(requests)).status());
+  // Read only: a row never touched in training is its initializer, as on the ps, without being created there.
+  RETURN_IF_ERROR(client_->Pull(sync_ ? step_ : 0, step_, scratch_params_.data(), std::move(requests),
+                                /*read_only=*/true)
+                      .status());
   return rows;
 }
 

@@ -60,7 +60,7 @@ class StepRunner : public TrainingSteps {
  private:
   const int64_t kill_mid_push_at_step_;
   // Sparse tables: SetSparsePull for the rows of sparse_[upcoming_]'s ids.
-  absl::Status RequestRows(SparseBatch* batch);
+  absl::Status RequestRows(SparseBatch* batch, bool read_only = false);
   // Binds the rows of the current step (arrived with the pull in flight) to every tower.
   absl::Status BindRows();
   // After the towers' backward: averages their row gradients and adds them to the push.

@@ -3,13 +3,18 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <optional>
 #include <cstdio>
 #include <memory>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/denormals.h"
@@ -200,6 +205,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   ASSIGN_OR_RETURN(config.optimizer, OptimizerConfigOf(o));
   config.moving_average_decay = o.moving_average_decay;
   config.train_steps = o.train_steps;
+  if (chief) config.model_flags = o.model_flags;
   const std::vector<models::TableInfo>& tables = model0->graph().tables;
   for (size_t t = 0; t < tables.size(); ++t) {
     config.tables.push_back(TableSpecOf(tables[t], static_cast<uint32_t>(t), o.seed));
@@ -370,13 +376,25 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   if (!started.ok()) return started.status();
   ps::PullResult at = *started;
   result->first_step = at.step;
-  if (at.step > 0 && !o.quiet) std::printf("resuming at global step %lld\n", static_cast<long long>(at.step));
+  if (at.step > 0 && !o.quiet) {
+    // A restored checkpoint gives this worker the input position it had at that step; a worker that simply
+    // starts after the others joins the run where it is.
+    if (!c->client->restored_input_position().empty()) {
+      std::printf("resuming at global step %lld\n", static_cast<long long>(at.step));
+    } else {
+      std::printf("joining the run at global step %lld\n", static_cast<long long>(at.step));
+    }
+  }
   const int64_t examples_per_step = static_cast<int64_t>(o.batch_size) * towers->size();
   const absl::Time start = absl::Now();
   absl::Time window_start = start;
   int64_t window_steps = 0;
   int64_t next_eval = o.eval_every > 0 ? (at.step / o.eval_every + 1) * o.eval_every : -1;
   while (at.step < o.train_steps && !at.training_done) {
+    if (o.stop != nullptr && o.stop->cancelled()) {  // SIGTERM: the step before is done, this one not begun
+      result->stopped = true;
+      break;
+    }
     if (!have_current) RETURN_IF_ERROR(draw(&current));
     absl::Status stepped = absl::OkStatus();
     if (sparse) {
@@ -625,8 +643,83 @@ absl::StatusOr<ps::OptimizerConfig> OptimizerConfigOf(const WorkerOptions& o) {
   return c;
 }
 
-absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
-                                           const std::vector<ps::PsInterface*>& tasks) {
+namespace {
+
+// Where RunTraining was when it failed: it decides what a failure means (HowTrainingFailed).
+enum class Phase { kSetUp, kConnect, kTrain };
+
+constexpr char kLeavingPayload[] = "type.dtrain/leaving";
+
+ps::Leaving Classify(const absl::Status& s, Phase phase, bool stop_requested) {
+  if (ps::IsJobEnded(s)) return ps::Leaving::kPeerFailed;
+  if (stop_requested && (s.code() == absl::StatusCode::kCancelled || phase == Phase::kConnect)) {
+    return ps::Leaving::kStopped;
+  }
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      return phase == Phase::kTrain ? ps::Leaving::kFailed : ps::Leaving::kRefused;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kPermissionDenied:
+      return phase == Phase::kConnect ? ps::Leaving::kRefused : ps::Leaving::kFailed;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return phase == Phase::kSetUp ? ps::Leaving::kFailed : ps::Leaving::kPeerFailed;
+    default:
+      return ps::Leaving::kFailed;
+  }
+}
+
+std::string StopReason(const WorkerOptions& o) { return o.stop_reason ? o.stop_reason() : "asked to stop"; }
+
+// A status as the one line a ps task keeps as the worker's reason.
+std::string ReasonLine(const absl::Status& s) {
+  std::string r(s.message());
+  std::replace(r.begin(), r.end(), '\n', ' ');
+  if (r.size() > 400) r = r.substr(0, 400) + "...";
+  return r;
+}
+
+// After this worker reported done (completed): how the run ended, from ps 0 once every worker has left (at most a
+// lease and a few seconds: a worker that is still running by then is named in the line).
+void AwaitRunOutcome(const WorkerOptions& o, ps::WorkerClient* client, TrainingResult* result) {
+  const absl::Duration lease = client->lease();
+  const absl::Duration limit = (lease > absl::ZeroDuration() ? lease : absl::Seconds(5)) + absl::Seconds(5);
+  const absl::Time start = absl::Now(), deadline = start + limit;
+  bool said = false;
+  while (true) {
+    absl::StatusOr<ps::TrainingStats> s = client->Stats(0);
+    if (!s.ok()) {
+      LOG(WARNING) << "worker " << o.worker_id << ": could not ask ps task 0 how the run ended ("
+                   << s.status().message() << "); this worker completed its training";
+      return;
+    }
+    std::vector<int> running;
+    for (const ps::WorkerStats& w : s->workers) {
+      if (!w.done && !w.lost) running.push_back(w.worker_id);
+    }
+    if (running.empty() || absl::Now() >= deadline) {
+      result->outcome = ps::SummarizeRun(s->workers, s->global_step, o.train_steps, s->job_ended,
+                                         &result->outcome_line);
+      if (!running.empty()) {
+        absl::StrAppend(&result->outcome_line, " (worker", running.size() > 1 ? "s " : " ",
+                        absl::StrJoin(running, ", "), " had not left within ", absl::FormatDuration(limit), ")");
+      }
+      return;
+    }
+    if (!said && absl::Now() - start > absl::Seconds(2)) {
+      LOG(INFO) << "worker " << o.worker_id << ": waiting until "
+                << absl::FormatTime("%H:%M:%S", deadline, absl::LocalTimeZone()) << " for worker"
+                << (running.size() > 1 ? "s " : " ") << absl::StrJoin(running, ", ")
+                << " to leave, to know how the run ended";
+      said = true;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::vector<ps::PsInterface*>& tasks,
+                                     Connection* conn, Phase* phase) {
   SetFlushDenormals();  // the training loop computes (the kernels' own pools set it too)
   WorkerOptions o = options;
   RETURN_IF_ERROR(ApplyModelDefaults(&o));
@@ -646,17 +739,48 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   topt.replicated = resident;
   if (!local) topt.host_memory = o.host_memory;
   ASSIGN_OR_RETURN(std::unique_ptr<Towers> towers, Towers::Create(*o.resolved_model, data.model_options, specs, topt));
-  Connection ps;
+  Connection& ps = *conn;
   ps.device_resident = resident;
   RETURN_IF_ERROR(SetUpConnection(o, tasks, towers.get(), &ps));
-  // A worker that stops on an error still leaves the cluster (best effort), so the ps tasks stop expecting it
-  // instead of waiting for it forever; cancelled on the normal path, which reports done itself.
-  auto leave_on_error = absl::MakeCleanup([&ps, &o] {
-    absl::Status s = ps.client->Done(/*completed=*/false);
-    if (!s.ok()) LOG(WARNING) << "worker " << o.worker_id << " could not report done: " << s;
+
+  // Stopping (WorkerOptions::stop): while connecting, give up at once; in the loop, the step in flight may end
+  // within stop_grace (the loop then stops before the next one), else it is abandoned.
+  std::atomic<bool> connected{false};
+  absl::Notification loop_over;
+  auto end_of_loop = [&loop_over] {
+    if (!loop_over.HasBeenNotified()) loop_over.Notify();
+  };
+  int64_t stop_id = 0;
+  if (o.stop != nullptr) {
+    ps::WorkerClient* client = ps.client.get();
+    stop_id = o.stop->Register([&o, client, &connected, &loop_over] {
+      if (!connected.load()) {
+        client->Stop();
+        return;
+      }
+      if (!loop_over.WaitForNotificationWithTimeout(o.stop_grace)) {
+        LOG(WARNING) << "worker " << o.worker_id << ": the step in flight did not end within "
+                     << absl::FormatDuration(o.stop_grace) << " of the stop: abandoning it";
+        client->Stop();
+      }
+    });
+  }
+  auto stop_done = absl::MakeCleanup([&] {
+    end_of_loop();
+    if (o.stop != nullptr) o.stop->Deregister(stop_id);
   });
+
+  *phase = Phase::kConnect;
+  if (!local && !o.quiet) {
+    LOG(INFO) << "worker " << o.worker_id << ": connecting to the ps tasks" << (chief ? "" : " and waiting for the chief")
+              << " until " << absl::FormatTime("%H:%M:%S", absl::Now() + absl::Seconds(o.startup_wait_secs),
+                                               absl::LocalTimeZone())
+              << " (--startup_wait_secs=" << o.startup_wait_secs << ")";
+  }
   RETURN_IF_ERROR(Connect(o, towers.get(), &ps));
   RETURN_IF_ERROR(ResumeInput(o, &ps, &data));
+  connected = true;
+  *phase = Phase::kTrain;
   TrainingStepsOptions sopt;
   sopt.sync = ps.config.mode == "sync";
   sopt.local_ps = resident ? ps.local_ps.get() : nullptr;
@@ -690,8 +814,10 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   int64_t first_step = -1;
   for (int reconnects = 0;; ++reconnects) {
     const double seconds_before = result.seconds;
-    RETURN_IF_ERROR(TrainLoop(o, chief, &data, towers.get(), &ps, steps.get(), events.get(), summaries.get(),
-                              &result));
+    const absl::Status looped =
+        TrainLoop(o, chief, &data, towers.get(), &ps, steps.get(), events.get(), summaries.get(), &result);
+    end_of_loop();  // a stop from here on lets the chief evaluate and export
+    RETURN_IF_ERROR(looped);
     // The throughput figures cover the whole run.
     if (first_step < 0) first_step = result.first_step;
     result.first_step = first_step;
@@ -702,8 +828,28 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     if (finished.code() != absl::StatusCode::kAborted || local || reconnects >= kMaxReconnects) return finished;
     RETURN_IF_ERROR(ConnectAgain(o, &ps, &data, finished));
   }
-  std::move(leave_on_error).Cancel();
-  RETURN_IF_ERROR(ps.client->Done(/*completed=*/true, result.global_step));
+  if (result.stopped) {
+    // Stopped before the end (SIGTERM): leave as stopped. The chief has evaluated and exported first (below: the
+    // export needs no ps); its leaving ends the run, and the ps tasks save the final checkpoint.
+    const std::string why = absl::StrCat(StopReason(o), " at step ", result.global_step);
+    RETURN_IF_ERROR(ps.client->Done(ps::Leaving::kStopped, result.global_step, why, absl::Seconds(5)));
+    result.outcome = ps::RunOutcome::kEndedEarly;
+    result.outcome_line =
+        chief ? absl::StrCat("run stopped at step ", result.global_step, " of ", o.train_steps, ": the chief was ",
+                             "stopped (", StopReason(o), ")", o.evaluate ? "; evaluated at that step" : "",
+                             o.export_onnx.empty() ? "" : " and exported",
+                             local ? "" : "; the ps tasks save their final checkpoint and stop the other workers")
+              : absl::StrCat("worker ", o.worker_id, " stopped (", StopReason(o), ") at step ", result.global_step,
+                             "; it left the cluster, the run goes on without it");
+  } else {
+    RETURN_IF_ERROR(ps.client->Done(ps::Leaving::kCompleted, result.global_step));
+    if (!local) {
+      AwaitRunOutcome(o, ps.client.get(), &result);
+    } else {
+      result.outcome_line = absl::StrCat("run complete: training reached step ", result.global_step, " of ",
+                                         o.train_steps);
+    }
+  }
   if (ps.local_ps) {
     // Local mode: the in-process ps wrote its final checkpoint inside Done; the end of training must be on disk.
     const absl::Status saved = ps.local_ps->final_checkpoint_status();
@@ -732,7 +878,60 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
                                              rows, o.export_onnx));
     if (!o.quiet) std::printf("exported the trained model to %s\n", o.export_onnx.c_str());
   }
+  // The summary line: the chief's always, another worker's when the run was not complete.
+  if (!o.quiet && !result.outcome_line.empty() && (chief || result.outcome != ps::RunOutcome::kComplete)) {
+    std::printf("%s\n", result.outcome_line.c_str());
+    std::fflush(stdout);
+  }
   return result;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
+                                           const std::vector<ps::PsInterface*>& tasks) {
+  Connection ps;
+  Phase phase = Phase::kSetUp;
+  absl::StatusOr<TrainingResult> result = Train(options, tasks, &ps, &phase);
+  if (result.ok()) return result;
+  const absl::Status& s = result.status();
+  const ps::Leaving leaving = Classify(s, phase, options.stop != nullptr && options.stop->cancelled());
+  if (!tasks.empty()) {
+    // The worker leaves the cluster (best effort, a few seconds at most), so the ps tasks stop expecting it and
+    // know why: they end the run for a refused worker when it cannot complete without it, or for the chief.
+    const std::string reason = leaving == ps::Leaving::kStopped     ? StopReason(options)
+                               : leaving == ps::Leaving::kPeerFailed ? ps::JobEndedReason(s)
+                                                                     : ReasonLine(s);
+    LOG(INFO) << "worker " << options.worker_id << " leaves the cluster (" << ps::LeavingName(leaving)
+              << "): telling the ps tasks, for at most 5 s";
+    absl::Status told;
+    if (ps.client != nullptr) {
+      told = ps.client->Done(leaving, 0, reason, absl::Seconds(5));
+    } else {
+      ps::DoneRequest request;  // no session yet: leaving needs none
+      request.worker_id = options.worker_id;
+      request.leaving = leaving;
+      request.reason = reason;
+      request.retry_ms = 5000;
+      for (int t = static_cast<int>(tasks.size()) - 1; t >= 0; --t) told.Update(tasks[t]->Done(request));
+    }
+    if (!told.ok()) {
+      LOG(WARNING) << "worker " << options.worker_id << " could not tell every ps task it leaves ("
+                   << ps::LeavingName(leaving) << "): " << told.message();
+    }
+  }
+  absl::Status marked = s;
+  marked.SetPayload(kLeavingPayload, absl::Cord(std::to_string(static_cast<int>(leaving))));
+  return marked;
+}
+
+ps::Leaving HowTrainingFailed(const absl::Status& s) {
+  if (absl::optional<absl::Cord> p = s.GetPayload(kLeavingPayload)) {
+    const std::string v(*p);
+    if (v.size() == 1 && v[0] >= '0' && v[0] <= '4') return static_cast<ps::Leaving>(v[0] - '0');
+  }
+  if (ps::IsJobEnded(s)) return ps::Leaving::kPeerFailed;
+  return s.code() == absl::StatusCode::kInvalidArgument ? ps::Leaving::kRefused : ps::Leaving::kFailed;
 }
 
 }  // namespace dtrain::worker

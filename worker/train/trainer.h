@@ -11,11 +11,14 @@
 #define DTRAIN_WORKER_TRAIN_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/cancellation.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/core/parameter_server.h"
 #include "common/host_memory.h"
@@ -121,6 +124,19 @@ struct WorkerOptions {
   int step_delay_ms = 0;        // test hook: sleep this long every step (a slow worker)
   int64_t kill_mid_push_at_step = -1;  // test hook: SIGKILL this process mid-push at this step (-1: never)
 
+  // Stopping before the end (SIGTERM/SIGINT, common/stop_signal.h; null: never). Once `stop` is cancelled the
+  // worker finishes the step in flight (abandoning it if that takes longer than `stop_grace`; a worker still
+  // connecting gives up at once) and leaves the cluster as stopped (ps::Leaving::kStopped, with stop_reason());
+  // the chief first pulls the newest parameters, evaluates and exports as at the end, and its leaving ends the
+  // run: the ps tasks save a final checkpoint and tell the other workers to stop. TrainingResult::stopped.
+  Cancellation* stop = nullptr;
+  std::function<std::string()> stop_reason;  // "SIGTERM" (null: "asked to stop")
+  absl::Duration stop_grace = absl::Seconds(10);
+
+  // Chief: its model and data flags as "name=value" lines, kept in the checkpoints (ps::TrainConfig::
+  // model_flags) so that dtrain_eval --checkpoint=DIR needs nothing else.
+  std::vector<std::string> model_flags;
+
   // Output files.
   std::string metrics_file;  // this worker's loss of every local step, as CSV "local_step,loss" (exact floats)
   // Chief: the final parameters written as this ONNX file (the imported file with its initializers trained,
@@ -150,6 +166,12 @@ struct TrainingResult {
   // Seconds the training loop waited for the input stream's batches (the rest of `seconds` is the steps'): 0 when
   // the input pipeline keeps ahead of the towers.
   double input_wait_seconds = 0;
+  bool stopped = false;  // stopped before the end (WorkerOptions::stop): it left the cluster as stopped
+  // How the run ended, as ps 0 saw it once every worker had left (a cluster worker that completed waits for that,
+  // at most a lease and a few seconds; local mode: complete), and its summary line (empty when ps 0 could not be
+  // asked). Printed by the chief, and by any worker when the run was not complete.
+  ps::RunOutcome outcome = ps::RunOutcome::kComplete;
+  std::string outcome_line;
 };
 
 // Resolves the model (o->resolved_model, when not done yet) and its defaults into `o` (batch size, learning rate,
@@ -163,8 +185,16 @@ absl::StatusOr<ps::OptimizerConfig> OptimizerConfigOf(const WorkerOptions& o);
 
 // Runs training against `tasks` (ps task i at index i; not owned). Empty `tasks` = local mode (an in-process
 // ps with one worker, sync: the baseline every cluster size is compared with).
+// On failure the worker has told the ps tasks it leaves (ps::Leaving: refused, failed, stopped or peer failed,
+// with the error as its reason, so that the ps tasks can end the run or go on without it);
+// HowTrainingFailed(status) says which.
 absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
                                            const std::vector<ps::PsInterface*>& tasks);
+
+// How the worker left after RunTraining failed with `s` (decides its exit code, common/exit_codes.h): kRefused
+// (its configuration: a bad flag or model, or one the ps tasks refused), kPeerFailed (the run ended elsewhere,
+// or the ps tasks could not be reached in time), kStopped (WorkerOptions::stop), kFailed (an error of its own).
+ps::Leaving HowTrainingFailed(const absl::Status& s);
 
 }  // namespace dtrain::worker
 

@@ -241,8 +241,8 @@ class RestartsAtTheFinalPull : public ps::PsInterface {
     }
     return current()->Pull(r, receiver);
   }
-  absl::Status Done(int w, uint64_t session, bool completed, int64_t step) override {
-    return current()->Done(w, session, completed, step);
+  absl::Status Done(const ps::DoneRequest& request) override {
+    return current()->Done(request);
   }
   absl::StatusOr<int64_t> Heartbeat(int w, uint64_t session) override { return current()->Heartbeat(w, session); }
   absl::StatusOr<ps::TrainingStats> GetStats() override { return current()->GetStats(); }
