@@ -358,6 +358,7 @@ std::string EncodePullOrder(const PullOrder& m) {
   PutDecisions(w, q.decisions);
   w.I64(q.timeout_ms);
   w.Bool(q.moving_averages);
+  w.Bool(q.sparse_read_only);
   w.U64(q.after_push);
   w.U8(static_cast<uint8_t>(q.wire_dtype));
   w.U32(static_cast<uint32_t>(m.destinations.size()));
@@ -390,6 +391,7 @@ absl::StatusOr<PullOrder> DecodePullOrder(absl::string_view payload) {
   q.decisions = GetDecisions(r);
   q.timeout_ms = r.I64();
   q.moving_averages = r.Bool();
+  q.sparse_read_only = r.Bool();
   q.after_push = r.U64();
   q.wire_dtype = r.Dtype();
   const uint32_t nd = r.Count(25);

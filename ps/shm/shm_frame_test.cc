@@ -56,6 +56,7 @@ TEST(ShmFrameTest, PayloadsRoundTripAndRefuseGarbage) {
   order.request.decisions = {StepDecision{4, {0, 2}, true, "mac"}};
   order.request.timeout_ms = 1234;
   order.request.moving_averages = true;
+  order.request.sparse_read_only = true;
   order.request.after_push = 9;
   order.request.wire_dtype = WireDtype::kBF16;
   order.destinations = {Destination{1, Destination::Kind::kInPlace, 3, 4096, 10},
@@ -69,6 +70,7 @@ TEST(ShmFrameTest, PayloadsRoundTripAndRefuseGarbage) {
   EXPECT_EQ(back->request.decisions, order.request.decisions);
   EXPECT_EQ(back->request.wire_dtype, WireDtype::kBF16);
   EXPECT_TRUE(back->request.moving_averages);
+  EXPECT_TRUE(back->request.sparse_read_only);
   ASSERT_EQ(back->destinations.size(), 2u);
   EXPECT_EQ(back->destinations[0].kind, Destination::Kind::kInPlace);
   EXPECT_EQ(back->destinations[0].at, 4096);

@@ -117,9 +117,7 @@ class ShmPsClient final : public PsInterface {
   }
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override;
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override;
-  absl::Status Done(int worker_id, uint64_t session, bool completed, int64_t global_step) override {
-    return control_->Done(worker_id, session, completed, global_step);
-  }
+  absl::Status Done(const DoneRequest& request) override { return control_->Done(request); }
   absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {
     return control_->Heartbeat(worker_id, session);
   }
