@@ -6,7 +6,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
-/usr/bin/python3 -c "import torch" 2>/dev/null || { echo "SKIP: /usr/bin/python3 cannot import torch"; exit 77; }
+source "$ROOT/tests/skipping.sh"
+/usr/bin/python3 -c "import torch" 2>/dev/null || skip "/usr/bin/python3 cannot import torch (apt-get install python3-torch)"
 for b in dtrain_ps dtrain_worker dtrain_convert; do
   [ -x "$BIN/$b" ] || { echo "FAIL: $BIN/$b not built (set DTRAIN_BIN_DIR)"; exit 1; }
 done

@@ -163,6 +163,10 @@ void Membership::RestoreInputPositions(const std::map<int, std::string>& positio
   }
 }
 
-std::string Membership::RestoredInputPosition(int worker) const { return workers_[worker].restored_position; }
+std::string Membership::ResumeInputPosition(int worker) const {
+  const Worker& w = workers_[worker];
+  if (!w.restored_position.empty() || w.positions.empty()) return w.restored_position;
+  return w.positions.rbegin()->second;
+}
 
 }  // namespace dtrain::ps

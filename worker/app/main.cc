@@ -39,6 +39,9 @@ ABSL_FLAG(double, sparse_learning_rate, 0, "Learning rate of --sparse_optimizer 
 ABSL_FLAG(bool, shuffle, true, "Shuffle each worker's shard every epoch (false: read it in order)");
 ABSL_FLAG(std::string, metrics_file, "",
           "Write this worker's loss of every local step here at the end, as CSV local_step,loss");
+ABSL_FLAG(std::string, push_journal_dir, "",
+          "A cluster worker: record every push ps 0 acknowledged in a journal file in this directory "
+          "(pushes.w<task>.*.journal), for scripts/check_updates.py with the ps tasks' --journal_applied");
 ABSL_FLAG(std::string, export_onnx, "",
           "Chief, with --model=PATH.onnx: write the trained model as this ONNX file at the end (the imported file "
           "with its initializers trained)");
@@ -86,6 +89,11 @@ ABSL_FLAG(std::string, tls_key, "", "The private key of --tls_cert (PEM)");
 ABSL_FLAG(std::string, tls_ca, "", "Talk TLS to the ps tasks and trust only certificates signed by this CA (PEM)");
 ABSL_FLAG(std::string, tls_server_name, "", "Expect this name in the ps certificates (default: the host of each address)");
 ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and the chief");
+ABSL_FLAG(double, rpc_timeout_secs, 60,
+          "Deadline of each call to a ps task (a pull: its wait for the step plus this); a call past it is retried");
+ABSL_FLAG(double, rpc_retry_secs, 30,
+          "How long calls, uploads and pulls that fail with Unavailable or DeadlineExceeded (a ps task restarting, "
+          "a broken or partitioned link) are retried, with backoff, before the worker gives up");
 ABSL_FLAG(double, step_timeout_secs, 120, "How long a step may wait for the ps tasks (e.g. for other workers)");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
@@ -123,6 +131,7 @@ int main(int argc, char** argv) {
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.shuffle = absl::GetFlag(FLAGS_shuffle);
   o.metrics_file = absl::GetFlag(FLAGS_metrics_file);
+  o.push_journal_dir = absl::GetFlag(FLAGS_push_journal_dir);
   o.export_onnx = absl::GetFlag(FLAGS_export_onnx);
   o.train_steps = absl::GetFlag(FLAGS_train_steps);
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
@@ -184,6 +193,10 @@ int main(int argc, char** argv) {
     }
   }
   if (flags_ok.ok()) flags_ok = dtrain::ps::ParseWireDtype(o.wire_dtype).status();
+  o.rpc_retry_secs = absl::GetFlag(FLAGS_rpc_retry_secs);
+  if (flags_ok.ok() && !(absl::GetFlag(FLAGS_rpc_timeout_secs) > 0 && o.rpc_retry_secs >= 0)) {
+    flags_ok = absl::InvalidArgumentError("--rpc_timeout_secs must be > 0 and --rpc_retry_secs >= 0");
+  }
   if (flags_ok.ok() && !(o.step_timeout_secs > 0)) {
     flags_ok = absl::InvalidArgumentError("--step_timeout_secs must be > 0");
   }
@@ -222,6 +235,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     copt.security = *security;
+    copt.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_secs));
+    copt.retry_window = absl::Seconds(absl::GetFlag(FLAGS_rpc_retry_secs));
     for (const std::string& address : cluster->ps) {
       auto client = dtrain::ps::NewGrpcPsClient(address, copt);
       if (!client.ok()) {

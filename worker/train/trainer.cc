@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/denormals.h"
 #include "common/event_writer.h"
+#include "common/env.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "ps/client/placement.h"
@@ -88,6 +89,7 @@ struct Connection {
   ps::TrainConfig config;
   std::unique_ptr<ps::ParameterServer> local_ps;
   std::vector<ps::PsInterface*> tasks;
+  std::unique_ptr<ps::PushJournal> push_journal;  // before the client, which records into it
   std::unique_ptr<ps::WorkerClient> client;
   bool device_resident = false;  // the training state lives on the devices (local mode, GPU towers)
 };
@@ -203,7 +205,12 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   ps::WorkerClientOptions copt;
   copt.background = !local;  // an in-process ps answers inline: no transfer threads
   copt.step_timeout = absl::Seconds(o.step_timeout_secs);
+  copt.retry_window = absl::Seconds(o.rpc_retry_secs);
   ASSIGN_OR_RETURN(copt.wire_dtype, ps::ParseWireDtype(o.wire_dtype));
+  if (!o.push_journal_dir.empty() && !local) {
+    ASSIGN_OR_RETURN(c->push_journal, ps::PushJournal::Open(Env::Default(), o.push_journal_dir, o.worker_id));
+    copt.push_journal = c->push_journal.get();
+  }
   c->client = std::make_unique<ps::WorkerClient>(c->tasks, c->placement.task_slices, local ? 0 : o.worker_id,
                                                  chief, copt);
   return absl::OkStatus();
@@ -235,7 +242,9 @@ absl::Status ResumeInput(const WorkerOptions& o, Connection* c, TrainingData* d)
   if (position.empty()) return absl::OkStatus();
   absl::Status s = d->stream->Restore(position);
   if (s.ok()) {
-    if (!o.quiet) LOG(INFO) << "worker " << o.worker_id << ": input resumes where the restored checkpoint left it";
+    if (!o.quiet) LOG(INFO) << "worker " << o.worker_id
+                            << ": input resumes where ps 0 says it stopped (a restored checkpoint, or this "
+                               "worker's newest commit)";
   } else if (s.code() == absl::StatusCode::kFailedPrecondition) {
     LOG(WARNING) << "worker " << o.worker_id << ": the checkpoint's input position does not fit this worker's "
                  << "input (" << s.message() << "): reading from the start of its shard instead";
