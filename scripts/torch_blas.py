@@ -24,13 +24,16 @@ def torch_env(threads, **extra):
 
 
 def blas_in_use():
-    """The BLAS library mapped into this process: "openblas-openmp", or "other:<library names>" ("other:none" when
-    no BLAS is mapped yet: import torch first)."""
+    """The BLAS mapped into this process: "openblas-openmp" when every BLAS library mapped (libblas*, libopenblas*)
+    comes from the OpenMP OpenBLAS, else "other:<dir/library, ...>" ("other:none" before `import torch`). A
+    reference libblas.so.3 found first on LD_LIBRARY_PATH beside the OpenBLAS that liblapack pulls in is "other":
+    the BLAS calls would go to whichever the loader bound first."""
     with open("/proc/self/maps") as f:
         libs = {line.split()[-1] for line in f if "blas" in os.path.basename(line.split()[-1])}
-    if any(lib.startswith(OPENBLAS_OPENMP + "/") for lib in libs):
+    if libs and all(lib.startswith(OPENBLAS_OPENMP + "/") for lib in libs):
         return "openblas-openmp"
-    return "other:" + (",".join(sorted(os.path.basename(lib) for lib in libs)) or "none")
+    names = sorted(os.path.join(os.path.basename(os.path.dirname(lib)), os.path.basename(lib)) for lib in libs)
+    return "other:" + (",".join(names) or "none")
 
 
 def require_openblas_openmp(who, allow_other=False):

@@ -92,7 +92,7 @@ void ExpectNothingLostOrDoubled(const std::string& dir, const std::string& tag) 
 }
 
 // Trains `r` with checkpoints every 50 steps, both journals kept, injecting `f`.
-RunResult Run(const RunSpec& r, const Fault& f, const std::string& tag) {
+RunResult RunCluster(const RunSpec& r, const Fault& f, const std::string& tag) {
   RunResult result;
   result.dir = absl::StrCat(::testing::TempDir(), "/fault_run_", tag);
   std::filesystem::remove_all(result.dir);
@@ -204,9 +204,9 @@ void ExpectSameCheckpoints(const std::string& a_dir, const std::string& b_dir) {
 // Sync, every worker aggregated, deterministic input: a run with the fault ends bit-identical to one without.
 void ExpectBitIdenticalAfter(const RunSpec& r, const std::vector<std::pair<Fault, std::string>>& faults,
                              const std::string& tag) {
-  const RunResult straight = Run(r, Fault(), tag + "_straight");
+  const RunResult straight = RunCluster(r, Fault(), tag + "_straight");
   for (const auto& [f, name] : faults) {
-    const RunResult faulty = Run(r, f, tag + "_" + name);
+    const RunResult faulty = RunCluster(r, f, tag + "_" + name);
     ExpectSameCheckpoints(straight.dir + "/ckpt", faulty.dir + "/ckpt");
     std::printf("%s_%s: test accuracy %.4f, uninterrupted %.4f\n", tag.c_str(), name.c_str(), faulty.accuracy,
                 straight.accuracy);
@@ -265,8 +265,8 @@ TEST(ExactRecovery, AsyncPsKilledAndRestartedMatchesUninterrupted) {
   r.mode = "async";
   r.train_steps = 2400;
   r.worker_flags = {"--decay_steps=300", "--decay_rate=0.5"};
-  const RunResult straight = Run(r, Fault(), "async_straight");
-  const RunResult restarted = Run(r, KillPs(0, 600), "async_restarted");
+  const RunResult straight = RunCluster(r, Fault(), "async_straight");
+  const RunResult restarted = RunCluster(r, KillPs(0, 600), "async_restarted");
   ASSERT_GT(straight.accuracy, 0.5);
   ASSERT_GT(restarted.accuracy, 0.5);
   std::printf("async: test accuracy %.4f after the ps restart, %.4f uninterrupted\n", restarted.accuracy,

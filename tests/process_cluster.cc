@@ -42,7 +42,9 @@ std::vector<std::string> ProcessCluster::ClusterFlags() const {
 std::unique_ptr<Subprocess> ProcessCluster::StartPs(int i, const std::vector<std::string>& extra, int incarnation) {
   std::vector<std::string> argv = {BinPath("dtrain_ps"), "--job_name=ps", absl::StrCat("--task_index=", i)};
   const std::vector<std::string> cluster = ClusterFlags();
-  for (const auto* flags : {&ps_flags_, &cluster, &extra}) argv.insert(argv.end(), flags->begin(), flags->end());
+  for (const std::vector<std::string>& flags : {ps_flags_, cluster, extra}) {
+    argv.insert(argv.end(), flags.begin(), flags.end());
+  }
   return std::make_unique<Subprocess>(argv, ClusterLogPath(absl::StrCat(tag_, "_ps", i, "_", incarnation)));
 }
 
@@ -50,7 +52,9 @@ std::unique_ptr<Subprocess> ProcessCluster::StartWorker(int i, const std::vector
                                                         int incarnation) {
   std::vector<std::string> argv = {BinPath("dtrain_worker"), "--job_name=worker", absl::StrCat("--task_index=", i)};
   const std::vector<std::string> cluster = ClusterFlags();
-  for (const auto* flags : {&worker_flags_, &cluster, &extra}) argv.insert(argv.end(), flags->begin(), flags->end());
+  for (const std::vector<std::string>& flags : {worker_flags_, cluster, extra}) {
+    argv.insert(argv.end(), flags.begin(), flags.end());
+  }
   return std::make_unique<Subprocess>(argv, ClusterLogPath(absl::StrCat(tag_, "_worker", i, "_", incarnation)));
 }
 

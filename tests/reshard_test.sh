@@ -35,10 +35,9 @@ trap cleanup EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# run NAME NUM_PS STEPS CKPT MODEL_FLAGS...: NUM_PS ps tasks and 2 sync workers on fresh ports.
+# run NAME NUM_PS STEPS CKPT: NUM_PS ps tasks and 2 sync workers on fresh ports (flags: model_flags, train_flags).
 run() {
   local name=$1 num_ps=$2 steps=$3 ckpt=$4 rc=0 p i
-  shift 4
   local ports ps_hosts=""
   IFS=, read -r -a ports < <(python3 "$ROOT/scripts/free_ports.py" $((num_ps + 2)))
   for ((i = 0; i < num_ps; i++)); do ps_hosts+="${ps_hosts:+,}127.0.0.1:${ports[$i]}"; done
@@ -50,7 +49,8 @@ run() {
     pids+=($!)
   done
   for i in 1 0; do
-    timeout 180 "$BIN/dtrain_worker" --job_name=worker --task_index=$i "${cluster[@]}" "$@" --mode=sync \
+    timeout 180 "$BIN/dtrain_worker" --job_name=worker --task_index=$i "${cluster[@]}" "${model_flags[@]}" \
+      "${train_flags[@]}" --mode=sync \
       --train_steps="$steps" --threads=1 --seed=5 --log_every=1000 > "$dir/$name.w$i.log" 2>&1 &
     pids+=($!)
   done
@@ -62,11 +62,10 @@ run() {
   fi
 }
 
-# export NAME CKPT_PREFIX MODEL_FLAGS...: the checkpoint's saved values as $dir/NAME.npz.
+# export NAME CKPT_PREFIX: the checkpoint's saved values as $dir/NAME.npz.
 export_values() {
   local name=$1 ckpt=$2
-  shift 2
-  timeout 120 "$BIN/dtrain_eval" --checkpoint="$ckpt" "$@" --skip_eval --export="$dir/$name.npz" \
+  timeout 120 "$BIN/dtrain_eval" --checkpoint="$ckpt" "${model_flags[@]}" --skip_eval --export="$dir/$name.npz" \
     > "$dir/$name.export.log" 2>&1 || { fail "dtrain_eval --export of $ckpt"; tail -3 "$dir/$name.export.log"; }
 }
 
@@ -95,29 +94,28 @@ print("%s: %d arrays, %d floats, largest difference from the unchanged run %g" %
 PY
 }
 
-# reshard_case NAME S1 S2 S3 MODEL_FLAGS...
+# reshard_case NAME S1 S2 S3 (flags: model_flags for workers and dtrain_eval, train_flags for workers only)
 reshard_case() {
   local name=$1 s1=$2 s2=$3 s3=$4
-  shift 4
   local start=$SECONDS
-  run "${name}_straight" 1 "$s3" "$dir/${name}_straight" "$@"
-  run "${name}_first" 1 "$s1" "$dir/${name}_changed" "$@"
-  run "${name}_grown" 3 "$s2" "$dir/${name}_changed" "$@"
+  run "${name}_straight" 1 "$s3" "$dir/${name}_straight"
+  run "${name}_first" 1 "$s1" "$dir/${name}_changed"
+  run "${name}_grown" 3 "$s2" "$dir/${name}_changed"
   for i in 0 1 2; do
     grep -q "restored .*model.ckpt-$s1.ps\*-of-1 resharded from 1 ps task onto 3" "$dir/${name}_grown.ps$i.log" ||
       fail "$name: ps task $i of 3 did not restore step $s1 resharded from 1 task"
   done
   grep -q "^resuming at global step $s1$" "$dir/${name}_grown.w0.log" || fail "$name: 3 ps tasks did not resume at $s1"
-  run "${name}_shrunk" 2 "$s3" "$dir/${name}_changed" "$@"
+  run "${name}_shrunk" 2 "$s3" "$dir/${name}_changed"
   for i in 0 1; do
     grep -q "restored .*model.ckpt-$s2.ps\*-of-3 resharded from 3 ps tasks onto 2" "$dir/${name}_shrunk.ps$i.log" ||
       fail "$name: ps task $i of 2 did not restore step $s2 resharded from 3 tasks"
   done
   grep -q "^resuming at global step $s2$" "$dir/${name}_shrunk.w0.log" || fail "$name: 2 ps tasks did not resume at $s2"
-  export_values "${name}_straight_s2" "$dir/${name}_straight/model.ckpt-$s2" "$@"
-  export_values "${name}_straight_s3" "$dir/${name}_straight/model.ckpt-$s3" "$@"
-  export_values "${name}_grown" "$dir/${name}_changed/model.ckpt-$s2" "$@"
-  export_values "${name}_shrunk" "$dir/${name}_changed/model.ckpt-$s3" "$@"
+  export_values "${name}_straight_s2" "$dir/${name}_straight/model.ckpt-$s2"
+  export_values "${name}_straight_s3" "$dir/${name}_straight/model.ckpt-$s3"
+  export_values "${name}_grown" "$dir/${name}_changed/model.ckpt-$s2"
+  export_values "${name}_shrunk" "$dir/${name}_changed/model.ckpt-$s3"
   compare "$name 1 -> 3 ps at step $s2" "${name}_grown" "${name}_straight_s2"
   compare "$name 3 -> 2 ps at step $s3" "${name}_shrunk" "${name}_straight_s3"
   echo "$name: $((SECONDS - start)) s"
@@ -125,9 +123,10 @@ reshard_case() {
 
 # dlrm: tables on the ps, 2 of every row's slots (Adagrad), Adam's 2 for the dense variables.
 "$BIN/dtrain_convert" --synthetic_ctr --examples=6000 --test_examples=500 --out="$dir/ctr" | tail -1
-save=30
-reshard_case dlrm 60 120 180 --model=dlrm --data_dir="$dir/ctr" --data_format=criteo --table_rows=2000 \
-  --embedding_dim=8 --batch_size=64
+save=20
+model_flags=(--model=dlrm --data_dir="$dir/ctr" --data_format=criteo --table_rows=2000 --embedding_dim=8)
+train_flags=(--batch_size=64)
+reshard_case dlrm 40 80 120
 
 # A conv net with BatchNorm, exported from PyTorch in training mode.
 /usr/bin/python3 - "$dir/bn.onnx" <<'PY'
@@ -142,8 +141,10 @@ torch.onnx.export(model, torch.zeros(1, 1, 28, 28), sys.argv[1], input_names=["x
                   training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                   dynamic_axes={"x": {0: "N"}}, opset_version=14)
 PY
-save=20
-reshard_case bn 40 80 120 --model="$dir/bn.onnx" --optimizer=adam --learning_rate=0.001 --batch_size=32
+save=10
+model_flags=(--model="$dir/bn.onnx")
+train_flags=(--optimizer=adam --learning_rate=0.001 --batch_size=32)
+reshard_case bn 20 40 60
 
 if [ "$failures" = 0 ]; then echo "1 passed, 0 failed"; exit 0; fi
 echo "0 passed, 1 failed ($failures checks)"
