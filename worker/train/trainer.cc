@@ -426,7 +426,21 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     }
   }
   RETURN_IF_ERROR(CollectLosses(steps, result));
-  ASSIGN_OR_RETURN(at, settle());
+  // The last step's pull has shown the end of training: every step this worker took part in was decided (sync) or
+  // handled (async; a pull waits for its push). If a ps task died after deciding it, before the answer to this
+  // worker's push went out, that push is now retried against a new process that has no session for it: connecting
+  // again would only wait for a chief that has finished. The push's answer does not matter any more.
+  absl::StatusOr<ps::PullResult> settled = steps->Settle();
+  const bool ended = at.step >= o.train_steps || at.training_done;
+  if (!settled.ok() && ended &&
+      (absl::IsAborted(settled.status()) || absl::IsUnavailable(settled.status()) ||
+       absl::IsDeadlineExceeded(settled.status()))) {
+    LOG(WARNING) << "worker " << o.worker_id << ": training reached step " << at.step
+                 << "; the answer to its last push was lost (" << settled.status().message()
+                 << "), which changes nothing: every step it took part in was decided";
+  } else {
+    ASSIGN_OR_RETURN(at, settled.ok() ? settled : recover(settled.status()));
+  }
   result->seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result->examples = result->local_steps * examples_per_step;
   result->global_step = at.step;
