@@ -229,7 +229,7 @@ def check(ps_dirs, worker_dirs):
             r["doubled"] += 1
             problems.append("ps task %d applied two different pushes of worker %d for step %d" % (t.task, w, s))
         r["unacknowledged_applied"] += sum(1 for k in t.count if k not in acks)
-        r["restores"] += len(t.restores)
+        r["restores"] += sum(1 for _, _, kind in t.restores if kind != "I")
         r["undone_applies"] += t.undone
     r["workers"] = len({w for w, _ in acks})
     r["ps_tasks"] = len(final)
@@ -255,7 +255,7 @@ def main():
             print("check_updates: ... and %d more" % (len(problems) - 20))
     print("check_updates: %d pushes acknowledged to %d workers, checked on %d ps tasks (%d updates): accepted %d "
           "(applied exactly once %d, undone by a restore %d%s), dropped %d (applied nowhere); lost %d, doubled %d; "
-          "%d applied without a recorded acknowledgement; %d restores undid %d applies"
+          "%d applied without a recorded acknowledgement; %d restores to a checkpoint undid %d applies"
           % (r["acknowledged"], r["workers"], r["ps_tasks"], r["updates_checked"], r["accepted"], r["applied_once"],
              r["undone"], ", carried by a resharded checkpoint %d" % r["resharded"] if r["resharded"] else "",
              r["dropped"], r["lost"], r["doubled"], r["unacknowledged_applied"], r["restores"], r["undone_applies"]))

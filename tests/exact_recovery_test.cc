@@ -168,7 +168,8 @@ void ExpectSameCheckpoints(const std::string& a_dir, const std::string& b_dir) {
       ASSERT_EQ(p.spec, q.spec);
       EXPECT_TRUE(same(p.values, q.values)) << "task " << t << ": " << ps::DescribeSlice(p.spec) << "'s values";
       for (size_t k = 0; k < p.slots.size(); ++k) {
-        EXPECT_TRUE(same(p.slots[k], q.slots[k])) << "task " << t << ": " << ps::DescribeSlice(p.spec) << " slot " << k;
+        EXPECT_TRUE(same(p.slots[k], q.slots[k]))
+            << "task " << t << ": " << ps::DescribeSlice(p.spec) << " slot " << k;
       }
       EXPECT_TRUE(same(p.moving_average, q.moving_average)) << ps::DescribeSlice(p.spec);
       floats += p.spec.length;
@@ -182,7 +183,9 @@ void ExpectSameCheckpoints(const std::string& a_dir, const std::string& b_dir) {
         for (size_t i = 0; i < s.ids.size(); ++i) {
           std::vector<float>& row = m[s.ids[i]];
           row.assign(s.values.begin() + i * dim, s.values.begin() + (i + 1) * dim);
-          for (const std::vector<float>& slot : s.slots) row.insert(row.end(), slot.begin() + i * dim, slot.begin() + (i + 1) * dim);
+          for (const std::vector<float>& slot : s.slots) {
+            row.insert(row.end(), slot.begin() + i * dim, slot.begin() + (i + 1) * dim);
+          }
         }
         return m;
       };

@@ -66,7 +66,8 @@ class AppliedJournal {
   const std::string& path() const { return path_; }
 
  private:
-  AppliedJournal(std::string path, std::unique_ptr<WritableFile> file) : path_(std::move(path)), file_(std::move(file)) {}
+  AppliedJournal(std::string path, std::unique_ptr<WritableFile> file)
+      : path_(std::move(path)), file_(std::move(file)) {}
   void Write(const std::string& line);
 
   const std::string path_;

@@ -224,7 +224,8 @@ TEST(CheckpointReshardTest, ReadsTheOwnFileOrReshardsACompleteCheckpoint) {
   ASSERT_TRUE(steps.ok());
   EXPECT_EQ(*steps, (std::vector<int64_t>{200, 300}));
 
-  absl::StatusOr<RestorableCheckpoint> r = ReadCheckpointForTask(Env::Default(), dir.path(), 300, Config(kTwo, 1), 1, 2);
+  absl::StatusOr<RestorableCheckpoint> r =
+      ReadCheckpointForTask(Env::Default(), dir.path(), 300, Config(kTwo, 1), 1, 2);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->resharded_from, 3);
   EXPECT_EQ(r->path, CheckpointPrefix(dir.path(), 300) + ".ps*-of-3");
