@@ -5,7 +5,8 @@
 //   --registration_timeout_secs; a ps killed after the last step and started again exits by itself;
 // - a ps task killed and restarted mid-run, compared with an uninterrupted run: tests/exact_recovery_test.cc;
 // - a worker stopped (SIGSTOP) for longer than the timeout is declared lost, the others go on; continued
-//   (SIGCONT), it registers again and trains to the end with the others.
+//   (SIGCONT), it registers again and trains to the end with the others; the ps stopped as long declares nobody
+//   lost when it runs again.
 // The global step is watched through the ps's GetStats, as a monitoring client would.
 #include <signal.h>
 #include <sys/stat.h>
@@ -155,6 +156,29 @@ TEST(FaultProcess, PsKilledAfterTheLastStepIsNotLeftWaiting) {
     EXPECT_NE(out.find("no chief worker registered within 8s"), std::string::npos) << out;
   }
   std::filesystem::remove_all(dir);
+}
+
+// The ps process itself stopped (SIGSTOP) for twice the lease: when it runs again, its lease checks see that they
+// ran late and renew every lease instead of declaring every worker lost (their heartbeats of that time are only
+// then read); training goes on and ends with nobody lost.
+TEST(FaultProcess, StoppedPsDeclaresNobodyLostWhenItRunsAgain) {
+  SKIP_WITHOUT_DATA();
+  Cluster c(1, 2, "stop_ps");
+  auto ps = c.StartPs(0, {});
+  auto workers = c.StartWorkers({"--mode=sync", "--train_steps=400"});
+  auto monitor = c.Monitor();
+  ASSERT_NE(monitor, nullptr);
+  ASSERT_TRUE(WaitForStep(*monitor, 60, absl::Now() + absl::Minutes(1))) << ps->Output();
+  ASSERT_EQ(kill(ps->pid(), SIGSTOP), 0);
+  absl::SleepFor(absl::Seconds(2 * kWorkerTimeoutSecs));
+  ASSERT_EQ(kill(ps->pid(), SIGCONT), 0);
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Minutes(2)), 0) << w->Output();
+  EXPECT_EQ(ps->Wait(absl::Seconds(30)), 0) << ps->Output();
+  const std::string out = ps->Output();
+  EXPECT_EQ(out.find(" lost"), std::string::npos) << out;
+  EXPECT_NE(out.find("late (this process was not running): every worker's lease starts again"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("training reached step 400 of 400"), std::string::npos) << out;
 }
 
 TEST(FaultProcess, StoppedWorkerIsLostThenComesBack) {

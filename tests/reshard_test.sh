@@ -3,12 +3,14 @@
 # 2 sync workers (deterministic input: one seed, one thread each) train, the cluster is stopped, and started again
 # on the same checkpoint directory with another number of ps tasks:
 #   straight  1 ps task from step 0 to S3, a checkpoint every C steps (all kept);
-#   grown     1 ps task from 0 to S1, then 3 ps tasks resume from its checkpoint to S2 (1 -> 3);
+#   grown     3 ps tasks resume from the straight run's checkpoint of S1 (copied to a directory of its own) to S2
+#             (1 -> 3);
 #   shrunk    then 2 ps tasks resume from the 3 tasks' checkpoint to S3 (3 -> 2).
 # Dense variables move by name, sparse rows by id, with their optimizer slots, and BatchNorm's running statistics
 # with them. Checks, for two models: dlrm (embedding tables on the ps: Adam dense, Adagrad rows; synthetic
 # click-through data the test writes) and a small conv net with BatchNorm exported from PyTorch (Adam; its running
-# statistics are state slices on the ps):
+# statistics are state slices on the ps; on a small slice of Fashion-MNIST the test writes, so that every process
+# starts quickly):
 #   - each resumed ps task logs that it restored the checkpoint "resharded from 1 ps task onto 3" (and "from 3 ps
 #     tasks onto 2"), and training resumes at S1 (S2);
 #   - the values saved at S2 by the grown run and at S3 by the shrunk run (every dense variable and BatchNorm
@@ -99,7 +101,9 @@ reshard_case() {
   local name=$1 s1=$2 s2=$3 s3=$4
   local start=$SECONDS
   run "${name}_straight" 1 "$s3" "$dir/${name}_straight"
-  run "${name}_first" 1 "$s1" "$dir/${name}_changed"
+  mkdir -p "$dir/${name}_changed"
+  cp "$dir/${name}_straight/model.ckpt-$s1.ps0-of-1" "$dir/${name}_changed/" ||
+    fail "$name: the straight run saved no checkpoint of step $s1"
   run "${name}_grown" 3 "$s2" "$dir/${name}_changed"
   for i in 0 1 2; do
     grep -q "restored .*model.ckpt-$s1.ps\*-of-1 resharded from 1 ps task onto 3" "$dir/${name}_grown.ps$i.log" ||
@@ -128,9 +132,10 @@ model_flags=(--model=dlrm --data_dir="$dir/ctr" --data_format=criteo --table_row
 train_flags=(--batch_size=64)
 reshard_case dlrm 40 80 120
 
-# A conv net with BatchNorm, exported from PyTorch in training mode.
-/usr/bin/python3 - "$dir/bn.onnx" <<'PY'
-import sys
+# A conv net with BatchNorm, exported from PyTorch in training mode, and 2048 training and 256 test images of
+# Fashion-MNIST in IDX files of their own.
+/usr/bin/python3 - "$dir/bn.onnx" "$dir/fashion" <<'PY'
+import gzip, os, struct, sys
 import torch
 from torch import nn
 torch.manual_seed(0)
@@ -140,9 +145,20 @@ model.train()
 torch.onnx.export(model, torch.zeros(1, 1, 28, 28), sys.argv[1], input_names=["x"], output_names=["logits"],
                   training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                   dynamic_axes={"x": {0: "N"}}, opset_version=14)
+os.makedirs(sys.argv[2])
+src = "/usr/share/datasets/fashion-mnist"
+for split, n in (("train", 2048), ("t10k", 256)):
+    for kind, item in (("images-idx3", 784), ("labels-idx1", 1)):
+        raw = gzip.open("%s/%s-%s-ubyte.gz" % (src, split, kind)).read()
+        head = 16 if item == 784 else 8
+        out = bytearray(raw[:head])
+        struct.pack_into(">I", out, 4, n)
+        out += raw[head:head + n * item]
+        with gzip.open("%s/%s-%s-ubyte.gz" % (sys.argv[2], split, kind), "wb") as f:
+            f.write(bytes(out))
 PY
 save=10
-model_flags=(--model="$dir/bn.onnx")
+model_flags=(--model="$dir/bn.onnx" --data_dir="$dir/fashion")
 train_flags=(--optimizer=adam --learning_rate=0.001 --batch_size=32)
 reshard_case bn 20 40 60
 

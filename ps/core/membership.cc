@@ -71,6 +71,12 @@ void Membership::ResetSessions(absl::Time now) {
   }
 }
 
+void Membership::RenewLeases(absl::Time now) {
+  for (int i = 0; i < num_workers(); ++i) {
+    if (active(i)) workers_[i].last_contact = now;
+  }
+}
+
 std::vector<int> Membership::ExpireLeases(absl::Time now, absl::Duration lease) {
   std::vector<int> lost;
   for (int i = 0; i < num_workers(); ++i) {

@@ -53,6 +53,8 @@ class Membership {
   void ResetSessions(absl::Time now);
   // Declares lost, and returns, the active workers whose lease ran out (silent for longer than `lease`).
   std::vector<int> ExpireLeases(absl::Time now, absl::Duration lease);
+  // Every active worker's lease starts again now (the task itself was not running, so its silence proves nothing).
+  void RenewLeases(absl::Time now);
 
   bool done(int worker) const { return workers_[worker].stats.done; }
   bool lost(int worker) const { return workers_[worker].stats.lost; }

@@ -373,10 +373,25 @@ void ParameterServer::Impl::LeaseLoop() {
                                                                  : options_.registration_timeout / 4,
                  absl::Milliseconds(20), absl::Seconds(1));
   absl::MutexLock lock(&lease_mu_);
+  absl::Time last = absl::Now();  // real time: how late this thread wakes, whatever options_.clock says
   while (!stopping_) {
     lease_mu_.AwaitWithTimeout(absl::Condition(&stopping_), every);
     if (stopping_) break;
     lease_mu_.Unlock();
+    // Woken much later than asked: this process was not running (stopped, starved, its host paused). The workers'
+    // calls and heartbeats of that time are only now being read, so their silence proves nothing: renew every
+    // lease instead of declaring everyone lost at once.
+    const absl::Time now = absl::Now();
+    const absl::Duration late = now - last - every;
+    last = now;
+    if (options_.worker_timeout > absl::ZeroDuration() && late > options_.worker_timeout / 2) {
+      absl::MutexLock mu_lock(&mu_);
+      if (configured_) {
+        members_.RenewLeases(Now());
+        LOG(WARNING) << "ps task " << options_.task_index << ": its lease checks ran " << absl::FormatDuration(late)
+                     << " late (this process was not running): every worker's lease starts again";
+      }
+    }
     CheckLeases();
     lease_mu_.Lock();
   }
