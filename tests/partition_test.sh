@@ -18,7 +18,7 @@
 #   - every process exits 0, training reaches its last step, and scripts/check_updates.py proves from the journals
 #     that no acknowledged push was lost or applied twice.
 # Needs root and network namespaces (exit 77 otherwise; exit 1 with DTRAIN_REQUIRE_DEPS=1) and Fashion-MNIST.
-# Removes every namespace, process and file it made, also on failure. About 60 s on 2 cores.
+# Removes every namespace, process and file it made, also on failure. About 80 s on 2 cores.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
@@ -47,7 +47,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 "$NETNS" up "$NAME" 4 --subnet=10.78.$((RANDOM % 200)) >"$dir/hosts"
 addr() { sed -n "$(($1 + 1))p" "$dir/hosts" | awk '{print $2}'; }
 cluster=(--ps_hosts="$(addr 0):2222,$(addr 1):2222" --worker_hosts="$(addr 2):2222,$(addr 3):2222")
-steps=1500
+steps=1000
 for i in 0 1; do
   "$NETNS" exec "$NAME" "$i" timeout 300 "$BIN/dtrain_ps" --job_name=ps --task_index=$i "${cluster[@]}" \
     --worker_timeout_secs=4 --checkpoint_dir="$dir/ckpt" --save_checkpoint_steps=100 --journal_applied \
@@ -95,8 +95,8 @@ partition() {
   after=$(newest)
   echo "partition $n: worker $w rejoined ps task $t at step $after"
 }
-{ wait_step 150 && partition 1 1 1 0; } || true
-{ wait_step $(($(newest) + 150)) && partition 2 0 0 1; } || true
+{ wait_step 100 && partition 1 1 1 0; } || true
+{ wait_step $(($(newest) + 100)) && partition 2 0 0 1; } || true
 
 names=(ps0 ps1 w1 w0)
 for i in 0 1 2 3; do
@@ -110,8 +110,7 @@ for i in 0 1; do
        "$(grep -o 'accounting: .*' "$dir/ps$i.log" | tail -1)"
 done
 for w in 0 1; do
-  echo "worker $w: connected again $(grep -c 'connecting again' "$dir/w$w.log" || true) times;" \
-       "$(grep -m1 -o 'the call .*\|DeadlineExceeded[^;]*' "$dir/w$w.log" | head -1 || true)"
+  echo "worker $w: connected again $(grep -c 'connecting again' "$dir/w$w.log" || true) times"
 done
 grep -q "connecting again" "$dir/w1.log" || fail "worker 1 never connected again"
 grep -q "connecting again" "$dir/w0.log" || fail "the chief never connected again"
