@@ -106,7 +106,7 @@ done
 pids=()
 for i in 0 1; do
   grep -q "training reached step $steps of $steps" "$dir/ps$i.log" || fail "ps task $i did not reach step $steps"
-  echo "ps task $i: $(grep -c ' lost' "$dir/ps$i.log" || true) lost, $(grep -c 'is back' "$dir/ps$i.log" || true) back;" \
+  echo "ps task $i: $(grep -c 'worker [0-9]* lost:' "$dir/ps$i.log" || true) declared lost, $(grep -c 'is back' "$dir/ps$i.log" || true) back;" \
        "$(grep -o 'accounting: .*' "$dir/ps$i.log" | tail -1)"
 done
 for w in 0 1; do
