@@ -40,6 +40,10 @@ ABSL_FLAG(int64_t, save_checkpoint_steps, 0,
           "Save when the global step reaches a multiple of this (0: off); in sync mode ps 0 decides for all tasks");
 ABSL_FLAG(double, save_checkpoint_secs, 0, "Save when this many seconds passed since the last save (0: off)");
 ABSL_FLAG(int, keep_checkpoints, 5, "Keep the newest this many checkpoints of this task (0: keep all)");
+ABSL_FLAG(bool, journal_applied, false,
+          "Keep an applied journal in --checkpoint_dir (applied.ps<task>-of-<num_ps>.*.journal): every push "
+          "accepted and applied, every checkpoint taken and restored, for scripts/check_updates.py to prove that "
+          "nothing acknowledged was lost or applied twice");
 ABSL_FLAG(std::string, auth_token_file, "",
           "The cluster's secret token: every call must carry it (see ps/rpc/grpc_security.h; empty: no "
           "authentication)");
@@ -196,6 +200,12 @@ int main(int argc, char** argv) {
   if (o.ps.max_model_bytes <= 0 || o.max_inflight_bytes < (int64_t{16} << 20)) {
     std::fprintf(stderr, "dtrain_ps: --max_model_bytes must be > 0 and --max_inflight_bytes >= 16 MiB\n");
     return dtrain::kExitConfigRefused;
+  }
+  o.ps.journal_applied = absl::GetFlag(FLAGS_journal_applied);
+  if (o.ps.journal_applied && !o.ps.checkpoint.enabled()) {
+    std::fprintf(stderr, "dtrain_ps: --journal_applied needs --checkpoint_dir (the journal is kept beside the "
+                         "checkpoints)\n");
+    return 2;
   }
   if (!o.ps.checkpoint.enabled() && (o.ps.checkpoint.save_steps > 0 || o.ps.checkpoint.save_secs > 0)) {
     std::fprintf(stderr, "dtrain_ps: --save_checkpoint_steps/--save_checkpoint_secs need --checkpoint_dir\n");

@@ -13,7 +13,9 @@ re-creates (--builtin=cnn) is timed too: the import's cost is the ratio of the t
       --learning_rate=1e-4
 
 PyTorch runs under Debian's /usr/bin/python3 with LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp and
-OMP_NUM_THREADS set (/work/shared/BENCHMARKS.md says why). Needs python3-torch, libopenblas0-openmp.
+OMP_NUM_THREADS set (/work/shared/BENCHMARKS.md says why), and each launch checks that PyTorch really loaded the
+OpenMP OpenBLAS (scripts/torch_blas.py): another BLAS is an error (exit 2) unless --any_blas. Needs python3-torch,
+libopenblas0-openmp (scripts/install_deps.sh installs both).
 """
 import argparse
 import json
@@ -25,6 +27,8 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_blas  # noqa: E402
 EXAMPLES = {  # example -> (module, class, constructor kwargs, input shape)
     "mlp": ("export_mlp", "MLP", {}, (784,)),
     "lenet5": ("export_lenet5", "LeNet5", {}, (1, 28, 28)),
@@ -44,6 +48,7 @@ def pytorch_child(a):
     """Times the module's training steps (forward, cross-entropy, backward, optimizer step)."""
     import time
     import torch
+    blas = torch_blas.require_openblas_openmp("compare_onnx_pytorch.py", a.any_blas)
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model, shape = make_module(a.example)
@@ -72,15 +77,18 @@ def pytorch_child(a):
         for i in range(a.window_steps):
             step(i)
         rates.append(a.window_steps * a.batch_size / (time.perf_counter() - start))
-    print(json.dumps({"examples_per_sec": statistics.median(rates)}))
+    print(json.dumps({"examples_per_sec": statistics.median(rates), "blas": blas}))
 
 
 def run_pytorch(a):
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads),
-               LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-openmp")
-    out = subprocess.run(["/usr/bin/python3", os.path.abspath(__file__), "--pytorch_child"] + sys.argv[1:],
-                         env=env, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["examples_per_sec"]
+    """One PyTorch launch: (examples/sec, the BLAS it ran on)."""
+    r = subprocess.run([torch_blas.DEBIAN_PYTHON, os.path.abspath(__file__), "--pytorch_child"] + sys.argv[1:],
+                       env=torch_blas.torch_env(a.threads), capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(r.stderr[-2000:])
+        sys.exit(r.returncode)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return out["examples_per_sec"], out["blas"]
 
 
 def run_dtrain(a, model):
@@ -108,6 +116,8 @@ def main():
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--window_steps", type=int, default=5)
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
+    ap.add_argument("--any_blas", action="store_true",
+                    help="time PyTorch even on another BLAS than the OpenMP OpenBLAS (named in the output)")
     ap.add_argument("--pytorch_child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.pytorch_child:
@@ -120,16 +130,19 @@ def main():
                     path], check=True, capture_output=True)
     a_dtrain = argparse.Namespace(**vars(a))
     a_dtrain.optimizer = dtrain_optimizer
-    dtrain, torch_rates, builtin = [], [], []
+    dtrain, torch_rates, builtin, blas = [], [], [], set()
     for _ in range(a.repeats):
         dtrain.append(run_dtrain(a_dtrain, path))
-        torch_rates.append(run_pytorch(a))
+        rate, used = run_pytorch(a)
+        torch_rates.append(rate)
+        blas.add(used)
         if a.builtin:
             builtin.append(run_dtrain(a_dtrain, a.builtin))
     d, t = statistics.median(dtrain), statistics.median(torch_rates)
     print("%s batch %d, %d thread(s), %s: dtrain (imported) %.1f examples/sec, PyTorch %.1f: ratio %.2f" %
           (a.example, a.batch_size, a.threads, a.optimizer, d, t, d / t))
-    print("  launches: dtrain %s; PyTorch %s" % (["%.1f" % x for x in dtrain], ["%.1f" % x for x in torch_rates]))
+    print("  launches: dtrain %s; PyTorch %s; PyTorch's BLAS: %s" %
+          (["%.1f" % x for x in dtrain], ["%.1f" % x for x in torch_rates], ", ".join(sorted(blas))))
     if a.builtin:
         b = statistics.median(builtin)
         print("  built-in %s: %.1f examples/sec; imported / built-in = %.3f (launches %s)" %

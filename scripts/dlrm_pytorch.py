@@ -9,14 +9,27 @@ categorical feature, pairwise dot products of the bottom output and the embeddin
 one logit, BCE-with-logits. Dense parameters train with Adam (TensorFlow's epsilon placement is not reproduced:
 torch.optim.Adam), the tables with Adagrad (initial accumulator 0.1, TensorFlow's default), as dtrain's dlrm.
 
-  --mode=sparse   one process, sparse=True embeddings: only the touched rows' gradients and Adagrad state move
-  --mode=dense    one process, dense embedding gradients
-  --mode=ddp      --ranks processes (DistributedDataParallel, gloo): every step all-reduces the whole tables'
-                  gradients (what an all-reduce system must do)
+  --mode=sparse      one process, sparse=True embeddings: only the touched rows' gradients and Adagrad state move
+  --mode=dense       one process, dense embedding gradients
+  --mode=ddp         --ranks processes, DistributedDataParallel over gloo with sparse=True embeddings: DDP
+                     all-reduces the tables' sparse gradients as sparse tensors (gloo gathers every rank's indices
+                     and values and sums them), the dense layers' as usual, and each rank steps sparse Adagrad on
+                     its replica of the tables. What a DDP user would write: the DDP baseline.
+  --mode=allgather   --ranks processes: the dense layers in DDP, the tables kept out of it; after backward each rank
+                     coalesces its tables' gradients into one (ids, rows) list and exchanges it with all_gather (one
+                     collective for the sizes, two for all tables' ids and rows), then applies the ranks' sum / ranks
+                     with sparse Adagrad (the design of DLRM's reference code without model parallelism).
+  --mode=ddp_dense   DDP with dense embedding gradients: all-reduces every table's whole gradient each step. A design
+                     nobody should use with large tables; kept only to show that cost, and labelled as such.
 
-Prints one JSON line: examples/sec (median over timing windows after a warm-up), and with --eval the test log
-loss and AUC. Run with /usr/bin/python3 (Debian's torch) and, for a fair comparison,
-LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp.
+Every mode averages the gradients over the ranks (dtrain's sync mode with every worker aggregated does the same),
+each rank reads its own shard of the data in order (examples i with i % ranks == rank, as dtrain's workers), and
+the global batch is ranks x --batch_size.
+
+Prints one JSON line: examples/sec (all ranks together: median over timing windows of --window steps after
+--warmup steps), the BLAS PyTorch loaded, and with --eval the test log loss and AUC. Run with /usr/bin/python3
+(Debian's torch) and LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp: it refuses to time another BLAS
+(exit 2) unless --any_blas (scripts/torch_blas.py).
 """
 import argparse
 import gzip
@@ -29,6 +42,9 @@ import time
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_blas  # noqa: E402
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
@@ -113,12 +129,42 @@ class Dlrm(nn.Module):
         return self.top(torch.cat([b, dots], dim=1)).squeeze(1)
 
 
-def make_optimizers(model, args, sparse):
+def make_optimizers(model, args):
     table_params = [p for t in model.tables for p in t.parameters()]
-    dense_params = [p for n, p in model.named_parameters() if not n.startswith("tables.")
-                    and not n.startswith("module.tables.")]
+    dense_params = [p for n, p in model.named_parameters() if not n.startswith("tables.")]
     return [torch.optim.Adam(dense_params, lr=args.learning_rate),
             torch.optim.Adagrad(table_params, lr=args.sparse_learning_rate, initial_accumulator_value=0.1)]
+
+
+def exchange_table_gradients(model, world):
+    """--mode=allgather: every rank's sparse table gradients, all_gathered and summed / world into each table's .grad
+    (one exchange for all tables: ids are offset by table so that they stay apart)."""
+    rows = model.tables[0].weight.shape[0]
+    dim = model.tables[0].weight.shape[1]
+    ids, vals = [], []
+    for k, t in enumerate(model.tables):
+        g = t.weight.grad.coalesce()
+        ids.append(g.indices()[0] + k * rows)
+        vals.append(g.values())
+    ids, vals = torch.cat(ids), torch.cat(vals)
+    n = torch.tensor([ids.numel()], dtype=torch.int64)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    most = int(max(s.item() for s in sizes))
+    pad_ids = torch.zeros(most, dtype=torch.int64)
+    pad_ids[:ids.numel()] = ids
+    pad_vals = torch.zeros(most, dim)
+    pad_vals[:ids.numel()] = vals
+    all_ids = [torch.empty_like(pad_ids) for _ in range(world)]
+    all_vals = [torch.empty_like(pad_vals) for _ in range(world)]
+    dist.all_gather(all_ids, pad_ids)
+    dist.all_gather(all_vals, pad_vals)
+    ids = torch.cat([a[:int(s.item())] for a, s in zip(all_ids, sizes)])
+    vals = torch.cat([a[:int(s.item())] for a, s in zip(all_vals, sizes)]) / world
+    table_of = ids // rows
+    for k, t in enumerate(model.tables):
+        mine = table_of == k
+        t.weight.grad = torch.sparse_coo_tensor((ids[mine] - k * rows).unsqueeze(0), vals[mine], t.weight.shape)
 
 
 def auc(scores, labels):
@@ -144,11 +190,16 @@ def train(rank, world, args, data):
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(args.port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
+    blas = torch_blas.require_openblas_openmp("dlrm_pytorch.py", args.any_blas)
     num_dense, num_sparse, (dense, ids, labels), test = data
-    sparse = args.mode == "sparse"
+    sparse = args.mode in ("sparse", "ddp", "allgather")
     model = Dlrm(num_dense, num_sparse, args.dim, args.bottom, args.top, args.table_rows, sparse)
+    if args.mode == "allgather":
+        # The tables stay out of DDP: their gradients are exchanged by exchange_table_gradients.
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, ["tables.%d.weight" % k for k in range(num_sparse)])
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    opts = make_optimizers(model, args, sparse)
+    opts = make_optimizers(model, args)
     loss_fn = nn.BCEWithLogitsLoss()
     n = dense.shape[0]
     # Each rank reads its own shard, in order (examples i with i % world == rank), as dtrain's workers do.
@@ -165,6 +216,8 @@ def train(rank, world, args, data):
         for o in opts:
             o.zero_grad()
         loss.backward()
+        if args.mode == "allgather":
+            exchange_table_gradients(model, world)
         for o in opts:
             o.step()
         if window_start is not None and (step - args.warmup + 1) % args.window == 0:
@@ -176,8 +229,9 @@ def train(rank, world, args, data):
         per_window = args.window * args.batch_size * world
         rates = [per_window / t for t in times] or [float("nan")]
         result = {"mode": args.mode, "ranks": world, "threads": args.threads, "batch": args.batch_size,
-                  "table_rows": args.table_rows, "steps": args.steps,
-                  "examples_per_sec": statistics.median(rates), "windows": len(rates)}
+                  "table_rows": args.table_rows, "steps": args.steps, "torch": torch.__version__, "blas": blas,
+                  "examples_per_sec": statistics.median(rates), "windows": len(rates),
+                  "window_rates": [round(r, 1) for r in rates]}
         if args.eval and test is not None:
             tdense, tids, tlabels = test
             model.eval()
@@ -197,7 +251,7 @@ def train(rank, world, args, data):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data_dir", required=True)
-    ap.add_argument("--mode", choices=["sparse", "dense", "ddp"], default="sparse")
+    ap.add_argument("--mode", choices=["sparse", "dense", "ddp", "allgather", "ddp_dense"], default="sparse")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch_size", type=int, default=512)
@@ -214,6 +268,8 @@ def main():
     ap.add_argument("--eval", action="store_true", help="test log loss and AUC at the end")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--port", type=int, default=29577)
+    ap.add_argument("--any_blas", action="store_true",
+                    help="time it even when PyTorch did not load the OpenMP OpenBLAS (the JSON names the BLAS)")
     args = ap.parse_args()
     args.bottom = [int(x) for x in args.bottom.split(",") if x]
     args.top = [int(x) for x in args.top.split(",") if x]
@@ -228,7 +284,7 @@ def main():
     train_data = read_criteo(find("train.txt"), num_dense, num_sparse, args.table_rows, args.train_examples)
     test = read_criteo(find("test.txt"), num_dense, num_sparse, args.table_rows) if args.eval else None
     data = (num_dense, num_sparse, train_data, test)
-    if args.mode == "ddp":
+    if args.mode in ("ddp", "allgather", "ddp_dense"):
         mp.spawn(train, args=(args.ranks, args, data), nprocs=args.ranks, join=True)
     else:
         train(0, 1, args, data)

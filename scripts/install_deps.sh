@@ -8,17 +8,17 @@ pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf
       # tests that compare with ImageFolder and its transforms, and scripts/compare_input_pipeline.py.
       libjpeg62-turbo-dev libspng-dev python3-torchvision python3-pil
       # The ONNX tests: each operator's reference data, PyTorch to export models and train them beside dtrain,
-      # numpy and onnx for /usr/bin/python3 (npz_writer_test, the PyTorch equivalence test).
-      libonnx-testdata python3-torch python3-onnx python3-numpy
+      # numpy and onnx for /usr/bin/python3 (npz_writer_test, the PyTorch equivalence test); the OpenMP OpenBLAS
+      # every comparison with PyTorch runs it on (scripts/torch_blas.py refuses another BLAS; compare_dlrm_test).
+      libonnx-testdata python3-torch python3-onnx python3-numpy libopenblas0-openmp
       clang libclang-rt-dev  # clang + libFuzzer/ASan/UBSan runtimes for scripts/fuzz.sh (gcc's come with g++)
       # The deployment tests: a real Slurm on this machine, network namespaces with tc, sshd across them.
       slurmctld slurmd slurm-client munge iproute2 procps openssh-server openssh-client)
 # Node.js runs the offline Kubernetes manifest validator (its npm packages are installed at the end).
 command -v npm >/dev/null || pkgs+=(nodejs npm)
-# DTRAIN_WITH_PLOTS=1: matplotlib for compare_cluster_sizes --plot; DTRAIN_WITH_TORCH=1: the OpenMP OpenBLAS
-# scripts/compare_pytorch.py times PyTorch with.
+# DTRAIN_WITH_PLOTS=1: matplotlib for compare_cluster_sizes --plot (the comparisons' PyTorch and OpenMP OpenBLAS are
+# installed always, above; DTRAIN_WITH_TORCH=1 is accepted and changes nothing).
 if [ "${DTRAIN_WITH_PLOTS:-0}" = 1 ]; then pkgs+=(python3-matplotlib); fi
-if [ "${DTRAIN_WITH_TORCH:-0}" = 1 ]; then pkgs+=(libopenblas0-openmp); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -11,6 +11,13 @@
 #   scripts/netns_hosts.sh exec NAME K CMD [ARGS...]  # runs CMD on host K (ip netns exec NAME-hK)
 #   scripts/netns_hosts.sh addr NAME K                # prints host K's address
 #   scripts/netns_hosts.sh down NAME                  # removes every namespace of NAME (idempotent)
+#   scripts/netns_hosts.sh cut NAME A B               # partitions hosts A and B from each other (both ways)
+#   scripts/netns_hosts.sh heal NAME A B              # ends that partition
+#
+# `cut` is a network partition between two hosts only (each still reaches every other host): their frames to
+# each other silently vanish, as on a failed link, and TCP sees no error, only silence (its retransmissions
+# resume when the link is healed). It gives each host a permanent neighbour (ARP) entry for the other's address
+# pointing to a MAC address no host has; `heal` deletes both entries, so the hosts resolve each other again.
 #
 # Host K has address SUBNET.(K+1)/24. NAME (letters, digits, '.', '_', '-'; at most 40) keeps clusters apart:
 # pick a unique one (e.g. with $$) when several may run at once. `down` also ends processes still running in
@@ -19,7 +26,7 @@ set -euo pipefail
 
 die() { echo "netns_hosts: $*" >&2; exit 2; }
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 check_name() {
   [[ "$1" =~ ^[A-Za-z0-9._-]{1,40}$ ]] || die "bad NAME '$1' (letters, digits, '.', '_', '-'; at most 40)"
@@ -135,12 +142,32 @@ cmd_addr() {
   ip -n "$h" -4 -o addr show dev eth0 | awk '{split($4, a, "/"); print a[1]}'
 }
 
+# The MAC address no host has (locally administered): frames sent to it are flooded by the bridge and dropped by
+# every host.
+NOWHERE_MAC=02:00:5e:00:de:ad
+
+cmd_cut() {  # cut|heal NAME A B
+  local op="$1" name="$2" a="$3" b="$4"
+  check_name "$name"
+  [[ "$a" =~ ^[0-9]+$ && "$b" =~ ^[0-9]+$ && "$a" != "$b" ]] || die "bad host pair '$a' '$b'"
+  local addr_a addr_b
+  addr_a="$(cmd_addr "$name" "$a")"; addr_b="$(cmd_addr "$name" "$b")"
+  if [ "$op" = cut ]; then
+    ip -n "$name-h$a" neigh replace "$addr_b" lladdr "$NOWHERE_MAC" nud permanent dev eth0
+    ip -n "$name-h$b" neigh replace "$addr_a" lladdr "$NOWHERE_MAC" nud permanent dev eth0
+  else
+    ip -n "$name-h$a" neigh del "$addr_b" dev eth0 2>/dev/null || true
+    ip -n "$name-h$b" neigh del "$addr_a" dev eth0 2>/dev/null || true
+  fi
+}
+
 [ $# -ge 1 ] || usage
 case "$1" in
   check) cmd_check ;;
   up) [ $# -ge 3 ] || usage; shift; cmd_up "$@" ;;
   down) [ $# -eq 2 ] || usage; cmd_down "$2" ;;
   addr) [ $# -eq 3 ] || usage; cmd_addr "$2" "$3" ;;
+  cut | heal) [ $# -eq 4 ] || usage; cmd_cut "$@" ;;
   exec)
     [ $# -ge 4 ] || usage
     check_name "$2"
@@ -149,5 +176,5 @@ case "$1" in
     ip netns list | awk '{print $1}' | grep -qx "$h" || die "no host $h (run up first)"
     exec ip netns exec "$h" "$@" ;;
   -h|--help|help) usage ;;
-  *) die "unknown command '$1' (check, up, down, exec, addr)" ;;
+  *) die "unknown command '$1' (check, up, down, exec, addr, cut, heal)" ;;
 esac

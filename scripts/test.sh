@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing and runs every check CI runs (this is what .ci/run calls), stage by stage, timed:
 #   1. build        scripts/build.sh into build/ (the CUDA backend too where nvcc exists), then the whole
-#                   suite with ctest (a test that skips is reported as skipped)
+#                   suite with ctest. Every dependency is installed by then, so DTRAIN_REQUIRE_DEPS=1 is set:
+#                   a test that would skip for anything but the hardware (no GPU) fails instead
+#                   (common/testing/gtest_main.cc, tests/skipping.sh, tests/skipping.py)
 #   2. sanitizers   the unit tests (not the multi-process tests in tests/, label "integration") built with
 #                   AddressSanitizer + UndefinedBehaviorSanitizer into build-asan/ and run with ctest
 #   3. fuzz         every libFuzzer harness for DTRAIN_FUZZ_SECONDS seconds (default 5), scripts/fuzz.sh
@@ -11,6 +13,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh || exit 1
+# Installed: a test may skip only for want of hardware (a GPU); a missing package or data set fails.
+export DTRAIN_REQUIRE_DEPS=1
 
 jobs="$(nproc)"
 launcher=()

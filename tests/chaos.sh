@@ -13,12 +13,24 @@
 #     sparse rows when the model has embedding tables (the chief's "sparse tables:" line says so);
 #   - the ps's push accounting balances (ps/core/parameter_server.h, PushAccounting), recomputed here from its
 #     "accounting:" line: received == accepted + duplicates + dropped_stale + dropped_backup + rejected_nonfinite
-#     + refused + abandoned + in_flight, and accepted == applied + skipped_nonfinite + discarded + pending.
-# Prints one line per trial ("trial 3: killed ps at step 212 (restarted): passed in 7.9 s") and
-# "chaos: P/N trials passed, H hangs; killed: ps X, worker Y (Z restarted), nothing W"; exits 1 on any failure,
-# 77 without the data set (Fashion-MNIST, or the --data_dir given in --worker_flags).
-# Usage: tests/chaos.sh [--trials=N] [--seed=S] [--steps=N] [--model=NAME] [--worker_flags="FLAGS"] [--keep]
-#   --worker_flags: more dtrain_worker flags, split at white space, after (so overriding) the script's own.
+#     + refused + abandoned + in_flight, and accepted == applied + skipped_nonfinite + discarded + pending;
+#   - nothing acknowledged was lost or applied twice: the ps keeps an applied journal (--journal_applied) and every
+#     worker a journal of the pushes ps 0 acknowledged (--push_journal_dir); scripts/check_updates.py proves from
+#     them that every push a worker saw accepted is in the ps's final state exactly once, unless the restore after
+#     a ps kill undid it (then the worker pushed that step again), and that no push is there twice.
+# Prints one line per trial ("trial 3: killed ps at step 212 (restarted): passed in 7.9 s; ...; updates: 1200
+# checked, 24 undone by the restore, lost 0, doubled 0") and "chaos: P/N trials passed, H hangs; killed: ps X (Y
+# after a checkpoint, restoring R sparse rows), worker Y (Z restarted), nothing W; updates checked U (undone by a
+# restore V), lost L, doubled D"; exits 1 on any failure, 77 without the data set (Fashion-MNIST, or the
+# --data_dir given in --worker_flags; with DTRAIN_REQUIRE_DEPS=1 that is a failure, exit 1).
+# Usage: tests/chaos.sh [--trials=N] [--seed=S] [--steps=N] [--model=NAME] [--worker_flags="FLAGS"]
+#                       [--ps_flags="FLAGS"] [--require=WHAT,...] [--keep]
+#   --worker_flags, --ps_flags: more dtrain_worker / dtrain_ps flags, split at white space, after (so overriding)
+#     the script's own (e.g. another transport).
+#   --require: what the trials together must have done, else the run fails (so that a change of the draws cannot
+#     silently drop a path): ps_after_checkpoint (the ps killed after its first checkpoint and restored from it),
+#     sparse_rows_restored (a restarted ps restored sparse rows), worker_restarted, worker_lost (a worker killed
+#     and not started again), undone (a restore undid acknowledged pushes, which the checker accounted for).
 #   DTRAIN_BIN_DIR: the binaries.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,8 +40,11 @@ seed=$(( $(date +%s) % 100000 ))
 steps=400
 model=mlp
 extra_flags=""
+ps_extra_flags=""
+require=""
 keep=0
-usage="usage: $0 [--trials=N] [--seed=S] [--steps=N] [--model=NAME] [--worker_flags=\"FLAGS\"] [--keep]"
+usage="usage: $0 [--trials=N] [--seed=S] [--steps=N] [--model=NAME] [--worker_flags=\"FLAGS\"] [--ps_flags=\"FLAGS\"]"
+usage+=" [--require=ps_after_checkpoint,sparse_rows_restored,worker_restarted,worker_lost,undone] [--keep]"
 for a in "$@"; do
   case "$a" in
     --trials=*) trials="${a#*=}" ;;
@@ -37,6 +52,8 @@ for a in "$@"; do
     --steps=*) steps="${a#*=}" ;;
     --model=*) model="${a#*=}" ;;
     --worker_flags=*) extra_flags="${a#*=}" ;;
+    --ps_flags=*) ps_extra_flags="${a#*=}" ;;
+    --require=*) require="${a#*=}" ;;
     --keep) keep=1 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
@@ -46,14 +63,21 @@ first_kill=10
 last_kill=$((steps * 8 / 10))
 [ "$last_kill" -ge "$first_kill" ] || { echo "--steps=$steps leaves no step to kill at (at least 13)" >&2; exit 2; }
 read -r -a extra <<< "$extra_flags"
+read -r -a ps_extra <<< "$ps_extra_flags"
+for r in ${require//,/ }; do
+  case "$r" in ps_after_checkpoint | sparse_rows_restored | worker_restarted | worker_lost | undone) ;;
+    *) echo "--require: unknown '$r'; $usage" >&2; exit 2 ;;
+  esac
+done
+source "$ROOT/tests/skipping.sh"
 data_dir=""
 for f in "${extra[@]}"; do [[ "$f" == --data_dir=* ]] && data_dir="${f#*=}"; done
 if [ -z "$data_dir" ]; then
   if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
-    echo "SKIP: dataset-fashion-mnist is not installed (scripts/install_deps.sh)"; exit 77
+    skip "dataset-fashion-mnist is not installed (scripts/install_deps.sh)"
   fi
 elif [ ! -d "$data_dir" ]; then
-  echo "SKIP: no data set in $data_dir (the --data_dir of --worker_flags)"; exit 77
+  skip "no data set in $data_dir (the --data_dir of --worker_flags)"
 fi
 for b in dtrain_ps dtrain_worker; do
   [ -x "$BIN/$b" ] || { echo "FAIL: $BIN/$b not built (set DTRAIN_BIN_DIR)"; exit 1; }
@@ -117,6 +141,8 @@ read_progress() {
 
 passed=0; hangs=0
 kills_ps=0; kills_worker=0; workers_restarted=0; kills_nothing=0
+kills_ps_after_ckpt=0; sparse_rows_restored=0
+upd_checked=0; upd_undone=0; upd_lost=0; upd_doubled=0; upd_acked=0
 echo "chaos: $trials trials, seed $seed, $steps steps each, model $model${extra_flags:+, worker flags $extra_flags}," \
      "binaries in $BIN"
 for ((t = 1; t <= trials; t++)); do
@@ -133,10 +159,10 @@ for ((t = 1; t <= trials; t++)); do
   IFS=, read -r p0 p1 p2 p3 < <(python3 "$ROOT/scripts/free_ports.py" 4)
   cluster=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1,127.0.0.1:$p2,127.0.0.1:$p3)
   ps_flags=(--job_name=ps --task_index=0 "${cluster[@]}" --worker_timeout_secs=3 --checkpoint_dir="$dir/ckpt"
-            --save_checkpoint_steps=25)
+            --save_checkpoint_steps=25 --journal_applied "${ps_extra[@]}")
   # --log_every=1: a progress line per step, so that the drawn step is seen within a step or two.
   worker_flags=("${cluster[@]}" --mode=sync --model="$model" --train_steps="$steps" --log_every=1 --threads=1
-                --seed=$((t + seed)) "${extra[@]}")
+                --seed=$((t + seed)) --push_journal_dir="$dir/pushes" "${extra[@]}")
   now_ms; start=$NOW_MS
   "$BIN/dtrain_ps" "${ps_flags[@]}" > "$dir/ps.0.log" 2>&1 & ps_pid=$!
   declare -a wpid=() wlog=()
@@ -250,6 +276,7 @@ for ((t = 1; t <= trials; t++)); do
     problems+=("the ps did not report 'training reached step $steps of $steps'")
 
   restored=""
+  trial_ps_after_ckpt=0; trial_rows_restored=0
   if [ "$newest_ckpt" -ge 0 ]; then
     # At the chief's Register ("restored PATH (step N, S slices, R sparse rows)"), or when the chief rolls every
     # task back to a common step ("restored PATH on the chief's request (was at step A, now N, R sparse rows)").
@@ -259,9 +286,11 @@ for ((t = 1; t <= trials; t++)); do
       restored="; restored step $rstep"
       [ "$rstep" = "$newest_ckpt" ] ||
         problems+=("the restarted ps restored step $rstep, not its newest checkpoint $newest_ckpt")
+      [ "$rstep" -gt 0 ] && trial_ps_after_ckpt=1
       if [[ "$line" =~ ,\ ([0-9]+)\ sparse\ rows ]]; then
         restored+=" with ${BASH_REMATCH[1]} sparse rows"
         [ "${BASH_REMATCH[1]}" -gt 0 ] || problems+=("the restarted ps restored no sparse rows: $line")
+        [ "${BASH_REMATCH[1]}" -gt 0 ] && trial_rows_restored=${BASH_REMATCH[1]}
       elif grep -q "^sparse tables:" "$dir"/w0.*.log; then
         problems+=("the restarted ps restored no sparse tables (the model has them): $line")
       fi
@@ -284,10 +313,32 @@ for ((t = 1; t <= trials; t++)); do
     [ "$ap" -gt 0 ] || problems+=("the ps applied nothing: $acct")
   fi
 
+  # Nothing acknowledged lost or applied twice (scripts/check_updates.py on the journals).
+  updates=""
+  set +e
+  check_out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$dir/ckpt" --worker_dir="$dir/pushes" --json 2>&1)
+  check_rc=$?
+  set -e
+  counts=$(echo "$check_out" | grep '^{' | tail -1 || true)
+  if [ "$check_rc" != 0 ] || [ -z "$counts" ]; then
+    problems+=("the update checker failed (exit $check_rc):")
+    while IFS= read -r l; do problems+=("  $l"); done <<< "$(echo "$check_out" | grep -v '^{' | head -8)"
+  fi
+  if [ -n "$counts" ]; then
+    c() { local m; m=$(echo "$counts" | grep -o "\"$1\": [0-9]*" | grep -o '[0-9]*$' || true); echo "${m:-0}"; }
+    t_checked=$(c updates_checked); t_undone=$(c undone); t_lost=$(c lost); t_doubled=$(c doubled)
+    t_acked=$(c acknowledged)
+    upd_checked=$((upd_checked + t_checked)); upd_undone=$((upd_undone + t_undone))
+    upd_lost=$((upd_lost + t_lost)); upd_doubled=$((upd_doubled + t_doubled)); upd_acked=$((upd_acked + t_acked))
+    updates="; updates: $t_checked checked, $t_undone undone by the restore, lost $t_lost, doubled $t_doubled"
+  fi
+
   if [ ${#problems[@]} = 0 ]; then
     passed=$((passed + 1))
+    [ "$trial_ps_after_ckpt" = 1 ] && kills_ps_after_ckpt=$((kills_ps_after_ckpt + 1))
+    sparse_rows_restored=$((sparse_rows_restored + trial_rows_restored))
     echo "trial $t: $what: passed in $secs s; drawn step $kill_step; ps: received=$rec applied=$ap stale=$st" \
-         "backup=$bk dup=$dup refused=$ref abandoned=$ab discarded=$di$restored"
+         "backup=$bk dup=$dup refused=$ref abandoned=$ab discarded=$di$restored$updates"
   else
     [ "$hung" = 1 ] && hangs=$((hangs + 1))
     echo "trial $t: $what: FAILED in $secs s; drawn step $kill_step"
@@ -299,6 +350,19 @@ for ((t = 1; t <= trials; t++)); do
   [ "$keep" = 1 ] || rm -rf "$dir"
   unset code wpid wlog killed
 done
-echo "chaos: $passed/$trials trials passed, $hangs hangs; killed: ps $kills_ps, worker $kills_worker" \
-     "($workers_restarted restarted), nothing $kills_nothing"
-[ "$passed" = "$trials" ]
+echo "chaos: $passed/$trials trials passed, $hangs hangs; killed: ps $kills_ps ($kills_ps_after_ckpt after a" \
+     "checkpoint, restoring $sparse_rows_restored sparse rows), worker $kills_worker ($workers_restarted restarted)," \
+     "nothing $kills_nothing; pushes acknowledged $upd_acked, updates checked $upd_checked (undone by a restore" \
+     "$upd_undone), lost $upd_lost, doubled $upd_doubled"
+missing=()
+for r in ${require//,/ }; do
+  case "$r" in
+    ps_after_checkpoint) [ "$kills_ps_after_ckpt" -gt 0 ] || missing+=("no trial killed the ps after a checkpoint and restored it") ;;
+    sparse_rows_restored) [ "$sparse_rows_restored" -gt 0 ] || missing+=("no restarted ps restored sparse rows") ;;
+    worker_restarted) [ "$workers_restarted" -gt 0 ] || missing+=("no worker was killed and started again") ;;
+    worker_lost) [ $((kills_worker - workers_restarted)) -gt 0 ] || missing+=("no worker was killed for good") ;;
+    undone) [ "$upd_undone" -gt 0 ] || missing+=("no restore undid acknowledged pushes") ;;
+  esac
+done
+for m in "${missing[@]}"; do echo "chaos: FAILED --require: $m (the seed's draws no longer cover it: pick another)"; done
+[ "$passed" = "$trials" ] && [ ${#missing[@]} = 0 ]

@@ -2,8 +2,9 @@
 # tests/chaos.sh with dlrm: writes a small synthetic click-through-rate data set (dtrain_convert --synthetic_ctr)
 # and runs 2 chaos trials of 1 ps + 3 sync workers on it. Seed 1 (300 steps) draws worker 2 killed at step 106
 # and restarted, then the ps killed at step 148 and restarted: it must restore its embedding rows from the
-# checkpoint of step 125, and every other check of chaos.sh holds with sparse tables. Extra arguments go to
-# chaos.sh (e.g. --trials=10 --seed=S --keep).
+# checkpoint of step 125, and every other check of chaos.sh holds with sparse tables (the update checker included);
+# the run fails unless a ps was killed after a checkpoint and restored sparse rows (--require). Extra arguments go
+# to chaos.sh, after these (e.g. --trials=10 --seed=S --keep, or --require= to lift the requirement).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
@@ -12,4 +13,5 @@ data="$(mktemp -d /tmp/dtrain_chaos_dlrm.XXXXXX)"
 trap 'rm -rf "$data"' EXIT
 "$BIN/dtrain_convert" --synthetic_ctr --examples=5000 --test_examples=500 --out="$data" >/dev/null
 "$ROOT/tests/chaos.sh" --trials=2 --seed=1 --steps=300 --model=dlrm \
-  --worker_flags="--data_dir=$data --data_format=criteo --table_rows=1000 --batch_size=64" "$@"
+  --worker_flags="--data_dir=$data --data_format=criteo --table_rows=1000 --batch_size=64" \
+  --require=ps_after_checkpoint,sparse_rows_restored,worker_restarted,undone "$@"

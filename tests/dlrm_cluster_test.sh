@@ -6,7 +6,8 @@
 #      tasks checkpointed the end of training with their tables' rows;
 #   2. the same cluster started again with more steps resumes from those checkpoints (the global step goes on
 #      from where it stopped; each ps task restores its rows) and trains to the new end, with the final metrics
-#      of an uninterrupted run of as many steps (sync, every worker aggregated: the same batches and updates);
+#      of an uninterrupted run of as many steps (sync, every worker aggregated: the same batches and updates),
+#      and final saved values (dense variables, every table's rows) bit-identical to that run's;
 #   3. dtrain_eval on the final checkpoint reports the chief's final test AUC and log loss (to 1e-4).
 # Every process is bounded in time. Exits 0 when all hold, 1 otherwise.
 set -euo pipefail
@@ -102,6 +103,27 @@ echo "uninterrupted run: step ${step3:-?}, test log loss ${loss3:-?}, AUC ${auc3
 [ "${step3:-}/${loss3:-}/${auc3:-}" = "${step2:-}/${loss2:-}/${auc2:-}" ] ||
   fail "the resumed run ended with step/log loss/AUC ${step2:-}/${loss2:-}/${auc2:-}, an uninterrupted one with" \
        "${step3:-}/${loss3:-}/${auc3:-}"
+# Exactly: the saved values of both final checkpoints (every dense variable, every table's ids and rows, as
+# dtrain_eval --export writes them) are bit-identical, not just their printed metrics.
+for run in resumed:ckpt straight:ckpt_straight; do
+  timeout 120 "$BIN/dtrain_eval" --checkpoint="$dir/${run#*:}" "${model_flags[@]}" --skip_eval \
+    --export="$dir/${run%%:*}.npz" > "$dir/${run%%:*}_export.log" 2>&1 || fail "dtrain_eval --export of ${run%%:*}"
+done
+/usr/bin/python3 - "$dir/resumed.npz" "$dir/straight.npz" <<'PY' || fail "the resumed run's saved values differ"
+import sys
+import numpy as np
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+if sorted(a.files) != sorted(b.files):
+    sys.exit("arrays %s vs %s" % (sorted(a.files), sorted(b.files)))
+floats = 0
+for k in a.files:
+    x, y = a[k], b[k]
+    if x.shape != y.shape or x.dtype != y.dtype or x.tobytes() != y.tobytes():
+        d = np.abs(x.astype(np.float64) - y.astype(np.float64)).max() if x.shape == y.shape else "shape"
+        sys.exit("%s differs: %s vs %s, largest difference %s" % (k, x.shape, y.shape, d))
+    floats += x.size if x.dtype == np.float32 else 0
+print("saved values bit-identical: %d arrays, %d floats" % (len(a.files), floats))
+PY
 
 # 3. dtrain_eval on the newest checkpoint (step steps2) gives the chief's final metrics.
 timeout 120 "$BIN/dtrain_eval" --checkpoint="$dir/ckpt" "${model_flags[@]}" > "$dir/eval.log" 2>&1 ||

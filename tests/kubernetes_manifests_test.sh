@@ -3,13 +3,15 @@
 # (deploy/kubernetes/validate/validate.mjs; no cluster needed). Broken copies of the manifest must fail, each
 # with a message naming what is wrong: a misspelt field, a wrong type, a bad enum value, a missing required
 # field, a TF_CONFIG that lists more workers than the Job runs, and invalid TF_CONFIG JSON.
-# Skips (77) where Node.js or the validator's npm packages are missing (scripts/install_deps.sh installs both).
+# Skips (77) where Node.js or the validator's npm packages are missing (scripts/install_deps.sh installs both);
+# with DTRAIN_REQUIRE_DEPS=1 (scripts/test.sh) that fails instead.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 V="$ROOT/deploy/kubernetes/validate"
-command -v node >/dev/null || { echo "SKIP: no node (scripts/install_deps.sh installs nodejs)"; exit 77; }
+source "$(dirname "$0")/skipping.sh"
+command -v node >/dev/null || skip "no node (scripts/install_deps.sh installs nodejs)"
 [ -d "$V/node_modules/kubernetes-models" ] ||
-  { echo "SKIP: validator packages not installed (scripts/install_deps.sh runs npm ci in $V)"; exit 77; }
+  skip "validator packages not installed (scripts/install_deps.sh runs npm ci in $V)"
 dir="$(mktemp -d /tmp/dtrain_k8s_test.XXXXXX)"
 trap 'rm -rf "$dir"' EXIT
 passed=0; failed=0

@@ -10,11 +10,13 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 export DTRAIN_BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
-# Exit 77 (ctest: Skipped, SKIP_RETURN_CODE) with the reason when what the test needs is not installed.
+# Exit 77 (ctest: Skipped, SKIP_RETURN_CODE) with the reason when what the test needs is not installed (exit 1
+# with DTRAIN_REQUIRE_DEPS=1, as under scripts/test.sh).
+source "$ROOT/tests/skipping.sh"
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
-  echo "SKIP: dataset-fashion-mnist is not installed (scripts/install_deps.sh)"; exit 77
+  skip "dataset-fashion-mnist is not installed (scripts/install_deps.sh)"
 fi
-if ! command -v python3 >/dev/null; then echo "SKIP: python3 (scripts/free_ports.py) is not installed"; exit 77; fi
+if ! command -v python3 >/dev/null; then skip "python3 (scripts/free_ports.py) is not installed"; fi
 LAUNCH="$ROOT/deploy/launch_cluster.sh"
 NETNS="$ROOT/scripts/netns_hosts.sh"
 dir="$(mktemp -d /tmp/dtrain_launch_test.XXXXXX)"

@@ -10,7 +10,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
 NETNS="$ROOT/scripts/netns_hosts.sh"
 
-if ! why="$("$NETNS" check)"; then echo "SKIP: $why"; exit 77; fi
+source "$(dirname "$0")/skipping.sh"
+if ! why="$("$NETNS" check)"; then skip "$why"; fi
 for b in dtrain_ps dtrain_worker; do
   [ -x "$BIN/$b" ] || { echo "FAIL: $BIN/$b not built"; exit 1; }
 done

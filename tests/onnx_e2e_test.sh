@@ -9,13 +9,13 @@
 #   3. an independent runtime: onnxruntime-node runs the inference export of that file and of a LeNet-5 trained
 #      in local mode on the test images, and its logits match dtrain's evaluation to 1e-4.
 # Skipped (77) without PyTorch/onnx for /usr/bin/python3, without Node.js and tests/onnxruntime's npm packages
-# (scripts/install_deps.sh installs them), or without Fashion-MNIST.
+# (scripts/install_deps.sh installs them), or without Fashion-MNIST; with DTRAIN_REQUIRE_DEPS=1 that fails (exit 1).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
 DATA=/usr/share/datasets/fashion-mnist
 ORT="$ROOT/tests/onnxruntime"
-skip() { echo "SKIP: $*"; exit 77; }
+source "$ROOT/tests/skipping.sh"
 fail() { echo "FAIL: $*"; exit 1; }
 [ -r "$DATA/t10k-images-idx3-ubyte.gz" ] || skip "$DATA is missing (apt-get install dataset-fashion-mnist)"
 /usr/bin/python3 -c "import torch, onnx" 2>/dev/null || skip "/usr/bin/python3 lacks torch or onnx (apt-get install python3-torch python3-onnx)"
@@ -115,4 +115,21 @@ PY
   "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on LeNet-5"
 (cd "$ORT" && node compare_logits.mjs "$WORK/resnet20_infer.onnx" "$WORK/resnet20_logits.npz" \
   "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on ResNet-20"
+# The comparison itself fails when it should: a NaN among dtrain's logits (however small the later differences),
+# and nothing compared at all.
+/usr/bin/python3 - "$WORK/lenet5_logits.npz" "$WORK/nan_logits.npz" <<'PY' || fail "writing the NaN logits"
+import sys
+import numpy as np
+z = np.load(sys.argv[1])
+logits = z["logits"].copy()
+logits[0, 3] = np.nan
+np.savez(sys.argv[2], logits=logits, labels=z["labels"])
+PY
+for bad in "nan_logits.npz" "lenet5_logits.npz --count=0"; do
+  read -r npz count <<< "$bad"
+  rc=0
+  (cd "$ORT" && node compare_logits.mjs "$WORK/lenet5_trained.onnx" "$WORK/$npz" "$DATA/t10k-images-idx3-ubyte.gz" \
+    ${count:+"$count"} >"$WORK/bad_compare.log" 2>&1) || rc=$?
+  [ "$rc" = 1 ] || { cat "$WORK/bad_compare.log"; fail "compare_logits.mjs on $bad exited $rc, not 1"; }
+done
 echo PASS

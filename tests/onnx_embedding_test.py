@@ -36,6 +36,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from skipping import skip  # noqa: E402
 
 try:
     import numpy as np
@@ -45,11 +47,10 @@ try:
     import torch.nn.functional as F
     from torch import nn
 except ImportError as e:  # the CI machine installs them (scripts/install_deps.sh)
-    print("SKIP: %s (apt-get install python3-torch python3-onnx python3-numpy)" % e)
-    sys.exit(77)
+    skip("%s (apt-get install python3-torch python3-onnx python3-numpy)" % e)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loss_comparison import compare_losses, run  # noqa: E402
+from loss_comparison import compare_losses, run, within, worst_of  # noqa: E402
 
 MASK64 = (1 << 64) - 1
 SALT = 0x63726974656F0000  # worker/data/criteo.h kCriteoHashSalt
@@ -204,7 +205,8 @@ def main():
                 for o in optims:
                     o.step()
                 torch_losses.append(loss.item())
-            worst[opt] = max(worst[opt], compare_losses(tag, dtrain_losses, torch_losses, failures, a.verbose, width=24))
+            worst[opt] = worst_of([worst[opt], compare_losses(tag, dtrain_losses, torch_losses, failures, a.verbose,
+                                                              width=24)])
 
             # The trained file, from the worker and from the checkpoint, back in PyTorch.
             from_eval = ckpt + ".eval.onnx"
@@ -223,7 +225,7 @@ def main():
                 onnx.checker.check_model(onnx.load(file))
                 back = make()
                 load_initializers(back, file)
-                weights = max(float((back.state_dict()[n] - trained[n]).abs().max()) for n in trained)
+                weights = worst_of(float((back.state_dict()[n] - trained[n]).abs().max()) for n in trained)
                 back.eval()
                 with torch.no_grad():
                     logits = back(test_dense, back.rows(test_ids)).view(-1)
@@ -231,10 +233,10 @@ def main():
                     area = float(auc(logits.numpy(), test_y.numpy()))
                 print("%-24s %s: weights within %.1e of PyTorch's; test log loss %.6f (dtrain %.4f), AUC %.6f "
                       "(dtrain %.4f)" % (tag, what, weights, log_loss, dtrain_log_loss, area, dtrain_auc))
-                if weights > 1e-5:
+                if not within(weights, 1e-5):
                     failures.append("%s: %s holds weights %.2e from PyTorch's trained ones" % (tag, what, weights))
                 # dtrain prints 4 decimals: equal to 1e-4 means within 1e-4 of the rounded figure.
-                if abs(log_loss - dtrain_log_loss) > 1e-4 or abs(area - dtrain_auc) > 1e-4:
+                if not (within(abs(log_loss - dtrain_log_loss), 1e-4) and within(abs(area - dtrain_auc), 1e-4)):
                     failures.append("%s: %s gives test log loss %.6f, AUC %.6f; dtrain %.4f, %.4f" %
                                     (tag, what, log_loss, area, dtrain_log_loss, dtrain_auc))
     print("largest relative loss difference: SGD %.2e, pytorch_adam (against torch.optim.Adam) %.2e" %

@@ -38,6 +38,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from skipping import skip  # noqa: E402
 DATA = "/usr/share/datasets/fashion-mnist"
 
 try:
@@ -47,13 +49,12 @@ try:
     import torch
     import torch.nn.functional as F
 except ImportError as e:  # the CI machine installs them (scripts/install_deps.sh)
-    print("SKIP: %s (apt-get install python3-torch python3-onnx python3-numpy)" % e)
-    sys.exit(77)
+    skip("%s (apt-get install python3-torch python3-onnx python3-numpy)" % e)
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_lenet5 import LeNet5  # noqa: E402
-from loss_comparison import compare_losses, run  # noqa: E402
+from loss_comparison import compare_losses, run, within, worst_of  # noqa: E402
 from export_mlp import MLP, export  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -158,8 +159,7 @@ def main():
     ap.add_argument("--verbose", action="store_true", help="print every step's relative difference")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
-        print("SKIP: %s is missing (apt-get install dataset-fashion-mnist)" % DATA)
-        sys.exit(77)
+        skip("%s is missing (apt-get install dataset-fashion-mnist)" % DATA)
     torch.set_num_threads(1)
     train_x = scaled(read_idx(os.path.join(DATA, "train-images-idx3-ubyte.gz"))[: a.steps * a.batch])
     train_y = torch.from_numpy(read_idx(os.path.join(DATA, "train-labels-idx1-ubyte.gz"))[: a.steps * a.batch])
@@ -221,7 +221,7 @@ def main():
                 torch_losses = train_in_pytorch(lambda p: TFAdam(p, lr=lr))
             else:
                 torch_losses = train_in_pytorch(lambda p: torch.optim.Adam(p, lr=lr, betas=(0.9, 0.999), eps=1e-8))
-            worst[opt] = max(worst[opt], compare_losses(tag, dtrain_losses, torch_losses, failures, a.verbose))
+            worst[opt] = worst_of([worst[opt], compare_losses(tag, dtrain_losses, torch_losses, failures, a.verbose)])
 
             # The trained checkpoint, exported as ONNX, back in PyTorch: the same test accuracy.
             trained = ckpt + ".onnx"
@@ -241,7 +241,7 @@ def main():
             torch_acc = correct / len(test_x)
             print("%-20s test accuracy: dtrain %.4f, PyTorch with the exported weights %.4f" %
                   (tag, dtrain_acc, torch_acc))
-            if abs(torch_acc - dtrain_acc) > 1e-4:
+            if not within(abs(torch_acc - dtrain_acc), 1e-4):
                 failures.append("%s: test accuracy %.4f (dtrain) vs %.4f (PyTorch, exported weights)" %
                                 (tag, dtrain_acc, torch_acc))
     # Forward only: the file's own weights, dtrain's logits against PyTorch's on 1000 test images.
@@ -257,7 +257,7 @@ def main():
         want = ops(test_x[:1000]).numpy()
     diff = float(np.abs(np.load(logits)["logits"][:1000] - want).max())
     print("%-20s forward: largest logit difference %.2e" % ("ops", diff))
-    if diff > 1e-5:
+    if not within(diff, 1e-5):
         failures.append("ops: logits differ by %.2e from PyTorch's" % diff)
     print("largest relative loss difference: SGD %.2e, adam (TensorFlow's update) %.2e, "
           "pytorch_adam (against torch.optim.Adam) %.2e" % (worst["sgd"], worst["adam"], worst["pytorch_adam"]))

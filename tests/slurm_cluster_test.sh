@@ -10,9 +10,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 export DTRAIN_BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
 
-if [ "$(id -u)" != 0 ]; then echo "SKIP: needs root (Slurm daemons as SlurmUser=root)"; exit 77; fi
+source "$(dirname "$0")/skipping.sh"
+if [ "$(id -u)" != 0 ]; then skip "needs root (Slurm daemons as SlurmUser=root)"; fi
 for t in slurmctld slurmd sbatch scontrol sinfo munged; do
-  command -v "$t" >/dev/null || { echo "SKIP: no $t (scripts/install_deps.sh installs slurmctld slurmd slurm-client munge)"; exit 77; }
+  command -v "$t" >/dev/null || skip "no $t (scripts/install_deps.sh installs slurmctld slurmd slurm-client munge)"
 done
 for b in dtrain_ps dtrain_worker; do [ -x "$DTRAIN_BIN/$b" ] || { echo "FAIL: $DTRAIN_BIN/$b not built"; exit 1; }; done
 

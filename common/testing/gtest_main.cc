@@ -14,10 +14,17 @@
 //
 // Each skip's reason is printed by GoogleTest ("[  SKIPPED ] ..." with the GTEST_SKIP() message); ctest keeps
 // it in its log (ctest --output-on-failure does not show it; ctest -V or LastTest.log does).
+//
+// DTRAIN_REQUIRE_DEPS=1 in the environment (scripts/test.sh sets it, having installed every dependency): a test
+// skipped for any other reason than the hardware (its GTEST_SKIP() message names a GPU or CUDA device, a CPU
+// feature "on this CPU", or a build under AddressSanitizer) fails the binary (exit 1), naming it and the reason:
+// a missing data set, package or tool is then a broken setup, not a pass. The scripts in tests/ do the same.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <regex>
 #include <string>
 
 namespace {
@@ -42,6 +49,40 @@ bool TakeOwnFlags(int* argc, char** argv) {
   return fail_on_mixed;
 }
 
+// The skip messages of a test ("" when it was not skipped).
+std::string SkipReason(const ::testing::TestResult& r) {
+  std::string why;
+  for (int i = 0; i < r.total_part_count(); ++i) {
+    const ::testing::TestPartResult& p = r.GetTestPartResult(i);
+    if (p.skipped()) why += std::string(why.empty() ? "" : "; ") + p.message();
+  }
+  return why;
+}
+
+// Skips that the hardware or the build explains (see the top of this file).
+bool HardwareReason(const std::string& why) {
+  static const std::regex hardware("GPU|CUDA device|on this CPU|AddressSanitizer");
+  return std::regex_search(why, hardware);
+}
+
+// With DTRAIN_REQUIRE_DEPS=1: the tests skipped for another reason than the hardware, "Suite.Name (reason)".
+std::string SkipsThatMustNotHappen(const ::testing::UnitTest& unit) {
+  const char* require = std::getenv("DTRAIN_REQUIRE_DEPS");
+  if (require == nullptr || std::strcmp(require, "1") != 0) return "";
+  std::string bad;
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    for (int j = 0; j < suite.total_test_count(); ++j) {
+      const ::testing::TestInfo& t = *suite.GetTestInfo(j);
+      if (!t.should_run() || !t.result()->Skipped()) continue;
+      const std::string why = SkipReason(*t.result());
+      if (HardwareReason(why)) continue;
+      bad += std::string(bad.empty() ? "" : ", ") + suite.name() + "." + t.name() + " (" + why + ")";
+    }
+  }
+  return bad;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,6 +98,13 @@ int main(int argc, char** argv) {
   // --gtest_list_tests and friends run nothing on purpose.
   if (GTEST_FLAG_GET(list_tests)) return rc;
   if (rc != 0) return rc;
+  if (const std::string bad = SkipsThatMustNotHappen(unit); !bad.empty()) {
+    std::fprintf(stderr,
+                 "skipped with DTRAIN_REQUIRE_DEPS=1, for a reason other than the hardware: %s. Install what they "
+                 "need (scripts/install_deps.sh), or unset DTRAIN_REQUIRE_DEPS to let them skip\n",
+                 bad.c_str());
+    return 1;
+  }
   const int ran = unit.test_to_run_count();
   const int skipped = unit.skipped_test_count();
   if (ran == 0) {

@@ -208,8 +208,10 @@ struct RegisterResponse {
   int64_t global_step = 0;   // this task's step (the global step on ps 0)
   uint64_t session = 0;      // carried by every later call of this worker to this task (ps/core/membership.h)
   int64_t lease_ms = 0;      // a worker silent for longer is declared lost (0: never): heartbeat well within
-  // Ps 0, when its state was restored from a checkpoint since this worker last committed: where the worker's
-  // input stream was at that step (BatchStream::SaveState()); empty otherwise (keep reading where you are).
+  // Ps 0: where the worker's input stream resumes (BatchStream::SaveState()): when its state was restored from a
+  // checkpoint since this worker last committed, where the stream was at that step; else the position its newest
+  // commit carried (a restarted worker process reads on where the killed one stopped); empty when there is
+  // neither (keep reading where you are).
   std::string input_position;
 };
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "ps/checkpoint/checkpoint_reshard.h"
 #include "glog/logging.h"
 
 namespace dtrain::ps {
@@ -111,16 +112,14 @@ absl::Status CheckTablesCompatible(const CheckpointData& data, const std::string
 
 }  // namespace
 
-absl::Status CheckCompatible(const CheckpointData& data, const std::string& path, const TrainConfig& config,
-                             int task, int num_ps) {
-  const std::string hint =
-      "; restore needs the same model, optimizer and number of ps tasks as the run that wrote it: use another "
-      "--checkpoint_dir (or remove the old checkpoints) to start afresh";
-  if (data.task_index != task || data.num_ps != num_ps) {
-    return absl::FailedPreconditionError(absl::StrCat(path, ": written by ps task ", data.task_index, " of ",
-                                                      data.num_ps, ", this is ps task ", task, " of ", num_ps,
-                                                      hint));
-  }
+namespace {
+constexpr char kHint[] =
+    "; restore needs the same model and optimizer as the run that wrote it: use another --checkpoint_dir (or "
+    "remove the old checkpoints) to start afresh";
+}  // namespace
+
+absl::Status CheckModelCompatible(const CheckpointData& data, const std::string& path, const TrainConfig& config) {
+  const std::string hint = kHint;
   if (data.model_signature != config.model_signature) {
     return absl::FailedPreconditionError(absl::StrCat(path, ": checkpoint of another model (signature '",
                                                       data.model_signature, "', this run has '",
@@ -136,6 +135,18 @@ absl::Status CheckCompatible(const CheckpointData& data, const std::string& path
         path, ": written with ", data.num_slots, " optimizer slots per value, this run's '", config.optimizer.name,
         "' keeps ", config.optimizer.num_slots(), " (rmsprop: 1, +1 with momentum > 0, +1 when centered)", hint));
   }
+  return CheckTablesCompatible(data, path, config, hint);
+}
+
+absl::Status CheckCompatible(const CheckpointData& data, const std::string& path, const TrainConfig& config,
+                             int task, int num_ps) {
+  const std::string hint = kHint;
+  if (data.task_index != task || data.num_ps != num_ps) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": written by ps task ", data.task_index, " of ",
+                                                      data.num_ps, ", this is ps task ", task, " of ", num_ps,
+                                                      hint));
+  }
+  RETURN_IF_ERROR(CheckModelCompatible(data, path, config));
   std::map<uint32_t, const SliceSpec*> want;
   for (const SliceSpec& s : config.slices) want[s.key] = &s;
   if (want.size() != data.slices.size()) {
@@ -152,7 +163,7 @@ absl::Status CheckCompatible(const CheckpointData& data, const std::string& path
           " (another variable placement: --min_slice_bytes or the number of ps tasks changed?)", hint));
     }
   }
-  return CheckTablesCompatible(data, path, config, hint);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<RestorableCheckpoint>> FindCheckpointToRestore(Env* env, const std::string& dir,
@@ -163,47 +174,31 @@ absl::StatusOr<std::optional<RestorableCheckpoint>> FindCheckpointToRestore(Env*
     return absl::InvalidArgumentError(absl::StrCat("restore_step ", restore_step, " is not a step, ",
                                                    kRestoreNewest, " (newest) or ", kRestoreNone, " (none)"));
   }
-  ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpointFiles(env, dir));
-  std::vector<const CheckpointFile*> mine;  // newest first
-  const CheckpointFile* other_layout = nullptr;
-  for (auto it = files.rbegin(); it != files.rend(); ++it) {
-    if (it->num_ps == num_ps && it->task == task) {
-      mine.push_back(&*it);
-    } else if (it->num_ps != num_ps) {
-      other_layout = &*it;
-    }
-  }
-  if (mine.empty()) {
-    if (other_layout != nullptr) {
+  // Newest first: the steps with a file of this task, or a complete checkpoint of another number of ps tasks.
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps, CandidateSteps(env, dir, task, num_ps));
+  if (steps.empty()) {
+    ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpointFiles(env, dir));
+    for (auto it = files.rbegin(); it != files.rend(); ++it) {
+      if (it->num_ps == num_ps) continue;
       return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint directory '", dir, "' holds checkpoints written by ", other_layout->num_ps,
-          " ps tasks (e.g. ", other_layout->path, "), this cluster has ", num_ps,
-          ": restart with ", other_layout->num_ps, " ps tasks, or use another --checkpoint_dir to start afresh"));
+          "checkpoint directory '", dir, "' holds checkpoints written by ", it->num_ps, " ps tasks (e.g. ",
+          it->path, "), but none complete (a file of every task for one step), so none can be resharded onto this "
+          "cluster's ", num_ps, ": restore the missing files, or use another --checkpoint_dir to start afresh"));
     }
     return std::nullopt;
   }
-  auto read = [&](const CheckpointFile& f) -> absl::StatusOr<RestorableCheckpoint> {
-    ASSIGN_OR_RETURN(CheckpointData data, ReadCheckpoint(env, f.path));
-    if (data.global_step != f.step) {
-      return absl::DataLossError(absl::StrCat(f.path, ": holds step ", data.global_step,
-                                              ", its name says step ", f.step));
-    }
-    return RestorableCheckpoint{f.path, std::move(data)};
-  };
   std::optional<RestorableCheckpoint> found;
   if (restore_step >= 0) {
-    const CheckpointFile* exact = nullptr;
-    for (const CheckpointFile* f : mine) {
-      if (f->step == restore_step) exact = f;
-    }
     absl::Status problem;
-    if (exact == nullptr) {
+    const bool missing = std::find(steps.begin(), steps.end(), restore_step) == steps.end();
+    if (missing) {
       problem = absl::FailedPreconditionError(absl::StrCat(
           "ps task ", task, " has no checkpoint for step ", restore_step, " (the step ps task 0 restored) in '",
-          dir, "'; its newest is ", mine.front()->path,
+          dir, "'; its newest is step ", steps.front(),
           ": the checkpoint files of the ps tasks are out of step; restore them together or start afresh"));
     } else {
-      absl::StatusOr<RestorableCheckpoint> r = read(*exact);
+      absl::StatusOr<RestorableCheckpoint> r =
+          ReadCheckpointForTask(env, dir, restore_step, config, task, num_ps);
       if (r.ok()) {
         found = *std::move(r);
       } else {
@@ -211,32 +206,35 @@ absl::StatusOr<std::optional<RestorableCheckpoint>> FindCheckpointToRestore(Env*
       }
     }
     if (!found.has_value()) {
-      if (config.mode == "sync") return problem;
+      // Sync: every task must hold that very step. A checkpoint of another model is refused in any mode.
+      if (config.mode == "sync" || (!missing && absl::IsFailedPrecondition(problem))) return problem;
       LOG(WARNING) << "ps task " << task << ": cannot restore step " << restore_step << " like ps task 0 ("
                    << problem.message() << "); async mode: restoring this task's newest valid checkpoint instead";
     }
   }
   if (!found.has_value()) {
     int skipped = 0;
-    for (size_t i = 0; i < mine.size() && !found.has_value(); ++i) {
-      absl::StatusOr<RestorableCheckpoint> r = read(*mine[i]);
+    for (size_t i = 0; i < steps.size() && !found.has_value(); ++i) {
+      absl::StatusOr<RestorableCheckpoint> r = ReadCheckpointForTask(env, dir, steps[i], config, task, num_ps);
       if (r.ok()) {
         found = *std::move(r);
       } else if (absl::IsDataLoss(r.status()) || absl::IsNotFound(r.status())) {
         ++skipped;
-        LOG(WARNING) << "skipping corrupt checkpoint " << mine[i]->path << ": " << r.status().message()
-                     << (i + 1 < mine.size() ? "; trying the previous one" : "; no older one left");
+        const std::string own = CheckpointPath(dir, steps[i], task, num_ps);
+        LOG(WARNING) << "skipping corrupt checkpoint " << (env->FileExists(own) ? own : CheckpointPrefix(dir, steps[i]))
+                     << ": " << r.status().message()
+                     << (i + 1 < steps.size() ? "; trying the previous one" : "; no older one left");
       } else {
+        // A checkpoint of another model or layout is refused, never skipped: two runs never mix their files.
         return r.status();
       }
     }
     if (!found.has_value()) {
       LOG(WARNING) << "ps task " << task << ": no valid checkpoint in '" << dir << "' (" << skipped
-                   << " corrupt files skipped): starting from the chief's initial values";
+                   << " corrupt checkpoints skipped): starting from the chief's initial values";
       return std::nullopt;
     }
   }
-  RETURN_IF_ERROR(CheckCompatible(found->data, found->path, config, task, num_ps));
   return found;
 }
 

@@ -57,6 +57,9 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(Env* env, const std::string& path)
 // model/flags as the run that wrote it).
 absl::Status CheckCompatible(const CheckpointData& data, const std::string& path, const TrainConfig& config,
                              int task, int num_ps);
+// CheckCompatible without the task, the number of tasks and the slices: the model signature, the optimizer and
+// the sparse tables (what a checkpoint of another number of ps tasks must share to be resharded).
+absl::Status CheckModelCompatible(const CheckpointData& data, const std::string& path, const TrainConfig& config);
 
 // The checkpoint ps task `task` of `num_ps` (configured with `config`) restores from `dir`, read, validated
 // and checked with CheckCompatible; nullopt when there is none to restore (or `dir` is empty). `restore_step`
@@ -70,11 +73,14 @@ absl::Status CheckCompatible(const CheckpointData& data, const std::string& path
 //   k >= 0          the file of step k. Sync mode (config.mode): FailedPrecondition if it is missing, its
 //                   read error (DataLoss) if it is corrupt. Async mode: falls back to kRestoreNewest with a
 //                   warning.
-// FailedPrecondition too when `dir` holds checkpoints only for another number of ps tasks; InvalidArgument for
-// a negative restore_step that is neither constant.
+// A step of which this task has no file of its own but `dir` holds a complete checkpoint written by another number
+// of ps tasks is restored from that one, resharded (checkpoint_reshard.h): for each step, newest first, the task's
+// own file, else such a checkpoint. FailedPrecondition when `dir` holds checkpoints of another number of ps tasks
+// but none complete; InvalidArgument for a negative restore_step that is neither constant.
 struct RestorableCheckpoint {
-  std::string path;
+  std::string path;  // the file, or "<prefix>.ps*-of-<N>" for a resharded checkpoint
   CheckpointData data;
+  int resharded_from = 0;  // the number of ps tasks that wrote it, when resharded; 0: the task's own file
 };
 absl::StatusOr<std::optional<RestorableCheckpoint>> FindCheckpointToRestore(Env* env, const std::string& dir,
                                                                            const TrainConfig& config, int task,

@@ -211,10 +211,25 @@ TEST(CheckpointDirTest, RestoreChoices) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(r.status().message(), "another model")) << r.status();
 
-  // Another number of ps tasks.
+  // Another number of ps tasks: the complete checkpoint of 1 task is resharded (checkpoint_reshard_test has the
+  // details); an incomplete one of 3 tasks, newer, is not a candidate.
+  WriteStep(dir.path(), 300, 0, 3);
+  WriteStep(dir.path(), 300, 2, 3);
   r = FindCheckpointToRestore(Env::Default(), dir.path(), RestoreConfig(), 0, 2, kRestoreNewest);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_value());
+  EXPECT_EQ((*r)->resharded_from, 1);
+  EXPECT_EQ((*r)->data.global_step, 200);
+  EXPECT_EQ((*r)->data.task_index, 0);
+  EXPECT_EQ((*r)->data.num_ps, 2);
+  EXPECT_EQ((*r)->path, CheckpointPrefix(dir.path(), 200) + ".ps*-of-1");
+  // Only the incomplete one: refused, naming it.
+  ScratchDir partial("restore_partial_layout");
+  WriteStep(partial.path(), 300, 0, 3);
+  r = FindCheckpointToRestore(Env::Default(), partial.path(), RestoreConfig(), 0, 2, kRestoreNewest);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(r.status().message(), "written by 1 ps tasks")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "written by 3 ps tasks")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "none complete")) << r.status();
 }
 
 TEST(CheckpointDirTest, RestoreOfACorruptExactStepFailsInSync) {

@@ -794,6 +794,9 @@ absl::StatusOr<PushResponse> WorkerClient::WaitPush() {
             +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return c->pushes_pending_ == 0; }, this),
         "waiting for the push to complete"));
     push_active_ = false;
+    if (push_status_.ok() && options_.push_journal != nullptr) {
+      options_.push_journal->Acknowledged(worker_id_, push_step_, push_request_id_, push_response_);
+    }
   }
   if (!push_status_.ok()) return Explain(push_status_);
   return push_response_;

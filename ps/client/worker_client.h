@@ -68,6 +68,7 @@
 #include "common/serial_executor.h"
 #include "ps/api/ps_interface.h"
 #include "ps/api/ps_types.h"
+#include "ps/client/push_journal.h"
 
 namespace dtrain::ps {
 
@@ -80,6 +81,9 @@ struct WorkerClientOptions {
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
   WireDtype wire_dtype = WireDtype::kF32;
+  // Not owned (may be null): every push ps 0 acknowledges is recorded there (ps/client/push_journal.h), once, by
+  // the first WaitPush that sees it complete.
+  PushJournal* push_journal = nullptr;
 };
 
 struct PullResult {
@@ -135,7 +139,8 @@ class WorkerClient {
   // is in flight end and connects again (the chief restoring the tasks as Connect does). Then pull.
   absl::Status Reconnect(absl::Duration wait);
   // After Connect / Reconnect: where ps 0 says this worker's input stream resumes (the position its restored
-  // checkpoint holds; BatchStream::Restore takes it), or empty: keep reading where you are.
+  // checkpoint holds, or else the one this worker's newest commit carried; BatchStream::Restore takes it), or
+  // empty: keep reading where you are.
   std::string restored_input_position() const;
   // The input stream's position after the batches of the step about to be pushed (BatchStream::SaveState()):
   // sent with that push's commit, for checkpoints. Call before BeginPush.

@@ -71,6 +71,12 @@ void Membership::ResetSessions(absl::Time now) {
   }
 }
 
+void Membership::RenewLeases(absl::Time now) {
+  for (int i = 0; i < num_workers(); ++i) {
+    if (active(i)) workers_[i].last_contact = now;
+  }
+}
+
 std::vector<int> Membership::ExpireLeases(absl::Time now, absl::Duration lease, int64_t step) {
   std::vector<int> lost;
   for (int i = 0; i < num_workers(); ++i) {
@@ -185,6 +191,10 @@ void Membership::RestoreInputPositions(const std::map<int, std::string>& positio
   }
 }
 
-std::string Membership::RestoredInputPosition(int worker) const { return workers_[worker].restored_position; }
+std::string Membership::ResumeInputPosition(int worker) const {
+  const Worker& w = workers_[worker];
+  if (!w.restored_position.empty() || w.positions.empty()) return w.restored_position;
+  return w.positions.rbegin()->second;
+}
 
 }  // namespace dtrain::ps

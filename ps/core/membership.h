@@ -56,6 +56,8 @@ class Membership {
   std::vector<int> ExpireLeases(absl::Time now, absl::Duration lease, int64_t step);
   // Declares lost every active worker (the run ended and they went silent); `why` is recorded as their reason.
   std::vector<int> ExpireAll(int64_t step, const std::string& why);
+  // Every active worker's lease starts again now (the task itself was not running, so its silence proves nothing).
+  void RenewLeases(absl::Time now);
 
   bool done(int worker) const { return workers_[worker].stats.done; }
   bool lost(int worker) const { return workers_[worker].stats.lost; }
@@ -80,10 +82,13 @@ class Membership {
   void RecordInputPosition(int worker, int64_t step, std::string position);
   // For a checkpoint of global step `label`: each worker's newest position of a step before `label`.
   std::map<int, std::string> InputPositionsBefore(int64_t label) const;
-  // A checkpoint of step `label` was restored: its positions are each worker's until it commits again, and
-  // RestoredInputPosition returns them meanwhile (empty when there is none: keep reading where you are).
+  // A checkpoint of step `label` was restored: its positions are each worker's until it commits again.
   void RestoreInputPositions(const std::map<int, std::string>& positions, int64_t label);
-  std::string RestoredInputPosition(int worker) const;
+  // Where `worker`'s input resumes when it registers: the restored checkpoint's position until it commits again,
+  // else the position its newest commit carried (a worker process started again reads on from there, as the
+  // killed one would have; a worker that registers again after it was declared lost draws again the batches
+  // whose gradients never made it into a commit); empty when there is neither (keep reading where you are).
+  std::string ResumeInputPosition(int worker) const;
 
   WorkerStats& stats(int worker) { return workers_[worker].stats; }
   std::vector<WorkerStats> AllStats() const;

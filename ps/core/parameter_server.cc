@@ -85,6 +85,7 @@ class ParameterServer::Impl::InitializeUpload : public SliceUpload {
     // initializer as they are first touched.
     impl_->sparse_->SetVersion(impl_->step_);
     impl_->initialized_ = true;
+    if (impl_->journal_) impl_->journal_->Initialized();
     LOG(INFO) << "ps task " << impl_->options_.task_index << ": initialized " << impl_->store_->num_slices()
               << " slices";
     return PushResponse{PushResponse::Outcome::kAccepted, impl_->step_};
@@ -394,6 +395,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
       // A skipped gradient still counts as this worker's part of the step (the step goes on); ApplyDecision
       // leaves it out of the average.
       ++accounting_.accepted;
+      if (journal_) journal_->Accepted(w, header.step, header.request_id);
       if (pending_accepted_[w]) ++accounting_.discarded;  // its previous one never made it into a step
       pending_accepted_[w] = buffer.all_complete();
       if (!buffer.all_complete()) ++accounting_.discarded;  // no decision can apply an incomplete gradient
@@ -416,6 +418,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
                                                         buffer.DescribeMissing()));
     }
     ++accounting_.accepted;
+    if (journal_) journal_->Accepted(w, header.step, header.request_id);
     ++(skip ? accounting_.skipped_nonfinite : accounting_.applied);
     if (!skip) {
       // Checked whole first (unless --nonfinite=apply, which applied each slice on arrival).
@@ -431,6 +434,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
         ++step_;  // the task's own count of updates, for its learning-rate schedule
         ++stats.applied;
         step_hint_ = std::max(step_hint_, header.step + 1);
+        if (journal_) journal_->Applied(w, header.step, header.request_id, step_hint_);
         if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_hint_) : std::nullopt) {
           saves->push_back(SnapshotLocked(*label, step_));
         }
@@ -439,6 +443,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
         ++stats.applied;
         StepDecision applied{step_, {w}, false, ""};
         ++step_;
+        if (journal_) journal_->Applied(w, header.step, header.request_id, step_);
         if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_) : std::nullopt) {
           applied.checkpoint = true;
           saves->push_back(SnapshotLocked(*label, step_));
@@ -527,7 +532,7 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
   enum Outcome : char { kApplied, kSkipped, kDiscarded };
   std::vector<char> outcome(options_.num_workers, kDiscarded);
   {
-    // Buffers are locked in worker order (one lock order for every step) and summed in decision order.
+    // Buffers are locked in worker order (one lock order for every step) and summed in that order too.
     std::vector<int> by_id = d.workers;
     std::sort(by_id.begin(), by_id.end());
     std::vector<GradientBuffers::Locked> held;
@@ -536,8 +541,12 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
       held.push_back(buffers_->Lock(w));
       buffer_of[w] = &*held.back();
     }
+    // Summed in worker order, not in the decision's (commit) order: float addition of three or more gradients
+    // depends on the order, and commit order differs from run to run. So a sync step gives the same bits on
+    // every run with the same inputs (a restarted worker or ps task ends bit-identical to an uninterrupted run).
     std::vector<GradientBuffers::Buffer*> summed;
-    for (int w : d.workers) {
+    std::vector<int> summed_workers;
+    for (int w : by_id) {
       GradientBuffers::Buffer* b = buffer_of[w];
       // Only a worker that broke the protocol (pushing step s+1 before pulling it) can have overwritten them.
       if (b->step() != d.step || !b->all_complete()) {
@@ -553,6 +562,7 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
       }
       outcome[w] = kApplied;
       summed.push_back(b);
+      summed_workers.push_back(w);
     }
     std::vector<const float*> grads(summed.size());
     const float scale = summed.empty() ? 0.0f : 1.0f / static_cast<float>(summed.size());
@@ -571,6 +581,11 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
     // The tables after the slices (pulls stream them in that order), with the same 1/R.
     ApplySparse(summed, d.step, scale);
     sparse_->SetVersion(d.step + 1);
+    if (journal_) {
+      for (size_t k = 0; k < summed.size(); ++k) {
+        journal_->Applied(summed_workers[k], d.step, summed[k]->request_id(), d.step + 1);
+      }
+    }
   }
   applied_through_ = d.step + 1;
   absl::MutexLock lock(&mu_);
@@ -601,6 +616,10 @@ bool ParameterServer::Impl::MustWait(const PullRequest& request) const {
   if (request.after_push != 0 && !members_.recent_ids(request.worker_id).Contains(request.after_push)) return true;
   if (!members_.AnotherActive(request.worker_id)) return false;
   if (step_ < request.min_step) return true;
+  // Sync: a worker whose commit for the current step is recorded pulls the next step, whatever min_step says (a
+  // worker process restarted after its commit: computing the step again would only be dropped as a duplicate,
+  // and would read a batch the uninterrupted run reads a step later).
+  if (sync_ && coordinator() && coordinator_->HasCommitted(request.worker_id)) return true;
   return !sync_ && coordinator() && gate_->MustWait(request.worker_id, members_);
 }
 
@@ -676,6 +695,8 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
         waiting_for = absl::StrCat("its push ", request.after_push, " to arrive");
       } else if (step_ < request.min_step) {
         waiting_for = absl::StrCat("step >= ", request.min_step, " (at step ", step_, ")");
+      } else if (sync_ && coordinator() && coordinator_->HasCommitted(request.worker_id)) {
+        waiting_for = absl::StrCat("step ", step_, ", which its commit is part of, to be decided");
       } else {
         waiting_for = gate_->DescribeWait(request.worker_id, members_);
       }
@@ -784,7 +805,13 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Paramet
     return absl::InvalidArgumentError("worker_timeout must be >= 0 and max_model_bytes > 0");
   }
   if (options.apply_threads < 1) options.apply_threads = 1;
-  return std::unique_ptr<ParameterServer>(new ParameterServer(std::make_unique<Impl>(std::move(options))));
+  if (options.journal_applied && !options.checkpoint.enabled()) {
+    return absl::InvalidArgumentError("an applied journal (--journal_applied) is kept beside the checkpoints: it "
+                                      "needs a checkpoint directory (--checkpoint_dir)");
+  }
+  auto impl = std::make_unique<Impl>(std::move(options));
+  RETURN_IF_ERROR(impl->OpenJournal());
+  return std::unique_ptr<ParameterServer>(new ParameterServer(std::move(impl)));
 }
 
 ParameterServer::ParameterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

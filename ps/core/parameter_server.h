@@ -116,6 +116,10 @@ struct ParameterServerOptions {
   // A bound on the rows of every sparse table on this task, whatever the chief's max_rows (0: none; see
   // SparseStoreOptions::max_rows_cap).
   int64_t sparse_max_rows = 0;
+  // Keep an applied journal in checkpoint.dir (ps/checkpoint/applied_journal.h): every push accepted and applied,
+  // every checkpoint taken and restored, so that scripts/check_updates.py can prove nothing acknowledged was
+  // lost or applied twice. One write(2) per push; needs checkpoint.dir (InvalidArgument otherwise).
+  bool journal_applied = false;
 };
 
 // "reject", "skip" or "apply" (the --nonfinite flag); InvalidArgument naming the flag otherwise.

@@ -517,8 +517,9 @@ TEST(ParameterServerCheckpointTest, InputPositionsAreCheckpointedAndHandedBack) 
   ASSERT_EQ(*w1.Pull(0, 0, &params), 10);
   w1.client().SetInputPosition(position(1, 10));
   ASSERT_TRUE(w1.Push(10, TestGradient(1, 10, params)).ok());
-  // Committed since: registering again no longer rewinds its input; worker 0 still has its restored position.
-  EXPECT_EQ(SimWorker(resumed->get(), 1).client().restored_input_position(), "");
+  // Committed since: registering again (a restarted worker process) reads on after that commit's batches; worker 0
+  // still has its restored position.
+  EXPECT_EQ(SimWorker(resumed->get(), 1).client().restored_input_position(), position(1, 10));
   EXPECT_EQ(SimWorker(resumed->get(), 0).client().restored_input_position(), position(0, 9));
 }
 

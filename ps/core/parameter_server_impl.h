@@ -66,7 +66,9 @@
 #include "common/mutex_config.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "ps/checkpoint/applied_journal.h"
 #include "ps/checkpoint/checkpoint_dir.h"
+#include "ps/checkpoint/checkpoint_reshard.h"
 #include "ps/checkpoint/checkpoint_writer.h"
 #include "ps/checkpoint/checkpoint_scheduler.h"
 #include "ps/core/gradient_buffers.h"
@@ -124,6 +126,13 @@ class ParameterServer::Impl {
   absl::Status final_checkpoint_status() const {
     absl::MutexLock lock(&mu_);
     return final_checkpoint_status_;
+  }
+  // With options_.journal_applied: opens the journal (ParameterServer::Create, before any call).
+  absl::Status OpenJournal() {
+    if (!options_.journal_applied) return absl::OkStatus();
+    ASSIGN_OR_RETURN(journal_, AppliedJournal::Open(options_.checkpoint.env, options_.checkpoint.dir,
+                                                    options_.task_index, options_.num_ps));
+    return absl::OkStatus();
   }
   PushAccounting accounting() const {
     absl::MutexLock lock(&mu_);
@@ -274,6 +283,7 @@ class ParameterServer::Impl {
   std::string job_ended_ ABSL_GUARDED_BY(mu_);
   absl::Status final_checkpoint_status_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<CheckpointWriter> writer_;  // set once in the constructor when checkpointing; thread-safe
+  std::unique_ptr<AppliedJournal> journal_;   // set once before any call with journal_applied; thread-safe
   // While unconfigured: since when, the last call of a worker, and the global step a completed Done reported
   // (-1: none; training ended elsewhere when >= 0).
   absl::Time unconfigured_since_ ABSL_GUARDED_BY(mu_);

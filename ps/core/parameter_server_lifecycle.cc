@@ -15,6 +15,11 @@ std::string SparseRowsRestored(const std::vector<SparseTableState>& tables) {
   return absl::StrCat(", ", rows, " sparse rows");
 }
 
+// " resharded from N ps tasks onto M" for the log line of a checkpoint written by another number of tasks.
+std::string Resharded(int from, int num_ps) {
+  return from > 0 ? absl::StrCat(" resharded from ", from, " ps task", from > 1 ? "s" : "", " onto ", num_ps) : "";
+}
+
 }  // namespace
 
 // ---- register, probe, restore ---------------------------------------------------------------------------------
@@ -112,9 +117,17 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
       written_label_ = restored->data.global_step;
       members_.RestoreInputPositions(restored->data.input_positions, restored->data.global_step);
       initialized_ = true;
-      LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
-                << restored->data.global_step << ", " << restored->data.slices.size() << " slices"
-                << SparseRowsRestored(restored->data.tables) << ")";
+      if (journal_) {
+        if (restored->resharded_from > 0) {
+          journal_->Resharded(restored->data.global_step, restored->resharded_from);
+        } else {
+          journal_->Restored(restored->data.global_step);
+        }
+      }
+      LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path
+                << Resharded(restored->resharded_from, options_.num_ps) << " (step " << restored->data.global_step
+                << ", " << restored->data.slices.size() << " slices" << SparseRowsRestored(restored->data.tables)
+                << ")";
     }
   } else {
     RETURN_IF_ERROR(CompareTrainConfigs(config_, request.config, request.worker_id));
@@ -126,7 +139,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
   const bool was_lost = members_.lost(request.worker_id);
   RegisterResponse response{initialized_, step_, members_.Register(request.worker_id, Now()),
                             absl::ToInt64Milliseconds(options_.worker_timeout),
-                            members_.RestoredInputPosition(request.worker_id)};
+                            members_.ResumeInputPosition(request.worker_id)};
   if (was_lost) {
     LOG(INFO) << "ps task " << options_.task_index << ": worker " << request.worker_id
               << " is back (registered again after it was declared lost; " << members_.num_active() << " active)";
@@ -145,20 +158,10 @@ absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& 
     if (configured_) RETURN_IF_ERROR(CompareTrainConfigs(config_, config, 0));
   }
   if (!checkpointing()) return probe;
-  // Every file of this task that reads back valid and fits the config (read outside the lock: it takes time).
-  ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpointFiles(options_.checkpoint.env, options_.checkpoint.dir));
-  for (const CheckpointFile& f : files) {
-    if (f.task != options_.task_index || f.num_ps != options_.num_ps) continue;
-    absl::StatusOr<CheckpointData> data = ReadCheckpoint(options_.checkpoint.env, f.path);
-    if (!data.ok()) {
-      LOG(WARNING) << "ps task " << options_.task_index << ": " << f.path << " is not restorable (skipping it; an older step will be tried): "
-                   << data.status();
-      continue;
-    }
-    if (!CheckCompatible(*data, f.path, config, options_.task_index, options_.num_ps).ok()) continue;
-    probe.restorable_steps.push_back(f.step);
-  }
-  std::sort(probe.restorable_steps.begin(), probe.restorable_steps.end());
+  // Every checkpoint of this task that reads back valid and fits the config, its own files or complete ones of
+  // another number of ps tasks (resharded); read outside the lock: it takes time.
+  ASSIGN_OR_RETURN(probe.restorable_steps, RestorableSteps(options_.checkpoint.env, options_.checkpoint.dir, config,
+                                                           options_.task_index, options_.num_ps));
   return probe;
 }
 
@@ -171,10 +174,13 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
                                                       " has no --checkpoint_dir: it cannot restore step ", step));
   }
-  // Read and check the file first: a bad one leaves the task as it was.
-  const std::string path = CheckpointPath(options_.checkpoint.dir, step, options_.task_index, options_.num_ps);
-  ASSIGN_OR_RETURN(CheckpointData data, ReadCheckpoint(options_.checkpoint.env, path));
-  RETURN_IF_ERROR(CheckCompatible(data, path, config, options_.task_index, options_.num_ps));
+  // Read and check the file first (or reshard a checkpoint of another number of ps tasks): a bad one leaves the
+  // task as it was.
+  ASSIGN_OR_RETURN(RestorableCheckpoint restorable,
+                   ReadCheckpointForTask(options_.checkpoint.env, options_.checkpoint.dir, step, config,
+                                         options_.task_index, options_.num_ps));
+  const std::string path = restorable.path;
+  const CheckpointData& data = restorable.data;
   std::shared_ptr<Cancellation> ended;
   {
     absl::MutexLock apply_lock(&apply_mu_);
@@ -204,8 +210,16 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     checkpoints_.Saved(data.global_step);
     written_label_ = data.global_step;
     members_.RestoreInputPositions(data.input_positions, data.global_step);
+    if (journal_) {
+      if (restorable.resharded_from > 0) {
+        journal_->Resharded(data.global_step, restorable.resharded_from);
+      } else {
+        journal_->Restored(data.global_step);
+      }
+    }
     ended = NewEpochLocked();
-    LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path << " on the chief's request (was at step "
+    LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path
+                 << Resharded(restorable.resharded_from, options_.num_ps) << " on the chief's request (was at step "
                  << was << ", now " << step_ << SparseRowsRestored(data.tables) << "); every worker registers again";
   }
   // Outside the locks: the callbacks of the pulls waiting in the old epoch take mu_ to wake them.
@@ -430,10 +444,25 @@ void ParameterServer::Impl::LeaseLoop() {
                                                                  : options_.registration_timeout / 4,
                  absl::Milliseconds(20), absl::Seconds(1));
   absl::MutexLock lock(&lease_mu_);
+  absl::Time last = absl::Now();  // real time: how late this thread wakes, whatever options_.clock says
   while (!stopping_) {
     lease_mu_.AwaitWithTimeout(absl::Condition(&stopping_), every);
     if (stopping_) break;
     lease_mu_.Unlock();
+    // Woken much later than asked: this process was not running (stopped, starved, its host paused). The workers'
+    // calls and heartbeats of that time are only now being read, so their silence proves nothing: renew every
+    // lease instead of declaring everyone lost at once.
+    const absl::Time now = absl::Now();
+    const absl::Duration late = now - last - every;
+    last = now;
+    if (options_.worker_timeout > absl::ZeroDuration() && late > options_.worker_timeout / 2) {
+      absl::MutexLock mu_lock(&mu_);
+      if (configured_) {
+        members_.RenewLeases(Now());
+        LOG(WARNING) << "ps task " << options_.task_index << ": its lease checks ran " << absl::FormatDuration(late)
+                     << " late (this process was not running): every worker's lease starts again";
+      }
+    }
     CheckLeases();
     lease_mu_.Lock();
   }
@@ -569,11 +598,14 @@ CheckpointData ParameterServer::Impl::SnapshotLocked(int64_t label, int64_t task
   CheckpointData d = StateLocked(label, task_step);
   if (coordinator()) d.input_positions = members_.InputPositionsBefore(label);
   checkpoints_.Saved(label);
+  if (journal_) journal_->Checkpointed(label);
   return d;
 }
 
 absl::Status ParameterServer::Impl::WriteCheckpoints(std::vector<CheckpointData> saves) {
   absl::Status newest;
+  // The journal's records of what a checkpoint holds are durable before the checkpoint is.
+  if (journal_ && !saves.empty()) journal_->Sync().IgnoreError();  // logged by the journal
   for (const CheckpointData& d : saves) {
     newest = writer_->Save(d);
     if (newest.ok()) {

@@ -7,7 +7,9 @@
 // Pixels become floats as dtrain's pipeline makes them (p * (1 / 255) in float32, then (x - mean) * (1 / std)),
 // fed as [N, 1, H, W] (--flat=1: [N, H*W]).
 // Prints the largest difference |ort - dtrain| / max(1, |dtrain|) and the accuracy both give; exit 1 beyond the
-// tolerance, 2 on bad arguments.
+// tolerance, when a logit on either side is NaN or infinite (such a difference is never "within" the tolerance, and
+// a later finite one cannot hide it), or when no logit was compared at all (an empty .npz, --count=0); exit 2 on
+// bad arguments.
 import fs from 'node:fs';
 import zlib from 'node:zlib';
 import ort from 'onnxruntime-node';
@@ -66,7 +68,8 @@ const scale = Math.fround(1 / 255);
 const session = await ort.InferenceSession.create(modelPath);
 const inputName = session.inputNames[0];
 const batch = 500;
-let worst = 0, worstAt = -1, agree = 0, ortCorrect = 0, dtrainCorrect = 0;
+let worst = 0, worstAt = -1, agree = 0, ortCorrect = 0, dtrainCorrect = 0, compared = 0;
+let nonFinite = 0, firstNonFinite = -1;
 for (let first = 0; first < count; first += batch) {
   const n = Math.min(batch, count - first);
   const x = new Float32Array(n * size);
@@ -83,7 +86,10 @@ for (let first = 0; first < count; first += batch) {
     for (let c = 0; c < classes; ++c) {
       const g = got[i * classes + c], w = want.data[(first + i) * classes + c];
       const d = Math.abs(g - w) / Math.max(1, Math.abs(w));
-      if (!(d <= worst)) {
+      ++compared;
+      if (!Number.isFinite(g) || !Number.isFinite(w) || !Number.isFinite(d)) {
+        if (nonFinite++ === 0) firstNonFinite = (first + i) * classes + c;
+      } else if (d > worst) {
         worst = d;
         worstAt = (first + i) * classes + c;
       }
@@ -99,4 +105,6 @@ for (let first = 0; first < count; first += batch) {
 console.log(`${modelPath}: ${count} images, largest logit difference ${worst.toExponential(2)} (relative to ` +
             `max(1, |logit|); at ${worstAt}), argmax agrees on ${agree}; accuracy onnxruntime ` +
             `${(ortCorrect / count).toFixed(4)}, dtrain ${(dtrainCorrect / count).toFixed(4)}`);
+if (compared === 0) fail('no logit was compared (no images, or an empty logits array)', 1);
+if (nonFinite > 0) fail(`${nonFinite} logits are NaN or infinite (the first at ${firstNonFinite})`, 1);
 if (!(worst <= tolerance)) fail(`logits differ by ${worst.toExponential(2)} > ${tolerance}`, 1);

@@ -50,6 +50,9 @@ ABSL_FLAG(double, sparse_learning_rate, 0, "Learning rate of --sparse_optimizer 
 ABSL_FLAG(bool, shuffle, true, "Shuffle each worker's shard every epoch (false: read it in order)");
 ABSL_FLAG(std::string, metrics_file, "",
           "Write this worker's loss of every local step here at the end, as CSV local_step,loss");
+ABSL_FLAG(std::string, push_journal_dir, "",
+          "A cluster worker: record every push ps 0 acknowledged in a journal file in this directory "
+          "(pushes.w<task>.*.journal), for scripts/check_updates.py with the ps tasks' --journal_applied");
 ABSL_FLAG(std::string, export_onnx, "",
           "Chief, with --model=PATH.onnx: write the trained model as this ONNX file at the end (the imported file "
           "with its initializers trained)");
@@ -139,6 +142,11 @@ ABSL_FLAG(bool, allow_degraded, false,
 ABSL_FLAG(double, stop_grace_secs, 10,
           "After SIGTERM/SIGINT: how long the step in flight may take before it is abandoned (the worker then "
           "leaves the cluster; the chief evaluates and exports first)");
+ABSL_FLAG(double, rpc_timeout_secs, 60,
+          "Deadline of each call to a ps task (a pull: its wait for the step plus this); a call past it is retried");
+ABSL_FLAG(double, rpc_retry_secs, 30,
+          "How long calls, uploads and pulls that fail with Unavailable or DeadlineExceeded (a ps task restarting, "
+          "a broken or partitioned link) are retried, with backoff, before the worker gives up");
 ABSL_FLAG(double, step_timeout_secs, 120, "How long a step may wait for the ps tasks (e.g. for other workers)");
 ABSL_FLAG(std::string, transport, "auto",
           "How data reaches the ps tasks: auto (shared memory for a ps task on this host, gRPC otherwise; one log "
@@ -225,6 +233,7 @@ int main(int argc, char** argv) {
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.shuffle = absl::GetFlag(FLAGS_shuffle);
   o.metrics_file = absl::GetFlag(FLAGS_metrics_file);
+  o.push_journal_dir = absl::GetFlag(FLAGS_push_journal_dir);
   o.export_onnx = absl::GetFlag(FLAGS_export_onnx);
   o.train_steps = absl::GetFlag(FLAGS_train_steps);
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
@@ -315,6 +324,10 @@ int main(int argc, char** argv) {
     }
   }
   if (flags_ok.ok()) flags_ok = dtrain::ps::ParseWireDtype(o.wire_dtype).status();
+  o.rpc_retry_secs = absl::GetFlag(FLAGS_rpc_retry_secs);
+  if (flags_ok.ok() && !(absl::GetFlag(FLAGS_rpc_timeout_secs) > 0 && o.rpc_retry_secs >= 0)) {
+    flags_ok = absl::InvalidArgumentError("--rpc_timeout_secs must be > 0 and --rpc_retry_secs >= 0");
+  }
   if (flags_ok.ok() && !(o.step_timeout_secs > 0)) {
     flags_ok = absl::InvalidArgumentError("--step_timeout_secs must be > 0");
   }
@@ -363,6 +376,8 @@ int main(int argc, char** argv) {
       return dtrain::kExitConfigRefused;
     }
     copt.security = *security;
+    copt.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_secs));
+    copt.retry_window = absl::Seconds(absl::GetFlag(FLAGS_rpc_retry_secs));
     absl::StatusOr<dtrain::ps::Transport> transport = dtrain::ps::ParseTransport(absl::GetFlag(FLAGS_transport));
     if (!transport.ok()) {
       std::fprintf(stderr, "dtrain_worker: %s\n", std::string(transport.status().message()).c_str());

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/denormals.h"
 #include "common/event_writer.h"
+#include "common/env.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "ps/client/placement.h"
@@ -94,6 +95,7 @@ struct Connection {
   ps::TrainConfig config;
   std::unique_ptr<ps::ParameterServer> local_ps;
   std::vector<ps::PsInterface*> tasks;
+  std::unique_ptr<ps::PushJournal> push_journal;  // before the client, which records into it
   std::unique_ptr<ps::WorkerClient> client;
   bool device_resident = false;  // the training state lives on the devices (local mode, GPU towers)
 };
@@ -227,7 +229,12 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   ps::WorkerClientOptions copt;
   copt.background = !local;  // an in-process ps answers inline: no transfer threads
   copt.step_timeout = absl::Seconds(o.step_timeout_secs);
+  copt.retry_window = absl::Seconds(o.rpc_retry_secs);
   ASSIGN_OR_RETURN(copt.wire_dtype, ps::ParseWireDtype(o.wire_dtype));
+  if (!o.push_journal_dir.empty() && !local) {
+    ASSIGN_OR_RETURN(c->push_journal, ps::PushJournal::Open(Env::Default(), o.push_journal_dir, o.worker_id));
+    copt.push_journal = c->push_journal.get();
+  }
   c->client = std::make_unique<ps::WorkerClient>(c->tasks, c->placement.task_slices, local ? 0 : o.worker_id,
                                                  chief, copt);
   return absl::OkStatus();
@@ -259,7 +266,9 @@ absl::Status ResumeInput(const WorkerOptions& o, Connection* c, TrainingData* d)
   if (position.empty()) return absl::OkStatus();
   absl::Status s = d->stream->Restore(position);
   if (s.ok()) {
-    if (!o.quiet) LOG(INFO) << "worker " << o.worker_id << ": input resumes where the restored checkpoint left it";
+    if (!o.quiet) LOG(INFO) << "worker " << o.worker_id
+                            << ": input resumes where ps 0 says it stopped (a restored checkpoint, or this "
+                               "worker's newest commit)";
   } else if (s.code() == absl::StatusCode::kFailedPrecondition) {
     LOG(WARNING) << "worker " << o.worker_id << ": the checkpoint's input position does not fit this worker's "
                  << "input (" << s.message() << "): reading from the start of its shard instead";
@@ -467,7 +476,21 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     }
   }
   RETURN_IF_ERROR(CollectLosses(steps, result));
-  ASSIGN_OR_RETURN(at, settle());
+  // The last step's pull has shown the end of training: every step this worker took part in was decided (sync) or
+  // handled (async; a pull waits for its push). If a ps task died after deciding it, before the answer to this
+  // worker's push went out, that push is now retried against a new process that has no session for it: connecting
+  // again would only wait for a chief that has finished. The push's answer does not matter any more.
+  absl::StatusOr<ps::PullResult> settled = steps->Settle();
+  const bool ended = at.step >= o.train_steps || at.training_done;
+  if (!settled.ok() && ended &&
+      (absl::IsAborted(settled.status()) || absl::IsUnavailable(settled.status()) ||
+       absl::IsDeadlineExceeded(settled.status()))) {
+    LOG(WARNING) << "worker " << o.worker_id << ": training reached step " << at.step
+                 << "; the answer to its last push was lost (" << settled.status().message()
+                 << "), which changes nothing: every step it took part in was decided";
+  } else {
+    ASSIGN_OR_RETURN(at, settled.ok() ? settled : recover(settled.status()));
+  }
   result->seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result->examples = result->local_steps * examples_per_step;
   result->global_step = at.step;

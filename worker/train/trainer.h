@@ -120,6 +120,7 @@ struct WorkerOptions {
   double startup_wait_secs = 300;  // how long to wait for ps tasks / the chief
   bool quiet = false;           // no progress lines (tests)
   double step_timeout_secs = 120;  // how long a step may wait for the ps (another worker's gradients)
+  double rpc_retry_secs = 30;      // how long uploads and pulls that fail with Unavailable/DeadlineExceeded retry
   std::string wire_dtype = "fp32";  // fp32 | bf16 | fp16: gradients and parameters on the wire
   int step_delay_ms = 0;        // test hook: sleep this long every step (a slow worker)
   int64_t kill_mid_push_at_step = -1;  // test hook: SIGKILL this process mid-push at this step (-1: never)
@@ -139,6 +140,9 @@ struct WorkerOptions {
 
   // Output files.
   std::string metrics_file;  // this worker's loss of every local step, as CSV "local_step,loss" (exact floats)
+  // A cluster worker: every push ps 0 acknowledged, recorded in a journal file in this directory
+  // (ps/client/push_journal.h) for scripts/check_updates.py (empty: none).
+  std::string push_journal_dir;
   // Chief: the final parameters written as this ONNX file (the imported file with its initializers trained,
   // worker/models/onnx/onnx_export.h); the model must be an ONNX import (InvalidArgument otherwise).
   std::string export_onnx;

@@ -3,7 +3,7 @@
 // and the time to import a 20 M-parameter file.
 #include "worker/models/onnx/onnx_import.h"
 
-#include <chrono>
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -438,8 +438,9 @@ TEST(OnnxImportTest, FilesThatAreMissingOrNotOnnx) {
   EXPECT_THAT(garbage.status().message(), HasSubstr("notes.onnx: not an ONNX model"));
 }
 
-// A 20 M-parameter file (fc layers 784 -> 5000 -> 3200 -> 10, 20.0 M floats, 80 MB) imports in under a second.
-TEST(OnnxImportTest, ImportsA20MParameterFileInUnderASecond) {
+// A 20 M-parameter file (fc layers 784 -> 5000 -> 3200 -> 10, 20.0 M floats, 80 MB) imports whole (how long it
+// takes is a benchmark's matter: onnx_import_bench).
+TEST(OnnxImportTest, ImportsA20MParameterFile) {
   dtrain::testing::ScratchDir dir("onnx_import");
   OnnxBuilder b;
   b.Input("x", {-1, 784})
@@ -457,17 +458,15 @@ TEST(OnnxImportTest, ImportsA20MParameterFileInUnderASecond) {
       .Output("logits", {-1, 10});
   const std::string path = dir.path() + "/big.onnx";
   ASSERT_TRUE(WriteFileAtomically(path, b.Bytes()).ok());
-  const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<ModelRef> spec = ImportModel(path);
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<std::vector<VariableInfo>> vars = ModelVariables(**spec, Images(1, 28, 28));
   ASSERT_TRUE(vars.ok());
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(TotalSize(*vars), 5000 * 784 + 5000 + 3200 * 5000 + 3200 + 32000 + 10);
-  std::printf("import of %.1f M parameters: %.3f s\n", TotalSize(*vars) / 1e6, secs);
-#if !defined(__SANITIZE_ADDRESS__)  // (not timed under AddressSanitizer)
-  EXPECT_LT(secs, 1.0);
-#endif
+  ASSERT_EQ(vars->size(), 6u);
+  const auto fc2 = std::find_if(vars->begin(), vars->end(), [](const VariableInfo& v) { return v.name == "fc2.weight"; });
+  ASSERT_NE(fc2, vars->end());
+  EXPECT_EQ(fc2->size(), 3200 * 5000);
 }
 
 }  // namespace
