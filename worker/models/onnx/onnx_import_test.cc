@@ -358,14 +358,12 @@ TEST(OnnxImportTest, RefusesAnEvalModeExport) {
 }
 
 TEST(OnnxImportTest, RefusesAttributesItCannotExpress) {
-  {  // Flatten that merges the batch
+  {  // Flatten at axis 2 merges the batch with the channels ([4 N, 196]): the Gemm's weight no longer fits
     OnnxBuilder b = Cnn();
     b.model().mutable_graph()->mutable_node(11)->set_op_type("Flatten");  // the Reshape
     b.model().mutable_graph()->mutable_node(11)->mutable_input()->RemoveLast();
     *b.model().mutable_graph()->mutable_node(11)->add_attribute() = IntAttr("axis", 2);
-    EXPECT_EQ(Refusal(b), absl::StrCat("model.onnx: node '/Reshape' (Flatten): attribute axis=2 merges the batch axis "
-                                       "with others (supported: axis=1, one row per example); ",
-                                       kHint));
+    EXPECT_EQ(Refusal(b), "model: node '/fc/Gemm' (Gemm): its weight 'fc.weight' has shape 10x784, expected 10x196");
   }
   {  // Reshape to a literal batch
     OnnxBuilder b = Mlp();
@@ -380,8 +378,8 @@ TEST(OnnxImportTest, RefusesAttributesItCannotExpress) {
     n->add_output("rr");
     // Move it before fc2 (nodes in topological order).
     for (int k = g->node_size() - 1; k > 2; --k) g->mutable_node()->SwapElements(k, k - 1);
-    EXPECT_EQ(Refusal(b), absl::StrCat("model.onnx: node '/Reshape' (Reshape): shape [50,32] changes the batch axis "
-                                       "(supported: the batch size kept first: x.size(0), 0, or -1 with the other "
+    EXPECT_EQ(Refusal(b), absl::StrCat("model.onnx: node '/Reshape' (Reshape): shape [50,32] leaves no room for the "
+                                       "batch (supported: the batch size as x.size(0), 0, or -1 with the other "
                                        "sizes fixed); ",
                                        kHint));
   }
@@ -420,13 +418,21 @@ TEST(OnnxImportTest, RefusesAttributesItCannotExpress) {
   }
 }
 
-TEST(OnnxImportTest, RefusesASoftmaxThatIsNotTheHead) {
+TEST(OnnxImportTest, ASoftmaxInsideTheGraphIsComputedAndTheHeadStripped) {
   OnnxBuilder b = Mlp();
-  b.model().mutable_graph()->mutable_node(1)->set_op_type("Softmax");
-  EXPECT_EQ(Refusal(b), absl::StrCat("model.onnx: node '/Relu' (Softmax): its output 'r' is read by node "
-                                     "'/fc2/Gemm' (supported: Softmax only as the model's head, the graph's last "
-                                     "node); ",
-                                     kHint));
+  b.model().mutable_graph()->mutable_node(1)->set_op_type("Softmax");  // between the two Gemms
+  b.Node("LogSoftmax", {"logits"}, {"log_probs"}, {IntAttr("axis", -1)}, "/LogSoftmax");
+  b.model().mutable_graph()->mutable_output(0)->set_name("log_probs");
+  absl::StatusOr<ModelRef> spec = Import(b);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<Graph> g = (*spec)->build_graph(Images(1, 28, 28));
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<Op> ops;
+  for (const Node& n : g->nodes) ops.push_back(n.op);
+  EXPECT_EQ(ops, std::vector<Op>({Op::kReshape, Op::kDense, Op::kSoftmax, Op::kDense}));
+  EXPECT_EQ(g->nodes[2].axis, 1);  // the features' full axis (the batch's is 0)
+  EXPECT_FALSE(g->nodes[2].log_softmax);
+  EXPECT_EQ(g->tensor_names[g->output], "logits");
 }
 
 TEST(OnnxImportTest, FilesThatAreMissingOrNotOnnx) {
