@@ -92,7 +92,8 @@ enum class Op {
   kInteraction,    // inputs {x: (F, d)}; DLRM's pairwise dot products -> (F (F - 1) / 2)
   // Tensor ops of imported graphs (any layout unless noted; axes are full axes):
   kTranspose,      // inputs {x}; attrs perm: y's full axis k is x's perm[k] (the batch may move)
-  kMatMul,         // inputs {a, b}: products of the matrices in their last two full axes; the leading axes equal
+  kMatMul,         // inputs {a, b}: products of the matrices in their last two full axes (each transposed when
+                   // trans_a / trans_b); the leading axes equal
   kSoftmax,        // inputs {x: not an image}; attrs axis, log_softmax
   kLayerNorm,      // inputs {x: not an image}; vars {scale, bias?} of the normalized dims; attrs axis (the first
                    // normalized full axis; all after it are normalized), epsilon
@@ -142,6 +143,7 @@ struct Node {
   int axis = 0;                        // kConcat, kSoftmax, kLayerNorm, kGather (a full axis)
   std::vector<int> perm;               // kTranspose
   bool log_softmax = false;            // kSoftmax
+  bool trans_a = false, trans_b = false;  // kMatMul: a's (b's) last two axes are [k, m] ([n, k])
   kernels::ReduceKind reduce = kernels::ReduceKind::kSum;  // kReduce
   std::vector<int> axes;               // kReduce
   std::vector<int64_t> starts, steps;  // kSlice, per full axis

@@ -195,9 +195,11 @@ absl::Status GraphNetwork::BuildTensorOp(Step& s) {
       const size_t r = ad.size();
       kernels::MatMulParams p;
       p.batch = Product(ad, 0, r - 2);
-      p.m = ad[r - 2];
-      p.k = ad[r - 1];
-      p.n = bd[r - 1];
+      p.trans_a = n.trans_a;
+      p.trans_b = n.trans_b;
+      p.m = ad[n.trans_a ? r - 1 : r - 2];
+      p.k = ad[n.trans_a ? r - 2 : r - 1];
+      p.n = bd[n.trans_b ? r - 2 : r - 1];
       ASSIGN_OR_RETURN(s.matmul, device_->MakeMatMul(p));
       return absl::OkStatus();
     }

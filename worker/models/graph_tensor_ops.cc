@@ -83,15 +83,19 @@ absl::Status GraphBuilder::InferTensorOp(Node& node, const std::vector<VariableI
       const TensorShape& tb = graph_.tensors[inputs[1]];
       const std::vector<int64_t> a = ta.SymbolicDims(), b = tb.SymbolicDims();
       const size_t r = a.size();
-      const bool fits = r >= 2 && b.size() == r && std::equal(a.begin(), a.end() - 2, b.begin()) &&
-                        a[r - 1] == b[r - 2] && a[r - 1] > 0 && a[r - 2] > 0 && b[r - 1] > 0;
+      const bool ranks = r >= 2 && b.size() == r;
+      const int64_t m = ranks ? a[node.trans_a ? r - 1 : r - 2] : 0, ka = ranks ? a[node.trans_a ? r - 2 : r - 1] : 0;
+      const int64_t kb = ranks ? b[node.trans_b ? r - 1 : r - 2] : 0, n = ranks ? b[node.trans_b ? r - 2 : r - 1] : 0;
+      const bool fits = ranks && std::equal(a.begin(), a.end() - 2, b.begin()) && ka == kb && m > 0 && ka > 0 && n > 0;
       if (!fits) {
-        return Error(node, absl::StrCat("cannot multiply ", ta.ToString(), " by ", tb.ToString(),
+        return Error(node, absl::StrCat("cannot multiply ", ta.ToString(), node.trans_a ? " (transposed)" : "", " by ",
+                                        tb.ToString(), node.trans_b ? " (transposed)" : "",
                                         " (supported: [..., m, k] x [..., k, n] with the same leading axes, the "
                                         "batch's included, outside the last two)"));
       }
       std::vector<int64_t> y = a;
-      y[r - 1] = b[r - 1];
+      y[r - 2] = m;
+      y[r - 1] = n;
       *out = FromSymbolic(y);
       return absl::OkStatus();
     }

@@ -26,7 +26,7 @@ const std::set<std::string>& ComputedOps() {
       "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Gemm", "MatMul", "Add", "Sub",
       "Mul", "Div", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Erf", "Sqrt", "Pow",
       "BatchNormalization", "LayerNormalization", "Dropout", "LRN", "Flatten", "Reshape", "Concat", "Identity",
-      "Pad", "Transpose", "Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss", "ReduceSum", "ReduceMean",
+      "Pad", "Transpose", "Einsum", "Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss", "ReduceSum", "ReduceMean",
       "ReduceMax", "Gather", "Slice", "Split", "Expand", "Tile", "Squeeze", "Unsqueeze", "Cast",
       // Shape arithmetic and constants (folded at import).
       "Constant", "Shape", "ConstantOfShape", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And",
@@ -85,13 +85,13 @@ constexpr char kEmbeddingBagHint[] =
 const std::string& SupportedOpsText() {
   static const std::string text =
       "supported: Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, Gemm, MatMul (by a weight or of two "
-      "tensors), Add, Sub, Mul, Div, Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid, HardSwish, Erf, Sqrt, Pow by "
-      "a constant, BatchNormalization, LayerNormalization, Dropout, LRN, Flatten, Reshape, Transpose, Concat, "
-      "Split, Slice, Gather and Expand/Tile of tensors, ReduceMean/ReduceMax/ReduceSum, Softmax/LogSoftmax, "
-      "Identity, Pad before Conv/AveragePool, SoftmaxCrossEntropyLoss as the head, Gather of an embedding "
-      "initializer by the int64 ids input (columns picked with Gather/Slice/Squeeze/Unsqueeze), Squeeze/Unsqueeze, "
-      "and shape arithmetic on constants (Constant, Shape, Gather, Unsqueeze, Squeeze, Slice, Cast, "
-      "ConstantOfShape, Range, Where, comparisons and arithmetic)";
+      "tensors), Einsum of batched matrix products, Add, Sub, Mul, Div, Relu, LeakyRelu, Clip, Sigmoid, Tanh, "
+      "HardSigmoid, HardSwish, Erf, Sqrt, Pow by a constant, BatchNormalization, LayerNormalization, Dropout, LRN, "
+      "Flatten, Reshape, Transpose, Concat, Split, Slice, Gather and Expand/Tile of tensors, "
+      "ReduceMean/ReduceMax/ReduceSum, Softmax/LogSoftmax, Identity, Pad before Conv/AveragePool, "
+      "SoftmaxCrossEntropyLoss as the head, Gather of an embedding initializer by the int64 ids input (columns "
+      "picked with Gather/Slice/Squeeze/Unsqueeze), Squeeze/Unsqueeze, and shape arithmetic on constants (Constant, "
+      "Shape, Gather, Unsqueeze, Squeeze, Slice, Cast, ConstantOfShape, Range, Where, comparisons and arithmetic)";
   return text;
 }
 

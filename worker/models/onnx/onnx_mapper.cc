@@ -523,6 +523,7 @@ absl::Status Mapper::MapNode(int i) {
   if (op == "Concat") return MapConcat(i);
   if (op == "Pad") return MapPad(i);
   if (op == "Transpose") return MapTranspose(i);
+  if (op == "Einsum") return MapEinsum(i);
   if (op == "Slice") return MapSlice(i);
   if (op == "Split") return MapSplit(i);
   if (op == "Expand") return MapExpand(i);

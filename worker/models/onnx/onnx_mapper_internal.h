@@ -143,6 +143,7 @@ class Mapper {
   // onnx_mapper_tensor.cc: the tensor ops of transformers and today's convolutional nets.
   absl::Status MapTranspose(int i);
   absl::Status MapMatMulOfTensors(int i);
+  absl::Status MapEinsum(int i);
   absl::Status MapSoftmax(int i);
   absl::Status MapLayerNorm(int i);
   absl::Status MapReduceOfTensor(int i);

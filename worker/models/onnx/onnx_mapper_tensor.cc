@@ -87,6 +87,53 @@ absl::Status Mapper::MapMatMulOfTensors(int i) {
   return Emit(i, Make(i, Op::kMatMul), {a, b}, {}, "", va->span);
 }
 
+absl::Status Mapper::MapEinsum(int i) {
+  const NodeProto& n = node(i);
+  // Batched matrix products: "<batch> m k, <batch> k n -> <batch> m n", either operand's last two labels in
+  // either order (MaxViT's "B G H I D, B G H J D -> B G H I J" is q k^T).
+  std::string eq;
+  for (char c : AttrString(n, "equation", "")) {
+    if (c != ' ') eq.push_back(c);
+  }
+  const size_t comma = eq.find(','), arrow = eq.find("->");
+  if (n.input_size() != 2 || comma == std::string::npos || arrow == std::string::npos || arrow < comma ||
+      eq.find("...") != std::string::npos) {
+    return Refuse(i, absl::StrCat("equation '", AttrString(n, "equation", ""), "' (supported: batched matrix "
+                                  "products of two operands, every axis labelled)"));
+  }
+  const std::string a = eq.substr(0, comma), b = eq.substr(comma + 1, arrow - comma - 1), y = eq.substr(arrow + 2);
+  const auto refuse = [&]() {
+    return Refuse(i, absl::StrCat("equation '", AttrString(n, "equation", ""),
+                                  "' is not a batched matrix product (supported: '<batch> m k, <batch> k n -> "
+                                  "<batch> m n', the last two labels of an operand in either order)"));
+  };
+  if (a.size() < 2 || a.size() != b.size() || y.size() != a.size()) return refuse();
+  const size_t r = a.size();
+  if (a.substr(0, r - 2) != b.substr(0, r - 2) || y.substr(0, r - 2) != a.substr(0, r - 2)) return refuse();
+  const char m = y[r - 2], nn = y[r - 1];
+  const std::string am = a.substr(r - 2), bm = b.substr(r - 2);
+  char k = 0;
+  for (char c : am) {
+    if (c != m) k = c;
+  }
+  if (k == 0 || am.find(m) == std::string::npos || bm.find(nn) == std::string::npos || bm.find(k) == std::string::npos ||
+      m == nn) {
+    return refuse();
+  }
+  ASSIGN_OR_RETURN(const int ta, PlainTensor(i, 0));
+  ASSIGN_OR_RETURN(const int tb, PlainTensor(i, 1));
+  ASSIGN_OR_RETURN(const Value* va, Get(i, 0));
+  ASSIGN_OR_RETURN(const Value* vb, Get(i, 1));
+  for (int j = 0; j < 2; ++j) {
+    for (int64_t axis : {-1, -2}) RETURN_IF_ERROR(FullAxis(i, j, axis, "matrix axis").status());
+  }
+  if (SpanOf(*va) != SpanOf(*vb)) return Refuse(i, "operands whose axes merge the batch differently");
+  Node mm = Make(i, Op::kMatMul);
+  mm.trans_a = am[0] == k;
+  mm.trans_b = bm[1] == k;
+  return Emit(i, std::move(mm), {ta, tb}, {}, "", va->span);
+}
+
 absl::Status Mapper::MapSoftmax(int i) {
   const NodeProto& n = node(i);
   ASSIGN_OR_RETURN(const int x, PlainTensor(i, 0));
