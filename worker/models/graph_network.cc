@@ -149,10 +149,21 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
   }
 
   // ---- activation buffers ----
+  // With a backward pass every activation is kept for it. Forward only (evaluation), a buffer is handed on once
+  // its last reader has run (best fit from a free list), so a deep net at a large evaluation batch holds only
+  // what is live at once.
   act_.assign(num_tensors, nullptr);
   ASSIGN_OR_RETURN(input_, Alloc(act_n_[0]));
   RETURN_IF_ERROR(device_->Fill(0.0f, input_, act_n_[0]));
   act_[0] = input_;
+  std::vector<int> last_use(num_tensors, -1);  // per root: the last node reading it
+  for (int i = 0; i < num_nodes; ++i) {
+    last_use[root[graph_.nodes[i].output]] = std::max(last_use[root[graph_.nodes[i].output]], i);
+    for (int t : graph_.nodes[i].inputs) last_use[root[t]] = std::max(last_use[root[t]], i);
+  }
+  last_use[root[0]] = last_use[root[graph_.output]] = num_nodes;  // the caller's input and output: never reused
+  std::multimap<int64_t, float*> free_buffers;                     // size -> buffer
+  std::vector<int64_t> capacity(num_tensors, 0);                   // per root: its buffer's size
   for (int i = 0; i < num_nodes; ++i) {
     const Node& n = graph_.nodes[i];
     const int out = n.output;
@@ -162,8 +173,25 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
       // The parameters' own memory (read only: BackwardReadsOutput keeps in-place ops off it).
       act_[out] = const_cast<float*>(params_) + var_offsets_[n.variables[0]];
       steps_[i].view = true;
+      last_use[out] = num_nodes;
     } else {
-      ASSIGN_OR_RETURN(act_[out], Alloc(act_n_[out]));
+      auto fit = with_backward ? free_buffers.end() : free_buffers.lower_bound(act_n_[out]);
+      if (fit != free_buffers.end()) {
+        act_[out] = fit->second;
+        capacity[out] = fit->first;
+        free_buffers.erase(fit);
+      } else {
+        ASSIGN_OR_RETURN(act_[out], Alloc(act_n_[out]));
+        capacity[out] = act_n_[out];
+      }
+    }
+    if (with_backward) continue;
+    std::vector<int> done = {root[out]};
+    for (int t : n.inputs) done.push_back(root[t]);
+    std::sort(done.begin(), done.end());
+    done.erase(std::unique(done.begin(), done.end()), done.end());
+    for (int r : done) {
+      if (last_use[r] == i && capacity[r] > 0) free_buffers.emplace(capacity[r], act_[r]);
     }
   }
   output_ = act_[graph_.output];
