@@ -435,6 +435,58 @@ TEST(OnnxImportTest, ASoftmaxInsideTheGraphIsComputedAndTheHeadStripped) {
   EXPECT_EQ(g->tensor_names[g->output], "logits");
 }
 
+// x [N, 784] as [N, 4, 196] (a 4-token sequence), an attention score of it and of its ReLU by Einsum, flattened
+// into a Gemm: MaxViT's q k^T ("... i d, ... j d -> ... i j") is a MatMul of two tensors, b transposed.
+OnnxBuilder EinsumNet(const std::string& equation, std::vector<int64_t> scores_shape) {
+  OnnxBuilder b;
+  const int64_t scores = scores_shape[1] * scores_shape[2];
+  b.Input("x", {-1, 784})
+      .Initializer("fc.weight", {10, scores}, Ramp(10 * scores))
+      .Initializer("fc.bias", {10}, Ramp(10))
+      .Constant(testing::IntTensor("seq_shape", {3}, {0, 4, 196}))
+      .Node("Reshape", {"x", "seq_shape"}, {"q"}, {}, "/Reshape")
+      .Node("Relu", {"q"}, {"k"}, {}, "/Relu")
+      .Node("Einsum", {"q", "k"}, {"s"}, {StringAttr("equation", equation)}, "/Einsum")
+      .Constant(testing::IntTensor("flat_shape", {2}, {0, -1}))
+      .Node("Reshape", {"s", "flat_shape"}, {"flat"}, {}, "/Reshape_1")
+      .Node("Gemm", {"flat", "fc.weight", "fc.bias"}, {"logits"}, {IntAttr("transB", 1)}, "/fc/Gemm")
+      .Output("logits", {-1, 10});
+  return b;
+}
+
+TEST(OnnxImportTest, EinsumOfBatchedMatrixProductsIsAMatMulOfTwoTensors) {
+  struct Case {
+    std::string equation;
+    bool trans_a, trans_b;
+    int64_t m, n;
+  };
+  for (const Case& c : {Case{"bid,bjd->bij", false, true, 4, 4}, Case{"b i d , b j d -> b i j", false, true, 4, 4},
+                        Case{"bdi,bdj->bij", true, false, 196, 196}}) {
+    SCOPED_TRACE(c.equation);
+    absl::StatusOr<ModelRef> spec = Import(EinsumNet(c.equation, {1, c.m, c.n}));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<Graph> g = (*spec)->build_graph(Images(1, 28, 28));
+    ASSERT_TRUE(g.ok()) << g.status();
+    const Node* mm = nullptr;
+    for (const Node& n : g->nodes) {
+      if (n.op == Op::kMatMul) mm = &n;
+    }
+    ASSERT_NE(mm, nullptr);
+    EXPECT_EQ(mm->trans_a, c.trans_a);
+    EXPECT_EQ(mm->trans_b, c.trans_b);
+    const std::vector<int64_t> dims = g->tensors[mm->output].SymbolicDims();
+    ASSERT_EQ(dims.size(), 3u);
+    EXPECT_EQ(dims[1], c.m);
+    EXPECT_EQ(dims[2], c.n);
+  }
+  // Not a batched matrix product: a reduction over i, a diagonal, an ellipsis.
+  for (const char* eq : {"bij,bjk->bk", "bii,bij->bij", "...ij,...jk->...ik"}) {
+    SCOPED_TRACE(eq);
+    EXPECT_THAT(Refusal(EinsumNet(eq, {1, 4, 4})),
+                HasSubstr("model.onnx: node '/Einsum' (Einsum): equation '" + std::string(eq) + "'"));
+  }
+}
+
 TEST(OnnxImportTest, FilesThatAreMissingOrNotOnnx) {
   absl::StatusOr<ModelRef> missing = ImportModel("/nonexistent/model.onnx");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
