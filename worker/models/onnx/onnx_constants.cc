@@ -200,34 +200,53 @@ absl::StatusOr<ConstRef> Concat(const ::onnx::NodeProto& n, const std::vector<co
 
 absl::StatusOr<ConstRef> Slice(const Const& data, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
                                const std::vector<int64_t>& axes, const std::vector<int64_t>& steps) {
-  if (data.dims.size() != 1) return Error("only 1-D data is folded");
-  if (starts.size() != 1 || ends.size() != 1 || axes.size() > 1 || steps.size() > 1) {
-    return Error("only one axis is folded");
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  if (rank == 0) return Error("Slice of a scalar");
+  if (starts.size() != ends.size() || (!axes.empty() && axes.size() != starts.size()) ||
+      (!steps.empty() && steps.size() != starts.size())) {
+    return Error("Slice's starts, ends, axes and steps differ in length");
   }
-  if (!axes.empty() && axes[0] != 0 && axes[0] != -1) return Error(absl::StrCat("axis ", axes[0], " of 1-D data"));
-  const int64_t len = data.dims[0];
-  const int64_t step = steps.empty() ? 1 : steps[0];
-  if (step == 0) return Error("step 0");
-  auto clamp = [&](int64_t v) {
-    if (v < 0) v += len;
-    return step > 0 ? std::clamp<int64_t>(v, 0, len) : std::clamp<int64_t>(v, -1, len - 1);
-  };
-  const int64_t b = clamp(starts[0]), e = clamp(ends[0]);
-  std::vector<int64_t> ints;
+  // Per axis: first index, step and count (every axis whole unless sliced).
+  std::vector<int64_t> first(rank, 0), stride(rank, 1), count = data.dims;
+  std::vector<bool> seen(rank, false);
+  for (size_t j = 0; j < starts.size(); ++j) {
+    int64_t axis = axes.empty() ? static_cast<int64_t>(j) : axes[j];
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank || seen[axis]) return Error(absl::StrCat("Slice axis ", axis, " of rank ", rank));
+    seen[axis] = true;
+    const int64_t len = data.dims[axis];
+    const int64_t step = steps.empty() ? 1 : steps[j];
+    if (step == 0) return Error("step 0");
+    auto clamp = [&](int64_t v) {
+      if (v < 0) v += len;
+      return step > 0 ? std::clamp<int64_t>(v, 0, len) : std::clamp<int64_t>(v, -1, len - 1);
+    };
+    const int64_t b = clamp(starts[j]), e = clamp(ends[j]);
+    first[axis] = b;
+    stride[axis] = step;
+    count[axis] = step > 0 ? std::max<int64_t>(0, (e - b + step - 1) / step)
+                           : std::max<int64_t>(0, (b - e + (-step) - 1) / (-step));
+  }
+  const int64_t n = Product(count);
+  std::vector<int64_t> ints, batch;
   std::vector<float> floats;
-  std::vector<int64_t> batch;
-  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) {
+  std::vector<int64_t> pos(rank, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t src = 0;
+    for (int64_t a = 0; a < rank; ++a) src = src * data.dims[a] + first[a] + pos[a] * stride[a];
     if (data.type == Const::Type::kInt) {
-      ints.push_back(data.ints[i]);
-      batch.push_back(data.batch_factor(i));
+      ints.push_back(data.ints[src]);
+      batch.push_back(data.batch_factor(src));
     } else {
-      floats.push_back((*data.floats)[i]);
+      floats.push_back((*data.floats)[src]);
+    }
+    for (int64_t a = rank - 1; a >= 0; --a) {
+      if (++pos[a] < count[a]) break;
+      pos[a] = 0;
     }
   }
-  const int64_t count = data.type == Const::Type::kInt ? static_cast<int64_t>(ints.size())
-                                                        : static_cast<int64_t>(floats.size());
-  if (data.type == Const::Type::kInt) return MakeInts({count}, std::move(ints), std::move(batch));
-  return MakeFloats({count}, std::move(floats));
+  if (data.type == Const::Type::kInt) return MakeInts(count, std::move(ints), std::move(batch));
+  return MakeFloats(count, std::move(floats));
 }
 
 absl::StatusOr<ConstRef> Cast(const ::onnx::NodeProto& n, const Const& data) {
@@ -434,6 +453,48 @@ absl::StatusOr<ConstRef> Where(const Const& cond, const Const& a, const Const& b
   if (cond.any_batch()) return Error("Where with a condition of the batch size");
   if (a.type == Const::Type::kInt) return MakeInts(dims, std::move(ints), std::move(batch));
   return MakeFloats(dims, std::move(floats));
+}
+
+// ScatterND (reduction none) of constants: data with the slices at indices [..., k] replaced by updates (Swin's
+// shifted-window attention mask, built by slice assignments into zeros).
+absl::StatusOr<ConstRef> ScatterND(const ::onnx::NodeProto& n, const Const& data, const Const& indices,
+                                   const Const& updates) {
+  if (AttrString(n, "reduction", "none") != "none") {
+    return Error(absl::StrCat("ScatterND with reduction '", AttrString(n, "reduction", "none"), "' of constants"));
+  }
+  if (indices.type != Const::Type::kInt || indices.dims.empty()) return Error("ScatterND indices are not integers");
+  if (data.type != updates.type) return Error("ScatterND of data and updates of different types");
+  if (data.any_batch() || indices.any_batch() || updates.any_batch()) return Error("ScatterND of the batch size");
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  const int64_t k = indices.dims.back();
+  if (k < 1 || k > rank) return Error(absl::StrCat("ScatterND index depth ", k, " for rank ", rank));
+  int64_t slice = 1;
+  for (int64_t a = k; a < rank; ++a) slice *= data.dims[a];
+  const int64_t count = indices.size() / k;
+  if (updates.size() != count * slice) {
+    return Error(absl::StrCat("ScatterND updates of ", updates.size(), " values for ", count, " slices of ", slice));
+  }
+  std::vector<int64_t> ints = data.ints;
+  std::vector<float> floats = data.type == Const::Type::kFloat ? *data.floats : std::vector<float>{};
+  for (int64_t u = 0; u < count; ++u) {
+    int64_t offset = 0;
+    for (int64_t a = 0; a < k; ++a) {
+      int64_t idx = indices.ints[u * k + a];
+      if (idx < 0) idx += data.dims[a];
+      if (idx < 0 || idx >= data.dims[a]) return Error(absl::StrCat("ScatterND index ", idx, " out of range"));
+      offset = offset * data.dims[a] + idx;
+    }
+    offset *= slice;
+    for (int64_t e = 0; e < slice; ++e) {
+      if (data.type == Const::Type::kInt) {
+        ints[offset + e] = updates.ints[u * slice + e];
+      } else {
+        floats[offset + e] = (*updates.floats)[u * slice + e];
+      }
+    }
+  }
+  if (data.type == Const::Type::kInt) return MakeInts(data.dims, std::move(ints));
+  return MakeFloats(data.dims, std::move(floats));
 }
 
 // Element i of a constant broadcast to `dims` (Expand).
@@ -661,7 +722,7 @@ bool IsFoldable(const std::string& op) {
       "Constant", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div", "Mod",
       "Pow", "Reshape", "Identity", "ConstantOfShape", "Flatten", "Equal", "Less", "Greater", "LessOrEqual",
       "GreaterOrEqual", "And", "Or", "Not", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log", "Floor", "Ceil",
-      "Where", "Expand", "Transpose", "Range"};
+      "Where", "Expand", "Transpose", "Range", "ScatterND"};
   return kOps.count(op) > 0;
 }
 
@@ -758,6 +819,12 @@ absl::StatusOr<std::vector<ConstRef>> FoldNode(const ::onnx::NodeProto& n, const
     int64_t outer = 1;
     for (int64_t k = 0; k < axis; ++k) outer *= data->dims[k];
     return Single(WithDims(*data, {outer, data->size() / std::max<int64_t>(outer, 1)}));
+  }
+  if (op == "ScatterND") {
+    ASSIGN_OR_RETURN(const Const* data, need(0));
+    ASSIGN_OR_RETURN(const Const* indices, need(1));
+    ASSIGN_OR_RETURN(const Const* updates, need(2));
+    return Single(ScatterND(n, *data, *indices, *updates));
   }
   if (op == "ConstantOfShape") {
     ASSIGN_OR_RETURN(const Const* shape, need(0));

@@ -30,7 +30,8 @@ const std::set<std::string>& ComputedOps() {
       "ReduceMax", "Gather", "Slice", "Split", "Expand", "Tile", "Squeeze", "Unsqueeze", "Cast",
       // Shape arithmetic and constants (folded at import).
       "Constant", "Shape", "ConstantOfShape", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And",
-      "Or", "Not", "Neg", "Abs", "Reciprocal", "Exp", "Log", "Floor", "Ceil", "Where", "Range", "Mod"};
+      "Or", "Not", "Neg", "Abs", "Reciprocal", "Exp", "Log", "Floor", "Ceil", "Where", "Range", "Mod",
+      "ScatterND"};
   return ops;
 }
 
@@ -91,7 +92,8 @@ const std::string& SupportedOpsText() {
       "ReduceMean/ReduceMax/ReduceSum, Softmax/LogSoftmax, Identity, Pad before Conv/AveragePool, "
       "SoftmaxCrossEntropyLoss as the head, Gather of an embedding initializer by the int64 ids input (columns "
       "picked with Gather/Slice/Squeeze/Unsqueeze), Squeeze/Unsqueeze, and shape arithmetic on constants (Constant, "
-      "Shape, Gather, Unsqueeze, Squeeze, Slice, Cast, ConstantOfShape, Range, Where, comparisons and arithmetic)";
+      "Shape, Gather, Unsqueeze, Squeeze, Slice, Cast, ConstantOfShape, Range, Where, ScatterND, comparisons and "
+      "arithmetic)";
   return text;
 }
 

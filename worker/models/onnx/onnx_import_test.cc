@@ -276,6 +276,36 @@ TEST(OnnxImportTest, ConstantOperandsAreConstantVariables) {
   for (int k = 0; k < 3; ++k) EXPECT_EQ(grads[1 + 18 + k], 0.0f) << "the constant bias, " << k;
 }
 
+// Swin's attention mask: slice assignments into zeros (ScatterND of constants) folded at import into a constant
+// operand, which is added to the activations.
+TEST(OnnxImportTest, ScatterNDOfConstantsFoldsIntoAConstantOperand) {
+  ::onnx::AttributeProto zero;
+  zero.set_name("value");
+  zero.set_type(::onnx::AttributeProto::TENSOR);
+  *zero.mutable_t() = testing::FloatTensor("", {1}, {0.0f});
+  OnnxBuilder b;
+  b.Input("x", {-1, 6})
+      .Constant(testing::IntTensor("/mask_shape", {1}, {6}))
+      .Node("ConstantOfShape", {"/mask_shape"}, {"/zeros"}, {zero}, "/ConstantOfShape")
+      .Constant(testing::IntTensor("/rows", {2, 1}, {1, -2}))
+      .Constant(testing::FloatTensor("/values", {2}, {-100.0f, -50.0f}))
+      .Node("ScatterND", {"/zeros", "/rows", "/values"}, {"/mask"}, {}, "/ScatterND")
+      .Node("Add", {"x", "/mask"}, {"masked"}, {}, "/Add")
+      .Initializer("fc.weight", {3, 6}, Ramp(18))
+      .Node("Gemm", {"masked", "fc.weight"}, {"logits"}, {IntAttr("transB", 1)}, "/fc/Gemm")
+      .Output("logits", {-1, 3});
+  absl::StatusOr<ModelRef> spec = Import(b);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::vector<VariableInfo>> vars = ModelVariables(**spec, Images(6, 1, 1, 3));
+  ASSERT_TRUE(vars.ok()) << vars.status();
+  ASSERT_EQ(vars->size(), 2u);
+  EXPECT_FALSE((*vars)[0].trainable);
+  ASSERT_EQ((*vars)[0].size(), 6);
+  const std::vector<float> params = InitialParameters(*vars, 1);
+  EXPECT_EQ(std::vector<float>(params.begin(), params.begin() + 6),
+            std::vector<float>({0.0f, -100.0f, 0.0f, 0.0f, -50.0f, 0.0f}));
+}
+
 // ---- refusals: one line naming the node, its op and the attribute, what is supported, the export hint ----
 
 TEST(OnnxImportTest, RefusesAnOperatorItDoesNotCompute) {
