@@ -1134,6 +1134,18 @@ absl::Status Mapper::MapConcat(int i) {
 
 absl::Status Mapper::MapPad(int i) {
   const NodeProto& n = node(i);
+  {
+    // Pads of zero (any mode, any tensor) change nothing: Swin's F.pad to a multiple of its window when the
+    // image already is one.
+    ASSIGN_OR_RETURN(const Const* pads, ConstIn(i, 1));
+    bool none = pads != nullptr && pads->size() > 0;
+    for (int64_t k = 0; none && k < pads->size(); ++k) none = pads->at(k) == 0.0;
+    if (none) {
+      ASSIGN_OR_RETURN(int t, Tensor(i, 0));
+      ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
+      return Alias(i, t, v->span);
+    }
+  }
   ASSIGN_OR_RETURN(int x, ImageTensor(i, 0));
   const std::string mode = AttrString(n, "mode", "constant");
   if (mode != "constant") {
