@@ -95,7 +95,8 @@ def run_pytorch(a):
 def run_dtrain(a, model):
     cmd = [os.path.join(a.bin, "dtrain_bench"), "--model=" + model, "--batch_size=%d" % a.batch_size,
            "--threads=%d" % a.threads, "--optimizer=" + a.optimizer, "--learning_rate=%g" % a.learning_rate,
-           "--windows=%d" % a.windows, "--window_steps=%d" % a.window_steps, "--steps_total=0"]
+           "--windows=%d" % a.windows, "--window_steps=%d" % a.window_steps, "--steps_total=0",
+           "--synthetic_examples=%d" % (16 * a.batch_size)]  # the 16 batches it times, as PyTorch's side holds
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     m = re.search(r"median=([0-9.]+)", out)
     if not m:
