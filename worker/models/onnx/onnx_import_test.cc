@@ -3,6 +3,7 @@
 // and the time to import a 20 M-parameter file.
 #include "worker/models/onnx/onnx_import.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -304,6 +305,27 @@ TEST(OnnxImportTest, ScatterNDOfConstantsFoldsIntoAConstantOperand) {
   const std::vector<float> params = InitialParameters(*vars, 1);
   EXPECT_EQ(std::vector<float>(params.begin(), params.begin() + 6),
             std::vector<float>({0.0f, -100.0f, 0.0f, 0.0f, -50.0f, 0.0f}));
+}
+
+// F.pad by zeros (Swin's pad to a multiple of its window when the image already is one) of a tensor that no Conv
+// reads: nothing to compute.
+TEST(OnnxImportTest, APadOfZerosIsTheIdentity) {
+  OnnxBuilder b = Mlp();
+  b.Constant(testing::IntTensor("/pads", {4}, {0, 0, 0, 0}));
+  b.Node("Pad", {"r", "/pads"}, {"padded"}, {}, "/Pad");
+  b.model().mutable_graph()->mutable_node(2)->set_input(0, "padded");  // fc2 reads the Pad
+  std::rotate(b.model().mutable_graph()->mutable_node()->begin() + 2,
+              b.model().mutable_graph()->mutable_node()->end() - 2, b.model().mutable_graph()->mutable_node()->end());
+  absl::StatusOr<ModelRef> spec = Import(b);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<Graph> g = (*spec)->build_graph(Images(1, 28, 28));
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<Op> ops;
+  for (const Node& n : g->nodes) ops.push_back(n.op);
+  EXPECT_EQ(ops, std::vector<Op>({Op::kReshape, Op::kDense, Op::kRelu, Op::kDense}));
+  // Non-zero pads of a tensor no Conv reads stay refused.
+  b.model().mutable_graph()->mutable_node(2)->mutable_attribute(0)->mutable_t()->set_int64_data(1, 1);
+  EXPECT_THAT(Refusal(b), HasSubstr("node '/Pad' (Pad)"));
 }
 
 // ---- refusals: one line naming the node, its op and the attribute, what is supported, the export hint ----
