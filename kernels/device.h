@@ -75,6 +75,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/optimizer_ops.h"
+#include "kernels/tensor_ops.h"
 
 namespace dtrain::kernels {
 
@@ -279,13 +280,29 @@ class Binary {
   virtual absl::Status Backward(const float* a, const float* b, const float* dy, float* da, float* db) = 0;
 };
 
-// Elementwise activations beyond ReLU (kernels with no state).
+// Elementwise activations beyond ReLU (kernels with no state). Gradients at the kinks are PyTorch's.
 struct ActivationParams {
-  enum class Kind { kLeakyRelu, kClip, kSigmoid, kTanh };
+  enum class Kind {
+    kLeakyRelu,    // y = x < 0 ? alpha x : x; slope alpha at 0
+    kClip,         // y = min(max(x, lo), hi); gradient 1 strictly inside, 0 outside
+    kSigmoid,      // y = 1 / (1 + exp(-x))
+    kTanh,
+    kHardSigmoid,  // y = max(0, min(1, alpha x + beta)) (ONNX's alpha 0.2, PyTorch's 1/6 and beta 0.5);
+                   // gradient alpha strictly inside (0, 1)
+    kHardSwish,    // y = x max(0, min(1, x / 6 + 1 / 2)); gradient 0 below -3, x / 3 + 1 / 2 up to 3, 1 above
+    kGelu,         // y = x / 2 (1 + erf(x / sqrt 2)) (the exact GELU; ONNX exports it as Div, Erf, Add, Mul, Mul)
+    kSilu,         // y = x sigmoid(x) (SiLU / swish; exported as Sigmoid and Mul)
+    kErf,          // y = erf(x)
+    kSqrt,         // y = sqrt(x)
+    kPow,          // y = x ^ exponent (gradient exponent x ^ (exponent - 1))
+  };
   Kind kind = Kind::kSigmoid;
-  float alpha = 0.01f;             // kLeakyRelu: y = x < 0 ? alpha x : x; slope alpha at 0 (PyTorch's)
-  float lo = 0.0f, hi = 6.0f;      // kClip: y = min(max(x, lo), hi); gradient 1 strictly inside, 0 outside
+  float alpha = 0.01f;             // kLeakyRelu's slope; kHardSigmoid's alpha
+  float lo = 0.0f, hi = 6.0f;      // kClip
+  float beta = 0.5f;               // kHardSigmoid
+  float exponent = 2.0f;           // kPow
 };
+const char* ActivationName(ActivationParams::Kind kind);
 
 // An embedding table's rows gathered by index: y[i, :] = table[index[i], :]. Indices are int32 row numbers in
 // a buffer of the device (Alloc'd floats reinterpreted: one int32 per float), so that a step's lookups need no
@@ -496,6 +513,14 @@ class Device {
   // DLRM interaction (InteractionParams) and its backward (dx overwritten).
   virtual absl::Status Interaction(const InteractionParams& p, const float* x, float* y);
   virtual absl::Status InteractionBackward(const InteractionParams& p, const float* x, const float* dy, float* dx);
+  // ---- tensor ops of imported graphs (kernels/tensor_ops.h; default: Unimplemented naming the op) ----
+  // The strided copy StridedCopyParams describes (accumulate: dst +=). InvalidArgument for bad params.
+  virtual absl::Status StridedCopy(const StridedCopyParams& p, const float* src, float* dst, bool accumulate);
+  virtual absl::StatusOr<std::unique_ptr<Reduce>> MakeReduce(const ReduceParams& p);
+  virtual absl::StatusOr<std::unique_ptr<Softmax>> MakeSoftmax(const SoftmaxParams& p);
+  virtual absl::StatusOr<std::unique_ptr<LayerNorm>> MakeLayerNorm(const LayerNormParams& p);
+  virtual absl::StatusOr<std::unique_ptr<MatMul>> MakeMatMul(const MatMulParams& p);
+
   // Mean sigmoid cross-entropy of batch logits against labels in {0, 1} (floats):
   //   loss = mean(max(z, 0) - z * t + log(1 + exp(-|z|))),  dlogits = (sigmoid(z) - t) / batch.
   // A label other than 0 or 1 is InvalidArgument "SigmoidCrossEntropy: label L of row R is not 0 or 1", reported

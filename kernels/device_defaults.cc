@@ -12,6 +12,24 @@ absl::Status Missing(const Device& d, const char* op) {
 
 }  // namespace
 
+const char* ActivationName(ActivationParams::Kind kind) {
+  using Kind = ActivationParams::Kind;
+  switch (kind) {
+    case Kind::kLeakyRelu: return "LeakyRelu";
+    case Kind::kClip: return "Clip";
+    case Kind::kSigmoid: return "Sigmoid";
+    case Kind::kTanh: return "Tanh";
+    case Kind::kHardSigmoid: return "HardSigmoid";
+    case Kind::kHardSwish: return "HardSwish";
+    case Kind::kGelu: return "Gelu";
+    case Kind::kSilu: return "Silu";
+    case Kind::kErf: return "Erf";
+    case Kind::kSqrt: return "Sqrt";
+    case Kind::kPow: return "Pow";
+  }
+  return "?";
+}
+
 absl::StatusOr<std::unique_ptr<AvgPool>> Device::MakeAvgPool(const PoolParams&) { return Missing(*this, "AvgPool"); }
 absl::StatusOr<std::unique_ptr<BatchNorm>> Device::MakeBatchNorm(const BatchNormParams&) {
   return Missing(*this, "BatchNorm");
@@ -47,6 +65,19 @@ absl::Status Device::Interaction(const InteractionParams&, const float*, float*)
 }
 absl::Status Device::InteractionBackward(const InteractionParams&, const float*, const float*, float*) {
   return Missing(*this, "InteractionBackward");
+}
+absl::Status Device::StridedCopy(const StridedCopyParams&, const float*, float*, bool) {
+  return Missing(*this, "StridedCopy");
+}
+absl::StatusOr<std::unique_ptr<Reduce>> Device::MakeReduce(const ReduceParams&) { return Missing(*this, "Reduce"); }
+absl::StatusOr<std::unique_ptr<Softmax>> Device::MakeSoftmax(const SoftmaxParams&) {
+  return Missing(*this, "Softmax");
+}
+absl::StatusOr<std::unique_ptr<LayerNorm>> Device::MakeLayerNorm(const LayerNormParams&) {
+  return Missing(*this, "LayerNorm");
+}
+absl::StatusOr<std::unique_ptr<MatMul>> Device::MakeMatMul(const MatMulParams&) {
+  return Missing(*this, "MatMul (of two tensors)");
 }
 absl::Status Device::SigmoidCrossEntropy(const float*, const float*, int, float*, float*) {
   return Missing(*this, "SigmoidCrossEntropy");

@@ -149,6 +149,27 @@ void Activation(const ActivationParams& p, const float* x, float* y, int64_t n) 
       case ActivationParams::Kind::kTanh:
         r = std::tanh(v);
         break;
+      case ActivationParams::Kind::kHardSigmoid:
+        r = std::clamp(p.alpha * v + p.beta, 0.0, 1.0);
+        break;
+      case ActivationParams::Kind::kHardSwish:
+        r = v * std::clamp(v / 6 + 0.5, 0.0, 1.0);
+        break;
+      case ActivationParams::Kind::kGelu:
+        r = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+        break;
+      case ActivationParams::Kind::kSilu:
+        r = v * Sigmoid(v);
+        break;
+      case ActivationParams::Kind::kErf:
+        r = std::erf(v);
+        break;
+      case ActivationParams::Kind::kSqrt:
+        r = std::sqrt(v);
+        break;
+      case ActivationParams::Kind::kPow:
+        r = std::pow(v, static_cast<double>(p.exponent));
+        break;
     }
     y[i] = static_cast<float>(r);
   }
@@ -171,6 +192,29 @@ void ActivationBackward(const ActivationParams& p, const float* x, const float* 
         break;
       case ActivationParams::Kind::kTanh:
         d = 1 - std::tanh(v) * std::tanh(v);
+        break;
+      case ActivationParams::Kind::kHardSigmoid: {
+        const double u = p.alpha * v + p.beta;
+        d = u > 0 && u < 1 ? p.alpha : 0.0;
+        break;
+      }
+      case ActivationParams::Kind::kHardSwish:
+        d = v < -3 ? 0.0 : v <= 3 ? v / 3 + 0.5 : 1.0;  // PyTorch's hardswish_backward
+        break;
+      case ActivationParams::Kind::kGelu:
+        d = 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+        break;
+      case ActivationParams::Kind::kSilu:
+        d = Sigmoid(v) * (1 + v * (1 - Sigmoid(v)));
+        break;
+      case ActivationParams::Kind::kErf:
+        d = 2 / std::sqrt(M_PI) * std::exp(-v * v);
+        break;
+      case ActivationParams::Kind::kSqrt:
+        d = 0.5 / std::sqrt(v);
+        break;
+      case ActivationParams::Kind::kPow:
+        d = p.exponent * std::pow(v, static_cast<double>(p.exponent) - 1);
         break;
     }
     dx[i] = static_cast<float>(dy[i] * d);

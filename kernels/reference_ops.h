@@ -103,6 +103,23 @@ void InteractionBackward(const InteractionParams& p, const float* x, const float
 // and returns the mean loss.
 double SigmoidCrossEntropy(const float* logits, const float* labels, int batch, float* dlogits);
 
+// ---- tensor ops of imported graphs (kernels/tensor_ops.h; reference_tensor_ops.cc) ----
+void StridedCopy(const StridedCopyParams& p, const float* src, float* dst, bool accumulate);
+void ReduceForward(const ReduceParams& p, const float* x, float* y);
+// Max routes dy to the first maximum of each group of x (the forward's input).
+void ReduceBackward(const ReduceParams& p, const float* x, const float* dy, float* dx);
+void SoftmaxForward(const SoftmaxParams& p, const float* x, float* y);
+void SoftmaxBackward(const SoftmaxParams& p, const float* y, const float* dy, float* dx);
+// mean and var (biased) may be null.
+void LayerNormForward(const LayerNormParams& p, const float* x, const float* scale, const float* bias, float* y,
+                      float* mean, float* var);
+// dbias ignored without has_bias.
+void LayerNormBackward(const LayerNormParams& p, const float* x, const float* dy, const float* scale, float* dx,
+                       float* dscale, float* dbias);
+void MatMulForward(const MatMulParams& p, const float* a, const float* b, float* y);
+void MatMulBackwardA(const MatMulParams& p, const float* dy, const float* b, float* da);
+void MatMulBackwardB(const MatMulParams& p, const float* a, const float* dy, float* db);
+
 }  // namespace dtrain::kernels::reference
 
 #endif  // DTRAIN_KERNELS_REFERENCE_OPS_H_

@@ -9,6 +9,10 @@ median-of-windows examples/sec are printed with their ratio. Optionally the buil
 re-creates (--builtin=cnn) is timed too: the import's cost is the ratio of the two dtrain figures.
 
   scripts/compare_onnx_pytorch.py --example=resnet20 --batch_size=128 --threads=2 --optimizer=momentum
+  scripts/compare_onnx_pytorch.py --example=resnet50 --batch_size=32 --threads=2 --optimizer=momentum \\
+      --learning_rate=0.01 --warmup=1 --windows=3 --window_steps=2
+  scripts/compare_onnx_pytorch.py --example=vit_tiny --batch_size=64 --threads=2 --optimizer=adam \\
+      --learning_rate=1e-3
   scripts/compare_onnx_pytorch.py --example=cnn --builtin=cnn --batch_size=50 --threads=1 --optimizer=adam \\
       --learning_rate=1e-4
 
@@ -29,17 +33,22 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_blas  # noqa: E402
-EXAMPLES = {  # example -> (module, class, constructor kwargs, input shape)
-    "mlp": ("export_mlp", "MLP", {}, (784,)),
-    "lenet5": ("export_lenet5", "LeNet5", {}, (1, 28, 28)),
-    "cnn": ("export_cnn", "Cnn", {}, (1, 28, 28)),
-    "resnet20": ("export_resnet20", "ResNet", {"blocks": 3, "in_channels": 3}, (3, 32, 32)),
+EXAMPLES = {  # example -> (module, class or factory, constructor kwargs, input shape, the export script's arguments)
+    "mlp": ("export_mlp", "MLP", {}, (784,), []),
+    "lenet5": ("export_lenet5", "LeNet5", {}, (1, 28, 28), []),
+    "cnn": ("export_cnn", "Cnn", {}, (1, 28, 28), []),
+    "resnet20": ("export_resnet20", "ResNet", {"blocks": 3, "in_channels": 3}, (3, 32, 32), []),
+    # ViT-Tiny's width and depth on CIFAR-10-size images (examples/export_vit.py).
+    "vit_tiny": ("export_vit", "vit_tiny", {}, (3, 32, 32), []),
+    # torchvision's ResNet-50 (10 classes) on 224x224x3 images.
+    "resnet50": ("export_vit", "torchvision_model", {"name": "resnet50", "classes": 10}, (3, 224, 224),
+                 ["--torchvision=resnet50", "--classes=10"]),
 }
 
 
 def make_module(example):
     sys.path.insert(0, os.path.join(REPO, "examples"))
-    module_name, cls, kwargs, shape = EXAMPLES[example]
+    module_name, cls, kwargs, shape, _ = EXAMPLES[example]
     module = __import__(module_name)
     return getattr(module, cls)(**kwargs), shape
 
@@ -94,7 +103,8 @@ def run_pytorch(a):
 def run_dtrain(a, model):
     cmd = [os.path.join(a.bin, "dtrain_bench"), "--model=" + model, "--batch_size=%d" % a.batch_size,
            "--threads=%d" % a.threads, "--optimizer=" + a.optimizer, "--learning_rate=%g" % a.learning_rate,
-           "--windows=%d" % a.windows, "--window_steps=%d" % a.window_steps, "--steps_total=0"]
+           "--windows=%d" % a.windows, "--window_steps=%d" % a.window_steps, "--steps_total=0",
+           "--synthetic_examples=%d" % (16 * a.batch_size)]  # the 16 batches it times, as PyTorch's side holds
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     m = re.search(r"median=([0-9.]+)", out)
     if not m:
@@ -126,8 +136,8 @@ def main():
     dtrain_optimizer = "pytorch_adam" if a.optimizer == "adam" else a.optimizer
     work = tempfile.mkdtemp(prefix="dtrain_onnx_bench.")
     path = os.path.join(work, a.example + ".onnx")
-    subprocess.run(["/usr/bin/python3", os.path.join(REPO, "examples", "export_%s.py" % EXAMPLES[a.example][0][7:]),
-                    path], check=True, capture_output=True)
+    subprocess.run(["/usr/bin/python3", os.path.join(REPO, "examples", EXAMPLES[a.example][0] + ".py"), path] +
+                   EXAMPLES[a.example][4], check=True, capture_output=True)
     a_dtrain = argparse.Namespace(**vars(a))
     a_dtrain.optimizer = dtrain_optimizer
     dtrain, torch_rates, builtin, blas = [], [], [], set()

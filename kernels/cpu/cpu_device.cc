@@ -10,6 +10,7 @@
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/graph_loops.h"
+#include "kernels/cpu/tensor_loops.h"
 #include "kernels/device.h"
 #include "kernels/dropout_rng.h"
 
@@ -282,12 +283,16 @@ class CpuDevice final : public Device {
   // ---- ops of imported graphs and sparse models (kernels/cpu/graph_loops.h) ----
   absl::Status Activation(const ActivationParams& p, const float* x, float* y, int64_t n) override {
     RETURN_IF_ERROR(CheckCount("Activation", n));
+    if (cpu::HasDnnlEltwise(p.kind)) return cpu::DnnlEltwiseForward(ctx_, p, x, y, n);
+    cpu::UseThreads(spec_.threads);
     cpu::ActivationLoop(p, x, y, n, spec_.threads);
     return absl::OkStatus();
   }
   absl::Status ActivationBackward(const ActivationParams& p, const float* x, const float* y, const float* dy,
                                   float* dx, int64_t n) override {
     RETURN_IF_ERROR(CheckCount("ActivationBackward", n));
+    if (cpu::HasDnnlEltwise(p.kind)) return cpu::DnnlEltwiseBackward(ctx_, p, x, dy, dx, n);
+    cpu::UseThreads(spec_.threads);
     cpu::ActivationBackwardLoop(p, x, y, dy, dx, n, spec_.threads);
     return absl::OkStatus();
   }
@@ -311,6 +316,26 @@ class CpuDevice final : public Device {
     cpu::TransposeLoop(x, y, batch, rows, cols, spec_.threads);
     return absl::OkStatus();
   }
+  // ---- tensor ops (kernels/tensor_ops.h) ----
+  absl::Status StridedCopy(const StridedCopyParams& p, const float* src, float* dst, bool accumulate) override {
+    RETURN_IF_ERROR(CheckStridedCopyParams("StridedCopy", p));
+    cpu::UseThreads(spec_.threads);
+    cpu::StridedCopyLoop(p, src, dst, accumulate, spec_.threads);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<Reduce>> MakeReduce(const ReduceParams& p) override {
+    return cpu::MakeCpuReduce(ctx_, p);
+  }
+  absl::StatusOr<std::unique_ptr<Softmax>> MakeSoftmax(const SoftmaxParams& p) override {
+    return cpu::MakeCpuSoftmax(ctx_, p);
+  }
+  absl::StatusOr<std::unique_ptr<LayerNorm>> MakeLayerNorm(const LayerNormParams& p) override {
+    return cpu::MakeCpuLayerNorm(ctx_, p);
+  }
+  absl::StatusOr<std::unique_ptr<MatMul>> MakeMatMul(const MatMulParams& p) override {
+    return cpu::MakeCpuMatMul(ctx_, p);
+  }
+
   absl::Status BatchNormRunningDelta(const float* running_mean, const float* running_var, const float* batch_mean,
                                      const float* batch_var, int channels, int64_t count, float momentum,
                                      bool unbiased, float* d_mean, float* d_var) override {

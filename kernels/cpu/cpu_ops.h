@@ -22,6 +22,17 @@ absl::StatusOr<std::unique_ptr<Dense>> MakeCpuDense(const DnnlContext& ctx, cons
 absl::StatusOr<std::unique_ptr<BatchNorm>> MakeCpuBatchNorm(const DnnlContext& ctx, const BatchNormParams& p);
 // cpu_binary.cc (loops).
 absl::StatusOr<std::unique_ptr<Binary>> MakeCpuBinary(const DnnlContext& ctx, const BroadcastParams& p);
+// cpu_tensor_ops.cc (oneDNN matmul, softmax_v2 and layer_normalization; Reduce on tensor_loops.h).
+absl::StatusOr<std::unique_ptr<MatMul>> MakeCpuMatMul(const DnnlContext& ctx, const MatMulParams& p);
+absl::StatusOr<std::unique_ptr<Softmax>> MakeCpuSoftmax(const DnnlContext& ctx, const SoftmaxParams& p);
+absl::StatusOr<std::unique_ptr<LayerNorm>> MakeCpuLayerNorm(const DnnlContext& ctx, const LayerNormParams& p);
+absl::StatusOr<std::unique_ptr<Reduce>> MakeCpuReduce(const DnnlContext& ctx, const ReduceParams& p);
+// cpu_eltwise.cc: the activations oneDNN's eltwise primitive computes (GELU, SiLU), for CpuDevice::Activation.
+bool HasDnnlEltwise(ActivationParams::Kind kind);
+absl::Status DnnlEltwiseForward(const DnnlContext& ctx, const ActivationParams& p, const float* x, float* y,
+                                int64_t n);
+absl::Status DnnlEltwiseBackward(const DnnlContext& ctx, const ActivationParams& p, const float* x, const float* dy,
+                                 float* dx, int64_t n);
 // cpu_optimizer.cc. `step` is a counter of the calling CpuDevice (checked there); `threads` as the device's.
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeCpuOptimizer(const OptimizerParams& p,
                                                                   const DeviceCounter* step, int threads);

@@ -29,8 +29,9 @@ int64_t MinRows(int64_t cols) { return std::max<int64_t>(1, kParallelMinElements
 
 void ActivationLoop(const ActivationParams& p, const float* x, float* y, int64_t n, int threads) {
   // The transcendental ones are slower per element: parallel from fewer elements.
-  const int64_t min_parallel = p.kind == Kind::kLeakyRelu || p.kind == Kind::kClip ? kParallelMinElements
-                                                                                    : kParallelMinElements / 8;
+  const bool cheap = p.kind == Kind::kLeakyRelu || p.kind == Kind::kClip || p.kind == Kind::kHardSigmoid ||
+                     p.kind == Kind::kHardSwish;
+  const int64_t min_parallel = cheap ? kParallelMinElements : kParallelMinElements / 8;
   ForChunks(n, threads, min_parallel, [&](int64_t b, int64_t e) {
     switch (p.kind) {
       case Kind::kLeakyRelu: {
@@ -49,13 +50,42 @@ void ActivationLoop(const ActivationParams& p, const float* x, float* y, int64_t
       case Kind::kTanh:
         for (int64_t i = b; i < e; ++i) y[i] = std::tanh(x[i]);
         break;
+      case Kind::kHardSigmoid: {
+        const float alpha = p.alpha, beta = p.beta;
+        for (int64_t i = b; i < e; ++i) y[i] = std::min(std::max(alpha * x[i] + beta, 0.0f), 1.0f);
+        break;
+      }
+      case Kind::kHardSwish:
+        for (int64_t i = b; i < e; ++i) y[i] = x[i] * std::min(std::max(x[i] * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f);
+        break;
+      case Kind::kGelu:
+        for (int64_t i = b; i < e; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * static_cast<float>(M_SQRT1_2)));
+        break;
+      case Kind::kSilu:
+        for (int64_t i = b; i < e; ++i) y[i] = x[i] * Sigmoid(x[i]);
+        break;
+      case Kind::kErf:
+        for (int64_t i = b; i < e; ++i) y[i] = std::erf(x[i]);
+        break;
+      case Kind::kSqrt:
+        for (int64_t i = b; i < e; ++i) y[i] = std::sqrt(x[i]);
+        break;
+      case Kind::kPow: {
+        const float k = p.exponent;
+        if (k == 2.0f) {
+          for (int64_t i = b; i < e; ++i) y[i] = x[i] * x[i];
+        } else {
+          for (int64_t i = b; i < e; ++i) y[i] = std::pow(x[i], k);
+        }
+        break;
+      }
     }
   });
 }
 
 void ActivationBackwardLoop(const ActivationParams& p, const float* x, const float* y, const float* dy, float* dx,
                             int64_t n, int threads) {
-  // LeakyRelu and Clip read x, Sigmoid and Tanh read y (dx may alias dy).
+  // Sigmoid, Tanh and Sqrt read y, the others x (dx may alias dy).
   ForChunks(n, threads, kParallelMinElements, [&](int64_t b, int64_t e) {
     switch (p.kind) {
       case Kind::kLeakyRelu: {
@@ -77,6 +107,45 @@ void ActivationBackwardLoop(const ActivationParams& p, const float* x, const flo
       case Kind::kTanh:
         for (int64_t i = b; i < e; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
         break;
+      case Kind::kHardSigmoid: {
+        const float alpha = p.alpha, beta = p.beta;
+        for (int64_t i = b; i < e; ++i) {
+          const float u = alpha * x[i] + beta, g = dy[i];
+          dx[i] = u > 0.0f && u < 1.0f ? alpha * g : 0.0f;
+        }
+        break;
+      }
+      case Kind::kHardSwish:
+        for (int64_t i = b; i < e; ++i) {
+          const float v = x[i], g = dy[i];
+          dx[i] = v < -3.0f ? 0.0f : v <= 3.0f ? g * (v * (1.0f / 3.0f) + 0.5f) : g;
+        }
+        break;
+      case Kind::kGelu:
+        for (int64_t i = b; i < e; ++i) {
+          const float v = x[i];
+          const float cdf = 0.5f * (1.0f + std::erf(v * static_cast<float>(M_SQRT1_2)));
+          const float pdf = std::exp(-0.5f * v * v) * static_cast<float>(0.5 * M_2_SQRTPI * M_SQRT1_2);
+          dx[i] = dy[i] * (cdf + v * pdf);
+        }
+        break;
+      case Kind::kSilu:
+        for (int64_t i = b; i < e; ++i) {
+          const float s = Sigmoid(x[i]);
+          dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
+        }
+        break;
+      case Kind::kErf:
+        for (int64_t i = b; i < e; ++i) dx[i] = dy[i] * static_cast<float>(M_2_SQRTPI) * std::exp(-x[i] * x[i]);
+        break;
+      case Kind::kSqrt:
+        for (int64_t i = b; i < e; ++i) dx[i] = dy[i] * 0.5f / y[i];
+        break;
+      case Kind::kPow: {
+        const float k = p.exponent;
+        for (int64_t i = b; i < e; ++i) dx[i] = dy[i] * k * std::pow(x[i], k - 1.0f);
+        break;
+      }
     }
   });
 }

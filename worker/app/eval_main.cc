@@ -115,6 +115,7 @@ absl::StatusOr<models::ModelOptions> ModelOptionsFor(const EvalOptions& o, const
   models::ModelOptions mopt;
   mopt.batch_size = o.batch_size;
   mopt.eval_batch_size = o.batch_size;
+  mopt.predict_only = true;  // no training network (a deep net's at the evaluation batch would not fit)
   if (ctr) {
     mopt.height = mopt.width = 1;
     mopt.channels = test.num_dense;

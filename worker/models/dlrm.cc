@@ -105,7 +105,7 @@ absl::StatusOr<Graph> DlrmGraph(const DlrmConfig& c, int num_dense, int num_spar
   Node cat;
   cat.op = Op::kConcat;
   cat.name = "stack";
-  cat.axis = 0;
+  cat.axis = 1;  // the features (full axes: the batch is axis 0)
   ASSIGN_OR_RETURN(int z, b.Add(cat, stacked));
   const int64_t rows = num_sparse + 1;
   ASSIGN_OR_RETURN(z, b.Add(Node::Reshape("stack/rows", {rows, c.embedding_dim}, FlattenOrder::kChannelsFirst), {z}));
@@ -116,7 +116,7 @@ absl::StatusOr<Graph> DlrmGraph(const DlrmConfig& c, int num_dense, int num_spar
   Node top_in;
   top_in.op = Op::kConcat;
   top_in.name = "top/input";
-  top_in.axis = 0;
+  top_in.axis = 1;
   ASSIGN_OR_RETURN(int x, b.Add(top_in, {bot, dots}));
   std::vector<int> top = c.top;
   top.push_back(1);

@@ -16,7 +16,29 @@ int64_t TensorShape::size() const {
   return n;
 }
 
-std::string TensorShape::ToString() const { return absl::StrJoin(dims, "x"); }
+std::vector<int64_t> TensorShape::FullDims(int64_t batch) const {
+  std::vector<int64_t> full = dims;
+  if (batched()) full.insert(full.begin() + batch_axis, batch);
+  return full;
+}
+
+std::vector<int64_t> TensorShape::Strides(int64_t batch) const {
+  const std::vector<int64_t> full = FullDims(batch);
+  std::vector<int64_t> strides(full.size(), 1);
+  if (is_image()) {  // (N, C, H, W) stored (N, H, W, C)
+    const int64_t c = dims[0], h = dims[1], w = dims[2];
+    return {h * w * c, 1, w * c, c};
+  }
+  for (int k = static_cast<int>(full.size()) - 2; k >= 0; --k) strides[k] = strides[k + 1] * full[k + 1];
+  return strides;
+}
+
+std::string TensorShape::ToString() const {
+  if (batch_axis <= 0) return absl::StrJoin(dims, "x");
+  std::vector<std::string> parts;
+  for (int64_t d : SymbolicDims()) parts.push_back(d == kBatchDim ? "N" : absl::StrCat(d));
+  return absl::StrJoin(parts, "x");
+}
 
 const char* OpName(Op op) {
   switch (op) {
@@ -35,6 +57,15 @@ const char* OpName(Op op) {
     case Op::kIdentity: return "Identity";
     case Op::kEmbedding: return "Embedding";
     case Op::kInteraction: return "Interaction";
+    case Op::kTranspose: return "Transpose";
+    case Op::kMatMul: return "MatMul";
+    case Op::kSoftmax: return "Softmax";
+    case Op::kLayerNorm: return "LayerNormalization";
+    case Op::kReduce: return "Reduce";
+    case Op::kSlice: return "Slice";
+    case Op::kGather: return "Gather";
+    case Op::kExpand: return "Expand";
+    case Op::kVariable: return "Variable";
   }
   return "?";
 }
@@ -129,22 +160,6 @@ std::string ShapeText(const std::vector<int64_t>& dims) {
   return dims.empty() ? std::string("a scalar") : absl::StrJoin(dims, "x");
 }
 
-namespace {
-
-// numpy broadcasting of two shapes (right-aligned); false when they do not broadcast.
-bool Broadcast(const std::vector<int64_t>& a, const std::vector<int64_t>& b, std::vector<int64_t>* out) {
-  const size_t rank = std::max(a.size(), b.size());
-  out->assign(rank, 1);
-  for (size_t i = 0; i < rank; ++i) {
-    const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
-    const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    if (da != db && da != 1 && db != 1) return false;
-    (*out)[i] = std::max(da, db);
-  }
-  return true;
-}
-
-}  // namespace
 
 absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::vector<VarSpec> new_variables,
                                       std::string output_name) {
@@ -275,12 +290,13 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
       RETURN_IF_ERROR(expect_inputs(1));
       RETURN_IF_ERROR(expect_vars(1, 2));
       const TensorShape& x = graph_.tensors[inputs[0]];
-      if (x.dims.size() != 1) {
-        return Error(node, absl::StrCat("needs a flat input (features per example), got ", ShapeText(x.dims),
-                                        "; flatten it first"));
+      // Over the last full axis of a row-major tensor (features per example, or tokens x features).
+      if (x.dims.empty() || x.is_image() || x.batch_axis == static_cast<int>(x.dims.size())) {
+        return Error(node, absl::StrCat("needs features along the last axis of a non-image tensor, got ",
+                                        x.is_image() ? "an image " : "", x.ToString(), "; flatten it first"));
       }
       kernels::DenseParams& p = node.dense;
-      p.in = static_cast<int>(x.dims[0]);
+      p.in = static_cast<int>(x.dims.back());
       p.has_bias = declared.size() == 2;
       if (p.out < 1) return Error(node, "the output width must be positive");
       if (p.weights_transposed) {
@@ -292,38 +308,46 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
       if (p.has_bias && declared[1].shape != std::vector<int64_t>{1, p.out}) {
         RETURN_IF_ERROR(expect_var(1, {p.out}, "bias"));
       }
-      out.dims = {p.out};
+      out = x;
+      out.dims.back() = p.out;
       break;
     }
     case Op::kBinary: {
       if (!((inputs.size() == 2 && declared.empty()) || (inputs.size() == 1 && declared.size() == 1))) {
         return Error(node, "takes two tensors, or one tensor and one variable");
       }
-      const std::vector<int64_t>& a = graph_.tensors[inputs[0]].dims;
-      std::vector<int64_t> b;
+      // numpy broadcasting of the full dims (right-aligned); a variable is an operand without a batch axis.
+      const TensorShape& ta = graph_.tensors[inputs[0]];
+      TensorShape tb;
       if (inputs.size() == 2) {
-        b = graph_.tensors[inputs[1]].dims;
+        tb = graph_.tensors[inputs[1]];
       } else {
-        // A variable broadcasts against the whole batch tensor (N, ...): a leading 1 stands for the batch.
-        b = var(0).shape;
-        if (b.size() == a.size() + 1) {
-          if (b[0] != 1) {
-            return Error(node, absl::StrCat("variable '", var(0).name, "' of shape ", ShapeText(b),
-                                            " would broadcast over the batch dimension"));
-          }
-          b.erase(b.begin());
-        } else if (b.size() > a.size() + 1) {
-          return Error(node, absl::StrCat("variable '", var(0).name, "' of shape ", ShapeText(b),
-                                          " has a higher rank than its input ", ShapeText(a)));
+        tb.dims = var(0).shape;
+        tb.batch_axis = TensorShape::kNoBatch;
+      }
+      const std::vector<int64_t> a = ta.SymbolicDims(), b = tb.SymbolicDims();
+      const size_t rank = std::max(a.size(), b.size());
+      std::vector<int64_t> full(rank, 1);
+      for (size_t k = 0; k < rank; ++k) {
+        const int64_t da = k < rank - a.size() ? 1 : a[k - (rank - a.size())];
+        const int64_t db = k < rank - b.size() ? 1 : b[k - (rank - b.size())];
+        const bool fits = da == db || da == 1 || db == 1;
+        if (!fits) {
+          return Error(node, absl::StrCat(
+                                 "shapes ", ta.ToString(), " and ",
+                                 inputs.size() == 2 ? tb.ToString() : absl::StrCat(ShapeText(tb.dims), " ('", var(0).name, "')"),
+                                 da == TensorShape::kBatchDim || db == TensorShape::kBatchDim
+                                     ? " do not broadcast (one would be broadcast over the batch dimension)"
+                                     : " do not broadcast"));
         }
+        full[k] = da == 1 ? db : da;
       }
-      if (!Broadcast(a, b, &out.dims)) {
-        return Error(node, absl::StrCat("shapes ", ShapeText(a), " and ", ShapeText(b), " do not broadcast"));
+      const TensorShape* same = full == a ? &ta : (inputs.size() == 2 && full == b) ? &tb : nullptr;
+      if (same == nullptr) {
+        return Error(node, absl::StrCat("the result is larger than both inputs (", ta.ToString(), ", ", tb.ToString(),
+                                        "); only one-sided broadcasting is supported"));
       }
-      if (out.dims != a && (inputs.size() == 1 || out.dims != graph_.tensors[inputs[1]].dims)) {
-        return Error(node, absl::StrCat("the result ", ShapeText(out.dims),
-                                        " is larger than both inputs; only one-sided broadcasting is supported"));
-      }
+      out = *same;  // its dims, batch axis and layout
       break;
     }
     case Op::kRelu:
@@ -341,8 +365,8 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
       RETURN_IF_ERROR(expect_inputs(1));
       RETURN_IF_ERROR(expect_vars(4, 4));
       const TensorShape& x = graph_.tensors[inputs[0]];
-      if (!(x.is_image() || x.dims.size() == 1)) {
-        return Error(node, absl::StrCat("needs an image or a flat input, got ", ShapeText(x.dims)));
+      if (!(x.is_image() || (x.dims.size() == 1 && x.batch_axis == 0))) {
+        return Error(node, absl::StrCat("needs an image or a flat input, got ", x.ToString()));
       }
       const int64_t c = x.dims[0];
       RETURN_IF_ERROR(expect_var(0, {c}, "scale"));
@@ -378,12 +402,27 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
       RETURN_IF_ERROR(expect_vars(0, 0));
       const TensorShape& x = graph_.tensors[inputs[0]];
       out.dims = node.shape;
+      out.batch_axis = x.batched() ? node.batch_axis : TensorShape::kNoBatch;
+      out.plain = node.plain;
       for (int64_t d : out.dims) {
         if (d < 1) return Error(node, absl::StrCat("output shape ", ShapeText(out.dims), " has a non-positive size"));
       }
+      if (out.batched() && (out.batch_axis < 0 || out.batch_axis > static_cast<int>(out.dims.size()))) {
+        return Error(node, absl::StrCat("batch axis ", out.batch_axis, " is outside the output's rank"));
+      }
       if (out.size() != x.size()) {
-        return Error(node, absl::StrCat("cannot reshape ", ShapeText(x.dims), " (", x.size(), " values per example) into ",
-                                        ShapeText(out.dims), " (", out.size(), ")"));
+        return Error(node, absl::StrCat("cannot reshape ", x.ToString(), " (", x.size(), " values per example) into ",
+                                        out.ToString(), " (", out.size(), ")"));
+      }
+      // The batch stays where it is in the row-major order: as many values before it on both sides.
+      if (x.batched()) {
+        int64_t before_in = 1, before_out = 1;
+        for (int k = 0; k < x.batch_axis; ++k) before_in *= x.dims[k];
+        for (int k = 0; k < out.batch_axis; ++k) before_out *= out.dims[k];
+        if (before_in != before_out) {
+          return Error(node, absl::StrCat("reshaping ", x.ToString(), " into ", out.ToString(),
+                                          " would move values across the batch axis"));
+        }
       }
       if (x.is_image() && out.is_image() && x.dims != out.dims) {
         return Error(node, absl::StrCat("reshaping one image shape (", ShapeText(x.dims), ") into another (",
@@ -394,23 +433,29 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
     case Op::kConcat: {
       if (inputs.empty()) return Error(node, "needs at least one input");
       RETURN_IF_ERROR(expect_vars(0, 0));
-      out = graph_.tensors[inputs[0]];
-      const int rank = static_cast<int>(out.dims.size());
-      if (node.axis < 0 || node.axis >= rank) {
-        return Error(node, absl::StrCat("axis ", node.axis + 1, " is outside the input rank ", rank + 1,
+      const TensorShape& first = graph_.tensors[inputs[0]];
+      out = first;
+      const int rank = first.full_rank();
+      if (node.axis < 0 || node.axis >= rank || node.axis == first.batch_axis) {
+        return Error(node, absl::StrCat("axis ", node.axis, node.axis == first.batch_axis ? " is the batch axis" :
+                                        " is outside the rank", " of ", first.ToString(),
                                         " (concatenation over the batch is not supported)"));
       }
-      out.dims[node.axis] = 0;
+      // The per-example axis the concatenation runs along.
+      const int axis = first.batched() && node.axis > first.batch_axis ? node.axis - 1 : node.axis;
+      out.dims[axis] = 0;
       for (int t : inputs) {
-        const std::vector<int64_t>& d = graph_.tensors[t].dims;
-        bool fits = static_cast<int>(d.size()) == rank;
-        for (int i = 0; fits && i < rank; ++i) fits = i == node.axis || d[i] == graph_.tensors[inputs[0]].dims[i];
+        const TensorShape& in = graph_.tensors[t];
+        bool fits = in.dims.size() == first.dims.size() && in.batch_axis == first.batch_axis &&
+                    in.is_image() == first.is_image();
+        for (size_t i = 0; fits && i < in.dims.size(); ++i) fits = static_cast<int>(i) == axis || in.dims[i] == first.dims[i];
         if (!fits) {
-          return Error(node, absl::StrCat("input '", graph_.tensor_names[t], "' of shape ", ShapeText(d),
-                                          " does not fit the others (", ShapeText(graph_.tensors[inputs[0]].dims),
-                                          ") outside axis ", node.axis + 1));
+          return Error(node, absl::StrCat("input '", graph_.tensor_names[t], "' of shape ", in.ToString(),
+                                          in.is_image() ? " (an image)" : "", " does not fit the others (",
+                                          first.ToString(), first.is_image() ? ", an image" : "", ") outside axis ",
+                                          node.axis));
         }
-        out.dims[node.axis] += d[node.axis];
+        out.dims[axis] += in.dims[axis];
       }
       break;
     }
@@ -418,8 +463,8 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
       RETURN_IF_ERROR(expect_inputs(1));
       RETURN_IF_ERROR(expect_vars(0, 0));
       const TensorShape& x = graph_.tensors[inputs[0]];
-      if (x.dims.size() != 2 || x.dims[0] < 2) {
-        return Error(node, absl::StrCat("needs (features >= 2) x dim per example, got ", ShapeText(x.dims)));
+      if (x.dims.size() != 2 || x.dims[0] < 2 || x.batch_axis != 0) {
+        return Error(node, absl::StrCat("needs (features >= 2) x dim per example, got ", x.ToString()));
       }
       out.dims = {x.dims[0] * (x.dims[0] - 1) / 2};
       break;
@@ -446,6 +491,17 @@ absl::StatusOr<int> GraphBuilder::Add(Node node, std::vector<int> inputs, std::v
       out.dims = {graph_.tables[e.table].dim};
       break;
     }
+    case Op::kTranspose:
+    case Op::kMatMul:
+    case Op::kSoftmax:
+    case Op::kLayerNorm:
+    case Op::kReduce:
+    case Op::kSlice:
+    case Op::kGather:
+    case Op::kExpand:
+    case Op::kVariable:
+      RETURN_IF_ERROR(InferTensorOp(node, declared, &out));
+      break;
   }
   const int id = num_tensors;
   node.output = id;
@@ -484,6 +540,11 @@ absl::StatusOr<Graph> GraphBuilder::Finish(int logits, Loss loss) {
     return absl::InvalidArgumentError(absl::StrCat(graph_.name, ": the output is not computed by any node"));
   }
   const TensorShape& out = graph_.tensors[logits];
+  if (out.batch_axis != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(graph_.name, ": the output '", graph_.tensor_names[logits],
+                                                   "' has shape ", out.ToString(),
+                                                   "; expected the batch as its first axis"));
+  }
   if ((loss != Loss::kNone && out.dims.size() != 1) || (loss == Loss::kSigmoidCrossEntropy && out.dims[0] != 1) ||
       (loss == Loss::kSoftmaxCrossEntropy && out.dims[0] < 2)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -3,10 +3,15 @@
 // from their layer lists, imported ONNX files by worker/models/onnx. worker/models/graph_network.h runs a Graph
 // on a Device for a fixed batch size.
 //
-// Tensors. A tensor's shape is per example (the batch dimension is implicit and free), in ONNX's logical order.
-// Storage follows the device convention (kernels/device.h): an *image* tensor, logical (C, H, W), is stored
-// (H, W, C) per example, i.e. NHWC; every other tensor is stored row-major in its logical order. Tensor 0 is the
-// graph's input (images or dense features); a graph with sparse features also has an id input (see kEmbedding).
+// Tensors. A tensor's shape is per example (the batch dimension is implicit and free), in ONNX's logical order;
+// its *full* axes are those dims with the batch inserted at TensorShape::batch_axis (0 for most tensors; the
+// transposes of attention move it), or the dims alone for a tensor without a batch axis (computed from
+// variables only, e.g. a relative-position bias; it broadcasts over the batch where it meets a batched one).
+// Storage follows the device convention (kernels/device.h): an *image* tensor, logical (C, H, W) with the batch
+// first, is stored (H, W, C) per example, i.e. NHWC; every other tensor is stored row-major in its full logical
+// order. Attributes that name axes (Transpose's perm, Concat's, Softmax's, Reduce's axes...) count full axes.
+// Tensor 0 is the graph's input (images or dense features); a graph with sparse features also has an id input
+// (see kEmbedding).
 //
 // Variables. Graph::variables lists every variable in flat-buffer order, which is the order of first use by
 // the nodes (so a node's variables are contiguous and key order on the ps is forward order). A variable is
@@ -40,11 +45,30 @@
 namespace dtrain::models {
 
 struct TensorShape {
+  static constexpr int kNoBatch = -1;
   std::vector<int64_t> dims;  // per example, logical order; images are (C, H, W)
-  bool is_image() const { return dims.size() == 3; }
-  int64_t size() const;
-  std::string ToString() const;  // "1x28x28"; "" for a scalar
-  bool operator==(const TensorShape& o) const { return dims == o.dims; }
+  // Where the batch sits among the full axes, in [0, dims.size()]; kNoBatch: the tensor has no batch axis.
+  int batch_axis = 0;
+  // A rank-3 tensor with the batch first is an image (stored NHWC) unless plain: stored row-major like the rest.
+  bool plain = false;
+
+  bool batched() const { return batch_axis != kNoBatch; }
+  bool is_image() const { return dims.size() == 3 && batch_axis == 0 && !plain; }
+  int full_rank() const { return static_cast<int>(dims.size()) + (batched() ? 1 : 0); }
+  // The full dims with `batch` at the batch axis (the dims alone without one).
+  std::vector<int64_t> FullDims(int64_t batch) const;
+  // Full dims with kBatchDim standing for the batch (for shape checks that hold at any batch size).
+  static constexpr int64_t kBatchDim = -1;
+  std::vector<int64_t> SymbolicDims() const { return FullDims(kBatchDim); }
+  // The storage stride of each full axis (images: NHWC) for `batch` examples.
+  std::vector<int64_t> Strides(int64_t batch) const;
+  int64_t size() const;  // per example (the whole tensor without a batch axis)
+  // Floats stored for `batch` examples.
+  int64_t Floats(int64_t batch) const { return batched() ? batch * size() : size(); }
+  std::string ToString() const;  // "1x28x28"; "" for a scalar; "Nx50x768"-style when the batch is not first
+  bool operator==(const TensorShape& o) const {
+    return dims == o.dims && batch_axis == o.batch_axis && is_image() == o.is_image();
+  }
 };
 
 // Dims for messages: "1x28x28", or "a scalar" for none.
@@ -66,6 +90,19 @@ enum class Op {
   kIdentity,       // inputs {x}
   kEmbedding,      // inputs {}: reads the batch's ids of one sparse feature; attrs embedding (table, feature, bag)
   kInteraction,    // inputs {x: (F, d)}; DLRM's pairwise dot products -> (F (F - 1) / 2)
+  // Tensor ops of imported graphs (any layout unless noted; axes are full axes):
+  kTranspose,      // inputs {x}; attrs perm: y's full axis k is x's perm[k] (the batch may move)
+  kMatMul,         // inputs {a, b}: products of the matrices in their last two full axes (each transposed when
+                   // trans_a / trans_b); the leading axes equal
+  kSoftmax,        // inputs {x: not an image}; attrs axis, log_softmax
+  kLayerNorm,      // inputs {x: not an image}; vars {scale, bias?} of the normalized dims; attrs axis (the first
+                   // normalized full axis; all after it are normalized), epsilon
+  kReduce,         // inputs {x}; attrs axes, reduce: the reduced axes become 1 (ONNX's keepdims; a Reshape drops them)
+  kSlice,          // inputs {x}; attrs starts, steps, shape: y[i] = x[start + i * step] along each full axis (the
+                   // batch's start 0, step 1), y's per-example dims `shape`
+  kGather,         // inputs {x}; attrs axis (not the batch's), indices: y's axis holds x's rows indices[j]
+  kExpand,         // inputs {x}; attrs shape, batch_axis (y's): x broadcast to y (numpy, full axes right-aligned)
+  kVariable,       // inputs {}; vars {v}: v as a tensor without a batch axis (a class token, a bias table)
 };
 const char* OpName(Op op);
 
@@ -96,12 +133,21 @@ struct Node {
   kernels::ActivationParams activation;
   kernels::BinaryOp binary = kernels::BinaryOp::kAdd;
   float keep_prob = 1.0f;              // kDropout
-  float epsilon = 1e-5f;               // kBatchNorm
+  float epsilon = 1e-5f;               // kBatchNorm, kLayerNorm
   float momentum = 0.1f;               // kBatchNorm: weight of the batch statistics (PyTorch's convention)
   bool unbiased_running_var = true;    // kBatchNorm: PyTorch updates running_var with the unbiased variance
-  std::vector<int64_t> shape;          // kReshape: the output shape per example
+  std::vector<int64_t> shape;          // kReshape, kExpand, kSlice: the output shape per example
+  int batch_axis = 0;                  // kReshape, kExpand: the output's (TensorShape::batch_axis)
+  bool plain = false;                  // kReshape: a rank-3 output is plain, not an image (TensorShape::plain)
   FlattenOrder flatten_order = FlattenOrder::kChannelsFirst;  // kReshape between an image and features
-  int axis = 0;                        // kConcat
+  int axis = 0;                        // kConcat, kSoftmax, kLayerNorm, kGather (a full axis)
+  std::vector<int> perm;               // kTranspose
+  bool log_softmax = false;            // kSoftmax
+  bool trans_a = false, trans_b = false;  // kMatMul: a's (b's) last two axes are [k, m] ([n, k])
+  kernels::ReduceKind reduce = kernels::ReduceKind::kSum;  // kReduce
+  std::vector<int> axes;               // kReduce
+  std::vector<int64_t> starts, steps;  // kSlice, per full axis
+  std::vector<int64_t> indices;        // kGather
   struct Embedding {
     int table = 0;       // Graph::tables index
     int feature = 0;     // which sparse feature of the batch (HostBatch::ids)
@@ -204,6 +250,9 @@ class GraphBuilder {
 
  private:
   absl::Status Error(const Node& node, const std::string& what) const;
+  // The output shape of a tensor op (kTranspose ... kVariable; graph_tensor_ops.cc), checking its inputs and
+  // attributes; `vars` are the variables it declares.
+  absl::Status InferTensorOp(Node& node, const std::vector<VariableInfo>& vars, TensorShape* out) const;
   Graph graph_;
 };
 

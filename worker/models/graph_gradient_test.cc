@@ -127,7 +127,7 @@ void BranchGraph(Graph* out) {
   ADD(c, ConvNode("conv_b", 3, 3, 2, 1, 2), {x}, ConvVars("conv_b", 3, 3, 3));
   ADD(c, Act(kernels::ActivationParams::Kind::kTanh, "tanh"), {c});
   Node cat = Simple(Op::kConcat, "cat");
-  cat.axis = 0;
+  cat.axis = 1;  // full axes: the channels
   ADD(h, cat, {a, c});
   ADD(h, Binary(kernels::BinaryOp::kMul, "scale"), {h}, {Var("scale", {5, 1, 1}, 1.0f)});
   Node pool = Simple(Op::kAvgPool, "pool");
@@ -184,12 +184,12 @@ void TwoConcatsGraph(Graph* out) {
   ADD(bot, Node::Relu("bottom/act"), {bot});
   ADD(e, Node::Dense("side", 3), {x}, {Var("side/w", {4, 3}), Var("side/b", {3}, 0.1f)});
   Node cat = Simple(Op::kConcat, "stack");
-  cat.axis = 0;
+  cat.axis = 1;
   ADD(stack, cat, {bot, e});
   ADD(stack, Node::Reshape("rows", {2, 3}, FlattenOrder::kChannelsFirst), {stack});
   ADD(stack, Simple(Op::kInteraction, "dots"), {stack});
   Node cat2 = Simple(Op::kConcat, "top_in");
-  cat2.axis = 0;
+  cat2.axis = 1;
   ADD(top, cat2, {bot, stack});
   ADD(h, Node::Dense("fc", 3), {top}, {Var("fc/w", {4, 3}), Var("fc/b", {3}, 0.1f)});
   auto g = b.Finish(h, Loss::kSoftmaxCrossEntropy);
@@ -205,7 +205,7 @@ void DataFirstConcatGraph(Graph* out) {
   ADD(x, Flatten("flat_in", 4), {x});
   ADD(side, Node::Dense("side", 3), {x}, {Var("side/w", {4, 3}), Var("side/b", {3}, 0.1f)});
   Node c = Simple(Op::kConcat, "cat");
-  c.axis = 0;
+  c.axis = 1;
   ADD(cat, c, {x, side});
   ADD(h, Node::Dense("fc", 3), {cat}, {Var("fc/w", {7, 3}), Var("fc/b", {3}, 0.1f)});
   auto g = b.Finish(h, Loss::kSoftmaxCrossEntropy);

@@ -84,9 +84,11 @@ absl::StatusOr<std::unique_ptr<Model>> GraphModel::Create(Graph graph, const Mod
   ASSIGN_OR_RETURN(m->loss_, alloc(1));
   ASSIGN_OR_RETURN(m->l2_scratch_, alloc(1));
 
-  ASSIGN_OR_RETURN(m->train_, GraphNetwork::Create(device, m->graph_, batch, /*with_backward=*/true, m->params_,
-                                                   m->grads_));
-  if (m->options_.eval_batch_size != batch) {
+  if (!options.predict_only) {
+    ASSIGN_OR_RETURN(m->train_, GraphNetwork::Create(device, m->graph_, batch, /*with_backward=*/true, m->params_,
+                                                     m->grads_));
+  }
+  if (m->options_.eval_batch_size != batch || options.predict_only) {
     ASSIGN_OR_RETURN(m->eval_, GraphNetwork::Create(device, m->graph_, m->options_.eval_batch_size,
                                                     /*with_backward=*/false, m->params_, nullptr));
   }
@@ -108,7 +110,7 @@ absl::StatusOr<std::unique_ptr<Model>> GraphModel::Create(Graph graph, const Mod
     m->offsets_[f] = reinterpret_cast<int32_t*>(off);
   }
   if (tables > 0) {
-    m->train_->BindSparse(&m->train_binding_);
+    if (m->train_) m->train_->BindSparse(&m->train_binding_);
     if (m->eval_) m->eval_->BindSparse(&m->eval_binding_);
   }
   return std::unique_ptr<Model>(std::move(m));
@@ -155,6 +157,7 @@ absl::Status GraphModel::CheckTrainingBatch(const HostBatch& batch) const {
 absl::Status GraphModel::EnqueueForwardAndLoss(int64_t step, const kernels::DeviceCounter* device_step,
                                                     uint64_t stride, uint64_t offset,
                                                     const RangeHook& before_forward) {
+  if (!train_) return absl::FailedPreconditionError(absl::StrCat(name_, ": a predict-only model does not train"));
   GraphNetwork::NodeHook before_layer = [&](int layer) {
     const auto [begin, end] = train_->variable_range(layer);
     return before_forward(begin, end);
@@ -204,6 +207,7 @@ absl::Status GraphModel::EnqueueBackward(const RangeHook& grads_ready) {
 absl::StatusOr<float> GraphModel::ComputeGradients(const HostBatch& batch, int64_t step,
                                                         const StepHooks* hooks) {
   const int n = options_.batch_size;
+  if (!train_) return absl::FailedPreconditionError(absl::StrCat(name_, ": a predict-only model does not train"));
   RETURN_IF_ERROR(CheckBatch(batch, n, n));
   RETURN_IF_ERROR(device_->CopyToDevice(batch.images, train_->input(), n * example_size_));
   RETURN_IF_ERROR(device_->CopyToDevice(batch.labels, labels_, n));

@@ -35,7 +35,7 @@ class GraphModel : public Model {
                                          const StepHooks* hooks = nullptr) override;
   float* device_gradients() override { return grads_; }
   float* device_parameters() override { return params_; }
-  float* device_images() override { return train_->input(); }
+  float* device_images() override { return train_ ? train_->input() : nullptr; }
   float* device_labels() override { return labels_; }
   const float* device_loss() const override { return loss_; }
   absl::Status CheckTrainingBatch(const HostBatch& batch) const override;
@@ -79,8 +79,8 @@ class GraphModel : public Model {
   float* dlogits_ = nullptr;
   float* loss_ = nullptr;        // device scalar
   float* l2_scratch_ = nullptr;  // device scalar
-  std::unique_ptr<GraphNetwork> train_;
-  std::unique_ptr<GraphNetwork> eval_;  // null: evaluation runs on train_ (same batch size)
+  std::unique_ptr<GraphNetwork> train_;  // null for a predict-only model
+  std::unique_ptr<GraphNetwork> eval_;   // null: evaluation runs on train_ (same batch size)
   std::vector<float> host_logits_;
   // Sparse models: per table the rows bound for this step (device copies, or the caller's host rows on the CPU)
   // and their gradients; per feature the indices (int32 in device buffers, padded to the larger batch) and bag

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/models/graph_network_step.h"
 
 namespace dtrain::models {
 
@@ -13,90 +14,18 @@ namespace {
 
 // Ops whose backward reads their own output (a later in-place op must not overwrite it). Pools are listed
 // because a backend may keep pointers to their forward output (cuDNN's pooling backward reads y).
+// A variable's tensor is listed too: it is the parameters' own memory, which no op may overwrite.
 bool BackwardReadsOutput(Op op) {
-  return op == Op::kRelu || op == Op::kActivation || op == Op::kLrn || op == Op::kMaxPool || op == Op::kAvgPool;
+  return op == Op::kRelu || op == Op::kActivation || op == Op::kLrn || op == Op::kMaxPool || op == Op::kAvgPool ||
+         op == Op::kSoftmax || op == Op::kVariable;
 }
 
-// A tensor's storage dimensions per example (images: H, W, C) and the position of each logical dimension in it.
-std::vector<int64_t> StoredDims(const TensorShape& s) {
-  if (s.is_image()) return {s.dims[1], s.dims[2], s.dims[0]};
-  return s.dims;
-}
-int StoredPosition(const TensorShape& s, int logical_axis) {
-  if (!s.is_image()) return logical_axis;
-  return logical_axis == 0 ? 2 : logical_axis - 1;
-}
-
-// Strides, in the *output's* stored dimension order, of an operand broadcast against the output (both logical,
-// per example; the operand right-aligned). `operand_is_image`: the operand is stored NHWC (a tensor) rather than
-// row-major in its logical order (a variable).
-std::vector<int64_t> OperandStrides(const std::vector<int64_t>& out_logical, bool out_image,
-                                    std::vector<int64_t> operand, bool operand_is_image) {
-  const size_t rank = out_logical.size();
-  while (operand.size() < rank) operand.insert(operand.begin(), 1);
-  // Strides of the operand in its logical order, from its own storage.
-  std::vector<int64_t> logical_strides(rank, 0);
-  if (operand_is_image && rank == 3) {
-    const int64_t c = operand[0], w = operand[2];
-    logical_strides = {1, w * c, c};
-  } else {
-    int64_t s = 1;
-    for (size_t i = rank; i-- > 0;) {
-      logical_strides[i] = s;
-      s *= operand[i];
-    }
-  }
-  for (size_t i = 0; i < rank; ++i) {
-    if (operand[i] == 1 && out_logical[i] != 1) logical_strides[i] = 0;
-  }
-  if (out_image && rank == 3) return {logical_strides[1], logical_strides[2], logical_strides[0]};
-  return logical_strides;
+// Whether two tensors are stored alike (a gradient of one is a gradient of the other as it is).
+bool SameStorage(const TensorShape& a, const TensorShape& b) {
+  return a.dims == b.dims && a.batch_axis == b.batch_axis && a.is_image() == b.is_image();
 }
 
 }  // namespace
-
-struct GraphNetwork::Step {
-  const Node* node = nullptr;
-  int index = 0;
-  std::vector<const float*> w;  // the node's variables' values
-  std::vector<float*> dw;       // their gradient slots (null without backward)
-  int64_t var_begin = 0, var_end = 0;
-  bool has_trainable = false;
-  // Positions in w/dw of constant variables (not trainable, not BatchNorm state): their gradient stays zero.
-  std::vector<size_t> constant_slots;
-  uint64_t dropout_index = 0;
-  float* mask = nullptr;                       // dropout
-  float* bn_mean = nullptr, *bn_var = nullptr;  // batch statistics
-  int64_t bn_count = 0;
-  std::unique_ptr<kernels::Conv2D> conv;
-  std::unique_ptr<kernels::Dense> dense;
-  std::unique_ptr<kernels::MaxPool> maxpool;
-  std::unique_ptr<kernels::AvgPool> avgpool;
-  std::unique_ptr<kernels::Lrn> lrn;
-  std::unique_ptr<kernels::BatchNorm> bn;
-  std::unique_ptr<kernels::Binary> binary;
-  bool b_is_variable = false;  // kBinary: the second operand is node.variables[0]
-  // kReshape
-  enum class Move { kView, kToChannelsFirst, kToChannelsLast } move = Move::kView;
-  int64_t t_rows = 0, t_cols = 0;  // per example, the transpose's [rows, cols]
-  // kConcat: per input its columns in a [rows, out_cols] view of the output
-  int64_t concat_rows = 0, concat_out_cols = 0;
-  std::vector<int64_t> concat_cols;
-  // kInteraction
-  kernels::InteractionParams interaction;
-
-  // Backward plan.
-  bool run_backward = false;     // a gradient reaches the output
-  bool zero_var_grads = false;   // trainable variables on a dead branch: their gradients are zero
-  float* dy = nullptr;           // gradient buffer of the output (null: doutput)
-  struct InGrad {
-    bool needed = false;
-    float* dst = nullptr;
-    bool accumulate = false;  // add to dst (it already holds other consumers' gradients)
-    bool alias = false;       // dst is dy itself: nothing to compute (in place, or pass-through)
-  };
-  std::vector<InGrad> in_grad;
-};
 
 GraphNetwork::GraphNetwork(kernels::Device* device, Graph graph, int batch)
     : device_(device), graph_(std::move(graph)), batch_(batch) {}
@@ -138,7 +67,7 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
   const int num_tensors = static_cast<int>(graph_.tensors.size());
   const int num_nodes = static_cast<int>(graph_.nodes.size());
   act_n_.resize(num_tensors);
-  for (int t = 0; t < num_tensors; ++t) act_n_[t] = batch_ * graph_.tensors[t].size();
+  for (int t = 0; t < num_tensors; ++t) act_n_[t] = graph_.tensors[t].Floats(batch_);
   auto node_error = [&](const Node& n, const absl::Status& s) {
     return absl::Status(s.code(), absl::StrCat(graph_.name, ": node '", n.name, "' (", OpName(n.op), "): ",
                                                s.message()));
@@ -173,10 +102,19 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
         s.t_cols = out.dims[1] * out.dims[2];
       }
     }
+    if (n.op == Op::kTranspose) {
+      // A view when y's storage strides are x's, permuted (an image <-> its NHWC order as a plain tensor).
+      const std::vector<int64_t> xs = graph_.tensors[n.inputs[0]].Strides(batch_);
+      const std::vector<int64_t> ys = graph_.tensors[n.output].Strides(batch_);
+      const std::vector<int64_t> yd = graph_.tensors[n.output].FullDims(batch_);
+      s.view = true;
+      for (size_t k = 0; k < n.perm.size(); ++k) s.view = s.view && (yd[k] == 1 || xs[n.perm[k]] == ys[k]);
+    }
   }
   auto is_view = [&](int i) {
     const Node& n = graph_.nodes[i];
-    return n.op == Op::kIdentity || (n.op == Op::kReshape && steps_[i].move == Step::Move::kView);
+    return n.op == Op::kIdentity || (n.op == Op::kReshape && steps_[i].move == Step::Move::kView) ||
+           (n.op == Op::kTranspose && steps_[i].view);
   };
   // root[t]: the tensor whose buffer t lives in.
   std::vector<int> root(num_tensors);
@@ -211,16 +149,49 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
   }
 
   // ---- activation buffers ----
+  // With a backward pass every activation is kept for it. Forward only (evaluation), a buffer is handed on once
+  // its last reader has run (best fit from a free list), so a deep net at a large evaluation batch holds only
+  // what is live at once.
   act_.assign(num_tensors, nullptr);
   ASSIGN_OR_RETURN(input_, Alloc(act_n_[0]));
   RETURN_IF_ERROR(device_->Fill(0.0f, input_, act_n_[0]));
   act_[0] = input_;
+  std::vector<int> last_use(num_tensors, -1);  // per root: the last node reading it
   for (int i = 0; i < num_nodes; ++i) {
-    const int out = graph_.nodes[i].output;
+    last_use[root[graph_.nodes[i].output]] = std::max(last_use[root[graph_.nodes[i].output]], i);
+    for (int t : graph_.nodes[i].inputs) last_use[root[t]] = std::max(last_use[root[t]], i);
+  }
+  last_use[root[0]] = last_use[root[graph_.output]] = num_nodes;  // the caller's input and output: never reused
+  std::multimap<int64_t, float*> free_buffers;                     // size -> buffer
+  std::vector<int64_t> capacity(num_tensors, 0);                   // per root: its buffer's size
+  for (int i = 0; i < num_nodes; ++i) {
+    const Node& n = graph_.nodes[i];
+    const int out = n.output;
     if (root[out] != out) {
       act_[out] = act_[root[out]];
+    } else if (n.op == Op::kVariable) {
+      // The parameters' own memory (read only: BackwardReadsOutput keeps in-place ops off it).
+      act_[out] = const_cast<float*>(params_) + var_offsets_[n.variables[0]];
+      steps_[i].view = true;
+      last_use[out] = num_nodes;
     } else {
-      ASSIGN_OR_RETURN(act_[out], Alloc(act_n_[out]));
+      auto fit = with_backward ? free_buffers.end() : free_buffers.lower_bound(act_n_[out]);
+      if (fit != free_buffers.end()) {
+        act_[out] = fit->second;
+        capacity[out] = fit->first;
+        free_buffers.erase(fit);
+      } else {
+        ASSIGN_OR_RETURN(act_[out], Alloc(act_n_[out]));
+        capacity[out] = act_n_[out];
+      }
+    }
+    if (with_backward) continue;
+    std::vector<int> done = {root[out]};
+    for (int t : n.inputs) done.push_back(root[t]);
+    std::sort(done.begin(), done.end());
+    done.erase(std::unique(done.begin(), done.end()), done.end());
+    for (int r : done) {
+      if (last_use[r] == i && capacity[r] > 0) free_buffers.emplace(capacity[r], act_[r]);
     }
   }
   output_ = act_[graph_.output];
@@ -259,7 +230,7 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
       }
       case Op::kDense: {
         kernels::DenseParams p = n.dense;
-        p.batch = batch_;
+        p.batch = static_cast<int>(act_n_[n.inputs[0]] / p.in);  // rows: every index but the features
         auto op = device_->MakeDense(p);
         if (op.ok()) s.dense = std::move(op).value(); else made = op.status();
         break;
@@ -301,58 +272,18 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
         break;
       }
       case Op::kBinary: {
-        const TensorShape& out = graph_.tensors[n.output];
         s.b_is_variable = n.inputs.size() == 1;
-        std::vector<int64_t> b_logical;
-        bool b_image = false;
+        TensorShape b;
         if (s.b_is_variable) {
-          b_logical = graph_.variables[n.variables[0]].shape;
-          if (b_logical.size() == out.dims.size() + 1) b_logical.erase(b_logical.begin());
+          b.dims = graph_.variables[n.variables[0]].shape;
+          b.batch_axis = TensorShape::kNoBatch;
         } else {
-          b_logical = graph_.tensors[n.inputs[1]].dims;
-          b_image = graph_.tensors[n.inputs[1]].is_image();
+          b = graph_.tensors[n.inputs[1]];
         }
-        const std::vector<int64_t> a_str = OperandStrides(out.dims, out.is_image(), in0.dims, in0.is_image());
-        const std::vector<int64_t> b_str = OperandStrides(out.dims, out.is_image(), b_logical, b_image);
-        const std::vector<int64_t> dims = StoredDims(out);
-        // Full dimensions: the batch first (a tensor operand steps by its example size, a variable by 0).
-        std::vector<int64_t> d = {batch_}, as = {in0.size()}, bs = {s.b_is_variable ? 0 : graph_.tensors[n.inputs[1]].size()};
-        for (size_t k = 0; k < dims.size(); ++k) {
-          d.push_back(dims[k]);
-          as.push_back(a_str[k]);
-          bs.push_back(b_str[k]);
-        }
-        // Drop size-1 dimensions and merge neighbours that are contiguous for both operands.
-        std::vector<int64_t> md, mas, mbs;
-        for (size_t k = 0; k < d.size(); ++k) {
-          if (d[k] == 1) continue;
-          if (!md.empty() && mas.back() == as[k] * d[k] && mbs.back() == bs[k] * d[k]) {
-            md.back() *= d[k];
-            mas.back() = as[k];
-            mbs.back() = bs[k];
-            continue;
-          }
-          md.push_back(d[k]);
-          mas.push_back(as[k]);
-          mbs.push_back(bs[k]);
-        }
-        if (md.empty()) {
-          md = {1};
-          mas = {1};
-          mbs = {s.b_is_variable ? 0 : 1};
-        }
-        if (md.size() > static_cast<size_t>(kernels::kMaxBroadcastRank)) {
-          return node_error(n, absl::InvalidArgumentError("broadcasting over too many dimensions"));
-        }
-        kernels::BroadcastParams p;
-        p.op = n.binary;
-        p.rank = static_cast<int>(md.size());
-        for (size_t k = 0; k < md.size(); ++k) {
-          p.dims[k] = md[k];
-          p.a_strides[k] = mas[k];
-          p.b_strides[k] = mbs[k];
-        }
-        auto op = device_->MakeBinary(p);
+        absl::StatusOr<kernels::BroadcastParams> p =
+            BroadcastOver(graph_.tensors[n.output], batch_, in0, b, n.binary);
+        if (!p.ok()) return node_error(n, p.status());
+        auto op = device_->MakeBinary(*p);
         if (op.ok()) s.binary = std::move(op).value(); else made = op.status();
         break;
       }
@@ -363,11 +294,12 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
         }
         break;
       case Op::kConcat: {
+        // Rows: the storage dims outside the concatenated axis (every input is stored as the output is).
         const TensorShape& out = graph_.tensors[n.output];
-        const int pos = StoredPosition(out, n.axis);
-        const std::vector<int64_t> dims = StoredDims(out);
-        s.concat_rows = batch_;
-        for (int k = 0; k < pos; ++k) s.concat_rows *= dims[k];
+        const std::vector<int> order = StorageOrder(out);
+        const std::vector<int64_t> full = out.FullDims(batch_);
+        s.concat_rows = 1;
+        for (size_t k = 0; order[k] != n.axis; ++k) s.concat_rows *= full[order[k]];
         s.concat_out_cols = act_n_[n.output] / s.concat_rows;
         for (int t : n.inputs) s.concat_cols.push_back(act_n_[t] / s.concat_rows);
         break;
@@ -384,6 +316,17 @@ absl::Status GraphNetwork::Build(bool with_backward, const float* params, float*
       case Op::kActivation:
       case Op::kReshape:
       case Op::kIdentity:
+        break;
+      case Op::kTranspose:
+      case Op::kMatMul:
+      case Op::kSoftmax:
+      case Op::kLayerNorm:
+      case Op::kReduce:
+      case Op::kSlice:
+      case Op::kGather:
+      case Op::kExpand:
+      case Op::kVariable:
+        made = BuildTensorOp(s);
         break;
     }
     if (!made.ok()) return node_error(n, made);
@@ -467,10 +410,12 @@ absl::Status GraphNetwork::PlanBackward() {
       // dx can be dy's own buffer: elementwise ops computed in place, pure views, and a same-shape Add's first
       // operand (the gradient passes through unchanged).
       const bool same_size = act_n_[t] == act_n_[n.output];
+      const bool same_storage = SameStorage(graph_.tensors[t], graph_.tensors[n.output]);
       const bool passable =
           same_size && (n.op == Op::kRelu || n.op == Op::kDropout || n.op == Op::kActivation ||
                         n.op == Op::kIdentity || (n.op == Op::kReshape && s.move == Step::Move::kView) ||
-                        (n.op == Op::kBinary && n.binary == kernels::BinaryOp::kAdd && k == 0));
+                        (n.op == Op::kTranspose && s.view) ||
+                        (n.op == Op::kBinary && n.binary == kernels::BinaryOp::kAdd && k == 0 && same_storage));
       if (gbuf[t] == kNone) {
         if (passable && !transferred && dy != kExternal) {
           gbuf[t] = dy;
@@ -482,14 +427,17 @@ absl::Status GraphNetwork::PlanBackward() {
       } else {
         g.accumulate = true;
         // Ops that add natively or from dy directly need no scratch.
-        const bool direct = n.op == Op::kIdentity || n.op == Op::kConcat ||
+        const bool direct = n.op == Op::kIdentity || n.op == Op::kConcat || n.op == Op::kTranspose ||
+                            n.op == Op::kSlice || n.op == Op::kGather ||
                             (n.op == Op::kReshape && s.move == Step::Move::kView) ||
-                            (n.op == Op::kBinary && n.binary == kernels::BinaryOp::kAdd && same_size);
+                            (n.op == Op::kBinary && n.binary == kernels::BinaryOp::kAdd && same_storage);
         if (!direct) scratch_n = std::max(scratch_n, act_n_[t]);
       }
       dst_id[i][k] = gbuf[t];
     }
-    if (n.op == Op::kBatchNorm && !s.in_grad[0].needed) scratch_n = std::max(scratch_n, act_n_[n.inputs[0]]);
+    if ((n.op == Op::kBatchNorm || n.op == Op::kLayerNorm) && !s.in_grad[0].needed) {
+      scratch_n = std::max(scratch_n, act_n_[n.inputs[0]]);  // dx computed with the weights' gradients
+    }
     if (dy >= 0 && !transferred) free_list.emplace(buffers[dy].size, dy);
   }
   for (Buffer& b : buffers) {
@@ -593,6 +541,16 @@ absl::Status GraphNetwork::ForwardNode(Step& s, bool training, uint64_t seed, in
       return device_->Gather(p, sparse_->rows[e.table], sparse_->indices[e.feature],
                              e.bag ? sparse_->offsets[e.feature] : nullptr, y);
     }
+    case Op::kTranspose:
+    case Op::kMatMul:
+    case Op::kSoftmax:
+    case Op::kLayerNorm:
+    case Op::kReduce:
+    case Op::kSlice:
+    case Op::kGather:
+    case Op::kExpand:
+    case Op::kVariable:
+      return ForwardTensorOp(s);
   }
   return absl::OkStatus();
 }
@@ -654,7 +612,7 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
   auto ready = [&]() -> absl::Status {
     // Conv's and Dense's kernels write every weight gradient, a constant's too (a constant bias): it must
     // stay zero. (Binary writes only a trainable operand's.)
-    if (n.op == Op::kConv || n.op == Op::kDense) {
+    if (n.op == Op::kConv || n.op == Op::kDense || n.op == Op::kLayerNorm) {
       for (size_t k : s.constant_slots) {
         RETURN_IF_ERROR(device_->Fill(0.0f, s.dw[k], graph_.variables[n.variables[k]].size()));
       }
@@ -662,14 +620,8 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
     if (grads_ready != nullptr && s.var_end > s.var_begin) return (*grads_ready)(s.index);
     return absl::OkStatus();
   };
-  // Where input k's gradient goes when computed by a kernel: straight into its buffer, or into the scratch
-  // when it must be added to what other consumers left there.
-  auto target = [&](size_t k) -> float* { return s.in_grad[k].accumulate ? scratch_ : s.in_grad[k].dst; };
-  auto finish = [&](size_t k) -> absl::Status {
-    const Step::InGrad& g = s.in_grad[k];
-    if (!g.accumulate) return absl::OkStatus();
-    return device_->Axpy(1.0f, scratch_, g.dst, act_n_[n.inputs[k]]);
-  };
+  auto target = [&](size_t k) -> float* { return GradTarget(s, k); };
+  auto finish = [&](size_t k) -> absl::Status { return FinishGrad(s, k); };
   switch (n.op) {
     case Op::kConv:
       RETURN_IF_ERROR(s.conv->BackwardWeights(x, dy, s.dw[0], n.conv.has_bias ? s.dw[1] : nullptr));
@@ -713,7 +665,7 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
       for (size_t k = 0; k < 2; ++k) {
         const Step::InGrad& g = s.in_grad[k];
         if (!g.needed) continue;
-        if (plain_add && act_n_[n.inputs[k]] == out_n) {
+        if (plain_add && SameStorage(graph_.tensors[n.inputs[k]], graph_.tensors[n.output])) {
           if (!g.alias) RETURN_IF_ERROR(Deliver(dy, g.dst, out_n, g.accumulate));
           continue;
         }
@@ -741,6 +693,19 @@ absl::Status GraphNetwork::BackwardNode(Step& s, const NodeHook* grads_ready) {
       return device_->GatherBackward(p, dy, sparse_->indices[e.feature], e.bag ? sparse_->offsets[e.feature] : nullptr,
                                      sparse_->row_grads[e.table]);
     }
+    case Op::kLayerNorm:
+    case Op::kVariable:
+    case Op::kMatMul:
+      // Ops with variables or several inputs: the variables' gradients first, then the inputs'.
+      RETURN_IF_ERROR(BackwardTensorOp(s, dy));
+      return ready();
+    case Op::kTranspose:
+    case Op::kSoftmax:
+    case Op::kReduce:
+    case Op::kSlice:
+    case Op::kGather:
+    case Op::kExpand:
+      return BackwardTensorOp(s, dy);
     default:
       break;
   }

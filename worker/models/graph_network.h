@@ -97,6 +97,14 @@ class GraphNetwork {
                            const kernels::DeviceCounter* device_step, uint64_t counter_stride,
                            uint64_t counter_offset);
   absl::Status BackwardNode(Step& s, const NodeHook* grads_ready);
+  // graph_network_tensor_ops.cc: the tensor ops of imported graphs (kTranspose ... kVariable).
+  absl::Status BuildTensorOp(Step& s);
+  absl::Status ForwardTensorOp(Step& s);
+  absl::Status BackwardTensorOp(Step& s, float* dy);
+  // Where input k's gradient goes when a kernel computes it (its buffer, or the scratch when it must be added to
+  // what other consumers left there), and the addition afterwards.
+  float* GradTarget(const Step& s, size_t k) const;
+  absl::Status FinishGrad(const Step& s, size_t k);
   // The Gather of an embedding node for the bound sparse inputs.
   absl::Status EmbeddingParams(const Node& n, kernels::GatherParams* p) const;
   // Writes or adds (accumulate) `n` floats of src into dst.

@@ -109,6 +109,10 @@ struct ModelOptions {
   // host buffers here, so parameters arrive from the ps and gradients leave for it without a copy.
   float* params_buffer = nullptr;
   float* grads_buffer = nullptr;
+  // A model that only predicts (dtrain_eval): no training network, whose activations and gradients a deep net
+  // at an evaluation batch would hold (gigabytes for a transformer at 500 examples); the training calls return
+  // FailedPrecondition.
+  bool predict_only = false;
 };
 
 // Per-layer hooks of a training step, all optional. Ranges [begin, end) are in the flat buffer and cover one

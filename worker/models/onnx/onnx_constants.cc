@@ -26,13 +26,15 @@ int64_t Product(const std::vector<int64_t>& dims) {
   return n;
 }
 
-ConstRef MakeInts(std::vector<int64_t> dims, std::vector<int64_t> ints, std::vector<bool> batch = {}) {
+ConstRef MakeInts(std::vector<int64_t> dims, std::vector<int64_t> ints, std::vector<int64_t> batch = {}) {
   auto c = std::make_shared<Const>();
   c->type = Const::Type::kInt;
   c->data_type = TensorProto::INT64;
   c->dims = std::move(dims);
   c->ints = std::move(ints);
-  if (std::find(batch.begin(), batch.end(), true) != batch.end()) c->batch = std::move(batch);
+  if (std::find_if(batch.begin(), batch.end(), [](int64_t f) { return f != 0; }) != batch.end()) {
+    c->batch = std::move(batch);
+  }
   return c;
 }
 
@@ -45,11 +47,13 @@ ConstRef MakeFloats(std::vector<int64_t> dims, std::vector<float> values) {
   return c;
 }
 
-// A copy of `c` with new dims (same elements), no longer an initializer.
+// A copy of `c` with new dims (same elements), no longer an initializer but a view of the one `c` is or views.
 ConstRef WithDims(const Const& c, std::vector<int64_t> dims) {
   auto out = std::make_shared<Const>(c);
   out->dims = std::move(dims);
+  out->view_of = c.type == Const::Type::kFloat ? c.param() : "";
   out->initializer.clear();
+  out->transpose_of.clear();
   return out;
 }
 
@@ -112,14 +116,14 @@ absl::StatusOr<ConstRef> Gather(const ::onnx::NodeProto& n, const Const& data, c
   const int64_t len = data.dims[0];
   std::vector<int64_t> ints;
   std::vector<float> floats;
-  std::vector<bool> batch;
+  std::vector<int64_t> batch;
   for (int64_t k = 0; k < indices.size(); ++k) {
     int64_t i = indices.ints[k];
     if (i < 0) i += len;
     if (i < 0 || i >= len) return Error(absl::StrCat("index ", indices.ints[k], " is outside [0, ", len, ")"));
     if (data.type == Const::Type::kInt) {
       ints.push_back(data.ints[i]);
-      batch.push_back(data.is_batch(i));
+      batch.push_back(data.batch_factor(i));
     } else {
       floats.push_back((*data.floats)[i]);
     }
@@ -176,14 +180,14 @@ absl::StatusOr<ConstRef> Concat(const ::onnx::NodeProto& n, const std::vector<co
   for (int64_t k = axis + 1; k < rank; ++k) inner *= dims[k];
   std::vector<int64_t> ints;
   std::vector<float> floats;
-  std::vector<bool> batch;
+  std::vector<int64_t> batch;
   for (int64_t o = 0; o < outer; ++o) {
     for (const Const* c : in) {
       const int64_t block = c->dims[axis] * inner;
       for (int64_t j = o * block; j < (o + 1) * block; ++j) {
         if (c->type == Const::Type::kInt) {
           ints.push_back(c->ints[j]);
-          batch.push_back(c->is_batch(j));
+          batch.push_back(c->batch_factor(j));
         } else {
           floats.push_back((*c->floats)[j]);
         }
@@ -196,34 +200,53 @@ absl::StatusOr<ConstRef> Concat(const ::onnx::NodeProto& n, const std::vector<co
 
 absl::StatusOr<ConstRef> Slice(const Const& data, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
                                const std::vector<int64_t>& axes, const std::vector<int64_t>& steps) {
-  if (data.dims.size() != 1) return Error("only 1-D data is folded");
-  if (starts.size() != 1 || ends.size() != 1 || axes.size() > 1 || steps.size() > 1) {
-    return Error("only one axis is folded");
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  if (rank == 0) return Error("Slice of a scalar");
+  if (starts.size() != ends.size() || (!axes.empty() && axes.size() != starts.size()) ||
+      (!steps.empty() && steps.size() != starts.size())) {
+    return Error("Slice's starts, ends, axes and steps differ in length");
   }
-  if (!axes.empty() && axes[0] != 0 && axes[0] != -1) return Error(absl::StrCat("axis ", axes[0], " of 1-D data"));
-  const int64_t len = data.dims[0];
-  const int64_t step = steps.empty() ? 1 : steps[0];
-  if (step == 0) return Error("step 0");
-  auto clamp = [&](int64_t v) {
-    if (v < 0) v += len;
-    return step > 0 ? std::clamp<int64_t>(v, 0, len) : std::clamp<int64_t>(v, -1, len - 1);
-  };
-  const int64_t b = clamp(starts[0]), e = clamp(ends[0]);
-  std::vector<int64_t> ints;
+  // Per axis: first index, step and count (every axis whole unless sliced).
+  std::vector<int64_t> first(rank, 0), stride(rank, 1), count = data.dims;
+  std::vector<bool> seen(rank, false);
+  for (size_t j = 0; j < starts.size(); ++j) {
+    int64_t axis = axes.empty() ? static_cast<int64_t>(j) : axes[j];
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank || seen[axis]) return Error(absl::StrCat("Slice axis ", axis, " of rank ", rank));
+    seen[axis] = true;
+    const int64_t len = data.dims[axis];
+    const int64_t step = steps.empty() ? 1 : steps[j];
+    if (step == 0) return Error("step 0");
+    auto clamp = [&](int64_t v) {
+      if (v < 0) v += len;
+      return step > 0 ? std::clamp<int64_t>(v, 0, len) : std::clamp<int64_t>(v, -1, len - 1);
+    };
+    const int64_t b = clamp(starts[j]), e = clamp(ends[j]);
+    first[axis] = b;
+    stride[axis] = step;
+    count[axis] = step > 0 ? std::max<int64_t>(0, (e - b + step - 1) / step)
+                           : std::max<int64_t>(0, (b - e + (-step) - 1) / (-step));
+  }
+  const int64_t n = Product(count);
+  std::vector<int64_t> ints, batch;
   std::vector<float> floats;
-  std::vector<bool> batch;
-  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) {
+  std::vector<int64_t> pos(rank, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t src = 0;
+    for (int64_t a = 0; a < rank; ++a) src = src * data.dims[a] + first[a] + pos[a] * stride[a];
     if (data.type == Const::Type::kInt) {
-      ints.push_back(data.ints[i]);
-      batch.push_back(data.is_batch(i));
+      ints.push_back(data.ints[src]);
+      batch.push_back(data.batch_factor(src));
     } else {
-      floats.push_back((*data.floats)[i]);
+      floats.push_back((*data.floats)[src]);
+    }
+    for (int64_t a = rank - 1; a >= 0; --a) {
+      if (++pos[a] < count[a]) break;
+      pos[a] = 0;
     }
   }
-  const int64_t count = data.type == Const::Type::kInt ? static_cast<int64_t>(ints.size())
-                                                        : static_cast<int64_t>(floats.size());
-  if (data.type == Const::Type::kInt) return MakeInts({count}, std::move(ints), std::move(batch));
-  return MakeFloats({count}, std::move(floats));
+  if (data.type == Const::Type::kInt) return MakeInts(count, std::move(ints), std::move(batch));
+  return MakeFloats(count, std::move(floats));
 }
 
 absl::StatusOr<ConstRef> Cast(const ::onnx::NodeProto& n, const Const& data) {
@@ -243,11 +266,11 @@ absl::StatusOr<ConstRef> Cast(const ::onnx::NodeProto& n, const Const& data) {
     case TensorProto::UINT8:
     case TensorProto::BOOL: {
       std::vector<int64_t> v(data.size());
-      std::vector<bool> batch(data.size());
+      std::vector<int64_t> batch(data.size());
       for (int64_t i = 0; i < data.size(); ++i) {
         const double x = data.at(i);
         v[i] = to == TensorProto::BOOL ? (x != 0) : static_cast<int64_t>(std::trunc(x));
-        batch[i] = data.is_batch(i) && to != TensorProto::BOOL;
+        batch[i] = to == TensorProto::BOOL ? 0 : data.batch_factor(i);
       }
       return MakeInts(data.dims, std::move(v), std::move(batch));
     }
@@ -257,35 +280,113 @@ absl::StatusOr<ConstRef> Cast(const ::onnx::NodeProto& n, const Const& data) {
   }
 }
 
-absl::StatusOr<ConstRef> Arithmetic(const std::string& op, const Const& a, const Const& b) {
-  // Equal shapes, or one side a single element (scalar or [1]) broadcast over the other.
-  const bool same = a.dims == b.dims;
-  const bool a_one = a.size() == 1, b_one = b.size() == 1;
-  if (!same && !a_one && !b_one) {
-    return Error(absl::StrCat("operand shapes ", absl::StrJoin(a.dims, "x"), " and ", absl::StrJoin(b.dims, "x"),
-                              " (only equal shapes or a single element are folded)"));
+// numpy broadcasting of constants' dims.
+absl::StatusOr<std::vector<int64_t>> BroadcastDims(const std::vector<const Const*>& in) {
+  size_t rank = 0;
+  for (const Const* c : in) rank = std::max(rank, c->dims.size());
+  std::vector<int64_t> out(rank, 1);
+  for (const Const* c : in) {
+    const size_t shift = rank - c->dims.size();
+    for (size_t k = 0; k < c->dims.size(); ++k) {
+      const int64_t d = c->dims[k];
+      if (d != out[shift + k] && d != 1 && out[shift + k] != 1) {
+        return Error(absl::StrCat("operand shapes do not broadcast (", absl::StrJoin(c->dims, "x"), " against ",
+                                  absl::StrJoin(out, "x"), ")"));
+      }
+      if (d != 1) out[shift + k] = d;
+    }
   }
-  std::vector<int64_t> dims = a.dims.size() >= b.dims.size() ? a.dims : b.dims;  // equal, or both one element
-  if (!same && a_one != b_one) dims = a_one ? b.dims : a.dims;
+  if (Product(out) > (int64_t{1} << 28)) return Error("too large");
+  return out;
+}
+
+// The flat index into a constant of `dims` broadcast to `out` of the output's flat index `i`.
+int64_t SourceIndex(const std::vector<int64_t>& out, int64_t i, const std::vector<int64_t>& dims) {
+  int64_t src = 0, stride = 1;
+  const size_t shift = out.size() - dims.size();
+  for (size_t k = out.size(); k-- > 0;) {
+    const int64_t idx = i % out[k];
+    i /= out[k];
+    if (k >= shift) {
+      const int64_t d = dims[k - shift];
+      if (d != 1) src += idx * stride;
+      stride *= d;
+    }
+  }
+  return src;
+}
+
+std::string FactorText(int64_t factor, int64_t value) {
+  if (factor == 0) return absl::StrCat(value);
+  return factor == 1 ? "the batch size" : absl::StrCat(factor, " times the batch size");
+}
+
+bool IsComparison(const std::string& op) {
+  return op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" || op == "GreaterOrEqual" ||
+         op == "And" || op == "Or";
+}
+
+absl::StatusOr<ConstRef> Arithmetic(const std::string& op, const Const& a, const Const& b) {
+  ASSIGN_OR_RETURN(const std::vector<int64_t> dims, BroadcastDims({&a, &b}));
   const int64_t n = Product(dims);
-  auto ai = [&](int64_t i) { return a_one ? 0 : i; };
-  auto bi = [&](int64_t i) { return b_one ? 0 : i; };
+  auto ai = [&](int64_t i) { return SourceIndex(dims, i, a.dims); };
+  auto bi = [&](int64_t i) { return SourceIndex(dims, i, b.dims); };
+  if (IsComparison(op)) {
+    std::vector<int64_t> v(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t fx = a.batch_factor(ai(i)), fy = b.batch_factor(bi(i));
+      const double x = a.at(ai(i)), y = b.at(bi(i));
+      if (fx != 0 || fy != 0) {
+        // The batch size is at least 1: it equals no number below 1 (ViT's Where(shape == -1, 1, shape)).
+        const double other = fx != 0 ? y : x;
+        if (op != "Equal" || (fx != 0 && fy != 0) || other >= 1) {
+          return Error(absl::StrCat(op, " of ", FactorText(fx, static_cast<int64_t>(x)), " and ",
+                                    FactorText(fy, static_cast<int64_t>(y)), " depends on the batch size"));
+        }
+        v[i] = 0;
+        continue;
+      }
+      v[i] = op == "Equal"            ? x == y
+             : op == "Less"           ? x < y
+             : op == "Greater"        ? x > y
+             : op == "LessOrEqual"    ? x <= y
+             : op == "GreaterOrEqual" ? x >= y
+             : op == "And"            ? (x != 0 && y != 0)
+                                      : (x != 0 || y != 0);
+    }
+    auto c = std::const_pointer_cast<Const>(MakeInts(dims, std::move(v)));
+    c->data_type = TensorProto::BOOL;
+    return ConstRef(c);
+  }
   if (a.type == Const::Type::kInt && b.type == Const::Type::kInt) {
     std::vector<int64_t> v(n);
-    std::vector<bool> batch(n);
+    std::vector<int64_t> batch(n, 0);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t x = a.ints[ai(i)], y = b.ints[bi(i)];
-      const bool xb = a.is_batch(ai(i)), yb = b.is_batch(bi(i));
-      if (op == "Div" && y == 0) return Error("division by zero");
-      v[i] = op == "Add" ? x + y : op == "Sub" ? x - y : op == "Mul" ? x * y : x / y;
-      // The batch size survives only arithmetic that leaves it as it is.
-      const bool keeps = (xb && !yb && ((op == "Add" || op == "Sub") ? y == 0 : y == 1)) ||
-                         (yb && !xb && ((op == "Add" && x == 0) || (op == "Mul" && x == 1)));
-      if ((xb || yb) && !keeps) {
-        return Error(absl::StrCat(op, " of the batch size with ", xb ? y : x,
-                                  " (shape arithmetic on the batch dimension is not supported)"));
+      const int64_t fx = a.batch_factor(ai(i)), fy = b.batch_factor(bi(i));
+      if ((op == "Div" || op == "Mod") && y == 0) return Error("division by zero");
+      v[i] = op == "Add"   ? x + y
+             : op == "Sub" ? x - y
+             : op == "Mul" ? x * y
+             : op == "Div" ? x / y
+             : op == "Mod" ? ((x % y) + y) % y
+                           : static_cast<int64_t>(std::pow(static_cast<double>(x), static_cast<double>(y)));
+      if (fx == 0 && fy == 0) continue;
+      // A multiple of the batch size stays one under scaling (k N * m, k N / m when m divides k) and x + 0.
+      int64_t f = 0;
+      if (fx != 0 && fy == 0) {
+        if ((op == "Add" || op == "Sub") && y == 0) f = fx;
+        if (op == "Mul" && y > 0) f = fx * y;
+        if (op == "Div" && y > 0 && fx % y == 0) f = fx / y;
+      } else if (fy != 0 && fx == 0) {
+        if (op == "Add" && x == 0) f = fy;
+        if (op == "Mul" && x > 0) f = fy * x;
       }
-      batch[i] = keeps;
+      if (f == 0) {
+        return Error(absl::StrCat(op, " of ", FactorText(fx, x), " and ", FactorText(fy, y),
+                                  " (supported on the batch size: scaling by a constant, adding 0)"));
+      }
+      batch[i] = f;
     }
     return MakeInts(dims, std::move(v), std::move(batch));
   }
@@ -293,9 +394,178 @@ absl::StatusOr<ConstRef> Arithmetic(const std::string& op, const Const& a, const
   std::vector<float> v(n);
   for (int64_t i = 0; i < n; ++i) {
     const float x = static_cast<float>(a.at(ai(i))), y = static_cast<float>(b.at(bi(i)));
-    v[i] = op == "Add" ? x + y : op == "Sub" ? x - y : op == "Mul" ? x * y : x / y;
+    v[i] = op == "Add"   ? x + y
+           : op == "Sub" ? x - y
+           : op == "Mul" ? x * y
+           : op == "Div" ? x / y
+           : op == "Mod" ? std::fmod(x, y)
+                         : std::pow(x, y);
   }
   return MakeFloats(dims, std::move(v));
+}
+
+absl::StatusOr<ConstRef> Unary(const std::string& op, const Const& a) {
+  if (a.any_batch()) return Error(absl::StrCat(op, " of the batch size is not supported"));
+  if (a.type == Const::Type::kInt && (op == "Neg" || op == "Not" || op == "Abs")) {
+    std::vector<int64_t> v(a.size());
+    for (int64_t i = 0; i < a.size(); ++i) {
+      v[i] = op == "Neg" ? -a.ints[i] : op == "Not" ? a.ints[i] == 0 : std::abs(a.ints[i]);
+    }
+    auto c = std::const_pointer_cast<Const>(MakeInts(a.dims, std::move(v)));
+    if (op == "Not") c->data_type = TensorProto::BOOL;
+    return ConstRef(c);
+  }
+  std::vector<float> v(a.size());
+  for (int64_t i = 0; i < a.size(); ++i) {
+    const double x = a.at(i);
+    double r = 0;
+    if (op == "Neg") r = -x;
+    else if (op == "Abs") r = std::fabs(x);
+    else if (op == "Sqrt") r = std::sqrt(x);
+    else if (op == "Reciprocal") r = 1.0 / x;
+    else if (op == "Exp") r = std::exp(x);
+    else if (op == "Log") r = std::log(x);
+    else if (op == "Floor") r = std::floor(x);
+    else if (op == "Ceil") r = std::ceil(x);
+    else return Error(absl::StrCat(op, " of ", a.type == Const::Type::kInt ? "integers" : "floats", " is not folded"));
+    v[i] = static_cast<float>(r);
+  }
+  return MakeFloats(a.dims, std::move(v));
+}
+
+absl::StatusOr<ConstRef> Where(const Const& cond, const Const& a, const Const& b) {
+  ASSIGN_OR_RETURN(const std::vector<int64_t> dims, BroadcastDims({&cond, &a, &b}));
+  if (a.type != b.type) return Error("Where of operands of different types");
+  const int64_t n = Product(dims);
+  std::vector<int64_t> ints, batch;
+  std::vector<float> floats;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool pick_a = cond.at(SourceIndex(dims, i, cond.dims)) != 0;
+    const Const& src = pick_a ? a : b;
+    const int64_t j = SourceIndex(dims, i, src.dims);
+    if (src.type == Const::Type::kInt) {
+      ints.push_back(src.ints[j]);
+      batch.push_back(src.batch_factor(j));
+    } else {
+      floats.push_back((*src.floats)[j]);
+    }
+  }
+  if (cond.any_batch()) return Error("Where with a condition of the batch size");
+  if (a.type == Const::Type::kInt) return MakeInts(dims, std::move(ints), std::move(batch));
+  return MakeFloats(dims, std::move(floats));
+}
+
+// ScatterND (reduction none) of constants: data with the slices at indices [..., k] replaced by updates (Swin's
+// shifted-window attention mask, built by slice assignments into zeros).
+absl::StatusOr<ConstRef> ScatterND(const ::onnx::NodeProto& n, const Const& data, const Const& indices,
+                                   const Const& updates) {
+  if (AttrString(n, "reduction", "none") != "none") {
+    return Error(absl::StrCat("ScatterND with reduction '", AttrString(n, "reduction", "none"), "' of constants"));
+  }
+  if (indices.type != Const::Type::kInt || indices.dims.empty()) return Error("ScatterND indices are not integers");
+  if (data.type != updates.type) return Error("ScatterND of data and updates of different types");
+  if (data.any_batch() || indices.any_batch() || updates.any_batch()) return Error("ScatterND of the batch size");
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  const int64_t k = indices.dims.back();
+  if (k < 1 || k > rank) return Error(absl::StrCat("ScatterND index depth ", k, " for rank ", rank));
+  int64_t slice = 1;
+  for (int64_t a = k; a < rank; ++a) slice *= data.dims[a];
+  const int64_t count = indices.size() / k;
+  if (updates.size() != count * slice) {
+    return Error(absl::StrCat("ScatterND updates of ", updates.size(), " values for ", count, " slices of ", slice));
+  }
+  std::vector<int64_t> ints = data.ints;
+  std::vector<float> floats = data.type == Const::Type::kFloat ? *data.floats : std::vector<float>{};
+  for (int64_t u = 0; u < count; ++u) {
+    int64_t offset = 0;
+    for (int64_t a = 0; a < k; ++a) {
+      int64_t idx = indices.ints[u * k + a];
+      if (idx < 0) idx += data.dims[a];
+      if (idx < 0 || idx >= data.dims[a]) return Error(absl::StrCat("ScatterND index ", idx, " out of range"));
+      offset = offset * data.dims[a] + idx;
+    }
+    offset *= slice;
+    for (int64_t e = 0; e < slice; ++e) {
+      if (data.type == Const::Type::kInt) {
+        ints[offset + e] = updates.ints[u * slice + e];
+      } else {
+        floats[offset + e] = (*updates.floats)[u * slice + e];
+      }
+    }
+  }
+  if (data.type == Const::Type::kInt) return MakeInts(data.dims, std::move(ints));
+  return MakeFloats(data.dims, std::move(floats));
+}
+
+// Element i of a constant broadcast to `dims` (Expand).
+absl::StatusOr<ConstRef> Expand(const Const& data, const Const& shape) {
+  if (shape.any_batch()) return Error("a constant cannot take the batch size as a dimension");
+  Const target;
+  target.dims = IntsOf(&shape);
+  ASSIGN_OR_RETURN(const std::vector<int64_t> dims, BroadcastDims({&data, &target}));
+  if (data.any_batch()) return Error("Expand of the batch size");
+  const int64_t n = Product(dims);
+  if (data.type == Const::Type::kInt) {
+    std::vector<int64_t> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = data.ints[SourceIndex(dims, i, data.dims)];
+    return MakeInts(dims, std::move(v));
+  }
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = (*data.floats)[SourceIndex(dims, i, data.dims)];
+  return MakeFloats(dims, std::move(v));
+}
+
+absl::StatusOr<ConstRef> TransposeConst(const ::onnx::NodeProto& n, const Const& data) {
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  std::vector<int64_t> perm = AttrInts(n, "perm");
+  if (perm.empty()) {
+    for (int64_t k = rank - 1; k >= 0; --k) perm.push_back(k);
+  }
+  std::vector<int64_t> sorted = perm;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t k = 0; k < rank; ++k) {
+    if (static_cast<int64_t>(sorted.size()) != rank || sorted[k] != k) return Error("perm is not a permutation");
+  }
+  if (data.any_batch()) return Error("Transpose of the batch size");
+  std::vector<int64_t> dims, in_stride(rank, 1);
+  for (int64_t k = rank - 2; k >= 0; --k) in_stride[k] = in_stride[k + 1] * data.dims[k + 1];
+  for (int64_t k : perm) dims.push_back(data.dims[k]);
+  const int64_t count = data.size();
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t rest = i, src = 0;
+    for (int64_t k = rank - 1; k >= 0; --k) {
+      src += (rest % dims[k]) * in_stride[perm[k]];
+      rest /= dims[k];
+    }
+    if (data.type == Const::Type::kInt) {
+      ints.push_back(data.ints[src]);
+    } else {
+      floats.push_back((*data.floats)[src]);
+    }
+  }
+  if (data.type == Const::Type::kInt) return MakeInts(dims, std::move(ints));
+  auto c = std::const_pointer_cast<Const>(MakeFloats(dims, std::move(floats)));
+  c->data_type = data.data_type;
+  if (rank == 2 && perm == std::vector<int64_t>{1, 0}) c->transpose_of = data.param();
+  return ConstRef(c);
+}
+
+absl::StatusOr<ConstRef> Range(const Const& start, const Const& limit, const Const& delta) {
+  if (start.any_batch() || limit.any_batch() || delta.any_batch()) return Error("a Range of the batch size");
+  const double s = start.at(0), l = limit.at(0), d = delta.at(0);
+  if (d == 0) return Error("a Range with delta 0");
+  const int64_t count = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((l - s) / d)));
+  if (count > (int64_t{1} << 28)) return Error("too large");
+  if (start.type == Const::Type::kInt) {
+    std::vector<int64_t> v(count);
+    for (int64_t i = 0; i < count; ++i) v[i] = start.ints[0] + i * delta.ints[0];
+    return MakeInts({count}, std::move(v));
+  }
+  std::vector<float> v(count);
+  for (int64_t i = 0; i < count; ++i) v[i] = static_cast<float>(s + i * d);
+  return MakeFloats({count}, std::move(v));
 }
 
 absl::StatusOr<ConstRef> ReshapeConst(const ::onnx::NodeProto& n, const Const& data, const Const& shape) {
@@ -448,13 +718,16 @@ absl::StatusOr<ConstRef> DecodeTensor(const TensorProto& t, const std::string& w
 }
 
 bool IsFoldable(const std::string& op) {
-  static const std::set<std::string> kOps = {"Constant", "Gather",  "Unsqueeze", "Squeeze", "Concat",
-                                             "Slice",    "Cast",    "Add",       "Sub",     "Mul",
-                                             "Div",      "Reshape", "Identity",  "ConstantOfShape", "Flatten"};
+  static const std::set<std::string> kOps = {
+      "Constant", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div", "Mod",
+      "Pow", "Reshape", "Identity", "ConstantOfShape", "Flatten", "Equal", "Less", "Greater", "LessOrEqual",
+      "GreaterOrEqual", "And", "Or", "Not", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log", "Floor", "Ceil",
+      "Where", "Expand", "Transpose", "Range", "ScatterND"};
   return kOps.count(op) > 0;
 }
 
-absl::StatusOr<ConstRef> MakeShapeOf(const ::onnx::NodeProto& n, const std::vector<int64_t>& dims) {
+absl::StatusOr<ConstRef> MakeShapeOf(const ::onnx::NodeProto& n, const std::vector<int64_t>& dims,
+                                     const std::vector<int64_t>& batch_factors) {
   const int64_t rank = static_cast<int64_t>(dims.size());
   int64_t start = AttrInt(n, "start", 0), end = AttrInt(n, "end", rank);
   if (start < 0) start += rank;
@@ -462,8 +735,8 @@ absl::StatusOr<ConstRef> MakeShapeOf(const ::onnx::NodeProto& n, const std::vect
   start = std::clamp<int64_t>(start, 0, rank);
   end = std::clamp<int64_t>(end, start, rank);
   std::vector<int64_t> ints(dims.begin() + start, dims.begin() + end);
-  std::vector<bool> batch(ints.size(), false);
-  if (start == 0 && !batch.empty()) batch[0] = true;
+  std::vector<int64_t> batch;
+  for (int64_t k = start; k < end; ++k) batch.push_back(k < static_cast<int64_t>(batch_factors.size()) ? batch_factors[k] : 0);
   return MakeInts({end - start}, std::move(ints), std::move(batch));
 }
 
@@ -503,10 +776,36 @@ absl::StatusOr<std::vector<ConstRef>> FoldNode(const ::onnx::NodeProto& n, const
     ASSIGN_OR_RETURN(const Const* data, need(0));
     return Single(Cast(n, *data));
   }
-  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Mod" || op == "Pow" || IsComparison(op)) {
     ASSIGN_OR_RETURN(const Const* a, need(0));
     ASSIGN_OR_RETURN(const Const* b, need(1));
     return Single(Arithmetic(op, *a, *b));
+  }
+  if (op == "Not" || op == "Neg" || op == "Abs" || op == "Sqrt" || op == "Reciprocal" || op == "Exp" ||
+      op == "Log" || op == "Floor" || op == "Ceil") {
+    ASSIGN_OR_RETURN(const Const* a, need(0));
+    return Single(Unary(op, *a));
+  }
+  if (op == "Where") {
+    ASSIGN_OR_RETURN(const Const* c, need(0));
+    ASSIGN_OR_RETURN(const Const* a, need(1));
+    ASSIGN_OR_RETURN(const Const* b, need(2));
+    return Single(Where(*c, *a, *b));
+  }
+  if (op == "Expand") {
+    ASSIGN_OR_RETURN(const Const* data, need(0));
+    ASSIGN_OR_RETURN(const Const* shape, need(1));
+    return Single(Expand(*data, *shape));
+  }
+  if (op == "Transpose") {
+    ASSIGN_OR_RETURN(const Const* data, need(0));
+    return Single(TransposeConst(n, *data));
+  }
+  if (op == "Range") {
+    ASSIGN_OR_RETURN(const Const* start, need(0));
+    ASSIGN_OR_RETURN(const Const* limit, need(1));
+    ASSIGN_OR_RETURN(const Const* delta, need(2));
+    return Single(Range(*start, *limit, *delta));
   }
   if (op == "Reshape") {
     ASSIGN_OR_RETURN(const Const* data, need(0));
@@ -520,6 +819,12 @@ absl::StatusOr<std::vector<ConstRef>> FoldNode(const ::onnx::NodeProto& n, const
     int64_t outer = 1;
     for (int64_t k = 0; k < axis; ++k) outer *= data->dims[k];
     return Single(WithDims(*data, {outer, data->size() / std::max<int64_t>(outer, 1)}));
+  }
+  if (op == "ScatterND") {
+    ASSIGN_OR_RETURN(const Const* data, need(0));
+    ASSIGN_OR_RETURN(const Const* indices, need(1));
+    ASSIGN_OR_RETURN(const Const* updates, need(2));
+    return Single(ScatterND(n, *data, *indices, *updates));
   }
   if (op == "ConstantOfShape") {
     ASSIGN_OR_RETURN(const Const* shape, need(0));

@@ -113,7 +113,10 @@ absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::ve
     if (it != by_name.end()) {
       const VariableInfo& v = *it->second.second;
       const std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
-      if (dims != v.shape) {
+      int64_t size = 1;
+      for (int64_t d : dims) size *= d;
+      // A variable the graph reads reshaped (a [C] scale as [1, C, 1, 1]) keeps its initializer's dims.
+      if (dims != v.shape && size != v.size()) {
         return absl::InvalidArgumentError(absl::StrCat(f.file, ": variable '", v.name, "' has shape ",
                                                        absl::StrJoin(v.shape, "x"), " but its initializer ",
                                                        absl::StrJoin(dims, "x")));

@@ -22,11 +22,16 @@ namespace {
 // The ops the mapper computes, the head it strips and the constant arithmetic it folds.
 const std::set<std::string>& ComputedOps() {
   static const std::set<std::string> ops = {
+      // Computed on tensors.
       "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Gemm", "MatMul", "Add", "Sub",
-      "Mul", "Div", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "BatchNormalization", "Dropout", "LRN",
-      "Flatten", "Reshape", "Concat", "Identity", "Pad", "Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss",
-      "Constant", "Shape", "Gather", "Unsqueeze", "Squeeze", "Slice", "Cast", "ConstantOfShape", "ReduceSum",
-      "ReduceMean"};
+      "Mul", "Div", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Erf", "Sqrt", "Pow",
+      "BatchNormalization", "LayerNormalization", "Dropout", "LRN", "Flatten", "Reshape", "Concat", "Identity",
+      "Pad", "Transpose", "Einsum", "Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss", "ReduceSum", "ReduceMean",
+      "ReduceMax", "Gather", "Slice", "Split", "Expand", "Tile", "Squeeze", "Unsqueeze", "Cast",
+      // Shape arithmetic and constants (folded at import).
+      "Constant", "Shape", "ConstantOfShape", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And",
+      "Or", "Not", "Neg", "Abs", "Reciprocal", "Exp", "Log", "Floor", "Ceil", "Where", "Range", "Mod",
+      "ScatterND"};
   return ops;
 }
 
@@ -80,12 +85,15 @@ constexpr char kEmbeddingBagHint[] =
 
 const std::string& SupportedOpsText() {
   static const std::string text =
-      "supported: Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, Gemm, MatMul, Add, Sub, Mul, Div, "
-      "Relu, LeakyRelu, Clip, Sigmoid, Tanh, BatchNormalization, Dropout, LRN, Flatten, Reshape, Concat, "
-      "Identity, Pad before Conv/AveragePool, Softmax/LogSoftmax/SoftmaxCrossEntropyLoss as the head, Gather of an "
-      "embedding initializer by the int64 ids input (columns picked with Gather/Slice/Squeeze/Unsqueeze), "
-      "ReduceSum/ReduceMean over its columns, Squeeze/Unsqueeze, and shape arithmetic on constants (Constant, "
-      "Shape, Gather, Unsqueeze, Squeeze, Slice, Cast, ConstantOfShape)";
+      "supported: Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, Gemm, MatMul (by a weight or of two "
+      "tensors), Einsum of batched matrix products, Add, Sub, Mul, Div, Relu, LeakyRelu, Clip, Sigmoid, Tanh, "
+      "HardSigmoid, HardSwish, Erf, Sqrt, Pow by a constant, BatchNormalization, LayerNormalization, Dropout, LRN, "
+      "Flatten, Reshape, Transpose, Concat, Split, Slice, Gather and Expand/Tile of tensors, "
+      "ReduceMean/ReduceMax/ReduceSum, Softmax/LogSoftmax, Identity, Pad before Conv/AveragePool, "
+      "SoftmaxCrossEntropyLoss as the head, Gather of an embedding initializer by the int64 ids input (columns "
+      "picked with Gather/Slice/Squeeze/Unsqueeze), Squeeze/Unsqueeze, and shape arithmetic on constants (Constant, "
+      "Shape, Gather, Unsqueeze, Squeeze, Slice, Cast, ConstantOfShape, Range, Where, ScatterND, comparisons and "
+      "arithmetic)";
   return text;
 }
 

@@ -481,18 +481,15 @@ TEST(OnnxEmbeddingTest, RefusesIdsThatAreNotInt64OrAreComputed) {
             absl::StrCat("ctr.onnx: node '/Cast' (Cast): Cast of the ids to INT32 is not supported (supported: INT64 "
                          "ids, as nn.Embedding takes them); ",
                          kHint));
-  // Rows at constant indices (a positional embedding).
+  // Rows at constant indices (a positional embedding) are a tensor of the weight, computed in the graph; but
+  // as the output, without a batch axis, they are no logits.
   OnnxBuilder pos;
   pos.Input("ids", {-1}, kInt64)
       .Initializer("pos.weight", {4, 3}, Ramp(12))
       .Constant(IntTensor("where", {2}, {0, 1}))
       .Node("Gather", {"pos.weight", "where"}, {"p"}, {}, "/pos/Gather")
       .Output("p", {2, 3});
-  EXPECT_EQ(Refusal(pos, Ctr(1, 1)),
-            absl::StrCat("ctr.onnx: node '/pos/Gather' (Gather): looks up rows of 'pos.weight' at constant indices "
-                         "(a positional embedding, torch.arange): not supported (supported: rows picked by the "
-                         "int64 ids input); ",
-                         kHint));
+  EXPECT_EQ(Refusal(pos, Ctr(1, 1)), "ctr: the output 'p' has shape 2x3; expected the batch as its first axis");
   // Indices computed from the dense features.
   OnnxBuilder computed;
   computed.Input("x", {-1, 1})

@@ -276,6 +276,57 @@ TEST(OnnxImportTest, ConstantOperandsAreConstantVariables) {
   for (int k = 0; k < 3; ++k) EXPECT_EQ(grads[1 + 18 + k], 0.0f) << "the constant bias, " << k;
 }
 
+// Swin's attention mask: slice assignments into zeros (ScatterND of constants) folded at import into a constant
+// operand, which is added to the activations.
+TEST(OnnxImportTest, ScatterNDOfConstantsFoldsIntoAConstantOperand) {
+  ::onnx::AttributeProto zero;
+  zero.set_name("value");
+  zero.set_type(::onnx::AttributeProto::TENSOR);
+  *zero.mutable_t() = testing::FloatTensor("", {1}, {0.0f});
+  OnnxBuilder b;
+  b.Input("x", {-1, 6})
+      .Constant(testing::IntTensor("/mask_shape", {1}, {6}))
+      .Node("ConstantOfShape", {"/mask_shape"}, {"/zeros"}, {zero}, "/ConstantOfShape")
+      .Constant(testing::IntTensor("/rows", {2, 1}, {1, -2}))
+      .Constant(testing::FloatTensor("/values", {2}, {-100.0f, -50.0f}))
+      .Node("ScatterND", {"/zeros", "/rows", "/values"}, {"/mask"}, {}, "/ScatterND")
+      .Node("Add", {"x", "/mask"}, {"masked"}, {}, "/Add")
+      .Initializer("fc.weight", {3, 6}, Ramp(18))
+      .Node("Gemm", {"masked", "fc.weight"}, {"logits"}, {IntAttr("transB", 1)}, "/fc/Gemm")
+      .Output("logits", {-1, 3});
+  absl::StatusOr<ModelRef> spec = Import(b);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::vector<VariableInfo>> vars = ModelVariables(**spec, Images(6, 1, 1, 3));
+  ASSERT_TRUE(vars.ok()) << vars.status();
+  ASSERT_EQ(vars->size(), 2u);
+  EXPECT_FALSE((*vars)[0].trainable);
+  ASSERT_EQ((*vars)[0].size(), 6);
+  const std::vector<float> params = InitialParameters(*vars, 1);
+  EXPECT_EQ(std::vector<float>(params.begin(), params.begin() + 6),
+            std::vector<float>({0.0f, -100.0f, 0.0f, 0.0f, -50.0f, 0.0f}));
+}
+
+// F.pad by zeros (Swin's pad to a multiple of its window when the image already is one) of a tensor that no Conv
+// reads: nothing to compute.
+TEST(OnnxImportTest, APadOfZerosIsTheIdentity) {
+  OnnxBuilder b = Mlp();
+  b.Constant(testing::IntTensor("/pads", {4}, {0, 0, 0, 0}));
+  b.Node("Pad", {"r", "/pads"}, {"padded"}, {}, "/Pad");
+  b.model().mutable_graph()->mutable_node(2)->set_input(0, "padded");  // fc2 reads the Pad
+  std::rotate(b.model().mutable_graph()->mutable_node()->begin() + 2,
+              b.model().mutable_graph()->mutable_node()->end() - 2, b.model().mutable_graph()->mutable_node()->end());
+  absl::StatusOr<ModelRef> spec = Import(b);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<Graph> g = (*spec)->build_graph(Images(1, 28, 28));
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<Op> ops;
+  for (const Node& n : g->nodes) ops.push_back(n.op);
+  EXPECT_EQ(ops, std::vector<Op>({Op::kReshape, Op::kDense, Op::kRelu, Op::kDense}));
+  // Non-zero pads of a tensor no Conv reads stay refused.
+  b.model().mutable_graph()->mutable_node(2)->mutable_attribute(0)->mutable_t()->set_int64_data(1, 1);
+  EXPECT_THAT(Refusal(b), HasSubstr("node '/Pad' (Pad)"));
+}
+
 // ---- refusals: one line naming the node, its op and the attribute, what is supported, the export hint ----
 
 TEST(OnnxImportTest, RefusesAnOperatorItDoesNotCompute) {
@@ -358,14 +409,12 @@ TEST(OnnxImportTest, RefusesAnEvalModeExport) {
 }
 
 TEST(OnnxImportTest, RefusesAttributesItCannotExpress) {
-  {  // Flatten that merges the batch
+  {  // Flatten at axis 2 merges the batch with the channels ([4 N, 196]): the Gemm's weight no longer fits
     OnnxBuilder b = Cnn();
     b.model().mutable_graph()->mutable_node(11)->set_op_type("Flatten");  // the Reshape
     b.model().mutable_graph()->mutable_node(11)->mutable_input()->RemoveLast();
     *b.model().mutable_graph()->mutable_node(11)->add_attribute() = IntAttr("axis", 2);
-    EXPECT_EQ(Refusal(b), absl::StrCat("model.onnx: node '/Reshape' (Flatten): attribute axis=2 merges the batch axis "
-                                       "with others (supported: axis=1, one row per example); ",
-                                       kHint));
+    EXPECT_EQ(Refusal(b), "model: node '/fc/Gemm' (Gemm): its weight 'fc.weight' has shape 10x784, expected 10x196");
   }
   {  // Reshape to a literal batch
     OnnxBuilder b = Mlp();
@@ -380,8 +429,8 @@ TEST(OnnxImportTest, RefusesAttributesItCannotExpress) {
     n->add_output("rr");
     // Move it before fc2 (nodes in topological order).
     for (int k = g->node_size() - 1; k > 2; --k) g->mutable_node()->SwapElements(k, k - 1);
-    EXPECT_EQ(Refusal(b), absl::StrCat("model.onnx: node '/Reshape' (Reshape): shape [50,32] changes the batch axis "
-                                       "(supported: the batch size kept first: x.size(0), 0, or -1 with the other "
+    EXPECT_EQ(Refusal(b), absl::StrCat("model.onnx: node '/Reshape' (Reshape): shape [50,32] leaves no room for the "
+                                       "batch (supported: the batch size as x.size(0), 0, or -1 with the other "
                                        "sizes fixed); ",
                                        kHint));
   }
@@ -420,13 +469,73 @@ TEST(OnnxImportTest, RefusesAttributesItCannotExpress) {
   }
 }
 
-TEST(OnnxImportTest, RefusesASoftmaxThatIsNotTheHead) {
+TEST(OnnxImportTest, ASoftmaxInsideTheGraphIsComputedAndTheHeadStripped) {
   OnnxBuilder b = Mlp();
-  b.model().mutable_graph()->mutable_node(1)->set_op_type("Softmax");
-  EXPECT_EQ(Refusal(b), absl::StrCat("model.onnx: node '/Relu' (Softmax): its output 'r' is read by node "
-                                     "'/fc2/Gemm' (supported: Softmax only as the model's head, the graph's last "
-                                     "node); ",
-                                     kHint));
+  b.model().mutable_graph()->mutable_node(1)->set_op_type("Softmax");  // between the two Gemms
+  b.Node("LogSoftmax", {"logits"}, {"log_probs"}, {IntAttr("axis", -1)}, "/LogSoftmax");
+  b.model().mutable_graph()->mutable_output(0)->set_name("log_probs");
+  absl::StatusOr<ModelRef> spec = Import(b);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<Graph> g = (*spec)->build_graph(Images(1, 28, 28));
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<Op> ops;
+  for (const Node& n : g->nodes) ops.push_back(n.op);
+  EXPECT_EQ(ops, std::vector<Op>({Op::kReshape, Op::kDense, Op::kSoftmax, Op::kDense}));
+  EXPECT_EQ(g->nodes[2].axis, 1);  // the features' full axis (the batch's is 0)
+  EXPECT_FALSE(g->nodes[2].log_softmax);
+  EXPECT_EQ(g->tensor_names[g->output], "logits");
+}
+
+// x [N, 784] as [N, 4, 196] (a 4-token sequence), an attention score of it and of its ReLU by Einsum, flattened
+// into a Gemm: MaxViT's q k^T ("... i d, ... j d -> ... i j") is a MatMul of two tensors, b transposed.
+OnnxBuilder EinsumNet(const std::string& equation, std::vector<int64_t> scores_shape) {
+  OnnxBuilder b;
+  const int64_t scores = scores_shape[1] * scores_shape[2];
+  b.Input("x", {-1, 784})
+      .Initializer("fc.weight", {10, scores}, Ramp(10 * scores))
+      .Initializer("fc.bias", {10}, Ramp(10))
+      .Constant(testing::IntTensor("seq_shape", {3}, {0, 4, 196}))
+      .Node("Reshape", {"x", "seq_shape"}, {"q"}, {}, "/Reshape")
+      .Node("Relu", {"q"}, {"k"}, {}, "/Relu")
+      .Node("Einsum", {"q", "k"}, {"s"}, {StringAttr("equation", equation)}, "/Einsum")
+      .Constant(testing::IntTensor("flat_shape", {2}, {0, -1}))
+      .Node("Reshape", {"s", "flat_shape"}, {"flat"}, {}, "/Reshape_1")
+      .Node("Gemm", {"flat", "fc.weight", "fc.bias"}, {"logits"}, {IntAttr("transB", 1)}, "/fc/Gemm")
+      .Output("logits", {-1, 10});
+  return b;
+}
+
+TEST(OnnxImportTest, EinsumOfBatchedMatrixProductsIsAMatMulOfTwoTensors) {
+  struct Case {
+    std::string equation;
+    bool trans_a, trans_b;
+    int64_t m, n;
+  };
+  for (const Case& c : {Case{"bid,bjd->bij", false, true, 4, 4}, Case{"b i d , b j d -> b i j", false, true, 4, 4},
+                        Case{"bdi,bdj->bij", true, false, 196, 196}}) {
+    SCOPED_TRACE(c.equation);
+    absl::StatusOr<ModelRef> spec = Import(EinsumNet(c.equation, {1, c.m, c.n}));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<Graph> g = (*spec)->build_graph(Images(1, 28, 28));
+    ASSERT_TRUE(g.ok()) << g.status();
+    const Node* mm = nullptr;
+    for (const Node& n : g->nodes) {
+      if (n.op == Op::kMatMul) mm = &n;
+    }
+    ASSERT_NE(mm, nullptr);
+    EXPECT_EQ(mm->trans_a, c.trans_a);
+    EXPECT_EQ(mm->trans_b, c.trans_b);
+    const std::vector<int64_t> dims = g->tensors[mm->output].SymbolicDims();
+    ASSERT_EQ(dims.size(), 3u);
+    EXPECT_EQ(dims[1], c.m);
+    EXPECT_EQ(dims[2], c.n);
+  }
+  // Not a batched matrix product: a reduction over i, a diagonal, an ellipsis.
+  for (const char* eq : {"bij,bjk->bk", "bii,bij->bij", "...ij,...jk->...ik"}) {
+    SCOPED_TRACE(eq);
+    EXPECT_THAT(Refusal(EinsumNet(eq, {1, 4, 4})),
+                HasSubstr("model.onnx: node '/Einsum' (Einsum): equation '" + std::string(eq) + "'"));
+  }
 }
 
 TEST(OnnxImportTest, FilesThatAreMissingOrNotOnnx) {

@@ -61,11 +61,108 @@ absl::StatusOr<int> Mapper::Tensor(int i, int k) {
     return Refuse(i, absl::StrCat("reads '", name, "', the output of a Pad (supported: Pad only before a Conv or an "
                                                "AveragePool)"));
   }
-  if (v->tensor < 0) {
-    return Refuse(i, absl::StrCat("input '", name, "' is a constant (supported: a tensor computed from the input "
-                                               "here; constants only as weights and operands)"));
+  if (v->tensor >= 0) return v->tensor;
+  if (v->constant == nullptr) return Refuse(i, absl::StrCat("input '", name, "' is not a tensor"));
+  // A constant read as a tensor: an initializer's variable (trainable unless it is state), or a constant.
+  const Const& c = *v->constant;
+  if (c.type != Const::Type::kFloat) {
+    return Refuse(i, absl::StrCat("input '", name, "' is an integer constant (supported: integers only as indices, "
+                                  "shapes and axes)"));
   }
-  return v->tensor;
+  const std::string& param = c.transpose_of.empty() ? c.param() : c.transpose_of;
+  auto cached = variable_tensor_.find(param.empty() ? name : param);
+  int t = -1;
+  if (cached != variable_tensor_.end()) {
+    t = cached->second;
+  } else {
+    const std::string key = param.empty() ? name : param;
+    VarSpec var("", {}, {});
+    if (!param.empty()) {
+      // The initializer itself, under its name and dims, whatever view of it this value is.
+      const Const& whole = *f_.initializers.at(param);
+      if (tables_.count(param)) {
+        return Refuse(i, absl::StrCat("reads the embedding table '", param, "' as a tensor (supported: a table that "
+                                      "only Gather reads by the ids)"));
+      }
+      if (var_names_.count(param)) {
+        return Refuse(i, absl::StrCat("reads '", param, "', a weight of another node, as a tensor (shared weights "
+                                      "are not supported)"));
+      }
+      if (whole.data_type != ::onnx::TensorProto::FLOAT) {
+        return Refuse(i, absl::StrCat("reads '", param, "' of type ", DataTypeName(whole.data_type),
+                                      " (supported: FLOAT)"));
+      }
+      if (param.rfind("onnx::", 0) == 0) {
+        return Refuse(i, absl::StrCat("reads '", param, "', not a parameter of the PyTorch module but a value the "
+                                      "exporter made (an eval-mode export; supported: parameters under their "
+                                      "state_dict names)"));
+      }
+      Initializer init;
+      init.kind = Initializer::Kind::kValues;
+      init.values = whole.floats;
+      var_names_.insert(param);
+      var = VarSpec(param, whole.dims, std::move(init), 0.0f, /*trainable=*/true);
+    } else {
+      ASSIGN_OR_RETURN(var, Param(i, k, "operand"));
+    }
+    Node n = Make(i, Op::kVariable);
+    n.name = absl::StrCat(var.name, "/tensor");
+    const std::string tensor_name = var.name + "/tensor";
+    ASSIGN_OR_RETURN(t, b_->Add(std::move(n), {}, {std::move(var)}, tensor_name));
+    variable_tensor_[key] = t;
+  }
+  // The value as the node reads it: the initializer's transpose or another shape of it.
+  const std::vector<int64_t>& dims = b_->shape(t).dims;
+  if (!c.transpose_of.empty()) {
+    auto found = image_of_.find(name + "#transposed");
+    if (found != image_of_.end()) return found->second;
+    Node tr = Make(i, Op::kTranspose);
+    tr.name = absl::StrCat(c.transpose_of, "/transposed");
+    tr.perm = {1, 0};
+    ASSIGN_OR_RETURN(int out, b_->Add(std::move(tr), {t}, {}, name + "#transposed"));
+    image_of_[name + "#transposed"] = out;
+    return out;
+  }
+  if (dims != c.dims) {
+    Node r = Node::Reshape(absl::StrCat(param.empty() ? name : param, "/as_", ShapeText(c.dims)), c.dims,
+                           FlattenOrder::kChannelsFirst);
+    r.plain = true;
+    return b_->Add(std::move(r), {t}, {}, name + "#reshaped");
+  }
+  return t;
+}
+
+absl::StatusOr<int> Mapper::ImageTensor(int i, int k) {
+  ASSIGN_OR_RETURN(const int t, Tensor(i, k));
+  const TensorShape& s = b_->shape(t);
+  if (s.is_image()) return t;
+  ASSIGN_OR_RETURN(const Value* v, Get(i, k));
+  const std::string name = InputName(node(i), k);
+  if (s.dims.size() != 3 || s.batch_axis != 0 || !v->span.empty()) {
+    return Refuse(i, absl::StrCat("its input '", name, "' has shape ", s.ToString(),
+                                  " per example (supported: C x H x W images)"));
+  }
+  auto found = image_of_.find(name);
+  if (found != image_of_.end()) return found->second;
+  Node r = Node::Reshape(name + "/as_image", s.dims, FlattenOrder::kChannelsFirst);
+  r.plain = false;
+  ASSIGN_OR_RETURN(const int out, b_->Add(std::move(r), {t}, {}, name + "#image"));
+  image_of_[name] = out;
+  return out;
+}
+
+absl::StatusOr<int> Mapper::PlainTensor(int i, int k) {
+  ASSIGN_OR_RETURN(const int t, Tensor(i, k));
+  const TensorShape& s = b_->shape(t);
+  if (!s.is_image()) return t;
+  const std::string name = InputName(node(i), k);
+  auto found = plain_of_.find(name);
+  if (found != plain_of_.end()) return found->second;
+  Node r = Node::Reshape(name + "/as_plain", s.dims, FlattenOrder::kChannelsFirst);
+  r.plain = true;
+  ASSIGN_OR_RETURN(const int out, b_->Add(std::move(r), {t}, {}, name + "#plain"));
+  plain_of_[name] = out;
+  return out;
 }
 
 absl::StatusOr<Mapper::ImageInput> Mapper::ImageInputOf(int i) {
@@ -80,7 +177,7 @@ absl::StatusOr<Mapper::ImageInput> Mapper::ImageInputOf(int i) {
     in.pad_right = v->pad_right;
     return in;
   }
-  ASSIGN_OR_RETURN(in.tensor, Tensor(i, 0));
+  ASSIGN_OR_RETURN(in.tensor, ImageTensor(i, 0));
   return in;
 }
 
@@ -101,9 +198,13 @@ absl::StatusOr<VarSpec> Mapper::Param(int i, int k, const char* role, bool state
     return Refuse(i, absl::StrCat("its ", role, " '", name, "' is computed by the graph (supported: an initializer)"));
   }
   const Const& c = *v->constant;
-  if (tables_.count(c.initializer)) {
+  if (tables_.count(c.param())) {
     return Refuse(i, absl::StrCat("its ", role, " '", name, "' is an embedding table (a Gather reads it), whose rows "
                                   "live on the ps (supported: a table that only Gather reads)"));
+  }
+  if (!c.transpose_of.empty()) {
+    return Refuse(i, absl::StrCat("its ", role, " '", name, "' is the transpose of the initializer '", c.transpose_of,
+                                  "' (supported: a transposed weight as the B of MatMul)"));
   }
   if (c.type != Const::Type::kFloat || c.data_type != ::onnx::TensorProto::FLOAT) {
     return Refuse(i, absl::StrCat("its ", role, " '", name, "' has type ", DataTypeName(c.data_type),
@@ -112,15 +213,17 @@ absl::StatusOr<VarSpec> Mapper::Param(int i, int k, const char* role, bool state
   Initializer init;
   init.kind = Initializer::Kind::kValues;
   init.values = c.floats;
-  if (!c.initializer.empty()) {
-    if (c.initializer.rfind("onnx::", 0) == 0) {
-      return Refuse(i, absl::StrCat("its ", role, " '", c.initializer,
+  if (!c.param().empty()) {
+    // The initializer (or a reshaped view of it: its variable, in this shape; export writes its own dims).
+    const std::string& param = c.param();
+    if (param.rfind("onnx::", 0) == 0) {
+      return Refuse(i, absl::StrCat("its ", role, " '", param,
                                     "' is not a parameter of the PyTorch module but a value the exporter made (an "
                                     "eval-mode export that folded BatchNorm into Conv; supported: parameters under "
                                     "their state_dict names)"));
     }
-    var_names_.insert(c.initializer);
-    return VarSpec(c.initializer, c.dims, std::move(init), 0.0f, /*trainable=*/!state);
+    var_names_.insert(param);
+    return VarSpec(param, c.dims, std::move(init), 0.0f, /*trainable=*/!state);
   }
   // A Constant's value (or folded arithmetic): a constant variable, named after the value (a second reader
   // gets its own copy).
@@ -137,31 +240,48 @@ Node Mapper::Make(int i, Op op) const {
   return n;
 }
 
-absl::Status Mapper::Emit(int i, Node n, std::vector<int> inputs, std::vector<VarSpec> vars, std::string out) {
+absl::Status Mapper::Emit(int i, Node n, std::vector<int> inputs, std::vector<VarSpec> vars, std::string out,
+                          std::vector<int> span) {
   if (out.empty()) out = node(i).output(0);
   ASSIGN_OR_RETURN(int t, b_->Add(std::move(n), std::move(inputs), std::move(vars), out));
+  return Alias(i, t, std::move(span), out);
+}
+
+absl::Status Mapper::Alias(int i, int t, std::vector<int> span, std::string out) {
+  if (out.empty()) out = node(i).output(0);
   Value v;
   v.tensor = t;
+  v.span = std::move(span);
   values_[out] = v;
-  // ONNX's shape inference, where it knows the shape, must agree (the batch axis aside). Except after a
-  // ceil_mode pooling whose last window would start in the padding: dtrain drops it, as PyTorch does, ONNX 1.12's
+  // ONNX's shape inference, where it knows the shape, must agree (the batch aside). Except after a ceil_mode
+  // pooling whose last window would start in the padding: dtrain drops it, as PyTorch does, ONNX 1.12's
   // inference does not, and every shape after it differs.
   auto it = f_.inferred.find(out);
-  if (check_inferred_ && it != f_.inferred.end() && it->second.size() >= 1) {
-    std::vector<int64_t> dims(it->second.begin() + 1, it->second.end());
-    bool known = true;
-    for (int64_t d : dims) known = known && d >= 0;
-    const bool ceil_pool = (node(i).op_type() == "MaxPool" || node(i).op_type() == "AveragePool") &&
-                           AttrInt(node(i), "ceil_mode", 0) != 0;
-    if (known && dims != b_->shape(t).dims && ceil_pool) {
-      check_inferred_ = false;
-    } else if (known && dims != b_->shape(t).dims) {
-      return absl::InternalError(absl::StrCat(f_.file, ": node '", NodeName(node(i), i), "' (", node(i).op_type(),
-                                              "): dtrain computes per-example shape ", ShapeText(b_->shape(t).dims),
-                                              " where ONNX's shape inference gives ", ShapeText(dims)));
+  if (!check_inferred_ || it == f_.inferred.end() || it->second.empty()) return absl::OkStatus();
+  const std::vector<Dim> dims = OnnxDims(v);
+  bool differs = dims.size() != it->second.size();
+  for (size_t k = 0; !differs && k < dims.size(); ++k) {
+    const int64_t want = it->second[k];
+    if (want < 0) continue;
+    if (dims[k].batch()) {
+      differs = f_.input_batch > 0 && want != dims[k].factor * f_.input_batch;
+    } else {
+      differs = want != dims[k].size;
     }
   }
-  return absl::OkStatus();
+  if (!differs) return absl::OkStatus();
+  const bool ceil_pool = (node(i).op_type() == "MaxPool" || node(i).op_type() == "AveragePool") &&
+                         AttrInt(node(i), "ceil_mode", 0) != 0;
+  if (ceil_pool) {
+    check_inferred_ = false;
+    return absl::OkStatus();
+  }
+  std::vector<std::string> ours, theirs;
+  for (const Dim& d : dims) ours.push_back(d.batch() ? (d.factor == 1 ? "N" : absl::StrCat(d.factor, "N")) : absl::StrCat(d.size));
+  for (int64_t d : it->second) theirs.push_back(d < 0 ? "?" : absl::StrCat(d));
+  return absl::InternalError(absl::StrCat(f_.file, ": node '", NodeName(node(i), i), "' (", node(i).op_type(),
+                                          "): dtrain computes shape [", absl::StrJoin(ours, ","),
+                                          "] where ONNX's shape inference gives [", absl::StrJoin(theirs, ","), "]"));
 }
 
 void Mapper::Unavailable(int i, int first, const std::string& why) {
@@ -305,6 +425,12 @@ absl::StatusOr<Graph> Mapper::Run(const DataGeometry* data) {
   if (v != nullptr && logits < 0 && !v->parts.empty()) {
     ASSIGN_OR_RETURN(logits, Stack(out, &values_[out]));
   }
+  if (logits == b_->input()) {  // an op that changes nothing (a Transpose by the identity) over the input
+    Node id;
+    id.op = Op::kIdentity;
+    id.name = out + "/identity";
+    ASSIGN_OR_RETURN(logits, b_->Add(std::move(id), {logits}, {}, out));
+  }
   if (logits < 0 || v->padded) {
     return FileRefusal(f_.file, absl::StrCat("the graph's output '", out, "' is not computed from its input ",
                                              "(supported: logits, or a softmax head over them, as the first output)"));
@@ -328,20 +454,39 @@ absl::Status Mapper::MapNode(int i) {
                                     "supported: Identity of a tensor)"));
     }
   }
-  // Values known at import: all inputs constant (and Shape, which reads only a tensor's dims).
-  bool all_constant = true;
+  // Values known at import: all inputs constant (and Shape, which reads only a tensor's dims). An op on a
+  // parameter is folded only when it keeps the parameter's floats (a reshape, a 2-D transpose): Param and Tensor
+  // then take the parameter's variable; anything else computes on it in the graph, so that it trains.
+  bool all_constant = true, reads_param = false;
+  int param_rank = 0;
   for (int k = 0; k < n.input_size(); ++k) {
     if (n.input(k).empty()) continue;
     ASSIGN_OR_RETURN(const Value* v, Get(i, k));
     all_constant = all_constant && v->constant != nullptr;
+    if (v->constant != nullptr && v->constant->type == Const::Type::kFloat &&
+        (!v->constant->param().empty() || !v->constant->transpose_of.empty())) {
+      reads_param = true;
+      param_rank = static_cast<int>(v->constant->dims.size());
+    }
   }
-  if (op == "Gather" && all_constant) RETURN_IF_ERROR(CheckConstantGather(i));
-  if (op == "Shape" || op == "Constant" || (all_constant && n.input_size() > 0)) return Fold(i);
+  const bool keeps_param = op == "Reshape" || op == "Unsqueeze" || op == "Squeeze" || op == "Flatten" ||
+                           op == "Identity" || (op == "Transpose" && param_rank == 2);
+  if (op == "Shape" || op == "Constant" || (all_constant && n.input_size() > 0 && (!reads_param || keeps_param))) {
+    return Fold(i);
+  }
 
   // The ids input and embedding lookups (onnx_mapper_sparse.cc).
   if (op == "Gather") return MapGather(i);
   if (op == "Squeeze" || op == "Unsqueeze") return MapSqueeze(i);
-  if (op == "ReduceSum" || op == "ReduceMean") return MapReduce(i);
+  if (op == "ReduceSum" || op == "ReduceMean" || op == "ReduceMax") {
+    ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
+    if (!v->parts.empty()) return MapReduce(i);
+    if (op == "ReduceMean") {
+      ASSIGN_OR_RETURN(const bool fused, TryLayerNormPattern(i));
+      if (fused) return absl::OkStatus();
+    }
+    return MapReduceOfTensor(i);
+  }
   if (op == "Slice" || op == "Cast") {
     ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
     if (v->ids) return op == "Slice" ? MapSliceOfIds(i, *v) : MapCastOfIds(i, *v);
@@ -349,15 +494,27 @@ absl::Status Mapper::MapNode(int i) {
   if (op == "Sigmoid") {
     ASSIGN_OR_RETURN(const bool head, MapSigmoidHead(i));
     if (head) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const bool fused, TrySiluPattern(i));
+    if (fused) return absl::OkStatus();
+  }
+  if (op == "Div") {
+    ASSIGN_OR_RETURN(const bool fused, TryGeluPattern(i));
+    if (fused) return absl::OkStatus();
   }
 
   if (op == "Conv") return MapConv(i);
   if (op == "MaxPool" || op == "AveragePool") return MapPool(i);
   if (op == "GlobalAveragePool" || op == "GlobalMaxPool") return MapGlobalPool(i);
   if (op == "Gemm") return MapGemm(i);
-  if (op == "MatMul") return MapMatMul(i);
+  if (op == "MatMul") {
+    ASSIGN_OR_RETURN(const Value* b, Get(i, 1));
+    return b->constant != nullptr ? MapMatMul(i) : MapMatMulOfTensors(i);
+  }
   if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") return MapBinary(i);
-  if (op == "Relu" || op == "LeakyRelu" || op == "Clip" || op == "Sigmoid" || op == "Tanh") return MapActivation(i);
+  if (op == "Relu" || op == "LeakyRelu" || op == "Clip" || op == "Sigmoid" || op == "Tanh" || op == "HardSigmoid" ||
+      op == "HardSwish" || op == "Erf" || op == "Sqrt" || op == "Pow") {
+    return MapActivation(i);
+  }
   if (op == "BatchNormalization") return MapBatchNorm(i);
   if (op == "Dropout") return MapDropout(i);
   if (op == "LRN") return MapLrn(i);
@@ -365,36 +522,67 @@ absl::Status Mapper::MapNode(int i) {
   if (op == "Reshape") return MapReshape(i);
   if (op == "Concat") return MapConcat(i);
   if (op == "Pad") return MapPad(i);
-  if (op == "Softmax" || op == "LogSoftmax" || op == "SoftmaxCrossEntropyLoss") return MapHead(i);
+  if (op == "Transpose") return MapTranspose(i);
+  if (op == "Einsum") return MapEinsum(i);
+  if (op == "Slice") return MapSlice(i);
+  if (op == "Split") return MapSplit(i);
+  if (op == "Expand") return MapExpand(i);
+  if (op == "Tile") return MapTile(i);
+  if (op == "LayerNormalization") return MapLayerNorm(i);
+  if (op == "SoftmaxCrossEntropyLoss") return MapHead(i);
+  if (op == "Softmax" || op == "LogSoftmax") return IsSoftmaxHead(i) ? MapHead(i) : MapSoftmax(i);
   if (op == "Identity") {
     ASSIGN_OR_RETURN(int x, Tensor(i, 0));
-    return Emit(i, Make(i, Op::kIdentity), {x}, {});
+    ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
+    return Emit(i, Make(i, Op::kIdentity), {x}, {}, "", v->span);
   }
-  // Slice, Cast, ConstantOfShape on data.
+  if (op == "Cast" && AttrInt(n, "to", 0) == ::onnx::TensorProto::FLOAT) {  // float to float: nothing to do
+    ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+    ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
+    return Alias(i, x, v->span);
+  }
+  // Cast, ConstantOfShape, comparisons on data.
   return Refuse(i, absl::StrCat(op, " of a tensor computed from the input is not supported (supported: ", op,
                                 " of constants, i.e. shape arithmetic)"));
+}
+
+bool Mapper::IsSoftmaxHead(int i) const {
+  const NodeProto& n = node(i);
+  if (o_.forward_only || !IsFinalOutput(n.output(0))) return false;
+  auto v = values_.find(InputName(n, 0));
+  if (v == values_.end() || v->second.tensor < 0 || !v->second.span.empty()) return false;
+  const TensorShape& s = b_->shape(v->second.tensor);
+  return s.dims.size() == 1 && s.batch_axis == 0;
 }
 
 absl::Status Mapper::Fold(int i) {
   const NodeProto& n = node(i);
   std::vector<ConstRef> out;
   if (n.op_type() == "Shape") {
-    ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
-    std::vector<int64_t> dims;
+    const Value* v = nullptr;
+    ASSIGN_OR_RETURN(v, Get(i, 0));
+    // The batch's element: its factor times the export's batch size (1 when dynamic).
+    const int64_t batch = f_.input_batch > 0 ? f_.input_batch : 1;
+    std::vector<int64_t> dims, factors;
     if (v->constant != nullptr) {
       dims = v->constant->dims;
     } else if (v->ids) {
-      dims = {f_.input_batch > 0 ? f_.input_batch : 1};
+      dims = {batch};
+      factors = {1};
       if (v->ids_rank == 1) dims.push_back(static_cast<int64_t>(v->columns.size()));
     } else if (v->tensor < 0 && !v->parts.empty()) {  // a lookup not stacked yet: [N, k, dim]
-      dims = {f_.input_batch > 0 ? f_.input_batch : 1, static_cast<int64_t>(v->parts.size()),
-              b_->shape(v->parts[0]).dims[0]};
+      dims = {batch, static_cast<int64_t>(v->parts.size()), b_->shape(v->parts[0]).dims[0]};
+      factors = {1};
     } else {
-      ASSIGN_OR_RETURN(int t, Tensor(i, 0));
-      dims = b_->shape(t).dims;
-      dims.insert(dims.begin(), f_.input_batch > 0 ? f_.input_batch : 1);
+      ASSIGN_OR_RETURN(int t, Tensor(i, 0));  // a lookup's stack, a constant's tensor: made here
+      (void)t;
+      ASSIGN_OR_RETURN(v, Get(i, 0));
+      for (const Dim& d : OnnxDims(*v)) {
+        dims.push_back(d.batch() ? d.factor * batch : d.size);
+        factors.push_back(d.factor);
+      }
     }
-    absl::StatusOr<ConstRef> shape = MakeShapeOf(n, dims);
+    absl::StatusOr<ConstRef> shape = MakeShapeOf(n, dims, factors);
     if (!shape.ok()) return Refuse(i, shape.status().message());
     auto c = std::const_pointer_cast<Const>(*shape);
     if (v->constant != nullptr) c->batch.clear();  // a constant's dims are plain numbers
@@ -518,7 +706,7 @@ absl::Status Mapper::MapPool(int i) {
 
 absl::Status Mapper::MapGlobalPool(int i) {
   const bool max = node(i).op_type() == "GlobalMaxPool";
-  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  ASSIGN_OR_RETURN(int x, ImageTensor(i, 0));
   const TensorShape& in = b_->shape(x);
   if (!in.is_image()) {
     return Refuse(i, absl::StrCat("its input has shape ", ShapeText(in.dims), " per example (supported: C x H x W images)"));
@@ -533,7 +721,9 @@ absl::Status Mapper::MapGlobalPool(int i) {
 
 absl::Status Mapper::MapGemm(int i) {
   const NodeProto& n = node(i);
-  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  ASSIGN_OR_RETURN(int x, PlainTensor(i, 0));
+  ASSIGN_OR_RETURN(const Value* xv, Get(i, 0));
+  const std::vector<int> span = xv->span;
   if (AttrInt(n, "transA", 0) != 0) {
     return Refuse(i, "attribute transA=1 is not supported (supported: transA=0, the batch along A's first axis)");
   }
@@ -549,11 +739,11 @@ absl::Status Mapper::MapGemm(int i) {
   d.dense.alpha = alpha;
   d.dense.beta = beta;
   std::vector<VarSpec> vars = {std::move(w)};
-  if (InputName(n, 2).empty()) return Emit(i, std::move(d), {x}, std::move(vars));
+  if (InputName(n, 2).empty()) return Emit(i, std::move(d), {x}, std::move(vars), "", span);
   ASSIGN_OR_RETURN(VarSpec c, Param(i, 2, "bias C"));
   if (c.shape == std::vector<int64_t>{out} || c.shape == std::vector<int64_t>{1, out}) {
     vars.push_back(std::move(c));
-    return Emit(i, std::move(d), {x}, std::move(vars));
+    return Emit(i, std::move(d), {x}, std::move(vars), "", span);
   }
   // A bias broadcast from a single element or [1, out]: Dense, then Add.
   int64_t size = 1;
@@ -569,28 +759,44 @@ absl::Status Mapper::MapGemm(int i) {
                                   "] or [1, ", out, "])"));
   }
   const std::string product = n.output(0) + "/product";
-  RETURN_IF_ERROR(Emit(i, std::move(d), {x}, std::move(vars), product));
+  RETURN_IF_ERROR(Emit(i, std::move(d), {x}, std::move(vars), product, span));
   Node add = Make(i, Op::kBinary);
   add.name += "/bias";
   add.binary = kernels::BinaryOp::kAdd;
-  return Emit(i, std::move(add), {values_[product].tensor}, {std::move(c)});
+  return Emit(i, std::move(add), {values_[product].tensor}, {std::move(c)}, "", span);
 }
 
 absl::Status Mapper::MapMatMul(int i) {
   const NodeProto& n = node(i);
-  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  ASSIGN_OR_RETURN(int x, PlainTensor(i, 0));
+  ASSIGN_OR_RETURN(const Value* xv, Get(i, 0));
+  const std::vector<int> span = xv->span;
   ASSIGN_OR_RETURN(const Value* bv, Get(i, 1));
-  if (bv->constant == nullptr) {
-    return Refuse(i, "its B is computed by the graph (supported: a MatMul of the data by an initializer)");
+  // B: a weight [in, out], or the transpose of one [out, in] (PyTorch's Linear on a 3-D input: x W^T).
+  const Const& b = *bv->constant;
+  const bool transposed = !b.transpose_of.empty();
+  VarSpec w("", {}, {});
+  if (transposed) {
+    if (var_names_.count(b.transpose_of)) {
+      return Refuse(i, absl::StrCat("its weight '", b.transpose_of, "' is also read by another node (shared weights "
+                                    "are not supported)"));
+    }
+    Initializer init;
+    init.kind = Initializer::Kind::kValues;
+    const Const& whole = *f_.initializers.at(b.transpose_of);
+    init.values = whole.floats;
+    var_names_.insert(b.transpose_of);
+    w = VarSpec(b.transpose_of, whole.dims, std::move(init));
+  } else {
+    ASSIGN_OR_RETURN(w, Param(i, 1, "weight"));
   }
-  ASSIGN_OR_RETURN(VarSpec w, Param(i, 1, "weight"));
   if (w.shape.size() != 2) {
     return Refuse(i, absl::StrCat("its weight '", w.name, "' has shape ", ShapeText(w.shape), " (supported: 2-D)"));
   }
-  const int64_t out = w.shape[1];
+  const int64_t out = transposed ? w.shape[0] : w.shape[1];
   std::vector<VarSpec> vars = {std::move(w)};
   std::string out_name;
-  // MatMul + Add of a bias initializer [out] (tf2onnx's and some exporters' Linear): one Dense.
+  // MatMul + Add of a bias initializer [out] (PyTorch's Linear on 3-D inputs, tf2onnx's Dense): one Dense.
   const std::string& product = n.output(0);
   const int j = IsGraphOutput(product) ? -1 : SoleReader(product);
   if (j >= 0) {
@@ -608,7 +814,9 @@ absl::Status Mapper::MapMatMul(int i) {
       }
     }
   }
-  return Emit(i, Node::Dense(NodeName(n, i), static_cast<int>(out)), {x}, std::move(vars), out_name);
+  Node d = Node::Dense(NodeName(n, i), static_cast<int>(out));
+  d.dense.weights_transposed = transposed;
+  return Emit(i, std::move(d), {x}, std::move(vars), out_name, span);
 }
 
 absl::Status Mapper::MapBinary(int i) {
@@ -622,37 +830,113 @@ absl::Status Mapper::MapBinary(int i) {
   ASSIGN_OR_RETURN(const Value* a, Get(i, 0));
   ASSIGN_OR_RETURN(const Value* b, Get(i, 1));
   const bool a_const = a->constant != nullptr, b_const = b->constant != nullptr;
-  if (!a_const && !b_const) {
-    ASSIGN_OR_RETURN(int ta, Tensor(i, 0));
-    ASSIGN_OR_RETURN(int tb, Tensor(i, 1));
-    return Emit(i, std::move(node_out), {ta, tb}, {});
+  // (A constant minus or divided by a tensor takes the constant as a tensor, below.)
+  const bool variable_operand = b_const ? !a_const : (a_const && (op == "Add" || op == "Mul"));
+  if (variable_operand) {
+    // A tensor and a constant operand (a variable: an initializer trains, a Constant's value does not), unless the
+    // tensor merges the batch with other rows: then the constant is a tensor too, viewed in the same axes.
+    const int tensor_k = b_const ? 0 : 1;
+    ASSIGN_OR_RETURN(const Value* tv, Get(i, tensor_k));
+    if (tv->span.empty() || tv->tensor < 0) {
+      ASSIGN_OR_RETURN(int t, Tensor(i, tensor_k));
+      ASSIGN_OR_RETURN(tv, Get(i, tensor_k));
+      const std::vector<int> span = tv->span;
+      ASSIGN_OR_RETURN(VarSpec v, Param(i, 1 - tensor_k, "operand"));
+      return Emit(i, std::move(node_out), {t}, {std::move(v)}, "", span);
+    }
   }
-  int tensor_k = b_const ? 0 : 1;
-  if (a_const && (op == "Sub" || op == "Div")) {
-    return Refuse(i, absl::StrCat("a constant ", op == "Sub" ? "minus" : "divided by",
-                                  " a tensor is not supported (supported: tensor ", op,
-                                  " constant, or two tensors)"));
+  // Two tensors, numpy-broadcast over their ONNX axes: each viewed in the output's full axes (an axis merged with
+  // the batch in one operand is a 1 in the other, which gets one more 1).
+  ASSIGN_OR_RETURN(int ta, Tensor(i, 0));
+  ASSIGN_OR_RETURN(int tb, Tensor(i, 1));
+  ASSIGN_OR_RETURN(a, Get(i, 0));
+  ASSIGN_OR_RETURN(b, Get(i, 1));
+  const std::vector<int> sa = SpanOf(*a), sb = SpanOf(*b);
+  const size_t rank = std::max(sa.size(), sb.size());
+  std::vector<int> span(rank, 1);
+  for (size_t k = 0; k < rank; ++k) {
+    const int ka = static_cast<int>(k) - static_cast<int>(rank - sa.size());
+    const int kb = static_cast<int>(k) - static_cast<int>(rank - sb.size());
+    span[k] = std::max(ka >= 0 ? sa[ka] : 1, kb >= 0 ? sb[kb] : 1);
   }
-  ASSIGN_OR_RETURN(int t, Tensor(i, tensor_k));
-  ASSIGN_OR_RETURN(VarSpec v, Param(i, 1 - tensor_k, "operand"));
-  return Emit(i, std::move(node_out), {t}, {std::move(v)});
+  int operands[2] = {ta, tb};
+  const Value* values[2] = {a, b};
+  for (int side = 0; side < 2; ++side) {
+    const std::vector<int> own = SpanOf(*values[side]);
+    const std::vector<Dim> dims = OnnxDims(*values[side]);
+    const size_t shift = rank - own.size();
+    bool differs = false;
+    std::vector<int64_t> full;  // the operand's full dims in the output's axes
+    const std::vector<int64_t> sym = b_->shape(operands[side]).SymbolicDims();
+    size_t next = 0;
+    for (size_t k = 0; k < own.size(); ++k) {
+      if (own[k] == span[k + shift]) {
+        for (int j = 0; j < own[k]; ++j) full.push_back(sym[next++]);
+        continue;
+      }
+      if (dims[k].batch() || dims[k].size != 1) {
+        return Refuse(i, absl::StrCat("operand ", side, " does not broadcast against the other's axis ", k + shift,
+                                      ", which merges the batch with other rows"));
+      }
+      for (int j = 0; j < span[k + shift]; ++j) full.push_back(1);
+      ++next;
+      differs = true;
+    }
+    if (!differs) continue;
+    Node r = Node::Reshape(absl::StrCat(NodeName(n, i), "/operand", side), {}, FlattenOrder::kChannelsFirst);
+    r.batch_axis = 0;
+    for (size_t k = 0; k < full.size(); ++k) {
+      if (full[k] == TensorShape::kBatchDim) {
+        r.batch_axis = static_cast<int>(k);
+      } else {
+        r.shape.push_back(full[k]);
+      }
+    }
+    r.plain = true;
+    ASSIGN_OR_RETURN(operands[side], b_->Add(std::move(r), {operands[side]}, {},
+                                            absl::StrCat(n.output(0), "/operand", side)));
+  }
+  bool trivial = true;
+  for (int x : span) trivial = trivial && x == 1;
+  if (trivial) span.clear();
+  return Emit(i, std::move(node_out), {operands[0], operands[1]}, {}, "", span);
 }
 
 absl::Status Mapper::MapActivation(int i) {
   const NodeProto& n = node(i);
   const std::string& op = n.op_type();
   ASSIGN_OR_RETURN(int x, Tensor(i, 0));
-  if (op == "Relu") return Emit(i, Node::Relu(NodeName(n, i)), {x}, {});
+  ASSIGN_OR_RETURN(const Value* xv, Get(i, 0));
+  const std::vector<int> span = xv->span;
+  if (op == "Relu") return Emit(i, Node::Relu(NodeName(n, i)), {x}, {}, "", span);
+  using Kind = kernels::ActivationParams::Kind;
   Node a = Make(i, Op::kActivation);
   if (op == "LeakyRelu") {
-    a.activation.kind = kernels::ActivationParams::Kind::kLeakyRelu;
+    a.activation.kind = Kind::kLeakyRelu;
     a.activation.alpha = AttrFloat(n, "alpha", 0.01f);
   } else if (op == "Sigmoid") {
-    a.activation.kind = kernels::ActivationParams::Kind::kSigmoid;
+    a.activation.kind = Kind::kSigmoid;
   } else if (op == "Tanh") {
-    a.activation.kind = kernels::ActivationParams::Kind::kTanh;
+    a.activation.kind = Kind::kTanh;
+  } else if (op == "HardSigmoid") {
+    a.activation.kind = Kind::kHardSigmoid;
+    a.activation.alpha = AttrFloat(n, "alpha", 0.2f);
+    a.activation.beta = AttrFloat(n, "beta", 0.5f);
+  } else if (op == "HardSwish") {
+    a.activation.kind = Kind::kHardSwish;
+  } else if (op == "Erf") {
+    a.activation.kind = Kind::kErf;
+  } else if (op == "Sqrt") {
+    a.activation.kind = Kind::kSqrt;
+  } else if (op == "Pow") {  // by a constant exponent
+    ASSIGN_OR_RETURN(const Const* e, ConstIn(i, 1));
+    if (e == nullptr || e->size() != 1) {
+      return Refuse(i, "its exponent is not one constant (supported: x ^ c)");
+    }
+    a.activation.kind = Kind::kPow;
+    a.activation.exponent = static_cast<float>(e->at(0));
   } else {  // Clip: bounds from inputs 1 and 2 (opset 11 on), each optional
-    a.activation.kind = kernels::ActivationParams::Kind::kClip;
+    a.activation.kind = Kind::kClip;
     a.activation.lo = -std::numeric_limits<float>::infinity();
     a.activation.hi = std::numeric_limits<float>::infinity();
     for (int k = 1; k <= 2; ++k) {
@@ -665,12 +949,15 @@ absl::Status Mapper::MapActivation(int i) {
       (k == 1 ? a.activation.lo : a.activation.hi) = static_cast<float>(c->at(0));
     }
   }
-  return Emit(i, std::move(a), {x}, {});
+  return Emit(i, std::move(a), {x}, {}, "", span);
 }
 
 absl::Status Mapper::MapBatchNorm(int i) {
   const NodeProto& n = node(i);
   ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  if (b_->shape(x).dims.size() == 3) {
+    ASSIGN_OR_RETURN(x, ImageTensor(i, 0));
+  }
   std::vector<VarSpec> vars;
   const char* roles[] = {"scale", "bias", "running mean", "running variance"};
   for (int k = 1; k <= 4; ++k) {
@@ -706,12 +993,13 @@ absl::Status Mapper::MapDropout(int i) {
     return Refuse(i, absl::StrCat("ratio ", ratio, " is not supported (supported: 0 <= ratio < 1)"));
   }
   Unavailable(i, 1, "Dropout's mask, which dtrain does not expose");
-  return Emit(i, Node::Dropout(NodeName(n, i), 1.0f - ratio), {x}, {});
+  ASSIGN_OR_RETURN(const Value* xv, Get(i, 0));
+  return Emit(i, Node::Dropout(NodeName(n, i), 1.0f - ratio), {x}, {}, "", xv->span);
 }
 
 absl::Status Mapper::MapLrn(int i) {
   const NodeProto& n = node(i);
-  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  ASSIGN_OR_RETURN(int x, ImageTensor(i, 0));
   const int64_t size = AttrInt(n, "size", 0);
   if (size < 1 || size % 2 == 0) {
     return Refuse(i, absl::StrCat("attribute size=", size, " is not supported (supported: odd sizes, a window "
@@ -726,96 +1014,139 @@ absl::Status Mapper::MapLrn(int i) {
 
 absl::Status Mapper::MapFlatten(int i) {
   ASSIGN_OR_RETURN(int x, Tensor(i, 0));
-  const int64_t rank = static_cast<int64_t>(b_->shape(x).dims.size()) + 1;
+  (void)x;
+  ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
+  const std::vector<Dim> dims = OnnxDims(*v);
+  const int64_t rank = static_cast<int64_t>(dims.size());
   int64_t axis = AttrInt(node(i), "axis", 1);
   if (axis < 0) axis += rank;
-  if (axis != 1) {
-    return Refuse(i, absl::StrCat("attribute axis=", AttrInt(node(i), "axis", 1),
-                                  " merges the batch axis with others (supported: axis=1, one row per example)"));
+  if (axis < 0 || axis > rank) return Refuse(i, absl::StrCat("attribute axis=", AttrInt(node(i), "axis", 1), " is outside the rank"));
+  // [product of dims before axis, product from axis]: one side holds the batch.
+  std::vector<Dim> target(2);
+  for (int64_t k = 0; k < rank; ++k) {
+    Dim& t = target[k < axis ? 0 : 1];
+    if (dims[k].batch()) {
+      t.factor = dims[k].factor * t.size;
+    } else if (t.batch()) {
+      t.factor *= dims[k].size;
+    } else {
+      t.size *= dims[k].size;
+    }
   }
-  return Emit(i, Node::Reshape(NodeName(node(i), i), {b_->shape(x).size()}, FlattenOrder::kChannelsFirst), {x}, {});
+  return ReshapeTo(i, *v, target);
 }
 
 absl::Status Mapper::MapReshape(int i) {
   const NodeProto& n = node(i);
   ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  (void)x;
+  ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
   ASSIGN_OR_RETURN(const Const* shape, ConstIn(i, 1));
   if (shape == nullptr || shape->type != Const::Type::kInt || shape->dims.size() != 1 || shape->size() < 1) {
     return Refuse(i, "its shape is not a 1-D integer constant (supported: a constant shape, or one computed from "
                      "Shape/Gather/Unsqueeze/Concat)");
   }
-  const std::vector<int64_t>& in = b_->shape(x).dims;
-  const int64_t in_size = b_->shape(x).size();
+  const std::vector<Dim> in = OnnxDims(*v);
+  const TensorShape& ts = b_->shape(v->tensor);
   const bool allowzero = AttrInt(n, "allowzero", 0) != 0;
   const std::string text = absl::StrCat("shape [", absl::StrJoin(shape->ints, ","), "]");
-  std::vector<int64_t> out;
-  int infer = -1;
+  std::vector<Dim> target;
+  int infer = -1, symbolic = -1;
   int64_t known = 1;
-  for (int64_t k = 1; k < shape->size(); ++k) {
-    int64_t d = shape->ints[k];
-    if (shape->is_batch(k)) {
-      return Refuse(i, absl::StrCat(text, " puts the batch size at axis ", k, " (supported: the batch axis first)"));
-    }
-    if (d == 0 && !allowzero) {
-      if (k - 1 >= static_cast<int64_t>(in.size())) return Refuse(i, absl::StrCat(text, ": a 0 beyond the input's rank"));
-      d = in[k - 1];
-    }
-    if (d == -1) {
+  for (int64_t k = 0; k < shape->size(); ++k) {
+    Dim d;
+    const int64_t value = shape->ints[k];
+    if (shape->batch_factor(k) > 0) {
+      d.factor = shape->batch_factor(k);
+    } else if (value == 0 && !allowzero) {
+      if (k >= static_cast<int64_t>(in.size())) return Refuse(i, absl::StrCat(text, ": a 0 beyond the input's rank"));
+      d = in[k];
+    } else if (value == -1) {
       if (infer >= 0) return Refuse(i, absl::StrCat(text, " has two -1"));
-      infer = static_cast<int>(out.size());
-    } else if (d < 1) {
-      return Refuse(i, absl::StrCat(text, " has size ", d, " at axis ", k, " (supported: positive sizes, 0, -1)"));
+      infer = static_cast<int>(k);
+    } else if (value < 1) {
+      return Refuse(i, absl::StrCat(text, " has size ", value, " at axis ", k, " (supported: positive sizes, 0, -1)"));
     } else {
-      known *= d;
+      d.size = value;
     }
-    out.push_back(d);
+    if (d.batch()) {
+      if (symbolic >= 0) return Refuse(i, absl::StrCat(text, " holds the batch size twice"));
+      symbolic = static_cast<int>(k);
+    } else if (static_cast<int>(k) != infer) {
+      known *= d.size;
+    }
+    target.push_back(d);
   }
-  const int64_t first = shape->ints[0];
-  const bool keeps_batch = shape->is_batch(0) || (first == 0 && !allowzero) ||
-                           (first == -1 && infer < 0 && known == in_size) ||
-                           (f_.input_batch > 0 && first == f_.input_batch);
-  if (!keeps_batch) {
-    return Refuse(i, absl::StrCat(text, " changes the batch axis (supported: the batch size kept first: x.size(0), 0, "
+  // An export without a dynamic batch axis writes the batch size as a number: the first such is the batch.
+  if (symbolic < 0 && ts.batched() && f_.input_batch > 0 && target[0].size == f_.input_batch && infer != 0) {
+    symbolic = 0;
+    known /= f_.input_batch;
+    target[0].factor = 1;
+  }
+  const int64_t per_example = ts.size();
+  if (infer >= 0) {
+    const int64_t f = symbolic >= 0 ? target[symbolic].factor : 1;
+    if (known == 0 || per_example % (known * f) != 0) {
+      return Refuse(i, absl::StrCat(text, " does not fit ", ts.ToString(), " (", per_example, " values per example)"));
+    }
+    if (symbolic >= 0 || !ts.batched()) {
+      target[infer].size = per_example / (known * f);
+    } else {
+      target[infer].factor = per_example / known;  // -1 takes the batch and the rest
+    }
+  }
+  if (ts.batched() && symbolic < 0 && infer < 0) {
+    return Refuse(i, absl::StrCat(text, " leaves no room for the batch (supported: the batch size as x.size(0), 0, "
                                         "or -1 with the other sizes fixed)"));
   }
-  if (infer >= 0) {
-    if (known == 0 || in_size % known != 0) {
-      return Refuse(i, absl::StrCat(text, " does not fit ", ShapeText(in), " per example"));
-    }
-    out[infer] = in_size / known;
-  }
-  int64_t out_size = 1;
-  for (int64_t d : out) out_size *= d;
-  if (out_size != in_size) {
-    return Refuse(i, absl::StrCat(text, " does not fit ", ShapeText(in), " per example (", in_size, " values)"));
-  }
-  return Emit(i, Node::Reshape(NodeName(n, i), out, FlattenOrder::kChannelsFirst), {x}, {});
+  return ReshapeTo(i, *v, target);
 }
 
 absl::Status Mapper::MapConcat(int i) {
   const NodeProto& n = node(i);
+  if (n.input_size() == 0) return Refuse(i, "no inputs");
+  // Images stay images when every input can be one (C x H x W with the batch first); otherwise all plain.
   std::vector<int> inputs;
+  bool images = true, any_image = false;
   for (int k = 0; k < n.input_size(); ++k) {
     ASSIGN_OR_RETURN(int t, Tensor(i, k));
+    ASSIGN_OR_RETURN(const Value* v, Get(i, k));
+    const TensorShape& s = b_->shape(t);
+    images = images && s.dims.size() == 3 && s.batch_axis == 0 && v->span.empty();
+    any_image = any_image || s.is_image();
+  }
+  std::vector<int> span;
+  for (int k = 0; k < n.input_size(); ++k) {
+    ASSIGN_OR_RETURN(int t, images && any_image ? ImageTensor(i, k) : PlainTensor(i, k));
+    ASSIGN_OR_RETURN(const Value* v, Get(i, k));
+    if (k == 0) span = v->span;
+    if (v->span != span) {
+      return Refuse(i, absl::StrCat("input ", k, " merges the batch with other rows where input 0 does not, or the "
+                                    "other way round"));
+    }
     inputs.push_back(t);
   }
-  if (inputs.empty()) return Refuse(i, "no inputs");
-  const int64_t rank = static_cast<int64_t>(b_->shape(inputs[0]).dims.size()) + 1;
-  int64_t axis = AttrInt(n, "axis", 0);
-  if (axis < 0) axis += rank;
-  if (axis <= 0 || axis >= rank) {
-    return Refuse(i, absl::StrCat("attribute axis=", AttrInt(n, "axis", 0),
-                                  axis == 0 ? " concatenates along the batch axis" : " is outside the rank",
-                                  " (supported: axes 1..", rank - 1, ")"));
-  }
+  ASSIGN_OR_RETURN(const int axis, FullAxis(i, 0, AttrInt(n, "axis", 0), "axis"));
   Node c = Make(i, Op::kConcat);
-  c.axis = static_cast<int>(axis - 1);
-  return Emit(i, std::move(c), std::move(inputs), {});
+  c.axis = axis;
+  return Emit(i, std::move(c), std::move(inputs), {}, "", span);
 }
 
 absl::Status Mapper::MapPad(int i) {
   const NodeProto& n = node(i);
-  ASSIGN_OR_RETURN(int x, Tensor(i, 0));
+  {
+    // Pads of zero (any mode, any tensor) change nothing: Swin's F.pad to a multiple of its window when the
+    // image already is one.
+    ASSIGN_OR_RETURN(const Const* pads, ConstIn(i, 1));
+    bool none = pads != nullptr && pads->size() > 0;
+    for (int64_t k = 0; none && k < pads->size(); ++k) none = pads->at(k) == 0.0;
+    if (none) {
+      ASSIGN_OR_RETURN(int t, Tensor(i, 0));
+      ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
+      return Alias(i, t, v->span);
+    }
+  }
+  ASSIGN_OR_RETURN(int x, ImageTensor(i, 0));
   const std::string mode = AttrString(n, "mode", "constant");
   if (mode != "constant") {
     return Refuse(i, absl::StrCat("attribute mode=", mode, " is not supported (supported: constant zeros)"));

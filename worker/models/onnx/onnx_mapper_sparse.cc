@@ -58,27 +58,15 @@ absl::Status Mapper::RefuseComputedIds(int i, int k) const {
                                 kIdsSupported, ")"));
 }
 
-absl::Status Mapper::CheckConstantGather(int i) const {
-  ASSIGN_OR_RETURN(const Value* data, Get(i, 0));
-  const Const& c = *data->constant;
-  if (c.initializer.empty() || c.type != Const::Type::kFloat || c.dims.size() != 2) return absl::OkStatus();
-  return Refuse(i, absl::StrCat("looks up rows of '", c.initializer, "' at constant indices (a positional "
-                                "embedding, torch.arange): not supported (supported: rows picked by the int64 ids "
-                                "input)"));
-}
-
 absl::Status Mapper::MapGather(int i) {
   const ::onnx::NodeProto& n = node(i);
   ASSIGN_OR_RETURN(const Value* data, Get(i, 0));
   ASSIGN_OR_RETURN(const Value* indices, Get(i, 1));
   if (indices->ids) return MapEmbedding(i, *indices);
   if (!data->ids) {
-    if (data->constant != nullptr) {
-      return Refuse(i, absl::StrCat("its indices '", InputName(n, 1), "' are computed by the graph (supported: an "
-                                    "embedding table looked up by the int64 ids input, or columns of it)"));
-    }
-    return Refuse(i, "Gather of a tensor computed from the input is not supported (supported: Gather of constants, "
-                     "i.e. shape arithmetic, and of an embedding table by the int64 ids input)");
+    if (indices->constant != nullptr) return MapGatherOfTensor(i);  // rows of a tensor (or a parameter)
+    return Refuse(i, absl::StrCat("its indices '", InputName(n, 1), "' are computed by the graph (supported: "
+                                  "constant indices, or an embedding table looked up by the int64 ids input)"));
   }
   // Columns of the ids: Gather(ids, k, axis=1), k a constant (scalar: [N]; 1-D: [N, len(k)]).
   const Value ids = *data;
@@ -185,54 +173,7 @@ absl::Status Mapper::MapSqueeze(int i) {
     values_[n.output(0)] = std::move(out);
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(const int x, Tensor(i, 0));
-  const std::vector<int64_t>& dims = b_->shape(x).dims;
-  const int64_t rank = static_cast<int64_t>(dims.size()) + 1;
-  std::vector<int64_t> out_dims;
-  if (squeeze) {
-    if (axes.empty()) {
-      for (size_t a = 0; a < dims.size(); ++a) axes.push_back(static_cast<int64_t>(a) + 1);  // every 1 but the batch
-      axes.erase(std::remove_if(axes.begin(), axes.end(), [&](int64_t a) { return dims[a - 1] != 1; }), axes.end());
-    }
-    if (!NormalizeAxes(&axes, rank) || (!axes.empty() && axes[0] == 0)) {
-      return Refuse(i, "Squeeze of the batch axis is not supported (supported: axes of size 1 past the batch)");
-    }
-    for (size_t a = 0; a < dims.size(); ++a) {
-      const bool gone = std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(a) + 1);
-      if (gone && dims[a] != 1) return Refuse(i, absl::StrCat("Squeeze of axis ", a + 1, " of size ", dims[a]));
-      if (!gone) out_dims.push_back(dims[a]);
-    }
-    if (out_dims.empty()) {
-      // One logit squeezed to [N] (BCEWithLogitsLoss against [N] labels): the model's output, or the input of
-      // its Sigmoid head.
-      const std::string& out = n.output(0);
-      const int reader = SoleReader(out);
-      const bool to_head =
-          reader >= 0 && node(reader).op_type() == "Sigmoid" && IsFinalOutput(node(reader).output(0));
-      if (o_.forward_only || (!IsFinalOutput(out) && !to_head)) {
-        return Refuse(i, "Squeeze to one value per example is supported only for the model's one logit at its "
-                         "output (or before its Sigmoid head)");
-      }
-      Value v;
-      v.head_of = x;
-      values_[out] = v;
-      return absl::OkStatus();
-    }
-  } else {
-    const int64_t out_rank = rank + static_cast<int64_t>(axes.size());
-    if (!NormalizeAxes(&axes, out_rank) || (!axes.empty() && axes[0] == 0)) {
-      return Refuse(i, "Unsqueeze before the batch axis is not supported (supported: axes past the batch)");
-    }
-    size_t next = 0;
-    for (int64_t a = 1; a < out_rank; ++a) {
-      if (std::binary_search(axes.begin(), axes.end(), a)) {
-        out_dims.push_back(1);
-      } else {
-        out_dims.push_back(dims[next++]);
-      }
-    }
-  }
-  return Emit(i, Node::Reshape(NodeName(n, i), out_dims, FlattenOrder::kChannelsFirst), {x}, {});
+  return MapSqueezeOfTensor(i);
 }
 
 absl::StatusOr<int> Mapper::TableOf(int i, const Const& c) {
@@ -303,7 +244,7 @@ absl::StatusOr<int> Mapper::Stack(const std::string& name, Value* v) {
     Node cat;
     cat.op = Op::kConcat;
     cat.name = v->lookup_node + "/stack";
-    cat.axis = 0;
+    cat.axis = 1;  // full axes: after the batch
     ASSIGN_OR_RETURN(flat, b_->Add(std::move(cat), v->parts, {}, name + ":stacked"));
   }
   const std::vector<int64_t> rows = {static_cast<int64_t>(v->parts.size()), b_->shape(v->parts[0]).dims[0]};

@@ -9,14 +9,20 @@
 // both operands are tensors. Operator tests older than opset 11 whose operator has not changed since (the global
 // pools, opset 1) are read as opset 11.
 //
+// A lifted test's axis attributes (axis, axes, perm) and axes inputs move up by one with its data.
+//
 // Not run here, because dtrain's conventions cannot express them: concatenation along the batch axis
 // (test_concat_*_axis_0, 1-D concat), 1-D and 3-D pooling, uint8/int8 data, MaxPool with dilations or its
-// Indices output, Gemm with transA or a bias per example (matrix_bias), MatMul of 3-D/4-D tensors, Flatten at
-// axes that merge the batch, Reshapes that change the batch axis (one_dim, reordered_all_dims,
-// negative_extended_dims, allowzero), and random dropout masks (test_training_dropout with ratio > 0).
+// Indices output, Gemm with transA or a bias per example (matrix_bias), MatMul of 3-D/4-D tensors whose second
+// operand would be a weight with a batch of its own, Flatten at axis 0 (the batch moved off the first axis),
+// Reshapes that move values across the batch axis (one_dim, reordered_all_dims, negative_extended_dims,
+// allowzero), reductions over every axis (the batch's too), empty slices, Expand and Tile across the batch,
+// tests whose defaults name the first axis (Split's default axis, Slice's default axes), and random dropout
+// masks (test_training_dropout with ratio > 0).
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -80,6 +86,8 @@ std::vector<NodeCase> Cases() {
       {"test_batchnorm_epsilon_training_mode", true}, {"test_batchnorm_example_training_mode", true},
       {"test_lrn", false, false, false, 1e-5}, {"test_lrn_default"},
       {"test_flatten_axis1"}, {"test_flatten_default_axis"}, {"test_flatten_negative_axis3"},
+      {"test_flatten_axis2"}, {"test_flatten_axis3"}, {"test_flatten_negative_axis1"},
+      {"test_flatten_negative_axis2"},  // [N * k, ...]: the batch merged with the axes before
       {"test_reshape_extended_dims"}, {"test_reshape_negative_dim"}, {"test_reshape_reduced_dims"},
       {"test_reshape_reordered_last_dims"}, {"test_reshape_zero_and_negative_dim"}, {"test_reshape_zero_dim"},
       {"test_concat_2d_axis_1", false, true, true}, {"test_concat_2d_axis_negative_1", false, true, true},
@@ -90,6 +98,46 @@ std::vector<NodeCase> Cases() {
       {"test_dropout_default"}, {"test_dropout_default_ratio"}, {"test_dropout_default_mask"},
       {"test_dropout_default_mask_ratio"}, {"test_dropout_default_old"}, {"test_dropout_random_old"},
       {"test_training_dropout_zero_ratio", true}, {"test_training_dropout_zero_ratio_mask", true},
+      // The activations of today's nets.
+      {"test_erf"}, {"test_hardsigmoid"}, {"test_hardsigmoid_default"}, {"test_hardsigmoid_example"},
+      {"test_hardswish"}, {"test_hardswish_expanded"}, {"test_sqrt"}, {"test_sqrt_example"},
+      {"test_pow_bcast_scalar"},
+      // Transpose (every permutation of a lifted [1, 2, 3, 4]).
+      {"test_transpose_all_permutations_0", false, true}, {"test_transpose_all_permutations_1", false, true},
+      {"test_transpose_all_permutations_2", false, true}, {"test_transpose_all_permutations_3", false, true},
+      {"test_transpose_all_permutations_4", false, true}, {"test_transpose_all_permutations_5", false, true},
+      // Softmax and LogSoftmax along every axis (opset 13), and their expansions into ReduceMax, Sub, Exp...
+      {"test_softmax_axis_0", false, true}, {"test_softmax_axis_1", false, true}, {"test_softmax_axis_2", false, true},
+      {"test_softmax_default_axis", false, true}, {"test_softmax_example", false, true},
+      {"test_softmax_large_number", false, true}, {"test_softmax_negative_axis", false, true},
+      {"test_logsoftmax_axis_0", false, true}, {"test_logsoftmax_axis_1", false, true},
+      {"test_logsoftmax_axis_2", false, true}, {"test_logsoftmax_default_axis", false, true},
+      {"test_logsoftmax_example_1", false, true}, {"test_logsoftmax_large_number", false, true},
+      {"test_logsoftmax_negative_axis", false, true},
+      // LayerNormalization (opset 17) over the trailing axes from each axis, and its expansion.
+      {"test_layer_normalization_2d_axis0", false, true}, {"test_layer_normalization_2d_axis1", false, true},
+      {"test_layer_normalization_2d_axis_negative_1", false, true},
+      {"test_layer_normalization_3d_axis0_epsilon", false, true},
+      {"test_layer_normalization_3d_axis1_epsilon", false, true},
+      {"test_layer_normalization_3d_axis2_epsilon", false, true},
+      {"test_layer_normalization_4d_axis0", false, true}, {"test_layer_normalization_4d_axis1", false, true},
+      {"test_layer_normalization_4d_axis2", false, true}, {"test_layer_normalization_4d_axis3", false, true},
+      {"test_layer_normalization_4d_axis_negative_2", false, true},
+      {"test_layer_normalization_default_axis", false, true},
+      // Reductions over axes past the batch's, with and without keepdims.
+      {"test_reduce_mean_keepdims_example"}, {"test_reduce_mean_keepdims_random"},
+      {"test_reduce_mean_do_not_keepdims_example"}, {"test_reduce_mean_do_not_keepdims_random"},
+      {"test_reduce_mean_negative_axes_keepdims_random"}, {"test_reduce_max_keepdims_random"},
+      {"test_reduce_max_do_not_keepdims_random"}, {"test_reduce_max_negative_axes_keepdims_random"},
+      {"test_reduce_sum_keepdims_random"}, {"test_reduce_sum_do_not_keepdims_random"},
+      // Gather, Slice, Split, Squeeze and Unsqueeze of tensors (lifted where they read the first axis).
+      {"test_gather_0", false, true}, {"test_gather_1"}, {"test_gather_2d_indices"},
+      {"test_slice", false, true}, {"test_slice_neg"}, {"test_slice_negative_axes", false, true},
+      {"test_slice_end_out_of_bounds"}, {"test_split_equal_parts_2d"}, {"test_split_variable_parts_2d"},
+      {"test_squeeze", false, true}, {"test_squeeze_negative_axes"},
+      {"test_unsqueeze_axis_0", false, true}, {"test_unsqueeze_axis_1"}, {"test_unsqueeze_axis_2"},
+      {"test_unsqueeze_axis_3"}, {"test_unsqueeze_negative_axes"}, {"test_unsqueeze_three_axes"},
+      {"test_unsqueeze_two_axes"}, {"test_unsqueeze_unsorted_axes"},
   };
   return cases;
 }
@@ -133,9 +181,18 @@ void PrependOne(::onnx::TypeProto* type) {
   if (c.lift) {
     PrependOne(g->mutable_input(0)->mutable_type());
     for (auto& out : *g->mutable_output()) PrependOne(out.mutable_type());
+    // Axes past the new one move up by one (negative ones count from the end and stay).
     for (auto& n : *g->mutable_node()) {
       for (auto& a : *n.mutable_attribute()) {
-        if (n.op_type() == "Concat" && a.name() == "axis" && a.i() >= 0) a.set_i(a.i() + 1);
+        if (a.name() == "axis" && a.i() >= 0) a.set_i(a.i() + 1);
+        if (a.name() == "axes") {
+          for (auto& x : *a.mutable_ints()) x = x >= 0 ? x + 1 : x;
+        }
+        if (a.name() == "perm") {
+          for (auto& x : *a.mutable_ints()) ++x;
+          a.mutable_ints()->Add(0);
+          for (int k = a.ints_size() - 1; k > 0; --k) a.mutable_ints()->SwapElements(k, k - 1);
+        }
       }
     }
   }
@@ -144,7 +201,29 @@ void PrependOne(::onnx::TypeProto* type) {
   for (int k = g->input_size() - 1; k >= 1; --k) {
     const std::string name = g->input(k).name();
     ::onnx::TensorProto t = inputs[k];
-    if (c.lift && t.dims_size() == rank0) {
+    // An axes input (Squeeze, Unsqueeze, ReduceSum from opset 13, Slice's input 3) moves with a lift too.
+    bool axes_input = false;
+    for (const auto& n : g->node()) {
+      for (int j = 0; j < n.input_size(); ++j) {
+        if (n.input(j) != name) continue;
+        axes_input = axes_input || (j == 1 && (n.op_type() == "Squeeze" || n.op_type() == "Unsqueeze" ||
+                                                n.op_type() == "ReduceSum")) ||
+                     (j == 3 && n.op_type() == "Slice");
+      }
+    }
+    if (c.lift && axes_input) {
+      for (auto& x : *t.mutable_int64_data()) x = x >= 0 ? x + 1 : x;
+      if (t.has_raw_data()) {
+        std::string raw = t.raw_data();
+        for (size_t b = 0; b + 8 <= raw.size(); b += 8) {
+          int64_t x;
+          std::memcpy(&x, raw.data() + b, 8);
+          if (x >= 0) ++x;
+          std::memcpy(raw.data() + b, &x, 8);
+        }
+        t.set_raw_data(raw);
+      }
+    } else if (c.lift && t.dims_size() == rank0) {
       t.add_dims(1);
       for (int d = t.dims_size() - 1; d > 0; --d) t.mutable_dims()->SwapElements(d, d - 1);
     }
@@ -268,7 +347,9 @@ TEST_P(OnnxNodeTest, MatchesReferenceOutputs) {
   std::vector<float> got(want.size());
   ASSERT_EQ(static_cast<int64_t>(got.size()), batch * (*net)->output_size_per_example());
   ASSERT_TRUE((*dev)->CopyToHost((*net)->output(), got.data(), static_cast<int64_t>(got.size())).ok());
-  ExpectNear(Relayout(got, out_dims, /*to_stored=*/false), want, c.tolerance, "output 0");
+  // The output is stored NHWC when the graph made it an image (every rank-4 output of a convolution or pool).
+  ExpectNear(graph->output_shape().is_image() ? Relayout(got, out_dims, /*to_stored=*/false) : got, want, c.tolerance,
+             "output 0");
 
   // BatchNormalization in training: outputs 1 and 2 are the running mean and variance after the update, i.e.
   // the variables minus the change written to their gradient slots (what the ps applies).
