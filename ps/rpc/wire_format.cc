@@ -1,5 +1,6 @@
 #include "ps/rpc/wire_format.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -56,6 +57,11 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
     p->set_max_rows(t.max_rows);
     p->set_admit_after(t.admit_after);
     p->set_initial_values(t.initial_values);
+    p->set_ttl_steps(t.ttl_steps);
+    p->set_ttl_secs(t.ttl_secs);
+    p->set_admit_probability(t.admit_probability);
+    p->set_row_dtype(static_cast<uint32_t>(t.row_dtype));
+    p->set_slot_dtype(static_cast<uint32_t>(t.slot_dtype));
   }
   auto* so = out->mutable_sparse_optimizer();
   so->set_name(in.sparse_optimizer.name);
@@ -103,6 +109,12 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
     t.max_rows = p.max_rows();
     t.admit_after = p.admit_after();
     t.initial_values = p.initial_values();
+    t.ttl_steps = p.ttl_steps();
+    t.ttl_secs = p.ttl_secs();
+    t.admit_probability = p.admit_probability() == 0.0f ? 1.0f : p.admit_probability();
+    // An unknown dtype number stays out of range: ValidateTrainConfig refuses it by name.
+    t.row_dtype = static_cast<RowDtype>(std::min<uint32_t>(p.row_dtype(), 255));
+    t.slot_dtype = static_cast<RowDtype>(std::min<uint32_t>(p.slot_dtype(), 255));
     c.tables.push_back(std::move(t));
   }
   if (in.has_sparse_optimizer()) {  // else the defaults (a worker that knows no tables)
@@ -162,6 +174,7 @@ void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
     p->set_rows(t.rows);
     p->set_created(t.created);
     p->set_evicted(t.evicted);
+    p->set_expired(t.expired);
     p->set_not_admitted(t.not_admitted);
     p->set_dropped_gradients(t.dropped_gradients);
     p->set_lookups(t.lookups);
@@ -193,8 +206,9 @@ TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
   s.bytes_received = in.bytes_received();
   s.bytes_sent = in.bytes_sent();
   for (const auto& p : in.tables()) {
-    s.tables.push_back(SparseTableStats{p.name(), p.rows(), p.created(), p.evicted(), p.not_admitted(),
-                                        p.dropped_gradients(), p.lookups(), p.updates(), p.bytes()});
+    s.tables.push_back(SparseTableStats{p.name(), p.rows(), p.created(), p.evicted(), p.expired(),
+                                        p.not_admitted(), p.dropped_gradients(), p.lookups(), p.updates(),
+                                        p.bytes()});
   }
   return s;
 }
