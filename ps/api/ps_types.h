@@ -239,8 +239,11 @@ struct StepDecision {
   // HMAC-SHA256 of the fields above under the cluster token, made by ps 0 (empty without a token): other tasks
   // apply only decisions ps 0 signed, whoever relays them.
   std::string mac;
+  // ps 0 took a delta right after applying this step (at step + 1): every other task that applies the decision
+  // writes one too, so the deltas of one step form one consistent state in sync mode (signed like the rest).
+  bool delta = false;
   bool operator==(const StepDecision& o) const {
-    return step == o.step && workers == o.workers && checkpoint == o.checkpoint && mac == o.mac;
+    return step == o.step && workers == o.workers && checkpoint == o.checkpoint && mac == o.mac && delta == o.delta;
   }
 };
 

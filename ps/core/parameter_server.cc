@@ -8,7 +8,9 @@
 namespace dtrain::ps {
 
 std::string DecisionBytes(const StepDecision& d) {
-  return absl::StrCat("dtrain-decision/v1|", d.step, "|", absl::StrJoin(d.workers, ","), "|", d.checkpoint ? 1 : 0);
+  // The delta mark is signed only when set: a decision without one signs as before.
+  return absl::StrCat("dtrain-decision/v1|", d.step, "|", absl::StrJoin(d.workers, ","), "|", d.checkpoint ? 1 : 0,
+                      d.delta ? "|delta" : "");
 }
 
 // ---- uploads ----------------------------------------------------------------------------------------------
@@ -181,7 +183,10 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitial
   }
   // Every row goes (a previous attempt's too): tables with initial values are filled by this upload, the others
   // start empty.
-  if (!initialized_) sparse_->Clear(step_);
+  if (!initialized_) {
+    sparse_->Clear(step_);
+    delta_prev_step_ = -1;  // the first delta applies to empty tables
+  }
   return std::unique_ptr<SliceUpload>(new InitializeUpload(this));
 }
 
@@ -386,7 +391,9 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
         store_->Apply(i, step_, &grad, 1, 1.0f, store_->version(i) + 1);
         buffer.set_applied(i);
       }
+      sparse_->SetClock(coordinator() ? step_ : step_hint_);
       ApplySparse({&buffer}, step_, 1.0f);
+      AdvanceSparseClock(coordinator() ? step_ : std::max(step_hint_, header.step + 1));
       if (!coordinator()) {
         ++step_;  // the task's own count of updates, for its learning-rate schedule
         ++stats.applied;
@@ -394,6 +401,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
         if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_hint_) : std::nullopt) {
           saves->push_back(SnapshotLocked(*label, step_));
         }
+        if (DeltaDueLocked()) TakeDeltaLocked(step_hint_, step_);
       } else if (header.commit) {
         gate_->RecordCommit(w, step_ - header.step);
         ++stats.applied;
@@ -402,6 +410,10 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
         if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_) : std::nullopt) {
           applied.checkpoint = true;
           saves->push_back(SnapshotLocked(*label, step_));
+        }
+        if (DeltaDueLocked()) {
+          applied.delta = true;
+          TakeDeltaLocked(step_, step_);
         }
         if (options_.on_step_applied) options_.on_step_applied(applied);
       }
@@ -424,6 +436,8 @@ std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
     d->checkpoint = true;
     checkpoints_.Saved(step_);
   }
+  // Every task writes a delta when it applies a decision marked so (DeltaDueLocked records it as taken).
+  d->delta = DeltaDueLocked();
   if (!options_.decision_key.empty()) d->mac = HmacSha256(options_.decision_key, DecisionBytes(*d));
   coordinator_->Replace(*d);
   VLOG(1) << "step " << d->step << " decided: workers " << absl::StrJoin(d->workers, ",");
@@ -524,8 +538,10 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
       }
     }
     // The tables after the slices (pulls stream them in that order), with the same 1/R.
+    sparse_->SetClock(d.step);
     ApplySparse(summed, d.step, scale);
     sparse_->SetVersion(d.step + 1);
+    AdvanceSparseClock(d.step + 1);
   }
   applied_through_ = d.step + 1;
   absl::MutexLock lock(&mu_);
@@ -537,6 +553,7 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
        : outcome[w] == kSkipped ? accounting_.skipped_nonfinite
                                 : accounting_.discarded);
   }
+  if (d.delta) TakeDeltaLocked(d.step + 1, d.step + 1);  // between two updates, like the checkpoint below
   if (d.checkpoint) {
     if (checkpointing()) {
       saves->push_back(SnapshotLocked(d.step + 1, d.step + 1));
@@ -764,6 +781,7 @@ bool ParameterServer::finished() const { return impl_->finished(); }
 bool ParameterServer::WaitUntilFinished(absl::Duration timeout) { return impl_->WaitUntilFinished(timeout); }
 TrainingOutcome ParameterServer::outcome() const { return impl_->outcome(); }
 void ParameterServer::CheckLeases() { impl_->CheckLeases(); }
+void ParameterServer::FlushDeltas() { impl_->FlushDeltas(); }
 absl::Status ParameterServer::final_checkpoint_status() const { return impl_->final_checkpoint_status(); }
 
 PushAccounting ParameterServer::accounting() const { return impl_->accounting(); }

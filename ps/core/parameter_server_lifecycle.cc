@@ -33,12 +33,16 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   store->set_apply_threads(options_.apply_threads);
   // Without tables the sparse optimizer is not used (and may be unset): an empty store with the defaults.
   SparseStoreOptions sparse_options{options_.task_index, options_.num_ps, options_.sparse_max_rows};
+  sparse_options.track_changes = deltas();
+  sparse_options.clock = options_.clock;
   ASSIGN_OR_RETURN(std::unique_ptr<SparseStore> sparse,
                    SparseStore::Create(config.tables,
                                        config.tables.empty() ? SparseOptimizerConfig() : config.sparse_optimizer,
                                        config.optimizer, sparse_options));
   for (int t = 0; t < sparse->num_tables(); ++t) {
-    const int64_t row_bytes = 13 + int64_t{4} * sparse->spec(t).dim * (1 + sparse->optimizer().num_slots());
+    const SparseTableSpec& spec = sparse->spec(t);
+    const int64_t row_bytes = 13 + int64_t{RowDtypeBytes(spec.row_dtype)} * spec.dim +
+                              int64_t{RowDtypeBytes(spec.slot_dtype)} * spec.dim * sparse->optimizer().num_slots();
     if (sparse->max_rows(t) > 0) bytes += sparse->max_rows(t) * row_bytes;
   }
   if (bytes > options_.max_model_bytes) {
@@ -82,8 +86,8 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
     RETURN_IF_ERROR(ValidateTrainConfig(request.config, options_.num_workers));
     ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
-                     FindCheckpointToRestore(options_.checkpoint.env, options_.checkpoint.dir, request.config, options_.task_index,
-                                             options_.num_ps, request.restore_step));
+                     FindStateToRestore(options_.checkpoint.env, options_.checkpoint.dir, options_.delta.dir,
+                                        request.config, options_.task_index, options_.num_ps, request.restore_step));
     if (restored.has_value()) step_ = restored->data.task_step;
     RETURN_IF_ERROR(ConfigureLocked(request.config, request.worker_id));
     if (restored.has_value()) {
@@ -100,6 +104,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
       checkpoints_.Saved(restored->data.global_step);
       written_label_ = restored->data.global_step;
       members_.RestoreInputPositions(restored->data.input_positions, restored->data.global_step);
+      RestoredLocked(restored->data.global_step);
       initialized_ = true;
       LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path << " (step "
                 << restored->data.global_step << ", " << restored->data.slices.size() << " slices"
@@ -133,9 +138,12 @@ absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& 
     probe.step = step_;
     if (configured_) RETURN_IF_ERROR(CompareTrainConfigs(config_, config, 0));
   }
-  if (!checkpointing()) return probe;
+  if (!restorable()) return probe;
   // Every file of this task that reads back valid and fits the config (read outside the lock: it takes time).
-  ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpointFiles(options_.checkpoint.env, options_.checkpoint.dir));
+  std::vector<CheckpointFile> files;
+  if (checkpointing()) {
+    ASSIGN_OR_RETURN(files, ListCheckpointFiles(options_.checkpoint.env, options_.checkpoint.dir));
+  }
   for (const CheckpointFile& f : files) {
     if (f.task != options_.task_index || f.num_ps != options_.num_ps) continue;
     absl::StatusOr<CheckpointData> data = ReadCheckpoint(options_.checkpoint.env, f.path);
@@ -148,6 +156,16 @@ absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& 
     probe.restorable_steps.push_back(f.step);
   }
   std::sort(probe.restorable_steps.begin(), probe.restorable_steps.end());
+  // And the steps of the deltas that chain from them (or from a fresh start).
+  ASSIGN_OR_RETURN(const std::vector<int64_t> by_deltas,
+                   DeltaStepsReachable(options_.checkpoint.env, options_.delta.dir, options_.task_index,
+                                       options_.num_ps, probe.restorable_steps));
+  if (!by_deltas.empty()) {
+    probe.restorable_steps.insert(probe.restorable_steps.end(), by_deltas.begin(), by_deltas.end());
+    std::sort(probe.restorable_steps.begin(), probe.restorable_steps.end());
+    probe.restorable_steps.erase(std::unique(probe.restorable_steps.begin(), probe.restorable_steps.end()),
+                                 probe.restorable_steps.end());
+  }
   return probe;
 }
 
@@ -156,14 +174,30 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     return absl::FailedPreconditionError(
         absl::StrCat("Restore from worker ", worker_id, ": only the chief (worker 0) restores the ps tasks"));
   }
-  if (!checkpointing()) {
+  if (!restorable()) {
     return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
                                                       " has no --checkpoint_dir: it cannot restore step ", step));
   }
   // Read and check the file first: a bad one leaves the task as it was.
-  const std::string path = CheckpointPath(options_.checkpoint.dir, step, options_.task_index, options_.num_ps);
-  ASSIGN_OR_RETURN(CheckpointData data, ReadCheckpoint(options_.checkpoint.env, path));
-  RETURN_IF_ERROR(CheckCompatible(data, path, config, options_.task_index, options_.num_ps));
+  std::string path = CheckpointPath(options_.checkpoint.dir, step, options_.task_index, options_.num_ps);
+  CheckpointData data;
+  if (options_.delta.dir.empty()) {
+    ASSIGN_OR_RETURN(data, ReadCheckpoint(options_.checkpoint.env, path));
+    RETURN_IF_ERROR(CheckCompatible(data, path, config, options_.task_index, options_.num_ps));
+  } else {
+    // The checkpoint of that step, or an earlier one and the deltas up to it.
+    TrainConfig exact = config;
+    exact.mode = "sync";  // that step or nothing, whatever the mode
+    ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> found,
+                     FindStateToRestore(options_.checkpoint.env, options_.checkpoint.dir, options_.delta.dir, exact,
+                                        options_.task_index, options_.num_ps, step));
+    if (!found.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
+                                                        " has no checkpoint or deltas to restore step ", step));
+    }
+    path = std::move(found->path);
+    data = std::move(found->data);
+  }
   std::shared_ptr<Cancellation> ended;
   {
     absl::MutexLock apply_lock(&apply_mu_);
@@ -193,6 +227,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     checkpoints_.Saved(data.global_step);
     written_label_ = data.global_step;
     members_.RestoreInputPositions(data.input_positions, data.global_step);
+    RestoredLocked(data.global_step);
     ended = NewEpochLocked();
     LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path << " on the chief's request (was at step "
                  << was << ", now " << step_ << SparseRowsRestored(data.tables) << "); every worker registers again";
@@ -418,6 +453,12 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
     cv_.SignalAll();
   }
   const absl::Status saved = WriteCheckpoints(std::move(saves));
+  if (finish_after_write && deltas()) {
+    delta_writer_->Flush();  // every delta taken is on disk before the task may exit
+    LOG(INFO) << "ps task " << options_.task_index << ": " << delta_writer_->written() << " deltas written ("
+              << delta_writer_->bytes_written() << " bytes, " << delta_writer_->write_seconds() << " s on the writer's "
+              << "thread), " << delta_writer_->failed() << " failed";
+  }
   if (finish_after_write) {
     // Only now: a finished server may exit, and the final checkpoint must be on disk by then (or its failure
     // known, for the exit code).
@@ -471,7 +512,7 @@ int64_t ParameterServer::Impl::step() const {
 // own step counts its updates: there, the newest global step seen in pushes.
 int64_t ParameterServer::Impl::CheckpointLabel() const { return sync_ || coordinator() ? step_ : step_hint_; }
 
-CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_step) const {
+CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_step, bool tables) const {
   CheckpointData d;
   d.task_index = options_.task_index;
   d.num_ps = options_.num_ps;
@@ -488,7 +529,7 @@ CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_st
   if (!config_.tables.empty()) {
     d.sparse_optimizer = config_.sparse_optimizer.name;
     d.sparse_num_slots = sparse_->optimizer().num_slots();
-    d.tables = sparse_->ExportState();
+    if (tables) d.tables = sparse_->ExportState();
   }
   return d;
 }
@@ -505,6 +546,7 @@ absl::Status ParameterServer::Impl::WriteCheckpoints(std::vector<CheckpointData>
   for (const CheckpointData& d : saves) {
     newest = writer_->Save(d);
     if (newest.ok()) {
+      if (deltas()) delta_writer_->NoteSnapshot(d.global_step);
       absl::MutexLock lock(&mu_);
       written_label_ = std::max(written_label_, d.global_step);
     }
@@ -545,6 +587,53 @@ absl::Status ParameterServer::Impl::ImportState(int64_t step, const std::vector<
   }
   WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
   return absl::OkStatus();
+}
+
+// ---- deltas and the expiry clock -------------------------------------------------------------------------
+
+bool ParameterServer::Impl::DeltaDueLocked() {
+  if (!deltas() || delta_writer_->busy()) return false;
+  const int64_t step = CheckpointLabel();
+  const bool by_time = options_.delta.every_secs > 0 &&
+                       Now() - last_delta_time_ >= absl::Seconds(options_.delta.every_secs);
+  const bool by_steps = options_.delta.every_steps > 0 && step - last_delta_step_ >= options_.delta.every_steps;
+  if (!by_time && !by_steps) return false;
+  last_delta_time_ = Now();
+  last_delta_step_ = step;
+  return true;
+}
+
+void ParameterServer::Impl::TakeDeltaLocked(int64_t label, int64_t task_step) {
+  if (!deltas()) {
+    LOG_FIRST_N(WARNING, 1) << "ps task " << options_.task_index << ": ps task 0 took a delta at step " << label
+                            << ", but this task writes none (no --delta_every_secs): serving lacks its part";
+    return;
+  }
+  if (label <= delta_prev_step_) return;  // nothing new since the last one (an async task between pushes)
+  DeltaData d;
+  d.prev_step = delta_prev_step_;
+  d.state = StateLocked(label, task_step, /*tables=*/false);
+  if (coordinator()) d.state.input_positions = members_.InputPositionsBefore(label);
+  if (!config_.tables.empty()) sparse_->TakeChanges(&d.state.tables, &d.removed);
+  delta_prev_step_ = label;
+  delta_writer_->Submit(std::move(d));  // written on the writer's thread (waits if one is still queued)
+}
+
+void ParameterServer::Impl::RestoredLocked(int64_t step) {
+  delta_prev_step_ = step;
+  last_delta_step_ = step;
+  last_delta_time_ = Now();
+  sparse_->SetClock(step);
+  if (!options_.delta.dir.empty()) {
+    RemoveDeltasAfter(options_.checkpoint.env, options_.delta.dir, options_.task_index, options_.num_ps, step)
+        .IgnoreError();  // logged there
+  }
+}
+
+void ParameterServer::Impl::AdvanceSparseClock(int64_t step) {
+  sparse_->SetClock(step);
+  const int64_t expired = sparse_->MaybeExpire();
+  if (expired > 0) VLOG(1) << "ps task " << options_.task_index << ": " << expired << " rows expired at step " << step;
 }
 
 }  // namespace dtrain::ps

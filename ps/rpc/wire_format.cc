@@ -137,6 +137,7 @@ void ToProto(const StepDecision& in, dtrain::wire::StepDecision* out) {
   for (int w : in.workers) out->add_workers(w);
   out->set_checkpoint(in.checkpoint);
   out->set_mac(in.mac);
+  out->set_delta(in.delta);
 }
 
 StepDecision FromProto(const dtrain::wire::StepDecision& in) {
@@ -145,6 +146,7 @@ StepDecision FromProto(const dtrain::wire::StepDecision& in) {
   d.workers.assign(in.workers().begin(), in.workers().end());
   d.checkpoint = in.checkpoint();
   d.mac = in.mac();
+  d.delta = in.delta();
   return d;
 }
 

@@ -1,5 +1,7 @@
 // dtrain_worker: one worker task of a cluster (or --job_name=local: a whole training run in one process).
 // Flags → WorkerOptions → RunTraining; exit code 0 on success, 2 on bad flags/cluster spec, 1 otherwise.
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -10,7 +12,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/cluster_spec.h"
 #include "common/denormals.h"
 #include "common/env.h"
@@ -87,9 +91,55 @@ ABSL_FLAG(std::string, tls_ca, "", "Talk TLS to the ps tasks and trust only cert
 ABSL_FLAG(std::string, tls_server_name, "", "Expect this name in the ps certificates (default: the host of each address)");
 ABSL_FLAG(double, startup_wait_secs, 300, "How long to wait for the ps tasks and the chief");
 ABSL_FLAG(double, step_timeout_secs, 120, "How long a step may wait for the ps tasks (e.g. for other workers)");
+// Online training and the sparse tables' life cycle (issue: sparse models in production).
+ABSL_FLAG(bool, follow, false,
+          "Online: --data_dir is a directory where files keep arriving (Criteo text, or TFRecord CTR examples with "
+          "--data_format=tfrecord), read once each in name order; training runs until --train_steps (0: no end), "
+          "until no new file came for --follow_idle_secs, or until SIGINT/SIGTERM; the chief reports the log loss and "
+          "AUC of the newest --eval_window examples, each scored before it was trained on, every --eval_every steps");
+ABSL_FLAG(double, follow_poll_secs, 1, "--follow: how often the directory is listed while waiting for a file");
+ABSL_FLAG(double, follow_idle_secs, 0, "--follow: the input ends after this long without a new file (0: never)");
+ABSL_FLAG(int64_t, eval_window, 100000, "--follow: the chief's progressive validation covers this many newest examples");
+ABSL_FLAG(std::string, row_ttl, "",
+          "Models with embedding tables: the ps removes a row not touched for this long: N global steps, or a "
+          "duration (30s, 10m, 2h) (empty: never)");
+ABSL_FLAG(double, admit_probability, 1.0,
+          "Models with embedding tables: an id without a row gets one at a lookup with this probability (beside "
+          "--admit_after; 1: always)");
+ABSL_FLAG(std::string, row_dtype, "fp32", "Models with embedding tables: how the ps keeps the rows: fp32 | fp16 | bf16");
+ABSL_FLAG(std::string, row_slot_dtype, "fp32",
+          "Models with embedding tables: how the ps keeps the rows' optimizer slots: fp32 | bf16");
+ABSL_FLAG(double, delta_every_secs, 0,
+          "ps tasks / local mode: write what changed since the last delta every this many seconds (to --delta_dir)");
+ABSL_FLAG(int64_t, delta_every_steps, 0, "ps tasks / local mode: a delta every this many global steps too (0: off)");
+ABSL_FLAG(std::string, delta_dir, "", "ps tasks / local mode: where deltas go (default: --checkpoint_dir)");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
           "bytes; gradients keep their rounding error for the next step)");
+
+namespace {
+
+// --follow: SIGINT/SIGTERM end the input (the run then finishes as after its last step: final checkpoint, done).
+std::atomic<bool> stop_requested{false};
+extern "C" void RequestStop(int) { stop_requested.store(true); }
+
+// --row_ttl: "N" (global steps) or a duration ("30s", "10m", "2h"; whole seconds).
+absl::Status ParseRowTtl(const std::string& text, int64_t* steps, int64_t* secs) {
+  *steps = *secs = 0;
+  if (text.empty()) return absl::OkStatus();
+  if (absl::SimpleAtoi(text, steps) && *steps > 0) return absl::OkStatus();
+  absl::Duration d;
+  if (absl::ParseDuration(text, &d) && d >= absl::Seconds(1)) {
+    *steps = 0;
+    *secs = absl::ToInt64Seconds(d);
+    return absl::OkStatus();
+  }
+  *steps = 0;
+  return absl::InvalidArgumentError(absl::StrCat("--row_ttl=", text, ": expected a number of steps (1000) or a "
+                                                 "duration of at least a second (30s, 10m, 2h)"));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dtrain worker: trains a model against the cluster's parameter servers");
@@ -159,6 +209,22 @@ int main(int argc, char** argv) {
   o.num_workers = cluster->is_local() ? 1 : cluster->num_workers();
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();
 
+  o.follow = absl::GetFlag(FLAGS_follow);
+  o.follow_poll_secs = absl::GetFlag(FLAGS_follow_poll_secs);
+  o.follow_idle_secs = absl::GetFlag(FLAGS_follow_idle_secs);
+  o.eval_window = absl::GetFlag(FLAGS_eval_window);
+  o.admit_probability = static_cast<float>(absl::GetFlag(FLAGS_admit_probability));
+  o.row_dtype = absl::GetFlag(FLAGS_row_dtype);
+  o.row_slot_dtype = absl::GetFlag(FLAGS_row_slot_dtype);
+  o.delta.every_secs = absl::GetFlag(FLAGS_delta_every_secs);
+  o.delta.every_steps = absl::GetFlag(FLAGS_delta_every_steps);
+  o.delta.dir = absl::GetFlag(FLAGS_delta_dir);
+  if (o.delta.dir.empty()) o.delta.dir = o.checkpoint.dir;
+  if (o.follow) {
+    std::signal(SIGINT, RequestStop);
+    std::signal(SIGTERM, RequestStop);
+    o.stop = [] { return stop_requested.load(); };
+  }
   o.sparse_optimizer = absl::GetFlag(FLAGS_sparse_optimizer);
   o.sparse_learning_rate = static_cast<float>(absl::GetFlag(FLAGS_sparse_learning_rate));
   absl::Status flags_ok = absl::OkStatus();
@@ -184,6 +250,17 @@ int main(int argc, char** argv) {
     }
   }
   if (flags_ok.ok()) flags_ok = dtrain::ps::ParseWireDtype(o.wire_dtype).status();
+  if (flags_ok.ok()) flags_ok = ParseRowTtl(absl::GetFlag(FLAGS_row_ttl), &o.row_ttl_steps, &o.row_ttl_secs);
+  for (const std::string* d : {&o.row_dtype, &o.row_slot_dtype}) {
+    if (flags_ok.ok()) flags_ok = dtrain::ps::ParseRowDtype(*d).status();
+  }
+  if (flags_ok.ok() && !(o.admit_probability > 0 && o.admit_probability <= 1)) {
+    flags_ok = absl::InvalidArgumentError("--admit_probability must be in (0, 1]");
+  }
+  if (flags_ok.ok() && (!(o.follow_poll_secs > 0) || !(o.follow_idle_secs >= 0) || o.eval_window < 0)) {
+    flags_ok = absl::InvalidArgumentError("--follow_poll_secs must be > 0, --follow_idle_secs and --eval_window >= 0");
+  }
+  if (flags_ok.ok()) flags_ok = dtrain::ps::ValidateDeltaOptions(o.delta);
   if (flags_ok.ok() && !(o.step_timeout_secs > 0)) {
     flags_ok = absl::InvalidArgumentError("--step_timeout_secs must be > 0");
   }

@@ -178,6 +178,10 @@ class BatchStream {
   // (seed, shard, data set size, batch size, shuffling or preprocessing differ; the message names which) or of
   // a newer format; the position is unchanged then.
   virtual absl::Status Restore(absl::string_view state) = 0;
+  // A stream that can end (batch_stream_follow.h: files that stop arriving) returns an empty batch (batch == 0)
+  // from Next() once it has; this says why (OK: it ended as asked; else the error that ended it). A stream over
+  // a data set in memory never ends.
+  virtual absl::Status status() const { return absl::OkStatus(); }
 };
 
 // Fixed, unshuffled, preprocessed (and normalized) batches over the whole set (evaluation). The last batch may

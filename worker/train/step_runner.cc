@@ -99,6 +99,17 @@ absl::StatusOr<std::vector<std::vector<float>>> StepRunner::PullTables() {
   return rows;
 }
 
+absl::Status StepRunner::ScoreBatch(const models::HostBatch& batch, float* logits) {
+  RETURN_IF_ERROR(client_->WaitForRange(0, towers_->num_parameters()));
+  if (sparse_model_) {
+    SparseBatch& b = *sparse_[current_];
+    for (int t = 0; t < b.num_tables(); ++t) RETURN_IF_ERROR(client_->WaitForSparse(static_cast<uint32_t>(t)));
+    RETURN_IF_ERROR(towers_->tower(0)->SetSparseInputs(b.inputs(0)));
+  }
+  RETURN_IF_ERROR(towers_->SetParameters(towers_->host_params()));  // devices: upload them (host towers: nothing)
+  return towers_->tower(0)->Predict(batch, logits);
+}
+
 absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int64_t step) {
   if (sparse_model_) {
     if (!upcoming_set_) {

@@ -40,6 +40,9 @@ class StepRunner : public TrainingSteps {
   absl::Status LoadSparseRows(const models::HostBatch& batch) override;
   absl::StatusOr<std::vector<std::vector<float>>> PullTables() override;
   int64_t last_step_unique_ids() const override { return last_step_unique_ids_; }
+  // Waits for every parameter and row of the pull in flight, then tower 0 predicts on the batch (the step that
+  // follows overlaps nothing with this pull then: the chief's price for scoring).
+  absl::Status ScoreBatch(const models::HostBatch& batch, float* logits) override;
   // Computes one step on the parameters of `step` (the step of the pull in flight): forward, backward with
   // layer-by-layer pushes, commit; then starts the next pull. InternalError when the loss is not finite
   // (nothing of the step is committed then).

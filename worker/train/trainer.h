@@ -11,6 +11,7 @@
 #define DTRAIN_WORKER_TRAIN_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,18 @@ struct WorkerOptions {
   // evaluation alike; InvalidArgument from RunTraining when it does not fit the images' channels.
   data::Normalization input_normalization;
   data::DataFormat data_format = data::DataFormat::kAuto;  // --data_format
+  // Online training (--follow): data_dir is a directory where files keep arriving (Criteo text or TFRecord CTR
+  // examples; worker/data/batch_stream_follow.h), read once each in name order. Training runs until the global
+  // step reaches train_steps (0: no end), until the input ends (no new file for follow_idle_secs; 0: never), or
+  // until `stop` returns true (polled every step). No test set: the chief validates progressively (eval_window).
+  bool follow = false;
+  double follow_poll_secs = 1;
+  double follow_idle_secs = 0;
+  // The chief of an online run scores each of its batches before it trains on them; every eval_every global steps
+  // (and at the end) it reports the log loss and AUC of the newest eval_window examples so scored (printed, and
+  // TensorBoard window/log_loss, window/auc). 0: no scoring.
+  int64_t eval_window = 100000;
+  std::function<bool()> stop;
 
   // Models with sparse embedding tables (--model=dlrm): the update of their rows on the ps ("" / 0: the model's
   // default) and the dlrm's shape (worker/models/dlrm.h): passed to the registry when it resolves the model.
@@ -43,6 +56,12 @@ struct WorkerOptions {
   float sparse_learning_rate = 0;
   models::DlrmConfig dlrm;
   uint64_t seed = 1;
+  // Every sparse table of the model (ps::SparseTableSpec, ps/core/sparse_store.h): expiry after row_ttl_steps
+  // global steps or row_ttl_secs seconds untouched (0: none), probabilistic admission, the rows' and their
+  // optimizer slots' type on the ps ("fp32", "fp16", "bf16").
+  int64_t row_ttl_steps = 0, row_ttl_secs = 0;
+  float admit_probability = 1;
+  std::string row_dtype = "fp32", row_slot_dtype = "fp32";
 
   // Training. 0 / "" = the model's default (resolved_model->defaults).
   int64_t train_steps = 2000;  // global steps
@@ -56,8 +75,10 @@ struct WorkerOptions {
   bool staircase = false;
   float moving_average_decay = 0;
 
-  // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/core/parameter_server.h).
+  // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/core/parameter_server.h), and writes
+  // deltas (its `delta` options; delta.dir defaults to checkpoint.dir).
   ps::CheckpointOptions checkpoint;
+  ps::DeltaOptions delta;
 
   // Distribution.
   std::string mode = "sync";  // sync | async
@@ -121,6 +142,10 @@ struct TrainingResult {
   ps::TrainingStats stats;        // chief: ps 0's statistics
   int64_t first_step = 0;         // global step when training started (> 0 after resuming a checkpoint)
   double test_accuracy_averaged = -1;  // chief, with --moving_average_decay: accuracy of the moving averages
+  // Chief of an online run: the progressive validation of the newest eval_window examples at the end (-1: none).
+  double window_log_loss = -1, window_auc = -1;
+  int64_t window_examples = 0;
+  bool input_ended = false;  // an online run's input ended (no new file, or stop) before train_steps
 };
 
 // Resolves the model (o->resolved_model, when not done yet) and its defaults into `o` (batch size, learning rate,
