@@ -209,6 +209,38 @@ absl::Status RemoveDeltas(Env* env, const std::string& delta_dir, int task, int 
 
 }  // namespace
 
+absl::StatusOr<int> ExtendWithDeltas(Env* env, const std::string& delta_dir, int64_t limit, CheckpointData* state) {
+  if (delta_dir.empty()) return 0;
+  ASSIGN_OR_RETURN(std::vector<DeltaFile> all, ListDeltaFiles(env, delta_dir));
+  return ExtendChain(env, Mine(all, state->task_index, state->num_ps), limit, state);
+}
+
+absl::StatusOr<std::optional<CheckpointData>> StateFromDeltasAlone(Env* env, const std::string& delta_dir, int task,
+                                                                   int num_ps, int64_t limit) {
+  if (delta_dir.empty()) return std::nullopt;
+  ASSIGN_OR_RETURN(std::vector<DeltaFile> all, ListDeltaFiles(env, delta_dir));
+  const std::vector<DeltaFile> mine = Mine(all, task, num_ps);
+  std::optional<DeltaData> first = FreshStart(env, mine);
+  if (!first.has_value()) return std::nullopt;
+  CheckpointData state = EmptyStateFor(*first);
+  if (ExtendChain(env, mine, limit, &state) == 0) return std::nullopt;
+  return state;
+}
+
+absl::StatusOr<int64_t> NewestStepReachable(Env* env, const std::string& delta_dir, int task, int num_ps,
+                                            int64_t from) {
+  if (delta_dir.empty()) return from;
+  ASSIGN_OR_RETURN(std::vector<DeltaFile> all, ListDeltaFiles(env, delta_dir));
+  int64_t at = from;
+  for (const DeltaFile& f : Mine(all, task, num_ps)) {
+    if (f.step <= at) continue;
+    absl::StatusOr<DeltaHeader> h = ReadDeltaHeader(env, f.path);
+    if (!h.ok() || h->prev_step > at || (at == -1 && h->prev_step != -1)) break;
+    at = f.step;
+  }
+  return at;
+}
+
 absl::Status RemoveDeltasAfter(Env* env, const std::string& delta_dir, int task, int num_ps, int64_t step) {
   return RemoveDeltas(env, delta_dir, task, num_ps, /*after=*/true, step);
 }

@@ -49,6 +49,18 @@ absl::Status RemoveDeltasAfter(Env* env, const std::string& delta_dir, int task,
 // Removes task `task`'s deltas of steps up to `step` (no chain from a newer snapshot needs them).
 absl::Status RemoveDeltasUpTo(Env* env, const std::string& delta_dir, int task, int num_ps, int64_t step);
 
+// Applies to `state` (a checkpoint or an earlier chain's end of task state->task_index of state->num_ps) the deltas
+// of `delta_dir` that chain from it, up to step `limit`; returns how many (0: none reaches past it).
+absl::StatusOr<int> ExtendWithDeltas(Env* env, const std::string& delta_dir, int64_t limit, CheckpointData* state);
+// The state the deltas of a fresh start of task `task` rebuild, up to step `limit`; nullopt when there is no
+// chain from a fresh start.
+absl::StatusOr<std::optional<CheckpointData>> StateFromDeltasAlone(Env* env, const std::string& delta_dir, int task,
+                                                                   int num_ps, int64_t limit);
+// The newest step the deltas of task `task` reach from a state of step `from` (-1: a fresh start): `from` itself
+// when none chains. Reads only the deltas' headers.
+absl::StatusOr<int64_t> NewestStepReachable(Env* env, const std::string& delta_dir, int task, int num_ps,
+                                            int64_t from);
+
 // The state a first delta of a fresh start (prev_step -1) applies to: `delta`'s task, model and tables, without
 // rows, at step -1.
 CheckpointData EmptyStateFor(const DeltaData& delta);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <tuple>
 #include <utility>
 
@@ -178,8 +179,26 @@ absl::StatusOr<DeltaData> ParseDelta(absl::string_view bytes, const std::string&
 }
 
 absl::StatusOr<DeltaHeader> ReadDeltaHeader(Env* env, const std::string& path) {
-  // Env reads whole files; a header is read with the rest (deltas are listed rarely: at a restart or a probe).
-  ASSIGN_OR_RETURN(std::string bytes, env->ReadFile(path));
+  if (env != Env::Default()) {  // Env reads whole files (tests' fault-injecting ones)
+    ASSIGN_OR_RETURN(std::string bytes, env->ReadFile(path));
+    return ParseDeltaHeader(bytes, path);
+  }
+  // The fixed part, then the header and its checksum: a follower lists deltas often, and they can be large.
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::string bytes(kFixedHeader, '\0');
+  f.read(bytes.data(), kFixedHeader);
+  if (static_cast<size_t>(f.gcount()) == kFixedHeader) {
+    const uint32_t header_len = GetU32(bytes.data() + kMagicLen + 4);
+    if (header_len < (uint32_t{1} << 30)) {
+      bytes.resize(kFixedHeader + header_len + 4);
+      f.read(bytes.data() + kFixedHeader, header_len + 4);
+      bytes.resize(kFixedHeader + static_cast<size_t>(f.gcount()));
+    }
+  } else {
+    bytes.resize(static_cast<size_t>(f.gcount()));
+  }
+  bytes.append(4, '\0');  // ParseFront wants room for a state behind the header; the state is not read here
   return ParseDeltaHeader(bytes, path);
 }
 

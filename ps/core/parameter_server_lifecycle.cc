@@ -592,12 +592,14 @@ absl::Status ParameterServer::Impl::ImportState(int64_t step, const std::vector<
 // ---- deltas and the expiry clock -------------------------------------------------------------------------
 
 bool ParameterServer::Impl::DeltaDueLocked() {
-  if (!deltas() || delta_writer_->busy()) return false;
+  if (!deltas()) return false;
   const int64_t step = CheckpointLabel();
   const bool by_time = options_.delta.every_secs > 0 &&
                        Now() - last_delta_time_ >= absl::Seconds(options_.delta.every_secs);
   const bool by_steps = options_.delta.every_steps > 0 && step - last_delta_step_ >= options_.delta.every_steps;
-  if (!by_time && !by_steps) return false;
+  // By time, a delta waits while the previous one is still being written (training does not wait for the disk);
+  // by steps, it is taken at its step whatever it costs (the steps of deltas are then known in advance).
+  if (!by_steps && (!by_time || delta_writer_->busy())) return false;
   last_delta_time_ = Now();
   last_delta_step_ = step;
   return true;
