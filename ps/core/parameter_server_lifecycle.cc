@@ -438,14 +438,19 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
                               : absl::StrCat("training stopped at step ", o.global_step, of,
                                              ": no worker is left to complete it",
                                              what.empty() ? "" : absl::StrCat(" (", absl::StrJoin(what, "; "), ")"));
-      if (checkpointing() && configured_ && initialized_) {
+      // A last delta of the final state, so that serving ends where training did (nothing when the last delta
+      // was of this step).
+      if (deltas() && configured_ && initialized_) TakeDeltaLocked(o.global_step, sync_ ? o.global_step : step_);
+      if ((checkpointing() || deltas()) && configured_ && initialized_) {
         final_save_started_ = true;
         finish_after_write = true;
         const int64_t label = o.global_step;
         // Saved again unless this step is on disk already, or about to be written by this very call (a periodic
         // save of the same step that failed, or runs on another thread, does not count).
         const bool pending_here = !saves.empty() && saves.back().global_step == label;
-        if (label != written_label_ && !pending_here) saves.push_back(SnapshotLocked(label, sync_ ? label : step_));
+        if (checkpointing() && label != written_label_ && !pending_here) {
+          saves.push_back(SnapshotLocked(label, sync_ ? label : step_));
+        }
       } else {
         finished_ = true;
       }
