@@ -16,8 +16,13 @@
 # Prints one line per trial ("trial 3: killed ps at step 212 (restarted): passed in 7.9 s") and
 # "chaos: P/N trials passed, H hangs; killed: ps X, worker Y (Z restarted), nothing W"; exits 1 on any failure,
 # 77 without the data set (Fashion-MNIST, or the --data_dir given in --worker_flags).
-# Usage: tests/chaos.sh [--trials=N] [--seed=S] [--steps=N] [--model=NAME] [--worker_flags="FLAGS"] [--keep]
-#   --worker_flags: more dtrain_worker flags, split at white space, after (so overriding) the script's own.
+#   - with deltas (--ps_flags="--delta_every_secs=..."), the restarted ps restored the newest state there was: its
+#     newest checkpoint and the deltas after it ("restored ... + N deltas to step S"), so it lost at most the steps
+#     since the last delta (printed as "lost L steps");
+# Usage: tests/chaos.sh [--trials=N] [--seed=S] [--steps=N] [--model=NAME] [--worker_flags="FLAGS"]
+#                       [--ps_flags="FLAGS"] [--keep]
+#   --worker_flags, --ps_flags: more dtrain_worker / dtrain_ps flags, split at white space, after (so overriding)
+#   the script's own.
 #   DTRAIN_BIN_DIR: the binaries.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -27,6 +32,7 @@ seed=$(( $(date +%s) % 100000 ))
 steps=400
 model=mlp
 extra_flags=""
+extra_ps_flags=""
 keep=0
 usage="usage: $0 [--trials=N] [--seed=S] [--steps=N] [--model=NAME] [--worker_flags=\"FLAGS\"] [--keep]"
 for a in "$@"; do
@@ -36,6 +42,7 @@ for a in "$@"; do
     --steps=*) steps="${a#*=}" ;;
     --model=*) model="${a#*=}" ;;
     --worker_flags=*) extra_flags="${a#*=}" ;;
+    --ps_flags=*) extra_ps_flags="${a#*=}" ;;
     --keep) keep=1 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
@@ -45,6 +52,7 @@ first_kill=10
 last_kill=$((steps * 8 / 10))
 [ "$last_kill" -ge "$first_kill" ] || { echo "--steps=$steps leaves no step to kill at (at least 13)" >&2; exit 2; }
 read -r -a extra <<< "$extra_flags"
+read -r -a extra_ps <<< "$extra_ps_flags"
 data_dir=""
 for f in "${extra[@]}"; do [[ "$f" == --data_dir=* ]] && data_dir="${f#*=}"; done
 if [ -z "$data_dir" ]; then
@@ -132,7 +140,7 @@ for ((t = 1; t <= trials; t++)); do
   IFS=, read -r p0 p1 p2 p3 < <(python3 "$ROOT/scripts/free_ports.py" 4)
   cluster=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1,127.0.0.1:$p2,127.0.0.1:$p3)
   ps_flags=(--job_name=ps --task_index=0 "${cluster[@]}" --worker_timeout_secs=3 --checkpoint_dir="$dir/ckpt"
-            --save_checkpoint_steps=25)
+            --save_checkpoint_steps=25 "${extra_ps[@]}")
   # --log_every=1: a progress line per step, so that the drawn step is seen within a step or two.
   worker_flags=("${cluster[@]}" --mode=sync --model="$model" --train_steps="$steps" --log_every=1 --threads=1
                 --seed=$((t + seed)) "${extra[@]}")
@@ -149,6 +157,8 @@ for ((t = 1; t <= trials; t++)); do
   done
   declare -a killed=(0 0 0)
   newest_ckpt=-1
+  newest_kind=""
+  killed_at=0
   declare -A code=()
   ps_log="$dir/ps.0.log"
   problems=()
@@ -193,10 +203,11 @@ for ((t = 1; t <= trials; t++)); do
       kills_nothing=$((kills_nothing + 1))
     elif [ "$victim" = 0 ]; then
       # The checkpoint the restarted ps must restore (none before the first save: then the chief starts afresh).
-      for f in "$dir"/ckpt/model.ckpt-*.ps0-of-1; do
-        [[ "$f" =~ model\.ckpt-([0-9]+)\.ps0-of-1$ ]] && [ "${BASH_REMATCH[1]}" -gt "$newest_ckpt" ] &&
-          newest_ckpt=${BASH_REMATCH[1]}
+      for f in "$dir"/ckpt/model.ckpt-*.ps0-of-1 "$dir"/ckpt/model.delta-*.ps0-of-1; do
+        [[ "$f" =~ model\.(ckpt|delta)-([0-9]+)\.ps0-of-1$ ]] && [ "${BASH_REMATCH[2]}" -gt "$newest_ckpt" ] &&
+          newest_ckpt=${BASH_REMATCH[2]} && newest_kind=${BASH_REMATCH[1]}
       done
+      killed_at=$SEEN
       sleep_ms "$ps_down_ms"
       ps_log="$dir/ps.1.log"
       "$BIN/dtrain_ps" "${ps_flags[@]}" > "$ps_log" 2>&1 & ps_pid=$!
@@ -248,10 +259,14 @@ for ((t = 1; t <= trials; t++)); do
   if [ "$newest_ckpt" -ge 0 ]; then
     # At the chief's Register ("restored PATH (step N, S slices, R sparse rows)"), or when the chief rolls every
     # task back to a common step ("restored PATH on the chief's request (was at step A, now N, R sparse rows)").
-    line=$(grep -o 'restored [^ ]*model.ckpt-[0-9]*\.ps0-of-1 [^)]*)' "$ps_log" | head -1 || true)
+    # With deltas: "restored <checkpoint> + N deltas to step S (...)" or "restored <dir>: N deltas from a fresh
+    # start to step S (...)".
+    line=$(grep -o 'restored [^ ]*\(model.ckpt-[0-9]*\.ps0-of-1\|: [0-9]* deltas\? from a fresh start\) [^)]*)' \
+           "$ps_log" | head -1 || true)
     if [[ "$line" =~ (\(step|now)\ ([0-9]+) ]]; then
       rstep=${BASH_REMATCH[2]}
       restored="; restored step $rstep"
+      [ "$newest_kind" = delta ] && restored+=" (deltas; lost $((killed_at - rstep)) steps)"
       [ "$rstep" = "$newest_ckpt" ] ||
         problems+=("the restarted ps restored step $rstep, not its newest checkpoint $newest_ckpt")
       if [[ "$line" =~ ,\ ([0-9]+)\ sparse\ rows ]]; then
