@@ -172,6 +172,10 @@ struct TrainConfig {
   // tables (no slices on some task).
   std::vector<SparseTableSpec> tables;
   SparseOptimizerConfig sparse_optimizer;
+  // Sync mode only: "sync" (the rows join the step like the slices) or "async" (PERSIA's hybrid: the dense
+  // variables stay synchronous while each push's rows are applied as soon as it arrives, scaled by 1/R like a
+  // step's, and pulls read the rows as they are, without waiting for the step's update).
+  std::string sparse_mode = "sync";
 };
 
 // RegisterRequest::restore_step: which checkpoint a ps task without values restores when the chief registers

@@ -368,6 +368,11 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
       pending_accepted_[w] = buffer.all_complete();
       if (!buffer.all_complete()) ++accounting_.discarded;  // no decision can apply an incomplete gradient
       if (buffer.all_complete()) complete_step_[w] = header.step;
+      if (sparse_async_ && buffer.all_complete() && !skip) {
+        // The hybrid: this push's rows now, scaled like a step's (1/R); ApplyDecision leaves them alone.
+        sparse_->SetClock(step_);
+        ApplySparse({&buffer}, header.step, 1.0f / static_cast<float>(ResolvedReplicasToAggregate(config_)));
+      }
       if (header.commit) {
         coordinator_->AddCommit(w);
         *decided = DecideLocked();
@@ -539,7 +544,7 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
     }
     // The tables after the slices (pulls stream them in that order), with the same 1/R.
     sparse_->SetClock(d.step);
-    ApplySparse(summed, d.step, scale);
+    if (!sparse_async_) ApplySparse(summed, d.step, scale);
     sparse_->SetVersion(d.step + 1);
     AdvanceSparseClock(d.step + 1);
   }
@@ -691,9 +696,11 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     RETURN_IF_ERROR(receiver->Flush());  // a slice is whole: the worker may be waiting for it
   }
   if (!request.sparse.empty()) {
-    // The rows at the same step as the slices, once the tables' update (after the slices') is done.
-    if (!sparse_->WaitReadable(version, absl::InfinitePast())) RETURN_IF_ERROR(receiver->Flush());
-    if (!sparse_->WaitReadable(version, deadline, stopped)) {
+    // The rows at the same step as the slices, once the tables' update (after the slices') is done; the hybrid
+    // (rows async) reads them as they are.
+    const int64_t row_version = sparse_async_ ? 0 : version;
+    if (!sparse_->WaitReadable(row_version, absl::InfinitePast())) RETURN_IF_ERROR(receiver->Flush());
+    if (!sparse_->WaitReadable(row_version, deadline, stopped)) {
       if (stopped()) return stopped_error();
       return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
                                                       options_.task_index, " timed out after ", request.timeout_ms,

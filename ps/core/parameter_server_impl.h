@@ -249,6 +249,7 @@ class ParameterServer::Impl {
   // configured_ (CheckReady under mu_) may use them without the lock. A rollback changes the store's contents
   // in place, never the objects.
   bool sync_ = true;
+  bool sparse_async_ = false;  // sync mode with TrainConfig::sparse_mode "async": rows applied as pushes arrive
   std::unique_ptr<SliceStore> store_;
   std::unique_ptr<SparseStore> sparse_;  // every table's shard on this task (no tables: none)
   std::unique_ptr<GradientBuffers> buffers_;

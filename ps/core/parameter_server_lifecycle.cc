@@ -53,6 +53,7 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   sparse->SetVersion(step_);
   config_ = config;
   sync_ = config_.mode == "sync";
+  sparse_async_ = sync_ && config_.sparse_mode == "async";
   store_ = std::move(store);
   sparse_ = std::move(sparse);
   buffers_ = std::make_unique<GradientBuffers>(options_.num_workers, *store_, sparse_.get());

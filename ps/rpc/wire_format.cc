@@ -22,6 +22,7 @@ absl::Status FromGrpc(const grpc::Status& s) {
 void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
   out->set_model_signature(in.model_signature);
   out->set_mode(in.mode);
+  out->set_sparse_mode(in.sparse_mode);
   out->set_num_workers(in.num_workers);
   out->set_replicas_to_aggregate(in.replicas_to_aggregate);
   out->set_total_num_replicas(in.total_num_replicas);
@@ -79,6 +80,7 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
   TrainConfig c;
   c.model_signature = in.model_signature();
   c.mode = in.mode();
+  c.sparse_mode = in.sparse_mode().empty() ? "sync" : in.sparse_mode();
   c.num_workers = in.num_workers();
   c.replicas_to_aggregate = in.replicas_to_aggregate();
   c.total_num_replicas = in.total_num_replicas();

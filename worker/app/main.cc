@@ -109,6 +109,15 @@ ABSL_FLAG(double, admit_probability, 1.0,
 ABSL_FLAG(std::string, row_dtype, "fp32", "Models with embedding tables: how the ps keeps the rows: fp32 | fp16 | bf16");
 ABSL_FLAG(std::string, row_slot_dtype, "fp32",
           "Models with embedding tables: how the ps keeps the rows' optimizer slots: fp32 | bf16");
+ABSL_FLAG(std::string, sparse_mode, "sync",
+          "Sync mode, models with embedding tables: sync (the rows join each step) or async (PERSIA's hybrid: dense "
+          "variables stay synchronous, each push's rows are applied as it arrives)");
+ABSL_FLAG(int64_t, row_cache_rows, 0,
+          "Models with embedding tables: keep up to this many rows of each table on the worker between steps (0: "
+          "none); a row fresher than --row_cache_staleness steps is not pulled again");
+ABSL_FLAG(int32_t, row_cache_staleness, 4,
+          "--row_cache_rows: how many steps a cached row may serve before it is pulled again (its gradients are "
+          "summed until then)");
 ABSL_FLAG(double, delta_every_secs, 0,
           "ps tasks / local mode: write what changed since the last delta every this many seconds (to --delta_dir)");
 ABSL_FLAG(int64_t, delta_every_steps, 0, "ps tasks / local mode: a delta every this many global steps too (0: off)");
@@ -216,6 +225,9 @@ int main(int argc, char** argv) {
   o.admit_probability = static_cast<float>(absl::GetFlag(FLAGS_admit_probability));
   o.row_dtype = absl::GetFlag(FLAGS_row_dtype);
   o.row_slot_dtype = absl::GetFlag(FLAGS_row_slot_dtype);
+  o.sparse_mode = absl::GetFlag(FLAGS_sparse_mode);
+  o.row_cache_rows = absl::GetFlag(FLAGS_row_cache_rows);
+  o.row_cache_staleness = absl::GetFlag(FLAGS_row_cache_staleness);
   o.delta.every_secs = absl::GetFlag(FLAGS_delta_every_secs);
   o.delta.every_steps = absl::GetFlag(FLAGS_delta_every_steps);
   o.delta.dir = absl::GetFlag(FLAGS_delta_dir);
@@ -261,6 +273,12 @@ int main(int argc, char** argv) {
     flags_ok = absl::InvalidArgumentError("--follow_poll_secs must be > 0, --follow_idle_secs and --eval_window >= 0");
   }
   if (flags_ok.ok()) flags_ok = dtrain::ps::ValidateDeltaOptions(o.delta);
+  if (flags_ok.ok() && o.sparse_mode != "sync" && o.sparse_mode != "async") {
+    flags_ok = absl::InvalidArgumentError(absl::StrCat("--sparse_mode must be sync or async, got '", o.sparse_mode, "'"));
+  }
+  if (flags_ok.ok() && (o.row_cache_rows < 0 || o.row_cache_staleness < 0)) {
+    flags_ok = absl::InvalidArgumentError("--row_cache_rows and --row_cache_staleness must be >= 0");
+  }
   if (flags_ok.ok() && !(o.step_timeout_secs > 0)) {
     flags_ok = absl::InvalidArgumentError("--step_timeout_secs must be > 0");
   }

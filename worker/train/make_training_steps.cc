@@ -12,7 +12,8 @@ namespace dtrain::worker {
 absl::StatusOr<std::unique_ptr<TrainingSteps>> MakeTrainingSteps(Towers* towers, ps::WorkerClient* client,
                                                                  const TrainingStepsOptions& options) {
   if (options.local_ps == nullptr)
-    return std::unique_ptr<TrainingSteps>(new StepRunner(towers, client, options.sync));
+    return std::unique_ptr<TrainingSteps>(
+        new StepRunner(towers, client, options.sync, options.row_cache_rows, options.row_cache_staleness));
   ASSIGN_OR_RETURN(kernels::OptimizerParams params, DeviceOptimizerParams(options.config));
   ResidentStepsOptions ro;
   ro.cuda_graphs = options.cuda_graphs;

@@ -21,6 +21,9 @@ struct TrainingStepsOptions {
   ps::ParameterServer* local_ps = nullptr;
   ps::TrainConfig config;   // the registered config (the device optimizer's hyperparameters)
   bool cuda_graphs = true;  // device-resident steps on GPUs: capture the step as a CUDA graph
+  // Steps that push and pull, models with tables: the worker's row cache (worker/batch/row_cache.h; 0 rows: none).
+  int64_t row_cache_rows = 0;
+  int row_cache_staleness = 0;
 };
 
 // The steps for `towers` (both must outlive them): ResidentSteps with options.local_ps, else a StepRunner.

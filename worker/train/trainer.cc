@@ -190,6 +190,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   config.replicas_to_aggregate = local ? 1 : o.replicas_to_aggregate;
   config.total_num_replicas = local ? 1 : o.total_num_replicas;
   config.max_staleness = o.max_staleness;
+  config.sparse_mode = o.sparse_mode;
   config.optimizer.name = o.optimizer;
   config.optimizer.learning_rate = o.learning_rate;
   config.optimizer.momentum = o.momentum;
@@ -558,6 +559,21 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
     }
     if (events) RETURN_IF_ERROR(events->Close());
   }
+  const TrainingSteps::SparseTraffic traffic = steps->sparse_traffic();
+  if (traffic.steps > 0) {
+    result->sparse_bytes_per_step =
+        static_cast<double>(traffic.bytes_pulled + traffic.bytes_pushed) / static_cast<double>(traffic.steps);
+    const int64_t served = traffic.ids_pulled + traffic.ids_from_cache;
+    result->row_cache_hit_rate = served > 0 ? static_cast<double>(traffic.ids_from_cache) / served : 0;
+    if (!o.quiet) {
+      std::printf("worker %d: sparse rows: %.0f bytes/step pulled + pushed (%.0f ids pulled, %.0f pushed a step; %.1f%% "
+                  "of the ids served by the row cache)\n",
+                  o.worker_id, result->sparse_bytes_per_step,
+                  static_cast<double>(traffic.ids_pulled) / static_cast<double>(traffic.steps),
+                  static_cast<double>(traffic.ids_pushed) / static_cast<double>(traffic.steps),
+                  100.0 * result->row_cache_hit_rate);
+    }
+  }
   if (!o.quiet) {
     std::printf("worker %d: %lld local steps, %lld examples in %.2f sec (%.1f examples/sec)\n", o.worker_id,
                 static_cast<long long>(result->local_steps), static_cast<long long>(result->examples),
@@ -689,6 +705,8 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   sopt.local_ps = resident ? ps.local_ps.get() : nullptr;
   sopt.config = ps.config;
   sopt.cuda_graphs = o.cuda_graphs;
+  sopt.row_cache_rows = o.row_cache_rows;
+  sopt.row_cache_staleness = o.row_cache_staleness;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,
                    MakeTrainingSteps(towers.get(), ps.client.get(), sopt));
   // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.

@@ -62,6 +62,14 @@ struct WorkerOptions {
   int64_t row_ttl_steps = 0, row_ttl_secs = 0;
   float admit_probability = 1;
   std::string row_dtype = "fp32", row_slot_dtype = "fp32";
+  // Sync mode, models with tables: "async" keeps the dense variables synchronous and applies each push's rows as it
+  // arrives (PERSIA's hybrid; ps::TrainConfig::sparse_mode).
+  std::string sparse_mode = "sync";
+  // The worker's row cache (worker/batch/row_cache.h): up to row_cache_rows rows of each table kept between
+  // steps, not pulled again while they are at most row_cache_staleness steps old; the gradients of the steps that
+  // used a cached row are summed and pushed when the row is pulled again or leaves the cache. 0 rows: none.
+  int64_t row_cache_rows = 0;
+  int row_cache_staleness = 0;
 
   // Training. 0 / "" = the model's default (resolved_model->defaults).
   int64_t train_steps = 2000;  // global steps
@@ -146,6 +154,10 @@ struct TrainingResult {
   double window_log_loss = -1, window_auc = -1;
   int64_t window_examples = 0;
   bool input_ended = false;  // an online run's input ended (no new file, or stop) before train_steps
+  // Models with tables: this worker's rows on the wire per step (ids and fp32 rows pulled and pushed), and the
+  // share of the step's ids its row cache served.
+  double sparse_bytes_per_step = 0;
+  double row_cache_hit_rate = 0;
 };
 
 // Resolves the model (o->resolved_model, when not done yet) and its defaults into `o` (batch size, learning rate,
