@@ -59,17 +59,25 @@ std::string FormatStats(const ps::TrainingStats& s, bool async) {
 // Models with tables: the rows held over every task and table, and the bytes the tasks received and sent per
 // global step of this run, on one line (scripts/compare_cluster_sizes.py reads it).
 void PrintSparseTotals(ps::WorkerClient* client, const TrainingResult& result) {
-  int64_t rows = 0, bytes = 0;
+  int64_t rows = 0, bytes = 0, table_bytes = 0, created = 0, expired = 0, not_admitted = 0;
   for (int t = 0; t < client->num_tasks(); ++t) {
     absl::StatusOr<ps::TrainingStats> s = client->Stats(t);
     if (!s.ok()) return;
-    for (const ps::SparseTableStats& table : s->tables) rows += table.rows;
+    for (const ps::SparseTableStats& table : s->tables) {
+      rows += table.rows;
+      table_bytes += table.bytes;
+      created += table.created;
+      expired += table.expired;
+      not_admitted += table.not_admitted;
+    }
     bytes += s->bytes_received + s->bytes_sent;
   }
   const int64_t steps = std::max<int64_t>(1, result.global_step - result.first_step);
   std::printf("sparse tables: %lld rows held on %d ps task%s; %lld bytes/step received + sent by the ps tasks "
-              "(%lld steps)\n", static_cast<long long>(rows), client->num_tasks(), client->num_tasks() > 1 ? "s" : "",
-              static_cast<long long>(bytes / steps), static_cast<long long>(steps));
+              "(%lld steps); %lld bytes of tables; %lld rows created, %lld expired, %lld lookups not admitted\n",
+              static_cast<long long>(rows), client->num_tasks(), client->num_tasks() > 1 ? "s" : "",
+              static_cast<long long>(bytes / steps), static_cast<long long>(steps), static_cast<long long>(table_bytes),
+              static_cast<long long>(created), static_cast<long long>(expired), static_cast<long long>(not_admitted));
 }
 
 // What the data set gives a run: the model's input geometry, this worker's training stream and (chief) the
@@ -596,10 +604,11 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
                     static_cast<long long>(c->placement.task_bytes[t]), ts->bytes_received / steps_run / 1e6,
                     ts->bytes_sent / steps_run / 1e6);
         for (const ps::SparseTableStats& s : ts->tables) {
-          std::printf("  table %s: %lld rows (%lld created, %lld evicted), %lld lookups, %lld not admitted\n",
+          std::printf("  table %s: %lld rows (%lld created, %lld evicted, %lld expired), %lld lookups, %lld not "
+                      "admitted\n",
                       s.name.c_str(), static_cast<long long>(s.rows), static_cast<long long>(s.created),
-                      static_cast<long long>(s.evicted), static_cast<long long>(s.lookups),
-                      static_cast<long long>(s.not_admitted));
+                      static_cast<long long>(s.evicted), static_cast<long long>(s.expired),
+                      static_cast<long long>(s.lookups), static_cast<long long>(s.not_admitted));
         }
       }
     }
