@@ -79,6 +79,14 @@ ABSL_FLAG(std::string, transport, "auto",
 ABSL_FLAG(int, shm_spin_us, 20,
           "Shared memory: how long a lane looks for a worker's next frame before its thread sleeps in a system call "
           "(more: less wake-up latency, more CPU spent waiting)");
+ABSL_FLAG(double, delta_every_secs, 0,
+          "Write what changed since the last delta (every touched sparse row with its optimizer state, the ids "
+          "removed, the dense variables) every this many seconds to --delta_dir, beside the full checkpoints: "
+          "serving follows them (dtrain_eval --follow_deltas) and a restarted task restores its newest checkpoint "
+          "plus the deltas after it (0: no deltas)");
+ABSL_FLAG(int64_t, delta_every_steps, 0, "A delta every this many global steps too (0: by time only)");
+ABSL_FLAG(std::string, delta_dir, "",
+          "Where deltas are written and restored from (default: --checkpoint_dir)");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
           "Memory gRPC may use for this task's connections and messages in flight (a gRPC resource quota)");
 ABSL_FLAG(double, malloc_trim_secs, 10,
@@ -195,6 +203,13 @@ int main(int argc, char** argv) {
   if (o.ps.sparse_max_rows < 0) {
     std::fprintf(stderr, "dtrain_ps: --sparse_max_rows_per_table must be >= 0\n");
     return dtrain::kExitConfigRefused;
+  }
+  o.ps.delta.every_secs = absl::GetFlag(FLAGS_delta_every_secs);
+  o.ps.delta.every_steps = absl::GetFlag(FLAGS_delta_every_steps);
+  o.ps.delta.dir = absl::GetFlag(FLAGS_delta_dir).empty() ? o.ps.checkpoint.dir : absl::GetFlag(FLAGS_delta_dir);
+  if (absl::Status s = dtrain::ps::ValidateDeltaOptions(o.ps.delta); !s.ok()) {
+    std::fprintf(stderr, "dtrain_ps: %s\n", std::string(s.message()).c_str());
+    return 2;
   }
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   if (o.ps.max_model_bytes <= 0 || o.max_inflight_bytes < (int64_t{16} << 20)) {

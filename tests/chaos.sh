@@ -18,6 +18,9 @@
 #     worker a journal of the pushes ps 0 acknowledged (--push_journal_dir); scripts/check_updates.py proves from
 #     them that every push a worker saw accepted is in the ps's final state exactly once, unless the restore after
 #     a ps kill undid it (then the worker pushed that step again), and that no push is there twice.
+#   - with deltas (--ps_flags="--delta_every_secs=..."), the restarted ps restored the newest state there was: its
+#     newest checkpoint and the deltas after it ("restored ... + N deltas to step S"), so it lost at most the steps
+#     since the last delta (printed as "lost L steps");
 # Prints one line per trial ("trial 3: killed ps at step 212 (restarted): passed in 7.9 s; ...; updates: 1200
 # checked, 24 undone by the restore, lost 0, doubled 0") and "chaos: P/N trials passed, H hangs; killed: ps X (Y
 # after a checkpoint, restoring R sparse rows), worker Y (Z restarted), nothing W; updates checked U (undone by a
@@ -176,6 +179,8 @@ for ((t = 1; t <= trials; t++)); do
   done
   declare -a killed=(0 0 0)
   newest_ckpt=-1
+  newest_kind=""
+  killed_at=0
   declare -A code=()
   ps_log="$dir/ps.0.log"
   problems=()
@@ -220,10 +225,11 @@ for ((t = 1; t <= trials; t++)); do
       kills_nothing=$((kills_nothing + 1))
     elif [ "$victim" = 0 ]; then
       # The checkpoint the restarted ps must restore (none before the first save: then the chief starts afresh).
-      for f in "$dir"/ckpt/model.ckpt-*.ps0-of-1; do
-        [[ "$f" =~ model\.ckpt-([0-9]+)\.ps0-of-1$ ]] && [ "${BASH_REMATCH[1]}" -gt "$newest_ckpt" ] &&
-          newest_ckpt=${BASH_REMATCH[1]}
+      for f in "$dir"/ckpt/model.ckpt-*.ps0-of-1 "$dir"/ckpt/model.delta-*.ps0-of-1; do
+        [[ "$f" =~ model\.(ckpt|delta)-([0-9]+)\.ps0-of-1$ ]] && [ "${BASH_REMATCH[2]}" -gt "$newest_ckpt" ] &&
+          newest_ckpt=${BASH_REMATCH[2]} && newest_kind=${BASH_REMATCH[1]}
       done
+      killed_at=$SEEN
       sleep_ms "$ps_down_ms"
       ps_log="$dir/ps.1.log"
       "$BIN/dtrain_ps" "${ps_flags[@]}" > "$ps_log" 2>&1 & ps_pid=$!
@@ -280,10 +286,14 @@ for ((t = 1; t <= trials; t++)); do
   if [ "$newest_ckpt" -ge 0 ]; then
     # At the chief's Register ("restored PATH (step N, S slices, R sparse rows)"), or when the chief rolls every
     # task back to a common step ("restored PATH on the chief's request (was at step A, now N, R sparse rows)").
-    line=$(grep -o 'restored [^ ]*model.ckpt-[0-9]*\.ps0-of-1 [^)]*)' "$ps_log" | head -1 || true)
+    # With deltas: "restored <checkpoint> + N deltas to step S (...)" or "restored <dir>: N deltas from a fresh
+    # start to step S (...)".
+    line=$(grep -o 'restored [^ ]*\(model.ckpt-[0-9]*\.ps0-of-1\|: [0-9]* deltas\? from a fresh start\) [^)]*)' \
+           "$ps_log" | head -1 || true)
     if [[ "$line" =~ (\(step|now)\ ([0-9]+) ]]; then
       rstep=${BASH_REMATCH[2]}
       restored="; restored step $rstep"
+      [ "$newest_kind" = delta ] && restored+=" (deltas; lost $((killed_at - rstep)) steps)"
       [ "$rstep" = "$newest_ckpt" ] ||
         problems+=("the restarted ps restored step $rstep, not its newest checkpoint $newest_ckpt")
       [ "$rstep" -gt 0 ] && trial_ps_after_ckpt=1

@@ -68,12 +68,18 @@ RunOutcome SummarizeRun(const std::vector<WorkerStats>& workers, int64_t global_
   return RunOutcome::kDegraded;
 }
 
-uint64_t Mix64(uint64_t x) {
+namespace {
+
+inline uint64_t Mix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
   return x ^ (x >> 31);
 }
+
+}  // namespace
+
+uint64_t Mix64(uint64_t x) { return Mix(x); }
 
 int OptimizerConfig::num_slots() const {
   // Mirrors kernels::OptimizerParams::num_slots() (ps/core/optimizer_test.cc checks that they agree).
@@ -96,7 +102,27 @@ bool OptimizerConfig::operator==(const OptimizerConfig& o) const {
 bool SparseTableSpec::operator==(const SparseTableSpec& o) const {
   return table == o.table && name == o.name && dim == o.dim && rows == o.rows && init_scale == o.init_scale &&
          init_seed == o.init_seed && max_rows == o.max_rows && admit_after == o.admit_after &&
-         initial_values == o.initial_values;
+         initial_values == o.initial_values && ttl_steps == o.ttl_steps && ttl_secs == o.ttl_secs &&
+         admit_probability == o.admit_probability && row_dtype == o.row_dtype && slot_dtype == o.slot_dtype;
+}
+
+absl::StatusOr<RowDtype> ParseRowDtype(absl::string_view name) {
+  if (name == "fp32") return RowDtype::kF32;
+  if (name == "fp16") return RowDtype::kF16;
+  if (name == "bf16") return RowDtype::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat("row dtype '", name, "': expected fp32, fp16 or bf16"));
+}
+
+const char* RowDtypeName(RowDtype d) {
+  switch (d) {
+    case RowDtype::kF32:
+      return "fp32";
+    case RowDtype::kF16:
+      return "fp16";
+    case RowDtype::kBF16:
+      return "bf16";
+  }
+  return "?";
 }
 
 int SparseOptimizerConfig::num_slots() const {
@@ -117,10 +143,11 @@ int ShardOfId(int64_t id, int num_ps) {
 }
 
 void SparseInitialRow(const SparseTableSpec& table, int64_t id, float* row) {
-  const uint64_t key = Mix64(table.init_seed ^ Mix64(static_cast<uint64_t>(table.table) + 1) ^
-                             Mix64(static_cast<uint64_t>(id) * 0xD6E8FEB86659FD93ULL));
+  const uint64_t key = Mix(table.init_seed ^ Mix(static_cast<uint64_t>(table.table) + 1) ^
+                           Mix(static_cast<uint64_t>(id) * 0xD6E8FEB86659FD93ULL));
+  // Inlined so that the loop vectorizes (a row's creation was mostly this function).
   for (int k = 0; k < table.dim; ++k) {
-    const uint64_t bits = Mix64(key + static_cast<uint64_t>(k));
+    const uint64_t bits = Mix(key + static_cast<uint64_t>(k));
     const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;  // [0, 1)
     row[k] = static_cast<float>((2.0 * u - 1.0) * table.init_scale);
   }

@@ -37,6 +37,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
 namespace dtrain {
 class Cancellation;  // common/cancellation.h
 }  // namespace dtrain
@@ -109,6 +112,9 @@ struct OptimizerConfig {
 };
 
 // ---- Sparse embedding tables ----
+// The element type the ps stores a table's rows in (SparseTableSpec::row_dtype).
+enum class RowDtype : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
 // A table holds rows of `dim` floats keyed by int64 ids. Unlike the dense variables it is not placed: every ps
 // task holds the rows whose id it owns (ShardOfId), so hot ids spread over the tasks. A step touches only the
 // rows of the ids in its batch: a worker pulls those rows (deduplicated) with its dense pull and pushes their
@@ -134,8 +140,27 @@ struct SparseTableSpec {
   // fixed-size table without max_rows or admission (it holds every row from the start) may have them. Not kept
   // in checkpoints (their tables hold every row anyway): a restored spec reads false.
   bool initial_values = false;
+  // Expiry (--row_ttl): a row not touched (looked up or updated) for ttl_steps global steps, or for ttl_secs
+  // seconds, is evicted by the ps's periodic sweep (ps/core/sparse_store.h); at most one of them, 0: never. Not
+  // for a table with initial values.
+  int64_t ttl_steps = 0;
+  int64_t ttl_secs = 0;
+  // Probabilistic admission (--admit_probability), beside the count filter admit_after: an id without a row is
+  // given one at a lookup with this probability (each lookup a fresh, deterministic draw), in (0, 1]; 1: always.
+  float admit_probability = 1.0f;
+  // How the ps keeps the rows' values and their optimizer slots (--row_dtype, --row_slot_dtype): fp32, or 16
+  // bits (fp16 or bf16; slots bf16 only, for its range), rounded stochastically (deterministic in id and step)
+  // when an update is written back. Lookups, checkpoints and deltas carry the values as fp32 (exactly the
+  // stored ones). max_rows, admission, expiry and the dtypes may change between a checkpoint and its restore.
+  RowDtype row_dtype = RowDtype::kF32;
+  RowDtype slot_dtype = RowDtype::kF32;
   bool operator==(const SparseTableSpec& o) const;
 };
+
+// "fp32", "fp16", "bf16"; InvalidArgument naming the choices otherwise.
+absl::StatusOr<RowDtype> ParseRowDtype(absl::string_view name);
+const char* RowDtypeName(RowDtype d);
+inline int RowDtypeBytes(RowDtype d) { return d == RowDtype::kF32 ? 4 : 2; }
 
 // The update of the sparse rows (TensorFlow's sparse optimizers; only the touched rows and their slots move).
 struct SparseOptimizerConfig {
@@ -185,6 +210,10 @@ struct TrainConfig {
   // tables (no slices on some task).
   std::vector<SparseTableSpec> tables;
   SparseOptimizerConfig sparse_optimizer;
+  // Sync mode only: "sync" (the rows join the step like the slices) or "async" (PERSIA's hybrid: the dense
+  // variables stay synchronous while each push's rows are applied as soon as it arrives, scaled by 1/R like a
+  // step's, and pulls read the rows as they are, without waiting for the step's update).
+  std::string sparse_mode = "sync";
 };
 
 // RegisterRequest::restore_step: which checkpoint a ps task without values restores when the chief registers
@@ -254,8 +283,11 @@ struct StepDecision {
   // HMAC-SHA256 of the fields above under the cluster token, made by ps 0 (empty without a token): other tasks
   // apply only decisions ps 0 signed, whoever relays them.
   std::string mac;
+  // ps 0 took a delta right after applying this step (at step + 1): every other task that applies the decision
+  // writes one too, so the deltas of one step form one consistent state in sync mode (signed like the rest).
+  bool delta = false;
   bool operator==(const StepDecision& o) const {
-    return step == o.step && workers == o.workers && checkpoint == o.checkpoint && mac == o.mac;
+    return step == o.step && workers == o.workers && checkpoint == o.checkpoint && mac == o.mac && delta == o.delta;
   }
 };
 
@@ -363,7 +395,9 @@ struct SparseTableStats {
   int64_t rows = 0;               // rows held now
   int64_t created = 0;            // rows created since the task started (or restored)
   int64_t evicted = 0;            // rows evicted by max_rows
-  int64_t not_admitted = 0;       // lookups of ids not admitted yet (read as zeros)
+  int64_t expired = 0;            // rows removed by expiry (ttl_steps / ttl_secs)
+  int64_t not_admitted = 0;       // lookups of ids not admitted yet (read as zeros): refused by admit_after or
+                                  // by admit_probability
   int64_t dropped_gradients = 0;  // row gradients dropped (ids not admitted, or evicted meanwhile)
   int64_t lookups = 0;            // ids pulled
   int64_t updates = 0;            // row updates applied

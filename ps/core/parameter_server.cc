@@ -8,7 +8,9 @@
 namespace dtrain::ps {
 
 std::string DecisionBytes(const StepDecision& d) {
-  return absl::StrCat("dtrain-decision/v1|", d.step, "|", absl::StrJoin(d.workers, ","), "|", d.checkpoint ? 1 : 0);
+  // The delta mark is signed only when set: a decision without one signs as before.
+  return absl::StrCat("dtrain-decision/v1|", d.step, "|", absl::StrJoin(d.workers, ","), "|", d.checkpoint ? 1 : 0,
+                      d.delta ? "|delta" : "");
 }
 
 // ---- uploads ----------------------------------------------------------------------------------------------
@@ -198,7 +200,10 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitial
   }
   // Every row goes (a previous attempt's too): tables with initial values are filled by this upload, the others
   // start empty.
-  if (!initialized_) sparse_->Clear(step_);
+  if (!initialized_) {
+    sparse_->Clear(step_);
+    delta_prev_step_ = -1;  // the first delta applies to empty tables
+  }
   return std::unique_ptr<SliceUpload>(new InitializeUpload(this));
 }
 
@@ -400,6 +405,11 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
       pending_accepted_[w] = buffer.all_complete();
       if (!buffer.all_complete()) ++accounting_.discarded;  // no decision can apply an incomplete gradient
       if (buffer.all_complete()) complete_step_[w] = header.step;
+      if (sparse_async_ && buffer.all_complete() && !skip) {
+        // The hybrid: this push's rows now, scaled like a step's (1/R); ApplyDecision leaves them alone.
+        sparse_->SetClock(step_);
+        ApplySparse({&buffer}, header.step, 1.0f / static_cast<float>(ResolvedReplicasToAggregate(config_)));
+      }
       if (header.commit) {
         coordinator_->AddCommit(w);
         *decided = DecideLocked();
@@ -429,7 +439,9 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
         store_->Apply(i, step_, &grad, 1, 1.0f, store_->version(i) + 1, &clip);
         buffer.set_applied(i);
       }
+      sparse_->SetClock(coordinator() ? step_ : step_hint_);
       ApplySparse({&buffer}, step_, 1.0f);
+      AdvanceSparseClock(coordinator() ? step_ : std::max(step_hint_, header.step + 1));
       if (!coordinator()) {
         ++step_;  // the task's own count of updates, for its learning-rate schedule
         ++stats.applied;
@@ -438,6 +450,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
         if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_hint_) : std::nullopt) {
           saves->push_back(SnapshotLocked(*label, step_));
         }
+        if (DeltaDueLocked()) TakeDeltaLocked(step_hint_, step_);
       } else if (header.commit) {
         gate_->RecordCommit(w, step_ - header.step);
         ++stats.applied;
@@ -447,6 +460,10 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
         if (std::optional<int64_t> label = checkpointing() ? checkpoints_.Due(step_) : std::nullopt) {
           applied.checkpoint = true;
           saves->push_back(SnapshotLocked(*label, step_));
+        }
+        if (DeltaDueLocked()) {
+          applied.delta = true;
+          TakeDeltaLocked(step_, step_);
         }
         if (options_.on_step_applied) options_.on_step_applied(applied);
       }
@@ -470,6 +487,8 @@ std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
     d->checkpoint = true;
     checkpoints_.Saved(step_);
   }
+  // Every task writes a delta when it applies a decision marked so (DeltaDueLocked records it as taken).
+  d->delta = DeltaDueLocked();
   if (!options_.decision_key.empty()) d->mac = HmacSha256(options_.decision_key, DecisionBytes(*d));
   coordinator_->Replace(*d);
   VLOG(1) << "step " << d->step << " decided: workers " << absl::StrJoin(d->workers, ",");
@@ -579,13 +598,15 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
       }
     }
     // The tables after the slices (pulls stream them in that order), with the same 1/R.
-    ApplySparse(summed, d.step, scale);
+    sparse_->SetClock(d.step);
+    if (!sparse_async_) ApplySparse(summed, d.step, scale);
     sparse_->SetVersion(d.step + 1);
     if (journal_) {
       for (size_t k = 0; k < summed.size(); ++k) {
         journal_->Applied(summed_workers[k], d.step, summed[k]->request_id(), d.step + 1);
       }
     }
+    AdvanceSparseClock(d.step + 1);
   }
   applied_through_ = d.step + 1;
   absl::MutexLock lock(&mu_);
@@ -597,6 +618,7 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
        : outcome[w] == kSkipped ? accounting_.skipped_nonfinite
                                 : accounting_.discarded);
   }
+  if (d.delta) TakeDeltaLocked(d.step + 1, d.step + 1);  // between two updates, like the checkpoint below
   if (d.checkpoint) {
     if (checkpointing()) {
       saves->push_back(SnapshotLocked(d.step + 1, d.step + 1));
@@ -742,9 +764,11 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     RETURN_IF_ERROR(receiver->Flush());  // a slice is whole: the worker may be waiting for it
   }
   if (!request.sparse.empty()) {
-    // The rows at the same step as the slices, once the tables' update (after the slices') is done.
-    if (!sparse_->WaitReadable(version, absl::InfinitePast())) RETURN_IF_ERROR(receiver->Flush());
-    if (!sparse_->WaitReadable(version, deadline, stopped)) {
+    // The rows at the same step as the slices, once the tables' update (after the slices') is done; the hybrid
+    // (rows async) reads them as they are.
+    const int64_t row_version = sparse_async_ ? 0 : version;
+    if (!sparse_->WaitReadable(row_version, absl::InfinitePast())) RETURN_IF_ERROR(receiver->Flush());
+    if (!sparse_->WaitReadable(row_version, deadline, stopped)) {
       if (stopped()) return stopped_error();
       return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
                                                       options_.task_index, " timed out after ", request.timeout_ms,
@@ -843,6 +867,7 @@ bool ParameterServer::finished() const { return impl_->finished(); }
 bool ParameterServer::WaitUntilFinished(absl::Duration timeout) { return impl_->WaitUntilFinished(timeout); }
 TrainingOutcome ParameterServer::outcome() const { return impl_->outcome(); }
 void ParameterServer::CheckLeases() { impl_->CheckLeases(); }
+void ParameterServer::FlushDeltas() { impl_->FlushDeltas(); }
 absl::Status ParameterServer::final_checkpoint_status() const { return impl_->final_checkpoint_status(); }
 
 PushAccounting ParameterServer::accounting() const { return impl_->accounting(); }

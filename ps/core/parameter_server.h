@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "ps/checkpoint/checkpoint_format.h"
 #include "ps/checkpoint/checkpoint_options.h"
+#include "ps/checkpoint/delta_writer.h"
 #include "ps/api/ps_interface.h"
 #include "ps/api/ps_types.h"
 
@@ -120,6 +121,16 @@ struct ParameterServerOptions {
   // every checkpoint taken and restored, so that scripts/check_updates.py can prove nothing acknowledged was
   // lost or applied twice. One write(2) per push; needs checkpoint.dir (InvalidArgument otherwise).
   bool journal_applied = false;
+  // Deltas (ps/checkpoint/delta_format.h): every delta.every_secs (or every_steps) the task writes what changed
+  // since its previous delta to delta.dir, on a thread of its own: its dense state whole, the sparse rows created
+  // or updated (with their optimizer slots) and the ids of the rows removed. Sync mode: ps 0 decides when and
+  // marks that step's decision (StepDecision::delta), and every task writes its delta of that step, so the
+  // deltas of one step form one consistent state; async mode: each task on its own clock, labelled like its
+  // checkpoints. A task restores (at the chief's Register, Probe and Restore) its newest checkpoint and the
+  // deltas after it in delta.dir whenever that directory is set, written by this run or an earlier one; the
+  // deltas after the step it restored are deleted (a future that will not happen), and those behind the second
+  // newest checkpoint once a checkpoint is written.
+  DeltaOptions delta;
 };
 
 // "reject", "skip" or "apply" (the --nonfinite flag); InvalidArgument naming the flag otherwise.
@@ -197,6 +208,8 @@ class ParameterServer : public PsInterface {
   // Declares lost the workers whose lease ran out (a thread of the ParameterServer calls it a few times per
   // lease; tests call it after moving their fake clock).
   void CheckLeases();
+  // Waits until every delta taken so far is on disk (written or failed): tests, and readers in one process.
+  void FlushDeltas();
 
   int64_t step() const;  // this task's step (global step on task 0)
 

@@ -71,6 +71,7 @@
 #include "ps/checkpoint/checkpoint_reshard.h"
 #include "ps/checkpoint/checkpoint_writer.h"
 #include "ps/checkpoint/checkpoint_scheduler.h"
+#include "ps/checkpoint/delta_chain.h"
 #include "ps/core/gradient_buffers.h"
 #include "ps/core/membership.h"
 #include "ps/core/slice_store.h"
@@ -95,7 +96,11 @@ class ParameterServer::Impl {
     if (checkpointing()) {
       writer_ = std::make_unique<CheckpointWriter>(options_.checkpoint, options_.task_index, options_.num_ps);
     }
-    unconfigured_since_ = last_contact_ = Now();
+    if (options_.delta.enabled()) {
+      delta_writer_ = std::make_unique<DeltaWriter>(options_.delta, options_.checkpoint.env, options_.task_index,
+                                                    options_.num_ps);
+    }
+    unconfigured_since_ = last_contact_ = last_delta_time_ = Now();
     if (options_.worker_timeout > absl::ZeroDuration() || options_.registration_timeout < absl::InfiniteDuration()) {
       lease_thread_ = std::thread([this] { LeaseLoop(); });
     }
@@ -141,6 +146,9 @@ class ParameterServer::Impl {
     return a;
   }
   void CheckLeases();
+  void FlushDeltas() {
+    if (deltas()) delta_writer_->Flush();
+  }
   int64_t step() const;
   // State trained outside the ps (parameter_server.h).
   absl::StatusOr<CheckpointData> ExportState();
@@ -164,6 +172,9 @@ class ParameterServer::Impl {
 
   bool coordinator() const { return options_.task_index == 0; }
   bool checkpointing() const { return options_.checkpoint.enabled(); }
+  // Deltas are written (options_.delta.enabled()); a task restores from options_.delta.dir whenever it is set.
+  bool deltas() const { return delta_writer_ != nullptr; }
+  bool restorable() const { return checkpointing() || !options_.delta.dir.empty(); }
   absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
   absl::Status CheckReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // JobEndedError once the run ended early, OK before.
@@ -226,12 +237,25 @@ class ParameterServer::Impl {
 
   // Checkpoints.
   // The task's whole state under checkpoint `label` (nothing else changes).
-  CheckpointData StateLocked(int64_t label, int64_t task_step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Without `tables`, the sparse tables' rows are left out (a delta takes their changes instead).
+  CheckpointData StateLocked(int64_t label, int64_t task_step, bool tables = true) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   CheckpointData SnapshotLocked(int64_t label, int64_t task_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes checkpoints taken under the locks (CheckpointWriter: retried, then logged; it prunes the oldest beyond
   // checkpoint.keep). Returns the status of the newest one: the caller decides whether it matters (the final
   // save); a periodic save that failed was logged, and training goes on with the previous checkpoint.
   absl::Status WriteCheckpoints(std::vector<CheckpointData> saves) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Deltas. Whether one is due now: its interval has passed and the writer is free (ps 0 in sync mode, every task
+  // in async mode); records it as taken.
+  bool DeltaDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the changes since the previous delta as the delta of step `label` (task step `task_step`) and queues it
+  // for writing (nothing when label is not past the previous one). Between updates (sync: under apply_mu_).
+  void TakeDeltaLocked(int64_t label, int64_t task_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the state of step `step` was restored: the next delta applies to it; deltas after it are dropped.
+  void RestoredLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The sparse tables' expiry clock at the step being applied; then a sweep when one is due.
+  void AdvanceSparseClock(int64_t step);
 
   const ParameterServerOptions options_;
 
@@ -257,6 +281,7 @@ class ParameterServer::Impl {
   // configured_ (CheckReady under mu_) may use them without the lock. A rollback changes the store's contents
   // in place, never the objects.
   bool sync_ = true;
+  bool sparse_async_ = false;  // sync mode with TrainConfig::sparse_mode "async": rows applied as pushes arrive
   std::unique_ptr<SliceStore> store_;
   std::unique_ptr<SparseStore> sparse_;  // every table's shard on this task (no tables: none)
   std::unique_ptr<GradientBuffers> buffers_;
@@ -284,6 +309,10 @@ class ParameterServer::Impl {
   absl::Status final_checkpoint_status_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<CheckpointWriter> writer_;  // set once in the constructor when checkpointing; thread-safe
   std::unique_ptr<AppliedJournal> journal_;   // set once before any call with journal_applied; thread-safe
+  std::unique_ptr<DeltaWriter> delta_writer_;  // set once in the constructor when writing deltas; thread-safe
+  int64_t delta_prev_step_ ABSL_GUARDED_BY(mu_) = -1;  // the step the next delta applies to (-1: a fresh start)
+  absl::Time last_delta_time_ ABSL_GUARDED_BY(mu_);
+  int64_t last_delta_step_ ABSL_GUARDED_BY(mu_) = 0;
   // While unconfigured: since when, the last call of a worker, and the global step a completed Done reported
   // (-1: none; training ended elsewhere when >= 0).
   absl::Time unconfigured_since_ ABSL_GUARDED_BY(mu_);

@@ -38,12 +38,16 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   store->set_apply_threads(options_.apply_threads);
   // Without tables the sparse optimizer is not used (and may be unset): an empty store with the defaults.
   SparseStoreOptions sparse_options{options_.task_index, options_.num_ps, options_.sparse_max_rows};
+  sparse_options.track_changes = deltas();
+  sparse_options.clock = options_.clock;
   ASSIGN_OR_RETURN(std::unique_ptr<SparseStore> sparse,
                    SparseStore::Create(config.tables,
                                        config.tables.empty() ? SparseOptimizerConfig() : config.sparse_optimizer,
                                        config.optimizer, sparse_options));
   for (int t = 0; t < sparse->num_tables(); ++t) {
-    const int64_t row_bytes = 13 + int64_t{4} * sparse->spec(t).dim * (1 + sparse->optimizer().num_slots());
+    const SparseTableSpec& spec = sparse->spec(t);
+    const int64_t row_bytes = 13 + int64_t{RowDtypeBytes(spec.row_dtype)} * spec.dim +
+                              int64_t{RowDtypeBytes(spec.slot_dtype)} * spec.dim * sparse->optimizer().num_slots();
     if (sparse->max_rows(t) > 0) bytes += sparse->max_rows(t) * row_bytes;
   }
   if (bytes > options_.max_model_bytes) {
@@ -54,6 +58,7 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   sparse->SetVersion(step_);
   config_ = config;
   sync_ = config_.mode == "sync";
+  sparse_async_ = sync_ && config_.sparse_mode == "async";
   store_ = std::move(store);
   sparse_ = std::move(sparse);
   buffers_ = std::make_unique<GradientBuffers>(options_.num_workers, *store_, sparse_.get());
@@ -98,8 +103,8 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
     RETURN_IF_ERROR(ValidateTrainConfig(request.config, options_.num_workers));
     ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
-                     FindCheckpointToRestore(options_.checkpoint.env, options_.checkpoint.dir, request.config, options_.task_index,
-                                             options_.num_ps, request.restore_step));
+                     FindStateToRestore(options_.checkpoint.env, options_.checkpoint.dir, options_.delta.dir,
+                                        request.config, options_.task_index, options_.num_ps, request.restore_step));
     if (restored.has_value()) step_ = restored->data.task_step;
     RETURN_IF_ERROR(ConfigureLocked(request.config, request.worker_id));
     if (restored.has_value()) {
@@ -116,6 +121,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
       checkpoints_.Saved(restored->data.global_step);
       written_label_ = restored->data.global_step;
       members_.RestoreInputPositions(restored->data.input_positions, restored->data.global_step);
+      RestoredLocked(restored->data.global_step);
       initialized_ = true;
       if (journal_) {
         if (restored->resharded_from > 0) {
@@ -157,11 +163,23 @@ absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& 
     probe.step = step_;
     if (configured_) RETURN_IF_ERROR(CompareTrainConfigs(config_, config, 0));
   }
-  if (!checkpointing()) return probe;
+  if (!restorable()) return probe;
   // Every checkpoint of this task that reads back valid and fits the config, its own files or complete ones of
   // another number of ps tasks (resharded); read outside the lock: it takes time.
-  ASSIGN_OR_RETURN(probe.restorable_steps, RestorableSteps(options_.checkpoint.env, options_.checkpoint.dir, config,
-                                                           options_.task_index, options_.num_ps));
+  if (checkpointing()) {
+    ASSIGN_OR_RETURN(probe.restorable_steps, RestorableSteps(options_.checkpoint.env, options_.checkpoint.dir,
+                                                             config, options_.task_index, options_.num_ps));
+  }
+  // And the steps of the deltas that chain from them (or from a fresh start).
+  ASSIGN_OR_RETURN(const std::vector<int64_t> by_deltas,
+                   DeltaStepsReachable(options_.checkpoint.env, options_.delta.dir, options_.task_index,
+                                       options_.num_ps, probe.restorable_steps));
+  if (!by_deltas.empty()) {
+    probe.restorable_steps.insert(probe.restorable_steps.end(), by_deltas.begin(), by_deltas.end());
+    std::sort(probe.restorable_steps.begin(), probe.restorable_steps.end());
+    probe.restorable_steps.erase(std::unique(probe.restorable_steps.begin(), probe.restorable_steps.end()),
+                                 probe.restorable_steps.end());
+  }
   return probe;
 }
 
@@ -170,15 +188,28 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     return absl::FailedPreconditionError(
         absl::StrCat("Restore from worker ", worker_id, ": only the chief (worker 0) restores the ps tasks"));
   }
-  if (!checkpointing()) {
+  if (!restorable()) {
     return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
                                                       " has no --checkpoint_dir: it cannot restore step ", step));
   }
-  // Read and check the file first (or reshard a checkpoint of another number of ps tasks): a bad one leaves the
-  // task as it was.
-  ASSIGN_OR_RETURN(RestorableCheckpoint restorable,
-                   ReadCheckpointForTask(options_.checkpoint.env, options_.checkpoint.dir, step, config,
-                                         options_.task_index, options_.num_ps));
+  // Read and check the file first (or reshard a checkpoint of another number of ps tasks; or an earlier
+  // checkpoint and the deltas up to that step): a bad one leaves the task as it was.
+  RestorableCheckpoint restorable;
+  if (options_.delta.dir.empty()) {
+    ASSIGN_OR_RETURN(restorable, ReadCheckpointForTask(options_.checkpoint.env, options_.checkpoint.dir, step, config,
+                                                       options_.task_index, options_.num_ps));
+  } else {
+    TrainConfig exact = config;
+    exact.mode = "sync";  // that step or nothing, whatever the mode
+    ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> found,
+                     FindStateToRestore(options_.checkpoint.env, options_.checkpoint.dir, options_.delta.dir, exact,
+                                        options_.task_index, options_.num_ps, step));
+    if (!found.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
+                                                        " has no checkpoint or deltas to restore step ", step));
+    }
+    restorable = *std::move(found);
+  }
   const std::string path = restorable.path;
   const CheckpointData& data = restorable.data;
   std::shared_ptr<Cancellation> ended;
@@ -217,6 +248,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
         journal_->Restored(data.global_step);
       }
     }
+    RestoredLocked(data.global_step);
     ended = NewEpochLocked();
     LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path
                  << Resharded(restorable.resharded_from, options_.num_ps) << " on the chief's request (was at step "
@@ -496,13 +528,19 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
       if (members_.all_ended()) FinishAfterEndLocked();  // restarted after the end: nothing of its own to save
     } else if (ending) {
       final_save_started_ = true;
-      if (checkpointing() && configured_ && initialized_) {
+      const int64_t final_label = sync_ ? applied_through_ : CheckpointLabel();
+      // A last delta of the final state, so that serving ends where training did (nothing when the last delta
+      // was of this step).
+      if (deltas() && configured_ && initialized_) TakeDeltaLocked(final_label, sync_ ? final_label : step_);
+      if ((checkpointing() || deltas()) && configured_ && initialized_) {
         writing_final = true;
-        const int64_t label = sync_ ? applied_through_ : CheckpointLabel();
+        const int64_t label = final_label;
         // Saved again unless this step is on disk already, or about to be written by this very call (a periodic
         // save of the same step that failed, or runs on another thread, does not count).
         const bool pending_here = !saves.empty() && saves.back().global_step == label;
-        if (label != written_label_ && !pending_here) saves.push_back(SnapshotLocked(label, sync_ ? label : step_));
+        if (checkpointing() && label != written_label_ && !pending_here) {
+          saves.push_back(SnapshotLocked(label, sync_ ? label : step_));
+        }
       } else {
         final_save_done_ = true;  // nothing to save
       }
@@ -511,6 +549,12 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
     cv_.SignalAll();
   }
   const absl::Status saved = WriteCheckpoints(std::move(saves));
+  if (writing_final && deltas()) {
+    delta_writer_->Flush();  // every delta taken is on disk before the task may exit
+    LOG(INFO) << "ps task " << options_.task_index << ": " << delta_writer_->written() << " deltas written ("
+              << delta_writer_->bytes_written() << " bytes, " << delta_writer_->write_seconds() << " s on the writer's "
+              << "thread), " << delta_writer_->failed() << " failed";
+  }
   if (writing_final) {
     // Only now: a finished server may exit, and the final checkpoint must be on disk by then (or its failure
     // known, for the exit code).
@@ -518,7 +562,7 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
     absl::MutexLock lock(&mu_);
     final_checkpoint_status_ = saved;
     final_save_done_ = true;
-    if (saved.ok()) {
+    if (saved.ok() && checkpointing()) {
       LOG(INFO) << "ps task " << options_.task_index << ": final checkpoint of step "
                 << std::max(written_label_, int64_t{0}) << " saved";
     }
@@ -571,7 +615,7 @@ int64_t ParameterServer::Impl::step() const {
 // own step counts its updates: there, the newest global step seen in pushes.
 int64_t ParameterServer::Impl::CheckpointLabel() const { return sync_ || coordinator() ? step_ : step_hint_; }
 
-CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_step) const {
+CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_step, bool tables) const {
   CheckpointData d;
   d.task_index = options_.task_index;
   d.num_ps = options_.num_ps;
@@ -589,7 +633,7 @@ CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_st
   if (!config_.tables.empty()) {
     d.sparse_optimizer = config_.sparse_optimizer.name;
     d.sparse_num_slots = sparse_->optimizer().num_slots();
-    d.tables = sparse_->ExportState();
+    if (tables) d.tables = sparse_->ExportState();
   }
   return d;
 }
@@ -609,6 +653,7 @@ absl::Status ParameterServer::Impl::WriteCheckpoints(std::vector<CheckpointData>
   for (const CheckpointData& d : saves) {
     newest = writer_->Save(d);
     if (newest.ok()) {
+      if (deltas()) delta_writer_->NoteSnapshot(d.global_step);
       absl::MutexLock lock(&mu_);
       written_label_ = std::max(written_label_, d.global_step);
     }
@@ -649,6 +694,58 @@ absl::Status ParameterServer::Impl::ImportState(int64_t step, const std::vector<
   }
   WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
   return absl::OkStatus();
+}
+
+// ---- deltas and the expiry clock -------------------------------------------------------------------------
+
+bool ParameterServer::Impl::DeltaDueLocked() {
+  if (!deltas()) return false;
+  const int64_t step = CheckpointLabel();
+  const bool by_time = options_.delta.every_secs > 0 &&
+                       Now() - last_delta_time_ >= absl::Seconds(options_.delta.every_secs);
+  const bool by_steps = options_.delta.every_steps > 0 && step - last_delta_step_ >= options_.delta.every_steps;
+  // By time, a delta waits while the previous one is still being written (training does not wait for the disk);
+  // by steps, it is taken at its step whatever it costs (the steps of deltas are then known in advance).
+  if (!by_steps && (!by_time || delta_writer_->busy())) return false;
+  last_delta_time_ = Now();
+  last_delta_step_ = step;
+  return true;
+}
+
+void ParameterServer::Impl::TakeDeltaLocked(int64_t label, int64_t task_step) {
+  if (!deltas()) {
+    LOG_FIRST_N(WARNING, 1) << "ps task " << options_.task_index << ": ps task 0 took a delta at step " << label
+                            << ", but this task writes none (no --delta_every_secs): serving lacks its part";
+    return;
+  }
+  if (label <= delta_prev_step_) return;  // nothing new since the last one (an async task between pushes)
+  DeltaData d;
+  d.prev_step = delta_prev_step_;
+  d.state = StateLocked(label, task_step, /*tables=*/false);
+  if (coordinator()) d.state.input_positions = members_.InputPositionsBefore(label);
+  if (!config_.tables.empty()) sparse_->TakeChanges(&d.state.tables, &d.removed);
+  delta_prev_step_ = label;
+  delta_writer_->Submit(std::move(d));  // written on the writer's thread (waits if one is still queued)
+  // A state a restore may come back to (checkpoint + deltas): the applied journal records it like a checkpoint,
+  // in order with the updates before and after it.
+  if (journal_) journal_->Checkpointed(label);
+}
+
+void ParameterServer::Impl::RestoredLocked(int64_t step) {
+  delta_prev_step_ = step;
+  last_delta_step_ = step;
+  last_delta_time_ = Now();
+  sparse_->SetClock(step);
+  if (!options_.delta.dir.empty()) {
+    RemoveDeltasAfter(options_.checkpoint.env, options_.delta.dir, options_.task_index, options_.num_ps, step)
+        .IgnoreError();  // logged there
+  }
+}
+
+void ParameterServer::Impl::AdvanceSparseClock(int64_t step) {
+  sparse_->SetClock(step);
+  const int64_t expired = sparse_->MaybeExpire();
+  if (expired > 0) VLOG(1) << "ps task " << options_.task_index << ": " << expired << " rows expired at step " << step;
 }
 
 }  // namespace dtrain::ps

@@ -328,5 +328,32 @@ TEST(ParameterServerSparseTest, ReadOnlyPullLeavesTheTableAsItWas) {
   EXPECT_EQ((*c)->task(0).GetStats()->tables[0].rows, 3);
 }
 
+// The hybrid (sparse_mode "async", PERSIA's): each push's rows are applied when it arrives, scaled by 1/R, while
+// the dense variables wait for the step; with sgd the rows end where a sync step puts them.
+TEST(SparseParameterServerTest, HybridAppliesEachPushsRowsAtOnceAndTheSlicesWithTheStep) {
+  SimClusterOptions o = Options("sync", 2);
+  o.config.sparse_mode = "async";
+  auto cluster = *SimCluster::Start(o);
+  SimCluster* c = cluster.get();
+  ASSERT_TRUE(Rows(c, 0, 0, 0, {1, 2}).ok());
+  EXPECT_EQ(PushSlices(c->task(0), Header(c, 0, 0, 0, 10), {{0, {1, 1}}}, {SparseRows{0, {1, 2}, {1, 1, 2, 2}}})->outcome,
+            Outcome::kAccepted);
+  EXPECT_EQ(c->task(0).step(), 0);  // the step waits for worker 1
+  // Worker 1 reads worker 0's rows already (its pull does not wait for the step's rows); the slices are unchanged.
+  absl::StatusOr<Pulled> early = PullSlices(c->task(0), Pull(c, 0, 1, 0, {1, 2, 3}));
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_EQ(early->rows[0], std::vector<float>({-0.5f, -0.5f, -1, -1, 0, 0}));
+  EXPECT_EQ(early->slices[0], std::vector<float>({1, 2}));
+  EXPECT_EQ(PushSlices(c->task(0), Header(c, 0, 1, 0, 11), {{0, {3, 3}}}, {SparseRows{0, {2, 3}, {4, 4, 8, 8}}})->outcome,
+            Outcome::kAccepted);
+  absl::StatusOr<Pulled> p = PullSlices(c->task(0), Pull(c, 0, 0, 1, {3, 1, 2}));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->slices[0], std::vector<float>({0.0f, 1.0f}));
+  EXPECT_EQ(p->rows[0], std::vector<float>({-4, -4, -0.5f, -0.5f, -3, -3}));  // as sync: (sum over workers) / 2
+  SimClusterOptions bad = Options("sync", 1);
+  bad.config.sparse_mode = "sometimes";
+  EXPECT_EQ(SimCluster::Start(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace dtrain::ps

@@ -9,7 +9,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
+#include "ps/core/row_codec.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
 
 namespace dtrain::ps {
 namespace {
@@ -34,8 +40,21 @@ constexpr uint32_t kFirstChunkRows = 16;
 constexpr int kGeometricChunks = 10;  // 16 << 9 == 8192
 constexpr uint32_t kChunkRows = kFirstChunkRows << (kGeometricChunks - 1);
 constexpr uint32_t kGeometricEnd = kFirstChunkRows * ((1u << (kGeometricChunks - 1)) - 1);  // the last one's start
+// The rows' pages are made resident this many bytes at a time (one madvise instead of a page fault per page:
+// first touches of fresh pages were a fifth of an insert's time).
+constexpr size_t kPopulateBytes = size_t{64} << 10;
+// Lookups and updates prefetch the index entry of the id this many ids ahead, and the row of the id half as far.
+constexpr int64_t kPrefetchAhead = 16;
 
 uint32_t ChunkRowsOf(size_t k) { return k < kGeometricChunks ? kFirstChunkRows << k : kChunkRows; }
+size_t Words(uint32_t rows) { return (rows + 63) / 64; }
+
+// Makes [p, p + bytes) resident at once (where the kernel can; otherwise pages fault in as they are touched).
+void Populate(void* p, size_t bytes) {
+  static bool supported = true;  // a benign race: at worst a few more failing calls
+  if (!supported || bytes == 0) return;
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0 && (errno == EINVAL || errno == ENOSYS)) supported = false;
+}
 
 // Zeroed memory of its own mapping (untouched pages are not resident). Move-only.
 class Mapping {
@@ -56,6 +75,7 @@ class Mapping {
     if (data_ != nullptr) munmap(data_, bytes_);
   }
   void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
 
  private:
   void* data_ = nullptr;
@@ -65,11 +85,22 @@ class Mapping {
 }  // namespace
 
 // One table's shard on this task: kMaxStripes (or fewer) independently locked sub-shards.
+//
+// A row is [values: dim][slots: num_slots * dim] in the table's row_dtype / slot_dtype (all fp32: the floats
+// are computed on in place; otherwise decoded into a scratch row and encoded back). Per row besides: its id, a
+// reference bit (CLOCK), with expiry a 32-bit stamp (the step or second it was last touched), with change
+// tracking a dirty bit.
 class SparseTable {
  public:
-  SparseTable(const SparseTableSpec& spec, const SparseOptimizer* optimizer, int64_t max_rows)
-      : spec_(spec), optimizer_(optimizer), dim_(spec.dim),
-        row_floats_(spec.dim * (1 + optimizer->num_slots())), max_rows_(max_rows) {
+  SparseTable(const SparseTableSpec& spec, const SparseOptimizer* optimizer, int64_t max_rows, bool track_changes,
+              const SparseStore* store)
+      : spec_(spec), optimizer_(optimizer), store_(store), dim_(spec.dim),
+        row_floats_(spec.dim * (1 + optimizer->num_slots())),
+        fp32_(spec.row_dtype == RowDtype::kF32 && (optimizer->num_slots() == 0 || spec.slot_dtype == RowDtype::kF32)),
+        value_bytes_(spec.dim * RowDtypeBytes(spec.row_dtype)),
+        row_bytes_(spec.dim * RowDtypeBytes(spec.row_dtype) +
+                   spec.dim * optimizer->num_slots() * RowDtypeBytes(spec.slot_dtype)),
+        max_rows_(max_rows), track_(track_changes), ttl_(spec.ttl_steps > 0 || spec.ttl_secs > 0) {
     const int stripes = max_rows > 0 ? static_cast<int>(std::clamp<int64_t>(max_rows / kRowsPerStripeForSplit, 1,
                                                                              kMaxStripes))
                                      : kMaxStripes;
@@ -104,12 +135,14 @@ class SparseTable {
   void Lookup(const int64_t* ids, int64_t n, WireDtype dtype, void* dst) {
     const int bytes = DtypeBytes(dtype);
     char* out = static_cast<char*>(dst);
-    ForEachByStripe(ids, n, [&](Stripe& st, int64_t i, uint64_t h) {
+    const uint32_t now = ttl_ ? store_->Stamp(spec_) : 0;
+    const int64_t clock = store_->clock();
+    ForEachByStripe(ids, n, /*whole_rows=*/false, [&](Stripe& st, int64_t i, uint64_t h) {
       ++st.lookups;
       char* row_out = out + i * dim_ * bytes;
       uint32_t row = Find(st, ids[i], h);
       if (row == kNone) {
-        if (spec_.admit_after > 1 && CountLookup(st, h) < spec_.admit_after) {
+        if ((spec_.admit_after > 1 && CountLookup(st, h) < spec_.admit_after) || !AdmitByChance(ids[i], clock)) {
           ++st.not_admitted;
           std::memset(row_out, 0, static_cast<size_t>(dim_) * bytes);
           return;
@@ -118,7 +151,8 @@ class SparseTable {
       } else {
         SetRef(st, row);  // looked up again: a second chance
       }
-      EncodeFloats(dtype, RowData(st, row), dim_, row_out);
+      if (ttl_) Touch(st, row, now);
+      ReadValues(st, row, dtype, row_out);
     });
   }
 
@@ -126,12 +160,14 @@ class SparseTable {
     const int bytes = DtypeBytes(dtype);
     char* out = static_cast<char*>(dst);
     std::vector<float> initial(dim_);
-    ForEachByStripe(ids, n, [&](Stripe& st, int64_t i, uint64_t h) {
+    const int64_t clock = store_->clock();
+    ForEachByStripe(ids, n, /*whole_rows=*/false, [&](Stripe& st, int64_t i, uint64_t h) {
       char* row_out = out + i * dim_ * bytes;
       const uint32_t row = Find(st, ids[i], h);
       if (row != kNone) {
-        EncodeFloats(dtype, RowData(st, row), dim_, row_out);
-      } else if (spec_.admit_after > 1 && EstimateCount(st, h) + 1 < spec_.admit_after) {
+        ReadValues(st, row, dtype, row_out);
+      } else if ((spec_.admit_after > 1 && EstimateCount(st, h) + 1 < spec_.admit_after) ||
+                 !AdmitByChance(ids[i], clock)) {
         std::memset(row_out, 0, static_cast<size_t>(dim_) * bytes);  // a lookup now would not admit it
       } else {
         SparseInitialRow(spec_, ids[i], initial.data());
@@ -140,9 +176,13 @@ class SparseTable {
     });
   }
 
-  void Apply(const SparseOptimizer::Step& step, const int64_t* ids, int64_t n, const float* grads, float scale) {
+  void Apply(const SparseOptimizer::Step& step, int64_t step_number, const int64_t* ids, int64_t n,
+             const float* grads, float scale) {
     const bool fixed = spec_.rows > 0;
-    ForEachByStripe(ids, n, [&](Stripe& st, int64_t i, uint64_t h) {
+    const uint32_t now = ttl_ ? store_->Stamp(spec_) : 0;
+    thread_local std::vector<float> scratch;
+    scratch.resize(row_floats_);
+    ForEachByStripe(ids, n, /*whole_rows=*/true, [&](Stripe& st, int64_t i, uint64_t h) {
       uint32_t row = Find(st, ids[i], h);
       if (row == kNone) {
         if (!fixed || (spec_.admit_after > 1 && EstimateCount(st, h) < spec_.admit_after)) {
@@ -151,7 +191,11 @@ class SparseTable {
         }
         row = Create(st, ids[i], h);
       }
-      optimizer_->ApplyRow(step, scale, grads + i * dim_, RowData(st, row), dim_);
+      float* data = Floats(st, row, scratch.data());
+      optimizer_->ApplyRow(step, scale, grads + i * dim_, data, dim_);
+      if (!fp32_) Store(st, row, data, RoundingSeed(ids[i], step_number));
+      if (ttl_) Touch(st, row, now);
+      MarkDirty(st, row);
       ++st.updates;
     });
   }
@@ -160,15 +204,21 @@ class SparseTable {
   void Write(const int64_t* ids, int64_t n, WireDtype dtype, const void* src) {
     const char* in = static_cast<const char*>(src);
     const int64_t row_bytes = int64_t{dim_} * DtypeBytes(dtype);
-    ForEachByStripe(ids, n, [&](Stripe& st, int64_t i, uint64_t h) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(row_floats_);
+    const uint32_t now = ttl_ ? store_->Stamp(spec_) : 0;
+    ForEachByStripe(ids, n, /*whole_rows=*/true, [&](Stripe& st, int64_t i, uint64_t h) {
       uint32_t row = Find(st, ids[i], h);
       if (row == kNone) {
         row = Insert(st, ids[i], h);
         ++st.created;
       }
-      float* data = RowData(st, row);
+      float* data = fp32_ ? RowData(st, row) : scratch.data();
       DecodeFloats(dtype, in + i * row_bytes, dim_, data);
       optimizer_->InitSlots(data + dim_, dim_);
+      if (!fp32_) Store(st, row, data, 0);
+      if (ttl_) Touch(st, row, now);
+      MarkDirty(st, row);
     });
   }
 
@@ -181,6 +231,7 @@ class SparseTable {
       s.rows += st->size;
       s.created += st->created;
       s.evicted += st->evicted;
+      s.expired += st->expired;
       s.not_admitted += st->not_admitted;
       s.dropped_gradients += st->dropped;
       s.lookups += st->lookups;
@@ -189,12 +240,15 @@ class SparseTable {
     return s;
   }
 
+  // Bytes per row beyond the index: id, row, stamp, bits.
+  int64_t PerRowBytes() const { return 8 + row_bytes_ + (ttl_ ? 4 : 0); }
+
   int64_t MemoryBytes() const {
     int64_t bytes = 0;
     for (const auto& st : stripes_) {
       absl::MutexLock lock(&st->mu);
       // The rows' pages are resident as rows reach them (Mapping): count what the rows use.
-      bytes += static_cast<int64_t>(st->size) * (8 + int64_t{4} * row_floats_) + (st->size + 7) / 8;
+      bytes += static_cast<int64_t>(st->size) * PerRowBytes() + (st->size + 7) / 8 * (track_ ? 2 : 1);
       bytes += static_cast<int64_t>(st->index.size()) * 4 + static_cast<int64_t>(st->sketch.size());
     }
     return bytes;
@@ -203,28 +257,89 @@ class SparseTable {
   SparseTableState Export() const {
     SparseTableState out;
     out.spec = spec_;
-    const int slots = optimizer_->num_slots();
-    out.slots.resize(slots);
+    out.slots.resize(optimizer_->num_slots());
     int64_t total = 0;
     for (const auto& st : stripes_) {
       absl::MutexLock lock(&st->mu);
       total += st->size;
     }
-    out.ids.reserve(total);
-    out.values.reserve(total * dim_);
-    for (auto& s : out.slots) s.reserve(total * dim_);
+    Reserve(&out, total);
+    std::vector<float> scratch(row_floats_);
     for (const auto& st : stripes_) {
       absl::MutexLock lock(&st->mu);
-      for (uint32_t r = 0; r < st->size; ++r) {
-        out.ids.push_back(KeyOf(*st, r));
-        const float* row = RowData(*st, r);
-        out.values.insert(out.values.end(), row, row + dim_);
-        for (int k = 0; k < slots; ++k) {
-          out.slots[k].insert(out.slots[k].end(), row + dim_ * (1 + k), row + dim_ * (2 + k));
+      for (uint32_t r = 0; r < st->size; ++r) AppendRow(*st, r, &out, scratch.data());
+    }
+    return out;
+  }
+
+  // Deltas: the rows changed since the last call (their values and slots now) and the ids removed meanwhile
+  // (with change tracking; else nothing). Clears both.
+  void TakeChanges(SparseTableState* changed, std::vector<int64_t>* removed) {
+    changed->spec = spec_;
+    changed->slots.assign(optimizer_->num_slots(), {});
+    std::vector<float> scratch(row_floats_);
+    for (auto& st : stripes_) {
+      absl::MutexLock lock(&st->mu);
+      removed->insert(removed->end(), st->removed.begin(), st->removed.end());
+      st->removed.clear();
+      if (!track_) continue;
+      for (size_t k = 0; k < st->chunks.size(); ++k) {
+        Chunk& c = st->chunks[k];
+        const uint32_t first = k < kGeometricChunks ? kFirstChunkRows * ((1u << k) - 1)
+                                                    : kGeometricEnd + (static_cast<uint32_t>(k) - kGeometricChunks + 1) * kChunkRows;
+        for (size_t w = 0; w < Words(c.rows); ++w) {
+          uint64_t bits = c.dirty[w];
+          c.dirty[w] = 0;
+          while (bits != 0) {
+            const uint32_t r = first + static_cast<uint32_t>(w * 64 + __builtin_ctzll(bits));
+            bits &= bits - 1;
+            if (r < st->size) AppendRow(*st, r, changed, scratch.data());
+          }
         }
       }
     }
-    return out;
+  }
+  // Forgets the changes so far (after a restore: the state restored is the baseline of the next delta).
+  void ClearChanges() {
+    for (auto& st : stripes_) {
+      absl::MutexLock lock(&st->mu);
+      st->removed.clear();
+      for (Chunk& c : st->chunks) {
+        if (c.dirty != nullptr) std::fill(c.dirty, c.dirty + Words(c.rows), 0);
+      }
+    }
+  }
+
+  // Expiry: removes the rows whose stamp is more than `ttl` behind `now` (stamps as Stamp() makes them).
+  // Returns the rows removed.
+  int64_t Expire(uint32_t now, uint32_t ttl) {
+    int64_t removed = 0;
+    for (auto& stp : stripes_) {
+      Stripe& st = *stp;
+      absl::MutexLock lock(&st.mu);
+      for (uint32_t r = 0; r < st.size;) {
+        if (static_cast<uint32_t>(now - StampOf(st, r)) <= ttl) {
+          ++r;
+          continue;
+        }
+        const int64_t id = KeyOf(st, r);
+        IndexErase(st, HashId(id), r);
+        if (track_) st.removed.push_back(id);
+        const uint32_t last = st.size - 1;
+        if (r != last) MoveRow(st, last, r);  // rows [0, size) stay the live ones; r is looked at again
+        ClearBits(st, last);
+        --st.size;
+        ++st.expired;
+        ++removed;
+      }
+      if (st.hand >= st.size) st.hand = 0;
+      // Chunks no row reaches any more go back to the system (RSS falls with the rows held).
+      while (!st.chunks.empty() && st.capacity - st.chunks.back().rows >= st.size) {
+        st.capacity -= st.chunks.back().rows;
+        st.chunks.pop_back();
+      }
+    }
+    return removed;
   }
 
   // Replaces the rows (the state was checked by the caller). Returns the rows evicted on the way.
@@ -232,6 +347,8 @@ class SparseTable {
     Clear();
     const int slots = optimizer_->num_slots();
     int64_t evicted = 0;
+    std::vector<float> scratch(row_floats_);
+    const uint32_t now = ttl_ ? store_->Stamp(spec_) : 0;
     for (size_t i = 0; i < state.ids.size(); ++i) {
       const uint64_t h = HashId(state.ids[i]);
       Stripe& st = *stripes_[StripeOf(h)];
@@ -242,17 +359,21 @@ class SparseTable {
       uint32_t row = Find(st, state.ids[i], h);
       if (row == kNone) row = Insert(st, state.ids[i], h);
       evicted += st.evicted - before;
-      float* data = RowData(st, row);
+      float* data = fp32_ ? RowData(st, row) : scratch.data();
       std::memcpy(data, state.values.data() + i * dim_, sizeof(float) * dim_);
       for (int k = 0; k < slots; ++k) {
         std::memcpy(data + dim_ * (1 + k), state.slots[k].data() + i * dim_, sizeof(float) * dim_);
       }
+      if (!fp32_) Store(st, row, data, 0);
+      // Restored rows count as touched now: an expiry clock starts afresh with the restore.
+      if (ttl_) Touch(st, row, now);
     }
     // Restored rows are not "created" by this run's training.
     for (auto& st : stripes_) {
       absl::MutexLock lock(&st->mu);
       st->evicted = 0;
     }
+    ClearChanges();
     return evicted;
   }
 
@@ -264,7 +385,8 @@ class SparseTable {
       std::vector<uint32_t>().swap(st->index);
       std::fill(st->sketch.begin(), st->sketch.end(), 0);
       st->size = st->capacity = st->hand = 0;
-      st->created = st->evicted = st->not_admitted = st->dropped = st->lookups = st->updates = 0;
+      st->created = st->evicted = st->expired = st->not_admitted = st->dropped = st->lookups = st->updates = 0;
+      st->removed.clear();
     }
   }
 
@@ -272,10 +394,14 @@ class SparseTable {
   static constexpr uint32_t kNone = UINT32_MAX;
 
   struct Chunk {
-    Mapping memory;  // ids | reference bits | floats
+    Mapping memory;  // ids | reference bits | dirty bits (tracking) | stamps (expiry) | rows
+    uint32_t rows = 0;
     int64_t* keys = nullptr;
     uint64_t* ref = nullptr;
-    float* data = nullptr;
+    uint64_t* dirty = nullptr;
+    uint32_t* stamps = nullptr;
+    char* data = nullptr;
+    size_t populated = 0;  // bytes from the start made resident
   };
   struct Stripe {
     mutable absl::Mutex mu;
@@ -288,13 +414,24 @@ class SparseTable {
     uint32_t cap = 0;                           // most rows (the sub-shard's share of max_rows)
     uint32_t max_index = 0;                     // the index never grows beyond this many entries
     uint32_t hand ABSL_GUARDED_BY(mu) = 0;      // CLOCK
-    int64_t created ABSL_GUARDED_BY(mu) = 0, evicted ABSL_GUARDED_BY(mu) = 0;
+    int64_t created ABSL_GUARDED_BY(mu) = 0, evicted ABSL_GUARDED_BY(mu) = 0, expired ABSL_GUARDED_BY(mu) = 0;
     int64_t not_admitted ABSL_GUARDED_BY(mu) = 0, dropped ABSL_GUARDED_BY(mu) = 0;
     int64_t lookups ABSL_GUARDED_BY(mu) = 0, updates ABSL_GUARDED_BY(mu) = 0;
+    std::vector<int64_t> removed ABSL_GUARDED_BY(mu);  // tracking: ids removed since the last TakeChanges
   };
 
-  int64_t ChunkBytes(uint32_t rows) const {
-    return static_cast<int64_t>(rows) * 8 + (rows + 63) / 64 * 8 + static_cast<int64_t>(rows) * row_floats_ * 4;
+  // The layout of a chunk of `rows` rows: offsets of its parts, and its size.
+  struct ChunkLayout {
+    size_t ref = 0, dirty = 0, stamps = 0, data = 0, bytes = 0;
+  };
+  ChunkLayout LayoutOf(uint32_t rows) const {
+    ChunkLayout l;
+    l.ref = static_cast<size_t>(rows) * 8;
+    l.dirty = l.ref + Words(rows) * 8;
+    l.stamps = l.dirty + (track_ ? Words(rows) * 8 : 0);
+    l.data = l.stamps + (ttl_ ? (static_cast<size_t>(rows) * 4 + 7) / 8 * 8 : 0);
+    l.bytes = l.data + static_cast<size_t>(rows) * row_bytes_;
+    return l;
   }
   int StripeOf(uint64_t h) const { return static_cast<int>(Scale(static_cast<uint32_t>(h >> 32), stripes_.size())); }
   static uint32_t Tag(uint64_t h) { return static_cast<uint32_t>(h >> 32) & 0xff; }
@@ -307,10 +444,78 @@ class SparseTable {
     }
     return {kGeometricChunks - 1 + (r - kGeometricEnd) / kChunkRows, (r - kGeometricEnd) % kChunkRows};
   }
-  float* RowData(const Stripe& st, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+  char* RowBytes(const Stripe& st, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
     const auto [k, i] = Locate(r);
-    return st.chunks[k].data + static_cast<int64_t>(i) * row_floats_;
+    return st.chunks[k].data + static_cast<size_t>(i) * row_bytes_;
   }
+  // All-fp32 tables only: the row's floats in place.
+  float* RowData(const Stripe& st, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    return reinterpret_cast<float*>(RowBytes(st, r));
+  }
+  // The row's values and slots as fp32: in place (all-fp32 tables), else decoded into `scratch`.
+  float* Floats(const Stripe& st, uint32_t r, float* scratch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    if (fp32_) return RowData(st, r);
+    const char* p = RowBytes(st, r);
+    DecodeRow(spec_.row_dtype, p, dim_, scratch);
+    if (row_floats_ > dim_) DecodeRow(spec_.slot_dtype, p + value_bytes_, row_floats_ - dim_, scratch + dim_);
+    return scratch;
+  }
+  // Writes a row decoded by Floats back (16-bit tables), rounded stochastically with `seed` (0: to nearest).
+  void Store(const Stripe& st, uint32_t r, const float* row, uint64_t seed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    char* p = RowBytes(st, r);
+    if (seed == 0) {
+      EncodeRowNearest(spec_.row_dtype, row, dim_, p);
+      if (row_floats_ > dim_) EncodeRowNearest(spec_.slot_dtype, row + dim_, row_floats_ - dim_, p + value_bytes_);
+    } else {
+      EncodeRowStochastic(spec_.row_dtype, row, dim_, p, seed);
+      if (row_floats_ > dim_) {
+        EncodeRowStochastic(spec_.slot_dtype, row + dim_, row_floats_ - dim_, p + value_bytes_, Mix64(seed));
+      }
+    }
+  }
+  // The row's values as `dtype` at `out` (what a pull sends).
+  void ReadValues(const Stripe& st, uint32_t r, WireDtype dtype, char* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    const char* p = RowBytes(st, r);
+    if (spec_.row_dtype == RowDtype::kF32) {
+      if (dtype == WireDtype::kF32) {
+        // Fixed-size copies (inlined: a call per row cost a tenth of a lookup).
+        const int bytes = 4 * dim_;
+        int b = 0;
+        for (; b + 64 <= bytes; b += 64) std::memcpy(out + b, p + b, 64);
+        for (; b < bytes; b += 4) std::memcpy(out + b, p + b, 4);
+      } else {
+        EncodeFloats(dtype, reinterpret_cast<const float*>(p), dim_, out);
+      }
+    } else if (WireDtypeOf(spec_.row_dtype) == dtype) {
+      std::memcpy(out, p, static_cast<size_t>(value_bytes_));
+    } else {
+      thread_local std::vector<float> values;
+      values.resize(dim_);
+      DecodeRow(spec_.row_dtype, p, dim_, values.data());
+      EncodeFloats(dtype, values.data(), dim_, out);
+    }
+  }
+  // Stochastic rounding's draws for row `id` updated at `step` (never 0: 0 asks for rounding to nearest).
+  static uint64_t RoundingSeed(int64_t id, int64_t step) {
+    return Mix64(static_cast<uint64_t>(id) ^ (static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ULL)) | 1;
+  }
+
+  void Reserve(SparseTableState* out, int64_t rows) const {
+    out->ids.reserve(rows);
+    out->values.reserve(rows * dim_);
+    for (auto& s : out->slots) s.reserve(rows * dim_);
+  }
+  // Appends row r (its id, values, slots as fp32) to `out`.
+  void AppendRow(const Stripe& st, uint32_t r, SparseTableState* out, float* scratch) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    out->ids.push_back(KeyOf(st, r));
+    const float* row = Floats(st, r, scratch);
+    out->values.insert(out->values.end(), row, row + dim_);
+    for (size_t k = 0; k < out->slots.size(); ++k) {
+      out->slots[k].insert(out->slots[k].end(), row + dim_ * (1 + k), row + dim_ * (2 + k));
+    }
+  }
+
   static int64_t KeyOf(const Stripe& st, uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
     const auto [k, i] = Locate(r);
     return st.chunks[k].keys[i];
@@ -318,6 +523,19 @@ class SparseTable {
   static void SetRef(Stripe& st, uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
     const auto [k, i] = Locate(r);
     st.chunks[k].ref[i / 64] |= uint64_t{1} << (i % 64);
+  }
+  void MarkDirty(Stripe& st, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    if (!track_) return;
+    const auto [k, i] = Locate(r);
+    st.chunks[k].dirty[i / 64] |= uint64_t{1} << (i % 64);
+  }
+  void Touch(Stripe& st, uint32_t r, uint32_t now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    const auto [k, i] = Locate(r);
+    st.chunks[k].stamps[i] = now;
+  }
+  uint32_t StampOf(const Stripe& st, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    const auto [k, i] = Locate(r);
+    return st.chunks[k].stamps[i];
   }
   // Clears row r's reference bit; returns whether it was set.
   static bool TestAndClearRef(Stripe& st, uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
@@ -327,6 +545,38 @@ class SparseTable {
     const bool was = (word & bit) != 0;
     word &= ~bit;
     return was;
+  }
+  // Clears row r's reference and dirty bits (a slot left empty).
+  void ClearBits(Stripe& st, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    const auto [k, i] = Locate(r);
+    const uint64_t keep = ~(uint64_t{1} << (i % 64));
+    st.chunks[k].ref[i / 64] &= keep;
+    if (track_) st.chunks[k].dirty[i / 64] &= keep;
+  }
+  // Moves row `from` (live) to slot `to` (whose row was removed from the index): id, floats, stamp, bits, and
+  // its index entry.
+  void MoveRow(Stripe& st, uint32_t from, uint32_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    const auto [kf, f] = Locate(from);
+    const auto [kt, t] = Locate(to);
+    Chunk& a = st.chunks[kf];
+    Chunk& b = st.chunks[kt];
+    const int64_t id = a.keys[f];
+    b.keys[t] = id;
+    std::memcpy(b.data + static_cast<size_t>(t) * row_bytes_, a.data + static_cast<size_t>(f) * row_bytes_,
+                static_cast<size_t>(row_bytes_));
+    if (ttl_) b.stamps[t] = a.stamps[f];
+    auto move_bit = [&](uint64_t* src, uint64_t* dst) {
+      const bool set = (src[f / 64] >> (f % 64)) & 1;
+      dst[t / 64] = (dst[t / 64] & ~(uint64_t{1} << (t % 64))) | (uint64_t{set} << (t % 64));
+    };
+    move_bit(a.ref, b.ref);
+    if (track_) move_bit(a.dirty, b.dirty);
+    // Its index entry now names `to`.
+    const uint64_t h = HashId(id);
+    const uint32_t size = static_cast<uint32_t>(st.index.size());
+    uint32_t p = Home(st, h);
+    while ((st.index[p] & kRowMask) != from + 1) p = p + 1 == size ? 0 : p + 1;
+    st.index[p] = (Tag(h) << kRowBits) | (to + 1);
   }
 
   uint32_t Home(const Stripe& st, uint64_t h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
@@ -340,6 +590,33 @@ class SparseTable {
       const uint32_t e = st.index[p];
       if (e == 0) return kNone;
       if ((e >> kRowBits) == tag && KeyOf(st, (e & kRowMask) - 1) == id) return (e & kRowMask) - 1;
+    }
+  }
+  // Prefetches what Find(h) reads first: the index entry at h's home.
+  void PrefetchEntry(const Stripe& st, uint64_t h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    if (!st.index.empty()) __builtin_prefetch(&st.index[Home(st, h)]);
+  }
+  // Prefetches the row Find(h) most likely finds (the first entry with h's tag; its entry is in cache by now):
+  // its id, its floats (`whole`: values and slots, else the values) and its stamp.
+  void PrefetchRow(const Stripe& st, uint64_t h, bool whole) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    if (st.index.empty()) return;
+    const uint32_t size = static_cast<uint32_t>(st.index.size());
+    const uint32_t tag = Tag(h);
+    uint32_t p = Home(st, h);
+    for (int probes = 0; probes < 8; ++probes, p = p + 1 == size ? 0 : p + 1) {
+      const uint32_t e = st.index[p];
+      if (e == 0) return;
+      if ((e >> kRowBits) != tag) continue;
+      const uint32_t r = (e & kRowMask) - 1;
+      if (r >= st.size) return;
+      const auto [k, i] = Locate(r);
+      const Chunk& c = st.chunks[k];
+      __builtin_prefetch(c.keys + i);
+      const char* row = c.data + static_cast<size_t>(i) * row_bytes_;
+      const int bytes = whole ? row_bytes_ : value_bytes_;
+      for (int b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 1);
+      if (ttl_) __builtin_prefetch(c.stamps + i, 1);
+      return;
     }
   }
   // Puts row `row` of hash h into the index (its id is not there).
@@ -394,9 +671,17 @@ class SparseTable {
     }
     return low;
   }
+  // Probabilistic admission: a draw fixed by (id, the tables' clock), so a lookup of the id by any worker at
+  // the same step gets the same answer, and a run is reproducible.
+  bool AdmitByChance(int64_t id, int64_t clock) const {
+    if (spec_.admit_probability >= 1.0f) return true;
+    const uint64_t x = Mix64(static_cast<uint64_t>(id) ^ (spec_.init_seed * 0x9E3779B97F4A7C15ULL) ^
+                             (static_cast<uint64_t>(clock) * 0xC2B2AE3D27D4EB4FULL) ^ 0x61646D6974ULL);  // "admit"
+    return static_cast<double>(x >> 11) * 0x1.0p-53 < spec_.admit_probability;
+  }
 
   // A row for `id` (not in the table): a new one, or, in a full sub-shard, the CLOCK victim's. Its floats are
-  // left as they were; its reference bit is clear.
+  // left as they were; its reference bit is clear; it counts as changed.
   uint32_t Insert(Stripe& st, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
     uint32_t row;
     if (st.size < st.cap) {
@@ -411,49 +696,71 @@ class SparseTable {
       row = st.size;
       if (row == st.capacity) {
         const uint32_t rows = std::min(ChunkRowsOf(st.chunks.size()), st.cap - st.capacity);
+        const ChunkLayout l = LayoutOf(rows);
         Chunk c;
-        c.memory = Mapping(ChunkBytes(rows));
-        c.keys = static_cast<int64_t*>(c.memory.data());
-        c.ref = reinterpret_cast<uint64_t*>(c.keys + rows);  // zero: fresh pages
-        c.data = reinterpret_cast<float*>(c.ref + (rows + 63) / 64);
+        c.memory = Mapping(static_cast<int64_t>(l.bytes));
+        char* base = static_cast<char*>(c.memory.data());
+        c.rows = rows;
+        c.keys = reinterpret_cast<int64_t*>(base);
+        c.ref = reinterpret_cast<uint64_t*>(base + l.ref);  // zero: fresh pages
+        c.dirty = track_ ? reinterpret_cast<uint64_t*>(base + l.dirty) : nullptr;
+        c.stamps = ttl_ ? reinterpret_cast<uint32_t*>(base + l.stamps) : nullptr;
+        c.data = base + l.data;
         st.chunks.push_back(std::move(c));
         st.capacity += rows;
       }
       ++st.size;
+      // The pages of the new row (and those after it, kPopulateBytes at a time) made resident in one call.
+      const auto [k, i] = Locate(row);
+      Chunk& c = st.chunks[k];
+      const size_t end = static_cast<size_t>(c.data - static_cast<char*>(c.memory.data())) +
+                         static_cast<size_t>(i + 1) * row_bytes_;
+      if (end > c.populated) {
+        const size_t upto = std::min(c.memory.bytes(), (end + kPopulateBytes) / 4096 * 4096);
+        const size_t from = c.populated / 4096 * 4096;
+        Populate(static_cast<char*>(c.memory.data()) + from, upto - from);
+        c.populated = upto;
+      }
     } else {
       // CLOCK: the first row whose reference bit is clear, clearing the bits on the way (ends within a sweep).
       while (TestAndClearRef(st, st.hand)) st.hand = st.hand + 1 == st.size ? 0 : st.hand + 1;
       row = st.hand;
       st.hand = st.hand + 1 == st.size ? 0 : st.hand + 1;
-      IndexErase(st, HashId(KeyOf(st, row)), row);
+      const int64_t victim = KeyOf(st, row);
+      IndexErase(st, HashId(victim), row);
+      if (track_) st.removed.push_back(victim);
       ++st.evicted;
     }
     const auto [k, i] = Locate(row);
     st.chunks[k].keys[i] = id;
     IndexInsert(st, h, row);
+    MarkDirty(st, row);
     return row;
   }
   // A new row for `id` with its initial values and slots.
   uint32_t Create(Stripe& st, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
     const uint32_t row = Insert(st, id, h);
-    float* data = RowData(st, row);
-    SparseInitialRow(spec_, id, data);
-    optimizer_->InitSlots(data + dim_, dim_);
+    if (fp32_) {
+      float* data = RowData(st, row);
+      SparseInitialRow(spec_, id, data);
+      optimizer_->InitSlots(data + dim_, dim_);
+    } else {
+      thread_local std::vector<float> scratch;
+      scratch.resize(row_floats_);
+      SparseInitialRow(spec_, id, scratch.data());
+      optimizer_->InitSlots(scratch.data() + dim_, dim_);
+      Store(st, row, scratch.data(), 0);
+    }
     ++st.created;
     return row;
   }
 
   // Calls fn(stripe, i, hash) for every i in [0, n), grouped by sub-shard (each lock taken once), in order
-  // within a sub-shard.
+  // within a sub-shard, prefetching the index entries and rows the calls ahead will read (`whole_rows`: the
+  // rows' slots too).
   template <typename Fn>
-  void ForEachByStripe(const int64_t* ids, int64_t n, Fn fn) {
+  void ForEachByStripe(const int64_t* ids, int64_t n, bool whole_rows, Fn fn) {
     const int stripes = static_cast<int>(stripes_.size());
-    if (stripes == 1) {  // one lock for all
-      Stripe& st = *stripes_[0];
-      absl::MutexLock lock(&st.mu);
-      for (int64_t i = 0; i < n; ++i) fn(st, i, HashId(ids[i]));
-      return;
-    }
     if (n == 1) {
       const uint64_t h = HashId(ids[0]);
       Stripe& st = *stripes_[StripeOf(h)];
@@ -470,23 +777,42 @@ class SparseTable {
       hashes[i] = HashId(ids[i]);
       ++start[StripeOf(hashes[i]) + 1];
     }
-    for (int s = 0; s < stripes; ++s) start[s + 1] += start[s];
-    int64_t next[kMaxStripes];
-    std::copy(start, start + stripes, next);
-    for (int64_t i = 0; i < n; ++i) order[next[StripeOf(hashes[i])]++] = static_cast<uint32_t>(i);
+    if (stripes == 1) {
+      for (int64_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+    } else {
+      for (int s = 0; s < stripes; ++s) start[s + 1] += start[s];
+      int64_t next[kMaxStripes];
+      std::copy(start, start + stripes, next);
+      for (int64_t i = 0; i < n; ++i) order[next[StripeOf(hashes[i])]++] = static_cast<uint32_t>(i);
+    }
     for (int s = 0; s < stripes; ++s) {
       if (start[s] == start[s + 1]) continue;
       Stripe& st = *stripes_[s];
       absl::MutexLock lock(&st.mu);
-      for (int64_t k = start[s]; k < start[s + 1]; ++k) fn(st, order[k], hashes[order[k]]);
+      const int64_t end = start[s + 1];
+      for (int64_t k = start[s]; k < end && k < start[s] + kPrefetchAhead; ++k) PrefetchEntry(st, hashes[order[k]]);
+      for (int64_t k = start[s]; k < end && k < start[s] + kPrefetchAhead / 2; ++k) {
+        PrefetchRow(st, hashes[order[k]], whole_rows);
+      }
+      for (int64_t k = start[s]; k < end; ++k) {
+        if (k + kPrefetchAhead < end) PrefetchEntry(st, hashes[order[k + kPrefetchAhead]]);
+        if (k + kPrefetchAhead / 2 < end) PrefetchRow(st, hashes[order[k + kPrefetchAhead / 2]], whole_rows);
+        fn(st, order[k], hashes[order[k]]);
+      }
     }
   }
 
   const SparseTableSpec spec_;
   const SparseOptimizer* optimizer_;
+  const SparseStore* store_;  // the clock
   const int dim_;
   const int row_floats_;
+  const bool fp32_;        // values and slots fp32: rows computed on in place
+  const int value_bytes_;  // of a row's values
+  const int row_bytes_;    // of a row's values and slots
   const int64_t max_rows_;
+  const bool track_;  // change tracking (deltas)
+  const bool ttl_;    // expiry: rows carry stamps
   std::vector<std::unique_ptr<Stripe>> stripes_;
 };
 
@@ -510,9 +836,27 @@ absl::Status ValidateSparseTables(const std::vector<SparseTableSpec>& tables) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": admit_after ", t.admit_after, " not in [0, ", SparseStore::kMaxAdmitAfter, "]"));
     }
-    if (t.initial_values && (t.rows == 0 || t.max_rows > 0 || t.admit_after > 1)) {
+    if (!(t.admit_probability > 0.0f && t.admit_probability <= 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": admit_probability ", t.admit_probability, " not in (0, 1] (--admit_probability)"));
+    }
+    if (t.ttl_steps < 0 || t.ttl_secs < 0 || (t.ttl_steps > 0 && t.ttl_secs > 0) || t.ttl_steps > UINT32_MAX / 2 ||
+        t.ttl_secs > UINT32_MAX / 2) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ttl of ", t.ttl_steps, " steps and ", t.ttl_secs,
+                                                     " seconds: give one of them (--row_ttl), >= 0 and < 2^31"));
+    }
+    const auto known = [](RowDtype d) { return d == RowDtype::kF32 || d == RowDtype::kF16 || d == RowDtype::kBF16; };
+    if (!known(t.row_dtype) || !known(t.slot_dtype) || t.slot_dtype == RowDtype::kF16) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": row dtype ", static_cast<int>(t.row_dtype),
+                                                     " / slot dtype ", static_cast<int>(t.slot_dtype),
+                                                     ": rows fp32, fp16 or bf16 (--row_dtype), slots fp32 or bf16 "
+                                                     "(--row_slot_dtype; fp16's range is too small for them)"));
+    }
+    if (t.initial_values && (t.rows == 0 || t.max_rows > 0 || t.admit_after > 1 || t.admit_probability < 1.0f ||
+                             t.ttl_steps > 0 || t.ttl_secs > 0)) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": initial values need a fixed-size table without "
-                                                           "max_rows or admit_after (every row held from the start)"));
+                                                           "max_rows, admission or expiry (every row held from the "
+                                                           "start)"));
     }
   }
   return absl::OkStatus();
@@ -533,14 +877,18 @@ absl::StatusOr<std::unique_ptr<SparseStore>> SparseStore::Create(std::vector<Spa
 }
 
 SparseStore::SparseStore(std::vector<SparseTableSpec> specs, SparseOptimizer optimizer, SparseStoreOptions options)
-    : specs_(std::move(specs)), optimizer_(std::move(optimizer)), options_(options) {
-  for (const SparseTableSpec& s : specs_) {
+    : specs_(std::move(specs)), optimizer_(std::move(optimizer)), options_(std::move(options)),
+      created_(options_.clock ? options_.clock() : absl::Now()),
+      last_sweep_(new std::atomic<uint32_t>[specs_.size() + 1]) {
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    const SparseTableSpec& s = specs_[t];
     int64_t max_rows = s.max_rows;
     // A table with initial values holds every row (an evicted one could not come back with its value).
     if (options_.max_rows_cap > 0 && !s.initial_values) {
       max_rows = max_rows > 0 ? std::min(max_rows, options_.max_rows_cap) : options_.max_rows_cap;
     }
-    tables_.push_back(std::make_unique<SparseTable>(s, &optimizer_, max_rows));
+    tables_.push_back(std::make_unique<SparseTable>(s, &optimizer_, max_rows, options_.track_changes, this));
+    last_sweep_[t].store(0);
   }
 }
 
@@ -578,7 +926,54 @@ void SparseStore::Peek(int t, const int64_t* ids, int64_t n, WireDtype dtype, vo
 }
 
 void SparseStore::Apply(int t, int64_t step, const int64_t* ids, int64_t n, const float* grads, float grad_scale) {
-  tables_[t]->Apply(optimizer_.Prepare(step), ids, n, grads, grad_scale);
+  tables_[t]->Apply(optimizer_.Prepare(step), step, ids, n, grads, grad_scale);
+}
+
+void SparseStore::SetClock(int64_t step) { clock_.store(step, std::memory_order_relaxed); }
+
+uint32_t SparseStore::Stamp(const SparseTableSpec& t) const {
+  if (t.ttl_secs > 0) {
+    const absl::Time now = options_.clock ? options_.clock() : absl::Now();
+    return static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Seconds(now - created_)));
+  }
+  return static_cast<uint32_t>(clock());
+}
+
+int64_t SparseStore::Expire() {
+  int64_t removed = 0;
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    const SparseTableSpec& s = specs_[t];
+    if (s.ttl_steps <= 0 && s.ttl_secs <= 0) continue;
+    const uint32_t now = Stamp(s);
+    last_sweep_[t].store(now);
+    removed += tables_[t]->Expire(now, static_cast<uint32_t>(s.ttl_steps > 0 ? s.ttl_steps : s.ttl_secs));
+  }
+  return removed;
+}
+
+int64_t SparseStore::MaybeExpire() {
+  int64_t removed = 0;
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    const SparseTableSpec& s = specs_[t];
+    if (s.ttl_steps <= 0 && s.ttl_secs <= 0) continue;
+    const int64_t ttl = s.ttl_steps > 0 ? s.ttl_steps : s.ttl_secs;
+    const uint32_t now = Stamp(s);
+    uint32_t last = last_sweep_[t].load();
+    if (static_cast<uint32_t>(now - last) < static_cast<uint32_t>(std::max<int64_t>(1, ttl / 8))) continue;
+    if (!last_sweep_[t].compare_exchange_strong(last, now)) continue;  // another thread sweeps it
+    removed += tables_[t]->Expire(now, static_cast<uint32_t>(ttl));
+  }
+  return removed;
+}
+
+void SparseStore::TakeChanges(std::vector<SparseTableState>* changed, std::vector<std::vector<int64_t>>* removed) {
+  changed->assign(tables_.size(), {});
+  removed->assign(tables_.size(), {});
+  for (size_t t = 0; t < tables_.size(); ++t) tables_[t]->TakeChanges(&(*changed)[t], &(*removed)[t]);
+}
+
+void SparseStore::ClearChanges() {
+  for (auto& t : tables_) t->ClearChanges();
 }
 
 absl::Status SparseStore::WriteRows(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,

@@ -58,12 +58,15 @@
 //   store->Apply(table, step, ids, n, grads, 1.0f / num_workers);
 //   store->SetVersion(step + 1);
 //
-// Thread-safety: Lookup, Apply, CheckIds, Stats, ExportState, WaitReadable and SetVersion may run concurrently
-// from any threads. ImportState, Clear, WriteRows and CheckInitialRows are for set-up and rollback: callers make
-// sure no Apply runs meanwhile (lookups are safe: they see rows of either state).
+// Thread-safety: Lookup, Apply, CheckIds, Stats, ExportState, WaitReadable, SetVersion, SetClock, Expire,
+// MaybeExpire and TakeChanges may run concurrently from any threads (a sweep or TakeChanges sees each sub-shard at
+// one moment; the ParameterServer calls them between updates, where every sub-shard is at the same step).
+// ImportState, Clear, ClearChanges, WriteRows and CheckInitialRows are for set-up and rollback: callers make sure
+// no Apply runs meanwhile (lookups are safe: they see rows of either state).
 #ifndef DTRAIN_PS_CORE_SPARSE_STORE_H_
 #define DTRAIN_PS_CORE_SPARSE_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -87,6 +90,10 @@ struct SparseStoreOptions {
   // A ps-side bound on every table's rows on this task (0: none): the effective max_rows of a table is the
   // smaller of this and its SparseTableSpec::max_rows (when that is set). Not for tables with initial values.
   int64_t max_rows_cap = 0;
+  // Remember which rows changed and which were removed (TakeChanges: the ps's deltas).
+  bool track_changes = false;
+  // Time source of ttl_secs (default absl::Now); tests inject a fake clock.
+  std::function<absl::Time()> clock;
 };
 
 class SparseTable;
@@ -124,7 +131,25 @@ class SparseStore {
   // grad_scale * grads[i * dim, (i + 1) * dim).
   void Apply(int t, int64_t step, const int64_t* ids, int64_t n, const float* grads, float grad_scale);
 
-  // Initial values (SparseTableSpec::initial_values): sets the rows of ids[0, n) to `rows` (n * dim values of
+  // Probabilistic admission (admit_probability < 1, beside admit_after or alone): an id without a row (that passed
+// the count filter) is given one at a lookup with that probability, a draw fixed by (id, the clock's step, the
+// table's seed); refused lookups count in not_admitted like the count filter's.
+//
+// Expiry (ttl_steps or ttl_secs): every row carries a 32-bit stamp, the clock's step (SetClock: the global step)
+// or the seconds since the store was made, set whenever the row is looked up, updated, written or restored; a
+// sweep (Expire, or MaybeExpire once an eighth of the ttl has passed since the last sweep) removes the rows whose
+// stamp is more than the ttl behind (counted in `expired`), moving the last row of the sub-shard into each hole,
+// and unmaps the chunks no row reaches any more. An expired id that comes back is a new row (its initializer).
+//
+// Row types (row_dtype, slot_dtype; ps/core/row_codec.h): 16-bit rows are decoded to fp32 for each update and
+// written back with stochastic rounding; lookups send the stored values (converted to the pull's wire type),
+// checkpoints and deltas hold them as fp32 (exactly). A row of dim 16 with adagrad takes 128 bytes in fp32, 96
+// with fp16 values, 64 with bf16 slots too (plus ~12.4 bytes of id and index, and 4 with expiry).
+//
+// Changes (SparseStoreOptions::track_changes, for the ps's deltas): a dirty bit per row, set when the row is
+// created, updated, written; and the ids of the rows removed (evicted, expired) since the last TakeChanges.
+//
+// Initial values (SparseTableSpec::initial_values): sets the rows of ids[0, n) to `rows` (n * dim values of
   // `dtype`), creating them, their optimizer slots at their initial value; a row written again is overwritten.
   // InvalidArgument as CheckIds, for a table without initial values or another dim. CheckInitialRows then says
   // whether every such table holds all the rows this task owns (InvalidArgument naming the first that does not).
@@ -139,6 +164,22 @@ class SparseStore {
   int64_t version() const;
   bool WaitReadable(int64_t version, absl::Time deadline, const std::function<bool()>& stop = nullptr) const;
   void WakeWaiters() const;
+
+  // The expiry clock: the global step rows are stamped with (ttl_steps) and admission draws are keyed on.
+  void SetClock(int64_t step);
+  int64_t clock() const { return clock_.load(std::memory_order_relaxed); }
+  // A row's stamp now under table t's ttl: the clock's step, or seconds since the store was made (ttl_secs).
+  uint32_t Stamp(const SparseTableSpec& t) const;
+  // Removes the rows whose ttl has passed (every table with one); returns how many. MaybeExpire sweeps a table
+  // only when an eighth of its ttl (at least 1 step or second) has passed since its last sweep.
+  int64_t Expire();
+  int64_t MaybeExpire();
+
+  // Changes since the last call (track_changes; else every table's lists are empty): per table, the rows created
+  // or updated with their values and slots now (`changed`, one state per table, in table order) and the ids of
+  // the rows removed (`removed`). Forgets them. ClearChanges forgets them without reading (after a restore).
+  void TakeChanges(std::vector<SparseTableState>* changed, std::vector<std::vector<int64_t>>* removed);
+  void ClearChanges();
 
   std::vector<SparseTableStats> Stats() const;
   // Bytes the tables take now (rows, ids, reference bits, index, sketches).
@@ -167,14 +208,20 @@ class SparseStore {
   SparseStoreOptions options_;
   std::vector<std::unique_ptr<SparseTable>> tables_;
 
+  std::atomic<int64_t> clock_{0};
+  const absl::Time created_;
+  // Per table: the stamp of its last sweep (MaybeExpire).
+  std::unique_ptr<std::atomic<uint32_t>[]> last_sweep_;
+
   mutable absl::Mutex version_mu_;
   mutable absl::CondVar version_cv_;
   int64_t version_ ABSL_GUARDED_BY(version_mu_) = 0;
 };
 
 // Checks a table spec list as TrainConfig::tables (table indices 0.., names unique and non-empty, dim in
-// [1, 65536], rows, max_rows >= 0, init_scale finite >= 0, admit_after in [0, 255], initial values only on a
-// fixed-size table without max_rows or admission); InvalidArgument naming it.
+// [1, 65536], rows, max_rows >= 0, init_scale finite >= 0, admit_after in [0, 255], admit_probability in (0, 1],
+// ttl_steps and ttl_secs >= 0 and not both, known row and slot dtypes (slots fp32 or bf16), initial values only on
+// a fixed-size table without max_rows, admission or expiry); InvalidArgument naming it.
 absl::Status ValidateSparseTables(const std::vector<SparseTableSpec>& tables);
 
 }  // namespace dtrain::ps

@@ -206,8 +206,8 @@ TEST(SparseStoreTest, InitialRowsAreWrittenWithFreshSlotsAndCheckedComplete) {
   for (SparseTableSpec bad : {Table(2), Table(2, 10, 5), Table(2, 10, 0, 3)}) {
     bad.initial_values = true;
     const absl::Status s = ValidateSparseTables({bad});
-    EXPECT_EQ(s.message(), "sparse table 0 ('emb'): initial values need a fixed-size table without max_rows or "
-                           "admit_after (every row held from the start)");
+    EXPECT_EQ(s.message(), "sparse table 0 ('emb'): initial values need a fixed-size table without max_rows, "
+                           "admission or expiry (every row held from the start)");
   }
 }
 

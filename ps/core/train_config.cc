@@ -68,6 +68,10 @@ absl::Status ValidateTrainConfig(const TrainConfig& config, int cluster_num_work
         absl::StrCat("need 1 <= replicas_to_aggregate (", r, ") <= total_num_replicas (", t,
                      ") <= num_workers (", config.num_workers, ")"));
   }
+  if (config.sparse_mode != "sync" && config.sparse_mode != "async") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse_mode must be 'sync' or 'async', got '", config.sparse_mode, "' (--sparse_mode)"));
+  }
   if (config.max_staleness < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_staleness must be >= 0 or -1 (unbounded), got ", config.max_staleness));
@@ -109,6 +113,7 @@ absl::Status CompareTrainConfigs(const TrainConfig& ps, const TrainConfig& w, in
     return Mismatch("model_signature", ps.model_signature, w.model_signature, worker_id);
   }
   if (ps.mode != w.mode) return Mismatch("mode", ps.mode, w.mode, worker_id);
+  if (ps.sparse_mode != w.sparse_mode) return Mismatch("sparse_mode", ps.sparse_mode, w.sparse_mode, worker_id);
   if (ps.num_workers != w.num_workers) return Mismatch("num_workers", ps.num_workers, w.num_workers, worker_id);
   if (ResolvedReplicasToAggregate(ps) != ResolvedReplicasToAggregate(w)) {
     return Mismatch("replicas_to_aggregate", ResolvedReplicasToAggregate(ps), ResolvedReplicasToAggregate(w),

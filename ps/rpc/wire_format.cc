@@ -1,5 +1,6 @@
 #include "ps/rpc/wire_format.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -21,6 +22,7 @@ absl::Status FromGrpc(const grpc::Status& s) {
 void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
   out->set_model_signature(in.model_signature);
   out->set_mode(in.mode);
+  out->set_sparse_mode(in.sparse_mode);
   out->set_num_workers(in.num_workers);
   out->set_replicas_to_aggregate(in.replicas_to_aggregate);
   out->set_total_num_replicas(in.total_num_replicas);
@@ -66,6 +68,11 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
     p->set_max_rows(t.max_rows);
     p->set_admit_after(t.admit_after);
     p->set_initial_values(t.initial_values);
+    p->set_ttl_steps(t.ttl_steps);
+    p->set_ttl_secs(t.ttl_secs);
+    p->set_admit_probability(t.admit_probability);
+    p->set_row_dtype(static_cast<uint32_t>(t.row_dtype));
+    p->set_slot_dtype(static_cast<uint32_t>(t.slot_dtype));
   }
   auto* so = out->mutable_sparse_optimizer();
   so->set_name(in.sparse_optimizer.name);
@@ -84,6 +91,7 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
   TrainConfig c;
   c.model_signature = in.model_signature();
   c.mode = in.mode();
+  c.sparse_mode = in.sparse_mode().empty() ? "sync" : in.sparse_mode();
   c.num_workers = in.num_workers();
   c.replicas_to_aggregate = in.replicas_to_aggregate();
   c.total_num_replicas = in.total_num_replicas();
@@ -124,6 +132,12 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
     t.max_rows = p.max_rows();
     t.admit_after = p.admit_after();
     t.initial_values = p.initial_values();
+    t.ttl_steps = p.ttl_steps();
+    t.ttl_secs = p.ttl_secs();
+    t.admit_probability = p.admit_probability() == 0.0f ? 1.0f : p.admit_probability();
+    // An unknown dtype number stays out of range: ValidateTrainConfig refuses it by name.
+    t.row_dtype = static_cast<RowDtype>(std::min<uint32_t>(p.row_dtype(), 255));
+    t.slot_dtype = static_cast<RowDtype>(std::min<uint32_t>(p.slot_dtype(), 255));
     c.tables.push_back(std::move(t));
   }
   c.model_flags.assign(in.model_flags().begin(), in.model_flags().end());
@@ -147,6 +161,7 @@ void ToProto(const StepDecision& in, dtrain::wire::StepDecision* out) {
   for (int w : in.workers) out->add_workers(w);
   out->set_checkpoint(in.checkpoint);
   out->set_mac(in.mac);
+  out->set_delta(in.delta);
 }
 
 StepDecision FromProto(const dtrain::wire::StepDecision& in) {
@@ -155,6 +170,7 @@ StepDecision FromProto(const dtrain::wire::StepDecision& in) {
   d.workers.assign(in.workers().begin(), in.workers().end());
   d.checkpoint = in.checkpoint();
   d.mac = in.mac();
+  d.delta = in.delta();
   return d;
 }
 
@@ -188,6 +204,7 @@ void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
     p->set_rows(t.rows);
     p->set_created(t.created);
     p->set_evicted(t.evicted);
+    p->set_expired(t.expired);
     p->set_not_admitted(t.not_admitted);
     p->set_dropped_gradients(t.dropped_gradients);
     p->set_lookups(t.lookups);
@@ -223,8 +240,9 @@ TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
   s.bytes_received = in.bytes_received();
   s.bytes_sent = in.bytes_sent();
   for (const auto& p : in.tables()) {
-    s.tables.push_back(SparseTableStats{p.name(), p.rows(), p.created(), p.evicted(), p.not_admitted(),
-                                        p.dropped_gradients(), p.lookups(), p.updates(), p.bytes()});
+    s.tables.push_back(SparseTableStats{p.name(), p.rows(), p.created(), p.evicted(), p.expired(),
+                                        p.not_admitted(), p.dropped_gradients(), p.lookups(), p.updates(),
+                                        p.bytes()});
   }
   return s;
 }

@@ -128,6 +128,7 @@ void PutDecision(Writer& w, const StepDecision& d) {
   w.U32(static_cast<uint32_t>(d.workers.size()));
   for (int worker : d.workers) w.I32(worker);
   w.Bool(d.checkpoint);
+  w.Bool(d.delta);
   w.Str(d.mac);
 }
 StepDecision GetDecision(Reader& r) {
@@ -136,6 +137,7 @@ StepDecision GetDecision(Reader& r) {
   const uint32_t n = r.Count(4);
   for (uint32_t i = 0; i < n && r.ok(); ++i) d.workers.push_back(r.I32());
   d.checkpoint = r.Bool();
+  d.delta = r.Bool();
   d.mac = r.Str(256);
   return d;
 }
@@ -145,7 +147,7 @@ void PutDecisions(Writer& w, const std::vector<StepDecision>& ds) {
 }
 std::vector<StepDecision> GetDecisions(Reader& r) {
   std::vector<StepDecision> ds;
-  const uint32_t n = r.Count(17);
+  const uint32_t n = r.Count(18);
   for (uint32_t i = 0; i < n && r.ok(); ++i) ds.push_back(GetDecision(r));
   return ds;
 }
@@ -174,6 +176,7 @@ absl::string_view FrameTypeName(FrameType type) {
     case FrameType::kPullHeader: return "PullHeader";
     case FrameType::kPullPieces: return "PullPieces";
     case FrameType::kPullEnd: return "PullEnd";
+    case FrameType::kPushNorm: return "PushNorm";
   }
   return "unknown";
 }
@@ -209,7 +212,7 @@ absl::StatusOr<Frame> DecodeFrame(absl::string_view bytes) {
     return absl::DataLossError(absl::StrCat("shared-memory frame version ", version, ", this build speaks ",
                                             kShmFrameVersion, ": run the same dtrain on the worker and the ps"));
   }
-  if (type < static_cast<uint16_t>(FrameType::kHello) || type > static_cast<uint16_t>(FrameType::kPullEnd)) {
+  if (type < static_cast<uint16_t>(FrameType::kHello) || type > static_cast<uint16_t>(FrameType::kPushNorm)) {
     return absl::DataLossError(absl::StrCat("shared-memory frame of unknown type ", type));
   }
   if (length > kMaxFramePayload || length != bytes.size() - kFrameHeaderBytes) {
@@ -258,6 +261,21 @@ absl::StatusOr<SegmentInfo> DecodeSegment(absl::string_view payload) {
   m.bytes = r.I64();
   if (m.bytes <= 0) r.Fail(absl::StrCat("segment of ", m.bytes, " bytes"));
   return Done(r, m);
+}
+
+std::string EncodeNorm(double norm) {
+  uint64_t bits;
+  std::memcpy(&bits, &norm, 8);
+  Writer w;
+  w.U64(bits);
+  return w.Take();
+}
+absl::StatusOr<double> DecodeNorm(absl::string_view payload) {
+  Reader r(payload, "PushNorm");
+  const uint64_t bits = r.U64();
+  double norm;
+  std::memcpy(&norm, &bits, 8);
+  return Done(r, norm);
 }
 
 std::string EncodePushHeader(const PushHeader& m) {

@@ -51,6 +51,7 @@ enum class FrameType : uint16_t {
   kPullHeader = 11,   // ps -> worker: the pull's header (PullHeader)
   kPullPieces = 12,   // ps -> worker: pieces written (PiecesWritten)
   kPullEnd = 13,      // ps -> worker: the pull's end (PushResult: its status)
+  kPushNorm = 14,     // worker -> ps: the push's gradient norm (a double), after its slices (SliceUpload)
 };
 absl::string_view FrameTypeName(FrameType type);
 
@@ -167,6 +168,9 @@ std::string EncodeHello(const Hello& m);
 absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
 std::string EncodeSegment(const SegmentInfo& m);
 absl::StatusOr<SegmentInfo> DecodeSegment(absl::string_view payload);
+// The gradient norm of a push (SliceUpload::SetGradientNorm): 8 bytes, an IEEE-754 double.
+std::string EncodeNorm(double norm);
+absl::StatusOr<double> DecodeNorm(absl::string_view payload);
 std::string EncodePushHeader(const PushHeader& m);
 absl::StatusOr<PushHeader> DecodePushHeader(absl::string_view payload);
 std::string EncodeDataRef(const DataRef& m);

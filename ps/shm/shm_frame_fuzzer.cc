@@ -38,6 +38,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case FrameType::kPushBegin: RoundTrip<dtrain::ps::PushHeader>(p, DecodePushHeader, EncodePushHeader); break;
     case FrameType::kPushData: RoundTrip<DataRef>(p, DecodeDataRef, EncodeDataRef); break;
     case FrameType::kPushRows: RoundTrip<RowsRef>(p, DecodeRowsRef, EncodeRowsRef); break;
+    case FrameType::kPushNorm: {
+      absl::StatusOr<double> norm = DecodeNorm(p);
+      if (norm.ok() && EncodeNorm(*norm) != p) std::abort();  // bit for bit, NaN payloads included
+      break;
+    }
     case FrameType::kWelcome:
     case FrameType::kPushResult:
     case FrameType::kPullEnd: RoundTrip<PushResult>(p, DecodePushResult, EncodePushResult); break;

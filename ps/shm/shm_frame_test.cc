@@ -54,6 +54,7 @@ TEST(ShmFrameTest, PayloadsRoundTripAndRefuseGarbage) {
   order.request.min_step = 5;
   order.request.since_step = 4;
   order.request.decisions = {StepDecision{4, {0, 2}, true, "mac"}};
+  order.request.decisions[0].delta = true;
   order.request.timeout_ms = 1234;
   order.request.moving_averages = true;
   order.request.sparse_read_only = true;

@@ -367,6 +367,10 @@ class ShmUpload : public SliceUpload {
     return Check(c_->push->lane()->Send(FrameType::kPushRows, EncodeRowsRef(ref)));
   }
 
+  absl::Status SetGradientNorm(double norm) override {
+    return Check(c_->push->lane()->Send(FrameType::kPushNorm, EncodeNorm(norm)));
+  }
+
   absl::StatusOr<PushResponse> Finish() override {
     finished_ = true;
     Lane* lane = c_->push->lane();

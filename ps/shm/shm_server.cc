@@ -562,6 +562,18 @@ bool ShmServer::Impl::HandlePush(Lane* lane, Attachment* a, const Frame& frame, 
       if (!s.ok()) st->Fail(s, false);
       return true;
     }
+    case FrameType::kPushNorm: {
+      if (!st->open) return false;
+      if (!st->error.ok()) return true;  // the upload failed already: its error comes with the result
+      absl::StatusOr<double> norm = DecodeNorm(frame.payload);
+      if (!norm.ok()) {
+        st->Fail(TransportError(absl::StrCat("shared memory: ", norm.status().message())), true);
+        return true;
+      }
+      absl::Status s = st->upload->SetGradientNorm(*norm);
+      if (!s.ok()) st->Fail(s, false);
+      return true;
+    }
     case FrameType::kPushFinish: {
       if (!st->open) return false;
       PushResult result;

@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
     ps_options.num_workers = cluster->num_workers_;
     if (t == 0) ps_options.on_step_applied = options.on_step_applied;
     ps_options.checkpoint = options.checkpoint;
+    ps_options.delta = options.delta;
     ps_options.clock = options.clock;
     ps_options.decision_key = options.decision_key;
     ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> ps, ParameterServer::Create(ps_options));

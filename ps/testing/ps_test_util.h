@@ -63,6 +63,7 @@ struct SimClusterOptions {
   std::function<void(const StepDecision&)> on_step_applied;  // ps 0's hook
   // Checkpoints (ParameterServerOptions); with a checkpoint.dir, Start restores like WorkerClient::Connect.
   CheckpointOptions checkpoint;
+  DeltaOptions delta;  // ParameterServerOptions::delta of every task
   std::function<absl::Time()> clock;
   std::string decision_key;  // ParameterServerOptions::decision_key of every task
 };

@@ -18,6 +18,10 @@
 // table's rows from the checkpoint (worker/eval/checkpoint_tables.h: an id without a row takes its initializer, as on
 // the ps), prints "checkpoint model.ckpt-<step>: test log loss = 0.4512, AUC = 0.7840, accuracy = 0.7901 (N
 // examples)", and --export=FILE.npz adds per table "<table>/ids" (int64) and "<table>/values" ([n, dim]).
+// --follow_deltas serves the model as a cluster trains it: the newest snapshot in --checkpoint (a directory) plus
+// the deltas the ps tasks wrote after it (--delta_dir; ps/checkpoint/delta_follower.h), printed as "model at step
+// <S> (model.ckpt-<C> + <N> deltas): test log loss = ..." at once and after every delta that moves it, for
+// --follow_timeout_secs after the last one (0: once); --logits_out then holds the last state's logits.
 // A checkpoint keeps the chief's model and data flags (--model, --data_dir, --data_format, dlrm's shape,
 // --input_mean/--input_std: ps::CheckpointData::model_flags): those not given on the command line are taken from
 // it, so --checkpoint=DIR alone evaluates a built-in model; a model imported from ONNX needs --model=FILE.onnx
@@ -35,13 +39,16 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/command_line.h"
 #include "common/status_macros.h"
 #include "kernels/device.h"
 #include "common/env.h"
 #include "ps/checkpoint/checkpoint_set.h"
+#include "ps/checkpoint/delta_follower.h"
 #include "worker/batch/batch_view.h"
 #include "worker/eval/checkpoint_tables.h"
+#include "worker/data/criteo.h"
 #include "worker/data/dataset.h"
 #include "worker/eval/evaluation.h"
 #include "worker/app/model_flags.h"
@@ -71,12 +78,24 @@ ABSL_FLAG(std::string, logits_out, "", "Also write the test set's logits and lab
 ABSL_FLAG(int, batch_size, 500, "Examples per evaluation batch");
 ABSL_FLAG(int, threads, 1, "CPU threads for the model's ops");
 ABSL_FLAG(bool, skip_eval, false, "Only --export, do not evaluate (the data set is still read for its shape)");
+ABSL_FLAG(bool, follow_deltas, false,
+          "Serve the model as it trains: the newest snapshot in --checkpoint (a directory) and the deltas the ps tasks "
+          "wrote after it (--delta_dir), evaluated at once and again after every new delta, until none came for "
+          "--follow_timeout_secs (0: evaluate the newest state once)");
+ABSL_FLAG(std::string, delta_dir, "", "--follow_deltas: the directory of the deltas (default: --checkpoint)");
+ABSL_FLAG(double, follow_poll_secs, 1, "--follow_deltas: how often to look for new deltas");
+ABSL_FLAG(double, follow_timeout_secs, 0, "--follow_deltas: stop after this long without a new delta (0: at once)");
+ABSL_FLAG(int64_t, until_step, -1, "--follow_deltas: the state of this step (-1: the newest)");
 
 namespace dtrain::worker {
 namespace {
 
 struct EvalOptions {
   std::string checkpoint, model, data_dir, export_path, logits_path;
+  bool follow_deltas = false;
+  std::string delta_dir;
+  double follow_poll_secs = 1, follow_timeout_secs = 0;
+  int64_t until_step = -1;
   data::DataFormat data_format = data::DataFormat::kAuto;
   bool use_moving_averages = false, skip_eval = false, for_inference = false;
   int batch_size = 500, threads = 1;
@@ -87,11 +106,12 @@ struct EvalOptions {
 // The logits (`outputs` per example) of every test example under the model's parameters, written as an .npz with
 // the labels.
 absl::Status WriteLogits(models::Model* model, int64_t outputs, const data::EvalBatchSet& batches,
-                         const std::string& path) {
+                         const LoadRowsFn& load_rows, const std::string& path) {
   NpyArray logits{"logits", {0, outputs}, {}}, labels{"labels", {0}, {}};
   RETURN_IF_ERROR(batches.ForEach([&](const data::Batch& b) {
     const size_t at = logits.data.size();
     logits.data.resize(at + b.batch * outputs);
+    if (load_rows) RETURN_IF_ERROR(load_rows(View(b)));
     RETURN_IF_ERROR(model->Predict(View(b), logits.data.data() + at));
     labels.data.insert(labels.data.end(), b.labels.begin(), b.labels.end());
     return absl::OkStatus();
@@ -152,26 +172,65 @@ absl::Status ExportNpz(const EvalOptions& o, const std::vector<models::VariableI
   return absl::OkStatus();
 }
 
-absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec, std::vector<ps::CheckpointData> parts) {
-  if (o.checkpoint.empty() && !spec->imported()) {
-    return absl::InvalidArgumentError(absl::StrCat("--checkpoint is required for the built-in model '", o.model,
-                                                   "' (<dir>/model.ckpt-<step> or a directory)"));
+// What evaluating a model needs besides its parameters: the data set, the model's geometry, variables and graph,
+// the model itself on the CPU and the test batches. Made once; each state (a checkpoint, or the newest state a
+// follower of deltas holds) is then evaluated with it.
+struct EvalContext {
+  data::DatasetPair dataset;
+  models::ModelOptions mopt;
+  std::vector<models::VariableInfo> vars;
+  models::Graph graph;
+  std::unique_ptr<kernels::Device> device;
+  std::unique_ptr<models::Model> model;
+  std::unique_ptr<data::EvalBatchSet> batches;
+};
+
+absl::StatusOr<std::unique_ptr<EvalContext>> MakeContext(const EvalOptions& o, const models::ModelRef& spec) {
+  auto c = std::make_unique<EvalContext>();
+  absl::StatusOr<data::DatasetPair> loaded = data::LoadDataset(o.data_dir, o.data_format, o.input.load);
+  const std::string test_txt = o.data_dir + "/test.txt";
+  if (absl::IsNotFound(loaded.status()) && Env::Default()->FileExists(test_txt) &&
+      (o.data_format == data::DataFormat::kAuto || o.data_format == data::DataFormat::kCriteo)) {
+    // Only a test set (the newest data of a stream, dtrain_convert --stream_parts): what evaluation needs.
+    ASSIGN_OR_RETURN(const data::CriteoLayout layout, data::ReadCriteoLayout(o.data_dir));
+    ASSIGN_OR_RETURN(c->dataset.test, data::ReadCriteo(test_txt, layout));
+    c->dataset.format = "criteo";
+  } else {
+    if (!loaded.ok()) return loaded.status();
+    c->dataset = *std::move(loaded);
   }
-  if (absl::EndsWithIgnoreCase(o.export_path, ".onnx") && !spec->imported()) {
-    return absl::InvalidArgumentError(absl::StrCat("--export=", o.export_path, " writes ONNX, which needs a model "
-                                                   "imported from ONNX (--model=PATH.onnx); '", o.model,
-                                                   "' is built in: export an .npz instead"));
+  ASSIGN_OR_RETURN(c->mopt, ModelOptionsFor(o, *spec, c->dataset.test));
+  ASSIGN_OR_RETURN(c->vars, models::ModelVariables(*spec, c->mopt));
+  ASSIGN_OR_RETURN(c->graph, spec->build_graph(c->mopt));
+  return c;
+}
+
+// The model on the CPU and the test batches (when evaluating or writing logits).
+absl::Status PrepareModel(const EvalOptions& o, const models::ModelRef& spec, EvalContext* c) {
+  ASSIGN_OR_RETURN(c->device, kernels::CreateDevice(kernels::DeviceSpec::Cpu(o.threads)));
+  ASSIGN_OR_RETURN(c->model, models::CreateModel(*spec, c->mopt, c->device.get()));
+  data::EvalBatchOptions eo;
+  eo.batch_size = o.batch_size;
+  eo.preprocess = spec->defaults.eval_preprocess;
+  eo.crop_h = c->mopt.height;
+  eo.crop_w = c->mopt.width;
+  eo.normalize = o.normalize;
+  eo.threads = o.input.threads;
+  eo.bad_examples = o.input.bad_images;
+  ASSIGN_OR_RETURN(c->batches, data::EvalBatchSet::Create(c->dataset.test, eo));
+  if (c->dataset.test.count() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("the test set in ", o.data_dir, " is empty"));
   }
-  const int64_t step = parts.empty() ? 0 : parts[0].global_step;
-  const std::string what = parts.empty() ? absl::StrCat(o.model, " (its own weights)")
-                                         : absl::StrCat("checkpoint model.ckpt-", step);
-  ASSIGN_OR_RETURN(data::DatasetPair dataset, data::LoadDataset(o.data_dir, o.data_format, o.input.load));
-  const models::ModelDefaults& defaults = spec->defaults;
-  ASSIGN_OR_RETURN(const models::ModelOptions mopt, ModelOptionsFor(o, *spec, dataset.test));
-  ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(*spec, mopt));
+  return absl::OkStatus();
+}
+
+// Evaluates (and exports) one state of the model: the checkpoint's `parts` (empty: an ONNX file's own weights),
+// described by `what` in what it prints.
+absl::Status EvaluateState(const EvalOptions& o, const models::ModelRef& spec, const std::vector<ps::CheckpointData>& parts,
+                           const std::string& what, bool export_files, EvalContext* c) {
+  const models::Graph& graph = c->graph;
   // Sparse tables: the model's (Graph::tables) against the checkpoint's, before the signature (which would only
   // say that the models differ).
-  ASSIGN_OR_RETURN(const models::Graph graph, spec->build_graph(mopt));
   std::unique_ptr<CheckpointTables> tables;
   if (!parts.empty()) {
     ASSIGN_OR_RETURN(std::vector<ps::SparseTableRows> rows, ps::ReadSparseTables(parts));
@@ -186,23 +245,20 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec, std::ve
   } else if (!graph.tables.empty()) {  // no checkpoint: an ONNX file's own rows
     tables = std::make_unique<CheckpointTables>(CheckpointTables::FromModel(graph.tables));
   }
-  if (!graph.tables.empty() && !o.logits_path.empty()) {
-    return absl::InvalidArgumentError("--logits_out is not supported for models with sparse tables");
-  }
   std::vector<float> params;
   if (parts.empty()) {
-    params = models::InitialParameters(vars, /*seed=*/1);  // an ONNX file's initializers: its own values
+    params = models::InitialParameters(c->vars, /*seed=*/1);  // an ONNX file's initializers: its own values
   } else {
-    const std::string signature = models::ModelSignature(*spec, vars);
+    const std::string signature = models::ModelSignature(*spec, c->vars);
     if (parts[0].model_signature != signature) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the checkpoint is of model '", parts[0].model_signature, "', but --model=", o.model, " on ", o.data_dir,
           " is '", signature, "': pass the --model (and data set) it was trained with"));
     }
-    ASSIGN_OR_RETURN(params, ps::AssembleFlatBuffer(parts, models::TotalSize(vars), o.use_moving_averages));
+    ASSIGN_OR_RETURN(params, ps::AssembleFlatBuffer(parts, models::TotalSize(c->vars), o.use_moving_averages));
   }
 
-  if (absl::EndsWithIgnoreCase(o.export_path, ".onnx")) {
+  if (export_files && absl::EndsWithIgnoreCase(o.export_path, ".onnx")) {
     models::onnx::ExportOptions eo;
     eo.inference = o.for_inference;
     // Embedding tables: the checkpoint's rows, the file's for those it lacks (rows never touched).
@@ -214,33 +270,17 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec, std::ve
                        ps::AssembleFixedTable(held, file == rows.end() ? absl::Span<const float>() : file->second));
       rows[held.spec.name] = std::move(all);
     }
-    RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), rows, o.export_path, eo));
+    RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, c->vars, params.data(), rows, o.export_path, eo));
     std::printf("exported %s%s to %s\n", what.c_str(), o.use_moving_averages ? " (moving averages)" : "",
                 o.export_path.c_str());
-  } else if (!o.export_path.empty()) {
-    RETURN_IF_ERROR(ExportNpz(o, vars, params, tables.get(), what));
+  } else if (export_files && !o.export_path.empty()) {
+    RETURN_IF_ERROR(ExportNpz(o, c->vars, params, tables.get(), what));
   }
   if (o.skip_eval && o.logits_path.empty()) return absl::OkStatus();
 
-  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> device,
-                   kernels::CreateDevice(kernels::DeviceSpec::Cpu(o.threads)));
-  ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(*spec, mopt, device.get()));
+  if (c->model == nullptr) RETURN_IF_ERROR(PrepareModel(o, spec, c));
+  models::Model* model = c->model.get();
   RETURN_IF_ERROR(model->SetParameters(params.data()));
-  data::EvalBatchOptions eo;
-  eo.batch_size = o.batch_size;
-  eo.preprocess = defaults.eval_preprocess;
-  eo.crop_h = mopt.height;
-  eo.crop_w = mopt.width;
-  eo.normalize = o.normalize;
-  eo.threads = o.input.threads;
-  eo.bad_examples = o.input.bad_images;
-  ASSIGN_OR_RETURN(const std::unique_ptr<data::EvalBatchSet> batches, data::EvalBatchSet::Create(dataset.test, eo));
-  if (!o.logits_path.empty()) {
-    RETURN_IF_ERROR(WriteLogits(model.get(), graph.output_shape().size(), *batches, o.logits_path));
-    std::printf("wrote the logits of %lld examples to %s\n", static_cast<long long>(dataset.test.count()),
-                o.logits_path.c_str());
-  }
-  if (o.skip_eval) return absl::OkStatus();
   // A sparse model reads each batch's rows from the checkpoint (as the ps would serve them).
   LoadRowsFn load_rows;
   SparseBatch rows(graph);
@@ -251,10 +291,13 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec, std::ve
       return model->SetSparseInputs(rows.inputs(0));
     };
   }
-  if (dataset.test.count() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("the test set in ", o.data_dir, " is empty"));
+  if (!o.logits_path.empty()) {
+    RETURN_IF_ERROR(WriteLogits(model, graph.output_shape().size(), *c->batches, load_rows, o.logits_path));
+    std::printf("wrote the logits of %lld examples of %s to %s\n", static_cast<long long>(c->dataset.test.count()),
+                what.c_str(), o.logits_path.c_str());
   }
-  ASSIGN_OR_RETURN(const Evaluation e, EvaluateBatches(model.get(), *batches, load_rows));
+  if (o.skip_eval) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const Evaluation e, EvaluateBatches(model, *c->batches, load_rows));
   const char* averaged = o.use_moving_averages ? " (moving averages)" : "";
   if (e.binary) {
     std::printf("%s%s: test log loss = %.4f, AUC = %.4f, accuracy = %.4f (%lld examples)\n", what.c_str(), averaged,
@@ -263,7 +306,51 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec, std::ve
     std::printf("%s%s: test accuracy = %.4f (%lld examples)\n", what.c_str(), averaged, e.accuracy,
                 static_cast<long long>(e.examples));
   }
+  std::fflush(stdout);
   return absl::OkStatus();
+}
+
+// --follow_deltas: the newest snapshot and the deltas after it, evaluated at once and again whenever new deltas
+// have moved the model, until none came for --follow_timeout_secs (0: once).
+absl::Status FollowDeltas(const EvalOptions& o, const models::ModelRef& spec) {
+  ps::DeltaFollowerOptions fo;
+  fo.checkpoint_dir = o.checkpoint;
+  fo.delta_dir = o.delta_dir;
+  fo.until_step = o.until_step;
+  ASSIGN_OR_RETURN(std::unique_ptr<ps::DeltaFollower> follower, ps::DeltaFollower::Open(fo));
+  ASSIGN_OR_RETURN(std::unique_ptr<EvalContext> c, MakeContext(o, spec));
+  auto what = [&] { return absl::StrCat("model at step ", follower->step(), " (", follower->description(), ")"); };
+  RETURN_IF_ERROR(EvaluateState(o, spec, follower->parts(), what(), /*export_files=*/false, c.get()));
+  absl::Time last_move = absl::Now();
+  while (o.follow_timeout_secs > 0 && absl::Now() - last_move < absl::Seconds(o.follow_timeout_secs)) {
+    absl::SleepFor(absl::Seconds(o.follow_poll_secs));
+    ASSIGN_OR_RETURN(const bool moved, follower->Advance());
+    if (!moved) continue;
+    last_move = absl::Now();
+    RETURN_IF_ERROR(EvaluateState(o, spec, follower->parts(), what(), /*export_files=*/false, c.get()));
+  }
+  if (!o.export_path.empty()) {
+    RETURN_IF_ERROR(EvaluateState(o, spec, follower->parts(), what(), /*export_files=*/true, c.get()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec, std::vector<ps::CheckpointData> parts) {
+  if (o.checkpoint.empty() && !spec->imported() && !o.follow_deltas) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint is required for the built-in model '", o.model,
+                                                   "' (<dir>/model.ckpt-<step> or a directory)"));
+  }
+  if (absl::EndsWithIgnoreCase(o.export_path, ".onnx") && !spec->imported()) {
+    return absl::InvalidArgumentError(absl::StrCat("--export=", o.export_path, " writes ONNX, which needs a model "
+                                                   "imported from ONNX (--model=PATH.onnx); '", o.model,
+                                                   "' is built in: export an .npz instead"));
+  }
+  if (o.follow_deltas) return FollowDeltas(o, spec);
+  const int64_t step = parts.empty() ? 0 : parts[0].global_step;
+  const std::string what = parts.empty() ? absl::StrCat(o.model, " (its own weights)")
+                                         : absl::StrCat("checkpoint model.ckpt-", step);
+  ASSIGN_OR_RETURN(std::unique_ptr<EvalContext> c, MakeContext(o, spec));
+  return EvaluateState(o, spec, parts, what, /*export_files=*/true, c.get());
 }
 
 }  // namespace
@@ -284,7 +371,7 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   // The checkpoint first: the model and data flags it recorded fill in those not given on the command line.
   std::vector<dtrain::ps::CheckpointData> parts;
-  if (!absl::GetFlag(FLAGS_checkpoint).empty()) {
+  if (!absl::GetFlag(FLAGS_checkpoint).empty() && !absl::GetFlag(FLAGS_follow_deltas)) {
     absl::StatusOr<std::vector<dtrain::ps::CheckpointData>> read =
         dtrain::ps::ReadCheckpointSet(dtrain::Env::Default(), absl::GetFlag(FLAGS_checkpoint));
     if (!read.ok()) {
@@ -327,6 +414,15 @@ int main(int argc, char** argv) {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.logits_path = absl::GetFlag(FLAGS_logits_out);
   o.for_inference = absl::GetFlag(FLAGS_export_for_inference);
+  o.follow_deltas = absl::GetFlag(FLAGS_follow_deltas);
+  o.delta_dir = absl::GetFlag(FLAGS_delta_dir);
+  o.follow_poll_secs = absl::GetFlag(FLAGS_follow_poll_secs);
+  o.follow_timeout_secs = absl::GetFlag(FLAGS_follow_timeout_secs);
+  o.until_step = absl::GetFlag(FLAGS_until_step);
+  if (o.follow_deltas && (!(o.follow_poll_secs > 0) || !(o.follow_timeout_secs >= 0))) {
+    std::fprintf(stderr, "dtrain_eval: --follow_poll_secs must be > 0 and --follow_timeout_secs >= 0\n");
+    return 2;
+  }
   // --data_format, --model=dlrm's shape and --input_mean/--input_std as dtrain_worker took them (the checkpoint's
   // tables must match): worker/app/model_flags.h.
   absl::StatusOr<dtrain::data::DataFormat> format = dtrain::worker::DataFormatFromFlags();

@@ -16,7 +16,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/cluster_spec.h"
 #include "common/command_line.h"
 #include "common/denormals.h"
@@ -155,6 +157,37 @@ ABSL_FLAG(std::string, transport, "auto",
 ABSL_FLAG(int, shm_spin_us, 20,
           "Shared memory: how long a lane looks for the ps's answer before its thread sleeps in a system call "
           "(more: less wake-up latency, more CPU spent waiting)");
+// Online training and the sparse tables' life cycle (issue: sparse models in production).
+ABSL_FLAG(bool, follow, false,
+          "Online: --data_dir is a directory where files keep arriving (Criteo text, or TFRecord CTR examples with "
+          "--data_format=tfrecord), read once each in name order; training runs until --train_steps (0: no end), "
+          "until no new file came for --follow_idle_secs, or until SIGINT/SIGTERM; the chief reports the log loss and "
+          "AUC of the newest --eval_window examples, each scored before it was trained on, every --eval_every steps");
+ABSL_FLAG(double, follow_poll_secs, 1, "--follow: how often the directory is listed while waiting for a file");
+ABSL_FLAG(double, follow_idle_secs, 0, "--follow: the input ends after this long without a new file (0: never)");
+ABSL_FLAG(int64_t, eval_window, 100000, "--follow: the chief's progressive validation covers this many newest examples");
+ABSL_FLAG(std::string, row_ttl, "",
+          "Models with embedding tables: the ps removes a row not touched for this long: N global steps, or a "
+          "duration (30s, 10m, 2h) (empty: never)");
+ABSL_FLAG(double, admit_probability, 1.0,
+          "Models with embedding tables: an id without a row gets one at a lookup with this probability (beside "
+          "--admit_after; 1: always)");
+ABSL_FLAG(std::string, row_dtype, "fp32", "Models with embedding tables: how the ps keeps the rows: fp32 | fp16 | bf16");
+ABSL_FLAG(std::string, row_slot_dtype, "fp32",
+          "Models with embedding tables: how the ps keeps the rows' optimizer slots: fp32 | bf16");
+ABSL_FLAG(std::string, sparse_mode, "sync",
+          "Sync mode, models with embedding tables: sync (the rows join each step) or async (PERSIA's hybrid: dense "
+          "variables stay synchronous, each push's rows are applied as it arrives)");
+ABSL_FLAG(int64_t, row_cache_rows, 0,
+          "Models with embedding tables: keep up to this many rows of each table on the worker between steps (0: "
+          "none); a row fresher than --row_cache_staleness steps is not pulled again");
+ABSL_FLAG(int32_t, row_cache_staleness, 4,
+          "--row_cache_rows: how many steps a cached row may serve before it is pulled again (its gradients are "
+          "summed until then)");
+ABSL_FLAG(double, delta_every_secs, 0,
+          "ps tasks / local mode: write what changed since the last delta every this many seconds (to --delta_dir)");
+ABSL_FLAG(int64_t, delta_every_steps, 0, "ps tasks / local mode: a delta every this many global steps too (0: off)");
+ABSL_FLAG(std::string, delta_dir, "", "ps tasks / local mode: where deltas go (default: --checkpoint_dir)");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
           "bytes; gradients keep their rounding error for the next step)");
@@ -190,6 +223,22 @@ void LeaveRefused(const dtrain::ClusterConfig& cluster, const std::string& reaso
         dtrain::ps::NewGrpcPsClient(cluster.ps[t], copt);
     if (client.ok()) (*client)->Done(request).IgnoreError();
   }
+}
+
+// --row_ttl: "N" (global steps) or a duration ("30s", "10m", "2h"; whole seconds).
+absl::Status ParseRowTtl(const std::string& text, int64_t* steps, int64_t* secs) {
+  *steps = *secs = 0;
+  if (text.empty()) return absl::OkStatus();
+  if (absl::SimpleAtoi(text, steps) && *steps > 0) return absl::OkStatus();
+  absl::Duration d;
+  if (absl::ParseDuration(text, &d) && d >= absl::Seconds(1)) {
+    *steps = 0;
+    *secs = absl::ToInt64Seconds(d);
+    return absl::OkStatus();
+  }
+  *steps = 0;
+  return absl::InvalidArgumentError(absl::StrCat("--row_ttl=", text, ": expected a number of steps (1000) or a "
+                                                 "duration of at least a second (30s, 10m, 2h)"));
 }
 
 }  // namespace
@@ -288,6 +337,24 @@ int main(int argc, char** argv) {
   o.num_workers = cluster->is_local() ? 1 : cluster->num_workers();
   o.num_ps = cluster->is_local() ? 1 : cluster->num_ps();
 
+  o.follow = absl::GetFlag(FLAGS_follow);
+  o.follow_poll_secs = absl::GetFlag(FLAGS_follow_poll_secs);
+  o.follow_idle_secs = absl::GetFlag(FLAGS_follow_idle_secs);
+  o.eval_window = absl::GetFlag(FLAGS_eval_window);
+  o.admit_probability = static_cast<float>(absl::GetFlag(FLAGS_admit_probability));
+  o.row_dtype = absl::GetFlag(FLAGS_row_dtype);
+  o.row_slot_dtype = absl::GetFlag(FLAGS_row_slot_dtype);
+  o.sparse_mode = absl::GetFlag(FLAGS_sparse_mode);
+  o.row_cache_rows = absl::GetFlag(FLAGS_row_cache_rows);
+  o.row_cache_staleness = absl::GetFlag(FLAGS_row_cache_staleness);
+  o.delta.every_secs = absl::GetFlag(FLAGS_delta_every_secs);
+  o.delta.every_steps = absl::GetFlag(FLAGS_delta_every_steps);
+  o.delta.dir = absl::GetFlag(FLAGS_delta_dir);
+  if (o.delta.dir.empty()) o.delta.dir = o.checkpoint.dir;
+  if (o.follow) {  // SIGTERM/SIGINT also end the input a follower may be waiting on
+    dtrain::Cancellation* stop = signals->stop();
+    o.input_stop = [stop] { return stop->cancelled(); };
+  }
   o.sparse_optimizer = absl::GetFlag(FLAGS_sparse_optimizer);
   o.sparse_learning_rate = static_cast<float>(absl::GetFlag(FLAGS_sparse_learning_rate));
   absl::Status flags_ok = absl::OkStatus();
@@ -327,6 +394,23 @@ int main(int argc, char** argv) {
   o.rpc_retry_secs = absl::GetFlag(FLAGS_rpc_retry_secs);
   if (flags_ok.ok() && !(absl::GetFlag(FLAGS_rpc_timeout_secs) > 0 && o.rpc_retry_secs >= 0)) {
     flags_ok = absl::InvalidArgumentError("--rpc_timeout_secs must be > 0 and --rpc_retry_secs >= 0");
+  }
+  if (flags_ok.ok()) flags_ok = ParseRowTtl(absl::GetFlag(FLAGS_row_ttl), &o.row_ttl_steps, &o.row_ttl_secs);
+  for (const std::string* d : {&o.row_dtype, &o.row_slot_dtype}) {
+    if (flags_ok.ok()) flags_ok = dtrain::ps::ParseRowDtype(*d).status();
+  }
+  if (flags_ok.ok() && !(o.admit_probability > 0 && o.admit_probability <= 1)) {
+    flags_ok = absl::InvalidArgumentError("--admit_probability must be in (0, 1]");
+  }
+  if (flags_ok.ok() && (!(o.follow_poll_secs > 0) || !(o.follow_idle_secs >= 0) || o.eval_window < 0)) {
+    flags_ok = absl::InvalidArgumentError("--follow_poll_secs must be > 0, --follow_idle_secs and --eval_window >= 0");
+  }
+  if (flags_ok.ok()) flags_ok = dtrain::ps::ValidateDeltaOptions(o.delta);
+  if (flags_ok.ok() && o.sparse_mode != "sync" && o.sparse_mode != "async") {
+    flags_ok = absl::InvalidArgumentError(absl::StrCat("--sparse_mode must be sync or async, got '", o.sparse_mode, "'"));
+  }
+  if (flags_ok.ok() && (o.row_cache_rows < 0 || o.row_cache_staleness < 0)) {
+    flags_ok = absl::InvalidArgumentError("--row_cache_rows and --row_cache_staleness must be >= 0");
   }
   if (flags_ok.ok() && !(o.step_timeout_secs > 0)) {
     flags_ok = absl::InvalidArgumentError("--step_timeout_secs must be > 0");

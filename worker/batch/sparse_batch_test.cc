@@ -187,6 +187,7 @@ TEST(SparseBatchTest, BagsTrain) {
     models::Node cat;
     cat.op = models::Op::kConcat;
     cat.name = "cat";
+    cat.axis = 1;  // the features (full axes: the batch is axis 0)
     absl::StatusOr<int> x = b.Add(cat, {b.input(), *bag});
     ASSERT_TRUE(x.ok()) << x.status();
     x = b.Add(models::Node::Dense("fc", 1), {*x},

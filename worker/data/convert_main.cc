@@ -25,6 +25,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "glog/logging.h"
@@ -55,6 +56,13 @@ ABSL_FLAG(uint64_t, seed, 1, "--synthetic_ctr: the seed (the files are a functio
 ABSL_FLAG(double, zipf_exponent, 1.05, "--synthetic_ctr: s of the ids' Zipf law P(rank k) ~ k^-s");
 ABSL_FLAG(int32_t, num_dense, 13, "--synthetic_ctr: integer features per example");
 ABSL_FLAG(int32_t, num_sparse, 26, "--synthetic_ctr: categorical features per example");
+ABSL_FLAG(int32_t, stream_parts, 0,
+          "--synthetic_ctr: write a time-ordered stream of this many parts (stream/part-00000.txt, ...) instead of "
+          "train.txt; test.txt is drawn at the stream's end");
+ABSL_FLAG(double, drift, 0,
+          "--synthetic_ctr: how far the ids drift over the stream: at time t in [0, 1] the rank-k value of a feature "
+          "with V values is the item k + drift * t * V (0: none; 1: by the end all new)");
+ABSL_FLAG(double, stream_interval_secs, 0, "--synthetic_ctr --stream_parts: seconds between two parts (arrival)");
 ABSL_FLAG(std::string, vocab, "",
           "--synthetic_ctr: ids per categorical feature: one size for all, or one per feature (comma-separated); "
           "default 10 up to 1,000,000, log-spaced");
@@ -76,6 +84,9 @@ int WriteSynthetic() {
   o.zipf_exponent = absl::GetFlag(FLAGS_zipf_exponent);
   o.num_dense = absl::GetFlag(FLAGS_num_dense);
   o.num_sparse = absl::GetFlag(FLAGS_num_sparse);
+  o.stream_parts = absl::GetFlag(FLAGS_stream_parts);
+  o.drift = absl::GetFlag(FLAGS_drift);
+  o.stream_interval_secs = absl::GetFlag(FLAGS_stream_interval_secs);
   for (absl::string_view v : absl::StrSplit(absl::GetFlag(FLAGS_vocab), ',', absl::SkipWhitespace())) {
     int64_t size;
     if (!absl::SimpleAtoi(v, &size)) return BadFlag("--vocab: \"" + std::string(v) + "\" is not a number");
@@ -86,9 +97,12 @@ int WriteSynthetic() {
   auto r = dtrain::data::WriteSyntheticCtr(o, out);
   if (!r.ok()) return absl::IsInvalidArgument(r.status()) ? BadFlag(std::string(r.status().message()))
                                                           : Fail(r.status().ToString());
-  std::printf("wrote %lld examples to %s/train.txt (CTR %.4f) and %lld to %s/test.txt (CTR %.4f) in %.1f s\n",
-              static_cast<long long>(r->train_examples), out.c_str(), r->train_ctr,
+  const std::string train = o.stream_parts > 0 ? absl::StrCat(out, "/stream/part-*.txt (", o.stream_parts, " parts)")
+                                              : absl::StrCat(out, "/train.txt");
+  std::printf("wrote %lld examples to %s (CTR %.4f) and %lld to %s/test.txt (CTR %.4f) in %.1f s\n",
+              static_cast<long long>(r->train_examples), train.c_str(), r->train_ctr,
               static_cast<long long>(r->test_examples), out.c_str(), r->test_ctr, r->seconds);
+  if (o.drift > 0) std::printf("drift %g: the test set is drawn at the stream's end\n", o.drift);
   std::printf("law: %d integer features, %d categorical with Zipf exponent %g over vocabularies %s\n", o.num_dense,
               o.num_sparse, o.zipf_exponent, absl::StrJoin(r->vocab, ",").c_str());
   std::printf("planted model on the test set: Bayes-optimal AUC %.4f (log loss %.4f); its dense part alone AUC "

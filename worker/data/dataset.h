@@ -232,7 +232,8 @@ class BatchStream {
   virtual ~BatchStream() = default;
   // Blocks until the next batch is ready. The reference is valid until the next call. A stream that failed
   // (a source's read with BadExamples::kFail, or no readable example left in the shard) returns an empty batch
-  // (batch == 0) from then on, and status() says why.
+  // (batch == 0) from then on, and status() says why. A stream that can end (batch_stream_follow.h: files that
+  // stop arriving) returns an empty batch once it has, with status() OK when it ended as asked.
   virtual const Batch& Next() = 0;
   virtual absl::Status status() const { return absl::OkStatus(); }
   virtual int64_t shard_size() const = 0;  // examples in this shard

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -67,6 +68,7 @@ struct Law {
   std::vector<uint32_t> value_key;  // per sparse feature: the rank -> hex value bijection's key
   uint64_t effect_key = 0, pair_key = 0;
   bool pair = false;
+  std::vector<double> drift_per_time;  // per sparse feature: d V_f (the item shift at t = 1)
 };
 
 Law MakeLaw(const SyntheticCtrOptions& o, const std::vector<int64_t>& vocab, uint64_t seed_key) {
@@ -83,6 +85,7 @@ Law MakeLaw(const SyntheticCtrOptions& o, const std::vector<int64_t>& vocab, uin
     law.sparse_missing.push_back(f % 6 == 5 ? 0.3 : 0.0);
     law.zipf.emplace_back(vocab[f], o.zipf_exponent);
     law.value_key.push_back(static_cast<uint32_t>(Mix64(seed_key ^ (0x100 + static_cast<uint64_t>(f)))));
+    law.drift_per_time.push_back(o.drift * static_cast<double>(vocab[f]));
   }
   law.effect_key = Mix64(seed_key ^ 0x6566666563747300);  // "effects"
   law.pair_key = Mix64(seed_key ^ 0x7061697273000000);    // "pairs"
@@ -90,8 +93,9 @@ Law MakeLaw(const SyntheticCtrOptions& o, const std::vector<int64_t>& vocab, uin
   return law;
 }
 
-// Appends one example's line to *out; returns its hidden logit and (in *dense_logit) its bias + dense part.
-double AppendExample(const Law& law, SplitMix& rng, std::string* out, double* dense_logit) {
+// Appends one example's line (at time t in [0, 1]) to *out; returns its hidden logit and (in *dense_logit) its
+// bias + dense part.
+double AppendExample(const Law& law, SplitMix& rng, double t, std::string* out, double* dense_logit) {
   char buf[32];
   std::string& s = *out;
   const size_t label_at = s.size();
@@ -113,8 +117,9 @@ double AppendExample(const Law& law, SplitMix& rng, std::string* out, double* de
   for (int f = 0; f < law.num_sparse; ++f) {
     s.push_back('\t');
     const double missing = rng.Uniform();
-    const int64_t k = law.zipf[f].Sample([&rng] { return rng.Uniform(); });
+    const int64_t rank = law.zipf[f].Sample([&rng] { return rng.Uniform(); });
     if (missing < law.sparse_missing[f]) continue;
+    const int64_t k = rank + static_cast<int64_t>(std::floor(law.drift_per_time[f] * t));  // the item
     const uint32_t v = Fmix32(static_cast<uint32_t>(k - 1) ^ law.value_key[f]);
     for (int i = 7; i >= 0; --i) s.push_back(kHexDigits[(v >> (4 * i)) & 0xf]);
     if (f % 3 == 0) {
@@ -132,8 +137,9 @@ double AppendExample(const Law& law, SplitMix& rng, std::string* out, double* de
 }
 
 // Writes `count` examples of stream `stream_key` to path; the test file's logits go to the vectors when given.
+// Example i is at time t0 + i * dt.
 absl::StatusOr<double> WriteFile(const Law& law, uint64_t stream_key, int64_t count, const std::string& path,
-                                 std::vector<float>* logits, std::vector<float>* dense_logits,
+                                 double t0, double dt, std::vector<float>* logits, std::vector<float>* dense_logits,
                                  std::vector<float>* labels) {
   const std::string tmp = path + ".tmp";
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(tmp.c_str(), "wb"), std::fclose);
@@ -145,7 +151,7 @@ absl::StatusOr<double> WriteFile(const Law& law, uint64_t stream_key, int64_t co
     SplitMix rng(Mix64(stream_key ^ static_cast<uint64_t>(i)));
     const size_t line_at = buf.size();
     double dense_logit = 0;
-    const double logit = AppendExample(law, rng, &buf, &dense_logit);
+    const double logit = AppendExample(law, rng, t0 + dt * static_cast<double>(i), &buf, &dense_logit);
     const bool click = buf[line_at] == '1';
     clicks += click;
     if (logits != nullptr) {
@@ -191,7 +197,15 @@ absl::Status CheckOptions(const SyntheticCtrOptions& o, std::vector<int64_t>* vo
   }
   for (int64_t v : *vocab) {
     if (v < 1 || v > (int64_t{1} << 31)) return bad("vocabulary size ", v, " is not in [1, 2^31]");
+    if (!(o.drift >= 0) || (1 + o.drift) * static_cast<double>(v) >= 4294967295.0) {
+      return bad("--drift=", o.drift, " must be >= 0 with (1 + drift) x vocabulary size below 2^32 (vocabulary ", v,
+                 ")");
+    }
   }
+  if (o.stream_parts < 0 || o.stream_parts > 100000 || o.stream_parts > o.examples) {
+    return bad("--stream_parts=", o.stream_parts, " must be in [0, min(100000, --examples)]");
+  }
+  if (!(o.stream_interval_secs >= 0)) return bad("--stream_interval_secs must be >= 0");
   return absl::OkStatus();
 }
 
@@ -218,14 +232,39 @@ absl::StatusOr<SyntheticCtrReport> WriteSyntheticCtr(const SyntheticCtrOptions& 
   r.train_examples = o.examples;
   r.test_examples = o.test_examples == -1 ? std::max<int64_t>(1, o.examples / 10) : o.test_examples;
   const std::filesystem::path d(dir);
-  ASSIGN_OR_RETURN(r.train_ctr, WriteFile(law, Mix64(seed_key + 1), r.train_examples, (d / "train.txt").string(),
-                                          nullptr, nullptr, nullptr));
+  const double dt = 1.0 / static_cast<double>(r.train_examples);
+  if (o.stream_parts == 0) {
+    ASSIGN_OR_RETURN(r.train_ctr, WriteFile(law, Mix64(seed_key + 1), r.train_examples, (d / "train.txt").string(),
+                                            0.0, dt, nullptr, nullptr, nullptr));
+  } else {
+    const std::filesystem::path stream = d / "stream";
+    std::filesystem::create_directories(stream, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", stream.string(), ": ", ec.message()));
+    RETURN_IF_ERROR(WriteCriteoLayout(stream.string(), CriteoLayout{o.num_dense, o.num_sparse}));
+    double clicks = 0;
+    for (int p = 0; p < o.stream_parts; ++p) {
+      if (p > 0 && o.stream_interval_secs > 0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(o.stream_interval_secs));
+      }
+      const int64_t first = r.train_examples * p / o.stream_parts, end = r.train_examples * (p + 1) / o.stream_parts;
+      char name[32];
+      std::snprintf(name, sizeof(name), "part-%05d.txt", p);
+      // Each part its own random stream (its examples' draws do not depend on how the stream is cut).
+      ASSIGN_OR_RETURN(const double ctr, WriteFile(law, Mix64(seed_key + 1) ^ Mix64(0x70617274ULL + p), end - first,
+                                                   (stream / name).string(), first * dt, dt, nullptr, nullptr,
+                                                   nullptr));
+      clicks += ctr * static_cast<double>(end - first);
+      r.parts.push_back((stream / name).string());
+    }
+    r.train_ctr = clicks / static_cast<double>(r.train_examples);
+  }
   std::vector<float> logits, dense_logits, labels;
   logits.reserve(r.test_examples);
   dense_logits.reserve(r.test_examples);
   labels.reserve(r.test_examples);
+  // The test set at the end of the stream's time (the newest data), t = 1.
   ASSIGN_OR_RETURN(r.test_ctr, WriteFile(law, Mix64(seed_key + 2), r.test_examples, (d / "test.txt").string(),
-                                         &logits, &dense_logits, &labels));
+                                         o.drift > 0 ? 1.0 : 0.0, 0.0, &logits, &dense_logits, &labels));
   r.bayes_auc = RocAuc(logits, labels);
   r.dense_only_auc = RocAuc(dense_logits, labels);
   r.bayes_log_loss = MeanLogLoss(logits, labels);

@@ -19,6 +19,15 @@
 // The report gives the planted model's test-set AUC (the Bayes-optimal AUC: no model can beat it on average),
 // the AUC of its dense part alone (a baseline a model ignoring the ids could reach), and the log losses.
 //
+// A stream with drift (stream_parts > 0): examples / stream_parts examples in each of stream/part-00000.txt,
+// part-00001.txt, ... (time order: example i of the stream is at time t = i / examples), and test.txt drawn at
+// t = 1, the newest data. With drift d, the rank-k value of feature f at time t is the item k + floor(d t V_f): as
+// time goes on, the popular values give way to new ones (d = 1: by the end every rank holds an item unseen at
+// t = 0). The per-id and pairwise effects belong to the items, so what is learnt about an item holds while it is
+// around; a model frozen early has never seen the items of the end. drift 0 keeps the law above (and the files of
+// the same seed). Parts are written in order, each renamed into place when complete (a follower never reads a
+// half-written part), stream_interval_secs apart (0: at once).
+//
 // Randomness: example i of a file draws from splitmix64 started at Mix64(seed key ^ i) (criteo.h's Mix64); the
 // hidden effects hash the seed too. Files go to "<name>.tmp" first and are renamed when complete.
 //
@@ -42,6 +51,9 @@ struct SyntheticCtrOptions {
   int num_dense = 13;
   int num_sparse = 26;
   std::vector<int64_t> vocab;  // V_f per sparse feature (1 .. 2^31); empty: the default; one value: every feature
+  int stream_parts = 0;        // > 0: a stream of this many parts (see above) instead of train.txt
+  double drift = 0;            // d >= 0; (1 + d) V_f must stay below 2^32
+  double stream_interval_secs = 0;  // a pause before each part after the first
 };
 
 struct SyntheticCtrReport {
@@ -54,13 +66,15 @@ struct SyntheticCtrReport {
   double bayes_log_loss = 0;      // log loss of the planted probabilities
   double constant_log_loss = 0;   // log loss of predicting the test CTR for every example
   double seconds = 0;
+  std::vector<std::string> parts;  // the stream's files, in order (stream_parts > 0)
 };
 
 // round(10^(1 + 5 f / (num_sparse - 1))) for f < num_sparse (1000 when num_sparse == 1).
 std::vector<int64_t> DefaultCtrVocab(int num_sparse);
 
-// Writes dir/train.txt, dir/test.txt and dir/criteo_layout.txt (creating dir). InvalidArgument for bad options,
-// Internal for a failed write (naming the file).
+// Writes dir/train.txt (or with stream_parts dir/stream/part-*.txt and dir/stream/criteo_layout.txt), dir/test.txt
+// and dir/criteo_layout.txt (creating the directories). InvalidArgument for bad options, Internal for a failed
+// write (naming the file).
 absl::StatusOr<SyntheticCtrReport> WriteSyntheticCtr(const SyntheticCtrOptions& o, const std::string& dir);
 
 // Exact Zipf samples over 1..n, P(k) = k^-s / H(n, s), by rejection-inversion (W. Hörmann, G. Derflinger,

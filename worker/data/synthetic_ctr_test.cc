@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,50 @@ TEST(SyntheticCtrTest, OtherLayoutsLoadThroughTheLayoutFile) {
   std::map<int64_t, int> ids0;
   for (int64_t e = 0; e < p->train.count(); ++e) ++ids0[p->train.Bag(e, 0)[0]];
   EXPECT_EQ(ids0.size(), 5u);  // a vocabulary of 5, all drawn
+}
+
+// A stream in parts with drift: the parts cut the examples in time order, and the ids of the end (the test set)
+// are mostly new to the first part with drift 1, mostly known without drift.
+TEST(SyntheticCtrTest, StreamPartsDriftTowardsNewIds) {
+  const std::string dir = MakeTempDir();
+  SyntheticCtrOptions o;
+  o.examples = 4000;
+  o.test_examples = 1000;
+  o.num_dense = 1;
+  o.num_sparse = 2;
+  o.vocab = {200};
+  o.stream_parts = 4;
+  // The share of the test set's ids (feature 0) that the first part holds too.
+  auto known_share = [&](double drift, const std::string& sub) {
+    o.drift = drift;
+    absl::StatusOr<SyntheticCtrReport> r = WriteSyntheticCtr(o, dir + sub);
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->parts.size(), 4u);
+    absl::StatusOr<Dataset> first = ReadCriteo(dir + sub + "/stream/part-00000.txt", CriteoLayout{1, 2});
+    absl::StatusOr<Dataset> test = ReadCriteo(dir + sub + "/test.txt", CriteoLayout{1, 2});
+    EXPECT_TRUE(first.ok() && test.ok());
+    EXPECT_EQ(first->count(), 1000);
+    int64_t lines = 0;
+    for (int p = 0; p < 4; ++p) {
+      const std::string text = ReadFile(r->parts[p]);
+      lines += std::count(text.begin(), text.end(), '\n');
+    }
+    EXPECT_EQ(lines, 4000);
+    EXPECT_EQ(ReadFile(dir + sub + "/stream/criteo_layout.txt"), "num_dense=1 num_sparse=2\n");
+    std::set<int64_t> seen;
+    for (int64_t e = 0; e < first->count(); ++e) seen.insert(first->Bag(e, 0)[0]);
+    int64_t known = 0;
+    for (int64_t e = 0; e < test->count(); ++e) known += seen.count(test->Bag(e, 0)[0]);
+    return static_cast<double>(known) / static_cast<double>(test->count());
+  };
+  EXPECT_GT(known_share(0.0, "/still"), 0.9);
+  EXPECT_LT(known_share(2.0, "/drifting"), 0.1);  // the end: items 2V + k, the first part: up to 1.5 V
+  o.drift = 0;
+  o.stream_parts = 5000;  // more parts than examples
+  EXPECT_THAT(WriteSyntheticCtr(o, dir + "/bad").status().message(), HasSubstr("--stream_parts=5000"));
+  o.stream_parts = 2;
+  o.drift = -1;
+  EXPECT_THAT(WriteSyntheticCtr(o, dir + "/bad").status().message(), HasSubstr("--drift=-1"));
 }
 
 TEST(SyntheticCtrTest, BadOptions) {

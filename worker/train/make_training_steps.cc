@@ -13,7 +13,8 @@ absl::StatusOr<std::unique_ptr<TrainingSteps>> MakeTrainingSteps(Towers* towers,
                                                                  const TrainingStepsOptions& options) {
   if (options.local_ps == nullptr)
     return std::unique_ptr<TrainingSteps>(
-        new StepRunner(towers, client, options.sync, options.kill_mid_push_at_step));
+        new StepRunner(towers, client, options.sync, options.row_cache_rows, options.row_cache_staleness,
+                       options.kill_mid_push_at_step));
   ASSIGN_OR_RETURN(kernels::OptimizerParams params, DeviceOptimizerParams(options.config));
   ResidentStepsOptions ro;
   ro.cuda_graphs = options.cuda_graphs;

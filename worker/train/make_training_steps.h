@@ -24,6 +24,9 @@ struct TrainingStepsOptions {
   // Test hook of the steps that push: SIGKILL this process at this step, right after the first range of
   // gradients was handed to the client (a worker killed in the middle of a push). -1: never.
   int64_t kill_mid_push_at_step = -1;
+  // Steps that push and pull, models with tables: the worker's row cache (worker/batch/row_cache.h; 0 rows: none).
+  int64_t row_cache_rows = 0;
+  int row_cache_staleness = 0;
 };
 
 // The steps for `towers` (both must outlive them): ResidentSteps with options.local_ps, else a StepRunner.

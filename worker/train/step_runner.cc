@@ -13,13 +13,23 @@
 
 namespace dtrain::worker {
 
-StepRunner::StepRunner(Towers* towers, ps::WorkerClient* client, bool sync, int64_t kill_mid_push_at_step)
+StepRunner::StepRunner(Towers* towers, ps::WorkerClient* client, bool sync, int64_t row_cache_rows,
+                       int row_cache_staleness, int64_t kill_mid_push_at_step)
     : kill_mid_push_at_step_(kill_mid_push_at_step), towers_(towers), client_(client), sync_(sync) {
   const models::Graph& graph = towers->tower(0)->graph();
   sparse_model_ = !graph.tables.empty();
   if (sparse_model_) {
     for (auto& s : sparse_) s = std::make_unique<SparseBatch>(graph);
     eval_sparse_ = std::make_unique<SparseBatch>(graph);
+    if (row_cache_rows > 0) {
+      std::vector<int> dims;
+      for (const models::TableInfo& t : graph.tables) dims.push_back(t.dim);
+      cache_ = std::make_unique<RowCache>(std::move(dims), row_cache_rows, row_cache_staleness);
+      for (int k = 0; k < 2; ++k) {
+        plans_[k].resize(graph.tables.size());
+        pulled_[k].resize(graph.tables.size());
+      }
+    }
   }
 }
 
@@ -31,18 +41,38 @@ absl::Status StepRunner::SetUpcomingBatches(const std::vector<models::HostBatch>
   return absl::OkStatus();
 }
 
-absl::Status StepRunner::RequestRows(SparseBatch* b, bool read_only) {
+absl::Status StepRunner::RequestRows(int slot, int64_t step) {
+  SparseBatch* b = sparse_[slot].get();
   std::vector<ps::SparsePullRequest> requests;
   for (int t = 0; t < b->num_tables(); ++t) {
-    requests.push_back({static_cast<uint32_t>(t), b->unique_ids(t).data(),
-                        static_cast<int64_t>(b->unique_ids(t).size()), b->rows(t)});
+    const std::vector<int64_t>& ids = b->unique_ids(t);
+    const int dim = b->table(t).dim;
+    if (cache_ == nullptr) {
+      requests.push_back({static_cast<uint32_t>(t), ids.data(), static_cast<int64_t>(ids.size()), b->rows(t)});
+      traffic_.ids_pulled += static_cast<int64_t>(ids.size());
+      traffic_.bytes_pulled += static_cast<int64_t>(ids.size()) * (8 + 4 * dim);
+      continue;
+    }
+    RowCache::Plan& plan = plans_[slot][t];
+    cache_->Serve(t, step, ids, b->rows(t), &plan);
+    traffic_.ids_from_cache += static_cast<int64_t>(ids.size() - plan.pull_ids.size());
+    traffic_.ids_pulled += static_cast<int64_t>(plan.pull_ids.size());
+    traffic_.bytes_pulled += static_cast<int64_t>(plan.pull_ids.size()) * (8 + 4 * dim);
+    if (plan.pull_ids.empty()) continue;
+    pulled_[slot][t].resize(plan.pull_ids.size() * dim);
+    requests.push_back({static_cast<uint32_t>(t), plan.pull_ids.data(), static_cast<int64_t>(plan.pull_ids.size()),
+                        pulled_[slot][t].data()});
   }
-  return client_->SetSparsePull(std::move(requests), read_only);
+  return client_->SetSparsePull(std::move(requests));
 }
 
-absl::Status StepRunner::BindRows() {
+absl::Status StepRunner::BindRows(int64_t step) {
   SparseBatch& b = *sparse_[current_];
-  for (int t = 0; t < b.num_tables(); ++t) RETURN_IF_ERROR(client_->WaitForSparse(static_cast<uint32_t>(t)));
+  for (int t = 0; t < b.num_tables(); ++t) {
+    RETURN_IF_ERROR(client_->WaitForSparse(static_cast<uint32_t>(t)));
+    // With a row cache: the pulled rows into the batch's rows, and into the cache (fresh at this step).
+    if (cache_ != nullptr) cache_->Store(t, step, plans_[current_][t], pulled_[current_][t].data(), b.rows(t));
+  }
   for (int k = 0; k < towers_->size(); ++k) RETURN_IF_ERROR(towers_->tower(k)->SetSparseInputs(b.inputs(k)));
   return absl::OkStatus();
 }
@@ -53,9 +83,23 @@ absl::Status StepRunner::PushRows() {
   for (int k = 0; k < towers_->size(); ++k) models.push_back(towers_->tower(k));
   RETURN_IF_ERROR(b.AverageGradients(models));
   last_step_unique_ids_ = b.total_unique();
+  ++traffic_.steps;
   for (int t = 0; t < b.num_tables(); ++t) {
-    RETURN_IF_ERROR(client_->PushSparse(static_cast<uint32_t>(t), b.unique_ids(t).data(),
-                                        static_cast<int64_t>(b.unique_ids(t).size()), b.grads(t)));
+    const int dim = b.table(t).dim;
+    if (cache_ == nullptr) {
+      RETURN_IF_ERROR(client_->PushSparse(static_cast<uint32_t>(t), b.unique_ids(t).data(),
+                                          static_cast<int64_t>(b.unique_ids(t).size()), b.grads(t)));
+      traffic_.ids_pushed += static_cast<int64_t>(b.unique_ids(t).size());
+      traffic_.bytes_pushed += static_cast<int64_t>(b.unique_ids(t).size()) * (8 + 4 * dim);
+      continue;
+    }
+    // The gradients of cached rows wait for their next pull; the others go now, with what their rows gathered.
+    cache_->Gradients(t, b.unique_ids(t), plans_[current_][t], b.grads(t), &push_ids_, &push_grads_);
+    traffic_.ids_pushed += static_cast<int64_t>(push_ids_.size());
+    traffic_.bytes_pushed += static_cast<int64_t>(push_ids_.size()) * (8 + 4 * dim);
+    if (push_ids_.empty()) continue;
+    RETURN_IF_ERROR(client_->PushSparse(static_cast<uint32_t>(t), push_ids_.data(),
+                                        static_cast<int64_t>(push_ids_.size()), push_grads_.data()));
   }
   return absl::OkStatus();
 }
@@ -67,7 +111,7 @@ absl::StatusOr<ps::PullResult> StepRunner::Start() {
     }
     current_ = 1 - current_;
     upcoming_set_ = false;
-    RETURN_IF_ERROR(RequestRows(sparse_[current_].get()));
+    RETURN_IF_ERROR(RequestRows(current_, step_));
   }
   ASSIGN_OR_RETURN(ps::PullResult at,
                    client_->Pull(/*min_step=*/0, /*since_step=*/0, towers_->host_params()));
@@ -79,7 +123,12 @@ absl::Status StepRunner::LoadSparseRows(const models::HostBatch& batch) {
   if (!sparse_model_) return absl::OkStatus();
   RETURN_IF_ERROR(eval_sparse_->Prepare({batch}));
   // Read only: evaluation must not create (or count, or keep from eviction) the rows of the test set's ids.
-  RETURN_IF_ERROR(RequestRows(eval_sparse_.get(), /*read_only=*/true));
+  std::vector<ps::SparsePullRequest> requests;  // every row (the cache is the training steps')
+  for (int t = 0; t < eval_sparse_->num_tables(); ++t) {
+    requests.push_back({static_cast<uint32_t>(t), eval_sparse_->unique_ids(t).data(),
+                        static_cast<int64_t>(eval_sparse_->unique_ids(t).size()), eval_sparse_->rows(t)});
+  }
+  RETURN_IF_ERROR(client_->SetSparsePull(std::move(requests), /*read_only=*/true));
   // The parameters of that pull are not used (tower 0 keeps what LoadParameters gave it: maybe the moving
   // averages): only the rows.
   scratch_params_.resize(towers_->num_parameters());
@@ -108,12 +157,21 @@ absl::StatusOr<std::vector<std::vector<float>>> StepRunner::PullTables() {
   return rows;
 }
 
+absl::Status StepRunner::ScoreBatch(const models::HostBatch& batch, float* logits) {
+  RETURN_IF_ERROR(client_->WaitForRange(0, towers_->num_parameters()));
+  if (sparse_model_) {
+    RETURN_IF_ERROR(BindRows(step_));
+  }
+  RETURN_IF_ERROR(towers_->SetParameters(towers_->host_params()));  // devices: upload them (host towers: nothing)
+  return towers_->tower(0)->Predict(batch, logits);
+}
+
 absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int64_t step) {
   if (sparse_model_) {
     if (!upcoming_set_) {
       return absl::FailedPreconditionError("a model with sparse tables steps after SetUpcomingBatches");
     }
-    RETURN_IF_ERROR(BindRows());
+    RETURN_IF_ERROR(BindRows(step));
   }
   // The previous push reads host_grads() until it is done: wait for it before backward overwrites them.
   RETURN_IF_ERROR(client_->BeginPush(step, towers_->host_grads()));
@@ -149,7 +207,7 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
     // The next step's rows come with the next pull.
     current_ = 1 - current_;
     upcoming_set_ = false;
-    RETURN_IF_ERROR(RequestRows(sparse_[current_].get()));
+    RETURN_IF_ERROR(RequestRows(current_, step + 1));
   }
   client_->StartPull(sync_ ? step + 1 : 0, step, towers_->host_params());
   losses_.push_back(*loss);

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "ps/client/worker_client.h"
 #include "worker/models/model.h"
+#include "worker/batch/row_cache.h"
 #include "worker/batch/sparse_batch.h"
 #include "worker/towers/towers.h"
 #include "worker/train/training_steps.h"
@@ -32,8 +33,11 @@ namespace dtrain::worker {
 class StepRunner : public TrainingSteps {
  public:
   // `towers` and `client` must outlive the runner; the client's flat buffers are the towers' host buffers.
-  // `kill_mid_push_at_step` >= 0: a test hook (TrainingStepsOptions::kill_mid_push_at_step).
-  StepRunner(Towers* towers, ps::WorkerClient* client, bool sync, int64_t kill_mid_push_at_step = -1);
+  // row_cache_rows > 0: a row cache (worker/batch/row_cache.h) of that many rows per table serves rows at most
+  // row_cache_staleness steps old without pulling them. `kill_mid_push_at_step` >= 0: a test hook
+  // (TrainingStepsOptions::kill_mid_push_at_step).
+  StepRunner(Towers* towers, ps::WorkerClient* client, bool sync, int64_t row_cache_rows = 0,
+             int row_cache_staleness = 0, int64_t kill_mid_push_at_step = -1);
 
   // Pulls the current parameters (blocking): the step training starts from.
   absl::StatusOr<ps::PullResult> Start() override;
@@ -41,6 +45,10 @@ class StepRunner : public TrainingSteps {
   absl::Status LoadSparseRows(const models::HostBatch& batch) override;
   absl::StatusOr<std::vector<std::vector<float>>> PullTables() override;
   int64_t last_step_unique_ids() const override { return last_step_unique_ids_; }
+  SparseTraffic sparse_traffic() const override { return traffic_; }
+  // Waits for every parameter and row of the pull in flight, then tower 0 predicts on the batch (the step that
+  // follows overlaps nothing with this pull then: the chief's price for scoring).
+  absl::Status ScoreBatch(const models::HostBatch& batch, float* logits) override;
   // Computes one step on the parameters of `step` (the step of the pull in flight): forward, backward with
   // layer-by-layer pushes, commit; then starts the next pull. InternalError when the loss is not finite
   // (nothing of the step is committed then).
@@ -59,10 +67,11 @@ class StepRunner : public TrainingSteps {
 
  private:
   const int64_t kill_mid_push_at_step_;
-  // Sparse tables: SetSparsePull for the rows of sparse_[upcoming_]'s ids.
-  absl::Status RequestRows(SparseBatch* batch, bool read_only = false);
-  // Binds the rows of the current step (arrived with the pull in flight) to every tower.
-  absl::Status BindRows();
+  // Sparse tables: SetSparsePull for the rows of the batch's ids (in slot `slot` of sparse_), for the step
+  // `step` (with a row cache: only those it does not hold fresh for that step).
+  absl::Status RequestRows(int slot, int64_t step);
+  // Binds the rows of the current step (arrived with the pull in flight, of step `step`) to every tower.
+  absl::Status BindRows(int64_t step);
   // After the towers' backward: averages their row gradients and adds them to the push.
   absl::Status PushRows();
 
@@ -79,6 +88,13 @@ class StepRunner : public TrainingSteps {
   bool upcoming_set_ = false;  // SetUpcomingBatches since the last pull started
   int64_t last_step_unique_ids_ = 0;
   std::vector<float> scratch_params_;  // where an evaluation pull's parameters go
+  // The row cache, and per slot of sparse_ and table: what it served and what the pull brings.
+  std::unique_ptr<RowCache> cache_;
+  std::vector<RowCache::Plan> plans_[2];
+  std::vector<std::vector<float>> pulled_[2];
+  std::vector<int64_t> push_ids_;
+  std::vector<float> push_grads_;
+  SparseTraffic traffic_;
 };
 
 }  // namespace dtrain::worker

@@ -34,7 +34,9 @@ TrainingSummaries::TrainingSummaries(EventWriter* writer, std::vector<Variable> 
       last_received_(num_tasks, 0),
       last_sent_(num_tasks, 0),
       last_created_(num_tasks),
-      last_evicted_(num_tasks) {}
+      last_evicted_(num_tasks),
+      last_expired_(num_tasks),
+      last_not_admitted_(num_tasks) {}
 
 void TrainingSummaries::AddTables(size_t t, const ps::TrainingStats& stats, std::vector<TableTotals>* totals) {
   // Counters since the task started: one below its last value means the task restarted (or was restored).
@@ -46,6 +48,8 @@ void TrainingSummaries::AddTables(size_t t, const ps::TrainingStats& stats, std:
   if (totals->size() < stats.tables.size()) totals->resize(stats.tables.size());
   last_created_[t].resize(stats.tables.size(), 0);
   last_evicted_[t].resize(stats.tables.size(), 0);
+  last_expired_[t].resize(stats.tables.size(), 0);
+  last_not_admitted_[t].resize(stats.tables.size(), 0);
   for (size_t k = 0; k < stats.tables.size(); ++k) {
     const ps::SparseTableStats& s = stats.tables[k];
     TableTotals& total = (*totals)[k];
@@ -53,6 +57,8 @@ void TrainingSummaries::AddTables(size_t t, const ps::TrainingStats& stats, std:
     total.rows += s.rows;
     total.created += since_last(s.created, &last_created_[t][k]);
     total.evicted += since_last(s.evicted, &last_evicted_[t][k]);
+    total.expired += since_last(s.expired, &last_expired_[t][k]);
+    total.not_admitted += since_last(s.not_admitted, &last_not_admitted_[t][k]);
   }
 }
 
@@ -90,6 +96,8 @@ absl::Status TrainingSummaries::Write(int64_t step, const float* params, const f
     RETURN_IF_ERROR(writer_->AddScalar(prefix + "rows", step, static_cast<double>(table.rows)));
     RETURN_IF_ERROR(writer_->AddScalar(prefix + "rows_created_per_sec", step, table.created / secs));
     RETURN_IF_ERROR(writer_->AddScalar(prefix + "rows_evicted_per_sec", step, table.evicted / secs));
+    RETURN_IF_ERROR(writer_->AddScalar(prefix + "rows_expired_per_sec", step, table.expired / secs));
+    RETURN_IF_ERROR(writer_->AddScalar(prefix + "lookups_not_admitted_per_sec", step, table.not_admitted / secs));
   }
   if (unique_ids_) {
     RETURN_IF_ERROR(writer_->AddScalar("sparse/unique_ids_per_step", step, static_cast<double>(unique_ids_())));

@@ -9,6 +9,8 @@
 //   sparse/<table>/rows                    rows of the table held, summed over the ps tasks
 //   sparse/<table>/rows_created_per_sec    rows the ps tasks created (first lookups) per second since the last summary
 //   sparse/<table>/rows_evicted_per_sec    rows evicted by max_rows per second since the last summary
+//   sparse/<table>/rows_expired_per_sec    rows the ps removed by expiry (--row_ttl) per second since then
+//   sparse/<table>/lookups_not_admitted_per_sec  lookups of ids refused a row (--admit_after, --admit_probability)
 //   sparse/unique_ids_per_step             this worker's unique ids over all tables in its last step
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<TrainingSummaries> summaries,
@@ -67,7 +69,7 @@ class TrainingSummaries {
   // One table summed over the tasks since the last summary.
   struct TableTotals {
     std::string name;
-    int64_t rows = 0, created = 0, evicted = 0;
+    int64_t rows = 0, created = 0, evicted = 0, expired = 0, not_admitted = 0;
   };
   TrainingSummaries(EventWriter* writer, std::vector<Variable> variables, ps::Optimizer optimizer, int num_tasks,
                     TaskStatsFn task_stats, absl::Time start, UniqueIdsFn unique_ids);
@@ -82,7 +84,8 @@ class TrainingSummaries {
   UniqueIdsFn unique_ids_;
   absl::Time last_time_;
   std::vector<int64_t> last_received_, last_sent_;  // per task, at last_time_
-  std::vector<std::vector<int64_t>> last_created_, last_evicted_;  // per task and table, at last_time_
+  // Per task and table, at last_time_.
+  std::vector<std::vector<int64_t>> last_created_, last_evicted_, last_expired_, last_not_admitted_;
 };
 
 // The staleness histogram of ps::TrainingStats (bucket k = pushes applied with staleness k) as a Histogram of

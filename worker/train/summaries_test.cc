@@ -146,6 +146,8 @@ TEST_F(SummariesTest, WritesEachTablesRowsAndTheUniqueIdsPerStep) {
     a.rows = task == 0 ? (round == 0 ? 100 : 296) : (round == 0 ? 50 : 20);
     a.created = task == 0 ? (round == 0 ? 100 : 300) : (round == 0 ? 50 : 20);
     a.evicted = task == 0 ? (round == 0 ? 2 : 6) : 0;
+    a.expired = task == 0 ? (round == 0 ? 4 : 10) : 0;
+    a.not_admitted = task == 1 ? (round == 0 ? 8 : 12) : 0;
     b.rows = b.created = 10 * (task + 1);
     s.tables = {a, b};
     return s;
@@ -173,6 +175,8 @@ TEST_F(SummariesTest, WritesEachTablesRowsAndTheUniqueIdsPerStep) {
   // (100 + 50) / 2 s, then (200 + 20 since task 1's restart) / 2 s.
   EXPECT_EQ(scalars("sparse/emb/a/rows_created_per_sec"), (std::vector<float>{75, 110}));
   EXPECT_EQ(scalars("sparse/emb/a/rows_evicted_per_sec"), (std::vector<float>{1, 2}));
+  EXPECT_EQ(scalars("sparse/emb/a/rows_expired_per_sec"), (std::vector<float>{2, 3}));
+  EXPECT_EQ(scalars("sparse/emb/a/lookups_not_admitted_per_sec"), (std::vector<float>{4, 2}));
   EXPECT_EQ(scalars("sparse/emb/b/rows_created_per_sec"), (std::vector<float>{15, 0}));
   EXPECT_EQ(scalars("sparse/unique_ids_per_step"), (std::vector<float>{700, 650}));
 }

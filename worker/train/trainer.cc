@@ -26,6 +26,8 @@
 #include "ps/core/optimizer.h"
 #include "ps/client/worker_client.h"
 #include "worker/batch/batch_view.h"
+#include "worker/data/batch_stream_follow.h"
+#include "worker/data/metrics.h"
 #include "worker/eval/evaluation.h"
 #include "worker/models/graph.h"
 #include "worker/models/model.h"
@@ -64,17 +66,25 @@ std::string FormatStats(const ps::TrainingStats& s, bool async) {
 // Models with tables: the rows held over every task and table, and the bytes the tasks received and sent per
 // global step of this run, on one line (scripts/compare_cluster_sizes.py reads it).
 void PrintSparseTotals(ps::WorkerClient* client, const TrainingResult& result) {
-  int64_t rows = 0, bytes = 0;
+  int64_t rows = 0, bytes = 0, table_bytes = 0, created = 0, expired = 0, not_admitted = 0;
   for (int t = 0; t < client->num_tasks(); ++t) {
     absl::StatusOr<ps::TrainingStats> s = client->Stats(t);
     if (!s.ok()) return;
-    for (const ps::SparseTableStats& table : s->tables) rows += table.rows;
+    for (const ps::SparseTableStats& table : s->tables) {
+      rows += table.rows;
+      table_bytes += table.bytes;
+      created += table.created;
+      expired += table.expired;
+      not_admitted += table.not_admitted;
+    }
     bytes += s->bytes_received + s->bytes_sent;
   }
   const int64_t steps = std::max<int64_t>(1, result.global_step - result.first_step);
   std::printf("sparse tables: %lld rows held on %d ps task%s; %lld bytes/step received + sent by the ps tasks "
-              "(%lld steps)\n", static_cast<long long>(rows), client->num_tasks(), client->num_tasks() > 1 ? "s" : "",
-              static_cast<long long>(bytes / steps), static_cast<long long>(steps));
+              "(%lld steps); %lld bytes of tables; %lld rows created, %lld expired, %lld lookups not admitted\n",
+              static_cast<long long>(rows), client->num_tasks(), client->num_tasks() > 1 ? "s" : "",
+              static_cast<long long>(bytes / steps), static_cast<long long>(steps), static_cast<long long>(table_bytes),
+              static_cast<long long>(created), static_cast<long long>(expired), static_cast<long long>(not_admitted));
 }
 
 // What the data set gives a run: the model's input geometry, this worker's training stream and (chief) the
@@ -103,7 +113,25 @@ struct Connection {
 // ---- data ----
 absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d) {
   d->dataset = o->dataset;
-  if (d->dataset == nullptr) {
+  data::BatchStreamOptions sopt;
+  sopt.batch_size = o->batch_size;
+  sopt.shard_index = local ? 0 : o->worker_id;
+  sopt.num_shards = local ? 1 : o->num_workers;
+  sopt.seed = o->seed;
+  sopt.shuffle = o->shuffle;
+  if (o->follow) {
+    // Online: the stream follows the directory; its first file gives the features (no test set).
+    data::FollowOptions fo;
+    fo.dir = o->data_dir;
+    fo.format = o->data_format;
+    fo.poll = absl::Seconds(o->follow_poll_secs);
+    fo.idle_timeout = o->follow_idle_secs > 0 ? absl::Seconds(o->follow_idle_secs) : absl::InfiniteDuration();
+    fo.stop = o->input_stop;
+    ASSIGN_OR_RETURN(d->stream, data::FollowFiles(fo, sopt, &d->loaded.train));
+    d->loaded.test = d->loaded.train;  // no examples: the shape only
+    d->loaded.format = "follow";
+    d->dataset = &d->loaded;
+  } else if (d->dataset == nullptr) {
     ASSIGN_OR_RETURN(d->loaded, data::LoadDataset(o->data_dir, o->data_format, o->data_options));
     d->dataset = &d->loaded;
   }
@@ -143,12 +171,6 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
   }
   mopt.num_classes = train.num_classes;
 
-  data::BatchStreamOptions sopt;
-  sopt.batch_size = o->batch_size;
-  sopt.shard_index = local ? 0 : o->worker_id;
-  sopt.num_shards = local ? 1 : o->num_workers;
-  sopt.seed = o->seed;
-  sopt.shuffle = o->shuffle;
   sopt.preprocess = d->defaults.train_preprocess;
   if (!ctr) RETURN_IF_ERROR(data::CheckNormalization(o->input_normalization, train.channels));
   sopt.normalize = o->input_normalization;
@@ -157,14 +179,16 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
   sopt.threads = o->input_threads;
   sopt.augment = o->augment;
   sopt.bad_examples = o->bad_images;
-  ASSIGN_OR_RETURN(d->stream, data::BatchStream::Create(train, sopt));
-  if (o->decay_steps == 0 && d->defaults.decay_epochs > 0 &&
+  if (!o->follow) {
+    ASSIGN_OR_RETURN(d->stream, data::BatchStream::Create(train, sopt));
+  }
+  if (o->decay_steps == 0 && d->defaults.decay_epochs > 0 && !o->follow &&
       (o->lr_schedule == "exponential" || o->lr_schedule == "step")) {  // the model's default schedule
     o->decay_steps = models::DefaultDecaySteps(d->defaults, train.count(), o->batch_size);
     o->decay_rate = d->defaults.decay_rate;
     o->staircase = d->defaults.staircase;
   }
-  if (chief && (o->evaluate || o->eval_every > 0)) {
+  if (chief && (o->evaluate || o->eval_every > 0) && !o->follow) {
     data::EvalBatchOptions eo;
     eo.batch_size = mopt.eval_batch_size;
     eo.preprocess = d->defaults.eval_preprocess;
@@ -205,12 +229,21 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   config.total_num_replicas = local ? 1 : o.total_num_replicas;
   config.max_staleness = o.max_staleness;
   ASSIGN_OR_RETURN(config.optimizer, OptimizerConfigOf(o));
+  config.sparse_mode = o.sparse_mode;
   config.moving_average_decay = o.moving_average_decay;
   config.train_steps = o.train_steps;
   if (chief) config.model_flags = o.model_flags;
   const std::vector<models::TableInfo>& tables = model0->graph().tables;
+  ASSIGN_OR_RETURN(const ps::RowDtype row_dtype, ps::ParseRowDtype(o.row_dtype));
+  ASSIGN_OR_RETURN(const ps::RowDtype slot_dtype, ps::ParseRowDtype(o.row_slot_dtype));
   for (size_t t = 0; t < tables.size(); ++t) {
-    config.tables.push_back(TableSpecOf(tables[t], static_cast<uint32_t>(t), o.seed));
+    ps::SparseTableSpec spec = TableSpecOf(tables[t], static_cast<uint32_t>(t), o.seed);
+    spec.ttl_steps = o.row_ttl_steps;
+    spec.ttl_secs = o.row_ttl_secs;
+    spec.admit_probability = o.admit_probability;
+    spec.row_dtype = row_dtype;
+    spec.slot_dtype = slot_dtype;
+    config.tables.push_back(std::move(spec));
   }
   if (!tables.empty()) {
     config.sparse_optimizer.name = o.sparse_optimizer;
@@ -222,6 +255,8 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
     ps::ParameterServerOptions po;
     po.num_workers = 1;
     po.checkpoint = o.checkpoint;
+    po.delta = o.delta;
+    if (po.delta.dir.empty()) po.delta.dir = o.checkpoint.dir;
     po.apply_threads = o.threads;
     ASSIGN_OR_RETURN(c->local_ps, ps::ParameterServer::Create(po));
     c->tasks = {c->local_ps.get()};
@@ -315,6 +350,33 @@ absl::Status CollectLosses(TrainingSteps* steps, TrainingResult* result) {
   return absl::OkStatus();
 }
 
+// The newest examples the chief of an online run scored before training on them (progressive validation): a
+// ring of (logit, label) pairs.
+class ScoreWindow {
+ public:
+  explicit ScoreWindow(int64_t capacity) : capacity_(static_cast<size_t>(std::max<int64_t>(capacity, 0))) {}
+  void Add(const float* logits, const std::vector<float>& labels) {
+    for (size_t i = 0; i < labels.size() && capacity_ > 0; ++i) {
+      if (logits_.size() < capacity_) {
+        logits_.push_back(logits[i]);
+        labels_.push_back(labels[i]);
+      } else {
+        logits_[next_] = logits[i];
+        labels_[next_] = labels[i];
+        next_ = (next_ + 1) % capacity_;
+      }
+    }
+  }
+  int64_t size() const { return static_cast<int64_t>(logits_.size()); }
+  double LogLoss() const { return data::MeanLogLoss(logits_, labels_); }
+  double Auc() const { return data::RocAuc(logits_, labels_); }
+
+ private:
+  size_t capacity_;
+  size_t next_ = 0;
+  std::vector<float> logits_, labels_;
+};
+
 // ---- the loop ----
 // Steps until the global step reaches train_steps: a progress line every log_every local steps, the chief's
 // test accuracy every eval_every global steps, summaries every summary_every local steps. A ps task that
@@ -328,7 +390,7 @@ struct StepInput {
 };
 
 absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towers* towers, Connection* c,
-                       TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries,
+                       TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries, ScoreWindow* window,
                        TrainingResult* result) {
   int reconnects = 0;
   // Models with sparse tables read one step ahead: the pull that brings a step's parameters also brings the rows
@@ -338,7 +400,8 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   bool have_current = false;
   // The time the loop waits for input (a stream that keeps ahead of the towers returns at once).
   double window_input_wait = 0;
-  auto draw = [&](StepInput* in) -> absl::Status {
+  // One step's batches; false when the input ended (an online run: no new file, or stopped).
+  auto draw = [&](StepInput* in) -> absl::StatusOr<bool> {
     in->batches.resize(towers->size());
     in->views.resize(towers->size());
     for (int t = 0; t < towers->size(); ++t) {
@@ -349,17 +412,19 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       window_input_wait += waited;
       in->batches[t] = next;  // copy: the stream's buffer is reused on the next call
       if (in->batches[t].batch == 0) {
-        const absl::Status s = d->stream->status();
-        return s.ok() ? absl::InternalError("the input stream returned an empty batch") : s;
+        RETURN_IF_ERROR(d->stream->status());  // a file that could not be read
+        if (!o.follow) return absl::InternalError("the input stream returned an empty batch");
+        return false;
       }
       in->views[t] = View(in->batches[t]);
     }
     in->position = d->stream->SaveState();
-    return absl::OkStatus();
+    return true;
   };
   auto start_pulling = [&]() -> absl::StatusOr<ps::PullResult> {
     if (sparse) {
-      RETURN_IF_ERROR(draw(&current));
+      ASSIGN_OR_RETURN(const bool got, draw(&current));
+      if (!got) return absl::FailedPreconditionError("the input ended before its first batch");
       have_current = true;
       RETURN_IF_ERROR(steps->SetUpcomingBatches(current.views));
     }
@@ -399,16 +464,39 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   absl::Time window_start = start;
   int64_t window_steps = 0;
   int64_t next_eval = o.eval_every > 0 ? (at.step / o.eval_every + 1) * o.eval_every : -1;
-  while (at.step < o.train_steps && !at.training_done) {
+  const auto before_end = [&o](int64_t step) { return o.train_steps == 0 || step < o.train_steps; };
+  // Progressive validation: the chief of an online run scores its batch before it trains on it.
+  const bool scoring = chief && o.follow && o.eval_window > 0 && towers->tower(0)->graph().output_shape().size() == 1;
+  std::vector<float> logits;
+  while (before_end(at.step) && !at.training_done) {
     if (o.stop != nullptr && o.stop->cancelled()) {  // SIGTERM: the step before is done, this one not begun
       result->stopped = true;
       break;
     }
-    if (!have_current) RETURN_IF_ERROR(draw(&current));
+    if (o.input_stop && o.input_stop()) {
+      result->input_ended = true;
+      break;
+    }
+    if (!have_current) {
+      ASSIGN_OR_RETURN(const bool got, draw(&current));
+      if (!got) {
+        result->input_ended = true;
+        break;
+      }
+    }
     absl::Status stepped = absl::OkStatus();
     if (sparse) {
-      RETURN_IF_ERROR(draw(&upcoming));
+      ASSIGN_OR_RETURN(const bool got, draw(&upcoming));
+      if (!got) {
+        result->input_ended = true;
+        break;
+      }
       stepped = steps->SetUpcomingBatches(upcoming.views);
+    }
+    if (stepped.ok() && scoring) {
+      logits.resize(current.views[0].batch);
+      stepped = steps->ScoreBatch(current.views[0], logits.data());
+      if (stepped.ok()) window->Add(logits.data(), current.batches[0].labels);
     }
     // Where the input is after this step's batches, for the checkpoints (a few dozen bytes).
     if (c->device_resident) {
@@ -458,7 +546,22 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       // Device-resident steps keep the gradients on the devices: no gradient histograms then.
       RETURN_IF_ERROR(summaries->Write(at.step, params.data(), c->device_resident ? nullptr : towers->host_grads()));
     }
-    if (chief && next_eval > 0 && at.step >= next_eval && at.step < o.train_steps) {
+    if (chief && next_eval > 0 && at.step >= next_eval && before_end(at.step) && o.follow) {
+      if (window->size() > 0) {
+        const double log_loss = window->LogLoss(), auc = window->Auc();
+        if (!o.quiet) {
+          std::printf("step %lld: newest %lld examples (scored before training on them): log loss = %.4f, AUC = %.4f\n",
+                      static_cast<long long>(at.step), static_cast<long long>(window->size()), log_loss, auc);
+          std::fflush(stdout);
+        }
+        if (events) {
+          RETURN_IF_ERROR(events->AddScalar("window_log_loss", at.step, log_loss));
+          RETURN_IF_ERROR(events->AddScalar("window_auc", at.step, auc));
+          RETURN_IF_ERROR(events->Flush());
+        }
+      }
+      next_eval = (at.step / o.eval_every + 1) * o.eval_every;
+    } else if (chief && next_eval > 0 && at.step >= next_eval && before_end(at.step)) {
       ASSIGN_OR_RETURN(at, settle());
       ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), *d, /*moving_averages=*/false));
       const double secs = absl::ToDoubleSeconds(absl::Now() - start);
@@ -514,7 +617,7 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
     ASSIGN_OR_RETURN(result->table_rows, steps->PullTables());
   }
   if (chief) {
-    if (o.evaluate) {
+    if (o.evaluate && !o.follow) {
       ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/false));
       result->test_accuracy = e.accuracy;
       result->test_log_loss = e.log_loss;
@@ -532,6 +635,21 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
       }
     }
     if (events) RETURN_IF_ERROR(events->Close());
+  }
+  const TrainingSteps::SparseTraffic traffic = steps->sparse_traffic();
+  if (traffic.steps > 0) {
+    result->sparse_bytes_per_step =
+        static_cast<double>(traffic.bytes_pulled + traffic.bytes_pushed) / static_cast<double>(traffic.steps);
+    const int64_t served = traffic.ids_pulled + traffic.ids_from_cache;
+    result->row_cache_hit_rate = served > 0 ? static_cast<double>(traffic.ids_from_cache) / served : 0;
+    if (!o.quiet) {
+      std::printf("worker %d: sparse rows: %.0f bytes/step pulled + pushed (%.0f ids pulled, %.0f pushed a step; %.1f%% "
+                  "of the ids served by the row cache)\n",
+                  o.worker_id, result->sparse_bytes_per_step,
+                  static_cast<double>(traffic.ids_pulled) / static_cast<double>(traffic.steps),
+                  static_cast<double>(traffic.ids_pushed) / static_cast<double>(traffic.steps),
+                  100.0 * result->row_cache_hit_rate);
+    }
   }
   if (!o.quiet) {
     std::printf("worker %d: %lld local steps, %lld examples in %.2f sec (%.1f examples/sec)\n", o.worker_id,
@@ -557,10 +675,11 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
                     static_cast<long long>(c->placement.task_bytes[t]), ts->bytes_received / steps_run / 1e6,
                     ts->bytes_sent / steps_run / 1e6);
         for (const ps::SparseTableStats& s : ts->tables) {
-          std::printf("  table %s: %lld rows (%lld created, %lld evicted), %lld lookups, %lld not admitted\n",
+          std::printf("  table %s: %lld rows (%lld created, %lld evicted, %lld expired), %lld lookups, %lld not "
+                      "admitted\n",
                       s.name.c_str(), static_cast<long long>(s.rows), static_cast<long long>(s.created),
-                      static_cast<long long>(s.evicted), static_cast<long long>(s.lookups),
-                      static_cast<long long>(s.not_admitted));
+                      static_cast<long long>(s.evicted), static_cast<long long>(s.expired),
+                      static_cast<long long>(s.lookups), static_cast<long long>(s.not_admitted));
         }
       }
     }
@@ -576,6 +695,11 @@ void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const Training
     std::printf("step %lld: test accuracy with moving averages = %.4f (%lld examples)\n",
                 static_cast<long long>(result.global_step), result.test_accuracy_averaged,
                 static_cast<long long>(d.dataset->test.count()));
+  }
+  if (result.window_examples > 0) {
+    std::printf("step %lld: newest %lld examples (scored before training on them): log loss = %.4f, AUC = %.4f\n",
+                static_cast<long long>(result.global_step), static_cast<long long>(result.window_examples),
+                result.window_log_loss, result.window_auc);
   }
   if (result.test_binary) {
     std::printf("step %lld: test log loss = %.4f, AUC = %.4f, accuracy = %.4f (%lld examples)\n",
@@ -618,7 +742,9 @@ absl::Status ApplyModelDefaults(WorkerOptions* o) {
   if (o->mode != "sync" && o->mode != "async") {
     return absl::InvalidArgumentError(absl::StrCat("--mode must be sync or async, got '", o->mode, "'"));
   }
-  if (o->train_steps <= 0) return absl::InvalidArgumentError("--train_steps must be > 0");
+  if (o->train_steps < 0 || (o->train_steps == 0 && !o->follow)) {
+    return absl::InvalidArgumentError("--train_steps must be > 0 (0, no end, only with --follow)");
+  }
   if (o->log_every <= 0) return absl::InvalidArgumentError("--log_every must be > 0");
   return absl::OkStatus();
 }
@@ -810,6 +936,8 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
   sopt.config = ps.config;
   sopt.cuda_graphs = o.cuda_graphs;
   sopt.kill_mid_push_at_step = o.kill_mid_push_at_step;
+  sopt.row_cache_rows = o.row_cache_rows;
+  sopt.row_cache_staleness = o.row_cache_staleness;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,
                    MakeTrainingSteps(towers.get(), ps.client.get(), sopt));
   // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.
@@ -832,15 +960,25 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
 
   // The loop, then the end: evaluation, statistics, done.
   TrainingResult result;
+  ScoreWindow window(o.follow ? o.eval_window : 0);
   // A ps task that restarts after the last step answers the chief's final pull with Aborted: connect again (the
   // chief restores every task to the newest common checkpoint) and train from there to the end once more.
   int64_t first_step = -1;
   for (int reconnects = 0;; ++reconnects) {
     const double seconds_before = result.seconds;
-    const absl::Status looped =
-        TrainLoop(o, chief, &data, towers.get(), &ps, steps.get(), events.get(), summaries.get(), &result);
+    const absl::Status looped = TrainLoop(o, chief, &data, towers.get(), &ps, steps.get(), events.get(),
+                                          summaries.get(), &window, &result);
     end_of_loop();  // a stop from here on lets the chief evaluate and export
     RETURN_IF_ERROR(looped);
+    if (window.size() > 0) {  // the chief's progressive validation at the end
+      result.window_examples = window.size();
+      result.window_log_loss = window.LogLoss();
+      result.window_auc = window.Auc();
+      if (events) {
+        RETURN_IF_ERROR(events->AddScalar("window_log_loss", result.global_step, result.window_log_loss));
+        RETURN_IF_ERROR(events->AddScalar("window_auc", result.global_step, result.window_auc));
+      }
+    }
     // The throughput figures cover the whole run.
     if (first_step < 0) first_step = result.first_step;
     result.first_step = first_step;
@@ -850,6 +988,10 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
     if (finished.ok()) break;
     if (finished.code() != absl::StatusCode::kAborted || local || reconnects >= kMaxReconnects) return finished;
     RETURN_IF_ERROR(ConnectAgain(o, &ps, &data, finished));
+  }
+  if (result.input_ended && !o.quiet) {
+    std::printf("worker %d: the input ended at global step %lld\n", o.worker_id,
+                static_cast<long long>(result.global_step));
   }
   if (result.stopped) {
     // Stopped before the end (SIGTERM): leave as stopped. The chief has evaluated and exported first (below: the

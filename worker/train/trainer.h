@@ -48,6 +48,19 @@ struct WorkerOptions {
   int input_threads = 0;
   bool augment = true;
   data::BadExamples bad_images = data::BadExamples::kSkip;
+  // Online training (--follow): data_dir is a directory where files keep arriving (Criteo text or TFRecord CTR
+  // examples; worker/data/batch_stream_follow.h), read once each in name order. Training runs until the global
+  // step reaches train_steps (0: no end), until the input ends (no new file for follow_idle_secs; 0: never), or
+  // until `input_stop` returns true (polled every step). No test set: the chief validates progressively
+  // (eval_window).
+  bool follow = false;
+  double follow_poll_secs = 1;
+  double follow_idle_secs = 0;
+  // The chief of an online run scores each of its batches before it trains on them; every eval_every global steps
+  // (and at the end) it reports the log loss and AUC of the newest eval_window examples so scored (printed, and
+  // TensorBoard window/log_loss, window/auc). 0: no scoring.
+  int64_t eval_window = 100000;
+  std::function<bool()> input_stop;
 
   // Models with sparse embedding tables (--model=dlrm): the update of their rows on the ps ("" / 0: the model's
   // default) and the dlrm's shape (worker/models/dlrm.h): passed to the registry when it resolves the model.
@@ -55,6 +68,20 @@ struct WorkerOptions {
   float sparse_learning_rate = 0;
   models::DlrmConfig dlrm;
   uint64_t seed = 1;
+  // Every sparse table of the model (ps::SparseTableSpec, ps/core/sparse_store.h): expiry after row_ttl_steps
+  // global steps or row_ttl_secs seconds untouched (0: none), probabilistic admission, the rows' and their
+  // optimizer slots' type on the ps ("fp32", "fp16", "bf16").
+  int64_t row_ttl_steps = 0, row_ttl_secs = 0;
+  float admit_probability = 1;
+  std::string row_dtype = "fp32", row_slot_dtype = "fp32";
+  // Sync mode, models with tables: "async" keeps the dense variables synchronous and applies each push's rows as it
+  // arrives (PERSIA's hybrid; ps::TrainConfig::sparse_mode).
+  std::string sparse_mode = "sync";
+  // The worker's row cache (worker/batch/row_cache.h): up to row_cache_rows rows of each table kept between
+  // steps, not pulled again while they are at most row_cache_staleness steps old; the gradients of the steps that
+  // used a cached row are summed and pushed when the row is pulled again or leaves the cache. 0 rows: none.
+  int64_t row_cache_rows = 0;
+  int row_cache_staleness = 0;
 
   // Training. 0 / "" = the model's default (resolved_model->defaults).
   int64_t train_steps = 2000;  // global steps
@@ -80,8 +107,10 @@ struct WorkerOptions {
   float warmup_start_factor = 0;
   float moving_average_decay = 0;
 
-  // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/core/parameter_server.h).
+  // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/core/parameter_server.h), and writes
+  // deltas (its `delta` options; delta.dir defaults to checkpoint.dir).
   ps::CheckpointOptions checkpoint;
+  ps::DeltaOptions delta;
 
   // Distribution.
   std::string mode = "sync";  // sync | async
@@ -176,6 +205,14 @@ struct TrainingResult {
   // asked). Printed by the chief, and by any worker when the run was not complete.
   ps::RunOutcome outcome = ps::RunOutcome::kComplete;
   std::string outcome_line;
+  // Chief of an online run: the progressive validation of the newest eval_window examples at the end (-1: none).
+  double window_log_loss = -1, window_auc = -1;
+  int64_t window_examples = 0;
+  bool input_ended = false;  // an online run's input ended (no new file, or stop) before train_steps
+  // Models with tables: this worker's rows on the wire per step (ids and fp32 rows pulled and pushed), and the
+  // share of the step's ids its row cache served.
+  double sparse_bytes_per_step = 0;
+  double row_cache_hit_rate = 0;
 };
 
 // Resolves the model (o->resolved_model, when not done yet) and its defaults into `o` (batch size, learning rate,

@@ -55,6 +55,21 @@ class TrainingSteps {
   // Models with sparse tables: the unique ids over all tables of the last step that pushed its row gradients
   // (the rows it pulled and pushed); 0 before then and for models without tables.
   virtual int64_t last_step_unique_ids() const { return 0; }
+  // Models with sparse tables: the rows' traffic of the steps so far (ids and rows this worker pulled and pushed;
+  // a row cache serves some ids without a pull).
+  struct SparseTraffic {
+    int64_t steps = 0;
+    int64_t ids_pulled = 0, ids_pushed = 0, ids_from_cache = 0;
+    int64_t bytes_pulled = 0, bytes_pushed = 0;  // ids (8 bytes) and rows (fp32), as the wire carries them
+  };
+  virtual SparseTraffic sparse_traffic() const { return {}; }
+  // Progressive validation (the chief of an online run): tower 0's logits on `batch` (its tower-0 batch of the
+  // step about to run: the rows of its ids come with the pull in flight) with the parameters that step will train
+  // on, into `logits` (batch.batch * outputs floats), before the step learns from it. Call between Start /
+  // NextStep and Step. Unimplemented where the steps cannot (device-resident steps).
+  virtual absl::Status ScoreBatch(const models::HostBatch& batch, float* logits) {
+    return absl::UnimplementedError("progressive validation needs steps that push and pull (not device-resident)");
+  }
   // Runs one step on `batches` (one per tower) with the parameters of `step`, the step Start / NextStep last
   // returned. Device-resident steps only enqueue it on the devices.
   virtual absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) = 0;

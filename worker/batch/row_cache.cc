@@ -1,0 +1,125 @@
+#include "worker/batch/row_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "glog/logging.h"
+
+namespace dtrain::worker {
+
+RowCache::RowCache(std::vector<int> dims, int64_t capacity, int staleness)
+    : capacity_(capacity), staleness_(staleness) {
+  CHECK_GT(capacity, 0) << "RowCache: capacity";
+  CHECK_GE(staleness, 0) << "RowCache: staleness";
+  tables_.resize(dims.size());
+  for (size_t t = 0; t < dims.size(); ++t) tables_[t].dim = dims[t];
+}
+
+void RowCache::Serve(int t, int64_t step, const std::vector<int64_t>& ids, float* rows, Plan* plan) {
+  Table& tab = tables_[t];
+  plan->pull_ids.clear();
+  plan->pull_pos.clear();
+  plan->cached.assign(ids.size(), 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = tab.slot_of.find(ids[i]);
+    if (it != tab.slot_of.end() && step - tab.pulled[it->second] <= staleness_) {
+      const int32_t s = it->second;
+      std::memcpy(rows + i * tab.dim, tab.values.data() + static_cast<size_t>(s) * tab.dim, sizeof(float) * tab.dim);
+      tab.referenced[s] = 1;
+      plan->cached[i] = 1;
+      ++hits_;
+    } else {
+      plan->pull_ids.push_back(ids[i]);
+      plan->pull_pos.push_back(static_cast<int32_t>(i));
+      ++misses_;
+    }
+  }
+}
+
+int32_t RowCache::Take(Table& tab, int64_t id) {
+  int32_t s;
+  if (static_cast<int64_t>(tab.id.size()) < capacity_) {
+    s = static_cast<int32_t>(tab.id.size());
+    tab.id.push_back(id);
+    tab.pulled.push_back(0);
+    tab.values.resize(tab.values.size() + tab.dim);
+    tab.gathered.resize(tab.gathered.size() + tab.dim);
+    tab.has_gathered.push_back(0);
+    tab.referenced.push_back(0);
+  } else {
+    const int32_t n = static_cast<int32_t>(tab.id.size());
+    while (tab.referenced[tab.hand]) {
+      tab.referenced[tab.hand] = 0;
+      tab.hand = tab.hand + 1 == n ? 0 : tab.hand + 1;
+    }
+    s = tab.hand;
+    tab.hand = tab.hand + 1 == n ? 0 : tab.hand + 1;
+    const int64_t old = tab.id[s];
+    if (tab.has_gathered[s]) {  // its gathered gradients still go to the ps, with the next push
+      const float* g = tab.gathered.data() + static_cast<size_t>(s) * tab.dim;
+      std::vector<float>& orphan = tab.orphans[old];
+      if (orphan.empty()) orphan.assign(tab.dim, 0.0f);
+      for (int k = 0; k < tab.dim; ++k) orphan[k] += g[k];
+    }
+    tab.slot_of.erase(old);
+    tab.id[s] = id;
+  }
+  std::fill_n(tab.gathered.begin() + static_cast<size_t>(s) * tab.dim, tab.dim, 0.0f);
+  tab.has_gathered[s] = 0;
+  tab.referenced[s] = 0;
+  tab.slot_of[id] = s;
+  return s;
+}
+
+void RowCache::Store(int t, int64_t step, const Plan& plan, const float* pulled, float* rows) {
+  Table& tab = tables_[t];
+  for (size_t k = 0; k < plan.pull_ids.size(); ++k) {
+    const float* row = pulled + k * tab.dim;
+    std::memcpy(rows + static_cast<size_t>(plan.pull_pos[k]) * tab.dim, row, sizeof(float) * tab.dim);
+    auto it = tab.slot_of.find(plan.pull_ids[k]);
+    // A row pulled again keeps its slot and what it gathered (pushed with this step's gradients).
+    const int32_t s = it != tab.slot_of.end() ? it->second : Take(tab, plan.pull_ids[k]);
+    std::memcpy(tab.values.data() + static_cast<size_t>(s) * tab.dim, row, sizeof(float) * tab.dim);
+    tab.pulled[s] = step;
+  }
+}
+
+void RowCache::Gradients(int t, const std::vector<int64_t>& ids, const Plan& plan, const float* grads,
+                         std::vector<int64_t>* push_ids, std::vector<float>* push_grads) {
+  Table& tab = tables_[t];
+  push_ids->clear();
+  push_grads->clear();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const float* g = grads + i * tab.dim;
+    auto it = tab.slot_of.find(ids[i]);
+    const int32_t s = it == tab.slot_of.end() ? -1 : it->second;
+    if (plan.cached[i] && s >= 0) {  // served from the cache: gathered until the row is pulled again
+      float* acc = tab.gathered.data() + static_cast<size_t>(s) * tab.dim;
+      for (int k = 0; k < tab.dim; ++k) acc[k] += g[k];
+      tab.has_gathered[s] = 1;
+      continue;
+    }
+    push_ids->push_back(ids[i]);
+    const size_t at = push_grads->size();
+    push_grads->insert(push_grads->end(), g, g + tab.dim);
+    if (s >= 0 && tab.has_gathered[s]) {  // pulled again: what it gathered goes with this step
+      const float* acc = tab.gathered.data() + static_cast<size_t>(s) * tab.dim;
+      for (int k = 0; k < tab.dim; ++k) (*push_grads)[at + k] += acc[k];
+      std::fill_n(tab.gathered.begin() + static_cast<size_t>(s) * tab.dim, tab.dim, 0.0f);
+      tab.has_gathered[s] = 0;
+    }
+    auto orphan = tab.orphans.find(ids[i]);
+    if (orphan != tab.orphans.end()) {
+      for (int k = 0; k < tab.dim; ++k) (*push_grads)[at + k] += orphan->second[k];
+      tab.orphans.erase(orphan);
+    }
+  }
+  // Rows that left the cache with gathered gradients and are not in this step: pushed on their own.
+  for (auto& [id, g] : tab.orphans) {
+    push_ids->push_back(id);
+    push_grads->insert(push_grads->end(), g.begin(), g.end());
+  }
+  tab.orphans.clear();
+}
+
+}  // namespace dtrain::worker

@@ -1,0 +1,78 @@
+// A worker's cache of embedding rows between steps (--row_cache_rows, --row_cache_staleness=K; HET's bounded
+// staleness): a row pulled with the parameters of step p serves every step up to p + K without being pulled again
+// (hot ids then cross the wire once every K + 1 steps instead of every step). The gradients of the steps a cached
+// row served are summed on the worker and pushed with the step that pulls the row again, or, when the row leaves
+// the cache, with the next push: every gradient reaches the ps, at most K steps late (summed: an optimizer with
+// state, adagrad say, then sees one gradient for those steps).
+//
+// One step of table t (ids: the step's unique ids; rows: their rows, ids.size() * dim floats):
+//   RowCache::Plan plan;
+//   cache.Serve(t, step, ids, rows, &plan);          // fills the rows of cached ids; plan.pull_ids: the others
+//   ... pull plan.pull_ids into `pulled` (plan.pull_ids.size() * dim floats) ...
+//   cache.Store(t, step, plan, pulled, rows);        // scatters them into rows and keeps them
+//   ... the step's gradients per unique id ...
+//   cache.Gradients(t, ids, plan, grads, &push_ids, &push_grads);  // what to push now
+// Capacity: up to `capacity` rows per table; a new row in a full table takes the place of a row not served since
+// the hand last passed (CLOCK).
+//
+// Thread-safety: one thread (the training loop) uses a RowCache.
+#ifndef DTRAIN_WORKER_BATCH_ROW_CACHE_H_
+#define DTRAIN_WORKER_BATCH_ROW_CACHE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace dtrain::worker {
+
+class RowCache {
+ public:
+  // dims[t]: floats per row of table t. Preconditions (CHECKed): capacity > 0, staleness >= 0.
+  RowCache(std::vector<int> dims, int64_t capacity, int staleness);
+
+  struct Plan {
+    std::vector<int64_t> pull_ids;  // the ids to pull, in the order of first appearance
+    std::vector<int32_t> pull_pos;  // their positions in the step's ids
+    std::vector<char> cached;       // per position in the step's ids: served from the cache
+  };
+  // The rows of the step at `step` (the step of the parameters the next pull brings): fresh cached rows
+  // (pulled at step p >= step - K) are copied into `rows`; the rest go to plan->pull_ids.
+  void Serve(int t, int64_t step, const std::vector<int64_t>& ids, float* rows, Plan* plan);
+  // After the pull that brought `pulled` (the rows of plan.pull_ids) with the parameters of `step`.
+  void Store(int t, int64_t step, const Plan& plan, const float* pulled, float* rows);
+  // The step's gradients (grads: ids.size() * dim) become what to push now (*push_ids, *push_grads, replaced):
+  // each pulled id's gradient plus what its row had gathered while cached, and the gatherings of rows that left the
+  // cache; the gradients of ids served from the cache are gathered instead.
+  void Gradients(int t, const std::vector<int64_t>& ids, const Plan& plan, const float* grads,
+                 std::vector<int64_t>* push_ids, std::vector<float>* push_grads);
+
+  int64_t hits() const { return hits_; }      // ids served from the cache
+  int64_t misses() const { return misses_; }  // ids pulled
+  int64_t rows(int t) const { return static_cast<int64_t>(tables_[t].slot_of.size()); }
+
+ private:
+  struct Table {
+    int dim = 0;
+    absl::flat_hash_map<int64_t, int32_t> slot_of;
+    std::vector<int64_t> id;        // per slot
+    std::vector<int64_t> pulled;    // per slot: the step of its values
+    std::vector<float> values;      // per slot: dim floats
+    std::vector<float> gathered;    // per slot: dim floats of summed gradients
+    std::vector<char> has_gathered, referenced;
+    int32_t hand = 0;
+    // Gradients of rows that left the cache, pushed with the next step.
+    absl::flat_hash_map<int64_t, std::vector<float>> orphans;
+  };
+  // A slot for `id` (not cached): a free one, or the CLOCK victim's (its gathered gradients become orphans).
+  int32_t Take(Table& tab, int64_t id);
+
+  std::vector<Table> tables_;
+  const int64_t capacity_;
+  const int staleness_;
+  int64_t hits_ = 0, misses_ = 0;
+};
+
+}  // namespace dtrain::worker
+
+#endif  // DTRAIN_WORKER_BATCH_ROW_CACHE_H_
