@@ -843,6 +843,17 @@ void AwaitRunOutcome(const WorkerOptions& o, ps::WorkerClient* client, TrainingR
                    << s.status().message() << "); this worker completed its training";
       return;
     }
+    if (s->global_step < result->global_step && s->job_ended.empty()) {
+      // ps task 0 is behind the step this worker completed: it was restarted (or rolled back) after the end and
+      // cannot say how the run ended; this worker's own training did complete.
+      LOG(WARNING) << "worker " << o.worker_id << ": ps task 0 is at step " << s->global_step << ", behind the "
+                   << "step " << result->global_step << " this worker completed (it restarted after the end): "
+                   << "this worker completed its training";
+      result->outcome_line = absl::StrCat("this worker completed its training at step ", result->global_step, " of ",
+                                          o.train_steps, "; ps task 0 restarted after the end and cannot say how "
+                                          "the others ended");
+      return;
+    }
     std::vector<int> running;
     for (const ps::WorkerStats& w : s->workers) {
       if (!w.done && !w.lost) running.push_back(w.worker_id);
