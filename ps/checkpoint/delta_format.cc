@@ -85,7 +85,7 @@ absl::StatusOr<Parsed> ParseFront(absl::string_view bytes, const std::string& na
     }
     if (removed_ids) {
       p.removed[t].resize(count);
-      std::memcpy(p.removed[t].data(), h + at, count * 8);
+      if (count > 0) std::memcpy(p.removed[t].data(), h + at, count * 8);
     }
     at += count * 8;
   }

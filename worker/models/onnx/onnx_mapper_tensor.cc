@@ -352,7 +352,7 @@ absl::Status Mapper::MapSplit(int i) {
   if (static_cast<int64_t>(sizes.size()) != parts || total != d) {
     return Refuse(i, absl::StrCat("split [", absl::StrJoin(sizes, ","), "] does not cover axis ", axis, " of ", d));
   }
-  const TensorShape& s = b_->shape(x);
+  const TensorShape s = b_->shape(x);  // a copy: Emit below adds shapes (a reference would dangle)
   const std::vector<int64_t> full_dims = s.SymbolicDims();
   int64_t offset = 0;
   for (int64_t k = 0; k < parts; ++k) {
