@@ -565,12 +565,13 @@ class SparseTable {
     std::memcpy(b.data + static_cast<size_t>(t) * row_bytes_, a.data + static_cast<size_t>(f) * row_bytes_,
                 static_cast<size_t>(row_bytes_));
     if (ttl_) b.stamps[t] = a.stamps[f];
-    auto move_bit = [&](uint64_t* src, uint64_t* dst) {
+    // (f and t passed, not captured: a lambda may not capture structured bindings in C++17.)
+    auto move_bit = [](uint64_t* src, uint64_t* dst, auto f, auto t) {
       const bool set = (src[f / 64] >> (f % 64)) & 1;
       dst[t / 64] = (dst[t / 64] & ~(uint64_t{1} << (t % 64))) | (uint64_t{set} << (t % 64));
     };
-    move_bit(a.ref, b.ref);
-    if (track_) move_bit(a.dirty, b.dirty);
+    move_bit(a.ref, b.ref, f, t);
+    if (track_) move_bit(a.dirty, b.dirty, f, t);
     // Its index entry now names `to`.
     const uint64_t h = HashId(id);
     const uint32_t size = static_cast<uint32_t>(st.index.size());
