@@ -19,11 +19,16 @@
 //   ResourceExhausted   a limit (the message names the flag: --max_model_bytes, ...)
 //   Unauthenticated     (gRPC) the call lacked the cluster's token
 //   OutOfRange          the run has ended before its end (JobEndedError: a peer failed, was refused or stopped;
-//                       the message says which): nothing more will happen, the worker stops (exit code 4)
+//                       the message says which): nothing more will happen, the worker stops (exit code 4); or
+//                       (Register, Probe) the task has finished the run and only lingers (RunOverError): the
+//                       worker ends with the run's outcome instead of training again
 #ifndef DTRAIN_PS_API_PS_INTERFACE_H_
 #define DTRAIN_PS_API_PS_INTERFACE_H_
 
+#include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -85,6 +90,20 @@ absl::Status JobEndedError(absl::string_view why);
 bool IsJobEnded(const absl::Status& s);
 // The `why` of a JobEndedError (without a transport's prefix); the whole message for any other status.
 std::string JobEndedReason(const absl::Status& s);
+
+// The answer of a task that has finished the run (every worker done or lost; it serves a short while longer)
+// to a worker that registers or probes then, e.g. a chief restarted just after the others completed: OutOfRange,
+// with the run's outcome in the message ("the run is over (complete at step 400): run complete: ..."), so that it
+// crosses any transport. Such a worker ends with that outcome (and its exit code) rather than train again
+// against a task about to exit.
+absl::Status RunOverError(RunOutcome kind, int64_t global_step, absl::string_view line);
+struct RunOver {
+  RunOutcome kind = RunOutcome::kComplete;
+  int64_t global_step = 0;
+  std::string line;  // the ps's summary line
+};
+// The outcome a RunOverError carries (also with a transport's prefix); nullopt for any other status.
+std::optional<RunOver> ParseRunOver(const absl::Status& s);
 
 }  // namespace dtrain::ps
 

@@ -247,6 +247,8 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
     req.config = TaskConfig(t);
     while (true) {
       if (cancel_.cancelled()) return absl::CancelledError("connecting: cancelled");
+      // Given up only after a try that started past the deadline (a process paused meanwhile tries once more).
+      const absl::Time tried = absl::Now();
       absl::StatusOr<RegisterResponse> r = tasks_[t]->Register(req);
       std::string waiting_for;
       absl::Status failed;
@@ -293,7 +295,7 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
       } else {
         return r.status();
       }
-      if (absl::Now() > give_up) {
+      if (tried > give_up) {
         return absl::DeadlineExceededError(absl::StrCat("worker ", worker_id_, " gave up waiting for ", waiting_for,
                                                         " after ", absl::FormatDuration(wait)));
       }
@@ -359,13 +361,14 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
     absl::Time next_log = absl::Now();
     while (true) {
       if (cancel_.cancelled()) return absl::CancelledError("connecting: cancelled");
+      const absl::Time tried = absl::Now();  // given up only after a try that started past the deadline
       absl::StatusOr<CheckpointProbe> p = tasks_[t]->Probe(TaskConfig(t));
       if (p.ok()) {
         probes[t] = *std::move(p);
         break;
       }
       if (!Retryable(p.status())) return p.status();
-      if (absl::Now() > give_up) {
+      if (tried > give_up) {
         return absl::DeadlineExceededError(absl::StrCat("the chief gave up waiting for ps task ", t, " after ",
                                                         absl::FormatDuration(wait), " (", p.status().message(), ")"));
       }
@@ -501,10 +504,18 @@ std::vector<int> WorkerClient::SlicesIn(int64_t begin, int64_t end) const {
 }
 
 absl::Status WorkerClient::AwaitWithDeadline(const absl::Condition& condition, const char* what) {
-  const absl::Time deadline = absl::Now() + options_.step_timeout + options_.retry_window;
+  absl::Time deadline = absl::Now() + options_.step_timeout + options_.retry_window;
+  bool extended = false;
   while (!condition.Eval()) {
     if (cancel_.cancelled()) return absl::CancelledError(absl::StrCat("worker ", worker_id_, ": ", what, " cancelled"));
     if (cv_.WaitWithDeadline(&mu_, deadline) && !condition.Eval()) {
+      // Woken long after the deadline: the process was paused (SIGSTOP). The calls it waits for try once more
+      // on waking (WithRetries): wait for them once more rather than fail on the clock alone.
+      if (!extended && absl::Now() - deadline > absl::Seconds(1)) {
+        extended = true;
+        deadline = absl::Now() + options_.step_timeout + options_.retry_window;
+        continue;
+      }
       return absl::DeadlineExceededError(absl::StrCat(
           "worker ", worker_id_, " timed out ", what, " after ",
           absl::FormatDuration(options_.step_timeout + options_.retry_window), " (the step timeout, ",
@@ -531,10 +542,14 @@ absl::Status WorkerClient::WithRetries(const char* what, int task, Op op) {
   const absl::Time give_up = absl::Now() + options_.retry_window;
   absl::Duration backoff = options_.initial_backoff;
   for (bool retry = false;; retry = true) {
+    const absl::Time started = absl::Now();
     absl::Status s = op(retry);
     if (s.ok()) return s;
     if (cancel_.cancelled() || inflight_.cancelled()) return absl::CancelledError(absl::StrCat(what, " cancelled"));
-    if (!(pull ? RetryablePull(s) : Retryable(s)) || absl::Now() + backoff > give_up) {
+    // Retried while the next try would still start within the window. Judged by when the failed try started,
+    // not by the clock now: a process paused (SIGSTOP, a frozen VM) past the window during a try gets one more
+    // try on waking, and one paused during the backoff below makes its try on waking before it gives up.
+    if (!(pull ? RetryablePull(s) : Retryable(s)) || started + backoff > give_up) {
       return absl::Status(s.code(), absl::StrCat(what, " to ps task ", task, ": ", s.message()));
     }
     VLOG(1) << what << " to ps task " << task << " failed (" << s << "), retrying";

@@ -41,7 +41,8 @@
 //
 // Retries: uploads and pulls failing with Unavailable or DeadlineExceeded (a task restarting, a broken
 // connection) are retried with exponential backoff for `retry_window`; a retried upload reuses its request id
-// and writes again every slice it had sent (the ps applies each at most once).
+// and writes again every slice it had sent (the ps applies each at most once). The window is judged by when a
+// failed try started: a process paused past it (SIGSTOP) tries once more when it wakes.
 //
 // Wire compression: with wire_dtype bf16/fp16 the gradients are rounded with error feedback (the rounding
 // error of each step is added to the next step's gradient) and the parameters are rounded when pulled. Sparse

@@ -36,6 +36,9 @@ class ObservedPs : public PsInterface {
     fail_uploads_ = uploads;
     fail_pulls_ = pulls;
   }
+  // The next pull takes `d` and then fails, as a call in flight does when its process was stopped (SIGSTOP)
+  // for that long.
+  void PauseNextPull(absl::Duration d) { pause_ms_ = absl::ToInt64Milliseconds(d); }
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& r) override { return target_->Register(r); }
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int w) override { return target_->StartInitialize(w); }
@@ -46,6 +49,10 @@ class ObservedPs : public PsInterface {
   }
   absl::Status Pull(const PullRequest& r, PullReceiver* receiver) override {
     if (fail_pulls_-- > 0) return absl::UnavailableError("injected: task restarting");
+    if (const int64_t ms = pause_ms_.exchange(0); ms > 0) {
+      absl::SleepFor(absl::Milliseconds(ms));
+      return absl::UnavailableError("injected: the connection broke while the process was stopped");
+    }
     Gate gate(this, receiver);
     return target_->Pull(r, &gate);
   }
@@ -116,6 +123,7 @@ class ObservedPs : public PsInterface {
   std::atomic<uint32_t> hold_from_{~0u};
   absl::Notification release_;
   std::atomic<int> fail_uploads_{0}, fail_pulls_{0};
+  std::atomic<int64_t> pause_ms_{0};
 };
 
 // Four "layers" of one variable each, spread over two ps tasks.
@@ -225,6 +233,26 @@ TEST(WorkerClientTest, RetriesUnavailableWithoutApplyingTwice) {
   EXPECT_EQ(pulled->step, 1);
   EXPECT_EQ(params, std::vector<float>(14, 0.75f));  // applied exactly once on both tasks
   EXPECT_EQ(f.cluster->task(1).step(), 1);
+}
+
+// A worker stopped (SIGSTOP) for longer than its retry window during a call tries once more when it wakes,
+// instead of failing on the clock alone.
+TEST(WorkerClientTest, AProcessPausedPastItsRetryWindowTriesOnceMore) {
+  WorkerClientOptions wo;
+  wo.retry_window = absl::Milliseconds(300);
+  Fixture f(Layers(1, "async", 1.0f), wo);
+  const std::vector<float> grads(14, 0.25f);
+  ASSERT_TRUE(f.client->Push(0, grads.data()).ok());
+  f.observed[0]->PauseNextPull(absl::Milliseconds(900));
+  std::vector<float> params(14, 0.0f);
+  absl::StatusOr<PullResult> pulled = f.client->Pull(0, 0, params.data());
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->step, 1);
+  // Still a window: a task that stays unreachable fails the pull once the window is spent.
+  f.observed[0]->FailFirst(/*uploads=*/0, /*pulls=*/1000);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(f.client->Pull(0, 0, params.data()).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST(WorkerClientTest, NarrowWireTypesKeepTheRoundingErrorForTheNextStep) {

@@ -57,7 +57,9 @@ namespace dtrain::ps {
 //   effort in async mode, as with TensorFlow's Saver on asynchronous training.
 // - When no worker is left (each reported Done or was declared lost), or the run ends early (see below), each task
 //   saves a final checkpoint (unless it just saved that step); finished() turns true only after it was written,
-//   or failed (final_checkpoint_status() says which), and no worker is left.
+//   or failed (final_checkpoint_status() says which), and no worker is left. A worker that registers (or a
+//   chief that probes) after that, while the task lingers, gets RunOverError with the outcome: it is not taken
+//   back into a run that is over.
 // - The run ends early (a job-ended state: every later call of a worker but Done and GetStats gets
 //   JobEndedError(why), ps/api/ps_interface.h, and pulls waiting for a step are woken with it, so that waiting
 //   workers stop at once) when the chief leaves stopped (a signal: it evaluated and exported first), failed or

@@ -181,6 +181,11 @@ class ParameterServer::Impl {
   absl::Status CheckRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return job_ended_.empty() ? absl::OkStatus() : JobEndedError(job_ended_);
   }
+  // RunOverError once the task has finished the run (it only lingers): a worker registering or probing then
+  // hears how the run ended instead of starting again against a task about to exit. OK before.
+  absl::Status CheckNotOver() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return finished_ ? RunOverError(outcome_.kind, outcome_.global_step, outcome_.message) : absl::OkStatus();
+  }
   // The run ends early: no more steps, waiting pulls are woken (parameter_server.h).
   void EndRunLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why `request`'s leaving ends the run ("" when the run goes on without the worker).

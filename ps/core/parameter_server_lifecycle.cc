@@ -92,6 +92,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
   absl::MutexLock apply_lock(&apply_mu_);
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
+  RETURN_IF_ERROR(CheckNotOver());  // e.g. a chief restarted just after the others completed
   if (!configured_) last_contact_ = Now();
   RETURN_IF_ERROR(CheckRunning());  // a worker waiting for a chief that failed hears it at once
   if (!configured_) {
@@ -158,6 +159,7 @@ absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& 
   CheckpointProbe probe;
   {
     absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckNotOver());
     probe.configured = configured_;
     probe.initialized = initialized_;
     probe.step = step_;

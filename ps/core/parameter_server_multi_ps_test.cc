@@ -83,6 +83,7 @@ void RunCluster(int num_ps, int num_workers, int r, const std::string& optimizer
         ASSERT_TRUE(next.ok()) << next.status();
         step = *next;
       }
+      if (id == 0) *final_params = params;  // its last pull brought the values after the last step
       ASSERT_TRUE(w.Done().ok());
     });
   }
@@ -90,8 +91,7 @@ void RunCluster(int num_ps, int num_workers, int r, const std::string& optimizer
   for (int t = 0; t < num_ps; ++t) EXPECT_TRUE(cluster->task(t).finished()) << "task " << t;
   // Every task has applied every step (the last pull of each worker passed the last decisions on).
   for (int t = 0; t < num_ps; ++t) EXPECT_EQ(cluster->task(t).step(), steps) << "task " << t;
-  SimWorker reader(cluster.get(), 0);
-  ASSERT_EQ(*reader.Pull(steps, 0, final_params), steps);
+  ASSERT_EQ(final_params->size(), Options(num_ps, num_workers, r, optimizer).initial.size());
   *decisions = recorder.decisions();
 }
 

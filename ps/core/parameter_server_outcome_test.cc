@@ -3,6 +3,7 @@
 // tells waiting workers at once (JobEndedError) and saves its final checkpoint when the run ends.
 #include <filesystem>
 #include <future>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,48 @@ TEST_F(OutcomeTest, EveryWorkerCompletedIsComplete) {
   EXPECT_EQ(o.kind, RunOutcome::kComplete);
   EXPECT_TRUE(o.succeeded);
   EXPECT_EQ(o.message, "run complete: training reached step 3 of 3; all 2 workers completed");
+}
+
+// A worker (here the chief, restarted after it was lost) that registers once the task has finished the run,
+// while it lingers before exiting, is not taken back: it hears the run's outcome (RunOverError), and so does a
+// chief's probe. tests/chaos.sh once caught a restarted chief registering 20 ms after the end, then retrying
+// against the exited task until the trial's deadline.
+TEST_F(OutcomeTest, ARegistrationAfterTheEndHearsTheOutcome) {
+  Start(2, "sync", 0, 3);
+  ASSERT_TRUE(Register(0).ok());
+  ASSERT_TRUE(Register(1).ok());
+  Steps({0, 1}, 0, 3);
+  ASSERT_TRUE(Leave(1, Leaving::kCompleted, 3).ok());
+  ASSERT_TRUE(Leave(0, Leaving::kCompleted, 3).ok());
+  ASSERT_TRUE(ps_->finished());
+  for (int w : {0, 1}) {
+    const absl::Status late = Register(w);
+    EXPECT_EQ(late.code(), absl::StatusCode::kOutOfRange) << late;
+    const std::optional<RunOver> over = ParseRunOver(late);
+    ASSERT_TRUE(over.has_value()) << late;
+    EXPECT_EQ(over->kind, RunOutcome::kComplete);
+    EXPECT_EQ(over->global_step, 3);
+    EXPECT_EQ(over->line, "run complete: training reached step 3 of 3; all 2 workers completed");
+    EXPECT_FALSE(IsJobEnded(late));
+  }
+  const absl::Status probed = ps_->Probe(config_).status();
+  ASSERT_TRUE(ParseRunOver(probed).has_value()) << probed;
+  EXPECT_EQ(ps_->outcome().kind, RunOutcome::kComplete);  // unchanged by the late calls
+}
+
+TEST(RunOverTest, TheOutcomeCrossesATransportsPrefix) {
+  for (RunOutcome kind : {RunOutcome::kComplete, RunOutcome::kDegraded, RunOutcome::kRefused, RunOutcome::kEndedEarly}) {
+    const absl::Status s = RunOverError(kind, 120, "run ended early at step 120 of 300: the chief (worker 0) failed");
+    const absl::Status wrapped(s.code(), absl::StrCat("ps task 1 (127.0.0.1:5000): ", s.message()));
+    const std::optional<RunOver> over = ParseRunOver(wrapped);
+    ASSERT_TRUE(over.has_value()) << wrapped;
+    EXPECT_EQ(over->kind, kind);
+    EXPECT_EQ(over->global_step, 120);
+    EXPECT_EQ(over->line, "run ended early at step 120 of 300: the chief (worker 0) failed");
+  }
+  EXPECT_FALSE(ParseRunOver(JobEndedError("the chief failed")).has_value());
+  EXPECT_FALSE(ParseRunOver(absl::OutOfRangeError("the run is over (sideways at step 3): x")).has_value());
+  EXPECT_FALSE(ParseRunOver(absl::UnavailableError("the run is over (complete at step 3): x")).has_value());
 }
 
 // A worker stopped by a signal leaves at once: the sync steps after it need only the others (no lease to wait

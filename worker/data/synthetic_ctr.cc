@@ -233,6 +233,14 @@ absl::StatusOr<SyntheticCtrReport> WriteSyntheticCtr(const SyntheticCtrOptions& 
   r.test_examples = o.test_examples == -1 ? std::max<int64_t>(1, o.examples / 10) : o.test_examples;
   const std::filesystem::path d(dir);
   const double dt = 1.0 / static_cast<double>(r.train_examples);
+  std::vector<float> logits, dense_logits, labels;
+  logits.reserve(r.test_examples);
+  dense_logits.reserve(r.test_examples);
+  labels.reserve(r.test_examples);
+  // The test set at the end of the stream's time (the newest data), t = 1. Written first: an evaluator
+  // following a stream finds it as soon as the first part is there (its draws do not depend on the order).
+  ASSIGN_OR_RETURN(r.test_ctr, WriteFile(law, Mix64(seed_key + 2), r.test_examples, (d / "test.txt").string(),
+                                         o.drift > 0 ? 1.0 : 0.0, 0.0, &logits, &dense_logits, &labels));
   if (o.stream_parts == 0) {
     ASSIGN_OR_RETURN(r.train_ctr, WriteFile(law, Mix64(seed_key + 1), r.train_examples, (d / "train.txt").string(),
                                             0.0, dt, nullptr, nullptr, nullptr));
@@ -258,13 +266,6 @@ absl::StatusOr<SyntheticCtrReport> WriteSyntheticCtr(const SyntheticCtrOptions& 
     }
     r.train_ctr = clicks / static_cast<double>(r.train_examples);
   }
-  std::vector<float> logits, dense_logits, labels;
-  logits.reserve(r.test_examples);
-  dense_logits.reserve(r.test_examples);
-  labels.reserve(r.test_examples);
-  // The test set at the end of the stream's time (the newest data), t = 1.
-  ASSIGN_OR_RETURN(r.test_ctr, WriteFile(law, Mix64(seed_key + 2), r.test_examples, (d / "test.txt").string(),
-                                         o.drift > 0 ? 1.0 : 0.0, 0.0, &logits, &dense_logits, &labels));
   r.bayes_auc = RocAuc(logits, labels);
   r.dense_only_auc = RocAuc(dense_logits, labels);
   r.bayes_log_loss = MeanLogLoss(logits, labels);

@@ -1071,6 +1071,28 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
   absl::StatusOr<TrainingResult> result = Train(options, tasks, &ps, &phase);
   if (result.ok()) return result;
   const absl::Status& s = result.status();
+  if (std::optional<ps::RunOver> over = ps::ParseRunOver(s)) {
+    // Registered (or probed, the chief) after the run was over: a task that only lingers before it exits. The
+    // run's outcome is this worker's too; nothing is left for it to do, and it has nothing to tell the tasks.
+    TrainingResult done;
+    done.global_step = over->global_step;
+    done.outcome = over->kind;
+    // The export asked for is not there: not a complete run for whoever waits for the file.
+    if (done.outcome == ps::RunOutcome::kComplete && options.worker_id == 0 && !options.export_onnx.empty()) {
+      done.outcome = ps::RunOutcome::kDegraded;
+    }
+    done.outcome_line = absl::StrCat("worker ", options.worker_id, " came back after the run was over (",
+                                     over->line, ")",
+                                     options.worker_id == 0 && (options.evaluate || !options.export_onnx.empty())
+                                         ? "; it did not evaluate or export: dtrain_eval --checkpoint=DIR does, from "
+                                           "the final checkpoint"
+                                         : "");
+    if (!options.quiet) {
+      std::printf("%s\n", done.outcome_line.c_str());
+      std::fflush(stdout);
+    }
+    return done;
+  }
   const ps::Leaving leaving = Classify(s, phase, options.stop != nullptr && options.stop->cancelled());
   if (!tasks.empty()) {
     // The worker leaves the cluster (best effort, a few seconds at most), so the ps tasks stop expecting it and

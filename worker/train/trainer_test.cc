@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
@@ -133,6 +134,24 @@ TEST(TrainerTest, OneWorkerClusterEqualsLocal) {
 }
 
 TEST(TrainerTest, SyncTwoWorkersTwoPsEqualsLocalDoubleBatch) { CheckSyncEquivalence(2); }
+
+// A chief started again after the run was over (its task only lingers before exiting) ends with the run's
+// outcome at once, without training (were it to export ONNX, degraded: that file is not made).
+TEST(TrainerTest, AChiefThatComesBackAfterTheEndTakesTheRunsOutcome) {
+  const data::DatasetPair data = MakeSyntheticDataset(200, 50);
+  WorkerOptions o = BaseOptions(&data);
+  o.batch_size = 10;
+  o.train_steps = 5;
+  PsTasks cluster(1, 1);
+  ASSERT_EQ(RunWorkers(o, 1, cluster.tasks)[0].global_step, 5);
+  absl::StatusOr<TrainingResult> again = RunTraining(o, cluster.tasks);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome, ps::RunOutcome::kComplete);
+  EXPECT_EQ(again->global_step, 5);
+  EXPECT_EQ(again->local_steps, 0);
+  EXPECT_TRUE(absl::StrContains(again->outcome_line, "came back after the run was over (run complete"))
+      << again->outcome_line;
+}
 
 // Local mode: a final checkpoint that cannot be written (a full disk, every retry) fails the run, saying so.
 TEST(TrainerTest, LocalModeFailsWhenTheFinalCheckpointIsNotSaved) {
