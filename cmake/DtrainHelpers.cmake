@@ -7,6 +7,16 @@
 #     flags those sources define (a binary that shares a --flagfile with them: common/command_line.h)
 include(GoogleTest)
 
+# The unit tests (every dtrain_cc_test not labelled "integration") are built with 'all' and registered with ctest
+# by default. scripts/test.sh turns this off in its main (Release) build when its sanitizer stage builds and runs
+# them (ASan+UBSan, build-asan/): CI then compiles each unit test once. Kept on here whatever the option: the
+# tests only a CUDA build has (DTRAIN_TEST_NEEDS_CUDA, set by kernels/cuda) and those with a "gpu" SKIPPABLE group,
+# whose GPU code the sanitizer build (no CUDA) would not compile.
+option(DTRAIN_UNIT_TESTS_IN_ALL "Build the unit tests with 'all' and register them with ctest" ON)
+# Extra compile options of the test sources only (not the code under test), e.g. -O0 in the sanitizer build:
+# gtest-heavy test files compile in half the time and the libraries keep their optimization.
+set(DTRAIN_TEST_COMPILE_OPTIONS "" CACHE STRING "Compile options added to the test binaries' own sources")
+
 function(dtrain_cc_library)
   cmake_parse_arguments(A "" "NAME" "SRCS;DEPS" ${ARGN})
   add_library(${A_NAME} STATIC ${A_SRCS})
@@ -45,14 +55,26 @@ function(dtrain_cc_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;SKIPPABLE" ${ARGN})
   get_property(declared GLOBAL PROPERTY DTRAIN_SKIPPABLE_${A_NAME})
   list(APPEND A_SKIPPABLE ${declared})
-  add_executable(${A_NAME} ${A_SRCS})
+  set(unit_elsewhere OFF)
+  if(NOT DTRAIN_UNIT_TESTS_IN_ALL AND NOT "integration" IN_LIST A_LABELS AND NOT DTRAIN_TEST_NEEDS_CUDA
+     AND NOT "gpu" IN_LIST A_SKIPPABLE)
+    set(unit_elsewhere ON)
+  endif()
+  if(unit_elsewhere)
+    add_executable(${A_NAME} EXCLUDE_FROM_ALL ${A_SRCS})
+  else()
+    add_executable(${A_NAME} ${A_SRCS})
+  endif()
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gtest dtrain_gtest_main)
   # Unit tests (everything but the multi-process tests labelled "integration") make up dtrain_unit_tests,
   # what the sanitizer build compiles.
   if(NOT "integration" IN_LIST A_LABELS)
     add_dependencies(dtrain_unit_tests ${A_NAME})
   endif()
-  target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter ${DTRAIN_TEST_COMPILE_OPTIONS})
+  if(unit_elsewhere)
+    return()  # built on demand (dtrain_unit_tests), not run by this build's ctest
+  endif()
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()

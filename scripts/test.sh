@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs what is missing and runs every check CI runs (this is what .ci/run calls), stage by stage, timed:
-#   1. build        scripts/build.sh into build/ (the CUDA backend too where nvcc exists), then the whole
-#                   suite with ctest. Every dependency is installed by then, so DTRAIN_REQUIRE_DEPS=1 is set:
+#   1. build        scripts/build.sh into build/ (the CUDA backend too where nvcc exists), then its suite with
+#                   ctest: the multi-process tests (label "integration"), the GPU tests and the unit tests only a
+#                   CUDA build has. Every dependency is installed by then, so DTRAIN_REQUIRE_DEPS=1 is set:
 #                   a test that would skip for anything but the hardware (no GPU) fails instead
 #                   (common/testing/gtest_main.cc, tests/skipping.sh, tests/skipping.py)
-#   2. sanitizers   the unit tests (not the multi-process tests in tests/, label "integration") built with
-#                   AddressSanitizer + UndefinedBehaviorSanitizer into build-asan/ and run with ctest
+#   2. sanitizers   the unit tests (everything not labelled "integration") built with AddressSanitizer +
+#                   UndefinedBehaviorSanitizer into build-asan/ (their own sources at -O0, the code under test at
+#                   -O1) and run with ctest. CI compiles each unit test once: here, not in stage 1
+#                   (-DDTRAIN_UNIT_TESTS_IN_ALL=OFF there; with DTRAIN_TEST_SANITIZERS=0 stage 1 runs them)
 #   3. fuzz         every libFuzzer harness for DTRAIN_FUZZ_SECONDS seconds (default 5), scripts/fuzz.sh
 # Every stage runs even when an earlier one failed; the exit code is non-zero if any failed. Arguments go to
 # the main build's configure step (e.g. -DDTRAIN_CUDA=OFF). DTRAIN_TEST_SANITIZERS=0 or DTRAIN_FUZZ_SECONDS=0
@@ -38,12 +41,16 @@ stage() {
   fi
 }
 
-main_build() { scripts/build.sh "$@"; }
+# The unit tests run in the sanitizer stage; without it, in the main build.
+unit_in_main=OFF
+if [ "${DTRAIN_TEST_SANITIZERS:-1}" = 0 ]; then unit_in_main=ON; fi
+main_build() { scripts/build.sh "-DDTRAIN_UNIT_TESTS_IN_ALL=$unit_in_main" "$@"; }
 main_tests() { (cd build && ctest --output-on-failure --timeout 600 -j"$jobs"); }
 
 sanitizer_build() {
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DDTRAIN_SANITIZE=address,undefined -DDTRAIN_CUDA=OFF \
+    -DDTRAIN_TEST_COMPILE_OPTIONS=-O0 \
     "${launcher[@]}" >/dev/null &&
     cmake --build build-asan -j"$jobs" --target dtrain_unit_tests
 }
