@@ -52,6 +52,7 @@ bool Documented(const absl::Status& s) {
     case absl::StatusCode::kPermissionDenied:
     case absl::StatusCode::kResourceExhausted:
     case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kOutOfRange:  // the run ended early (JobEndedError) or is over (RunOverError)
       return true;
     default:
       return false;
