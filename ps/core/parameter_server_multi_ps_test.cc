@@ -1,4 +1,5 @@
 // Several ps tasks in sync mode with the decision-passing protocol: the result must equal one ps task's.
+#include <memory>
 #include <mutex>
 #include <random>
 #include <set>
@@ -69,10 +70,15 @@ void RunCluster(int num_ps, int num_workers, int r, const std::string& optimizer
   options.on_step_applied = recorder.Hook();
   options.decision_key = kClusterToken;  // as dtrain_ps with --auth_token_file: ps 0 signs, the others check
   auto cluster = *SimCluster::Start(options);
+  // Every worker connects before any trains, the chief first: with R below the number of workers, two workers
+  // could otherwise decide step 0 on ps 0 before the chief's connect probes the tasks, and find them at
+  // different steps (the other tasks apply a decision when a pull brings it).
+  std::vector<std::unique_ptr<SimWorker>> workers;
+  for (int id = 0; id < num_workers; ++id) workers.push_back(std::make_unique<SimWorker>(cluster.get(), id));
   std::vector<std::thread> threads;
   for (int id = 0; id < num_workers; ++id) {
     threads.emplace_back([&, id] {
-      SimWorker w(cluster.get(), id);
+      SimWorker& w = *workers[id];
       std::vector<float> params;
       int64_t step = *w.Pull(0, 0, &params);
       while (step < steps) {
