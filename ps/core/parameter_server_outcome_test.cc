@@ -84,6 +84,16 @@ class OutcomeTest : public ::testing::Test {
     }
   }
   uint64_t NextId() { return ++id_; }
+  // Two sync workers train 3 steps and both complete: the task finishes the run.
+  void CompleteTwoWorkerRun() {
+  Start(2, "sync", 0, 3);
+  ASSERT_TRUE(Register(0).ok());
+  ASSERT_TRUE(Register(1).ok());
+  Steps({0, 1}, 0, 3);
+  ASSERT_TRUE(Leave(1, Leaving::kCompleted, 3).ok());
+  ASSERT_TRUE(Leave(0, Leaving::kCompleted, 3).ok());
+  ASSERT_TRUE(ps_->finished());
+  }
 
   std::unique_ptr<ParameterServer> ps_;
   TrainConfig config_;
@@ -92,13 +102,8 @@ class OutcomeTest : public ::testing::Test {
 };
 
 TEST_F(OutcomeTest, EveryWorkerCompletedIsComplete) {
-  Start(2, "sync", 0, 3);
-  ASSERT_TRUE(Register(0).ok());
-  ASSERT_TRUE(Register(1).ok());
-  Steps({0, 1}, 0, 3);
-  ASSERT_TRUE(Leave(1, Leaving::kCompleted, 3).ok());
-  ASSERT_TRUE(Leave(0, Leaving::kCompleted, 3).ok());
-  ASSERT_TRUE(ps_->finished());
+  CompleteTwoWorkerRun();
+  if (HasFatalFailure()) return;
   const TrainingOutcome o = ps_->outcome();
   EXPECT_EQ(o.kind, RunOutcome::kComplete);
   EXPECT_TRUE(o.succeeded);
@@ -110,13 +115,8 @@ TEST_F(OutcomeTest, EveryWorkerCompletedIsComplete) {
 // chief's probe. tests/chaos.sh once caught a restarted chief registering 20 ms after the end, then retrying
 // against the exited task until the trial's deadline.
 TEST_F(OutcomeTest, ARegistrationAfterTheEndHearsTheOutcome) {
-  Start(2, "sync", 0, 3);
-  ASSERT_TRUE(Register(0).ok());
-  ASSERT_TRUE(Register(1).ok());
-  Steps({0, 1}, 0, 3);
-  ASSERT_TRUE(Leave(1, Leaving::kCompleted, 3).ok());
-  ASSERT_TRUE(Leave(0, Leaving::kCompleted, 3).ok());
-  ASSERT_TRUE(ps_->finished());
+  CompleteTwoWorkerRun();
+  if (HasFatalFailure()) return;
   for (int w : {0, 1}) {
     const absl::Status late = Register(w);
     EXPECT_EQ(late.code(), absl::StatusCode::kOutOfRange) << late;
