@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,16 +118,30 @@ def run_torch(a, mode, work, tag):
            "--ranks=%d" % ranks, "--data_dir=" + a.data_dir, "--table_rows=%d" % a.table_rows,
            "--dim=%d" % a.embedding_dim, "--batch_size=%d" % a.batch_size, "--threads=%d" % a.threads,
            "--train_examples=%d" % a.examples, "--steps=%d" % steps, "--window=%d" % a.window,
-           "--warmup=%d" % (a.window * a.warmup_windows), "--port=%d" % free_ports(1)[0]]
+           "--warmup=%d" % (a.window * a.warmup_windows), "--timeout=%d" % a.timeout]
     if mode == "ddp_dense":
         cmd[-3:-1] = ["--window=2", "--warmup=2"]
     if a.any_blas:
         cmd.append("--any_blas")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=torch_blas.torch_env(a.threads), timeout=a.timeout)
-    if r.returncode != 0:
-        sys.stderr.write(r.stderr[-3000:])
-        sys.exit("compare_dlrm: PyTorch %s failed (exit %d)" % (tag, r.returncode))
-    out = json.loads([l for l in r.stdout.splitlines() if l.strip().startswith("{")][-1])
+    # Its own session, so that a launch past --timeout is ended whole (mp.spawn's ranks too): SIGTERM first, which
+    # makes every rank print its stack (dlrm_pytorch.py), then SIGKILL.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=torch_blas.torch_env(a.threads), start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            stdout, stderr = p.communicate()
+        sys.stderr.write(stderr[-6000:])
+        sys.exit("compare_dlrm: PyTorch %s did not finish within --timeout=%d s (its stacks above)" % (tag, a.timeout))
+    if p.returncode != 0:
+        sys.stderr.write(stderr[-3000:])
+        sys.exit("compare_dlrm: PyTorch %s failed (exit %d)" % (tag, p.returncode))
+    out = json.loads([l for l in stdout.splitlines() if l.strip().startswith("{")][-1])
     return {"examples_per_sec": out["examples_per_sec"], "windows": out["window_rates"], "blas": out["blas"],
             "torch": out["torch"]}
 

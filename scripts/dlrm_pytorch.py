@@ -32,12 +32,16 @@ Prints one JSON line: examples/sec (all ranks together: median over timing windo
 (exit 2) unless --any_blas (scripts/torch_blas.py).
 """
 import argparse
+import datetime
+import faulthandler
 import gzip
 import json
 import math
 import os
+import signal
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -183,13 +187,21 @@ def auc(scores, labels):
     return float((ranks[l == 1].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
+def dump_stacks_on_sigterm():
+    """SIGTERM (what compare_dlrm.py sends a launch past its --timeout) prints every thread's stack, then ends the
+    process as SIGTERM would: a hang says where it hung."""
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+
+
 def train(rank, world, args, data):
+    dump_stacks_on_sigterm()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     if world > 1:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(args.port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        # The ranks meet through a file, not a TCP port: no port to race for with other processes on the host.
+        # The timeout bounds the rendezvous and every collective (gloo's default is 30 minutes).
+        dist.init_process_group("gloo", init_method="file://" + args.rendezvous, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=args.timeout))
     blas = torch_blas.require_openblas_openmp("dlrm_pytorch.py", args.any_blas)
     num_dense, num_sparse, (dense, ids, labels), test = data
     sparse = args.mode in ("sparse", "ddp", "allgather")
@@ -267,10 +279,14 @@ def main():
     ap.add_argument("--train_examples", type=int, default=0, help="read at most this many (0: all)")
     ap.add_argument("--eval", action="store_true", help="test log loss and AUC at the end")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--port", type=int, default=29577)
+    ap.add_argument("--timeout", type=int, default=600,
+                    help="seconds the ranks' rendezvous and each collective may take before the launch fails")
     ap.add_argument("--any_blas", action="store_true",
                     help="time it even when PyTorch did not load the OpenMP OpenBLAS (the JSON names the BLAS)")
     args = ap.parse_args()
+    dump_stacks_on_sigterm()
+    if args.timeout < 1:
+        ap.error("--timeout must be a positive number of seconds")
     args.bottom = [int(x) for x in args.bottom.split(",") if x]
     args.top = [int(x) for x in args.top.split(",") if x]
     num_dense, num_sparse = read_layout(args.data_dir)
@@ -285,7 +301,9 @@ def main():
     test = read_criteo(find("test.txt"), num_dense, num_sparse, args.table_rows) if args.eval else None
     data = (num_dense, num_sparse, train_data, test)
     if args.mode in ("ddp", "allgather", "ddp_dense"):
-        mp.spawn(train, args=(args.ranks, args, data), nprocs=args.ranks, join=True)
+        with tempfile.TemporaryDirectory(prefix="dlrm_pytorch.") as d:
+            args.rendezvous = os.path.join(d, "rendezvous")
+            mp.spawn(train, args=(args.ranks, args, data), nprocs=args.ranks, join=True)
     else:
         train(0, 1, args, data)
 

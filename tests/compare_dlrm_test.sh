@@ -20,7 +20,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 "$BIN/dtrain_convert" --synthetic_ctr --examples=6000 --test_examples=500 --out="$dir/ctr" | tail -1
 rc=0
 DTRAIN_BIN_DIR="$BIN" timeout 280 "$ROOT/scripts/compare_dlrm.sh" --data_dir="$dir/ctr" --table_rows=2000 \
-  --embedding_dim=8 --batch_size=128 --examples=5120 --window=5 --warmup_windows=1 --repeats=1 \
+  --embedding_dim=8 --batch_size=128 --examples=5120 --window=5 --warmup_windows=1 --repeats=1 --timeout=100 \
   --json="$dir/out.json" >"$dir/out" 2>"$dir/err" || rc=$?
 cat "$dir/out"
 if [ "$rc" != 0 ]; then
