@@ -257,7 +257,13 @@ def train(rank, world, args, data):
             result["test_auc"] = auc(logits.numpy().astype(np.float64), y)
         print(json.dumps(result), flush=True)
     if world > 1:
-        dist.destroy_process_group()
+        # Every rank is past its last collective; then out without tearing the objects down: PyTorch 1.13 at times
+        # hangs for good in a rank's teardown of DDP and gloo after training (seen here in about one 2-rank launch
+        # of five, the rank's stack ending in spawn's _wrap with garbage collection running).
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def main():
