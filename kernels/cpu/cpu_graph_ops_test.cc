@@ -132,8 +132,9 @@ TEST_P(GraphOpsTest, CopyStridedConcatAndSplit) {
 }
 
 TEST_P(GraphOpsTest, TransposeMatchesReferenceAndFiniteDifferences) {
-  for (auto [batch, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 7, 5}, {3, 49, 64},
-                                   {2, 33, 300}, {64, 40, 30}}) {
+  for (auto shape : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 7, 5}, {3, 49, 64}, {2, 33, 300},
+                     {64, 40, 30}}) {
+    const auto [batch, rows, cols] = shape;
     SCOPED_TRACE(::testing::Message() << batch << "x" << rows << "x" << cols);
     const int64_t n = batch * rows * cols;
     const std::vector<float> x = RandomVector(n, 1), r = RandomVector(n, 2);
@@ -147,7 +148,7 @@ TEST_P(GraphOpsTest, TransposeMatchesReferenceAndFiniteDifferences) {
     float* probe = Zeros(n);
     EXPECT_GRADIENT_OK(CheckGradient(x, Download(dgx, n), [&](const std::vector<float>& v) {
       Write(v, probe);
-      EXPECT_TRUE(dev_->Transpose(probe, dy, batch, rows, cols).ok());
+      EXPECT_TRUE(dev_->Transpose(probe, dy, std::get<0>(shape), std::get<1>(shape), std::get<2>(shape)).ok());
       return Dot(Download(dy, n), r);
     }));
   }

@@ -77,6 +77,7 @@ TEST_P(PoolTest, MatchesReferenceAndFiniteDifferences) {
     EXPECT_ARRAYS_NEAR(gx, gx_ref, 1e-6, 1e-6);
 
     float* probe = Zeros(InSize(p));
+    const int64_t out_size = OutSize(p);  // a lambda cannot capture the structured binding p before C++20
     GradCheckOptions opt;
     opt.step = 1e-3;
     opt.max_coords = 64;
@@ -85,7 +86,7 @@ TEST_P(PoolTest, MatchesReferenceAndFiniteDifferences) {
         [&](const std::vector<float>& v) {
           Write(v, probe);
           EXPECT_TRUE((*op)->Forward(probe, dy).ok());
-          return Dot(Download(dy, OutSize(p)), r);
+          return Dot(Download(dy, out_size), r);
         },
         opt));
   }
@@ -156,10 +157,11 @@ TEST_P(PoolTest, AvgPoolMatchesReferenceAndFiniteDifferences) {
     EXPECT_ARRAYS_NEAR(gx, gx_ref, 1e-5, 1e-6);
 
     float* probe = Zeros(InSize(p));
+    const int64_t out_size = OutSize(p);  // a lambda cannot capture the structured binding p before C++20
     EXPECT_GRADIENT_OK(CheckGradient(x, gx, [&](const std::vector<float>& v) {
       Write(v, probe);
       EXPECT_TRUE((*op)->Forward(probe, dy).ok());
-      return Dot(Download(dy, OutSize(p)), r);
+      return Dot(Download(dy, out_size), r);
     }));
   }
 }

@@ -101,7 +101,8 @@ TEST_P(ElementwiseTest, DropoutKeepAllCopiesAndRejectsBadKeepProb) {
 }
 
 TEST_P(ElementwiseTest, SoftmaxCrossEntropyMatchesReferenceAndFiniteDifferences) {
-  for (auto [batch, classes] : {std::pair<int, int>{5, 10}, {1, 3}, {10000, 10}}) {
+  for (auto shape : {std::pair<int, int>{5, 10}, {1, 3}, {10000, 10}}) {
+    const int batch = shape.first, classes = shape.second;  // not a structured binding: the lambda below captures
     SCOPED_TRACE(::testing::Message() << batch << "x" << classes);
     const int64_t n = int64_t{batch} * classes;
     std::vector<float> logits = RandomVector(n, 8, -3.0f, 3.0f), labels(batch);
