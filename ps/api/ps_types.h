@@ -250,6 +250,10 @@ struct CheckpointProbe {
   bool configured = false, initialized = false;
   int64_t step = 0;                      // the task's step when initialized
   std::vector<int64_t> restorable_steps;  // steps of this task's valid checkpoints that fit the config, ascending
+  // Ps 0 in sync mode: the oldest step whose decision it still relays (SyncCoordinator::FirstRelayableStep): a
+  // task at a step in [first_relayable_step, step of ps 0] is not lost but behind, and catches up from the
+  // decisions the next pull relays. Elsewhere: the task's step.
+  int64_t first_relayable_step = 0;
 };
 
 // Opens the upload of one worker's gradients for one step to one ps task.

@@ -389,6 +389,23 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
   }
   // Every task runs and agrees (async tasks count their own updates: they need not agree).
   if (all_initialized && (same_step || !sync_)) return absl::OkStatus();
+  // Every task runs, and those behind ps 0 only lack decisions ps 0 still relays (a worker was stopped, killed
+  // or restarted between ps 0 deciding a step and its pull carrying the decision to the other tasks): not a lost
+  // state. The pulls relay them (this chief's first pull asks for every logged decision), in order.
+  if (all_initialized) {
+    bool catch_up = true;
+    for (const CheckpointProbe& p : probes) {
+      catch_up = catch_up && p.step <= probes[0].step && p.step >= probes[0].first_relayable_step;
+    }
+    if (catch_up) {
+      for (int t = 1; t < num_tasks(); ++t) {
+        if (probes[t].step == probes[0].step) continue;
+        LOG(INFO) << "chief: ps task " << t << " is at step " << probes[t].step << ", behind ps task 0 (step "
+                  << probes[0].step << "): it takes the decisions it lacks from the next pull";
+      }
+      return absl::OkStatus();
+    }
+  }
   // A fresh start: Register and Initialize do it (a checkpoint that does not fit is refused there).
   if (none_initialized && !any_checkpoint) return absl::OkStatus();
   // Some task lost its state (restarted), or the cluster restarts from its checkpoints: every task goes to the

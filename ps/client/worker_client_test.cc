@@ -424,5 +424,34 @@ TEST(WorkerClientTest, NarrowWireTypesRoundSparseGradientsWithoutErrorFeedback) 
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i], initial[i] - 1.0f - 1.0f - 1.0f);
 }
 
+// A chief killed after ps 0 decided its step, before its pull carried the decision to the other tasks, comes back
+// to tasks at different steps (ps 0 at 1, ps 1 at 0). The task behind is not a lost state to restore from a
+// checkpoint: it catches up from the decisions ps 0 logged, which the new chief's first pull relays.
+TEST(WorkerClientTest, AChiefBackFromAKillFindsATaskBehindPs0AndBringsItAlong) {
+  SimClusterOptions o = Layers(2);
+  o.config = MakeConfig("sync", 2, 1, 0.5f);  // R = 1 of 2 workers: the chief alone decides a step
+  Fixture f(o);
+  const std::vector<float> grads(14, 1.0f);
+  ASSERT_TRUE(f.client->BeginPush(0, grads.data()).ok());
+  f.client->PushRange(0, 14);
+  f.client->FinishPush();
+  ASSERT_TRUE(f.client->WaitPush().ok());
+  ASSERT_EQ(f.cluster->task(0).step(), 1);
+  ASSERT_EQ(f.cluster->task(1).step(), 0);
+  f.client.reset();  // killed before its pull
+
+  WorkerClientOptions wo;
+  wo.initial_backoff = absl::Milliseconds(5);
+  WorkerClient chief(f.tasks, f.cluster->placement().task_slices, 0, true, wo);
+  const absl::Status connected = chief.Connect(f.cluster->config(), f.cluster->initial().data(), absl::Seconds(5));
+  ASSERT_TRUE(connected.ok()) << connected;
+  std::vector<float> params(14);
+  absl::StatusOr<PullResult> pulled = chief.Pull(0, 0, params.data());
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->step, 1);
+  EXPECT_EQ(f.cluster->task(1).step(), 1);
+  EXPECT_EQ(params, std::vector<float>(14, 0.5f));  // 1 - 0.5 x 1 on both tasks' slices
+}
+
 }  // namespace
 }  // namespace dtrain::ps

@@ -37,7 +37,10 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
                    SliceStore::Create(config.slices, config.optimizer, config.moving_average_decay));
   store->set_apply_threads(options_.apply_threads);
   // Without tables the sparse optimizer is not used (and may be unset): an empty store with the defaults.
-  SparseStoreOptions sparse_options{options_.task_index, options_.num_ps, options_.sparse_max_rows};
+  SparseStoreOptions sparse_options;
+  sparse_options.task_index = options_.task_index;
+  sparse_options.num_ps = options_.num_ps;
+  sparse_options.max_rows_cap = options_.sparse_max_rows;
   sparse_options.track_changes = deltas();
   sparse_options.clock = options_.clock;
   ASSIGN_OR_RETURN(std::unique_ptr<SparseStore> sparse,
@@ -163,6 +166,7 @@ absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& 
     probe.configured = configured_;
     probe.initialized = initialized_;
     probe.step = step_;
+    probe.first_relayable_step = coordinator_ != nullptr ? coordinator_->FirstRelayableStep(step_) : step_;
     if (configured_) RETURN_IF_ERROR(CompareTrainConfigs(config_, config, 0));
   }
   if (!restorable()) return probe;

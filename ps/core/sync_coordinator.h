@@ -34,6 +34,9 @@ class SyncCoordinator {
   void Replace(const StepDecision& d);
   // Logged decisions for steps [max(since, first logged), until).
   std::vector<StepDecision> DecisionsSince(int64_t since, int64_t until) const;
+  // The oldest step whose decision is logged (a task at any step from it up to `current`, the global step, can
+  // catch up from the log); `current` when none is.
+  int64_t FirstRelayableStep(int64_t current) const { return log_.empty() ? current : first_logged_step_; }
 
  private:
   int replicas_to_aggregate_;

@@ -299,6 +299,7 @@ class GrpcPsClient final : public PsInterface {
     probe.initialized = resp.initialized();
     probe.step = resp.step();
     probe.restorable_steps.assign(resp.restorable_steps().begin(), resp.restorable_steps().end());
+    probe.first_relayable_step = resp.first_relayable_step();
     return probe;
   }
 

@@ -137,6 +137,7 @@ class GrpcPsService final : public grpc::Service {
               resp->set_initialized(probe->initialized);
               resp->set_step(probe->step);
               for (int64_t step : probe->restorable_steps) resp->add_restorable_steps(step);
+              resp->set_first_relayable_step(probe->first_relayable_step);
               return grpc::Status::OK;
             },
             this)));

@@ -550,6 +550,16 @@ TEST(GrpcPsTest, OptimizerConfigAndGradientNormCrossTheWire) {
     absl::StatusOr<CheckpointProbe> refused = c.clients[0]->Probe(other);
     ASSERT_FALSE(refused.ok());
     EXPECT_NE(refused.status().message().find("optimizer.clip_norm"), std::string::npos) << refused.status();
+    // The probe's answer crosses too: ps 0 relays every decision since step 0; ps 1, none before its step.
+    for (int t = 0; t < 2; ++t) {
+      TrainConfig same = config;
+      same.slices = c.placement.task_slices[t];
+      absl::StatusOr<CheckpointProbe> probed = c.clients[t]->Probe(same);
+      ASSERT_TRUE(probed.ok()) << probed.status();
+      EXPECT_TRUE(probed->configured && probed->initialized);
+      EXPECT_EQ(probed->step, 3);
+      EXPECT_EQ(probed->first_relayable_step, t == 0 ? 0 : 3);
+    }
   }
 }
 
