@@ -99,7 +99,8 @@ refuse selu.onnx "node '/Relu' (Selu): operator Selu is not supported"
 refuse opset18.onnx "opset18.onnx: opset 18 of ai.onnx is not supported (supported: 11-17)"
 refuse eval_mode.onnx "an eval-mode export"
 refuse cifar_resnet8.onnx "takes 3x32x32 images (C x H x W) but the data set's images are 1x28x28"
-refuse nodata/lenet5_ext.onnx "nodata/lenet5_ext.onnx: initializer 'conv2.weight': its external data file 'lenet5_ext.onnx.data' does not exist"
+refuse nodata/lenet5_ext.onnx \
+  "nodata/lenet5_ext.onnx: initializer 'conv2.weight': its external data file 'lenet5_ext.onnx.data' does not exist"
 refuse huge.onnx "huge.onnx: 2147483648 bytes, over protobuf's limit of 2147483647 bytes (2 GB)"
 grep -q "training=torch.onnx.TrainingMode.TRAINING" <<<"$("$BIN/dtrain_worker" --job_name=local --model=selu.onnx 2>&1)" ||
   fail "the refusal does not say how to export"
@@ -138,7 +139,8 @@ PY
   "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on ResNet-20"
 # ---- 4. external data: trained and exported as such; onnx and onnxruntime read the export ----
 "$BIN/dtrain_worker" --job_name=local --model=ext/lenet5_ext.onnx --train_steps=5 --batch_size=50 \
-  --log_every=1000 --export_onnx=ext/trained.onnx >ext.log 2>&1 || { tail ext.log; fail "training LeNet-5 from external data"; }
+  --log_every=1000 --export_onnx=ext/trained.onnx >ext.log 2>&1 ||
+  { tail ext.log; fail "training LeNet-5 from external data"; }
 [ -s ext/trained.onnx ] && [ -s ext/trained.onnx.data ] || fail "no trained.onnx + trained.onnx.data: $(ls ext)"
 /usr/bin/python3 - <<'PY' || fail "onnx does not read the export with external data as dtrain wrote it"
 import numpy as np

@@ -103,7 +103,9 @@ absl::StatusOr<DataFile*> Loader::Open(const std::string& location, const std::s
   f->path = dir_ == "/" ? absl::StrCat("/", location) : absl::StrCat(dir_, "/", location);
   if (real_dir_.empty()) {
     char* real = ::realpath(dir_.c_str(), nullptr);
-    if (real == nullptr) return ErrnoToStatus(errno, absl::StrCat(file_, ": cannot resolve the model's directory '", dir_, "'"));
+    if (real == nullptr) {
+      return ErrnoToStatus(errno, absl::StrCat(file_, ": cannot resolve the model's directory '", dir_, "'"));
+    }
     real_dir_ = real;
     ::free(real);
   }
