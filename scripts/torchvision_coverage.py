@@ -12,7 +12,8 @@ files.
       [--timeout 300] [--opset 14] [resnet18 vit_b_16 ...]
 
 Slow: exporting the whole zoo takes an hour on 2 cores and the largest models (regnet_y_128gf: 637 M
-parameters, over ONNX's 2 GB limit, written with external data, which dtrain refuses) minutes each.
+parameters, over ONNX's 2 GB limit, so written with external data: one file per tensor beside the .onnx, which
+dtrain reads) minutes each.
 """
 import argparse
 import json

@@ -7,7 +7,12 @@
 #      its running statistics are state on the ps) from --model=FILE.onnx and the chief exports it
 #      (--export_onnx); dtrain_eval evaluates the exported file's own weights to the chief's accuracy;
 #   3. an independent runtime: onnxruntime-node runs the inference export of that file and of a LeNet-5 trained
-#      in local mode on the test images, and its logits match dtrain's evaluation to 1e-4.
+#      in local mode on the test images, and its logits match dtrain's evaluation to 1e-4;
+#   4. external data: LeNet-5 saved by onnx with its weights in lenet5_ext.onnx.data trains in local mode and
+#      exports as trained.onnx + trained.onnx.data, which onnx's checker and onnx.load read (the weights trained)
+#      and onnxruntime-node runs with dtrain's logits (1e-4); saved one file per tensor (torch.onnx.export's way
+#      over 2 GB) it evaluates exactly as the file with everything inside. (A missing data file and a file over
+#      2 GB are among the refusals of 1.)
 # Skipped (77) without PyTorch/onnx for /usr/bin/python3, without Node.js and tests/onnxruntime's npm packages
 # (scripts/install_deps.sh installs them), or without Fashion-MNIST; with DTRAIN_REQUIRE_DEPS=1 that fails (exit 1).
 set -uo pipefail
@@ -53,8 +58,22 @@ onnx.save(g, "selu.onnx")
 g = onnx.load("lenet5.onnx")
 g.opset_import[0].version = 18
 onnx.save(g, "opset18.onnx")
+# External data: LeNet-5 with its weights in one file beside it (as users save models), and in one file per tensor
+# (as torch.onnx.export writes a model over 2 GB); and without its data file.
+import os
+os.makedirs("ext", exist_ok=True)
+os.makedirs("pertensor", exist_ok=True)
+os.makedirs("nodata", exist_ok=True)
+onnx.save_model(onnx.load("lenet5.onnx"), "ext/lenet5_ext.onnx", save_as_external_data=True,
+                all_tensors_to_one_file=True, location="lenet5_ext.onnx.data")
+onnx.save_model(onnx.load("lenet5.onnx"), "pertensor/lenet5.onnx", save_as_external_data=True,
+                all_tensors_to_one_file=False, size_threshold=0)
+onnx.save_model(onnx.load("lenet5.onnx"), "nodata/lenet5_ext.onnx", save_as_external_data=True,
+                all_tensors_to_one_file=True, location="lenet5_ext.onnx.data")
+os.remove("nodata/lenet5_ext.onnx.data")
 PY
 echo "this is not an ONNX model" >notes.onnx
+truncate -s 2G huge.onnx  # sparse: no disk space
 
 # ---- 1. refusals: exit 2, one line, nothing written ----
 refuse() {  # refuse FILE EXPECTED-SUBSTRING
@@ -80,6 +99,9 @@ refuse selu.onnx "node '/Relu' (Selu): operator Selu is not supported"
 refuse opset18.onnx "opset18.onnx: opset 18 of ai.onnx is not supported (supported: 11-17)"
 refuse eval_mode.onnx "an eval-mode export"
 refuse cifar_resnet8.onnx "takes 3x32x32 images (C x H x W) but the data set's images are 1x28x28"
+refuse nodata/lenet5_ext.onnx \
+  "nodata/lenet5_ext.onnx: initializer 'conv2.weight': its external data file 'lenet5_ext.onnx.data' does not exist"
+refuse huge.onnx "huge.onnx: 2147483648 bytes, over protobuf's limit of 2147483647 bytes (2 GB)"
 grep -q "training=torch.onnx.TrainingMode.TRAINING" <<<"$("$BIN/dtrain_worker" --job_name=local --model=selu.onnx 2>&1)" ||
   fail "the refusal does not say how to export"
 out="$("$BIN/dtrain_worker" --job_name=local --model=mlp --export_onnx=x.onnx 2>&1)"
@@ -115,6 +137,45 @@ PY
   "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on LeNet-5"
 (cd "$ORT" && node compare_logits.mjs "$WORK/resnet20_infer.onnx" "$WORK/resnet20_logits.npz" \
   "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on ResNet-20"
+# ---- 4. external data: trained and exported as such; onnx and onnxruntime read the export ----
+"$BIN/dtrain_worker" --job_name=local --model=ext/lenet5_ext.onnx --train_steps=5 --batch_size=50 \
+  --log_every=1000 --export_onnx=ext/trained.onnx >ext.log 2>&1 ||
+  { tail ext.log; fail "training LeNet-5 from external data"; }
+[ -s ext/trained.onnx ] && [ -s ext/trained.onnx.data ] || fail "no trained.onnx + trained.onnx.data: $(ls ext)"
+/usr/bin/python3 - <<'PY' || fail "onnx does not read the export with external data as dtrain wrote it"
+import numpy as np
+import onnx
+from onnx import numpy_helper
+onnx.checker.check_model("ext/trained.onnx")  # by path: the checker checks the external data's locations
+# Where each initializer is (onnx.load reads the external data in and forgets where it was).
+where = {i.name: i for i in onnx.load("ext/trained.onnx", load_external_data=False).graph.initializer}
+for name in ("conv2.weight", "fc1.weight", "fc2.weight", "fc3.weight"):
+    i = where[name]
+    e = {kv.key: kv.value for kv in i.external_data}
+    assert i.data_location == onnx.TensorProto.EXTERNAL and not i.raw_data, name
+    assert e["location"] == "trained.onnx.data" and int(e["offset"]) % 4096 == 0, (name, e)
+for name in ("conv1.weight", "conv1.bias", "fc3.bias"):  # under 1 KB: inside the .onnx file
+    assert where[name].data_location != onnx.TensorProto.EXTERNAL and where[name].raw_data, name
+# Their values: every one trained (moved from the file's), finite, of the file's shapes.
+t = {i.name: numpy_helper.to_array(i) for i in onnx.load("ext/trained.onnx").graph.initializer}
+b = {i.name: numpy_helper.to_array(i) for i in onnx.load("ext/lenet5_ext.onnx").graph.initializer}
+assert sorted(t) == sorted(b), (sorted(t), sorted(b))
+for name in b:
+    assert t[name].shape == b[name].shape and np.isfinite(t[name]).all() and np.abs(t[name] - b[name]).max() > 0, name
+print("onnx reads ext/trained.onnx: %d initializers, trained, the weights in trained.onnx.data" % len(t))
+PY
+"$BIN/dtrain_eval" --model=ext/trained.onnx --logits_out=ext_logits.npz >ext_eval.log 2>&1 ||
+  { cat ext_eval.log; fail "dtrain_eval of the export with external data"; }
+(cd "$ORT" && node compare_logits.mjs "$WORK/ext/trained.onnx" "$WORK/ext_logits.npz" \
+  "$DATA/t10k-images-idx3-ubyte.gz") || fail "onnxruntime and dtrain disagree on the export with external data"
+# One file per tensor (torch.onnx.export's way over 2 GB): the same logits as the file with everything inside.
+for f in lenet5 pertensor/lenet5; do
+  "$BIN/dtrain_eval" --model="$f.onnx" --logits_out="$f.npz" >pertensor.log 2>&1 ||
+    { cat pertensor.log; fail "dtrain_eval --model=$f.onnx"; }
+done
+ls pertensor | grep -q '^conv1.weight$' || fail "onnx saved no file per tensor: $(ls pertensor)"
+cmp -s lenet5.npz pertensor/lenet5.npz || fail "pertensor/lenet5.onnx evaluates unlike lenet5.onnx"
+
 # The comparison itself fails when it should: a NaN among dtrain's logits (however small the later differences),
 # and nothing compared at all.
 /usr/bin/python3 - "$WORK/lenet5_logits.npz" "$WORK/nan_logits.npz" <<'PY' || fail "writing the NaN logits"

@@ -52,8 +52,9 @@ using ConstRef = std::shared_ptr<const Const>;
 std::string DataTypeName(int data_type);
 
 // Decodes a tensor held in the file (raw_data or the typed fields). FLOAT and DOUBLE become kFloat (DOUBLE
-// narrowed), the integer types and BOOL kInt. InvalidArgument for other types, external data, a size that
-// does not match the dims; `what` names the tensor in messages ("initializer 'fc1.weight'").
+// narrowed), the integer types and BOOL kInt. InvalidArgument for other types, external data (the importer reads
+// it in first: onnx_external_data.h), a size that does not match the dims; `what` names the tensor in messages
+// ("initializer 'fc1.weight'").
 absl::StatusOr<ConstRef> DecodeTensor(const ::onnx::TensorProto& t, const std::string& what);
 
 // Folds one node whose inputs are all known (`inputs[k]` null for an omitted optional input) into its outputs.

@@ -5,6 +5,11 @@
 // was. PyTorch loads the result into the module it was exported from (load_state_dict, see README.md), and
 // onnxruntime runs it.
 //
+// Weights as external data (ONNX's convention, onnx_external_data.h): a model imported with external data, or one
+// whose .onnx would pass protobuf's 2 GB limit, is written as PATH and PATH.data beside it (every initializer of
+// 1 KB or more in PATH.data at offsets aligned to 4096 bytes, its location the data file's name), which onnx.load,
+// onnxruntime and dtrain read back; other models keep everything inside the one file, as before.
+//
 //   ASSIGN_OR_RETURN(std::vector<models::VariableInfo> vars, models::ModelVariables(*spec, options));
 //   RETURN_IF_ERROR(models::onnx::ExportOnnx(*spec, vars, params.data(), "trained.onnx"));
 //
@@ -29,6 +34,13 @@ struct ExportOptions {
   // Dropout nodes lose their training_mode input (off); the outputs only training gives (running statistics,
   // masks) are dropped. FailedPrecondition when a node reads one. Default: the graph exactly as imported.
   bool inference = false;
+  // Where the weights go. kAuto: external data when the model was imported with external data or its .onnx would
+  // pass protobuf's 2 GB limit, inside the .onnx otherwise. kInside: always inside (InvalidArgument beyond 2 GB).
+  // kExternal: always external data (ExportOnnx only).
+  enum class Weights { kAuto, kInside, kExternal };
+  Weights weights = Weights::kAuto;
+  // The .onnx size beyond which kAuto writes external data: protobuf's limit (tests lower it).
+  int64_t max_file_bytes = 2147483647;
 };
 
 // The rows of a model's embedding tables (Graph::tables, named after their initializers): name -> rows * dim
@@ -40,11 +52,13 @@ using TableRows = std::map<std::string, std::vector<float>>;
 // weights writes.
 TableRows FileTableRows(const Graph& graph);
 
-// The exported file's bytes. `params` holds TotalSize(vars) floats laid out as `vars` (the flat buffer of a
+// The exported file's bytes, with every weight inside (options.weights kAuto or kInside; a model imported with
+// external data included). `params` holds TotalSize(vars) floats laid out as `vars` (the flat buffer of a
 // model built from `spec`); `tables` the rows of every embedding table the import found (an initializer then
 // gets them as it gets a variable's values). FailedPrecondition when `spec` is not an ONNX import or a table's
-// rows are missing; InvalidArgument when a variable's shape differs from its initializer's, or rows are given
-// for something that is no table or in another number.
+// rows are missing; InvalidArgument when a variable's shape differs from its initializer's, rows are given
+// for something that is no table or in another number, the file would pass protobuf's 2 GB limit, or
+// options.weights is kExternal.
 absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::vector<VariableInfo>& vars,
                                             const float* params, const TableRows& tables,
                                             const ExportOptions& options = {});
@@ -52,8 +66,11 @@ absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::ve
 absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::vector<VariableInfo>& vars,
                                             const float* params, const ExportOptions& options = {});
 
-// ExportOnnxBytes written to `path` atomically (a temporary file beside it, renamed over it): on failure nothing
-// is left and an existing file is untouched.
+// The export written to `path` atomically (a temporary file beside it, renamed over it): on failure nothing is
+// left and an existing file is untouched. With external data (options.weights), `path`.data too: both are
+// written to temporary files first, then renamed into place, the data file first (a crash between the two renames
+// leaves an older .onnx beside the new data file). Errors: those of ExportOnnxBytes (kExternal allowed) and of
+// `env`.
 absl::Status ExportOnnx(const ModelSpec& spec, const std::vector<VariableInfo>& vars, const float* params,
                         const TableRows& tables, const std::string& path, const ExportOptions& options = {},
                         Env* env = Env::Default());

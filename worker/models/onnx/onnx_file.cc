@@ -10,6 +10,7 @@
 #include "onnx/checker.h"
 #include "onnx/shape_inference/implementation.h"
 #include "worker/models/onnx/onnx_attributes.h"
+#include "worker/models/onnx/onnx_external_data.h"
 
 namespace dtrain::models::onnx {
 
@@ -47,10 +48,6 @@ std::vector<int64_t> DimsOf(const ::onnx::TypeProto& type) {
   if (!type.has_tensor_type() || !type.tensor_type().has_shape()) return dims;
   for (const auto& d : type.tensor_type().shape().dim()) dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
   return dims;
-}
-
-bool IsExternal(const ::onnx::TensorProto& t) {
-  return t.data_location() == ::onnx::TensorProto::EXTERNAL || t.external_data_size() > 0;
 }
 
 bool IsInteger(int elem_type) {
@@ -117,6 +114,7 @@ absl::StatusOr<std::shared_ptr<OnnxFile>> ReadOnnxFile(std::string bytes, const 
   std::string base = file.substr(file.find_last_of('/') + 1);
   const size_t dot = base.rfind('.');
   f->name = dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
+  if (bytes.size() > static_cast<size_t>(kMaxProtobufBytes)) return ModelFileTooLarge(file, bytes.size());
   auto model = std::make_shared<::onnx::ModelProto>();
   if (!model->ParseFromString(bytes) || !model->has_graph() || model->graph().node_size() == 0) {
     return absl::DataLossError(absl::StrCat(file, ": not an ONNX model (", bytes.size(),
@@ -168,23 +166,13 @@ absl::StatusOr<std::shared_ptr<OnnxFile>> ReadOnnxFile(std::string bytes, const 
     if (ComputedOps().count(n.op_type()) == 0) {
       return NodeRefusal(*f, i, absl::StrCat("operator ", n.op_type(), " is not supported (", SupportedOpsText(), ")"));
     }
-    for (const ::onnx::AttributeProto& a : n.attribute()) {
-      if (a.has_t() && IsExternal(a.t())) {
-        return NodeRefusal(*f, i, absl::StrCat("attribute ", a.name(), " keeps its data in an external file "
-                                                                     "(supported: data inside the .onnx file)"));
-      }
-    }
-  }
-  for (const ::onnx::TensorProto& t : g.initializer()) {
-    if (IsExternal(t)) {
-      return FileRefusal(file, absl::StrCat("initializer '", t.name(), "' keeps its data in an external file "
-                                                                      "(supported: data inside the .onnx file, below 2 GB)"));
-    }
   }
   if (g.sparse_initializer_size() > 0) {
     return FileRefusal(file, absl::StrCat("sparse initializer '", g.sparse_initializer(0).values().name(),
                                           "' is not supported (supported: dense initializers)"));
   }
+  // External data into the tensors, so that everything from here on reads the model as if saved in one file.
+  RETURN_IF_ERROR(LoadExternalData(file, model.get(), &f->external_data));
 
   // ONNX's own checks: the checker, then shape inference (strict) on a copy, so that the model stays as read.
   try {
@@ -193,7 +181,20 @@ absl::StatusOr<std::shared_ptr<OnnxFile>> ReadOnnxFile(std::string bytes, const 
     return FileRefusal(file, absl::StrCat("ONNX's checker refuses it: ", OneLine(e.what())));
   }
   {
+    // The copy without the data of large float initializers (a model's weights: gigabytes for today's largest),
+    // which no shape computation reads: moved aside while copying, then back.
+    constexpr size_t kLarge = 1 << 20;
+    std::vector<std::string> aside(g.initializer_size());
+    auto swap_large = [&] {
+      for (int i = 0; i < g.initializer_size(); ++i) {
+        ::onnx::TensorProto* t = model->mutable_graph()->mutable_initializer(i);
+        const bool large = t->raw_data().size() >= kLarge || aside[i].size() >= kLarge;
+        if (t->data_type() == ::onnx::TensorProto::FLOAT && large) t->mutable_raw_data()->swap(aside[i]);
+      }
+    };
+    swap_large();
     ::onnx::ModelProto copy = *model;
+    swap_large();
     try {
       ::onnx::shape_inference::InferShapes(copy, ::onnx::OpSchemaRegistry::Instance(),
                                            ::onnx::ShapeInferenceOptions(/*check_type=*/true, /*strict_mode=*/1,

@@ -34,6 +34,9 @@ struct OnnxFile {
   // `initializers`, and export writes trained ones there).
   std::shared_ptr<::onnx::ModelProto> model;
   int opset = 0;  // the ai.onnx opset
+  // Whether some tensor's data came from external data beside the file (onnx_external_data.h; `model` holds it
+  // inline now): export then writes the trained weights as external data too.
+  bool external_data = false;
 
   // Every initializer, decoded (the float ones become variables when an op takes them as weights).
   std::unordered_map<std::string, ConstRef> initializers;
@@ -60,11 +63,13 @@ struct OnnxFile {
   std::unordered_map<std::string, std::vector<int64_t>> inferred;
 };
 
-// Parses and checks `bytes` (the contents of `file`): DataLoss when they are not an ONNX model; InvalidArgument
-// (one line, with kExportHint) for an IR version or opset outside the supported ones, another domain's node,
-// an op dtrain does not compute, control flow (nn.EmbeddingBag's Loop or ATen export named as such), external
-// data, no usable input, an integer input that is not int64 ids [N] or [N, F] (or a loss head's labels); what
-// ONNX's checker and its shape inference (strict) report.
+// Parses and checks `bytes` (the contents of `file`), reading the tensors kept in external data from files beside
+// `file` (LoadExternalData, onnx_external_data.h: its errors for them). DataLoss when the bytes are not an ONNX
+// model; InvalidArgument for bytes over protobuf's 2 GB limit (ModelFileTooLarge), and (one line, with
+// kExportHint) for an IR version or opset outside the supported ones, another domain's node, an op dtrain does
+// not compute, control flow (nn.EmbeddingBag's Loop or ATen export named as such), no usable input, an integer
+// input that is not int64 ids [N] or [N, F] (or a loss head's labels); what ONNX's checker and its shape
+// inference (strict) report.
 absl::StatusOr<std::shared_ptr<OnnxFile>> ReadOnnxFile(std::string bytes, const std::string& file);
 
 // "<file>: node '<name>' (<op>): <what>; <kExportHint>". Nodes without a name are called "<op>_<index>".

@@ -1,5 +1,7 @@
 #include "worker/models/onnx/onnx_import.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <memory>
 #include <set>
@@ -9,6 +11,7 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "worker/models/graph.h"
+#include "worker/models/onnx/onnx_external_data.h"
 #include "worker/models/onnx/onnx_file.h"
 #include "worker/models/onnx/onnx_mapper.h"
 
@@ -75,6 +78,11 @@ void SetDataGeometry(const OnnxFile& f, ModelDefaults* d) {
 }  // namespace
 
 absl::StatusOr<ModelRef> ImportModel(const std::string& path, const ImportOptions& options) {
+  // A file protobuf cannot parse is refused before it is read into memory.
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > kMaxProtobufBytes) {
+    return ModelFileTooLarge(path, st.st_size);
+  }
   absl::StatusOr<std::string> bytes = ReadFileToString(path);
   if (!bytes.ok()) return bytes.status();
   return ImportModelFromBytes(*std::move(bytes), path, options);

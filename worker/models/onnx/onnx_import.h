@@ -43,11 +43,16 @@ struct ImportOptions {
 // Reads and checks `path`, folds the constant shape arithmetic exporters emit, and maps every node onto the
 // graph's ops. The spec's build_graph checks the data set's geometry and classes against the model's input and
 // output; its `source` holds the parsed file for export (worker/models/onnx/onnx_export.h).
-// Errors: NotFound (no such file), DataLoss (not an ONNX protobuf), InvalidArgument with one line naming the
-// node, its op and the attribute that is not supported, what is, and how to export instead.
+// Tensors kept in external data (files beside `path`, as torch.onnx.export writes a model over 2 GB) are read
+// from there (onnx_external_data.h).
+// Errors: NotFound (no such file, or no such external data file), DataLoss (not an ONNX protobuf),
+// InvalidArgument for a file over protobuf's 2 GB limit, bad external data (naming the data file, the tensor and
+// what is wrong), and with one line naming the node, its op and the attribute that is not supported, what is,
+// and how to export instead.
 absl::StatusOr<ModelRef> ImportModel(const std::string& path, const ImportOptions& options = {});
 
-// The same from a file's contents in memory; `file` stands for its path (messages, the spec's name and path).
+// The same from a file's contents in memory; `file` stands for its path (messages, the spec's name and path,
+// and the directory external data locations are relative to).
 absl::StatusOr<ModelRef> ImportModelFromBytes(std::string bytes, const std::string& file,
                                               const ImportOptions& options = {});
 

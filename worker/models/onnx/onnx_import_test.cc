@@ -1,13 +1,18 @@
 // The importer on models written here (worker/models/onnx/onnx_test_util.h): what becomes of initializers,
 // inputs, heads and shape arithmetic; the geometry and class checks; every refusal's exact one-line message;
-// and the time to import a 20 M-parameter file.
+// external data read, and every bad one refused; and the time to import a 20 M-parameter file.
 #include "worker/models/onnx/onnx_import.h"
+
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/testing/scratch_dir.h"
@@ -370,17 +375,177 @@ TEST(OnnxImportTest, RefusesOpsetsAndIrVersionsOutsideTheSupportedOnes) {
                                        kHint));
 }
 
-TEST(OnnxImportTest, RefusesExternalData) {
+// Mlp() with fc1.weight and fc2.weight in "mlp.onnx.data" (at offsets 0 and 100352) and fc2.bias alone in
+// "fc2.bias" with no offset or length (to the end of the file), as torch.onnx.export writes a model over 2 GB; the
+// model itself written to `dir`/mlp.onnx.
+OnnxBuilder ExternalMlp(const std::string& dir) {
   OnnxBuilder b = Mlp();
-  ::onnx::TensorProto* t = b.model().mutable_graph()->mutable_initializer(0);
-  t->clear_raw_data();
-  t->set_data_location(::onnx::TensorProto::EXTERNAL);
-  auto* e = t->add_external_data();
-  e->set_key("location");
-  e->set_value("mlp.onnx.data");
-  EXPECT_EQ(Refusal(b), absl::StrCat("model.onnx: initializer 'fc1.weight' keeps its data in an external file "
-                                     "(supported: data inside the .onnx file, below 2 GB); ",
-                                     kHint));
+  EXPECT_TRUE(testing::MoveToExternalData(&b.model(), {"fc1.weight", "fc2.weight"}, dir, "mlp.onnx.data", 4096));
+  EXPECT_TRUE(testing::MoveToExternalData(&b.model(), {"fc2.bias"}, dir, "fc2.bias"));
+  ::onnx::TensorProto* bias = b.model().mutable_graph()->mutable_initializer(3);
+  bias->mutable_external_data()->DeleteSubrange(1, 2);  // location only
+  return b;
+}
+
+void Save(const OnnxBuilder& b, const std::string& path) { ASSERT_TRUE(WriteFileAtomically(path, b.Bytes()).ok()); }
+
+TEST(OnnxImportTest, ReadsExternalData) {
+  dtrain::testing::ScratchDir dir("onnx_external");
+  const std::vector<VariableInfo> inline_vars = *ModelVariables(**Import(Mlp()), Images(1, 28, 28));
+  const std::vector<float> want = InitialParameters(inline_vars, 1);
+
+  const std::string path = dir.path() + "/mlp.onnx";
+  Save(ExternalMlp(dir.path()), path);
+  absl::StatusOr<ModelRef> spec = ImportModel(path);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(std::static_pointer_cast<const OnnxFile>((*spec)->source)->external_data);
+  EXPECT_EQ(InitialParameters(*ModelVariables(**spec, Images(1, 28, 28)), 1), want);
+  EXPECT_FALSE(std::static_pointer_cast<const OnnxFile>((*Import(Mlp()))->source)->external_data);
+
+  // From bytes, the locations are relative to the directory of the path given; a data file in a subdirectory, a
+  // symbolic link inside the directory and a checksum (the file's SHA-1, any case) are fine.
+  OnnxBuilder b = Mlp();
+  ASSERT_EQ(::mkdir((dir.path() + "/weights").c_str(), 0755), 0);
+  ASSERT_TRUE(testing::MoveToExternalData(&b.model(), {"fc1.weight"}, dir.path(), "weights/w.bin"));
+  ASSERT_EQ(::symlink("w.bin", (dir.path() + "/weights/link.bin").c_str()), 0);
+  ASSERT_TRUE(testing::MoveToExternalData(&b.model(), {"fc2.weight"}, dir.path(), "b.bin"));
+  b.model().mutable_graph()->mutable_initializer(0)->mutable_external_data(0)->set_value("weights/link.bin");
+  const std::string data = *ReadFileToString(dir.path() + "/b.bin");
+  std::string sha1;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  ASSERT_EQ(EVP_Digest(data.data(), data.size(), digest, &n, EVP_sha1(), nullptr), 1);
+  for (unsigned int i = 0; i < n; ++i) absl::StrAppend(&sha1, absl::Hex(digest[i], absl::kZeroPad2));
+  auto* sum = b.model().mutable_graph()->mutable_initializer(2)->add_external_data();
+  sum->set_key("checksum");
+  sum->set_value(absl::AsciiStrToUpper(sha1));
+  spec = ImportModelFromBytes(b.Bytes(), path);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(InitialParameters(*ModelVariables(**spec, Images(1, 28, 28)), 1), want);
+
+  // A Constant's value from external data (Cnn's [-1] of the Reshape's shape).
+  OnnxBuilder cnn = Cnn();
+  ASSERT_TRUE(testing::MoveToExternalData(&cnn.model(), {"minus_one"}, dir.path(), "cnn.data"));
+  EXPECT_TRUE(ImportModelFromBytes(cnn.Bytes(), dir.path() + "/cnn.onnx").ok());
+}
+
+TEST(OnnxImportTest, RefusesBadExternalData) {
+  dtrain::testing::ScratchDir dir("onnx_external");
+  dtrain::testing::ScratchDir elsewhere("onnx_elsewhere");
+  const std::string path = dir.path() + "/mlp.onnx";
+  const OnnxBuilder good = ExternalMlp(dir.path());
+  ASSERT_TRUE(WriteFileAtomically(elsewhere.path() + "/secret", std::string(100352, 'x')).ok());
+  ASSERT_EQ(::symlink((elsewhere.path() + "/secret").c_str(), (dir.path() + "/out.bin").c_str()), 0);
+  ASSERT_EQ(::mkdir((dir.path() + "/adir").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFileAtomically(dir.path() + "/short.bin", std::string(400, 'x')).ok());
+
+  // fc1.weight's external data entries replaced by these.
+  auto with = [&](std::vector<std::pair<std::string, std::string>> entries) {
+    OnnxBuilder b = good;
+    ::onnx::TensorProto* t = b.model().mutable_graph()->mutable_initializer(0);
+    t->clear_external_data();
+    for (const auto& [key, value] : entries) {
+      auto* e = t->add_external_data();
+      e->set_key(key);
+      e->set_value(value);
+    }
+    return b;
+  };
+  const std::string fc1 = path + ": initializer 'fc1.weight': ";
+  const std::string in = "its external data in 'mlp.onnx.data' (103680 bytes): ";
+  struct Case {
+    OnnxBuilder model;
+    absl::StatusCode code;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {with({{"location", "/etc/passwd"}}), absl::StatusCode::kInvalidArgument,
+       fc1 + "its external data file '/etc/passwd' is an absolute path (supported: a path relative to the model's "
+             "directory, as ONNX's checker requires)"},
+      {with({{"location", "../mlp.onnx.data"}}), absl::StatusCode::kInvalidArgument,
+       fc1 + "its external data file '../mlp.onnx.data' has a '..' part (supported: a file in the model's "
+             "directory or below it, as ONNX's checker requires)"},
+      {with({{"location", "adir/../../x"}}), absl::StatusCode::kInvalidArgument, "has a '..' part"},
+      {with({{"location", "out.bin"}}), absl::StatusCode::kInvalidArgument,
+       "outside the model's directory '"},
+      {with({{"location", "missing.data"}}), absl::StatusCode::kNotFound,
+       fc1 + "its external data file 'missing.data' does not exist (looked for '" + dir.path() +
+           "/missing.data'; keep the data file beside the .onnx file as it was saved)"},
+      {with({{"location", "adir"}}), absl::StatusCode::kInvalidArgument,
+       fc1 + "its external data file 'adir' is not a regular file"},
+      {with({{"location", ""}}), absl::StatusCode::kInvalidArgument, fc1 + "its external data has an empty location"},
+      {with({{"offset", "0"}}), absl::StatusCode::kInvalidArgument, fc1 + "its external data has no location"},
+      {with({{"location", "mlp.onnx.data"}, {"offset", "103681"}}), absl::StatusCode::kInvalidArgument,
+       fc1 + in + "offset 103681 is past the end of the file"},
+      {with({{"location", "mlp.onnx.data"}, {"offset", "20000"}, {"length", "100352"}}),
+       absl::StatusCode::kInvalidArgument, fc1 + in + "offset 20000 + length 100352 runs past the end of the file"},
+      {with({{"location", "mlp.onnx.data"}, {"length", "400"}}), absl::StatusCode::kInvalidArgument,
+       fc1 + in + "length 400 bytes, but its dims 32x784 of FLOAT take 100352 bytes"},
+      {with({{"location", "short.bin"}}), absl::StatusCode::kInvalidArgument,
+       fc1 + "its external data in 'short.bin' (400 bytes): length 400 bytes, but its dims 32x784 of FLOAT take "
+             "100352 bytes"},
+      {with({{"location", "mlp.onnx.data"}, {"offset", "abc"}}), absl::StatusCode::kInvalidArgument,
+       fc1 + "external data offset 'abc' is not a non-negative integer"},
+      {with({{"location", "mlp.onnx.data"}, {"length", "-4"}}), absl::StatusCode::kInvalidArgument,
+       fc1 + "external data length '-4' is not a non-negative integer"},
+      {with({{"location", "mlp.onnx.data"}, {"basepath", "/tmp"}}), absl::StatusCode::kInvalidArgument,
+       fc1 + "unknown external data key 'basepath' (supported: location, offset, length, checksum)"},
+      {with({{"location", "mlp.onnx.data"}, {"location", "fc2.bias"}}), absl::StatusCode::kInvalidArgument,
+       fc1 + "external data key 'location' appears twice"},
+      {with({{"location", "mlp.onnx.data"}, {"length", "100352"}, {"checksum", "0123"}}),
+       absl::StatusCode::kInvalidArgument, fc1 + in + "checksum '0123' is not the file's SHA-1 ("},
+  };
+  {  // data inline and outside
+    OnnxBuilder b = good;
+    b.model().mutable_graph()->mutable_initializer(0)->add_float_data(1.0f);
+    cases.push_back({b, absl::StatusCode::kInvalidArgument,
+                     fc1 + "it holds data inside the .onnx file as well as in external data (ONNX allows one)"});
+  }
+  {  // entries without data_location EXTERNAL
+    OnnxBuilder b = good;
+    b.model().mutable_graph()->mutable_initializer(0)->clear_data_location();
+    cases.push_back({b, absl::StatusCode::kInvalidArgument,
+                     fc1 + "it has external data entries but its data_location is not EXTERNAL"});
+  }
+  {  // a STRING tensor
+    OnnxBuilder b = good;
+    b.model().mutable_graph()->mutable_initializer(0)->set_data_type(::onnx::TensorProto::STRING);
+    cases.push_back({b, absl::StatusCode::kInvalidArgument,
+                     fc1 + "its type STRING cannot be external data (supported: numeric and BOOL tensors)"});
+  }
+  {  // a Constant's value
+    OnnxBuilder b = Cnn();
+    ASSERT_TRUE(testing::MoveToExternalData(&b.model(), {"minus_one"}, dir.path(), "cnn.data"));
+    for (::onnx::NodeProto& n : *b.model().mutable_graph()->mutable_node()) {
+      if (n.op_type() == "Constant" && n.output(0) == "minus_one") {
+        n.mutable_attribute(0)->mutable_t()->mutable_external_data(0)->set_value("gone.data");
+      }
+    }
+    cases.push_back({b, absl::StatusCode::kNotFound,
+                     path + ": node '/Constant_9' (Constant): attribute value: its external data file 'gone.data' "
+                            "does not exist"});
+  }
+  for (const Case& c : cases) {
+    Save(c.model, path);
+    absl::Status s = ImportModel(path).status();
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+    EXPECT_EQ(s.message().find('\n'), absl::string_view::npos) << s;
+  }
+}
+
+TEST(OnnxImportTest, RefusesAModelFileOverTwoGigabytes) {
+  dtrain::testing::ScratchDir dir("onnx_huge");
+  const std::string path = dir.path() + "/huge.onnx";
+  ASSERT_TRUE(WriteFileAtomically(path, "").ok());
+  ASSERT_EQ(::truncate(path.c_str(), int64_t{1} << 31), 0);  // sparse: no disk space, and never read
+  absl::Status s = ImportModel(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            path + ": 2147483648 bytes, over protobuf's limit of 2147483647 bytes (2 GB) on one message: no ONNX "
+                   "reader can parse a model file this large; save its weights as external data beside it "
+                   "(torch.onnx.export does so by itself for a model over 2 GB; or onnx.save_model(model, path, "
+                   "save_as_external_data=True, all_tensors_to_one_file=True, location='NAME.onnx.data'))");
 }
 
 // What torch.onnx.export writes for a module in eval mode: BatchNorm folded into the Conv, whose weights get the

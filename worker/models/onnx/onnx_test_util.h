@@ -11,7 +11,9 @@
 #define DTRAIN_WORKER_MODELS_ONNX_ONNX_TEST_UTIL_H_
 
 #include <cstdint>
+#include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "onnx/onnx_pb.h"
@@ -202,6 +204,54 @@ inline std::string ResidualNetBytes(bool batch_norm) {
   b.Node("Gemm", {"flat", "fc.weight", "fc.bias"}, {"logits"}, {IntAttr("transB", 1)});
   b.Output("logits", {-1, 10});
   return b.Bytes();
+}
+
+// Moves the data of the tensors named (initializers, or Constant nodes' values by their output's name) into the
+// file `dir`/`location`, one after another at offsets 0, `align`, ... (zeros between), and points each tensor
+// there as onnx.save_model(..., save_as_external_data=True) does (location, offset, length). float_data becomes
+// raw bytes. Returns false (and writes nothing) when a name is not found.
+inline bool MoveToExternalData(::onnx::ModelProto* m, const std::vector<std::string>& names, const std::string& dir,
+                               const std::string& location, int64_t align = 16) {
+  std::vector<::onnx::TensorProto*> tensors;
+  for (const std::string& name : names) {
+    ::onnx::TensorProto* found = nullptr;
+    for (::onnx::TensorProto& t : *m->mutable_graph()->mutable_initializer()) {
+      if (t.name() == name) found = &t;
+    }
+    for (::onnx::NodeProto& n : *m->mutable_graph()->mutable_node()) {
+      if (n.op_type() == "Constant" && n.output(0) == name) found = n.mutable_attribute(0)->mutable_t();
+    }
+    if (found == nullptr) return false;
+    tensors.push_back(found);
+  }
+  std::string data;
+  for (::onnx::TensorProto* t : tensors) {
+    if (t->float_data_size() > 0) {
+      t->set_raw_data(std::string(reinterpret_cast<const char*>(t->float_data().data()),
+                                  t->float_data_size() * sizeof(float)));
+      t->clear_float_data();
+    }
+    if (t->int64_data_size() > 0) {
+      t->set_raw_data(std::string(reinterpret_cast<const char*>(t->int64_data().data()),
+                                  t->int64_data_size() * sizeof(int64_t)));
+      t->clear_int64_data();
+    }
+    data.resize((data.size() + align - 1) / align * align, '\0');
+    const size_t offset = data.size();
+    data += t->raw_data();
+    t->clear_raw_data();
+    t->set_data_location(::onnx::TensorProto::EXTERNAL);
+    for (const auto& [key, value] : {std::pair<std::string, std::string>("location", location),
+                                     {"offset", std::to_string(offset)},
+                                     {"length", std::to_string(data.size() - offset)}}) {
+      auto* e = t->add_external_data();
+      e->set_key(key);
+      e->set_value(value);
+    }
+  }
+  std::ofstream out(dir + "/" + location, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  return out.good();
 }
 
 }  // namespace dtrain::models::onnx::testing
