@@ -281,7 +281,6 @@ absl::Status Mapper::MapGatherOfTensor(int i) {
 }
 
 absl::Status Mapper::MapSlice(int i) {
-  const NodeProto& n = node(i);
   if (f_.opset < 10) return Refuse(i, "Slice before opset 10");
   ASSIGN_OR_RETURN(const int x, Tensor(i, 0));
   ASSIGN_OR_RETURN(const Value* v, Get(i, 0));
