@@ -76,7 +76,9 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 ReturnToService=2
 MinJobAge=600
-KillWait=5
+# Slurm's default: a ps task's graceful stop on srun's SIGTERM may take --worker_timeout_secs + 5 s (with 5 here,
+# a loaded CI run saw the ps killed while it waited for a chief that had not registered yet: exit 137, not 2)
+KillWait=30
 SlurmdTimeout=60
 InactiveLimit=0
 NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 CPUs=2 Port=$p1 State=UNKNOWN
