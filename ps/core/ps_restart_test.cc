@@ -319,15 +319,17 @@ TEST_P(PsRestartTest, TheClusterRollsBackToTheNewestCommonCheckpointAndFinishes)
     // values: the same parameters as without the restart.
     EXPECT_EQ(restarted, uninterrupted);
   } else {
-    // Async: the order of updates differs from run to run, and the two workers' last pushes may overshoot the
-    // last step by one; each update moves a value by about 0.05 here. So: finite, and within a few updates of the
-    // uninterrupted run (a lost rollback, or a task left behind, would be tens of updates away).
+    // Async: the order of updates differs from run to run (each gradient is computed on whatever version the
+    // worker pulled), and the two workers' last pushes may overshoot the last step by one; each update moves a
+    // value by about 0.05 here. So: finite, and within several updates of the uninterrupted run (a task left
+    // behind would be tens of updates away). 0.2 was too tight: under ASan on a loaded CI machine the ordering
+    // alone once gave 0.257. The rollback itself is checked exactly in sync mode (above).
     double worst = 0;
     for (size_t i = 0; i < restarted.size(); ++i) {
       ASSERT_TRUE(std::isfinite(restarted[i])) << i;
       worst = std::max(worst, std::abs(static_cast<double>(restarted[i]) - uninterrupted[i]));
     }
-    EXPECT_LT(worst, 0.2);
+    EXPECT_LT(worst, 0.4);
   }
   std::filesystem::remove_all(base);
 }
