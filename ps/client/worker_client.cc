@@ -380,31 +380,26 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
       backoff = std::min(backoff * 2, absl::Seconds(1));
     }
   }
-  bool all_initialized = true, none_initialized = true, same_step = true, any_checkpoint = false;
+  // Sync: a task behind ps 0 only lacks decisions ps 0 still relays when its step lies in
+  // [first_relayable_step, ps 0's step] (a worker was stopped, killed or restarted between ps 0 deciding a step and
+  // its pull carrying the decision to the other tasks): not a lost state. The pulls relay them, in order (this
+  // chief's first pull asks for every logged decision). Tasks at ps 0's step agree.
+  bool all_initialized = true, none_initialized = true, caught_up_by_pulls = true, any_checkpoint = false;
   for (const CheckpointProbe& p : probes) {
     all_initialized = all_initialized && p.initialized;
     none_initialized = none_initialized && !p.initialized;
-    same_step = same_step && p.step == probes[0].step;
+    caught_up_by_pulls = caught_up_by_pulls && p.step <= probes[0].step && p.step >= probes[0].first_relayable_step;
     any_checkpoint = any_checkpoint || !p.restorable_steps.empty();
   }
-  // Every task runs and agrees (async tasks count their own updates: they need not agree).
-  if (all_initialized && (same_step || !sync_)) return absl::OkStatus();
-  // Every task runs, and those behind ps 0 only lack decisions ps 0 still relays (a worker was stopped, killed
-  // or restarted between ps 0 deciding a step and its pull carrying the decision to the other tasks): not a lost
-  // state. The pulls relay them (this chief's first pull asks for every logged decision), in order.
-  if (all_initialized) {
-    bool catch_up = true;
-    for (const CheckpointProbe& p : probes) {
-      catch_up = catch_up && p.step <= probes[0].step && p.step >= probes[0].first_relayable_step;
+  // Every task runs and agrees, or will once the pulls relay ps 0's decisions (async tasks count their own
+  // updates: they need not agree).
+  if (all_initialized && (caught_up_by_pulls || !sync_)) {
+    for (int t = 1; sync_ && t < num_tasks(); ++t) {
+      if (probes[t].step == probes[0].step) continue;
+      LOG(INFO) << "chief: ps task " << t << " is at step " << probes[t].step << ", behind ps task 0 (step "
+                << probes[0].step << "): it takes the decisions it lacks from the next pull";
     }
-    if (catch_up) {
-      for (int t = 1; t < num_tasks(); ++t) {
-        if (probes[t].step == probes[0].step) continue;
-        LOG(INFO) << "chief: ps task " << t << " is at step " << probes[t].step << ", behind ps task 0 (step "
-                  << probes[0].step << "): it takes the decisions it lacks from the next pull";
-      }
-      return absl::OkStatus();
-    }
+    return absl::OkStatus();
   }
   // A fresh start: Register and Initialize do it (a checkpoint that does not fit is refused there).
   if (none_initialized && !any_checkpoint) return absl::OkStatus();

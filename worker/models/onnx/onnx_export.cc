@@ -46,6 +46,16 @@ struct Draft {
   std::vector<ExternalTensor> weights;
 };
 
+// Every weight into its tensor (the export in one file).
+void PlaceInside(Draft* d) {
+  for (const ExternalTensor& w : d->weights) w.tensor->set_raw_data(std::string(w.bytes));
+}
+
+// The .onnx file the model was imported from (messages name it).
+const std::string& SourceFile(const ModelSpec& spec) {
+  return std::static_pointer_cast<const OnnxFile>(spec.source)->file;
+}
+
 // The .onnx file's size with every weight inside (a bound: each tensor's length prefixes counted in full).
 int64_t InlineSize(const Draft& d) {
   int64_t size = static_cast<int64_t>(d.model.ByteSizeLong());
@@ -271,17 +281,16 @@ absl::StatusOr<std::string> ExportOnnxBytes(const ModelSpec& spec, const std::ve
     return absl::InvalidArgumentError("external data needs a path beside which to write it: use ExportOnnx");
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Draft> d, MakeDraft(spec, vars, params, tables, options));
-  for (const ExternalTensor& w : d->weights) w.tensor->set_raw_data(std::string(w.bytes));
-  return Serialize(std::static_pointer_cast<const OnnxFile>(spec.source)->file, d->model);
+  PlaceInside(d.get());
+  return Serialize(SourceFile(spec), d->model);
 }
 
 absl::Status ExportOnnx(const ModelSpec& spec, const std::vector<VariableInfo>& vars, const float* params,
                         const TableRows& tables, const std::string& path, const ExportOptions& options, Env* env) {
   ASSIGN_OR_RETURN(std::unique_ptr<Draft> d, MakeDraft(spec, vars, params, tables, options));
-  const std::string& file = std::static_pointer_cast<const OnnxFile>(spec.source)->file;
-  if (WantsExternalData(spec, *d, options)) return WriteWithExternalData(d.get(), file, path, env);
-  for (const ExternalTensor& w : d->weights) w.tensor->set_raw_data(std::string(w.bytes));
-  ASSIGN_OR_RETURN(std::string bytes, Serialize(file, d->model));
+  if (WantsExternalData(spec, *d, options)) return WriteWithExternalData(d.get(), SourceFile(spec), path, env);
+  PlaceInside(d.get());
+  ASSIGN_OR_RETURN(std::string bytes, Serialize(SourceFile(spec), d->model));
   return WriteFileAtomically(env, path, bytes);
 }
 

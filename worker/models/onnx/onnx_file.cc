@@ -184,17 +184,15 @@ absl::StatusOr<std::shared_ptr<OnnxFile>> ReadOnnxFile(std::string bytes, const 
     // The copy without the data of large float initializers (a model's weights: gigabytes for today's largest),
     // which no shape computation reads: moved aside while copying, then back.
     constexpr size_t kLarge = 1 << 20;
-    std::vector<std::string> aside(g.initializer_size());
-    auto swap_large = [&] {
-      for (int i = 0; i < g.initializer_size(); ++i) {
-        ::onnx::TensorProto* t = model->mutable_graph()->mutable_initializer(i);
-        const bool large = t->raw_data().size() >= kLarge || aside[i].size() >= kLarge;
-        if (t->data_type() == ::onnx::TensorProto::FLOAT && large) t->mutable_raw_data()->swap(aside[i]);
+    std::vector<std::pair<::onnx::TensorProto*, std::string>> aside;
+    for (::onnx::TensorProto& t : *model->mutable_graph()->mutable_initializer()) {
+      if (t.data_type() == ::onnx::TensorProto::FLOAT && t.raw_data().size() >= kLarge) {
+        aside.emplace_back(&t, std::string());
+        t.mutable_raw_data()->swap(aside.back().second);
       }
-    };
-    swap_large();
+    }
     ::onnx::ModelProto copy = *model;
-    swap_large();
+    for (auto& [t, data] : aside) t->mutable_raw_data()->swap(data);
     try {
       ::onnx::shape_inference::InferShapes(copy, ::onnx::OpSchemaRegistry::Instance(),
                                            ::onnx::ShapeInferenceOptions(/*check_type=*/true, /*strict_mode=*/1,
