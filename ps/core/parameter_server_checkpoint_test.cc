@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -219,6 +220,19 @@ TEST_P(RestartAfterEndTest, TheRestartedTaskFinishesOnceTheWorkersReported) {
   absl::StatusOr<std::unique_ptr<ParameterServer>> again = ParameterServer::Create(o);
   ASSERT_TRUE(again.ok()) << again.status();
   ASSERT_TRUE((*again)->Done(0, 0, true, reported_end).ok());
+  EXPECT_FALSE((*again)->finished());
+  // Worker 1's last call failed with the killed process and it registers again: the chief reported done and will
+  // not configure this task, so worker 1 hears at once that the run is over instead of waiting for the chief
+  // until its own deadline (while its calls keep this task waiting for it).
+  RegisterRequest late;
+  late.worker_id = 1;
+  late.is_chief = false;
+  late.config = MakeConfig("sync", kWorkers, kWorkers);
+  const absl::Status heard = (*again)->Register(late).status();
+  const std::optional<RunOver> over = ParseRunOver(heard);
+  ASSERT_TRUE(over.has_value()) << heard;
+  EXPECT_EQ(over->kind, RunOutcome::kComplete);
+  EXPECT_EQ(over->global_step, reported_end);
   EXPECT_FALSE((*again)->finished());
   ASSERT_TRUE((*again)->Done(1, 0, true, reported_end).ok());
   EXPECT_TRUE((*again)->finished());
