@@ -41,35 +41,55 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELW
 nice -n 10 cmake --build "$build" -j"$(nproc)" --target dtrain_fuzzers >/dev/null
 "$build/bin/dtrain_fuzz_seeds" "$build/fuzz/seeds"
 
-failed=0
-ran=0
-printf '%-22s %12s %10s %8s  %s\n' harness executions exec/s crashes "(each run ${seconds} s)"
-while read -r name seeds; do
-  [ -n "$name" ] || continue
-  if [ -n "$only" ] && [ "$name" != "$only" ]; then continue; fi
-  ran=$((ran + 1))
-  corpus="$build/fuzz/corpus/$name"
-  crashes="$build/fuzz/crashes/$name"
-  log="$build/fuzz/logs/$name.log"
+# The harnesses run side by side, one a core (each alone takes one core), and report in their listed order.
+jobs="$(nproc)"
+results="$build/fuzz/results"
+rm -rf "$results"
+mkdir -p "$results"
+# run_one INDEX NAME SEEDS: runs a harness, writes its table row (and, on a crash, the end of its log) to
+# $results/INDEX.{row,err}, and exits non-zero if it crashed.
+run_one() {
+  local i="$1" name="$2" seeds="$3"
+  local corpus="$build/fuzz/corpus/$name" crashes="$build/fuzz/crashes/$name" log="$build/fuzz/logs/$name.log"
   mkdir -p "$corpus" "$crashes" "$(dirname "$log")"
-  seed_dirs=()
+  local seed_dirs=() dirs d
   IFS=: read -r -a dirs <<<"$seeds"
   for d in "${dirs[@]}"; do [ -d "$d" ] && seed_dirs+=("$d"); done
+  local before after rc=0 execs rate new
   before=$(find "$crashes" -type f | wc -l)
-  rc=0
   nice -n 10 "$build/bin/$name" -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$crashes/" "$corpus" "${seed_dirs[@]}" >"$log" 2>&1 || rc=$?
   after=$(find "$crashes" -type f | wc -l)
   execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$log" | tail -1)
   rate=$(awk '/stat::average_exec_per_sec/ {print $2}' "$log" | tail -1)
   new=$((after - before))
-  printf '%-22s %12s %10s %8s\n' "$name" "${execs:-?}" "${rate:-?}" "$new"
+  printf '%-22s %12s %10s %8s\n' "$name" "${execs:-?}" "${rate:-?}" "$new" >"$results/$i.row"
   if [ "$rc" != 0 ] || [ "$new" != 0 ]; then
-    failed=1
-    echo "---- $name exited $rc; the end of $log:" >&2
-    tail -40 "$log" >&2
-    ls -t "$crashes" | head -n "$new" | sed "s|^|crashing input: $crashes/|" >&2
+    {
+      echo "---- $name exited $rc; the end of $log:"
+      tail -40 "$log"
+      ls -t "$crashes" | head -n "$new" | sed "s|^|crashing input: $crashes/|"
+    } >"$results/$i.err"
+    return 1
   fi
+}
+
+ran=0
+pids=()
+while read -r name seeds; do
+  [ -n "$name" ] || continue
+  if [ -n "$only" ] && [ "$name" != "$only" ]; then continue; fi
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  run_one "$ran" "$name" "$seeds" &
+  pids+=($!)
+  ran=$((ran + 1))
 done <"$build/fuzzers.txt"
 if [ "$ran" = 0 ]; then echo "fuzz.sh: no harness matched '${only}' (see $build/fuzzers.txt)" >&2; exit 2; fi
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+printf '%-22s %12s %10s %8s  %s\n' harness executions exec/s crashes "(each run ${seconds} s, ${jobs} at a time)"
+for ((i = 0; i < ran; i++)); do
+  if ! cat "$results/$i.row" 2>/dev/null; then echo "harness $i: no result" >&2; failed=1; fi
+  if [ -f "$results/$i.err" ]; then cat "$results/$i.err" >&2; fi
+done
 exit "$failed"

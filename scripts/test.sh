@@ -52,7 +52,7 @@ main_tests() { (cd build && ctest --output-on-failure --timeout 600 -j"$jobs"); 
 sanitizer_build() {
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DDTRAIN_SANITIZE=address,undefined -DDTRAIN_CUDA=OFF \
-    -DDTRAIN_TEST_COMPILE_OPTIONS=-O0 \
+    "-DDTRAIN_TEST_COMPILE_OPTIONS=-O0;-fno-sanitize=undefined" \
     "${launcher[@]}" >/dev/null &&
     cmake --build build-asan -j"$jobs" --target dtrain_unit_tests
 }
