@@ -265,7 +265,7 @@ struct PushHeader {
   uint64_t session = 0;     // from RegisterResponse
   // Commits to ps 0 (optional): the worker's input stream position after drawing this step's batches
   // (BatchStream::SaveState(), at most kMaxInputPositionBytes); checkpoints keep it per worker.
-  std::string input_position;
+  std::string input_position{};  // {}: brace-initializing the fields before it leaves it empty, without a warning
   // Local only (not sent): cancelling it ends a blocked upload at once (Cancelled). May be null.
   Cancellation* cancel = nullptr;
 };
@@ -286,7 +286,7 @@ struct StepDecision {
   bool checkpoint = false;
   // HMAC-SHA256 of the fields above under the cluster token, made by ps 0 (empty without a token): other tasks
   // apply only decisions ps 0 signed, whoever relays them.
-  std::string mac;
+  std::string mac{};
   // ps 0 took a delta right after applying this step (at step + 1): every other task that applies the decision
   // writes one too, so the deltas of one step form one consistent state in sync mode (signed like the rest).
   bool delta = false;

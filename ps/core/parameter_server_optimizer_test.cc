@@ -72,7 +72,9 @@ TEST_P(ClipTest, SyncAveragesEachWorkersClippedGradientOnEveryTask) {
   const float lr = 0.5f, clip = 1.0f;
   auto cluster = SimCluster::Start(Options("sync", num_ps, 2, Sgd(lr, clip)));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  if (num_ps == 2) ASSERT_GT((*cluster)->placement().task_slices[1].size(), 0u);
+  if (num_ps == 2) {
+    ASSERT_GT((*cluster)->placement().task_slices[1].size(), 0u);
+  }
   SimWorker w0(cluster->get(), 0), w1(cluster->get(), 1);
   // Worker 0's gradient is far over the bound (norm ~ 60), worker 1's under it (norm ~ 0.2): unchanged.
   const std::vector<float> g0 = Gradient(3.0f), g1 = Gradient(0.01f);

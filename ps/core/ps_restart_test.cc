@@ -283,7 +283,9 @@ std::vector<float> Train(const Case& c, const std::string& dir, int* reconnects)
       absl::StatusOr<PullResult> newest = client.Pull(kSteps, 0, params.data());
       ASSERT_TRUE(newest.ok()) << newest.status();
       // Async: both workers may push at the last step.
-      if (c.mode == "sync") EXPECT_EQ(newest->step, kSteps);
+      if (c.mode == "sync") {
+        EXPECT_EQ(newest->step, kSteps);
+      }
       EXPECT_GE(newest->step, kSteps);
       final_params = params;
       if (c.sparse) final_params.insert(final_params.end(), all_rows.begin(), all_rows.end());
@@ -293,7 +295,9 @@ std::vector<float> Train(const Case& c, const std::string& dir, int* reconnects)
   std::thread w1(worker, 1);
   worker(0);
   w1.join();
-  if (c.victim >= 0) EXPECT_EQ(tasks[c.victim]->starts(), 2);
+  if (c.victim >= 0) {
+    EXPECT_EQ(tasks[c.victim]->starts(), 2);
+  }
   if (c.mode == "sync") {
     for (int t = 0; t < kNumPs; ++t) EXPECT_EQ(tasks[t]->step(), kSteps) << "task " << t;
   }

@@ -309,7 +309,7 @@ TEST(GrpcPsTest, CallsWithoutTheTokenAreRefusedAndChangeNothing) {
   ASSERT_TRUE(reg.ok()) << reg.status();
   ASSERT_TRUE(InitializeSlices(**good, 0, {{0, {1.f, 2.f, 3.f, 4.f}}}).ok());
 
-  for (const std::string stranger_token : {std::string(), std::string("0123456789abcdef-wrong-secret!!")}) {
+  for (const std::string& stranger_token : {std::string(), std::string("0123456789abcdef-wrong-secret!!")}) {
     GrpcClientOptions o;
     o.security.auth_token = stranger_token;
     o.retry_window = absl::ZeroDuration();
