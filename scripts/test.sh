@@ -6,8 +6,8 @@
 #                   a test that would skip for anything but the hardware (no GPU) fails instead
 #                   (common/testing/gtest_main.cc, tests/skipping.sh, tests/skipping.py)
 #   2. sanitizers   the unit tests (everything not labelled "integration") built with AddressSanitizer +
-#                   UndefinedBehaviorSanitizer into build-asan/ (their own sources at -O0 and under ASan only, the code under test at
-#                   -O1) and run with ctest. CI compiles each unit test once: here, not in stage 1
+#                   UndefinedBehaviorSanitizer into build-asan/ (their own sources at -O0 and under ASan only, the
+#                   code under test at -O1) and run with ctest. CI compiles each unit test once: here, not in stage 1
 #                   (-DDTRAIN_UNIT_TESTS_IN_ALL=OFF there; with DTRAIN_TEST_SANITIZERS=0 stage 1 runs them)
 #   3. fuzz         every libFuzzer harness for DTRAIN_FUZZ_SECONDS seconds (default 5), scripts/fuzz.sh
 # Every stage runs even when an earlier one failed; the exit code is non-zero if any failed. Arguments go to

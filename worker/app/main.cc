@@ -57,7 +57,8 @@ ABSL_FLAG(std::string, push_journal_dir, "",
           "(pushes.w<task>.*.journal), for scripts/check_updates.py with the ps tasks' --journal_applied");
 ABSL_FLAG(std::string, export_onnx, "",
           "Chief, with --model=PATH.onnx: write the trained model as this ONNX file at the end (the imported file "
-          "with its initializers trained)");
+          "with its initializers trained; a model imported with external data, or over 2 GB, is written as FILE "
+          "and its weights as FILE.data beside it)");
 ABSL_FLAG(int64_t, train_steps, 2000, "Train until the global step reaches this");
 ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
 ABSL_FLAG(double, learning_rate, 0, "Learning rate (0: the model's default)");
