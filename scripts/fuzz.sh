@@ -46,8 +46,8 @@ jobs="$(nproc)"
 results="$build/fuzz/results"
 rm -rf "$results"
 mkdir -p "$results"
-# run_one INDEX NAME SEEDS: runs a harness, writes its table row (and, on a crash, the end of its log) to
-# $results/INDEX.{row,err}, and exits non-zero if it crashed.
+# run_one INDEX NAME SEEDS: runs a harness and writes its table row (and, on a crash, the end of its log) to
+# $results/INDEX.{row,err}.
 run_one() {
   local i="$1" name="$2" seeds="$3"
   local corpus="$build/fuzz/corpus/$name" crashes="$build/fuzz/crashes/$name" log="$build/fuzz/logs/$name.log"
@@ -70,26 +70,23 @@ run_one() {
       tail -40 "$log"
       ls -t "$crashes" | head -n "$new" | sed "s|^|crashing input: $crashes/|"
     } >"$results/$i.err"
-    return 1
   fi
 }
 
 ran=0
-pids=()
 while read -r name seeds; do
   [ -n "$name" ] || continue
   if [ -n "$only" ] && [ "$name" != "$only" ]; then continue; fi
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
   run_one "$ran" "$name" "$seeds" &
-  pids+=($!)
   ran=$((ran + 1))
 done <"$build/fuzzers.txt"
 if [ "$ran" = 0 ]; then echo "fuzz.sh: no harness matched '${only}' (see $build/fuzzers.txt)" >&2; exit 2; fi
+wait
 failed=0
-for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 printf '%-22s %12s %10s %8s  %s\n' harness executions exec/s crashes "(each run ${seconds} s, ${jobs} at a time)"
 for ((i = 0; i < ran; i++)); do
   if ! cat "$results/$i.row" 2>/dev/null; then echo "harness $i: no result" >&2; failed=1; fi
-  if [ -f "$results/$i.err" ]; then cat "$results/$i.err" >&2; fi
+  if [ -f "$results/$i.err" ]; then cat "$results/$i.err" >&2; failed=1; fi
 done
 exit "$failed"

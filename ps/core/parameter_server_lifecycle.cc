@@ -99,14 +99,14 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
   if (!configured_) last_contact_ = Now();
   RETURN_IF_ERROR(CheckRunning());  // a worker waiting for a chief that failed hears it at once
   if (!configured_) {
-    if (!request.is_chief && ended_step_ >= 0) {
-      // A worker reported to this process that training reached its last step (this task restarted after it):
-      // the chief has reported done and will not register again, so nothing is left for this worker to do.
-      return RunOverError(RunOutcome::kComplete, ended_step_,
-                          absl::StrCat("run complete: training reached step ", ended_step_, " while ps task ",
-                                       options_.task_index, " was down (reported to it after its restart)"));
-    }
     if (!request.is_chief) {
+      if (ended_step_ >= 0) {
+        // A worker reported to this process that training reached its last step (this task restarted after it):
+        // the chief has reported done and will not register again, so nothing is left for this worker to do.
+        return RunOverError(RunOutcome::kComplete, ended_step_,
+                            absl::StrCat("run complete: training reached step ", ended_step_, " while ps task ",
+                                         options_.task_index, " was down (reported to it after its restart)"));
+      }
       return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index,
                                                  " is waiting for the chief to register its config (worker ",
                                                  request.worker_id, " is not the chief)"));
