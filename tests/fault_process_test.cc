@@ -120,7 +120,8 @@ TEST(FaultProcess, PsWithoutAChiefExitsFourAfterTheRegistrationTimeout) {
 
 // The ps task is killed once training has reached its last step (and that step's checkpoint is on disk),
 // while the workers are finishing, and started again. The chief's final pull meets the new process: it
-// connects again, restores step 300 there, evaluates and reports done; the ps exits 0. Had every worker
+// connects again, restores step 300 there, evaluates and reports done; the ps exits 0 (a worker that had reported
+// done to the killed process is lost after the last step, which leaves the run complete). Had every worker
 // reported before the kill, no chief comes: the ps exits 4 after --registration_timeout_secs.
 TEST(FaultProcess, PsKilledAfterTheLastStepIsNotLeftWaiting) {
   SKIP_WITHOUT_DATA();
@@ -154,6 +155,8 @@ TEST(FaultProcess, PsKilledAfterTheLastStepIsNotLeftWaiting) {
               workers[1]->Output().find("came back after the run was over") != std::string::npos
                   ? "registered again and heard the run was over"
                   : "had finished");
+  const size_t run_line = out.find("run ");
+  if (run_line != std::string::npos) std::printf("  ps: %s\n", out.substr(run_line, out.find('\n', run_line) - run_line).c_str());
   EXPECT_EQ(chief_code, 0) << workers[0]->Output();
   EXPECT_GT(ParseAccuracy(workers[0]->Output()), 0.5) << workers[0]->Output();
   if (code == 0) {

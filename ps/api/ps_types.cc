@@ -1,5 +1,6 @@
 #include "ps/api/ps_types.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace dtrain::ps {
@@ -24,6 +25,13 @@ namespace {
 
 bool LeftEarly(const WorkerStats& w) { return w.lost || (w.done && w.failed); }
 
+// A worker lost once the global step had reached the last step missed no step: when a ps task restarts after
+// the end, a worker that reported done to the old process is not heard from again, and the new one can only
+// see it lost. It does not make the run degraded.
+bool LostAfterTheEnd(const WorkerStats& w, int64_t train_steps) {
+  return w.lost && !w.done && train_steps > 0 && w.left_at_step >= train_steps;
+}
+
 }  // namespace
 
 bool EndedByRefusal(const std::string& why) { return why.rfind(kConfigurationRefused, 0) == 0; }
@@ -45,11 +53,18 @@ RunOutcome SummarizeRun(const std::vector<WorkerStats>& workers, int64_t global_
                         const std::string& job_ended, std::string* line) {
   const std::string of = train_steps > 0 ? absl::StrCat(" of ", train_steps) : "";
   bool any_completed = false, any_left = false;
+  std::vector<WorkerStats> early;  // the workers that left before the end
+  std::string after_end;           // "worker 1", "worker 1, worker 2": lost after the last step
   for (const WorkerStats& w : workers) {
     any_completed = any_completed || (w.done && !w.failed);
+    if (LostAfterTheEnd(w, train_steps)) {
+      absl::StrAppend(&after_end, after_end.empty() ? "" : ", ", "worker ", w.worker_id);
+      continue;
+    }
+    early.push_back(w);
     any_left = any_left || LeftEarly(w);
   }
-  const std::string left = DescribeLeftEarly(workers);
+  const std::string left = DescribeLeftEarly(early);
   if (!job_ended.empty()) {
     *line = absl::StrCat("run ended early at step ", global_step, of, ": ", job_ended);
     return EndedByRefusal(job_ended) ? RunOutcome::kRefused : RunOutcome::kEndedEarly;
@@ -59,9 +74,15 @@ RunOutcome SummarizeRun(const std::vector<WorkerStats>& workers, int64_t global_
                          left.empty() ? "" : absl::StrCat(" (", left, ")"));
     return RunOutcome::kEndedEarly;
   }
-  if (!any_left) {
+  if (!any_left && after_end.empty()) {
     *line = absl::StrCat("run complete: training reached step ", global_step, of, "; all ", workers.size(),
                          " worker", workers.size() == 1 ? "" : "s", " completed");
+    return RunOutcome::kComplete;
+  }
+  if (!any_left) {
+    *line = absl::StrCat("run complete: training reached step ", global_step, of, "; ", after_end,
+                         " not heard from after the last step (no step was trained without ",
+                         absl::StrContains(after_end, ",") ? "them" : "it", ")");
     return RunOutcome::kComplete;
   }
   *line = absl::StrCat("run degraded: training reached step ", global_step, of, " without ", left);

@@ -327,6 +327,21 @@ TEST(SummarizeRunTest, LinesAndKinds) {
   EXPECT_EQ(line,
             "run degraded: training reached step 300 of 300 without worker 1 (lost at step 120: no contact "
             "for 20s)");
+  // Lost once step 300 was reached (a ps task restarted after the end never heard its done): complete.
+  w[1].left_at_step = 300;
+  EXPECT_EQ(SummarizeRun(w, 300, 300, "", &line), RunOutcome::kComplete);
+  EXPECT_EQ(line,
+            "run complete: training reached step 300 of 300; worker 1 not heard from after the last step (no "
+            "step was trained without it)");
+  w[2].done = false;
+  w[2].lost = true;
+  w[2].left_at_step = 200;
+  EXPECT_EQ(SummarizeRun(w, 300, 300, "", &line), RunOutcome::kDegraded);
+  EXPECT_EQ(line, "run degraded: training reached step 300 of 300 without worker 2 (lost at step 200)");
+  w[2].done = true;
+  w[2].lost = false;
+  w[2].left_at_step = -1;
+  w[1].left_at_step = 120;
   EXPECT_EQ(SummarizeRun(w, 120, 300, "the chief (worker 0) failed at step 120: disk full", &line),
             RunOutcome::kEndedEarly);
   EXPECT_EQ(line, "run ended early at step 120 of 300: the chief (worker 0) failed at step 120: disk full");

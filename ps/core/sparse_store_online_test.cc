@@ -228,6 +228,7 @@ TEST(SparseStoreOnlineTest, ExpiredChunksAreUnmapped) {
   EXPECT_GT(full - before, 90 << 20);
   EXPECT_LT(after - before, (full - before) / 4) << "RSS before " << before << ", full " << full << ", after " << after;
 #else
+  (void)before;
   (void)full;
   (void)after;
 #endif
