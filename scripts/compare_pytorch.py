@@ -86,7 +86,7 @@ def import_torch(threads, device="cpu"):
         return torch
     env_ok = (os.path.realpath(sys.executable).startswith(os.path.realpath(DEBIAN_PYTHON)) and
               os.environ.get("LD_LIBRARY_PATH", "").split(":")[0] == OPENBLAS_OPENMP and
-              os.environ.get("OMP_NUM_THREADS") == str(threads))
+              os.environ.get("OMP_NUM_THREADS") == str(threads) and torch_blas.malloc_tuned())
     if not env_ok:
         if os.environ.get("COMPARE_PYTORCH_REEXEC"):
             sys.exit("compare_pytorch: could not set up PyTorch's environment (re-exec did not take)")
@@ -276,6 +276,8 @@ def pytorch_child(a):
 
 def torch_env(threads, device="cpu", **extra):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), **extra)
+    # The allocator as dtrain's binaries tune theirs (scripts/torch_blas.py), on the GPU machine too.
+    env["GLIBC_TUNABLES"] = torch_blas.with_malloc_tunables(env.get("GLIBC_TUNABLES"))
     if device == "cpu":
         env["LD_LIBRARY_PATH"] = ":".join(p for p in [OPENBLAS_OPENMP, os.environ.get("LD_LIBRARY_PATH")] if p)
     return env
