@@ -40,7 +40,7 @@ def free_port():
 def rank_main(a):
     """One rank: trains its shard; rank 0 prints the aggregate rate (every rank's examples over the slowest)."""
     torch = cp.import_torch(a.threads)
-    blas = cp.blas_in_use()
+    blas = cp.torch_blas.require_openblas_openmp("ddp_baseline.py", allow_other=True)  # labelled if another
     import torch.distributed as dist
     ddp = not a.no_ddp
     if ddp:

@@ -3,7 +3,7 @@
 # 127.0.0.1; the table's CSV and JSON have every configuration, scaling efficiency = examples/sec /
 # (workers x local examples/sec), seconds to the target accuracy, and the plot exists where matplotlib does.
 # dlrm on synthetic click-through-rate data (2 ps tasks, sync, 1 and 2 workers): AUC, log loss, rows held and
-# bytes per step in every row, the data and shape flags passed to every worker.
+# bytes per step in every row, the data and shape flags passed to every worker. --ddp: PyTorch and DDP rows.
 # As root with network namespaces: the same across namespaces with 1 Gbit/s links (--netns --bandwidth),
 # leaving no namespace behind. Bad flags exit 2.
 set -euo pipefail
@@ -80,6 +80,27 @@ assert one["bytes_per_step"] == local["bytes_per_step"], (one, local)
 assert 1.6 < two["bytes_per_step"] / one["bytes_per_step"] < 2.2, (two, one)
 print("dlrm table: 3 rows consistent")
 PY
+
+# --ddp: PyTorch in one process and DDP (gloo) over 2 ranks in the same run (scripts/ddp_baseline.py), with
+# dtrain's malloc settings and on the OpenMP OpenBLAS; both rows measured, the "vs DDP" figures present.
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  rc=0
+  "$CMP" --model=mlp --examples=4000 --sizes=2 --modes=sync --ddp --out="$dir/ddp" >"$dir/ddp.out" 2>&1 || rc=$?
+  cat "$dir/ddp.out"
+  [ "$rc" = 0 ] || fail "compare --ddp exited $rc"
+  /usr/bin/python3 - "$dir/ddp" <<'PY' || fail "ddp table"
+import json, sys
+rows = {r["configuration"]: r for r in json.load(open(sys.argv[1] + ".json"))["rows"]}
+for name in ("pytorch, 1 process", "ddp (gloo), 2 ranks"):
+    assert name in rows, (name, sorted(rows))
+    assert rows[name]["exit_code"] == 0 and rows[name]["examples_per_sec"] > 0, rows[name]
+print("ddp table: PyTorch and DDP rows measured")
+PY
+elif [ "${DTRAIN_REQUIRE_DEPS:-0}" = 1 ]; then
+  fail "/usr/bin/python3 cannot import torch (DTRAIN_REQUIRE_DEPS=1; scripts/install_deps.sh installs it)"
+else
+  echo "skipped: the --ddp part (/usr/bin/python3 cannot import torch)"
+fi
 
 rc=0; "$CMP" --bandwidth=1gbit >"$dir/bad.out" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "bandwidth needs --netns" "$dir/bad.out" || fail "--bandwidth without --netns not refused"
