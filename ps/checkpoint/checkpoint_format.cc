@@ -232,14 +232,21 @@ std::string DescribeSlice(const SliceSpec& s) {
 }
 
 std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version, int64_t sparse_block_bytes) {
+  std::string out;
+  AppendCheckpoint(data, &out, version, sparse_block_bytes);
+  return out;
+}
+
+void AppendCheckpoint(const CheckpointData& data, std::string* to, uint32_t version, int64_t sparse_block_bytes) {
   CHECK(HostIsLittleEndian()) << "checkpoints are written on little-endian hosts only";
   CHECK(version >= 1 && version <= kCheckpointFormatVersion) << version;
   const bool flags = version >= 3;
-  std::string out;
+  std::string& out = *to;
+  const size_t base = out.size();  // where this checkpoint starts in `out`
   int64_t floats = 0;
   for (const SliceState& s : data.slices) floats += s.spec.length * (2 + data.num_slots);
   for (const SparseTableState& t : data.tables) floats += t.values.size() * (1 + data.sparse_num_slots) + 2 * t.ids.size();
-  out.reserve(256 + data.slices.size() * 64 + floats * sizeof(float));
+  out.reserve(base + 256 + data.slices.size() * 64 + floats * sizeof(float));
 
   out.append(kCheckpointMagic, kMagicLen);
   PutU32(&out, version);
@@ -259,7 +266,7 @@ std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version, in
   PutU32(&body, static_cast<uint32_t>(data.slices.size()));
   PutU32(&out, static_cast<uint32_t>(body.size()));
   out.append(body);
-  PutCrc(&out, 0);
+  PutCrc(&out, base);
 
   for (const SliceState& s : data.slices) {
     CHECK_EQ(static_cast<int64_t>(s.values.size()), s.spec.length) << DescribeSlice(s.spec);
@@ -351,12 +358,11 @@ std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version, in
     }
   }
 
-  const uint64_t before_trailer = out.size();
-  const uint32_t whole = crc32c::Value(out.data(), out.size());
+  const uint64_t before_trailer = out.size() - base;
+  const uint32_t whole = crc32c::Value(out.data() + base, before_trailer);
   out.append(kTrailerMagic, kMagicLen);
   PutU64(&out, before_trailer);
   PutU32(&out, crc32c::Mask(whole));
-  return out;
 }
 
 absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const std::string& name) {

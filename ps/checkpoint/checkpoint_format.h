@@ -113,6 +113,9 @@ struct CheckpointData {
 inline constexpr int64_t kSparseBlockBytes = int64_t{64} << 20;
 std::string SerializeCheckpoint(const CheckpointData& data, uint32_t version = kCheckpointFormatVersion,
                                 int64_t sparse_block_bytes = kSparseBlockBytes);
+// The same bytes appended to `*out` (a delta's header before them; a buffer reused from one write to the next).
+void AppendCheckpoint(const CheckpointData& data, std::string* out, uint32_t version = kCheckpointFormatVersion,
+                      int64_t sparse_block_bytes = kSparseBlockBytes);
 
 // Validates everything (see Errors above); `name` prefixes the messages.
 absl::StatusOr<CheckpointData> ParseCheckpoint(absl::string_view bytes, const std::string& name);

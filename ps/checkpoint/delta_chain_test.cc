@@ -170,9 +170,18 @@ TEST_F(DeltaChainTest, TheWriterWritesAtomicallyAndPrunesBehindTheSnapshots) {
   o.every_secs = 1;
   {
     DeltaWriter w(o, Env::Default(), 1, 2);
+    EXPECT_TRUE(w.TakeSpare().state.tables.empty());  // nothing written yet: an empty one
     for (int64_t s : {10, 20, 30, 40}) w.Submit(Delta(s - 10, s, 0, 2));
     w.Flush();
     EXPECT_EQ(w.written(), 4);
+    // The last delta written comes back empty, its buffers kept for the next.
+    DeltaData spare = w.TakeSpare();
+    ASSERT_EQ(spare.state.tables.size(), 2u);
+    EXPECT_TRUE(spare.state.tables[0].ids.empty());
+    EXPECT_GE(spare.state.tables[0].ids.capacity(), 2u);
+    EXPECT_TRUE(spare.state.tables[0].values.empty());
+    EXPECT_TRUE(spare.state.tables[0].slots[0].empty());
+    EXPECT_TRUE(w.TakeSpare().state.tables.empty());  // taken once
     EXPECT_FALSE(w.busy());
     EXPECT_GT(w.bytes_written(), 0);
     w.NoteSnapshot(15);

@@ -140,8 +140,15 @@ class Rows {
 }  // namespace
 
 std::string SerializeDelta(const DeltaData& delta) {
+  std::string out;
+  SerializeDeltaInto(delta, &out);
+  return out;
+}
+
+void SerializeDeltaInto(const DeltaData& delta, std::string* to) {
   CHECK_EQ(delta.removed.size(), delta.state.tables.size()) << "SerializeDelta: one removed list per table";
-  std::string out(kDeltaMagic, kMagicLen);
+  std::string& out = *to;
+  out.assign(kDeltaMagic, kMagicLen);
   PutU32(&out, kDeltaFormatVersion);
   std::string header;
   PutU64(&header, static_cast<uint64_t>(delta.state.global_step));
@@ -155,8 +162,7 @@ std::string SerializeDelta(const DeltaData& delta) {
   PutU32(&out, static_cast<uint32_t>(header.size()));
   out += header;
   PutU32(&out, crc32c::Mask(crc32c::Value(out.data(), out.size())));
-  out += SerializeCheckpoint(delta.state);
-  return out;
+  AppendCheckpoint(delta.state, &out);
 }
 
 absl::StatusOr<DeltaHeader> ParseDeltaHeader(absl::string_view bytes, const std::string& name) {

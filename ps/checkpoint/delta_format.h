@@ -49,6 +49,8 @@ struct DeltaData {
 
 // The encoding above. CHECKs that `removed` has one list per table (built by the ParameterServer).
 std::string SerializeDelta(const DeltaData& delta);
+// The same into `*out` (replacing what it held, keeping its capacity: the writer reuses one buffer).
+void SerializeDeltaInto(const DeltaData& delta, std::string* out);
 // Validates everything; `name` (usually the path) starts every message.
 absl::StatusOr<DeltaData> ParseDelta(absl::string_view bytes, const std::string& name);
 

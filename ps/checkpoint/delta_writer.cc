@@ -47,6 +47,30 @@ void DeltaWriter::Submit(DeltaData delta) {
   queued_ = std::move(delta);
 }
 
+DeltaData DeltaWriter::TakeSpare() {
+  absl::MutexLock lock(&mu_);
+  if (!spare_.has_value()) return DeltaData();
+  DeltaData d = std::move(*spare_);
+  spare_.reset();
+  return d;
+}
+
+namespace {
+
+// Empties every vector of `d` whose capacity is worth keeping (the changed rows and the removed ids).
+void EmptyKeepingCapacity(DeltaData* d) {
+  for (SparseTableState& t : d->state.tables) {
+    t.ids.clear();
+    t.values.clear();
+    for (std::vector<float>& slot : t.slots) slot.clear();
+  }
+  for (std::vector<int64_t>& r : d->removed) r.clear();
+  d->state.slices.clear();
+  d->state.input_positions.clear();
+}
+
+}  // namespace
+
 void DeltaWriter::Flush() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
@@ -77,11 +101,13 @@ void DeltaWriter::Loop() {
       const absl::Time start = absl::Now();
       const std::string path = DeltaPath(options_.dir, d.state.global_step, task_, num_ps_);
       absl::Status s = env_->CreateDirs(options_.dir);
-      std::string bytes;
+      std::string& bytes = bytes_buffer_;
+      bytes.clear();
       if (s.ok()) {
-        bytes = SerializeDelta(d);
+        SerializeDeltaInto(d, &bytes);
         s = WriteFileAtomically(env_, path, bytes);
       }
+      EmptyKeepingCapacity(&d);
       const double secs = absl::ToDoubleSeconds(absl::Now() - start);
       if (s.ok()) {
         VLOG(1) << "ps task " << task_ << ": wrote " << path << " (" << bytes.size() << " bytes, " << secs << " s)";
@@ -95,6 +121,7 @@ void DeltaWriter::Loop() {
       ++(s.ok() ? written_ : failed_);
       if (s.ok()) bytes_ += static_cast<int64_t>(bytes.size());
       seconds_ += secs;
+      spare_ = std::move(d);
       continue;
     }
     if (prune_up_to_ >= 0) {

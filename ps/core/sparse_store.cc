@@ -276,7 +276,11 @@ class SparseTable {
   // (with change tracking; else nothing). Clears both.
   void TakeChanges(SparseTableState* changed, std::vector<int64_t>* removed) {
     changed->spec = spec_;
-    changed->slots.assign(optimizer_->num_slots(), {});
+    changed->ids.clear();
+    changed->values.clear();
+    changed->slots.resize(optimizer_->num_slots());
+    for (std::vector<float>& slot : changed->slots) slot.clear();
+    removed->clear();
     std::vector<float> scratch(row_floats_);
     for (auto& st : stripes_) {
       absl::MutexLock lock(&st->mu);
@@ -968,8 +972,9 @@ int64_t SparseStore::MaybeExpire() {
 }
 
 void SparseStore::TakeChanges(std::vector<SparseTableState>* changed, std::vector<std::vector<int64_t>>* removed) {
-  changed->assign(tables_.size(), {});
-  removed->assign(tables_.size(), {});
+  // Resized, not reassigned: the caller's vectors keep their capacity from the last delta (DeltaWriter::TakeSpare).
+  changed->resize(tables_.size());
+  removed->resize(tables_.size());
   for (size_t t = 0; t < tables_.size(); ++t) tables_[t]->TakeChanges(&(*changed)[t], &(*removed)[t]);
 }
 

@@ -177,7 +177,8 @@ class SparseStore {
 
   // Changes since the last call (track_changes; else every table's lists are empty): per table, the rows created
   // or updated with their values and slots now (`changed`, one state per table, in table order) and the ids of
-  // the rows removed (`removed`). Forgets them. ClearChanges forgets them without reading (after a restore).
+  // the rows removed (`removed`), replacing what both held (their vectors keep their capacity: the ps reuses the
+  // buffers of the last delta). Forgets them. ClearChanges forgets them without reading (after a restore).
   void TakeChanges(std::vector<SparseTableState>* changed, std::vector<std::vector<int64_t>>* removed);
   void ClearChanges();
 
