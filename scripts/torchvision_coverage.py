@@ -3,10 +3,11 @@
 
 For each model (default: every classification model in torchvision.models), exports it as dtrain trains it
 (examples/export_vit.py: training mode, nothing folded, a free batch axis, 10 classes, no auxiliary heads,
-stochastic depth at rate 0) unless DIR/<name>.onnx exists, then runs dtrain_bench on it at 224x224x3 (synthetic
-images: the figure is compute and the update, not input) and records examples/sec, or the export's error, or
-dtrain's refusal (its one line), or the time-out. Prints a Markdown table and writes it (and JSON) beside the
-files.
+stochastic depth at rate 0) into DIR/<name>/<name>.onnx unless it exists (a folder per model: the largest
+models' external data files are named after their tensors, and two models' names could collide), then runs
+dtrain_bench on it at 224x224x3 (synthetic images: the figure is compute and the update, not input) and records
+examples/sec, or the export's error, or dtrain's refusal (its one line), or the time-out. Prints a Markdown table
+and writes it (and JSON) into DIR.
 
   /usr/bin/python3 scripts/torchvision_coverage.py --dir /tmp/tv [--bin build/bin] [--batch 2] [--threads 2]
       [--timeout 300] [--opset 14] [resnet18 vit_b_16 ...]
@@ -82,7 +83,8 @@ def main():
     results_path = os.path.join(a.dir, "coverage.json")
     results = json.load(open(results_path)) if os.path.exists(results_path) else {}
     for name in names:
-        path = os.path.join(a.dir, name + ".onnx")
+        os.makedirs(os.path.join(a.dir, name), exist_ok=True)
+        path = os.path.join(a.dir, name, name + ".onnx")
         r = {}
         if not os.path.exists(path):
             if a.no_export:
