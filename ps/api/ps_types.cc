@@ -25,11 +25,12 @@ namespace {
 
 bool LeftEarly(const WorkerStats& w) { return w.lost || (w.done && w.failed); }
 
-// A worker lost once the global step had reached the last step missed no step: when a ps task restarts after
-// the end, a worker that reported done to the old process is not heard from again, and the new one can only
-// see it lost. It does not make the run degraded.
+// A worker lost that this task last knew present at the last step or later missed no step: when a ps task
+// restarts after the end (its state restored at the last step), a worker that had reported done to the old
+// process is not heard from again, and the new one can only see it lost. It does not make the run degraded. (A
+// worker lost in the middle of a run stays degraded however late its lease ran out: it was last present then.)
 bool LostAfterTheEnd(const WorkerStats& w, int64_t train_steps) {
-  return w.lost && !w.done && train_steps > 0 && w.left_at_step >= train_steps;
+  return w.lost && !w.done && train_steps > 0 && w.present_at_step >= train_steps;
 }
 
 }  // namespace

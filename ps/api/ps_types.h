@@ -370,6 +370,10 @@ struct WorkerStats {
   Leaving leaving = Leaving::kCompleted;
   int64_t left_at_step = -1;
   std::string reason;
+  // The global step at which this task last knew the worker present: its last Register here, or where this task's
+  // leases last (re)started (a start or a restore; -1: never). A worker lost with this at or past train_steps
+  // missed no step (SummarizeRun).
+  int64_t present_at_step = -1;
 };
 // How a run ended (README "How a run ends"; the exit codes follow it: common/exit_codes.h).
 enum class RunOutcome {
@@ -386,9 +390,10 @@ bool EndedByRefusal(const std::string& why);
 // chief print: "run complete: training reached step 300 of 300; all 3 workers completed", "run degraded: training
 // reached step 300 of 300 without worker 1 (lost at step 120: no contact for 20s)", "run ended early at step 120
 // of 300: the chief (worker 0) was stopped at step 120: SIGTERM". `train_steps` 0: not known; `job_ended`: why
-// the run ended early, if it did (TrainingStats::job_ended). A worker lost once the global step had reached
-// `train_steps` missed no step and does not make the run degraded ("run complete: ...; worker 1 not heard from
-// after the last step ..."): a ps task restarted after the end cannot see that it had reported done before.
+// the run ended early, if it did (TrainingStats::job_ended). A worker lost that the task last knew present at
+// `train_steps` or later (WorkerStats::present_at_step) missed no step and does not make the run degraded ("run
+// complete: ...; worker 1 not heard from after the last step ..."): a ps task restarted after the end cannot see
+// that it had reported done before.
 RunOutcome SummarizeRun(const std::vector<WorkerStats>& workers, int64_t global_step, int64_t train_steps,
                         const std::string& job_ended, std::string* line);
 // The workers that left without completing (lost, or done but not completed), one phrase each: "worker 1 (lost

@@ -21,18 +21,21 @@ absl::Status Membership::CheckWorker(int worker) const {
   return absl::OkStatus();
 }
 
-void Membership::StartLeases(absl::Time now) {
+void Membership::StartLeases(absl::Time now, int64_t step) {
   for (Worker& w : workers_) {
-    if (w.session == 0) w.last_contact = now;
+    if (w.session != 0) continue;
+    w.last_contact = now;
+    w.stats.present_at_step = step;
   }
 }
 
-uint64_t Membership::Register(int worker, absl::Time now) {
+uint64_t Membership::Register(int worker, absl::Time now, int64_t step) {
   Worker& w = workers_[worker];
   do {
     w.session = random_();
   } while (w.session == 0);
   w.last_contact = now;
+  w.stats.present_at_step = step;
   w.stats.lost = false;
   return w.session;
 }
@@ -64,10 +67,11 @@ absl::Status Membership::CheckLeave(int worker, uint64_t session) const {
   return absl::OkStatus();
 }
 
-void Membership::ResetSessions(absl::Time now) {
+void Membership::ResetSessions(absl::Time now, int64_t step) {
   for (Worker& w : workers_) {
     w.session = 0;
     w.last_contact = now;
+    w.stats.present_at_step = step;
   }
 }
 

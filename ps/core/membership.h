@@ -38,10 +38,11 @@ class Membership {
   // InvalidArgument unless 0 <= worker < num_workers().
   absl::Status CheckWorker(int worker) const;
 
-  // The leases start now (for workers that have not registered yet).
-  void StartLeases(absl::Time now);
-  // Issues a new session for `worker` (the previous one is void), revives it if it was lost, renews its lease.
-  uint64_t Register(int worker, absl::Time now);
+  // The leases start now (for workers that have not registered yet), the task at global step `step`.
+  void StartLeases(absl::Time now, int64_t step);
+  // Issues a new session for `worker` (the previous one is void), revives it if it was lost, renews its lease;
+  // `step`: the task's global step (WorkerStats::present_at_step).
+  uint64_t Register(int worker, absl::Time now, int64_t step);
   // OK if `session` is the worker's current session (and renews its lease); Aborted "register again" if the
   // worker has none here; PermissionDenied if it has another.
   absl::Status CheckSession(int worker, uint64_t session, absl::Time now);
@@ -49,8 +50,8 @@ class Membership {
   // has none here (it never registered, e.g. it was refused, or its session was voided): leaving needs no
   // session. PermissionDenied if another process holds the worker's current session.
   absl::Status CheckLeave(int worker, uint64_t session) const;
-  // Every session is void (a rollback): every worker registers again. Leases restart now.
-  void ResetSessions(absl::Time now);
+  // Every session is void (a rollback to global step `step`): every worker registers again. Leases restart now.
+  void ResetSessions(absl::Time now, int64_t step);
   // Declares lost, and returns, the active workers whose lease ran out (silent for longer than `lease`); `step`:
   // this task's step, recorded as where they left.
   std::vector<int> ExpireLeases(absl::Time now, absl::Duration lease, int64_t step);

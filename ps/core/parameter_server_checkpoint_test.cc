@@ -242,6 +242,39 @@ TEST_P(RestartAfterEndTest, TheRestartedTaskFinishesOnceTheWorkersReported) {
 
 INSTANTIATE_TEST_SUITE_P(ReportedEnd, RestartAfterEndTest, ::testing::Values(10, 13));
 
+// The same kill, but the chief had not reported done: it meets the new process, restores the last step there, and
+// reports done. Worker 1 had reported done to the killed process and is not heard from again: the new process
+// last knew it present at the last step, so when its lease runs out the run is complete, not degraded: no step
+// was trained without it. (A worker last present before the end stays degraded: SummarizeRunTest.)
+TEST(RestartAfterEndChiefTest, AWorkerThatHadLeftBeforeTheKillDoesNotDegradeTheRun) {
+  ScratchDir dir("restart_after_end_chief");
+  {
+    auto first = SimCluster::Start(Options(1, dir.path()));
+    ASSERT_TRUE(first.ok()) << first.status();
+    RunSteps(first->get(), 0, 10);
+  }
+  std::atomic<int64_t> now_ns{absl::ToUnixNanos(absl::FromUnixSeconds(1'000'000))};
+  SimClusterOptions o = Options(1, dir.path());
+  o.config.train_steps = 10;
+  o.clock = [&now_ns] { return absl::FromUnixNanos(now_ns.load()); };
+  o.worker_timeout = absl::Seconds(10);
+  // The chief connects (every worker registers here too, at the restored step), then reports done.
+  auto restarted = SimCluster::Start(o);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_EQ((*restarted)->restored_step(), 10);
+  ParameterServer& ps = (*restarted)->task(0);
+  ASSERT_TRUE(SimWorker(restarted->get(), 0).Done().ok());
+  EXPECT_FALSE(ps.finished());
+  now_ns += absl::ToInt64Nanoseconds(absl::Seconds(11));  // past worker 1's lease
+  ps.CheckLeases();
+  ASSERT_TRUE(ps.WaitUntilFinished(absl::Seconds(10)));
+  const TrainingOutcome outcome = ps.outcome();
+  EXPECT_EQ(outcome.kind, RunOutcome::kComplete) << outcome.message;
+  EXPECT_EQ(outcome.message,
+            "run complete: training reached step 10 of 10; worker 1 not heard from after the last step (no step "
+            "was trained without it)");
+}
+
 TEST(ParameterServerCheckpointTest, KeepsTheNewestN) {
   ScratchDir dir("keep");
   SimClusterOptions o = Options(2, dir.path(), "momentum");

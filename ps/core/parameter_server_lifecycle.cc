@@ -70,7 +70,7 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
   applied_through_ = step_;
   chief_ = chief;
-  members_.StartLeases(Now());
+  members_.StartLeases(Now(), step_);
   configured_ = true;
   // A worker refused before the chief registered (it reported its bad flags) fails a run that needs it.
   for (int w = 0; w < options_.num_workers && job_ended_.empty(); ++w) {
@@ -154,7 +154,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     }
   }
   const bool was_lost = members_.lost(request.worker_id);
-  RegisterResponse response{initialized_, step_, members_.Register(request.worker_id, Now()),
+  RegisterResponse response{initialized_, step_, members_.Register(request.worker_id, Now(), step_),
                             absl::ToInt64Milliseconds(options_.worker_timeout),
                             members_.ResumeInputPosition(request.worker_id)};
   if (was_lost) {
@@ -273,7 +273,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
 }
 
 std::shared_ptr<Cancellation> ParameterServer::Impl::NewEpochLocked() {
-  members_.ResetSessions(Now());
+  members_.ResetSessions(Now(), step_);
   ++epoch_;
   std::shared_ptr<Cancellation> ended = std::exchange(epoch_cancel_, std::make_shared<Cancellation>());
   cv_.SignalAll();

@@ -327,8 +327,12 @@ TEST(SummarizeRunTest, LinesAndKinds) {
   EXPECT_EQ(line,
             "run degraded: training reached step 300 of 300 without worker 1 (lost at step 120: no contact "
             "for 20s)");
-  // Lost once step 300 was reached (a ps task restarted after the end never heard its done): complete.
+  // Lost once step 300 was reached, but last present at step 120 (its lease ran out late): still degraded.
+  w[1].present_at_step = 120;
   w[1].left_at_step = 300;
+  EXPECT_EQ(SummarizeRun(w, 300, 300, "", &line), RunOutcome::kDegraded);
+  // Last present at step 300 (a ps task restarted after the end, never heard its done): complete.
+  w[1].present_at_step = 300;
   EXPECT_EQ(SummarizeRun(w, 300, 300, "", &line), RunOutcome::kComplete);
   EXPECT_EQ(line,
             "run complete: training reached step 300 of 300; worker 1 not heard from after the last step (no "
@@ -342,6 +346,7 @@ TEST(SummarizeRunTest, LinesAndKinds) {
   w[2].lost = false;
   w[2].left_at_step = -1;
   w[1].left_at_step = 120;
+  w[1].present_at_step = -1;
   EXPECT_EQ(SummarizeRun(w, 120, 300, "the chief (worker 0) failed at step 120: disk full", &line),
             RunOutcome::kEndedEarly);
   EXPECT_EQ(line, "run ended early at step 120 of 300: the chief (worker 0) failed at step 120: disk full");

@@ -191,6 +191,7 @@ void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
     p->set_failed(w.failed);
     p->set_leaving(static_cast<int32_t>(w.leaving));
     p->set_left_at_step(w.left_at_step);
+    p->set_present_at_step(w.present_at_step);
     p->set_reason(w.reason);
   }
   out->set_job_ended(in.job_ended);
@@ -231,6 +232,7 @@ TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
     w.failed = p.failed();
     w.leaving = LeavingFromProto(p.leaving());
     w.left_at_step = p.left_at_step();
+    w.present_at_step = p.present_at_step();
     w.reason = p.reason();
     s.workers.push_back(std::move(w));
   }

@@ -104,6 +104,7 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
     ps_options.checkpoint = options.checkpoint;
     ps_options.delta = options.delta;
     ps_options.clock = options.clock;
+    ps_options.worker_timeout = options.worker_timeout;
     ps_options.decision_key = options.decision_key;
     ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> ps, ParameterServer::Create(ps_options));
     cluster->tasks_.push_back(std::move(ps));

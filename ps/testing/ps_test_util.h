@@ -65,6 +65,7 @@ struct SimClusterOptions {
   CheckpointOptions checkpoint;
   DeltaOptions delta;  // ParameterServerOptions::delta of every task
   std::function<absl::Time()> clock;
+  absl::Duration worker_timeout = absl::ZeroDuration();  // ParameterServerOptions::worker_timeout (0: no leases)
   std::string decision_key;  // ParameterServerOptions::decision_key of every task
 };
 
