@@ -39,8 +39,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_blas  # noqa: E402
 
-DEBIAN_PYTHON = "/usr/bin/python3"
-OPENBLAS_OPENMP = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
+DEBIAN_PYTHON = torch_blas.DEBIAN_PYTHON
+OPENBLAS_OPENMP = torch_blas.OPENBLAS_OPENMP
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ISSUE_ROWS = "cnn:50,cnn:128,convnet:256,mlp:100"
 
@@ -275,11 +275,11 @@ def pytorch_child(a):
 # ----------------------------------------------------------------------------------------------------------
 
 def torch_env(threads, device="cpu", **extra):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **extra)
-    # The allocator as dtrain's binaries tune theirs (scripts/torch_blas.py), on the GPU machine too.
-    env["GLIBC_TUNABLES"] = torch_blas.with_malloc_tunables(env.get("GLIBC_TUNABLES"))
     if device == "cpu":
-        env["LD_LIBRARY_PATH"] = ":".join(p for p in [OPENBLAS_OPENMP, os.environ.get("LD_LIBRARY_PATH")] if p)
+        return torch_blas.torch_env(threads, **extra)
+    # cuda: no OpenBLAS set-up, the allocator as dtrain's binaries tune theirs (scripts/torch_blas.py).
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **extra)
+    env["GLIBC_TUNABLES"] = torch_blas.with_malloc_tunables(env.get("GLIBC_TUNABLES"))
     return env
 
 

@@ -29,9 +29,9 @@ def with_malloc_tunables(tunables):
     return ":".join(kept + list(MALLOC_TUNABLES))
 
 
-def malloc_tuned(environ=None):
+def malloc_tuned():
     """Whether this process's GLIBC_TUNABLES hold MALLOC_TUNABLES (as dtrain's binaries tune malloc)."""
-    have = set((environ if environ is not None else os.environ).get("GLIBC_TUNABLES", "").split(":"))
+    have = set(os.environ.get("GLIBC_TUNABLES", "").split(":"))
     return all(t in have for t in MALLOC_TUNABLES)
 
 

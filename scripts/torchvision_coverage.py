@@ -83,12 +83,12 @@ def main():
     results_path = os.path.join(a.dir, "coverage.json")
     results = json.load(open(results_path)) if os.path.exists(results_path) else {}
     for name in names:
-        os.makedirs(os.path.join(a.dir, name), exist_ok=True)
         path = os.path.join(a.dir, name, name + ".onnx")
         r = {}
         if not os.path.exists(path):
             if a.no_export:
                 continue
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             err = export_one(name, path, a.opset)
             if err:
                 r = {"status": "no export", "detail": err}

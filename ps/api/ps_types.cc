@@ -75,15 +75,14 @@ RunOutcome SummarizeRun(const std::vector<WorkerStats>& workers, int64_t global_
                          left.empty() ? "" : absl::StrCat(" (", left, ")"));
     return RunOutcome::kEndedEarly;
   }
-  if (!any_left && after_end.empty()) {
-    *line = absl::StrCat("run complete: training reached step ", global_step, of, "; all ", workers.size(),
-                         " worker", workers.size() == 1 ? "" : "s", " completed");
-    return RunOutcome::kComplete;
-  }
   if (!any_left) {
-    *line = absl::StrCat("run complete: training reached step ", global_step, of, "; ", after_end,
-                         " not heard from after the last step (no step was trained without ",
-                         absl::StrContains(after_end, ",") ? "them" : "it", ")");
+    *line = absl::StrCat("run complete: training reached step ", global_step, of, "; ");
+    if (after_end.empty()) {
+      absl::StrAppend(line, "all ", workers.size(), " worker", workers.size() == 1 ? "" : "s", " completed");
+    } else {
+      absl::StrAppend(line, after_end, " not heard from after the last step (no step was trained without ",
+                      absl::StrContains(after_end, ",") ? "them" : "it", ")");
+    }
     return RunOutcome::kComplete;
   }
   *line = absl::StrCat("run degraded: training reached step ", global_step, of, " without ", left);

@@ -733,16 +733,12 @@ void ParameterServer::Impl::TakeDeltaLocked(int64_t label, int64_t task_step) {
   }
   if (label <= delta_prev_step_) return;  // nothing new since the last one (an async task between pushes)
   DeltaData d = delta_writer_->TakeSpare();  // the buffers of the last delta written, kept
-  std::vector<SparseTableState> tables = std::move(d.state.tables);
-  std::vector<std::vector<int64_t>> removed = std::move(d.removed);
+  std::vector<SparseTableState> tables = std::move(d.state.tables);  // StateLocked below replaces the state
   d.prev_step = delta_prev_step_;
   d.state = StateLocked(label, task_step, /*tables=*/false);
+  d.state.tables = std::move(tables);
   if (coordinator()) d.state.input_positions = members_.InputPositionsBefore(label);
-  if (!config_.tables.empty()) {
-    sparse_->TakeChanges(&tables, &removed);
-    d.state.tables = std::move(tables);
-    d.removed = std::move(removed);
-  }
+  if (!config_.tables.empty()) sparse_->TakeChanges(&d.state.tables, &d.removed);
   delta_prev_step_ = label;
   delta_writer_->Submit(std::move(d));  // written on the writer's thread (waits if one is still queued)
   // A state a restore may come back to (checkpoint + deltas): the applied journal records it like a checkpoint,
