@@ -153,6 +153,12 @@ bool Retryable(const absl::Status& s) {
 bool RetryablePull(const absl::Status& s) { return s.code() == absl::StatusCode::kUnavailable; }
 
 // "until 12:04:31 (at most 5m, 4m54s left)": the deadline of a wait, for its log lines.
+// The pause before the next try: `backoff`, cut so that the last try starts just past the deadline (the limit a
+// wait states is the limit it keeps, not a second more).
+absl::Duration PauseBefore(absl::Time give_up, absl::Duration backoff) {
+  return std::min(backoff, std::max(give_up - absl::Now() + absl::Milliseconds(1), absl::ZeroDuration()));
+}
+
 std::string Until(absl::Time give_up, absl::Duration wait) {
   const absl::Duration left = std::max(absl::ZeroDuration(), give_up - absl::Now());
   return absl::StrCat("until ", absl::FormatTime("%H:%M:%S", give_up, absl::LocalTimeZone()), " (at most ",
@@ -303,7 +309,7 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
         LOG(INFO) << "worker " << worker_id_ << " waiting for " << waiting_for << " " << Until(give_up, wait);
         next_log = absl::Now() + absl::Seconds(5);
       }
-      absl::SleepFor(backoff);
+      absl::SleepFor(PauseBefore(give_up, backoff));
       backoff = std::min(backoff * 2, absl::Seconds(1));
     }
   }
@@ -376,7 +382,7 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
         LOG(INFO) << "chief waiting for ps task " << t << " (" << p.status().message() << ") " << Until(give_up, wait);
         next_log = absl::Now() + absl::Seconds(5);
       }
-      absl::SleepFor(backoff);
+      absl::SleepFor(PauseBefore(give_up, backoff));
       backoff = std::min(backoff * 2, absl::Seconds(1));
     }
   }

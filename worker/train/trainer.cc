@@ -1100,17 +1100,20 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     const std::string reason = leaving == ps::Leaving::kStopped     ? StopReason(options)
                                : leaving == ps::Leaving::kPeerFailed ? ps::JobEndedReason(s)
                                                                      : ReasonLine(s);
+    // A worker that gave up reaching the ps tasks has little hope of reaching them now: one second for it.
+    const absl::Duration tell =
+        phase == Phase::kConnect && leaving == ps::Leaving::kPeerFailed ? absl::Seconds(1) : absl::Seconds(5);
     LOG(INFO) << "worker " << options.worker_id << " leaves the cluster (" << ps::LeavingName(leaving)
-              << "): telling the ps tasks, for at most 5 s";
+              << "): telling the ps tasks, for at most " << absl::FormatDuration(tell);
     absl::Status told;
     if (ps.client != nullptr) {
-      told = ps.client->Done(leaving, 0, reason, absl::Seconds(5));
+      told = ps.client->Done(leaving, 0, reason, tell);
     } else {
       ps::DoneRequest request;  // no session yet: leaving needs none
       request.worker_id = options.worker_id;
       request.leaving = leaving;
       request.reason = reason;
-      request.retry_ms = 5000;
+      request.retry_ms = absl::ToInt64Milliseconds(tell);
       for (int t = static_cast<int>(tasks.size()) - 1; t >= 0; --t) told.Update(tasks[t]->Done(request));
     }
     if (!told.ok()) {
