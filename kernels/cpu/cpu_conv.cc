@@ -136,26 +136,32 @@ class DnnlConv2D final : public Conv2D {
     if (p_.has_bias) bias_ = memory(bias_md, eng, DNNL_MEMORY_NONE);
     user_w_ = memory(user_w_md, eng, DNNL_MEMORY_NONE);
 
-    // Forward weights: our own reordered copy unless the primitive takes HWIO as is.
+    // Forward weights: a reordered copy unless the primitive takes HWIO as is. Backward-data weights: the
+    // forward copy when the layouts agree (then it is kept from Forward to BackwardData, so it is this op's
+    // own), else a second reorder. Copies needed only within one call live in the Device's transient arena.
     fwd_w_reorders_ = fwd_pd.weights_desc() != user_w_md;
+    bwd_data_w_mode_ = bwd_data_pd.weights_desc() == fwd_pd.weights_desc() ? kShareForward
+                       : bwd_data_pd.weights_desc() == user_w_md           ? kUser
+                                                                           : kReorderFromUser;
+    fwd_w_transient_ = fwd_w_reorders_ && bwd_data_w_mode_ != kShareForward;
     if (fwd_w_reorders_) {
-      fwd_w_ = memory(fwd_pd.weights_desc(), eng);
+      fwd_w_ = fwd_w_transient_ ? memory(fwd_pd.weights_desc(), eng, DNNL_MEMORY_NONE)
+                                : memory(fwd_pd.weights_desc(), eng);
+      if (fwd_w_transient_) ctx_.transient->Reserve(fwd_pd.weights_desc().get_size());
       fwd_w_reorder_ = dnnl::reorder(user_w_, fwd_w_);
     } else {
       fwd_w_ = memory(user_w_md, eng, DNNL_MEMORY_NONE);
     }
-    // Backward-data weights: reuse the forward copy when the layouts agree, else a second reorder.
-    bwd_data_w_mode_ = bwd_data_pd.weights_desc() == fwd_pd.weights_desc() ? kShareForward
-                       : bwd_data_pd.weights_desc() == user_w_md           ? kUser
-                                                                           : kReorderFromUser;
     if (bwd_data_w_mode_ == kReorderFromUser) {
-      bwd_data_w_ = memory(bwd_data_pd.weights_desc(), eng);
+      bwd_data_w_ = memory(bwd_data_pd.weights_desc(), eng, DNNL_MEMORY_NONE);
+      ctx_.transient->Reserve(bwd_data_pd.weights_desc().get_size());
       bwd_data_w_reorder_ = dnnl::reorder(user_w_, bwd_data_w_);
     }
-    // Backward-weights output: the primitive's layout, reordered into the caller's layout.
+    // Backward-weights output: the primitive's layout (in the transient arena), reordered into the caller's.
     dw_reorders_ = bwd_w_pd.diff_weights_desc() != user_w_md;
     if (dw_reorders_) {
-      dw_ = memory(bwd_w_pd.diff_weights_desc(), eng);
+      dw_ = memory(bwd_w_pd.diff_weights_desc(), eng, DNNL_MEMORY_NONE);
+      ctx_.transient->Reserve(bwd_w_pd.diff_weights_desc().get_size());
       dw_reorder_ = dnnl::reorder(dw_, user_w_);
     } else {
       dw_ = memory(user_w_md, eng, DNNL_MEMORY_NONE);
@@ -178,6 +184,7 @@ class DnnlConv2D final : public Conv2D {
     try {
       if (fwd_w_reorders_) {
         user_w_.set_data_handle(Mutable(w));
+        if (fwd_w_transient_) fwd_w_.set_data_handle(ctx_.transient->Data());
         fwd_w_reorder_.execute(ctx_.stream, user_w_, fwd_w_);
       } else {
         fwd_w_.set_data_handle(Mutable(w));
@@ -224,6 +231,7 @@ class DnnlConv2D final : public Conv2D {
           break;
         case kReorderFromUser:
           user_w_.set_data_handle(Mutable(w));
+          bwd_data_w_.set_data_handle(ctx_.transient->Data());
           bwd_data_w_reorder_.execute(ctx_.stream, user_w_, bwd_data_w_);
           weights = &bwd_data_w_;
           break;
@@ -266,7 +274,7 @@ class DnnlConv2D final : public Conv2D {
       } else {
         diff_dst_.set_data_handle(Mutable(dy));
       }
-      if (!dw_reorders_) dw_.set_data_handle(dw);
+      dw_.set_data_handle(dw_reorders_ ? ctx_.transient->Data() : dw);
       std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_},
                                               {DNNL_ARG_DIFF_DST, diff_dst_},
                                               {DNNL_ARG_DIFF_WEIGHTS, dw_},
@@ -308,7 +316,8 @@ class DnnlConv2D final : public Conv2D {
   // dy reordered by BackwardWeights, reused by the BackwardData that follows (cleared by Forward and by use).
   const float* cached_dy_ = nullptr;
   memory fwd_w_, bwd_data_w_, dw_;
-  bool fwd_w_reorders_ = false, dw_reorders_ = false;
+  // fwd_w_transient_: the forward copy lives in ctx_.transient (BackwardData does not reuse it).
+  bool fwd_w_reorders_ = false, dw_reorders_ = false, fwd_w_transient_ = false;
   BwdDataWeights bwd_data_w_mode_ = kShareForward;
   dnnl::reorder fwd_w_reorder_, bwd_data_w_reorder_, dw_reorder_;
   SharedScratchpad scratch_;

@@ -1,5 +1,6 @@
 #include <omp.h>
 
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -182,6 +183,52 @@ TEST_P(ConvTest, BackwardDataFollowsTheLatestForwardFilter) {
     std::vector<float> gx_ref(XSize(p));
     reference::Conv2DBackwardData(p, r.data(), w.data(), gx_ref.data());
     EXPECT_ARRAYS_NEAR(Download(dgx, XSize(p)), gx_ref, 1e-4, 1e-4);
+  }
+}
+
+// The convolutions of one Device share its transient arena (reordered weights live there for one call only):
+// run as a graph runs them, every forward in order and then every backward in reverse order, each op still
+// computes from its own inputs. Ops are made as the forwards go, so the arena grows between calls.
+TEST_P(ConvTest, ConvsOfOneDeviceShareNoStateBetweenCalls) {
+  const std::vector<ConvCase>& cases = Cases();
+  struct Run {
+    std::unique_ptr<Conv2D> op;
+    std::vector<float> x, w, b, r;
+    float *dx, *dw, *db, *dy, *dr, *dgx, *dgw, *dgb;
+  };
+  std::vector<Run> runs(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    const Conv2DParams& p = cases[i].p;
+    Run& u = runs[i];
+    auto op = dev_->MakeConv2D(p);
+    ASSERT_TRUE(op.ok()) << op.status();
+    u.op = *std::move(op);
+    u.x = RandomVector(XSize(p), 100 + i), u.w = RandomVector(WSize(p), 200 + i);
+    u.b = RandomVector(p.out_c, 300 + i), u.r = RandomVector(YSize(p), 400 + i);
+    u.dx = Upload(u.x), u.dw = Upload(u.w), u.dy = Zeros(YSize(p)), u.dr = Upload(u.r);
+    u.db = p.has_bias ? Upload(u.b) : nullptr;
+    u.dgx = Zeros(XSize(p)), u.dgw = Zeros(WSize(p));
+    u.dgb = p.has_bias ? Zeros(p.out_c) : nullptr;
+    ASSERT_TRUE(u.op->Forward(u.dx, u.dw, u.db, u.dy).ok());
+  }
+  for (size_t k = cases.size(); k-- > 0;) {
+    Run& u = runs[k];
+    ASSERT_TRUE(u.op->BackwardWeights(u.dx, u.dr, u.dgw, u.dgb).ok());
+    ASSERT_TRUE(u.op->BackwardData(u.dr, u.dw, u.dgx).ok());
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    const Conv2DParams& p = cases[i].p;
+    const Run& u = runs[i];
+    std::vector<float> y_ref(YSize(p)), gx_ref(XSize(p)), gw_ref(WSize(p)), gb_ref(p.out_c);
+    reference::Conv2DForward(p, u.x.data(), u.w.data(), u.b.data(), y_ref.data());
+    reference::Conv2DBackwardData(p, u.r.data(), u.w.data(), gx_ref.data());
+    reference::Conv2DBackwardWeights(p, u.x.data(), u.r.data(), gw_ref.data(), gb_ref.data());
+    EXPECT_ARRAYS_NEAR(Download(u.dy, YSize(p)), y_ref, 1e-4, 1e-4);
+    EXPECT_ARRAYS_NEAR(Download(u.dgx, XSize(p)), gx_ref, 1e-4, 1e-4);
+    EXPECT_ARRAYS_NEAR(Download(u.dgw, WSize(p)), gw_ref, 1e-4, 1e-4);
+    if (p.has_bias) EXPECT_ARRAYS_NEAR(Download(u.dgb, p.out_c), gb_ref, 1e-4, 1e-4);
   }
 }
 

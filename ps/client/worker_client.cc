@@ -237,10 +237,24 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
   config_ = config;
   sync_ = config.mode == "sync";
   if (initial_params != nullptr && is_chief_) {
-    const int64_t n = slices_.empty() ? 0 : slices_.back().spec.flat_offset + slices_.back().spec.length;
-    initial_.assign(initial_params, initial_params + n);
+    if (options_.keep_initial_values) {
+      const int64_t n = slices_.empty() ? 0 : slices_.back().spec.flat_offset + slices_.back().spec.length;
+      initial_.assign(initial_params, initial_params + n);
+      initial_values_ = initial_.data();
+    } else {
+      initial_values_ = initial_params;  // valid for this call only
+    }
   }
   if (!initial_rows.empty() && is_chief_) initial_rows_ = std::move(initial_rows);
+  absl::Status connected = ConnectTasks(wait);
+  if (!options_.keep_initial_values) {
+    initial_values_ = nullptr;
+    initial_rows_.clear();
+  }
+  return connected;
+}
+
+absl::Status WorkerClient::ConnectTasks(absl::Duration wait) {
   const absl::Time give_up = absl::Now() + wait;
   if (is_chief_) RETURN_IF_ERROR(PrepareTasks(give_up, wait));
   absl::Duration backoff = absl::Milliseconds(100);
@@ -272,7 +286,7 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
           break;
         }
         if (is_chief_) {
-          if (initial_.empty() && !slices_.empty()) {
+          if (initial_values_ == nullptr && !slices_.empty()) {
             return absl::FailedPreconditionError(absl::StrCat("ps task ", t, " holds no values and the chief has no "
                                                               "initial values to give it"));
           }
@@ -280,7 +294,7 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
           if (init.ok()) {
             std::vector<std::vector<int64_t>> row_ids;
             std::vector<std::vector<float>> rows;
-            absl::Status s = WriteSlices(init->get(), initial_.data(), placement_[t]);
+            absl::Status s = WriteSlices(init->get(), initial_values_, placement_[t]);
             if (s.ok()) s = WriteInitialRows(init->get(), t, &row_ids, &rows);
             if (s.ok()) s = (*init)->Finish().status();
             failed = s;

@@ -85,6 +85,11 @@ struct WorkerClientOptions {
   // Not owned (may be null): every push ps 0 acknowledges is recorded there (ps/client/push_journal.h), once, by
   // the first WaitPush that sees it complete.
   PushJournal* push_journal = nullptr;
+  // The chief keeps a copy of Connect's initial values (and rows) for a Reconnect that finds every task fresh
+  // (the ps tasks restarted before any checkpoint). false: it reads them in place during Connect and keeps
+  // nothing (local mode, whose in-process ps cannot restart on its own: a large model's parameters are not held
+  // once more); a later fresh start is then FailedPrecondition.
+  bool keep_initial_values = true;
 };
 
 struct PullResult {
@@ -254,6 +259,8 @@ class WorkerClient {
     return !s.ok() && !session_lost_.ok() ? session_lost_ : s;
   }
   TrainConfig TaskConfig(int task) const;
+  // Connect's work once the initial values are in place (Reconnect's too).
+  absl::Status ConnectTasks(absl::Duration wait);
   absl::Status PrepareTasks(absl::Time give_up, absl::Duration wait);
   void HeartbeatLoop(absl::Duration every);
   uint64_t session(int task) ABSL_LOCKS_EXCLUDED(mu_);
@@ -284,6 +291,9 @@ class WorkerClient {
   bool sync_ = true;
   TrainConfig config_;         // from Connect (its slices per task: placement_)
   std::vector<float> initial_;  // the chief's initial values (Connect), for a fresh start
+  // What a fresh start writes: initial_, or during Connect without keep_initial_values the caller's buffer
+  // (null after it).
+  const float* initial_values_ = nullptr;
   std::vector<InitialRows> initial_rows_;  // and its tables' initial rows
   uint64_t next_request_id_;
   std::vector<std::unique_ptr<SerialExecutor>> push_lanes_, pull_lanes_;

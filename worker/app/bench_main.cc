@@ -145,6 +145,7 @@ int Main() {
   if (!placement.ok()) return Fail(placement.status());
   ps::WorkerClientOptions copt;
   copt.background = false;
+  copt.keep_initial_values = false;  // as dtrain_worker's local mode
   ps::WorkerClient client({server->get()}, placement->task_slices, 0, true, copt);
   ps::TrainConfig config;
   config.model_signature = models::ModelSignature(*o.resolved_model, model0->variables());
@@ -152,8 +153,7 @@ int Main() {
   absl::StatusOr<ps::OptimizerConfig> optimizer = OptimizerConfigOf(o);  // the optimizer's framework defaults
   if (!optimizer.ok()) return Fail(optimizer.status(), 2);
   config.optimizer = *optimizer;
-  const std::vector<float> init = models::InitialParameters(model0->variables(), 1);
-  std::copy(init.begin(), init.end(), (*towers)->host_params());
+  models::WriteInitialParameters(model0->variables(), 1, (*towers)->host_params());
   if (absl::Status s = client.Connect(config, (*towers)->host_params(), absl::Seconds(10)); !s.ok()) return Fail(s);
   TrainingStepsOptions sopt;
   sopt.local_ps = resident ? server->get() : nullptr;

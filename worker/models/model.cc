@@ -82,7 +82,11 @@ class Normal {
 
 std::vector<float> InitialParameters(const std::vector<VariableInfo>& vars, uint64_t seed) {
   std::vector<float> params(TotalSize(vars));
-  float* out = params.data();
+  WriteInitialParameters(vars, seed, params.data());
+  return params;
+}
+
+void WriteInitialParameters(const std::vector<VariableInfo>& vars, uint64_t seed, float* out) {
   for (const VariableInfo& v : vars) {
     const int64_t n = v.size();
     if (v.init.kind == Initializer::Kind::kConstant) {
@@ -103,7 +107,6 @@ std::vector<float> InitialParameters(const std::vector<VariableInfo>& vars, uint
     }
     out += n;
   }
-  return params;
 }
 
 std::string Signature(const std::string& model_name, const std::vector<VariableInfo>& vars) {

@@ -56,6 +56,8 @@ std::vector<int64_t> Offsets(const std::vector<VariableInfo>& vars);
 
 // The chief's initial values for the flat buffer, deterministic in `seed`.
 std::vector<float> InitialParameters(const std::vector<VariableInfo>& vars, uint64_t seed);
+// The same values written into out[0, TotalSize(vars)) (no temporary copy of a large model's parameters).
+void WriteInitialParameters(const std::vector<VariableInfo>& vars, uint64_t seed, float* out);
 
 // A stable fingerprint of a model's variables (names and shapes) and options, so a parameter server can
 // refuse a worker built for another model. Example: "mlp/v1/784x500,500,500x10,10/4b1c...".

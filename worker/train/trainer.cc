@@ -263,6 +263,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   }
   ps::WorkerClientOptions copt;
   copt.background = !local;  // an in-process ps answers inline: no transfer threads
+  copt.keep_initial_values = !local;  // an in-process ps cannot restart on its own: no copy for a fresh start
   copt.step_timeout = absl::Seconds(o.step_timeout_secs);
   copt.retry_window = absl::Seconds(o.rpc_retry_secs);
   ASSIGN_OR_RETURN(copt.wire_dtype, ps::ParseWireDtype(o.wire_dtype));
@@ -281,10 +282,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
 // GPU towers copy them (pinned memory).
 absl::Status Connect(const WorkerOptions& o, Towers* towers, Connection* c) {
   float* params = towers->host_params();
-  if (o.worker_id == 0) {
-    const std::vector<float> init = models::InitialParameters(towers->tower(0)->variables(), o.seed);
-    std::copy(init.begin(), init.end(), params);
-  }
+  if (o.worker_id == 0) models::WriteInitialParameters(towers->tower(0)->variables(), o.seed, params);
   std::vector<ps::InitialRows> rows;  // tables from a file start from its values
   const std::vector<models::TableInfo>& tables = towers->tower(0)->graph().tables;
   for (size_t t = 0; t < tables.size(); ++t) {
