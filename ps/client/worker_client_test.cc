@@ -271,6 +271,57 @@ TEST(WorkerClientTest, NarrowWireTypesKeepTheRoundingErrorForTheNextStep) {
   for (float v : params) EXPECT_NEAR(v, 1.0f - kSteps * 1.001f, 0.005f);
 }
 
+// Local mode: the chief keeps no copy of its initial values. It reads the caller's buffer during Connect (the
+// tasks hold those values after it, whatever the buffer holds later) and, with nothing kept, a Reconnect that
+// finds every task fresh is refused saying so.
+TEST(WorkerClientTest, WithoutKeepingInitialValuesTheChiefInitializesFromTheCallersBuffer) {
+  const SimClusterOptions o = Layers(2);
+  const absl::StatusOr<Placement> placed = PlaceVariables(o.variables, 2, o.placement);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  const Placement& placement = *placed;
+  std::vector<std::unique_ptr<ParameterServer>> servers;
+  std::vector<PsInterface*> tasks;
+  for (int t = 0; t < 2; ++t) {
+    ParameterServerOptions po;
+    po.task_index = t;
+    po.num_ps = 2;
+    po.num_workers = 1;
+    absl::StatusOr<std::unique_ptr<ParameterServer>> ps = ParameterServer::Create(po);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    tasks.push_back(ps->get());
+    servers.push_back(*std::move(ps));
+  }
+  WorkerClientOptions wo;
+  wo.background = false;
+  wo.keep_initial_values = false;
+  WorkerClient client(tasks, placement.task_slices, 0, true, wo);
+  std::vector<float> buffer(14);
+  std::iota(buffer.begin(), buffer.end(), 1.0f);
+  const std::vector<float> initial = buffer;
+  ASSERT_TRUE(client.Connect(o.config, buffer.data(), absl::Seconds(5)).ok());
+  std::fill(buffer.begin(), buffer.end(), -7.0f);  // the caller's buffer is its own again
+  std::vector<float> pulled(14, 0.0f);
+  const absl::StatusOr<PullResult> at = client.Pull(0, 0, pulled.data());
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->step, 0);
+  EXPECT_EQ(pulled, initial);
+
+  // Both tasks restart with nothing saved: a fresh start needs initial values the client no longer has.
+  for (int t = 0; t < 2; ++t) {
+    ParameterServerOptions po;
+    po.task_index = t;
+    po.num_ps = 2;
+    po.num_workers = 1;
+    absl::StatusOr<std::unique_ptr<ParameterServer>> ps = ParameterServer::Create(po);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    servers[t] = *std::move(ps);
+  }
+  WorkerClient again({servers[0].get(), servers[1].get()}, placement.task_slices, 0, true, wo);
+  const absl::Status refused = again.Connect(o.config, nullptr, absl::Seconds(1));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("no initial values"), std::string::npos) << refused;
+}
+
 TEST(WorkerClientTest, DestroyingTheClientEndsAWaitingPull) {
   SimClusterOptions o = Layers(1);
   o.config = MakeConfig("sync", 2, 2);  // step 1 needs a second worker that never comes
