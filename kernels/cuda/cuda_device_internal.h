@@ -140,6 +140,12 @@ class CudaDevice final : public Device {
   absl::Status InteractionBackward(const InteractionParams& p, const float* x, const float* dy, float* dx) override;
   absl::Status SigmoidCrossEntropy(const float* logits, const float* labels, int batch, float* dlogits,
                                    float* loss) override;
+  // The tensor ops of imported graphs (kernels/tensor_ops.h): cuda_tensor_ops.cc.
+  absl::Status StridedCopy(const StridedCopyParams& p, const float* src, float* dst, bool accumulate) override;
+  absl::StatusOr<std::unique_ptr<Reduce>> MakeReduce(const ReduceParams& p) override;
+  absl::StatusOr<std::unique_ptr<Softmax>> MakeSoftmax(const SoftmaxParams& p) override;
+  absl::StatusOr<std::unique_ptr<LayerNorm>> MakeLayerNorm(const LayerNormParams& p) override;
+  absl::StatusOr<std::unique_ptr<MatMul>> MakeMatMul(const MatMulParams& p) override;
 
   // ---- for ops in kernels/cuda and the gradient all-reducer ----
   int gpu() const { return spec_.gpu_index; }
@@ -197,6 +203,12 @@ absl::StatusOr<std::unique_ptr<Dense>> MakeCudaDense(CudaDevice* dev, const Dens
 absl::StatusOr<std::unique_ptr<AvgPool>> MakeCudaAvgPool(CudaDevice* dev, const PoolParams& p);
 absl::StatusOr<std::unique_ptr<BatchNorm>> MakeCudaBatchNorm(CudaDevice* dev, const BatchNormParams& p);
 absl::StatusOr<std::unique_ptr<Binary>> MakeCudaBinary(CudaDevice* dev, const BroadcastParams& p);
+// cuda_tensor_ops.cc (kernels/tensor_ops.h): InvalidArgument naming the op for bad params; scratch (Reduce's
+// argmax, LayerNorm's partial sums) allocated here, so the ops never allocate.
+absl::StatusOr<std::unique_ptr<Reduce>> MakeCudaReduce(CudaDevice* dev, const ReduceParams& p);
+absl::StatusOr<std::unique_ptr<Softmax>> MakeCudaSoftmax(CudaDevice* dev, const SoftmaxParams& p);
+absl::StatusOr<std::unique_ptr<LayerNorm>> MakeCudaLayerNorm(CudaDevice* dev, const LayerNormParams& p);
+absl::StatusOr<std::unique_ptr<MatMul>> MakeCudaMatMul(CudaDevice* dev, const MatMulParams& p);
 // cuda_optimizer.cc; `step` is a counter of `dev` (checked by the caller).
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeCudaOptimizer(CudaDevice* dev, const OptimizerParams& p,
                                                                    const DeviceCounter* step);

@@ -15,18 +15,19 @@
 namespace dtrain::kernels::cuda {
 namespace {
 
+// ActivationParams::Kind's order is ActivationKind's (op_math.h).
+static_assert(static_cast<int>(ActivationParams::Kind::kTanh) == kActTanh &&
+                  static_cast<int>(ActivationParams::Kind::kHardSigmoid) == kActHardSigmoid &&
+                  static_cast<int>(ActivationParams::Kind::kSqrt) == kActSqrt &&
+                  static_cast<int>(ActivationParams::Kind::kPow) == kActPow,
+              "ActivationKind must follow ActivationParams::Kind");
+
 absl::StatusOr<ActivationArgs> ToArgs(const ActivationParams& p, absl::string_view op) {
-  switch (p.kind) {
-    case ActivationParams::Kind::kLeakyRelu:
-      return ActivationArgs{kActLeakyRelu, p.alpha, p.lo, p.hi};
-    case ActivationParams::Kind::kClip:
-      return ActivationArgs{kActClip, p.alpha, p.lo, p.hi};
-    case ActivationParams::Kind::kSigmoid:
-      return ActivationArgs{kActSigmoid, p.alpha, p.lo, p.hi};
-    case ActivationParams::Kind::kTanh:
-      return ActivationArgs{kActTanh, p.alpha, p.lo, p.hi};
+  const int kind = static_cast<int>(p.kind);
+  if (kind < kActLeakyRelu || kind > kActPow) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": unknown activation kind ", kind));
   }
-  return absl::InvalidArgumentError(absl::StrCat(op, ": unknown activation kind ", static_cast<int>(p.kind)));
+  return ActivationArgs{kind, p.alpha, p.lo, p.hi, p.beta, p.exponent};
 }
 
 absl::StatusOr<GatherShape> ToGatherShape(const GatherParams& p, const int32_t* indices, const int32_t* offsets,
@@ -63,7 +64,7 @@ absl::Status CudaDevice::ActivationBackward(const ActivationParams& p, const flo
                                             const float* dy, float* dx, int64_t n) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("ActivationBackward: negative element count ", n));
   ASSIGN_OR_RETURN(const ActivationArgs a, ToArgs(p, "ActivationBackward"));
-  const bool reads_x = a.kind == kActLeakyRelu || a.kind == kActClip;
+  const bool reads_x = !ActivationGradReadsY(a.kind);
   if (n > 0 && (reads_x ? x : y) == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("ActivationBackward: this activation needs the forward's ", reads_x ? "input x" : "output y"));

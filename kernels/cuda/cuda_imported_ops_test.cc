@@ -1,8 +1,10 @@
 // The CUDA backend's ops of imported graphs and sparse models against the CPU backend (the oracle): average
 // pooling, batch normalization, broadcasting binary ops, activations, strided copies, transposes, the BatchNorm
-// running-statistics delta, embedding lookups, DLRM interaction and sigmoid cross-entropy, forward and backward,
-// several shapes each; their device-data errors; and one step of all of them captured in a CUDA graph and
-// replayed. Every test skips without a usable CUDA device (the binary then exits 77).
+// running-statistics delta, embedding lookups, DLRM interaction and sigmoid cross-entropy, and the tensor ops
+// (strided copies, reductions, softmax, layer normalization, batched MatMul), forward and backward, several
+// shapes each; their device-data errors; and steps of them captured in a CUDA graph and replayed. Every test
+// skips without a usable CUDA device (the binary then exits 77).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -464,6 +466,340 @@ TEST_F(CudaImportedOpsTest, CapturedStepOfNewOpsReplaysLikeEagerExecution) {
   const std::vector<float> x2 = Random(nx, 44), table2 = Random(gp.rows * dim, 45);
   ASSERT_TRUE(gpu_->CopyToDevice(x2.data(), x.gpu, nx).ok());
   ASSERT_TRUE(gpu_->CopyToDevice(table2.data(), table.gpu, table.n).ok());
+  ASSERT_TRUE((*graph)->Launch().ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  const std::vector<std::vector<float>> replayed = results();
+  ASSERT_TRUE(step().ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  const std::vector<std::vector<float>> eager = results();
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    EXPECT_EQ(replayed[i], eager[i]) << "output " << i;
+    EXPECT_NE(replayed[i], first[i]) << "output " << i << " did not change with the inputs";
+  }
+}
+
+// ---- the activations and tensor ops of imported graphs (transformers, torchvision models) ----
+
+TEST_F(CudaImportedOpsTest, ImportedActivationsMatchCpu) {
+  using K = ActivationParams::Kind;
+  auto kind = [](K k, float alpha = 0.01f, float beta = 0.5f, float exponent = 2.0f) {
+    ActivationParams p;
+    p.kind = k;
+    p.alpha = alpha;
+    p.beta = beta;
+    p.exponent = exponent;
+    return p;
+  };
+  // (params, input range): Sqrt and fractional powers on positive inputs only.
+  const std::vector<std::tuple<ActivationParams, float, float>> cases = {
+      {kind(K::kHardSigmoid, 0.2f, 0.5f), -5.0f, 5.0f}, {kind(K::kHardSigmoid, 1.0f / 6.0f, 0.5f), -5.0f, 5.0f},
+      {kind(K::kHardSwish), -5.0f, 5.0f},               {kind(K::kGelu), -5.0f, 5.0f},
+      {kind(K::kSilu), -8.0f, 8.0f},                    {kind(K::kErf), -3.0f, 3.0f},
+      {kind(K::kSqrt), 0.01f, 4.0f},                    {kind(K::kPow, 0, 0, 2.0f), -3.0f, 3.0f},
+      {kind(K::kPow, 0, 0, 3.0f), -3.0f, 3.0f},         {kind(K::kPow, 0, 0, 0.5f), 0.01f, 4.0f},
+  };
+  const int64_t n = 10007;
+  const Both dy = Upload(Random(n, 50));
+  for (const auto& [a, lo, hi] : cases) {
+    SCOPED_TRACE(::testing::Message() << ActivationName(a.kind) << " alpha " << a.alpha << " exponent "
+                                      << a.exponent);
+    std::vector<float> xs = Random(n, 51, lo, hi);
+    if (lo < -3.0f && hi > 3.0f) {  // the kinks themselves
+      xs[0] = -3.0f;
+      xs[1] = 3.0f;
+      xs[2] = -2.5f;
+      xs[3] = 2.5f;
+      xs[4] = 0.0f;
+    }
+    Both x = Upload(xs), y = Zeros(n), dx = Zeros(n);
+    ASSERT_TRUE(cpu_->Activation(a, x.cpu, y.cpu, n).ok());
+    ASSERT_TRUE(gpu_->Activation(a, x.gpu, y.gpu, n).ok());
+    EXPECT_TRUE(Same(y, 1e-5f, 1e-6f)) << "y";
+    ASSERT_TRUE(cpu_->ActivationBackward(a, x.cpu, y.cpu, dy.cpu, dx.cpu, n).ok());
+    ASSERT_TRUE(gpu_->ActivationBackward(a, x.gpu, y.gpu, dy.gpu, dx.gpu, n).ok());
+    EXPECT_TRUE(Same(dx, 1e-5f, 1e-6f)) << "dx";
+    // In place: y = f(y), dx = dy in the dy buffer.
+    Both z = Upload(xs), g = Upload(Cpu(dy));
+    ASSERT_TRUE(gpu_->Activation(a, z.gpu, z.gpu, n).ok());
+    EXPECT_EQ(Gpu(z), Gpu(y)) << "in place forward";
+    ASSERT_TRUE(gpu_->ActivationBackward(a, x.gpu, y.gpu, g.gpu, g.gpu, n).ok());
+    EXPECT_EQ(Gpu(g), Gpu(dx)) << "in place backward";
+  }
+  // Sqrt's backward reads y only; the others read x only.
+  Both x = Upload(Random(16, 52, 0.5f, 2.0f)), y = Zeros(16), dx = Zeros(16);
+  EXPECT_TRUE(gpu_->ActivationBackward(kind(K::kSqrt), nullptr, y.gpu, dy.gpu, dx.gpu, 16).ok());
+  EXPECT_EQ(gpu_->ActivationBackward(kind(K::kSqrt), x.gpu, nullptr, dy.gpu, dx.gpu, 16).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(gpu_->ActivationBackward(kind(K::kGelu), x.gpu, nullptr, dy.gpu, dx.gpu, 16).ok());
+  EXPECT_EQ(gpu_->ActivationBackward(kind(K::kHardSwish), nullptr, y.gpu, dy.gpu, dx.gpu, 16).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+StridedCopyParams CopyParams(const std::vector<int64_t>& dims, const std::vector<int64_t>& src,
+                             const std::vector<int64_t>& dst) {
+  StridedCopyParams p;
+  p.rank = static_cast<int>(dims.size());
+  for (int k = 0; k < p.rank; ++k) {
+    p.dims[k] = dims[k];
+    p.src_strides[k] = src[k];
+    p.dst_strides[k] = dst[k];
+  }
+  return p;
+}
+
+// Dense strides of `dims` laid out in the order `perm` (outermost first).
+std::vector<int64_t> PermutedStrides(const std::vector<int64_t>& dims, const std::vector<int>& perm) {
+  std::vector<int64_t> strides(dims.size());
+  int64_t s = 1;
+  for (int i = static_cast<int>(perm.size()) - 1; i >= 0; --i) {
+    strides[perm[i]] = s;
+    s *= dims[perm[i]];
+  }
+  return strides;
+}
+
+TEST_F(CudaImportedOpsTest, StridedCopyMatchesCpu) {
+  std::vector<StridedCopyParams> cases = {
+      CopyParams({7, 5}, {1, 7}, {5, 1}),                     // transpose
+      CopyParams({6, 3}, {8, 1}, {3, 1}),                     // slice
+      CopyParams({3, 4}, {0, 1}, {4, 1}),                     // broadcast a row
+      CopyParams({5, 1}, {1, 0}, {1, 1}),                     // size-1 dims
+      CopyParams({0, 4}, {4, 1}, {4, 1}),                     // empty
+      CopyParams({8, 197, 12, 64}, {151296, 64, 12608, 1}, {151296, 768, 64, 1}),  // attention heads
+      CopyParams({4, 96, 7, 7}, {96, 1, 0, 0}, {4704, 49, 7, 1}),                  // [4, 96] over 7x7
+  };
+  // Random permutations and broadcasts of ranks 1 to 6.
+  std::mt19937 gen(53);
+  for (int c = 0; c < 12; ++c) {
+    const int rank = 1 + c % 6;
+    std::vector<int64_t> dims(rank);
+    for (int64_t& d : dims) d = 1 + gen() % 6;
+    std::vector<int> src_perm(rank), dst_perm(rank);
+    for (int k = 0; k < rank; ++k) src_perm[k] = dst_perm[k] = k;
+    std::shuffle(src_perm.begin(), src_perm.end(), gen);
+    std::shuffle(dst_perm.begin(), dst_perm.end(), gen);
+    std::vector<int64_t> src = PermutedStrides(dims, src_perm), dst = PermutedStrides(dims, dst_perm);
+    for (int64_t& s : src) {
+      if (gen() % 4 == 0) s = 0;  // broadcast along this dim
+    }
+    cases.push_back(CopyParams(dims, src, dst));
+  }
+  for (const StridedCopyParams& p : cases) {
+    SCOPED_TRACE(Describe(p));
+    const int64_t offset = 3;  // both views start inside their buffers
+    Both src = Upload(Random(p.src_span() + offset, 54));
+    for (bool accumulate : {false, true}) {
+      Both dst = Upload(Random(p.dst_span() + offset, 55));
+      ASSERT_TRUE(cpu_->StridedCopy(p, src.cpu + offset, dst.cpu + offset, accumulate).ok());
+      ASSERT_TRUE(gpu_->StridedCopy(p, src.gpu + offset, dst.gpu + offset, accumulate).ok());
+      EXPECT_EQ(Gpu(dst), Cpu(dst)) << "accumulate " << accumulate;
+    }
+  }
+  Both a = Zeros(16), b = Zeros(16);
+  const absl::Status twice = gpu_->StridedCopy(CopyParams({4, 4}, {4, 1}, {1, 1}), a.gpu, b.gpu, false);
+  EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument) << twice;
+  EXPECT_NE(twice.message().find("StridedCopy"), std::string::npos) << twice;
+  EXPECT_EQ(gpu_->StridedCopy(CopyParams({4}, {-1}, {1}), a.gpu, b.gpu, false).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaImportedOpsTest, ReduceMatchesCpu) {
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {4, 49, 96},  // ViT-style mean over tokens: reduce in the middle
+      {6, 768, 1},  // over the last axis: a warp per output
+      {1, 1000, 1}, {64, 1, 5}, {3, 17, 1}, {1, 5, 300}, {2, 3000, 3},
+  };
+  for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean, ReduceKind::kMax}) {
+    for (const auto& [outer, reduce, inner] : shapes) {
+      const ReduceParams p{kind, outer, reduce, inner};
+      SCOPED_TRACE(Describe(p));
+      auto cpu_op = cpu_->MakeReduce(p);
+      auto gpu_op = gpu_->MakeReduce(p);
+      ASSERT_TRUE(cpu_op.ok()) << cpu_op.status();
+      ASSERT_TRUE(gpu_op.ok()) << gpu_op.status();
+      const int64_t nx = outer * reduce * inner, ny = outer * inner;
+      Both x = Upload(Random(nx, 56, -2.0f, 2.0f)), dy = Upload(Random(ny, 57)), y = Zeros(ny);
+      Both dx = Upload(Random(nx, 58));  // overwritten
+      ASSERT_TRUE((*cpu_op)->Forward(x.cpu, y.cpu).ok());
+      ASSERT_TRUE((*gpu_op)->Forward(x.gpu, y.gpu).ok());
+      // Float sums in different orders: the absolute error grows with the terms summed.
+      EXPECT_TRUE(Same(y, 1e-4f, 1e-5f + 1e-6f * static_cast<float>(reduce))) << "y";
+      ASSERT_TRUE((*cpu_op)->Backward(dy.cpu, dx.cpu).ok());
+      ASSERT_TRUE((*gpu_op)->Backward(dy.gpu, dx.gpu).ok());
+      EXPECT_TRUE(Same(dx, 1e-6f, 0.0f)) << "dx";
+    }
+  }
+  EXPECT_EQ(gpu_->MakeReduce({ReduceKind::kSum, 0, 3, 4}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaImportedOpsTest, SoftmaxAndLogSoftmaxMatchCpu) {
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {96, 197, 1},  // attention rows
+      {4, 10, 49},   // along a middle axis
+      {2, 1000, 1}, {1, 3, 7}, {5, 1, 1}, {3, 40, 2},
+  };
+  for (bool log : {false, true}) {
+    for (const auto& [outer, n, inner] : shapes) {
+      const SoftmaxParams p{outer, n, inner, log};
+      SCOPED_TRACE(Describe(p));
+      auto cpu_op = cpu_->MakeSoftmax(p);
+      auto gpu_op = gpu_->MakeSoftmax(p);
+      ASSERT_TRUE(cpu_op.ok()) << cpu_op.status();
+      ASSERT_TRUE(gpu_op.ok()) << gpu_op.status();
+      const int64_t size = outer * n * inner;
+      Both x = Upload(Random(size, 59, -6.0f, 6.0f)), dy = Upload(Random(size, 60)), y = Zeros(size);
+      Both dx = Zeros(size);
+      ASSERT_TRUE((*cpu_op)->Forward(x.cpu, y.cpu).ok());
+      ASSERT_TRUE((*gpu_op)->Forward(x.gpu, y.gpu).ok());
+      EXPECT_TRUE(Same(y, 1e-4f, 1e-6f)) << "y";
+      ASSERT_TRUE((*cpu_op)->Backward(y.cpu, dy.cpu, dx.cpu).ok());
+      ASSERT_TRUE((*gpu_op)->Backward(y.gpu, dy.gpu, dx.gpu).ok());
+      EXPECT_TRUE(Same(dx, 1e-3f, 1e-5f)) << "dx";
+      // In place: dx in dy's buffer.
+      ASSERT_TRUE((*gpu_op)->Backward(y.gpu, dy.gpu, dy.gpu).ok());
+      EXPECT_EQ(Gpu(dy), Gpu(dx)) << "dx aliasing dy";
+    }
+  }
+  EXPECT_EQ(gpu_->MakeSoftmax({2, 0, 1, false}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaImportedOpsTest, LayerNormMatchesCpu) {
+  for (const LayerNormParams& p : {LayerNormParams{394, 768, 1e-6f, true}, LayerNormParams{7, 33, 1e-5f, false},
+                                   LayerNormParams{1000, 3, 1e-5f, true}, LayerNormParams{2, 2000, 1e-5f, true},
+                                   LayerNormParams{5, 1, 1e-5f, false}}) {
+    SCOPED_TRACE(Describe(p));
+    auto cpu_op = cpu_->MakeLayerNorm(p);
+    auto gpu_op = gpu_->MakeLayerNorm(p);
+    ASSERT_TRUE(cpu_op.ok()) << cpu_op.status();
+    ASSERT_TRUE(gpu_op.ok()) << gpu_op.status();
+    const int64_t n = p.rows * p.cols;
+    Both x = Upload(Random(n, 61, -2.0f, 3.0f)), dy = Upload(Random(n, 62)), y = Zeros(n);
+    Both scale = Upload(Random(p.cols, 63, 0.5f, 1.5f)), bias = Upload(Random(p.cols, 64));
+    Both mean = Zeros(p.rows), var = Zeros(p.rows), dx = Zeros(n), dscale = Zeros(p.cols), dbias = Zeros(p.cols);
+    const float* b_cpu = p.has_bias ? bias.cpu : nullptr;
+    const float* b_gpu = p.has_bias ? bias.gpu : nullptr;
+    ASSERT_TRUE((*cpu_op)->Forward(x.cpu, scale.cpu, b_cpu, y.cpu, mean.cpu, var.cpu).ok());
+    ASSERT_TRUE((*gpu_op)->Forward(x.gpu, scale.gpu, b_gpu, y.gpu, mean.gpu, var.gpu).ok());
+    EXPECT_TRUE(Same(mean, 1e-5f, 1e-6f)) << "mean";
+    EXPECT_TRUE(Same(var, 1e-4f, 1e-6f)) << "var";
+    EXPECT_TRUE(Same(y)) << "y";
+    ASSERT_TRUE((*cpu_op)
+                    ->Backward(x.cpu, dy.cpu, scale.cpu, mean.cpu, var.cpu, dx.cpu, dscale.cpu,
+                               p.has_bias ? dbias.cpu : nullptr)
+                    .ok());
+    ASSERT_TRUE((*gpu_op)
+                    ->Backward(x.gpu, dy.gpu, scale.gpu, mean.gpu, var.gpu, dx.gpu, dscale.gpu,
+                               p.has_bias ? dbias.gpu : nullptr)
+                    .ok());
+    EXPECT_TRUE(Same(dx)) << "dx";
+    EXPECT_TRUE(Same(dscale)) << "dscale";
+    if (p.has_bias) {
+      EXPECT_TRUE(Same(dbias)) << "dbias";
+    }
+  }
+  EXPECT_EQ(gpu_->MakeLayerNorm({4, 0, 1e-5f, true}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaImportedOpsTest, MatMulMatchesCpu) {
+  for (const auto& [batch, m, n, k] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 17, 9, 33},
+                                       {24, 197, 64, 197},  // attention: q k^T and softmax(.) v
+                                       {1, 1, 5, 7}, {2, 64, 1, 3}}) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) {
+        MatMulParams p;
+        p.batch = batch;
+        p.m = m;
+        p.n = n;
+        p.k = k;
+        p.trans_a = trans_a;
+        p.trans_b = trans_b;
+        SCOPED_TRACE(Describe(p));
+        auto cpu_op = cpu_->MakeMatMul(p);
+        auto gpu_op = gpu_->MakeMatMul(p);
+        ASSERT_TRUE(cpu_op.ok()) << cpu_op.status();
+        ASSERT_TRUE(gpu_op.ok()) << gpu_op.status();
+        const int64_t na = batch * m * k, nb = batch * k * n, ny = batch * m * n;
+        Both a = Upload(Random(na, 65)), b = Upload(Random(nb, 66)), dy = Upload(Random(ny, 67)), y = Zeros(ny);
+        Both da = Zeros(na), db = Zeros(nb);
+        ASSERT_TRUE((*cpu_op)->Forward(a.cpu, b.cpu, y.cpu).ok());
+        ASSERT_TRUE((*gpu_op)->Forward(a.gpu, b.gpu, y.gpu).ok());
+        EXPECT_TRUE(Same(y)) << "y";
+        ASSERT_TRUE((*cpu_op)->BackwardA(dy.cpu, b.cpu, da.cpu).ok());
+        ASSERT_TRUE((*gpu_op)->BackwardA(dy.gpu, b.gpu, da.gpu).ok());
+        EXPECT_TRUE(Same(da)) << "da";
+        ASSERT_TRUE((*cpu_op)->BackwardB(a.cpu, dy.cpu, db.cpu).ok());
+        ASSERT_TRUE((*gpu_op)->BackwardB(a.gpu, dy.gpu, db.gpu).ok());
+        EXPECT_TRUE(Same(db)) << "db";
+      }
+    }
+  }
+  MatMulParams bad;
+  bad.m = 0;
+  bad.n = bad.k = 4;
+  const absl::Status s = gpu_->MakeMatMul(bad).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("MakeMatMul"), std::string::npos) << s;
+}
+
+// A transformer block's tensor ops, captured after an eager warm-up: the replay on new inputs gives what eager
+// execution gives on them, bit for bit (no op allocates or synchronizes after Make*).
+TEST_F(CudaImportedOpsTest, CapturedTensorOpsReplayLikeEagerExecution) {
+  const int64_t batch = 2, tokens = 10, heads = 2, head_dim = 8, dim = heads * head_dim;
+  const int64_t rows = batch * tokens, bh = batch * heads, n = rows * dim, scores = bh * tokens * tokens;
+  auto ln = gpu_->MakeLayerNorm({rows, dim, 1e-6f, true});
+  MatMulParams qk;
+  qk.batch = bh;
+  qk.m = qk.n = tokens;
+  qk.k = head_dim;
+  qk.trans_b = true;
+  auto mm = gpu_->MakeMatMul(qk);
+  auto sm = gpu_->MakeSoftmax({bh * tokens, tokens, 1, false});
+  auto red = gpu_->MakeReduce({ReduceKind::kMax, batch, tokens, dim});
+  ASSERT_TRUE(ln.ok() && mm.ok() && sm.ok() && red.ok());
+  // [batch, tokens, heads, head_dim] -> [batch, heads, tokens, head_dim].
+  const StridedCopyParams split = CopyParams({batch, heads, tokens, head_dim},
+                                             {tokens * dim, head_dim, dim, 1},
+                                             {heads * tokens * head_dim, tokens * head_dim, head_dim, 1});
+  ActivationParams gelu;
+  gelu.kind = ActivationParams::Kind::kGelu;
+  Both x = Upload(Random(n, 68)), scale = Upload(Random(dim, 69)), bias = Upload(Random(dim, 70));
+  Both h = Zeros(n), mean = Zeros(rows), var = Zeros(rows), g = Zeros(n), q = Zeros(n), s = Zeros(scores);
+  Both p = Zeros(scores), dp = Upload(Random(scores, 71)), ds = Zeros(scores), dq = Zeros(n), dk = Zeros(n);
+  Both pooled = Zeros(batch * dim), dpooled = Upload(Random(batch * dim, 72)), dg = Zeros(n), dh = Zeros(n);
+  Both dx = Zeros(n), dscale = Zeros(dim), dbias = Zeros(dim), acc = Zeros(n);
+  auto step = [&]() -> absl::Status {
+    absl::Status st = (*ln)->Forward(x.gpu, scale.gpu, bias.gpu, h.gpu, mean.gpu, var.gpu);
+    if (st.ok()) st = gpu_->Activation(gelu, h.gpu, g.gpu, n);
+    if (st.ok()) st = gpu_->StridedCopy(split, g.gpu, q.gpu, false);
+    if (st.ok()) st = (*mm)->Forward(q.gpu, q.gpu, s.gpu);
+    if (st.ok()) st = (*sm)->Forward(s.gpu, p.gpu);
+    if (st.ok()) st = (*sm)->Backward(p.gpu, dp.gpu, ds.gpu);
+    if (st.ok()) st = (*mm)->BackwardA(ds.gpu, q.gpu, dq.gpu);
+    if (st.ok()) st = (*mm)->BackwardB(q.gpu, ds.gpu, dk.gpu);
+    if (st.ok()) st = (*red)->Forward(g.gpu, pooled.gpu);
+    if (st.ok()) st = (*red)->Backward(dpooled.gpu, dg.gpu);
+    if (st.ok()) st = gpu_->ActivationBackward(gelu, h.gpu, g.gpu, dg.gpu, dh.gpu, n);
+    if (st.ok()) st = (*ln)->Backward(x.gpu, dh.gpu, scale.gpu, mean.gpu, var.gpu, dx.gpu, dscale.gpu, dbias.gpu);
+    if (st.ok()) st = gpu_->Fill(0.0f, acc.gpu, n);
+    if (st.ok()) st = gpu_->StridedCopy(split, dq.gpu, acc.gpu, true);
+    return st;
+  };
+  const std::vector<const Both*> outputs = {&p, &dq, &dk, &pooled, &dx, &dscale, &dbias, &acc};
+  auto results = [&]() {
+    std::vector<std::vector<float>> r;
+    for (const Both* o : outputs) r.push_back(Gpu(*o));
+    return r;
+  };
+  ASSERT_TRUE(step().ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  const std::vector<std::vector<float>> first = results();
+  ASSERT_TRUE(gpu_->BeginCapture().ok());
+  const absl::Status captured = step();
+  auto graph = gpu_->EndCapture();
+  ASSERT_TRUE(captured.ok()) << captured;
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const std::vector<float> x2 = Random(n, 73);
+  ASSERT_TRUE(gpu_->CopyToDevice(x2.data(), x.gpu, n).ok());
   ASSERT_TRUE((*graph)->Launch().ok());
   ASSERT_TRUE(gpu_->Synchronize().ok());
   const std::vector<std::vector<float>> replayed = results();

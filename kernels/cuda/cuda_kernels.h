@@ -1,5 +1,5 @@
 // Launchers for dtrain's own CUDA kernels (elementwise.cu, loss.cu, layout.cu, pool_lrn.cu, broadcast.cu,
-// batch_norm.cu, embedding.cu, interaction.cu). Each enqueues its kernel(s) on `stream` and returns
+// batch_norm.cu, embedding.cu, interaction.cu, tensor_ops.cu). Each enqueues its kernel(s) on `stream` and returns
 // cudaGetLastError(); callers turn that into an absl::Status naming the op (cuda_status.h). No launcher
 // allocates, synchronizes or reads memory on the host, so all of them can be captured into a CUDA graph. The
 // caller has made the stream's device current. Pointers are device pointers; n/sizes are element counts. The
@@ -199,6 +199,35 @@ cudaError_t LaunchGatherBackward(const GatherShape& s, const float* dy, const in
 cudaError_t LaunchInteraction(const float* x, float* y, int batch, int features, int dim, cudaStream_t stream);
 cudaError_t LaunchInteractionBackward(const float* x, const float* dy, float* dx, int batch, int features, int dim,
                                       cudaStream_t stream);
+
+// ---- tensor_ops.cu (the tensor ops of imported graphs, kernels/tensor_ops.h; shapes in op_math.h) ----
+// The strided copy `s` describes (count = product of its dims): dst = (or +=) src, one thread per destination
+// element (src strides may be 0: a broadcast; destination elements distinct).
+cudaError_t LaunchStridedCopy(const CopyShape& s, const float* src, float* dst, int64_t count, bool accumulate,
+                              cudaStream_t stream);
+// y [outer, inner] = sum / mean / max of x [outer, reduce, inner] over its middle axis; kReduceMax writes the
+// first maximum's r to argmax (outer * inner int32; unused otherwise). Fixed-order sums: deterministic.
+cudaError_t LaunchReduceForward(const ReduceDims& s, const float* x, float* y, int32_t* argmax, cudaStream_t stream);
+// dx (overwritten, every element) from dy and, for kReduceMax, the argmax of the last forward.
+cudaError_t LaunchReduceBackward(const ReduceDims& s, const float* dy, const int32_t* argmax, float* dx,
+                                 cudaStream_t stream);
+// Softmax (log: log-softmax) of x [outer, n, inner] along its middle axis, and its backward from the forward's
+// output y (dx may alias dy). One warp per row when inner == 1, else one thread per column.
+cudaError_t LaunchSoftmaxForward(const float* x, float* y, int64_t outer, int64_t n, int64_t inner, bool log,
+                                 cudaStream_t stream);
+cudaError_t LaunchSoftmaxBackward(const float* y, const float* dy, float* dx, int64_t outer, int64_t n,
+                                  int64_t inner, bool log, cudaStream_t stream);
+// Layer normalization of x [rows, cols] (one warp per row): y = xhat * scale + bias (bias may be null: none);
+// each row's mean and biased variance to mean / var (either may be null: not written).
+cudaError_t LaunchLayerNormForward(const float* x, const float* scale, const float* bias, float epsilon,
+                                   int64_t rows, int64_t cols, float* y, float* mean, float* var,
+                                   cudaStream_t stream);
+// Its gradients from the forward's mean and var: dscale and dbias (may be null: no bias) as fixed-order column
+// reductions over `s` (channels = cols, chunks from SplitReduction(cols, rows)) through `partial` (2 * chunks *
+// cols doubles of scratch), then dx (may alias dy) one warp per row.
+cudaError_t LaunchLayerNormBackward(const float* x, const float* dy, const float* scale, const float* mean,
+                                    const float* var, float epsilon, const ColumnShape& s, double* partial,
+                                    float* dx, float* dscale, float* dbias, cudaStream_t stream);
 
 }  // namespace dtrain::kernels::cuda
 

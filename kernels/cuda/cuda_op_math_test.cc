@@ -8,12 +8,15 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/kernel_shapes.h"
 #include "kernels/cuda/op_math.h"
 #include "kernels/device.h"
+#include "kernels/reference_ops.h"
+#include "kernels/tensor_ops.h"
 
 namespace dtrain::kernels::cuda {
 namespace {
@@ -441,8 +444,8 @@ TEST(BatchNormMathTest, StatisticsAndGradientsMatchNaiveAndFiniteDifferences) {
 // ---- activations and sigmoid cross-entropy ----
 
 TEST(ActivationMathTest, GradientsMatchFiniteDifferences) {
-  const std::vector<ActivationArgs> kinds = {{kActLeakyRelu, 0.1f, 0, 0}, {kActClip, 0, -0.5f, 0.7f},
-                                             {kActSigmoid, 0, 0, 0},      {kActTanh, 0, 0, 0}};
+  const std::vector<ActivationArgs> kinds = {{kActLeakyRelu, 0.1f, 0, 0, 0, 0}, {kActClip, 0, -0.5f, 0.7f, 0, 0},
+                                             {kActSigmoid, 0, 0, 0, 0, 0}, {kActTanh, 0, 0, 0, 0, 0}};
   for (const ActivationArgs& a : kinds) {
     SCOPED_TRACE(::testing::Message() << "kind " << a.kind);
     for (float x : {-3.0f, -0.9f, -0.3f, 0.2f, 0.6f, 0.9f, 4.0f}) {
@@ -556,6 +559,384 @@ TEST(InteractionMathTest, ForwardAndBackwardMatchNaiveAndFiniteDifferences) {
       want_dx[e] = (loss(1e-3) - loss(-1e-3)) / 2e-3;
     }
     EXPECT_TRUE(Close(dx, want_dx, 1e-5)) << "dx";
+  }
+}
+
+// ---- activations of imported graphs ----
+
+ActivationArgs ArgsOf(const ActivationParams& p) {
+  return {static_cast<int>(p.kind), p.alpha, p.lo, p.hi, p.beta, p.exponent};
+}
+
+ActivationParams Kind(ActivationParams::Kind kind, float alpha = 0.01f, float beta = 0.5f, float exponent = 2.0f) {
+  ActivationParams p;
+  p.kind = kind;
+  p.alpha = alpha;
+  p.beta = beta;
+  p.exponent = exponent;
+  return p;
+}
+
+TEST(ActivationMathTest, ImportedKindsMatchTheReferenceAndFiniteDifferences) {
+  using K = ActivationParams::Kind;
+  const std::vector<float> general = {-4.0f, -1.3f, -0.2f, 0.0f, 0.4f, 1.7f, 5.0f};
+  const std::vector<float> positive = {0.01f, 0.3f, 1.0f, 2.5f, 100.0f};
+  const std::vector<float> nonzero = {-2.5f, -0.4f, 0.3f, 1.0f, 3.5f};
+  // Points away from the kinks (finite differences straddle no kink).
+  const std::vector<std::pair<ActivationParams, std::vector<float>>> cases = {
+      {Kind(K::kHardSigmoid, 0.2f, 0.5f), {-4.0f, -2.4f, -1.0f, 0.0f, 0.7f, 2.4f, 3.0f}},
+      {Kind(K::kHardSigmoid, 1.0f / 6.0f, 0.5f), {-4.0f, -2.9f, 0.0f, 1.5f, 2.9f, 3.1f}},
+      {Kind(K::kHardSwish), {-5.0f, -2.9f, -1.0f, 0.0f, 0.5f, 2.9f, 4.0f}},
+      {Kind(K::kGelu), general},
+      {Kind(K::kSilu), general},
+      {Kind(K::kErf), general},
+      {Kind(K::kSqrt), positive},
+      {Kind(K::kPow, 0, 0, 2.0f), general},
+      {Kind(K::kPow, 0, 0, 3.0f), general},
+      {Kind(K::kPow, 0, 0, 0.5f), positive},
+      {Kind(K::kPow, 0, 0, -1.0f), nonzero},
+  };
+  for (const auto& [p, xs] : cases) {
+    const ActivationArgs a = ArgsOf(p);
+    SCOPED_TRACE(::testing::Message() << ActivationName(p.kind) << " alpha " << p.alpha << " exponent " << p.exponent);
+    for (float x : xs) {
+      float want_y, want_dx;
+      const float dy = 0.7f;
+      reference::Activation(p, &x, &want_y, 1);
+      const float y = ActivationValue(a, x);
+      EXPECT_NEAR(y, want_y, 2e-6 * (1 + std::fabs(want_y))) << "y at x=" << x;
+      reference::ActivationBackward(p, &x, &want_y, &dy, &want_dx, 1);
+      // Only the input the kind's gradient reads is given; the other is NaN.
+      const bool reads_y = ActivationGradReadsY(a.kind);
+      const float g = ActivationGrad(a, reads_y ? NAN : x, reads_y ? y : NAN, dy);
+      EXPECT_NEAR(g, want_dx, 2e-5 * (1 + std::fabs(want_dx))) << "dx at x=" << x;
+      const double h = 1e-3 * std::max(1.0f, std::fabs(x)) * (p.kind == K::kSqrt || p.exponent < 1 ? 1e-2 : 1);
+      const double fd = (static_cast<double>(ActivationValue(a, static_cast<float>(x + h))) -
+                         ActivationValue(a, static_cast<float>(x - h))) /
+                        (static_cast<float>(x + h) - static_cast<float>(x - h));
+      EXPECT_NEAR(g / dy, fd, 3e-3 * (1 + std::fabs(fd))) << "finite difference at x=" << x;
+    }
+  }
+}
+
+TEST(ActivationMathTest, ImportedKindsFollowPyTorchAtTheKinks) {
+  using K = ActivationParams::Kind;
+  const ActivationArgs hard_swish = ArgsOf(Kind(K::kHardSwish));
+  EXPECT_EQ(ActivationGrad(hard_swish, -3.5f, NAN, 1.0f), 0.0f);
+  EXPECT_EQ(ActivationGrad(hard_swish, -3.0f, NAN, 1.0f), -0.5f) << "x / 3 + 1 / 2 from -3 on";
+  EXPECT_EQ(ActivationGrad(hard_swish, 3.0f, NAN, 1.0f), 1.5f) << "x / 3 + 1 / 2 up to 3 inclusive";
+  EXPECT_EQ(ActivationGrad(hard_swish, 3.001f, NAN, 2.0f), 2.0f);
+  EXPECT_EQ(ActivationValue(hard_swish, -3.0f), 0.0f);
+  EXPECT_EQ(ActivationValue(hard_swish, 3.0f), 3.0f);
+  // alpha 1/4, beta 1/2: u is exactly 0 at x = -2 and 1 at x = 2, where the gradient is 0.
+  const ActivationArgs hard_sigmoid = ArgsOf(Kind(K::kHardSigmoid, 0.25f, 0.5f));
+  EXPECT_EQ(ActivationGrad(hard_sigmoid, -2.0f, NAN, 1.0f), 0.0f);
+  EXPECT_EQ(ActivationGrad(hard_sigmoid, 2.0f, NAN, 1.0f), 0.0f);
+  EXPECT_EQ(ActivationGrad(hard_sigmoid, 1.0f, NAN, 1.0f), 0.25f);
+  EXPECT_EQ(ActivationValue(hard_sigmoid, 10.0f), 1.0f);
+  EXPECT_TRUE(std::isnan(ActivationValue(hard_sigmoid, NAN)));
+  const ActivationArgs gelu = ArgsOf(Kind(K::kGelu));
+  EXPECT_EQ(ActivationValue(gelu, 0.0f), 0.0f);
+  EXPECT_FLOAT_EQ(ActivationGrad(gelu, 0.0f, NAN, 1.0f), 0.5f);
+  const ActivationArgs silu = ArgsOf(Kind(K::kSilu));
+  EXPECT_FLOAT_EQ(ActivationGrad(silu, 0.0f, NAN, 1.0f), 0.5f);
+  EXPECT_LT(std::fabs(ActivationValue(silu, -100.0f)), 1e-40f) << "no overflow to NaN for large negative x";
+  EXPECT_EQ(ActivationValue(silu, 100.0f), 100.0f);
+  const ActivationArgs square = ArgsOf(Kind(K::kPow, 0, 0, 2.0f));
+  EXPECT_EQ(ActivationValue(square, -1.1f), -1.1f * -1.1f) << "squares exactly, as the CPU";
+  EXPECT_EQ(ActivationGrad(square, -1.5f, NAN, 1.0f), -3.0f);
+  const ActivationArgs sqrt_kind = ArgsOf(Kind(K::kSqrt));
+  EXPECT_EQ(ActivationGrad(sqrt_kind, NAN, 2.0f, 1.0f), 0.25f) << "Sqrt's gradient reads y only";
+  // Which input each backward reads (CudaDevice::ActivationBackward checks that one is given).
+  for (int kind = kActLeakyRelu; kind <= kActPow; ++kind) {
+    const bool reads_y = kind == kActSigmoid || kind == kActTanh || kind == kActSqrt;
+    EXPECT_EQ(ActivationGradReadsY(kind), reads_y) << "kind " << kind;
+  }
+}
+
+// ---- strided copies ----
+
+StridedCopyParams Copy(std::vector<int64_t> dims, std::vector<int64_t> src, std::vector<int64_t> dst) {
+  StridedCopyParams p;
+  p.rank = static_cast<int>(dims.size());
+  for (int k = 0; k < p.rank; ++k) {
+    p.dims[k] = dims[k];
+    p.src_strides[k] = src[k];
+    p.dst_strides[k] = dst[k];
+  }
+  return p;
+}
+
+TEST(StridedCopyMathTest, OffsetsOfTheSimplifiedCopyMatchTheReference) {
+  const std::vector<StridedCopyParams> cases = {
+      Copy({7, 5}, {1, 7}, {5, 1}),                                      // transpose [5, 7] -> [7, 5]
+      Copy({6, 3}, {8, 1}, {3, 1}),                                      // slice x[:, 2:5] of [6, 8] (src + 2)
+      Copy({3, 4}, {0, 1}, {4, 1}),                                      // broadcast a row
+      Copy({2, 3, 4}, {1, 0, 2}, {12, 4, 1}),                            // broadcast the middle, permute
+      Copy({2, 1, 3, 4, 5}, {60, 99, 1, 15, 3}, {60, 60, 20, 5, 1}),     // rank 5 with a size-1 dim
+      Copy({4, 6, 5}, {30, 5, 1}, {30, 5, 1}),                           // contiguous: one dim
+      Copy({2, 3, 2, 2, 2, 2, 2, 2}, {0, 1, 3, 6, 12, 24, 48, 96}, {384, 128, 64, 32, 16, 8, 4, 2}),  // rank 8
+  };
+  for (const StridedCopyParams& p : cases) {
+    SCOPED_TRACE(Describe(p));
+    ASSERT_TRUE(CheckStridedCopyParams("test", p).ok());
+    const StridedCopyParams q = SimplifyStridedCopy(p);
+    CopyShape s{};
+    s.rank = q.rank;
+    for (int k = 0; k < q.rank; ++k) {
+      s.dims[k] = q.dims[k];
+      s.src_strides[k] = q.src_strides[k];
+      s.dst_strides[k] = q.dst_strides[k];
+    }
+    const int64_t offset = 2;  // the source starts inside its buffer
+    const std::vector<float> src = RandomVec(p.src_span() + offset, 60);
+    const std::vector<float> start = RandomVec(p.dst_span(), 61);
+    for (bool accumulate : {false, true}) {
+      std::vector<float> got = start, want = start;
+      reference::StridedCopy(p, src.data() + offset, want.data(), accumulate);
+      std::vector<int> writes(got.size(), 0);
+      for (int64_t i = 0; i < p.count(); ++i) {
+        int64_t so, d;
+        CopyOffsets(s, i, &so, &d);
+        ASSERT_GE(so, 0);
+        ASSERT_LT(so, p.src_span());
+        ASSERT_GE(d, 0);
+        ASSERT_LT(d, p.dst_span());
+        ++writes[d];
+        got[d] = accumulate ? got[d] + src[offset + so] : src[offset + so];
+      }
+      EXPECT_EQ(got, want) << "accumulate " << accumulate;
+      for (int64_t d = 0; d < static_cast<int64_t>(writes.size()); ++d) {
+        EXPECT_LE(writes[d], 1) << "destination element " << d << " written twice (the kernel would race)";
+      }
+    }
+  }
+  EXPECT_EQ(SimplifyStridedCopy(cases[5]).rank, 1) << "a contiguous copy is one run";
+}
+
+// ---- reductions ----
+
+TEST(ReduceMathTest, OutputsAndGradientsMatchTheReference) {
+  const std::vector<ReduceParams> shapes = {{ReduceKind::kSum, 3, 5, 4}, {ReduceKind::kSum, 2, 100, 1},
+                                            {ReduceKind::kSum, 1, 7, 9}, {ReduceKind::kSum, 4, 1, 3},
+                                            {ReduceKind::kSum, 2, 33, 2}};
+  for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean, ReduceKind::kMax}) {
+    for (ReduceParams p : shapes) {
+      p.kind = kind;
+      SCOPED_TRACE(Describe(p));
+      const ReduceDims s{static_cast<int>(kind), p.outer, p.reduce, p.inner};
+      const int64_t nx = p.outer * p.reduce * p.inner, ny = p.outer * p.inner;
+      // Values on a coarse grid, so that maxima tie.
+      std::vector<float> x = RandomVec(nx, 62, -2.0f, 2.0f);
+      for (float& v : x) v = std::round(v * 2.0f) / 2.0f;
+      const std::vector<float> dy = RandomVec(ny, 63);
+      std::vector<float> want_y(ny), want_dx(nx), y(ny), dx(nx);
+      std::vector<int32_t> argmax(ny, -1);
+      reference::ReduceForward(p, x.data(), want_y.data());
+      reference::ReduceBackward(p, x.data(), dy.data(), want_dx.data());
+      for (int64_t o = 0; o < ny; ++o) y[o] = ReduceOutput(x.data(), s, o, &argmax[o]);
+      for (int64_t i = 0; i < nx; ++i) dx[i] = ReduceInputGrad(dy.data(), argmax.data(), s, i);
+      std::vector<double> wy(want_y.begin(), want_y.end()), wdx(want_dx.begin(), want_dx.end());
+      EXPECT_TRUE(Close(y, wy, 1e-5)) << "y";
+      EXPECT_TRUE(Close(dx, wdx, 1e-6)) << "dx";
+    }
+  }
+}
+
+// ReduceRowsKernel's max: 32 lanes stride a row, then combine in a butterfly with MaxCandidateWins; every lane
+// must end with the serial loop's first maximum whatever lane found it.
+TEST(ReduceMathTest, WarpMaxCombinationKeepsTheFirstMaximum) {
+  for (int64_t reduce : {1, 5, 32, 33, 100, 1000}) {
+    for (uint32_t seed = 0; seed < 5; ++seed) {
+      std::vector<float> x = RandomVec(reduce, 64 + seed, -3.0f, 3.0f);
+      for (float& v : x) v = std::round(v);  // many ties
+      const ReduceDims s{kReduceMax, 1, reduce, 1};
+      int32_t want = -1;
+      const float want_y = ReduceOutput(x.data(), s, 0, &want);
+      float best[32];
+      int64_t best_r[32];
+      for (int lane = 0; lane < 32; ++lane) {
+        best[lane] = x[0];
+        best_r[lane] = 0;
+        for (int64_t r = lane; r < reduce; r += 32) {
+          if (MaxCandidateWins(x[r], r, best[lane], best_r[lane])) {
+            best[lane] = x[r];
+            best_r[lane] = r;
+          }
+        }
+      }
+      for (int off = 16; off > 0; off >>= 1) {
+        float nb[32];
+        int64_t nr[32];
+        for (int lane = 0; lane < 32; ++lane) {
+          const int other = lane ^ off;
+          const bool take = MaxCandidateWins(best[other], best_r[other], best[lane], best_r[lane]);
+          nb[lane] = take ? best[other] : best[lane];
+          nr[lane] = take ? best_r[other] : best_r[lane];
+        }
+        std::copy(nb, nb + 32, best);
+        std::copy(nr, nr + 32, best_r);
+      }
+      for (int lane = 0; lane < 32; ++lane) {
+        EXPECT_EQ(best[lane], want_y) << "reduce " << reduce << " seed " << seed << " lane " << lane;
+        EXPECT_EQ(best_r[lane], want) << "reduce " << reduce << " seed " << seed << " lane " << lane;
+      }
+    }
+  }
+}
+
+// ---- softmax ----
+
+TEST(SoftmaxMathTest, ColumnsMatchTheReference) {
+  for (bool log : {false, true}) {
+    for (SoftmaxParams p : {SoftmaxParams{2, 5, 3}, SoftmaxParams{3, 7, 1}, SoftmaxParams{1, 40, 2},
+                            SoftmaxParams{4, 1, 5}}) {
+      p.log = log;
+      SCOPED_TRACE(Describe(p));
+      const int64_t n = p.outer * p.n * p.inner;
+      const std::vector<float> x = RandomVec(n, 70, -8.0f, 8.0f), dy = RandomVec(n, 71);
+      std::vector<float> want_y(n), want_dx(n), y(n, NAN), dx(n, NAN);
+      reference::SoftmaxForward(p, x.data(), want_y.data());
+      reference::SoftmaxBackward(p, want_y.data(), dy.data(), want_dx.data());
+      for (int64_t c = 0; c < p.outer * p.inner; ++c) {
+        const int64_t start = SoftmaxColumnStart(c, p.n, p.inner);
+        SoftmaxColumnForward(x.data() + start, y.data() + start, p.n, p.inner, log);
+      }
+      std::vector<double> wy(want_y.begin(), want_y.end()), wdx(want_dx.begin(), want_dx.end());
+      EXPECT_TRUE(Close(y, wy, 1e-5)) << "y (every element written once)";
+      for (int64_t c = 0; c < p.outer * p.inner; ++c) {
+        const int64_t start = SoftmaxColumnStart(c, p.n, p.inner);
+        SoftmaxColumnBackward(want_y.data() + start, dy.data() + start, dx.data() + start, p.n, p.inner, log);
+      }
+      EXPECT_TRUE(Close(dx, wdx, 1e-5)) << "dx";
+      // In place: dx in dy's buffer.
+      std::vector<float> g = dy;
+      for (int64_t c = 0; c < p.outer * p.inner; ++c) {
+        const int64_t start = SoftmaxColumnStart(c, p.n, p.inner);
+        SoftmaxColumnBackward(want_y.data() + start, g.data() + start, g.data() + start, p.n, p.inner, log);
+      }
+      EXPECT_EQ(g, dx) << "dx aliasing dy";
+    }
+  }
+}
+
+// ---- layer normalization ----
+
+TEST(LayerNormMathTest, ForwardAndGradientsMatchTheReference) {
+  for (LayerNormParams p : {LayerNormParams{5, 7, 1e-5f, true}, LayerNormParams{300, 3, 1e-3f, true},
+                            LayerNormParams{4, 70, 1e-5f, false}, LayerNormParams{1, 1, 1e-5f, true}}) {
+    SCOPED_TRACE(Describe(p));
+    const int64_t n = p.rows * p.cols;
+    const std::vector<float> x = RandomVec(n, 80, -2.0f, 3.0f), dy = RandomVec(n, 81);
+    const std::vector<float> scale = RandomVec(p.cols, 82, 0.5f, 1.5f), bias = RandomVec(p.cols, 83);
+    std::vector<float> want_y(n), mean(p.rows), var(p.rows), want_dx(n), want_ds(p.cols), want_db(p.cols);
+    reference::LayerNormForward(p, x.data(), scale.data(), bias.data(), want_y.data(), mean.data(), var.data());
+    reference::LayerNormBackward(p, x.data(), dy.data(), scale.data(), want_dx.data(), want_ds.data(),
+                                 want_db.data());
+    // Forward: the kernel's per-element formula with the row's statistics.
+    std::vector<float> y(n);
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const float inv_std = BatchNormInvStd(var[r], p.epsilon);
+      for (int64_t c = 0; c < p.cols; ++c) {
+        y[r * p.cols + c] =
+            LayerNormValue(x[r * p.cols + c], mean[r], inv_std, scale[c], p.has_bias ? bias[c] : 0.0f);
+      }
+    }
+    EXPECT_TRUE(Close(y, std::vector<double>(want_y.begin(), want_y.end()), 1e-5)) << "y";
+    // The parameter gradients as the kernels run them: partial sums per (column, chunk), then the chunks in order.
+    const ChunkSplit split = SplitReduction(p.cols, p.rows);
+    const ColumnShape s{p.rows, static_cast<int>(p.cols), split.chunks, split.chunk_len};
+    const int64_t total = s.chunks * s.channels;
+    std::vector<double> sum_dy(total), sum_dy_xhat(total);
+    for (int64_t t = 0; t < total; ++t) {
+      LayerNormParamGradPartial(x.data(), dy.data(), mean.data(), var.data(), p.epsilon, s, t, &sum_dy[t],
+                                &sum_dy_xhat[t]);
+    }
+    std::vector<float> ds(p.cols), db(p.cols, -7.0f);
+    for (int c = 0; c < s.channels; ++c) {
+      LayerNormParamGradFinal(sum_dy.data(), sum_dy_xhat.data(), s, c, ds.data(), p.has_bias ? db.data() : nullptr);
+    }
+    EXPECT_TRUE(Close(ds, std::vector<double>(want_ds.begin(), want_ds.end()), 1e-4)) << "dscale";
+    if (p.has_bias) {
+      EXPECT_TRUE(Close(db, std::vector<double>(want_db.begin(), want_db.end()), 1e-4)) << "dbias";
+    } else {
+      EXPECT_EQ(db, std::vector<float>(p.cols, -7.0f)) << "no bias: dbias untouched";
+    }
+    // dx: each row's two means, then the per-element formula.
+    std::vector<float> dx(n);
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const float inv_std = BatchNormInvStd(var[r], p.epsilon);
+      double m1 = 0, m2 = 0;
+      for (int64_t c = 0; c < p.cols; ++c) {
+        const double dxhat = dy[r * p.cols + c] * scale[c];
+        m1 += dxhat;
+        m2 += dxhat * ((x[r * p.cols + c] - mean[r]) * inv_std);
+      }
+      for (int64_t c = 0; c < p.cols; ++c) {
+        dx[r * p.cols + c] = LayerNormInputGrad(x[r * p.cols + c], dy[r * p.cols + c], scale[c], mean[r], inv_std,
+                                                static_cast<float>(m1 / p.cols), static_cast<float>(m2 / p.cols));
+      }
+    }
+    EXPECT_TRUE(Close(dx, std::vector<double>(want_dx.begin(), want_dx.end()), 1e-4)) << "dx";
+  }
+}
+
+// ---- batched matrix products through column-major GEMMs ----
+
+// What cublasSgemmStridedBatched computes, from its documentation: C = op(A) op(B) per batch entry, every matrix
+// column-major with its leading dimension; checks the leading dimensions it would reject.
+::testing::AssertionResult ColumnMajorGemm(const GemmPlan& g, int64_t batch, const float* a, const float* b,
+                                           float* c) {
+  if (g.ld_first < (g.trans_first ? g.k : g.m) || g.ld_second < (g.trans_second ? g.n : g.k) || g.ldc < g.m) {
+    return ::testing::AssertionFailure() << "a leading dimension is too small";
+  }
+  for (int64_t t = 0; t < batch; ++t) {
+    const float* at = a + t * g.stride_first;
+    const float* bt = b + t * g.stride_second;
+    for (int64_t i = 0; i < g.m; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) {
+        double acc = 0.0;
+        for (int64_t l = 0; l < g.k; ++l) {
+          const float av = g.trans_first ? at[l + i * g.ld_first] : at[i + l * g.ld_first];
+          const float bv = g.trans_second ? bt[j + l * g.ld_second] : bt[l + j * g.ld_second];
+          acc += static_cast<double>(av) * bv;
+        }
+        c[t * g.stride_c + i + j * g.ldc] = static_cast<float>(acc);
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(MatMulMathTest, GemmPlansGiveTheReferenceProducts) {
+  for (bool trans_a : {false, true}) {
+    for (bool trans_b : {false, true}) {
+      MatMulParams p;
+      p.batch = 3;
+      p.m = 4;
+      p.n = 5;
+      p.k = 6;
+      p.trans_a = trans_a;
+      p.trans_b = trans_b;
+      SCOPED_TRACE(Describe(p));
+      const int64_t na = p.batch * p.m * p.k, nb = p.batch * p.k * p.n, ny = p.batch * p.m * p.n;
+      const std::vector<float> a = RandomVec(na, 90), b = RandomVec(nb, 91), dy = RandomVec(ny, 92);
+      std::vector<float> want_y(ny), want_da(na), want_db(nb);
+      reference::MatMulForward(p, a.data(), b.data(), want_y.data());
+      reference::MatMulBackwardA(p, dy.data(), b.data(), want_da.data());
+      reference::MatMulBackwardB(p, a.data(), dy.data(), want_db.data());
+      const float* operands[3] = {a.data(), b.data(), dy.data()};  // MatMulOperand's order
+      const std::vector<std::pair<int, std::vector<float>*>> passes = {
+          {kMatMulForward, &want_y}, {kMatMulBackwardA, &want_da}, {kMatMulBackwardB, &want_db}};
+      for (const auto& [pass, want] : passes) {
+        const MatMulGemm g = PlanMatMul(pass, p.m, p.n, p.k, p.trans_a, p.trans_b);
+        EXPECT_EQ(g.plan.stride_c * p.batch, static_cast<int64_t>(want->size())) << "pass " << pass;
+        std::vector<float> got(want->size(), NAN);
+        ASSERT_TRUE(ColumnMajorGemm(g.plan, p.batch, operands[g.first], operands[g.second], got.data()))
+            << "pass " << pass;
+        EXPECT_TRUE(Close(got, std::vector<double>(want->begin(), want->end()), 1e-5)) << "pass " << pass;
+      }
+    }
   }
 }
 

@@ -61,7 +61,7 @@ __global__ void ActivationKernel(ActivationArgs a, const float* x, float* y, int
 // x or y may be null when the kind does not read it (the caller passes what device.h gives).
 __global__ void ActivationBackwardKernel(ActivationArgs a, const float* x, const float* y, const float* dy,
                                          float* dx, int64_t n) {
-  const bool reads_x = a.kind == kActLeakyRelu || a.kind == kActClip;
+  const bool reads_x = !ActivationGradReadsY(a.kind);
   DTRAIN_GRID_STRIDE_LOOP(i, n) {
     dx[i] = ActivationGrad(a, reads_x ? x[i] : 0.0f, reads_x ? 0.0f : y[i], dy[i]);
   }

@@ -1,7 +1,8 @@
 // The per-element index math and arithmetic of the CUDA backend's own kernels (pool_lrn.cu, broadcast.cu,
-// batch_norm.cu, embedding.cu, loss.cu, elementwise.cu), as __host__ __device__ functions: each kernel is a
-// grid-stride loop (or a fixed-order reduction) around one of them, and cuda_op_math_test runs the same
-// functions on the host against naive loops, so the index math is checked on machines without a GPU.
+// batch_norm.cu, embedding.cu, loss.cu, elementwise.cu, tensor_ops.cu), and the GEMM plans of its MatMul, as
+// __host__ __device__ functions: each kernel is a grid-stride loop (or a fixed-order reduction) around one of
+// them, and cuda_op_math_test runs the same functions on the host against naive loops, so the index math is
+// checked on machines without a GPU.
 //
 // Plain C++17 with no Abseil and no CUDA runtime calls: it compiles with nvcc and with the host compiler.
 // Pointers are device pointers in the kernels and host pointers in the tests. Stateless; thread-safe.
@@ -176,17 +177,43 @@ DTRAIN_HD float AvgPoolInputGrad(const float* dy, const PoolShape& s, int64_t i)
 
 // ---- activations (ActivationParams; kind in ActivationParams::Kind's order) ----
 
-enum ActivationKind : int { kActLeakyRelu = 0, kActClip = 1, kActSigmoid = 2, kActTanh = 3 };
+enum ActivationKind : int {
+  kActLeakyRelu = 0,
+  kActClip = 1,
+  kActSigmoid = 2,
+  kActTanh = 3,
+  kActHardSigmoid = 4,
+  kActHardSwish = 5,
+  kActGelu = 6,
+  kActSilu = 7,
+  kActErf = 8,
+  kActSqrt = 9,
+  kActPow = 10,
+};
 struct ActivationArgs {
   int kind;
-  float alpha, lo, hi;
+  float alpha, lo, hi;  // LeakyRelu's slope and HardSigmoid's alpha; Clip's bounds
+  float beta;           // HardSigmoid
+  float exponent;       // Pow
 };
+
+// The float constants of the CPU backend's loops (kernels/cpu/graph_loops.cc), spelled out so that device code
+// needs no M_* macros.
+constexpr float kSqrtHalf = 0.70710678118654752f;        // 1 / sqrt(2)
+constexpr float kTwoOverSqrtPi = 1.12837916709551257f;   // 2 / sqrt(pi): erf'(0)
+constexpr float kInvSqrtTwoPi = 0.39894228040143268f;    // 1 / sqrt(2 pi): the standard normal density at 0
 
 // 1 / (1 + e^-x) without overflow for either sign.
 DTRAIN_HD float Sigmoid(float x) {
   if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
   const float e = expf(x);
   return e / (1.0f + e);
+}
+
+// min(max(v, 0), 1) with std::min / std::max's NaN behaviour (NaN passes through).
+DTRAIN_HD float ClampUnit(float v) {
+  const float m = v < 0.0f ? 0.0f : v;
+  return 1.0f < m ? 1.0f : m;
 }
 
 DTRAIN_HD float ActivationValue(const ActivationArgs& a, float x) {
@@ -197,12 +224,30 @@ DTRAIN_HD float ActivationValue(const ActivationArgs& a, float x) {
       return x < a.lo ? a.lo : (a.hi < x ? a.hi : x);
     case kActSigmoid:
       return Sigmoid(x);
-    default:
+    case kActTanh:
       return tanhf(x);
+    case kActHardSigmoid:
+      return ClampUnit(a.alpha * x + a.beta);
+    case kActHardSwish:
+      return x * ClampUnit(x * (1.0f / 6.0f) + 0.5f);
+    case kActGelu:  // the exact (erf) GELU
+      return 0.5f * x * (1.0f + erff(x * kSqrtHalf));
+    case kActSilu:
+      return x * Sigmoid(x);
+    case kActErf:
+      return erff(x);
+    case kActSqrt:
+      return sqrtf(x);
+    default:  // kActPow; squares exactly, as the CPU does
+      return a.exponent == 2.0f ? x * x : powf(x, a.exponent);
   }
 }
 
-// dx = dy * f'(x), from the forward's input x and output y.
+// Whether ActivationGrad reads the forward's output y (Sigmoid, Tanh, Sqrt) rather than its input x.
+DTRAIN_HD bool ActivationGradReadsY(int kind) { return kind == kActSigmoid || kind == kActTanh || kind == kActSqrt; }
+
+// dx = dy * f'(x), from the forward's input x and output y (only the one ActivationGradReadsY names is read).
+// PyTorch's conventions at the kinks, as the CPU backend.
 DTRAIN_HD float ActivationGrad(const ActivationArgs& a, float x, float y, float dy) {
   switch (a.kind) {
     case kActLeakyRelu:  // slope alpha at 0 and below, as PyTorch and oneDNN
@@ -211,8 +256,29 @@ DTRAIN_HD float ActivationGrad(const ActivationArgs& a, float x, float y, float 
       return (x > a.lo && x < a.hi) ? dy : 0.0f;
     case kActSigmoid:
       return dy * y * (1.0f - y);
-    default:
+    case kActTanh:
       return dy * (1.0f - y * y);
+    case kActHardSigmoid: {  // alpha strictly inside (0, 1)
+      const float u = a.alpha * x + a.beta;
+      return u > 0.0f && u < 1.0f ? a.alpha * dy : 0.0f;
+    }
+    case kActHardSwish:  // PyTorch's hardswish_backward: 0 below -3, x / 3 + 1 / 2 up to 3 (inclusive), 1 above
+      return x < -3.0f ? 0.0f : (x <= 3.0f ? dy * (x * (1.0f / 3.0f) + 0.5f) : dy);
+    case kActGelu: {
+      const float cdf = 0.5f * (1.0f + erff(x * kSqrtHalf));
+      const float pdf = expf(-0.5f * x * x) * kInvSqrtTwoPi;
+      return dy * (cdf + x * pdf);
+    }
+    case kActSilu: {
+      const float s = Sigmoid(x);
+      return dy * s * (1.0f + x * (1.0f - s));
+    }
+    case kActErf:
+      return dy * kTwoOverSqrtPi * expf(-x * x);
+    case kActSqrt:
+      return dy * 0.5f / y;
+    default:  // kActPow
+      return dy * a.exponent * powf(x, a.exponent - 1.0f);
   }
 }
 
@@ -463,6 +529,197 @@ DTRAIN_HD float InteractionInputGrad(const float* z, int ld, const float* dy_row
     acc += dy_row[p] * z[static_cast<int64_t>(j) * ld + k];
   }
   return acc;
+}
+
+// ---- tensor ops of imported graphs (kernels/tensor_ops.h; tensor_ops.cu) ----
+
+// A strided copy (StridedCopyParams after SimplifyStridedCopy): dims outermost first, one thread per element of
+// the index space, which addresses one destination element each (so accumulating needs no atomics).
+constexpr int kMaxCopyDims = 8;  // kernels::kMaxCopyRank
+struct CopyShape {
+  int rank;
+  int64_t dims[kMaxCopyDims];
+  int64_t src_strides[kMaxCopyDims], dst_strides[kMaxCopyDims];
+};
+
+// Offsets into src and dst of element i of the index space (row-major over dims).
+DTRAIN_HD void CopyOffsets(const CopyShape& s, int64_t i, int64_t* src, int64_t* dst) {
+  int64_t so = 0, d = 0;
+  for (int k = s.rank - 1; k >= 0; --k) {
+    const int64_t c = i % s.dims[k];
+    i /= s.dims[k];
+    so += c * s.src_strides[k];
+    d += c * s.dst_strides[k];
+  }
+  *src = so;
+  *dst = d;
+}
+
+// x viewed as [outer, reduce, inner]; y as [outer, inner]. kind in ReduceKind's order.
+enum ReduceOpKind : int { kReduceSum = 0, kReduceMean = 1, kReduceMax = 2 };
+struct ReduceDims {
+  int kind;
+  int64_t outer, reduce, inner;
+};
+
+// Output o (= outer index * inner + inner index) of the reduction, summed (or compared) in increasing r, as the
+// CPU backend's loops: the first maximum wins (a later element must be greater), and its r goes to *argmax
+// (kReduceMax only; argmax may be null otherwise). Mean multiplies the sum by 1 / reduce.
+DTRAIN_HD float ReduceOutput(const float* x, const ReduceDims& s, int64_t o, int32_t* argmax) {
+  const int64_t outer = o / s.inner, i = o % s.inner;
+  const float* v = x + outer * s.reduce * s.inner + i;
+  if (s.kind == kReduceMax) {
+    float best = v[0];
+    int64_t best_r = 0;
+    for (int64_t r = 1; r < s.reduce; ++r) {
+      const float e = v[r * s.inner];
+      if (e > best) {
+        best = e;
+        best_r = r;
+      }
+    }
+    *argmax = static_cast<int32_t>(best_r);
+    return best;
+  }
+  float acc = 0.0f;
+  for (int64_t r = 0; r < s.reduce; ++r) acc += v[r * s.inner];
+  return s.kind == kReduceMean ? acc * (1.0f / static_cast<float>(s.reduce)) : acc;
+}
+
+// Two candidates of a parallel max (value, r): whether b replaces a (greater, or equal and earlier: the first
+// maximum wins whichever order the partial results meet in).
+DTRAIN_HD bool MaxCandidateWins(float b, int64_t rb, float a, int64_t ra) { return b > a || (b == a && rb < ra); }
+
+// dx[i] (i over [outer, reduce, inner]) from dy [outer, inner]: sum: dy; mean: dy / reduce; max: dy at the
+// remembered maximum, 0 elsewhere.
+DTRAIN_HD float ReduceInputGrad(const float* dy, const int32_t* argmax, const ReduceDims& s, int64_t i) {
+  const int64_t inner_i = i % s.inner;
+  const int64_t t = i / s.inner;
+  const int64_t r = t % s.reduce, outer = t / s.reduce;
+  const int64_t o = outer * s.inner + inner_i;
+  if (s.kind == kReduceMax) return argmax[o] == r ? dy[o] : 0.0f;
+  return s.kind == kReduceMean ? dy[o] * (1.0f / static_cast<float>(s.reduce)) : dy[o];
+}
+
+// Softmax along the middle axis of [outer, n, inner]: element j of the column starting at `base` is base[j *
+// inner]. Column c (= outer index * inner + inner index) starts at (outer index * n) * inner + inner index.
+DTRAIN_HD int64_t SoftmaxColumnStart(int64_t c, int64_t n, int64_t inner) {
+  return (c / inner) * n * inner + c % inner;
+}
+// y from x, the column's maximum m and sum of exp(x - m).
+DTRAIN_HD float SoftmaxValue(float x, float m, float sum, bool log) {
+  return log ? x - m - logf(sum) : expf(x - m) / sum;
+}
+// dx from y, dy and the column's s = sum(dy y) (softmax) or sum(dy) (log-softmax).
+DTRAIN_HD float SoftmaxGrad(float y, float dy, float s, bool log) { return log ? dy - expf(y) * s : y * (dy - s); }
+// What the backward's column sum adds for one element.
+DTRAIN_HD float SoftmaxGradTerm(float y, float dy, bool log) { return log ? dy : dy * y; }
+
+// One column by one thread, in three (forward) or two (backward) passes; dx may alias dy (each element is read
+// before it is written, by the same thread).
+DTRAIN_HD void SoftmaxColumnForward(const float* x, float* y, int64_t n, int64_t inner, bool log) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = fmaxf(m, x[j * inner]);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) sum += expf(x[j * inner] - m);
+  for (int64_t j = 0; j < n; ++j) y[j * inner] = SoftmaxValue(x[j * inner], m, sum, log);
+}
+DTRAIN_HD void SoftmaxColumnBackward(const float* y, const float* dy, float* dx, int64_t n, int64_t inner,
+                                     bool log) {
+  float s = 0.0f;
+  for (int64_t j = 0; j < n; ++j) s += SoftmaxGradTerm(y[j * inner], dy[j * inner], log);
+  for (int64_t j = 0; j < n; ++j) dx[j * inner] = SoftmaxGrad(y[j * inner], dy[j * inner], s, log);
+}
+
+// Layer normalization of rows of `cols` floats. xhat = (x - mean) * inv_std, inv_std = 1 / sqrt(var + epsilon).
+DTRAIN_HD float LayerNormValue(float x, float mean, float inv_std, float scale, float bias) {
+  return (x - mean) * inv_std * scale + bias;
+}
+// dx = inv_std (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy scale; m1, m2 are those two means.
+DTRAIN_HD float LayerNormInputGrad(float x, float dy, float scale, float mean, float inv_std, float m1, float m2) {
+  const float xhat = (x - mean) * inv_std;
+  return inv_std * (dy * scale - m1 - xhat * m2);
+}
+// The parameters' gradients as column reductions over the rows (ColumnShape: channels = cols, rows = rows):
+// thread t (c = t % cols, chunk = t / cols) sums dy and dy xhat over its chunk of rows, in double.
+DTRAIN_HD void LayerNormParamGradPartial(const float* x, const float* dy, const float* mean, const float* var,
+                                         float epsilon, const ColumnShape& s, int64_t t, double* sum_dy,
+                                         double* sum_dy_xhat) {
+  const int c = static_cast<int>(t % s.channels);
+  const int64_t begin = (t / s.channels) * s.chunk_len, end = MinI64(begin + s.chunk_len, s.rows);
+  double a = 0.0, b = 0.0;
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t i = r * s.channels + c;
+    const double g = dy[i];
+    a += g;
+    b += g * static_cast<double>((x[i] - mean[r]) * BatchNormInvStd(var[r], epsilon));
+  }
+  *sum_dy = a;
+  *sum_dy_xhat = b;
+}
+// Column c: dscale = sum dy xhat, dbias = sum dy (dbias may be null: no bias), the chunks added in order.
+DTRAIN_HD void LayerNormParamGradFinal(const double* sum_dy, const double* sum_dy_xhat, const ColumnShape& s, int c,
+                                       float* dscale, float* dbias) {
+  double a = 0.0, b = 0.0;
+  for (int64_t k = 0; k < s.chunks; ++k) {
+    a += sum_dy[k * s.channels + c];
+    b += sum_dy_xhat[k * s.channels + c];
+  }
+  dscale[c] = static_cast<float>(b);
+  if (dbias != nullptr) dbias[c] = static_cast<float>(a);
+}
+
+// A row-major product C[M, N] = op(X)[M, K] op(Z)[K, N] (X stored [M, K], or [K, M] when trans_x; Z stored
+// [K, N], or [N, K] when trans_z; C dense), batched with dense strides, as the column-major GEMM cuBLAS
+// computes: a row-major [r, c] matrix is the column-major [c, r] one, so C^T[N, M] = op(Z)^T op(X)^T, i.e.
+// cublasSgemmStridedBatched(op_first, op_second, m, n, k, first (ld_first, stride_first), second (ld_second,
+// stride_second), C (ldc, stride_c)) with first = Z and second = X.
+struct GemmPlan {
+  bool trans_first, trans_second;  // CUBLAS_OP_T when true
+  int64_t m, n, k;                 // cuBLAS's (column-major) sizes
+  int64_t ld_first, ld_second, ldc;
+  int64_t stride_first, stride_second, stride_c;
+};
+DTRAIN_HD GemmPlan PlanRowMajorGemm(int64_t M, int64_t N, int64_t K, bool trans_x, bool trans_z) {
+  GemmPlan g;
+  g.trans_first = trans_z;   // Z stored [K, N] is column-major [N, K] = op(Z)^T already
+  g.trans_second = trans_x;  // X stored [M, K] is column-major [K, M] = op(X)^T already
+  g.m = N;
+  g.n = M;
+  g.k = K;
+  g.ld_first = trans_z ? K : N;
+  g.ld_second = trans_x ? M : K;
+  g.ldc = N;
+  g.stride_first = K * N;
+  g.stride_second = M * K;
+  g.stride_c = M * N;
+  return g;
+}
+
+// The three GEMMs of a batched MatMul (MatMulParams: y = op(a) op(b), op(a) [m, k], op(b) [k, n]) and which of
+// the pass's operands is cuBLAS's first and second matrix. Forward: y = op(a) op(b). BackwardA: da = dy op(b)^T
+// in a's layout (trans_a: da^T = op(b) dy^T). BackwardB: db = op(a)^T dy in b's layout (trans_b: db^T = dy^T
+// op(a)).
+enum MatMulPass : int { kMatMulForward = 0, kMatMulBackwardA = 1, kMatMulBackwardB = 2 };
+enum MatMulOperand : int { kOperandA = 0, kOperandB = 1, kOperandDy = 2 };
+struct MatMulGemm {
+  GemmPlan plan;
+  int first, second;  // MatMulOperand
+};
+// Row-major C[M, N] = op(X) op(Z) with operands x and z: cuBLAS's first matrix is Z, its second X.
+DTRAIN_HD MatMulGemm MakeMatMulGemm(int64_t M, int64_t N, int64_t K, int x, bool tx, int z, bool tz) {
+  return MatMulGemm{PlanRowMajorGemm(M, N, K, tx, tz), z, x};
+}
+DTRAIN_HD MatMulGemm PlanMatMul(int pass, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b) {
+  if (pass == kMatMulForward) return MakeMatMulGemm(m, n, k, kOperandA, trans_a, kOperandB, trans_b);
+  if (pass == kMatMulBackwardA) {
+    // op(b)^T [n, k] is b read transposed unless trans_b; dy^T [n, m] is dy read transposed.
+    return trans_a ? MakeMatMulGemm(k, m, n, kOperandB, trans_b, kOperandDy, true)
+                   : MakeMatMulGemm(m, k, n, kOperandDy, false, kOperandB, !trans_b);
+  }
+  // op(a)^T [k, m] is a read transposed unless trans_a; dy^T [n, m] likewise.
+  return trans_b ? MakeMatMulGemm(n, k, m, kOperandDy, true, kOperandA, trans_a)
+                 : MakeMatMulGemm(k, n, m, kOperandA, !trans_a, kOperandDy, false);
 }
 
 }  // namespace dtrain::kernels::cuda
