@@ -291,7 +291,19 @@ absl::Status ExportOnnx(const ModelSpec& spec, const std::vector<VariableInfo>& 
   if (WantsExternalData(spec, *d, options)) return WriteWithExternalData(d.get(), SourceFile(spec), path, env);
   PlaceInside(d.get());
   ASSIGN_OR_RETURN(std::string bytes, Serialize(SourceFile(spec), d->model));
-  return WriteFileAtomically(env, path, bytes);
+  RETURN_IF_ERROR(WriteFileAtomically(env, path, bytes));
+  // An earlier export to `path` with external data left PATH.data: nothing refers to it now (the file just
+  // replaced was its only reader), so it goes rather than sit beside the new file as if it belonged to it.
+  const std::string stale = path + ".data";
+  if (env->FileExists(stale)) {
+    absl::Status removed = env->RemoveFile(stale);
+    if (!removed.ok() && !absl::IsNotFound(removed)) {
+      return absl::Status(removed.code(), absl::StrCat("wrote ", path, " (its weights inside), but the stale ", stale,
+                                                       " of an earlier export could not be removed: ",
+                                                       removed.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ExportOnnx(const ModelSpec& spec, const std::vector<VariableInfo>& vars, const float* params,

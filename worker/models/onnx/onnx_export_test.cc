@@ -291,9 +291,14 @@ TEST(OnnxExportTest, AModelImportedWithExternalDataExportsWithIt) {
   }
   EXPECT_EQ(InitialParameters(*ModelVariables(**again, Options(12)), 1), want);
 
-  // Inside on request (and from ExportOnnxBytes): one file.
+  // Inside on request (and from ExportOnnxBytes): one file. Exported inside to a path that had external data
+  // before, the earlier PATH.data goes.
   ExportOptions inside;
   inside.weights = ExportOptions::Weights::kInside;
+  ASSERT_TRUE(Env::Default()->FileExists(path + ".data"));
+  ASSERT_TRUE(ExportOnnx(*m.spec, m.vars, m.trained.data(), path, inside).ok());
+  EXPECT_FALSE(Env::Default()->FileExists(path + ".data"));
+  ASSERT_TRUE(ImportModel(path).ok());
   ASSERT_TRUE(ExportOnnx(*m.spec, m.vars, m.trained.data(), dir.path() + "/one.onnx", inside).ok());
   EXPECT_FALSE(Env::Default()->FileExists(dir.path() + "/one.onnx.data"));
   ASSERT_TRUE(out.ParseFromString(*ReadFileToString(dir.path() + "/one.onnx")));
