@@ -4,7 +4,8 @@ augmenting and normalizing on --threads threads) against a PyTorch DataLoader ov
 RandomResizedCrop(size) + RandomHorizontalFlip() + ToTensor() + Normalize(mean, std) and --threads worker
 processes. Same folder, same batch size, same output (float NCHW / NHWC batches of size x size x 3), same threads;
 launches interleaved (dtrain, PyTorch, dtrain, ...), the median over each launch's timing windows, then the median
-over launches. Prints both figures and the ratio.
+over launches. Both sides run with the malloc settings every dtrain binary gives itself (scripts/torch_blas.py's
+MALLOC_TUNABLES). Prints both figures and the ratio.
 
   /usr/bin/python3 scripts/compare_input_pipeline.py --make_images=640 --threads=2    # a folder made here
   /usr/bin/python3 scripts/compare_input_pipeline.py --data_dir=/data/imagenette --threads=2
@@ -21,6 +22,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_blas  # noqa: E402
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -85,7 +89,9 @@ def torch_worker(args):
 
 
 def run(cmd, pattern):
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Both sides on the malloc settings every dtrain binary gives itself (dtrain_input_bench sets them itself).
+    env = dict(os.environ, GLIBC_TUNABLES=torch_blas.with_malloc_tunables(os.environ.get("GLIBC_TUNABLES")))
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     m = re.search(pattern, out.stdout, re.M)
     if out.returncode != 0 or not m:
         sys.exit("failed: %s\n%s" % (" ".join(cmd), out.stdout[-3000:]))

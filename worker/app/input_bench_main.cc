@@ -19,6 +19,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/malloc_tuning.h"
 #include "worker/app/model_flags.h"
 #include "worker/data/dataset.h"
 
@@ -42,6 +43,7 @@ int Fail(const absl::Status& s, int code) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dtrain_input_bench: times a worker's input pipeline alone (examples/sec)");
   absl::ParseCommandLine(argc, argv);
+  dtrain::TuneMallocForLargeReusedBuffers();  // as dtrain_worker, whose input pipeline this times
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   using namespace dtrain;  // NOLINT
