@@ -77,10 +77,16 @@ def rank_main(a):
         t = torch.tensor([secs], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         secs = float(t[0])
-        dist.destroy_process_group()
     if a.rank == 0:
         print(LINE.format(model=a.model, ranks=a.ranks, threads=a.threads, batch=a.batch_size, ddp=int(ddp),
                           steps=steps, eps=timed * a.ranks / secs, blas=blas), flush=True)
+    if ddp:
+        # As dlrm_pytorch.py leaves: every rank is past its last collective, then out without tearing DDP and gloo
+        # down (PyTorch 1.13 at times hangs for good in a rank's teardown after training).
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
