@@ -680,14 +680,7 @@ TEST(StridedCopyMathTest, OffsetsOfTheSimplifiedCopyMatchTheReference) {
   for (const StridedCopyParams& p : cases) {
     SCOPED_TRACE(Describe(p));
     ASSERT_TRUE(CheckStridedCopyParams("test", p).ok());
-    const StridedCopyParams q = SimplifyStridedCopy(p);
-    CopyShape s{};
-    s.rank = q.rank;
-    for (int k = 0; k < q.rank; ++k) {
-      s.dims[k] = q.dims[k];
-      s.src_strides[k] = q.src_strides[k];
-      s.dst_strides[k] = q.dst_strides[k];
-    }
+    const CopyShape s = MakeCopyShape(p);
     const int64_t offset = 2;  // the source starts inside its buffer
     const std::vector<float> src = RandomVec(p.src_span() + offset, 60);
     const std::vector<float> start = RandomVec(p.dst_span(), 61);

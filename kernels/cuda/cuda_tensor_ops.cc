@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_device_internal.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/kernel_shapes.h"
 #include "kernels/tensor_ops.h"
 
 namespace dtrain::kernels::cuda {
@@ -234,14 +235,7 @@ absl::Status CudaDevice::StridedCopy(const StridedCopyParams& p, const float* sr
     return absl::InvalidArgumentError(
         absl::StrCat("StridedCopy: null source or destination for ", Describe(p)));
   }
-  const StridedCopyParams q = SimplifyStridedCopy(p);
-  CopyShape s{};
-  s.rank = q.rank;
-  for (int k = 0; k < q.rank; ++k) {
-    s.dims[k] = q.dims[k];
-    s.src_strides[k] = q.src_strides[k];
-    s.dst_strides[k] = q.dst_strides[k];
-  }
+  const CopyShape s = MakeCopyShape(p);
   RETURN_IF_ERROR(Activate("StridedCopy"));
   return CudaStatus(LaunchStridedCopy(s, src, dst, count, accumulate, stream_), "StridedCopy");
 }

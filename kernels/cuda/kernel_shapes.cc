@@ -159,4 +159,16 @@ bool ReduceTargetsAreDistinct(const ReduceShape& r) {
   return true;
 }
 
+CopyShape MakeCopyShape(const StridedCopyParams& p) {
+  const StridedCopyParams q = SimplifyStridedCopy(p);
+  CopyShape s{};
+  s.rank = q.rank;
+  for (int k = 0; k < q.rank; ++k) {
+    s.dims[k] = q.dims[k];
+    s.src_strides[k] = q.src_strides[k];
+    s.dst_strides[k] = q.dst_strides[k];
+  }
+  return s;
+}
+
 }  // namespace dtrain::kernels::cuda

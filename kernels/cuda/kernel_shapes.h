@@ -31,6 +31,8 @@ absl::StatusOr<BroadcastShape> MakeBroadcastShape(const BroadcastParams& p);
 
 // The reduction giving the gradient of input `which` (0: a, 1: b) of `s`, split with SplitReduction.
 ReduceShape MakeReduceShape(const BroadcastShape& s, int which);
+// The kernel's shape of a strided copy: SimplifyStridedCopy(p) (p checked by CheckStridedCopyParams).
+CopyShape MakeCopyShape(const StridedCopyParams& p);
 
 // Whether distinct elements of input `which`'s own (non-broadcast) index space land on distinct offsets, so
 // that each gradient element is written by exactly one thread. False for overlapping strides.

@@ -279,18 +279,21 @@ TEST(WorkerClientTest, WithoutKeepingInitialValuesTheChiefInitializesFromTheCall
   const absl::StatusOr<Placement> placed = PlaceVariables(o.variables, 2, o.placement);
   ASSERT_TRUE(placed.ok()) << placed.status();
   const Placement& placement = *placed;
-  std::vector<std::unique_ptr<ParameterServer>> servers;
-  std::vector<PsInterface*> tasks;
-  for (int t = 0; t < 2; ++t) {
-    ParameterServerOptions po;
-    po.task_index = t;
-    po.num_ps = 2;
-    po.num_workers = 1;
-    absl::StatusOr<std::unique_ptr<ParameterServer>> ps = ParameterServer::Create(po);
-    ASSERT_TRUE(ps.ok()) << ps.status();
-    tasks.push_back(ps->get());
-    servers.push_back(*std::move(ps));
-  }
+  // Two fresh tasks, nothing saved (what a restart without checkpoints also gives).
+  std::vector<std::unique_ptr<ParameterServer>> servers(2);
+  auto start_tasks = [&] {
+    for (int t = 0; t < 2; ++t) {
+      ParameterServerOptions po;
+      po.task_index = t;
+      po.num_ps = 2;
+      po.num_workers = 1;
+      absl::StatusOr<std::unique_ptr<ParameterServer>> ps = ParameterServer::Create(po);
+      ASSERT_TRUE(ps.ok()) << ps.status();
+      servers[t] = *std::move(ps);
+    }
+  };
+  start_tasks();
+  std::vector<PsInterface*> tasks = {servers[0].get(), servers[1].get()};
   WorkerClientOptions wo;
   wo.background = false;
   wo.keep_initial_values = false;
@@ -307,15 +310,7 @@ TEST(WorkerClientTest, WithoutKeepingInitialValuesTheChiefInitializesFromTheCall
   EXPECT_EQ(pulled, initial);
 
   // Both tasks restart with nothing saved: a fresh start needs initial values the client no longer has.
-  for (int t = 0; t < 2; ++t) {
-    ParameterServerOptions po;
-    po.task_index = t;
-    po.num_ps = 2;
-    po.num_workers = 1;
-    absl::StatusOr<std::unique_ptr<ParameterServer>> ps = ParameterServer::Create(po);
-    ASSERT_TRUE(ps.ok()) << ps.status();
-    servers[t] = *std::move(ps);
-  }
+  start_tasks();
   WorkerClient again({servers[0].get(), servers[1].get()}, placement.task_slices, 0, true, wo);
   const absl::Status refused = again.Connect(o.config, nullptr, absl::Seconds(1));
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
