@@ -170,13 +170,13 @@ if has cache; then
   "$BIN/dtrain_convert" --synthetic_ctr --examples="$examples" --test_examples=50000 --zipf_exponent=1.1 \
     --out="$z" > /dev/null
   steps=$((examples / 256))
-  for run in plain cache2 cache8; do
+  for run in plain cache8 cache32; do
     extra=""
-    [ "$run" = cache2 ] && extra="--row_cache_rows=200000 --row_cache_staleness=2"
     [ "$run" = cache8 ] && extra="--row_cache_rows=200000 --row_cache_staleness=8"
-    cluster "cache_$run" 1 1 "" "--data_dir=$z --train_steps=$steps --shuffle=false $extra" > /dev/null
-    printf "   %-6s %s: %s; AUC/log loss %s\n" "$run" "$extra" \
+    [ "$run" = cache32 ] && extra="--row_cache_rows=200000 --row_cache_staleness=32"
+    rate=$(cluster "cache_$run" 1 1 "" "--data_dir=$z --train_steps=$steps --shuffle=false $extra")
+    printf "   %-7s %s: %s; AUC/log loss %s; %s examples/sec\n" "$run" "$extra" \
       "$(grep 'sparse rows:' "$work/cache_$run.w0.log" | sed 's/^worker 0: sparse rows: //')" \
-      "$(auc_of "$work/cache_$run.w0.log")"
+      "$(auc_of "$work/cache_$run.w0.log")" "$rate"
   done
 fi

@@ -1,6 +1,7 @@
 #include "worker/batch/row_cache.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "glog/logging.h"
@@ -20,8 +21,10 @@ void RowCache::Serve(int t, int64_t step, const std::vector<int64_t>& ids, float
   plan->pull_ids.clear();
   plan->pull_pos.clear();
   plan->cached.assign(ids.size(), 0);
+  plan->slot.assign(ids.size(), -1);
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = tab.slot_of.find(ids[i]);
+    if (it != tab.slot_of.end()) plan->slot[i] = it->second;
     if (it != tab.slot_of.end() && step - tab.pulled[it->second] <= staleness_) {
       const int32_t s = it->second;
       std::memcpy(rows + i * tab.dim, tab.values.data() + static_cast<size_t>(s) * tab.dim, sizeof(float) * tab.dim);
@@ -43,8 +46,12 @@ int32_t RowCache::Take(Table& tab, int64_t id) {
     tab.id.push_back(id);
     tab.pulled.push_back(0);
     tab.values.resize(tab.values.size() + tab.dim);
+    tab.base.resize(tab.base.size() + tab.dim);
     tab.gathered.resize(tab.gathered.size() + tab.dim);
+    tab.last_push.resize(tab.last_push.size() + tab.dim);
+    tab.rate.push_back(0);
     tab.has_gathered.push_back(0);
+    tab.has_last_push.push_back(0);
     tab.referenced.push_back(0);
   } else {
     const int32_t n = static_cast<int32_t>(tab.id.size());
@@ -66,20 +73,50 @@ int32_t RowCache::Take(Table& tab, int64_t id) {
   }
   std::fill_n(tab.gathered.begin() + static_cast<size_t>(s) * tab.dim, tab.dim, 0.0f);
   tab.has_gathered[s] = 0;
+  tab.has_last_push[s] = 0;
+  tab.rate[s] = 0;
   tab.referenced[s] = 0;
   tab.slot_of[id] = s;
   return s;
 }
 
-void RowCache::Store(int t, int64_t step, const Plan& plan, const float* pulled, float* rows) {
+int32_t RowCache::SlotOf(const Table& tab, int32_t hint, int64_t id) {
+  if (hint >= 0 && tab.id[hint] == id) return hint;
+  auto it = tab.slot_of.find(id);
+  return it == tab.slot_of.end() ? -1 : it->second;
+}
+
+void RowCache::Store(int t, int64_t step, Plan* plan, const float* pulled, float* rows) {
   Table& tab = tables_[t];
-  for (size_t k = 0; k < plan.pull_ids.size(); ++k) {
+  for (size_t k = 0; k < plan->pull_ids.size(); ++k) {
     const float* row = pulled + k * tab.dim;
-    std::memcpy(rows + static_cast<size_t>(plan.pull_pos[k]) * tab.dim, row, sizeof(float) * tab.dim);
-    auto it = tab.slot_of.find(plan.pull_ids[k]);
+    const int32_t pos = plan->pull_pos[k];
     // A row pulled again keeps its slot and what it gathered (pushed with this step's gradients).
-    const int32_t s = it != tab.slot_of.end() ? it->second : Take(tab, plan.pull_ids[k]);
-    std::memcpy(tab.values.data() + static_cast<size_t>(s) * tab.dim, row, sizeof(float) * tab.dim);
+    int32_t s = SlotOf(tab, plan->slot[pos], plan->pull_ids[k]);
+    if (s < 0) s = Take(tab, plan->pull_ids[k]);
+    plan->slot[pos] = s;
+    const size_t at = static_cast<size_t>(s) * tab.dim;
+    float* base = tab.base.data() + at;
+    if (tab.has_last_push[s]) {
+      // What the ps did with the gradient pushed with the last pull: base - row = rate * last_push (exact for
+      // SGD with one worker; a per-row fit of adagrad's per-element steps, and of other workers' updates).
+      const float* g = tab.last_push.data() + at;
+      double dot = 0, gg = 0;
+      for (int d = 0; d < tab.dim; ++d) {
+        dot += static_cast<double>(base[d] - row[d]) * g[d];
+        gg += static_cast<double>(g[d]) * g[d];
+      }
+      const double r = gg > 0 ? dot / gg : 0;
+      tab.rate[s] = std::isfinite(r) && r > 0 ? static_cast<float>(r) : 0.0f;
+    }
+    std::memcpy(base, row, sizeof(float) * tab.dim);
+    float* values = tab.values.data() + at;
+    std::memcpy(values, row, sizeof(float) * tab.dim);
+    if (tab.has_gathered[s] && tab.rate[s] > 0) {  // the worker's own updates the ps has not seen yet
+      const float* acc = tab.gathered.data() + at;
+      for (int d = 0; d < tab.dim; ++d) values[d] -= tab.rate[s] * acc[d];
+    }
+    std::memcpy(rows + static_cast<size_t>(pos) * tab.dim, values, sizeof(float) * tab.dim);
     tab.pulled[s] = step;
   }
 }
@@ -91,12 +128,17 @@ void RowCache::Gradients(int t, const std::vector<int64_t>& ids, const Plan& pla
   push_grads->clear();
   for (size_t i = 0; i < ids.size(); ++i) {
     const float* g = grads + i * tab.dim;
-    auto it = tab.slot_of.find(ids[i]);
-    const int32_t s = it == tab.slot_of.end() ? -1 : it->second;
+    const int32_t s = SlotOf(tab, plan.slot[i], ids[i]);
     if (plan.cached[i] && s >= 0) {  // served from the cache: gathered until the row is pulled again
       float* acc = tab.gathered.data() + static_cast<size_t>(s) * tab.dim;
       for (int k = 0; k < tab.dim; ++k) acc[k] += g[k];
       tab.has_gathered[s] = 1;
+      // The worker's own update of its copy, at the step size the ps applied to the row's last push.
+      const float r = tab.rate[s];
+      if (r > 0) {
+        float* v = tab.values.data() + static_cast<size_t>(s) * tab.dim;
+        for (int k = 0; k < tab.dim; ++k) v[k] -= r * g[k];
+      }
       continue;
     }
     push_ids->push_back(ids[i]);
@@ -112,6 +154,17 @@ void RowCache::Gradients(int t, const std::vector<int64_t>& ids, const Plan& pla
     if (orphan != tab.orphans.end()) {
       for (int k = 0; k < tab.dim; ++k) (*push_grads)[at + k] += orphan->second[k];
       tab.orphans.erase(orphan);
+    }
+    if (s >= 0) {
+      std::copy_n(push_grads->begin() + at, tab.dim, tab.last_push.begin() + static_cast<size_t>(s) * tab.dim);
+      tab.has_last_push[s] = 1;
+      // The copy the next steps are served: as the ps will hold it once it applies this push (the gathered part
+      // was applied to it when it was stored).
+      const float r = tab.rate[s];
+      if (r > 0) {
+        float* v = tab.values.data() + static_cast<size_t>(s) * tab.dim;
+        for (int k = 0; k < tab.dim; ++k) v[k] -= r * g[k];
+      }
     }
   }
   // Rows that left the cache with gathered gradients and are not in this step: pushed on their own.

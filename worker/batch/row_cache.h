@@ -3,13 +3,17 @@
 // (hot ids then cross the wire once every K + 1 steps instead of every step). The gradients of the steps a cached
 // row served are summed on the worker and pushed with the step that pulls the row again, or, when the row leaves
 // the cache, with the next push: every gradient reaches the ps, at most K steps late (summed: an optimizer with
-// state, adagrad say, then sees one gradient for those steps).
+// state, adagrad say, then sees one gradient for those steps). Meanwhile the worker updates its own copy (HET's
+// local updates): each gradient is applied to the cached row at the step size the ps applied to the row's last
+// push, fitted per row from the two pulls around that push (exact for SGD with one worker; adagrad's mean step
+// over the row; with several workers the fit includes their updates). So a cached row lags the ps by the other
+// workers' updates at most, not by this worker's own. Until a row has been pulled twice it is served as pulled.
 //
 // One step of table t (ids: the step's unique ids; rows: their rows, ids.size() * dim floats):
 //   RowCache::Plan plan;
 //   cache.Serve(t, step, ids, rows, &plan);          // fills the rows of cached ids; plan.pull_ids: the others
 //   ... pull plan.pull_ids into `pulled` (plan.pull_ids.size() * dim floats) ...
-//   cache.Store(t, step, plan, pulled, rows);        // scatters them into rows and keeps them
+//   cache.Store(t, step, &plan, pulled, rows);       // scatters them into rows and keeps them
 //   ... the step's gradients per unique id ...
 //   cache.Gradients(t, ids, plan, grads, &push_ids, &push_grads);  // what to push now
 // Capacity: up to `capacity` rows per table; a new row in a full table takes the place of a row not served since
@@ -35,12 +39,13 @@ class RowCache {
     std::vector<int64_t> pull_ids;  // the ids to pull, in the order of first appearance
     std::vector<int32_t> pull_pos;  // their positions in the step's ids
     std::vector<char> cached;       // per position in the step's ids: served from the cache
+    std::vector<int32_t> slot;      // per position in the step's ids: its cache slot when last seen (-1: none)
   };
   // The rows of the step at `step` (the step of the parameters the next pull brings): fresh cached rows
   // (pulled at step p >= step - K) are copied into `rows`; the rest go to plan->pull_ids.
   void Serve(int t, int64_t step, const std::vector<int64_t>& ids, float* rows, Plan* plan);
   // After the pull that brought `pulled` (the rows of plan.pull_ids) with the parameters of `step`.
-  void Store(int t, int64_t step, const Plan& plan, const float* pulled, float* rows);
+  void Store(int t, int64_t step, Plan* plan, const float* pulled, float* rows);
   // The step's gradients (grads: ids.size() * dim) become what to push now (*push_ids, *push_grads, replaced):
   // each pulled id's gradient plus what its row had gathered while cached, and the gatherings of rows that left the
   // cache; the gradients of ids served from the cache are gathered instead.
@@ -57,15 +62,20 @@ class RowCache {
     absl::flat_hash_map<int64_t, int32_t> slot_of;
     std::vector<int64_t> id;        // per slot
     std::vector<int64_t> pulled;    // per slot: the step of its values
-    std::vector<float> values;      // per slot: dim floats
+    std::vector<float> values;      // per slot: dim floats, the pulled row with the worker's own updates since
+    std::vector<float> base;        // per slot: dim floats, the row as last pulled
     std::vector<float> gathered;    // per slot: dim floats of summed gradients
-    std::vector<char> has_gathered, referenced;
+    std::vector<float> last_push;   // per slot: dim floats, the gradient pushed with the row's last pull
+    std::vector<float> rate;        // per slot: the step size the ps applied to it (0: not known yet)
+    std::vector<char> has_gathered, has_last_push, referenced;
     int32_t hand = 0;
     // Gradients of rows that left the cache, pushed with the next step.
     absl::flat_hash_map<int64_t, std::vector<float>> orphans;
   };
   // A slot for `id` (not cached): a free one, or the CLOCK victim's (its gathered gradients become orphans).
   int32_t Take(Table& tab, int64_t id);
+  // id's slot (-1: not cached), from the slot the plan saw it in (`hint`) unless that slot has changed hands since.
+  static int32_t SlotOf(const Table& tab, int32_t hint, int64_t id);
 
   std::vector<Table> tables_;
   const int64_t capacity_;

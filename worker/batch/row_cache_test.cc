@@ -2,6 +2,7 @@
 // (gathered while cached, with the pull that refreshes the row, or on its own when the row leaves the cache).
 #include "worker/batch/row_cache.h"
 
+#include <cmath>
 #include <map>
 #include <random>
 #include <vector>
@@ -33,7 +34,7 @@ TEST(RowCacheTest, ServesFreshRowsForKStepsAndPullsThemAgainAfter) {
     const bool pulled_now = step % 3 == 0;
     EXPECT_EQ(plan.pull_ids.size(), pulled_now ? 2u : 0u) << step;
     const std::vector<float> pulled = ps.Pull(plan.pull_ids, step);
-    cache.Store(0, step, plan, pulled.data(), rows.data());
+    cache.Store(0, step, &plan, pulled.data(), rows.data());
     EXPECT_EQ(rows, std::vector<float>({7, static_cast<float>(step / 3 * 3), 8, static_cast<float>(step / 3 * 3)}))
         << step;
     const std::vector<float> grads = {1, 1, 2, 2};
@@ -72,7 +73,7 @@ TEST(RowCacheTest, EveryGradientIsPushedOnce) {
     const std::vector<float> pulled = ps.Pull(plan.pull_ids, step);
     std::vector<float> pulled1;
     for (size_t k = 0; k < plan.pull_ids.size(); ++k) pulled1.push_back(pulled[2 * k]);
-    cache.Store(0, step, plan, pulled1.data(), rows.data());
+    cache.Store(0, step, &plan, pulled1.data(), rows.data());
     std::vector<float> grads;
     for (int64_t id : ids) {
       grads.push_back(static_cast<float>(step % 7 + 1));
@@ -95,13 +96,79 @@ TEST(RowCacheTest, EveryGradientIsPushedOnce) {
   cache.Serve(0, 1000, all, rows.data(), &plan);
   EXPECT_EQ(plan.pull_ids.size(), all.size());
   std::vector<float> pulled(all.size(), 0), zero(all.size(), 0);
-  cache.Store(0, 1000, plan, pulled.data(), rows.data());
+  cache.Store(0, 1000, &plan, pulled.data(), rows.data());
   std::vector<int64_t> push_ids;
   std::vector<float> push_grads;
   cache.Gradients(0, all, plan, zero.data(), &push_ids, &push_grads);
   for (size_t k = 0; k < push_ids.size(); ++k) pushed[push_ids[k]] += push_grads[k];
   EXPECT_EQ(pushed, given);
   EXPECT_GT(cache.hits(), 0);
+}
+
+// The worker updates its cached copies itself, at the step size the ps applied to the row's last push: with SGD
+// and one worker, a row served from the cache is the row the ps would hold had it seen every gradient at once
+// (from the row's second pull on, when that step size is known), so the cache costs no freshness.
+TEST(RowCacheTest, ServedRowsCarryTheWorkersOwnUpdates) {
+  constexpr int kDim = 3;
+  constexpr float kLr = 0.05f;
+  // A ps applying SGD to what it is pushed.
+  struct SgdPs {
+    std::map<int64_t, std::vector<float>> rows;
+    std::vector<float> Pull(const std::vector<int64_t>& ids) {
+      std::vector<float> out;
+      for (int64_t id : ids) {
+        auto [it, fresh] = rows.try_emplace(id, std::vector<float>(kDim, static_cast<float>(id)));
+        out.insert(out.end(), it->second.begin(), it->second.end());
+      }
+      return out;
+    }
+    void Push(const std::vector<int64_t>& ids, const std::vector<float>& grads) {
+      for (size_t k = 0; k < ids.size(); ++k) {
+        for (int d = 0; d < kDim; ++d) rows[ids[k]][d] -= kLr * grads[k * kDim + d];
+      }
+    }
+  };
+  SgdPs cached_ps, reference;
+  RowCache cache({kDim}, /*capacity=*/100, /*staleness=*/3);
+  std::mt19937_64 gen(7);
+  std::map<int64_t, int> pulls;
+  int compared = 0, stale_before = 0;
+  for (int64_t step = 0; step < 300; ++step) {
+    std::map<int64_t, int> unique;
+    for (int i = 0; i < 6; ++i) unique[static_cast<int64_t>(gen() % 12)] = 1;
+    std::vector<int64_t> ids;
+    for (const auto& [id, one] : unique) ids.push_back(id);
+    std::vector<float> rows(ids.size() * kDim);
+    RowCache::Plan plan;
+    cache.Serve(0, step, ids, rows.data(), &plan);
+    const std::vector<float> pulled = cached_ps.Pull(plan.pull_ids);
+    cache.Store(0, step, &plan, pulled.data(), rows.data());
+    const std::vector<float> expected = reference.Pull(ids);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      bool equal = true;
+      for (int d = 0; d < kDim; ++d) equal = equal && std::abs(rows[i * kDim + d] - expected[i * kDim + d]) < 1e-4f;
+      if (pulls[ids[i]] >= 2) {
+        ++compared;
+        EXPECT_TRUE(equal) << "step " << step << " id " << ids[i] << " got " << rows[i * kDim] << " want "
+                           << expected[i * kDim] << " pulled now " << !plan.cached[i];
+      } else if (!equal) {
+        ++stale_before;
+      }
+    }
+    for (int64_t id : plan.pull_ids) ++pulls[id];
+    std::vector<float> grads;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (int d = 0; d < kDim; ++d) grads.push_back(static_cast<float>((ids[i] * 3 + step + d) % 7) - 2.5f);
+    }
+    reference.Push(ids, grads);
+    std::vector<int64_t> push_ids;
+    std::vector<float> push_grads;
+    cache.Gradients(0, ids, plan, grads.data(), &push_ids, &push_grads);
+    cached_ps.Push(push_ids, push_grads);
+  }
+  EXPECT_GT(compared, 1000);
+  EXPECT_GT(cache.hits(), 500);
+  EXPECT_GT(stale_before, 0);  // before a row's step size is known its copy is stale: the comparison can fail
 }
 
 }  // namespace

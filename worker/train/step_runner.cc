@@ -71,7 +71,7 @@ absl::Status StepRunner::BindRows(int64_t step) {
   for (int t = 0; t < b.num_tables(); ++t) {
     RETURN_IF_ERROR(client_->WaitForSparse(static_cast<uint32_t>(t)));
     // With a row cache: the pulled rows into the batch's rows, and into the cache (fresh at this step).
-    if (cache_ != nullptr) cache_->Store(t, step, plans_[current_][t], pulled_[current_][t].data(), b.rows(t));
+    if (cache_ != nullptr) cache_->Store(t, step, &plans_[current_][t], pulled_[current_][t].data(), b.rows(t));
   }
   for (int k = 0; k < towers_->size(); ++k) RETURN_IF_ERROR(towers_->tower(k)->SetSparseInputs(b.inputs(k)));
   return absl::OkStatus();
