@@ -24,6 +24,7 @@
 #define DTRAIN_WORKER_BATCH_ROW_CACHE_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -57,23 +58,31 @@ class RowCache {
   int64_t rows(int t) const { return static_cast<int64_t>(tables_[t].slot_of.size()); }
 
  private:
+  // A slot's floats, 4 * dim of them side by side (one slot: neighbouring cache lines and one page): the row with
+  // the worker's own updates since its pull, the row as pulled, the gradients gathered since, and the gradient
+  // pushed with its last pull.
+  enum Part { kValues = 0, kBase = 1, kGathered = 2, kLastPush = 3 };
+  static constexpr int32_t kBlockSlots = 4096;  // slots a block of memory holds (allocated as the table grows)
   struct Table {
     int dim = 0;
     absl::flat_hash_map<int64_t, int32_t> slot_of;
     std::vector<int64_t> id;        // per slot
     std::vector<int64_t> pulled;    // per slot: the step of its values
-    std::vector<float> values;      // per slot: dim floats, the pulled row with the worker's own updates since
-    std::vector<float> base;        // per slot: dim floats, the row as last pulled
-    std::vector<float> gathered;    // per slot: dim floats of summed gradients
-    std::vector<float> last_push;   // per slot: dim floats, the gradient pushed with the row's last pull
     std::vector<float> rate;        // per slot: the step size the ps applied to it (0: not known yet)
     std::vector<char> has_gathered, has_last_push, referenced;
+    std::vector<std::unique_ptr<float[]>> blocks;  // kBlockSlots slots each, uninitialized until used
     int32_t hand = 0;
     // Gradients of rows that left the cache, pushed with the next step.
     absl::flat_hash_map<int64_t, std::vector<float>> orphans;
+    float* part(int32_t s, Part p) {
+      return blocks[s / kBlockSlots].get() + (static_cast<size_t>(s % kBlockSlots) * 4 + p) * dim;
+    }
   };
   // A slot for `id` (not cached): a free one, or the CLOCK victim's (its gathered gradients become orphans).
   int32_t Take(Table& tab, int64_t id);
+  // Starts fetching slot s (-1: none) and its id for an access soon.
+  static void Prefetch(Table& tab, int32_t s);
+  static constexpr size_t kAhead = 8;  // ids ahead that Serve, Store and Gradients prefetch
   // id's slot (-1: not cached), from the slot the plan saw it in (`hint`) unless that slot has changed hands since.
   static int32_t SlotOf(const Table& tab, int32_t hint, int64_t id);
 

@@ -108,7 +108,7 @@ TEST(RowCacheTest, EveryGradientIsPushedOnce) {
 // The worker updates its cached copies itself, at the step size the ps applied to the row's last push: with SGD
 // and one worker, a row served from the cache is the row the ps would hold had it seen every gradient at once
 // (from the row's second pull on, when that step size is known), so the cache costs no freshness.
-TEST(RowCacheTest, ServedRowsCarryTheWorkersOwnUpdates) {
+void CheckServedRowsCarryTheWorkersOwnUpdates(int64_t capacity, int id_range, int ids_per_step, int steps) {
   constexpr int kDim = 3;
   constexpr float kLr = 0.05f;
   // A ps applying SGD to what it is pushed.
@@ -117,7 +117,7 @@ TEST(RowCacheTest, ServedRowsCarryTheWorkersOwnUpdates) {
     std::vector<float> Pull(const std::vector<int64_t>& ids) {
       std::vector<float> out;
       for (int64_t id : ids) {
-        auto [it, fresh] = rows.try_emplace(id, std::vector<float>(kDim, static_cast<float>(id)));
+        auto [it, fresh] = rows.try_emplace(id, std::vector<float>(kDim, static_cast<float>(id % 13)));
         out.insert(out.end(), it->second.begin(), it->second.end());
       }
       return out;
@@ -129,13 +129,13 @@ TEST(RowCacheTest, ServedRowsCarryTheWorkersOwnUpdates) {
     }
   };
   SgdPs cached_ps, reference;
-  RowCache cache({kDim}, /*capacity=*/100, /*staleness=*/3);
+  RowCache cache({kDim}, capacity, /*staleness=*/3);
   std::mt19937_64 gen(7);
   std::map<int64_t, int> pulls;
   int compared = 0, stale_before = 0;
-  for (int64_t step = 0; step < 300; ++step) {
+  for (int64_t step = 0; step < steps; ++step) {
     std::map<int64_t, int> unique;
-    for (int i = 0; i < 6; ++i) unique[static_cast<int64_t>(gen() % 12)] = 1;
+    for (int i = 0; i < ids_per_step; ++i) unique[static_cast<int64_t>(gen() % (1 + gen() % id_range))] = 1;
     std::vector<int64_t> ids;
     for (const auto& [id, one] : unique) ids.push_back(id);
     std::vector<float> rows(ids.size() * kDim);
@@ -166,9 +166,19 @@ TEST(RowCacheTest, ServedRowsCarryTheWorkersOwnUpdates) {
     cache.Gradients(0, ids, plan, grads.data(), &push_ids, &push_grads);
     cached_ps.Push(push_ids, push_grads);
   }
-  EXPECT_GT(compared, 1000);
-  EXPECT_GT(cache.hits(), 500);
+  EXPECT_GT(compared, steps * ids_per_step / 8);
+  EXPECT_GT(cache.hits(), steps * ids_per_step / 8);
   EXPECT_GT(stale_before, 0);  // before a row's step size is known its copy is stale: the comparison can fail
+}
+
+TEST(RowCacheTest, ServedRowsCarryTheWorkersOwnUpdates) {
+  CheckServedRowsCarryTheWorkersOwnUpdates(/*capacity=*/100, /*id_range=*/12, /*ids_per_step=*/6, /*steps=*/300);
+}
+
+// The same over three blocks of slots (RowCache::kBlockSlots each).
+TEST(RowCacheTest, ServedRowsCarryTheWorkersOwnUpdatesAcrossBlocks) {
+  CheckServedRowsCarryTheWorkersOwnUpdates(/*capacity=*/9000, /*id_range=*/9000, /*ids_per_step=*/600,
+                                           /*steps=*/60);
 }
 
 }  // namespace
