@@ -40,7 +40,8 @@ absl::Status WriteFileAtomically(Env* env, const std::string& path, absl::string
   const std::string tmp = TemporaryFileName(path);
   absl::Status status;
   {
-    absl::StatusOr<std::unique_ptr<WritableFile>> file = env->NewWritableFile(tmp);
+    absl::StatusOr<std::unique_ptr<WritableFile>> file =
+        bytes.size() >= kDirectWriteBytes ? env->NewDirectWritableFile(tmp) : env->NewWritableFile(tmp);
     if (!file.ok()) return file.status();  // nothing was created
     status = (*file)->Append(bytes);
     if (status.ok()) status = (*file)->Sync();

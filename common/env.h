@@ -45,6 +45,13 @@ class Env {
 
   // Creates or truncates `path`. The parent directory must exist.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  // The same for a large file written once and synced (a checkpoint, a delta): written around the page cache
+  // where the file system allows it (POSIX: O_DIRECT, through an aligned buffer the file keeps; else as
+  // NewWritableFile). The bytes reach the disk without being copied into fresh page-cache pages, which on a
+  // virtual machine with shadow page tables cost more than the write itself. The default: NewWritableFile.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewDirectWritableFile(const std::string& path) {
+    return NewWritableFile(path);
+  }
   // The whole content of `path`.
   virtual absl::StatusOr<std::string> ReadFile(const std::string& path) = 0;
   // The names (not paths) of the entries of `dir`, without "." and "..", in no particular order.
@@ -64,12 +71,14 @@ class Env {
 };
 
 // Replaces `path` with `bytes` so that a reader, or a crash at any point, sees either the old content or the
-// new, never a mix: writes a temporary file beside it (TemporaryFileName), syncs and closes it, renames it
+// new, never a mix: writes a temporary file beside it (TemporaryFileName; NewDirectWritableFile from
+// kDirectWriteBytes on, NewWritableFile below), syncs and closes it, renames it
 // over `path`, then syncs the directory. The parent directory must exist. On failure the temporary file is
 // removed and `path` is untouched; the error names the step that failed (a removal that fails too is appended
 // to the message). Concurrent writers of one path, in one process or several, each use their own temporary
 // file; the last rename wins.
 absl::Status WriteFileAtomically(Env* env, const std::string& path, absl::string_view bytes);
+inline constexpr size_t kDirectWriteBytes = size_t{1} << 20;
 
 // "<path>.tmp.<pid>.<n>", unique within the process; and whether a file name (without directory) is such a
 // temporary file, i.e. contains ".tmp." followed by digits, a '.', digits, to the end.

@@ -69,6 +69,40 @@ TEST_F(EnvTest, WritableFileRefusesUseAfterClose) {
   EXPECT_EQ(*env_->ReadFile(dir_ + "/f"), "abc");
 }
 
+// A direct file (O_DIRECT where the file system has it) holds exactly what was appended, whatever the pieces'
+// sizes against its 4 KiB blocks and 4 MiB buffer, with appends after a Sync, and through WriteFileAtomically.
+TEST_F(EnvTest, DirectWritableFileKeepsEveryByte) {
+  std::string content;
+  for (size_t i = 0; i < (size_t{9} << 20) + 123; ++i) content.push_back(static_cast<char>((i * 131 + i / 4099) % 251));
+  for (size_t size : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{4097}, (size_t{4} << 20) - 1,
+                      size_t{4} << 20, (size_t{4} << 20) + 1, content.size()}) {
+    const std::string path = dir_ + "/direct";
+    absl::StatusOr<std::unique_ptr<WritableFile>> f = env_->NewDirectWritableFile(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    // Pieces of 1, 4096, 12345 and 1 MiB bytes in turn; a Sync after the first third.
+    const size_t pieces[] = {1, 4096, 12345, size_t{1} << 20};
+    size_t at = 0;
+    bool synced = false;
+    for (int k = 0; at < size; ++k) {
+      const size_t n = std::min(pieces[k % 4], size - at);
+      ASSERT_TRUE((*f)->Append(absl::string_view(content.data() + at, n)).ok()) << size;
+      at += n;
+      if (!synced && at >= size / 3) {
+        ASSERT_TRUE((*f)->Sync().ok()) << size;
+        EXPECT_EQ(*env_->ReadFile(path), content.substr(0, at)) << size;
+        synced = true;
+      }
+    }
+    ASSERT_TRUE((*f)->Sync().ok()) << size;
+    ASSERT_TRUE((*f)->Close().ok()) << size;
+    EXPECT_EQ(*env_->ReadFile(path), content.substr(0, size)) << size;
+  }
+  ASSERT_TRUE(WriteFileAtomically(env_, dir_ + "/atomic", content).ok());
+  EXPECT_EQ(*env_->ReadFile(dir_ + "/atomic"), content);
+  ASSERT_TRUE(WriteFileAtomically(env_, dir_ + "/atomic", content.substr(5, kDirectWriteBytes + 7)).ok());
+  EXPECT_EQ(*env_->ReadFile(dir_ + "/atomic"), content.substr(5, kDirectWriteBytes + 7));
+}
+
 TEST(TemporaryFileNameTest, UniqueAndRecognized) {
   std::set<std::string> names;
   for (int i = 0; i < 100; ++i) names.insert(TemporaryFileName("/d/model.ckpt-5.ps0-of-1"));
