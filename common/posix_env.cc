@@ -141,9 +141,17 @@ class DirectWritableFile : public WritableFile {
       const ssize_t n = ::pwrite(fd_, p + done, bytes - done, written_ + static_cast<off_t>(done));
       if (n < 0) {
         if (errno == EINTR) continue;
+        // A file system that opens O_DIRECT but wants another alignment: the rest goes through the page cache.
+        if (errno == EINVAL && !buffered_) {
+          const int flags = ::fcntl(fd_, F_GETFL);
+          if (flags >= 0 && ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) == 0) {
+            buffered_ = true;
+            continue;
+          }
+        }
         return ErrnoToStatus(errno, absl::StrCat("cannot write '", path_, "'"));
       }
-      if (n == 0 || static_cast<size_t>(n) % kAlign != 0) {
+      if (n == 0 || (!buffered_ && static_cast<size_t>(n) % kAlign != 0)) {
         return absl::ResourceExhaustedError(absl::StrCat("cannot write '", path_, "': a short write (disk full?)"));
       }
       done += static_cast<size_t>(n);
@@ -159,6 +167,7 @@ class DirectWritableFile : public WritableFile {
   size_t used_ = 0;     // bytes in the buffer, from offset written_ of the file
   off_t written_ = 0;   // bytes of the file written from whole buffers
   bool tail_written_ = false;
+  bool buffered_ = false;  // O_DIRECT was refused at the first write and turned off
 };
 
 class PosixEnv : public Env {
