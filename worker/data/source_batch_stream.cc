@@ -153,6 +153,7 @@ class SourceBatchStream : public BatchStream {
     int64_t index = -1;    // the batch this slot holds (-1: none)
     int remaining = 0;     // its examples not read yet
     absl::Status error;
+    int error_item = 0;  // the position in the batch of the example `error` is about
   };
 
   const Batch& Empty() {
@@ -230,7 +231,11 @@ class SourceBatchStream : public BatchStream {
       absl::MutexLock lock(&mu_);
       --in_flight_;
       if (generation != generation_) continue;  // a Restore() moved the stream meanwhile
-      if (!s.ok() && slot->error.ok()) slot->error = s;
+      // The error of the batch's first bad example in stream order, whichever thread met it first.
+      if (!s.ok() && (slot->error.ok() || i < slot->error_item)) {
+        slot->error = s;
+        slot->error_item = i;
+      }
       --slot->remaining;
     }
   }
