@@ -21,6 +21,11 @@
 namespace dtrain {
 namespace {
 
+// What a use of a closed file returns.
+absl::Status ClosedError(absl::string_view op, const std::string& path) {
+  return absl::FailedPreconditionError(absl::StrCat("cannot ", op, " '", path, "': already closed"));
+}
+
 class PosixWritableFile : public WritableFile {
  public:
   PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
@@ -59,9 +64,7 @@ class PosixWritableFile : public WritableFile {
   }
 
  private:
-  absl::Status Closed(absl::string_view op) const {
-    return absl::FailedPreconditionError(absl::StrCat("cannot ", op, " '", path_, "': already closed"));
-  }
+  absl::Status Closed(absl::string_view op) const { return ClosedError(op, path_); }
 
   const std::string path_;
   int fd_;
@@ -158,9 +161,7 @@ class DirectWritableFile : public WritableFile {
     }
     return absl::OkStatus();
   }
-  absl::Status Closed(absl::string_view op) const {
-    return absl::FailedPreconditionError(absl::StrCat("cannot ", op, " '", path_, "': already closed"));
-  }
+  absl::Status Closed(absl::string_view op) const { return ClosedError(op, path_); }
 
   const std::string path_;
   int fd_;
