@@ -444,7 +444,12 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
         "). Restart every ps task with a --checkpoint_dir that holds a complete checkpoint, or an empty one"));
   }
   const int64_t k = common.back();
-  for (int t = 0; t < num_tasks(); ++t) {
+  // ps 0 last: a worker registers again with every task once ps 0 runs the new epoch, and only then pushes, so
+  // ps 0 decides a step of the new epoch only on uploads the other tasks made after their own rollback. Restored
+  // first, ps 0 could take a worker's commit for an upload that a later rollback of another task voided, and that
+  // task could never apply the decision.
+  for (int i = 1; i <= num_tasks(); ++i) {
+    const int t = i % num_tasks();
     absl::Status s = tasks_[t]->Restore(TaskConfig(t), worker_id_, k);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("restoring ps task ", t, " to step ", k, ": ", s.message()));
   }
