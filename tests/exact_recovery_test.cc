@@ -4,7 +4,8 @@
 //   their input to it), or a worker killed and started again within its lease (it reads on after its newest
 //   commit), ends with final checkpoints bit-identical to an uninterrupted run's: every slice's values, optimizer
 //   slots and moving averages, every sparse row with its slots, the step and the input positions. Dense (the MLP:
-//   3 workers on 1 ps, the ps or worker 2 killed; 2 workers on 2 ps, ps 1 killed) and sparse (dlrm with its
+//   3 workers on 1 ps, the ps or worker 2 killed; 2 workers on 2 ps, ps 1 killed, also with every push and pull
+//   striped over 3 connections a task) and sparse (dlrm with its
 //   embedding tables on 2 ps: ps 1 or the chief killed);
 // - async with 1 ps: the test accuracy after the ps restart within 0.01 of an uninterrupted run;
 // - in every run the ps tasks keep applied journals (--journal_applied) and the workers push journals
@@ -238,6 +239,17 @@ TEST(ExactRecovery, OneOfTwoSyncPsKilledEndsBitIdentical) {
   r.num_ps = 2;
   r.train_steps = 400;
   ExpectBitIdenticalAfter(r, {{KillPs(1, 150), "ps1_killed"}}, "dense_2ps");
+}
+
+// The same over gRPC with every push and pull striped over 3 connections a task (--channels_per_ps=3): a ps
+// killed mid-run (its streams broken mid-push) loses and doubles nothing and ends bit-identical.
+TEST(ExactRecovery, StripedOverThreeConnectionsOneOfTwoSyncPsKilledEndsBitIdentical) {
+  SKIP_WITHOUT_DATA();
+  RunSpec r;
+  r.num_ps = 2;
+  r.train_steps = 400;
+  r.worker_flags = {"--transport=grpc", "--channels_per_ps=3"};
+  ExpectBitIdenticalAfter(r, {{KillPs(1, 150), "ps1_killed"}}, "striped_2ps");
 }
 
 // Sparse (dlrm: embedding tables on 2 ps tasks, Adagrad rows, Adam dense): ps task 1 killed and restarted, and the

@@ -319,9 +319,16 @@ struct PullRequest {
   // the row the ps would create for it (SparseInitialRow; zeros while not admitted), and nothing is created,
   // counted or marked recently used.
   bool sparse_read_only = false;
+  // One of `parts` pulls that share the work of one (a transport striping a pull over several connections,
+  // ps/rpc/ --channels_per_ps): this one delivers only the slices whose index on the task (their order) is
+  // `part` modulo `parts`, and the sparse rows only when `part` is 0. Each part waits, relays decisions and sends
+  // its header as a whole pull does. InvalidArgument unless 0 <= part < parts <= kMaxPullParts.
+  int part = 0;
+  int parts = 1;
   // Local only (not sent): cancelling it wakes a waiting pull and ends it at once (Cancelled). May be null.
   Cancellation* cancel = nullptr;
 };
+inline constexpr int kMaxPullParts = 64;
 // The first thing a Pull delivers, before any slice data.
 struct PullHeader {
   int64_t step = 0;                     // this task's step the values belong to

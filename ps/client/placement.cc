@@ -13,12 +13,12 @@ namespace {
 
 constexpr int64_t kBytesPerFloat = sizeof(float);
 
-// How many slices a variable of `size` floats is cut into.
-int64_t NumPieces(int64_t size, int num_ps, int64_t min_slice_bytes) {
-  if (num_ps <= 1 || min_slice_bytes <= 0) return 1;
+// How many slices a variable of `size` floats is cut into (at most `max_pieces`).
+int64_t NumPieces(int64_t size, int max_pieces, int64_t min_slice_bytes) {
+  if (max_pieces <= 1 || min_slice_bytes <= 0) return 1;
   const int64_t bytes = size * kBytesPerFloat;
   if (bytes < 2 * min_slice_bytes) return 1;
-  return std::min<int64_t>(num_ps, bytes / min_slice_bytes);
+  return std::min<int64_t>(max_pieces, bytes / min_slice_bytes);
 }
 
 }  // namespace
@@ -26,6 +26,10 @@ int64_t NumPieces(int64_t size, int num_ps, int64_t min_slice_bytes) {
 absl::StatusOr<Placement> PlaceVariables(const std::vector<VariableInfo>& variables, int num_ps,
                                          const PlacementOptions& options) {
   if (num_ps < 1) return absl::InvalidArgumentError(absl::StrCat("num_ps must be >= 1, got ", num_ps));
+  if (options.pieces_per_task < 1 || options.pieces_per_task > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pieces_per_task (--channels_per_ps) must be in [1, 64], got ", options.pieces_per_task));
+  }
   if (options.min_slice_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("min_slice_bytes must be >= 0, got ", options.min_slice_bytes));
@@ -44,7 +48,7 @@ absl::StatusOr<Placement> PlaceVariables(const std::vector<VariableInfo>& variab
   Placement p;
   int64_t offset = 0;
   for (const VariableInfo& v : variables) {
-    const int64_t pieces = NumPieces(v.size, num_ps, options.min_slice_bytes);
+    const int64_t pieces = NumPieces(v.size, num_ps * options.pieces_per_task, options.min_slice_bytes);
     const int64_t base = v.size / pieces, extra = v.size % pieces;
     for (int64_t i = 0; i < pieces; ++i) {
       SliceSpec s;

@@ -2,9 +2,9 @@
 // variables are partitioned into contiguous pieces) and assigns each slice to a ps task, balancing bytes.
 //
 // Rules (deterministic: the same inputs give the same placement on every worker):
-//   - With num_ps > 1, a variable of at least 2 * min_slice_bytes is split into
-//     k = min(num_ps, bytes / min_slice_bytes) contiguous slices of roughly equal length (each therefore
-//     >= min_slice_bytes); with num_ps == 1 or min_slice_bytes == 0 nothing is split.
+//   - With num_ps x pieces_per_task > 1, a variable of at least 2 * min_slice_bytes is split into
+//     k = min(num_ps x pieces_per_task, bytes / min_slice_bytes) contiguous slices of roughly equal length (each
+//     therefore >= min_slice_bytes); with num_ps x pieces_per_task == 1 or min_slice_bytes == 0 nothing is split.
 //   - Slices get keys 0..n-1 in flat-buffer order.
 //   - Slices are placed greedily, largest first (ties: lower key first), each onto the task with the fewest
 //     bytes so far (ties: lowest task index).
@@ -38,6 +38,10 @@ struct PlacementOptions {
   // Smallest slice a partitioned variable is cut into; variables of at least twice this are partitioned.
   // 0 = never partition.
   int64_t min_slice_bytes = 256 * 1024;
+  // Pieces a large variable may be cut into per ps task: a worker striping its pushes and pulls by slice over
+  // several connections to each task (--channels_per_ps) cuts them this much finer. Every worker of a run must
+  // use the same value (the slices are part of the config the ps tasks check).
+  int pieces_per_task = 1;
 };
 
 struct Placement {
@@ -47,7 +51,7 @@ struct Placement {
   std::vector<int64_t> task_bytes;                  // [task] = bytes it holds
 };
 
-// InvalidArgument for num_ps < 1, a negative min_slice_bytes, an empty or duplicate variable name, or a
+// InvalidArgument for num_ps < 1, pieces_per_task outside [1, 64], a negative min_slice_bytes, an empty or duplicate variable name, or a
 // variable of size <= 0.
 absl::StatusOr<Placement> PlaceVariables(const std::vector<VariableInfo>& variables, int num_ps,
                                          const PlacementOptions& options = {});

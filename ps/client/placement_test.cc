@@ -96,6 +96,33 @@ TEST(PlacementTest, SplitsIntoAtMostNumPsSlicesOfAtLeastMinSize) {
   EXPECT_EQ(lengths["huge"].size(), 3u);
 }
 
+// --channels_per_ps: large variables are cut into up to num_ps x pieces_per_task slices, even on one task.
+TEST(PlacementTest, PiecesPerTaskCutLargeVariablesFiner) {
+  const std::vector<VariableInfo> vars = MnistCnn();
+  PlacementOptions options;
+  options.pieces_per_task = 3;
+  Placement one = *PlaceVariables(vars, 1, options);
+  ExpectValidPlacement(one, vars, 1);
+  ASSERT_EQ(one.slices.size(), vars.size() + 2);  // fc1/weights in three
+  EXPECT_EQ(one.slices[4].variable, "fc1/weights");
+  EXPECT_EQ(one.slices[6].variable, "fc1/weights");
+  Placement two = *PlaceVariables(vars, 2, options);
+  ExpectValidPlacement(two, vars, 2);
+  EXPECT_EQ(two.slices.size(), vars.size() + 5);  // in six, three a task
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_EQ(std::count_if(two.task_slices[t].begin(), two.task_slices[t].end(),
+                            [](const SliceSpec& s) { return s.variable == "fc1/weights"; }),
+              3)
+        << FormatPlacement(two);
+  }
+  for (int bad : {0, 65}) {
+    options.pieces_per_task = bad;
+    absl::StatusOr<Placement> refused = PlaceVariables(vars, 1, options);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.status().message().find("--channels_per_ps"), std::string::npos) << refused.status();
+  }
+}
+
 TEST(PlacementTest, GreedyLargestFirstWithLowestTaskOnTies) {
   PlacementOptions options;
   options.min_slice_bytes = 0;  // no splitting: place whole variables

@@ -659,6 +659,10 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
                                                         " keeps no moving averages (the chief's "
                                                         "moving_average_decay is 0): cannot pull them"));
     }
+    if (request.parts < 1 || request.parts > kMaxPullParts || request.part < 0 || request.part >= request.parts) {
+      return absl::InvalidArgumentError(absl::StrCat("pull part ", request.part, " of ", request.parts,
+                                                     " (parts must be in [1, ", kMaxPullParts, "])"));
+    }
     if (request.min_step < 0 || request.since_step < 0) {
       return absl::InvalidArgumentError(absl::StrCat("pull with negative min_step (", request.min_step,
                                                      ") or since_step (", request.since_step, ")"));
@@ -742,7 +746,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
   // progress is streamed right behind it. Async: whatever the values are now.
   const int64_t version = sync_ ? header.step : 0;
   int64_t sent = 0;
-  for (int i = 0; i < store_->num_slices(); ++i) {
+  for (int i = request.part; i < store_->num_slices(); i += request.parts) {
     const SliceSpec& spec = store_->spec(i);
     for (int64_t offset = 0; offset < spec.length; offset += SliceStore::kChunkFloats) {
       const int64_t n = std::min(SliceStore::kChunkFloats, spec.length - offset);
@@ -763,7 +767,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     }
     RETURN_IF_ERROR(receiver->Flush());  // a slice is whole: the worker may be waiting for it
   }
-  if (!request.sparse.empty()) {
+  if (!request.sparse.empty() && request.part == 0) {
     // The rows at the same step as the slices, once the tables' update (after the slices') is done; the hybrid
     // (rows async) reads them as they are.
     const int64_t row_version = sparse_async_ ? 0 : version;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <future>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -353,6 +354,41 @@ TEST(SparseParameterServerTest, HybridAppliesEachPushsRowsAtOnceAndTheSlicesWith
   SimClusterOptions bad = Options("sync", 1);
   bad.config.sparse_mode = "sometimes";
   EXPECT_EQ(SimCluster::Start(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A pull in parts (a transport striping it over connections): part k of N delivers the slices whose index is k
+// modulo N, the rows only in part 0; together they deliver everything once. A bad part is refused.
+TEST(SparseParameterServerTest, PullPartsDeliverDisjointSlicesAndTheRowsOnce) {
+  SimClusterOptions o = Options("sync", 1);
+  o.variables = {{"a", 2}, {"b", 3}, {"c", 1}, {"d", 4}, {"e", 2}};
+  o.placement.min_slice_bytes = 0;
+  o.initial = std::vector<float>(12, 1.0f);
+  auto cluster = *SimCluster::Start(o);
+  std::set<uint32_t> seen;
+  int with_rows = 0;
+  for (int part = 0; part < 3; ++part) {
+    PullRequest r = Pull(cluster.get(), 0, 0, 0, {5, 6});
+    r.part = part;
+    r.parts = 3;
+    absl::StatusOr<Pulled> p = PullSlices(cluster->task(0), r);
+    ASSERT_TRUE(p.ok()) << p.status();
+    std::set<uint32_t> keys;
+    for (const auto& [key, values] : p->slices) keys.insert(key);
+    std::set<uint32_t> want;
+    for (uint32_t key = part; key < 5; key += 3) want.insert(key);
+    EXPECT_EQ(keys, want) << "part " << part;
+    seen.insert(keys.begin(), keys.end());
+    with_rows += p->rows.count(0) > 0 && p->rows.at(0).size() == 2 * kDim;
+  }
+  EXPECT_EQ(seen.size(), 5u);
+  EXPECT_EQ(with_rows, 1);
+  for (auto [part, parts] : std::vector<std::pair<int, int>>{{1, 1}, {-1, 2}, {0, 0}, {0, kMaxPullParts + 1}}) {
+    PullRequest r = Pull(cluster.get(), 0, 0, 0, {});
+    r.part = part;
+    r.parts = parts;
+    EXPECT_EQ(PullSlices(cluster->task(0), r).status().code(), absl::StatusCode::kInvalidArgument)
+        << part << " of " << parts;
+  }
 }
 
 }  // namespace

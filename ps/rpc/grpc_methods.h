@@ -10,6 +10,8 @@ namespace dtrain::ps::grpc_methods {
 inline constexpr char kRegister[] = "/dtrain.wire.ParameterServer/Register";      // unary, protobuf
 inline constexpr char kInitialize[] = "/dtrain.wire.ParameterServer/Initialize";  // client stream of InitializeChunk
 inline constexpr char kPush[] = "/dtrain.wire.ParameterServer/Push";              // client stream of PushChunk
+// client stream of PushChunk, first message a PushPartHeader: slices of a push striped over several connections
+inline constexpr char kPushPart[] = "/dtrain.wire.ParameterServer/PushPart";
 inline constexpr char kPull[] = "/dtrain.wire.ParameterServer/Pull";              // server stream of PullChunk
 inline constexpr char kDone[] = "/dtrain.wire.ParameterServer/Done";              // unary, protobuf
 inline constexpr char kGetStats[] = "/dtrain.wire.ParameterServer/GetStats";      // unary, protobuf

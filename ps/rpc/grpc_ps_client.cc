@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <glog/logging.h>
 #include <grpcpp/grpcpp.h>
@@ -12,6 +13,8 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/random/random.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "common/cancellation.h"
 #include "common/status_macros.h"
@@ -139,6 +142,68 @@ class GrpcUpload : public SliceUpload {
   bool finished_ = false;
 };
 
+// A push striped by slice over several streams: slice key k goes on stream k mod N (stream 0 is the Push stream,
+// which also carries the sparse rows and the trailer; the others are PushPart streams). Finish ends the part
+// streams first: the ps finishes the upload when the Push stream ends, and only if every part arrived whole.
+class StripedUpload : public SliceUpload {
+ public:
+  explicit StripedUpload(std::vector<std::unique_ptr<GrpcUpload>> streams) : streams_(std::move(streams)) {}
+
+  absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
+    return streams_[key % streams_.size()]->Write(key, offset, n, dtype, data);
+  }
+  absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
+                           const void* rows) override {
+    return streams_[0]->WriteSparse(table, ids, n, dim, dtype, rows);
+  }
+  absl::Status SetGradientNorm(double norm) override { return streams_[0]->SetGradientNorm(norm); }
+  absl::StatusOr<PushResponse> Finish() override {
+    for (size_t k = 1; k < streams_.size(); ++k) {
+      // A part that failed cancels the Push stream (destroyed unfinished): nothing of the push is applied.
+      RETURN_IF_ERROR(streams_[k]->Finish().status());
+    }
+    return streams_[0]->Finish();
+  }
+
+ private:
+  std::vector<std::unique_ptr<GrpcUpload>> streams_;
+};
+
+// Calls of several pulls into one PullReceiver, one at a time (the data is decoded into the receiver's buffers
+// outside the lock: the parts deliver different slices). The first header to arrive is delivered; the parts
+// of a sync pull all read the same step.
+class SerializedReceiver : public PullReceiver {
+ public:
+  explicit SerializedReceiver(PullReceiver* receiver) : receiver_(receiver) {}
+  absl::Status OnHeader(const PullHeader& header) override {
+    absl::MutexLock lock(&mu_);
+    if (header_seen_) return absl::OkStatus();
+    header_seen_ = true;
+    return receiver_->OnHeader(header);
+  }
+  absl::StatusOr<Buffer> Destination(uint32_t key, int64_t offset, int64_t n) override {
+    absl::MutexLock lock(&mu_);
+    return receiver_->Destination(key, offset, n);
+  }
+  absl::Status Written(uint32_t key, int64_t offset, int64_t n) override {
+    absl::MutexLock lock(&mu_);
+    return receiver_->Written(key, offset, n);
+  }
+  absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n, int dim) override {
+    absl::MutexLock lock(&mu_);
+    return receiver_->SparseDestination(table, first, n, dim);
+  }
+  absl::Status SparseWritten(uint32_t table, int64_t first, int64_t n) override {
+    absl::MutexLock lock(&mu_);
+    return receiver_->SparseWritten(table, first, n);
+  }
+
+ private:
+  PullReceiver* const receiver_;
+  absl::Mutex mu_;
+  bool header_seen_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // Hands the chunks of pulled messages to a PullReceiver, decoding from the wire type into its destination.
 class PullFeeder : public coding::ChunkHandler {
  public:
@@ -184,10 +249,11 @@ class PullFeeder : public coding::ChunkHandler {
 
 class GrpcPsClient final : public PsInterface {
  public:
-  GrpcPsClient(std::string address, GrpcClientOptions options, std::shared_ptr<grpc::Channel> channel)
+  GrpcPsClient(std::string address, GrpcClientOptions options, std::vector<std::shared_ptr<grpc::Channel>> channels)
       : address_(std::move(address)),
         options_(options),
-        channel_(std::move(channel)),
+        channels_(std::move(channels)),
+        channel_(channels_[0]),
         register_(grpc_methods::kRegister, RpcMethod::NORMAL_RPC, channel_),
         initialize_(grpc_methods::kInitialize, RpcMethod::CLIENT_STREAMING, channel_),
         push_(grpc_methods::kPush, RpcMethod::CLIENT_STREAMING, channel_),
@@ -196,7 +262,12 @@ class GrpcPsClient final : public PsInterface {
         stats_(grpc_methods::kGetStats, RpcMethod::NORMAL_RPC, channel_),
         heartbeat_(grpc_methods::kHeartbeat, RpcMethod::NORMAL_RPC, channel_),
         probe_(grpc_methods::kProbe, RpcMethod::NORMAL_RPC, channel_),
-        restore_(grpc_methods::kRestore, RpcMethod::NORMAL_RPC, channel_) {}
+        restore_(grpc_methods::kRestore, RpcMethod::NORMAL_RPC, channel_) {
+    for (size_t k = 0; k < channels_.size(); ++k) {
+      push_parts_.emplace_back(grpc_methods::kPushPart, RpcMethod::CLIENT_STREAMING, channels_[k]);
+      pulls_.emplace_back(grpc_methods::kPull, RpcMethod::SERVER_STREAMING, channels_[k]);
+    }
+  }
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) override {
     pb::RegisterRequest req;
@@ -232,42 +303,63 @@ class GrpcPsClient final : public PsInterface {
     };
     pb::PushHeader h;
     wire::ToProto(header, &h);
+    const int parts = static_cast<int>(channels_.size()) - 1;
+    uint64_t stripe_id = 0;
+    if (parts > 0) {
+      thread_local absl::BitGen bitgen;  // not thread-safe: one per thread
+      while (stripe_id == 0) stripe_id = absl::Uniform<uint64_t>(bitgen);
+      h.set_stripe_id(stripe_id);
+      h.set_stripe_parts(parts);
+    }
     coding::MessageBuilder first;
     first.SetHeader(h.SerializeAsString());
     RETURN_IF_ERROR(upload->Open(channel_, push_, response.get(), std::move(first)));
-    return std::unique_ptr<SliceUpload>(std::move(upload));
+    if (parts == 0) return std::unique_ptr<SliceUpload>(std::move(upload));
+    std::vector<std::unique_ptr<GrpcUpload>> streams;
+    streams.push_back(std::move(upload));
+    for (int k = 1; k <= parts; ++k) {
+      AwaitConnection(channels_[k], absl::Now() + kAwaitConnection, header.cancel);
+      auto part = std::make_unique<GrpcUpload>(address_, "PushPart", options_, header.cancel);
+      auto none = std::make_shared<pb::PushResponse>();
+      part->result_ = [none] { return PushResponse{}; };
+      pb::PushPartHeader ph;
+      ph.set_worker_id(header.worker_id);
+      ph.set_session(header.session);
+      ph.set_request_id(header.request_id);
+      ph.set_stripe_id(stripe_id);
+      ph.set_part(k);
+      coding::MessageBuilder part_first;
+      part_first.SetHeader(ph.SerializeAsString());
+      RETURN_IF_ERROR(part->Open(channels_[k], push_parts_[k], none.get(), std::move(part_first)));
+      streams.push_back(std::move(part));
+    }
+    return std::unique_ptr<SliceUpload>(new StripedUpload(std::move(streams)));
   }
 
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override {
-    AwaitConnection(absl::Now() + kAwaitConnection, request.cancel);
-    pb::PullRequest req;
-    wire::ToProto(request, &req);
-    if (options_.counters != nullptr) options_.counters->sent += static_cast<int64_t>(req.ByteSizeLong());
-    grpc::ClientContext context;
-    AttachCallToken(options_.security, &context);
-    // The server may legitimately wait up to timeout_ms before answering.
-    context.set_deadline(
-        absl::ToChronoTime(absl::Now() + absl::Milliseconds(request.timeout_ms) + options_.rpc_timeout));
-    CancelScope cancel(request.cancel, [&context] { context.TryCancel(); });
-    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), pull_, &context, req));
-    PullFeeder feeder(receiver);
-    grpc::ByteBuffer message;
-    absl::Status bad;
-    while (reader->Read(&message)) {
-      if (options_.counters != nullptr) options_.counters->received += static_cast<int64_t>(message.Length());
-      bad = coding::DecodeMessage(message, &feeder);
-      if (!bad.ok()) {
-        context.TryCancel();
-        while (reader->Read(&message)) {
-        }
-        break;
-      }
+    const int n = static_cast<int>(channels_.size());
+    if (n == 1) return PullOn(0, request, receiver, nullptr);
+    // Striped: part k on connection k, all at once; the first to fail ends the others.
+    SerializedReceiver serialized(receiver);
+    Cancellation abort;
+    std::vector<absl::Status> status(n);
+    auto run = [&](int k) {
+      PullRequest part = request;
+      part.part = k;
+      part.parts = n;
+      if (k > 0) part.sparse.clear();  // rows come with part 0
+      status[k] = PullOn(k, part, &serialized, &abort);
+      if (!status[k].ok()) abort.Cancel();
+    };
+    std::vector<std::thread> threads;
+    for (int k = 1; k < n; ++k) threads.emplace_back(run, k);
+    run(0);
+    for (std::thread& t : threads) t.join();
+    // The first error that is not the others' cancellation.
+    for (const absl::Status& st : status) {
+      if (!st.ok() && st.code() != absl::StatusCode::kCancelled) return st;
     }
-    absl::Status s = wire::FromGrpc(reader->Finish());
-    if (!bad.ok()) return bad;
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ps ", address_, ": Pull: ", s.message()));
-    if (!feeder.got_header()) return absl::DataLossError(absl::StrCat("ps ", address_, ": Pull: no header"));
+    for (const absl::Status& st : status) RETURN_IF_ERROR(st);
     return absl::OkStatus();
   }
 
@@ -320,6 +412,46 @@ class GrpcPsClient final : public PsInterface {
   }
 
  private:
+  // One pull over connection k; `abort` (may be null), like request.cancel, cancels it.
+  absl::Status PullOn(int k, const PullRequest& request, PullReceiver* receiver, Cancellation* abort) {
+    const std::shared_ptr<grpc::Channel>& channel = channels_[k];
+    AwaitConnection(channel, absl::Now() + kAwaitConnection, request.cancel);
+    pb::PullRequest req;
+    wire::ToProto(request, &req);
+    if (options_.counters != nullptr) options_.counters->sent += static_cast<int64_t>(req.ByteSizeLong());
+    grpc::ClientContext context;
+    AttachCallToken(options_.security, &context);
+    // The server may legitimately wait up to timeout_ms before answering.
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Milliseconds(request.timeout_ms) + options_.rpc_timeout));
+    CancelScope cancel(request.cancel, [&context] { context.TryCancel(); });
+    CancelScope aborted(abort, [&context] { context.TryCancel(); });
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), pulls_[k], &context, req));
+    PullFeeder feeder(receiver);
+    grpc::ByteBuffer message;
+    absl::Status bad;
+    while (reader->Read(&message)) {
+      if (options_.counters != nullptr) options_.counters->received += static_cast<int64_t>(message.Length());
+      bad = coding::DecodeMessage(message, &feeder);
+      if (!bad.ok()) {
+        context.TryCancel();
+        while (reader->Read(&message)) {
+        }
+        break;
+      }
+    }
+    absl::Status s = wire::FromGrpc(reader->Finish());
+    if (!bad.ok()) return bad;
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ps ", address_, ": Pull: ", s.message()));
+    if (!feeder.got_header()) return absl::DataLossError(absl::StrCat("ps ", address_, ": Pull: no header"));
+    return absl::OkStatus();
+  }
+
+  void AwaitConnection(absl::Time deadline, const Cancellation* cancel = nullptr) {
+    AwaitConnection(channel_, deadline, cancel);
+  }
+
   // A channel whose connection broke (the ps task died, or is not up yet) reconnects in the background, but gRPC
   // sees the outcome of a connection attempt only when some thread of this process polls the channel: calls on
   // a channel in TRANSIENT_FAILURE fail at once without polling, and the channel's backup poller runs every 5 s.
@@ -327,14 +459,15 @@ class GrpcPsClient final : public PsInterface {
   // So before a call on a channel that is not connected, wait on its state (which polls it) until it is READY,
   // `deadline` has passed or `cancel` (may be null) is cancelled: the attempt in progress completes as soon as
   // the task accepts it. A connected channel (the normal path) costs one state read.
-  void AwaitConnection(absl::Time deadline, const Cancellation* cancel = nullptr) {
-    grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+  static void AwaitConnection(const std::shared_ptr<grpc::Channel>& channel, absl::Time deadline,
+                              const Cancellation* cancel) {
+    grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
     while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_SHUTDOWN) {
       const absl::Time now = absl::Now();
       if (now >= deadline || (cancel != nullptr && cancel->cancelled())) return;
       // Wakes up on a state change, and every 100 ms to look at the cancellation.
-      channel_->WaitForStateChange(state, absl::ToChronoTime(std::min(deadline, now + absl::Milliseconds(100))));
-      state = channel_->GetState(/*try_to_connect=*/true);
+      channel->WaitForStateChange(state, absl::ToChronoTime(std::min(deadline, now + absl::Milliseconds(100))));
+      state = channel->GetState(/*try_to_connect=*/true);
     }
   }
   // How long one call waits for a connection in progress (a refused one is retried after at most 1 s plus
@@ -373,8 +506,10 @@ class GrpcPsClient final : public PsInterface {
 
   const std::string address_;
   const GrpcClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
+  const std::vector<std::shared_ptr<grpc::Channel>> channels_;  // [0]: the control calls' too
+  const std::shared_ptr<grpc::Channel> channel_;
   const RpcMethod register_, initialize_, push_, pull_, done_, stats_, heartbeat_, probe_, restore_;
+  std::vector<RpcMethod> push_parts_, pulls_;  // [k]: on channels_[k]
 };
 
 }  // namespace
@@ -383,8 +518,11 @@ namespace {
 
 // A channel to `address` with the data path's arguments. Channels made with equal arguments share one
 // connection (gRPC's subchannel pool), so the shared-memory attach below adds no connection of its own.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const GrpcClientOptions& options) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const GrpcClientOptions& options,
+                                          int connection = 0) {
   grpc::ChannelArguments args;
+  // Channels whose arguments differ get connections of their own: the stripes of --channels_per_ps.
+  if (connection > 0) args.SetInt("dtrain.connection", connection);
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   // Megabyte tensors: large HTTP/2 frames and flow-control windows mean fewer frames and window updates.
@@ -402,7 +540,13 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Grp
 absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& address,
                                                              const GrpcClientOptions& options) {
   if (address.empty()) return absl::InvalidArgumentError("empty ps address");
-  return std::unique_ptr<PsInterface>(new GrpcPsClient(address, options, MakeChannel(address, options)));
+  if (options.channels < 1 || options.channels > kMaxPullParts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--channels_per_ps must be in [1, ", kMaxPullParts, "], got ", options.channels));
+  }
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int k = 0; k < options.channels; ++k) channels.push_back(MakeChannel(address, options, k));
+  return std::unique_ptr<PsInterface>(new GrpcPsClient(address, options, std::move(channels)));
 }
 
 shm::ShmAttachFn NewGrpcShmAttach(const std::string& address, const GrpcClientOptions& options) {

@@ -1,5 +1,6 @@
 #include "ps/rpc/grpc_ps_service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include <grpcpp/impl/codegen/proto_utils.h>
@@ -12,6 +13,7 @@
 #include "dtrain.pb.h"
 #include "ps/rpc/grpc_methods.h"
 #include "ps/rpc/grpc_security.h"
+#include "ps/rpc/push_stripes.h"
 #include "ps/rpc/tensor_coding.h"
 #include "ps/rpc/upload_feeder.h"
 #include "ps/rpc/wire_format.h"
@@ -95,6 +97,15 @@ class GrpcPsService final : public grpc::Service {
                 resp->set_global_step(r->global_step);
               }
               return wire::ToGrpc(r.status());
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        grpc_methods::kPushPart, RpcMethod::CLIENT_STREAMING,
+        new grpc::internal::ClientStreamingHandler<GrpcPsService, grpc::ByteBuffer, pb::PushResponse>(
+            [](GrpcPsService* s, grpc::ServerContext* ctx, grpc::ServerReader<grpc::ByteBuffer>* reader,
+               pb::PushResponse*) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
+              return wire::ToGrpc(s->Upload(*ctx, reader, /*initialize=*/false, /*part=*/true).status());
             },
             this)));
     AddMethod(new RpcServiceMethod(
@@ -202,9 +213,11 @@ class GrpcPsService final : public grpc::Service {
   }
 
   absl::StatusOr<PushResponse> Upload(const grpc::ServerContext& ctx, grpc::ServerReader<grpc::ByteBuffer>* reader,
-                                      bool initialize) {
+                                      bool initialize, bool part = false) {
     SetFlushDenormals();  // async uploads apply the optimizer on this thread
-    UploadFeeder feeder(ps_, initialize);
+    // A part waits for its push's main stream (sent first, on another connection) at most this long.
+    const absl::Time join_deadline = std::min(absl::FromChrono(ctx.deadline()), absl::Now() + absl::Seconds(10));
+    UploadFeeder feeder(ps_, initialize, &stripes_, part, join_deadline);
     grpc::ByteBuffer message;
     while (reader->Read(&message)) RETURN_IF_ERROR(feeder.Feed(message));
     // The stream ended without the client's WritesDone (it cancelled the upload, died, or lost its connection):
@@ -223,6 +236,7 @@ class GrpcPsService final : public grpc::Service {
   }
 
   PsInterface* ps_;
+  PushStripes stripes_;  // pushes striped over several connections (--channels_per_ps)
   Cancellation* shutdown_;
   const std::string token_;  // empty: no authentication
   shm::ShmServer* shm_;      // null: no shared memory offered

@@ -449,10 +449,13 @@ TEST(GrpcPsTest, ShutdownEndsAWaitingPullAtOnce) {
 // bytes of every message (WireCounters).
 struct GrpcCluster {
   GrpcCluster(int num_ps, TrainConfig config, std::vector<VariableInfo> variables, WireDtype dtype,
-              std::vector<InitialRows> initial_rows = {}) {
-    placement = *PlaceVariables(variables, num_ps);
+              std::vector<InitialRows> initial_rows = {}, int channels = 1) {
+    PlacementOptions po;
+    po.pieces_per_task = channels;
+    placement = *PlaceVariables(variables, num_ps, po);
     GrpcClientOptions co;
     co.counters = &counters;
+    co.channels = channels;
     std::vector<PsInterface*> tasks;
     for (int t = 0; t < num_ps; ++t) {
       PsServerOptions so;
@@ -690,6 +693,47 @@ TEST(GrpcPsTest, InitialRowsCrossTheWireWithInitialize) {
   absl::StatusOr<RegisterResponse> refused = c.clients[0]->Register(RegisterRequest{0, false, other});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "initial values}, worker 0 has")) << refused.status();
+}
+
+// --channels_per_ps: pushes and pulls striped by slice over 3 connections to each of 2 tasks train exactly as
+// one connection does (dense slices cut finer, and sparse rows), and a bad count is refused by its flag's name.
+TEST(GrpcPsTest, StripedOverThreeConnectionsTrainsAsOne) {
+  constexpr int kDim = 4, kDense = 500'000;  // 2 MB: cut into 6 slices with 3 pieces per task
+  constexpr int kSteps = 4;
+  std::vector<std::vector<float>> results;
+  for (int channels : {1, 3}) {
+    SCOPED_TRACE(channels);
+    GrpcCluster c(2, SparseConfig(1000, kDim), {{"dense", kDense}, {"bias", 7}}, WireDtype::kF32, {}, channels);
+    ASSERT_TRUE(c.connected.ok()) << c.connected;
+    EXPECT_EQ(c.placement.slices.size(), channels == 1 ? 3u : 7u);
+    std::vector<float> params(kDense + 7), grads(kDense + 7), rows(6 * kDim), row_grads(6 * kDim);
+    const std::vector<int64_t> ids = {3, 999, 4, 17, 500, 8};
+    for (int step = 0; step < kSteps; ++step) {
+      for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.001f * static_cast<float>((i * 13 + step) % 97) - 0.04f;
+      for (size_t i = 0; i < row_grads.size(); ++i) row_grads[i] = 0.01f * static_cast<float>((i + step) % 11) - 0.05f;
+      ASSERT_TRUE(c.client->SetSparsePull({{0, ids.data(), static_cast<int64_t>(ids.size()), rows.data()}}).ok());
+      ASSERT_TRUE(c.client->Pull(step, 0, params.data()).ok());
+      absl::StatusOr<PushResponse> pushed =
+          c.client->Push(step, grads.data(), {{0, ids.data(), static_cast<int64_t>(ids.size()), row_grads.data()}});
+      ASSERT_TRUE(pushed.ok()) << pushed.status();
+    }
+    ASSERT_TRUE(c.client->SetSparsePull({{0, ids.data(), static_cast<int64_t>(ids.size()), rows.data()}}).ok());
+    absl::StatusOr<PullResult> last = c.client->Pull(kSteps, 0, params.data());
+    ASSERT_TRUE(last.ok()) << last.status();
+    EXPECT_EQ(last->step, kSteps);
+    params.insert(params.end(), rows.begin(), rows.end());
+    results.push_back(params);
+    // Both ps tasks applied every step once.
+    for (int t = 0; t < 2; ++t) EXPECT_EQ(c.servers[t]->parameter_server()->step(), kSteps) << "task " << t;
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  EXPECT_TRUE(results[0] == results[1]) << "striping changed the values";
+  EXPECT_NE(results[0][0], 0.5f) << "trained";
+  GrpcClientOptions bad;
+  bad.channels = 0;
+  absl::StatusOr<std::unique_ptr<PsInterface>> refused = NewGrpcPsClient("127.0.0.1:1", bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--channels_per_ps"), std::string::npos) << refused.status();
 }
 
 }  // namespace

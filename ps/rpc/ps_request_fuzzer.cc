@@ -6,14 +6,16 @@
 // consistent (GetStats works, a well-formed pull still streams every slice).
 //
 // Input: a sequence of calls, each  u8 op | u16 length | payload[length]:
-//   op % 8 = 0 Register      payload: wire::RegisterRequest
-//            1 Push stream   payload: messages, each u16 length | bytes (raw PushChunk encodings)
+//   op % 9 = 0 Register      payload: wire::RegisterRequest
+//            1 Push stream   payload: messages, each u16 length | bytes (raw PushChunk encodings; a header may
+//                            name a stripe of part streams, which op 8 streams may join)
 //            2 Init stream   payload: as for 1 (raw InitializeChunk encodings)
 //            3 Pull          payload: wire::PullRequest (its timeout is cut to 0: nothing waits)
 //            4 Done          payload: wire::DoneRequest
 //            5 Heartbeat     payload: wire::HeartbeatRequest
 //            6 Probe         payload: wire::ProbeRequest
 //            7 Restore       payload: wire::RestoreRequest
+//            8 PushPart      payload: as for 1 (the first message a PushPartHeader; joins no waiting)
 // Sessions 1 and 2 in any request stand for the real sessions of workers 0 and 1, which the harness registers
 // (with a small valid config: two slices, a bounded hash table with admission and a fixed-size table, ftrl)
 // before the calls, so that fuzzed pushes and pulls (their sparse ids and rows too) get past the session check.
@@ -132,6 +134,7 @@ TrainConfig SmallConfig() {
 struct Task {
   std::unique_ptr<ParameterServer> ps;
   uint64_t sessions[2] = {0, 0};
+  std::unique_ptr<PushStripes> stripes = std::make_unique<PushStripes>();
 
   uint64_t Map(uint64_t session) const { return session == 1 || session == 2 ? sessions[session - 1] : session; }
 };
@@ -157,7 +160,7 @@ Task MakeTask() {
 
 void Call(Task& t, uint8_t op, const std::string& payload) {
   absl::Status s;
-  switch (op % 8) {
+  switch (op % 9) {
     case 0: {
       pb::RegisterRequest req;
       if (!req.ParseFromString(payload)) return;
@@ -170,8 +173,9 @@ void Call(Task& t, uint8_t op, const std::string& payload) {
       break;
     }
     case 1:
-    case 2: {
-      UploadFeeder feeder(t.ps.get(), /*initialize=*/op % 8 == 2);
+    case 2:
+    case 8: {
+      UploadFeeder feeder(t.ps.get(), /*initialize=*/op % 9 == 2, t.stripes.get(), /*part=*/op % 9 == 8, absl::Now());
       Reader messages(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
       while (!messages.done() && s.ok()) {
         std::string bytes = messages.Bytes(messages.U16());
@@ -224,7 +228,7 @@ void Call(Task& t, uint8_t op, const std::string& payload) {
       break;
     }
   }
-  CHECK(Documented(s)) << "op " << op % 8 << ": undocumented status " << s;
+  CHECK(Documented(s)) << "op " << op % 9 << ": undocumented status " << s;
 }
 
 }  // namespace

@@ -27,7 +27,10 @@ absl::string_view TransportName(Transport transport) {
 absl::StatusOr<std::unique_ptr<PsInterface>> NewPsClient(const std::string& address, const PsClientOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<PsInterface> grpc, NewGrpcPsClient(address, options.grpc));
   if (options.transport == Transport::kGrpc) {
-    LOG(INFO) << "ps task " << options.task << " (" << address << "): data through gRPC (--transport=grpc)";
+    LOG(INFO) << "ps task " << options.task << " (" << address << "): data through gRPC (--transport=grpc)"
+              << (options.grpc.channels > 1
+                      ? absl::StrCat(", striped over ", options.grpc.channels, " connections (--channels_per_ps)")
+                      : "");
     return grpc;
   }
   shm::ShmClientOptions so;

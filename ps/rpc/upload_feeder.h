@@ -4,8 +4,9 @@
 // exactly this code.
 //
 // Errors: InvalidArgument for a malformed stream (a second header, data before the header, an unexpected field,
-// an empty stream, a message that does not decode, a trailer outside a push or before its header); otherwise
-// whatever the PsInterface answers.
+// an empty stream, a message that does not decode, a trailer outside a push or before its header, rows or a
+// trailer in a PushPart stream, a striped push to a feeder without stripes); otherwise whatever the PsInterface
+// (or PushStripes) answers.
 //
 // Thread-safety: one UploadFeeder belongs to one stream (one thread).
 #ifndef DTRAIN_PS_RPC_UPLOAD_FEEDER_H_
@@ -20,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ps/api/ps_interface.h"
+#include "ps/rpc/push_stripes.h"
 #include "ps/rpc/tensor_coding.h"
 
 namespace dtrain::ps {
@@ -27,7 +29,13 @@ namespace dtrain::ps {
 class UploadFeeder : public coding::ChunkHandler {
  public:
   // `initialize`: an Initialize stream (its first message carries a worker id) rather than a Push (a header).
-  UploadFeeder(PsInterface* ps, bool initialize) : ps_(ps), initialize_(initialize) {}
+  // `stripes` (may be null: striped pushes are refused): where a Push striped over several connections
+  // (ps/rpc/push_stripes.h) registers, and where a PushPart stream (`part`) finds its push, waiting for it
+  // until `join_deadline`.
+  UploadFeeder(PsInterface* ps, bool initialize, PushStripes* stripes = nullptr, bool part = false,
+               absl::Time join_deadline = absl::InfinitePast())
+      : ps_(ps), initialize_(initialize), stripes_(stripes), part_(part), join_deadline_(join_deadline) {}
+  ~UploadFeeder() override;
 
   // One received message.
   absl::Status Feed(const grpc::ByteBuffer& message) { return coding::DecodeMessage(message, this); }
@@ -44,7 +52,14 @@ class UploadFeeder : public coding::ChunkHandler {
  private:
   PsInterface* ps_;
   const bool initialize_;
+  PushStripes* const stripes_;
+  const bool part_;
+  const absl::Time join_deadline_;
   std::unique_ptr<SliceUpload> upload_;
+  // A striped push (main stream or part): the writes go through the stripe.
+  std::shared_ptr<PushStripes::Stripe> stripe_;
+  StripeMember member_;
+  bool finished_ = false;
 };
 
 }  // namespace dtrain::ps

@@ -306,6 +306,10 @@ void ToProto(const PullRequest& in, dtrain::wire::PullRequest* out) {
     p->mutable_ids()->Add(e.ids.begin(), e.ids.end());
   }
   out->set_sparse_read_only(in.sparse_read_only);
+  if (in.parts > 1) {
+    out->set_part(in.part);
+    out->set_parts(in.parts);
+  }
 }
 
 PullRequest FromProto(const dtrain::wire::PullRequest& in) {
@@ -323,6 +327,10 @@ PullRequest FromProto(const dtrain::wire::PullRequest& in) {
                                                                           : WireDtype::kF32;
   for (const auto& p : in.sparse()) r.sparse.push_back(SparseIds{p.table(), {p.ids().begin(), p.ids().end()}});
   r.sparse_read_only = in.sparse_read_only();
+  if (in.parts() != 0 || in.part() != 0) {  // checked by the ps (ParameterServer::Pull)
+    r.part = in.part();
+    r.parts = in.parts();
+  }
   return r;
 }
 

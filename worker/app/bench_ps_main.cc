@@ -75,6 +75,8 @@ ABSL_FLAG(std::string, transport, "grpc",
           "grpc | shm | auto: how the worker side reaches the ps (shm: shared memory, the buffers read and written "
           "in place); in_process: the worker calls the ParameterServer directly, as local mode does (the floor "
           "of any transport: the ps's own copies and update)");
+ABSL_FLAG(int, channels_per_ps, 1,
+          "gRPC: connections to the ps, pushes and pulls striped by slice over them (as dtrain_worker's flag)");
 ABSL_FLAG(int64_t, sparse_rows, 0, "Sparse mode: the embedding table's rows (hash-keyed; 0: dense mode)");
 ABSL_FLAG(int, dim, 16, "Sparse mode: floats per row");
 ABSL_FLAG(int64_t, ids_per_step, 10000, "Sparse mode: unique ids each step pulls and pushes");
@@ -551,7 +553,8 @@ int NetnsMain() {
         "--model=" + absl::GetFlag(FLAGS_model), absl::StrCat("--bytes=", absl::GetFlag(FLAGS_bytes)),
         absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
         absl::StrCat("--warmup_steps=", absl::GetFlag(FLAGS_warmup_steps)),
-        "--wire_dtype=" + absl::GetFlag(FLAGS_wire_dtype), "--bandwidth=" + bandwidth};
+        "--wire_dtype=" + absl::GetFlag(FLAGS_wire_dtype), "--bandwidth=" + bandwidth,
+        absl::StrCat("--channels_per_ps=", absl::GetFlag(FLAGS_channels_per_ps))};
     std::vector<std::string> serve = {script, "exec", name, "0", self, std::string("--serve_on=") + host0};
     std::string log = absl::StrCat("/tmp/", name, "_ps.log");
     std::string cmd;
@@ -607,8 +610,10 @@ int Main() {
     for (const models::VariableInfo& v : *mv) vars.push_back({v.name, v.size(), v.trainable});
     what = absl::StrCat("model=", absl::GetFlag(FLAGS_model));
   }
-  absl::StatusOr<ps::Placement> placement = ps::PlaceVariables(vars, 1);
-  if (!placement.ok()) return Fail("placement", placement.status());
+  ps::PlacementOptions placement_options;
+  placement_options.pieces_per_task = absl::GetFlag(FLAGS_channels_per_ps);
+  absl::StatusOr<ps::Placement> placement = ps::PlaceVariables(vars, 1, placement_options);
+  if (!placement.ok()) return Fail("flags", placement.status());
   int64_t n = 0;
   for (const ps::VariableInfo& v : vars) n += v.size;
   const int64_t bytes = n * 4;
@@ -634,6 +639,7 @@ int Main() {
   ps::PsClientOptions co;
   co.transport = *transport;
   co.shm_counters = &shm_counters;
+  co.grpc.channels = absl::GetFlag(FLAGS_channels_per_ps);
   const std::string address = remote.empty() ? server->address() : absl::StrCat(remote, ":", kNetnsPsPort);
   absl::StatusOr<std::unique_ptr<ps::PsInterface>> task = ps::NewPsClient(address, co);
   if (!task.ok()) return Fail("ps client", task.status());
@@ -702,8 +708,8 @@ int Main() {
                                     : RemoteTcpRoundTripMs(remote, static_cast<size_t>(bytes), warmup, steps);
   const double wire_bytes = static_cast<double>(bytes) * ps::DtypeBytes(*dtype) / 4;
   const double med = Median(step_ms);
-  std::printf("dtrain_bench_ps: %s slices=%zu wire=%s %.1f MB each way, %d steps, checksums %s\n", what.c_str(),
-              placement->slices.size(), std::string(ps::DtypeName(*dtype)).c_str(), wire_bytes / 1e6, steps,
+  std::printf("dtrain_bench_ps: %s slices=%zu connections=%d wire=%s %.1f MB each way, %d steps, checksums %s\n",
+              what.c_str(), placement->slices.size(), co.grpc.channels, std::string(ps::DtypeName(*dtype)).c_str(), wire_bytes / 1e6, steps,
               bad == 0 ? "ok" : absl::StrCat(bad, " BAD").c_str());
   std::printf("  push alone median_ms=%.2f, pull alone %.2f; push+pull %.2f GB/s; raw TCP %.2f GB/s\n",
               Median(push_ms), Median(pull_ms),

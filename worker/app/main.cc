@@ -155,6 +155,10 @@ ABSL_FLAG(std::string, transport, "auto",
           "How data reaches the ps tasks: auto (shared memory for a ps task on this host, gRPC otherwise; one log "
           "line per task says which and why), shm (shared memory, failing when a task cannot be reached so), grpc. "
           "Control calls always go over gRPC");
+ABSL_FLAG(int, channels_per_ps, 1,
+          "gRPC: connections to each ps task (1 to 64). With more than one, pushes and pulls are striped by slice "
+          "over them (large variables are cut into this many more slices; every worker of a run must give the "
+          "same value): for links one TCP connection cannot fill. Shared memory ignores it");
 ABSL_FLAG(int, shm_spin_us, 20,
           "Shared memory: how long a lane looks for the ps's answer before its thread sleeps in a system call "
           "(more: less wake-up latency, more CPU spent waiting)");
@@ -463,6 +467,8 @@ int main(int argc, char** argv) {
     copt.security = *security;
     copt.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_secs));
     copt.retry_window = absl::Seconds(absl::GetFlag(FLAGS_rpc_retry_secs));
+    copt.channels = absl::GetFlag(FLAGS_channels_per_ps);
+    o.slice_pieces_per_task = copt.channels;
     absl::StatusOr<dtrain::ps::Transport> transport = dtrain::ps::ParseTransport(absl::GetFlag(FLAGS_transport));
     if (!transport.ok()) {
       std::fprintf(stderr, "dtrain_worker: %s\n", std::string(transport.status().message()).c_str());

@@ -218,7 +218,9 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   std::vector<ps::VariableInfo> vars;
   for (const models::VariableInfo& v : model0->variables()) vars.push_back({v.name, v.size(), v.trainable});
   const int num_ps = local ? 1 : static_cast<int>(tasks.size());
-  ASSIGN_OR_RETURN(c->placement, ps::PlaceVariables(vars, num_ps));
+  ps::PlacementOptions placement_options;
+  placement_options.pieces_per_task = local ? 1 : o.slice_pieces_per_task;
+  ASSIGN_OR_RETURN(c->placement, ps::PlaceVariables(vars, num_ps, placement_options));
   if (chief && !local && !o.quiet) LOG(INFO) << "variable placement:\n" << ps::FormatPlacement(c->placement);
 
   ps::TrainConfig& config = c->config;

@@ -124,6 +124,9 @@ struct WorkerOptions {
   // Where CPU towers keep their flat parameters and gradients (TowersOptions::host_memory): the shared
   // memory of the ps tasks' transport (ps/shm/), or null for ordinary memory. Not owned.
   HostMemory* host_memory = nullptr;
+  // How many slices a large variable may be cut into per ps task (ps::PlacementOptions::pieces_per_task): the
+  // worker's --channels_per_ps, so that its connections to a task each carry some of a large layer.
+  int slice_pieces_per_task = 1;
 
   // Compute.
   std::string towers;  // see ParseTowers
