@@ -217,7 +217,8 @@ class GrpcPsService final : public grpc::Service {
     SetFlushDenormals();  // async uploads apply the optimizer on this thread
     // A part waits for its push's main stream (sent first, on another connection) at most this long.
     const absl::Time join_deadline = std::min(absl::FromChrono(ctx.deadline()), absl::Now() + absl::Seconds(10));
-    UploadFeeder feeder(ps_, initialize, &stripes_, part, join_deadline);
+    UploadFeeder feeder(ps_, initialize, &stripes_, part, join_deadline,
+                        [this, &ctx] { return ctx.IsCancelled() || shutdown_->cancelled(); });
     grpc::ByteBuffer message;
     while (reader->Read(&message)) RETURN_IF_ERROR(feeder.Feed(message));
     // The stream ended without the client's WritesDone (it cancelled the upload, died, or lost its connection):

@@ -1,5 +1,7 @@
 #include "ps/rpc/push_stripes.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace dtrain::ps {
@@ -87,7 +89,8 @@ absl::Status PushStripes::Close(uint64_t stripe_id, bool finishing) {
 }
 
 absl::StatusOr<std::shared_ptr<PushStripes::Stripe>> PushStripes::Join(const StripeMember& part,
-                                                                       absl::Time deadline) {
+                                                                       absl::Time deadline,
+                                                                       const std::function<bool()>& stopped) {
   std::shared_ptr<Stripe> stripe;
   {
     absl::MutexLock lock(&mu_);
@@ -96,10 +99,12 @@ absl::StatusOr<std::shared_ptr<PushStripes::Stripe>> PushStripes::Join(const Str
         return absl::FailedPreconditionError(
             absl::StrCat("PushPart: the striped push ", part.stripe_id, " already ended"));
       }
-      if (opened_.WaitWithDeadline(&mu_, deadline) && !open_.contains(part.stripe_id)) {
+      if (stopped && stopped()) return absl::CancelledError("PushPart: the call or the ps ended");
+      if (absl::Now() >= deadline) {
         return absl::UnavailableError(absl::StrCat("PushPart: no push with stripe id ", part.stripe_id,
                                                    " arrived before the part's deadline"));
       }
+      opened_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Milliseconds(50)));
     }
     stripe = open_[part.stripe_id];
   }

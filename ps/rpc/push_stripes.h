@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -74,8 +75,10 @@ class PushStripes {
   // Detaches the upload from the stripe (later part writes fail) and, when finishing, returns OK only if every
   // part ended OK (else the first part's error, or Unavailable naming the part that never ended).
   absl::Status Close(uint64_t stripe_id, bool finishing);
-  // A part stream joins the stripe of `part.stripe_id`, waiting until `deadline` for its main stream.
-  absl::StatusOr<std::shared_ptr<Stripe>> Join(const StripeMember& part, absl::Time deadline);
+  // A part stream joins the stripe of `part.stripe_id`, waiting until `deadline` for its main stream, or until
+  // `stopped` (may be empty; looked at every 50 ms) says the call or the server ended (Cancelled).
+  absl::StatusOr<std::shared_ptr<Stripe>> Join(const StripeMember& part, absl::Time deadline,
+                                               const std::function<bool()>& stopped = nullptr);
 
  private:
   absl::Mutex mu_;

@@ -124,6 +124,17 @@ TEST(PushStripesTest, StrangersAndRepeatsAreRefused) {
   EXPECT_EQ(stripes.Join(Member(77, 1), absl::Now() + absl::Milliseconds(50)).status().code(),
             absl::StatusCode::kUnavailable);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
+  // A call or server that ends stops the wait at once.
+  std::atomic<bool> stop{false};
+  std::thread stopper([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    stop = true;
+  });
+  const absl::Time stopped_at = absl::Now();
+  EXPECT_EQ(stripes.Join(Member(78, 1), absl::Now() + absl::Seconds(30), [&] { return stop.load(); }).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_LT(absl::Now() - stopped_at, absl::Seconds(5));
+  stopper.join();
   EXPECT_TRUE(stripes.Close(3, /*finishing=*/false).ok());
 }
 

@@ -28,7 +28,7 @@ absl::Status UploadFeeder::OnHeader(const std::string& bytes) {
     if (stripes_ == nullptr) return absl::InvalidArgumentError("PushPart: this ps takes no striped pushes");
     member_ = StripeMember{header.worker_id(), header.session(), header.request_id(), header.stripe_id(),
                            static_cast<int>(std::min<uint32_t>(header.part(), INT32_MAX))};
-    ASSIGN_OR_RETURN(stripe_, stripes_->Join(member_, join_deadline_));
+    ASSIGN_OR_RETURN(stripe_, stripes_->Join(member_, join_deadline_, stopped_));
     return absl::OkStatus();
   }
   ::dtrain::wire::PushHeader header;

@@ -13,6 +13,7 @@
 #define DTRAIN_PS_RPC_UPLOAD_FEEDER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,9 +33,11 @@ class UploadFeeder : public coding::ChunkHandler {
   // `stripes` (may be null: striped pushes are refused): where a Push striped over several connections
   // (ps/rpc/push_stripes.h) registers, and where a PushPart stream (`part`) finds its push, waiting for it
   // until `join_deadline`.
+  // `stopped` (may be empty) ends that wait early.
   UploadFeeder(PsInterface* ps, bool initialize, PushStripes* stripes = nullptr, bool part = false,
-               absl::Time join_deadline = absl::InfinitePast())
-      : ps_(ps), initialize_(initialize), stripes_(stripes), part_(part), join_deadline_(join_deadline) {}
+               absl::Time join_deadline = absl::InfinitePast(), std::function<bool()> stopped = nullptr)
+      : ps_(ps), initialize_(initialize), stripes_(stripes), part_(part), join_deadline_(join_deadline),
+        stopped_(std::move(stopped)) {}
   ~UploadFeeder() override;
 
   // One received message.
@@ -55,6 +58,7 @@ class UploadFeeder : public coding::ChunkHandler {
   PushStripes* const stripes_;
   const bool part_;
   const absl::Time join_deadline_;
+  const std::function<bool()> stopped_;
   std::unique_ptr<SliceUpload> upload_;
   // A striped push (main stream or part): the writes go through the stripe.
   std::shared_ptr<PushStripes::Stripe> stripe_;
