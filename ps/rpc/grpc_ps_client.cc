@@ -15,6 +15,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "common/cancellation.h"
 #include "common/status_macros.h"
@@ -179,8 +180,12 @@ class SerializedReceiver : public PullReceiver {
     absl::MutexLock lock(&mu_);
     if (header_seen_) return absl::OkStatus();
     header_seen_ = true;
-    return receiver_->OnHeader(header);
+    absl::Status s = receiver_->OnHeader(header);
+    if (s.ok()) header_arrived_.Notify();
+    return s;
   }
+  // Whether a header was delivered (waiting up to `timeout` for one).
+  bool WaitForHeader(absl::Duration timeout) { return header_arrived_.WaitForNotificationWithTimeout(timeout); }
   absl::StatusOr<Buffer> Destination(uint32_t key, int64_t offset, int64_t n) override {
     absl::MutexLock lock(&mu_);
     return receiver_->Destination(key, offset, n);
@@ -202,6 +207,7 @@ class SerializedReceiver : public PullReceiver {
   PullReceiver* const receiver_;
   absl::Mutex mu_;
   bool header_seen_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Notification header_arrived_;
 };
 
 // Hands the chunks of pulled messages to a PullReceiver, decoding from the wire type into its destination.
@@ -339,7 +345,9 @@ class GrpcPsClient final : public PsInterface {
   absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override {
     const int n = static_cast<int>(channels_.size());
     if (n == 1) return PullOn(0, request, receiver, nullptr);
-    // Striped: part k on connection k, all at once; the first to fail ends the others.
+    // Striped: part k on connection k; the first to fail ends the others. Part 0 waits for the step; the others
+    // start once its header came (the step is there), so that they do not wait on the ps beside a push still in
+    // flight (measured: pulls all waiting at once made the step 1.3x slower on 2 cores).
     SerializedReceiver serialized(receiver);
     Cancellation abort;
     std::vector<absl::Status> status(n);
@@ -347,7 +355,15 @@ class GrpcPsClient final : public PsInterface {
       PullRequest part = request;
       part.part = k;
       part.parts = n;
-      if (k > 0) part.sparse.clear();  // rows come with part 0
+      if (k > 0) {
+        part.sparse.clear();  // rows come with part 0
+        while (!serialized.WaitForHeader(absl::Milliseconds(50))) {
+          if (abort.cancelled() || (request.cancel != nullptr && request.cancel->cancelled())) {
+            status[k] = absl::CancelledError("Pull: another part failed");
+            return;
+          }
+        }
+      }
       status[k] = PullOn(k, part, &serialized, &abort);
       if (!status[k].ok()) abort.Cancel();
     };

@@ -48,9 +48,9 @@ struct GrpcClientOptions {
   WireCounters* counters = nullptr;  // not owned; when set, counts every message of this client
   // Connections to the ps task (--channels_per_ps; 1 to 64). With N > 1 a push is striped by slice over N
   // streams, one per connection (slice key k on connection k mod N: a main Push stream and N - 1 PushPart
-  // streams that the ps merges into one upload), and a pull over N pulls run at once, each for the slices of one
-  // residue of their order on the task (PullRequest::part), the sparse rows on the first. The control calls use
-  // the first connection.
+  // streams that the ps merges into one upload), and a pull over N pulls, each for the slices of one residue of
+  // their order on the task (PullRequest::part), the sparse rows on the first, which waits for the step (the
+  // others start once its header arrived). The control calls use the first connection.
   int channels = 1;
 };
 
