@@ -51,8 +51,8 @@ struct Placement {
   std::vector<int64_t> task_bytes;                  // [task] = bytes it holds
 };
 
-// InvalidArgument for num_ps < 1, pieces_per_task outside [1, 64], a negative min_slice_bytes, an empty or duplicate variable name, or a
-// variable of size <= 0.
+// InvalidArgument for num_ps < 1, pieces_per_task outside [1, 64], a negative min_slice_bytes, an empty or
+// duplicate variable name, or a variable of size <= 0.
 absl::StatusOr<Placement> PlaceVariables(const std::vector<VariableInfo>& variables, int num_ps,
                                          const PlacementOptions& options = {});
 

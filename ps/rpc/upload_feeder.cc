@@ -21,7 +21,9 @@ UploadFeeder::~UploadFeeder() {
 
 absl::Status UploadFeeder::OnHeader(const std::string& bytes) {
   if (initialize_) return absl::InvalidArgumentError("Initialize: unexpected header");
-  if (upload_ || stripe_) return absl::InvalidArgumentError(part_ ? "PushPart: a second header" : "Push: a second header");
+  if (upload_ || stripe_) {
+    return absl::InvalidArgumentError(part_ ? "PushPart: a second header" : "Push: a second header");
+  }
   if (part_) {
     ::dtrain::wire::PushPartHeader header;
     if (!header.ParseFromString(bytes)) return absl::InvalidArgumentError("PushPart: malformed header");
@@ -64,7 +66,8 @@ absl::Status UploadFeeder::OnTrailer(const std::string& bytes) {
   ::dtrain::wire::PushTrailer trailer;
   if (!trailer.ParseFromString(bytes)) return absl::InvalidArgumentError("Push: malformed trailer");
   if (trailer.has_gradient_norm()) {
-    return stripe_ ? stripe_->SetGradientNorm(trailer.gradient_norm()) : upload_->SetGradientNorm(trailer.gradient_norm());
+    const double norm = trailer.gradient_norm();
+    return stripe_ ? stripe_->SetGradientNorm(norm) : upload_->SetGradientNorm(norm);
   }
   return absl::OkStatus();
 }

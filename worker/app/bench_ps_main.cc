@@ -709,8 +709,8 @@ int Main() {
   const double wire_bytes = static_cast<double>(bytes) * ps::DtypeBytes(*dtype) / 4;
   const double med = Median(step_ms);
   std::printf("dtrain_bench_ps: %s slices=%zu connections=%d wire=%s %.1f MB each way, %d steps, checksums %s\n",
-              what.c_str(), placement->slices.size(), co.grpc.channels, std::string(ps::DtypeName(*dtype)).c_str(), wire_bytes / 1e6, steps,
-              bad == 0 ? "ok" : absl::StrCat(bad, " BAD").c_str());
+              what.c_str(), placement->slices.size(), co.grpc.channels, std::string(ps::DtypeName(*dtype)).c_str(),
+              wire_bytes / 1e6, steps, bad == 0 ? "ok" : absl::StrCat(bad, " BAD").c_str());
   std::printf("  push alone median_ms=%.2f, pull alone %.2f; push+pull %.2f GB/s; raw TCP %.2f GB/s\n",
               Median(push_ms), Median(pull_ms),
               2 * wire_bytes / (med * 1e6), tcp > 0 ? 2 * static_cast<double>(bytes) / (tcp * 1e6) : 0.0);
