@@ -478,15 +478,20 @@ TEST(WorkerClientTest, NarrowWireTypesRoundSparseGradientsWithoutErrorFeedback) 
 // A chief killed after ps 0 decided its step, before its pull carried the decision to the other tasks, comes back
 // to tasks at different steps (ps 0 at 1, ps 1 at 0). The task behind is not a lost state to restore from a
 // checkpoint: it catches up from the decisions ps 0 logged, which the new chief's first pull relays.
+// Step 0's push of every layer (14 floats), waited for.
+void PushAllLayers(WorkerClient* client, const std::vector<float>& grads) {
+  ASSERT_TRUE(client->BeginPush(0, grads.data()).ok());
+  client->PushRange(0, 14);
+  client->FinishPush();
+  ASSERT_TRUE(client->WaitPush().ok());
+}
+
 TEST(WorkerClientTest, AChiefBackFromAKillFindsATaskBehindPs0AndBringsItAlong) {
   SimClusterOptions o = Layers(2);
   o.config = MakeConfig("sync", 2, 1, 0.5f);  // R = 1 of 2 workers: the chief alone decides a step
   Fixture f(o);
   const std::vector<float> grads(14, 1.0f);
-  ASSERT_TRUE(f.client->BeginPush(0, grads.data()).ok());
-  f.client->PushRange(0, 14);
-  f.client->FinishPush();
-  ASSERT_TRUE(f.client->WaitPush().ok());
+  PushAllLayers(f.client.get(), grads);
   ASSERT_EQ(f.cluster->task(0).step(), 1);
   ASSERT_EQ(f.cluster->task(1).step(), 0);
   f.client.reset();  // killed before its pull
@@ -516,10 +521,7 @@ TEST(WorkerClientTest, TheChiefRestoresPs0AfterEveryOtherTask) {
   {
     Fixture f(o);
     const std::vector<float> grads(14, 1.0f);
-    ASSERT_TRUE(f.client->BeginPush(0, grads.data()).ok());
-    f.client->PushRange(0, 14);
-    f.client->FinishPush();
-    ASSERT_TRUE(f.client->WaitPush().ok());
+    PushAllLayers(f.client.get(), grads);
     std::vector<float> params(14);
     absl::StatusOr<PullResult> pulled = f.client->Pull(1, 0, params.data());
     ASSERT_TRUE(pulled.ok()) << pulled.status();
