@@ -266,6 +266,10 @@ struct PushHeader {
   // Commits to ps 0 (optional): the worker's input stream position after drawing this step's batches
   // (BatchStream::SaveState(), at most kMaxInputPositionBytes); checkpoints keep it per worker.
   std::string input_position{};  // {}: brace-initializing the fields before it leaves it empty, without a warning
+  // The worker takes a tentative pull (PullHeader::tentative) behind this push: ps 0 may apply the push's slices
+  // as they arrive, before the commit, when the step can only be this push (sync, one worker, one ps task; see
+  // ParameterServer's "early apply"). A worker that does not set it never gets a tentative pull.
+  bool apply_early = false;
   // Local only (not sent): cancelling it ends a blocked upload at once (Cancelled). May be null.
   Cancellation* cancel = nullptr;
 };
@@ -334,6 +338,10 @@ struct PullHeader {
   int64_t step = 0;                     // this task's step the values belong to
   std::vector<StepDecision> decisions;  // ps 0, sync: decisions for [since_step, step)
   bool training_done = false;           // every worker has reported done
+  // The values stream behind the worker's push still in flight (PushHeader::apply_early): they hold only when
+  // the pull ends OK. A pull that ends with an error was taken back (the push failed): the worker must not use
+  // any of its values, and pulls again (every slice anew).
+  bool tentative = false;
 };
 
 // How a worker leaves the cluster (Done), which decides how the run ends (README "How a run ends").

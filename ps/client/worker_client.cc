@@ -37,19 +37,24 @@ class WorkerClient::Receiver : public PullReceiver {
     std::fill(received_.begin(), received_.end(), 0);
     std::fill(done_.begin(), done_.end(), 0);
     header_seen_ = false;
+    tentative_ = false;
     const size_t tables = client_->sparse_.size();
     rows_received_.assign(tables, 0);
     rows_done_.assign(tables, 0);
     for (size_t i = 0; i < tables; ++i) rows_done_[i] = client_->sparse_[i].ids[task_].empty();
   }
   // Before a retried attempt: slices and tables that arrived whole stay; partial ones start again.
+  // After a tentative attempt nothing stays: its values were taken back.
   void Restart() {
     for (size_t s = 0; s < received_.size(); ++s) {
+      if (tentative_) done_[s] = 0;
       if (!done_[s]) received_[s] = 0;
     }
     for (size_t i = 0; i < rows_received_.size(); ++i) {
+      if (tentative_) rows_done_[i] = client_->sparse_[i].ids[task_].empty();
       if (!rows_done_[i]) rows_received_[i] = 0;
     }
+    tentative_ = false;
   }
   bool complete() const {
     for (int s : client_->task_slices_[task_]) {
@@ -103,6 +108,7 @@ class WorkerClient::Receiver : public PullReceiver {
   absl::Status OnHeader(const PullHeader& header) override {
     if (task_ == 0 && !header_seen_) client_->OnPullHeader(header);
     header_seen_ = true;
+    tentative_ = header.tentative;
     return absl::OkStatus();
   }
 
@@ -141,6 +147,7 @@ class WorkerClient::Receiver : public PullReceiver {
   std::vector<int64_t> rows_received_;  // per table of the pull (index in client_->sparse_)
   std::vector<char> rows_done_;
   bool header_seen_ = false;
+  bool tentative_ = false;  // this attempt's header said so
 };
 
 namespace {
@@ -701,6 +708,7 @@ absl::Status WorkerClient::OpenUpload(int task) {
   header.step = push_step_;  // not changed while lanes run a push
   header.request_id = push_request_id_;
   header.commit = task == 0;
+  header.apply_early = header.commit && options_.apply_early;
   header.session = session(task);
   if (header.commit) header.input_position = input_position_;
   header.cancel = &inflight_;
@@ -952,6 +960,7 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
     absl::MutexLock lock(&mu_);
     pull_active_ = true;
     have_header_ = false;
+    tentative_pull_ = false;
     header_ = PullHeader{};
     arrived_.assign(slices_.size(), 0);
     pulls_pending_ = num_tasks();
@@ -989,6 +998,7 @@ void WorkerClient::OnPullHeader(const PullHeader& header) {
     absl::MutexLock lock(&mu_);
     header_ = header;
     have_header_ = true;
+    tentative_pull_ = header.tentative;
     cv_.SignalAll();
   }
   // The other tasks apply the decisions relayed from task 0, then answer at (at least) the same step. In async
@@ -1025,6 +1035,7 @@ void WorkerClient::RunTaskPull(int task, PullRequest request) {
 
 void WorkerClient::SliceArrived(int slice) {
   absl::MutexLock lock(&mu_);
+  if (tentative_pull_) return;  // TaskPullDone, once the pull ended OK
   arrived_[slice] = 1;
   cv_.SignalAll();
 }
@@ -1032,6 +1043,9 @@ void WorkerClient::SliceArrived(int slice) {
 void WorkerClient::TaskPullDone(int task, absl::Status status) {
   absl::MutexLock lock(&mu_);
   if (!status.ok() && pull_status_.ok()) pull_status_ = status;
+  if (status.ok() && tentative_pull_) {
+    for (int s : task_slices_[task]) arrived_[s] = 1;
+  }
   // Task 0 failing before its header means the others will never start.
   if (task == 0 && !have_header_) pulls_pending_ = 1;
   --pulls_pending_;

@@ -90,6 +90,10 @@ struct WorkerClientOptions {
   // nothing (local mode, whose in-process ps cannot restart on its own: a large model's parameters are not held
   // once more); a later fresh start is then FailedPrecondition.
   bool keep_initial_values = true;
+  // Commits ask ps 0 to apply the push as it arrives (PushHeader::apply_early), so that the pull behind it
+  // streams the new values while the push is still uploading (where ps 0 can: one worker, one ps task, sync).
+  // Such a pull's slices count as arrived (WaitForRange) only once it ended OK: a push that fails takes them back.
+  bool apply_early = false;
 };
 
 struct PullResult {
@@ -344,6 +348,8 @@ class WorkerClient {
   bool have_header_ ABSL_GUARDED_BY(mu_) = false;
   PullHeader header_ ABSL_GUARDED_BY(mu_);
   std::vector<char> arrived_ ABSL_GUARDED_BY(mu_);  // per slice
+  // The pull is tentative (PullHeader::tentative): its slices count as arrived only when its task's pull ended OK.
+  bool tentative_pull_ ABSL_GUARDED_BY(mu_) = false;
   int pulls_pending_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status pull_status_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Receiver>> receivers_;  // per task

@@ -45,6 +45,7 @@ class GradientBuffers {
     // The first slice of the current upload with a non-finite value (its name), or empty.
     const std::string& nonfinite_slice() const { return nonfinite_slice_; }
     bool complete(int slice) const { return received_[slice] == length_[slice]; }
+    int64_t received(int slice) const { return received_[slice]; }  // floats of the slice so far, from 0
     bool all_complete() const { return num_complete_ == static_cast<int>(length_.size()); }
     // "w/biases (0 of 10 floats), ..." for the slices not yet whole, for error messages.
     std::string DescribeMissing() const;

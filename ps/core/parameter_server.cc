@@ -105,6 +105,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
   // Constructed under mu_ (StartPushLocked), which counts it in flight.
   PushUpload(Impl* impl, const PushHeader& header) : impl_(impl), header_(header), writer_(impl->next_writer_++) {}
   ~PushUpload() override {
+    if (early_) impl_->EndTentative(writer_);  // an upload that did not finish as its step: taken back
     absl::MutexLock lock(&impl_->mu_);
     --impl_->accounting_.in_flight;
     if (!finished_) ++impl_->accounting_.abandoned;
@@ -116,6 +117,15 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     absl::StatusOr<int> i = impl_->store_->IndexOf(key);
     if (!i.ok()) return status_ = i.status();
     const bool check = impl_->options_.nonfinite != ParameterServerOptions::NonFinite::kApply;
+    if (early_) {
+      // The apply lock before the buffer's, as ApplyDecision takes them.
+      absl::MutexLock apply_lock(&impl_->apply_mu_);
+      GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
+      buffer->Claim(header_.step, header_.request_id);
+      status_ = buffer->Write(*i, offset, n, dtype, data, check);
+      if (status_.ok()) impl_->ApplyTentativeLocked(writer_, epoch_, header_, *i, *buffer);
+      return status_;
+    }
     GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
     buffer->Claim(header_.step, header_.request_id);
     status_ = buffer->Write(*i, offset, n, dtype, data, check);
@@ -174,8 +184,17 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     }
     // The thread that decided a step applies it (slice by slice; pulls stream each slice as it is done).
     if (decided) impl_->ApplyDecision(*decided, epoch, &saves);
+    // A tentative update that did not become the step's (the push refused, dropped or not decided) is taken back.
+    if (early_) impl_->EndTentative(writer_);
     impl_->WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
     return response;
+  }
+
+  uint64_t writer() const { return writer_; }
+  // Under mu_ at the start: this upload may be applied as it arrives (EarlyApplyLocked), in `epoch`.
+  void set_early(int64_t epoch) {
+    early_ = true;
+    epoch_ = epoch;
   }
 
  private:
@@ -184,6 +203,8 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
   const uint64_t writer_;  // this attempt, for the sparse rows (a retry is another)
   absl::Status status_;
   bool finished_ = false;
+  bool early_ = false;
+  int64_t epoch_ = 0;
 };
 
 absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitialize(int worker_id) {
@@ -286,7 +307,72 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLoc
                                                       " is at step ", step_, " (pull before pushing)"));
   }
   ++accounting_.in_flight;
-  return std::unique_ptr<SliceUpload>(new PushUpload(this, header));
+  auto upload = std::make_unique<PushUpload>(this, header);
+  newest_writer_.store(upload->writer());
+  if (EarlyApplyLocked(header)) {
+    upload->set_early(epoch_);
+    tentative_note_ = TentativeNote{upload->writer(), header.worker_id, header.request_id, header.step,
+                                    TentativeNote::kOpen};
+    cv_.SignalAll();  // a pull behind this push may stream it now
+  }
+  return std::unique_ptr<SliceUpload>(std::move(upload));
+}
+
+// ---- early apply --------------------------------------------------------------------------------------------
+
+bool ParameterServer::Impl::EarlyApplyLocked(const PushHeader& header) const {
+  return header.apply_early && header.commit && sync_ && coordinator() && options_.num_ps == 1 &&
+         options_.num_workers == 1 && header.step == step_ && !clipping() &&
+         options_.nonfinite != ParameterServerOptions::NonFinite::kSkip &&
+         tentative_note_.state != TentativeNote::kOpen;
+}
+
+void ParameterServer::Impl::ApplyTentativeLocked(uint64_t writer, int64_t epoch, const PushHeader& header, int i,
+                                                 const GradientBuffers::Buffer& buffer) {
+  if (tentative_.writer != writer) {
+    if (tentative_.writer != 0 || tentative_started_ >= writer) return;  // another's, or ours ended already
+    tentative_started_ = writer;
+    // Only on top of the previous step, in the epoch the upload started in, while it is the newest upload.
+    if (applied_through_ != header.step || epoch_.load() != epoch || newest_writer_.load() != writer) {
+      EndTentativeLocked(writer, /*confirmed=*/false);
+      return;
+    }
+    tentative_ = Tentative{writer, header.step, header.request_id, epoch};
+  }
+  if (newest_writer_.load() != writer || epoch_.load() != epoch ||
+      buffer.received(i) < store_->tentative_floats(i)) {  // superseded, rolled back, or a slice started again
+    EndTentativeLocked(writer, /*confirmed=*/false);
+    return;
+  }
+  store_->ApplyTentative(i, header.step, buffer.data(i), buffer.received(i), header.step + 1);
+}
+
+void ParameterServer::Impl::EndTentativeLocked(uint64_t writer, bool confirmed) {
+  if (tentative_.writer == writer) {
+    // After a rollback the store holds the restored state (ImportState dropped what was tentative).
+    if (epoch_.load() == tentative_.epoch) {
+      for (int i = 0; i < store_->num_slices(); ++i) {
+        if (confirmed) {
+          store_->ConfirmTentative(i);
+        } else {
+          store_->UndoTentative(i);
+        }
+      }
+    }
+    tentative_ = Tentative{};
+  }
+  tentative_started_ = std::max(tentative_started_, writer);
+  absl::MutexLock lock(&mu_);
+  if (tentative_note_.writer != writer || tentative_note_.state != TentativeNote::kOpen) return;
+  tentative_note_.state = confirmed ? TentativeNote::kConfirmed : TentativeNote::kUndone;
+  if (!confirmed) {
+    LOG(WARNING) << "ps task " << options_.task_index << ": took back the early-applied push "
+                 << tentative_note_.request_id << " of worker " << tentative_note_.worker << " for step "
+                 << tentative_note_.step << " (it did not become the step)";
+    undone_writer_.store(writer);
+    store_->WakeWaiters();  // a pull waiting for a slice the update will not bring
+  }
+  cv_.SignalAll();
 }
 
 void ParameterServer::Impl::ApplyAsync(int i, GradientBuffers::Buffer& buffer) {
@@ -589,14 +675,28 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
     std::vector<float> clip(summed.size(), 1.0f);
     for (size_t k = 0; k < summed.size(); ++k) clip[k] = ClipFactorOf(*summed[k]);
     const float* weights = clipping() ? clip.data() : nullptr;
+    // Early apply: the update is in the store already when it is exactly this step's (the one gradient summed, of
+    // the upload that applied it, every slice whole); any other tentative update is taken back first.
+    bool tentative = false;
+    if (tentative_.writer != 0) {
+      tentative = tentative_.step == d.step && tentative_.epoch == epoch && summed.size() == 1 &&
+                  summed[0]->request_id() == tentative_.request_id && newest_writer_.load() == tentative_.writer;
+      for (int i = 0; tentative && i < store_->num_slices(); ++i) {
+        tentative = store_->tentative_floats(i) == store_->spec(i).length;
+      }
+      if (!tentative) EndTentativeLocked(tentative_.writer, /*confirmed=*/false);
+    }
     for (int i = 0; i < store_->num_slices(); ++i) {
       for (size_t k = 0; k < summed.size(); ++k) grads[k] = summed[k]->data(i);
-      if (grads.empty()) {
+      if (tentative) {
+        // Applied as it arrived (ApplyTentative: the same chunks and bits as Apply); published already.
+      } else if (grads.empty()) {
         store_->Apply(i, d.step, nullptr, 0, 0.0f, d.step + 1);  // publishes the version, changes nothing
       } else {
         store_->Apply(i, d.step, grads.data(), static_cast<int>(grads.size()), scale, d.step + 1, weights);
       }
     }
+    if (tentative) EndTentativeLocked(tentative_.writer, /*confirmed=*/true);
     // The tables after the slices (pulls stream them in that order), with the same 1/R.
     sparse_->SetClock(d.step);
     if (!sparse_async_) ApplySparse(summed, d.step, scale);
@@ -699,6 +799,15 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
   PullHeader header;
   std::vector<StepDecision> to_apply;
   int64_t epoch = 0;
+  // Early apply: the pull behind a push applied as it arrives streams the push's update as it is applied, before
+  // the step is decided (a tentative pull, PullHeader::tentative).
+  uint64_t tentative_writer = 0;
+  auto tentative_open = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const TentativeNote& n = tentative_note_;
+    return sync_ && coordinator() && request.after_push != 0 && request.parts == 1 && !request.moving_averages &&
+           n.state == TentativeNote::kOpen && n.request_id == request.after_push &&
+           n.worker == request.worker_id && n.step + 1 == request.min_step;
+  };
   {
     absl::MutexLock lock(&mu_);
     if (sync_ && !coordinator()) {
@@ -706,11 +815,16 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     }
     const absl::Time wait_start = absl::Now();
     bool timed_out = false;
-    while (MustWait(request) && !stopped() && job_ended_.empty()) {
+    while (MustWait(request) && !tentative_open() && !stopped() && job_ended_.empty()) {
       if (cv_.WaitWithDeadline(&mu_, deadline)) {
-        timed_out = MustWait(request);
+        timed_out = MustWait(request) && !tentative_open();
         break;
       }
+    }
+    if (!timed_out && MustWait(request) && tentative_open()) {
+      tentative_writer = tentative_note_.writer;
+      LOG_FIRST_N(INFO, 1) << "ps task " << options_.task_index << ": worker " << request.worker_id
+                           << "'s pushes are applied as they arrive and its pulls stream them back (early apply)";
     }
     members_.stats(request.worker_id).wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);
     if (stopped()) return stopped_error();
@@ -730,8 +844,9 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
                                                       options_.task_index, " timed out after ", request.timeout_ms,
                                                       " ms waiting for ", waiting_for));
     }
-    header.step = step_;
+    header.step = tentative_writer != 0 ? tentative_note_.step + 1 : step_;
     header.training_done = finished_;
+    header.tentative = tentative_writer != 0;
     if (sync_ && coordinator()) header.decisions = coordinator_->DecisionsSince(request.since_step, step_);
     epoch = epoch_;
   }
@@ -746,7 +861,65 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
   // progress is streamed right behind it. Async: whatever the values are now.
   const int64_t version = sync_ ? header.step : 0;
   int64_t sent = 0;
-  for (int i = request.part; i < store_->num_slices(); i += request.parts) {
+  if (tentative_writer != 0) {
+    // Each slice's chunks in the order the push's update applies them (the worker pushes the last layers first),
+    // then the decision: the values hold only if it is this update's.
+    const auto undone = [&] { return undone_writer_.load() == tentative_writer; };
+    const auto taken_back = [&] {
+      return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index, " took back the update of worker ",
+                                                 request.worker_id, "'s push ", request.after_push, " for step ",
+                                                 version - 1, ", which this pull streamed as it arrived (the push "
+                                                 "did not become the step): pull again"));
+    };
+    const int num = store_->num_slices();
+    std::vector<int> slices(num);
+    for (int i = 0; i < num; ++i) slices[i] = i;
+    std::vector<int64_t> streamed(num, 0);
+    const auto stop = [&] { return stopped() || undone(); };
+    for (int whole = 0; whole < num;) {
+      int64_t end = 0;
+      int k = store_->WaitAnyReadable(slices, streamed, version, absl::InfinitePast(), stop, &end);
+      if (k < 0) {
+        RETURN_IF_ERROR(receiver->Flush());  // send what is ready before waiting for the update
+        k = store_->WaitAnyReadable(slices, streamed, version, deadline, stop, &end);
+      }
+      if (k < 0) {
+        if (stopped()) return stopped_error();
+        if (undone()) return taken_back();
+        return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                        options_.task_index, " timed out after ", request.timeout_ms,
+                                                        " ms waiting for its push's update of step ", version - 1));
+      }
+      const SliceSpec& spec = store_->spec(k);
+      for (int64_t offset = streamed[k]; offset < end; offset += SliceStore::kChunkFloats) {
+        const int64_t n = std::min(SliceStore::kChunkFloats, end - offset);
+        ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver->Destination(spec.key, offset, n));
+        if (dst.data != nullptr) store_->Read(k, false, offset, n, dst.dtype, dst.data);
+        RETURN_IF_ERROR(receiver->Written(spec.key, offset, n));
+        sent += n * DtypeBytes(dst.dtype);
+      }
+      streamed[k] = end;
+      if (end == spec.length) ++whole;
+    }
+    absl::MutexLock lock(&mu_);
+    const auto resolved = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return tentative_note_.writer != tentative_writer || tentative_note_.state != TentativeNote::kOpen;
+    };
+    while (!resolved() && !stopped() && job_ended_.empty()) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    if (stopped()) return stopped_error();
+    RETURN_IF_ERROR(CheckRunning());
+    if (!resolved()) {
+      return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                      options_.task_index, " timed out after ", request.timeout_ms,
+                                                      " ms waiting for step ", version - 1, " to be decided"));
+    }
+    if (tentative_note_.writer != tentative_writer || tentative_note_.state != TentativeNote::kConfirmed) {
+      return taken_back();
+    }
+  }
+  for (int i = request.part; tentative_writer == 0 && i < store_->num_slices(); i += request.parts) {
     const SliceSpec& spec = store_->spec(i);
     for (int64_t offset = 0; offset < spec.length; offset += SliceStore::kChunkFloats) {
       const int64_t n = std::min(SliceStore::kChunkFloats, spec.length - offset);

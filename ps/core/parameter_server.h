@@ -12,6 +12,16 @@
 // (WriteSparse on that upload: a row written twice keeps the last, a retried Initialize writes them anew, one
 // after the task is initialized is ignored); Initialize fails with InvalidArgument while such a table lacks a row.
 //
+// Early apply (sync, ps 0 of a single task, one worker, no clipping, NaN/Inf not skipped): a commit whose header
+// asks for it (PushHeader::apply_early) is applied as it arrives, chunk by chunk (SliceStore::ApplyTentative:
+// the same chunks and bits as the update after the commit), because the step can only be this push. The pull
+// behind it (PullRequest::after_push) does not wait for the push: it streams each chunk as it is applied, in the
+// order they come (PullHeader::tentative), and ends OK only once the push became the step. A push that does not
+// (it breaks off or ends unfinished, is refused, dropped or superseded by a retry, or the task rolls back) is
+// taken back: values, slots and moving averages as they were, the version before; the tentative pull then ends
+// with Unavailable (the worker pulls again). Checkpoints and deltas never hold a tentative update (the state is
+// taken between updates, and SliceStore::ExportState leaves one in progress out).
+//
 // It implements PsInterface directly (the in-process ps of local mode and of tests); ps/rpc/grpc_ps_service.h
 // exposes one over gRPC.
 //

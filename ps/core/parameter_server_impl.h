@@ -208,6 +208,23 @@ class ParameterServer::Impl {
   absl::StatusOr<PushResponse> FinishPush(const PushHeader& header, GradientBuffers::Buffer& buffer,
                                           std::optional<StepDecision>* decided, int64_t* epoch,
                                           std::vector<CheckpointData>* saves) ABSL_LOCKS_EXCLUDED(mu_);
+  // Early apply (parameter_server.h). Whether `header`'s push may be applied as it arrives: it asks, and its step
+  // can only be itself (sync, ps 0 of one task, one worker, no clipping, NaN/Inf not skipped), and no tentative
+  // update is open.
+  bool EarlyApplyLocked(const PushHeader& header) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The upload `writer` (of `header`, started in `epoch`) wrote more of slice i into `buffer`: the tentative update
+  // applies what arrived (starting it on the first piece, when the previous step is applied), or is taken back
+  // when the upload was superseded, the task rolled back or a slice started again.
+  void ApplyTentativeLocked(uint64_t writer, int64_t epoch, const PushHeader& header, int i,
+                            const GradientBuffers::Buffer& buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
+  // Ends upload `writer`'s tentative update (nothing when it has none open): confirmed (it is its step's update)
+  // or taken back; the tentative pull behind it hears which.
+  void EndTentativeLocked(uint64_t writer, bool confirmed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void EndTentative(uint64_t writer) ABSL_LOCKS_EXCLUDED(apply_mu_, mu_) {
+    absl::MutexLock apply_lock(&apply_mu_);
+    EndTentativeLocked(writer, /*confirmed=*/false);
+  }
   // Async: applies slice i of `buffer` (whole) once per upload.
   void ApplyAsync(int i, GradientBuffers::Buffer& buffer) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the config clips gradients (OptimizerConfig::clip_norm > 0), and the factor a worker's gradient is
@@ -266,6 +283,16 @@ class ParameterServer::Impl {
 
   absl::Mutex apply_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   int64_t applied_through_ ABSL_GUARDED_BY(apply_mu_) = 0;  // sync: steps whose update is complete
+  // Early apply: the upload whose tentative update is in the store (writer 0: none), its step, request and the
+  // epoch it started in; and the last upload that started one (it does not start again once ended).
+  struct Tentative {
+    uint64_t writer = 0;
+    int64_t step = -1;
+    uint64_t request_id = 0;
+    int64_t epoch = -1;
+  };
+  Tentative tentative_ ABSL_GUARDED_BY(apply_mu_);
+  uint64_t tentative_started_ ABSL_GUARDED_BY(apply_mu_) = 0;
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;  // signalled whenever the step, a clock, membership, the epoch or finished_ changes
@@ -297,6 +324,21 @@ class ParameterServer::Impl {
   // Sync: the step of each worker's last finished upload that held every slice (-1: none).
   std::vector<int64_t> complete_step_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> next_writer_{1};  // numbers the push uploads (a retried upload is another writer)
+  // Early apply. The newest push upload (a tentative update holds only while its upload is the newest: a retry
+  // supersedes it); the newest upload whose tentative update was taken back (its pull stops waiting).
+  std::atomic<uint64_t> newest_writer_{0};
+  std::atomic<uint64_t> undone_writer_{0};
+  // The tentative update a pull may stream (writer 0: none yet): announced when its upload starts, then open
+  // until confirmed or taken back.
+  struct TentativeNote {
+    enum State { kOpen, kConfirmed, kUndone };
+    uint64_t writer = 0;
+    int worker = -1;
+    uint64_t request_id = 0;
+    int64_t step = -1;
+    State state = kUndone;
+  };
+  TentativeNote tentative_note_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> bytes_sent_{0};
   // The push accounting (parameter_server.h); `pending` is computed from pending_accepted_: sync, whether each

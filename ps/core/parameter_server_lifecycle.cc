@@ -274,6 +274,15 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
 
 std::shared_ptr<Cancellation> ParameterServer::Impl::NewEpochLocked() {
   members_.ResetSessions(Now(), step_);
+  // A tentative update of the old epoch is not part of any state (a restore dropped it already).
+  if (tentative_.writer != 0 && store_) {
+    for (int i = 0; i < store_->num_slices(); ++i) store_->UndoTentative(i);
+  }
+  tentative_ = Tentative{};
+  if (tentative_note_.state == TentativeNote::kOpen) {
+    tentative_note_.state = TentativeNote::kUndone;
+    undone_writer_.store(tentative_note_.writer);
+  }
   ++epoch_;
   std::shared_ptr<Cancellation> ended = std::exchange(epoch_cancel_, std::make_shared<Cancellation>());
   cv_.SignalAll();

@@ -84,6 +84,7 @@ void SliceStore::ResetSlotsAndAverages(int64_t version) {
       std::fill(s->slots[k].begin(), s->slots[k].end(), optimizer_.SlotInitialValue(static_cast<int>(k)));
     }
     if (has_moving_averages()) s->shadow = s->values;
+    s->tentative_floats = 0;
   }
   absl::MutexLock lock(&progress_mu_);
   for (Progress& p : progress_) p = Progress{version, version, 0};
@@ -107,11 +108,6 @@ void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_g
     Publish(i, version, n, /*done=*/true);
     return;
   }
-  float* slots[kMaxOptimizerSlots] = {};
-  for (size_t k = 0; k < slice.slots.size(); ++k) slots[k] = slice.slots[k].data();
-  float* var = slice.values.data();
-  float* shadow = has_moving_averages() ? slice.shadow.data() : nullptr;
-  const float decay = MovingAverageDecay(moving_average_decay_, step + 1);
   const bool state = !slice.spec.trainable;
   // Trainable slices: a single gradient's weight folds into grad_scale; several are summed with their weights.
   const bool weighted = weights != nullptr && !state;
@@ -130,16 +126,7 @@ void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_g
       }
       grad = sum;
     }
-    if (!state) {
-      float* chunk_slots[kMaxOptimizerSlots] = {};
-      for (size_t k = 0; k < slice.slots.size(); ++k) chunk_slots[k] = slots[k] + begin;
-      optimizer_.Apply(step, scale, grad, var + begin, chunk_slots, end - begin);
-      if (shadow != nullptr) UpdateMovingAverage(decay, var + begin, shadow + begin, end - begin);
-    } else {
-      // State (BatchNorm running statistics): the pushed change, averaged; the "average" is the value itself.
-      for (int64_t k = 0; k < end - begin; ++k) var[begin + k] -= grad_scale * grad[k];
-      if (shadow != nullptr) std::memcpy(shadow + begin, var + begin, (end - begin) * sizeof(float));
-    }
+    UpdateRange(slice, step, grad, scale, grad_scale, begin, end);
   };
   const int64_t chunks = (n + kChunkFloats - 1) / kChunkFloats;
   if (apply_threads_ > 1 && chunks > 1) {
@@ -168,6 +155,100 @@ void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_g
   Publish(i, version, n, /*done=*/true);
 }
 
+void SliceStore::UpdateRange(Slice& slice, int64_t step, const float* grad, float scale, float state_scale,
+                             int64_t begin, int64_t end) const {
+  float* var = slice.values.data();
+  float* shadow = has_moving_averages() ? slice.shadow.data() : nullptr;
+  if (slice.spec.trainable) {
+    float* chunk_slots[kMaxOptimizerSlots] = {};
+    for (size_t k = 0; k < slice.slots.size(); ++k) chunk_slots[k] = slice.slots[k].data() + begin;
+    optimizer_.Apply(step, scale, grad, var + begin, chunk_slots, end - begin);
+    if (shadow != nullptr) {
+      UpdateMovingAverage(MovingAverageDecay(moving_average_decay_, step + 1), var + begin, shadow + begin,
+                          end - begin);
+    }
+  } else {
+    // State (BatchNorm running statistics): the pushed change, averaged; the "average" is the value itself.
+    for (int64_t k = 0; k < end - begin; ++k) var[begin + k] -= state_scale * grad[k];
+    if (shadow != nullptr) std::memcpy(shadow + begin, var + begin, (end - begin) * sizeof(float));
+  }
+}
+
+int64_t SliceStore::ApplyTentative(int i, int64_t step, const float* grad, int64_t available, int64_t version) {
+  Slice& slice = *slices_[i];
+  const int64_t n = slice.spec.length;
+  int64_t from;
+  {
+    absl::MutexLock lock(&slice.mu);
+    from = slice.tentative_floats;
+  }
+  const int64_t to = available >= n ? n : available / kChunkFloats * kChunkFloats;
+  if (to <= from) return from;
+  if (from == 0) {
+    int64_t before;
+    {
+      absl::MutexLock lock(&progress_mu_);
+      before = progress_[i].version;
+    }
+    absl::MutexLock lock(&slice.mu);
+    slice.tentative_from = before;
+    if (slice.undo_values.empty()) {
+      slice.undo_values.resize(n);
+      slice.undo_slots.assign(slice.slots.size(), std::vector<float>(n));
+      if (has_moving_averages()) slice.undo_shadow.resize(n);
+    }
+  }
+  for (int64_t begin = from; begin < to; begin += kChunkFloats) {
+    const int64_t end = std::min(to, begin + kChunkFloats);
+    {
+      absl::MutexLock lock(&slice.mu);
+      const size_t bytes = (end - begin) * sizeof(float);
+      std::memcpy(slice.undo_values.data() + begin, slice.values.data() + begin, bytes);
+      for (size_t k = 0; k < slice.slots.size(); ++k) {
+        std::memcpy(slice.undo_slots[k].data() + begin, slice.slots[k].data() + begin, bytes);
+      }
+      if (!slice.undo_shadow.empty()) {
+        std::memcpy(slice.undo_shadow.data() + begin, slice.shadow.data() + begin, bytes);
+      }
+      UpdateRange(slice, step, grad + begin, 1.0f, 1.0f, begin, end);
+      slice.tentative_floats = end;
+    }
+    Publish(i, version, end, /*done=*/end == n);
+  }
+  return to;
+}
+
+int64_t SliceStore::tentative_floats(int i) const {
+  absl::MutexLock lock(&slices_[i]->mu);
+  return slices_[i]->tentative_floats;
+}
+
+void SliceStore::ConfirmTentative(int i) {
+  absl::MutexLock lock(&slices_[i]->mu);
+  slices_[i]->tentative_floats = 0;
+}
+
+void SliceStore::UndoTentative(int i) {
+  Slice& slice = *slices_[i];
+  int64_t before;
+  {
+    absl::MutexLock lock(&slice.mu);
+    const int64_t m = slice.tentative_floats;
+    if (m == 0) return;
+    const size_t bytes = m * sizeof(float);
+    std::memcpy(slice.values.data(), slice.undo_values.data(), bytes);
+    for (size_t k = 0; k < slice.slots.size(); ++k) {
+      std::memcpy(slice.slots[k].data(), slice.undo_slots[k].data(), bytes);
+    }
+    if (!slice.undo_shadow.empty()) std::memcpy(slice.shadow.data(), slice.undo_shadow.data(), bytes);
+    slice.tentative_floats = 0;
+    before = slice.tentative_from;
+  }
+  absl::MutexLock lock(&progress_mu_);
+  progress_[i] = Progress{before, before, 0};
+  progress_cv_.SignalAll();
+}
+
 bool SliceStore::WaitReadable(int i, int64_t end, int64_t version, absl::Time deadline,
                               const std::function<bool()>& stop) const {
   absl::MutexLock lock(&progress_mu_);
@@ -180,6 +261,31 @@ bool SliceStore::WaitReadable(int i, int64_t end, int64_t version, absl::Time de
     if (progress_cv_.WaitWithDeadline(&progress_mu_, deadline)) return readable();
   }
   return true;
+}
+
+int SliceStore::WaitAnyReadable(const std::vector<int>& slices, const std::vector<int64_t>& sent, int64_t version,
+                                absl::Time deadline, const std::function<bool()>& stop,
+                                int64_t* readable_end) const {
+  absl::MutexLock lock(&progress_mu_);
+  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
+    for (size_t k = 0; k < slices.size(); ++k) {
+      const Progress& p = progress_[slices[k]];
+      const int64_t end = p.version >= version            ? specs_[slices[k]].length
+                          : p.applying_version >= version ? p.applied_floats
+                                                          : 0;
+      if (end > sent[k]) {
+        *readable_end = end;
+        return static_cast<int>(k);
+      }
+    }
+    return -1;
+  };
+  for (;;) {
+    const int k = find();
+    if (k >= 0) return k;
+    if (stop && stop()) return -1;
+    if (progress_cv_.WaitWithDeadline(&progress_mu_, deadline)) return find();
+  }
 }
 
 void SliceStore::WakeWaiters() const {
@@ -209,6 +315,12 @@ std::vector<SliceState> SliceStore::ExportState() const {
     out[i].values = s.values;
     out[i].slots = s.slots;
     out[i].moving_average = s.shadow;
+    if (const int64_t m = s.tentative_floats; m > 0) {
+      // A tentative update is not part of the state until confirmed: what it overwrote.
+      std::copy_n(s.undo_values.begin(), m, out[i].values.begin());
+      for (size_t k = 0; k < s.slots.size(); ++k) std::copy_n(s.undo_slots[k].begin(), m, out[i].slots[k].begin());
+      if (!s.undo_shadow.empty()) std::copy_n(s.undo_shadow.begin(), m, out[i].moving_average.begin());
+    }
   }
   return out;
 }
@@ -256,6 +368,7 @@ absl::Status SliceStore::ImportState(const std::vector<SliceState>& state, int64
     slice.values = s.values;
     slice.slots = s.slots;
     if (has_moving_averages()) slice.shadow = s.moving_average.empty() ? s.values : s.moving_average;
+    slice.tentative_floats = 0;  // the state replaced: nothing to take back
   }
   absl::MutexLock lock(&progress_mu_);
   for (Progress& p : progress_) p = Progress{version, version, 0};

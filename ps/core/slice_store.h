@@ -76,11 +76,35 @@ class SliceStore {
   void Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale, int64_t version,
              const float* weights = nullptr);
 
+  // Tentative updates: an update applied as its gradient arrives, before anyone knows whether it will count (the
+  // ParameterServer's early apply, parameter_server.h), and taken back when it does not.
+  // ApplyTentative applies, as update `version` of optimizer step `step` from one gradient (scale 1, no weights:
+  // what Apply does with num_grads 1), the floats of slice i that `grad` holds and the slice's tentative update
+  // has not covered yet: `available` floats from 0, used up to the last whole chunk of kChunkFloats (or all of
+  // them when available == length), so the chunks are Apply's and the bits are Apply's. Each chunk's old values,
+  // slots and moving averages are saved first, and each is published as Apply publishes (readers stream it).
+  // Returns the floats applied so far. A slice's tentative update is at most one at a time and goes on only
+  // from the thread that started it.
+  int64_t ApplyTentative(int i, int64_t step, const float* grad, int64_t available, int64_t version);
+  // Floats of slice i its tentative update has applied (0: none in progress).
+  int64_t tentative_floats(int i) const;
+  // Keeps slice i's tentative update (it is the update of its version): the saved copy is dropped.
+  void ConfirmTentative(int i);
+  // Takes slice i's tentative update back: its values, slots and moving averages as they were, its version the
+  // one before (readers waiting for the tentative version wait on). Nothing when none is in progress.
+  void UndoTentative(int i);
+
   // Waits until floats [0, end) of slice i hold version >= `version` (fully updated, or updated that far by the
   // Apply in progress), or until `deadline`, or until `stop` (may be null; checked whenever the waiter wakes)
   // returns true. Returns whether they do.
   bool WaitReadable(int i, int64_t end, int64_t version, absl::Time deadline,
                     const std::function<bool()>& stop = nullptr) const;
+  // Waits until one of `slices` (indices), say slices[k], has floats beyond sent[k] that hold version >= `version`
+  // (see WaitReadable), or until `deadline` or `stop` as WaitReadable. Returns k, with the end of its readable
+  // floats in *readable_end, or -1. A reader that streams slices in the order their updates arrive (the early
+  // apply's pull) uses it.
+  int WaitAnyReadable(const std::vector<int>& slices, const std::vector<int64_t>& sent, int64_t version,
+                      absl::Time deadline, const std::function<bool()>& stop, int64_t* readable_end) const;
   // Wakes every WaitReadable (to check its `stop`).
   void WakeWaiters() const;
   int64_t version(int i) const;
@@ -92,7 +116,8 @@ class SliceStore {
   // Threads Apply may use for a large slice (OpenMP; 1 = the calling thread only).
   void set_apply_threads(int threads) { apply_threads_ = threads < 1 ? 1 : threads; }
 
-  // Checkpoints: the full state of every slice (values, slots, moving averages), in slice order.
+  // Checkpoints: the full state of every slice (values, slots, moving averages), in slice order; a tentative
+  // update in progress is left out (what it overwrote is exported).
   std::vector<SliceState> ExportState() const;
   // Replaces the full state from a checkpoint and sets every version to `version`. Every slice of this store
   // exactly once, matching spec and the optimizer's number of slots; else InvalidArgument (naming the slots this
@@ -108,6 +133,13 @@ class SliceStore {
     std::vector<float> values;
     std::vector<std::vector<float>> slots;
     std::vector<float> shadow;  // empty when moving averages are off
+    // A tentative update in progress: floats [0, tentative_floats) hold it; what they held before is saved in
+    // the undo_* vectors (allocated on first use), and the slice's version before it in tentative_from.
+    int64_t tentative_floats = 0;
+    int64_t tentative_from = 0;
+    std::vector<float> undo_values;
+    std::vector<std::vector<float>> undo_slots;
+    std::vector<float> undo_shadow;
   };
   // Progress of one slice's updates, guarded by progress_mu_.
   struct Progress {
@@ -118,6 +150,10 @@ class SliceStore {
 
   SliceStore(std::vector<SliceSpec> specs, Optimizer optimizer, float moving_average_decay);
   void Publish(int i, int64_t applying_version, int64_t applied_floats, bool done);
+  // The optimizer step (and moving average) on floats [begin, end) of `slice` from `grad` (indexed from begin)
+  // times `scale`; state slices take the change itself scaled by `state_scale`. The caller holds slice.mu.
+  void UpdateRange(Slice& slice, int64_t step, const float* grad, float scale, float state_scale, int64_t begin,
+                   int64_t end) const;
 
   std::vector<SliceSpec> specs_;
   std::vector<std::unique_ptr<Slice>> slices_;

@@ -1,5 +1,6 @@
 #include "ps/core/slice_store.h"
 
+#include <atomic>
 #include <future>
 #include <map>
 
@@ -208,6 +209,118 @@ TEST(SliceStoreTest, ReadersWaitForTheChunksTheyNeed) {
   store->WakeWaiters();
   ASSERT_EQ(cancelled.wait_for(std::chrono::seconds(5)), std::future_status::ready);
   EXPECT_FALSE(cancelled.get());
+}
+
+// ---- tentative updates (the early apply) ------------------------------------------------------------------------
+
+constexpr int64_t kChunk = SliceStore::kChunkFloats;
+
+std::unique_ptr<SliceStore> AdamStore() {
+  OptimizerConfig adam;
+  adam.name = "adam";
+  adam.learning_rate = 0.01f;
+  // A large trainable slice (3 chunks and a bit) and a state slice.
+  std::vector<SliceSpec> specs = {{0, "w", 0, 3 * kChunk + 7}, {1, "bn/mean", 3 * kChunk + 7, 5}};
+  specs[1].trainable = false;
+  auto store = *SliceStore::Create(specs, adam, /*moving_average_decay=*/0.99f);
+  std::map<int, std::vector<float>> values;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> v(store->spec(i).length);
+    for (size_t k = 0; k < v.size(); ++k) v[k] = 0.001f * static_cast<float>((k * 7919) % 1000) - 0.5f;
+    values[i] = v;
+  }
+  Set(*store, values);
+  return store;
+}
+
+std::vector<float> Gradient(int64_t n, int seed) {
+  std::vector<float> g(n);
+  for (int64_t k = 0; k < n; ++k) g[k] = 0.01f * static_cast<float>(((k + seed) * 104729) % 2001 - 1000) / 1000.0f;
+  return g;
+}
+
+void ExpectSameState(const SliceStore& a, const SliceStore& b) {
+  const std::vector<SliceState> x = a.ExportState(), y = b.ExportState();
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i].values, y[i].values) << "slice " << i;  // bit for bit
+    EXPECT_EQ(x[i].slots, y[i].slots) << "slice " << i;
+    EXPECT_EQ(x[i].moving_average, y[i].moving_average) << "slice " << i;
+  }
+}
+
+TEST(SliceStoreTest, TentativeUpdatesApplyAsApplyDoesBitForBit) {
+  auto applied = AdamStore(), tentative = AdamStore();
+  for (int64_t step = 0; step < 3; ++step) {
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<float> g = Gradient(applied->spec(i).length, static_cast<int>(step * 10 + i));
+      Apply(*applied, i, step, g.data(), 1.0f);
+      // Pieces of odd sizes: only whole chunks are applied until the slice is whole.
+      const int64_t n = tentative->spec(i).length;
+      EXPECT_EQ(tentative->ApplyTentative(i, step, g.data(), std::min<int64_t>(n, kChunk + 100), step + 1),
+                n > kChunk + 100 ? kChunk : n);
+      if (n > kChunk + 100) {
+        EXPECT_TRUE(tentative->WaitReadable(i, kChunk, step + 1, absl::InfinitePast()));
+        EXPECT_FALSE(tentative->WaitReadable(i, kChunk + 1, step + 1, absl::InfinitePast()));
+        EXPECT_EQ(tentative->version(i), step);
+        EXPECT_EQ(tentative->ApplyTentative(i, step, g.data(), 2 * kChunk + 5, step + 1), 2 * kChunk);
+        EXPECT_EQ(tentative->tentative_floats(i), 2 * kChunk);
+        EXPECT_EQ(tentative->ApplyTentative(i, step, g.data(), n, step + 1), n);
+      }
+      EXPECT_EQ(tentative->version(i), step + 1);
+      tentative->ConfirmTentative(i);
+      EXPECT_EQ(tentative->tentative_floats(i), 0);
+    }
+  }
+  ExpectSameState(*applied, *tentative);
+}
+
+TEST(SliceStoreTest, AnUndoneTentativeUpdateLeavesNoTrace) {
+  auto untouched = AdamStore(), store = AdamStore();
+  const std::vector<float> g = Gradient(store->spec(0).length, 1);
+  ASSERT_EQ(store->ApplyTentative(0, 0, g.data(), 2 * kChunk, 1), 2 * kChunk);
+  // Checkpoints never see it: the state exported is what it overwrote.
+  ExpectSameState(*untouched, *store);
+  EXPECT_NE(Values(*store, 0)[0], Values(*untouched, 0)[0]);  // though readers of version 1 stream it
+  std::atomic<bool> undone{false};
+  std::future<bool> reader = std::async(std::launch::async, [&] {
+    return store->WaitReadable(0, store->spec(0).length, 1, absl::Now() + absl::Seconds(20),
+                               [&] { return undone.load(); });
+  });
+  undone = true;
+  store->UndoTentative(0);
+  EXPECT_FALSE(reader.get());  // woken, and version 1 is not there any more
+  EXPECT_EQ(store->version(0), 0);
+  EXPECT_FALSE(store->WaitReadable(0, 1, 1, absl::InfinitePast()));
+  EXPECT_EQ(Values(*store, 0), Values(*untouched, 0));
+  ExpectSameState(*untouched, *store);
+  store->UndoTentative(0);  // nothing in progress: nothing happens
+  // The same update applied for real afterwards is the one a store that never saw the tentative one gets.
+  Apply(*store, 0, 0, g.data(), 1.0f);
+  Apply(*untouched, 0, 0, g.data(), 1.0f);
+  ExpectSameState(*untouched, *store);
+}
+
+TEST(SliceStoreTest, WaitAnyReadableFindsTheSliceBeingUpdated) {
+  auto store = AdamStore();
+  const std::vector<int> slices = {0, 1};
+  std::vector<int64_t> sent = {0, 0};
+  int64_t end = -1;
+  EXPECT_EQ(store->WaitAnyReadable(slices, sent, 1, absl::InfinitePast(), nullptr, &end), -1);
+  const std::vector<float> g = Gradient(5, 3);
+  std::future<int> waiter = std::async(std::launch::async, [&] {
+    int64_t e = -1;
+    const int k = store->WaitAnyReadable(slices, sent, 1, absl::Now() + absl::Seconds(20), nullptr, &e);
+    return k == 1 && e == 5 ? k : -2;
+  });
+  ASSERT_EQ(store->ApplyTentative(1, 0, g.data(), 5, 1), 5);
+  EXPECT_EQ(waiter.get(), 1);
+  sent[1] = 5;  // slice 1 streamed whole: only slice 0 is left, and it has nothing at version 1
+  EXPECT_EQ(store->WaitAnyReadable(slices, sent, 1, absl::InfinitePast(), nullptr, &end), -1);
+  const std::vector<float> w = Gradient(store->spec(0).length, 4);
+  ASSERT_EQ(store->ApplyTentative(0, 0, w.data(), kChunk, 1), kChunk);
+  EXPECT_EQ(store->WaitAnyReadable(slices, sent, 1, absl::InfinitePast(), nullptr, &end), 0);
+  EXPECT_EQ(end, kChunk);
 }
 
 }  // namespace

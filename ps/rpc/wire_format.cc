@@ -277,6 +277,7 @@ void ToProto(const PushHeader& in, dtrain::wire::PushHeader* out) {
   out->set_commit(in.commit);
   out->set_session(in.session);
   out->set_input_position(in.input_position);
+  out->set_apply_early(in.apply_early);
 }
 
 PushHeader FromProto(const dtrain::wire::PushHeader& in) {
@@ -287,6 +288,7 @@ PushHeader FromProto(const dtrain::wire::PushHeader& in) {
   h.commit = in.commit();
   h.session = in.session();
   h.input_position = in.input_position();
+  h.apply_early = in.apply_early();
   return h;
 }
 
@@ -338,6 +340,7 @@ void ToProto(const PullHeader& in, dtrain::wire::PullHeader* out) {
   out->set_step(in.step);
   for (const StepDecision& d : in.decisions) ToProto(d, out->add_decisions());
   out->set_training_done(in.training_done);
+  out->set_tentative(in.tentative);
 }
 
 PullHeader FromProto(const dtrain::wire::PullHeader& in) {
@@ -345,6 +348,7 @@ PullHeader FromProto(const dtrain::wire::PullHeader& in) {
   h.step = in.step();
   for (const auto& d : in.decisions()) h.decisions.push_back(FromProto(d));
   h.training_done = in.training_done();
+  h.tentative = in.tentative();
   return h;
 }
 

@@ -286,6 +286,7 @@ std::string EncodePushHeader(const PushHeader& m) {
   w.Bool(m.commit);
   w.U64(m.session);
   w.Str(m.input_position);
+  w.Bool(m.apply_early);
   return w.Take();
 }
 absl::StatusOr<PushHeader> DecodePushHeader(absl::string_view payload) {
@@ -297,6 +298,7 @@ absl::StatusOr<PushHeader> DecodePushHeader(absl::string_view payload) {
   m.commit = r.Bool();
   m.session = r.U64();
   m.input_position = r.Str(64 << 10);
+  m.apply_early = r.Bool();
   return Done(r, std::move(m));
 }
 
@@ -443,6 +445,7 @@ std::string EncodePullHeader(const PullHeader& m) {
   w.I64(m.step);
   PutDecisions(w, m.decisions);
   w.Bool(m.training_done);
+  w.Bool(m.tentative);
   return w.Take();
 }
 absl::StatusOr<PullHeader> DecodePullHeader(absl::string_view payload) {
@@ -451,6 +454,7 @@ absl::StatusOr<PullHeader> DecodePullHeader(absl::string_view payload) {
   m.step = r.I64();
   m.decisions = GetDecisions(r);
   m.training_done = r.Bool();
+  m.tentative = r.Bool();
   return Done(r, std::move(m));
 }
 

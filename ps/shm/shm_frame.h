@@ -32,7 +32,7 @@
 namespace dtrain::ps::shm {
 
 inline constexpr uint32_t kShmFrameMagic = 0x4d535444;  // "DTSM"
-inline constexpr uint16_t kShmFrameVersion = 1;
+inline constexpr uint16_t kShmFrameVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Within the default socket buffer (net.core.wmem_default, ~208 KiB), so that a frame is never refused as too large.
 inline constexpr size_t kMaxFramePayload = 128 << 10;

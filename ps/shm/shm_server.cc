@@ -515,6 +515,9 @@ bool ShmServer::Impl::HandlePush(Lane* lane, Attachment* a, const Frame& frame, 
                  false);
         return true;
       }
+      // This thread takes the pull behind a push only once the push has ended (TakePushFirst): there is nothing
+      // to stream early, and applying early would only add its saved copies.
+      header->apply_early = false;
       absl::StatusOr<std::unique_ptr<SliceUpload>> u = ps_->StartPush(*header);
       if (u.ok()) {
         st->upload = std::move(*u);

@@ -77,6 +77,9 @@ ABSL_FLAG(std::string, transport, "grpc",
           "of any transport: the ps's own copies and update)");
 ABSL_FLAG(int, channels_per_ps, 1,
           "gRPC: connections to the ps, pushes and pulls striped by slice over them (as dtrain_worker's flag)");
+ABSL_FLAG(bool, apply_early, true,
+          "The ps applies each push as it arrives and the pull streams the new values behind it (as dtrain_worker's "
+          "flag)");
 ABSL_FLAG(int64_t, sparse_rows, 0, "Sparse mode: the embedding table's rows (hash-keyed; 0: dense mode)");
 ABSL_FLAG(int, dim, 16, "Sparse mode: floats per row");
 ABSL_FLAG(int64_t, ids_per_step, 10000, "Sparse mode: unique ids each step pulls and pushes");
@@ -554,7 +557,8 @@ int NetnsMain() {
         absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
         absl::StrCat("--warmup_steps=", absl::GetFlag(FLAGS_warmup_steps)),
         "--wire_dtype=" + absl::GetFlag(FLAGS_wire_dtype), "--bandwidth=" + bandwidth,
-        absl::StrCat("--channels_per_ps=", absl::GetFlag(FLAGS_channels_per_ps))};
+        absl::StrCat("--channels_per_ps=", absl::GetFlag(FLAGS_channels_per_ps)),
+        absl::StrCat("--apply_early=", absl::GetFlag(FLAGS_apply_early) ? "true" : "false")};
     std::vector<std::string> serve = {script, "exec", name, "0", self, std::string("--serve_on=") + host0};
     std::string log = absl::StrCat("/tmp/", name, "_ps.log");
     std::string cmd;
@@ -646,6 +650,7 @@ int Main() {
   ps::WorkerClientOptions wo;
   wo.wire_dtype = *dtype;
   wo.background = !in_process;
+  wo.apply_early = absl::GetFlag(FLAGS_apply_early) && !in_process && co.grpc.channels == 1;
   ps::WorkerClient client({in_process ? static_cast<ps::PsInterface*>(server->parameter_server()) : task->get()},
                           placement->task_slices, 0, /*is_chief=*/true, wo);
   ps::TrainConfig config;

@@ -159,6 +159,10 @@ ABSL_FLAG(int, channels_per_ps, 1,
           "gRPC: connections to each ps task (1 to 64). With more than one, pushes and pulls are striped by slice "
           "over them (large variables are cut into this many more slices; every worker of a run must give the "
           "same value): for links one TCP connection cannot fill. Shared memory ignores it");
+ABSL_FLAG(bool, apply_early, true,
+          "Sync with one worker and one ps task: the ps applies each push's slices as they arrive, and the pull "
+          "streams the new values back while the push still uploads (both directions of a link busy at once); a push "
+          "that fails takes them back. false: the ps applies a step once its push is whole");
 ABSL_FLAG(int, shm_spin_us, 20,
           "Shared memory: how long a lane looks for the ps's answer before its thread sleeps in a system call "
           "(more: less wake-up latency, more CPU spent waiting)");
@@ -332,6 +336,8 @@ int main(int argc, char** argv) {
   o.startup_wait_secs = absl::GetFlag(FLAGS_startup_wait_secs);
   o.step_timeout_secs = absl::GetFlag(FLAGS_step_timeout_secs);
   o.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
+  // A pull striped over several connections is never tentative (ps/core/parameter_server.h): nothing to gain.
+  o.apply_early = absl::GetFlag(FLAGS_apply_early) && absl::GetFlag(FLAGS_channels_per_ps) == 1;
   o.step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
   o.kill_mid_push_at_step = absl::GetFlag(FLAGS_debug_kill_mid_push_at_step);
   o.checkpoint.dir = absl::GetFlag(FLAGS_checkpoint_dir);

@@ -269,6 +269,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   copt.step_timeout = absl::Seconds(o.step_timeout_secs);
   copt.retry_window = absl::Seconds(o.rpc_retry_secs);
   ASSIGN_OR_RETURN(copt.wire_dtype, ps::ParseWireDtype(o.wire_dtype));
+  copt.apply_early = o.apply_early && !local;
   if (!o.push_journal_dir.empty() && !local) {
     ASSIGN_OR_RETURN(c->push_journal, ps::PushJournal::Open(Env::Default(), o.push_journal_dir, o.worker_id));
     copt.push_journal = c->push_journal.get();
