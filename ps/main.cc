@@ -79,6 +79,11 @@ ABSL_FLAG(std::string, transport, "auto",
 ABSL_FLAG(int, shm_spin_us, 20,
           "Shared memory: how long a lane looks for a worker's next frame before its thread sleeps in a system call "
           "(more: less wake-up latency, more CPU spent waiting)");
+ABSL_FLAG(std::string, apply_early, "auto",
+          "Sync with one worker and this one task: apply a push as it arrives and stream it back to the worker's "
+          "pull behind it (a worker asks with its --apply_early). auto: for workers on other hosts (on this host "
+          "both directions are copies on the same cores, where it measured slower); on: for every worker that asks; "
+          "off: never");
 ABSL_FLAG(double, delta_every_secs, 0,
           "Write what changed since the last delta (every touched sparse row with its optimizer state, the ids "
           "removed, the dense variables) every this many seconds to --delta_dir, beside the full checkpoints: "
@@ -198,6 +203,12 @@ int main(int argc, char** argv) {
   }
   o.offer_shm = *transport != dtrain::ps::Transport::kGrpc;
   o.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
+  absl::StatusOr<dtrain::ps::ApplyEarly> apply_early = dtrain::ps::ParseApplyEarly(absl::GetFlag(FLAGS_apply_early));
+  if (!apply_early.ok()) {
+    std::fprintf(stderr, "dtrain_ps: %s\n", std::string(apply_early.status().message()).c_str());
+    return 2;
+  }
+  o.apply_early = *apply_early;
   o.ps.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   o.ps.sparse_max_rows = absl::GetFlag(FLAGS_sparse_max_rows_per_table);
   if (o.ps.sparse_max_rows < 0) {

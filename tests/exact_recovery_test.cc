@@ -255,8 +255,8 @@ TEST(ExactRecovery, StripedOverThreeConnectionsOneOfTwoSyncPsKilledEndsBitIdenti
 }
 
 // One worker on one ps over gRPC: the ps applies each push as it arrives and the pull streams it back (the early
-// apply, --apply_early, on by default). The run ends bit-identical to one that applies each push once it is whole
-// (--apply_early=false); killed mid-run, the ps (restored from its checkpoint) and the worker (its push broken off
+// apply: the worker asks by default, and dtrain_ps --apply_early=on grants it on this host too). The run ends
+// bit-identical to one that applies each push once it is whole (the worker's --apply_early=false); killed mid-run, the ps (restored from its checkpoint) and the worker (its push broken off
 // and taken back), the runs still end bit-identical, with nothing acknowledged lost or applied twice.
 TEST(ExactRecovery, EarlyApplyOneWorkerOverGrpcEndsBitIdenticalWithAndWithoutFaults) {
   SKIP_WITHOUT_DATA();
@@ -267,6 +267,7 @@ TEST(ExactRecovery, EarlyApplyOneWorkerOverGrpcEndsBitIdenticalWithAndWithoutFau
   const RunResult whole = RunCluster(plain, Fault(), "early_plain");
   RunSpec early = plain;
   early.worker_flags = {"--transport=grpc"};
+  early.ps_flags = {"--apply_early=on"};
   const RunResult straight = RunCluster(early, Fault(), "early_straight");
   EXPECT_NE(straight.ps0_output.find("(early apply)"), std::string::npos) << straight.ps0_output;
   EXPECT_EQ(whole.ps0_output.find("(early apply)"), std::string::npos) << whole.ps0_output;

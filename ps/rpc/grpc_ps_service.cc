@@ -13,6 +13,7 @@
 #include "dtrain.pb.h"
 #include "ps/rpc/grpc_methods.h"
 #include "ps/rpc/grpc_security.h"
+#include "ps/rpc/peer_address.h"
 #include "ps/rpc/push_stripes.h"
 #include "ps/rpc/tensor_coding.h"
 #include "ps/rpc/upload_feeder.h"
@@ -64,8 +65,9 @@ class StreamReceiver : public PullReceiver {
 
 class GrpcPsService final : public grpc::Service {
  public:
-  GrpcPsService(PsInterface* ps, Cancellation* shutdown, std::string token, shm::ShmServer* shm)
-      : ps_(ps), shutdown_(shutdown), token_(std::move(token)), shm_(shm) {
+  GrpcPsService(PsInterface* ps, Cancellation* shutdown, std::string token, shm::ShmServer* shm,
+                ApplyEarly apply_early)
+      : ps_(ps), shutdown_(shutdown), token_(std::move(token)), shm_(shm), apply_early_(apply_early) {
     AddMethod(new RpcServiceMethod(
         grpc_methods::kRegister, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::RegisterRequest, pb::RegisterResponse>(
@@ -217,8 +219,11 @@ class GrpcPsService final : public grpc::Service {
     SetFlushDenormals();  // async uploads apply the optimizer on this thread
     // A part waits for its push's main stream (sent first, on another connection) at most this long.
     const absl::Time join_deadline = std::min(absl::FromChrono(ctx.deadline()), absl::Now() + absl::Seconds(10));
+    // The early apply pays only across a link: on the ps's own host both directions are copies on the same cores.
+    const bool apply_early =
+        apply_early_ == ApplyEarly::kOn || (apply_early_ == ApplyEarly::kAuto && !PeerOnThisHost(ctx.peer()));
     UploadFeeder feeder(ps_, initialize, &stripes_, part, join_deadline,
-                        [this, &ctx] { return ctx.IsCancelled() || shutdown_->cancelled(); });
+                        [this, &ctx] { return ctx.IsCancelled() || shutdown_->cancelled(); }, apply_early);
     grpc::ByteBuffer message;
     while (reader->Read(&message)) RETURN_IF_ERROR(feeder.Feed(message));
     // The stream ended without the client's WritesDone (it cancelled the upload, died, or lost its connection):
@@ -241,13 +246,21 @@ class GrpcPsService final : public grpc::Service {
   Cancellation* shutdown_;
   const std::string token_;  // empty: no authentication
   shm::ShmServer* shm_;      // null: no shared memory offered
+  const ApplyEarly apply_early_;
 };
 
 }  // namespace
 
+absl::StatusOr<ApplyEarly> ParseApplyEarly(absl::string_view name) {
+  if (name == "auto") return ApplyEarly::kAuto;
+  if (name == "on") return ApplyEarly::kOn;
+  if (name == "off") return ApplyEarly::kOff;
+  return absl::InvalidArgumentError(absl::StrCat("--apply_early must be auto, on or off, got '", name, "'"));
+}
+
 std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown, const std::string& token,
-                                                shm::ShmServer* shm) {
-  return std::make_unique<GrpcPsService>(ps, shutdown, token, shm);
+                                                shm::ShmServer* shm, ApplyEarly apply_early) {
+  return std::make_unique<GrpcPsService>(ps, shutdown, token, shm, apply_early);
 }
 
 }  // namespace dtrain::ps

@@ -13,6 +13,8 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/service_type.h>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/cancellation.h"
 #include "ps/api/ps_interface.h"
 #include "ps/shm/shm_server.h"
@@ -24,8 +26,16 @@ namespace dtrain::ps {
 // every call (ps/rpc/grpc_security.h): a call without it gets UNAUTHENTICATED before it reaches `ps`. With
 // `shm` (may be null; must outlive the service), AttachShm hands out its offers to workers that passed that
 // check; without, AttachShm answers UNIMPLEMENTED (the ps serves gRPC only).
+// The early apply (ps/core/parameter_server.h) a push may ask for (PushHeader::apply_early): kAuto grants it to
+// workers on other hosts only (on the ps's own host both directions of a step are copies on the same cores: it
+// measured slower there), kOn to every worker that asks, kOff to none (--apply_early on dtrain_ps).
+enum class ApplyEarly { kAuto, kOn, kOff };
+// "auto" | "on" | "off"; InvalidArgument naming the flag otherwise.
+absl::StatusOr<ApplyEarly> ParseApplyEarly(absl::string_view name);
+
 std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown = nullptr,
-                                                const std::string& token = "", shm::ShmServer* shm = nullptr);
+                                                const std::string& token = "", shm::ShmServer* shm = nullptr,
+                                                ApplyEarly apply_early = ApplyEarly::kAuto);
 
 }  // namespace dtrain::ps
 

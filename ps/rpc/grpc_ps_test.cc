@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <cstdlib>
 #include <fstream>
+#include <atomic>
 #include <future>
 #include <numeric>
 #include <random>
@@ -21,6 +22,7 @@
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
 #include "ps/core/optimizer.h"
+#include "ps/core/slice_store.h"
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/server.h"
 #include "ps/testing/ps_test_util.h"
@@ -100,6 +102,80 @@ TEST(GrpcPsTest, RoundTripLargeTensorsAndRetriedPush) {
 
   ASSERT_TRUE(ps.Done(0, reg->session, true, 0).ok());
   EXPECT_TRUE((*server)->Wait(absl::Seconds(10)));  // finished: every worker is done
+}
+
+// A FlatPullReceiver that counts the floats as they arrive and keeps whether the header said tentative.
+class CountingReceiver : public FlatPullReceiver {
+ public:
+  using FlatPullReceiver::FlatPullReceiver;
+  absl::Status OnHeader(const PullHeader& header) override {
+    tentative = header.tentative;
+    return FlatPullReceiver::OnHeader(header);
+  }
+  absl::Status Written(uint32_t key, int64_t offset, int64_t n) override {
+    floats += n;
+    return FlatPullReceiver::Written(key, offset, n);
+  }
+  std::atomic<int64_t> floats{0};
+  std::atomic<bool> tentative{false};
+};
+
+// The early apply over gRPC (ps/core/parameter_server.h): granted to a worker on the ps's own host only when the
+// ps says on (auto keeps it for workers on other hosts). Granted, the pull streams the push's update before the
+// push has ended, and its values are the step's; not granted, the pull waits for the push as before.
+TEST(GrpcPsTest, EarlyApplyStreamsThePullBehindThePushWhereGranted) {
+  for (ApplyEarly mode : {ApplyEarly::kOn, ApplyEarly::kAuto}) {
+    SCOPED_TRACE(mode == ApplyEarly::kOn ? "on" : "auto");
+    PsServerOptions so;
+    so.listen_address = "127.0.0.1:0";
+    so.linger = absl::ZeroDuration();
+    so.apply_early = mode;
+    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so);
+    ASSERT_TRUE(server.ok()) << server.status();
+    absl::StatusOr<std::unique_ptr<PsInterface>> client = NewGrpcPsClient((*server)->address(), {});
+    ASSERT_TRUE(client.ok());
+    TrainConfig c = Config();
+    c.optimizer.learning_rate = 1.0f;
+    absl::StatusOr<RegisterResponse> reg = (*client)->Register(RegisterRequest{0, true, c});
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    std::vector<float> values(kBig);
+    for (int64_t i = 0; i < kBig; ++i) values[i] = static_cast<float>(i % 1000) * 0.25f;
+    ASSERT_TRUE(InitializeSlices(**client, 0, {{0, values}, {1, {1.f, 2.f, 3.f}}}).ok());
+    PushHeader h{0, 0, 1, true, reg->session};
+    h.apply_early = true;
+    absl::StatusOr<std::unique_ptr<SliceUpload>> upload = (*client)->StartPush(h);
+    ASSERT_TRUE(upload.ok()) << upload.status();
+    const std::vector<float> ones(kBig, 1.0f);
+    ASSERT_TRUE((*upload)->Write(0, 0, kBig / 2, WireDtype::kF32, ones.data()).ok());
+    PullRequest pull;
+    pull.session = reg->session;
+    pull.min_step = 1;
+    pull.after_push = 1;
+    std::vector<float> out(kBig + 3, -7.f);
+    const std::vector<SliceSpec> slices = c.slices;
+    CountingReceiver receiver(&slices, out.data());
+    std::future<absl::Status> pulled = std::async(std::launch::async, [&] { return (*client)->Pull(pull, &receiver); });
+    if (mode == ApplyEarly::kOn) {
+      const absl::Time give_up = absl::Now() + absl::Seconds(20);
+      while (receiver.floats.load() < SliceStore::kChunkFloats && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      EXPECT_GE(receiver.floats.load(), SliceStore::kChunkFloats) << "nothing streamed before the push ended";
+      EXPECT_TRUE(receiver.tentative.load());
+    } else {
+      absl::SleepFor(absl::Milliseconds(200));
+      EXPECT_EQ(receiver.floats.load(), 0) << "a worker on the ps's host got the early apply under auto";
+    }
+    ASSERT_TRUE((*upload)->Write(0, kBig / 2, kBig - kBig / 2, WireDtype::kF32, ones.data() + kBig / 2).ok());
+    ASSERT_TRUE((*upload)->Write(1, 0, 3, WireDtype::kF32, ones.data()).ok());
+    ASSERT_TRUE((*upload)->Finish().ok());
+    ASSERT_TRUE(pulled.get().ok());
+    ASSERT_TRUE(receiver.Finish().ok());
+    for (int64_t i = 0; i < kBig; i += 99'991) EXPECT_EQ(out[i], values[i] - 1.f) << i;
+    EXPECT_EQ(out[kBig - 1], values[kBig - 1] - 1.f);
+    EXPECT_EQ(std::vector<float>(out.begin() + kBig, out.end()), std::vector<float>({0.f, 1.f, 2.f}));
+    EXPECT_EQ(receiver.tentative.load(), mode == ApplyEarly::kOn);
+  }
 }
 
 TEST(GrpcPsTest, HundredMegabytesInNarrowAndWideTypes) {

@@ -47,7 +47,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
     so.max_lanes = std::max(64, 8 * options.ps.num_workers + 16);
     ASSIGN_OR_RETURN(st.shm, shm::ShmServer::Start(st.ps.get(), so));
   }
-  st.service = NewGrpcPsService(st.ps.get(), &st.shutdown, options.security.auth_token, st.shm.get());
+  st.service =
+      NewGrpcPsService(st.ps.get(), &st.shutdown, options.security.auth_token, st.shm.get(), options.apply_early);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(addr, ServerCredentials(options.security), &st.port);
   builder.RegisterService(st.service.get());

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ps/rpc/grpc_ps_service.h"
 #include "ps/rpc/grpc_security.h"
 #include "ps/core/parameter_server.h"
 #include "ps/shm/shm_server.h"
@@ -32,6 +33,7 @@ struct PsServerOptions {
   // Offer workers on this host the shared-memory data plane (ps/shm/; --transport auto or shm). false: gRPC only.
   bool offer_shm = true;
   int shm_spin_us = 20;  // a shared-memory lane looks for the worker's next frame this long before sleeping
+  ApplyEarly apply_early = ApplyEarly::kAuto;  // which workers' pushes may be applied as they arrive
 };
 
 class PsServer {

@@ -35,7 +35,8 @@ absl::Status UploadFeeder::OnHeader(const std::string& bytes) {
   }
   ::dtrain::wire::PushHeader header;
   if (!header.ParseFromString(bytes)) return absl::InvalidArgumentError("Push: malformed header");
-  const PushHeader h = wire::FromProto(header);
+  PushHeader h = wire::FromProto(header);
+  h.apply_early = h.apply_early && apply_early_;
   if (header.stripe_parts() > 0 && stripes_ == nullptr) {
     return absl::InvalidArgumentError("Push: striped over several connections, which this ps does not take");
   }

@@ -34,10 +34,12 @@ class UploadFeeder : public coding::ChunkHandler {
   // (ps/rpc/push_stripes.h) registers, and where a PushPart stream (`part`) finds its push, waiting for it
   // until `join_deadline`.
   // `stopped` (may be empty) ends that wait early.
+  // `apply_early`: false drops a push header's PushHeader::apply_early (a worker on the ps's own host).
   UploadFeeder(PsInterface* ps, bool initialize, PushStripes* stripes = nullptr, bool part = false,
-               absl::Time join_deadline = absl::InfinitePast(), std::function<bool()> stopped = nullptr)
+               absl::Time join_deadline = absl::InfinitePast(), std::function<bool()> stopped = nullptr,
+               bool apply_early = true)
       : ps_(ps), initialize_(initialize), stripes_(stripes), part_(part), join_deadline_(join_deadline),
-        stopped_(std::move(stopped)) {}
+        stopped_(std::move(stopped)), apply_early_(apply_early) {}
   ~UploadFeeder() override;
 
   // One received message.
@@ -59,6 +61,7 @@ class UploadFeeder : public coding::ChunkHandler {
   const bool part_;
   const absl::Time join_deadline_;
   const std::function<bool()> stopped_;
+  const bool apply_early_;
   std::unique_ptr<SliceUpload> upload_;
   // A striped push (main stream or part): the writes go through the stripe.
   std::shared_ptr<PushStripes::Stripe> stripe_;

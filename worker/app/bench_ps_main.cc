@@ -77,9 +77,9 @@ ABSL_FLAG(std::string, transport, "grpc",
           "of any transport: the ps's own copies and update)");
 ABSL_FLAG(int, channels_per_ps, 1,
           "gRPC: connections to the ps, pushes and pulls striped by slice over them (as dtrain_worker's flag)");
-ABSL_FLAG(bool, apply_early, true,
-          "The ps applies each push as it arrives and the pull streams the new values behind it (as dtrain_worker's "
-          "flag)");
+ABSL_FLAG(std::string, apply_early, "auto",
+          "auto | on | off: the ps applies each push as it arrives and the pull streams the new values behind it "
+          "(dtrain_ps's flag: auto for a worker on another host only; on: here too; off: never)");
 ABSL_FLAG(int64_t, sparse_rows, 0, "Sparse mode: the embedding table's rows (hash-keyed; 0: dense mode)");
 ABSL_FLAG(int, dim, 16, "Sparse mode: floats per row");
 ABSL_FLAG(int64_t, ids_per_step, 10000, "Sparse mode: unique ids each step pulls and pushes");
@@ -481,6 +481,9 @@ int ServeMain(const std::string& host) {
   so.listen_address = absl::StrCat(host, ":", kNetnsPsPort);
   so.ps.num_workers = 1;
   so.offer_shm = false;
+  absl::StatusOr<ps::ApplyEarly> apply_early = ps::ParseApplyEarly(absl::GetFlag(FLAGS_apply_early));
+  if (!apply_early.ok()) return Fail("flags", apply_early.status());
+  so.apply_early = *apply_early;
   absl::StatusOr<std::unique_ptr<ps::PsServer>> server = ps::PsServer::Start(so);
   if (!server.ok()) return Fail("ps server", server.status());
   std::thread echo([host] { ServeEcho(host); });
@@ -558,7 +561,7 @@ int NetnsMain() {
         absl::StrCat("--warmup_steps=", absl::GetFlag(FLAGS_warmup_steps)),
         "--wire_dtype=" + absl::GetFlag(FLAGS_wire_dtype), "--bandwidth=" + bandwidth,
         absl::StrCat("--channels_per_ps=", absl::GetFlag(FLAGS_channels_per_ps)),
-        absl::StrCat("--apply_early=", absl::GetFlag(FLAGS_apply_early) ? "true" : "false")};
+        "--apply_early=" + absl::GetFlag(FLAGS_apply_early)};
     std::vector<std::string> serve = {script, "exec", name, "0", self, std::string("--serve_on=") + host0};
     std::string log = absl::StrCat("/tmp/", name, "_ps.log");
     std::string cmd;
@@ -629,12 +632,15 @@ int Main() {
   if (!remote.empty() && (in_process || *transport == ps::Transport::kShm)) {
     return Fail("flags", absl::InvalidArgumentError("--netns: the hosts are apart: --transport=grpc or auto"));
   }
+  absl::StatusOr<ps::ApplyEarly> apply_early = ps::ParseApplyEarly(absl::GetFlag(FLAGS_apply_early));
+  if (!apply_early.ok()) return Fail("flags", apply_early.status());
   std::unique_ptr<ps::PsServer> server;
   if (remote.empty()) {
     ps::PsServerOptions so;
     so.listen_address = "127.0.0.1:0";
     so.ps.num_workers = 1;
     so.offer_shm = *transport != ps::Transport::kGrpc;
+    so.apply_early = *apply_early;
     absl::StatusOr<std::unique_ptr<ps::PsServer>> started = ps::PsServer::Start(so);
     if (!started.ok()) return Fail("ps server", started.status());
     server = std::move(*started);
@@ -650,7 +656,7 @@ int Main() {
   ps::WorkerClientOptions wo;
   wo.wire_dtype = *dtype;
   wo.background = !in_process;
-  wo.apply_early = absl::GetFlag(FLAGS_apply_early) && !in_process && co.grpc.channels == 1;
+  wo.apply_early = *apply_early != ps::ApplyEarly::kOff && !in_process && co.grpc.channels == 1;
   ps::WorkerClient client({in_process ? static_cast<ps::PsInterface*>(server->parameter_server()) : task->get()},
                           placement->task_slices, 0, /*is_chief=*/true, wo);
   ps::TrainConfig config;
