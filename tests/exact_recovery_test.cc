@@ -254,10 +254,11 @@ TEST(ExactRecovery, StripedOverThreeConnectionsOneOfTwoSyncPsKilledEndsBitIdenti
   ExpectBitIdenticalAfter(r, {{KillPs(1, 150), "ps1_killed"}}, "striped_2ps");
 }
 
-// One worker on one ps over gRPC: the ps applies each push as it arrives and the pull streams it back (the early
-// apply: the worker asks by default, and dtrain_ps --apply_early=on grants it on this host too). The run ends
-// bit-identical to one that applies each push once it is whole (the worker's --apply_early=false); killed mid-run, the ps (restored from its checkpoint) and the worker (its push broken off
-// and taken back), the runs still end bit-identical, with nothing acknowledged lost or applied twice.
+// One worker on one ps over gRPC with the early apply (the worker's --apply_early, granted on this host by
+// dtrain_ps --apply_early=on): the ps applies each push as it arrives and the pull streams it back. The run ends
+// bit-identical to one that applies each push once it is whole; killed mid-run, the ps (restored from its
+// checkpoint) and the worker (its push broken off and taken back), the runs still end bit-identical, with nothing
+// acknowledged lost or applied twice.
 TEST(ExactRecovery, EarlyApplyOneWorkerOverGrpcEndsBitIdenticalWithAndWithoutFaults) {
   SKIP_WITHOUT_DATA();
   RunSpec plain;
@@ -266,7 +267,7 @@ TEST(ExactRecovery, EarlyApplyOneWorkerOverGrpcEndsBitIdenticalWithAndWithoutFau
   plain.worker_flags = {"--transport=grpc", "--apply_early=false"};
   const RunResult whole = RunCluster(plain, Fault(), "early_plain");
   RunSpec early = plain;
-  early.worker_flags = {"--transport=grpc"};
+  early.worker_flags = {"--transport=grpc", "--apply_early=true"};
   early.ps_flags = {"--apply_early=on"};
   const RunResult straight = RunCluster(early, Fault(), "early_straight");
   EXPECT_NE(straight.ps0_output.find("(early apply)"), std::string::npos) << straight.ps0_output;

@@ -77,9 +77,10 @@ ABSL_FLAG(std::string, transport, "grpc",
           "of any transport: the ps's own copies and update)");
 ABSL_FLAG(int, channels_per_ps, 1,
           "gRPC: connections to the ps, pushes and pulls striped by slice over them (as dtrain_worker's flag)");
-ABSL_FLAG(std::string, apply_early, "auto",
-          "auto | on | off: the ps applies each push as it arrives and the pull streams the new values behind it "
-          "(dtrain_ps's flag: auto for a worker on another host only; on: here too; off: never)");
+ABSL_FLAG(std::string, apply_early, "off",
+          "off | auto | on: the client asks the ps to apply each push as it arrives, the pull streaming the new "
+          "values behind it (dtrain_worker's --apply_early), and the ps grants it as dtrain_ps's flag says (auto: a "
+          "client on another host only; on: here too)");
 ABSL_FLAG(int64_t, sparse_rows, 0, "Sparse mode: the embedding table's rows (hash-keyed; 0: dense mode)");
 ABSL_FLAG(int, dim, 16, "Sparse mode: floats per row");
 ABSL_FLAG(int64_t, ids_per_step, 10000, "Sparse mode: unique ids each step pulls and pushes");
@@ -562,7 +563,8 @@ int NetnsMain() {
         "--wire_dtype=" + absl::GetFlag(FLAGS_wire_dtype), "--bandwidth=" + bandwidth,
         absl::StrCat("--channels_per_ps=", absl::GetFlag(FLAGS_channels_per_ps)),
         "--apply_early=" + absl::GetFlag(FLAGS_apply_early)};
-    std::vector<std::string> serve = {script, "exec", name, "0", self, std::string("--serve_on=") + host0};
+    std::vector<std::string> serve = {script, "exec", name, "0", self, std::string("--serve_on=") + host0,
+                                      "--apply_early=" + absl::GetFlag(FLAGS_apply_early)};
     std::string log = absl::StrCat("/tmp/", name, "_ps.log");
     std::string cmd;
     for (const std::string& a : serve) absl::StrAppend(&cmd, "'", a, "' ");

@@ -155,7 +155,7 @@ struct WorkerOptions {
   double rpc_retry_secs = 30;      // how long uploads and pulls that fail with Unavailable/DeadlineExceeded retry
   std::string wire_dtype = "fp32";  // fp32 | bf16 | fp16: gradients and parameters on the wire
   // Commits ask ps 0 to apply the push as it arrives (ps::WorkerClientOptions::apply_early); not in local mode.
-  bool apply_early = true;
+  bool apply_early = false;
   int step_delay_ms = 0;        // test hook: sleep this long every step (a slow worker)
   int64_t kill_mid_push_at_step = -1;  // test hook: SIGKILL this process mid-push at this step (-1: never)
 
