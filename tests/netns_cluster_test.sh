@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A cluster across a real (emulated) network: three hosts in network namespaces on a bridge
 # (scripts/netns_hosts.sh), every link capped at 1 Gbit/s with tc tbf; dtrain_ps on host 0 (10.77.0.1), one
-# dtrain_worker on each of hosts 1 and 2. Trains the MLP sync, then async; checks every exit code, the chief's
+# dtrain_worker on each of hosts 1 and 2. Trains the MLP sync, then async, then sync with one worker (the early
+# apply measured and chosen by the worker: --apply_early=auto); checks every exit code, the chief's
 # test accuracy, and that the traffic went through the shaped links (tbf counters on the ps host). Removes
 # every namespace, process and file it made, also on failure or timeout. Needs root (exit 77 otherwise, or
 # where the kernel lacks namespaces, veth, bridge or tbf).
@@ -69,6 +70,29 @@ run_cluster() {
 
 run_cluster sync 150
 run_cluster async 300
+
+# One worker (host 1) on the ps across the link, sync: the worker measures the early apply against the usual
+# order (--apply_early=auto, the default: after 10 steps, 12 steps each) and keeps the faster; the ps grants it
+# (the worker is on another host), so the trial's pushes are applied as they arrive.
+logs="$dir/one"
+mkdir -p "$logs"
+one=(--ps_hosts="$A0:2222" --worker_hosts="$A1:2222")
+pids=()
+"$NETNS" exec "$NAME" 0 timeout 240 "$BIN/dtrain_ps" --job_name=ps --task_index=0 "${one[@]}" --max_run_secs=200 \
+  >"$logs/ps.log" 2>&1 &
+pids+=($!)
+"$NETNS" exec "$NAME" 1 timeout 240 "$BIN/dtrain_worker" --job_name=worker --task_index=0 "${one[@]}" --model=mlp \
+  --mode=sync --train_steps=60 --log_every=50 --startup_wait_secs=60 >"$logs/worker_0.log" 2>&1 &
+pids+=($!)
+for i in 0 1; do
+  rc=0; wait "${pids[$i]}" || rc=$?
+  [ "$rc" = 0 ] || fail "one worker: process $i exited with $rc"
+done
+pids=()
+grep "early apply" "$logs/ps.log" "$logs/worker_0.log" || true
+grep -q "(early apply)" "$logs/ps.log" || fail "one worker: the ps never applied a push as it arrived"
+grep -Eq "early apply \(--apply_early=auto\) at step [0-9]+: (on|off): median step" "$logs/worker_0.log" ||
+  fail "one worker: the worker made no measured choice"
 
 # Everything the ps sent went through the 1 Gbit/s tbf on its eth0: each of the ~450 pulls moves the MLP's
 # 1.6 MB of parameters, so well over 100 MB must have passed through the qdisc.

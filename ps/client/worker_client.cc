@@ -195,7 +195,8 @@ WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vec
       placement_(std::move(placement)),
       worker_id_(worker_id),
       is_chief_(is_chief),
-      options_(options) {
+      options_(options),
+      apply_early_(options.apply_early) {
   DisableMutexDeadlockDetection();  // see common/mutex_config.h
   CHECK_EQ(tasks_.size(), placement_.size());
   for (int t = 0; t < num_tasks(); ++t) {
@@ -708,7 +709,7 @@ absl::Status WorkerClient::OpenUpload(int task) {
   header.step = push_step_;  // not changed while lanes run a push
   header.request_id = push_request_id_;
   header.commit = task == 0;
-  header.apply_early = header.commit && options_.apply_early;
+  header.apply_early = header.commit && apply_early_.load();
   header.session = session(task);
   if (header.commit) header.input_position = input_position_;
   header.cancel = &inflight_;

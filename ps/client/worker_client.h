@@ -54,6 +54,7 @@
 #ifndef DTRAIN_PS_CLIENT_WORKER_CLIENT_H_
 #define DTRAIN_PS_CLIENT_WORKER_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -168,6 +169,9 @@ class WorkerClient {
   // cancelled (no task commits or applies an unfinished upload) and the push completes with `why`, so that
   // WaitPush (and Reconnect) do not wait for a push that would never finish.
   void AbandonPush(absl::Status why);
+  // Whether the pushes that start from now on ask for the early apply (WorkerClientOptions::apply_early; a worker
+  // that measures which is faster switches it between steps). Any thread.
+  void set_apply_early(bool on) { apply_early_.store(on); }
   // Waits for the push to complete; returns ps 0's verdict.
   absl::StatusOr<PushResponse> WaitPush();
   // Starts pulling the parameters (or their moving averages) into `params` (flat). `min_step`: wait until the
@@ -289,6 +293,7 @@ class WorkerClient {
   const int worker_id_;
   const bool is_chief_;
   const WorkerClientOptions options_;
+  std::atomic<bool> apply_early_;  // set_apply_early; starts as options_.apply_early
   std::vector<Slice> slices_;           // every slice, in flat order (== key order)
   std::vector<int> slice_of_key_;       // key -> index in slices_
   std::vector<std::vector<int>> task_slices_;  // task -> indices into slices_

@@ -159,12 +159,13 @@ ABSL_FLAG(int, channels_per_ps, 1,
           "gRPC: connections to each ps task (1 to 64). With more than one, pushes and pulls are striped by slice "
           "over them (large variables are cut into this many more slices; every worker of a run must give the "
           "same value): for links one TCP connection cannot fill. Shared memory ignores it");
-ABSL_FLAG(bool, apply_early, false,
+ABSL_FLAG(std::string, apply_early, "auto",
           "Sync with one worker and one ps task on another host: ask the ps to apply each push's slices as they "
           "arrive, so that the pull streams the new values back while the push still uploads (both directions of "
-          "the link busy at once; a push that fails takes them back). Pays where a step's transfer far exceeds its "
-          "compute (a 1 Gbit link and fp32: 1.23x for the cnn); slower where it does not (the pull then no longer "
-          "overlaps the forward pass): off by default");
+          "the link busy at once; a push that fails takes them back). It pays where a step's transfer far exceeds "
+          "its compute (a 1 Gbit link and fp32: 1.23x for the cnn) and costs where it does not (the pull then no "
+          "longer overlaps the forward pass). auto: measure both every few thousand steps (12 steps each) and keep "
+          "the faster; on (true); off (false)");
 ABSL_FLAG(int, shm_spin_us, 20,
           "Shared memory: how long a lane looks for the ps's answer before its thread sleeps in a system call "
           "(more: less wake-up latency, more CPU spent waiting)");
@@ -338,8 +339,9 @@ int main(int argc, char** argv) {
   o.startup_wait_secs = absl::GetFlag(FLAGS_startup_wait_secs);
   o.step_timeout_secs = absl::GetFlag(FLAGS_step_timeout_secs);
   o.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
-  // A pull striped over several connections is never tentative (ps/core/parameter_server.h): nothing to gain.
-  o.apply_early = absl::GetFlag(FLAGS_apply_early) && absl::GetFlag(FLAGS_channels_per_ps) == 1;
+  o.apply_early = absl::GetFlag(FLAGS_apply_early);
+  if (o.apply_early == "true") o.apply_early = "on";
+  if (o.apply_early == "false") o.apply_early = "off";
   o.step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
   o.kill_mid_push_at_step = absl::GetFlag(FLAGS_debug_kill_mid_push_at_step);
   o.checkpoint.dir = absl::GetFlag(FLAGS_checkpoint_dir);
@@ -391,6 +393,12 @@ int main(int argc, char** argv) {
       o.bad_images = input->bad_images;
     }
   }
+  if (flags_ok.ok() && o.apply_early != "auto" && o.apply_early != "on" && o.apply_early != "off") {
+    flags_ok = absl::InvalidArgumentError(absl::StrCat("--apply_early must be auto, on or off, got '",
+                                                       o.apply_early, "'"));
+  }
+  // A pull striped over several connections is never tentative (ps/core/parameter_server.h): nothing to gain.
+  if (absl::GetFlag(FLAGS_channels_per_ps) != 1) o.apply_early = "off";
   if (flags_ok.ok()) flags_ok = dtrain::worker::ApplyModelDefaults(&o);
   if (flags_ok.ok()) flags_ok = dtrain::worker::OptimizerConfigOf(o).status();  // bad optimizer flags fail now
   if (flags_ok.ok()) {

@@ -14,7 +14,7 @@ absl::StatusOr<std::unique_ptr<TrainingSteps>> MakeTrainingSteps(Towers* towers,
   if (options.local_ps == nullptr)
     return std::unique_ptr<TrainingSteps>(
         new StepRunner(towers, client, options.sync, options.row_cache_rows, options.row_cache_staleness,
-                       options.kill_mid_push_at_step));
+                       options.kill_mid_push_at_step, options.tune_apply_early));
   ASSIGN_OR_RETURN(kernels::OptimizerParams params, DeviceOptimizerParams(options.config));
   ResidentStepsOptions ro;
   ro.cuda_graphs = options.cuda_graphs;

@@ -27,6 +27,8 @@ struct TrainingStepsOptions {
   // Steps that push and pull, models with tables: the worker's row cache (worker/batch/row_cache.h; 0 rows: none).
   int64_t row_cache_rows = 0;
   int row_cache_staleness = 0;
+  // Steps that push and pull: measure whether pushes should ask for the early apply (--apply_early=auto).
+  bool tune_apply_early = false;
 };
 
 // The steps for `towers` (both must outlive them): ResidentSteps with options.local_ps, else a StepRunner.

@@ -10,12 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace dtrain::worker {
 
 StepRunner::StepRunner(Towers* towers, ps::WorkerClient* client, bool sync, int64_t row_cache_rows,
-                       int row_cache_staleness, int64_t kill_mid_push_at_step)
+                       int row_cache_staleness, int64_t kill_mid_push_at_step, bool tune_apply_early)
     : kill_mid_push_at_step_(kill_mid_push_at_step), towers_(towers), client_(client), sync_(sync) {
+  if (tune_apply_early) tuner_ = std::make_unique<ApplyEarlyTuner>();
   const models::Graph& graph = towers->tower(0)->graph();
   sparse_model_ = !graph.tables.empty();
   if (sparse_model_) {
@@ -172,6 +174,17 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
       return absl::FailedPreconditionError("a model with sparse tables steps after SetUpcomingBatches");
     }
     RETURN_IF_ERROR(BindRows(step));
+  }
+  if (tuner_) {
+    const absl::Time now = absl::Now();
+    const double seconds =
+        last_step_start_ == absl::InfinitePast() ? -1.0 : absl::ToDoubleSeconds(now - last_step_start_);
+    last_step_start_ = now;
+    const int decided = tuner_->decisions();
+    client_->set_apply_early(tuner_->Next(seconds));
+    if (tuner_->decisions() != decided) {
+      LOG(INFO) << "early apply (--apply_early=auto) at step " << step << ": " << tuner_->last_decision();
+    }
   }
   // The previous push reads host_grads() until it is done: wait for it before backward overwrites them.
   RETURN_IF_ERROR(client_->BeginPush(step, towers_->host_grads()));

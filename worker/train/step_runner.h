@@ -21,11 +21,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "ps/client/worker_client.h"
 #include "worker/models/model.h"
 #include "worker/batch/row_cache.h"
 #include "worker/batch/sparse_batch.h"
 #include "worker/towers/towers.h"
+#include "worker/train/apply_early_tuner.h"
 #include "worker/train/training_steps.h"
 
 namespace dtrain::worker {
@@ -35,9 +37,10 @@ class StepRunner : public TrainingSteps {
   // `towers` and `client` must outlive the runner; the client's flat buffers are the towers' host buffers.
   // row_cache_rows > 0: a row cache (worker/batch/row_cache.h) of that many rows per table serves rows at most
   // row_cache_staleness steps old without pulling them. `kill_mid_push_at_step` >= 0: a test hook
-  // (TrainingStepsOptions::kill_mid_push_at_step).
+  // (TrainingStepsOptions::kill_mid_push_at_step). `tune_apply_early`: measure whether the pushes should ask for
+  // the early apply and switch the client accordingly (worker/train/apply_early_tuner.h).
   StepRunner(Towers* towers, ps::WorkerClient* client, bool sync, int64_t row_cache_rows = 0,
-             int row_cache_staleness = 0, int64_t kill_mid_push_at_step = -1);
+             int row_cache_staleness = 0, int64_t kill_mid_push_at_step = -1, bool tune_apply_early = false);
 
   // Pulls the current parameters (blocking): the step training starts from.
   absl::StatusOr<ps::PullResult> Start() override;
@@ -95,6 +98,9 @@ class StepRunner : public TrainingSteps {
   std::vector<int64_t> push_ids_;
   std::vector<float> push_grads_;
   SparseTraffic traffic_;
+  // --apply_early=auto: the tuner, and when the previous step started.
+  std::unique_ptr<ApplyEarlyTuner> tuner_;
+  absl::Time last_step_start_ = absl::InfinitePast();
 };
 
 }  // namespace dtrain::worker

@@ -269,7 +269,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   copt.step_timeout = absl::Seconds(o.step_timeout_secs);
   copt.retry_window = absl::Seconds(o.rpc_retry_secs);
   ASSIGN_OR_RETURN(copt.wire_dtype, ps::ParseWireDtype(o.wire_dtype));
-  copt.apply_early = o.apply_early && !local;
+  copt.apply_early = o.apply_early == "on" && !local;
   if (!o.push_journal_dir.empty() && !local) {
     ASSIGN_OR_RETURN(c->push_journal, ps::PushJournal::Open(Env::Default(), o.push_journal_dir, o.worker_id));
     copt.push_journal = c->push_journal.get();
@@ -950,6 +950,9 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
   sopt.kill_mid_push_at_step = o.kill_mid_push_at_step;
   sopt.row_cache_rows = o.row_cache_rows;
   sopt.row_cache_staleness = o.row_cache_staleness;
+  // Only where ps 0 can grant it: one worker, one ps task, sync, whole (not striped) pulls.
+  sopt.tune_apply_early = o.apply_early == "auto" && !local && sopt.sync && o.num_workers == 1 &&
+                          o.num_ps == 1 && o.slice_pieces_per_task == 1;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,
                    MakeTrainingSteps(towers.get(), ps.client.get(), sopt));
   // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.

@@ -154,8 +154,10 @@ struct WorkerOptions {
   double step_timeout_secs = 120;  // how long a step may wait for the ps (another worker's gradients)
   double rpc_retry_secs = 30;      // how long uploads and pulls that fail with Unavailable/DeadlineExceeded retry
   std::string wire_dtype = "fp32";  // fp32 | bf16 | fp16: gradients and parameters on the wire
-  // Commits ask ps 0 to apply the push as it arrives (ps::WorkerClientOptions::apply_early); not in local mode.
-  bool apply_early = false;
+  // Commits ask ps 0 to apply the push as it arrives (ps::WorkerClientOptions::apply_early): "on", "off", or
+  // "auto" (sync, one worker, one ps task, one connection: measured, worker/train/apply_early_tuner.h). Never in
+  // local mode.
+  std::string apply_early = "auto";
   int step_delay_ms = 0;        // test hook: sleep this long every step (a slow worker)
   int64_t kill_mid_push_at_step = -1;  // test hook: SIGKILL this process mid-push at this step (-1: never)
 
