@@ -227,6 +227,7 @@ WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vec
     inflight_.Cancel();
     absl::MutexLock lock(&mu_);
     cv_.SignalAll();
+    heartbeat_cv_.SignalAll();
   });
 }
 
@@ -500,7 +501,7 @@ void WorkerClient::HeartbeatLoop(absl::Duration every) {
   absl::MutexLock lock(&mu_);
   while (!cancel_.cancelled()) {
     const absl::Time until = absl::Now() + every;
-    while (!cancel_.cancelled() && !cv_.WaitWithDeadline(&mu_, until)) {
+    while (!cancel_.cancelled() && !heartbeat_cv_.WaitWithDeadline(&mu_, until)) {
     }
     if (cancel_.cancelled()) break;
     const std::vector<uint64_t> sessions = sessions_;

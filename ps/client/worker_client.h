@@ -322,6 +322,9 @@ class WorkerClient {
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
+  // The heartbeat thread's own (signalled only on cancel): cv_ is signalled several times a step, and waking the
+  // heartbeat thread each time cost a thread switch per signal.
+  absl::CondVar heartbeat_cv_;
   std::vector<uint64_t> sessions_ ABSL_GUARDED_BY(mu_);  // per task, from Register
   std::string restored_position_ ABSL_GUARDED_BY(mu_);   // from ps 0's Register
   absl::Duration lease_ ABSL_GUARDED_BY(mu_);            // from the last Connect

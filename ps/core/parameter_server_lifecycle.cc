@@ -618,11 +618,11 @@ TrainingOutcome ParameterServer::Impl::outcome() const {
 }
 
 bool ParameterServer::Impl::WaitUntilFinished(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+  // Not on cv_: it is signalled several times a step, and each wake-up of this (idle) thread took a core from
+  // the threads serving the step. The condition is evaluated by whoever releases mu_, which wakes this thread
+  // only once finished_ is true.
   absl::MutexLock lock(&mu_);
-  while (!finished_) {
-    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
-  }
+  mu_.AwaitWithTimeout(absl::Condition(&finished_), timeout);
   return finished_;
 }
 

@@ -55,9 +55,13 @@ class Lane {
   // Doorbells in memory both ends map (a LaneDoorbells of the worker's control segment): Send counts each frame
   // in `mine` once it is in the socket, and Receive (and WaitAny) watch `peer` while they spin, so that a
   // spinning wait makes no system call. Without them a spin polls the socket.
+  // Both ends call it at the same point of their exchange (after the Hello and its Welcome, before any other
+  // frame): each counts only the frames after it, so the frames received before it (the Hello, the Welcome) do
+  // not count, or a lone frame would not show on the doorbell and every spin would run its full length.
   void set_doorbells(std::atomic<uint64_t>* mine, std::atomic<uint64_t>* peer) {
     mine_ = mine;
     peer_ = peer;
+    received_ = 0;
   }
   // Waits until one of `lanes` has a frame to read (or has closed): the index of the first such, looking
   // `spin_us` before sleeping. DeadlineExceeded at `deadline`, Unavailable when one was shut down.
