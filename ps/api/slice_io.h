@@ -13,6 +13,7 @@
 #define DTRAIN_PS_API_SLICE_IO_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,16 @@ class SliceUpload {
   // bytes are copied (or, by a gRPC client, referenced until Finish returns: the caller keeps them unchanged
   // until then). InvalidArgument for an unknown key or a range outside the slice; the upload is then unusable.
   virtual absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) = 0;
+  // Write, for fp32 floats that stay at `data`, unchanged, until the push's step has been applied or dropped: a
+  // transport whose worker's memory this process maps (ps/shm) lends them, and an upload may read a whole slice
+  // there instead of copying it (by default, and for a part of a slice, it copies: Write). The protocol
+  // keeps them unchanged: a worker computes its next gradients only after pulling the step they belong to (sync),
+  // or after Finish returned (async, which applies within Finish); a worker that breaks it only spoils its own
+  // gradients. `keep` holds the memory mapped for as long as the upload's task refers to it.
+  virtual absl::Status WriteInPlace(uint32_t key, int64_t offset, int64_t n, const float* data,
+                                    std::shared_ptr<const void> keep) {
+    return Write(key, offset, n, WireDtype::kF32, data);
+  }
   // A push's sparse gradients: row i of `rows` (`dim` values of `dtype`, rows back to back, unaligned allowed)
   // is the gradient of id ids[i] in table `table`, summed over the worker's batch. Ids this task does not own,
   // ids outside a fixed-size table, ids repeated within the upload, or a `dim` that is not the table's are

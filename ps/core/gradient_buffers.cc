@@ -13,6 +13,8 @@ void GradientBuffers::Buffer::Claim(int64_t step, uint64_t request_id) {
   request_id_ = request_id;
   std::fill(received_.begin(), received_.end(), 0);
   std::fill(applied_.begin(), applied_.end(), 0);
+  std::fill(borrowed_.begin(), borrowed_.end(), nullptr);
+  std::fill(keep_.begin(), keep_.end(), nullptr);
   num_complete_ = 0;
   nonfinite_slice_.clear();
   has_gradient_norm_ = false;
@@ -54,6 +56,15 @@ absl::Status GradientBuffers::Buffer::Write(int slice, int64_t offset, int64_t n
     return absl::InvalidArgumentError(absl::StrCat("gradient for '", names_[slice], "': floats from ", offset,
                                                    " after ", received_[slice], " (pieces of a slice come in order)"));
   }
+  if (borrowed_[slice] != nullptr) {
+    if (offset != 0) {
+      if (n == 0) return absl::OkStatus();
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient for '", names_[slice], "': floats from ", offset, " after the slice was lent whole"));
+    }
+    borrowed_[slice] = nullptr;  // written again: copied from here on
+    keep_[slice] = nullptr;
+  }
   std::vector<float>& values = values_[slice];
   if (values.empty()) values.resize(length);
   DecodeFloats(dtype, data, n, values.data() + offset);
@@ -62,6 +73,30 @@ absl::Status GradientBuffers::Buffer::Write(int slice, int64_t offset, int64_t n
   }
   received_[slice] += n;
   if (received_[slice] == length) ++num_complete_;
+  return absl::OkStatus();
+}
+
+void GradientBuffers::Buffer::Unlend(uint64_t writer) {
+  for (size_t i = 0; i < borrowed_.size(); ++i) {
+    if (borrowed_[i] == nullptr || (writer != 0 && lender_[i] != writer)) continue;
+    borrowed_[i] = nullptr;
+    keep_[i] = nullptr;
+    if (received_[i] == length_[i]) --num_complete_;
+    received_[i] = 0;
+  }
+}
+
+absl::Status GradientBuffers::Buffer::Borrow(int slice, int64_t offset, int64_t n, const float* data,
+                                             std::shared_ptr<const void> keep, bool check_finite, uint64_t writer) {
+  const int64_t length = length_[slice];
+  if (offset != 0 || n != length) return Write(slice, offset, n, WireDtype::kF32, data, check_finite);
+  if (received_[slice] == length) --num_complete_;
+  borrowed_[slice] = data;
+  keep_[slice] = std::move(keep);
+  lender_[slice] = writer;
+  if (check_finite && nonfinite_slice_.empty() && !AllFinite(data, n)) nonfinite_slice_ = names_[slice];
+  received_[slice] = length;
+  ++num_complete_;
   return absl::OkStatus();
 }
 
@@ -109,6 +144,9 @@ GradientBuffers::GradientBuffers(int num_workers, const SliceStore& store, const
       e->buffer.length_.push_back(store.spec(i).length);
     }
     e->buffer.values_.resize(store.num_slices());
+    e->buffer.borrowed_.assign(store.num_slices(), nullptr);
+    e->buffer.keep_.resize(store.num_slices());
+    e->buffer.lender_.assign(store.num_slices(), 0);
     e->buffer.received_.assign(store.num_slices(), 0);
     e->buffer.applied_.assign(store.num_slices(), 0);
     for (int t = 0; tables != nullptr && t < tables->num_tables(); ++t) {

@@ -10,6 +10,8 @@
 // A buffer belongs to one upload, named by (step, request_id): an upload with another name starts it afresh
 // (the memory is reused, no allocation after the first step). Within an upload, a slice's pieces arrive in
 // increasing offset without gaps; a piece at offset 0 starts that slice again (a retried upload rewrites it).
+// A transport whose sender's memory this process maps (ps/shm) lends whole slices instead (Borrow): the buffer
+// then refers to the worker's floats until the next upload claims it.
 //
 // Thread-safety: each worker's buffer has its own lock; Lock() hands it out for a sequence of calls.
 #ifndef DTRAIN_PS_CORE_GRADIENT_BUFFERS_H_
@@ -42,6 +44,17 @@ class GradientBuffers {
     // InvalidArgument for a range outside the slice or a piece that does not continue the slice (offset !=
     // floats received so far, unless 0).
     absl::Status Write(int slice, int64_t offset, int64_t n, WireDtype dtype, const void* data, bool check_finite);
+    // Write for fp32 floats that stay at `data`, unchanged, until this upload's step has been applied or dropped
+    // (SliceUpload::WriteInPlace). A whole slice is lent: data(slice) is then `data` itself, no copy, and `keep`
+    // keeps that memory mapped while the buffer refers to it (until the next upload claims the buffer, or the
+    // slice is written again). A part of a slice is copied, as by Write.
+    // `writer` names the upload attempt (any number unique per attempt), for Unlend.
+    absl::Status Borrow(int slice, int64_t offset, int64_t n, const float* data, std::shared_ptr<const void> keep,
+                        bool check_finite, uint64_t writer);
+    // Lets go of the slices attempt `writer` lent (all lent slices for 0): they count as not received. For an
+    // upload that will not be applied (abandoned, refused, dropped) and for one whose step has been applied, so
+    // that a worker's memory is not held past its use (a worker that exits has its segments unmapped at once).
+    void Unlend(uint64_t writer);
     // The first slice of the current upload with a non-finite value (its name), or empty.
     const std::string& nonfinite_slice() const { return nonfinite_slice_; }
     bool complete(int slice) const { return received_[slice] == length_[slice]; }
@@ -49,7 +62,7 @@ class GradientBuffers {
     bool all_complete() const { return num_complete_ == static_cast<int>(length_.size()); }
     // "w/biases (0 of 10 floats), ..." for the slices not yet whole, for error messages.
     std::string DescribeMissing() const;
-    const float* data(int slice) const { return values_[slice].data(); }
+    const float* data(int slice) const { return borrowed_[slice] != nullptr ? borrowed_[slice] : values_[slice].data(); }
     // The worker's gradient norm for this upload (SliceUpload::SetGradientNorm; a retried upload sets it again).
     void set_gradient_norm(double norm) {
       gradient_norm_ = norm;
@@ -78,6 +91,9 @@ class GradientBuffers {
     std::vector<std::string> names_;
     std::vector<int64_t> length_;
     std::vector<std::vector<float>> values_;  // allocated on first use
+    std::vector<const float*> borrowed_;      // per slice: Borrow's floats (then values_ is not used), or null
+    std::vector<std::shared_ptr<const void>> keep_;  // per slice: what keeps borrowed_ mapped
+    std::vector<uint64_t> lender_;                   // per slice: the attempt that lent borrowed_
     std::vector<int64_t> received_;
     std::vector<char> applied_;
     int num_complete_ = 0;

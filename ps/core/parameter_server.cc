@@ -106,6 +106,8 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
   PushUpload(Impl* impl, const PushHeader& header) : impl_(impl), header_(header), writer_(impl->next_writer_++) {}
   ~PushUpload() override {
     if (early_) impl_->EndTentative(writer_);  // an upload that did not finish as its step: taken back
+    // Lent gradients are held only while their step waits for its decision (ApplyDecision lets go of them then).
+    if (lent_ && !awaits_decision_) impl_->buffers_->Lock(header_.worker_id)->Unlend(writer_);
     absl::MutexLock lock(&impl_->mu_);
     --impl_->accounting_.in_flight;
     if (!finished_) ++impl_->accounting_.abandoned;
@@ -113,28 +115,17 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
 
   absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
     impl_->bytes_received_ += n * DtypeBytes(dtype);
-    if (!status_.ok()) return status_;
-    absl::StatusOr<int> i = impl_->store_->IndexOf(key);
-    if (!i.ok()) return status_ = i.status();
-    const bool check = impl_->options_.nonfinite != ParameterServerOptions::NonFinite::kApply;
-    if (early_) {
-      // The apply lock before the buffer's, as ApplyDecision takes them.
-      absl::MutexLock apply_lock(&impl_->apply_mu_);
-      GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
-      buffer->Claim(header_.step, header_.request_id);
-      status_ = buffer->Write(*i, offset, n, dtype, data, check);
-      if (status_.ok()) impl_->ApplyTentativeLocked(writer_, epoch_, header_, *i, *buffer);
-      return status_;
-    }
-    GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
-    buffer->Claim(header_.step, header_.request_id);
-    status_ = buffer->Write(*i, offset, n, dtype, data, check);
-    // Clipping needs the worker's norm, which comes after the slices: such pushes are applied when they finish.
-    if (status_.ok() && !check && !impl_->sync_ && !impl_->clipping() && buffer->complete(*i) &&
-        !buffer->applied(*i)) {
-      impl_->ApplyAsync(*i, *buffer);
-    }
-    return status_;
+    return Take(key, [&](int i, bool check, GradientBuffers::Buffer* b) {
+      return b->Write(i, offset, n, dtype, data, check);
+    });
+  }
+  absl::Status WriteInPlace(uint32_t key, int64_t offset, int64_t n, const float* data,
+                            std::shared_ptr<const void> keep) override {
+    impl_->bytes_received_ += n * 4;
+    lent_ = true;
+    return Take(key, [&](int i, bool check, GradientBuffers::Buffer* b) {
+      return b->Borrow(i, offset, n, data, std::move(keep), check, writer_);
+    });
   }
 
   absl::Status SetGradientNorm(double norm) override {
@@ -184,6 +175,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     }
     // The thread that decided a step applies it (slice by slice; pulls stream each slice as it is done).
     if (decided) impl_->ApplyDecision(*decided, epoch, &saves);
+    awaits_decision_ = impl_->sync_ && response.ok() && response->outcome == PushResponse::Outcome::kAccepted;
     // A tentative update that did not become the step's (the push refused, dropped or not decided) is taken back.
     if (early_) impl_->EndTentative(writer_);
     impl_->WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
@@ -198,11 +190,41 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
   }
 
  private:
+  // A piece of slice `key` into the worker's buffer (`put`: Write or Borrow), then applied where it may be at once
+  // (the early apply; async pushes under --nonfinite=apply).
+  template <typename Put>
+  absl::Status Take(uint32_t key, Put put) {
+    if (!status_.ok()) return status_;
+    absl::StatusOr<int> i = impl_->store_->IndexOf(key);
+    if (!i.ok()) return status_ = i.status();
+    const bool check = impl_->options_.nonfinite != ParameterServerOptions::NonFinite::kApply;
+    if (early_) {
+      // The apply lock before the buffer's, as ApplyDecision takes them.
+      absl::MutexLock apply_lock(&impl_->apply_mu_);
+      GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
+      buffer->Claim(header_.step, header_.request_id);
+      status_ = put(*i, check, &*buffer);
+      if (status_.ok()) impl_->ApplyTentativeLocked(writer_, epoch_, header_, *i, *buffer);
+      return status_;
+    }
+    GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
+    buffer->Claim(header_.step, header_.request_id);
+    status_ = put(*i, check, &*buffer);
+    // Clipping needs the worker's norm, which comes after the slices: such pushes are applied when they finish.
+    if (status_.ok() && !check && !impl_->sync_ && !impl_->clipping() && buffer->complete(*i) &&
+        !buffer->applied(*i)) {
+      impl_->ApplyAsync(*i, *buffer);
+    }
+    return status_;
+  }
+
   Impl* impl_;
   const PushHeader header_;
   const uint64_t writer_;  // this attempt, for the sparse rows (a retry is another)
   absl::Status status_;
   bool finished_ = false;
+  bool lent_ = false;             // WriteInPlace lent slices to the buffer
+  bool awaits_decision_ = false;  // Finish accepted it in sync mode: applied when its step is decided
   bool early_ = false;
   int64_t epoch_ = 0;
 };
@@ -700,6 +722,9 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
     // The tables after the slices (pulls stream them in that order), with the same 1/R.
     sparse_->SetClock(d.step);
     if (!sparse_async_) ApplySparse(summed, d.step, scale);
+    for (GradientBuffers::Locked& b : held) {
+      if (b->step() == d.step) b->Unlend(0);  // read for the last time
+    }
     sparse_->SetVersion(d.step + 1);
     if (journal_) {
       for (size_t k = 0; k < summed.size(); ++k) {

@@ -197,6 +197,82 @@ TEST(SyncTest, StaleGradientIsDroppedAndValuesUnchanged) {
   EXPECT_TRUE(a.Balanced()) << a.DebugString();
 }
 
+// A transport that maps the worker's memory lends whole slices (SliceUpload::WriteInPlace): the ps reads them
+// where they lie when it applies the step (no copy), and holds that memory (`keep`) until then: no longer once the
+// step is applied, or once an upload that will not be applied ends.
+TEST(SyncTest, LentGradientsAreReadInPlaceWhenTheStepIsApplied) {
+  auto cluster = *SimCluster::Start(OneTask(2, 2, {1, 2, 3, 4}));
+  ParameterServer& ps = cluster->task(0);
+  const testing::Slices keys = cluster->SlicesFor(0, {0, 0, 0, 0});
+  ASSERT_EQ(keys.size(), 2u);
+  const uint32_t w_key = keys.begin()->first, b_key = std::next(keys.begin())->first;
+  ASSERT_EQ(keys.begin()->second.size(), 3u);
+  const uint64_t s0 = cluster->Session(0, 0), s1 = cluster->Session(0, 1);  // (each call registers anew)
+  {
+    // An upload abandoned after lending a slice lets go of it at once.
+    auto lent = std::make_shared<std::vector<float>>(std::vector<float>{7, 7, 7});
+    std::weak_ptr<std::vector<float>> watch = lent;
+    PushHeader h{0, 0, 41, /*commit=*/true, s0};
+    absl::StatusOr<std::unique_ptr<SliceUpload>> up = ps.StartPush(h);
+    ASSERT_TRUE(up.ok()) << up.status();
+    ASSERT_TRUE((*up)->WriteInPlace(w_key, 0, 3, lent->data(), lent).ok());
+    lent.reset();
+    EXPECT_FALSE(watch.expired());
+    up->reset();
+    EXPECT_TRUE(watch.expired());
+  }
+  auto lent_w = std::make_shared<std::vector<float>>(std::vector<float>{9, 9, 9});
+  std::weak_ptr<std::vector<float>> watch = lent_w;
+  std::vector<float> lent_b = {5};
+  {
+    PushHeader h{0, 0, 42, /*commit=*/true, s0};
+    absl::StatusOr<std::unique_ptr<SliceUpload>> up = ps.StartPush(h);
+    ASSERT_TRUE(up.ok()) << up.status();
+    ASSERT_TRUE((*up)->WriteInPlace(w_key, 0, 3, lent_w->data(), lent_w).ok());
+    ASSERT_TRUE((*up)->WriteInPlace(b_key, 0, 1, lent_b.data(), nullptr).ok());
+    absl::StatusOr<PushResponse> r = (*up)->Finish();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kAccepted);
+  }
+  // Worker 0's gradient changes where it lies before the step is decided: the ps reads it there. (A worker does
+  // not do this; it shows that nothing was copied.)
+  *lent_w = {1, 0, -1};
+  lent_b[0] = 2;
+  lent_w.reset();
+  EXPECT_FALSE(watch.expired());  // held while the step waits for worker 1
+  PushHeader h1{1, 0, 7, /*commit=*/true, s1};
+  ASSERT_EQ(PushSlices(ps, h1, cluster->SlicesFor(0, {3, 2, 1, 0}))->outcome, Outcome::kAccepted);
+  ASSERT_EQ(ps.step(), 1);
+  EXPECT_TRUE(watch.expired());  // applied: let go
+  // mean = {2, 1, 0, 1}; values = {1, 2, 3, 4} - 0.5 * mean
+  PullRequest request;
+  request.worker_id = 0;
+  request.session = s0;
+  request.min_step = 1;
+  absl::StatusOr<Pulled> r = PullSlices(ps, request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->slices.at(w_key), (std::vector<float>{0, 1.5, 3}));
+  EXPECT_EQ(r->slices.at(b_key), (std::vector<float>{3.5}));
+  // A part of a slice is copied, as Write does: changed afterwards, it is applied as it was written.
+  PushHeader h2{0, 1, 43, /*commit=*/true, s0};
+  absl::StatusOr<std::unique_ptr<SliceUpload>> up = ps.StartPush(h2);
+  ASSERT_TRUE(up.ok()) << up.status();
+  std::vector<float> piece = {2, 2};
+  ASSERT_TRUE((*up)->WriteInPlace(w_key, 0, 2, piece.data(), nullptr).ok());
+  piece = {100, 100};
+  std::vector<float> rest = {2};
+  ASSERT_TRUE((*up)->WriteInPlace(w_key, 2, 1, rest.data(), nullptr).ok());
+  ASSERT_TRUE((*up)->WriteInPlace(b_key, 0, 1, rest.data(), nullptr).ok());
+  ASSERT_EQ((*up)->Finish()->outcome, Outcome::kAccepted);
+  ASSERT_EQ(PushSlices(ps, PushHeader{1, 1, 8, true, s1}, cluster->SlicesFor(0, {2, 2, 2, 2}))
+                ->outcome,
+            Outcome::kAccepted);
+  request.min_step = 2;
+  r = PullSlices(ps, request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->slices.at(w_key), (std::vector<float>{-1, 0.5, 2}));
+}
+
 TEST(SyncTest, DuplicatePushIsNotAppliedTwice) {
   auto cluster = *SimCluster::Start(OneTask(2, 2, {0, 0, 0, 0}));
   ParameterServer& ps = cluster->task(0);

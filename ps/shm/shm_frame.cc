@@ -310,6 +310,7 @@ std::string EncodeDataRef(const DataRef& m) {
   w.U8(static_cast<uint8_t>(m.dtype));
   w.U32(m.segment);
   w.I64(m.at);
+  w.Bool(m.lent);
   return w.Take();
 }
 absl::StatusOr<DataRef> DecodeDataRef(absl::string_view payload) {
@@ -321,6 +322,7 @@ absl::StatusOr<DataRef> DecodeDataRef(absl::string_view payload) {
   m.dtype = r.Dtype();
   m.segment = r.U32();
   m.at = r.I64();
+  m.lent = r.Bool();
   return Done(r, m);
 }
 

@@ -32,7 +32,7 @@
 namespace dtrain::ps::shm {
 
 inline constexpr uint32_t kShmFrameMagic = 0x4d535444;  // "DTSM"
-inline constexpr uint16_t kShmFrameVersion = 2;
+inline constexpr uint16_t kShmFrameVersion = 3;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Within the default socket buffer (net.core.wmem_default, ~208 KiB), so that a frame is never refused as too large.
 inline constexpr size_t kMaxFramePayload = 128 << 10;
@@ -91,6 +91,10 @@ struct DataRef {
   WireDtype dtype = WireDtype::kF32;
   uint32_t segment = 0;
   int64_t at = 0;
+  // The worker's own buffer, which it leaves unchanged until the push's step has been applied or dropped (not a
+  // staging copy that the next upload reuses): the ps may read the floats there instead of copying them
+  // (SliceUpload::WriteInPlace).
+  bool lent = false;
 };
 
 // n row gradients of `table` (dim values of `dtype` each) at byte `rows_at`, their int64 ids at byte `ids_at`,

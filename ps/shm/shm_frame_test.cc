@@ -102,5 +102,22 @@ TEST(ShmFrameTest, PayloadsRoundTripAndRefuseGarbage) {
   EXPECT_EQ(DecodeDataRef(bad_dtype).status().code(), absl::StatusCode::kDataLoss);
 }
 
+TEST(ShmFrameTest, ADataRefSaysWhetherItsFloatsAreLent) {
+  for (bool lent : {false, true}) {
+    const DataRef ref{7, 128, 4096, WireDtype::kF32, 2, 512, lent};
+    absl::StatusOr<DataRef> back = DecodeDataRef(EncodeDataRef(ref));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->key, 7u);
+    EXPECT_EQ(back->offset, 128);
+    EXPECT_EQ(back->n, 4096);
+    EXPECT_EQ(back->segment, 2u);
+    EXPECT_EQ(back->at, 512);
+    EXPECT_EQ(back->lent, lent);
+  }
+  std::string bad = EncodeDataRef(DataRef{7, 0, 4, WireDtype::kF32, 2, 0, true});
+  bad.back() = 2;  // neither 0 nor 1
+  EXPECT_EQ(DecodeDataRef(bad).status().code(), absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace dtrain::ps::shm

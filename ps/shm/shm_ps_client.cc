@@ -343,6 +343,7 @@ class ShmUpload : public SliceUpload {
     if (seg != nullptr) {  // in place: the ps reads the worker's buffer
       ASSIGN_OR_RETURN(ref.segment, Check(c_->push->Share(seg)));
       ref.at = at;
+      ref.lent = true;  // host_grads: the next backward pass, which writes them again, follows the step's pull
       client_->Count(&ShmCounters::bytes_in_place, bytes);
     } else {
       ASSIGN_OR_RETURN(auto staged, Stage(data, bytes, 1));

@@ -54,7 +54,9 @@ struct Attachment {
   std::unique_ptr<Lane> push_lane ABSL_GUARDED_BY(mu), pull_lane ABSL_GUARDED_BY(mu);
   std::vector<std::shared_ptr<ShmSegment>> doorbells ABSL_GUARDED_BY(mu);  // the lanes' (LaneDoorbells)
   bool served ABSL_GUARDED_BY(mu) = false;
-  std::map<uint32_t, std::unique_ptr<ShmSegment>> segments ABSL_GUARDED_BY(mu);
+  // Shared, so that what refers to a segment beyond the attachment (a gradient lent to the ps's buffers until its
+  // step is applied: SliceUpload::WriteInPlace) keeps it mapped.
+  std::map<uint32_t, std::shared_ptr<ShmSegment>> segments ABSL_GUARDED_BY(mu);
   // A segment the worker shared that could not be mapped: every later call fails with it (a transport failure).
   absl::Status segment_error ABSL_GUARDED_BY(mu);
 
@@ -69,7 +71,9 @@ struct Attachment {
     pull_cancel.Cancel();
   }
   // Where [at, at + bytes) of segment `id` is mapped here; a transport failure when it is not.
-  absl::StatusOr<char*> Resolve(uint32_t id, int64_t at, int64_t bytes, int64_t align = 1) {
+  // With `keep`, the segment is held there too.
+  absl::StatusOr<char*> Resolve(uint32_t id, int64_t at, int64_t bytes, int64_t align = 1,
+                                std::shared_ptr<const void>* keep = nullptr) {
     absl::MutexLock lock(&mu);
     if (!segment_error.ok()) return segment_error;
     auto it = segments.find(id);
@@ -79,6 +83,7 @@ struct Attachment {
       return TransportError(absl::StrCat("shared memory: bytes [", at, ", +", bytes, ") outside segment ", id, " of ",
                                          s.size(), " bytes"));
     }
+    if (keep != nullptr) *keep = it->second;
     return s.data() + at;
   }
 };
@@ -535,14 +540,20 @@ bool ShmServer::Impl::HandlePush(Lane* lane, Attachment* a, const Frame& frame, 
         st->Fail(TransportError(absl::StrCat("shared memory: a piece of ", ref->n, " values")), true);
         return true;
       }
-      absl::StatusOr<char*> data = a->Resolve(ref->segment, ref->at, ref->n * DtypeBytes(ref->dtype));
+      // fp32 floats the worker lends are read where they lie (it leaves them until the step is applied): no copy.
+      const bool in_place = ref->lent && ref->dtype == WireDtype::kF32 && ref->at % 4 == 0;
+      std::shared_ptr<const void> keep;
+      absl::StatusOr<char*> data = a->Resolve(ref->segment, ref->at, ref->n * DtypeBytes(ref->dtype),
+                                              in_place ? 4 : 1, in_place ? &keep : nullptr);
       if (!data.ok()) {
         st->Fail(data.status(), true);
         return true;
       }
-      if (absl::Status s = st->upload->Write(ref->key, ref->offset, ref->n, ref->dtype, *data); !s.ok()) {
-        st->Fail(s, false);
-      }
+      absl::Status s =
+          in_place ? st->upload->WriteInPlace(ref->key, ref->offset, ref->n, reinterpret_cast<const float*>(*data),
+                                              std::move(keep))
+                   : st->upload->Write(ref->key, ref->offset, ref->n, ref->dtype, *data);
+      if (!s.ok()) st->Fail(s, false);
       return true;
     }
     case FrameType::kPushRows: {
