@@ -897,16 +897,14 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
                                                  "did not become the step): pull again"));
     };
     const int num = store_->num_slices();
-    std::vector<int> slices(num);
-    for (int i = 0; i < num; ++i) slices[i] = i;
     std::vector<int64_t> streamed(num, 0);
     const auto stop = [&] { return stopped() || undone(); };
     for (int whole = 0; whole < num;) {
       int64_t end = 0;
-      int k = store_->WaitAnyReadable(slices, streamed, version, absl::InfinitePast(), stop, &end);
+      int k = store_->WaitAnyReadable(streamed, version, absl::InfinitePast(), stop, &end);
       if (k < 0) {
         RETURN_IF_ERROR(receiver->Flush());  // send what is ready before waiting for the update
-        k = store_->WaitAnyReadable(slices, streamed, version, deadline, stop, &end);
+        k = store_->WaitAnyReadable(streamed, version, deadline, stop, &end);
       }
       if (k < 0) {
         if (stopped()) return stopped_error();

@@ -253,8 +253,7 @@ bool SliceStore::WaitReadable(int i, int64_t end, int64_t version, absl::Time de
                               const std::function<bool()>& stop) const {
   absl::MutexLock lock(&progress_mu_);
   auto readable = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
-    const Progress& p = progress_[i];
-    return p.version >= version || (p.applying_version >= version && p.applied_floats >= end);
+    return progress_[i].ReadableEnd(specs_[i].length, version) >= end;
   };
   while (!readable()) {
     if (stop && stop()) return false;
@@ -263,16 +262,13 @@ bool SliceStore::WaitReadable(int i, int64_t end, int64_t version, absl::Time de
   return true;
 }
 
-int SliceStore::WaitAnyReadable(const std::vector<int>& slices, const std::vector<int64_t>& sent, int64_t version,
-                                absl::Time deadline, const std::function<bool()>& stop,
-                                int64_t* readable_end) const {
+int SliceStore::WaitAnyReadable(const std::vector<int64_t>& sent, int64_t version, absl::Time deadline,
+                                const std::function<bool()>& stop, int64_t* readable_end) const {
+  CHECK_EQ(sent.size(), specs_.size());
   absl::MutexLock lock(&progress_mu_);
   auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
-    for (size_t k = 0; k < slices.size(); ++k) {
-      const Progress& p = progress_[slices[k]];
-      const int64_t end = p.version >= version            ? specs_[slices[k]].length
-                          : p.applying_version >= version ? p.applied_floats
-                                                          : 0;
+    for (size_t k = 0; k < sent.size(); ++k) {
+      const int64_t end = progress_[k].ReadableEnd(specs_[k].length, version);
       if (end > sent[k]) {
         *readable_end = end;
         return static_cast<int>(k);

@@ -99,12 +99,12 @@ class SliceStore {
   // returns true. Returns whether they do.
   bool WaitReadable(int i, int64_t end, int64_t version, absl::Time deadline,
                     const std::function<bool()>& stop = nullptr) const;
-  // Waits until one of `slices` (indices), say slices[k], has floats beyond sent[k] that hold version >= `version`
-  // (see WaitReadable), or until `deadline` or `stop` as WaitReadable. Returns k, with the end of its readable
-  // floats in *readable_end, or -1. A reader that streams slices in the order their updates arrive (the early
-  // apply's pull) uses it.
-  int WaitAnyReadable(const std::vector<int>& slices, const std::vector<int64_t>& sent, int64_t version,
-                      absl::Time deadline, const std::function<bool()>& stop, int64_t* readable_end) const;
+  // Waits until a slice, say slice k, has floats beyond sent[k] (one entry per slice) that hold version >=
+  // `version` (see WaitReadable), or until `deadline` or `stop` as WaitReadable. Returns k, with the end of its
+  // readable floats in *readable_end, or -1. A reader that streams slices in the order their updates arrive (the
+  // early apply's pull) uses it.
+  int WaitAnyReadable(const std::vector<int64_t>& sent, int64_t version, absl::Time deadline,
+                      const std::function<bool()>& stop, int64_t* readable_end) const;
   // Wakes every WaitReadable (to check its `stop`).
   void WakeWaiters() const;
   int64_t version(int i) const;
@@ -146,6 +146,10 @@ class SliceStore {
     int64_t version = 0;           // completed updates
     int64_t applying_version = 0;  // version being applied (== version when none is in progress)
     int64_t applied_floats = 0;    // floats [0, applied_floats) already hold applying_version
+    // How far from 0 the floats of a slice of `length` hold version >= `want`.
+    int64_t ReadableEnd(int64_t length, int64_t want) const {
+      return version >= want ? length : applying_version >= want ? applied_floats : 0;
+    }
   };
 
   SliceStore(std::vector<SliceSpec> specs, Optimizer optimizer, float moving_average_decay);
