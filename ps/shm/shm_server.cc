@@ -425,6 +425,7 @@ struct ShmServer::Impl::UploadState {
   bool transport = false;  // that error is the data plane's
   uint64_t request_id = 0;    // of the open upload
   uint64_t last_request = 0;  // of the last upload that ended (finished or abandoned)
+  bool answered_commit = false;  // the last frame handled was a commit, answered
 
   void Fail(absl::Status s, bool of_transport) {
     if (error.ok()) {
@@ -451,7 +452,11 @@ void ShmServer::Impl::ServeAttachment(Attachment* a) {
     if (st.open) {
       deadline = absl::Now() + options_.upload_timeout;
     } else {
-      absl::StatusOr<int> ready = Lane::WaitAny(lanes, 2, absl::InfiniteFuture(), options_.spin_us);
+      const int spin = st.answered_commit && options_.spin_us > 0
+                           ? std::max(options_.spin_us, options_.spin_after_commit_us)
+                           : options_.spin_us;
+      st.answered_commit = false;
+      absl::StatusOr<int> ready = Lane::WaitAny(lanes, 2, absl::InfiniteFuture(), spin);
       if (!ready.ok()) break;
       which = *ready;
     }
@@ -602,6 +607,7 @@ bool ShmServer::Impl::HandlePush(Lane* lane, Attachment* a, const Frame& frame, 
       st->upload.reset();
       st->open = false;
       st->last_request = st->request_id;
+      st->answered_commit = true;
       return lane->Send(FrameType::kPushResult, EncodePushResult(result)).ok();
     }
     case FrameType::kPushAbandon: {

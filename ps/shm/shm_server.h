@@ -43,6 +43,10 @@ struct ShmServerOptions {
   int max_segments = 64;  // per attachment
   // A lane looks for the worker's next frame this long before its thread sleeps (Lane::set_spin).
   int spin_us = 20;
+  // Longer right after answering a commit (when spin_us > 0): the worker's pull follows within microseconds, once
+  // the worker has woken to the answer, and a thread that slept meanwhile costs that pull a wake-up of an idle
+  // core (tens of microseconds, more under a hypervisor). The wait ends as soon as the pull comes.
+  int spin_after_commit_us = 300;
 };
 
 struct ShmServerCounters {
