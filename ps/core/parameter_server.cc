@@ -627,6 +627,14 @@ absl::StatusOr<std::vector<StepDecision>> ParameterServer::Impl::ClaimDecisions(
       if (std::find(d.workers.begin(), d.workers.begin() + k, w) != d.workers.begin() + k) {
         return absl::InvalidArgumentError(absl::StrCat("decision for step ", d.step, " names worker ", w, " twice"));
       }
+      if (complete_step_[w] == -1 && epoch_ > 0) {
+        // The task rolled back (a restore on the chief's request, as after a ps task restarted) since the decision
+        // was made: its gradients went with the rollback, and the decision itself may not stand (ps 0 may be
+        // rolling back too, tasks one after another). Not a broken protocol: the worker registers again.
+        return absl::AbortedError(absl::StrCat(
+            "decision for step ", d.step, " includes worker ", w, ", whose gradients ps task ", options_.task_index,
+            " dropped when it rolled back to step ", step_, ": the decision was made before; register again"));
+      }
       if (complete_step_[w] != d.step) {
         return absl::FailedPreconditionError(absl::StrCat(
             "decision for step ", d.step, " includes worker ", w, ", but ps task ", options_.task_index,

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "ps/checkpoint/checkpoint_test_util.h"
 #include "ps/core/parameter_server.h"
 #include "ps/testing/ps_test_util.h"
 
@@ -209,6 +210,53 @@ TEST(MultiPsProtocolTest, MissingOrUnbufferedDecisionsAreRejected) {
   // A push for step 0 now is a backup's.
   EXPECT_EQ(PushSlices(task1, PushHeader{1, 0, 1, false, session1}, ones)->outcome,
             PushResponse::Outcome::kDroppedBackup);
+}
+
+// A task that rolled back (the chief's restore, as after a ps task restarted) dropped the gradients it held. A
+// worker can still bring it a decision made before (ps 0 rolls back after it, say): it is told to register again
+// (Aborted, which a worker answers by connecting again), not that the protocol broke (FailedPrecondition).
+TEST(MultiPsProtocolTest, ADecisionFromBeforeARollbackAsksTheWorkerToRegisterAgain) {
+  testing::ScratchDir dir("decision_rollback");
+  SimClusterOptions o = Options(2, 2, 2, "sgd");
+  o.checkpoint.dir = dir.path();
+  o.checkpoint.save_steps = 1;
+  auto cluster = *SimCluster::Start(o);
+  SimCluster* c = cluster.get();
+  const std::vector<float> ones(c->total_floats(), 1.0f);
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(PushSlices(c->task(1), PushHeader{w, 0, 10u + w, false, c->Session(1, w)}, c->SlicesFor(1, ones)).ok());
+    ASSERT_TRUE(PushSlices(c->task(0), PushHeader{w, 0, 10u + w, true, c->Session(0, w)}, c->SlicesFor(0, ones)).ok());
+  }
+  PullRequest p0;
+  p0.worker_id = 0;
+  p0.session = c->Session(0, 0);
+  p0.min_step = 1;
+  absl::StatusOr<Pulled> at0 = PullSlices(c->task(0), p0);
+  ASSERT_TRUE(at0.ok()) << at0.status();
+  ASSERT_EQ(at0->header.decisions.size(), 1u);
+  PullRequest p1 = p0;
+  p1.session = c->Session(1, 0);
+  p1.decisions = at0->header.decisions;
+  ASSERT_TRUE(PullSlices(c->task(1), p1).ok());
+  ASSERT_EQ(c->task(1).step(), 1);  // and it saved step 1
+  // Both workers push step 1 to task 1; ps 0 decides it (here: a decision naming both).
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(PushSlices(c->task(1), PushHeader{w, 1, 20u + w, false, c->Session(1, w)}, c->SlicesFor(1, ones)).ok());
+  }
+  StepDecision step1 = at0->header.decisions[0];
+  step1.step = 1;
+  // Task 1 rolls back to its checkpoint of step 1: the gradients of step 1 go with it.
+  TrainConfig config = c->config();
+  config.slices = c->placement().task_slices[1];
+  ASSERT_TRUE(c->task(1).Restore(config, 0, 1).ok());
+  PullRequest late = p1;
+  late.session = c->Session(1, 0);  // registered again
+  late.min_step = 2;
+  late.decisions = {step1};
+  absl::StatusOr<Pulled> r = PullSlices(c->task(1), late);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_NE(r.status().message().find("register again"), std::string::npos) << r.status();
+  EXPECT_EQ(c->task(1).step(), 1);
 }
 
 // Task 1 applies only decisions ps 0 signed with the cluster's token: a decision a worker forged or altered, or
