@@ -13,8 +13,7 @@ void GradientBuffers::Buffer::Claim(int64_t step, uint64_t request_id) {
   request_id_ = request_id;
   std::fill(received_.begin(), received_.end(), 0);
   std::fill(applied_.begin(), applied_.end(), 0);
-  std::fill(borrowed_.begin(), borrowed_.end(), nullptr);
-  std::fill(keep_.begin(), keep_.end(), nullptr);
+  std::fill(lent_.begin(), lent_.end(), Lent{});
   num_complete_ = 0;
   nonfinite_slice_.clear();
   has_gradient_norm_ = false;
@@ -50,20 +49,18 @@ absl::Status GradientBuffers::Buffer::Write(int slice, int64_t offset, int64_t n
                                                    offset + n, ") outside its ", length, " values"));
   }
   if (offset == 0) {
-    if (received_[slice] == length) --num_complete_;
-    received_[slice] = 0;
+    SetReceived(slice, 0);
   } else if (offset != received_[slice]) {
     return absl::InvalidArgumentError(absl::StrCat("gradient for '", names_[slice], "': floats from ", offset,
                                                    " after ", received_[slice], " (pieces of a slice come in order)"));
   }
-  if (borrowed_[slice] != nullptr) {
+  if (lent_[slice].data != nullptr) {
     if (offset != 0) {
       if (n == 0) return absl::OkStatus();
       return absl::InvalidArgumentError(
           absl::StrCat("gradient for '", names_[slice], "': floats from ", offset, " after the slice was lent whole"));
     }
-    borrowed_[slice] = nullptr;  // written again: copied from here on
-    keep_[slice] = nullptr;
+    lent_[slice] = Lent{};  // written again: copied from here on
   }
   std::vector<float>& values = values_[slice];
   if (values.empty()) values.resize(length);
@@ -71,18 +68,21 @@ absl::Status GradientBuffers::Buffer::Write(int slice, int64_t offset, int64_t n
   if (check_finite && nonfinite_slice_.empty() && !AllFinite(values.data() + offset, n)) {
     nonfinite_slice_ = names_[slice];
   }
-  received_[slice] += n;
-  if (received_[slice] == length) ++num_complete_;
+  SetReceived(slice, received_[slice] + n);
   return absl::OkStatus();
 }
 
+void GradientBuffers::Buffer::SetReceived(int slice, int64_t floats) {
+  if (received_[slice] == length_[slice]) --num_complete_;
+  received_[slice] = floats;
+  if (floats == length_[slice]) ++num_complete_;
+}
+
 void GradientBuffers::Buffer::Unlend(uint64_t writer) {
-  for (size_t i = 0; i < borrowed_.size(); ++i) {
-    if (borrowed_[i] == nullptr || (writer != 0 && lender_[i] != writer)) continue;
-    borrowed_[i] = nullptr;
-    keep_[i] = nullptr;
-    if (received_[i] == length_[i]) --num_complete_;
-    received_[i] = 0;
+  for (size_t i = 0; i < lent_.size(); ++i) {
+    if (lent_[i].data == nullptr || (writer != 0 && lent_[i].writer != writer)) continue;
+    lent_[i] = Lent{};
+    SetReceived(static_cast<int>(i), 0);
   }
 }
 
@@ -90,13 +90,9 @@ absl::Status GradientBuffers::Buffer::Borrow(int slice, int64_t offset, int64_t 
                                              std::shared_ptr<const void> keep, bool check_finite, uint64_t writer) {
   const int64_t length = length_[slice];
   if (offset != 0 || n != length) return Write(slice, offset, n, WireDtype::kF32, data, check_finite);
-  if (received_[slice] == length) --num_complete_;
-  borrowed_[slice] = data;
-  keep_[slice] = std::move(keep);
-  lender_[slice] = writer;
+  lent_[slice] = Lent{data, std::move(keep), writer};
   if (check_finite && nonfinite_slice_.empty() && !AllFinite(data, n)) nonfinite_slice_ = names_[slice];
-  received_[slice] = length;
-  ++num_complete_;
+  SetReceived(slice, length);
   return absl::OkStatus();
 }
 
@@ -144,9 +140,7 @@ GradientBuffers::GradientBuffers(int num_workers, const SliceStore& store, const
       e->buffer.length_.push_back(store.spec(i).length);
     }
     e->buffer.values_.resize(store.num_slices());
-    e->buffer.borrowed_.assign(store.num_slices(), nullptr);
-    e->buffer.keep_.resize(store.num_slices());
-    e->buffer.lender_.assign(store.num_slices(), 0);
+    e->buffer.lent_.resize(store.num_slices());
     e->buffer.received_.assign(store.num_slices(), 0);
     e->buffer.applied_.assign(store.num_slices(), 0);
     for (int t = 0; tables != nullptr && t < tables->num_tables(); ++t) {

@@ -62,7 +62,9 @@ class GradientBuffers {
     bool all_complete() const { return num_complete_ == static_cast<int>(length_.size()); }
     // "w/biases (0 of 10 floats), ..." for the slices not yet whole, for error messages.
     std::string DescribeMissing() const;
-    const float* data(int slice) const { return borrowed_[slice] != nullptr ? borrowed_[slice] : values_[slice].data(); }
+    const float* data(int slice) const {
+      return lent_[slice].data != nullptr ? lent_[slice].data : values_[slice].data();
+    }
     // The worker's gradient norm for this upload (SliceUpload::SetGradientNorm; a retried upload sets it again).
     void set_gradient_norm(double norm) {
       gradient_norm_ = norm;
@@ -86,14 +88,19 @@ class GradientBuffers {
 
    private:
     friend class GradientBuffers;
+    // Sets how much of `slice` has arrived, keeping num_complete_.
+    void SetReceived(int slice, int64_t floats);
     int64_t step_ = -1;
     uint64_t request_id_ = 0;
     std::vector<std::string> names_;
     std::vector<int64_t> length_;
     std::vector<std::vector<float>> values_;  // allocated on first use
-    std::vector<const float*> borrowed_;      // per slice: Borrow's floats (then values_ is not used), or null
-    std::vector<std::shared_ptr<const void>> keep_;  // per slice: what keeps borrowed_ mapped
-    std::vector<uint64_t> lender_;                   // per slice: the attempt that lent borrowed_
+    struct Lent {
+      const float* data = nullptr;      // Borrow's floats (then values_ is not used), or null
+      std::shared_ptr<const void> keep;  // what keeps them mapped
+      uint64_t writer = 0;               // the attempt that lent them
+    };
+    std::vector<Lent> lent_;  // per slice
     std::vector<int64_t> received_;
     std::vector<char> applied_;
     int num_complete_ = 0;
