@@ -80,6 +80,11 @@ class SliceUpload {
   // Ends the upload. For a push: the outcome; a commit requires every slice of the task to have arrived whole
   // (FailedPrecondition naming the missing slices otherwise). For an Initialize: kAccepted with the step.
   virtual absl::StatusOr<PushResponse> Finish() = 0;
+  // Optional: sends what ends the upload now and leaves Finish only to wait for the outcome, so that the caller
+  // can send something else first (a pull right behind a commit) and sleep once for both. True when it did; false
+  // when this upload has no such split or the send failed (Finish then does everything, or returns the error).
+  // Either way Finish is still called; nothing else may come between.
+  virtual bool StartFinish() { return false; }
 };
 
 // Writes whole slices of a flat fp32 buffer (slice i at flat + slices[i].flat_offset) to an upload.

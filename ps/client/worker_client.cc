@@ -679,11 +679,25 @@ void WorkerClient::FinishPush() {
   }
   // Other tasks first; ps 0's lane waits for them before it commits.
   for (int t = num_tasks() - 1; t >= 0; --t) {
-    RunOn(push_lanes_[t].get(), t, [this, t, list = std::move(by_task[t])]() mutable {
+    // A commit on a task reached inline (shared memory) is only sent here: the pull that follows goes right
+    // behind it and the step sleeps once, for the pull's end (CompleteStartedCommit).
+    const bool defer = t == 0 && tasks_[0]->PrefersInlineCalls();
+    auto job = [this, t, defer, list = std::move(by_task[t])]() mutable {
       if (!list.empty()) SendSlices(t, std::move(list));
-      FinishTaskPush(t);
-    });
+      FinishTaskPush(t, defer);
+    };
+    if (defer) {
+      push_lanes_[0]->RunInline(std::move(job));  // on this thread, whatever the task prefers by now
+    } else {
+      RunOn(push_lanes_[t].get(), t, std::move(job));
+    }
   }
+}
+
+void WorkerClient::CompleteStartedCommit() {
+  if (!commit_started_) return;
+  commit_started_ = false;
+  CompleteTaskPush(0, /*norm_sent=*/push_norm_ >= 0.0);
 }
 
 void WorkerClient::AbandonPush(absl::Status why) {
@@ -816,9 +830,8 @@ void WorkerClient::SendSlices(int task, std::vector<int> list) {
   });
 }
 
-void WorkerClient::FinishTaskPush(int task) {
+void WorkerClient::FinishTaskPush(int task, bool defer) {
   TaskPush& p = *pushes_[task];
-  PushResponse response;
   if (p.status.ok() && task == 0 && num_tasks() > 1) {
     // A committed push is complete everywhere: wait for the other tasks' uploads.
     absl::MutexLock lock(&mu_);
@@ -828,10 +841,31 @@ void WorkerClient::FinishTaskPush(int task) {
         "waiting for the other ps tasks to take the push");
     if (p.status.ok() && !push_status_.ok()) p.status = push_status_;
   }
+  if (defer && p.status.ok() && p.upload != nullptr) {
+    absl::Status norm = push_norm_ >= 0.0 ? p.upload->SetGradientNorm(push_norm_) : absl::OkStatus();
+    if (norm.ok() && p.upload->StartFinish()) {
+      commit_started_ = true;  // completed by the pull behind it, or by WaitPush
+      return;
+    }
+    if (!norm.ok()) {
+      CompleteTaskPush(task, /*norm_sent=*/false, norm);
+      return;
+    }
+    CompleteTaskPush(task, /*norm_sent=*/push_norm_ >= 0.0);
+    return;
+  }
+  CompleteTaskPush(task, /*norm_sent=*/false);
+}
+
+void WorkerClient::CompleteTaskPush(int task, bool norm_sent, absl::Status first_error) {
+  TaskPush& p = *pushes_[task];
+  PushResponse response;
   if (p.status.ok()) {
     p.status = WithRetries("push", task, [&](bool retry) -> absl::Status {
+      if (!retry) RETURN_IF_ERROR(first_error);
       if (retry || !p.upload) RETURN_IF_ERROR(Reopen(task));
-      if (push_norm_ >= 0.0) RETURN_IF_ERROR(p.upload->SetGradientNorm(push_norm_));
+      // The upload in hand already carries the norm (FinishTaskPush sent it); a new one gets it again.
+      if (push_norm_ >= 0.0 && (retry || !norm_sent)) RETURN_IF_ERROR(p.upload->SetGradientNorm(push_norm_));
       absl::StatusOr<PushResponse> r = p.upload->Finish();
       p.upload.reset();
       if (!r.ok()) return r.status();
@@ -849,6 +883,7 @@ void WorkerClient::FinishTaskPush(int task) {
 }
 
 absl::StatusOr<PushResponse> WorkerClient::WaitPush() {
+  CompleteStartedCommit();  // no pull followed it
   absl::MutexLock lock(&mu_);
   if (push_active_) {
     RETURN_IF_ERROR(AwaitWithDeadline(
@@ -992,6 +1027,15 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
     absl::MutexLock lock(&mu_);
     if (push_active_) request.after_push = push_request_id_;
   }
+  if (commit_started_) {
+    // The commit is sent, its outcome not read: the pull goes right behind it on this thread, and the outcome,
+    // there by then, is read once the pull's first try has ended (before any retry: a retried pull would wait
+    // for a push whose retry had not been sent).
+    pull_lanes_[0]->RunInline([this, request = std::move(request)]() mutable {
+      RunTaskPull(0, std::move(request), /*complete_commit=*/true);
+    });
+    return;
+  }
   RunOn(pull_lanes_[0].get(), 0, [this, request = std::move(request)]() mutable { RunTaskPull(0, std::move(request)); });
 }
 
@@ -1021,12 +1065,17 @@ void WorkerClient::OnPullHeader(const PullHeader& header) {
   }
 }
 
-void WorkerClient::RunTaskPull(int task, PullRequest request) {
+void WorkerClient::RunTaskPull(int task, PullRequest request, bool complete_commit) {
   Receiver* receiver = receivers_[task].get();
   request.session = session(task);
   absl::Status s = WithRetries("pull", task, [&](bool retry) -> absl::Status {
     if (retry) receiver->Restart();
-    RETURN_IF_ERROR(tasks_[task]->Pull(request, receiver));
+    absl::Status pulled = tasks_[task]->Pull(request, receiver);
+    if (complete_commit) {
+      complete_commit = false;
+      CompleteStartedCommit();
+    }
+    RETURN_IF_ERROR(pulled);
     if (!receiver->complete()) {
       return absl::DataLossError(absl::StrCat("ps task ", task, " ended the pull before sending every slice"));
     }

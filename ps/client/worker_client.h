@@ -258,9 +258,17 @@ class WorkerClient {
   absl::Status WriteSparsePart(int task, const SparsePart& part);
   void SparseArrived(int index) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<SparseIds> SparseRequest(int task) const;
-  void FinishTaskPush(int task);
+  // Sends what is left of the push to `task` and ends it: with `defer` (task 0, on the training thread) only
+  // sends the commit when the upload can (SliceUpload::StartFinish), leaving its outcome to CompleteStartedCommit.
+  void FinishTaskPush(int task, bool defer = false);
+  // Finish (with retries) and the bookkeeping of a task's upload. `norm_sent`: the upload in hand carries the
+  // gradient norm already; `first_error`: the first try fails with it (a norm that could not be sent).
+  void CompleteTaskPush(int task, bool norm_sent, absl::Status first_error = absl::OkStatus());
+  // Reads the outcome of a commit FinishTaskPush only sent (training thread; nothing when none is pending).
+  void CompleteStartedCommit();
   void AbandonTaskPush(int task, const absl::Status& why);
-  void RunTaskPull(int task, PullRequest request);
+  // `complete_commit`: the commit before this pull is only sent; read its outcome after the first try.
+  void RunTaskPull(int task, PullRequest request, bool complete_commit = false);
   absl::Status OpenUpload(int task) ABSL_LOCKS_EXCLUDED(mu_);
   // `s`, or the reason the heartbeat thread found the session lost when `s` is an error.
   absl::Status Explain(absl::Status s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -343,6 +351,8 @@ class WorkerClient {
   // task's lane through the pointer its job carries; cleared by BeginPush once the previous push is done.
   std::vector<std::vector<std::unique_ptr<SparsePart>>> sparse_parts_;
   bool push_finishing_ = false;  // training thread only: FinishPush or AbandonPush was called
+  // Training thread only: ps 0's commit was sent (FinishTaskPush with defer) and its outcome not yet read.
+  bool commit_started_ = false;
   int pushes_pending_ ABSL_GUARDED_BY(mu_) = 0;    // tasks whose upload has not finished
   int others_pending_ ABSL_GUARDED_BY(mu_) = 0;    // tasks > 0 whose upload has not finished
   absl::Status push_status_ ABSL_GUARDED_BY(mu_);

@@ -41,6 +41,14 @@ class ObservedPs : public PsInterface {
   // The next pull takes `d` and then fails, as a call in flight does when its process was stopped (SIGSTOP)
   // for that long.
   void PauseNextPull(absl::Duration d) { pause_ms_ = absl::ToInt64Milliseconds(d); }
+  // Calls run inline and uploads split their end (SliceUpload::StartFinish), as over shared memory: the commit
+  // reaches the ps when it is sent ("commit sent"), its answer is read later ("commit read"). With
+  // `lose_first_answer` the first answer read is Unavailable, as when the lane broke after the ps had applied it.
+  void SplitCommits(bool lose_first_answer) {
+    split_ = true;
+    lose_answers_ = lose_first_answer ? 1 : 0;
+  }
+  bool PrefersInlineCalls() const override { return split_; }
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& r) override { return target_->Register(r); }
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int w) override { return target_->StartInitialize(w); }
@@ -88,15 +96,29 @@ class ObservedPs : public PsInterface {
       if (fail_) return absl::UnavailableError("injected: connection reset");
       return up_->WriteSparse(table, ids, n, dim, dtype, rows);
     }
+    bool StartFinish() override {
+      if (!ps_->split_) return false;
+      ps_->Log("commit sent");
+      answer_ = up_->Finish();
+      started_ = true;
+      return true;
+    }
     absl::StatusOr<PushResponse> Finish() override {
-      ps_->Log("finish");
-      return up_->Finish();
+      if (!started_) {
+        ps_->Log("finish");
+        return up_->Finish();
+      }
+      ps_->Log("commit read");
+      if (ps_->lose_answers_-- > 0) return absl::UnavailableError("injected: the lane broke before the answer");
+      return answer_;
     }
 
    private:
     ObservedPs* ps_;
     std::unique_ptr<SliceUpload> up_;
     bool fail_;
+    bool started_ = false;
+    absl::StatusOr<PushResponse> answer_ = absl::UnknownError("no answer");
   };
   class Gate : public PullReceiver {
    public:
@@ -129,6 +151,8 @@ class ObservedPs : public PsInterface {
   absl::Notification release_;
   std::atomic<int> fail_uploads_{0}, fail_pulls_{0};
   std::atomic<int64_t> pause_ms_{0};
+  std::atomic<bool> split_{false};
+  std::atomic<int> lose_answers_{0};
 };
 
 // Four "layers" of one variable each, spread over two ps tasks.
@@ -223,6 +247,57 @@ TEST(WorkerClientTest, PullsInForwardOrderAndEachLayerIsUsableBeforeThePullEnds)
   EXPECT_EQ(params, std::vector<float>(14, 1.0f));
   std::vector<std::string> want = {"ps0:pull 0", "ps0:pull 1", "ps0:pull 2", "ps0:pull 3"};
   EXPECT_EQ(f.Log(), want);
+}
+
+// One step against a task whose uploads split their end (SliceUpload::StartFinish; shared memory): the
+// commit, the pull and the commit's answer, each task's log in order.
+std::vector<std::string> SplitStep(Fixture& f, std::vector<float>* params) {
+  const std::vector<float> grads(14, 1.0f);
+  EXPECT_TRUE(f.client->BeginPush(0, grads.data()).ok());
+  f.client->PushRange(0, 14);
+  f.client->FinishPush();
+  f.client->StartPull(1, 0, params->data());
+  absl::StatusOr<PullResult> pulled = f.client->FinishPull();
+  EXPECT_TRUE(pulled.ok()) << pulled.status();
+  if (pulled.ok()) EXPECT_EQ(pulled->step, 1);
+  absl::StatusOr<PushResponse> pushed = f.client->WaitPush();
+  EXPECT_TRUE(pushed.ok()) << pushed.status();
+  std::vector<std::string> events;
+  for (const std::string& e : f.Log()) {
+    if (e.find("commit") != std::string::npos || e.find("finish") != std::string::npos || e == "ps0:pull 0") {
+      events.push_back(e);
+    }
+  }
+  return events;
+}
+
+TEST(WorkerClientTest, ACommitOverSharedMemoryIsSentBeforeThePullAndItsAnswerReadAfter) {
+  Fixture f(Layers(1));
+  f.observed[0]->SplitCommits(/*lose_first_answer=*/false);
+  std::vector<float> params(14, 0.0f);
+  // The pull goes right behind the commit; the answer, there by then, is read once the pull has ended, so the
+  // step sleeps once.
+  std::vector<std::string> want = {"ps0:commit sent", "ps0:pull 0", "ps0:commit read"};
+  EXPECT_EQ(SplitStep(f, &params), want);
+  EXPECT_EQ(params, std::vector<float>(14, 0.5f));  // 1 - 0.5 * 1
+  EXPECT_EQ(f.cluster->task(0).step(), 1);
+  // A push with no pull behind it reads its answer in WaitPush.
+  const std::vector<float> grads(14, 1.0f);
+  ASSERT_TRUE(f.client->Push(1, grads.data()).ok());
+  EXPECT_EQ(f.Log().back(), "ps0:commit read");
+  EXPECT_EQ(f.cluster->task(0).step(), 2);
+}
+
+TEST(WorkerClientTest, ACommitWhoseAnswerIsLostIsRetriedOnceThePullHasEndedAndAppliedOnce) {
+  Fixture f(Layers(1));
+  f.observed[0]->SplitCommits(/*lose_first_answer=*/true);
+  std::vector<float> params(14, 0.0f);
+  // The retry (a new upload with every slice again, ended by Finish) comes after the pull and before any retry
+  // of it; the ps knows the request and applies it once.
+  std::vector<std::string> want = {"ps0:commit sent", "ps0:pull 0", "ps0:commit read", "ps0:finish"};
+  EXPECT_EQ(SplitStep(f, &params), want);
+  EXPECT_EQ(params, std::vector<float>(14, 0.5f));
+  EXPECT_EQ(f.cluster->task(0).step(), 1);
 }
 
 TEST(WorkerClientTest, RetriesUnavailableWithoutApplyingTwice) {

@@ -1,6 +1,7 @@
 #include "ps/shm/shm_lane.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -125,8 +126,37 @@ absl::Status Lane::Send(FrameType type, absl::string_view payload, int fd, absl:
   }
 }
 
-absl::StatusOr<Frame> Lane::Receive(absl::Time deadline, int* fd) {
+namespace {
+
+// Spins until ready() or `until`. The first kPureSpin only pauses (the answer to a request usually comes within
+// microseconds); after that each round yields the core to any thread that has work (sched_yield), so that a
+// longer spin takes a core only while it would otherwise be idle. True when ready() became true.
+constexpr absl::Duration kPureSpin = absl::Microseconds(20);
+
+template <typename Ready>
+bool SpinUntil(Ready ready, absl::Time until) {
+  const absl::Time start = absl::Now();
+  bool yielding = false;
+  for (int i = 0;; ++i) {
+    if (ready()) return true;
+    if (yielding) {
+      sched_yield();
+    } else {
+      __builtin_ia32_pause();
+    }
+    if (yielding || i % 64 == 63) {
+      const absl::Time now = absl::Now();
+      if (now >= until) return false;
+      yielding = now - start >= kPureSpin;
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Frame> Lane::Receive(absl::Time deadline, int* fd, int spin_us) {
   if (fd != nullptr) *fd = -1;
+  if (spin_us < 0) spin_us = spin_us_;
   iovec iov{buffer_.data(), buffer_.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
   bool spun = false;
@@ -135,15 +165,10 @@ absl::StatusOr<Frame> Lane::Receive(absl::Time deadline, int* fd) {
     // The answer to a request usually comes within microseconds: watch for it a short while before sleeping,
     // since waking a sleeping thread costs tens of microseconds (an interrupt between cores, more under a
     // hypervisor), several times a step. With doorbells the watching makes no system call.
-    if (spin_us_ > 0 && !spun) {
+    if (spin_us > 0 && !spun) {
       spun = true;
-      if (!Readable()) {
-        const absl::Time until = std::min(deadline, absl::Now() + absl::Microseconds(spin_us_));
-        for (int i = 0; !Readable() && !dead(); ++i) {
-          __builtin_ia32_pause();
-          if (i % 64 == 63 && absl::Now() >= until) break;
-        }
-      }
+      SpinUntil([this] { return Readable() || dead(); },
+                std::min(deadline, absl::Now() + absl::Microseconds(spin_us)));
     }
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -203,14 +228,21 @@ absl::StatusOr<int> Lane::WaitAny(Lane* const* lanes, int n, absl::Time deadline
   if (n < 1 || n > 4) return absl::InvalidArgumentError("WaitAny takes 1 to 4 lanes");
   // Spin on the doorbells (no system calls) first.
   if (spin_us > 0) {
-    const absl::Time until = std::min(deadline, absl::Now() + absl::Microseconds(spin_us));
-    for (int i = 0;; ++i) {
-      for (int k = 0; k < n; ++k) {
-        if (lanes[k]->dead()) return absl::UnavailableError("shared-memory lane closed");
-        if (lanes[k]->peer_ != nullptr && lanes[k]->Readable()) return k;
-      }
-      __builtin_ia32_pause();
-      if (i % 64 == 63 && absl::Now() >= until) break;
+    int found = -1;
+    SpinUntil(
+        [&] {
+          for (int k = 0; k < n; ++k) {
+            if (lanes[k]->dead() || (lanes[k]->peer_ != nullptr && lanes[k]->Readable())) {
+              found = k;
+              return true;
+            }
+          }
+          return false;
+        },
+        std::min(deadline, absl::Now() + absl::Microseconds(spin_us)));
+    if (found >= 0) {
+      if (lanes[found]->dead()) return absl::UnavailableError("shared-memory lane closed");
+      return found;
     }
   }
   while (true) {

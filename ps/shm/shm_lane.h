@@ -40,8 +40,10 @@ class Lane {
                     absl::Time deadline = absl::InfiniteFuture());
   // The next frame. With `fd` non-null, a descriptor that came with it goes there (the caller owns it; -1 when
   // none came); without, a descriptor that came is closed. DeadlineExceeded when none came by `deadline`,
-  // Unavailable when the peer closed the lane or it was shut down, DataLoss for a malformed frame.
-  absl::StatusOr<Frame> Receive(absl::Time deadline, int* fd = nullptr);
+  // Unavailable when the peer closed the lane or it was shut down, DataLoss for a malformed frame. `spin_us`:
+  // how long to look before sleeping, this call only (-1: the lane's, set_spin). Past the first 20 µs a spin
+  // yields its core to any thread that has work.
+  absl::StatusOr<Frame> Receive(absl::Time deadline, int* fd = nullptr, int spin_us = -1);
   // Ends the lane: blocked and later calls return Unavailable.
   void Shutdown();
   bool dead() const { return dead_.load(std::memory_order_acquire); }

@@ -1,9 +1,13 @@
 // Lanes over a socket pair: the doorbells that let a waiting end spin without system calls.
 #include "ps/shm/shm_lane.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <thread>
 
@@ -77,6 +81,42 @@ TEST(ShmLaneTest, ASpinningWaitAnySeesALoneFrameAtOnce) {
     ASSERT_TRUE(lanes[*ready]->Receive(absl::Now() + absl::Seconds(60)).ok());
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+// Past its first 20 µs a spin yields its core (sched_yield): a thread with work on the same core gets it
+// while a Receive spins there for 300 ms. (A spin that only paused would share the core half and half.)
+TEST(ShmLaneTest, ALongSpinGivesItsCoreToAThreadWithWork) {
+  LanePair p(/*spin_us=*/0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  auto pin = [&one] { return pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0; };
+  auto thread_cpu = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return absl::DurationFromTimespec(ts);
+  };
+  if (!pin()) GTEST_SKIP() << "cannot pin a thread to one core here";
+  std::atomic<bool> started{false};
+  absl::Duration busy_cpu;
+  std::thread busy([&] {
+    if (!pin()) return;
+    started = true;
+    const absl::Duration cpu0 = thread_cpu();
+    const absl::Time until = absl::Now() + absl::Milliseconds(300);
+    volatile uint64_t sink = 0;
+    while (absl::Now() < until) {
+      for (int i = 0; i < 1000; ++i) sink = sink + i;
+    }
+    busy_cpu = thread_cpu() - cpu0;
+  });
+  while (!started) std::this_thread::yield();
+  const absl::Duration cpu0 = thread_cpu();
+  absl::StatusOr<Frame> f = p.ps->Receive(absl::Now() + absl::Milliseconds(300), nullptr, /*spin_us=*/300'000);
+  const absl::Duration spin_cpu = thread_cpu() - cpu0;
+  busy.join();
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(spin_cpu, busy_cpu / 4) << "spinning took " << spin_cpu << " of the core, the busy thread " << busy_cpu;
 }
 
 // Without doorbells a spin polls the socket, and sees the frame as well.

@@ -318,7 +318,11 @@ class ShmUpload : public SliceUpload {
   }
   ~ShmUpload() override {
     if (cancel_ != nullptr) cancel_->Deregister(cancel_id_);
-    if (open_ && !finished_ && !c_->push->lane()->dead()) {
+    if (finish_sent_ && !answered_ && !c_->push->lane()->dead()) {
+      // StartFinish without Finish: the outcome would be read as the next upload's. Read it now.
+      absl::StatusOr<Frame> f = c_->push->lane()->Receive(absl::Now() + client_->options().rpc_timeout);
+      if (!f.ok() || f->type != FrameType::kPushResult) c_->Kill();
+    } else if (open_ && !finished_ && !c_->push->lane()->dead()) {
       // Drop it on the ps, and wait until it has, so the staging segment is free for the next upload.
       const absl::Time deadline = absl::Now() + absl::Seconds(10);
       absl::Status s = c_->push->lane()->Send(FrameType::kPushAbandon, "", -1, deadline);
@@ -372,10 +376,23 @@ class ShmUpload : public SliceUpload {
     return Check(c_->push->lane()->Send(FrameType::kPushNorm, EncodeNorm(norm)));
   }
 
-  absl::StatusOr<PushResponse> Finish() override {
+  bool StartFinish() override {
+    if (finish_sent_ || !send_status_.ok()) return false;
     finished_ = true;
+    send_status_ = Check(c_->push->lane()->Send(FrameType::kPushFinish, ""));
+    finish_sent_ = send_status_.ok();
+    return finish_sent_;
+  }
+
+  absl::StatusOr<PushResponse> Finish() override {
     Lane* lane = c_->push->lane();
-    RETURN_IF_ERROR(Check(lane->Send(FrameType::kPushFinish, "")));
+    RETURN_IF_ERROR(send_status_);  // StartFinish's send failed
+    if (!finish_sent_) {
+      finished_ = true;
+      RETURN_IF_ERROR(Check(lane->Send(FrameType::kPushFinish, "")));
+      finish_sent_ = true;
+    }
+    answered_ = true;
     absl::StatusOr<Frame> f = lane->Receive(absl::Now() + client_->options().rpc_timeout);
     if (!f.ok()) return Check(f.status());
     if (f->type != FrameType::kPushResult) {
@@ -427,6 +444,9 @@ class ShmUpload : public SliceUpload {
   Cancellation* cancel_;
   int64_t cancel_id_ = 0;
   bool open_ = false, finished_ = false;
+  bool finish_sent_ = false;  // the PushFinish frame is on the lane (by StartFinish or Finish)
+  bool answered_ = false;     // Finish has read (or tried to read) its answer
+  absl::Status send_status_;  // StartFinish's failed send, for Finish
   uint32_t staging_id_ = 0;
   int64_t used_ = 0;
 };
@@ -561,8 +581,9 @@ absl::Status ShmPsClient::Pull(const PullRequest& request, PullReceiver* receive
   });
   const absl::Time deadline =
       absl::Now() + absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms)) + options_.rpc_timeout;
+  const int spin = options_.spin_us > 0 ? std::max(options_.spin_us, options_.pull_spin_us) : 0;
   while (true) {
-    absl::StatusOr<Frame> f = lane->Receive(deadline);
+    absl::StatusOr<Frame> f = lane->Receive(deadline, nullptr, spin);
     if (!f.ok()) return lane_failed(f.status());
     switch (f->type) {
       case FrameType::kPullHeader: {

@@ -54,6 +54,10 @@ struct ShmClientOptions {
   ShmCounters* counters = nullptr;  // not owned
   // A lane looks for the ps's answer this long before its thread sleeps (Lane::set_spin).
   int spin_us = 20;
+  // Longer for a pull (when spin_us > 0): its parameters come once the ps has applied the step, usually within a
+  // few hundred microseconds, and the worker has nothing else to do meanwhile. Past 20 µs the spin yields its core
+  // to any thread that has work (the ps applying the step, another worker).
+  int pull_spin_us = 500;
 };
 
 std::unique_ptr<PsInterface> NewShmPsClient(std::unique_ptr<PsInterface> control, ShmAttachFn attach,

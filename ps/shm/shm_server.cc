@@ -461,7 +461,8 @@ void ShmServer::Impl::ServeAttachment(Attachment* a) {
       which = *ready;
     }
     int fd = -1;
-    absl::StatusOr<Frame> frame = lanes[which]->Receive(deadline, &fd);
+    absl::StatusOr<Frame> frame = lanes[which]->Receive(
+        deadline, &fd, st.open && options_.spin_us > 0 ? std::max(options_.spin_us, options_.spin_in_upload_us) : -1);
     if (!frame.ok()) {
       if (st.open && frame.status().code() == absl::StatusCode::kDeadlineExceeded) {
         LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s upload was silent for "

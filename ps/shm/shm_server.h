@@ -47,6 +47,12 @@ struct ShmServerOptions {
   // the worker has woken to the answer, and a thread that slept meanwhile costs that pull a wake-up of an idle
   // core (tens of microseconds, more under a hypervisor). The wait ends as soon as the pull comes.
   int spin_after_commit_us = 300;
+  // While an upload is open (when spin_us > 0): the worker is in its backward pass and its next piece, and then its
+  // commit, follow within tens of microseconds. A thread that slept between pieces would wake to the commit late
+  // by a wake-up; awake, it wakes only to the first piece, while the worker still computes. Past 20 µs the spin
+  // yields its core to any thread that has work (a worker computing beside it), so it costs a core only while
+  // that core would be idle.
+  int spin_in_upload_us = 500;
 };
 
 struct ShmServerCounters {
