@@ -168,7 +168,9 @@ ABSL_FLAG(std::string, apply_early, "auto",
           "the faster; on (true); off (false)");
 ABSL_FLAG(int, shm_spin_us, 20,
           "Shared memory: how long a lane looks for the ps's answer before its thread sleeps in a system call "
-          "(more: less wake-up latency, more CPU spent waiting)");
+          "(more: less wake-up latency, more CPU spent waiting); a pull, whose parameters come once the ps has "
+          "applied the step, looks up to 500 us, yielding the core past 20 us to any thread with work. 0: never "
+          "look, always sleep");
 // Online training and the sparse tables' life cycle (issue: sparse models in production).
 ABSL_FLAG(bool, follow, false,
           "Online: --data_dir is a directory where files keep arriving (Criteo text, or TFRecord CTR examples with "
