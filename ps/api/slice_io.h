@@ -83,7 +83,7 @@ class SliceUpload {
   // Optional: sends what ends the upload now and leaves Finish only to wait for the outcome, so that the caller
   // can send something else first (a pull right behind a commit) and sleep once for both. True when it did; false
   // when this upload has no such split or the send failed (Finish then does everything, or returns the error).
-  // Either way Finish is still called; nothing else may come between.
+  // Either way Finish is still called, and no other call on this upload comes between.
   virtual bool StartFinish() { return false; }
 };
 

@@ -320,7 +320,7 @@ class ShmUpload : public SliceUpload {
     if (cancel_ != nullptr) cancel_->Deregister(cancel_id_);
     if (finish_sent_ && !answered_ && !c_->push->lane()->dead()) {
       // StartFinish without Finish: the outcome would be read as the next upload's. Read it now.
-      absl::StatusOr<Frame> f = c_->push->lane()->Receive(absl::Now() + client_->options().rpc_timeout);
+      absl::StatusOr<Frame> f = c_->push->lane()->Receive(absl::Now() + absl::Seconds(10));
       if (!f.ok() || f->type != FrameType::kPushResult) c_->Kill();
     } else if (open_ && !finished_ && !c_->push->lane()->dead()) {
       // Drop it on the ps, and wait until it has, so the staging segment is free for the next upload.

@@ -137,6 +137,88 @@ TEST(ShmTransportTest, SyncStepsEqualInProcessBitForBitInPlace) {
   EXPECT_EQ(CountSegments(getpid()), 0);
 }
 
+// A step as a worker runs it: the commit only sent, the pull right behind it, the commit's answer read after
+// the pull (WorkerClient over SliceUpload::StartFinish). The same values as in process, bit for bit.
+TEST(ShmTransportTest, StepsWithThePullRightBehindTheCommitEqualInProcess) {
+  for (int num_ps : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(num_ps, " ps"));
+    auto ref = SimCluster::Start(Options(num_ps, false));
+    auto shm_cluster = SimCluster::Start(Options(num_ps, false));
+    ASSERT_TRUE(ref.ok() && shm_cluster.ok());
+    SimWorker worker(ref->get(), 0);
+    ShmSide side(shm_cluster->get(), 0, WireDtype::kF32);
+    ASSERT_TRUE(side.connected.ok()) << side.connected;
+    const int64_t n = (*ref)->total_floats();
+    SharedBuffer params(n), grads(n);
+    std::vector<float> expected;
+    ASSERT_TRUE(worker.Pull(0, 0, &expected).ok());
+    ASSERT_TRUE(side.client->Pull(0, 0, params.data).ok());
+    for (int64_t s = 0; s < 6; ++s) {
+      const std::vector<float> g = TestGradient(0, s, expected);
+      ASSERT_TRUE(worker.Push(s, g).ok());
+      ASSERT_TRUE(worker.Pull(s + 1, s, &expected).ok());
+      std::copy(g.begin(), g.end(), grads.data);
+      ASSERT_TRUE(side.client->BeginPush(s, grads.data).ok());
+      side.client->PushRange(0, n);
+      side.client->FinishPush();
+      side.client->StartPull(s + 1, s, params.data);
+      absl::StatusOr<PullResult> pulled = side.client->FinishPull();
+      ASSERT_TRUE(pulled.ok()) << pulled.status();
+      EXPECT_EQ(pulled->step, s + 1);
+      absl::StatusOr<PushResponse> pushed = side.client->WaitPush();
+      ASSERT_TRUE(pushed.ok()) << pushed.status();
+      EXPECT_EQ(pushed->global_step, s + 1);
+      ASSERT_EQ(0, std::memcmp(expected.data(), params.data, n * 4)) << "step " << s;
+    }
+    EXPECT_EQ(side.counters.shm_pushes.load(), 6 * num_ps);
+    EXPECT_EQ(side.counters.shm_pulls.load(), 7 * num_ps);
+    EXPECT_EQ(side.counters.control_pushes.load(), 0);
+    EXPECT_EQ(side.counters.control_pulls.load(), 0);
+  }
+  EXPECT_EQ(CountSegments(getpid()), 0);
+}
+
+// An upload whose end was sent (StartFinish) and then dropped unread reads its answer as it goes: the next
+// upload on the lane gets its own answer, not that one.
+TEST(ShmTransportTest, AnAnswerLeftUnreadIsNotTakenForTheNextUploads) {
+  auto cluster = SimCluster::Start(Options(1, false));
+  ASSERT_TRUE(cluster.ok());
+  ShmSide side(cluster->get(), 0, WireDtype::kF32);
+  ASSERT_TRUE(side.connected.ok()) << side.connected;
+  const int64_t n = (*cluster)->total_floats();
+  SharedBuffer params(n), grads(n);
+  ASSERT_TRUE(side.client->Pull(0, 0, params.data).ok());
+  const uint64_t session = (*cluster)->Session(0, 0);
+  const int64_t step = (*cluster)->task(0).step();
+  auto start = [&](int64_t at, uint64_t id) -> absl::StatusOr<std::unique_ptr<SliceUpload>> {
+    PushHeader h;
+    h.worker_id = 0;
+    h.step = at;
+    h.request_id = id;
+    h.commit = true;
+    h.session = session;
+    absl::StatusOr<std::unique_ptr<SliceUpload>> up = side.tasks[0]->StartPush(h);
+    if (up.ok()) {
+      absl::Status s = WriteSlices(up->get(), grads.data, (*cluster)->placement().task_slices[0]);
+      if (!s.ok()) return s;
+    }
+    return up;
+  };
+  {
+    absl::StatusOr<std::unique_ptr<SliceUpload>> up = start(step, uint64_t{1} << 40);
+    ASSERT_TRUE(up.ok()) << up.status();
+    ASSERT_TRUE((*up)->StartFinish());
+  }  // dropped with its answer unread
+  for (int k = 1; k <= 2; ++k) {
+    absl::StatusOr<std::unique_ptr<SliceUpload>> up = start(step + k, (uint64_t{1} << 40) + k);
+    ASSERT_TRUE(up.ok()) << up.status();
+    absl::StatusOr<PushResponse> r = (*up)->Finish();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_step, step + k + 1) << "push " << k << " read another push's answer";
+  }
+  EXPECT_EQ((*cluster)->task(0).step(), step + 3);
+}
+
 TEST(ShmTransportTest, Bf16PullsAreRoundedAsOnTheWire) {
   auto cluster = SimCluster::Start(Options(1, false));
   ASSERT_TRUE(cluster.ok());
