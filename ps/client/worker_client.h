@@ -17,7 +17,10 @@
 //   ... forward: before each layer, RETURN_IF_ERROR(client.WaitForRange(begin, end)); ...
 //   ASSIGN_OR_RETURN(PushResponse verdict, client.WaitPush());
 //   ASSIGN_OR_RETURN(next, client.FinishPull());
-// Whole-buffer calls (Push, Pull) do the same without overlap.
+// Whole-buffer calls (Push, Pull) do the same without overlap. When ps 0 is reached inline (shared memory),
+// FinishPush only sends its commit (SliceUpload::StartFinish): StartPull sends the pull right behind it and
+// reads the commit's answer once the pull has ended (or WaitPush does, when no pull follows), so the step
+// sleeps once for both.
 //
 // Sparse embedding tables (TrainConfig::tables): a step pulls only the rows of its batch's ids and pushes only
 // their gradients. The caller deduplicates the ids (one entry per id) and sums the gradients per id; the client
