@@ -847,11 +847,7 @@ void WorkerClient::FinishTaskPush(int task, bool defer) {
       commit_started_ = true;  // completed by the pull behind it, or by WaitPush
       return;
     }
-    if (!norm.ok()) {
-      CompleteTaskPush(task, /*norm_sent=*/false, norm);
-      return;
-    }
-    CompleteTaskPush(task, /*norm_sent=*/push_norm_ >= 0.0);
+    CompleteTaskPush(task, /*norm_sent=*/norm.ok() && push_norm_ >= 0.0, norm);
     return;
   }
   CompleteTaskPush(task, /*norm_sent=*/false);

@@ -259,7 +259,9 @@ std::vector<std::string> SplitStep(Fixture& f, std::vector<float>* params) {
   f.client->StartPull(1, 0, params->data());
   absl::StatusOr<PullResult> pulled = f.client->FinishPull();
   EXPECT_TRUE(pulled.ok()) << pulled.status();
-  if (pulled.ok()) EXPECT_EQ(pulled->step, 1);
+  if (pulled.ok()) {
+    EXPECT_EQ(pulled->step, 1);
+  }
   absl::StatusOr<PushResponse> pushed = f.client->WaitPush();
   EXPECT_TRUE(pushed.ok()) << pushed.status();
   std::vector<std::string> events;

@@ -103,18 +103,34 @@ struct ShmSide {
   absl::Status connected;
 };
 
+// An in-process reference cluster and an shm one of `num_ps` tasks, each with worker 0, for bit-for-bit steps.
+struct AgainstInProcess {
+  explicit AgainstInProcess(int num_ps)
+      : ref(*SimCluster::Start(Options(num_ps, false))),
+        shm_cluster(*SimCluster::Start(Options(num_ps, false))),
+        worker(ref.get(), 0),
+        side(shm_cluster.get(), 0, WireDtype::kF32),
+        n(ref->total_floats()),
+        params(n),
+        grads(n) {}
+  std::unique_ptr<SimCluster> ref, shm_cluster;
+  SimWorker worker;
+  ShmSide side;
+  const int64_t n;
+  SharedBuffer params, grads;
+  std::vector<float> expected;
+};
+
 TEST(ShmTransportTest, SyncStepsEqualInProcessBitForBitInPlace) {
   for (int num_ps : {1, 2}) {
     SCOPED_TRACE(absl::StrCat(num_ps, " ps"));
-    auto ref = SimCluster::Start(Options(num_ps, false));
-    auto shm_cluster = SimCluster::Start(Options(num_ps, false));
-    ASSERT_TRUE(ref.ok() && shm_cluster.ok());
-    SimWorker worker(ref->get(), 0);
-    ShmSide side(shm_cluster->get(), 0, WireDtype::kF32);
-    ASSERT_TRUE(side.connected.ok()) << side.connected;
-    const int64_t n = (*ref)->total_floats();
-    SharedBuffer params(n), grads(n);
-    std::vector<float> expected;
+    AgainstInProcess c(num_ps);
+    ASSERT_TRUE(c.side.connected.ok()) << c.side.connected;
+    SimWorker& worker = c.worker;
+    ShmSide& side = c.side;
+    const int64_t n = c.n;
+    SharedBuffer &params = c.params, &grads = c.grads;
+    std::vector<float>& expected = c.expected;
     for (int64_t s = 0; s < 6; ++s) {
       ASSERT_TRUE(worker.Pull(s, std::max<int64_t>(0, s - 1), &expected).ok());
       absl::StatusOr<PullResult> pulled = side.client->Pull(s, std::max<int64_t>(0, s - 1), params.data);
@@ -142,15 +158,13 @@ TEST(ShmTransportTest, SyncStepsEqualInProcessBitForBitInPlace) {
 TEST(ShmTransportTest, StepsWithThePullRightBehindTheCommitEqualInProcess) {
   for (int num_ps : {1, 2}) {
     SCOPED_TRACE(absl::StrCat(num_ps, " ps"));
-    auto ref = SimCluster::Start(Options(num_ps, false));
-    auto shm_cluster = SimCluster::Start(Options(num_ps, false));
-    ASSERT_TRUE(ref.ok() && shm_cluster.ok());
-    SimWorker worker(ref->get(), 0);
-    ShmSide side(shm_cluster->get(), 0, WireDtype::kF32);
-    ASSERT_TRUE(side.connected.ok()) << side.connected;
-    const int64_t n = (*ref)->total_floats();
-    SharedBuffer params(n), grads(n);
-    std::vector<float> expected;
+    AgainstInProcess c(num_ps);
+    ASSERT_TRUE(c.side.connected.ok()) << c.side.connected;
+    SimWorker& worker = c.worker;
+    ShmSide& side = c.side;
+    const int64_t n = c.n;
+    SharedBuffer &params = c.params, &grads = c.grads;
+    std::vector<float>& expected = c.expected;
     ASSERT_TRUE(worker.Pull(0, 0, &expected).ok());
     ASSERT_TRUE(side.client->Pull(0, 0, params.data).ok());
     for (int64_t s = 0; s < 6; ++s) {
