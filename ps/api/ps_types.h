@@ -329,6 +329,10 @@ struct PullRequest {
   // its header as a whole pull does. InvalidArgument unless 0 <= part < parts <= kMaxPullParts.
   int part = 0;
   int parts = 1;
+  // Local only (not sent): this pull may stream while the worker's push still uploads (the push asked for the
+  // early apply, PushHeader::apply_early). A transport that can gives such a pull a connection of its own
+  // (ps/rpc/: on a shared one its data would queue ahead of the push's flow-control updates and slow the push).
+  bool beside_push = false;
   // Local only (not sent): cancelling it wakes a waiting pull and ends it at once (Cancelled). May be null.
   Cancellation* cancel = nullptr;
 };

@@ -75,6 +75,7 @@ class WorkerClient::Receiver : public PullReceiver {
                                               " of dim ", sp.dim));
     }
     if (rows_done_[i]) return Buffer{};  // arrived whole in an earlier attempt
+    RETURN_IF_ERROR(client_->AwaitPullWritable());
     if (first == 0) rows_received_[i] = 0;
     const int64_t want = static_cast<int64_t>(sp.ids[task_].size());
     if (first != rows_received_[i] || n < 0 || n > want - first) {
@@ -119,6 +120,7 @@ class WorkerClient::Receiver : public PullReceiver {
     }
     const SliceSpec& spec = client_->slices_[s].spec;
     if (done_[s]) return Buffer{};  // arrived whole in an earlier attempt
+    RETURN_IF_ERROR(client_->AwaitPullWritable());
     if (offset == 0) received_[s] = 0;
     if (offset != received_[s] || n < 0 || offset + n > spec.length) {
       return absl::DataLossError(absl::StrCat("ps task ", task_, " sent floats [", offset, ", ", offset + n,
@@ -478,6 +480,7 @@ absl::Status WorkerClient::Reconnect(absl::Duration wait) {
   // What is in flight belongs to the old sessions: end it now (a pull may wait on ps 0 for a step that needs
   // workers who are reconnecting themselves) and let it finish before connecting again.
   inflight_.Cancel();
+  ReleasePullWrites();
   absl::Status push = WaitPush().status();
   absl::Status pull = FinishPull().status();
   VLOG(1) << "reconnecting after push: " << push << ", pull: " << pull;
@@ -657,6 +660,7 @@ void WorkerClient::PushRange(int64_t begin, int64_t end) {
 
 void WorkerClient::FinishPush() {
   push_finishing_ = true;
+  ReleasePullWrites();  // backward is over: a pull sent beside the push may write the new values
   // Gradient clipping: the norm of the whole gradient (every task's trainable slices), known only now that
   // every gradient is final; each task gets it after its slices (OptimizerConfig::clip_norm, ps_types.h).
   push_norm_ = -1.0;
@@ -702,6 +706,7 @@ void WorkerClient::CompleteStartedCommit() {
 
 void WorkerClient::AbandonPush(absl::Status why) {
   push_finishing_ = true;
+  ReleasePullWrites();
   if (why.ok()) why = absl::CancelledError("push abandoned");
   for (int t = num_tasks() - 1; t >= 0; --t) {
     RunOn(push_lanes_[t].get(), t, [this, t, why] { AbandonTaskPush(t, why); });
@@ -1022,6 +1027,7 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
   {
     absl::MutexLock lock(&mu_);
     if (push_active_) request.after_push = push_request_id_;
+    request.beside_push = push_active_ && apply_early_.load();
   }
   if (commit_started_) {
     // The commit is sent, its outcome not read: the pull goes right behind it on this thread, and the outcome,
@@ -1033,6 +1039,44 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
     return;
   }
   RunOn(pull_lanes_[0].get(), 0, [this, request = std::move(request)]() mutable { RunTaskPull(0, std::move(request)); });
+}
+
+absl::StatusOr<bool> WorkerClient::StartPullBesidePush(int64_t min_step, int64_t since_step, float* params) {
+  // Only on a lane of its own (a task reached inline would run the pull on this thread, and wait there), and
+  // only where it can stream: ps 0 grants the early apply to one worker of a sync run with one ps task.
+  if (!sync_ || num_tasks() != 1 || !options_.background || tasks_[0]->PrefersInlineCalls() ||
+      !apply_early_.load() || !next_sparse_.empty() || push_finishing_) {
+    return false;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // The pull before streamed behind its push: ps 0 grants this worker the early apply (the pull stays a
+    // plain one, waiting for the commit, on a step where it does not after all).
+    if (!push_active_ || !have_header_ || !tentative_pull_ || !pull_status_.ok()) return false;
+  }
+  RETURN_IF_ERROR(FinishPull().status());
+  pull_writes_held_.store(true);
+  StartPull(min_step, since_step, params);
+  return true;
+}
+
+absl::Status WorkerClient::AwaitPullWritable() {
+  if (!pull_writes_held_.load()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  return AwaitWithDeadline(
+      absl::Condition(
+          +[](WorkerClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+            return !c->pull_writes_held_.load() || c->inflight_.cancelled();
+          },
+          this),
+      "holding the pulled values until backward is over");
+}
+
+void WorkerClient::ReleasePullWrites() {
+  if (!pull_writes_held_.load()) return;
+  absl::MutexLock lock(&mu_);
+  pull_writes_held_.store(false);
+  cv_.SignalAll();
 }
 
 void WorkerClient::OnPullHeader(const PullHeader& header) {

@@ -22,6 +22,12 @@
 // reads the commit's answer once the pull has ended (or WaitPush does, when no pull follows), so the step
 // sleeps once for both.
 //
+// Where ps 0 applies the push as it arrives (the early apply: sync, one worker, one ps task, granted to the last
+// pull), the next pull need not wait for FinishPush: once every tower is past its forward pass (at the first
+// PushRange), StartPullBesidePush sends it beside the push, so that it streams the new values back while the push
+// still uploads. Its values are written into `params` only once FinishPush (or AbandonPush) says backward no
+// longer reads them; until then they wait in the transport's buffers.
+//
 // Sparse embedding tables (TrainConfig::tables): a step pulls only the rows of its batch's ids and pushes only
 // their gradients. The caller deduplicates the ids (one entry per id) and sums the gradients per id; the client
 // splits them over the ps tasks by ShardOfId (one request per task, in the same pull as the slices), and puts
@@ -177,6 +183,12 @@ class WorkerClient {
   void set_apply_early(bool on) { apply_early_.store(on); }
   // Waits for the push to complete; returns ps 0's verdict.
   absl::StatusOr<PushResponse> WaitPush();
+  // Between BeginPush and FinishPush, in sync training: when ps 0 streamed the pull in flight behind its push
+  // (it granted the early apply), and this push asks for it too, finishes that pull (it must have been read:
+  // call this once no tower reads it any more) and starts the next one, as StartPull does, now; true then.
+  // Its values reach `params` only after FinishPush or AbandonPush. Otherwise (false, or an error from finishing
+  // the pull in flight) nothing is started: call StartPull after FinishPush as usual. Not with sparse rows.
+  absl::StatusOr<bool> StartPullBesidePush(int64_t min_step, int64_t since_step, float* params);
   // Starts pulling the parameters (or their moving averages) into `params` (flat). `min_step`: wait until the
   // global step reaches it (sync: last pushed step + 1). `since_step`: the step of the previous pull
   // (decisions from it on are relayed). In async mode it starts after the push in flight has completed.
@@ -295,6 +307,9 @@ class WorkerClient {
   std::vector<int> SlicesIn(int64_t begin, int64_t end) const;
   void OnPullHeader(const PullHeader& header) ABSL_LOCKS_EXCLUDED(mu_);
   void SliceArrived(int slice) ABSL_LOCKS_EXCLUDED(mu_);
+  // Pull lanes, before writing pulled values: waits while StartPullBesidePush holds them.
+  absl::Status AwaitPullWritable() ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleasePullWrites() ABSL_LOCKS_EXCLUDED(mu_);
   void TaskPullDone(int task, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status AwaitWithDeadline(const absl::Condition& condition, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -371,6 +386,9 @@ class WorkerClient {
   std::vector<char> arrived_ ABSL_GUARDED_BY(mu_);  // per slice
   // The pull is tentative (PullHeader::tentative): its slices count as arrived only when its task's pull ended OK.
   bool tentative_pull_ ABSL_GUARDED_BY(mu_) = false;
+  // StartPullBesidePush: the pull's values wait until backward is over (FinishPush, AbandonPush). Set by the
+  // training thread; the pull lanes wait for it to clear (AwaitPullWritable) before writing any value.
+  std::atomic<bool> pull_writes_held_{false};
   int pulls_pending_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status pull_status_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Receiver>> receivers_;  // per task

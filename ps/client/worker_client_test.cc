@@ -49,6 +49,8 @@ class ObservedPs : public PsInterface {
     lose_answers_ = lose_first_answer ? 1 : 0;
   }
   bool PrefersInlineCalls() const override { return split_; }
+  // Uploads' Finish (the commit on ps 0) waits until `release` is notified (at most 20 s).
+  void HoldFinishes(absl::Notification* release) { finish_release_ = release; }
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& r) override { return target_->Register(r); }
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int w) override { return target_->StartInitialize(w); }
@@ -106,6 +108,7 @@ class ObservedPs : public PsInterface {
     absl::StatusOr<PushResponse> Finish() override {
       if (!started_) {
         ps_->Log("finish");
+        if (absl::Notification* n = ps_->finish_release_.load()) n->WaitForNotificationWithTimeout(absl::Seconds(20));
         return up_->Finish();
       }
       ps_->Log("commit read");
@@ -153,6 +156,7 @@ class ObservedPs : public PsInterface {
   std::atomic<int64_t> pause_ms_{0};
   std::atomic<bool> split_{false};
   std::atomic<int> lose_answers_{0};
+  std::atomic<absl::Notification*> finish_release_{nullptr};
 };
 
 // Four "layers" of one variable each, spread over two ps tasks.
@@ -300,6 +304,61 @@ TEST(WorkerClientTest, ACommitWhoseAnswerIsLostIsRetriedOnceThePullHasEndedAndAp
   EXPECT_EQ(SplitStep(f, &params), want);
   EXPECT_EQ(params, std::vector<float>(14, 0.5f));
   EXPECT_EQ(f.cluster->task(0).step(), 1);
+}
+
+// With the early apply granted (one worker, one ps task, sync), the next pull goes out beside the push
+// (StartPullBesidePush) and streams while it uploads, but writes nothing until backward is over (FinishPush):
+// backward still reads the parameters.
+TEST(WorkerClientTest, APullBesideThePushWritesNothingBeforeFinishPush) {
+  WorkerClientOptions wo;
+  wo.apply_early = true;
+  Fixture f(Layers(1), wo);
+  std::vector<float> params(14, 0.0f);
+  const std::vector<float> grads(14, 1.0f);
+  // Step 0: no pull streamed behind a push yet, so none goes beside it.
+  ASSERT_TRUE(f.client->BeginPush(0, grads.data()).ok());
+  absl::StatusOr<bool> early = f.client->StartPullBesidePush(1, 0, params.data());
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_FALSE(*early);
+  f.client->PushRange(0, 14);
+  absl::Notification commit;
+  f.observed[0]->HoldFinishes(&commit);  // the push is still open when the pull arrives: ps 0 streams it
+  f.client->FinishPush();
+  f.client->StartPull(1, 0, params.data());
+  ASSERT_TRUE(f.client->WaitPullHeader().ok());
+  commit.Notify();
+  ASSERT_TRUE(f.client->FinishPull().ok());
+  ASSERT_TRUE(f.client->WaitPush().ok());
+  EXPECT_EQ(params, std::vector<float>(14, 0.5f));  // 1 - 0.5 * 1
+  // Step 1: the pull goes out before any gradient, and streams the update as the push arrives.
+  ASSERT_TRUE(f.client->BeginPush(1, grads.data()).ok());
+  early = f.client->StartPullBesidePush(2, 1, params.data());
+  ASSERT_TRUE(early.ok()) << early.status();
+  ASSERT_TRUE(*early);
+  f.client->PushRange(0, 14);
+  absl::StatusOr<PullResult> header = f.client->WaitPullHeader();
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->step, 2);
+  std::future<absl::Status> layer0 = std::async(std::launch::async, [&] { return f.client->WaitForRange(0, 3); });
+  EXPECT_EQ(layer0.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  EXPECT_EQ(params, std::vector<float>(14, 0.5f)) << "values written while backward could still read them";
+  f.client->FinishPush();
+  ASSERT_EQ(layer0.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(layer0.get().ok());
+  absl::StatusOr<PullResult> pulled = f.client->FinishPull();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->step, 2);
+  ASSERT_TRUE(f.client->WaitPush().ok());
+  EXPECT_EQ(params, std::vector<float>(14, 0.0f));
+  EXPECT_EQ(f.cluster->task(0).step(), 2);
+  // Without the early apply asked, nothing goes beside the push.
+  f.client->set_apply_early(false);
+  ASSERT_TRUE(f.client->BeginPush(2, grads.data()).ok());
+  early = f.client->StartPullBesidePush(3, 2, params.data());
+  ASSERT_TRUE(early.ok());
+  EXPECT_FALSE(*early);
+  f.client->AbandonPush(absl::CancelledError("test over"));
+  EXPECT_FALSE(f.client->WaitPush().ok());
 }
 
 TEST(WorkerClientTest, RetriesUnavailableWithoutApplyingTwice) {

@@ -50,7 +50,8 @@ struct GrpcClientOptions {
   // streams, one per connection (slice key k on connection k mod N: a main Push stream and N - 1 PushPart
   // streams that the ps merges into one upload), and a pull over N pulls, each for the slices of one residue of
   // their order on the task (PullRequest::part), the sparse rows on the first, which waits for the step (the
-  // others start once its header arrived). The control calls use the first connection.
+  // others start once its header arrived). The control calls use the first connection. With N = 1, a pull that
+  // streams beside a push (PullRequest::beside_push) gets a second connection, opened on its first use.
   int channels = 1;
 };
 

@@ -12,6 +12,8 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -120,9 +122,31 @@ class CountingReceiver : public FlatPullReceiver {
   std::atomic<bool> tentative{false};
 };
 
+// Established TCP connections whose local end has `port` (the server's ends of its clients' connections; a
+// dual-stack listener's appear in tcp6, as IPv4-mapped addresses).
+int ConnectionsTo(int port) {
+  int n = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream tcp(table);
+    std::string line;
+    std::getline(tcp, line);  // the column names
+    while (std::getline(tcp, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const size_t colon = local.rfind(':');
+      if (state == "01" && colon != std::string::npos && std::stoi(local.substr(colon + 1), nullptr, 16) == port) {
+        ++n;
+      }
+    }
+  }
+  return n;
+}
+
 // The early apply over gRPC (ps/core/parameter_server.h): granted to a worker on the ps's own host only when the
 // ps says on (auto keeps it for workers on other hosts). Granted, the pull streams the push's update before the
-// push has ended, and its values are the step's; not granted, the pull waits for the push as before.
+// push has ended, and its values are the step's; not granted, the pull waits for the push as before. A pull
+// marked beside_push (the worker asked for the early apply) takes a connection of its own, made on first use.
 TEST(GrpcPsTest, EarlyApplyStreamsThePullBehindThePushWhereGranted) {
   for (ApplyEarly mode : {ApplyEarly::kOn, ApplyEarly::kAuto}) {
     SCOPED_TRACE(mode == ApplyEarly::kOn ? "on" : "auto");
@@ -151,6 +175,8 @@ TEST(GrpcPsTest, EarlyApplyStreamsThePullBehindThePushWhereGranted) {
     pull.session = reg->session;
     pull.min_step = 1;
     pull.after_push = 1;
+    pull.beside_push = mode == ApplyEarly::kOn;
+    EXPECT_EQ(ConnectionsTo((*server)->port()), 1);
     std::vector<float> out(kBig + 3, -7.f);
     const std::vector<SliceSpec> slices = c.slices;
     CountingReceiver receiver(&slices, out.data());
@@ -175,6 +201,7 @@ TEST(GrpcPsTest, EarlyApplyStreamsThePullBehindThePushWhereGranted) {
     EXPECT_EQ(out[kBig - 1], values[kBig - 1] - 1.f);
     EXPECT_EQ(std::vector<float>(out.begin() + kBig, out.end()), std::vector<float>({0.f, 1.f, 2.f}));
     EXPECT_EQ(receiver.tentative.load(), mode == ApplyEarly::kOn);
+    EXPECT_EQ(ConnectionsTo((*server)->port()), mode == ApplyEarly::kOn ? 2 : 1);
   }
 }
 

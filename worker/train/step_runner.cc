@@ -195,7 +195,16 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
     return absl::InternalError(
         absl::StrCat("loss is ", loss, " at step ", step, ": training diverged (try a smaller --learning_rate)"));
   };
-  hooks.gradients_ready = [this, step](int64_t begin, int64_t end) {
+  // Where ps 0 applies the push as it arrives (the early apply), the next pull goes out beside the push once
+  // every tower is past its forward pass (the first gradients are their average), and streams the new values
+  // while the push uploads; they wait in the transport until backward is over (FinishPush).
+  bool pulled_early = false;
+  bool try_early = sync_ && !sparse_model_;
+  hooks.gradients_ready = [this, step, &pulled_early, &try_early](int64_t begin, int64_t end) -> absl::Status {
+    if (try_early) {
+      try_early = false;
+      ASSIGN_OR_RETURN(pulled_early, client_->StartPullBesidePush(step + 1, step, towers_->host_params()));
+    }
     client_->PushRange(begin, end);
     if (step == kill_mid_push_at_step_) {
       std::fprintf(stderr, "debug: killing this worker in the middle of the push of step %lld\n",
@@ -206,8 +215,9 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
     return absl::OkStatus();
   };
   absl::StatusOr<float> loss = towers_->ComputeGradients(batches, step, &hooks);
-  // Every parameter has been read; the pull that brought them is over.
-  absl::Status pulled = loss.ok() ? client_->FinishPull().status() : loss.status();
+  // Every parameter has been read; the pull that brought them is over (finished already when the next one went
+  // out beside the push).
+  absl::Status pulled = !loss.ok() ? loss.status() : pulled_early ? absl::OkStatus() : client_->FinishPull().status();
   if (pulled.ok() && sparse_model_) pulled = PushRows();
   if (!pulled.ok()) {
     // The gradients are not all final (a pull failed, say, because a ps task restarted): the push must not
@@ -222,7 +232,7 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
     upcoming_set_ = false;
     RETURN_IF_ERROR(RequestRows(current_, step + 1));
   }
-  client_->StartPull(sync_ ? step + 1 : 0, step, towers_->host_params());
+  if (!pulled_early) client_->StartPull(sync_ ? step + 1 : 0, step, towers_->host_params());
   losses_.push_back(*loss);
   return absl::OkStatus();
 }
