@@ -70,6 +70,7 @@ struct RunResult {
   double accuracy = -1;  // the chief's final test accuracy (-1 when it printed none)
   std::string dir;       // <dir>/ckpt: checkpoints and applied journals; <dir>/pushes: the push journals
   std::string ps0_output;  // ps task 0's log (of its last incarnation)
+  std::string worker0_output;  // the chief's log (of its last incarnation)
 };
 
 // Every process's exit, the ps's accounting and outcome, and scripts/check_updates.py on the journals: no
@@ -146,6 +147,7 @@ RunResult RunCluster(const RunSpec& r, const Fault& f, const std::string& tag) {
   ExpectNothingLostOrDoubled(result.dir, tag);
   result.accuracy = ParseAccuracy(workers[0]->Output());
   result.ps0_output = ps[0]->Output();
+  result.worker0_output = workers[0]->Output();
   return result;
 }
 
@@ -272,6 +274,12 @@ TEST(ExactRecovery, EarlyApplyOneWorkerOverGrpcEndsBitIdenticalWithAndWithoutFau
   const RunResult straight = RunCluster(early, Fault(), "early_straight");
   EXPECT_NE(straight.ps0_output.find("(early apply)"), std::string::npos) << straight.ps0_output;
   EXPECT_EQ(whole.ps0_output.find("(early apply)"), std::string::npos) << whole.ps0_output;
+  // Granted, the pulls went out beside the pushes, on a connection of their own.
+  for (const std::string line : {"each pull now goes out beside its push",
+                                 "pulls that stream beside a push (the early apply) get a connection of their own"}) {
+    EXPECT_NE(straight.worker0_output.find(line), std::string::npos) << straight.worker0_output;
+    EXPECT_EQ(whole.worker0_output.find(line), std::string::npos) << whole.worker0_output;
+  }
   ExpectSameCheckpoints(whole.dir + "/ckpt", straight.dir + "/ckpt");
   for (const auto& [f, name] : std::vector<std::pair<Fault, std::string>>{{KillPs(0, 150), "ps_killed"},
                                                                           {KillWorker(0, 180), "worker_killed"}}) {

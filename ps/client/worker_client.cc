@@ -1055,6 +1055,11 @@ absl::StatusOr<bool> WorkerClient::StartPullBesidePush(int64_t min_step, int64_t
     if (!push_active_ || !have_header_ || !tentative_pull_ || !pull_status_.ok()) return false;
   }
   RETURN_IF_ERROR(FinishPull().status());
+  if (!pulled_beside_push_) {
+    pulled_beside_push_ = true;
+    LOG(INFO) << "worker " << worker_id_ << ": ps task 0 applies the pushes as they arrive; each pull now goes out "
+              << "beside its push, at the step's first gradients";
+  }
   pull_writes_held_.store(true);
   StartPull(min_step, since_step, params);
   return true;

@@ -389,6 +389,7 @@ class WorkerClient {
   // StartPullBesidePush: the pull's values wait until backward is over (FinishPush, AbandonPush). Set by the
   // training thread; the pull lanes wait for it to clear (AwaitPullWritable) before writing any value.
   std::atomic<bool> pull_writes_held_{false};
+  bool pulled_beside_push_ = false;  // training thread only: for its log line, once
   int pulls_pending_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status pull_status_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Receiver>> receivers_;  // per task
