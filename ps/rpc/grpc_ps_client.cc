@@ -262,8 +262,6 @@ class GrpcPsClient final : public PsInterface {
         options_(options),
         channels_(std::move(channels)),
         channel_(channels_[0]),
-        pull_channel_(std::move(pull_channel)),
-        beside_push_pull_(grpc_methods::kPull, RpcMethod::SERVER_STREAMING, pull_channel_),
         register_(grpc_methods::kRegister, RpcMethod::NORMAL_RPC, channel_),
         initialize_(grpc_methods::kInitialize, RpcMethod::CLIENT_STREAMING, channel_),
         push_(grpc_methods::kPush, RpcMethod::CLIENT_STREAMING, channel_),
@@ -272,7 +270,9 @@ class GrpcPsClient final : public PsInterface {
         stats_(grpc_methods::kGetStats, RpcMethod::NORMAL_RPC, channel_),
         heartbeat_(grpc_methods::kHeartbeat, RpcMethod::NORMAL_RPC, channel_),
         probe_(grpc_methods::kProbe, RpcMethod::NORMAL_RPC, channel_),
-        restore_(grpc_methods::kRestore, RpcMethod::NORMAL_RPC, channel_) {
+        restore_(grpc_methods::kRestore, RpcMethod::NORMAL_RPC, channel_),
+        pull_channel_(std::move(pull_channel)),
+        beside_push_pull_(grpc_methods::kPull, RpcMethod::SERVER_STREAMING, pull_channel_) {
     for (size_t k = 0; k < channels_.size(); ++k) {
       push_parts_.emplace_back(grpc_methods::kPushPart, RpcMethod::CLIENT_STREAMING, channels_[k]);
       pulls_.emplace_back(grpc_methods::kPull, RpcMethod::SERVER_STREAMING, channels_[k]);
