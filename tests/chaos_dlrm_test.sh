@@ -2,9 +2,10 @@
 # tests/chaos.sh with dlrm: writes a small synthetic click-through-rate data set (dtrain_convert --synthetic_ctr)
 # and runs 2 chaos trials of 1 ps + 3 sync workers on it. Seed 1 (300 steps) draws worker 2 killed at step 106
 # and restarted, then the ps killed at step 138 (drawn 148, moved inside its checkpoint interval: tests/chaos.sh)
-# and restarted: it must restore its embedding rows from the checkpoint of step 125, and every other check of chaos.sh holds with sparse tables (the update checker included);
-# the run fails unless a ps was killed after a checkpoint and restored sparse rows (--require). Extra arguments go
-# to chaos.sh, after these (e.g. --trials=10 --seed=S --keep, or --require= to lift the requirement).
+# and restarted: it must restore its embedding rows from the checkpoint of step 125, and every other check of
+# chaos.sh holds with sparse tables (the update checker included); the run fails unless a ps was killed after a
+# checkpoint and restored sparse rows (--require). Extra arguments go to chaos.sh, after these (e.g. --trials=10
+# --seed=S --keep, or --require= to lift the requirement).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"

@@ -275,7 +275,7 @@ TEST(ExactRecovery, EarlyApplyOneWorkerOverGrpcEndsBitIdenticalWithAndWithoutFau
   EXPECT_NE(straight.ps0_output.find("(early apply)"), std::string::npos) << straight.ps0_output;
   EXPECT_EQ(whole.ps0_output.find("(early apply)"), std::string::npos) << whole.ps0_output;
   // Granted, the pulls went out beside the pushes, on a connection of their own.
-  for (const std::string line : {"each pull now goes out beside its push",
+  for (const char* line : {"each pull now goes out beside its push",
                                  "pulls that stream beside a push (the early apply) get a connection of their own"}) {
     EXPECT_NE(straight.worker0_output.find(line), std::string::npos) << straight.worker0_output;
     EXPECT_EQ(whole.worker0_output.find(line), std::string::npos) << whole.worker0_output;

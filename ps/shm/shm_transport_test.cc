@@ -106,8 +106,8 @@ struct ShmSide {
 // An in-process reference cluster and an shm one of `num_ps` tasks, each with worker 0, for bit-for-bit steps.
 struct AgainstInProcess {
   explicit AgainstInProcess(int num_ps)
-      : ref(*SimCluster::Start(Options(num_ps, false))),
-        shm_cluster(*SimCluster::Start(Options(num_ps, false))),
+      : ref(SimCluster::Start(Options(num_ps, false)).value()),
+        shm_cluster(SimCluster::Start(Options(num_ps, false)).value()),
         worker(ref.get(), 0),
         side(shm_cluster.get(), 0, WireDtype::kF32),
         n(ref->total_floats()),
@@ -118,7 +118,6 @@ struct AgainstInProcess {
   ShmSide side;
   const int64_t n;
   SharedBuffer params, grads;
-  std::vector<float> expected;
 };
 
 TEST(ShmTransportTest, SyncStepsEqualInProcessBitForBitInPlace) {
@@ -126,29 +125,25 @@ TEST(ShmTransportTest, SyncStepsEqualInProcessBitForBitInPlace) {
     SCOPED_TRACE(absl::StrCat(num_ps, " ps"));
     AgainstInProcess c(num_ps);
     ASSERT_TRUE(c.side.connected.ok()) << c.side.connected;
-    SimWorker& worker = c.worker;
-    ShmSide& side = c.side;
-    const int64_t n = c.n;
-    SharedBuffer &params = c.params, &grads = c.grads;
-    std::vector<float>& expected = c.expected;
+    std::vector<float> expected;
     for (int64_t s = 0; s < 6; ++s) {
-      ASSERT_TRUE(worker.Pull(s, std::max<int64_t>(0, s - 1), &expected).ok());
-      absl::StatusOr<PullResult> pulled = side.client->Pull(s, std::max<int64_t>(0, s - 1), params.data);
+      ASSERT_TRUE(c.worker.Pull(s, std::max<int64_t>(0, s - 1), &expected).ok());
+      absl::StatusOr<PullResult> pulled = c.side.client->Pull(s, std::max<int64_t>(0, s - 1), c.params.data);
       ASSERT_TRUE(pulled.ok()) << pulled.status();
       ASSERT_EQ(pulled->step, s);
-      ASSERT_EQ(0, std::memcmp(expected.data(), params.data, n * 4)) << "step " << s;
+      ASSERT_EQ(0, std::memcmp(expected.data(), c.params.data, c.n * 4)) << "step " << s;
       const std::vector<float> g = TestGradient(0, s, expected);
-      ASSERT_TRUE(worker.Push(s, g).ok());
-      std::copy(g.begin(), g.end(), grads.data);
-      ASSERT_TRUE(side.client->Push(s, grads.data).ok());
+      ASSERT_TRUE(c.worker.Push(s, g).ok());
+      std::copy(g.begin(), g.end(), c.grads.data);
+      ASSERT_TRUE(c.side.client->Push(s, c.grads.data).ok());
     }
     // Every byte moved in place: nothing staged, nothing on the control plane.
-    EXPECT_EQ(side.counters.bytes_staged.load(), 0);
-    EXPECT_GE(side.counters.bytes_in_place.load(), 12 * n * 4);
-    EXPECT_EQ(side.counters.shm_pushes.load(), 6 * num_ps);
-    EXPECT_EQ(side.counters.control_pushes.load(), 0);
-    EXPECT_EQ(side.counters.control_pulls.load(), 0);
-    EXPECT_EQ(side.counters.attaches.load(), num_ps);
+    EXPECT_EQ(c.side.counters.bytes_staged.load(), 0);
+    EXPECT_GE(c.side.counters.bytes_in_place.load(), 12 * c.n * 4);
+    EXPECT_EQ(c.side.counters.shm_pushes.load(), 6 * num_ps);
+    EXPECT_EQ(c.side.counters.control_pushes.load(), 0);
+    EXPECT_EQ(c.side.counters.control_pulls.load(), 0);
+    EXPECT_EQ(c.side.counters.attaches.load(), num_ps);
   }
   EXPECT_EQ(CountSegments(getpid()), 0);
 }
@@ -160,34 +155,30 @@ TEST(ShmTransportTest, StepsWithThePullRightBehindTheCommitEqualInProcess) {
     SCOPED_TRACE(absl::StrCat(num_ps, " ps"));
     AgainstInProcess c(num_ps);
     ASSERT_TRUE(c.side.connected.ok()) << c.side.connected;
-    SimWorker& worker = c.worker;
-    ShmSide& side = c.side;
-    const int64_t n = c.n;
-    SharedBuffer &params = c.params, &grads = c.grads;
-    std::vector<float>& expected = c.expected;
-    ASSERT_TRUE(worker.Pull(0, 0, &expected).ok());
-    ASSERT_TRUE(side.client->Pull(0, 0, params.data).ok());
+    std::vector<float> expected;
+    ASSERT_TRUE(c.worker.Pull(0, 0, &expected).ok());
+    ASSERT_TRUE(c.side.client->Pull(0, 0, c.params.data).ok());
     for (int64_t s = 0; s < 6; ++s) {
       const std::vector<float> g = TestGradient(0, s, expected);
-      ASSERT_TRUE(worker.Push(s, g).ok());
-      ASSERT_TRUE(worker.Pull(s + 1, s, &expected).ok());
-      std::copy(g.begin(), g.end(), grads.data);
-      ASSERT_TRUE(side.client->BeginPush(s, grads.data).ok());
-      side.client->PushRange(0, n);
-      side.client->FinishPush();
-      side.client->StartPull(s + 1, s, params.data);
-      absl::StatusOr<PullResult> pulled = side.client->FinishPull();
+      ASSERT_TRUE(c.worker.Push(s, g).ok());
+      ASSERT_TRUE(c.worker.Pull(s + 1, s, &expected).ok());
+      std::copy(g.begin(), g.end(), c.grads.data);
+      ASSERT_TRUE(c.side.client->BeginPush(s, c.grads.data).ok());
+      c.side.client->PushRange(0, c.n);
+      c.side.client->FinishPush();
+      c.side.client->StartPull(s + 1, s, c.params.data);
+      absl::StatusOr<PullResult> pulled = c.side.client->FinishPull();
       ASSERT_TRUE(pulled.ok()) << pulled.status();
       EXPECT_EQ(pulled->step, s + 1);
-      absl::StatusOr<PushResponse> pushed = side.client->WaitPush();
+      absl::StatusOr<PushResponse> pushed = c.side.client->WaitPush();
       ASSERT_TRUE(pushed.ok()) << pushed.status();
       EXPECT_EQ(pushed->global_step, s + 1);
-      ASSERT_EQ(0, std::memcmp(expected.data(), params.data, n * 4)) << "step " << s;
+      ASSERT_EQ(0, std::memcmp(expected.data(), c.params.data, c.n * 4)) << "step " << s;
     }
-    EXPECT_EQ(side.counters.shm_pushes.load(), 6 * num_ps);
-    EXPECT_EQ(side.counters.shm_pulls.load(), 7 * num_ps);
-    EXPECT_EQ(side.counters.control_pushes.load(), 0);
-    EXPECT_EQ(side.counters.control_pulls.load(), 0);
+    EXPECT_EQ(c.side.counters.shm_pushes.load(), 6 * num_ps);
+    EXPECT_EQ(c.side.counters.shm_pulls.load(), 7 * num_ps);
+    EXPECT_EQ(c.side.counters.control_pushes.load(), 0);
+    EXPECT_EQ(c.side.counters.control_pulls.load(), 0);
   }
   EXPECT_EQ(CountSegments(getpid()), 0);
 }
