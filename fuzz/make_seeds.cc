@@ -16,6 +16,7 @@
 #include "ps/checkpoint/checkpoint_format.h"
 #include "ps/rpc/tensor_coding.h"
 #include "ps/shm/shm_frame.h"
+#include "ps/tcp/tcp_frame.h"
 #include "worker/data/batch_stream_state.h"
 #include "worker/data/dataset.h"
 #include "worker/data/example_proto.h"
@@ -299,6 +300,46 @@ bool ShmFrameSeeds(const std::string& dir) {
          Write(dir, "pull_pieces", EncodeFrame(FrameType::kPullPieces, EncodePieces(pieces)));
 }
 
+// tcp_frame_fuzzer: a lane's stream of frames (ps/tcp/tcp_frame.h): an upload, then a pull and its answer, each
+// frame with the bulk its payload says.
+bool TcpFrameSeeds(const std::string& dir) {
+  using namespace ps::tcp;  // NOLINT
+  namespace shm = ps::shm;
+  auto frame = [](TcpFrameType type, const std::string& payload, const std::string& bulk = "") {
+    return EncodeTcpHeader(type, payload, bulk.size()) + payload + bulk;
+  };
+  ps::PushHeader push;
+  push.worker_id = 1;
+  push.step = 7;
+  push.request_id = 99;
+  push.commit = true;
+  push.session = 3;
+  shm::PullOrder order;
+  order.request.worker_id = 1;
+  order.request.min_step = 8;
+  order.sparse.push_back(shm::SparseOrder{0, 2, 4, 0, 0, 0});
+  ps::PullHeader header;
+  header.step = 8;
+  shm::PushResult result;
+  result.status = absl::AbortedError("register again");
+  const std::string floats(4 * 16, '\x01');
+  const std::string upload =
+      frame(TcpFrameType::kHello, shm::EncodeHello(shm::Hello{shm::LaneKind::kPush, 1, "abcd"})) +
+      frame(TcpFrameType::kPushBegin, shm::EncodePushHeader(push)) +
+      frame(TcpFrameType::kPushData, EncodeSlicePiece(Piece{3, 0, 16, ps::WireDtype::kF32, 0}), floats) +
+      frame(TcpFrameType::kPushRows, shm::EncodeRowsRef(shm::RowsRef{0, 2, 4, ps::WireDtype::kBF16, 0, 0, 0}),
+            std::string(2 * 8 + 2 * 4 * 2, '\x02')) +
+      frame(TcpFrameType::kPushNorm, shm::EncodeNorm(1.5)) + frame(TcpFrameType::kPushFinish, "") +
+      frame(TcpFrameType::kPushResult, shm::EncodePushResult(result));
+  const std::string pull =
+      frame(TcpFrameType::kPullRequest, shm::EncodePullOrder(order), std::string(16, '\x03')) +
+      frame(TcpFrameType::kPullHeader, shm::EncodePullHeader(header)) +
+      frame(TcpFrameType::kPullData, EncodeSlicePiece(Piece{3, 0, 16, ps::WireDtype::kF32, 0}), floats) +
+      frame(TcpFrameType::kPullRows, EncodeRowPiece(Piece{0, 0, 2, ps::WireDtype::kF32, 4}), std::string(32, '\x04')) +
+      frame(TcpFrameType::kPullEnd, shm::EncodePushResult(shm::PushResult{}));
+  return Write(dir, "upload", upload) && Write(dir, "pull", pull);
+}
+
 // image_decode_fuzzer input: 8 bytes of request (image_decode_fuzzer.cc), then a JPEG or PNG of each kind.
 bool ImageDecodeSeeds(const std::string& dir) {
   std::vector<uint8_t> rgb(24 * 16 * 3), gray(24 * 16), rgba(24 * 16 * 4);
@@ -352,6 +393,7 @@ int main(int argc, char** argv) {
                   dtrain::BatchStreamStateSeeds(out + "/batch_stream_state_fuzzer") &&
                   dtrain::PsRequestSeeds(out + "/ps_request_fuzzer") &&
                   dtrain::ShmFrameSeeds(out + "/shm_frame_fuzzer") &&
+                  dtrain::TcpFrameSeeds(out + "/tcp_frame_fuzzer") &&
                   dtrain::ImageDecodeSeeds(out + "/image_decode_fuzzer") &&
                   dtrain::NpySeeds(out + "/npy_fuzzer");
   if (!ok) {
