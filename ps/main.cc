@@ -74,8 +74,13 @@ ABSL_FLAG(int64_t, sparse_max_rows_per_table, 0,
           "Hold at most this many rows of each sparse embedding table on this task, whatever the chief's max_rows "
           "(the least recently touched are evicted; 0: the chief's max_rows alone)");
 ABSL_FLAG(std::string, transport, "auto",
-          "auto | shm: also offer workers on this host a shared-memory data plane (gradients and parameters move "
-          "through memory files both processes map; gRPC carries the control calls); grpc: gRPC only");
+          "Which data planes to offer beside gRPC (which carries the control calls): auto (both), shm (workers on "
+          "this host: gradients and parameters move through memory files both processes map), tcp (workers on other "
+          "hosts: TCP lanes on a port of --tcp_port, the tensor data sent from and received into its buffers; not "
+          "with --tls, whose data stays on gRPC), grpc (neither)");
+ABSL_FLAG(int, tcp_port, 0,
+          "The TCP data lanes' port on this task's host (0: any free one; workers learn it over gRPC). Open it in "
+          "a firewall beside the gRPC port");
 ABSL_FLAG(int, shm_spin_us, 20,
           "Shared memory: how long a lane looks for a worker's next frame before its thread sleeps in a system call "
           "(more: less wake-up latency, more CPU spent waiting); within an upload (the worker's backward pass) up "
@@ -203,7 +208,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain_ps: %s\n", std::string(transport.status().message()).c_str());
     return 2;
   }
-  o.offer_shm = *transport != dtrain::ps::Transport::kGrpc;
+  o.offer_shm = *transport == dtrain::ps::Transport::kAuto || *transport == dtrain::ps::Transport::kShm;
+  o.offer_tcp = *transport == dtrain::ps::Transport::kAuto || *transport == dtrain::ps::Transport::kTcp;
+  o.tcp_port = absl::GetFlag(FLAGS_tcp_port);
+  if (o.tcp_port < 0 || o.tcp_port > 65535) {
+    std::fprintf(stderr, "dtrain_ps: --tcp_port=%d must be in [0, 65535]\n", o.tcp_port);
+    return 2;
+  }
   o.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
   absl::StatusOr<dtrain::ps::ApplyEarly> apply_early = dtrain::ps::ParseApplyEarly(absl::GetFlag(FLAGS_apply_early));
   if (!apply_early.ok()) {

@@ -19,6 +19,7 @@ inline constexpr char kHeartbeat[] = "/dtrain.wire.ParameterServer/Heartbeat";  
 inline constexpr char kProbe[] = "/dtrain.wire.ParameterServer/Probe";            // unary, protobuf
 inline constexpr char kRestore[] = "/dtrain.wire.ParameterServer/Restore";        // unary, protobuf
 inline constexpr char kAttachShm[] = "/dtrain.wire.ParameterServer/AttachShm";    // unary, protobuf
+inline constexpr char kAttachTcp[] = "/dtrain.wire.ParameterServer/AttachTcp";    // unary, protobuf
 
 }  // namespace dtrain::ps::grpc_methods
 

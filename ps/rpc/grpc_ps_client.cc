@@ -619,4 +619,28 @@ shm::ShmAttachFn NewGrpcShmAttach(const std::string& address, const GrpcClientOp
   };
 }
 
+tcp::TcpAttachFn NewGrpcTcpAttach(const std::string& address, const GrpcClientOptions& options) {
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(address, options);
+  auto method = std::make_shared<RpcMethod>(grpc_methods::kAttachTcp, RpcMethod::NORMAL_RPC, channel);
+  return [channel, method, address, options](const tcp::TcpAttachRequest& r) -> absl::StatusOr<tcp::TcpOffer> {
+    pb::TcpAttachRequest req;
+    req.set_worker_id(r.worker_id);
+    pb::TcpAttachResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::min(options.rpc_timeout, absl::Seconds(20))));
+    AttachCallToken(options.security, &ctx);
+    absl::Status s = wire::FromGrpc(grpc::internal::BlockingUnaryCall(channel.get(), *method, &ctx, req, &resp));
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ps ", address, ": AttachTcp: ", s.message()));
+    if (resp.port() <= 0 || resp.port() > 65535) {
+      return absl::DataLossError(absl::StrCat("ps ", address, ": AttachTcp: offered port ", resp.port()));
+    }
+    tcp::TcpOffer offer;
+    offer.port = resp.port();
+    offer.push_ticket = resp.push_ticket();
+    offer.pull_ticket = resp.pull_ticket();
+    offer.pid = resp.pid();
+    return offer;
+  };
+}
+
 }  // namespace dtrain::ps

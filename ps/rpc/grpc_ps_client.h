@@ -29,6 +29,7 @@
 #include "ps/rpc/grpc_security.h"
 #include "ps/api/ps_interface.h"
 #include "ps/shm/shm_offer.h"
+#include "ps/tcp/tcp_offer.h"
 
 namespace dtrain::ps {
 
@@ -61,6 +62,9 @@ absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& 
 // Asks the ps task at `address` for a shared-memory offer (the AttachShm call, with the token and TLS of
 // `options`; one attempt), for ps/shm/shm_ps_client.h. UNIMPLEMENTED from a ps that serves gRPC only.
 shm::ShmAttachFn NewGrpcShmAttach(const std::string& address, const GrpcClientOptions& options);
+// The same for TCP lanes (the AttachTcp call), for ps/tcp/tcp_ps_client.h. UNIMPLEMENTED from a ps that offers
+// none, FAILED_PRECONDITION when it will not (the message says why).
+tcp::TcpAttachFn NewGrpcTcpAttach(const std::string& address, const GrpcClientOptions& options);
 
 }  // namespace dtrain::ps
 

@@ -66,8 +66,14 @@ class StreamReceiver : public PullReceiver {
 class GrpcPsService final : public grpc::Service {
  public:
   GrpcPsService(PsInterface* ps, Cancellation* shutdown, std::string token, shm::ShmServer* shm,
-                ApplyEarly apply_early)
-      : ps_(ps), shutdown_(shutdown), token_(std::move(token)), shm_(shm), apply_early_(apply_early) {
+                ApplyEarly apply_early, tcp::TcpServer* tcp, absl::Status tcp_refusal)
+      : ps_(ps),
+        shutdown_(shutdown),
+        token_(std::move(token)),
+        shm_(shm),
+        apply_early_(apply_early),
+        tcp_(tcp),
+        tcp_refusal_(std::move(tcp_refusal)) {
     AddMethod(new RpcServiceMethod(
         grpc_methods::kRegister, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::RegisterRequest, pb::RegisterResponse>(
@@ -185,6 +191,26 @@ class GrpcPsService final : public grpc::Service {
             },
             this)));
     AddMethod(new RpcServiceMethod(
+        grpc_methods::kAttachTcp, RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<GrpcPsService, pb::TcpAttachRequest, pb::TcpAttachResponse>(
+            [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::TcpAttachRequest* req,
+               pb::TcpAttachResponse* resp) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
+              if (!s->tcp_refusal_.ok()) return wire::ToGrpc(s->tcp_refusal_);
+              if (s->tcp_ == nullptr) {
+                return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                    "this ps task offers no TCP lanes (--transport=grpc or shm)");
+              }
+              absl::StatusOr<tcp::TcpOffer> offer = s->tcp_->Offer(tcp::TcpAttachRequest{req->worker_id()});
+              if (!offer.ok()) return wire::ToGrpc(offer.status());
+              resp->set_port(offer->port);
+              resp->set_push_ticket(offer->push_ticket);
+              resp->set_pull_ticket(offer->pull_ticket);
+              resp->set_pid(offer->pid);
+              return grpc::Status::OK;
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
         grpc_methods::kGetStats, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::StatsRequest, pb::StatsResponse>(
             [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::StatsRequest*, pb::StatsResponse* resp) {
@@ -247,6 +273,8 @@ class GrpcPsService final : public grpc::Service {
   const std::string token_;  // empty: no authentication
   shm::ShmServer* shm_;      // null: no shared memory offered
   const ApplyEarly apply_early_;
+  tcp::TcpServer* tcp_;          // null: no TCP lanes offered
+  const absl::Status tcp_refusal_;  // not OK: AttachTcp's answer
 };
 
 }  // namespace
@@ -259,8 +287,9 @@ absl::StatusOr<ApplyEarly> ParseApplyEarly(absl::string_view name) {
 }
 
 std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown, const std::string& token,
-                                                shm::ShmServer* shm, ApplyEarly apply_early) {
-  return std::make_unique<GrpcPsService>(ps, shutdown, token, shm, apply_early);
+                                                shm::ShmServer* shm, ApplyEarly apply_early, tcp::TcpServer* tcp,
+                                                absl::Status tcp_refusal) {
+  return std::make_unique<GrpcPsService>(ps, shutdown, token, shm, apply_early, tcp, std::move(tcp_refusal));
 }
 
 }  // namespace dtrain::ps

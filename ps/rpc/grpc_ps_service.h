@@ -18,6 +18,7 @@
 #include "common/cancellation.h"
 #include "ps/api/ps_interface.h"
 #include "ps/shm/shm_server.h"
+#include "ps/tcp/tcp_server.h"
 
 namespace dtrain::ps {
 
@@ -25,7 +26,8 @@ namespace dtrain::ps {
 // ends every pull that is waiting, so the server can shut down at once. A non-empty `token` is required on
 // every call (ps/rpc/grpc_security.h): a call without it gets UNAUTHENTICATED before it reaches `ps`. With
 // `shm` (may be null; must outlive the service), AttachShm hands out its offers to workers that passed that
-// check; without, AttachShm answers UNIMPLEMENTED (the ps serves gRPC only).
+// check; without, AttachShm answers UNIMPLEMENTED (the ps serves gRPC only). The same for `tcp` and AttachTcp (the
+// TCP lanes); `tcp_refusal`, when not OK, is AttachTcp's answer instead (e.g. TLS keeps the data on gRPC).
 // The early apply (ps/core/parameter_server.h) a push may ask for (PushHeader::apply_early): kAuto grants it to
 // workers on other hosts only (on the ps's own host both directions of a step are copies on the same cores: it
 // measured slower there), kOn to every worker that asks, kOff to none (--apply_early on dtrain_ps).
@@ -35,7 +37,9 @@ absl::StatusOr<ApplyEarly> ParseApplyEarly(absl::string_view name);
 
 std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown = nullptr,
                                                 const std::string& token = "", shm::ShmServer* shm = nullptr,
-                                                ApplyEarly apply_early = ApplyEarly::kAuto);
+                                                ApplyEarly apply_early = ApplyEarly::kAuto,
+                                                tcp::TcpServer* tcp = nullptr,
+                                                absl::Status tcp_refusal = absl::OkStatus());
 
 }  // namespace dtrain::ps
 

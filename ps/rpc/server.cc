@@ -11,6 +11,7 @@
 #include "common/cancellation.h"
 #include "common/status_macros.h"
 #include "ps/rpc/grpc_ps_service.h"
+#include "ps/rpc/peer_address.h"
 
 namespace dtrain::ps {
 
@@ -20,6 +21,7 @@ struct PsServer::State {
   std::unique_ptr<ParameterServer> ps;
   Cancellation shutdown;  // ends the pulls still waiting when the server shuts down
   std::unique_ptr<shm::ShmServer> shm;
+  std::unique_ptr<tcp::TcpServer> tcp;
   std::unique_ptr<grpc::Service> service;
   std::unique_ptr<grpc::Server> server;
   absl::Duration linger;
@@ -47,8 +49,31 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
     so.max_lanes = std::max(64, 8 * options.ps.num_workers + 16);
     ASSIGN_OR_RETURN(st.shm, shm::ShmServer::Start(st.ps.get(), so));
   }
-  st.service =
-      NewGrpcPsService(st.ps.get(), &st.shutdown, options.security.auth_token, st.shm.get(), options.apply_early);
+  absl::Status tcp_refusal;
+  if (options.offer_tcp && options.security.tls()) {
+    tcp_refusal = absl::FailedPreconditionError(
+        "this ps task uses TLS: its TCP lanes are not encrypted, so the data stays on gRPC");
+    LOG(INFO) << "ps task " << options.ps.task_index << ": no TCP data lanes with --tls (they are not encrypted): "
+              << "data from other hosts stays on gRPC";
+  } else if (options.offer_tcp) {
+    tcp::TcpServerOptions to;
+    to.task_index = options.ps.task_index;
+    to.host = st.host;
+    to.port = options.tcp_port;
+    to.shutdown = &st.shutdown;
+    to.max_lanes = std::max(64, 8 * options.ps.num_workers + 16);
+    // A worker's received gradients wait in their blocks until their step is applied: two steps' worth.
+    to.max_receive_bytes = 2 * options.ps.max_model_bytes + (int64_t{64} << 20);
+    to.apply_early_remote = options.apply_early != ApplyEarly::kOff;
+    to.apply_early_local = options.apply_early == ApplyEarly::kOn;
+    to.is_local_ip = [](const std::string& ip) {
+      return PeerOnThisHost(ip.find(':') != std::string::npos ? absl::StrCat("ipv6:[", ip, "]:0")
+                                                              : absl::StrCat("ipv4:", ip, ":0"));
+    };
+    ASSIGN_OR_RETURN(st.tcp, tcp::TcpServer::Start(st.ps.get(), to));
+  }
+  st.service = NewGrpcPsService(st.ps.get(), &st.shutdown, options.security.auth_token, st.shm.get(),
+                                options.apply_early, st.tcp.get(), tcp_refusal);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(addr, ServerCredentials(options.security), &st.port);
   builder.RegisterService(st.service.get());
@@ -77,6 +102,7 @@ std::string PsServer::address() const { return absl::StrCat(state_->host, ":", s
 int PsServer::port() const { return state_->port; }
 ParameterServer* PsServer::parameter_server() { return state_->ps.get(); }
 shm::ShmServer* PsServer::shm_server() { return state_->shm.get(); }
+tcp::TcpServer* PsServer::tcp_server() { return state_->tcp.get(); }
 
 bool PsServer::Wait(absl::Duration timeout) {
   const bool finished = state_->ps->WaitUntilFinished(timeout);
@@ -98,6 +124,15 @@ void PsServer::Shutdown() {
     const shm::ShmServerCounters c = state_->shm->counters();
     LOG(INFO) << "shared memory: " << c.offers << " attachments offered, " << c.lanes_accepted << " lanes accepted, "
               << c.lanes_refused << " refused, " << c.uploads_cut_off << " uploads cut off (none of them applied)";
+  }
+  if (state_->tcp != nullptr) {
+    state_->tcp->Shutdown();
+    const tcp::TcpServerCounters c = state_->tcp->counters();
+    if (c.offers > 0 || c.lanes_refused > 0) {
+      LOG(INFO) << "TCP lanes: " << c.offers << " attachments offered, " << c.lanes_accepted << " lanes accepted, "
+                << c.lanes_refused << " refused, " << c.uploads_cut_off << " uploads cut off (none of them "
+                << "applied), " << c.bytes_received << " bytes received, " << c.bytes_sent << " sent";
+    }
   }
   state_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   state_->server->Wait();

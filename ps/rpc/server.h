@@ -19,6 +19,7 @@
 #include "ps/rpc/grpc_security.h"
 #include "ps/core/parameter_server.h"
 #include "ps/shm/shm_server.h"
+#include "ps/tcp/tcp_server.h"
 
 namespace dtrain::ps {
 
@@ -33,6 +34,11 @@ struct PsServerOptions {
   // Offer workers on this host the shared-memory data plane (ps/shm/; --transport auto or shm). false: gRPC only.
   bool offer_shm = true;
   int shm_spin_us = 20;  // a shared-memory lane looks for the worker's next frame this long before sleeping
+  // Offer workers on other hosts the TCP data plane (ps/tcp/; --transport auto or tcp), on a port of the listen
+  // address' host (tcp_port; 0: any free one, which the offers name). Not with TLS: the lanes are not encrypted,
+  // so the data stays on gRPC (AttachTcp says so).
+  bool offer_tcp = true;
+  int tcp_port = 0;
   ApplyEarly apply_early = ApplyEarly::kAuto;  // which workers' pushes may be applied as they arrive
 };
 
@@ -47,6 +53,8 @@ class PsServer {
   ParameterServer* parameter_server();
   // The shared-memory server (null when options.offer_shm was false).
   shm::ShmServer* shm_server();
+  // The TCP data plane's server (null when it is not offered).
+  tcp::TcpServer* tcp_server();
 
   // Blocks until no worker is left (every one done or lost; see parameter_server()->outcome()) or `timeout`, then
   // shuts down after the linger period. Returns false on timeout.

@@ -271,7 +271,7 @@ absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Acquire() {
     return unusable_;
   }
   fallback_ = true;
-  LOG(INFO) << Who() << ": data through gRPC (" << why_not << ")";
+  LOG(INFO) << Who() << ": data through " << options_.fallback << " (" << why_not << ")";
   return nullptr;
 }
 
@@ -285,8 +285,9 @@ absl::Status ShmPsClient::TransportFailed(const absl::Status& why) {
     return unusable_;
   }
   fallback_ = true;
-  LOG(WARNING) << Who() << ": data through gRPC from now on (" << why.message() << ")";
-  return absl::UnavailableError(absl::StrCat(Who(), ": moving to gRPC: ", why.message()));  // retried there
+  LOG(WARNING) << Who() << ": data through " << options_.fallback << " from now on (" << why.message() << ")";
+  return absl::UnavailableError(absl::StrCat(Who(), ": moving to ", options_.fallback, ": ",
+                                             why.message()));  // retried there
 }
 
 absl::Status ShmPsClient::LaneFailed(const std::shared_ptr<Connection>& c, const absl::Status& why, const char* what) {

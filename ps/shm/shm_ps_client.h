@@ -58,6 +58,8 @@ struct ShmClientOptions {
   // few hundred microseconds, and the worker has nothing else to do meanwhile. Past 20 µs the spin yields its core
   // to any thread that has work (the ps applying the step, another worker).
   int pull_spin_us = 500;
+  // What takes the data when shared memory does not apply (`control`), for the log line that says so.
+  std::string fallback = "gRPC";
 };
 
 std::unique_ptr<PsInterface> NewShmPsClient(std::unique_ptr<PsInterface> control, ShmAttachFn attach,

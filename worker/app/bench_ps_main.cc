@@ -72,8 +72,8 @@ ABSL_FLAG(int, steps, 40, "Timed steps (push + pull each)");
 ABSL_FLAG(int, warmup_steps, 5, "Steps before timing");
 ABSL_FLAG(std::string, wire_dtype, "fp32", "fp32 | bf16 | fp16 on the wire");
 ABSL_FLAG(std::string, transport, "grpc",
-          "grpc | shm | auto: how the worker side reaches the ps (shm: shared memory, the buffers read and written "
-          "in place); in_process: the worker calls the ParameterServer directly, as local mode does (the floor "
+          "grpc | shm | tcp | auto: how the worker side reaches the ps (shm: shared memory, the buffers read and "
+          "written in place; tcp: TCP lanes beside gRPC, the data sent from and received into the buffers); in_process: the worker calls the ParameterServer directly, as local mode does (the floor "
           "of any transport: the ps's own copies and update)");
 ABSL_FLAG(int, channels_per_ps, 1,
           "gRPC: connections to the ps, pushes and pulls striped by slice over them (as dtrain_worker's flag)");
@@ -244,7 +244,7 @@ double RawTcpRoundTripMs(size_t n, int warmup, int rounds) {
 class HostBuffer {
  public:
   HostBuffer(int64_t n, ps::Transport transport) {
-    if (transport != ps::Transport::kGrpc) {
+    if (transport == ps::Transport::kShm || transport == ps::Transport::kAuto) {
       absl::StatusOr<float*> p = ps::shm::SharedHostMemory::Default()->Allocate(n);
       if (p.ok()) shared_ = *p;
     }
@@ -632,7 +632,7 @@ int Main() {
       in_process ? ps::Transport::kGrpc : ps::ParseTransport(absl::GetFlag(FLAGS_transport));
   if (!transport.ok()) return Fail("flags", transport.status());
   if (!remote.empty() && (in_process || *transport == ps::Transport::kShm)) {
-    return Fail("flags", absl::InvalidArgumentError("--netns: the hosts are apart: --transport=grpc or auto"));
+    return Fail("flags", absl::InvalidArgumentError("--netns: the hosts are apart: --transport=grpc, tcp or auto"));
   }
   absl::StatusOr<ps::ApplyEarly> apply_early = ps::ParseApplyEarly(absl::GetFlag(FLAGS_apply_early));
   if (!apply_early.ok()) return Fail("flags", apply_early.status());
@@ -641,16 +641,19 @@ int Main() {
     ps::PsServerOptions so;
     so.listen_address = "127.0.0.1:0";
     so.ps.num_workers = 1;
-    so.offer_shm = *transport != ps::Transport::kGrpc;
+    so.offer_shm = *transport == ps::Transport::kShm || *transport == ps::Transport::kAuto;
+    so.offer_tcp = *transport == ps::Transport::kTcp || *transport == ps::Transport::kAuto;
     so.apply_early = *apply_early;
     absl::StatusOr<std::unique_ptr<ps::PsServer>> started = ps::PsServer::Start(so);
     if (!started.ok()) return Fail("ps server", started.status());
     server = std::move(*started);
   }
   ps::shm::ShmCounters shm_counters;
+  ps::tcp::TcpCounters tcp_counters;
   ps::PsClientOptions co;
   co.transport = *transport;
   co.shm_counters = &shm_counters;
+  co.tcp_counters = &tcp_counters;
   co.grpc.channels = absl::GetFlag(FLAGS_channels_per_ps);
   const std::string address = remote.empty() ? server->address() : absl::StrCat(remote, ":", kNetnsPsPort);
   absl::StatusOr<std::unique_ptr<ps::PsInterface>> task = ps::NewPsClient(address, co);
@@ -727,7 +730,15 @@ int Main() {
   std::printf("  push alone median_ms=%.2f, pull alone %.2f; push+pull %.2f GB/s; raw TCP %.2f GB/s\n",
               Median(push_ms), Median(pull_ms),
               2 * wire_bytes / (med * 1e6), tcp > 0 ? 2 * static_cast<double>(bytes) / (tcp * 1e6) : 0.0);
-  if (*transport != ps::Transport::kGrpc) {
+  if (tcp_counters.attaches.load() > 0) {
+    std::printf("  TCP lanes: %ld pushes and %ld pulls over the lanes (%ld / %ld on gRPC), %.1f MB sent, %.1f MB "
+                "received\n",
+                static_cast<long>(tcp_counters.tcp_pushes.load()), static_cast<long>(tcp_counters.tcp_pulls.load()),
+                static_cast<long>(tcp_counters.control_pushes.load()),
+                static_cast<long>(tcp_counters.control_pulls.load()), tcp_counters.bytes_sent.load() / 1e6,
+                tcp_counters.bytes_received.load() / 1e6);
+  }
+  if (shm_counters.attaches.load() > 0) {
     std::printf("  shared memory: %ld pushes and %ld pulls over the lanes (%ld / %ld on gRPC), %.1f MB in place, "
                 "%.1f MB staged\n",
                 static_cast<long>(shm_counters.shm_pushes.load()), static_cast<long>(shm_counters.shm_pulls.load()),

@@ -152,8 +152,9 @@ ABSL_FLAG(double, rpc_retry_secs, 30,
           "a broken or partitioned link) are retried, with backoff, before the worker gives up");
 ABSL_FLAG(double, step_timeout_secs, 120, "How long a step may wait for the ps tasks (e.g. for other workers)");
 ABSL_FLAG(std::string, transport, "auto",
-          "How data reaches the ps tasks: auto (shared memory for a ps task on this host, gRPC otherwise; one log "
-          "line per task says which and why), shm (shared memory, failing when a task cannot be reached so), grpc. "
+          "How data reaches the ps tasks: auto (shared memory for a ps task on this host, TCP lanes for one on "
+          "another host (gRPC with --tls), gRPC where neither is offered; one log line per task says which and why), "
+          "shm (shared memory, failing when a task cannot be reached so), tcp (TCP lanes, failing likewise), grpc. "
           "Control calls always go over gRPC");
 ABSL_FLAG(int, channels_per_ps, 1,
           "gRPC: connections to each ps task (1 to 64). With more than one, pushes and pulls are striped by slice "
@@ -497,7 +498,9 @@ int main(int argc, char** argv) {
     popt.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
     popt.grpc = copt;
     // With shared memory, the towers' flat buffers are what the local ps tasks read and write in place.
-    if (*transport != dtrain::ps::Transport::kGrpc) o.host_memory = popt.memory;
+    if (*transport == dtrain::ps::Transport::kAuto || *transport == dtrain::ps::Transport::kShm) {
+      o.host_memory = popt.memory;
+    }
     for (const std::string& address : cluster->ps) {
       popt.task = static_cast<int>(tasks.size());
       auto client = dtrain::ps::NewPsClient(address, popt);
