@@ -237,11 +237,15 @@ TEST(ExactRecovery, SyncDenseRunsWithAKilledProcessEndBitIdentical) {
   ExpectBitIdenticalAfter(r, {{KillPs(0, 120), "ps_killed"}, {KillWorker(2, 180), "worker_killed"}}, "dense");
 }
 
+// The same over TCP lanes (--transport=tcp, as between hosts): ps task 1 killed mid-run (its lanes broken, a push
+// cut off mid-frame) loses and doubles nothing and ends bit-identical.
 TEST(ExactRecovery, OneOfTwoSyncPsKilledEndsBitIdentical) {
   SKIP_WITHOUT_DATA();
   RunSpec r;
   r.num_ps = 2;
   r.train_steps = 400;
+  r.worker_flags = {"--transport=tcp"};
+  r.ps_flags = {"--transport=tcp"};
   ExpectBitIdenticalAfter(r, {{KillPs(1, 150), "ps1_killed"}}, "dense_2ps");
 }
 
@@ -256,39 +260,45 @@ TEST(ExactRecovery, StripedOverThreeConnectionsOneOfTwoSyncPsKilledEndsBitIdenti
   ExpectBitIdenticalAfter(r, {{KillPs(1, 150), "ps1_killed"}}, "striped_2ps");
 }
 
-// One worker on one ps over gRPC with the early apply (the worker's --apply_early, granted on this host by
-// dtrain_ps --apply_early=on): the ps applies each push as it arrives and the pull streams it back. The run ends
-// bit-identical to one that applies each push once it is whole; killed mid-run, the ps (restored from its
-// checkpoint) and the worker (its push broken off and taken back), the runs still end bit-identical, with nothing
-// acknowledged lost or applied twice.
-TEST(ExactRecovery, EarlyApplyOneWorkerOverGrpcEndsBitIdenticalWithAndWithoutFaults) {
+// One worker on one ps with the early apply (the worker's --apply_early, granted on this host by dtrain_ps
+// --apply_early=on), over gRPC and over TCP lanes: the ps applies each push as it arrives and the pull streams it
+// back. The runs end bit-identical to one that applies each push once it is whole; killed mid-run, the ps
+// (restored from its checkpoint) and the worker (its push broken off and taken back), the runs still end
+// bit-identical, with nothing acknowledged lost or applied twice.
+TEST(ExactRecovery, EarlyApplyOneWorkerOverGrpcAndTcpEndsBitIdenticalWithAndWithoutFaults) {
   SKIP_WITHOUT_DATA();
   RunSpec plain;
   plain.num_workers = 1;
   plain.train_steps = 400;
   plain.worker_flags = {"--transport=grpc", "--apply_early=false"};
   const RunResult whole = RunCluster(plain, Fault(), "early_plain");
-  RunSpec early = plain;
-  early.worker_flags = {"--transport=grpc", "--apply_early=true"};
-  early.ps_flags = {"--apply_early=on"};
-  const RunResult straight = RunCluster(early, Fault(), "early_straight");
-  EXPECT_NE(straight.ps0_output.find("(early apply)"), std::string::npos) << straight.ps0_output;
   EXPECT_EQ(whole.ps0_output.find("(early apply)"), std::string::npos) << whole.ps0_output;
-  // Granted, the pulls went out beside the pushes, on a connection of their own.
-  for (const char* line : {"each pull now goes out beside its push",
-                                 "pulls that stream beside a push (the early apply) get a connection of their own"}) {
-    EXPECT_NE(straight.worker0_output.find(line), std::string::npos) << straight.worker0_output;
-    EXPECT_EQ(whole.worker0_output.find(line), std::string::npos) << whole.worker0_output;
-  }
-  ExpectSameCheckpoints(whole.dir + "/ckpt", straight.dir + "/ckpt");
-  for (const auto& [f, name] : std::vector<std::pair<Fault, std::string>>{{KillPs(0, 150), "ps_killed"},
-                                                                          {KillWorker(0, 180), "worker_killed"}}) {
-    const RunResult faulty = RunCluster(early, f, "early_" + name);
+  for (const std::string transport : {"grpc", "tcp"}) {
+    SCOPED_TRACE(transport);
+    RunSpec early = plain;
+    early.worker_flags = {"--transport=" + transport, "--apply_early=true"};
+    early.ps_flags = {"--apply_early=on"};
+    const RunResult straight = RunCluster(early, Fault(), "early_straight_" + transport);
+    EXPECT_NE(straight.ps0_output.find("(early apply)"), std::string::npos) << straight.ps0_output;
+    // Granted, the pulls went out beside the pushes (over gRPC on a connection of their own; TCP has a lane for
+    // pulls anyway).
+    std::vector<std::string> lines = {"each pull now goes out beside its push"};
+    lines.push_back(transport == "grpc" ? "pulls that stream beside a push (the early apply) get a connection of their own"
+                                        : "data over TCP lanes");
+    for (const std::string& line : lines) {
+      EXPECT_NE(straight.worker0_output.find(line), std::string::npos) << straight.worker0_output;
+      EXPECT_EQ(whole.worker0_output.find(line), std::string::npos) << whole.worker0_output;
+    }
+    ExpectSameCheckpoints(whole.dir + "/ckpt", straight.dir + "/ckpt");
+    std::filesystem::remove_all(straight.dir);
+    // The faults over one transport each: the ps over gRPC, the worker (mid-push) over TCP.
+    const auto [f, name] = transport == "grpc" ? std::make_pair(KillPs(0, 150), std::string("ps_killed"))
+                                               : std::make_pair(KillWorker(0, 180), std::string("worker_killed"));
+    const RunResult faulty = RunCluster(early, f, "early_" + name + "_" + transport);
     ExpectSameCheckpoints(whole.dir + "/ckpt", faulty.dir + "/ckpt");
     std::filesystem::remove_all(faulty.dir);
   }
   std::filesystem::remove_all(whole.dir);
-  std::filesystem::remove_all(straight.dir);
 }
 
 // Sparse (dlrm: embedding tables on 2 ps tasks, Adagrad rows, Adam dense): ps task 1 killed and restarted, and the

@@ -3,7 +3,8 @@
 # (scripts/netns_hosts.sh), every link capped at 1 Gbit/s with tc tbf; dtrain_ps on host 0 (10.77.0.1), one
 # dtrain_worker on each of hosts 1 and 2. Trains the MLP sync, then async, then sync with one worker (the early
 # apply measured and chosen by the worker: --apply_early=auto); checks every exit code, the chief's
-# test accuracy, and that the traffic went through the shaped links (tbf counters on the ps host). Removes
+# test accuracy, that the data went over the TCP lanes (--transport=auto across hosts) and the traffic through the
+# shaped links (tbf counters on the ps host). Removes
 # every namespace, process and file it made, also on failure or timeout. Needs root (exit 77 otherwise, or
 # where the kernel lacks namespaces, veth, bridge or tbf).
 set -euo pipefail
@@ -64,8 +65,14 @@ run_cluster() {
   elif ! awk -v a="$acc" 'BEGIN { exit !(a >= 0.60 && a <= 1.0) }'; then
     fail "$mode: test accuracy $acc < 0.60"
   fi
-  # Both workers reached the ps over the network: the chief's log names the addresses it used.
+  # Both workers reached the ps over the network: the chief's log names the addresses it used; the data went
+  # over TCP lanes (--transport=auto across hosts), and the ps's lanes carried it.
   grep -q "$A0:2222" "$logs/worker_0.log" || fail "$mode: the chief's log does not mention ps $A0:2222"
+  for k in 0 1; do
+    grep -q "data over TCP lanes" "$logs/worker_$k.log" || fail "$mode: worker $k did not use the TCP lanes"
+  done
+  grep -q "TCP lanes: 2 attachments offered, 4 lanes accepted" "$logs/ps.log" ||
+    fail "$mode: the ps's log does not show both workers' TCP lanes"
 }
 
 run_cluster sync 150
