@@ -54,16 +54,14 @@ absl::Status GradientBuffers::Buffer::Write(int slice, int64_t offset, int64_t n
     return absl::InvalidArgumentError(absl::StrCat("gradient for '", names_[slice], "': floats from ", offset,
                                                    " after ", received_[slice], " (pieces of a slice come in order)"));
   }
-  if (lent_[slice].data != nullptr) {
-    if (offset != 0) {
-      if (n == 0) return absl::OkStatus();
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient for '", names_[slice], "': floats from ", offset, " after the slice was lent whole"));
-    }
-    lent_[slice] = Lent{};  // written again: copied from here on
-  }
   std::vector<float>& values = values_[slice];
   if (values.empty()) values.resize(length);
+  if (lent_[slice].data != nullptr) {
+    // Written again from its start, or continued from elsewhere than the lent floats' end: copied from here on
+    // (the part lent so far first).
+    if (offset != 0) std::copy_n(lent_[slice].data, offset, values.data());
+    lent_[slice] = Lent{};
+  }
   DecodeFloats(dtype, data, n, values.data() + offset);
   if (check_finite && nonfinite_slice_.empty() && !AllFinite(values.data() + offset, n)) {
     nonfinite_slice_ = names_[slice];
@@ -89,10 +87,15 @@ void GradientBuffers::Buffer::Unlend(uint64_t writer) {
 absl::Status GradientBuffers::Buffer::Borrow(int slice, int64_t offset, int64_t n, const float* data,
                                              std::shared_ptr<const void> keep, bool check_finite, uint64_t writer) {
   const int64_t length = length_[slice];
-  if (offset != 0 || n != length) return Write(slice, offset, n, WireDtype::kF32, data, check_finite);
-  lent_[slice] = Lent{data, std::move(keep), writer};
+  const Lent& lent = lent_[slice];
+  const bool starts = offset == 0 && n <= length;
+  // The next floats right behind those lent by the same attempt: the slice stays lent, in pieces.
+  const bool continues = offset > 0 && offset == received_[slice] && n <= length - offset && lent.data != nullptr &&
+                         lent.writer == writer && lent.data + offset == data;
+  if (!starts && !continues) return Write(slice, offset, n, WireDtype::kF32, data, check_finite);
+  if (starts) lent_[slice] = Lent{data, std::move(keep), writer};
   if (check_finite && nonfinite_slice_.empty() && !AllFinite(data, n)) nonfinite_slice_ = names_[slice];
-  SetReceived(slice, length);
+  SetReceived(slice, offset + n);
   return absl::OkStatus();
 }
 

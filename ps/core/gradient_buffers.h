@@ -45,9 +45,11 @@ class GradientBuffers {
     // floats received so far, unless 0).
     absl::Status Write(int slice, int64_t offset, int64_t n, WireDtype dtype, const void* data, bool check_finite);
     // Write for fp32 floats that stay at `data`, unchanged, until this upload's step has been applied or dropped
-    // (SliceUpload::WriteInPlace). A whole slice is lent: data(slice) is then `data` itself, no copy, and `keep`
-    // keeps that memory mapped while the buffer refers to it (until the next upload claims the buffer, or the
-    // slice is written again). A part of a slice is copied, as by Write.
+    // (SliceUpload::WriteInPlace). A slice is lent from its start: data(slice) is then `data` itself, no copy, and
+    // `keep` keeps that memory alive while the buffer refers to it (until the next upload claims the buffer, or
+    // the slice is written again); pieces that follow right behind it in the same memory, from the same attempt,
+    // extend it (a transport that receives a slice in pieces lends each as it lands). Any other piece is copied,
+    // as by Write (with what was lent of the slice before it).
     // `writer` names the upload attempt (any number unique per attempt), for Unlend.
     absl::Status Borrow(int slice, int64_t offset, int64_t n, const float* data, std::shared_ptr<const void> keep,
                         bool check_finite, uint64_t writer);

@@ -39,6 +39,10 @@ std::string RandomHex(size_t bytes) {
 // from making the ps allocate what it likes).
 constexpr int64_t kMaxRowsPerFrame = int64_t{1} << 28;
 constexpr int kMaxRowDim = 1 << 20;
+// A slice's floats are handed to the upload in pieces of this many as they land (each lent where it lies): a ps
+// that applies a push as it arrives (the early apply, in chunks of 64 Ki floats: SliceStore::kChunkFloats) then
+// streams the pull behind it while the rest of the slice is still on the wire.
+constexpr int64_t kLendFloats = int64_t{1} << 16;
 
 }  // namespace
 
@@ -404,11 +408,16 @@ void TcpServer::Impl::ServePushes(TcpLane* lane, TcpAttachment* a) {
             lane_error = lane->SkipBulk(bulk_deadline);
             break;
           }
-          lane_error = lane->ReadBulk(room->data, *bytes, bulk_deadline);
-          if (!lane_error.ok()) break;
-          absl::Status s = st.upload->WriteInPlace(piece->key, piece->offset, piece->n,
-                                                   reinterpret_cast<const float*>(room->data), std::move(room->keep));
-          if (!s.ok()) st.Fail(s);
+          const float* floats = reinterpret_cast<const float*>(room->data);
+          for (int64_t done = 0; done < piece->n && st.error.ok();) {
+            const int64_t k = std::min(kLendFloats, piece->n - done);
+            lane_error = lane->ReadBulk(room->data + done * 4, static_cast<uint64_t>(k) * 4, bulk_deadline);
+            if (!lane_error.ok()) break;
+            absl::Status s = st.upload->WriteInPlace(piece->key, piece->offset + done, k, floats + done, room->keep);
+            if (!s.ok()) st.Fail(s);
+            done += k;
+          }
+          if (lane_error.ok() && !st.error.ok()) lane_error = lane->SkipBulk(bulk_deadline);
         } else {
           scratch.resize(*bytes);
           lane_error = lane->ReadBulk(scratch.data(), *bytes, bulk_deadline);

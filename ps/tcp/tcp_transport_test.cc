@@ -185,6 +185,54 @@ TEST(TcpTransportTest, StepsWithThePullBehindOrBesideThePushEqualInProcess) {
   }
 }
 
+// The early apply over TCP: a slice is lent to the ps in pieces as it lands and applied as they come, so a pull
+// behind the push streams the new values while the rest of the push is still arriving.
+TEST(TcpTransportTest, TheEarlyApplyStreamsThePullWhileThePushArrives) {
+  auto cluster = SimCluster::Start(Options(1, false));
+  ASSERT_TRUE(cluster.ok());
+  TcpSide side(cluster->get(), 0);
+  ASSERT_TRUE(side.connected.ok()) << side.connected;
+  PsInterface* task = side.tasks[0];
+  const uint64_t session = (*cluster)->Session(0, 0);
+  const int64_t n = (*cluster)->total_floats();
+  std::vector<float> params(n), g(n, 0.001f);
+  PushHeader h;
+  h.worker_id = 0;
+  h.step = (*cluster)->task(0).step();
+  h.request_id = 777;
+  h.commit = true;
+  h.session = session;
+  h.apply_early = true;
+  absl::StatusOr<std::unique_ptr<SliceUpload>> upload = task->StartPush(h);
+  ASSERT_TRUE(upload.ok()) << upload.status();
+  // The big slice first, the others later.
+  const std::vector<SliceSpec>& slices = (*cluster)->placement().task_slices[0];
+  const SliceSpec* big = &slices[0];
+  for (const SliceSpec& s : slices) big = s.length > big->length ? &s : big;
+  ASSERT_TRUE((*upload)->Write(big->key, 0, big->length, WireDtype::kF32, g.data() + big->flat_offset).ok());
+  PullRequest pull;
+  pull.worker_id = 0;
+  pull.session = session;
+  pull.min_step = h.step + 1;
+  pull.since_step = h.step;
+  pull.after_push = h.request_id;
+  pull.timeout_ms = 20000;
+  FlatPullReceiver receiver(&slices, params.data());
+  std::future<absl::Status> pulled = std::async(std::launch::async, [&] { return task->Pull(pull, &receiver); });
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (receiver.bytes() < big->length * 4 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(receiver.bytes(), big->length * 4) << "the big slice did not stream before the push ended";
+  EXPECT_TRUE(receiver.header().tentative);
+  for (const SliceSpec& s : slices) {
+    if (&s == big) continue;
+    ASSERT_TRUE((*upload)->Write(s.key, 0, s.length, WireDtype::kF32, g.data() + s.flat_offset).ok());
+  }
+  ASSERT_TRUE((*upload)->Finish().ok());
+  ASSERT_TRUE(pulled.get().ok());
+  EXPECT_TRUE(receiver.Finish().ok());
+  EXPECT_EQ((*cluster)->task(0).step(), h.step + 1);
+}
+
 TEST(TcpTransportTest, Bf16TravelsNarrowAndIsRoundedAsOnTheWire) {
   auto cluster = SimCluster::Start(Options(1, false));
   ASSERT_TRUE(cluster.ok());
