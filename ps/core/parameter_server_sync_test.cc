@@ -253,15 +253,16 @@ TEST(SyncTest, LentGradientsAreReadInPlaceWhenTheStepIsApplied) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->slices.at(w_key), (std::vector<float>{0, 1.5, 3}));
   EXPECT_EQ(r->slices.at(b_key), (std::vector<float>{3.5}));
-  // A part of a slice is copied, as Write does: changed afterwards, it is applied as it was written.
+  // A slice lent in part and continued from other memory is copied from there on, the part lent before too:
+  // changed afterwards, it is applied as it was written.
   PushHeader h2{0, 1, 43, /*commit=*/true, s0};
   absl::StatusOr<std::unique_ptr<SliceUpload>> up = ps.StartPush(h2);
   ASSERT_TRUE(up.ok()) << up.status();
   std::vector<float> piece = {2, 2};
   ASSERT_TRUE((*up)->WriteInPlace(w_key, 0, 2, piece.data(), nullptr).ok());
-  piece = {100, 100};
   std::vector<float> rest = {2};
   ASSERT_TRUE((*up)->WriteInPlace(w_key, 2, 1, rest.data(), nullptr).ok());
+  piece = {100, 100};
   ASSERT_TRUE((*up)->WriteInPlace(b_key, 0, 1, rest.data(), nullptr).ok());
   ASSERT_EQ((*up)->Finish()->outcome, Outcome::kAccepted);
   ASSERT_EQ(PushSlices(ps, PushHeader{1, 1, 8, true, s1}, cluster->SlicesFor(0, {2, 2, 2, 2}))
