@@ -1,4 +1,4 @@
-// The frames of the TCP data plane (ps/tcp/README.md): the messages of the shared-memory lanes
+// The frames of the TCP data plane (ps/README.md, "the TCP lanes"): the messages of the shared-memory lanes
 // (ps/shm/shm_frame.h, whose payload codecs are reused as they are) carried over a TCP connection between a
 // worker and a ps task on different hosts. Shared memory passes references to data both processes map; here the
 // tensor data travels inline, as the frame's *bulk*: bytes after the payload that the receiver reads straight

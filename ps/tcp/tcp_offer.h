@@ -1,5 +1,5 @@
 // How a worker and a ps task agree, over the authenticated gRPC channel, to move data over TCP lanes
-// (ps/tcp/README.md): the worker asks (TcpAttachRequest), the ps offers (TcpOffer) the port of its lanes and one
+// (ps/README.md, "the TCP lanes"): the worker asks (TcpAttachRequest), the ps offers (TcpOffer) the port of its lanes and one
 // single-use ticket for each of the two. Only a process that passed the gRPC handshake (the cluster's token)
 // ever sees a ticket, and a lane without a valid one is closed before the ps reads anything else from it.
 #ifndef DTRAIN_PS_TCP_TCP_OFFER_H_

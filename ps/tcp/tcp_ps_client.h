@@ -1,4 +1,4 @@
-// PsInterface for a ps task on another host: the data plane over TCP lanes (ps/tcp/README.md), the control plane
+// PsInterface for a ps task on another host: the data plane over TCP lanes (ps/README.md, "the TCP lanes"), the control plane
 // on another PsInterface (the gRPC client, ps/rpc/grpc_ps_client.h).
 //
 // Uploads (StartPush) and pulls (Pull) go over the lanes: a push's pieces are sent straight from the caller's

@@ -1,4 +1,4 @@
-// The ps task's side of the TCP data plane (ps/tcp/README.md): serves the uploads and pulls of workers on other
+// The ps task's side of the TCP data plane (ps/README.md, "the TCP lanes"): serves the uploads and pulls of workers on other
 // hosts over TCP lanes (ps/tcp/tcp_lane.h) to a PsInterface (the task's ParameterServer). Everything else
 // (Register, Initialize, heartbeats, Done, statistics, checkpoints' Probe and Restore) stays on gRPC, which also
 // hands out the offers (Offer) that let a worker in.
