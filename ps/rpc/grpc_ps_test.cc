@@ -26,6 +26,7 @@
 #include "ps/core/optimizer.h"
 #include "ps/core/slice_store.h"
 #include "ps/rpc/grpc_ps_client.h"
+#include "ps/rpc/transport.h"
 #include "ps/rpc/server.h"
 #include "ps/testing/ps_test_util.h"
 
@@ -499,6 +500,28 @@ TEST(GrpcPsTest, MutualTls) {
   EXPECT_FALSE(client(SecurityOptions{})->GetStats().ok()) << "plain text reached a TLS server";
   EXPECT_FALSE(client(load("worker", "other_ca"))->GetStats().ok()) << "a client trusting another CA connected";
   EXPECT_FALSE(client(load("", "ca"))->GetStats().ok()) << "a client without a certificate connected";
+  // Under TLS the data stays on gRPC: the ps offers no TCP lanes and says why; --transport=tcp is refused, auto
+  // moves data over gRPC without asking for lanes.
+  EXPECT_EQ((*server)->tcp_server(), nullptr);
+  GrpcClientOptions tls;
+  tls.security = load("worker", "ca");
+  absl::StatusOr<tcp::TcpOffer> offer = NewGrpcTcpAttach((*server)->address(), tls)(tcp::TcpAttachRequest{0});
+  EXPECT_EQ(offer.status().code(), absl::StatusCode::kFailedPrecondition) << offer.status();
+  EXPECT_NE(offer.status().message().find("TLS"), std::string::npos) << offer.status();
+  PsClientOptions tcp_only;
+  tcp_only.transport = Transport::kTcp;
+  tcp_only.grpc = tls;
+  EXPECT_EQ(NewPsClient((*server)->address(), tcp_only).status().code(), absl::StatusCode::kInvalidArgument);
+  tcp::TcpCounters counters;
+  PsClientOptions automatic;
+  automatic.grpc = tls;
+  automatic.tcp_counters = &counters;
+  absl::StatusOr<std::unique_ptr<PsInterface>> via_auto = NewPsClient((*server)->address(), automatic);
+  ASSERT_TRUE(via_auto.ok()) << via_auto.status();
+  pull.min_step = 1;
+  absl::StatusOr<Pulled> again = PullSlices(**via_auto, pull);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(counters.attaches.load(), 0);
   (*server)->Shutdown();
   std::filesystem::remove_all(dir);
 }
