@@ -13,8 +13,8 @@ F cores of its own (a cgroup CPU quota), so that more processes than the machine
 on their own share (docs/emulated_hosts.md). With --netns every configuration runs on such equal hosts: local mode
 and plain PyTorch on one, DDP with one rank per host.
 
-The wall-clock in parts: start (launch to the first training step, the slowest worker's), train (first to last
-step), evaluate (the chief's final evaluation; DDP's rank 0 evaluates the same test set, --evaluate) and end (the
+The wall-clock in parts: start (launch until every worker is training: the largest of the workers' process start
+to first step), train (from then until the last worker's last step), evaluate (the chief's final evaluation; DDP's rank 0 evaluates the same test set, --evaluate) and end (the
 rest, until every process has exited). They come from each worker's "worker K: phases: ..." line and
 ddp_baseline's; a worker that prints only "worker K: N local steps, ..." gives train alone ("-" for the others).
 With --netns the wall-clock runs from the first process's launch to the last one's exit (the hosts' set-up and
@@ -97,10 +97,11 @@ def parse_logs(logdir, names, target):
     """What the workers' logs say: a dict with examples, secs (training seconds of the slowest worker, from
     "N local steps ... in T sec"), accuracy (final; AUC for models with one logit), t_acc (seconds to the target
     accuracy), sparse ({"log_loss", "rows_held", "bytes_per_step"} for sparse models, else empty) and phases
-    ({"start", "train", "evaluate"}: each the largest over the workers' phases lines; None where no worker printed
-    one, train then from the "local steps" line)."""
+    ({"start", "train", "evaluate"} on one timeline: start = until every worker was training, the largest start;
+    train = from then until the last worker's last step, the largest start + train less start; evaluate = the
+    largest; None where no worker printed a phases line, train then from the "local steps" line)."""
     examples, train_secs, acc, t_acc, chief_secs, sparse = 0, 0.0, None, None, None, {}
-    phases = {"start": None, "train": None, "evaluate": None}
+    starts, ends, evaluates = [], [], []
     for name in names:
         path = os.path.join(logdir, name)
         if not os.path.exists(path):
@@ -112,8 +113,10 @@ def parse_logs(logdir, names, target):
             if m.group(1) == "0":
                 chief_secs = float(m.group(4))
         for m in WORKER_PHASES_LINE.finditer(text):
-            for key, value in zip(("start", "train", "evaluate"), m.groups()[1:]):
-                phases[key] = max(phases[key] or 0.0, float(value))
+            start, train, evaluate = (float(v) for v in m.groups()[1:])
+            starts.append(start)
+            ends.append(start + train)
+            evaluates.append(evaluate)
         m = FINAL_LINE.search(text)
         if m:
             acc = float(m.group(2))
@@ -129,7 +132,10 @@ def parse_logs(logdir, names, target):
             t_acc = next((secs for value, secs in evals if value >= target), None)
     if target is not None and t_acc is None and acc is not None and acc >= target:
         t_acc = chief_secs
-    if phases["train"] is None and examples > 0:
+    phases = {"start": None, "train": None, "evaluate": None}
+    if starts:
+        phases = {"start": max(starts), "train": max(ends) - max(starts), "evaluate": max(evaluates)}
+    elif examples > 0:
         phases["train"] = train_secs  # before the phases line: training time from the "local steps" line
     return {"examples": examples, "secs": train_secs, "accuracy": acc, "t_acc": t_acc, "sparse": sparse,
             "phases": phases}
@@ -587,9 +593,9 @@ def main():
             line += " %8s" % dash(r["vs_ddp"], "%.2fx")
         print(line + ("" if r["exit_code"] == 0 else "  (FAILED rc=%d)" % r["exit_code"]))
         ok = ok and r["exit_code"] == 0
-    print("wall_s = start + train_s + eval + end: start = launch to the first training step (slowest worker or rank), "
-          "train = first to last step, eval = the final test-set evaluation (dtrain's chief, DDP's rank 0), end = "
-          "the rest until every process exited; '-': the worker did not say")
+    print("wall_s = start + train_s + eval + end: start = launch until every worker (rank) was training, train = "
+          "from then to the last one's last step, eval = the final test-set evaluation (dtrain's chief, DDP's rank "
+          "0), end = the rest until every process exited; '-': the workers did not say")
     prefix = a.out or (os.path.splitext(a.plot)[0] if a.plot else "")
     if prefix:
         meta = {"model": a.model, "batch_size": a.batch_size, "examples": a.examples, "num_ps": a.num_ps,

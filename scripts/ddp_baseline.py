@@ -14,8 +14,8 @@ address; its TCP store listens there): one process per emulated host (scripts/ne
 scripts/compare_cluster_sizes.py --netns --ddp does; set GLOO_SOCKET_IFNAME=eth0 there). The process re-executes
 itself under Debian's python with the OpenMP OpenBLAS and dtrain's malloc settings where it was not started so.
 
-Rank 0 prints (the phases: start = process start to the first training step, the slowest rank's; train = first
-to last step, the slowest rank's; evaluate = the final evaluation, 0 without --evaluate):
+Rank 0 prints (the phases, on one timeline: start = process start to the first training step, the slowest rank's;
+train = from then until the last rank's last step; evaluate = the final evaluation, 0 without --evaluate):
 
   ddp_baseline: model=cnn ranks=2 threads=1 batch=50 ddp=1 steps=200 examples/sec=1190.3 blas=openblas-openmp
   ddp_baseline: test accuracy = 0.7712 (10000 examples)          (with --evaluate)
@@ -123,13 +123,14 @@ def rank_main(a):
     if ddp:
         dist.barrier()
     end = time.perf_counter()
-    secs, train_secs = end - start, end - first
+    secs, end_secs = end - start, start_secs + (end - first)
     timed = (steps - warmup) * a.batch_size
     if ddp:
-        # The cluster's rate: every rank's examples over the slowest rank's time; its phases: the slowest rank's.
-        t = torch.tensor([secs, start_secs, train_secs], dtype=torch.float64)
+        # The cluster's rate: every rank's examples over the slowest rank's time; its phases: until every rank was
+        # training, then until the last one's last step.
+        t = torch.tensor([secs, start_secs, end_secs], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        secs, start_secs, train_secs = (float(v) for v in t)
+        secs, start_secs, end_secs = (float(v) for v in t)
         # Every rank is past its last collective: rank 0 goes on alone, as dtrain's chief evaluates alone.
         dist.barrier()
     eval_secs = 0.0
@@ -141,7 +142,7 @@ def rank_main(a):
             accuracy, count = evaluate(torch, model, tx, ty)
             eval_secs = time.perf_counter() - t0
             print("ddp_baseline: test accuracy = %.4f (%d examples)" % (accuracy, count), flush=True)
-        print(PHASES.format(start=start_secs, train=train_secs, evaluate=eval_secs), flush=True)
+        print(PHASES.format(start=start_secs, train=end_secs - start_secs, evaluate=eval_secs), flush=True)
     if ddp:
         # As dlrm_pytorch.py leaves: out without tearing DDP and gloo down (PyTorch 1.13 at times hangs for good in
         # a rank's teardown after training).
