@@ -14,11 +14,11 @@ on their own share (docs/emulated_hosts.md). With --netns every configuration ru
 and plain PyTorch on one, DDP with one rank per host.
 
 The wall-clock in parts: start (launch until every worker is training: the largest of the workers' process start
-to first step), train (from then until the last worker's last step), evaluate (the chief's final evaluation; DDP's rank 0 evaluates the same test set, --evaluate) and end (the
-rest, until every process has exited). They come from each worker's "worker K: phases: ..." line and
-ddp_baseline's; a worker that prints only "worker K: N local steps, ..." gives train alone ("-" for the others).
-With --netns the wall-clock runs from the first process's launch to the last one's exit (the hosts' set-up and
-removal are not in it).
+to first step), train (from then until the last worker's last step), evaluate (the chief's final evaluation;
+DDP's rank 0 evaluates the same test set, ddp_baseline --evaluate) and end (the rest, until every process has
+exited). They come from each worker's "worker K: phases: ..." line and ddp_baseline's; a worker that prints only
+"worker K: N local steps, ..." gives train alone ("-" for the others). With --netns the wall-clock runs from the
+first process's launch to the last one's exit (the hosts' set-up and removal are not in it).
 
 Time to accuracy: the chief evaluates every --eval_every global steps and prints
 "step N: test accuracy = X at T sec"; the first T with X >= --target_accuracy is the configuration's time to

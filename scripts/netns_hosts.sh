@@ -167,7 +167,8 @@ delay_method() {
     read -r -t 5 line <&"$fd" || true
     kill "$pid" 2>/dev/null || true
     exec {fd}<&-
-    [[ "$line" == *ready* ]] || why="no netem in this kernel, and dtrain_netdelay cannot serve a queue: ${line:-no answer}"
+    [[ "$line" == *ready* ]] ||
+      why="no netem in this kernel, and dtrain_netdelay cannot serve a queue: ${line:-no answer}"
   fi
   ip netns del "$probe" 2>/dev/null || true
   if [ -n "$why" ]; then echo "none $why"; else echo netdelay; fi
@@ -194,12 +195,14 @@ start_netdelay() {
     die "cannot add the NFQUEUE rule in $h"
 }
 
-stop_netdelays() {  # by pid file (the namespace may be gone already); only our own daemons
+stop_netdelays() {  # by pid file (the namespace may be gone already); only our own daemons (their flag)
   local f pid
   for f in "$STATE_ROOT/$1"/netdelay_*.pid; do
     [ -f "$f" ] || continue
     pid="$(cat "$f")"
-    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q dtrain_netdelay; then kill -TERM "$pid" 2>/dev/null || true; fi
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--delay_ms="; then
+      kill -TERM "$pid" 2>/dev/null || true
+    fi
   done
 }
 
@@ -308,7 +311,8 @@ cmd_up() {
       --host_cpus=*) host_cpus="${a#*=}" ;;
       --latency=*) latency="${a#*=}" ;;
       --cpu_period_us=*) period="${a#*=}" ;;
-      *) die "unknown option '$a' for up (--bandwidth=RATE, --host_cpus=F, --latency=MS, --subnet=A.B.C, --cpu_period_us=US)" ;;
+      *) die "unknown option '$a' for up (--bandwidth=RATE, --host_cpus=F, --latency=MS, --subnet=A.B.C," \
+             "--cpu_period_us=US)" ;;
     esac
   done
   [[ "$subnet" =~ ^10\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "bad --subnet '$subnet' (expected 10.B.C)"
@@ -328,7 +332,8 @@ cmd_up() {
         die "bad --cpu_period_us '$period' (1000..1000000)"
     else
       # The kernel wants a quota of at least 1 ms: a longer period where F x 10 ms is less.
-      period="$(awk -v f="$host_cpus" -v p="$DEFAULT_PERIOD_US" 'BEGIN { q = f * p; if (q < 1000) p = int(1000 / f + 0.999); print p }')"
+      period="$(awk -v f="$host_cpus" -v p="$DEFAULT_PERIOD_US" \
+                'BEGIN { if (f * p < 1000) p = int(1000 / f + 0.999); print p }')"
     fi
     awk -v f="$host_cpus" -v p="$period" 'BEGIN { exit !(f * p >= 999.5) }' ||
       die "--host_cpus=$host_cpus with --cpu_period_us=$period gives a quota under the kernel's 1000 us minimum"

@@ -108,9 +108,15 @@ fi
 # The phases lines: start = the largest start, train = until the last worker's last step, evaluate = the chief's;
 # without them, train from "N local steps ... in T sec" and the rest unknown.
 mkdir -p "$dir/phases/new" "$dir/phases/old"
-printf 'worker 0: 10 local steps, 1000 examples in 2.00 sec (500.0 examples/sec)\nworker 0: phases: start 1.500 s, train 2.000 s, evaluate 0.700 s\n' >"$dir/phases/new/worker_0.log"
-printf 'worker 1: 10 local steps, 1000 examples in 2.20 sec (454.5 examples/sec)\nworker 1: phases: start 1.000 s, train 2.200 s, evaluate 0.000 s\n' >"$dir/phases/new/worker_1.log"
-printf 'worker 0: 10 local steps, 1000 examples in 2.00 sec (500.0 examples/sec)\n' >"$dir/phases/old/worker_0.log"
+cat >"$dir/phases/new/worker_0.log" <<'LOG'
+worker 0: 10 local steps, 1000 examples in 2.00 sec (500.0 examples/sec)
+worker 0: phases: start 1.500 s, train 2.000 s, evaluate 0.700 s
+LOG
+cat >"$dir/phases/new/worker_1.log" <<'LOG'
+worker 1: 10 local steps, 1000 examples in 2.20 sec (454.5 examples/sec)
+worker 1: phases: start 1.000 s, train 2.200 s, evaluate 0.000 s
+LOG
+head -n 1 "$dir/phases/new/worker_0.log" >"$dir/phases/old/worker_0.log"
 /usr/bin/python3 - "$ROOT/scripts" "$dir/phases" <<'PY' || fail "phases parsing"
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -162,7 +168,8 @@ if why="$("$ROOT/scripts/netns_hosts.sh" check)"; then
     --modes=sync --out="$dir/hosts" >"$dir/hosts.out" 2>&1 || rc=$?
   cat "$dir/hosts.out"
   [ "$rc" = 0 ] || fail "compare --netns --host_cpus --latency exited $rc"
-  grep -q "1 ms latency each way, hosts of 0.5 cores each" "$dir/hosts.out" || fail "the hosts' settings not in the title"
+  grep -q "1 ms latency each way, hosts of 0.5 cores each" "$dir/hosts.out" ||
+    fail "the hosts' settings are not in the title"
   /usr/bin/python3 - "$dir/hosts" "${#ddp[@]}" <<'PY' || fail "hosts table"
 import json, sys
 doc = json.load(open(sys.argv[1] + ".json"))

@@ -106,47 +106,18 @@ for f in busy_a busy_b; do
 done
 
 # The delay: TCP connects from host 0 to host 1 (a SYN and its SYN-ACK: one round trip, 2 x 10 ms), then 20 MB
-# across the capped, delayed link.
-cat >"$dir/net.py" <<'PY'
-import socket, sys, time
-if sys.argv[1] == "serve":
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", 5555)); s.listen(16); s.settimeout(20)
-    for _ in range(6):  # five connects, then the bulk one
-        c, _ = s.accept()
-        n = 0
-        while True:
-            b = c.recv(1 << 20)
-            if not b:
-                break
-            n += len(b)
-        c.close()
-    print("received %d bytes" % n)
-else:
-    host = sys.argv[2]
-    rtts = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        c = socket.create_connection((host, 5555), timeout=10)
-        rtts.append((time.perf_counter() - t0) * 1e3)
-        c.close()
-        time.sleep(0.05)
-    c = socket.create_connection((host, 5555), timeout=10)
-    t0 = time.perf_counter()
-    c.sendall(b"x" * (20 << 20))
-    c.close()
-    print("connect ms: %s; min %.2f; 20 MB sent in %.2f s" % (" ".join("%.2f" % r for r in rtts), min(rtts),
-                                                          time.perf_counter() - t0))
-PY
-"$NETNS" exec "$NAME" 1 timeout 30 "$PY" "$dir/net.py" serve >"$dir/serve.out" 2>&1 &
+# across the capped, delayed link (tests/netdelay/link_probe.py).
+PROBE="$ROOT/tests/netdelay/link_probe.py"
+"$NETNS" exec "$NAME" 1 timeout 40 "$PY" "$PROBE" serve >"$dir/serve.out" 2>&1 &
 ps_=$!
 sleep 0.5
-"$NETNS" exec "$NAME" 0 timeout 30 "$PY" "$dir/net.py" connect "$A1" >"$dir/connect.out" 2>&1 || fail "connects: $(cat "$dir/connect.out")"
+"$NETNS" exec "$NAME" 0 timeout 40 "$PY" "$PROBE" probe "$A1" --connects=5 --bulk_mb=20 >"$dir/connect.out" 2>&1 ||
+  fail "connects: $(cat "$dir/connect.out")"
 wait "$ps_" || fail "the receiver: $(cat "$dir/serve.out")"
 cat "$dir/connect.out" "$dir/serve.out"
 rtt="$(sed -n 's/.*; min \([0-9.]*\);.*/\1/p' "$dir/connect.out")"
 awk -v r="${rtt:-0}" 'BEGIN { exit !(r >= 20 && r < 35) }' || fail "a connect took ${rtt:-?} ms, not 20..35 (2 x 10 ms)"
-grep -q "received 20971520 bytes" "$dir/serve.out" || fail "the 20 MB did not arrive whole"
+grep -q "^received 20971520 bytes" "$dir/serve.out" || fail "the 20 MB did not arrive whole"
 
 # ---- down ----
 pids="$(cat /run/dtrain_netns_hosts/"$NAME"/netdelay_*.pid 2>/dev/null | xargs || true)"

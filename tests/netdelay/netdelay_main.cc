@@ -3,22 +3,22 @@
 // Why it exists: scripts/netns_hosts.sh --latency=MS adds a one-way delay to every host's link. `tc qdisc ...
 // netem delay` is the usual way, but the kernels of this project's machines have no sch_netem (nor fq, sfq or
 // prio); they do have NFQUEUE. So netns_hosts.sh, where netem is missing, sends every packet leaving a host
-// (iptables ... -o eth0 -j NFQUEUE) to one of these daemons, started inside that host's network namespace (and
-// outside its CPU quota: it is the link, not the host), which holds each packet MS and then lets it go on, in
-// order, to the rest of the path (the host's tbf cap, the bridge, the other host).
+// (iptables ... -o eth0 -j NFQUEUE) to one of these daemons, started inside that host's network namespace
+// (and outside its CPU quota: it is the link, not the host), which holds each packet MS and then lets it go
+// on, in order, to the rest of the path (the host's tbf cap, the bridge, the other host).
 //
-// How it keeps the cost low: the kernel sends only each packet's metadata (NFQNL_COPY_META: no payload is copied
-// to or from user space), GSO packets stay whole (NFQA_CFG_F_GSO), and since every packet is held the same time
-// the held ones form a FIFO whose due part is always a prefix: one NFQNL_MSG_VERDICT_BATCH releases it ("every
-// id up to N"). The queue is long (--queue_maxlen) and the socket's receive buffer large, so that a fast link's
-// packets in flight fit; past that the kernel drops packets, as a full link queue would.
+// How it keeps the cost low: the kernel sends only each packet's metadata (NFQNL_COPY_META: no payload is
+// copied to or from user space), GSO packets stay whole (NFQA_CFG_F_GSO), and since every packet is held the
+// same time the held ones form a FIFO whose due part is always a prefix: one NFQNL_MSG_VERDICT_BATCH releases
+// it ("every id up to N"). The queue is long (--queue_maxlen) and the socket's receive buffer large, so that
+// a fast link's packets in flight fit; past that the kernel drops packets, as a full link queue would.
 //
 //   ip netns exec HOST dtrain_netdelay --queue=0 --delay_ms=10
 //   ip netns exec HOST iptables -t mangle -A POSTROUTING -o eth0 -j NFQUEUE --queue-num 0
 //
-// Prints "dtrain_netdelay: queue Q, delay MS ms: ready" once bound (before that, packets sent to the queue are
-// dropped), and its counts at exit. Runs until SIGTERM or SIGINT; then every held packet goes out at once. Needs
-// CAP_NET_ADMIN (root). Exit codes: 0 after a signal, 1 on a netlink error, 2 on a bad flag.
+// Prints "dtrain_netdelay: queue Q, delay MS ms: ready" once bound (before that, packets sent to the queue
+// are dropped), and its counts at exit. Runs until SIGTERM or SIGINT; then every held packet goes out at
+// once. Needs CAP_NET_ADMIN (root). Exit codes: 0 after a signal, 1 on a netlink error, 2 on a bad flag.
 #include <arpa/inet.h>
 #include <libmnl/libmnl.h>
 #include <linux/netfilter.h>
@@ -54,7 +54,8 @@ extern "C" {
 ABSL_FLAG(int, queue, 0, "The NFQUEUE number to serve (0..65535), as in iptables' --queue-num");
 ABSL_FLAG(double, delay_ms, -1, "How long each packet is held, in milliseconds (0..60000; required)");
 ABSL_FLAG(int, queue_maxlen, 65536, "Packets the kernel may hold for this queue before it drops more");
-ABSL_FLAG(int, rcvbuf_mb, 64, "The netlink socket's receive buffer, MiB (the packets' metadata waiting to be read)");
+ABSL_FLAG(int, rcvbuf_mb, 64,
+          "The netlink socket's receive buffer, MiB (the packets' metadata waiting to be read)");
 
 namespace dtrain::netdelay {
 namespace {
@@ -119,8 +120,8 @@ class NfQueue {
 
   int fd() const { return mnl_socket_get_fd(nl_); }
 
-  // Reads every message waiting (without blocking) and adds each message's packets to the line at the time it was
-  // read.
+  // Reads every message waiting (without blocking) and adds each message's packets to the line at the time it
+  // was read.
   absl::Status ReadAvailable(DelayLine* line, Counts* counts) {
     for (;;) {
       const ssize_t n = recv(fd(), rbuf_.data(), rbuf_.size(), MSG_DONTWAIT);
@@ -164,8 +165,8 @@ class NfQueue {
     return MNL_CB_OK;
   }
 
-  // Sends one configuration message and waits (2 s at most) for the kernel's answer: an acknowledgement, or the
-  // error (EBUSY: another process serves this queue; EPERM: not root).
+  // Sends one configuration message and waits (2 s at most) for the kernel's answer: an acknowledgement, or
+  // the error (EBUSY: another process serves this queue; EPERM: not root).
   absl::Status Send(nlmsghdr* nlh, const char* what) {
     nlh->nlmsg_flags |= NLM_F_ACK;
     nlh->nlmsg_seq = ++seq_;
@@ -173,7 +174,8 @@ class NfQueue {
     pollfd pfd{fd(), POLLIN, 0};
     const int ready = poll(&pfd, 1, 2000);
     if (ready < 0) return Errno(what);
-    if (ready == 0) return absl::DeadlineExceededError(absl::StrCat(what, ": no answer from the kernel in 2 s"));
+    if (ready == 0)
+      return absl::DeadlineExceededError(absl::StrCat(what, ": no answer from the kernel in 2 s"));
     const ssize_t n = recv(fd(), rbuf_.data(), rbuf_.size(), 0);
     if (n < 0) return Errno(what);
     if (mnl_cb_run(rbuf_.data(), n, seq_, portid_, nullptr, nullptr) < 0) return Errno(what);
@@ -233,10 +235,11 @@ absl::Status Serve(const Options& o) {
   if (std::optional<uint32_t> last = line.TakeAll()) {
     if (absl::Status s = q.AcceptUpTo(*last, &counts); !s.ok()) return s;
   }
-  std::printf("dtrain_netdelay: queue %u: %llu packets delayed, %llu verdicts, %llu reads, at most %zu held\n",
-              o.queue, static_cast<unsigned long long>(counts.packets),
-              static_cast<unsigned long long>(counts.verdicts), static_cast<unsigned long long>(counts.reads),
-              line.max_size());
+  std::printf(
+      "dtrain_netdelay: queue %u: %llu packets delayed, %llu verdicts, %llu reads, at most %zu held\n",
+      o.queue, static_cast<unsigned long long>(counts.packets),
+      static_cast<unsigned long long>(counts.verdicts), static_cast<unsigned long long>(counts.reads),
+      line.max_size());
   return absl::OkStatus();
 }
 
@@ -244,7 +247,8 @@ absl::Status Serve(const Options& o) {
 }  // namespace dtrain::netdelay
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("holds every packet of an NFQUEUE a fixed time: dtrain_netdelay --queue=0 --delay_ms=10");
+  absl::SetProgramUsageMessage(
+      "holds every packet of an NFQUEUE a fixed time: dtrain_netdelay --queue=0 --delay_ms=10");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     std::fprintf(stderr, "dtrain_netdelay: unexpected argument '%s'\n", rest[1]);
