@@ -160,6 +160,8 @@ class EmulatedHosts:
           rc, wall = hosts.run([cmd0, cmd1, cmd2], [log0, log1, log2], timeout)
     """
 
+    warned = set()  # netns_hosts.sh's warnings, each shown once
+
     def __init__(self, a, count, tag):
         self.name = "dtcmp%d-%s" % (os.getpid(), tag)
         self.count = count
@@ -174,6 +176,10 @@ class EmulatedHosts:
                            timeout=120)
             sys.exit("compare_cluster_sizes: cannot create the emulated hosts (%s): %s"
                      % (" ".join(self.up[3:]), (out.stderr + out.stdout).strip()))
+        for warning in out.stderr.strip().split("\n"):
+            if warning and warning not in EmulatedHosts.warned:  # e.g. more hosts x cores than the machine has
+                EmulatedHosts.warned.add(warning)
+                print("compare_cluster_sizes: " + warning, file=sys.stderr)
         self.addrs = [line.split()[1] for line in out.stdout.split("\n") if line.strip()]
         info = subprocess.run([NETNS, "info", self.name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.settings = info.stdout.strip()

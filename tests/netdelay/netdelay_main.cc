@@ -120,10 +120,12 @@ class NfQueue {
 
   int fd() const { return mnl_socket_get_fd(nl_); }
 
-  // Reads every message waiting (without blocking) and adds each message's packets to the line at the time it
+  // Reads the messages waiting (without blocking) and adds each message's packets to the line at the time it
   // was read.
   absl::Status ReadAvailable(DelayLine* line, Counts* counts) {
-    for (;;) {
+    // At most kMaxReads at a time, so that a flood of arrivals cannot hold back the packets already due.
+    constexpr int kMaxReads = 256;
+    for (int i = 0; i < kMaxReads; ++i) {
       const ssize_t n = recv(fd(), rbuf_.data(), rbuf_.size(), MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::OkStatus();
@@ -136,6 +138,7 @@ class NfQueue {
       const int rc = mnl_cb_run(rbuf_.data(), n, 0, portid_, &OnPacket, &b);
       if (rc < 0) return Errno("mnl_cb_run");
     }
+    return absl::OkStatus();
   }
 
   // Lets every held packet with an id up to `last` go on.
@@ -225,7 +228,7 @@ absl::Status Serve(const Options& o) {
     const int64_t due = line.NextDueNs();
     int64_t wait_ns = 1'000'000'000;
     if (due >= 0) wait_ns = std::max<int64_t>(0, due - MonotonicNs());
-    if (wait_ns == 0) continue;
+    // A zero wait still goes through ppoll: the only place a stop signal is let in.
     timespec ts{static_cast<time_t>(wait_ns / 1'000'000'000), static_cast<long>(wait_ns % 1'000'000'000)};
     pollfd pfd{q.fd(), POLLIN, 0};
     if (ppoll(&pfd, 1, &ts, &during_poll) < 0 && errno != EINTR) {
