@@ -23,8 +23,8 @@
 # period (--cpu_period_us, default 10000, raised where F x period would be under the kernel's 1 ms minimum quota)
 # spreads the throttling finely. `exec` puts CMD into its host's group before it starts; its children stay there.
 # --latency=MS: every packet between two hosts is delayed MS milliseconds on its way (a round trip: 2 x MS), with
-# netem on each eth0 where the kernel has it, else by one dtrain_netdelay per host (NFQUEUE; found beside
-# $DTRAIN_BIN or in build/bin, or at $DTRAIN_NETDELAY), which runs in the host's namespace but outside its quota.
+# netem on each eth0 where the kernel has it, else by one dtrain_netdelay per host (NFQUEUE; $DTRAIN_NETDELAY, or
+# found in $DTRAIN_BIN, else in build/bin), which runs in the host's namespace but outside its quota.
 # NETNS_DELAY=netem|netdelay chooses one of the two.
 #
 # `cut` is a network partition between two hosts only (each still reaches every other host): their frames to
@@ -40,7 +40,11 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 STATE_ROOT="${NETNS_HOSTS_STATE:-/run/dtrain_netns_hosts}"
-NETDELAY="${DTRAIN_NETDELAY:-${DTRAIN_BIN:-$ROOT/build/bin}/dtrain_netdelay}"
+NETDELAY="${DTRAIN_NETDELAY:-}"
+if [ -z "$NETDELAY" ]; then  # beside the binaries in use, else this tree's build
+  NETDELAY="$ROOT/build/bin/dtrain_netdelay"
+  [ -z "${DTRAIN_BIN:-}" ] || [ ! -x "$DTRAIN_BIN/dtrain_netdelay" ] || NETDELAY="$DTRAIN_BIN/dtrain_netdelay"
+fi
 DEFAULT_PERIOD_US=10000
 
 die() { echo "netns_hosts: $*" >&2; exit 2; }
