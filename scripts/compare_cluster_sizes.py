@@ -163,7 +163,8 @@ class EmulatedHosts:
     warned = set()  # netns_hosts.sh's warnings, each shown once
 
     def __init__(self, a, count, tag):
-        self.name = "dtcmp%d-%s" % (os.getpid(), tag)
+        # Unique per run (DTRAIN_COMPARE_NETNS_PREFIX lets a test name them and find what is left of them).
+        self.name = "%s-%s" % (os.environ.get("DTRAIN_COMPARE_NETNS_PREFIX") or "dtcmp%d" % os.getpid(), tag)
         self.count = count
         self.up = [NETNS, "up", self.name, str(count)] + netns_options(a)
         self.addrs = []

@@ -16,6 +16,8 @@ CMP="$ROOT/scripts/compare_cluster_sizes.sh"
 dir="$(mktemp -d /tmp/dtrain_compare_test.XXXXXX)"
 trap 'rm -rf "$dir"' EXIT
 export TMPDIR="$dir"  # the tool keeps its logs in a temp dir: inside ours
+# Its emulated hosts' names: ours alone, so that other runs' namespaces are not taken for ours.
+export DTRAIN_COMPARE_NETNS_PREFIX="dtcmpt$$"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
@@ -158,7 +160,9 @@ if why="$("$ROOT/scripts/netns_hosts.sh" check)"; then
   tail -n 4 "$dir/netns_fail.out"
   [ "$rc" = 1 ] && grep -q "^sync, 1 ps, 1 worker .*FAILED" "$dir/netns_fail.out" || fail "failing netns run: exit $rc"
   [ $((SECONDS - start)) -lt 120 ] || fail "failing netns run took $((SECONDS - start)) s"
-  if ip netns list | grep -q "^dtcmp"; then fail "namespaces left behind: $(ip netns list | grep '^dtcmp' | xargs)"; fi
+  if ip netns list | grep -q "^$DTRAIN_COMPARE_NETNS_PREFIX-"; then
+    fail "namespaces left behind: $(ip netns list | grep "^$DTRAIN_COMPARE_NETNS_PREFIX-" | xargs)"
+  fi
   # Equal hosts of half a core with 1 ms each way: local mode, a sync cluster of 2 workers (3 hosts) and, with
   # PyTorch, plain PyTorch and DDP with one rank per host.
   ddp=()
@@ -191,7 +195,9 @@ for name in want:
         assert 0.3 < r["final_accuracy"] <= 1, r
 print("hosts table: %d rows on emulated hosts of half a core" % len(want))
 PY
-  if ip netns list | grep -q "^dtcmp"; then fail "namespaces left behind: $(ip netns list | grep '^dtcmp' | xargs)"; fi
+  if ip netns list | grep -q "^$DTRAIN_COMPARE_NETNS_PREFIX-"; then
+    fail "namespaces left behind: $(ip netns list | grep "^$DTRAIN_COMPARE_NETNS_PREFIX-" | xargs)"
+  fi
 else
   echo "skipped: the --netns part ($why)"
 fi
