@@ -7,7 +7,18 @@ run with /usr/bin/python3 on Debian) beside --plot FILE.png or at --out PREFIX (
 
 Clusters run on 127.0.0.1 (scripts/run_local_cluster.sh) or, with --netns, across emulated hosts in network
 namespaces (scripts/netns_hosts.sh; root): every ps task and every worker on its own host, links optionally
-capped with --bandwidth=RATE (tc tbf, e.g. 1gbit), so a slow link's effect on sync vs async shows.
+capped with --bandwidth=RATE (tc tbf, e.g. 1gbit), so a slow link's effect on sync vs async shows; with
+--latency=MS every link also delays each packet MS (a round trip 2 x MS), and with --host_cpus=F every host gets
+F cores of its own (a cgroup CPU quota), so that more processes than the machine has cores still each compute
+on their own share (docs/emulated_hosts.md). With --netns every configuration runs on such equal hosts: local mode
+and plain PyTorch on one, DDP with one rank per host.
+
+The wall-clock in parts: start (launch until every worker is training: the largest of the workers' process start
+to first step), train (from then until the last worker's last step), evaluate (the chief's final evaluation;
+DDP's rank 0 evaluates the same test set, ddp_baseline --evaluate) and end (the rest, until every process has
+exited). They come from each worker's "worker K: phases: ..." line and ddp_baseline's; a worker that prints only
+"worker K: N local steps, ..." gives train alone ("-" for the others). With --netns the wall-clock runs from the
+first process's launch to the last one's exit (the hosts' set-up and removal are not in it).
 
 Time to accuracy: the chief evaluates every --eval_every global steps and prints
 "step N: test accuracy = X at T sec"; the first T with X >= --target_accuracy is the configuration's time to
@@ -57,7 +68,13 @@ SPARSE_LINE = re.compile(r"^sparse tables: (\d+) rows held on \d+ ps tasks?; (\d
 DATA_FLAGS = ("data_dir", "data_format", "embedding_dim", "dlrm_bottom", "dlrm_top", "table_rows", "max_rows",
               "admit_after")
 WORKER_LINE = re.compile(r"worker (\d+): (\d+) local steps, (\d+) examples in ([0-9.]+) sec")
+# Each worker's (and ddp_baseline's rank 0's) wall-clock parts: process start to the first training step, first to
+# last step, the final evaluation (0 without one).
+PHASES = r"phases: start ([0-9.]+) s, train ([0-9.]+) s, evaluate ([0-9.]+) s$"
+WORKER_PHASES_LINE = re.compile(r"^worker (\d+): " + PHASES, re.M)
+DDP_PHASES_LINE = re.compile(r"^ddp_baseline: " + PHASES, re.M)
 DDP_LINE = re.compile(r"^ddp_baseline: .* examples/sec=([0-9.]+) blas=(\S+)", re.M)
+DDP_ACCURACY_LINE = re.compile(r"^ddp_baseline: test accuracy = ([0-9.]+) \(\d+ examples\)$", re.M)
 DDP_MODELS = ("mlp", "cnn", "convnet", "cifar10")
 
 
@@ -77,9 +94,14 @@ def run_bounded(cmd, log, timeout, env=None):
 
 
 def parse_logs(logdir, names, target):
-    """Examples, training seconds (slowest worker), final accuracy (AUC for models with one logit), seconds to
-    target accuracy, and for sparse models {"log_loss", "rows_held", "bytes_per_step"} (else empty)."""
+    """What the workers' logs say: a dict with examples, secs (training seconds of the slowest worker, from
+    "N local steps ... in T sec"), accuracy (final; AUC for models with one logit), t_acc (seconds to the target
+    accuracy), sparse ({"log_loss", "rows_held", "bytes_per_step"} for sparse models, else empty) and phases
+    ({"start", "train", "evaluate"} on one timeline: start = until every worker was training, the largest start;
+    train = from then until the last worker's last step, the largest start + train less start; evaluate = the
+    largest; None where no worker printed a phases line, train then from the "local steps" line)."""
     examples, train_secs, acc, t_acc, chief_secs, sparse = 0, 0.0, None, None, None, {}
+    starts, ends, evaluates = [], [], []
     for name in names:
         path = os.path.join(logdir, name)
         if not os.path.exists(path):
@@ -90,6 +112,11 @@ def parse_logs(logdir, names, target):
             train_secs = max(train_secs, float(m.group(4)))
             if m.group(1) == "0":
                 chief_secs = float(m.group(4))
+        for m in WORKER_PHASES_LINE.finditer(text):
+            start, train, evaluate = (float(v) for v in m.groups()[1:])
+            starts.append(start)
+            ends.append(start + train)
+            evaluates.append(evaluate)
         m = FINAL_LINE.search(text)
         if m:
             acc = float(m.group(2))
@@ -105,66 +132,139 @@ def parse_logs(logdir, names, target):
             t_acc = next((secs for value, secs in evals if value >= target), None)
     if target is not None and t_acc is None and acc is not None and acc >= target:
         t_acc = chief_secs
-    return examples, train_secs, acc, t_acc, sparse
+    phases = {"start": None, "train": None, "evaluate": None}
+    if starts:
+        phases = {"start": max(starts), "train": max(ends) - max(starts), "evaluate": max(evaluates)}
+    elif examples > 0:
+        phases["train"] = train_secs  # before the phases line: training time from the "local steps" line
+    return {"examples": examples, "secs": train_secs, "accuracy": acc, "t_acc": t_acc, "sparse": sparse,
+            "phases": phases}
 
 
-def run_netns_cluster(a, n, mode_args, logdir, timeout):
-    """One ps per ps host and one worker per worker host, in network namespaces; returns the worst exit code."""
-    name = "dtcmp%d-%d" % (os.getpid(), n)
+def wall_parts(wall, phases):
+    """The row's start_secs, train_secs, evaluate_secs, end_secs: end is what the parts leave of the wall-clock
+    (None while start or evaluate is unknown)."""
+    start, train, evaluate = phases["start"], phases["train"], phases["evaluate"]
+    end = None
+    if None not in (start, train, evaluate):
+        end = wall - start - train - evaluate
+    rnd = (lambda v: None if v is None else round(v, 3))
+    return {"start_secs": rnd(start), "train_secs": rnd(train), "evaluate_secs": rnd(evaluate), "end_secs": rnd(end)}
+
+
+class EmulatedHosts:
+    """`count` emulated hosts with the run's settings (scripts/netns_hosts.sh up; down when the block ends), and the
+    launch of one command on each. Used as a context manager:
+
+      with EmulatedHosts(a, 3, "sync_2") as hosts:
+          rc, wall = hosts.run([cmd0, cmd1, cmd2], [log0, log1, log2], timeout)
+    """
+
+    warned = set()  # netns_hosts.sh's warnings, each shown once
+
+    def __init__(self, a, count, tag):
+        # Unique per run (DTRAIN_COMPARE_NETNS_PREFIX lets a test name them and find what is left of them).
+        self.name = "%s-%s" % (os.environ.get("DTRAIN_COMPARE_NETNS_PREFIX") or "dtcmp%d" % os.getpid(), tag)
+        self.count = count
+        self.up = [NETNS, "up", self.name, str(count)] + netns_options(a)
+        self.addrs = []
+        self.settings = ""
+
+    def __enter__(self):
+        out = subprocess.run(self.up, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        if out.returncode != 0:
+            subprocess.run([NETNS, "down", self.name], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                           timeout=120)
+            sys.exit("compare_cluster_sizes: cannot create the emulated hosts (%s): %s"
+                     % (" ".join(self.up[3:]), (out.stderr + out.stdout).strip()))
+        for warning in out.stderr.strip().split("\n"):
+            if warning and warning not in EmulatedHosts.warned:  # e.g. more hosts x cores than the machine has
+                EmulatedHosts.warned.add(warning)
+                print("compare_cluster_sizes: " + warning, file=sys.stderr)
+        self.addrs = [line.split()[1] for line in out.stdout.split("\n") if line.strip()]
+        info = subprocess.run([NETNS, "info", self.name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.settings = info.stdout.strip()
+        return self
+
+    def __exit__(self, *exc):
+        subprocess.run([NETNS, "down", self.name], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=120)
+        return False
+
+    def run(self, cmds, logs, timeout, env=None):
+        """Runs cmds[k] on host k (its namespace and CPU group), output to logs[k]. Returns (the worst exit code,
+        seconds from the first launch to the last exit). Stops the others when one fails (they could wait for it
+        forever) and all at the deadline (124)."""
+        procs = []
+        t0 = time.time()
+        try:
+            for k, (cmd, log) in enumerate(zip(cmds, logs)):
+                with open(log, "w") as f:
+                    procs.append(subprocess.Popen([NETNS, "exec", self.name, str(k)] + cmd, stdout=f,
+                                                  stderr=subprocess.STDOUT, env=env))
+            deadline = t0 + timeout
+            while any(p.poll() is None for p in procs):
+                if time.time() > deadline:
+                    return 124, time.time() - t0
+                if any(p.poll() not in (None, 0) for p in procs):
+                    break
+                time.sleep(0.05)
+            wall = time.time() - t0
+            failed = [p.returncode for p in procs if p.poll() not in (None, 0)]  # before we stop the rest
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            return (failed[0] if failed else next((p.returncode for p in procs if p.returncode != 0), 0)), wall
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
+def netns_options(a):
+    """The options of scripts/netns_hosts.sh up for this run's hosts."""
+    opts = []
+    if a.bandwidth:
+        opts.append("--bandwidth=" + a.bandwidth)
+    if a.host_cpus is not None:
+        opts.append("--host_cpus=%g" % a.host_cpus)
+    if a.latency is not None:
+        opts.append("--latency=%g" % a.latency)
+    return opts
+
+
+def run_netns_cluster(a, n, mode_args, logdir, timeout, tag):
+    """One ps per ps host and one worker per worker host, in network namespaces. Returns (the worst exit code,
+    seconds from the first launch to the last exit, the hosts' settings)."""
     hosts = a.num_ps + n
-    up = [NETNS, "up", name, str(hosts)] + (["--bandwidth=" + a.bandwidth] if a.bandwidth else [])
-    out = subprocess.run(up, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-    if out.returncode != 0:
-        sys.exit("compare_cluster_sizes: cannot create the network namespaces: %s" % out.stdout.strip())
-    procs = []
-    try:
-        addrs = [line.split()[1] for line in out.stdout.split("\n") if line.strip()]
-        ps_hosts = ",".join("%s:2222" % h for h in addrs[:a.num_ps])
-        worker_hosts = ",".join("%s:2222" % h for h in addrs[a.num_ps:])
+    with EmulatedHosts(a, hosts, tag) as h:
+        ps_hosts = ",".join("%s:2222" % addr for addr in h.addrs[:a.num_ps])
+        worker_hosts = ",".join("%s:2222" % addr for addr in h.addrs[a.num_ps:])
         cluster = ["--ps_hosts=" + ps_hosts, "--worker_hosts=" + worker_hosts]
+        cmds, logs = [], []
         for k in range(hosts):
             if k < a.num_ps:
-                cmd = [os.path.join(a.bin, "dtrain_ps"), "--job_name=ps", "--task_index=%d" % k,
-                       "--transport=%s" % a.transport] + cluster
-                log = os.path.join(logdir, "ps_%d.log" % k)
+                cmds.append([os.path.join(a.bin, "dtrain_ps"), "--job_name=ps", "--task_index=%d" % k,
+                             "--transport=%s" % a.transport] + cluster)
+                logs.append(os.path.join(logdir, "ps_%d.log" % k))
             else:
-                cmd = [os.path.join(a.bin, "dtrain_worker"), "--job_name=worker",
-                       "--task_index=%d" % (k - a.num_ps)] + cluster + mode_args
-                log = os.path.join(logdir, "worker_%d.log" % (k - a.num_ps))
-            f = open(log, "w")
-            procs.append(subprocess.Popen([NETNS, "exec", name, str(k)] + cmd, stdout=f, stderr=subprocess.STDOUT))
-            f.close()
-        # Until all have ended, the deadline passes, or one fails (the others would wait for it forever).
-        deadline = time.time() + timeout
-        while any(p.poll() is None for p in procs):
-            if time.time() > deadline:
-                return 124
-            if any(p.poll() not in (None, 0) for p in procs):
-                break
-            time.sleep(0.2)
-        failed = [p.returncode for p in procs if p.poll() not in (None, 0)]  # before we stop the rest
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        return failed[0] if failed else next((p.returncode for p in procs if p.returncode != 0), 0)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        subprocess.run([NETNS, "down", name], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=120)
+                cmds.append([os.path.join(a.bin, "dtrain_worker"), "--job_name=worker",
+                             "--task_index=%d" % (k - a.num_ps)] + cluster + mode_args)
+                logs.append(os.path.join(logdir, "worker_%d.log" % (k - a.num_ps)))
+        rc, wall = h.run(cmds, logs, timeout)
+        return rc, wall, h.settings
 
 
 def write_table(rows, prefix, meta, sparse):
     keys = ["configuration", "system", "mode", "workers", "exit_code", "wall_secs", "train_secs", "examples",
             "examples_per_sec", "speedup_vs_local", "scaling_efficiency", "vs_ddp", "secs_to_target_accuracy",
-            "final_accuracy"]
+            "final_accuracy", "start_secs", "evaluate_secs", "end_secs"]
     if sparse:  # final_accuracy holds the AUC
         keys += ["final_log_loss", "rows_held", "bytes_per_step"]
     with open(prefix + ".csv", "w", newline="") as f:
@@ -239,6 +339,10 @@ def main():
                     help="chief evaluates every N global steps (default with --target_accuracy: ~10 per run)")
     ap.add_argument("--netns", action="store_true", help="run clusters across network namespaces (root)")
     ap.add_argument("--bandwidth", default="", help="with --netns: cap every link, e.g. 1gbit or 100mbit")
+    ap.add_argument("--host_cpus", type=float, default=None,
+                    help="with --netns: every emulated host gets this many cores (a cgroup CPU quota), e.g. 0.25")
+    ap.add_argument("--latency", type=float, default=None,
+                    help="with --netns: every link delays each packet this many ms (a round trip: twice that)")
     ap.add_argument("--timeout_secs", type=int, default=3600, help="give up on one configuration after this")
     ap.add_argument("--plot", default="", help="write a PNG plot here (and the table beside it as .csv/.json)")
     ap.add_argument("--out", default="", help="write PREFIX.csv, PREFIX.json and PREFIX.png")
@@ -271,10 +375,21 @@ def main():
         ap.error("--target_accuracy must be in (0, 1], got %g" % a.target_accuracy)
     if a.bandwidth and not a.netns:
         ap.error("--bandwidth needs --netns (links on 127.0.0.1 cannot be capped)")
+    for flag, value in (("host_cpus", a.host_cpus), ("latency", a.latency)):
+        if value is not None and not a.netns:
+            ap.error("--%s needs --netns (it is a setting of the emulated hosts)" % flag)
+    cores = len(os.sched_getaffinity(0))
+    if a.host_cpus is not None and not 0.01 <= a.host_cpus <= cores:
+        ap.error("--host_cpus must be at least 0.01 and at most the %d cores here, got %g" % (cores, a.host_cpus))
+    if a.latency is not None and not 0 <= a.latency <= 10000:
+        ap.error("--latency must be 0..10000 ms, got %g" % a.latency)
     if a.netns:
-        chk = subprocess.run([NETNS, "check"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        need = (["--host_cpus"] if a.host_cpus is not None else []) + (["--latency"] if a.latency else [])
+        chk = subprocess.run([NETNS, "check"] + need, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, DTRAIN_BIN=a.bin))
         if chk.returncode != 0:
-            sys.exit("compare_cluster_sizes: --netns unavailable here: %s" % chk.stdout.strip())
+            sys.exit("compare_cluster_sizes: --netns %sunavailable here: %s"
+                     % ("with " + " and ".join(need) + " " if need else "", chk.stdout.strip()))
         if a.bandwidth and not re.fullmatch(r"[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)", a.bandwidth):
             ap.error("--bandwidth must look like 1gbit, 100mbit or 500kbit, got %r" % a.bandwidth)
     if a.model.lower().endswith(".onnx"):
@@ -300,17 +415,32 @@ def main():
             threads = int(m.group(1))
     target = a.target_accuracy
     env = dict(os.environ, DTRAIN_BIN=a.bin)
+    os.environ["DTRAIN_BIN"] = a.bin  # netns_hosts.sh finds dtrain_netdelay beside the binaries
     work = tempfile.mkdtemp(prefix="dtrain_compare.")
+    emulation = {}  # the emulated hosts' settings, as netns_hosts.sh info printed them
+
+    def netns_tag(key, rep):
+        return "%s.%d" % (key, rep)
 
     def row(name, mode, n, rc, wall, logdir, names, steps, system="dtrain"):
-        ex, secs, acc, t_acc, sparse = parse_logs(logdir, names, target)
-        eps = ex / secs if secs > 0 else 0.0
-        return {"configuration": name, "system": system, "mode": mode, "workers": n, "exit_code": rc,
-                "wall_secs": round(wall, 2), "train_secs": round(secs, 2), "examples": ex,
-                "examples_per_sec": round(eps, 1), "speedup_vs_local": None, "scaling_efficiency": None,
-                "vs_ddp": None, "secs_to_target_accuracy": None if t_acc is None else round(t_acc, 2),
-                "final_accuracy": acc, "global_steps": steps, "final_log_loss": sparse.get("log_loss"),
-                "rows_held": sparse.get("rows_held"), "bytes_per_step": sparse.get("bytes_per_step")}
+        p = parse_logs(logdir, names, target)
+        sparse, t_acc = p["sparse"], p["t_acc"]
+        eps = p["examples"] / p["secs"] if p["secs"] > 0 else 0.0
+        r = {"configuration": name, "system": system, "mode": mode, "workers": n, "exit_code": rc,
+             "wall_secs": round(wall, 2), "train_secs": None, "examples": p["examples"],
+             "examples_per_sec": round(eps, 1), "speedup_vs_local": None, "scaling_efficiency": None,
+             "vs_ddp": None, "secs_to_target_accuracy": None if t_acc is None else round(t_acc, 2),
+             "final_accuracy": p["accuracy"], "global_steps": steps, "final_log_loss": sparse.get("log_loss"),
+             "rows_held": sparse.get("rows_held"), "bytes_per_step": sparse.get("bytes_per_step")}
+        r.update(wall_parts(wall, p["phases"]))
+        return r
+
+    def on_hosts(count, key, rep, cmds, logs, run_env=None):
+        """cmds[k] on emulated host k (each with the run's quota, caps and latency): (rc, wall). cmds may be a
+        function of the hosts' addresses."""
+        with EmulatedHosts(a, count, netns_tag(key, rep)) as h:
+            emulation.setdefault("hosts", h.settings)
+            return h.run(cmds(h.addrs) if callable(cmds) else cmds, logs, a.timeout_secs, run_env)
 
     def eval_args(steps):
         # Evaluate on the same fraction of the run in every configuration.
@@ -322,8 +452,13 @@ def main():
         steps = max(1, a.examples // a.batch_size)
         logdir = os.path.join(work, "local.%d" % rep)
         os.makedirs(logdir)
-        rc, wall = run_bounded([os.path.join(a.bin, "dtrain_worker"), "--job_name=local", "--train_steps=%d" % steps]
-                               + eval_args(steps) + common, os.path.join(logdir, "worker_0.log"), a.timeout_secs)
+        cmd = [os.path.join(a.bin, "dtrain_worker"), "--job_name=local", "--train_steps=%d" % steps] + \
+            eval_args(steps) + common
+        log = os.path.join(logdir, "worker_0.log")
+        if a.netns:  # on one host like each of the cluster's: the same quota
+            rc, wall = on_hosts(1, "local", rep, [cmd], [log])
+        else:
+            rc, wall = run_bounded(cmd, log, a.timeout_secs)
         return row("local", "local", 0, rc, wall, logdir, ["worker_0.log"], steps)
 
     def run_cluster(mode, n, rep):
@@ -332,38 +467,55 @@ def main():
         logdir = os.path.join(work, "%s_%d.%d" % (mode, n, rep))
         os.makedirs(logdir)
         mode_args = ["--mode=%s" % mode, "--train_steps=%d" % steps] + eval_args(steps) + common
-        t0 = time.time()
         if a.netns:
-            rc = run_netns_cluster(a, n, mode_args, logdir, a.timeout_secs)
+            rc, wall, settings = run_netns_cluster(a, n, mode_args, logdir, a.timeout_secs,
+                                                   netns_tag("%s_%d" % (mode, n), rep))
+            emulation.setdefault("hosts", settings)
         else:
             cmd = [os.path.join(ROOT, "scripts", "run_local_cluster.sh"), "--ps", str(a.num_ps), "--workers",
                    str(n), "--logdir", logdir, "--ps_flag", "--transport=%s" % a.transport, "--"] + mode_args
-            rc, _ = run_bounded(cmd, os.path.join(work, "%s_%d.%d.out" % (mode, n, rep)), a.timeout_secs, env)
-        wall = time.time() - t0
+            rc, wall = run_bounded(cmd, os.path.join(work, "%s_%d.%d.out" % (mode, n, rep)), a.timeout_secs, env)
         name = "%s, %d ps, %d worker%s" % (mode, a.num_ps, n, "s" if n > 1 else "")
         return row(name, mode, n, rc, wall, logdir,
                    ["worker_%d.log" % i for i in range(n)] + ["worker_%d.err" % i for i in range(n)], steps)
 
     def run_ddp(n, rep):
-        """PyTorch: plain in one process (n == 0), or DDP over gloo with n ranks."""
-        log = os.path.join(work, "ddp_%d.%d.log" % (n, rep))
-        cmd = [sys.executable, os.path.join(ROOT, "scripts", "ddp_baseline.py"), "--model=%s" % a.model,
-               "--batch_size=%d" % a.batch_size, "--examples=%d" % a.examples, "--threads=%d" % threads,
-               "--ranks=%d" % max(1, n)] + (["--no_ddp"] if n == 0 else [])
+        """PyTorch: plain in one process (n == 0), or DDP over gloo with n ranks; with --netns one rank per emulated
+        host (gloo over eth0, rank 0's address as the master's), else all on 127.0.0.1 (ddp_baseline's launcher).
+        Rank 0 evaluates the test set at the end, as dtrain's chief always does."""
+        ranks = max(1, n)
+        args = ["--model=%s" % a.model, "--batch_size=%d" % a.batch_size, "--examples=%d" % a.examples,
+                "--threads=%d" % threads, "--ranks=%d" % ranks, "--evaluate"] + (["--no_ddp"] if n == 0 else [])
         if a.data_dir is not None:
-            cmd.append("--data_dir=%s" % a.data_dir)
-        rc, wall = run_bounded(cmd, log, a.timeout_secs)
-        m = DDP_LINE.search(open(log, errors="replace").read())
+            args.append("--data_dir=%s" % a.data_dir)
+        script = os.path.join(ROOT, "scripts", "ddp_baseline.py")
+        log = os.path.join(work, "ddp_%d.%d.log" % (n, rep))
+        if a.netns:
+            def cmds(addrs):  # rank r on host r; rank 0's store on host 0
+                return [["/usr/bin/python3", script, "--rank=%d" % r, "--master_addr=%s" % addrs[0],
+                         "--master_port=29500"] + args for r in range(ranks)]
+            logs = [log] + [os.path.join(work, "ddp_%d.%d.rank%d.log" % (n, rep, r)) for r in range(1, ranks)]
+            rc, wall = on_hosts(ranks, "ddp_%d" % n, rep, cmds, logs, dict(os.environ, GLOO_SOCKET_IFNAME="eth0"))
+        else:
+            rc, wall = run_bounded([sys.executable, script] + args, log, a.timeout_secs)
+        text = open(log, errors="replace").read()
+        m = DDP_LINE.search(text)
         if m and m.group(2) != "openblas-openmp":
             print("compare_cluster_sizes: WARNING: PyTorch ran with %s, not the OpenMP OpenBLAS: its figures are "
                   "not comparable (see ../shared/BENCHMARKS.md)" % m.group(2), file=sys.stderr)
+        acc = DDP_ACCURACY_LINE.search(text)
+        ph = DDP_PHASES_LINE.search(text)
+        phases = dict(zip(("start", "train", "evaluate"), (float(v) for v in ph.groups()))) if ph else \
+            {"start": None, "train": None, "evaluate": None}
         name = "pytorch, 1 process" if n == 0 else "ddp (gloo), %d rank%s" % (n, "s" if n > 1 else "")
-        return {"configuration": name, "system": "pytorch", "mode": "ddp" if n else "pytorch", "workers": n,
-                "exit_code": rc if m else (rc or 1), "wall_secs": round(wall, 2), "train_secs": None,
-                "examples": a.examples, "examples_per_sec": float(m.group(1)) if m else 0.0,
-                "speedup_vs_local": None, "scaling_efficiency": None, "vs_ddp": None,
-                "secs_to_target_accuracy": None, "final_accuracy": None, "global_steps": None,
-                "final_log_loss": None, "rows_held": None, "bytes_per_step": None}
+        r = {"configuration": name, "system": "pytorch", "mode": "ddp" if n else "pytorch", "workers": n,
+             "exit_code": rc if m else (rc or 1), "wall_secs": round(wall, 2), "train_secs": None,
+             "examples": a.examples, "examples_per_sec": float(m.group(1)) if m else 0.0,
+             "speedup_vs_local": None, "scaling_efficiency": None, "vs_ddp": None,
+             "secs_to_target_accuracy": None, "final_accuracy": float(acc.group(1)) if acc else None,
+             "global_steps": None, "final_log_loss": None, "rows_held": None, "bytes_per_step": None}
+        r.update(wall_parts(wall, phases))
+        return r
 
     # Every configuration, in the order they run in each repeat: those of one size side by side.
     configs = [("local", run_local)]
@@ -406,6 +558,12 @@ def main():
     where = "127.0.0.1"
     if a.netns:
         where = "network namespaces%s" % (", links capped at " + a.bandwidth if a.bandwidth else ", uncapped links")
+        if a.latency:
+            where += ", %g ms latency each way" % a.latency
+        if a.host_cpus is not None:
+            most = max(a.num_ps + max(sizes), max(sizes) if a.ddp else 0)
+            where += ", hosts of %g cores each (cgroup quota; the largest configuration: %d hosts, %g of %d cores)" % (
+                a.host_cpus, most, most * a.host_cpus, len(os.sched_getaffinity(0)))
     print("\nmodel %s, batch %d per worker, %d examples per configuration, clusters on %s, --transport=%s%s "
           "(logs: %s)" % (a.model, a.batch_size, a.examples, where, a.transport,
                           ", median of %d interleaved launches" % a.repeats if a.repeats > 1 else "", work))
@@ -413,8 +571,9 @@ def main():
     sparse = any(r["rows_held"] is not None or r["final_log_loss"] is not None for r in rows)
     metric = "AUC" if sparse else "accuracy"
     tcol = "t_%s>=%.3g" % ("auc" if sparse else "acc", target) if target is not None else "t_acc"
-    hdr = "%-26s %8s %8s %12s %9s %10s %11s %9s" % ("configuration", "wall_s", "train_s", "examples/sec",
-                                                    "vs local", "scaling", tcol, metric)
+    hdr = "%-26s %8s %7s %8s %7s %7s %12s %9s %10s %11s %9s" % (
+        "configuration", "wall_s", "start", "train_s", "eval", "end", "examples/sec", "vs local", "scaling", tcol,
+        metric)
     if a.ddp:
         hdr += " %8s" % "vs DDP"
     if sparse:
@@ -427,8 +586,9 @@ def main():
         return "-" if v is None else fmt % v
 
     for r in rows:
-        line = "%-26s %8.1f %8s %12.1f %9s %10s %11s %9s" % (
-            r["configuration"], r["wall_secs"], dash(r["train_secs"], "%.1f"), r["examples_per_sec"],
+        line = "%-26s %8.1f %7s %8s %7s %7s %12.1f %9s %10s %11s %9s" % (
+            r["configuration"], r["wall_secs"], dash(r["start_secs"], "%.1f"), dash(r["train_secs"], "%.1f"),
+            dash(r["evaluate_secs"], "%.1f"), dash(r["end_secs"], "%.1f"), r["examples_per_sec"],
             "-" if r["speedup_vs_local"] is None else "%.2fx" % r["speedup_vs_local"],
             "-" if r["scaling_efficiency"] is None else "%.0f%%" % (100 * r["scaling_efficiency"]),
             "-" if r["secs_to_target_accuracy"] is None else "%.1f s" % r["secs_to_target_accuracy"],
@@ -440,12 +600,17 @@ def main():
             line += " %8s" % dash(r["vs_ddp"], "%.2fx")
         print(line + ("" if r["exit_code"] == 0 else "  (FAILED rc=%d)" % r["exit_code"]))
         ok = ok and r["exit_code"] == 0
+    print("wall_s = start + train_s + eval + end: start = launch until every worker (rank) was training, train = "
+          "from then to the last one's last step, eval = the final test-set evaluation (dtrain's chief, DDP's rank "
+          "0), end = the rest until every process exited; '-': the workers did not say")
     prefix = a.out or (os.path.splitext(a.plot)[0] if a.plot else "")
     if prefix:
         meta = {"model": a.model, "batch_size": a.batch_size, "examples": a.examples, "num_ps": a.num_ps,
                 "sizes": sizes, "modes": modes, "target_accuracy": target, "eval_every": eval_every,
                 "transport": a.transport, "repeats": a.repeats, "ddp": a.ddp,
-                "netns": a.netns, "bandwidth": a.bandwidth or None, "worker_args": data_args + a.worker_args}
+                "netns": a.netns, "bandwidth": a.bandwidth or None, "host_cpus": a.host_cpus,
+                "latency_ms": a.latency, "emulated_hosts": emulation.get("hosts"),
+                "worker_args": data_args + a.worker_args}
         write_table(rows, prefix, meta, sparse)
         title = "dtrain %s: %d examples, batch %d, %s" % (a.model, a.examples, a.batch_size, where)
         plot(rows, sizes, modes + (["ddp"] if a.ddp else []), a.plot or prefix + ".png", title, target)

@@ -13,7 +13,10 @@ pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf
       libonnx-testdata python3-torch python3-onnx python3-numpy libopenblas0-openmp
       clang libclang-rt-dev  # clang + libFuzzer/ASan/UBSan runtimes for scripts/fuzz.sh (gcc's come with g++)
       # The deployment tests: a real Slurm on this machine, network namespaces with tc, sshd across them.
-      slurmctld slurmd slurm-client munge iproute2 procps openssh-server openssh-client)
+      slurmctld slurmd slurm-client munge iproute2 procps openssh-server openssh-client
+      # Emulated hosts' link delay where the kernel has no netem (tests/netdelay's dtrain_netdelay on an NFQUEUE),
+      # and ping to see it.
+      libnetfilter-queue-dev libmnl-dev iptables iputils-ping)
 # Node.js runs the offline Kubernetes manifest validator (its npm packages are installed at the end).
 command -v npm >/dev/null || pkgs+=(nodejs npm)
 # DTRAIN_WITH_PLOTS=1: matplotlib for compare_cluster_sizes --plot (the comparisons' PyTorch and OpenMP OpenBLAS are

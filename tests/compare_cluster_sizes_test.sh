@@ -4,8 +4,11 @@
 # (workers x local examples/sec), seconds to the target accuracy, and the plot exists where matplotlib does.
 # dlrm on synthetic click-through-rate data (2 ps tasks, sync, 1 and 2 workers): AUC, log loss, rows held and
 # bytes per step in every row, the data and shape flags passed to every worker. --ddp: PyTorch and DDP rows.
-# As root with network namespaces: the same across namespaces with 1 Gbit/s links (--netns --bandwidth),
-# leaving no namespace behind. Bad flags exit 2.
+# The wall-clock's parts: the workers' phases lines (and, before the workers print them, the "local steps" line
+# alone) parsed from made-up logs. As root with network namespaces: the same across namespaces with 1 Gbit/s links
+# (--netns --bandwidth), leaving no namespace behind; and with --host_cpus --latency --ddp: local, PyTorch, a sync
+# cluster and DDP each on emulated hosts of half a core, the settings in the title and JSON, DDP's parts adding
+# up to its wall-clock. Bad flags exit 2.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 export DTRAIN_BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
@@ -13,6 +16,8 @@ CMP="$ROOT/scripts/compare_cluster_sizes.sh"
 dir="$(mktemp -d /tmp/dtrain_compare_test.XXXXXX)"
 trap 'rm -rf "$dir"' EXIT
 export TMPDIR="$dir"  # the tool keeps its logs in a temp dir: inside ours
+# Its emulated hosts' names: ours alone, so that other runs' namespaces are not taken for ours.
+export DTRAIN_COMPARE_NETNS_PREFIX="dtcmpt$$"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
@@ -102,10 +107,43 @@ else
   echo "skipped: the --ddp part (/usr/bin/python3 cannot import torch)"
 fi
 
+# The phases lines: start = the largest start, train = until the last worker's last step, evaluate = the chief's;
+# without them, train from "N local steps ... in T sec" and the rest unknown.
+mkdir -p "$dir/phases/new" "$dir/phases/old"
+cat >"$dir/phases/new/worker_0.log" <<'LOG'
+worker 0: 10 local steps, 1000 examples in 2.00 sec (500.0 examples/sec)
+worker 0: phases: start 1.500 s, train 2.000 s, evaluate 0.700 s
+LOG
+cat >"$dir/phases/new/worker_1.log" <<'LOG'
+worker 1: 10 local steps, 1000 examples in 2.20 sec (454.5 examples/sec)
+worker 1: phases: start 1.000 s, train 2.200 s, evaluate 0.000 s
+LOG
+head -n 1 "$dir/phases/new/worker_0.log" >"$dir/phases/old/worker_0.log"
+/usr/bin/python3 - "$ROOT/scripts" "$dir/phases" <<'PY' || fail "phases parsing"
+import sys
+sys.path.insert(0, sys.argv[1])
+import compare_cluster_sizes as c
+new = c.parse_logs(sys.argv[2] + "/new", ["worker_0.log", "worker_1.log"], None)
+assert new["phases"] == {"start": 1.5, "train": 2.0, "evaluate": 0.7}, new["phases"]
+assert new["examples"] == 2000 and new["secs"] == 2.2, new
+parts = c.wall_parts(5.0, new["phases"])
+assert parts == {"start_secs": 1.5, "train_secs": 2.0, "evaluate_secs": 0.7, "end_secs": 0.8}, parts
+old = c.parse_logs(sys.argv[2] + "/old", ["worker_0.log"], None)
+assert old["phases"] == {"start": None, "train": 2.0, "evaluate": None}, old["phases"]
+assert c.wall_parts(5.0, old["phases"])["end_secs"] is None
+print("phases: parsed, and without them train alone")
+PY
+
 rc=0; "$CMP" --bandwidth=1gbit >"$dir/bad.out" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "bandwidth needs --netns" "$dir/bad.out" || fail "--bandwidth without --netns not refused"
 rc=0; "$CMP" --sizes=0 >"$dir/bad2.out" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "positive worker counts" "$dir/bad2.out" || fail "--sizes=0 not refused"
+rc=0; "$CMP" --host_cpus=0.5 >"$dir/bad3.out" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "host_cpus needs --netns" "$dir/bad3.out" || fail "--host_cpus without --netns not refused"
+rc=0; "$CMP" --netns --latency=-1 >"$dir/bad4.out" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "latency must be 0..10000 ms" "$dir/bad4.out" || fail "--latency=-1 not refused"
+rc=0; "$CMP" --netns --host_cpus=0 >"$dir/bad5.out" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "host_cpus must be at least 0.01" "$dir/bad5.out" || fail "--host_cpus=0 not refused"
 
 if why="$("$ROOT/scripts/netns_hosts.sh" check)"; then
   rc=0
@@ -122,7 +160,44 @@ if why="$("$ROOT/scripts/netns_hosts.sh" check)"; then
   tail -n 4 "$dir/netns_fail.out"
   [ "$rc" = 1 ] && grep -q "^sync, 1 ps, 1 worker .*FAILED" "$dir/netns_fail.out" || fail "failing netns run: exit $rc"
   [ $((SECONDS - start)) -lt 120 ] || fail "failing netns run took $((SECONDS - start)) s"
-  if ip netns list | grep -q "^dtcmp"; then fail "namespaces left behind: $(ip netns list | grep '^dtcmp' | xargs)"; fi
+  if ip netns list | grep -q "^$DTRAIN_COMPARE_NETNS_PREFIX-"; then
+    fail "namespaces left behind: $(ip netns list | grep "^$DTRAIN_COMPARE_NETNS_PREFIX-" | xargs)"
+  fi
+  # Equal hosts of half a core with 1 ms each way: local mode, a sync cluster of 2 workers (3 hosts) and, with
+  # PyTorch, plain PyTorch and DDP with one rank per host.
+  ddp=()
+  if /usr/bin/python3 -c "import torch" 2>/dev/null; then ddp=(--ddp); fi
+  rc=0
+  "$CMP" --netns --host_cpus=0.5 --latency=1 --bandwidth=1gbit "${ddp[@]}" --model=mlp --examples=4000 --sizes=2 \
+    --modes=sync --out="$dir/hosts" >"$dir/hosts.out" 2>&1 || rc=$?
+  cat "$dir/hosts.out"
+  [ "$rc" = 0 ] || fail "compare --netns --host_cpus --latency exited $rc"
+  grep -q "1 ms latency each way, hosts of 0.5 cores each" "$dir/hosts.out" ||
+    fail "the hosts' settings are not in the title"
+  /usr/bin/python3 - "$dir/hosts" "${#ddp[@]}" <<'PY' || fail "hosts table"
+import json, sys
+doc = json.load(open(sys.argv[1] + ".json"))
+st = doc["settings"]
+assert st["host_cpus"] == 0.5 and st["latency_ms"] == 1, st
+assert "host_cpus=0.5" in st["emulated_hosts"] and "latency_ms=1" in st["emulated_hosts"], st
+rows = {r["configuration"]: r for r in doc["rows"]}
+want = ["local", "sync, 1 ps, 2 workers"]
+if sys.argv[2] == "1":
+    want += ["pytorch, 1 process", "ddp (gloo), 2 ranks"]
+for name in want:
+    r = rows[name]
+    assert r["exit_code"] == 0 and r["examples_per_sec"] > 0 and r["train_secs"] > 0, r
+    if r["start_secs"] is not None:  # the parts add up to the wall-clock
+        total = r["start_secs"] + r["train_secs"] + r["evaluate_secs"] + r["end_secs"]
+        assert abs(total - r["wall_secs"]) < 0.02 and r["start_secs"] > 0, r
+    if r["system"] == "pytorch":
+        assert r["start_secs"] is not None and r["evaluate_secs"] > 0, r  # ddp_baseline --evaluate's phases
+        assert 0.3 < r["final_accuracy"] <= 1, r
+print("hosts table: %d rows on emulated hosts of half a core" % len(want))
+PY
+  if ip netns list | grep -q "^$DTRAIN_COMPARE_NETNS_PREFIX-"; then
+    fail "namespaces left behind: $(ip netns list | grep "^$DTRAIN_COMPARE_NETNS_PREFIX-" | xargs)"
+  fi
 else
   echo "skipped: the --netns part ($why)"
 fi
