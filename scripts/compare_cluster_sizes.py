@@ -413,6 +413,8 @@ def main():
         m = re.fullmatch(r"--threads=(\d+)", w)
         if m:
             threads = int(m.group(1))
+    if not any(w.startswith("--threads=") for w in a.worker_args):
+        common.append("--threads=%d" % threads)  # as many as a DDP rank (dtrain's own default is auto)
     target = a.target_accuracy
     env = dict(os.environ, DTRAIN_BIN=a.bin)
     os.environ["DTRAIN_BIN"] = a.bin  # netns_hosts.sh finds dtrain_netdelay beside the binaries

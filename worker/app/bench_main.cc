@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "common/denormals.h"
 #include "common/malloc_tuning.h"
+#include "common/openmp_wait.h"
 #include "ps/core/parameter_server.h"
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
@@ -38,7 +39,6 @@
 
 ABSL_FLAG(std::string, model, "cnn", "mlp | cnn | convnet | cifar10, or PATH.onnx: a model exported as ONNX");
 ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
-ABSL_FLAG(int, threads, 1, "CPU threads");
 ABSL_FLAG(std::string, towers, "", "N CPU towers or gpu:0,...");
 ABSL_FLAG(int, num_gpus, 0, "One tower per GPU");
 ABSL_FLAG(std::string, optimizer, "", "Optimizer (default: the model's)");
@@ -75,7 +75,10 @@ int Main() {
   WorkerOptions o;
   o.model = absl::GetFlag(FLAGS_model);
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
-  o.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<ThreadDecision> threads = ThreadsFromFlags();
+  if (!threads.ok()) return Fail(threads.status(), 2);
+  std::fprintf(stderr, "dtrain_bench: %s%s\n", threads->exceeds_budget ? "warning: " : "", threads->line.c_str());
+  o.threads = threads->threads;
   o.towers = absl::GetFlag(FLAGS_towers);
   o.num_gpus = absl::GetFlag(FLAGS_num_gpus);
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
@@ -241,6 +244,7 @@ int Main() {
 }  // namespace dtrain::worker
 
 int main(int argc, char** argv) {
+  dtrain::RestartWithShortOpenMpSpin();  // first: it starts this program again (common/openmp_wait.h)
   dtrain::TuneMallocForLargeReusedBuffers();
   dtrain::CommandLineSpec spec;
   spec.program = "dtrain_bench";

@@ -41,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/command_line.h"
+#include "common/openmp_wait.h"
 #include "common/status_macros.h"
 #include "kernels/device.h"
 #include "common/env.h"
@@ -76,7 +77,6 @@ ABSL_FLAG(bool, export_for_inference, false,
           "for inference runtimes such as onnxruntime (default: the training graph as imported)");
 ABSL_FLAG(std::string, logits_out, "", "Also write the test set's logits and labels to this .npz file");
 ABSL_FLAG(int, batch_size, 500, "Examples per evaluation batch");
-ABSL_FLAG(int, threads, 1, "CPU threads for the model's ops");
 ABSL_FLAG(bool, skip_eval, false, "Only --export, do not evaluate (the data set is still read for its shape)");
 ABSL_FLAG(bool, follow_deltas, false,
           "Serve the model as it trains: the newest snapshot in --checkpoint (a directory) and the deltas the ps tasks "
@@ -357,6 +357,7 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec, std::ve
 }  // namespace dtrain::worker
 
 int main(int argc, char** argv) {
+  dtrain::RestartWithShortOpenMpSpin();  // first: it starts this program again (common/openmp_wait.h)
   absl::SetProgramUsageMessage("evaluate a dtrain checkpoint: dtrain_eval --checkpoint=DIR/model.ckpt-STEP --model=...");
   dtrain::CommandLineSpec cli;
   cli.program = "dtrain_eval";
@@ -411,7 +412,17 @@ int main(int argc, char** argv) {
   o.use_moving_averages = absl::GetFlag(FLAGS_use_moving_averages);
   o.skip_eval = absl::GetFlag(FLAGS_skip_eval);
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
-  o.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<dtrain::ThreadDecision> threads = dtrain::worker::ThreadsFromFlags();
+  if (!threads.ok()) {
+    std::fprintf(stderr, "dtrain_eval: %s\n", std::string(threads.status().message()).c_str());
+    return 2;
+  }
+  if (threads->exceeds_budget) {
+    LOG(WARNING) << threads->line;
+  } else {
+    LOG(INFO) << threads->line;
+  }
+  o.threads = threads->threads;
   o.logits_path = absl::GetFlag(FLAGS_logits_out);
   o.for_inference = absl::GetFlag(FLAGS_export_for_inference);
   o.follow_deltas = absl::GetFlag(FLAGS_follow_deltas);
@@ -446,8 +457,8 @@ int main(int argc, char** argv) {
   }
   o.input = *std::move(input);
   o.normalize = *std::move(n);
-  if (o.batch_size <= 0 || o.threads <= 0) {
-    std::fprintf(stderr, "dtrain_eval: --batch_size and --threads must be > 0\n");
+  if (o.batch_size <= 0) {
+    std::fprintf(stderr, "dtrain_eval: --batch_size must be > 0\n");
     return 2;
   }
   // The model first: a missing or refused file exits 2 with the importer's one line.

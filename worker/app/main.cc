@@ -26,6 +26,7 @@
 #include "common/exit_codes.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
+#include "common/openmp_wait.h"
 #include "common/stop_signal.h"
 #include "ps/api/slice_io.h"
 #include "ps/checkpoint/checkpoint_options.h"
@@ -104,7 +105,6 @@ ABSL_FLAG(int, total_num_replicas, 0, "Sync: workers in total (> replicas_to_agg
 ABSL_FLAG(int, max_staleness, -1, "Async: a worker more than this many steps ahead of the slowest waits (-1: off)");
 ABSL_FLAG(std::string, towers, "", "Towers: N CPU towers, or gpu:0,gpu:1,...");
 ABSL_FLAG(int, num_gpus, 0, "One tower per GPU 0..N-1");
-ABSL_FLAG(int, threads, 1, "CPU threads for this worker's towers");
 ABSL_FLAG(bool, cuda_graphs, true,
           "GPU towers in local mode: capture the training step once as a CUDA graph and replay it every step "
           "(eager steps where capture fails, with one log line saying why)");
@@ -256,9 +256,21 @@ absl::Status ParseRowTtl(const std::string& text, int64_t* steps, int64_t* secs)
                                                  "duration of at least a second (30s, 10m, 2h)"));
 }
 
+// The other worker tasks of the cluster spec at this task's host (they share its CPUs: --threads=auto).
+int OtherWorkersAtThisHost(const dtrain::ClusterConfig& cluster) {
+  if (cluster.is_local()) return 0;
+  auto host = [](const std::string& address) { return address.substr(0, address.rfind(':')); };
+  int n = 0;
+  for (int w = 0; w < cluster.num_workers(); ++w) {
+    if (w != cluster.task_index && host(cluster.worker[w]) == host(cluster.address())) ++n;
+  }
+  return n;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  dtrain::RestartWithShortOpenMpSpin();  // first: it starts this program again (common/openmp_wait.h)
   dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_worker");  // before any thread starts
   absl::SetProgramUsageMessage("dtrain worker: trains a model against the cluster's parameter servers");
   dtrain::TuneMallocForLargeReusedBuffers();
@@ -332,7 +344,6 @@ int main(int argc, char** argv) {
   o.max_staleness = absl::GetFlag(FLAGS_max_staleness);
   o.towers = absl::GetFlag(FLAGS_towers);
   o.num_gpus = absl::GetFlag(FLAGS_num_gpus);
-  o.threads = absl::GetFlag(FLAGS_threads);
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.device_resident = absl::GetFlag(FLAGS_device_resident);
   o.log_every = absl::GetFlag(FLAGS_log_every);
@@ -440,6 +451,19 @@ int main(int argc, char** argv) {
     flags_ok = absl::InvalidArgumentError("--step_timeout_secs must be > 0");
   }
   if (flags_ok.ok() && o.summary_every < 0) flags_ok = absl::InvalidArgumentError("--summary_every must be >= 0");
+  if (flags_ok.ok()) {
+    absl::StatusOr<dtrain::ThreadDecision> threads =
+        dtrain::worker::ThreadsFromFlags(OtherWorkersAtThisHost(*cluster));
+    flags_ok = threads.status();
+    if (threads.ok()) {
+      o.threads = threads->threads;
+      if (threads->exceeds_budget) {
+        LOG(WARNING) << threads->line;
+      } else {
+        LOG(INFO) << threads->line;
+      }
+    }
+  }
   if (flags_ok.ok()) flags_ok = dtrain::ps::ValidateCheckpointOptions(o.checkpoint);
   if (flags_ok.ok()) {
     absl::StatusOr<std::vector<dtrain::kernels::DeviceSpec>> towers =

@@ -8,12 +8,14 @@
 //                   image folders, arrays and CSV                   -> InputPipelineFromFlags()
 //                   (--image_size --resize_size --validation_split --label_column --npz_arrays --array_layout
 //                    --input_threads --augment --bad_images)
+//   thread_flags.cc: --threads (auto or a count)                     -> ThreadsFromFlags()
 //
-// A binary links the library of the flags it takes (dtrain_input_flags, dtrain_data_flags).
+// A binary links the library of the flags it takes (dtrain_input_flags, dtrain_data_flags, dtrain_thread_flags).
 #ifndef DTRAIN_WORKER_APP_MODEL_FLAGS_H_
 #define DTRAIN_WORKER_APP_MODEL_FLAGS_H_
 
 #include "absl/status/statusor.h"
+#include "common/cpu_budget.h"
 #include "worker/data/dataset.h"
 #include "worker/models/dlrm.h"
 
@@ -31,6 +33,11 @@ struct InputPipeline {
 absl::StatusOr<InputPipeline> InputPipelineFromFlags();
 absl::StatusOr<data::DataFormat> DataFormatFromFlags();
 absl::StatusOr<models::DlrmConfig> DlrmConfigFromFlags();
+// --threads: the explicit count, or what --threads=auto picks for this process (common/cpu_budget.h), with the
+// one line to log (a warning when ThreadDecision::exceeds_budget). `known_peers`: other worker processes the
+// caller knows run on this host's CPUs (a cluster spec's workers at its own host). InvalidArgument for a value
+// that is neither auto nor a whole number from 1 to 4096.
+absl::StatusOr<ThreadDecision> ThreadsFromFlags(int known_peers = 0);
 
 }  // namespace dtrain::worker
 
