@@ -27,6 +27,7 @@
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
 #include "common/openmp_wait.h"
+#include "common/process_clock.h"
 #include "common/stop_signal.h"
 #include "ps/api/slice_io.h"
 #include "ps/checkpoint/checkpoint_options.h"
@@ -271,6 +272,7 @@ int OtherWorkersAtThisHost(const dtrain::ClusterConfig& cluster) {
 
 int main(int argc, char** argv) {
   dtrain::RestartWithShortOpenMpSpin();  // first: it starts this program again (common/openmp_wait.h)
+  const absl::Time started = dtrain::ProcessStartTime().value_or(absl::Now());
   dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_worker");  // before any thread starts
   absl::SetProgramUsageMessage("dtrain worker: trains a model against the cluster's parameter servers");
   dtrain::TuneMallocForLargeReusedBuffers();
@@ -538,6 +540,15 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<dtrain::worker::TrainingResult> result = dtrain::worker::RunTraining(o, tasks);
   const int signal = signals->received();
+  if (result.ok()) {
+    // Where this process's wall-clock went (scripts parse it): start-up to the first training step, the training,
+    // the chief's final evaluation.
+    const absl::Time first_step = result->training_started != absl::InfinitePast() ? result->training_started
+                                                                                  : absl::Now();
+    std::printf("worker %d: phases: start %.3f s, train %.3f s, evaluate %.3f s\n", o.worker_id,
+                absl::ToDoubleSeconds(first_step - started), result->seconds, result->evaluate_seconds);
+    std::fflush(stdout);
+  }
   if (!result.ok()) {
     const dtrain::ps::Leaving leaving = dtrain::worker::HowTrainingFailed(result.status());
     // The message alone: the status's code name and payloads (the leaving kind) are no words for a user.

@@ -462,6 +462,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   }
   const int64_t examples_per_step = static_cast<int64_t>(o.batch_size) * towers->size();
   const absl::Time start = absl::Now();
+  if (result->training_started == absl::InfinitePast()) result->training_started = start;
   absl::Time window_start = start;
   int64_t window_steps = 0;
   int64_t next_eval = o.eval_every > 0 ? (at.step / o.eval_every + 1) * o.eval_every : -1;
@@ -619,6 +620,9 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
   }
   if (chief) {
     if (o.evaluate && !o.follow) {
+      const absl::Time evaluating = absl::Now();
+      auto evaluated = absl::MakeCleanup(
+          [&] { result->evaluate_seconds += absl::ToDoubleSeconds(absl::Now() - evaluating); });
       ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/false));
       result->test_accuracy = e.accuracy;
       result->test_log_loss = e.log_loss;

@@ -220,6 +220,11 @@ struct TrainingResult {
   // share of the step's ids its row cache served.
   double sparse_bytes_per_step = 0;
   double row_cache_hit_rate = 0;
+  // Where the wall-clock went (dtrain_worker's "phases" line): the start of the first training step (after
+  // connecting, registering and the initial pull; InfinitePast when none ran) and the seconds of the chief's final
+  // evaluation (0: none). The training itself is `seconds`.
+  absl::Time training_started = absl::InfinitePast();
+  double evaluate_seconds = 0;
 };
 
 // Resolves the model (o->resolved_model, when not done yet) and its defaults into `o` (batch size, learning rate,
