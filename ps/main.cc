@@ -260,8 +260,8 @@ int main(int argc, char** argv) {
   }
   o.security = *security;
   o.ps.decision_key = o.security.auth_token;  // ps 0 signs its step decisions; the others check
-  // After the last worker left, serve a while longer: the workers that completed ask ps 0 how the run ended
-  // (every worker's leaving) before they exit with its code.
+  // After the last worker left, serve until the workers that completed have asked ps 0 how the run ended (every
+  // worker's leaving; they exit with its code) and no lost worker may come back: at most 2 s (ps/rpc/server.h).
   o.linger = absl::Seconds(2);
   if (signals->received() != 0) {
     std::fprintf(stderr, "dtrain_ps: stopped by %s before it started\n", signals->received_name().c_str());
@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
     }
     if (absl::Now() >= stop_deadline) break;
   }
-  (*server)->Wait(absl::ZeroDuration());  // the linger for calls in flight, then the shutdown
+  (*server)->Wait(absl::ZeroDuration());  // serves until no worker needs it (bounded), then shuts down
   // What became of every push this task received (ps/core/parameter_server.h: PushAccounting); tests/chaos.sh
   // checks that it balances.
   LOG(INFO) << "ps task " << cluster->task_index << ": accounting: global_step="

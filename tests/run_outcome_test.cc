@@ -9,12 +9,16 @@
 //   with --checkpoint=DIR alone (the model flags are in it);
 // - SIGTERM to the ps mid-run: its final checkpoint, the workers told at once (4), the ps exits 143;
 // - --help of every binary shows its own flags in groups; an unknown flag names the closest and exits 2; a
-//   flagfile shared by the ps and the workers works for both.
+//   flagfile shared by the ps and the workers works for both;
+// - the ps exits within a second of the last worker (no fixed linger), and every worker's one "phases" line
+//   (start, train, evaluate) adds up to no more than its process's wall-clock, in a cluster and in local mode.
 // The image runs train on a small MNIST-shaped data set the test writes (learnable: each label lights its own
 // pixels), so they need no downloaded data and stay cheap.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -472,6 +476,98 @@ TEST(RunOutcome, OneFlagfileServesThePsAndTheWorkers) {
                   "dtrain_worker: ignoring 2 flags of dtrain_ps from the shared --flagfile: "
                   "--worker_timeout_secs, --max_model_bytes"))
       << worker.Output();
+}
+
+// ---- where the wall-clock goes ----------------------------------------------------------------------------
+
+// A worker's "worker K: phases: start S s, train T s, evaluate E s" lines.
+struct Phases {
+  double start = -1, train = -1, evaluate = -1;
+};
+std::vector<Phases> PhasesLines(const std::string& out, int worker) {
+  std::vector<Phases> lines;
+  const std::regex line(absl::StrCat("worker ", worker,
+                                     ": phases: start ([0-9]+\\.[0-9]{3}) s, train ([0-9]+\\.[0-9]{3}) s, "
+                                     "evaluate ([0-9]+\\.[0-9]{3}) s\n"));
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator(); ++it) {
+    lines.push_back({std::stod((*it)[1]), std::stod((*it)[2]), std::stod((*it)[3])});
+  }
+  return lines;
+}
+
+// One phases line, each part within the process's wall-clock (measured here from before its start to its exit;
+// the start is the kernel's, to its clock tick), a chief's evaluation not empty, another worker's 0.
+void ExpectSanePhases(const std::string& out, int worker, double wall_secs) {
+  const std::vector<Phases> lines = PhasesLines(out, worker);
+  ASSERT_EQ(lines.size(), 1u) << out;
+  const Phases& p = lines[0];
+  const double tick = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  EXPECT_GT(p.start, 0) << out;
+  EXPECT_GT(p.train, 0) << out;
+  EXPECT_LE(p.start, wall_secs + tick) << out;
+  EXPECT_LE(p.start + p.train + p.evaluate, wall_secs + tick) << out;
+  if (worker == 0) {
+    EXPECT_GT(p.evaluate, 0) << out;
+  } else {
+    EXPECT_EQ(p.evaluate, 0) << out;
+  }
+  std::printf("worker %d: start %.3f s, train %.3f s, evaluate %.3f s of a %.3f s process\n", worker, p.start,
+              p.train, p.evaluate, wall_secs);
+}
+
+// When `pid` (a child not reaped yet) has exited, without reaping it; InfiniteFuture while it runs.
+absl::Time ExitedAt(int pid, absl::Time now) {
+  siginfo_t info{};
+  if (waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid) return now;
+  return absl::InfiniteFuture();
+}
+
+// Once the last worker is gone nobody needs the ps: it exits within a second (it used to linger 2 s more),
+// having told every worker how the run ended (each prints the outcome line it got from ps 0, and exits 0).
+TEST(RunOutcome, PsExitsPromptlyAfterTheLastWorkerAndThePhasesAddUp) {
+  Cluster c(1, 2, "prompt_exit");
+  auto ps = c.StartPs(0);
+  const absl::Time started = absl::Now();
+  std::vector<std::unique_ptr<Subprocess>> w;
+  for (int i = 0; i < 2; ++i) w.push_back(c.StartWorker(i, {"--mode=sync", "--train_steps=30"}));
+  // Every process's exit, seen within 5 ms.
+  std::vector<absl::Time> exited(3, absl::InfiniteFuture());
+  const std::vector<int> pids = {w[0]->pid(), w[1]->pid(), ps->pid()};
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (absl::Now() < deadline &&
+         std::any_of(exited.begin(), exited.end(), [](absl::Time t) { return t == absl::InfiniteFuture(); })) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (exited[i] == absl::InfiniteFuture()) exited[i] = ExitedAt(pids[i], absl::Now());
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(w[0]->Wait(absl::Seconds(1)), 0) << w[0]->Output();
+  EXPECT_EQ(w[1]->Wait(absl::Seconds(1)), 0) << w[1]->Output();
+  EXPECT_EQ(ps->Wait(absl::Seconds(1)), 0) << ps->Output();
+  const absl::Time last_worker = std::max(exited[0], exited[1]);
+  ASSERT_LT(last_worker, absl::InfiniteFuture());
+  ASSERT_LT(exited[2], absl::InfiniteFuture());
+  const double after = absl::ToDoubleSeconds(exited[2] - last_worker);
+  std::printf("the ps exited %.3f s after the last worker\n", after);
+  EXPECT_LT(after, 1.0) << ps->Output();
+  const std::string line = "run complete: training reached step 30 of 30; all 2 workers completed";
+  EXPECT_TRUE(Has(w[0]->Output(), line)) << w[0]->Output();
+  EXPECT_FALSE(Has(w[1]->Output(), "could not ask ps task 0")) << w[1]->Output();
+  for (int i = 0; i < 2; ++i) ExpectSanePhases(w[i]->Output(), i, absl::ToDoubleSeconds(exited[i] - started));
+}
+
+TEST(RunOutcome, LocalModePrintsItsPhasesToo) {
+  const std::string dir = Scratch("local_phases");
+  const absl::Time started = absl::Now();
+  Subprocess local({BinPath("dtrain_worker"), "--job_name=local", "--train_steps=20", "--log_every=1000",
+                    "--data_dir=" + ImageData()},
+                   dir + "/local.log");
+  EXPECT_EQ(local.Wait(absl::Minutes(1)), 0) << local.Output();
+  ExpectSanePhases(local.Output(), 0, absl::ToDoubleSeconds(absl::Now() - started));
+  // --threads=auto by default: one line says what it chose and why.
+  EXPECT_TRUE(std::regex_search(local.Output(), std::regex("threads: [0-9]+ \\(--threads=auto: [0-9]+ CPUs? in "
+                                                           "the affinity mask, ")))
+      << local.Output();
 }
 
 }  // namespace

@@ -8,17 +8,113 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/cancellation.h"
 #include "common/status_macros.h"
 #include "ps/rpc/grpc_ps_service.h"
 #include "ps/rpc/peer_address.h"
 
 namespace dtrain::ps {
+namespace {
+
+// What gRPC serves: the ParameterServer, with a count of the answers that told a worker how the run ended
+// (its statistics with every worker gone). Thread-safe, as the ParameterServer is.
+class OutcomeWatch : public PsInterface {
+ public:
+  OutcomeWatch(ParameterServer* ps, int task_index) : ps_(ps), task_index_(task_index) {}
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) override {
+    return ps_->Register(request);
+  }
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {
+    return ps_->StartInitialize(worker_id);
+  }
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override {
+    return ps_->StartPush(header);
+  }
+  absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override {
+    return ps_->Pull(request, receiver);
+  }
+  absl::Status Done(const DoneRequest& request) override { return ps_->Done(request); }
+  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {
+    return ps_->Heartbeat(worker_id, session);
+  }
+  absl::StatusOr<TrainingStats> GetStats() override {
+    absl::StatusOr<TrainingStats> s = ps_->GetStats();
+    if (s.ok() && EveryWorkerGone(*s)) {
+      absl::MutexLock l(&mu_);
+      ++outcome_answers_;
+      answered_.SignalAll();
+    }
+    return s;
+  }
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override { return ps_->Probe(config); }
+  absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override {
+    return ps_->Restore(config, worker_id, step);
+  }
+  bool PrefersInlineCalls() const override { return ps_->PrefersInlineCalls(); }
+
+  // After the ParameterServer finished: blocks until no worker needs this task any more
+  // (PsServerOptions::linger) or `deadline`. Returns what is still awaited, empty when nothing is.
+  std::string AwaitNobodyWaiting(absl::Time deadline) {
+    while (true) {
+      int64_t answers = 0;
+      const std::string waiting = Waiting(&answers);
+      if (waiting.empty() || absl::Now() >= deadline) return waiting;
+      // An answer wakes it at once; a lost worker's return is looked for every 20 ms.
+      absl::MutexLock l(&mu_);
+      if (outcome_answers_ == answers) {
+        answered_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Milliseconds(20)));
+      }
+    }
+  }
+
+ private:
+  static bool EveryWorkerGone(const TrainingStats& s) {
+    return std::all_of(s.workers.begin(), s.workers.end(),
+                       [](const WorkerStats& w) { return w.done || w.lost; });
+  }
+
+  // Who still needs this task: the workers that completed and were not yet told how the run ended (ps task
+  // 0), and lost workers. Empty: nobody. `answers`: the count of answers it went by.
+  std::string Waiting(int64_t* answers) {
+    absl::StatusOr<TrainingStats> s = ps_->GetStats();
+    if (!s.ok()) return "";
+    int completed = 0, lost = 0;
+    for (const WorkerStats& w : s->workers) {
+      if (w.lost) ++lost;
+      if (w.done && !w.lost && w.leaving == Leaving::kCompleted) ++completed;
+    }
+    {
+      absl::MutexLock l(&mu_);
+      *answers = outcome_answers_;
+    }
+    std::string waiting;
+    if (task_index_ == 0 && *answers < completed) {
+      waiting = absl::StrCat(completed - *answers, " of the ", completed,
+                             " workers that completed not yet told how the run ended");
+    }
+    if (lost > 0) {
+      absl::StrAppend(&waiting, waiting.empty() ? "" : "; ", lost, " lost worker(s) that may come back");
+    }
+    return waiting;
+  }
+
+  ParameterServer* const ps_;
+  const int task_index_;
+  absl::Mutex mu_;
+  absl::CondVar answered_;  // signalled when outcome_answers_ grows
+  int64_t outcome_answers_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace
 
 struct PsServer::State {
   std::string host;
   int port = 0;
   std::unique_ptr<ParameterServer> ps;
+  std::unique_ptr<OutcomeWatch> watch;  // what the gRPC service serves: ps
+  int task_index = 0;
   Cancellation shutdown;  // ends the pulls still waiting when the server shuts down
   std::unique_ptr<shm::ShmServer> shm;
   std::unique_ptr<tcp::TcpServer> tcp;
@@ -41,6 +137,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   st.host = addr.substr(0, colon);
   st.linger = options.linger;
   ASSIGN_OR_RETURN(st.ps, ParameterServer::Create(options.ps));
+  st.task_index = options.ps.task_index;
+  st.watch = std::make_unique<OutcomeWatch>(st.ps.get(), options.ps.task_index);
   if (options.offer_shm) {
     shm::ShmServerOptions so;
     so.task_index = options.ps.task_index;
@@ -72,7 +170,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
     };
     ASSIGN_OR_RETURN(st.tcp, tcp::TcpServer::Start(st.ps.get(), to));
   }
-  st.service = NewGrpcPsService(st.ps.get(), &st.shutdown, options.security.auth_token, st.shm.get(),
+  st.service = NewGrpcPsService(st.watch.get(), &st.shutdown, options.security.auth_token, st.shm.get(),
                                 options.apply_early, st.tcp.get(), tcp_refusal);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(addr, ServerCredentials(options.security), &st.port);
@@ -106,7 +204,13 @@ tcp::TcpServer* PsServer::tcp_server() { return state_->tcp.get(); }
 
 bool PsServer::Wait(absl::Duration timeout) {
   const bool finished = state_->ps->WaitUntilFinished(timeout);
-  if (finished) absl::SleepFor(state_->linger);
+  if (finished && state_->linger > absl::ZeroDuration()) {
+    const std::string waiting = state_->watch->AwaitNobodyWaiting(absl::Now() + state_->linger);
+    if (!waiting.empty()) {
+      LOG(INFO) << "ps task " << state_->task_index << ": shutting down after "
+                << absl::FormatDuration(state_->linger) << " with " << waiting;
+    }
+  }
   Shutdown();
   return finished;
 }

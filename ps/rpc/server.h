@@ -27,7 +27,11 @@ struct PsServerOptions {
   std::string listen_address;  // "host:port"; port 0 picks a free one
   ParameterServerOptions ps;
   SecurityOptions security;    // token and TLS (ps/rpc/grpc_security.h)
-  // After the last worker reports done, keep serving this long so in-flight calls finish.
+  // Once every worker has left (the ParameterServer finished), Wait() serves on until no worker needs this task
+  // any more, at most this long: until ps task 0 has told each worker that completed how the run ended (each asks
+  // it once, TrainingStats showing every worker gone: trainer.cc's AwaitRunOutcome), and while a worker is lost
+  // (it may still be alive, and hear RunOverError when it registers again). Calls still in flight then get
+  // gRPC's shutdown grace (2 s). Zero: shut down at once.
   absl::Duration linger = absl::Milliseconds(500);
   // gRPC's resource quota for this server: the memory its connections and messages in flight may take.
   int64_t max_inflight_bytes = int64_t{1} << 30;
@@ -57,7 +61,7 @@ class PsServer {
   tcp::TcpServer* tcp_server();
 
   // Blocks until no worker is left (every one done or lost; see parameter_server()->outcome()) or `timeout`, then
-  // shuts down after the linger period. Returns false on timeout.
+  // shuts down once no worker needs this task (options.linger). Returns false on timeout.
   bool Wait(absl::Duration timeout = absl::InfiniteDuration());
   void Shutdown();
 
