@@ -268,7 +268,7 @@ absl::Status WorkerClient::Connect(const TrainConfig& config, const float* initi
 absl::Status WorkerClient::ConnectTasks(absl::Duration wait) {
   const absl::Time give_up = absl::Now() + wait;
   if (is_chief_) RETURN_IF_ERROR(PrepareTasks(give_up, wait));
-  absl::Duration backoff = absl::Milliseconds(100);
+  const absl::Duration backoff = absl::Milliseconds(100);
   absl::Time next_log = absl::Now();
   int64_t lease_ms = 0;
   for (int t = 0; t < num_tasks(); ++t) {
@@ -334,8 +334,10 @@ absl::Status WorkerClient::ConnectTasks(absl::Duration wait) {
         LOG(INFO) << "worker " << worker_id_ << " waiting for " << waiting_for << " " << Until(give_up, wait);
         next_log = absl::Now() + absl::Seconds(5);
       }
+      // Every 100 ms, not backing off further: a worker mostly waits here for the chief to initialize the tasks,
+      // and each doubling let it start up to that long after the chief (a try costs the ps a fraction of a
+      // millisecond; a task not up yet is waited for by the channel's own reconnect backoff).
       absl::SleepFor(PauseBefore(give_up, backoff));
-      backoff = std::min(backoff * 2, absl::Seconds(1));
     }
   }
   {
