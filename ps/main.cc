@@ -6,6 +6,7 @@
 // for bad flags. SIGTERM/SIGINT: the run ends here (final checkpoint, then the workers are told), then 143/130.
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -286,7 +287,10 @@ int main(int argc, char** argv) {
   // The workers that do not leave are lost after --worker_timeout_secs (10 s without leases); then it exits.
   const absl::Duration stop_grace =
       (o.ps.worker_timeout > absl::ZeroDuration() ? o.ps.worker_timeout : absl::Seconds(10)) + absl::Seconds(5);
-  signals->stop()->Register([signals, ps, task, stop_grace, chief_grace] {
+  // Set when main() stops waiting for the run: the callback below (on the signal thread) stops waiting too, and
+  // main() deregisters it before the server it uses goes away.
+  std::atomic<bool> leaving{false};
+  const int64_t on_stop = signals->stop()->Register([signals, ps, task, stop_grace, chief_grace, &leaving] {
     // A chief that is training may have got the signal too: let it finish its step and leave (its leaving ends
     // the run, and the final checkpoint is then of the step it evaluated), for at most --chief_grace_secs.
     const auto chief_training = [ps] {
@@ -299,7 +303,7 @@ int main(int argc, char** argv) {
       LOG(WARNING) << "ps task " << task << ": " << signals->received_name() << ": waiting until "
                    << absl::FormatTime("%H:%M:%S", until, absl::LocalTimeZone())
                    << " (--chief_grace_secs) for the chief to finish its step and leave, then ending the run";
-      while (absl::Now() < until && chief_training()) absl::SleepFor(absl::Milliseconds(20));
+      while (absl::Now() < until && !leaving.load() && chief_training()) absl::SleepFor(absl::Milliseconds(20));
     }
     if (ps->finished() || !ps->GetStats().ok() || !ps->GetStats()->job_ended.empty()) return;  // the chief ended it
     LOG(WARNING) << "ps task " << task << ": " << signals->received_name() << ": saving the final checkpoint and "
@@ -319,6 +323,8 @@ int main(int argc, char** argv) {
     }
     if (absl::Now() >= stop_deadline) break;
   }
+  leaving = true;
+  signals->stop()->Deregister(on_stop);  // waits for it if it runs (an EndRun in progress completes)
   (*server)->Wait(absl::ZeroDuration());  // serves until no worker needs it (bounded), then shuts down
   // What became of every push this task received (ps/core/parameter_server.h: PushAccounting); tests/chaos.sh
   // checks that it balances.
