@@ -316,10 +316,10 @@ double ThreadCpuSeconds() {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-// The child of IdleThreadsSleepSoonAfterTheRestart: restarts as a binary's main() does, then measures the CPU
-// a thread spends waiting 200 ms at a barrier (the mean of 3 waits), and prints it.
+// The child of IdleThreadsSleepSoonAfterTheRestart (this binary links dtrain_short_openmp_spin, as the
+// binaries do): measures the CPU a thread spends waiting 200 ms at a barrier (the mean of 3 waits), and
+// prints it.
 TEST(OpenMpWaitTest, DISABLED_WaiterCpu) {
-  RestartWithShortOpenMpSpin();
   double waiter_cpu = 0;
   for (int round = 0; round < 4; ++round) {
 #pragma omp parallel num_threads(2)
@@ -332,7 +332,8 @@ TEST(OpenMpWaitTest, DISABLED_WaiterCpu) {
         waiter_cpu += ThreadCpuSeconds() - before;  // round 0: start-up
     }
   }
-  std::printf("setting: %s\nwaiter cpu ms: %.3f\n", OpenMpWaitSetting().c_str(), waiter_cpu / 3 * 1e3);
+  std::printf("setting: %s\nwaiter cpu ms: %.3f\npid %d\n", OpenMpWaitSetting().c_str(), waiter_cpu / 3 * 1e3,
+              static_cast<int>(getpid()));
 }
 
 // Runs DISABLED_WaiterCpu in a child process of this test binary under `env_args` (for env(1)); its output.
@@ -341,9 +342,12 @@ std::string RunWaiterChild(const std::string& env_args) {
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return "readlink /proc/self/exe failed";
   self[n] = '\0';
-  const std::string command = absl::StrCat(
-      "env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u DTRAIN_GOMP_SPINCOUNT_SET ", env_args, " ", self,
-      " --gtest_also_run_disabled_tests ", "--gtest_filter=OpenMpWaitTest.DISABLED_WaiterCpu 2>&1");
+  // The shell prints its pid and becomes env, which becomes the test binary: one pid, which the restart
+  // keeps.
+  const std::string command =
+      absl::StrCat("echo pid $$; exec env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u ",
+                   kGompSpinCountSetByDtrain, " ", env_args, " ", self, " --gtest_also_run_disabled_tests",
+                   " --gtest_filter=OpenMpWaitTest.DISABLED_WaiterCpu 2>&1");
   FILE* child = popen(command.c_str(), "r");
   if (child == nullptr) return "popen failed";
   std::string out;
@@ -358,12 +362,16 @@ double WaiterMs(const std::string& out) {
   return at == std::string::npos ? -1 : std::atof(out.c_str() + at + 15);
 }
 
-// A binary restarted by RestartWithShortOpenMpSpin runs libgomp with the short spin: a thread that waits 200
-// ms at a barrier sleeps after well under a millisecond of CPU, where libgomp's default (300,000 pauses)
-// spins for several at every wait. The environment's own setting is kept.
+// A binary that links dtrain_short_openmp_spin restarts (the same process) and runs libgomp with the short
+// spin: a thread that waits 200 ms at a barrier sleeps after well under a millisecond of CPU, where libgomp's
+// default (300,000 pauses) spins for several at every wait. The environment's own setting is kept.
 TEST(OpenMpWaitTest, IdleThreadsSleepSoonAfterTheRestart) {
   const std::string restarted = RunWaiterChild("");
   EXPECT_THAT(restarted, HasSubstr("setting: GOMP_SPINCOUNT=1000 (dtrain's default)"));
+  // The shell's pid first, the test's last: one process all along.
+  const size_t last = restarted.rfind("\npid ");
+  ASSERT_TRUE(absl::StartsWith(restarted, "pid ") && last != std::string::npos) << restarted;
+  EXPECT_EQ(std::atoi(restarted.c_str() + 4), std::atoi(restarted.c_str() + last + 5)) << restarted;
   const double short_ms = WaiterMs(restarted);
   EXPECT_GE(short_ms, 0) << restarted;
   EXPECT_LT(short_ms, 2.0) << restarted;

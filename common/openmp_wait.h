@@ -12,14 +12,17 @@
 // region of a step, which follows within microseconds, to find the team awake) unless the environment sets
 // GOMP_SPINCOUNT or OMP_WAIT_POLICY itself.
 //
-// libgomp reads its environment once, in its constructor, before main() runs (and before the executable's
-// .preinit_array could set a variable that libc would keep: libc sets its environment after that). So main()
-// calls RestartWithShortOpenMpSpin() first: it sets the variable and executes the same program again (execv
-// of /proc/self/exe with the same arguments: the same pid, open files, affinity and cgroup), which costs the
-// dynamic loader's few milliseconds once. Child processes inherit the setting.
+// libgomp reads its environment once, in its constructor, before main() runs; and libc sets up the
+// environment that getenv/setenv see only after the executable's .preinit_array ran, so a variable set there
+// is lost. The binaries therefore link the object library dtrain_short_openmp_spin (openmp_wait_restart.cc):
+// from .preinit_array, before any shared library's constructor, it looks at the environment the program was
+// given and, when it names neither variable, executes the same program again (execve of /proc/self/exe: the
+// same pid, arguments, open files, affinity and cgroup) with GOMP_SPINCOUNT=1000 added. That costs the
+// dynamic loader's work once, before any constructor or main() ran: about 14 ms (dtrain_worker stopping at a
+// bad flag: 29 ms against 15 ms with GOMP_SPINCOUNT preset, medians of 15 on a 2-core machine). Child processes
+// inherit the setting.
 //
-// Thread-safety: RestartWithShortOpenMpSpin: first thing in main(), before any other thread starts.
-// OpenMpWaitSetting: any thread.
+// Thread-safety: OpenMpWaitSetting may be called from any thread.
 #ifndef DTRAIN_COMMON_OPENMP_WAIT_H_
 #define DTRAIN_COMMON_OPENMP_WAIT_H_
 
@@ -27,13 +30,10 @@
 
 namespace dtrain {
 
-// The spin count dtrain gives libgomp when the environment names none.
+// The spin count dtrain gives libgomp when the environment names none, and the variable that marks a process
+// (and its children) that dtrain_short_openmp_spin restarted with it.
 inline constexpr char kGompSpinCount[] = "1000";
-
-// When the environment sets neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY: sets GOMP_SPINCOUNT=kGompSpinCount
-// and restarts the program (never returns). Returns at once when the environment has a setting, and when the
-// restart fails (the default spin then stays; OpenMpWaitSetting says why).
-void RestartWithShortOpenMpSpin();
+inline constexpr char kGompSpinCountSetByDtrain[] = "DTRAIN_GOMP_SPINCOUNT_SET";
 
 // What the waiting threads do, for a log line: "GOMP_SPINCOUNT=1000 (dtrain's default)", the environment's
 // own setting ("OMP_WAIT_POLICY=active (from the environment)"), or libgomp's default and why.

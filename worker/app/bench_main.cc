@@ -25,7 +25,6 @@
 #include "absl/time/clock.h"
 #include "common/denormals.h"
 #include "common/malloc_tuning.h"
-#include "common/openmp_wait.h"
 #include "ps/core/parameter_server.h"
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
@@ -244,7 +243,6 @@ int Main() {
 }  // namespace dtrain::worker
 
 int main(int argc, char** argv) {
-  dtrain::RestartWithShortOpenMpSpin();  // first: it starts this program again (common/openmp_wait.h)
   dtrain::TuneMallocForLargeReusedBuffers();
   dtrain::CommandLineSpec spec;
   spec.program = "dtrain_bench";

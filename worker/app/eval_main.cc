@@ -41,7 +41,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/command_line.h"
-#include "common/openmp_wait.h"
 #include "common/status_macros.h"
 #include "kernels/device.h"
 #include "common/env.h"
@@ -357,7 +356,6 @@ absl::Status RunEval(const EvalOptions& o, const models::ModelRef& spec, std::ve
 }  // namespace dtrain::worker
 
 int main(int argc, char** argv) {
-  dtrain::RestartWithShortOpenMpSpin();  // first: it starts this program again (common/openmp_wait.h)
   absl::SetProgramUsageMessage("evaluate a dtrain checkpoint: dtrain_eval --checkpoint=DIR/model.ckpt-STEP --model=...");
   dtrain::CommandLineSpec cli;
   cli.program = "dtrain_eval";

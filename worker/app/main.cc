@@ -26,7 +26,6 @@
 #include "common/exit_codes.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
-#include "common/openmp_wait.h"
 #include "common/process_clock.h"
 #include "common/stop_signal.h"
 #include "ps/api/slice_io.h"
@@ -271,7 +270,6 @@ int OtherWorkersAtThisHost(const dtrain::ClusterConfig& cluster) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dtrain::RestartWithShortOpenMpSpin();  // first: it starts this program again (common/openmp_wait.h)
   const absl::Time started = dtrain::ProcessStartTime().value_or(absl::Now());
   dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_worker");  // before any thread starts
   absl::SetProgramUsageMessage("dtrain worker: trains a model against the cluster's parameter servers");
