@@ -6,7 +6,8 @@ to --target_accuracy, final test accuracy. Writes the table as CSV and JSON (and
 run with /usr/bin/python3 on Debian) beside --plot FILE.png or at --out PREFIX (PREFIX.csv/.json/.png).
 
 Clusters run on 127.0.0.1 (scripts/run_local_cluster.sh) or, with --netns, across emulated hosts in network
-namespaces (scripts/netns_hosts.sh; root): every ps task and every worker on its own host, links optionally
+namespaces (scripts/netns_hosts.sh; root): every ps task and every worker on its own host (with --colocate_ps
+no ps hosts: each worker's host runs a ps task too, as many as workers), links optionally
 capped with --bandwidth=RATE (tc tbf, e.g. 1gbit), so a slow link's effect on sync vs async shows; with
 --latency=MS every link also delays each packet MS (a round trip 2 x MS), and with --host_cpus=F every host gets
 F cores of its own (a cgroup CPU quota), so that more processes than the machine has cores still each compute
@@ -190,16 +191,17 @@ class EmulatedHosts:
         subprocess.run([NETNS, "down", self.name], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=120)
         return False
 
-    def run(self, cmds, logs, timeout, env=None):
-        """Runs cmds[k] on host k (its namespace and CPU group), output to logs[k]. Returns (the worst exit code,
-        seconds from the first launch to the last exit). Stops the others when one fails (they could wait for it
-        forever) and all at the deadline (124)."""
+    def run(self, cmds, logs, timeout, env=None, on=None):
+        """Runs cmds[k] on host k (or on host on[k]: its namespace and CPU group), output to logs[k]. Returns (the
+        worst exit code, seconds from the first launch to the last exit). Stops the others when one fails (they
+        could wait for it forever) and all at the deadline (124)."""
         procs = []
         t0 = time.time()
         try:
             for k, (cmd, log) in enumerate(zip(cmds, logs)):
+                host = k if on is None else on[k]
                 with open(log, "w") as f:
-                    procs.append(subprocess.Popen([NETNS, "exec", self.name, str(k)] + cmd, stdout=f,
+                    procs.append(subprocess.Popen([NETNS, "exec", self.name, str(host)] + cmd, stdout=f,
                                                   stderr=subprocess.STDOUT, env=env))
             deadline = t0 + timeout
             while any(p.poll() is None for p in procs):
@@ -240,8 +242,28 @@ def netns_options(a):
 
 
 def run_netns_cluster(a, n, mode_args, logdir, timeout, tag):
-    """One ps per ps host and one worker per worker host, in network namespaces. Returns (the worst exit code,
-    seconds from the first launch to the last exit, the hosts' settings)."""
+    """One ps per ps host and one worker per worker host, in network namespaces; with --colocate_ps, n hosts each
+    running worker k and ps task k. Returns (the worst exit code, seconds from the first launch to the last exit,
+    the hosts' settings)."""
+    if a.colocate_ps:
+        with EmulatedHosts(a, n, tag) as h:
+            # The ps tasks on port 2223 of the workers' hosts: a worker reaches its own host's task through shared
+            # memory, the others over TCP lanes (--transport=auto).
+            cluster = ["--ps_hosts=" + ",".join("%s:2223" % addr for addr in h.addrs),
+                       "--worker_hosts=" + ",".join("%s:2222" % addr for addr in h.addrs)]
+            cmds, logs, on = [], [], []
+            for k in range(n):
+                cmds.append([os.path.join(a.bin, "dtrain_ps"), "--job_name=ps", "--task_index=%d" % k,
+                             "--transport=%s" % a.transport] + cluster)
+                logs.append(os.path.join(logdir, "ps_%d.log" % k))
+                on.append(k)
+            for k in range(n):
+                cmds.append([os.path.join(a.bin, "dtrain_worker"), "--job_name=worker", "--task_index=%d" % k]
+                            + cluster + mode_args)
+                logs.append(os.path.join(logdir, "worker_%d.log" % k))
+                on.append(k)
+            rc, wall = h.run(cmds, logs, timeout, on=on)
+            return rc, wall, h.settings
     hosts = a.num_ps + n
     with EmulatedHosts(a, hosts, tag) as h:
         ps_hosts = ",".join("%s:2222" % addr for addr in h.addrs[:a.num_ps])
@@ -334,6 +356,10 @@ def main():
     ap.add_argument("--sizes", default="1,2", help="worker counts, e.g. 1,2,4")
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--num_ps", type=int, default=1)
+    ap.add_argument("--colocate_ps", action="store_true",
+                    help="with --netns: no ps hosts; every worker's host also runs a ps task (as many ps tasks as "
+                         "workers, BytePS's colocated servers), so that a cluster of N workers uses exactly the "
+                         "hosts, cores and links of N DDP ranks")
     ap.add_argument("--target_accuracy", type=float, default=None, help="report seconds until this test accuracy")
     ap.add_argument("--eval_every", type=int, default=0,
                     help="chief evaluates every N global steps (default with --target_accuracy: ~10 per run)")
@@ -347,7 +373,7 @@ def main():
     ap.add_argument("--plot", default="", help="write a PNG plot here (and the table beside it as .csv/.json)")
     ap.add_argument("--out", default="", help="write PREFIX.csv, PREFIX.json and PREFIX.png")
     ap.add_argument("--bin", default=os.environ.get("DTRAIN_BIN", os.path.join(ROOT, "build", "bin")))
-    ap.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm"),
+    ap.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm", "tcp"),
                     help="every ps task's and worker's --transport")
     ap.add_argument("--ddp", action="store_true",
                     help="add PyTorch DDP (gloo) at each size, and plain PyTorch as its baseline (built-in models)")
@@ -375,6 +401,10 @@ def main():
         ap.error("--target_accuracy must be in (0, 1], got %g" % a.target_accuracy)
     if a.bandwidth and not a.netns:
         ap.error("--bandwidth needs --netns (links on 127.0.0.1 cannot be capped)")
+    if a.colocate_ps and not a.netns:
+        ap.error("--colocate_ps needs --netns (on 127.0.0.1 every process shares one host anyway)")
+    if a.colocate_ps and a.num_ps != 1:
+        ap.error("--colocate_ps runs as many ps tasks as workers: leave --num_ps out")
     for flag, value in (("host_cpus", a.host_cpus), ("latency", a.latency)):
         if value is not None and not a.netns:
             ap.error("--%s needs --netns (it is a setting of the emulated hosts)" % flag)
@@ -477,7 +507,8 @@ def main():
             cmd = [os.path.join(ROOT, "scripts", "run_local_cluster.sh"), "--ps", str(a.num_ps), "--workers",
                    str(n), "--logdir", logdir, "--ps_flag", "--transport=%s" % a.transport, "--"] + mode_args
             rc, wall = run_bounded(cmd, os.path.join(work, "%s_%d.%d.out" % (mode, n, rep)), a.timeout_secs, env)
-        name = "%s, %d ps, %d worker%s" % (mode, a.num_ps, n, "s" if n > 1 else "")
+        ps = "%d ps%s" % ((n, " colocated") if a.colocate_ps else (a.num_ps, ""))
+        name = "%s, %s, %d worker%s" % (mode, ps, n, "s" if n > 1 else "")
         return row(name, mode, n, rc, wall, logdir,
                    ["worker_%d.log" % i for i in range(n)] + ["worker_%d.err" % i for i in range(n)], steps)
 
@@ -563,7 +594,7 @@ def main():
         if a.latency:
             where += ", %g ms latency each way" % a.latency
         if a.host_cpus is not None:
-            most = max(a.num_ps + max(sizes), max(sizes) if a.ddp else 0)
+            most = max((0 if a.colocate_ps else a.num_ps) + max(sizes), max(sizes) if a.ddp else 0)
             where += ", hosts of %g cores each (cgroup quota; the largest configuration: %d hosts, %g of %d cores)" % (
                 a.host_cpus, most, most * a.host_cpus, len(os.sched_getaffinity(0)))
     print("\nmodel %s, batch %d per worker, %d examples per configuration, clusters on %s, --transport=%s%s "
@@ -573,7 +604,7 @@ def main():
     sparse = any(r["rows_held"] is not None or r["final_log_loss"] is not None for r in rows)
     metric = "AUC" if sparse else "accuracy"
     tcol = "t_%s>=%.3g" % ("auc" if sparse else "acc", target) if target is not None else "t_acc"
-    hdr = "%-26s %8s %7s %8s %7s %7s %12s %9s %10s %11s %9s" % (
+    hdr = "%-32s %8s %7s %8s %7s %7s %12s %9s %10s %11s %9s" % (
         "configuration", "wall_s", "start", "train_s", "eval", "end", "examples/sec", "vs local", "scaling", tcol,
         metric)
     if a.ddp:
@@ -588,7 +619,7 @@ def main():
         return "-" if v is None else fmt % v
 
     for r in rows:
-        line = "%-26s %8.1f %7s %8s %7s %7s %12.1f %9s %10s %11s %9s" % (
+        line = "%-32s %8.1f %7s %8s %7s %7s %12.1f %9s %10s %11s %9s" % (
             r["configuration"], r["wall_secs"], dash(r["start_secs"], "%.1f"), dash(r["train_secs"], "%.1f"),
             dash(r["evaluate_secs"], "%.1f"), dash(r["end_secs"], "%.1f"), r["examples_per_sec"],
             "-" if r["speedup_vs_local"] is None else "%.2fx" % r["speedup_vs_local"],
@@ -610,6 +641,7 @@ def main():
         meta = {"model": a.model, "batch_size": a.batch_size, "examples": a.examples, "num_ps": a.num_ps,
                 "sizes": sizes, "modes": modes, "target_accuracy": target, "eval_every": eval_every,
                 "transport": a.transport, "repeats": a.repeats, "ddp": a.ddp,
+                "colocate_ps": a.colocate_ps,
                 "netns": a.netns, "bandwidth": a.bandwidth or None, "host_cpus": a.host_cpus,
                 "latency_ms": a.latency, "emulated_hosts": emulation.get("hosts"),
                 "worker_args": data_args + a.worker_args}

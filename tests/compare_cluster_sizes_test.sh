@@ -142,17 +142,28 @@ rc=0; "$CMP" --host_cpus=0.5 >"$dir/bad3.out" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "host_cpus needs --netns" "$dir/bad3.out" || fail "--host_cpus without --netns not refused"
 rc=0; "$CMP" --netns --latency=-1 >"$dir/bad4.out" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "latency must be 0..10000 ms" "$dir/bad4.out" || fail "--latency=-1 not refused"
+rc=0; "$CMP" --colocate_ps >"$dir/bad6.out" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "colocate_ps needs --netns" "$dir/bad6.out" || fail "--colocate_ps without --netns not refused"
 rc=0; "$CMP" --netns --host_cpus=0 >"$dir/bad5.out" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "host_cpus must be at least 0.01" "$dir/bad5.out" || fail "--host_cpus=0 not refused"
 
 if why="$("$ROOT/scripts/netns_hosts.sh" check)"; then
   rc=0
-  "$CMP" --netns --bandwidth=1gbit --model=mlp --examples=4000 --sizes=2 --modes=async --target_accuracy=0.4 \
-    --eval_every=10 --out="$dir/netns" >"$dir/netns.out" 2>&1 || rc=$?
+  # The ps tasks colocated with the workers (--colocate_ps): a worker reaches its own host's task through shared
+  # memory and the other's over TCP lanes.
+  "$CMP" --netns --colocate_ps --bandwidth=1gbit --model=mlp --examples=4000 --sizes=2 --modes=async \
+    --target_accuracy=0.4 --eval_every=10 --out="$dir/netns" >"$dir/netns.out" 2>&1 || rc=$?
   cat "$dir/netns.out"
   [ "$rc" = 0 ] || fail "compare --netns exited $rc"
   grep -q "clusters on network namespaces, links capped at 1gbit" "$dir/netns.out" || fail "netns run not announced"
+  grep -q "^async, 2 ps colocated, 2 workers " "$dir/netns.out" || fail "no colocated row"
   check_table "$dir/netns" 2
+  logs="$(sed -n 's/.*(logs: \(.*\))$/\1/p' "$dir/netns.out")"
+  for k in 0 1; do
+    grep -q "data through shared memory" "$logs/async_2.0/worker_$k.log" &&
+      grep -q "data over TCP lanes" "$logs/async_2.0/worker_$k.log" ||
+      fail "colocated worker $k did not reach its own ps task by shared memory and the other's over TCP"
+  done
   # A failing worker must not leave the tool waiting for the ps (which would wait for the worker forever).
   start=$SECONDS; rc=0
   "$CMP" --netns --model=mlp --examples=1000 --sizes=1 --modes=sync --timeout_secs=300 -- --optimizer=bogus \
