@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""scripts/plan_cluster.py on a profile written here by hand: the step times of a few cases computed by hand (below,
+beside each), the bound labels, the expected slowest worker, the ps recommendation, and the errors for bad
+arguments and profiles (scripts/planner_accuracy.py's too)."""
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import plan_cluster as pc  # noqa: E402
+
+failures = []
+
+
+def check(what, got, want, tol=1e-6):
+    ok = abs(got - want) <= tol * max(1.0, abs(want)) if isinstance(want, float) else got == want
+    if not ok:
+        failures.append("%s: got %r, want %r" % (what, got, want))
+
+
+def profile():
+    """Two layers: layer 0 holds floats [0, 1e6) (4 MB), forward 10 ms, backward 20 ms; layer 1 [1e6, 1.5e6)
+    (2 MB), 5 ms and 5 ms. Compute 40 ms, always (every quantile). A local step of 50 ms, 100 examples. The update
+    costs 1e-10 s per stored byte, summing one more gradient 5e-11. Two placements: one task holds both; with two,
+    task 0 holds layer 0 and task 1 layer 1. Transports cost no CPU (grpc), or some (tcp)."""
+    return {
+        "format": "dtrain-profile", "version": 1,
+        "host": {"cpu_model": "test", "cpus_available": 1.0},
+        "run": {"model": "hand", "batch_size": 100, "towers": 1, "examples_per_step": 100, "threads": 1,
+                "compute_cores": 1.0, "wire_dtype": "fp32", "wire_bytes_per_float": 4},
+        "model_floats": 1500000,
+        "layers": [{"name": "l0", "begin": 0, "end": 1000000, "forward_s": 0.010, "backward_s": 0.020},
+                   {"name": "l1", "begin": 1000000, "end": 1500000, "forward_s": 0.005, "backward_s": 0.005}],
+        "steps": {"compute_s": {"median": 0.040, "mean": 0.040, "quantiles": [0.040] * 101},
+                  "step_s": {"median": 0.050, "mean": 0.050}, "input_s": {"median": 0.0}},
+        "placement": {
+            "1": {"task_bytes": [6000000], "slices": [{"key": 0, "task": 0, "begin": 0, "floats": 1000000},
+                                                      {"key": 1, "task": 0, "begin": 1000000, "floats": 500000}]},
+            "2": {"task_bytes": [4000000, 2000000],
+                  "slices": [{"key": 0, "task": 0, "begin": 0, "floats": 1000000},
+                             {"key": 1, "task": 1, "begin": 1000000, "floats": 500000}]}},
+        "ps": {"apply_s_per_byte": 1e-10, "sum_s_per_byte": 5e-11},
+        "transports": {
+            "grpc": {"push_worker_cpu_s_per_byte": 0.0, "push_ps_cpu_s_per_byte": 0.0,
+                     "pull_ps_cpu_s_per_byte": 0.0, "pull_worker_cpu_s_per_byte": 0.0},
+            "tcp": {"push_worker_cpu_s_per_byte": 1e-9, "push_ps_cpu_s_per_byte": 2e-9,
+                    "pull_ps_cpu_s_per_byte": 1.5e-9, "pull_worker_cpu_s_per_byte": 0.5e-9},
+            "shm": {"skipped": "no shared memory here"}},
+        "phases": {"startup_s": 1.0, "evaluate_s": 2.0, "end_s": 0.5},
+    }
+
+
+P = profile()
+GBIT = 1e9  # 125e6 bytes/s
+
+# Case A: sync, 1 worker, 1 ps, 1 Gbit, no latency, 1 core, transports free.
+#   pull (125e6 B/s): layer 0 updated after 4e6 B x 1e-10 = 0.4 ms, sent 4e6 / 125e6 = 32 ms later: arrives 32.4 ms;
+#   layer 1 updated at 0.6 ms, sent behind layer 0: 32.4 + 16 = 48.4 ms.
+#   forward: layer 0 from 32.4 to 42.4 ms; layer 1 waits for 48.4, ends 53.4 ms.
+#   backward: layer 1 ready at 58.4 ms, pushed by 74.4; layer 0 ready at 78.4, pushed by 78.4 + 32 = 110.4 ms.
+#   step 110.4 ms: 100 / 0.1104 = 905.8 examples/sec; local 100 / 0.05 = 2000: efficiency 0.4529.
+#   Without the links: 0.4 + 10, 0.6 -> 15.4 ms forward, + 25 backward = 40.4 ms: saves 70 ms (compute: 14 ms).
+r = pc.predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc")
+check("A step", r["step_s"], 0.1104)
+check("A examples/sec", r["examples_per_sec"], 100 / 0.1104)
+check("A efficiency", r["efficiency"], (100 / 0.1104) / 2000)
+check("A bound", r["bound"], "ps link")
+check("A saving of the links", r["savings"]["ps link"], 0.1104 - 0.0404)
+check("A saving of compute", r["savings"]["compute"], 0.1104 - 0.0964)
+
+# Case B: sync, 2 workers, 1 ps: each flow gets 125e6 / 2 B/s; the update sums 2 gradients: 1.5e-10 per byte.
+#   pull: layer 0 updated at 0.6 ms, arrives 0.6 + 64 = 64.6 ms; layer 1 at 64.6 + 32 = 96.6 ms.
+#   forward: 64.6 -> 74.6; 96.6 -> 101.6 ms. backward: layer 1 ready 106.6, pushed 138.6; layer 0 ready 126.6,
+#   pushed 138.6 + 64 = 202.6 ms. 200 / 0.2026 = 987.2 examples/sec, efficiency 987.2 / 4000.
+r = pc.predict(P, 2, 1, GBIT, 0.0, 1.0, "sync", "grpc")
+check("B step", r["step_s"], 0.2026)
+check("B efficiency", r["efficiency"], (200 / 0.2026) / 4000)
+check("B bound", r["bound"], "ps link")
+
+# Case C: sync, 1 worker, 1 ps, unlimited links, CPU per byte (tcp): pull 1.5e-9 on the ps, 0.5e-9 on the worker;
+#   push 1e-9 on the worker, 2e-9 on the ps; one core everywhere.
+#   pull at 1 / 1.5e-9 B/s: layer 0 sent by 0.4 + 6 = 6.4 ms (the task's CPU: 1e6 x (4e-10 + 6e-9) = 6.4 ms);
+#   layer 1 by 6.4 + 3 = 9.4, but the task's CPU for 1.5e6 floats is 9.6 ms: arrives 9.6.
+#   forward: 6.4 -> 16.4 -> 21.4 ms (the worker's CPU: 15 ms compute + 6e6 x 0.5e-9 = 18 ms, less).
+#   push at 1 / 2e-9 B/s: layer 1 ready 26.4, pushed 30.4; layer 0 ready 46.4, pushed 46.4 + 8 = 54.4 ms.
+#   (the worker's CPU: 21.4 + 25 + 6e6 x 1e-9 = 52.4 ms; the task's: 21.4 + 12 = 33.4 ms.) Step 54.4 ms.
+r = pc.predict(P, 1, 1, None, 0.0, 1.0, "sync", "tcp")
+check("C step", r["step_s"], 0.0544)
+check("C bound", r["bound"], "compute")
+
+# Case D: async, 2 workers, 1 ps, 1 Gbit: each worker's cycle alone (flows not shared; the update, 1e-10 per
+#   stored byte, comes with the push: its rate stays the link's): pull 32 + 16 ms, forward to 53 ms, pushes to
+#   110 ms. The ps task's link carries 2 x 6e6 B a cycle: 96 ms, less. 200 / 0.110 = 1818.2 examples/sec.
+#   With 3 workers the link needs 3 x 48 = 144 ms a cycle: 300 / 0.144 = 2083.3, bounded by the ps link.
+r = pc.predict(P, 2, 1, GBIT, 0.0, 1.0, "async", "grpc")
+check("D step", r["step_s"], 0.110)
+check("D examples/sec", r["examples_per_sec"], 200 / 0.110)
+r = pc.predict(P, 3, 1, GBIT, 0.0, 1.0, "async", "grpc")
+check("D3 step", r["step_s"], 0.144)
+check("D3 bound", r["bound"], "ps link")
+
+# Case E: latency. Sync, 1 worker, 1 ps, unlimited links, free transports, 1 ms one way: the pull arrives 1 ms
+#   after the update (layer 0 at 1.4 ms, layer 1 at 1.6), forward 1.4 -> 11.4 -> 16.4, backward to 41.4, the last
+#   push at the task 1 ms later: 42.4 ms. With 2 ps tasks, task 1 learns the decision from the pull (2 ms more)
+#   and the commit waits for task 1's acknowledgement (2 ms): layer 1 updated at 2 + 0.2 = 2.2 ms, arrives 3.2 ms;
+#   forward 1.4 -> 11.4 -> 16.4; backward 41.4; + 1 ms + 2 ms = 44.4 ms.
+r = pc.predict(P, 1, 1, None, 0.001, 1.0, "sync", "grpc")
+check("E step", r["step_s"], 0.0424)
+r = pc.predict(P, 1, 2, None, 0.001, 1.0, "sync", "grpc")
+check("E step, 2 ps", r["step_s"], 0.0444)
+
+# Case F: a quarter core. Compute scales by 1 / 0.25 = 4; the local step too (200 ms); unlimited links, free
+#   transports: pull 0.4 ms x 4 (the update on a quarter core) = 1.6 ms, layer 1 at 2.4 ms; forward 1.6 + 40 =
+#   41.6, 61.6; backward 61.6 + 20 + 80 = 161.6 ms. Efficiency 200 / 161.6.
+r = pc.predict(P, 1, 1, None, 0.0, 0.25, "sync", "grpc")
+check("F step", r["step_s"], 0.1616)
+check("F efficiency", r["efficiency"], 0.200 / 0.1616)
+check("F bound", r["bound"], "compute")
+
+# Stragglers: compute uniform on [30, 50] ms (quantiles 30 + 0.2 i ms): the slowest of W has the mean
+#   30 + 20 W / (W + 1) ms; the second of 3 the median, 40 ms.
+q = [0.030 + 0.0002 * i for i in range(101)]
+for w in (1, 2, 4, 8):
+    check("E[max of %d]" % w, pc.expected_order_statistic(q, w, w), 0.030 + 0.020 * w / (w + 1), tol=1e-4)
+check("E[2nd of 3]", pc.expected_order_statistic(q, 2, 3), 0.040, tol=1e-4)
+noisy = copy.deepcopy(P)
+noisy["steps"]["compute_s"]["quantiles"] = q
+# Sync, 4 workers, links unlimited, free transports: the barrier adds E[max of 4] - median = 46 - 40 = 6 ms to the
+#   40.6 ms of a step (pull 0.7 ms for layer 0 with 4 gradients: 4e6 x (1e-10 + 3 x 5e-11) = 1 ms; layer 1 at
+#   1.5 ms; forward 1 -> 11 -> 16, backward 41): 47 ms, bounded by the stragglers when the links are free.
+r = pc.predict(noisy, 4, 1, None, 0.0, 1.0, "sync", "grpc")
+check("stragglers step", r["step_s"], 0.041 + 0.006, tol=1e-4)
+check("stragglers bound", r["bound"], "compute")
+check("stragglers saving", r["savings"]["stragglers"], 0.006, tol=1e-3)
+# One backup worker: the 3rd of 4, 30 + 20 x 3/5 = 42 ms: 2 ms over the median.
+r = pc.predict(noisy, 4, 1, None, 0.0, 1.0, "sync", "grpc", backup_workers=1)
+check("backup step", r["step_s"], 0.041 + 0.002, tol=1e-4)
+
+# The recommendation: the fewest ps tasks within 3% of the best.
+rows = [{"mode": "sync", "bandwidth_bps": 1e9, "workers": 4, "ps": p, "examples_per_sec": e}
+        for p, e in ((1, 1000.0), (2, 1980.0), (4, 2000.0))]
+check("recommend within 3%", pc.recommend(rows, 0.03)[("sync", 1e9, 4)], 2)
+check("recommend within 0.5%", pc.recommend(rows, 0.005)[("sync", 1e9, 4)], 4)
+
+# Bandwidths.
+check("1gbit", pc.parse_bandwidth("1gbit"), 1e9)
+check("2.5gbit", pc.parse_bandwidth("2.5gbit"), 2.5e9)
+check("100mbit", pc.parse_bandwidth("100mbit"), 1e8)
+for bad in ("10gbps", "10G", "1 gbit", "0gbit", "fast", "-1gbit"):
+    try:
+        pc.parse_bandwidth(bad)
+        failures.append("bandwidth %r accepted" % bad)
+    except pc.PlanError as e:
+        if "bandwidth" not in str(e):
+            failures.append("bandwidth %r: message %r does not name it" % (bad, str(e)))
+
+# The command line: a table and files; then each bad argument exits 2 with a message naming it.
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "p.json")
+    with open(path, "w") as f:
+        json.dump(P, f)
+
+    def run(*args):
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plan_cluster.py"), "--profile=" + path]
+                           + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return p.returncode, p.stdout
+
+    rc, out = run("--workers=1,2,4", "--ps=1,2", "--bandwidth=1gbit", "--latency=0", "--host_cpus=1",
+                  "--modes=sync,async", "--out=" + os.path.join(d, "plan"))
+    check("cli rc", rc, 0)
+    if "<- use" not in out or not os.path.exists(os.path.join(d, "plan.csv")):
+        failures.append("cli: no recommendation or no CSV:\n" + out)
+    else:
+        with open(os.path.join(d, "plan.json")) as f:
+            rows = json.load(f)["rows"]
+        check("cli rows", len(rows), 2 * 3 * 2)
+        first = [x for x in rows if x["mode"] == "sync" and x["workers"] == 1 and x["ps"] == 1][0]
+        check("cli case A", first["step_s"], 0.1104)
+        # Wall-clock of 60000 examples: start 1 s + 1.5e6 x 4 x 8 / 1e9 = 0.048 s, train 60000 / 905.8, evaluate
+        # 2 s, end 0.5 s.
+        check("cli wall", first["wall_s"], 1.0 + 0.048 + 60000 * 0.1104 / 100 + 2.0 + 0.5)
+    for args, words in ((["--bandwidth=10gbps"], "10gbps"), (["--ps=3"], "--ps=3"), (["--workers=0"], "--workers"),
+                        (["--modes=fast"], "--modes"), (["--latency=-1"], "--latency"),
+                        (["--host_cpus=0"], "--host_cpus"), (["--transport=shm"], "no shared memory"),
+                        (["--transport=udp"], "--transport"), (["--out=/nonexistent/dir/p"], "--out")):
+        base = [] if args[0].startswith("--ps=") else ["--ps=1,2"]  # the profile has placements for 1 and 2
+        rc, out = run(*(base + args))
+        if rc != 2 or words not in out:
+            failures.append("%s: rc %d, want 2 and a message with %r:\n%s" % (args, rc, words, out))
+    for change, words in (({"format": "something-else"}, "format"), ({"version": 2}, "version 2"),
+                          ({"layers": []}, "no layers")):
+        bad = dict(P, **change)
+        with open(path, "w") as f:
+            json.dump(bad, f)
+        rc, out = run()
+        if rc != 2 or words not in out:
+            failures.append("profile %s: rc %d, want 2 and %r:\n%s" % (change, rc, words, out))
+    with open(path, "w") as f:
+        f.write("{not json")
+    rc, out = run()
+    if rc != 2 or "not JSON" not in out:
+        failures.append("a file that is not JSON: rc %d\n%s" % (rc, out))
+
+if failures:
+    print("FAILED:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("plan_cluster_test: all checks passed")
