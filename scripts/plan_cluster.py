@@ -57,8 +57,9 @@ placement code), wb the wire bytes per float.
    compute, ps link, worker link, ps CPU (transport and updates), worker CPU (transport), machine CPU
    (--shared_cores), stragglers (the sync barrier), latency.
 7. The ps count to use: the smallest P within --within (3%) of the best examples/sec for that worker count.
-8. Wall-clock of --examples examples: start-up (the profile's, scaled, + the chief's initial values over one link)
-   + examples / examples/sec + the final evaluation + the end.
+8. Wall-clock of --examples examples: start-up (the profile's, scaled; a ps task's start as the profile's gRPC
+   measurement saw it; the chief's initial values over one link) + examples / examples/sec + the final
+   evaluation + the end (the profile's, and a ps task's end after the last worker is done).
 
 Every argument is checked, with an error that names it; the profile must be "format": "dtrain-profile",
 "version": 1.
@@ -238,137 +239,214 @@ def _sparse(profile, num_ps, wb):
     return bytes_per_step / num_ps, rows / num_ps
 
 
-def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no):
-    """The step (sync) or cycle (async) time of one prediction with the resources named in `no` removed.
-    B: bytes/s per link and direction (None: unlimited); L: one-way seconds; H: cores per host; C: the machine's
-    cores when every host shares one (None: hosts apart)."""
-    inf = float("inf")
-    sync = mode == "sync"
-    s = compute_scale(profile, H)
-    layers = profile["layers"]
-    K = len(layers)
-    compute_med = profile["steps"]["compute_s"]["median"]
-    raw = sum(l["forward_s"] + l["backward_s"] for l in layers)
-    norm = compute_med / raw if raw > 0 else 1.0
-    no_compute = "compute" in no
-    f = [0.0 if no_compute else l["forward_s"] * norm * s for l in layers]
-    g = [0.0 if no_compute else l["backward_s"] * norm * s for l in layers]
-    cores = float(profile["run"]["compute_cores"])
-    f_cpu, g_cpu = sum(f) / s * cores, sum(g) / s * cores  # core-seconds
-    input_s = 0.0 if no_compute else profile["steps"].get("input_s", {}).get("median", 0.0) * s
-    wb = float(profile["run"]["wire_bytes_per_float"])
-    n = layer_floats(profile, P)
-    task_floats = [sum(n[k][j] for k in range(K)) for j in range(P)]
-    rows_bytes, rows_count = _sparse(profile, P, wb)
-    ps_cpu = "ps CPU" not in no
-    a = profile["ps"]["apply_s_per_byte"] if ps_cpu else 0.0
-    sigma = profile["ps"]["sum_s_per_byte"] if ps_cpu else 0.0
-    row_update = (profile.get("sparse") or {}).get("update_s_per_row", 0.0) if ps_cpu else 0.0
-    cpr = costs["push_ps_cpu_s_per_byte"] if ps_cpu else 0.0
-    cps = costs["pull_ps_cpu_s_per_byte"] if ps_cpu else 0.0
-    cws = costs["push_worker_cpu_s_per_byte"] if "worker CPU" not in no else 0.0
-    cwr = costs["pull_worker_cpu_s_per_byte"] if "worker CPU" not in no else 0.0
-    lat = 0.0 if "latency" in no else L
-    C = None if "machine CPU" in no else C
-    used = sum(1 for j in range(P) if task_floats[j] > 0 or rows_bytes > 0)
-    flows = W if sync else 1  # flows at once on a ps task (async: its shared resources are bounded below)
-    apply_cpu = min(1.0, H)  # the update runs on one thread
+CHUNK_FLOATS = 1 << 16  # SliceStore::kChunkFloats: an update is published (and streamed) chunk by chunk
 
-    def rate(cpu_per_byte):
-        r = inf
-        if B is not None and "ps link" not in no:
-            r = min(r, B / flows)
-        if B is not None and "worker link" not in no:
-            r = min(r, B / max(1, used))
+
+class _Setup:
+    """What one prediction's timeline reads, with the resources named in `no` removed."""
+
+    def __init__(self, profile, W, P, B, L, H, C, mode, costs, no, burst_s):
+        self.W, self.P, self.H, self.sync = W, P, H, mode == "sync"
+        self.no_compute = "compute" in no
+        s = compute_scale(profile, H)
+        self.s = s
+        layers = profile["layers"]
+        self.K = len(layers)
+        self.compute_med = profile["steps"]["compute_s"]["median"]
+        raw = sum(l["forward_s"] + l["backward_s"] for l in layers)
+        norm = self.compute_med / raw if raw > 0 else 1.0
+        self.f = [0.0 if self.no_compute else l["forward_s"] * norm * s for l in layers]
+        self.g = [0.0 if self.no_compute else l["backward_s"] * norm * s for l in layers]
+        cores = float(profile["run"]["compute_cores"])
+        self.f_cpu, self.g_cpu = sum(self.f) / s * cores, sum(self.g) / s * cores  # core-seconds
+        self.input_s = 0.0 if self.no_compute else profile["steps"].get("input_s", {}).get("median", 0.0) * s
+        self.wb = float(profile["run"]["wire_bytes_per_float"])
+        self.n = layer_floats(profile, P)
+        self.task_floats = [sum(self.n[k][j] for k in range(self.K)) for j in range(P)]
+        self.rows_bytes, self.rows_count = _sparse(profile, P, self.wb)
+        ps_cpu = "ps CPU" not in no
+        self.a = profile["ps"]["apply_s_per_byte"] if ps_cpu else 0.0
+        self.sigma = profile["ps"]["sum_s_per_byte"] if ps_cpu else 0.0
+        self.row_update = (profile.get("sparse") or {}).get("update_s_per_row", 0.0) if ps_cpu else 0.0
+        self.cpr = costs["push_ps_cpu_s_per_byte"] if ps_cpu else 0.0
+        self.cps = costs["pull_ps_cpu_s_per_byte"] if ps_cpu else 0.0
+        self.cws = costs["push_worker_cpu_s_per_byte"] if "worker CPU" not in no else 0.0
+        self.cwr = costs["pull_worker_cpu_s_per_byte"] if "worker CPU" not in no else 0.0
+        self.L = 0.0 if "latency" in no else L
+        self.C = None if "machine CPU" in no else C
+        self.ps_link = B if B is not None and "ps link" not in no else None
+        self.worker_link = B if B is not None and "worker link" not in no else None
+        self.used = max(1, sum(1 for j in range(P) if self.task_floats[j] > 0 or self.rows_bytes > 0))
+        self.flows = W if self.sync else 1  # flows at once on a ps task (async: shared resources bounded apart)
+        self.apply_cpu = min(1.0, H)  # an update runs on one thread
+        # A link emulated with a token bucket (tc tbf) sends its bucket's bytes at once after an idle time; each
+        # flow's share of the buckets it crosses.
+        share = []
+        if self.ps_link is not None:
+            share.append(burst_s * self.ps_link / self.flows)
+        if self.worker_link is not None:
+            share.append(burst_s * self.worker_link / self.used)
+        self.burst = min(share) if share and burst_s > 0 else 0.0
+
+    def rate(self, cpu_per_byte):
+        """A flow's bytes/s: its share of both links and of the ps task's CPU."""
+        r = float("inf")
+        if self.ps_link is not None:
+            r = min(r, self.ps_link / self.flows)
+        if self.worker_link is not None:
+            r = min(r, self.worker_link / self.used)
         if cpu_per_byte > 0:
-            r = min(r, H / (flows * cpu_per_byte))
+            r = min(r, self.H / (self.flows * cpu_per_byte))
         return r
 
-    def secs(nbytes, r):
-        return nbytes / r if nbytes > 0 and r < inf else 0.0
 
-    # ---- the pull, and forward as its layers arrive ----
-    upd = (a + (W - 1) * sigma) if sync else 0.0  # per stored byte (async: applied as the push arrives)
-    r_pull = rate(cps)
-    # Sync: the other tasks learn ps 0's decision from the pull (2L); async: their pulls follow ps 0's answer.
-    start = [0.0 if j == 0 else 2 * lat for j in range(P)]
-    arrive = [0.0] * K
-    sent, cum = list(start), [0.0] * P
-    applied = list(start)
-    for k in range(K):
-        for j in range(P):
-            if n[k][j] <= 0:
+class _Flow:
+    """One direction of a flow: its rate, and what is left of its bucket this step."""
+
+    def __init__(self, rate, burst):
+        self.rate, self.free = rate, burst
+
+    def secs(self, nbytes):
+        if nbytes <= 0 or self.rate == float("inf"):
+            return 0.0
+        free = min(self.free, nbytes)
+        self.free -= free
+        return (nbytes - free) / self.rate
+
+
+def _forward(x, arrive, start):
+    end = start
+    for k in range(x.K):
+        end = max(end, arrive[k]) + x.f[k]
+    return end
+
+
+def _push(x, f_end):
+    """Backward from f_end, each layer's gradients pushed once ready: (last gradient ready, per task the time its
+    last byte is sent, per layer per task the time that layer's last byte is sent, the ps tasks' CPU)."""
+    push_ps = x.cpr + (0.0 if x.sync else x.a * 4 / x.wb)  # async: each slice updated as it arrives
+    flows = [_Flow(x.rate(push_ps), x.burst) for _ in range(x.P)]
+    ready, done = f_end, [f_end] * x.P
+    layer_done = [[f_end] * x.P for _ in range(x.K)]
+    for k in reversed(range(x.K)):
+        ready += x.g[k]
+        for j in range(x.P):
+            if x.n[k][j] > 0:
+                done[j] = max(done[j], ready) + flows[j].secs(x.n[k][j] * x.wb)
+            layer_done[k][j] = done[j]
+    cpu = [x.W * x.task_floats[j] * x.wb * push_ps for j in range(x.P)]
+    if x.rows_bytes > 0:  # the rows' gradients go once backward is over
+        for j in range(x.P):
+            done[j] = max(done[j], ready) + flows[j].secs(x.rows_bytes)
+            cpu[j] += x.W * x.rows_bytes * x.cpr + (0.0 if x.sync else x.W * x.rows_count * x.row_update)
+    return ready, done, layer_done, cpu
+
+
+def _pull(x, start, upd):
+    """The pull from start[j] on each task, each slice once updated (upd per stored byte, one thread): per layer
+    its arrival at the worker, the arrival of the rows, the ps tasks' CPU."""
+    flows = [_Flow(x.rate(x.cps), x.burst) for _ in range(x.P)]
+    arrive = [0.0] * x.K
+    sent, applied, cum = list(start), list(start), [0.0] * x.P
+    for k in range(x.K):
+        for j in range(x.P):
+            if x.n[k][j] <= 0:
                 continue
-            cum[j] += n[k][j]
-            applied[j] += n[k][j] * 4 * upd / apply_cpu
-            sent[j] = max(sent[j], applied[j]) + secs(n[k][j] * wb, r_pull)
+            cum[j] += x.n[k][j]
+            applied[j] += x.n[k][j] * 4 * upd / x.apply_cpu
+            sent[j] = max(sent[j], applied[j]) + flows[j].secs(x.n[k][j] * x.wb)
             # The task's CPU: the update and W workers' pulls of everything so far, on H cores.
-            sent[j] = max(sent[j], start[j] + cum[j] * (4 * upd + W * wb * cps) / H)
-            arrive[k] = max(arrive[k], sent[j] + lat)
-    pull_cpu_ps = [task_floats[j] * (4 * upd + W * wb * cps) for j in range(P)]
-    forward_from = input_s
-    if rows_bytes > 0:  # the rows travel after each task's slices; the step binds them before its forward
-        for j in range(P):
-            sent[j] = max(sent[j], start[j]) + secs(rows_bytes, r_pull) + \
-                (W * rows_count * row_update / apply_cpu if sync else 0.0)
-            pull_cpu_ps[j] += W * rows_bytes * cps + (W * rows_count * row_update if sync else 0.0)
-            forward_from = max(forward_from, sent[j] + lat)
-    pull_wire = sum(task_floats) * wb + rows_bytes * P
-    end = forward_from
-    for k in range(K):
-        end = max(end, arrive[k]) + f[k]
-    # The worker's CPU over the forward: its compute and receiving the pull.
-    f_end = max(end, input_s + (f_cpu + pull_wire * cwr) / H)
+            sent[j] = max(sent[j], start[j] + cum[j] * (4 * upd + x.W * x.wb * x.cps) / x.H)
+            arrive[k] = max(arrive[k], sent[j] + x.L)
+    cpu = [x.task_floats[j] * (4 * upd + x.W * x.wb * x.cps) for j in range(x.P)]
+    rows_arrive = 0.0
+    if x.rows_bytes > 0:  # the rows travel after each task's slices; a step binds them before its forward
+        for j in range(x.P):
+            rows_update = x.W * x.rows_count * x.row_update if x.sync else 0.0
+            sent[j] = max(sent[j], start[j]) + flows[j].secs(x.rows_bytes) + rows_update / x.apply_cpu
+            cpu[j] += x.W * x.rows_bytes * x.cps + rows_update
+            rows_arrive = max(rows_arrive, sent[j] + x.L)
+    return arrive, rows_arrive, cpu
 
-    # ---- backward, and the push of each layer once its gradients are ready ----
-    push_ps = cpr + (0.0 if sync else a * 4 / wb)  # async: each slice updated as it arrives
-    r_push = rate(push_ps)
-    ready, done = f_end, [f_end] * P
-    for k in reversed(range(K)):
-        ready += g[k]
+
+def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_s=0.0, early=False):
+    """The step (sync) or cycle (async) time of one prediction with the resources named in `no` removed.
+    B: bytes/s per link and direction (None: unlimited); L: one-way seconds; H: cores per host; C: the machine's
+    cores when every host shares one (None: hosts apart); burst_s: the links' token buckets, in seconds of their
+    rate (0: none); early: the early apply (sync, one worker, one ps task)."""
+    x = _Setup(profile, W, P, B, L, H, C, mode, costs, no, burst_s)
+    wire = sum(x.task_floats) * x.wb + x.rows_bytes * P  # a worker's bytes each way
+    upd = (x.a + (W - 1) * x.sigma) if x.sync else 0.0  # per stored byte (async: applied as the push arrives)
+    # Sync: the other tasks learn ps 0's decision from the pull (2L); async: their pulls follow ps 0's answer.
+    start = [0.0 if j == 0 else 2 * x.L for j in range(P)]
+    arrive, rows_arrive, pull_cpu = _pull(x, start, upd)
+
+    def one_step(arrive, rows_arrive):
+        """Forward on those arrivals, backward and the push: (f_end, end of the push at the tasks, push detail)."""
+        f_end = _forward(x, arrive, max(x.input_s, rows_arrive))
+        f_end = max(f_end, x.input_s + (x.f_cpu + wire * x.cwr) / x.H)  # the worker's CPU: compute, receiving
+        ready, done, layer_done, push_cpu = _push(x, f_end)
+        worker_floor = f_end + (x.g_cpu + wire * x.cws) / x.H  # backward and sending the push
+        end = ready
         for j in range(P):
-            if n[k][j] > 0:
-                done[j] = max(done[j], ready) + secs(n[k][j] * wb, r_push)
-    push_cpu_ps = [W * task_floats[j] * wb * push_ps for j in range(P)]
-    if rows_bytes > 0:  # the rows' gradients go once backward is over
-        for j in range(P):
-            done[j] = max(done[j], ready) + secs(rows_bytes, r_push)
-            push_cpu_ps[j] += W * rows_bytes * cpr + (0.0 if sync else W * rows_count * row_update)
-    push_wire = pull_wire
-    # The worker's CPU: backward and sending the push; the task's: receiving W pushes.
-    worker_floor = f_end + (g_cpu + push_wire * cws) / H
-    step = ready
-    for j in range(P):
-        if task_floats[j] > 0 or rows_bytes > 0:
-            step = max(step, max(done[j], worker_floor, f_end + push_cpu_ps[j] / H) + lat)
-    # One machine for every host: each phase lasts at least the CPU every process spends in it / C.
-    if C is not None and sync:
-        fwd_cpu = W * (f_cpu + pull_wire * cwr) + sum(pull_cpu_ps)
-        bwd_cpu = W * (g_cpu + push_wire * cws) + sum(push_cpu_ps)
-        step = max(step, max(f_end, fwd_cpu / C) + bwd_cpu / C)
-    if "stragglers" not in no and not no_compute:
-        if sync:  # the barrier waits for the slowest of W (the R-th of W with backup workers)
+            if x.task_floats[j] > 0 or x.rows_bytes > 0:
+                end = max(end, max(done[j], worker_floor, f_end + push_cpu[j] / x.H) + x.L)
+        return f_end, end, (ready, layer_done, push_cpu)
+
+    f_end, step, (ready, layer_done, push_cpu) = one_step(arrive, rows_arrive)
+    if early:
+        # The pull goes out beside the push at the first gradients; ps 0 applies each chunk as it arrives and
+        # streams it back behind the push; the next step starts once the push is acknowledged (2L after its last
+        # byte left) and its forward waits for each layer: a fixed point over the arrivals.
+        r = x.rate(x.cps)
+        for _ in range(20):
+            first = f_end + x.g[-1] if x.K else f_end
+            flow = _Flow(r, x.burst)
+            sent, new = first + x.L, []
+            for k in range(x.K):
+                nb = x.n[k][0] * x.wb
+                tail = min(x.n[k][0], CHUNK_FLOATS) * (4 * x.a / x.apply_cpu + (x.wb / r if r < float("inf") else 0))
+                sent = max(sent + flow.secs(nb), layer_done[k][0] + x.L + tail)
+                new.append(sent + x.L)
+            period = step + x.L  # the push's acknowledgement
+            arrive = [max(0.0, t - period) for t in new]
+            f_end, step2, (ready, layer_done, push_cpu) = one_step(arrive, 0.0)
+            converged = abs(step2 + x.L - period) < 1e-9
+            step = step2
+            if converged:
+                break
+        step += x.L
+    if x.C is not None and x.sync:
+        # One machine for every host: each phase lasts at least the CPU every process spends in it / C.
+        fwd_cpu = W * (x.f_cpu + wire * x.cwr) + sum(pull_cpu)
+        bwd_cpu = W * (x.g_cpu + wire * x.cws) + sum(push_cpu)
+        step = max(step, max(f_end, fwd_cpu / x.C) + bwd_cpu / x.C)
+    if "stragglers" not in no and not x.no_compute:
+        if x.sync:  # the barrier waits for the slowest of W (the R-th of W with backup workers)
             q = profile["steps"]["compute_s"]["quantiles"]
-            step += max(0.0, expected_order_statistic(q, W - backup_workers, W) - compute_med) * s
+            step += max(0.0, expected_order_statistic(q, W - backup_workers, W) - x.compute_med) * x.s
         else:
-            step += max(0.0, profile["steps"]["compute_s"].get("mean", compute_med) - compute_med) * s
-    if sync:
-        return step + (2 * lat if P > 1 else 0.0)  # the other tasks acknowledge their part before the commit
-    # Async: the pull goes out once the push is acknowledged (with P > 1, after the other tasks' parts).
-    cycle = step + 2 * lat * (1 if P == 1 else 2)
-    # What the resources every worker shares carry per cycle: a ps task's link and CPU, the machine's cores.
+            step += max(0.0, profile["steps"]["compute_s"].get("mean", x.compute_med) - x.compute_med) * x.s
+    # In the long run no link carries more than its rate (a token bucket only lends bytes to a burst).
+    floor = 0.0
     for j in range(P):
-        if B is not None and "ps link" not in no:
-            cycle = max(cycle, W * (task_floats[j] * wb + rows_bytes) / B)
-        cycle = max(cycle, (push_cpu_ps[j] + W * (task_floats[j] * wb + rows_bytes) * cps) / H)
-    if B is not None and "worker link" not in no:
-        cycle = max(cycle, pull_wire / B)
-    worker_cpu = f_cpu + g_cpu + pull_wire * cwr + push_wire * cws
-    cycle = max(cycle, input_s + worker_cpu / H)
-    if C is not None:
-        total = W * worker_cpu + sum(push_cpu_ps) + sum(W * (task_floats[j] * wb + rows_bytes) * cps
-                                                         for j in range(P))
-        cycle = max(cycle, total / C)
+        if x.ps_link is not None:
+            floor = max(floor, W * (x.task_floats[j] * x.wb + x.rows_bytes) / x.ps_link)
+    if x.worker_link is not None:
+        floor = max(floor, wire / x.worker_link)
+    if x.sync:
+        return max(step + (2 * x.L if P > 1 else 0.0), floor)  # other tasks acknowledge before the commit
+    # Async: the pull goes out once the push is acknowledged (with P > 1, after the other tasks' parts).
+    cycle = max(step + 2 * x.L * (1 if P == 1 else 2), floor)
+    # What the resources every worker shares carry per cycle: a ps task's CPU, the worker's, the machine's cores.
+    for j in range(P):
+        cycle = max(cycle, (push_cpu[j] + W * (x.task_floats[j] * x.wb + x.rows_bytes) * x.cps) / x.H)
+    worker_cpu = x.f_cpu + x.g_cpu + wire * (x.cwr + x.cws)
+    cycle = max(cycle, x.input_s + worker_cpu / x.H)
+    if x.C is not None:
+        total = W * worker_cpu + sum(push_cpu) + sum(W * (x.task_floats[j] * x.wb + x.rows_bytes) * x.cps
+                                                     for j in range(P))
+        cycle = max(cycle, total / x.C)
     return cycle
 
 
@@ -383,11 +461,14 @@ def _tighter_link(profile, W, P, mode):
 
 
 def predict(profile, workers, ps, bandwidth_bps, latency_s, host_cpus, mode, transport, backup_workers=0,
-            shared_cores=None, examples=None):
+            shared_cores=None, examples=None, link_burst_s=0.0, apply_early="auto"):
     """One prediction. bandwidth_bps: bits/s per link and direction (None: unlimited); latency_s: one-way
     seconds; host_cpus: cores per emulated host (None: the profile's); shared_cores: every host on one machine
-    of that many cores (None: hosts apart). Returns a dict: step_s, examples_per_sec, efficiency, bound,
-    savings (seconds each resource's removal would save), local_step_s, wall_s (with examples)."""
+    of that many cores (None: hosts apart); link_burst_s: links emulated with a token bucket of this many seconds
+    of their rate (scripts/netns_hosts.sh: 0.01; a physical link: 0); apply_early: auto (dtrain's default: the
+    faster of the two where it applies: sync, one worker, one ps task, not shared memory, no tables), on, off.
+    Returns a dict: step_s, examples_per_sec, efficiency, bound, savings (seconds each resource's removal would
+    save), local_step_s, early_apply, wall_s (with examples)."""
     check_profile(profile)
     if not isinstance(workers, int) or workers < 1:
         raise PlanError("workers must be a whole number >= 1, got %r" % (workers,))
@@ -407,13 +488,23 @@ def predict(profile, workers, ps, bandwidth_bps, latency_s, host_cpus, mode, tra
         raise PlanError("host_cpus must be > 0, got %r" % (host_cpus,))
     if shared_cores is not None and not shared_cores > 0:
         raise PlanError("shared_cores must be > 0, got %r" % (shared_cores,))
+    if not link_burst_s >= 0:
+        raise PlanError("link_burst_s must be >= 0, got %r" % (link_burst_s,))
+    if apply_early not in ("auto", "on", "off"):
+        raise PlanError("apply_early must be auto, on or off, got %r" % (apply_early,))
     if not 0 <= backup_workers < workers:
         backup_workers = min(max(0, backup_workers), workers - 1)
     H = float(host_cpus) if shared_cores is None else min(float(host_cpus), float(shared_cores))
     costs = transport_costs(profile, transport)
     B = None if bandwidth_bps is None or transport == "shm" else bandwidth_bps / 8.0
     args = (profile, workers, ps, B, latency_s, H, shared_cores, mode, costs, backup_workers)
-    step = _timeline(*args, no=set())
+    can_early = (mode == "sync" and workers == 1 and ps == 1 and transport != "shm" and
+                 not (profile.get("sparse") or {}).get("tables"))
+    early = can_early and apply_early != "off"
+    step = _timeline(*args, no=set(), burst_s=link_burst_s, early=early)
+    if early and apply_early == "auto":  # dtrain measures both and keeps the faster
+        off = _timeline(*args, no=set(), burst_s=link_burst_s, early=False)
+        early, step = (False, off) if off < step else (True, step)
     # What bounds it: the resource whose removal saves the most. Both links are removed together (at W = P they
     # bind at once) and the saving goes to the tighter one.
     savings = {}
@@ -423,7 +514,7 @@ def predict(profile, workers, ps, bandwidth_bps, latency_s, host_cpus, mode, tra
         if what == "worker link" or (what == "ps link" and B is None):
             continue
         no = {"ps link", "worker link"} if what == "ps link" else {what}
-        saved = max(0.0, step - _timeline(*args, no=no))
+        saved = max(0.0, step - _timeline(*args, no=no, burst_s=link_burst_s, early=early))
         savings[what if what != "ps link" else _tighter_link(profile, workers, ps, mode)] = saved
     bound = max(savings, key=lambda k: (savings[k], -BOUNDS.index(k)))
     eps = workers * profile["run"]["examples_per_step"] / step
@@ -433,7 +524,8 @@ def predict(profile, workers, ps, bandwidth_bps, latency_s, host_cpus, mode, tra
            "bandwidth_bps": bandwidth_bps, "latency_s": latency_s, "host_cpus": host_cpus,
            "shared_cores": shared_cores, "transport": transport, "backup_workers": backup_workers,
            "step_s": step, "examples_per_sec": eps, "local_step_s": local,
-           "efficiency": eps / (workers * local_eps), "bound": bound, "savings": savings}
+           "efficiency": eps / (workers * local_eps), "bound": bound, "savings": savings, "early_apply": early,
+           "link_burst_s": link_burst_s}
     if examples is not None:
         out["wall_s"] = wall_clock(profile, examples, eps, bandwidth_bps, latency_s, H)
     return out
@@ -447,8 +539,11 @@ def wall_clock(profile, examples, examples_per_sec, bandwidth_bps, latency_s, ho
     init = 0.0
     if bandwidth_bps:
         init = profile["model_floats"] * profile["run"]["wire_bytes_per_float"] * 8.0 / bandwidth_bps
-    start = ph["startup_s"] * s + init + 4 * latency_s
-    return start + examples / examples_per_sec + ph.get("evaluate_s", 0.0) * s + ph.get("end_s", 0.0) * s
+    # A ps task's own start and end, as the profile's transport measurement saw them (grpc; 0 if not measured).
+    grpc = profile.get("transports", {}).get("grpc", {})
+    start = ph["startup_s"] * s + grpc.get("cluster_start_s", 0.0) + init + 4 * latency_s
+    end = ph.get("evaluate_s", 0.0) * s + ph.get("end_s", 0.0) * s + grpc.get("cluster_end_s", 0.0)
+    return start + examples / examples_per_sec + end
 
 
 def recommend(rows, within):
@@ -522,6 +617,9 @@ def main(argv=None):
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--transport", default="grpc", help="grpc | tcp (a plain socket's cost) | shm (no links)")
     ap.add_argument("--backup_workers", default="0", help="sync: steps aggregate W - this many workers")
+    ap.add_argument("--apply_early", default="auto", help="auto | on | off (dtrain_worker's flag)")
+    ap.add_argument("--link_burst", default="0",
+                    help="links emulated with token buckets of this many ms of their rate (netns_hosts.sh: 10)")
     ap.add_argument("--within", default="0.03", help="recommend the fewest ps tasks within this of the best")
     ap.add_argument("--examples", default="60000", help="predict the wall-clock of a run of this many examples")
     ap.add_argument("--out", default="", help="write PREFIX.csv, PREFIX.json and PREFIX.png")
@@ -560,6 +658,9 @@ def main(argv=None):
         if within >= 1:
             raise PlanError("--within=%s: a fraction below 1 (0.03: 3%%)" % a.within)
         examples = parse_positive(a.examples, "examples")
+        if a.apply_early not in ("auto", "on", "off"):
+            raise PlanError("--apply_early=%s: auto, on or off" % a.apply_early)
+        burst = parse_positive(a.link_burst, "link_burst", allow_zero=True) / 1e3
         if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
             raise PlanError("--out=%s: its directory does not exist" % a.out)
         rows = []
@@ -569,7 +670,7 @@ def main(argv=None):
                     for p in ps_counts:
                         rows.append(predict(profile, w, p, bw, latency, host_cpus, mode, a.transport,
                                             backup_workers=min(backup, w - 1), shared_cores=shared,
-                                            examples=examples))
+                                            examples=examples, link_burst_s=burst, apply_early=a.apply_early))
     except PlanError as e:
         print("plan_cluster: %s" % e, file=sys.stderr)
         return 2

@@ -64,13 +64,32 @@ GBIT = 1e9  # 125e6 bytes/s
 #   backward: layer 1 ready at 58.4 ms, pushed by 74.4; layer 0 ready at 78.4, pushed by 78.4 + 32 = 110.4 ms.
 #   step 110.4 ms: 100 / 0.1104 = 905.8 examples/sec; local 100 / 0.05 = 2000: efficiency 0.4529.
 #   Without the links: 0.4 + 10, 0.6 -> 15.4 ms forward, + 25 backward = 40.4 ms: saves 70 ms (compute: 14 ms).
-r = pc.predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc")
+r = pc.predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc", apply_early="off")
 check("A step", r["step_s"], 0.1104)
 check("A examples/sec", r["examples_per_sec"], 100 / 0.1104)
 check("A efficiency", r["efficiency"], (100 / 0.1104) / 2000)
 check("A bound", r["bound"], "ps link")
 check("A saving of the links", r["savings"]["ps link"], 0.1104 - 0.0404)
 check("A saving of compute", r["savings"]["compute"], 0.1104 - 0.0964)
+
+# Case A with the early apply (dtrain's default for one worker and one ps task: the faster of the two). The pull
+#   goes out at the first gradients and streams each layer behind its push: a layer's last chunk (65536 floats)
+#   is updated (65536 x 4 x 1e-10 = 0.0262 ms) and sent (262144 / 125e6 = 2.0972 ms) after its push arrived:
+#   2.1234 ms. From case A's arrivals: layer 1 pushed by 74.4, layer 0 by 110.4 ms (the next step starts there);
+#   the pull of layer 0 ends at 110.4 + 2.1234, layer 1 16 ms later: they arrive 2.1234 and 18.1234 ms into
+#   the next step. That step: forward 2.1234 -> 12.1234 -> 23.1234 (waiting for layer 1), layer 1 pushed by
+#   28.1234 + 16 = 44.1234, layer 0 by 48.1234 + 32 = 80.1234 ms; its pull arrives as before: the fixed point.
+r = pc.predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc")
+check("A early step", r["step_s"], 0.0801234)
+check("A early chosen", r["early_apply"], True)
+check("A early bound", r["bound"], "ps link")
+
+# Case A through links emulated with token buckets of 10 ms (1.25e6 bytes each way), early apply off: the first
+#   1.25e6 bytes of the pull and of the push cross at once. Pull: layer 0's other 2.75e6 bytes take 22 ms, from
+#   0.4: 22.4; layer 1 16 ms more: 38.4. Forward 22.4 -> 32.4 -> 43.4. Push: layer 1 ready at 48.4, its other
+#   0.75e6 bytes take 6 ms: 54.4; layer 0 ready at 68.4, 32 ms: 100.4 ms (above the links' long-run 48 ms).
+r = pc.predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc", link_burst_s=0.01, apply_early="off")
+check("A burst step", r["step_s"], 0.1004)
 
 # Case B: sync, 2 workers, 1 ps: each flow gets 125e6 / 2 B/s; the update sums 2 gradients: 1.5e-10 per byte.
 #   pull: layer 0 updated at 0.6 ms, arrives 0.6 + 64 = 64.6 ms; layer 1 at 64.6 + 32 = 96.6 ms.
@@ -88,7 +107,7 @@ check("B bound", r["bound"], "ps link")
 #   forward: 6.4 -> 16.4 -> 21.4 ms (the worker's CPU: 15 ms compute + 6e6 x 0.5e-9 = 18 ms, less).
 #   push at 1 / 2e-9 B/s: layer 1 ready 26.4, pushed 30.4; layer 0 ready 46.4, pushed 46.4 + 8 = 54.4 ms.
 #   (the worker's CPU: 21.4 + 25 + 6e6 x 1e-9 = 52.4 ms; the task's: 21.4 + 12 = 33.4 ms.) Step 54.4 ms.
-r = pc.predict(P, 1, 1, None, 0.0, 1.0, "sync", "tcp")
+r = pc.predict(P, 1, 1, None, 0.0, 1.0, "sync", "tcp", apply_early="off")
 check("C step", r["step_s"], 0.0544)
 check("C bound", r["bound"], "compute")
 
@@ -108,7 +127,7 @@ check("D3 bound", r["bound"], "ps link")
 #   push at the task 1 ms later: 42.4 ms. With 2 ps tasks, task 1 learns the decision from the pull (2 ms more)
 #   and the commit waits for task 1's acknowledgement (2 ms): layer 1 updated at 2 + 0.2 = 2.2 ms, arrives 3.2 ms;
 #   forward 1.4 -> 11.4 -> 16.4; backward 41.4; + 1 ms + 2 ms = 44.4 ms.
-r = pc.predict(P, 1, 1, None, 0.001, 1.0, "sync", "grpc")
+r = pc.predict(P, 1, 1, None, 0.001, 1.0, "sync", "grpc", apply_early="off")
 check("E step", r["step_s"], 0.0424)
 r = pc.predict(P, 1, 2, None, 0.001, 1.0, "sync", "grpc")
 check("E step, 2 ps", r["step_s"], 0.0444)
@@ -116,7 +135,7 @@ check("E step, 2 ps", r["step_s"], 0.0444)
 # Case F: a quarter core. Compute scales by 1 / 0.25 = 4; the local step too (200 ms); unlimited links, free
 #   transports: pull 0.4 ms x 4 (the update on a quarter core) = 1.6 ms, layer 1 at 2.4 ms; forward 1.6 + 40 =
 #   41.6, 61.6; backward 61.6 + 20 + 80 = 161.6 ms. Efficiency 200 / 161.6.
-r = pc.predict(P, 1, 1, None, 0.0, 0.25, "sync", "grpc")
+r = pc.predict(P, 1, 1, None, 0.0, 0.25, "sync", "grpc", apply_early="off")
 check("F step", r["step_s"], 0.1616)
 check("F efficiency", r["efficiency"], 0.200 / 0.1616)
 check("F bound", r["bound"], "compute")
@@ -170,7 +189,7 @@ with tempfile.TemporaryDirectory() as d:
         return p.returncode, p.stdout
 
     rc, out = run("--workers=1,2,4", "--ps=1,2", "--bandwidth=1gbit", "--latency=0", "--host_cpus=1",
-                  "--modes=sync,async", "--out=" + os.path.join(d, "plan"))
+                  "--modes=sync,async", "--apply_early=off", "--out=" + os.path.join(d, "plan"))
     check("cli rc", rc, 0)
     if "<- use" not in out or not os.path.exists(os.path.join(d, "plan.csv")):
         failures.append("cli: no recommendation or no CSV:\n" + out)

@@ -165,6 +165,7 @@ absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
   posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   pid_t pid = -1;
+  const absl::Time spawn_time = absl::Now();
   const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) {
@@ -173,7 +174,7 @@ absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
   }
   // Whatever happens below, the ps ends (it exits on its own once the worker is done; else SIGTERM, SIGKILL).
   auto reap = [pid](bool done) {
-    const absl::Time until = absl::Now() + absl::Seconds(done ? 2 : 0);
+    const absl::Time until = absl::Now() + absl::Seconds(done ? 10 : 0);
     int status = 0;
     while (waitpid(pid, &status, WNOHANG) == 0) {
       if (absl::Now() >= until) {
@@ -229,6 +230,7 @@ absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
   if (absl::Status s = client.Connect(config, params.data(), absl::Seconds(o.start_timeout_secs)); !s.ok()) {
     return fail(s);
   }
+  cost->cluster_start_seconds = absl::ToDoubleSeconds(absl::Now() - spawn_time);
   const int64_t wire_bytes = n * ps::DtypeBytes(dtype);
   const int exchanges = Exchanges(wire_bytes, o);
   int64_t step = 0;
@@ -264,8 +266,10 @@ absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
   Phase pushes, pulls;
   if (absl::Status s = phase(push, &pushes); !s.ok()) return fail(s);
   if (absl::Status s = phase(pull, &pulls); !s.ok()) return fail(s);
+  const absl::Time done_time = absl::Now();
   if (absl::Status s = client.Done(); !s.ok()) return fail(s);
   reap(true);
+  cost->cluster_end_seconds = absl::ToDoubleSeconds(absl::Now() - done_time);
   unlink(log.c_str());
   // The ps's side of a push holds its update (SGD, one thread): timed here on its own, and taken out.
   ASSIGN_OR_RETURN(const double update, TimeUpdate(variables, config.optimizer, 1));

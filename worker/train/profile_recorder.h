@@ -75,6 +75,9 @@ struct TransportCost {
   double pull_ps_cpu_per_byte = 0;            // the ps sending a pull
   double pull_worker_cpu_per_byte = 0;        // the worker receiving it
   double push_seconds = 0, pull_seconds = 0;  // median wall time of one push, one pull
+  // grpc and shm: a ps task's start (the process started to the worker connected and registered) and end (the
+  // worker done to the process gone), the cluster's share of a run's wall-clock. 0 for tcp.
+  double cluster_start_seconds = 0, cluster_end_seconds = 0;
 };
 
 // Seconds of one update of `variables` (placed on one ps task) by `optimizer` on one thread, as dtrain_ps

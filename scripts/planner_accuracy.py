@@ -1,0 +1,165 @@
+#!/usr/bin/python3
+"""How good scripts/plan_cluster.py is: its predictions from a local profile against what
+scripts/compare_cluster_sizes.sh measured. One row per measured cluster (and per local run, the check that the
+machine ran as fast as when the profile was taken): predicted and measured examples/sec, the error, and the same
+for the wall-clock; then the median and the worst error over the clusters.
+
+  build/bin/dtrain_worker --job_name=local --model=mlp --batch_size=100 --train_steps=600 \\
+      --profile_out=/tmp/mlp.profile.json
+  scripts/compare_cluster_sizes.sh --netns --bandwidth=1gbit --model=mlp --batch_size=100 --sizes=1,2 \\
+      --num_ps=1 --out=/tmp/mlp_1gbit
+  scripts/planner_accuracy.py --profile=/tmp/mlp.profile.json /tmp/mlp_1gbit.json [more .json ...]
+
+Each result file's settings say the model, batch, ps tasks, bandwidth, transport (and, where compare_cluster_sizes
+records them, each emulated host's CPU quota `host_cpus` and one-way latency `latency_ms`); --host_cpus,
+--latency and --shared_cores stand in for what a file does not say. Emulated hosts without CPU quotas share the
+machine's cores: --shared_cores (default: the profile host's online CPUs) bounds them together. A profile is
+picked per file by its model and batch (give one --profile per model). Nothing is fitted: the prediction comes
+from the profile alone.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plan_cluster as pc  # noqa: E402
+
+
+def load_result(path):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise pc.PlanError("%s: %s" % (path, e.strerror or e))
+    except ValueError as e:
+        raise pc.PlanError("%s: not JSON (%s)" % (path, e))
+    if not isinstance(data, dict) or not isinstance(data.get("settings"), dict) or \
+            not isinstance(data.get("rows"), list):
+        raise pc.PlanError("%s: not a compare_cluster_sizes result (no settings and rows)" % path)
+    for key in ("model", "batch_size", "num_ps"):
+        if key not in data["settings"]:
+            raise pc.PlanError("%s: settings without %s" % (path, key))
+    return data
+
+
+def pick_profile(profiles, settings, path):
+    model = os.path.basename(str(settings["model"]))
+    for p in profiles:
+        if os.path.basename(str(p["run"]["model"])) == model and p["run"]["batch_size"] == settings["batch_size"]:
+            return p
+    raise pc.PlanError("%s: no profile of model %s with batch %s (give one with --profile)"
+                       % (path, model, settings["batch_size"]))
+
+
+# scripts/netns_hosts.sh caps a link with tc tbf, burst = 10 ms of the rate and at least 128 KB: after an idle
+# time a link sends that much at once.
+NETNS_BURST_S, NETNS_MIN_BURST_BYTES = 0.010, 131072
+
+
+def evaluate(profiles, results, host_cpus=None, latency_ms=None, shared_cores=None, transport=None, burst_ms=None):
+    """Rows {file, configuration, mode, workers, ps, bandwidth, predicted, measured, error, wall_*, bound} for
+    every measured run that exited 0, in file order (local runs have mode 'local')."""
+    rows = []
+    for path, data in results:
+        s = data["settings"]
+        profile = pick_profile(profiles, s, path)
+        bw = pc.parse_bandwidth(s["bandwidth"]) if s.get("bandwidth") else None
+        hc = s.get("host_cpus", host_cpus)
+        lat = s.get("latency_ms", latency_ms if latency_ms is not None else 0.0) / 1e3
+        # Without quotas every emulated host shares the machine's cores.
+        shared = shared_cores
+        if shared is None and s.get("host_cpus") is None:
+            shared = float(profile["host"].get("online_cpus", profile["host"]["cpus_available"]))
+        t = transport or s.get("transport") or "grpc"
+        if t == "auto":  # shared memory on one host; gRPC across emulated hosts
+            t = "grpc" if s.get("netns") else "shm"
+        examples = s.get("examples")
+        burst = 0.0
+        if bw is not None and s.get("netns"):
+            burst = NETNS_BURST_S if burst_ms is None else burst_ms / 1e3
+            burst = max(burst, NETNS_MIN_BURST_BYTES * 8 / bw) if burst > 0 else 0.0
+        for r in data["rows"]:
+            if r.get("system", "dtrain") != "dtrain" or r.get("exit_code") != 0 or not r.get("examples_per_sec"):
+                continue
+            if r["mode"] == "local":
+                h = pc.compute_scale(profile, hc if hc is not None else profile["host"]["cpus_available"])
+                predicted = profile["run"]["examples_per_step"] / (profile["steps"]["step_s"]["mean"] * h)
+                out = {"bound": "-", "wall_s": None}
+                workers, ps = 0, 0
+            else:
+                workers, ps = int(r["workers"]), int(s["num_ps"])
+                out = pc.predict(profile, workers, ps, bw, lat, hc, r["mode"], t, shared_cores=shared,
+                                 examples=examples, link_burst_s=burst)
+                predicted = out["examples_per_sec"]
+            measured = float(r["examples_per_sec"])
+            wall = out.get("wall_s")
+            rows.append({"file": path, "model": profile["run"]["model"], "configuration": r["configuration"],
+                         "mode": r["mode"], "workers": workers, "ps": ps, "bandwidth": s.get("bandwidth") or "-",
+                         "predicted": predicted, "measured": measured, "error": predicted / measured - 1,
+                         "bound": out["bound"], "wall_predicted": wall, "wall_measured": r.get("wall_secs"),
+                         "wall_error": (wall / r["wall_secs"] - 1) if wall and r.get("wall_secs") else None})
+    return rows
+
+
+def summary(rows):
+    """Median and worst |error| of examples/sec over the clusters (local runs left out)."""
+    errs = [abs(r["error"]) for r in rows if r["mode"] != "local"]
+    if not errs:
+        return None
+    return {"clusters": len(errs), "median_abs_error": statistics.median(errs), "worst_abs_error": max(errs)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", action="append", required=True, help="a --profile_out file (one per model)")
+    ap.add_argument("--host_cpus", default=None, help="cores of each emulated host, where a result does not say")
+    ap.add_argument("--latency", default=None, help="one-way latency in ms, where a result does not say (0)")
+    ap.add_argument("--shared_cores", default=None,
+                    help="cores every emulated host shares (default: the profile's host, for runs without quotas)")
+    ap.add_argument("--transport", default=None, help="grpc | tcp | shm (default: each result's)")
+    ap.add_argument("--link_burst", default=None,
+                    help="ms of a capped link's rate its token bucket lends a burst (default: netns_hosts.sh's 10)")
+    ap.add_argument("--json", default="", help="also write the rows and the summary here")
+    ap.add_argument("results", nargs="+", help="compare_cluster_sizes JSON files (--out PREFIX's PREFIX.json)")
+    a = ap.parse_args(argv)
+    try:
+        profiles = [pc.load_profile(p) for p in a.profile]
+        host_cpus = None if a.host_cpus is None else pc.parse_positive(a.host_cpus, "host_cpus")
+        latency = None if a.latency is None else pc.parse_positive(a.latency, "latency", allow_zero=True)
+        shared = None if a.shared_cores is None else pc.parse_positive(a.shared_cores, "shared_cores")
+        if a.transport is not None and a.transport not in pc.TRANSPORTS:
+            raise pc.PlanError("--transport=%s: grpc, tcp or shm" % a.transport)
+        results = [(p, load_result(p)) for p in a.results]
+        burst = None if a.link_burst is None else pc.parse_positive(a.link_burst, "link_burst", allow_zero=True)
+        rows = evaluate(profiles, results, host_cpus, latency, shared, a.transport, burst)
+    except pc.PlanError as e:
+        print("planner_accuracy: %s" % e, file=sys.stderr)
+        return 2
+    hdr = "%-6s %-9s %-26s %12s %12s %8s %-12s %9s %9s %8s" % (
+        "model", "bandwidth", "configuration", "predicted", "measured", "error", "bound", "wall_pred", "wall_meas",
+        "error")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print("%-6s %-9s %-26s %12.1f %12.1f %+7.1f%% %-12s %9s %9s %8s" % (
+            os.path.basename(str(r["model"]))[:6], r["bandwidth"], r["configuration"][:26], r["predicted"],
+            r["measured"], 100 * r["error"], r["bound"],
+            "-" if r["wall_predicted"] is None else "%.1f" % r["wall_predicted"],
+            "-" if r["wall_measured"] is None else "%.1f" % r["wall_measured"],
+            "-" if r["wall_error"] is None else "%+.1f%%" % (100 * r["wall_error"])))
+    s = summary(rows)
+    if s is None:
+        print("no cluster measured (every run failed, or local runs only)")
+    else:
+        print("examples/sec over %d clusters: median |error| %.1f%%, worst %.1f%%"
+              % (s["clusters"], 100 * s["median_abs_error"], 100 * s["worst_abs_error"]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "summary": s}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
