@@ -46,11 +46,12 @@ placement code), wb the wire bytes per float.
    Latency: one round trip a step with one ps task (the commit travels behind the push, the pull is already
    waiting), three with more (acknowledgements before the commit, the decision relayed by the pulls).
 4. Async: each worker cycles on its own (pull after its push is acknowledged: two round trips, four with P > 1),
-   with no barrier; its cycle is the sync timeline of one worker (flows not shared), the update applied as each
-   push arrives (receive + update per byte on the ps), and the cycle lasts at least what the shared resources
-   carry per cycle: each ps task's link (W pushes in, W pulls out), each ps task's CPU (W receives, updates and
-   sends), each worker's link and CPU, and with --shared_cores every process's CPU / C. Compute noise adds its
-   mean over its median.
+   with no barrier. A lone worker's cycle is the sync timeline of one worker (the update applied as each push
+   arrives: receive + update per byte on the ps) and its own link and CPU, plus the compute noise's mean over its
+   median. W workers meet at what they share: each ps task's link in and out and its CPU, and with
+   --shared_cores the machine's cores. How much they queue there depends on how their phases fall: mean value
+   analysis of the closed network (W workers, each cycle a delay then a visit to each shared station) gives the
+   cycle, never below what each station carries per cycle in the long run.
 5. Throughput = W * examples per step / step (sync) or / cycle (async); efficiency = that / (W * one worker on an
    equal host in local mode: the profile's mean step scaled by its CPU).
 6. What bounds it: the resource whose removal would shorten the step most, found by predicting again without it:
@@ -76,6 +77,7 @@ PROFILE_FORMAT = "dtrain-profile"
 PROFILE_VERSION = 1
 TRANSPORTS = ("grpc", "tcp", "shm")
 MODES = ("sync", "async")
+LINK_PAYLOAD = 1448.0 / 1514.0  # data bytes per wire byte of a TCP stream at MTU 1500 (timestamps on)
 BOUNDS = ("compute", "ps link", "worker link", "ps CPU", "worker CPU", "machine CPU", "stragglers", "latency")
 _RATE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(bit|kbit|mbit|gbit)$")
 _UNIT = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -212,8 +214,10 @@ def transport_costs(profile, transport):
                         % (transport, ", ".join(sorted(profile["transports"])) or "none"))
     if "skipped" in t:
         raise PlanError("--transport=%s: the profile could not measure it: %s" % (transport, t["skipped"]))
-    return {k: float(t[k]) for k in ("push_worker_cpu_s_per_byte", "push_ps_cpu_s_per_byte",
-                                     "pull_ps_cpu_s_per_byte", "pull_worker_cpu_s_per_byte")}
+    costs = {k: float(t[k]) for k in ("push_worker_cpu_s_per_byte", "push_ps_cpu_s_per_byte",
+                                      "pull_ps_cpu_s_per_byte", "pull_worker_cpu_s_per_byte")}
+    costs["stream_piece_bytes"] = float(t.get("stream_piece_bytes", 0))
+    return costs
 
 
 def compute_scale(profile, host_cpus):
@@ -242,6 +246,19 @@ def _sparse(profile, num_ps, wb):
 CHUNK_FLOATS = 1 << 16  # SliceStore::kChunkFloats: an update is published (and streamed) chunk by chunk
 
 
+def update_costs(profile):
+    """(a, s): seconds per stored byte of an update on one thread, and of summing one more gradient into it. The
+    run's own updates (memory as training leaves it) where they ran on one thread; else the profile's update
+    measured on its own; the summing cost in the same proportion."""
+    ps = profile["ps"]
+    a, s = ps["apply_s_per_byte"], ps["sum_s_per_byte"]
+    in_run = ps.get("in_run_update_s", {}).get("median", 0.0)
+    if ps.get("in_run_apply_threads") == 1 and in_run > 0 and a > 0 and not profile.get("sparse"):
+        ratio = in_run / (4.0 * profile["model_floats"]) / a
+        return a * ratio, s * ratio
+    return a, s
+
+
 class _Setup:
     """What one prediction's timeline reads, with the resources named in `no` removed."""
 
@@ -261,12 +278,14 @@ class _Setup:
         self.f_cpu, self.g_cpu = sum(self.f) / s * cores, sum(self.g) / s * cores  # core-seconds
         self.input_s = 0.0 if self.no_compute else profile["steps"].get("input_s", {}).get("median", 0.0) * s
         self.wb = float(profile["run"]["wire_bytes_per_float"])
+        # The early apply updates what has arrived message by message: a pull trails its push by one message
+        # (the transport's piece; else the store's chunk).
+        self.piece_bytes = costs.get("stream_piece_bytes") or CHUNK_FLOATS * self.wb
         self.n = layer_floats(profile, P)
         self.task_floats = [sum(self.n[k][j] for k in range(self.K)) for j in range(P)]
         self.rows_bytes, self.rows_count = _sparse(profile, P, self.wb)
         ps_cpu = "ps CPU" not in no
-        self.a = profile["ps"]["apply_s_per_byte"] if ps_cpu else 0.0
-        self.sigma = profile["ps"]["sum_s_per_byte"] if ps_cpu else 0.0
+        self.a, self.sigma = update_costs(profile) if ps_cpu else (0.0, 0.0)
         self.row_update = (profile.get("sparse") or {}).get("update_s_per_row", 0.0) if ps_cpu else 0.0
         self.cpr = costs["push_ps_cpu_s_per_byte"] if ps_cpu else 0.0
         self.cps = costs["pull_ps_cpu_s_per_byte"] if ps_cpu else 0.0
@@ -323,17 +342,23 @@ def _forward(x, arrive, start):
 
 def _push(x, f_end):
     """Backward from f_end, each layer's gradients pushed once ready: (last gradient ready, per task the time its
-    last byte is sent, per layer per task the time that layer's last byte is sent, the ps tasks' CPU)."""
-    push_ps = x.cpr + (0.0 if x.sync else x.a * 4 / x.wb)  # async: each slice updated as it arrives
-    flows = [_Flow(x.rate(push_ps), x.burst) for _ in range(x.P)]
+    push is done there (async: its last slice updated too), per layer per task the time that layer's last byte is
+    sent, the ps tasks' CPU)."""
+    flows = [_Flow(x.rate(x.cpr), x.burst) for _ in range(x.P)]
     ready, done = f_end, [f_end] * x.P
+    updated = [f_end] * x.P  # async: a slice is updated once it has all arrived, one after another
     layer_done = [[f_end] * x.P for _ in range(x.K)]
     for k in reversed(range(x.K)):
         ready += x.g[k]
         for j in range(x.P):
             if x.n[k][j] > 0:
                 done[j] = max(done[j], ready) + flows[j].secs(x.n[k][j] * x.wb)
+                if not x.sync:
+                    updated[j] = max(updated[j], done[j]) + x.n[k][j] * 4 * x.a / x.apply_cpu
             layer_done[k][j] = done[j]
+    if not x.sync:
+        done = [max(d, u) for d, u in zip(done, updated)]
+    push_ps = x.cpr + (0.0 if x.sync else x.a * 4 / x.wb)  # CPU per wire byte (async: with the update)
     cpu = [x.W * x.task_floats[j] * x.wb * push_ps for j in range(x.P)]
     if x.rows_bytes > 0:  # the rows' gradients go once backward is over
         for j in range(x.P):
@@ -399,13 +424,14 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
         # streams it back behind the push; the next step starts once the push is acknowledged (2L after its last
         # byte left) and its forward waits for each layer: a fixed point over the arrivals.
         r = x.rate(x.cps)
+        piece = x.piece_bytes
         for _ in range(20):
             first = f_end + x.g[-1] if x.K else f_end
             flow = _Flow(r, x.burst)
             sent, new = first + x.L, []
             for k in range(x.K):
                 nb = x.n[k][0] * x.wb
-                tail = min(x.n[k][0], CHUNK_FLOATS) * (4 * x.a / x.apply_cpu + (x.wb / r if r < float("inf") else 0))
+                tail = min(nb, piece) / x.wb * 4 * x.a / x.apply_cpu + (min(nb, piece) / r if r < float("inf") else 0)
                 sent = max(sent + flow.secs(nb), layer_done[k][0] + x.L + tail)
                 new.append(sent + x.L)
             period = step + x.L  # the push's acknowledgement
@@ -436,18 +462,38 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
         floor = max(floor, wire / x.worker_link)
     if x.sync:
         return max(step + (2 * x.L if P > 1 else 0.0), floor)  # other tasks acknowledge before the commit
-    # Async: the pull goes out once the push is acknowledged (with P > 1, after the other tasks' parts).
-    cycle = max(step + 2 * x.L * (1 if P == 1 else 2), floor)
-    # What the resources every worker shares carry per cycle: a ps task's CPU, the worker's, the machine's cores.
-    for j in range(P):
-        cycle = max(cycle, (push_cpu[j] + W * (x.task_floats[j] * x.wb + x.rows_bytes) * x.cps) / x.H)
+    # Async: the pull goes out once the push is acknowledged (with P > 1, after the other tasks' parts). A lone
+    # worker's cycle, bounded by its own link and CPU:
     worker_cpu = x.f_cpu + x.g_cpu + wire * (x.cwr + x.cws)
-    cycle = max(cycle, x.input_s + worker_cpu / x.H)
+    alone = max(step + 2 * x.L * (1 if P == 1 else 2), x.input_s + worker_cpu / x.H)
+    if x.worker_link is not None:
+        alone = max(alone, wire / x.worker_link)
+    # W workers cycle on their own and meet at what they share: each ps task's links (in and out) and CPU, and
+    # the machine's cores. Those are queues whose load depends on how the workers' phases fall; mean value
+    # analysis of the closed network (W workers; each cycle a delay, then each shared station's demand) gives the
+    # cycle. The stations' demands are scaled down where a lone worker's timeline beats their sum (bursts,
+    # overlap) so that one worker's cycle is its timeline; the long-run bounds stay.
+    demands = []
+    for j in range(P):
+        nbytes = x.task_floats[j] * x.wb + x.rows_bytes
+        if nbytes <= 0:
+            continue
+        if x.ps_link is not None:
+            demands += [nbytes / x.ps_link, nbytes / x.ps_link]  # its push in, its pull out
+        demands.append((push_cpu[j] / W + nbytes * x.cps) / x.H)
     if x.C is not None:
-        total = W * worker_cpu + sum(push_cpu) + sum(W * (x.task_floats[j] * x.wb + x.rows_bytes) * x.cps
-                                                     for j in range(P))
-        cycle = max(cycle, total / x.C)
-    return cycle
+        demands.append((worker_cpu + sum(push_cpu) / W + sum(
+            (x.task_floats[j] * x.wb + x.rows_bytes) * x.cps for j in range(P))) / x.C)
+    total = sum(demands)
+    shrink = min(1.0, alone / total) if total > 0 else 1.0
+    think = alone - shrink * total
+    queue = [0.0] * len(demands)
+    cycle = alone
+    for n in range(1, W + 1):
+        resid = [d * shrink * (1 + q) for d, q in zip(demands, queue)]
+        cycle = think + sum(resid)  # one worker's cycle with n workers
+        queue = [n * r / cycle for r in resid]
+    return max(cycle, floor, max([W * d for d in demands] + [0.0]))
 
 
 def _tighter_link(profile, W, P, mode):
@@ -461,12 +507,13 @@ def _tighter_link(profile, W, P, mode):
 
 
 def predict(profile, workers, ps, bandwidth_bps, latency_s, host_cpus, mode, transport, backup_workers=0,
-            shared_cores=None, examples=None, link_burst_s=0.0, apply_early="auto"):
+            shared_cores=None, examples=None, link_burst_s=0.0, apply_early="auto", link_payload=LINK_PAYLOAD):
     """One prediction. bandwidth_bps: bits/s per link and direction (None: unlimited); latency_s: one-way
     seconds; host_cpus: cores per emulated host (None: the profile's); shared_cores: every host on one machine
     of that many cores (None: hosts apart); link_burst_s: links emulated with a token bucket of this many seconds
     of their rate (scripts/netns_hosts.sh: 0.01; a physical link: 0); apply_early: auto (dtrain's default: the
-    faster of the two where it applies: sync, one worker, one ps task, not shared memory, no tables), on, off.
+    faster of the two where it applies: sync, one worker, one ps task, not shared memory, no tables), on, off;
+    link_payload: the data a link carries per byte of its rate (TCP over Ethernet at MTU 1500: 1448/1514).
     Returns a dict: step_s, examples_per_sec, efficiency, bound, savings (seconds each resource's removal would
     save), local_step_s, early_apply, wall_s (with examples)."""
     check_profile(profile)
@@ -496,7 +543,9 @@ def predict(profile, workers, ps, bandwidth_bps, latency_s, host_cpus, mode, tra
         backup_workers = min(max(0, backup_workers), workers - 1)
     H = float(host_cpus) if shared_cores is None else min(float(host_cpus), float(shared_cores))
     costs = transport_costs(profile, transport)
-    B = None if bandwidth_bps is None or transport == "shm" else bandwidth_bps / 8.0
+    # A link's payload: its bits/s less the frames' headers (Ethernet + IP + TCP with timestamps: 1448 bytes of
+    # data in 1514 on the wire at MTU 1500).
+    B = None if bandwidth_bps is None or transport == "shm" else bandwidth_bps / 8.0 * link_payload
     args = (profile, workers, ps, B, latency_s, H, shared_cores, mode, costs, backup_workers)
     can_early = (mode == "sync" and workers == 1 and ps == 1 and transport != "shm" and
                  not (profile.get("sparse") or {}).get("tables"))
@@ -527,18 +576,18 @@ def predict(profile, workers, ps, bandwidth_bps, latency_s, host_cpus, mode, tra
            "efficiency": eps / (workers * local_eps), "bound": bound, "savings": savings, "early_apply": early,
            "link_burst_s": link_burst_s}
     if examples is not None:
-        out["wall_s"] = wall_clock(profile, examples, eps, bandwidth_bps, latency_s, H)
+        out["wall_s"] = wall_clock(profile, examples, eps, bandwidth_bps, latency_s, H, link_payload)
     return out
 
 
-def wall_clock(profile, examples, examples_per_sec, bandwidth_bps, latency_s, host_cpus):
+def wall_clock(profile, examples, examples_per_sec, bandwidth_bps, latency_s, host_cpus, link_payload=LINK_PAYLOAD):
     """Start (the profile's start-up, scaled, + the chief's initial values over one link), training, the final
     evaluation and the end."""
     s = compute_scale(profile, host_cpus)
     ph = profile["phases"]
     init = 0.0
     if bandwidth_bps:
-        init = profile["model_floats"] * profile["run"]["wire_bytes_per_float"] * 8.0 / bandwidth_bps
+        init = profile["model_floats"] * profile["run"]["wire_bytes_per_float"] * 8.0 / (bandwidth_bps * link_payload)
     # A ps task's own start and end, as the profile's transport measurement saw them (grpc; 0 if not measured).
     grpc = profile.get("transports", {}).get("grpc", {})
     start = ph["startup_s"] * s + grpc.get("cluster_start_s", 0.0) + init + 4 * latency_s

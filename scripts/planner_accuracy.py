@@ -14,10 +14,12 @@ Each result file's settings say the model, batch, ps tasks, bandwidth, transport
 records them, each emulated host's CPU quota `host_cpus` and one-way latency `latency_ms`); --host_cpus,
 --latency and --shared_cores stand in for what a file does not say. Emulated hosts without CPU quotas share the
 machine's cores: --shared_cores (default: the profile host's online CPUs) bounds them together. A profile is
-picked per file by its model and batch (give one --profile per model). Nothing is fitted: the prediction comes
-from the profile alone.
+picked per file by its model and batch; of several of one model, the newest written before the result file
+(the machine as it was then: take a profile right before each measurement on a shared machine). Nothing is
+fitted: the prediction comes from the profile alone.
 """
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -45,12 +47,17 @@ def load_result(path):
 
 
 def pick_profile(profiles, settings, path):
+    """The profile of the result's model and batch; of several, the newest written before the result (the machine
+    as it was when the result was measured), else the first given. profiles: [(written, profile)]."""
     model = os.path.basename(str(settings["model"]))
-    for p in profiles:
-        if os.path.basename(str(p["run"]["model"])) == model and p["run"]["batch_size"] == settings["batch_size"]:
-            return p
-    raise pc.PlanError("%s: no profile of model %s with batch %s (give one with --profile)"
-                       % (path, model, settings["batch_size"]))
+    match = [(t, p) for t, p in profiles
+             if os.path.basename(str(p["run"]["model"])) == model and p["run"]["batch_size"] == settings["batch_size"]]
+    if not match:
+        raise pc.PlanError("%s: no profile of model %s with batch %s (give one with --profile)"
+                           % (path, model, settings["batch_size"]))
+    written = os.path.getmtime(path) if os.path.exists(path) else float("inf")
+    before = [m for m in match if m[0] <= written]
+    return max(before, key=lambda m: m[0])[1] if before else match[0][1]
 
 
 # scripts/netns_hosts.sh caps a link with tc tbf, burst = 10 ms of the rate and at least 128 KB: after an idle
@@ -58,13 +65,52 @@ def pick_profile(profiles, settings, path):
 NETNS_BURST_S, NETNS_MIN_BURST_BYTES = 0.010, 131072
 
 
-def evaluate(profiles, results, host_cpus=None, latency_ms=None, shared_cores=None, transport=None, burst_ms=None):
+def at_speed(profile, factor):
+    """The profile of a machine `factor` times slower: every CPU time scaled (compute, input, updates, the
+    transports' CPU, phases), the links' bytes not."""
+    p = copy.deepcopy(profile)
+    for layer in p["layers"]:
+        layer["forward_s"] *= factor
+        layer["backward_s"] *= factor
+    for stats in p["steps"].values():
+        if isinstance(stats, dict):
+            for key, v in list(stats.items()):
+                if key == "quantiles":
+                    stats[key] = [q * factor for q in v]
+                elif key != "n" and isinstance(v, (int, float)):
+                    stats[key] = v * factor
+    for key in ("apply_s_per_byte", "sum_s_per_byte"):
+        p["ps"][key] *= factor
+    for t in p["transports"].values():
+        for key in list(t):
+            if key.endswith("_cpu_s_per_byte") or key in ("cluster_start_s", "cluster_end_s"):
+                t[key] *= factor
+    if p.get("sparse"):
+        p["sparse"]["update_s_per_row"] *= factor
+    for key in ("startup_s", "evaluate_s", "end_s"):
+        if key in p["phases"]:
+            p["phases"][key] *= factor
+    return p
+
+
+def evaluate(profiles, results, host_cpus=None, latency_ms=None, shared_cores=None, transport=None, burst_ms=None,
+             drift=False):
     """Rows {file, configuration, mode, workers, ps, bandwidth, predicted, measured, error, wall_*, bound} for
-    every measured run that exited 0, in file order (local runs have mode 'local')."""
+    every measured run that exited 0, in file order (local runs have mode 'local'). profiles: [(written,
+    profile)]. drift: a diagnostic, not the judged prediction: the profile slowed (or sped up) to the rate of the
+    result's own local run, taking the machine's drift since the profile out of the clusters' errors."""
     rows = []
     for path, data in results:
         s = data["settings"]
         profile = pick_profile(profiles, s, path)
+        if drift:
+            local = [r for r in data["rows"] if r.get("mode") == "local" and r.get("exit_code") == 0 and
+                     r.get("examples_per_sec")]
+            if local:
+                h = pc.compute_scale(profile, host_cpus if host_cpus is not None else
+                                     profile["host"]["cpus_available"])
+                predicted = profile["run"]["examples_per_step"] / (profile["steps"]["step_s"]["mean"] * h)
+                profile = at_speed(profile, predicted / float(local[0]["examples_per_sec"]))
         bw = pc.parse_bandwidth(s["bandwidth"]) if s.get("bandwidth") else None
         hc = s.get("host_cpus", host_cpus)
         lat = s.get("latency_ms", latency_ms if latency_ms is not None else 0.0) / 1e3
@@ -125,7 +171,7 @@ def main(argv=None):
     ap.add_argument("results", nargs="+", help="compare_cluster_sizes JSON files (--out PREFIX's PREFIX.json)")
     a = ap.parse_args(argv)
     try:
-        profiles = [pc.load_profile(p) for p in a.profile]
+        profiles = [(os.path.getmtime(p) if os.path.exists(p) else 0.0, pc.load_profile(p)) for p in a.profile]
         host_cpus = None if a.host_cpus is None else pc.parse_positive(a.host_cpus, "host_cpus")
         latency = None if a.latency is None else pc.parse_positive(a.latency, "latency", allow_zero=True)
         shared = None if a.shared_cores is None else pc.parse_positive(a.shared_cores, "shared_cores")
@@ -155,9 +201,15 @@ def main(argv=None):
     else:
         print("examples/sec over %d clusters: median |error| %.1f%%, worst %.1f%%"
               % (s["clusters"], 100 * s["median_abs_error"], 100 * s["worst_abs_error"]))
+    # The same with the machine's drift since each profile taken out (each result's local run as the machine's
+    # speed): what is left is the model's own error. A diagnostic; the line above is the prediction.
+    drifted = summary(evaluate(profiles, results, host_cpus, latency, shared, a.transport, burst, drift=True))
+    if drifted is not None:
+        print("  (with the machine's drift since the profile taken out, each result's local run as its speed: "
+              "median %.1f%%, worst %.1f%%)" % (100 * drifted["median_abs_error"], 100 * drifted["worst_abs_error"]))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": rows, "summary": s}, f, indent=1)
+            json.dump({"rows": rows, "summary": s, "summary_without_drift": drifted}, f, indent=1)
     return 0
 
 

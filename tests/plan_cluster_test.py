@@ -3,6 +3,7 @@
 beside each), the bound labels, the expected slowest worker, the ps recommendation, and the errors for bad
 arguments and profiles (scripts/planner_accuracy.py's too)."""
 import copy
+import functools
 import json
 import os
 import subprocess
@@ -56,6 +57,9 @@ def profile():
 
 P = profile()
 GBIT = 1e9  # 125e6 bytes/s
+# The hand cases count a link's rate as all data; the planner's default takes TCP's and Ethernet's headers out
+# (1448 data bytes in 1514), checked once below.
+predict = functools.partial(pc.predict, link_payload=1.0)
 
 # Case A: sync, 1 worker, 1 ps, 1 Gbit, no latency, 1 core, transports free.
 #   pull (125e6 B/s): layer 0 updated after 4e6 B x 1e-10 = 0.4 ms, sent 4e6 / 125e6 = 32 ms later: arrives 32.4 ms;
@@ -64,7 +68,7 @@ GBIT = 1e9  # 125e6 bytes/s
 #   backward: layer 1 ready at 58.4 ms, pushed by 74.4; layer 0 ready at 78.4, pushed by 78.4 + 32 = 110.4 ms.
 #   step 110.4 ms: 100 / 0.1104 = 905.8 examples/sec; local 100 / 0.05 = 2000: efficiency 0.4529.
 #   Without the links: 0.4 + 10, 0.6 -> 15.4 ms forward, + 25 backward = 40.4 ms: saves 70 ms (compute: 14 ms).
-r = pc.predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc", apply_early="off")
+r = predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc", apply_early="off")
 check("A step", r["step_s"], 0.1104)
 check("A examples/sec", r["examples_per_sec"], 100 / 0.1104)
 check("A efficiency", r["efficiency"], (100 / 0.1104) / 2000)
@@ -79,23 +83,38 @@ check("A saving of compute", r["savings"]["compute"], 0.1104 - 0.0964)
 #   the pull of layer 0 ends at 110.4 + 2.1234, layer 1 16 ms later: they arrive 2.1234 and 18.1234 ms into
 #   the next step. That step: forward 2.1234 -> 12.1234 -> 23.1234 (waiting for layer 1), layer 1 pushed by
 #   28.1234 + 16 = 44.1234, layer 0 by 48.1234 + 32 = 80.1234 ms; its pull arrives as before: the fixed point.
-r = pc.predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc")
+r = predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc")
 check("A early step", r["step_s"], 0.0801234)
 check("A early chosen", r["early_apply"], True)
 check("A early bound", r["bound"], "ps link")
+
+# The same where the transport carries a slice in messages of 1 MiB (gRPC's, as the profile records it): the ps
+#   updates a message once it has all of it, so a layer's pull ends 1048576 / 125e6 + 262144 x 4e-10 = 8.4935 ms
+#   after its push: layers arrive 8.4935 and 24.4935 ms into the step; forward 18.4935, 29.4935; layer 1 pushed by
+#   50.4935, layer 0 by 54.4935 + 32 = 86.4935 ms.
+piece = copy.deepcopy(P)
+piece["transports"]["grpc"]["stream_piece_bytes"] = 1048576
+r = predict(piece, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc")
+check("A early, 1 MiB pieces", r["step_s"], 0.0864935, tol=1e-5)
 
 # Case A through links emulated with token buckets of 10 ms (1.25e6 bytes each way), early apply off: the first
 #   1.25e6 bytes of the pull and of the push cross at once. Pull: layer 0's other 2.75e6 bytes take 22 ms, from
 #   0.4: 22.4; layer 1 16 ms more: 38.4. Forward 22.4 -> 32.4 -> 43.4. Push: layer 1 ready at 48.4, its other
 #   0.75e6 bytes take 6 ms: 54.4; layer 0 ready at 68.4, 32 ms: 100.4 ms (above the links' long-run 48 ms).
-r = pc.predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc", link_burst_s=0.01, apply_early="off")
+r = predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc", link_burst_s=0.01, apply_early="off")
 check("A burst step", r["step_s"], 0.1004)
+
+# Case A with the links' payload as the planner counts it by default: 125e6 x 1448 / 1514 = 119.5509e6 data
+#   bytes/s. Pull: layer 0 at 0.4 + 33.4586 = 33.8586 ms, layer 1 at 50.5878; forward to 43.8586, 55.5878; push:
+#   layer 1 from 60.5878 to 77.3171, layer 0 from 80.5878 to 114.0464 ms.
+r = pc.predict(P, 1, 1, GBIT, 0.0, 1.0, "sync", "grpc", apply_early="off")
+check("A step, TCP payload", r["step_s"], 0.1140464, tol=1e-6)
 
 # Case B: sync, 2 workers, 1 ps: each flow gets 125e6 / 2 B/s; the update sums 2 gradients: 1.5e-10 per byte.
 #   pull: layer 0 updated at 0.6 ms, arrives 0.6 + 64 = 64.6 ms; layer 1 at 64.6 + 32 = 96.6 ms.
 #   forward: 64.6 -> 74.6; 96.6 -> 101.6 ms. backward: layer 1 ready 106.6, pushed 138.6; layer 0 ready 126.6,
 #   pushed 138.6 + 64 = 202.6 ms. 200 / 0.2026 = 987.2 examples/sec, efficiency 987.2 / 4000.
-r = pc.predict(P, 2, 1, GBIT, 0.0, 1.0, "sync", "grpc")
+r = predict(P, 2, 1, GBIT, 0.0, 1.0, "sync", "grpc")
 check("B step", r["step_s"], 0.2026)
 check("B efficiency", r["efficiency"], (200 / 0.2026) / 4000)
 check("B bound", r["bound"], "ps link")
@@ -107,38 +126,61 @@ check("B bound", r["bound"], "ps link")
 #   forward: 6.4 -> 16.4 -> 21.4 ms (the worker's CPU: 15 ms compute + 6e6 x 0.5e-9 = 18 ms, less).
 #   push at 1 / 2e-9 B/s: layer 1 ready 26.4, pushed 30.4; layer 0 ready 46.4, pushed 46.4 + 8 = 54.4 ms.
 #   (the worker's CPU: 21.4 + 25 + 6e6 x 1e-9 = 52.4 ms; the task's: 21.4 + 12 = 33.4 ms.) Step 54.4 ms.
-r = pc.predict(P, 1, 1, None, 0.0, 1.0, "sync", "tcp", apply_early="off")
+r = predict(P, 1, 1, None, 0.0, 1.0, "sync", "tcp", apply_early="off")
 check("C step", r["step_s"], 0.0544)
 check("C bound", r["bound"], "compute")
 
-# Case D: async, 2 workers, 1 ps, 1 Gbit: each worker's cycle alone (flows not shared; the update, 1e-10 per
-#   stored byte, comes with the push: its rate stays the link's): pull 32 + 16 ms, forward to 53 ms, pushes to
-#   110 ms. The ps task's link carries 2 x 6e6 B a cycle: 96 ms, less. 200 / 0.110 = 1818.2 examples/sec.
-#   With 3 workers the link needs 3 x 48 = 144 ms a cycle: 300 / 0.144 = 2083.3, bounded by the ps link.
-r = pc.predict(P, 2, 1, GBIT, 0.0, 1.0, "async", "grpc")
-check("D step", r["step_s"], 0.110)
-check("D examples/sec", r["examples_per_sec"], 200 / 0.110)
-r = pc.predict(P, 3, 1, GBIT, 0.0, 1.0, "async", "grpc")
-check("D3 step", r["step_s"], 0.144)
+# Case D: async, 2 workers, 1 ps, 1 Gbit. A lone worker's cycle (flows not shared): pull 32 + 16 ms, forward to
+#   53 ms, pushes to 74 ms (layer 1) and 110 ms (layer 0); each slice is updated once it has arrived (1e-10 per
+#   stored byte): layer 0's 0.4 ms after 110: 110.4 ms. What the workers share, per cycle of one: the ps task's link
+#   in (6e6 / 125e6 = 48 ms) and out (48 ms), its CPU (1.5e6 x 4 x 1e-10 = 0.6 ms); the rest is 110.4 - 96.6 =
+#   13.8 ms of the worker's own. Mean value analysis:
+#   1 worker: 110.4 ms, queues 48 / 110.4 = 0.434783 at each link, 0.6 / 110.4 = 0.005435 at the CPU;
+#   2 workers: each link 48 x 1.434783 = 68.870 ms, the CPU 0.6 x 1.005435 = 0.60326: a cycle of
+#   13.8 + 2 x 68.870 + 0.6033 = 152.143 ms (200 / 0.152143 examples/sec); queues 2 x 68.870 / 152.143 = 0.905332
+#   and 2 x 0.60326 / 152.143 = 0.0079302;
+#   3 workers: links 48 x 1.905332 = 91.456 ms, CPU 0.60476: 13.8 + 182.912 + 0.6048 = 197.317 ms.
+r = predict(P, 2, 1, GBIT, 0.0, 1.0, "async", "grpc")
+check("D step", r["step_s"], 0.152143, tol=1e-5)
+check("D examples/sec", r["examples_per_sec"], 200 / 0.152143, tol=1e-5)
+r = predict(P, 3, 1, GBIT, 0.0, 1.0, "async", "grpc")
+check("D3 step", r["step_s"], 0.197317, tol=1e-5)
 check("D3 bound", r["bound"], "ps link")
+# 20 workers: the links' long run, 20 x 48 ms a cycle, is what the queues tend to.
+r = predict(P, 20, 1, GBIT, 0.0, 1.0, "async", "grpc")
+check("D20 above the long run", r["step_s"] >= 20 * 0.048, True)
+check("D20 near the long run", r["step_s"] < 20 * 0.048 + 0.110, True)
 
 # Case E: latency. Sync, 1 worker, 1 ps, unlimited links, free transports, 1 ms one way: the pull arrives 1 ms
 #   after the update (layer 0 at 1.4 ms, layer 1 at 1.6), forward 1.4 -> 11.4 -> 16.4, backward to 41.4, the last
 #   push at the task 1 ms later: 42.4 ms. With 2 ps tasks, task 1 learns the decision from the pull (2 ms more)
 #   and the commit waits for task 1's acknowledgement (2 ms): layer 1 updated at 2 + 0.2 = 2.2 ms, arrives 3.2 ms;
 #   forward 1.4 -> 11.4 -> 16.4; backward 41.4; + 1 ms + 2 ms = 44.4 ms.
-r = pc.predict(P, 1, 1, None, 0.001, 1.0, "sync", "grpc", apply_early="off")
+r = predict(P, 1, 1, None, 0.001, 1.0, "sync", "grpc", apply_early="off")
 check("E step", r["step_s"], 0.0424)
-r = pc.predict(P, 1, 2, None, 0.001, 1.0, "sync", "grpc")
+r = predict(P, 1, 2, None, 0.001, 1.0, "sync", "grpc")
 check("E step, 2 ps", r["step_s"], 0.0444)
 
 # Case F: a quarter core. Compute scales by 1 / 0.25 = 4; the local step too (200 ms); unlimited links, free
 #   transports: pull 0.4 ms x 4 (the update on a quarter core) = 1.6 ms, layer 1 at 2.4 ms; forward 1.6 + 40 =
 #   41.6, 61.6; backward 61.6 + 20 + 80 = 161.6 ms. Efficiency 200 / 161.6.
-r = pc.predict(P, 1, 1, None, 0.0, 0.25, "sync", "grpc", apply_early="off")
+r = predict(P, 1, 1, None, 0.0, 0.25, "sync", "grpc", apply_early="off")
 check("F step", r["step_s"], 0.1616)
 check("F efficiency", r["efficiency"], 0.200 / 0.1616)
 check("F bound", r["bound"], "compute")
+
+# The update's costs: the run's own updates where they ran on one thread (here 1.2 ms for 6e6 stored bytes: twice
+#   the measurement on its own, 1e-10 per byte), the summing cost in the same proportion.
+inrun = copy.deepcopy(P)
+inrun["ps"]["in_run_update_s"] = {"median": 0.0012}
+inrun["ps"]["in_run_apply_threads"] = 1
+a, sigma = pc.update_costs(inrun)
+check("update cost from the run", a * 1e10, 2.0)
+check("summing cost from the run", sigma * 1e10, 1.0)
+inrun["ps"]["in_run_apply_threads"] = 2  # OpenMP threads in the run: the measurement on one thread stands
+a, sigma = pc.update_costs(inrun)
+check("update cost on its own", a * 1e10, 1.0)
+check("summing cost on its own", sigma * 1e10, 0.5)
 
 # Stragglers: compute uniform on [30, 50] ms (quantiles 30 + 0.2 i ms): the slowest of W has the mean
 #   30 + 20 W / (W + 1) ms; the second of 3 the median, 40 ms.
@@ -151,12 +193,12 @@ noisy["steps"]["compute_s"]["quantiles"] = q
 # Sync, 4 workers, links unlimited, free transports: the barrier adds E[max of 4] - median = 46 - 40 = 6 ms to the
 #   40.6 ms of a step (pull 0.7 ms for layer 0 with 4 gradients: 4e6 x (1e-10 + 3 x 5e-11) = 1 ms; layer 1 at
 #   1.5 ms; forward 1 -> 11 -> 16, backward 41): 47 ms, bounded by the stragglers when the links are free.
-r = pc.predict(noisy, 4, 1, None, 0.0, 1.0, "sync", "grpc")
+r = predict(noisy, 4, 1, None, 0.0, 1.0, "sync", "grpc")
 check("stragglers step", r["step_s"], 0.041 + 0.006, tol=1e-4)
 check("stragglers bound", r["bound"], "compute")
 check("stragglers saving", r["savings"]["stragglers"], 0.006, tol=1e-3)
 # One backup worker: the 3rd of 4, 30 + 20 x 3/5 = 42 ms: 2 ms over the median.
-r = pc.predict(noisy, 4, 1, None, 0.0, 1.0, "sync", "grpc", backup_workers=1)
+r = predict(noisy, 4, 1, None, 0.0, 1.0, "sync", "grpc", backup_workers=1)
 check("backup step", r["step_s"], 0.041 + 0.002, tol=1e-4)
 
 # The recommendation: the fewest ps tasks within 3% of the best.
@@ -198,10 +240,10 @@ with tempfile.TemporaryDirectory() as d:
             rows = json.load(f)["rows"]
         check("cli rows", len(rows), 2 * 3 * 2)
         first = [x for x in rows if x["mode"] == "sync" and x["workers"] == 1 and x["ps"] == 1][0]
-        check("cli case A", first["step_s"], 0.1104)
-        # Wall-clock of 60000 examples: start 1 s + 1.5e6 x 4 x 8 / 1e9 = 0.048 s, train 60000 / 905.8, evaluate
-        # 2 s, end 0.5 s.
-        check("cli wall", first["wall_s"], 1.0 + 0.048 + 60000 * 0.1104 / 100 + 2.0 + 0.5)
+        check("cli case A (TCP payload)", first["step_s"], 0.1140464)
+        # Wall-clock of 60000 examples: start 1 s + the initial values, 1.5e6 x 4 bytes at 119.5509e6 bytes/s =
+        # 0.050188 s, train 60000 x 0.1140464 / 100, evaluate 2 s, end 0.5 s.
+        check("cli wall", first["wall_s"], 1.0 + 0.0501878 + 60000 * 0.1140464 / 100 + 2.0 + 0.5, tol=1e-6)
     for args, words in ((["--bandwidth=10gbps"], "10gbps"), (["--ps=3"], "--ps=3"), (["--workers=0"], "--workers"),
                         (["--modes=fast"], "--modes"), (["--latency=-1"], "--latency"),
                         (["--host_cpus=0"], "--host_cpus"), (["--transport=shm"], "no shared memory"),
@@ -223,6 +265,62 @@ with tempfile.TemporaryDirectory() as d:
     rc, out = run()
     if rc != 2 or "not JSON" not in out:
         failures.append("a file that is not JSON: rc %d\n%s" % (rc, out))
+
+# scripts/planner_accuracy.py on a compare_cluster_sizes result written by hand: each run that exited 0 is
+# predicted from the profile (every emulated host sharing the profile host's 1 core), its error is predicted /
+# measured - 1; the summary is the median and the worst |error| over the clusters (the local run is the machine's
+# check, left out); a failed run is left out; bad files exit 2.
+ACC = os.path.join(ROOT, "scripts", "planner_accuracy.py")
+with tempfile.TemporaryDirectory() as d:
+    prof, res, out_json = os.path.join(d, "p.json"), os.path.join(d, "r.json"), os.path.join(d, "acc.json")
+    with open(prof, "w") as f:
+        json.dump(P, f)
+    result = {"settings": {"model": "hand", "batch_size": 100, "num_ps": 1, "bandwidth": "1gbit", "netns": False,
+                           "transport": "grpc", "examples": 60000},
+              "rows": [{"configuration": "local", "system": "dtrain", "mode": "local", "workers": 0, "exit_code": 0,
+                        "examples_per_sec": 2000.0, "wall_secs": 35.0},
+                       {"configuration": "sync, 1 ps, 1 worker", "system": "dtrain", "mode": "sync", "workers": 1,
+                        "exit_code": 0, "examples_per_sec": 1000.0, "wall_secs": 70.0},
+                       {"configuration": "async, 1 ps, 2 workers", "system": "dtrain", "mode": "async",
+                        "workers": 2, "exit_code": 0, "examples_per_sec": 1500.0, "wall_secs": 45.0},
+                       {"configuration": "sync, 1 ps, 2 workers", "system": "dtrain", "mode": "sync", "workers": 2,
+                        "exit_code": 1, "examples_per_sec": 10.0, "wall_secs": 1.0}]}
+    with open(res, "w") as f:
+        json.dump(result, f)
+    p = subprocess.run([sys.executable, ACC, "--profile=" + prof, "--json=" + out_json, res],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    check("accuracy rc", p.returncode, 0)
+    if p.returncode == 0:
+        with open(out_json) as f:
+            acc = json.load(f)
+        want = [("local", 100 / 0.05), ("sync", pc.predict(P, 1, 1, GBIT, 0.0, None, "sync", "grpc",
+                                                           shared_cores=1.0)["examples_per_sec"]),
+                ("async", pc.predict(P, 2, 1, GBIT, 0.0, None, "async", "grpc",
+                                     shared_cores=1.0)["examples_per_sec"])]
+        check("accuracy rows", [r["mode"] for r in acc["rows"]], [m for m, _ in want])
+        errors = []
+        for r, (mode, predicted) in zip(acc["rows"], want):
+            check("accuracy %s predicted" % mode, r["predicted"], predicted)
+            check("accuracy %s error" % mode, r["error"], predicted / r["measured"] - 1)
+            if mode != "local":
+                errors.append(abs(predicted / r["measured"] - 1))
+        check("accuracy median", acc["summary"]["median_abs_error"], sum(errors) / 2)
+        check("accuracy worst", acc["summary"]["worst_abs_error"], max(errors))
+        if "median |error|" not in p.stdout:
+            failures.append("accuracy: no summary line:\n" + p.stdout)
+    for args, words in (([res], "--profile"), (["--profile=" + prof, prof], "not a compare_cluster_sizes result"),
+                        (["--profile=" + res, res], "format"), (["--profile=" + prof, "--latency=x", res],
+                                                                 "--latency")):
+        p = subprocess.run([sys.executable, ACC] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if p.returncode != 2 or words not in p.stdout:
+            failures.append("accuracy %s: rc %d, want 2 and %r:\n%s" % (args, p.returncode, words, p.stdout))
+    result["settings"]["model"] = "cnn"
+    with open(res, "w") as f:
+        json.dump(result, f)
+    p = subprocess.run([sys.executable, ACC, "--profile=" + prof, res], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 2 or "no profile of model cnn" not in p.stdout:
+        failures.append("accuracy without a matching profile: rc %d\n%s" % (p.returncode, p.stdout))
 
 if failures:
     print("FAILED:\n  " + "\n  ".join(failures))

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "ps/client/worker_client.h"
+#include "ps/rpc/tensor_coding.h"
 #include "ps/rpc/transport.h"
 #include "ps/shm/shm_segment.h"
 
@@ -226,16 +227,17 @@ absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
   wo.wire_dtype = dtype;
   wo.step_timeout = absl::Seconds(o.start_timeout_secs);
   wo.retry_window = absl::Seconds(o.start_timeout_secs);
-  ps::WorkerClient client({task->get()}, placement->task_slices, 0, /*is_chief=*/true, wo);
-  if (absl::Status s = client.Connect(config, params.data(), absl::Seconds(o.start_timeout_secs)); !s.ok()) {
+  auto client = std::make_unique<ps::WorkerClient>(std::vector<ps::PsInterface*>{task->get()},
+                                                   placement->task_slices, 0, /*is_chief=*/true, wo);
+  if (absl::Status s = client->Connect(config, params.data(), absl::Seconds(o.start_timeout_secs)); !s.ok()) {
     return fail(s);
   }
   cost->cluster_start_seconds = absl::ToDoubleSeconds(absl::Now() - spawn_time);
   const int64_t wire_bytes = n * ps::DtypeBytes(dtype);
   const int exchanges = Exchanges(wire_bytes, o);
   int64_t step = 0;
-  auto push = [&]() -> absl::Status { return client.Push(step++, grads.data()).status(); };
-  auto pull = [&]() -> absl::Status { return client.Pull(0, 0, params.data()).status(); };
+  auto push = [&]() -> absl::Status { return client->Push(step++, grads.data()).status(); };
+  auto pull = [&]() -> absl::Status { return client->Pull(0, 0, params.data()).status(); };
   for (int k = 0; k < 2; ++k) {  // warm-up: connections, buffers
     if (absl::Status s = push(); !s.ok()) return fail(s);
     if (absl::Status s = pull(); !s.ok()) return fail(s);
@@ -267,7 +269,9 @@ absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
   if (absl::Status s = phase(push, &pushes); !s.ok()) return fail(s);
   if (absl::Status s = phase(pull, &pulls); !s.ok()) return fail(s);
   const absl::Time done_time = absl::Now();
-  if (absl::Status s = client.Done(); !s.ok()) return fail(s);
+  if (absl::Status s = client->Done(); !s.ok()) return fail(s);
+  client.reset();  // the connection closes, as a worker's does when it exits
+  task->reset();
   reap(true);
   cost->cluster_end_seconds = absl::ToDoubleSeconds(absl::Now() - done_time);
   unlink(log.c_str());
@@ -283,6 +287,9 @@ absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
   cost->pull_worker_cpu_per_byte = pulls.worker_cpu / pull_bytes;
   cost->push_seconds = pushes.median_wall;
   cost->pull_seconds = pulls.median_wall;
+  // gRPC carries a slice in messages of at most this much data (ps/rpc/tensor_coding.h); shared memory lends
+  // whole slices.
+  if (transport == ps::Transport::kGrpc) cost->stream_piece_bytes = ps::coding::kMaxChunkBytes;
   return absl::OkStatus();
 }
 

@@ -465,6 +465,7 @@ absl::StatusOr<std::string> ProfileRecorder::ToJson() const {
       t["pull_worker_cpu_s_per_byte"] = c.pull_worker_cpu_per_byte;
       t["push_s"] = c.push_seconds;
       t["pull_s"] = c.pull_seconds;
+      if (c.stream_piece_bytes > 0) t["stream_piece_bytes"] = c.stream_piece_bytes;
       if (c.cluster_start_seconds > 0) {
         t["cluster_start_s"] = c.cluster_start_seconds;
         t["cluster_end_s"] = c.cluster_end_seconds;

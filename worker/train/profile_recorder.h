@@ -78,6 +78,9 @@ struct TransportCost {
   // grpc and shm: a ps task's start (the process started to the worker connected and registered) and end (the
   // worker done to the process gone), the cluster's share of a run's wall-clock. 0 for tcp.
   double cluster_start_seconds = 0, cluster_end_seconds = 0;
+  // The most bytes of a slice one message carries (the ps updates what has arrived message by message: with
+  // the early apply a pull trails its push by one such piece). 0: unknown.
+  int64_t stream_piece_bytes = 0;
 };
 
 // Seconds of one update of `variables` (placed on one ps task) by `optimizer` on one thread, as dtrain_ps
