@@ -26,7 +26,8 @@ placement code), wb the wire bytes per float.
    in backward order, each layer as soon as it is ready). A flow's rate is the least of: the ps task's link
    shared by its W workers (B / W), the worker's link shared by the P tasks it talks to (B / P), the ps task's CPU
    shared by W flows (H / (W * c)), with c the transport's CPU per byte on the ps's side (the profile's loopback
-   measurement: receiving a push, sending a pull).
+   measurement: receiving a push, sending a pull), and the transport's own speed (one push, one pull of the
+   model's bytes end to end on loopback, as the profile timed them).
 3. Sync step, from the moment ps task j can apply (ps 0 decided; the other tasks learn the decision from the
    worker's pull, 2L later):
    pull   task j applies its slices in order (the sum of W gradients and one update: (a + (W-1) s) per stored byte
@@ -55,8 +56,8 @@ placement code), wb the wire bytes per float.
 5. Throughput = W * examples per step / step (sync) or / cycle (async); efficiency = that / (W * one worker on an
    equal host in local mode: the profile's mean step scaled by its CPU).
 6. What bounds it: the resource whose removal would shorten the step most, found by predicting again without it:
-   compute, ps link, worker link, ps CPU (transport and updates), worker CPU (transport), machine CPU
-   (--shared_cores), stragglers (the sync barrier), latency.
+   compute, ps link, worker link, ps CPU (transport and updates), worker CPU (transport), transport (one stream's
+   own speed), machine CPU (--shared_cores), stragglers (the sync barrier), latency.
 7. The ps count to use: the smallest P within --within (3%) of the best examples/sec for that worker count.
 8. Wall-clock of --examples examples: start-up (the profile's, scaled; a ps task's start as the profile's gRPC
    measurement saw it; the chief's initial values over one link) + examples / examples/sec + the final
@@ -78,7 +79,8 @@ PROFILE_VERSION = 1
 TRANSPORTS = ("grpc", "tcp", "shm")
 MODES = ("sync", "async")
 LINK_PAYLOAD = 1448.0 / 1514.0  # data bytes per wire byte of a TCP stream at MTU 1500 (timestamps on)
-BOUNDS = ("compute", "ps link", "worker link", "ps CPU", "worker CPU", "machine CPU", "stragglers", "latency")
+BOUNDS = ("compute", "ps link", "worker link", "ps CPU", "worker CPU", "transport", "machine CPU", "stragglers",
+          "latency")
 _RATE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(bit|kbit|mbit|gbit)$")
 _UNIT = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
@@ -217,6 +219,10 @@ def transport_costs(profile, transport):
     costs = {k: float(t[k]) for k in ("push_worker_cpu_s_per_byte", "push_ps_cpu_s_per_byte",
                                       "pull_ps_cpu_s_per_byte", "pull_worker_cpu_s_per_byte")}
     costs["stream_piece_bytes"] = float(t.get("stream_piece_bytes", 0))
+    # One stream's own speed: a push (a pull) of the model's bytes end to end on loopback.
+    for what in ("push", "pull"):
+        secs = float(t.get(what + "_s", 0.0))
+        costs[what + "_speed"] = float(t["bytes"]) / secs if secs > 0 and t.get("bytes") else float("inf")
     return costs
 
 
@@ -292,6 +298,9 @@ class _Setup:
         self.cws = costs["push_worker_cpu_s_per_byte"] if "worker CPU" not in no else 0.0
         self.cwr = costs["pull_worker_cpu_s_per_byte"] if "worker CPU" not in no else 0.0
         self.L = 0.0 if "latency" in no else L
+        inf = float("inf")
+        self.push_speed = costs["push_speed"] if "transport" not in no else inf
+        self.pull_speed = costs["pull_speed"] if "transport" not in no else inf
         self.C = None if "machine CPU" in no else C
         self.ps_link = B if B is not None and "ps link" not in no else None
         self.worker_link = B if B is not None and "worker link" not in no else None
@@ -307,9 +316,10 @@ class _Setup:
             share.append(burst_s * self.worker_link / self.used)
         self.burst = min(share) if share and burst_s > 0 else 0.0
 
-    def rate(self, cpu_per_byte):
-        """A flow's bytes/s: its share of both links and of the ps task's CPU."""
-        r = float("inf")
+    def rate(self, cpu_per_byte, speed=float("inf")):
+        """A flow's bytes/s: its share of both links and of the ps task's CPU, at most the transport's own speed
+        (one stream on loopback)."""
+        r = speed
         if self.ps_link is not None:
             r = min(r, self.ps_link / self.flows)
         if self.worker_link is not None:
@@ -344,7 +354,7 @@ def _push(x, f_end):
     """Backward from f_end, each layer's gradients pushed once ready: (last gradient ready, per task the time its
     push is done there (async: its last slice updated too), per layer per task the time that layer's last byte is
     sent, the ps tasks' CPU)."""
-    flows = [_Flow(x.rate(x.cpr), x.burst) for _ in range(x.P)]
+    flows = [_Flow(x.rate(x.cpr, x.push_speed), x.burst) for _ in range(x.P)]
     ready, done = f_end, [f_end] * x.P
     updated = [f_end] * x.P  # async: a slice is updated once it has all arrived, one after another
     layer_done = [[f_end] * x.P for _ in range(x.K)]
@@ -370,7 +380,7 @@ def _push(x, f_end):
 def _pull(x, start, upd):
     """The pull from start[j] on each task, each slice once updated (upd per stored byte, one thread): per layer
     its arrival at the worker, the arrival of the rows, the ps tasks' CPU."""
-    flows = [_Flow(x.rate(x.cps), x.burst) for _ in range(x.P)]
+    flows = [_Flow(x.rate(x.cps, x.pull_speed), x.burst) for _ in range(x.P)]
     arrive = [0.0] * x.K
     sent, applied, cum = list(start), list(start), [0.0] * x.P
     for k in range(x.K):
@@ -423,7 +433,7 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
         # The pull goes out beside the push at the first gradients; ps 0 applies each chunk as it arrives and
         # streams it back behind the push; the next step starts once the push is acknowledged (2L after its last
         # byte left) and its forward waits for each layer: a fixed point over the arrivals.
-        r = x.rate(x.cps)
+        r = x.rate(x.cps, x.pull_speed)
         piece = x.piece_bytes
         for _ in range(20):
             first = f_end + x.g[-1] if x.K else f_end

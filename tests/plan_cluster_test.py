@@ -151,6 +151,15 @@ r = predict(P, 20, 1, GBIT, 0.0, 1.0, "async", "grpc")
 check("D20 above the long run", r["step_s"] >= 20 * 0.048, True)
 check("D20 near the long run", r["step_s"] < 20 * 0.048 + 0.110, True)
 
+# The transport's own speed: the profile timed one push of the 6e6 bytes at 12 ms (500e6 bytes/s) and one pull at
+#   6 ms (1e9) on loopback. Unlimited links, early apply off: pull layer 0 by 0.4 + 4 = 4.4 ms, layer 1 by 6.4;
+#   forward 4.4 -> 14.4 -> 19.4; push layer 1 from 24.4 to 28.4, layer 0 from 44.4 to 52.4 ms.
+fast = copy.deepcopy(P)
+fast["transports"]["grpc"].update({"bytes": 6000000, "push_s": 0.012, "pull_s": 0.006})
+r = predict(fast, 1, 1, None, 0.0, 1.0, "sync", "grpc", apply_early="off")
+check("transport speed step", r["step_s"], 0.0524)
+check("transport speed saving", r["savings"]["transport"], 0.0524 - 0.0404)  # without it: 40.4 ms, case A's
+
 # Case E: latency. Sync, 1 worker, 1 ps, unlimited links, free transports, 1 ms one way: the pull arrives 1 ms
 #   after the update (layer 0 at 1.4 ms, layer 1 at 1.6), forward 1.4 -> 11.4 -> 16.4, backward to 41.4, the last
 #   push at the task 1 ms later: 42.4 ms. With 2 ps tasks, task 1 learns the decision from the pull (2 ms more)

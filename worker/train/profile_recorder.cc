@@ -413,7 +413,7 @@ absl::StatusOr<std::string> ProfileRecorder::ToJson() const {
                 {"backward_s", Stats(backward_total_)},
                 {"input_s", Stats(input_)},
                 {"update_s", Stats(update_)},
-                {"in_process_transport_s", Stats(transport_)}};
+                {"transport_s", Stats(transport_)}};  // in the transport's calls (local: the in-process ps)
   json placements;
   for (int p : {1, 2, 4, 8}) {
     absl::StatusOr<ps::Placement> placed = ps::PlaceVariables(run_.variables, p);
