@@ -282,7 +282,12 @@ class _Setup:
         self.g = [0.0 if self.no_compute else l["backward_s"] * norm * s for l in layers]
         cores = float(profile["run"]["compute_cores"])
         self.f_cpu, self.g_cpu = sum(self.f) / s * cores, sum(self.g) / s * cores  # core-seconds
-        self.input_s = 0.0 if self.no_compute else profile["steps"].get("input_s", {}).get("median", 0.0) * s
+        st = profile["steps"]
+        med = lambda key: st.get(key, {}).get("median", 0.0)  # noqa: E731
+        # The rest of a local step on the worker besides compute, the in-process ps (its update and calls) and the
+        # input wait: the loop's own work (a model with tables: its ids and rows), before each step's compute.
+        other = max(0.0, med("step_s") - self.compute_med - med("update_s") - med("transport_s") - med("input_s"))
+        self.input_s = 0.0 if self.no_compute else (med("input_s") + other) * s
         self.wb = float(profile["run"]["wire_bytes_per_float"])
         # The early apply updates what has arrived message by message: a pull trails its push by one message
         # (the transport's piece; else the store's chunk).
@@ -293,6 +298,10 @@ class _Setup:
         ps_cpu = "ps CPU" not in no
         self.a, self.sigma = update_costs(profile) if ps_cpu else (0.0, 0.0)
         self.row_update = (profile.get("sparse") or {}).get("update_s_per_row", 0.0) if ps_cpu else 0.0
+        # A model with tables: what the in-process ps spent serving a step's pull (its rows looked up or made) is
+        # the ps task's work per row of a pull.
+        rows = sum(t["rows_per_step"] for t in (profile.get("sparse") or {}).get("tables", []))
+        self.row_lookup = med("transport_s") / rows if rows > 0 and ps_cpu else 0.0
         self.cpr = costs["push_ps_cpu_s_per_byte"] if ps_cpu else 0.0
         self.cps = costs["pull_ps_cpu_s_per_byte"] if ps_cpu else 0.0
         self.cws = costs["push_worker_cpu_s_per_byte"] if "worker CPU" not in no else 0.0
@@ -397,7 +406,7 @@ def _pull(x, start, upd):
     rows_arrive = 0.0
     if x.rows_bytes > 0:  # the rows travel after each task's slices; a step binds them before its forward
         for j in range(x.P):
-            rows_update = x.W * x.rows_count * x.row_update if x.sync else 0.0
+            rows_update = x.W * x.rows_count * (x.row_update if x.sync else 0.0) + x.W * x.rows_count * x.row_lookup
             sent[j] = max(sent[j], start[j]) + flows[j].secs(x.rows_bytes) + rows_update / x.apply_cpu
             cpu[j] += x.W * x.rows_bytes * x.cps + rows_update
             rows_arrive = max(rows_arrive, sent[j] + x.L)

@@ -26,7 +26,8 @@ def check(what, got, want, tol=1e-6):
 def profile():
     """Two layers: layer 0 holds floats [0, 1e6) (4 MB), forward 10 ms, backward 20 ms; layer 1 [1e6, 1.5e6)
     (2 MB), 5 ms and 5 ms. Compute 40 ms, always (every quantile). A local step of 50 ms, 100 examples. The update
-    costs 1e-10 s per stored byte, summing one more gradient 5e-11. Two placements: one task holds both; with two,
+    costs 1e-10 s per stored byte, summing one more gradient 5e-11. The median step is all compute (nothing else
+    on the worker); the mean step 50 ms (the local rate). Two placements: one task holds both; with two,
     task 0 holds layer 0 and task 1 layer 1. Transports cost no CPU (grpc), or some (tcp)."""
     return {
         "format": "dtrain-profile", "version": 1,
@@ -37,7 +38,7 @@ def profile():
         "layers": [{"name": "l0", "begin": 0, "end": 1000000, "forward_s": 0.010, "backward_s": 0.020},
                    {"name": "l1", "begin": 1000000, "end": 1500000, "forward_s": 0.005, "backward_s": 0.005}],
         "steps": {"compute_s": {"median": 0.040, "mean": 0.040, "quantiles": [0.040] * 101},
-                  "step_s": {"median": 0.050, "mean": 0.050}, "input_s": {"median": 0.0}},
+                  "step_s": {"median": 0.040, "mean": 0.050}, "input_s": {"median": 0.0}},
         "placement": {
             "1": {"task_bytes": [6000000], "slices": [{"key": 0, "task": 0, "begin": 0, "floats": 1000000},
                                                       {"key": 1, "task": 0, "begin": 1000000, "floats": 500000}]},
@@ -159,6 +160,25 @@ fast["transports"]["grpc"].update({"bytes": 6000000, "push_s": 0.012, "pull_s": 
 r = predict(fast, 1, 1, None, 0.0, 1.0, "sync", "grpc", apply_early="off")
 check("transport speed step", r["step_s"], 0.0524)
 check("transport speed saving", r["savings"]["transport"], 0.0524 - 0.0404)  # without it: 40.4 ms, case A's
+
+# The rest of a local step on the worker: a median step of 45 ms is 5 ms more than compute, in-process ps and
+#   input: each step's compute starts 5 ms in. Unlimited links: forward 5 -> 15 -> 20, backward to 45 ms.
+busy = copy.deepcopy(P)
+busy["steps"]["step_s"]["median"] = 0.045
+r = predict(busy, 1, 1, None, 0.0, 1.0, "sync", "grpc", apply_early="off")
+check("worker's other work", r["step_s"], 0.045)
+
+# A model with a table: 1000 rows a step of 16 floats (64 bytes + an 8-byte id); the in-process ps spent 0.5 ms
+#   serving them (5e-7 s a row, looked up or made), and updates them at 1e-7 s a row. Unlimited links: the dense
+#   slices as in case E without latency (layer 0 at 0.4, layer 1 at 0.6 ms); the rows follow, 1000 x 6e-7 = 0.6 ms
+#   of the task's thread: at 1.2 ms; forward waits for them: 1.2 -> 11.2 -> 16.2, backward to 41.2 ms.
+sparse = copy.deepcopy(P)
+sparse["sparse"] = {"tables": [{"name": "t", "dim": 16, "rows": 0, "bytes_per_row": 64, "id_bytes": 8,
+                                "rows_per_step": 1000}], "update_s_per_row": 1e-7}
+sparse["steps"]["transport_s"] = {"median": 0.0005}
+r = predict(sparse, 1, 1, None, 0.0, 1.0, "sync", "grpc")
+check("sparse step", r["step_s"], 0.0412)
+check("sparse: no early apply", r["early_apply"], False)
 
 # Case E: latency. Sync, 1 worker, 1 ps, unlimited links, free transports, 1 ms one way: the pull arrives 1 ms
 #   after the update (layer 0 at 1.4 ms, layer 1 at 1.6), forward 1.4 -> 11.4 -> 16.4, backward to 41.4, the last
