@@ -309,7 +309,8 @@ with tempfile.TemporaryDirectory() as d:
               "rows": [{"configuration": "local", "system": "dtrain", "mode": "local", "workers": 0, "exit_code": 0,
                         "examples_per_sec": 2000.0, "wall_secs": 35.0},
                        {"configuration": "sync, 1 ps, 1 worker", "system": "dtrain", "mode": "sync", "workers": 1,
-                        "exit_code": 0, "examples_per_sec": 1000.0, "wall_secs": 70.0},
+                        "exit_code": 0, "examples_per_sec": 1000.0, "wall_secs": 70.0,
+                        "examples_per_sec_launches": [1100.0, 900.0, 1000.0]},
                        {"configuration": "async, 1 ps, 2 workers", "system": "dtrain", "mode": "async",
                         "workers": 2, "exit_code": 0, "examples_per_sec": 1500.0, "wall_secs": 45.0},
                        {"configuration": "sync, 1 ps, 2 workers", "system": "dtrain", "mode": "sync", "workers": 2,
@@ -337,6 +338,11 @@ with tempfile.TemporaryDirectory() as d:
         check("accuracy worst", acc["summary"]["worst_abs_error"], max(errors))
         if "median |error|" not in p.stdout:
             failures.append("accuracy: no summary line:\n" + p.stdout)
+    # --launch=best: the best of a run's launches.
+    p = subprocess.run([sys.executable, ACC, "--profile=" + prof, "--launch=best", "--json=" + out_json, res],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(out_json) as f:
+        check("accuracy best launch", json.load(f)["rows"][1]["measured"], 1100.0)
     for args, words in (([res], "--profile"), (["--profile=" + prof, prof], "not a compare_cluster_sizes result"),
                         (["--profile=" + res, res], "format"), (["--profile=" + prof, "--latency=x", res],
                                                                  "--latency")):
