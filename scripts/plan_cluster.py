@@ -219,6 +219,7 @@ def transport_costs(profile, transport):
     costs = {k: float(t[k]) for k in ("push_worker_cpu_s_per_byte", "push_ps_cpu_s_per_byte",
                                       "pull_ps_cpu_s_per_byte", "pull_worker_cpu_s_per_byte")}
     costs["stream_piece_bytes"] = float(t.get("stream_piece_bytes", 0))
+    costs["sparse_rows"] = t.get("sparse_rows")
     # One stream's own speed: a push (a pull) of the model's bytes end to end on loopback.
     for what in ("push", "pull"):
         secs = float(t.get(what + "_s", 0.0))
@@ -302,6 +303,16 @@ class _Setup:
         # the ps task's work per row of a pull.
         rows = sum(t["rows_per_step"] for t in (profile.get("sparse") or {}).get("tables", []))
         self.row_lookup = med("transport_s") / rows if rows > 0 and ps_cpu else 0.0
+        # Where the profile measured the transport with rows: what a row adds to a step on loopback, each way (half
+        # of both ways), on each side (the ps's lookups and updates included there, in place of the above).
+        self.row_wall = self.row_worker_cpu = self.row_ps_cpu = 0.0
+        measured = costs.get("sparse_rows") or {}
+        if measured.get("per_step", 0) > 0:
+            per = 2.0 * measured["per_step"]
+            self.row_wall = measured["extra_s"] / per if "transport" not in no else 0.0
+            self.row_worker_cpu = measured["worker_cpu_s"] / per if "worker CPU" not in no else 0.0
+            self.row_ps_cpu = measured["ps_cpu_s"] / per if ps_cpu else 0.0
+            self.row_lookup = 0.0
         self.cpr = costs["push_ps_cpu_s_per_byte"] if ps_cpu else 0.0
         self.cps = costs["pull_ps_cpu_s_per_byte"] if ps_cpu else 0.0
         self.cws = costs["push_worker_cpu_s_per_byte"] if "worker CPU" not in no else 0.0
@@ -325,13 +336,13 @@ class _Setup:
             share.append(burst_s * self.worker_link / self.used)
         self.burst = min(share) if share and burst_s > 0 else 0.0
 
-    def rate(self, cpu_per_byte, speed=float("inf")):
-        """A flow's bytes/s: its share of both links and of the ps task's CPU, at most the transport's own speed
-        (one stream on loopback)."""
+    def rate(self, cpu_per_byte, speed=float("inf"), links=True):
+        """A flow's bytes/s: its share of both links (unless not `links`) and of the ps task's CPU, at most the
+        transport's own speed (one stream on loopback)."""
         r = speed
-        if self.ps_link is not None:
+        if self.ps_link is not None and links:
             r = min(r, self.ps_link / self.flows)
-        if self.worker_link is not None:
+        if self.worker_link is not None and links:
             r = min(r, self.worker_link / self.used)
         if cpu_per_byte > 0:
             r = min(r, self.H / (self.flows * cpu_per_byte))
@@ -339,17 +350,21 @@ class _Setup:
 
 
 class _Flow:
-    """One direction of a flow: its rate, and what is left of its bucket this step."""
+    """One direction of a flow: its rate, the rate without the links (the bytes a link's bucket lends cross at
+    that), and what is left of its bucket this step."""
 
-    def __init__(self, rate, burst):
-        self.rate, self.free = rate, burst
+    def __init__(self, x, cpu_per_byte, speed):
+        self.rate = x.rate(cpu_per_byte, speed)
+        self.unlinked = x.rate(cpu_per_byte, speed, links=False)
+        self.free = x.burst
 
     def secs(self, nbytes):
         if nbytes <= 0 or self.rate == float("inf"):
             return 0.0
         free = min(self.free, nbytes)
         self.free -= free
-        return (nbytes - free) / self.rate
+        lent = free / self.unlinked if self.unlinked < float("inf") else 0.0
+        return lent + (nbytes - free) / self.rate
 
 
 def _forward(x, arrive, start):
@@ -363,7 +378,7 @@ def _push(x, f_end):
     """Backward from f_end, each layer's gradients pushed once ready: (last gradient ready, per task the time its
     push is done there (async: its last slice updated too), per layer per task the time that layer's last byte is
     sent, the ps tasks' CPU)."""
-    flows = [_Flow(x.rate(x.cpr, x.push_speed), x.burst) for _ in range(x.P)]
+    flows = [_Flow(x, x.cpr, x.push_speed) for _ in range(x.P)]
     ready, done = f_end, [f_end] * x.P
     updated = [f_end] * x.P  # async: a slice is updated once it has all arrived, one after another
     layer_done = [[f_end] * x.P for _ in range(x.K)]
@@ -381,15 +396,16 @@ def _push(x, f_end):
     cpu = [x.W * x.task_floats[j] * x.wb * push_ps for j in range(x.P)]
     if x.rows_bytes > 0:  # the rows' gradients go once backward is over
         for j in range(x.P):
-            done[j] = max(done[j], ready) + flows[j].secs(x.rows_bytes)
-            cpu[j] += x.W * x.rows_bytes * x.cpr + (0.0 if x.sync else x.W * x.rows_count * x.row_update)
+            done[j] = max(done[j], ready) + max(flows[j].secs(x.rows_bytes), x.rows_count * x.row_wall)
+            cpu[j] += x.W * x.rows_bytes * x.cpr + x.W * x.rows_count * x.row_ps_cpu + \
+                (0.0 if x.sync else x.W * x.rows_count * x.row_update)
     return ready, done, layer_done, cpu
 
 
 def _pull(x, start, upd):
     """The pull from start[j] on each task, each slice once updated (upd per stored byte, one thread): per layer
     its arrival at the worker, the arrival of the rows, the ps tasks' CPU."""
-    flows = [_Flow(x.rate(x.cps, x.pull_speed), x.burst) for _ in range(x.P)]
+    flows = [_Flow(x, x.cps, x.pull_speed) for _ in range(x.P)]
     arrive = [0.0] * x.K
     sent, applied, cum = list(start), list(start), [0.0] * x.P
     for k in range(x.K):
@@ -407,8 +423,9 @@ def _pull(x, start, upd):
     if x.rows_bytes > 0:  # the rows travel after each task's slices; a step binds them before its forward
         for j in range(x.P):
             rows_update = x.W * x.rows_count * (x.row_update if x.sync else 0.0) + x.W * x.rows_count * x.row_lookup
-            sent[j] = max(sent[j], start[j]) + flows[j].secs(x.rows_bytes) + rows_update / x.apply_cpu
-            cpu[j] += x.W * x.rows_bytes * x.cps + rows_update
+            sent[j] = max(sent[j], start[j]) + max(flows[j].secs(x.rows_bytes), x.rows_count * x.row_wall) + \
+                rows_update / x.apply_cpu
+            cpu[j] += x.W * x.rows_bytes * x.cps + rows_update + x.W * x.rows_count * x.row_ps_cpu
             rows_arrive = max(rows_arrive, sent[j] + x.L)
     return arrive, rows_arrive, cpu
 
@@ -420,6 +437,7 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
     rate (0: none); early: the early apply (sync, one worker, one ps task)."""
     x = _Setup(profile, W, P, B, L, H, C, mode, costs, no, burst_s)
     wire = sum(x.task_floats) * x.wb + x.rows_bytes * P  # a worker's bytes each way
+    rows_cpu = x.rows_count * P * x.row_worker_cpu  # the worker's CPU for its rows, each way
     upd = (x.a + (W - 1) * x.sigma) if x.sync else 0.0  # per stored byte (async: applied as the push arrives)
     # Sync: the other tasks learn ps 0's decision from the pull (2L); async: their pulls follow ps 0's answer.
     start = [0.0 if j == 0 else 2 * x.L for j in range(P)]
@@ -428,9 +446,10 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
     def one_step(arrive, rows_arrive):
         """Forward on those arrivals, backward and the push: (f_end, end of the push at the tasks, push detail)."""
         f_end = _forward(x, arrive, max(x.input_s, rows_arrive))
-        f_end = max(f_end, x.input_s + (x.f_cpu + wire * x.cwr) / x.H)  # the worker's CPU: compute, receiving
+        # The worker's CPU: compute, receiving the pull; backward, sending the push.
+        f_end = max(f_end, x.input_s + (x.f_cpu + wire * x.cwr + rows_cpu) / x.H)
         ready, done, layer_done, push_cpu = _push(x, f_end)
-        worker_floor = f_end + (x.g_cpu + wire * x.cws) / x.H  # backward and sending the push
+        worker_floor = f_end + (x.g_cpu + wire * x.cws + rows_cpu) / x.H
         end = ready
         for j in range(P):
             if x.task_floats[j] > 0 or x.rows_bytes > 0:
@@ -446,7 +465,7 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
         piece = x.piece_bytes
         for _ in range(20):
             first = f_end + x.g[-1] if x.K else f_end
-            flow = _Flow(r, x.burst)
+            flow = _Flow(x, x.cps, x.pull_speed)
             sent, new = first + x.L, []
             for k in range(x.K):
                 nb = x.n[k][0] * x.wb
@@ -463,8 +482,8 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
         step += x.L
     if x.C is not None and x.sync:
         # One machine for every host: each phase lasts at least the CPU every process spends in it / C.
-        fwd_cpu = W * (x.f_cpu + wire * x.cwr) + sum(pull_cpu)
-        bwd_cpu = W * (x.g_cpu + wire * x.cws) + sum(push_cpu)
+        fwd_cpu = W * (x.f_cpu + wire * x.cwr + rows_cpu) + sum(pull_cpu)
+        bwd_cpu = W * (x.g_cpu + wire * x.cws + rows_cpu) + sum(push_cpu)
         step = max(step, max(f_end, fwd_cpu / x.C) + bwd_cpu / x.C)
     if "stragglers" not in no and not x.no_compute:
         if x.sync:  # the barrier waits for the slowest of W (the R-th of W with backup workers)
@@ -483,7 +502,7 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
         return max(step + (2 * x.L if P > 1 else 0.0), floor)  # other tasks acknowledge before the commit
     # Async: the pull goes out once the push is acknowledged (with P > 1, after the other tasks' parts). A lone
     # worker's cycle, bounded by its own link and CPU:
-    worker_cpu = x.f_cpu + x.g_cpu + wire * (x.cwr + x.cws)
+    worker_cpu = x.f_cpu + x.g_cpu + wire * (x.cwr + x.cws) + 2 * rows_cpu
     alone = max(step + 2 * x.L * (1 if P == 1 else 2), x.input_s + worker_cpu / x.H)
     if x.worker_link is not None:
         alone = max(alone, wire / x.worker_link)
@@ -499,10 +518,9 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
             continue
         if x.ps_link is not None:
             demands += [nbytes / x.ps_link, nbytes / x.ps_link]  # its push in, its pull out
-        demands.append((push_cpu[j] / W + nbytes * x.cps) / x.H)
+        demands.append((push_cpu[j] / W + pull_cpu[j] / W) / x.H)
     if x.C is not None:
-        demands.append((worker_cpu + sum(push_cpu) / W + sum(
-            (x.task_floats[j] * x.wb + x.rows_bytes) * x.cps for j in range(P))) / x.C)
+        demands.append((worker_cpu + (sum(push_cpu) + sum(pull_cpu)) / W) / x.C)
     total = sum(demands)
     shrink = min(1.0, alone / total) if total > 0 else 1.0
     think = alone - shrink * total

@@ -124,9 +124,9 @@ class Buffer {
 };
 
 // grpc or shm: a dtrain_ps process and this process's WorkerClient.
-absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
-                                const TransportProbeOptions& o, ps::Transport transport,
-                                TransportCost* cost) {
+absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_t>& rows_per_step,
+                                const TransportProbeOptions& o, ps::Transport transport, TransportCost* cost) {
+  const std::vector<ps::VariableInfo>& variables = run.variables;
   ASSIGN_OR_RETURN(const ps::WireDtype dtype, ps::ParseWireDtype(o.wire_dtype));
   std::string ps_binary = o.ps_binary;
   if (ps_binary.empty()) {
@@ -223,6 +223,17 @@ absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
   config.num_workers = 1;
   config.optimizer.name = "sgd";
   config.optimizer.learning_rate = 1e-3f;
+  int64_t sparse_rows = 0;
+  for (size_t t = 0; t < run.tables.size() && t < rows_per_step.size(); ++t) {
+    ps::SparseTableSpec spec;
+    spec.table = static_cast<uint32_t>(t);
+    spec.name = run.tables[t].name;
+    spec.dim = run.tables[t].dim;
+    spec.rows = run.tables[t].rows;
+    config.tables.push_back(spec);
+    sparse_rows += rows_per_step[t];
+  }
+  if (!config.tables.empty()) config.sparse_optimizer.name = "sgd";
   ps::WorkerClientOptions wo;
   wo.wire_dtype = dtype;
   wo.step_timeout = absl::Seconds(o.start_timeout_secs);
@@ -268,6 +279,39 @@ absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
   Phase pushes, pulls;
   if (absl::Status s = phase(push, &pushes); !s.ok()) return fail(s);
   if (absl::Status s = phase(pull, &pulls); !s.ok()) return fail(s);
+  // A model with tables: steps that push and pull each table's rows besides the parameters. A step's ids are new
+  // for the first four steps, then seen again (ids (s mod 4) * k + i, modulo a fixed-size table's rows).
+  Phase sparse_steps;
+  if (sparse_rows > 0) {
+    std::vector<std::vector<int64_t>> ids(config.tables.size());
+    std::vector<std::vector<float>> rows(config.tables.size()), row_grads(config.tables.size());
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const int64_t k = rows_per_step[t];
+      ids[t].resize(k);
+      rows[t].resize(k * config.tables[t].dim);
+      row_grads[t].assign(k * config.tables[t].dim, 1e-4f);
+    }
+    auto sparse_step = [&]() -> absl::Status {
+      std::vector<ps::SparseGradients> push_rows;
+      std::vector<ps::SparsePullRequest> pull_rows;
+      for (size_t t = 0; t < ids.size(); ++t) {
+        const int64_t k = static_cast<int64_t>(ids[t].size());
+        if (k == 0) continue;
+        const int64_t table_rows = config.tables[t].rows;
+        for (int64_t i = 0; i < k; ++i) {
+          const int64_t id = (step % 4) * k + i;
+          ids[t][i] = table_rows > 0 ? id % table_rows : id;
+        }
+        const uint32_t table = static_cast<uint32_t>(t);
+        push_rows.push_back({table, ids[t].data(), k, row_grads[t].data()});
+        pull_rows.push_back({table, ids[t].data(), k, rows[t].data()});
+      }
+      RETURN_IF_ERROR(client->Push(step++, grads.data(), push_rows).status());
+      return client->Pull(0, 0, params.data(), std::move(pull_rows)).status();
+    };
+    if (absl::Status s = sparse_step(); !s.ok()) return fail(s);  // warm-up
+    if (absl::Status s = phase(sparse_step, &sparse_steps); !s.ok()) return fail(s);
+  }
   const absl::Time done_time = absl::Now();
   if (absl::Status s = client->Done(); !s.ok()) return fail(s);
   client.reset();  // the connection closes, as a worker's does when it exits
@@ -290,6 +334,16 @@ absl::Status MeasurePsTransport(const std::vector<ps::VariableInfo>& variables,
   // gRPC carries a slice in messages of at most this much data (ps/rpc/tensor_coding.h); shared memory lends
   // whole slices.
   if (transport == ps::Transport::kGrpc) cost->stream_piece_bytes = ps::coding::kMaxChunkBytes;
+  if (sparse_steps.done > 0) {
+    // What the rows add to a step of the parameters alone: its push (with the update) and its pull.
+    const double n_steps = sparse_steps.done;
+    cost->sparse_rows = sparse_rows;
+    cost->sparse_extra_seconds = std::max(0.0, sparse_steps.median_wall - pushes.median_wall - pulls.median_wall);
+    cost->sparse_worker_cpu_seconds = std::max(
+        0.0, sparse_steps.worker_cpu / n_steps - pushes.worker_cpu / pushes.done - pulls.worker_cpu / pulls.done);
+    cost->sparse_ps_cpu_seconds =
+        std::max(0.0, sparse_steps.ps_cpu / n_steps - pushes.ps_cpu / pushes.done - pulls.ps_cpu / pulls.done);
+  }
   return absl::OkStatus();
 }
 
@@ -400,11 +454,11 @@ absl::Status MeasureTcp(int64_t bytes, const TransportProbeOptions& o, Transport
 
 }  // namespace
 
-std::vector<TransportCost> MeasureTransports(const std::vector<ps::VariableInfo>& variables,
+std::vector<TransportCost> MeasureTransports(const ProfiledRun& run, const std::vector<int64_t>& rows_per_step,
                                              const TransportProbeOptions& options) {
   std::vector<TransportCost> costs;
   int64_t floats = 0;
-  for (const ps::VariableInfo& v : variables) floats += v.size;
+  for (const ps::VariableInfo& v : run.variables) floats += v.size;
   absl::StatusOr<ps::WireDtype> dtype = ps::ParseWireDtype(options.wire_dtype);
   for (const std::string& name : options.transports) {
     TransportCost cost;
@@ -415,8 +469,8 @@ std::vector<TransportCost> MeasureTransports(const std::vector<ps::VariableInfo>
     } else if (name == "tcp") {
       s = MeasureTcp(floats * ps::DtypeBytes(*dtype), options, &cost);
     } else if (name == "grpc" || name == "shm") {
-      s = MeasurePsTransport(variables, options, name == "shm" ? ps::Transport::kShm : ps::Transport::kGrpc,
-                             &cost);
+      s = MeasurePsTransport(run, rows_per_step, options,
+                             name == "shm" ? ps::Transport::kShm : ps::Transport::kGrpc, &cost);
     } else {
       s = absl::InvalidArgumentError(absl::StrCat("unknown transport '", name, "' (grpc, shm or tcp)"));
     }
@@ -435,7 +489,7 @@ absl::Status FinishProfile(ProfileRecorder* profile, const std::string& path, Tr
   profile->MarkEnd();
   RETURN_IF_ERROR(profile->MeasurePsCosts());
   options.wire_dtype = profile->run().wire_dtype;
-  profile->SetTransportCosts(MeasureTransports(profile->run().variables, options));
+  profile->SetTransportCosts(MeasureTransports(profile->run(), profile->SparseRowsPerStep(), options));
   return profile->Write(path);
 }
 

@@ -7,7 +7,8 @@
 //   tcp        a plain socket between two threads of this process (each thread's CPU clock): the floor of
 //              any transport over sockets.
 // Each moves at least `min_bytes` each way (at least min_exchanges pushes and pulls), stopping after
-// `max_seconds` a phase. A transport that cannot be measured (no dtrain_ps beside the binary, no shared
+// `max_seconds` a phase. A model with tables adds a phase of steps (a push and a pull) that carry each table's
+// rows too, as many as a step of the run had. A transport that cannot be measured (no dtrain_ps beside the binary, no shared
 // memory) comes back with TransportCost::skipped saying why; the others still are.
 //
 // Thread-safety: one call at a time (it starts a process and binds ports).
@@ -34,8 +35,9 @@ struct TransportProbeOptions {
   double start_timeout_secs = 30;  // for dtrain_ps to answer
 };
 
-// One TransportCost per options.transports entry, in order. `variables`: the model's, in flat-buffer order.
-std::vector<TransportCost> MeasureTransports(const std::vector<ps::VariableInfo>& variables,
+// One TransportCost per options.transports entry, in order, for the model of `run` (its variables, its tables
+// with `rows_per_step` rows each a step: steps with their rows are measured too, beside the dense ones).
+std::vector<TransportCost> MeasureTransports(const ProfiledRun& run, const std::vector<int64_t>& rows_per_step,
                                              const TransportProbeOptions& options);
 
 // dtrain_worker --profile_out=PATH after a run: marks the run's end, measures the ps's update costs

@@ -351,6 +351,16 @@ absl::Status ProfileRecorder::MeasurePsCosts() {
   return absl::OkStatus();
 }
 
+std::vector<int64_t> ProfileRecorder::SparseRowsPerStep() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int64_t> rows(run_.tables.size(), 0);
+  for (size_t t = 0; t < rows.size(); ++t) {
+    auto it = sparse_rows_.find(static_cast<int>(t));
+    if (it != sparse_rows_.end()) rows[t] = static_cast<int64_t>(std::llround(Median(it->second)));
+  }
+  return rows;
+}
+
 void ProfileRecorder::SetTransportCosts(std::vector<TransportCost> costs) {
   absl::MutexLock lock(&mu_);
   transports_ = std::move(costs);
@@ -466,6 +476,12 @@ absl::StatusOr<std::string> ProfileRecorder::ToJson() const {
       t["push_s"] = c.push_seconds;
       t["pull_s"] = c.pull_seconds;
       if (c.stream_piece_bytes > 0) t["stream_piece_bytes"] = c.stream_piece_bytes;
+      if (c.sparse_rows > 0) {
+        t["sparse_rows"] = {{"per_step", c.sparse_rows},
+                            {"extra_s", c.sparse_extra_seconds},
+                            {"worker_cpu_s", c.sparse_worker_cpu_seconds},
+                            {"ps_cpu_s", c.sparse_ps_cpu_seconds}};
+      }
       if (c.cluster_start_seconds > 0) {
         t["cluster_start_s"] = c.cluster_start_seconds;
         t["cluster_end_s"] = c.cluster_end_seconds;

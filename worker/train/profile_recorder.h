@@ -81,6 +81,11 @@ struct TransportCost {
   // The most bytes of a slice one message carries (the ps updates what has arrived message by message: with
   // the early apply a pull trails its push by one such piece). 0: unknown.
   int64_t stream_piece_bytes = 0;
+  // A model with tables: steps that also pull and push each table's rows (as many as a step of the run had):
+  // the rows per step, and what they add to a step of the dense parameters alone (its push and its pull): wall
+  // seconds, the worker's CPU seconds and the ps's (its updates included). 0 rows: not measured.
+  int64_t sparse_rows = 0;
+  double sparse_extra_seconds = 0, sparse_worker_cpu_seconds = 0, sparse_ps_cpu_seconds = 0;
 };
 
 // Seconds of one update of `variables` (placed on one ps task) by `optimizer` on one thread, as dtrain_ps
@@ -129,6 +134,8 @@ class ProfileRecorder {
   absl::Status MeasurePsCosts();
   void SetTransportCosts(std::vector<TransportCost> costs);
   const ProfiledRun& run() const { return run_; }
+  // Models with tables: the median unique ids a step pushed, per table of run().tables (0 where none was seen).
+  std::vector<int64_t> SparseRowsPerStep() const;
   // The profile as JSON. FailedPrecondition when no step was measured past the warm-up (too few
   // --train_steps, or steps that do not push and pull: device-resident ones).
   absl::StatusOr<std::string> ToJson() const;
