@@ -701,11 +701,12 @@ def main(argv=None):
     ap.add_argument("--shared_cores", default=None,
                     help="every emulated host on one machine of this many cores (netns hosts without quotas)")
     ap.add_argument("--modes", default="sync,async")
-    ap.add_argument("--transport", default="grpc", help="grpc | tcp (a plain socket's cost) | shm (no links)")
+    ap.add_argument("--transport", default="tcp",
+                    help="grpc | tcp (TCP lanes: dtrain's choice across hosts) | shm (one host: no links)")
     ap.add_argument("--backup_workers", default="0", help="sync: steps aggregate W - this many workers")
     ap.add_argument("--apply_early", default="auto", help="auto | on | off (dtrain_worker's flag)")
     ap.add_argument("--link_burst", default="0",
-                    help="links emulated with token buckets of this many ms of their rate (netns_hosts.sh: 10)")
+                    help="links emulated with token buckets of this many ms of their rate (netns_hosts.sh: 4)")
     ap.add_argument("--within", default="0.03", help="recommend the fewest ps tasks within this of the best")
     ap.add_argument("--examples", default="60000", help="predict the wall-clock of a run of this many examples")
     ap.add_argument("--out", default="", help="write PREFIX.csv, PREFIX.json and PREFIX.png")

@@ -60,9 +60,10 @@ def pick_profile(profiles, settings, path):
     return max(before, key=lambda m: m[0])[1] if before else match[0][1]
 
 
-# scripts/netns_hosts.sh caps a link with tc tbf, burst = 10 ms of the rate and at least 128 KB: after an idle
+# scripts/netns_hosts.sh caps a link with tc tbf whose bucket holds 4 ms of the rate, at least 128 KB (10 ms before
+# it could give hosts CPU quotas and latency: results without "emulated_hosts" in their settings): after an idle
 # time a link sends that much at once.
-NETNS_BURST_S, NETNS_MIN_BURST_BYTES = 0.010, 131072
+NETNS_BURST_S, OLD_NETNS_BURST_S, NETNS_MIN_BURST_BYTES = 0.004, 0.010, 131072
 
 
 def at_speed(profile, factor):
@@ -121,19 +122,23 @@ def evaluate(profiles, results, host_cpus=None, latency_ms=None, shared_cores=No
                 predicted = profile["run"]["examples_per_step"] / (profile["steps"]["step_s"]["mean"] * h)
                 profile = at_speed(profile, predicted / measured_rate(local[0], launch))
         bw = pc.parse_bandwidth(s["bandwidth"]) if s.get("bandwidth") else None
-        hc = s.get("host_cpus", host_cpus)
-        lat = s.get("latency_ms", latency_ms if latency_ms is not None else 0.0) / 1e3
+        # What the result says (compare_cluster_sizes writes null where it did not set one), else the flags.
+        hc = s.get("host_cpus") if s.get("host_cpus") is not None else host_cpus
+        lat_ms = s.get("latency_ms") if s.get("latency_ms") is not None else latency_ms
+        lat = (lat_ms or 0.0) / 1e3
         # Without quotas every emulated host shares the machine's cores.
         shared = shared_cores
         if shared is None and s.get("host_cpus") is None:
             shared = float(profile["host"].get("online_cpus", profile["host"]["cpus_available"]))
         t = transport or s.get("transport") or "grpc"
-        if t == "auto":  # shared memory on one host; gRPC across emulated hosts
-            t = "grpc" if s.get("netns") else "shm"
+        if t == "auto":  # shared memory on one host; across emulated hosts TCP lanes where the build has them
+            lanes = "cluster_start_s" in profile["transports"].get("tcp", {}) and "emulated_hosts" in s
+            t = ("tcp" if lanes else "grpc") if s.get("netns") else "shm"
         examples = s.get("examples")
         burst = 0.0
         if bw is not None and s.get("netns"):
-            burst = NETNS_BURST_S if burst_ms is None else burst_ms / 1e3
+            default = NETNS_BURST_S if "emulated_hosts" in s else OLD_NETNS_BURST_S
+            burst = default if burst_ms is None else burst_ms / 1e3
             burst = max(burst, NETNS_MIN_BURST_BYTES * 8 / bw) if burst > 0 else 0.0
         for r in data["rows"]:
             if r.get("system", "dtrain") != "dtrain" or r.get("exit_code") != 0 or not r.get("examples_per_sec"):
@@ -175,7 +180,7 @@ def main(argv=None):
                     help="cores every emulated host shares (default: the profile's host, for runs without quotas)")
     ap.add_argument("--transport", default=None, help="grpc | tcp | shm (default: each result's)")
     ap.add_argument("--link_burst", default=None,
-                    help="ms of a capped link's rate its token bucket lends a burst (default: netns_hosts.sh's 10)")
+                    help="ms of a capped link's rate its token bucket lends a burst (default: netns_hosts.sh's 4)")
     ap.add_argument("--launch", default="median", choices=("median", "best"),
                     help="each run's rate: the median of its launches (compare_cluster_sizes' figure) or the best")
     ap.add_argument("--json", default="", help="also write the rows and the summary here")

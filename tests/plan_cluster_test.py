@@ -271,7 +271,7 @@ with tempfile.TemporaryDirectory() as d:
         return p.returncode, p.stdout
 
     rc, out = run("--workers=1,2,4", "--ps=1,2", "--bandwidth=1gbit", "--latency=0", "--host_cpus=1",
-                  "--modes=sync,async", "--apply_early=off", "--out=" + os.path.join(d, "plan"))
+                  "--modes=sync,async", "--apply_early=off", "--transport=grpc", "--out=" + os.path.join(d, "plan"))
     check("cli rc", rc, 0)
     if "<- use" not in out or not os.path.exists(os.path.join(d, "plan.csv")):
         failures.append("cli: no recommendation or no CSV:\n" + out)

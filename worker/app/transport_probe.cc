@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <glog/logging.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -21,7 +20,6 @@
 #include <iterator>
 #include <memory>
 #include <sstream>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +27,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "ps/client/worker_client.h"
+#include "ps/core/slice_store.h"
 #include "ps/rpc/tensor_coding.h"
 #include "ps/rpc/transport.h"
 #include "ps/shm/shm_segment.h"
@@ -64,12 +63,6 @@ double ProcessCpu(pid_t pid) {
     if (k == 15) stime = std::stoull(field);
   }
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-double ThreadCpu() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 int FreePort() {
@@ -125,7 +118,8 @@ class Buffer {
 
 // grpc or shm: a dtrain_ps process and this process's WorkerClient.
 absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_t>& rows_per_step,
-                                const TransportProbeOptions& o, ps::Transport transport, TransportCost* cost) {
+                                const TransportProbeOptions& o, ps::Transport transport,
+                                TransportCost* cost) {
   const std::vector<ps::VariableInfo>& variables = run.variables;
   ASSIGN_OR_RETURN(const ps::WireDtype dtype, ps::ParseWireDtype(o.wire_dtype));
   std::string ps_binary = o.ps_binary;
@@ -157,7 +151,7 @@ absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_
       absl::StrCat("--max_run_secs=", 4 * o.max_seconds + 2 * o.start_timeout_secs),
       "--max_model_bytes=1099511627776",
       "--apply_early=off",
-      std::string("--transport=") + (transport == ps::Transport::kShm ? "shm" : "grpc")};
+      absl::StrCat("--transport=", ps::TransportName(transport))};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -279,8 +273,8 @@ absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_
   Phase pushes, pulls;
   if (absl::Status s = phase(push, &pushes); !s.ok()) return fail(s);
   if (absl::Status s = phase(pull, &pulls); !s.ok()) return fail(s);
-  // A model with tables: steps that push and pull each table's rows besides the parameters. A step's ids are new
-  // for the first four steps, then seen again (ids (s mod 4) * k + i, modulo a fixed-size table's rows).
+  // A model with tables: steps that push and pull each table's rows besides the parameters. A step's ids are
+  // new for the first four steps, then seen again (ids (s mod 4) * k + i, modulo a fixed-size table's rows).
   Phase sparse_steps;
   if (sparse_rows > 0) {
     std::vector<std::vector<int64_t>> ids(config.tables.size());
@@ -331,148 +325,44 @@ absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_
   cost->pull_worker_cpu_per_byte = pulls.worker_cpu / pull_bytes;
   cost->push_seconds = pushes.median_wall;
   cost->pull_seconds = pulls.median_wall;
-  // gRPC carries a slice in messages of at most this much data (ps/rpc/tensor_coding.h); shared memory lends
-  // whole slices.
+  // gRPC carries a slice in messages of at most this much data (ps/rpc/tensor_coding.h); TCP lanes lend it to
+  // the ps in pieces of a store chunk as they land (ps/tcp/tcp_server.cc); shared memory lends whole slices.
   if (transport == ps::Transport::kGrpc) cost->stream_piece_bytes = ps::coding::kMaxChunkBytes;
+  if (transport == ps::Transport::kTcp)
+    cost->stream_piece_bytes = ps::SliceStore::kChunkFloats * ps::DtypeBytes(dtype);
   if (sparse_steps.done > 0) {
     // What the rows add to a step of the parameters alone: its push (with the update) and its pull.
     const double n_steps = sparse_steps.done;
     cost->sparse_rows = sparse_rows;
-    cost->sparse_extra_seconds = std::max(0.0, sparse_steps.median_wall - pushes.median_wall - pulls.median_wall);
-    cost->sparse_worker_cpu_seconds = std::max(
-        0.0, sparse_steps.worker_cpu / n_steps - pushes.worker_cpu / pushes.done - pulls.worker_cpu / pulls.done);
-    cost->sparse_ps_cpu_seconds =
-        std::max(0.0, sparse_steps.ps_cpu / n_steps - pushes.ps_cpu / pushes.done - pulls.ps_cpu / pulls.done);
+    cost->sparse_extra_seconds =
+        std::max(0.0, sparse_steps.median_wall - pushes.median_wall - pulls.median_wall);
+    cost->sparse_worker_cpu_seconds =
+        std::max(0.0, sparse_steps.worker_cpu / n_steps - pushes.worker_cpu / pushes.done -
+                          pulls.worker_cpu / pulls.done);
+    cost->sparse_ps_cpu_seconds = std::max(
+        0.0, sparse_steps.ps_cpu / n_steps - pushes.ps_cpu / pushes.done - pulls.ps_cpu / pulls.done);
   }
-  return absl::OkStatus();
-}
-
-bool SendAll(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-    if (k <= 0) {
-      if (k < 0 && errno == EINTR) continue;
-      return false;
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-  return true;
-}
-
-bool RecvAll(int fd, char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t k = recv(fd, p, n, 0);
-    if (k <= 0) {
-      if (k < 0 && errno == EINTR) continue;
-      return false;
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-  return true;
-}
-
-// tcp: the "worker" thread sends `exchanges` pushes of `bytes` to the "ps" thread, then receives as many
-// pulls; each thread measures its own CPU clock over each phase. A one-byte answer ends each push and each
-// pull request.
-absl::Status MeasureTcp(int64_t bytes, const TransportProbeOptions& o, TransportCost* cost) {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  if (listener < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listener, 1) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(listener);
-    return absl::UnavailableError(absl::StrCat("bind/listen on 127.0.0.1: ", std::strerror(errno)));
-  }
-  // A receive deadline on both ends: no wait without one.
-  timeval deadline{static_cast<time_t>(o.start_timeout_secs), 0};
-  const int exchanges = Exchanges(bytes, o);
-  struct Side {
-    double push_cpu = 0, pull_cpu = 0;
-    bool ok = false;
-  } ps_side;
-  std::thread server([&] {
-    const int fd = accept(listener, nullptr, nullptr);
-    if (fd < 0) return;
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &deadline, sizeof(deadline));
-    std::vector<char> buf(static_cast<size_t>(bytes));
-    char one = 0;
-    double t0 = ThreadCpu();
-    bool ok = true;
-    for (int k = 0; ok && k < exchanges; ++k)
-      ok = RecvAll(fd, buf.data(), buf.size()) && SendAll(fd, &one, 1);
-    ps_side.push_cpu = ThreadCpu() - t0;
-    t0 = ThreadCpu();
-    for (int k = 0; ok && k < exchanges; ++k)
-      ok = RecvAll(fd, &one, 1) && SendAll(fd, buf.data(), buf.size());
-    ps_side.pull_cpu = ThreadCpu() - t0;
-    ps_side.ok = ok;
-    close(fd);
-  });
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  bool ok = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  if (ok) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &deadline, sizeof(deadline));
-  const int nodelay = 1;
-  if (ok) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nodelay, sizeof(nodelay));
-  std::vector<char> buf(static_cast<size_t>(bytes), 1);
-  char one = 0;
-  std::vector<double> push_walls, pull_walls;
-  double t0 = ThreadCpu();
-  for (int k = 0; ok && k < exchanges; ++k) {
-    const absl::Time w = absl::Now();
-    ok = SendAll(fd, buf.data(), buf.size()) && RecvAll(fd, &one, 1);
-    push_walls.push_back(absl::ToDoubleSeconds(absl::Now() - w));
-  }
-  const double push_cpu = ThreadCpu() - t0;
-  t0 = ThreadCpu();
-  for (int k = 0; ok && k < exchanges; ++k) {
-    const absl::Time w = absl::Now();
-    ok = SendAll(fd, &one, 1) && RecvAll(fd, buf.data(), buf.size());
-    pull_walls.push_back(absl::ToDoubleSeconds(absl::Now() - w));
-  }
-  const double pull_cpu = ThreadCpu() - t0;
-  if (fd >= 0) close(fd);
-  if (!ok) shutdown(listener, SHUT_RDWR);  // a server still in accept() returns
-  server.join();
-  close(listener);
-  if (!ok || !ps_side.ok) return absl::UnavailableError("the loopback exchange failed or timed out");
-  const double moved = static_cast<double>(bytes) * exchanges;
-  cost->bytes = bytes;
-  cost->exchanges = exchanges;
-  cost->push_worker_cpu_per_byte = push_cpu / moved;
-  cost->push_ps_cpu_per_byte = ps_side.push_cpu / moved;
-  cost->pull_ps_cpu_per_byte = ps_side.pull_cpu / moved;
-  cost->pull_worker_cpu_per_byte = pull_cpu / moved;
-  cost->push_seconds = Median(push_walls);
-  cost->pull_seconds = Median(pull_walls);
   return absl::OkStatus();
 }
 
 }  // namespace
 
-std::vector<TransportCost> MeasureTransports(const ProfiledRun& run, const std::vector<int64_t>& rows_per_step,
+std::vector<TransportCost> MeasureTransports(const ProfiledRun& run,
+                                             const std::vector<int64_t>& rows_per_step,
                                              const TransportProbeOptions& options) {
   std::vector<TransportCost> costs;
-  int64_t floats = 0;
-  for (const ps::VariableInfo& v : run.variables) floats += v.size;
   absl::StatusOr<ps::WireDtype> dtype = ps::ParseWireDtype(options.wire_dtype);
   for (const std::string& name : options.transports) {
     TransportCost cost;
     cost.transport = name;
     absl::Status s;
+    absl::StatusOr<ps::Transport> transport = ps::ParseTransport(name);
     if (!dtype.ok()) {
       s = dtype.status();
-    } else if (name == "tcp") {
-      s = MeasureTcp(floats * ps::DtypeBytes(*dtype), options, &cost);
-    } else if (name == "grpc" || name == "shm") {
-      s = MeasurePsTransport(run, rows_per_step, options,
-                             name == "shm" ? ps::Transport::kShm : ps::Transport::kGrpc, &cost);
-    } else {
+    } else if (!transport.ok() || *transport == ps::Transport::kAuto) {
       s = absl::InvalidArgumentError(absl::StrCat("unknown transport '", name, "' (grpc, shm or tcp)"));
+    } else {
+      s = MeasurePsTransport(run, rows_per_step, options, *transport, &cost);
     }
     if (!s.ok()) {
       cost = TransportCost();

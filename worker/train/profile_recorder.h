@@ -66,24 +66,24 @@ struct ProfiledRun {
 // The CPU one transport spends to move a model's bytes, per byte and side, measured on loopback
 // (worker/app/transport_probe.h). All times in seconds.
 struct TransportCost {
-  std::string transport;  // "grpc", "shm" or "tcp" (a plain socket: the floor of any socket transport)
-  std::string skipped;    // not empty: not measured, and why (the figures below are then 0)
-  int64_t bytes = 0;      // of one push and of one pull
-  int exchanges = 0;      // pushes timed, and pulls timed
-  double push_worker_cpu_per_byte = 0;        // the worker sending a push
-  double push_ps_cpu_per_byte = 0;            // the ps receiving it (its update subtracted)
-  double pull_ps_cpu_per_byte = 0;            // the ps sending a pull
-  double pull_worker_cpu_per_byte = 0;        // the worker receiving it
+  std::string transport;                // "grpc", "shm" or "tcp" (TCP lanes)
+  std::string skipped;                  // not empty: not measured, and why (the figures below are then 0)
+  int64_t bytes = 0;                    // of one push and of one pull
+  int exchanges = 0;                    // pushes timed, and pulls timed
+  double push_worker_cpu_per_byte = 0;  // the worker sending a push
+  double push_ps_cpu_per_byte = 0;      // the ps receiving it (its update subtracted)
+  double pull_ps_cpu_per_byte = 0;      // the ps sending a pull
+  double pull_worker_cpu_per_byte = 0;  // the worker receiving it
   double push_seconds = 0, pull_seconds = 0;  // median wall time of one push, one pull
-  // grpc and shm: a ps task's start (the process started to the worker connected and registered) and end (the
-  // worker done to the process gone), the cluster's share of a run's wall-clock. 0 for tcp.
+  // A ps task's start (the process started to the worker connected and registered) and end (the worker done
+  // to the process gone), the cluster's share of a run's wall-clock.
   double cluster_start_seconds = 0, cluster_end_seconds = 0;
   // The most bytes of a slice one message carries (the ps updates what has arrived message by message: with
   // the early apply a pull trails its push by one such piece). 0: unknown.
   int64_t stream_piece_bytes = 0;
   // A model with tables: steps that also pull and push each table's rows (as many as a step of the run had):
-  // the rows per step, and what they add to a step of the dense parameters alone (its push and its pull): wall
-  // seconds, the worker's CPU seconds and the ps's (its updates included). 0 rows: not measured.
+  // the rows per step, and what they add to a step of the dense parameters alone (its push and its pull):
+  // wall seconds, the worker's CPU seconds and the ps's (its updates included). 0 rows: not measured.
   int64_t sparse_rows = 0;
   double sparse_extra_seconds = 0, sparse_worker_cpu_seconds = 0, sparse_ps_cpu_seconds = 0;
 };
@@ -134,7 +134,8 @@ class ProfileRecorder {
   absl::Status MeasurePsCosts();
   void SetTransportCosts(std::vector<TransportCost> costs);
   const ProfiledRun& run() const { return run_; }
-  // Models with tables: the median unique ids a step pushed, per table of run().tables (0 where none was seen).
+  // Models with tables: the median unique ids a step pushed, per table of run().tables (0 where none was
+  // seen).
   std::vector<int64_t> SparseRowsPerStep() const;
   // The profile as JSON. FailedPrecondition when no step was measured past the warm-up (too few
   // --train_steps, or steps that do not push and pull: device-resident ones).
