@@ -21,7 +21,8 @@ placement code), wb the wire bytes per float.
 
 1. Compute is scaled by the host's CPU: the profile's compute ran on c_p cores (its threads, at most the cores its
    process had); a host of H cores runs it at s = c_p / min(H, threads) times the profile's time (a quarter core
-   against one core at 1 thread: 4x). The input wait, the evaluation and the start-up scale the same way.
+   against one core at 1 thread: 4x). The input wait, the evaluation and the start-up scale the same way. What
+   the process spent besides (its input pipeline's threads, the loop) counts against the host's cores too.
 2. Each transfer is a flow of a worker and a ps task, moving the layers in order (pulls in forward order, pushes
    in backward order, each layer as soon as it is ready). A flow's rate is the least of: the ps task's link
    shared by its W workers (B / W), the worker's link shared by the P tasks it talks to (B / P), the ps task's CPU
@@ -54,7 +55,7 @@ placement code), wb the wire bytes per float.
    analysis of the closed network (W workers, each cycle a delay then a visit to each shared station) gives the
    cycle, never below what each station carries per cycle in the long run.
 5. Throughput = W * examples per step / step (sync) or / cycle (async); efficiency = that / (W * one worker on an
-   equal host in local mode: the profile's mean step scaled by its CPU).
+   equal host in local mode: the profile's mean step scaled by its CPU, at least its process's CPU per step / H).
 6. What bounds it: the resource whose removal would shorten the step most, found by predicting again without it:
    compute, ps link, worker link, ps CPU (transport and updates), worker CPU (transport), transport (one stream's
    own speed), machine CPU (--shared_cores), stragglers (the sync barrier), latency.
@@ -234,8 +235,19 @@ def compute_scale(profile, host_cpus):
 
 
 def local_step(profile, host_cpus):
-    """One worker in local mode on a host of host_cpus cores: the profile's mean step, scaled."""
-    return profile["steps"]["step_s"]["mean"] * compute_scale(profile, host_cpus)
+    """One worker in local mode on a host of host_cpus cores: the profile's mean step, scaled, and at least the
+    process's CPU per step (every thread's: the input pipeline's too) on those cores."""
+    cpu = profile["steps"].get("process_cpu_s", 0.0)
+    return max(profile["steps"]["step_s"]["mean"] * compute_scale(profile, host_cpus), cpu / float(host_cpus))
+
+
+def extra_worker_cpu(profile):
+    """Core-seconds a local step's process spent besides its compute and its in-process ps (the input pipeline's
+    threads, the loop), which a cluster worker spends too."""
+    st = profile["steps"]
+    cpu = st.get("process_cpu_s", 0.0)
+    med = lambda key: st.get(key, {}).get("median", 0.0)  # noqa: E731
+    return max(0.0, cpu - med("compute_s") * profile["run"]["compute_cores"] - med("update_s") - med("transport_s"))
 
 
 def _sparse(profile, num_ps, wb):
@@ -438,6 +450,8 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
     x = _Setup(profile, W, P, B, L, H, C, mode, costs, no, burst_s)
     wire = sum(x.task_floats) * x.wb + x.rows_bytes * P  # a worker's bytes each way
     rows_cpu = x.rows_count * P * x.row_worker_cpu  # the worker's CPU for its rows, each way
+    # The worker's other threads (its input pipeline) and its loop, counted against its cores with the forward.
+    other_cpu = 0.0 if x.no_compute else extra_worker_cpu(profile)
     upd = (x.a + (W - 1) * x.sigma) if x.sync else 0.0  # per stored byte (async: applied as the push arrives)
     # Sync: the other tasks learn ps 0's decision from the pull (2L); async: their pulls follow ps 0's answer.
     start = [0.0 if j == 0 else 2 * x.L for j in range(P)]
@@ -447,7 +461,7 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
         """Forward on those arrivals, backward and the push: (f_end, end of the push at the tasks, push detail)."""
         f_end = _forward(x, arrive, max(x.input_s, rows_arrive))
         # The worker's CPU: compute, receiving the pull; backward, sending the push.
-        f_end = max(f_end, x.input_s + (x.f_cpu + wire * x.cwr + rows_cpu) / x.H)
+        f_end = max(f_end, x.input_s + (x.f_cpu + wire * x.cwr + rows_cpu + other_cpu) / x.H)
         ready, done, layer_done, push_cpu = _push(x, f_end)
         worker_floor = f_end + (x.g_cpu + wire * x.cws + rows_cpu) / x.H
         end = ready
@@ -482,7 +496,7 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
         step += x.L
     if x.C is not None and x.sync:
         # One machine for every host: each phase lasts at least the CPU every process spends in it / C.
-        fwd_cpu = W * (x.f_cpu + wire * x.cwr + rows_cpu) + sum(pull_cpu)
+        fwd_cpu = W * (x.f_cpu + wire * x.cwr + rows_cpu + other_cpu) + sum(pull_cpu)
         bwd_cpu = W * (x.g_cpu + wire * x.cws + rows_cpu) + sum(push_cpu)
         step = max(step, max(f_end, fwd_cpu / x.C) + bwd_cpu / x.C)
     if "stragglers" not in no and not x.no_compute:
@@ -502,7 +516,7 @@ def _timeline(profile, W, P, B, L, H, C, mode, costs, backup_workers, no, burst_
         return max(step + (2 * x.L if P > 1 else 0.0), floor)  # other tasks acknowledge before the commit
     # Async: the pull goes out once the push is acknowledged (with P > 1, after the other tasks' parts). A lone
     # worker's cycle, bounded by its own link and CPU:
-    worker_cpu = x.f_cpu + x.g_cpu + wire * (x.cwr + x.cws) + 2 * rows_cpu
+    worker_cpu = x.f_cpu + x.g_cpu + wire * (x.cwr + x.cws) + 2 * rows_cpu + other_cpu
     alone = max(step + 2 * x.L * (1 if P == 1 else 2), x.input_s + worker_cpu / x.H)
     if x.worker_link is not None:
         alone = max(alone, wire / x.worker_link)

@@ -117,9 +117,8 @@ def evaluate(profiles, results, host_cpus=None, latency_ms=None, shared_cores=No
             local = [r for r in data["rows"] if r.get("mode") == "local" and r.get("exit_code") == 0 and
                      r.get("examples_per_sec")]
             if local:
-                h = pc.compute_scale(profile, host_cpus if host_cpus is not None else
-                                     profile["host"]["cpus_available"])
-                predicted = profile["run"]["examples_per_step"] / (profile["steps"]["step_s"]["mean"] * h)
+                predicted = profile["run"]["examples_per_step"] / pc.local_step(
+                    profile, host_cpus if host_cpus is not None else profile["host"]["cpus_available"])
                 profile = at_speed(profile, predicted / measured_rate(local[0], launch))
         bw = pc.parse_bandwidth(s["bandwidth"]) if s.get("bandwidth") else None
         # What the result says (compare_cluster_sizes writes null where it did not set one), else the flags.
@@ -144,8 +143,8 @@ def evaluate(profiles, results, host_cpus=None, latency_ms=None, shared_cores=No
             if r.get("system", "dtrain") != "dtrain" or r.get("exit_code") != 0 or not r.get("examples_per_sec"):
                 continue
             if r["mode"] == "local":
-                h = pc.compute_scale(profile, hc if hc is not None else profile["host"]["cpus_available"])
-                predicted = profile["run"]["examples_per_step"] / (profile["steps"]["step_s"]["mean"] * h)
+                predicted = profile["run"]["examples_per_step"] / pc.local_step(
+                    profile, hc if hc is not None else profile["host"]["cpus_available"])
                 out = {"bound": "-", "wall_s": None}
                 workers, ps = 0, 0
             else:

@@ -191,6 +191,18 @@ rows_measured["transports"]["grpc"]["sparse_rows"] = {"per_step": 1000, "extra_s
 r = predict(rows_measured, 1, 1, None, 0.0, 1.0, "sync", "grpc")
 check("sparse step, rows measured", r["step_s"], 0.0447)
 
+# The process's CPU per step: 60 ms of core time for 40 ms of compute (its input pipeline's threads: 20 ms more).
+#   Locally on one core a step takes at least 60 ms (the mean step says 50), on half a core 120 ms (the scaled
+#   mean step 100). In a cluster the 20 ms count against the worker's core with the forward: unlimited links,
+#   forward at least 15 + 20 = 35 ms (the timeline: 15.4), backward 25 more: 60 ms.
+cpu = copy.deepcopy(P)
+cpu["steps"]["process_cpu_s"] = 0.060
+check("local step, CPU-bound", pc.local_step(cpu, 1.0), 0.060)
+check("local step, half a core", pc.local_step(cpu, 0.5), 0.120)
+check("the worker's other CPU", pc.extra_worker_cpu(cpu), 0.020)
+r = predict(cpu, 1, 1, None, 0.0, 1.0, "sync", "grpc", apply_early="off")
+check("input threads' CPU", r["step_s"], 0.060)
+
 # Case E: latency. Sync, 1 worker, 1 ps, unlimited links, free transports, 1 ms one way: the pull arrives 1 ms
 #   after the update (layer 0 at 1.4 ms, layer 1 at 1.6), forward 1.4 -> 11.4 -> 16.4, backward to 41.4, the last
 #   push at the task 1 ms later: 42.4 ms. With 2 ps tasks, task 1 learns the decision from the pull (2 ms more)

@@ -30,6 +30,7 @@ layers = sum(l["forward_s"] + l["backward_s"] for l in p["layers"])
 assert [l["name"] for l in p["layers"]] == ["hidden1", "softmax_linear"], p["layers"]
 assert 0.7 * compute < layers < 1.3 * compute, (layers, compute)  # medians of the parts, median of the whole
 assert p["steps"]["step_s"]["median"] >= compute, p["steps"]
+assert p["steps"]["process_cpu_s"] >= 0.8 * compute, p["steps"]["process_cpu_s"]  # the compute's thread at least
 assert len(p["steps"]["compute_s"]["quantiles"]) == 101
 for n in ("1", "2", "4", "8"):
     assert sum(p["placement"][n]["task_bytes"]) == 4 * p["model_floats"] == 4 * 397510, n

@@ -1,6 +1,7 @@
 #include "worker/train/profile_recorder.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -127,6 +128,14 @@ std::string LayerName(const std::vector<ps::VariableInfo>& vars, int64_t begin) 
 
 int WireBytesPerFloat(const std::string& dtype) { return dtype == "fp32" ? 4 : 2; }
 
+// CPU seconds (user + system) of this process so far.
+double ProcessCpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 }  // namespace
 
 ProfileRecorder::ProfileRecorder(const Options& options) : options_(options), created_(Clock::now()) {}
@@ -179,6 +188,7 @@ void ProfileRecorder::StepBegin() {
   }
   last_step_begin_ = now;
   ++steps_seen_;
+  if (steps_seen_ == options_.warmup_steps + 1) cpu_first_ = ProcessCpuSeconds();
   if (keep()) input_.push_back(input_wait_);
   input_wait_ = 0;
   update_seconds_ = 0;
@@ -267,6 +277,10 @@ void ProfileRecorder::StepEnd() {
     double b = Secs(prev, ready_[i].enter);
     if (i + 1 == ready_.size()) b += Secs(ready_[i].exit, compute_end_);  // the nodes before the first layer
     layer(ready_[i].begin, ready_[i].end).backward.push_back(b);
+  }
+  if (cpu_first_ >= 0) {
+    cpu_last_ = ProcessCpuSeconds();
+    ++cpu_steps_;
   }
   compute_.push_back(compute);
   forward_total_.push_back(forward_total);
@@ -423,7 +437,10 @@ absl::StatusOr<std::string> ProfileRecorder::ToJson() const {
                 {"backward_s", Stats(backward_total_)},
                 {"input_s", Stats(input_)},
                 {"update_s", Stats(update_)},
-                {"transport_s", Stats(transport_)}};  // in the transport's calls (local: the in-process ps)
+                // In the transport's calls (local mode: the in-process ps).
+                {"transport_s", Stats(transport_)},
+                // Every thread of the process (the input pipeline's too), per measured step.
+                {"process_cpu_s", cpu_steps_ > 0 ? (cpu_last_ - cpu_first_) / cpu_steps_ : 0.0}};
   json placements;
   for (int p : {1, 2, 4, 8}) {
     absl::StatusOr<ps::Placement> placed = ps::PlaceVariables(run_.variables, p);

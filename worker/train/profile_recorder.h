@@ -10,7 +10,8 @@
 // (a layer is a node with variables; the nodes without variables that follow it in forward order are counted
 // with it), the compute (forward + backward, without the time spent in the transport's calls), the whole step
 // (from one step's start to the next's: input, compute, push, update, pull), the input wait, the in-process
-// ps's update, and for models with tables the rows pushed per table.
+// ps's update, the process's CPU per step (its input threads included), and for models with tables the rows
+// pushed per table.
 //
 // Usage (dtrain_worker):
 //   ProfileRecorder profile;                       // at start: the run's clock starts here
@@ -166,6 +167,10 @@ class ProfileRecorder {
   bool have_train_end_ ABSL_GUARDED_BY(mu_) = false,
                        have_eval_ ABSL_GUARDED_BY(mu_) = false, have_end_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_seen_ ABSL_GUARDED_BY(mu_) = 0;  // StepBegin calls
+  // The process's CPU seconds when the first measured step began and when the last one ended, and the measured
+  // steps that ended between them.
+  double cpu_first_ ABSL_GUARDED_BY(mu_) = -1, cpu_last_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t cpu_steps_ ABSL_GUARDED_BY(mu_) = 0;
 
   // The step in flight.
   std::thread::id compute_thread_ ABSL_GUARDED_BY(mu_);
