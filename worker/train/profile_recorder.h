@@ -167,8 +167,8 @@ class ProfileRecorder {
   bool have_train_end_ ABSL_GUARDED_BY(mu_) = false,
                        have_eval_ ABSL_GUARDED_BY(mu_) = false, have_end_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_seen_ ABSL_GUARDED_BY(mu_) = 0;  // StepBegin calls
-  // The process's CPU seconds when the first measured step began and when the last one ended, and the measured
-  // steps that ended between them.
+  // The process's CPU seconds when the first measured step began and when the last one ended, and the
+  // measured steps that ended between them.
   double cpu_first_ ABSL_GUARDED_BY(mu_) = -1, cpu_last_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t cpu_steps_ ABSL_GUARDED_BY(mu_) = 0;
 
