@@ -404,8 +404,12 @@ void ParameterServer::Impl::ApplyAsync(int i, GradientBuffers::Buffer& buffer) {
     step = step_;
   }
   const float* grad = buffer.data(i);
+  const absl::Time start = options_.on_update_timed ? absl::Now() : absl::InfinitePast();
   store_->Apply(i, step, &grad, 1, 1.0f, store_->version(i) + 1);
   buffer.set_applied(i);
+  if (options_.on_update_timed) {
+    options_.on_update_timed({store_->spec(i).length, 1, 0, absl::ToDoubleSeconds(absl::Now() - start), 0});
+  }
 }
 
 void ParameterServer::Impl::ApplySparse(const std::vector<GradientBuffers::Buffer*>& buffers, int64_t step,
@@ -716,6 +720,7 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
       }
       if (!tentative) EndTentativeLocked(tentative_.writer, /*confirmed=*/false);
     }
+    const absl::Time dense_start = options_.on_update_timed ? absl::Now() : absl::InfinitePast();
     for (int i = 0; i < store_->num_slices(); ++i) {
       for (size_t k = 0; k < summed.size(); ++k) grads[k] = summed[k]->data(i);
       if (tentative) {
@@ -728,8 +733,19 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
     }
     if (tentative) EndTentativeLocked(tentative_.writer, /*confirmed=*/true);
     // The tables after the slices (pulls stream them in that order), with the same 1/R.
+    const absl::Time sparse_start = options_.on_update_timed ? absl::Now() : absl::InfinitePast();
     sparse_->SetClock(d.step);
     if (!sparse_async_) ApplySparse(summed, d.step, scale);
+    if (options_.on_update_timed && !tentative) {
+      int64_t rows = 0;
+      for (int t = 0; t < sparse_->num_tables() && !sparse_async_; ++t) {
+        for (const GradientBuffers::Buffer* b : summed) rows += static_cast<int64_t>(b->sparse_ids(t).size());
+      }
+      const absl::Time end = absl::Now();
+      options_.on_update_timed({store_->total_floats(), static_cast<int>(summed.size()), rows,
+                                absl::ToDoubleSeconds(sparse_start - dense_start),
+                                absl::ToDoubleSeconds(end - sparse_start)});
+    }
     for (GradientBuffers::Locked& b : held) {
       if (b->step() == d.step) b->Unlend(0);  // read for the last time
     }

@@ -103,6 +103,16 @@ struct ParameterServerOptions {
   std::function<void(const StepDecision&)> on_step_applied;
   // Time source for time-based checkpoints and leases (default absl::Now); tests inject a fake clock.
   std::function<absl::Time()> clock;
+  // Profiling (dtrain_worker --profile_out): called after each update this task applies, from the thread that
+  // applied it, with what it cost: a sync step's dense slices (floats, gradients summed into them) and its tables'
+  // rows, or one async slice. It must not call back into the ParameterServer. Null: nothing is timed.
+  struct TimedUpdate {
+    int64_t floats = 0;   // dense floats updated
+    int gradients = 0;    // gradients summed into each (sync: the step's workers; async: 1)
+    int64_t rows = 0;     // sparse rows updated (every table)
+    double dense_seconds = 0, sparse_seconds = 0;
+  };
+  std::function<void(const TimedUpdate&)> on_update_timed;
 
   // Membership: a worker silent (no call, no heartbeat) for longer than this is declared lost: sync mode stops
   // waiting for it (R shrinks for the steps that follow) until it registers again. Zero: never (local mode).

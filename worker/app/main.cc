@@ -33,6 +33,7 @@
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/transport.h"
 #include "worker/app/model_flags.h"
+#include "worker/app/transport_probe.h"
 #include "worker/towers/towers.h"
 #include "worker/train/trainer.h"
 
@@ -203,6 +204,10 @@ ABSL_FLAG(double, delta_every_secs, 0,
           "ps tasks / local mode: write what changed since the last delta every this many seconds (to --delta_dir)");
 ABSL_FLAG(int64_t, delta_every_steps, 0, "ps tasks / local mode: a delta every this many global steps too (0: off)");
 ABSL_FLAG(std::string, delta_dir, "", "ps tasks / local mode: where deltas go (default: --checkpoint_dir)");
+ABSL_FLAG(std::string, profile_out, "",
+          "Write what this run cost as a profile (JSON) to this file at the end: steps, layers, updates, placement, "
+          "the transports' CPU per byte (a short loopback exchange after training), for scripts/plan_cluster.py "
+          "(docs/planner.md). Meant for --job_name=local");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
           "bytes; gradients keep their rounding error for the next step)");
@@ -285,6 +290,9 @@ int main(int argc, char** argv) {
   dtrain::ParseCommandLineOrExit(argc, argv, spec);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  std::string profile_out = absl::GetFlag(FLAGS_profile_out);
+  std::unique_ptr<dtrain::worker::ProfileRecorder> profile;  // made first: the run's start
+  if (!profile_out.empty()) profile = std::make_unique<dtrain::worker::ProfileRecorder>();
 
   dtrain::ClusterFlags cf;
   cf.cluster_spec = absl::GetFlag(FLAGS_cluster_spec);
@@ -420,7 +428,8 @@ int main(int argc, char** argv) {
     flags_ok = n.status();
     if (n.ok()) o.input_normalization = *std::move(n);
   }
-  for (const std::string* out : {&o.export_onnx, &o.metrics_file}) {
+  o.profile = profile.get();
+  for (const std::string* out : {&o.export_onnx, &o.metrics_file, &profile_out}) {
     if (flags_ok.ok() && !out->empty() && !dtrain::Env::Default()->IsDirectory(dtrain::ParentDir(*out))) {
       flags_ok = absl::InvalidArgumentError(absl::StrCat("cannot write ", *out, ": its directory does not exist"));
     }
@@ -567,6 +576,13 @@ int main(int argc, char** argv) {
       default:
         return dtrain::kExitError;
     }
+  }
+  if (profile != nullptr && !result->stopped) {
+    if (absl::Status s = dtrain::worker::FinishProfile(profile.get(), profile_out, {}); !s.ok()) {
+      std::fprintf(stderr, "dtrain_worker: --profile_out=%s: %s\n", profile_out.c_str(), std::string(s.message()).c_str());
+      return dtrain::kExitError;
+    }
+    std::printf("profile written to %s\n", profile_out.c_str());
   }
   if (result->stopped) {
     std::fprintf(stderr, "dtrain_worker: stopped by %s at step %lld; it left the cluster\n",

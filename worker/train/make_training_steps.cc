@@ -11,10 +11,13 @@ namespace dtrain::worker {
 
 absl::StatusOr<std::unique_ptr<TrainingSteps>> MakeTrainingSteps(Towers* towers, ps::WorkerClient* client,
                                                                  const TrainingStepsOptions& options) {
-  if (options.local_ps == nullptr)
-    return std::unique_ptr<TrainingSteps>(
-        new StepRunner(towers, client, options.sync, options.row_cache_rows, options.row_cache_staleness,
-                       options.kill_mid_push_at_step, options.tune_apply_early));
+  if (options.local_ps == nullptr) {
+    auto runner = std::make_unique<StepRunner>(towers, client, options.sync, options.row_cache_rows,
+                                               options.row_cache_staleness, options.kill_mid_push_at_step,
+                                               options.tune_apply_early);
+    runner->set_profile(options.profile);
+    return std::unique_ptr<TrainingSteps>(std::move(runner));
+  }
   ASSIGN_OR_RETURN(kernels::OptimizerParams params, DeviceOptimizerParams(options.config));
   ResidentStepsOptions ro;
   ro.cuda_graphs = options.cuda_graphs;

@@ -10,6 +10,7 @@
 #include "ps/client/worker_client.h"
 #include "ps/core/parameter_server.h"
 #include "worker/towers/towers.h"
+#include "worker/train/profile_recorder.h"
 #include "worker/train/training_steps.h"
 
 namespace dtrain::worker {
@@ -29,6 +30,8 @@ struct TrainingStepsOptions {
   int row_cache_staleness = 0;
   // Steps that push and pull: measure whether pushes should ask for the early apply (--apply_early=auto).
   bool tune_apply_early = false;
+  // Steps that push and pull: report each step's timings here (worker/train/profile_recorder.h; null: none).
+  ProfileRecorder* profile = nullptr;
 };
 
 // The steps for `towers` (both must outlive them): ResidentSteps with options.local_ps, else a StepRunner.

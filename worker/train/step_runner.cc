@@ -88,6 +88,7 @@ absl::Status StepRunner::PushRows() {
   ++traffic_.steps;
   for (int t = 0; t < b.num_tables(); ++t) {
     const int dim = b.table(t).dim;
+    if (profile_ != nullptr) profile_->AddSparseRows(t, static_cast<int64_t>(b.unique_ids(t).size()));
     if (cache_ == nullptr) {
       RETURN_IF_ERROR(client_->PushSparse(static_cast<uint32_t>(t), b.unique_ids(t).data(),
                                           static_cast<int64_t>(b.unique_ids(t).size()), b.grads(t)));
@@ -169,6 +170,7 @@ absl::Status StepRunner::ScoreBatch(const models::HostBatch& batch, float* logit
 }
 
 absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int64_t step) {
+  if (profile_ != nullptr) profile_->StepBegin();
   if (sparse_model_) {
     if (!upcoming_set_) {
       return absl::FailedPreconditionError("a model with sparse tables steps after SetUpcomingBatches");
@@ -214,7 +216,13 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
     }
     return absl::OkStatus();
   };
-  absl::StatusOr<float> loss = towers_->ComputeGradients(batches, step, &hooks);
+  models::StepHooks timed;
+  if (profile_ != nullptr) {
+    timed = profile_->TimeHooks(hooks);
+    profile_->ComputeBegin();
+  }
+  absl::StatusOr<float> loss = towers_->ComputeGradients(batches, step, profile_ != nullptr ? &timed : &hooks);
+  if (profile_ != nullptr) profile_->ComputeEnd();
   // Every parameter has been read; the pull that brought them is over (finished already when the next one went
   // out beside the push).
   absl::Status pulled = !loss.ok() ? loss.status() : pulled_early ? absl::OkStatus() : client_->FinishPull().status();
@@ -233,6 +241,7 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
     RETURN_IF_ERROR(RequestRows(current_, step + 1));
   }
   if (!pulled_early) client_->StartPull(sync_ ? step + 1 : 0, step, towers_->host_params());
+  if (profile_ != nullptr) profile_->StepEnd();
   losses_.push_back(*loss);
   return absl::OkStatus();
 }

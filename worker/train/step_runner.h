@@ -28,6 +28,7 @@
 #include "worker/batch/sparse_batch.h"
 #include "worker/towers/towers.h"
 #include "worker/train/apply_early_tuner.h"
+#include "worker/train/profile_recorder.h"
 #include "worker/train/training_steps.h"
 
 namespace dtrain::worker {
@@ -67,6 +68,8 @@ class StepRunner : public TrainingSteps {
   absl::Status LoadParameters(bool moving_averages) override;
   absl::StatusOr<std::vector<float>> Parameters() override;
   absl::Status Finish() override { return absl::OkStatus(); }
+  // Report every step's timings to `profile` (not owned; null: none).
+  void set_profile(ProfileRecorder* profile) { profile_ = profile; }
 
  private:
   const int64_t kill_mid_push_at_step_;
@@ -101,6 +104,7 @@ class StepRunner : public TrainingSteps {
   // --apply_early=auto: the tuner, and when the previous step started.
   std::unique_ptr<ApplyEarlyTuner> tuner_;
   absl::Time last_step_start_ = absl::InfinitePast();
+  ProfileRecorder* profile_ = nullptr;
 };
 
 }  // namespace dtrain::worker

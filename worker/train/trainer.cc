@@ -37,6 +37,7 @@
 #include "worker/batch/table_spec.h"
 #include "worker/towers/towers.h"
 #include "worker/train/make_training_steps.h"
+#include "worker/train/profile_recorder.h"
 
 namespace dtrain::worker {
 namespace {
@@ -260,6 +261,9 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
     po.delta = o.delta;
     if (po.delta.dir.empty()) po.delta.dir = o.checkpoint.dir;
     po.apply_threads = o.threads;
+    if (o.profile != nullptr) {
+      po.on_update_timed = [p = o.profile](const ps::ParameterServerOptions::TimedUpdate& u) { p->AddUpdate(u); };
+    }
     ASSIGN_OR_RETURN(c->local_ps, ps::ParameterServer::Create(po));
     c->tasks = {c->local_ps.get()};
   }
@@ -411,6 +415,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       const double waited = absl::ToDoubleSeconds(absl::Now() - asked);
       result->input_wait_seconds += waited;
       window_input_wait += waited;
+      if (o.profile != nullptr) o.profile->AddInputWait(waited);
       in->batches[t] = next;  // copy: the stream's buffer is reused on the next call
       if (in->batches[t].batch == 0) {
         RETURN_IF_ERROR(d->stream->status());  // a file that could not be read
@@ -609,6 +614,7 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
                             Towers* towers, Connection* c, TrainingSteps* steps, EventWriter* events,
                             TrainingResult* result) {
   RETURN_IF_ERROR(steps->Finish());
+  if (o.profile != nullptr) o.profile->MarkTrainEnd();
   if (chief) {
     // The newest parameters (other workers may have pushed after our last pull).
     ASSIGN_OR_RETURN(ps::PullResult at, steps->PullNewest());
@@ -623,7 +629,9 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
       const absl::Time evaluating = absl::Now();
       auto evaluated = absl::MakeCleanup(
           [&] { result->evaluate_seconds += absl::ToDoubleSeconds(absl::Now() - evaluating); });
+      if (o.profile != nullptr) o.profile->MarkEvaluation(/*begin=*/true);
       ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), d, /*moving_averages=*/false));
+      if (o.profile != nullptr) o.profile->MarkEvaluation(/*begin=*/false);
       result->test_accuracy = e.accuracy;
       result->test_log_loss = e.log_loss;
       result->test_auc = e.auc;
@@ -883,6 +891,23 @@ void AwaitRunOutcome(const WorkerOptions& o, ps::WorkerClient* client, TrainingR
   }
 }
 
+// What --profile_out records of the run's set-up.
+ProfiledRun ProfiledRunOf(const WorkerOptions& o, bool local, Towers* towers, const ps::TrainConfig& config) {
+  ProfiledRun run;
+  run.model = o.model;
+  run.batch_size = o.batch_size;
+  run.towers = towers->size();
+  run.threads = o.threads;
+  run.mode = local ? "local" : o.mode;
+  run.wire_dtype = o.wire_dtype;
+  run.optimizer = config.optimizer;
+  for (const models::VariableInfo& v : towers->tower(0)->variables()) {
+    run.variables.push_back({v.name, v.size(), v.trainable});
+  }
+  for (const models::TableInfo& t : towers->tower(0)->graph().tables) run.tables.push_back({t.name, t.dim, t.rows});
+  return run;
+}
+
 absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::vector<ps::PsInterface*>& tasks,
                                      Connection* conn, Phase* phase) {
   SetFlushDenormals();  // the training loop computes (the kernels' own pools set it too)
@@ -957,6 +982,8 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
   // Only where ps 0 can grant it: one worker, one ps task, sync, whole (not striped) pulls.
   sopt.tune_apply_early = o.apply_early == "auto" && !local && sopt.sync && o.num_workers == 1 &&
                           o.num_ps == 1 && o.slice_pieces_per_task == 1;
+  sopt.profile = o.profile;
+  if (o.profile != nullptr) o.profile->SetRun(ProfiledRunOf(o, local, towers.get(), ps.config));
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,
                    MakeTrainingSteps(towers.get(), ps.client.get(), sopt));
   // TensorBoard summaries from the chief (loss, throughput, accuracy), like the seeds' Supervisor.

@@ -28,6 +28,8 @@
 
 namespace dtrain::worker {
 
+class ProfileRecorder;  // worker/train/profile_recorder.h
+
 struct WorkerOptions {
   // Model and data.
   std::string model = "mlp";              // --model: a built-in name or PATH.onnx (worker/models/registry.h)
@@ -173,6 +175,10 @@ struct WorkerOptions {
   // Chief: its model and data flags as "name=value" lines, kept in the checkpoints (ps::TrainConfig::
   // model_flags) so that dtrain_eval --checkpoint=DIR needs nothing else.
   std::vector<std::string> model_flags;
+
+  // Profiling (dtrain_worker --profile_out): the run reports its steps, layers, updates and phases to this
+  // recorder (not owned; null: nothing is timed). Only steps that push and pull are profiled.
+  ProfileRecorder* profile = nullptr;
 
   // Output files.
   std::string metrics_file;  // this worker's loss of every local step, as CSV "local_step,loss" (exact floats)
