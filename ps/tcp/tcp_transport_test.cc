@@ -182,7 +182,9 @@ TEST(TcpTransportTest, StepsWithThePullBehindOrBesideThePushEqualInProcess) {
     // which reached the ps first (a commit already applied is pulled plainly), so how many steps took that path
     // varies with the machine's load (TheEarlyApplyStreamsThePullWhileThePushArrives checks the streaming itself).
     std::printf("%d of 6 pulls went beside their push\n", beside);
-    if (!early) EXPECT_EQ(beside, 0);
+    if (!early) {
+      EXPECT_EQ(beside, 0);
+    }
     EXPECT_EQ(side.counters.tcp_pushes.load(), 6);
     EXPECT_EQ(side.counters.control_pushes.load(), 0);
     EXPECT_EQ(side.counters.control_pulls.load(), 0);
