@@ -43,6 +43,11 @@ and examples: one plain PyTorch process, the baseline of DDP's own scaling effic
 as each cluster size has workers; the dtrain sync rows then show their rate against DDP's. --repeats=N runs every
 configuration N times, interleaved (A B C A B C ...), and reports each one's median launch.
 
+--profile_out=FILE writes the profile of one more local run (dtrain_worker --profile_out: what it costs by layer,
+the updates, the transports' CPU; not a row of the table), and --predict puts scripts/plan_cluster.py's prediction
+from that profile alone beside every cluster row (examples/sec, its error against the measurement, the wall-clock,
+what bounds it) and as dashed curves in the plot (docs/planner.md).
+
 Extra arguments after -- go to every worker (e.g. -- --threads=1).
 """
 import argparse
@@ -51,6 +56,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -283,10 +289,38 @@ def run_netns_cluster(a, n, mode_args, logdir, timeout, tag):
         return rc, wall, h.settings
 
 
+def predict_rows(rows, meta, profile_path):
+    """Puts scripts/plan_cluster.py's prediction beside every dtrain cluster row (the planner_accuracy mapping of a
+    result's settings to the planner's arguments), from the local run's profile alone."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import plan_cluster  # noqa: E402  (beside this script)
+    import planner_accuracy  # noqa: E402
+    if meta.get("colocate_ps"):
+        print("compare_cluster_sizes: --predict: the planner does not model ps tasks colocated with the workers; "
+              "no prediction", file=sys.stderr)
+        return
+    try:
+        profile = plan_cluster.load_profile(profile_path)
+        predicted = planner_accuracy.evaluate([(0.0, profile)], [("this run", {"settings": meta, "rows": rows})])
+    except plan_cluster.PlanError as e:
+        print("compare_cluster_sizes: --predict: %s" % e, file=sys.stderr)
+        return
+    by_name = {p["configuration"]: p for p in predicted if p["mode"] != "local"}
+    for r in rows:
+        p = by_name.get(r["configuration"])
+        if r["system"] != "dtrain" or p is None:
+            continue
+        r["predicted_examples_per_sec"] = round(p["predicted"], 1)
+        r["prediction_error"] = round(p["error"], 4)
+        r["predicted_wall_secs"] = None if p["wall_predicted"] is None else round(p["wall_predicted"], 2)
+        r["predicted_bound"] = p["bound"]
+
+
 def write_table(rows, prefix, meta, sparse):
     keys = ["configuration", "system", "mode", "workers", "exit_code", "wall_secs", "train_secs", "examples",
             "examples_per_sec", "speedup_vs_local", "scaling_efficiency", "vs_ddp", "secs_to_target_accuracy",
-            "final_accuracy", "start_secs", "evaluate_secs", "end_secs"]
+            "final_accuracy", "start_secs", "evaluate_secs", "end_secs", "predicted_examples_per_sec",
+            "prediction_error", "predicted_wall_secs", "predicted_bound"]
     if sparse:  # final_accuracy holds the AUC
         keys += ["final_log_loss", "rows_held", "bytes_per_step"]
     with open(prefix + ".csv", "w", newline="") as f:
@@ -325,7 +359,12 @@ def plot(rows, sizes, modes, path, title, target):
         pts = [r for r in rows[1:] if r["mode"] == mode and r["workers"] > 0]
         x = [r["workers"] for r in pts]
         ax_wall.plot(x, [r["wall_secs"] for r in pts], "o-", label=mode if mode != "ddp" else "PyTorch DDP")
-        ax_eps.plot(x, [r["examples_per_sec"] for r in pts], "o-", label=mode if mode != "ddp" else "PyTorch DDP")
+        line = ax_eps.plot(x, [r["examples_per_sec"] for r in pts], "o-",
+                           label=mode if mode != "ddp" else "PyTorch DDP")[0]
+        guess = [(r["workers"], r["predicted_examples_per_sec"]) for r in pts if r.get("predicted_examples_per_sec")]
+        if guess:  # --predict: the planner's curve beside the measured one
+            ax_eps.plot([g[0] for g in guess], [g[1] for g in guess], "x--", color=line.get_color(),
+                        label="%s, predicted" % mode)
         ax_eff.plot(x, [r["scaling_efficiency"] or 0 for r in pts], "o-", label=mode if mode != "ddp" else "PyTorch DDP")
         if target is not None:
             t = [(r["workers"], r["secs_to_target_accuracy"]) for r in pts if r["secs_to_target_accuracy"]]
@@ -378,6 +417,13 @@ def main():
     ap.add_argument("--ddp", action="store_true",
                     help="add PyTorch DDP (gloo) at each size, and plain PyTorch as its baseline (built-in models)")
     ap.add_argument("--repeats", type=int, default=1, help="launches of each configuration, interleaved; medians")
+    ap.add_argument("--profile_out", default="",
+                    help="the (first) local run also writes its profile here (dtrain_worker --profile_out), what "
+                         "scripts/plan_cluster.py predicts clusters from")
+    ap.add_argument("--predict", action="store_true",
+                    help="put scripts/plan_cluster.py's prediction beside every cluster row: examples/sec, its error "
+                         "against the measurement, the wall-clock and what bounds it, from the local run's profile "
+                         "alone (nothing fitted to the rows it is judged on)")
     for flag in DATA_FLAGS:
         ap.add_argument("--" + flag, default=None, help="passed to every worker (dtrain_worker's flag)")
     ap.add_argument("worker_args", nargs="*")
@@ -450,6 +496,9 @@ def main():
     os.environ["DTRAIN_BIN"] = a.bin  # netns_hosts.sh finds dtrain_netdelay beside the binaries
     work = tempfile.mkdtemp(prefix="dtrain_compare.")
     emulation = {}  # the emulated hosts' settings, as netns_hosts.sh info printed them
+    # The local run's profile (--profile_out, or beside the logs for --predict), what the planner predicts from.
+    profile_path = os.path.abspath(a.profile_out) if a.profile_out else (
+        os.path.join(work, "local.profile.json") if a.predict else "")
 
     def netns_tag(key, rep):
         return "%s.%d" % (key, rep)
@@ -480,12 +529,14 @@ def main():
             return []
         return ["--eval_every=%d" % max(1, round(eval_every * steps / max(1, a.examples // a.batch_size)))]
 
-    def run_local(rep):
+    def run_local(rep, profile=False):
         steps = max(1, a.examples // a.batch_size)
-        logdir = os.path.join(work, "local.%d" % rep)
+        logdir = os.path.join(work, "local.profile" if profile else "local.%d" % rep)
         os.makedirs(logdir)
         cmd = [os.path.join(a.bin, "dtrain_worker"), "--job_name=local", "--train_steps=%d" % steps] + \
             eval_args(steps) + common
+        if profile:  # a launch of its own: the profile's measurements (its transports) add to its wall-clock
+            cmd.append("--profile_out=" + profile_path)
         log = os.path.join(logdir, "worker_0.log")
         if a.netns:  # on one host like each of the cluster's: the same quota
             rc, wall = on_hosts(1, "local", rep, [cmd], [log])
@@ -560,6 +611,12 @@ def main():
         if a.ddp:
             configs.append(("ddp_%d" % n, lambda rep, n=n: run_ddp(n, rep)))
     launches = {key: [] for key, _ in configs}
+    if profile_path:
+        r = run_local(0, profile=True)
+        if r["exit_code"] != 0:
+            sys.exit("compare_cluster_sizes: the local run that writes the profile %s failed (exit %d; its log: %s)"
+                     % (profile_path, r["exit_code"], os.path.join(work, "local.profile", "worker_0.log")))
+        print("done: the profile's local run (%.1f s), %s" % (r["wall_secs"], profile_path), file=sys.stderr)
     for rep in range(a.repeats):
         for key, run in configs:
             r = run(rep)
@@ -588,6 +645,17 @@ def main():
         ddp = by_key.get("ddp_%d" % r["workers"])
         if r["system"] == "dtrain" and ddp and ddp["examples_per_sec"] > 0:
             r["vs_ddp"] = round(r["examples_per_sec"] / ddp["examples_per_sec"], 3)
+    meta = {"model": a.model, "batch_size": a.batch_size, "examples": a.examples, "num_ps": a.num_ps,
+            "sizes": sizes, "modes": modes, "target_accuracy": target, "eval_every": eval_every,
+            "transport": a.transport, "repeats": a.repeats, "ddp": a.ddp, "colocate_ps": a.colocate_ps,
+            "netns": a.netns, "bandwidth": a.bandwidth or None, "host_cpus": a.host_cpus,
+            "latency_ms": a.latency, "emulated_hosts": emulation.get("hosts"),
+            "worker_args": data_args + a.worker_args, "profile": profile_path or None}
+    for r in rows:
+        r.update({"predicted_examples_per_sec": None, "prediction_error": None, "predicted_wall_secs": None,
+                  "predicted_bound": None})
+    if a.predict:
+        predict_rows(rows, meta, profile_path)
     where = "127.0.0.1"
     if a.netns:
         where = "network namespaces%s" % (", links capped at " + a.bandwidth if a.bandwidth else ", uncapped links")
@@ -607,6 +675,8 @@ def main():
     hdr = "%-32s %8s %7s %8s %7s %7s %12s %9s %10s %11s %9s" % (
         "configuration", "wall_s", "start", "train_s", "eval", "end", "examples/sec", "vs local", "scaling", tcol,
         metric)
+    if a.predict:
+        hdr += " %10s %8s %-12s" % ("predicted", "error", "bound")
     if a.ddp:
         hdr += " %8s" % "vs DDP"
     if sparse:
@@ -629,6 +699,10 @@ def main():
         if sparse:
             line += " %8s %10s %12s" % (dash(r["final_log_loss"], "%.4f"), dash(r["rows_held"], "%d"),
                                         dash(r["bytes_per_step"], "%d"))
+        if a.predict:
+            line += " %10s %8s %-12s" % (dash(r["predicted_examples_per_sec"], "%.1f"),
+                                         dash(None if r["prediction_error"] is None else 100 * r["prediction_error"],
+                                              "%+.1f%%"), r["predicted_bound"] or "-")
         if a.ddp:
             line += " %8s" % dash(r["vs_ddp"], "%.2fx")
         print(line + ("" if r["exit_code"] == 0 else "  (FAILED rc=%d)" % r["exit_code"]))
@@ -636,15 +710,14 @@ def main():
     print("wall_s = start + train_s + eval + end: start = launch until every worker (rank) was training, train = "
           "from then to the last one's last step, eval = the final test-set evaluation (dtrain's chief, DDP's rank "
           "0), end = the rest until every process exited; '-': the workers did not say")
+    if a.predict:
+        errs = [abs(r["prediction_error"]) for r in rows if r["prediction_error"] is not None]
+        if errs:
+            print("the planner's prediction (scripts/plan_cluster.py, from the local run's profile %s): median |error| "
+                  "%.1f%%, worst %.1f%% over %d clusters" % (profile_path, 100 * statistics.median(errs),
+                                                             100 * max(errs), len(errs)))
     prefix = a.out or (os.path.splitext(a.plot)[0] if a.plot else "")
     if prefix:
-        meta = {"model": a.model, "batch_size": a.batch_size, "examples": a.examples, "num_ps": a.num_ps,
-                "sizes": sizes, "modes": modes, "target_accuracy": target, "eval_every": eval_every,
-                "transport": a.transport, "repeats": a.repeats, "ddp": a.ddp,
-                "colocate_ps": a.colocate_ps,
-                "netns": a.netns, "bandwidth": a.bandwidth or None, "host_cpus": a.host_cpus,
-                "latency_ms": a.latency, "emulated_hosts": emulation.get("hosts"),
-                "worker_args": data_args + a.worker_args}
         write_table(rows, prefix, meta, sparse)
         title = "dtrain %s: %d examples, batch %d, %s" % (a.model, a.examples, a.batch_size, where)
         plot(rows, sizes, modes + (["ddp"] if a.ddp else []), a.plot or prefix + ".png", title, target)

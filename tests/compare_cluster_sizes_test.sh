@@ -49,6 +49,26 @@ cat "$dir/local.out"
 [ "$rc" = 0 ] || fail "compare exited $rc"
 grep -q "^async, 1 ps, 2 workers .*%" "$dir/local.out" || fail "no async 2-worker row with a scaling column"
 check_table "$dir/local" 5
+# --predict: the planner's prediction beside every cluster row, from the profile of a local run of its own.
+rc=0
+"$CMP" --model=mlp --examples=4000 --sizes=2 --modes=sync --predict --profile_out="$dir/mlp.profile.json" \
+  --out="$dir/predict" >"$dir/predict.out" 2>&1 || rc=$?
+tail -n 5 "$dir/predict.out"
+[ "$rc" = 0 ] || fail "compare --predict exited $rc"
+grep -q "the planner's prediction (scripts/plan_cluster.py, from the local run's profile" "$dir/predict.out" ||
+  fail "no prediction summary"
+/usr/bin/python3 - "$dir/predict.json" "$dir/mlp.profile.json" <<'PY' || fail "predict table"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["settings"]["profile"] == sys.argv[2], doc["settings"]
+assert json.load(open(sys.argv[2]))["format"] == "dtrain-profile"
+local, sync = doc["rows"]
+assert local["predicted_examples_per_sec"] is None, local
+assert sync["predicted_examples_per_sec"] > 0 and sync["predicted_bound"], sync
+assert abs(sync["prediction_error"] - (sync["predicted_examples_per_sec"] / sync["examples_per_sec"] - 1)) < 1e-3, sync
+print("predict table: %.1f predicted against %.1f measured" % (sync["predicted_examples_per_sec"],
+                                                               sync["examples_per_sec"]))
+PY
 if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
   [ -s "$dir/local.png" ] || fail "no plot although matplotlib is installed"
 fi
