@@ -295,13 +295,28 @@ def predict_rows(rows, meta, profile_path):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import plan_cluster  # noqa: E402  (beside this script)
     import planner_accuracy  # noqa: E402
-    if meta.get("colocate_ps"):
-        print("compare_cluster_sizes: --predict: the planner does not model ps tasks colocated with the workers; "
-              "no prediction", file=sys.stderr)
-        return
     try:
         profile = plan_cluster.load_profile(profile_path)
-        predicted = planner_accuracy.evaluate([(0.0, profile)], [("this run", {"settings": meta, "rows": rows})])
+        if meta.get("colocate_ps"):
+            # N workers and N ps tasks on N hosts, a worker and a task on each: as N ps tasks whose every host's
+            # cores the worker and the task share (under symmetric placement, the planner's bound of every
+            # process's CPU over all the hosts' cores, N x H), each link carrying the worker's flows and the task's.
+            bw, lat, hc, shared, t, examples, burst = planner_accuracy.settings_args(profile, meta)
+            predicted = []
+            for r in rows:
+                if r["system"] != "dtrain" or r["mode"] == "local" or r["exit_code"] != 0:
+                    continue
+                n = int(r["workers"])
+                cores = n * hc if hc is not None else shared
+                out = plan_cluster.predict(profile, n, n, bw, lat, hc, r["mode"], t, shared_cores=cores,
+                                           examples=examples, link_burst_s=burst)
+                predicted.append({"configuration": r["configuration"], "mode": r["mode"],
+                                  "predicted": out["examples_per_sec"],
+                                  "error": out["examples_per_sec"] / r["examples_per_sec"] - 1,
+                                  "wall_predicted": out.get("wall_s"), "bound": out["bound"]})
+        else:
+            predicted = planner_accuracy.evaluate([(0.0, profile)],
+                                                  [("this run", {"settings": meta, "rows": rows})])
     except plan_cluster.PlanError as e:
         print("compare_cluster_sizes: --predict: %s" % e, file=sys.stderr)
         return

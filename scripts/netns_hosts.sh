@@ -457,6 +457,9 @@ cmd_exec() {  # exec NAME K CMD...: into host K's group (if it has one), then it
     [ -d "$parent/h$k" ] || die "no CPU group $parent/h$k for host $h"
     echo $$ >"$parent/h$k/cgroup.procs" || die "cannot move into $parent/h$k"
   fi
+  # nsenter enters the network namespace alone; `ip netns exec` would also remount /sys for it, and that sysfs hides
+  # /sys/fs/cgroup: a process on the host could not read its own CPU quota (dtrain's --threads=auto, profiles).
+  if command -v nsenter >/dev/null && [ -e "/run/netns/$h" ]; then exec nsenter --net="/run/netns/$h" -- "$@"; fi
   exec ip netns exec "$h" "$@"
 }
 

@@ -103,6 +103,31 @@ def measured_rate(row, launch):
     return float(row["examples_per_sec"])
 
 
+def settings_args(profile, s, host_cpus=None, latency_ms=None, shared_cores=None, transport=None, burst_ms=None):
+    """plan_cluster.predict's arguments for a compare_cluster_sizes result's settings `s` (the flags stand in for
+    what it does not say): (bandwidth bits/s or None, one-way latency s, host cores or None, shared cores or None,
+    transport, examples, link burst s)."""
+    bw = pc.parse_bandwidth(s["bandwidth"]) if s.get("bandwidth") else None
+    # What the result says (compare_cluster_sizes writes null where it did not set one), else the flags.
+    hc = s.get("host_cpus") if s.get("host_cpus") is not None else host_cpus
+    lat_ms = s.get("latency_ms") if s.get("latency_ms") is not None else latency_ms
+    lat = (lat_ms or 0.0) / 1e3
+    # Without quotas every emulated host shares the machine's cores.
+    shared = shared_cores
+    if shared is None and s.get("host_cpus") is None:
+        shared = float(profile["host"].get("online_cpus", profile["host"]["cpus_available"]))
+    t = transport or s.get("transport") or "grpc"
+    if t == "auto":  # shared memory on one host; across emulated hosts TCP lanes where the build has them
+        lanes = "cluster_start_s" in profile["transports"].get("tcp", {}) and "emulated_hosts" in s
+        t = ("tcp" if lanes else "grpc") if s.get("netns") else "shm"
+    burst = 0.0
+    if bw is not None and s.get("netns"):
+        default = NETNS_BURST_S if "emulated_hosts" in s else OLD_NETNS_BURST_S
+        burst = default if burst_ms is None else burst_ms / 1e3
+        burst = max(burst, NETNS_MIN_BURST_BYTES * 8 / bw) if burst > 0 else 0.0
+    return bw, lat, hc, shared, t, s.get("examples"), burst
+
+
 def evaluate(profiles, results, host_cpus=None, latency_ms=None, shared_cores=None, transport=None, burst_ms=None,
              drift=False, launch="median"):
     """Rows {file, configuration, mode, workers, ps, bandwidth, predicted, measured, error, wall_*, bound} for
@@ -120,25 +145,8 @@ def evaluate(profiles, results, host_cpus=None, latency_ms=None, shared_cores=No
                 predicted = profile["run"]["examples_per_step"] / pc.local_step(
                     profile, host_cpus if host_cpus is not None else profile["host"]["cpus_available"])
                 profile = at_speed(profile, predicted / measured_rate(local[0], launch))
-        bw = pc.parse_bandwidth(s["bandwidth"]) if s.get("bandwidth") else None
-        # What the result says (compare_cluster_sizes writes null where it did not set one), else the flags.
-        hc = s.get("host_cpus") if s.get("host_cpus") is not None else host_cpus
-        lat_ms = s.get("latency_ms") if s.get("latency_ms") is not None else latency_ms
-        lat = (lat_ms or 0.0) / 1e3
-        # Without quotas every emulated host shares the machine's cores.
-        shared = shared_cores
-        if shared is None and s.get("host_cpus") is None:
-            shared = float(profile["host"].get("online_cpus", profile["host"]["cpus_available"]))
-        t = transport or s.get("transport") or "grpc"
-        if t == "auto":  # shared memory on one host; across emulated hosts TCP lanes where the build has them
-            lanes = "cluster_start_s" in profile["transports"].get("tcp", {}) and "emulated_hosts" in s
-            t = ("tcp" if lanes else "grpc") if s.get("netns") else "shm"
-        examples = s.get("examples")
-        burst = 0.0
-        if bw is not None and s.get("netns"):
-            default = NETNS_BURST_S if "emulated_hosts" in s else OLD_NETNS_BURST_S
-            burst = default if burst_ms is None else burst_ms / 1e3
-            burst = max(burst, NETNS_MIN_BURST_BYTES * 8 / bw) if burst > 0 else 0.0
+        bw, lat, hc, shared, t, examples, burst = settings_args(profile, s, host_cpus, latency_ms, shared_cores,
+                                                               transport, burst_ms)
         for r in data["rows"]:
             if r.get("system", "dtrain") != "dtrain" or r.get("exit_code") != 0 or not r.get("examples_per_sec"):
                 continue

@@ -72,6 +72,14 @@ cat "$dir/hosts"
 "$NETNS" info "$NAME" | tee "$dir/info"
 grep -q "host_cpus=0.25" "$dir/info" && grep -q "latency_ms=10" "$dir/info" || fail "info: $(cat "$dir/info")"
 A1="$(sed -n 2p "$dir/hosts" | cut -d' ' -f2)"
+# A process on a host sees its own quota (what dtrain's --threads=auto and --profile_out read): `ip netns exec`'s
+# own /sys would hide /sys/fs/cgroup.
+q="$("$NETNS" exec "$NAME" 1 sh -c 'p=$(grep -E "^[0-9]+:(cpu|cpu,cpuacct|cpuacct,cpu):" /proc/self/cgroup | cut -d: -f3);
+  cat /sys/fs/cgroup/cpu"$p"/cpu.cfs_quota_us /sys/fs/cgroup/cpu"$p"/cpu.cfs_period_us 2>/dev/null ||
+  cat /sys/fs/cgroup"$(grep "^0::" /proc/self/cgroup | cut -d: -f3)"/cpu.max' | xargs)"
+echo "quota seen on host 1: $q"
+/usr/bin/python3 -c "import sys; v=sys.argv[1].split(); assert abs(float(v[0]) / float(v[1]) - 0.25) < 1e-6" "$q" ||
+  fail "a process on host 1 does not see its quota of 0.25 core ('$q')"
 
 # The quota: CPU seconds a busy loop got over 1.5 s of wall-clock, read from its own /proc/self/stat (utime +
 # stime), in a child of a shell `exec` started (the group is inherited).
