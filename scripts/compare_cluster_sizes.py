@@ -308,8 +308,12 @@ def predict_rows(rows, meta, profile_path):
                     continue
                 n = int(r["workers"])
                 cores = n * hc if hc is not None else shared
-                out = plan_cluster.predict(profile, n, n, bw, lat, hc, r["mode"], t, shared_cores=cores,
-                                           examples=examples, link_burst_s=burst)
+                try:  # a row the planner cannot predict (more ps tasks than the profile placed) keeps '-'
+                    out = plan_cluster.predict(profile, n, n, bw, lat, hc, r["mode"], t, shared_cores=cores,
+                                               examples=examples, link_burst_s=burst)
+                except plan_cluster.PlanError as e:
+                    print("compare_cluster_sizes: --predict: %s: %s" % (r["configuration"], e), file=sys.stderr)
+                    continue
                 predicted.append({"configuration": r["configuration"], "mode": r["mode"],
                                   "predicted": out["examples_per_sec"],
                                   "error": out["examples_per_sec"] / r["examples_per_sec"] - 1,

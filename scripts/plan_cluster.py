@@ -706,7 +706,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", required=True, help="dtrain_worker --profile_out's file")
     ap.add_argument("--workers", default="1,2,4,8,16,32,64,128", help="worker counts, e.g. 1,2,4")
-    ap.add_argument("--ps", default="1,2,4,8", help="ps task counts (the profile has placements for 1, 2, 4, 8)")
+    ap.add_argument("--ps", default="1,2,4,8", help="ps task counts (the profile has placements for 1 to 16)")
     ap.add_argument("--bandwidth", default="1gbit,10gbit,25gbit",
                     help="each host's link, each direction: e.g. 100mbit,1gbit,10gbit")
     ap.add_argument("--latency", default="0.1", help="one-way latency of a link crossing, milliseconds")
@@ -728,7 +728,7 @@ def main(argv=None):
     try:
         profile = load_profile(a.profile)
         workers = parse_int_list(a.workers, "workers", 1, 100000)
-        ps_counts = parse_int_list(a.ps, "ps", 1, 8)
+        ps_counts = parse_int_list(a.ps, "ps", 1, 16)
         missing = [p for p in ps_counts if str(p) not in profile["placement"]]
         if missing:
             raise PlanError("--ps=%s: the profile has placements for %s ps tasks only"

@@ -32,7 +32,8 @@ assert 0.7 * compute < layers < 1.3 * compute, (layers, compute)  # medians of t
 assert p["steps"]["step_s"]["median"] >= compute, p["steps"]
 assert p["steps"]["process_cpu_s"] >= 0.8 * compute, p["steps"]["process_cpu_s"]  # the compute's thread at least
 assert len(p["steps"]["compute_s"]["quantiles"]) == 101
-for n in ("1", "2", "4", "8"):
+assert sorted(p["placement"], key=int) == [str(n) for n in range(1, 17)], list(p["placement"])
+for n in ("1", "2", "3", "6", "16"):
     assert sum(p["placement"][n]["task_bytes"]) == 4 * p["model_floats"] == 4 * 397510, n
     assert sum(s["floats"] for s in p["placement"][n]["slices"]) == p["model_floats"], n
 assert p["ps"]["apply_s_per_byte"] > 0 and p["ps"]["sum_s_per_byte"] >= 0, p["ps"]

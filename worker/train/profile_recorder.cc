@@ -26,6 +26,10 @@ namespace {
 
 using json = nlohmann::json;
 
+// The profile holds the variables' placement on every count of ps tasks from 1 to this (the planner predicts
+// only counts it has).
+constexpr int kProfiledPsTasks = 16;
+
 std::string ReadFirstLine(const std::string& path) {
   std::ifstream f(path);
   std::string line;
@@ -442,7 +446,7 @@ absl::StatusOr<std::string> ProfileRecorder::ToJson() const {
                 // Every thread of the process (the input pipeline's too), per measured step.
                 {"process_cpu_s", cpu_steps_ > 0 ? (cpu_last_ - cpu_first_) / cpu_steps_ : 0.0}};
   json placements;
-  for (int p : {1, 2, 4, 8}) {
+  for (int p = 1; p <= kProfiledPsTasks; ++p) {  // every count the planner may be asked about
     absl::StatusOr<ps::Placement> placed = ps::PlaceVariables(run_.variables, p);
     if (!placed.ok()) return placed.status();
     json slices = json::array();

@@ -137,8 +137,10 @@ TEST(ProfileRecorderTest, LayersComputeAndStepsFromTheHooks) {
   EXPECT_GE(j["ps"]["sum_s_per_byte"].get<double>(), 0);
   EXPECT_EQ(j["sparse"]["tables"][0]["rows_per_step"], 7);
   EXPECT_EQ(j["sparse"]["tables"][0]["bytes_per_row"], 16);
-  // Placements for 1, 2, 4 and 8 tasks, by the placement code, each holding the whole model.
-  for (const char* p : {"1", "2", "4", "8"}) {
+  // Placements for every count of tasks from 1 to 16, by the placement code, each holding the whole model.
+  EXPECT_EQ(j["placement"].size(), 16u);
+  for (int n = 1; n <= 16; ++n) {
+    const std::string p = std::to_string(n);
     int64_t bytes = 0;
     for (const json& b : j["placement"][p]["task_bytes"]) bytes += b.get<int64_t>();
     EXPECT_EQ(bytes, 1510 * 4) << p;
