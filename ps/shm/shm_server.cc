@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "ps/shm/shm_frame.h"
+#include "ps/shm/lane_threads.h"
 #include "ps/shm/shm_lane.h"
 #include "ps/shm/shm_segment.h"
 
@@ -91,7 +92,7 @@ struct Attachment {
 class ShmServer::Impl {
  public:
   Impl(PsInterface* ps, ShmServerOptions options, std::unique_ptr<LaneListener> listener)
-      : ps_(ps), options_(std::move(options)), listener_(std::move(listener)) {}
+      : ps_(ps), options_(std::move(options)), listener_(std::move(listener)), threads_(options_.max_lanes) {}
   ~Impl() { Shutdown(); }
 
   void StartAccepting() { accept_thread_ = std::thread([this] { AcceptLoop(); }); }
@@ -101,6 +102,8 @@ class ShmServer::Impl {
   ShmServerCounters counters() const {
     absl::MutexLock lock(&mu_);
     ShmServerCounters c = counters_;
+    c.active_lanes = threads_.active();
+    c.lanes_refused += threads_.refused();
     c.active_attachments = 0;
     for (const auto& a : attachments_) {
       absl::MutexLock al(&a->mu);
@@ -111,8 +114,8 @@ class ShmServer::Impl {
   const std::string& socket_name() const { return listener_->name(); }
 
  private:
+  using LaneThread = LaneThreads<Lane>::Slot;
   void AcceptLoop();
-  struct LaneThread;
   void ServeConnection(int fd, LaneThread* t);
   // Checks the first frame; returns the attachment the lane belongs to (registered with it), or null.
   std::shared_ptr<Attachment> Admit(Lane* lane, LaneKind* kind);
@@ -126,7 +129,6 @@ class ShmServer::Impl {
   bool TakePushFirst(Lane* push_lane, Attachment* a, const std::string& pull_payload, UploadState* st);
   // A Segment frame: maps it into the attachment (a failure is kept as the attachment's segment_error).
   void AddSegment(Attachment* a, const Frame& frame, int fd);
-  void ReapFinishedThreads();
   // A frame that does not decode: logged; the caller closes the lane.
   void Malformed(const Attachment* a, const absl::Status& s) const {
     LOG(WARNING) << "ps task " << options_.task_index << ": worker " << a->worker_id << "'s lane: " << s
@@ -139,16 +141,10 @@ class ShmServer::Impl {
   std::thread accept_thread_;
 
   mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // an attachment's active count dropped, or a lane thread finished
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::list<std::shared_ptr<Attachment>> attachments_ ABSL_GUARDED_BY(mu_);
-  struct LaneThread {
-    std::thread thread;
-    bool done = false;
-    Lane* lane = nullptr;  // while serving (under mu_)
-  };
-  std::list<LaneThread> threads_ ABSL_GUARDED_BY(mu_);
-  ShmServerCounters counters_ ABSL_GUARDED_BY(mu_);
+  ShmServerCounters counters_ ABSL_GUARDED_BY(mu_);  // active_lanes: threads_'s
+  LaneThreads<Lane> threads_;  // one per connection; a lane marked there while its Hello is read
 };
 
 absl::StatusOr<ShmOffer> ShmServer::Impl::Offer(const ShmAttachRequest& request) {
@@ -222,50 +218,9 @@ absl::StatusOr<ShmOffer> ShmServer::Impl::Offer(const ShmAttachRequest& request)
 }
 
 void ShmServer::Impl::AcceptLoop() {
-  while (true) {
-    absl::StatusOr<int> fd = listener_->Accept(absl::Now() + absl::Seconds(1));
-    ReapFinishedThreads();
-    if (!fd.ok()) {
-      if (fd.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
-      if (fd.status().code() != absl::StatusCode::kCancelled) {
-        LOG(ERROR) << "ps task " << options_.task_index << ": shared-memory socket: " << fd.status();
-      }
-      return;
-    }
-    absl::MutexLock lock(&mu_);
-    if (shut_down_ || counters_.active_lanes >= options_.max_lanes) {
-      ++counters_.lanes_refused;
-      close(*fd);
-      continue;
-    }
-    ++counters_.active_lanes;
-    threads_.emplace_back();
-    LaneThread* t = &threads_.back();
-    const int socket = *fd;
-    t->thread = std::thread([this, t, socket] {
-      ServeConnection(socket, t);
-      absl::MutexLock l(&mu_);
-      t->done = true;
-      --counters_.active_lanes;
-      cv_.SignalAll();
-    });
-  }
-}
-
-void ShmServer::Impl::ReapFinishedThreads() {
-  std::vector<std::thread> done;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = threads_.begin(); it != threads_.end();) {
-      if (it->done) {
-        done.push_back(std::move(it->thread));
-        it = threads_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (std::thread& t : done) t.join();
+  const std::string what = absl::StrCat("ps task ", options_.task_index, ": shared-memory socket");
+  threads_.AcceptUntilShutdown(listener_.get(), what,
+                               [this](int socket, LaneThread* t) { ServeConnection(socket, t); });
 }
 
 std::shared_ptr<Attachment> ShmServer::Impl::Admit(Lane* lane, LaneKind* kind) {
@@ -335,11 +290,7 @@ std::shared_ptr<Attachment> ShmServer::Impl::Admit(Lane* lane, LaneKind* kind) {
 void ShmServer::Impl::ServeConnection(int fd, LaneThread* t) {
   SetFlushDenormals();  // uploads apply the optimizer on this thread (async; the deciding commit in sync)
   auto lane = std::make_unique<Lane>(fd);
-  {
-    absl::MutexLock lock(&mu_);
-    if (shut_down_) return;
-    t->lane = lane.get();  // Shutdown can reach it from now on
-  }
+  if (!threads_.Serve(t, lane.get())) return;  // Shutdown can reach it from now on
   LaneKind kind = LaneKind::kPush;
   std::shared_ptr<Attachment> a = Admit(lane.get(), &kind);
   // The thread of the first lane admitted serves the attachment once the second has come; the second's thread
@@ -353,10 +304,7 @@ void ShmServer::Impl::ServeConnection(int fd, LaneThread* t) {
     serve = !a->served;
     a->served = true;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    t->lane = nullptr;  // from now on a->End() reaches it
-  }
+  threads_.Release(t);  // from now on a->End() reaches it
   if (a == nullptr) return;
   if (serve) {
     bool both = false;
@@ -805,22 +753,9 @@ void ShmServer::Impl::Shutdown() {
   listener_->Shutdown();
   for (const auto& a : attachments) a->End();
   if (accept_thread_.joinable()) accept_thread_.join();
-  // Every lane still open (in its Hello, or of an attachment made meanwhile) is shut until all threads are done.
-  std::list<LaneThread> threads;
-  {
-    absl::MutexLock lock(&mu_);
-    while (true) {
-      bool all_done = true;
-      for (LaneThread& t : threads_) {
-        if (!t.done && t.lane != nullptr) t.lane->Shutdown();
-        all_done = all_done && t.done;
-      }
-      if (all_done) break;
-      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
-    }
-    threads = std::move(threads_);
-  }
-  for (LaneThread& t : threads) t.thread.join();
+  // Every lane still in its Hello is shut until all threads are done (an attachment made meanwhile is ended as its
+  // lanes are handed to it: a->ended).
+  threads_.StopAll();
 }
 
 absl::StatusOr<std::unique_ptr<ShmServer>> ShmServer::Start(PsInterface* ps, ShmServerOptions options) {

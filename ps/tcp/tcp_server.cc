@@ -16,6 +16,7 @@
 #include "common/denormals.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "ps/shm/lane_threads.h"
 #include "ps/shm/shm_frame.h"
 #include "ps/tcp/pull_sender.h"
 #include "ps/tcp/receive_blocks.h"
@@ -85,7 +86,7 @@ struct TcpAttachment {
 class TcpServer::Impl {
  public:
   Impl(PsInterface* ps, TcpServerOptions options, std::unique_ptr<TcpListener> listener)
-      : ps_(ps), options_(std::move(options)), listener_(std::move(listener)) {}
+      : ps_(ps), options_(std::move(options)), listener_(std::move(listener)), threads_(options_.max_lanes) {}
   ~Impl() { Shutdown(); }
 
   void StartAccepting() { accept_thread_ = std::thread([this] { AcceptLoop(); }); }
@@ -99,24 +100,19 @@ class TcpServer::Impl {
       absl::MutexLock al(&a->mu);
       c.active_attachments += a->ended ? 0 : 1;
     }
-    for (const LaneThread& t : threads_) {
-      if (t.lane != nullptr) {
-        c.bytes_received += t.lane->bytes_received();
-        c.bytes_sent += t.lane->bytes_sent();
-      }
-    }
+    c.active_lanes = threads_.active();
+    c.lanes_refused += threads_.refused();
+    threads_.ForEachServing([&c](const TcpLane& lane) {
+      c.bytes_received += lane.bytes_received();
+      c.bytes_sent += lane.bytes_sent();
+    });
     return c;
   }
   int port() const { return listener_->port(); }
 
  private:
-  struct LaneThread {
-    std::thread thread;
-    bool done = false;
-    TcpLane* lane = nullptr;  // while it lives (under mu_)
-  };
+  using LaneThread = shm::LaneThreads<TcpLane>::Slot;
   void AcceptLoop();
-  void ReapFinishedThreads();
   void ServeConnection(int fd, LaneThread* t);
   // Checks the first frame; returns the attachment the lane belongs to (counted active), or null.
   std::shared_ptr<TcpAttachment> Admit(TcpLane* lane, shm::LaneKind* kind);
@@ -137,11 +133,11 @@ class TcpServer::Impl {
   std::thread accept_thread_;
 
   mutable absl::Mutex mu_;
-  absl::CondVar cv_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::list<std::shared_ptr<TcpAttachment>> attachments_ ABSL_GUARDED_BY(mu_);
-  std::list<LaneThread> threads_ ABSL_GUARDED_BY(mu_);
+  // active_lanes: threads_'s; bytes: of the lanes that ended (counters() adds those of the lanes marked in threads_)
   TcpServerCounters counters_ ABSL_GUARDED_BY(mu_);
+  shm::LaneThreads<TcpLane> threads_;  // one per connection, its lane marked while it lives
 };
 
 absl::StatusOr<TcpOffer> TcpServer::Impl::Offer(const TcpAttachRequest& request) {
@@ -197,50 +193,8 @@ absl::StatusOr<TcpOffer> TcpServer::Impl::Offer(const TcpAttachRequest& request)
 }
 
 void TcpServer::Impl::AcceptLoop() {
-  while (true) {
-    absl::StatusOr<int> fd = listener_->Accept(absl::Now() + absl::Seconds(1));
-    ReapFinishedThreads();
-    if (!fd.ok()) {
-      if (fd.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
-      if (fd.status().code() != absl::StatusCode::kCancelled) {
-        LOG(ERROR) << "ps task " << options_.task_index << ": TCP data port: " << fd.status();
-      }
-      return;
-    }
-    absl::MutexLock lock(&mu_);
-    if (shut_down_ || counters_.active_lanes >= options_.max_lanes) {
-      ++counters_.lanes_refused;
-      close(*fd);
-      continue;
-    }
-    ++counters_.active_lanes;
-    threads_.emplace_back();
-    LaneThread* t = &threads_.back();
-    const int socket = *fd;
-    t->thread = std::thread([this, t, socket] {
-      ServeConnection(socket, t);
-      absl::MutexLock l(&mu_);
-      t->done = true;
-      --counters_.active_lanes;
-      cv_.SignalAll();
-    });
-  }
-}
-
-void TcpServer::Impl::ReapFinishedThreads() {
-  std::vector<std::thread> done;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = threads_.begin(); it != threads_.end();) {
-      if (it->done) {
-        done.push_back(std::move(it->thread));
-        it = threads_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (std::thread& t : done) t.join();
+  threads_.AcceptUntilShutdown(listener_.get(), absl::StrCat("ps task ", options_.task_index, ": TCP data port"),
+                               [this](int socket, LaneThread* t) { ServeConnection(socket, t); });
 }
 
 std::shared_ptr<TcpAttachment> TcpServer::Impl::Admit(TcpLane* lane, shm::LaneKind* kind) {
@@ -295,11 +249,7 @@ std::shared_ptr<TcpAttachment> TcpServer::Impl::Admit(TcpLane* lane, shm::LaneKi
 void TcpServer::Impl::ServeConnection(int fd, LaneThread* t) {
   SetFlushDenormals();  // uploads apply the optimizer on this thread (async; the deciding commit in sync)
   TcpLane lane(fd);
-  {
-    absl::MutexLock lock(&mu_);
-    if (shut_down_) return;
-    t->lane = &lane;  // Shutdown can reach it from now on
-  }
+  if (!threads_.Serve(t, &lane)) return;  // Shutdown can reach it from now on
   shm::LaneKind kind = shm::LaneKind::kPush;
   std::shared_ptr<TcpAttachment> a = Admit(&lane, &kind);
   if (a != nullptr) {
@@ -318,10 +268,10 @@ void TcpServer::Impl::ServeConnection(int fd, LaneThread* t) {
     (kind == shm::LaneKind::kPush ? a->push_lane : a->pull_lane) = nullptr;
     --a->active;
   }
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&mu_);  // counters() sees the lane's bytes once: marked or added, not both
   counters_.bytes_received += lane.bytes_received();
   counters_.bytes_sent += lane.bytes_sent();
-  t->lane = nullptr;
+  threads_.Release(t);
 }
 
 namespace {
@@ -577,21 +527,7 @@ void TcpServer::Impl::Shutdown() {
   for (const auto& a : attachments) a->End();
   if (accept_thread_.joinable()) accept_thread_.join();
   // Every lane still open (in its Hello, or of an attachment made meanwhile) is shut until all threads are done.
-  std::list<LaneThread> threads;
-  {
-    absl::MutexLock lock(&mu_);
-    while (true) {
-      bool all_done = true;
-      for (LaneThread& t : threads_) {
-        if (!t.done && t.lane != nullptr) t.lane->Shutdown();
-        all_done = all_done && t.done;
-      }
-      if (all_done) break;
-      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
-    }
-    threads = std::move(threads_);
-  }
-  for (LaneThread& t : threads) t.thread.join();
+  threads_.StopAll();
 }
 
 absl::StatusOr<std::unique_ptr<TcpServer>> TcpServer::Start(PsInterface* ps, TcpServerOptions options) {
