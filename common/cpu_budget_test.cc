@@ -5,8 +5,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <omp.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,7 +15,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/openmp_wait.h"
 #include "common/testing/scratch_dir.h"
 
@@ -309,45 +306,18 @@ TEST(DecideThreadsTest, AutoTakesTheBudgetAnExplicitCountIsKept) {
   EXPECT_THAT(more.line, HasSubstr("threads: 4 (--threads=4, more than the 1 of --threads=auto: 2 CPUs"));
 }
 
-// CPU time of the calling thread.
-double ThreadCpuSeconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-// The child of IdleThreadsSleepSoonAfterTheRestart (this binary links dtrain_short_openmp_spin, as the
-// binaries do): measures the CPU a thread spends waiting 200 ms at a barrier (the mean of 3 waits), and
-// prints it.
-TEST(OpenMpWaitTest, DISABLED_WaiterCpu) {
-  double waiter_cpu = 0;
-  for (int round = 0; round < 4; ++round) {
-#pragma omp parallel num_threads(2)
-    {
-      if (omp_get_thread_num() == 1)
-        absl::SleepFor(absl::Milliseconds(200));  // the other one waits meanwhile
-      const double before = ThreadCpuSeconds();
-#pragma omp barrier
-      if (omp_get_thread_num() == 0 && round > 0)
-        waiter_cpu += ThreadCpuSeconds() - before;  // round 0: start-up
-    }
-  }
-  std::printf("setting: %s\nwaiter cpu ms: %.3f\npid %d\n", OpenMpWaitSetting().c_str(), waiter_cpu / 3 * 1e3,
-              static_cast<int>(getpid()));
-}
-
-// Runs DISABLED_WaiterCpu in a child process of this test binary under `env_args` (for env(1)); its output.
+// Runs openmp_waiter (common/testing/openmp_waiter.cc, beside this binary) in a child process under `env_args`
+// (for env(1)); its output.
 std::string RunWaiterChild(const std::string& env_args) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return "readlink /proc/self/exe failed";
   self[n] = '\0';
-  // The shell prints its pid and becomes env, which becomes the test binary: one pid, which the restart
-  // keeps.
+  const std::string waiter = (std::filesystem::path(self).parent_path() / "openmp_waiter").string();
+  // The shell prints its pid and becomes env, which becomes the waiter: one pid, which the restart keeps.
   const std::string command =
       absl::StrCat("echo pid $$; exec env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u ",
-                   kGompSpinCountSetByDtrain, " ", env_args, " ", self, " --gtest_also_run_disabled_tests",
-                   " --gtest_filter=OpenMpWaitTest.DISABLED_WaiterCpu 2>&1");
+                   kGompSpinCountSetByDtrain, " ", env_args, " ", waiter, " 2>&1");
   FILE* child = popen(command.c_str(), "r");
   if (child == nullptr) return "popen failed";
   std::string out;
@@ -362,9 +332,10 @@ double WaiterMs(const std::string& out) {
   return at == std::string::npos ? -1 : std::atof(out.c_str() + at + 15);
 }
 
-// A binary that links dtrain_short_openmp_spin restarts (the same process) and runs libgomp with the short
-// spin: a thread that waits 200 ms at a barrier sleeps after well under a millisecond of CPU, where libgomp's
-// default (300,000 pauses) spins for several at every wait. The environment's own setting is kept.
+// A binary that links dtrain_short_openmp_spin (openmp_waiter) restarts (the same process) and runs libgomp
+// with the short spin: a thread that waits 200 ms at a barrier sleeps after well under a millisecond of CPU,
+// where libgomp's default (300,000 pauses) spins for several at every wait. The environment's own setting is
+// kept.
 TEST(OpenMpWaitTest, IdleThreadsSleepSoonAfterTheRestart) {
   const std::string restarted = RunWaiterChild("");
   EXPECT_THAT(restarted, HasSubstr("setting: GOMP_SPINCOUNT=1000 (dtrain's default)"));
