@@ -83,6 +83,43 @@ class PsInterface {
   virtual bool PrefersInlineCalls() const { return false; }
 };
 
+// A PsInterface that hands every call to `target` (not owned; it must outlive this): the base of decorators,
+// which override the calls they change. As thread-safe as the target.
+class ForwardingPs : public PsInterface {
+ public:
+  explicit ForwardingPs(PsInterface* target) : target_(target) {}
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) override {
+    return target_->Register(request);
+  }
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {
+    return target_->StartInitialize(worker_id);
+  }
+  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override {
+    return target_->StartPush(header);
+  }
+  absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override {
+    return target_->Pull(request, receiver);
+  }
+  using PsInterface::Done;
+  absl::Status Done(const DoneRequest& request) override { return target_->Done(request); }
+  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {
+    return target_->Heartbeat(worker_id, session);
+  }
+  absl::StatusOr<TrainingStats> GetStats() override { return target_->GetStats(); }
+  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override { return target_->Probe(config); }
+  absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override {
+    return target_->Restore(config, worker_id, step);
+  }
+  bool PrefersInlineCalls() const override { return target_->PrefersInlineCalls(); }
+
+ protected:
+  PsInterface* target() const { return target_; }
+
+ private:
+  PsInterface* const target_;
+};
+
 // The error every call of a worker gets once the run has ended before its end (OutOfRange, `why` in the
 // message). A worker that gets it stops at once.
 absl::Status JobEndedError(absl::string_view why);

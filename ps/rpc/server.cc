@@ -19,28 +19,12 @@ namespace {
 
 // What gRPC serves: the ParameterServer, with a count of the answers that told a worker how the run ended
 // (its statistics with every worker gone). Thread-safe, as the ParameterServer is.
-class OutcomeWatch : public PsInterface {
+class OutcomeWatch : public ForwardingPs {
  public:
-  OutcomeWatch(ParameterServer* ps, int task_index) : ps_(ps), task_index_(task_index) {}
+  OutcomeWatch(ParameterServer* ps, int task_index) : ForwardingPs(ps), task_index_(task_index) {}
 
-  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request) override {
-    return ps_->Register(request);
-  }
-  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {
-    return ps_->StartInitialize(worker_id);
-  }
-  absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override {
-    return ps_->StartPush(header);
-  }
-  absl::Status Pull(const PullRequest& request, PullReceiver* receiver) override {
-    return ps_->Pull(request, receiver);
-  }
-  absl::Status Done(const DoneRequest& request) override { return ps_->Done(request); }
-  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {
-    return ps_->Heartbeat(worker_id, session);
-  }
   absl::StatusOr<TrainingStats> GetStats() override {
-    absl::StatusOr<TrainingStats> s = ps_->GetStats();
+    absl::StatusOr<TrainingStats> s = target()->GetStats();
     if (s.ok() && EveryWorkerGone(*s)) {
       absl::MutexLock l(&mu_);
       ++outcome_answers_;
@@ -48,11 +32,6 @@ class OutcomeWatch : public PsInterface {
     }
     return s;
   }
-  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override { return ps_->Probe(config); }
-  absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override {
-    return ps_->Restore(config, worker_id, step);
-  }
-  bool PrefersInlineCalls() const override { return ps_->PrefersInlineCalls(); }
 
   // After the ParameterServer finished: blocks until no worker needs this task any more
   // (PsServerOptions::linger) or `deadline`. Returns what is still awaited, empty when nothing is.
@@ -78,7 +57,7 @@ class OutcomeWatch : public PsInterface {
   // Who still needs this task: the workers that completed and were not yet told how the run ended (ps task
   // 0), and lost workers. Empty: nobody. `answers`: the count of answers it went by.
   std::string Waiting(int64_t* answers) {
-    absl::StatusOr<TrainingStats> s = ps_->GetStats();
+    absl::StatusOr<TrainingStats> s = target()->GetStats();
     if (!s.ok()) return "";
     int completed = 0, lost = 0;
     for (const WorkerStats& w : s->workers) {
@@ -100,7 +79,6 @@ class OutcomeWatch : public PsInterface {
     return waiting;
   }
 
-  ParameterServer* const ps_;
   const int task_index_;
   absl::Mutex mu_;
   absl::CondVar answered_;  // signalled when outcome_answers_ grows

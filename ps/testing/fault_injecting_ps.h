@@ -17,36 +17,20 @@
 
 namespace dtrain::ps {
 
-class FaultInjectingPs : public PsInterface {
+class FaultInjectingPs : public ForwardingPs {
  public:
   struct Faults {
     // Deliver every push twice: after the first upload finishes, the same pieces go again under the same
     // header (request id), as a retry after a lost reply; the first reply is returned.
     bool duplicate_pushes = false;
   };
-  FaultInjectingPs(PsInterface* target, Faults faults) : target_(target), faults_(faults) {}
+  FaultInjectingPs(PsInterface* target, Faults faults) : ForwardingPs(target), faults_(faults) {}
 
-  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& r) override { return target_->Register(r); }
-  absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {
-    return target_->StartInitialize(worker_id);
-  }
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartPush(const PushHeader& header) override {
     ++pushes_;
-    absl::StatusOr<std::unique_ptr<SliceUpload>> upload = target_->StartPush(header);
+    absl::StatusOr<std::unique_ptr<SliceUpload>> upload = target()->StartPush(header);
     if (!upload.ok() || !faults_.duplicate_pushes) return upload;
-    return std::unique_ptr<SliceUpload>(new TwiceUpload(target_, header, *std::move(upload)));
-  }
-  absl::Status Pull(const PullRequest& r, PullReceiver* receiver) override { return target_->Pull(r, receiver); }
-  absl::Status Done(const DoneRequest& request) override {
-    return target_->Done(request);
-  }
-  absl::StatusOr<int64_t> Heartbeat(int worker_id, uint64_t session) override {
-    return target_->Heartbeat(worker_id, session);
-  }
-  absl::StatusOr<TrainingStats> GetStats() override { return target_->GetStats(); }
-  absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& c) override { return target_->Probe(c); }
-  absl::Status Restore(const TrainConfig& c, int worker_id, int64_t step) override {
-    return target_->Restore(c, worker_id, step);
+    return std::unique_ptr<SliceUpload>(new TwiceUpload(target(), header, *std::move(upload)));
   }
 
   int64_t pushes() const { return pushes_; }
@@ -109,7 +93,6 @@ class FaultInjectingPs : public PsInterface {
     std::optional<double> norm_;
   };
 
-  PsInterface* target_;
   Faults faults_;
   std::atomic<int64_t> pushes_{0};
 };
