@@ -1,6 +1,5 @@
 #include "worker/train/profile_recorder.h"
 
-#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -13,10 +12,9 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/cpu_budget.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "ps/core/slice_store.h"
@@ -30,46 +28,6 @@ using json = nlohmann::json;
 // only counts it has).
 constexpr int kProfiledPsTasks = 16;
 
-std::string ReadFirstLine(const std::string& path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
-}
-
-// The CPU quota of this process's cgroup in cores (cgroup v2 cpu.max, or v1 cpu.cfs_quota_us / period), or -1
-// when there is none.
-double CgroupQuotaCores() {
-  std::ifstream f("/proc/self/cgroup");
-  std::string line;
-  while (std::getline(f, line)) {
-    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
-    if (parts.size() != 3) continue;
-    const std::string& controllers = parts[1];
-    const std::string& path = parts[2];
-    if (controllers.empty()) {  // v2
-      std::vector<std::string> max = absl::StrSplit(ReadFirstLine("/sys/fs/cgroup" + path + "/cpu.max"), ' ');
-      double quota = 0, period = 0;
-      if (max.size() == 2 && absl::SimpleAtod(max[0], &quota) && absl::SimpleAtod(max[1], &period) &&
-          period > 0) {
-        return quota / period;
-      }
-      continue;
-    }
-    bool cpu = false;
-    for (absl::string_view c : absl::StrSplit(controllers, ',')) cpu = cpu || c == "cpu";
-    if (!cpu) continue;
-    for (const std::string& mount : {std::string("/sys/fs/cgroup/cpu"), "/sys/fs/cgroup/" + controllers}) {
-      double quota = 0, period = 0;
-      if (absl::SimpleAtod(ReadFirstLine(mount + path + "/cpu.cfs_quota_us"), &quota) &&
-          absl::SimpleAtod(ReadFirstLine(mount + path + "/cpu.cfs_period_us"), &period)) {
-        return quota > 0 && period > 0 ? quota / period : -1;
-      }
-    }
-  }
-  return -1;
-}
-
 std::string CpuModel() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;
@@ -81,13 +39,6 @@ std::string CpuModel() {
     }
   }
   return "unknown";
-}
-
-int AffinityCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  return CPU_COUNT(&set);
 }
 
 json Stats(const std::vector<double>& v, bool quantiles = false) {
@@ -395,8 +346,9 @@ absl::StatusOr<std::string> ProfileRecorder::ToJson() const {
   json j;
   j["format"] = "dtrain-profile";
   j["version"] = 1;
-  const double quota = CgroupQuotaCores();
-  const int affinity = AffinityCpus();
+  const CpuBudget budget = MeasureCpuBudget();  // the affinity mask and the cgroup quota (0: none)
+  const double quota = budget.quota_cores;
+  const int affinity = budget.affinity_cpus;
   const double available = quota > 0 ? std::min<double>(affinity, quota) : affinity;
   j["host"] = {{"cpu_model", CpuModel()},
                {"online_cpus", sysconf(_SC_NPROCESSORS_ONLN)},
