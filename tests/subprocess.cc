@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "absl/time/clock.h"
+#include "common/free_ports.h"
 
 extern char** environ;
 
@@ -23,23 +24,7 @@ std::string BinPath(const std::string& name) {
   return std::string(dir ? dir : "bin") + "/" + name;
 }
 
-std::vector<int> FreePorts(int count) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < count; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    socklen_t len = sizeof(addr);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    ports.push_back(ntohs(addr.sin_port));
-    fds.push_back(fd);
-  }
-  for (int fd : fds) close(fd);
-  return ports;
-}
+std::vector<int> FreePorts(int count) { return dtrain::FreePorts(count); }
 
 Subprocess::Subprocess(const std::vector<std::string>& argv, const std::string& log_path,
                        const std::vector<std::string>& env)

@@ -15,8 +15,7 @@ namespace dtrain::testing {
 // Path of a built binary (DTRAIN_BIN_DIR is set by ctest; falls back to ./bin next to the test).
 std::string BinPath(const std::string& name);
 
-// `count` distinct free TCP ports on 127.0.0.1 (bound and released; a small race with other processes is
-// possible but harmless in practice).
+// `count` distinct free TCP ports on 127.0.0.1 (common/free_ports.h).
 std::vector<int> FreePorts(int count);
 
 class Subprocess {

@@ -56,6 +56,7 @@
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/denormals.h"
+#include "common/free_ports.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
 #include "ps/rpc/grpc_ps_client.h"
@@ -260,29 +261,6 @@ class HostBuffer {
 };
 
 // ---- sparse mode ------------------------------------------------------------------------------------------------
-
-// `count` distinct free ports on 127.0.0.1: every socket stays bound until all are picked (one at a time, the
-// kernel may hand the same port out twice). Empty when sockets cannot be made.
-std::vector<int> FreePorts(int count) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < count; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) break;
-    fds.push_back(fd);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      break;
-    }
-    ports.push_back(ntohs(addr.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  if (static_cast<int>(ports.size()) != count) ports.clear();
-  return ports;
-}
 
 // VmRSS and VmHWM of a process, in bytes (-1 if unreadable).
 std::pair<int64_t, int64_t> Rss(pid_t pid) {

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/free_ports.h"
 #include "common/status_macros.h"
 #include "ps/client/worker_client.h"
 #include "ps/core/slice_store.h"
@@ -65,22 +66,6 @@ double ProcessCpu(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 std::string Tail(const std::string& path) {
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -116,9 +101,18 @@ class Buffer {
   float* data_ = nullptr;
 };
 
-// grpc or shm: a dtrain_ps process and this process's WorkerClient.
+// The optimizer of the probe's pushes (cheap, and the same for every transport).
+ps::OptimizerConfig ProbeOptimizer() {
+  ps::OptimizerConfig sgd;
+  sgd.name = "sgd";
+  sgd.learning_rate = 1e-3f;
+  return sgd;
+}
+
+// A dtrain_ps process and this process's WorkerClient over `transport`. `update_seconds`: the ps's update of a
+// push on its own (TimeUpdate with ProbeOptimizer), taken out of the push's cost.
 absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_t>& rows_per_step,
-                                const TransportProbeOptions& o, ps::Transport transport,
+                                const TransportProbeOptions& o, ps::Transport transport, double update_seconds,
                                 TransportCost* cost) {
   const std::vector<ps::VariableInfo>& variables = run.variables;
   ASSIGN_OR_RETURN(const ps::WireDtype dtype, ps::ParseWireDtype(o.wire_dtype));
@@ -132,8 +126,9 @@ absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_
   if (access(ps_binary.c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("no dtrain_ps to start at ", ps_binary));
   }
-  const int port = FreePort(), worker_port = FreePort();
-  if (port < 0 || worker_port < 0) return absl::UnavailableError("cannot bind a port on 127.0.0.1");
+  const std::vector<int> ports = FreePorts(2);
+  if (ports.empty()) return absl::UnavailableError("cannot bind a port on 127.0.0.1");
+  const int port = ports[0], worker_port = ports[1];
   const std::string address = absl::StrCat("127.0.0.1:", port);
   char log_template[] = "/tmp/dtrain_transport_probe.XXXXXX";
   const int log_fd = mkstemp(log_template);
@@ -215,8 +210,7 @@ absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_
   config.model_signature = "dtrain_worker/transport_probe";
   config.mode = "async";
   config.num_workers = 1;
-  config.optimizer.name = "sgd";
-  config.optimizer.learning_rate = 1e-3f;
+  config.optimizer = ProbeOptimizer();
   int64_t sparse_rows = 0;
   for (size_t t = 0; t < run.tables.size() && t < rows_per_step.size(); ++t) {
     ps::SparseTableSpec spec;
@@ -313,8 +307,8 @@ absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_
   reap(true);
   cost->cluster_end_seconds = absl::ToDoubleSeconds(absl::Now() - done_time);
   unlink(log.c_str());
-  // The ps's side of a push holds its update (SGD, one thread): timed here on its own, and taken out.
-  ASSIGN_OR_RETURN(const double update, TimeUpdate(variables, config.optimizer, 1));
+  // The ps's side of a push holds its update (SGD, one thread): taken out.
+  const double update = update_seconds;
   const double push_bytes = static_cast<double>(wire_bytes) * pushes.done;
   const double pull_bytes = static_cast<double>(wire_bytes) * pulls.done;
   cost->bytes = wire_bytes;
@@ -352,6 +346,8 @@ std::vector<TransportCost> MeasureTransports(const ProfiledRun& run,
                                              const TransportProbeOptions& options) {
   std::vector<TransportCost> costs;
   absl::StatusOr<ps::WireDtype> dtype = ps::ParseWireDtype(options.wire_dtype);
+  // The ps's update of a push on its own, timed once for every transport.
+  const absl::StatusOr<double> update = TimeUpdate(run.variables, ProbeOptimizer(), 1);
   for (const std::string& name : options.transports) {
     TransportCost cost;
     cost.transport = name;
@@ -359,10 +355,12 @@ std::vector<TransportCost> MeasureTransports(const ProfiledRun& run,
     absl::StatusOr<ps::Transport> transport = ps::ParseTransport(name);
     if (!dtype.ok()) {
       s = dtype.status();
+    } else if (!update.ok()) {
+      s = update.status();
     } else if (!transport.ok() || *transport == ps::Transport::kAuto) {
       s = absl::InvalidArgumentError(absl::StrCat("unknown transport '", name, "' (grpc, shm or tcp)"));
     } else {
-      s = MeasurePsTransport(run, rows_per_step, options, *transport, &cost);
+      s = MeasurePsTransport(run, rows_per_step, options, *transport, *update, &cost);
     }
     if (!s.ok()) {
       cost = TransportCost();
