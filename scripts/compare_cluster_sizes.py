@@ -295,32 +295,14 @@ def predict_rows(rows, meta, profile_path):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import plan_cluster  # noqa: E402  (beside this script)
     import planner_accuracy  # noqa: E402
+
+    def unpredictable(row, e):  # the row keeps '-' (e.g. more ps tasks than the profile placed)
+        print("compare_cluster_sizes: --predict: %s: %s" % (row["configuration"], e), file=sys.stderr)
+
     try:
         profile = plan_cluster.load_profile(profile_path)
-        if meta.get("colocate_ps"):
-            # N workers and N ps tasks on N hosts, a worker and a task on each: as N ps tasks whose every host's
-            # cores the worker and the task share (under symmetric placement, the planner's bound of every
-            # process's CPU over all the hosts' cores, N x H), each link carrying the worker's flows and the task's.
-            bw, lat, hc, shared, t, examples, burst = planner_accuracy.settings_args(profile, meta)
-            predicted = []
-            for r in rows:
-                if r["system"] != "dtrain" or r["mode"] == "local" or r["exit_code"] != 0:
-                    continue
-                n = int(r["workers"])
-                cores = n * hc if hc is not None else shared
-                try:  # a row the planner cannot predict (more ps tasks than the profile placed) keeps '-'
-                    out = plan_cluster.predict(profile, n, n, bw, lat, hc, r["mode"], t, shared_cores=cores,
-                                               examples=examples, link_burst_s=burst)
-                except plan_cluster.PlanError as e:
-                    print("compare_cluster_sizes: --predict: %s: %s" % (r["configuration"], e), file=sys.stderr)
-                    continue
-                predicted.append({"configuration": r["configuration"], "mode": r["mode"],
-                                  "predicted": out["examples_per_sec"],
-                                  "error": out["examples_per_sec"] / r["examples_per_sec"] - 1,
-                                  "wall_predicted": out.get("wall_s"), "bound": out["bound"]})
-        else:
-            predicted = planner_accuracy.evaluate([(0.0, profile)],
-                                                  [("this run", {"settings": meta, "rows": rows})])
+        predicted = planner_accuracy.evaluate([(0.0, profile)], [("this run", {"settings": meta, "rows": rows})],
+                                              unpredictable=unpredictable)
     except plan_cluster.PlanError as e:
         print("compare_cluster_sizes: --predict: %s" % e, file=sys.stderr)
         return

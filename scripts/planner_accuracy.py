@@ -129,11 +129,13 @@ def settings_args(profile, s, host_cpus=None, latency_ms=None, shared_cores=None
 
 
 def evaluate(profiles, results, host_cpus=None, latency_ms=None, shared_cores=None, transport=None, burst_ms=None,
-             drift=False, launch="median"):
+             drift=False, launch="median", unpredictable=None):
     """Rows {file, configuration, mode, workers, ps, bandwidth, predicted, measured, error, wall_*, bound} for
     every measured run that exited 0, in file order (local runs have mode 'local'). profiles: [(written,
     profile)]. drift: a diagnostic, not the judged prediction: the profile slowed (or sped up) to the rate of the
-    result's own local run, taking the machine's drift since the profile out of the clusters' errors."""
+    result's own local run, taking the machine's drift since the profile out of the clusters' errors.
+    unpredictable(row, error): called for a run the planner cannot predict (PlanError), which is then left out;
+    None: the PlanError is raised."""
     rows = []
     for path, data in results:
         s = data["settings"]
@@ -156,9 +158,22 @@ def evaluate(profiles, results, host_cpus=None, latency_ms=None, shared_cores=No
                 out = {"bound": "-", "wall_s": None}
                 workers, ps = 0, 0
             else:
-                workers, ps = int(r["workers"]), int(s["num_ps"])
-                out = pc.predict(profile, workers, ps, bw, lat, hc, r["mode"], t, shared_cores=shared,
-                                 examples=examples, link_burst_s=burst)
+                workers = int(r["workers"])
+                # --colocate_ps: N workers and N ps tasks on N hosts, a worker and a task on each: as N ps tasks
+                # whose every host's cores the worker and the task share (under symmetric placement, the
+                # planner's bound of every process's CPU over all the hosts' cores, N x H), each link carrying the
+                # worker's flows and the task's.
+                colocated = bool(s.get("colocate_ps"))
+                ps = workers if colocated else int(s["num_ps"])
+                cores = (workers * hc if hc is not None else shared) if colocated else shared
+                try:
+                    out = pc.predict(profile, workers, ps, bw, lat, hc, r["mode"], t, shared_cores=cores,
+                                     examples=examples, link_burst_s=burst)
+                except pc.PlanError as e:
+                    if unpredictable is None:
+                        raise
+                    unpredictable(r, e)
+                    continue
                 predicted = out["examples_per_sec"]
             measured = measured_rate(r, launch)
             wall = out.get("wall_s")
