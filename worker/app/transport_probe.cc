@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/free_ports.h"
+#include "common/process_clock.h"
 #include "common/status_macros.h"
 #include "ps/client/worker_client.h"
 #include "ps/core/slice_store.h"
@@ -40,30 +41,6 @@ namespace {
 
 double Median(std::vector<double> v) {
   return v.empty() ? 0.0 : ProfileRecorder::Quantile(std::move(v), 0.5);
-}
-
-// CPU seconds (user + system) of this process so far.
-double SelfCpu() {
-  rusage u;
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-// CPU seconds of process `pid` so far (/proc/PID/stat utime + stime), or -1.
-double ProcessCpu(pid_t pid) {
-  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const size_t paren = text.rfind(')');  // the command may hold spaces
-  if (paren == std::string::npos) return -1;
-  std::istringstream rest(text.substr(paren + 2));
-  std::string field;
-  unsigned long long utime = 0, stime = 0;
-  // Fields after the command: state(3) ... utime(14) stime(15).
-  for (int k = 3; k <= 15 && rest >> field; ++k) {
-    if (k == 14) utime = std::stoull(field);
-    if (k == 15) stime = std::stoull(field);
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 std::string Tail(const std::string& path) {
@@ -248,7 +225,7 @@ absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_
   };
   auto phase = [&](const std::function<absl::Status()>& call, Phase* p) -> absl::Status {
     std::vector<double> walls;
-    const double w0 = SelfCpu(), p0 = ProcessCpu(pid);
+    const double w0 = ProcessCpuSeconds(), p0 = ProcessCpuSeconds(pid);
     const absl::Time start = absl::Now();
     while (p->done < exchanges &&
            (p->done < o.min_exchanges || absl::ToDoubleSeconds(absl::Now() - start) < o.max_seconds)) {
@@ -257,9 +234,9 @@ absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_
       walls.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
       ++p->done;
     }
-    const double p1 = ProcessCpu(pid);
+    const double p1 = ProcessCpuSeconds(pid);
     if (p0 < 0 || p1 < 0) return absl::InternalError(absl::StrCat("cannot read /proc/", pid, "/stat"));
-    p->worker_cpu = SelfCpu() - w0;
+    p->worker_cpu = ProcessCpuSeconds() - w0;
     p->ps_cpu = p1 - p0;
     p->median_wall = Median(walls);
     return absl::OkStatus();

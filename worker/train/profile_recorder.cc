@@ -1,6 +1,5 @@
 #include "worker/train/profile_recorder.h"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "common/cpu_budget.h"
 #include "common/file_util.h"
+#include "common/process_clock.h"
 #include "common/status_macros.h"
 #include "ps/core/slice_store.h"
 
@@ -82,14 +82,6 @@ std::string LayerName(const std::vector<ps::VariableInfo>& vars, int64_t begin) 
 }
 
 int WireBytesPerFloat(const std::string& dtype) { return dtype == "fp32" ? 4 : 2; }
-
-// CPU seconds (user + system) of this process so far.
-double ProcessCpuSeconds() {
-  rusage u;
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
 
 }  // namespace
 
