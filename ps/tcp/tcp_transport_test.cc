@@ -407,6 +407,12 @@ TEST(TcpTransportTest, AnUploadCutOffMidFrameIsNeverApplied) {
     const TcpLane::Bulk parts[3] = {{header.data(), header.size()}, {payload.data(), payload.size()},
                                     {h2.data(), h2.size() * 2}};
     ASSERT_TRUE(push->SendRaw(parts, 3).ok());
+    // Until the ps has read all of it: a close with a frame still unread by this side would reset the
+    // connection, and a reset can drop the ps's unread data (the upload's start among it) on a loaded machine.
+    const int64_t sent = push->bytes_sent() + pull->bytes_sent();
+    for (int i = 0; i < 500 && (*server)->counters().bytes_received < sent; ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
   }  // both connections close here, like a process killed mid-frame
   for (int i = 0; i < 200 && ps.accounting().abandoned == before.abandoned; ++i) absl::SleepFor(absl::Milliseconds(20));
   const PushAccounting after = ps.accounting();
