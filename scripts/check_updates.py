@@ -7,27 +7,34 @@
   - each worker's push journal (dtrain_worker --push_journal_dir=DIR: pushes.w<W>.*.journal,
     ps/client/push_journal.h): every push ps task 0 acknowledged, with its outcome.
 
-Each task's journal files (one per process) are replayed in order: A records extend the task's lineage of applied
-pushes, C notes where checkpoint <label> was copied, and a restore cuts the lineage back to that point (the
-pushes after it are undone). What is left is what the task's final state holds. Then, for every push a worker
-saw acknowledged:
+The journal files (one per process) are replayed in the order the processes started; a run of files of one
+number of ps tasks is a layout, and the newest layout is the one judged. Each task's A records extend its lineage
+of applied pushes, C notes what checkpoint <label> holds (the lineage so far), and a restore replaces the lineage
+by what the restored checkpoint holds (the pushes after it are undone): R by the task's own copy; X by the copies of
+the tasks of the newest earlier layout of <num_ps> tasks (a resharded checkpoint: each new task's slices come from
+the old tasks' files, so its state holds one history, a strand, per old task, each checked); I by nothing. What is
+left is what the task's final state holds. Then, for every push a worker saw acknowledged:
 
-  - accepted (or a duplicate of an accepted one): on every ps task it is in the final lineage exactly once, or
-    else a restore came after the task accepted it and undid it (the restored checkpoint was copied before the
-    push was applied: label < the step its update made, sync: step + 1); anything else is LOST;
+  - accepted (or a duplicate of an accepted one): on every ps task of the newest layout, in every strand, it is in
+    the final lineage exactly once, or else a restore (in that strand's history: on the task, or on the old task
+    before the copy it was resharded from, or the reshard itself) came after a task accepted it and undid it (the
+    restored checkpoint was copied before the push was applied: label < the step its update made, sync:
+    step + 1); anything else is LOST;
   - dropped (stale, backup, skipped for NaN/Inf): it is in no task's final lineage.
 
-A push in a final lineage twice (the same request id, or two request ids of one worker for one step) is DOUBLED.
-Pushes applied without a worker's record of the acknowledgement (a worker killed before it heard back) are
-counted, not errors.
+A push in a final lineage twice (the same request id, or two request ids of one worker for one step: also one that
+a resharded checkpoint holds and a new task applied again) is DOUBLED. Pushes applied without a worker's record of
+the acknowledgement (a worker killed before it heard back) are counted, not errors. A run whose ps set changed
+needs the journals of every layout: pass each run's --ps_dir.
 
   scripts/check_updates.py --ps_dir=CKPT [--ps_dir=CKPT2 ...] --worker_dir=DIR [--json] [--quiet]
 
 Prints one summary line ("check_updates: ...: lost 0, doubled 0"), and with --json one JSON object after it.
 Exit 0 when nothing was lost or doubled, 1 when something was, 2 for bad input (no journals, a malformed line,
-a restore of a checkpoint the journal never recorded).
+a restore of a checkpoint the journals never recorded, journals of only some tasks of the newest layout).
 """
 import argparse
+import bisect
 import collections
 import glob
 import json
@@ -71,84 +78,175 @@ def files_in(dirs, pattern):
     return found
 
 
-class Task:
-    """One ps task's replay: its final lineage of applied pushes and the history around it."""
+class Snapshot:
+    """What a task's state held at one point of its journal (a C record): the base its lineage started from and
+    the first n pushes of `applied` (a list only ever appended to: a restore starts a new one)."""
 
-    def __init__(self, task, num_ps):
-        self.task, self.num_ps = task, num_ps
-        self.events = []          # (seq, kind, fields) in order
-        self.lineage = []         # (worker, step, rid, at) applied and not undone
-        self.checkpoints = {}     # label -> lineage length when it was copied
-        self.accepted = collections.defaultdict(list)  # (worker, rid) -> [seq of K]
-        self.applied_at = {}      # (worker, rid) -> at of its (last) A, in any lineage
+    def __init__(self, task, seq, base, applied):
+        self.task, self.seq, self.base, self.applied, self.n = task, seq, base, applied, len(applied)
+
+
+class Carried:
+    """A lineage's start that another task's checkpoint brought: one Snapshot per task whose file the restore read
+    (R of an earlier process's copy: one; X: every task of the old layout). The journals say not which slices moved
+    where, so every old task counts as a source of every new one: a push missing from one old task's copy is lost
+    on each new task, and one an old task holds twice is doubled on each."""
+
+    def __init__(self, sources):
+        self.sources = sources
+
+
+class Task:
+    """One ps task of one layout: its replay (its lineage of applied pushes and the history around it)."""
+
+    def __init__(self, task, num_ps, era):
+        self.task, self.num_ps, self.era = task, num_ps, era
+        self.events = []          # (kind, fields) in order; an event's index is its seq
+        self.base = None          # None (initial values) or Carried
+        self.applied = []         # (worker, step, rid, at) applied since base, not undone
+        self.checkpoints = {}     # label -> Snapshot, the newest copy of each
         self.restores = []        # (seq, label or None for I, kind)
         self.undone = 0           # applied pushes cut by restores
-        self.baseline = None      # X: the label of a resharded checkpoint the lineage starts from
 
-    def replay(self, path, records):
+    def replay(self, path, records, find):
+        """find(task, kind, label, from_num_ps, where): the Snapshots an R or X record restored."""
         for n, f in records:
             where = "%s:%d" % (path, n)
             seq = len(self.events)
-            self.events.append((seq, f[0], f[1:]))
+            self.events.append((f[0], f[1:]))
             try:
                 if f[0] == "K" and len(f) == 4:
-                    self.accepted[(int(f[1]), int(f[3]))].append(seq)
+                    int(f[1]), int(f[2]), int(f[3])
                 elif f[0] == "A" and len(f) == 5:
-                    w, s, rid, at = int(f[1]), int(f[2]), int(f[3]), int(f[4])
-                    self.lineage.append((w, s, rid, at))
-                    self.applied_at[(w, rid)] = at
+                    self.applied.append((int(f[1]), int(f[2]), int(f[3]), int(f[4])))
                 elif f[0] == "C" and len(f) == 2:
-                    self.checkpoints[int(f[1])] = len(self.lineage)
-                elif f[0] in ("R", "X") and len(f) == (2 if f[0] == "R" else 3):
+                    self.checkpoints[int(f[1])] = Snapshot(self, seq, self.base, self.applied)
+                elif (f[0] == "R" and len(f) == 2) or (f[0] == "X" and len(f) == 3):
                     label = int(f[1])
-                    if f[0] == "R":
-                        if label not in self.checkpoints:
-                            raise BadInput("%s: ps task %d restored checkpoint %d, which its journal never "
-                                           "recorded (journal files missing, or the checkpoint comes from a "
-                                           "run without --journal_applied)" % (where, self.task, label))
-                        keep = self.checkpoints[label]
+                    sources = find(self, f[0], label, int(f[2]) if f[0] == "X" else self.num_ps, where)
+                    snap = sources[0]
+                    if snap.task is self and snap.applied is self.applied and snap.base is self.base:
+                        self.undone += len(self.applied) - snap.n
                     else:
-                        keep = 0
-                        self.baseline = label
-                    self.undone += len(self.lineage) - keep
-                    del self.lineage[keep:]
-                    self.checkpoints = {k: v for k, v in self.checkpoints.items() if k <= label and v <= keep}
+                        self.undone += len(self.applied)
+                    if f[0] == "R" and snap.task is self:
+                        self.base, self.applied = snap.base, snap.applied[:snap.n]
+                    else:
+                        self.base, self.applied = Carried(sources), []
                     self.restores.append((seq, label, f[0]))
                 elif f[0] == "I" and len(f) == 1:
-                    self.undone += len(self.lineage)
-                    self.lineage = []
-                    self.checkpoints = {}
-                    self.baseline = None
+                    self.undone += len(self.applied)
+                    self.base, self.applied = None, []
                     self.restores.append((seq, None, "I"))
                 else:
                     raise ValueError
             except ValueError:
                 raise BadInput("%s: malformed record %r" % (where, " ".join(f)))
 
-    def finish(self):
-        self.count = collections.Counter((w, rid) for w, s, rid, at in self.lineage)
+
+def strands(base):
+    """The histories a state carried from `base` holds: (chain, pushes) each, where chain lists the (task, seq of
+    the C record) whose checkpoints it passed through, oldest first, and pushes the applies it holds."""
+    if base is None:
+        return [([], [])]
+    out = []
+    for snap in base.sources:
+        for chain, pushes in strands(snap.base):
+            out.append((chain + [(snap.task, snap.seq)], pushes + snap.applied[:snap.n]))
+    return out
+
+
+class Strand:
+    """One history of a final task's state: the pushes it holds, and the timeline that led to it (each task's
+    records through the checkpoint the next one restored, then the final task's), to excuse what a restore undid."""
+
+    def __init__(self, chain, pushes):
+        self.count = collections.Counter((w, rid) for w, s, rid, at in pushes)
         by_step = collections.defaultdict(set)
-        for w, s, rid, at in self.lineage:
+        for w, s, rid, at in pushes:
             by_step[(w, s)].add(rid)
         self.doubled = sorted(k for k, c in self.count.items() if c > 1)
         self.doubled_steps = sorted(k for k, rids in by_step.items() if len(rids) > 1)
+        self.first_k = {}   # (worker, rid) -> position of its first K in the timeline
+        self.at = {}        # (worker, rid) -> at of its last A in any of the chain's tasks
+        restores = []       # (position, label or None)
+        pos = 0
+        for task, cut in chain:
+            for seq, (kind, f) in enumerate(task.events):
+                if kind == "A":
+                    self.at[(int(f[0]), int(f[2]))] = int(f[3])
+                after_cut = cut is not None and seq > cut
+                if kind == "K":
+                    # Accepted after the copy the next task restored: before that restore, all the same.
+                    self.first_k.setdefault((int(f[0]), int(f[2])), pos + (cut if after_cut else seq))
+                elif kind in ("R", "X", "I") and not after_cut:
+                    restores.append((pos + seq, int(f[0]) if f else None))
+            pos += len(task.events)
+        # For each restore, the lowest label it or a later one went back to (None: fresh initial values).
+        self.restore_pos = [p for p, _ in restores]
+        self.lowest_after = [None] * len(restores)
+        low = float("inf")
+        for i in range(len(restores) - 1, -1, -1):
+            label = restores[i][1]
+            low = -1 if label is None else min(low, label)
+            self.lowest_after[i] = low
 
     def excused(self, worker, step, rid):
-        """How an accepted push absent from the final lineage was undone: 'restore' when a restore after its
-        acceptance went back to before its update; 'resharded' when a resharded checkpoint taken after its update
-        carries it; None (lost)."""
-        ks = self.accepted.get((worker, rid))
-        if not ks:
+        """'restore' when the push, accepted somewhere in this history, was undone by a later restore to before
+        its update (a checkpoint copied before the step it made: label < at); None (lost)."""
+        k = self.first_k.get((worker, rid))
+        if k is None:
             return None
-        at = self.applied_at.get((worker, rid), step + 1)
-        for seq, label, kind in self.restores:
-            if seq < ks[0]:
-                continue
-            if kind == "I" or label < at:
-                return "restore"
-            if kind == "X":
-                return "resharded"
+        i = bisect.bisect_right(self.restore_pos, k)
+        if i < len(self.restore_pos) and self.lowest_after[i] < self.at.get((worker, rid), step + 1):
+            return "restore"
         return None
+
+
+def replay_all(ps_files):
+    """Replays every ps journal in the order the processes started. A run of files of one number of ps tasks is a
+    layout (an era); a layout's tasks restore (X) the newest earlier layout of the number of tasks named."""
+    tasks = {}       # (era, task) -> Task
+    eras = []        # num_ps of each era
+    for path, m in sorted(ps_files, key=lambda pm: (int(pm[1].group(3)), pm[0])):
+        task, num_ps = int(m.group(1)), int(m.group(2))
+        if not eras or eras[-1] != num_ps:
+            eras.append(num_ps)
+        era = len(eras) - 1
+        tasks.setdefault((era, task), Task(task, num_ps, era)).replay(path, journal_lines(path), find_in(tasks, eras))
+    return tasks, eras
+
+
+def find_in(tasks, eras):
+    def find(task, kind, label, from_num_ps, where):
+        if kind == "R":
+            for era in [task.era] + [e for e in range(task.era - 1, -1, -1) if eras[e] == task.num_ps]:
+                t = tasks.get((era, task.task))
+                if t is not None and label in t.checkpoints:
+                    return [t.checkpoints[label]]
+            raise BadInput("%s: ps task %d restored checkpoint %d, which its journal never recorded (journal files "
+                           "missing, or the checkpoint comes from a run without --journal_applied)"
+                           % (where, task.task, label))
+        older = [e for e in range(task.era - 1, -1, -1) if eras[e] == from_num_ps]
+        if not older:
+            raise BadInput("%s: ps task %d of %d restored checkpoint %d of %d ps tasks, and no journals of %d ps "
+                           "tasks were found (pass the --ps_dir of the run that wrote it, with --journal_applied)"
+                           % (where, task.task, task.num_ps, label, from_num_ps, from_num_ps))
+        for era in older:
+            if (era, 0) in tasks and label in tasks[(era, 0)].checkpoints:
+                sources = []
+                for t in range(from_num_ps):
+                    old = tasks.get((era, t))
+                    if old is None or label not in old.checkpoints:
+                        raise BadInput("%s: ps task %d of %d restored checkpoint %d of %d ps tasks, which the journal "
+                                       "of ps task %d of %d never recorded (journal files missing?)"
+                                       % (where, task.task, task.num_ps, label, from_num_ps, t, from_num_ps))
+                    sources.append(old.checkpoints[label])
+                return sources
+        raise BadInput("%s: ps task %d of %d restored checkpoint %d of %d ps tasks, which their journals never "
+                       "recorded (journal files missing, or the checkpoint comes from a run without "
+                       "--journal_applied)" % (where, task.task, task.num_ps, label, from_num_ps))
+    return find
 
 
 def check(ps_dirs, worker_dirs):
@@ -160,17 +258,13 @@ def check(ps_dirs, worker_dirs):
     if not worker_files:
         raise BadInput("no push journals (pushes.w*.journal) in %s: run the workers with --push_journal_dir"
                        % ", ".join(worker_dirs))
-    tasks = {}
-    for path, m in sorted(ps_files, key=lambda pm: (int(pm[1].group(3)), pm[0])):
-        key = (int(m.group(1)), int(m.group(2)))
-        tasks.setdefault(key, Task(*key)).replay(path, journal_lines(path))
-    layouts = sorted({n for _, n in tasks})
-    num_ps = layouts[-1]
-    final = [tasks[(t, num_ps)] for t in range(num_ps) if (t, num_ps) in tasks]
+    tasks, eras = replay_all(ps_files)
+    last, num_ps = len(eras) - 1, eras[-1]
+    final = [tasks[(last, t)] for t in range(num_ps) if (last, t) in tasks]
     if len(final) != num_ps:
-        raise BadInput("journals of %d of the %d ps tasks found" % (len(final), num_ps))
-    for t in tasks.values():
-        t.finish()
+        raise BadInput("journals of %d of the %d ps tasks of the newest layout found" % (len(final), num_ps))
+    for t in final:
+        t.strands = [Strand(chain + [(t, None)], pushes + t.applied) for chain, pushes in strands(t.base)]
 
     acks = {}
     for path, m in sorted(worker_files, key=lambda pm: (int(pm[1].group(2)), pm[0])):
@@ -188,7 +282,7 @@ def check(ps_dirs, worker_dirs):
         r["acknowledged"] += 1
         if outcome in DROPPED:
             r["dropped"] += 1
-            on = [t.task for t in final if t.count[(w, rid)] > 0]
+            on = [t.task for t in final if any(st.count[(w, rid)] > 0 for st in t.strands)]
             if on:
                 r["doubled"] += 1
                 problems.append("worker %d's push of step %d (request %d) was acknowledged as %s but is applied "
@@ -197,13 +291,12 @@ def check(ps_dirs, worker_dirs):
         r["accepted"] += 1
         verdicts = []
         for t in final:
-            n = t.count[(w, rid)]
-            if n == 1:
-                verdicts.append("once")
-            elif n > 1:
-                verdicts.append("doubled")
-            else:
-                verdicts.append(t.excused(w, s, rid) or "lost")
+            per_strand = []
+            for st in t.strands:
+                n = st.count[(w, rid)]
+                per_strand.append("once" if n == 1 else "doubled" if n > 1 else st.excused(w, s, rid) or "lost")
+            # The worst of the task's histories (one per old task whose checkpoint it restored resharded).
+            verdicts.append(next(v for v in ("doubled", "lost", "restore", "once") if v in per_strand))
         r["updates_checked"] += len(final)
         if "doubled" in verdicts:
             r["doubled"] += 1
@@ -215,25 +308,25 @@ def check(ps_dirs, worker_dirs):
                             % (w, s, rid, outcome, verdicts))
         elif "restore" in verdicts:
             r["undone"] += 1
-        elif "resharded" in verdicts:
-            r["resharded"] += 1
         else:
             r["applied_once"] += 1
     for t in final:
-        for w, rid in t.doubled:
-            if (w, rid) not in acks:
-                r["doubled"] += 1
-                problems.append("ps task %d applied worker %d's push (request %d) %d times"
-                                % (t.task, w, rid, t.count[(w, rid)]))
-        for w, s in t.doubled_steps:
+        doubled = sorted({k for st in t.strands for k in st.doubled if k not in acks})
+        for w, rid in doubled:
+            r["doubled"] += 1
+            problems.append("ps task %d applied worker %d's push (request %d) %d times"
+                            % (t.task, w, rid, max(st.count[(w, rid)] for st in t.strands)))
+        for w, s in sorted({k for st in t.strands for k in st.doubled_steps}):
             r["doubled"] += 1
             problems.append("ps task %d applied two different pushes of worker %d for step %d" % (t.task, w, s))
-        r["unacknowledged_applied"] += sum(1 for k in t.count if k not in acks)
-        r["restores"] += sum(1 for _, _, kind in t.restores if kind != "I")
+        r["unacknowledged_applied"] += len({k for st in t.strands for k in st.count if k not in acks})
+    for t in tasks.values():
+        r["restores"] += sum(1 for _, _, kind in t.restores if kind == "R")
+        r["reshards"] += sum(1 for _, _, kind in t.restores if kind == "X")
         r["undone_applies"] += t.undone
     r["workers"] = len({w for w, _ in acks})
     r["ps_tasks"] = len(final)
-    return r, problems
+    return r, problems, eras
 
 
 def main():
@@ -244,7 +337,7 @@ def main():
     ap.add_argument("--quiet", action="store_true", help="no line per problem")
     a = ap.parse_args()
     try:
-        r, problems = check(a.ps_dir, a.worker_dir)
+        r, problems, eras = check(a.ps_dir, a.worker_dir)
     except (BadInput, OSError) as e:
         print("check_updates: %s" % e, file=sys.stderr)
         return 2
@@ -253,12 +346,14 @@ def main():
             print("check_updates: " + p)
         if len(problems) > 20:
             print("check_updates: ... and %d more" % (len(problems) - 20))
-    print("check_updates: %d pushes acknowledged to %d workers, checked on %d ps tasks (%d updates): accepted %d "
-          "(applied exactly once %d, undone by a restore %d%s), dropped %d (applied nowhere); lost %d, doubled %d; "
-          "%d applied without a recorded acknowledgement; %d restores to a checkpoint undid %d applies"
-          % (r["acknowledged"], r["workers"], r["ps_tasks"], r["updates_checked"], r["accepted"], r["applied_once"],
-             r["undone"], ", carried by a resharded checkpoint %d" % r["resharded"] if r["resharded"] else "",
-             r["dropped"], r["lost"], r["doubled"], r["unacknowledged_applied"], r["restores"], r["undone_applies"]))
+    print("check_updates: %d pushes acknowledged to %d workers, checked on %d ps tasks%s (%d updates): accepted %d "
+          "(applied exactly once %d, undone by a restore %d), dropped %d (applied nowhere); lost %d, doubled %d; "
+          "%d applied without a recorded acknowledgement; %d restores to a checkpoint undid %d applies%s"
+          % (r["acknowledged"], r["workers"], r["ps_tasks"],
+             " (ps tasks over time: %s)" % " -> ".join(map(str, eras)) if len(eras) > 1 else "",
+             r["updates_checked"], r["accepted"], r["applied_once"], r["undone"], r["dropped"], r["lost"],
+             r["doubled"], r["unacknowledged_applied"], r["restores"], r["undone_applies"],
+             "; %d restores of a checkpoint of another number of ps tasks" % r["reshards"] if r["reshards"] else ""))
     if a.json:
         print(json.dumps(dict(r), sort_keys=True))
     return 1 if r["lost"] or r["doubled"] else 0

@@ -2,7 +2,11 @@
 """scripts/check_updates.py on journals written here by hand: a clean run passes; a restore that undoes pushes
 which the workers then push again passes; a lost update, an update applied twice (one request id, or two for one
 worker's step), a dropped push that was applied, and a restore of a checkpoint the journal never saw are each
-caught. A torn last line (a killed process) is ignored."""
+caught. A torn last line (a killed process) is ignored. Changes of the ps set (X: a checkpoint restored on
+another number of ps tasks): growing (1 -> 2, 2 -> 3), shrinking (2 -> 1) and both (1 -> 2 -> 1) pass, with the
+newest layout judged and the old layout's checkpoint carried; a loss or a double on either side of a change, a
+step the resharded checkpoint holds applied again, and a reshard of a checkpoint no journal recorded are caught.
+tests/reshard_journal_test.sh does the same on the journals of real runs."""
 import json
 import os
 import subprocess
@@ -20,11 +24,13 @@ def write(d, name, lines, torn=""):
 
 
 def run(ps, workers, tag):
-    """ps: {(task, start): [lines]}, workers: {(worker, start): [lines]}; returns (exit code, counts, output)."""
+    """ps: {(task, start[, num_ps (2)]): [lines]}, workers: {(worker, start): [lines]}; returns (exit code, counts,
+    output)."""
     with tempfile.TemporaryDirectory() as d:
-        for (task, start), lines in ps.items():
+        for key, lines in ps.items():
+            task, start, num_ps = key if len(key) == 3 else key + (2,)
             torn = "A 0 9 9" if tag == "torn" and task == 0 else ""
-            write(d, "applied.ps%d-of-2.%020d-1.journal" % (task, start), lines, torn)
+            write(d, "applied.ps%d-of-%d.%020d-1.journal" % (task, num_ps, start), lines, torn)
         for (w, start), lines in workers.items():
             write(d, "pushes.w%d.%020d-1.journal" % (w, start), lines)
         p = subprocess.run([sys.executable, CHECK, "--ps_dir", d, "--worker_dir", d, "--json"],
@@ -105,6 +111,89 @@ for t in (0, 1):
 ps[(1, 1)].remove("A 0 5 105 6")
 ps[(1, 1)].append("R 6")
 expect("restore after the update", ps, w, 1, lost=1)
+
+# Changes of the ps set (a checkpoint restored on another number of ps tasks: X <label> <old num_ps>). The old
+# layout trains steps 0-5 and copies checkpoint 4; the new one restores it resharded (steps 4 and 5 are undone)
+# and the workers push steps 4-7 again under new request ids. What the new tasks hold is what the old tasks' copy
+# of checkpoint 4 held, plus what they applied since.
+def change(before, after, first_end=6, label=4):
+    ps = {}
+    for t in range(before):
+        lines = ps[(t, 1, before)] = ["I"]
+        steps(0, 0, label, 100, lines)
+        lines.append("C %d" % label)
+        steps(0, label, first_end, 100, lines)
+    for t in range(after):
+        lines = ps[(t, 2, after)] = ["X %d %d" % (label, before)]
+        steps(0, label, 8, 200, lines)
+    return ps, {(0, 1): acks(0, 0, first_end, 100), (0, 2): acks(0, label, 8, 200)}
+
+
+ps, w = change(1, 2)
+expect("grow 1 -> 2", ps, w, 0, accepted=10, applied_once=8, undone=2, lost=0, doubled=0, ps_tasks=2,
+       updates_checked=20, reshards=2)
+ps, w = change(2, 1)
+expect("shrink 2 -> 1", ps, w, 0, accepted=10, applied_once=8, undone=2, lost=0, doubled=0, ps_tasks=1,
+       updates_checked=10, reshards=1)
+ps, w = change(2, 3)
+expect("grow 2 -> 3", ps, w, 0, accepted=10, applied_once=8, undone=2, lost=0, doubled=0, ps_tasks=3)
+
+# 1 -> 2 -> 1: the newest layout is judged, though an older one had as many tasks.
+ps, w = change(1, 2)
+ps[(0, 2, 2)].append("C 8")
+ps[(1, 2, 2)].append("C 8")
+ps[(0, 3, 1)] = ["X 8 2"]
+steps(0, 8, 10, 300, ps[(0, 3, 1)])
+w[(0, 3)] = acks(0, 8, 10, 300)
+expect("grow 1 -> 2, shrink 2 -> 1", ps, w, 0, accepted=12, applied_once=10, undone=2, lost=0, doubled=0,
+       ps_tasks=1, reshards=3)
+ps[(1, 2, 2)].remove("A 0 5 205 6")
+expect("... lost in the middle", ps, w, 1, lost=1)
+
+# Losses and doubles on either side of the change.
+for before, after in ((1, 2), (2, 1)):
+    name = "%d -> %d" % (before, after)
+    ps, w = change(before, after)
+    ps[(before - 1, 1, before)].remove("A 0 2 102 3")
+    expect(name + ": lost before", ps, w, 1, lost=1)
+    ps, w = change(before, after)
+    ps[(after - 1, 2, after)].remove("A 0 6 206 7")
+    expect(name + ": lost after", ps, w, 1, lost=1)
+    ps, w = change(before, after)
+    ps[(0, 1, before)].insert(4, "A 0 1 101 2")
+    expect(name + ": doubled before", ps, w, 1, doubled=1)
+    ps, w = change(before, after)
+    ps[(after - 1, 2, after)].append("A 0 6 206 7")
+    expect(name + ": doubled after", ps, w, 1, doubled=1)
+    # A step the checkpoint holds, applied again after the reshard: under its old request id, or a new one.
+    ps, w = change(before, after)
+    ps[(0, 2, after)] += ["K 0 3 103", "A 0 3 103 4"]
+    expect(name + ": reapplied request", ps, w, 1, doubled=1)
+    ps, w = change(before, after)
+    ps[(0, 2, after)] += ["K 0 3 203", "A 0 3 203 4"]
+    expect(name + ": reapplied step", ps, w, 1, doubled=1)
+
+# Checkpoint 6 holds steps 4 and 5: a reshard of it must carry them (nothing excuses their absence).
+ps, w = change(1, 2, label=6)
+expect("reshard after the update", ps, w, 0, accepted=8, applied_once=8, lost=0, doubled=0)
+ps[(0, 1, 1)].remove("A 0 5 105 6")
+expect("... one missing from it", ps, w, 1, lost=1)
+
+# A restart within the new layout that restores the old layout's checkpoint again (X in the middle of its journal).
+ps, w = change(1, 2)
+for t in range(2):
+    ps[(t, 3, 2)] = ["X 4 1"]
+    steps(0, 4, 8, 300, ps[(t, 3, 2)])
+w[(0, 3)] = acks(0, 4, 8, 300)
+expect("reshard again", ps, w, 0, accepted=14, applied_once=8, undone=6, lost=0, doubled=0)
+
+# A reshard of a checkpoint the journals never recorded: of a layout without journals, or a label not copied.
+ps, w = change(1, 2)
+del ps[(0, 1, 1)]
+expect("reshard of no journal", ps, w, 2)
+ps, w = change(1, 2)
+ps[(1, 2, 2)][0] = "X 3 1"
+expect("reshard of unknown label", ps, w, 2)
 
 if failures:
     print("\n".join(failures))

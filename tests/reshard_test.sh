@@ -15,7 +15,10 @@
 #     tasks onto 2"), and training resumes at S1 (S2);
 #   - the values saved at S2 by the grown run and at S3 by the shrunk run (every dense variable and BatchNorm
 #     statistic, every table's rows, as dtrain_eval --export writes them) are within 1e-6 of the straight run's
-#     at the same steps (the largest difference is printed; in sync mode it is 0).
+#     at the same steps (the largest difference is printed; in sync mode it is 0);
+#   - scripts/check_updates.py, on the three runs' journals (--journal_applied, --push_journal_dir), finds every
+#     push acknowledged applied exactly once on the 2 tasks of the end, or undone (the straight run's after S1),
+#     nothing lost or doubled (tests/reshard_journal_test.sh injects faults into such journals).
 # Needs python3-torch (the conv net's export) and Fashion-MNIST: exit 77 without (exit 1 with DTRAIN_REQUIRE_DEPS=1).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -47,13 +50,14 @@ run() {
   pids=()
   for ((i = 0; i < num_ps; i++)); do
     timeout 180 "$BIN/dtrain_ps" --job_name=ps --task_index=$i "${cluster[@]}" --checkpoint_dir="$ckpt" \
-      --save_checkpoint_steps="$save" --keep_checkpoints=0 > "$dir/$name.ps$i.log" 2>&1 &
+      --save_checkpoint_steps="$save" --keep_checkpoints=0 --journal_applied > "$dir/$name.ps$i.log" 2>&1 &
     pids+=($!)
   done
   for i in 1 0; do
     timeout 180 "$BIN/dtrain_worker" --job_name=worker --task_index=$i "${cluster[@]}" "${model_flags[@]}" \
       "${train_flags[@]}" --mode=sync \
-      --train_steps="$steps" --threads=1 --seed=5 --log_every=1000 > "$dir/$name.w$i.log" 2>&1 &
+      --train_steps="$steps" --threads=1 --seed=5 --log_every=1000 --push_journal_dir="$dir/${name%_*}_pushes" \
+      > "$dir/$name.w$i.log" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
@@ -96,6 +100,22 @@ print("%s: %d arrays, %d floats, largest difference from the unchanged run %g" %
 PY
 }
 
+# check_updates NAME S1 S2 S3: the journals of the straight, grown and shrunk runs, nothing lost or doubled.
+check_updates() {
+  local name=$1 s1=$2 s2=$3 s3=$4 out rc=0
+  out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$dir/${name}_straight" --ps_dir="$dir/${name}_changed" \
+    --worker_dir="$dir/${name}_pushes" --json 2>&1) || rc=$?
+  echo "$out" | grep -v '^{' | tail -1
+  python3 - "$rc" "$(echo "$out" | grep '^{' | tail -1)" $((2 * (s3 + s3 - s1))) $((2 * s3)) $((2 * (s3 - s1))) <<'PY' ||
+import json, sys
+rc, counts, accepted, once, undone = int(sys.argv[1]), json.loads(sys.argv[2] or "{}"), *map(int, sys.argv[3:])
+want = dict(lost=0, doubled=0, ps_tasks=2, accepted=accepted, applied_once=once, undone=undone)
+got = {k: counts.get(k, 0) for k in want}
+sys.exit(0 if rc == 0 and got == want else "exit %d, %s (want exit 0, %s)" % (rc, got, want))
+PY
+    fail "$name: the update checker on the journals of 1 -> 3 -> 2 ps tasks"
+}
+
 # reshard_case NAME S1 S2 S3 (flags: model_flags for workers and dtrain_eval, train_flags for workers only)
 reshard_case() {
   local name=$1 s1=$2 s2=$3 s3=$4
@@ -122,6 +142,7 @@ reshard_case() {
   export_values "${name}_shrunk" "$dir/${name}_changed/model.ckpt-$s3"
   compare "$name 1 -> 3 ps at step $s2" "${name}_grown" "${name}_straight_s2"
   compare "$name 3 -> 2 ps at step $s3" "${name}_shrunk" "${name}_straight_s3"
+  check_updates "$name" "$s1" "$s2" "$s3"
   echo "$name: $((SECONDS - start)) s"
 }
 
