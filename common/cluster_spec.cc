@@ -215,7 +215,9 @@ absl::StatusOr<ClusterConfig> BuildConfig(const RawJobs& jobs, const std::string
     return absl::InvalidArgumentError(
         absl::StrCat("task_index ", task_index, " is negative (", source, ")"));
   }
-  if (task_index >= static_cast<int>(own->size())) {
+  // A worker beyond the spec's list joins a running elastic job (dtrain_ps --max_workers decides whether it may).
+  const bool joining = job_name == kJobWorker && task_index >= static_cast<int>(own->size());
+  if (task_index >= static_cast<int>(own->size()) && !joining) {
     return absl::InvalidArgumentError(absl::StrCat("task_index ", task_index, " out of range: job '",
                                                    job_name, "' has ", own->size(), " task",
                                                    own->size() == 1 ? "" : "s", " (", source, ")"));
@@ -246,6 +248,7 @@ absl::StatusOr<ClusterConfig> BuildConfig(const RawJobs& jobs, const std::string
     config.job_name = job_name;
     config.task_index = task_index;
   }
+  config.joining = joining;
   return config;
 }
 
@@ -284,8 +287,10 @@ std::string ClusterConfig::address() const {
 
 std::string ClusterConfig::DebugString() const {
   if (is_local()) return absl::StrCat("local (single process, no ps); from ", source);
-  std::string out = absl::StrCat(job_name, ":", task_index, is_chief() ? " (chief)" : "", " at ",
-                                 address(), "; ps=[", absl::StrJoin(ps, ","), "] worker=[",
+  std::string out = absl::StrCat(job_name, ":", task_index, is_chief() ? " (chief)" : "",
+                                 joining ? absl::StrCat(" (joining: past the spec's ", worker.size(), " workers)")
+                                         : absl::StrCat(" at ", address()),
+                                 "; ps=[", absl::StrJoin(ps, ","), "] worker=[",
                                  absl::StrJoin(worker, ","), "]; from ", source);
   if (chief_folded) {
     absl::StrAppend(&out, "; TF task ", original_job_name, ":", original_task_index,

@@ -62,6 +62,9 @@ struct ClusterConfig {
   int original_task_index = 0;
   // Where the config came from, for logs: "TF_CONFIG", "--cluster_spec=<path>", "--ps_hosts/...".
   std::string source;
+  // A worker whose task_index is past the spec's worker list: it joins a running job whose ps tasks take more
+  // workers (dtrain_ps --max_workers); it has no address in the spec.
+  bool joining = false;
 
   bool is_local() const { return job_name == kJobLocal; }
   bool is_ps() const { return job_name == kJobPs; }

@@ -175,7 +175,12 @@ TEST(ClusterSpecTest, TfConfigChiefIsFoldedIntoWorkerZero) {
   EXPECT_EQ(ps->address(), "p:1");
   EXPECT_EQ(ps->num_workers(), 3);
 
-  ExpectInvalid(tf("worker", 2), {"task_index 2 out of range: job 'worker' has 2 tasks"});
+  // A TF worker past the list joins a running elastic job (as worker index + 1: the chief is worker 0).
+  absl::StatusOr<ClusterConfig> joining = tf("worker", 2);
+  ASSERT_TRUE(joining.ok()) << joining.status();
+  EXPECT_TRUE(joining->joining);
+  EXPECT_EQ(joining->task_index, 3);
+  EXPECT_EQ(joining->address(), "");
   ExpectInvalid(tf("chief", 1), {"task_index 1 out of range: job 'chief' has 1 task"});
   // A chief alone is a valid worker job.
   absl::StatusOr<ClusterConfig> only_chief = ClusterFromTfConfig(
@@ -330,8 +335,14 @@ TEST(ClusterSpecTest, UnknownJobNames) {
 }
 
 TEST(ClusterSpecTest, TaskIndexChecks) {
-  ExpectInvalid(ClusterFromFlags(kPsHosts, kWorkerHosts, "worker", 3),
-                {"task_index 3 out of range: job 'worker' has 2 tasks"});
+  // A worker past the spec's list joins a running job (the ps tasks' --max_workers decide whether it may); a ps
+  // task past the list is an error.
+  absl::StatusOr<ClusterConfig> joining = ClusterFromFlags(kPsHosts, kWorkerHosts, "worker", 3);
+  ASSERT_TRUE(joining.ok()) << joining.status();
+  EXPECT_TRUE(joining->joining);
+  EXPECT_EQ(joining->num_workers(), 2);
+  EXPECT_NE(joining->DebugString().find("joining: past the spec's 2 workers"), std::string::npos);
+  EXPECT_FALSE(ClusterFromFlags(kPsHosts, kWorkerHosts, "worker", 1)->joining);
   ExpectInvalid(ClusterFromFlags(kPsHosts, kWorkerHosts, "ps", 2),
                 {"task_index 2 out of range: job 'ps' has 2 tasks"});
   ExpectInvalid(ClusterFromFlags(kPsHosts, kWorkerHosts, "worker", -2), {"task_index -2 is negative"});

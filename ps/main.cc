@@ -59,6 +59,9 @@ ABSL_FLAG(double, chief_grace_secs, 30,
           "After SIGTERM/SIGINT, wait at most this long for a training chief to leave before ending the run: when "
           "every process gets the signal at once (a Kubernetes Job deleted, Slurm's --signal), the chief finishes "
           "its step, evaluates and exports first, and the final checkpoint is of its step (0: end the run at once)");
+ABSL_FLAG(int, max_workers, 0,
+          "Workers this task takes: past the cluster spec's (0: the spec's count), workers started with "
+          "--task_index up to max_workers - 1 join the running job (the workers need --elastic_batch)");
 ABSL_FLAG(double, worker_timeout_secs, 20,
           "A worker silent (no call, no heartbeat) for this long is declared lost: sync training stops waiting for "
           "it and goes on with the others; it may come back by registering again (0: never declare a worker lost)");
@@ -169,6 +172,13 @@ int main(int argc, char** argv) {
   o.ps.task_index = cluster->task_index;
   o.ps.num_ps = cluster->num_ps();
   o.ps.num_workers = cluster->num_workers();
+  o.ps.max_workers = absl::GetFlag(FLAGS_max_workers);
+  if (o.ps.max_workers != 0 &&
+      (o.ps.max_workers < o.ps.num_workers || o.ps.max_workers > dtrain::ps::kMaxWorkerSlots)) {
+    std::fprintf(stderr, "dtrain_ps: --max_workers=%d must be 0 or between the cluster spec's %d workers and %d\n",
+                 o.ps.max_workers, o.ps.num_workers, dtrain::ps::kMaxWorkerSlots);
+    return dtrain::kExitConfigRefused;
+  }
   o.ps.checkpoint.dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.ps.checkpoint.save_steps = absl::GetFlag(FLAGS_save_checkpoint_steps);
   o.ps.checkpoint.save_secs = absl::GetFlag(FLAGS_save_checkpoint_secs);

@@ -51,7 +51,7 @@ std::string DescribeLeftEarly(const std::vector<WorkerStats>& workers) {
 }
 
 RunOutcome SummarizeRun(const std::vector<WorkerStats>& workers, int64_t global_step, int64_t train_steps,
-                        const std::string& job_ended, std::string* line) {
+                        const std::string& job_ended, std::string* line, bool elastic) {
   const std::string of = train_steps > 0 ? absl::StrCat(" of ", train_steps) : "";
   bool any_completed = false, any_left = false;
   std::vector<WorkerStats> early;  // the workers that left before the end
@@ -83,6 +83,12 @@ RunOutcome SummarizeRun(const std::vector<WorkerStats>& workers, int64_t global_
       absl::StrAppend(line, after_end, " not heard from after the last step (no step was trained without ",
                       absl::StrContains(after_end, ",") ? "them" : "it", ")");
     }
+    return RunOutcome::kComplete;
+  }
+  if (elastic && (train_steps == 0 || global_step >= train_steps)) {
+    // Workers come and go in an elastic job: the run is complete when it reached its end with someone.
+    *line = absl::StrCat("run complete: training reached step ", global_step, of, "; ", workers.size(),
+                         " workers took part; left before the end: ", left);
     return RunOutcome::kComplete;
   }
   *line = absl::StrCat("run degraded: training reached step ", global_step, of, " without ", left);

@@ -214,6 +214,16 @@ struct TrainConfig {
   // variables stay synchronous while each push's rows are applied as soon as it arrives, scaled by 1/R like a
   // step's, and pulls read the rows as they are, without waiting for the step's update).
   std::string sparse_mode = "sync";
+  // Elastic jobs (workers join and leave while the job runs, dtrain_ps --max_workers): how a sync step's batch
+  // follows the number of workers in it. "" (not elastic: each worker reads its shard of the input, task_index of
+  // num_workers, today's way), "per_worker" (each worker keeps its batch: the step's batch grows with the workers)
+  // or "global" (the step's batch is global_batch, each worker's global_batch / the step's workers: the run's
+  // arithmetic does not depend on how many machines it had). Either way an elastic worker reads the one shuffled
+  // order of the whole data set, in the part of each step's batch ps 0 gives it (PullHeader::elastic).
+  std::string elastic_batch;
+  // Elastic jobs: the batch of the order the workers read (ElasticView::unit): "per_worker", each worker's examples
+  // of a step (its --batch_size times its towers; the same on every worker); "global", the examples of a step.
+  int batch_unit = 0;
 };
 
 // RegisterRequest::restore_step: which checkpoint a ps task without values restores when the chief registers
@@ -242,6 +252,11 @@ struct RegisterResponse {
   // commit carried (a restarted worker process reads on where the killed one stopped); empty when there is
   // neither (keep reading where you are).
   std::string input_position;
+  // Ps 0, sync: the first step this worker counts in (a worker that joins a running job starts at the next step
+  // boundary: it pulls with min_step = join_step). 0: at once.
+  int64_t join_step = 0;
+  // The most workers this task takes (dtrain_ps --max_workers; the cluster spec's worker count by default).
+  int max_workers = 0;
 };
 
 // What a ps task could restore (ParameterServer::Probe): the chief picks the newest step every task can restore
@@ -337,6 +352,25 @@ struct PullRequest {
   Cancellation* cancel = nullptr;
 };
 inline constexpr int kMaxPullParts = 64;
+// Ps 0 of an elastic job (TrainConfig::elastic_batch): who the step a pull's header announces counts on, and
+// which part of its batch each worker reads. The workers that count in `step` are `workers` (ascending); worker
+// workers[r] reads, of the data set's one shuffled order cut into batches of `unit` examples (the positions of
+// batch k are [k * unit, (k + 1) * unit)), batch `first_batch + r` whole ("per_worker"), or rows [r * unit / n,
+// (r + 1) * unit / n) of batch `first_batch` ("global", n = workers.size()). Async ("per_worker" only): `workers`
+// are the active workers and `first_batch` is the batch ps 0 handed to the pulling worker alone (each pull of a
+// step takes the next). `version` changes whenever the membership does (a worker joined, left or was lost).
+struct ElasticView {
+  int64_t version = 0;
+  std::vector<int> workers;
+  int aggregating = 0;      // the commits the step is decided with (replicas to aggregate, following the workers)
+  int64_t first_batch = 0;  // see above
+  int unit = 0;             // examples of a batch of the order (0: not an elastic job)
+  bool operator==(const ElasticView& o) const {
+    return version == o.version && workers == o.workers && aggregating == o.aggregating &&
+           first_batch == o.first_batch && unit == o.unit;
+  }
+};
+
 // The first thing a Pull delivers, before any slice data.
 struct PullHeader {
   int64_t step = 0;                     // this task's step the values belong to
@@ -346,6 +380,7 @@ struct PullHeader {
   // the pull ends OK. A pull that ends with an error was taken back (the push failed): the worker must not use
   // any of its values, and pulls again (every slice anew).
   bool tentative = false;
+  ElasticView elastic;  // ps 0 of an elastic job (unit > 0); empty elsewhere
 };
 
 // How a worker leaves the cluster (Done), which decides how the run ends (README "How a run ends").
@@ -413,8 +448,11 @@ bool EndedByRefusal(const std::string& why);
 // `train_steps` or later (WorkerStats::present_at_step) missed no step and does not make the run degraded ("run
 // complete: ...; worker 1 not heard from after the last step ..."): a ps task restarted after the end cannot see
 // that it had reported done before.
+// `elastic` (TrainConfig::elastic_batch set): workers that left before the end are comings and goings, not a
+// degradation: "run complete: training reached step 300 of 300; 4 workers took part; left before the end: worker 2
+// (lost at step 120: ...)".
 RunOutcome SummarizeRun(const std::vector<WorkerStats>& workers, int64_t global_step, int64_t train_steps,
-                        const std::string& job_ended, std::string* line);
+                        const std::string& job_ended, std::string* line, bool elastic = false);
 // The workers that left without completing (lost, or done but not completed), one phrase each: "worker 1 (lost
 // at step 120: no contact for 20s); worker 2 (stopped at step 150: SIGTERM)".
 std::string DescribeLeftEarly(const std::vector<WorkerStats>& workers);

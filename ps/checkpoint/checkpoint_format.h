@@ -78,6 +78,9 @@ struct SparseTableState {
 };
 
 // What one checkpoint file holds.
+// CheckpointData::input_positions: the entry of an elastic job's input cursor (the largest id the format reads).
+inline constexpr int kElasticCursorKey = 1 << 20;
+
 struct CheckpointData {
   int task_index = 0;
   int num_ps = 1;
@@ -92,7 +95,8 @@ struct CheckpointData {
   bool has_moving_averages = false;
   std::vector<SliceState> slices;
   // Ps task 0: where each worker's input stream was at this step (worker id -> BatchStream::SaveState()), so a
-  // resumed run reads the batches an uninterrupted one would. Workers without a known position are absent.
+  // resumed run reads the batches an uninterrupted one would. Workers without a known position are absent. The
+  // key kElasticCursorKey holds an elastic job's input cursor (ps/core/elastic_plan.h) as decimal digits.
   std::map<int, std::string> input_positions;
   // Version 4: the task's shard of every sparse table (TrainConfig::tables, in table order), and the sparse
   // optimizer they were trained with (its name and slots per row element). Empty before version 4.

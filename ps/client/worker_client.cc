@@ -287,7 +287,10 @@ absl::Status WorkerClient::ConnectTasks(absl::Duration wait) {
         {
           absl::MutexLock lock(&mu_);
           sessions_[t] = r->session;
-          if (t == 0) restored_position_ = r->input_position;
+          if (t == 0) {
+            restored_position_ = r->input_position;
+            join_step_ = r->join_step;
+          }
         }
         lease_ms = std::max(lease_ms, r->lease_ms);
         if (r->initialized) {
@@ -474,6 +477,11 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
 std::string WorkerClient::restored_input_position() const {
   absl::MutexLock lock(&mu_);
   return restored_position_;
+}
+
+int64_t WorkerClient::join_step() const {
+  absl::MutexLock lock(&mu_);
+  return join_step_;
 }
 
 void WorkerClient::SetInputPosition(std::string position) { next_input_position_ = std::move(position); }
@@ -1163,7 +1171,7 @@ absl::StatusOr<PullResult> WorkerClient::WaitPullHeader() {
   if (!have_header_) {
     return pull_status_.ok() ? absl::InternalError("pull ended without a header") : Explain(pull_status_);
   }
-  return PullResult{header_.step, header_.training_done};
+  return PullResult{header_.step, header_.training_done, header_.elastic};
 }
 
 absl::Status WorkerClient::WaitForRange(int64_t begin, int64_t end) {
@@ -1195,7 +1203,7 @@ absl::StatusOr<PullResult> WorkerClient::FinishPull() {
     pull_active_ = false;
   }
   if (!pull_status_.ok()) return Explain(pull_status_);
-  return PullResult{header_.step, header_.training_done};
+  return PullResult{header_.step, header_.training_done, header_.elastic};
 }
 
 absl::StatusOr<PullResult> WorkerClient::Pull(int64_t min_step, int64_t since_step, float* params,

@@ -109,6 +109,7 @@ struct WorkerClientOptions {
 struct PullResult {
   int64_t step = 0;            // global step of the parameters pulled
   bool training_done = false;  // every worker reported done
+  ElasticView elastic;         // ps 0 of an elastic job: who the step counts on, which input this worker reads
 };
 
 // The rows of one sparse table a pull brings: ids[0, n) (unique) into rows[0, n * dim), row i for ids[i]. Both
@@ -162,6 +163,9 @@ class WorkerClient {
   // checkpoint holds, or else the one this worker's newest commit carried; BatchStream::Restore takes it), or
   // empty: keep reading where you are.
   std::string restored_input_position() const;
+  // After Connect / Reconnect: the first step this worker counts in (ps 0 of an elastic sync job: a worker that
+  // joins a running job starts at the next step boundary), 0: at once. Its first pull waits for it.
+  int64_t join_step() const;
   // The input stream's position after the batches of the step about to be pushed (BatchStream::SaveState()):
   // sent with that push's commit, for checkpoints. Call before BeginPush.
   void SetInputPosition(std::string position);
@@ -353,6 +357,7 @@ class WorkerClient {
   absl::CondVar heartbeat_cv_;
   std::vector<uint64_t> sessions_ ABSL_GUARDED_BY(mu_);  // per task, from Register
   std::string restored_position_ ABSL_GUARDED_BY(mu_);   // from ps 0's Register
+  int64_t join_step_ ABSL_GUARDED_BY(mu_) = 0;           // from ps 0's Register
   absl::Duration lease_ ABSL_GUARDED_BY(mu_);            // from the last Connect
   std::string next_input_position_;  // SetInputPosition's, taken by the next BeginPush (training thread)
   std::string input_position_;       // the current push's: set by BeginPush, read by the push lanes

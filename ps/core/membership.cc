@@ -7,23 +7,49 @@
 
 namespace dtrain::ps {
 
-Membership::Membership(int num_workers, int task) : task_(task), workers_(num_workers) {
-  for (int w = 0; w < num_workers; ++w) workers_[w].stats.worker_id = w;
+Membership::Membership(int slots, int task, int initial)
+    : task_(task), initial_(initial > 0 && initial < slots ? initial : slots), workers_(slots) {
+  for (int w = 0; w < slots; ++w) {
+    workers_[w].stats.worker_id = w;
+    workers_[w].present = w < initial_;
+  }
   std::random_device rd;
   random_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
 }
 
 absl::Status Membership::CheckWorker(int worker) const {
   if (worker < 0 || worker >= num_workers()) {
+    if (worker >= initial_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker id ", worker, " is out of range [0, ", num_workers(), "): ps task ", task_, " takes at most ",
+          num_workers(), " workers (the cluster spec has ", initial_,
+          "; start the ps tasks with --max_workers=N to let more join)"));
+    }
     return absl::InvalidArgumentError(
         absl::StrCat("worker id ", worker, " is out of range [0, ", num_workers(), ")"));
   }
   return absl::OkStatus();
 }
 
+std::vector<int> Membership::present_workers() const {
+  std::vector<int> out;
+  for (int w = 0; w < num_workers(); ++w) {
+    if (present(w)) out.push_back(w);
+  }
+  return out;
+}
+
+std::vector<int> Membership::active_workers() const {
+  std::vector<int> out;
+  for (int w = 0; w < num_workers(); ++w) {
+    if (active(w)) out.push_back(w);
+  }
+  return out;
+}
+
 void Membership::StartLeases(absl::Time now, int64_t step) {
   for (Worker& w : workers_) {
-    if (w.session != 0) continue;
+    if (w.session != 0 || !w.present) continue;
     w.last_contact = now;
     w.stats.present_at_step = step;
   }
@@ -37,6 +63,7 @@ uint64_t Membership::Register(int worker, absl::Time now, int64_t step) {
   w.last_contact = now;
   w.stats.present_at_step = step;
   w.stats.lost = false;
+  w.present = true;
   return w.session;
 }
 
@@ -116,6 +143,7 @@ std::vector<int> Membership::ExpireAll(int64_t step, const std::string& why) {
 bool Membership::MarkDone(int worker, Leaving leaving, int64_t step, std::string reason) {
   WorkerStats& s = workers_[worker].stats;
   if (s.done) return false;
+  workers_[worker].present = true;  // a worker that leaves before it joined (refused) is still reported
   s.done = true;
   s.failed = leaving != Leaving::kCompleted;
   s.leaving = leaving;
@@ -161,7 +189,9 @@ std::vector<int> Membership::lost_workers() const {
 std::vector<WorkerStats> Membership::AllStats() const {
   std::vector<WorkerStats> out;
   out.reserve(workers_.size());
-  for (const Worker& w : workers_) out.push_back(w.stats);
+  for (const Worker& w : workers_) {
+    if (w.present) out.push_back(w.stats);
+  }
   return out;
 }
 

@@ -12,6 +12,11 @@
 // counts as active (sync mode stops waiting for it) until it registers again. A worker that never registered
 // has a lease from the moment the task was configured.
 //
+// Elastic jobs: the task keeps `slots` workers (dtrain_ps --max_workers), of which the first `initial` (the cluster
+// spec's) are expected from the start; a worker of a later slot is absent (not active, no lease, not in the
+// statistics) until it registers: it joins. Once it has joined it is a worker like the others (it may leave,
+// be lost, come back).
+//
 // Thread-safety: thread-compatible; the ParameterServer guards it with its lock.
 #ifndef DTRAIN_PS_CORE_MEMBERSHIP_H_
 #define DTRAIN_PS_CORE_MEMBERSHIP_H_
@@ -31,12 +36,18 @@ namespace dtrain::ps {
 
 class Membership {
  public:
-  // `task` names this ps task in messages.
-  Membership(int num_workers, int task);
+  // `task` names this ps task in messages; `initial` workers of `slots` (initial <= slots; 0: all) are expected.
+  Membership(int slots, int task, int initial = 0);
 
-  int num_workers() const { return static_cast<int>(workers_.size()); }
-  // InvalidArgument unless 0 <= worker < num_workers().
+  int num_workers() const { return static_cast<int>(workers_.size()); }  // the slots
+  int initial_workers() const { return initial_; }
+  // InvalidArgument unless 0 <= worker < num_workers() (naming --max_workers when the slots are more than the
+  // cluster spec's workers, or the worker is beyond them).
   absl::Status CheckWorker(int worker) const;
+  // Whether `worker` has been part of the job: one of the initial workers, or one that joined.
+  bool present(int worker) const { return workers_[worker].present; }
+  // The present workers, ascending.
+  std::vector<int> present_workers() const;
 
   // The leases start now (for workers that have not registered yet), the task at global step `step`.
   void StartLeases(absl::Time now, int64_t step);
@@ -62,7 +73,9 @@ class Membership {
 
   bool done(int worker) const { return workers_[worker].stats.done; }
   bool lost(int worker) const { return workers_[worker].stats.lost; }
-  bool active(int worker) const { return !done(worker) && !lost(worker); }
+  bool active(int worker) const { return present(worker) && !done(worker) && !lost(worker); }
+  // The active workers, ascending.
+  std::vector<int> active_workers() const;
   // Marks the worker done, leaving as `leaving` says (WorkerStats::failed unless kCompleted) at `step` for
   // `reason`; returns false if it already was done.
   bool MarkDone(int worker, Leaving leaving, int64_t step, std::string reason);
@@ -92,6 +105,7 @@ class Membership {
   std::string ResumeInputPosition(int worker) const;
 
   WorkerStats& stats(int worker) { return workers_[worker].stats; }
+  // The statistics of the present workers (an absent slot is left out).
   std::vector<WorkerStats> AllStats() const;
   RecentRequestIds& recent_ids(int worker) { return workers_[worker].recent_ids; }
   const RecentRequestIds& recent_ids(int worker) const { return workers_[worker].recent_ids; }
@@ -104,8 +118,10 @@ class Membership {
     absl::Time last_contact = absl::InfinitePast();
     std::map<int64_t, std::string> positions;  // step -> input position after it; the newest few
     std::string restored_position;              // from the restored checkpoint, until the next commit
+    bool present = true;                        // see present()
   };
   const int task_;
+  const int initial_;
   std::vector<Worker> workers_;
   std::mt19937_64 random_;
 };

@@ -344,7 +344,7 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLoc
 
 bool ParameterServer::Impl::EarlyApplyLocked(const PushHeader& header) const {
   return header.apply_early && header.commit && sync_ && coordinator() && options_.num_ps == 1 &&
-         options_.num_workers == 1 && header.step == step_ && !clipping() &&
+         slots() == 1 && elastic_ == nullptr && header.step == step_ && !clipping() &&
          options_.nonfinite != ParameterServerOptions::NonFinite::kSkip &&
          tentative_note_.state != TentativeNote::kOpen;
 }
@@ -591,9 +591,14 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
 
 std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
   if (!job_ended_.empty()) return std::nullopt;  // the run ended early: no more steps
-  std::optional<StepDecision> d = coordinator_->MaybeDecide(step_, members_.num_active());
+  std::optional<StepDecision> d = coordinator_->MaybeDecide(
+      step_, elastic_ != nullptr ? elastic_->Needed(members_.active_workers()) : members_.num_active());
   if (!d) return std::nullopt;
   ++step_;
+  if (elastic_ != nullptr) {
+    const std::string change = elastic_->Advance(d->step, members_.active_workers());
+    if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+  }
   if (checkpointing() && checkpoints_.Due(step_)) {
     // The other tasks save this step too when they apply the decision; the state is copied once applied.
     d->checkpoint = true;
@@ -669,13 +674,13 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
   apply_mu_.Await(absl::Condition(&InOrder::Ready, &in_order));
   if (epoch_.load() != epoch) return;
   enum Outcome : char { kApplied, kSkipped, kDiscarded };
-  std::vector<char> outcome(options_.num_workers, kDiscarded);
+  std::vector<char> outcome(slots(), kDiscarded);
   {
     // Buffers are locked in worker order (one lock order for every step) and summed in that order too.
     std::vector<int> by_id = d.workers;
     std::sort(by_id.begin(), by_id.end());
     std::vector<GradientBuffers::Locked> held;
-    std::vector<GradientBuffers::Buffer*> buffer_of(options_.num_workers, nullptr);
+    std::vector<GradientBuffers::Buffer*> buffer_of(slots(), nullptr);
     for (int w : by_id) {
       held.push_back(buffers_->Lock(w));
       buffer_of[w] = &*held.back();
@@ -897,6 +902,10 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     header.training_done = finished_;
     header.tentative = tentative_writer != 0;
     if (sync_ && coordinator()) header.decisions = coordinator_->DecisionsSince(request.since_step, step_);
+    if (elastic_ != nullptr && !request.sparse_read_only && !request.moving_averages) {
+      // Async: each step's pull (its part 0) takes the next batch of the input for this worker.
+      header.elastic = elastic_->View(header.step, request.worker_id, !sync_ && request.part == 0);
+    }
     epoch = epoch_;
   }
   if (!to_apply.empty()) {
@@ -1047,6 +1056,12 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Paramet
   }
   if (options.num_workers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_workers must be >= 1, got ", options.num_workers));
+  }
+  if (options.max_workers == 0) options.max_workers = options.num_workers;
+  if (options.max_workers < options.num_workers || options.max_workers > kMaxWorkerSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_workers=", options.max_workers, " must be between the "
+                                                   "cluster spec's ", options.num_workers, " workers and ",
+                                                   kMaxWorkerSlots));
   }
   RETURN_IF_ERROR(ValidateCheckpointOptions(options.checkpoint));
   if (options.worker_timeout < absl::ZeroDuration() || options.max_model_bytes <= 0) {

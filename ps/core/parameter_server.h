@@ -89,10 +89,17 @@ namespace dtrain::ps {
 //   initialized=true with the restored step, and the chief skips Initialize. A corrupt newest file is skipped
 //   with a warning (the previous one is used); a checkpoint of another model, optimizer or layout fails
 //   Register with FailedPrecondition and the task stays unconfigured.
+// The most workers a task keeps (--max_workers).
+inline constexpr int kMaxWorkerSlots = 4096;
+
 struct ParameterServerOptions {
   int task_index = 0;  // 0 = coordinator (global step, sync decisions)
   int num_ps = 1;
   int num_workers = 1;  // from the cluster spec; the server is finished when all of them reported Done
+  // Elastic jobs (dtrain_ps --max_workers): workers num_workers .. max_workers - 1 may join while the job runs
+  // (ps/core/membership.h, ps/core/elastic_plan.h); 0: num_workers. The chief's config must then say how a step's
+  // batch follows the workers (TrainConfig::elastic_batch), or Register refuses it.
+  int max_workers = 0;
   // CPU threads (OpenMP) for applying the update to large slices. dtrain_ps keeps 1 (its host's cores belong to
   // the workers, and updates of different slices overlap with sending); an in-process ps in local mode uses the
   // worker's --threads.

@@ -78,6 +78,7 @@
 #include "ps/core/sparse_store.h"
 #include "ps/core/staleness_gate.h"
 #include "ps/core/sync_coordinator.h"
+#include "ps/core/elastic_plan.h"
 #include "ps/core/train_config.h"
 
 namespace dtrain::ps {
@@ -89,9 +90,9 @@ class ParameterServer::Impl {
  public:
   explicit Impl(ParameterServerOptions options)
       : options_(std::move(options)),
-        members_(options_.num_workers, options_.task_index),
-        complete_step_(options_.num_workers, -1),
-        pending_accepted_(options_.num_workers, false),
+        members_(options_.max_workers, options_.task_index, options_.num_workers),
+        complete_step_(options_.max_workers, -1),
+        pending_accepted_(options_.max_workers, false),
         checkpoints_(options_.checkpoint.save_steps, options_.checkpoint.save_secs, options_.clock) {
     if (checkpointing()) {
       writer_ = std::make_unique<CheckpointWriter>(options_.checkpoint, options_.task_index, options_.num_ps);
@@ -171,6 +172,16 @@ class ParameterServer::Impl {
   class DiscardUpload;
 
   bool coordinator() const { return options_.task_index == 0; }
+  int slots() const { return options_.max_workers; }  // workers this task keeps (the spec's, or --max_workers)
+  // R for the coordinator: the config's, or (0) every worker: the spec's, or the plan's in an elastic job.
+  int ReplicasToAggregateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (config_.elastic_batch.empty()) return ResolvedReplicasToAggregate(config_);
+    return config_.replicas_to_aggregate > 0 ? config_.replicas_to_aggregate : slots();
+  }
+  // The elastic plan of a configured ps 0 (null elsewhere), started at step_ with the active workers.
+  void StartElasticLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a restore: the plan starts again from the active workers, the cursor from the checkpoint's.
+  void RestoreElasticCursorLocked(const std::map<int, std::string>& positions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool checkpointing() const { return options_.checkpoint.enabled(); }
   // Deltas are written (options_.delta.enabled()); a task restores from options_.delta.dir whenever it is set.
   bool deltas() const { return delta_writer_ != nullptr; }
@@ -321,6 +332,8 @@ class ParameterServer::Impl {
   std::unique_ptr<StalenessGate> gate_;           // object and state: under mu_
 
   Membership members_ ABSL_GUARDED_BY(mu_);
+  // Ps 0 of an elastic job (TrainConfig::elastic_batch set): each step's workers and input (elastic_plan.h).
+  std::unique_ptr<ElasticPlan> elastic_ ABSL_GUARDED_BY(mu_);
   // Sync: the step of each worker's last finished upload that held every slice (-1: none).
   std::vector<int64_t> complete_step_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> next_writer_{1};  // numbers the push uploads (a retried upload is another writer)

@@ -26,6 +26,7 @@ std::string Resharded(int from, int num_ps) {
 
 absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, int chief) {
   RETURN_IF_ERROR(ValidateTrainConfig(config, options_.num_workers));
+  RETURN_IF_ERROR(CheckElasticConfig(config, slots()));
   int64_t bytes = 0;
   for (const SliceSpec& s : config.slices) bytes += s.length * static_cast<int64_t>(sizeof(float));
   if (bytes > options_.max_model_bytes) {
@@ -64,16 +65,17 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   sparse_async_ = sync_ && config_.sparse_mode == "async";
   store_ = std::move(store);
   sparse_ = std::move(sparse);
-  buffers_ = std::make_unique<GradientBuffers>(options_.num_workers, *store_, sparse_.get());
-  coordinator_ = std::make_unique<SyncCoordinator>(ResolvedReplicasToAggregate(config_));
+  buffers_ = std::make_unique<GradientBuffers>(slots(), *store_, sparse_.get());
+  coordinator_ = std::make_unique<SyncCoordinator>(ReplicasToAggregateLocked());
   coordinator_->StartAt(step_);
-  gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
+  gate_ = std::make_unique<StalenessGate>(slots(), config_.max_staleness);
   applied_through_ = step_;
   chief_ = chief;
   members_.StartLeases(Now(), step_);
   configured_ = true;
+  StartElasticLocked();
   // A worker refused before the chief registered (it reported its bad flags) fails a run that needs it.
-  for (int w = 0; w < options_.num_workers && job_ended_.empty(); ++w) {
+  for (int w = 0; w < slots() && job_ended_.empty(); ++w) {
     if (!members_.done(w) || members_.stats(w).leaving != Leaving::kRefused) continue;
     DoneRequest refused;
     refused.worker_id = w;
@@ -83,7 +85,13 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
     if (!why.empty()) EndRunLocked(why);
   }
   LOG(INFO) << "ps task " << options_.task_index << ": adopted the config of chief worker " << chief_ << " ("
-            << config_.mode << ", " << config_.num_workers << " workers, R=" << ResolvedReplicasToAggregate(config_)
+            << config_.mode << ", " << config_.num_workers << " workers"
+            << (slots() > config_.num_workers ? absl::StrCat(" (up to ", slots(), ")") : "")
+            << (config_.elastic_batch.empty() ? "" : absl::StrCat(", elastic ", config_.elastic_batch, " batches of ",
+                                                                  config_.batch_unit))
+            << ", R=" << (config_.elastic_batch.empty() || config_.replicas_to_aggregate > 0
+                              ? absl::StrCat(ResolvedReplicasToAggregate(config_))
+                              : std::string("the workers'"))
             << ", " << config_.optimizer.name << ", " << store_->num_slices() << " slices, " << store_->total_floats()
             << " floats" << (config_.tables.empty() ? "" : absl::StrCat(", ", config_.tables.size(), " sparse tables (",
                                                                         config_.sparse_optimizer.name, ")"))
@@ -113,6 +121,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     }
     // Restore before adopting anything, so a refused checkpoint leaves the task waiting for a chief.
     RETURN_IF_ERROR(ValidateTrainConfig(request.config, options_.num_workers));
+    RETURN_IF_ERROR(CheckElasticConfig(request.config, slots()));
     ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
                      FindStateToRestore(options_.checkpoint.env, options_.checkpoint.dir, options_.delta.dir,
                                         request.config, options_.task_index, options_.num_ps, request.restore_step));
@@ -132,6 +141,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
       checkpoints_.Saved(restored->data.global_step);
       written_label_ = restored->data.global_step;
       members_.RestoreInputPositions(restored->data.input_positions, restored->data.global_step);
+      RestoreElasticCursorLocked(restored->data.input_positions);
       RestoredLocked(restored->data.global_step);
       initialized_ = true;
       if (journal_) {
@@ -154,9 +164,26 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     }
   }
   const bool was_lost = members_.lost(request.worker_id);
+  const bool joins = !members_.present(request.worker_id);
+  const std::vector<int> active_before = members_.active_workers();
   RegisterResponse response{initialized_, step_, members_.Register(request.worker_id, Now(), step_),
                             absl::ToInt64Milliseconds(options_.worker_timeout),
                             members_.ResumeInputPosition(request.worker_id)};
+  response.max_workers = slots();
+  if (elastic_ != nullptr) {
+    response.join_step = elastic_->Join(request.worker_id, step_, active_before);
+    if (!sync_) {
+      const std::string change = elastic_->Changed(step_, members_.active_workers());
+      if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+    }
+  }
+  if (joins) {
+    LOG(INFO) << "ps task " << options_.task_index << ": worker " << request.worker_id << " joins the running job at "
+              << "step " << step_ << (response.join_step > step_ ? absl::StrCat(" (it counts from step ",
+                                                                                  response.join_step, ")")
+                                                                   : "")
+              << "; " << members_.num_active() << " active";
+  }
   if (was_lost) {
     LOG(INFO) << "ps task " << options_.task_index << ": worker " << request.worker_id
               << " is back (registered again after it was declared lost; " << members_.num_active() << " active)";
@@ -243,9 +270,9 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     step_hint_ = data.global_step;
     initialized_ = true;
     applied_through_ = step_;
-    coordinator_ = std::make_unique<SyncCoordinator>(ResolvedReplicasToAggregate(config_));
+    coordinator_ = std::make_unique<SyncCoordinator>(ReplicasToAggregateLocked());
     coordinator_->StartAt(step_);
-    gate_ = std::make_unique<StalenessGate>(options_.num_workers, config_.max_staleness);
+    gate_ = std::make_unique<StalenessGate>(slots(), config_.max_staleness);
     std::fill(complete_step_.begin(), complete_step_.end(), -1);
     for (size_t w = 0; w < pending_accepted_.size(); ++w) {  // gradients of the old epoch: never applied
       if (pending_accepted_[w]) ++accounting_.discarded;
@@ -254,6 +281,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     checkpoints_.Saved(data.global_step);
     written_label_ = data.global_step;
     members_.RestoreInputPositions(data.input_positions, data.global_step);
+    RestoreElasticCursorLocked(data.input_positions);
     if (journal_) {
       if (restorable.resharded_from > 0) {
         journal_->Resharded(data.global_step, restorable.resharded_from);
@@ -323,12 +351,16 @@ absl::Status ParameterServer::Impl::Done(const DoneRequest& request) {
     if (members_.MarkDone(worker_id, request.leaving, at, request.reason)) {
       if (completed) {
         LOG(INFO) << "ps task " << options_.task_index << ": worker " << worker_id << " is done ("
-                  << members_.num_done() << " of " << options_.num_workers << ")";
+                  << members_.num_done() << " of " << members_.present_workers().size() << ")";
       } else {
         LOG(WARNING) << "ps task " << options_.task_index << ": worker " << worker_id << " left ("
                      << LeavingName(request.leaving) << " at step " << at
                      << (request.reason.empty() ? "" : absl::StrCat(": ", request.reason)) << "; "
-                     << members_.num_active() << " of " << options_.num_workers << " still active)";
+                     << members_.num_active() << " of " << members_.present_workers().size() << " still active)";
+      }
+      if (elastic_ != nullptr && !sync_) {
+        const std::string change = elastic_->Changed(step_, members_.active_workers());
+        if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
       }
       if (job_ended_.empty()) {
         const std::string why = WhyLeavingEndsRunLocked(request);
@@ -358,7 +390,8 @@ std::string ParameterServer::Impl::WhyLeavingEndsRunLocked(const DoneRequest& r)
       return chief ? absl::StrCat(who, " failed at step ", at, because) : "";
     case Leaving::kRefused:
       if (chief) return absl::StrCat(kConfigurationRefused, who, because);
-      if (configured_ && sync_ && ResolvedReplicasToAggregate(config_) >= options_.num_workers) {
+      if (configured_ && sync_ && config_.elastic_batch.empty() &&
+          ResolvedReplicasToAggregate(config_) >= options_.num_workers) {
         return absl::StrCat(kConfigurationRefused, who, because, " (sync training aggregates every worker, R = ",
                             options_.num_workers, ": the run cannot complete without it)");
       }
@@ -453,7 +486,7 @@ void ParameterServer::Impl::CheckUnconfiguredLocked() {
 
 void ParameterServer::Impl::FinishAfterEndLocked() {
   std::vector<int> reported, silent;
-  for (int w = 0; w < options_.num_workers; ++w) (members_.done(w) ? reported : silent).push_back(w);
+  for (int w : members_.present_workers()) (members_.done(w) ? reported : silent).push_back(w);
   outcome_ = TrainingOutcome();
   outcome_.kind = TrainingOutcome::Kind::kComplete;
   outcome_.succeeded = true;
@@ -532,7 +565,8 @@ void ParameterServer::Impl::FinishLocked() {
     if (w.done && w.failed) o.failed_workers.push_back(w.worker_id);
   }
   o.job_ended = job_ended_;
-  o.kind = SummarizeRun(stats, o.global_step, configured_ ? config_.train_steps : 0, job_ended_, &o.message);
+  o.kind = SummarizeRun(stats, o.global_step, configured_ ? config_.train_steps : 0, job_ended_, &o.message,
+                        configured_ && !config_.elastic_batch.empty());
   o.succeeded = o.kind == TrainingOutcome::Kind::kComplete || o.kind == TrainingOutcome::Kind::kDegraded;
   finished_ = true;
 }
@@ -662,7 +696,10 @@ CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_st
 
 CheckpointData ParameterServer::Impl::SnapshotLocked(int64_t label, int64_t task_step) {
   CheckpointData d = StateLocked(label, task_step);
-  if (coordinator()) d.input_positions = members_.InputPositionsBefore(label);
+  if (coordinator()) {
+    d.input_positions = members_.InputPositionsBefore(label);
+    if (elastic_ != nullptr) d.input_positions[kElasticCursorKey] = absl::StrCat(elastic_->cursor());
+  }
   checkpoints_.Saved(label);
   if (journal_) journal_->Checkpointed(label);
   return d;
@@ -753,6 +790,25 @@ void ParameterServer::Impl::TakeDeltaLocked(int64_t label, int64_t task_step) {
   // A state a restore may come back to (checkpoint + deltas): the applied journal records it like a checkpoint,
   // in order with the updates before and after it.
   if (journal_) journal_->Checkpointed(label);
+}
+
+void ParameterServer::Impl::StartElasticLocked() {
+  if (!coordinator() || config_.elastic_batch.empty()) return;
+  elastic_ = std::make_unique<ElasticPlan>(sync_, config_.elastic_batch == "global", config_.batch_unit,
+                                           config_.replicas_to_aggregate);
+  elastic_->Start(step_, members_.active_workers());
+}
+
+void ParameterServer::Impl::RestoreElasticCursorLocked(const std::map<int, std::string>& positions) {
+  if (elastic_ == nullptr) return;
+  elastic_->Start(step_, members_.active_workers());
+  auto it = positions.find(kElasticCursorKey);
+  int64_t cursor = 0;
+  if (it != positions.end() && absl::SimpleAtoi(it->second, &cursor) && cursor >= 0) {
+    elastic_->set_cursor(cursor);
+  } else {
+    elastic_->set_cursor(0);
+  }
 }
 
 void ParameterServer::Impl::RestoredLocked(int64_t step) {

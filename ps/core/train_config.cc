@@ -108,6 +108,27 @@ absl::Status ValidateTrainConfig(const TrainConfig& config, int cluster_num_work
   return absl::OkStatus();
 }
 
+absl::Status CheckElasticConfig(const TrainConfig& config, int max_workers) {
+  const std::string& e = config.elastic_batch;
+  if (!e.empty() && e != "per_worker" && e != "global") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--elastic_batch must be per_worker or global (or unset), got '", e, "'"));
+  }
+  if (!e.empty() && config.batch_unit <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("an elastic job (--elastic_batch=", e, ") needs a batch > 0"));
+  }
+  if (e == "global" && config.mode != "sync") {
+    return absl::InvalidArgumentError("--elastic_batch=global keeps each sync step's batch: it needs --mode=sync");
+  }
+  if (e.empty() && max_workers > config.num_workers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ps tasks take up to ", max_workers, " workers (--max_workers), more than the cluster spec's ",
+        config.num_workers, ": workers that join read their input from ps 0, so start every worker with "
+        "--elastic_batch=per_worker or --elastic_batch=global"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CompareTrainConfigs(const TrainConfig& ps, const TrainConfig& w, int worker_id) {
   if (ps.model_signature != w.model_signature) {
     return Mismatch("model_signature", ps.model_signature, w.model_signature, worker_id);
@@ -115,6 +136,10 @@ absl::Status CompareTrainConfigs(const TrainConfig& ps, const TrainConfig& w, in
   if (ps.mode != w.mode) return Mismatch("mode", ps.mode, w.mode, worker_id);
   if (ps.sparse_mode != w.sparse_mode) return Mismatch("sparse_mode", ps.sparse_mode, w.sparse_mode, worker_id);
   if (ps.num_workers != w.num_workers) return Mismatch("num_workers", ps.num_workers, w.num_workers, worker_id);
+  if (ps.elastic_batch != w.elastic_batch) {
+    return Mismatch("elastic_batch", ps.elastic_batch, w.elastic_batch, worker_id);
+  }
+  if (ps.batch_unit != w.batch_unit) return Mismatch("the elastic batch", ps.batch_unit, w.batch_unit, worker_id);
   if (ResolvedReplicasToAggregate(ps) != ResolvedReplicasToAggregate(w)) {
     return Mismatch("replicas_to_aggregate", ResolvedReplicasToAggregate(ps), ResolvedReplicasToAggregate(w),
                     worker_id);

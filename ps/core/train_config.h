@@ -23,6 +23,10 @@ absl::Status ValidateTrainConfig(const TrainConfig& config, int cluster_num_work
 // OK when `worker_config` (registered by worker `worker_id`) matches the adopted `ps_config` in every field,
 // slices and sparse tables included (the sparse optimizer when there are tables); else FailedPrecondition naming the first differing field and both values, e.g.
 // "model_signature mismatch: ps has 'a', worker 3 has 'b'".
+// An elastic job's settings (TrainConfig::elastic_batch, batch_unit) on a task that keeps `max_workers` workers:
+// InvalidArgument for a bad value, FailedPrecondition when the task takes more workers than the spec's without an
+// elastic input (each message names the flag).
+absl::Status CheckElasticConfig(const TrainConfig& config, int max_workers);
 absl::Status CompareTrainConfigs(const TrainConfig& ps_config, const TrainConfig& worker_config, int worker_id);
 
 }  // namespace dtrain::ps

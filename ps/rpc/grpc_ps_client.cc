@@ -288,8 +288,11 @@ class GrpcPsClient final : public PsInterface {
     pb::RegisterResponse resp;
     // One attempt: the caller (WorkerClient::Connect) waits for late ps tasks itself and logs what it waits for.
     RETURN_IF_ERROR(Unary("Register", register_, req, &resp, absl::ZeroDuration()));
-    return RegisterResponse{resp.initialized(), resp.global_step(), resp.session(), resp.lease_ms(),
-                            resp.input_position()};
+    RegisterResponse out{resp.initialized(), resp.global_step(), resp.session(), resp.lease_ms(),
+                         resp.input_position()};
+    out.join_step = resp.join_step();
+    out.max_workers = resp.max_workers();
+    return out;
   }
 
   absl::StatusOr<std::unique_ptr<SliceUpload>> StartInitialize(int worker_id) override {

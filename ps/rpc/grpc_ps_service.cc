@@ -237,6 +237,8 @@ class GrpcPsService final : public grpc::Service {
     resp->set_session(out->session);
     resp->set_lease_ms(out->lease_ms);
     resp->set_input_position(out->input_position);
+    resp->set_join_step(out->join_step);
+    resp->set_max_workers(out->max_workers);
     return grpc::Status::OK;
   }
 

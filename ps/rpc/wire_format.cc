@@ -23,6 +23,8 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
   out->set_model_signature(in.model_signature);
   out->set_mode(in.mode);
   out->set_sparse_mode(in.sparse_mode);
+  out->set_elastic_batch(in.elastic_batch);
+  out->set_batch_unit(in.batch_unit);
   out->set_num_workers(in.num_workers);
   out->set_replicas_to_aggregate(in.replicas_to_aggregate);
   out->set_total_num_replicas(in.total_num_replicas);
@@ -92,6 +94,8 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
   c.model_signature = in.model_signature();
   c.mode = in.mode();
   c.sparse_mode = in.sparse_mode().empty() ? "sync" : in.sparse_mode();
+  c.elastic_batch = in.elastic_batch();
+  c.batch_unit = in.batch_unit();
   c.num_workers = in.num_workers();
   c.replicas_to_aggregate = in.replicas_to_aggregate();
   c.total_num_replicas = in.total_num_replicas();
@@ -341,6 +345,14 @@ void ToProto(const PullHeader& in, dtrain::wire::PullHeader* out) {
   for (const StepDecision& d : in.decisions) ToProto(d, out->add_decisions());
   out->set_training_done(in.training_done);
   out->set_tentative(in.tentative);
+  if (in.elastic.unit > 0) {
+    auto* e = out->mutable_elastic();
+    e->set_version(in.elastic.version);
+    e->mutable_workers()->Add(in.elastic.workers.begin(), in.elastic.workers.end());
+    e->set_aggregating(in.elastic.aggregating);
+    e->set_first_batch(in.elastic.first_batch);
+    e->set_unit(in.elastic.unit);
+  }
 }
 
 PullHeader FromProto(const dtrain::wire::PullHeader& in) {
@@ -349,6 +361,14 @@ PullHeader FromProto(const dtrain::wire::PullHeader& in) {
   for (const auto& d : in.decisions()) h.decisions.push_back(FromProto(d));
   h.training_done = in.training_done();
   h.tentative = in.tentative();
+  if (in.has_elastic()) {
+    const auto& e = in.elastic();
+    h.elastic.version = e.version();
+    h.elastic.workers.assign(e.workers().begin(), e.workers().end());
+    h.elastic.aggregating = e.aggregating();
+    h.elastic.first_batch = e.first_batch();
+    h.elastic.unit = e.unit();
+  }
   return h;
 }
 

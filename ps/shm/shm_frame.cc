@@ -448,6 +448,12 @@ std::string EncodePullHeader(const PullHeader& m) {
   PutDecisions(w, m.decisions);
   w.Bool(m.training_done);
   w.Bool(m.tentative);
+  w.I64(m.elastic.version);
+  w.U32(static_cast<uint32_t>(m.elastic.workers.size()));
+  for (int x : m.elastic.workers) w.I32(x);
+  w.I32(m.elastic.aggregating);
+  w.I64(m.elastic.first_batch);
+  w.I32(m.elastic.unit);
   return w.Take();
 }
 absl::StatusOr<PullHeader> DecodePullHeader(absl::string_view payload) {
@@ -457,6 +463,12 @@ absl::StatusOr<PullHeader> DecodePullHeader(absl::string_view payload) {
   m.decisions = GetDecisions(r);
   m.training_done = r.Bool();
   m.tentative = r.Bool();
+  m.elastic.version = r.I64();
+  const uint32_t nw = r.Count(4);
+  for (uint32_t i = 0; i < nw && r.ok(); ++i) m.elastic.workers.push_back(r.I32());
+  m.elastic.aggregating = r.I32();
+  m.elastic.first_batch = r.I64();
+  m.elastic.unit = r.I32();
   return Done(r, std::move(m));
 }
 

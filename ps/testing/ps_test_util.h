@@ -67,6 +67,7 @@ struct SimClusterOptions {
   std::function<absl::Time()> clock;
   absl::Duration worker_timeout = absl::ZeroDuration();  // ParameterServerOptions::worker_timeout (0: no leases)
   std::string decision_key;  // ParameterServerOptions::decision_key of every task
+  int max_workers = 0;       // ParameterServerOptions::max_workers of every task (workers past config's join)
 };
 
 class SimCluster {

@@ -191,6 +191,11 @@ ABSL_FLAG(double, admit_probability, 1.0,
 ABSL_FLAG(std::string, row_dtype, "fp32", "Models with embedding tables: how the ps keeps the rows: fp32 | fp16 | bf16");
 ABSL_FLAG(std::string, row_slot_dtype, "fp32",
           "Models with embedding tables: how the ps keeps the rows' optimizer slots: fp32 | bf16");
+ABSL_FLAG(std::string, elastic_batch, "",
+          "Elastic jobs, where workers join (a --task_index past the spec's workers, up to dtrain_ps "
+          "--max_workers - 1) and leave while the job runs: per_worker (each worker keeps its batch and reads the "
+          "batches ps 0 hands out of one shuffled order of the whole data set, so no example repeats or is missed "
+          "as the workers change). Every worker of the job needs the same value. Empty: not elastic");
 ABSL_FLAG(std::string, sparse_mode, "sync",
           "Sync mode, models with embedding tables: sync (the rows join each step) or async (PERSIA's hybrid: dense "
           "variables stay synchronous, each push's rows are applied as it arrives)");
@@ -382,6 +387,18 @@ int main(int argc, char** argv) {
   o.row_dtype = absl::GetFlag(FLAGS_row_dtype);
   o.row_slot_dtype = absl::GetFlag(FLAGS_row_slot_dtype);
   o.sparse_mode = absl::GetFlag(FLAGS_sparse_mode);
+  o.elastic_batch = absl::GetFlag(FLAGS_elastic_batch);
+  if (!o.elastic_batch.empty() && o.elastic_batch != "per_worker" && o.elastic_batch != "global") {
+    std::fprintf(stderr, "dtrain_worker: --elastic_batch=%s: expected per_worker or global (or empty)\n",
+                 o.elastic_batch.c_str());
+    return dtrain::kExitConfigRefused;
+  }
+  if (cluster->joining && o.elastic_batch.empty()) {
+    std::fprintf(stderr, "dtrain_worker: --task_index=%d is past the cluster spec's %d workers: such a worker joins "
+                 "a running elastic job, which needs --elastic_batch=per_worker (on every worker) and dtrain_ps "
+                 "--max_workers > %d\n", cluster->task_index, cluster->num_workers(), cluster->task_index);
+    return dtrain::kExitConfigRefused;
+  }
   o.row_cache_rows = absl::GetFlag(FLAGS_row_cache_rows);
   o.row_cache_staleness = absl::GetFlag(FLAGS_row_cache_staleness);
   o.delta.every_secs = absl::GetFlag(FLAGS_delta_every_secs);

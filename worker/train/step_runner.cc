@@ -116,8 +116,9 @@ absl::StatusOr<ps::PullResult> StepRunner::Start() {
     upcoming_set_ = false;
     RETURN_IF_ERROR(RequestRows(current_, step_));
   }
+  // A worker that joins a running elastic job waits for the step it counts from (WorkerClient::join_step).
   ASSIGN_OR_RETURN(ps::PullResult at,
-                   client_->Pull(/*min_step=*/0, /*since_step=*/0, towers_->host_params()));
+                   client_->Pull(/*min_step=*/client_->join_step(), /*since_step=*/0, towers_->host_params()));
   step_ = at.step;
   return at;
 }

@@ -27,6 +27,7 @@
 #include "ps/client/worker_client.h"
 #include "worker/batch/batch_view.h"
 #include "worker/data/batch_stream_follow.h"
+#include "worker/data/batch_stream_state.h"
 #include "worker/data/metrics.h"
 #include "worker/eval/evaluation.h"
 #include "worker/models/graph.h"
@@ -116,8 +117,10 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
   d->dataset = o->dataset;
   data::BatchStreamOptions sopt;
   sopt.batch_size = o->batch_size;
-  sopt.shard_index = local ? 0 : o->worker_id;
-  sopt.num_shards = local ? 1 : o->num_workers;
+  // An elastic job's workers read one order of the whole set, the batches ps 0 gives them (SeekBatch below).
+  const bool elastic = !local && !o->elastic_batch.empty();
+  sopt.shard_index = local || elastic ? 0 : o->worker_id;
+  sopt.num_shards = local || elastic ? 1 : o->num_workers;
   sopt.seed = o->seed;
   sopt.shuffle = o->shuffle;
   if (o->follow) {
@@ -233,6 +236,19 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   config.max_staleness = o.max_staleness;
   ASSIGN_OR_RETURN(config.optimizer, OptimizerConfigOf(o));
   config.sparse_mode = o.sparse_mode;
+  if (!local && !o.elastic_batch.empty()) {
+    if (o.elastic_batch != "per_worker") {
+      return absl::UnimplementedError(absl::StrCat(
+          "--elastic_batch=", o.elastic_batch, ": only per_worker is built (a global batch split among a changing "
+          "number of workers changes each worker's batch, and a tower's ops are specialized for one batch size)"));
+    }
+    if (!model0->graph().tables.empty()) {
+      return absl::UnimplementedError("--elastic_batch with a model with sparse tables: not built yet (such a "
+                                      "model reads its batches a step ahead, before ps 0 gives it their place)");
+    }
+    config.elastic_batch = o.elastic_batch;
+    config.batch_unit = o.batch_size * towers->size();
+  }
   config.moving_average_decay = o.moving_average_decay;
   config.train_steps = o.train_steps;
   if (chief) config.model_flags = o.model_flags;
@@ -387,6 +403,46 @@ class ScoreWindow {
 // test accuracy every eval_every global steps, summaries every summary_every local steps. A ps task that
 // restarted (or rolled back, or declared this worker lost) answers Aborted: the worker connects again (the chief
 // restores every task to a common checkpoint) and goes on from a fresh pull.
+// An elastic job: makes batch `index` of the stream the next one Next() returns (a jump drops the batches
+// prepared ahead).
+absl::Status SeekBatch(data::BatchStream* stream, int64_t index) {
+  if (stream->batches_read() == index) return absl::OkStatus();
+  ASSIGN_OR_RETURN(data::BatchStreamState s, data::DecodeBatchStreamState(stream->SaveState()));
+  const int64_t first = index * s.batch_size;
+  s.next_batch = index;
+  s.epoch = s.shard_size > 0 ? first / s.shard_size : 0;
+  s.offset = s.shard_size > 0 ? first % s.shard_size : 0;
+  return stream->Restore(data::EncodeBatchStreamState(s));
+}
+
+// The chief's line for a change of an elastic job's membership, as ps 0 logs it: "step 840: worker 3 joined (4
+// workers, aggregating 4, global batch 400)".
+std::string DescribeElasticChange(const ps::ElasticView& before, const ps::ElasticView& now, int64_t step,
+                                  bool sync) {
+  std::vector<int> joined, left;
+  for (int w : now.workers) {
+    if (std::find(before.workers.begin(), before.workers.end(), w) == before.workers.end()) joined.push_back(w);
+  }
+  for (int w : before.workers) {
+    if (std::find(now.workers.begin(), now.workers.end(), w) == now.workers.end()) left.push_back(w);
+  }
+  auto phrase = [](const std::vector<int>& ws, const char* what) {
+    return absl::StrCat(ws.size() == 1 ? "worker " : "workers ", absl::StrJoin(ws, ", "), " ", what);
+  };
+  std::string what;
+  if (!joined.empty()) what = phrase(joined, "joined");
+  if (!left.empty()) absl::StrAppend(&what, what.empty() ? "" : ", ", phrase(left, "left"));
+  if (what.empty()) what = "the membership changed";
+  const size_t n = now.workers.size();
+  if (!sync) {
+    return absl::StrCat("step ", step, ": ", what, " (", n, " worker", n == 1 ? "" : "s", ", async, batch ", now.unit,
+                        " each)");
+  }
+  return absl::StrCat("step ", step, ": ", what, " (", n, " worker", n == 1 ? "" : "s", ", aggregating ",
+                      now.aggregating, ", global batch ", static_cast<int64_t>(now.unit) * static_cast<int64_t>(n),
+                      ")");
+}
+
 // One step's input: a batch per tower and where the stream is after them (for the checkpoints).
 struct StepInput {
   std::vector<data::Batch> batches;
@@ -405,8 +461,19 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   bool have_current = false;
   // The time the loop waits for input (a stream that keeps ahead of the towers returns at once).
   double window_input_wait = 0;
-  // One step's batches; false when the input ended (an online run: no new file, or stopped).
-  auto draw = [&](StepInput* in) -> absl::StatusOr<bool> {
+  // One step's batches; false when the input ended (an online run: no new file, or stopped). An elastic job's
+  // `view` (ps 0's header of the step) says which batches of the one order: this worker's place in the step's
+  // workers (sync), or the batch handed to it (async); a worker not in the plan (behind) reads past the plan's.
+  const bool elastic = !c->config.elastic_batch.empty();
+  auto draw = [&](StepInput* in, const ps::ElasticView* view = nullptr) -> absl::StatusOr<bool> {
+    if (view != nullptr && view->unit > 0) {
+      int64_t unit_index = view->first_batch;
+      if (o.mode == "sync") {
+        const auto me = std::find(view->workers.begin(), view->workers.end(), o.worker_id);
+        unit_index += me - view->workers.begin();
+      }
+      RETURN_IF_ERROR(SeekBatch(d->stream.get(), unit_index * towers->size()));
+    }
     in->batches.resize(towers->size());
     in->views.resize(towers->size());
     for (int t = 0; t < towers->size(); ++t) {
@@ -456,6 +523,16 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   if (!started.ok()) return started.status();
   ps::PullResult at = *started;
   result->first_step = at.step;
+  ps::ElasticView seen;  // the chief logs each change of an elastic job's membership
+  auto log_membership = [&]() {
+    if (!elastic || !chief || o.quiet || at.elastic.unit == 0 || at.elastic.version == seen.version) return;
+    if (seen.unit != 0) {
+      std::printf("%s\n", DescribeElasticChange(seen, at.elastic, at.step, o.mode == "sync").c_str());
+      std::fflush(stdout);
+    }
+    seen = at.elastic;
+  };
+  log_membership();
   if (at.step > 0 && !o.quiet) {
     // A restored checkpoint gives this worker the input position it had at that step; a worker that simply
     // starts after the others joins the run where it is.
@@ -485,7 +562,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       break;
     }
     if (!have_current) {
-      ASSIGN_OR_RETURN(const bool got, draw(&current));
+      ASSIGN_OR_RETURN(const bool got, draw(&current, elastic ? &at.elastic : nullptr));
       if (!got) {
         result->input_ended = true;
         break;
@@ -524,6 +601,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       continue;
     }
     at = *next;
+    log_membership();
     ++result->local_steps;
     ++window_steps;
     if (result->local_steps % o.log_every == 0) {
@@ -873,7 +951,7 @@ void AwaitRunOutcome(const WorkerOptions& o, ps::WorkerClient* client, TrainingR
     }
     if (running.empty() || absl::Now() >= deadline) {
       result->outcome = ps::SummarizeRun(s->workers, s->global_step, o.train_steps, s->job_ended,
-                                         &result->outcome_line);
+                                         &result->outcome_line, !o.elastic_batch.empty());
       if (!running.empty()) {
         absl::StrAppend(&result->outcome_line, " (worker", running.size() > 1 ? "s " : " ",
                         absl::StrJoin(running, ", "), " had not left within ", absl::FormatDuration(limit), ")");

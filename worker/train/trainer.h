@@ -79,6 +79,11 @@ struct WorkerOptions {
   // Sync mode, models with tables: "async" keeps the dense variables synchronous and applies each push's rows as it
   // arrives (PERSIA's hybrid; ps::TrainConfig::sparse_mode).
   std::string sparse_mode = "sync";
+  // An elastic job (workers join and leave while it runs: dtrain_ps --max_workers): "" (no: this worker reads
+  // shard worker_id of num_workers), "per_worker" (every worker reads the data set's one shuffled order, the
+  // batches ps 0 gives it with each step: ps::ElasticView). "global" (each worker's batch = the spec's global
+  // batch / the step's workers) is refused for now: a tower's ops are specialized for one batch size.
+  std::string elastic_batch;
   // The worker's row cache (worker/batch/row_cache.h): up to row_cache_rows rows of each table kept between
   // steps, not pulled again while they are at most row_cache_staleness steps old; the gradients of the steps that
   // used a cached row are summed and pushed when the row is pulled again or leaves the cache. 0 rows: none.

@@ -1,0 +1,109 @@
+// ParameterServer in an elastic job (ParameterServerOptions::max_workers, TrainConfig::elastic_batch): workers
+// past the cluster spec's join a running job at the next step boundary, sync steps follow the live workers, the
+// pull header tells each worker its batches, and a run where workers came and went ends complete.
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "ps/core/parameter_server.h"
+#include "ps/testing/ps_test_util.h"
+
+namespace dtrain::ps {
+namespace {
+
+using ::dtrain::ps::testing::MakeConfig;
+using ::dtrain::ps::testing::SimCluster;
+using ::dtrain::ps::testing::SimClusterOptions;
+using ::dtrain::ps::testing::SimWorker;
+using Outcome = PushResponse::Outcome;
+
+SimClusterOptions Elastic(const std::string& mode, int max_workers) {
+  SimClusterOptions o;
+  o.variables = {{"w", 3}, {"b", 1}};
+  o.config = MakeConfig(mode, /*num_workers=*/1, /*replicas_to_aggregate=*/0, /*learning_rate=*/0.5f);
+  o.config.total_num_replicas = 0;
+  o.config.elastic_batch = "per_worker";
+  o.config.batch_unit = 10;
+  o.config.train_steps = 6;
+  o.initial = {1, 2, 3, 4};
+  o.max_workers = max_workers;
+  return o;
+}
+
+PullResult PullOf(SimWorker& w, int64_t min_step, int64_t since_step) {
+  std::vector<float> params(4);
+  absl::StatusOr<PullResult> r = w.client().Pull(min_step, since_step, params.data());
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : PullResult{};
+}
+
+TEST(ElasticTest, AWorkerJoinsAtTheNextStepAndTheStepsFollowTheWorkers) {
+  auto cluster = *SimCluster::Start(Elastic("sync", 3));
+  SimWorker w0(cluster.get(), 0);
+  PullResult at = PullOf(w0, 0, 0);
+  EXPECT_EQ(at.elastic.workers, (std::vector<int>{0}));
+  EXPECT_EQ(at.elastic.unit, 10);
+  EXPECT_EQ(at.elastic.first_batch, 0);
+  EXPECT_EQ(*w0.Push(0, {1, 1, 1, 1}), Outcome::kAccepted);
+  EXPECT_EQ(cluster->task(0).step(), 1);  // alone: R follows the one worker
+
+  SimWorker w2(cluster.get(), 2);  // past the spec's one worker: joins at step 1, counts from step 2
+  EXPECT_EQ(w2.client().join_step(), 2);
+  EXPECT_EQ(*w0.Push(1, {1, 1, 1, 1}), Outcome::kAccepted);
+  EXPECT_EQ(cluster->task(0).step(), 2);  // step 1 did not wait for the joiner
+  at = PullOf(w2, w2.client().join_step(), 0);
+  EXPECT_EQ(at.step, 2);
+  EXPECT_EQ(at.elastic.workers, (std::vector<int>{0, 2}));
+  EXPECT_EQ(at.elastic.aggregating, 2);
+  EXPECT_EQ(at.elastic.first_batch, 2);  // batches 0 and 1 went to worker 0's steps 0 and 1
+  EXPECT_EQ(*w0.Push(2, {1, 1, 1, 1}), Outcome::kAccepted);
+  EXPECT_EQ(cluster->task(0).step(), 2);  // now it waits for both
+  EXPECT_EQ(*w2.Push(2, {3, 3, 3, 3}), Outcome::kAccepted);
+  EXPECT_EQ(cluster->task(0).step(), 3);
+  EXPECT_EQ(PullOf(w0, 3, 2).elastic.first_batch, 4);
+
+  // Worker 2 leaves: step 3 goes on with worker 0 alone, and the run ends complete.
+  ASSERT_TRUE(w2.client().Done(Leaving::kStopped, 3, "SIGTERM").ok());
+  for (int64_t s = 3; s < 6; ++s) EXPECT_EQ(*w0.Push(s, {1, 1, 1, 1}), Outcome::kAccepted);
+  EXPECT_EQ(cluster->task(0).step(), 6);
+  ASSERT_TRUE(w0.Done().ok());
+  ASSERT_TRUE(cluster->task(0).WaitUntilFinished(absl::Seconds(10)));
+  const TrainingOutcome outcome = cluster->task(0).outcome();
+  EXPECT_EQ(outcome.kind, RunOutcome::kComplete) << outcome.message;
+  EXPECT_TRUE(absl::StrContains(outcome.message, "2 workers took part; left before the end: worker 2 (stopped"))
+      << outcome.message;
+}
+
+TEST(ElasticTest, AWorkerPastMaxWorkersIsRefusedNamingTheFlag) {
+  auto cluster = *SimCluster::Start(Elastic("sync", 2));
+  RegisterRequest request;
+  request.worker_id = 2;
+  request.config = cluster->config();
+  absl::StatusOr<RegisterResponse> r = cluster->task(0).Register(request);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "takes at most 2 workers")) << r.status();
+}
+
+TEST(ElasticTest, MoreWorkersThanTheSpecNeedAnElasticInput) {
+  SimClusterOptions o = Elastic("sync", 3);
+  o.config.elastic_batch.clear();
+  absl::StatusOr<std::unique_ptr<SimCluster>> cluster = SimCluster::Start(o);
+  ASSERT_FALSE(cluster.ok());
+  EXPECT_TRUE(absl::StrContains(cluster.status().message(), "--elastic_batch")) << cluster.status();
+}
+
+TEST(ElasticTest, AsyncPullsEachTakeTheNextBatch) {
+  auto cluster = *SimCluster::Start(Elastic("async", 2));
+  SimWorker w0(cluster.get(), 0);
+  EXPECT_EQ(PullOf(w0, 0, 0).elastic.first_batch, 0);
+  SimWorker w1(cluster.get(), 1);
+  EXPECT_EQ(w1.client().join_step(), 0);  // async: at once
+  const PullResult a = PullOf(w1, 0, 0), b = PullOf(w0, 0, 0);
+  EXPECT_EQ(a.elastic.first_batch, 1);
+  EXPECT_EQ(b.elastic.first_batch, 2);
+  EXPECT_EQ(b.elastic.workers, (std::vector<int>{0, 1}));
+}
+
+}  // namespace
+}  // namespace dtrain::ps
