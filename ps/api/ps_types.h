@@ -353,21 +353,24 @@ struct PullRequest {
 };
 inline constexpr int kMaxPullParts = 64;
 // Ps 0 of an elastic job (TrainConfig::elastic_batch): who the step a pull's header announces counts on, and
-// which part of its batch each worker reads. The workers that count in `step` are `workers` (ascending); worker
-// workers[r] reads, of the data set's one shuffled order cut into batches of `unit` examples (the positions of
-// batch k are [k * unit, (k + 1) * unit)), batch `first_batch + r` whole ("per_worker"), or rows [r * unit / n,
-// (r + 1) * unit / n) of batch `first_batch` ("global", n = workers.size()). Async ("per_worker" only): `workers`
-// are the active workers and `first_batch` is the batch ps 0 handed to the pulling worker alone (each pull of a
-// step takes the next). `version` changes whenever the membership does (a worker joined, left or was lost).
+// which batches they read. The data set's one shuffled order is cut into batches of `unit` examples (the positions
+// of batch k are [k * unit, (k + 1) * unit)). Sync: the workers that count in `step` are `workers` (ascending);
+// "per_worker": worker workers[r] reads batch batches[r] (a batch whose gradient did not make it into its step, the
+// worker lost or its commit dropped, is handed out again, the oldest first); "global": rows [r * unit / n,
+// (r + 1) * unit / n) of batch `first_batch` (n = workers.size()). Async ("per_worker" only): `workers` are the
+// active workers and batches[0] is the batch ps 0 handed to the pulling worker alone (each step's pull takes the
+// next; a worker that leaves before its next pull gives its batch back). `version` changes whenever the membership
+// does (a worker joined, left or was lost).
 struct ElasticView {
   int64_t version = 0;
   std::vector<int> workers;
   int aggregating = 0;      // the commits the step is decided with (replicas to aggregate, following the workers)
-  int64_t first_batch = 0;  // see above
+  int64_t first_batch = 0;  // "global": the step's batch
+  std::vector<int64_t> batches;  // "per_worker": see above
   int unit = 0;             // examples of a batch of the order (0: not an elastic job)
   bool operator==(const ElasticView& o) const {
     return version == o.version && workers == o.workers && aggregating == o.aggregating &&
-           first_batch == o.first_batch && unit == o.unit;
+           first_batch == o.first_batch && batches == o.batches && unit == o.unit;
   }
 };
 

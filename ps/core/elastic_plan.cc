@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <iterator>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace dtrain::ps {
 namespace {
@@ -25,12 +27,33 @@ std::string Phrase(const std::vector<int>& workers, const char* what) {
 ElasticPlan::ElasticPlan(bool sync, bool global, int unit, int replicas_to_aggregate)
     : sync_(sync), global_(global), unit_(unit), replicas_(replicas_to_aggregate) {}
 
-void ElasticPlan::Start(int64_t step, const std::vector<int>& active) {
-  (void)step;
+void ElasticPlan::Start(const std::vector<int>& active) {
   if (plan_ != active) ++version_;
+  for (int64_t b : assigned_) returned_.insert(b);
+  assigned_.clear();
+  for (const auto& [worker, batch] : outstanding_) returned_.insert(batch);
+  outstanding_.clear();
   plan_ = active;
   joins_.clear();
+  if (sync_) Assign();
 }
+
+int64_t ElasticPlan::TakeBatch() {
+  if (!returned_.empty()) {
+    const int64_t b = *returned_.begin();
+    returned_.erase(returned_.begin());
+    return b;
+  }
+  return cursor_++;
+}
+
+void ElasticPlan::Assign() {
+  assigned_.clear();
+  if (global_) return;
+  for (size_t i = 0; i < plan_.size(); ++i) assigned_.push_back(TakeBatch());
+}
+
+bool ElasticPlan::InPlan(int worker) const { return std::binary_search(plan_.begin(), plan_.end(), worker); }
 
 int64_t ElasticPlan::Join(int worker, int64_t step, const std::vector<int>& active) {
   if (std::binary_search(plan_.begin(), plan_.end(), worker)) {
@@ -41,9 +64,12 @@ int64_t ElasticPlan::Join(int worker, int64_t step, const std::vector<int>& acti
     return step;  // Changed() records it
   }
   if (Needed(active) == 0) {
-    // Nobody of the plan is left to decide the step: the worker takes it up at once.
+    // Nobody of the plan is left to decide the step: the worker takes it up at once, with the batches of the plan
+    // (given back: nobody trained on them).
+    for (int64_t b : assigned_) returned_.insert(b);
     plan_.push_back(worker);
     std::sort(plan_.begin(), plan_.end());
+    Assign();
     ++version_;
     return step;
   }
@@ -57,8 +83,13 @@ int ElasticPlan::Needed(const std::vector<int>& active) const {
   return replicas_ > 0 ? std::min(replicas_, n) : n;
 }
 
-std::string ElasticPlan::Advance(int64_t decided, const std::vector<int>& active) {
-  if (!global_) cursor_ += static_cast<int64_t>(plan_.size());
+std::string ElasticPlan::Advance(int64_t decided, const std::vector<int>& contributed,
+                                 const std::vector<int>& active) {
+  for (size_t i = 0; i < assigned_.size() && i < plan_.size(); ++i) {
+    if (std::find(contributed.begin(), contributed.end(), plan_[i]) == contributed.end()) {
+      returned_.insert(assigned_[i]);
+    }
+  }
   std::vector<int> next;
   for (int w : active) {
     auto it = joins_.find(w);
@@ -66,15 +97,26 @@ std::string ElasticPlan::Advance(int64_t decided, const std::vector<int>& active
     next.push_back(w);
     if (it != joins_.end()) joins_.erase(it);
   }
-  if (next == plan_) return "";
+  if (next == plan_) {
+    Assign();
+    return "";
+  }
   const std::vector<int> before = std::move(plan_);
   plan_ = std::move(next);
+  Assign();
   ++version_;
   return Describe(decided + 1, before, plan_);
 }
 
 std::string ElasticPlan::Changed(int64_t step, const std::vector<int>& active) {
   if (active == plan_) return "";
+  for (int w : plan_) {
+    if (std::binary_search(active.begin(), active.end(), w)) continue;
+    auto it = outstanding_.find(w);
+    if (it == outstanding_.end()) continue;
+    returned_.insert(it->second);  // it left before its next pull: its last batch may not have been trained on
+    outstanding_.erase(it);
+  }
   const std::vector<int> before = std::move(plan_);
   plan_ = active;
   ++version_;
@@ -82,18 +124,55 @@ std::string ElasticPlan::Changed(int64_t step, const std::vector<int>& active) {
 }
 
 ElasticView ElasticPlan::View(int64_t step, int worker, bool take_batch) {
-  (void)worker;
   ElasticView v;
   v.version = version_;
   v.workers = plan_;
   v.aggregating = aggregating();
   v.unit = unit_;
   if (sync_) {
-    v.first_batch = global_ ? step : cursor_;
-  } else {
-    v.first_batch = take_batch ? cursor_++ : -1;
+    if (global_) v.first_batch = step;
+    v.batches = assigned_;
+  } else if (take_batch) {
+    const int64_t b = TakeBatch();  // the pull says the worker is done with the batch it took before
+    outstanding_[worker] = b;
+    v.batches = {b};
   }
   return v;
+}
+
+std::string ElasticPlan::SaveState() const {
+  std::set<int64_t> back = returned_;
+  back.insert(assigned_.begin(), assigned_.end());
+  for (const auto& [worker, batch] : outstanding_) back.insert(batch);
+  if (back.empty()) return absl::StrCat(cursor_);
+  return absl::StrCat(cursor_, ":", absl::StrJoin(back, ","));
+}
+
+absl::Status ElasticPlan::RestoreState(absl::string_view state) {
+  std::vector<absl::string_view> parts = absl::StrSplit(state, absl::MaxSplits(':', 1));
+  int64_t cursor = 0;
+  std::set<int64_t> back;
+  bool ok = absl::SimpleAtoi(parts[0], &cursor) && cursor >= 0;
+  if (ok && parts.size() == 2) {
+    for (absl::string_view b : absl::StrSplit(parts[1], ',')) {
+      int64_t k = 0;
+      if (!absl::SimpleAtoi(b, &k) || k < 0 || k >= cursor) {
+        ok = false;
+        break;
+      }
+      back.insert(k);
+    }
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("the elastic input's state '", state.substr(0, 64),
+                                                   "' is malformed (expected cursor[:batch,...])"));
+  }
+  cursor_ = cursor;
+  returned_ = std::move(back);
+  assigned_.clear();
+  outstanding_.clear();
+  if (sync_) Assign();
+  return absl::OkStatus();
 }
 
 int ElasticPlan::aggregating() const {

@@ -1,5 +1,6 @@
 #include "ps/core/elastic_plan.h"
 
+#include <algorithm>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -7,47 +8,72 @@
 namespace dtrain::ps {
 namespace {
 
-// The batches of the one input order that each step's workers read (per_worker: batch first_batch + rank).
+// The batches of the one input order that each step's workers read.
 std::vector<int64_t> BatchesOf(ElasticPlan& plan, int64_t step) {
   const ElasticView v = plan.View(step, /*worker=*/0, /*take_batch=*/false);
-  std::vector<int64_t> out;
-  for (size_t r = 0; r < v.workers.size(); ++r) out.push_back(v.first_batch + static_cast<int64_t>(r));
-  return out;
+  EXPECT_EQ(v.batches.size(), v.workers.size());
+  return v.batches;
 }
 
-TEST(ElasticPlanTest, AJoinerCountsFromTheNextStepAndEveryBatchIsReadOnce) {
+TEST(ElasticPlanTest, AJoinerCountsFromTheNextStepAndEveryBatchIsTrainedOnOnce) {
   ElasticPlan plan(/*sync=*/true, /*global=*/false, /*unit=*/100, /*replicas_to_aggregate=*/0);
-  plan.Start(0, {0});
-  std::set<int64_t> read;
-  int64_t expected_next = 0;
-  auto step = [&](int64_t s, const std::vector<int>& active) {
-    for (int64_t b : BatchesOf(plan, s)) {
-      EXPECT_TRUE(read.insert(b).second) << "batch " << b << " read twice";
-      EXPECT_EQ(b, expected_next++) << "a gap before batch " << b;
+  plan.Start({0});
+  std::multiset<int64_t> trained;  // the batches whose gradients made it into a step
+  // Step s: the plan's workers read their batches; `contributed` made it into the step.
+  auto step = [&](int64_t s, const std::vector<int>& contributed, const std::vector<int>& active) {
+    const ElasticView v = plan.View(s, 0, false);
+    EXPECT_EQ(v.batches.size(), v.workers.size());
+    for (size_t r = 0; r < v.workers.size(); ++r) {
+      if (std::find(contributed.begin(), contributed.end(), v.workers[r]) != contributed.end()) {
+        trained.insert(v.batches[r]);
+      }
     }
-    return plan.Advance(s, active);
+    return plan.Advance(s, contributed, active);
   };
-  EXPECT_EQ(step(0, {0}), "");
+  EXPECT_EQ(step(0, {0}, {0}), "");
   EXPECT_EQ(plan.Needed({0}), 1);
   // Worker 2 registers during step 1: step 1 still counts on worker 0 alone.
   EXPECT_EQ(plan.Join(2, 1, {0}), 2);
   EXPECT_EQ(plan.Needed({0, 2}), 1);
-  EXPECT_EQ(step(1, {0, 2}), "step 2: worker 2 joined (2 workers, aggregating 2, global batch 200)");
+  EXPECT_FALSE(plan.InPlan(2));
+  EXPECT_EQ(step(1, {0}, {0, 2}), "step 2: worker 2 joined (2 workers, aggregating 2, global batch 200)");
   EXPECT_EQ(plan.plan(), (std::vector<int>{0, 2}));
+  EXPECT_TRUE(plan.InPlan(2));
   EXPECT_EQ(plan.Needed({0, 2}), 2);
-  EXPECT_EQ(step(2, {0, 2}), "");
-  // Worker 1 joins, worker 0 is lost during step 3: step 3 needs worker 2 only; step 4's plan is {1, 2}.
+  EXPECT_EQ(step(2, {0, 2}, {0, 2}), "");
+  // Worker 1 joins, worker 0 is lost during step 3 before its commit: step 3 needs worker 2 only, worker 0's batch
+  // goes back and is the first handed out in step 4, whose plan is {1, 2}.
   EXPECT_EQ(plan.Join(1, 3, {0, 2}), 4);
   EXPECT_EQ(plan.Needed({1, 2}), 1);
-  EXPECT_EQ(step(3, {1, 2}), "step 4: worker 1 joined, worker 0 left (2 workers, aggregating 2, global batch 200)");
-  EXPECT_EQ(step(4, {1, 2}), "");
-  EXPECT_EQ(plan.cursor(), 8);  // 1 + 1 + 2 + 2 + 2 batches
+  const std::vector<int64_t> lost_batch = {plan.View(3, 0, false).batches[0]};
+  EXPECT_EQ(step(3, {2}, {1, 2}),
+            "step 4: worker 1 joined, worker 0 left (2 workers, aggregating 2, global batch 200)");
+  EXPECT_EQ(plan.View(4, 1, false).batches[0], lost_batch[0]);
+  EXPECT_EQ(step(4, {1, 2}, {1, 2}), "");
   EXPECT_EQ(plan.version(), 3);
+  // Every batch handed out so far was trained on exactly once, none skipped.
+  EXPECT_EQ(trained.size(), static_cast<size_t>(plan.cursor()) - 2);  // step 5's two batches are out now
+  for (int64_t b = 0; b < plan.cursor() - 2; ++b) EXPECT_EQ(trained.count(b), 1u) << "batch " << b;
+}
+
+TEST(ElasticPlanTest, TheStateKeepsTheBatchesNotTrainedOnYet) {
+  ElasticPlan plan(true, false, 10, 0);
+  plan.Start({0, 1});  // batches 0 and 1 handed out
+  plan.Advance(0, {0}, {0, 1});  // worker 1's batch 1 goes back; step 1 hands out 1 and 2
+  EXPECT_EQ(plan.SaveState(), "3:1,2");  // a checkpoint taken now: batches 1 and 2 are not trained on yet
+  ElasticPlan restored(true, false, 10, 0);
+  restored.Start({0, 1});
+  ASSERT_TRUE(restored.RestoreState(plan.SaveState()).ok());
+  EXPECT_EQ(restored.View(1, 0, false).batches, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(restored.cursor(), 3);
+  EXPECT_FALSE(restored.RestoreState("3:7").ok());  // a batch past the cursor
+  EXPECT_FALSE(restored.RestoreState("x").ok());
+  EXPECT_EQ(restored.cursor(), 3);  // unchanged by the refused ones
 }
 
 TEST(ElasticPlanTest, AJoinerWhenNobodyOfThePlanIsLeftTakesTheStepAtOnce) {
   ElasticPlan plan(true, false, 10, 0);
-  plan.Start(5, {0});
+  plan.Start({0});
   EXPECT_EQ(plan.Needed({}), 0);
   EXPECT_EQ(plan.Join(3, 5, {}), 5);  // else step 5 would wait for ever
   EXPECT_EQ(plan.Needed({3}), 1);
@@ -55,7 +81,7 @@ TEST(ElasticPlanTest, AJoinerWhenNobodyOfThePlanIsLeftTakesTheStepAtOnce) {
 
 TEST(ElasticPlanTest, AFixedReplicasToAggregateStaysFixed) {
   ElasticPlan plan(true, false, 10, /*replicas_to_aggregate=*/2);
-  plan.Start(0, {0, 1, 2});
+  plan.Start({0, 1, 2});
   EXPECT_EQ(plan.Needed({0, 1, 2}), 2);
   EXPECT_EQ(plan.Needed({0}), 1);
   EXPECT_EQ(plan.aggregating(), 2);
@@ -63,25 +89,29 @@ TEST(ElasticPlanTest, AFixedReplicasToAggregateStaysFixed) {
 
 TEST(ElasticPlanTest, GlobalBatchesFollowTheStep) {
   ElasticPlan plan(true, /*global=*/true, 400, 0);
-  plan.Start(7, {0, 1});
+  plan.Start({0, 1});
   const ElasticView v = plan.View(7, 0, false);
   EXPECT_EQ(v.first_batch, 7);
   EXPECT_EQ(v.unit, 400);
   plan.Join(2, 7, {0, 1});
-  EXPECT_EQ(plan.Advance(7, {0, 1, 2}), "step 8: worker 2 joined (3 workers, aggregating 3, global batch 400)");
+  EXPECT_EQ(plan.Advance(7, {0, 1}, {0, 1, 2}), "step 8: worker 2 joined (3 workers, aggregating 3, global batch 400)");
   EXPECT_EQ(plan.View(8, 0, false).first_batch, 8);
 }
 
 TEST(ElasticPlanTest, AsyncHandsEachPullTheNextBatch) {
   ElasticPlan plan(/*sync=*/false, false, 50, 0);
-  plan.Start(0, {0});
-  EXPECT_EQ(plan.View(0, 0, true).first_batch, 0);
-  EXPECT_EQ(plan.View(0, 0, true).first_batch, 1);
-  EXPECT_EQ(plan.View(0, 0, false).first_batch, -1);  // a pull that takes no batch
+  plan.Start({0});
+  EXPECT_EQ(plan.View(0, 0, true).batches, (std::vector<int64_t>{0}));
+  EXPECT_EQ(plan.View(0, 0, true).batches, (std::vector<int64_t>{1}));
+  EXPECT_TRUE(plan.View(0, 0, false).batches.empty());  // a pull that takes no batch
   EXPECT_EQ(plan.Join(1, 3, {0}), 3);
   EXPECT_EQ(plan.Changed(3, {0, 1}), "step 3: worker 1 joined (2 workers, async, batch 50 each)");
-  EXPECT_EQ(plan.View(3, 1, true).first_batch, 2);
+  EXPECT_EQ(plan.View(3, 1, true).batches, (std::vector<int64_t>{2}));
   EXPECT_EQ(plan.Changed(4, {0, 1}), "");
+  // Worker 1 leaves before its next pull: the batch it took goes back and is handed out next.
+  EXPECT_EQ(plan.Changed(5, {0}), "step 5: worker 1 left (1 worker, async, batch 50 each)");
+  EXPECT_EQ(plan.View(5, 0, true).batches, (std::vector<int64_t>{2}));
+  EXPECT_EQ(plan.View(6, 0, true).batches, (std::vector<int64_t>{3}));
 }
 
 }  // namespace

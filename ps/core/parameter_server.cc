@@ -503,6 +503,11 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
     } else if (header.commit && coordinator_->HasCommitted(w)) {
       response.outcome = PushResponse::Outcome::kDuplicate;
       CountNotTaken(w, response.outcome);
+    } else if (header.commit && elastic_ != nullptr && !elastic_->InPlan(w)) {
+      // An elastic job's step counts on its plan's workers (their batches): another worker's gradient is left out
+      // as a backup's would be; it pulls the next step, whose plan has it.
+      response.outcome = PushResponse::Outcome::kDroppedBackup;
+      CountNotTaken(w, response.outcome);
     } else if (header.commit && !buffer.all_complete()) {
       ++accounting_.refused;
       return absl::FailedPreconditionError(absl::StrCat("worker ", w, " committed step ", header.step,
@@ -596,7 +601,7 @@ std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
   if (!d) return std::nullopt;
   ++step_;
   if (elastic_ != nullptr) {
-    const std::string change = elastic_->Advance(d->step, members_.active_workers());
+    const std::string change = elastic_->Advance(d->step, d->workers, members_.active_workers());
     if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
   }
   if (checkpointing() && checkpoints_.Due(step_)) {

@@ -43,24 +43,26 @@ TEST(ElasticTest, AWorkerJoinsAtTheNextStepAndTheStepsFollowTheWorkers) {
   PullResult at = PullOf(w0, 0, 0);
   EXPECT_EQ(at.elastic.workers, (std::vector<int>{0}));
   EXPECT_EQ(at.elastic.unit, 10);
-  EXPECT_EQ(at.elastic.first_batch, 0);
+  EXPECT_EQ(at.elastic.batches, (std::vector<int64_t>{0}));
   EXPECT_EQ(*w0.Push(0, {1, 1, 1, 1}), Outcome::kAccepted);
   EXPECT_EQ(cluster->task(0).step(), 1);  // alone: R follows the one worker
 
   SimWorker w2(cluster.get(), 2);  // past the spec's one worker: joins at step 1, counts from step 2
   EXPECT_EQ(w2.client().join_step(), 2);
+  // A commit for a step whose plan does not have it is dropped (its batch was nobody's): here before its join.
+  EXPECT_EQ(*w2.Push(1, {9, 9, 9, 9}), Outcome::kDroppedBackup);
   EXPECT_EQ(*w0.Push(1, {1, 1, 1, 1}), Outcome::kAccepted);
   EXPECT_EQ(cluster->task(0).step(), 2);  // step 1 did not wait for the joiner
   at = PullOf(w2, w2.client().join_step(), 0);
   EXPECT_EQ(at.step, 2);
   EXPECT_EQ(at.elastic.workers, (std::vector<int>{0, 2}));
   EXPECT_EQ(at.elastic.aggregating, 2);
-  EXPECT_EQ(at.elastic.first_batch, 2);  // batches 0 and 1 went to worker 0's steps 0 and 1
+  EXPECT_EQ(at.elastic.batches, (std::vector<int64_t>{2, 3}));  // 0 and 1 went to worker 0's steps 0 and 1
   EXPECT_EQ(*w0.Push(2, {1, 1, 1, 1}), Outcome::kAccepted);
   EXPECT_EQ(cluster->task(0).step(), 2);  // now it waits for both
   EXPECT_EQ(*w2.Push(2, {3, 3, 3, 3}), Outcome::kAccepted);
   EXPECT_EQ(cluster->task(0).step(), 3);
-  EXPECT_EQ(PullOf(w0, 3, 2).elastic.first_batch, 4);
+  EXPECT_EQ(PullOf(w0, 3, 2).elastic.batches, (std::vector<int64_t>{4, 5}));
 
   // Worker 2 leaves: step 3 goes on with worker 0 alone, and the run ends complete.
   ASSERT_TRUE(w2.client().Done(Leaving::kStopped, 3, "SIGTERM").ok());
@@ -96,12 +98,12 @@ TEST(ElasticTest, MoreWorkersThanTheSpecNeedAnElasticInput) {
 TEST(ElasticTest, AsyncPullsEachTakeTheNextBatch) {
   auto cluster = *SimCluster::Start(Elastic("async", 2));
   SimWorker w0(cluster.get(), 0);
-  EXPECT_EQ(PullOf(w0, 0, 0).elastic.first_batch, 0);
+  EXPECT_EQ(PullOf(w0, 0, 0).elastic.batches, (std::vector<int64_t>{0}));
   SimWorker w1(cluster.get(), 1);
   EXPECT_EQ(w1.client().join_step(), 0);  // async: at once
   const PullResult a = PullOf(w1, 0, 0), b = PullOf(w0, 0, 0);
-  EXPECT_EQ(a.elastic.first_batch, 1);
-  EXPECT_EQ(b.elastic.first_batch, 2);
+  EXPECT_EQ(a.elastic.batches, (std::vector<int64_t>{1}));
+  EXPECT_EQ(b.elastic.batches, (std::vector<int64_t>{2}));
   EXPECT_EQ(b.elastic.workers, (std::vector<int>{0, 1}));
 }
 

@@ -358,7 +358,7 @@ absl::Status ParameterServer::Impl::Done(const DoneRequest& request) {
                      << (request.reason.empty() ? "" : absl::StrCat(": ", request.reason)) << "; "
                      << members_.num_active() << " of " << members_.present_workers().size() << " still active)";
       }
-      if (elastic_ != nullptr && !sync_) {
+      if (elastic_ != nullptr && !sync_ && !completed) {
         const std::string change = elastic_->Changed(step_, members_.active_workers());
         if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
       }
@@ -455,6 +455,10 @@ void ParameterServer::Impl::CheckLeases() {
                    << absl::StrJoin(lost, ", ") << " lost: no contact for more than "
                    << absl::FormatDuration(options_.worker_timeout) << " (" << members_.num_active()
                    << " still active)";
+      if (elastic_ != nullptr && !sync_) {
+        const std::string change = elastic_->Changed(step_, members_.active_workers());
+        if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+      }
       if (sync_ && coordinator() && job_ended_.empty()) decided = DecideLocked();
     }
     cv_.SignalAll();
@@ -698,7 +702,7 @@ CheckpointData ParameterServer::Impl::SnapshotLocked(int64_t label, int64_t task
   CheckpointData d = StateLocked(label, task_step);
   if (coordinator()) {
     d.input_positions = members_.InputPositionsBefore(label);
-    if (elastic_ != nullptr) d.input_positions[kElasticCursorKey] = absl::StrCat(elastic_->cursor());
+    if (elastic_ != nullptr) d.input_positions[kElasticCursorKey] = elastic_->SaveState();
   }
   checkpoints_.Saved(label);
   if (journal_) journal_->Checkpointed(label);
@@ -796,18 +800,18 @@ void ParameterServer::Impl::StartElasticLocked() {
   if (!coordinator() || config_.elastic_batch.empty()) return;
   elastic_ = std::make_unique<ElasticPlan>(sync_, config_.elastic_batch == "global", config_.batch_unit,
                                            config_.replicas_to_aggregate);
-  elastic_->Start(step_, members_.active_workers());
+  elastic_->Start(members_.active_workers());
 }
 
 void ParameterServer::Impl::RestoreElasticCursorLocked(const std::map<int, std::string>& positions) {
   if (elastic_ == nullptr) return;
-  elastic_->Start(step_, members_.active_workers());
+  elastic_->Start(members_.active_workers());
   auto it = positions.find(kElasticCursorKey);
-  int64_t cursor = 0;
-  if (it != positions.end() && absl::SimpleAtoi(it->second, &cursor) && cursor >= 0) {
-    elastic_->set_cursor(cursor);
-  } else {
-    elastic_->set_cursor(0);
+  absl::Status s = elastic_->RestoreState(it == positions.end() ? "0" : it->second);
+  if (!s.ok()) {
+    LOG(WARNING) << "ps task " << options_.task_index << ": " << s.message() << ": the input starts again from "
+                 << "its first batch";
+    elastic_->RestoreState("0").IgnoreError();
   }
 }
 

@@ -351,6 +351,7 @@ void ToProto(const PullHeader& in, dtrain::wire::PullHeader* out) {
     e->mutable_workers()->Add(in.elastic.workers.begin(), in.elastic.workers.end());
     e->set_aggregating(in.elastic.aggregating);
     e->set_first_batch(in.elastic.first_batch);
+    e->mutable_batches()->Add(in.elastic.batches.begin(), in.elastic.batches.end());
     e->set_unit(in.elastic.unit);
   }
 }
@@ -367,6 +368,7 @@ PullHeader FromProto(const dtrain::wire::PullHeader& in) {
     h.elastic.workers.assign(e.workers().begin(), e.workers().end());
     h.elastic.aggregating = e.aggregating();
     h.elastic.first_batch = e.first_batch();
+    h.elastic.batches.assign(e.batches().begin(), e.batches().end());
     h.elastic.unit = e.unit();
   }
   return h;

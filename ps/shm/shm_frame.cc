@@ -453,6 +453,8 @@ std::string EncodePullHeader(const PullHeader& m) {
   for (int x : m.elastic.workers) w.I32(x);
   w.I32(m.elastic.aggregating);
   w.I64(m.elastic.first_batch);
+  w.U32(static_cast<uint32_t>(m.elastic.batches.size()));
+  for (int64_t b : m.elastic.batches) w.I64(b);
   w.I32(m.elastic.unit);
   return w.Take();
 }
@@ -468,6 +470,8 @@ absl::StatusOr<PullHeader> DecodePullHeader(absl::string_view payload) {
   for (uint32_t i = 0; i < nw && r.ok(); ++i) m.elastic.workers.push_back(r.I32());
   m.elastic.aggregating = r.I32();
   m.elastic.first_batch = r.I64();
+  const uint32_t nb = r.Count(8);
+  for (uint32_t i = 0; i < nb && r.ok(); ++i) m.elastic.batches.push_back(r.I64());
   m.elastic.unit = r.I32();
   return Done(r, std::move(m));
 }

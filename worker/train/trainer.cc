@@ -462,17 +462,21 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   // The time the loop waits for input (a stream that keeps ahead of the towers returns at once).
   double window_input_wait = 0;
   // One step's batches; false when the input ended (an online run: no new file, or stopped). An elastic job's
-  // `view` (ps 0's header of the step) says which batches of the one order: this worker's place in the step's
-  // workers (sync), or the batch handed to it (async); a worker not in the plan (behind) reads past the plan's.
+  // `view` (ps 0's header of the step) says which batch of the one order: the one of this worker's place in the
+  // step's workers (sync), or the one handed to it (async). A worker outside the plan (it is behind) reads on
+  // where it is: ps 0 drops its commit, so nothing of that batch is trained on twice.
   const bool elastic = !c->config.elastic_batch.empty();
   auto draw = [&](StepInput* in, const ps::ElasticView* view = nullptr) -> absl::StatusOr<bool> {
     if (view != nullptr && view->unit > 0) {
-      int64_t unit_index = view->first_batch;
-      if (o.mode == "sync") {
+      int64_t unit_index = -1;
+      if (o.mode != "sync") {
+        if (!view->batches.empty()) unit_index = view->batches[0];
+      } else {
         const auto me = std::find(view->workers.begin(), view->workers.end(), o.worker_id);
-        unit_index += me - view->workers.begin();
+        const size_t rank = static_cast<size_t>(me - view->workers.begin());
+        if (rank < view->batches.size()) unit_index = view->batches[rank];
       }
-      RETURN_IF_ERROR(SeekBatch(d->stream.get(), unit_index * towers->size()));
+      if (unit_index >= 0) RETURN_IF_ERROR(SeekBatch(d->stream.get(), unit_index * towers->size()));
     }
     in->batches.resize(towers->size());
     in->views.resize(towers->size());
