@@ -21,6 +21,22 @@ constexpr struct {
 
 }  // namespace
 
+constexpr absl::string_view kRemoved = "removed from the job: ";
+
+absl::Status RemovedError(absl::string_view why) {
+  return absl::FailedPreconditionError(absl::StrCat(kRemoved, why));
+}
+
+bool IsRemoved(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kFailedPrecondition && absl::StrContains(s.message(), kRemoved);
+}
+
+std::string RemovedReason(const absl::Status& s) {
+  const absl::string_view m = s.message();
+  const size_t at = m.find(kRemoved);
+  return std::string(at == absl::string_view::npos ? m : m.substr(at + kRemoved.size()));
+}
+
 absl::Status JobEndedError(absl::string_view why) {
   return absl::OutOfRangeError(absl::StrCat(kJobEnded, why));
 }

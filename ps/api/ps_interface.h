@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "ps/api/ps_types.h"
 #include "ps/api/slice_io.h"
 
@@ -75,6 +76,15 @@ class PsInterface {
   // it holds; every worker's session is void afterwards. FailedPrecondition/DataLoss when that checkpoint is
   // missing, does not fit or is corrupt (the task is left as it was).
   virtual absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) = 0;
+  // An operator's command (dtrain_ctl, over the cluster's authenticated channel): "remove-worker" (ps 0: worker
+  // `worker` leaves the job at its next call, RemovedError; the chief cannot be removed: drain), "drain" (the run
+  // ends here: this task's state now is saved as its final checkpoint and every worker is told to stop, as on
+  // SIGTERM; `reason` says who asked). Returns one line saying what was done; InvalidArgument for an unknown
+  // command, FailedPrecondition for one the task cannot do (a worker not active, the chief). Unimplemented where
+  // the task does not take commands.
+  virtual absl::StatusOr<std::string> Control(const ControlRequest& request) {
+    return absl::UnimplementedError(absl::StrCat("'", request.command, "' is not taken here"));
+  }
 
   // Whether uploads and pulls on this task take only as long as the ps's own work (no network in between: a
   // task reached through shared memory, ps/shm/): a caller may then run them in its own thread rather than hand
@@ -111,6 +121,7 @@ class ForwardingPs : public PsInterface {
   absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override {
     return target_->Restore(config, worker_id, step);
   }
+  absl::StatusOr<std::string> Control(const ControlRequest& request) override { return target_->Control(request); }
   bool PrefersInlineCalls() const override { return target_->PrefersInlineCalls(); }
 
  protected:
@@ -119,6 +130,13 @@ class ForwardingPs : public PsInterface {
  private:
   PsInterface* const target_;
 };
+
+// The error every call of a worker removed from the job (PsInterface::Control "remove-worker") gets from ps 0
+// (FailedPrecondition, `why` in the message): the worker leaves (Leaving::kStopped) and exits 0; the run goes on.
+absl::Status RemovedError(absl::string_view why);
+// Whether `s` is (or wraps, with a transport's prefix) a RemovedError; RemovedReason: its `why`.
+bool IsRemoved(const absl::Status& s);
+std::string RemovedReason(const absl::Status& s);
 
 // The error every call of a worker gets once the run has ended before its end (OutOfRange, `why` in the
 // message). A worker that gets it stops at once.

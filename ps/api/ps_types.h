@@ -386,6 +386,13 @@ struct PullHeader {
   ElasticView elastic;  // ps 0 of an elastic job (unit > 0); empty elsewhere
 };
 
+// An operator's command to a ps task (PsInterface::Control; dtrain_ctl).
+struct ControlRequest {
+  std::string command;  // "remove-worker", "drain"
+  int worker = -1;      // remove-worker: which
+  std::string reason;   // who asked, for the logs and the workers' lines
+};
+
 // How a worker leaves the cluster (Done), which decides how the run ends (README "How a run ends").
 enum class Leaving : uint8_t {
   kCompleted = 0,  // it completed its training: the global step reached train_steps

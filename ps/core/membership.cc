@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ps/api/ps_interface.h"
 
 namespace dtrain::ps {
 
@@ -64,6 +65,7 @@ uint64_t Membership::Register(int worker, absl::Time now, int64_t step) {
   w.stats.present_at_step = step;
   w.stats.lost = false;
   w.present = true;
+  w.removed.clear();  // registering again after a removal: an operator started it anew
   return w.session;
 }
 
@@ -81,6 +83,7 @@ absl::Status Membership::CheckSession(int worker, uint64_t session, absl::Time n
                                                     worker));
   }
   w.last_contact = now;
+  if (!w.removed.empty()) return RemovedError(w.removed);
   return absl::OkStatus();
 }
 

@@ -66,6 +66,9 @@ class Membership {
   // Declares lost, and returns, the active workers whose lease ran out (silent for longer than `lease`); `step`:
   // this task's step, recorded as where they left.
   std::vector<int> ExpireLeases(absl::Time now, absl::Duration lease, int64_t step);
+  // An operator removed `worker` (dtrain_ctl): its later calls get RemovedError(why) until it leaves (Done).
+  void Remove(int worker, std::string why) { workers_[worker].removed = std::move(why); }
+  const std::string& removed(int worker) const { return workers_[worker].removed; }
   // Declares lost every active worker (the run ended and they went silent); `why` is recorded as their reason.
   std::vector<int> ExpireAll(int64_t step, const std::string& why);
   // Every active worker's lease starts again now (the task itself was not running, so its silence proves nothing).
@@ -119,6 +122,7 @@ class Membership {
     std::map<int64_t, std::string> positions;  // step -> input position after it; the newest few
     std::string restored_position;              // from the restored checkpoint, until the next commit
     bool present = true;                        // see present()
+    std::string removed;                        // why an operator removed it (empty: not removed)
   };
   const int task_;
   const int initial_;

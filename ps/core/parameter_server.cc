@@ -1083,6 +1083,10 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Paramet
 }
 
 ParameterServer::ParameterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::string> ParameterServer::Control(const ControlRequest& request) {
+  return impl_->Control(request);
+}
 ParameterServer::~ParameterServer() = default;
 
 absl::StatusOr<RegisterResponse> ParameterServer::Register(const RegisterRequest& request) {

@@ -223,6 +223,8 @@ class ParameterServer : public PsInterface {
   absl::StatusOr<TrainingStats> GetStats() override;
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override;
   absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override;
+  // "remove-worker" (ps 0; other tasks answer that there is nothing to do) and "drain" (EndRun): see PsInterface.
+  absl::StatusOr<std::string> Control(const ControlRequest& request) override;
 
   // True once no worker is left (each reported Done or was declared lost) and the final checkpoint is written.
   // WaitUntilFinished blocks until then or timeout; returns whether finished.

@@ -126,6 +126,7 @@ class ParameterServer::Impl {
   absl::StatusOr<TrainingStats> GetStats();
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config);
   absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step);
+  absl::StatusOr<std::string> Control(const ControlRequest& request);
   bool finished() const;
   bool WaitUntilFinished(absl::Duration timeout);
   TrainingOutcome outcome() const;

@@ -402,6 +402,52 @@ std::string ParameterServer::Impl::WhyLeavingEndsRunLocked(const DoneRequest& r)
   return "";
 }
 
+absl::StatusOr<std::string> ParameterServer::Impl::Control(const ControlRequest& r) {
+  const std::string who = r.reason.empty() ? std::string("dtrain_ctl") : r.reason;
+  if (r.command == "drain") {
+    int64_t step;
+    bool ended;
+    {
+      absl::MutexLock lock(&mu_);
+      ended = !job_ended_.empty() || finished_;
+      step = step_;
+    }
+    if (ended) return absl::StrCat("ps task ", options_.task_index, ": the run had already ended (step ", step, ")");
+    LOG(WARNING) << "ps task " << options_.task_index << ": drained by " << who;
+    EndRun(absl::StrCat("drained by ", who, " at step ", step));  // the final checkpoint is written before it returns
+    absl::MutexLock lock(&mu_);
+    return absl::StrCat("ps task ", options_.task_index, ": drained at step ", step_,
+                        checkpointing() ? (final_checkpoint_status_.ok() ? ", its state saved" : ", its save FAILED")
+                                        : " (it keeps no checkpoints)",
+                        "; the workers are told to stop");
+  }
+  if (r.command == "remove-worker") {
+    if (!coordinator()) {
+      return absl::StrCat("ps task ", options_.task_index, ": nothing to do (ps task 0 removes workers)");
+    }
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(members_.CheckWorker(r.worker));
+    if (!configured_) return absl::FailedPreconditionError("no job is running yet (no chief registered)");
+    if (r.worker == chief_) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", r.worker, " is the chief: it cannot be removed "
+                                                        "(dtrain_ctl drain ends the job, saving its state)"));
+    }
+    if (!members_.active(r.worker)) {
+      const WorkerStats& s = members_.stats(r.worker);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", r.worker, " is not active (",
+          !members_.present(r.worker) ? "it never joined" : s.lost ? "lost" : LeavingName(s.leaving), ")"));
+    }
+    members_.Remove(r.worker, absl::StrCat("removed by ", who, " at step ", step_));
+    LOG(INFO) << "ps task " << options_.task_index << ": worker " << r.worker << " removed by " << who
+              << " at step " << step_ << ": it leaves at its next call";
+    cv_.SignalAll();
+    return absl::StrCat("worker ", r.worker, " removed at step ", step_, ": it leaves at its next call");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown command '", r.command, "': ps tasks take remove-worker and drain"));
+}
+
 void ParameterServer::Impl::EndRunLocked(const std::string& why) {
   job_ended_ = why;
   LOG(WARNING) << "ps task " << options_.task_index << ": " << why << ": the run ends here (step " << step_

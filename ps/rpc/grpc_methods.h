@@ -20,6 +20,7 @@ inline constexpr char kProbe[] = "/dtrain.wire.ParameterServer/Probe";          
 inline constexpr char kRestore[] = "/dtrain.wire.ParameterServer/Restore";        // unary, protobuf
 inline constexpr char kAttachShm[] = "/dtrain.wire.ParameterServer/AttachShm";    // unary, protobuf
 inline constexpr char kAttachTcp[] = "/dtrain.wire.ParameterServer/AttachTcp";    // unary, protobuf
+inline constexpr char kControl[] = "/dtrain.wire.ParameterServer/Control";        // unary, protobuf
 
 }  // namespace dtrain::ps::grpc_methods
 

@@ -271,6 +271,7 @@ class GrpcPsClient final : public PsInterface {
         heartbeat_(grpc_methods::kHeartbeat, RpcMethod::NORMAL_RPC, channel_),
         probe_(grpc_methods::kProbe, RpcMethod::NORMAL_RPC, channel_),
         restore_(grpc_methods::kRestore, RpcMethod::NORMAL_RPC, channel_),
+        control_(grpc_methods::kControl, RpcMethod::NORMAL_RPC, channel_),
         pull_channel_(std::move(pull_channel)),
         beside_push_pull_(grpc_methods::kPull, RpcMethod::SERVER_STREAMING, pull_channel_) {
     for (size_t k = 0; k < channels_.size(); ++k) {
@@ -437,6 +438,17 @@ class GrpcPsClient final : public PsInterface {
     return Unary("Restore", restore_, req, &resp, absl::ZeroDuration());
   }
 
+  absl::StatusOr<std::string> Control(const ControlRequest& request) override {
+    pb::ControlRequest req;
+    req.set_command(request.command);
+    req.set_worker(request.worker);
+    req.set_reason(request.reason);
+    pb::ControlResponse resp;
+    // One attempt: an operator's command is not repeated behind their back.
+    RETURN_IF_ERROR(Unary("Control", control_, req, &resp, absl::ZeroDuration()));
+    return resp.message();
+  }
+
   absl::StatusOr<TrainingStats> GetStats() override {
     pb::StatsRequest req;
     pb::StatsResponse resp;
@@ -545,7 +557,7 @@ class GrpcPsClient final : public PsInterface {
   const GrpcClientOptions options_;
   const std::vector<std::shared_ptr<grpc::Channel>> channels_;  // [0]: the control calls' too
   const std::shared_ptr<grpc::Channel> channel_;
-  const RpcMethod register_, initialize_, push_, pull_, done_, stats_, heartbeat_, probe_, restore_;
+  const RpcMethod register_, initialize_, push_, pull_, done_, stats_, heartbeat_, probe_, restore_, control_;
   std::vector<RpcMethod> push_parts_, pulls_;  // [k]: on channels_[k]
   // With one connection: the pulls that stream beside a push (PullRequest::beside_push) get this one, opened on
   // their first use.

@@ -211,6 +211,21 @@ class GrpcPsService final : public grpc::Service {
             },
             this)));
     AddMethod(new RpcServiceMethod(
+        grpc_methods::kControl, RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<GrpcPsService, pb::ControlRequest, pb::ControlResponse>(
+            [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::ControlRequest* req, pb::ControlResponse* resp) {
+              if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
+              ControlRequest r;
+              r.command = req->command().substr(0, 64);
+              r.worker = req->worker();
+              r.reason = absl::StrCat(req->reason().substr(0, 200), " (from ", ctx->peer(), ")");
+              absl::StatusOr<std::string> out = s->ps_->Control(r);
+              if (!out.ok()) return wire::ToGrpc(out.status());
+              resp->set_message(*out);
+              return grpc::Status::OK;
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
         grpc_methods::kGetStats, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::StatsRequest, pb::StatsResponse>(
             [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::StatsRequest*, pb::StatsResponse* resp) {

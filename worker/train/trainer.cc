@@ -1210,6 +1210,21 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     }
     return done;
   }
+  if (ps::IsRemoved(s) && ps.client != nullptr) {
+    // An operator removed this worker (dtrain_ctl remove-worker): it leaves as a stopped worker does, the run goes
+    // on without it, and for this process that is a success.
+    const std::string why = ps::RemovedReason(s);
+    ps.client->Done(ps::Leaving::kStopped, 0, why, absl::Seconds(5)).IgnoreError();
+    TrainingResult done;
+    done.outcome = ps::RunOutcome::kComplete;
+    done.outcome_line = absl::StrCat("worker ", options.worker_id, " left the job: ", why,
+                                     " (the run goes on without it)");
+    if (!options.quiet) {
+      std::printf("%s\n", done.outcome_line.c_str());
+      std::fflush(stdout);
+    }
+    return done;
+  }
   const ps::Leaving leaving = Classify(s, phase, options.stop != nullptr && options.stop->cancelled());
   if (!tasks.empty()) {
     // The worker leaves the cluster (best effort, a few seconds at most), so the ps tasks stop expecting it and
