@@ -6,8 +6,18 @@ own transforms: integer features log(1 + max(x, 0)), categorical values hashed t
 worker/data/criteo.h does (CriteoId), taken modulo --table_rows (the hashing trick, dtrain's --table_rows).
 The model: bottom MLP (ReLU after every layer, the last embedding_dim wide), one EmbeddingBag(sum) per
 categorical feature, pairwise dot products of the bottom output and the embeddings (lower triangle), top MLP,
-one logit, BCE-with-logits. Dense parameters train with Adam (TensorFlow's epsilon placement is not reproduced:
-torch.optim.Adam), the tables with Adagrad (initial accumulator 0.1, TensorFlow's default), as dtrain's dlrm.
+one logit, BCE-with-logits (the batch's mean). The initial values are drawn as dtrain draws them: MLP weights normal
+with stddev sqrt(2 / (in + out)) truncated at 2 stddev, zero biases, rows uniform in +-1/sqrt(--table_rows); or
+taken from dtrain itself with --init_from (below). Dense parameters train with --optimizer (default Adam:
+torch.optim.Adam, TensorFlow's epsilon placement of dtrain's default adam is not reproduced; pytorch_adagrad as
+dtrain_worker's --optimizer=pytorch_adagrad), the tables with Adagrad (initial accumulator 0.1, TensorFlow's
+default; torch coalesces a row's repeats in a batch before squaring, as dtrain's ps sums a row's gradient per id),
+as dtrain's dlrm.
+
+Step by step against dtrain (tests/dlrm_pytorch_losses_test.py): --init_from=FILE.npz starts from dtrain's weights
+(dtrain_eval --export of a dlrm checkpoint: its dense weights and held rows, every other row computed as dtrain's ps
+creates it for dtrain_worker's --seed, --init_seed here), and --losses_out=FILE writes every step's loss as
+dtrain_worker's --metrics_file does, for the same batches (dtrain_worker --shuffle=false).
 
   --mode=sparse      one process, sparse=True embeddings: only the touched rows' gradients and Adagrad state move
   --mode=dense       one process, dense embedding gradients
@@ -122,7 +132,9 @@ class Dlrm(nn.Module):
         self.top = nn.Sequential(*layers)
         for m in list(self.bottom) + list(self.top):
             if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / (m.in_features + m.out_features)))
+                # dtrain's: stddev sqrt(2 / (in + out)), drawn again beyond 2 stddev (worker/models/dlrm.cc).
+                std = math.sqrt(2.0 / (m.in_features + m.out_features))
+                nn.init.trunc_normal_(m.weight, 0.0, std, -2.0 * std, 2.0 * std)
                 nn.init.zeros_(m.bias)
 
     def forward(self, dense, ids):
@@ -133,11 +145,71 @@ class Dlrm(nn.Module):
         return self.top(torch.cat([b, dots], dim=1)).squeeze(1)
 
 
+def dtrain_initial_rows(table, rows, dim, seed):
+    """Rows [0, rows) of table number `table` as dtrain's ps creates them (ps/api/ps_types.cc SparseInitialRow, with
+    worker/models/dlrm.cc's init_scale 1/sqrt(rows) in float): uniform in [-scale, scale) from a hash of (seed,
+    table, id, column), as float32 [rows, dim]."""
+    u64 = np.uint64
+
+    def mix(x):  # SplitMix64's step (ps_types.cc Mix)
+        x = x + u64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> u64(30))) * u64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> u64(27))) * u64(0x94D049BB133111EB)
+        return x ^ (x >> u64(31))
+
+    scale = np.float64(np.float32(1.0) / np.sqrt(np.float32(rows)))
+    out = np.empty((rows, dim), np.float32)
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as in C++
+        key = mix(u64(seed) ^ mix(u64(table + 1)) ^ mix(np.arange(rows, dtype=np.uint64) * u64(0xD6E8FEB86659FD93)))
+        for k in range(dim):
+            u = (mix(key + u64(k)) >> u64(11)).astype(np.float64) * 2.0 ** -53
+            out[:, k] = (2.0 * u - 1.0) * scale
+    return out
+
+
+def load_dtrain_weights(model, path, seed):
+    """--init_from: the dense weights and the held rows of `path` (dtrain_eval --export=FILE.npz of a dlrm
+    checkpoint), every other row as dtrain's ps would create it with --seed=`seed`."""
+    z = np.load(path)
+
+    def array(name):
+        if name not in z:
+            sys.exit("dlrm_pytorch.py: --init_from=%s has no array %s (a dtrain_eval --export of a dlrm checkpoint "
+                     "with this script's --dim, --bottom, --top and --table_rows?)" % (path, name))
+        return z[name]
+
+    with torch.no_grad():
+        for prefix, seq in (("bottom", model.bottom), ("top", model.top)):
+            for k, m in enumerate(x for x in seq if isinstance(x, nn.Linear)):
+                w, b = array("%s%d_weights" % (prefix, k)), array("%s%d_biases" % (prefix, k))
+                if w.shape != (m.in_features, m.out_features):
+                    sys.exit("dlrm_pytorch.py: --init_from: %s%d_weights is %s, the model's layer %d x %d" %
+                             (prefix, k, w.shape, m.in_features, m.out_features))
+                m.weight.copy_(torch.from_numpy(w.T.copy()))  # dtrain's [in, out], PyTorch's [out, in]
+                m.bias.copy_(torch.from_numpy(b))
+        for t, table in enumerate(model.tables):
+            rows, dim = table.weight.shape
+            w = dtrain_initial_rows(t, rows, dim, seed)
+            ids, values = array("embedding_C%d_ids" % (t + 1)), array("embedding_C%d_values" % (t + 1))
+            if values.shape != (len(ids), dim) or (len(ids) and (ids.min() < 0 or ids.max() >= rows)):
+                sys.exit("dlrm_pytorch.py: --init_from: table %d holds rows of %s floats, ids up to %s: not a table of "
+                         "--table_rows=%d x --dim=%d" % (t + 1, values.shape[1:], ids.max() if len(ids) else "-",
+                                                        rows, dim))
+            w[ids] = values
+            table.weight.copy_(torch.from_numpy(w))
+
+
 def make_optimizers(model, args):
     table_params = [p for t in model.tables for p in t.parameters()]
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("tables.")]
-    return [torch.optim.Adam(dense_params, lr=args.learning_rate),
-            torch.optim.Adagrad(table_params, lr=args.sparse_learning_rate, initial_accumulator_value=0.1)]
+    if args.optimizer in ("adam", "pytorch_adam"):
+        dense = torch.optim.Adam(dense_params, lr=args.learning_rate)
+    elif args.optimizer == "pytorch_adagrad":
+        dense = torch.optim.Adagrad(dense_params, lr=args.learning_rate,
+                                    initial_accumulator_value=args.initial_accumulator)
+    else:
+        dense = torch.optim.SGD(dense_params, lr=args.learning_rate)
+    return [dense, torch.optim.Adagrad(table_params, lr=args.sparse_learning_rate, initial_accumulator_value=0.1)]
 
 
 def exchange_table_gradients(model, world):
@@ -206,6 +278,8 @@ def train(rank, world, args, data):
     num_dense, num_sparse, (dense, ids, labels), test = data
     sparse = args.mode in ("sparse", "ddp", "allgather")
     model = Dlrm(num_dense, num_sparse, args.dim, args.bottom, args.top, args.table_rows, sparse)
+    if args.init_from:
+        load_dtrain_weights(model, args.init_from, args.init_seed)
     if args.mode == "allgather":
         # The tables stay out of DDP: their gradients are exchanged by exchange_table_gradients.
         nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
@@ -216,7 +290,7 @@ def train(rank, world, args, data):
     n = dense.shape[0]
     # Each rank reads its own shard, in order (examples i with i % world == rank), as dtrain's workers do.
     shard = torch.arange(rank, n, world)
-    times, window_start = [], None
+    times, window_start, losses = [], None, []
     steps_per_epoch = len(shard) // args.batch_size
     for step in range(args.steps):
         k = step % steps_per_epoch
@@ -225,6 +299,7 @@ def train(rank, world, args, data):
             window_start = time.perf_counter()
         out = net(dense[idx], ids[idx])
         loss = loss_fn(out, labels[idx])
+        losses.append(loss.item())
         for o in opts:
             o.zero_grad()
         loss.backward()
@@ -255,6 +330,9 @@ def train(rank, world, args, data):
             result["test_log_loss"] = float(-np.mean(y * np.log(np.maximum(p, eps)) +
                                                      (1 - y) * np.log(np.maximum(1 - p, eps))))
             result["test_auc"] = auc(logits.numpy().astype(np.float64), y)
+        if args.losses_out:
+            with open(args.losses_out, "w") as f:
+                f.write("local_step,loss\n" + "".join("%d,%.9g\n" % (i + 1, l) for i, l in enumerate(losses)))
         print(json.dumps(result), flush=True)
     if world > 1:
         # Every rank is past its last collective; then out without tearing the objects down: PyTorch 1.13 at times
@@ -280,11 +358,24 @@ def main():
     ap.add_argument("--bottom", default="64")
     ap.add_argument("--top", default="128,64")
     ap.add_argument("--table_rows", type=int, default=1000000)
+    ap.add_argument("--optimizer", choices=["adam", "pytorch_adam", "pytorch_adagrad", "sgd"], default="adam",
+                    help="the dense layers' optimizer, as dtrain_worker's --optimizer names it: adam and pytorch_adam "
+                         "are torch.optim.Adam (dtrain's dlrm default, adam, is TensorFlow's: epsilon placed apart), "
+                         "pytorch_adagrad torch.optim.Adagrad with its defaults, sgd torch.optim.SGD")
     ap.add_argument("--learning_rate", type=float, default=1e-3)
+    ap.add_argument("--initial_accumulator", type=float, default=0.0,
+                    help="--optimizer=pytorch_adagrad: the accumulator's start (dtrain_worker's --initial_accumulator)")
     ap.add_argument("--sparse_learning_rate", type=float, default=0.05)
     ap.add_argument("--train_examples", type=int, default=0, help="read at most this many (0: all)")
     ap.add_argument("--eval", action="store_true", help="test log loss and AUC at the end")
+    ap.add_argument("--losses_out", default="",
+                    help="write rank 0's loss of every step here, as CSV local_step,loss (as dtrain_worker's "
+                         "--metrics_file)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--init_from", default="",
+                    help="start from dtrain's weights: an .npz of dtrain_eval --export of a dlrm checkpoint (the dense "
+                         "weights and the rows it holds; every other row as dtrain's ps creates it with --init_seed)")
+    ap.add_argument("--init_seed", type=int, default=1, help="dtrain_worker's --seed, for the rows --init_from lacks")
     ap.add_argument("--timeout", type=int, default=600,
                     help="seconds the ranks' rendezvous and each collective may take before the launch fails")
     ap.add_argument("--any_blas", action="store_true",

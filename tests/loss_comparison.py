@@ -5,9 +5,10 @@ import subprocess
 import sys
 
 
-def run(cmd):
-    """Runs a command; exits the test with its output when it fails. Returns its output."""
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def run(cmd, env=None):
+    """Runs a command (in `env`, default this process's environment); exits the test with its output when it fails.
+    Returns its output."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if p.returncode != 0:
         sys.exit("FAIL: %s exited %d:\n%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:]))
     return p.stdout
