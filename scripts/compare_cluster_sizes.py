@@ -48,6 +48,13 @@ the updates, the transports' CPU; not a row of the table), and --predict puts sc
 from that profile alone beside every cluster row (examples/sec, its error against the measurement, the wall-clock,
 what bounds it) and as dashed curves in the plot (docs/planner.md).
 
+--schedule=0:1,20:2,40:4,60:2 (seconds since the job's launch : workers) runs, after the fixed-size runs of each
+count in it, one elastic job on 127.0.0.1 whose workers join and leave at those times (scripts/elastic_schedule.py):
+it prints its steady examples/sec at each count against the fixed run's (the ratio), each join's latency, and plots
+its examples/sec over time (--window_secs windows) with the changes marked and the fixed runs as reference lines.
+
+  scripts/compare_cluster_sizes.sh --model=cnn --examples=20000 --schedule=0:1,25:2,50:1 --out=/tmp/el -- --threads=1
+
 Extra arguments after -- go to every worker (e.g. -- --threads=1).
 """
 import argparse
@@ -61,6 +68,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import elastic_schedule  # noqa: E402  (beside this script)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETNS = os.path.join(ROOT, "scripts", "netns_hosts.sh")
@@ -317,7 +326,33 @@ def predict_rows(rows, meta, profile_path):
         r["predicted_bound"] = p["bound"]
 
 
-def write_table(rows, prefix, meta, sparse):
+def run_schedule(a, schedule, common, mode, fixed_rows, work):
+    """--schedule: the elastic job after the fixed-size runs (scripts/elastic_schedule.py), its progress lines often
+    enough for the windows (about 10 a second at the fixed one-worker rate) and its steps more than it can reach.
+    Returns the analysis with the job's exit_code, max_workers, log_every and logdir."""
+    fixed = {n: r["examples_per_sec"] for n, r in fixed_rows.items() if r["examples_per_sec"] > 0}
+    fastest = max(list(fixed.values()) + [1.0])
+    tail = a.schedule_tail_secs if a.schedule_tail_secs is not None else elastic_schedule.default_tail(schedule)
+    total = schedule[-1][0] + tail
+    logdir = os.path.join(work, "elastic")
+    os.makedirs(logdir)
+    o = elastic_schedule.JobOptions(
+        bin=a.bin, num_ps=a.num_ps, transport=a.transport, worker_args=["--mode=%s" % mode] + common,
+        batch_size=a.batch_size, log_every=max(1, int(0.1 * fixed.get(min(fixed), fastest) / a.batch_size)
+                                               if fixed else 1),
+        train_steps=int(10 * (total + 60) * fastest / a.batch_size) + 10000, tail_secs=tail,
+        timeout_secs=min(a.timeout_secs, total + 300), free_ports=os.path.join(ROOT, "scripts", "free_ports.py"))
+    job = elastic_schedule.run_job(o, schedule, logdir)
+    r = elastic_schedule.analyse(job, schedule, a.window_secs, fixed)
+    r.update({"exit_code": job["exit_code"], "max_workers": job["max_workers"], "log_every": job["log_every"],
+              "logdir": logdir, "exit_codes": {"ps": job["ps"], "workers": [
+                  {"task": w["task"], "exit_code": w["exit_code"]} for w in job["workers"]]}})
+    print("done: the elastic job, --schedule=%s (%.1f s, rc %d)" % (a.schedule, job["t_stop"], job["exit_code"]),
+          file=sys.stderr)
+    return r
+
+
+def write_table(rows, prefix, meta, sparse, elastic=None):
     keys = ["configuration", "system", "mode", "workers", "exit_code", "wall_secs", "train_secs", "examples",
             "examples_per_sec", "speedup_vs_local", "scaling_efficiency", "vs_ddp", "secs_to_target_accuracy",
             "final_accuracy", "start_secs", "evaluate_secs", "end_secs", "predicted_examples_per_sec",
@@ -330,8 +365,28 @@ def write_table(rows, prefix, meta, sparse):
         for r in rows:
             w.writerow({k: ("" if r[k] is None else r[k]) for k in keys})
     with open(prefix + ".json", "w") as f:
-        json.dump({"settings": meta, "rows": rows}, f, indent=2)
-    print("table written to %s.csv and %s.json" % (prefix, prefix))
+        doc = {"settings": meta, "rows": rows}
+        if elastic:  # --schedule: the elastic job's windows, changes, sizes against the fixed runs, joins
+            doc["elastic"] = elastic
+        json.dump(doc, f, indent=2)
+    if elastic:  # its table: PREFIX.elastic.csv
+        keys = ["workers", "fixed_examples_per_sec", "elastic_examples_per_sec", "ratio", "steady_secs", "windows"]
+        with open(prefix + ".elastic.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            w.writeheader()
+            for r in elastic["sizes"]:
+                w.writerow({k: ("" if r[k] is None else r[k]) for k in keys})
+    print("table written to %s.csv%s and %s.json" % (prefix, " (the elastic job's: %s.elastic.csv)" % prefix
+                                                     if elastic else "", prefix))
+
+
+def no_plot(path):
+    """The table and CSV/JSON are written anyway; only the picture needs matplotlib."""
+    if sys.executable != "/usr/bin/python3":
+        hint = "run with /usr/bin/python3, Debian's, after DTRAIN_WITH_PLOTS=1 scripts/install_deps.sh"
+    else:
+        hint = "install it: DTRAIN_WITH_PLOTS=1 scripts/install_deps.sh (python3-matplotlib)"
+    print("no plot %s: %s has no matplotlib; %s" % (path, sys.executable, hint), file=sys.stderr)
 
 
 def plot(rows, sizes, modes, path, title, target):
@@ -340,12 +395,7 @@ def plot(rows, sizes, modes, path, title, target):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        # The table and CSV/JSON are written anyway; only the picture needs matplotlib.
-        if sys.executable != "/usr/bin/python3":
-            hint = "run with /usr/bin/python3, Debian's, after DTRAIN_WITH_PLOTS=1 scripts/install_deps.sh"
-        else:
-            hint = "install it: DTRAIN_WITH_PLOTS=1 scripts/install_deps.sh (python3-matplotlib)"
-        print("no plot %s: %s has no matplotlib; %s" % (path, sys.executable, hint), file=sys.stderr)
+        no_plot(path)
         return
     local = rows[0]
     panels = 4 if target is not None else 3
@@ -393,8 +443,17 @@ def main():
     ap.add_argument("--model", default="mlp", help="a built-in model or PATH.onnx (an ONNX file)")
     ap.add_argument("--batch_size", type=int, default=100)
     ap.add_argument("--examples", type=int, default=200000, help="training examples in every configuration")
-    ap.add_argument("--sizes", default="1,2", help="worker counts, e.g. 1,2,4")
-    ap.add_argument("--modes", default="sync,async")
+    ap.add_argument("--sizes", default=None, help="worker counts, e.g. 1,2,4 (default 1,2)")
+    ap.add_argument("--modes", default=None, help="sync and/or async (default both; with --schedule, sync)")
+    ap.add_argument("--schedule", default="",
+                    help="SECS:WORKERS,... e.g. 0:1,20:2,40:4,60:2: after the fixed-size runs of each count, one "
+                         "elastic job (dtrain_ps --max_workers) whose workers join and leave (SIGTERM, the newest "
+                         "first) at those seconds since its launch; prints and plots its examples/sec over time "
+                         "against the fixed runs, and each join's latency (scripts/elastic_schedule.py)")
+    ap.add_argument("--window_secs", type=float, default=2.0, help="with --schedule: the rate's windows")
+    ap.add_argument("--schedule_tail_secs", type=float, default=None,
+                    help="with --schedule: how long the last entry runs before the chief is stopped (SIGTERM; "
+                         "default: as long as the entry before it)")
     ap.add_argument("--num_ps", type=int, default=1)
     ap.add_argument("--colocate_ps", action="store_true",
                     help="with --netns: no ps hosts; every worker's host also runs a ps task (as many ps tasks as "
@@ -431,15 +490,34 @@ def main():
     a = ap.parse_args()
     # SIGTERM unwinds like Ctrl-C, so that the network namespaces and processes of a running cluster go away.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    schedule = None
+    if a.schedule:
+        try:
+            schedule = elastic_schedule.parse_schedule(a.schedule)
+        except elastic_schedule.ScheduleError as e:
+            ap.error(str(e))
+        if a.sizes is not None:
+            ap.error("--schedule runs the fixed sizes of its own counts: leave --sizes out")
+        if a.netns:
+            ap.error("--schedule runs its elastic job on 127.0.0.1: not with --netns")
+        if a.window_secs <= 0 or (a.schedule_tail_secs is not None and a.schedule_tail_secs <= 0):
+            ap.error("--window_secs and --schedule_tail_secs must be positive")
+        a.sizes = ",".join(str(n) for n in sorted({n for _, n in schedule}))
+        if a.modes is None:
+            a.modes = "sync"
+    elif a.schedule_tail_secs is not None:
+        ap.error("--schedule_tail_secs needs --schedule")
     try:
-        sizes = [int(s) for s in a.sizes.split(",") if s]
+        sizes = [int(s) for s in (a.sizes or "1,2").split(",") if s]
     except ValueError:
         ap.error("--sizes must be comma-separated worker counts, got %r" % a.sizes)
-    modes = [m for m in a.modes.split(",") if m]
+    modes = [m for m in (a.modes or "sync,async").split(",") if m]
     if not sizes or min(sizes) < 1:
         ap.error("--sizes needs positive worker counts, got %r" % a.sizes)
     if any(m not in ("sync", "async") for m in modes):
         ap.error("--modes takes sync and/or async, got %r" % a.modes)
+    if schedule and len(modes) != 1:
+        ap.error("--schedule runs one job: give one --modes (sync or async), got %r" % a.modes)
     if a.num_ps < 1 or a.batch_size < 1 or a.examples < 1 or a.repeats < 1:
         ap.error("--num_ps, --batch_size, --examples and --repeats must be positive")
     if a.ddp and a.model not in DDP_MODELS:
@@ -635,6 +713,10 @@ def main():
             r["exit_code"] = next(x["exit_code"] for x in launches[key] if x["exit_code"] != 0)
         rows.append(r)
     by_key = dict(zip([k for k, _ in configs], rows))
+    elastic = None
+    if schedule:
+        elastic = run_schedule(a, schedule, common, modes[0], {n: by_key["%s_%d" % (modes[0], n)] for n in sizes},
+                               work)
     base_eps = by_key["local"]["examples_per_sec"]
     torch_eps = by_key["pytorch"]["examples_per_sec"] if a.ddp else 0
     for key, r in by_key.items():
@@ -651,7 +733,8 @@ def main():
             "transport": a.transport, "repeats": a.repeats, "ddp": a.ddp, "colocate_ps": a.colocate_ps,
             "netns": a.netns, "bandwidth": a.bandwidth or None, "host_cpus": a.host_cpus,
             "latency_ms": a.latency, "emulated_hosts": emulation.get("hosts"),
-            "worker_args": data_args + a.worker_args, "profile": profile_path or None}
+            "worker_args": data_args + a.worker_args, "profile": profile_path or None,
+            "schedule": a.schedule or None}
     for r in rows:
         r.update({"predicted_examples_per_sec": None, "prediction_error": None, "predicted_wall_secs": None,
                   "predicted_bound": None})
@@ -717,11 +800,26 @@ def main():
             print("the planner's prediction (scripts/plan_cluster.py, from the local run's profile %s): median |error| "
                   "%.1f%%, worst %.1f%% over %d clusters" % (profile_path, 100 * statistics.median(errs),
                                                              100 * max(errs), len(errs)))
+    if elastic:
+        elastic_schedule.print_report(elastic, schedule)
+        ok = ok and elastic["exit_code"] == 0
+        if elastic["exit_code"] != 0:
+            print("elastic job FAILED (rc=%d; logs: %s)" % (elastic["exit_code"], elastic["logdir"]))
     prefix = a.out or (os.path.splitext(a.plot)[0] if a.plot else "")
     if prefix:
-        write_table(rows, prefix, meta, sparse)
-        title = "dtrain %s: %d examples, batch %d, %s" % (a.model, a.examples, a.batch_size, where)
-        plot(rows, sizes, modes + (["ddp"] if a.ddp else []), a.plot or prefix + ".png", title, target)
+        write_table(rows, prefix, meta, sparse, elastic)
+        path = a.plot or prefix + ".png"
+        if elastic:
+            title = "dtrain %s %s, batch %d per worker, --schedule=%s" % (a.model, modes[0], a.batch_size,
+                                                                          a.schedule)
+            if elastic_schedule.plot(elastic, schedule, {s["workers"]: s["fixed_examples_per_sec"]
+                                                         for s in elastic["sizes"]}, path, title):
+                print("plot written to %s" % path)
+            else:
+                no_plot(path)
+        else:
+            title = "dtrain %s: %d examples, batch %d, %s" % (a.model, a.examples, a.batch_size, where)
+            plot(rows, sizes, modes + (["ddp"] if a.ddp else []), path, title, target)
     return 0 if ok else 1
 
 

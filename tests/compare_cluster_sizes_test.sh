@@ -8,7 +8,8 @@
 # alone) parsed from made-up logs. As root with network namespaces: the same across namespaces with 1 Gbit/s links
 # (--netns --bandwidth), leaving no namespace behind; and with --host_cpus --latency --ddp: local, PyTorch, a sync
 # cluster and DDP each on emulated hosts of half a core, the settings in the title and JSON, DDP's parts adding
-# up to its wall-clock. Bad flags exit 2.
+# up to its wall-clock. --schedule: an elastic job of 1, 2, 1 workers beside the fixed runs (the size table with the
+# ratios, the join's latency, the plot). Bad flags (bad schedules among them) exit 2.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 export DTRAIN_BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
@@ -153,6 +154,48 @@ assert old["phases"] == {"start": None, "train": 2.0, "evaluate": None}, old["ph
 assert c.wall_parts(5.0, old["phases"])["end_secs"] is None
 print("phases: parsed, and without them train alone")
 PY
+
+# --schedule: one elastic mlp job of 1, then 2, then 1 worker (worker 1 joins at 6 s and gets SIGTERM at 12 s, the
+# chief at 18 s) beside fixed runs of 1 and 2 workers: the size table with both rates and their ratio, the join's
+# latency, the leave, the membership the chief logged, the windows, the plot.
+rc=0
+"$CMP" --model=mlp --examples=4000 --schedule=0:1,6:2,12:1 --window_secs=1 --out="$dir/sched" \
+  >"$dir/sched.out" 2>&1 || rc=$?
+tail -n 12 "$dir/sched.out"
+[ "$rc" = 0 ] || fail "compare --schedule exited $rc"
+grep -q "^join: worker 1 launched at .*its first step done after [0-9.]* s" "$dir/sched.out" || fail "no join line"
+/usr/bin/python3 - "$dir/sched" <<'PY' || fail "schedule table"
+import csv, json, sys
+doc = json.load(open(sys.argv[1] + ".json"))
+assert doc["settings"]["schedule"] == "0:1,6:2,12:1", doc["settings"]
+assert [r["configuration"] for r in doc["rows"]] == ["local", "sync, 1 ps, 1 worker", "sync, 1 ps, 2 workers"]
+e = doc["elastic"]
+assert e["exit_code"] == 0 and e["max_workers"] == 2, e["exit_codes"]
+assert [c["workers"] for c in e["changes"]] == [1, 2, 1], e["changes"]
+assert [s["workers"] for s in e["sizes"]] == [1, 2], e["sizes"]
+for s in e["sizes"]:
+    assert s["fixed_examples_per_sec"] > 0 and s["elastic_examples_per_sec"] > 0 and s["windows"] >= 1, s
+    assert abs(s["ratio"] - s["elastic_examples_per_sec"] / s["fixed_examples_per_sec"]) < 2e-3, s
+(join,) = e["joins"]
+assert join["task"] == 1 and 5.5 < join["launched"] < 8, join
+assert 0 < join["joined_secs"] < 6 and 0 < join["first_step_secs"] < 6, join  # in before its SIGTERM at 12 s
+(leave,) = e["leaves"]
+assert leave["task"] == 1 and leave["left_secs"] is not None and 0 <= leave["left_secs"] < 5, leave
+assert 17 < e["t_stop"] < 25 and len(e["windows"]) == int(e["t_stop"]), e["t_stop"]
+assert sum(w["examples_per_sec"] > 0 for w in e["windows"]) >= len(e["windows"]) - 3, e["windows"]
+assert len(list(csv.DictReader(open(sys.argv[1] + ".elastic.csv")))) == 2, "elastic CSV rows"
+print("schedule table: sizes 1 and 2 at %s of their fixed runs, join %.2f s" %
+      (" and ".join("%.2fx" % s["ratio"] for s in e["sizes"]), join["first_step_secs"]))
+PY
+if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+  [ -s "$dir/sched.png" ] || fail "no --schedule plot although matplotlib is installed"
+fi
+for bad in "0:1,6:2,6:1" "0:1,6:0" "0:1,6" "3:1,6:2"; do
+  rc=0; "$CMP" --schedule="$bad" >"$dir/bad_sched.out" 2>&1 || rc=$?
+  [ "$rc" = 2 ] && grep -q -- "--schedule" "$dir/bad_sched.out" || fail "--schedule=$bad not refused naming the flag"
+done
+rc=0; "$CMP" --schedule=0:1,6:2 --sizes=1,2 >"$dir/bad_sched.out" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "leave --sizes out" "$dir/bad_sched.out" || fail "--schedule with --sizes not refused"
 
 rc=0; "$CMP" --bandwidth=1gbit >"$dir/bad.out" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "bandwidth needs --netns" "$dir/bad.out" || fail "--bandwidth without --netns not refused"
