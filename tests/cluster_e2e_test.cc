@@ -110,8 +110,9 @@ TEST(ClusterEndToEnd, BadClusterSpecsExitTwoWithOneClearLine) {
   };
   const std::vector<Case> cases = {
       {{"--job_name=worker", "--task_index=0", "--ps_hosts=127.0.0.1", "--worker_hosts=127.0.0.1:5"}, {}, "port"},
+      // A worker past the spec's list can only join an elastic job (dtrain_ps --max_workers).
       {{"--job_name=worker", "--task_index=2", "--ps_hosts=127.0.0.1:4", "--worker_hosts=127.0.0.1:5"}, {},
-       "out of range"},
+       "is past the cluster spec's 1 workers"},
       {{"--job_name=worker", "--task_index=0", "--ps_hosts=127.0.0.1:4", "--worker_hosts=127.0.0.1:4"}, {},
        "duplicate"},
       {{}, {"TF_CONFIG={\"cluster\": {\"ps\": [\"a:1\"], \"worker\": [\"b:2\"]}, \"task\": {\"type\": \"evaluater\""

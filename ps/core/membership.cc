@@ -143,6 +143,17 @@ std::vector<int> Membership::ExpireAll(int64_t step, const std::string& why) {
   return lost;
 }
 
+bool Membership::Rejoin(int worker) {
+  WorkerStats& s = workers_[worker].stats;
+  if (!s.done || s.leaving == Leaving::kCompleted) return false;
+  s.done = false;
+  s.failed = false;
+  s.left_at_step = -1;
+  s.reason.clear();
+  workers_[worker].removed.clear();
+  return true;
+}
+
 bool Membership::MarkDone(int worker, Leaving leaving, int64_t step, std::string reason) {
   WorkerStats& s = workers_[worker].stats;
   if (s.done) return false;

@@ -79,6 +79,9 @@ class Membership {
   bool active(int worker) const { return present(worker) && !done(worker) && !lost(worker); }
   // The active workers, ascending.
   std::vector<int> active_workers() const;
+  // An elastic job: a worker that left before the end (stopped, removed, failed) and registers again takes part
+  // again: it is no longer done. Returns whether it was such a worker.
+  bool Rejoin(int worker);
   // Marks the worker done, leaving as `leaving` says (WorkerStats::failed unless kCompleted) at `step` for
   // `reason`; returns false if it already was done.
   bool MarkDone(int worker, Leaving leaving, int64_t step, std::string reason);

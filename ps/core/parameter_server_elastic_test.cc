@@ -76,6 +76,27 @@ TEST(ElasticTest, AWorkerJoinsAtTheNextStepAndTheStepsFollowTheWorkers) {
       << outcome.message;
 }
 
+TEST(ElasticTest, AWorkerThatLeftComesBackWithTheSameIndex) {
+  auto cluster = *SimCluster::Start(Elastic("sync", 2));
+  SimWorker w0(cluster.get(), 0);
+  {
+    SimWorker w1(cluster.get(), 1);
+    EXPECT_EQ(*w0.Push(0, {1, 1, 1, 1}), Outcome::kAccepted);
+    EXPECT_EQ(PullOf(w1, w1.client().join_step(), 0).elastic.workers, (std::vector<int>{0, 1}));
+    ASSERT_TRUE(w1.client().Done(Leaving::kStopped, 1, "SIGTERM").ok());  // a scheduler's scale-down
+  }
+  EXPECT_EQ(*w0.Push(1, {1, 1, 1, 1}), Outcome::kAccepted);  // step 1 goes on without it
+  EXPECT_EQ(cluster->task(0).step(), 2);
+  SimWorker again(cluster.get(), 1);  // scaled up again: the same index takes part again
+  EXPECT_EQ(again.client().join_step(), 3);
+  EXPECT_EQ(*w0.Push(2, {1, 1, 1, 1}), Outcome::kAccepted);
+  EXPECT_EQ(PullOf(again, 3, 0).elastic.workers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(*again.Push(3, {1, 1, 1, 1}), Outcome::kAccepted);
+  EXPECT_EQ(cluster->task(0).step(), 3);  // waits for worker 0's commit too
+  EXPECT_EQ(*w0.Push(3, {1, 1, 1, 1}), Outcome::kAccepted);
+  EXPECT_EQ(cluster->task(0).step(), 4);
+}
+
 TEST(ElasticTest, AWorkerPastMaxWorkersIsRefusedNamingTheFlag) {
   auto cluster = *SimCluster::Start(Elastic("sync", 2));
   RegisterRequest request;

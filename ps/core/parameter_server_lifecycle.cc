@@ -164,7 +164,9 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     }
   }
   const bool was_lost = members_.lost(request.worker_id);
-  const bool joins = !members_.present(request.worker_id);
+  // An elastic job takes back a worker that left before the end (a scheduler's scale-down, then up again).
+  const bool rejoins = !config_.elastic_batch.empty() && members_.Rejoin(request.worker_id);
+  const bool joins = !members_.present(request.worker_id) || rejoins;
   const std::vector<int> active_before = members_.active_workers();
   RegisterResponse response{initialized_, step_, members_.Register(request.worker_id, Now(), step_),
                             absl::ToInt64Milliseconds(options_.worker_timeout),
