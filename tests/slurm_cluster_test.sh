@@ -4,7 +4,12 @@
 # emulated nodes n1..n3 on this host (one slurmd each), every state, spool, log and pid file in a temp dir.
 # Submits a 1 ps + 2 worker job with sbatch -N 3 and checks that it ends COMPLETED with exit code 0 and the
 # chief's accuracy line; then a job whose workers fail (an unknown model) must end FAILED with their exit code
-# 2. Stops the daemons by their pid files and removes everything, also on failure. Needs root (exit 77 else)
+# 2; a bad --num_ps is refused. Then an elastic job (docs/elastic_schedulers.md): dtrain.sbatch --spare_nodes=1
+# runs 1 ps + the chief on two nodes and writes --cluster_file; a worker added to the running allocation with
+# `srun --jobid=ID -w SPARE dtrain_worker --cluster_spec=FILE --task_index=1 ...` (a second step) joins, leaves
+# on `scancel --ctld --signal=TERM ID.STEP` (its step exits 143), a worker past --max_workers is refused (exit 2), and
+# the job ends COMPLETED with the run complete naming the worker that left.
+# Stops the daemons by their pid files and removes everything, also on failure. Needs root (exit 77 else)
 # and the Slurm packages (scripts/install_deps.sh installs them; exit 77 with the reason if missing).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -150,6 +155,56 @@ read -r state code <<<"$(wait_job "$job3" 60)"
 echo "job $job3: $state exit $code"; cat "$dir/job-$job3.out"
 [ "$state" = FAILED ] && [ "$code" = "2:0" ] || fail "--num_ps=3 on 3 tasks: job ended $state $code, not FAILED 2:0"
 grep -q "leaves no worker among 3 tasks" "$dir/job-$job3.out" || fail "--num_ps=3: no clear message"
+
+# 4. An elastic job grown and shrunk inside its allocation: 1 ps + the chief on n1, n2; n3 left spare.
+wait_for_line() {  # wait_for_line FILE REGEX SECONDS
+  for _ in $(seq $(($3 * 10))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+W=(--model=mlp --mode=sync --train_steps=3000 --elastic_batch=per_worker --log_every=100 --startup_wait_secs=60)
+job4="$(sbatch --parsable -N 3 --time=5 -o "$dir/job-%j.out" deploy/slurm/dtrain.sbatch --port="$pjob" \
+        --spare_nodes=1 --cluster_file="$dir/cluster-%j.json" --ps_args="--max_workers=3" "${W[@]}")"
+echo "$job4" >>"$dir/jobs"
+out4="$dir/job-$job4.out"
+spec4="$dir/cluster-$job4.json"
+if wait_for_line "$out4" "^1: step 100," 90 && [ -s "$spec4" ]; then
+  cat "$spec4"
+  grep -qx "{\"ps\": \[\"127.0.0.1:$pjob\"\], \"worker\": \[\"127.0.0.1:$((pjob + 1))\"\]}" "$spec4" ||
+    fail "--cluster_file does not hold the job's spec"
+  squeue -s -j "$job4" || true
+  # The joiner: a second step of the running job, on the spare node, with the job's worker flags.
+  srun --jobid="$job4" -N 1 -n 1 -w n3 "$DTRAIN_BIN/dtrain_worker" --cluster_spec="$spec4" --job_name=worker \
+    --task_index=1 "${W[@]}" >"$dir/joiner.out" 2>&1 &
+  joiner=$!
+  if wait_for_line "$dir/joiner.out" "^step [0-9]*, loss" 60; then
+    step_id="$(squeue -h -s -j "$job4" -o '%i %N' | awk '$2 == "n3" && $1 !~ /batch|extern/ {print $1}' | head -n 1)"
+    echo "the joiner runs as step $step_id"
+    squeue -s -j "$job4" || true
+    # --ctld: through slurmctld (straight to the emulated nodes, scancel delivers the signal but exits 225 with
+    # "Kill job error on job step id N: Invalid job id specified" on this one-host Slurm 22.05).
+    [ -n "$step_id" ] && scancel --ctld --signal=TERM "$step_id" || fail "scancel --signal=TERM of step '$step_id' failed"
+  else
+    fail "the worker added with srun --jobid did not train"
+  fi
+  rc=0; wait "$joiner" || rc=$?
+  echo "joiner (srun --jobid=$job4): exit $rc"; grep -v "^I2\|, loss = " "$dir/joiner.out" | tail -n 8
+  [ "$rc" = 143 ] || fail "the joiner's srun exited $rc after scancel --signal=TERM, not 143"
+  grep -q "stopped by SIGTERM at step [0-9]*; it left the cluster" "$dir/joiner.out" || fail "the joiner did not leave"
+  grep -q "^0: .*worker 1 joined (2 workers, aggregating 2, global batch 200)" "$out4" || fail "ps 0 did not log the join"
+  grep -q "^1: step [0-9]*: worker 1 joined" "$out4" || fail "the chief did not log the join"
+  grep -q "^0: .*worker 1 left (1 worker, aggregating 1" "$out4" || fail "ps 0 did not log the leave"
+  # Past --max_workers=3: refused, exit 2, naming the flag.
+  rc=0; srun --jobid="$job4" -N 1 -n 1 -w n3 "$DTRAIN_BIN/dtrain_worker" --cluster_spec="$spec4" --job_name=worker \
+    --task_index=3 "${W[@]}" >"$dir/past.out" 2>&1 || rc=$?
+  [ "$rc" = 2 ] && grep -q "max_workers" "$dir/past.out" || { tail -n 3 "$dir/past.out"; fail "a worker past --max_workers: exit $rc, not 2 naming it"; }
+else
+  fail "the elastic job's chief did not train or no --cluster_file was written"
+fi
+read -r state code <<<"$(wait_job "$job4" 120)"
+echo "job $job4: $state exit $code"; grep -E "joined|left|run complete|accuracy" "$out4"
+[ "$state" = COMPLETED ] && [ "$code" = "0:0" ] || fail "elastic job ended $state $code, not COMPLETED 0:0"
+grep -q "^0: .*run complete: training reached step 3000 of 3000; 2 workers took part; left before the end: worker 1 (stopped" \
+  "$out4" || fail "the elastic run did not end complete naming worker 1"
 
 if [ "$failures" = 0 ]; then echo "1 passed, 0 failed"; exit 0; fi
 tail -n 30 "$dir"/slurmctld.log || true

@@ -7,14 +7,18 @@
 # and exits with its exit code (1 if stopped by srun because another task failed).
 #
 #   srun -N 3 --ntasks-per-node=1 --kill-on-bad-exit=1 --label deploy/slurm/dtrain_task.sh \
-#       [--num_ps=1] [--port=2222] [--ps_args="FLAGS"] WORKER_FLAGS...
+#       [--num_ps=1] [--port=2222] [--ps_args="FLAGS"] [--cluster_file=PATH] WORKER_FLAGS...
+#
+# --cluster_file=PATH: task 0 writes the cluster spec there as JSON ({"ps": [...], "worker": [...]}; %j in PATH
+# becomes the job id) before it starts its ps, for workers that join the running job later:
+# `dtrain_worker --cluster_spec=PATH --job_name=worker --task_index=K ...` (docs/elastic_schedulers.md).
 #
 # Exit 2 with a message on bad arguments or an environment that is not a Slurm step.
 set -euo pipefail
 trap 'exit 1' TERM INT  # stopped by srun before starting the binary (see the end)
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BIN="${DTRAIN_BIN:-$ROOT/build/bin}"
-NUM_PS=1; PORT=2222; PS_ARGS=""
+NUM_PS=1; PORT=2222; PS_ARGS=""; CLUSTER_FILE=""
 die() { echo "dtrain_task: $*" >&2; exit 2; }
 worker_args=()
 while [ $# -gt 0 ]; do
@@ -22,6 +26,7 @@ while [ $# -gt 0 ]; do
     --num_ps=*) NUM_PS="${1#*=}" ;;
     --port=*) PORT="${1#*=}" ;;
     --ps_args=*) PS_ARGS="${1#*=}" ;;
+    --cluster_file=*) CLUSTER_FILE="${1#*=}" ;;
     --) shift; worker_args+=("$@"); break ;;
     *) worker_args+=("$1") ;;
   esac
@@ -80,6 +85,15 @@ fi
 ps_hosts="$(IFS=,; echo "${hosts[*]:0:NUM_PS}")"
 worker_hosts="$(IFS=,; echo "${hosts[*]:NUM_PS}")"
 cluster=(--ps_hosts="$ps_hosts" --worker_hosts="$worker_hosts")
+if [ -n "$CLUSTER_FILE" ] && [ "$procid" = 0 ]; then
+  CLUSTER_FILE="${CLUSTER_FILE//%j/${SLURM_JOB_ID:-}}"
+  quoted() { local IFS=,; set -- "${@/#/\"}"; set -- "${@/%/\"}"; echo "$*"; }
+  # Written whole, then renamed: a joiner polling for it never reads half a file.
+  printf '{"ps": [%s], "worker": [%s]}\n' "$(quoted "${hosts[@]:0:NUM_PS}")" "$(quoted "${hosts[@]:NUM_PS}")" \
+    >"$CLUSTER_FILE.tmp.$$" && mv -f "$CLUSTER_FILE.tmp.$$" "$CLUSTER_FILE" ||
+    die "cannot write --cluster_file=$CLUSTER_FILE"
+  echo "dtrain_task: cluster spec written to $CLUSTER_FILE" >&2
+fi
 if [ "$procid" -lt "$NUM_PS" ]; then
   [ "$procid" != 0 ] || echo "dtrain_task: cluster ps=[$ps_hosts] worker=[$worker_hosts]" >&2
   cmd=("$BIN/dtrain_ps" --job_name=ps --task_index="$procid" "${cluster[@]}" "${ps_args[@]}")

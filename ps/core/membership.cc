@@ -24,7 +24,9 @@ absl::Status Membership::CheckWorker(int worker) const {
       return absl::InvalidArgumentError(absl::StrCat(
           "worker id ", worker, " is out of range [0, ", num_workers(), "): ps task ", task_, " takes at most ",
           num_workers(), " workers (the cluster spec has ", initial_,
-          "; start the ps tasks with --max_workers=N to let more join)"));
+          num_workers() > initial_ ? "; --max_workers is set to that"
+                                   : "; start the ps tasks with --max_workers=N to let more join",
+          ")"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("worker id ", worker, " is out of range [0, ", num_workers(), ")"));

@@ -9,7 +9,18 @@
 //  3. dtrain's own rules for a cluster of Indexed Jobs behind a headless Service (see dtrain-cluster.yaml): every
 //     TF_CONFIG is valid JSON naming the same cluster, and that cluster lists exactly the pods the Jobs make
 //     (<job>-<index>.<subdomain>:<port> for every completion index), the Service is headless and selects the
-//     pods, and JOB_COMPLETION_INDEX is defined before TF_CONFIG uses it.
+//     pods, and JOB_COMPLETION_INDEX is defined before TF_CONFIG uses it. The chief and the workers run the
+//     same dtrain_worker flags (the ps refuses a worker whose training config differs), and a worker pod's
+//     terminationGracePeriodSeconds exceeds its --stop_grace_secs (default 10): SIGTERM lets the step in
+//     flight finish, then the worker leaves, before Kubernetes' SIGKILL;
+//  4. for an elastic job (dtrain-elastic.yaml: dtrain_ps --max_workers=M, a worker Job scaled while it runs, see
+//     docs/elastic_schedulers.md): every ps task has the same M; every worker and the chief run
+//     --elastic_batch=per_worker (global is not built); the chief is a TF_CONFIG "chief" task of its own Job,
+//     so no scale-down removes it; the scaled worker Job declares how far it may grow in the annotation
+//     dtrain/max-completions, which covers its completions, and the chief plus that many workers fit in M; its
+//     completions equal its parallelism (only then may Kubernetes change them) and it sets
+//     backoffLimitPerIndex, so a failed worker fails its own index and not the Job (which would stop every
+//     worker).
 //
 //   node deploy/kubernetes/validate/validate.mjs FILE.yaml...
 // Prints "FILE: ok (...)" per valid file, or one line per problem naming the file, object and field; exits 0 if
@@ -125,7 +136,132 @@ function dtrainProblems(docs) {
       }
     }
   }
+  problems.push(...workerProblems(jobs));
   return [...new Set(problems)];
+}
+
+// The value of flag --NAME in argv (`--NAME=V` or `--NAME V`; the last one wins, as for absl flags), or undefined.
+function flagValue(argv, name) {
+  let value;
+  argv.forEach((a, i) => {
+    if (a.startsWith(`--${name}=`)) value = a.slice(name.length + 3);
+    else if (a === `--${name}` && i + 1 < argv.length) value = argv[i + 1];
+  });
+  return value;
+}
+
+const MAX_COMPLETIONS = "dtrain/max-completions";
+
+// Every container of the Jobs with a TF_CONFIG: {job, spec, pod, c, argv, type, cluster} (TF_CONFIG parsed with
+// index 0; the ones that do not parse were reported already).
+function tasks(jobs) {
+  const out = [];
+  for (const job of jobs) {
+    const spec = job.spec ?? {};
+    const pod = spec.template?.spec ?? {};
+    for (const c of pod.containers ?? []) {
+      const tfEnv = (c.env ?? []).find((e) => e.name === "TF_CONFIG");
+      if (!tfEnv) continue;
+      let tf;
+      try {
+        tf = JSON.parse((tfEnv.value ?? "").replaceAll("$(JOB_COMPLETION_INDEX)", "0"));
+      } catch {
+        continue;
+      }
+      out.push({ job, spec, pod, c, argv: [...(c.command ?? []), ...(c.args ?? [])], type: tf.task?.type,
+                 cluster: tf.cluster ?? {}, where: `Job ${job.metadata?.name}, container ${c.name}` });
+    }
+  }
+  return out;
+}
+
+function workerProblems(jobs) {
+  const problems = [];
+  const all = tasks(jobs);
+  const workers = all.filter((t) => t.type === "worker" || t.type === "chief");
+  const ps = all.filter((t) => t.type === "ps");
+  // The same flags for every worker.
+  for (const w of workers.slice(1)) {
+    if (JSON.stringify(w.argv) !== JSON.stringify(workers[0].argv)) {
+      problems.push(`${w.where}: runs ${JSON.stringify(w.argv)} but ${workers[0].where} runs ` +
+                    `${JSON.stringify(workers[0].argv)}: every worker needs the same flags`);
+    }
+  }
+  // Time for a graceful stop.
+  for (const w of workers) {
+    const raw = flagValue(w.argv, "stop_grace_secs");
+    const grace = raw === undefined ? 10 : Number(raw);
+    const period = w.pod.terminationGracePeriodSeconds ?? 30;
+    if (!(period > grace)) {
+      problems.push(`${w.where}: terminationGracePeriodSeconds ${period} must exceed --stop_grace_secs (${grace}): ` +
+                    `SIGTERM lets the step in flight finish, then the worker leaves, before the SIGKILL`);
+    }
+  }
+  // Elastic jobs.
+  const maxes = ps.map((t) => flagValue(t.argv, "max_workers"));
+  const scaled = jobs.filter((j) => j.metadata?.annotations?.[MAX_COMPLETIONS] !== undefined);
+  const elastic = maxes.some((m) => m !== undefined) || scaled.length > 0 ||
+                  workers.some((w) => flagValue(w.argv, "elastic_batch") !== undefined);
+  if (!elastic) return problems;
+  for (const w of workers) {
+    const batch = flagValue(w.argv, "elastic_batch");
+    if (batch === undefined) {
+      problems.push(`${w.where}: an elastic job (workers join and leave) needs --elastic_batch=per_worker on every worker`);
+    } else if (batch !== "per_worker") {
+      problems.push(`${w.where}: --elastic_batch=${batch}: only per_worker is built`);
+    }
+  }
+  if (ps.length === 0) return problems;
+  if (maxes.some((m) => m === undefined)) {
+    problems.push(`${ps.find((t, i) => maxes[i] === undefined).where}: an elastic job needs dtrain_ps ` +
+                  `--max_workers=M on every ps task (workers past the spec's join only up to M - 1)`);
+    return problems;
+  }
+  if (new Set(maxes).size > 1) {
+    problems.push(`the ps tasks disagree on --max_workers (${[...new Set(maxes)].join(", ")}): give every ps task the same M`);
+    return problems;
+  }
+  const m = Number(maxes[0]);
+  const cluster = ps[0].cluster;
+  const chiefs = (cluster.chief ?? []).length;
+  const listed = chiefs + (cluster.worker ?? []).length;
+  if (!Number.isInteger(m) || m < listed) {
+    problems.push(`${ps[0].where}: --max_workers=${maxes[0]} must be an integer at least the ${listed} workers ` +
+                  `TF_CONFIG lists (the chief included)`);
+    return problems;
+  }
+  if (chiefs === 0) {
+    problems.push(`an elastic job needs the chief as a TF_CONFIG "chief" task in a Job of its own: as worker 0 of ` +
+                  `the scaled worker Job, a scale-down to 0 would stop it, and with it the run`);
+  }
+  const workerJobs = [...new Set(workers.filter((w) => w.type === "worker").map((w) => w.job))];
+  for (const job of workerJobs) {
+    const name = job.metadata?.name;
+    const spec = job.spec ?? {};
+    const raw = job.metadata?.annotations?.[MAX_COMPLETIONS];
+    if (raw === undefined) {
+      problems.push(`Job ${name}: an elastic worker Job needs the annotation ${MAX_COMPLETIONS}: "N", how far it ` +
+                    `may be scaled (the chief plus N workers must fit in --max_workers=${m})`);
+      continue;
+    }
+    const n = Number(raw);
+    if (!/^[0-9]+$/.test(raw) || n < (spec.completions ?? 1)) {
+      problems.push(`Job ${name}: annotation ${MAX_COMPLETIONS} "${raw}" must be an integer at least its ` +
+                    `completions (${spec.completions ?? 1})`);
+    } else if (chiefs + n > m) {
+      problems.push(`Job ${name}: scaled to ${MAX_COMPLETIONS} ${n}, it runs ${chiefs + n} workers with the chief, ` +
+                    `more than dtrain_ps --max_workers=${m}: the pods past it would be refused (exit 2)`);
+    }
+    if (spec.backoffLimitPerIndex === undefined) {
+      problems.push(`Job ${name}: an elastic worker Job needs backoffLimitPerIndex (e.g. 0): then a failed worker ` +
+                    `fails its own index, not the Job, whose failure would stop every worker`);
+    }
+  }
+  for (const job of scaled.filter((j) => !workerJobs.includes(j))) {
+    problems.push(`Job ${job.metadata?.name}: annotation ${MAX_COMPLETIONS} on a Job that runs no TF_CONFIG workers ` +
+                  `(the ps and the chief cannot be scaled)`);
+  }
+  return problems;
 }
 
 async function validateFile(file) {
