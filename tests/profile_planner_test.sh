@@ -28,11 +28,16 @@ assert p["steps"]["measured"] == 60 - p["steps"]["warmup"], p["steps"]["measured
 compute = p["steps"]["compute_s"]["median"]
 layers = sum(l["forward_s"] + l["backward_s"] for l in p["layers"])
 assert [l["name"] for l in p["layers"]] == ["hidden1", "softmax_linear"], p["layers"]
-# Medians of the parts against the median of the whole: on a loaded machine (CI runs two tests at a time) the
-# whole step's median catches preemptions each layer's own median misses (seen: 3.0 ms of layers, 5.5 ms whole).
-assert 0.45 * compute < layers < 1.3 * compute, (layers, compute)
+# Medians of the parts against the whole step: on a loaded machine (CI runs two tests at a time) the whole step's
+# median catches preemptions each layer's own median misses (seen: 3.0 ms of layers, 5.5 ms whole; 2.8 against 8.2
+# beside three busy loops), so the lower bound is against a fast step (the 10th percentile).
+fast = p["steps"]["compute_s"]["quantiles"][10]
+assert 0.45 * fast < layers < 1.3 * compute, (layers, fast, compute)
 assert p["steps"]["step_s"]["median"] >= compute, p["steps"]
-assert p["steps"]["process_cpu_s"] >= 0.8 * compute, p["steps"]["process_cpu_s"]  # the compute's thread at least
+# The process's CPU per step covers the compute's thread, against a fast step: on a loaded machine (CI runs two tests
+# at a time) most steps wait for a core, which their wall time counts and the CPU time does not (seen: 4.6 ms of
+# CPU against 0.8 of the median).
+assert p["steps"]["process_cpu_s"] >= 0.6 * fast, (p["steps"]["process_cpu_s"], fast, compute)
 assert len(p["steps"]["compute_s"]["quantiles"]) == 101
 assert sorted(p["placement"], key=int) == [str(n) for n in range(1, 17)], list(p["placement"])
 for n in ("1", "2", "3", "6", "16"):
