@@ -42,8 +42,15 @@ void CheckConfig(const absl::StatusOr<ClusterConfig>& c) {
   CHECK(c->is_ps() || c->is_worker()) << c->job_name;
   CHECK(!c->ps.empty() && !c->worker.empty());
   CHECK_GE(c->task_index, 0);
-  CHECK_LT(c->task_index, c->is_ps() ? c->num_ps() : c->num_workers());
-  CHECK(!c->address().empty());
+  if (c->joining) {
+    // A worker past the spec's list (it joins an elastic job): no address of its own.
+    CHECK(c->is_worker());
+    CHECK_GE(c->task_index, c->num_workers());
+    CHECK(c->address().empty());
+  } else {
+    CHECK_LT(c->task_index, c->is_ps() ? c->num_ps() : c->num_workers());
+    CHECK(!c->address().empty());
+  }
   for (const std::vector<std::string>* job : {&c->ps, &c->worker}) {
     for (const std::string& a : *job) {
       absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(a);
