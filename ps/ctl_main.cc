@@ -4,6 +4,8 @@
 //   dtrain_ctl --ps_hosts=h0:2222,h1:2222 status            the membership table and the ps tasks
 //   dtrain_ctl --ps_hosts=... remove-worker 3               worker 3 leaves at its next call; the run goes on
 //   dtrain_ctl --ps_hosts=... drain                         the run ends here: every task saves, the workers stop
+//   dtrain_ctl --ps_hosts=... add-ps h2:2222                a started ps task joins at the next step boundary
+//   dtrain_ctl --ps_hosts=... remove-ps 2                   the last ps task leaves at the next step boundary
 //
 // The cluster comes from --ps_hosts, --cluster_spec or TF_CONFIG as for the other binaries. A refusal is one line
 // on stderr and exit 2 (a bad command or argument) or 1 (the job refused it, or could not be reached).
@@ -44,8 +46,9 @@ constexpr char kUsage[] =
     "  remove-worker K     worker K leaves the job at its next call (exit 0 for it); the run goes on without it\n"
     "  drain               the run ends here: every ps task saves its state as its final checkpoint and tells the\n"
     "                      workers to stop (a later launch resumes from it)\n"
-    "  add-ps ADDR, remove-ps P   not built yet: a running job's ps set is fixed (restore a checkpoint on another\n"
-    "                      number of ps tasks instead)\n"
+    "  add-ps ADDR         the ps task started at ADDR (dtrain_ps --join does this itself) joins at the next step\n"
+    "                      boundary: every task saves that step and takes its share of it, resharded (sync jobs)\n"
+    "  remove-ps P         the last ps task P leaves at the next step boundary, its share moving to the others\n"
     "exit codes: 0 done, 1 the job refused it or could not be reached, 2 a bad command line";
 
 int Fail(const std::string& line, int code) {
@@ -64,12 +67,12 @@ const char* StateOf(const dtrain::ps::WorkerStats& w) {
 int main(int argc, char** argv) {
   dtrain::CommandLineSpec spec;
   spec.program = "dtrain_ctl";
-  spec.summary = "commands to a running job: status, remove-worker K, drain";
+  spec.summary = "commands to a running job: status, remove-worker K, drain, add-ps ADDR, remove-ps P";
   spec.epilogue = kUsage;
   spec.positional_args = true;
   const dtrain::ParsedCommandLine parsed = dtrain::ParseCommandLineOrExit(argc, argv, spec);
   const std::vector<std::string>& args = parsed.positional;
-  if (args.empty()) return Fail(absl::StrCat("no command: status, remove-worker K or drain (--help)"), 2);
+  if (args.empty()) return Fail(absl::StrCat("no command: status, remove-worker K, drain, add-ps ADDR or remove-ps P (--help)"), 2);
   const std::string& command = args[0];
 
   dtrain::ClusterFlags cf;
@@ -83,20 +86,24 @@ int main(int argc, char** argv) {
   absl::StatusOr<dtrain::ClusterConfig> cluster = dtrain::ResolveCluster(cf, tf_config ? tf_config : "");
   if (!cluster.ok()) return Fail(absl::StrCat("bad cluster spec: ", cluster.status().message()), 2);
 
-  int worker = -1;
+  int worker = -1, ps_task = -1;
   if (command == "remove-worker") {
     if (args.size() != 2 || !absl::SimpleAtoi(args[1], &worker) || worker < 0) {
       return Fail("remove-worker takes one worker index >= 0 (remove-worker 3)", 2);
     }
-  } else if (command == "add-ps" || command == "remove-ps") {
-    return Fail(absl::StrCat(command, ": not built yet: a running job's ps tasks are fixed; stop it (drain) and "
-                                      "start the ps tasks anew on another number of tasks, which restores the "
-                                      "checkpoint resharded"),
-                1);
+  } else if (command == "add-ps") {
+    if (args.size() != 2 || args[1].find(':') == std::string::npos) {
+      return Fail("add-ps takes the new ps task's host:port (add-ps h2:2222)", 2);
+    }
+  } else if (command == "remove-ps") {
+    if (args.size() != 2 || !absl::SimpleAtoi(args[1], &ps_task) || ps_task < 0) {
+      return Fail("remove-ps takes one ps task index >= 0 (remove-ps 2)", 2);
+    }
   } else if ((command == "status" || command == "drain") && args.size() != 1) {
     return Fail(absl::StrCat(command, " takes no argument"), 2);
   } else if (command != "status" && command != "drain") {
-    return Fail(absl::StrCat("unknown command '", command, "': status, remove-worker K or drain (--help)"), 2);
+    return Fail(absl::StrCat("unknown command '", command,
+                             "': status, remove-worker K, drain, add-ps ADDR or remove-ps P (--help)"), 2);
   }
 
   absl::StatusOr<dtrain::ps::SecurityOptions> security = dtrain::ps::LoadSecurityOptions(
@@ -116,6 +123,18 @@ int main(int argc, char** argv) {
   const char* user = std::getenv("USER") != nullptr ? std::getenv("USER") : std::getenv("LOGNAME");
   const std::string who = user != nullptr ? absl::StrCat("dtrain_ctl (", user, ")") : std::string("dtrain_ctl");
 
+  if (command == "add-ps" || command == "remove-ps") {
+    // ps 0 keeps the job's ps set and decides the step of the change.
+    dtrain::ps::ControlRequest r;
+    r.command = command;
+    r.address = command == "add-ps" ? args[1] : "";
+    r.ps = ps_task;
+    r.reason = who;
+    absl::StatusOr<std::string> out = tasks[0]->Control(r);
+    if (!out.ok()) return Fail(absl::StrCat("ps task 0 (", cluster->ps[0], "): ", out.status().message()), 1);
+    std::printf("%s\n", out->c_str());
+    return 0;
+  }
   if (command == "remove-worker" || command == "drain") {
     dtrain::ps::ControlRequest r;
     r.command = command;

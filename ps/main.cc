@@ -6,6 +6,7 @@
 // for bad flags. SIGTERM/SIGINT: the run ends here (final checkpoint, then the workers are told), then 143/130.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -15,7 +16,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/cluster_spec.h"
 #include "common/command_line.h"
 #include "common/denormals.h"
@@ -23,6 +26,7 @@
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
 #include "common/stop_signal.h"
+#include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/server.h"
 #include "ps/rpc/transport.h"
 
@@ -59,6 +63,10 @@ ABSL_FLAG(double, chief_grace_secs, 30,
           "After SIGTERM/SIGINT, wait at most this long for a training chief to leave before ending the run: when "
           "every process gets the signal at once (a Kubernetes Job deleted, Slurm's --signal), the chief finishes "
           "its step, evaluates and exports first, and the final checkpoint is of its step (0: end the run at once)");
+ABSL_FLAG(std::string, join, "",
+          "HOST:PORT: this ps task joins a running sync job at that address, as task N past the cluster spec's N ps "
+          "tasks: it asks ps 0 (dtrain_ctl add-ps), and the chief moves the job onto it at the next step boundary "
+          "(needs the job's --checkpoint_dir, shared by every ps task)");
 ABSL_FLAG(int, max_workers, 0,
           "Workers this task takes: past the cluster spec's (0: the spec's count), workers started with "
           "--task_index up to max_workers - 1 join the running job (the workers need --elastic_batch)");
@@ -113,6 +121,43 @@ ABSL_FLAG(int, malloc_arenas, 2,
 
 namespace {
 
+// dtrain_ps --join: asks ps 0 at `ps0` to add this task (`address`) to the running job, again while ps 0 cannot be
+// reached or has no job yet, for at most `wait`. A refusal (FailedPrecondition, InvalidArgument) is returned at once.
+absl::Status AskToJoin(const std::string& ps0, const std::string& address, const dtrain::ps::SecurityOptions& security,
+                       absl::Duration wait) {
+  dtrain::ps::GrpcClientOptions copt;
+  copt.security = security;
+  copt.rpc_timeout = absl::Seconds(10);
+  copt.retry_window = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<dtrain::ps::PsInterface>> client = dtrain::ps::NewGrpcPsClient(ps0, copt);
+  if (!client.ok()) return client.status();
+  dtrain::ps::ControlRequest r;
+  r.command = "add-ps";
+  r.address = address;
+  r.reason = absl::StrCat("dtrain_ps --join=", address);
+  const absl::Time give_up = absl::Now() + std::min(wait, absl::Minutes(10));
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    absl::StatusOr<std::string> said = (*client)->Control(r);
+    if (said.ok()) {
+      LOG(INFO) << "ps 0 (" << ps0 << "): " << *said;
+      return absl::OkStatus();
+    }
+    const bool again = absl::IsUnavailable(said.status()) || absl::IsDeadlineExceeded(said.status()) ||
+                       absl::StrContains(said.status().message(), "no job is running yet") ||
+                       absl::StrContains(said.status().message(), "under way already");
+    if (!again) return said.status();
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat("ps 0 (", ps0, ") did not take this task: ",
+                                                      said.status().message()));
+    }
+    LOG(INFO) << "waiting to join through ps 0 (" << ps0 << "): " << said.status().message();
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+
 constexpr char kExitCodes[] =
     "Exit codes: 0 the run completed; 3 it reached its end without some worker (0 with --allow_degraded); 4 it\n"
     "ended early (a peer failed, was refused or stopped; every worker gone; no chief in time); 1 the final\n"
@@ -155,6 +200,9 @@ int main(int argc, char** argv) {
   cf.worker_hosts = absl::GetFlag(FLAGS_worker_hosts);
   cf.job_name = absl::GetFlag(FLAGS_job_name);
   cf.task_index = absl::GetFlag(FLAGS_task_index);
+  const std::string join = absl::GetFlag(FLAGS_join);
+  const int asked_index = cf.task_index;
+  if (!join.empty()) cf.task_index = 0;  // the spec is read as ps 0 would; this task comes after its list
   const char* tf_config = std::getenv("TF_CONFIG");
   absl::StatusOr<dtrain::ClusterConfig> cluster = dtrain::ResolveCluster(cf, tf_config ? tf_config : "");
   if (!cluster.ok()) {
@@ -166,11 +214,29 @@ int main(int argc, char** argv) {
                  cluster->DebugString().c_str());
     return dtrain::kExitConfigRefused;
   }
+  std::vector<std::string> ps_hosts = cluster->ps;
+  if (!join.empty()) {
+    const int n = cluster->num_ps();
+    if (asked_index >= 0 && asked_index != n) {
+      std::fprintf(stderr, "dtrain_ps: --join: this task comes after the spec's %d ps tasks: its --task_index is %d "
+                   "(or leave it out), not %d\n", n, n, asked_index);
+      return dtrain::kExitConfigRefused;
+    }
+    if (join.rfind(':') == std::string::npos ||
+        std::find(ps_hosts.begin(), ps_hosts.end(), join) != ps_hosts.end()) {
+      std::fprintf(stderr, "dtrain_ps: --join=%s must be a host:port of its own, not one of the spec's ps tasks\n",
+                   join.c_str());
+      return dtrain::kExitConfigRefused;
+    }
+    cluster->task_index = n;
+    ps_hosts.push_back(join);
+  }
   dtrain::ps::PsServerOptions o;
   o.listen_address = absl::GetFlag(FLAGS_listen_address);
-  if (o.listen_address.empty()) o.listen_address = cluster->address();
+  if (o.listen_address.empty()) o.listen_address = join.empty() ? cluster->address() : join;
   o.ps.task_index = cluster->task_index;
-  o.ps.num_ps = cluster->num_ps();
+  o.ps.num_ps = static_cast<int>(ps_hosts.size());
+  o.ps.ps_hosts = ps_hosts;
   o.ps.num_workers = cluster->num_workers();
   o.ps.max_workers = absl::GetFlag(FLAGS_max_workers);
   if (o.ps.max_workers != 0 &&
@@ -284,6 +350,15 @@ int main(int argc, char** argv) {
     return dtrain::kExitError;
   }
   dtrain::ps::ParameterServer* ps = (*server)->parameter_server();
+  if (!join.empty()) {
+    // Ask ps 0 to take this task into the job (as dtrain_ctl add-ps does); the chief then moves it in.
+    absl::Status asked = AskToJoin(cluster->ps[0], join, o.security, o.ps.registration_timeout);
+    if (!asked.ok()) {
+      std::fprintf(stderr, "dtrain_ps: --join=%s: %s\n", join.c_str(), std::string(asked.message()).c_str());
+      return absl::IsFailedPrecondition(asked) || absl::IsInvalidArgument(asked) ? dtrain::kExitConfigRefused
+                                                                                 : dtrain::kExitError;
+    }
+  }
   LOG(INFO) << "ps task " << cluster->task_index << " listening on " << (*server)->address() << "; "
             << cluster->DebugString();
   if (o.ps.registration_timeout < absl::InfiniteDuration()) {

@@ -77,27 +77,8 @@ export_values() {
 
 # compare WHAT A B: every array of A.npz within 1e-6 of B.npz's.
 compare() {
-  /usr/bin/python3 - "$1" "$dir/$2.npz" "$dir/$3.npz" <<'PY' || fail "$1: the values differ from the unchanged run's"
-import sys
-import numpy as np
-what, a, b = sys.argv[1], np.load(sys.argv[2]), np.load(sys.argv[3])
-if sorted(a.files) != sorted(b.files):
-    sys.exit("%s: arrays %s vs %s" % (what, sorted(a.files), sorted(b.files)))
-worst, floats = 0.0, 0
-for k in a.files:
-    x, y = a[k], b[k]
-    if x.shape != y.shape:
-        sys.exit("%s: %s has shape %s, the unchanged run's %s" % (what, k, x.shape, y.shape))
-    if x.dtype.kind != "f":
-        if not np.array_equal(x, y):
-            sys.exit("%s: %s (the ids) differ" % (what, k))
-        continue
-    d = float(np.abs(x.astype(np.float64) - y.astype(np.float64)).max()) if x.size else 0.0
-    if not d <= 1e-6:
-        sys.exit("%s: %s differs by %g" % (what, k, d))
-    worst, floats = max(worst, d), floats + x.size
-print("%s: %d arrays, %d floats, largest difference from the unchanged run %g" % (what, len(a.files), floats, worst))
-PY
+  /usr/bin/python3 "$ROOT/tests/compare_values.py" "$1" "$dir/$2.npz" "$dir/$3.npz" ||
+    fail "$1: the values differ from the unchanged run's"
 }
 
 # check_updates NAME S1 S2 S3: the journals of the straight, grown and shrunk runs, nothing lost or doubled.

@@ -3,6 +3,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace dtrain::ps {
@@ -35,6 +37,34 @@ std::string RemovedReason(const absl::Status& s) {
   const absl::string_view m = s.message();
   const size_t at = m.find(kRemoved);
   return std::string(at == absl::string_view::npos ? m : m.substr(at + kRemoved.size()));
+}
+
+constexpr absl::string_view kPsSetChanged = "the job's ps tasks changed (version ";
+
+absl::Status PsSetChangedError(const PsSet& set) {
+  return absl::AbortedError(absl::StrCat(kPsSetChanged, set.version, " at step ", set.step,
+                                         "): ", absl::StrJoin(set.hosts, ",")));
+}
+
+std::optional<PsSet> ParsePsSetChanged(const absl::Status& s) {
+  if (s.code() != absl::StatusCode::kAborted) return std::nullopt;
+  absl::string_view m = s.message();
+  const size_t at = m.find(kPsSetChanged);
+  if (at == absl::string_view::npos) return std::nullopt;
+  m.remove_prefix(at + kPsSetChanged.size());
+  PsSet set;
+  const size_t space = m.find(" at step ");
+  if (space == absl::string_view::npos || !absl::SimpleAtoi(m.substr(0, space), &set.version)) return std::nullopt;
+  m.remove_prefix(space + 9);
+  const size_t close = m.find("): ");
+  if (close == absl::string_view::npos || !absl::SimpleAtoi(m.substr(0, close), &set.step)) return std::nullopt;
+  m.remove_prefix(close + 3);
+  // The hosts end at the first character that is no part of a list of host:port (a transport may append text).
+  const size_t end = m.find_first_of(" ;\n\t");
+  if (end != absl::string_view::npos) m = m.substr(0, end);
+  set.hosts = absl::StrSplit(m, ',', absl::SkipEmpty());
+  if (set.version <= 0 || set.hosts.empty()) return std::nullopt;
+  return set;
 }
 
 absl::Status JobEndedError(absl::string_view why) {

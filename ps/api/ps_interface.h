@@ -138,6 +138,14 @@ absl::Status RemovedError(absl::string_view why);
 bool IsRemoved(const absl::Status& s);
 std::string RemovedReason(const absl::Status& s);
 
+// The answer of a ps task to a worker whose config places the variables on another number of ps tasks than the
+// job now has (it missed a change of the ps set, PsSet): Aborted, with the set in the message ("the job's ps
+// tasks changed (version 2 at step 840): localhost:2222,localhost:2225"), so that it crosses any transport. The
+// worker connects to that set (ParsePsSetChanged) and registers again.
+absl::Status PsSetChangedError(const PsSet& set);
+// The set a PsSetChangedError carries (also with a transport's prefix); nullopt for any other status.
+std::optional<PsSet> ParsePsSetChanged(const absl::Status& s);
+
 // The error every call of a worker gets once the run has ended before its end (OutOfRange, `why` in the
 // message). A worker that gets it stops at once.
 absl::Status JobEndedError(absl::string_view why);

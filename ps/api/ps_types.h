@@ -224,6 +224,11 @@ struct TrainConfig {
   // Elastic jobs: the batch of the order the workers read (ElasticView::unit): "per_worker", each worker's examples
   // of a step (its --batch_size times its towers; the same on every worker); "global", the examples of a step.
   int batch_unit = 0;
+  // The number of ps tasks the slices and rows are placed on (the worker's --ps_hosts, or the set ps 0 announced
+  // after a change, PsSet). 0: not stated (tools, tests). A task that runs on another number answers Register
+  // with PsSetChangedError (a worker that missed a change learns the new set) and takes Probe and Restore of such
+  // a config as the chief's move of the job onto that many tasks (a live reshard, ParameterServer::Restore).
+  int num_ps = 0;
 };
 
 // RegisterRequest::restore_step: which checkpoint a ps task without values restores when the chief registers
@@ -269,6 +274,7 @@ struct CheckpointProbe {
   // task at a step in [first_relayable_step, step of ps 0] is not lost but behind, and catches up from the
   // decisions the next pull relays. Elsewhere: the task's step.
   int64_t first_relayable_step = 0;
+  int num_ps = 0;  // the number of ps tasks this task runs among now (a live reshard changes it)
 };
 
 // Opens the upload of one worker's gradients for one step to one ps task.
@@ -375,6 +381,18 @@ struct ElasticView {
 };
 
 // The first thing a Pull delivers, before any slice data.
+// The ps tasks of a job whose ps set changed while it ran (dtrain_ctl add-ps / remove-ps, dtrain_ps --join;
+// ps/core/ps_set_plan.h). Ps 0 announces it in every pull's header from `step` on: the workers finish the pull,
+// then connect to `hosts` (task t at hosts[t]) with the placement for hosts.size() tasks, and the chief moves the
+// state onto them (every task restores the checkpoint of `step` resharded: WorkerClient::Connect). version 0:
+// the cluster spec's set, never changed (hosts empty).
+struct PsSet {
+  int64_t version = 0;
+  int64_t step = 0;                 // the global step at which the job moves onto `hosts`
+  std::vector<std::string> hosts;   // every task's address, task 0 first
+  std::vector<std::string> leaving; // addresses of tasks that leave the job at `step` (remove-ps)
+};
+
 struct PullHeader {
   int64_t step = 0;                     // this task's step the values belong to
   std::vector<StepDecision> decisions;  // ps 0, sync: decisions for [since_step, step)
@@ -384,13 +402,16 @@ struct PullHeader {
   // any of its values, and pulls again (every slice anew).
   bool tentative = false;
   ElasticView elastic;  // ps 0 of an elastic job (unit > 0); empty elsewhere
+  PsSet ps_set;         // ps 0: the job's ps tasks (version 0: the cluster spec's, unchanged)
 };
 
 // An operator's command to a ps task (PsInterface::Control; dtrain_ctl).
 struct ControlRequest {
-  std::string command;  // "remove-worker", "drain"
+  std::string command;  // "remove-worker", "drain", "add-ps", "remove-ps", "retire"
   int worker = -1;      // remove-worker: which
   std::string reason;   // who asked, for the logs and the workers' lines
+  std::string address;  // add-ps: the new task's host:port
+  int ps = -1;          // remove-ps: which task
 };
 
 // How a worker leaves the cluster (Done), which decides how the run ends (README "How a run ends").

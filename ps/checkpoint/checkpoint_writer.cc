@@ -29,8 +29,10 @@ absl::Status CheckpointWriter::WriteOnce(const std::string& path, const std::str
 
 absl::Status CheckpointWriter::Save(const CheckpointData& data) {
   CHECK_EQ(data.task_index, task_);
-  CHECK_EQ(data.num_ps, num_ps_);
-  const std::string path = CheckpointPath(options_.dir, data.global_step, task_, num_ps_);
+  // A live change of the job's ps tasks (ps/core/ps_set_plan.h) changes the number the task runs among.
+  CHECK(data.num_ps > task_) << "task " << task_ << " of " << data.num_ps;
+  const int num_ps = data.num_ps;
+  const std::string path = CheckpointPath(options_.dir, data.global_step, task_, num_ps);
   // Encoded before taking the lock: a large model's encoding need not wait for another Save's disk writes.
   const std::string bytes = SerializeCheckpoint(data);
   absl::MutexLock lock(&mu_);
@@ -59,7 +61,7 @@ absl::Status CheckpointWriter::Save(const CheckpointData& data) {
   LOG(INFO) << "ps task " << task_ << ": saved checkpoint " << path << " in "
             << absl::FormatDuration(absl::Now() - start)
             << (attempt > 1 ? absl::StrCat(" (attempt ", attempt, ")") : "");
-  last_prune_status_ = PruneCheckpoints(options_.env, options_.dir, task_, num_ps_, options_.keep);
+  last_prune_status_ = PruneCheckpoints(options_.env, options_.dir, task_, num_ps, options_.keep);
   if (!last_prune_status_.ok()) {
     LOG(WARNING) << "ps task " << task_ << ": pruning old checkpoints: " << last_prune_status_;
   }

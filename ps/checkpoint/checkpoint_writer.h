@@ -51,7 +51,8 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // See the file comment. `data.task_index` / `data.num_ps` must be this writer's (CHECKed).
+  // See the file comment. `data.task_index` must be this writer's (CHECKed); the file is named by `data.num_ps`
+  // (the constructor's, or another after a live change of the job's ps tasks).
   absl::Status Save(const CheckpointData& data) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status last_status() const ABSL_LOCKS_EXCLUDED(mu_);        // of the newest Save; OK before any

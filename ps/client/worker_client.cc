@@ -200,7 +200,26 @@ WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vec
       options_(options),
       apply_early_(options.apply_early) {
   DisableMutexDeadlockDetection();  // see common/mutex_config.h
+  SetUpTasks();
+  // Request ids must not repeat across restarts of this worker: start from a random base.
+  std::random_device rd;
+  next_request_id_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  cancel_.Register([this] {
+    inflight_.Cancel();
+    absl::MutexLock lock(&mu_);
+    cv_.SignalAll();
+    heartbeat_cv_.SignalAll();
+  });
+}
+
+void WorkerClient::SetUpTasks() {
   CHECK_EQ(tasks_.size(), placement_.size());
+  slices_.clear();
+  slice_of_key_.clear();
+  task_slices_.clear();
+  pushes_.clear();
+  receivers_.clear();
+  sparse_parts_.clear();
   for (int t = 0; t < num_tasks(); ++t) {
     for (const SliceSpec& s : placement_[t]) slices_.push_back(Slice{s, t});
   }
@@ -214,6 +233,7 @@ WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vec
     task_slices_[slices_[i].task].push_back(i);
   }
   slice_queued_.assign(slices_.size(), 0);
+  absl::MutexLock lock(&mu_);
   sessions_.assign(num_tasks(), 0);
   sparse_parts_.resize(num_tasks());
   for (int t = 0; t < num_tasks(); ++t) {
@@ -222,15 +242,6 @@ WorkerClient::WorkerClient(std::vector<PsInterface*> tasks, std::vector<std::vec
     push_lanes_.push_back(std::make_unique<SerialExecutor>(options_.background, absl::StrCat("ps", t, "-push")));
     pull_lanes_.push_back(std::make_unique<SerialExecutor>(options_.background, absl::StrCat("ps", t, "-pull")));
   }
-  // Request ids must not repeat across restarts of this worker: start from a random base.
-  std::random_device rd;
-  next_request_id_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  cancel_.Register([this] {
-    inflight_.Cancel();
-    absl::MutexLock lock(&mu_);
-    cv_.SignalAll();
-    heartbeat_cv_.SignalAll();
-  });
 }
 
 WorkerClient::~WorkerClient() {
@@ -420,6 +431,12 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
   // [first_relayable_step, ps 0's step] (a worker was stopped, killed or restarted between ps 0 deciding a step and
   // its pull carrying the decision to the other tasks): not a lost state. The pulls relay them, in order (this
   // chief's first pull asks for every logged decision). Tasks at ps 0's step agree.
+  int64_t move_step;
+  {
+    absl::MutexLock lock(&mu_);
+    move_step = move_step_;
+  }
+  if (move_step >= 0) return MoveTasks(move_step, give_up, wait, std::move(probes));
   bool all_initialized = true, none_initialized = true, caught_up_by_pulls = true, any_checkpoint = false;
   for (const CheckpointProbe& p : probes) {
     all_initialized = all_initialized && p.initialized;
@@ -474,6 +491,46 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
   return absl::OkStatus();
 }
 
+absl::Status WorkerClient::MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait,
+                                     std::vector<CheckpointProbe> probes) {
+  // Every task of the old set saves the checkpoint of `step` as it applies the step's decision (ps 0 marked it):
+  // the tasks that could not read it yet are probed again until they can (ps 0 may still be writing its part).
+  const absl::Time started = absl::Now();
+  for (int t = 0; t < num_tasks(); ++t) {
+    absl::Duration backoff = absl::Milliseconds(20);
+    while (!std::binary_search(probes[t].restorable_steps.begin(), probes[t].restorable_steps.end(), step)) {
+      if (cancel_.cancelled()) return absl::CancelledError("moving onto other ps tasks: cancelled");
+      if (absl::Now() > give_up) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "ps task ", t, " cannot restore the checkpoint of step ", step, " the job moves from after ",
+            absl::FormatDuration(wait), " (it can restore [", absl::StrJoin(probes[t].restorable_steps, ","),
+            "]): is --checkpoint_dir one directory that every ps task reads?"));
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Milliseconds(500));
+      absl::StatusOr<CheckpointProbe> p = tasks_[t]->Probe(TaskConfig(t));
+      if (p.ok()) {
+        probes[t] = *std::move(p);
+      } else if (!Retryable(p.status())) {
+        return p.status();
+      }
+    }
+  }
+  // ps 0 last, as in PrepareTasks: it takes the new set only once every other task holds its share.
+  for (int i = 1; i <= num_tasks(); ++i) {
+    const int t = i % num_tasks();
+    absl::Status s = tasks_[t]->Restore(TaskConfig(t), worker_id_, step);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("moving ps task ", t, " onto ", num_tasks(), " ps tasks at step ",
+                                                 step, ": ", s.message()));
+    }
+  }
+  LOG(WARNING) << "chief: the job moved onto " << num_tasks() << " ps task" << (num_tasks() == 1 ? "" : "s")
+               << " at step " << step << " in "
+               << absl::FormatDuration(absl::Now() - started) << " (every task restored its share of that step)";
+  return absl::OkStatus();
+}
+
 std::string WorkerClient::restored_input_position() const {
   absl::MutexLock lock(&mu_);
   return restored_position_;
@@ -485,6 +542,45 @@ int64_t WorkerClient::join_step() const {
 }
 
 void WorkerClient::SetInputPosition(std::string position) { next_input_position_ = std::move(position); }
+
+absl::Status WorkerClient::MoveTo(std::vector<PsInterface*> tasks, std::vector<std::vector<SliceSpec>> placement,
+                                  int64_t step, absl::Duration wait) {
+  if (tasks.empty() || tasks.size() != placement.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("moving onto ", tasks.size(), " ps tasks with a placement for ",
+                                                   placement.size()));
+  }
+  // What is in flight ends first, and so do the lanes and the heartbeat, which use the old tasks.
+  inflight_.Cancel();
+  ReleasePullWrites();
+  absl::Status push = WaitPush().status();
+  absl::Status pull = FinishPull().status();
+  VLOG(1) << "moving after push: " << push << ", pull: " << pull;
+  if (cancel_.cancelled()) return absl::CancelledError("moving onto other ps tasks: cancelled");
+  {
+    absl::MutexLock lock(&mu_);
+    heartbeat_stop_ = true;
+    heartbeat_cv_.SignalAll();
+  }
+  if (heartbeat_.joinable()) heartbeat_.join();
+  push_lanes_.clear();
+  pull_lanes_.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    heartbeat_stop_ = false;
+    move_step_ = step;
+  }
+  const int from = num_tasks();
+  tasks_ = std::move(tasks);
+  placement_ = std::move(placement);
+  SetUpTasks();
+  config_.num_ps = num_tasks();
+  LOG(INFO) << "worker " << worker_id_ << ": moving from " << from << " onto " << num_tasks()
+            << " ps tasks at step " << step;
+  absl::Status moved = Reconnect(wait);
+  absl::MutexLock lock(&mu_);
+  move_step_ = -1;
+  return moved;
+}
 
 absl::Status WorkerClient::Reconnect(absl::Duration wait) {
   // What is in flight belongs to the old sessions: end it now (a pull may wait on ps 0 for a step that needs
@@ -512,11 +608,11 @@ absl::Status WorkerClient::Reconnect(absl::Duration wait) {
 
 void WorkerClient::HeartbeatLoop(absl::Duration every) {
   absl::MutexLock lock(&mu_);
-  while (!cancel_.cancelled()) {
+  while (!cancel_.cancelled() && !heartbeat_stop_) {
     const absl::Time until = absl::Now() + every;
-    while (!cancel_.cancelled() && !heartbeat_cv_.WaitWithDeadline(&mu_, until)) {
+    while (!cancel_.cancelled() && !heartbeat_stop_ && !heartbeat_cv_.WaitWithDeadline(&mu_, until)) {
     }
-    if (cancel_.cancelled()) break;
+    if (cancel_.cancelled() || heartbeat_stop_) break;
     const std::vector<uint64_t> sessions = sessions_;
     mu_.Unlock();
     std::vector<absl::Status> answers(num_tasks());
@@ -1171,7 +1267,7 @@ absl::StatusOr<PullResult> WorkerClient::WaitPullHeader() {
   if (!have_header_) {
     return pull_status_.ok() ? absl::InternalError("pull ended without a header") : Explain(pull_status_);
   }
-  return PullResult{header_.step, header_.training_done, header_.elastic};
+  return PullResult{header_.step, header_.training_done, header_.elastic, header_.ps_set};
 }
 
 absl::Status WorkerClient::WaitForRange(int64_t begin, int64_t end) {
@@ -1203,7 +1299,7 @@ absl::StatusOr<PullResult> WorkerClient::FinishPull() {
     pull_active_ = false;
   }
   if (!pull_status_.ok()) return Explain(pull_status_);
-  return PullResult{header_.step, header_.training_done, header_.elastic};
+  return PullResult{header_.step, header_.training_done, header_.elastic, header_.ps_set};
 }
 
 absl::StatusOr<PullResult> WorkerClient::Pull(int64_t min_step, int64_t since_step, float* params,

@@ -110,6 +110,7 @@ struct PullResult {
   int64_t step = 0;            // global step of the parameters pulled
   bool training_done = false;  // every worker reported done
   ElasticView elastic;         // ps 0 of an elastic job: who the step counts on, which input this worker reads
+  PsSet ps_set;                // ps 0: the job's ps tasks when they changed (MoveTo), version 0 otherwise
 };
 
 // The rows of one sparse table a pull brings: ids[0, n) (unique) into rows[0, n * dim), row i for ids[i]. Both
@@ -159,6 +160,13 @@ class WorkerClient {
   // After a call failed with Aborted (a task restarted, rolled back, or declared this worker lost): lets what
   // is in flight end and connects again (the chief restoring the tasks as Connect does). Then pull.
   absl::Status Reconnect(absl::Duration wait);
+  // Moves the client onto another set of ps tasks (a change of the job's ps set that ps 0 announced, PsSet):
+  // what is in flight ends, the tasks (not owned; they must outlive the client or the next MoveTo) and their
+  // placement replace the old ones, and the client connects again as Reconnect does. The chief moves the state
+  // first: every task restores the checkpoint of `step` (which every old task saved), resharded onto the new
+  // number of tasks, ps 0 last. The caller then pulls from `step` on, as after Reconnect.
+  absl::Status MoveTo(std::vector<PsInterface*> tasks, std::vector<std::vector<SliceSpec>> placement, int64_t step,
+                      absl::Duration wait);
   // After Connect / Reconnect: where ps 0 says this worker's input stream resumes (the position its restored
   // checkpoint holds, or else the one this worker's newest commit carried; BatchStream::Restore takes it), or
   // empty: keep reading where you are.
@@ -294,6 +302,8 @@ class WorkerClient {
     return !s.ok() && !session_lost_.ok() ? session_lost_ : s;
   }
   TrainConfig TaskConfig(int task) const;
+  void SetUpTasks();  // the per-task state for tasks_ and placement_ (constructor, MoveTo)
+  absl::Status MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait, std::vector<CheckpointProbe> probes);
   // Connect's work once the initial values are in place (Reconnect's too).
   absl::Status ConnectTasks(absl::Duration wait);
   absl::Status PrepareTasks(absl::Time give_up, absl::Duration wait);
@@ -318,8 +328,8 @@ class WorkerClient {
   absl::Status AwaitWithDeadline(const absl::Condition& condition, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const std::vector<PsInterface*> tasks_;
-  const std::vector<std::vector<SliceSpec>> placement_;
+  std::vector<PsInterface*> tasks_;                   // replaced only by MoveTo, with no lane running
+  std::vector<std::vector<SliceSpec>> placement_;
   const int worker_id_;
   const bool is_chief_;
   const WorkerClientOptions options_;
@@ -362,6 +372,8 @@ class WorkerClient {
   std::string next_input_position_;  // SetInputPosition's, taken by the next BeginPush (training thread)
   std::string input_position_;       // the current push's: set by BeginPush, read by the push lanes
   std::thread heartbeat_;
+  bool heartbeat_stop_ ABSL_GUARDED_BY(mu_) = false;  // MoveTo ends the heartbeat of the old tasks
+  int64_t move_step_ ABSL_GUARDED_BY(mu_) = -1;       // MoveTo: the step the chief moves the state at
   // The push in flight.
   int64_t push_step_ ABSL_GUARDED_BY(mu_) = -1;
   const float* push_grads_ = nullptr;  // set by BeginPush while no lane job runs

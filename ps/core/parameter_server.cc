@@ -343,7 +343,7 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLoc
 // ---- early apply --------------------------------------------------------------------------------------------
 
 bool ParameterServer::Impl::EarlyApplyLocked(const PushHeader& header) const {
-  return header.apply_early && header.commit && sync_ && coordinator() && options_.num_ps == 1 &&
+  return header.apply_early && header.commit && sync_ && coordinator() && num_ps() == 1 &&
          slots() == 1 && elastic_ == nullptr && header.step == step_ && !clipping() &&
          options_.nonfinite != ParameterServerOptions::NonFinite::kSkip &&
          tentative_note_.state != TentativeNote::kOpen;
@@ -596,6 +596,8 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
 
 std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
   if (!job_ended_.empty()) return std::nullopt;  // the run ended early: no more steps
+  // A change of the ps tasks waits for the chief at its step: nothing is decided past it until the job has moved.
+  if (ps_plan_.Frozen(step_)) return std::nullopt;
   std::optional<StepDecision> d = coordinator_->MaybeDecide(
       step_, elastic_ != nullptr ? elastic_->Needed(members_.active_workers()) : members_.num_active());
   if (!d) return std::nullopt;
@@ -608,6 +610,14 @@ std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
     // The other tasks save this step too when they apply the decision; the state is copied once applied.
     d->checkpoint = true;
     checkpoints_.Saved(step_);
+  }
+  if (ps_plan_.Decided(step_)) {
+    // The step a change of the ps tasks happens at: every task saves it, and the chief moves the job from there.
+    d->checkpoint = true;
+    checkpoints_.Saved(step_);
+    const size_t n = ps_plan_.View(step_).hosts.size();
+    LOG(INFO) << "ps task 0: step " << step_ << ": the job moves onto " << n << " ps task" << (n == 1 ? "" : "s")
+              << " here; no step is decided past it until the chief has moved the state";
   }
   // Every task writes a delta when it applies a decision marked so (DeltaDueLocked records it as taken).
   d->delta = DeltaDueLocked();
@@ -911,6 +921,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
       // Async: each step's pull (its part 0) takes the next batch of the input for this worker.
       header.elastic = elastic_->View(header.step, request.worker_id, !sync_ && request.part == 0);
     }
+    if (coordinator()) header.ps_set = ps_plan_.View(header.step);
     epoch = epoch_;
   }
   if (!to_apply.empty()) {

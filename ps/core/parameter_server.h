@@ -135,6 +135,9 @@ struct ParameterServerOptions {
   // The cluster's token: ps 0 signs its step decisions with it and every other task applies only signed ones
   // (empty: decisions are not signed; the cluster then trusts its network).
   std::string decision_key;
+  // Ps 0: the job's ps tasks (host:port, task 0 first: the cluster spec's --ps_hosts), the set dtrain_ctl add-ps /
+  // remove-ps change while the job runs (ps/core/ps_set_plan.h). Empty: such changes are refused.
+  std::vector<std::string> ps_hosts;
   // Gradients with NaN or Inf: kReject refuses the push (InvalidArgument naming the slice; nothing applied),
   // kSkip counts it and leaves it out (the step goes on without it), both count it in WorkerStats::nonfinite;
   // kApply applies it without looking (no scan of the gradients).

@@ -79,6 +79,7 @@
 #include "ps/core/staleness_gate.h"
 #include "ps/core/sync_coordinator.h"
 #include "ps/core/elastic_plan.h"
+#include "ps/core/ps_set_plan.h"
 #include "ps/core/train_config.h"
 
 namespace dtrain::ps {
@@ -93,7 +94,9 @@ class ParameterServer::Impl {
         members_(options_.max_workers, options_.task_index, options_.num_workers),
         complete_step_(options_.max_workers, -1),
         pending_accepted_(options_.max_workers, false),
-        checkpoints_(options_.checkpoint.save_steps, options_.checkpoint.save_secs, options_.clock) {
+        checkpoints_(options_.checkpoint.save_steps, options_.checkpoint.save_secs, options_.clock),
+        ps_plan_(options_.ps_hosts) {
+    num_ps_.store(options_.num_ps);
     if (checkpointing()) {
       writer_ = std::make_unique<CheckpointWriter>(options_.checkpoint, options_.task_index, options_.num_ps);
     }
@@ -173,6 +176,17 @@ class ParameterServer::Impl {
   class DiscardUpload;
 
   bool coordinator() const { return options_.task_index == 0; }
+  // The number of ps tasks the job runs on: the spec's, or another after a live change (ps_set_plan.h), which
+  // Restore makes holding both locks.
+  int num_ps() const { return num_ps_.load(std::memory_order_acquire); }
+  // A config that states another number of ps tasks than this task runs among (TrainConfig::num_ps).
+  bool OtherPsSet(const TrainConfig& config) const { return config.num_ps != 0 && config.num_ps != num_ps(); }
+  // Control's add-ps / remove-ps on ps 0.
+  absl::StatusOr<std::string> ChangePsSet(const ControlRequest& r, const std::string& who);
+  // Control's retire: a task the job no longer uses (after remove-ps) ends.
+  absl::StatusOr<std::string> Retire(const std::string& who);
+  std::string RetireLocked(const std::string& who, std::shared_ptr<Cancellation>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, apply_mu_);
   int slots() const { return options_.max_workers; }  // workers this task keeps (the spec's, or --max_workers)
   // R for the coordinator: the config's, or (0) every worker: the spec's, or the plan's in an elastic job.
   int ReplicasToAggregateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -369,7 +383,13 @@ class ParameterServer::Impl {
   std::string job_ended_ ABSL_GUARDED_BY(mu_);
   absl::Status final_checkpoint_status_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<CheckpointWriter> writer_;  // set once in the constructor when checkpointing; thread-safe
-  std::unique_ptr<AppliedJournal> journal_;   // set once before any call with journal_applied; thread-safe
+  // Set before any call with journal_applied; thread-safe. A live change of the ps set opens another (its file
+  // names the new number of tasks) holding both locks; the old ones stay open (a call may still hold them).
+  std::unique_ptr<AppliedJournal> journal_;
+  std::vector<std::unique_ptr<AppliedJournal>> old_journals_;
+  std::atomic<int> num_ps_{1};
+  // Ps 0: the job's ps tasks and a change of them asked for (ps_set_plan.h).
+  PsSetPlan ps_plan_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DeltaWriter> delta_writer_;  // set once in the constructor when writing deltas; thread-safe
   int64_t delta_prev_step_ ABSL_GUARDED_BY(mu_) = -1;  // the step the next delta applies to (-1: a fresh start)
   absl::Time last_delta_time_ ABSL_GUARDED_BY(mu_);

@@ -40,7 +40,7 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   // Without tables the sparse optimizer is not used (and may be unset): an empty store with the defaults.
   SparseStoreOptions sparse_options;
   sparse_options.task_index = options_.task_index;
-  sparse_options.num_ps = options_.num_ps;
+  sparse_options.num_ps = num_ps();
   sparse_options.max_rows_cap = options_.sparse_max_rows;
   sparse_options.track_changes = deltas();
   sparse_options.clock = options_.clock;
@@ -106,6 +106,20 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
   RETURN_IF_ERROR(CheckNotOver());  // e.g. a chief restarted just after the others completed
   if (!configured_) last_contact_ = Now();
   RETURN_IF_ERROR(CheckRunning());  // a worker waiting for a chief that failed hears it at once
+  if (OtherPsSet(request.config)) {
+    // The worker missed a change of the ps tasks (or was started with an old --ps_hosts): ps 0 tells it the set;
+    // another task has it wait (it registers with ps 0 first, and learns it there).
+    const PsSet set = coordinator() ? ps_plan_.View(step_) : PsSet{};
+    if (set.version > 0 && static_cast<int>(set.hosts.size()) == num_ps()) return PsSetChangedError(set);
+    if (coordinator() && set.version == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", request.worker_id, " places the variables on ", request.config.num_ps, " ps tasks, but the job "
+          "has ", num_ps(), " (--ps_hosts must list the same tasks on every process)"));
+    }
+    return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index, " runs among ", num_ps(),
+                                               " ps tasks, worker ", request.worker_id, "'s config says ",
+                                               request.config.num_ps, ": waiting for the job to move"));
+  }
   if (!configured_) {
     if (!request.is_chief) {
       if (ended_step_ >= 0) {
@@ -124,7 +138,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     RETURN_IF_ERROR(CheckElasticConfig(request.config, slots()));
     ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
                      FindStateToRestore(options_.checkpoint.env, options_.checkpoint.dir, options_.delta.dir,
-                                        request.config, options_.task_index, options_.num_ps, request.restore_step));
+                                        request.config, options_.task_index, num_ps(), request.restore_step));
     if (restored.has_value()) step_ = restored->data.task_step;
     RETURN_IF_ERROR(ConfigureLocked(request.config, request.worker_id));
     if (restored.has_value()) {
@@ -152,7 +166,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
         }
       }
       LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path
-                << Resharded(restored->resharded_from, options_.num_ps) << " (step " << restored->data.global_step
+                << Resharded(restored->resharded_from, num_ps()) << " (step " << restored->data.global_step
                 << ", " << restored->data.slices.size() << " slices" << SparseRowsRestored(restored->data.tables)
                 << ")";
     }
@@ -203,19 +217,30 @@ absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& 
     probe.initialized = initialized_;
     probe.step = step_;
     probe.first_relayable_step = coordinator_ != nullptr ? coordinator_->FirstRelayableStep(step_) : step_;
-    if (configured_) RETURN_IF_ERROR(CompareTrainConfigs(config_, config, 0));
+    probe.num_ps = num_ps();
+    if (configured_) {
+      // A config for another number of tasks is the chief's move of the job (Restore): the same model, other slices.
+      TrainConfig same = config;
+      if (OtherPsSet(config)) {
+        same.slices = config_.slices;
+        same.num_ps = config_.num_ps;
+      }
+      RETURN_IF_ERROR(CompareTrainConfigs(config_, same, 0));
+    }
   }
+  const int num_ps_probed = config.num_ps != 0 ? config.num_ps : probe.num_ps;
   if (!restorable()) return probe;
   // Every checkpoint of this task that reads back valid and fits the config, its own files or complete ones of
   // another number of ps tasks (resharded); read outside the lock: it takes time.
   if (checkpointing()) {
     ASSIGN_OR_RETURN(probe.restorable_steps, RestorableSteps(options_.checkpoint.env, options_.checkpoint.dir,
-                                                             config, options_.task_index, options_.num_ps));
+                                                             config, options_.task_index, num_ps_probed));
   }
+  if (num_ps_probed != probe.num_ps) return probe;  // a move: from checkpoints alone (deltas are refused then)
   // And the steps of the deltas that chain from them (or from a fresh start).
   ASSIGN_OR_RETURN(const std::vector<int64_t> by_deltas,
                    DeltaStepsReachable(options_.checkpoint.env, options_.delta.dir, options_.task_index,
-                                       options_.num_ps, probe.restorable_steps));
+                                       num_ps(), probe.restorable_steps));
   if (!by_deltas.empty()) {
     probe.restorable_steps.insert(probe.restorable_steps.end(), by_deltas.begin(), by_deltas.end());
     std::sort(probe.restorable_steps.begin(), probe.restorable_steps.end());
@@ -234,18 +259,28 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
                                                       " has no --checkpoint_dir: it cannot restore step ", step));
   }
+  // A config for another number of ps tasks: the chief moves the job onto them (a change of the ps set,
+  // ps_set_plan.h): this task takes its new share from the checkpoint of `step` that every old task wrote.
+  const bool move = OtherPsSet(config);
+  if (move && (options_.task_index >= config.num_ps || deltas())) {
+    return absl::FailedPreconditionError(
+        options_.task_index >= config.num_ps
+            ? absl::StrCat("ps task ", options_.task_index, " has no place among ", config.num_ps, " ps tasks")
+            : absl::StrCat("ps task ", options_.task_index, " keeps deltas (--delta_dir): a live change of the ps "
+                           "tasks is not built for them"));
+  }
   // Read and check the file first (or reshard a checkpoint of another number of ps tasks; or an earlier
   // checkpoint and the deltas up to that step): a bad one leaves the task as it was.
   RestorableCheckpoint restorable;
-  if (options_.delta.dir.empty()) {
+  if (options_.delta.dir.empty() || move) {
     ASSIGN_OR_RETURN(restorable, ReadCheckpointForTask(options_.checkpoint.env, options_.checkpoint.dir, step, config,
-                                                       options_.task_index, options_.num_ps));
+                                                       options_.task_index, move ? config.num_ps : num_ps()));
   } else {
     TrainConfig exact = config;
     exact.mode = "sync";  // that step or nothing, whatever the mode
     ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> found,
                      FindStateToRestore(options_.checkpoint.env, options_.checkpoint.dir, options_.delta.dir, exact,
-                                        options_.task_index, options_.num_ps, step));
+                                        options_.task_index, num_ps(), step));
     if (!found.has_value()) {
       return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
                                                         " has no checkpoint or deltas to restore step ", step));
@@ -258,11 +293,40 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
   {
     absl::MutexLock apply_lock(&apply_mu_);
     absl::MutexLock lock(&mu_);
+    int moved_from = 0;
+    if (move) {
+      if (configured_) {
+        TrainConfig same = config;
+        same.slices = config_.slices;
+        same.num_ps = config_.num_ps;
+        RETURN_IF_ERROR(CompareTrainConfigs(config_, same, worker_id));
+      }
+      if (coordinator()) RETURN_IF_ERROR(ps_plan_.Moved(config.num_ps, data.global_step));
+      moved_from = num_ps();
+      num_ps_.store(config.num_ps, std::memory_order_release);
+      configured_ = false;  // configured again below with this task's new slices (and its shard of the rows)
+      if (journal_) {
+        absl::StatusOr<std::unique_ptr<AppliedJournal>> j = AppliedJournal::Open(
+            options_.checkpoint.env, options_.checkpoint.dir, options_.task_index, config.num_ps);
+        if (j.ok()) {
+          old_journals_.push_back(std::exchange(journal_, *std::move(j)));
+        } else {
+          LOG(ERROR) << "ps task " << options_.task_index << ": cannot open a journal for " << config.num_ps
+                     << " ps tasks (" << j.status() << "): the old one goes on";
+        }
+      }
+    }
     if (!configured_) {
       step_ = data.task_step;
-      RETURN_IF_ERROR(ConfigureLocked(config, worker_id));
+      absl::Status configured = ConfigureLocked(config, worker_id);
+      if (!configured.ok() && moved_from > 0) num_ps_.store(moved_from, std::memory_order_release);
+      RETURN_IF_ERROR(configured);
     } else {
       RETURN_IF_ERROR(CompareTrainConfigs(config_, config, worker_id));
+    }
+    if (moved_from > 0) {
+      LOG(WARNING) << "ps task " << options_.task_index << ": the job moved from " << moved_from << " onto "
+                   << config.num_ps << " ps tasks at step " << data.global_step;
     }
     ASSIGN_OR_RETURN(const SparseStore::CheckedState tables, sparse_->CheckState(data.tables));
     RETURN_IF_ERROR(store_->ImportState(data.slices, data.task_step));
@@ -294,7 +358,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     RestoredLocked(data.global_step);
     ended = NewEpochLocked();
     LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path
-                 << Resharded(restorable.resharded_from, options_.num_ps) << " on the chief's request (was at step "
+                 << Resharded(restorable.resharded_from, num_ps()) << " on the chief's request (was at step "
                  << was << ", now " << step_ << SparseRowsRestored(data.tables) << "); every worker registers again";
   }
   // Outside the locks: the callbacks of the pulls waiting in the old epoch take mu_ to wake them.
@@ -446,8 +510,71 @@ absl::StatusOr<std::string> ParameterServer::Impl::Control(const ControlRequest&
     cv_.SignalAll();
     return absl::StrCat("worker ", r.worker, " removed at step ", step_, ": it leaves at its next call");
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown command '", r.command, "': ps tasks take remove-worker and drain"));
+  if (r.command == "add-ps" || r.command == "remove-ps") return ChangePsSet(r, who);
+  if (r.command == "retire") return Retire(who);
+  return absl::InvalidArgumentError(absl::StrCat("unknown command '", r.command,
+                                                 "': ps tasks take remove-worker, drain, add-ps, remove-ps and retire"));
+}
+
+absl::StatusOr<std::string> ParameterServer::Impl::ChangePsSet(const ControlRequest& r, const std::string& who) {
+  if (!coordinator()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ps task ", options_.task_index, " does not change the ps tasks: ask ps task 0"));
+  }
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckRunning());
+  if (finished_) return absl::FailedPreconditionError("the run is over");
+  if (!configured_ || !initialized_) {
+    return absl::FailedPreconditionError("no job is running yet (the chief has not initialized the ps tasks)");
+  }
+  if (!sync_) {
+    return absl::FailedPreconditionError(
+        "the job trains asynchronously: a live change of the ps tasks is built for sync jobs only (stop, then "
+        "restart on the new number of ps tasks: the checkpoint is resharded)");
+  }
+  if (!checkpointing()) {
+    return absl::FailedPreconditionError("ps task 0 keeps no checkpoints (--checkpoint_dir): the state moves onto "
+                                         "the new ps tasks through a checkpoint every task can read");
+  }
+  if (deltas()) {
+    return absl::FailedPreconditionError("the job keeps deltas (--delta_dir): a live change of the ps tasks is not "
+                                         "built for them");
+  }
+  std::string line;
+  if (r.command == "add-ps") {
+    ASSIGN_OR_RETURN(line, ps_plan_.Add(r.address));
+  } else {
+    ASSIGN_OR_RETURN(line, ps_plan_.Remove(r.ps));
+  }
+  LOG(INFO) << "ps task 0: " << line << " (asked by " << who << ", at step " << step_ << ")";
+  cv_.SignalAll();
+  return line;
+}
+
+absl::StatusOr<std::string> ParameterServer::Impl::Retire(const std::string& who) {
+  std::shared_ptr<Cancellation> ended;
+  std::string line;
+  {
+    absl::MutexLock apply_lock(&apply_mu_);
+    absl::MutexLock lock(&mu_);
+    line = RetireLocked(who, &ended);
+  }
+  if (ended != nullptr) ended->Cancel();  // outside the locks, as in Restore
+  return line;
+}
+
+std::string ParameterServer::Impl::RetireLocked(const std::string& who, std::shared_ptr<Cancellation>* ended) {
+  if (finished_) return absl::StrCat("ps task ", options_.task_index, ": the run was over already");
+  outcome_ = TrainingOutcome();
+  outcome_.kind = TrainingOutcome::Kind::kComplete;
+  outcome_.succeeded = true;
+  outcome_.global_step = step_;
+  outcome_.message = absl::StrCat("ps task ", options_.task_index, " left the job at step ", step_,
+                                  " (removed; its share lives on the other ps tasks; asked by ", who, ")");
+  LOG(INFO) << "ps task " << options_.task_index << ": " << outcome_.message;
+  finished_ = true;
+  *ended = NewEpochLocked();
+  return outcome_.message;
 }
 
 void ParameterServer::Impl::EndRunLocked(const std::string& why) {
@@ -556,7 +683,7 @@ void ParameterServer::Impl::FinishAfterEndLocked() {
         ListCheckpointFiles(options_.checkpoint.env, options_.checkpoint.dir);
     int64_t newest = -1;
     for (const CheckpointFile& f : files.ok() ? *files : std::vector<CheckpointFile>{}) {
-      if (f.task == options_.task_index && f.num_ps == options_.num_ps) newest = std::max(newest, f.step);
+      if (f.task == options_.task_index && f.num_ps == num_ps()) newest = std::max(newest, f.step);
     }
     if (!files.ok()) {
       final_checkpoint_status_ = files.status();
@@ -726,7 +853,7 @@ int64_t ParameterServer::Impl::CheckpointLabel() const { return sync_ || coordin
 CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_step, bool tables) const {
   CheckpointData d;
   d.task_index = options_.task_index;
-  d.num_ps = options_.num_ps;
+  d.num_ps = num_ps();
   d.global_step = label;
   d.task_step = task_step;
   d.model_signature = config_.model_signature;
@@ -869,7 +996,7 @@ void ParameterServer::Impl::RestoredLocked(int64_t step) {
   last_delta_time_ = Now();
   sparse_->SetClock(step);
   if (!options_.delta.dir.empty()) {
-    RemoveDeltasAfter(options_.checkpoint.env, options_.delta.dir, options_.task_index, options_.num_ps, step)
+    RemoveDeltasAfter(options_.checkpoint.env, options_.delta.dir, options_.task_index, num_ps(), step)
         .IgnoreError();  // logged there
   }
 }

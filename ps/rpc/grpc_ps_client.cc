@@ -426,6 +426,7 @@ class GrpcPsClient final : public PsInterface {
     probe.step = resp.step();
     probe.restorable_steps.assign(resp.restorable_steps().begin(), resp.restorable_steps().end());
     probe.first_relayable_step = resp.first_relayable_step();
+    probe.num_ps = resp.num_ps();
     return probe;
   }
 
@@ -443,6 +444,8 @@ class GrpcPsClient final : public PsInterface {
     req.set_command(request.command);
     req.set_worker(request.worker);
     req.set_reason(request.reason);
+    req.set_address(request.address);
+    req.set_ps(request.ps);
     pb::ControlResponse resp;
     // One attempt: an operator's command is not repeated behind their back.
     RETURN_IF_ERROR(Unary("Control", control_, req, &resp, absl::ZeroDuration()));

@@ -157,6 +157,7 @@ class GrpcPsService final : public grpc::Service {
               resp->set_step(probe->step);
               for (int64_t step : probe->restorable_steps) resp->add_restorable_steps(step);
               resp->set_first_relayable_step(probe->first_relayable_step);
+              resp->set_num_ps(probe->num_ps);
               return grpc::Status::OK;
             },
             this)));
@@ -218,6 +219,8 @@ class GrpcPsService final : public grpc::Service {
               ControlRequest r;
               r.command = req->command().substr(0, 64);
               r.worker = req->worker();
+              r.address = req->address().substr(0, 256);
+              r.ps = req->ps();
               r.reason = absl::StrCat(req->reason().substr(0, 200), " (from ", ctx->peer(), ")");
               absl::StatusOr<std::string> out = s->ps_->Control(r);
               if (!out.ok()) return wire::ToGrpc(out.status());

@@ -25,6 +25,7 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
   out->set_sparse_mode(in.sparse_mode);
   out->set_elastic_batch(in.elastic_batch);
   out->set_batch_unit(in.batch_unit);
+  out->set_num_ps(in.num_ps);
   out->set_num_workers(in.num_workers);
   out->set_replicas_to_aggregate(in.replicas_to_aggregate);
   out->set_total_num_replicas(in.total_num_replicas);
@@ -96,6 +97,7 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
   c.sparse_mode = in.sparse_mode().empty() ? "sync" : in.sparse_mode();
   c.elastic_batch = in.elastic_batch();
   c.batch_unit = in.batch_unit();
+  c.num_ps = in.num_ps();
   c.num_workers = in.num_workers();
   c.replicas_to_aggregate = in.replicas_to_aggregate();
   c.total_num_replicas = in.total_num_replicas();
@@ -354,6 +356,13 @@ void ToProto(const PullHeader& in, dtrain::wire::PullHeader* out) {
     e->mutable_batches()->Add(in.elastic.batches.begin(), in.elastic.batches.end());
     e->set_unit(in.elastic.unit);
   }
+  if (in.ps_set.version > 0) {
+    auto* p = out->mutable_ps_set();
+    p->set_version(in.ps_set.version);
+    p->set_step(in.ps_set.step);
+    for (const std::string& h : in.ps_set.hosts) p->add_hosts(h);
+    for (const std::string& h : in.ps_set.leaving) p->add_leaving(h);
+  }
 }
 
 PullHeader FromProto(const dtrain::wire::PullHeader& in) {
@@ -370,6 +379,13 @@ PullHeader FromProto(const dtrain::wire::PullHeader& in) {
     h.elastic.first_batch = e.first_batch();
     h.elastic.batches.assign(e.batches().begin(), e.batches().end());
     h.elastic.unit = e.unit();
+  }
+  if (in.has_ps_set()) {
+    const auto& p = in.ps_set();
+    h.ps_set.version = p.version();
+    h.ps_set.step = p.step();
+    h.ps_set.hosts.assign(p.hosts().begin(), p.hosts().end());
+    h.ps_set.leaving.assign(p.leaving().begin(), p.leaving().end());
   }
   return h;
 }

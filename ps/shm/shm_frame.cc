@@ -456,6 +456,12 @@ std::string EncodePullHeader(const PullHeader& m) {
   w.U32(static_cast<uint32_t>(m.elastic.batches.size()));
   for (int64_t b : m.elastic.batches) w.I64(b);
   w.I32(m.elastic.unit);
+  w.I64(m.ps_set.version);
+  w.I64(m.ps_set.step);
+  for (const std::vector<std::string>* list : {&m.ps_set.hosts, &m.ps_set.leaving}) {
+    w.U32(static_cast<uint32_t>(list->size()));
+    for (const std::string& h : *list) w.Str(h);
+  }
   return w.Take();
 }
 absl::StatusOr<PullHeader> DecodePullHeader(absl::string_view payload) {
@@ -473,6 +479,12 @@ absl::StatusOr<PullHeader> DecodePullHeader(absl::string_view payload) {
   const uint32_t nb = r.Count(8);
   for (uint32_t i = 0; i < nb && r.ok(); ++i) m.elastic.batches.push_back(r.I64());
   m.elastic.unit = r.I32();
+  m.ps_set.version = r.I64();
+  m.ps_set.step = r.I64();
+  for (std::vector<std::string>* list : {&m.ps_set.hosts, &m.ps_set.leaving}) {
+    const uint32_t n = r.Count(4);
+    for (uint32_t i = 0; i < n && r.ok(); ++i) list->push_back(r.Str(256));  // host:port
+  }
   return Done(r, std::move(m));
 }
 

@@ -2,7 +2,9 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "ps/api/ps_interface.h"
 
 namespace dtrain::ps::shm {
 namespace {
@@ -100,6 +102,41 @@ TEST(ShmFrameTest, PayloadsRoundTripAndRefuseGarbage) {
   std::string bad_dtype = EncodeDataRef(DataRef{1, 0, 4, WireDtype::kF16, 1, 0});
   bad_dtype[20] = 7;  // the dtype byte
   EXPECT_EQ(DecodeDataRef(bad_dtype).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(ShmFrameTest, APullHeaderCarriesTheElasticViewAndTheJobsPsSet) {
+  PullHeader h;
+  h.step = 840;
+  h.decisions = {StepDecision{839, {0, 3}, true, ""}};
+  h.elastic.version = 4;
+  h.elastic.workers = {0, 3};
+  h.elastic.aggregating = 2;
+  h.elastic.batches = {10, 11};
+  h.elastic.unit = 100;
+  h.ps_set.version = 2;
+  h.ps_set.step = 840;
+  h.ps_set.hosts = {"h0:2222", "h1:2222"};
+  h.ps_set.leaving = {"h2:2222"};
+  const std::string bytes = EncodePullHeader(h);
+  absl::StatusOr<PullHeader> back = DecodePullHeader(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->elastic.batches, h.elastic.batches);
+  EXPECT_EQ(back->ps_set.version, 2);
+  EXPECT_EQ(back->ps_set.step, 840);
+  EXPECT_EQ(back->ps_set.hosts, h.ps_set.hosts);
+  EXPECT_EQ(back->ps_set.leaving, h.ps_set.leaving);
+  EXPECT_EQ(EncodePullHeader(*back), bytes);
+  EXPECT_EQ(DecodePullHeader(bytes.substr(0, bytes.size() - 3)).status().code(), absl::StatusCode::kDataLoss);
+  // The set also crosses any transport inside an error (a worker that missed the change registers with the old one).
+  const absl::Status heard = absl::Status(absl::StatusCode::kAborted,
+                                          absl::StrCat("gRPC Register: ", PsSetChangedError(h.ps_set).message()));
+  const std::optional<PsSet> set = ParsePsSetChanged(heard);
+  ASSERT_TRUE(set.has_value()) << heard;
+  EXPECT_EQ(set->version, 2);
+  EXPECT_EQ(set->step, 840);
+  EXPECT_EQ(set->hosts, h.ps_set.hosts);
+  EXPECT_FALSE(ParsePsSetChanged(absl::AbortedError("register again")).has_value());
+  EXPECT_FALSE(ParsePsSetChanged(absl::UnavailableError(PsSetChangedError(h.ps_set).message())).has_value());
 }
 
 TEST(ShmFrameTest, ADataRefSaysWhetherItsFloatsAreLent) {

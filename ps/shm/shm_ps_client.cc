@@ -125,6 +125,7 @@ class ShmPsClient final : public PsInterface {
   // Attached: a call costs the ps's own work and a few frames, less than handing it to another thread.
   bool PrefersInlineCalls() const override { return attached_.load(std::memory_order_acquire); }
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override { return control_->Probe(config); }
+  absl::StatusOr<std::string> Control(const ControlRequest& request) override { return control_->Control(request); }
   absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override {
     return control_->Restore(config, worker_id, step);
   }

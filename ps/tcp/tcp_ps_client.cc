@@ -92,6 +92,7 @@ class TcpPsClient final : public PsInterface {
   }
   absl::StatusOr<TrainingStats> GetStats() override { return control_->GetStats(); }
   absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) override { return control_->Probe(config); }
+  absl::StatusOr<std::string> Control(const ControlRequest& request) override { return control_->Control(request); }
   absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) override {
     return control_->Restore(config, worker_id, step);
   }

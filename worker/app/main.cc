@@ -561,6 +561,14 @@ int main(int argc, char** argv) {
       tasks.push_back(client->get());
       clients.push_back(std::move(*client));
     }
+    // A ps task that joins the running job (dtrain_ctl add-ps, dtrain_ps --join) is reached the same way.
+    o.ps_hosts = cluster->ps;
+    o.connect_ps = [popt](const std::string& address,
+                          int task) -> absl::StatusOr<std::unique_ptr<dtrain::ps::PsInterface>> {
+      dtrain::ps::PsClientOptions p = popt;
+      p.task = task;
+      return dtrain::ps::NewPsClient(address, p);
+    };
   }
   absl::StatusOr<dtrain::worker::TrainingResult> result = dtrain::worker::RunTraining(o, tasks);
   const int signal = signals->received();

@@ -110,6 +110,13 @@ struct Connection {
   std::unique_ptr<ps::PushJournal> push_journal;  // before the client, which records into it
   std::unique_ptr<ps::WorkerClient> client;
   bool device_resident = false;  // the training state lives on the devices (local mode, GPU towers)
+  // For a change of the job's ps tasks (MoveToPsSet): the variables placed, how, the tasks' addresses and the
+  // version of the set they are (0: the spec's), and the clients made for tasks that joined.
+  std::vector<ps::VariableInfo> variables;
+  ps::PlacementOptions placement_options;
+  std::vector<std::string> ps_hosts;
+  int64_t ps_version = 0;
+  std::vector<std::unique_ptr<ps::PsInterface>> joined_tasks;
 };
 
 // ---- data ----
@@ -225,12 +232,16 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   ps::PlacementOptions placement_options;
   placement_options.pieces_per_task = local ? 1 : o.slice_pieces_per_task;
   ASSIGN_OR_RETURN(c->placement, ps::PlaceVariables(vars, num_ps, placement_options));
+  c->variables = vars;
+  c->placement_options = placement_options;
+  c->ps_hosts = o.ps_hosts;
   if (chief && !local && !o.quiet) LOG(INFO) << "variable placement:\n" << ps::FormatPlacement(c->placement);
 
   ps::TrainConfig& config = c->config;
   config.model_signature = models::ModelSignature(*o.resolved_model, model0->variables());
   config.mode = local ? "sync" : o.mode;
   config.num_workers = local ? 1 : o.num_workers;
+  config.num_ps = num_ps;
   config.replicas_to_aggregate = local ? 1 : o.replicas_to_aggregate;
   config.total_num_replicas = local ? 1 : o.total_num_replicas;
   config.max_staleness = o.max_staleness;
@@ -341,6 +352,62 @@ absl::Status ResumeInput(const WorkerOptions& o, Connection* c, TrainingData* d)
 absl::Status ConnectAgain(const WorkerOptions& o, Connection* c, TrainingData* d, const absl::Status& why) {
   LOG(WARNING) << "worker " << o.worker_id << ": " << why.message() << "; connecting again";
   RETURN_IF_ERROR(c->client->Reconnect(absl::Seconds(o.startup_wait_secs)));
+  return ResumeInput(o, c, d);
+}
+
+// ps 0 announced a change of the job's ps tasks (`set`, from its step on): connects to the new set with the placement
+// for its number of tasks (the chief first moves the state: WorkerClient::MoveTo), tells the tasks that left to go
+// (chief), and resumes the input where the move's checkpoint left it. The caller pulls again, as after Reconnect.
+absl::Status MoveToPsSet(const WorkerOptions& o, Connection* c, TrainingData* d, const ps::PsSet& set) {
+  if (!o.connect_ps || c->ps_hosts.size() != c->tasks.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("the job's ps tasks changed (", set.hosts.size(),
+                                                      " now), and this worker cannot connect to other ps tasks"));
+  }
+  const absl::Time started = absl::Now();
+  std::vector<ps::PsInterface*> tasks;
+  for (size_t t = 0; t < set.hosts.size(); ++t) {
+    const auto known = std::find(c->ps_hosts.begin(), c->ps_hosts.end(), set.hosts[t]);
+    if (known != c->ps_hosts.end() && static_cast<size_t>(known - c->ps_hosts.begin()) == t) {
+      tasks.push_back(c->tasks[t]);  // the same task at the same index: its connection stays
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<ps::PsInterface> task, o.connect_ps(set.hosts[t], static_cast<int>(t)));
+    tasks.push_back(task.get());
+    c->joined_tasks.push_back(std::move(task));
+  }
+  ASSIGN_OR_RETURN(ps::Placement placement,
+                   ps::PlaceVariables(c->variables, static_cast<int>(tasks.size()), c->placement_options));
+  LOG(WARNING) << "worker " << o.worker_id << ": the job's ps tasks change at step " << set.step << ": "
+               << c->tasks.size() << " -> " << tasks.size() << " (" << absl::StrJoin(set.hosts, ",") << ")";
+  RETURN_IF_ERROR(c->client->MoveTo(tasks, placement.task_slices, set.step, absl::Seconds(o.startup_wait_secs)));
+  // The tasks that left: the chief tells them to go (their share now lives on the others).
+  if (o.worker_id == 0) {
+    for (const std::string& gone : set.leaving) {
+      for (size_t t = 0; t < c->ps_hosts.size(); ++t) {
+        if (c->ps_hosts[t] != gone) continue;
+        ps::ControlRequest retire;
+        retire.command = "retire";
+        retire.reason = absl::StrCat("the chief, after the job moved onto ", tasks.size(), " ps tasks");
+        absl::StatusOr<std::string> said = c->tasks[t]->Control(retire);
+        if (said.ok()) {
+          LOG(INFO) << "chief: " << *said;
+        } else {
+          LOG(WARNING) << "chief: ps task " << t << " (" << gone << ") did not take its retirement: " << said.status();
+        }
+      }
+    }
+  }
+  c->tasks = std::move(tasks);
+  c->placement = std::move(placement);
+  c->config.num_ps = static_cast<int>(c->tasks.size());
+  c->ps_hosts = set.hosts;
+  c->ps_version = set.version;
+  if (o.worker_id == 0 && !o.quiet) {
+    std::printf("step %lld: the job moved onto %zu ps task%s (%s) in %.2f s\n", static_cast<long long>(set.step),
+                c->tasks.size(), c->tasks.size() == 1 ? "" : "s", absl::StrJoin(set.hosts, ",").c_str(),
+                absl::ToDoubleSeconds(absl::Now() - started));
+    std::fflush(stdout);
+  }
   return ResumeInput(o, c, d);
 }
 
@@ -512,7 +579,18 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   auto recover = [&](absl::Status failure) -> absl::StatusOr<ps::PullResult> {
     while (true) {
       if (failure.code() != absl::StatusCode::kAborted || ++reconnects > kMaxReconnects) return failure;
-      RETURN_IF_ERROR(ConnectAgain(o, c, d, failure));
+      absl::Status again = absl::OkStatus();
+      if (std::optional<ps::PsSet> set = ps::ParsePsSetChanged(failure); set.has_value()) {
+        // This worker missed a change of the ps tasks (ps 0 refused its registration for the old set).
+        again = MoveToPsSet(o, c, d, *set);
+      } else {
+        again = ConnectAgain(o, c, d, failure);
+      }
+      if (!again.ok() && ps::ParsePsSetChanged(again).has_value()) {
+        failure = again;
+        continue;
+      }
+      RETURN_IF_ERROR(again);
       absl::StatusOr<ps::PullResult> started = start_pulling();  // from the input position the restore gave back
       if (started.ok()) return started;
       failure = started.status();
@@ -605,6 +683,15 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       continue;
     }
     at = *next;
+    if (at.ps_set.version > c->ps_version && at.ps_set.hosts == c->ps_hosts) {
+      c->ps_version = at.ps_set.version;  // started with the set as it is now
+    } else if (at.ps_set.version > c->ps_version && at.ps_set.step <= at.step) {
+      // ps 0 moves the job onto another set of ps tasks at this step: every task saved it; move, then pull it.
+      if (sparse) have_current = false;  // the batches drawn for the pull in flight are drawn again
+      absl::Status moved = MoveToPsSet(o, c, d, at.ps_set);
+      absl::StatusOr<ps::PullResult> again = moved.ok() ? start_pulling() : moved;
+      ASSIGN_OR_RETURN(at, again.ok() ? again : recover(again.status()));
+    }
     log_membership();
     ++result->local_steps;
     ++window_steps;

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -173,6 +174,12 @@ struct WorkerOptions {
   // connecting gives up at once) and leaves the cluster as stopped (ps::Leaving::kStopped, with stop_reason());
   // the chief first pulls the newest parameters, evaluates and exports as at the end, and its leaving ends the
   // run: the ps tasks save a final checkpoint and tell the other workers to stop. TrainingResult::stopped.
+  // A change of the job's ps tasks while it runs (dtrain_ctl add-ps / remove-ps; ps::PsSet): `ps_hosts` are the
+  // tasks RunTraining was given (their addresses, in order), `connect_ps` makes a client for a task that joins
+  // (address, task index). Null: such a change ends this worker with an error that says so.
+  std::vector<std::string> ps_hosts;
+  std::function<absl::StatusOr<std::unique_ptr<ps::PsInterface>>(const std::string& address, int task)> connect_ps;
+
   Cancellation* stop = nullptr;
   std::function<std::string()> stop_reason;  // "SIGTERM" (null: "asked to stop")
   absl::Duration stop_grace = absl::Seconds(10);

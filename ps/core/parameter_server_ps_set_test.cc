@@ -1,0 +1,183 @@
+// A change of the job's ps tasks while it runs (ps/core/ps_set_plan.h): ps 0 takes add-ps / remove-ps, fixes the
+// step of the move at its next decision (every task saves it) and decides nothing past it, announces the new set
+// in the pull headers, and the chief's WorkerClient::MoveTo moves the state (every task restores that checkpoint,
+// resharded); a worker still on the old set hears the new one when it registers; the refusals are one line.
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "ps/api/ps_interface.h"
+#include "ps/client/placement.h"
+#include "ps/client/worker_client.h"
+#include "ps/core/parameter_server.h"
+#include "ps/testing/ps_test_util.h"
+
+namespace dtrain::ps {
+namespace {
+
+using ::dtrain::ps::testing::MakeConfig;
+using Outcome = PushResponse::Outcome;
+
+const std::vector<VariableInfo> kVariables = {{"w", 3}, {"b", 2}, {"v", 3}};
+
+std::unique_ptr<ParameterServer> Task(int index, std::vector<std::string> hosts, const std::string& dir) {
+  ParameterServerOptions o;
+  o.task_index = index;
+  o.num_ps = static_cast<int>(hosts.size());
+  o.ps_hosts = std::move(hosts);
+  o.checkpoint.dir = dir;
+  o.journal_applied = !dir.empty();
+  absl::StatusOr<std::unique_ptr<ParameterServer>> ps = ParameterServer::Create(o);
+  EXPECT_TRUE(ps.ok()) << ps.status();
+  return ps.ok() ? *std::move(ps) : nullptr;
+}
+
+std::vector<std::vector<SliceSpec>> PlacementFor(int num_ps) {
+  absl::StatusOr<Placement> p = PlaceVariables(kVariables, num_ps, {.min_slice_bytes = 0});
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p->task_slices;
+}
+
+WorkerClientOptions Inline() {
+  WorkerClientOptions o;
+  o.background = false;
+  return o;
+}
+
+TrainConfig SyncConfig(int num_ps) {
+  TrainConfig c = MakeConfig("sync", /*num_workers=*/1, /*replicas_to_aggregate=*/1, /*learning_rate=*/0.5f);
+  c.train_steps = 20;
+  c.optimizer.name = "adam";  // optimizer slots move with the values
+  c.num_ps = num_ps;
+  return c;
+}
+
+// Trains `steps` steps with gradient (step + 1) * 0.1 in every float; returns the values pulled after them.
+std::vector<float> Train(WorkerClient& client, int64_t* step, int steps) {
+  std::vector<float> params(8), grads(8);
+  for (int i = 0; i < steps; ++i, ++*step) {
+    for (float& g : grads) g = 0.1f * static_cast<float>(*step + 1);
+    absl::StatusOr<PushResponse> r = client.Push(*step, grads.data());
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(client.Pull(*step + 1, *step, params.data()).ok());
+  }
+  return params;
+}
+
+TEST(PsSetChangeTest, TheJobMovesOntoAnAddedTaskAndBackWithoutChangingItsArithmetic) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/ps_set_change_", getpid());
+  const std::string straight_dir = dir + "_straight";
+  // The straight run: one ps task all along.
+  auto straight = Task(0, {"h0:1"}, straight_dir);
+  WorkerClient s(std::vector<PsInterface*>{straight.get()}, PlacementFor(1), 0, true, Inline());
+  const std::vector<float> initial = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(s.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
+  int64_t straight_step = 0;
+  const std::vector<float> expected = Train(s, &straight_step, 12);
+
+  auto ps0 = Task(0, {"h0:1"}, dir);
+  WorkerClient c(std::vector<PsInterface*>{ps0.get()}, PlacementFor(1), 0, true, Inline());
+  ASSERT_TRUE(c.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
+  int64_t step = 0;
+  Train(c, &step, 4);
+
+  // add-ps: the next decision (of step 4) fixes the move at step 5; nothing is decided past it until the move.
+  ControlRequest add;
+  add.command = "add-ps";
+  add.address = "h1:2";
+  absl::StatusOr<std::string> said = ps0->Control(add);
+  ASSERT_TRUE(said.ok()) << said.status();
+  EXPECT_EQ(*said, "ps task 1 (h1:2) joins at the next step boundary: 2 ps tasks");
+  add.address = "h2:3";
+  EXPECT_TRUE(absl::StrContains(ps0->Control(add).status().message(), "under way already"));
+  std::vector<float> params(8), grads(8, 0.5f);  // step 4's gradient, as Train gives it
+  ASSERT_EQ(c.Push(4, grads.data())->outcome, Outcome::kAccepted);
+  absl::StatusOr<PullResult> at = c.Pull(5, 4, params.data());
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->ps_set.version, 1);
+  EXPECT_EQ(at->ps_set.step, 5);
+  EXPECT_EQ(at->ps_set.hosts, (std::vector<std::string>{"h0:1", "h1:2"}));
+  grads.assign(8, 0.6f);
+  ASSERT_EQ(c.Push(5, grads.data())->outcome, Outcome::kAccepted);
+  EXPECT_EQ(ps0->step(), 5);  // frozen: the commit waits for the move (and is voided by it)
+
+  // The chief moves: ps 1 (a new process) takes its share of step 5, ps 0 keeps the rest.
+  auto ps1 = Task(1, {"h0:1", "h1:2"}, dir);
+  ASSERT_TRUE(c.MoveTo({ps0.get(), ps1.get()}, PlacementFor(2), 5, absl::Seconds(5)).ok());
+  EXPECT_EQ(ps0->step(), 5);
+  EXPECT_EQ(ps1->step(), 5);
+  step = 5;  // the commit of step 5 was of the old epoch: it is trained again
+  Train(c, &step, 3);
+
+  // A worker still on the old set hears the new one from ps 0 when it registers.
+  RegisterRequest old;
+  old.worker_id = 0;
+  old.is_chief = false;
+  old.config = SyncConfig(1);
+  old.config.slices = PlacementFor(1)[0];
+  absl::StatusOr<RegisterResponse> refused = ps0->Register(old);
+  ASSERT_FALSE(refused.ok());
+  std::optional<PsSet> heard = ParsePsSetChanged(refused.status());
+  ASSERT_TRUE(heard.has_value()) << refused.status();
+  EXPECT_EQ(heard->hosts, (std::vector<std::string>{"h0:1", "h1:2"}));
+
+  // remove-ps: only the last task; then back onto one.
+  ControlRequest remove;
+  remove.command = "remove-ps";
+  remove.ps = 0;
+  EXPECT_TRUE(absl::StrContains(ps0->Control(remove).status().message(), "only the last ps task (1)"));
+  remove.ps = 1;
+  ASSERT_TRUE(ps0->Control(remove).ok());
+  Train(c, &step, 1);  // step 8: its decision fixes the move at step 9
+  ASSERT_TRUE(c.MoveTo({ps0.get()}, PlacementFor(1), step, absl::Seconds(5)).ok());
+  ControlRequest retire;
+  retire.command = "retire";
+  ASSERT_TRUE(ps1->Control(retire).ok());
+  EXPECT_TRUE(ps1->finished());
+  EXPECT_TRUE(ps1->outcome().succeeded);
+  EXPECT_EQ(ps0->step(), 9);
+  // Steps 9..11 on one task again: the values equal the straight run's to the last bit (the same arithmetic,
+  // Adam's slots moved with the values).
+  EXPECT_EQ(Train(c, &step, 3), expected);
+}
+
+TEST(PsSetChangeTest, RefusalsAreOneLine) {
+  {  // async
+    auto ps = Task(0, {"h0:1"}, "");
+    WorkerClient c(std::vector<PsInterface*>{ps.get()}, PlacementFor(1), 0, true, Inline());
+    TrainConfig config = MakeConfig("async", 1, 0);
+    config.num_ps = 1;
+    const std::vector<float> initial(8, 1.0f);
+    ASSERT_TRUE(c.Connect(config, initial.data(), absl::Seconds(5)).ok());
+    ControlRequest add;
+    add.command = "add-ps";
+    add.address = "h1:2";
+    EXPECT_TRUE(absl::StrContains(ps->Control(add).status().message(), "built for sync jobs only"));
+  }
+  {  // no checkpoints
+    auto ps = Task(0, {"h0:1"}, "");
+    WorkerClient c(std::vector<PsInterface*>{ps.get()}, PlacementFor(1), 0, true, Inline());
+    const std::vector<float> initial(8, 1.0f);
+    ASSERT_TRUE(c.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
+    ControlRequest add;
+    add.command = "add-ps";
+    add.address = "h1:2";
+    EXPECT_TRUE(absl::StrContains(ps->Control(add).status().message(), "keeps no checkpoints"));
+  }
+  {  // another task than ps 0, and before any job
+    auto ps = Task(1, {"h0:1", "h1:2"}, "");
+    ControlRequest add;
+    add.command = "add-ps";
+    add.address = "h2:3";
+    EXPECT_TRUE(absl::StrContains(ps->Control(add).status().message(), "ask ps task 0"));
+    auto ps0 = Task(0, {"h0:1"}, "");
+    EXPECT_TRUE(absl::StrContains(ps0->Control(add).status().message(), "no job is running yet"));
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::ps

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# ps tasks join and leave a running sync job (dtrain_ps --join, dtrain_ctl add-ps / remove-ps; ps/core/
+# ps_set_plan.h) on 127.0.0.1: 2 workers train the cnn on 1 ps task; a second ps task started with --join is taken
+# in at the next step boundary (1 -> 2), later dtrain_ctl remove-ps 1 takes it out again (2 -> 1), and the run
+# trains to its last step. Checks:
+#   - ps 0 and the chief log each move with its step; the chief prints how long the job paused (the issue's target
+#     for the cnn is 2 s; asserted under 10 s for loaded CI machines); no step is lost (the run resumes at the
+#     step it moved at);
+#   - every process ends with its exit code: ps 0, both workers 0 (run complete), the removed ps task 0 with the
+#     line that says it left the job;
+#   - the final values equal those of a run that kept its 1 ps task all along (within 1e-6; in sync mode 0): the
+#     slices moved with their optimizer slots;
+#   - scripts/check_updates.py on the journals (--journal_applied, --push_journal_dir): every acknowledged push
+#     applied exactly once across 1 -> 2 -> 1 ps tasks, none lost or doubled;
+#   - refusals are one line and exit 1: remove-ps of a task that is not the last, add-ps of a task of the job, and
+#     a second change while one is under way; dtrain_ps --join with a --task_index that is not the next exits 2.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+B="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
+source "$ROOT/tests/skipping.sh"
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  skip "dataset-fashion-mnist is not installed (scripts/install_deps.sh)"
+fi
+/usr/bin/python3 -c "import numpy" 2>/dev/null || skip "python3-numpy is not installed (scripts/install_deps.sh)"
+dir="$(mktemp -d /tmp/dtrain_ps_set_test.XXXXXX)"
+bg=()
+cleanup() {
+  for p in "${bg[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  if [ -z "${KEEP:-}" ]; then rm -rf "$dir"; else echo "kept $dir"; fi
+}
+trap cleanup EXIT
+passed=0; failed=0
+check() {
+  local name="$1"; shift
+  if "$@"; then echo "ok: $name"; passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi
+}
+wait_for_line() {  # wait_for_line FILE REGEX SECONDS
+  for _ in $(seq $(($3 * 10))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+last_step() { grep -o '^step [0-9]*,' "$1" 2>/dev/null | tail -1 | tr -dc 0-9; }
+
+STEPS=${PS_SET_STEPS:-240}
+IFS=, read -r p0 p1 p2 p3 <<<"$(python3 "$ROOT/scripts/free_ports.py" 4)"
+C=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1,127.0.0.1:$p2)
+W=(--job_name=worker --model=cnn --mode=sync --train_steps=$STEPS --threads=1 --log_every=5 --eval_every=0
+   --rpc_timeout_secs=30 --startup_wait_secs=60)
+P=(--job_name=ps --worker_timeout_secs=10 --journal_applied)
+
+# run NAME: ps 0 and two workers of one job, in the background (their pids in ps0 w0 w1).
+run() {
+  local name=$1
+  mkdir -p "$dir/$name"
+  "$B/dtrain_ps" "${C[@]}" "${P[@]}" --task_index=0 --checkpoint_dir="$dir/$name/ckpt" >"$dir/$name/ps0.log" 2>&1 &
+  ps0=$!; bg+=($ps0)
+  for i in 0 1; do
+    # Worker 1 talks gRPC alone (the new set reaches it in gRPC's pull header), the chief shared memory (auto).
+    "$B/dtrain_worker" "${C[@]}" "${W[@]}" --task_index=$i --push_journal_dir="$dir/$name/pushes" \
+      $([ $i = 1 ] && echo --transport=grpc) \
+      >"$dir/$name/w$i.log" 2>&1 &
+    eval "w$i=\$!"; bg+=($!)
+  done
+}
+
+# ---- the moving run: 1 -> 2 -> 1 ps tasks ----
+run moving
+m="$dir/moving"
+wait_for_line "$m/w0.log" "^step 40," 120 || { echo "FAIL: the chief did not reach step 40"; tail "$m/w0.log"; exit 1; }
+set +e
+"$B/dtrain_ps" "${C[@]}" "${P[@]}" --task_index=3 --join=127.0.0.1:$p3 --checkpoint_dir="$m/ckpt" >"$m/bad_join.log" 2>&1
+rc_bad=$?
+set -e
+check "--join with a --task_index that is not the next exits 2 (got $rc_bad)" test "$rc_bad" = 2
+check "...saying which index" grep -q "its --task_index is 1" "$m/bad_join.log"
+"$B/dtrain_ps" "${C[@]}" "${P[@]}" --join=127.0.0.1:$p3 --checkpoint_dir="$m/ckpt" >"$m/ps1.log" 2>&1 &
+ps1=$!; bg+=($ps1)
+check "ps 0 takes the joiner in" wait_for_line "$m/ps0.log" "ps task 1 (127.0.0.1:$p3) joins at the next step boundary: 2 ps tasks" 30
+check "the chief moves the job onto 2 ps tasks" wait_for_line "$m/w0.log" "^step [0-9]*: the job moved onto 2 ps tasks" 60
+check "...and so does worker 1" wait_for_line "$m/w1.log" "moving from 1 onto 2 ps tasks" 30
+grow_step=$(grep -o "^step [0-9]*: the job moved onto 2" "$m/w0.log" | awk '{print $2}' | tr -d :)
+check "ps 0 logs the move at step $grow_step" grep -q "the job moved from 1 onto 2 ps tasks at step $grow_step" "$m/ps0.log"
+check "ps 1 restored its share of step $grow_step, resharded" grep -qF "model.ckpt-$grow_step.ps*-of-1 resharded from 1 ps task onto 2" "$m/ps1.log"
+# Training goes on over both tasks; then the refusals, then ps 1 leaves.
+target=$((grow_step + 30))
+for _ in $(seq 600); do s=$(last_step "$m/w0.log"); [ "${s:-0}" -ge "$target" ] && break; sleep 0.1; done
+CTL=("$B/dtrain_ctl" --ps_hosts=127.0.0.1:$p0)
+set +e
+"${CTL[@]}" remove-ps 0 >"$m/ctl_remove0.txt" 2>&1; rc_r0=$?
+"${CTL[@]}" add-ps 127.0.0.1:$p3 >"$m/ctl_add_again.txt" 2>&1; rc_again=$?
+"${CTL[@]}" remove-ps 1 >"$m/ctl_remove1.txt" 2>&1; rc_r1=$?
+"${CTL[@]}" add-ps 127.0.0.1:1 >"$m/ctl_busy.txt" 2>&1; rc_busy=$?
+set -e
+cat "$m"/ctl_*.txt
+check "remove-ps 0 is refused, exit 1 (got $rc_r0)" test "$rc_r0" = 1
+check "...one line: only the last ps task leaves" grep -q "only the last ps task (1)" "$m/ctl_remove0.txt"
+check "add-ps of a task of the job is refused (got $rc_again)" test "$rc_again" = 1
+check "...saying so" grep -q "is a ps task of the job already" "$m/ctl_add_again.txt"
+check "remove-ps 1 is taken (got $rc_r1)" test "$rc_r1" = 0
+check "...one line: it leaves at the next step boundary" grep -q "ps task 1 (127.0.0.1:$p3) leaves at the next step boundary: 1 ps task$" "$m/ctl_remove1.txt"
+check "a second change while one is under way is refused (got $rc_busy)" test "$rc_busy" = 1
+check "...saying so" grep -q "under way already" "$m/ctl_busy.txt"
+check "the chief moves the job back onto 1 ps task" wait_for_line "$m/w0.log" "^step [0-9]*: the job moved onto 1 ps task " 60
+shrink_step=$(grep -o "^step [0-9]*: the job moved onto 1" "$m/w0.log" | awk '{print $2}' | tr -d :)
+check "ps 0 logs the move at step $shrink_step" grep -q "the job moved from 2 onto 1 ps tasks at step $shrink_step" "$m/ps0.log"
+rc=0; wait "$ps1" || rc=$?
+check "the removed ps task exits 0 (got $rc)" test "$rc" = 0
+check "...saying it left the job at step $shrink_step" grep -q "ps task 1 left the job at step $shrink_step (removed" "$m/ps1.log"
+for p in w0 w1 ps0; do
+  rc=0; wait "${!p}" || rc=$?
+  check "moving run: $p exits 0 (got $rc)" test "$rc" = 0
+done
+check "the run completes" grep -q "run complete: training reached step $STEPS of $STEPS" "$m/ps0.log"
+for s in $grow_step $shrink_step; do
+  check "the chief resumes at step $s after the move (no step lost)" \
+    grep -q "worker_client.cc.*ps task 0 is at step $s " "$m/w0.log"
+done
+echo "pauses (the chief, from the step boundary to its first pull on the new set):"
+grep "^step [0-9]*: the job moved onto" "$m/w0.log"
+for pause in $(grep -o "^step [0-9]*: the job moved onto .* in [0-9.]* s" "$m/w0.log" | awk '{print $(NF-1)}'); do
+  check "the move paused training ${pause} s (< 10 s)" python3 -c "import sys; sys.exit(not $pause < 10)"
+done
+out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$m/ckpt" --worker_dir="$m/pushes" 2>&1) || true
+echo "$out" | tail -1
+check "check_updates: lost 0, doubled 0 across 1 -> 2 -> 1 ps tasks" \
+  bash -c "echo '$out' | grep -q 'ps tasks over time: 1 -> 2 -> 1' && echo '$out' | grep -q 'lost 0, doubled 0'"
+
+# ---- the straight run: 1 ps task all along; the same final values ----
+run straight
+for p in w0 w1 ps0; do
+  rc=0; wait "${!p}" || rc=$?
+  check "straight run: $p exits 0 (got $rc)" test "$rc" = 0
+done
+for name in moving straight; do
+  timeout 120 "$B/dtrain_eval" --checkpoint="$dir/$name/ckpt/model.ckpt-$STEPS" --skip_eval \
+    --export="$dir/$name.npz" >"$dir/$name.export.log" 2>&1 || { echo "export of $name:"; tail -3 "$dir/$name.export.log"; }
+done
+check "the final values equal the unchanged run's" \
+  /usr/bin/python3 "$ROOT/tests/compare_values.py" "cnn after 1 -> 2 -> 1 ps tasks" "$dir/moving.npz" "$dir/straight.npz"
+
+echo "ps_set_change_test: $passed passed, $failed failed"
+if [ "$failed" != 0 ]; then
+  for f in "$m"/*.log; do echo "== $f"; tail -n 6 "$f"; done
+  exit 1
+fi
