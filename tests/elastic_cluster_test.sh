@@ -14,22 +14,9 @@ source "$ROOT/tests/skipping.sh"
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   skip "dataset-fashion-mnist is not installed (scripts/install_deps.sh)"
 fi
-dir="$(mktemp -d /tmp/dtrain_elastic_test.XXXXXX)"
-bg=()
-cleanup() {
-  for p in "${bg[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  if [ -z "${KEEP:-}" ]; then rm -rf "$dir"; else echo "kept $dir"; fi
-}
-trap cleanup EXIT
 passed=0; failed=0
-check() {
-  local name="$1"; shift
-  if "$@"; then echo "ok: $name"; passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi
-}
-wait_for_line() {  # wait_for_line FILE REGEX SECONDS
-  for _ in $(seq $(($3 * 10))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
+source "$ROOT/tests/checks.sh"
+make_test_dir dtrain_elastic_test
 
 IFS=, read -r p0 p1 <<<"$(python3 "$ROOT/scripts/free_ports.py" 2)"
 C=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1)

@@ -97,14 +97,7 @@ if [ ! -x "$B/dtrain_ps" ] || [ ! -x "$B/dtrain_worker" ]; then
 elif [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   echo "SKIP (this part): dataset-fashion-mnist is not installed (scripts/install_deps.sh)"
 else
-  check() {
-    local name="$1"; shift
-    if "$@"; then echo "ok: $name"; passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi
-  }
-  wait_for_line() {  # wait_for_line FILE REGEX SECONDS
-    for _ in $(seq $(($3 * 10))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-    return 1
-  }
+  source "$ROOT/tests/checks.sh"
   bg=()
   trap 'for p in "${bg[@]}"; do kill -KILL "$p" 2>/dev/null || true; done; rm -rf "$dir"' EXIT
   IFS=, read -r port <<<"$(python3 "$ROOT/scripts/free_ports.py" 1)"

@@ -22,22 +22,9 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   skip "dataset-fashion-mnist is not installed (scripts/install_deps.sh)"
 fi
 /usr/bin/python3 -c "import numpy" 2>/dev/null || skip "python3-numpy is not installed (scripts/install_deps.sh)"
-dir="$(mktemp -d /tmp/dtrain_ps_set_test.XXXXXX)"
-bg=()
-cleanup() {
-  for p in "${bg[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  if [ -z "${KEEP:-}" ]; then rm -rf "$dir"; else echo "kept $dir"; fi
-}
-trap cleanup EXIT
 passed=0; failed=0
-check() {
-  local name="$1"; shift
-  if "$@"; then echo "ok: $name"; passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi
-}
-wait_for_line() {  # wait_for_line FILE REGEX SECONDS
-  for _ in $(seq $(($3 * 10))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
+source "$ROOT/tests/checks.sh"
+make_test_dir dtrain_ps_set_test
 last_step() { grep -o '^step [0-9]*,' "$1" 2>/dev/null | tail -1 | tr -dc 0-9; }
 
 STEPS=${PS_SET_STEPS:-240}

@@ -73,8 +73,9 @@ class PsInterface {
   // What the task holds and could restore under `config` (the chief's, with this task's slices).
   virtual absl::StatusOr<CheckpointProbe> Probe(const TrainConfig& config) = 0;
   // Chief only: (re)configures the task with `config` and restores its checkpoint of `step`, replacing whatever
-  // it holds; every worker's session is void afterwards. FailedPrecondition/DataLoss when that checkpoint is
-  // missing, does not fit or is corrupt (the task is left as it was).
+  // it holds; every worker's session is void afterwards. NotFound when that checkpoint is missing (not written
+  // yet), FailedPrecondition/DataLoss when it does not fit or is corrupt (the task is left as it was). A config for
+  // another number of ps tasks (TrainConfig::num_ps) moves the job onto them (ps/core/ps_set_plan.h).
   virtual absl::Status Restore(const TrainConfig& config, int worker_id, int64_t step) = 0;
   // An operator's command (dtrain_ctl, over the cluster's authenticated channel): "remove-worker" (ps 0: worker
   // `worker` leaves the job at its next call, RemovedError; the chief cannot be removed: drain), "drain" (the run

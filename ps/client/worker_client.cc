@@ -401,6 +401,12 @@ TrainConfig WorkerClient::TaskConfig(int task) const {
 }
 
 absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait) {
+  int64_t move_step;
+  {
+    absl::MutexLock lock(&mu_);
+    move_step = move_step_;
+  }
+  if (move_step >= 0) return MoveTasks(move_step, give_up, wait);
   // What every task holds and could restore (waiting for tasks that are not up yet).
   std::vector<CheckpointProbe> probes(num_tasks());
   for (int t = 0; t < num_tasks(); ++t) {
@@ -431,12 +437,6 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
   // [first_relayable_step, ps 0's step] (a worker was stopped, killed or restarted between ps 0 deciding a step and
   // its pull carrying the decision to the other tasks): not a lost state. The pulls relay them, in order (this
   // chief's first pull asks for every logged decision). Tasks at ps 0's step agree.
-  int64_t move_step;
-  {
-    absl::MutexLock lock(&mu_);
-    move_step = move_step_;
-  }
-  if (move_step >= 0) return MoveTasks(move_step, give_up, wait, std::move(probes));
   bool all_initialized = true, none_initialized = true, caught_up_by_pulls = true, any_checkpoint = false;
   for (const CheckpointProbe& p : probes) {
     all_initialized = all_initialized && p.initialized;
@@ -491,43 +491,45 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
   return absl::OkStatus();
 }
 
-absl::Status WorkerClient::MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait,
-                                     std::vector<CheckpointProbe> probes) {
-  // Every task of the old set saves the checkpoint of `step` as it applies the step's decision (ps 0 marked it):
-  // the tasks that could not read it yet are probed again until they can (ps 0 may still be writing its part).
+absl::Status WorkerClient::MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait) {
+  // Every task restores its share of the checkpoint of `step`, which every task of the old set saved as it applied
+  // the step's decision (ps 0 marked it): NotFound while a part is still being written (ps 0's may be), tried again
+  // until `give_up`. The tasks other than ps 0 at once, side by side (each reads the old parts it needs); ps 0 last,
+  // as in PrepareTasks: it takes the new set only once every other task holds its share. No probe: reading every
+  // checkpoint a task could restore costs as much as the move itself.
   const absl::Time started = absl::Now();
-  for (int t = 0; t < num_tasks(); ++t) {
+  auto restore = [&](int t) -> absl::Status {
     absl::Duration backoff = absl::Milliseconds(20);
-    while (!std::binary_search(probes[t].restorable_steps.begin(), probes[t].restorable_steps.end(), step)) {
+    while (true) {
       if (cancel_.cancelled()) return absl::CancelledError("moving onto other ps tasks: cancelled");
-      if (absl::Now() > give_up) {
+      const absl::Time tried = absl::Now();
+      absl::Status s = tasks_[t]->Restore(TaskConfig(t), worker_id_, step);
+      if (s.ok()) return s;
+      if (!Retryable(s) && !absl::IsNotFound(s)) {
+        return absl::Status(s.code(), absl::StrCat("moving ps task ", t, " onto ", num_tasks(), " ps tasks at step ",
+                                                   step, ": ", s.message()));
+      }
+      if (tried > give_up) {
         return absl::DeadlineExceededError(absl::StrCat(
-            "ps task ", t, " cannot restore the checkpoint of step ", step, " the job moves from after ",
-            absl::FormatDuration(wait), " (it can restore [", absl::StrJoin(probes[t].restorable_steps, ","),
-            "]): is --checkpoint_dir one directory that every ps task reads?"));
+            "ps task ", t, " could not restore the checkpoint of step ", step, " the job moves from within ",
+            absl::FormatDuration(wait), " (", s.message(), "): is --checkpoint_dir one directory that every ps "
+            "task reads?"));
       }
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Milliseconds(500));
-      absl::StatusOr<CheckpointProbe> p = tasks_[t]->Probe(TaskConfig(t));
-      if (p.ok()) {
-        probes[t] = *std::move(p);
-      } else if (!Retryable(p.status())) {
-        return p.status();
-      }
     }
+  };
+  std::vector<absl::Status> restored(num_tasks());
+  {
+    std::vector<std::thread> others;
+    for (int t = 1; t < num_tasks(); ++t) others.emplace_back([&, t] { restored[t] = restore(t); });
+    for (std::thread& th : others) th.join();
   }
-  // ps 0 last, as in PrepareTasks: it takes the new set only once every other task holds its share.
-  for (int i = 1; i <= num_tasks(); ++i) {
-    const int t = i % num_tasks();
-    absl::Status s = tasks_[t]->Restore(TaskConfig(t), worker_id_, step);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("moving ps task ", t, " onto ", num_tasks(), " ps tasks at step ",
-                                                 step, ": ", s.message()));
-    }
-  }
+  for (int t = 1; t < num_tasks(); ++t) RETURN_IF_ERROR(restored[t]);
+  RETURN_IF_ERROR(restore(0));
   LOG(WARNING) << "chief: the job moved onto " << num_tasks() << " ps task" << (num_tasks() == 1 ? "" : "s")
-               << " at step " << step << " in "
-               << absl::FormatDuration(absl::Now() - started) << " (every task restored its share of that step)";
+               << " at step " << step << " in " << absl::FormatDuration(absl::Now() - started)
+               << " (every task restored its share of that step)";
   return absl::OkStatus();
 }
 

@@ -303,7 +303,7 @@ class WorkerClient {
   }
   TrainConfig TaskConfig(int task) const;
   void SetUpTasks();  // the per-task state for tasks_ and placement_ (constructor, MoveTo)
-  absl::Status MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait, std::vector<CheckpointProbe> probes);
+  absl::Status MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait);
   // Connect's work once the initial values are in place (Reconnect's too).
   absl::Status ConnectTasks(absl::Duration wait);
   absl::Status PrepareTasks(absl::Time give_up, absl::Duration wait);

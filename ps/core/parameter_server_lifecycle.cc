@@ -282,8 +282,8 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
                      FindStateToRestore(options_.checkpoint.env, options_.checkpoint.dir, options_.delta.dir, exact,
                                         options_.task_index, num_ps(), step));
     if (!found.has_value()) {
-      return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
-                                                        " has no checkpoint or deltas to restore step ", step));
+      return absl::NotFoundError(absl::StrCat("ps task ", options_.task_index,
+                                              " has no checkpoint or deltas to restore step ", step));
     }
     restorable = *std::move(found);
   }
