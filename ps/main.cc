@@ -143,6 +143,12 @@ absl::Status AskToJoin(const std::string& ps0, const std::string& address, const
       LOG(INFO) << "ps 0 (" << ps0 << "): " << *said;
       return absl::OkStatus();
     }
+    if (absl::StrContains(said.status().message(), "is a ps task of the job already")) {
+      // A restart of a task that joined before (kill -9, a lost machine): the chief restores it as any restarted
+      // task, from the newest checkpoint every task holds.
+      LOG(INFO) << "ps 0 (" << ps0 << "): " << address << " is a ps task of the job already: serving again";
+      return absl::OkStatus();
+    }
     const bool again = absl::IsUnavailable(said.status()) || absl::IsDeadlineExceeded(said.status()) ||
                        absl::StrContains(said.status().message(), "no job is running yet") ||
                        absl::StrContains(said.status().message(), "under way already");
@@ -401,8 +407,31 @@ int main(int argc, char** argv) {
   const absl::Time give_up = max_secs > 0 ? absl::Now() + absl::Seconds(max_secs) : absl::InfiniteFuture();
   absl::Time stop_deadline = absl::InfiniteFuture();
   bool finished = false;
-  while (!(finished = ps->WaitUntilFinished(absl::Seconds(1)))) {
+  std::unique_ptr<dtrain::ps::PsInterface> ps0;  // --join: watched until the chief moves the job onto this task
+  if (!join.empty()) {
+    dtrain::ps::GrpcClientOptions copt;
+    copt.security = o.security;
+    copt.rpc_timeout = absl::Seconds(5);
+    copt.retry_window = absl::ZeroDuration();
+    absl::StatusOr<std::unique_ptr<dtrain::ps::PsInterface>> c = dtrain::ps::NewGrpcPsClient(cluster->ps[0], copt);
+    if (c.ok()) ps0 = *std::move(c);
+  }
+  while (!(finished = ps->WaitUntilFinished(absl::Seconds(ps0 != nullptr ? 0.5 : 1)))) {
     if (absl::Now() >= give_up) break;
+    if (ps0 != nullptr) {
+      // Taken in but not moved in yet: a run that ends first (its last step came before the step of the move)
+      // leaves nothing for this task to do.
+      if (ps->configured()) {
+        ps0.reset();
+      } else if (std::optional<dtrain::ps::RunOver> over = dtrain::ps::ParseRunOver(
+                     ps0->Probe(dtrain::ps::TrainConfig()).status())) {
+        dtrain::ps::ControlRequest retire;
+        retire.command = "retire";
+        retire.reason = absl::StrCat("the run ended before the job moved onto this task: ", over->line);
+        ps->Control(retire).IgnoreError();
+        ps0.reset();
+      }
+    }
     if (signals->received() != 0 && stop_deadline == absl::InfiniteFuture()) {
       stop_deadline = absl::Now() + chief_grace + stop_grace;
     }

@@ -3,7 +3,8 @@
 # worker, the MLP, sync or async by turns, --elastic_batch=per_worker; checkpoints every 25 steps, the ps's applied
 # journal and every worker's push journal) and, at random times drawn from a seeded RNG, makes workers 1-3 join, leave
 # by SIGTERM, by kill -9 or by dtrain_ctl remove-worker, and kills the ps with kill -9 once (started again with the
-# same flags; it restores its newest checkpoint and the workers carry on). A trial passes when every process exits by
+# same flags; it restores its newest checkpoint and the workers carry on); sync trials also change the ps set: a second
+# ps task joins (dtrain_ps --join), leaves (dtrain_ctl remove-ps 1) and is killed with kill -9 and started again. A trial passes when every process exits by
 # itself before its deadline, the ps and the chief exit 0 with "run complete", the push accounting balances, and
 # scripts/check_updates.py finds nothing acknowledged lost or applied twice across the joins, leaves and the restart.
 # Prints one line per trial and "elastic chaos: P/N trials passed; events: ...; updates checked U, lost L, doubled D".
@@ -40,7 +41,7 @@ chief_step() { sed -n 's/^step \([0-9]*\),.*/\1/p' "$1" | tail -1; }
 for t in $(seq 1 "$trials"); do
   dir="$root/t$t"; mkdir -p "$dir/ckpt" "$dir/pushes"
   mode=$([ $((t % 2)) = 1 ] && echo sync || echo async)
-  IFS=, read -r p0 p1 <<<"$(python3 "$ROOT/scripts/free_ports.py" 2)"
+  IFS=, read -r p0 p1 p2 <<<"$(python3 "$ROOT/scripts/free_ports.py" 3)"
   C=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1)
   PSF=(--job_name=ps --task_index=0 --max_workers=4 --worker_timeout_secs=3 --checkpoint_dir="$dir/ckpt"
        --save_checkpoint_steps=25 --journal_applied --registration_timeout_secs=60)
@@ -50,6 +51,11 @@ for t in $(seq 1 "$trials"); do
   ps_pid=$!; pids+=($ps_pid)
   "$B/dtrain_worker" "${C[@]}" "${W[@]}" --task_index=0 >"$dir/w0.log" 2>&1 &
   w0=$!; pids+=($w0)
+  # Sync trials also change the ps set: a second ps task joins (--join), leaves (remove-ps) or is killed (kill -9)
+  # and started again (a joined task restarts with --join: ps 0 answers it is a task of the job already).
+  PS1=(--job_name=ps --join=127.0.0.1:$p2 --max_workers=4 --worker_timeout_secs=3 --checkpoint_dir="$dir/ckpt"
+       --save_checkpoint_steps=25 --journal_applied --registration_timeout_secs=60)
+  ps1_pid=""; ps1_in=0   # ps1_in: ps task 1 was asked to join and not asked to leave
   declare -A wp=()   # worker index -> pid of its running process
   events=""; ps_killed=0
   start=$(date +%s)
@@ -59,7 +65,19 @@ for t in $(seq 1 "$trials"); do
     alive "$w0" || break
     k=$((1 + RANDOM % 3))
     what=$((RANDOM % 10))
-    if [ "$ps_killed" = 0 ] && [ "$what" = 0 ] && [ -n "$(ls "$dir/ckpt" | grep model.ckpt || true)" ]; then
+    if [ "$mode" = sync ] && [ "$what" -ge 8 ] && [ "$ps1_in" = 0 ] && { [ -z "$ps1_pid" ] || ! alive "$ps1_pid"; }; then
+      "$B/dtrain_ps" "${C[@]}" "${PS1[@]}" >>"$dir/ps1.log" 2>&1 &
+      ps1_pid=$!; pids+=($ps1_pid); ps1_in=1; events+=" ps1-join@$(chief_step "$dir/w0.log")"
+    elif [ "$mode" = sync ] && [ "$what" = 9 ] && [ "$ps1_in" = 1 ] && [ $((RANDOM % 2)) = 0 ]; then
+      if "$B/dtrain_ctl" --ps_hosts=127.0.0.1:$p0 remove-ps 1 >>"$dir/ctl.log" 2>&1; then
+        ps1_in=0; events+=" ps1-remove@$(chief_step "$dir/w0.log")"
+      fi
+    elif [ "$mode" = sync ] && [ "$what" = 8 ] && [ "$ps1_in" = 1 ] && alive "$ps1_pid" && \
+         grep -q "moved onto 2 ps tasks" "$dir/w0.log"; then
+      kill -KILL "$ps1_pid" 2>/dev/null || true; wait "$ps1_pid" 2>/dev/null || true
+      "$B/dtrain_ps" "${C[@]}" "${PS1[@]}" >>"$dir/ps1.log" 2>&1 &
+      ps1_pid=$!; pids+=($ps1_pid); events+=" ps1-kill9@$(chief_step "$dir/w0.log")"
+    elif [ "$ps_killed" = 0 ] && [ "$what" = 0 ] && [ -n "$(ls "$dir/ckpt" | grep model.ckpt || true)" ]; then
       kill -KILL "$ps_pid" 2>/dev/null || true; wait "$ps_pid" 2>/dev/null || true
       "$B/dtrain_ps" "${C[@]}" "${PSF[@]}" >>"$dir/ps.log" 2>&1 &
       ps_pid=$!; pids+=($ps_pid); ps_killed=1; events+=" ps-kill9@$(chief_step "$dir/w0.log")"
@@ -85,6 +103,13 @@ for t in $(seq 1 "$trials"); do
   wait "$w0"; rc0=$?
   wait "$ps_pid"; rcps=$?
   set -e
+  # ps task 1: in the set at the end, it completes with the run; removed, it was told to leave: exit 0 either way.
+  if [ -n "$ps1_pid" ]; then
+    while alive "$ps1_pid" && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.5; done
+    if alive "$ps1_pid"; then ok=0; why+=" ps1-hang"; kill -KILL "$ps1_pid"; fi
+    set +e; wait "$ps1_pid"; rcps1=$?; set -e
+    [ "$rcps1" = 0 ] || { ok=0; why+=" ps1-exit-$rcps1"; }
+  fi
   for k in "${!wp[@]}"; do
     p=${wp[$k]}
     while alive "$p" && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.5; done

@@ -229,6 +229,11 @@ struct TrainConfig {
   // with PsSetChangedError (a worker that missed a change learns the new set) and takes Probe and Restore of such
   // a config as the chief's move of the job onto that many tasks (a live reshard, ParameterServer::Restore).
   int num_ps = 0;
+  // The job's ps tasks (their addresses, task 0 first) and the version of that set (0: the cluster spec's, never
+  // changed; PsSet). Not compared between workers: a ps 0 that restarted after a change adopts the chief's set
+  // when the chief restores it, so that it announces and changes the set the job really runs on.
+  std::vector<std::string> ps_hosts;
+  int64_t ps_version = 0;
 };
 
 // RegisterRequest::restore_step: which checkpoint a ps task without values restores when the chief registers
@@ -512,6 +517,9 @@ struct TrainingStats {
   // Non-empty once the run ended before its end (a peer failed, was refused or stopped): why. Every later call
   // of a worker gets a job-ended error (ps_interface.h) saying the same.
   std::string job_ended;
+  // The step of this task's newest checkpoint on disk (written, or restored); -1: none. The chief waits for ps 0's
+  // checkpoint of a move's step before the other tasks restore it (WorkerClient::MoveTo).
+  int64_t checkpoint_step = -1;
 };
 
 }  // namespace dtrain::ps

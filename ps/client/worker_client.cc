@@ -498,6 +498,21 @@ absl::Status WorkerClient::MoveTasks(int64_t step, absl::Time give_up, absl::Dur
   // as in PrepareTasks: it takes the new set only once every other task holds its share. No probe: reading every
   // checkpoint a task could restore costs as much as the move itself.
   const absl::Time started = absl::Now();
+  // ps 0 writes its part of the move's checkpoint after the step's values went out (the other tasks wrote theirs
+  // before their pulls answered): the new tasks read it, so it is waited for first.
+  for (absl::Duration backoff = absl::Milliseconds(5);; backoff = std::min(backoff * 2, absl::Milliseconds(200))) {
+    absl::StatusOr<TrainingStats> stats = tasks_[0]->GetStats();
+    if (stats.ok() && stats->checkpoint_step >= step) break;
+    if (!stats.ok() && !Retryable(stats.status())) return stats.status();
+    if (cancel_.cancelled()) return absl::CancelledError("moving onto other ps tasks: cancelled");
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "ps task 0 did not save the checkpoint of step ", step, " the job moves at within ",
+          absl::FormatDuration(wait), stats.ok() ? absl::StrCat(" (its newest: step ", stats->checkpoint_step, ")")
+                                                 : absl::StrCat(" (", stats.status().message(), ")")));
+    }
+    absl::SleepFor(backoff);
+  }
   auto restore = [&](int t) -> absl::Status {
     absl::Duration backoff = absl::Milliseconds(20);
     while (true) {
@@ -546,7 +561,8 @@ int64_t WorkerClient::join_step() const {
 void WorkerClient::SetInputPosition(std::string position) { next_input_position_ = std::move(position); }
 
 absl::Status WorkerClient::MoveTo(std::vector<PsInterface*> tasks, std::vector<std::vector<SliceSpec>> placement,
-                                  int64_t step, absl::Duration wait) {
+                                  const PsSet& set, absl::Duration wait) {
+  const int64_t step = set.step > 0 ? set.step : -1;
   if (tasks.empty() || tasks.size() != placement.size()) {
     return absl::InvalidArgumentError(absl::StrCat("moving onto ", tasks.size(), " ps tasks with a placement for ",
                                                    placement.size()));
@@ -576,8 +592,10 @@ absl::Status WorkerClient::MoveTo(std::vector<PsInterface*> tasks, std::vector<s
   placement_ = std::move(placement);
   SetUpTasks();
   config_.num_ps = num_tasks();
-  LOG(INFO) << "worker " << worker_id_ << ": moving from " << from << " onto " << num_tasks()
-            << " ps tasks at step " << step;
+  config_.ps_hosts = set.hosts;
+  config_.ps_version = set.version;
+  LOG(INFO) << "worker " << worker_id_ << ": moving from " << from << " onto " << num_tasks() << " ps tasks"
+            << (step >= 0 ? absl::StrCat(" at step ", step) : std::string(" (the job moved before)"));
   absl::Status moved = Reconnect(wait);
   absl::MutexLock lock(&mu_);
   move_step_ = -1;

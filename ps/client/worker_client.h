@@ -165,8 +165,10 @@ class WorkerClient {
   // placement replace the old ones, and the client connects again as Reconnect does. The chief moves the state
   // first: every task restores the checkpoint of `step` (which every old task saved), resharded onto the new
   // number of tasks, ps 0 last. The caller then pulls from `step` on, as after Reconnect.
-  absl::Status MoveTo(std::vector<PsInterface*> tasks, std::vector<std::vector<SliceSpec>> placement, int64_t step,
-                      absl::Duration wait);
+  // `set.step` 0: the set changed before (this worker missed it: ps 0 refused its registration); nothing moves,
+  // the client connects to it as Reconnect does.
+  absl::Status MoveTo(std::vector<PsInterface*> tasks, std::vector<std::vector<SliceSpec>> placement,
+                      const PsSet& set, absl::Duration wait);
   // After Connect / Reconnect: where ps 0 says this worker's input stream resumes (the position its restored
   // checkpoint holds, or else the one this worker's newest commit carried; BatchStream::Restore takes it), or
   // empty: keep reading where you are.

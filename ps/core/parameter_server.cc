@@ -1145,6 +1145,7 @@ std::string PushAccounting::DebugString() const {
                       " discarded=", discarded, " pending=", pending, Balanced() ? " (balanced)" : " (UNBALANCED)");
 }
 int64_t ParameterServer::step() const { return impl_->step(); }
+bool ParameterServer::configured() const { return impl_->configured(); }
 absl::StatusOr<CheckpointData> ParameterServer::ExportState() { return impl_->ExportState(); }
 bool ParameterServer::CheckpointDue(int64_t step) { return impl_->CheckpointDue(step); }
 absl::Status ParameterServer::RecordInputPosition(int worker, int64_t step, std::string position) {

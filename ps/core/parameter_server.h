@@ -246,6 +246,7 @@ class ParameterServer : public PsInterface {
   void FlushDeltas();
 
   int64_t step() const;  // this task's step (global step on task 0)
+  bool configured() const;  // a chief's config adopted (registered, or restored by the chief)
 
   // ---- State trained outside the ps (local mode with GPU towers: worker/train/resident_steps.h) ----
   // The worker keeps the variables, optimizer slots and moving averages on its devices and trains them there;

@@ -155,6 +155,10 @@ class ParameterServer::Impl {
     if (deltas()) delta_writer_->Flush();
   }
   int64_t step() const;
+  bool configured() const {
+    absl::MutexLock lock(&mu_);
+    return configured_;
+  }
   // State trained outside the ps (parameter_server.h).
   absl::StatusOr<CheckpointData> ExportState();
   bool CheckpointDue(int64_t step);

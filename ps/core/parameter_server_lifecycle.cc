@@ -111,7 +111,9 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     // another task has it wait (it registers with ps 0 first, and learns it there).
     const PsSet set = coordinator() ? ps_plan_.View(step_) : PsSet{};
     if (set.version > 0 && static_cast<int>(set.hosts.size()) == num_ps()) return PsSetChangedError(set);
-    if (coordinator() && set.version == 0) {
+    // A mismatch of the spec's lists (no change ever made, or ps 0 runs the job); a ps 0 that restarted after a
+    // change waits for the chief, whose config names the set it adopts.
+    if (coordinator() && set.version == 0 && (configured_ || request.config.ps_version == 0)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "worker ", request.worker_id, " places the variables on ", request.config.num_ps, " ps tasks, but the job "
           "has ", num_ps(), " (--ps_hosts must list the same tasks on every process)"));
@@ -301,7 +303,13 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
         same.num_ps = config_.num_ps;
         RETURN_IF_ERROR(CompareTrainConfigs(config_, same, worker_id));
       }
-      if (coordinator()) RETURN_IF_ERROR(ps_plan_.Moved(config.num_ps, data.global_step));
+      if (coordinator()) {
+        // The announced move; or, on a ps 0 that restarted after a change (it started with the spec's set), the
+        // set the chief's config names.
+        RETURN_IF_ERROR(ps_plan_.pending() || config.ps_version == 0
+                            ? ps_plan_.Moved(config.num_ps, data.global_step)
+                            : ps_plan_.Adopt(config.ps_hosts, config.ps_version, config.num_ps));
+      }
       moved_from = num_ps();
       num_ps_.store(config.num_ps, std::memory_order_release);
       configured_ = false;  // configured again below with this task's new slices (and its shard of the rows)
@@ -810,6 +818,7 @@ absl::StatusOr<TrainingStats> ParameterServer::Impl::GetStats() {
   absl::MutexLock lock(&mu_);
   TrainingStats stats;
   stats.global_step = step_;
+  stats.checkpoint_step = checkpointing() && written_label_ > 0 ? written_label_ : -1;
   stats.workers = members_.AllStats();
   if (configured_ && !sync_) stats.staleness_histogram = gate_->histogram();
   if (configured_) stats.max_staleness_seen = gate_->max_staleness_seen();

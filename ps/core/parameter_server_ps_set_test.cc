@@ -101,13 +101,13 @@ TEST(PsSetChangeTest, TheJobMovesOntoAnAddedTaskAndBackWithoutChangingItsArithme
   EXPECT_EQ(at->ps_set.version, 1);
   EXPECT_EQ(at->ps_set.step, 5);
   EXPECT_EQ(at->ps_set.hosts, (std::vector<std::string>{"h0:1", "h1:2"}));
-  grads.assign(8, 0.6f);
+  grads.assign(8, 0.1f * 6.0f);
   ASSERT_EQ(c.Push(5, grads.data())->outcome, Outcome::kAccepted);
   EXPECT_EQ(ps0->step(), 5);  // frozen: the commit waits for the move (and is voided by it)
 
   // The chief moves: ps 1 (a new process) takes its share of step 5, ps 0 keeps the rest.
   auto ps1 = Task(1, {"h0:1", "h1:2"}, dir);
-  ASSERT_TRUE(c.MoveTo({ps0.get(), ps1.get()}, PlacementFor(2), 5, absl::Seconds(5)).ok());
+  ASSERT_TRUE(c.MoveTo({ps0.get(), ps1.get()}, PlacementFor(2), at->ps_set, absl::Seconds(5)).ok());
   EXPECT_EQ(ps0->step(), 5);
   EXPECT_EQ(ps1->step(), 5);
   step = 5;  // the commit of step 5 was of the old epoch: it is trained again
@@ -132,8 +132,15 @@ TEST(PsSetChangeTest, TheJobMovesOntoAnAddedTaskAndBackWithoutChangingItsArithme
   EXPECT_TRUE(absl::StrContains(ps0->Control(remove).status().message(), "only the last ps task (1)"));
   remove.ps = 1;
   ASSERT_TRUE(ps0->Control(remove).ok());
-  Train(c, &step, 1);  // step 8: its decision fixes the move at step 9
-  ASSERT_TRUE(c.MoveTo({ps0.get()}, PlacementFor(1), step, absl::Seconds(5)).ok());
+  std::vector<float> values(8);
+  grads.assign(8, 0.1f * 9.0f);  // step 8 as Train gives it: its decision fixes the move at step 9
+  ASSERT_EQ(c.Push(8, grads.data())->outcome, Outcome::kAccepted);
+  at = c.Pull(9, 8, values.data());
+  ASSERT_TRUE(at.ok()) << at.status();
+  step = 9;
+  EXPECT_EQ(at->ps_set.version, 2);
+  EXPECT_EQ(at->ps_set.leaving, (std::vector<std::string>{"h1:2"}));
+  ASSERT_TRUE(c.MoveTo({ps0.get()}, PlacementFor(1), at->ps_set, absl::Seconds(5)).ok());
   ControlRequest retire;
   retire.command = "retire";
   ASSERT_TRUE(ps1->Control(retire).ok());

@@ -158,12 +158,16 @@ int Run() {
     Check(ps0->Control(r).status(), r.command.c_str());
     const double marked = one_step();  // its decision is saved by every task
     const int64_t at = step;
+    PsSet set;
+    set.version = grow ? 1 : 2;
+    set.step = at;
+    set.hosts = grow ? std::vector<std::string>{"h0:1", "h1:2"} : std::vector<std::string>{"h0:1"};
     const double save = std::max(0.0, marked - ordinary);
     if (grow) ps1 = Task(1, {"h0:1", "h1:2"}, dir);
     const absl::Time moving = absl::Now();
     std::vector<PsInterface*> tasks = {ps0.get()};
     if (grow) tasks.push_back(ps1.get());
-    Check(client.MoveTo(tasks, PlacementFor(grow ? 2 : 1), at, absl::Seconds(600)), "move");
+    Check(client.MoveTo(tasks, PlacementFor(grow ? 2 : 1), set, absl::Seconds(600)), "move");
     const double restore = Seconds(moving);
     std::printf("%-12s %8.2f %9.2f %8.2f %10.2f\n", move, save, restore, save + restore, bytes_at(at) / 1e9);
     std::fflush(stdout);

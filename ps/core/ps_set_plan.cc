@@ -104,4 +104,18 @@ absl::Status PsSetPlan::Moved(int num_ps, int64_t step) {
   return absl::OkStatus();
 }
 
+absl::Status PsSetPlan::Adopt(const std::vector<std::string>& hosts, int64_t version, int num_ps) {
+  if (pending()) {
+    return absl::FailedPreconditionError(absl::StrCat("a change to ", next_.size(), " ps tasks is pending; the chief "
+                                                      "restores onto ", num_ps));
+  }
+  if (static_cast<int>(hosts.size()) != num_ps || version <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("the chief restores onto ", num_ps, " ps tasks but names ",
+                                                      hosts.size(), " (version ", version, ")"));
+  }
+  hosts_ = hosts;
+  version_ = version;
+  return absl::OkStatus();
+}
+
 }  // namespace dtrain::ps

@@ -46,6 +46,9 @@ class PsSetPlan {
   // The chief restored ps 0 onto `num_ps` tasks at `step`: the pending set is the job's now. FailedPrecondition when
   // no change of that size is pending at that step (the restore is then refused).
   absl::Status Moved(int num_ps, int64_t step);
+  // A ps 0 that restarted after a change (it knows only the spec's set) takes the job's set from the chief's
+  // config as the chief restores it. FailedPrecondition while a change is pending or for a set of another size.
+  absl::Status Adopt(const std::vector<std::string>& hosts, int64_t version, int num_ps);
   int num_ps() const { return static_cast<int>(hosts_.size()); }
   const std::vector<std::string>& hosts() const { return hosts_; }
 

@@ -26,6 +26,8 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
   out->set_elastic_batch(in.elastic_batch);
   out->set_batch_unit(in.batch_unit);
   out->set_num_ps(in.num_ps);
+  for (const std::string& h : in.ps_hosts) out->add_ps_hosts(h);
+  out->set_ps_version(in.ps_version);
   out->set_num_workers(in.num_workers);
   out->set_replicas_to_aggregate(in.replicas_to_aggregate);
   out->set_total_num_replicas(in.total_num_replicas);
@@ -98,6 +100,8 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
   c.elastic_batch = in.elastic_batch();
   c.batch_unit = in.batch_unit();
   c.num_ps = in.num_ps();
+  c.ps_hosts.assign(in.ps_hosts().begin(), in.ps_hosts().end());
+  c.ps_version = in.ps_version();
   c.num_workers = in.num_workers();
   c.replicas_to_aggregate = in.replicas_to_aggregate();
   c.total_num_replicas = in.total_num_replicas();
@@ -201,6 +205,7 @@ void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
     p->set_reason(w.reason);
   }
   out->set_job_ended(in.job_ended);
+  out->set_checkpoint_step(in.checkpoint_step);
   for (int64_t h : in.staleness_histogram) out->add_staleness_histogram(h);
   out->set_max_staleness_seen(in.max_staleness_seen);
   out->set_bytes_received(in.bytes_received);
@@ -243,6 +248,7 @@ TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
     s.workers.push_back(std::move(w));
   }
   s.job_ended = in.job_ended();
+  s.checkpoint_step = in.checkpoint_step();
   s.staleness_histogram.assign(in.staleness_histogram().begin(), in.staleness_histogram().end());
   s.max_staleness_seen = in.max_staleness_seen();
   s.bytes_received = in.bytes_received();

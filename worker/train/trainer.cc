@@ -242,6 +242,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   config.mode = local ? "sync" : o.mode;
   config.num_workers = local ? 1 : o.num_workers;
   config.num_ps = num_ps;
+  if (!local) config.ps_hosts = o.ps_hosts;
   config.replicas_to_aggregate = local ? 1 : o.replicas_to_aggregate;
   config.total_num_replicas = local ? 1 : o.total_num_replicas;
   config.max_staleness = o.max_staleness;
@@ -379,7 +380,7 @@ absl::Status MoveToPsSet(const WorkerOptions& o, Connection* c, TrainingData* d,
                    ps::PlaceVariables(c->variables, static_cast<int>(tasks.size()), c->placement_options));
   LOG(WARNING) << "worker " << o.worker_id << ": the job's ps tasks change at step " << set.step << ": "
                << c->tasks.size() << " -> " << tasks.size() << " (" << absl::StrJoin(set.hosts, ",") << ")";
-  RETURN_IF_ERROR(c->client->MoveTo(tasks, placement.task_slices, set.step, absl::Seconds(o.startup_wait_secs)));
+  RETURN_IF_ERROR(c->client->MoveTo(tasks, placement.task_slices, set, absl::Seconds(o.startup_wait_secs)));
   // The tasks that left: the chief tells them to go (their share now lives on the others).
   if (o.worker_id == 0) {
     for (const std::string& gone : set.leaving) {
@@ -400,9 +401,11 @@ absl::Status MoveToPsSet(const WorkerOptions& o, Connection* c, TrainingData* d,
   c->tasks = std::move(tasks);
   c->placement = std::move(placement);
   c->config.num_ps = static_cast<int>(c->tasks.size());
+  c->config.ps_hosts = set.hosts;
+  c->config.ps_version = set.version;
   c->ps_hosts = set.hosts;
   c->ps_version = set.version;
-  if (o.worker_id == 0 && !o.quiet) {
+  if (o.worker_id == 0 && !o.quiet && set.step > 0) {
     std::printf("step %lld: the job moved onto %zu ps task%s (%s) in %.2f s\n", static_cast<long long>(set.step),
                 c->tasks.size(), c->tasks.size() == 1 ? "" : "s", absl::StrJoin(set.hosts, ",").c_str(),
                 absl::ToDoubleSeconds(absl::Now() - started));
@@ -685,6 +688,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     at = *next;
     if (at.ps_set.version > c->ps_version && at.ps_set.hosts == c->ps_hosts) {
       c->ps_version = at.ps_set.version;  // started with the set as it is now
+      c->config.ps_version = at.ps_set.version;
     } else if (at.ps_set.version > c->ps_version && at.ps_set.step <= at.step) {
       // ps 0 moves the job onto another set of ps tasks at this step: every task saved it; move, then pull it.
       if (sparse) have_current = false;  // the batches drawn for the pull in flight are drawn again
