@@ -197,6 +197,8 @@ class ParameterServer::Impl {
     if (config_.elastic_batch.empty()) return ResolvedReplicasToAggregate(config_);
     return config_.replicas_to_aggregate > 0 ? config_.replicas_to_aggregate : slots();
   }
+  // An async elastic job: ps 0's line for a change of its workers (a join or a leave), once per change.
+  void LogAsyncMembershipLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The elastic plan of a configured ps 0 (null elsewhere), started at step_ with the active workers.
   void StartElasticLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a restore: the plan starts again from the active workers, the cursor from the checkpoint's.

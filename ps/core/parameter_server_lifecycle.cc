@@ -190,10 +190,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
   response.max_workers = slots();
   if (elastic_ != nullptr) {
     response.join_step = elastic_->Join(request.worker_id, step_, active_before);
-    if (!sync_) {
-      const std::string change = elastic_->Changed(step_, members_.active_workers());
-      if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
-    }
+    LogAsyncMembershipLocked();
   }
   if (joins) {
     LOG(INFO) << "ps task " << options_.task_index << ": worker " << request.worker_id << " joins the running job at "
@@ -432,10 +429,7 @@ absl::Status ParameterServer::Impl::Done(const DoneRequest& request) {
                      << (request.reason.empty() ? "" : absl::StrCat(": ", request.reason)) << "; "
                      << members_.num_active() << " of " << members_.present_workers().size() << " still active)";
       }
-      if (elastic_ != nullptr && !sync_ && !completed) {
-        const std::string change = elastic_->Changed(step_, members_.active_workers());
-        if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
-      }
+      if (!completed) LogAsyncMembershipLocked();
       if (job_ended_.empty()) {
         const std::string why = WhyLeavingEndsRunLocked(request);
         if (!why.empty()) EndRunLocked(why);
@@ -522,6 +516,12 @@ absl::StatusOr<std::string> ParameterServer::Impl::Control(const ControlRequest&
   if (r.command == "retire") return Retire(who);
   return absl::InvalidArgumentError(absl::StrCat("unknown command '", r.command,
                                                  "': ps tasks take remove-worker, drain, add-ps, remove-ps and retire"));
+}
+
+void ParameterServer::Impl::LogAsyncMembershipLocked() {
+  if (elastic_ == nullptr || sync_) return;
+  const std::string change = elastic_->Changed(step_, members_.active_workers());
+  if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
 }
 
 absl::StatusOr<std::string> ParameterServer::Impl::ChangePsSet(const ControlRequest& r, const std::string& who) {
@@ -638,10 +638,7 @@ void ParameterServer::Impl::CheckLeases() {
                    << absl::StrJoin(lost, ", ") << " lost: no contact for more than "
                    << absl::FormatDuration(options_.worker_timeout) << " (" << members_.num_active()
                    << " still active)";
-      if (elastic_ != nullptr && !sync_) {
-        const std::string change = elastic_->Changed(step_, members_.active_workers());
-        if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
-      }
+      LogAsyncMembershipLocked();
       if (sync_ && coordinator() && job_ended_.empty()) decided = DecideLocked();
     }
     cv_.SignalAll();
