@@ -6,6 +6,8 @@
 #   - ps 0 and the chief log each move with its step; the chief prints how long the job paused (the issue's target
 #     for the cnn is 2 s; asserted under 10 s for loaded CI machines); no step is lost (the run resumes at the
 #     step it moved at);
+#   - worker 1, killed (kill -9) while the job runs on 2 ps tasks and started again with the spec's --ps_hosts,
+#     hears the job's set from ps 0 and connects to it;
 #   - every process ends with its exit code: ps 0, both workers 0 (run complete), the removed ps task 0 with the
 #     line that says it left the job;
 #   - the final values equal those of a run that kept its 1 ps task all along (within 1e-6; in sync mode 0): the
@@ -67,6 +69,14 @@ check "...and so does worker 1" wait_for_line "$m/w1.log" "moving from 1 onto 2 
 grow_step=$(grep -o "^step [0-9]*: the job moved onto 2" "$m/w0.log" | awk '{print $2}' | tr -d :)
 check "ps 0 logs the move at step $grow_step" grep -q "the job moved from 1 onto 2 ps tasks at step $grow_step" "$m/ps0.log"
 check "ps 1 restored its share of step $grow_step, resharded" grep -qF "model.ckpt-$grow_step.ps*-of-1 resharded from 1 ps task onto 2" "$m/ps1.log"
+# Worker 1 killed and started again with the spec's --ps_hosts (as a scheduler restarts it): ps 0 names the job's
+# set when it registers, and it connects to both tasks.
+kill -KILL "$w1"; wait "$w1" 2>/dev/null || true
+"$B/dtrain_worker" "${C[@]}" "${W[@]}" --task_index=1 --push_journal_dir="$m/pushes" --transport=grpc \
+  >"$m/w1b.log" 2>&1 &
+w1=$!; bg+=($w1)
+check "a worker restarted with the old --ps_hosts hears the job's set" \
+  wait_for_line "$m/w1b.log" "moving from 1 onto 2 ps tasks (the job moved before)" 60
 # Training goes on over both tasks; then the refusals, then ps 1 leaves.
 target=$((grow_step + 30))
 for _ in $(seq 600); do s=$(last_step "$m/w0.log"); [ "${s:-0}" -ge "$target" ] && break; sleep 0.1; done

@@ -11,7 +11,7 @@
 namespace dtrain::ps {
 
 CheckpointWriter::CheckpointWriter(const CheckpointOptions& options, int task, int num_ps)
-    : options_(options), task_(task), num_ps_(num_ps) {
+    : options_(options), task_(task) {
   CHECK(options_.enabled()) << "CheckpointWriter without a checkpoint directory";
   const absl::Status valid = ValidateCheckpointOptions(options_);
   CHECK(valid.ok()) << valid;

@@ -66,7 +66,6 @@ class CheckpointWriter {
 
   const CheckpointOptions options_;
   const int task_;
-  const int num_ps_;
 
   mutable absl::Mutex mu_;
   absl::Status last_status_ ABSL_GUARDED_BY(mu_);

@@ -1140,7 +1140,12 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
                                                absl::LocalTimeZone())
               << " (--startup_wait_secs=" << o.startup_wait_secs << ")";
   }
-  RETURN_IF_ERROR(Connect(o, towers.get(), &ps));
+  absl::Status connected_now = Connect(o, towers.get(), &ps);
+  if (std::optional<ps::PsSet> set = ps::ParsePsSetChanged(connected_now); set.has_value()) {
+    // Started with a ps set the job has left (a restarted worker of the original spec): ps 0 named the new one.
+    connected_now = MoveToPsSet(o, &ps, &data, *set);
+  }
+  RETURN_IF_ERROR(connected_now);
   RETURN_IF_ERROR(ResumeInput(o, &ps, &data));
   connected = true;
   *phase = Phase::kTrain;
