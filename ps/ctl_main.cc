@@ -186,16 +186,31 @@ int main(int argc, char** argv) {
                                                 w.reason.empty() ? "" : absl::StrCat(": ", w.reason)).c_str()
                                  : "");
   }
+  // The job's ps tasks: the spec's, or the set ps 0 says the job moved onto (dtrain_ctl add-ps / remove-ps).
+  std::vector<std::string> hosts = cluster->ps;
+  if (!second->ps_hosts.empty() && second->ps_hosts != hosts) {
+    hosts = second->ps_hosts;
+    std::printf("(the job's ps tasks changed since the spec: %zu now)\n", hosts.size());
+  }
   std::printf("%-7s %-22s %11s %12s\n", "ps", "address", "step", "rows held");
-  for (size_t t = 0; t < tasks.size(); ++t) {
+  for (size_t t = 0; t < hosts.size(); ++t) {
+    if (t >= tasks.size() || cluster->ps[t] != hosts[t]) {
+      absl::StatusOr<std::unique_ptr<dtrain::ps::PsInterface>> c = dtrain::ps::NewGrpcPsClient(hosts[t], copt);
+      if (!c.ok()) return Fail(absl::StrCat("ps ", hosts[t], ": ", c.status().message()), 1);
+      if (t < tasks.size()) {
+        tasks[t] = *std::move(c);
+      } else {
+        tasks.push_back(*std::move(c));
+      }
+    }
     absl::StatusOr<dtrain::ps::TrainingStats> s = t == 0 ? second : tasks[t]->GetStats();
     if (!s.ok()) {
-      std::printf("%-7zu %-22s unreachable: %s\n", t, cluster->ps[t].c_str(), std::string(s.status().message()).c_str());
+      std::printf("%-7zu %-22s unreachable: %s\n", t, hosts[t].c_str(), std::string(s.status().message()).c_str());
       continue;
     }
     int64_t rows = 0;
     for (const dtrain::ps::SparseTableStats& table : s->tables) rows += table.rows;
-    std::printf("%-7zu %-22s %11lld %12lld\n", t, cluster->ps[t].c_str(), static_cast<long long>(s->global_step),
+    std::printf("%-7zu %-22s %11lld %12lld\n", t, hosts[t].c_str(), static_cast<long long>(s->global_step),
                 static_cast<long long>(rows));
   }
   return 0;

@@ -77,6 +77,9 @@ kill -KILL "$w1"; wait "$w1" 2>/dev/null || true
 w1=$!; bg+=($w1)
 check "a worker restarted with the old --ps_hosts hears the job's set" \
   wait_for_line "$m/w1b.log" "moving from 1 onto 2 ps tasks (the job moved before)" 60
+"$B/dtrain_ctl" --ps_hosts=127.0.0.1:$p0 --rate_secs=0 status >"$m/status.txt" 2>&1 || true
+cat "$m/status.txt"
+check "dtrain_ctl status lists the job's 2 ps tasks" grep -Eq "^1 +127.0.0.1:$p3 " "$m/status.txt"
 # Training goes on over both tasks; then the refusals, then ps 1 leaves.
 target=$((grow_step + 30))
 for _ in $(seq 600); do s=$(last_step "$m/w0.log"); [ "${s:-0}" -ge "$target" ] && break; sleep 0.1; done

@@ -520,6 +520,9 @@ struct TrainingStats {
   // The step of this task's newest checkpoint on disk (written, or restored); -1: none. The chief waits for ps 0's
   // checkpoint of a move's step before the other tasks restore it (WorkerClient::MoveTo).
   int64_t checkpoint_step = -1;
+  // Ps 0: the job's ps tasks when they changed while it ran (ps_set_plan.h; dtrain_ctl status lists those); empty
+  // while the cluster spec's set holds.
+  std::vector<std::string> ps_hosts;
 };
 
 }  // namespace dtrain::ps

@@ -816,6 +816,7 @@ absl::StatusOr<TrainingStats> ParameterServer::Impl::GetStats() {
   TrainingStats stats;
   stats.global_step = step_;
   stats.checkpoint_step = checkpointing() && written_label_ > 0 ? written_label_ : -1;
+  if (coordinator() && ps_plan_.View(step_).version > 0) stats.ps_hosts = ps_plan_.hosts();
   stats.workers = members_.AllStats();
   if (configured_ && !sync_) stats.staleness_histogram = gate_->histogram();
   if (configured_) stats.max_staleness_seen = gate_->max_staleness_seen();

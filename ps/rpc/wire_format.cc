@@ -206,6 +206,7 @@ void ToProto(const TrainingStats& in, dtrain::wire::StatsResponse* out) {
   }
   out->set_job_ended(in.job_ended);
   out->set_checkpoint_step(in.checkpoint_step);
+  for (const std::string& h : in.ps_hosts) out->add_ps_hosts(h);
   for (int64_t h : in.staleness_histogram) out->add_staleness_histogram(h);
   out->set_max_staleness_seen(in.max_staleness_seen);
   out->set_bytes_received(in.bytes_received);
@@ -249,6 +250,7 @@ TrainingStats FromProto(const dtrain::wire::StatsResponse& in) {
   }
   s.job_ended = in.job_ended();
   s.checkpoint_step = in.checkpoint_step();
+  s.ps_hosts.assign(in.ps_hosts().begin(), in.ps_hosts().end());
   s.staleness_histogram.assign(in.staleness_histogram().begin(), in.staleness_histogram().end());
   s.max_staleness_seen = in.max_staleness_seen();
   s.bytes_received = in.bytes_received();
