@@ -152,6 +152,55 @@ TEST(PsSetChangeTest, TheJobMovesOntoAnAddedTaskAndBackWithoutChangingItsArithme
   EXPECT_EQ(Train(c, &step, 3), expected);
 }
 
+TEST(PsSetChangeTest, APs0RestartedAfterAMoveAdoptsTheJobsSetFromTheChief) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/ps_set_restart_", getpid());
+  auto ps0 = Task(0, {"h0:1"}, dir);
+  WorkerClient c(std::vector<PsInterface*>{ps0.get()}, PlacementFor(1), 0, true, Inline());
+  const std::vector<float> initial = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(c.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
+  int64_t step = 0;
+  Train(c, &step, 3);
+  ControlRequest add;
+  add.command = "add-ps";
+  add.address = "h1:2";
+  ASSERT_TRUE(ps0->Control(add).ok());
+  std::vector<float> params(8), grads(8, 0.1f * 4.0f);
+  ASSERT_EQ(c.Push(3, grads.data())->outcome, Outcome::kAccepted);
+  absl::StatusOr<PullResult> at = c.Pull(4, 3, params.data());
+  ASSERT_TRUE(at.ok()) << at.status();
+  ASSERT_EQ(at->ps_set.step, 4);
+  auto ps1 = Task(1, {"h0:1", "h1:2"}, dir);
+  ASSERT_TRUE(c.MoveTo({ps0.get(), ps1.get()}, PlacementFor(2), at->ps_set, absl::Seconds(5)).ok());
+  step = 4;
+  Train(c, &step, 2);
+
+  // ps 0 dies and is started again with the cluster spec, which names one ps task; the chief, connecting again,
+  // brings both tasks back to the newest step they can restore (the move's) and ps 0 takes the set from its config.
+  ps0.reset();
+  ps0 = Task(0, {"h0:1"}, dir);
+  PsSet now = at->ps_set;
+  now.step = 0;  // nothing moves: the job runs on these already
+  ASSERT_TRUE(c.MoveTo({ps0.get(), ps1.get()}, PlacementFor(2), now, absl::Seconds(5)).ok());
+  EXPECT_EQ(ps0->step(), 4);
+  EXPECT_EQ(ps1->step(), 4);
+  absl::StatusOr<TrainingStats> stats = ps0->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->ps_hosts, (std::vector<std::string>{"h0:1", "h1:2"}));
+  step = 4;
+  at = c.Pull(4, 4, params.data());
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->ps_set.version, 1);
+  EXPECT_EQ(at->ps_set.hosts.size(), 2u);
+  Train(c, &step, 2);
+  // And it changes that set again: the last task leaves.
+  ControlRequest remove;
+  remove.command = "remove-ps";
+  remove.ps = 1;
+  absl::StatusOr<std::string> said = ps0->Control(remove);
+  ASSERT_TRUE(said.ok()) << said.status();
+  EXPECT_EQ(*said, "ps task 1 (h1:2) leaves at the next step boundary: 1 ps task");
+}
+
 TEST(PsSetChangeTest, RefusalsAreOneLine) {
   {  // async
     auto ps = Task(0, {"h0:1"}, "");
