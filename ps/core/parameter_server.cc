@@ -615,7 +615,7 @@ std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
     // The step a change of the ps tasks happens at: every task saves it, and the chief moves the job from there.
     d->checkpoint = true;
     checkpoints_.Saved(step_);
-    const size_t n = ps_plan_.View(step_).hosts.size();
+    const size_t n = ps_plan_.pending_size();
     LOG(INFO) << "ps task 0: step " << step_ << ": the job moves onto " << n << " ps task" << (n == 1 ? "" : "s")
               << " here; no step is decided past it until the chief has moved the state";
   }

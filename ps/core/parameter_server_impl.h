@@ -185,6 +185,8 @@ class ParameterServer::Impl {
   int num_ps() const { return num_ps_.load(std::memory_order_acquire); }
   // A config that states another number of ps tasks than this task runs among (TrainConfig::num_ps).
   bool OtherPsSet(const TrainConfig& config) const { return config.num_ps != 0 && config.num_ps != num_ps(); }
+  // CompareTrainConfigs, but a config for another number of ps tasks (a move) may place other slices here.
+  absl::Status CompareModelLocked(const TrainConfig& config, int worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Control's add-ps / remove-ps on ps 0.
   absl::StatusOr<std::string> ChangePsSet(const ControlRequest& r, const std::string& who);
   // Control's retire: a task the job no longer uses (after remove-ps) ends.

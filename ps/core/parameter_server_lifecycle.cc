@@ -217,15 +217,8 @@ absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& 
     probe.step = step_;
     probe.first_relayable_step = coordinator_ != nullptr ? coordinator_->FirstRelayableStep(step_) : step_;
     probe.num_ps = num_ps();
-    if (configured_) {
-      // A config for another number of tasks is the chief's move of the job (Restore): the same model, other slices.
-      TrainConfig same = config;
-      if (OtherPsSet(config)) {
-        same.slices = config_.slices;
-        same.num_ps = config_.num_ps;
-      }
-      RETURN_IF_ERROR(CompareTrainConfigs(config_, same, 0));
-    }
+    // A config for another number of tasks is the chief's move of the job (Restore): the same model, other slices.
+    if (configured_) RETURN_IF_ERROR(CompareModelLocked(config, 0));
   }
   const int num_ps_probed = config.num_ps != 0 ? config.num_ps : probe.num_ps;
   if (!restorable()) return probe;
@@ -294,12 +287,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     absl::MutexLock lock(&mu_);
     int moved_from = 0;
     if (move) {
-      if (configured_) {
-        TrainConfig same = config;
-        same.slices = config_.slices;
-        same.num_ps = config_.num_ps;
-        RETURN_IF_ERROR(CompareTrainConfigs(config_, same, worker_id));
-      }
+      if (configured_) RETURN_IF_ERROR(CompareModelLocked(config, worker_id));
       if (coordinator()) {
         // The announced move; or, on a ps 0 that restarted after a change (it started with the spec's set), the
         // set the chief's config names.
@@ -516,6 +504,14 @@ absl::StatusOr<std::string> ParameterServer::Impl::Control(const ControlRequest&
   if (r.command == "retire") return Retire(who);
   return absl::InvalidArgumentError(absl::StrCat("unknown command '", r.command,
                                                  "': ps tasks take remove-worker, drain, add-ps, remove-ps and retire"));
+}
+
+absl::Status ParameterServer::Impl::CompareModelLocked(const TrainConfig& config, int worker_id) const {
+  if (!OtherPsSet(config)) return CompareTrainConfigs(config_, config, worker_id);
+  TrainConfig same = config;  // placed on another number of tasks: its slices differ, the rest must not
+  same.slices = config_.slices;
+  same.num_ps = config_.num_ps;
+  return CompareTrainConfigs(config_, same, worker_id);
 }
 
 void ParameterServer::Impl::LogAsyncMembershipLocked() {
@@ -816,7 +812,7 @@ absl::StatusOr<TrainingStats> ParameterServer::Impl::GetStats() {
   TrainingStats stats;
   stats.global_step = step_;
   stats.checkpoint_step = checkpointing() && written_label_ > 0 ? written_label_ : -1;
-  if (coordinator() && ps_plan_.View(step_).version > 0) stats.ps_hosts = ps_plan_.hosts();
+  if (coordinator() && ps_plan_.changed()) stats.ps_hosts = ps_plan_.hosts();
   stats.workers = members_.AllStats();
   if (configured_ && !sync_) stats.staleness_histogram = gate_->histogram();
   if (configured_) stats.max_staleness_seen = gate_->max_staleness_seen();

@@ -33,6 +33,8 @@ class PsSetPlan {
   absl::StatusOr<std::string> Remove(int ps);
 
   bool pending() const { return !next_.empty(); }
+  bool changed() const { return version_ > 0; }  // the job left the spec's set at some point
+  size_t pending_size() const { return next_.size(); }
   // The step the pending change happens at: fixed by the first decision after it was asked for (-1 before).
   int64_t move_step() const { return move_step_; }
   // ps 0 decided a step that ends at `step` (its global step after the decision): the first one after a change
