@@ -3,7 +3,8 @@
 
   - each ps task's applied journal (dtrain_ps --journal_applied: <checkpoint_dir>/applied.ps<T>-of-<N>.*.journal,
     ps/checkpoint/applied_journal.h): what it accepted (K) and applied (A), where it copied a checkpoint (C) and
-    what it restored (R: its checkpoint; X: a checkpoint of another number of ps tasks; I: fresh initial values);
+    what it restored (R: its checkpoint; X: a checkpoint of another number of ps tasks; I: fresh initial values)
+    and which accepted commits ps 0 set aside (V);
   - each worker's push journal (dtrain_worker --push_journal_dir=DIR: pushes.w<W>.*.journal,
     ps/client/push_journal.h): every push ps task 0 acknowledged, with its outcome.
 
@@ -20,7 +21,9 @@ left is what the task's final state holds. Then, for every push a worker saw ack
     before the copy it was resharded from, or the reshard itself) came after a task accepted it and undid it (the
     restored checkpoint was copied before the push was applied: label < the step its update made, sync:
     step + 1); anything else is LOST;
-  - dropped (stale, backup, skipped for NaN/Inf): it is in no task's final lineage.
+  - dropped (stale, backup, skipped for NaN/Inf), or accepted and then set aside by ps 0 (a V record: an elastic
+    job with a global batch planned its step again, and the worker computed it again): it is in no task's final
+    lineage.
 
 A push in a final lineage twice (the same request id, or two request ids of one worker for one step: also one that
 a resharded checkpoint holds and a new task applied again) is DOUBLED. Pushes applied without a worker's record of
@@ -107,6 +110,7 @@ class Task:
         self.checkpoints = {}     # label -> Snapshot, the newest copy of each
         self.restores = []        # (seq, label or None for I, kind)
         self.undone = 0           # applied pushes cut by restores
+        self.voided = set()       # (worker, rid) of V records: commits ps 0 set aside (their step computed again)
 
     def replay(self, path, records, find):
         """find(task, kind, label, from_num_ps, where): the Snapshots an R or X record restored."""
@@ -117,6 +121,9 @@ class Task:
             try:
                 if f[0] == "K" and len(f) == 4:
                     int(f[1]), int(f[2]), int(f[3])
+                elif f[0] == "V" and len(f) == 4:
+                    int(f[2])
+                    self.voided.add((int(f[1]), int(f[3])))
                 elif f[0] == "A" and len(f) == 5:
                     self.applied.append((int(f[1]), int(f[2]), int(f[3]), int(f[4])))
                 elif f[0] == "C" and len(f) == 2:
@@ -276,11 +283,15 @@ def check(ps_dirs, worker_dirs):
                 raise BadInput("%s:%d: unknown outcome %r" % (path, n, outcome))
             acks.setdefault((w, rid), (w, s, rid, outcome))
 
+    voided = set().union(*(t.voided for t in tasks.values()))
     r = collections.Counter()
     problems = []
     for (w, rid), (_, s, _, outcome) in sorted(acks.items()):
         r["acknowledged"] += 1
-        if outcome in DROPPED:
+        if outcome in ACCEPTED and (w, rid) in voided:
+            outcome = "set aside"  # accepted, then its step was planned again: it must be applied nowhere
+            r["set_aside"] += 1
+        if outcome in DROPPED or outcome == "set aside":
             r["dropped"] += 1
             on = [t.task for t in final if any(st.count[(w, rid)] > 0 for st in t.strands)]
             if on:
@@ -347,11 +358,13 @@ def main():
         if len(problems) > 20:
             print("check_updates: ... and %d more" % (len(problems) - 20))
     print("check_updates: %d pushes acknowledged to %d workers, checked on %d ps tasks%s (%d updates): accepted %d "
-          "(applied exactly once %d, undone by a restore %d), dropped %d (applied nowhere); lost %d, doubled %d; "
+          "(applied exactly once %d, undone by a restore %d), dropped %d (applied nowhere%s); lost %d, doubled %d; "
           "%d applied without a recorded acknowledgement; %d restores to a checkpoint undid %d applies%s"
           % (r["acknowledged"], r["workers"], r["ps_tasks"],
              " (ps tasks over time: %s)" % " -> ".join(map(str, eras)) if len(eras) > 1 else "",
-             r["updates_checked"], r["accepted"], r["applied_once"], r["undone"], r["dropped"], r["lost"],
+             r["updates_checked"], r["accepted"], r["applied_once"], r["undone"], r["dropped"],
+             "; %d accepted, then set aside as their step was computed again" % r["set_aside"] if r["set_aside"] else "",
+             r["lost"],
              r["doubled"], r["unacknowledged_applied"], r["restores"], r["undone_applies"],
              "; %d restores of a checkpoint of another number of ps tasks" % r["reshards"] if r["reshards"] else ""))
     if a.json:

@@ -6,6 +6,7 @@ caught. A torn last line (a killed process) is ignored. Changes of the ps set (X
 another number of ps tasks): growing (1 -> 2, 2 -> 3), shrinking (2 -> 1) and both (1 -> 2 -> 1) pass, with the
 newest layout judged and the old layout's checkpoint carried; a loss or a double on either side of a change, a
 step the resharded checkpoint holds applied again, and a reshard of a checkpoint no journal recorded are caught.
+A commit ps 0 set aside (V: its step planned again) must be applied nowhere.
 tests/reshard_journal_test.sh does the same on the journals of real runs."""
 import json
 import os
@@ -103,6 +104,26 @@ expect("dropped but applied", ps, w, 1, doubled=1)
 ps, w = clean()
 ps[(1, 1)].append("R 3")
 expect("unknown checkpoint", ps, w, 2)
+
+# An elastic job with a global batch planned step 6 again after worker 0's commit (V on ps 0): that push is
+# applied nowhere, the one computed again is applied once. Without the V record it is lost; applied, doubled.
+def set_aside():
+    ps, w = clean()
+    ps[(0, 1)] += ["K 0 6 999", "V 0 6 999"]
+    ps[(1, 1)] += ["K 0 6 999"]
+    for t in (0, 1):
+        steps(0, 6, 7, 100, ps[(t, 1)])
+    w[(0, 1)] += ["P 0 6 999 accepted 7"] + acks(0, 6, 7, 100)
+    return ps, w
+
+
+ps, w = set_aside()
+expect("set aside", ps, w, 0, accepted=7, applied_once=7, set_aside=1, dropped=1, lost=0, doubled=0)
+ps[(0, 1)].remove("V 0 6 999")
+expect("... without its V record", ps, w, 1, lost=1)
+ps, w = set_aside()
+ps[(1, 1)] += ["A 0 6 999 7"]
+expect("... and applied", ps, w, 1, doubled=2)
 
 # A restore that went back to a checkpoint copied after the push: the push must still be there.
 ps, w = clean()

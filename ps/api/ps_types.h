@@ -221,9 +221,13 @@ struct TrainConfig {
   // arithmetic does not depend on how many machines it had). Either way an elastic worker reads the one shuffled
   // order of the whole data set, in the part of each step's batch ps 0 gives it (PullHeader::elastic).
   std::string elastic_batch;
-  // Elastic jobs: the batch of the order the workers read (ElasticView::unit): "per_worker", each worker's examples
-  // of a step (its --batch_size times its towers; the same on every worker); "global", the examples of a step.
+  // Elastic jobs: the batch of the order the workers read (ElasticView::unit): each worker's --batch_size times
+  // its towers, the same on every worker. "per_worker": a worker's examples of a step; "global": the part of a
+  // step's batch a worker takes at a time (one round of its towers), a worker's share of the step being a run of
+  // global_batch / batch_unit such units.
   int batch_unit = 0;
+  // "global" elastic jobs: the examples of every step (a multiple of batch_unit; 0 elsewhere).
+  int global_batch = 0;
   // The number of ps tasks the slices and rows are placed on (the worker's --ps_hosts, or the set ps 0 announced
   // after a change, PsSet). 0: not stated (tools, tests). A task that runs on another number answers Register
   // with PsSetChangedError (a worker that missed a change learns the new set) and takes Probe and Restore of such

@@ -58,6 +58,9 @@ void AppliedJournal::Accepted(int worker, int64_t step, uint64_t request_id) {
 void AppliedJournal::Applied(int worker, int64_t step, uint64_t request_id, int64_t at) {
   Write(absl::StrCat("A ", worker, " ", step, " ", request_id, " ", at, "\n"));
 }
+void AppliedJournal::Voided(int worker, int64_t step, uint64_t request_id) {
+  Write(absl::StrCat("V ", worker, " ", step, " ", request_id, "\n"));
+}
 void AppliedJournal::Checkpointed(int64_t label) { Write(absl::StrCat("C ", label, "\n")); }
 void AppliedJournal::Restored(int64_t label) { Write(absl::StrCat("R ", label, "\n")); }
 void AppliedJournal::Resharded(int64_t label, int from_num_ps) {

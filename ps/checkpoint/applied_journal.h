@@ -18,6 +18,9 @@
 //   A <worker> <step> <request id> <at>      the push's gradient went into the parameters (and rows), making the
 //                                            task's step `at` (sync: step + 1; async ps 0: the global step after
 //                                            it; async other tasks: their checkpoint label after it)
+//   V <worker> <step> <request id>           ps 0 set the accepted push aside before any update: its step was
+//                                            planned again (an elastic job with a global batch lost a worker of
+//                                            it) and the worker computes it again; it must be applied nowhere
 //   C <label>                                the state was copied for checkpoint <label> right here: the
 //                                            checkpoint holds exactly the A records before this line (since the
 //                                            last R/X/I)
@@ -56,6 +59,7 @@ class AppliedJournal {
 
   void Accepted(int worker, int64_t step, uint64_t request_id);
   void Applied(int worker, int64_t step, uint64_t request_id, int64_t at);
+  void Voided(int worker, int64_t step, uint64_t request_id);
   void Checkpointed(int64_t label);
   void Restored(int64_t label);
   void Resharded(int64_t label, int from_num_ps);

@@ -24,8 +24,12 @@ std::string Phrase(const std::vector<int>& workers, const char* what) {
 
 }  // namespace
 
-ElasticPlan::ElasticPlan(bool sync, bool global, int unit, int replicas_to_aggregate)
-    : sync_(sync), global_(global), unit_(unit), replicas_(replicas_to_aggregate) {}
+ElasticPlan::ElasticPlan(bool sync, bool global, int unit, int replicas_to_aggregate, int global_batch)
+    : sync_(sync),
+      global_(global),
+      unit_(unit),
+      replicas_(replicas_to_aggregate),
+      global_batch_(global_batch > 0 ? global_batch : unit) {}
 
 void ElasticPlan::Start(const std::vector<int>& active) {
   if (plan_ != active) ++version_;
@@ -108,6 +112,17 @@ std::string ElasticPlan::Advance(int64_t decided, const std::vector<int>& contri
   return Describe(decided + 1, before, plan_);
 }
 
+std::string ElasticPlan::Replan(int64_t step, const std::vector<int>& active) {
+  if (!sync_ || !global_) return "";
+  std::vector<int> next;
+  std::set_intersection(plan_.begin(), plan_.end(), active.begin(), active.end(), std::back_inserter(next));
+  if (next == plan_) return "";
+  const std::vector<int> before = std::move(plan_);
+  plan_ = std::move(next);
+  ++version_;
+  return absl::StrCat(Describe(step, before, plan_), "; step ", step, " is computed again");
+}
+
 std::string ElasticPlan::Changed(int64_t step, const std::vector<int>& active) {
   if (active == plan_) return "";
   for (int w : plan_) {
@@ -181,7 +196,7 @@ int ElasticPlan::aggregating() const {
 }
 
 int64_t ElasticPlan::global_batch() const {
-  return global_ ? unit_ : static_cast<int64_t>(unit_) * static_cast<int64_t>(plan_.size());
+  return global_ ? global_batch_ : static_cast<int64_t>(unit_) * static_cast<int64_t>(plan_.size());
 }
 
 std::string ElasticPlan::Describe(int64_t step, const std::vector<int>& before, const std::vector<int>& after) const {

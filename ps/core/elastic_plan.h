@@ -9,6 +9,9 @@
 // `unit` examples; "per_worker" plans give each of their workers one batch, the batches of workers whose gradient
 // did not make it into the step go back and are handed out again first (the oldest first), so every batch is
 // trained on exactly once; "global" steps take batch `step` whole and split its rows among the plan.
+// A "global" step whose plan loses a worker that has not committed (it left, or was lost) is planned again
+// (Replan): the step's workers still active split the whole batch among them and compute the step again, at the
+// same parameters; the commits of the old split are set aside. So every step is the one batch, whoever left.
 // Async: no plan; each pull takes a batch for the pulling worker alone; a worker that leaves (or is lost) gives
 // back the batch it took last.
 //
@@ -31,8 +34,8 @@ namespace dtrain::ps {
 class ElasticPlan {
  public:
   // `global`: "global" batches (else "per_worker"); `unit`: TrainConfig::batch_unit; `replicas_to_aggregate`:
-  // the config's (0: follows the plan's workers).
-  ElasticPlan(bool sync, bool global, int unit, int replicas_to_aggregate);
+  // the config's (0: follows the plan's workers); `global_batch`: TrainConfig::global_batch (0: `unit`).
+  ElasticPlan(bool sync, bool global, int unit, int replicas_to_aggregate, int global_batch = 0);
 
   // The job (re)starts with `active` workers (a start, a restore): they are the plan, each given a batch.
   void Start(const std::vector<int>& active);
@@ -48,6 +51,10 @@ class ElasticPlan {
   // (those whose join step has come). The batches of plan workers not in `contributed` go back. Returns the log
   // line of a change ("step 840: worker 3 joined (4 workers, aggregating 4, global batch 400)"), or "".
   std::string Advance(int64_t decided, const std::vector<int>& contributed, const std::vector<int>& active);
+  // Sync "global": the current step `step` is planned again with the plan's workers that are still `active`
+  // (the caller knows one left without committing); returns the log line ("step 840: worker 3 left (3 workers,
+  // aggregating 3, global batch 400); step 840 is computed again"), "" when the plan is unchanged.
+  std::string Replan(int64_t step, const std::vector<int>& active);
   // Async: the active set may have changed (a join, a leave): the log line of the change at `step` ("" when it is
   // the same); a worker that left gives back its batch.
   std::string Changed(int64_t step, const std::vector<int>& active);
@@ -55,6 +62,7 @@ class ElasticPlan {
   // the worker gets the next batch, else the view only describes the membership).
   ElasticView View(int64_t step, int worker, bool take_batch);
 
+  bool global() const { return global_; }
   int64_t version() const { return version_; }
   const std::vector<int>& plan() const { return plan_; }
   int aggregating() const;
@@ -73,7 +81,7 @@ class ElasticPlan {
   std::string Describe(int64_t step, const std::vector<int>& before, const std::vector<int>& after) const;
 
   const bool sync_, global_;
-  const int unit_, replicas_;
+  const int unit_, replicas_, global_batch_;
   std::vector<int> plan_;            // sync: the current step's workers; async: the active ones
   std::vector<int64_t> assigned_;    // sync per_worker: plan_[i] reads assigned_[i]
   std::map<int, int64_t> joins_;     // worker -> the first step it counts in (sync, not yet in the plan)

@@ -98,6 +98,25 @@ TEST(ElasticPlanTest, GlobalBatchesFollowTheStep) {
   EXPECT_EQ(plan.View(8, 0, false).first_batch, 8);
 }
 
+TEST(ElasticPlanTest, AGlobalStepThatLostAWorkerIsPlannedAgainWithTheOthers) {
+  ElasticPlan plan(true, /*global=*/true, /*unit=*/100, 0, /*global_batch=*/400);
+  plan.Start({0, 1, 2});
+  const int64_t version = plan.version();
+  EXPECT_EQ(plan.Replan(5, {0, 1, 2}), "");  // nobody left
+  EXPECT_EQ(plan.Replan(5, {0, 2}),
+            "step 5: worker 1 left (2 workers, aggregating 2, global batch 400); step 5 is computed again");
+  EXPECT_EQ(plan.plan(), (std::vector<int>{0, 2}));
+  EXPECT_GT(plan.version(), version);
+  const ElasticView v = plan.View(5, 0, false);
+  EXPECT_EQ(v.first_batch, 5);  // the same batch, split two ways now
+  EXPECT_EQ(v.workers, (std::vector<int>{0, 2}));
+  EXPECT_EQ(plan.Needed({0, 2}), 2);
+  // per_worker plans never do: a batch left undone goes back to the queue instead.
+  ElasticPlan per_worker(true, /*global=*/false, 100, 0);
+  per_worker.Start({0, 1});
+  EXPECT_EQ(per_worker.Replan(5, {0}), "");
+}
+
 TEST(ElasticPlanTest, AsyncHandsEachPullTheNextBatch) {
   ElasticPlan plan(/*sync=*/false, false, 50, 0);
   plan.Start({0});

@@ -508,6 +508,11 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
       // as a backup's would be; it pulls the next step, whose plan has it.
       response.outcome = PushResponse::Outcome::kDroppedBackup;
       CountNotTaken(w, response.outcome);
+    } else if (header.commit && MustRedoLocked(w)) {
+      // A global step planned again while this worker computed its part of the old split: it computes the step
+      // again with the new one (its pull answers at once).
+      response.outcome = PushResponse::Outcome::kDroppedStale;
+      CountNotTaken(w, response.outcome);
     } else if (header.commit && !buffer.all_complete()) {
       ++accounting_.refused;
       return absl::FailedPreconditionError(absl::StrCat("worker ", w, " committed step ", header.step,
@@ -529,6 +534,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
       }
       if (header.commit) {
         coordinator_->AddCommit(w);
+        commit_ids_[w] = header.request_id;
         *decided = DecideLocked();
       }
     }
@@ -806,6 +812,8 @@ bool ParameterServer::Impl::MustWait(const PullRequest& request) const {
   // The worker's own push first: it may still be on its way on another stream.
   if (request.after_push != 0 && !members_.recent_ids(request.worker_id).Contains(request.after_push)) return true;
   if (!members_.AnotherActive(request.worker_id)) return false;
+  // A global elastic step planned again after this worker computed it: the worker computes it again, now.
+  if (sync_ && coordinator() && request.min_step == step_ + 1 && MustRedoLocked(request.worker_id)) return false;
   if (step_ < request.min_step) return true;
   // Sync: a worker whose commit for the current step is recorded pulls the next step, whatever min_step says (a
   // worker process restarted after its commit: computing the step again would only be dropped as a duplicate,
@@ -920,6 +928,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     if (elastic_ != nullptr && !request.sparse_read_only && !request.moving_averages) {
       // Async: each step's pull (its part 0) takes the next batch of the input for this worker.
       header.elastic = elastic_->View(header.step, request.worker_id, !sync_ && request.part == 0);
+      elastic_seen_[request.worker_id] = header.elastic.version;
     }
     if (coordinator()) header.ps_set = ps_plan_.View(header.step);
     epoch = epoch_;

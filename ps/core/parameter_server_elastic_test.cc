@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "ps/core/parameter_server.h"
+#include "ps/core/train_config.h"
 #include "ps/testing/ps_test_util.h"
 
 namespace dtrain::ps {
@@ -95,6 +96,69 @@ TEST(ElasticTest, AWorkerThatLeftComesBackWithTheSameIndex) {
   EXPECT_EQ(cluster->task(0).step(), 3);  // waits for worker 0's commit too
   EXPECT_EQ(*w0.Push(3, {1, 1, 1, 1}), Outcome::kAccepted);
   EXPECT_EQ(cluster->task(0).step(), 4);
+}
+
+// --elastic_batch=global: every step is the one batch; a plan worker that leaves before its commit leaves a part
+// of it undone, so ps 0 plans the step again with the others (their commits of the old split set aside, a late
+// one dropped) and their pulls answer that same step at once, with the new plan.
+TEST(ElasticTest, AGlobalStepWhoseWorkerLeftBeforeItsCommitIsComputedAgain) {
+  SimClusterOptions o = Elastic("sync", 3);
+  o.config.elastic_batch = "global";
+  o.config.global_batch = 30;  // three parts of 10
+  auto cluster = *SimCluster::Start(o);
+  SimWorker w0(cluster.get(), 0);
+  PullResult at = PullOf(w0, 0, 0);
+  EXPECT_EQ(at.elastic.workers, (std::vector<int>{0}));
+  EXPECT_EQ(at.elastic.first_batch, 0);
+  SimWorker w1(cluster.get(), 1), w2(cluster.get(), 2);
+  EXPECT_EQ(*w0.Push(0, {1, 1, 1, 1}), Outcome::kAccepted);  // params 0.5 1.5 2.5 3.5
+  ASSERT_EQ(cluster->task(0).step(), 1);
+  for (SimWorker* w : {&w1, &w2}) PullOf(*w, 1, 0);
+  at = PullOf(w0, 1, 0);
+  EXPECT_EQ(at.elastic.workers, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(at.elastic.first_batch, 1);
+  EXPECT_EQ(*w0.Push(1, {9, 9, 9, 9}), Outcome::kAccepted);  // its part of the three-way split
+  ASSERT_TRUE(w2.client().Done(Leaving::kStopped, 1, "SIGTERM").ok());  // before its commit
+  // Worker 1 computed its part of the old split: dropped. Both pull step 1 again, split two ways.
+  EXPECT_EQ(*w1.Push(1, {9, 9, 9, 9}), Outcome::kDroppedStale);
+  for (SimWorker* w : {&w0, &w1}) {
+    const PullResult again = PullOf(*w, 2, 1);
+    EXPECT_EQ(again.step, 1);
+    EXPECT_EQ(again.elastic.workers, (std::vector<int>{0, 1}));
+    EXPECT_EQ(again.elastic.first_batch, 1);
+    EXPECT_GT(again.elastic.version, at.elastic.version);
+  }
+  EXPECT_EQ(cluster->task(0).step(), 1);
+  EXPECT_EQ(*w0.Push(1, {1, 1, 1, 1}), Outcome::kAccepted);
+  EXPECT_EQ(cluster->task(0).step(), 1);  // waits for worker 1's part
+  EXPECT_EQ(*w1.Push(1, {3, 3, 3, 3}), Outcome::kAccepted);
+  ASSERT_EQ(cluster->task(0).step(), 2);
+  // Step 1 is the average of the parts computed again (2), not of what was set aside.
+  std::vector<float> params(4);
+  ASSERT_TRUE(w0.client().Pull(2, 1, params.data()).ok());
+  EXPECT_EQ(params, (std::vector<float>{-0.5f, 0.5f, 1.5f, 2.5f}));
+}
+
+TEST(ElasticTest, AGlobalBatchIsCheckedAgainstItsPartsAndTheWorkers) {
+  TrainConfig c = MakeConfig("sync", 1, 0, 0.1f);
+  c.total_num_replicas = 0;
+  c.elastic_batch = "global";
+  c.batch_unit = 100;
+  c.global_batch = 400;
+  EXPECT_TRUE(CheckElasticConfig(c, 4).ok()) << CheckElasticConfig(c, 4);
+  absl::Status s = CheckElasticConfig(c, 5);
+  EXPECT_TRUE(absl::StrContains(s.message(), "feeds at most 4 workers")) << s;
+  c.global_batch = 350;
+  s = CheckElasticConfig(c, 2);
+  EXPECT_TRUE(absl::StrContains(s.message(), "--global_batch that is a multiple")) << s;
+  c.global_batch = 400;
+  c.replicas_to_aggregate = 2;
+  s = CheckElasticConfig(c, 2);
+  EXPECT_TRUE(absl::StrContains(s.message(), "--replicas_to_aggregate")) << s;
+  c.replicas_to_aggregate = 0;
+  c.optimizer.clip_norm = 1.0f;
+  s = CheckElasticConfig(c, 2);
+  EXPECT_TRUE(absl::StrContains(s.message(), "--clip_norm")) << s;
 }
 
 TEST(ElasticTest, AWorkerPastMaxWorkersIsRefusedNamingTheFlag) {

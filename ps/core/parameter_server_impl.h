@@ -94,6 +94,8 @@ class ParameterServer::Impl {
         members_(options_.max_workers, options_.task_index, options_.num_workers),
         complete_step_(options_.max_workers, -1),
         pending_accepted_(options_.max_workers, false),
+        commit_ids_(options_.max_workers, 0),
+        elastic_seen_(options_.max_workers, -1),
         checkpoints_(options_.checkpoint.save_steps, options_.checkpoint.save_secs, options_.clock),
         ps_plan_(options_.ps_hosts) {
     num_ps_.store(options_.num_ps);
@@ -199,8 +201,12 @@ class ParameterServer::Impl {
     if (config_.elastic_batch.empty()) return ResolvedReplicasToAggregate(config_);
     return config_.replicas_to_aggregate > 0 ? config_.replicas_to_aggregate : slots();
   }
-  // An async elastic job: ps 0's line for a change of its workers (a join or a leave), once per change.
-  void LogAsyncMembershipLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After workers joined, left or were lost or were lost: the async membership line; a "global" sync step whose plan lost a worker
+  // that had not committed is planned again (its commits set aside, ElasticPlan::Replan).
+  void MembershipChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ps 0 of a "global" elastic job: `worker` computed the current step with a plan it saw before the step was
+  // planned again; it computes it again (its commit is dropped, its pull of the next step answers at once).
+  bool MustRedoLocked(int worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The elastic plan of a configured ps 0 (null elsewhere), started at step_ with the active workers.
   void StartElasticLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a restore: the plan starts again from the active workers, the cursor from the checkpoint's.
@@ -359,6 +365,10 @@ class ParameterServer::Impl {
   std::unique_ptr<ElasticPlan> elastic_ ABSL_GUARDED_BY(mu_);
   // Sync: the step of each worker's last finished upload that held every slice (-1: none).
   std::vector<int64_t> complete_step_ ABSL_GUARDED_BY(mu_);
+  // Ps 0, sync: the request id of each worker's commit for the current step (the applied journal's V records).
+  std::vector<uint64_t> commit_ids_ ABSL_GUARDED_BY(mu_);
+  // Ps 0 of an elastic job: the plan version each worker's last pull header carried (-1: none yet).
+  std::vector<int64_t> elastic_seen_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> next_writer_{1};  // numbers the push uploads (a retried upload is another writer)
   // Early apply. The newest push upload (a tentative update holds only while its upload is the newest: a retry
   // supersedes it); the newest upload whose tentative update was taken back (its pull stops waiting).

@@ -87,8 +87,11 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   LOG(INFO) << "ps task " << options_.task_index << ": adopted the config of chief worker " << chief_ << " ("
             << config_.mode << ", " << config_.num_workers << " workers"
             << (slots() > config_.num_workers ? absl::StrCat(" (up to ", slots(), ")") : "")
-            << (config_.elastic_batch.empty() ? "" : absl::StrCat(", elastic ", config_.elastic_batch, " batches of ",
-                                                                  config_.batch_unit))
+            << (config_.elastic_batch.empty() ? ""
+                : config_.elastic_batch == "global"
+                    ? absl::StrCat(", elastic: global batches of ", config_.global_batch, " in parts of ",
+                                   config_.batch_unit)
+                    : absl::StrCat(", elastic ", config_.elastic_batch, " batches of ", config_.batch_unit))
             << ", R=" << (config_.elastic_batch.empty() || config_.replicas_to_aggregate > 0
                               ? absl::StrCat(ResolvedReplicasToAggregate(config_))
                               : std::string("the workers'"))
@@ -190,7 +193,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
   response.max_workers = slots();
   if (elastic_ != nullptr) {
     response.join_step = elastic_->Join(request.worker_id, step_, active_before);
-    LogAsyncMembershipLocked();
+    MembershipChangedLocked();
   }
   if (joins) {
     LOG(INFO) << "ps task " << options_.task_index << ": worker " << request.worker_id << " joins the running job at "
@@ -417,7 +420,7 @@ absl::Status ParameterServer::Impl::Done(const DoneRequest& request) {
                      << (request.reason.empty() ? "" : absl::StrCat(": ", request.reason)) << "; "
                      << members_.num_active() << " of " << members_.present_workers().size() << " still active)";
       }
-      if (!completed) LogAsyncMembershipLocked();
+      if (!completed) MembershipChangedLocked();
       if (job_ended_.empty()) {
         const std::string why = WhyLeavingEndsRunLocked(request);
         if (!why.empty()) EndRunLocked(why);
@@ -514,10 +517,32 @@ absl::Status ParameterServer::Impl::CompareModelLocked(const TrainConfig& config
   return CompareTrainConfigs(config_, same, worker_id);
 }
 
-void ParameterServer::Impl::LogAsyncMembershipLocked() {
-  if (elastic_ == nullptr || sync_) return;
-  const std::string change = elastic_->Changed(step_, members_.active_workers());
-  if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+void ParameterServer::Impl::MembershipChangedLocked() {
+  if (elastic_ == nullptr) return;
+  const std::vector<int> active = members_.active_workers();
+  if (!sync_) {
+    const std::string change = elastic_->Changed(step_, active);
+    if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+    return;
+  }
+  if (!elastic_->global() || !job_ended_.empty()) return;
+  // A global step needs every part of its batch: a plan worker gone without its commit leaves a part undone.
+  bool undone = false;
+  for (int w : elastic_->plan()) {
+    undone |= !std::binary_search(active.begin(), active.end(), w) && !coordinator_->HasCommitted(w);
+  }
+  if (!undone) return;
+  const std::string change = elastic_->Replan(step_, active);
+  if (change.empty()) return;
+  for (int w : coordinator_->TakePending()) {
+    if (journal_) journal_->Voided(w, step_, commit_ids_[w]);
+  }
+  LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+}
+
+bool ParameterServer::Impl::MustRedoLocked(int worker) const {
+  return elastic_ != nullptr && sync_ && elastic_->global() && elastic_->InPlan(worker) &&
+         elastic_seen_[worker] != elastic_->version() && !coordinator_->HasCommitted(worker);
 }
 
 absl::StatusOr<std::string> ParameterServer::Impl::ChangePsSet(const ControlRequest& r, const std::string& who) {
@@ -634,7 +659,7 @@ void ParameterServer::Impl::CheckLeases() {
                    << absl::StrJoin(lost, ", ") << " lost: no contact for more than "
                    << absl::FormatDuration(options_.worker_timeout) << " (" << members_.num_active()
                    << " still active)";
-      LogAsyncMembershipLocked();
+      MembershipChangedLocked();
       if (sync_ && coordinator() && job_ended_.empty()) decided = DecideLocked();
     }
     cv_.SignalAll();
@@ -977,7 +1002,7 @@ void ParameterServer::Impl::TakeDeltaLocked(int64_t label, int64_t task_step) {
 void ParameterServer::Impl::StartElasticLocked() {
   if (!coordinator() || config_.elastic_batch.empty()) return;
   elastic_ = std::make_unique<ElasticPlan>(sync_, config_.elastic_batch == "global", config_.batch_unit,
-                                           config_.replicas_to_aggregate);
+                                           config_.replicas_to_aggregate, config_.global_batch);
   elastic_->Start(members_.active_workers());
 }
 

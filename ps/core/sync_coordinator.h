@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "ps/api/ps_types.h"
@@ -26,6 +27,8 @@ class SyncCoordinator {
   void StartAt(int64_t step) { first_logged_step_ = step; }
   bool HasCommitted(int worker) const;
   void AddCommit(int worker) { pending_.push_back(worker); }
+  // Sets aside the commits for the current step (it is computed again: ElasticPlan::Replan); returns them.
+  std::vector<int> TakePending() { return std::exchange(pending_, {}); }
   // Decides `step` when there are at least min(R, active_workers) commits (and at least one): returns the
   // decision (the pending commits, in order) and logs it; else nullopt.
   std::optional<StepDecision> MaybeDecide(int64_t step, int active_workers);

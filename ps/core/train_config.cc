@@ -120,6 +120,31 @@ absl::Status CheckElasticConfig(const TrainConfig& config, int max_workers) {
   if (e == "global" && config.mode != "sync") {
     return absl::InvalidArgumentError("--elastic_batch=global keeps each sync step's batch: it needs --mode=sync");
   }
+  if (e == "global") {
+    const int unit = config.batch_unit;
+    if (config.global_batch <= 0 || config.global_batch % unit != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--elastic_batch=global needs a --global_batch that is a multiple of --batch_size times the towers (",
+          unit, "), got ", config.global_batch));
+    }
+    if (config.replicas_to_aggregate > 0 || config.total_num_replicas > 0) {
+      return absl::InvalidArgumentError(
+          "--elastic_batch=global counts every worker of a step (each computes its part of the one batch): "
+          "leave --replicas_to_aggregate and --total_num_replicas unset");
+    }
+    if (config.optimizer.clip_norm > 0) {
+      return absl::InvalidArgumentError(
+          "--elastic_batch=global with --clip_norm: each worker's part would be clipped on its own, not the step's "
+          "gradient; clip with --elastic_batch=per_worker");
+    }
+    const int units = config.global_batch / unit;
+    if (std::max(max_workers, config.num_workers) > units) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a global batch of ", config.global_batch, " examples in parts of ", unit, " (--batch_size times the "
+          "towers) feeds at most ", units, " workers, but the job takes up to ", std::max(max_workers,
+          config.num_workers), " (--max_workers, or the spec's workers): raise --global_batch or lower the batch"));
+    }
+  }
   if (e.empty() && max_workers > config.num_workers) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the ps tasks take up to ", max_workers, " workers (--max_workers), more than the cluster spec's ",
@@ -140,6 +165,9 @@ absl::Status CompareTrainConfigs(const TrainConfig& ps, const TrainConfig& w, in
     return Mismatch("elastic_batch", ps.elastic_batch, w.elastic_batch, worker_id);
   }
   if (ps.batch_unit != w.batch_unit) return Mismatch("the elastic batch", ps.batch_unit, w.batch_unit, worker_id);
+  if (ps.global_batch != w.global_batch) {
+    return Mismatch("global_batch", ps.global_batch, w.global_batch, worker_id);
+  }
   if (ResolvedReplicasToAggregate(ps) != ResolvedReplicasToAggregate(w)) {
     return Mismatch("replicas_to_aggregate", ResolvedReplicasToAggregate(ps), ResolvedReplicasToAggregate(w),
                     worker_id);

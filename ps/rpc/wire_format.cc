@@ -25,6 +25,7 @@ void ToProto(const TrainConfig& in, dtrain::wire::TrainConfig* out) {
   out->set_sparse_mode(in.sparse_mode);
   out->set_elastic_batch(in.elastic_batch);
   out->set_batch_unit(in.batch_unit);
+  out->set_global_batch(in.global_batch);
   out->set_num_ps(in.num_ps);
   for (const std::string& h : in.ps_hosts) out->add_ps_hosts(h);
   out->set_ps_version(in.ps_version);
@@ -99,6 +100,7 @@ TrainConfig FromProto(const dtrain::wire::TrainConfig& in) {
   c.sparse_mode = in.sparse_mode().empty() ? "sync" : in.sparse_mode();
   c.elastic_batch = in.elastic_batch();
   c.batch_unit = in.batch_unit();
+  c.global_batch = in.global_batch();
   c.num_ps = in.num_ps();
   c.ps_hosts.assign(in.ps_hosts().begin(), in.ps_hosts().end());
   c.ps_version = in.ps_version();

@@ -195,7 +195,13 @@ ABSL_FLAG(std::string, elastic_batch, "",
           "Elastic jobs, where workers join (a --task_index past the spec's workers, up to dtrain_ps "
           "--max_workers - 1) and leave while the job runs: per_worker (each worker keeps its batch and reads the "
           "batches ps 0 hands out of one shuffled order of the whole data set, so no example repeats or is missed "
-          "as the workers change). Every worker of the job needs the same value. Empty: not elastic");
+          "as the workers change), or global (every step trains on one batch of --global_batch examples, split "
+          "among the step's workers in parts of --batch_size times the towers, each worker summing the gradients "
+          "of its parts: the run's arithmetic does not depend on how many workers it had). Every worker of the job "
+          "needs the same value. Empty: not elastic");
+ABSL_FLAG(int32_t, global_batch, 0,
+          "--elastic_batch=global: the examples of every step, a multiple of --batch_size times the towers (0: "
+          "--batch_size times the towers times the spec's workers). Every worker of the job needs the same value");
 ABSL_FLAG(std::string, sparse_mode, "sync",
           "Sync mode, models with embedding tables: sync (the rows join each step) or async (PERSIA's hybrid: dense "
           "variables stay synchronous, each push's rows are applied as it arrives)");
@@ -388,6 +394,12 @@ int main(int argc, char** argv) {
   o.row_slot_dtype = absl::GetFlag(FLAGS_row_slot_dtype);
   o.sparse_mode = absl::GetFlag(FLAGS_sparse_mode);
   o.elastic_batch = absl::GetFlag(FLAGS_elastic_batch);
+  o.global_batch = absl::GetFlag(FLAGS_global_batch);
+  if (o.global_batch < 0 || (o.global_batch > 0 && o.elastic_batch != "global")) {
+    std::fprintf(stderr, "dtrain_worker: --global_batch=%d: needs --elastic_batch=global and a count > 0\n",
+                 o.global_batch);
+    return dtrain::kExitConfigRefused;
+  }
   if (!o.elastic_batch.empty() && o.elastic_batch != "per_worker" && o.elastic_batch != "global") {
     std::fprintf(stderr, "dtrain_worker: --elastic_batch=%s: expected per_worker or global (or empty)\n",
                  o.elastic_batch.c_str());
@@ -395,7 +407,7 @@ int main(int argc, char** argv) {
   }
   if (cluster->joining && o.elastic_batch.empty()) {
     std::fprintf(stderr, "dtrain_worker: --task_index=%d is past the cluster spec's %d workers: such a worker joins "
-                 "a running elastic job, which needs --elastic_batch=per_worker (on every worker) and dtrain_ps "
+                 "a running elastic job, which needs --elastic_batch=per_worker or global (on every worker) and dtrain_ps "
                  "--max_workers > %d\n", cluster->task_index, cluster->num_workers(), cluster->task_index);
     return dtrain::kExitConfigRefused;
   }

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/env.h"
 #include "common/status_macros.h"
+#include "ps/core/train_config.h"
 #include "worker/batch/table_spec.h"
 #include "worker/models/graph.h"
 #include "worker/models/model.h"
@@ -47,17 +48,16 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   ASSIGN_OR_RETURN(config.optimizer, OptimizerConfigOf(o));
   config.sparse_mode = o.sparse_mode;
   if (!local && !o.elastic_batch.empty()) {
-    if (o.elastic_batch != "per_worker") {
-      return absl::UnimplementedError(absl::StrCat(
-          "--elastic_batch=", o.elastic_batch, ": only per_worker is built (a global batch split among a changing "
-          "number of workers changes each worker's batch, and a tower's ops are specialized for one batch size)"));
-    }
     if (!model0->graph().tables.empty()) {
       return absl::UnimplementedError("--elastic_batch with a model with sparse tables: not built yet (such a "
                                       "model reads its batches a step ahead, before ps 0 gives it their place)");
     }
     config.elastic_batch = o.elastic_batch;
     config.batch_unit = o.batch_size * towers->size();
+    if (o.elastic_batch == "global") {
+      config.global_batch = o.global_batch > 0 ? o.global_batch : config.batch_unit * o.num_workers;
+    }
+    RETURN_IF_ERROR(ps::CheckElasticConfig(config, config.num_workers));  // what ps 0 would refuse, said here
   }
   config.moving_average_decay = o.moving_average_decay;
   config.train_steps = o.train_steps;

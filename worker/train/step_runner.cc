@@ -171,6 +171,19 @@ absl::Status StepRunner::ScoreBatch(const models::HostBatch& batch, float* logit
 }
 
 absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int64_t step) {
+  return StepRounds(batches, step, 1.0f);
+}
+
+absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batches, int64_t step, float scale) {
+  const size_t per_round = static_cast<size_t>(towers_->size());
+  const size_t rounds = batches.size() / per_round;
+  if (rounds == 0 || batches.size() % per_round != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a step takes a batch per tower in each round: got ",
+                                                   batches.size(), " batches for ", per_round, " towers"));
+  }
+  if (rounds > 1 && sparse_model_) {
+    return absl::UnimplementedError("a step over several rounds of the towers for a model with sparse tables");
+  }
   if (profile_ != nullptr) profile_->StepBegin();
   if (sparse_model_) {
     if (!upcoming_set_) {
@@ -217,12 +230,40 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
     }
     return absl::OkStatus();
   };
-  models::StepHooks timed;
+  // Several rounds: the last one pushes, with the sum of the others and the scale folded into each range as it
+  // is ready; the others add their gradients to round_sum_.
+  float* grads = towers_->host_grads();
+  if (rounds > 1 || scale != 1.0f) {
+    hooks.gradients_ready = [this, grads, scale, rounds, push = std::move(hooks.gradients_ready)](
+                                int64_t begin, int64_t end) -> absl::Status {
+      for (int64_t i = begin; i < end; ++i) grads[i] = (rounds > 1 ? round_sum_[i] + grads[i] : grads[i]) * scale;
+      return push(begin, end);
+    };
+  }
+  models::StepHooks summing = hooks;
+  summing.gradients_ready = [this, grads](int64_t begin, int64_t end) -> absl::Status {
+    for (int64_t i = begin; i < end; ++i) round_sum_[i] += grads[i];
+    return absl::OkStatus();
+  };
+  if (rounds > 1) round_sum_.assign(towers_->num_parameters(), 0.0f);
+  models::StepHooks timed, timed_summing;
   if (profile_ != nullptr) {
     timed = profile_->TimeHooks(hooks);
+    if (rounds > 1) timed_summing = profile_->TimeHooks(summing);
     profile_->ComputeBegin();
   }
-  absl::StatusOr<float> loss = towers_->ComputeGradients(batches, step, profile_ != nullptr ? &timed : &hooks);
+  absl::StatusOr<float> loss = 0.0f;
+  double loss_sum = 0;
+  for (size_t r = 0; r < rounds && loss.ok(); ++r) {
+    const bool last = r + 1 == rounds;
+    models::StepHooks* round_hooks =
+        profile_ != nullptr ? (last ? &timed : &timed_summing) : (last ? &hooks : &summing);
+    const std::vector<models::HostBatch> round(batches.begin() + r * per_round,
+                                               batches.begin() + (r + 1) * per_round);
+    loss = towers_->ComputeGradients(rounds == 1 ? batches : round, step, round_hooks);
+    if (loss.ok()) loss_sum += *loss;
+  }
+  if (loss.ok()) loss = static_cast<float>(loss_sum / static_cast<double>(rounds));
   if (profile_ != nullptr) profile_->ComputeEnd();
   // Every parameter has been read; the pull that brought them is over (finished already when the next one went
   // out beside the push).

@@ -57,6 +57,11 @@ class StepRunner : public TrainingSteps {
   // layer-by-layer pushes, commit; then starts the next pull. InternalError when the loss is not finite
   // (nothing of the step is committed then).
   absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) override;
+  // Step over batches.size() / towers rounds (models without sparse tables): the parameters are waited for in
+  // the first round, each earlier round's gradients are summed aside, and the last round's pushes go out as
+  // backward produces them, with the sum and `scale` folded in (InvalidArgument for a count that is not a
+  // positive multiple of the towers).
+  absl::Status StepRounds(const std::vector<models::HostBatch>& batches, int64_t step, float scale) override;
   // Waits for the answer of the pull in flight: the step of the next parameters, and whether training is over.
   absl::StatusOr<ps::PullResult> NextStep() override;
   absl::StatusOr<std::vector<float>> TakeLosses() override;
@@ -94,6 +99,7 @@ class StepRunner : public TrainingSteps {
   bool upcoming_set_ = false;  // SetUpcomingBatches since the last pull started
   int64_t last_step_unique_ids_ = 0;
   std::vector<float> scratch_params_;  // where an evaluation pull's parameters go
+  std::vector<float> round_sum_;       // StepRounds: the gradients of the rounds before the last, summed
   // The row cache, and per slot of sparse_ and table: what it served and what the pull brings.
   std::unique_ptr<RowCache> cache_;
   std::vector<RowCache::Plan> plans_[2];

@@ -276,7 +276,7 @@ absl::Status SeekBatch(data::BatchStream* stream, int64_t index) {
 // The chief's line for a change of an elastic job's membership, as ps 0 logs it: "step 840: worker 3 joined (4
 // workers, aggregating 4, global batch 400)".
 std::string DescribeElasticChange(const ps::ElasticView& before, const ps::ElasticView& now, int64_t step,
-                                  bool sync) {
+                                  bool sync, int64_t global_batch, bool again) {
   std::vector<int> joined, left;
   for (int w : now.workers) {
     if (std::find(before.workers.begin(), before.workers.end(), w) == before.workers.end()) joined.push_back(w);
@@ -297,8 +297,9 @@ std::string DescribeElasticChange(const ps::ElasticView& before, const ps::Elast
                         " each)");
   }
   return absl::StrCat("step ", step, ": ", what, " (", n, " worker", n == 1 ? "" : "s", ", aggregating ",
-                      now.aggregating, ", global batch ", static_cast<int64_t>(now.unit) * static_cast<int64_t>(n),
-                      ")");
+                      now.aggregating, ", global batch ",
+                      global_batch > 0 ? global_batch : static_cast<int64_t>(now.unit) * static_cast<int64_t>(n),
+                      ")", again ? absl::StrCat("; step ", step, " is computed again") : "");
 }
 
 // One step's input: a batch per tower and where the stream is after them (for the checkpoints).
@@ -306,7 +307,36 @@ struct StepInput {
   std::vector<data::Batch> batches;
   std::vector<models::HostBatch> views;  // into batches (whose buffers move with them on a swap)
   std::string position;
+  // An elastic job with a global batch: the rounds of the towers this worker's part of the step takes (batches
+  // holds rounds x towers), and the factor its summed gradient is pushed with.
+  int rounds = 1;
+  float scale = 1.0f;
 };
+
+// An elastic job with a global batch: this worker's part of a step as ps 0's `view` plans it. The step's batch
+// (view.first_batch of the order, `global_batch` examples) is `global_batch / unit` parts of `unit` examples
+// (one round of the towers each); the plan's workers, in order, take runs of consecutive parts as even as can
+// be. A worker outside the plan reads on where it is for one round (its commit is dropped). The factor: the
+// workers' gradients are summed over their rounds, and ps 0 averages them over the plan's workers, so each is
+// scaled by workers / parts to make the step's gradient the mean over the whole batch.
+struct GlobalPart {
+  int64_t first_unit = -1;  // of the order, in units (-1: outside the plan)
+  int rounds = 1;
+  float scale = 1.0f;
+};
+GlobalPart GlobalPartOf(const ps::ElasticView& view, int worker, int64_t global_batch, int unit) {
+  GlobalPart part;
+  const auto me = std::find(view.workers.begin(), view.workers.end(), worker);
+  if (me == view.workers.end() || unit <= 0) return part;
+  const int64_t parts = global_batch / unit;
+  const int64_t n = static_cast<int64_t>(view.workers.size());
+  const int64_t rank = me - view.workers.begin();
+  const int64_t first = rank * parts / n, end = (rank + 1) * parts / n;
+  part.first_unit = view.first_batch * parts + first;
+  part.rounds = static_cast<int>(end - first);
+  part.scale = static_cast<float>(static_cast<double>(n) / static_cast<double>(parts));
+  return part;
+}
 
 absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towers* towers, Connection* c,
                        TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries, ScoreWindow* window,
@@ -324,8 +354,16 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   // step's workers (sync), or the one handed to it (async). A worker outside the plan (it is behind) reads on
   // where it is: ps 0 drops its commit, so nothing of that batch is trained on twice.
   const bool elastic = !c->config.elastic_batch.empty();
+  const bool global = c->config.elastic_batch == "global";
   auto draw = [&](StepInput* in, const ps::ElasticView* view = nullptr) -> absl::StatusOr<bool> {
-    if (view != nullptr && view->unit > 0) {
+    in->rounds = 1;
+    in->scale = 1.0f;
+    if (view != nullptr && view->unit > 0 && global) {
+      const GlobalPart part = GlobalPartOf(*view, o.worker_id, c->config.global_batch, c->config.batch_unit);
+      if (part.first_unit >= 0) RETURN_IF_ERROR(SeekBatch(d->stream.get(), part.first_unit * towers->size()));
+      in->rounds = part.rounds;
+      in->scale = part.scale;
+    } else if (view != nullptr && view->unit > 0) {
       int64_t unit_index = -1;
       if (o.mode != "sync") {
         if (!view->batches.empty()) unit_index = view->batches[0];
@@ -336,9 +374,10 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       }
       if (unit_index >= 0) RETURN_IF_ERROR(SeekBatch(d->stream.get(), unit_index * towers->size()));
     }
-    in->batches.resize(towers->size());
-    in->views.resize(towers->size());
-    for (int t = 0; t < towers->size(); ++t) {
+    const int count = in->rounds * towers->size();
+    in->batches.resize(count);
+    in->views.resize(count);
+    for (int t = 0; t < count; ++t) {
       const absl::Time asked = absl::Now();
       const data::Batch& next = d->stream->Next();  // blocks only while the batch is not ready
       const double waited = absl::ToDoubleSeconds(absl::Now() - asked);
@@ -396,11 +435,13 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   if (!started.ok()) return started.status();
   ps::PullResult at = *started;
   result->first_step = at.step;
-  ps::ElasticView seen;  // the chief logs each change of an elastic job's membership
+  ps::ElasticView seen;     // the chief logs each change of an elastic job's membership
+  bool step_again = false;  // the pull answered the step just computed (a global step planned again)
   auto log_membership = [&]() {
     if (!elastic || !chief || o.quiet || at.elastic.unit == 0 || at.elastic.version == seen.version) return;
     if (seen.unit != 0) {
-      std::printf("%s\n", DescribeElasticChange(seen, at.elastic, at.step, o.mode == "sync").c_str());
+      std::printf("%s\n", DescribeElasticChange(seen, at.elastic, at.step, o.mode == "sync", c->config.global_batch,
+                                        step_again).c_str());
       std::fflush(stdout);
     }
     seen = at.elastic;
@@ -419,7 +460,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   const absl::Time start = absl::Now();
   if (result->training_started == absl::InfinitePast()) result->training_started = start;
   absl::Time window_start = start;
-  int64_t window_steps = 0;
+  int64_t window_steps = 0, window_examples = 0;
   int64_t next_eval = o.eval_every > 0 ? (at.step / o.eval_every + 1) * o.eval_every : -1;
   const auto before_end = [&o](int64_t step) { return o.train_steps == 0 || step < o.train_steps; };
   // Progressive validation: the chief of an online run scores its batch before it trains on it.
@@ -462,7 +503,10 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       c->client->SetInputPosition(current.position);
     }
     if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
-    if (stepped.ok()) stepped = steps->Step(current.views, at.step);
+    if (stepped.ok()) {
+      stepped = global ? steps->StepRounds(current.views, at.step, current.scale) : steps->Step(current.views, at.step);
+    }
+    const int64_t step_examples = static_cast<int64_t>(current.rounds) * examples_per_step;
     if (sparse) {
       std::swap(current, upcoming);  // the next step's batches, whose rows the pull now in flight brings
     } else {
@@ -473,6 +517,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       ASSIGN_OR_RETURN(at, recover(next.status()));
       continue;
     }
+    step_again = next->step == at.step;
     at = *next;
     if (at.ps_set.version > c->ps_version && at.ps_set.hosts == c->ps_hosts) {
       c->ps_version = at.ps_set.version;  // started with the set as it is now
@@ -487,11 +532,13 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     log_membership();
     ++result->local_steps;
     ++window_steps;
+    window_examples += step_examples;
+    result->examples += step_examples;
     if (result->local_steps % o.log_every == 0) {
       RETURN_IF_ERROR(
           CollectLosses(steps, result));  // device-resident steps: the one read-back of the window
       const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
-      const double rate = window_steps * examples_per_step / std::max(secs, 1e-9);
+      const double rate = static_cast<double>(window_examples) / std::max(secs, 1e-9);
       const float loss = result->last_loss;
       if (!o.quiet) {
         std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch; input wait %.3f sec/batch)\n",
@@ -506,6 +553,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       }
       window_start = absl::Now();
       window_steps = 0;
+      window_examples = 0;
       window_input_wait = 0;
     }
     if (summaries && result->local_steps % o.summary_every == 0) {
@@ -563,7 +611,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     ASSIGN_OR_RETURN(at, settled.ok() ? settled : recover(settled.status()));
   }
   result->seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  result->examples = result->local_steps * examples_per_step;
+  // result->examples: counted as the steps ran (an elastic global step's rounds).
   result->global_step = at.step;
   return absl::OkStatus();
 }

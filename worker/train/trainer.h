@@ -82,9 +82,12 @@ struct WorkerOptions {
   std::string sparse_mode = "sync";
   // An elastic job (workers join and leave while it runs: dtrain_ps --max_workers): "" (no: this worker reads
   // shard worker_id of num_workers), "per_worker" (every worker reads the data set's one shuffled order, the
-  // batches ps 0 gives it with each step: ps::ElasticView). "global" (each worker's batch = the spec's global
-  // batch / the step's workers) is refused for now: a tower's ops are specialized for one batch size.
+  // batches ps 0 gives it with each step: ps::ElasticView), "global" (every sync step trains on one batch of
+  // global_batch examples of that order: the step's workers split it in parts of batch_size times the towers, one
+  // round of the towers a part, and each sums the gradients of its parts, scaled so that the ps's average over
+  // the workers is the batch's mean gradient).
   std::string elastic_batch;
+  int global_batch = 0;  // "global": the examples of a step (0: batch_size x towers x num_workers)
   // The worker's row cache (worker/batch/row_cache.h): up to row_cache_rows rows of each table kept between
   // steps, not pulled again while they are at most row_cache_staleness steps old; the gradients of the steps that
   // used a cached row are summed and pushed when the row is pulled again or leaves the cache. 0 rows: none.

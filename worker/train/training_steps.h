@@ -73,6 +73,13 @@ class TrainingSteps {
   // Runs one step on `batches` (one per tower) with the parameters of `step`, the step Start / NextStep last
   // returned. Device-resident steps only enqueue it on the devices.
   virtual absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) = 0;
+  // An elastic job with a global batch: one step on `batches`, rounds of one batch per tower (batches.size() a
+  // multiple of the towers), whose gradients (each round's the towers' average) are summed and multiplied by
+  // `scale` before they are pushed as the step's; the loss is the rounds' mean. Unimplemented where the steps
+  // cannot (device-resident steps, models with sparse tables).
+  virtual absl::Status StepRounds(const std::vector<models::HostBatch>& batches, int64_t step, float scale) {
+    return absl::UnimplementedError("a step over several rounds of the towers needs steps that push and pull");
+  }
   // The step of the next parameters, and whether training is over.
   virtual absl::StatusOr<ps::PullResult> NextStep() = 0;
   // The losses of the steps run since the last call, in order. Device-resident steps read them back from the
