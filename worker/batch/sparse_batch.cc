@@ -81,28 +81,39 @@ models::SparseInputs SparseBatch::inputs(int k) const {
 }
 
 absl::Status SparseBatch::AverageGradients(const std::vector<models::Model*>& models) {
+  RETURN_IF_ERROR(AddGradients(models, /*first=*/true));
+  if (models.size() > 1) ScaleGradients(1.0f / static_cast<float>(models.size()));
+  return absl::OkStatus();
+}
+
+absl::Status SparseBatch::AddGradients(const std::vector<models::Model*>& models, bool first) {
   for (size_t t = 0; t < tables_state_.size(); ++t) {
     TableState& ts = tables_state_[t];
     const int64_t n = static_cast<int64_t>(ts.ids.size()) * tables_[t].dim;
-    ts.grads.resize(std::max<int64_t>(n, 1));
+    if (first) ts.grads.resize(std::max<int64_t>(n, 1));
     if (n == 0) continue;
     for (size_t k = 0; k < models.size(); ++k) {
-      float* dst = k == 0 ? ts.grads.data() : nullptr;
-      if (k > 0) {
+      const bool overwrite = first && k == 0;
+      float* dst = overwrite ? ts.grads.data() : nullptr;
+      if (!overwrite) {
         ts.scratch.resize(n);
         dst = ts.scratch.data();
       }
       RETURN_IF_ERROR(models[k]->device()->CopyToHost(models[k]->device_sparse_gradients(static_cast<int>(t)), dst, n));
-      if (k > 0) {
+      if (!overwrite) {
         for (int64_t i = 0; i < n; ++i) ts.grads[i] += ts.scratch[i];
       }
     }
-    if (models.size() > 1) {
-      const float scale = 1.0f / static_cast<float>(models.size());
-      for (int64_t i = 0; i < n; ++i) ts.grads[i] *= scale;
-    }
   }
   return absl::OkStatus();
+}
+
+void SparseBatch::ScaleGradients(float scale) {
+  for (size_t t = 0; t < tables_state_.size(); ++t) {
+    TableState& ts = tables_state_[t];
+    const int64_t n = static_cast<int64_t>(ts.ids.size()) * tables_[t].dim;
+    for (int64_t i = 0; i < n; ++i) ts.grads[i] *= scale;
+  }
 }
 
 int64_t SparseBatch::total_unique() const {

@@ -45,6 +45,10 @@ class SparseBatch {
   // Table t's row gradients averaged over `models` (the towers, after their step): unique_ids(t).size() * dim
   // floats. Device errors as the devices report them.
   absl::Status AverageGradients(const std::vector<models::Model*>& models);
+  // A step over several rounds of the towers (one SparseBatch prepared with every round's batches): adds the
+  // row gradients of `models` (one round) to grads(t) (`first`: replaces them), and multiplies them by `scale`.
+  absl::Status AddGradients(const std::vector<models::Model*>& models, bool first);
+  void ScaleGradients(float scale);
   const float* grads(int t) const { return tables_state_[t].grads.data(); }
   // Unique ids over all tables this step.
   int64_t total_unique() const;

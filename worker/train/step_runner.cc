@@ -75,15 +75,26 @@ absl::Status StepRunner::BindRows(int64_t step) {
     // With a row cache: the pulled rows into the batch's rows, and into the cache (fresh at this step).
     if (cache_ != nullptr) cache_->Store(t, step, &plans_[current_][t], pulled_[current_][t].data(), b.rows(t));
   }
-  for (int k = 0; k < towers_->size(); ++k) RETURN_IF_ERROR(towers_->tower(k)->SetSparseInputs(b.inputs(k)));
+  return BindRound(0);
+}
+
+absl::Status StepRunner::BindRound(int round) {
+  SparseBatch& b = *sparse_[current_];
+  const int towers = towers_->size();
+  for (int k = 0; k < towers; ++k) RETURN_IF_ERROR(towers_->tower(k)->SetSparseInputs(b.inputs(round * towers + k)));
   return absl::OkStatus();
 }
 
-absl::Status StepRunner::PushRows() {
-  SparseBatch& b = *sparse_[current_];
+absl::Status StepRunner::AddRowGradients(int round) {
   std::vector<models::Model*> models;
   for (int k = 0; k < towers_->size(); ++k) models.push_back(towers_->tower(k));
-  RETURN_IF_ERROR(b.AverageGradients(models));
+  return sparse_[current_]->AddGradients(models, /*first=*/round == 0);
+}
+
+absl::Status StepRunner::PushRows(float scale) {
+  SparseBatch& b = *sparse_[current_];
+  // The rounds' row gradients are summed (AddRowGradients): averaged over the towers, times the step's scale.
+  if (towers_->size() > 1 || scale != 1.0f) b.ScaleGradients(scale / static_cast<float>(towers_->size()));
   last_step_unique_ids_ = b.total_unique();
   ++traffic_.steps;
   for (int t = 0; t < b.num_tables(); ++t) {
@@ -119,6 +130,17 @@ absl::StatusOr<ps::PullResult> StepRunner::Start() {
   // A worker that joins a running elastic job waits for the step it counts from (WorkerClient::join_step).
   ASSIGN_OR_RETURN(ps::PullResult at,
                    client_->Pull(/*min_step=*/client_->join_step(), /*since_step=*/0, towers_->host_params()));
+  step_ = at.step;
+  return at;
+}
+
+absl::StatusOr<ps::PullResult> StepRunner::RedrawCurrent(const std::vector<models::HostBatch>& batches) {
+  if (!sparse_model_) return absl::FailedPreconditionError("RedrawCurrent: the model has no sparse tables");
+  if (cache_ != nullptr) return absl::FailedPreconditionError("RedrawCurrent: not with a row cache");
+  RETURN_IF_ERROR(client_->FinishPull().status());  // it brought the rows of the batches drawn before
+  RETURN_IF_ERROR(sparse_[current_]->Prepare(batches));
+  RETURN_IF_ERROR(RequestRows(current_, step_));
+  ASSIGN_OR_RETURN(ps::PullResult at, client_->Pull(sync_ ? step_ : 0, step_, towers_->host_params()));
   step_ = at.step;
   return at;
 }
@@ -180,9 +202,6 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
   if (rounds == 0 || batches.size() % per_round != 0) {
     return absl::InvalidArgumentError(absl::StrCat("a step takes a batch per tower in each round: got ",
                                                    batches.size(), " batches for ", per_round, " towers"));
-  }
-  if (rounds > 1 && sparse_model_) {
-    return absl::UnimplementedError("a step over several rounds of the towers for a model with sparse tables");
   }
   if (profile_ != nullptr) profile_->StepBegin();
   if (sparse_model_) {
@@ -260,7 +279,15 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
         profile_ != nullptr ? (last ? &timed : &timed_summing) : (last ? &hooks : &summing);
     const std::vector<models::HostBatch> round(batches.begin() + r * per_round,
                                                batches.begin() + (r + 1) * per_round);
-    loss = towers_->ComputeGradients(rounds == 1 ? batches : round, step, round_hooks);
+    if (sparse_model_ && r > 0) {
+      const absl::Status bound = BindRound(static_cast<int>(r));
+      if (!bound.ok()) loss = bound;
+    }
+    if (loss.ok()) loss = towers_->ComputeGradients(rounds == 1 ? batches : round, step, round_hooks);
+    if (loss.ok() && sparse_model_) {
+      const absl::Status added = AddRowGradients(static_cast<int>(r));
+      if (!added.ok()) loss = added;
+    }
     if (loss.ok()) loss_sum += *loss;
   }
   if (loss.ok()) loss = static_cast<float>(loss_sum / static_cast<double>(rounds));
@@ -268,7 +295,7 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
   // Every parameter has been read; the pull that brought them is over (finished already when the next one went
   // out beside the push).
   absl::Status pulled = !loss.ok() ? loss.status() : pulled_early ? absl::OkStatus() : client_->FinishPull().status();
-  if (pulled.ok() && sparse_model_) pulled = PushRows();
+  if (pulled.ok() && sparse_model_) pulled = PushRows(scale);
   if (!pulled.ok()) {
     // The gradients are not all final (a pull failed, say, because a ps task restarted): the push must not
     // commit, and must complete, or the next WaitPush (Reconnect's) would wait for it until it times out.

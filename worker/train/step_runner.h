@@ -62,6 +62,8 @@ class StepRunner : public TrainingSteps {
   // backward produces them, with the sum and `scale` folded in (InvalidArgument for a count that is not a
   // positive multiple of the towers).
   absl::Status StepRounds(const std::vector<models::HostBatch>& batches, int64_t step, float scale) override;
+  // Without a row cache (the elastic jobs that redraw refuse one): its plans are made once per pull.
+  absl::StatusOr<ps::PullResult> RedrawCurrent(const std::vector<models::HostBatch>& batches) override;
   // Waits for the answer of the pull in flight: the step of the next parameters, and whether training is over.
   absl::StatusOr<ps::PullResult> NextStep() override;
   absl::StatusOr<std::vector<float>> TakeLosses() override;
@@ -81,10 +83,14 @@ class StepRunner : public TrainingSteps {
   // Sparse tables: SetSparsePull for the rows of the batch's ids (in slot `slot` of sparse_), for the step
   // `step` (with a row cache: only those it does not hold fresh for that step).
   absl::Status RequestRows(int slot, int64_t step);
-  // Binds the rows of the current step (arrived with the pull in flight, of step `step`) to every tower.
+  // Binds the rows of the current step (arrived with the pull in flight, of step `step`) to every tower (round 0).
   absl::Status BindRows(int64_t step);
-  // After the towers' backward: averages their row gradients and adds them to the push.
-  absl::Status PushRows();
+  // Round `round` of a step: each tower k reads the rows of batch round * towers + k of the step's SparseBatch.
+  absl::Status BindRound(int round);
+  // After round `round`: its towers' row gradients added to the step's (the first round's replace them).
+  absl::Status AddRowGradients(int round);
+  // After the last round: the summed row gradients, over the towers and times `scale`, added to the push.
+  absl::Status PushRows(float scale);
 
   Towers* towers_;
   ps::WorkerClient* client_;

@@ -311,6 +311,7 @@ struct StepInput {
   // holds rounds x towers), and the factor its summed gradient is pushed with.
   int rounds = 1;
   float scale = 1.0f;
+  int64_t first = 0;  // the stream batch they start at
 };
 
 // An elastic job with a global batch: this worker's part of a step as ps 0's `view` plans it. The step's batch
@@ -355,25 +356,52 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   // where it is: ps 0 drops its commit, so nothing of that batch is trained on twice.
   const bool elastic = !c->config.elastic_batch.empty();
   const bool global = c->config.elastic_batch == "global";
-  auto draw = [&](StepInput* in, const ps::ElasticView* view = nullptr) -> absl::StatusOr<bool> {
-    in->rounds = 1;
-    in->scale = 1.0f;
-    if (view != nullptr && view->unit > 0 && global) {
-      const GlobalPart part = GlobalPartOf(*view, o.worker_id, c->config.global_batch, c->config.batch_unit);
-      if (part.first_unit >= 0) RETURN_IF_ERROR(SeekBatch(d->stream.get(), part.first_unit * towers->size()));
-      in->rounds = part.rounds;
-      in->scale = part.scale;
-    } else if (view != nullptr && view->unit > 0) {
-      int64_t unit_index = -1;
-      if (o.mode != "sync") {
-        if (!view->batches.empty()) unit_index = view->batches[0];
-      } else {
-        const auto me = std::find(view->workers.begin(), view->workers.end(), o.worker_id);
-        const size_t rank = static_cast<size_t>(me - view->workers.begin());
-        if (rank < view->batches.size()) unit_index = view->batches[rank];
-      }
-      if (unit_index >= 0) RETURN_IF_ERROR(SeekBatch(d->stream.get(), unit_index * towers->size()));
+  // Where an elastic step's view places this worker's batches: the stream batch of its first (-1: read on where
+  // the stream is), the rounds of the towers, the gradient's factor.
+  struct Place {
+    int64_t first = -1;
+    int rounds = 1;
+    float scale = 1.0f;
+  };
+  auto place_of = [&](const ps::ElasticView& view) {
+    Place p;
+    if (view.unit <= 0) return p;
+    if (global) {
+      const GlobalPart part = GlobalPartOf(view, o.worker_id, c->config.global_batch, c->config.batch_unit);
+      if (part.first_unit >= 0) p.first = part.first_unit * towers->size();
+      p.rounds = part.rounds;
+      p.scale = part.scale;
+      return p;
     }
+    int64_t unit_index = -1;
+    if (o.mode != "sync") {
+      if (!view.batches.empty()) unit_index = view.batches[0];
+    } else {
+      const auto me = std::find(view.workers.begin(), view.workers.end(), o.worker_id);
+      const size_t rank = static_cast<size_t>(me - view.workers.begin());
+      if (rank < view.batches.size()) unit_index = view.batches[rank];
+    }
+    if (unit_index >= 0) p.first = unit_index * towers->size();
+    return p;
+  };
+  // Models with sparse tables read a step ahead, before ps 0's header names the step's batches: the next step's
+  // view as it will be when the workers stay (the next batch of the order; per_worker, the batches after the
+  // plan's). When it is not (RedrawCurrent below), the step's batches are drawn again.
+  auto predicted = [&](const ps::ElasticView& view) {
+    ps::ElasticView next = view;
+    if (global) {
+      ++next.first_batch;
+    } else {
+      for (int64_t& b : next.batches) b += static_cast<int64_t>(next.batches.size());
+    }
+    return next;
+  };
+  auto draw = [&](StepInput* in, const ps::ElasticView* view = nullptr) -> absl::StatusOr<bool> {
+    const Place p = view != nullptr ? place_of(*view) : Place{};
+    if (p.first >= 0) RETURN_IF_ERROR(SeekBatch(d->stream.get(), p.first));
+    in->first = d->stream->batches_read();
+    in->rounds = p.rounds;
+    in->scale = p.scale;
     const int count = in->rounds * towers->size();
     in->batches.resize(count);
     in->views.resize(count);
@@ -482,9 +510,30 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
         break;
       }
     }
+    if (sparse && elastic && at.elastic.unit > 0) {
+      // The batches read a step ahead are not the ones the step's view gives this worker (the workers changed):
+      // drawn again, with their rows pulled again.
+      const Place want = place_of(at.elastic);
+      if (want.first >= 0 && (want.first != current.first || want.rounds != current.rounds)) {
+        ASSIGN_OR_RETURN(const bool got, draw(&current, &at.elastic));
+        if (!got) {
+          result->input_ended = true;
+          break;
+        }
+        absl::StatusOr<ps::PullResult> redrawn = steps->RedrawCurrent(current.views);
+        if (!redrawn.ok()) {
+          ASSIGN_OR_RETURN(at, recover(redrawn.status()));
+          continue;
+        }
+        at = *redrawn;
+        continue;  // the pull's view is checked again
+      }
+      current.scale = want.scale;
+    }
     absl::Status stepped = absl::OkStatus();
     if (sparse) {
-      ASSIGN_OR_RETURN(const bool got, draw(&upcoming));
+      const ps::ElasticView next_view = elastic ? predicted(at.elastic) : ps::ElasticView{};
+      ASSIGN_OR_RETURN(const bool got, draw(&upcoming, elastic ? &next_view : nullptr));
       if (!got) {
         result->input_ended = true;
         break;

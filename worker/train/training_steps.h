@@ -73,6 +73,13 @@ class TrainingSteps {
   // Runs one step on `batches` (one per tower) with the parameters of `step`, the step Start / NextStep last
   // returned. Device-resident steps only enqueue it on the devices.
   virtual absl::Status Step(const std::vector<models::HostBatch>& batches, int64_t step) = 0;
+  // Models with sparse tables in an elastic job: the current step's batches (one per tower and round) replace
+  // the ones given to SetUpcomingBatches, whose rows the pull in flight brings (the step's view placed this worker
+  // elsewhere: the workers changed). Lets that pull finish, then pulls the step's parameters again with the rows
+  // of these batches' ids (blocking); returns that pull's result.
+  virtual absl::StatusOr<ps::PullResult> RedrawCurrent(const std::vector<models::HostBatch>& batches) {
+    return absl::UnimplementedError("drawing a step's batches again needs steps that push and pull");
+  }
   // An elastic job with a global batch: one step on `batches`, rounds of one batch per tower (batches.size() a
   // multiple of the towers), whose gradients (each round's the towers' average) are summed and multiplied by
   // `scale` before they are pushed as the step's; the loss is the rounds' mean. Unimplemented where the steps
