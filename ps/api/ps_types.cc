@@ -1,7 +1,10 @@
 #include "ps/api/ps_types.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace dtrain::ps {
 
@@ -178,6 +181,29 @@ void SparseInitialRow(const SparseTableSpec& table, int64_t id, float* row) {
     const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;  // [0, 1)
     row[k] = static_cast<float>((2.0 * u - 1.0) * table.init_scale);
   }
+}
+
+std::string DescribeMembershipChange(int64_t step, const std::vector<int>& before, const std::vector<int>& after,
+                                     bool sync, int aggregating, int64_t global_batch, bool again) {
+  std::vector<int> joined, left;
+  for (int w : after) {
+    if (std::find(before.begin(), before.end(), w) == before.end()) joined.push_back(w);
+  }
+  for (int w : before) {
+    if (std::find(after.begin(), after.end(), w) == after.end()) left.push_back(w);
+  }
+  auto phrase = [](const std::vector<int>& ws, const char* what) {
+    return absl::StrCat(ws.size() == 1 ? "worker " : "workers ", absl::StrJoin(ws, ", "), " ", what);
+  };
+  std::string what;
+  if (!joined.empty()) what = phrase(joined, "joined");
+  if (!left.empty()) absl::StrAppend(&what, what.empty() ? "" : ", ", phrase(left, "left"));
+  if (what.empty()) what = "the membership changed";
+  const size_t n = after.size();
+  const std::string workers = absl::StrCat(n, " worker", n == 1 ? "" : "s");
+  if (!sync) return absl::StrCat("step ", step, ": ", what, " (", workers, ", async, batch ", global_batch, " each)");
+  return absl::StrCat("step ", step, ": ", what, " (", workers, ", aggregating ", aggregating, ", global batch ",
+                      global_batch, ")", again ? absl::StrCat("; step ", step, " is computed again") : "");
 }
 
 }  // namespace dtrain::ps

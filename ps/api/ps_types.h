@@ -389,6 +389,13 @@ struct ElasticView {
   }
 };
 
+// The line of a change of an elastic job's workers at `step`, as ps 0 and the chief log it: "step 840: worker 3
+// joined (4 workers, aggregating 4, global batch 400)" (sync: `global_batch` the step's examples), "step 9: worker
+// 1 left (1 worker, async, batch 50 each)" (async: `global_batch` each worker's batch); `again`: "; step 840 is
+// computed again" (a global step planned again).
+std::string DescribeMembershipChange(int64_t step, const std::vector<int>& before, const std::vector<int>& after,
+                                     bool sync, int aggregating, int64_t global_batch, bool again = false);
+
 // The first thing a Pull delivers, before any slice data.
 // The ps tasks of a job whose ps set changed while it ran (dtrain_ctl add-ps / remove-ps, dtrain_ps --join;
 // ps/core/ps_set_plan.h). Ps 0 announces it in every pull's header from `step` on: the workers finish the pull,

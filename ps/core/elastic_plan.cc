@@ -9,20 +9,6 @@
 #include "absl/strings/str_split.h"
 
 namespace dtrain::ps {
-namespace {
-
-std::vector<int> Minus(const std::vector<int>& a, const std::vector<int>& b) {
-  std::vector<int> out;
-  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
-  return out;
-}
-
-// "worker 3 joined", "workers 3, 4 left".
-std::string Phrase(const std::vector<int>& workers, const char* what) {
-  return absl::StrCat(workers.size() == 1 ? "worker " : "workers ", absl::StrJoin(workers, ", "), " ", what);
-}
-
-}  // namespace
 
 ElasticPlan::ElasticPlan(bool sync, bool global, int unit, int replicas_to_aggregate, int global_batch)
     : sync_(sync),
@@ -120,7 +106,7 @@ std::string ElasticPlan::Replan(int64_t step, const std::vector<int>& active) {
   const std::vector<int> before = std::move(plan_);
   plan_ = std::move(next);
   ++version_;
-  return absl::StrCat(Describe(step, before, plan_), "; step ", step, " is computed again");
+  return Describe(step, before, plan_, /*again=*/true);
 }
 
 std::string ElasticPlan::Changed(int64_t step, const std::vector<int>& active) {
@@ -199,17 +185,9 @@ int64_t ElasticPlan::global_batch() const {
   return global_ ? global_batch_ : static_cast<int64_t>(unit_) * static_cast<int64_t>(plan_.size());
 }
 
-std::string ElasticPlan::Describe(int64_t step, const std::vector<int>& before, const std::vector<int>& after) const {
-  const std::vector<int> joined = Minus(after, before), left = Minus(before, after);
-  std::string what;
-  if (!joined.empty()) what = Phrase(joined, "joined");
-  if (!left.empty()) absl::StrAppend(&what, what.empty() ? "" : ", ", Phrase(left, "left"));
-  if (sync_) {
-    return absl::StrCat("step ", step, ": ", what, " (", after.size(), " worker", after.size() == 1 ? "" : "s",
-                        ", aggregating ", aggregating(), ", global batch ", global_batch(), ")");
-  }
-  return absl::StrCat("step ", step, ": ", what, " (", after.size(), " worker", after.size() == 1 ? "" : "s",
-                      ", async, batch ", unit_, " each)");
+std::string ElasticPlan::Describe(int64_t step, const std::vector<int>& before, const std::vector<int>& after,
+                                  bool again) const {
+  return DescribeMembershipChange(step, before, after, sync_, aggregating(), sync_ ? global_batch() : unit_, again);
 }
 
 }  // namespace dtrain::ps

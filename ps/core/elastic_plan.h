@@ -78,7 +78,8 @@ class ElasticPlan {
  private:
   int64_t TakeBatch();
   void Assign();  // sync per_worker: a batch for every plan worker
-  std::string Describe(int64_t step, const std::vector<int>& before, const std::vector<int>& after) const;
+  std::string Describe(int64_t step, const std::vector<int>& before, const std::vector<int>& after,
+                       bool again = false) const;
 
   const bool sync_, global_;
   const int unit_, replicas_, global_batch_;

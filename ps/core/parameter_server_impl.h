@@ -1,5 +1,6 @@
-// Internal to the ParameterServer (parameter_server.cc and parameter_server_lifecycle.cc): the class
-// behind ParameterServer. Nothing else includes this header.
+// Internal to the ParameterServer (parameter_server.cc: uploads and the public class; _sync.cc: decisions; _pull.cc;
+// _lifecycle.cc: registration, restore, membership, the end; _control.cc: dtrain_ctl's commands, the elastic plan,
+// the ps set; _state.cc: checkpoints, deltas): the class behind ParameterServer. Nothing else includes this header.
 //
 // ParameterServer: the protocol of ps/api/ps_types.h as a state machine over its parts. Choices the header
 // leaves open:

@@ -273,35 +273,6 @@ absl::Status SeekBatch(data::BatchStream* stream, int64_t index) {
   return stream->Restore(data::EncodeBatchStreamState(s));
 }
 
-// The chief's line for a change of an elastic job's membership, as ps 0 logs it: "step 840: worker 3 joined (4
-// workers, aggregating 4, global batch 400)".
-std::string DescribeElasticChange(const ps::ElasticView& before, const ps::ElasticView& now, int64_t step,
-                                  bool sync, int64_t global_batch, bool again) {
-  std::vector<int> joined, left;
-  for (int w : now.workers) {
-    if (std::find(before.workers.begin(), before.workers.end(), w) == before.workers.end()) joined.push_back(w);
-  }
-  for (int w : before.workers) {
-    if (std::find(now.workers.begin(), now.workers.end(), w) == now.workers.end()) left.push_back(w);
-  }
-  auto phrase = [](const std::vector<int>& ws, const char* what) {
-    return absl::StrCat(ws.size() == 1 ? "worker " : "workers ", absl::StrJoin(ws, ", "), " ", what);
-  };
-  std::string what;
-  if (!joined.empty()) what = phrase(joined, "joined");
-  if (!left.empty()) absl::StrAppend(&what, what.empty() ? "" : ", ", phrase(left, "left"));
-  if (what.empty()) what = "the membership changed";
-  const size_t n = now.workers.size();
-  if (!sync) {
-    return absl::StrCat("step ", step, ": ", what, " (", n, " worker", n == 1 ? "" : "s", ", async, batch ", now.unit,
-                        " each)");
-  }
-  return absl::StrCat("step ", step, ": ", what, " (", n, " worker", n == 1 ? "" : "s", ", aggregating ",
-                      now.aggregating, ", global batch ",
-                      global_batch > 0 ? global_batch : static_cast<int64_t>(now.unit) * static_cast<int64_t>(n),
-                      ")", again ? absl::StrCat("; step ", step, " is computed again") : "");
-}
-
 // One step's input: a batch per tower and where the stream is after them (for the checkpoints).
 struct StepInput {
   std::vector<data::Batch> batches;
@@ -468,8 +439,14 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
   auto log_membership = [&]() {
     if (!elastic || !chief || o.quiet || at.elastic.unit == 0 || at.elastic.version == seen.version) return;
     if (seen.unit != 0) {
-      std::printf("%s\n", DescribeElasticChange(seen, at.elastic, at.step, o.mode == "sync", c->config.global_batch,
-                                        step_again).c_str());
+      const bool sync = o.mode == "sync";
+      const int64_t unit = at.elastic.unit;
+      const int64_t batch = c->config.global_batch > 0 ? c->config.global_batch
+                            : sync ? unit * static_cast<int64_t>(at.elastic.workers.size())
+                                   : unit;
+      const std::string line = ps::DescribeMembershipChange(at.step, seen.workers, at.elastic.workers, sync,
+                                                            at.elastic.aggregating, batch, step_again);
+      std::printf("%s\n", line.c_str());
       std::fflush(stdout);
     }
     seen = at.elastic;

@@ -1,0 +1,164 @@
+// ParameterServer, steering a running job: dtrain_ctl's commands (Control: remove-worker, drain, add-ps,
+// remove-ps, retire), an elastic job's plan as workers come and go, and ps 0's changes of the ps set. The rest:
+// parameter_server_lifecycle.cc and its neighbours; the design and the lock order: parameter_server_impl.h.
+#include "ps/core/parameter_server_impl.h"
+
+namespace dtrain::ps {
+
+absl::StatusOr<std::string> ParameterServer::Impl::Control(const ControlRequest& r) {
+  const std::string who = r.reason.empty() ? std::string("dtrain_ctl") : r.reason;
+  if (r.command == "drain") {
+    int64_t step;
+    bool ended;
+    {
+      absl::MutexLock lock(&mu_);
+      ended = !job_ended_.empty() || finished_;
+      step = step_;
+    }
+    if (ended) return absl::StrCat("ps task ", options_.task_index, ": the run had already ended (step ", step, ")");
+    LOG(WARNING) << "ps task " << options_.task_index << ": drained by " << who;
+    EndRun(absl::StrCat("drained by ", who, " at step ", step));  // the final checkpoint is written before it returns
+    absl::MutexLock lock(&mu_);
+    return absl::StrCat("ps task ", options_.task_index, ": drained at step ", step_,
+                        checkpointing() ? (final_checkpoint_status_.ok() ? ", its state saved" : ", its save FAILED")
+                                        : " (it keeps no checkpoints)",
+                        "; the workers are told to stop");
+  }
+  if (r.command == "remove-worker") {
+    if (!coordinator()) {
+      return absl::StrCat("ps task ", options_.task_index, ": nothing to do (ps task 0 removes workers)");
+    }
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(members_.CheckWorker(r.worker));
+    if (!configured_) return absl::FailedPreconditionError("no job is running yet (no chief registered)");
+    if (r.worker == chief_) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", r.worker, " is the chief: it cannot be removed "
+                                                        "(dtrain_ctl drain ends the job, saving its state)"));
+    }
+    if (!members_.active(r.worker)) {
+      const WorkerStats& s = members_.stats(r.worker);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", r.worker, " is not active (",
+          !members_.present(r.worker) ? "it never joined" : s.lost ? "lost" : LeavingName(s.leaving), ")"));
+    }
+    members_.Remove(r.worker, absl::StrCat("removed by ", who, " at step ", step_));
+    LOG(INFO) << "ps task " << options_.task_index << ": worker " << r.worker << " removed by " << who
+              << " at step " << step_ << ": it leaves at its next call";
+    cv_.SignalAll();
+    return absl::StrCat("worker ", r.worker, " removed at step ", step_, ": it leaves at its next call");
+  }
+  if (r.command == "add-ps" || r.command == "remove-ps") return ChangePsSet(r, who);
+  if (r.command == "retire") return Retire(who);
+  return absl::InvalidArgumentError(absl::StrCat("unknown command '", r.command,
+                                                 "': ps tasks take remove-worker, drain, add-ps, remove-ps and retire"));
+}
+
+void ParameterServer::Impl::MembershipChangedLocked() {
+  if (elastic_ == nullptr) return;
+  const std::vector<int> active = members_.active_workers();
+  if (!sync_) {
+    const std::string change = elastic_->Changed(step_, active);
+    if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+    return;
+  }
+  if (!elastic_->global() || !job_ended_.empty()) return;
+  // A global step needs every part of its batch: a plan worker gone without its commit leaves a part undone.
+  bool undone = false;
+  for (int w : elastic_->plan()) {
+    undone |= !std::binary_search(active.begin(), active.end(), w) && !coordinator_->HasCommitted(w);
+  }
+  if (!undone) return;
+  const std::string change = elastic_->Replan(step_, active);
+  if (change.empty()) return;
+  for (int w : coordinator_->TakePending()) {
+    if (journal_) journal_->Voided(w, step_, commit_ids_[w]);
+  }
+  LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+}
+
+bool ParameterServer::Impl::MustRedoLocked(int worker) const {
+  return elastic_ != nullptr && sync_ && elastic_->global() && elastic_->InPlan(worker) &&
+         elastic_seen_[worker] != elastic_->version() && !coordinator_->HasCommitted(worker);
+}
+
+absl::StatusOr<std::string> ParameterServer::Impl::ChangePsSet(const ControlRequest& r, const std::string& who) {
+  if (!coordinator()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ps task ", options_.task_index, " does not change the ps tasks: ask ps task 0"));
+  }
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckRunning());
+  if (finished_) return absl::FailedPreconditionError("the run is over");
+  if (!configured_ || !initialized_) {
+    return absl::FailedPreconditionError("no job is running yet (the chief has not initialized the ps tasks)");
+  }
+  if (!sync_) {
+    return absl::FailedPreconditionError(
+        "the job trains asynchronously: a live change of the ps tasks is built for sync jobs only (stop, then "
+        "restart on the new number of ps tasks: the checkpoint is resharded)");
+  }
+  if (!checkpointing()) {
+    return absl::FailedPreconditionError("ps task 0 keeps no checkpoints (--checkpoint_dir): the state moves onto "
+                                         "the new ps tasks through a checkpoint every task can read");
+  }
+  if (deltas()) {
+    return absl::FailedPreconditionError("the job keeps deltas (--delta_dir): a live change of the ps tasks is not "
+                                         "built for them");
+  }
+  std::string line;
+  if (r.command == "add-ps") {
+    ASSIGN_OR_RETURN(line, ps_plan_.Add(r.address));
+  } else {
+    ASSIGN_OR_RETURN(line, ps_plan_.Remove(r.ps));
+  }
+  LOG(INFO) << "ps task 0: " << line << " (asked by " << who << ", at step " << step_ << ")";
+  cv_.SignalAll();
+  return line;
+}
+
+absl::StatusOr<std::string> ParameterServer::Impl::Retire(const std::string& who) {
+  std::shared_ptr<Cancellation> ended;
+  std::string line;
+  {
+    absl::MutexLock apply_lock(&apply_mu_);
+    absl::MutexLock lock(&mu_);
+    line = RetireLocked(who, &ended);
+  }
+  if (ended != nullptr) ended->Cancel();  // outside the locks, as in Restore
+  return line;
+}
+
+std::string ParameterServer::Impl::RetireLocked(const std::string& who, std::shared_ptr<Cancellation>* ended) {
+  if (finished_) return absl::StrCat("ps task ", options_.task_index, ": the run was over already");
+  outcome_ = TrainingOutcome();
+  outcome_.kind = TrainingOutcome::Kind::kComplete;
+  outcome_.succeeded = true;
+  outcome_.global_step = step_;
+  outcome_.message = absl::StrCat("ps task ", options_.task_index, " left the job at step ", step_,
+                                  " (removed; its share lives on the other ps tasks; asked by ", who, ")");
+  LOG(INFO) << "ps task " << options_.task_index << ": " << outcome_.message;
+  finished_ = true;
+  *ended = NewEpochLocked();
+  return outcome_.message;
+}
+
+void ParameterServer::Impl::StartElasticLocked() {
+  if (!coordinator() || config_.elastic_batch.empty()) return;
+  elastic_ = std::make_unique<ElasticPlan>(sync_, config_.elastic_batch == "global", config_.batch_unit,
+                                           config_.replicas_to_aggregate, config_.global_batch);
+  elastic_->Start(members_.active_workers());
+}
+
+void ParameterServer::Impl::RestoreElasticCursorLocked(const std::map<int, std::string>& positions) {
+  if (elastic_ == nullptr) return;
+  elastic_->Start(members_.active_workers());
+  auto it = positions.find(kElasticCursorKey);
+  absl::Status s = elastic_->RestoreState(it == positions.end() ? "0" : it->second);
+  if (!s.ok()) {
+    LOG(WARNING) << "ps task " << options_.task_index << ": " << s.message() << ": the input starts again from "
+                 << "its first batch";
+    elastic_->RestoreState("0").IgnoreError();
+  }
+}
+
+}  // namespace dtrain::ps

@@ -1,0 +1,274 @@
+// ParameterServer, the pulls: when one may be answered (MustWait), its header, the values and rows it streams.
+// The rest: parameter_server.cc, parameter_server_sync.cc, parameter_server_lifecycle.cc; the design and the lock
+// order: parameter_server_impl.h.
+#include "ps/core/parameter_server_impl.h"
+
+namespace dtrain::ps {
+
+// ---- pull ---------------------------------------------------------------------------------------------------
+
+bool ParameterServer::Impl::MustWait(const PullRequest& request) const {
+  if (finished_) return false;
+  // The worker's own push first: it may still be on its way on another stream.
+  if (request.after_push != 0 && !members_.recent_ids(request.worker_id).Contains(request.after_push)) return true;
+  if (!members_.AnotherActive(request.worker_id)) return false;
+  // A global elastic step planned again after this worker computed it: the worker computes it again, now.
+  if (sync_ && coordinator() && request.min_step == step_ + 1 && MustRedoLocked(request.worker_id)) return false;
+  if (step_ < request.min_step) return true;
+  // Sync: a worker whose commit for the current step is recorded pulls the next step, whatever min_step says (a
+  // worker process restarted after its commit: computing the step again would only be dropped as a duplicate,
+  // and would read a batch the uninterrupted run reads a step later).
+  if (sync_ && coordinator() && coordinator_->HasCommitted(request.worker_id)) return true;
+  return !sync_ && coordinator() && gate_->MustWait(request.worker_id, members_);
+}
+
+absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceiver* receiver) {
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms));
+  std::shared_ptr<Cancellation> epoch_cancel;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(members_.CheckWorker(request.worker_id));
+    RETURN_IF_ERROR(CheckRunning());
+    RETURN_IF_ERROR(members_.CheckSession(request.worker_id, request.session, Now()));  // first: see StartPush
+    RETURN_IF_ERROR(CheckReady());
+    if (request.moving_averages && !store_->has_moving_averages()) {
+      return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
+                                                        " keeps no moving averages (the chief's "
+                                                        "moving_average_decay is 0): cannot pull them"));
+    }
+    if (request.parts < 1 || request.parts > kMaxPullParts || request.part < 0 || request.part >= request.parts) {
+      return absl::InvalidArgumentError(absl::StrCat("pull part ", request.part, " of ", request.parts,
+                                                     " (parts must be in [1, ", kMaxPullParts, "])"));
+    }
+    if (request.min_step < 0 || request.since_step < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("pull with negative min_step (", request.min_step,
+                                                     ") or since_step (", request.since_step, ")"));
+    }
+    epoch_cancel = epoch_cancel_;
+  }
+  RETURN_IF_ERROR(CheckSparseRequest(request));
+  // A cancelled pull, or one of an epoch that ended (a rollback), is woken wherever it waits and ends.
+  auto wake = [this] {
+    {
+      absl::MutexLock lock(&mu_);
+      cv_.SignalAll();
+    }
+    store_->WakeWaiters();
+    sparse_->WakeWaiters();
+  };
+  const int64_t request_id = request.cancel != nullptr ? request.cancel->Register(wake) : 0;
+  const int64_t epoch_id = epoch_cancel->Register(wake);
+  auto deregister = absl::MakeCleanup([&] {
+    if (request.cancel != nullptr) request.cancel->Deregister(request_id);
+    epoch_cancel->Deregister(epoch_id);
+  });
+  auto stopped = [&] {
+    return (request.cancel != nullptr && request.cancel->cancelled()) || epoch_cancel->cancelled();
+  };
+  const auto stopped_error = [&] {
+    if (epoch_cancel->cancelled()) {
+      return absl::AbortedError(absl::StrCat("ps task ", options_.task_index,
+                                             " was restored to another step while the pull waited: register again"));
+    }
+    return absl::CancelledError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                             options_.task_index, " cancelled"));
+  };
+  PullHeader header;
+  std::vector<StepDecision> to_apply;
+  int64_t epoch = 0;
+  // Early apply: the pull behind a push applied as it arrives streams the push's update as it is applied, before
+  // the step is decided (a tentative pull, PullHeader::tentative).
+  uint64_t tentative_writer = 0;
+  auto tentative_open = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const TentativeNote& n = tentative_note_;
+    return sync_ && coordinator() && request.after_push != 0 && request.parts == 1 && !request.moving_averages &&
+           n.state == TentativeNote::kOpen && n.request_id == request.after_push &&
+           n.worker == request.worker_id && n.step + 1 == request.min_step;
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (sync_ && !coordinator()) {
+      ASSIGN_OR_RETURN(to_apply, ClaimDecisions(request.decisions));
+    }
+    const absl::Time wait_start = absl::Now();
+    bool timed_out = false;
+    while (MustWait(request) && !tentative_open() && !stopped() && job_ended_.empty()) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) {
+        timed_out = MustWait(request) && !tentative_open();
+        break;
+      }
+    }
+    if (!timed_out && MustWait(request) && tentative_open()) {
+      tentative_writer = tentative_note_.writer;
+      LOG_FIRST_N(INFO, 1) << "ps task " << options_.task_index << ": worker " << request.worker_id
+                           << "'s pushes are applied as they arrive and its pulls stream them back (early apply)";
+    }
+    members_.stats(request.worker_id).wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);
+    if (stopped()) return stopped_error();
+    RETURN_IF_ERROR(CheckRunning());  // the run ended while the pull waited: the worker stops
+    if (timed_out) {
+      std::string waiting_for;
+      if (request.after_push != 0 && !members_.recent_ids(request.worker_id).Contains(request.after_push)) {
+        waiting_for = absl::StrCat("its push ", request.after_push, " to arrive");
+      } else if (step_ < request.min_step) {
+        waiting_for = absl::StrCat("step >= ", request.min_step, " (at step ", step_, ")");
+      } else if (sync_ && coordinator() && coordinator_->HasCommitted(request.worker_id)) {
+        waiting_for = absl::StrCat("step ", step_, ", which its commit is part of, to be decided");
+      } else {
+        waiting_for = gate_->DescribeWait(request.worker_id, members_);
+      }
+      return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                      options_.task_index, " timed out after ", request.timeout_ms,
+                                                      " ms waiting for ", waiting_for));
+    }
+    header.step = tentative_writer != 0 ? tentative_note_.step + 1 : step_;
+    header.training_done = finished_;
+    header.tentative = tentative_writer != 0;
+    if (sync_ && coordinator()) header.decisions = coordinator_->DecisionsSince(request.since_step, step_);
+    if (elastic_ != nullptr && !request.sparse_read_only && !request.moving_averages) {
+      // Async: each step's pull (its part 0) takes the next batch of the input for this worker.
+      header.elastic = elastic_->View(header.step, request.worker_id, !sync_ && request.part == 0);
+      elastic_seen_[request.worker_id] = header.elastic.version;
+    }
+    if (coordinator()) header.ps_set = ps_plan_.View(header.step);
+    epoch = epoch_;
+  }
+  if (!to_apply.empty()) {
+    std::vector<CheckpointData> saves;
+    for (const StepDecision& d : to_apply) ApplyDecision(d, epoch, &saves);
+    WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
+  }
+  if (stopped()) return stopped_error();
+  RETURN_IF_ERROR(receiver->OnHeader(header));
+  // Sync: the values of the header's step; each chunk is sent as soon as it is published, so an update in
+  // progress is streamed right behind it. Async: whatever the values are now.
+  const int64_t version = sync_ ? header.step : 0;
+  int64_t sent = 0;
+  if (tentative_writer != 0) {
+    // Each slice's chunks in the order the push's update applies them (the worker pushes the last layers first),
+    // then the decision: the values hold only if it is this update's.
+    const auto undone = [&] { return undone_writer_.load() == tentative_writer; };
+    const auto taken_back = [&] {
+      return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index, " took back the update of worker ",
+                                                 request.worker_id, "'s push ", request.after_push, " for step ",
+                                                 version - 1, ", which this pull streamed as it arrived (the push "
+                                                 "did not become the step): pull again"));
+    };
+    const int num = store_->num_slices();
+    std::vector<int64_t> streamed(num, 0);
+    const auto stop = [&] { return stopped() || undone(); };
+    for (int whole = 0; whole < num;) {
+      int64_t end = 0;
+      int k = store_->WaitAnyReadable(streamed, version, absl::InfinitePast(), stop, &end);
+      if (k < 0) {
+        RETURN_IF_ERROR(receiver->Flush());  // send what is ready before waiting for the update
+        k = store_->WaitAnyReadable(streamed, version, deadline, stop, &end);
+      }
+      if (k < 0) {
+        if (stopped()) return stopped_error();
+        if (undone()) return taken_back();
+        return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                        options_.task_index, " timed out after ", request.timeout_ms,
+                                                        " ms waiting for its push's update of step ", version - 1));
+      }
+      const SliceSpec& spec = store_->spec(k);
+      for (int64_t offset = streamed[k]; offset < end; offset += SliceStore::kChunkFloats) {
+        const int64_t n = std::min(SliceStore::kChunkFloats, end - offset);
+        ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver->Destination(spec.key, offset, n));
+        if (dst.data != nullptr) store_->Read(k, false, offset, n, dst.dtype, dst.data);
+        RETURN_IF_ERROR(receiver->Written(spec.key, offset, n));
+        sent += n * DtypeBytes(dst.dtype);
+      }
+      streamed[k] = end;
+      if (end == spec.length) ++whole;
+    }
+    absl::MutexLock lock(&mu_);
+    const auto resolved = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return tentative_note_.writer != tentative_writer || tentative_note_.state != TentativeNote::kOpen;
+    };
+    while (!resolved() && !stopped() && job_ended_.empty()) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    if (stopped()) return stopped_error();
+    RETURN_IF_ERROR(CheckRunning());
+    if (!resolved()) {
+      return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                      options_.task_index, " timed out after ", request.timeout_ms,
+                                                      " ms waiting for step ", version - 1, " to be decided"));
+    }
+    if (tentative_note_.writer != tentative_writer || tentative_note_.state != TentativeNote::kConfirmed) {
+      return taken_back();
+    }
+  }
+  for (int i = request.part; tentative_writer == 0 && i < store_->num_slices(); i += request.parts) {
+    const SliceSpec& spec = store_->spec(i);
+    for (int64_t offset = 0; offset < spec.length; offset += SliceStore::kChunkFloats) {
+      const int64_t n = std::min(SliceStore::kChunkFloats, spec.length - offset);
+      if (!store_->WaitReadable(i, offset + n, version, absl::InfinitePast())) {
+        RETURN_IF_ERROR(receiver->Flush());  // send what is ready before waiting for the update
+      }
+      if (!store_->WaitReadable(i, offset + n, version, deadline, stopped)) {
+        if (stopped()) return stopped_error();
+        return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                        options_.task_index, " timed out after ",
+                                                        request.timeout_ms, " ms waiting for '", spec.variable,
+                                                        "' to be updated to step ", version));
+      }
+      ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver->Destination(spec.key, offset, n));
+      if (dst.data != nullptr) store_->Read(i, request.moving_averages, offset, n, dst.dtype, dst.data);
+      RETURN_IF_ERROR(receiver->Written(spec.key, offset, n));
+      sent += n * DtypeBytes(dst.dtype);
+    }
+    RETURN_IF_ERROR(receiver->Flush());  // a slice is whole: the worker may be waiting for it
+  }
+  if (!request.sparse.empty() && request.part == 0) {
+    // The rows at the same step as the slices, once the tables' update (after the slices') is done; the hybrid
+    // (rows async) reads them as they are.
+    const int64_t row_version = sparse_async_ ? 0 : version;
+    if (!sparse_->WaitReadable(row_version, absl::InfinitePast())) RETURN_IF_ERROR(receiver->Flush());
+    if (!sparse_->WaitReadable(row_version, deadline, stopped)) {
+      if (stopped()) return stopped_error();
+      return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
+                                                      options_.task_index, " timed out after ", request.timeout_ms,
+                                                      " ms waiting for the sparse tables to be updated to step ",
+                                                      version));
+    }
+    int64_t ids = 0;
+    for (const SparseIds& e : request.sparse) {
+      const int dim = sparse_->spec(e.table).dim;
+      const int64_t per_piece = std::max<int64_t>(1, SliceStore::kChunkFloats / dim);
+      const int64_t n = static_cast<int64_t>(e.ids.size());
+      ids += n;
+      for (int64_t first = 0; first < n; first += per_piece) {
+        const int64_t m = std::min(per_piece, n - first);
+        ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver->SparseDestination(e.table, first, m, dim));
+        if (dst.data != nullptr) {
+          if (request.sparse_read_only) {
+            sparse_->Peek(e.table, e.ids.data() + first, m, dst.dtype, dst.data);
+          } else {
+            sparse_->Lookup(e.table, e.ids.data() + first, m, dst.dtype, dst.data);
+          }
+        }
+        RETURN_IF_ERROR(receiver->SparseWritten(e.table, first, m));
+        sent += m * dim * DtypeBytes(dst.dtype);
+      }
+      RETURN_IF_ERROR(receiver->Flush());
+    }
+    bytes_received_ += ids * 8;  // the ids came with the request
+  }
+  bytes_sent_ += sent;
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Impl::CheckSparseRequest(const PullRequest& request) const {
+  std::vector<char> asked(sparse_->num_tables(), 0);
+  for (const SparseIds& e : request.sparse) {
+    RETURN_IF_ERROR(sparse_->CheckIds(e.table, e.ids.data(), static_cast<int64_t>(e.ids.size())));
+    if (asked[e.table]++) {
+      return absl::InvalidArgumentError(absl::StrCat("pull asks for sparse table ", e.table, " twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dtrain::ps
