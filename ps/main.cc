@@ -59,6 +59,9 @@ ABSL_FLAG(double, max_run_secs, 0, "Give up and exit 1 after this long (0: wait 
 ABSL_FLAG(bool, allow_degraded, false,
           "Exit 0, not 3, when the run reached its end without some worker (lost, failed or stopped before it): "
           "for elastic jobs where workers may come and go");
+ABSL_FLAG(double, final_save_wait_secs, 600,
+          "At exit, how long to wait for a final checkpoint another thread is still writing (a large model's); past "
+          "it the task exits 1 saying so, never claiming a checkpoint that is not on disk");
 ABSL_FLAG(double, chief_grace_secs, 30,
           "After SIGTERM/SIGINT, wait at most this long for a training chief to leave before ending the run: when "
           "every process gets the signal at once (a Kubernetes Job deleted, Slurm's --signal), the chief finishes "
@@ -439,16 +442,22 @@ int main(int argc, char** argv) {
   }
   leaving = true;
   signals->stop()->Deregister(on_stop);  // waits for it if it runs (an EndRun in progress completes)
+  // The thread that ended the run may still be writing the final checkpoint (the loop above gives up at its
+  // deadlines): it is on disk, or failed, before this task says how it ended.
+  const double final_save_wait_secs = std::max(0.0, absl::GetFlag(FLAGS_final_save_wait_secs));
+  const absl::Status saved = ps->WaitFinalCheckpoint(absl::Seconds(final_save_wait_secs));
   (*server)->Wait(absl::ZeroDuration());  // serves until no worker needs it (bounded), then shuts down
   // What became of every push this task received (ps/core/parameter_server.h: PushAccounting); tests/chaos.sh
   // checks that it balances.
   LOG(INFO) << "ps task " << cluster->task_index << ": accounting: global_step="
             << (*server)->parameter_server()->step() << " "
             << (*server)->parameter_server()->accounting().DebugString();
-  const absl::Status saved = ps->final_checkpoint_status();
   if (!saved.ok()) {
-    std::fprintf(stderr, "dtrain_ps: ps task %d: the final checkpoint was not saved: %s\n", task,
-                 std::string(saved.message()).c_str());
+    std::fprintf(stderr, "dtrain_ps: ps task %d: the final checkpoint was not saved: %s%s\n", task,
+                 std::string(saved.message()).c_str(),
+                 absl::IsUnavailable(saved) ? absl::StrCat(" after ", final_save_wait_secs,
+                                                           " s (--final_save_wait_secs)").c_str()
+                                            : "");
     return dtrain::kExitError;
   }
   if (signals->received() != 0) {

@@ -40,6 +40,8 @@ bool LostAfterTheEnd(const WorkerStats& w, int64_t train_steps) {
 
 bool EndedByRefusal(const std::string& why) { return why.rfind(kConfigurationRefused, 0) == 0; }
 
+bool EndedByStop(const std::string& why) { return absl::StrContains(why, " was stopped "); }
+
 std::string DescribeLeftEarly(const std::vector<WorkerStats>& workers) {
   std::string out;
   for (const WorkerStats& w : workers) {

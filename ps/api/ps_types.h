@@ -487,6 +487,9 @@ enum class RunOutcome {
 // every process then exits 2, as the refused one does (common/exit_codes.h).
 inline constexpr char kConfigurationRefused[] = "configuration refused: ";
 bool EndedByRefusal(const std::string& why);
+// Whether the reason of a run's end is a stop someone asked for: a ps task or the chief "was stopped" (SIGTERM,
+// SIGINT, dtrain_ctl drain), as ps 0 words it (ParameterServer::EndRun, a chief leaving stopped).
+bool EndedByStop(const std::string& why);
 // Once every worker is done or lost: how the run ended, and `line`, the one summary line the ps tasks and the
 // chief print: "run complete: training reached step 300 of 300; all 3 workers completed", "run degraded: training
 // reached step 300 of 300 without worker 1 (lost at step 120: no contact for 20s)", "run ended early at step 120

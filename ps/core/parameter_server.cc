@@ -666,6 +666,10 @@ void ParameterServer::CheckLeases() { impl_->CheckLeases(); }
 void ParameterServer::FlushDeltas() { impl_->FlushDeltas(); }
 absl::Status ParameterServer::final_checkpoint_status() const { return impl_->final_checkpoint_status(); }
 
+absl::Status ParameterServer::WaitFinalCheckpoint(absl::Duration timeout) {
+  return impl_->WaitFinalCheckpoint(timeout);
+}
+
 PushAccounting ParameterServer::accounting() const { return impl_->accounting(); }
 
 bool PushAccounting::Balanced() const {

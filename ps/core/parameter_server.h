@@ -273,8 +273,11 @@ class ParameterServer : public PsInterface {
 
   // OK, or why the final checkpoint (saved when every worker was done) could not be written even after its
   // retries. Meaningful once finished(); a binary exits non-zero when it is not OK, since the end of training
-  // is then not on disk.
+  // is then not on disk. While another thread is still writing it: Unavailable ("... still being written").
   absl::Status final_checkpoint_status() const;
+  // Waits up to `timeout` for a final checkpoint being written (by whichever thread ended the run) to be on disk
+  // or to fail; then final_checkpoint_status(). OK at once when none was begun.
+  absl::Status WaitFinalCheckpoint(absl::Duration timeout);
   // A snapshot of the push accounting (see PushAccounting); any thread.
   PushAccounting accounting() const;
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "common/env.h"
@@ -506,6 +507,55 @@ TEST(ParameterServerCheckpointTest, FailedFinalSaveIsReported) {
   EXPECT_TRUE(absl::StrContains(s.message(), "cannot rename")) << s;
   EXPECT_EQ(StepsOnDisk(dir.path())[0], (std::set<int64_t>{5}));
   EXPECT_FALSE(HasTemporaryFiles(dir.path()));
+}
+
+// An Env whose file creations wait while it is closed: a checkpoint that takes its time.
+class GatedEnv : public ::dtrain::testing::FaultInjectionEnv {
+ public:
+  using FaultInjectionEnv::FaultInjectionEnv;
+  void Close() { closed_ = true; }
+  void Open() { release_.Notify(); }
+  bool entered() const { return entered_.load(); }
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    if (closed_.load()) {
+      entered_ = true;
+      release_.WaitForNotification();
+    }
+    return FaultInjectionEnv::NewWritableFile(path);
+  }
+
+ private:
+  std::atomic<bool> closed_{false}, entered_{false};
+  absl::Notification release_;
+};
+
+// The final checkpoint written on another thread (the last worker's Done here; the lease thread or a signal's in
+// dtrain_ps) is not "saved" until it is on disk: a binary that asks meanwhile hears Unavailable, and waits for it.
+TEST(ParameterServerCheckpointTest, AFinalSaveInProgressIsNotReportedAsSaved) {
+  ScratchDir dir("final_in_progress");
+  GatedEnv env(Env::Default());
+  SimClusterOptions o = Options(1, dir.path(), "sgd");
+  o.checkpoint.env = &env;
+  auto cluster = SimCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RunSteps(cluster->get(), 0, 7);
+  env.Close();
+  for (int w = 0; w + 1 < kWorkers; ++w) ASSERT_TRUE(SimWorker(cluster->get(), w).Done().ok());
+  std::thread last([&] { EXPECT_TRUE(SimWorker(cluster->get(), kWorkers - 1).Done().ok()); });
+  for (int i = 0; i < 1000 && !env.entered(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(env.entered());
+  ParameterServer& ps = (*cluster)->task(0);
+  absl::Status s = ps.final_checkpoint_status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "still being written")) << s;
+  s = ps.WaitFinalCheckpoint(absl::Milliseconds(50));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  env.Open();
+  s = ps.WaitFinalCheckpoint(absl::Seconds(30));
+  EXPECT_TRUE(s.ok()) << s;
+  last.join();
+  EXPECT_TRUE(ps.finished());
+  EXPECT_EQ(StepsOnDisk(dir.path())[0].count(7), 1u);
 }
 
 // A periodic save of the last step that failed is not mistaken for "that step is saved already": the final

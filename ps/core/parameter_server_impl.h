@@ -138,6 +138,24 @@ class ParameterServer::Impl {
   TrainingOutcome outcome() const;
   absl::Status final_checkpoint_status() const {
     absl::MutexLock lock(&mu_);
+    return FinalCheckpointStatusLocked();
+  }
+  absl::Status WaitFinalCheckpoint(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    struct Args {
+      const Impl* impl;
+      static bool Settled(Args* a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(a->impl->mu_) {
+        return !a->impl->final_save_started_ || a->impl->final_save_done_;
+      }
+    } args{this};
+    mu_.AwaitWithTimeout(absl::Condition(&Args::Settled, &args), timeout);
+    return FinalCheckpointStatusLocked();
+  }
+  absl::Status FinalCheckpointStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (final_save_started_ && !final_save_done_) {
+      return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index,
+                                                 ": the final checkpoint is still being written"));
+    }
     return final_checkpoint_status_;
   }
   // With options_.journal_applied: opens the journal (ParameterServer::Create, before any call).

@@ -598,21 +598,7 @@ int main(int argc, char** argv) {
     // The message alone: the status's code name and payloads (the leaving kind) are no words for a user.
     std::fprintf(stderr, "dtrain_worker: %s (%s)\n", std::string(result.status().message()).c_str(),
                  dtrain::ps::LeavingName(leaving));
-    switch (leaving) {
-      case dtrain::ps::Leaving::kRefused:
-        return dtrain::kExitConfigRefused;
-      case dtrain::ps::Leaving::kPeerFailed:
-        // Signalled, and the run ended meanwhile (every process got the signal at once, the chief left first):
-        // stopped, as asked.
-        if (signal != 0) return dtrain::ExitCodeForSignal(signal);
-        // A run ended for another process's refused configuration: 2 on every process, as on that one.
-        return dtrain::ps::EndedByRefusal(dtrain::ps::JobEndedReason(result.status())) ? dtrain::kExitConfigRefused
-                                                                                      : dtrain::kExitPeerFailed;
-      case dtrain::ps::Leaving::kStopped:
-        return signal != 0 ? dtrain::ExitCodeForSignal(signal) : dtrain::kExitError;
-      default:
-        return dtrain::kExitError;
-    }
+    return dtrain::worker::FailedRunExitCode(result.status(), signal);
   }
   if (profile != nullptr && !result->stopped) {
     if (absl::Status s = dtrain::worker::FinishProfile(profile.get(), profile_out, {}); !s.ok()) {

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/denormals.h"
 #include "common/event_writer.h"
+#include "common/exit_codes.h"
 #include "common/env.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
@@ -1223,6 +1224,27 @@ ps::Leaving HowTrainingFailed(const absl::Status& s) {
   }
   if (ps::IsJobEnded(s)) return ps::Leaving::kPeerFailed;
   return s.code() == absl::StatusCode::kInvalidArgument ? ps::Leaving::kRefused : ps::Leaving::kFailed;
+}
+
+int FailedRunExitCode(const absl::Status& failure, int signal) {
+  switch (HowTrainingFailed(failure)) {
+    case ps::Leaving::kRefused:
+      return kExitConfigRefused;
+    case ps::Leaving::kPeerFailed: {
+      const std::string why = ps::IsJobEnded(failure) ? ps::JobEndedReason(failure) : "";
+      // A run ended for another process's refused configuration: 2 on every process, as on that one.
+      if (ps::EndedByRefusal(why)) return kExitConfigRefused;
+      // Signalled, and the run ended meanwhile because of a stop (every process got the signal at once, the chief
+      // left first), or without a word of why (the ps tasks went away as they stopped): stopped, as asked. A run
+      // that failed elsewhere stays a failure.
+      if (signal != 0 && (why.empty() || ps::EndedByStop(why))) return ExitCodeForSignal(signal);
+      return kExitPeerFailed;
+    }
+    case ps::Leaving::kStopped:
+      return signal != 0 ? ExitCodeForSignal(signal) : kExitError;
+    default:
+      return kExitError;
+  }
 }
 
 }  // namespace dtrain::worker

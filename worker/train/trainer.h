@@ -270,6 +270,13 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
 // or the ps tasks could not be reached in time), kStopped (WorkerOptions::stop), kFailed (an error of its own).
 ps::Leaving HowTrainingFailed(const absl::Status& s);
 
+// dtrain_worker's exit code (common/exit_codes.h) after RunTraining failed with `failure`, `signal` (0: none) the
+// stop signal it received: 2 refused (also when the run ended for another process's refused configuration),
+// 128 + signal when it was stopped, or when the run ended elsewhere because of a stop (every process signalled at
+// once) or without a reason heard (the ps tasks gone as they stopped); 4 for a run that ended elsewhere for another
+// reason (a failure stays a failure, signalled or not); 1 for an error of its own.
+int FailedRunExitCode(const absl::Status& failure, int signal);
+
 }  // namespace dtrain::worker
 
 #endif  // DTRAIN_WORKER_TRAIN_TRAINER_H_

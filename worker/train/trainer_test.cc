@@ -3,6 +3,7 @@
 #include "worker/train/trainer.h"
 #include "worker/train/trainer_test_util.h"
 
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 
 #include "common/denormals.h"
 #include "common/env.h"
+#include "common/exit_codes.h"
 #include "common/testing/fault_injection_env.h"
 #include "common/testing/relative_difference.h"
 #include "ps/testing/fault_injecting_ps.h"
@@ -42,6 +44,22 @@ WorkerOptions BaseOptions(const data::DatasetPair* data) {
 }
 
 using ::dtrain::testing::RelativeDifference;
+
+// The exit code of a failed run tells what happened, signal or not: a run that failed elsewhere while this worker
+// was being stopped is a failure (4), one that ended for the stop is the stop (128 + signal).
+TEST(TrainerTest, FailedRunExitCodeKeepsAFailureAFailureUnderASignal) {
+  const absl::Status failed_elsewhere = ps::JobEndedError("the chief (worker 0) failed at step 5: out of memory");
+  EXPECT_EQ(FailedRunExitCode(failed_elsewhere, SIGTERM), kExitPeerFailed);
+  EXPECT_EQ(FailedRunExitCode(failed_elsewhere, 0), kExitPeerFailed);
+  EXPECT_EQ(FailedRunExitCode(ps::JobEndedError("ps task 0 was stopped by SIGTERM at step 5"), SIGTERM),
+            ExitCodeForSignal(SIGTERM));
+  EXPECT_EQ(FailedRunExitCode(ps::JobEndedError("the chief (worker 0) was stopped at step 5: SIGINT"), SIGINT),
+            ExitCodeForSignal(SIGINT));
+  EXPECT_EQ(FailedRunExitCode(ps::JobEndedError(absl::StrCat(ps::kConfigurationRefused, "worker 1: bad")), SIGTERM),
+            kExitConfigRefused);
+  EXPECT_EQ(FailedRunExitCode(absl::InvalidArgumentError("--batch_size=0"), 0), kExitConfigRefused);
+  EXPECT_EQ(FailedRunExitCode(absl::InternalError("loss is nan"), 0), kExitError);
+}
 
 TEST(TrainerTest, LocalModeTrains) {
   const data::DatasetPair data = MakeSyntheticDataset(2000, 500);
