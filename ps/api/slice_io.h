@@ -24,6 +24,12 @@
 
 namespace dtrain::ps {
 
+// Whether [first, first + n) lies within [0, size), checked without adding (a peer's first + n can overflow and
+// pass a naive check). Every transport checks the ranges a peer names so.
+inline bool RangeWithin(int64_t first, int64_t n, int64_t size) {
+  return first >= 0 && n >= 0 && first <= size && n <= size - first;
+}
+
 // Element type of tensor data on the wire. The ps and the workers always compute in fp32.
 enum class WireDtype : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 

@@ -10,6 +10,19 @@
 namespace dtrain::ps {
 namespace {
 
+// A peer's range is checked without adding: a first + n that overflows to a small number does not pass.
+TEST(SliceIoTest, RangeWithinRefusesWhatOverflows) {
+  EXPECT_TRUE(RangeWithin(0, 10, 10));
+  EXPECT_TRUE(RangeWithin(10, 0, 10));
+  EXPECT_FALSE(RangeWithin(5, 6, 10));
+  EXPECT_FALSE(RangeWithin(-1, 1, 10));
+  EXPECT_FALSE(RangeWithin(1, -1, 10));
+  EXPECT_FALSE(RangeWithin(std::numeric_limits<int64_t>::max(), 2, 10));  // first + n overflows negative
+  EXPECT_FALSE(RangeWithin(2, std::numeric_limits<int64_t>::max(), 10));
+  const int64_t first = std::numeric_limits<int64_t>::max() - 5, n = 10;  // wraps to a negative end
+  EXPECT_FALSE(RangeWithin(first, n, 10));
+}
+
 TEST(WireDtypeTest, ParseNamesAndSizes) {
   EXPECT_EQ(*ParseWireDtype("fp32"), WireDtype::kF32);
   EXPECT_EQ(*ParseWireDtype("bf16"), WireDtype::kBF16);

@@ -5,9 +5,19 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "ps/api/ps_interface.h"
+#include "ps/shm/shm_offer.h"
 
 namespace dtrain::ps::shm {
 namespace {
+
+// The shm and TCP servers' ticket comparison (constant time): whole tickets only.
+TEST(ShmFrameTest, TicketsAreEqualOnlyWhole) {
+  EXPECT_TRUE(TicketsEqual("0123456789abcdef", "0123456789abcdef"));
+  EXPECT_FALSE(TicketsEqual("0123456789abcdef", "0123456789abcdeX"));
+  EXPECT_FALSE(TicketsEqual("X123456789abcdef", "0123456789abcdef"));
+  EXPECT_FALSE(TicketsEqual("0123456789abcdef", "0123456789abcde"));
+  EXPECT_FALSE(TicketsEqual("", "0"));
+}
 
 TEST(ShmFrameTest, FramesRoundTrip) {
   const std::string payload = EncodeHello(Hello{LaneKind::kPull, 3, "0123456789abcdef"});

@@ -13,4 +13,11 @@ std::string HostBootId() {
   return std::string(absl::StripAsciiWhitespace(id));
 }
 
+bool TicketsEqual(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
 }  // namespace dtrain::ps::shm

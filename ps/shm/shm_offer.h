@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace dtrain::ps::shm {
 
@@ -36,6 +37,10 @@ using ShmAttachFn = std::function<absl::StatusOr<ShmOffer>(const ShmAttachReques
 // This host's boot id (/proc/sys/kernel/random/boot_id): equal for processes on one machine (any container or
 // network namespace of it), different across machines. Empty when unreadable.
 std::string HostBootId();
+
+// Whether two tickets are equal, in time that does not depend on where they differ (a peer probing tickets
+// learns nothing from the answer's timing). The shm and TCP servers compare every ticket so.
+bool TicketsEqual(absl::string_view a, absl::string_view b);
 
 }  // namespace dtrain::ps::shm
 

@@ -603,11 +603,10 @@ absl::Status ShmPsClient::Pull(const PullRequest& request, PullReceiver* receive
             return absl::DataLossError(absl::StrCat(Who(), " sent slice key ", piece.key, ", which it does not hold"));
           }
           Slot& slot = slots[it->second];
-          if (piece.offset != slot.received || piece.n < 0 || piece.offset + piece.n > slot.spec.length ||
+          if (piece.offset != slot.received || !RangeWithin(piece.offset, piece.n, slot.spec.length) ||
               slot.dest.kind == Destination::Kind::kSkip) {
-            return absl::DataLossError(absl::StrCat(Who(), " wrote floats [", piece.offset, ", ",
-                                                    piece.offset + piece.n, ") of '", slot.spec.variable,
-                                                    "' after ", slot.received));
+            return absl::DataLossError(absl::StrCat(Who(), " wrote ", piece.n, " floats from ", piece.offset, " of '",
+                                                    slot.spec.variable, "' after ", slot.received));
           }
           if (slot.dest.kind == Destination::Kind::kStaging) {
             const char* src = staging + slot.dest.at + piece.offset * el;
@@ -631,9 +630,9 @@ absl::Status ShmPsClient::Pull(const PullRequest& request, PullReceiver* receive
         }
         for (const RowPiece& piece : p->rows) {
           auto it = sparse_of_table.find(piece.table);
-          if (it == sparse_of_table.end() || piece.first < 0 || piece.n < 0 || piece.first + piece.n > it->second->n) {
-            return absl::DataLossError(absl::StrCat(Who(), " wrote rows [", piece.first, ", ", piece.first + piece.n,
-                                                    ") of table ", piece.table, " it was not asked for"));
+          if (it == sparse_of_table.end() || !RangeWithin(piece.first, piece.n, it->second->n)) {
+            return absl::DataLossError(absl::StrCat(Who(), " wrote ", piece.n, " rows from row ", piece.first,
+                                                    " of table ", piece.table, ", which it was not asked for"));
           }
           const SparseOrder& so = *it->second;
           ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver->SparseDestination(so.table, piece.first, piece.n, so.dim));

@@ -226,20 +226,24 @@ void ShmServer::Impl::AcceptLoop() {
 std::shared_ptr<Attachment> ShmServer::Impl::Admit(Lane* lane, LaneKind* kind) {
   pid_t pid = 0;
   uid_t uid = 0;
-  const absl::Status creds = lane->PeerCredentials(&pid, &uid);
-  int doorbell_fd = -1;
-  absl::StatusOr<Frame> frame = lane->Receive(absl::Now() + options_.hello_timeout, &doorbell_fd);
-  std::shared_ptr<ShmSegment> doorbells;
-  if (doorbell_fd >= 0) {
-    absl::StatusOr<std::unique_ptr<ShmSegment>> mapped = ShmSegment::Map(doorbell_fd, kDoorbellSegmentBytes);
-    if (mapped.ok()) doorbells = std::move(*mapped);
-  }
-  absl::Status refused;
-  std::shared_ptr<Attachment> found;
-  if (!creds.ok()) {
-    refused = creds;
-  } else if (uid != geteuid()) {
+  absl::Status refused = lane->PeerCredentials(&pid, &uid);
+  if (refused.ok() && uid != geteuid()) {
     refused = absl::PermissionDeniedError(absl::StrCat("process ", pid, " runs as user ", uid));
+  }
+  // Nothing of another user's process is read, and nothing it sends is mapped: it is refused before its Hello.
+  int doorbell_fd = -1;
+  absl::StatusOr<Frame> frame = absl::UnavailableError("not read");
+  std::shared_ptr<ShmSegment> doorbells;
+  if (refused.ok()) {
+    frame = lane->Receive(absl::Now() + options_.hello_timeout, &doorbell_fd);
+    if (doorbell_fd >= 0) {
+      absl::StatusOr<std::unique_ptr<ShmSegment>> mapped = ShmSegment::Map(doorbell_fd, kDoorbellSegmentBytes);
+      if (mapped.ok()) doorbells = std::move(*mapped);
+    }
+  }
+  std::shared_ptr<Attachment> found;
+  if (!refused.ok()) {
+    // (said above)
   } else if (!frame.ok()) {
     refused = frame.status();
   } else if (frame->type != FrameType::kHello) {
@@ -252,7 +256,8 @@ std::shared_ptr<Attachment> ShmServer::Impl::Admit(Lane* lane, LaneKind* kind) {
       absl::MutexLock lock(&mu_);
       for (const auto& a : attachments_) {
         std::string* ticket = hello->lane == LaneKind::kPush ? &a->push_ticket : &a->pull_ticket;
-        if (ticket->empty() || *ticket != hello->ticket) continue;
+        // Every ticket is compared whole, in constant time, whatever matched before.
+        if (ticket->empty() || !TicketsEqual(*ticket, hello->ticket)) continue;
         absl::MutexLock al(&a->mu);
         if (a->worker_id != hello->worker_id || a->ended || a->expires < absl::Now()) break;
         ticket->clear();  // single use
@@ -629,9 +634,9 @@ class ShmPullReceiver : public PullReceiver {
                                                      ": its placement differs from this ps task's"));
     }
     const Target& t = it->second;
-    if (offset < 0 || n < 0 || offset + n > t.length) {
-      return absl::InvalidArgumentError(absl::StrCat("slice key ", key, ": floats [", offset, ", ", offset + n,
-                                                     ") beyond the worker's ", t.length));
+    if (!RangeWithin(offset, n, t.length)) {
+      return absl::InvalidArgumentError(absl::StrCat("slice key ", key, ": ", n, " floats from ", offset,
+                                                     " beyond the worker's ", t.length));
     }
     if (t.kind == DestKind::kSkip) return Buffer{};
     return Buffer{t.base + offset * DtypeBytes(t.dtype), t.dtype};
@@ -645,8 +650,8 @@ class ShmPullReceiver : public PullReceiver {
   absl::StatusOr<Buffer> SparseDestination(uint32_t table, int64_t first, int64_t n, int dim) override {
     RETURN_IF_ERROR(Alive());
     auto it = rows_.find(table);
-    if (it == rows_.end() || it->second.dim != dim || first < 0 || n < 0 || first + n > it->second.n) {
-      return absl::InvalidArgumentError(absl::StrCat("rows [", first, ", ", first + n, ") of table ", table, " (dim ",
+    if (it == rows_.end() || it->second.dim != dim || !RangeWithin(first, n, it->second.n)) {
+      return absl::InvalidArgumentError(absl::StrCat(n, " rows from row ", first, " of table ", table, " (dim ",
                                                      dim, ") beyond the worker's pull"));
     }
     const int el = DtypeBytes(order_.request.wire_dtype);

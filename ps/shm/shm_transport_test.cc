@@ -4,9 +4,11 @@
 // upload cut off mid-way is never applied, the fallbacks to the control plane, and no segment outlives its
 // users.
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -331,6 +333,56 @@ TEST(ShmTransportTest, AProcessWithoutATicketCannotAttach) {
   EXPECT_EQ((*server)->Offer(ShmAttachRequest{0, HostBootId(), geteuid() + 1}).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*server)->counters().lanes_refused, 3);
+}
+
+// A process of another user is refused as it connects, before the ps reads a byte from it (or maps a segment it
+// sends): the answer comes at once, not after the hello timeout the ps would wait for its Hello. Needs root (to
+// run the other user's process); CI runs as root.
+TEST(ShmTransportTest, AProcessOfAnotherUserIsRefusedBeforeItsHelloIsRead) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to connect as another user";
+  auto cluster = SimCluster::Start(Options(1, false));
+  ASSERT_TRUE(cluster.ok());
+  ShmServerOptions so;
+  so.hello_timeout = absl::Seconds(3);
+  absl::StatusOr<std::unique_ptr<ShmServer>> server = ShmServer::Start(&(*cluster)->task(0), so);
+  ASSERT_TRUE(server.ok());
+  int answer[2];
+  ASSERT_EQ(pipe(answer), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // As user nobody: connect, send nothing, time the ps's answer; report "<code> <milliseconds>".
+    int code = -1;
+    int64_t ms = -1;
+    if (setgid(65534) == 0 && setuid(65534) == 0) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<std::unique_ptr<Lane>> lane = Lane::Connect((*server)->socket_name());
+      if (lane.ok()) {
+        absl::StatusOr<Frame> welcome = (*lane)->Receive(absl::Now() + absl::Seconds(10));
+        ms = absl::ToInt64Milliseconds(absl::Now() - start);
+        if (welcome.ok()) {
+          absl::StatusOr<PushResult> w = DecodePushResult(welcome->payload);
+          code = w.ok() ? static_cast<int>(w->status.code()) : -2;
+        }
+      }
+    }
+    const std::string line = absl::StrCat(code, " ", ms);
+    (void)!write(answer[1], line.data(), line.size());
+    _exit(0);
+  }
+  close(answer[1]);
+  char buf[64] = {};
+  const ssize_t n = read(answer[0], buf, sizeof(buf) - 1);
+  close(answer[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_GT(n, 0);
+  int code = 0;
+  long long ms = 0;
+  ASSERT_EQ(sscanf(buf, "%d %lld", &code, &ms), 2) << buf;
+  EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kPermissionDenied)) << buf;
+  EXPECT_LT(ms, 1000) << "the ps waited " << ms << " ms for the stranger's Hello";
+  EXPECT_EQ((*server)->counters().lanes_refused, 1);
 }
 
 TEST(ShmTransportTest, AnUploadCutOffMidwayIsNeverApplied) {

@@ -29,10 +29,6 @@ struct TcpOffer {
 // it offers no TCP lanes (the message says why), others as the ps says.
 using TcpAttachFn = std::function<absl::StatusOr<TcpOffer>(const TcpAttachRequest&)>;
 
-// Whether two tickets are equal, in time that does not depend on where they differ (a peer probing tickets
-// learns nothing from the answer's timing).
-bool TicketsEqual(absl::string_view a, absl::string_view b);
-
 }  // namespace dtrain::ps::tcp
 
 #endif  // DTRAIN_PS_TCP_TCP_OFFER_H_

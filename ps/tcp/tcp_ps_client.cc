@@ -467,9 +467,9 @@ absl::Status TcpPsClient::Pull(const PullRequest& request, PullReceiver* receive
           return lane_failed(!bytes.ok() ? bytes.status() : absl::DataLossError("rows of another size than sent"));
         }
         auto it = asked.find(p->key);
-        if (it == asked.end() || p->dim != it->second.second || p->offset + p->n > it->second.first) {
-          return absl::DataLossError(absl::StrCat(Who(), " sent rows [", p->offset, ", ", p->offset + p->n,
-                                                  ") of table ", p->key, " it was not asked for"));
+        if (it == asked.end() || p->dim != it->second.second || !RangeWithin(p->offset, p->n, it->second.first)) {
+          return absl::DataLossError(absl::StrCat(Who(), " sent ", p->n, " rows from row ", p->offset, " of table ",
+                                                  p->key, ", which it was not asked for"));
         }
         ASSIGN_OR_RETURN(PullReceiver::Buffer dst, receiver->SparseDestination(p->key, p->offset, p->n, p->dim));
         if (absl::Status s = ReadInto(lane, dst, p->dtype, p->n * p->dim, *bytes, &scratch, deadline); !s.ok()) {

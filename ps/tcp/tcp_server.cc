@@ -18,6 +18,7 @@
 #include "glog/logging.h"
 #include "ps/shm/lane_threads.h"
 #include "ps/shm/shm_frame.h"
+#include "ps/shm/shm_offer.h"
 #include "ps/tcp/pull_sender.h"
 #include "ps/tcp/receive_blocks.h"
 #include "ps/tcp/tcp_frame.h"
@@ -46,13 +47,6 @@ constexpr int kMaxRowDim = 1 << 20;
 constexpr int64_t kLendFloats = int64_t{1} << 16;
 
 }  // namespace
-
-bool TicketsEqual(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 // One attached worker: its tickets and its two lanes (each served by its own thread).
 struct TcpAttachment {
@@ -214,7 +208,7 @@ std::shared_ptr<TcpAttachment> TcpServer::Impl::Admit(TcpLane* lane, shm::LaneKi
       for (const auto& a : attachments_) {
         std::string* ticket = hello->lane == shm::LaneKind::kPush ? &a->push_ticket : &a->pull_ticket;
         // Every ticket is compared whole, in constant time, whatever matched before.
-        if (ticket->empty() || !TicketsEqual(*ticket, hello->ticket)) continue;
+        if (ticket->empty() || !shm::TicketsEqual(*ticket, hello->ticket)) continue;
         absl::MutexLock al(&a->mu);
         if (a->worker_id != hello->worker_id || a->ended || a->expires < absl::Now()) break;
         ticket->clear();  // single use
