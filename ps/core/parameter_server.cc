@@ -145,6 +145,10 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
                            const void* rows) override {
     impl_->bytes_received_ += n * (8 + int64_t{dim} * DtypeBytes(dtype));
     if (!status_.ok()) return status_;
+    // Read once: the ids may lie in the worker's memory (shared memory lends them in place) and change after the
+    // check; what is checked is what is stored. (The rows are decoded once, and checked, in the buffer.)
+    ids_.assign(ids, ids + std::max<int64_t>(n, 0));
+    ids = ids_.data();
     status_ = impl_->sparse_->CheckIds(table, ids, n);
     if (status_.ok() && dim != impl_->sparse_->spec(table).dim) {
       status_ = absl::InvalidArgumentError(absl::StrCat("sparse gradients of '", impl_->sparse_->spec(table).name,
@@ -222,6 +226,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
   Impl* impl_;
   const PushHeader header_;
   const uint64_t writer_;  // this attempt, for the sparse rows (a retry is another)
+  std::vector<int64_t> ids_;  // WriteSparse's copy of the ids it checks
   absl::Status status_;
   bool finished_ = false;
   bool lent_ = false;             // WriteInPlace lent slices to the buffer

@@ -7,6 +7,8 @@
 #include <map>
 #include <set>
 #include <string>
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -181,6 +183,42 @@ TEST(SparseParameterServerTest, IdsOfAnotherTaskAndBadRowsAreRefused) {
   EXPECT_EQ(dim.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(dim.message(), "the table has 2")) << dim;
   EXPECT_EQ((*up)->Finish().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The ids of a push are read once: what is checked (the task owns them) is what is stored. A worker whose ids
+// change while the ps reads them (shared memory lends them in place) cannot slip another task's id past the check.
+TEST(SparseParameterServerTest, IdsChangedAfterTheirCheckAreNeverStored) {
+  auto cluster = *SimCluster::Start(Options("async", 1, /*num_ps=*/2));
+  SimCluster* c = cluster.get();
+  const int64_t mine = IdsOf(0, 2, 1)[0], theirs = IdsOf(1, 2, 1)[0];
+  ASSERT_TRUE(Rows(c, 0, 0, 0, {mine}).ok());  // its row exists: a gradient for it is applied
+  int64_t slot = mine;
+  std::atomic<bool> stop{false};
+  std::thread flipper([&] {
+    volatile int64_t* v = &slot;
+    while (!stop.load(std::memory_order_relaxed)) {
+      *v = theirs;
+      *v = mine;
+    }
+  });
+  const float rows[kDim] = {0.5f, 0.5f};
+  int accepted = 0;
+  for (uint64_t i = 0; i < 4000; ++i) {
+    absl::StatusOr<std::unique_ptr<SliceUpload>> up = c->task(0).StartPush(Header(c, 0, 0, 0, 100 + i));
+    ASSERT_TRUE(up.ok()) << up.status();
+    const float w[2] = {0, 0};
+    (*up)->Write(0, 0, 2, WireDtype::kF32, w).IgnoreError();  // where task 0 holds "w"
+    if (!(*up)->WriteSparse(0, &slot, 1, kDim, WireDtype::kF32, rows).ok()) continue;  // theirs, seen: refused
+    accepted += (*up)->Finish().ok() ? 1 : 0;
+  }
+  stop = true;
+  flipper.join();
+  EXPECT_GT(accepted, 0);
+  absl::StatusOr<TrainingStats> stats = c->task(0).GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->tables[0].rows, 1);
+  // Another task's id past the check would be a gradient for a row this task has not (dropped, counted).
+  EXPECT_EQ(stats->tables[0].dropped_gradients, 0) << "an id ps task 0 does not own got past its check";
 }
 
 TEST(SparseParameterServerTest, NonFiniteRowsFollowTheNonFinitePolicy) {
