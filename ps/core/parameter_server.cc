@@ -143,22 +143,34 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
 
   absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
                            const void* rows) override {
-    impl_->bytes_received_ += n * (8 + int64_t{dim} * DtypeBytes(dtype));
     if (!status_.ok()) return status_;
-    // Read once: the ids may lie in the worker's memory (shared memory lends them in place) and change after the
-    // check; what is checked is what is stored. (The rows are decoded once, and checked, in the buffer.)
-    ids_.assign(ids, ids + std::max<int64_t>(n, 0));
-    ids = ids_.data();
-    status_ = impl_->sparse_->CheckIds(table, ids, n);
-    if (status_.ok() && dim != impl_->sparse_->spec(table).dim) {
-      status_ = absl::InvalidArgumentError(absl::StrCat("sparse gradients of '", impl_->sparse_->spec(table).name,
-                                                        "' with ", dim, " values a row, the table has ",
-                                                        impl_->sparse_->spec(table).dim));
+    if (table >= static_cast<uint32_t>(impl_->sparse_->num_tables())) {
+      return status_ = impl_->sparse_->CheckIds(table, ids, 0);  // names the table that does not exist
     }
-    if (!status_.ok()) return status_;
     const bool check = impl_->options_.nonfinite != ParameterServerOptions::NonFinite::kApply;
     GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
     buffer->Claim(header_.step, header_.request_id);
+    // Bounded before anything is copied: what one push may make this task hold.
+    const int64_t limit = impl_->options_.max_push_rows;
+    const int64_t held = static_cast<int64_t>(buffer->sparse_ids(static_cast<int>(table)).size());
+    if (n < 0 || n > limit - held) {
+      return status_ = absl::ResourceExhaustedError(absl::StrCat(
+                 "worker ", header_.worker_id, "'s push carries more than ", limit, " rows of sparse table '",
+                 impl_->sparse_->spec(table).name, "' (", held, " held, ", n, " more) to ps task ",
+                 impl_->options_.task_index, ": refused (--max_push_rows)"));
+    }
+    if (dim != impl_->sparse_->spec(table).dim) {
+      return status_ = absl::InvalidArgumentError(absl::StrCat("sparse gradients of '", impl_->sparse_->spec(table).name,
+                                                               "' with ", dim, " values a row, the table has ",
+                                                               impl_->sparse_->spec(table).dim));
+    }
+    impl_->bytes_received_ += n * (8 + int64_t{dim} * DtypeBytes(dtype));
+    // Read once: the ids may lie in the worker's memory (shared memory lends them in place) and change after the
+    // check; what is checked is what is stored. (The rows are decoded once, and checked, in the buffer.)
+    ids_.assign(ids, ids + n);
+    ids = ids_.data();
+    status_ = impl_->sparse_->CheckIds(table, ids, n);
+    if (!status_.ok()) return status_;
     return status_ = buffer->WriteSparse(static_cast<int>(table), ids, n, dtype, rows, check, writer_);
   }
 

@@ -146,6 +146,10 @@ struct ParameterServerOptions {
   // The largest model (bytes of this task's slices, plus max_rows rows of each bounded sparse table) Register
   // accepts: ResourceExhausted naming the flag beyond.
   int64_t max_model_bytes = int64_t{4} << 30;
+  // The most rows of one table a push may carry to this task (dtrain_ps --max_push_rows): a push past it is
+  // refused (ResourceExhausted naming the limit), before its ids are copied, so that one peer cannot make the
+  // task's gradient buffers grow without bound. A step's unique ids of a table are far fewer.
+  int64_t max_push_rows = int64_t{1} << 22;
   // A bound on the rows of every sparse table on this task, whatever the chief's max_rows (0: none; see
   // SparseStoreOptions::max_rows_cap).
   int64_t sparse_max_rows = 0;

@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 #include <atomic>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -219,6 +220,37 @@ TEST(SparseParameterServerTest, IdsChangedAfterTheirCheckAreNeverStored) {
   EXPECT_EQ(stats->tables[0].rows, 1);
   // Another task's id past the check would be a gradient for a row this task has not (dropped, counted).
   EXPECT_EQ(stats->tables[0].dropped_gradients, 0) << "an id ps task 0 does not own got past its check";
+}
+
+// What one push may make a task hold is bounded (--max_push_rows): past it the push is refused with the limit
+// named, before its ids are copied (a count no memory could hold included); the run goes on for the others.
+TEST(SparseParameterServerTest, APushPastMaxPushRowsIsRefusedNamingTheLimit) {
+  SimClusterOptions o = Options("async", 1);
+  o.max_push_rows = 4;
+  auto cluster = *SimCluster::Start(o);
+  SimCluster* c = cluster.get();
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5};
+  const std::vector<float> rows(ids.size() * kDim, 0.5f);
+  absl::StatusOr<std::unique_ptr<SliceUpload>> up = c->task(0).StartPush(Header(c, 0, 0, 0, 1));
+  ASSERT_TRUE(up.ok());
+  absl::Status s = (*up)->WriteSparse(0, ids.data(), 5, kDim, WireDtype::kF32, rows.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "more than 4 rows of sparse table 'emb'")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "--max_push_rows")) << s;
+  // Spread over two writes of one push: the second goes past.
+  up = c->task(0).StartPush(Header(c, 0, 0, 0, 2));
+  ASSERT_TRUE((*up)->WriteSparse(0, ids.data(), 3, kDim, WireDtype::kF32, rows.data()).ok());
+  EXPECT_EQ((*up)->WriteSparse(0, ids.data() + 3, 2, kDim, WireDtype::kF32, rows.data()).code(),
+            absl::StatusCode::kResourceExhausted);
+  // A count no memory could hold: refused, nothing read.
+  up = c->task(0).StartPush(Header(c, 0, 0, 0, 3));
+  EXPECT_EQ((*up)->WriteSparse(0, ids.data(), std::numeric_limits<int64_t>::max(), kDim, WireDtype::kF32,
+                               rows.data()).code(),
+            absl::StatusCode::kResourceExhausted);
+  // Within the limit, it goes on.
+  EXPECT_EQ(PushSlices(c->task(0), Header(c, 0, 0, 0, 4), {{0, {0, 0}}}, {SparseRows{0, {1, 2, 3, 4}, rows}})
+                ->outcome,
+            Outcome::kAccepted);
 }
 
 TEST(SparseParameterServerTest, NonFiniteRowsFollowTheNonFinitePolicy) {

@@ -68,6 +68,7 @@ struct SimClusterOptions {
   absl::Duration worker_timeout = absl::ZeroDuration();  // ParameterServerOptions::worker_timeout (0: no leases)
   std::string decision_key;  // ParameterServerOptions::decision_key of every task
   int max_workers = 0;       // ParameterServerOptions::max_workers of every task (workers past config's join)
+  int64_t max_push_rows = int64_t{1} << 22;  // ParameterServerOptions::max_push_rows of every task
 };
 
 class SimCluster {
