@@ -4,7 +4,8 @@
   - each ps task's applied journal (dtrain_ps --journal_applied: <checkpoint_dir>/applied.ps<T>-of-<N>.*.journal,
     ps/checkpoint/applied_journal.h): what it accepted (K) and applied (A), where it copied a checkpoint (C) and
     what it restored (R: its checkpoint; X: a checkpoint of another number of ps tasks; I: fresh initial values)
-    and which accepted commits ps 0 set aside (V);
+    which accepted commits ps 0 set aside (V), and which async uploads were cut off partly applied (P: under
+    --nonfinite=apply each slice is applied as it arrives whole; counted, never acknowledged);
   - each worker's push journal (dtrain_worker --push_journal_dir=DIR: pushes.w<W>.*.journal,
     ps/client/push_journal.h): every push ps task 0 acknowledged, with its outcome.
 
@@ -111,6 +112,7 @@ class Task:
         self.restores = []        # (seq, label or None for I, kind)
         self.undone = 0           # applied pushes cut by restores
         self.voided = set()       # (worker, rid) of V records: commits ps 0 set aside (their step computed again)
+        self.partly = 0           # P records: async uploads cut off with some slices applied (never acknowledged)
 
     def replay(self, path, records, find):
         """find(task, kind, label, from_num_ps, where): the Snapshots an R or X record restored."""
@@ -124,6 +126,9 @@ class Task:
                 elif f[0] == "V" and len(f) == 4:
                     int(f[2])
                     self.voided.add((int(f[1]), int(f[3])))
+                elif f[0] == "P" and len(f) == 6:
+                    int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5])
+                    self.partly += 1
                 elif f[0] == "A" and len(f) == 5:
                     self.applied.append((int(f[1]), int(f[2]), int(f[3]), int(f[4])))
                 elif f[0] == "C" and len(f) == 2:
@@ -284,6 +289,7 @@ def check(ps_dirs, worker_dirs):
             acks.setdefault((w, rid), (w, s, rid, outcome))
 
     voided = set().union(*(t.voided for t in tasks.values()))
+    partly = sum(t.partly for t in tasks.values())
     r = collections.Counter()
     problems = []
     for (w, rid), (_, s, _, outcome) in sorted(acks.items()):
@@ -331,6 +337,7 @@ def check(ps_dirs, worker_dirs):
             r["doubled"] += 1
             problems.append("ps task %d applied two different pushes of worker %d for step %d" % (t.task, w, s))
         r["unacknowledged_applied"] += len({k for st in t.strands for k in st.count if k not in acks})
+    r["partly_applied"] = partly
     for t in tasks.values():
         r["restores"] += sum(1 for _, _, kind in t.restores if kind == "R")
         r["reshards"] += sum(1 for _, _, kind in t.restores if kind == "X")
@@ -366,7 +373,9 @@ def main():
              "; %d accepted, then set aside as their step was computed again" % r["set_aside"] if r["set_aside"] else "",
              r["lost"],
              r["doubled"], r["unacknowledged_applied"], r["restores"], r["undone_applies"],
-             "; %d restores of a checkpoint of another number of ps tasks" % r["reshards"] if r["reshards"] else ""))
+             ("; %d restores of a checkpoint of another number of ps tasks" % r["reshards"] if r["reshards"] else "") +
+             ("; %d async uploads cut off with some slices applied (--nonfinite=apply; never acknowledged)"
+              % r["partly_applied"] if r["partly_applied"] else "")))
     if a.json:
         print(json.dumps(dict(r), sort_keys=True))
     return 1 if r["lost"] or r["doubled"] else 0

@@ -125,6 +125,11 @@ ps, w = set_aside()
 ps[(1, 1)] += ["A 0 6 999 7"]
 expect("... and applied", ps, w, 1, doubled=2)
 
+# An async upload cut off with some slices applied (P): counted, not an error (it was never acknowledged).
+ps, w = clean()
+ps[(0, 1)] += ["K 0 6 777", "P 0 6 777 1 2"]
+expect("partly applied", ps, w, 0, partly_applied=1, lost=0, doubled=0)
+
 # A restore that went back to a checkpoint copied after the push: the push must still be there.
 ps, w = clean()
 for t in (0, 1):

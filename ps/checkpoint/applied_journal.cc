@@ -61,6 +61,9 @@ void AppliedJournal::Applied(int worker, int64_t step, uint64_t request_id, int6
 void AppliedJournal::Voided(int worker, int64_t step, uint64_t request_id) {
   Write(absl::StrCat("V ", worker, " ", step, " ", request_id, "\n"));
 }
+void AppliedJournal::PartlyApplied(int worker, int64_t step, uint64_t request_id, int slices, int of) {
+  Write(absl::StrCat("P ", worker, " ", step, " ", request_id, " ", slices, " ", of, "\n"));
+}
 void AppliedJournal::Checkpointed(int64_t label) { Write(absl::StrCat("C ", label, "\n")); }
 void AppliedJournal::Restored(int64_t label) { Write(absl::StrCat("R ", label, "\n")); }
 void AppliedJournal::Resharded(int64_t label, int from_num_ps) {

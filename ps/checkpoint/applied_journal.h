@@ -21,6 +21,8 @@
 //   V <worker> <step> <request id>           ps 0 set the accepted push aside before any update: its step was
 //                                            planned again (an elastic job with a global batch lost a worker of
 //                                            it) and the worker computes it again; it must be applied nowhere
+//   P <worker> <step> <request id> <k> <n>   an async upload under --nonfinite=apply was cut off with k of the
+//                                            task's n slices applied (each as it arrived whole); never acknowledged
 //   C <label>                                the state was copied for checkpoint <label> right here: the
 //                                            checkpoint holds exactly the A records before this line (since the
 //                                            last R/X/I)
@@ -60,6 +62,7 @@ class AppliedJournal {
   void Accepted(int worker, int64_t step, uint64_t request_id);
   void Applied(int worker, int64_t step, uint64_t request_id, int64_t at);
   void Voided(int worker, int64_t step, uint64_t request_id);
+  void PartlyApplied(int worker, int64_t step, uint64_t request_id, int slices, int of);
   void Checkpointed(int64_t label);
   void Restored(int64_t label);
   void Resharded(int64_t label, int from_num_ps);

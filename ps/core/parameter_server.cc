@@ -112,6 +112,18 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     absl::MutexLock lock(&impl_->mu_);
     --impl_->accounting_.in_flight;
     if (!finished_) ++impl_->accounting_.abandoned;
+    if (!finished_ && applied_slices_ > 0) {
+      // Async, --nonfinite=apply: the slices that arrived whole are in the parameters; the rest never will be.
+      ++impl_->accounting_.partly_applied;
+      if (impl_->journal_) {
+        impl_->journal_->PartlyApplied(header_.worker_id, header_.step, header_.request_id, applied_slices_,
+                                       impl_->store_->num_slices());
+      }
+      LOG(WARNING) << "ps task " << impl_->options_.task_index << ": worker " << header_.worker_id << "'s push "
+                   << header_.request_id << " for step " << header_.step << " was cut off with " << applied_slices_
+                   << " of " << impl_->store_->num_slices() << " slices applied (async, --nonfinite=apply: each "
+                   << "slice is applied as it arrives whole)";
+    }
   }
 
   absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
@@ -231,6 +243,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     if (status_.ok() && !check && !impl_->sync_ && !impl_->clipping() && buffer->complete(*i) &&
         !buffer->applied(*i)) {
       impl_->ApplyAsync(*i, *buffer);
+      ++applied_slices_;
     }
     return status_;
   }
@@ -239,6 +252,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
   const PushHeader header_;
   const uint64_t writer_;  // this attempt, for the sparse rows (a retry is another)
   std::vector<int64_t> ids_;  // WriteSparse's copy of the ids it checks
+  int applied_slices_ = 0;    // async, --nonfinite=apply: slices applied as they arrived
   absl::Status status_;
   bool finished_ = false;
   bool lent_ = false;             // WriteInPlace lent slices to the buffer
@@ -700,6 +714,7 @@ std::string PushAccounting::DebugString() const {
                       " dropped_stale=", dropped_stale, " dropped_backup=", dropped_backup,
                       " rejected_nonfinite=", rejected_nonfinite, " refused=", refused, " abandoned=", abandoned,
                       " in_flight=", in_flight, " applied=", applied, " skipped_nonfinite=", skipped_nonfinite,
+                      " partly_applied=", partly_applied,
                       " discarded=", discarded, " pending=", pending, Balanced() ? " (balanced)" : " (UNBALANCED)");
 }
 int64_t ParameterServer::step() const { return impl_->step(); }

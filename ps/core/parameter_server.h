@@ -209,6 +209,10 @@ struct PushAccounting {
   int64_t skipped_nonfinite = 0;   // accepted, left out of their step (--nonfinite=skip)
   int64_t discarded = 0;           // accepted (sync), never applied: a rollback, or overwritten
   int64_t pending = 0;             // accepted (sync), waiting for their step's decision
+  // Of the abandoned: async uploads under --nonfinite=apply (no clipping) whose slices are applied as each
+  // arrives whole, cut off with some applied already (the applied journal's P record names them). Not atomic by
+  // design: the apply overlaps the upload; such a push is never acknowledged.
+  int64_t partly_applied = 0;
   bool Balanced() const;
   std::string DebugString() const;  // one line: "received=... accepted=... ... pending=..."
 };

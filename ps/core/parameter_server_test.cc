@@ -525,6 +525,38 @@ TEST(MembershipTest, DoneNeedsTheWorkersOwnSession) {
 
 // ---- hostile input --------------------------------------------------------------------------------------------
 
+// Async under --nonfinite=apply applies each slice as it arrives whole (the apply overlaps the upload): an upload
+// cut off after one of its two slices leaves that one applied. Not hidden: counted (partly_applied), and the
+// accounting still balances.
+TEST(ParameterServerTest, AnAsyncUploadCutOffUnderApplyIsCountedPartlyApplied) {
+  ParameterServerOptions o = Options(1);
+  o.nonfinite = ParameterServerOptions::NonFinite::kApply;
+  auto ps = *ParameterServer::Create(o);
+  TrainConfig c = Config(1, 1);
+  c.mode = "async";
+  ASSERT_TRUE(Register(*ps, Reg(0, true, c)).ok());
+  ASSERT_TRUE(Init(*ps, 0).ok());
+  {
+    absl::StatusOr<std::unique_ptr<SliceUpload>> up =
+        ps->StartPush(PushHeader{0, 0, 7, /*commit=*/true, SessionOf(*ps, 0)});
+    ASSERT_TRUE(up.ok()) << up.status();
+    const float w[3] = {1, 1, 1};
+    ASSERT_TRUE((*up)->Write(0, 0, 3, WireDtype::kF32, w).ok());
+  }  // cut off before "b" and Finish
+  const PushAccounting a = ps->accounting();
+  EXPECT_EQ(a.abandoned, 1);
+  EXPECT_EQ(a.partly_applied, 1);
+  EXPECT_TRUE(a.Balanced()) << a.DebugString();
+  // An upload cut off before any slice was whole applied nothing.
+  {
+    absl::StatusOr<std::unique_ptr<SliceUpload>> up =
+        ps->StartPush(PushHeader{0, 0, 8, /*commit=*/true, SessionOf(*ps, 0)});
+    const float w[2] = {1, 1};
+    ASSERT_TRUE((*up)->Write(0, 0, 2, WireDtype::kF32, w).ok());
+  }
+  EXPECT_EQ(ps->accounting().partly_applied, 1);
+}
+
 struct NonFiniteCase {
   ParameterServerOptions::NonFinite policy;
   const char* name;

@@ -205,7 +205,9 @@ void PsServer::Shutdown() {
     state_->shm->Shutdown();
     const shm::ShmServerCounters c = state_->shm->counters();
     LOG(INFO) << "shared memory: " << c.offers << " attachments offered, " << c.lanes_accepted << " lanes accepted, "
-              << c.lanes_refused << " refused, " << c.uploads_cut_off << " uploads cut off (none of them applied)";
+              << c.lanes_refused << " refused, " << c.uploads_cut_off << " uploads cut off ("
+              << state_->ps->accounting().partly_applied << " uploads of any transport partly applied: async "
+              << "with --nonfinite=apply applies each slice as it arrives whole; none otherwise)";
   }
   if (state_->tcp != nullptr) {
     state_->tcp->Shutdown();

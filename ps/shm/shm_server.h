@@ -9,8 +9,9 @@
 // previous attachment first (its calls return before the new one is offered, so an old pull can never write
 // into buffers a new one fills). When either lane of an attachment closes (the worker exited, was killed, or
 // gave up on a call) the attachment ends: an upload in progress is dropped unfinished (nothing of it is
-// committed: a half-written upload is never applied), a pull in progress is cancelled, and the segments are
-// unmapped.
+// committed: a half-written upload is never applied, except async under --nonfinite=apply, whose slices are
+// applied as each arrives whole: PushAccounting::partly_applied counts those), a pull in progress is cancelled,
+// and the segments are unmapped.
 //
 // A connection must present a valid ticket of an offer in its first frame within `hello_timeout` and come
 // from a process of the ps's own user (SO_PEERCRED), or it is closed; nothing else is read from it.
@@ -61,7 +62,9 @@ struct ShmServerCounters {
   int64_t lanes_refused = 0;  // no valid ticket, another user, too many, malformed Hello
   int64_t active_lanes = 0;
   int64_t active_attachments = 0;
-  int64_t uploads_cut_off = 0;  // open when their lane closed or fell silent: dropped, nothing applied
+  // Open when their lane closed or fell silent: dropped, never acknowledged; nothing of them applied, except under
+  // async --nonfinite=apply, whose slices are applied as each arrives whole (PushAccounting::partly_applied).
+  int64_t uploads_cut_off = 0;
 };
 
 class ShmServer {

@@ -64,7 +64,9 @@ struct TcpServerCounters {
   int64_t lanes_refused = 0;  // no valid ticket, too many, malformed Hello, silence
   int64_t active_lanes = 0;
   int64_t active_attachments = 0;
-  int64_t uploads_cut_off = 0;  // open when their lane closed or fell silent: dropped, nothing applied
+  // Open when their lane closed or fell silent: dropped, never acknowledged; nothing of them applied, except under
+  // async --nonfinite=apply, whose slices are applied as each arrives whole (PushAccounting::partly_applied).
+  int64_t uploads_cut_off = 0;
   int64_t bytes_received = 0;   // by lanes that have closed, and the open ones
   int64_t bytes_sent = 0;
 };
