@@ -21,3 +21,10 @@ _end_test_dir() {
   for p in "${bg[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   if [ -z "${KEEP:-}" ]; then rm -rf "$dir"; else echo "kept $dir"; fi
 }
+#   last_step FILE              the step of FILE's last progress line ("step N, loss ..."), empty before one
+#   wait_step FILE N            waits up to 120 s for a progress line of step N or later; else FAIL and exit 1
+last_step() { grep -o '^step [0-9]*,' "$1" 2>/dev/null | tail -1 | tr -dc 0-9; }
+wait_step() {
+  for _ in $(seq 1200); do [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.1; done
+  echo "FAIL: $1 did not reach step $2"; tail -5 "$1"; exit 1
+}

@@ -19,12 +19,6 @@ fi
 passed=0; failed=0
 source "$ROOT/tests/checks.sh"
 make_test_dir dtrain_global_batch_test
-last_step() { grep -o '^step [0-9]*,' "$1" 2>/dev/null | tail -1 | tr -dc 0-9; }
-# wait_step FILE N: the chief's progress reached step N (up to 120 s).
-wait_step() {
-  for _ in $(seq 1200); do [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.1; done
-  echo "FAIL: $1 did not reach step $2"; tail -5 "$1"; exit 1
-}
 
 STEPS=${GLOBAL_BATCH_STEPS:-110}
 "$B/dtrain_convert" --synthetic_ctr --examples=20000 --test_examples=1000 --out="$dir/ctr" >/dev/null

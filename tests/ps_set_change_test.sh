@@ -27,7 +27,6 @@ fi
 passed=0; failed=0
 source "$ROOT/tests/checks.sh"
 make_test_dir dtrain_ps_set_test
-last_step() { grep -o '^step [0-9]*,' "$1" 2>/dev/null | tail -1 | tr -dc 0-9; }
 
 STEPS=${PS_SET_STEPS:-240}
 IFS=, read -r p0 p1 p2 p3 <<<"$(python3 "$ROOT/scripts/free_ports.py" 4)"
