@@ -103,6 +103,11 @@ std::string ElasticPlan::Replan(int64_t step, const std::vector<int>& active) {
   std::vector<int> next;
   std::set_intersection(plan_.begin(), plan_.end(), active.begin(), active.end(), std::back_inserter(next));
   if (next == plan_) return "";
+  if (next.empty()) {
+    // Nobody of the step is left: the active workers waiting to count from the next step take this one up now.
+    next = active;
+    joins_.clear();
+  }
   const std::vector<int> before = std::move(plan_);
   plan_ = std::move(next);
   ++version_;

@@ -51,8 +51,9 @@ class ElasticPlan {
   // (those whose join step has come). The batches of plan workers not in `contributed` go back. Returns the log
   // line of a change ("step 840: worker 3 joined (4 workers, aggregating 4, global batch 400)"), or "".
   std::string Advance(int64_t decided, const std::vector<int>& contributed, const std::vector<int>& active);
-  // Sync "global": the current step `step` is planned again with the plan's workers that are still `active`
-  // (the caller knows one left without committing); returns the log line ("step 840: worker 3 left (3 workers,
+  // Sync "global": the current step `step` is planned again with the plan's workers that are still `active` (when
+  // none is, with every active worker: those waiting to count from the next step take it up at once; the caller
+  // knows one left without committing); returns the log line ("step 840: worker 3 left (3 workers,
   // aggregating 3, global batch 400); step 840 is computed again"), "" when the plan is unchanged.
   std::string Replan(int64_t step, const std::vector<int>& active);
   // Async: the active set may have changed (a join, a leave): the log line of the change at `step` ("" when it is

@@ -8,13 +8,6 @@
 namespace dtrain::ps {
 namespace {
 
-// The batches of the one input order that each step's workers read.
-std::vector<int64_t> BatchesOf(ElasticPlan& plan, int64_t step) {
-  const ElasticView v = plan.View(step, /*worker=*/0, /*take_batch=*/false);
-  EXPECT_EQ(v.batches.size(), v.workers.size());
-  return v.batches;
-}
-
 TEST(ElasticPlanTest, AJoinerCountsFromTheNextStepAndEveryBatchIsTrainedOnOnce) {
   ElasticPlan plan(/*sync=*/true, /*global=*/false, /*unit=*/100, /*replicas_to_aggregate=*/0);
   plan.Start({0});
@@ -111,6 +104,13 @@ TEST(ElasticPlanTest, AGlobalStepThatLostAWorkerIsPlannedAgainWithTheOthers) {
   EXPECT_EQ(v.first_batch, 5);  // the same batch, split two ways now
   EXPECT_EQ(v.workers, (std::vector<int>{0, 2}));
   EXPECT_EQ(plan.Needed({0, 2}), 2);
+  // Every worker of the step gone: the workers waiting to count from the next step take it up at once.
+  plan.Join(3, 5, {0, 2});
+  EXPECT_EQ(plan.Replan(5, {3}),
+            "step 5: worker 3 joined, workers 0, 2 left (1 worker, aggregating 1, global batch 400); step 5 is "
+            "computed again");
+  EXPECT_EQ(plan.plan(), (std::vector<int>{3}));
+  EXPECT_TRUE(plan.InPlan(3));
   // per_worker plans never do: a batch left undone goes back to the queue instead.
   ElasticPlan per_worker(true, /*global=*/false, 100, 0);
   per_worker.Start({0, 1});

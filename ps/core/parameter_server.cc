@@ -172,9 +172,9 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
                  impl_->options_.task_index, ": refused (--max_push_rows)"));
     }
     if (dim != impl_->sparse_->spec(table).dim) {
-      return status_ = absl::InvalidArgumentError(absl::StrCat("sparse gradients of '", impl_->sparse_->spec(table).name,
-                                                               "' with ", dim, " values a row, the table has ",
-                                                               impl_->sparse_->spec(table).dim));
+      const SparseTableSpec& spec = impl_->sparse_->spec(table);
+      return status_ = absl::InvalidArgumentError(absl::StrCat("sparse gradients of '", spec.name, "' with ", dim,
+                                                               " values a row, the table has ", spec.dim));
     }
     impl_->bytes_received_ += n * (8 + int64_t{dim} * DtypeBytes(dtype));
     // Read once: the ids may lie in the worker's memory (shared memory lends them in place) and change after the

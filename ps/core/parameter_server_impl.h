@@ -94,9 +94,9 @@ class ParameterServer::Impl {
       : options_(std::move(options)),
         members_(options_.max_workers, options_.task_index, options_.num_workers),
         complete_step_(options_.max_workers, -1),
-        pending_accepted_(options_.max_workers, false),
         commit_ids_(options_.max_workers, 0),
         elastic_seen_(options_.max_workers, -1),
+        pending_accepted_(options_.max_workers, false),
         checkpoints_(options_.checkpoint.save_steps, options_.checkpoint.save_secs, options_.clock),
         ps_plan_(options_.ps_hosts) {
     num_ps_.store(options_.num_ps);

@@ -201,21 +201,27 @@ void PsServer::Shutdown() {
   }
   // Pulls still waiting end at once; other calls get a bounded grace period.
   state_->shutdown.Cancel();
+  // What became of the uploads cut off: nothing applied, but under async --nonfinite=apply (each slice applied
+  // as it arrives whole: PushAccounting::partly_applied, of any transport).
+  const auto cut_off_fate = [this] {
+    const int64_t partly = state_->ps->accounting().partly_applied;
+    return partly == 0 ? std::string("none of them applied")
+                       : absl::StrCat(partly, " uploads of any transport partly applied: async --nonfinite=apply");
+  };
   if (state_->shm != nullptr) {
     state_->shm->Shutdown();
     const shm::ShmServerCounters c = state_->shm->counters();
     LOG(INFO) << "shared memory: " << c.offers << " attachments offered, " << c.lanes_accepted << " lanes accepted, "
-              << c.lanes_refused << " refused, " << c.uploads_cut_off << " uploads cut off ("
-              << state_->ps->accounting().partly_applied << " uploads of any transport partly applied: async "
-              << "with --nonfinite=apply applies each slice as it arrives whole; none otherwise)";
+              << c.lanes_refused << " refused, " << c.uploads_cut_off << " uploads cut off (" << cut_off_fate()
+              << ")";
   }
   if (state_->tcp != nullptr) {
     state_->tcp->Shutdown();
     const tcp::TcpServerCounters c = state_->tcp->counters();
     if (c.offers > 0 || c.lanes_refused > 0) {
       LOG(INFO) << "TCP lanes: " << c.offers << " attachments offered, " << c.lanes_accepted << " lanes accepted, "
-                << c.lanes_refused << " refused, " << c.uploads_cut_off << " uploads cut off (none of them "
-                << "applied), " << c.bytes_received << " bytes received, " << c.bytes_sent << " sent";
+                << c.lanes_refused << " refused, " << c.uploads_cut_off << " uploads cut off (" << cut_off_fate()
+                << "), " << c.bytes_received << " bytes received, " << c.bytes_sent << " sent";
     }
   }
   state_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
