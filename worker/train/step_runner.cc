@@ -259,12 +259,16 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
       return push(begin, end);
     };
   }
-  models::StepHooks summing = hooks;
-  summing.gradients_ready = [this, grads](int64_t begin, int64_t end) -> absl::Status {
-    for (int64_t i = begin; i < end; ++i) round_sum_[i] += grads[i];
-    return absl::OkStatus();
-  };
-  if (rounds > 1) round_sum_.assign(towers_->num_parameters(), 0.0f);
+  // The rounds before the last (none in a plain step: nothing of this is built then).
+  models::StepHooks summing;
+  if (rounds > 1) {
+    summing = hooks;
+    summing.gradients_ready = [this, grads](int64_t begin, int64_t end) -> absl::Status {
+      for (int64_t i = begin; i < end; ++i) round_sum_[i] += grads[i];
+      return absl::OkStatus();
+    };
+    round_sum_.assign(towers_->num_parameters(), 0.0f);
+  }
   models::StepHooks timed, timed_summing;
   if (profile_ != nullptr) {
     timed = profile_->TimeHooks(hooks);
@@ -277,13 +281,17 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
     const bool last = r + 1 == rounds;
     models::StepHooks* round_hooks =
         profile_ != nullptr ? (last ? &timed : &timed_summing) : (last ? &hooks : &summing);
-    const std::vector<models::HostBatch> round(batches.begin() + r * per_round,
-                                               batches.begin() + (r + 1) * per_round);
     if (sparse_model_ && r > 0) {
       const absl::Status bound = BindRound(static_cast<int>(r));
       if (!bound.ok()) loss = bound;
     }
-    if (loss.ok()) loss = towers_->ComputeGradients(rounds == 1 ? batches : round, step, round_hooks);
+    if (loss.ok() && rounds == 1) {
+      loss = towers_->ComputeGradients(batches, step, round_hooks);
+    } else if (loss.ok()) {
+      const std::vector<models::HostBatch> round(batches.begin() + r * per_round,
+                                                 batches.begin() + (r + 1) * per_round);
+      loss = towers_->ComputeGradients(round, step, round_hooks);
+    }
     if (loss.ok() && sparse_model_) {
       const absl::Status added = AddRowGradients(static_cast<int>(r));
       if (!added.ok()) loss = added;
