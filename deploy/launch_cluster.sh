@@ -12,8 +12,10 @@
 #   ssh (key-based, BatchMode; the binaries at --remote_bin on every host, default: the local build path).
 # - Every task gets the same cluster in TF_CONFIG (and its own task), so any of them may start first. Flags
 #   after -- go to every worker; --ps_args (space-separated flags) to every ps task.
-# - When a task fails (non-zero exit), every other task is stopped (SIGTERM, SIGKILL after --grace_secs) and
-#   the launcher exits 1. Ctrl-C / SIGTERM stop every task the same way (exit 130 / 143). After
+# - When a task fails (non-zero exit), the others get up to 3 s to end by themselves (a refused configuration
+#   ends every task, and a remote task's code comes back later than a local one's), one line per task with its
+#   exit code; every task still running is then stopped (SIGTERM, SIGKILL after --grace_secs) and the launcher
+#   exits 1. Ctrl-C / SIGTERM stop every task the same way (exit 130 / 143). After
 #   --deadline_secs every task is stopped and the exit code is 124. A remote task is stopped by closing its ssh
 #   connection: a small watcher on the remote side ends the task when its ssh stdin closes, so a launcher that
 #   dies, even by SIGKILL, leaves no task behind on other hosts.
@@ -140,6 +142,23 @@ stop_all() {
   name_of=()
 }
 
+log_of() { echo "$LOGDIR/$(cut -d@ -f1 <<<"$1" | tr : _).log"; }
+
+# For up to 3 s (or --grace_secs, if shorter), reaps the tasks that end by themselves, one line each.
+settle_others() {
+  local p i rc
+  for ((i = 0; i < (GRACE < 3 ? GRACE : 3) * 10 && ${#name_of[@]} > 0; i++)); do
+    for p in "${!name_of[@]}"; do
+      kill -0 "$p" 2>/dev/null && continue
+      rc=0
+      wait "$p" 2>/dev/null || rc=$?
+      echo "launch_cluster: ${name_of[$p]} exited with $rc (log: $(log_of "${name_of[$p]}"))" >&2
+      unset "name_of[$p]"
+    done
+    if [ ${#name_of[@]} -gt 0 ]; then sleep 0.1; fi
+  done
+}
+
 while [ ${#name_of[@]} -gt 0 ]; do
   finished=""
   rc=0
@@ -153,10 +172,16 @@ while [ ${#name_of[@]} -gt 0 ]; do
   name="${name_of[$finished]}"
   unset "name_of[$finished]"
   if [ "$rc" != 0 ]; then
-    echo "launch_cluster: $name exited with $rc (log: $LOGDIR/$(cut -d@ -f1 <<<"$name" | tr : _).log);" \
-         "stopping ${#name_of[@]} other task(s)" >&2
+    echo "launch_cluster: $name exited with $rc (log: $(log_of "$name"))" >&2
     failed=1
-    stop_all
+    # A refused configuration ends every task of the run by itself (exit 2 on each), and a remote task's code
+    # comes back over ssh later than a local one's: let the others end on their own for a moment, and say how
+    # each did, so that the task that caused it is named whichever ended first.
+    settle_others
+    if [ ${#name_of[@]} -gt 0 ]; then
+      echo "launch_cluster: stopping ${#name_of[@]} other task(s)" >&2
+      stop_all
+    fi
   fi
 done
 if [ "$exit_code" = 0 ] && [ "$failed" = 1 ]; then exit_code=1; fi
