@@ -64,6 +64,8 @@ class GradientBuffers {
     bool all_complete() const { return num_complete_ == static_cast<int>(length_.size()); }
     // "w/biases (0 of 10 floats), ..." for the slices not yet whole, for error messages.
     std::string DescribeMissing() const;
+    // Whether slice `slice` is lent (Borrow): data(slice) is then the lender's memory, which it may still write.
+    bool lent(int slice) const { return lent_[slice].data != nullptr; }
     const float* data(int slice) const {
       return lent_[slice].data != nullptr ? lent_[slice].data : values_[slice].data();
     }

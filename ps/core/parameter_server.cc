@@ -398,7 +398,18 @@ void ParameterServer::Impl::ApplyTentativeLocked(uint64_t writer, int64_t epoch,
     EndTentativeLocked(writer, /*confirmed=*/false);
     return;
   }
-  store_->ApplyTentative(i, header.step, buffer.data(i), buffer.received(i), header.step + 1);
+  int64_t zeroed = 0;
+  store_->ApplyTentative(i, header.step, buffer.data(i), buffer.received(i), header.step + 1, GuardFor(buffer, i),
+                         &zeroed);
+  if (zeroed > 0) NoteNonFiniteAtApply(zeroed, header.step, i, absl::StrCat("worker ", header.worker_id));
+}
+
+void ParameterServer::Impl::NoteNonFiniteAtApply(int64_t zeroed, int64_t step, int i, const std::string& workers) {
+  nonfinite_at_apply_ += zeroed;
+  LOG(ERROR) << "ps task " << options_.task_index << ": step " << step << ": " << zeroed << " gradient value"
+             << (zeroed == 1 ? "" : "s") << " of '" << store_->spec(i).variable << "' from " << workers
+             << " were NaN/Inf when applied though finite when they arrived (shared memory changed after its "
+             << "check): applied as 0";
 }
 
 void ParameterServer::Impl::EndTentativeLocked(uint64_t writer, bool confirmed) {
@@ -591,7 +602,9 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
       for (int i = 0; i < store_->num_slices(); ++i) {
         if (buffer.applied(i)) continue;
         const float* grad = buffer.data(i);
-        store_->Apply(i, step_, &grad, 1, 1.0f, store_->version(i) + 1, &clip);
+        const int64_t zeroed =
+            store_->Apply(i, step_, &grad, 1, 1.0f, store_->version(i) + 1, &clip, GuardFor(buffer, i));
+        if (zeroed > 0) NoteNonFiniteAtApply(zeroed, step_, i, absl::StrCat("worker ", w));
         buffer.set_applied(i);
       }
       sparse_->SetClock(coordinator() ? step_ : step_hint_);
@@ -702,6 +715,7 @@ absl::Status ParameterServer::WaitFinalCheckpoint(absl::Duration timeout) {
 }
 
 PushAccounting ParameterServer::accounting() const { return impl_->accounting(); }
+int64_t ParameterServer::nonfinite_at_apply() const { return impl_->nonfinite_at_apply(); }
 
 bool PushAccounting::Balanced() const {
   return received == accepted + duplicates + dropped_stale + dropped_backup + rejected_nonfinite + refused +

@@ -288,6 +288,9 @@ class ParameterServer : public PsInterface {
   absl::Status WaitFinalCheckpoint(absl::Duration timeout);
   // A snapshot of the push accounting (see PushAccounting); any thread.
   PushAccounting accounting() const;
+  // Gradient values that passed the NaN/Inf check at arrival and were not finite when applied (lent shared memory
+  // changed in between): applied as 0, each logged. 0 unless a worker broke the protocol.
+  int64_t nonfinite_at_apply() const;
 
  private:
   explicit ParameterServer(std::unique_ptr<Impl> impl);

@@ -165,6 +165,7 @@ class ParameterServer::Impl {
                                                     options_.task_index, options_.num_ps));
     return absl::OkStatus();
   }
+  int64_t nonfinite_at_apply() const { return nonfinite_at_apply_.load(); }
   PushAccounting accounting() const {
     absl::MutexLock lock(&mu_);
     PushAccounting a = accounting_;
@@ -284,6 +285,15 @@ class ParameterServer::Impl {
     absl::MutexLock apply_lock(&apply_mu_);
     EndTentativeLocked(writer, /*confirmed=*/false);
   }
+  // How slice i of `b` is read at apply: from a checked copy when it is lent (the worker's shared memory, which it
+  // may change after its check at arrival) and NaN/Inf are not to be applied (SliceStore::Apply's guard).
+  ApplyGuard GuardFor(const GradientBuffers::Buffer& b, int i) const {
+    return options_.nonfinite != ParameterServerOptions::NonFinite::kApply && b.lent(i) ? ApplyGuard::kCopyFinite
+                                                                                       : ApplyGuard::kNone;
+  }
+  // Logs (and counts in nonfinite_at_apply_) `zeroed` values of slice i that were finite at their check and not
+  // at their apply, applied as 0 at `step`; `workers` names whose gradients they were.
+  void NoteNonFiniteAtApply(int64_t zeroed, int64_t step, int i, const std::string& workers);
   // Async: applies slice i of `buffer` (whole) once per upload.
   void ApplyAsync(int i, GradientBuffers::Buffer& buffer) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the config clips gradients (OptimizerConfig::clip_norm > 0), and the factor a worker's gradient is
@@ -404,6 +414,7 @@ class ParameterServer::Impl {
     State state = kUndone;
   };
   TentativeNote tentative_note_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> nonfinite_at_apply_{0};  // NoteNonFiniteAtApply
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> bytes_sent_{0};
   // The push accounting (parameter_server.h); `pending` is computed from pending_accepted_: sync, whether each

@@ -161,7 +161,15 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
       } else if (grads.empty()) {
         store_->Apply(i, d.step, nullptr, 0, 0.0f, d.step + 1);  // publishes the version, changes nothing
       } else {
-        store_->Apply(i, d.step, grads.data(), static_cast<int>(grads.size()), scale, d.step + 1, weights);
+        ApplyGuard guard = ApplyGuard::kNone;
+        for (const GradientBuffers::Buffer* b : summed) {
+          if (GuardFor(*b, i) == ApplyGuard::kCopyFinite) guard = ApplyGuard::kCopyFinite;
+        }
+        const int64_t zeroed =
+            store_->Apply(i, d.step, grads.data(), static_cast<int>(grads.size()), scale, d.step + 1, weights, guard);
+        if (zeroed > 0) {
+          NoteNonFiniteAtApply(zeroed, d.step, i, absl::StrCat("workers ", absl::StrJoin(summed_workers, ",")));
+        }
       }
     }
     if (tentative) EndTentativeLocked(tentative_.writer, /*confirmed=*/true);

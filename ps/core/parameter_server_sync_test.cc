@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -272,6 +273,65 @@ TEST(SyncTest, LentGradientsAreReadInPlaceWhenTheStepIsApplied) {
   r = PullSlices(ps, request);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->slices.at(w_key), (std::vector<float>{-1, 0.5, 2}));
+}
+
+// Lent gradients are checked for NaN/Inf when they arrive and read again when the step is applied: a worker that
+// changes its shared memory in between (a bug, or an attack) must not put NaN into the parameters. The ps applies
+// a checked copy: what is not finite there is applied as 0, counted and logged.
+TEST(SyncTest, LentGradientsMadeNonFiniteAfterTheirCheckAreAppliedAsZero) {
+  auto cluster = *SimCluster::Start(OneTask(2, 2, {1, 2, 3, 4}));
+  ParameterServer& ps = cluster->task(0);
+  const testing::Slices keys = cluster->SlicesFor(0, {0, 0, 0, 0});
+  const uint32_t w_key = keys.begin()->first, b_key = std::next(keys.begin())->first;
+  const uint64_t s0 = cluster->Session(0, 0), s1 = cluster->Session(0, 1);
+  std::vector<float> lent_w = {1, 0, -1}, lent_b = {2};
+  {
+    absl::StatusOr<std::unique_ptr<SliceUpload>> up = ps.StartPush(PushHeader{0, 0, 42, /*commit=*/true, s0});
+    ASSERT_TRUE(up.ok()) << up.status();
+    ASSERT_TRUE((*up)->WriteInPlace(w_key, 0, 3, lent_w.data(), nullptr).ok());
+    ASSERT_TRUE((*up)->WriteInPlace(b_key, 0, 1, lent_b.data(), nullptr).ok());
+    ASSERT_EQ((*up)->Finish()->outcome, Outcome::kAccepted);  // checked: finite
+  }
+  lent_w = {std::numeric_limits<float>::quiet_NaN(), 0, std::numeric_limits<float>::infinity()};
+  ASSERT_EQ(PushSlices(ps, PushHeader{1, 0, 7, true, s1}, cluster->SlicesFor(0, {3, 2, 1, 0}))->outcome,
+            Outcome::kAccepted);
+  ASSERT_EQ(ps.step(), 1);
+  PullRequest request;
+  request.worker_id = 0;
+  request.session = s0;
+  request.min_step = 1;
+  absl::StatusOr<Pulled> r = PullSlices(ps, request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // sums {NaN + 3, 0 + 2, Inf + 1} -> {0, 2, 0}; b: 2 + 0. values - 0.5 * sum / 2.
+  EXPECT_EQ(r->slices.at(w_key), (std::vector<float>{1, 1.5, 3}));
+  EXPECT_EQ(r->slices.at(b_key), (std::vector<float>{3.5}));
+  EXPECT_EQ(ps.nonfinite_at_apply(), 2);
+}
+
+// The same for one worker's gradient applied alone (async mode, --nonfinite=reject): no sum is formed, the copy is.
+TEST(SyncTest, AnAsyncLentGradientMadeNonFiniteAfterItsCheckIsAppliedAsZero) {
+  SimClusterOptions o = OneTask(1, 1, {1, 2, 3, 4});
+  o.config = MakeConfig("async", 1, 1, /*learning_rate=*/0.5f);
+  auto cluster = *SimCluster::Start(o);
+  ParameterServer& ps = cluster->task(0);
+  const testing::Slices keys = cluster->SlicesFor(0, {0, 0, 0, 0});
+  const uint32_t w_key = keys.begin()->first, b_key = std::next(keys.begin())->first;
+  const uint64_t s0 = cluster->Session(0, 0);
+  std::vector<float> lent_w = {2, 2, 2}, lent_b = {2};
+  absl::StatusOr<std::unique_ptr<SliceUpload>> up = ps.StartPush(PushHeader{0, 0, 42, /*commit=*/true, s0});
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_TRUE((*up)->WriteInPlace(w_key, 0, 3, lent_w.data(), nullptr).ok());
+  ASSERT_TRUE((*up)->WriteInPlace(b_key, 0, 1, lent_b.data(), nullptr).ok());
+  lent_w[1] = -std::numeric_limits<float>::infinity();  // after its check, before the apply at Finish
+  ASSERT_EQ((*up)->Finish()->outcome, Outcome::kAccepted);
+  PullRequest request;
+  request.worker_id = 0;
+  request.session = s0;
+  absl::StatusOr<Pulled> r = PullSlices(ps, request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->slices.at(w_key), (std::vector<float>{0, 2, 2}));
+  EXPECT_EQ(r->slices.at(b_key), (std::vector<float>{3}));
+  EXPECT_EQ(ps.nonfinite_at_apply(), 1);
 }
 
 TEST(SyncTest, DuplicatePushIsNotAppliedTwice) {

@@ -1,6 +1,8 @@
 #include "ps/core/slice_store.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -100,29 +102,53 @@ void SliceStore::Publish(int i, int64_t applying_version, int64_t applied_floats
   progress_cv_.SignalAll();
 }
 
-void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale,
-                       int64_t version, const float* weights) {
+int64_t ZeroNonFinite(float* x, int64_t n) {
+  // One branch-free pass (vectorized) finds whether any exponent is all ones; the rare second pass replaces.
+  uint32_t any = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, x + k, sizeof(bits));
+    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  if (any == 0) return 0;
+  int64_t zeroed = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    if (!std::isfinite(x[k])) {
+      x[k] = 0.0f;
+      ++zeroed;
+    }
+  }
+  return zeroed;
+}
+
+int64_t SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale,
+                          int64_t version, const float* weights, ApplyGuard guard) {
   Slice& slice = *slices_[i];
   const int64_t n = slice.spec.length;
   if (num_grads == 0) {
     Publish(i, version, n, /*done=*/true);
-    return;
+    return 0;
   }
   const bool state = !slice.spec.trainable;
   // Trainable slices: a single gradient's weight folds into grad_scale; several are summed with their weights.
   const bool weighted = weights != nullptr && !state;
   const float scale = weighted && num_grads == 1 ? grad_scale * weights[0] : grad_scale;
-  // Sums of several workers' gradients are formed chunk by chunk in a per-thread scratch.
+  // Guarded, or several workers' gradients: each chunk is formed in a per-thread scratch the optimizer reads.
+  const bool copy = num_grads > 1 || guard == ApplyGuard::kCopyFinite;
+  std::atomic<int64_t> zeroed{0};
   thread_local std::vector<float> scratch;
   auto apply = [&](int64_t begin, int64_t end, float* sum) {
     const float* grad = grads[0] + begin;
-    if (num_grads > 1) {
-      if (weighted) {
+    if (copy) {
+      if (weighted && num_grads > 1) {
         for (int64_t k = 0; k < end - begin; ++k) sum[k] = weights[0] * grad[k];
         for (int k = 1; k < num_grads; ++k) AxpyInto(weights[k], grads[k] + begin, sum, end - begin);
       } else {
         std::memcpy(sum, grad, (end - begin) * sizeof(float));
         for (int k = 1; k < num_grads; ++k) AddInto(grads[k] + begin, sum, end - begin);
+      }
+      if (guard == ApplyGuard::kCopyFinite) {
+        if (const int64_t z = ZeroNonFinite(sum, end - begin); z > 0) zeroed.fetch_add(z);
       }
       grad = sum;
     }
@@ -135,14 +161,14 @@ void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_g
 #pragma omp parallel num_threads(apply_threads_)
     {
       thread_local std::vector<float> local;
-      if (num_grads > 1) local.resize(kChunkFloats);
+      if (copy) local.resize(kChunkFloats);
 #pragma omp for schedule(static)
       for (int64_t c = 0; c < chunks; ++c) {
         apply(c * kChunkFloats, std::min(n, (c + 1) * kChunkFloats), local.data());
       }
     }
   } else {
-    if (num_grads > 1) scratch.resize(kChunkFloats);
+    if (copy) scratch.resize(kChunkFloats);
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t end = std::min(n, (c + 1) * kChunkFloats);
       {
@@ -153,6 +179,7 @@ void SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_g
     }
   }
   Publish(i, version, n, /*done=*/true);
+  return zeroed.load();
 }
 
 void SliceStore::UpdateRange(Slice& slice, int64_t step, const float* grad, float scale, float state_scale,
@@ -174,7 +201,8 @@ void SliceStore::UpdateRange(Slice& slice, int64_t step, const float* grad, floa
   }
 }
 
-int64_t SliceStore::ApplyTentative(int i, int64_t step, const float* grad, int64_t available, int64_t version) {
+int64_t SliceStore::ApplyTentative(int i, int64_t step, const float* grad, int64_t available, int64_t version,
+                                   ApplyGuard guard, int64_t* zeroed) {
   Slice& slice = *slices_[i];
   const int64_t n = slice.spec.length;
   int64_t from;
@@ -210,7 +238,16 @@ int64_t SliceStore::ApplyTentative(int i, int64_t step, const float* grad, int64
       if (!slice.undo_shadow.empty()) {
         std::memcpy(slice.undo_shadow.data() + begin, slice.shadow.data() + begin, bytes);
       }
-      UpdateRange(slice, step, grad + begin, 1.0f, 1.0f, begin, end);
+      const float* chunk = grad + begin;
+      if (guard == ApplyGuard::kCopyFinite) {
+        // As Apply's guard: the optimizer reads this task's checked copy, not the lender's memory.
+        thread_local std::vector<float> copied;
+        copied.assign(chunk, chunk + (end - begin));
+        const int64_t z = ZeroNonFinite(copied.data(), end - begin);
+        if (zeroed != nullptr) *zeroed += z;
+        chunk = copied.data();
+      }
+      UpdateRange(slice, step, chunk, 1.0f, 1.0f, begin, end);
       slice.tentative_floats = end;
     }
     Publish(i, version, end, /*done=*/end == n);

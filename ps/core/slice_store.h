@@ -38,6 +38,12 @@
 
 namespace dtrain::ps {
 
+// How Apply reads the gradients it is given (see Apply).
+enum class ApplyGuard { kNone, kCopyFinite };
+
+// Replaces the values of x[0, n) that are NaN or Inf with 0; returns how many it replaced.
+int64_t ZeroNonFinite(float* x, int64_t n);
+
 class SliceStore {
  public:
   // Floats per published chunk of an update.
@@ -73,8 +79,14 @@ class SliceStore {
   // average with num_updates = step + 1, chunk by chunk; afterwards the slice's version is `version`. A state
   // slice (not trainable) ignores the weights. Large slices use up to apply_threads OpenMP threads (same result
   // bit for bit). num_grads == 0 only publishes the new version.
-  void Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale, int64_t version,
-             const float* weights = nullptr);
+  //
+  // `guard` (ApplyGuard::kCopyFinite): the gradients lie in memory another process may still write (a worker's
+  // shared memory, lent in place; ps/core/gradient_buffers.h), checked for NaN/Inf when they arrived. Each chunk is
+  // then copied (or summed) into this task's own memory first, and the optimizer reads only that copy, checked
+  // again: a value that is not finite there (the worker changed it after the check) is applied as 0. Returns how
+  // many values were (0 without the guard). The copy and the check read the chunk once more, in cache.
+  int64_t Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale, int64_t version,
+                const float* weights = nullptr, ApplyGuard guard = ApplyGuard::kNone);
 
   // Tentative updates: an update applied as its gradient arrives, before anyone knows whether it will count (the
   // ParameterServer's early apply, parameter_server.h), and taken back when it does not.
@@ -85,7 +97,9 @@ class SliceStore {
   // slots and moving averages are saved first, and each is published as Apply publishes (readers stream it).
   // Returns the floats applied so far. A slice's tentative update is at most one at a time and goes on only
   // from the thread that started it.
-  int64_t ApplyTentative(int i, int64_t step, const float* grad, int64_t available, int64_t version);
+  // `guard` and *zeroed (may be null; added to): as Apply's.
+  int64_t ApplyTentative(int i, int64_t step, const float* grad, int64_t available, int64_t version,
+                         ApplyGuard guard = ApplyGuard::kNone, int64_t* zeroed = nullptr);
   // Floats of slice i its tentative update has applied (0: none in progress).
   int64_t tentative_floats(int i) const;
   // Keeps slice i's tentative update (it is the update of its version): the saved copy is dropped.
