@@ -620,6 +620,7 @@ shm::ShmAttachFn NewGrpcShmAttach(const std::string& address, const GrpcClientOp
     req.set_worker_id(r.worker_id);
     req.set_boot_id(r.boot_id);
     req.set_uid(r.uid);
+    req.set_session(r.session);
     pb::ShmAttachResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::min(options.rpc_timeout, absl::Seconds(20))));
@@ -643,6 +644,7 @@ tcp::TcpAttachFn NewGrpcTcpAttach(const std::string& address, const GrpcClientOp
   return [channel, method, address, options](const tcp::TcpAttachRequest& r) -> absl::StatusOr<tcp::TcpOffer> {
     pb::TcpAttachRequest req;
     req.set_worker_id(r.worker_id);
+    req.set_session(r.session);
     pb::TcpAttachResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::min(options.rpc_timeout, absl::Seconds(20))));

@@ -180,7 +180,7 @@ class GrpcPsService final : public grpc::Service {
                                     "this ps task serves gRPC only (--transport=grpc)");
               }
               absl::StatusOr<shm::ShmOffer> offer =
-                  s->shm_->Offer(shm::ShmAttachRequest{req->worker_id(), req->boot_id(), req->uid()});
+                  s->shm_->Offer(shm::ShmAttachRequest{req->worker_id(), req->boot_id(), req->uid(), req->session()});
               if (!offer.ok()) return wire::ToGrpc(offer.status());
               resp->set_socket_name(offer->socket_name);
               resp->set_push_ticket(offer->push_ticket);
@@ -202,7 +202,7 @@ class GrpcPsService final : public grpc::Service {
                 return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                     "this ps task offers no TCP lanes (--transport=grpc or shm)");
               }
-              absl::StatusOr<tcp::TcpOffer> offer = s->tcp_->Offer(tcp::TcpAttachRequest{req->worker_id()});
+              absl::StatusOr<tcp::TcpOffer> offer = s->tcp_->Offer(tcp::TcpAttachRequest{req->worker_id(), req->session()});
               if (!offer.ok()) return wire::ToGrpc(offer.status());
               resp->set_port(offer->port);
               resp->set_push_ticket(offer->push_ticket);

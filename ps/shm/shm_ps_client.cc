@@ -102,6 +102,7 @@ class ShmPsClient final : public PsInterface {
     {
       absl::MutexLock lock(&mu_);
       worker_id_ = request.worker_id;
+      session_ = r.session;
       slices_ = request.config.slices;
       table_dims_.clear();
       for (const SparseTableSpec& t : request.config.tables) table_dims_[t.table] = t.dim;
@@ -155,7 +156,7 @@ class ShmPsClient final : public PsInterface {
 
  private:
   // Connects the two lanes of a fresh offer.
-  absl::StatusOr<std::shared_ptr<Connection>> Attach(int worker_id, std::string* why_not);
+  absl::StatusOr<std::shared_ptr<Connection>> Attach(int worker_id, uint64_t session, std::string* why_not);
 
   std::unique_ptr<PsInterface> control_;
   const ShmAttachFn attach_;
@@ -163,6 +164,7 @@ class ShmPsClient final : public PsInterface {
   absl::Mutex attach_mu_;  // one attach at a time
   absl::Mutex mu_;
   int worker_id_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t session_ ABSL_GUARDED_BY(mu_) = 0;  // this worker's session on the task (the offer asks for it)
   std::vector<SliceSpec> slices_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, int> table_dims_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Connection> connection_ ABSL_GUARDED_BY(mu_);
@@ -171,15 +173,19 @@ class ShmPsClient final : public PsInterface {
   std::atomic<bool> attached_{false};  // connection_ is set (it may have died since)
 };
 
-absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Attach(int worker_id, std::string* why_not) {
+absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Attach(int worker_id, uint64_t session,
+                                                            std::string* why_not) {
   ShmAttachRequest req;
   req.worker_id = worker_id;
   req.boot_id = HostBootId();
   req.uid = static_cast<uint32_t>(geteuid());
+  req.session = session;
   absl::StatusOr<ShmOffer> offer = attach_(req);
   if (!offer.ok()) {
+    // PermissionDenied: the session changed under the offer (the worker registers again); the next call asks again.
     if (offer.status().code() == absl::StatusCode::kUnavailable ||
-        offer.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        offer.status().code() == absl::StatusCode::kDeadlineExceeded ||
+        offer.status().code() == absl::StatusCode::kPermissionDenied) {
       return absl::UnavailableError(absl::StrCat(Who(), ": asking for shared memory: ", offer.status().message()));
     }
     *why_not = offer.status().code() == absl::StatusCode::kUnimplemented
@@ -240,6 +246,7 @@ absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Attach(int worker_id, s
 
 absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Acquire() {
   int worker_id;
+  uint64_t session;
   {
     absl::MutexLock lock(&mu_);
     if (!unusable_.ok()) return unusable_;
@@ -247,6 +254,7 @@ absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Acquire() {
     if (connection_ != nullptr && !connection_->dead()) return connection_;
     if (worker_id_ < 0) return nullptr;  // not registered yet: nothing to attach as
     worker_id = worker_id_;
+    session = session_;
   }
   absl::MutexLock attach_lock(&attach_mu_);
   {
@@ -255,7 +263,7 @@ absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Acquire() {
     if (fallback_) return nullptr;
   }
   std::string why_not;
-  absl::StatusOr<std::shared_ptr<Connection>> c = Attach(worker_id, &why_not);
+  absl::StatusOr<std::shared_ptr<Connection>> c = Attach(worker_id, session, &why_not);
   if (!c.ok()) return c.status();
   absl::MutexLock lock(&mu_);
   if (*c != nullptr) {

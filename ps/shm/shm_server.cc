@@ -161,6 +161,7 @@ absl::StatusOr<ShmOffer> ShmServer::Impl::Offer(const ShmAttachRequest& request)
     return absl::FailedPreconditionError(absl::StrCat("the ps task runs as user ", offer.uid, ", the worker as ",
                                                       request.uid, ": shared memory is only for one user"));
   }
+  RETURN_IF_ERROR(CheckOfferSession(ps_, request.worker_id, request.session));
   // End the worker's previous attachment, and wait until its lanes have left the ParameterServer (an old pull
   // must not write into buffers after the worker's next pull began).
   std::vector<std::shared_ptr<Attachment>> previous;

@@ -317,7 +317,9 @@ TEST(ShmTransportTest, AProcessWithoutATicketCannotAttach) {
     EXPECT_FALSE(DecodePushResult(welcome->payload)->status.ok());
   }
   // A ticket is single use: a second lane presenting the same one is refused.
-  absl::StatusOr<ShmOffer> offer = (*server)->Offer(ShmAttachRequest{0, HostBootId(), static_cast<uint32_t>(geteuid())});
+  const uint64_t session = (*cluster)->Session(0, 0);
+  absl::StatusOr<ShmOffer> offer =
+      (*server)->Offer(ShmAttachRequest{0, HostBootId(), static_cast<uint32_t>(geteuid()), session});
   ASSERT_TRUE(offer.ok()) << offer.status();
   for (int attempt = 0; attempt < 2; ++attempt) {
     absl::StatusOr<std::unique_ptr<Lane>> lane = Lane::Connect((*server)->socket_name());
@@ -328,11 +330,44 @@ TEST(ShmTransportTest, AProcessWithoutATicketCannotAttach) {
     EXPECT_EQ(DecodePushResult(welcome->payload)->status.ok(), attempt == 0);
   }
   // Offers are for this host and user only.
-  EXPECT_EQ((*server)->Offer(ShmAttachRequest{0, "another-host", static_cast<uint32_t>(geteuid())}).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ((*server)->Offer(ShmAttachRequest{0, HostBootId(), geteuid() + 1}).status().code(),
+  EXPECT_EQ(
+      (*server)->Offer(ShmAttachRequest{0, "another-host", static_cast<uint32_t>(geteuid()), session}).status().code(),
+      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*server)->Offer(ShmAttachRequest{0, HostBootId(), geteuid() + 1, session}).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*server)->counters().lanes_refused, 3);
+}
+
+// An offer ends the worker's attachment in place, so only the process registered as that worker gets one: a caller
+// with the token but another session (a stranger, or a worker of an older registration) is refused, and the live
+// attachment goes on: the worker's next steps still travel through shared memory, without attaching again.
+TEST(ShmTransportTest, AnOfferWithoutTheWorkersSessionLeavesItsAttachmentAlone) {
+  AgainstInProcess c(1);
+  ASSERT_TRUE(c.side.connected.ok()) << c.side.connected;
+  std::vector<float> expected;
+  auto step = [&](int64_t s) {
+    ASSERT_TRUE(c.worker.Pull(s, std::max<int64_t>(0, s - 1), &expected).ok());
+    absl::StatusOr<PullResult> pulled = c.side.client->Pull(s, std::max<int64_t>(0, s - 1), c.params.data);
+    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    ASSERT_EQ(0, std::memcmp(expected.data(), c.params.data, c.n * 4));
+    const std::vector<float> g = TestGradient(0, s, expected);
+    std::copy(g.begin(), g.end(), c.grads.data);
+    ASSERT_TRUE(c.worker.Push(s, g).ok());
+    ASSERT_TRUE(c.side.client->Push(s, c.grads.data).ok());
+  };
+  step(0);
+  const int64_t attaches = c.side.counters.attaches.load();
+  ASSERT_EQ(c.side.servers[0]->counters().active_attachments, 1);
+  // (Sessions are random 64-bit numbers: none of these is the worker's.)
+  for (uint64_t wrong : {uint64_t{0}, uint64_t{1}, uint64_t{0x5eed5eed5eed5eed}, ~uint64_t{0}}) {
+    absl::StatusOr<ShmOffer> offer =
+        c.side.servers[0]->Offer(ShmAttachRequest{0, HostBootId(), static_cast<uint32_t>(geteuid()), wrong});
+    EXPECT_EQ(offer.status().code(), absl::StatusCode::kPermissionDenied) << offer.status();
+  }
+  EXPECT_EQ(c.side.servers[0]->counters().active_attachments, 1);
+  for (int64_t s = 1; s < 3; ++s) step(s);
+  EXPECT_EQ(c.side.counters.attaches.load(), attaches);  // the same attachment all along
+  EXPECT_EQ(c.side.counters.control_pushes.load(), 0);
 }
 
 // A process of another user is refused as it connects, before the ps reads a byte from it (or maps a segment it
@@ -397,7 +432,7 @@ TEST(ShmTransportTest, AnUploadCutOffMidwayIsNeverApplied) {
   {
     // A worker that shares its gradients, writes one slice of two, and dies (its lanes close without a word).
     absl::StatusOr<ShmOffer> offer =
-        (*server)->Offer(ShmAttachRequest{0, HostBootId(), static_cast<uint32_t>(geteuid())});
+        (*server)->Offer(ShmAttachRequest{0, HostBootId(), static_cast<uint32_t>(geteuid()), session});
     ASSERT_TRUE(offer.ok());
     auto lane = Lane::Connect((*server)->socket_name());
     auto pull_lane = Lane::Connect((*server)->socket_name());

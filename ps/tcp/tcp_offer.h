@@ -16,6 +16,7 @@ namespace dtrain::ps::tcp {
 
 struct TcpAttachRequest {
   int worker_id = 0;
+  uint64_t session = 0;  // the worker's session on this task (checked: shm::CheckOfferSession)
 };
 
 struct TcpOffer {

@@ -72,6 +72,7 @@ class TcpPsClient final : public PsInterface {
     {
       absl::MutexLock lock(&mu_);
       worker_id_ = request.worker_id;
+      session_ = r.session;
       table_dims_.clear();
       for (const SparseTableSpec& t : request.config.tables) table_dims_[t.table] = t.dim;
     }
@@ -117,7 +118,7 @@ class TcpPsClient final : public PsInterface {
 
  private:
   // Connects the two lanes of a fresh offer; null with `why_not` when the lanes do not apply.
-  absl::StatusOr<std::shared_ptr<Connection>> Attach(int worker_id, std::string* why_not);
+  absl::StatusOr<std::shared_ptr<Connection>> Attach(int worker_id, uint64_t session, std::string* why_not);
 
   std::unique_ptr<PsInterface> control_;
   const TcpAttachFn attach_;
@@ -127,6 +128,7 @@ class TcpPsClient final : public PsInterface {
   absl::Mutex attach_mu_;  // one attach at a time
   absl::Mutex mu_;
   int worker_id_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t session_ ABSL_GUARDED_BY(mu_) = 0;  // this worker's session on the task (the offer asks for it)
   std::map<uint32_t, int> table_dims_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Connection> connection_ ABSL_GUARDED_BY(mu_);
   bool fallback_ ABSL_GUARDED_BY(mu_) = false;  // data calls go to control_ for good
@@ -134,7 +136,8 @@ class TcpPsClient final : public PsInterface {
   bool logged_ ABSL_GUARDED_BY(mu_) = false;     // the transport line was written
 };
 
-absl::StatusOr<std::shared_ptr<Connection>> TcpPsClient::Attach(int worker_id, std::string* why_not) {
+absl::StatusOr<std::shared_ptr<Connection>> TcpPsClient::Attach(int worker_id, uint64_t session,
+                                                            std::string* why_not) {
   if (!options_.disabled_because.empty()) {
     *why_not = options_.disabled_because;
     return nullptr;
@@ -143,10 +146,12 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpPsClient::Attach(int worker_id, s
     *why_not = std::string(address_ok_.message());
     return nullptr;
   }
-  absl::StatusOr<TcpOffer> offer = attach_(TcpAttachRequest{worker_id});
+  absl::StatusOr<TcpOffer> offer = attach_(TcpAttachRequest{worker_id, session});
   if (!offer.ok()) {
+    // PermissionDenied: the session changed under the offer (the worker registers again); the next call asks again.
     if (offer.status().code() == absl::StatusCode::kUnavailable ||
-        offer.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        offer.status().code() == absl::StatusCode::kDeadlineExceeded ||
+        offer.status().code() == absl::StatusCode::kPermissionDenied) {
       return absl::UnavailableError(absl::StrCat(Who(), ": asking for TCP lanes: ", offer.status().message()));
     }
     *why_not = offer.status().code() == absl::StatusCode::kUnimplemented
@@ -189,6 +194,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpPsClient::Attach(int worker_id, s
 
 absl::StatusOr<std::shared_ptr<Connection>> TcpPsClient::Acquire() {
   int worker_id;
+  uint64_t session;
   {
     absl::MutexLock lock(&mu_);
     if (!unusable_.ok()) return unusable_;
@@ -196,6 +202,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpPsClient::Acquire() {
     if (connection_ != nullptr && !connection_->dead()) return connection_;
     if (worker_id_ < 0) return nullptr;  // not registered yet: nothing to attach as
     worker_id = worker_id_;
+    session = session_;
   }
   absl::MutexLock attach_lock(&attach_mu_);
   {
@@ -204,7 +211,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpPsClient::Acquire() {
     if (fallback_) return nullptr;
   }
   std::string why_not;
-  absl::StatusOr<std::shared_ptr<Connection>> c = Attach(worker_id, &why_not);
+  absl::StatusOr<std::shared_ptr<Connection>> c = Attach(worker_id, session, &why_not);
   if (!c.ok()) return c.status();
   absl::MutexLock lock(&mu_);
   if (*c != nullptr) {

@@ -135,6 +135,7 @@ class TcpServer::Impl {
 };
 
 absl::StatusOr<TcpOffer> TcpServer::Impl::Offer(const TcpAttachRequest& request) {
+  RETURN_IF_ERROR(shm::CheckOfferSession(ps_, request.worker_id, request.session));
   // End the worker's previous attachment and wait until its lanes have left the ParameterServer (an old upload
   // must not be taken after the new one began).
   std::vector<std::shared_ptr<TcpAttachment>> previous;

@@ -343,7 +343,8 @@ TEST(TcpTransportTest, AConnectionWithoutATicketCannotAttach) {
     EXPECT_EQ(w.code(), absl::StatusCode::kDataLoss) << w;
   }
   // A ticket is single use: a second connection presenting the same one is refused.
-  absl::StatusOr<TcpOffer> offer = (*server)->Offer(TcpAttachRequest{0});
+  const uint64_t session = (*cluster)->Session(0, 0);
+  absl::StatusOr<TcpOffer> offer = (*server)->Offer(TcpAttachRequest{0, session});
   ASSERT_TRUE(offer.ok()) << offer.status();
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::unique_ptr<TcpLane> lane = Dial(**server);
@@ -354,7 +355,10 @@ TEST(TcpTransportTest, AConnectionWithoutATicketCannotAttach) {
     EXPECT_EQ(Welcome(lane.get()).ok(), attempt == 0);
   }
   // Another worker's ticket does not let a connection in as this one.
-  absl::StatusOr<TcpOffer> other = (*server)->Offer(TcpAttachRequest{0});
+  absl::StatusOr<TcpOffer> other = (*server)->Offer(TcpAttachRequest{0, session});
+  // An offer asked without the worker's session (a caller with the token only) is refused by name.
+  absl::StatusOr<TcpOffer> stranger = (*server)->Offer(TcpAttachRequest{0, session ^ 1});
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kPermissionDenied) << stranger.status();
   ASSERT_TRUE(other.ok());
   std::unique_ptr<TcpLane> lane = Dial(**server);
   ASSERT_TRUE(
@@ -376,7 +380,7 @@ TEST(TcpTransportTest, AnUploadCutOffMidFrameIsNeverApplied) {
   const PushAccounting before = ps.accounting();
   {
     // A worker that writes one whole slice and half of the next one's floats, and dies.
-    absl::StatusOr<TcpOffer> offer = (*server)->Offer(TcpAttachRequest{0});
+    absl::StatusOr<TcpOffer> offer = (*server)->Offer(TcpAttachRequest{0, session});
     ASSERT_TRUE(offer.ok());
     std::unique_ptr<TcpLane> push = Dial(**server), pull = Dial(**server);
     ASSERT_TRUE(
