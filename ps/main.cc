@@ -88,6 +88,9 @@ ABSL_FLAG(int64_t, max_model_bytes, int64_t{4} << 30,
 ABSL_FLAG(int64_t, max_push_rows, int64_t{1} << 22,
           "Refuse a push carrying more than this many rows of one sparse table (its unique ids; a step's are far "
           "fewer): one peer cannot grow this task's gradient buffers without bound");
+ABSL_FLAG(int64_t, max_pull_rows, int64_t{1} << 22,
+          "Refuse a pull asking for more than this many rows of one sparse table (a step's unique ids; evaluation "
+          "pulls in batches): one peer cannot make this task copy and answer without bound");
 ABSL_FLAG(int64_t, sparse_max_rows_per_table, 0,
           "Hold at most this many rows of each sparse embedding table on this task, whatever the chief's max_rows "
           "(the least recently touched are evicted; 0: the chief's max_rows alone)");
@@ -313,8 +316,9 @@ int main(int argc, char** argv) {
   o.apply_early = *apply_early;
   o.ps.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   o.ps.max_push_rows = absl::GetFlag(FLAGS_max_push_rows);
-  if (o.ps.max_push_rows <= 0) {
-    std::fprintf(stderr, "dtrain_ps: --max_push_rows must be > 0\n");
+  o.ps.max_pull_rows = absl::GetFlag(FLAGS_max_pull_rows);
+  if (o.ps.max_push_rows <= 0 || o.ps.max_pull_rows <= 0) {
+    std::fprintf(stderr, "dtrain_ps: --max_push_rows and --max_pull_rows must be > 0\n");
     return dtrain::kExitConfigRefused;
   }
   o.ps.sparse_max_rows = absl::GetFlag(FLAGS_sparse_max_rows_per_table);

@@ -231,4 +231,11 @@ absl::Status FlatPullReceiver::Finish() const {
   return absl::OkStatus();
 }
 
+absl::Status CheckPullRows(int64_t limit, int worker, int task, uint32_t table, int64_t n) {
+  if (n >= 0 && n <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("worker ", worker, "'s pull asks ps task ", task, " for ", n,
+                                                   " rows of sparse table ", table, ", more than ", limit,
+                                                   ": refused (--max_pull_rows)"));
+}
+
 }  // namespace dtrain::ps

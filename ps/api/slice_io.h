@@ -30,6 +30,11 @@ inline bool RangeWithin(int64_t first, int64_t n, int64_t size) {
   return first >= 0 && n >= 0 && first <= size && n <= size - first;
 }
 
+// OK when a pull asking `n` rows of sparse table `table` stays within `limit` (dtrain_ps --max_pull_rows); else
+// ResourceExhausted naming the worker, the task and the flag. Checked by the ParameterServer, and by the shm and
+// TCP servers before they copy a pull's ids.
+absl::Status CheckPullRows(int64_t limit, int worker, int task, uint32_t table, int64_t n);
+
 // Element type of tensor data on the wire. The ps and the workers always compute in fp32.
 enum class WireDtype : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 

@@ -150,6 +150,9 @@ struct ParameterServerOptions {
   // refused (ResourceExhausted naming the limit), before its ids are copied, so that one peer cannot make the
   // task's gradient buffers grow without bound. A step's unique ids of a table are far fewer.
   int64_t max_push_rows = int64_t{1} << 22;
+  // The most rows of one table a pull may ask this task for (dtrain_ps --max_pull_rows): a pull past it is
+  // refused (ResourceExhausted naming the limit); the shm and TCP servers check it before they copy the ids.
+  int64_t max_pull_rows = int64_t{1} << 22;
   // A bound on the rows of every sparse table on this task, whatever the chief's max_rows (0: none; see
   // SparseStoreOptions::max_rows_cap).
   int64_t sparse_max_rows = 0;

@@ -263,6 +263,8 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
 absl::Status ParameterServer::Impl::CheckSparseRequest(const PullRequest& request) const {
   std::vector<char> asked(sparse_->num_tables(), 0);
   for (const SparseIds& e : request.sparse) {
+    RETURN_IF_ERROR(CheckPullRows(options_.max_pull_rows, request.worker_id, options_.task_index, e.table,
+                                  static_cast<int64_t>(e.ids.size())));
     RETURN_IF_ERROR(sparse_->CheckIds(e.table, e.ids.data(), static_cast<int64_t>(e.ids.size())));
     if (asked[e.table]++) {
       return absl::InvalidArgumentError(absl::StrCat("pull asks for sparse table ", e.table, " twice"));

@@ -253,6 +253,19 @@ TEST(SparseParameterServerTest, APushPastMaxPushRowsIsRefusedNamingTheLimit) {
             Outcome::kAccepted);
 }
 
+// The same for pulls: one peer cannot make the task copy and answer rows without bound.
+TEST(SparseParameterServerTest, APullPastMaxPullRowsIsRefusedNamingTheLimit) {
+  SimClusterOptions o = Options("async", 1);
+  o.max_pull_rows = 4;
+  auto cluster = *SimCluster::Start(o);
+  SimCluster* c = cluster.get();
+  absl::StatusOr<std::vector<float>> r = Rows(c, 0, 0, 0, {1, 2, 3, 4, 5});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "for 5 rows of sparse table 0, more than 4")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "--max_pull_rows")) << r.status();
+  EXPECT_TRUE(Rows(c, 0, 0, 0, {1, 2, 3, 4}).ok());
+}
+
 TEST(SparseParameterServerTest, NonFiniteRowsFollowTheNonFinitePolicy) {
   SimClusterOptions o = Options("sync", 2);
   auto cluster = *SimCluster::Start(o);

@@ -123,6 +123,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
     so.spin_us = options.shm_spin_us;
     so.shutdown = &st.shutdown;
     so.max_lanes = std::max(64, 8 * options.ps.num_workers + 16);
+    so.max_pull_rows = options.ps.max_pull_rows;
     ASSIGN_OR_RETURN(st.shm, shm::ShmServer::Start(st.ps.get(), so));
   }
   absl::Status tcp_refusal;
@@ -138,6 +139,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
     to.port = options.tcp_port;
     to.shutdown = &st.shutdown;
     to.max_lanes = std::max(64, 8 * options.ps.num_workers + 16);
+    to.max_pull_rows = options.ps.max_pull_rows;
     // A worker's received gradients wait in their blocks until their step is applied: two steps' worth.
     to.max_receive_bytes = 2 * options.ps.max_model_bytes + (int64_t{64} << 20);
     to.apply_early_remote = options.apply_early != ApplyEarly::kOff;

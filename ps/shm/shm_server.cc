@@ -723,6 +723,11 @@ bool ShmServer::Impl::HandlePull(Lane* lane, Attachment* a, const Frame& frame, 
     end.transport_failure = true;
   } else {
     for (const SparseOrder& so : order->sparse) {
+      if (absl::Status limit = CheckPullRows(options_.max_pull_rows, a->worker_id, options_.task_index, so.table, so.n);
+          !limit.ok()) {
+        end.status = limit;
+        break;
+      }
       absl::StatusOr<char*> ids = a->Resolve(so.segment, so.ids_at, so.n * 8, /*align=*/8);
       if (!ids.ok()) {
         end.status = ids.status();

@@ -42,6 +42,9 @@ struct ShmServerOptions {
   // An upload silent for longer is dropped unfinished and its lane closed.
   absl::Duration upload_timeout = absl::Seconds(120);
   int max_segments = 64;  // per attachment
+  // The most rows of one table a pull may ask for (ParameterServerOptions::max_pull_rows), checked before its
+  // ids are copied out of the worker's memory.
+  int64_t max_pull_rows = int64_t{1} << 22;
   // A lane looks for the worker's next frame this long before its thread sleeps (Lane::set_spin).
   int spin_us = 20;
   // Longer right after answering a commit (when spin_us > 0): the worker's pull follows within microseconds, once

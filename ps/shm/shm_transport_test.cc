@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "ps/client/worker_client.h"
@@ -285,6 +286,26 @@ TEST(ShmTransportTest, SparseRowsEqualInProcess) {
   }
   EXPECT_GT(side.counters.bytes_staged.load(), 0);  // rows travel through staging
   EXPECT_EQ(side.counters.control_pushes.load(), 0);
+}
+
+// A pull's ids lie in the worker's memory: the server refuses a count past its limit before it copies them.
+TEST(ShmTransportTest, APullPastMaxPullRowsIsRefusedBeforeItsIdsAreCopied) {
+  auto cluster = SimCluster::Start(Options(1, true));
+  ASSERT_TRUE(cluster.ok());
+  ShmServerOptions so;
+  so.max_pull_rows = 10;  // the ParameterServer's own limit stays at its default: this refusal is the server's
+  ShmSide side(cluster->get(), 0, WireDtype::kF32, so);
+  ASSERT_TRUE(side.connected.ok()) << side.connected;
+  SharedBuffer params((*cluster)->total_floats());
+  std::vector<int64_t> ids(300);
+  for (size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<int64_t>(k);
+  std::vector<float> rows(ids.size() * 8);
+  absl::StatusOr<PullResult> r =
+      side.client->Pull(0, 0, params.data, {{0, ids.data(), static_cast<int64_t>(ids.size()), rows.data()}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "more than 10: refused (--max_pull_rows)")) << r.status();
+  ids.resize(10);
+  EXPECT_TRUE(side.client->Pull(0, 0, params.data, {{0, ids.data(), 10, rows.data()}}).ok());
 }
 
 TEST(ShmTransportTest, AProcessWithoutATicketCannotAttach) {

@@ -469,8 +469,14 @@ void TcpServer::Impl::ServePulls(TcpLane* lane, TcpAttachment* a) {
     PullRequest request = order->request;
     uint64_t id_bytes = 0;
     for (const shm::SparseOrder& so : order->sparse) {
-      if (so.n < 0 || so.n > kMaxRowsPerFrame) {
-        return Malformed(a, absl::DataLossError(absl::StrCat("a pull of ", so.n, " rows of table ", so.table)));
+      if (absl::Status limit = CheckPullRows(options_.max_pull_rows, a->worker_id, options_.task_index, so.table, so.n);
+          !limit.ok()) {
+        // Its ids are still on the wire and are not read: the refusal is the pull's end, then the lane closes.
+        Malformed(a, limit);
+        shm::PushResult refused;
+        refused.status = limit;
+        lane->Send(TcpFrameType::kPullEnd, shm::EncodePushResult(refused)).IgnoreError();
+        return;
       }
       id_bytes += static_cast<uint64_t>(so.n) * 8;
     }

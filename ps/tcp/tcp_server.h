@@ -43,6 +43,9 @@ struct TcpServerOptions {
   // Cancelled when the ps shuts down: pulls in flight end at once (may be null).
   Cancellation* shutdown = nullptr;
   int max_lanes = 256;  // connections served at once; more are closed at once
+  // The most rows of one table a pull may ask for (ParameterServerOptions::max_pull_rows), checked before its
+  // ids are read off the connection (a pull past it is answered with the refusal, and the lane closed).
+  int64_t max_pull_rows = int64_t{1} << 22;
   absl::Duration hello_timeout = absl::Seconds(2);
   absl::Duration ticket_ttl = absl::Seconds(30);
   // An upload silent for longer is dropped unfinished and its lane closed.

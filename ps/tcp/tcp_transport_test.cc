@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "ps/client/worker_client.h"
@@ -310,6 +311,28 @@ absl::Status Welcome(TcpLane* lane) {
   absl::StatusOr<shm::PushResult> w = shm::DecodePushResult(f->payload);
   if (!w.ok()) return w.status();
   return w->status;
+}
+
+// A pull's ids come behind its order on the wire: one past the server's limit is refused before they are read (the
+// refusal ends the pull, the lane closes), and the worker's next pull attaches again.
+TEST(TcpTransportTest, APullPastMaxPullRowsIsRefusedBeforeItsIdsAreRead) {
+  auto cluster = SimCluster::Start(Options(1, true));
+  ASSERT_TRUE(cluster.ok());
+  SideOptions o;
+  o.server.max_pull_rows = 10;  // the ParameterServer's own limit stays at its default: this refusal is the server's
+  TcpSide side(cluster->get(), 0, o);
+  ASSERT_TRUE(side.connected.ok()) << side.connected;
+  std::vector<float> params((*cluster)->total_floats());
+  std::vector<int64_t> ids(300);
+  for (size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<int64_t>(k);
+  std::vector<float> rows(ids.size() * 8);
+  absl::StatusOr<PullResult> r =
+      side.client->Pull(0, 0, params.data(), {{0, ids.data(), static_cast<int64_t>(ids.size()), rows.data()}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "more than 10: refused (--max_pull_rows)")) << r.status();
+  ids.resize(10);
+  absl::StatusOr<PullResult> ok = side.client->Pull(0, 0, params.data(), {{0, ids.data(), 10, rows.data()}});
+  EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
 TEST(TcpTransportTest, AConnectionWithoutATicketCannotAttach) {

@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
     ps_options.decision_key = options.decision_key;
     ps_options.max_workers = options.max_workers;
     ps_options.max_push_rows = options.max_push_rows;
+    ps_options.max_pull_rows = options.max_pull_rows;
     ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> ps, ParameterServer::Create(ps_options));
     cluster->tasks_.push_back(std::move(ps));
   }

@@ -69,6 +69,7 @@ struct SimClusterOptions {
   std::string decision_key;  // ParameterServerOptions::decision_key of every task
   int max_workers = 0;       // ParameterServerOptions::max_workers of every task (workers past config's join)
   int64_t max_push_rows = int64_t{1} << 22;  // ParameterServerOptions::max_push_rows of every task
+  int64_t max_pull_rows = int64_t{1} << 22;  // ParameterServerOptions::max_pull_rows of every task
 };
 
 class SimCluster {

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -166,20 +167,30 @@ absl::StatusOr<std::vector<std::vector<float>>> StepRunner::PullTables() {
   const std::vector<models::TableInfo>& tables = towers_->tower(0)->graph().tables;
   std::vector<std::vector<float>> rows(tables.size());
   std::vector<std::vector<int64_t>> ids(tables.size());
-  std::vector<ps::SparsePullRequest> requests;
+  int64_t most = 0;
   for (size_t t = 0; t < tables.size(); ++t) {
     if (tables[t].rows <= 0) continue;
     ids[t].resize(tables[t].rows);
     for (int64_t id = 0; id < tables[t].rows; ++id) ids[t][id] = id;
     rows[t].resize(tables[t].rows * tables[t].dim);
-    requests.push_back({static_cast<uint32_t>(t), ids[t].data(), tables[t].rows, rows[t].data()});
+    most = std::max(most, tables[t].rows);
   }
-  if (requests.empty()) return rows;
   scratch_params_.resize(towers_->num_parameters());
-  // Read only: a row never touched in training is its initializer, as on the ps, without being created there.
-  RETURN_IF_ERROR(client_->Pull(sync_ ? step_ : 0, step_, scratch_params_.data(), std::move(requests),
-                                /*read_only=*/true)
-                      .status());
+  // In pulls of at most kRowsPerPull rows of each table: a ps task answers at most --max_pull_rows (4 M) rows of
+  // a table in one pull, and a smaller answer keeps the memory both sides hold for it small.
+  constexpr int64_t kRowsPerPull = int64_t{1} << 20;
+  for (int64_t first = 0; first < most; first += kRowsPerPull) {
+    std::vector<ps::SparsePullRequest> requests;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      if (tables[t].rows <= first) continue;
+      const int64_t n = std::min(kRowsPerPull, tables[t].rows - first);
+      requests.push_back({static_cast<uint32_t>(t), ids[t].data() + first, n, rows[t].data() + first * tables[t].dim});
+    }
+    // Read only: a row never touched in training is its initializer, as on the ps, without being created there.
+    RETURN_IF_ERROR(client_->Pull(sync_ ? step_ : 0, step_, scratch_params_.data(), std::move(requests),
+                                  /*read_only=*/true)
+                        .status());
+  }
   return rows;
 }
 
