@@ -100,6 +100,7 @@ struct TrainingData {
   models::ModelOptions model_options;
   std::unique_ptr<data::BatchStream> stream;
   std::unique_ptr<data::EvalBatchSet> eval_set;  // chief: the test set's batches
+  data::SetAsideCounts set_aside;                // --follow: the files the stream set aside
 };
 
 // ---- data ----
@@ -121,6 +122,8 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
     fo.poll = absl::Seconds(o->follow_poll_secs);
     fo.idle_timeout = o->follow_idle_secs > 0 ? absl::Seconds(o->follow_idle_secs) : absl::InfiniteDuration();
     fo.stop = o->input_stop;
+    fo.bad_files = o->bad_records;
+    fo.set_aside = &d->set_aside;
     ASSIGN_OR_RETURN(d->stream, data::FollowFiles(fo, sopt, &d->loaded.train));
     d->loaded.test = d->loaded.train;  // no examples: the shape only
     d->loaded.format = "follow";
@@ -706,6 +709,14 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
                 result->seconds, result->examples / std::max(result->seconds, 1e-9));
     std::printf("worker %d: waited %.2f sec for input (%.1f%% of the training loop)\n", o.worker_id,
                 result->input_wait_seconds, 100.0 * result->input_wait_seconds / std::max(result->seconds, 1e-9));
+  }
+  result->input_files_set_aside = d.set_aside.files.load();
+  result->input_lines_set_aside = d.set_aside.lines.load();
+  if (!o.quiet && result->input_files_set_aside > 0) {
+    std::printf("worker %d: %lld input file(s) set aside as bad (%lld lines of plain text; --bad_records=skip): "
+                "the WARNING lines 'set aside' name them and why\n",
+                o.worker_id, static_cast<long long>(result->input_files_set_aside),
+                static_cast<long long>(result->input_lines_set_aside));
   }
   if (chief) {
     // Taken before this worker reports done: ps 0 exits once every worker has.
