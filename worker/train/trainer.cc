@@ -1224,6 +1224,21 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     }
   }
   absl::Status marked = s;
+  if (tasks.empty() && ps.local_ps != nullptr && ps.client != nullptr && phase == Phase::kTrain) {
+    // Local mode: the in-process ps is the job's ps, and this failure ends the job. It saves the final checkpoint
+    // (and a last delta) of what was trained before the error, as a cluster's ps tasks do when their chief fails
+    // (an online run's bad input file with --bad_records=fail, a disk error): a restart resumes there. The error
+    // stays this process's (exit 1), the line says whether the state was saved.
+    ps.client->Done(leaving, 0, ReasonLine(s), absl::ZeroDuration()).IgnoreError();
+    const absl::Status saved = ps.local_ps->WaitFinalCheckpoint(absl::Seconds(60));  // written by Done, as a rule
+    if (options.checkpoint.enabled()) {
+      marked = absl::Status(
+          s.code(), saved.ok() ? absl::StrCat(s.message(), "; the final checkpoint of step ", ps.local_ps->step(),
+                                              " was saved in ", options.checkpoint.dir)
+                               : absl::StrCat(s.message(), "; the final checkpoint of step ", ps.local_ps->step(),
+                                              " was not saved either: ", saved.message()));
+    }
+  }
   marked.SetPayload(kLeavingPayload, absl::Cord(std::to_string(static_cast<int>(leaving))));
   return marked;
 }

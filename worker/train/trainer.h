@@ -266,8 +266,10 @@ absl::StatusOr<ps::OptimizerConfig> OptimizerConfigOf(const WorkerOptions& o);
 // Runs training against `tasks` (ps task i at index i; not owned). Empty `tasks` = local mode (an in-process
 // ps with one worker, sync: the baseline every cluster size is compared with).
 // On failure the worker has told the ps tasks it leaves (ps::Leaving: refused, failed, stopped or peer failed,
-// with the error as its reason, so that the ps tasks can end the run or go on without it);
-// HowTrainingFailed(status) says which.
+// with the error as its reason, so that the ps tasks can end the run or go on without it: a failed chief's ps
+// tasks save the final checkpoint before they exit); HowTrainingFailed(status) says which. In local mode a failure
+// while training has the in-process ps save the final checkpoint likewise, and the error's message says whether
+// it was saved.
 absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
                                            const std::vector<ps::PsInterface*>& tasks);
 
