@@ -4,7 +4,9 @@
 // meaning.
 //
 //   0    complete: the run reached its end as configured (--train_steps), no worker left before it
-//   1    this process failed (an error of its own: data, disk, a final checkpoint not saved, an export)
+//   1    this process failed (an error of its own: data, disk, a final checkpoint not saved, an export); a
+//        worker that fails while training still leaves the cluster first, and when it is the chief (or in local
+//        mode) the ps tasks save the final checkpoint of the steps trained before they end (ps tasks: 4)
 //   2    configuration refused: a bad flag or cluster spec, or a configuration the ps tasks refused; when the
 //        run cannot go on without the refused process (the chief, or any worker in sync mode with every
 //        worker aggregated), every process of the run exits 2

@@ -8,7 +8,12 @@
 #      an AUC above 0.6 at the end;
 #   3. serving (dtrain_eval --follow_deltas) from the deltas alone, without any snapshot, scores the test set as
 #      the final checkpoint of the same step does: every logit equal to 1e-6;
-#   4. a follower started while the cluster trains follows the deltas as they come (at least two states scored).
+#   4. a follower started while the cluster trains follows the deltas as they come (at least two states scored);
+#   5. a part a producer wrote in place with a bad line (part-00000b.txt, line 151 cut short) is set aside by both
+#      workers (--bad_records=skip, the default: one WARNING naming file, line and lines skipped, and the count in
+#      the worker's end lines) and training goes on with the next part;
+#   6. with --bad_records=fail a chief alone (1 ps + 1 worker) ends at that part: the worker exits 1 naming it, the
+#      ps exits 4 after saving the final checkpoint of the steps trained before it.
 # Every process is bounded in time. Exits 0 when all hold, 1 otherwise.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -34,6 +39,9 @@ timeout 60 "$BIN/dtrain_convert" --synthetic_ctr --examples=24000 --test_example
   > "$dir/convert.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [ -f "$dir/ctr/stream/part-00000.txt" ] && break; sleep 0.1; done
+# 5. A producer that writes in place, with line 151 of 300 cut short (3 fields of 13), between parts 0 and 1.
+bad="$dir/ctr/stream/part-00000b.txt"
+head -300 "$dir/ctr/stream/part-00000.txt" | awk 'NR == 151 { print "1\t2\t3"; next } { print }' > "$bad"
 
 model_flags=(--model=dlrm --data_format=criteo --embedding_dim=8 --dlrm_bottom=16 --dlrm_top=16)
 train_flags=(--learning_rate=0.01 --sparse_learning_rate=0.2 --batch_size=100)
@@ -69,6 +77,16 @@ for i in 0 1; do grep -q "the input ended at global step" "$dir/w$i.log" || fail
 [ -f "$dir/ckpt/model.ckpt-$end_step.ps0-of-1" ] || fail "no final checkpoint of step $end_step"
 grep -q " deltas written (" "$dir/ps.log" || fail "the ps reported no deltas written"
 echo "training ended at step $end_step; deltas: $(ls "$dir/ckpt" | grep -c model.delta- || true)"
+
+# 5. The part written in place with a bad line: set aside by both workers, counted; training went on (1. above).
+for i in 0 1; do
+  line=$(grep "set aside part-00000b.txt" "$dir/w$i.log" || true)
+  [[ "$line" == *"part-00000b.txt:151: 3 fields, expected 13"*"its 300 lines (this worker's shard: 150) not trained on"* ]] ||
+    fail "worker $i: no 'set aside part-00000b.txt' line naming line 151 and the lines skipped: ${line:-none}"
+  grep -q "^worker $i: 1 input file(s) set aside as bad (300 lines" "$dir/w$i.log" ||
+    fail "worker $i: its end lines do not count the file set aside"
+done
+echo "worker 0: ${line:-no line}" | sed 's/^\(.\{220\}\).*/\1.../'
 
 # 2. Progressive validation on the chief.
 window=$(grep "^step [0-9]*: newest [0-9]* examples (scored before training on them)" "$dir/w0.log" | tail -1 || true)
@@ -110,6 +128,30 @@ PY
 states=$(grep -c "^model at step" "$dir/follower.log" || true)
 echo "live follower: $states states scored; last: $(grep '^model at step' "$dir/follower.log" | tail -1)"
 [ "${states:-0}" -ge 2 ] || fail "the live follower scored $states states (expected at least 2): $(tail -n 3 "$dir/follower.log")"
+
+# 6. --bad_records=fail: a chief alone on the same parts ends at the bad one, and the ps saved what it trained.
+IFS=, read -r p0 w0 < <(python3 "$ROOT/scripts/free_ports.py" 2)
+cluster=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$w0)
+start=$SECONDS
+timeout 60 "$BIN/dtrain_ps" --job_name=ps --task_index=0 "${cluster[@]}" --checkpoint_dir="$dir/ckpt_fail" \
+  > "$dir/ps_fail.log" 2>&1 &
+ps_pid=$!
+rc=0
+timeout 60 "$BIN/dtrain_worker" --job_name=worker --task_index=0 "${cluster[@]}" "${model_flags[@]}" \
+  --data_dir="$dir/ctr/stream" --follow --follow_idle_secs=2 --follow_poll_secs=0.1 --train_steps=0 \
+  "${train_flags[@]}" --threads=1 --log_every=10 --bad_records=fail > "$dir/w_fail.log" 2>&1 || rc=$?
+ps_rc=0
+wait "$ps_pid" || ps_rc=$?
+echo "--bad_records=fail: worker exited $rc, ps $ps_rc in $((SECONDS - start)) s"
+[ "$rc" = 1 ] || fail "--bad_records=fail: the worker exited $rc, expected 1 (its own error)"
+[ "$ps_rc" = 4 ] || fail "--bad_records=fail: the ps exited $ps_rc, expected 4 (a peer failed)"
+grep -q "^dtrain_worker: .*part-00000b.txt:151: 3 fields, expected 13" "$dir/w_fail.log" ||
+  fail "--bad_records=fail: the worker's error does not name part-00000b.txt:151: $(tail -n 1 "$dir/w_fail.log")"
+fail_step=$(sed -n 's/.*final checkpoint of step \([0-9]*\) saved.*/\1/p' "$dir/ps_fail.log" | tail -1)
+# The first part's 4000 examples in batches of 100, read one ahead: 39 steps trained before the bad part.
+[ "${fail_step:-0}" -ge 39 ] && [ -f "$dir/ckpt_fail/model.ckpt-$fail_step.ps0-of-1" ] ||
+  fail "--bad_records=fail: no final checkpoint of the steps trained (step ${fail_step:-none}): $(ls "$dir/ckpt_fail" 2>&1)"
+echo "--bad_records=fail: final checkpoint of step ${fail_step:-none}"
 
 if [ "$failures" = 0 ]; then echo "1 passed, 0 failed"; exit 0; fi
 echo "0 passed, 1 failed ($failures checks)"

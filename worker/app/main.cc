@@ -181,6 +181,12 @@ ABSL_FLAG(bool, follow, false,
           "AUC of the newest --eval_window examples, each scored before it was trained on, every --eval_every steps");
 ABSL_FLAG(double, follow_poll_secs, 1, "--follow: how often the directory is listed while waiting for a file");
 ABSL_FLAG(double, follow_idle_secs, 0, "--follow: the input ends after this long without a new file (0: never)");
+ABSL_FLAG(std::string, bad_records, "skip",
+          "--follow: a file that cannot be read or parsed (a line with the wrong number of fields or a bad number, "
+          "truncated, unreadable): skip (set the whole file aside with one WARNING naming it, the line and what is "
+          "wrong, and go on with the next file; counted in the worker's end lines) | fail (the input ends with the "
+          "error: the worker exits 1, and when it is the chief the ps tasks save a final checkpoint first). Either "
+          "way a file that fails while it is still being written is read again once it stops changing");
 ABSL_FLAG(int64_t, eval_window, 100000, "--follow: the chief's progressive validation covers this many newest examples");
 ABSL_FLAG(std::string, row_ttl, "",
           "Models with embedding tables: the ps removes a row not touched for this long: N global steps, or a "
@@ -477,6 +483,11 @@ int main(int argc, char** argv) {
   }
   if (flags_ok.ok() && (!(o.follow_poll_secs > 0) || !(o.follow_idle_secs >= 0) || o.eval_window < 0)) {
     flags_ok = absl::InvalidArgumentError("--follow_poll_secs must be > 0, --follow_idle_secs and --eval_window >= 0");
+  }
+  if (flags_ok.ok()) {
+    absl::StatusOr<dtrain::data::BadExamples> bad = dtrain::data::ParseBadExamples(absl::GetFlag(FLAGS_bad_records));
+    if (bad.ok()) o.bad_records = *bad;
+    if (!bad.ok()) flags_ok = absl::InvalidArgumentError(absl::StrCat("--bad_records: ", bad.status().message()));
   }
   if (flags_ok.ok()) flags_ok = dtrain::ps::ValidateDeltaOptions(o.delta);
   if (flags_ok.ok() && o.sparse_mode != "sync" && o.sparse_mode != "async") {

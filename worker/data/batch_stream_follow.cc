@@ -7,9 +7,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -138,11 +140,126 @@ absl::StatusOr<Dataset> ReadFile(const std::string& path, DataFormat format, con
   return d;
 }
 
+// A file modified more recently than this may still be being written (1 s: the coarsest modification times of
+// common file systems).
+constexpr absl::Duration kSettle = absl::Seconds(1);
+
+struct FileStamp {
+  int64_t size = -1;  // -1: cannot stat
+  int64_t mtime_ns = 0;
+  bool operator==(const FileStamp& o) const { return size == o.size && mtime_ns == o.mtime_ns; }
+};
+
+FileStamp Stamp(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return {static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+// How much of the input a set-aside file held, for its warning: "N lines (this worker's shard: M)" of a plain
+// text file (*lines = N), "N bytes" of another (gzip, TFRecord; *lines = 0), "" when it cannot be read at all.
+std::string ExtentOf(const std::string& path, DataFormat format, const BatchStreamOptions& b, int64_t* lines) {
+  *lines = 0;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return "";
+  std::vector<char> buf(1 << 20);
+  int64_t bytes = 0, newlines = 0;
+  bool text = format != DataFormat::kTfRecord;
+  char last = '\n';
+  size_t got;
+  while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+    const auto* u = reinterpret_cast<const unsigned char*>(buf.data());
+    if (bytes == 0 && got >= 2 && u[0] == 0x1f && u[1] == 0x8b) text = false;  // gzip
+    bytes += static_cast<int64_t>(got);
+    if (text) newlines += std::count(buf.data(), buf.data() + got, '\n');
+    last = buf[got - 1];
+  }
+  std::fclose(f);
+  if (!text) return absl::StrCat(bytes, " bytes");
+  *lines = newlines + (last != '\n' ? 1 : 0);  // a cut-short last line counts
+  if (b.num_shards == 1) return absl::StrCat(*lines, " lines");
+  const int64_t mine = *lines > b.shard_index ? (*lines - b.shard_index + b.num_shards - 1) / b.num_shards : 0;
+  return absl::StrCat(*lines, " lines (this worker's shard: ", mine, ")");
+}
+
+// Reads the followed directory's new files one at a time: a read that fails while its file may still be
+// written is tried again later; one that fails otherwise is the stream's error (kFail) or sets the file aside
+// (kSkip: the warning, the counts). Used by one thread at a time.
+class FileReader {
+ public:
+  struct Outcome {
+    enum Kind { kRead, kRetry, kSetAside, kFailed } kind;
+    absl::StatusOr<Dataset> data;  // kRead: the file's examples; kFailed: the error
+    absl::Duration retry_in = absl::ZeroDuration();  // kRetry: read the file again after this long
+  };
+
+  FileReader(const FollowOptions& o, const BatchStreamOptions& b, const CriteoLayout& layout)
+      : o_(o), b_(b), layout_(layout) {}
+
+  // Reads `name` of the directory; `shape` (null for the first file) gives the features every file must have.
+  Outcome Read(const std::string& name, const Dataset* shape) {
+    const std::string path = o_.dir + "/" + name;
+    const FileStamp before = Stamp(path);
+    absl::StatusOr<Dataset> d = ReadFile(path, o_.format, layout_);
+    if (d.ok() && shape != nullptr && (d->num_dense != shape->num_dense || d->num_sparse != shape->num_sparse)) {
+      d = absl::InvalidArgumentError(absl::StrCat(path, ": ", d->num_dense, " dense and ", d->num_sparse,
+                                                  " sparse features, the files before it have ", shape->num_dense,
+                                                  " and ", shape->num_sparse));
+    }
+    if (d.ok()) {
+      unfinished_.clear();
+      return {Outcome::kRead, std::move(d)};
+    }
+    // Failed. Still being written? Then its end is cut short; read it again once it stops changing.
+    const FileStamp after = Stamp(path);
+    const absl::Time now = absl::Now();
+    const absl::Duration age = now - absl::FromUnixNanos(after.mtime_ns);
+    const bool changing = after.size >= 0 && (!(after == before) || age < kSettle);
+    if (changing) {
+      if (unfinished_ != name) {
+        unfinished_ = name;
+        unfinished_since_ = now;
+        LOG(INFO) << "follow " << o_.dir << ": " << name << " may still be being written (" << d.status().message()
+                  << "): read again once it stops changing, for up to " << absl::FormatDuration(o_.unfinished_wait);
+      }
+      const absl::Duration left = unfinished_since_ + o_.unfinished_wait - now;
+      if (left > absl::ZeroDuration()) {
+        return {Outcome::kRetry, d.status(), std::min(left, std::max(o_.poll, kSettle - age))};
+      }
+    }
+    const std::string still =
+        changing ? absl::StrCat(" (still changing after ", absl::FormatDuration(o_.unfinished_wait), ")") : "";
+    unfinished_.clear();
+    if (o_.bad_files == BadExamples::kFail) {
+      return {Outcome::kFailed,
+              absl::Status(d.status().code(), absl::StrCat(d.status().message(), still,
+                                                           " (--bad_records=fail; skip sets such a file aside)"))};
+    }
+    int64_t lines = 0;
+    const std::string extent = ExtentOf(path, o_.format, b_, &lines);
+    LOG(WARNING) << "follow " << o_.dir << ": set aside " << name << ": " << d.status().message() << still << "; "
+                 << (extent.empty() ? std::string("none of it") : absl::StrCat("its ", extent)) << " not trained on "
+                 << "(--bad_records=skip); the input goes on with the next file";
+    if (o_.set_aside != nullptr) {
+      o_.set_aside->files.fetch_add(1);
+      o_.set_aside->lines.fetch_add(lines);
+    }
+    return {Outcome::kSetAside, d.status()};
+  }
+
+ private:
+  const FollowOptions& o_;
+  const BatchStreamOptions& b_;
+  const CriteoLayout& layout_;
+  std::string unfinished_;  // the file that failed while it changed, and since when
+  absl::Time unfinished_since_;
+};
+
 class FollowingBatchStream : public BatchStream {
  public:
   FollowingBatchStream(FollowOptions o, BatchStreamOptions b, CriteoLayout layout, const Dataset& shape,
                        std::string first_name, std::shared_ptr<const Dataset> first)
-      : o_(std::move(o)), b_(b), layout_(layout), num_dense_(shape.num_dense), num_sparse_(shape.num_sparse) {
+      : o_(std::move(o)), b_(b), layout_(layout), shape_(shape), reader_(o_, b_, layout_) {
     start_ = Position{b.seed, b.shard_index, b.num_shards, b.batch_size, b.shuffle, first_name, 0, 0};
     floor_ = first_name;
     Open(std::move(first_name), std::move(first), 0);  // no other thread yet
@@ -225,6 +342,7 @@ class FollowingBatchStream : public BatchStream {
   // Producer: the file to read from now on, at example `offset` of its shard.
   void Open(std::string name, std::shared_ptr<const Dataset> data, int64_t offset) {
     file_name_ = std::move(name);
+    cursor_ = file_name_;
     file_ = std::move(data);
     order_.clear();
     for (int64_t i = b_.shard_index; i < file_->count(); i += b_.num_shards) order_.push_back(i);
@@ -247,8 +365,8 @@ class FollowingBatchStream : public BatchStream {
     seen_.insert(file_name_);
   }
 
-  // The first data file after the current one by name; "" when there is none now. A file sorting before the
-  // current one that this stream has not read arrived too late: skipped, with a warning.
+  // The first data file after the cursor (the newest file read or set aside) by name; "" when there is none now.
+  // A file sorting before it that this stream has not read arrived too late: skipped, with a warning.
   std::string NextFile() {
     absl::StatusOr<std::vector<std::string>> names = Env::Default()->GetChildren(o_.dir);
     if (!names.ok()) return "";
@@ -258,9 +376,9 @@ class FollowingBatchStream : public BatchStream {
     }
     std::sort(files.begin(), files.end());
     for (const std::string& n : files) {
-      if (n > file_name_) return n;
+      if (n > cursor_) return n;
       if (n > floor_ && !seen_.count(n) && warned_late_.insert(n).second) {
-        LOG(WARNING) << "follow " << o_.dir << ": " << n << " arrived after " << file_name_
+        LOG(WARNING) << "follow " << o_.dir << ": " << n << " arrived after " << cursor_
                      << " was read (files are read in the order of their names): skipped";
       }
     }
@@ -321,18 +439,33 @@ class FollowingBatchStream : public BatchStream {
           mu_.AwaitWithTimeout(absl::Condition(this, &FollowingBatchStream::Interrupted), o_.poll);
           continue;
         }
-        absl::StatusOr<Dataset> d = ReadFile(o_.dir + "/" + next, o_.format, layout_);
-        if (d.ok() && (d->num_dense != num_dense_ || d->num_sparse != num_sparse_)) {
-          d = absl::InvalidArgumentError(absl::StrCat(o_.dir, "/", next, ": ", d->num_dense, " dense and ",
-                                                      d->num_sparse, " sparse features, the files before it have ",
-                                                      num_dense_, " and ", num_sparse_));
+        FileReader::Outcome read = reader_.Read(next, &shape_);
+        switch (read.kind) {
+          case FileReader::Outcome::kRead:
+            last_new_file = absl::Now();
+            Open(next, std::make_shared<const Dataset>(*std::move(read.data)), 0);
+            break;
+          case FileReader::Outcome::kRetry:
+            if (o_.stop && o_.stop()) {  // no waiting for an unfinished file then: it was not read
+              LOG(INFO) << "follow " << o_.dir << ": stopped while " << next << " was being written; the input ends";
+              End(absl::OkStatus());
+              break;
+            }
+            {
+              absl::MutexLock lock(&mu_);
+              mu_.AwaitWithTimeout(absl::Condition(this, &FollowingBatchStream::Interrupted), read.retry_in);
+            }
+            break;
+          case FileReader::Outcome::kSetAside:
+            // Like a file read whole: the position stays in the file before it (no example of it was taken).
+            last_new_file = absl::Now();
+            cursor_ = next;
+            seen_.insert(next);
+            break;
+          case FileReader::Outcome::kFailed:
+            End(read.data.status());
+            break;
         }
-        if (!d.ok()) {
-          End(d.status());
-          continue;
-        }
-        last_new_file = absl::Now();
-        Open(next, std::make_shared<const Dataset>(*std::move(d)), 0);
         continue;
       }
       // One more example; a batch once full.
@@ -351,11 +484,13 @@ class FollowingBatchStream : public BatchStream {
   const FollowOptions o_;
   const BatchStreamOptions b_;
   const CriteoLayout layout_;
-  const int num_dense_, num_sparse_;  // of the first file: every file must have them
+  const Dataset shape_;  // the first file's features (no examples): every file must have them
   Position start_;  // before the first batch
 
   // Producer-only (set before it starts, then on its thread).
+  FileReader reader_;
   std::string file_name_, floor_;  // the file being read; the first one of this stream (or of its restore)
+  std::string cursor_;             // the newest file read or set aside: the next file sorts after it
   std::shared_ptr<const Dataset> file_;
   std::vector<int64_t> order_;
   int64_t taken_ = 0;
@@ -394,37 +529,59 @@ absl::StatusOr<std::unique_ptr<BatchStream>> FollowFiles(const FollowOptions& o,
   if (!(o.poll > absl::ZeroDuration())) return absl::InvalidArgumentError("--follow: the poll interval must be > 0");
   ASSIGN_OR_RETURN(const CriteoLayout layout, ReadCriteoLayout(o.dir));
   // The first file (waiting for one to arrive).
-  const absl::Time start = absl::Now();
+  // The first file (waiting for one to arrive; with kSkip, a bad one is set aside and the next one read).
+  absl::Time start = absl::Now();
   std::string first;
   FollowOptions resolved = o;
+  FileReader reader(resolved, b, layout);
+  std::set<std::string> set_aside;
   bool announced = false;
-  while (true) {
+  std::optional<Dataset> d;
+  while (!d.has_value()) {
     absl::StatusOr<std::vector<std::string>> names = Env::Default()->GetChildren(o.dir);
     if (!names.ok()) return names.status();
     std::sort(names->begin(), names->end());
+    first.clear();
     for (const std::string& n : *names) {
-      if (!IsDataFile(o.dir, n, o.format)) continue;
+      if (!IsDataFile(o.dir, n, o.format) || set_aside.count(n) > 0) continue;
       first = n;
       break;
     }
-    if (!first.empty()) break;
-    if ((o.stop && o.stop()) || absl::Now() - start >= o.idle_timeout) {
-      return absl::NotFoundError(absl::StrCat("--follow: no data file arrived in ", o.dir, " within ",
-                                              absl::FormatDuration(o.idle_timeout)));
+    absl::Duration wait = std::min(o.poll, absl::Seconds(1));
+    if (!first.empty()) {
+      if (o.format == DataFormat::kAuto) {
+        resolved.format = IsTfRecordName(first) ? DataFormat::kTfRecord : DataFormat::kCriteo;
+      }
+      FileReader::Outcome read = reader.Read(first, nullptr);
+      if (read.kind == FileReader::Outcome::kRead) {
+        d = *std::move(read.data);
+        break;
+      }
+      if (read.kind == FileReader::Outcome::kFailed) return read.data.status();
+      if (read.kind == FileReader::Outcome::kSetAside) {
+        set_aside.insert(first);
+        start = absl::Now();  // a file came
+        continue;
+      }
+      wait = read.retry_in;
     }
-    if (!announced) LOG(INFO) << "follow " << o.dir << ": waiting for the first file";
-    announced = true;
-    absl::SleepFor(std::min(o.poll, absl::Seconds(1)));
+    // (Not idle while a file that may be unfinished is waited for: it came.)
+    if ((o.stop && o.stop()) || (first.empty() && absl::Now() - start >= o.idle_timeout)) {
+      return absl::NotFoundError(absl::StrCat("--follow: no ", set_aside.empty() ? "" : "readable ",
+                                              "data file arrived in ", o.dir, " within ",
+                                              absl::FormatDuration(o.idle_timeout),
+                                              set_aside.empty() ? "" : absl::StrCat(" (", set_aside.size(),
+                                                                                    " set aside)")));
+    }
+    if (!announced && first.empty()) LOG(INFO) << "follow " << o.dir << ": waiting for the first file";
+    announced = announced || first.empty();
+    absl::SleepFor(wait);
   }
-  if (resolved.format == DataFormat::kAuto) {
-    resolved.format = IsTfRecordName(first) ? DataFormat::kTfRecord : DataFormat::kCriteo;
-  }
-  ASSIGN_OR_RETURN(Dataset d, ReadFile(o.dir + "/" + first, resolved.format, layout));
-  shape->num_classes = d.num_classes;
-  shape->num_dense = d.num_dense;
-  shape->num_sparse = d.num_sparse;
+  shape->num_classes = d->num_classes;
+  shape->num_dense = d->num_dense;
+  shape->num_sparse = d->num_sparse;
   return std::unique_ptr<BatchStream>(new FollowingBatchStream(resolved, b, layout, *shape, first,
-                                                               std::make_shared<const Dataset>(std::move(d))));
+                                                               std::make_shared<const Dataset>(*std::move(d))));
 }
 
 }  // namespace dtrain::data

@@ -160,7 +160,8 @@ absl::StatusOr<Normalization> ParseNormalization(const std::string& mean, const 
 // InvalidArgument unless each list has 0, 1 or `channels` values.
 absl::Status CheckNormalization(const Normalization& n, int channels);
 
-// What a stream does with an example of a source (an image file) that fails to read.
+// What a stream does with an example of a source (an image file) that fails to read; for a followed directory's
+// files (--bad_records, batch_stream_follow.h) what it does with a file that fails to read.
 enum class BadExamples {
   kSkip,  // log its path once and go on: a training batch takes the next readable example of the epoch's order
           // in its place, evaluation leaves it out

@@ -100,6 +100,7 @@ struct TrainingData {
   models::ModelOptions model_options;
   std::unique_ptr<data::BatchStream> stream;
   std::unique_ptr<data::EvalBatchSet> eval_set;  // chief: the test set's batches
+  data::SetAsideCounts set_aside;                // --follow: the files the stream set aside
 };
 
 // ---- data ----
@@ -121,6 +122,8 @@ absl::Status SetUpData(WorkerOptions* o, bool local, bool chief, TrainingData* d
     fo.poll = absl::Seconds(o->follow_poll_secs);
     fo.idle_timeout = o->follow_idle_secs > 0 ? absl::Seconds(o->follow_idle_secs) : absl::InfiniteDuration();
     fo.stop = o->input_stop;
+    fo.bad_files = o->bad_records;
+    fo.set_aside = &d->set_aside;
     ASSIGN_OR_RETURN(d->stream, data::FollowFiles(fo, sopt, &d->loaded.train));
     d->loaded.test = d->loaded.train;  // no examples: the shape only
     d->loaded.format = "follow";
@@ -707,6 +710,14 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
     std::printf("worker %d: waited %.2f sec for input (%.1f%% of the training loop)\n", o.worker_id,
                 result->input_wait_seconds, 100.0 * result->input_wait_seconds / std::max(result->seconds, 1e-9));
   }
+  result->input_files_set_aside = d.set_aside.files.load();
+  result->input_lines_set_aside = d.set_aside.lines.load();
+  if (!o.quiet && result->input_files_set_aside > 0) {
+    std::printf("worker %d: %lld input file(s) set aside as bad (%lld lines of plain text; --bad_records=skip): "
+                "the WARNING lines 'set aside' name them and why\n",
+                o.worker_id, static_cast<long long>(result->input_files_set_aside),
+                static_cast<long long>(result->input_lines_set_aside));
+  }
   if (chief) {
     // Taken before this worker reports done: ps 0 exits once every worker has.
     absl::StatusOr<ps::TrainingStats> stats = c->client->Stats(0);
@@ -1213,6 +1224,21 @@ absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
     }
   }
   absl::Status marked = s;
+  if (tasks.empty() && ps.local_ps != nullptr && ps.client != nullptr && phase == Phase::kTrain) {
+    // Local mode: the in-process ps is the job's ps, and this failure ends the job. It saves the final checkpoint
+    // (and a last delta) of what was trained before the error, as a cluster's ps tasks do when their chief fails
+    // (an online run's bad input file with --bad_records=fail, a disk error): a restart resumes there. The error
+    // stays this process's (exit 1), the line says whether the state was saved.
+    ps.client->Done(leaving, 0, ReasonLine(s), absl::ZeroDuration()).IgnoreError();
+    const absl::Status saved = ps.local_ps->WaitFinalCheckpoint(absl::Seconds(60));  // written by Done, as a rule
+    if (options.checkpoint.enabled()) {
+      marked = absl::Status(
+          s.code(), saved.ok() ? absl::StrCat(s.message(), "; the final checkpoint of step ", ps.local_ps->step(),
+                                              " was saved in ", options.checkpoint.dir)
+                               : absl::StrCat(s.message(), "; the final checkpoint of step ", ps.local_ps->step(),
+                                              " was not saved either: ", saved.message()));
+    }
+  }
   marked.SetPayload(kLeavingPayload, absl::Cord(std::to_string(static_cast<int>(leaving))));
   return marked;
 }

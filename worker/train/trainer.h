@@ -59,6 +59,9 @@ struct WorkerOptions {
   bool follow = false;
   double follow_poll_secs = 1;
   double follow_idle_secs = 0;
+  // A file of the followed directory that cannot be read: set aside (one WARNING, counted in TrainingResult) or
+  // end the input with its error (the worker then fails: exit 1).
+  data::BadExamples bad_records = data::BadExamples::kSkip;
   // The chief of an online run scores each of its batches before it trains on them; every eval_every global steps
   // (and at the end) it reports the log loss and AUC of the newest eval_window examples so scored (printed, and
   // TensorBoard window/log_loss, window/auc). 0: no scoring.
@@ -237,6 +240,9 @@ struct TrainingResult {
   double window_log_loss = -1, window_auc = -1;
   int64_t window_examples = 0;
   bool input_ended = false;  // an online run's input ended (no new file, or stop) before train_steps
+  // An online run: the files its input set aside (WorkerOptions::bad_records = kSkip), and their lines (plain
+  // text only).
+  int64_t input_files_set_aside = 0, input_lines_set_aside = 0;
   // Models with tables: this worker's rows on the wire per step (ids and fp32 rows pulled and pushed), and the
   // share of the step's ids its row cache served.
   double sparse_bytes_per_step = 0;
@@ -260,8 +266,10 @@ absl::StatusOr<ps::OptimizerConfig> OptimizerConfigOf(const WorkerOptions& o);
 // Runs training against `tasks` (ps task i at index i; not owned). Empty `tasks` = local mode (an in-process
 // ps with one worker, sync: the baseline every cluster size is compared with).
 // On failure the worker has told the ps tasks it leaves (ps::Leaving: refused, failed, stopped or peer failed,
-// with the error as its reason, so that the ps tasks can end the run or go on without it);
-// HowTrainingFailed(status) says which.
+// with the error as its reason, so that the ps tasks can end the run or go on without it: a failed chief's ps
+// tasks save the final checkpoint before they exit); HowTrainingFailed(status) says which. In local mode a failure
+// while training has the in-process ps save the final checkpoint likewise, and the error's message says whether
+// it was saved.
 absl::StatusOr<TrainingResult> RunTraining(const WorkerOptions& options,
                                            const std::vector<ps::PsInterface*>& tasks);
 

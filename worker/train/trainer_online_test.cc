@@ -2,9 +2,11 @@
 // (worker/data/batch_stream_follow.h) until no new part comes, the chief scores each batch before training on it
 // (progressive validation), the in-process ps writes deltas by step and a final checkpoint; a run stopped half-way
 // resumes from its checkpoint at the input position it held and ends exactly as an uninterrupted run; the tables'
-// online settings (expiry, admission, 16-bit rows) reach the ps.
+// online settings (expiry, admission, 16-bit rows) reach the ps; a bad part is set aside (--bad_records=skip) or
+// ends the run with its error after the in-process ps saved the final checkpoint (fail).
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -119,6 +121,34 @@ TEST_F(OnlineTrainingTest, AStoppedRunResumesAtItsInputPositionAndEndsAsAnUninte
   EXPECT_EQ(second->first_step, 12);
   EXPECT_EQ(second->global_step, straight->global_step);
   EXPECT_EQ(Rows(root_ + "/resumed"), Rows(root_ + "/straight"));
+}
+
+// A part written in place by a producer with a bad line halfway (and older than a second: finished).
+TEST_F(OnlineTrainingTest, ABadPartIsSetAsideOrWithFailEndsTheRunAfterAFinalCheckpoint) {
+  const std::string bad = root_ + "/data/stream/part-00000b.txt";
+  {
+    std::ifstream in(root_ + "/data/stream/part-00001.txt");
+    std::ofstream out(bad);
+    std::string line;
+    for (int i = 0; i < 300 && std::getline(in, line); ++i) out << (i == 150 ? "1\t2\t3" : line) << "\n";
+  }
+  std::filesystem::last_write_time(bad, std::filesystem::last_write_time(bad) - std::chrono::seconds(10));
+  WorkerOptions o = Options(root_ + "/skip");
+  absl::StatusOr<TrainingResult> r = RunTraining(o, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->global_step, 29);  // the three good parts, as without the bad one
+  EXPECT_EQ(r->input_files_set_aside, 1);
+  EXPECT_EQ(r->input_lines_set_aside, 300);
+  o = Options(root_ + "/fail");
+  o.bad_records = data::BadExamples::kFail;
+  r = RunTraining(o, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("part-00000b.txt:151: 3 fields"), std::string::npos) << r.status();
+  // The first part's 10 batches, read one ahead: 9 steps trained, and on disk.
+  EXPECT_NE(r.status().message().find("the final checkpoint of step 9 was saved"), std::string::npos) << r.status();
+  EXPECT_TRUE(Env::Default()->FileExists(root_ + "/fail/model.ckpt-9.ps0-of-1"));
+  EXPECT_EQ(HowTrainingFailed(r.status()), ps::Leaving::kFailed);
 }
 
 TEST_F(OnlineTrainingTest, TheTablesOnlineSettingsReachThePs) {
