@@ -5,6 +5,8 @@
 #
 #   scripts/fuzz.sh --seconds=60               # every harness registered with dtrain_fuzzer, 60 s each
 #   scripts/fuzz.sh --seconds=600 --only=checkpoint_fuzzer
+#   scripts/fuzz.sh --runs=1000000 --jobs=1    # depth: each harness until 1 M executions (at most --seconds,
+#                                              # default then 3600), one at a time beside other work
 #
 # The corpus each harness grows is kept in build-fuzz/fuzz/corpus/<harness>/ (so later runs start from it);
 # crashing inputs land in build-fuzz/fuzz/crashes/<harness>/ (replay one: build-fuzz/bin/<harness> FILE), the
@@ -12,7 +14,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-seconds=10
+seconds=""
+runs=""
+jobs="$(nproc)"
 only=""
 build=build-fuzz
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -20,14 +24,19 @@ for arg in "$@"; do
   case "$arg" in
     --seconds=*) seconds="${arg#*=}" ;;
     --only=*) only="${arg#*=}" ;;
+    --runs=*) runs="${arg#*=}" ;;
+    --jobs=*) jobs="${arg#*=}" ;;
     --build_dir=*) build="${arg#*=}" ;;
     -h|--help) usage; exit 0 ;;
     *) echo "fuzz.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
   esac
 done
-if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
-  echo "fuzz.sh: --seconds must be a positive integer, got '$seconds'" >&2; exit 2
-fi
+[ -n "$seconds" ] || { if [ -n "$runs" ]; then seconds=3600; else seconds=10; fi; }
+for v in seconds:"$seconds" jobs:"$jobs" ${runs:+runs:"$runs"}; do
+  if ! [[ "${v#*:}" =~ ^[0-9]+$ ]] || [ "${v#*:}" -lt 1 ]; then
+    echo "fuzz.sh: --${v%%:*} must be a positive integer, got '${v#*:}'" >&2; exit 2
+  fi
+done
 for tool in clang clang++; do
   command -v "$tool" >/dev/null || { echo "fuzz.sh: $tool not found (scripts/install_deps.sh installs it)" >&2; exit 2; }
 done
@@ -41,8 +50,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELW
 nice -n 10 cmake --build "$build" -j"$(nproc)" --target dtrain_fuzzers >/dev/null
 "$build/bin/dtrain_fuzz_seeds" "$build/fuzz/seeds"
 
-# The harnesses run side by side, one a core (each alone takes one core), and report in their listed order.
-jobs="$(nproc)"
+# The harnesses run side by side, one a core (each alone takes one core; --jobs), and report in their listed order.
 results="$build/fuzz/results"
 rm -rf "$results"
 mkdir -p "$results"
@@ -57,7 +65,7 @@ run_one() {
   for d in "${dirs[@]}"; do [ -d "$d" ] && seed_dirs+=("$d"); done
   local before after rc=0 execs rate new
   before=$(find "$crashes" -type f | wc -l)
-  nice -n 10 "$build/bin/$name" -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+  nice -n 10 "$build/bin/$name" -max_total_time="$seconds" ${runs:+-runs="$runs"} -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$crashes/" "$corpus" "${seed_dirs[@]}" >"$log" 2>&1 || rc=$?
   after=$(find "$crashes" -type f | wc -l)
   execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$log" | tail -1)
@@ -84,7 +92,8 @@ done <"$build/fuzzers.txt"
 if [ "$ran" = 0 ]; then echo "fuzz.sh: no harness matched '${only}' (see $build/fuzzers.txt)" >&2; exit 2; fi
 wait
 failed=0
-printf '%-22s %12s %10s %8s  %s\n' harness executions exec/s crashes "(each run ${seconds} s, ${jobs} at a time)"
+printf '%-22s %12s %10s %8s  %s\n' harness executions exec/s crashes \
+  "(each run ${runs:+to $runs executions or }${seconds} s, ${jobs} at a time)"
 for ((i = 0; i < ran; i++)); do
   if ! cat "$results/$i.row" 2>/dev/null; then echo "harness $i: no result" >&2; failed=1; fi
   if [ -f "$results/$i.err" ]; then cat "$results/$i.err" >&2; failed=1; fi
