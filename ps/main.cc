@@ -25,6 +25,7 @@
 #include "common/exit_codes.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
+#include "common/open_files.h"
 #include "common/stop_signal.h"
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/server.h"
@@ -186,6 +187,8 @@ int main(int argc, char** argv) {
   dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_ps");  // before any thread starts
   absl::SetProgramUsageMessage("dtrain parameter server task");
   dtrain::TuneMallocForLargeReusedBuffers();
+  // Every connection is a descriptor: a soft limit of 1024 would let idle connections shut gRPC's listener.
+  const dtrain::OpenFileLimit open_files = dtrain::RaiseOpenFileLimit();
   dtrain::SetFlushDenormals();
   dtrain::DisableMutexDeadlockDetection();  // gRPC's threads made from here on inherit it; handlers set it too
   dtrain::CommandLineSpec spec;
@@ -382,6 +385,13 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "ps task " << cluster->task_index << " listening on " << (*server)->address() << "; "
             << cluster->DebugString();
+  if (!open_files.error.empty()) {
+    LOG(WARNING) << "ps task " << cluster->task_index << ": open files: the soft limit stays " << open_files.before
+                 << " (raising it to the hard limit " << open_files.hard << " failed: " << open_files.error << ")";
+  } else if (open_files.after != open_files.before) {
+    LOG(INFO) << "ps task " << cluster->task_index << ": open files: soft limit raised from " << open_files.before
+              << " to " << open_files.after << " (each connection is one)";
+  }
   if (o.ps.registration_timeout < absl::InfiniteDuration()) {
     LOG(INFO) << "ps task " << cluster->task_index << ": waiting for the chief worker to register until "
               << absl::FormatTime("%H:%M:%S", absl::Now() + o.ps.registration_timeout, absl::LocalTimeZone())
