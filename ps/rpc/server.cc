@@ -140,6 +140,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
     to.shutdown = &st.shutdown;
     to.max_lanes = std::max(64, 8 * options.ps.num_workers + 16);
     to.max_pull_rows = options.ps.max_pull_rows;
+    to.max_push_rows = options.ps.max_push_rows;
     // A worker's received gradients wait in their blocks until their step is applied: two steps' worth.
     to.max_receive_bytes = 2 * options.ps.max_model_bytes + (int64_t{64} << 20);
     to.apply_early_remote = options.apply_early != ApplyEarly::kOff;

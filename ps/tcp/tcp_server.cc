@@ -386,6 +386,16 @@ void TcpServer::Impl::ServePushes(TcpLane* lane, TcpAttachment* a) {
                                                         " rows of ", kMaxRowDim, ")"));
           break;
         }
+        if (st.error.ok() && (ref->n > options_.max_push_rows ||
+                              static_cast<int64_t>(frame->bulk_bytes) > options_.max_receive_bytes)) {
+          // Refused before anything is allocated for it; its bytes are read past, and the upload fails by name.
+          st.Fail(absl::ResourceExhaustedError(absl::StrCat(
+              "worker ", a->worker_id, "'s push carries ", ref->n, " rows of sparse table ", ref->table, " in ",
+              frame->bulk_bytes, " bytes to ps task ", options_.task_index, ": more than ",
+              ref->n > options_.max_push_rows ? absl::StrCat(options_.max_push_rows, " rows (--max_push_rows)")
+                                              : absl::StrCat(options_.max_receive_bytes, " bytes (the lane's receive "
+                                                             "limit, twice --max_model_bytes)"))));
+        }
         if (!st.error.ok()) {
           lane_error = lane->SkipBulk(bulk_deadline);
           break;

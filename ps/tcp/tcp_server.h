@@ -46,6 +46,9 @@ struct TcpServerOptions {
   // The most rows of one table a pull may ask for (ParameterServerOptions::max_pull_rows), checked before its
   // ids are read off the connection (a pull past it is answered with the refusal, and the lane closed).
   int64_t max_pull_rows = int64_t{1} << 22;
+  // The most rows of one table one push frame may carry (ParameterServerOptions::max_push_rows), checked before
+  // anything is allocated for them (the upload then fails by name; the lane goes on).
+  int64_t max_push_rows = int64_t{1} << 22;
   absl::Duration hello_timeout = absl::Seconds(2);
   absl::Duration ticket_ttl = absl::Seconds(30);
   // An upload silent for longer is dropped unfinished and its lane closed.

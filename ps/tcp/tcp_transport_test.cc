@@ -335,6 +335,30 @@ TEST(TcpTransportTest, APullPastMaxPullRowsIsRefusedBeforeItsIdsAreRead) {
   EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
+// A push's rows come behind its frame too: more than the server's limit (or bytes past the lane's receive limit)
+// fail the push by name before anything is allocated for them; the lane reads past them and goes on.
+TEST(TcpTransportTest, APushPastMaxPushRowsIsRefusedBeforeItsRowsAreRead) {
+  auto cluster = SimCluster::Start(Options(1, true));
+  ASSERT_TRUE(cluster.ok());
+  SideOptions o;
+  o.server.max_push_rows = 10;  // the ParameterServer's own limit stays at its default: this refusal is the server's
+  TcpSide side(cluster->get(), 0, o);
+  ASSERT_TRUE(side.connected.ok()) << side.connected;
+  std::vector<float> params((*cluster)->total_floats()), grads((*cluster)->total_floats(), 0.0f);
+  std::vector<int64_t> ids(300);
+  for (size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<int64_t>(k);
+  std::vector<float> rows(ids.size() * 8), row_grads(ids.size() * 8, 0.01f);
+  ASSERT_TRUE(side.client->Pull(0, 0, params.data(), {{0, ids.data(), 10, rows.data()}}).ok());
+  absl::StatusOr<PushResponse> r = side.client->Push(0, grads.data(), {{0, ids.data(), 300, row_grads.data()}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "300 rows of sparse table 0")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "--max_push_rows")) << r.status();
+  // Within the limit, the step goes through.
+  ASSERT_TRUE(side.client->Pull(0, 0, params.data(), {{0, ids.data(), 10, rows.data()}}).ok());
+  r = side.client->Push(0, grads.data(), {{0, ids.data(), 10, row_grads.data()}});
+  EXPECT_TRUE(r.ok()) << r.status();
+}
+
 TEST(TcpTransportTest, AConnectionWithoutATicketCannotAttach) {
   auto cluster = SimCluster::Start(Options(1, false));
   ASSERT_TRUE(cluster.ok());
