@@ -243,7 +243,9 @@ absl::Status DecodeRows(Reader& r, int64_t len, ChunkHandler* handler) {
     } else if (field == 2 && (wire_type == kLengthDelimited || wire_type == kFixed64)) {  // ids
       uint64_t n = 8;
       if (wire_type == kLengthDelimited && !r.ReadVarint(&n)) return Malformed("truncated length", r.position());
-      if (n % 8 != 0 || n > static_cast<uint64_t>(end - r.position())) return Malformed("truncated ids", r.position());
+      // (A tag or length read past `end` leaves `left` negative: compared as signed, never as a huge unsigned.)
+      const int64_t left = std::min(end, r.position() + r.remaining()) - r.position();
+      if (n % 8 != 0 || left < 0 || n > static_cast<uint64_t>(left)) return Malformed("truncated ids", r.position());
       // Packed sfixed64: little-endian int64s, as in memory on the hosts this runs on (x86, arm).
       static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ids are copied as they are on the wire");
       const size_t at = ids.size();

@@ -403,5 +403,18 @@ TEST(TensorCodingTest, MalformedRowsAreDataLoss) {
   }
 }
 
+// Found by ps_request_fuzzer: a rows message of 1 byte whose tag runs on past its end (a continuation bit), naming
+// fixed64 ids, at the end of the buffer. The tag is read past the rows' end; the ids' length was then checked
+// against a negative space left as if unsigned (huge), and 8 bytes were read past the buffer.
+TEST(TensorCodingTest, ATagReadPastTheRowsEndIsDataLossNotAnOverread) {
+  std::mt19937 rng(7);
+  for (int slices : {1, 2, 4}) {
+    Collected got;
+    // PushChunk field 3 (rows), 1 byte long: 0x91 (field 2, fixed64, continued), then 0x00 after the rows.
+    const std::string bytes("\x1a\x01\x91\x00", 4);
+    EXPECT_EQ(DecodeMessage(Reslice(bytes, &rng, slices), &got).code(), absl::StatusCode::kDataLoss) << slices;
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::ps::coding
