@@ -102,15 +102,23 @@ void SliceStore::Publish(int i, int64_t applying_version, int64_t applied_floats
   progress_cv_.SignalAll();
 }
 
-int64_t ZeroNonFinite(float* x, int64_t n) {
-  // One branch-free pass (vectorized) finds whether any exponent is all ones; the rare second pass replaces.
+namespace {
+
+bool AnyNonFinite(const float* x, int64_t n) {
   uint32_t any = 0;
   for (int64_t k = 0; k < n; ++k) {
     uint32_t bits;
     std::memcpy(&bits, x + k, sizeof(bits));
     any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
-  if (any == 0) return 0;
+  return any != 0;
+}
+
+}  // namespace
+
+int64_t ZeroNonFinite(float* x, int64_t n) {
+  // One branch-free pass (vectorized) finds whether any exponent is all ones; the rare second pass replaces.
+  if (!AnyNonFinite(x, n)) return 0;
   int64_t zeroed = 0;
   for (int64_t k = 0; k < n; ++k) {
     if (!std::isfinite(x[k])) {
@@ -140,14 +148,15 @@ int64_t SliceStore::Apply(int i, int64_t step, const float* const* grads, int nu
   auto apply = [&](int64_t begin, int64_t end, float* sum) {
     const float* grad = grads[0] + begin;
     if (copy) {
-      if (weighted && num_grads > 1) {
+      const bool check = guard == ApplyGuard::kCopyFinite;
+      if (weighted && num_grads > 1) {  // (one gradient's weight is in `scale`)
         for (int64_t k = 0; k < end - begin; ++k) sum[k] = weights[0] * grad[k];
         for (int k = 1; k < num_grads; ++k) AxpyInto(weights[k], grads[k] + begin, sum, end - begin);
       } else {
         std::memcpy(sum, grad, (end - begin) * sizeof(float));
         for (int k = 1; k < num_grads; ++k) AddInto(grads[k] + begin, sum, end - begin);
       }
-      if (guard == ApplyGuard::kCopyFinite) {
+      if (check) {
         if (const int64_t z = ZeroNonFinite(sum, end - begin); z > 0) zeroed.fetch_add(z);
       }
       grad = sum;

@@ -2,9 +2,12 @@
 
 #include <atomic>
 #include <future>
+#include <cmath>
+#include <limits>
 #include <map>
 
 #include "common/cancellation.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace dtrain::ps {
@@ -36,6 +39,43 @@ void Set(SliceStore& s, const std::map<int, std::vector<float>>& values) {
 
 void Apply(SliceStore& s, int i, int64_t step, const float* grad, float scale) {
   s.Apply(i, step, &grad, 1, scale, step + 1);
+}
+
+// The guard (lent gradients: a checked copy) changes nothing of a finite update, bit for bit, with and without
+// clip weights, for one gradient or a sum; a value not finite in the copy is applied as 0 and counted.
+TEST(SliceStoreTest, TheGuardedApplyEqualsThePlainOneAndZeroesWhatIsNotFinite) {
+  OptimizerConfig adam;
+  adam.name = "adam";
+  adam.learning_rate = 0.01f;
+  const int64_t n = 200000;  // several chunks
+  std::vector<float> g1(n), g2(n);
+  for (int64_t k = 0; k < n; ++k) {
+    g1[k] = std::sin(0.001f * static_cast<float>(k));
+    g2[k] = std::cos(0.003f * static_cast<float>(k));
+  }
+  const float* grads[] = {g1.data(), g2.data()};
+  const float weights[] = {0.5f, 0.25f};
+  for (int num_grads : {1, 2}) {
+    for (const float* w : {static_cast<const float*>(nullptr), weights}) {
+      SCOPED_TRACE(absl::StrCat(num_grads, " gradient(s), ", w ? "weighted" : "plain"));
+      std::unique_ptr<SliceStore> plain = *SliceStore::Create({{1, "w", 0, n}}, adam, 0.99f);
+      std::unique_ptr<SliceStore> guarded = *SliceStore::Create({{1, "w", 0, n}}, adam, 0.99f);
+      plain->ResetSlotsAndAverages(0);
+      guarded->ResetSlotsAndAverages(0);
+      for (int64_t step = 0; step < 3; ++step) {
+        EXPECT_EQ(plain->Apply(0, step, grads, num_grads, 0.5f, step + 1, w), 0);
+        EXPECT_EQ(guarded->Apply(0, step, grads, num_grads, 0.5f, step + 1, w, ApplyGuard::kCopyFinite), 0);
+      }
+      EXPECT_EQ(Values(*plain, 0), Values(*guarded, 0));
+      EXPECT_EQ(Values(*plain, 0, true), Values(*guarded, 0, true));
+    }
+  }
+  std::unique_ptr<SliceStore> store = *SliceStore::Create(TwoSlices(), Sgd(1.0f), 0.0f);
+  Set(*store, {{0, {1, 2}}, {1, {3}}});
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), 1};
+  const float* one[] = {bad};
+  EXPECT_EQ(store->Apply(0, 0, one, 1, 1.0f, 1, nullptr, ApplyGuard::kCopyFinite), 1);
+  EXPECT_EQ(Values(*store, 0), std::vector<float>({1, 1}));
 }
 
 TEST(SliceStoreTest, WritesAreCheckedAgainstTheSlice) {
