@@ -6,22 +6,36 @@
 # one sample moves with the messages in flight at that moment, a few MiB), the peak and the growth between the
 # two means, and exits 1 if any process grew by 5% or more (or died). The processes are stopped at the end
 # (training has no time limit of its own: train_steps is set beyond reach).
-# Usage: scripts/soak.sh [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT]   (default 10, 5, 5)
+# Also checked, the same windows: every process's thread count (it must not grow by more than 4: gRPC's pools
+# breathe a little), and the global step rate (the chief's progress lines): the last minute's at least
+# --min_rate_ratio percent of the first minute's after the warm-up. With --faults=S, every S seconds one of the
+# workers 1-3 is killed with SIGKILL and started again at once (the chaos test's worker faults), and at the end
+# scripts/check_updates.py proves from the journals (--journal_applied, --push_journal_dir) that no acknowledged
+# push was lost or applied twice.
+# Usage: scripts/soak.sh [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT] [--min_rate_ratio=PERCENT]
+#                        [--faults=SECONDS]   (default 10, 5, 5, 95, 0: no faults)
+#   2-hour soak with faults: scripts/soak.sh --minutes=120 --faults=60
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
 minutes=10
 interval=5
 max_growth=5
+min_rate_ratio=95
+faults=0
 for a in "$@"; do
   case "$a" in
     --minutes=*) minutes="${a#*=}" ;;
     --interval=*) interval="${a#*=}" ;;
     --max_growth=*) max_growth="${a#*=}" ;;
-    *) echo "usage: $0 [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT]" >&2; exit 2 ;;
+    --min_rate_ratio=*) min_rate_ratio="${a#*=}" ;;
+    --faults=*) faults="${a#*=}" ;;
+    *) echo "usage: $0 [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT] [--min_rate_ratio=PERCENT]" \
+            "[--faults=SECONDS]" >&2; exit 2 ;;
   esac
 done
-for v in minutes interval max_growth; do
+[[ "$faults" =~ ^[0-9]+$ ]] || { echo "soak: --faults=$faults: expected a whole number of seconds (0: none)" >&2; exit 2; }
+for v in minutes interval max_growth min_rate_ratio; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "soak: --$v=${!v}: expected a whole number > 0" >&2; exit 2; }
 done
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
@@ -45,25 +59,32 @@ cluster=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1,127.0.0.1:$p2,127
 names=(ps worker0 worker1 worker2 worker3)
 pids=()
 "$BIN/dtrain_ps" --job_name=ps --task_index=0 "${cluster[@]}" --checkpoint_dir="$dir/ckpt" \
-  --save_checkpoint_secs=30 > "$dir/ps.log" 2>&1 &
+  --save_checkpoint_secs=30 --journal_applied --worker_timeout_secs=5 > "$dir/ps.log" 2>&1 &
 pids+=($!)
-for i in 0 1 2 3; do
-  "$BIN/dtrain_worker" --job_name=worker --task_index=$i "${cluster[@]}" --mode=async --model=mlp --threads=1 \
-    --train_steps=1000000000 --log_every=5000 --eval_every=2000 > "$dir/w$i.log" 2>&1 &
-  pids+=($!)
-done
+start_worker() {
+  "$BIN/dtrain_worker" --job_name=worker --task_index="$1" "${cluster[@]}" --mode=async --model=mlp --threads=1 \
+    --train_steps=1000000000 --log_every=500 --eval_every=2000 --push_journal_dir="$dir/pushes" >> "$dir/w$1.log" 2>&1 &
+  pids[$(($1 + 1))]=$!
+}
+for i in 0 1 2 3; do start_worker $i; done
 
 rss() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+threads() { awk '/^Threads:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+chief_step() { grep -o '^step [0-9]*' "$dir/w0.log" 2>/dev/null | tail -1 | grep -o '[0-9]*' || echo 0; }
 total=$((minutes * 60))
 warmup=$((total / 5)); [ $warmup -ge 60 ] || warmup=60
 [ $((warmup + 60)) -le $((total - 60)) ] || warmup=$((total - 120))
 [ $warmup -ge 60 ] || { echo "soak: --minutes must be at least 3 (a minute of warm-up, then two to compare)" >&2; exit 2; }
-echo "soak: 1 ps + 4 async workers, ${minutes} min, RSS every ${interval} s, warm-up ${warmup} s, limit +${max_growth}%"
+echo "soak: 1 ps + 4 async workers, ${minutes} min, RSS every ${interval} s, warm-up ${warmup} s, limit +${max_growth}%" \
+     "$([ "$faults" -gt 0 ] && echo "; a worker killed and restarted every ${faults} s")"
 echo "  (growth: the mean RSS of the last minute against the mean of the first minute after the warm-up)"
-for k in 0 1 2 3 4; do : > "$dir/rss.$k"; done
+for k in 0 1 2 3 4; do : > "$dir/rss.$k"; : > "$dir/threads.$k"; done
+: > "$dir/steps"
 start=$(date +%s)
 died=""
 next_report=60
+next_fault=$faults
+kills=0
 while true; do
   now=$(( $(date +%s) - start ))
   [ $now -lt $total ] || break
@@ -71,8 +92,18 @@ while true; do
     r=$(rss "${pids[$k]}")
     if [ "$r" = 0 ]; then died="$died ${names[$k]}"; continue; fi
     echo "$now $r" >> "$dir/rss.$k"
+    echo "$now $(threads "${pids[$k]}")" >> "$dir/threads.$k"
   done
+  echo "$now $(chief_step)" >> "$dir/steps"
   if [ -n "$died" ]; then break; fi
+  if [ "$faults" -gt 0 ] && [ $now -ge $next_fault ]; then
+    k=$((1 + RANDOM % 3))
+    kill -KILL "${pids[$((k + 1))]}" 2>/dev/null || true
+    wait "${pids[$((k + 1))]}" 2>/dev/null || true
+    start_worker $k
+    kills=$((kills + 1))
+    next_fault=$((next_fault + faults))
+  fi
   if [ $now -ge $next_report ]; then
     echo "  t=${now}s RSS MiB: $(for k in 0 1 2 3 4; do printf '%s=%.1f ' "${names[$k]}" \
       "$(tail -1 "$dir/rss.$k" | awk '{print $2 / 1024}')"; done)"
@@ -82,7 +113,7 @@ while true; do
 done
 elapsed=$(( $(date +%s) - start ))
 step=$(grep -o '^step [0-9]*' "$dir/w0.log" | tail -1 | grep -o '[0-9]*' || echo 0)
-echo "soak: ran ${elapsed} s; the chief's last progress line: global step ${step}"
+echo "soak: ran ${elapsed} s; the chief's last progress line: global step ${step}; workers killed and restarted: $kills"
 fail=0
 if [ -n "$died" ]; then
   echo "FAIL: exited before the end:$died"; fail=1
@@ -104,5 +135,37 @@ for k in 0 1 2 3 4; do
     printf 'FAIL: %s grew %.2f%% after the warm-up\n' "${names[$k]}" "$g"; fail=1
   fi
 done
-[ $fail = 0 ] && echo "soak: PASS (no process grew by ${max_growth}% or more after the warm-up)"
+# Threads: the most in the first minute after the warm-up against the most in the last minute.
+printf '%-8s %16s %16s\n' process "threads after warm-up" "last minute"
+for k in 0 1 2 3 4; do
+  read -r tw te < <(awk -v a=$warmup -v b=$((warmup + 60)) -v c=$((elapsed - 60)) '
+    $1 >= a && $1 < b && $2 > w {w = $2} $1 >= c && $2 > e {e = $2} END {print w + 0, e + 0}' "$dir/threads.$k")
+  printf '%-8s %16d %16d\n' "${names[$k]}" "$tw" "$te"
+  # A restarted worker is a new process: its count is compared only when it was not killed in between.
+  if [ "$k" = 0 ] || [ "$k" = 1 ] || [ "$faults" = 0 ]; then
+    [ "$te" -le $((tw + 4)) ] || { echo "FAIL: ${names[$k]}'s threads grew from $tw to $te"; fail=1; }
+  fi
+done
+# The global step rate: the first minute after the warm-up against the last minute.
+read -r r_first r_last < <(awk -v a=$warmup -v b=$((warmup + 60)) -v c=$((elapsed - 60)) '
+  $1 >= a && $1 < b { if (!fa) {fa = 1; t0 = $1; s0 = $2} t1 = $1; s1 = $2 }
+  $1 >= c { if (!fc) {fc = 1; t2 = $1; s2 = $2} t3 = $1; s3 = $2 }
+  END {f = (t1 > t0) ? (s1 - s0) / (t1 - t0) : 0; l = (t3 > t2) ? (s3 - s2) / (t3 - t2) : 0; printf "%.1f %.1f\n", f, l}' \
+  "$dir/steps")
+echo "global steps/sec: ${r_first} in the first minute after the warm-up, ${r_last} in the last minute"
+if [ "$(echo "$r_first > 0 && $r_last * 100 >= $r_first * $min_rate_ratio" | bc -l)" != 1 ]; then
+  echo "FAIL: the last minute's step rate is below ${min_rate_ratio}% of the first's"; fail=1
+fi
+# Every process stopped (SIGTERM: the ps saves and journals), then the journals judged.
+for p in "${pids[@]:1}"; do kill -TERM "$p" 2>/dev/null || true; done
+for p in "${pids[@]:1}"; do wait "$p" 2>/dev/null || true; done
+kill -TERM "${pids[0]}" 2>/dev/null || true
+wait "${pids[0]}" 2>/dev/null || true
+if out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$dir/ckpt" --worker_dir="$dir/pushes" 2>&1); then
+  echo "update checker: $(echo "$out" | tail -1)"
+else
+  echo "FAIL: the update checker:"; echo "$out" | tail -8; fail=1
+fi
+[ $fail = 0 ] && echo "soak: PASS (no process grew by ${max_growth}% or more after the warm-up, no thread leak," \
+                      "the step rate held, no update lost or doubled)"
 exit $fail
