@@ -21,6 +21,9 @@ done
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   skip "dataset-fashion-mnist is not installed (scripts/install_deps.sh)"
 /usr/bin/python3 -c "import numpy" 2>/dev/null || skip "/usr/bin/python3 cannot import numpy"
+hard=$(ulimit -Hn)
+[ "$hard" = unlimited ] || [ "$hard" -ge 4096 ] ||
+  skip "the hard limit of open files is $hard: 2,000 connections and their peers need 4,096"
 source "$(dirname "$0")/checks.sh"
 passed=0 failed=0
 make_test_dir dtrain_idle_connections_test
@@ -50,7 +53,8 @@ run() {
 import os, socket, sys, time
 grpc_port, lane_port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 import resource
-resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096 if hard == resource.RLIM_INFINITY else min(4096, hard), hard))
 conns = {grpc_port: [], lane_port: []}
 opened = {grpc_port: 0, lane_port: 0}
 def top_up():
