@@ -22,8 +22,11 @@ done
   skip "dataset-fashion-mnist is not installed (scripts/install_deps.sh)"
 /usr/bin/python3 -c "import numpy" 2>/dev/null || skip "/usr/bin/python3 cannot import numpy"
 hard=$(ulimit -Hn)
-[ "$hard" = unlimited ] || [ "$hard" -ge 4096 ] ||
-  skip "the hard limit of open files is $hard: 2,000 connections and their peers need 4,096"
+if [ "$hard" != unlimited ] && [ "$hard" -lt 4096 ]; then
+  # Not a missing package (skip() would fail under DTRAIN_REQUIRE_DEPS=1): the machine's own limit.
+  echo "SKIP: the hard limit of open files is $hard: 2,000 connections and their peers need 4,096"
+  exit 77
+fi
 source "$(dirname "$0")/checks.sh"
 passed=0 failed=0
 make_test_dir dtrain_idle_connections_test
