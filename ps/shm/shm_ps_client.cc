@@ -131,9 +131,9 @@ class ShmPsClient final : public PsInterface {
     return control_->Restore(config, worker_id, step);
   }
 
-  // The live attachment; null when data goes to control_ (fallback, or not registered yet). Attaches when
-  // there is none. Unavailable when the ps cannot be reached now; FailedPrecondition (required) when shared
-  // memory does not apply.
+  // The live attachment; null when data goes to control_ (fallback, not registered yet, or for one call: the ps
+  // refused the offer for this session). Attaches when there is none. Unavailable when the ps cannot be reached
+  // now; FailedPrecondition (required) when shared memory does not apply.
   absl::StatusOr<std::shared_ptr<Connection>> Acquire();
   // A data call failed on the data plane itself (`why`): fall back to control_, or fail (required).
   absl::Status TransportFailed(const absl::Status& why);
@@ -182,10 +182,11 @@ absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Attach(int worker_id, u
   req.session = session;
   absl::StatusOr<ShmOffer> offer = attach_(req);
   if (!offer.ok()) {
-    // PermissionDenied: the session changed under the offer (the worker registers again); the next call asks again.
+    // PermissionDenied: the ps does not know this session (it restarted, or dropped the worker): Acquire sends this
+    // one call through the control plane, whose answer (register again) the worker acts on; the next asks again.
+    if (offer.status().code() == absl::StatusCode::kPermissionDenied) return offer.status();
     if (offer.status().code() == absl::StatusCode::kUnavailable ||
-        offer.status().code() == absl::StatusCode::kDeadlineExceeded ||
-        offer.status().code() == absl::StatusCode::kPermissionDenied) {
+        offer.status().code() == absl::StatusCode::kDeadlineExceeded) {
       return absl::UnavailableError(absl::StrCat(Who(), ": asking for shared memory: ", offer.status().message()));
     }
     *why_not = offer.status().code() == absl::StatusCode::kUnimplemented
@@ -264,6 +265,7 @@ absl::StatusOr<std::shared_ptr<Connection>> ShmPsClient::Acquire() {
   }
   std::string why_not;
   absl::StatusOr<std::shared_ptr<Connection>> c = Attach(worker_id, session, &why_not);
+  if (!c.ok() && c.status().code() == absl::StatusCode::kPermissionDenied) return nullptr;  // this call only
   if (!c.ok()) return c.status();
   absl::MutexLock lock(&mu_);
   if (*c != nullptr) {

@@ -391,6 +391,23 @@ TEST(ShmTransportTest, AnOfferWithoutTheWorkersSessionLeavesItsAttachmentAlone) 
   EXPECT_EQ(c.side.counters.control_pushes.load(), 0);
 }
 
+// A worker whose session the ps no longer knows (here another process registered as it, and the offer that
+// process asked for ended this one's attachment) is not offered shared memory again: its next call goes through
+// the control plane once and gets the ps's own answer, not a transport error to retry.
+TEST(ShmTransportTest, AWorkerWhoseSessionIsGoneHearsThePsNotATransportError) {
+  AgainstInProcess c(1);
+  ASSERT_TRUE(c.side.connected.ok()) << c.side.connected;
+  ASSERT_TRUE(c.side.client->Pull(0, 0, c.params.data).ok());
+  const uint64_t newer = c.shm_cluster->Session(0, 0);  // another process registers as worker 0
+  ASSERT_TRUE(
+      c.side.servers[0]->Offer(ShmAttachRequest{0, HostBootId(), static_cast<uint32_t>(geteuid()), newer}).ok());
+  std::fill(c.grads.data, c.grads.data + c.n, 0.01f);
+  absl::StatusOr<PushResponse> pushed = c.side.client->Push(0, c.grads.data);
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kPermissionDenied) << pushed.status();
+  EXPECT_TRUE(absl::StrContains(pushed.status().message(), "a newer process registered as worker 0"))
+      << pushed.status();
+}
+
 // A process of another user is refused as it connects, before the ps reads a byte from it (or maps a segment it
 // sends): the answer comes at once, not after the hello timeout the ps would wait for its Hello. Needs root (to
 // run the other user's process); CI runs as root.

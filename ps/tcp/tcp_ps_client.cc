@@ -98,9 +98,9 @@ class TcpPsClient final : public PsInterface {
     return control_->Restore(config, worker_id, step);
   }
 
-  // The live attachment; null when data goes to control_ (fallback, or not registered yet). Attaches when there
-  // is none. Unavailable when the ps cannot be reached now; FailedPrecondition (required) when the lanes do not
-  // apply.
+  // The live attachment; null when data goes to control_ (fallback, not registered yet, or for one call: the ps
+  // refused the offer for this session). Attaches when there is none. Unavailable when the ps cannot be reached
+  // now; FailedPrecondition (required) when the lanes do not apply.
   absl::StatusOr<std::shared_ptr<Connection>> Acquire();
   // A lane failed: the attachment is dropped (the next call attaches again); the call returns Unavailable.
   absl::Status LaneFailed(const std::shared_ptr<Connection>& c, const absl::Status& why, const char* what);
@@ -148,10 +148,11 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpPsClient::Attach(int worker_id, u
   }
   absl::StatusOr<TcpOffer> offer = attach_(TcpAttachRequest{worker_id, session});
   if (!offer.ok()) {
-    // PermissionDenied: the session changed under the offer (the worker registers again); the next call asks again.
+    // PermissionDenied: the ps does not know this session (it restarted, or dropped the worker): Acquire sends this
+    // one call through the control plane, whose answer (register again) the worker acts on; the next asks again.
+    if (offer.status().code() == absl::StatusCode::kPermissionDenied) return offer.status();
     if (offer.status().code() == absl::StatusCode::kUnavailable ||
-        offer.status().code() == absl::StatusCode::kDeadlineExceeded ||
-        offer.status().code() == absl::StatusCode::kPermissionDenied) {
+        offer.status().code() == absl::StatusCode::kDeadlineExceeded) {
       return absl::UnavailableError(absl::StrCat(Who(), ": asking for TCP lanes: ", offer.status().message()));
     }
     *why_not = offer.status().code() == absl::StatusCode::kUnimplemented
@@ -212,6 +213,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpPsClient::Acquire() {
   }
   std::string why_not;
   absl::StatusOr<std::shared_ptr<Connection>> c = Attach(worker_id, session, &why_not);
+  if (!c.ok() && c.status().code() == absl::StatusCode::kPermissionDenied) return nullptr;  // this call only
   if (!c.ok()) return c.status();
   absl::MutexLock lock(&mu_);
   if (*c != nullptr) {
