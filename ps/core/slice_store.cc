@@ -114,8 +114,7 @@ bool AnyNonFinite(const float* x, int64_t n) {
   return any != 0;
 }
 
-}  // namespace
-
+// Replaces the values of x[0, n) that are NaN or Inf with 0; returns how many it replaced.
 int64_t ZeroNonFinite(float* x, int64_t n) {
   // One branch-free pass (vectorized) finds whether any exponent is all ones; the rare second pass replaces.
   if (!AnyNonFinite(x, n)) return 0;
@@ -128,6 +127,8 @@ int64_t ZeroNonFinite(float* x, int64_t n) {
   }
   return zeroed;
 }
+
+}  // namespace
 
 int64_t SliceStore::Apply(int i, int64_t step, const float* const* grads, int num_grads, float grad_scale,
                           int64_t version, const float* weights, ApplyGuard guard) {

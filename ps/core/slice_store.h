@@ -41,9 +41,6 @@ namespace dtrain::ps {
 // How Apply reads the gradients it is given (see Apply).
 enum class ApplyGuard { kNone, kCopyFinite };
 
-// Replaces the values of x[0, n) that are NaN or Inf with 0; returns how many it replaced.
-int64_t ZeroNonFinite(float* x, int64_t n);
-
 class SliceStore {
  public:
   // Floats per published chunk of an update.
