@@ -13,8 +13,11 @@
 # scripts/check_updates.py proves from the journals (--journal_applied, --push_journal_dir) that no acknowledged
 # push was lost or applied twice.
 # Usage: scripts/soak.sh [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT] [--min_rate_ratio=PERCENT]
-#                        [--faults=SECONDS]   (default 10, 5, 5, 95, 0: no faults)
+#                        [--faults=SECONDS] [--cpus=LIST]   (default 10, 5, 5, 95, 0: no faults, all CPUs)
 #   2-hour soak with faults: scripts/soak.sh --minutes=120 --faults=60
+# --cpus=LIST runs every process of the soak on those CPUs only (taskset -c LIST), so that other work on the
+# machine can be kept off them (e.g. taskset -c 0 for the other work, --cpus=1 here) and the step rate stays a
+# measure of the soak alone.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
@@ -23,6 +26,7 @@ interval=5
 max_growth=5
 min_rate_ratio=95
 faults=0
+cpus=""
 for a in "$@"; do
   case "$a" in
     --minutes=*) minutes="${a#*=}" ;;
@@ -30,11 +34,18 @@ for a in "$@"; do
     --max_growth=*) max_growth="${a#*=}" ;;
     --min_rate_ratio=*) min_rate_ratio="${a#*=}" ;;
     --faults=*) faults="${a#*=}" ;;
+    --cpus=*) cpus="${a#*=}" ;;
     *) echo "usage: $0 [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT] [--min_rate_ratio=PERCENT]" \
-            "[--faults=SECONDS]" >&2; exit 2 ;;
+            "[--faults=SECONDS] [--cpus=LIST]" >&2; exit 2 ;;
   esac
 done
 [[ "$faults" =~ ^[0-9]+$ ]] || { echo "soak: --faults=$faults: expected a whole number of seconds (0: none)" >&2; exit 2; }
+pin=()
+if [ -n "$cpus" ]; then
+  command -v taskset > /dev/null || { echo "soak: --cpus needs taskset (util-linux)" >&2; exit 2; }
+  taskset -c "$cpus" true 2> /dev/null || { echo "soak: --cpus=$cpus: not a CPU list this machine has" >&2; exit 2; }
+  pin=(taskset -c "$cpus")
+fi
 for v in minutes interval max_growth min_rate_ratio; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "soak: --$v=${!v}: expected a whole number > 0" >&2; exit 2; }
 done
@@ -58,11 +69,11 @@ IFS=, read -r p0 p1 p2 p3 p4 < <(python3 "$ROOT/scripts/free_ports.py" 5)
 cluster=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1,127.0.0.1:$p2,127.0.0.1:$p3,127.0.0.1:$p4)
 names=(ps worker0 worker1 worker2 worker3)
 pids=()
-"$BIN/dtrain_ps" --job_name=ps --task_index=0 "${cluster[@]}" --checkpoint_dir="$dir/ckpt" \
+"${pin[@]}" "$BIN/dtrain_ps" --job_name=ps --task_index=0 "${cluster[@]}" --checkpoint_dir="$dir/ckpt" \
   --save_checkpoint_secs=30 --journal_applied --worker_timeout_secs=5 > "$dir/ps.log" 2>&1 &
 pids+=($!)
 start_worker() {
-  "$BIN/dtrain_worker" --job_name=worker --task_index="$1" "${cluster[@]}" --mode=async --model=mlp --threads=1 \
+  "${pin[@]}" "$BIN/dtrain_worker" --job_name=worker --task_index="$1" "${cluster[@]}" --mode=async --model=mlp --threads=1 \
     --train_steps=1000000000 --log_every=500 --eval_every=2000 --push_journal_dir="$dir/pushes" >> "$dir/w$1.log" 2>&1 &
   pids[$(($1 + 1))]=$!
 }
@@ -76,7 +87,8 @@ warmup=$((total / 5)); [ $warmup -ge 60 ] || warmup=60
 [ $((warmup + 60)) -le $((total - 60)) ] || warmup=$((total - 120))
 [ $warmup -ge 60 ] || { echo "soak: --minutes must be at least 3 (a minute of warm-up, then two to compare)" >&2; exit 2; }
 echo "soak: 1 ps + 4 async workers, ${minutes} min, RSS every ${interval} s, warm-up ${warmup} s, limit +${max_growth}%" \
-     "$([ "$faults" -gt 0 ] && echo "; a worker killed and restarted every ${faults} s")"
+     "$([ "$faults" -gt 0 ] && echo "; a worker killed and restarted every ${faults} s")" \
+     "$([ -n "$cpus" ] && echo "; on CPUs $cpus")"
 echo "  (growth: the mean RSS of the last minute against the mean of the first minute after the warm-up)"
 for k in 0 1 2 3 4; do : > "$dir/rss.$k"; : > "$dir/threads.$k"; done
 : > "$dir/steps"
@@ -106,7 +118,9 @@ while true; do
   fi
   if [ $now -ge $next_report ]; then
     echo "  t=${now}s RSS MiB: $(for k in 0 1 2 3 4; do printf '%s=%.1f ' "${names[$k]}" \
-      "$(tail -1 "$dir/rss.$k" | awk '{print $2 / 1024}')"; done)"
+      "$(tail -1 "$dir/rss.$k" | awk '{print $2 / 1024}')"; done)global steps/s over the last minute:" \
+      "$(awk -v c=$((now - 60)) '$1 >= c { if (!f) {f = 1; t0 = $1; s0 = $2} t1 = $1; s1 = $2 }
+             END {printf "%.1f", (t1 > t0) ? (s1 - s0) / (t1 - t0) : 0}' "$dir/steps")"
     next_report=$((next_report + 60))
   fi
   sleep "$interval"
