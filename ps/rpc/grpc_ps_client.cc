@@ -583,6 +583,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Grp
   grpc::ChannelArguments args;
   // Channels whose arguments differ get connections of their own: the stripes of --channels_per_ps.
   if (connection != 0) args.SetInt("dtrain.connection", connection);
+  if (options.connection_group != 0) args.SetInt("dtrain.connection_group", options.connection_group);
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   // Megabyte tensors: large HTTP/2 frames and flow-control windows mean fewer frames and window updates.

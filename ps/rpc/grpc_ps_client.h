@@ -54,6 +54,12 @@ struct GrpcClientOptions {
   // others start once its header arrived). The control calls use the first connection. With N = 1, a pull that
   // streams beside a push (PullRequest::beside_push) gets a second connection, opened on its first use.
   int channels = 1;
+  // Channels of equal arguments share one connection (gRPC's subchannel pool), so several clients of one
+  // process to the same task share it, and its limit of concurrent streams (32 on a ps task): many workers'
+  // pulls waiting there for their step would leave no stream for the pushes that step needs. A process that
+  // holds several workers' clients (dtrain_bench_ps_load) gives each its own group, so each has connections of
+  // its own, as separate worker processes do. 0: the default group.
+  int connection_group = 0;
 };
 
 absl::StatusOr<std::unique_ptr<PsInterface>> NewGrpcPsClient(const std::string& address,
