@@ -11,11 +11,14 @@
 // attachment and waits for its calls) the ParameterServer has nothing in flight and its push accounting
 // balances; and every 256 inputs an honest step through shared memory (the real client) still works.
 //
-// Leak checks are off in this harness (__lsan_is_turned_off below): about once in 30,000 inputs LeakSanitizer
-// reports one absl::Status (its rep and message) no longer referenced, not reproducible from the input alone,
-// its allocation stack cut at libabsl (no frame pointers). A Status assigned from two threads at once would
-// leak so; the shm server's attachment threads are the suspects (an open finding of issue 41: a ThreadSanitizer
-// build of this harness is the next step). Crashes, ASan/UBSan reports, hangs and the CHECKs below still fail it.
+// Leaks: checked once, at exit, after the harness has shut its ps task and shm server down (their threads
+// joined), not after each input. libFuzzer's per-input check (-detect_leaks) runs LeakSanitizer while the
+// server's lane threads and the task's threads still work, and a check concurrent with other threads reports
+// memory that is only referenced from their thread-local storage or in transit between their containers
+// (google/sanitizers#757, open): hunted with full allocation stacks (ASAN_OPTIONS=fast_unwind_on_malloc=0), the
+// reports were a thread_local's destructor record (__cxa_thread_atexit_impl, a lane thread's apply scratch) and an
+// absl::Status, both alive. So LLVMFuzzerInitialize below adds -detect_leaks=0 unless the command line sets it;
+// the check at exit still fails the run on any leak.
 //
 // Input: u8 choices and little-endian fields consumed by FuzzedDataProvider, in op order (see Op below); the
 // segment's 64 KiB are filled from the tail of the input.
@@ -90,6 +93,14 @@ World* TheWorld() {
     w->segment = *std::move(seg);
     w->slices = w->cluster->placement().task_slices[0];
     w->session = w->cluster->Session(0, 0);
+    // Registered after the sanitizer's own exit hook, so it runs first: the leak check at exit then sees no
+    // thread at work.
+    std::atexit([] {
+      World* w = TheWorld();
+      w->server.reset();
+      w->cluster.reset();
+      w->segment.reset();
+    });
     return w;
   }();
   return w;
@@ -191,7 +202,19 @@ void HonestStep(World& w) {
 }  // namespace
 }  // namespace dtrain::ps::shm
 
-extern "C" int __lsan_is_turned_off() { return 1; }  // see the header
+// See the header: the per-input leak check off unless asked for; the world shut down before the check at exit.
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  for (int i = 1; i < *argc; ++i) {
+    if (std::string((*argv)[i]).rfind("-detect_leaks=", 0) == 0) return 0;
+  }
+  static std::vector<char*> args;
+  args.assign(*argv, *argv + *argc);
+  args.push_back(const_cast<char*>("-detect_leaks=0"));
+  args.push_back(nullptr);
+  *argc += 1;
+  *argv = args.data();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace dtrain::ps;        // NOLINT: a harness
