@@ -97,20 +97,23 @@ int main(int argc, char** argv) {
   }
   std::vector<dtrain::hostile::Tally> tallies(names.size());
   const absl::Time end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_secs));
-  // Rounds the ps answered (something refused or accepted); a round it answered nothing of after one it did
-  // means it has ended: the attack stops.
+  // Rounds the ps answered (something refused or accepted); a round that sent something and got no answer after
+  // one that did means the ps has ended: the attack stops.
   int rounds = 0;
   for (;;) {
-    int64_t answered = 0;
+    int64_t answered = 0, sent = 0;
     for (size_t i = 0; i < names.size(); ++i) {
-      const int64_t before = tallies[i].refused + tallies[i].accepted;
+      const int64_t before = tallies[i].refused + tallies[i].accepted, sent_before = tallies[i].sent;
       if (absl::Status s = (*attacker)->Run(names[i], &tallies[i]); !s.ok()) {
         return Fail(names[i] + ": " + std::string(s.message()));
       }
       answered += tallies[i].refused + tallies[i].accepted - before;
+      sent += tallies[i].sent - sent_before;
     }
     if (answered > 0) ++rounds;
-    if ((answered == 0 && rounds > 0) || absl::Now() >= end || Exists(absl::GetFlag(FLAGS_stop_file))) break;
+    const bool ended = sent > 0 && answered == 0 && rounds > 0;
+    if (ended || absl::Now() >= end || Exists(absl::GetFlag(FLAGS_stop_file))) break;
+    if (sent == 0) absl::SleepFor(absl::Milliseconds(10));  // every scenario waits its turn: nothing to spin on
   }
   int64_t accepted = 0;
   for (size_t i = 0; i < names.size(); ++i) {
