@@ -36,7 +36,7 @@ namespace tcp = ::dtrain::ps::tcp;
 constexpr absl::Duration kCloseWithin = absl::Seconds(5);
 constexpr int64_t kSegmentBytes = 64 << 10;
 
-// ---- strangers: raw sockets -------------------------------------------------------------------------------------
+// ---- strangers: raw sockets -------------------------------------------------------------------------------
 
 // One raw connection, what it sent, and what came back.
 struct Raw {
@@ -53,8 +53,8 @@ int ConnectUnix(const std::string& name) {
   addr.sun_family = AF_UNIX;
   const size_t n = std::min(name.size(), sizeof(addr.sun_path) - 1);
   std::memcpy(addr.sun_path + 1, name.data(), n);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n)) !=
-      0) {
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr),
+              static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n)) != 0) {
     close(fd);
     return -1;
   }
@@ -153,10 +153,11 @@ void CountClosed(const std::vector<Raw>& conns, bool tcp_lane, Tally* tally) {
     const std::string answer =
         absl::StrCat(c.sub, ":", welcome.empty() ? "" : absl::StrCat("welcome ", welcome, " then "),
                      c.closed ? "closed" : "still open");
-    tally->Count(answer, c.closed && (welcome.empty() || welcome == "PERMISSION_DENIED" ||
-                                      welcome == "INVALID_ARGUMENT" || welcome == "DATA_LOSS" ||
-                                      welcome == "DEADLINE_EXCEEDED"),
-                 c.sub);
+    tally->Count(
+        answer,
+        c.closed && (welcome.empty() || welcome == "PERMISSION_DENIED" || welcome == "INVALID_ARGUMENT" ||
+                     welcome == "DATA_LOSS" || welcome == "DEADLINE_EXCEEDED"),
+        c.sub);
     close(c.fd);
   }
 }
@@ -166,7 +167,7 @@ std::string RandomTicket() {
   return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
 }
 
-// ---- workers with a session: real lanes -------------------------------------------------------------------------
+// ---- workers with a session: real lanes -------------------------------------------------------------------
 
 // Reads frames until one of `want` (its PushResult status) or the lane's end; "closed", or "no answer" at the
 // deadline (an acceptance: a lane that neither answers nor closes holds the ps's resources).
@@ -215,11 +216,13 @@ ShmAttachment AttachShm(const shm::ShmOffer& offer, int hello_worker) {
   }
   a.push = *std::move(push);
   a.pull = *std::move(pull);
-  a.push->Send(shm::FrameType::kHello, shm::EncodeHello({shm::LaneKind::kPush, hello_worker, offer.push_ticket}), -1,
-               deadline)
+  a.push
+      ->Send(shm::FrameType::kHello,
+             shm::EncodeHello({shm::LaneKind::kPush, hello_worker, offer.push_ticket}), -1, deadline)
       .IgnoreError();
-  a.pull->Send(shm::FrameType::kHello, shm::EncodeHello({shm::LaneKind::kPull, hello_worker, offer.pull_ticket}), -1,
-               deadline)
+  a.pull
+      ->Send(shm::FrameType::kHello,
+             shm::EncodeHello({shm::LaneKind::kPull, hello_worker, offer.pull_ticket}), -1, deadline)
       .IgnoreError();
   a.welcome = AwaitResult(a.push.get(), shm::FrameType::kWelcome);
   const std::string pull_welcome = AwaitResult(a.pull.get(), shm::FrameType::kWelcome);
@@ -259,8 +262,8 @@ void StrangerShmRound(const std::string& socket, Tally* tally) {
     if (r.fd >= 0) SendBytes(r.fd, bytes, pass_fd);
     conns.push_back(std::move(r));
   };
-  const std::string hello = shm::EncodeFrame(shm::FrameType::kHello,
-                                             shm::EncodeHello({shm::LaneKind::kPush, 0, RandomTicket()}));
+  const std::string hello =
+      shm::EncodeFrame(shm::FrameType::kHello, shm::EncodeHello({shm::LaneKind::kPush, 0, RandomTicket()}));
   open("silent", "");
   open("half_frame", hello.substr(0, hello.size() / 2));
   std::string absurd = hello.substr(0, shm::kFrameHeaderBytes);
@@ -292,7 +295,8 @@ void StrangerTcpRound(const std::string& host, int port, Tally* tally) {
   const uint32_t huge = 0x7fffffff;
   std::memcpy(&absurd[8], &huge, sizeof(huge));  // payload bytes
   open("absurd_payload_length", absurd);
-  open("bulk_on_hello", tcp::EncodeTcpHeader(tcp::TcpFrameType::kHello, payload, uint64_t{1} << 40) + payload);
+  open("bulk_on_hello",
+       tcp::EncodeTcpHeader(tcp::TcpFrameType::kHello, payload, uint64_t{1} << 40) + payload);
   open("made_up_ticket", hello);
   AwaitClosed(&conns, kCloseWithin);
   CountClosed(conns, /*tcp_lane=*/true, tally);
@@ -337,7 +341,8 @@ void OwnShmRound(const std::function<absl::StatusOr<ps::shm::ShmOffer>()>& offer
   auto push = [&](const std::string& frame_type_name, shm::FrameType type, const std::string& payload) {
     return [=](ShmAttachment& a, absl::Time deadline) {
       (void)frame_type_name;
-      a.push->Send(shm::FrameType::kPushBegin, shm::EncodePushHeader(Header(session)), -1, deadline).IgnoreError();
+      a.push->Send(shm::FrameType::kPushBegin, shm::EncodePushHeader(Header(session)), -1, deadline)
+          .IgnoreError();
       a.push->Send(type, payload, -1, deadline).IgnoreError();
       a.push->Send(shm::FrameType::kPushFinish, "", -1, deadline).IgnoreError();
     };
@@ -360,7 +365,8 @@ void OwnShmRound(const std::function<absl::StatusOr<ps::shm::ShmOffer>()>& offer
   rows.segment = 1;
   rows.ids_at = 0;
   rows.rows_at = 16 << 10;
-  attack("rows_past_max_push_rows", false, 0, push("rows", shm::FrameType::kPushRows, shm::EncodeRowsRef(rows)));
+  attack("rows_past_max_push_rows", false, 0,
+         push("rows", shm::FrameType::kPushRows, shm::EncodeRowsRef(rows)));
   rows.n = int64_t{1} << 40;
   attack("rows_2^40", false, 0, push("rows", shm::FrameType::kPushRows, shm::EncodeRowsRef(rows)));
   auto pull = [&](shm::PullOrder order) {
@@ -399,9 +405,10 @@ void OwnTcpRound(const std::function<absl::StatusOr<ps::tcp::TcpOffer>()>& offer
       return;
     }
     const shm::LaneKind kind = on_pull ? shm::LaneKind::kPull : shm::LaneKind::kPush;
-    (*lane)->Send(tcp::TcpFrameType::kHello,
-                  shm::EncodeHello({kind, hello_worker, on_pull ? o->pull_ticket : o->push_ticket}), nullptr, 0,
-                  deadline)
+    (*lane)
+        ->Send(tcp::TcpFrameType::kHello,
+               shm::EncodeHello({kind, hello_worker, on_pull ? o->pull_ticket : o->push_ticket}), nullptr, 0,
+               deadline)
         .IgnoreError();
     const std::string welcome = AwaitResult(lane->get(), tcp::TcpFrameType::kWelcome);
     if (hello_worker != 0 || welcome != "OK") {
@@ -439,14 +446,17 @@ void OwnTcpRound(const std::function<absl::StatusOr<ps::tcp::TcpOffer>()>& offer
     raw(lane, tcp::TcpFrameType::kPushRows, shm::EncodeRowsRef(r), bulk.size(), bulk, deadline);
     lane->Send(tcp::TcpFrameType::kPushFinish, "", nullptr, 0, deadline).IgnoreError();
   });
-  attack("rows_2^28_claimed", false, 0, [&](tcp::TcpLane* lane, absl::Time deadline) {
-    begin(lane, deadline);
-    shm::RowsRef r;
-    r.n = int64_t{1} << 28;
-    r.dim = 4;
-    raw(lane, tcp::TcpFrameType::kPushRows, shm::EncodeRowsRef(r), static_cast<uint64_t>(r.n) * 24,
-        std::string(1 << 20, '\0'), deadline);
-  }, /*silent=*/true);
+  attack(
+      "rows_2^28_claimed", false, 0,
+      [&](tcp::TcpLane* lane, absl::Time deadline) {
+        begin(lane, deadline);
+        shm::RowsRef r;
+        r.n = int64_t{1} << 28;
+        r.dim = 4;
+        raw(lane, tcp::TcpFrameType::kPushRows, shm::EncodeRowsRef(r), static_cast<uint64_t>(r.n) * 24,
+            std::string(1 << 20, '\0'), deadline);
+      },
+      /*silent=*/true);
   attack("pull_ids_2^28_claimed", true, 0, [&](tcp::TcpLane* lane, absl::Time deadline) {
     shm::PullOrder order;
     order.request.worker_id = 0;

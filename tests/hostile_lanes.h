@@ -1,5 +1,5 @@
-// The lane scenarios of dtrain_hostile_peer (tests/hostile_peer.h): what a peer sends on the ps's shared-memory
-// and TCP data planes. Internal to the tool.
+// The lane scenarios of dtrain_hostile_peer (tests/hostile_peer.h): what a peer sends on the ps's
+// shared-memory and TCP data planes. Internal to the tool.
 //
 // Thread-safety: plain functions; each uses only its arguments.
 #ifndef DTRAIN_TESTS_HOSTILE_LANES_H_
@@ -20,9 +20,9 @@ namespace dtrain::hostile {
 // server names it "dtrain-ps<task>-<pid>-<random>"). NotFound when there is none.
 absl::StatusOr<std::string> FindShmSocket(int task, int pid);
 
-// A stranger (no ticket) on the shm socket / the TCP lane port: connections that stay silent, send half a frame,
-// a frame claiming an absurd length, a Hello with a made-up ticket, a segment before any Hello. Each must be
-// closed by the ps within a few seconds (its hello timeout is 2 s) without an answer that lets it in.
+// A stranger (no ticket) on the shm socket / the TCP lane port: connections that stay silent, send half a
+// frame, a frame claiming an absurd length, a Hello with a made-up ticket, a segment before any Hello. Each
+// must be closed by the ps within a few seconds (its hello timeout is 2 s) without an answer that lets it in.
 void StrangerShmRound(const std::string& socket, Tally* tally);
 void StrangerTcpRound(const std::string& host, int port, Tally* tally);
 

@@ -1,6 +1,8 @@
-// dtrain_hostile_peer's gRPC scenarios and the Attacker (tests/hostile_peer.h); the lanes' are in hostile_lanes.cc.
+// dtrain_hostile_peer's gRPC scenarios and the Attacker (tests/hostile_peer.h); the lanes' are in
+// hostile_lanes.cc.
 #include "tests/hostile_peer.h"
 
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,8 +12,6 @@
 #include <limits>
 #include <random>
 #include <utility>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -48,10 +48,12 @@ void Tally::Gone(const std::string& answer) {
 std::string Tally::Line(const std::string& name) const {
   std::vector<std::string> a;
   for (const auto& [answer, n] : answers) a.push_back(absl::StrCat(answer, ":", n));
-  std::string line = absl::StrCat("hostile ", name, ": sent=", sent, " refused=", refused, " accepted=", accepted,
-                                  " gone=", gone, " answers=", absl::StrJoin(a, ","), " | ", what);
+  std::string line =
+      absl::StrCat("hostile ", name, ": sent=", sent, " refused=", refused, " accepted=", accepted,
+                   " gone=", gone, " answers=", absl::StrJoin(a, ","), " | ", what);
   if (!first_accepted.empty()) absl::StrAppend(&line, " | FIRST ACCEPTED: ", first_accepted);
-  for (const auto& [answer, message] : messages) absl::StrAppend(&line, "\n  ", name, " ", answer, ": ", message);
+  for (const auto& [answer, message] : messages)
+    absl::StrAppend(&line, "\n  ", name, " ", answer, ": ", message);
   return line;
 }
 
@@ -91,7 +93,8 @@ class Discard : public ps::PullReceiver {
 
  private:
   absl::StatusOr<Buffer> Scratch(int64_t floats) {
-    if (floats < 0 || floats > (int64_t{1} << 24)) return absl::InvalidArgumentError("a piece of absurd size");
+    if (floats < 0 || floats > (int64_t{1} << 24))
+      return absl::InvalidArgumentError("a piece of absurd size");
     scratch_.resize(static_cast<size_t>(floats));
     return Buffer{scratch_.data(), ps::WireDtype::kF32};
   }
@@ -190,8 +193,8 @@ class Attacker::Impl {
     for (const auto& [key, values] : want) {
       const std::vector<float>& got = pulled.slices[key];
       if (got.size() != values.size()) {
-        return absl::FailedPreconditionError(absl::StrCat("slice ", key, " has ", got.size(), " values, not ",
-                                                          values.size()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("slice ", key, " has ", got.size(), " values, not ", values.size()));
       }
       for (size_t i = 0; i < values.size(); ++i) {
         if (std::memcmp(&got[i], &values[i], sizeof(float)) != 0) {
@@ -215,11 +218,12 @@ class Attacker::Impl {
   }
   uint64_t ForgedSession() {
     uint64_t s;
-    do s = rng_(); while (s == 0 || s == session_);
+    do s = rng_();
+    while (s == 0 || s == session_);
     return s;
   }
 
-  // ---- a stranger ----------------------------------------------------------------------------------------------
+  // ---- a stranger -------------------------------------------------------------------------------------------
   absl::Status Unauthenticated(PsInterface* client, const std::string& how, Tally* t) {
     const std::vector<absl::StatusCode> kRefused = {absl::StatusCode::kUnauthenticated};
     Answer(t, "GetStats", client->GetStats().status(), kRefused);
@@ -253,8 +257,9 @@ class Attacker::Impl {
     return absl::OkStatus();
   }
 
-  // Registering as an honest worker with its own config would take its place (a newer process of it): the token
-  // allows that by design. What the attacker cannot know is that config; with another it must be refused.
+  // Registering as an honest worker with its own config would take its place (a newer process of it): the
+  // token allows that by design. What the attacker cannot know is that config; with another it must be
+  // refused.
   absl::Status RegisterHonest(Tally* t) {
     t->what = "Register as each honest worker (and as chief) with a config that is not the job's";
     for (int id = 0; id < options_.num_workers; ++id) {
@@ -305,7 +310,8 @@ class Attacker::Impl {
     return absl::OkStatus();
   }
 
-  // Each offer, were it made, would end the worker's attachment in place: 10 of each per honest worker a round.
+  // Each offer, were it made, would end the worker's attachment in place: 10 of each per honest worker a
+  // round.
   absl::Status OfferFlood(Tally* t) {
     t->what = "AttachShm and AttachTcp offers for each honest worker with forged sessions (and session 0)";
     for (int i = 0; i < 10; ++i) {
@@ -323,12 +329,13 @@ class Attacker::Impl {
   }
 
   // Past gRPC's message limit (8 MiB): refused by gRPC before the ps decodes it. gRPC still receives what was
-  // sent (about 17 MB a round), and the refused caller moves on while the ps's side reads it: at most one round a
-  // second, or the test would measure how fast the machine frees gRPC's buffers rather than whether the
-  // ps's memory is bounded.
+  // sent (about 17 MB a round), and the refused caller moves on while the ps's side reads it: at most one
+  // round a second, or the test would measure how fast the machine frees gRPC's buffers rather than whether
+  // the ps's memory is bounded.
   absl::Status Oversize(Tally* t) {
-    t->what = "a Push whose one message is 8 MiB + 64 KiB, a Pull asking for 1.05 M sparse ids (8.4 MB) with a "
-              "forged session (at most a round a second)";
+    t->what =
+        "a Push whose one message is 8 MiB + 64 KiB, a Pull asking for 1.05 M sparse ids (8.4 MB) with a "
+        "forged session (at most a round a second)";
     if (absl::Now() - last_oversize_ < absl::Seconds(1)) return absl::OkStatus();
     last_oversize_ = absl::Now();
     wire::PushResponse response;
@@ -344,7 +351,8 @@ class Attacker::Impl {
     c->set_data(std::string((8 << 20) + (64 << 10), '\x7f'));
     writer->Write(chunk);
     writer->WritesDone();
-    Answer(t, "Push(8MiB+64KiB)", ps::wire::FromGrpc(writer->Finish()), {absl::StatusCode::kResourceExhausted});
+    Answer(t, "Push(8MiB+64KiB)", ps::wire::FromGrpc(writer->Finish()),
+           {absl::StatusCode::kResourceExhausted});
     ps::PullRequest pull;
     pull.worker_id = 0;
     pull.session = ForgedSession();
@@ -355,8 +363,9 @@ class Attacker::Impl {
   }
 
   absl::Status ShmStranger(Tally* t) {
-    t->what = "connections to the shm socket: silent, half a frame, an absurd length, a made-up ticket, a segment "
-              "before the Hello";
+    t->what =
+        "connections to the shm socket: silent, half a frame, an absurd length, a made-up ticket, a segment "
+        "before the Hello";
     absl::StatusOr<std::string> socket = FindShmSocket(options_.ps_task, options_.ps_pid);
     if (!socket.ok()) {
       ++t->sent;
@@ -368,8 +377,10 @@ class Attacker::Impl {
   }
 
   absl::Status TcpStranger(Tally* t) {
-    t->what = "connections to the TCP lane port: silent, half a header, an absurd payload length, bulk on a Hello, a "
-              "made-up ticket";
+    t->what =
+        "connections to the TCP lane port: silent, half a header, an absurd payload length, bulk on a Hello, "
+        "a "
+        "made-up ticket";
     if (options_.tcp_port <= 0) return absl::FailedPreconditionError("tcp_stranger needs --tcp_port");
     std::string host;
     int port;
@@ -378,9 +389,10 @@ class Attacker::Impl {
     return absl::OkStatus();
   }
 
-  // ---- a worker with a session ---------------------------------------------------------------------------------
+  // ---- a worker with a session ------------------------------------------------------------------------------
   // One push with this worker's session whose pieces `write` sends; its status (of the piece or the Finish).
-  absl::Status Push(const std::function<absl::Status(ps::SliceUpload*)>& write, int worker = 0, uint64_t session = 0) {
+  absl::Status Push(const std::function<absl::Status(ps::SliceUpload*)>& write, int worker = 0,
+                    uint64_t session = 0) {
     ps::PushHeader h;
     h.worker_id = worker;
     h.session = session != 0 ? session : session_;
@@ -392,23 +404,27 @@ class Attacker::Impl {
   }
 
   absl::Status PushBadRefs(Tally* t) {
-    t->what = absl::StrCat("pushes with the session whose one bad piece is: an unknown slice key, a range past the "
-                           "slice's end, a negative offset, an unknown table, ids outside a [10, 3] table, ",
-                           options_.max_push_rows + 1, " rows (past --max_push_rows), a row width that does not "
-                           "divide, NaN; a push as worker 1 (outside the spec) and with another session");
+    t->what = absl::StrCat(
+        "pushes with the session whose one bad piece is: an unknown slice key, a range past the "
+        "slice's end, a negative offset, an unknown table, ids outside a [10, 3] table, ",
+        options_.max_push_rows + 1,
+        " rows (past --max_push_rows), a row width that does not "
+        "divide, NaN; a push as worker 1 (outside the spec) and with another session");
     const std::vector<float> ones(4 * (options_.max_push_rows + 1), 1.0f);
     const float* g = ones.data();
-    const std::vector<absl::StatusCode> refused = {absl::StatusCode::kInvalidArgument, absl::StatusCode::kResourceExhausted,
-                    absl::StatusCode::kOutOfRange, absl::StatusCode::kDataLoss, absl::StatusCode::kFailedPrecondition};
-    Answer(t, "unknown_key", Push([&](ps::SliceUpload* u) { return u->Write(999, 0, 4, ps::WireDtype::kF32, g); }),
-           refused);
+    const std::vector<absl::StatusCode> refused = {
+        absl::StatusCode::kInvalidArgument, absl::StatusCode::kResourceExhausted,
+        absl::StatusCode::kOutOfRange, absl::StatusCode::kDataLoss, absl::StatusCode::kFailedPrecondition};
+    Answer(t, "unknown_key",
+           Push([&](ps::SliceUpload* u) { return u->Write(999, 0, 4, ps::WireDtype::kF32, g); }), refused);
     Answer(t, "past_slice_end",
            Push([&](ps::SliceUpload* u) { return u->Write(0, 998, 4, ps::WireDtype::kF32, g); }), refused);
     Answer(t, "negative_offset",
            Push([&](ps::SliceUpload* u) { return u->Write(1, -1, 2, ps::WireDtype::kF32, g); }), refused);
     const int64_t ids[2] = {3, 4};
     Answer(t, "unknown_table",
-           Push([&](ps::SliceUpload* u) { return u->WriteSparse(7, ids, 2, 4, ps::WireDtype::kF32, g); }), refused);
+           Push([&](ps::SliceUpload* u) { return u->WriteSparse(7, ids, 2, 4, ps::WireDtype::kF32, g); }),
+           refused);
     const int64_t outside[2] = {10, -1};
     Answer(t, "ids_outside_table",
            Push([&](ps::SliceUpload* u) { return u->WriteSparse(1, outside, 2, 3, ps::WireDtype::kF32, g); }),
@@ -416,25 +432,29 @@ class Attacker::Impl {
     std::vector<int64_t> many(options_.max_push_rows + 1);
     for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i);
     Answer(t, "rows_past_max_push_rows", Push([&](ps::SliceUpload* u) {
-             return u->WriteSparse(0, many.data(), static_cast<int64_t>(many.size()), 4, ps::WireDtype::kF32, g);
+             return u->WriteSparse(0, many.data(), static_cast<int64_t>(many.size()), 4, ps::WireDtype::kF32,
+                                   g);
            }),
            refused);
     Answer(t, "row_width_mismatch",
-           Push([&](ps::SliceUpload* u) { return u->WriteSparse(0, ids, 2, 5, ps::WireDtype::kF32, g); }), refused);
+           Push([&](ps::SliceUpload* u) { return u->WriteSparse(0, ids, 2, 5, ps::WireDtype::kF32, g); }),
+           refused);
     const float nan[10] = {0, 0, 0, std::numeric_limits<float>::quiet_NaN(), 0, 0, 0, 0, 0, 0};
     Answer(t, "nan_gradient",
            Push([&](ps::SliceUpload* u) { return u->Write(1, 0, 10, ps::WireDtype::kF32, nan); }), refused);
     Answer(t, "as_worker_outside",
            Push([&](ps::SliceUpload* u) { return u->Write(1, 0, 10, ps::WireDtype::kF32, g); }, 1), refused);
     Answer(t, "other_session",
-           Push([&](ps::SliceUpload* u) { return u->Write(1, 0, 10, ps::WireDtype::kF32, g); }, 0, ForgedSession()),
+           Push([&](ps::SliceUpload* u) { return u->Write(1, 0, 10, ps::WireDtype::kF32, g); }, 0,
+                ForgedSession()),
            {absl::StatusCode::kPermissionDenied});
     return absl::OkStatus();
   }
 
   absl::Status PullBadRefs(Tally* t) {
-    t->what = absl::StrCat("pulls with the session asking for: an unknown table, ids outside a [10, 3] table, ",
-                           options_.max_pull_rows + 1, " ids (past --max_pull_rows)");
+    t->what =
+        absl::StrCat("pulls with the session asking for: an unknown table, ids outside a [10, 3] table, ",
+                     options_.max_pull_rows + 1, " ids (past --max_pull_rows)");
     auto pull = [&](ps::SparseIds ids) {
       ps::PullRequest r;
       r.worker_id = 0;
@@ -444,8 +464,9 @@ class Attacker::Impl {
       Discard discard;
       return ps_->Pull(r, &discard);
     };
-    const std::vector<absl::StatusCode> refused = {absl::StatusCode::kInvalidArgument, absl::StatusCode::kResourceExhausted,
-                    absl::StatusCode::kOutOfRange};
+    const std::vector<absl::StatusCode> refused = {absl::StatusCode::kInvalidArgument,
+                                                   absl::StatusCode::kResourceExhausted,
+                                                   absl::StatusCode::kOutOfRange};
     Answer(t, "unknown_table", pull({7, {1, 2}}), refused);
     Answer(t, "ids_outside_table", pull({1, {3, 10}}), refused);
     Answer(t, "negative_id_fixed_table", pull({1, {-1}}), refused);
@@ -456,9 +477,11 @@ class Attacker::Impl {
   }
 
   absl::Status ShmBadRefs(Tally* t) {
-    t->what = absl::StrCat("shm attachments with the session: a Hello naming worker 1, push references past the "
-                           "segment and to a segment never sent, ", options_.max_push_rows + 1,
-                           " rows and 2^40 rows claimed, a pull of 2^40 ids, a pull destination past the segment");
+    t->what = absl::StrCat(
+        "shm attachments with the session: a Hello naming worker 1, push references past the "
+        "segment and to a segment never sent, ",
+        options_.max_push_rows + 1,
+        " rows and 2^40 rows claimed, a pull of 2^40 ids, a pull destination past the segment");
     const uint64_t session = session_;
     auto offer = [this, session]() {
       return shm_attach_(
@@ -469,16 +492,21 @@ class Attacker::Impl {
   }
 
   absl::Status TcpBadFrames(Tally* t) {
-    t->what = absl::StrCat("TCP lanes with the session: a Hello naming worker 1, ", options_.max_push_rows + 1,
-                           " rows and 2^28 rows (6 GiB) claimed with 1 MiB of their bytes, a pull of 2^40 ids, a piece whose bulk "
-                           "is not its size, a header of absurd length");
+    t->what =
+        absl::StrCat("TCP lanes with the session: a Hello naming worker 1, ", options_.max_push_rows + 1,
+                     " rows and 2^28 rows (6 GiB) claimed with 1 MiB of their bytes, a pull of 2^40 ids, a "
+                     "piece whose bulk "
+                     "is not its size, a header of absurd length");
     if (options_.tcp_port <= 0) return absl::FailedPreconditionError("tcp_bad_frames needs --tcp_port");
     std::string host;
     int port;
     RETURN_IF_ERROR(ps::tcp::SplitHostPort(options_.ps_address, &host, &port));
     const uint64_t session = session_;
-    OwnTcpRound([this, session]() { return tcp_attach_(ps::tcp::TcpAttachRequest{0, session}); }, host,
-                session, options_.max_push_rows, t);
+    OwnTcpRound(
+        [this, session]() {
+          return tcp_attach_(ps::tcp::TcpAttachRequest{0, session});
+        },
+        host, session, options_.max_push_rows, t);
     return absl::OkStatus();
   }
 
@@ -499,10 +527,12 @@ Attacker::~Attacker() = default;
 
 absl::StatusOr<std::unique_ptr<Attacker>> Attacker::Create(const Options& options) {
   if (options.ps_address.empty()) return absl::InvalidArgumentError("no ps address (--ps_hosts)");
-  if (options.num_workers < 1) return absl::InvalidArgumentError("no workers in the cluster spec (--worker_hosts)");
+  if (options.num_workers < 1)
+    return absl::InvalidArgumentError("no workers in the cluster spec (--worker_hosts)");
   if (options.max_push_rows < 1 || options.max_pull_rows < 1 || options.max_push_rows > (1 << 22) ||
       options.max_pull_rows > (1 << 22)) {
-    return absl::InvalidArgumentError("--max_push_rows and --max_pull_rows must be in [1, 4M] (the ps's values)");
+    return absl::InvalidArgumentError(
+        "--max_push_rows and --max_pull_rows must be in [1, 4M] (the ps's values)");
   }
   auto impl = std::make_unique<Impl>(options);
   RETURN_IF_ERROR(impl->Connect());
@@ -511,8 +541,8 @@ absl::StatusOr<std::unique_ptr<Attacker>> Attacker::Create(const Options& option
 
 const std::vector<std::string>& Attacker::StrangerScenarios() {
   static const auto* names = new std::vector<std::string>{
-      "no_token", "wrong_token", "register_outside", "register_honest", "session_forgery",
-      "offer_flood", "oversize", "shm_stranger", "tcp_stranger"};
+      "no_token",    "wrong_token", "register_outside", "register_honest", "session_forgery",
+      "offer_flood", "oversize",    "shm_stranger",     "tcp_stranger"};
   return *names;
 }
 

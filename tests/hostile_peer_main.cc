@@ -1,12 +1,13 @@
-// dtrain_hostile_peer: attacks a running ps task for a given time (tests/hostile_peer.h says what it sends) and
-// prints one line per scenario: what it sent and what the ps answered. A test tool (tests/hostile_peer_test.sh).
+// dtrain_hostile_peer: attacks a running ps task for a given time (tests/hostile_peer.h says what it sends)
+// and prints one line per scenario: what it sent and what the ps answered. A test tool
+// (tests/hostile_peer_test.sh).
 //
 //   dtrain_hostile_peer --ps_hosts=127.0.0.1:P --worker_hosts=A,B --auth_token_file=token --ps_pid=PID
 //       --tcp_port=T --scenarios=all --secs=20 [--stop_file=F]
 //   dtrain_hostile_peer ... --own --scenarios=all   (as the chief of a ps task started for it, 1 worker)
 //
-// Exit codes: 0 every answer was a refusal (or the ps was gone); 1 the ps accepted something it must refuse (the
-// lines say what), or own mode found its values changed; 2 a bad flag.
+// Exit codes: 0 every answer was a refusal (or the ps was gone); 1 the ps accepted something it must refuse
+// (the lines say what), or own mode found its values changed; 2 a bad flag.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -22,13 +23,15 @@
 ABSL_FLAG(std::string, ps_hosts, "", "The cluster's ps tasks (host:port, comma-separated)");
 ABSL_FLAG(std::string, worker_hosts, "", "The cluster's workers (their number is what matters)");
 ABSL_FLAG(int, ps_task, 0, "Which ps task to attack");
-ABSL_FLAG(int, ps_pid, 0, "Its process id (to find its shared-memory socket; 0: the shm scenario reports none)");
+ABSL_FLAG(int, ps_pid, 0,
+          "Its process id (to find its shared-memory socket; 0: the shm scenario reports none)");
 ABSL_FLAG(std::string, auth_token_file, "", "The cluster's token (the ps's --auth_token_file)");
 ABSL_FLAG(int, tcp_port, 0, "The ps task's TCP lane port (its --tcp_port; 0: skip the TCP scenarios)");
 ABSL_FLAG(std::string, scenarios, "all", "Comma-separated scenario names, or all");
 ABSL_FLAG(double, secs, 10, "Repeat the rounds this long (at least one round)");
 ABSL_FLAG(std::string, stop_file, "", "Stop early when this file exists");
-ABSL_FLAG(bool, own, false, "Register as the chief worker 0 with the tool's own config (a ps task of its own)");
+ABSL_FLAG(bool, own, false,
+          "Register as the chief worker 0 with the tool's own config (a ps task of its own)");
 ABSL_FLAG(int64_t, max_push_rows, 1000, "The ps's --max_push_rows (own mode sends one row more)");
 ABSL_FLAG(int64_t, max_pull_rows, 1000, "The ps's --max_pull_rows (own mode asks for one id more)");
 
@@ -91,14 +94,15 @@ int main(int argc, char** argv) {
   if (!attacker.ok()) return Fail(std::string(attacker.status().message()));
   if (o.own) {
     if (absl::Status s = (*attacker)->Setup(); !s.ok()) {
-      std::fprintf(stderr, "dtrain_hostile_peer: could not register its own config: %s\n", s.ToString().c_str());
+      std::fprintf(stderr, "dtrain_hostile_peer: could not register its own config: %s\n",
+                   s.ToString().c_str());
       return 1;
     }
   }
   std::vector<dtrain::hostile::Tally> tallies(names.size());
   const absl::Time end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_secs));
-  // Rounds the ps answered (something refused or accepted); a round that sent something and got no answer after
-  // one that did means the ps has ended: the attack stops.
+  // Rounds the ps answered (something refused or accepted); a round that sent something and got no answer
+  // after one that did means the ps has ended: the attack stops.
   int rounds = 0;
   for (;;) {
     int64_t answered = 0, sent = 0;
@@ -113,7 +117,8 @@ int main(int argc, char** argv) {
     if (answered > 0) ++rounds;
     const bool ended = sent > 0 && answered == 0 && rounds > 0;
     if (ended || absl::Now() >= end || Exists(absl::GetFlag(FLAGS_stop_file))) break;
-    if (sent == 0) absl::SleepFor(absl::Milliseconds(10));  // every scenario waits its turn: nothing to spin on
+    if (sent == 0)
+      absl::SleepFor(absl::Milliseconds(10));  // every scenario waits its turn: nothing to spin on
   }
   int64_t accepted = 0;
   for (size_t i = 0; i < names.size(); ++i) {
@@ -124,7 +129,8 @@ int main(int argc, char** argv) {
   int rc = accepted == 0 ? 0 : 1;
   if (o.own) {
     const absl::Status s = (*attacker)->Finish();
-    std::printf("hostile own values: %s\n", s.ok() ? "unchanged (bit for bit), reported done" : s.ToString().c_str());
+    std::printf("hostile own values: %s\n",
+                s.ok() ? "unchanged (bit for bit), reported done" : s.ToString().c_str());
     if (!s.ok()) rc = 1;
   }
   std::fflush(stdout);
