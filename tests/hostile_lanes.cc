@@ -31,9 +31,11 @@ namespace {
 namespace shm = ::dtrain::ps::shm;
 namespace tcp = ::dtrain::ps::tcp;
 
-// How long a connection the ps should close may stay open: its hello timeout (2 s) and a margin for a loaded
-// machine.
-constexpr absl::Duration kCloseWithin = absl::Seconds(5);
+// How long a stranger's connection may stay open: the ps's hello timeout (2 s) and a margin for a loaded
+// machine (a sanitizer build of the ps beside two workers on one core took over 5 s to close one once).
+constexpr absl::Duration kCloseWithin = absl::Seconds(10);
+// How long a worker's lane may take to answer a refused push or pull (or close).
+constexpr absl::Duration kAnswerWithin = absl::Seconds(5);
 constexpr int64_t kSegmentBytes = 64 << 10;
 
 // ---- strangers: raw sockets -------------------------------------------------------------------------------
@@ -172,7 +174,7 @@ std::string RandomTicket() {
 // Reads frames until one of `want` (its PushResult status) or the lane's end; "closed", or "no answer" at the
 // deadline (an acceptance: a lane that neither answers nor closes holds the ps's resources).
 std::string AwaitResult(shm::Lane* lane, shm::FrameType want) {
-  const absl::Time deadline = absl::Now() + kCloseWithin;
+  const absl::Time deadline = absl::Now() + kAnswerWithin;
   for (;;) {
     absl::StatusOr<shm::Frame> f = lane->Receive(deadline);
     if (absl::IsDeadlineExceeded(f.status())) return "no answer";
@@ -185,7 +187,7 @@ std::string AwaitResult(shm::Lane* lane, shm::FrameType want) {
 }
 
 std::string AwaitResult(tcp::TcpLane* lane, tcp::TcpFrameType want) {
-  const absl::Time deadline = absl::Now() + kCloseWithin;
+  const absl::Time deadline = absl::Now() + kAnswerWithin;
   for (;;) {
     absl::StatusOr<tcp::TcpLane::Frame> f = lane->Receive(deadline);
     if (absl::IsDeadlineExceeded(f.status())) return "no answer";

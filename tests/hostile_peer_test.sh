@@ -121,12 +121,19 @@ check "the attacked run's values equal the quiet run's, bit for bit" \
   /usr/bin/python3 "$ROOT/tests/compare_values.py" "attacked vs quiet" "$dir/attacked.npz" "$dir/quiet.npz" --tol 0
 quiet_kb=$(cat "$dir/quiet.hwm") attacked_kb=$(cat "$dir/attacked.hwm")
 echo "ps peak memory (VmHWM): quiet $((quiet_kb / 1024)) MiB, attacked $((attacked_kb / 1024)) MiB"
+# A ps built with AddressSanitizer (DTRAIN_BIN_DIR pointing at a build-asan) keeps freed memory in quarantine:
+# its peak says nothing about what the ps holds, and the memory checks are left out (its reports fail the run).
+sanitized=0
+ldd "$BIN/dtrain_ps" 2>/dev/null | grep -q libasan && sanitized=1
+memory_check() {
+  if [ "$sanitized" = 1 ]; then echo "skipped (the ps is built with AddressSanitizer): $1"; else check "$@"; fi
+}
 # 96 MiB rather than the idle test's 64: gRPC receives a message past its 8 MiB limit in full before it refuses
 # it, so each oversize round costs the ps about 17 MB for a moment, and glibc keeps such freed buffers until the
 # ps's next malloc_trim (every 10 s). Measured on an idle ps under that scenario alone: a plateau of about 80 MiB
 # above its start after 1,600 rounds, RSS back to 30 MiB above its start after the trim. The other scenarios
 # cost the ps 1-2 MiB.
-check "the attacked ps's peak memory stays within 96 MiB of the quiet run's" \
+memory_check "the attacked ps's peak memory stays within 96 MiB of the quiet run's" \
   test $((attacked_kb - quiet_kb)) -lt $((96 * 1024))
 a="$dir/attacked.attack"
 check "no token: refused" expect "$a" no_token GetStats:UNAUTHENTICATED Register:UNAUTHENTICATED \
@@ -189,7 +196,7 @@ check "own: the refusals name their limits" grep -q "refused (--max_push_rows)" 
 check "own: the ps log names the pull past --max_pull_rows" grep -q "refused (--max_pull_rows)" "$dir/own.ps.log"
 own_kb=$(cat "$dir/own.hwm")
 echo "ps peak memory (VmHWM) under the worker's attack: $((own_kb / 1024)) MiB (6 GiB and 2^40 rows claimed)"
-check "own: the ps's peak memory stays within 64 MiB of the quiet run's" test $((own_kb - quiet_kb)) -lt $((64 * 1024))
+memory_check "own: the ps's peak memory stays within 64 MiB of the quiet run's" test $((own_kb - quiet_kb)) -lt $((64 * 1024))
 
 # 3. The checks can fail: a ps without a token takes the calls that carry none, and the tool says so.
 IFS=, read -r -a ports < <(python3 "$ROOT/scripts/free_ports.py" 2)
