@@ -23,16 +23,13 @@
 //   dtrain_bench_ps_load --workers=1,4,64 --mode=sync --model=mlp --pushes=2560
 //
 // Pin the whole command with taskset to keep it off cores that other work uses; `--ps_cpus` pins the ps alone.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,11 +47,13 @@
 #include "common/crc32c.h"
 #include "common/free_ports.h"
 #include "common/malloc_tuning.h"
+#include "common/process_clock.h"
 #include "common/mutex_config.h"
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/transport.h"
+#include "worker/app/bench_process.h"
 #include "worker/models/model.h"
 #include "worker/models/registry.h"
 
@@ -78,49 +77,6 @@ namespace {
 int Fail(const std::string& what, const absl::Status& s) {
   std::fprintf(stderr, "dtrain_bench_ps_load: %s: %s\n", what.c_str(), s.ToString().c_str());
   return 1;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-// utime + stime of a process, in seconds (-1 if unreadable).
-double CpuSeconds(pid_t pid) {
-  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');  // the command name may hold spaces
-  if (paren == std::string::npos) return -1;
-  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
-  // After the name: state is field 3 of stat(5), so utime (14) and stime (15) are at 11 and 12 here.
-  long utime = 0, stime = 0;
-  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) || !absl::SimpleAtoi(fields[12], &stime)) return -1;
-  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
-}
-
-int64_t HwmBytes(pid_t pid) {
-  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(f, line)) {
-    long kb = 0;
-    if (std::sscanf(line.c_str(), "VmHWM: %ld kB", &kb) == 1) return kb * 1024;
-  }
-  return -1;
-}
-
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  if (posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
 }
 
 struct Model {
@@ -155,8 +111,9 @@ RunResult RunOnce(const Model& model, int w, bool sync, ps::Transport transport,
         absl::StrCat("--transport=", absl::GetFlag(FLAGS_transport))}) {
     args.push_back(a);
   }
-  const pid_t pid = Spawn(args, log);
-  if (pid < 0) return r.error = "cannot start " + ps_binary, r;
+  absl::StatusOr<pid_t> spawned = SpawnWithLog(args, log);
+  if (!spawned.ok()) return r.error = spawned.status().ToString(), r;
+  const pid_t pid = *spawned;
   auto stop = [&] {
     kill(pid, SIGTERM);
     waitpid(pid, nullptr, 0);
@@ -248,15 +205,15 @@ RunResult RunOnce(const Model& model, int w, bool sync, ps::Transport transport,
   {
     absl::MutexLock l(&m.mu);
     m.mu.Await(absl::Condition(&m, &Meeting::WarmedOrFailed));
-    cpu0 = CpuSeconds(pid);
+    cpu0 = ProcessCpuSeconds(pid);
     t0 = absl::Now();
     m.go = true;
     if (!m.mu.AwaitWithTimeout(absl::Condition(&m, &Meeting::FinishedOrFailed), absl::Minutes(10))) {
       m.error = "the timed steps did not end within 10 minutes";
     }
     r.wall_s = absl::ToDoubleSeconds(absl::Now() - t0);
-    r.ps_cpu_s = CpuSeconds(pid) - cpu0;
-    r.ps_hwm = HwmBytes(pid);
+    r.ps_cpu_s = ProcessCpuSeconds(pid) - cpu0;
+    r.ps_hwm = ReadProcessMemory(pid).peak;
     m.all_done = true;
     if (!m.error.empty()) kill(pid, SIGKILL);  // the others' calls end at once
   }

@@ -30,7 +30,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -64,6 +63,7 @@
 #include "ps/rpc/server.h"
 #include "ps/rpc/transport.h"
 #include "ps/client/worker_client.h"
+#include "worker/app/bench_process.h"
 #include "worker/models/model.h"
 #include "worker/models/registry.h"
 
@@ -102,11 +102,6 @@ ABSL_FLAG(double, hold_secs, 0, "Sparse mode: keep the ps processes up this long
 
 namespace dtrain {
 namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 int Fail(const std::string& what, const absl::Status& s) {
   std::fprintf(stderr, "dtrain_bench_ps: %s: %s\n", what.c_str(), s.ToString().c_str());
@@ -262,33 +257,6 @@ class HostBuffer {
 
 // ---- sparse mode ------------------------------------------------------------------------------------------------
 
-// VmRSS and VmHWM of a process, in bytes (-1 if unreadable).
-std::pair<int64_t, int64_t> Rss(pid_t pid) {
-  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  int64_t rss = -1, hwm = -1;
-  while (std::getline(f, line)) {
-    long kb = 0;
-    if (std::sscanf(line.c_str(), "VmRSS: %ld kB", &kb) == 1) rss = kb * 1024;
-    if (std::sscanf(line.c_str(), "VmHWM: %ld kB", &kb) == 1) hwm = kb * 1024;
-  }
-  return {rss, hwm};
-}
-
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
-}
-
 int SparseMain() {
   absl::StatusOr<ps::Transport> transport = ps::ParseTransport(absl::GetFlag(FLAGS_transport));
   if (!transport.ok()) return Fail("flags", transport.status());
@@ -315,13 +283,14 @@ int SparseMain() {
   std::vector<pid_t> pids;
   for (int i = 0; i < num_ps; ++i) {
     const std::string log = absl::StrCat("/tmp/dtrain_bench_ps.", getpid(), ".ps", i, ".log");
-    pids.push_back(Spawn({ps_binary, "--job_name=ps", absl::StrCat("--task_index=", i),
-                          absl::StrCat("--ps_hosts=", ps_hosts), absl::StrCat("--worker_hosts=127.0.0.1:", ports[num_ps]),
-                          "--worker_timeout_secs=0", "--registration_timeout_secs=120", "--malloc_trim_secs=2",
-                          "--max_model_bytes=1099511627776",
-                          absl::StrCat("--transport=", absl::GetFlag(FLAGS_transport))},
-                         log));
-    if (pids.back() < 0) return Fail("starting " + ps_binary, absl::UnavailableError("posix_spawn failed"));
+    absl::StatusOr<pid_t> pid =
+        SpawnWithLog({ps_binary, "--job_name=ps", absl::StrCat("--task_index=", i),
+                      absl::StrCat("--ps_hosts=", ps_hosts), absl::StrCat("--worker_hosts=127.0.0.1:", ports[num_ps]),
+                      "--worker_timeout_secs=0", "--registration_timeout_secs=120", "--malloc_trim_secs=2",
+                      "--max_model_bytes=1099511627776", absl::StrCat("--transport=", absl::GetFlag(FLAGS_transport))},
+                     log);
+    if (!pid.ok()) return Fail("ps", pid.status());
+    pids.push_back(*pid);
   }
   auto stop_all = [&] {
     for (pid_t pid : pids) kill(pid, SIGTERM);
@@ -362,7 +331,7 @@ int SparseMain() {
     return stop_all(), Fail("connect", s);
   }
   std::vector<int64_t> base_rss(num_ps);
-  for (int i = 0; i < num_ps; ++i) base_rss[i] = Rss(pids[i]).first;
+  for (int i = 0; i < num_ps; ++i) base_rss[i] = ReadProcessMemory(pids[i]).rss;
 
   const int64_t fill_steps = (n + k - 1) / k;
   const int64_t steps = std::max<int64_t>(fill_steps, absl::GetFlag(FLAGS_steps));
@@ -431,7 +400,8 @@ int SparseMain() {
     if (!stats.ok() || stats->tables.empty()) return stop_all(), Fail("stats", stats.status());
     const ps::SparseTableStats& t = stats->tables[0];
     total_rows += t.rows;
-    const auto [rss, hwm] = Rss(pids[i]);
+    const ProcessMemory mem = ReadProcessMemory(pids[i]);
+    const int64_t rss = mem.rss, hwm = mem.peak;
     const double floats = static_cast<double>(t.rows) * dim * (1 + slots) * 4;
     std::printf("  ps %d: rows=%ld created=%ld evicted=%ld (max_rows %ld) | RSS %.3f GiB (peak %.3f), at start "
                 "%.1f MiB; rows x (dim + slots) x 4 = %.3f GiB; RSS - start = %.4f x that (%.1f bytes per row "
@@ -546,7 +516,7 @@ int NetnsMain() {
     std::string log = absl::StrCat("/tmp/", name, "_ps.log");
     std::string cmd;
     for (const std::string& a : serve) absl::StrAppend(&cmd, "'", a, "' ");
-    const pid_t ps = Spawn({"/bin/sh", "-c", cmd}, log);
+    const pid_t ps = SpawnWithLog({"/bin/sh", "-c", cmd}, log).value_or(-1);
     std::vector<std::string> client = {script, "exec", name, "1", self, std::string("--connect_to=") + host0,
                                        absl::StrCat("--cap_bytes_per_sec=", cap),
                                        "--transport=" + absl::GetFlag(FLAGS_transport)};

@@ -5,7 +5,6 @@
 #include <glog/logging.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -33,8 +32,7 @@
 #include "ps/rpc/tensor_coding.h"
 #include "ps/rpc/transport.h"
 #include "ps/shm/shm_segment.h"
-
-extern char** environ;
+#include "worker/app/bench_process.h"
 
 namespace dtrain::worker {
 namespace {
@@ -124,21 +122,13 @@ absl::Status MeasurePsTransport(const ProfiledRun& run, const std::vector<int64_
       "--max_model_bytes=1099511627776",
       "--apply_early=off",
       absl::StrCat("--transport=", ps::TransportName(transport))};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
   const absl::Time spawn_time = absl::Now();
-  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) {
+  absl::StatusOr<pid_t> spawned = SpawnWithLog(args, log);
+  if (!spawned.ok()) {
     unlink(log.c_str());
-    return absl::InternalError(absl::StrCat("starting ", ps_binary, ": ", std::strerror(spawned)));
+    return spawned.status();
   }
+  const pid_t pid = *spawned;
   // Whatever happens below, the ps ends (it exits on its own once the worker is done; else SIGTERM, SIGKILL).
   auto reap = [pid](bool done) {
     const absl::Time until = absl::Now() + absl::Seconds(done ? 10 : 0);
