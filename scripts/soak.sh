@@ -2,22 +2,26 @@
 # Soak: 1 ps + 4 async workers on 127.0.0.1 train the MLP for N minutes (checkpoints every 30 s, the chief
 # evaluating every 2000 steps) while the resident memory (VmRSS from /proc) of every process is sampled every
 # few seconds. After a warm-up (the first 20% of the time, at least one minute) memory must stay flat: the
-# script prints, per process, the mean RSS of the first minute after the warm-up and of the last minute (means:
+# script prints, per process, the mean RSS of the first window after the warm-up and of the last (a minute each by
+# default, --window; means:
 # one sample moves with the messages in flight at that moment, a few MiB), the peak and the growth between the
 # two means, and exits 1 if any process grew by 5% or more (or died). The processes are stopped at the end
 # (training has no time limit of its own: train_steps is set beyond reach).
 # Also checked, the same windows: every process's thread count (it must not grow by more than 4: gRPC's pools
-# breathe a little), and the global step rate (the chief's progress lines): the last minute's at least
-# --min_rate_ratio percent of the first minute's after the warm-up. With --faults=S, every S seconds one of the
+# breathe a little), and the global step rate (the chief's progress lines): the last window's at least
+# --min_rate_ratio percent of the first window's after the warm-up. With --faults=S, every S seconds one of the
 # workers 1-3 is killed with SIGKILL and started again at once (the chaos test's worker faults), and at the end
 # scripts/check_updates.py proves from the journals (--journal_applied, --push_journal_dir) that no acknowledged
 # push was lost or applied twice.
 # Usage: scripts/soak.sh [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT] [--min_rate_ratio=PERCENT]
-#                        [--faults=SECONDS] [--cpus=LIST]   (default 10, 5, 5, 95, 0: no faults, all CPUs)
-#   2-hour soak with faults: scripts/soak.sh --minutes=120 --faults=60
+#                        [--faults=SECONDS] [--cpus=LIST] [--window=SECONDS]
+#                        (default 10, 5, 5, 95, 0: no faults, all CPUs, 60)
+#   2-hour soak with faults: scripts/soak.sh --minutes=120 --faults=60 --window=600
 # --cpus=LIST runs every process of the soak on those CPUs only (taskset -c LIST), so that other work on the
 # machine can be kept off them (e.g. taskset -c 0 for the other work, --cpus=1 here) and the step rate stays a
-# measure of the soak alone.
+# measure of the soak alone. --window=SECONDS: the length of the two windows compared (the first after the
+# warm-up, the last), one minute by default; with faults, a window of several minutes holds several of them and
+# their restarts, so that one fault more or less in a window does not decide the rate check (e.g. 600 for 2 hours).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
@@ -27,6 +31,7 @@ max_growth=5
 min_rate_ratio=95
 faults=0
 cpus=""
+window=60
 for a in "$@"; do
   case "$a" in
     --minutes=*) minutes="${a#*=}" ;;
@@ -35,8 +40,9 @@ for a in "$@"; do
     --min_rate_ratio=*) min_rate_ratio="${a#*=}" ;;
     --faults=*) faults="${a#*=}" ;;
     --cpus=*) cpus="${a#*=}" ;;
+    --window=*) window="${a#*=}" ;;
     *) echo "usage: $0 [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT] [--min_rate_ratio=PERCENT]" \
-            "[--faults=SECONDS] [--cpus=LIST]" >&2; exit 2 ;;
+            "[--faults=SECONDS] [--cpus=LIST] [--window=SECONDS]" >&2; exit 2 ;;
   esac
 done
 [[ "$faults" =~ ^[0-9]+$ ]] || { echo "soak: --faults=$faults: expected a whole number of seconds (0: none)" >&2; exit 2; }
@@ -46,7 +52,7 @@ if [ -n "$cpus" ]; then
   taskset -c "$cpus" true 2> /dev/null || { echo "soak: --cpus=$cpus: not a CPU list this machine has" >&2; exit 2; }
   pin=(taskset -c "$cpus")
 fi
-for v in minutes interval max_growth min_rate_ratio; do
+for v in minutes interval max_growth min_rate_ratio window; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "soak: --$v=${!v}: expected a whole number > 0" >&2; exit 2; }
 done
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
@@ -84,12 +90,13 @@ threads() { awk '/^Threads:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0
 chief_step() { grep -o '^step [0-9]*' "$dir/w0.log" 2>/dev/null | tail -1 | grep -o '[0-9]*' || echo 0; }
 total=$((minutes * 60))
 warmup=$((total / 5)); [ $warmup -ge 60 ] || warmup=60
-[ $((warmup + 60)) -le $((total - 60)) ] || warmup=$((total - 120))
-[ $warmup -ge 60 ] || { echo "soak: --minutes must be at least 3 (a minute of warm-up, then two to compare)" >&2; exit 2; }
+[ $((warmup + window)) -le $((total - window)) ] || warmup=$((total - 2 * window))
+[ $warmup -ge 60 ] || { echo "soak: --minutes must leave a minute of warm-up and two --window=${window}s windows to" \
+  "compare (at least $(( (60 + 2 * window + 59) / 60 )) minutes)" >&2; exit 2; }
 echo "soak: 1 ps + 4 async workers, ${minutes} min, RSS every ${interval} s, warm-up ${warmup} s, limit +${max_growth}%" \
      "$([ "$faults" -gt 0 ] && echo "; a worker killed and restarted every ${faults} s")" \
      "$([ -n "$cpus" ] && echo "; on CPUs $cpus")"
-echo "  (growth: the mean RSS of the last minute against the mean of the first minute after the warm-up)"
+echo "  (growth: the mean RSS of the last ${window} s against the mean of the first ${window} s after the warm-up)"
 for k in 0 1 2 3 4; do : > "$dir/rss.$k"; : > "$dir/threads.$k"; done
 : > "$dir/steps"
 start=$(date +%s)
@@ -133,10 +140,10 @@ if [ -n "$died" ]; then
   echo "FAIL: exited before the end:$died"; fail=1
   for k in 0 1 2 3 4; do tail -3 "$dir/$( [ $k = 0 ] && echo ps || echo w$((k - 1)) ).log" | sed "s/^/  ${names[$k]}: /"; done
 fi
-printf '%-8s %16s %16s %12s %9s\n' process "after warm-up MiB" "last minute MiB" "peak MiB" growth
+printf '%-8s %16s %16s %12s %9s\n' process "after warm-up MiB" "last window MiB" "peak MiB" growth
 for k in 0 1 2 3 4; do
-  # mean of [warmup, warmup + 60), mean of [elapsed - 60, elapsed), peak after the warm-up; in KiB
-  read -r w e p < <(awk -v a=$warmup -v b=$((warmup + 60)) -v c=$((elapsed - 60)) '
+  # mean of [warmup, warmup + window), mean of [elapsed - window, elapsed), peak after the warm-up; in KiB
+  read -r w e p < <(awk -v a=$warmup -v b=$((warmup + window)) -v c=$((elapsed - window)) '
     $1 >= a && $1 < b {sw += $2; nw++} $1 >= c {se += $2; ne++} $1 >= a && $2 > p {p = $2}
     END {printf "%.1f %.1f %d\n", nw ? sw / nw : 0, ne ? se / ne : 0, p}' "$dir/rss.$k")
   if [ "${w%.*}" = 0 ] || [ "${e%.*}" = 0 ]; then
@@ -149,10 +156,10 @@ for k in 0 1 2 3 4; do
     printf 'FAIL: %s grew %.2f%% after the warm-up\n' "${names[$k]}" "$g"; fail=1
   fi
 done
-# Threads: the most in the first minute after the warm-up against the most in the last minute.
-printf '%-8s %16s %16s\n' process "threads after warm-up" "last minute"
+# Threads: the most in the first window after the warm-up against the most in the last window.
+printf '%-8s %16s %16s\n' process "threads after warm-up" "last window"
 for k in 0 1 2 3 4; do
-  read -r tw te < <(awk -v a=$warmup -v b=$((warmup + 60)) -v c=$((elapsed - 60)) '
+  read -r tw te < <(awk -v a=$warmup -v b=$((warmup + window)) -v c=$((elapsed - window)) '
     $1 >= a && $1 < b && $2 > w {w = $2} $1 >= c && $2 > e {e = $2} END {print w + 0, e + 0}' "$dir/threads.$k")
   printf '%-8s %16d %16d\n' "${names[$k]}" "$tw" "$te"
   # A restarted worker is a new process: its count is compared only when it was not killed in between.
@@ -160,15 +167,15 @@ for k in 0 1 2 3 4; do
     [ "$te" -le $((tw + 4)) ] || { echo "FAIL: ${names[$k]}'s threads grew from $tw to $te"; fail=1; }
   fi
 done
-# The global step rate: the first minute after the warm-up against the last minute.
-read -r r_first r_last < <(awk -v a=$warmup -v b=$((warmup + 60)) -v c=$((elapsed - 60)) '
+# The global step rate: the first window after the warm-up against the last window.
+read -r r_first r_last < <(awk -v a=$warmup -v b=$((warmup + window)) -v c=$((elapsed - window)) '
   $1 >= a && $1 < b { if (!fa) {fa = 1; t0 = $1; s0 = $2} t1 = $1; s1 = $2 }
   $1 >= c { if (!fc) {fc = 1; t2 = $1; s2 = $2} t3 = $1; s3 = $2 }
   END {f = (t1 > t0) ? (s1 - s0) / (t1 - t0) : 0; l = (t3 > t2) ? (s3 - s2) / (t3 - t2) : 0; printf "%.1f %.1f\n", f, l}' \
   "$dir/steps")
-echo "global steps/sec: ${r_first} in the first minute after the warm-up, ${r_last} in the last minute"
+echo "global steps/sec: ${r_first} in the first ${window} s after the warm-up, ${r_last} in the last ${window} s"
 if [ "$(echo "$r_first > 0 && $r_last * 100 >= $r_first * $min_rate_ratio" | bc -l)" != 1 ]; then
-  echo "FAIL: the last minute's step rate is below ${min_rate_ratio}% of the first's"; fail=1
+  echo "FAIL: the last window's step rate is below ${min_rate_ratio}% of the first's"; fail=1
 fi
 # Every process stopped (SIGTERM: the ps saves and journals), then the journals judged.
 for p in "${pids[@]:1}"; do kill -TERM "$p" 2>/dev/null || true; done
