@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "ps/checkpoint/checkpoint_dir.h"
 #include "ps/checkpoint/checkpoint_test_util.h"
@@ -203,18 +204,26 @@ TEST(SparseParameterServerTest, IdsChangedAfterTheirCheckAreNeverStored) {
     }
   });
   const float rows[kDim] = {0.5f, 0.5f};
-  int accepted = 0;
-  for (uint64_t i = 0; i < 4000; ++i) {
+  // At least 4,000 pushes, and until both kinds were seen (at most 10 s): on one core the flipper runs only
+  // between the pushes (each yields to it), and may well stop at the same value for a whole time slice.
+  int accepted = 0, refused = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (uint64_t i = 0; i < 4000 || ((accepted == 0 || refused == 0) && absl::Now() < deadline); ++i) {
     absl::StatusOr<std::unique_ptr<SliceUpload>> up = c->task(0).StartPush(Header(c, 0, 0, 0, 100 + i));
     ASSERT_TRUE(up.ok()) << up.status();
     const float w[2] = {0, 0};
     (*up)->Write(0, 0, 2, WireDtype::kF32, w).IgnoreError();  // where task 0 holds "w"
-    if (!(*up)->WriteSparse(0, &slot, 1, kDim, WireDtype::kF32, rows).ok()) continue;  // theirs, seen: refused
-    accepted += (*up)->Finish().ok() ? 1 : 0;
+    if ((*up)->WriteSparse(0, &slot, 1, kDim, WireDtype::kF32, rows).ok()) {
+      accepted += (*up)->Finish().ok() ? 1 : 0;
+    } else {
+      ++refused;  // theirs, seen: refused
+    }
+    if (i % 64 == 0) std::this_thread::yield();
   }
   stop = true;
   flipper.join();
   EXPECT_GT(accepted, 0);
+  EXPECT_GT(refused, 0);
   absl::StatusOr<TrainingStats> stats = c->task(0).GetStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->tables[0].rows, 1);
