@@ -233,6 +233,26 @@ std::string PushStream(int worker, int64_t step, bool commit, float value) {
   return stream + Message(m.Build());
 }
 
+// dtrain_ctl's commands, the stats between them, then a push: remove a worker, move to another ps set, drain.
+std::string ControlSeed() {
+  std::string calls;
+  const auto control = [&](const std::string& command, int worker, const std::string& address, int ps) {
+    wire::ControlRequest c;
+    c.set_command(command);
+    c.set_worker(worker);
+    c.set_address(address);
+    c.set_ps(ps);
+    c.set_reason("seed");
+    calls += Call(9, c.SerializeAsString()) + Call(10, "");
+  };
+  control("remove-worker", 1, "", -1);
+  control("add-ps", -1, "127.0.0.1:9", -1);
+  control("remove-ps", -1, "", 0);
+  control("retire", -1, "", -1);
+  control("drain", -1, "", -1);
+  return calls + Call(1, PushStream(0, 0, true, 0.5f));
+}
+
 bool PsRequestSeeds(const std::string& dir) {
   wire::PullRequest pull;
   pull.set_worker_id(0);
@@ -258,7 +278,8 @@ bool PsRequestSeeds(const std::string& dir) {
                                 Call(3, pull.SerializeAsString())) &&
          Write(dir, "done", Call(4, done.SerializeAsString()) + Call(5, beat.SerializeAsString()) +
                                 Call(1, PushStream(0, 0, true, 2.f))) &&
-         Write(dir, "register", Call(0, reg.SerializeAsString()) + Call(6, probe.SerializeAsString()));
+         Write(dir, "register", Call(0, reg.SerializeAsString()) + Call(6, probe.SerializeAsString())) &&
+         Write(dir, "control", ControlSeed());
 }
 
 // shm_frame_fuzzer: one valid frame of each type a lane carries (ps/shm/shm_frame.h).

@@ -216,13 +216,7 @@ class GrpcPsService final : public grpc::Service {
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::ControlRequest, pb::ControlResponse>(
             [](GrpcPsService* s, grpc::ServerContext* ctx, const pb::ControlRequest* req, pb::ControlResponse* resp) {
               if (grpc::Status denied = CheckCallToken(*ctx, s->token_); !denied.ok()) return denied;
-              ControlRequest r;
-              r.command = req->command().substr(0, 64);
-              r.worker = req->worker();
-              r.address = req->address().substr(0, 256);
-              r.ps = req->ps();
-              r.reason = absl::StrCat(req->reason().substr(0, 200), " (from ", ctx->peer(), ")");
-              absl::StatusOr<std::string> out = s->ps_->Control(r);
+              absl::StatusOr<std::string> out = s->ps_->Control(wire::FromProto(*req, ctx->peer()));
               if (!out.ok()) return wire::ToGrpc(out.status());
               resp->set_message(*out);
               return grpc::Status::OK;

@@ -1,12 +1,13 @@
 // libFuzzer harness for what a ps task does with requests from the network (after the token check, i.e. a
 // stranger who has the token, or a buggy worker): the unary requests as protobuf bytes (Register, Pull, Done,
-// Heartbeat, Probe, Restore) through the wire conversions into a ParameterServer, and the Push / Initialize
+// Heartbeat, Probe, Restore, and the control messages: dtrain_ctl's Control commands and GetStats) through the
+// wire conversions into a ParameterServer, and the Push / Initialize
 // streams as raw messages through the service's decoder (UploadFeeder). Every answer must be a Status with one
 // of the codes the ps documents (ps/api/ps_interface.h), never a crash, a hang or a sanitizer report; the task stays
 // consistent (GetStats works, a well-formed pull still streams every slice).
 //
 // Input: a sequence of calls, each  u8 op | u16 length | payload[length]:
-//   op % 9 = 0 Register      payload: wire::RegisterRequest
+//   op % 11 = 0 Register     payload: wire::RegisterRequest
 //            1 Push stream   payload: messages, each u16 length | bytes (raw PushChunk encodings; a header may
 //                            name a stripe of part streams, which op 8 streams may join)
 //            2 Init stream   payload: as for 1 (raw InitializeChunk encodings)
@@ -16,6 +17,8 @@
 //            6 Probe         payload: wire::ProbeRequest
 //            7 Restore       payload: wire::RestoreRequest
 //            8 PushPart      payload: as for 1 (the first message a PushPartHeader; joins no waiting)
+//            9 Control       payload: wire::ControlRequest (drain, remove-worker, add-ps, remove-ps, retire, ...)
+//           10 GetStats      payload: none
 // Sessions 1 and 2 in any request stand for the real sessions of workers 0 and 1, which the harness registers
 // (with a small valid config: two slices, a bounded hash table with admission and a fixed-size table, ftrl)
 // before the calls, so that fuzzed pushes and pulls (their sparse ids and rows too) get past the session check.
@@ -158,9 +161,11 @@ Task MakeTask() {
   return t;
 }
 
+constexpr int kOps = 11;
+
 void Call(Task& t, uint8_t op, const std::string& payload) {
   absl::Status s;
-  switch (op % 9) {
+  switch (op % kOps) {
     case 0: {
       pb::RegisterRequest req;
       if (!req.ParseFromString(payload)) return;
@@ -175,7 +180,7 @@ void Call(Task& t, uint8_t op, const std::string& payload) {
     case 1:
     case 2:
     case 8: {
-      UploadFeeder feeder(t.ps.get(), /*initialize=*/op % 9 == 2, t.stripes.get(), /*part=*/op % 9 == 8, absl::Now());
+      UploadFeeder feeder(t.ps.get(), /*initialize=*/op % kOps == 2, t.stripes.get(), /*part=*/op % kOps == 8, absl::Now());
       Reader messages(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
       while (!messages.done() && s.ok()) {
         std::string bytes = messages.Bytes(messages.U16());
@@ -227,8 +232,20 @@ void Call(Task& t, uint8_t op, const std::string& payload) {
       s = t.ps->Restore(wire::FromProto(req.config()), req.worker_id(), req.step());
       break;
     }
+    case 9: {
+      pb::ControlRequest req;
+      if (!req.ParseFromString(payload)) return;
+      s = t.ps->Control(wire::FromProto(req, "ipv4:127.0.0.1:1")).status();
+      break;
+    }
+    case 10: {
+      absl::StatusOr<TrainingStats> stats = t.ps->GetStats();
+      s = stats.status();
+      if (stats.ok()) CHECK_GE(stats->global_step, 0);
+      break;
+    }
   }
-  CHECK(Documented(s)) << "op " << op % 9 << ": undocumented status " << s;
+  CHECK(Documented(s)) << "op " << op % kOps << ": undocumented status " << s;
 }
 
 }  // namespace

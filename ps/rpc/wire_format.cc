@@ -433,4 +433,14 @@ DoneRequest FromProto(const dtrain::wire::DoneRequest& in) {
   return r;
 }
 
+ControlRequest FromProto(const dtrain::wire::ControlRequest& in, absl::string_view peer) {
+  ControlRequest r;
+  r.command = in.command().substr(0, 64);
+  r.worker = in.worker();
+  r.address = in.address().substr(0, 256);
+  r.ps = in.ps();
+  r.reason = absl::StrCat(in.reason().substr(0, 200), " (from ", peer, ")");
+  return r;
+}
+
 }  // namespace dtrain::ps::wire

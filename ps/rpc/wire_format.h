@@ -12,6 +12,7 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "dtrain.pb.h"
 #include "ps/api/ps_types.h"
 #include "ps/api/slice_io.h"
@@ -42,6 +43,9 @@ void ToProto(const PullRequest& in, dtrain::wire::PullRequest* out);  // local-o
 PullRequest FromProto(const dtrain::wire::PullRequest& in);
 void ToProto(const PullHeader& in, dtrain::wire::PullHeader* out);
 PullHeader FromProto(const dtrain::wire::PullHeader& in);
+// A dtrain_ctl command as the ps takes it: its strings cut to what a command needs (64 characters of command,
+// 256 of address, 200 of reason), the reason saying which peer asked.
+ControlRequest FromProto(const dtrain::wire::ControlRequest& in, absl::string_view peer);
 
 }  // namespace dtrain::ps::wire
 
