@@ -145,20 +145,36 @@ const GroupRule kGroupRules[] = {
      [](absl::string_view n, absl::string_view) {
        return StartsAny(n, {"auth_", "tls_"});
      }},
-    {"Checkpoints", [](absl::string_view n, absl::string_view) { return HasAny(n, {"checkpoint"}); }},
+    {"Checkpoints",
+     [](absl::string_view n, absl::string_view) {
+       return HasAny(n, {"checkpoint"}) || IsAny(n, {"journal_applied", "push_journal_dir"});
+     }},
+    {"Optimizer and schedule",
+     [](absl::string_view n, absl::string_view f) {
+       return IsAny(n, {"optimizer", "learning_rate", "momentum", "beta1", "beta2", "epsilon", "rho", "centered",
+                        "nesterov", "initial_accumulator", "weight_decay", "clip_norm", "lr_schedule",
+                        "min_learning_rate", "staircase", "sparse_optimizer", "sparse_learning_rate"}) ||
+              StartsAny(n, {"decay_", "adam_", "ftrl_", "adagrad_"}) ||
+              (StartsAny(n, {"warmup"}) && !HasAny(f, {"bench"}));  // a benchmark's warm-up is before timing
+     }},
+    {"Online and deltas",
+     [](absl::string_view n, absl::string_view) {
+       return StartsAny(n, {"follow", "delta_", "row_ttl", "admit_"}) || IsAny(n, {"bad_records"});
+     }},
     {"Cluster",
      [](absl::string_view n, absl::string_view) {
        return IsAny(n, {"job_name", "task_index", "cluster_spec", "listen_address", "num_ps", "ps_binary",
-                        "allow_degraded", "max_run_secs"}) ||
+                        "allow_degraded", "max_run_secs", "join", "max_workers", "apply_early", "tcp_port",
+                        "shm_spin_us", "rpc_retry_secs", "max_push_rows", "max_pull_rows"}) ||
               absl::EndsWith(n, "_hosts") ||
-              StartsAny(n, {"transport", "channel", "wire_", "max_inflight", "stop_"}) ||
+              StartsAny(n, {"transport", "channel", "wire_", "max_inflight", "stop_", "chief_grace"}) ||
               HasAny(n, {"timeout", "wait_secs", "channels"});
      }},
     {"Model",
      [](absl::string_view n, absl::string_view) {
-       return IsAny(n, {"model", "table_rows", "max_rows", "admit_after", "dim", "embedding_dim",
-                        "sparse_rows", "dense_floats"}) ||
-              StartsAny(n, {"dlrm_", "embedding", "sparse_", "bn_", "max_model"});
+       return IsAny(n, {"model", "table_rows", "max_rows", "dim", "embedding_dim", "sparse_rows",
+                        "dense_floats"}) ||
+              StartsAny(n, {"dlrm_", "embedding", "sparse_", "bn_", "max_model", "row_"});
      }},
     {"Data",
      [](absl::string_view n, absl::string_view f) {
@@ -169,10 +185,10 @@ const GroupRule kGroupRules[] = {
      }},
     {"Training",
      [](absl::string_view n, absl::string_view) {
-       return IsAny(n, {"mode", "seed", "momentum", "staircase", "optimizer", "learning_rate", "batch_size",
-                        "nonfinite", "ids_per_step"}) ||
-              StartsAny(n, {"train_", "decay_", "replicas_", "total_num_", "max_staleness", "moving_average",
-                            "steps", "warmup", "window"}) ||
+       return IsAny(n, {"mode", "seed", "batch_size", "nonfinite", "ids_per_step", "elastic_batch",
+                        "global_batch"}) ||
+              StartsAny(n, {"train_", "replicas_", "total_num_", "max_staleness", "moving_average", "steps",
+                            "window", "warmup"}) ||
               absl::EndsWith(n, "_steps");
      }},
     {"Compute",
@@ -187,8 +203,9 @@ const GroupRule kGroupRules[] = {
      }},
 };
 
-const char* const kGroupOrder[] = {"Cluster",     "Model",  "Data",     "Training", "Compute",
-                                   "Checkpoints", "Output", "Security", "Other",    "Abseil"};
+const char* const kGroupOrder[] = {"Cluster",     "Model",  "Data",     "Training", "Optimizer and schedule",
+                                   "Online and deltas", "Compute", "Checkpoints", "Output", "Security",
+                                   "Other",   "Abseil"};
 
 }  // namespace
 

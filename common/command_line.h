@@ -70,7 +70,7 @@ std::string FormatHelp(const CommandLineSpec& spec, bool all = false);
 
 // The group a flag is listed under, by a rule on its name (and the file that defines it), so that a flag
 // added later lands in a sensible group without a list to update: "Cluster", "Model", "Data", "Training",
-// "Compute", "Checkpoints", "Output", "Security", or "Other".
+// "Optimizer and schedule", "Online and deltas", "Compute", "Checkpoints", "Output", "Security", or "Other".
 std::string FlagGroupOf(absl::string_view name, absl::string_view file);
 
 // Up to `max` flag names among `known` closest to `name` (edit distance, or one containing the other), best

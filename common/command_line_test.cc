@@ -142,8 +142,21 @@ TEST(FlagGroupTest, ByRuleSoNewFlagsLandSomewhereSensible) {
   EXPECT_EQ(FlagGroupOf("dlrm_top", "worker/app/data_flags.cc"), "Model");
   EXPECT_EQ(FlagGroupOf("data_dir", "worker/app/main.cc"), "Data");
   EXPECT_EQ(FlagGroupOf("input_mean", "worker/app/input_flags.cc"), "Data");
-  EXPECT_EQ(FlagGroupOf("learning_rate", "worker/app/main.cc"), "Training");
   EXPECT_EQ(FlagGroupOf("replicas_to_aggregate", "worker/app/main.cc"), "Training");
+  EXPECT_EQ(FlagGroupOf("elastic_batch", "worker/app/main.cc"), "Training");
+  // The optimizer, its schedule, and the online flags have groups of their own (not "Other").
+  EXPECT_EQ(FlagGroupOf("learning_rate", "worker/app/main.cc"), "Optimizer and schedule");
+  EXPECT_EQ(FlagGroupOf("beta1", "worker/app/optimizer_flags.cc"), "Optimizer and schedule");
+  EXPECT_EQ(FlagGroupOf("lr_schedule", "worker/app/main.cc"), "Optimizer and schedule");
+  EXPECT_EQ(FlagGroupOf("warmup_start_factor", "worker/app/main.cc"), "Optimizer and schedule");
+  EXPECT_EQ(FlagGroupOf("sparse_optimizer", "worker/app/main.cc"), "Optimizer and schedule");
+  EXPECT_EQ(FlagGroupOf("warmup_steps", "worker/app/bench_main.cc"), "Training");  // a benchmark's, before timing
+  EXPECT_EQ(FlagGroupOf("follow", "worker/app/main.cc"), "Online and deltas");
+  EXPECT_EQ(FlagGroupOf("delta_every_secs", "ps/main.cc"), "Online and deltas");
+  EXPECT_EQ(FlagGroupOf("bad_records", "worker/app/main.cc"), "Online and deltas");
+  EXPECT_EQ(FlagGroupOf("max_push_rows", "ps/main.cc"), "Cluster");
+  EXPECT_EQ(FlagGroupOf("row_dtype", "worker/app/main.cc"), "Model");
+  EXPECT_EQ(FlagGroupOf("push_journal_dir", "worker/app/main.cc"), "Checkpoints");
   EXPECT_EQ(FlagGroupOf("towers", "worker/app/main.cc"), "Compute");
   EXPECT_EQ(FlagGroupOf("logdir", "worker/app/main.cc"), "Output");
   EXPECT_EQ(FlagGroupOf("frobnicate", "x.cc"), "Other");
