@@ -272,8 +272,14 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLineArgs(const std::vector<std::st
     if (undefok.count(name) > 0) return absl::OkStatus();
     std::string message = absl::StrCat("unknown flag --", name, Where(a));
     const std::vector<std::string> close = ClosestFlags(name, OwnFlagNames());
+    const std::vector<std::string> close_peer =
+        close.empty() ? ClosestFlags(name, spec.peer_flags) : std::vector<std::string>();
     if (!close.empty()) {
       absl::StrAppend(&message, "; did you mean --", absl::StrJoin(close, ", --"), "?");
+    } else if (!close_peer.empty()) {  // a misspelt flag of the other binary (a shared flagfile, or a mix-up)
+      absl::StrAppend(&message, "; did you mean --", absl::StrJoin(close_peer, ", --"), "? (",
+                      close_peer.size() == 1 ? "a flag" : "flags", " of ", spec.peer_program, ", not of ",
+                      spec.program, ")");
     } else {
       absl::StrAppend(&message, "; ", spec.program, " --help lists its flags");
     }

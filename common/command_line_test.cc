@@ -103,6 +103,11 @@ TEST_F(CommandLineTest, SharedFlagfileIgnoresPeerFlagsWithOneNote) {
   p = Parse({"--mode=sync"});
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(p.status().message(), HasSubstr("--mode is a flag of dtrain_peer, not of dtrain_test"));
+  // A misspelt peer flag: refused, the peer's flag suggested as the peer's.
+  p = Parse({"--moed=sync"});
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(),
+              HasSubstr("unknown flag --moed; did you mean --mode? (a flag of dtrain_peer, not of dtrain_test)"));
   // A typo in the shared file is not a peer flag: refused, naming the file.
   const std::string typo = WriteFile("typo.flags", "--test_modle=cnn\n");
   p = Parse({"--flagfile=" + typo});
