@@ -28,6 +28,7 @@
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/transport.h"
 #include "ps/rpc/server.h"
+#include "ps/rpc/wire_format.h"
 #include "ps/testing/ps_test_util.h"
 
 namespace dtrain::ps {
@@ -240,6 +241,25 @@ TEST(GrpcPsTest, HundredMegabytesInNarrowAndWideTypes) {
     EXPECT_EQ(out[kHuge - 1], RoundTrip(dtype, values[kHuge - 1] - 1.f)) << DtypeName(dtype);
   }
   (*server)->Shutdown();
+}
+
+// A dtrain_ctl command's strings are cut to what a command needs, before a character, never inside one: the
+// reason goes on into the run's end and its stats, which a peer could not parse if they were not UTF-8.
+TEST(WireFormatTest, AControlRequestIsCutBeforeACharacter) {
+  dtrain::wire::ControlRequest in;
+  in.set_command("drain");
+  in.set_reason(std::string(199, 'a') + "\xc3\xa9" + std::string(100, 'b'));  // "é" across byte 200
+  ControlRequest r = wire::FromProto(in, "ipv4:127.0.0.1:5");
+  EXPECT_EQ(r.command, "drain");
+  EXPECT_EQ(r.reason, std::string(199, 'a') + " (from ipv4:127.0.0.1:5)");
+  in.set_reason(std::string(198, 'a') + "\xc3\xa9" + "b");  // the whole character fits
+  EXPECT_EQ(wire::FromProto(in, "p").reason, std::string(198, 'a') + "\xc3\xa9 (from p)");
+  // What came out travels in a stats message and parses again.
+  dtrain::wire::StatsResponse stats, back;
+  in.set_reason(std::string(199, 'a') + "\xe2\x82\xac");  // "€", 3 bytes, across byte 200
+  stats.set_job_ended(wire::FromProto(in, "p").reason);
+  EXPECT_TRUE(back.ParseFromString(stats.SerializeAsString()));
+  EXPECT_EQ(back.job_ended(), std::string(199, 'a') + " (from p)");
 }
 
 TEST(GrpcPsTest, ErrorsKeepTheirCodeAndMessage) {

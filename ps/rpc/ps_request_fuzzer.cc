@@ -241,7 +241,13 @@ void Call(Task& t, uint8_t op, const std::string& payload) {
     case 10: {
       absl::StatusOr<TrainingStats> stats = t.ps->GetStats();
       s = stats.status();
-      if (stats.ok()) CHECK_GE(stats->global_step, 0);
+      if (stats.ok()) {
+        // What a peer would receive must parse again (its strings are UTF-8: the run's end, a worker's reason).
+        pb::StatsResponse out, back;
+        wire::ToProto(*stats, &out);
+        CHECK(back.ParseFromString(out.SerializeAsString())) << "stats that a peer cannot parse";
+        CHECK_GE(stats->global_step, 0);
+      }
       break;
     }
   }

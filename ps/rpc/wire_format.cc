@@ -433,13 +433,25 @@ DoneRequest FromProto(const dtrain::wire::DoneRequest& in) {
   return r;
 }
 
+namespace {
+
+// At most `n` bytes of UTF-8 text `s`, cut before a character rather than inside one: the reason goes on into
+// strings of other messages (the run's end, its stats), which a peer cannot parse if they are not UTF-8.
+std::string CutUtf8(const std::string& s, size_t n) {
+  if (s.size() <= n) return s;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // s[n] continues a character
+  return s.substr(0, n);
+}
+
+}  // namespace
+
 ControlRequest FromProto(const dtrain::wire::ControlRequest& in, absl::string_view peer) {
   ControlRequest r;
-  r.command = in.command().substr(0, 64);
+  r.command = CutUtf8(in.command(), 64);
   r.worker = in.worker();
-  r.address = in.address().substr(0, 256);
+  r.address = CutUtf8(in.address(), 256);
   r.ps = in.ps();
-  r.reason = absl::StrCat(in.reason().substr(0, 200), " (from ", peer, ")");
+  r.reason = absl::StrCat(CutUtf8(in.reason(), 200), " (from ", peer, ")");
   return r;
 }
 
