@@ -143,7 +143,7 @@ RunResult RunOnce(const Model& model, int w, bool sync, ps::Transport transport,
   r.steps = steps;
 
   // The workers meet after their warm-up (the timed window starts when the last is through) and after their
-  // last step (the chief says Done only then: the ps ends its run at Done).
+  // last step (each says Done only then: the ps ends its run when all have).
   struct Meeting {
     absl::Mutex mu;
     int w = 0, warmed = 0, finished = 0;
@@ -204,11 +204,14 @@ RunResult RunOnce(const Model& model, int w, bool sync, ps::Transport transport,
   absl::Time t0;
   {
     absl::MutexLock l(&m.mu);
-    m.mu.Await(absl::Condition(&m, &Meeting::WarmedOrFailed));
+    if (!m.mu.AwaitWithTimeout(absl::Condition(&m, &Meeting::WarmedOrFailed), absl::Minutes(5))) {
+      m.error = "the workers did not connect and warm up within 5 minutes";
+    }
     cpu0 = ProcessCpuSeconds(pid);
     t0 = absl::Now();
     m.go = true;
-    if (!m.mu.AwaitWithTimeout(absl::Condition(&m, &Meeting::FinishedOrFailed), absl::Minutes(10))) {
+    if (m.error.empty() &&
+        !m.mu.AwaitWithTimeout(absl::Condition(&m, &Meeting::FinishedOrFailed), absl::Minutes(10))) {
       m.error = "the timed steps did not end within 10 minutes";
     }
     r.wall_s = absl::ToDoubleSeconds(absl::Now() - t0);
