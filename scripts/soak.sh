@@ -22,6 +22,9 @@
 # measure of the soak alone. --window=SECONDS: the length of the two windows compared (the first after the
 # warm-up, the last), one minute by default; with faults, a window of several minutes holds several of them and
 # their restarts, so that one fault more or less in a window does not decide the rate check (e.g. 600 for 2 hours).
+# The whole script is one brace group, read before any of it runs: a soak lasts hours, and bash reads a script
+# as it goes, so an edit of this file during a run would otherwise be read from the old offset when the loop ends.
+{
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
@@ -190,3 +193,4 @@ fi
 [ $fail = 0 ] && echo "soak: PASS (no process grew by ${max_growth}% or more after the warm-up, no thread leak," \
                       "the step rate held, no update lost or doubled)"
 exit $fail
+}
