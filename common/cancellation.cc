@@ -8,6 +8,7 @@ void Cancellation::Cancel() {
   absl::MutexLock lock(&mu_);
   if (cancelled_) return;
   cancelled_ = true;
+  cancelled_flag_.store(true, std::memory_order_release);  // before the callbacks: what they wake sees it
   while (!callbacks_.empty()) {
     auto it = callbacks_.begin();
     std::function<void()> fn = std::move(it->second);
@@ -20,10 +21,7 @@ void Cancellation::Cancel() {
   }
 }
 
-bool Cancellation::cancelled() const {
-  absl::MutexLock lock(&mu_);
-  return cancelled_;
-}
+bool Cancellation::cancelled() const { return cancelled_flag_.load(std::memory_order_acquire); }
 
 int64_t Cancellation::Register(std::function<void()> fn) {
   {
@@ -53,6 +51,7 @@ void Cancellation::Deregister(int64_t id) {
 void Cancellation::Reset() {
   absl::MutexLock lock(&mu_);
   cancelled_ = false;
+  cancelled_flag_.store(false, std::memory_order_release);
   callbacks_.clear();
 }
 

@@ -13,6 +13,7 @@
 #ifndef DTRAIN_COMMON_CANCELLATION_H_
 #define DTRAIN_COMMON_CANCELLATION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -36,6 +37,9 @@ class Cancellation {
  private:
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // cancelled_, readable without mu_: cancelled() takes no lock, so that a condition another mutex evaluates
+  // (a pull's wait, absl::Condition) may read it whatever that mutex's lock order.
+  std::atomic<bool> cancelled_flag_{false};
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t running_ ABSL_GUARDED_BY(mu_) = 0;  // id of the callback running now, 0 if none
   std::map<int64_t, std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);

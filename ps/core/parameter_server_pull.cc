@@ -91,13 +91,15 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
       ASSIGN_OR_RETURN(to_apply, ClaimDecisions(request.decisions));
     }
     const absl::Time wait_start = absl::Now();
-    bool timed_out = false;
-    while (MustWait(request) && !tentative_open() && !stopped() && job_ended_.empty()) {
-      if (cv_.WaitWithDeadline(&mu_, deadline)) {
-        timed_out = MustWait(request) && !tentative_open();
-        break;
-      }
-    }
+    // A condition of mu_, not cv_: cv_ is signalled by every push, and with W workers' pulls waiting on it each
+    // push woke all W (at 64 sync workers, 76 context switches per push against 9 at 8 workers, and a third more
+    // of the task's CPU per push). The mutex evaluates each waiter's condition when it is released and wakes only
+    // a pull that may go on. (The condition reads only what mu_ guards, and atomics.)
+    const auto may_go_on = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !MustWait(request) || tentative_open() || stopped() || !job_ended_.empty();
+    };
+    const bool timed_out =
+        !mu_.AwaitWithDeadline(absl::Condition(&may_go_on), deadline) && MustWait(request) && !tentative_open();
     if (!timed_out && MustWait(request) && tentative_open()) {
       tentative_writer = tentative_note_.writer;
       LOG_FIRST_N(INFO, 1) << "ps task " << options_.task_index << ": worker " << request.worker_id
@@ -186,9 +188,10 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
     const auto resolved = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return tentative_note_.writer != tentative_writer || tentative_note_.state != TentativeNote::kOpen;
     };
-    while (!resolved() && !stopped() && job_ended_.empty()) {
-      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
-    }
+    const auto resolved_or_ended = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return resolved() || stopped() || !job_ended_.empty();
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&resolved_or_ended), deadline);  // (as above: a condition, not cv_)
     if (stopped()) return stopped_error();
     RETURN_IF_ERROR(CheckRunning());
     if (!resolved()) {

@@ -90,7 +90,6 @@ void SliceStore::ResetSlotsAndAverages(int64_t version) {
   }
   absl::MutexLock lock(&progress_mu_);
   for (Progress& p : progress_) p = Progress{version, version, 0};
-  progress_cv_.SignalAll();
 }
 
 void SliceStore::Publish(int i, int64_t applying_version, int64_t applied_floats, bool done) {
@@ -99,7 +98,6 @@ void SliceStore::Publish(int i, int64_t applying_version, int64_t applied_floats
   p.applying_version = applying_version;
   p.applied_floats = applied_floats;
   if (done) p.version = applying_version;
-  progress_cv_.SignalAll();
 }
 
 namespace {
@@ -293,47 +291,51 @@ void SliceStore::UndoTentative(int i) {
   }
   absl::MutexLock lock(&progress_mu_);
   progress_[i] = Progress{before, before, 0};
-  progress_cv_.SignalAll();
 }
 
+// The waits below are conditions of progress_mu_, not waits on a condition variable: every published chunk
+// signalled one, and with W pulls waiting each chunk woke all W, which then queued for progress_mu_ (64 sync
+// workers: a pull thread woken ~9 times a step to find its chunk not yet there). The mutex evaluates each waiter's condition as
+// it is released and wakes only a pull whose chunk is there (or that must stop). `stop` is evaluated there too:
+// it must read only atomics.
 bool SliceStore::WaitReadable(int i, int64_t end, int64_t version, absl::Time deadline,
                               const std::function<bool()>& stop) const {
   absl::MutexLock lock(&progress_mu_);
   auto readable = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
     return progress_[i].ReadableEnd(specs_[i].length, version) >= end;
   };
-  while (!readable()) {
-    if (stop && stop()) return false;
-    if (progress_cv_.WaitWithDeadline(&progress_mu_, deadline)) return readable();
-  }
-  return true;
+  auto readable_or_stop = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
+    return readable() || (stop && stop());
+  };
+  progress_mu_.AwaitWithDeadline(absl::Condition(&readable_or_stop), deadline);
+  return readable();
 }
 
 int SliceStore::WaitAnyReadable(const std::vector<int64_t>& sent, int64_t version, absl::Time deadline,
                                 const std::function<bool()>& stop, int64_t* readable_end) const {
   CHECK_EQ(sent.size(), specs_.size());
   absl::MutexLock lock(&progress_mu_);
-  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
+  auto find = [&](int64_t* end_out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
     for (size_t k = 0; k < sent.size(); ++k) {
       const int64_t end = progress_[k].ReadableEnd(specs_[k].length, version);
       if (end > sent[k]) {
-        *readable_end = end;
+        *end_out = end;
         return static_cast<int>(k);
       }
     }
     return -1;
   };
-  for (;;) {
-    const int k = find();
-    if (k >= 0) return k;
-    if (stop && stop()) return -1;
-    if (progress_cv_.WaitWithDeadline(&progress_mu_, deadline)) return find();
-  }
+  auto any_or_stop = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_mu_) {
+    int64_t unused;
+    return find(&unused) >= 0 || (stop && stop());
+  };
+  // (An InfinitePast deadline only looks: AwaitWithDeadline returns at once with the condition's value.)
+  progress_mu_.AwaitWithDeadline(absl::Condition(&any_or_stop), deadline);
+  return find(readable_end);
 }
 
 void SliceStore::WakeWaiters() const {
-  absl::MutexLock lock(&progress_mu_);
-  progress_cv_.SignalAll();
+  absl::MutexLock lock(&progress_mu_);  // its release evaluates the waiters' conditions, their `stop` with them
 }
 
 int64_t SliceStore::version(int i) const {
@@ -415,7 +417,6 @@ absl::Status SliceStore::ImportState(const std::vector<SliceState>& state, int64
   }
   absl::MutexLock lock(&progress_mu_);
   for (Progress& p : progress_) p = Progress{version, version, 0};
-  progress_cv_.SignalAll();
   return absl::OkStatus();
 }
 

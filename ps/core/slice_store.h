@@ -106,8 +106,9 @@ class SliceStore {
   void UndoTentative(int i);
 
   // Waits until floats [0, end) of slice i hold version >= `version` (fully updated, or updated that far by the
-  // Apply in progress), or until `deadline`, or until `stop` (may be null; checked whenever the waiter wakes)
-  // returns true. Returns whether they do.
+  // Apply in progress), or until `deadline`, or until `stop` (may be null) returns true. Returns whether they do.
+  // `stop` is evaluated whenever the store's progress lock is released, on whatever thread releases it: it must
+  // read only atomics and take no lock (a Cancellation's cancelled() does).
   bool WaitReadable(int i, int64_t end, int64_t version, absl::Time deadline,
                     const std::function<bool()>& stop = nullptr) const;
   // Waits until a slice, say slice k, has floats beyond sent[k] (one entry per slice) that hold version >=
@@ -116,7 +117,8 @@ class SliceStore {
   // early apply's pull) uses it.
   int WaitAnyReadable(const std::vector<int64_t>& sent, int64_t version, absl::Time deadline,
                       const std::function<bool()>& stop, int64_t* readable_end) const;
-  // Wakes every WaitReadable (to check its `stop`).
+  // Makes every WaitReadable check its `stop` again (they wait on conditions of the progress lock: releasing it is
+  // what wakes them).
   void WakeWaiters() const;
   int64_t version(int i) const;
 
@@ -179,7 +181,6 @@ class SliceStore {
   int apply_threads_ = 1;
 
   mutable absl::Mutex progress_mu_;
-  mutable absl::CondVar progress_cv_;
   std::vector<Progress> progress_ ABSL_GUARDED_BY(progress_mu_);
 };
 
