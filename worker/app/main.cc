@@ -63,7 +63,10 @@ ABSL_FLAG(std::string, export_onnx, "",
           "and its weights as FILE.data beside it)");
 ABSL_FLAG(int64_t, train_steps, 2000, "Train until the global step reaches this");
 ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
-ABSL_FLAG(double, learning_rate, 0, "Learning rate (0: the model's default)");
+ABSL_FLAG(double, learning_rate, 0,
+          "Learning rate (0: the model's default; an adaptive --optimizer other than the model's takes its "
+          "framework's: 0.001 for adam, pytorch_adam, adamw (TensorFlow, PyTorch), rmsprop and adagrad (Keras), 0.01 "
+          "for pytorch_rmsprop and pytorch_adagrad (PyTorch)). A line of the log says which rate was taken");
 ABSL_FLAG(std::string, optimizer, "",
           "sgd | momentum | adam (TensorFlow's) | pytorch_adam (torch.optim.Adam) | adamw (torch.optim.AdamW) | "
           "adagrad (TensorFlow's defaults) | pytorch_adagrad | rmsprop (TensorFlow's) | pytorch_rmsprop "

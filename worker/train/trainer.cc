@@ -793,8 +793,27 @@ absl::Status ApplyModelDefaults(WorkerOptions* o) {
   }
   const models::ModelDefaults& d = o->resolved_model->defaults;
   if (o->batch_size <= 0) o->batch_size = d.batch_size;
-  if (o->learning_rate <= 0) o->learning_rate = d.learning_rate;
   if (o->optimizer.empty()) o->optimizer = d.optimizer;
+  // The learning rate: the one given; else an adaptive optimizer other than the model's takes its framework's
+  // default (the model's rate is tuned for the model's optimizer: mlp's 0.1 for sgd does not train rmsprop);
+  // else the model's.
+  if (o->learning_rate_note.empty()) {
+    const ps::FrameworkLearningRate framework = ps::FrameworkDefaultLearningRate(o->optimizer);
+    const std::string model = o->resolved_model->name;
+    if (o->learning_rate > 0) {
+      o->learning_rate_note = absl::StrCat("learning rate ", o->learning_rate, " (--learning_rate)");
+    } else if (o->optimizer != d.optimizer && framework.rate > 0) {
+      o->learning_rate = framework.rate;
+      o->learning_rate_note = absl::StrCat("learning rate ", o->learning_rate, ": --optimizer=", o->optimizer,
+                                           "'s default (as ", framework.source, "), not the model ", model, "'s ",
+                                           d.learning_rate, " (for its ", d.optimizer,
+                                           "); --learning_rate sets another");
+    } else {
+      o->learning_rate = d.learning_rate;
+      o->learning_rate_note = absl::StrCat("learning rate ", o->learning_rate, ": the model ", model,
+                                           "'s default (for ", d.optimizer, "); --learning_rate sets another");
+    }
+  }
   if (o->sparse_optimizer.empty()) o->sparse_optimizer = d.sparse_optimizer.empty() ? "adagrad" : d.sparse_optimizer;
   if (o->sparse_learning_rate <= 0) {
     o->sparse_learning_rate = d.sparse_learning_rate > 0 ? d.sparse_learning_rate : o->learning_rate;
@@ -960,6 +979,7 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
   SetFlushDenormals();  // the training loop computes (the kernels' own pools set it too)
   WorkerOptions o = options;
   RETURN_IF_ERROR(ApplyModelDefaults(&o));
+  if (!o.quiet) LOG(INFO) << "worker " << o.worker_id << ": " << o.learning_rate_note;
   const bool local = tasks.empty();
   const bool chief = o.worker_id == 0;
 

@@ -100,8 +100,12 @@ struct WorkerOptions {
   // Training. 0 / "" = the model's default (resolved_model->defaults).
   int64_t train_steps = 2000;  // global steps
   int batch_size = 0;          // per tower
+  // 0: an adaptive optimizer other than the model's (adam, rmsprop, adagrad and their PyTorch forms) takes its
+  // framework's default rate (ps::FrameworkDefaultLearningRate), any other the model's.
   float learning_rate = 0;
   std::string optimizer;  // a name of ps::OptimizerConfig (ps/api/ps_types.h)
+  // Set by ApplyModelDefaults: the learning rate taken and why, one line that RunTraining logs.
+  std::string learning_rate_note;
   // The optimizer's hyperparameters; unset: the optimizer's framework default (ps::DefaultOptimizerConfig:
   // PyTorch's for pytorch_* and adamw, TensorFlow's for the others; momentum 0.9 for "momentum").
   std::optional<float> momentum, beta1, beta2, epsilon, weight_decay, rho, initial_accumulator;

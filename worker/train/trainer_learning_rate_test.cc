@@ -1,0 +1,122 @@
+// The learning rate a run takes (issue 42, a new user's frictions): an adaptive optimizer without --learning_rate
+// takes its framework's default rather than the model's SGD rate, and the ps tasks get that rate.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/testing/relative_difference.h"
+#include "ps/core/optimizer.h"
+#include "worker/data/synthetic_data.h"
+#include "worker/train/trainer.h"
+#include "worker/train/trainer_test_util.h"
+
+namespace dtrain::worker {
+namespace {
+
+WorkerOptions Resolved(const std::string& model, const std::string& optimizer, float learning_rate = 0) {
+  WorkerOptions o;
+  o.model = model;
+  o.optimizer = optimizer;
+  o.learning_rate = learning_rate;
+  const absl::Status s = ApplyModelDefaults(&o);
+  EXPECT_TRUE(s.ok()) << s;
+  return o;
+}
+
+TEST(LearningRateTest, AnAdaptiveOptimizerOtherThanTheModelsTakesItsFrameworksRate) {
+  struct Case {
+    std::string optimizer;
+    float rate;
+    std::string source;
+  };
+  // Keras and PyTorch's documented defaults (mlp's own rate is 0.1, for its sgd).
+  for (const Case& c : std::vector<Case>{{"rmsprop", 0.001f, "Keras' RMSprop"},
+                                         {"adam", 0.001f, "tf.train.AdamOptimizer"},
+                                         {"pytorch_adam", 0.001f, "torch.optim.Adam"},
+                                         {"adamw", 0.001f, "torch.optim.AdamW"},
+                                         {"adagrad", 0.001f, "Keras' Adagrad"},
+                                         {"pytorch_rmsprop", 0.01f, "torch.optim.RMSprop"},
+                                         {"pytorch_adagrad", 0.01f, "torch.optim.Adagrad"}}) {
+    const WorkerOptions o = Resolved("mlp", c.optimizer);
+    EXPECT_EQ(o.learning_rate, c.rate) << c.optimizer;
+    EXPECT_TRUE(absl::StrContains(o.learning_rate_note, absl::StrCat("--optimizer=", c.optimizer, "'s default (as ",
+                                                                      c.source, "), not the model mlp's 0.1")))
+        << o.learning_rate_note;
+    EXPECT_TRUE(absl::StrContains(o.learning_rate_note, "--learning_rate sets another")) << o.learning_rate_note;
+    // The config the ps tasks get carries it.
+    absl::StatusOr<ps::OptimizerConfig> config = OptimizerConfigOf(o);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->learning_rate, c.rate) << c.optimizer;
+  }
+}
+
+TEST(LearningRateTest, AGivenRateWinsAndTheModelsOwnOptimizerKeepsTheModelsRate) {
+  WorkerOptions o = Resolved("mlp", "rmsprop", 0.05f);
+  EXPECT_EQ(o.learning_rate, 0.05f);
+  EXPECT_EQ(o.learning_rate_note, "learning rate 0.05 (--learning_rate)");
+  o = Resolved("mlp", "");  // sgd, the model's
+  EXPECT_EQ(o.optimizer, "sgd");
+  EXPECT_EQ(o.learning_rate, 0.1f);
+  EXPECT_EQ(o.learning_rate_note, "learning rate 0.1: the model mlp's default (for sgd); --learning_rate sets another");
+  EXPECT_EQ(Resolved("mlp", "momentum").learning_rate, 0.1f);  // no framework default for plain descent
+  EXPECT_EQ(Resolved("cnn", "adam").learning_rate, 1e-4f);     // the cnn's own adam rate (TensorFlow's tutorial)
+  EXPECT_EQ(Resolved("cnn", "rmsprop").learning_rate, 0.001f);
+  // Resolving again (RunTraining after dtrain_worker's main) keeps the rate and its reason.
+  WorkerOptions again = Resolved("mlp", "rmsprop");
+  ASSERT_TRUE(ApplyModelDefaults(&again).ok());
+  EXPECT_EQ(again.learning_rate, 0.001f);
+  EXPECT_TRUE(absl::StrContains(again.learning_rate_note, "rmsprop's default")) << again.learning_rate_note;
+}
+
+// In a cluster the rate travels to the ps tasks resolved: a worker without --learning_rate and one given the
+// optimizer's default register the same config (the ps refuses a mismatch), and they train as local mode with
+// twice the batch and that rate given.
+TEST(LearningRateTest, ThePsTasksGetTheResolvedRate) {
+  const data::DatasetPair data = MakeSyntheticDataset(400, 100);
+  WorkerOptions base;
+  base.model = "mlp";
+  base.dataset = &data;
+  base.shuffle = false;
+  base.evaluate = false;
+  base.quiet = true;
+  base.startup_wait_secs = 30;
+  base.optimizer = "rmsprop";
+  base.batch_size = 10;
+  base.train_steps = 8;
+
+  WorkerOptions local = base;
+  local.batch_size = 20;
+  local.learning_rate = 0.001f;
+  absl::StatusOr<TrainingResult> expected = RunTraining(local, {});
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  PsTasks ps_tasks(1, 2);
+  std::vector<absl::StatusOr<TrainingResult>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      WorkerOptions o = base;
+      o.worker_id = w;
+      o.num_workers = 2;
+      o.num_ps = 1;
+      if (w == 1) o.learning_rate = 0.001f;  // given; worker 0 (the chief, which registers the config) is not
+      results[w] = RunTraining(o, ps_tasks.tasks);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(results[w].ok()) << "worker " << w << ": " << results[w].status();
+  EXPECT_EQ(results[0]->global_step, 8);
+  EXPECT_LE(::dtrain::testing::RelativeDifference(results[0]->parameters, expected->parameters), 1e-5);
+}
+
+}  // namespace
+}  // namespace dtrain::worker
