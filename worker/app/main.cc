@@ -100,7 +100,8 @@ ABSL_FLAG(bool, staircase, false, "Decay the learning rate in discrete steps");
 ABSL_FLAG(double, min_learning_rate, 0, "--lr_schedule=cosine: the rate it ends at");
 ABSL_FLAG(int64_t, warmup_steps, 0,
           "Linear learning-rate warmup over this many steps before the schedule (LinearLR + SequentialLR)");
-ABSL_FLAG(double, warmup_start_factor, 0, "The warmup starts at this fraction of --learning_rate");
+ABSL_FLAG(double, warmup_start_factor, 1.0 / 3,
+          "The warmup starts at this fraction of --learning_rate (default 1/3, PyTorch LinearLR's start_factor)");
 ABSL_FLAG(double, moving_average_decay, 0, "Keep moving averages of the variables (0: off)");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for initialization, shuffling and dropout");
 ABSL_FLAG(std::string, mode, "sync", "sync | async");

@@ -846,7 +846,9 @@ absl::StatusOr<ps::OptimizerConfig> OptimizerConfigOf(const WorkerOptions& o) {
   c.staircase = o.staircase;
   c.min_learning_rate = o.min_learning_rate;
   c.warmup_steps = o.warmup_steps;
-  c.warmup_start_factor = o.warmup_start_factor;
+  // Without warmup steps the factor means nothing: 0 then, so that the workers' configs agree whatever factor
+  // each was given (ps::CompareTrainConfigs), and a run without warmup registers the config it did before 1/3.
+  c.warmup_start_factor = o.warmup_steps > 0 ? o.warmup_start_factor : 0.0f;
   if (o.lr_schedule == "exponential") {
     c.lr_schedule = "exponential";
   } else if (o.lr_schedule == "step") {

@@ -114,7 +114,8 @@ struct WorkerOptions {
   float clip_norm = 0;    // > 0: clip the gradient to this global L2 norm (each worker's; see ps_types.h)
   // The learning-rate schedule: "exponential" (decay_rate every decay_steps, smooth unless staircase), "step"
   // (the same, staircase), "cosine" (to min_learning_rate over decay_steps; 0: over train_steps - warmup_steps)
-  // or "constant". Linear warmup from warmup_start_factor * learning_rate over warmup_steps comes first.
+  // or "constant". Linear warmup from warmup_start_factor * learning_rate over warmup_steps comes first (the
+  // factor 1/3 by default, PyTorch LinearLR's start_factor; without warmup steps it is none of the config's).
   std::string lr_schedule = "exponential";
   // 0 = none, except for cifar10, whose default is the tutorial's staircase decay by 0.1 every 350 epochs.
   int64_t decay_steps = 0;
@@ -122,7 +123,7 @@ struct WorkerOptions {
   bool staircase = false;
   float min_learning_rate = 0;
   int64_t warmup_steps = 0;
-  float warmup_start_factor = 0;
+  float warmup_start_factor = 1.0f / 3;
   float moving_average_decay = 0;
 
   // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/core/parameter_server.h), and writes

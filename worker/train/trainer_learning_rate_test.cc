@@ -1,5 +1,6 @@
-// The learning rate a run takes (issue 42, a new user's frictions): an adaptive optimizer without --learning_rate
-// takes its framework's default rather than the model's SGD rate, and the ps tasks get that rate.
+// The learning rate a run takes and shows (issue 42, a new user's frictions): an adaptive optimizer without
+// --learning_rate takes its framework's default rather than the model's SGD rate, and the ps tasks get that rate;
+// the warmup starts at 1/3 of the rate by default (PyTorch LinearLR).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -75,6 +76,25 @@ TEST(LearningRateTest, AGivenRateWinsAndTheModelsOwnOptimizerKeepsTheModelsRate)
   ASSERT_TRUE(ApplyModelDefaults(&again).ok());
   EXPECT_EQ(again.learning_rate, 0.001f);
   EXPECT_TRUE(absl::StrContains(again.learning_rate_note, "rmsprop's default")) << again.learning_rate_note;
+}
+
+TEST(LearningRateTest, TheWarmupStartsAtAThirdOfTheRateByDefault) {
+  WorkerOptions o = Resolved("mlp", "sgd", 0.3f);
+  o.warmup_steps = 3;
+  absl::StatusOr<ps::OptimizerConfig> c = OptimizerConfigOf(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->warmup_start_factor, 1.0f / 3);
+  absl::StatusOr<ps::Optimizer> opt = ps::Optimizer::Create(*c);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  // torch.optim.lr_scheduler.LinearLR(start_factor=1/3, total_iters=3): 0.1, 0.1667, 0.2333, then 0.3.
+  EXPECT_NEAR(opt->LearningRate(0), 0.1, 1e-6);
+  EXPECT_NEAR(opt->LearningRate(1), 0.3 * (1.0 / 3 + (2.0 / 3) / 3), 1e-6);
+  EXPECT_NEAR(opt->LearningRate(3), 0.3, 1e-6);
+  // Without warmup steps the factor is none of the config's (workers given different ones agree).
+  o.warmup_steps = 0;
+  c = OptimizerConfigOf(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->warmup_start_factor, 0.0f);
 }
 
 // In a cluster the rate travels to the ps tasks resolved: a worker without --learning_rate and one given the
