@@ -53,7 +53,8 @@ ABSL_FLAG(std::string, sparse_optimizer, "",
 ABSL_FLAG(double, sparse_learning_rate, 0, "Learning rate of --sparse_optimizer (0: the model's)");
 ABSL_FLAG(bool, shuffle, true, "Shuffle each worker's shard every epoch (false: read it in order)");
 ABSL_FLAG(std::string, metrics_file, "",
-          "Write this worker's loss of every local step here at the end, as CSV local_step,loss");
+          "Write this worker's loss of every local step and the learning rate of its update here at the end, as "
+          "CSV local_step,loss,learning_rate");
 ABSL_FLAG(std::string, push_journal_dir, "",
           "A cluster worker: record every push ps 0 acknowledged in a journal file in this directory "
           "(pushes.w<task>.*.journal), for scripts/check_updates.py with the ps tasks' --journal_applied");

@@ -465,6 +465,9 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       std::printf("joining the run at global step %lld\n", static_cast<long long>(at.step));
     }
   }
+  // The learning-rate schedule the ps tasks apply (the config this worker registered), for the progress lines and
+  // the metrics file.
+  ASSIGN_OR_RETURN(const ps::Optimizer schedule, ps::Optimizer::Create(c->config.optimizer));
   const int64_t examples_per_step = static_cast<int64_t>(o.batch_size) * towers->size();
   const absl::Time start = absl::Now();
   if (result->training_started == absl::InfinitePast()) result->training_started = start;
@@ -535,6 +538,8 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
     if (stepped.ok()) {
       stepped = global ? steps->StepRounds(current.views, at.step, current.scale) : steps->Step(current.views, at.step);
+      // The step's loss is kept (TakeLosses): the rate its update is applied with goes beside it.
+      if (stepped.ok()) result->learning_rates.push_back(schedule.LearningRate(at.step));
     }
     const int64_t step_examples = static_cast<int64_t>(current.rounds) * examples_per_step;
     if (sparse) {
@@ -571,9 +576,11 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       const double rate = static_cast<double>(window_examples) / std::max(secs, 1e-9);
       const float loss = result->last_loss;
       if (!o.quiet) {
-        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch; input wait %.3f sec/batch)\n",
+        // The learning rate at the line's step, as TensorBoard's learning_rate scalar has it (the schedule's value).
+        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch; input wait %.3f sec/batch; "
+                    "learning rate %.4g)\n",
                     static_cast<long long>(at.step), loss, rate, secs / std::max<int64_t>(window_steps, 1),
-                    window_input_wait / std::max<int64_t>(window_steps, 1));
+                    window_input_wait / std::max<int64_t>(window_steps, 1), schedule.LearningRate(at.step));
         std::fflush(stdout);
       }
       if (events) {
@@ -772,10 +779,15 @@ void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const Training
   }
 }
 
-// The loss of every local step, one CSV line each, with the digits that give the float back.
+// The loss of every local step and the learning rate of its update, one CSV line each, with the digits that give
+// the floats back.
 absl::Status WriteMetrics(const std::string& path, const TrainingResult& result) {
-  std::string csv = "local_step,loss\n";
-  for (size_t i = 0; i < result.losses.size(); ++i) absl::StrAppendFormat(&csv, "%d,%.9g\n", i + 1, result.losses[i]);
+  std::string csv = "local_step,loss,learning_rate\n";
+  for (size_t i = 0; i < result.losses.size(); ++i) {
+    absl::StrAppendFormat(&csv, "%d,%.9g,", i + 1, result.losses[i]);
+    if (i < result.learning_rates.size()) absl::StrAppendFormat(&csv, "%.9g", result.learning_rates[i]);
+    csv += '\n';
+  }
   return WriteFileAtomically(path, csv);
 }
 

@@ -204,7 +204,9 @@ struct WorkerOptions {
   ProfileRecorder* profile = nullptr;
 
   // Output files.
-  std::string metrics_file;  // this worker's loss of every local step, as CSV "local_step,loss" (exact floats)
+  // This worker's loss of every local step and the learning rate of its update, as CSV
+  // "local_step,loss,learning_rate" (exact floats).
+  std::string metrics_file;
   // A cluster worker: every push ps 0 acknowledged, recorded in a journal file in this directory
   // (ps/client/push_journal.h) for scripts/check_updates.py (empty: none).
   std::string push_journal_dir;
@@ -220,6 +222,9 @@ struct TrainingResult {
   double seconds = 0;             // wall time of the training loop
   float last_loss = 0;
   std::vector<float> losses;      // loss of every local step, in order
+  // The learning rate each of those steps' update was applied with (the schedule's value at the global step the
+  // step computed at; async: the step of its pull), in the same order.
+  std::vector<float> learning_rates;
   double test_accuracy = -1;      // chief only, -1 if not evaluated
   // Chief, models with one logit (sigmoid cross-entropy, e.g. dlrm): the test set's log loss and ROC AUC (-1
   // if not evaluated); test_accuracy is then the share of examples on the right side of 0.5.

@@ -1,6 +1,7 @@
 // The learning rate a run takes and shows (issue 42, a new user's frictions): an adaptive optimizer without
 // --learning_rate takes its framework's default rather than the model's SGD rate, and the ps tasks get that rate;
-// the warmup starts at 1/3 of the rate by default (PyTorch LinearLR).
+// the warmup starts at 1/3 of the rate by default (PyTorch LinearLR); the progress lines and the metrics file
+// carry the scheduled rate.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -95,6 +96,69 @@ TEST(LearningRateTest, TheWarmupStartsAtAThirdOfTheRateByDefault) {
   c = OptimizerConfigOf(o);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->warmup_start_factor, 0.0f);
+}
+
+// A local run with a warmup and a cosine schedule: every local step's rate is the schedule's at the step it
+// computed, the progress lines show the rate at their step, and the metrics file has it as a third column.
+TEST(LearningRateTest, ProgressLinesAndTheMetricsFileCarryTheScheduledRate) {
+  const data::DatasetPair data = MakeSyntheticDataset(400, 100);
+  WorkerOptions o;
+  o.model = "mlp";
+  o.dataset = &data;
+  o.shuffle = false;
+  o.evaluate = false;
+  o.optimizer = "rmsprop";  // without a rate: 0.001
+  o.batch_size = 20;
+  o.train_steps = 12;
+  o.warmup_steps = 4;
+  o.lr_schedule = "cosine";
+  o.log_every = 4;
+  o.metrics_file = ::testing::TempDir() + "/trainer_learning_rate_metrics.csv";
+  std::filesystem::remove(o.metrics_file);
+  ::testing::internal::CaptureStdout();
+  absl::StatusOr<TrainingResult> r = RunTraining(o, {});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_TRUE(r.ok()) << r.status();
+
+  WorkerOptions resolved = o;
+  ASSERT_TRUE(ApplyModelDefaults(&resolved).ok());
+  absl::StatusOr<ps::OptimizerConfig> config = OptimizerConfigOf(resolved);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->learning_rate, 0.001f);
+  absl::StatusOr<ps::Optimizer> schedule = ps::Optimizer::Create(*config);
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+
+  ASSERT_EQ(r->learning_rates.size(), 12u);
+  ASSERT_EQ(r->losses.size(), 12u);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(r->learning_rates[i], schedule->LearningRate(i)) << "local step " << i + 1;
+  EXPECT_NEAR(r->learning_rates[0], 0.001 / 3, 1e-9);  // the warmup's start
+  EXPECT_NEAR(r->learning_rates[4], 0.001, 1e-9);      // the cosine's start
+  EXPECT_LT(r->learning_rates[11], r->learning_rates[5]);
+
+  for (int step : {4, 8, 12}) {
+    const std::string rate = absl::StrFormat("learning rate %.4g)\n", schedule->LearningRate(step));
+    const std::string head = absl::StrCat("step ", step, ", loss = ");
+    const size_t at = out.find(head);
+    ASSERT_NE(at, std::string::npos) << out;
+    const size_t end = out.find('\n', at);
+    EXPECT_EQ(out.substr(end + 1 - rate.size(), rate.size()), rate) << out.substr(at, end - at);
+  }
+
+  std::ifstream f(o.metrics_file);
+  std::string line;
+  ASSERT_TRUE(std::getline(f, line));
+  EXPECT_EQ(line, "local_step,loss,learning_rate");
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(std::getline(f, line)) << "row " << i + 1;
+    const std::vector<std::string> fields = absl::StrSplit(line, ',');
+    ASSERT_EQ(fields.size(), 3u) << line;
+    EXPECT_EQ(fields[0], absl::StrCat(i + 1));
+    float loss = 0, rate = 0;
+    ASSERT_TRUE(absl::SimpleAtof(fields[1], &loss) && absl::SimpleAtof(fields[2], &rate)) << line;
+    EXPECT_EQ(loss, r->losses[i]);  // the digits give the floats back
+    EXPECT_EQ(rate, r->learning_rates[i]);
+  }
+  EXPECT_FALSE(std::getline(f, line));
 }
 
 // In a cluster the rate travels to the ps tasks resolved: a worker without --learning_rate and one given the
