@@ -24,6 +24,7 @@
 #include "common/denormals.h"
 #include "common/env.h"
 #include "common/exit_codes.h"
+#include "common/file_util.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
 #include "common/process_clock.h"
@@ -543,8 +544,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain_worker: note: --checkpoint_dir=%s is for the ps tasks (each writes its part there: "
                  "give it to dtrain_ps); this cluster worker neither reads nor writes it\n", o.checkpoint.dir.c_str());
   }
-  // What dtrain_eval needs to evaluate the checkpoints without this command line: the model and data flags.
+  // What dtrain_eval needs to evaluate the checkpoints without this command line: the model and data flags, their
+  // paths (--data_dir, an ONNX --model) absolute as this process reads them, since dtrain_eval may run elsewhere.
   o.model_flags = dtrain::FlagValues({"worker/app/data_flags.cc", "worker/app/input_flags.cc"}, {"model", "data_dir"});
+  for (std::string& line : o.model_flags) {
+    const size_t eq = line.find('=');
+    const std::string name = line.substr(0, eq);
+    if (name == "data_dir" || (name == "model" && o.resolved_model != nullptr && o.resolved_model->imported())) {
+      line = absl::StrCat(name, "=", dtrain::AbsolutePath(line.substr(eq + 1)));
+    }
+  }
   o.stop = signals->stop();
   o.stop_reason = [signals] { return signals->received_name(); };
   o.stop_grace = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_stop_grace_secs)));
