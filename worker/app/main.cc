@@ -120,7 +120,9 @@ ABSL_FLAG(
     "GPU towers in local mode: keep variables, optimizer slots and moving averages on the devices and run "
     "the optimizer there (false: every step goes through the in-process parameter server on the host)");
 ABSL_FLAG(int, log_every, 100, "Print a progress line every this many local steps");
-ABSL_FLAG(int64_t, eval_every, 0, "Chief: evaluate test accuracy every this many global steps (0: at the end)");
+ABSL_FLAG(int64_t, eval_every, 0,
+          "Chief: evaluate test accuracy every this many global steps (0: at the end; with --follow, the progressive "
+          "validation: 0 reports it with each progress line)");
 ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");
 ABSL_FLAG(int, summary_every, 0,
           "Chief with --logdir: every this many local steps add the learning rate, ps traffic, staleness and "
@@ -184,7 +186,8 @@ ABSL_FLAG(bool, follow, false,
           "Online: --data_dir is a directory where files keep arriving (Criteo text, or TFRecord CTR examples with "
           "--data_format=tfrecord), read once each in name order; training runs until --train_steps (0: no end), "
           "until no new file came for --follow_idle_secs, or until SIGINT/SIGTERM; the chief reports the log loss and "
-          "AUC of the newest --eval_window examples, each scored before it was trained on, every --eval_every steps");
+          "AUC of the newest --eval_window examples, each scored before it was trained on, every --eval_every steps "
+          "(0: with each progress line)");
 ABSL_FLAG(double, follow_poll_secs, 1, "--follow: how often the directory is listed while waiting for a file");
 ABSL_FLAG(double, follow_idle_secs, 0, "--follow: the input ends after this long without a new file (0: never)");
 ABSL_FLAG(std::string, bad_records, "skip",

@@ -569,7 +569,8 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     ++window_steps;
     window_examples += step_examples;
     result->examples += step_examples;
-    if (result->local_steps % o.log_every == 0) {
+    const bool logging = result->local_steps % o.log_every == 0;
+    if (logging) {
       RETURN_IF_ERROR(
           CollectLosses(steps, result));  // device-resident steps: the one read-back of the window
       const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
@@ -599,7 +600,10 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       // Device-resident steps keep the gradients on the devices: no gradient histograms then.
       RETURN_IF_ERROR(summaries->Write(at.step, params.data(), c->device_resident ? nullptr : towers->host_grads()));
     }
-    if (chief && next_eval > 0 && at.step >= next_eval && before_end(at.step) && o.follow) {
+    // Online, the chief's progressive validation: every eval_every global steps, or with each progress line when
+    // eval_every is 0 (a stream has no end to wait for).
+    const bool window_due = next_eval > 0 ? at.step >= next_eval : o.eval_every == 0 && logging;
+    if (chief && o.follow && window_due && before_end(at.step)) {
       if (window->size() > 0) {
         const double log_loss = window->LogLoss(), auc = window->Auc();
         if (!o.quiet) {
@@ -613,8 +617,8 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
           RETURN_IF_ERROR(events->Flush());
         }
       }
-      next_eval = (at.step / o.eval_every + 1) * o.eval_every;
-    } else if (chief && next_eval > 0 && at.step >= next_eval && before_end(at.step)) {
+      if (next_eval > 0) next_eval = (at.step / o.eval_every + 1) * o.eval_every;
+    } else if (chief && !o.follow && next_eval > 0 && at.step >= next_eval && before_end(at.step)) {
       ASSIGN_OR_RETURN(at, settle());
       ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), *d, /*moving_averages=*/false));
       const double secs = absl::ToDoubleSeconds(absl::Now() - start);

@@ -63,8 +63,9 @@ struct WorkerOptions {
   // end the input with its error (the worker then fails: exit 1).
   data::BadExamples bad_records = data::BadExamples::kSkip;
   // The chief of an online run scores each of its batches before it trains on them; every eval_every global steps
-  // (and at the end) it reports the log loss and AUC of the newest eval_window examples so scored (printed, and
-  // TensorBoard window/log_loss, window/auc). 0: no scoring.
+  // (eval_every 0: with each of its progress lines, every log_every local steps) and at the end it reports the log
+  // loss and AUC of the newest eval_window examples so scored (printed, and TensorBoard window/log_loss,
+  // window/auc). 0: no scoring.
   int64_t eval_window = 100000;
   std::function<bool()> input_stop;
 
@@ -164,7 +165,8 @@ struct WorkerOptions {
 
   // Reporting.
   int log_every = 100;
-  int64_t eval_every = 0;       // chief: evaluate every this many global steps (0 = only at the end)
+  // chief: evaluate every this many global steps (0 = only at the end; online, see eval_window)
+  int64_t eval_every = 0;
   bool evaluate = true;         // chief: evaluate at the end
   std::string logdir;           // chief: TensorBoard event files here (empty = none)
   int summary_every = 0;        // chief with logdir: worker/train/summaries.h every this many local steps (0 = off)
