@@ -36,7 +36,9 @@ std::string AbsolutePath(const std::string& path) {
   std::error_code error;  // only when the current directory is gone: then the path as given
   const std::filesystem::path absolute = std::filesystem::absolute(path, error);
   if (error) return path;
-  return absolute.lexically_normal().string();
+  std::string normal = absolute.lexically_normal().string();
+  if (normal.size() > 1 && normal.back() == '/') normal.pop_back();  // "run/." and "data/" name a directory
+  return normal;
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {

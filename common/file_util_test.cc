@@ -115,6 +115,9 @@ TEST(AbsolutePathTest, RelativePathsTakeTheCurrentDirectory) {
   EXPECT_EQ(AbsolutePath("data/fashion"), (here == "/" ? "" : here) + "/data/fashion");
   EXPECT_EQ(AbsolutePath("./data/../models/lenet5.onnx"), (here == "/" ? "" : here) + "/models/lenet5.onnx");
   EXPECT_EQ(AbsolutePath("/usr/share/datasets/./fashion-mnist"), "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(AbsolutePath("."), here);
+  EXPECT_EQ(AbsolutePath("data/"), (here == "/" ? "" : here) + "/data");
+  EXPECT_EQ(AbsolutePath("/"), "/");
   EXPECT_EQ(AbsolutePath(""), "");
 }
 
