@@ -13,6 +13,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -406,6 +407,8 @@ std::string FormatHelp(const CommandLineSpec& spec, bool all) {
       const std::string type = TypeOf(*f);
       std::string def = f->DefaultValue();
       if (type == "string" || type == "list") def = absl::StrCat("\"", def, "\"");
+      // A number with six significant digits, as written by hand (1/3: 0.333333, not 0.33333333333333331).
+      if (double d = 0; type == "number" && absl::SimpleAtod(def, &d)) def = absl::StrCat(d);
       absl::StrAppend(&out, "  --", f->Name(), " (", type, ", default ", def, ")\n", Wrap(f->Help(), 6, 110));
     }
   }

@@ -14,6 +14,7 @@ ABSL_FLAG(std::string, test_model, "mlp", "The model to train");
 ABSL_FLAG(int64_t, test_train_steps, 2000, "Train until the global step reaches this");
 ABSL_FLAG(bool, test_shuffle, true, "Shuffle every epoch");
 ABSL_FLAG(double, test_learning_rate, 0.01, "Learning rate");
+ABSL_FLAG(double, test_warmup_start_factor, 1.0 / 3, "The warmup starts at this fraction of the rate");
 ABSL_FLAG(std::string, test_checkpoint_dir, "", "Checkpoints here");
 
 namespace dtrain {
@@ -130,6 +131,8 @@ TEST_F(CommandLineTest, HelpListsOwnFlagsInGroupsWithDefaults) {
   EXPECT_THAT(help, HasSubstr("  --test_train_steps (int, default 2000)\n      Train until the global step"));
   EXPECT_THAT(help, HasSubstr("  --test_model (string, default \"mlp\")"));
   EXPECT_THAT(help, HasSubstr("  --test_shuffle (bool, default true)"));
+  EXPECT_THAT(help, HasSubstr("  --test_warmup_start_factor (number, default 0.333333)"));
+  EXPECT_THAT(help, HasSubstr("  --test_learning_rate (number, default 0.01)"));
   EXPECT_THAT(help, HasSubstr("\nCheckpoints:\n  --test_checkpoint_dir"));
   EXPECT_THAT(help, Not(HasSubstr("--flagfile (")));  // Abseil's own (where linked) only with --helpfull
   EXPECT_THAT(FormatHelp(spec_, /*all=*/true), HasSubstr("  --test_model (string, default \"mlp\")"));

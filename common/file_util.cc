@@ -3,6 +3,9 @@
 #include <errno.h>
 #include <string.h>
 
+#include <filesystem>
+#include <system_error>
+
 #include "absl/strings/str_cat.h"
 #include "common/env.h"
 
@@ -26,6 +29,16 @@ absl::Status ErrnoToStatus(int errno_value, absl::string_view context) {
     default:
       return absl::InternalError(message);
   }
+}
+
+std::string AbsolutePath(const std::string& path) {
+  if (path.empty()) return path;
+  std::error_code error;  // only when the current directory is gone: then the path as given
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  if (error) return path;
+  std::string normal = absolute.lexically_normal().string();
+  if (normal.size() > 1 && normal.back() == '/') normal.pop_back();  // "run/." and "data/" name a directory
+  return normal;
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {

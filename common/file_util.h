@@ -30,6 +30,11 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view byte
 // Reads the whole file at `path`.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
+// `path` made absolute against the current directory and lexically normalised ("data/./x" -> "/run/data/x", "."
+// -> "/run", without a trailing '/'); symbolic links are kept. An absolute path is only normalised; an empty one stays empty. For a path kept to be
+// read later from elsewhere (a checkpoint's record of --data_dir).
+std::string AbsolutePath(const std::string& path);
+
 // An absl::Status for a failed system call: `context` (e.g. "cannot open '/x' for reading") followed
 // by strerror(errno_value), with the code mapped as described above.
 absl::Status ErrnoToStatus(int errno_value, absl::string_view context);

@@ -108,5 +108,18 @@ TEST(ErrnoToStatusTest, MapsCodesAndKeepsContext) {
   EXPECT_EQ(ErrnoToStatus(EIO, "c").code(), absl::StatusCode::kInternal);
 }
 
+TEST(AbsolutePathTest, RelativePathsTakeTheCurrentDirectory) {
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  const std::string here = cwd;
+  EXPECT_EQ(AbsolutePath("data/fashion"), (here == "/" ? "" : here) + "/data/fashion");
+  EXPECT_EQ(AbsolutePath("./data/../models/lenet5.onnx"), (here == "/" ? "" : here) + "/models/lenet5.onnx");
+  EXPECT_EQ(AbsolutePath("/usr/share/datasets/./fashion-mnist"), "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(AbsolutePath("."), here);
+  EXPECT_EQ(AbsolutePath("data/"), (here == "/" ? "" : here) + "/data");
+  EXPECT_EQ(AbsolutePath("/"), "/");
+  EXPECT_EQ(AbsolutePath(""), "");
+}
+
 }  // namespace
 }  // namespace dtrain

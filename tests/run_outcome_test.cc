@@ -6,7 +6,8 @@
 //   with --worker_timeout_secs=20), and the worker exits 143 having left;
 // - SIGTERM to the chief mid-run: it evaluates and exports, the ps tasks write their final checkpoint at its
 //   step and tell the other workers, every process exits by itself; dtrain_eval then reads that checkpoint
-//   with --checkpoint=DIR alone (the model flags are in it);
+//   with --checkpoint=DIR alone (the model flags are in it, their paths absolute: it runs from any directory, and
+//   names every recorded path that is gone in one error);
 // - SIGTERM to the ps mid-run: its final checkpoint, the workers told at once (4), the ps exits 143;
 // - --help of every binary shows its own flags in groups; an unknown flag names the closest and exits 2; a
 //   flagfile shared by the ps and the workers works for both;
@@ -312,10 +313,52 @@ TEST(RunOutcome, SigtermToTheChiefStillCheckpointsEvaluatesAndExports) {
   Subprocess eval({BinPath("dtrain_eval"), "--checkpoint=" + ckpt}, c.dir() + "/eval.log");
   EXPECT_EQ(eval.Wait(absl::Minutes(1)), 0) << eval.Output();
   EXPECT_TRUE(Has(eval.Output(), "dtrain_eval: from the checkpoint: ")) << eval.Output();
-  EXPECT_TRUE(Has(eval.Output(), "--data_dir=" + ImageData())) << eval.Output();
+  EXPECT_TRUE(Has(eval.Output(), "--data_dir=" + std::filesystem::path(ImageData()).lexically_normal().string()))
+      << eval.Output();
   EXPECT_TRUE(
       Has(eval.Output(), absl::StrCat("checkpoint model.ckpt-", step, ": test accuracy = ", m[2].str())))
       << eval.Output() << "\nchief: " << out;
+}
+
+// A checkpoint records its paths absolute: a run started in one directory with relative --model and --data_dir is
+// evaluated from another with --checkpoint alone. When the recorded paths are gone, one error names them all as
+// the checkpoint's, with the flags that replace them (exit 2), and those flags make it work again.
+TEST(RunOutcome, EvalFromAnotherDirectoryFindsTheCheckpointsPaths) {
+  const std::string dir = std::filesystem::canonical(Scratch("eval_elsewhere")).string();
+  const std::string run = dir + "/run", elsewhere = dir + "/elsewhere", moved = dir + "/moved";
+  std::filesystem::create_directories(elsewhere);
+  std::filesystem::create_directories(run);
+  std::filesystem::copy(ImageData(), run + "/data");
+  WriteLinearOnnx(run);
+  auto in = [](const std::string& cwd, const std::string& command) {
+    return std::vector<std::string>{"/bin/sh", "-c", absl::StrCat("cd '", cwd, "' && exec ", command)};
+  };
+  Subprocess train(in(run, BinPath("dtrain_worker") + " --job_name=local --model=linear.onnx --data_dir=data "
+                               "--train_steps=10 --log_every=1000 --learning_rate=0.01 --checkpoint_dir=ckpt"),
+                   dir + "/train.log");
+  ASSERT_EQ(train.Wait(absl::Minutes(1)), 0) << train.Output();
+  std::smatch m;
+  const std::string trained = train.Output();
+  ASSERT_TRUE(std::regex_search(trained, m, std::regex("step 10: test accuracy = ([0-9.]+)"))) << trained;
+
+  Subprocess eval(in(elsewhere, BinPath("dtrain_eval") + " --checkpoint=" + run + "/ckpt"), dir + "/eval.log");
+  EXPECT_EQ(eval.Wait(absl::Minutes(1)), 0) << eval.Output();
+  EXPECT_TRUE(Has(eval.Output(), "--data_dir=" + run + "/data")) << eval.Output();
+  EXPECT_TRUE(Has(eval.Output(), "--model=" + run + "/linear.onnx")) << eval.Output();
+  EXPECT_TRUE(Has(eval.Output(), "checkpoint model.ckpt-10: test accuracy = " + m[1].str())) << eval.Output();
+
+  std::filesystem::rename(run, moved);
+  Subprocess gone(in(elsewhere, BinPath("dtrain_eval") + " --checkpoint=" + moved + "/ckpt"), dir + "/gone.log");
+  EXPECT_EQ(gone.Wait(absl::Minutes(1)), 2) << gone.Output();
+  EXPECT_TRUE(Has(gone.Output(), absl::StrCat("dtrain_eval: the checkpoint's recorded paths are not there (from ",
+                                              elsewhere, "): --data_dir=", run, "/data, --model=", run,
+                                              "/linear.onnx; give --data_dir and --model to use another")))
+      << gone.Output();
+  Subprocess given(in(elsewhere, BinPath("dtrain_eval") + " --checkpoint=" + moved +
+                                     "/ckpt --model=../moved/linear.onnx --data_dir=../moved/data"),
+                   dir + "/given.log");
+  EXPECT_EQ(given.Wait(absl::Minutes(1)), 0) << given.Output();
+  EXPECT_TRUE(Has(given.Output(), "checkpoint model.ckpt-10: test accuracy = " + m[1].str())) << given.Output();
 }
 
 // SIGTERM to the ps mid-run: it saves its final checkpoint at the step it holds and tells the workers, who

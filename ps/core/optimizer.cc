@@ -35,6 +35,17 @@ absl::StatusOr<OptimizerConfig> DefaultOptimizerConfig(const std::string& name) 
   return c;
 }
 
+FrameworkLearningRate FrameworkDefaultLearningRate(const std::string& name) {
+  if (name == "adam") return {0.001f, "tf.train.AdamOptimizer"};
+  if (name == "pytorch_adam") return {0.001f, "torch.optim.Adam"};
+  if (name == "adamw") return {0.001f, "torch.optim.AdamW"};
+  if (name == "rmsprop") return {0.001f, "Keras' RMSprop"};
+  if (name == "adagrad") return {0.001f, "Keras' Adagrad"};
+  if (name == "pytorch_rmsprop") return {0.01f, "torch.optim.RMSprop"};
+  if (name == "pytorch_adagrad") return {0.01f, "torch.optim.Adagrad"};
+  return {};
+}
+
 absl::StatusOr<kernels::OptimizerParams> ToOptimizerParams(const OptimizerConfig& config,
                                                            float moving_average_decay) {
   kernels::OptimizerParams p;

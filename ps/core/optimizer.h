@@ -42,6 +42,17 @@ inline constexpr int kMaxOptimizerSlots = 3;
 // InvalidArgument for an unknown name.
 absl::StatusOr<OptimizerConfig> DefaultOptimizerConfig(const std::string& name);
 
+// The learning rate an adaptive optimizer's framework gives it when none is set, and whose default it is:
+// 0.001 for adam (tf.train.AdamOptimizer, Keras' Adam), pytorch_adam (torch.optim.Adam), adamw
+// (torch.optim.AdamW), rmsprop and adagrad (Keras' RMSprop and Adagrad: TensorFlow 1's optimizers have no default
+// rate); 0.01 for pytorch_rmsprop (torch.optim.RMSprop) and pytorch_adagrad (torch.optim.Adagrad). sgd and
+// momentum have none that fits every model (rate 0, empty source): a model's own rate applies.
+struct FrameworkLearningRate {
+  float rate = 0;
+  std::string source;  // "torch.optim.RMSprop"
+};
+FrameworkLearningRate FrameworkDefaultLearningRate(const std::string& name);
+
 // The device optimizers' hyperparameters for `config` (kernels/optimizer_ops.h), validated: InvalidArgument for
 // an unknown name, an unknown lr_schedule or an out-of-range value (the message names it).
 absl::StatusOr<kernels::OptimizerParams> ToOptimizerParams(const OptimizerConfig& config,

@@ -41,7 +41,9 @@ ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's defau
 ABSL_FLAG(std::string, towers, "", "N CPU towers or gpu:0,...");
 ABSL_FLAG(int, num_gpus, 0, "One tower per GPU");
 ABSL_FLAG(std::string, optimizer, "", "Optimizer (default: the model's)");
-ABSL_FLAG(double, learning_rate, 0, "Learning rate (default: the model's)");
+ABSL_FLAG(double, learning_rate, 0,
+          "Learning rate (default: the model's; an adaptive --optimizer other than the model's takes its "
+          "framework's, as dtrain_worker does)");
 ABSL_FLAG(int, warmup_steps, 5, "Steps before timing");
 ABSL_FLAG(int, window_steps, 20, "Steps per timing window");
 ABSL_FLAG(int, windows, 5, "Early timing windows (the median is reported)");

@@ -24,8 +24,9 @@
 // --follow_timeout_secs after the last one (0: once); --logits_out then holds the last state's logits.
 // A checkpoint keeps the chief's model and data flags (--model, --data_dir, --data_format, dlrm's shape,
 // --input_mean/--input_std: ps::CheckpointData::model_flags): those not given on the command line are taken from
-// it, so --checkpoint=DIR alone evaluates a built-in model; a model imported from ONNX needs --model=FILE.onnx
-// when its recorded path is gone. A --flagfile shared with dtrain_worker may hold its other flags (ignored).
+// it, so --checkpoint=DIR alone evaluates a built-in model. Its paths (--data_dir, an ONNX --model) are recorded
+// absolute; those not there (moved, or relative in an older checkpoint) are named together in one error (exit 2)
+// with the flags that replace them. A --flagfile shared with dtrain_worker may hold its other flags (ignored).
 // Exit codes: 0 ok, 1 a failure (unreadable or mismatched checkpoint, data), 2 bad flags or a refused model.
 #include <algorithm>
 #include <cstdio>
@@ -44,6 +45,7 @@
 #include "common/status_macros.h"
 #include "kernels/device.h"
 #include "common/env.h"
+#include "common/file_util.h"
 #include "ps/checkpoint/checkpoint_set.h"
 #include "ps/checkpoint/delta_follower.h"
 #include "worker/batch/batch_view.h"
@@ -384,15 +386,25 @@ int main(int argc, char** argv) {
       const std::string name = line.substr(0, line.find('='));
       if (parsed.specified.count(name) == 0) taken.push_back(line);
     }
-    // An imported model's file may have moved: then --model=FILE.onnx is needed.
+    // The paths the checkpoint recorded (an imported model's file, --data_dir) may have moved, or be relative to
+    // where an older run started: every one that is not there is named at once, with the flag that replaces it.
+    std::vector<std::string> missing, flags;
     for (const std::string& line : taken) {
-      const std::string model = line.substr(line.find('=') + 1);
-      if (absl::StartsWith(line, "model=") && absl::EndsWithIgnoreCase(model, ".onnx") &&
-          !dtrain::Env::Default()->FileExists(model)) {
-        std::fprintf(stderr, "dtrain_eval: the checkpoint was trained from the ONNX file %s, which is not there: "
-                     "give its --model=FILE.onnx\n", model.c_str());
-        return 2;
+      const std::string name = line.substr(0, line.find('='));
+      const std::string value = line.substr(line.find('=') + 1);
+      const bool model_file = name == "model" && (absl::EndsWithIgnoreCase(value, ".onnx") ||
+                                                  value.find('/') != std::string::npos);
+      if ((model_file || (name == "data_dir" && !value.empty())) && !dtrain::Env::Default()->FileExists(value)) {
+        missing.push_back(absl::StrCat("--", line));
+        flags.push_back(absl::StrCat("--", name));
       }
+    }
+    if (!missing.empty()) {
+      std::fprintf(stderr, "dtrain_eval: the checkpoint's recorded %s not there (from %s): %s; give %s to use "
+                   "another\n", missing.size() == 1 ? "path is" : "paths are",
+                   dtrain::AbsolutePath(".").c_str(), absl::StrJoin(missing, ", ").c_str(),
+                   absl::StrJoin(flags, " and ").c_str());
+      return 2;
     }
     if (absl::Status s = dtrain::SetFlagValues(taken, parsed.specified); !s.ok()) {
       std::fprintf(stderr, "dtrain_eval: the checkpoint's model flags: %s\n", std::string(s.message()).c_str());

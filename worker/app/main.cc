@@ -24,6 +24,7 @@
 #include "common/denormals.h"
 #include "common/env.h"
 #include "common/exit_codes.h"
+#include "common/file_util.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex_config.h"
 #include "common/process_clock.h"
@@ -53,7 +54,8 @@ ABSL_FLAG(std::string, sparse_optimizer, "",
 ABSL_FLAG(double, sparse_learning_rate, 0, "Learning rate of --sparse_optimizer (0: the model's)");
 ABSL_FLAG(bool, shuffle, true, "Shuffle each worker's shard every epoch (false: read it in order)");
 ABSL_FLAG(std::string, metrics_file, "",
-          "Write this worker's loss of every local step here at the end, as CSV local_step,loss");
+          "Write this worker's loss of every local step and the learning rate of its update here at the end, as "
+          "CSV local_step,loss,learning_rate");
 ABSL_FLAG(std::string, push_journal_dir, "",
           "A cluster worker: record every push ps 0 acknowledged in a journal file in this directory "
           "(pushes.w<task>.*.journal), for scripts/check_updates.py with the ps tasks' --journal_applied");
@@ -63,7 +65,10 @@ ABSL_FLAG(std::string, export_onnx, "",
           "and its weights as FILE.data beside it)");
 ABSL_FLAG(int64_t, train_steps, 2000, "Train until the global step reaches this");
 ABSL_FLAG(int, batch_size, 0, "Examples per tower per step (0: the model's default)");
-ABSL_FLAG(double, learning_rate, 0, "Learning rate (0: the model's default)");
+ABSL_FLAG(double, learning_rate, 0,
+          "Learning rate (0: the model's default; an adaptive --optimizer other than the model's takes its "
+          "framework's: 0.001 for adam, pytorch_adam, adamw (TensorFlow, PyTorch), rmsprop and adagrad (Keras), 0.01 "
+          "for pytorch_rmsprop and pytorch_adagrad (PyTorch)). A line of the log says which rate was taken");
 ABSL_FLAG(std::string, optimizer, "",
           "sgd | momentum | adam (TensorFlow's) | pytorch_adam (torch.optim.Adam) | adamw (torch.optim.AdamW) | "
           "adagrad (TensorFlow's defaults) | pytorch_adagrad | rmsprop (TensorFlow's) | pytorch_rmsprop "
@@ -97,7 +102,8 @@ ABSL_FLAG(bool, staircase, false, "Decay the learning rate in discrete steps");
 ABSL_FLAG(double, min_learning_rate, 0, "--lr_schedule=cosine: the rate it ends at");
 ABSL_FLAG(int64_t, warmup_steps, 0,
           "Linear learning-rate warmup over this many steps before the schedule (LinearLR + SequentialLR)");
-ABSL_FLAG(double, warmup_start_factor, 0, "The warmup starts at this fraction of --learning_rate");
+ABSL_FLAG(double, warmup_start_factor, 1.0 / 3,
+          "The warmup starts at this fraction of --learning_rate (default 1/3, PyTorch LinearLR's start_factor)");
 ABSL_FLAG(double, moving_average_decay, 0, "Keep moving averages of the variables (0: off)");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for initialization, shuffling and dropout");
 ABSL_FLAG(std::string, mode, "sync", "sync | async");
@@ -114,7 +120,9 @@ ABSL_FLAG(
     "GPU towers in local mode: keep variables, optimizer slots and moving averages on the devices and run "
     "the optimizer there (false: every step goes through the in-process parameter server on the host)");
 ABSL_FLAG(int, log_every, 100, "Print a progress line every this many local steps");
-ABSL_FLAG(int64_t, eval_every, 0, "Chief: evaluate test accuracy every this many global steps (0: at the end)");
+ABSL_FLAG(int64_t, eval_every, 0,
+          "Chief: evaluate test accuracy every this many global steps (0: at the end; with --follow, the progressive "
+          "validation: 0 reports it with each progress line)");
 ABSL_FLAG(std::string, logdir, "", "Chief: write TensorBoard event files here");
 ABSL_FLAG(int, summary_every, 0,
           "Chief with --logdir: every this many local steps add the learning rate, ps traffic, staleness and "
@@ -178,7 +186,8 @@ ABSL_FLAG(bool, follow, false,
           "Online: --data_dir is a directory where files keep arriving (Criteo text, or TFRecord CTR examples with "
           "--data_format=tfrecord), read once each in name order; training runs until --train_steps (0: no end), "
           "until no new file came for --follow_idle_secs, or until SIGINT/SIGTERM; the chief reports the log loss and "
-          "AUC of the newest --eval_window examples, each scored before it was trained on, every --eval_every steps");
+          "AUC of the newest --eval_window examples, each scored before it was trained on, every --eval_every steps "
+          "(0: with each progress line)");
 ABSL_FLAG(double, follow_poll_secs, 1, "--follow: how often the directory is listed while waiting for a file");
 ABSL_FLAG(double, follow_idle_secs, 0, "--follow: the input ends after this long without a new file (0: never)");
 ABSL_FLAG(std::string, bad_records, "skip",
@@ -538,8 +547,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain_worker: note: --checkpoint_dir=%s is for the ps tasks (each writes its part there: "
                  "give it to dtrain_ps); this cluster worker neither reads nor writes it\n", o.checkpoint.dir.c_str());
   }
-  // What dtrain_eval needs to evaluate the checkpoints without this command line: the model and data flags.
+  // What dtrain_eval needs to evaluate the checkpoints without this command line: the model and data flags, their
+  // paths (--data_dir, an ONNX --model) absolute as this process reads them, since dtrain_eval may run elsewhere.
   o.model_flags = dtrain::FlagValues({"worker/app/data_flags.cc", "worker/app/input_flags.cc"}, {"model", "data_dir"});
+  for (std::string& line : o.model_flags) {
+    const size_t eq = line.find('=');
+    const std::string name = line.substr(0, eq);
+    if (name == "data_dir" || (name == "model" && o.resolved_model != nullptr && o.resolved_model->imported())) {
+      line = absl::StrCat(name, "=", dtrain::AbsolutePath(line.substr(eq + 1)));
+    }
+  }
   o.stop = signals->stop();
   o.stop_reason = [signals] { return signals->received_name(); };
   o.stop_grace = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_stop_grace_secs)));

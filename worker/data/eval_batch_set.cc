@@ -30,7 +30,7 @@ class SourceEvalBatches : public EvalBatchSet {
  public:
   SourceEvalBatches(const Dataset& data, const EvalBatchOptions& o) : data_(data), o_(o) {}
   absl::Status ForEach(const std::function<absl::Status(const Batch&)>& fn) const override {
-    std::unique_ptr<BatchStream> stream = CreateSourceEvalStream(data_, o_);
+    std::unique_ptr<BatchStream> stream = CreateSourceEvalStream(data_, o_, reported_);
     while (true) {
       const Batch& b = stream->Next();
       if (b.batch == 0) {
@@ -45,6 +45,9 @@ class SourceEvalBatches : public EvalBatchSet {
  private:
   const Dataset& data_;
   const EvalBatchOptions o_;
+  // A bad example is logged at the first visit only (the chief evaluates many times; dtrain_eval twice with
+  // --logits_out).
+  const std::shared_ptr<ReportedExamples> reported_ = std::make_shared<ReportedExamples>();
 };
 
 }  // namespace

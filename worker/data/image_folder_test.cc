@@ -251,17 +251,24 @@ TEST(ImageFolderTest, BadFilesAreReportedAndSkippedOrStopTheStream) {
     for (float v : b.images) ASSERT_TRUE(v >= 0 && v <= 1);
   }
   EXPECT_TRUE((*s)->status().ok());
-  // Evaluation leaves the bad one out.
+  // Evaluation leaves the bad one out, every visit, and logs it at the first only.
   EvalBatchOptions eo;
   eo.batch_size = 2;
   absl::StatusOr<std::unique_ptr<EvalBatchSet>> eval = EvalBatchSet::Create(p->test, eo);
   ASSERT_TRUE(eval.ok());
-  int examples = 0;
-  ASSERT_TRUE((*eval)->ForEach([&](const Batch& b) {
-    examples += b.batch;
-    return absl::OkStatus();
-  }).ok());
-  EXPECT_EQ(examples, 2);
+  ::testing::internal::CaptureStderr();
+  for (int visit = 0; visit < 2; ++visit) {
+    int examples = 0;
+    ASSERT_TRUE((*eval)->ForEach([&](const Batch& b) {
+      examples += b.batch;
+      return absl::OkStatus();
+    }).ok());
+    EXPECT_EQ(examples, 2);
+  }
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  const size_t first = logged.find("val/dog/bad.jpg");
+  EXPECT_NE(first, std::string::npos) << logged;
+  EXPECT_EQ(logged.find("val/dog/bad.jpg", first + 1), std::string::npos) << logged;
 
   // Refused: the stream stops with the path in its status.
   o.bad_examples = BadExamples::kFail;

@@ -39,6 +39,7 @@ struct Config {
   int threads = 0;
   BadExamples bad_examples = BadExamples::kSkip;
   Normalization normalize;
+  std::shared_ptr<ReportedExamples> reported;  // null: the stream's own
 };
 
 // Thread-safety: Next(), SaveState() and Restore() from one consumer thread; the pool threads take work under
@@ -287,12 +288,12 @@ class SourceBatchStream : public BatchStream {
                                                       first_error.message(), ")"));
   }
 
-  // Logs a failed read once per example.
+  // Logs a failed read once per example (once over the passes that share c_.reported).
   void Report(int64_t ex, const absl::Status& s) {
-    absl::MutexLock lock(&report_mu_);
-    if (!reported_.insert(ex).second) return;
+    size_t count = 0;
+    if (!reported_->Add(ex, &count)) return;
     LOG(WARNING) << (c_.bad_examples == BadExamples::kSkip ? "skipping " : "") << "an example that cannot be read: "
-                 << s.message() << " (" << reported_.size() << " so far"
+                 << s.message() << " (" << count << " so far"
                  << (c_.bad_examples == BadExamples::kSkip ? "; --bad_images=fail stops instead)" : ")");
   }
 
@@ -322,8 +323,8 @@ class SourceBatchStream : public BatchStream {
 
   absl::Mutex order_mu_;
   std::map<int64_t, std::shared_ptr<const std::vector<int64_t>>> orders_ ABSL_GUARDED_BY(order_mu_);
-  absl::Mutex report_mu_;
-  std::set<int64_t> reported_ ABSL_GUARDED_BY(report_mu_);
+  const std::shared_ptr<ReportedExamples> reported_ =
+      c_.reported != nullptr ? c_.reported : std::make_shared<ReportedExamples>();
 
   absl::Mutex mu_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // batch k in slots_[k % depth_]
@@ -379,8 +380,17 @@ std::unique_ptr<BatchStream> CreateSourceBatchStream(const Dataset& data, const 
   return std::make_unique<SourceBatchStream>(data, c);
 }
 
-std::unique_ptr<BatchStream> CreateSourceEvalStream(const Dataset& data, const EvalBatchOptions& o) {
+bool ReportedExamples::Add(int64_t example, size_t* count) {
+  absl::MutexLock lock(&mu_);
+  const bool added = examples_.insert(example).second;
+  *count = examples_.size();
+  return added;
+}
+
+std::unique_ptr<BatchStream> CreateSourceEvalStream(const Dataset& data, const EvalBatchOptions& o,
+                                                    std::shared_ptr<ReportedExamples> reported) {
   Config c;
+  c.reported = std::move(reported);
   c.batch_size = o.batch_size;
   c.shuffle = false;
   c.augment = false;

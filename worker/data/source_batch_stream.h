@@ -12,9 +12,13 @@
 #ifndef DTRAIN_WORKER_DATA_SOURCE_BATCH_STREAM_H_
 #define DTRAIN_WORKER_DATA_SOURCE_BATCH_STREAM_H_
 
+#include <cstdint>
 #include <memory>
+#include <set>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/data/dataset.h"
 
 namespace dtrain::data {
@@ -26,9 +30,23 @@ absl::Status CheckSourceDataset(const Dataset& data);
 // Preconditions: CheckSourceDataset(data); o is valid (BatchStream::Create checks it).
 std::unique_ptr<BatchStream> CreateSourceBatchStream(const Dataset& data, const BatchStreamOptions& o);
 
+// The examples of a data set whose read failed and were logged (kSkip), shared by the passes over it, so that an
+// evaluation set visited again logs each bad example once. Thread-safe.
+class ReportedExamples {
+ public:
+  // True the first time `example` is added: then log it. `count`: how many have been added, this one included.
+  bool Add(int64_t example, size_t* count);
+
+ private:
+  absl::Mutex mu_;
+  std::set<int64_t> examples_ ABSL_GUARDED_BY(mu_);
+};
+
 // One pass over the whole set in order, without augmentation: batches of batch_size (the last smaller, batches
 // smaller still by the examples that failed with kSkip); then Next() returns an empty batch with status() OK.
-std::unique_ptr<BatchStream> CreateSourceEvalStream(const Dataset& data, const EvalBatchOptions& o);
+// `reported` (null: the stream's own) holds the failed examples already logged by earlier passes.
+std::unique_ptr<BatchStream> CreateSourceEvalStream(const Dataset& data, const EvalBatchOptions& o,
+                                                    std::shared_ptr<ReportedExamples> reported = nullptr);
 
 }  // namespace dtrain::data
 

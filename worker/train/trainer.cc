@@ -465,6 +465,9 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       std::printf("joining the run at global step %lld\n", static_cast<long long>(at.step));
     }
   }
+  // The learning-rate schedule the ps tasks apply (the config this worker registered), for the progress lines and
+  // the metrics file.
+  ASSIGN_OR_RETURN(const ps::Optimizer schedule, ps::Optimizer::Create(c->config.optimizer));
   const int64_t examples_per_step = static_cast<int64_t>(o.batch_size) * towers->size();
   const absl::Time start = absl::Now();
   if (result->training_started == absl::InfinitePast()) result->training_started = start;
@@ -535,6 +538,8 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     if (o.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(o.step_delay_ms));
     if (stepped.ok()) {
       stepped = global ? steps->StepRounds(current.views, at.step, current.scale) : steps->Step(current.views, at.step);
+      // The step's loss is kept (TakeLosses): the rate its update is applied with goes beside it.
+      if (stepped.ok()) result->learning_rates.push_back(schedule.LearningRate(at.step));
     }
     const int64_t step_examples = static_cast<int64_t>(current.rounds) * examples_per_step;
     if (sparse) {
@@ -564,16 +569,19 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     ++window_steps;
     window_examples += step_examples;
     result->examples += step_examples;
-    if (result->local_steps % o.log_every == 0) {
+    const bool logging = result->local_steps % o.log_every == 0;
+    if (logging) {
       RETURN_IF_ERROR(
           CollectLosses(steps, result));  // device-resident steps: the one read-back of the window
       const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
       const double rate = static_cast<double>(window_examples) / std::max(secs, 1e-9);
       const float loss = result->last_loss;
       if (!o.quiet) {
-        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch; input wait %.3f sec/batch)\n",
+        // The learning rate at the line's step, as TensorBoard's learning_rate scalar has it (the schedule's value).
+        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch; input wait %.3f sec/batch; "
+                    "learning rate %.4g)\n",
                     static_cast<long long>(at.step), loss, rate, secs / std::max<int64_t>(window_steps, 1),
-                    window_input_wait / std::max<int64_t>(window_steps, 1));
+                    window_input_wait / std::max<int64_t>(window_steps, 1), schedule.LearningRate(at.step));
         std::fflush(stdout);
       }
       if (events) {
@@ -592,7 +600,10 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       // Device-resident steps keep the gradients on the devices: no gradient histograms then.
       RETURN_IF_ERROR(summaries->Write(at.step, params.data(), c->device_resident ? nullptr : towers->host_grads()));
     }
-    if (chief && next_eval > 0 && at.step >= next_eval && before_end(at.step) && o.follow) {
+    // Online, the chief's progressive validation: every eval_every global steps, or with each progress line when
+    // eval_every is 0 (a stream has no end to wait for).
+    const bool window_due = next_eval > 0 ? at.step >= next_eval : o.eval_every == 0 && logging;
+    if (chief && o.follow && window_due && before_end(at.step)) {
       if (window->size() > 0) {
         const double log_loss = window->LogLoss(), auc = window->Auc();
         if (!o.quiet) {
@@ -606,8 +617,8 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
           RETURN_IF_ERROR(events->Flush());
         }
       }
-      next_eval = (at.step / o.eval_every + 1) * o.eval_every;
-    } else if (chief && next_eval > 0 && at.step >= next_eval && before_end(at.step)) {
+      if (next_eval > 0) next_eval = (at.step / o.eval_every + 1) * o.eval_every;
+    } else if (chief && !o.follow && next_eval > 0 && at.step >= next_eval && before_end(at.step)) {
       ASSIGN_OR_RETURN(at, settle());
       ASSIGN_OR_RETURN(Evaluation e, EvaluateNow(steps, towers->tower(0), *d, /*moving_averages=*/false));
       const double secs = absl::ToDoubleSeconds(absl::Now() - start);
@@ -772,10 +783,15 @@ void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const Training
   }
 }
 
-// The loss of every local step, one CSV line each, with the digits that give the float back.
+// The loss of every local step and the learning rate of its update, one CSV line each, with the digits that give
+// the floats back.
 absl::Status WriteMetrics(const std::string& path, const TrainingResult& result) {
-  std::string csv = "local_step,loss\n";
-  for (size_t i = 0; i < result.losses.size(); ++i) absl::StrAppendFormat(&csv, "%d,%.9g\n", i + 1, result.losses[i]);
+  std::string csv = "local_step,loss,learning_rate\n";
+  for (size_t i = 0; i < result.losses.size(); ++i) {
+    absl::StrAppendFormat(&csv, "%d,%.9g,", i + 1, result.losses[i]);
+    if (i < result.learning_rates.size()) absl::StrAppendFormat(&csv, "%.9g", result.learning_rates[i]);
+    csv += '\n';
+  }
   return WriteFileAtomically(path, csv);
 }
 
@@ -793,8 +809,27 @@ absl::Status ApplyModelDefaults(WorkerOptions* o) {
   }
   const models::ModelDefaults& d = o->resolved_model->defaults;
   if (o->batch_size <= 0) o->batch_size = d.batch_size;
-  if (o->learning_rate <= 0) o->learning_rate = d.learning_rate;
   if (o->optimizer.empty()) o->optimizer = d.optimizer;
+  // The learning rate: the one given; else an adaptive optimizer other than the model's takes its framework's
+  // default (the model's rate is tuned for the model's optimizer: mlp's 0.1 for sgd does not train rmsprop);
+  // else the model's.
+  if (o->learning_rate_note.empty()) {
+    const ps::FrameworkLearningRate framework = ps::FrameworkDefaultLearningRate(o->optimizer);
+    const std::string model = o->resolved_model->name;
+    if (o->learning_rate > 0) {
+      o->learning_rate_note = absl::StrCat("learning rate ", o->learning_rate, " (--learning_rate)");
+    } else if (o->optimizer != d.optimizer && framework.rate > 0) {
+      o->learning_rate = framework.rate;
+      o->learning_rate_note = absl::StrCat("learning rate ", o->learning_rate, ": --optimizer=", o->optimizer,
+                                           "'s default (as ", framework.source, "), not the model ", model, "'s ",
+                                           d.learning_rate, " (for its ", d.optimizer,
+                                           "); --learning_rate sets another");
+    } else {
+      o->learning_rate = d.learning_rate;
+      o->learning_rate_note = absl::StrCat("learning rate ", o->learning_rate, ": the model ", model,
+                                           "'s default (for ", d.optimizer, "); --learning_rate sets another");
+    }
+  }
   if (o->sparse_optimizer.empty()) o->sparse_optimizer = d.sparse_optimizer.empty() ? "adagrad" : d.sparse_optimizer;
   if (o->sparse_learning_rate <= 0) {
     o->sparse_learning_rate = d.sparse_learning_rate > 0 ? d.sparse_learning_rate : o->learning_rate;
@@ -827,7 +862,9 @@ absl::StatusOr<ps::OptimizerConfig> OptimizerConfigOf(const WorkerOptions& o) {
   c.staircase = o.staircase;
   c.min_learning_rate = o.min_learning_rate;
   c.warmup_steps = o.warmup_steps;
-  c.warmup_start_factor = o.warmup_start_factor;
+  // Without warmup steps the factor means nothing: 0 then, so that the workers' configs agree whatever factor
+  // each was given (ps::CompareTrainConfigs), and a run without warmup registers the config it did before 1/3.
+  c.warmup_start_factor = o.warmup_steps > 0 ? o.warmup_start_factor : 0.0f;
   if (o.lr_schedule == "exponential") {
     c.lr_schedule = "exponential";
   } else if (o.lr_schedule == "step") {
@@ -960,6 +997,7 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
   SetFlushDenormals();  // the training loop computes (the kernels' own pools set it too)
   WorkerOptions o = options;
   RETURN_IF_ERROR(ApplyModelDefaults(&o));
+  if (!o.quiet) LOG(INFO) << "worker " << o.worker_id << ": " << o.learning_rate_note;
   const bool local = tasks.empty();
   const bool chief = o.worker_id == 0;
 

@@ -63,8 +63,9 @@ struct WorkerOptions {
   // end the input with its error (the worker then fails: exit 1).
   data::BadExamples bad_records = data::BadExamples::kSkip;
   // The chief of an online run scores each of its batches before it trains on them; every eval_every global steps
-  // (and at the end) it reports the log loss and AUC of the newest eval_window examples so scored (printed, and
-  // TensorBoard window/log_loss, window/auc). 0: no scoring.
+  // (eval_every 0: with each of its progress lines, every log_every local steps) and at the end it reports the log
+  // loss and AUC of the newest eval_window examples so scored (printed, and TensorBoard window/log_loss,
+  // window/auc). 0: no scoring.
   int64_t eval_window = 100000;
   std::function<bool()> input_stop;
 
@@ -100,8 +101,12 @@ struct WorkerOptions {
   // Training. 0 / "" = the model's default (resolved_model->defaults).
   int64_t train_steps = 2000;  // global steps
   int batch_size = 0;          // per tower
+  // 0: an adaptive optimizer other than the model's (adam, rmsprop, adagrad and their PyTorch forms) takes its
+  // framework's default rate (ps::FrameworkDefaultLearningRate), any other the model's.
   float learning_rate = 0;
   std::string optimizer;  // a name of ps::OptimizerConfig (ps/api/ps_types.h)
+  // Set by ApplyModelDefaults: the learning rate taken and why, one line that RunTraining logs.
+  std::string learning_rate_note;
   // The optimizer's hyperparameters; unset: the optimizer's framework default (ps::DefaultOptimizerConfig:
   // PyTorch's for pytorch_* and adamw, TensorFlow's for the others; momentum 0.9 for "momentum").
   std::optional<float> momentum, beta1, beta2, epsilon, weight_decay, rho, initial_accumulator;
@@ -110,7 +115,8 @@ struct WorkerOptions {
   float clip_norm = 0;    // > 0: clip the gradient to this global L2 norm (each worker's; see ps_types.h)
   // The learning-rate schedule: "exponential" (decay_rate every decay_steps, smooth unless staircase), "step"
   // (the same, staircase), "cosine" (to min_learning_rate over decay_steps; 0: over train_steps - warmup_steps)
-  // or "constant". Linear warmup from warmup_start_factor * learning_rate over warmup_steps comes first.
+  // or "constant". Linear warmup from warmup_start_factor * learning_rate over warmup_steps comes first (the
+  // factor 1/3 by default, PyTorch LinearLR's start_factor; without warmup steps it is none of the config's).
   std::string lr_schedule = "exponential";
   // 0 = none, except for cifar10, whose default is the tutorial's staircase decay by 0.1 every 350 epochs.
   int64_t decay_steps = 0;
@@ -118,7 +124,7 @@ struct WorkerOptions {
   bool staircase = false;
   float min_learning_rate = 0;
   int64_t warmup_steps = 0;
-  float warmup_start_factor = 0;
+  float warmup_start_factor = 1.0f / 3;
   float moving_average_decay = 0;
 
   // Local mode: the in-process ps checkpoints like dtrain_ps does (see ps/core/parameter_server.h), and writes
@@ -159,7 +165,8 @@ struct WorkerOptions {
 
   // Reporting.
   int log_every = 100;
-  int64_t eval_every = 0;       // chief: evaluate every this many global steps (0 = only at the end)
+  // chief: evaluate every this many global steps (0 = only at the end; online, see eval_window)
+  int64_t eval_every = 0;
   bool evaluate = true;         // chief: evaluate at the end
   std::string logdir;           // chief: TensorBoard event files here (empty = none)
   int summary_every = 0;        // chief with logdir: worker/train/summaries.h every this many local steps (0 = off)
@@ -199,7 +206,9 @@ struct WorkerOptions {
   ProfileRecorder* profile = nullptr;
 
   // Output files.
-  std::string metrics_file;  // this worker's loss of every local step, as CSV "local_step,loss" (exact floats)
+  // This worker's loss of every local step and the learning rate of its update, as CSV
+  // "local_step,loss,learning_rate" (exact floats).
+  std::string metrics_file;
   // A cluster worker: every push ps 0 acknowledged, recorded in a journal file in this directory
   // (ps/client/push_journal.h) for scripts/check_updates.py (empty: none).
   std::string push_journal_dir;
@@ -215,6 +224,9 @@ struct TrainingResult {
   double seconds = 0;             // wall time of the training loop
   float last_loss = 0;
   std::vector<float> losses;      // loss of every local step, in order
+  // The learning rate each of those steps' update was applied with (the schedule's value at the global step the
+  // step computed at; async: the step of its pull), in the same order.
+  std::vector<float> learning_rates;
   double test_accuracy = -1;      // chief only, -1 if not evaluated
   // Chief, models with one logit (sigmoid cross-entropy, e.g. dlrm): the test set's log loss and ROC AUC (-1
   // if not evaluated); test_accuracy is then the share of examples on the right side of 0.5.

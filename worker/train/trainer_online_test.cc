@@ -1,8 +1,9 @@
 // Online training through the whole loop (local mode, dlrm): the input follows a directory of arriving parts
 // (worker/data/batch_stream_follow.h) until no new part comes, the chief scores each batch before training on it
-// (progressive validation), the in-process ps writes deltas by step and a final checkpoint; a run stopped half-way
-// resumes from its checkpoint at the input position it held and ends exactly as an uninterrupted run; the tables'
-// online settings (expiry, admission, 16-bit rows) reach the ps; a bad part is set aside (--bad_records=skip) or
+// (progressive validation, reported every eval_every steps or with each progress line), the in-process ps writes
+// deltas by step and a final checkpoint; a run stopped half-way resumes from its checkpoint at the input position
+// it held and ends exactly as an uninterrupted run; the tables' online settings (expiry, admission, 16-bit rows)
+// reach the ps; a bad part is set aside (--bad_records=skip) or
 // ends the run with its error after the in-process ps saved the final checkpoint (fail).
 #include <atomic>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/env.h"
 #include "gtest/gtest.h"
 #include "ps/checkpoint/checkpoint_set.h"
@@ -103,6 +105,28 @@ TEST_F(OnlineTrainingTest, FollowsThePartsToTheEndWithProgressiveValidationAndDe
   // Every 10 steps, and a last one of the final state when training ends (serving sees where training stopped).
   EXPECT_EQ(deltas, std::vector<int64_t>({10, 20, 29}));
   EXPECT_TRUE(Env::Default()->FileExists(ckpt + "/model.ckpt-29.ps0-of-1"));
+}
+
+// A stream has no end to wait for: without --eval_every the chief reports the progressive validation with each of
+// its progress lines (every 10 local steps here: steps 10 and 20 of 29), then once more at the end.
+TEST_F(OnlineTrainingTest, WithoutEvalEveryTheWindowComesWithEachProgressLine) {
+  WorkerOptions o = Options(root_ + "/lines");
+  o.eval_every = 0;
+  o.log_every = 10;
+  o.quiet = false;
+  ::testing::internal::CaptureStdout();
+  absl::StatusOr<TrainingResult> r = RunTraining(o, {});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->global_step, 29);
+  for (int step : {10, 20}) {
+    const std::string progress = absl::StrCat("step ", step, ", loss = ");
+    const std::string window =
+        absl::StrCat("step ", step, ": newest 1000 examples (scored before training on them): log loss = ");
+    ASSERT_NE(out.find(progress), std::string::npos) << out;
+    EXPECT_GT(out.find(window), out.find(progress)) << out;
+  }
+  EXPECT_NE(out.find("step 29: newest 1000 examples (scored before training on them)"), std::string::npos) << out;
 }
 
 TEST_F(OnlineTrainingTest, AStoppedRunResumesAtItsInputPositionAndEndsAsAnUninterruptedOne) {
