@@ -271,6 +271,10 @@ struct RegisterResponse {
   int64_t join_step = 0;
   // The most workers this task takes (dtrain_ps --max_workers; the cluster spec's worker count by default).
   int max_workers = 0;
+  // The task's steady clock (CLOCK_MONOTONIC) in nanoseconds as it answered, 0: not said. The worker measures its
+  // clock's offset to the task's from it and the round trip, for timelines (--trace_steps; WorkerClientOptions::
+  // trace).
+  int64_t clock_ns = 0;
 };
 
 // What a ps task could restore (ParameterServer::Probe): the chief picks the newest step every task can restore
