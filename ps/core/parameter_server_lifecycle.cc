@@ -192,7 +192,6 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
                             absl::ToInt64Milliseconds(options_.worker_timeout),
                             members_.ResumeInputPosition(request.worker_id)};
   response.max_workers = slots();
-  response.clock_ns = TraceRecorder::NowNs();  // the worker's clock offset to this task, for its timeline
   if (elastic_ != nullptr) {
     response.join_step = elastic_->Join(request.worker_id, step_, active_before);
     MembershipChangedLocked();
