@@ -61,13 +61,18 @@ def main():
         ax.broken_barh([((e["ts"] - t0) / 1e3, max(e["dur"] / 1e3, 0.01))], (y - h / 2, h),
                        facecolors=COLOURS.get(e["cat"], "#999999"), edgecolor="none")
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{procs.get(p, p)}: {threads.get((p, t), 'thread %d' % t)}" for p, t in rows], fontsize=8)
+    names = [threads.get((p, t), f"thread {t}") for p, t in rows]
+    # Threads of one name (a ps's handlers) are told apart by their ids.
+    keys = [(p, n) for (p, _), n in zip(rows, names)]
+    labels = [f"{procs.get(p, p)}: {n}" + (f" ({t})" if keys.count((p, n)) > 1 else "")
+              for (p, t), n in zip(rows, names)]
+    ax.set_yticklabels(labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ms (ps 0's clock)" if trace.get("otherData", {}).get("format") == "dtrain-trace-merged" else "ms")
     ax.set_title(f"steps {a}..{b}")
     used = sorted({e["cat"] for e in x})
     ax.legend(handles=[Patch(color=COLOURS.get(c, "#999999"), label=c) for c in used], fontsize=7, ncol=6,
-              loc="upper center", bbox_to_anchor=(0.5, -0.12))
+              loc="upper center", bbox_to_anchor=(0.5, -0.18))
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out} ({len(x)} events of steps {a}..{b})")
