@@ -83,6 +83,7 @@ def merge(directory, out_path):
                  f"(run with --trace_steps=A:B --trace_dir={directory})")
     traces = {p: load(p) for p in paths}
     moved = shifts(traces)
+    has_ps0 = any(role(t["otherData"]["process"]) == ("ps", 0) for t in traces.values())
     order = sorted(paths, key=lambda p: (["ps", "worker", "other"].index(role(traces[p]["otherData"]["process"])[0]),
                                          str(role(traces[p]["otherData"]["process"])[1])))
     events, notes = [], []
@@ -100,10 +101,12 @@ def merge(directory, out_path):
         events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": n}})
         rtt = offsets_of(t).get(0, (None, None))[1]
         notes.append({"file": os.path.basename(path), "process": t["otherData"]["process"], "pid": pid,
-                      "shift_ns": shift_ns, "aligned": shift_ns is not None, "rtt_to_ps0_ns": rtt,
+                      "shift_ns": shift_ns, "aligned": shift_ns is not None,
+                      "rtt_to_ps0_ns": rtt if has_ps0 and role(t["otherData"]["process"]) != ("ps", 0) else None,
                       "dropped_events": t["otherData"].get("dropped_events", 0)})
+    clock = "ps 0's steady clock, microseconds" if has_ps0 else "each process's own steady clock, microseconds"
     merged = {"traceEvents": events, "displayTimeUnit": "ms",
-              "otherData": {"format": "dtrain-trace-merged", "version": 1, "clock": "ps 0's steady clock, microseconds",
+              "otherData": {"format": "dtrain-trace-merged", "version": 1, "clock": clock,
                             "processes": notes}}
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
