@@ -184,6 +184,8 @@ const GroupRule kGroupRules[] = {
               IsAny(n, {"shuffle"}) || absl::EndsWith(f, "data_flags.cc") ||
               absl::EndsWith(f, "input_flags.cc");
      }},
+    {"Output",  // before Training: --trace_steps names steps to record, not steps to train
+     [](absl::string_view n, absl::string_view) { return StartsAny(n, {"trace_"}); }},
     {"Training",
      [](absl::string_view n, absl::string_view) {
        return IsAny(n, {"mode", "seed", "batch_size", "nonfinite", "ids_per_step", "elastic_batch",

@@ -167,6 +167,9 @@ TEST(FlagGroupTest, ByRuleSoNewFlagsLandSomewhereSensible) {
   EXPECT_EQ(FlagGroupOf("push_journal_dir", "worker/app/main.cc"), "Checkpoints");
   EXPECT_EQ(FlagGroupOf("towers", "worker/app/main.cc"), "Compute");
   EXPECT_EQ(FlagGroupOf("logdir", "worker/app/main.cc"), "Output");
+  EXPECT_EQ(FlagGroupOf("trace_steps", "worker/app/main.cc"), "Output");  // not a training length (*_steps)
+  EXPECT_EQ(FlagGroupOf("trace_steps", "ps/main.cc"), "Output");
+  EXPECT_EQ(FlagGroupOf("trace_dir", "ps/main.cc"), "Output");
   EXPECT_EQ(FlagGroupOf("frobnicate", "x.cc"), "Other");
 }
 

@@ -14,6 +14,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
@@ -27,6 +28,7 @@
 #include "common/mutex_config.h"
 #include "common/open_files.h"
 #include "common/stop_signal.h"
+#include "common/trace_recorder.h"
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/server.h"
 #include "ps/rpc/transport.h"
@@ -121,6 +123,10 @@ ABSL_FLAG(double, delta_every_secs, 0,
 ABSL_FLAG(int64_t, delta_every_steps, 0, "A delta every this many global steps too (0: by time only)");
 ABSL_FLAG(std::string, delta_dir, "",
           "Where deltas are written and restored from (default: --checkpoint_dir)");
+ABSL_FLAG(std::string, trace_steps, "",
+          "Record a timeline of global steps A to B (A:B, 0 <= A <= B) as Chrome trace-event JSON in --trace_dir "
+          "(Perfetto, chrome://tracing; scripts/merge_traces.py joins a cluster's files; docs/timelines.md)");
+ABSL_FLAG(std::string, trace_dir, "", "--trace_steps: the directory of the trace files (made when missing)");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
           "Memory gRPC may use for this task's connections and messages in flight (a gRPC resource quota)");
 ABSL_FLAG(double, malloc_trim_secs, 10,
@@ -364,6 +370,24 @@ int main(int argc, char** argv) {
   // After the last worker left, serve until the workers that completed have asked ps 0 how the run ended (every
   // worker's leaving; they exit with its code) and no lost worker may come back: at most 2 s (ps/rpc/server.h).
   o.linger = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<dtrain::TraceRecorder>> trace = dtrain::TraceRecorderFromFlags(
+      absl::GetFlag(FLAGS_trace_steps), absl::GetFlag(FLAGS_trace_dir), absl::StrCat("ps ", cluster->task_index));
+  if (!trace.ok()) {
+    std::fprintf(stderr, "dtrain_ps: %s\n", std::string(trace.status().message()).c_str());
+    return dtrain::kExitConfigRefused;
+  }
+  o.ps.trace = trace->get();
+  // Written once the server is done (whatever the outcome: a failed run's timeline is worth reading too).
+  auto write_trace = absl::MakeCleanup([&trace, task = cluster->task_index] {
+    if (*trace == nullptr) return;
+    const std::string path = absl::StrCat(absl::GetFlag(FLAGS_trace_dir), "/ps-", task, ".trace.json");
+    if (absl::Status s = (*trace)->Write(path); !s.ok()) {
+      std::fprintf(stderr, "dtrain_ps: --trace_dir: %s\n", std::string(s.message()).c_str());
+    } else {
+      LOG(INFO) << "ps task " << task << ": timeline of steps " << absl::GetFlag(FLAGS_trace_steps) << " ("
+                << (*trace)->events() << " events, " << (*trace)->dropped() << " dropped) written to " << path;
+    }
+  });
   if (signals->received() != 0) {
     std::fprintf(stderr, "dtrain_ps: stopped by %s before it started\n", signals->received_name().c_str());
     return dtrain::ExitCodeForSignal(signals->received());

@@ -271,6 +271,10 @@ struct RegisterResponse {
   int64_t join_step = 0;
   // The most workers this task takes (dtrain_ps --max_workers; the cluster spec's worker count by default).
   int max_workers = 0;
+  // The task's steady clock (CLOCK_MONOTONIC, ns) midway through its handling of the call, 0: not said. Against
+  // the middle of the worker's round trip it gives the worker's clock offset to the task (NTP's estimate), for
+  // timelines (--trace_steps; WorkerClientOptions::trace).
+  int64_t clock_ns = 0;
 };
 
 // What a ps task could restore (ParameterServer::Probe): the chief picks the newest step every task can restore

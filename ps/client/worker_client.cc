@@ -1,6 +1,7 @@
 #include "ps/client/worker_client.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <random>
 #include <string_view>
@@ -122,6 +123,7 @@ class WorkerClient::Receiver : public PullReceiver {
     if (done_[s]) return Buffer{};  // arrived whole in an earlier attempt
     RETURN_IF_ERROR(client_->AwaitPullWritable());
     if (offset == 0) received_[s] = 0;
+    if (offset == 0 && client_->tracing()) began_ns_[s] = TraceRecorder::NowNs();
     if (offset != received_[s] || n < 0 || offset + n > spec.length) {
       return absl::DataLossError(absl::StrCat("ps task ", task_, " sent floats [", offset, ", ", offset + n,
                                               ") of '", spec.variable, "' after ", received_[s], " of ",
@@ -136,6 +138,12 @@ class WorkerClient::Receiver : public PullReceiver {
     received_[s] += n;
     if (received_[s] == client_->slices_[s].spec.length) {
       done_[s] = 1;
+      if (client_->tracing() && began_ns_[s] != 0) {
+        TraceRecorder* trace = client_->options_.trace;
+        trace->Complete(absl::StrCat("receive ", client_->slices_[s].spec.variable), "transport", began_ns_[s],
+                        TraceRecorder::NowNs(), trace->step(), absl::StrCat("ps ", task_));
+        began_ns_[s] = 0;
+      }
       client_->SliceArrived(s);
     }
     return absl::OkStatus();
@@ -145,6 +153,7 @@ class WorkerClient::Receiver : public PullReceiver {
   WorkerClient* client_;
   const int task_;
   std::vector<int64_t> received_;  // floats per slice (global index)
+  std::vector<int64_t> began_ns_ = std::vector<int64_t>(client_->slices_.size(), 0);  // tracing: its first floats
   std::vector<char> done_;
   std::vector<int64_t> rows_received_;  // per table of the pull (index in client_->sparse_)
   std::vector<char> rows_done_;
@@ -287,11 +296,24 @@ absl::Status WorkerClient::ConnectTasks(absl::Duration wait) {
     req.worker_id = worker_id_;
     req.is_chief = is_chief_;
     req.config = TaskConfig(t);
+    // Timelines: the clock offset comes from the registration's round trip, whose first call on a new channel
+    // would also carry the connection's set-up (one way only: milliseconds of error). A call whose answer does
+    // not matter opens the connection first; of several registrations the shortest round trip is kept.
+    int64_t best_rtt_ns = std::numeric_limits<int64_t>::max();
+    if (options_.trace != nullptr) tasks_[t]->GetStats().IgnoreError();
     while (true) {
       if (cancel_.cancelled()) return absl::CancelledError("connecting: cancelled");
       // Given up only after a try that started past the deadline (a process paused meanwhile tries once more).
       const absl::Time tried = absl::Now();
+      const int64_t sent_ns = TraceRecorder::NowNs();
       absl::StatusOr<RegisterResponse> r = tasks_[t]->Register(req);
+      const int64_t answered_ns = TraceRecorder::NowNs();
+      if (r.ok() && r->clock_ns != 0 && options_.trace != nullptr && answered_ns - sent_ns < best_rtt_ns) {
+        // The task's clock when it answered, against the middle of the round trip (NTP's estimate: exact when
+        // the request and the answer took equally long).
+        best_rtt_ns = answered_ns - sent_ns;
+        options_.trace->SetClockOffset(t, r->clock_ns - (sent_ns + answered_ns) / 2, best_rtt_ns);
+      }
       std::string waiting_for;
       absl::Status failed;
       if (r.ok()) {
@@ -702,6 +724,13 @@ absl::Status WorkerClient::AwaitWithDeadline(const absl::Condition& condition, c
 }
 
 void WorkerClient::RunOn(SerialExecutor* lane, int task, std::function<void()> job) {
+  if (tracing() && !tasks_[task]->PrefersInlineCalls()) {  // the lane's track on the timeline gets its name
+    std::string name = absl::StrCat(lane == push_lanes_[task].get() ? "push" : "pull", " lane ps ", task);
+    job = [this, name = std::move(name), job = std::move(job)] {
+      options_.trace->NameThread(name);
+      job();
+    };
+  }
   // A task reached without a network (shared memory) answers within microseconds: its calls run in this thread,
   // after whatever its lane still holds, instead of costing two thread hand-offs each.
   if (tasks_[task]->PrefersInlineCalls()) {
@@ -954,7 +983,12 @@ void WorkerClient::SendSlices(int task, std::vector<int> list) {
     if (retry || !p.upload) RETURN_IF_ERROR(Reopen(task));
     for (int s : list) {
       if (std::find(p.sent.begin(), p.sent.end(), s) != p.sent.end()) continue;
+      const int64_t began = tracing() ? TraceRecorder::NowNs() : 0;
       RETURN_IF_ERROR(WriteSlice(task, s));
+      if (began != 0) {
+        options_.trace->Complete(absl::StrCat("send ", slices_[s].spec.variable), "transport", began,
+                                 TraceRecorder::NowNs(), push_step_, absl::StrCat("ps ", task));
+      }
       p.sent.push_back(s);
     }
     return absl::OkStatus();
@@ -964,6 +998,7 @@ void WorkerClient::SendSlices(int task, std::vector<int> list) {
 void WorkerClient::FinishTaskPush(int task, bool defer) {
   TaskPush& p = *pushes_[task];
   if (p.status.ok() && task == 0 && num_tasks() > 1) {
+    TraceSpan span(options_.trace, "wait other tasks' uploads", "transport", push_step_);
     // A committed push is complete everywhere: wait for the other tasks' uploads.
     absl::MutexLock lock(&mu_);
     p.status = AwaitWithDeadline(
@@ -986,6 +1021,9 @@ void WorkerClient::FinishTaskPush(int task, bool defer) {
 
 void WorkerClient::CompleteTaskPush(int task, bool norm_sent, absl::Status first_error) {
   TaskPush& p = *pushes_[task];
+  TraceSpan span(options_.trace,
+                 !tracing() ? std::string() : task == 0 ? "push commit ps 0" : absl::StrCat("push end ps ", task),
+                 "transport", push_step_);
   PushResponse response;
   if (p.status.ok()) {
     p.status = WithRetries("push", task, [&](bool retry) -> absl::Status {
@@ -1238,6 +1276,7 @@ void WorkerClient::OnPullHeader(const PullHeader& header) {
 
 void WorkerClient::RunTaskPull(int task, PullRequest request, bool complete_commit) {
   Receiver* receiver = receivers_[task].get();
+  TraceSpan span(options_.trace, tracing() ? absl::StrCat("pull ps ", task) : std::string(), "transport");
   request.session = session(task);
   absl::Status s = WithRetries("pull", task, [&](bool retry) -> absl::Status {
     if (retry) receiver->Restart();

@@ -77,6 +77,7 @@
 #include "absl/time/time.h"
 #include "common/cancellation.h"
 #include "common/serial_executor.h"
+#include "common/trace_recorder.h"
 #include "ps/api/ps_interface.h"
 #include "ps/api/ps_types.h"
 #include "ps/client/push_journal.h"
@@ -104,6 +105,10 @@ struct WorkerClientOptions {
   // streams the new values while the push is still uploading (where ps 0 can: one worker, one ps task, sync).
   // Such a pull's slices count as arrived (WaitForRange) only once it ended OK: a push that fails takes them back.
   bool apply_early = false;
+  // Not owned (may be null): the pushes and pulls of the steps in its window on the timeline (per slice and per
+  // ps task, on the lanes' threads; common/trace_recorder.h), and the clock offset to each task measured at
+  // registration (RegisterResponse::clock_ns).
+  TraceRecorder* trace = nullptr;
 };
 
 struct PullResult {
@@ -252,6 +257,8 @@ class WorkerClient {
   void Stop() { cancel_.Cancel(); }
 
  private:
+  // The step in progress is in the trace's window.
+  bool tracing() const { return options_.trace != nullptr && options_.trace->active(); }
   struct Slice {
     SliceSpec spec;
     int task = 0;

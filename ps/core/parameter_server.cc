@@ -104,7 +104,9 @@ class ParameterServer::Impl::InitializeUpload : public SliceUpload {
 class ParameterServer::Impl::PushUpload : public SliceUpload {
  public:
   // Constructed under mu_ (StartPushLocked), which counts it in flight.
-  PushUpload(Impl* impl, const PushHeader& header) : impl_(impl), header_(header), writer_(impl->next_writer_++) {}
+  PushUpload(Impl* impl, const PushHeader& header)
+      : impl_(impl), header_(header), writer_(impl->next_writer_++), trace_(impl->Tracing(header.step)),
+        began_ns_(trace_ != nullptr ? TraceRecorder::NowNs() : 0) {}
   ~PushUpload() override {
     if (early_) impl_->EndTentative(writer_);  // an upload that did not finish as its step: taken back
     // Lent gradients are held only while their step waits for its decision (ApplyDecision lets go of them then).
@@ -128,17 +130,23 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
 
   absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
     impl_->bytes_received_ += n * DtypeBytes(dtype);
-    return Take(key, [&](int i, bool check, GradientBuffers::Buffer* b) {
+    const int64_t began = trace_ != nullptr ? TraceRecorder::NowNs() : 0;
+    absl::Status s = Take(key, [&](int i, bool check, GradientBuffers::Buffer* b) {
       return b->Write(i, offset, n, dtype, data, check);
     });
+    if (trace_ != nullptr) TracePiece(key, offset, n, began);
+    return s;
   }
   absl::Status WriteInPlace(uint32_t key, int64_t offset, int64_t n, const float* data,
                             std::shared_ptr<const void> keep) override {
     impl_->bytes_received_ += n * 4;
     lent_ = true;
-    return Take(key, [&](int i, bool check, GradientBuffers::Buffer* b) {
+    const int64_t began = trace_ != nullptr ? TraceRecorder::NowNs() : 0;
+    absl::Status s = Take(key, [&](int i, bool check, GradientBuffers::Buffer* b) {
       return b->Borrow(i, offset, n, data, std::move(keep), check, writer_);
     });
+    if (trace_ != nullptr) TracePiece(key, offset, n, began);
+    return s;
   }
 
   absl::Status SetGradientNorm(double norm) override {
@@ -198,6 +206,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     std::vector<CheckpointData> saves;
     absl::StatusOr<PushResponse> response;
     {
+      TraceSpan span(trace_, header_.commit ? "commit" : "push end", "ps push", header_.step);
       GradientBuffers::Locked buffer = impl_->buffers_->Lock(header_.worker_id);
       buffer->Claim(header_.step, header_.request_id);
       response = impl_->FinishPush(header_, *buffer, &decided, &epoch, &saves);
@@ -208,6 +217,11 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     // A tentative update that did not become the step's (the push refused, dropped or not decided) is taken back.
     if (early_) impl_->EndTentative(writer_);
     impl_->WriteCheckpoints(std::move(saves)).IgnoreError();  // logged by the writer; training goes on
+    if (trace_ != nullptr) {
+      // The whole push as this task saw it: from its header to its answer (the wire's time included).
+      trace_->Complete(absl::StrCat("push from worker ", header_.worker_id), "ps push", began_ns_,
+                       TraceRecorder::NowNs(), header_.step);
+    }
     return response;
   }
 
@@ -248,9 +262,18 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
     return status_;
   }
 
+  // Tracing: one piece (a chunk) of a slice received into the worker's buffer.
+  void TracePiece(uint32_t key, int64_t offset, int64_t n, int64_t began) {
+    trace_->NameThread("ps handler");
+    trace_->Complete(absl::StrCat("recv slice ", key), "ps push", began, TraceRecorder::NowNs(), header_.step,
+                     absl::StrCat("worker ", header_.worker_id, ", floats [", offset, ", ", offset + n, ")"));
+  }
+
   Impl* impl_;
   const PushHeader header_;
   const uint64_t writer_;  // this attempt, for the sparse rows (a retry is another)
+  TraceRecorder* const trace_;  // the push's step is in the trace's window (null: not traced)
+  const int64_t began_ns_;
   std::vector<int64_t> ids_;  // WriteSparse's copy of the ids it checks
   int applied_slices_ = 0;    // async, --nonfinite=apply: slices applied as they arrived
   absl::Status status_;
@@ -448,6 +471,8 @@ void ParameterServer::Impl::ApplyAsync(int i, GradientBuffers::Buffer& buffer) {
   }
   const float* grad = buffer.data(i);
   const absl::Time start = options_.on_update_timed ? absl::Now() : absl::InfinitePast();
+  TraceSpan span(Tracing(step), Tracing(step) != nullptr ? absl::StrCat("apply slice ", i) : std::string(), "ps apply",
+                 step);
   store_->Apply(i, step, &grad, 1, 1.0f, store_->version(i) + 1);
   buffer.set_applied(i);
   if (options_.on_update_timed) {
@@ -682,7 +707,12 @@ absl::StatusOr<std::string> ParameterServer::Control(const ControlRequest& reque
 ParameterServer::~ParameterServer() = default;
 
 absl::StatusOr<RegisterResponse> ParameterServer::Register(const RegisterRequest& request) {
-  return impl_->Register(request);
+  // The clock midway through the call: a first registration configures the task (tens of milliseconds for a large
+  // model), which a clock read at the answer would put all on the request's way.
+  const int64_t entered = TraceRecorder::NowNs();
+  absl::StatusOr<RegisterResponse> r = impl_->Register(request);
+  if (r.ok()) r->clock_ns = entered + (TraceRecorder::NowNs() - entered) / 2;
+  return r;
 }
 absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::StartInitialize(int worker_id) {
   return impl_->StartInitialize(worker_id);

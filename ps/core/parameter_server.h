@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/trace_recorder.h"
 #include "ps/checkpoint/checkpoint_format.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/checkpoint/delta_writer.h"
@@ -120,6 +121,11 @@ struct ParameterServerOptions {
     double dense_seconds = 0, sparse_seconds = 0;
   };
   std::function<void(const TimedUpdate&)> on_update_timed;
+  // Timelines (--trace_steps): the pushes received (each piece of a slice), the commits, the sum and apply of
+  // each slice, the waits of pulls for their step (sync: for the other workers), the pulls served, the sparse
+  // lookups and row updates and the checkpoint writes of the steps in the recorder's window, on the threads that
+  // did them. Not owned; null: none.
+  TraceRecorder* trace = nullptr;
 
   // Membership: a worker silent (no call, no heartbeat) for longer than this is declared lost: sync mode stops
   // waiting for it (R shrinks for the steps that follow) until it registers again. Zero: never (local mode).

@@ -300,6 +300,10 @@ class ParameterServer::Impl {
   // scaled by (1 without clipping or without its norm). Read from the store's optimizer, which changes only
   // when the task is (re)configured, as the store itself.
   bool clipping() const { return store_->optimizer().params().clip_norm > 0.0f; }
+  // The trace when `step` is in its window (--trace_steps; ParameterServerOptions::trace), else null.
+  TraceRecorder* Tracing(int64_t step) const {
+    return options_.trace != nullptr && options_.trace->InWindow(step) ? options_.trace : nullptr;
+  }
   float ClipFactorOf(const GradientBuffers::Buffer& b) const {
     return b.has_gradient_norm() ? kernels::ClipFactor(store_->optimizer().params().clip_norm, b.gradient_norm())
                                  : 1.0f;

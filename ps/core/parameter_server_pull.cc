@@ -76,6 +76,25 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
   PullHeader header;
   std::vector<StepDecision> to_apply;
   int64_t epoch = 0;
+  // Traced by the step the worker computed before it (sync: min_step - 1; async: this task's step now).
+  TraceRecorder* trace = nullptr;
+  int64_t traced_step = 0;
+  int64_t pull_began_ns = 0;
+  if (options_.trace != nullptr) {
+    absl::MutexLock lock(&mu_);
+    traced_step = sync_ && request.min_step > 0 ? request.min_step - 1 : step_;
+    trace = Tracing(traced_step);
+    if (trace != nullptr) {
+      trace->NameThread("ps handler");
+      pull_began_ns = TraceRecorder::NowNs();
+    }
+  }
+  auto trace_pull = absl::MakeCleanup([&] {
+    if (trace != nullptr) {
+      trace->Complete(absl::StrCat("pull served to worker ", request.worker_id), "ps pull", pull_began_ns,
+                      TraceRecorder::NowNs(), traced_step);
+    }
+  });
   // Early apply: the pull behind a push applied as it arrives streams the push's update as it is applied, before
   // the step is decided (a tentative pull, PullHeader::tentative).
   uint64_t tentative_writer = 0;
@@ -91,6 +110,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
       ASSIGN_OR_RETURN(to_apply, ClaimDecisions(request.decisions));
     }
     const absl::Time wait_start = absl::Now();
+    const int64_t wait_began_ns = trace != nullptr ? TraceRecorder::NowNs() : 0;
     // A condition of mu_, not cv_: cv_ is signalled by every push, and with W workers' pulls waiting on it each
     // push woke all W (at 64 sync workers, 76 context switches per push against 9 at 8 workers, and a third more
     // of the task's CPU per push). The mutex evaluates each waiter's condition when it is released and wakes only
@@ -106,6 +126,11 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
                            << "'s pushes are applied as they arrive and its pulls stream them back (early apply)";
     }
     members_.stats(request.worker_id).wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);
+    if (trace != nullptr) {
+      // Sync: the wait for the step's other workers (and its apply); async: for the staleness gate.
+      trace->Complete(sync_ ? "wait for step (other workers)" : "wait (staleness)", "ps wait", wait_began_ns,
+                      TraceRecorder::NowNs(), traced_step, absl::StrCat("worker ", request.worker_id));
+    }
     if (stopped()) return stopped_error();
     RETURN_IF_ERROR(CheckRunning());  // the run ended while the pull waited: the worker stops
     if (timed_out) {
@@ -237,6 +262,7 @@ absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceive
                                                       version));
     }
     int64_t ids = 0;
+    TraceSpan lookups(trace, request.sparse_read_only ? "sparse peeks" : "sparse lookups", "ps pull", traced_step);
     for (const SparseIds& e : request.sparse) {
       const int dim = sparse_->spec(e.table).dim;
       const int64_t per_piece = std::max<int64_t>(1, SliceStore::kChunkFloats / dim);

@@ -50,6 +50,8 @@ absl::Status ParameterServer::Impl::WriteCheckpoints(std::vector<CheckpointData>
   // The journal's records of what a checkpoint holds are durable before the checkpoint is.
   if (journal_ && !saves.empty()) journal_->Sync().IgnoreError();  // logged by the journal
   for (const CheckpointData& d : saves) {
+    // A checkpoint after step k is labelled k + 1: traced with the step it follows.
+    TraceSpan span(Tracing(d.global_step - 1), "checkpoint write", "ps checkpoint", d.global_step - 1);
     newest = writer_->Save(d);
     if (newest.ok()) {
       if (deltas()) delta_writer_->NoteSnapshot(d.global_step);

@@ -154,7 +154,12 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
       if (!tentative) EndTentativeLocked(tentative_.writer, /*confirmed=*/false);
     }
     const absl::Time dense_start = options_.on_update_timed ? absl::Now() : absl::InfinitePast();
+    TraceRecorder* const trace = Tracing(d.step);
+    if (trace != nullptr) trace->NameThread("ps handler");
     for (int i = 0; i < store_->num_slices(); ++i) {
+      // The sum of the step's gradients and the update, one slice at a time (SliceStore::Apply does both).
+      TraceSpan span(trace, trace != nullptr ? absl::StrCat("sum+apply slice ", i) : std::string(), "ps apply", d.step);
+      if (span.recording()) span.set_detail(absl::StrCat(summed.size(), " gradients summed"));
       for (size_t k = 0; k < summed.size(); ++k) grads[k] = summed[k]->data(i);
       if (tentative) {
         // Applied as it arrived (ApplyTentative: the same chunks and bits as Apply); published already.
@@ -176,7 +181,10 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
     // The tables after the slices (pulls stream them in that order), with the same 1/R.
     const absl::Time sparse_start = options_.on_update_timed ? absl::Now() : absl::InfinitePast();
     sparse_->SetClock(d.step);
-    if (!sparse_async_) ApplySparse(summed, d.step, scale);
+    if (!sparse_async_) {
+      TraceSpan span(sparse_->num_tables() > 0 ? trace : nullptr, "sparse row updates", "ps apply", d.step);
+      ApplySparse(summed, d.step, scale);
+    }
     if (options_.on_update_timed && !tentative) {
       int64_t rows = 0;
       for (int t = 0; t < sparse_->num_tables() && !sparse_async_; ++t) {

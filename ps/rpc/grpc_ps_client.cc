@@ -293,6 +293,7 @@ class GrpcPsClient final : public PsInterface {
                          resp.input_position()};
     out.join_step = resp.join_step();
     out.max_workers = resp.max_workers();
+    out.clock_ns = resp.clock_ns();
     return out;
   }
 

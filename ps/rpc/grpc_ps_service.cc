@@ -251,6 +251,7 @@ class GrpcPsService final : public grpc::Service {
     resp->set_input_position(out->input_position);
     resp->set_join_step(out->join_step);
     resp->set_max_workers(out->max_workers);
+    resp->set_clock_ns(out->clock_ns);
     return grpc::Status::OK;
   }
 

@@ -21,10 +21,12 @@
 
 #include "absl/flags/flag.h"
 #include "common/command_line.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/denormals.h"
 #include "common/malloc_tuning.h"
+#include "common/trace_recorder.h"
 #include "ps/core/parameter_server.h"
 #include "ps/client/placement.h"
 #include "ps/client/worker_client.h"
@@ -59,6 +61,10 @@ ABSL_FLAG(bool, device_resident, true,
           "goes through the in-process parameter server on the host, the previous path)");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Data (synthetic data of the model's input shape when unreadable or for cifar10 without CIFAR files)");
+ABSL_FLAG(std::string, trace_steps, "",
+          "Record a timeline of steps A to B (A:B, 0 <= A <= B; the warm-up's first step is 0) as Chrome trace-event "
+          "JSON, --trace_dir/bench.trace.json (docs/timelines.md)");
+ABSL_FLAG(std::string, trace_dir, "", "--trace_steps: the directory of the trace file (made when missing)");
 ABSL_FLAG(int, synthetic_examples, 5000,
           "Training examples of the synthetic data (16 batches are timed over and over: 16 x --batch_size "
           "suffice; 224x224x3 images are 150 KB each)");
@@ -125,6 +131,9 @@ int Main() {
                 code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kInvalidArgument ? 2 : 1);
   }
   models::Model* model0 = (*towers)->tower(0);
+  absl::StatusOr<std::unique_ptr<TraceRecorder>> trace =
+      TraceRecorderFromFlags(absl::GetFlag(FLAGS_trace_steps), absl::GetFlag(FLAGS_trace_dir), "bench");
+  if (!trace.ok()) return Fail(trace.status(), 2);
   // Batches prepared up front: the benchmark times compute and the update, not input.
   data::BatchStreamOptions so;
   so.batch_size = o.batch_size;
@@ -143,6 +152,7 @@ int Main() {
   for (const auto& v : model0->variables()) vars.push_back({v.name, v.size(), v.trainable});
   ps::ParameterServerOptions po;
   po.apply_threads = o.threads;
+  po.trace = trace->get();
   absl::StatusOr<std::unique_ptr<ps::ParameterServer>> server = ps::ParameterServer::Create(po);
   if (!server.ok()) return Fail(server.status());
   absl::StatusOr<ps::Placement> placement = ps::PlaceVariables(vars, 1);
@@ -150,6 +160,7 @@ int Main() {
   ps::WorkerClientOptions copt;
   copt.background = false;
   copt.keep_initial_values = false;  // as dtrain_worker's local mode
+  copt.trace = trace->get();
   ps::WorkerClient client({server->get()}, placement->task_slices, 0, true, copt);
   ps::TrainConfig config;
   config.model_signature = models::ModelSignature(*o.resolved_model, model0->variables());
@@ -163,6 +174,7 @@ int Main() {
   sopt.local_ps = resident ? server->get() : nullptr;
   sopt.config = config;
   sopt.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  sopt.trace = trace->get();
   absl::StatusOr<std::unique_ptr<TrainingSteps>> steps = MakeTrainingSteps(towers->get(), &client, sopt);
   if (!steps.ok()) return Fail(steps.status());
   TrainingSteps& runner = **steps;
@@ -178,9 +190,13 @@ int Main() {
         const data::Batch& b = batches[next_batch++ % batches.size()];
         views[t] = models::HostBatch{b.batch, b.height, b.width, b.channels, b.images.data(), b.labels.data()};
       }
-      if (absl::Status s = runner.Step(views, at->step); !s.ok()) return s;
+      TraceRecorder* const t = trace->get();
+      const int64_t step = at->step, began = t != nullptr ? TraceRecorder::NowNs() : 0;
+      if (t != nullptr) t->SetStep(step);
+      if (absl::Status s = runner.Step(views, step); !s.ok()) return s;
       at = runner.NextStep();
       if (!at.ok()) return at.status();
+      if (t != nullptr) t->Complete(absl::StrCat("step ", step), "step", began, TraceRecorder::NowNs(), step);
     }
     // The steps are complete (device-resident steps: read back from the devices) and their losses finite.
     return runner.TakeLosses().status();
@@ -221,6 +237,13 @@ int Main() {
     steady = *rate;
   }
   if (absl::StatusOr<ps::PullResult> settled = runner.Settle(); !settled.ok()) return Fail(settled.status());
+  if (*trace != nullptr) {
+    const std::string path = absl::StrCat(absl::GetFlag(FLAGS_trace_dir), "/bench.trace.json");
+    if (absl::Status s = (*trace)->Write(path); !s.ok()) return Fail(s);
+    std::fprintf(stderr, "dtrain_bench: timeline of steps %s (%lld events, %lld dropped) written to %s\n",
+                 absl::GetFlag(FLAGS_trace_steps).c_str(), static_cast<long long>((*trace)->events()),
+                 static_cast<long long>((*trace)->dropped()), path.c_str());
+  }
   std::vector<double> sorted = rates;
   std::sort(sorted.begin(), sorted.end());
   std::vector<std::string> names;

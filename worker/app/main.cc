@@ -29,6 +29,7 @@
 #include "common/mutex_config.h"
 #include "common/process_clock.h"
 #include "common/stop_signal.h"
+#include "common/trace_recorder.h"
 #include "ps/api/slice_io.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/rpc/grpc_ps_client.h"
@@ -234,6 +235,10 @@ ABSL_FLAG(std::string, profile_out, "",
           "Write what this run cost as a profile (JSON) to this file at the end: steps, layers, updates, placement, "
           "the transports' CPU per byte (a short loopback exchange after training), for scripts/plan_cluster.py "
           "(docs/planner.md). Meant for --job_name=local");
+ABSL_FLAG(std::string, trace_steps, "",
+          "Record a timeline of global steps A to B (A:B, 0 <= A <= B) as Chrome trace-event JSON in --trace_dir "
+          "(Perfetto, chrome://tracing; scripts/merge_traces.py joins a cluster's files; docs/timelines.md)");
+ABSL_FLAG(std::string, trace_dir, "", "--trace_steps: the directory of the trace files (made when missing)");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
           "bytes; gradients keep their rounding error for the next step)");
@@ -473,6 +478,15 @@ int main(int argc, char** argv) {
     if (n.ok()) o.input_normalization = *std::move(n);
   }
   o.profile = profile.get();
+  std::unique_ptr<dtrain::TraceRecorder> trace;
+  if (flags_ok.ok()) {
+    absl::StatusOr<std::unique_ptr<dtrain::TraceRecorder>> made = dtrain::TraceRecorderFromFlags(
+        absl::GetFlag(FLAGS_trace_steps), absl::GetFlag(FLAGS_trace_dir),
+        cluster->is_local() ? "local worker" : absl::StrCat("worker ", o.worker_id));
+    flags_ok = made.status();
+    if (made.ok()) trace = *std::move(made);
+  }
+  o.trace = trace.get();
   for (const std::string* out : {&o.export_onnx, &o.metrics_file, &profile_out}) {
     if (flags_ok.ok() && !out->empty() && !dtrain::Env::Default()->IsDirectory(dtrain::ParentDir(*out))) {
       flags_ok = absl::InvalidArgumentError(absl::StrCat("cannot write ", *out, ": its directory does not exist"));
@@ -611,6 +625,16 @@ int main(int argc, char** argv) {
     };
   }
   absl::StatusOr<dtrain::worker::TrainingResult> result = dtrain::worker::RunTraining(o, tasks);
+  if (trace != nullptr) {  // whatever the outcome: a failed run's timeline is worth reading too
+    const std::string path = absl::StrCat(absl::GetFlag(FLAGS_trace_dir), "/worker-", o.worker_id, ".trace.json");
+    if (absl::Status s = trace->Write(path); !s.ok()) {
+      std::fprintf(stderr, "dtrain_worker: --trace_dir: %s\n", std::string(s.message()).c_str());
+    } else {
+      std::printf("timeline of steps %s (%lld events, %lld dropped) written to %s\n",
+                  absl::GetFlag(FLAGS_trace_steps).c_str(), static_cast<long long>(trace->events()),
+                  static_cast<long long>(trace->dropped()), path.c_str());
+    }
+  }
   const int signal = signals->received();
   if (result.ok()) {
     // Where this process's wall-clock went (scripts parse it): start-up to the first training step, the training,

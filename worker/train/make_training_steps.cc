@@ -16,6 +16,7 @@ absl::StatusOr<std::unique_ptr<TrainingSteps>> MakeTrainingSteps(Towers* towers,
                                                options.row_cache_staleness, options.kill_mid_push_at_step,
                                                options.tune_apply_early);
     runner->set_profile(options.profile);
+    runner->set_trace(options.trace);
     return std::unique_ptr<TrainingSteps>(std::move(runner));
   }
   ASSIGN_OR_RETURN(kernels::OptimizerParams params, DeviceOptimizerParams(options.config));

@@ -10,6 +10,7 @@
 #include "ps/client/worker_client.h"
 #include "ps/core/parameter_server.h"
 #include "worker/towers/towers.h"
+#include "common/trace_recorder.h"
 #include "worker/train/profile_recorder.h"
 #include "worker/train/training_steps.h"
 
@@ -32,6 +33,9 @@ struct TrainingStepsOptions {
   bool tune_apply_early = false;
   // Steps that push and pull: report each step's timings here (worker/train/profile_recorder.h; null: none).
   ProfileRecorder* profile = nullptr;
+  // Steps that push and pull: record the steps of the trace's window on its timeline (common/trace_recorder.h;
+  // null: none).
+  TraceRecorder* trace = nullptr;
 };
 
 // The steps for `towers` (both must outlive them): ResidentSteps with options.local_ps, else a StepRunner.

@@ -96,6 +96,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
     if (o.profile != nullptr) {
       po.on_update_timed = [p = o.profile](const ps::ParameterServerOptions::TimedUpdate& u) { p->AddUpdate(u); };
     }
+    po.trace = o.trace;  // local mode: the in-process ps's events on this worker's timeline
     ASSIGN_OR_RETURN(c->local_ps, ps::ParameterServer::Create(po));
     c->tasks = {c->local_ps.get()};
   }
@@ -106,6 +107,7 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   copt.retry_window = absl::Seconds(o.rpc_retry_secs);
   ASSIGN_OR_RETURN(copt.wire_dtype, ps::ParseWireDtype(o.wire_dtype));
   copt.apply_early = o.apply_early == "on" && !local;
+  copt.trace = o.trace;
   if (!o.push_journal_dir.empty() && !local) {
     ASSIGN_OR_RETURN(c->push_journal, ps::PushJournal::Open(Env::Default(), o.push_journal_dir, o.worker_id));
     copt.push_journal = c->push_journal.get();

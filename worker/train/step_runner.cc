@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "worker/train/step_trace.h"
 
 namespace dtrain::worker {
 
@@ -215,10 +217,12 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
                                                    batches.size(), " batches for ", per_round, " towers"));
   }
   if (profile_ != nullptr) profile_->StepBegin();
+  if (trace_ != nullptr) trace_->SetStep(step);
   if (sparse_model_) {
     if (!upcoming_set_) {
       return absl::FailedPreconditionError("a model with sparse tables steps after SetUpcomingBatches");
     }
+    TraceSpan span(trace_, "wait rows", "pull", step);
     RETURN_IF_ERROR(BindRows(step));
   }
   if (tuner_) {
@@ -233,7 +237,10 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
     }
   }
   // The previous push reads host_grads() until it is done: wait for it before backward overwrites them.
-  RETURN_IF_ERROR(client_->BeginPush(step, towers_->host_grads()));
+  {
+    TraceSpan span(trace_, "wait previous push", "push", step);
+    RETURN_IF_ERROR(client_->BeginPush(step, towers_->host_grads()));
+  }
   models::StepHooks hooks;
   hooks.before_forward = [this](int64_t begin, int64_t end) { return client_->WaitForRange(begin, end); };
   hooks.after_forward = [step](float loss) -> absl::Status {
@@ -280,6 +287,14 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
     };
     round_sum_.assign(towers_->num_parameters(), 0.0f);
   }
+  // The timeline's hooks around the profile's (or the plain ones): a step in the trace's window only.
+  std::optional<StepTrace> traced;
+  if (trace_ != nullptr && trace_->InWindow(step)) {
+    traced.emplace(trace_, towers_->tower(0)->variables());
+    traced->Begin(step);
+    hooks = traced->Hooks(hooks);
+    if (rounds > 1) summing = traced->Hooks(summing);
+  }
   models::StepHooks timed, timed_summing;
   if (profile_ != nullptr) {
     timed = profile_->TimeHooks(hooks);
@@ -311,30 +326,46 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
   }
   if (loss.ok()) loss = static_cast<float>(loss_sum / static_cast<double>(rounds));
   if (profile_ != nullptr) profile_->ComputeEnd();
+  if (traced) traced->End();
   // Every parameter has been read; the pull that brought them is over (finished already when the next one went
   // out beside the push).
-  absl::Status pulled = !loss.ok() ? loss.status() : pulled_early ? absl::OkStatus() : client_->FinishPull().status();
-  if (pulled.ok() && sparse_model_) pulled = PushRows(scale);
+  absl::Status pulled = absl::OkStatus();
+  {
+    TraceSpan span(trace_, "finish pull", "pull", step);
+    pulled = !loss.ok() ? loss.status() : pulled_early ? absl::OkStatus() : client_->FinishPull().status();
+  }
+  if (pulled.ok() && sparse_model_) {
+    TraceSpan span(trace_, "push rows", "push", step);
+    pulled = PushRows(scale);
+  }
   if (!pulled.ok()) {
     // The gradients are not all final (a pull failed, say, because a ps task restarted): the push must not
     // commit, and must complete, or the next WaitPush (Reconnect's) would wait for it until it times out.
     client_->AbandonPush(pulled);
     return pulled;
   }
-  client_->FinishPush();
+  {
+    TraceSpan span(trace_, "finish push", "push", step);
+    client_->FinishPush();
+  }
   if (sparse_model_) {
     // The next step's rows come with the next pull.
     current_ = 1 - current_;
     upcoming_set_ = false;
+    TraceSpan span(trace_, "request rows", "pull", step);
     RETURN_IF_ERROR(RequestRows(current_, step + 1));
   }
-  if (!pulled_early) client_->StartPull(sync_ ? step + 1 : 0, step, towers_->host_params());
+  if (!pulled_early) {
+    TraceSpan span(trace_, "start pull", "pull", step);
+    client_->StartPull(sync_ ? step + 1 : 0, step, towers_->host_params());
+  }
   if (profile_ != nullptr) profile_->StepEnd();
   losses_.push_back(*loss);
   return absl::OkStatus();
 }
 
 absl::StatusOr<ps::PullResult> StepRunner::NextStep() {
+  TraceSpan span(trace_, "wait pull header", "pull");  // of the step just computed (the trace's current one)
   ASSIGN_OR_RETURN(ps::PullResult at, client_->WaitPullHeader());
   step_ = at.step;
   return at;

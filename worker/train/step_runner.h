@@ -28,6 +28,7 @@
 #include "worker/batch/sparse_batch.h"
 #include "worker/towers/towers.h"
 #include "worker/train/apply_early_tuner.h"
+#include "common/trace_recorder.h"
 #include "worker/train/profile_recorder.h"
 #include "worker/train/training_steps.h"
 
@@ -77,6 +78,11 @@ class StepRunner : public TrainingSteps {
   absl::Status Finish() override { return absl::OkStatus(); }
   // Report every step's timings to `profile` (not owned; null: none).
   void set_profile(ProfileRecorder* profile) { profile_ = profile; }
+  // Record the steps in `trace`'s window on its timeline (not owned; null: none; worker/train/step_trace.h).
+  void set_trace(TraceRecorder* trace) {
+    trace_ = trace;
+    if (trace_ != nullptr) trace_->NameThread("training loop");  // the caller's thread drives the steps
+  }
 
  private:
   const int64_t kill_mid_push_at_step_;
@@ -117,6 +123,7 @@ class StepRunner : public TrainingSteps {
   std::unique_ptr<ApplyEarlyTuner> tuner_;
   absl::Time last_step_start_ = absl::InfinitePast();
   ProfileRecorder* profile_ = nullptr;
+  TraceRecorder* trace_ = nullptr;
 };
 
 }  // namespace dtrain::worker

@@ -382,8 +382,12 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     in->views.resize(count);
     for (int t = 0; t < count; ++t) {
       const absl::Time asked = absl::Now();
+      const int64_t asked_ns = o.trace != nullptr ? TraceRecorder::NowNs() : 0;
       const data::Batch& next = d->stream->Next();  // blocks only while the batch is not ready
       const double waited = absl::ToDoubleSeconds(absl::Now() - asked);
+      if (o.trace != nullptr) {
+        o.trace->Complete("input wait", "input", asked_ns, TraceRecorder::NowNs(), o.trace->step());
+      }
       result->input_wait_seconds += waited;
       window_input_wait += waited;
       if (o.profile != nullptr) o.profile->AddInputWait(waited);
@@ -487,6 +491,9 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       result->input_ended = true;
       break;
     }
+    // The timeline's step: this iteration, from its input to the answer of the pull its push started.
+    const int64_t traced_step = at.step, step_begin_ns = o.trace != nullptr ? TraceRecorder::NowNs() : 0;
+    if (o.trace != nullptr) o.trace->SetStep(traced_step);
     if (!have_current) {
       ASSIGN_OR_RETURN(const bool got, draw(&current, elastic ? &at.elastic : nullptr));
       if (!got) {
@@ -548,6 +555,9 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       have_current = false;
     }
     absl::StatusOr<ps::PullResult> next = stepped.ok() ? steps->NextStep() : stepped;
+    if (o.trace != nullptr && next.ok()) {
+      o.trace->Complete(absl::StrCat("step ", traced_step), "step", step_begin_ns, TraceRecorder::NowNs(), traced_step);
+    }
     if (!next.ok()) {
       ASSIGN_OR_RETURN(at, recover(next.status()));
       continue;
@@ -1073,6 +1083,7 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
   sopt.tune_apply_early = o.apply_early == "auto" && !local && sopt.sync && o.num_workers == 1 &&
                           o.num_ps == 1 && o.slice_pieces_per_task == 1;
   sopt.profile = o.profile;
+  sopt.trace = o.trace;
   if (o.profile != nullptr) o.profile->SetRun(ProfiledRunOf(o, local, towers.get(), ps.config));
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,
                    MakeTrainingSteps(towers.get(), ps.client.get(), sopt));

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/cancellation.h"
+#include "common/trace_recorder.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/core/parameter_server.h"
 #include "common/host_memory.h"
@@ -204,6 +205,9 @@ struct WorkerOptions {
   // Profiling (dtrain_worker --profile_out): the run reports its steps, layers, updates and phases to this
   // recorder (not owned; null: nothing is timed). Only steps that push and pull are profiled.
   ProfileRecorder* profile = nullptr;
+  // Timelines (--trace_steps, --trace_dir): the steps of the recorder's window, their input wait, layers, pushes
+  // and pulls (not owned; null: none). The caller writes the file.
+  TraceRecorder* trace = nullptr;
 
   // Output files.
   // This worker's loss of every local step and the learning rate of its update, as CSV
