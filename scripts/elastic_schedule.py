@@ -319,13 +319,9 @@ def print_report(r, schedule):
 
 def plot(r, schedule, fixed, path, title):
     """The job's examples/sec over time, the changes as vertical lines labelled with the worker count, and each
-    size's fixed-run examples/sec as a horizontal line. Returns False without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    size's fixed-run examples/sec as a horizontal line. Raises plotting.PlotError when it cannot draw."""
+    import plotting
+    plt = plotting.pyplot(path)
     fig, ax = plt.subplots(figsize=(11, 4.5))
     ws = r["window_secs"]
     x = [w["start"] + ws / 2 for w in r["windows"]]
@@ -355,5 +351,4 @@ def plot(r, schedule, fixed, path, title):
     ax.legend(loc="lower right", fontsize="small")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return True
+    plotting.save(fig, path, dpi=100)
