@@ -9,7 +9,8 @@ network, many minutes) is marked just before its fence:
     <!-- doc-test: skip needs root: network namespaces -->
 
 and reported as skipped with that reason; `<!-- doc-test: timeout 120 -->` gives a block more than the default
-60 s. The test fails when a block fails or runs past its deadline, when a mark has no reason or is not understood,
+60 s; `<!-- doc-test: continues the job started above -->` runs a block in the same shell right after the block
+before it (a job started in the background there, joined here). The test fails when a block fails or runs past its deadline, when a mark has no reason or is not understood,
 and when a relative link of a page does not resolve (a file, or a heading's anchor in a Markdown file).
 Output examples belong in ```text fences, which are not run.
 
@@ -38,6 +39,7 @@ class Block:
         self.page, self.line, self.lang, self.body = page, line, lang, body
         self.skip = None      # the reason, when marked skip
         self.timeout = DEFAULT_TIMEOUT
+        self.continues = False  # run after the page's previous block, in its shell
 
     def where(self):
         return "%s:%d" % (os.path.relpath(self.page, ROOT), self.line)
@@ -74,6 +76,8 @@ def parse(page):
                     marks.append(("skip", words[1].strip(), here))
             elif words[0] == "timeout" and len(words) == 2 and words[1].strip().isdigit():
                 marks.append(("timeout", int(words[1]), here))
+            elif words[0] == "continues":
+                marks.append(("continues", True, here))
             else:
                 errors.append("%s: doc-test mark %r not understood (skip REASON | timeout SECONDS)" % (here, m.group(1)))
             i += 1
@@ -87,12 +91,27 @@ def parse(page):
             body = "\n".join(l[len(indent):] if l.startswith(indent) else l for l in lines[i + 1:j]) + "\n"
             if lang in SHELL_FENCES:
                 b = Block(page, i + 1, lang, body)
-                for kind, value, _ in marks:
+                for kind, value, where in marks:
                     if kind == "skip":
                         b.skip = value
-                    else:
+                    elif kind == "timeout":
                         b.timeout = value
-                blocks.append(b)
+                    elif not blocks:
+                        errors.append("%s: `doc-test: continues` on the page's first block" % where)
+                    else:
+                        b.continues = True
+                if b.continues and blocks and not b.skip:
+                    prev = blocks[-1]  # one script: the block before and this one, in one shell and deadline
+                    if prev.skip:
+                        b.skip = "continues %s, which is skipped" % prev.where()
+                        blocks.append(b)
+                    else:
+                        prev.body = prev.script() + "\n# " + b.where() + "\n" + b.script()
+                        prev.lang = "sh"
+                        prev.timeout += b.timeout if b.timeout != DEFAULT_TIMEOUT else 0
+                        prev.joined = getattr(prev, "joined", []) + [b.where()]
+                else:
+                    blocks.append(b)
             elif marks:
                 errors.append("%s: doc-test mark before a ```%s block, which is not run" % (marks[0][2], lang or "(plain)"))
             marks = []
@@ -208,21 +227,22 @@ def main(argv):
                 skipped += 1
                 print("SKIP %s: %s" % (b.where(), b.skip))
                 continue
+            what = b.where() + "".join(" + " + w.split(":")[-1] for w in getattr(b, "joined", []))
             if a.list:
-                print("RUN  %s (%d lines, deadline %d s)" % (b.where(), b.script().count("\n"), b.timeout))
+                print("RUN  %s (%d lines, deadline %d s)" % (what, b.script().count("\n"), b.timeout))
                 continue
             if not os.path.isdir(a.bin):
                 failures.append("%s: no binaries at %s: build first (scripts/build.sh)" % (b.where(), a.bin))
                 continue
             rc, timed_out, out, secs = run(b, a.bin, a.keep)
-            ran += 1
+            ran += 1 + len(getattr(b, "joined", []))
             if rc == 0 and not timed_out:
-                print("ok   %s in %.1f s" % (b.where(), secs))
+                print("ok   %s in %.1f s" % (what, secs))
                 continue
             why = "ran past its %d s deadline" % b.timeout if timed_out else "exited %d" % rc
             tail = "\n".join("    | " + l for l in out.rstrip().split("\n")[-25:])
-            failures.append("%s: the block %s after %.1f s; its last lines:\n%s" % (b.where(), why, secs, tail))
-            print("FAIL %s: %s" % (b.where(), why))
+            failures.append("%s: the block %s after %.1f s; its last lines:\n%s" % (what, why, secs, tail))
+            print("FAIL %s: %s" % (what, why))
     print("doc blocks: %d run, %d skipped, %d failure(s), %.1f s" % (ran, skipped, len(failures), time.time() - t0))
     for f in failures:
         print("FAIL: " + f)
