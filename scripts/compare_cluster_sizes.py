@@ -38,7 +38,7 @@ over the ps tasks and tables) and the bytes the ps tasks received and sent per g
   scripts/compare_cluster_sizes.sh --model=dlrm --data_dir=/tmp/ctr --table_rows=100000 --batch_size=512 \\
       --examples=200000 --sizes=1,2 --num_ps=2
 --transport (auto | grpc | shm) goes to every ps task and worker (auto: shared memory between processes on one
-host, gRPC across hosts; see README "Speed"). --ddp adds PyTorch DistributedDataParallel (gloo,
+host, gRPC across hosts; see docs/speed.md). --ddp adds PyTorch DistributedDataParallel (gloo,
 scripts/ddp_baseline.py) on the same built-in model, batch per rank, threads per process (the workers' --threads)
 and examples: one plain PyTorch process, the baseline of DDP's own scaling efficiency, and DDP with as many ranks
 as each cluster size has workers; the dtrain sync rows then show their rate against DDP's. --repeats=N runs every

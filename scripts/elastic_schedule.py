@@ -13,7 +13,7 @@ started again under its old index is not taken back into the step's workers (its
 worker's; seen on the build of 2026-12-06). Every worker runs --elastic_batch=per_worker
 and prints a progress line every --log_every steps; each line is stamped as it arrives (a pipe per process, read by
 a thread) and its examples spread over the time since the worker's line before. Once the schedule's last entry has
-run for the tail, the chief gets SIGTERM: it finishes its step, evaluates and leaves, which ends the run (README
+run for the tail, the chief gets SIGTERM: it finishes its step, evaluates and leaves, which ends the run (docs/faults_and_endings.md,
 "How a run ends": the chief exits 143, the workers still in the job 4).
 
 The analysis: the job's examples/sec (summed over the workers) in windows of window_secs from the launch; the
