@@ -3,7 +3,8 @@
 block, the lines that start with "$ ") is run by bash with -e and -o pipefail in a fresh temporary directory that
 looks like the repository's root (scripts/, build/, deploy/, examples/, tests/ and the rest linked there, so
 `scripts/...` and `build/bin/...` resolve), with build/bin first on PATH, in a process group of its own that is
-killed at the end, within a deadline. A block that needs what CI lacks (root, a GPU, Slurm or Kubernetes, the
+killed at the end (with every process that carries the block's DTRAIN_DOC_BLOCK marker, sessions of their own
+included), within a deadline. A block that needs what CI lacks (root, a GPU, Slurm or Kubernetes, the
 network, many minutes) is marked just before its fence:
 
     <!-- doc-test: skip needs root: network namespaces -->
@@ -170,6 +171,21 @@ def make_root(tmp):
         os.symlink(os.path.join(ROOT, name), os.path.join(tmp, name))
 
 
+def kill_leftovers(marker):
+    """SIGKILL every process that still carries this block's DTRAIN_DOC_BLOCK marker in its environment: what the
+    block started in sessions of their own (compare_cluster_sizes does), which the process group does not reach."""
+    want = ("DTRAIN_DOC_BLOCK=%s" % marker).encode() + b"\0"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if want in f.read() + b"\0":
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
 def run(block, bin_dir, keep):
     tmp = tempfile.mkdtemp(prefix="dtrain_doc_block.")
     try:
@@ -181,23 +197,27 @@ def run(block, bin_dir, keep):
         with open(os.path.join(tmp, ".block.sh"), "w") as f:
             f.write(block.script())
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), DTRAIN_BIN=bin_dir,
-                   DTRAIN_BIN_DIR=bin_dir, TMPDIR=tmp)
+                   DTRAIN_BIN_DIR=bin_dir, TMPDIR=tmp, DTRAIN_DOC_BLOCK=tmp)
         start = time.time()
-        p = subprocess.Popen(["bash", "-e", "-o", "pipefail", ".block.sh"], cwd=tmp, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        timed_out = False
-        try:
-            out, _ = p.communicate(timeout=block.timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(p.pid, signal.SIGKILL)
-            out, _ = p.communicate()
-        finally:
-            try:  # whatever the block left running in the background
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        log_path = os.path.join(tmp, ".block.log")
+        with open(log_path, "wb") as log:  # a file, not a pipe: what the block leaves running cannot hold it open
+            p = subprocess.Popen(["bash", "-e", "-o", "pipefail", ".block.sh"], cwd=tmp, env=env, stdout=log,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            timed_out = False
+            try:
+                p.wait(timeout=block.timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                try:  # whatever the block left running in the background
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                kill_leftovers(tmp)
+                p.wait()
         secs = time.time() - start
+        with open(log_path, "rb") as f:
+            out = f.read()
         return p.returncode, timed_out, out.decode("utf-8", "replace"), secs
     finally:
         if keep:
