@@ -10,7 +10,7 @@ torchvision classification model by name at 224x224.
   /usr/bin/python3 examples/export_vit.py vit_b_16.onnx --torchvision=vit_b_16 --classes=10   # 224x224x3
   build/bin/dtrain_bench --model=vit_b_16.onnx --batch_size=2
 
-What the export takes (README.md, "Bring your own model"): model.train(), training=TrainingMode.TRAINING,
+What the export takes (docs/models.md, "Bring your own model"): model.train(), training=TrainingMode.TRAINING,
 do_constant_folding=False, a dynamic batch axis. opset 14 (the default) writes LayerNorm as ReduceMean, Sub,
 Pow, ReduceMean, Add, Sqrt, Div, Mul, Add and GELU as Div, Erf, Add, Mul, Mul, which dtrain fuses back into one
 op each; --opset=17 writes LayerNormalization itself. nn.MultiheadAttention exports as MatMuls of two

@@ -2,8 +2,9 @@
 """Trains the same model on the same number of examples in local mode and on clusters of --num_ps ps tasks with
 1, 2, 4... workers, sync and async, and prints a table: configuration, wall-clock seconds, training seconds,
 examples/sec, speed-up over local, scaling efficiency (examples/sec / (workers x local examples/sec)), seconds
-to --target_accuracy, final test accuracy. Writes the table as CSV and JSON (and a PNG plot with matplotlib:
-run with /usr/bin/python3 on Debian) beside --plot FILE.png or at --out PREFIX (PREFIX.csv/.json/.png).
+to --target_accuracy, final test accuracy. Writes the table as CSV and JSON and its picture (a PNG drawn with
+matplotlib: Debian's /usr/bin/python3) beside --plot FILE.png or at --out PREFIX (PREFIX.csv/.json/.png); a
+picture that cannot be drawn is an error (exit 1, after the table is written).
 
 Clusters run on 127.0.0.1 (scripts/run_local_cluster.sh) or, with --netns, across emulated hosts in network
 namespaces (scripts/netns_hosts.sh; root): every ps task and every worker on its own host (with --colocate_ps
@@ -37,7 +38,7 @@ over the ps tasks and tables) and the bytes the ps tasks received and sent per g
   scripts/compare_cluster_sizes.sh --model=dlrm --data_dir=/tmp/ctr --table_rows=100000 --batch_size=512 \\
       --examples=200000 --sizes=1,2 --num_ps=2
 --transport (auto | grpc | shm) goes to every ps task and worker (auto: shared memory between processes on one
-host, gRPC across hosts; see README "Speed"). --ddp adds PyTorch DistributedDataParallel (gloo,
+host, gRPC across hosts; see docs/speed.md). --ddp adds PyTorch DistributedDataParallel (gloo,
 scripts/ddp_baseline.py) on the same built-in model, batch per rank, threads per process (the workers' --threads)
 and examples: one plain PyTorch process, the baseline of DDP's own scaling efficiency, and DDP with as many ranks
 as each cluster size has workers; the dtrain sync rows then show their rate against DDP's. --repeats=N runs every
@@ -70,6 +71,7 @@ import tempfile
 import time
 
 import elastic_schedule  # noqa: E402  (beside this script)
+import plotting  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETNS = os.path.join(ROOT, "scripts", "netns_hosts.sh")
@@ -380,23 +382,9 @@ def write_table(rows, prefix, meta, sparse, elastic=None):
                                                      if elastic else "", prefix))
 
 
-def no_plot(path):
-    """The table and CSV/JSON are written anyway; only the picture needs matplotlib."""
-    if sys.executable != "/usr/bin/python3":
-        hint = "run with /usr/bin/python3, Debian's, after DTRAIN_WITH_PLOTS=1 scripts/install_deps.sh"
-    else:
-        hint = "install it: DTRAIN_WITH_PLOTS=1 scripts/install_deps.sh (python3-matplotlib)"
-    print("no plot %s: %s has no matplotlib; %s" % (path, sys.executable, hint), file=sys.stderr)
-
-
 def plot(rows, sizes, modes, path, title, target):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        no_plot(path)
-        return
+    """Draws the table's picture at `path`; plotting.PlotError when it cannot."""
+    plt = plotting.pyplot(path)
     local = rows[0]
     panels = 4 if target is not None else 3
     fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 4))
@@ -434,7 +422,7 @@ def plot(rows, sizes, modes, path, title, target):
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    plotting.save(fig, path, dpi=100)
     print("plot written to %s" % path)
 
 
@@ -812,14 +800,17 @@ def main():
         if elastic:
             title = "dtrain %s %s, batch %d per worker, --schedule=%s" % (a.model, modes[0], a.batch_size,
                                                                           a.schedule)
-            if elastic_schedule.plot(elastic, schedule, {s["workers"]: s["fixed_examples_per_sec"]
-                                                         for s in elastic["sizes"]}, path, title):
+        try:
+            if elastic:
+                elastic_schedule.plot(elastic, schedule, {s["workers"]: s["fixed_examples_per_sec"]
+                                                          for s in elastic["sizes"]}, path, title)
                 print("plot written to %s" % path)
             else:
-                no_plot(path)
-        else:
-            title = "dtrain %s: %d examples, batch %d, %s" % (a.model, a.examples, a.batch_size, where)
-            plot(rows, sizes, modes + (["ddp"] if a.ddp else []), path, title, target)
+                title = "dtrain %s: %d examples, batch %d, %s" % (a.model, a.examples, a.batch_size, where)
+                plot(rows, sizes, modes + (["ddp"] if a.ddp else []), path, title, target)
+        except plotting.PlotError as e:
+            print("compare_cluster_sizes: %s (the table is written)" % e, file=sys.stderr)
+            ok = False
     return 0 if ok else 1
 
 

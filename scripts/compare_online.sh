@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The figures of online training with sparse tables (README "Online training"), each against its peer in the same
+# The figures of online training with sparse tables (docs/sparse_and_online.md), each against its peer in the same
 # run on synthetic click data (dtrain_convert --synthetic_ctr, Zipf-distributed ids):
 #   online   a drifting stream (--stream_parts, --drift) trained online (--follow, deltas every 10 s) against the
 #            same model trained once on the stream's first part and frozen; both scored on the stream's end (the

@@ -25,9 +25,16 @@ Examples:
   scripts/compare_pytorch.py --pytorch_only --model=mlp --threads=2
   scripts/compare_pytorch.py --accuracy --model=cnn --threads=2   # one epoch each, test accuracy
   scripts/compare_pytorch.py --device=cuda --model=cnn            # PyTorch on cuda vs dtrain --towers=gpu:0
+  scripts/compare_pytorch.py --model=mlp --plot=mlp.png           # the table also as mlp.csv, mlp.json, mlp.png
+
+--plot FILE.png (or .svg) writes the table beside the picture as FILE.csv and FILE.json and draws it: each row's
+examples/sec (or accuracy) of both systems, every launch as a dot; a picture that cannot be drawn is an error
+(exit 1, after the table is written).
 """
 import argparse
+import csv
 import gzip
+import json
 import os
 import re
 import shutil
@@ -37,6 +44,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plotting  # noqa: E402
 import torch_blas  # noqa: E402
 
 DEBIAN_PYTHON = torch_blas.DEBIAN_PYTHON
@@ -353,12 +361,59 @@ def throughput(a, configs):
         ratio = f"{d / p:6.2f}" if d and p else f"{'-':>6}"
         print(f"{model:8} {batch:5d} {threads:7d} {fmt([d]):>9} {fmt([p]):>9} {ratio}   {fmt(dt)} | {fmt(pt)}")
     failed = any(med(pt) is None or (not a.pytorch_only and med(dt) is None) for *_, dt, pt in rows)
+    table = [{"model": m, "batch": b, "threads": t, "dtrain": med(dt), "pytorch": med(pt),
+              "ratio": med(dt) / med(pt) if med(dt) and med(pt) else None, "dtrain_launches": dt,
+              "pytorch_launches": pt} for m, b, t, dt, pt in rows]
+    if a.plot and not write_plot(a, table, "examples/sec"):
+        return 1
     return 1 if failed else 0
+
+
+def write_plot(a, table, unit):
+    """The table as CSV and JSON beside --plot, and its picture; False (said on stderr) when it cannot be drawn."""
+    prefix = os.path.splitext(a.plot)[0]
+    with open(prefix + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["model", "batch", "threads", "dtrain", "pytorch", "ratio"],
+                           extrasaction="ignore")
+        w.writeheader()
+        for r in table:
+            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    with open(prefix + ".json", "w") as f:
+        json.dump({"device": a.device, "unit": unit, "repeats": a.repeats, "rows": table}, f, indent=1)
+    print(f"table written to {prefix}.csv and {prefix}.json", file=sys.stderr)
+    try:
+        plt = plotting.pyplot(a.plot)
+        fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(table) + 2), 4))
+        labels = [f"{r['model']}\nb{r['batch']} t{r['threads']}" for r in table]
+        for side, (key, name) in enumerate((("dtrain", "dtrain"), ("pytorch", "PyTorch"))):
+            xs = [i + (side - 0.5) * 0.38 for i in range(len(table))]
+            ax.bar(xs, [r[key] or 0 for r in table], width=0.36, label=name, color=f"C{side}")
+            for x, r in zip(xs, table):
+                launches = [v for v in r.get(key + "_launches", []) if v is not None]
+                ax.plot([x] * len(launches), launches, ".", color="black", markersize=4)
+        for i, r in enumerate(table):
+            if r["ratio"]:
+                top = max(r["dtrain"] or 0, r["pytorch"] or 0)
+                ax.text(i, top * 1.02, f"{r['ratio']:.2f}x", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(table)))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_ylabel(unit)
+        ax.set_title(f"dtrain against PyTorch on {a.device}\n(median of {a.repeats} launches; dots: each launch)",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        plotting.save(fig, a.plot, dpi=100)
+    except plotting.PlotError as e:
+        print(f"compare_pytorch: {e} (the table is written)", file=sys.stderr)
+        return False
+    print(f"plot written to {a.plot}", file=sys.stderr)
+    return True
 
 
 def accuracy(a, configs):
     print(f"{'model':8} {'batch':>5} {'threads':>7} {'dtrain':>8} {'PyTorch':>8} {'diff (points)':>14}")
     ok = True
+    table = []
     for model, batch, threads in configs:
         d = None
         if not a.pytorch_only:
@@ -374,6 +429,10 @@ def accuracy(a, configs):
         diff = f"{100 * (d - p):+14.1f}" if d is not None and p is not None else f"{'-':>14}"
         show = lambda v: f"{100 * v:7.1f}%" if v is not None else f"{'-':>8}"
         print(f"{model:8} {batch:5d} {threads:7d} {show(d)} {show(p)} {diff}", flush=True)
+        table.append({"model": model, "batch": batch, "threads": threads, "dtrain": d, "pytorch": p,
+                      "ratio": d / p if d and p else None})
+    if a.plot and not write_plot(a, table, "test accuracy after one epoch"):
+        return 1
     return 0 if ok else 1
 
 
@@ -414,8 +473,16 @@ def parse_args(argv):
     p.add_argument("--any_blas", action="store_true",
                    help="time PyTorch even when it did not load the OpenMP OpenBLAS (labelled blas=other:...); "
                         "by default that is an error (exit 2)")
+    p.add_argument("--plot", default="",
+                   help="draw the table here (FILE.png or FILE.svg) and write it beside as FILE.csv and FILE.json")
     p.add_argument("--pytorch_child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.plot and not a.pytorch_child:
+        ext = os.path.splitext(a.plot)[1].lower()
+        if ext not in (".png", ".svg"):
+            p.error(f"--plot={a.plot}: the picture's name must end in .png or .svg")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(a.plot))):
+            p.error(f"--plot={a.plot}: no directory {os.path.dirname(os.path.abspath(a.plot))}")
     if not a.python:
         a.python = DEBIAN_PYTHON if a.device == "cpu" else (shutil.which("python3") or DEBIAN_PYTHON)
     a.warmup = lambda m: a.warmup_steps if a.warmup_steps is not None else MODELS[m][3]

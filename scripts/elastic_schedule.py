@@ -13,7 +13,7 @@ started again under its old index is not taken back into the step's workers (its
 worker's; seen on the build of 2026-12-06). Every worker runs --elastic_batch=per_worker
 and prints a progress line every --log_every steps; each line is stamped as it arrives (a pipe per process, read by
 a thread) and its examples spread over the time since the worker's line before. Once the schedule's last entry has
-run for the tail, the chief gets SIGTERM: it finishes its step, evaluates and leaves, which ends the run (README
+run for the tail, the chief gets SIGTERM: it finishes its step, evaluates and leaves, which ends the run (docs/faults_and_endings.md,
 "How a run ends": the chief exits 143, the workers still in the job 4).
 
 The analysis: the job's examples/sec (summed over the workers) in windows of window_secs from the launch; the
@@ -319,13 +319,9 @@ def print_report(r, schedule):
 
 def plot(r, schedule, fixed, path, title):
     """The job's examples/sec over time, the changes as vertical lines labelled with the worker count, and each
-    size's fixed-run examples/sec as a horizontal line. Returns False without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    size's fixed-run examples/sec as a horizontal line. Raises plotting.PlotError when it cannot draw."""
+    import plotting
+    plt = plotting.pyplot(path)
     fig, ax = plt.subplots(figsize=(11, 4.5))
     ws = r["window_secs"]
     x = [w["start"] + ws / 2 for w in r["windows"]]
@@ -355,5 +351,4 @@ def plot(r, schedule, fixed, path, title):
     ax.legend(loc="lower right", fontsize="small")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return True
+    plotting.save(fig, path, dpi=100)

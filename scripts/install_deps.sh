@@ -16,12 +16,14 @@ pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf
       slurmctld slurmd slurm-client munge iproute2 procps openssh-server openssh-client
       # Emulated hosts' link delay where the kernel has no netem (tests/netdelay's dtrain_netdelay on an NFQUEUE),
       # and ping to see it.
-      libnetfilter-queue-dev libmnl-dev iptables iputils-ping)
+      libnetfilter-queue-dev libmnl-dev iptables iputils-ping
+      # The pictures beside every comparison's table (compare_cluster_sizes, the planner, compare_pytorch.py
+      # --plot): matplotlib for Debian's /usr/bin/python3.
+      python3-matplotlib)
 # Node.js runs the offline Kubernetes manifest validator (its npm packages are installed at the end).
 command -v npm >/dev/null || pkgs+=(nodejs npm)
-# DTRAIN_WITH_PLOTS=1: matplotlib for compare_cluster_sizes --plot (the comparisons' PyTorch and OpenMP OpenBLAS are
-# installed always, above; DTRAIN_WITH_TORCH=1 is accepted and changes nothing).
-if [ "${DTRAIN_WITH_PLOTS:-0}" = 1 ]; then pkgs+=(python3-matplotlib); fi
+# DTRAIN_WITH_PLOTS=1 and DTRAIN_WITH_TORCH=1 are accepted and change nothing: matplotlib, PyTorch and the OpenMP
+# OpenBLAS are part of the default set above.
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

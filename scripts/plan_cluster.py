@@ -8,7 +8,8 @@ bounds it, the ps count to use for each worker count, and the wall-clock of a ru
   scripts/plan_cluster.py --profile=/tmp/cnn.json --workers=1,2,4,8,16,32 --ps=1,2,4,8 \\
       --bandwidth=1gbit,10gbit --latency=0.1 --host_cpus=1 --modes=sync,async --out=/tmp/cnn_plan
 
-prints a table and writes PREFIX.csv, PREFIX.json and PREFIX.png (the plot needs matplotlib: /usr/bin/python3).
+prints a table and writes PREFIX.csv, PREFIX.json and the picture PREFIX.png (matplotlib, Debian's /usr/bin/python3;
+a picture that cannot be drawn is an error: exit 1 after the table is written).
 docs/planner.md says how to read it and how good it is.
 
 THE MODEL OF A STEP (every figure comes from the profile; nothing is fitted to clusters)
@@ -74,6 +75,9 @@ import math
 import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plotting  # noqa: E402  (beside this script)
 
 PROFILE_FORMAT = "dtrain-profile"
 PROFILE_VERSION = 1
@@ -670,14 +674,8 @@ def format_rate(bps):
 
 
 def plot(rows, path, title, modes, bandwidths, ps_counts):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no plot %s: %s has no matplotlib (run with /usr/bin/python3 after DTRAIN_WITH_PLOTS=1 "
-              "scripts/install_deps.sh)" % (path, sys.executable), file=sys.stderr)
-        return
+    """Draws the plan's picture at `path`; plotting.PlotError when it cannot."""
+    plt = plotting.pyplot(path)
     cols = 2 * len(modes)
     fig, axes = plt.subplots(len(bandwidths), cols, figsize=(4.2 * cols, 3.4 * len(bandwidths)), squeeze=False)
     for bi, bw in enumerate(bandwidths):
@@ -698,7 +696,7 @@ def plot(rows, path, title, modes, bandwidths, ps_counts):
                 ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    plotting.save(fig, path, dpi=90)
     print("plot written to %s" % path)
 
 
@@ -806,8 +804,12 @@ def main(argv=None):
             json.dump({"profile": os.path.abspath(a.profile), "model": run["model"], "examples": examples,
                        "rows": rows}, f, indent=1)
         print("table written to %s.csv and %s.json" % (a.out, a.out))
-        plot(rows, a.out + ".png", "dtrain %s (planned from a local profile)" % run["model"], modes, bandwidths,
-             ps_counts)
+        try:
+            plot(rows, a.out + ".png", "dtrain %s (planned from a local profile)" % run["model"], modes,
+                 bandwidths, ps_counts)
+        except plotting.PlotError as e:
+            print("plan_cluster: %s (the table is written)" % e, file=sys.stderr)
+            return 1
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts a cluster on 127.0.0.1: NUM_PS ps tasks and NUM_WORKERS worker tasks, each its own process, on free
 # ports; passes the remaining arguments to every worker; waits for all of them and exits with worker 0's exit
-# code, or else the first other non-zero one (README "How a run ends": 0 complete, 2 refused, 3 degraded, 4 a
+# code, or else the first other non-zero one (docs/faults_and_endings.md: 0 complete, 2 refused, 3 degraded, 4 a
 # peer failed). Worker 0's output goes to stdout; every task's log goes to $LOGDIR/<job>_<i>.log. If worker 0
 # fails, the other tasks are stopped. SIGINT (Ctrl-C) or SIGTERM to this script passes SIGTERM on to every task
 # once and waits for their graceful stop (the chief evaluates and exports, the ps tasks save); a second one stops

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/compare_cluster_sizes.sh end to end on a small MLP run: local, sync and async with 1 and 2 workers on
 # 127.0.0.1; the table's CSV and JSON have every configuration, scaling efficiency = examples/sec /
-# (workers x local examples/sec), seconds to the target accuracy, and the plot exists where matplotlib does.
+# (workers x local examples/sec), seconds to the target accuracy, and the picture beside the table is a valid PNG (matplotlib is part of
+# install_deps.sh's default set; a picture that cannot be drawn fails the tool).
 # dlrm on synthetic click-through-rate data (2 ps tasks, sync, 1 and 2 workers): AUC, log loss, rows held and
 # bytes per step in every row, the data and shape flags passed to every worker. --ddp: PyTorch and DDP rows.
 # The wall-clock's parts: the workers' phases lines (and, before the workers print them, the "local steps" line
@@ -43,6 +44,12 @@ print("table %s: %d rows consistent" % (prefix, want))
 PY
 }
 
+# check_picture FILE: a PNG or SVG is there (scripts/plotting.py's check).
+check_picture() {
+  PYTHONPATH="$ROOT/scripts" /usr/bin/python3 -c 'import plotting, sys; sys.exit(0 if plotting.is_picture(sys.argv[1]) else 1)' \
+    "$1" || fail "no valid picture at $1"
+}
+
 rc=0
 "$CMP" --model=mlp --examples=4000 --sizes=1,2 --target_accuracy=0.4 --eval_every=10 --out="$dir/local" \
   >"$dir/local.out" 2>&1 || rc=$?
@@ -70,9 +77,8 @@ assert abs(sync["prediction_error"] - (sync["predicted_examples_per_sec"] / sync
 print("predict table: %.1f predicted against %.1f measured" % (sync["predicted_examples_per_sec"],
                                                                sync["examples_per_sec"]))
 PY
-if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
-  [ -s "$dir/local.png" ] || fail "no plot although matplotlib is installed"
-fi
+check_picture "$dir/local.png"
+check_picture "$dir/predict.png"
 
 # dlrm: the same table with AUC for accuracy, plus log loss, rows held and bytes per step.
 "$DTRAIN_BIN/dtrain_convert" --synthetic_ctr --examples=4000 --test_examples=1000 --out="$dir/ctr" >/dev/null ||
@@ -187,9 +193,7 @@ assert len(list(csv.DictReader(open(sys.argv[1] + ".elastic.csv")))) == 2, "elas
 print("schedule table: sizes 1 and 2 at %s of their fixed runs, join %.2f s" %
       (" and ".join("%.2fx" % s["ratio"] for s in e["sizes"]), join["first_step_secs"]))
 PY
-if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
-  [ -s "$dir/sched.png" ] || fail "no --schedule plot although matplotlib is installed"
-fi
+check_picture "$dir/sched.png"
 for bad in "0:1,6:2,6:1" "0:1,6:0" "0:1,6" "3:1,6:2"; do
   rc=0; "$CMP" --schedule="$bad" >"$dir/bad_sched.out" 2>&1 || rc=$?
   [ "$rc" = 2 ] && grep -q -- "--schedule" "$dir/bad_sched.out" || fail "--schedule=$bad not refused naming the flag"

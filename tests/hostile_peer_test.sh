@@ -18,8 +18,8 @@
 #  3. The checks can fail: against a ps task without a token, the tool reports the unauthenticated calls accepted
 #     and exits 1.
 # The attacker is started once both workers have registered: before that, a Done naming a worker that has no
-# session yet is taken from anyone with the token (by design, for a worker refused at Register; see README
-# "Security"). About 40 s on 2 cores. Needs Fashion-MNIST: exit 77 without (exit 1 with DTRAIN_REQUIRE_DEPS=1).
+# session yet is taken from anyone with the token (by design, for a worker refused at Register; see docs/
+# security.md). About 40 s on 2 cores. Needs Fashion-MNIST: exit 77 without (exit 1 with DTRAIN_REQUIRE_DEPS=1).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"

@@ -296,6 +296,24 @@ with tempfile.TemporaryDirectory() as d:
         # Wall-clock of 60000 examples: start 1 s + the initial values, 1.5e6 x 4 bytes at 119.5509e6 bytes/s =
         # 0.050188 s, train 60000 x 0.1140464 / 100, evaluate 2 s, end 0.5 s.
         check("cli wall", first["wall_s"], 1.0 + 0.0501878 + 60000 * 0.1140464 / 100 + 2.0 + 0.5, tol=1e-6)
+    # The picture beside the table, always: a valid PNG; and a clear error (exit 1, the table still written) when
+    # matplotlib cannot be imported (a package on PYTHONPATH that hides Debian's).
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import plotting  # noqa: E402
+    if not plotting.is_picture(os.path.join(d, "plan.png")):
+        failures.append("cli: no valid picture plan.png beside the table:\n" + out)
+    hide = os.path.join(d, "hide")
+    os.makedirs(os.path.join(hide, "matplotlib"))
+    with open(os.path.join(hide, "matplotlib", "__init__.py"), "w") as f:
+        f.write("raise ImportError('hidden by plan_cluster_test')\n")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plan_cluster.py"), "--profile=" + path,
+                        "--workers=1,2", "--ps=1", "--bandwidth=1gbit", "--out=" + os.path.join(d, "nopic")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=dict(os.environ, PYTHONPATH=hide))
+    if p.returncode != 1 or "cannot draw" not in p.stdout or "nopic.png" not in p.stdout or \
+            not os.path.exists(os.path.join(d, "nopic.csv")):
+        failures.append("no matplotlib: rc %d, want 1, the table written and 'cannot draw ...nopic.png':\n%s"
+                        % (p.returncode, p.stdout))
     for args, words in ((["--bandwidth=10gbps"], "10gbps"), (["--ps=3"], "--ps=3"), (["--workers=0"], "--workers"),
                         (["--modes=fast"], "--modes"), (["--latency=-1"], "--latency"),
                         (["--host_cpus=0"], "--host_cpus"), (["--transport=shm"], "no shared memory"),
