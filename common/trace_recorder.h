@@ -49,8 +49,6 @@ absl::StatusOr<TraceWindow> ParseTraceSteps(absl::string_view text);
 // with the reason otherwise.
 absl::Status CheckTraceDir(const std::string& dir);
 
-class TraceRecorder;
-
 class TraceRecorder {
  public:
   struct Options {
