@@ -88,7 +88,11 @@ start_worker() {
 }
 for i in 0 1 2 3; do start_worker $i; done
 
-rss() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+# VmRSS and its parts (anonymous, file-backed, shared memory), KiB; "0" once the process is gone.
+rss() {
+  awk '/^VmRSS:/ {r = $2} /^RssAnon:/ {a = $2} /^RssFile:/ {f = $2} /^RssShmem:/ {s = $2}
+       END {if (r) print r, a, f, s; else print 0}' "/proc/$1/status" 2>/dev/null || echo 0
+}
 threads() { awk '/^Threads:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 chief_step() { grep -o '^step [0-9]*' "$dir/w0.log" 2>/dev/null | tail -1 | grep -o '[0-9]*' || echo 0; }
 total=$((minutes * 60))
@@ -112,7 +116,7 @@ while true; do
   [ $now -lt $total ] || break
   for k in 0 1 2 3 4; do
     r=$(rss "${pids[$k]}")
-    if [ "$r" = 0 ]; then died="$died ${names[$k]}"; continue; fi
+    if [ "$r" = 0 ] || [ -z "$r" ]; then died="$died ${names[$k]}"; continue; fi
     echo "$now $r" >> "$dir/rss.$k"
     echo "$now $(threads "${pids[$k]}")" >> "$dir/threads.$k"
   done
@@ -155,6 +159,12 @@ for k in 0 1 2 3 4; do
   g=$(echo "($e - $w) * 100 / $w" | bc -l)
   printf '%-8s %16.1f %16.1f %12.1f %8.2f%%\n' "${names[$k]}" "$(echo "$w/1024" | bc -l)" "$(echo "$e/1024" | bc -l)" \
     "$(echo "$p/1024" | bc -l)" "$g"
+  # Where the change lies: the same two windows' means of the anonymous, file-backed and shared-memory parts.
+  awk -v a=$warmup -v b=$((warmup + window)) -v c=$((elapsed - window)) '
+    $1 >= a && $1 < b {for (i = 3; i <= 5; i++) w[i] += $i; nw++} $1 >= c {for (i = 3; i <= 5; i++) e[i] += $i; ne++}
+    END {if (nw && ne) printf "         parts MiB, after warm-up -> last window: anon %.1f -> %.1f, file %.1f -> %.1f, shmem %.1f -> %.1f\n",
+           w[3] / nw / 1024, e[3] / ne / 1024, w[4] / nw / 1024, e[4] / ne / 1024, w[5] / nw / 1024, e[5] / ne / 1024}' \
+    "$dir/rss.$k"
   if [ "$(echo "$g >= $max_growth" | bc -l)" = 1 ]; then
     printf 'FAIL: %s grew %.2f%% after the warm-up\n' "${names[$k]}" "$g"; fail=1
   fi
