@@ -96,7 +96,9 @@ struct SparseStoreOptions {
   std::function<absl::Time()> clock;
 };
 
-class SparseTable;
+namespace sparse_internal {
+class SparseTable;  // sparse_table.h
+}  // namespace sparse_internal
 
 class SparseStore {
  public:
@@ -207,7 +209,7 @@ class SparseStore {
   std::vector<SparseTableSpec> specs_;
   SparseOptimizer optimizer_;
   SparseStoreOptions options_;
-  std::vector<std::unique_ptr<SparseTable>> tables_;
+  std::vector<std::unique_ptr<sparse_internal::SparseTable>> tables_;
 
   std::atomic<int64_t> clock_{0};
   const absl::Time created_;
