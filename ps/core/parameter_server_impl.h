@@ -1,6 +1,7 @@
-// Internal to the ParameterServer (parameter_server.cc: uploads and the public class; _sync.cc: decisions; _pull.cc;
-// _lifecycle.cc: registration, restore, membership, the end; _control.cc: dtrain_ctl's commands, the elastic plan,
-// the ps set; _state.cc: checkpoints, deltas): the class behind ParameterServer. Nothing else includes this header.
+// Internal to the ParameterServer (parameter_server.cc: the public class; _uploads.cc: uploads; _push.cc: a push's
+// end, the early, async and sparse applies; _sync.cc: decisions; _pull.cc; _lifecycle.cc: registration, restore,
+// membership, the end; _control.cc: dtrain_ctl's commands, the elastic plan, the ps set; _state.cc: checkpoints,
+// deltas): the class behind ParameterServer. Nothing else includes this header.
 //
 // ParameterServer: the protocol of ps/api/ps_types.h as a state machine over its parts. Choices the header
 // leaves open:

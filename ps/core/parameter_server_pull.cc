@@ -1,6 +1,6 @@
 // ParameterServer, the pulls: when one may be answered (MustWait), its header, the values and rows it streams.
-// The rest: parameter_server.cc, parameter_server_sync.cc, parameter_server_lifecycle.cc; the design and the lock
-// order: parameter_server_impl.h.
+// The rest: parameter_server.cc, _uploads.cc, _push.cc, _sync.cc, _lifecycle.cc; the design and the lock order:
+// parameter_server_impl.h.
 #include "ps/core/parameter_server_impl.h"
 
 namespace dtrain::ps {
