@@ -208,7 +208,7 @@ inline uint32_t SparseTable::Insert(Stripe& st, int64_t id, uint64_t h) {
 }
 
 // A new row for `id` with its initial values and slots.
-inline uint32_t SparseTable::Create(Stripe& st, int64_t id, uint64_t h) {
+inline uint32_t SparseTable::CreateRow(Stripe& st, int64_t id, uint64_t h) {
   const uint32_t row = Insert(st, id, h);
   if (fp32_) {
     float* data = RowData(st, row);
@@ -289,7 +289,7 @@ void SparseTable::Lookup(const int64_t* ids, int64_t n, WireDtype dtype, void* d
         std::memset(row_out, 0, static_cast<size_t>(dim_) * bytes);
         return;
       }
-      row = Create(st, ids[i], h);
+      row = CreateRow(st, ids[i], h);
     } else {
       SetRef(st, row);  // looked up again: a second chance
     }
@@ -331,7 +331,7 @@ void SparseTable::Apply(const SparseOptimizer::Step& step, int64_t step_number, 
         ++st.dropped;
         return;
       }
-      row = Create(st, ids[i], h);
+      row = CreateRow(st, ids[i], h);
     }
     float* data = Floats(st, row, scratch.data());
     optimizer_->ApplyRow(step, scale, grads + i * dim_, data, dim_);

@@ -351,7 +351,7 @@ class SparseTable {
   // left as they were; its reference bit is clear; it counts as changed.
   uint32_t Insert(Stripe& st, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu);
   // A new row for `id` with its initial values and slots.
-  uint32_t Create(Stripe& st, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu);
+  uint32_t CreateRow(Stripe& st, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu);
   // Calls fn(stripe, i, hash) for every i in [0, n), grouped by sub-shard (each lock taken once), in order
   // within a sub-shard, prefetching the index entries and rows the calls ahead will read (`whole_rows`: the
   // rows' slots too).
