@@ -269,6 +269,13 @@ class ParameterServer::Impl {
   absl::StatusOr<PushResponse> FinishPush(const PushHeader& header, GradientBuffers::Buffer& buffer,
                                           std::optional<StepDecision>* decided, int64_t* epoch,
                                           std::vector<CheckpointData>* saves) ABSL_LOCKS_EXCLUDED(mu_);
+  // FinishPush's two modes, after its checks: what the push becomes (`response`), or its refusal.
+  absl::Status FinishSyncPushLocked(const PushHeader& header, GradientBuffers::Buffer& buffer, bool skip,
+                                    PushResponse* response, std::optional<StepDecision>* decided)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FinishAsyncPushLocked(const PushHeader& header, GradientBuffers::Buffer& buffer, bool skip,
+                                     PushResponse* response, std::vector<CheckpointData>* saves)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Early apply (parameter_server.h). Whether `header`'s push may be applied as it arrives: it asks, and its step
   // can only be itself (sync, ps 0 of one task, one worker, no clipping, NaN/Inf not skipped), and no tentative
   // update is open.

@@ -173,53 +173,80 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
   const bool skip = !bad_slice.empty() && options_.nonfinite == ParameterServerOptions::NonFinite::kSkip;
   PushResponse response{skip ? PushResponse::Outcome::kSkippedNonFinite : PushResponse::Outcome::kAccepted, step_};
   if (sync_) {
-    if (header.step < step_) {
-      // The step was decided while this upload was on its way.
-      response.outcome = header.step == step_ - 1 ? PushResponse::Outcome::kDroppedBackup
-                                                  : PushResponse::Outcome::kDroppedStale;
-      CountNotTaken(w, response.outcome);
-    } else if (header.commit && coordinator_->HasCommitted(w)) {
-      response.outcome = PushResponse::Outcome::kDuplicate;
-      CountNotTaken(w, response.outcome);
-    } else if (header.commit && elastic_ != nullptr && !elastic_->InPlan(w)) {
-      // An elastic job's step counts on its plan's workers (their batches): another worker's gradient is left out
-      // as a backup's would be; it pulls the next step, whose plan has it.
-      response.outcome = PushResponse::Outcome::kDroppedBackup;
-      CountNotTaken(w, response.outcome);
-    } else if (header.commit && MustRedoLocked(w)) {
-      // A global step planned again while this worker computed its part of the old split: it computes the step
-      // again with the new one (its pull answers at once).
-      response.outcome = PushResponse::Outcome::kDroppedStale;
-      CountNotTaken(w, response.outcome);
-    } else if (header.commit && !buffer.all_complete()) {
-      ++accounting_.refused;
-      return absl::FailedPreconditionError(absl::StrCat("worker ", w, " committed step ", header.step,
-                                                        " without every slice of ps task 0; missing: ",
-                                                        buffer.DescribeMissing()));
-    } else {
-      // A skipped gradient still counts as this worker's part of the step (the step goes on); ApplyDecision
-      // leaves it out of the average.
-      ++accounting_.accepted;
-      if (journal_) journal_->Accepted(w, header.step, header.request_id);
-      if (pending_accepted_[w]) ++accounting_.discarded;  // its previous one never made it into a step
-      pending_accepted_[w] = buffer.all_complete();
-      if (!buffer.all_complete()) ++accounting_.discarded;  // no decision can apply an incomplete gradient
-      if (buffer.all_complete()) complete_step_[w] = header.step;
-      if (sparse_async_ && buffer.all_complete() && !skip) {
-        // The hybrid: this push's rows now, scaled like a step's (1/R); ApplyDecision leaves them alone.
-        sparse_->SetClock(step_);
-        ApplySparse({&buffer}, header.step, 1.0f / static_cast<float>(ResolvedReplicasToAggregate(config_)));
-      }
-      if (header.commit) {
-        coordinator_->AddCommit(w);
-        commit_ids_[w] = header.request_id;
-        *decided = DecideLocked();
-      }
+    RETURN_IF_ERROR(FinishSyncPushLocked(header, buffer, skip, &response, decided));
+  } else {
+    RETURN_IF_ERROR(FinishAsyncPushLocked(header, buffer, skip, &response, saves));
+  }
+  members_.recent_ids(w).Insert(header.request_id);
+  cv_.SignalAll();  // a pull may wait for this push (PullRequest::after_push), or for the step
+  response.global_step = step_;
+  return response;
+}
+
+// FinishPush in sync mode: the push becomes the worker's part of the step, or is dropped (stale, a backup, a
+// duplicate commit, outside an elastic plan, a step planned again), or refused (a commit without every slice).
+// On ps 0 a commit may decide the step (`decided`).
+absl::Status ParameterServer::Impl::FinishSyncPushLocked(const PushHeader& header, GradientBuffers::Buffer& buffer,
+                                                         bool skip, PushResponse* response,
+                                                         std::optional<StepDecision>* decided) {
+  const int w = header.worker_id;
+  if (header.step < step_) {
+    // The step was decided while this upload was on its way.
+    response->outcome = header.step == step_ - 1 ? PushResponse::Outcome::kDroppedBackup
+                                                 : PushResponse::Outcome::kDroppedStale;
+    CountNotTaken(w, response->outcome);
+  } else if (header.commit && coordinator_->HasCommitted(w)) {
+    response->outcome = PushResponse::Outcome::kDuplicate;
+    CountNotTaken(w, response->outcome);
+  } else if (header.commit && elastic_ != nullptr && !elastic_->InPlan(w)) {
+    // An elastic job's step counts on its plan's workers (their batches): another worker's gradient is left out
+    // as a backup's would be; it pulls the next step, whose plan has it.
+    response->outcome = PushResponse::Outcome::kDroppedBackup;
+    CountNotTaken(w, response->outcome);
+  } else if (header.commit && MustRedoLocked(w)) {
+    // A global step planned again while this worker computed its part of the old split: it computes the step
+    // again with the new one (its pull answers at once).
+    response->outcome = PushResponse::Outcome::kDroppedStale;
+    CountNotTaken(w, response->outcome);
+  } else if (header.commit && !buffer.all_complete()) {
+    ++accounting_.refused;
+    return absl::FailedPreconditionError(absl::StrCat("worker ", w, " committed step ", header.step,
+                                                      " without every slice of ps task 0; missing: ",
+                                                      buffer.DescribeMissing()));
+  } else {
+    // A skipped gradient still counts as this worker's part of the step (the step goes on); ApplyDecision
+    // leaves it out of the average.
+    ++accounting_.accepted;
+    if (journal_) journal_->Accepted(w, header.step, header.request_id);
+    if (pending_accepted_[w]) ++accounting_.discarded;  // its previous one never made it into a step
+    pending_accepted_[w] = buffer.all_complete();
+    if (!buffer.all_complete()) ++accounting_.discarded;  // no decision can apply an incomplete gradient
+    if (buffer.all_complete()) complete_step_[w] = header.step;
+    if (sparse_async_ && buffer.all_complete() && !skip) {
+      // The hybrid: this push's rows now, scaled like a step's (1/R); ApplyDecision leaves them alone.
+      sparse_->SetClock(step_);
+      ApplySparse({&buffer}, header.step, 1.0f / static_cast<float>(ResolvedReplicasToAggregate(config_)));
     }
-  } else if (coordinator() && header.commit && config_.train_steps > 0 && step_ >= config_.train_steps) {
+    if (header.commit) {
+      coordinator_->AddCommit(w);
+      commit_ids_[w] = header.request_id;
+      *decided = DecideLocked();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// FinishPush in async mode: the push is applied at once (unless skipped as non-finite, dropped after the last
+// step, or refused without every slice); the task counts the update, and checkpoints and deltas fall due.
+absl::Status ParameterServer::Impl::FinishAsyncPushLocked(const PushHeader& header, GradientBuffers::Buffer& buffer,
+                                                          bool skip, PushResponse* response,
+                                                          std::vector<CheckpointData>* saves) {
+  const int w = header.worker_id;
+  WorkerStats& stats = members_.stats(w);
+  if (coordinator() && header.commit && config_.train_steps > 0 && step_ >= config_.train_steps) {
     // Async: the last step was reached while this push was on its way (see StartPushLocked).
-    response.outcome = PushResponse::Outcome::kDroppedStale;
-    CountNotTaken(w, response.outcome);
+    response->outcome = PushResponse::Outcome::kDroppedStale;
+    CountNotTaken(w, response->outcome);
   } else {
     if (!buffer.all_complete()) {
       ++accounting_.refused;
@@ -272,10 +299,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
       }
     }
   }
-  members_.recent_ids(w).Insert(header.request_id);
-  cv_.SignalAll();  // a pull may wait for this push (PullRequest::after_push), or for the step
-  response.global_step = step_;
-  return response;
+  return absl::OkStatus();
 }
 
 }  // namespace dtrain::ps
