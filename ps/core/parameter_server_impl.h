@@ -320,6 +320,34 @@ class ParameterServer::Impl {
   void ApplySparse(const std::vector<GradientBuffers::Buffer*>& buffers, int64_t step, float scale);
   // Pull: InvalidArgument for sparse ids the task does not hold (or a table asked twice).
   absl::Status CheckSparseRequest(const PullRequest& request) const;
+  // Pull's steps (parameter_server_pull.cc), over the one pull they serve.
+  struct PullCall {
+    const PullRequest& request;
+    PullReceiver* receiver;
+    absl::Time deadline{};
+    std::shared_ptr<Cancellation> epoch_cancel{};  // the epoch the pull began in
+    TraceRecorder* trace = nullptr;              // when the pull is traced
+    int64_t traced_step = 0;
+    int64_t sent = 0;  // bytes streamed
+    // Cancelled, or its epoch ended (a rollback). Reads only atomics: a store's waits evaluate it.
+    bool stopped() const;
+  };
+  // Aborted (the epoch ended: register again) or Cancelled, for a pull that stopped().
+  absl::Status PullStoppedError(const PullCall& call) const;
+  // The request's own checks: worker, session, the task's state, parts, steps.
+  absl::Status CheckPullLocked(const PullRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the pull may stream `request`'s worker's push as it is applied (early apply).
+  bool TentativeOpenLocked(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (under mu_, releasing it) until the pull may be answered, and makes its header. Returns the writer of
+  // the tentative update it streams (0: none).
+  absl::StatusOr<uint64_t> AwaitPullLocked(PullCall& call, PullHeader* header, std::vector<StepDecision>* to_apply,
+                                           int64_t* epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The values: a tentative update's chunks as they are applied, then its decision; or each slice of the
+  // request's part at `version`; then the sparse rows.
+  absl::Status StreamTentativePull(PullCall& call, uint64_t tentative_writer, int64_t version)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status StreamSlices(PullCall& call, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status StreamSparseRows(PullCall& call, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sync.
   std::optional<StepDecision> DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
