@@ -7,6 +7,7 @@
 #include <cmath>
 #include <optional>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -166,6 +167,97 @@ ProfiledRun ProfiledRunOf(const WorkerOptions& o, bool local, Towers* towers, co
   return run;
 }
 
+// Summaries beyond loss and accuracy (worker/train/summaries.h): learning rate, ps traffic, staleness, histograms.
+absl::StatusOr<std::unique_ptr<TrainingSummaries>> MakeSummaries(EventWriter* events, const models::Graph& graph,
+                                                                 Towers* towers, const Connection& ps,
+                                                                 TrainingSteps* steps) {
+  ps::WorkerClient* client = ps.client.get();
+  TrainingSummaries::UniqueIdsFn unique_ids;  // sparse/unique_ids_per_step, for models with tables
+  if (!graph.tables.empty()) unique_ids = [s = steps] { return s->last_step_unique_ids(); };
+  return TrainingSummaries::Create(events, towers->tower(0)->variables(), ps.config.optimizer, client->num_tasks(),
+                                   [client](int t) { return client->Stats(t); }, absl::Now(), std::move(unique_ids));
+}
+
+// The training loop to the end of the run, with the chief's evaluation (FinishTraining); connects again when a
+// ps task restarted after the last step. `end_of_loop` lets a stop that comes now wait for the evaluation.
+absl::Status TrainToTheEnd(const WorkerOptions& o, bool chief, bool local, TrainingData* data, Towers* towers,
+                           Connection* ps, TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries,
+                           const std::function<void()>& end_of_loop, TrainingResult* result) {
+  ScoreWindow window(o.follow ? o.eval_window : 0);
+  // A ps task that restarts after the last step answers the chief's final pull with Aborted: connect again (the
+  // chief restores every task to the newest common checkpoint) and train from there to the end once more.
+  int64_t first_step = -1;
+  for (int reconnects = 0;; ++reconnects) {
+    const double seconds_before = result->seconds;
+    const absl::Status looped = TrainLoop(o, chief, data, towers, ps, steps, events, summaries, &window, result);
+    end_of_loop();  // a stop from here on lets the chief evaluate and export
+    RETURN_IF_ERROR(looped);
+    if (window.size() > 0) {  // the chief's progressive validation at the end
+      result->window_examples = window.size();
+      result->window_log_loss = window.LogLoss();
+      result->window_auc = window.Auc();
+      if (events != nullptr) {
+        RETURN_IF_ERROR(events->AddScalar("window_log_loss", result->global_step, result->window_log_loss));
+        RETURN_IF_ERROR(events->AddScalar("window_auc", result->global_step, result->window_auc));
+      }
+    }
+    // The throughput figures cover the whole run.
+    if (first_step < 0) first_step = result->first_step;
+    result->first_step = first_step;
+    result->seconds += seconds_before;
+    const absl::Status finished = FinishTraining(o, chief, local, *data, towers, ps, steps, events, result);
+    if (finished.ok()) break;
+    if (finished.code() != absl::StatusCode::kAborted || local || reconnects >= kMaxReconnects) return finished;
+    RETURN_IF_ERROR(ConnectAgain(o, ps, data->stream.get(), finished));
+  }
+  return absl::OkStatus();
+}
+
+// Tells the ps tasks this worker leaves (stopped, or done at the end), and the run's outcome line.
+absl::Status LeaveCluster(const WorkerOptions& o, bool chief, bool local, Connection* ps, TrainingResult* result) {
+  if (result->stopped) {
+    // Stopped before the end (SIGTERM): leave as stopped. The chief has evaluated and exported first (below: the
+    // export needs no ps); its leaving ends the run, and the ps tasks save the final checkpoint.
+    const std::string why = absl::StrCat(StopReason(o), " at step ", result->global_step);
+    RETURN_IF_ERROR(ps->client->Done(ps::Leaving::kStopped, result->global_step, why, absl::Seconds(5)));
+    result->outcome = ps::RunOutcome::kEndedEarly;
+    result->outcome_line =
+        chief ? absl::StrCat("run stopped at step ", result->global_step, " of ", o.train_steps, ": the chief was ",
+                             "stopped (", StopReason(o), ")", o.evaluate ? "; evaluated at that step" : "",
+                             o.export_onnx.empty() ? "" : " and exported",
+                             local ? "" : "; the ps tasks save their final checkpoint and stop the other workers")
+              : absl::StrCat("worker ", o.worker_id, " stopped (", StopReason(o), ") at step ", result->global_step,
+                             "; it left the cluster, the run goes on without it");
+  } else {
+    RETURN_IF_ERROR(ps->client->Done(ps::Leaving::kCompleted, result->global_step));
+    if (!local) {
+      AwaitRunOutcome(o, ps->client.get(), result);
+    } else {
+      result->outcome_line = absl::StrCat("run complete: training reached step ", result->global_step, " of ",
+                                          o.train_steps);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --export_onnx: the imported model's file with the trained values (the embedding tables' rows included).
+absl::Status ExportTrained(const WorkerOptions& o, Towers& towers, const TrainingResult& result) {
+  models::onnx::TableRows rows;  // the embedding tables' rows, into their initializers
+  const std::vector<models::TableInfo>& tables = towers.tower(0)->graph().tables;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    // Every table's rows, whatever the file's dims let the import see: the file's own rows never stand in.
+    if (t >= result.table_rows.size() || result.table_rows[t].empty()) {
+      return absl::InternalError(absl::StrCat("--export_onnx: the rows of embedding table '", tables[t].name,
+                                              "' were not pulled at the end"));
+    }
+    rows[tables[t].name] = result.table_rows[t];
+  }
+  RETURN_IF_ERROR(models::onnx::ExportOnnx(*o.resolved_model, towers.tower(0)->variables(), result.parameters.data(),
+                                           rows, o.export_onnx));
+  if (!o.quiet) std::printf("exported the trained model to %s\n", o.export_onnx.c_str());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::vector<ps::PsInterface*>& tasks,
                                      Connection* conn, Phase* phase) {
   SetFlushDenormals();  // the training loop computes (the kernels' own pools set it too)
@@ -257,75 +349,20 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
     ASSIGN_OR_RETURN(events, EventWriter::Create(o.logdir));
   }
 
-  // Summaries beyond loss and accuracy (worker/train/summaries.h): learning rate, ps traffic, staleness, histograms.
   std::unique_ptr<TrainingSummaries> summaries;
   if (events && o.summary_every > 0) {
-    ps::WorkerClient* client = ps.client.get();
-    TrainingSummaries::UniqueIdsFn unique_ids;  // sparse/unique_ids_per_step, for models with tables
-    if (!graph.tables.empty()) unique_ids = [s = steps.get()] { return s->last_step_unique_ids(); };
-    ASSIGN_OR_RETURN(summaries, TrainingSummaries::Create(events.get(), towers->tower(0)->variables(),
-                                                          ps.config.optimizer, client->num_tasks(),
-                                                          [client](int t) { return client->Stats(t); }, absl::Now(),
-                                                          std::move(unique_ids)));
+    ASSIGN_OR_RETURN(summaries, MakeSummaries(events.get(), graph, towers.get(), ps, steps.get()));
   }
 
   // The loop, then the end: evaluation, statistics, done.
   TrainingResult result;
-  ScoreWindow window(o.follow ? o.eval_window : 0);
-  // A ps task that restarts after the last step answers the chief's final pull with Aborted: connect again (the
-  // chief restores every task to the newest common checkpoint) and train from there to the end once more.
-  int64_t first_step = -1;
-  for (int reconnects = 0;; ++reconnects) {
-    const double seconds_before = result.seconds;
-    const absl::Status looped = TrainLoop(o, chief, &data, towers.get(), &ps, steps.get(), events.get(),
-                                          summaries.get(), &window, &result);
-    end_of_loop();  // a stop from here on lets the chief evaluate and export
-    RETURN_IF_ERROR(looped);
-    if (window.size() > 0) {  // the chief's progressive validation at the end
-      result.window_examples = window.size();
-      result.window_log_loss = window.LogLoss();
-      result.window_auc = window.Auc();
-      if (events) {
-        RETURN_IF_ERROR(events->AddScalar("window_log_loss", result.global_step, result.window_log_loss));
-        RETURN_IF_ERROR(events->AddScalar("window_auc", result.global_step, result.window_auc));
-      }
-    }
-    // The throughput figures cover the whole run.
-    if (first_step < 0) first_step = result.first_step;
-    result.first_step = first_step;
-    result.seconds += seconds_before;
-    const absl::Status finished =
-        FinishTraining(o, chief, local, data, towers.get(), &ps, steps.get(), events.get(), &result);
-    if (finished.ok()) break;
-    if (finished.code() != absl::StatusCode::kAborted || local || reconnects >= kMaxReconnects) return finished;
-    RETURN_IF_ERROR(ConnectAgain(o, &ps, data.stream.get(), finished));
-  }
+  RETURN_IF_ERROR(TrainToTheEnd(o, chief, local, &data, towers.get(), &ps, steps.get(), events.get(),
+                                summaries.get(), end_of_loop, &result));
   if (result.input_ended && !o.quiet) {
     std::printf("worker %d: the input ended at global step %lld\n", o.worker_id,
                 static_cast<long long>(result.global_step));
   }
-  if (result.stopped) {
-    // Stopped before the end (SIGTERM): leave as stopped. The chief has evaluated and exported first (below: the
-    // export needs no ps); its leaving ends the run, and the ps tasks save the final checkpoint.
-    const std::string why = absl::StrCat(StopReason(o), " at step ", result.global_step);
-    RETURN_IF_ERROR(ps.client->Done(ps::Leaving::kStopped, result.global_step, why, absl::Seconds(5)));
-    result.outcome = ps::RunOutcome::kEndedEarly;
-    result.outcome_line =
-        chief ? absl::StrCat("run stopped at step ", result.global_step, " of ", o.train_steps, ": the chief was ",
-                             "stopped (", StopReason(o), ")", o.evaluate ? "; evaluated at that step" : "",
-                             o.export_onnx.empty() ? "" : " and exported",
-                             local ? "" : "; the ps tasks save their final checkpoint and stop the other workers")
-              : absl::StrCat("worker ", o.worker_id, " stopped (", StopReason(o), ") at step ", result.global_step,
-                             "; it left the cluster, the run goes on without it");
-  } else {
-    RETURN_IF_ERROR(ps.client->Done(ps::Leaving::kCompleted, result.global_step));
-    if (!local) {
-      AwaitRunOutcome(o, ps.client.get(), &result);
-    } else {
-      result.outcome_line = absl::StrCat("run complete: training reached step ", result.global_step, " of ",
-                                         o.train_steps);
-    }
-  }
+  RETURN_IF_ERROR(LeaveCluster(o, chief, local, &ps, &result));
   if (ps.local_ps) {
     // Local mode: the in-process ps wrote its final checkpoint inside Done; the end of training must be on disk.
     const absl::Status saved = ps.local_ps->final_checkpoint_status();
@@ -339,21 +376,7 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
     std::fflush(stdout);
   }
   if (!o.metrics_file.empty()) RETURN_IF_ERROR(WriteMetrics(o.metrics_file, result));
-  if (chief && !o.export_onnx.empty()) {
-    models::onnx::TableRows rows;  // the embedding tables' rows, into their initializers
-    const std::vector<models::TableInfo>& tables = towers->tower(0)->graph().tables;
-    for (size_t t = 0; t < tables.size(); ++t) {
-      // Every table's rows, whatever the file's dims let the import see: the file's own rows never stand in.
-      if (t >= result.table_rows.size() || result.table_rows[t].empty()) {
-        return absl::InternalError(absl::StrCat("--export_onnx: the rows of embedding table '", tables[t].name,
-                                                "' were not pulled at the end"));
-      }
-      rows[tables[t].name] = result.table_rows[t];
-    }
-    RETURN_IF_ERROR(models::onnx::ExportOnnx(*o.resolved_model, towers->tower(0)->variables(), result.parameters.data(),
-                                             rows, o.export_onnx));
-    if (!o.quiet) std::printf("exported the trained model to %s\n", o.export_onnx.c_str());
-  }
+  if (chief && !o.export_onnx.empty()) RETURN_IF_ERROR(ExportTrained(o, *towers, result));
   // The summary line: the chief's always, another worker's when the run was not complete.
   if (!o.quiet && !result.outcome_line.empty() && (chief || result.outcome != ps::RunOutcome::kComplete)) {
     std::printf("%s\n", result.outcome_line.c_str());
