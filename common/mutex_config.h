@@ -5,7 +5,7 @@
 // in the graph, a new mutex at a reused address inherits their edges, and the checker aborts on cycles that do
 // not exist (seen with per-worker buffer locks of successive ParameterServers). It also costs time on every
 // nested lock of the ps hot path. dtrain documents its lock order per class instead (e.g.
-// ps/core/parameter_server.cc), and the sanitizer build checks the code.
+// ps/core/parameter_server_impl.h), and the sanitizer build checks the code.
 //
 // Thread-safety: call before other threads take nested locks; calling it again is harmless.
 #ifndef DTRAIN_COMMON_MUTEX_CONFIG_H_

@@ -34,7 +34,7 @@ import threading
 import time
 
 PROGRESS = re.compile(r"^step (\d+), loss = \S+ \(([0-9.]+) examples/sec; ([0-9.]+) sec/batch")
-# The chief's line for each change of the membership (worker/train/trainer.cc DescribeElasticChange).
+# The chief's line for each change of the membership (worker/train/trainer_loop.cc, ps::DescribeMembershipChange).
 CHANGE = re.compile(r"^step (\d+): (.*?) \((\d+) workers?, ")
 WORKERS_IN = re.compile(r"workers? ([0-9, ]+) (joined|left)")
 # After the chief's SIGTERM: how long the others get to leave by themselves before they are stopped.

@@ -111,7 +111,7 @@ done
 check "the run completes" grep -q "run complete: training reached step $STEPS of $STEPS" "$m/ps0.log"
 for s in $grow_step $shrink_step; do
   check "the chief resumes at step $s after the move (no step lost)" \
-    grep -q "worker_client.cc.*ps task 0 is at step $s " "$m/w0.log"
+    grep -q "worker_client[a-z_]*\.cc.*ps task 0 is at step $s " "$m/w0.log"
 done
 echo "pauses (the chief, from the step boundary to its first pull on the new set):"
 grep "^step [0-9]*: the job moved onto" "$m/w0.log"

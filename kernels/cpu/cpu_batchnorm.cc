@@ -35,13 +35,7 @@ class DnnlBatchNorm final : public BatchNorm {
     y_ = memory(md, eng, DNNL_MEMORY_NONE);
     dx_ = memory(md, eng, DNNL_MEMORY_NONE);
     for (memory* m : {&scale_, &shift_, &mean_, &var_, &dscale_, &dshift_}) *m = memory(c_md, eng, DNNL_MEMORY_NONE);
-    scratch_.Reserve(train_pd);
-    scratch_.Reserve(infer_pd);
-    scratch_.Reserve(bwd_pd);
-    scratch_.Allocate();
-    train_scratch_ = scratch_.For(train_pd, eng);
-    infer_scratch_ = scratch_.For(infer_pd, eng);
-    bwd_scratch_ = scratch_.For(bwd_pd, eng);
+    scratch_.Share(eng, {{&train_pd, &train_scratch_}, {&infer_pd, &infer_scratch_}, {&bwd_pd, &bwd_scratch_}});
     train_ = fwd(train_pd);
     infer_ = fwd(infer_pd);
     bwd_ = bwd(bwd_pd);
@@ -49,8 +43,7 @@ class DnnlBatchNorm final : public BatchNorm {
 
   absl::Status ForwardTraining(const float* x, const float* scale, const float* bias, float* y, float* batch_mean,
                                float* batch_var) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " forward-training", [&] {
       x_.set_data_handle(Mutable(x));
       y_.set_data_handle(y);
       scale_.set_data_handle(Mutable(scale));
@@ -64,16 +57,12 @@ class DnnlBatchNorm final : public BatchNorm {
                                    {DNNL_ARG_MEAN, mean_},
                                    {DNNL_ARG_VARIANCE, var_},
                                    {DNNL_ARG_SCRATCHPAD, train_scratch_}});
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " forward-training"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   absl::Status ForwardInference(const float* x, const float* scale, const float* bias, const float* mean,
                                 const float* var, float* y) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " forward-inference", [&] {
       x_.set_data_handle(Mutable(x));
       y_.set_data_handle(y);
       scale_.set_data_handle(Mutable(scale));
@@ -87,16 +76,12 @@ class DnnlBatchNorm final : public BatchNorm {
                                    {DNNL_ARG_MEAN, mean_},
                                    {DNNL_ARG_VARIANCE, var_},
                                    {DNNL_ARG_SCRATCHPAD, infer_scratch_}});
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " forward-inference"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   absl::Status Backward(const float* x, const float* dy, const float* scale, const float* batch_mean,
                         const float* batch_var, float* dx, float* dscale, float* dbias) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " backward", [&] {
       x_.set_data_handle(Mutable(x));
       y_.set_data_handle(Mutable(dy));
       dx_.set_data_handle(dx);
@@ -118,10 +103,7 @@ class DnnlBatchNorm final : public BatchNorm {
                                  {DNNL_ARG_DIFF_SCALE, dscale_},
                                  {DNNL_ARG_DIFF_SHIFT, dshift_},
                                  {DNNL_ARG_SCRATCHPAD, bwd_scratch_}});
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " backward"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
  private:
@@ -149,14 +131,7 @@ absl::StatusOr<std::unique_ptr<BatchNorm>> MakeCpuBatchNorm(const DnnlContext& c
   if (!(p.epsilon >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("MakeBatchNorm: epsilon must be >= 0: ", Describe(p)));
   }
-  UseThreads(ctx.threads);
-  auto op = std::make_unique<DnnlBatchNorm>(ctx, p);
-  try {
-    op->Init();
-  } catch (const dnnl::error& e) {
-    return DnnlError(absl::StrCat("MakeBatchNorm ", Describe(p)), e);
-  }
-  return op;
+  return MakeDnnlOp<DnnlBatchNorm>(ctx, absl::StrCat("MakeBatchNorm ", Describe(p)), ctx, p);
 }
 
 }  // namespace dtrain::kernels::cpu

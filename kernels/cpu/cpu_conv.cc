@@ -167,21 +167,14 @@ class DnnlConv2D final : public Conv2D {
       dw_ = memory(user_w_md, eng, DNNL_MEMORY_NONE);
     }
 
-    scratch_.Reserve(fwd_pd);
-    scratch_.Reserve(bwd_data_pd);
-    scratch_.Reserve(bwd_w_pd);
-    scratch_.Allocate();
-    fwd_scratch_ = scratch_.For(fwd_pd, eng);
-    bwd_data_scratch_ = scratch_.For(bwd_data_pd, eng);
-    bwd_w_scratch_ = scratch_.For(bwd_w_pd, eng);
+    scratch_.Share(eng, {{&fwd_pd, &fwd_scratch_}, {&bwd_data_pd, &bwd_data_scratch_}, {&bwd_w_pd, &bwd_w_scratch_}});
     fwd_ = dnnl::convolution_forward(fwd_pd);
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd);
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd);
   }
 
   absl::Status Forward(const float* x, const float* w, const float* b, float* y) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " forward", [&] {
       if (fwd_w_reorders_) {
         user_w_.set_data_handle(Mutable(w));
         if (fwd_w_transient_) fwd_w_.set_data_handle(ctx_.transient->Data());
@@ -210,15 +203,11 @@ class DnnlConv2D final : public Conv2D {
         user_dst_.set_data_handle(y);
         from_dst_.execute(ctx_.stream, dst_, user_dst_);
       }
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " forward"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   absl::Status BackwardData(const float* dy, const float* w, float* dx) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " backward-data", [&] {
       memory* weights = &fwd_w_;
       switch (bwd_data_w_mode_) {
         case kShareForward:
@@ -255,15 +244,11 @@ class DnnlConv2D final : public Conv2D {
         user_src_.set_data_handle(dx);
         from_diff_src_.execute(ctx_.stream, diff_src_, user_src_);
       }
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " backward-data"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " backward-weights", [&] {
       // Blocked and not in place, src_ still holds the reordered copy of the last Forward's x (the header's
       // contract).
       if (!blocked_ || src_in_place_) src_.set_data_handle(Mutable(x));
@@ -288,10 +273,7 @@ class DnnlConv2D final : public Conv2D {
         user_w_.set_data_handle(dw);
         dw_reorder_.execute(ctx_.stream, dw_, user_w_);
       }
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " backward-weights"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   const std::string& impls() const { return impls_; }
@@ -358,14 +340,7 @@ absl::StatusOr<std::unique_ptr<Conv2D>> MakeCpuConv2D(const DnnlContext& ctx, co
     return absl::InvalidArgumentError(
         absl::StrCat("MakeConv2D: the (dilated) kernel is larger than the padded input: ", Describe(p)));
   }
-  UseThreads(ctx.threads);  // oneDNN plans its work split for the thread count at creation
-  auto op = std::make_unique<DnnlConv2D>(ctx, p);
-  try {
-    op->Init();
-  } catch (const dnnl::error& e) {
-    return DnnlError(absl::StrCat("MakeConv2D ", Describe(p)), e);
-  }
-  return op;
+  return MakeDnnlOp<DnnlConv2D>(ctx, absl::StrCat("MakeConv2D ", Describe(p)), ctx, p);
 }
 
 }  // namespace dtrain::kernels::cpu

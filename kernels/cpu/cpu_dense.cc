@@ -51,13 +51,7 @@ class DnnlDense final : public Dense {
     xt_ = memory(xt_md, eng, DNNL_MEMORY_NONE);
     dyt_ = memory(dyt_md, eng, DNNL_MEMORY_NONE);
     dw_ = memory(dw_md, eng, DNNL_MEMORY_NONE);
-    scratch_.Reserve(fwd_pd);
-    scratch_.Reserve(bwd_data_pd);
-    scratch_.Reserve(bwd_w_pd);
-    scratch_.Allocate();
-    fwd_scratch_ = scratch_.For(fwd_pd, eng);
-    bwd_data_scratch_ = scratch_.For(bwd_data_pd, eng);
-    bwd_w_scratch_ = scratch_.For(bwd_w_pd, eng);
+    scratch_.Share(eng, {{&fwd_pd, &fwd_scratch_}, {&bwd_data_pd, &bwd_data_scratch_}, {&bwd_w_pd, &bwd_w_scratch_}});
     fwd_ = dnnl::matmul(fwd_pd);
     bwd_data_ = dnnl::matmul(bwd_data_pd);
     bwd_w_ = dnnl::matmul(bwd_w_pd);
@@ -88,8 +82,7 @@ class DnnlDense final : public Dense {
   }
 
   absl::Status BackwardData(const float* dy, const float* w, float* dx) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " backward-data", [&] {
       y_.set_data_handle(Mutable(dy));
       wt_.set_data_handle(Mutable(w));
       x_.set_data_handle(dx);
@@ -97,10 +90,7 @@ class DnnlDense final : public Dense {
                                       {DNNL_ARG_WEIGHTS, wt_},
                                       {DNNL_ARG_DST, x_},
                                       {DNNL_ARG_SCRATCHPAD, bwd_data_scratch_}});
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " backward-data"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) override {
@@ -175,14 +165,7 @@ absl::StatusOr<std::unique_ptr<Dense>> MakeCpuDense(const DnnlContext& ctx, cons
   if (p.batch <= 0 || p.in <= 0 || p.out <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("MakeDense: every size must be positive: ", Describe(p)));
   }
-  UseThreads(ctx.threads);
-  auto op = std::make_unique<DnnlDense>(ctx, p);
-  try {
-    op->Init();
-  } catch (const dnnl::error& e) {
-    return DnnlError(absl::StrCat("MakeDense ", Describe(p)), e);
-  }
-  return op;
+  return MakeDnnlOp<DnnlDense>(ctx, absl::StrCat("MakeDense ", Describe(p)), ctx, p);
 }
 
 }  // namespace dtrain::kernels::cpu

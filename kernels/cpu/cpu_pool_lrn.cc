@@ -45,43 +45,31 @@ class DnnlPool final : public Base {
     dst_ = memory(dst_md, eng, DNNL_MEMORY_NONE);
     has_workspace_ = fwd_pd.workspace_desc().get_size() > 0;  // max pooling's argmax
     if (has_workspace_) workspace_ = memory(fwd_pd.workspace_desc(), eng);
-    scratch_.Reserve(fwd_pd);
-    scratch_.Reserve(bwd_pd);
-    scratch_.Allocate();
-    fwd_scratch_ = scratch_.For(fwd_pd, eng);
-    bwd_scratch_ = scratch_.For(bwd_pd, eng);
+    scratch_.Share(eng, {{&fwd_pd, &fwd_scratch_}, {&bwd_pd, &bwd_scratch_}});
     fwd_ = dnnl::pooling_forward(fwd_pd);
     bwd_ = dnnl::pooling_backward(bwd_pd);
   }
 
   absl::Status Forward(const float* x, float* y) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " forward", [&] {
       src_.set_data_handle(Mutable(x));
       dst_.set_data_handle(y);
       std::unordered_map<int, memory> args = {
           {DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}, {DNNL_ARG_SCRATCHPAD, fwd_scratch_}};
       if (has_workspace_) args[DNNL_ARG_WORKSPACE] = workspace_;
       fwd_.execute(ctx_.stream, args);
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " forward"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   absl::Status Backward(const float* dy, float* dx) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " backward", [&] {
       dst_.set_data_handle(Mutable(dy));
       src_.set_data_handle(dx);
       std::unordered_map<int, memory> args = {
           {DNNL_ARG_DIFF_DST, dst_}, {DNNL_ARG_DIFF_SRC, src_}, {DNNL_ARG_SCRATCHPAD, bwd_scratch_}};
       if (has_workspace_) args[DNNL_ARG_WORKSPACE] = workspace_;
       bwd_.execute(ctx_.stream, args);
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " backward"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
  private:
@@ -203,34 +191,25 @@ class DnnlLrn final : public Lrn {
     y_ = memory(md, eng, DNNL_MEMORY_NONE);
     dx_ = memory(md, eng, DNNL_MEMORY_NONE);
     workspace_ = memory(fwd_pd.workspace_desc(), eng);
-    scratch_.Reserve(fwd_pd);
-    scratch_.Reserve(bwd_pd);
-    scratch_.Allocate();
-    fwd_scratch_ = scratch_.For(fwd_pd, eng);
-    bwd_scratch_ = scratch_.For(bwd_pd, eng);
+    scratch_.Share(eng, {{&fwd_pd, &fwd_scratch_}, {&bwd_pd, &bwd_scratch_}});
     fwd_ = dnnl::lrn_forward(fwd_pd);
     bwd_ = dnnl::lrn_backward(bwd_pd);
   }
 
   absl::Status Forward(const float* x, float* y) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " forward", [&] {
       x_.set_data_handle(Mutable(x));
       y_.set_data_handle(y);
       fwd_.execute(ctx_.stream, {{DNNL_ARG_SRC, x_},
                                  {DNNL_ARG_DST, y_},
                                  {DNNL_ARG_WORKSPACE, workspace_},
                                  {DNNL_ARG_SCRATCHPAD, fwd_scratch_}});
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " forward"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   // oneDNN's backward needs x, dy and the forward's workspace; y is implied by them.
   absl::Status Backward(const float* x, const float* y, const float* dy, float* dx) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " backward", [&] {
       x_.set_data_handle(Mutable(x));
       y_.set_data_handle(Mutable(dy));
       dx_.set_data_handle(dx);
@@ -239,10 +218,7 @@ class DnnlLrn final : public Lrn {
                                  {DNNL_ARG_DIFF_SRC, dx_},
                                  {DNNL_ARG_WORKSPACE, workspace_},
                                  {DNNL_ARG_SCRATCHPAD, bwd_scratch_}});
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " backward"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
  private:
@@ -342,14 +318,7 @@ absl::StatusOr<std::unique_ptr<Lrn>> MakeCpuLrn(const DnnlContext& ctx, const Lr
     return absl::InvalidArgumentError(
         absl::StrCat("MakeLrn: need bias > 0, alpha >= 0, beta >= 0: ", Describe(p)));
   }
-  UseThreads(ctx.threads);
-  auto op = std::make_unique<DnnlLrn>(ctx, p);
-  try {
-    op->Init();
-  } catch (const dnnl::error& e) {
-    return DnnlError(absl::StrCat("MakeLrn ", Describe(p)), e);
-  }
-  return op;
+  return MakeDnnlOp<DnnlLrn>(ctx, absl::StrCat("MakeLrn ", Describe(p)), ctx, p);
 }
 
 }  // namespace dtrain::kernels::cpu

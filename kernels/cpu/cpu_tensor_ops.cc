@@ -48,42 +48,32 @@ class DnnlMatMul final : public MatMul {
     da_ = memory(da_md, eng, DNNL_MEMORY_NONE);
     at_ = memory(at_md, eng, DNNL_MEMORY_NONE);
     db_ = memory(db_md, eng, DNNL_MEMORY_NONE);
-    scratch_.Reserve(fwd_pd);
-    scratch_.Reserve(da_pd);
-    scratch_.Reserve(db_pd);
-    scratch_.Allocate();
-    fwd_scratch_ = scratch_.For(fwd_pd, eng);
-    da_scratch_ = scratch_.For(da_pd, eng);
-    db_scratch_ = scratch_.For(db_pd, eng);
+    scratch_.Share(eng, {{&fwd_pd, &fwd_scratch_}, {&da_pd, &da_scratch_}, {&db_pd, &db_scratch_}});
     fwd_ = dnnl::matmul(fwd_pd);
     da_prim_ = dnnl::matmul(da_pd);
     db_prim_ = dnnl::matmul(db_pd);
   }
 
   absl::Status Forward(const float* a, const float* b, float* y) override {
-    return Run("forward", fwd_, a_, a, b_, b, y_, y, fwd_scratch_);
+    return Run(" forward", fwd_, a_, a, b_, b, y_, y, fwd_scratch_);
   }
   absl::Status BackwardA(const float* dy, const float* b, float* da) override {
-    return Run("backward (a)", da_prim_, y_, dy, bt_, b, da_, da, da_scratch_);
+    return Run(" backward (a)", da_prim_, y_, dy, bt_, b, da_, da, da_scratch_);
   }
   absl::Status BackwardB(const float* a, const float* dy, float* db) override {
-    return Run("backward (b)", db_prim_, at_, a, y_, dy, db_, db, db_scratch_);
+    return Run(" backward (b)", db_prim_, at_, a, y_, dy, db_, db, db_scratch_);
   }
 
  private:
   absl::Status Run(const char* pass, dnnl::matmul& prim, memory& src, const float* s, memory& wei, const float* w,
                    memory& dst, float* d, memory& scratch) {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, pass, [&] {
       src.set_data_handle(Mutable(s));
       wei.set_data_handle(Mutable(w));
       dst.set_data_handle(d);
       prim.execute(ctx_.stream,
                    {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, scratch}});
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " ", pass), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   DnnlContext ctx_;
@@ -112,30 +102,21 @@ class DnnlSoftmax final : public Softmax {
     y_ = memory(md, eng, DNNL_MEMORY_NONE);
     dy_ = memory(md, eng, DNNL_MEMORY_NONE);
     dx_ = memory(md, eng, DNNL_MEMORY_NONE);
-    scratch_.Reserve(fwd_pd);
-    scratch_.Reserve(bwd_pd);
-    scratch_.Allocate();
-    fwd_scratch_ = scratch_.For(fwd_pd, eng);
-    bwd_scratch_ = scratch_.For(bwd_pd, eng);
+    scratch_.Share(eng, {{&fwd_pd, &fwd_scratch_}, {&bwd_pd, &bwd_scratch_}});
     fwd_ = dnnl::softmax_v2_forward(fwd_pd);
     bwd_ = dnnl::softmax_v2_backward(bwd_pd);
   }
 
   absl::Status Forward(const float* x, float* y) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " forward", [&] {
       x_.set_data_handle(Mutable(x));
       y_.set_data_handle(y);
       fwd_.execute(ctx_.stream, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}, {DNNL_ARG_SCRATCHPAD, fwd_scratch_}});
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " forward"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   absl::Status Backward(const float* y, const float* dy, float* dx) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " backward", [&] {
       y_.set_data_handle(Mutable(y));
       dy_.set_data_handle(Mutable(dy));
       dx_.set_data_handle(dx);
@@ -143,10 +124,7 @@ class DnnlSoftmax final : public Softmax {
                                  {DNNL_ARG_DIFF_DST, dy_},
                                  {DNNL_ARG_DIFF_SRC, dx_},
                                  {DNNL_ARG_SCRATCHPAD, bwd_scratch_}});
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " backward"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
  private:
@@ -189,19 +167,14 @@ class DnnlLayerNorm final : public LayerNorm {
     shift_ = memory(param_md, eng, DNNL_MEMORY_NONE);
     dscale_ = memory(param_md, eng, DNNL_MEMORY_NONE);
     dshift_ = memory(param_md, eng, DNNL_MEMORY_NONE);
-    scratch_.Reserve(fwd_pd);
-    scratch_.Reserve(bwd_pd);
-    scratch_.Allocate();
-    fwd_scratch_ = scratch_.For(fwd_pd, eng);
-    bwd_scratch_ = scratch_.For(bwd_pd, eng);
+    scratch_.Share(eng, {{&fwd_pd, &fwd_scratch_}, {&bwd_pd, &bwd_scratch_}});
     fwd_ = dnnl::layer_normalization_forward(fwd_pd);
     bwd_ = dnnl::layer_normalization_backward(bwd_pd);
   }
 
   absl::Status Forward(const float* x, const float* scale, const float* bias, float* y, float* mean,
                        float* var) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " forward", [&] {
       x_.set_data_handle(Mutable(x));
       y_.set_data_handle(y);
       mean_.set_data_handle(mean);
@@ -215,16 +188,12 @@ class DnnlLayerNorm final : public LayerNorm {
         args[DNNL_ARG_SHIFT] = shift_;
       }
       fwd_.execute(ctx_.stream, args);
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " forward"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
   absl::Status Backward(const float* x, const float* dy, const float* scale, const float* mean, const float* var,
                         float* dx, float* dscale, float* dbias) override {
-    UseThreads(ctx_.threads);
-    try {
+    return RunDnnl(ctx_, what_, " backward", [&] {
       x_.set_data_handle(Mutable(x));
       dy_.set_data_handle(Mutable(dy));
       dx_.set_data_handle(dx);
@@ -244,10 +213,7 @@ class DnnlLayerNorm final : public LayerNorm {
         args[DNNL_ARG_SHIFT] = shift_;
       }
       bwd_.execute(ctx_.stream, args);
-    } catch (const dnnl::error& e) {
-      return DnnlError(absl::StrCat(what_, " backward"), e);
-    }
-    return absl::OkStatus();
+    });
   }
 
  private:
@@ -288,38 +254,17 @@ class CpuReduce final : public Reduce {
 
 absl::StatusOr<std::unique_ptr<MatMul>> MakeCpuMatMul(const DnnlContext& ctx, const MatMulParams& p) {
   RETURN_IF_ERROR(CheckMatMulParams("MakeMatMul", p));
-  UseThreads(ctx.threads);
-  auto op = std::make_unique<DnnlMatMul>(ctx, p);
-  try {
-    op->Init();
-  } catch (const dnnl::error& e) {
-    return DnnlError(absl::StrCat("MakeMatMul ", Describe(p)), e);
-  }
-  return std::unique_ptr<MatMul>(std::move(op));
+  return MakeDnnlOp<DnnlMatMul>(ctx, absl::StrCat("MakeMatMul ", Describe(p)), ctx, p);
 }
 
 absl::StatusOr<std::unique_ptr<Softmax>> MakeCpuSoftmax(const DnnlContext& ctx, const SoftmaxParams& p) {
   RETURN_IF_ERROR(CheckSoftmaxParams("MakeSoftmax", p));
-  UseThreads(ctx.threads);
-  auto op = std::make_unique<DnnlSoftmax>(ctx, p);
-  try {
-    op->Init();
-  } catch (const dnnl::error& e) {
-    return DnnlError(absl::StrCat("MakeSoftmax ", Describe(p)), e);
-  }
-  return std::unique_ptr<Softmax>(std::move(op));
+  return MakeDnnlOp<DnnlSoftmax>(ctx, absl::StrCat("MakeSoftmax ", Describe(p)), ctx, p);
 }
 
 absl::StatusOr<std::unique_ptr<LayerNorm>> MakeCpuLayerNorm(const DnnlContext& ctx, const LayerNormParams& p) {
   RETURN_IF_ERROR(CheckLayerNormParams("MakeLayerNorm", p));
-  UseThreads(ctx.threads);
-  auto op = std::make_unique<DnnlLayerNorm>(ctx, p);
-  try {
-    op->Init();
-  } catch (const dnnl::error& e) {
-    return DnnlError(absl::StrCat("MakeLayerNorm ", Describe(p)), e);
-  }
-  return std::unique_ptr<LayerNorm>(std::move(op));
+  return MakeDnnlOp<DnnlLayerNorm>(ctx, absl::StrCat("MakeLayerNorm ", Describe(p)), ctx, p);
 }
 
 absl::StatusOr<std::unique_ptr<Reduce>> MakeCpuReduce(const DnnlContext& ctx, const ReduceParams& p) {

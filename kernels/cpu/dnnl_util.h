@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/denormals.h"
@@ -92,6 +95,35 @@ inline absl::Status DnnlError(absl::string_view what, const dnnl::error& e) {
       absl::StrCat(what, ": oneDNN error ", static_cast<int>(e.status), ": ", e.what()));
 }
 
+// Runs `fn` (an op's pass: the memories' handles set, its primitives executed) with the context's threads
+// (UseThreads). Returns DnnlError naming `what` and `pass` ("conv [...]", " forward") when oneDNN throws. `fn`
+// returns nothing: what may fail in it throws.
+template <typename Fn>
+absl::Status RunDnnl(const DnnlContext& ctx, absl::string_view what, absl::string_view pass, Fn&& fn) {
+  UseThreads(ctx.threads);
+  try {
+    fn();
+  } catch (const dnnl::error& e) {
+    return DnnlError(absl::StrCat(what, pass), e);
+  }
+  return absl::OkStatus();
+}
+
+// Makes a oneDNN-backed op, Op(args...), and its primitives (Op::Init) with the context's threads: oneDNN plans its
+// work split for the thread count at creation. DnnlError naming `what` (the op and its shape) when oneDNN
+// throws.
+template <typename Op, typename... Args>
+absl::StatusOr<std::unique_ptr<Op>> MakeDnnlOp(const DnnlContext& ctx, absl::string_view what, Args&&... args) {
+  UseThreads(ctx.threads);
+  auto op = std::make_unique<Op>(std::forward<Args>(args)...);
+  try {
+    op->Init();
+  } catch (const dnnl::error& e) {
+    return DnnlError(what, e);
+  }
+  return op;
+}
+
 // oneDNN memory handles take void*; inputs are const in our interface and never written by the primitives.
 inline void* Mutable(const float* p) { return const_cast<float*>(p); }
 
@@ -112,6 +144,13 @@ class SharedScratchpad {
     bytes_ = std::max(bytes_, pd.scratchpad_desc().get_size());
   }
   void Allocate() { buffer_ = AllocAligned(bytes_); }
+  // Reserve every primitive's need, Allocate, and set each paired memory to its primitive's scratchpad (For).
+  void Share(const dnnl::engine& engine,
+             std::initializer_list<std::pair<const dnnl::primitive_desc_base*, dnnl::memory*>> uses) {
+    for (const auto& [pd, scratchpad] : uses) Reserve(*pd);
+    Allocate();
+    for (const auto& [pd, scratchpad] : uses) *scratchpad = For(*pd, engine);
+  }
   dnnl::memory For(const dnnl::primitive_desc_base& pd, const dnnl::engine& engine) const {
     return dnnl::memory(pd.scratchpad_desc(), engine, buffer_.get());
   }

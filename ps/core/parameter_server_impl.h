@@ -1,6 +1,7 @@
-// Internal to the ParameterServer (parameter_server.cc: uploads and the public class; _sync.cc: decisions; _pull.cc;
-// _lifecycle.cc: registration, restore, membership, the end; _control.cc: dtrain_ctl's commands, the elastic plan,
-// the ps set; _state.cc: checkpoints, deltas): the class behind ParameterServer. Nothing else includes this header.
+// Internal to the ParameterServer (parameter_server.cc: the public class; _uploads.cc: uploads; _push.cc: a push's
+// end, the early, async and sparse applies; _sync.cc: decisions; _pull.cc; _lifecycle.cc: registration, restore,
+// membership, the end; _control.cc: dtrain_ctl's commands, the elastic plan, the ps set; _state.cc: checkpoints,
+// deltas): the class behind ParameterServer. Nothing else includes this header.
 //
 // ParameterServer: the protocol of ps/api/ps_types.h as a state machine over its parts. Choices the header
 // leaves open:
@@ -268,6 +269,13 @@ class ParameterServer::Impl {
   absl::StatusOr<PushResponse> FinishPush(const PushHeader& header, GradientBuffers::Buffer& buffer,
                                           std::optional<StepDecision>* decided, int64_t* epoch,
                                           std::vector<CheckpointData>* saves) ABSL_LOCKS_EXCLUDED(mu_);
+  // FinishPush's two modes, after its checks: what the push becomes (`response`), or its refusal.
+  absl::Status FinishSyncPushLocked(const PushHeader& header, GradientBuffers::Buffer& buffer, bool skip,
+                                    PushResponse* response, std::optional<StepDecision>* decided)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FinishAsyncPushLocked(const PushHeader& header, GradientBuffers::Buffer& buffer, bool skip,
+                                     PushResponse* response, std::vector<CheckpointData>* saves)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Early apply (parameter_server.h). Whether `header`'s push may be applied as it arrives: it asks, and its step
   // can only be itself (sync, ps 0 of one task, one worker, no clipping, NaN/Inf not skipped), and no tentative
   // update is open.
@@ -312,6 +320,34 @@ class ParameterServer::Impl {
   void ApplySparse(const std::vector<GradientBuffers::Buffer*>& buffers, int64_t step, float scale);
   // Pull: InvalidArgument for sparse ids the task does not hold (or a table asked twice).
   absl::Status CheckSparseRequest(const PullRequest& request) const;
+  // Pull's steps (parameter_server_pull.cc), over the one pull they serve.
+  struct PullCall {
+    const PullRequest& request;
+    PullReceiver* receiver;
+    absl::Time deadline{};
+    std::shared_ptr<Cancellation> epoch_cancel{};  // the epoch the pull began in
+    TraceRecorder* trace = nullptr;              // when the pull is traced
+    int64_t traced_step = 0;
+    int64_t sent = 0;  // bytes streamed
+    // Cancelled, or its epoch ended (a rollback). Reads only atomics: a store's waits evaluate it.
+    bool stopped() const;
+  };
+  // Aborted (the epoch ended: register again) or Cancelled, for a pull that stopped().
+  absl::Status PullStoppedError(const PullCall& call) const;
+  // The request's own checks: worker, session, the task's state, parts, steps.
+  absl::Status CheckPullLocked(const PullRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the pull may stream `request`'s worker's push as it is applied (early apply).
+  bool TentativeOpenLocked(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (under mu_, releasing it) until the pull may be answered, and makes its header. Returns the writer of
+  // the tentative update it streams (0: none).
+  absl::StatusOr<uint64_t> AwaitPullLocked(PullCall& call, PullHeader* header, std::vector<StepDecision>* to_apply,
+                                           int64_t* epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The values: a tentative update's chunks as they are applied, then its decision; or each slice of the
+  // request's part at `version`; then the sparse rows.
+  absl::Status StreamTentativePull(PullCall& call, uint64_t tentative_writer, int64_t version)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status StreamSlices(PullCall& call, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status StreamSparseRows(PullCall& call, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sync.
   std::optional<StepDecision> DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

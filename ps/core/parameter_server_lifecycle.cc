@@ -1,8 +1,8 @@
 // ParameterServer, its life: registration (adopting the chief's config, restoring a checkpoint), probe and restore
 // (the chief's rollback of every task to a common step), membership (done, heartbeats, leases) and the end of
-// training. The rest: parameter_server.cc (uploads), _sync.cc, _pull.cc, _control.cc (dtrain_ctl's commands, the
-// elastic plan and the ps set), _state.cc (checkpoints, deltas); the design and the lock order:
-// parameter_server_impl.h.
+// training. The rest: parameter_server.cc (the public class), _uploads.cc, _push.cc, _sync.cc, _pull.cc, _control.cc
+// (dtrain_ctl's commands, the elastic plan and the ps set), _state.cc (checkpoints, deltas); the design and the lock
+// order: parameter_server_impl.h.
 #include "ps/core/parameter_server_impl.h"
 
 namespace dtrain::ps {

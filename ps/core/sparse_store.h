@@ -41,8 +41,8 @@
 // Initial values (SparseTableSpec::initial_values: a table from an ONNX file): the chief's Initialize writes
 // every row this task owns (WriteRows) before training; such a table is never bounded by max_rows_cap.
 //
-// Updates: Apply runs the sparse optimizer on each row (a sum over workers and the 1/R scale are the caller's,
-// ps/core/parameter_server.cc). A gradient for an id without a row is dropped (counted) in a hash table (the id
+// Updates: Apply runs the sparse optimizer on each row (a sum over workers and the 1/R scale are the caller's:
+// the store knows nothing of the server above it). A gradient for an id without a row is dropped (counted) in a hash table (the id
 // was not admitted, or its row was evicted since the worker pulled it); in a fixed-size table ([rows, dim],
 // SparseTableSpec::rows > 0) the row is created from its initializer first (if admitted), as if the table had
 // been filled from the start.
@@ -96,7 +96,9 @@ struct SparseStoreOptions {
   std::function<absl::Time()> clock;
 };
 
-class SparseTable;
+namespace sparse_internal {
+class SparseTable;  // sparse_table.h
+}  // namespace sparse_internal
 
 class SparseStore {
  public:
@@ -207,7 +209,7 @@ class SparseStore {
   std::vector<SparseTableSpec> specs_;
   SparseOptimizer optimizer_;
   SparseStoreOptions options_;
-  std::vector<std::unique_ptr<SparseTable>> tables_;
+  std::vector<std::unique_ptr<sparse_internal::SparseTable>> tables_;
 
   std::atomic<int64_t> clock_{0};
   const absl::Time created_;

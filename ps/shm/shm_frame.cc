@@ -25,6 +25,20 @@ class Writer {
     U32(static_cast<uint32_t>(s.size()));
     out_.append(s.data(), s.size());
   }
+  // The field calls a message's *Fields function makes (Reader has the same, reading into the fields; the limits
+  // are the reader's).
+  void Str(absl::string_view s, size_t /*max_bytes*/) { Str(s); }
+  void Dtype(WireDtype d) { U8(static_cast<uint8_t>(d)); }
+  template <typename E>
+  void Enum(E e, E /*max*/, const char* /*what*/) {
+    U8(static_cast<uint8_t>(e));
+  }
+  // A list: its count, then `item(x)` for each x.
+  template <typename T, typename Item>
+  void List(const std::vector<T>& list, size_t /*min_item_bytes*/, Item item) {
+    U32(static_cast<uint32_t>(list.size()));
+    for (const T& x : list) item(x);
+  }
   std::string Take() { return std::move(out_); }
 
  private:
@@ -77,6 +91,33 @@ class Reader {
     if (v > static_cast<uint8_t>(WireDtype::kF16)) Fail(absl::StrCat("wire dtype ", v));
     return static_cast<WireDtype>(v <= 2 ? v : 0);
   }
+  // The field calls of the *Fields functions (as Writer's): each reads into its field.
+  void U8(uint8_t& v) { v = U8(); }
+  void U32(uint32_t& v) { v = U32(); }
+  void I32(int32_t& v) { v = I32(); }
+  void U64(uint64_t& v) { v = U64(); }
+  void I64(int64_t& v) { v = I64(); }
+  void Bool(bool& v) { v = Bool(); }
+  void Str(std::string& v, size_t max_bytes) { v = Str(max_bytes); }
+  void Dtype(WireDtype& v) { v = Dtype(); }
+  // An enum sent as a u8, at most `max`: "<what> <value>" fails otherwise.
+  template <typename E>
+  void Enum(E& e, E max, const char* what) {
+    const uint8_t v = U8();
+    if (v > static_cast<uint8_t>(max)) Fail(absl::StrCat(what, " ", v));
+    e = static_cast<E>(v);
+  }
+  // A list: its count (checked against what the remaining bytes could hold at `min_item_bytes` each), then
+  // `item(x)` for each, appended, while every read succeeds.
+  template <typename T, typename Item>
+  void List(std::vector<T>& list, size_t min_item_bytes, Item item) {
+    const uint32_t n = Count(min_item_bytes);
+    for (uint32_t i = 0; i < n && ok(); ++i) {
+      T x{};
+      item(x);
+      list.push_back(std::move(x));
+    }
+  }
   void Fail(const std::string& why) {
     if (ok_) error_ = why;
     ok_ = false;
@@ -123,40 +164,148 @@ absl::Status GetStatus(Reader& r) {
   return absl::Status(static_cast<absl::StatusCode>(code), message);
 }
 
-void PutDecision(Writer& w, const StepDecision& d) {
-  w.I64(d.step);
-  w.U32(static_cast<uint32_t>(d.workers.size()));
-  for (int worker : d.workers) w.I32(worker);
-  w.Bool(d.checkpoint);
-  w.Bool(d.delta);
-  w.Str(d.mac);
+// Each message's fields, in order, once for both directions: Io is a Writer (M const) or a Reader.
+void StatusField(Writer& w, const absl::Status& s) { PutStatus(w, s); }
+void StatusField(Reader& r, absl::Status& s) { s = GetStatus(r); }
+
+template <typename Io, typename D>
+void DecisionFields(Io& io, D& d) {
+  io.I64(d.step);
+  io.List(d.workers, 4, [&io](auto& worker) { io.I32(worker); });
+  io.Bool(d.checkpoint);
+  io.Bool(d.delta);
+  io.Str(d.mac, 256);
 }
-StepDecision GetDecision(Reader& r) {
-  StepDecision d;
-  d.step = r.I64();
-  const uint32_t n = r.Count(4);
-  for (uint32_t i = 0; i < n && r.ok(); ++i) d.workers.push_back(r.I32());
-  d.checkpoint = r.Bool();
-  d.delta = r.Bool();
-  d.mac = r.Str(256);
-  return d;
+template <typename Io, typename Ds>
+void DecisionsFields(Io& io, Ds& ds) {
+  io.List(ds, 18, [&io](auto& d) { DecisionFields(io, d); });
 }
-void PutDecisions(Writer& w, const std::vector<StepDecision>& ds) {
-  w.U32(static_cast<uint32_t>(ds.size()));
-  for (const StepDecision& d : ds) PutDecision(w, d);
+
+template <typename Io, typename M>
+void SegmentFields(Io& io, M& m) {
+  io.U32(m.segment);
+  io.I64(m.bytes);
 }
-std::vector<StepDecision> GetDecisions(Reader& r) {
-  std::vector<StepDecision> ds;
-  const uint32_t n = r.Count(18);
-  for (uint32_t i = 0; i < n && r.ok(); ++i) ds.push_back(GetDecision(r));
-  return ds;
+template <typename Io, typename M>
+void PushHeaderFields(Io& io, M& m) {
+  io.I32(m.worker_id);
+  io.I64(m.step);
+  io.U64(m.request_id);
+  io.Bool(m.commit);
+  io.U64(m.session);
+  io.Str(m.input_position, 64 << 10);
+  io.Bool(m.apply_early);
 }
+template <typename Io, typename M>
+void DataRefFields(Io& io, M& m) {
+  io.U32(m.key);
+  io.I64(m.offset);
+  io.I64(m.n);
+  io.Dtype(m.dtype);
+  io.U32(m.segment);
+  io.I64(m.at);
+  io.Bool(m.lent);
+}
+template <typename Io, typename M>
+void RowsRefFields(Io& io, M& m) {
+  io.U32(m.table);
+  io.I64(m.n);
+  io.I32(m.dim);
+  io.Dtype(m.dtype);
+  io.U32(m.segment);
+  io.I64(m.ids_at);
+  io.I64(m.rows_at);
+}
+template <typename Io, typename M>
+void PushResultFields(Io& io, M& m) {
+  StatusField(io, m.status);
+  io.Bool(m.transport_failure);
+  io.Enum(m.response.outcome, PushResponse::Outcome::kSkippedNonFinite, "outcome");
+  io.I64(m.response.global_step);
+}
+template <typename Io, typename M>
+void PullOrderFields(Io& io, M& m) {
+  auto& q = m.request;
+  io.I32(q.worker_id);
+  io.U64(q.session);
+  io.I64(q.min_step);
+  io.I64(q.since_step);
+  DecisionsFields(io, q.decisions);
+  io.I64(q.timeout_ms);
+  io.Bool(q.moving_averages);
+  io.Bool(q.sparse_read_only);
+  io.U64(q.after_push);
+  io.Dtype(q.wire_dtype);
+  io.List(m.destinations, 25, [&io](auto& d) {
+    io.U32(d.key);
+    io.Enum(d.kind, Destination::Kind::kStaging, "destination kind");
+    io.U32(d.segment);
+    io.I64(d.at);
+    io.I64(d.length);
+  });
+  io.List(m.sparse, 36, [&io](auto& s) {
+    io.U32(s.table);
+    io.I64(s.n);
+    io.I32(s.dim);
+    io.U32(s.segment);
+    io.I64(s.ids_at);
+    io.I64(s.rows_at);
+  });
+}
+template <typename Io, typename M>
+void PullHeaderFields(Io& io, M& m) {
+  io.I64(m.step);
+  DecisionsFields(io, m.decisions);
+  io.Bool(m.training_done);
+  io.Bool(m.tentative);
+  io.I64(m.elastic.version);
+  io.List(m.elastic.workers, 4, [&io](auto& worker) { io.I32(worker); });
+  io.I32(m.elastic.aggregating);
+  io.I64(m.elastic.first_batch);
+  io.List(m.elastic.batches, 8, [&io](auto& batch) { io.I64(batch); });
+  io.I32(m.elastic.unit);
+  io.I64(m.ps_set.version);
+  io.I64(m.ps_set.step);
+  io.List(m.ps_set.hosts, 4, [&io](auto& host) { io.Str(host, 256); });  // host:port
+  io.List(m.ps_set.leaving, 4, [&io](auto& host) { io.Str(host, 256); });
+}
+template <typename Io, typename M>
+void PiecesFields(Io& io, M& m) {
+  io.List(m.slices, 21, [&io](auto& p) {
+    io.U32(p.key);
+    io.I64(p.offset);
+    io.I64(p.n);
+    io.Dtype(p.dtype);
+  });
+  io.List(m.rows, 21, [&io](auto& p) {
+    io.U32(p.table);
+    io.I64(p.first);
+    io.I64(p.n);
+    io.Dtype(p.dtype);
+  });
+}
+
 
 template <typename T>
 absl::StatusOr<T> Done(Reader& r, T value) {
   absl::Status s = r.Finish();
   if (!s.ok()) return s;
   return value;
+}
+
+// A message encoded and decoded by its *Fields function.
+template <typename M>
+std::string Encode(const M& m, void (*fields)(Writer&, const M&)) {
+  Writer w;
+  fields(w, m);
+  return w.Take();
+}
+template <typename M>
+absl::StatusOr<M> Decode(absl::string_view payload, const char* what, void (*fields)(Reader&, M&)) {
+  Reader r(payload, what);
+  M m;
+  fields(r, m);
+  return Done(r, std::move(m));
 }
 
 }  // namespace
@@ -248,19 +397,13 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
 }
 
 
-std::string EncodeSegment(const SegmentInfo& m) {
-  Writer w;
-  w.U32(m.segment);
-  w.I64(m.bytes);
-  return w.Take();
-}
+std::string EncodeSegment(const SegmentInfo& m) { return Encode(m, SegmentFields<Writer, const SegmentInfo>); }
 absl::StatusOr<SegmentInfo> DecodeSegment(absl::string_view payload) {
   Reader r(payload, "Segment");
   SegmentInfo m;
-  m.segment = r.U32();
-  m.bytes = r.I64();
+  SegmentFields(r, m);
   if (m.bytes <= 0) r.Fail(absl::StrCat("segment of ", m.bytes, " bytes"));
-  return Done(r, m);
+  return Done(r, std::move(m));
 }
 
 std::string EncodeNorm(double norm) {
@@ -278,256 +421,39 @@ absl::StatusOr<double> DecodeNorm(absl::string_view payload) {
   return Done(r, norm);
 }
 
-std::string EncodePushHeader(const PushHeader& m) {
-  Writer w;
-  w.I32(m.worker_id);
-  w.I64(m.step);
-  w.U64(m.request_id);
-  w.Bool(m.commit);
-  w.U64(m.session);
-  w.Str(m.input_position);
-  w.Bool(m.apply_early);
-  return w.Take();
-}
+std::string EncodePushHeader(const PushHeader& m) { return Encode(m, PushHeaderFields<Writer, const PushHeader>); }
 absl::StatusOr<PushHeader> DecodePushHeader(absl::string_view payload) {
-  Reader r(payload, "PushBegin");
-  PushHeader m;
-  m.worker_id = r.I32();
-  m.step = r.I64();
-  m.request_id = r.U64();
-  m.commit = r.Bool();
-  m.session = r.U64();
-  m.input_position = r.Str(64 << 10);
-  m.apply_early = r.Bool();
-  return Done(r, std::move(m));
+  return Decode<PushHeader>(payload, "PushBegin", PushHeaderFields<Reader, PushHeader>);
 }
 
-std::string EncodeDataRef(const DataRef& m) {
-  Writer w;
-  w.U32(m.key);
-  w.I64(m.offset);
-  w.I64(m.n);
-  w.U8(static_cast<uint8_t>(m.dtype));
-  w.U32(m.segment);
-  w.I64(m.at);
-  w.Bool(m.lent);
-  return w.Take();
-}
+std::string EncodeDataRef(const DataRef& m) { return Encode(m, DataRefFields<Writer, const DataRef>); }
 absl::StatusOr<DataRef> DecodeDataRef(absl::string_view payload) {
-  Reader r(payload, "PushData");
-  DataRef m;
-  m.key = r.U32();
-  m.offset = r.I64();
-  m.n = r.I64();
-  m.dtype = r.Dtype();
-  m.segment = r.U32();
-  m.at = r.I64();
-  m.lent = r.Bool();
-  return Done(r, m);
+  return Decode<DataRef>(payload, "PushData", DataRefFields<Reader, DataRef>);
 }
 
-std::string EncodeRowsRef(const RowsRef& m) {
-  Writer w;
-  w.U32(m.table);
-  w.I64(m.n);
-  w.I32(m.dim);
-  w.U8(static_cast<uint8_t>(m.dtype));
-  w.U32(m.segment);
-  w.I64(m.ids_at);
-  w.I64(m.rows_at);
-  return w.Take();
-}
+std::string EncodeRowsRef(const RowsRef& m) { return Encode(m, RowsRefFields<Writer, const RowsRef>); }
 absl::StatusOr<RowsRef> DecodeRowsRef(absl::string_view payload) {
-  Reader r(payload, "PushRows");
-  RowsRef m;
-  m.table = r.U32();
-  m.n = r.I64();
-  m.dim = r.I32();
-  m.dtype = r.Dtype();
-  m.segment = r.U32();
-  m.ids_at = r.I64();
-  m.rows_at = r.I64();
-  return Done(r, m);
+  return Decode<RowsRef>(payload, "PushRows", RowsRefFields<Reader, RowsRef>);
 }
 
-std::string EncodePushResult(const PushResult& m) {
-  Writer w;
-  PutStatus(w, m.status);
-  w.Bool(m.transport_failure);
-  w.U8(static_cast<uint8_t>(m.response.outcome));
-  w.I64(m.response.global_step);
-  return w.Take();
-}
+std::string EncodePushResult(const PushResult& m) { return Encode(m, PushResultFields<Writer, const PushResult>); }
 absl::StatusOr<PushResult> DecodePushResult(absl::string_view payload) {
-  Reader r(payload, "PushResult");
-  PushResult m;
-  m.status = GetStatus(r);
-  m.transport_failure = r.Bool();
-  const uint8_t outcome = r.U8();
-  if (outcome > static_cast<uint8_t>(PushResponse::Outcome::kSkippedNonFinite)) r.Fail(absl::StrCat("outcome ", outcome));
-  m.response.outcome = static_cast<PushResponse::Outcome>(outcome);
-  m.response.global_step = r.I64();
-  return Done(r, std::move(m));
+  return Decode<PushResult>(payload, "PushResult", PushResultFields<Reader, PushResult>);
 }
 
-std::string EncodePullOrder(const PullOrder& m) {
-  Writer w;
-  const PullRequest& q = m.request;
-  w.I32(q.worker_id);
-  w.U64(q.session);
-  w.I64(q.min_step);
-  w.I64(q.since_step);
-  PutDecisions(w, q.decisions);
-  w.I64(q.timeout_ms);
-  w.Bool(q.moving_averages);
-  w.Bool(q.sparse_read_only);
-  w.U64(q.after_push);
-  w.U8(static_cast<uint8_t>(q.wire_dtype));
-  w.U32(static_cast<uint32_t>(m.destinations.size()));
-  for (const Destination& d : m.destinations) {
-    w.U32(d.key);
-    w.U8(static_cast<uint8_t>(d.kind));
-    w.U32(d.segment);
-    w.I64(d.at);
-    w.I64(d.length);
-  }
-  w.U32(static_cast<uint32_t>(m.sparse.size()));
-  for (const SparseOrder& s : m.sparse) {
-    w.U32(s.table);
-    w.I64(s.n);
-    w.I32(s.dim);
-    w.U32(s.segment);
-    w.I64(s.ids_at);
-    w.I64(s.rows_at);
-  }
-  return w.Take();
-}
+std::string EncodePullOrder(const PullOrder& m) { return Encode(m, PullOrderFields<Writer, const PullOrder>); }
 absl::StatusOr<PullOrder> DecodePullOrder(absl::string_view payload) {
-  Reader r(payload, "PullRequest");
-  PullOrder m;
-  PullRequest& q = m.request;
-  q.worker_id = r.I32();
-  q.session = r.U64();
-  q.min_step = r.I64();
-  q.since_step = r.I64();
-  q.decisions = GetDecisions(r);
-  q.timeout_ms = r.I64();
-  q.moving_averages = r.Bool();
-  q.sparse_read_only = r.Bool();
-  q.after_push = r.U64();
-  q.wire_dtype = r.Dtype();
-  const uint32_t nd = r.Count(25);
-  for (uint32_t i = 0; i < nd && r.ok(); ++i) {
-    Destination d;
-    d.key = r.U32();
-    const uint8_t kind = r.U8();
-    if (kind > static_cast<uint8_t>(Destination::Kind::kStaging)) r.Fail(absl::StrCat("destination kind ", kind));
-    d.kind = static_cast<Destination::Kind>(kind);
-    d.segment = r.U32();
-    d.at = r.I64();
-    d.length = r.I64();
-    m.destinations.push_back(d);
-  }
-  const uint32_t ns = r.Count(36);
-  for (uint32_t i = 0; i < ns && r.ok(); ++i) {
-    SparseOrder s;
-    s.table = r.U32();
-    s.n = r.I64();
-    s.dim = r.I32();
-    s.segment = r.U32();
-    s.ids_at = r.I64();
-    s.rows_at = r.I64();
-    m.sparse.push_back(s);
-  }
-  return Done(r, std::move(m));
+  return Decode<PullOrder>(payload, "PullRequest", PullOrderFields<Reader, PullOrder>);
 }
 
-std::string EncodePullHeader(const PullHeader& m) {
-  Writer w;
-  w.I64(m.step);
-  PutDecisions(w, m.decisions);
-  w.Bool(m.training_done);
-  w.Bool(m.tentative);
-  w.I64(m.elastic.version);
-  w.U32(static_cast<uint32_t>(m.elastic.workers.size()));
-  for (int x : m.elastic.workers) w.I32(x);
-  w.I32(m.elastic.aggregating);
-  w.I64(m.elastic.first_batch);
-  w.U32(static_cast<uint32_t>(m.elastic.batches.size()));
-  for (int64_t b : m.elastic.batches) w.I64(b);
-  w.I32(m.elastic.unit);
-  w.I64(m.ps_set.version);
-  w.I64(m.ps_set.step);
-  for (const std::vector<std::string>* list : {&m.ps_set.hosts, &m.ps_set.leaving}) {
-    w.U32(static_cast<uint32_t>(list->size()));
-    for (const std::string& h : *list) w.Str(h);
-  }
-  return w.Take();
-}
+std::string EncodePullHeader(const PullHeader& m) { return Encode(m, PullHeaderFields<Writer, const PullHeader>); }
 absl::StatusOr<PullHeader> DecodePullHeader(absl::string_view payload) {
-  Reader r(payload, "PullHeader");
-  PullHeader m;
-  m.step = r.I64();
-  m.decisions = GetDecisions(r);
-  m.training_done = r.Bool();
-  m.tentative = r.Bool();
-  m.elastic.version = r.I64();
-  const uint32_t nw = r.Count(4);
-  for (uint32_t i = 0; i < nw && r.ok(); ++i) m.elastic.workers.push_back(r.I32());
-  m.elastic.aggregating = r.I32();
-  m.elastic.first_batch = r.I64();
-  const uint32_t nb = r.Count(8);
-  for (uint32_t i = 0; i < nb && r.ok(); ++i) m.elastic.batches.push_back(r.I64());
-  m.elastic.unit = r.I32();
-  m.ps_set.version = r.I64();
-  m.ps_set.step = r.I64();
-  for (std::vector<std::string>* list : {&m.ps_set.hosts, &m.ps_set.leaving}) {
-    const uint32_t n = r.Count(4);
-    for (uint32_t i = 0; i < n && r.ok(); ++i) list->push_back(r.Str(256));  // host:port
-  }
-  return Done(r, std::move(m));
+  return Decode<PullHeader>(payload, "PullHeader", PullHeaderFields<Reader, PullHeader>);
 }
 
-std::string EncodePieces(const PiecesWritten& m) {
-  Writer w;
-  w.U32(static_cast<uint32_t>(m.slices.size()));
-  for (const SlicePiece& p : m.slices) {
-    w.U32(p.key);
-    w.I64(p.offset);
-    w.I64(p.n);
-    w.U8(static_cast<uint8_t>(p.dtype));
-  }
-  w.U32(static_cast<uint32_t>(m.rows.size()));
-  for (const RowPiece& p : m.rows) {
-    w.U32(p.table);
-    w.I64(p.first);
-    w.I64(p.n);
-    w.U8(static_cast<uint8_t>(p.dtype));
-  }
-  return w.Take();
-}
+std::string EncodePieces(const PiecesWritten& m) { return Encode(m, PiecesFields<Writer, const PiecesWritten>); }
 absl::StatusOr<PiecesWritten> DecodePieces(absl::string_view payload) {
-  Reader r(payload, "PullPieces");
-  PiecesWritten m;
-  const uint32_t ns = r.Count(21);
-  for (uint32_t i = 0; i < ns && r.ok(); ++i) {
-    SlicePiece p;
-    p.key = r.U32();
-    p.offset = r.I64();
-    p.n = r.I64();
-    p.dtype = r.Dtype();
-    m.slices.push_back(p);
-  }
-  const uint32_t nr = r.Count(21);
-  for (uint32_t i = 0; i < nr && r.ok(); ++i) {
-    RowPiece p;
-    p.table = r.U32();
-    p.first = r.I64();
-    p.n = r.I64();
-    p.dtype = r.Dtype();
-    m.rows.push_back(p);
-  }
-  return Done(r, std::move(m));
+  return Decode<PiecesWritten>(payload, "PullPieces", PiecesFields<Reader, PiecesWritten>);
 }
 
 }  // namespace dtrain::ps::shm

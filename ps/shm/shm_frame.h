@@ -9,7 +9,8 @@
 //   8       4     payload bytes (at most kMaxFramePayload)
 //   12      4     CRC32C of the payload
 //   16      ...   payload: little-endian fixed-width integers, strings as u32 length + bytes, lists as u32
-//                 count + items (the Encode* functions below say the fields, in order)
+//                 count + items (each message's *Fields function in shm_frame.cc says its fields, in order, for
+//                 both directions)
 //
 // A frame that is short, of another magic or version, too long, of an unknown type, with a bad checksum, or
 // whose payload does not decode to exactly its fields is DataLoss with a message naming what was wrong; the

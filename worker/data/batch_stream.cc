@@ -64,36 +64,11 @@ class PrefetchingBatchStream : public BatchStream {
 
   int64_t batches_read() const override { return consumed_; }
 
-  std::string SaveState() const override {
-    const int64_t first = consumed_ * o_.batch_size;
-    BatchStreamState s = Identity();
-    s.epoch = first / shard_size();
-    s.offset = first % shard_size();
-    s.next_batch = consumed_;
-    return EncodeBatchStreamState(s);
-  }
+  std::string SaveState() const override { return EncodeBatchStreamState(StateAtBatch(Identity(), consumed_)); }
 
   absl::Status Restore(absl::string_view state) override {
     ASSIGN_OR_RETURN(BatchStreamState s, DecodeBatchStreamState(state));
-    const BatchStreamState me = Identity();
-    std::string differences;
-    auto differ = [&differences](absl::string_view what, auto saved, auto mine) {
-      if (saved == mine) return;
-      absl::StrAppend(&differences, differences.empty() ? "" : ", ", what, " ", saved, " (this stream: ", mine,
-                      ")");
-    };
-    differ("seed", s.seed, me.seed);
-    differ("shard", s.shard_index, me.shard_index);
-    differ("number of shards", s.num_shards, me.num_shards);
-    differ("shard size", s.shard_size, me.shard_size);
-    differ("batch size", s.batch_size, me.batch_size);
-    differ("shuffle", static_cast<int>(s.shuffle), static_cast<int>(me.shuffle));
-    differ("preprocessing", s.preprocess, me.preprocess);
-    if (!differences.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "input position: saved by another input stream: ", differences,
-          "; resume with the same data, --seed, --batch_size and cluster size, or start the input afresh"));
-    }
+    RETURN_IF_ERROR(CheckSameStream(s, Identity()));
     consumed_ = s.next_batch;
     if (o_.prefetch > 0) {
       absl::MutexLock lock(&mu_);
@@ -130,15 +105,7 @@ class PrefetchingBatchStream : public BatchStream {
 
   // The numbers that define this stream's order, with a zero position.
   BatchStreamState Identity() const {
-    BatchStreamState s;
-    s.seed = o_.seed;
-    s.shard_index = o_.shard_index;
-    s.num_shards = o_.num_shards;
-    s.shard_size = shard_size();
-    s.batch_size = o_.batch_size;
-    s.shuffle = o_.shuffle;
-    s.preprocess = static_cast<int>(o_.preprocess);
-    return s;
+    return StreamIdentity(o_, shard_size(), static_cast<int>(o_.preprocess));
   }
 
   // Shard-local index of the example at stream position p (positions run across epochs).

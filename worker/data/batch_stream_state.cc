@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
@@ -104,6 +105,37 @@ absl::StatusOr<BatchStreamState> DecodeBatchStreamState(absl::string_view b) {
   s.offset = static_cast<int64_t>(offset);
   s.next_batch = static_cast<int64_t>(next_batch);
   return s;
+}
+
+BatchStreamState StateAtBatch(BatchStreamState identity, int64_t next_batch) {
+  const int64_t first = next_batch * identity.batch_size;
+  BatchStreamState s = std::move(identity);
+  s.epoch = first / s.shard_size;
+  s.offset = first % s.shard_size;
+  s.next_batch = next_batch;
+  return s;
+}
+
+absl::Status CheckSameStream(const BatchStreamState& s, const BatchStreamState& me) {
+  std::string differences;
+  auto differ = [&differences](absl::string_view what, auto saved, auto mine) {
+    if (saved == mine) return;
+    absl::StrAppend(&differences, differences.empty() ? "" : ", ", what, " ", saved, " (this stream: ", mine,
+                    ")");
+  };
+  differ("seed", s.seed, me.seed);
+  differ("shard", s.shard_index, me.shard_index);
+  differ("number of shards", s.num_shards, me.num_shards);
+  differ("shard size", s.shard_size, me.shard_size);
+  differ("batch size", s.batch_size, me.batch_size);
+  differ("shuffle", static_cast<int>(s.shuffle), static_cast<int>(me.shuffle));
+  differ("preprocessing", s.preprocess, me.preprocess);
+  if (!differences.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "input position: saved by another input stream: ", differences,
+        "; resume with the same data, --seed, --batch_size and cluster size, or start the input afresh"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace dtrain::data

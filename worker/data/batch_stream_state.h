@@ -46,6 +46,29 @@ std::string EncodeBatchStreamState(const BatchStreamState& state);
 // version. Messages start with "input position: ".
 absl::StatusOr<BatchStreamState> DecodeBatchStreamState(absl::string_view bytes);
 
+// The numbers that define a stream's order, with a zero position: from its options (any struct with seed,
+// shard_index, num_shards, batch_size and shuffle), the size of its shard and its preprocessing code.
+template <typename StreamOptions>
+BatchStreamState StreamIdentity(const StreamOptions& o, int64_t shard_size, int preprocess) {
+  BatchStreamState s;
+  s.seed = o.seed;
+  s.shard_index = o.shard_index;
+  s.num_shards = o.num_shards;
+  s.shard_size = shard_size;
+  s.batch_size = o.batch_size;
+  s.shuffle = o.shuffle;
+  s.preprocess = preprocess;
+  return s;
+}
+
+// A stream's state at batch `next_batch`: `identity` (what the stream was made with, a zero position) with the
+// position of that batch. What a stream's SaveState encodes.
+BatchStreamState StateAtBatch(BatchStreamState identity, int64_t next_batch);
+
+// Whether a saved state was written by the stream `mine` describes (its numbers; the position aside):
+// FailedPrecondition naming every difference ("input position: saved by another input stream: ...") otherwise.
+absl::Status CheckSameStream(const BatchStreamState& saved, const BatchStreamState& mine);
+
 }  // namespace dtrain::data
 
 #endif  // DTRAIN_WORKER_DATA_BATCH_STREAM_STATE_H_

@@ -98,36 +98,11 @@ class SourceBatchStream : public BatchStream {
   int64_t batches_read() const override { return consumed_; }
   int64_t shard_size() const override { return static_cast<int64_t>(shard_.size()); }
 
-  std::string SaveState() const override {
-    const int64_t first = consumed_ * c_.batch_size;
-    BatchStreamState s = Identity();
-    s.epoch = first / shard_size();
-    s.offset = first % shard_size();
-    s.next_batch = consumed_;
-    return EncodeBatchStreamState(s);
-  }
+  std::string SaveState() const override { return EncodeBatchStreamState(StateAtBatch(Identity(), consumed_)); }
 
   absl::Status Restore(absl::string_view state) override {
     ASSIGN_OR_RETURN(BatchStreamState s, DecodeBatchStreamState(state));
-    const BatchStreamState me = Identity();
-    std::string differences;
-    auto differ = [&differences](absl::string_view what, auto saved, auto mine) {
-      if (saved == mine) return;
-      absl::StrAppend(&differences, differences.empty() ? "" : ", ", what, " ", saved, " (this stream: ", mine,
-                      ")");
-    };
-    differ("seed", s.seed, me.seed);
-    differ("shard", s.shard_index, me.shard_index);
-    differ("number of shards", s.num_shards, me.num_shards);
-    differ("shard size", s.shard_size, me.shard_size);
-    differ("batch size", s.batch_size, me.batch_size);
-    differ("shuffle", static_cast<int>(s.shuffle), static_cast<int>(me.shuffle));
-    differ("preprocessing", s.preprocess, me.preprocess);
-    if (!differences.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "input position: saved by another input stream: ", differences,
-          "; resume with the same data, --seed, --batch_size and cluster size, or start the input afresh"));
-    }
+    RETURN_IF_ERROR(CheckSameStream(s, Identity()));
     {
       absl::MutexLock lock(&mu_);
       paused_ = true;
@@ -163,15 +138,7 @@ class SourceBatchStream : public BatchStream {
   }
 
   BatchStreamState Identity() const {
-    BatchStreamState s;
-    s.seed = c_.seed;
-    s.shard_index = c_.shard_index;
-    s.num_shards = c_.num_shards;
-    s.shard_size = shard_size();
-    s.batch_size = c_.batch_size;
-    s.shuffle = c_.shuffle;
-    s.preprocess = kSourceStreamCode | (c_.augment ? 1 : 0);
-    return s;
+    return StreamIdentity(c_, shard_size(), kSourceStreamCode | (c_.augment ? 1 : 0));
   }
 
   bool NextReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -1,5 +1,8 @@
 // The mapper's state while it walks an ONNX graph (onnx_mapper.h): what each ONNX value name stands for and
-// the per-op mappings. Split over onnx_mapper.cc (images and dense layers, constants, the softmax head) and
+// the per-op mappings. Split over onnx_mapper.cc (the walk: data input, each node, constants folded, the softmax
+// head), onnx_mapper_values.cc (a node's inputs as values, tensors, constants, variables; nodes made),
+// onnx_mapper_image.cc (convolutions, pooling, normalization), onnx_mapper_dense.cc (dense layers, element-wise
+// ops, reshapes), onnx_mapper_axes.cc, onnx_mapper_tensor.cc (transformers' tensor ops) and
 // onnx_mapper_sparse.cc (the int64 ids input, embedding lookups and their reductions, the one-logit head).
 // Internal to worker/models/onnx.
 //
