@@ -55,8 +55,8 @@ ABSL_FLAG(std::string, sparse_optimizer, "",
 ABSL_FLAG(double, sparse_learning_rate, 0, "Learning rate of --sparse_optimizer (0: the model's)");
 ABSL_FLAG(bool, shuffle, true, "Shuffle each worker's shard every epoch (false: read it in order)");
 ABSL_FLAG(std::string, metrics_file, "",
-          "Write this worker's loss of every local step and the learning rate of its update here at the end, as "
-          "CSV local_step,loss,learning_rate");
+          "Write this worker's loss of every local step and the learning rate of its update here, as CSV "
+          "local_step,loss,learning_rate (written as the run goes to PATH.tmp, renamed to PATH at the end)");
 ABSL_FLAG(std::string, push_journal_dir, "",
           "A cluster worker: record every push ps 0 acknowledged in a journal file in this directory "
           "(pushes.w<task>.*.journal), for scripts/check_updates.py with the ps tasks' --journal_applied");
@@ -348,6 +348,7 @@ int main(int argc, char** argv) {
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.shuffle = absl::GetFlag(FLAGS_shuffle);
   o.metrics_file = absl::GetFlag(FLAGS_metrics_file);
+  o.keep_step_losses = false;  // the metrics file streams them; a run that may not end keeps a window
   o.push_journal_dir = absl::GetFlag(FLAGS_push_journal_dir);
   o.export_onnx = absl::GetFlag(FLAGS_export_onnx);
   o.train_steps = absl::GetFlag(FLAGS_train_steps);

@@ -54,7 +54,6 @@ using trainer_internal::ScoreWindow;
 using trainer_internal::SetUpData;
 using trainer_internal::TrainingData;
 using trainer_internal::TrainLoop;
-using trainer_internal::WriteMetrics;
 
 // Local mode with device-owned towers (GPUs) keeps the training state on the devices.
 bool DeviceResident(const WorkerOptions& o, const std::vector<kernels::DeviceSpec>& specs, bool local) {
@@ -182,14 +181,14 @@ absl::StatusOr<std::unique_ptr<TrainingSummaries>> MakeSummaries(EventWriter* ev
 // ps task restarted after the last step. `end_of_loop` lets a stop that comes now wait for the evaluation.
 absl::Status TrainToTheEnd(const WorkerOptions& o, bool chief, bool local, TrainingData* data, Towers* towers,
                            Connection* ps, TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries,
-                           const std::function<void()>& end_of_loop, TrainingResult* result) {
+                           const std::function<void()>& end_of_loop, StepLossLog* losses, TrainingResult* result) {
   ScoreWindow window(o.follow ? o.eval_window : 0);
   // A ps task that restarts after the last step answers the chief's final pull with Aborted: connect again (the
   // chief restores every task to the newest common checkpoint) and train from there to the end once more.
   int64_t first_step = -1;
   for (int reconnects = 0;; ++reconnects) {
     const double seconds_before = result->seconds;
-    const absl::Status looped = TrainLoop(o, chief, data, towers, ps, steps, events, summaries, &window, result);
+    const absl::Status looped = TrainLoop(o, chief, data, towers, ps, steps, events, summaries, &window, losses, result);
     end_of_loop();  // a stop from here on lets the chief evaluate and export
     RETURN_IF_ERROR(looped);
     if (window.size() > 0) {  // the chief's progressive validation at the end
@@ -356,8 +355,10 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
 
   // The loop, then the end: evaluation, statistics, done.
   TrainingResult result;
+  StepLossLog losses(o.metrics_file, o.keep_step_losses);
+  RETURN_IF_ERROR(losses.Open());
   RETURN_IF_ERROR(TrainToTheEnd(o, chief, local, &data, towers.get(), &ps, steps.get(), events.get(),
-                                summaries.get(), end_of_loop, &result));
+                                summaries.get(), end_of_loop, &losses, &result));
   if (result.input_ended && !o.quiet) {
     std::printf("worker %d: the input ended at global step %lld\n", o.worker_id,
                 static_cast<long long>(result.global_step));
@@ -375,7 +376,7 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
     PrintAccuracy(o, data, result);
     std::fflush(stdout);
   }
-  if (!o.metrics_file.empty()) RETURN_IF_ERROR(WriteMetrics(o.metrics_file, result));
+  RETURN_IF_ERROR(losses.Finish());  // --metrics_file: PATH.tmp becomes PATH
   if (chief && !o.export_onnx.empty()) RETURN_IF_ERROR(ExportTrained(o, *towers, result));
   // The summary line: the chief's always, another worker's when the run was not complete.
   if (!o.quiet && !result.outcome_line.empty() && (chief || result.outcome != ps::RunOutcome::kComplete)) {

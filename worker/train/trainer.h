@@ -211,8 +211,12 @@ struct WorkerOptions {
 
   // Output files.
   // This worker's loss of every local step and the learning rate of its update, as CSV
-  // "local_step,loss,learning_rate" (exact floats).
+  // "local_step,loss,learning_rate" (exact floats), written as the run goes (PATH.tmp, renamed to PATH at the
+  // end: worker/train/step_loss_log.h).
   std::string metrics_file;
+  // TrainingResult::losses and learning_rates hold every local step (false: they are dropped once collected, at
+  // each progress line, so a run that may never end holds one window: dtrain_worker; last_loss stays).
+  bool keep_step_losses = true;
   // A cluster worker: every push ps 0 acknowledged, recorded in a journal file in this directory
   // (ps/client/push_journal.h) for scripts/check_updates.py (empty: none).
   std::string push_journal_dir;
@@ -227,7 +231,7 @@ struct TrainingResult {
   int64_t examples = 0;           // examples this worker processed
   double seconds = 0;             // wall time of the training loop
   float last_loss = 0;
-  std::vector<float> losses;      // loss of every local step, in order
+  std::vector<float> losses;      // loss of every local step, in order (WorkerOptions::keep_step_losses)
   // The learning rate each of those steps' update was applied with (the schedule's value at the global step the
   // step computed at; async: the step of its pull), in the same order.
   std::vector<float> learning_rates;

@@ -192,16 +192,4 @@ void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const Training
   }
 }
 
-// The loss of every local step and the learning rate of its update, one CSV line each, with the digits that give
-// the floats back.
-absl::Status WriteMetrics(const std::string& path, const TrainingResult& result) {
-  std::string csv = "local_step,loss,learning_rate\n";
-  for (size_t i = 0; i < result.losses.size(); ++i) {
-    absl::StrAppendFormat(&csv, "%d,%.9g,", i + 1, result.losses[i]);
-    if (i < result.learning_rates.size()) absl::StrAppendFormat(&csv, "%.9g", result.learning_rates[i]);
-    csv += '\n';
-  }
-  return WriteFileAtomically(path, csv);
-}
-
 }  // namespace dtrain::worker::trainer_internal

@@ -21,6 +21,7 @@
 #include "worker/eval/evaluation.h"
 #include "worker/models/model.h"
 #include "worker/train/ps_connection.h"
+#include "worker/train/step_loss_log.h"
 #include "worker/train/summaries.h"
 #include "worker/train/trainer.h"
 #include "worker/train/training_steps.h"
@@ -79,14 +80,14 @@ absl::Status AddEvaluationScalars(EventWriter* events, int64_t step, const Evalu
 // Test accuracy of tower 0 with the current parameters (or their moving averages).
 absl::StatusOr<Evaluation> EvaluateNow(TrainingSteps* steps, models::Model* model0, const TrainingData& d,
                                        bool moving_averages);
-// Appends the losses known so far to the result.
-absl::Status CollectLosses(TrainingSteps* steps, TrainingResult* result);
+// Appends the losses known so far to the result and hands them to `log` (StepLossLog::Collect).
+absl::Status CollectLosses(TrainingSteps* steps, StepLossLog* log, TrainingResult* result);
 
 // ---- the loop (trainer_loop.cc) ----
 // Steps until the global step reaches train_steps (trainer_loop.cc says how).
 absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towers* towers, Connection* c,
                        TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries, ScoreWindow* window,
-                       TrainingResult* result);
+                       StepLossLog* losses, TrainingResult* result);
 
 // ---- the end (trainer_finish.cc) ----
 // The final parameters, the chief's evaluation, this worker's rate and the ps statistics. Before the worker
@@ -96,8 +97,6 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
                             TrainingResult* result);
 // The chief's last lines, after the worker reported done.
 void PrintAccuracy(const WorkerOptions& o, const TrainingData& d, const TrainingResult& result);
-// The loss and learning rate of every local step as CSV.
-absl::Status WriteMetrics(const std::string& path, const TrainingResult& result);
 
 }  // namespace dtrain::worker::trainer_internal
 

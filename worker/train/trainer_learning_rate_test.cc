@@ -2,9 +2,11 @@
 // --learning_rate takes its framework's default rather than the model's SGD rate, and the ps tasks get that rate;
 // the warmup starts at 1/3 of the rate by default (PyTorch LinearLR); the progress lines and the metrics file
 // carry the scheduled rate.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -159,6 +161,53 @@ TEST(LearningRateTest, ProgressLinesAndTheMetricsFileCarryTheScheduledRate) {
     EXPECT_EQ(rate, r->learning_rates[i]);
   }
   EXPECT_FALSE(std::getline(f, line));
+}
+
+// A run that may never end (dtrain_worker: keep_step_losses false) holds one progress line's window of losses,
+// not every step's, and its metrics file is the same, line for line, as a run that keeps them all: written as the
+// run goes (PATH.tmp) and renamed at the end.
+TEST(LearningRateTest, TheMetricsFileStreamsWhatARunDoesNotKeep) {
+  const data::DatasetPair data = MakeSyntheticDataset(400, 100);
+  WorkerOptions o;
+  o.model = "mlp";
+  o.dataset = &data;
+  o.shuffle = false;
+  o.evaluate = false;
+  o.quiet = true;
+  o.optimizer = "rmsprop";
+  o.batch_size = 20;
+  o.train_steps = 45;
+  o.warmup_steps = 4;
+  o.lr_schedule = "cosine";
+  o.log_every = 10;  // 45 steps: four whole windows and a last of 5
+  const std::string dir = ::testing::TempDir();
+  auto read = [](const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+
+  o.metrics_file = dir + "/trainer_metrics_kept.csv";
+  std::filesystem::remove(o.metrics_file);
+  absl::StatusOr<TrainingResult> kept = RunTraining(o, {});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_EQ(kept->losses.size(), 45u);
+
+  o.metrics_file = dir + "/trainer_metrics_streamed.csv";
+  o.keep_step_losses = false;
+  std::filesystem::remove(o.metrics_file);
+  absl::StatusOr<TrainingResult> streamed = RunTraining(o, {});
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_TRUE(streamed->losses.empty());
+  EXPECT_TRUE(streamed->learning_rates.empty());
+  EXPECT_LE(streamed->losses.capacity(), 2u * o.log_every) << "more than a window held";
+  EXPECT_EQ(streamed->last_loss, kept->losses.back());
+  EXPECT_FALSE(std::filesystem::exists(o.metrics_file + ".tmp"));
+
+  const std::string all = read(dir + "/trainer_metrics_kept.csv");
+  EXPECT_EQ(std::count(all.begin(), all.end(), '\n'), 46) << all;
+  EXPECT_EQ(read(o.metrics_file), all);
 }
 
 // In a cluster the rate travels to the ps tasks resolved: a worker without --learning_rate and one given the

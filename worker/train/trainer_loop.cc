@@ -42,12 +42,10 @@ absl::StatusOr<Evaluation> EvaluateNow(TrainingSteps* steps, models::Model* mode
                          [steps](const models::HostBatch& b) { return steps->LoadSparseRows(b); });
 }
 
-// Appends the losses known so far to the result.
-absl::Status CollectLosses(TrainingSteps* steps, TrainingResult* result) {
+absl::Status CollectLosses(TrainingSteps* steps, StepLossLog* log, TrainingResult* result) {
   ASSIGN_OR_RETURN(std::vector<float> losses, steps->TakeLosses());
   result->losses.insert(result->losses.end(), losses.begin(), losses.end());
-  if (!result->losses.empty()) result->last_loss = result->losses.back();
-  return absl::OkStatus();
+  return log->Collect(result);
 }
 
 // ---- the loop ----
@@ -106,7 +104,7 @@ GlobalPart GlobalPartOf(const ps::ElasticView& view, int worker, int64_t global_
 
 absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towers* towers, Connection* c,
                        TrainingSteps* steps, EventWriter* events, TrainingSummaries* summaries, ScoreWindow* window,
-                       TrainingResult* result) {
+                       StepLossLog* losses, TrainingResult* result) {
   int reconnects = 0;
   // Models with sparse tables read one step ahead: the pull that brings a step's parameters also brings the rows
   // of that step's ids (TrainingSteps::SetUpcomingBatches).
@@ -372,7 +370,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
     const bool logging = result->local_steps % o.log_every == 0;
     if (logging) {
       RETURN_IF_ERROR(
-          CollectLosses(steps, result));  // device-resident steps: the one read-back of the window
+          CollectLosses(steps, losses, result));  // device-resident steps: the one read-back of the window
       const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
       const double rate = static_cast<double>(window_examples) / std::max(secs, 1e-9);
       const float loss = result->last_loss;
@@ -435,7 +433,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       next_eval = (at.step / o.eval_every + 1) * o.eval_every;
     }
   }
-  RETURN_IF_ERROR(CollectLosses(steps, result));
+  RETURN_IF_ERROR(CollectLosses(steps, losses, result));
   // The last step's pull has shown the end of training: every step this worker took part in was decided (sync) or
   // handled (async; a pull waits for its push). If a ps task died after deciding it, before the answer to this
   // worker's push went out, that push is now retried against a new process that has no session for it: connecting
