@@ -16,7 +16,10 @@ pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf
       slurmctld slurmd slurm-client munge iproute2 procps openssh-server openssh-client
       # Emulated hosts' link delay where the kernel has no netem (tests/netdelay's dtrain_netdelay on an NFQUEUE),
       # and ping to see it.
-      libnetfilter-queue-dev libmnl-dev iptables iputils-ping)
+      libnetfilter-queue-dev libmnl-dev iptables iputils-ping
+      # --metrics_port: prometheus-cpp (its exporter runs on CivetWeb), and a real Prometheus server for
+      # tests/metrics_prometheus_test.sh (docs/metrics.md).
+      prometheus-cpp-dev libcivetweb-dev prometheus)
 # Node.js runs the offline Kubernetes manifest validator (its npm packages are installed at the end).
 command -v npm >/dev/null || pkgs+=(nodejs npm)
 # DTRAIN_WITH_PLOTS=1: matplotlib for compare_cluster_sizes --plot (the comparisons' PyTorch and OpenMP OpenBLAS are
