@@ -12,13 +12,17 @@
 
 namespace dtrain::metrics {
 
-prometheus::MetricFamily& AddFamily(std::vector<prometheus::MetricFamily>* out, std::string name, std::string help,
-                                    prometheus::MetricType type) {
+prometheus::MetricFamily Family(std::string name, std::string help, prometheus::MetricType type) {
   prometheus::MetricFamily f;
   f.name = std::move(name);
   f.help = std::move(help);
   f.type = type;
-  out->push_back(std::move(f));
+  return f;
+}
+
+prometheus::MetricFamily& AddFamily(std::vector<prometheus::MetricFamily>* out, std::string name, std::string help,
+                                    prometheus::MetricType type) {
+  out->push_back(Family(std::move(name), std::move(help), type));
   return out->back();
 }
 

@@ -31,7 +31,10 @@ namespace dtrain::metrics {
 
 using LabelPairs = std::vector<std::pair<std::string, std::string>>;
 
-// Appends an empty family to `out` and returns it (valid until `out` grows again).
+// An empty family.
+prometheus::MetricFamily Family(std::string name, std::string help, prometheus::MetricType type);
+// Appends an empty family to `out` and returns it: valid only until `out` grows again (fill it at once, or build
+// several with Family and append them when done).
 prometheus::MetricFamily& AddFamily(std::vector<prometheus::MetricFamily>* out, std::string name, std::string help,
                                     prometheus::MetricType type);
 // One sample of a counter, gauge or untyped family (the value goes where its type reads it).

@@ -391,6 +391,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       result->input_wait_seconds += waited;
       window_input_wait += waited;
       if (o.profile != nullptr) o.profile->AddInputWait(waited);
+      if (o.metrics != nullptr) o.metrics->Observe(StepMetrics::Part::kInputWait, waited);
       in->batches[t] = next;  // copy: the stream's buffer is reused on the next call
       if (in->batches[t].batch == 0) {
         RETURN_IF_ERROR(d->stream->status());  // a file that could not be read
@@ -1083,6 +1084,7 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
   sopt.tune_apply_early = o.apply_early == "auto" && !local && sopt.sync && o.num_workers == 1 &&
                           o.num_ps == 1 && o.slice_pieces_per_task == 1;
   sopt.profile = o.profile;
+  sopt.metrics = o.metrics;
   sopt.trace = o.trace;
   if (o.profile != nullptr) o.profile->SetRun(ProfiledRunOf(o, local, towers.get(), ps.config));
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,
