@@ -1,19 +1,17 @@
 #include "common/metrics/metrics_exporter.h"
 
 #include <arpa/inet.h>
+#include <glog/logging.h>
 #include <netinet/in.h>
+#include <prometheus/exposer.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <thread>
-
 #include <exception>
 #include <mutex>
-
-#include <glog/logging.h>
-#include <prometheus/exposer.h>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -47,7 +45,8 @@ bool IsLoopbackAddress(const std::string& address) {
   return false;
 }
 
-absl::Status ValidateMetricsFlags(int port, const std::string& bind_address, const MetricsExporterOptions& names) {
+absl::Status ValidateMetricsFlags(int port, const std::string& bind_address,
+                                  const MetricsExporterOptions& names) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat(names.port_flag, "=", port, ": a port in [1, 65535] serves /metrics there (0: off)"));
@@ -60,7 +59,8 @@ absl::Status ValidateMetricsFlags(int port, const std::string& bind_address, con
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const MetricsExporterOptions& options) {
+absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
+    const MetricsExporterOptions& options) {
   if (absl::Status s = ValidateMetricsFlags(options.port, options.bind_address, options); !s.ok()) return s;
   if (options.threads < 1 || options.request_timeout_ms < 1) {
     return absl::InvalidArgumentError("metrics exporter: threads and request_timeout_ms must be >= 1");
@@ -69,18 +69,18 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const Me
                                  ? absl::StrCat("[", options.bind_address, "]:", options.port)
                                  : absl::StrCat(options.bind_address, ":", options.port);
   std::vector<std::string> civet = {
-      "listening_ports", listen,
-      "num_threads", std::to_string(options.threads),
+      "listening_ports",    listen,
+      "num_threads",        std::to_string(options.threads),
       "request_timeout_ms", std::to_string(options.request_timeout_ms),
-      "enable_keep_alive", "no",
+      "enable_keep_alive",  "no",
   };
   std::unique_ptr<MetricsExporter> e(new MetricsExporter());
   e->impl_ = std::make_unique<Impl>();
   try {
     e->impl_->exposer = std::make_unique<prometheus::Exposer>(civet);
   } catch (const std::exception& ex) {
-    return absl::UnavailableError(absl::StrCat(options.port_flag, "=", options.port, ": cannot serve /metrics on ",
-                                               listen, " (", ex.what(),
+    return absl::UnavailableError(absl::StrCat(options.port_flag, "=", options.port,
+                                               ": cannot serve /metrics on ", listen, " (", ex.what(),
                                                "): is the port in use by another process? Pick another with ",
                                                options.port_flag, " (or ", options.bind_flag, ")"));
   }
@@ -88,22 +88,24 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const Me
   e->port_ = ports.empty() ? options.port : ports[0];
   e->bind_address_ = options.bind_address;
   if (!IsLoopbackAddress(options.bind_address)) {
-    LOG(WARNING) << options.bind_flag << "=" << options.bind_address << ": /metrics is plain HTTP without "
-                 << "authentication; whoever reaches " << listen << " can read this process's figures (never "
-                 << "change anything). Keep it behind a firewall, or bind 127.0.0.1 and scrape through a proxy";
+    LOG(WARNING)
+        << options.bind_flag << "=" << options.bind_address << ": /metrics is plain HTTP without "
+        << "authentication; whoever reaches " << listen << " can read this process's figures (never "
+        << "change anything). Keep it behind a firewall, or bind 127.0.0.1 and scrape through a proxy";
   }
   return e;
 }
 
 MetricsExporter::~MetricsExporter() {
   if (impl_ == nullptr || impl_->exposer == nullptr) return;
-  // CivetWeb's listener notices the stop only when its poll returns, up to 2 s later (SOCKET_TIMEOUT_QUANTUM):
-  // knock on the port meanwhile so that the process exits at once.
+  // CivetWeb's listener notices the stop only when its poll returns, up to 2 s later
+  // (SOCKET_TIMEOUT_QUANTUM): knock on the port meanwhile so that the process exits at once.
   std::atomic<bool> stopped{false};
   std::thread knock([this, &stopped] {
     const bool v6 = IsIpv6(bind_address_);
-    const std::string target = bind_address_ == "0.0.0.0" ? "127.0.0.1" : bind_address_ == "::" ? "::1"
-                                                                                                   : bind_address_;
+    const std::string target = bind_address_ == "0.0.0.0" ? "127.0.0.1"
+                               : bind_address_ == "::"    ? "::1"
+                                                          : bind_address_;
     while (!stopped.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       const int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -2,6 +2,10 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,11 +13,6 @@
 #include <fstream>
 #include <memory>
 #include <string>
-
-#include <prometheus/counter.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics/scrape_families.h"
@@ -57,8 +56,9 @@ TEST(ExpositionFormatTest, CounterAndGaugeFamiliesHaveHelpTypeAndLabels) {
   std::vector<prometheus::MetricFamily> f;
   AddSample(&AddFamily(&f, "dtrain_test_pushes_total", "Pushes received.", prometheus::MetricType::Counter),
             {{"transport", "shm"}}, 42);
-  AddSample(&AddFamily(&f, "dtrain_test_live_workers", "Workers holding a lease.", prometheus::MetricType::Gauge), {},
-            2);
+  AddSample(
+      &AddFamily(&f, "dtrain_test_live_workers", "Workers holding a lease.", prometheus::MetricType::Gauge),
+      {}, 2);
   const std::string text = Serialize(f);
   EXPECT_THAT(text, HasSubstr("# HELP dtrain_test_pushes_total Pushes received.\n"
                               "# TYPE dtrain_test_pushes_total counter\n"
@@ -75,11 +75,12 @@ TEST(ExpositionFormatTest, LabelValuesAreEscaped) {
 
 TEST(ExpositionFormatTest, HistogramBucketsAreCumulativeWithInfSumAndCount) {
   prometheus::Registry registry;
-  prometheus::Histogram& h = prometheus::BuildHistogram()
-                                 .Name("dtrain_test_step_seconds")
-                                 .Help("Step time.")
-                                 .Register(registry)
-                                 .Add({{"part", "compute"}}, prometheus::Histogram::BucketBoundaries{0.01, 0.1, 1});
+  prometheus::Histogram& h =
+      prometheus::BuildHistogram()
+          .Name("dtrain_test_step_seconds")
+          .Help("Step time.")
+          .Register(registry)
+          .Add({{"part", "compute"}}, prometheus::Histogram::BucketBoundaries{0.01, 0.1, 1});
   for (double v : {0.005, 0.05, 0.05, 0.5, 5.0}) h.Observe(v);
   const std::string text = Serialize(registry.Collect());
   EXPECT_THAT(text, HasSubstr("# TYPE dtrain_test_step_seconds histogram\n"));
@@ -136,7 +137,8 @@ TEST(MetricsFlagsTest, BadPortsAndAddressesNameTheFlag) {
 }
 
 TEST(MetricsExporterTest, ServesMetricsAndNothingElse) {
-  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter = MetricsExporter::Start(MetricsExporterOptions());
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+      MetricsExporter::Start(MetricsExporterOptions());
   ASSERT_TRUE(exporter.ok()) << exporter.status();
   const int port = (*exporter)->port();
   ASSERT_GT(port, 0);
@@ -149,7 +151,8 @@ TEST(MetricsExporterTest, ServesMetricsAndNothingElse) {
   int scrapes = 0;
   (*exporter)->Register(std::make_shared<CallbackCollectable>([&scrapes] {
     std::vector<prometheus::MetricFamily> f;
-    AddSample(&AddFamily(&f, "dtrain_test_scrapes", "Scrapes.", prometheus::MetricType::Gauge), {}, ++scrapes);
+    AddSample(&AddFamily(&f, "dtrain_test_scrapes", "Scrapes.", prometheus::MetricType::Gauge), {},
+              ++scrapes);
     return f;
   }));
   std::string answer = Get(port, "/metrics");
@@ -177,13 +180,15 @@ TEST(MetricsExporterTest, PortInUseIsOneClearError) {
   absl::StatusOr<std::unique_ptr<MetricsExporter>> second = MetricsExporter::Start(o);
   ASSERT_FALSE(second.ok());
   EXPECT_TRUE(absl::IsUnavailable(second.status()));
-  EXPECT_THAT(std::string(second.status().message()),
-              HasSubstr(absl::StrCat("--metrics_port=", o.port, ": cannot serve /metrics on 127.0.0.1:", o.port)));
+  EXPECT_THAT(
+      std::string(second.status().message()),
+      HasSubstr(absl::StrCat("--metrics_port=", o.port, ": cannot serve /metrics on 127.0.0.1:", o.port)));
 }
 
 TEST(MetricsExporterTest, StopsCleanlyWhileScraped) {
   for (int i = 0; i < 3; ++i) {
-    absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter = MetricsExporter::Start(MetricsExporterOptions());
+    absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+        MetricsExporter::Start(MetricsExporterOptions());
     ASSERT_TRUE(exporter.ok()) << exporter.status();
     (*exporter)->Register(std::make_shared<CallbackCollectable>([] { return ProcessFamilies(); }));
     EXPECT_THAT(Get((*exporter)->port(), "/metrics"), HasSubstr("process_resident_memory_bytes"));

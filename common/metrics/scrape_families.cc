@@ -20,8 +20,8 @@ prometheus::MetricFamily Family(std::string name, std::string help, prometheus::
   return f;
 }
 
-prometheus::MetricFamily& AddFamily(std::vector<prometheus::MetricFamily>* out, std::string name, std::string help,
-                                    prometheus::MetricType type) {
+prometheus::MetricFamily& AddFamily(std::vector<prometheus::MetricFamily>* out, std::string name,
+                                    std::string help, prometheus::MetricType type) {
   out->push_back(Family(std::move(name), std::move(help), type));
   return out->back();
 }
@@ -45,7 +45,8 @@ void AddSample(prometheus::MetricFamily* family, const LabelPairs& labels, doubl
 
 namespace {
 
-// Fields of /proc/self/stat after the command (which may hold spaces and parentheses: read past the last ')').
+// Fields of /proc/self/stat after the command (which may hold spaces and parentheses: read past the last
+// ')').
 bool ReadProcStat(std::vector<std::string>* fields) {
   std::ifstream in("/proc/self/stat");
   std::string line;
@@ -105,20 +106,23 @@ std::vector<prometheus::MetricFamily> ProcessFamilies() {
               {}, std::strtod(f[21].c_str(), nullptr) * static_cast<double>(page));
     const double boot = BootTimeSeconds();
     if (boot >= 0) {
-      AddSample(&AddFamily(&out, "process_start_time_seconds",
-                           "Start time of the process since unix epoch in seconds.", prometheus::MetricType::Gauge),
-                {}, boot + std::strtod(f[19].c_str(), nullptr) / static_cast<double>(ticks));
+      AddSample(
+          &AddFamily(&out, "process_start_time_seconds",
+                     "Start time of the process since unix epoch in seconds.", prometheus::MetricType::Gauge),
+          {}, boot + std::strtod(f[19].c_str(), nullptr) / static_cast<double>(ticks));
     }
   }
   const int fds = CountOpenFds();
   if (fds >= 0) {
-    AddSample(&AddFamily(&out, "process_open_fds", "Number of open file descriptors.", prometheus::MetricType::Gauge),
+    AddSample(&AddFamily(&out, "process_open_fds", "Number of open file descriptors.",
+                         prometheus::MetricType::Gauge),
               {}, fds);
   }
   return out;
 }
 
-double NewestFileAgeSeconds(const std::string& dir, const std::function<bool(const std::string& name)>& match) {
+double NewestFileAgeSeconds(const std::string& dir,
+                            const std::function<bool(const std::string& name)>& match) {
   if (dir.empty()) return -1;
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return -1;
@@ -139,8 +143,8 @@ double NewestFileAgeSeconds(const std::string& dir, const std::function<bool(con
   if (!found) return -1;
   timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
-  const double age = static_cast<double>(now.tv_sec - newest.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec -
-                                                                                                  newest.tv_nsec);
+  const double age = static_cast<double>(now.tv_sec - newest.tv_sec) +
+                     1e-9 * static_cast<double>(now.tv_nsec - newest.tv_nsec);
   return age < 0 ? 0 : age;
 }
 

@@ -22,17 +22,18 @@ void Gauge(std::vector<prometheus::MetricFamily>* out, const char* name, const c
 }
 
 void AddAccounting(const PushAccounting& a, std::vector<prometheus::MetricFamily>* out) {
-  Counter(out, "dtrain_ps_pushes_received_total", "Pushes this task received (every StartPush, any transport).",
-          a.received);
-  Counter(out, "dtrain_ps_pushes_accepted_total", "Pushes taken for a step (sync) or applied at once (async).",
-          a.accepted);
-  Counter(out, "dtrain_ps_pushes_applied_total", "Accepted gradients that went into the parameters.", a.applied);
-  prometheus::MetricFamily& dropped =
-      AddFamily(out, "dtrain_ps_pushes_dropped_total",
-                "Pushes not applied, by reason: stale (a step decided long ago or past the staleness bound), backup "
-                "(the step was decided without it), duplicate (a retry), rejected_nonfinite, skipped_nonfinite, "
-                "refused (another error), abandoned (the upload broke off), discarded (a rollback).",
-                MetricType::Counter);
+  Counter(out, "dtrain_ps_pushes_received_total",
+          "Pushes this task received (every StartPush, any transport).", a.received);
+  Counter(out, "dtrain_ps_pushes_accepted_total",
+          "Pushes taken for a step (sync) or applied at once (async).", a.accepted);
+  Counter(out, "dtrain_ps_pushes_applied_total", "Accepted gradients that went into the parameters.",
+          a.applied);
+  prometheus::MetricFamily& dropped = AddFamily(
+      out, "dtrain_ps_pushes_dropped_total",
+      "Pushes not applied, by reason: stale (a step decided long ago or past the staleness bound), backup "
+      "(the step was decided without it), duplicate (a retry), rejected_nonfinite, skipped_nonfinite, "
+      "refused (another error), abandoned (the upload broke off), discarded (a rollback).",
+      MetricType::Counter);
   AddSample(&dropped, {{"reason", "stale"}}, a.dropped_stale);
   AddSample(&dropped, {{"reason", "backup"}}, a.dropped_backup);
   AddSample(&dropped, {{"reason", "duplicate"}}, a.duplicates);
@@ -42,7 +43,8 @@ void AddAccounting(const PushAccounting& a, std::vector<prometheus::MetricFamily
   AddSample(&dropped, {{"reason", "abandoned"}}, a.abandoned);
   AddSample(&dropped, {{"reason", "discarded"}}, a.discarded);
   Gauge(out, "dtrain_ps_pushes_in_flight", "Uploads open now.", a.in_flight);
-  Gauge(out, "dtrain_ps_pushes_pending", "Accepted sync gradients waiting for their step's decision.", a.pending);
+  Gauge(out, "dtrain_ps_pushes_pending", "Accepted sync gradients waiting for their step's decision.",
+        a.pending);
 }
 
 void AddStats(const TrainingStats& s, std::vector<prometheus::MetricFamily>* out) {
@@ -65,19 +67,20 @@ void AddStats(const TrainingStats& s, std::vector<prometheus::MetricFamily>* out
   AddSample(&workers, {{"state", "live"}}, live);
   AddSample(&workers, {{"state", "done"}}, done);
   AddSample(&workers, {{"state", "lost"}}, lost);
-  prometheus::MetricFamily applied = metrics::Family(
-      "dtrain_ps_worker_pushes_applied_total", "Pushes of each worker applied on this task.", MetricType::Counter);
-  prometheus::MetricFamily dropped =
-      metrics::Family("dtrain_ps_worker_pushes_dropped_total",
-                "Pushes of each worker dropped on this task: stale, backup, duplicate.", MetricType::Counter);
-  prometheus::MetricFamily wait =
-      metrics::Family("dtrain_ps_worker_sync_wait_seconds_total",
-                "Seconds each worker's pulls were blocked on this task waiting for their step (sync: for the other "
-                "workers' pushes and the update).",
-                MetricType::Counter);
-  prometheus::MetricFamily times_lost = metrics::Family(
-      "dtrain_ps_worker_leases_expired_total", "How often each worker's lease ran out (declared lost).",
+  prometheus::MetricFamily applied =
+      metrics::Family("dtrain_ps_worker_pushes_applied_total", "Pushes of each worker applied on this task.",
+                      MetricType::Counter);
+  prometheus::MetricFamily dropped = metrics::Family(
+      "dtrain_ps_worker_pushes_dropped_total",
+      "Pushes of each worker dropped on this task: stale, backup, duplicate.", MetricType::Counter);
+  prometheus::MetricFamily wait = metrics::Family(
+      "dtrain_ps_worker_sync_wait_seconds_total",
+      "Seconds each worker's pulls were blocked on this task waiting for their step (sync: for the other "
+      "workers' pushes and the update).",
       MetricType::Counter);
+  prometheus::MetricFamily times_lost =
+      metrics::Family("dtrain_ps_worker_leases_expired_total",
+                      "How often each worker's lease ran out (declared lost).", MetricType::Counter);
   for (const WorkerStats& w : s.workers) {
     const metrics::LabelPairs l = {{"worker", absl::StrCat(w.worker_id)}};
     AddSample(&applied, l, w.applied);
@@ -88,11 +91,11 @@ void AddStats(const TrainingStats& s, std::vector<prometheus::MetricFamily>* out
     AddSample(&times_lost, l, w.times_lost);
   }
   for (prometheus::MetricFamily* f : {&applied, &dropped, &wait, &times_lost}) out->push_back(std::move(*f));
-  prometheus::MetricFamily& bytes = AddFamily(
-      out, "dtrain_ps_payload_bytes_total",
-      "Tensor payload bytes (values at their wire size, plus ids) received in pushes (in) and sent in pulls (out), "
-      "over every transport.",
-      MetricType::Counter);
+  prometheus::MetricFamily& bytes = AddFamily(out, "dtrain_ps_payload_bytes_total",
+                                              "Tensor payload bytes (values at their wire size, plus ids) "
+                                              "received in pushes (in) and sent in pulls (out), "
+                                              "over every transport.",
+                                              MetricType::Counter);
   AddSample(&bytes, {{"direction", "in"}}, s.bytes_received);
   AddSample(&bytes, {{"direction", "out"}}, s.bytes_sent);
   Gauge(out, "dtrain_ps_max_staleness", "Async: the largest staleness of an applied push so far.",
@@ -100,13 +103,13 @@ void AddStats(const TrainingStats& s, std::vector<prometheus::MetricFamily>* out
   Gauge(out, "dtrain_ps_checkpoint_step", "Step of this task's newest checkpoint on disk (-1: none).",
         s.checkpoint_step);
   if (!s.tables.empty()) {
-    prometheus::MetricFamily rows =
-        metrics::Family("dtrain_ps_sparse_rows", "Rows of each embedding table held by this task.", MetricType::Gauge);
-    prometheus::MetricFamily created = metrics::Family("dtrain_ps_sparse_rows_created_total",
-                                                  "Rows created (since start or restore).", MetricType::Counter);
+    prometheus::MetricFamily rows = metrics::Family(
+        "dtrain_ps_sparse_rows", "Rows of each embedding table held by this task.", MetricType::Gauge);
+    prometheus::MetricFamily created = metrics::Family(
+        "dtrain_ps_sparse_rows_created_total", "Rows created (since start or restore).", MetricType::Counter);
     prometheus::MetricFamily removed =
         metrics::Family("dtrain_ps_sparse_rows_removed_total",
-                  "Rows removed: evicted (past max_rows) or expired (row TTL).", MetricType::Counter);
+                        "Rows removed: evicted (past max_rows) or expired (row TTL).", MetricType::Counter);
     prometheus::MetricFamily lookups =
         metrics::Family("dtrain_ps_sparse_lookups_total", "Ids pulled from each table.", MetricType::Counter);
     prometheus::MetricFamily mem =
@@ -120,7 +123,8 @@ void AddStats(const TrainingStats& s, std::vector<prometheus::MetricFamily>* out
       AddSample(&lookups, l, t.lookups);
       AddSample(&mem, l, t.bytes);
     }
-    for (prometheus::MetricFamily* f : {&rows, &created, &removed, &lookups, &mem}) out->push_back(std::move(*f));
+    for (prometheus::MetricFamily* f : {&rows, &created, &removed, &lookups, &mem})
+      out->push_back(std::move(*f));
   }
 }
 
@@ -133,14 +137,16 @@ std::vector<prometheus::MetricFamily> CollectPsFamilies(const PsMetricsSources& 
   if (absl::StatusOr<TrainingStats> stats = src.ps->GetStats(); stats.ok()) AddStats(*stats, &out);
   AddAccounting(src.ps->accounting(), &out);
   prometheus::MetricFamily lanes =
-      metrics::Family("dtrain_ps_transport_lanes", "Data-plane connections open now, by transport (gRPC carries the "
-                "rest).", MetricType::Gauge);
+      metrics::Family("dtrain_ps_transport_lanes",
+                      "Data-plane connections open now, by transport (gRPC carries the "
+                      "rest).",
+                      MetricType::Gauge);
   prometheus::MetricFamily attached =
-      metrics::Family("dtrain_ps_transport_attachments", "Workers attached to a data plane now, by transport.",
-                MetricType::Gauge);
-  prometheus::MetricFamily cut = metrics::Family("dtrain_ps_transport_uploads_cut_off_total",
-                                            "Uploads open when their lane closed or fell silent.",
-                                            MetricType::Counter);
+      metrics::Family("dtrain_ps_transport_attachments",
+                      "Workers attached to a data plane now, by transport.", MetricType::Gauge);
+  prometheus::MetricFamily cut =
+      metrics::Family("dtrain_ps_transport_uploads_cut_off_total",
+                      "Uploads open when their lane closed or fell silent.", MetricType::Counter);
   if (src.shm) {
     const shm::ShmServerCounters c = src.shm();
     AddSample(&lanes, {{"transport", "shm"}}, c.active_lanes);
@@ -166,8 +172,8 @@ std::vector<prometheus::MetricFamily> CollectPsFamilies(const PsMetricsSources& 
     return absl::StartsWith(n, "model.ckpt-") && absl::EndsWith(n, suffix);
   });
   if (checkpoint_age >= 0) {
-    Gauge(&out, "dtrain_ps_checkpoint_age_seconds", "Seconds since this task's newest checkpoint file was written.",
-          checkpoint_age);
+    Gauge(&out, "dtrain_ps_checkpoint_age_seconds",
+          "Seconds since this task's newest checkpoint file was written.", checkpoint_age);
   }
   const double delta_age = metrics::NewestFileAgeSeconds(src.delta_dir, [&](const std::string& n) {
     return absl::StartsWith(n, "model.delta-") && absl::EndsWith(n, suffix);
@@ -181,9 +187,8 @@ std::vector<prometheus::MetricFamily> CollectPsFamilies(const PsMetricsSources& 
 }
 
 std::shared_ptr<prometheus::Collectable> NewPsCollector(PsMetricsSources sources) {
-  return std::make_shared<metrics::CallbackCollectable>([sources = std::move(sources)] {
-    return CollectPsFamilies(sources);
-  });
+  return std::make_shared<metrics::CallbackCollectable>(
+      [sources = std::move(sources)] { return CollectPsFamilies(sources); });
 }
 
 }  // namespace dtrain::ps

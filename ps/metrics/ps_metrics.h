@@ -1,9 +1,10 @@
-// A ps task's figures for Prometheus (dtrain_ps --metrics_port; docs/metrics.md lists every one), read at each
-// scrape from what the task keeps anyway: ParameterServer::GetStats() and accounting(), the shm and TCP servers'
-// counters, the newest checkpoint and delta files, /proc/self. Nothing is added to the push and pull paths.
+// A ps task's figures for Prometheus (dtrain_ps --metrics_port; docs/metrics.md lists every one), read at
+// each scrape from what the task keeps anyway: ParameterServer::GetStats() and accounting(), the shm and TCP
+// servers' counters, the newest checkpoint and delta files, /proc/self. Nothing is added to the push and pull
+// paths.
 //
-// Knows no gRPC and no HTTP: dtrain_ps (ps/main.cc) fills PsMetricsSources from its PsServer and registers the
-// collector with its MetricsExporter (common/metrics/metrics_exporter.h).
+// Knows no gRPC and no HTTP: dtrain_ps (ps/main.cc) fills PsMetricsSources from its PsServer and registers
+// the collector with its MetricsExporter (common/metrics/metrics_exporter.h).
 //
 // Usage:
 //   PsMetricsSources src;
@@ -16,13 +17,13 @@
 #ifndef DTRAIN_PS_METRICS_PS_METRICS_H_
 #define DTRAIN_PS_METRICS_PS_METRICS_H_
 
+#include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
+
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <prometheus/collectable.h>
-#include <prometheus/metric_family.h>
 
 #include "ps/core/parameter_server.h"
 #include "ps/shm/shm_server.h"
@@ -35,8 +36,8 @@ struct PsMetricsSources {
   // The data planes' counters; null: not offered.
   std::function<shm::ShmServerCounters()> shm;
   std::function<tcp::TcpServerCounters()> tcp;
-  // Where this task's checkpoints and deltas are written (empty: none): their ages are read from the newest file
-  // of this task (model.ckpt-*.ps<task>-of-<num_ps>, model.delta-*.ps<task>-of-<num_ps>).
+  // Where this task's checkpoints and deltas are written (empty: none): their ages are read from the newest
+  // file of this task (model.ckpt-*.ps<task>-of-<num_ps>, model.delta-*.ps<task>-of-<num_ps>).
   std::string checkpoint_dir, delta_dir;
   int task = 0, num_ps = 1;
 };

@@ -1,11 +1,11 @@
 #include "ps/metrics/ps_metrics.h"
 
+#include <prometheus/text_serializer.h>
+
 #include <cmath>
 #include <fstream>
 #include <map>
 #include <string>
-
-#include <prometheus/text_serializer.h>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"

@@ -16,7 +16,8 @@ std::vector<prometheus::MetricFamily> CollectWorkerFamilies(const TransportCount
   std::vector<prometheus::MetricFamily> out;
   prometheus::MetricFamily bytes = metrics::Family(
       "dtrain_worker_transport_bytes_total",
-      "Bytes this worker moved to (out) and from (in) its ps tasks, by transport: grpc (the protobuf messages of "
+      "Bytes this worker moved to (out) and from (in) its ps tasks, by transport: grpc (the protobuf "
+      "messages of "
       "every call, control calls included), shm (tensor data through shared memory, in place or staged), tcp "
       "(tensor data over the TCP lanes).",
       MetricType::Counter);
@@ -27,10 +28,10 @@ std::vector<prometheus::MetricFamily> CollectWorkerFamilies(const TransportCount
   AddSample(&bytes, {{"transport", "tcp"}, {"direction", "out"}}, c.tcp.bytes_sent.load());
   AddSample(&bytes, {{"transport", "tcp"}, {"direction", "in"}}, c.tcp.bytes_received.load());
   out.push_back(std::move(bytes));
-  prometheus::MetricFamily calls = metrics::Family(
-      "dtrain_worker_transport_calls_total",
-      "Pushes and pulls over each data plane (shm, tcp), and those that went to gRPC instead (grpc_fallback).",
-      MetricType::Counter);
+  prometheus::MetricFamily calls = metrics::Family("dtrain_worker_transport_calls_total",
+                                                   "Pushes and pulls over each data plane (shm, tcp), and "
+                                                   "those that went to gRPC instead (grpc_fallback).",
+                                                   MetricType::Counter);
   AddSample(&calls, {{"transport", "shm"}, {"call", "push"}}, c.shm.shm_pushes.load());
   AddSample(&calls, {{"transport", "shm"}, {"call", "pull"}}, c.shm.shm_pulls.load());
   AddSample(&calls, {{"transport", "tcp"}, {"call", "push"}}, c.tcp.tcp_pushes.load());
@@ -43,9 +44,10 @@ std::vector<prometheus::MetricFamily> CollectWorkerFamilies(const TransportCount
   const double age = metrics::NewestFileAgeSeconds(
       checkpoint_dir, [](const std::string& n) { return absl::StartsWith(n, "model.ckpt-"); });
   if (age >= 0) {
-    AddSample(&AddFamily(&out, "dtrain_worker_checkpoint_age_seconds",
-                         "Local mode: seconds since the newest checkpoint file was written.", MetricType::Gauge),
-              {}, age);
+    AddSample(
+        &AddFamily(&out, "dtrain_worker_checkpoint_age_seconds",
+                   "Local mode: seconds since the newest checkpoint file was written.", MetricType::Gauge),
+        {}, age);
   }
   for (prometheus::MetricFamily& f : metrics::ProcessFamilies()) out.push_back(std::move(f));
   return out;
@@ -53,9 +55,8 @@ std::vector<prometheus::MetricFamily> CollectWorkerFamilies(const TransportCount
 
 std::shared_ptr<prometheus::Collectable> NewWorkerCollector(const TransportCounters* counters,
                                                             std::string checkpoint_dir) {
-  return std::make_shared<metrics::CallbackCollectable>([counters, dir = std::move(checkpoint_dir)] {
-    return CollectWorkerFamilies(*counters, dir);
-  });
+  return std::make_shared<metrics::CallbackCollectable>(
+      [counters, dir = std::move(checkpoint_dir)] { return CollectWorkerFamilies(*counters, dir); });
 }
 
 }  // namespace dtrain::worker

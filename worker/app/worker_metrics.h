@@ -1,18 +1,18 @@
 // A worker's figures read at scrape time (dtrain_worker --metrics_port; docs/metrics.md): bytes and calls per
-// transport from its clients' counters, the age of local mode's checkpoints, and the process's RSS and CPU. The
-// per-step figures are worker/train/step_metrics.h's, kept in a registry as they happen.
+// transport from its clients' counters, the age of local mode's checkpoints, and the process's RSS and CPU.
+// The per-step figures are worker/train/step_metrics.h's, kept in a registry as they happen.
 //
 // Thread-safety: the collector may run on any thread; the counters it reads must outlive it (dtrain_worker
 // declares them before its exporter, which is destroyed first).
 #ifndef DTRAIN_WORKER_APP_WORKER_METRICS_H_
 #define DTRAIN_WORKER_APP_WORKER_METRICS_H_
 
+#include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <prometheus/collectable.h>
-#include <prometheus/metric_family.h>
 
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/shm/shm_ps_client.h"
@@ -27,8 +27,9 @@ struct TransportCounters {
   ps::tcp::TcpCounters tcp;
 };
 
-// dtrain_worker_transport_bytes_total{transport,direction}, dtrain_worker_transport_calls_total{transport,call},
-// dtrain_worker_checkpoint_age_seconds (local mode with `checkpoint_dir`), process_*.
+// dtrain_worker_transport_bytes_total{transport,direction},
+// dtrain_worker_transport_calls_total{transport,call}, dtrain_worker_checkpoint_age_seconds (local mode with
+// `checkpoint_dir`), process_*.
 std::vector<prometheus::MetricFamily> CollectWorkerFamilies(const TransportCounters& counters,
                                                             const std::string& checkpoint_dir);
 // `counters` not owned.

@@ -42,23 +42,26 @@ StepMetrics::StepMetrics(prometheus::Registry* registry) {
                 .Help("Training steps this worker completed (rate(): steps per second).")
                 .Register(*registry)
                 .Add({});
-  examples_ = &prometheus::BuildCounter()
-                   .Name("dtrain_worker_examples_total")
-                   .Help("Examples this worker trained on (rate(): examples per second, as its progress lines).")
-                   .Register(*registry)
-                   .Add({});
+  examples_ =
+      &prometheus::BuildCounter()
+           .Name("dtrain_worker_examples_total")
+           .Help("Examples this worker trained on (rate(): examples per second, as its progress lines).")
+           .Register(*registry)
+           .Add({});
   step_ = &prometheus::BuildHistogram()
                .Name("dtrain_worker_step_seconds")
                .Help("A step: from the start of its compute to the next step's parameters announced.")
                .Register(*registry)
                .Add({}, StepBuckets());
-  auto& parts = prometheus::BuildHistogram()
-                    .Name("dtrain_worker_step_part_seconds")
-                    .Help("A step's parts: compute (forward and backward, without the transport's calls), pull "
-                          "(waiting for parameters), push (handing gradients over, waiting for the previous push), "
-                          "sync_wait (waiting for the next step: the other workers and the update), input_wait (per "
-                          "batch).")
-                    .Register(*registry);
+  auto& parts =
+      prometheus::BuildHistogram()
+          .Name("dtrain_worker_step_part_seconds")
+          .Help(
+              "A step's parts: compute (forward and backward, without the transport's calls), pull "
+              "(waiting for parameters), push (handing gradients over, waiting for the previous push), "
+              "sync_wait (waiting for the next step: the other workers and the update), input_wait (per "
+              "batch).")
+          .Register(*registry);
   for (int p = 0; p < kParts; ++p) {
     parts_[p] = &parts.Add({{"part", PartName(static_cast<Part>(p))}}, StepBuckets());
   }

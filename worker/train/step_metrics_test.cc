@@ -1,12 +1,12 @@
-// --metrics_port's step figures as a training run reports them: steps and examples, a step's time and its parts,
-// the global step; and the shared-memory client's bytes by direction.
+// --metrics_port's step figures as a training run reports them: steps and examples, a step's time and its
+// parts, the global step; and the shared-memory client's bytes by direction.
 #include "worker/train/step_metrics.h"
+
+#include <prometheus/registry.h>
 
 #include <map>
 #include <string>
 #include <vector>
-
-#include <prometheus/registry.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -86,7 +86,8 @@ void ExpectStepFigures(prometheus::Registry& registry, int steps, int batch, dou
   // The parts tile the step (the time between them is a few clock reads).
   EXPECT_LE(parts, step.sum * 1.001 + 1e-3);
   EXPECT_GE(parts, step.sum * 0.8);
-  EXPECT_GE(c.histograms.at("dtrain_worker_step_part_seconds{input_wait}").count, static_cast<uint64_t>(steps));
+  EXPECT_GE(c.histograms.at("dtrain_worker_step_part_seconds{input_wait}").count,
+            static_cast<uint64_t>(steps));
 }
 
 TEST(StepMetricsTest, LocalModeCountsEveryStep) {
@@ -115,7 +116,8 @@ TEST(StepMetricsTest, SyncWorkerOverSharedMemoryCountsStepsAndBytes) {
   std::vector<TrainingResult> got = RunWorkers(o, 1, ps_tasks.tasks, front.get());
   ASSERT_EQ(got[0].global_step, 12);
   ExpectStepFigures(registry, 12, 25, absl::ToDoubleSeconds(absl::Now() - start));
-  // The client's bytes by direction add up to its bytes by kind, and both directions moved the model each step.
+  // The client's bytes by direction add up to its bytes by kind, and both directions moved the model each
+  // step.
   const ps::shm::ShmCounters& c = front->counters;
   EXPECT_EQ(c.bytes_pushed.load() + c.bytes_pulled.load(), c.bytes_in_place.load() + c.bytes_staged.load());
   const ps::TrainingStats stats = *ps_tasks.servers[0]->GetStats();
