@@ -9,6 +9,7 @@
 #     progress lines, is within 5% of the rate its progress lines report over the same W seconds (the lines are
 #     time-stamped as they arrive);
 #   - the step-time histogram's parts are there and add up to no more than the steps' time;
+#   - Prometheus accepts every query of the Grafana dashboard (deploy/grafana/dtrain.json);
 # then stops the cluster (SIGTERM: the ps ends the run, the workers leave) and Prometheus. Bad flags and a port in
 # use fail first, naming the flag. About 25 s on 2 cores. Needs Fashion-MNIST and prometheus (exit 77 without;
 # a failure under DTRAIN_REQUIRE_DEPS=1).
@@ -185,6 +186,22 @@ for w in ("0", "1"):
     check("worker %s: Prometheus' examples/sec within 5%% of its logs" % w, diff <= 0.05,
           "rate() over %.1f s: %.1f; its %d progress lines: %.1f over %.1f s; %.1f%% apart"
           % (t_end - t_start, prom or 0, len(lines) - 1, logs, seconds, 100 * diff))
+# The Grafana dashboard (deploy/grafana/dtrain.json): Prometheus accepts every query of it, and those about what this
+# cluster has (no tables, checkpoints, deltas or TCP lanes here) return series.
+dashboard = json.load(open(sys.argv[6]))
+exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+empty, bad = [], []
+for e in exprs:
+    q = e.replace("$__rate_interval", "5s").replace("$job", ".*").replace("$ps0", ".*")
+    try:
+        if not query(q):
+            empty.append(e)
+    except Exception as ex:
+        bad.append("%s: %s" % (e, ex))
+optional = ("sparse", "checkpoint_age", "delta_age")
+missing = [e for e in empty if not any(o in e for o in optional)]
+check("Prometheus accepts the dashboard's %d queries" % len(exprs), not bad, "; ".join(bad))
+check("the dashboard's queries about this cluster return series", not missing, "empty: %s" % missing)
 sys.exit(failures)
 PY
 }
@@ -201,7 +218,7 @@ count_checks < <(promcheck wait || true)
 quiet_from=$(date +%s.%N)
 sleep 12
 quiet_to=$(date +%s.%N)
-count_checks < <(promcheck check "$quiet_from" "$quiet_to" || true)
+count_checks < <(promcheck check "$quiet_from" "$quiet_to" "$ROOT/deploy/grafana/dtrain.json" || true)
 
 # ---- stop: SIGTERM ends the run (the ps ends it, the workers leave), then Prometheus ----
 w0=$(cat "$dir/w0.pid") w1=$(cat "$dir/w1.pid")
