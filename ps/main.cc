@@ -25,10 +25,12 @@
 #include "common/denormals.h"
 #include "common/exit_codes.h"
 #include "common/malloc_tuning.h"
+#include "common/metrics/metrics_exporter.h"
 #include "common/mutex_config.h"
 #include "common/open_files.h"
 #include "common/stop_signal.h"
 #include "common/trace_recorder.h"
+#include "ps/metrics/ps_metrics.h"
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/server.h"
 #include "ps/rpc/transport.h"
@@ -134,6 +136,13 @@ ABSL_FLAG(double, malloc_trim_secs, 10,
 ABSL_FLAG(int, malloc_arenas, 2,
           "At most this many malloc arenas: bounds the memory the allocator keeps (common/malloc_tuning.h; 0: "
           "glibc's default of 8 per core)");
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve this task's figures for Prometheus at http://<--metrics_bind_address>:PORT/metrics (pushes, "
+          "drops, sync waits, workers and leases, bytes, sparse rows, checkpoint and delta age, RSS; "
+          "docs/metrics.md). 0: off");
+ABSL_FLAG(std::string, metrics_bind_address, "127.0.0.1",
+          "The address --metrics_port binds (plain HTTP without authentication: loopback by default; 0.0.0.0 for "
+          "every interface, with a warning)");
 
 namespace {
 
@@ -388,6 +397,26 @@ int main(int argc, char** argv) {
                 << (*trace)->events() << " events, " << (*trace)->dropped() << " dropped) written to " << path;
     }
   });
+  // --metrics_port: bound before the gRPC server starts, so that a port in use fails the start at once.
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  const std::string metrics_bind = absl::GetFlag(FLAGS_metrics_bind_address);
+  if (absl::Status s = dtrain::metrics::ValidateMetricsFlags(metrics_port, metrics_bind); !s.ok()) {
+    std::fprintf(stderr, "dtrain_ps: %s\n", std::string(s.message()).c_str());
+    return dtrain::kExitConfigRefused;
+  }
+  std::unique_ptr<dtrain::metrics::MetricsExporter> exporter;
+  if (metrics_port > 0) {
+    dtrain::metrics::MetricsExporterOptions mo;
+    mo.bind_address = metrics_bind;
+    mo.port = metrics_port;
+    absl::StatusOr<std::unique_ptr<dtrain::metrics::MetricsExporter>> started =
+        dtrain::metrics::MetricsExporter::Start(mo);
+    if (!started.ok()) {
+      std::fprintf(stderr, "dtrain_ps: %s\n", std::string(started.status().message()).c_str());
+      return dtrain::kExitError;
+    }
+    exporter = *std::move(started);
+  }
   if (signals->received() != 0) {
     std::fprintf(stderr, "dtrain_ps: stopped by %s before it started\n", signals->received_name().c_str());
     return dtrain::ExitCodeForSignal(signals->received());
@@ -397,7 +426,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain_ps: %s\n", std::string(server.status().message()).c_str());
     return dtrain::kExitError;
   }
+  // The exporter stops (its request threads joined) before the server its collector reads goes away.
+  auto stop_exporter = absl::MakeCleanup([&exporter] { exporter.reset(); });
   dtrain::ps::ParameterServer* ps = (*server)->parameter_server();
+  if (exporter != nullptr) {
+    dtrain::ps::PsMetricsSources src;
+    src.ps = ps;
+    if (dtrain::ps::shm::ShmServer* shm = (*server)->shm_server(); shm != nullptr) {
+      src.shm = [shm] { return shm->counters(); };
+    }
+    if (dtrain::ps::tcp::TcpServer* tcp = (*server)->tcp_server(); tcp != nullptr) {
+      src.tcp = [tcp] { return tcp->counters(); };
+    }
+    src.checkpoint_dir = o.ps.checkpoint.dir;
+    src.delta_dir = o.ps.delta.every_secs > 0 || o.ps.delta.every_steps > 0 ? o.ps.delta.dir : "";
+    src.task = o.ps.task_index;
+    src.num_ps = o.ps.num_ps;
+    exporter->Register(dtrain::ps::NewPsCollector(std::move(src)));
+    LOG(INFO) << "ps task " << cluster->task_index << ": serving metrics at " << exporter->url();
+  }
   if (!join.empty()) {
     // Ask ps 0 to take this task into the job (as dtrain_ctl add-ps does); the chief then moves it in.
     absl::Status asked = AskToJoin(cluster->ps[0], join, o.security, o.ps.registration_timeout);

@@ -361,6 +361,7 @@ class ShmUpload : public SliceUpload {
       ref.at = at;
       ref.lent = true;  // host_grads: the next backward pass, which writes them again, follows the step's pull
       client_->Count(&ShmCounters::bytes_in_place, bytes);
+      client_->Count(&ShmCounters::bytes_pushed, bytes);
     } else {
       ASSIGN_OR_RETURN(auto staged, Stage(data, bytes, 1));
       ref.segment = staged.first;
@@ -431,6 +432,7 @@ class ShmUpload : public SliceUpload {
     std::memcpy(staging.first->data() + at, data, static_cast<size_t>(bytes));
     used_ = at + bytes;
     client_->Count(&ShmCounters::bytes_staged, bytes);
+    client_->Count(&ShmCounters::bytes_pushed, bytes);
     return std::make_pair(staging.second, at);
   }
   template <typename T>
@@ -630,8 +632,10 @@ absl::Status ShmPsClient::Pull(const PullRequest& request, PullReceiver* receive
               return absl::InternalError("Pull: a receiver asked for a narrow dtype the pull does not carry");
             }
             Count(&ShmCounters::bytes_staged, piece.n * el);
+            Count(&ShmCounters::bytes_pulled, piece.n * el);
           } else {
             Count(&ShmCounters::bytes_in_place, piece.n * 4);
+            Count(&ShmCounters::bytes_pulled, piece.n * 4);
           }
           slot.received += piece.n;
           if (slot.received == slot.spec.length) {
@@ -657,6 +661,7 @@ absl::Status ShmPsClient::Pull(const PullRequest& request, PullReceiver* receive
             }
           }
           Count(&ShmCounters::bytes_staged, piece.n * so.dim * el);
+          Count(&ShmCounters::bytes_pulled, piece.n * so.dim * el);
           RETURN_IF_ERROR(receiver->SparseWritten(so.table, piece.first, piece.n));
         }
         continue;

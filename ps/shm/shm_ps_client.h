@@ -40,6 +40,8 @@ struct ShmCounters {
   std::atomic<int64_t> control_pushes{0}, control_pulls{0};  // on the control PsInterface (gRPC)
   std::atomic<int64_t> bytes_in_place{0};  // read or written in the worker's own buffers
   std::atomic<int64_t> bytes_staged{0};    // copied through a staging segment
+  // The same bytes by direction (in place or staged): pushes' gradients and rows, pulls' values and rows.
+  std::atomic<int64_t> bytes_pushed{0}, bytes_pulled{0};
   std::atomic<int64_t> attaches{0};
 };
 

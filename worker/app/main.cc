@@ -26,6 +26,7 @@
 #include "common/exit_codes.h"
 #include "common/file_util.h"
 #include "common/malloc_tuning.h"
+#include "common/metrics/metrics_exporter.h"
 #include "common/mutex_config.h"
 #include "common/process_clock.h"
 #include "common/stop_signal.h"
@@ -36,8 +37,11 @@
 #include "ps/rpc/transport.h"
 #include "worker/app/model_flags.h"
 #include "worker/app/transport_probe.h"
+#include "worker/app/worker_metrics.h"
 #include "worker/towers/towers.h"
+#include "worker/train/step_metrics.h"
 #include "worker/train/trainer.h"
+#include <prometheus/registry.h>
 
 ABSL_FLAG(std::string, job_name, "", "This task's job: worker (or chief), or local for single-process training");
 ABSL_FLAG(int, task_index, -1, "This task's index in its job");
@@ -242,6 +246,12 @@ ABSL_FLAG(std::string, trace_dir, "", "--trace_steps: the directory of the trace
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
           "bytes; gradients keep their rounding error for the next step)");
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve this worker's figures for Prometheus at http://<--metrics_bind_address>:PORT/metrics (steps and "
+          "examples, step time and its parts, bytes per transport, RSS; docs/metrics.md). 0: off");
+ABSL_FLAG(std::string, metrics_bind_address, "127.0.0.1",
+          "The address --metrics_port binds (plain HTTP without authentication: loopback by default; 0.0.0.0 for "
+          "every interface, with a warning)");
 
 namespace {
 
@@ -553,10 +563,39 @@ int main(int argc, char** argv) {
       }
     }
   }
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (flags_ok.ok()) {
+    flags_ok = dtrain::metrics::ValidateMetricsFlags(metrics_port, absl::GetFlag(FLAGS_metrics_bind_address));
+  }
   if (!flags_ok.ok()) {
     std::fprintf(stderr, "dtrain_worker: %s\n", std::string(flags_ok.message()).c_str());
     if (!cluster->is_local()) LeaveRefused(*cluster, std::string(flags_ok.message()));
     return dtrain::kExitConfigRefused;
+  }
+  // --metrics_port: the counters the step figures and the clients keep (declared before the exporter that reads
+  // them and the clients that write them: both are destroyed first).
+  auto metrics_registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<dtrain::worker::StepMetrics> step_metrics;
+  dtrain::worker::TransportCounters transport_counters;
+  std::unique_ptr<dtrain::metrics::MetricsExporter> exporter;
+  if (metrics_port > 0) {
+    dtrain::metrics::MetricsExporterOptions mo;
+    mo.bind_address = absl::GetFlag(FLAGS_metrics_bind_address);
+    mo.port = metrics_port;
+    absl::StatusOr<std::unique_ptr<dtrain::metrics::MetricsExporter>> started =
+        dtrain::metrics::MetricsExporter::Start(mo);
+    if (!started.ok()) {
+      std::fprintf(stderr, "dtrain_worker: %s\n", std::string(started.status().message()).c_str());
+      if (!cluster->is_local()) LeaveRefused(*cluster, std::string(started.status().message()));
+      return dtrain::kExitError;
+    }
+    exporter = *std::move(started);
+    step_metrics = std::make_unique<dtrain::worker::StepMetrics>(metrics_registry.get());
+    o.metrics = step_metrics.get();
+    exporter->Register(metrics_registry);
+    exporter->Register(dtrain::worker::NewWorkerCollector(&transport_counters,
+                                                          cluster->is_local() ? o.checkpoint.dir : ""));
+    LOG(INFO) << "worker " << o.worker_id << ": serving metrics at " << exporter->url();
   }
   if (!cluster->is_local() && !o.checkpoint.dir.empty()) {
     std::fprintf(stderr, "dtrain_worker: note: --checkpoint_dir=%s is for the ps tasks (each writes its part there: "
@@ -601,6 +640,11 @@ int main(int argc, char** argv) {
     dtrain::ps::PsClientOptions popt;
     popt.transport = *transport;
     popt.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
+    if (exporter != nullptr) {
+      copt.counters = &transport_counters.grpc;
+      popt.shm_counters = &transport_counters.shm;
+      popt.tcp_counters = &transport_counters.tcp;
+    }
     popt.grpc = copt;
     // With shared memory, the towers' flat buffers are what the local ps tasks read and write in place.
     if (*transport == dtrain::ps::Transport::kAuto || *transport == dtrain::ps::Transport::kShm) {

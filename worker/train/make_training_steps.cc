@@ -17,6 +17,7 @@ absl::StatusOr<std::unique_ptr<TrainingSteps>> MakeTrainingSteps(Towers* towers,
                                                options.tune_apply_early);
     runner->set_profile(options.profile);
     runner->set_trace(options.trace);
+    runner->set_metrics(options.metrics);
     return std::unique_ptr<TrainingSteps>(std::move(runner));
   }
   ASSIGN_OR_RETURN(kernels::OptimizerParams params, DeviceOptimizerParams(options.config));

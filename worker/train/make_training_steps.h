@@ -12,6 +12,7 @@
 #include "worker/towers/towers.h"
 #include "common/trace_recorder.h"
 #include "worker/train/profile_recorder.h"
+#include "worker/train/step_metrics.h"
 #include "worker/train/training_steps.h"
 
 namespace dtrain::worker {
@@ -36,6 +37,9 @@ struct TrainingStepsOptions {
   // Steps that push and pull: record the steps of the trace's window on its timeline (common/trace_recorder.h;
   // null: none).
   TraceRecorder* trace = nullptr;
+  // Steps that push and pull: count steps and examples and time each step's parts here (dtrain_worker
+  // --metrics_port; worker/train/step_metrics.h; null: none).
+  StepMetrics* metrics = nullptr;
 };
 
 // The steps for `towers` (both must outlive them): ResidentSteps with options.local_ps, else a StepRunner.

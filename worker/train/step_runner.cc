@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -209,6 +210,25 @@ absl::Status StepRunner::Step(const std::vector<models::HostBatch>& batches, int
   return StepRounds(batches, step, 1.0f);
 }
 
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Adds the seconds from its construction to its destruction to `*into` (nothing when `into` is null).
+class PartTimer {
+ public:
+  explicit PartTimer(double* into) : into_(into), start_(into ? SteadyClock::now() : SteadyClock::time_point()) {}
+  ~PartTimer() {
+    if (into_ != nullptr) *into_ += SecondsSince(start_);
+  }
+
+ private:
+  double* into_;
+  SteadyClock::time_point start_;
+};
+
+}  // namespace
+
 absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batches, int64_t step, float scale) {
   const size_t per_round = static_cast<size_t>(towers_->size());
   const size_t rounds = batches.size() / per_round;
@@ -218,11 +238,22 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
   }
   if (profile_ != nullptr) profile_->StepBegin();
   if (trace_ != nullptr) trace_->SetStep(step);
+  // --metrics_port: the parts of this step, in seconds (none timed without metrics).
+  double pull_s = 0, push_s = 0;
+  double* const pull_into = metrics_ != nullptr ? &pull_s : nullptr;
+  double* const push_into = metrics_ != nullptr ? &push_s : nullptr;
+  if (metrics_ != nullptr) {
+    metrics_step_start_ = SteadyClock::now();
+    metrics_examples_ = 0;
+    for (const models::HostBatch& b : batches) metrics_examples_ += b.batch;
+    hook_pull_ = hook_push_ = 0;
+  }
   if (sparse_model_) {
     if (!upcoming_set_) {
       return absl::FailedPreconditionError("a model with sparse tables steps after SetUpcomingBatches");
     }
     TraceSpan span(trace_, "wait rows", "pull", step);
+    PartTimer timed(pull_into);
     RETURN_IF_ERROR(BindRows(step));
   }
   if (tuner_) {
@@ -239,10 +270,14 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
   // The previous push reads host_grads() until it is done: wait for it before backward overwrites them.
   {
     TraceSpan span(trace_, "wait previous push", "push", step);
+    PartTimer timed(push_into);
     RETURN_IF_ERROR(client_->BeginPush(step, towers_->host_grads()));
   }
   models::StepHooks hooks;
-  hooks.before_forward = [this](int64_t begin, int64_t end) { return client_->WaitForRange(begin, end); };
+  hooks.before_forward = [this](int64_t begin, int64_t end) {
+    PartTimer timed(metrics_ != nullptr ? &hook_pull_ : nullptr);
+    return client_->WaitForRange(begin, end);
+  };
   hooks.after_forward = [step](float loss) -> absl::Status {
     if (std::isfinite(loss)) return absl::OkStatus();
     return absl::InternalError(
@@ -254,6 +289,7 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
   bool pulled_early = false;
   bool try_early = sync_ && !sparse_model_;
   hooks.gradients_ready = [this, step, &pulled_early, &try_early](int64_t begin, int64_t end) -> absl::Status {
+    PartTimer timed(metrics_ != nullptr ? &hook_push_ : nullptr);
     if (try_early) {
       try_early = false;
       ASSIGN_OR_RETURN(pulled_early, client_->StartPullBesidePush(step + 1, step, towers_->host_params()));
@@ -303,6 +339,7 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
   }
   absl::StatusOr<float> loss = 0.0f;
   double loss_sum = 0;
+  const SteadyClock::time_point compute_start = metrics_ != nullptr ? SteadyClock::now() : SteadyClock::time_point();
   for (size_t r = 0; r < rounds && loss.ok(); ++r) {
     const bool last = r + 1 == rounds;
     models::StepHooks* round_hooks =
@@ -327,25 +364,34 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
   if (loss.ok()) loss = static_cast<float>(loss_sum / static_cast<double>(rounds));
   if (profile_ != nullptr) profile_->ComputeEnd();
   if (traced) traced->End();
+  if (metrics_ != nullptr) {
+    metrics_->Observe(StepMetrics::Part::kCompute, std::max(0.0, SecondsSince(compute_start) - hook_pull_ - hook_push_));
+    pull_s += hook_pull_;
+    push_s += hook_push_;
+  }
   // Every parameter has been read; the pull that brought them is over (finished already when the next one went
   // out beside the push).
   absl::Status pulled = absl::OkStatus();
   {
     TraceSpan span(trace_, "finish pull", "pull", step);
+    PartTimer timed(pull_into);
     pulled = !loss.ok() ? loss.status() : pulled_early ? absl::OkStatus() : client_->FinishPull().status();
   }
   if (pulled.ok() && sparse_model_) {
     TraceSpan span(trace_, "push rows", "push", step);
+    PartTimer timed(push_into);
     pulled = PushRows(scale);
   }
   if (!pulled.ok()) {
     // The gradients are not all final (a pull failed, say, because a ps task restarted): the push must not
     // commit, and must complete, or the next WaitPush (Reconnect's) would wait for it until it times out.
     client_->AbandonPush(pulled);
+    metrics_examples_ = -1;
     return pulled;
   }
   {
     TraceSpan span(trace_, "finish push", "push", step);
+    PartTimer timed(push_into);
     client_->FinishPush();
   }
   if (sparse_model_) {
@@ -353,22 +399,40 @@ absl::Status StepRunner::StepRounds(const std::vector<models::HostBatch>& batche
     current_ = 1 - current_;
     upcoming_set_ = false;
     TraceSpan span(trace_, "request rows", "pull", step);
+    PartTimer timed(pull_into);
     RETURN_IF_ERROR(RequestRows(current_, step + 1));
   }
   if (!pulled_early) {
     TraceSpan span(trace_, "start pull", "pull", step);
+    PartTimer timed(pull_into);
     client_->StartPull(sync_ ? step + 1 : 0, step, towers_->host_params());
   }
   if (profile_ != nullptr) profile_->StepEnd();
+  if (metrics_ != nullptr) {
+    metrics_->Observe(StepMetrics::Part::kPull, pull_s);
+    metrics_->Observe(StepMetrics::Part::kPush, push_s);
+  }
   losses_.push_back(*loss);
   return absl::OkStatus();
 }
 
 absl::StatusOr<ps::PullResult> StepRunner::NextStep() {
   TraceSpan span(trace_, "wait pull header", "pull");  // of the step just computed (the trace's current one)
-  ASSIGN_OR_RETURN(ps::PullResult at, client_->WaitPullHeader());
-  step_ = at.step;
-  return at;
+  const SteadyClock::time_point waiting = metrics_ != nullptr ? SteadyClock::now() : SteadyClock::time_point();
+  absl::StatusOr<ps::PullResult> at = client_->WaitPullHeader();
+  if (metrics_ != nullptr && metrics_examples_ >= 0) {
+    if (at.ok()) {
+      // The step is done once the next parameters are announced: what the progress lines count.
+      metrics_->Observe(StepMetrics::Part::kSyncWait, SecondsSince(waiting));
+      metrics_->ObserveStep(SecondsSince(metrics_step_start_));
+      metrics_->AddStep(metrics_examples_);
+      metrics_->SetGlobalStep(at->step);
+    }
+    metrics_examples_ = -1;
+  }
+  if (!at.ok()) return at.status();
+  step_ = at->step;
+  return *at;
 }
 
 absl::StatusOr<std::vector<float>> StepRunner::TakeLosses() { return std::exchange(losses_, {}); }

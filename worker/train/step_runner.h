@@ -30,6 +30,7 @@
 #include "worker/train/apply_early_tuner.h"
 #include "common/trace_recorder.h"
 #include "worker/train/profile_recorder.h"
+#include "worker/train/step_metrics.h"
 #include "worker/train/training_steps.h"
 
 namespace dtrain::worker {
@@ -78,6 +79,8 @@ class StepRunner : public TrainingSteps {
   absl::Status Finish() override { return absl::OkStatus(); }
   // Report every step's timings to `profile` (not owned; null: none).
   void set_profile(ProfileRecorder* profile) { profile_ = profile; }
+  // Count steps and examples and time each step's parts (not owned; null: none; worker/train/step_metrics.h).
+  void set_metrics(StepMetrics* metrics) { metrics_ = metrics; }
   // Record the steps in `trace`'s window on its timeline (not owned; null: none; worker/train/step_trace.h).
   void set_trace(TraceRecorder* trace) {
     trace_ = trace;
@@ -124,6 +127,12 @@ class StepRunner : public TrainingSteps {
   absl::Time last_step_start_ = absl::InfinitePast();
   ProfileRecorder* profile_ = nullptr;
   TraceRecorder* trace_ = nullptr;
+  // --metrics_port: the step in flight (from Step to NextStep): its start, its examples, and the time its hooks
+  // spent in the transport's calls during the compute (not compute).
+  StepMetrics* metrics_ = nullptr;
+  std::chrono::steady_clock::time_point metrics_step_start_;
+  int64_t metrics_examples_ = -1;  // -1: no step in flight
+  double hook_pull_ = 0, hook_push_ = 0;
 };
 
 }  // namespace dtrain::worker

@@ -338,6 +338,7 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
   sopt.tune_apply_early = o.apply_early == "auto" && !local && sopt.sync && o.num_workers == 1 &&
                           o.num_ps == 1 && o.slice_pieces_per_task == 1;
   sopt.profile = o.profile;
+  sopt.metrics = o.metrics;
   sopt.trace = o.trace;
   if (o.profile != nullptr) o.profile->SetRun(ProfiledRunOf(o, local, towers.get(), ps.config));
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingSteps> steps,

@@ -31,6 +31,7 @@
 namespace dtrain::worker {
 
 class ProfileRecorder;  // worker/train/profile_recorder.h
+class StepMetrics;      // worker/train/step_metrics.h
 
 struct WorkerOptions {
   // Model and data.
@@ -205,6 +206,9 @@ struct WorkerOptions {
   // Profiling (dtrain_worker --profile_out): the run reports its steps, layers, updates and phases to this
   // recorder (not owned; null: nothing is timed). Only steps that push and pull are profiled.
   ProfileRecorder* profile = nullptr;
+  // dtrain_worker --metrics_port: the steps that push and pull count steps and examples and time their parts
+  // here, the training loop its input wait (not owned; null: none).
+  StepMetrics* metrics = nullptr;
   // Timelines (--trace_steps, --trace_dir): the steps of the recorder's window, their input wait, layers, pushes
   // and pulls (not owned; null: none). The caller writes the file.
   TraceRecorder* trace = nullptr;

@@ -179,6 +179,7 @@ absl::Status TrainLoop(const WorkerOptions& o, bool chief, TrainingData* d, Towe
       result->input_wait_seconds += waited;
       window_input_wait += waited;
       if (o.profile != nullptr) o.profile->AddInputWait(waited);
+      if (o.metrics != nullptr) o.metrics->Observe(StepMetrics::Part::kInputWait, waited);
       in->batches[t] = next;  // copy: the stream's buffer is reused on the next call
       if (in->batches[t].batch == 0) {
         RETURN_IF_ERROR(d->stream->status());  // a file that could not be read
