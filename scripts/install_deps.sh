@@ -22,7 +22,8 @@ pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf
       python3-matplotlib
       # --metrics_port: prometheus-cpp (its exporter runs on CivetWeb), and a real Prometheus server for
       # tests/metrics_prometheus_test.sh (docs/metrics.md).
-      prometheus-cpp-dev libcivetweb-dev prometheus)
+      # curl reads /metrics in docs/metrics.md.
+      prometheus-cpp-dev libcivetweb-dev prometheus curl)
 # Node.js runs the offline Kubernetes manifest validator (its npm packages are installed at the end).
 command -v npm >/dev/null || pkgs+=(nodejs npm)
 # DTRAIN_WITH_PLOTS=1 and DTRAIN_WITH_TORCH=1 are accepted and change nothing: matplotlib, PyTorch and the OpenMP

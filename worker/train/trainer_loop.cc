@@ -22,6 +22,7 @@
 #include "worker/data/batch_stream_state.h"
 #include "worker/data/metrics.h"
 #include "worker/train/profile_recorder.h"
+#include "worker/train/step_metrics.h"
 
 namespace dtrain::worker::trainer_internal {
 
