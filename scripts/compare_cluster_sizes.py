@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Trains the same model on the same number of examples in local mode and on clusters of --num_ps ps tasks with
 1, 2, 4... workers, sync and async, and prints a table: configuration, wall-clock seconds, training seconds,
 examples/sec, speed-up over local, scaling efficiency (examples/sec / (workers x local examples/sec)), seconds

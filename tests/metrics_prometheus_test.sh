@@ -132,6 +132,7 @@ def value(expr, at=None):  # the single value of an instant query; None when it 
 
 if what == "wait":
     deadline = time.time() + 60
+    last = None
     while time.time() < deadline:
         try:
             if value("count(up == 1)") == 3 and value('count(dtrain_worker_steps_total > 0)') == 2:
@@ -140,7 +141,11 @@ if what == "wait":
         except Exception as e:  # not ready yet
             last = e
         time.sleep(0.2)
-    print("FAIL: prometheus did not scrape the three processes within 60 s")
+    try:
+        up = ", ".join("%s %s" % (r["metric"].get("instance"), r["value"][1]) for r in query("up"))
+    except Exception as e:
+        up = "no answer: %s" % e
+    print("FAIL: prometheus did not scrape the three processes within 60 s (up: %s; last: %s)" % (up, last))
     sys.exit(1)
 
 quiet_from, quiet_to = float(sys.argv[4]), float(sys.argv[5])
@@ -213,7 +218,7 @@ count_checks() {  # adds promcheck's ok/FAIL lines (on stdin) to passed/failed
   failed=$((failed + $(grep -c '^FAIL: ' <<<"$out" || true)))
 }
 count_checks < <(promcheck wait || true)
-[ "$failed" = 0 ] || { tail -5 "$dir/prometheus.log" "$dir/ps.log" "$dir/w0.err"; exit 1; }
+[ "$failed" = 0 ] || { tail -n 5 "$dir/prometheus.log" "$dir/ps.log" "$dir/w0.err" "$dir/w1.err"; exit 1; }
 # 12 quiet seconds of training and scraping (the comparison of rates reads this window).
 quiet_from=$(date +%s.%N)
 sleep 12

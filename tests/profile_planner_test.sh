@@ -58,7 +58,7 @@ assert ph["total_s"] >= ph["startup_s"] + ph["train_s"], ph
 print("profile ok: compute %.2f ms, layers %.2f ms" % (compute * 1e3, layers * 1e3))
 PY
 
-out="$(python3 "$ROOT/scripts/plan_cluster.py" --profile="$dir/mlp.json" --workers=1,2,4 --ps=1,2 \
+out="$(/usr/bin/python3 "$ROOT/scripts/plan_cluster.py" --profile="$dir/mlp.json" --workers=1,2,4 --ps=1,2 \
   --bandwidth=1gbit,10gbit --latency=0.1 --host_cpus=1 --modes=sync,async --out="$dir/plan" 2>&1)" ||
   fail "plan_cluster on the profile: $out"
 echo "$out" | grep -q "<- use" || fail "no recommendation: $out"
