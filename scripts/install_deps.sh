@@ -20,10 +20,10 @@ pkgs=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf
       # The pictures beside every comparison's table (compare_cluster_sizes, the planner, compare_pytorch.py
       # --plot): matplotlib for Debian's /usr/bin/python3.
       python3-matplotlib
-      # --metrics_port: prometheus-cpp (its exporter runs on CivetWeb), and a real Prometheus server for
-      # tests/metrics_prometheus_test.sh (docs/metrics.md).
+      # --metrics_port: prometheus-cpp (counters, the text format; its CMake config asks for CivetWeb) served by
+      # libmicrohttpd, and a real Prometheus server for tests/metrics_prometheus_test.sh (docs/metrics.md).
       # curl reads /metrics in docs/metrics.md.
-      prometheus-cpp-dev libcivetweb-dev prometheus curl)
+      prometheus-cpp-dev libcivetweb-dev libmicrohttpd-dev prometheus curl)
 # Node.js runs the offline Kubernetes manifest validator (its npm packages are installed at the end).
 command -v npm >/dev/null || pkgs+=(nodejs npm)
 # DTRAIN_WITH_PLOTS=1 and DTRAIN_WITH_TORCH=1 are accepted and change nothing: matplotlib, PyTorch and the OpenMP

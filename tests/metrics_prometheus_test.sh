@@ -21,13 +21,6 @@ for b in dtrain_ps dtrain_worker; do
   [ -x "$BIN/$b" ] || { echo "FAIL: $BIN/$b not built (set DTRAIN_BIN_DIR)"; exit 1; }
 done
 PROMETHEUS="${PROMETHEUS:-/usr/bin/prometheus}"
-# A known bug, not yet found: in a build with the CUDA backend, dtrain_worker's exporter does not start (CivetWeb's
-# mg_start returns no context right after binding the port; dtrain_ps of the same build serves, and every build
-# without CUDA works). Until it is fixed the test reports itself skipped there, saying why.
-if ldd "$BIN/dtrain_worker" 2>/dev/null | grep -q libcudart; then
-  echo "SKIP: $BIN/dtrain_worker is a CUDA-enabled build, whose /metrics exporter does not start (known bug)"
-  exit 77
-fi
 [ -x "$PROMETHEUS" ] || skip "$PROMETHEUS is missing (Debian's prometheus package: scripts/install_deps.sh)"
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   skip "dataset-fashion-mnist is not installed (scripts/install_deps.sh)"

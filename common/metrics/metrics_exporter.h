@@ -1,13 +1,18 @@
-// MetricsExporter: serves a process's figures to Prometheus over HTTP (GET /metrics, the text exposition
-// format; every other path answers 404) through prometheus-cpp's Exposer on CivetWeb (Debian's
-// prometheus-cpp-dev and libcivetweb-dev). The binaries start one for --metrics_port=N (dtrain_ps,
+// MetricsExporter: serves a process's figures to Prometheus over HTTP (GET or HEAD /metrics, the text
+// exposition format written by prometheus-cpp's TextSerializer; every other path answers 404, other methods 405)
+// through libmicrohttpd (Debian's libmicrohttpd-dev). The binaries start one for --metrics_port=N (dtrain_ps,
 // dtrain_worker; docs/metrics.md); the libraries only keep counters and stats and never see HTTP.
+// (Not prometheus-cpp's own Exposer: its CivetWeb starts request threads with fixed 100 KiB stacks, and a
+// process that links CUDA's libraries needs more than that for their static thread-local storage alone, so
+// pthread_create fails with EINVAL; libmicrohttpd's threads get the default stack size.)
 //
-// Bounds: a fixed pool of `threads` request threads (a scrape is one short GET), `request_timeout_ms` for
-// reading a request and writing its answer, CivetWeb's 16 KiB request limit, no files served, no keep-alive.
+// Bounds: a fixed pool of `threads` request threads (a scrape is one short GET), `request_timeout_ms` (in
+// whole seconds, rounded up) for an idle or slow connection, 32 KiB of memory per request, at most 64
+// connections (16 from one address), no files served, no keep-alive.
 // The endpoint is plain HTTP without authentication: it binds 127.0.0.1 unless told otherwise
 // (--metrics_bind_address; a non-loopback address is accepted with a warning, since anyone who can reach it
-// may read the figures, never change anything).
+// may read the figures, never change anything). Its own figures (exposer_scrapes_total,
+// exposer_transferred_bytes_total, exposer_request_latencies) keep prometheus-cpp's names.
 //
 // Usage:
 //   MetricsExporterOptions o;
@@ -18,8 +23,8 @@
 //   exporter->Register(my_scrape_collector); // figures read from stats at each scrape (scrape_families.h)
 //
 // Thread-safety: Register and port may be called from any thread. Collectables are called on the request
-// threads (possibly several at once). The destructor stops the server and joins its threads (a request in
-// progress completes first); collectables registered must stay valid until then (the exporter holds them).
+// threads (possibly several at once). The destructor stops the server at once and joins its threads (a
+// request in progress completes first); collectables registered stay alive until then (the exporter holds them).
 #ifndef DTRAIN_COMMON_METRICS_METRICS_EXPORTER_H_
 #define DTRAIN_COMMON_METRICS_METRICS_EXPORTER_H_
 

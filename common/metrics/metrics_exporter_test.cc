@@ -1,6 +1,7 @@
 #include "common/metrics/metrics_exporter.h"
 
 #include <arpa/inet.h>
+#include <link.h>
 #include <netinet/in.h>
 #include <prometheus/counter.h>
 #include <prometheus/histogram.h>
@@ -24,6 +25,27 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+
+// A process that links CUDA's libraries holds ~155 KiB of static thread-local storage per thread (cuBLASLt 92
+// KiB, glog 30, cuBLAS and NCCL 12 each): more than the 100 KiB stacks CivetWeb (prometheus-cpp's exposer) gives
+// its threads, so its pthread_create failed with EINVAL and a CUDA build's dtrain_worker could not serve
+// /metrics. This test program holds more than that, so every exporter test below runs as in such a process.
+alignas(64) thread_local char g_cuda_sized_tls[192 << 10];
+
+// The size of the main program's PT_TLS segment (its static thread-local storage).
+size_t MainProgramTls() {
+  size_t size = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        if (info->dlpi_name != nullptr && info->dlpi_name[0] != '\0') return 0;  // a library
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          if (info->dlpi_phdr[i].p_type == PT_TLS) *static_cast<size_t*>(out) = info->dlpi_phdr[i].p_memsz;
+        }
+        return 1;
+      },
+      &size);
+  return size;
+}
 
 // One HTTP/1.0 request to 127.0.0.1:port; the whole answer (status line, headers, body), or "" when it fails.
 std::string HttpRequest(int port, const std::string& request) {
@@ -172,6 +194,25 @@ TEST(MetricsExporterTest, ServesMetricsAndNothingElse) {
   EXPECT_THAT(HttpRequest(port, std::string(64 << 10, 'A')), Not(HasSubstr("200")));
 }
 
+TEST(MetricsExporterTest, ServesFromAProcessWithCudaSizedStaticTls) {
+  static_cast<volatile char*>(g_cuda_sized_tls)[1] = 1;  // keeps the block
+  ASSERT_GE(MainProgramTls(), size_t{192 << 10});
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+      MetricsExporter::Start(MetricsExporterOptions());
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  std::string answer = Get((*exporter)->port(), "/metrics");
+  EXPECT_THAT(answer, HasSubstr("HTTP/1.1 200"));
+  EXPECT_THAT(answer, HasSubstr("\nexposer_scrapes_total "));
+  EXPECT_THAT(answer, HasSubstr("\n# TYPE exposer_request_latencies summary\n"));
+  // HEAD answers the headers alone; another method is refused with the ones allowed.
+  answer = HttpRequest((*exporter)->port(), "HEAD /metrics HTTP/1.0\r\n\r\n");
+  EXPECT_THAT(answer, HasSubstr("HTTP/1.1 200"));
+  EXPECT_THAT(answer, Not(HasSubstr("exposer_scrapes_total")));
+  answer = HttpRequest((*exporter)->port(), "POST /metrics HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc");
+  EXPECT_THAT(answer, HasSubstr(" 405 "));
+  EXPECT_THAT(answer, HasSubstr("Allow: GET, HEAD"));
+}
+
 TEST(MetricsExporterTest, PortInUseIsOneClearError) {
   absl::StatusOr<std::unique_ptr<MetricsExporter>> first = MetricsExporter::Start(MetricsExporterOptions());
   ASSERT_TRUE(first.ok()) << first.status();
@@ -183,6 +224,12 @@ TEST(MetricsExporterTest, PortInUseIsOneClearError) {
   EXPECT_THAT(
       std::string(second.status().message()),
       HasSubstr(absl::StrCat("--metrics_port=", o.port, ": cannot serve /metrics on 127.0.0.1:", o.port)));
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("is the port in use by another process?"));
+  o.port = 0;
+  o.bind_address = "192.0.2.1";  // TEST-NET-1: an address this host does not have
+  second = MetricsExporter::Start(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("does this host have that address?"));
 }
 
 TEST(MetricsExporterTest, StopsCleanlyWhileScraped) {
