@@ -169,5 +169,57 @@ PY
 }
 check "merged timeline: processes, events, steps' parts, alignment" check_merged
 
+# ---- per-chunk events: gRPC sends a pushed slice longer than 1 MiB in chunks (a traced cnn run: its 3136x1024
+# fc weights are 12.8 MB), and a pull's slices arrive in the pieces the ps streams them in (a piece at offset 0
+# starts a slice again: a tentative pull's slice is sent anew). Each piece is an event (a pushed chunk within
+# its slice's send event); in time order a slice's pieces run on from one another up to the slice's end ----
+IFS=, read -r -a ports < <(python3 "$ROOT/scripts/free_ports.py" 2)
+cluster=(--ps_hosts="127.0.0.1:${ports[0]}" --worker_hosts="127.0.0.1:${ports[1]}" --transport=grpc)
+"$BIN/dtrain_ps" --job_name=ps --task_index=0 "${cluster[@]}" --max_run_secs=60 >"$dir/cps.log" 2>&1 &
+ps_pid=$!
+bg+=("$ps_pid")
+wait_for_line "$dir/cps.log" "listening on" 30 || { echo "FAIL: the ps did not start"; cat "$dir/cps.log"; exit 1; }
+rc=0
+"$BIN/dtrain_worker" --job_name=worker --task_index=0 "${cluster[@]}" --model=cnn --train_steps=3 --log_every=1 \
+  --eval_every=0 --trace_steps=1:2 --trace_dir="$dir/ctrace" >"$dir/cw.log" 2>&1 || rc=$?
+wait "$ps_pid" || rc=$?
+check "the traced cnn run over gRPC completes" [ "$rc" = 0 ]
+check_chunks() {
+  python3 - "$dir/ctrace/worker-0.trace.json" <<'PY'
+import collections, json, re, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+ok = True
+for kind in ("send", "receive"):
+    # A pull runs on into the next step (it is for that step), so pulled pieces are grouped by variable alone, in
+    # time order; the window's edges may cut a slice's run of pieces.
+    pieces = collections.defaultdict(list)  # variable -> [(ts, first, end, event)]
+    for e in ev:
+        if e["name"].startswith(kind + " chunk "):
+            m = re.search(r"floats \[(\d+), (\d+)\)", e["args"].get("detail", ""))
+            if not m:
+                print(f"FAIL: {e['name']} without its floats: {e['args']}"); ok = False; continue
+            pieces[e["name"][len(kind) + 7:]].append((e["ts"], int(m.group(1)), int(m.group(2)), e))
+    if not pieces:
+        print(f"FAIL: no '{kind} chunk' events"); ok = False; continue
+    for var, p in sorted(pieces.items()):
+        p.sort(key=lambda x: x[0])
+        end = max(x[2] for x in p)
+        runs_on = all(b[1] == 0 or b[1] == a[2] for a, b in zip(p, p[1:]))
+        whole_runs = sum(1 for a, b in zip(p, p[1:]) if b[1] == 0 and a[2] == end) + (p[-1][2] == end)
+        # A pushed chunk lies within its slice's send event of the same step.
+        outside = [x for x in p if kind == "send" and not any(
+            w["name"] == f"send {var}" and w["args"]["step"] == x[3]["args"]["step"] and
+            w["ts"] - 1 <= x[3]["ts"] and x[3]["ts"] + x[3]["dur"] <= w["ts"] + w["dur"] + 1 for w in ev)]
+        if not runs_on or whole_runs < 1 or len(p) < 2 or outside:
+            print(f"FAIL: {kind} {var}: pieces {[x[1:3] for x in p[:4]]}... (run on from each other: {runs_on}, "
+                  f"runs reaching the end {end}: {whole_runs}, outside their slice's event: {len(outside)})")
+            ok = False
+    print(f"  {kind}: {sum(len(p) for p in pieces.values())} chunk events over {len(pieces)} slices, e.g. "
+          f"{next(iter(pieces))}: {len(next(iter(pieces.values())))} pieces")
+sys.exit(0 if ok else 1)
+PY
+}
+check "per-chunk push and pull events tile each long slice" check_chunks
+
 echo "trace_test: $passed passed, $failed failed"
 [ "$failed" = 0 ]

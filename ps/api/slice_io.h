@@ -60,6 +60,10 @@ class SliceUpload {
   // bytes are copied (or, by a gRPC client, referenced until Finish returns: the caller keeps them unchanged
   // until then). InvalidArgument for an unknown key or a range outside the slice; the upload is then unusable.
   virtual absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) = 0;
+  // The most values of `dtype` one message of this transport carries: a Write of more goes out as several
+  // chunks of this many (a caller that writes pieces of exactly this size sends the same messages). 0: a Write
+  // travels whole, however long. The worker's timeline writes such chunks one by one to show each.
+  virtual int64_t ChunkValues(WireDtype dtype) const { return 0; }
   // Write, for fp32 floats that stay at `data`, unchanged, until the push's step has been applied or dropped: a
   // transport whose worker's memory this process maps (ps/shm) lends them, and an upload may read a whole slice
   // there instead of copying it (by default, and for a part of a slice, it copies: Write). The protocol

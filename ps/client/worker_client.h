@@ -319,6 +319,8 @@ class WorkerClient {
   void HeartbeatLoop(absl::Duration every);
   uint64_t session(int task) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WriteSlice(int task, int slice);
+  // Writes the slice's values (gradients, encoded as `dtype`) to the task's upload; chunk by chunk when traced.
+  absl::Status WriteSliceData(int task, int slice, WireDtype dtype, const void* data);
   // Initialize: the initial rows `task` owns of every table with initial values (kept in *buffers until the
   // upload has finished).
   absl::Status WriteInitialRows(SliceUpload* upload, int task, std::vector<std::vector<int64_t>>* ids,

@@ -124,7 +124,10 @@ class WorkerClient::Receiver : public PullReceiver {
     if (done_[s]) return Buffer{};  // arrived whole in an earlier attempt
     RETURN_IF_ERROR(client_->AwaitPullWritable());
     if (offset == 0) received_[s] = 0;
-    if (offset == 0 && client_->tracing()) began_ns_[s] = TraceRecorder::NowNs();
+    if (client_->tracing()) {
+      chunk_began_ns_[s] = TraceRecorder::NowNs();
+      if (offset == 0) began_ns_[s] = chunk_began_ns_[s];
+    }
     if (offset != received_[s] || n < 0 || offset + n > spec.length) {
       return absl::DataLossError(absl::StrCat("ps task ", task_, " sent floats [", offset, ", ", offset + n,
                                               ") of '", spec.variable, "' after ", received_[s], " of ",
@@ -137,6 +140,14 @@ class WorkerClient::Receiver : public PullReceiver {
     const int s = client_->slice_of_key_[key];
     if (done_[s]) return absl::OkStatus();
     received_[s] += n;
+    if (n < client_->slices_[s].spec.length && client_->tracing() && chunk_began_ns_[s] != 0) {
+      // A slice that arrives in pieces (gRPC's chunks): each piece's copy into the parameters is an event.
+      TraceRecorder* trace = client_->options_.trace;
+      trace->Complete(absl::StrCat("receive chunk ", client_->slices_[s].spec.variable), "transport",
+                      chunk_began_ns_[s], TraceRecorder::NowNs(), trace->step(),
+                      absl::StrCat("ps ", task_, " floats [", offset, ", ", offset + n, ")"));
+    }
+    chunk_began_ns_[s] = 0;
     if (received_[s] == client_->slices_[s].spec.length) {
       done_[s] = 1;
       if (client_->tracing() && began_ns_[s] != 0) {
@@ -155,6 +166,9 @@ class WorkerClient::Receiver : public PullReceiver {
   const int task_;
   std::vector<int64_t> received_;  // floats per slice (global index)
   std::vector<int64_t> began_ns_ = std::vector<int64_t>(client_->slices_.size(), 0);  // tracing: its first floats
+  // Tracing: each slice's last Destination call (the piece its Written ends; striped gRPC pulls deliver
+  // different slices' pieces interleaved).
+  std::vector<int64_t> chunk_began_ns_ = std::vector<int64_t>(client_->slices_.size(), 0);
   std::vector<char> done_;
   std::vector<int64_t> rows_received_;  // per table of the pull (index in client_->sparse_)
   std::vector<char> rows_done_;

@@ -162,9 +162,7 @@ absl::Status WorkerClient::OpenUpload(int task) {
 absl::Status WorkerClient::WriteSlice(int task, int s) {
   const SliceSpec& spec = slices_[s].spec;
   const float* g = push_grads_ + spec.flat_offset;
-  if (options_.wire_dtype == WireDtype::kF32) {
-    return pushes_[task]->upload->Write(spec.key, 0, spec.length, WireDtype::kF32, g);
-  }
+  if (options_.wire_dtype == WireDtype::kF32) return WriteSliceData(task, s, WireDtype::kF32, g);
   const int bytes = DtypeBytes(options_.wire_dtype);
   char* out = encoded_.data() + spec.flat_offset * bytes;
   TaskPush& p = *pushes_[task];
@@ -172,7 +170,25 @@ absl::Status WorkerClient::WriteSlice(int task, int s) {
   if (std::find(p.sent.begin(), p.sent.end(), s) == p.sent.end()) {
     EncodeWithErrorFeedback(options_.wire_dtype, g, residual_.data() + spec.flat_offset, spec.length, out);
   }
-  return p.upload->Write(spec.key, 0, spec.length, options_.wire_dtype, out);
+  return WriteSliceData(task, s, options_.wire_dtype, out);
+}
+
+absl::Status WorkerClient::WriteSliceData(int task, int s, WireDtype dtype, const void* data) {
+  const SliceSpec& spec = slices_[s].spec;
+  SliceUpload* upload = pushes_[task]->upload.get();
+  const int64_t chunk = tracing() ? upload->ChunkValues(dtype) : 0;
+  if (chunk <= 0 || spec.length <= chunk) return upload->Write(spec.key, 0, spec.length, dtype, data);
+  // Traced, on a transport that sends long slices in chunks: the same chunks written one by one, each an event.
+  const char* bytes = static_cast<const char*>(data);
+  const int el = DtypeBytes(dtype);
+  for (int64_t done = 0; done < spec.length; done += chunk) {
+    const int64_t n = std::min(chunk, spec.length - done);
+    const int64_t began = TraceRecorder::NowNs();
+    RETURN_IF_ERROR(upload->Write(spec.key, done, n, dtype, bytes + done * el));
+    options_.trace->Complete(absl::StrCat("send chunk ", spec.variable), "transport", began, TraceRecorder::NowNs(),
+                             push_step_, absl::StrCat("ps ", task, " floats [", done, ", ", done + n, ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WorkerClient::Reopen(int task) {

@@ -74,9 +74,13 @@ class GrpcUpload : public SliceUpload {
     return Send(first.Build());
   }
 
+  int64_t ChunkValues(WireDtype dtype) const override {
+    return std::max<int64_t>(1, coding::kMaxChunkBytes / DtypeBytes(dtype));
+  }
+
   absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
     const int el = DtypeBytes(dtype);
-    const int64_t per_chunk = std::max<int64_t>(1, coding::kMaxChunkBytes / el);
+    const int64_t per_chunk = ChunkValues(dtype);
     const char* bytes = static_cast<const char*>(data);
     for (int64_t done = 0; done < n || (n == 0 && done == 0);) {
       const int64_t m = std::min(per_chunk, n - done);
@@ -154,6 +158,7 @@ class StripedUpload : public SliceUpload {
   absl::Status Write(uint32_t key, int64_t offset, int64_t n, WireDtype dtype, const void* data) override {
     return streams_[key % streams_.size()]->Write(key, offset, n, dtype, data);
   }
+  int64_t ChunkValues(WireDtype dtype) const override { return streams_[0]->ChunkValues(dtype); }
   absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
                            const void* rows) override {
     return streams_[0]->WriteSparse(table, ids, n, dim, dtype, rows);

@@ -46,6 +46,7 @@ class FaultInjectingPs : public ForwardingPs {
       pieces_.push_back(Piece{key, offset, n, dtype, std::vector<char>(bytes, bytes + n * DtypeBytes(dtype))});
       return first_->Write(key, offset, n, dtype, data);
     }
+    int64_t ChunkValues(WireDtype dtype) const override { return first_->ChunkValues(dtype); }
     absl::Status WriteSparse(uint32_t table, const int64_t* ids, int64_t n, int dim, WireDtype dtype,
                              const void* rows) override {
       const char* bytes = static_cast<const char*>(rows);
