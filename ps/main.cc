@@ -15,20 +15,18 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
 #include "common/command_line.h"
-#include "common/denormals.h"
 #include "common/exit_codes.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics/metrics_exporter.h"
 #include "common/metrics/metrics_flags.h"
-#include "common/mutex_config.h"
 #include "common/open_files.h"
+#include "common/process_start.h"
 #include "common/stop_signal.h"
 #include "common/trace_flags.h"
 #include "common/trace_recorder.h"
@@ -193,22 +191,15 @@ constexpr char kExitCodes[] =
 }  // namespace
 
 int main(int argc, char** argv) {
-  dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_ps");  // before any thread starts
-  absl::SetProgramUsageMessage("dtrain parameter server task");
-  dtrain::TuneMallocForLargeReusedBuffers();
-  // Every connection is a descriptor: a soft limit of 1024 would let idle connections shut gRPC's listener.
-  const dtrain::OpenFileLimit open_files = dtrain::RaiseOpenFileLimit();
-  dtrain::SetFlushDenormals();
-  dtrain::DisableMutexDeadlockDetection();  // gRPC's threads made from here on inherit it; handlers set it too
   dtrain::CommandLineSpec spec;
   spec.program = "dtrain_ps";
   spec.summary = "one parameter-server task of a cluster (it learns the model from the chief worker)";
   spec.epilogue = kExitCodes;
   spec.peer_program = "dtrain_worker";
   spec.peer_flags = dtrain::DtrainWorkerFlagNames();
-  dtrain::ParseCommandLineOrExit(argc, argv, spec);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
+  dtrain::StopSignals* signals = dtrain::StartProcess(argc, argv, spec, "dtrain parameter server task");
+  // Every connection is a descriptor: a soft limit of 1024 would let idle connections shut gRPC's listener.
+  const dtrain::OpenFileLimit open_files = dtrain::RaiseOpenFileLimit();
   if (absl::GetFlag(FLAGS_malloc_arenas) < 0) {
     std::fprintf(stderr, "dtrain_ps: --malloc_arenas=%d must be >= 0\n", absl::GetFlag(FLAGS_malloc_arenas));
     return dtrain::kExitConfigRefused;

@@ -14,22 +14,19 @@
 #include <glog/logging.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
 #include "common/command_line.h"
-#include "common/denormals.h"
 #include "common/env.h"
 #include "common/exit_codes.h"
 #include "common/file_util.h"
-#include "common/malloc_tuning.h"
 #include "common/metrics/metrics_exporter.h"
 #include "common/metrics/metrics_flags.h"
-#include "common/mutex_config.h"
 #include "common/process_clock.h"
+#include "common/process_start.h"
 #include "common/stop_signal.h"
 #include "common/trace_flags.h"
 #include "common/trace_recorder.h"
@@ -311,20 +308,14 @@ int OtherWorkersAtThisHost(const dtrain::ClusterConfig& cluster) {
 
 int main(int argc, char** argv) {
   const absl::Time started = dtrain::ProcessStartTime().value_or(absl::Now());
-  dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_worker");  // before any thread starts
-  absl::SetProgramUsageMessage("dtrain worker: trains a model against the cluster's parameter servers");
-  dtrain::TuneMallocForLargeReusedBuffers();
-  dtrain::SetFlushDenormals();
-  dtrain::DisableMutexDeadlockDetection();  // threads made from here on inherit it
   dtrain::CommandLineSpec spec;
   spec.program = "dtrain_worker";
   spec.summary = "one worker task of a cluster, or --job_name=local: a whole training run in one process";
   spec.epilogue = kExitCodes;
   spec.peer_program = "dtrain_ps";
   spec.peer_flags = dtrain::DtrainPsFlagNames();
-  dtrain::ParseCommandLineOrExit(argc, argv, spec);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
+  dtrain::StopSignals* signals = dtrain::StartProcess(
+      argc, argv, spec, "dtrain worker: trains a model against the cluster's parameter servers");
   std::string profile_out = absl::GetFlag(FLAGS_profile_out);
   std::unique_ptr<dtrain::worker::ProfileRecorder> profile;  // made first: the run's start
   if (!profile_out.empty()) profile = std::make_unique<dtrain::worker::ProfileRecorder>();
