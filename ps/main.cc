@@ -30,6 +30,7 @@
 #include "common/stop_signal.h"
 #include "common/trace_flags.h"
 #include "common/trace_recorder.h"
+#include "ps/api/run_exit_code.h"
 #include "ps/metrics/ps_metrics.h"
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/server.h"
@@ -532,15 +533,5 @@ int main(int argc, char** argv) {
   // The summary line, the same the chief prints.
   const dtrain::ps::TrainingOutcome outcome = ps->outcome();
   std::fprintf(stderr, "dtrain_ps: ps task %d: %s\n", task, outcome.message.c_str());
-  switch (outcome.kind) {
-    case dtrain::ps::RunOutcome::kComplete:
-      return dtrain::kExitComplete;
-    case dtrain::ps::RunOutcome::kDegraded:
-      return absl::GetFlag(FLAGS_allow_degraded) ? dtrain::kExitComplete : dtrain::kExitDegraded;
-    case dtrain::ps::RunOutcome::kRefused:
-      return dtrain::kExitConfigRefused;  // the same code as the refused process
-    case dtrain::ps::RunOutcome::kEndedEarly:
-      break;
-  }
-  return dtrain::kExitPeerFailed;
+  return dtrain::ps::ExitCodeOfRun(outcome.kind, absl::GetFlag(FLAGS_allow_degraded));
 }

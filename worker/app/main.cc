@@ -30,6 +30,7 @@
 #include "common/stop_signal.h"
 #include "common/trace_flags.h"
 #include "common/trace_recorder.h"
+#include "ps/api/run_exit_code.h"
 #include "ps/api/slice_io.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/rpc/grpc_ps_client.h"
@@ -674,15 +675,5 @@ int main(int argc, char** argv) {
                  signals->received_name().c_str(), static_cast<long long>(result->global_step));
     return dtrain::ExitCodeForSignal(signal != 0 ? signal : SIGTERM);
   }
-  switch (result->outcome) {
-    case dtrain::ps::RunOutcome::kComplete:
-      return dtrain::kExitComplete;
-    case dtrain::ps::RunOutcome::kDegraded:
-      return absl::GetFlag(FLAGS_allow_degraded) ? dtrain::kExitComplete : dtrain::kExitDegraded;
-    case dtrain::ps::RunOutcome::kRefused:
-      return dtrain::kExitConfigRefused;
-    case dtrain::ps::RunOutcome::kEndedEarly:
-      break;
-  }
-  return dtrain::kExitPeerFailed;
+  return dtrain::ps::ExitCodeOfRun(result->outcome, absl::GetFlag(FLAGS_allow_degraded));
 }
