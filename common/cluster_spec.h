@@ -17,7 +17,8 @@
 //
 // Job name "local" with no hosts anywhere means single-process training without parameter servers.
 //
-// Binaries call ResolveCluster() with their flag values and getenv("TF_CONFIG"):
+// Binaries call ResolveCluster() with their flag values and getenv("TF_CONFIG") (dtrain_ps and dtrain_worker
+// through ClusterOfThisTask, common/cluster_flags.h, which holds their shared cluster flags):
 //
 //   ClusterFlags flags;
 //   flags.ps_hosts = absl::GetFlag(FLAGS_ps_hosts);  ...

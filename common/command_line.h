@@ -91,9 +91,10 @@ std::vector<std::string> FlagValues(const std::vector<std::string>& files,
 // naming a line that is not name=value or whose value does not parse.
 absl::Status SetFlagValues(const std::vector<std::string>& lines, const std::set<std::string>& keep);
 
-// The flags of dtrain_worker (worker/app/main.cc, data_flags.cc, input_flags.cc) and of dtrain_ps
-// (ps/main.cc), listed at build time from their sources (cmake/flag_names.cmake): defined by the libraries
-// dtrain_worker_flag_names and dtrain_ps_flag_names, for the binaries that share a --flagfile with them.
+// The flags of dtrain_worker (worker/app/main.cc, data_flags.cc, input_flags.cc, thread_flags.cc) and of
+// dtrain_ps (ps/main.cc), each with the flags both define once (common/cluster_flags.cc, trace_flags.cc,
+// metrics/metrics_flags.cc), listed at build time from their sources (cmake/flag_names.cmake): defined by the
+// libraries dtrain_worker_flag_names and dtrain_ps_flag_names, for the binaries that share a --flagfile with them.
 std::vector<std::string> DtrainWorkerFlagNames();
 std::vector<std::string> DtrainPsFlagNames();
 

@@ -9,27 +9,28 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include <glog/logging.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
 #include "common/command_line.h"
-#include "common/denormals.h"
 #include "common/exit_codes.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics/metrics_exporter.h"
-#include "common/mutex_config.h"
+#include "common/metrics/metrics_flags.h"
 #include "common/open_files.h"
+#include "common/process_start.h"
 #include "common/stop_signal.h"
+#include "common/trace_flags.h"
 #include "common/trace_recorder.h"
+#include "ps/api/run_exit_code.h"
 #include "ps/metrics/ps_metrics.h"
 #include "ps/rpc/grpc_ps_client.h"
 #include "ps/rpc/server.h"
@@ -37,9 +38,8 @@
 
 ABSL_FLAG(std::string, job_name, "", "This task's job (ps)");
 ABSL_FLAG(int, task_index, -1, "This task's index in the ps job");
-ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks");
-ABSL_FLAG(std::string, worker_hosts, "", "Comma-separated host:port of the worker tasks");
-ABSL_FLAG(std::string, cluster_spec, "", "JSON file {\"ps\": [...], \"worker\": [...]} (else flags or TF_CONFIG)");
+// --ps_hosts, --worker_hosts, --cluster_spec: common/cluster_flags.h; --trace_steps, --trace_dir:
+// common/trace_flags.h; --metrics_bind_address: common/metrics/metrics_flags.h (dtrain_worker has them too).
 ABSL_FLAG(std::string, listen_address, "",
           "Address to bind (default: this task's address in the cluster spec; use 0.0.0.0:PORT for all "
           "interfaces)");
@@ -125,10 +125,6 @@ ABSL_FLAG(double, delta_every_secs, 0,
 ABSL_FLAG(int64_t, delta_every_steps, 0, "A delta every this many global steps too (0: by time only)");
 ABSL_FLAG(std::string, delta_dir, "",
           "Where deltas are written and restored from (default: --checkpoint_dir)");
-ABSL_FLAG(std::string, trace_steps, "",
-          "Record a timeline of global steps A to B (A:B, 0 <= A <= B) as Chrome trace-event JSON in --trace_dir "
-          "(Perfetto, chrome://tracing; scripts/merge_traces.py joins a cluster's files; docs/timelines.md)");
-ABSL_FLAG(std::string, trace_dir, "", "--trace_steps: the directory of the trace files (made when missing)");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
           "Memory gRPC may use for this task's connections and messages in flight (a gRPC resource quota)");
 ABSL_FLAG(double, malloc_trim_secs, 10,
@@ -140,9 +136,6 @@ ABSL_FLAG(int, metrics_port, 0,
           "Serve this task's figures for Prometheus at http://<--metrics_bind_address>:PORT/metrics (pushes, "
           "drops, sync waits, workers and leases, bytes, sparse rows, checkpoint and delta age, RSS; "
           "docs/metrics.md). 0: off");
-ABSL_FLAG(std::string, metrics_bind_address, "127.0.0.1",
-          "The address --metrics_port binds (plain HTTP without authentication: loopback by default; 0.0.0.0 for "
-          "every interface, with a warning)");
 
 namespace {
 
@@ -199,22 +192,15 @@ constexpr char kExitCodes[] =
 }  // namespace
 
 int main(int argc, char** argv) {
-  dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_ps");  // before any thread starts
-  absl::SetProgramUsageMessage("dtrain parameter server task");
-  dtrain::TuneMallocForLargeReusedBuffers();
-  // Every connection is a descriptor: a soft limit of 1024 would let idle connections shut gRPC's listener.
-  const dtrain::OpenFileLimit open_files = dtrain::RaiseOpenFileLimit();
-  dtrain::SetFlushDenormals();
-  dtrain::DisableMutexDeadlockDetection();  // gRPC's threads made from here on inherit it; handlers set it too
   dtrain::CommandLineSpec spec;
   spec.program = "dtrain_ps";
   spec.summary = "one parameter-server task of a cluster (it learns the model from the chief worker)";
   spec.epilogue = kExitCodes;
   spec.peer_program = "dtrain_worker";
   spec.peer_flags = dtrain::DtrainWorkerFlagNames();
-  dtrain::ParseCommandLineOrExit(argc, argv, spec);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
+  dtrain::StopSignals* signals = dtrain::StartProcess(argc, argv, spec, "dtrain parameter server task");
+  // Every connection is a descriptor: a soft limit of 1024 would let idle connections shut gRPC's listener.
+  const dtrain::OpenFileLimit open_files = dtrain::RaiseOpenFileLimit();
   if (absl::GetFlag(FLAGS_malloc_arenas) < 0) {
     std::fprintf(stderr, "dtrain_ps: --malloc_arenas=%d must be >= 0\n", absl::GetFlag(FLAGS_malloc_arenas));
     return dtrain::kExitConfigRefused;
@@ -227,24 +213,13 @@ int main(int argc, char** argv) {
   }
   dtrain::PeriodicMallocTrim trim(absl::Seconds(trim_secs));
 
-  dtrain::ClusterFlags cf;
-  cf.cluster_spec = absl::GetFlag(FLAGS_cluster_spec);
-  cf.ps_hosts = absl::GetFlag(FLAGS_ps_hosts);
-  cf.worker_hosts = absl::GetFlag(FLAGS_worker_hosts);
-  cf.job_name = absl::GetFlag(FLAGS_job_name);
-  cf.task_index = absl::GetFlag(FLAGS_task_index);
   const std::string join = absl::GetFlag(FLAGS_join);
-  const int asked_index = cf.task_index;
-  if (!join.empty()) cf.task_index = 0;  // the spec is read as ps 0 would; this task comes after its list
-  const char* tf_config = std::getenv("TF_CONFIG");
-  absl::StatusOr<dtrain::ClusterConfig> cluster = dtrain::ResolveCluster(cf, tf_config ? tf_config : "");
+  const int asked_index = absl::GetFlag(FLAGS_task_index);
+  // --join: the spec is read as ps 0 would; this task comes after its list.
+  absl::StatusOr<dtrain::ClusterConfig> cluster = dtrain::ClusterOfThisTask(
+      absl::GetFlag(FLAGS_job_name), join.empty() ? asked_index : 0, dtrain::TaskBinary::kPs);
   if (!cluster.ok()) {
-    std::fprintf(stderr, "dtrain_ps: bad cluster spec: %s\n", std::string(cluster.status().message()).c_str());
-    return dtrain::kExitConfigRefused;
-  }
-  if (!cluster->is_ps()) {
-    std::fprintf(stderr, "dtrain_ps: this task is not a ps task (%s); run dtrain_worker for it\n",
-                 cluster->DebugString().c_str());
+    std::fprintf(stderr, "dtrain_ps: %s\n", std::string(cluster.status().message()).c_str());
     return dtrain::kExitConfigRefused;
   }
   std::vector<std::string> ps_hosts = cluster->ps;
@@ -379,8 +354,8 @@ int main(int argc, char** argv) {
   // After the last worker left, serve until the workers that completed have asked ps 0 how the run ended (every
   // worker's leaving; they exit with its code) and no lost worker may come back: at most 2 s (ps/rpc/server.h).
   o.linger = absl::Seconds(2);
-  absl::StatusOr<std::unique_ptr<dtrain::TraceRecorder>> trace = dtrain::TraceRecorderFromFlags(
-      absl::GetFlag(FLAGS_trace_steps), absl::GetFlag(FLAGS_trace_dir), absl::StrCat("ps ", cluster->task_index));
+  absl::StatusOr<std::unique_ptr<dtrain::TraceRecorder>> trace =
+      dtrain::TimelineFromFlags(absl::StrCat("ps ", cluster->task_index));
   if (!trace.ok()) {
     std::fprintf(stderr, "dtrain_ps: %s\n", std::string(trace.status().message()).c_str());
     return dtrain::kExitConfigRefused;
@@ -389,34 +364,26 @@ int main(int argc, char** argv) {
   // Written once the server is done (whatever the outcome: a failed run's timeline is worth reading too).
   auto write_trace = absl::MakeCleanup([&trace, task = cluster->task_index] {
     if (*trace == nullptr) return;
-    const std::string path = absl::StrCat(absl::GetFlag(FLAGS_trace_dir), "/ps-", task, ".trace.json");
-    if (absl::Status s = (*trace)->Write(path); !s.ok()) {
-      std::fprintf(stderr, "dtrain_ps: --trace_dir: %s\n", std::string(s.message()).c_str());
+    absl::StatusOr<std::string> written = dtrain::WriteTimeline(**trace, absl::StrCat("ps-", task));
+    if (!written.ok()) {
+      std::fprintf(stderr, "dtrain_ps: %s\n", std::string(written.status().message()).c_str());
     } else {
-      LOG(INFO) << "ps task " << task << ": timeline of steps " << absl::GetFlag(FLAGS_trace_steps) << " ("
-                << (*trace)->events() << " events, " << (*trace)->dropped() << " dropped) written to " << path;
+      LOG(INFO) << "ps task " << task << ": " << *written;
     }
   });
   // --metrics_port: bound before the gRPC server starts, so that a port in use fails the start at once.
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  const std::string metrics_bind = absl::GetFlag(FLAGS_metrics_bind_address);
-  if (absl::Status s = dtrain::metrics::ValidateMetricsFlags(metrics_port, metrics_bind); !s.ok()) {
+  if (absl::Status s = dtrain::metrics::ValidateMetricsEndpointFlags(metrics_port); !s.ok()) {
     std::fprintf(stderr, "dtrain_ps: %s\n", std::string(s.message()).c_str());
     return dtrain::kExitConfigRefused;
   }
-  std::unique_ptr<dtrain::metrics::MetricsExporter> exporter;
-  if (metrics_port > 0) {
-    dtrain::metrics::MetricsExporterOptions mo;
-    mo.bind_address = metrics_bind;
-    mo.port = metrics_port;
-    absl::StatusOr<std::unique_ptr<dtrain::metrics::MetricsExporter>> started =
-        dtrain::metrics::MetricsExporter::Start(mo);
-    if (!started.ok()) {
-      std::fprintf(stderr, "dtrain_ps: %s\n", std::string(started.status().message()).c_str());
-      return dtrain::kExitError;
-    }
-    exporter = *std::move(started);
+  absl::StatusOr<std::unique_ptr<dtrain::metrics::MetricsExporter>> endpoint =
+      dtrain::metrics::StartMetricsEndpoint(metrics_port);
+  if (!endpoint.ok()) {
+    std::fprintf(stderr, "dtrain_ps: %s\n", std::string(endpoint.status().message()).c_str());
+    return dtrain::kExitError;
   }
+  std::unique_ptr<dtrain::metrics::MetricsExporter> exporter = *std::move(endpoint);
   if (signals->received() != 0) {
     std::fprintf(stderr, "dtrain_ps: stopped by %s before it started\n", signals->received_name().c_str());
     return dtrain::ExitCodeForSignal(signals->received());
@@ -566,15 +533,5 @@ int main(int argc, char** argv) {
   // The summary line, the same the chief prints.
   const dtrain::ps::TrainingOutcome outcome = ps->outcome();
   std::fprintf(stderr, "dtrain_ps: ps task %d: %s\n", task, outcome.message.c_str());
-  switch (outcome.kind) {
-    case dtrain::ps::RunOutcome::kComplete:
-      return dtrain::kExitComplete;
-    case dtrain::ps::RunOutcome::kDegraded:
-      return absl::GetFlag(FLAGS_allow_degraded) ? dtrain::kExitComplete : dtrain::kExitDegraded;
-    case dtrain::ps::RunOutcome::kRefused:
-      return dtrain::kExitConfigRefused;  // the same code as the refused process
-    case dtrain::ps::RunOutcome::kEndedEarly:
-      break;
-  }
-  return dtrain::kExitPeerFailed;
+  return dtrain::ps::ExitCodeOfRun(outcome.kind, absl::GetFlag(FLAGS_allow_degraded));
 }

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,22 +14,23 @@
 #include <glog/logging.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
 #include "common/command_line.h"
-#include "common/denormals.h"
 #include "common/env.h"
 #include "common/exit_codes.h"
 #include "common/file_util.h"
-#include "common/malloc_tuning.h"
 #include "common/metrics/metrics_exporter.h"
-#include "common/mutex_config.h"
+#include "common/metrics/metrics_flags.h"
 #include "common/process_clock.h"
+#include "common/process_start.h"
 #include "common/stop_signal.h"
+#include "common/trace_flags.h"
 #include "common/trace_recorder.h"
+#include "ps/api/run_exit_code.h"
 #include "ps/api/slice_io.h"
 #include "ps/checkpoint/checkpoint_options.h"
 #include "ps/rpc/grpc_ps_client.h"
@@ -45,9 +45,8 @@
 
 ABSL_FLAG(std::string, job_name, "", "This task's job: worker (or chief), or local for single-process training");
 ABSL_FLAG(int, task_index, -1, "This task's index in its job");
-ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks");
-ABSL_FLAG(std::string, worker_hosts, "", "Comma-separated host:port of the worker tasks");
-ABSL_FLAG(std::string, cluster_spec, "", "JSON file {\"ps\": [...], \"worker\": [...]} (else flags or TF_CONFIG)");
+// --ps_hosts, --worker_hosts, --cluster_spec: common/cluster_flags.h; --trace_steps, --trace_dir:
+// common/trace_flags.h; --metrics_bind_address: common/metrics/metrics_flags.h (dtrain_ps has them too).
 
 ABSL_FLAG(std::string, model, "mlp",
           "mlp | cnn | convnet | cifar10 | dlrm (click-through-rate data), or PATH.onnx: a model exported as ONNX");
@@ -239,19 +238,12 @@ ABSL_FLAG(std::string, profile_out, "",
           "Write what this run cost as a profile (JSON) to this file at the end: steps, layers, updates, placement, "
           "the transports' CPU per byte (a short loopback exchange after training), for scripts/plan_cluster.py "
           "(docs/planner.md). Meant for --job_name=local");
-ABSL_FLAG(std::string, trace_steps, "",
-          "Record a timeline of global steps A to B (A:B, 0 <= A <= B) as Chrome trace-event JSON in --trace_dir "
-          "(Perfetto, chrome://tracing; scripts/merge_traces.py joins a cluster's files; docs/timelines.md)");
-ABSL_FLAG(std::string, trace_dir, "", "--trace_steps: the directory of the trace files (made when missing)");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "Element type of gradients and parameters on the wire: fp32 | bf16 | fp16 (narrow types halve the "
           "bytes; gradients keep their rounding error for the next step)");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve this worker's figures for Prometheus at http://<--metrics_bind_address>:PORT/metrics (steps and "
           "examples, step time and its parts, bytes per transport, RSS; docs/metrics.md). 0: off");
-ABSL_FLAG(std::string, metrics_bind_address, "127.0.0.1",
-          "The address --metrics_port binds (plain HTTP without authentication: loopback by default; 0.0.0.0 for "
-          "every interface, with a warning)");
 
 namespace {
 
@@ -317,39 +309,22 @@ int OtherWorkersAtThisHost(const dtrain::ClusterConfig& cluster) {
 
 int main(int argc, char** argv) {
   const absl::Time started = dtrain::ProcessStartTime().value_or(absl::Now());
-  dtrain::StopSignals* signals = dtrain::StopSignals::Install("dtrain_worker");  // before any thread starts
-  absl::SetProgramUsageMessage("dtrain worker: trains a model against the cluster's parameter servers");
-  dtrain::TuneMallocForLargeReusedBuffers();
-  dtrain::SetFlushDenormals();
-  dtrain::DisableMutexDeadlockDetection();  // threads made from here on inherit it
   dtrain::CommandLineSpec spec;
   spec.program = "dtrain_worker";
   spec.summary = "one worker task of a cluster, or --job_name=local: a whole training run in one process";
   spec.epilogue = kExitCodes;
   spec.peer_program = "dtrain_ps";
   spec.peer_flags = dtrain::DtrainPsFlagNames();
-  dtrain::ParseCommandLineOrExit(argc, argv, spec);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
+  dtrain::StopSignals* signals = dtrain::StartProcess(
+      argc, argv, spec, "dtrain worker: trains a model against the cluster's parameter servers");
   std::string profile_out = absl::GetFlag(FLAGS_profile_out);
   std::unique_ptr<dtrain::worker::ProfileRecorder> profile;  // made first: the run's start
   if (!profile_out.empty()) profile = std::make_unique<dtrain::worker::ProfileRecorder>();
 
-  dtrain::ClusterFlags cf;
-  cf.cluster_spec = absl::GetFlag(FLAGS_cluster_spec);
-  cf.ps_hosts = absl::GetFlag(FLAGS_ps_hosts);
-  cf.worker_hosts = absl::GetFlag(FLAGS_worker_hosts);
-  cf.job_name = absl::GetFlag(FLAGS_job_name);
-  cf.task_index = absl::GetFlag(FLAGS_task_index);
-  const char* tf_config = std::getenv("TF_CONFIG");
-  absl::StatusOr<dtrain::ClusterConfig> cluster = dtrain::ResolveCluster(cf, tf_config ? tf_config : "");
+  absl::StatusOr<dtrain::ClusterConfig> cluster = dtrain::ClusterOfThisTask(
+      absl::GetFlag(FLAGS_job_name), absl::GetFlag(FLAGS_task_index), dtrain::TaskBinary::kWorker);
   if (!cluster.ok()) {
-    std::fprintf(stderr, "dtrain_worker: bad cluster spec: %s\n", std::string(cluster.status().message()).c_str());
-    return dtrain::kExitConfigRefused;
-  }
-  if (cluster->is_ps()) {
-    std::fprintf(stderr, "dtrain_worker: this task is a ps task (%s); run dtrain_ps for it\n",
-                 cluster->DebugString().c_str());
+    std::fprintf(stderr, "dtrain_worker: %s\n", std::string(cluster.status().message()).c_str());
     return dtrain::kExitConfigRefused;
   }
 
@@ -491,9 +466,8 @@ int main(int argc, char** argv) {
   o.profile = profile.get();
   std::unique_ptr<dtrain::TraceRecorder> trace;
   if (flags_ok.ok()) {
-    absl::StatusOr<std::unique_ptr<dtrain::TraceRecorder>> made = dtrain::TraceRecorderFromFlags(
-        absl::GetFlag(FLAGS_trace_steps), absl::GetFlag(FLAGS_trace_dir),
-        cluster->is_local() ? "local worker" : absl::StrCat("worker ", o.worker_id));
+    absl::StatusOr<std::unique_ptr<dtrain::TraceRecorder>> made =
+        dtrain::TimelineFromFlags(cluster->is_local() ? "local worker" : absl::StrCat("worker ", o.worker_id));
     flags_ok = made.status();
     if (made.ok()) trace = *std::move(made);
   }
@@ -564,9 +538,7 @@ int main(int argc, char** argv) {
     }
   }
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  if (flags_ok.ok()) {
-    flags_ok = dtrain::metrics::ValidateMetricsFlags(metrics_port, absl::GetFlag(FLAGS_metrics_bind_address));
-  }
+  if (flags_ok.ok()) flags_ok = dtrain::metrics::ValidateMetricsEndpointFlags(metrics_port);
   if (!flags_ok.ok()) {
     std::fprintf(stderr, "dtrain_worker: %s\n", std::string(flags_ok.message()).c_str());
     if (!cluster->is_local()) LeaveRefused(*cluster, std::string(flags_ok.message()));
@@ -577,19 +549,15 @@ int main(int argc, char** argv) {
   auto metrics_registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<dtrain::worker::StepMetrics> step_metrics;
   dtrain::worker::TransportCounters transport_counters;
-  std::unique_ptr<dtrain::metrics::MetricsExporter> exporter;
-  if (metrics_port > 0) {
-    dtrain::metrics::MetricsExporterOptions mo;
-    mo.bind_address = absl::GetFlag(FLAGS_metrics_bind_address);
-    mo.port = metrics_port;
-    absl::StatusOr<std::unique_ptr<dtrain::metrics::MetricsExporter>> started =
-        dtrain::metrics::MetricsExporter::Start(mo);
-    if (!started.ok()) {
-      std::fprintf(stderr, "dtrain_worker: %s\n", std::string(started.status().message()).c_str());
-      if (!cluster->is_local()) LeaveRefused(*cluster, std::string(started.status().message()));
-      return dtrain::kExitError;
-    }
-    exporter = *std::move(started);
+  absl::StatusOr<std::unique_ptr<dtrain::metrics::MetricsExporter>> endpoint =
+      dtrain::metrics::StartMetricsEndpoint(metrics_port);
+  if (!endpoint.ok()) {
+    std::fprintf(stderr, "dtrain_worker: %s\n", std::string(endpoint.status().message()).c_str());
+    if (!cluster->is_local()) LeaveRefused(*cluster, std::string(endpoint.status().message()));
+    return dtrain::kExitError;
+  }
+  std::unique_ptr<dtrain::metrics::MetricsExporter> exporter = *std::move(endpoint);
+  if (exporter != nullptr) {
     step_metrics = std::make_unique<dtrain::worker::StepMetrics>(metrics_registry.get());
     o.metrics = step_metrics.get();
     exporter->Register(metrics_registry);
@@ -671,13 +639,11 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<dtrain::worker::TrainingResult> result = dtrain::worker::RunTraining(o, tasks);
   if (trace != nullptr) {  // whatever the outcome: a failed run's timeline is worth reading too
-    const std::string path = absl::StrCat(absl::GetFlag(FLAGS_trace_dir), "/worker-", o.worker_id, ".trace.json");
-    if (absl::Status s = trace->Write(path); !s.ok()) {
-      std::fprintf(stderr, "dtrain_worker: --trace_dir: %s\n", std::string(s.message()).c_str());
+    absl::StatusOr<std::string> written = dtrain::WriteTimeline(*trace, absl::StrCat("worker-", o.worker_id));
+    if (!written.ok()) {
+      std::fprintf(stderr, "dtrain_worker: %s\n", std::string(written.status().message()).c_str());
     } else {
-      std::printf("timeline of steps %s (%lld events, %lld dropped) written to %s\n",
-                  absl::GetFlag(FLAGS_trace_steps).c_str(), static_cast<long long>(trace->events()),
-                  static_cast<long long>(trace->dropped()), path.c_str());
+      std::printf("%s\n", written->c_str());
     }
   }
   const int signal = signals->received();
@@ -709,15 +675,5 @@ int main(int argc, char** argv) {
                  signals->received_name().c_str(), static_cast<long long>(result->global_step));
     return dtrain::ExitCodeForSignal(signal != 0 ? signal : SIGTERM);
   }
-  switch (result->outcome) {
-    case dtrain::ps::RunOutcome::kComplete:
-      return dtrain::kExitComplete;
-    case dtrain::ps::RunOutcome::kDegraded:
-      return absl::GetFlag(FLAGS_allow_degraded) ? dtrain::kExitComplete : dtrain::kExitDegraded;
-    case dtrain::ps::RunOutcome::kRefused:
-      return dtrain::kExitConfigRefused;
-    case dtrain::ps::RunOutcome::kEndedEarly:
-      break;
-  }
-  return dtrain::kExitPeerFailed;
+  return dtrain::ps::ExitCodeOfRun(result->outcome, absl::GetFlag(FLAGS_allow_degraded));
 }
