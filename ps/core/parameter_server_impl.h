@@ -355,6 +355,32 @@ class ParameterServer::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyDecision(const StepDecision& d, int64_t epoch, std::vector<CheckpointData>* saves)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // ApplyDecision's steps. What became of a worker's gradient in a decided step (outcome[w], by worker).
+  enum DecisionOutcome : char { kApplied, kSkipped, kDiscarded };
+  // The gradients a step sums (in worker order) and the workers they are of.
+  struct SummedGradients {
+    std::vector<GradientBuffers::Buffer*> buffers;
+    std::vector<int> workers;
+  };
+  // Sums the step's gradients and applies its update (the slices, then the tables), the workers' buffers locked
+  // meanwhile; fills in outcome[w] for those applied or skipped.
+  void ApplyDecidedGradientsLocked(const StepDecision& d, int64_t epoch, std::vector<char>* outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Of the step's locked buffers (buffer_of[w], for w in by_id, sorted), the gradients it sums: not one that was
+  // overwritten, nor (--nonfinite=skip) one with NaN/Inf; each left out is logged.
+  SummedGradients ChooseSummedGradients(const StepDecision& d, const std::vector<int>& by_id,
+                                        const std::vector<GradientBuffers::Buffer*>& buffer_of,
+                                        std::vector<char>* outcome) const;
+  // Early apply: whether the tentative update in the store is exactly this step's; any other is taken back.
+  bool KeepTentativeUpdateLocked(const StepDecision& d, int64_t epoch, const SummedGradients& summed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
+  // The step's update of each slice (its gradients summed times `scale`, each by weights[k] when given), or
+  // only its version when `tentative` (applied already) or nothing was summed. Under apply_mu_.
+  void ApplyDenseSlices(int64_t step, const SummedGradients& summed, float scale, const float* weights,
+                        bool tentative, TraceRecorder* trace);
+  // The step's counts (per worker and the task's accounting), its delta and checkpoint, on_step_applied.
+  void RecordDecisionLocked(const StepDecision& d, const std::vector<char>& outcome,
+                            std::vector<CheckpointData>* saves) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Membership: after a worker ended (done or lost) or the run ended early, apply what the leaving decided,
   // write the final checkpoint when nobody is left or the run ended, and finish when nobody is left (after it).

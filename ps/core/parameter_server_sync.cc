@@ -101,113 +101,138 @@ void ParameterServer::Impl::ApplyDecision(const StepDecision& d, int64_t epoch, 
   } in_order{&applied_through_, &epoch_, d.step, epoch};
   apply_mu_.Await(absl::Condition(&InOrder::Ready, &in_order));
   if (epoch_.load() != epoch) return;
-  enum Outcome : char { kApplied, kSkipped, kDiscarded };
   std::vector<char> outcome(slots(), kDiscarded);
-  {
-    // Buffers are locked in worker order (one lock order for every step) and summed in that order too.
-    std::vector<int> by_id = d.workers;
-    std::sort(by_id.begin(), by_id.end());
-    std::vector<GradientBuffers::Locked> held;
-    std::vector<GradientBuffers::Buffer*> buffer_of(slots(), nullptr);
-    for (int w : by_id) {
-      held.push_back(buffers_->Lock(w));
-      buffer_of[w] = &*held.back();
-    }
-    // Summed in worker order, not in the decision's (commit) order: float addition of three or more gradients
-    // depends on the order, and commit order differs from run to run. So a sync step gives the same bits on
-    // every run with the same inputs (a restarted worker or ps task ends bit-identical to an uninterrupted run).
-    std::vector<GradientBuffers::Buffer*> summed;
-    std::vector<int> summed_workers;
-    for (int w : by_id) {
-      GradientBuffers::Buffer* b = buffer_of[w];
-      // Only a worker that broke the protocol (pushing step s+1 before pulling it) can have overwritten them.
-      if (b->step() != d.step || !b->all_complete()) {
-        LOG(ERROR) << "ps task " << options_.task_index << ": worker " << w << "'s gradients for step " << d.step
-                   << " were overwritten (buffer holds step " << b->step() << "); step applied without them";
-        continue;
-      }
-      if (!b->nonfinite_slice().empty() && options_.nonfinite == ParameterServerOptions::NonFinite::kSkip) {
-        LOG(WARNING) << "ps task " << options_.task_index << ": step " << d.step << " without worker " << w
-                     << "'s gradient (NaN/Inf in '" << b->nonfinite_slice() << "', --nonfinite=skip)";
-        outcome[w] = kSkipped;
-        continue;
-      }
-      outcome[w] = kApplied;
-      summed.push_back(b);
-      summed_workers.push_back(w);
-    }
-    std::vector<const float*> grads(summed.size());
-    const float scale = summed.empty() ? 0.0f : 1.0f / static_cast<float>(summed.size());
-    // Each worker's gradient scaled by its own clip factor (its global norm came with its upload).
-    std::vector<float> clip(summed.size(), 1.0f);
-    for (size_t k = 0; k < summed.size(); ++k) clip[k] = ClipFactorOf(*summed[k]);
-    const float* weights = clipping() ? clip.data() : nullptr;
-    // Early apply: the update is in the store already when it is exactly this step's (the one gradient summed, of
-    // the upload that applied it, every slice whole); any other tentative update is taken back first.
-    bool tentative = false;
-    if (tentative_.writer != 0) {
-      tentative = tentative_.step == d.step && tentative_.epoch == epoch && summed.size() == 1 &&
-                  summed[0]->request_id() == tentative_.request_id && newest_writer_.load() == tentative_.writer;
-      for (int i = 0; tentative && i < store_->num_slices(); ++i) {
-        tentative = store_->tentative_floats(i) == store_->spec(i).length;
-      }
-      if (!tentative) EndTentativeLocked(tentative_.writer, /*confirmed=*/false);
-    }
-    const absl::Time dense_start = options_.on_update_timed ? absl::Now() : absl::InfinitePast();
-    TraceRecorder* const trace = Tracing(d.step);
-    if (trace != nullptr) trace->NameThread("ps handler");
-    for (int i = 0; i < store_->num_slices(); ++i) {
-      // The sum of the step's gradients and the update, one slice at a time (SliceStore::Apply does both).
-      TraceSpan span(trace, trace != nullptr ? absl::StrCat("sum+apply slice ", i) : std::string(), "ps apply", d.step);
-      if (span.recording()) span.set_detail(absl::StrCat(summed.size(), " gradients summed"));
-      for (size_t k = 0; k < summed.size(); ++k) grads[k] = summed[k]->data(i);
-      if (tentative) {
-        // Applied as it arrived (ApplyTentative: the same chunks and bits as Apply); published already.
-      } else if (grads.empty()) {
-        store_->Apply(i, d.step, nullptr, 0, 0.0f, d.step + 1);  // publishes the version, changes nothing
-      } else {
-        ApplyGuard guard = ApplyGuard::kNone;
-        for (const GradientBuffers::Buffer* b : summed) {
-          if (GuardFor(*b, i) == ApplyGuard::kCopyFinite) guard = ApplyGuard::kCopyFinite;
-        }
-        const int64_t zeroed =
-            store_->Apply(i, d.step, grads.data(), static_cast<int>(grads.size()), scale, d.step + 1, weights, guard);
-        if (zeroed > 0) {
-          NoteNonFiniteAtApply(zeroed, d.step, i, absl::StrCat("workers ", absl::StrJoin(summed_workers, ",")));
-        }
-      }
-    }
-    if (tentative) EndTentativeLocked(tentative_.writer, /*confirmed=*/true);
-    // The tables after the slices (pulls stream them in that order), with the same 1/R.
-    const absl::Time sparse_start = options_.on_update_timed ? absl::Now() : absl::InfinitePast();
-    sparse_->SetClock(d.step);
-    if (!sparse_async_) {
-      TraceSpan span(sparse_->num_tables() > 0 ? trace : nullptr, "sparse row updates", "ps apply", d.step);
-      ApplySparse(summed, d.step, scale);
-    }
-    if (options_.on_update_timed && !tentative) {
-      int64_t rows = 0;
-      for (int t = 0; t < sparse_->num_tables() && !sparse_async_; ++t) {
-        for (const GradientBuffers::Buffer* b : summed) rows += static_cast<int64_t>(b->sparse_ids(t).size());
-      }
-      const absl::Time end = absl::Now();
-      options_.on_update_timed({store_->total_floats(), static_cast<int>(summed.size()), rows,
-                                absl::ToDoubleSeconds(sparse_start - dense_start),
-                                absl::ToDoubleSeconds(end - sparse_start)});
-    }
-    for (GradientBuffers::Locked& b : held) {
-      if (b->step() == d.step) b->Unlend(0);  // read for the last time
-    }
-    sparse_->SetVersion(d.step + 1);
-    if (journal_) {
-      for (size_t k = 0; k < summed.size(); ++k) {
-        journal_->Applied(summed_workers[k], d.step, summed[k]->request_id(), d.step + 1);
-      }
-    }
-    AdvanceSparseClock(d.step + 1);
-  }
+  ApplyDecidedGradientsLocked(d, epoch, &outcome);
   applied_through_ = d.step + 1;
   absl::MutexLock lock(&mu_);
+  RecordDecisionLocked(d, outcome, saves);
+}
+
+void ParameterServer::Impl::ApplyDecidedGradientsLocked(const StepDecision& d, int64_t epoch,
+                                                        std::vector<char>* outcome) {
+  // Buffers are locked in worker order (one lock order for every step) and summed in that order too.
+  std::vector<int> by_id = d.workers;
+  std::sort(by_id.begin(), by_id.end());
+  std::vector<GradientBuffers::Locked> held;
+  std::vector<GradientBuffers::Buffer*> buffer_of(slots(), nullptr);
+  for (int w : by_id) {
+    held.push_back(buffers_->Lock(w));
+    buffer_of[w] = &*held.back();
+  }
+  const SummedGradients summed = ChooseSummedGradients(d, by_id, buffer_of, outcome);
+  const float scale = summed.buffers.empty() ? 0.0f : 1.0f / static_cast<float>(summed.buffers.size());
+  // Each worker's gradient scaled by its own clip factor (its global norm came with its upload).
+  std::vector<float> clip(summed.buffers.size(), 1.0f);
+  for (size_t k = 0; k < summed.buffers.size(); ++k) clip[k] = ClipFactorOf(*summed.buffers[k]);
+  const float* weights = clipping() ? clip.data() : nullptr;
+  const bool tentative = KeepTentativeUpdateLocked(d, epoch, summed);
+  const absl::Time dense_start = options_.on_update_timed ? absl::Now() : absl::InfinitePast();
+  TraceRecorder* const trace = Tracing(d.step);
+  if (trace != nullptr) trace->NameThread("ps handler");
+  ApplyDenseSlices(d.step, summed, scale, weights, tentative, trace);
+  if (tentative) EndTentativeLocked(tentative_.writer, /*confirmed=*/true);
+  // The tables after the slices (pulls stream them in that order), with the same 1/R.
+  const absl::Time sparse_start = options_.on_update_timed ? absl::Now() : absl::InfinitePast();
+  sparse_->SetClock(d.step);
+  if (!sparse_async_) {
+    TraceSpan span(sparse_->num_tables() > 0 ? trace : nullptr, "sparse row updates", "ps apply", d.step);
+    ApplySparse(summed.buffers, d.step, scale);
+  }
+  if (options_.on_update_timed && !tentative) {
+    int64_t rows = 0;
+    for (int t = 0; t < sparse_->num_tables() && !sparse_async_; ++t) {
+      for (const GradientBuffers::Buffer* b : summed.buffers) rows += static_cast<int64_t>(b->sparse_ids(t).size());
+    }
+    const absl::Time end = absl::Now();
+    options_.on_update_timed({store_->total_floats(), static_cast<int>(summed.buffers.size()), rows,
+                              absl::ToDoubleSeconds(sparse_start - dense_start),
+                              absl::ToDoubleSeconds(end - sparse_start)});
+  }
+  for (GradientBuffers::Locked& b : held) {
+    if (b->step() == d.step) b->Unlend(0);  // read for the last time
+  }
+  sparse_->SetVersion(d.step + 1);
+  if (journal_) {
+    for (size_t k = 0; k < summed.buffers.size(); ++k) {
+      journal_->Applied(summed.workers[k], d.step, summed.buffers[k]->request_id(), d.step + 1);
+    }
+  }
+  AdvanceSparseClock(d.step + 1);
+}
+
+ParameterServer::Impl::SummedGradients ParameterServer::Impl::ChooseSummedGradients(
+    const StepDecision& d, const std::vector<int>& by_id, const std::vector<GradientBuffers::Buffer*>& buffer_of,
+    std::vector<char>* outcome) const {
+  // Summed in worker order, not in the decision's (commit) order: float addition of three or more gradients
+  // depends on the order, and commit order differs from run to run. So a sync step gives the same bits on
+  // every run with the same inputs (a restarted worker or ps task ends bit-identical to an uninterrupted run).
+  SummedGradients summed;
+  for (int w : by_id) {
+    GradientBuffers::Buffer* b = buffer_of[w];
+    // Only a worker that broke the protocol (pushing step s+1 before pulling it) can have overwritten them.
+    if (b->step() != d.step || !b->all_complete()) {
+      LOG(ERROR) << "ps task " << options_.task_index << ": worker " << w << "'s gradients for step " << d.step
+                 << " were overwritten (buffer holds step " << b->step() << "); step applied without them";
+      continue;
+    }
+    if (!b->nonfinite_slice().empty() && options_.nonfinite == ParameterServerOptions::NonFinite::kSkip) {
+      LOG(WARNING) << "ps task " << options_.task_index << ": step " << d.step << " without worker " << w
+                   << "'s gradient (NaN/Inf in '" << b->nonfinite_slice() << "', --nonfinite=skip)";
+      (*outcome)[w] = kSkipped;
+      continue;
+    }
+    (*outcome)[w] = kApplied;
+    summed.buffers.push_back(b);
+    summed.workers.push_back(w);
+  }
+  return summed;
+}
+
+bool ParameterServer::Impl::KeepTentativeUpdateLocked(const StepDecision& d, int64_t epoch,
+                                                      const SummedGradients& summed) {
+  // Early apply: the update is in the store already when it is exactly this step's (the one gradient summed, of
+  // the upload that applied it, every slice whole); any other tentative update is taken back first.
+  bool tentative = false;
+  if (tentative_.writer != 0) {
+    tentative = tentative_.step == d.step && tentative_.epoch == epoch && summed.buffers.size() == 1 &&
+                summed.buffers[0]->request_id() == tentative_.request_id &&
+                newest_writer_.load() == tentative_.writer;
+    for (int i = 0; tentative && i < store_->num_slices(); ++i) {
+      tentative = store_->tentative_floats(i) == store_->spec(i).length;
+    }
+    if (!tentative) EndTentativeLocked(tentative_.writer, /*confirmed=*/false);
+  }
+  return tentative;
+}
+
+void ParameterServer::Impl::ApplyDenseSlices(int64_t step, const SummedGradients& summed, float scale,
+                                             const float* weights, bool tentative, TraceRecorder* trace) {
+  std::vector<const float*> grads(summed.buffers.size());
+  for (int i = 0; i < store_->num_slices(); ++i) {
+    // The sum of the step's gradients and the update, one slice at a time (SliceStore::Apply does both).
+    TraceSpan span(trace, trace != nullptr ? absl::StrCat("sum+apply slice ", i) : std::string(), "ps apply", step);
+    if (span.recording()) span.set_detail(absl::StrCat(summed.buffers.size(), " gradients summed"));
+    for (size_t k = 0; k < summed.buffers.size(); ++k) grads[k] = summed.buffers[k]->data(i);
+    if (tentative) {
+      // Applied as it arrived (ApplyTentative: the same chunks and bits as Apply); published already.
+    } else if (grads.empty()) {
+      store_->Apply(i, step, nullptr, 0, 0.0f, step + 1);  // publishes the version, changes nothing
+    } else {
+      ApplyGuard guard = ApplyGuard::kNone;
+      for (const GradientBuffers::Buffer* b : summed.buffers) {
+        if (GuardFor(*b, i) == ApplyGuard::kCopyFinite) guard = ApplyGuard::kCopyFinite;
+      }
+      const int64_t zeroed =
+          store_->Apply(i, step, grads.data(), static_cast<int>(grads.size()), scale, step + 1, weights, guard);
+      if (zeroed > 0) {
+        NoteNonFiniteAtApply(zeroed, step, i, absl::StrCat("workers ", absl::StrJoin(summed.workers, ",")));
+      }
+    }
+  }
+}
+
+void ParameterServer::Impl::RecordDecisionLocked(const StepDecision& d, const std::vector<char>& outcome,
+                                                 std::vector<CheckpointData>* saves) {
   for (int w : d.workers) {
     ++members_.stats(w).applied;
     if (!pending_accepted_[w]) continue;  // counted already (a rollback discarded it)

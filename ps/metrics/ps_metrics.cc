@@ -1,5 +1,6 @@
 #include "ps/metrics/ps_metrics.h"
 
+#include <initializer_list>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -21,6 +22,20 @@ void Gauge(std::vector<prometheus::MetricFamily>* out, const char* name, const c
   AddSample(&AddFamily(out, name, help, MetricType::Gauge), {}, value);
 }
 
+// A sample of a family with one label: the label's value and the figure.
+struct LabeledSample {
+  template <typename Figure>
+  LabeledSample(const char* value, Figure figure) : value(value), figure(static_cast<double>(figure)) {}
+  const char* value;
+  double figure;
+};
+// A family whose samples differ by one label, `label`, in the order given.
+void LabeledFamily(std::vector<prometheus::MetricFamily>* out, const char* name, const char* help, MetricType type,
+                   const char* label, std::initializer_list<LabeledSample> samples) {
+  prometheus::MetricFamily& family = AddFamily(out, name, help, type);
+  for (const LabeledSample& s : samples) AddSample(&family, {{label, s.value}}, s.figure);
+}
+
 void AddAccounting(const PushAccounting& a, std::vector<prometheus::MetricFamily>* out) {
   Counter(out, "dtrain_ps_pushes_received_total",
           "Pushes this task received (every StartPush, any transport).", a.received);
@@ -28,20 +43,19 @@ void AddAccounting(const PushAccounting& a, std::vector<prometheus::MetricFamily
           "Pushes taken for a step (sync) or applied at once (async).", a.accepted);
   Counter(out, "dtrain_ps_pushes_applied_total", "Accepted gradients that went into the parameters.",
           a.applied);
-  prometheus::MetricFamily& dropped = AddFamily(
-      out, "dtrain_ps_pushes_dropped_total",
-      "Pushes not applied, by reason: stale (a step decided long ago or past the staleness bound), backup "
-      "(the step was decided without it), duplicate (a retry), rejected_nonfinite, skipped_nonfinite, "
-      "refused (another error), abandoned (the upload broke off), discarded (a rollback).",
-      MetricType::Counter);
-  AddSample(&dropped, {{"reason", "stale"}}, a.dropped_stale);
-  AddSample(&dropped, {{"reason", "backup"}}, a.dropped_backup);
-  AddSample(&dropped, {{"reason", "duplicate"}}, a.duplicates);
-  AddSample(&dropped, {{"reason", "rejected_nonfinite"}}, a.rejected_nonfinite);
-  AddSample(&dropped, {{"reason", "skipped_nonfinite"}}, a.skipped_nonfinite);
-  AddSample(&dropped, {{"reason", "refused"}}, a.refused);
-  AddSample(&dropped, {{"reason", "abandoned"}}, a.abandoned);
-  AddSample(&dropped, {{"reason", "discarded"}}, a.discarded);
+  LabeledFamily(out, "dtrain_ps_pushes_dropped_total",
+                "Pushes not applied, by reason: stale (a step decided long ago or past the staleness bound), backup "
+                "(the step was decided without it), duplicate (a retry), rejected_nonfinite, skipped_nonfinite, "
+                "refused (another error), abandoned (the upload broke off), discarded (a rollback).",
+                MetricType::Counter, "reason",
+                {{"stale", a.dropped_stale},
+                 {"backup", a.dropped_backup},
+                 {"duplicate", a.duplicates},
+                 {"rejected_nonfinite", a.rejected_nonfinite},
+                 {"skipped_nonfinite", a.skipped_nonfinite},
+                 {"refused", a.refused},
+                 {"abandoned", a.abandoned},
+                 {"discarded", a.discarded}});
   Gauge(out, "dtrain_ps_pushes_in_flight", "Uploads open now.", a.in_flight);
   Gauge(out, "dtrain_ps_pushes_pending", "Accepted sync gradients waiting for their step's decision.",
         a.pending);
@@ -59,14 +73,10 @@ void AddStats(const TrainingStats& s, std::vector<prometheus::MetricFamily>* out
       ++live;
     }
   }
-  prometheus::MetricFamily& workers =
-      AddFamily(out, "dtrain_ps_workers",
+  LabeledFamily(out, "dtrain_ps_workers",
                 "Workers known to this task by state: live (registered, holding a lease: heard from within "
                 "--worker_timeout_secs), done (left), lost (their lease ran out, not back since).",
-                MetricType::Gauge);
-  AddSample(&workers, {{"state", "live"}}, live);
-  AddSample(&workers, {{"state", "done"}}, done);
-  AddSample(&workers, {{"state", "lost"}}, lost);
+                MetricType::Gauge, "state", {{"live", live}, {"done", done}, {"lost", lost}});
   prometheus::MetricFamily applied =
       metrics::Family("dtrain_ps_worker_pushes_applied_total", "Pushes of each worker applied on this task.",
                       MetricType::Counter);
@@ -91,13 +101,11 @@ void AddStats(const TrainingStats& s, std::vector<prometheus::MetricFamily>* out
     AddSample(&times_lost, l, w.times_lost);
   }
   for (prometheus::MetricFamily* f : {&applied, &dropped, &wait, &times_lost}) out->push_back(std::move(*f));
-  prometheus::MetricFamily& bytes = AddFamily(out, "dtrain_ps_payload_bytes_total",
-                                              "Tensor payload bytes (values at their wire size, plus ids) "
-                                              "received in pushes (in) and sent in pulls (out), "
-                                              "over every transport.",
-                                              MetricType::Counter);
-  AddSample(&bytes, {{"direction", "in"}}, s.bytes_received);
-  AddSample(&bytes, {{"direction", "out"}}, s.bytes_sent);
+  LabeledFamily(out, "dtrain_ps_payload_bytes_total",
+                "Tensor payload bytes (values at their wire size, plus ids) "
+                "received in pushes (in) and sent in pulls (out), "
+                "over every transport.",
+                MetricType::Counter, "direction", {{"in", s.bytes_received}, {"out", s.bytes_sent}});
   Gauge(out, "dtrain_ps_max_staleness", "Async: the largest staleness of an applied push so far.",
         s.max_staleness_seen);
   Gauge(out, "dtrain_ps_checkpoint_step", "Step of this task's newest checkpoint on disk (-1: none).",

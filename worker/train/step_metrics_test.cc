@@ -52,15 +52,7 @@ Collected Collect(prometheus::Registry& registry) {
 }
 
 WorkerOptions Options(const data::DatasetPair* data) {
-  WorkerOptions o;
-  o.model = "mlp";
-  o.dataset = data;
-  o.shuffle = false;
-  o.optimizer = "sgd";
-  o.learning_rate = 0.1f;
-  o.quiet = true;
-  o.evaluate = false;
-  o.startup_wait_secs = 30;
+  WorkerOptions o = QuietTrainingOptions(data);
   o.batch_size = 25;
   o.train_steps = 12;
   return o;

@@ -36,6 +36,21 @@ WorkerOptions Resolved(const std::string& model, const std::string& optimizer, f
   return o;
 }
 
+// A local mlp run over `data` in order, without the evaluation at the end and quiet, with rmsprop at its
+// default rate (0.001: no --learning_rate): `batch_size` examples a step for `train_steps` steps.
+WorkerOptions RmspropOptions(const data::DatasetPair* data, int batch_size, int train_steps) {
+  WorkerOptions o;
+  o.model = "mlp";
+  o.dataset = data;
+  o.shuffle = false;
+  o.evaluate = false;
+  o.quiet = true;
+  o.optimizer = "rmsprop";  // without a rate: 0.001
+  o.batch_size = batch_size;
+  o.train_steps = train_steps;
+  return o;
+}
+
 TEST(LearningRateTest, AnAdaptiveOptimizerOtherThanTheModelsTakesItsFrameworksRate) {
   struct Case {
     std::string optimizer;
@@ -104,14 +119,8 @@ TEST(LearningRateTest, TheWarmupStartsAtAThirdOfTheRateByDefault) {
 // computed, the progress lines show the rate at their step, and the metrics file has it as a third column.
 TEST(LearningRateTest, ProgressLinesAndTheMetricsFileCarryTheScheduledRate) {
   const data::DatasetPair data = MakeSyntheticDataset(400, 100);
-  WorkerOptions o;
-  o.model = "mlp";
-  o.dataset = &data;
-  o.shuffle = false;
-  o.evaluate = false;
-  o.optimizer = "rmsprop";  // without a rate: 0.001
-  o.batch_size = 20;
-  o.train_steps = 12;
+  WorkerOptions o = RmspropOptions(&data, 20, 12);
+  o.quiet = false;  // the progress lines are read below
   o.warmup_steps = 4;
   o.lr_schedule = "cosine";
   o.log_every = 4;
@@ -168,15 +177,7 @@ TEST(LearningRateTest, ProgressLinesAndTheMetricsFileCarryTheScheduledRate) {
 // run goes (PATH.tmp) and renamed at the end.
 TEST(LearningRateTest, TheMetricsFileStreamsWhatARunDoesNotKeep) {
   const data::DatasetPair data = MakeSyntheticDataset(400, 100);
-  WorkerOptions o;
-  o.model = "mlp";
-  o.dataset = &data;
-  o.shuffle = false;
-  o.evaluate = false;
-  o.quiet = true;
-  o.optimizer = "rmsprop";
-  o.batch_size = 20;
-  o.train_steps = 45;
+  WorkerOptions o = RmspropOptions(&data, 20, 45);
   o.warmup_steps = 4;
   o.lr_schedule = "cosine";
   o.log_every = 10;  // 45 steps: four whole windows and a last of 5
@@ -215,16 +216,8 @@ TEST(LearningRateTest, TheMetricsFileStreamsWhatARunDoesNotKeep) {
 // twice the batch and that rate given.
 TEST(LearningRateTest, ThePsTasksGetTheResolvedRate) {
   const data::DatasetPair data = MakeSyntheticDataset(400, 100);
-  WorkerOptions base;
-  base.model = "mlp";
-  base.dataset = &data;
-  base.shuffle = false;
-  base.evaluate = false;
-  base.quiet = true;
+  WorkerOptions base = RmspropOptions(&data, 10, 8);
   base.startup_wait_secs = 30;
-  base.optimizer = "rmsprop";
-  base.batch_size = 10;
-  base.train_steps = 8;
 
   WorkerOptions local = base;
   local.batch_size = 20;

@@ -32,19 +32,6 @@ std::string WriteResidualNet(const std::string& name, bool batch_norm) {
   return path;
 }
 
-WorkerOptions Options(const data::DatasetPair* data, const std::string& model) {
-  WorkerOptions o;
-  o.model = model;
-  o.dataset = data;
-  o.shuffle = false;
-  o.optimizer = "sgd";
-  o.learning_rate = 0.1f;
-  o.quiet = true;
-  o.evaluate = false;
-  o.startup_wait_secs = 30;
-  return o;
-}
-
 std::vector<TrainingResult> RunCluster(const WorkerOptions& base, int num_ps, int num_workers) {
   PsTasks cluster(num_ps, num_workers);
   return RunWorkers(base, num_workers, cluster.tasks);
@@ -54,14 +41,14 @@ TEST(TrainerOnnxTest, SyncTwoWorkersEqualLocalDoubleBatchWithAResidualAdd) {
   const data::DatasetPair data = MakeSyntheticDataset(600, 60);
   const std::string path = WriteResidualNet("residual", /*batch_norm=*/false);
   const int b = 10, k = 10;
-  WorkerOptions local = Options(&data, path);
+  WorkerOptions local = QuietTrainingOptions(&data, path);
   local.batch_size = 2 * b;
   local.train_steps = k;
   absl::StatusOr<TrainingResult> expected = RunTraining(local, {});
   ASSERT_TRUE(expected.ok()) << expected.status();
   for (int num_ps : {1, 2}) {
     SCOPED_TRACE(num_ps);
-    WorkerOptions o = Options(&data, path);
+    WorkerOptions o = QuietTrainingOptions(&data, path);
     o.batch_size = b;
     o.train_steps = k;
     o.mode = "sync";
@@ -82,7 +69,7 @@ TEST(TrainerOnnxTest, SyncTwoWorkersEqualLocalDoubleBatchWithAResidualAdd) {
 TEST(TrainerOnnxTest, BatchNormOneWorkerClusterEqualsLocalExactly) {
   const data::DatasetPair data = MakeSyntheticDataset(600, 60);
   const std::string path = WriteResidualNet("residual_bn", /*batch_norm=*/true);
-  WorkerOptions o = Options(&data, path);
+  WorkerOptions o = QuietTrainingOptions(&data, path);
   o.batch_size = 16;
   o.train_steps = 12;
   absl::StatusOr<TrainingResult> local = RunTraining(o, {});
@@ -155,7 +142,7 @@ TEST(TrainerOnnxTest, EmbeddingTablesSyncTwoWorkersTwoPsEqualLocalDoubleBatch) {
   ASSERT_TRUE(data.ok()) << data.status();
   const std::string path = WriteEmbeddingNet("embedding", 2);
   const int b = 10, k = 10;
-  WorkerOptions local = Options(&*data, path);
+  WorkerOptions local = QuietTrainingOptions(&*data, path);
   local.sparse_optimizer = "sgd";
   local.batch_size = 2 * b;
   local.train_steps = k;

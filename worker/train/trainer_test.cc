@@ -30,19 +30,6 @@
 namespace dtrain::worker {
 namespace {
 
-WorkerOptions BaseOptions(const data::DatasetPair* data) {
-  WorkerOptions o;
-  o.model = "mlp";
-  o.dataset = data;
-  o.shuffle = false;
-  o.optimizer = "sgd";
-  o.learning_rate = 0.1f;
-  o.quiet = true;
-  o.evaluate = false;
-  o.startup_wait_secs = 30;
-  return o;
-}
-
 using ::dtrain::testing::RelativeDifference;
 
 // The exit code of a failed run tells what happened, signal or not: a run that failed elsewhere while this worker
@@ -63,7 +50,7 @@ TEST(TrainerTest, FailedRunExitCodeKeepsAFailureAFailureUnderASignal) {
 
 TEST(TrainerTest, LocalModeTrains) {
   const data::DatasetPair data = MakeSyntheticDataset(2000, 500);
-  WorkerOptions o = BaseOptions(&data);
+  WorkerOptions o = QuietTrainingOptions(&data);
   o.batch_size = 50;
   o.train_steps = 150;
   o.shuffle = true;
@@ -92,7 +79,7 @@ TEST(TrainerTest, LocalModeTrains) {
 void CheckSyncEquivalence(int num_ps, bool shm = false) {
   const data::DatasetPair data = MakeSyntheticDataset(1000, 100);
   const int b = 20, k = 12;
-  WorkerOptions local = BaseOptions(&data);
+  WorkerOptions local = QuietTrainingOptions(&data);
   local.batch_size = 2 * b;
   local.train_steps = k;
   absl::StatusOr<TrainingResult> expected = RunTraining(local, {});
@@ -101,7 +88,7 @@ void CheckSyncEquivalence(int num_ps, bool shm = false) {
   PsTasks ps_tasks(num_ps, 2);
   std::vector<std::unique_ptr<ps::ParameterServer>>& servers = ps_tasks.servers;
   const std::vector<ps::PsInterface*>& tasks = ps_tasks.tasks;
-  WorkerOptions o = BaseOptions(&data);
+  WorkerOptions o = QuietTrainingOptions(&data);
   o.batch_size = b;
   o.train_steps = k;
   o.mode = "sync";
@@ -137,7 +124,7 @@ TEST(TrainerTest, SyncTwoWorkersOverSharedMemoryEqualLocalDoubleBatch) {
 // the commit) trains exactly like local mode: the pull never overtakes the commit it depends on.
 TEST(TrainerTest, OneWorkerClusterEqualsLocal) {
   const data::DatasetPair data = MakeSyntheticDataset(1000, 100);
-  WorkerOptions o = BaseOptions(&data);
+  WorkerOptions o = QuietTrainingOptions(&data);
   o.batch_size = 20;
   o.train_steps = 30;
   absl::StatusOr<TrainingResult> local = RunTraining(o, {});
@@ -157,7 +144,7 @@ TEST(TrainerTest, SyncTwoWorkersTwoPsEqualsLocalDoubleBatch) { CheckSyncEquivale
 // outcome at once, without training (were it to export ONNX, degraded: that file is not made).
 TEST(TrainerTest, AChiefThatComesBackAfterTheEndTakesTheRunsOutcome) {
   const data::DatasetPair data = MakeSyntheticDataset(200, 50);
-  WorkerOptions o = BaseOptions(&data);
+  WorkerOptions o = QuietTrainingOptions(&data);
   o.batch_size = 10;
   o.train_steps = 5;
   PsTasks cluster(1, 1);
@@ -175,7 +162,7 @@ TEST(TrainerTest, AChiefThatComesBackAfterTheEndTakesTheRunsOutcome) {
 TEST(TrainerTest, LocalModeFailsWhenTheFinalCheckpointIsNotSaved) {
   const data::DatasetPair data = MakeSyntheticDataset(200, 50);
   dtrain::testing::FaultInjectionEnv env(Env::Default());
-  WorkerOptions o = BaseOptions(&data);
+  WorkerOptions o = QuietTrainingOptions(&data);
   o.batch_size = 20;
   o.train_steps = 5;
   o.checkpoint.dir = absl::StrCat(::testing::TempDir(), "/trainer_full_disk_", getpid());
@@ -207,7 +194,7 @@ TEST(TrainerTest, StopAndResumeEqualsUninterrupted) {
     SCOPED_TRACE(c.name);
     const std::string dir = absl::StrCat(::testing::TempDir(), "/trainer_resume_", getpid());
     auto run = [&](const std::string& ckpt, int64_t steps) -> TrainingResult {
-      WorkerOptions o = BaseOptions(&data);
+      WorkerOptions o = QuietTrainingOptions(&data);
       o.model = "cnn";  // dropout
       o.batch_size = 8;
       o.shuffle = true;
@@ -301,7 +288,7 @@ class RestartsAtTheFinalPull : public ps::PsInterface {
 // run without the restart; the new process finishes with a successful outcome.
 TEST(TrainerTest, ChiefRecoversFromAPsRestartAfterTheLastStep) {
   const data::DatasetPair data = MakeSyntheticDataset(200, 50);
-  WorkerOptions o = BaseOptions(&data);
+  WorkerOptions o = QuietTrainingOptions(&data);
   o.batch_size = 10;
   o.train_steps = 20;
   const std::string dir = absl::StrCat(::testing::TempDir(), "/trainer_final_pull_", getpid());
@@ -337,7 +324,7 @@ TEST(TrainerTest, ClusterWorkerWithDeviceOwnedTowersEqualsHostResident) {
       SCOPED_TRACE(::testing::Message() << towers << " towers, " << ps_tasks << " ps tasks");
       auto run = [&](bool in_place) {
         PsTasks cluster(ps_tasks, 1);
-        WorkerOptions o = BaseOptions(&data);
+        WorkerOptions o = QuietTrainingOptions(&data);
         o.model = "cnn";
         o.batch_size = 8;
         o.train_steps = 12;
@@ -363,7 +350,7 @@ TEST(TrainerTest, AsyncGlobalStepCountsAppliedPushesEvenWithRetries) {
   ps::FaultInjectingPs::Faults faults;
   faults.duplicate_pushes = true;  // every push arrives twice
   ps::FaultInjectingPs flaky(server.get(), faults);
-  WorkerOptions o = BaseOptions(&data);
+  WorkerOptions o = QuietTrainingOptions(&data);
   o.batch_size = 20;
   o.train_steps = 40;
   o.mode = "async";
@@ -388,7 +375,7 @@ TEST(TrainerTest, AsyncGlobalStepCountsAppliedPushesEvenWithRetries) {
 // The training loop's thread computes with flush-to-zero and denormals-are-zero (RunTraining sets them).
 TEST(TrainerTest, TrainingLoopThreadFlushesDenormals) {
   const data::DatasetPair data = MakeSyntheticDataset(200, 100);
-  WorkerOptions o = BaseOptions(&data);
+  WorkerOptions o = QuietTrainingOptions(&data);
   o.batch_size = 20;
   o.train_steps = 2;
   std::thread t([&] {
@@ -411,7 +398,7 @@ double MeanLoss(const std::vector<float>& l, size_t begin, size_t end) {
 // The conv net trains with falling loss (local mode, synthetic MNIST-shaped data).
 TEST(TrainerTest, ConvnetLossFalls) {
   const data::DatasetPair data = MakeSyntheticDataset(400, 50);
-  WorkerOptions o = BaseOptions(&data);
+  WorkerOptions o = QuietTrainingOptions(&data);
   o.model = "convnet";
   o.optimizer = "";  // the model's default (Adam 1e-3)
   o.learning_rate = 0;
@@ -445,7 +432,7 @@ TEST(TrainerTest, Cifar10FromBinaryFilesLossFalls) {
   write(dir + "/data_batch_1.bin", synth.train);
   write(dir + "/test_batch.bin", synth.test);
 
-  WorkerOptions o = BaseOptions(nullptr);
+  WorkerOptions o = QuietTrainingOptions(nullptr);
   o.dataset = nullptr;
   o.data_dir = dir;
   o.model = "cifar10";

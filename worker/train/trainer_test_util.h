@@ -4,6 +4,7 @@
 #define DTRAIN_WORKER_TRAIN_TRAINER_TEST_UTIL_H_
 
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -15,6 +16,21 @@
 #include "worker/train/trainer.h"
 
 namespace dtrain::worker {
+
+// The options the trainer tests start from: `model` over `data` in order, plain SGD at 0.1, quiet, without the
+// chief's evaluation at the end; 30 s to wait for the ps tasks (a loaded CI machine).
+inline WorkerOptions QuietTrainingOptions(const data::DatasetPair* data, const std::string& model = "mlp") {
+  WorkerOptions o;
+  o.model = model;
+  o.dataset = data;
+  o.shuffle = false;
+  o.optimizer = "sgd";
+  o.learning_rate = 0.1f;
+  o.quiet = true;
+  o.evaluate = false;
+  o.startup_wait_secs = 30;
+  return o;
+}
 
 // In-process ps tasks (ps task i of num_ps) for `num_workers` workers, checkpointing as `checkpoint` says.
 struct PsTasks {
