@@ -405,6 +405,10 @@ int main(int argc, char** argv) {
     if (dtrain::ps::tcp::TcpServer* tcp = (*server)->tcp_server(); tcp != nullptr) {
       src.tcp = [tcp] { return tcp->counters(); };
     }
+    src.grpc_bytes = [s = server->get()] {
+      const dtrain::ps::PsServer::GrpcBytes b = s->grpc_bytes();
+      return std::make_pair(b.received, b.sent);
+    };
     src.checkpoint_dir = o.ps.checkpoint.dir;
     src.delta_dir = o.ps.delta.every_secs > 0 || o.ps.delta.every_steps > 0 ? o.ps.delta.dir : "";
     src.task = o.ps.task_index;

@@ -163,6 +163,14 @@ pushes = [float(v) for _, v in query("dtrain_ps_pushes_received_total[10s]")[0][
 check("the ps's pushes counter increases from scrape to scrape",
       len(pushes) >= 5 and all(b >= a for a, b in zip(pushes, pushes[1:])) and pushes[-1] > pushes[0],
       "last 10 s: %s" % pushes)
+# The ps's own count of the bytes its shared-memory server read from and wrote to the workers' memory against the
+# workers' counts of the same data (both tensor values at their wire size), as rates over the same 10 s.
+for ps_dir, w_dir, what in (("in", "out", "pushed"), ("out", "in", "pulled")):
+    ps_rate = value('rate(dtrain_ps_transport_bytes_total{transport="shm",direction="%s"}[10s])' % ps_dir)
+    w_rate = value('sum(rate(dtrain_worker_transport_bytes_total{transport="shm",direction="%s"}[10s]))' % w_dir)
+    check("the ps's shared-memory bytes %s match the workers' (rates over 10 s within 5%%)" % what,
+          ps_rate is not None and w_rate is not None and w_rate > 0 and abs(ps_rate / w_rate - 1) <= 0.05,
+          "ps %s B/s, workers %s B/s" % (ps_rate, w_rate))
 for w in ("0", "1"):
     parts = value('sum(dtrain_worker_step_part_seconds_sum{part!="input_wait",task="%s"})' % w)
     steps = value('dtrain_worker_step_seconds_sum{task="%s"}' % w)

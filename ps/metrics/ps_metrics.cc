@@ -155,24 +155,34 @@ std::vector<prometheus::MetricFamily> CollectPsFamilies(const PsMetricsSources& 
   prometheus::MetricFamily cut =
       metrics::Family("dtrain_ps_transport_uploads_cut_off_total",
                       "Uploads open when their lane closed or fell silent.", MetricType::Counter);
+  prometheus::MetricFamily bytes = metrics::Family(
+      "dtrain_ps_transport_bytes_total",
+      "Tensor bytes received (pushes) and sent (pulls), by transport and direction: gRPC's tensor streams' "
+      "messages, shared memory's values read and written in the workers' memory, the TCP lanes' bytes.",
+      MetricType::Counter);
+  const auto add_bytes = [&bytes](const char* transport, int64_t in, int64_t out_bytes) {
+    AddSample(&bytes, {{"transport", transport}, {"direction", "in"}}, in);
+    AddSample(&bytes, {{"transport", transport}, {"direction", "out"}}, out_bytes);
+  };
+  if (src.grpc_bytes) {
+    const std::pair<int64_t, int64_t> b = src.grpc_bytes();
+    add_bytes("grpc", b.first, b.second);
+  }
   if (src.shm) {
     const shm::ShmServerCounters c = src.shm();
     AddSample(&lanes, {{"transport", "shm"}}, c.active_lanes);
     AddSample(&attached, {{"transport", "shm"}}, c.active_attachments);
     AddSample(&cut, {{"transport", "shm"}}, c.uploads_cut_off);
+    add_bytes("shm", c.bytes_received, c.bytes_sent);
   }
   if (src.tcp) {
     const tcp::TcpServerCounters c = src.tcp();
     AddSample(&lanes, {{"transport", "tcp"}}, c.active_lanes);
     AddSample(&attached, {{"transport", "tcp"}}, c.active_attachments);
     AddSample(&cut, {{"transport", "tcp"}}, c.uploads_cut_off);
-    prometheus::MetricFamily& bytes =
-        AddFamily(&out, "dtrain_ps_transport_bytes_total", "Bytes over the TCP data lanes, by direction.",
-                  MetricType::Counter);
-    AddSample(&bytes, {{"transport", "tcp"}, {"direction", "in"}}, c.bytes_received);
-    AddSample(&bytes, {{"transport", "tcp"}, {"direction", "out"}}, c.bytes_sent);
+    add_bytes("tcp", c.bytes_received, c.bytes_sent);
   }
-  for (prometheus::MetricFamily* f : {&lanes, &attached, &cut}) {
+  for (prometheus::MetricFamily* f : {&lanes, &attached, &cut, &bytes}) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
   const std::string suffix = absl::StrCat(".ps", src.task, "-of-", src.num_ps);

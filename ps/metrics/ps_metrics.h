@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ps/core/parameter_server.h"
@@ -36,6 +37,8 @@ struct PsMetricsSources {
   // The data planes' counters; null: not offered.
   std::function<shm::ShmServerCounters()> shm;
   std::function<tcp::TcpServerCounters()> tcp;
+  // The tensor bytes gRPC's streams received and sent (ps/rpc/grpc_ps_service.h); null: not counted.
+  std::function<std::pair<int64_t, int64_t>()> grpc_bytes;
   // Where this task's checkpoints and deltas are written (empty: none): their ages are read from the newest
   // file of this task (model.ckpt-*.ps<task>-of-<num_ps>, model.delta-*.ps<task>-of-<num_ps>).
   std::string checkpoint_dir, delta_dir;

@@ -75,6 +75,7 @@ TEST(PsMetricsTest, FiguresFollowTheTasksStatsAndAccounting) {
     c.active_lanes = 3;
     return c;
   };
+  src.grpc_bytes = [] { return std::make_pair(int64_t{300}, int64_t{400}); };
   const std::vector<prometheus::MetricFamily> families = CollectPsFamilies(src);
   const std::map<std::string, double> s = Samples(families);
   const PushAccounting a = cluster->task(0).accounting();
@@ -91,6 +92,10 @@ TEST(PsMetricsTest, FiguresFollowTheTasksStatsAndAccounting) {
   EXPECT_EQ(At(s, "dtrain_ps_workers{state=lost}"), 0);
   EXPECT_GT(At(s, "dtrain_ps_payload_bytes_total{direction=in}"), 0);
   EXPECT_EQ(At(s, "dtrain_ps_transport_bytes_total{transport=tcp,direction=in}"), 1000);
+  EXPECT_EQ(At(s, "dtrain_ps_transport_bytes_total{transport=tcp,direction=out}"), 2000);
+  EXPECT_EQ(At(s, "dtrain_ps_transport_bytes_total{transport=grpc,direction=in}"), 300);
+  EXPECT_EQ(At(s, "dtrain_ps_transport_bytes_total{transport=grpc,direction=out}"), 400);
+  EXPECT_EQ(s.count("dtrain_ps_transport_bytes_total{transport=shm,direction=in}"), 0u);  // not offered
   EXPECT_EQ(At(s, "dtrain_ps_transport_lanes{transport=tcp}"), 3);
   EXPECT_EQ(s.count("dtrain_ps_transport_lanes{transport=shm}"), 0u);  // not offered
   EXPECT_GE(At(s, "dtrain_ps_checkpoint_age_seconds"), 0);

@@ -31,7 +31,8 @@ using grpc::internal::RpcServiceMethod;
 // has nothing more ready.
 class StreamReceiver : public PullReceiver {
  public:
-  StreamReceiver(grpc::ServerWriter<grpc::ByteBuffer>* writer, WireDtype dtype) : writer_(writer), dtype_(dtype) {}
+  StreamReceiver(grpc::ServerWriter<grpc::ByteBuffer>* writer, WireDtype dtype, GrpcStreamCounters* counters)
+      : writer_(writer), dtype_(dtype), counters_(counters) {}
 
   absl::Status OnHeader(const PullHeader& header) override {
     pb::PullHeader h;
@@ -53,27 +54,33 @@ class StreamReceiver : public PullReceiver {
   }
   absl::Status Flush() override {
     if (builder_.empty()) return absl::OkStatus();
-    if (!writer_->Write(builder_.Build())) return absl::UnavailableError("Pull: the worker went away");
+    const grpc::ByteBuffer message = builder_.Build();
+    if (counters_ != nullptr) {
+      counters_->bytes_sent.fetch_add(static_cast<int64_t>(message.Length()), std::memory_order_relaxed);
+    }
+    if (!writer_->Write(message)) return absl::UnavailableError("Pull: the worker went away");
     return absl::OkStatus();
   }
 
  private:
   grpc::ServerWriter<grpc::ByteBuffer>* writer_;
   const WireDtype dtype_;
+  GrpcStreamCounters* const counters_;  // may be null
   coding::MessageBuilder builder_;
 };
 
 class GrpcPsService final : public grpc::Service {
  public:
   GrpcPsService(PsInterface* ps, Cancellation* shutdown, std::string token, shm::ShmServer* shm,
-                ApplyEarly apply_early, tcp::TcpServer* tcp, absl::Status tcp_refusal)
+                ApplyEarly apply_early, tcp::TcpServer* tcp, absl::Status tcp_refusal, GrpcStreamCounters* counters)
       : ps_(ps),
         shutdown_(shutdown),
         token_(std::move(token)),
         shm_(shm),
         apply_early_(apply_early),
         tcp_(tcp),
-        tcp_refusal_(std::move(tcp_refusal)) {
+        tcp_refusal_(std::move(tcp_refusal)),
+        counters_(counters) {
     AddMethod(new RpcServiceMethod(
         grpc_methods::kRegister, RpcMethod::NORMAL_RPC,
         new grpc::internal::RpcMethodHandler<GrpcPsService, pb::RegisterRequest, pb::RegisterResponse>(
@@ -266,7 +273,12 @@ class GrpcPsService final : public grpc::Service {
     UploadFeeder feeder(ps_, initialize, &stripes_, part, join_deadline,
                         [this, &ctx] { return ctx.IsCancelled() || shutdown_->cancelled(); }, apply_early);
     grpc::ByteBuffer message;
-    while (reader->Read(&message)) RETURN_IF_ERROR(feeder.Feed(message));
+    while (reader->Read(&message)) {
+      if (counters_ != nullptr) {
+        counters_->bytes_received.fetch_add(static_cast<int64_t>(message.Length()), std::memory_order_relaxed);
+      }
+      RETURN_IF_ERROR(feeder.Feed(message));
+    }
     // The stream ended without the client's WritesDone (it cancelled the upload, died, or lost its connection):
     // the upload is dropped unfinished, nothing of it is committed.
     if (ctx.IsCancelled()) return absl::CancelledError("upload cancelled by the client or its connection lost");
@@ -277,7 +289,7 @@ class GrpcPsService final : public grpc::Service {
     SetFlushDenormals();  // sync pulls on other tasks apply the relayed decisions on this thread
     PullRequest r = wire::FromProto(req);
     r.cancel = shutdown_;
-    StreamReceiver receiver(writer, r.wire_dtype);
+    StreamReceiver receiver(writer, r.wire_dtype, counters_);
     if (absl::Status s = ps_->Pull(r, &receiver); !s.ok()) return wire::ToGrpc(s);
     return wire::ToGrpc(receiver.Flush());
   }
@@ -290,6 +302,7 @@ class GrpcPsService final : public grpc::Service {
   const ApplyEarly apply_early_;
   tcp::TcpServer* tcp_;          // null: no TCP lanes offered
   const absl::Status tcp_refusal_;  // not OK: AttachTcp's answer
+  GrpcStreamCounters* const counters_;  // may be null
 };
 
 }  // namespace
@@ -303,8 +316,9 @@ absl::StatusOr<ApplyEarly> ParseApplyEarly(absl::string_view name) {
 
 std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown, const std::string& token,
                                                 shm::ShmServer* shm, ApplyEarly apply_early, tcp::TcpServer* tcp,
-                                                absl::Status tcp_refusal) {
-  return std::make_unique<GrpcPsService>(ps, shutdown, token, shm, apply_early, tcp, std::move(tcp_refusal));
+                                                absl::Status tcp_refusal, GrpcStreamCounters* counters) {
+  return std::make_unique<GrpcPsService>(ps, shutdown, token, shm, apply_early, tcp, std::move(tcp_refusal),
+                                         counters);
 }
 
 }  // namespace dtrain::ps

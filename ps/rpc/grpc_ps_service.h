@@ -7,6 +7,8 @@
 #ifndef DTRAIN_PS_RPC_GRPC_PS_SERVICE_H_
 #define DTRAIN_PS_RPC_GRPC_PS_SERVICE_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -35,11 +37,21 @@ enum class ApplyEarly { kAuto, kOn, kOff };
 // "auto" | "on" | "off"; InvalidArgument naming the flag otherwise.
 absl::StatusOr<ApplyEarly> ParseApplyEarly(absl::string_view name);
 
+// The bytes of the tensor streams (Initialize, Push, PushPart and Pull: their serialized messages, framing
+// included; the control calls' small protobufs are not counted) the service received and sent. Thread-safe
+// (relaxed atomics, one add per message).
+struct GrpcStreamCounters {
+  std::atomic<int64_t> bytes_received{0};
+  std::atomic<int64_t> bytes_sent{0};
+};
+
+// `counters` (may be null; must outlive the service) counts the tensor streams' bytes.
 std::unique_ptr<grpc::Service> NewGrpcPsService(PsInterface* ps, Cancellation* shutdown = nullptr,
                                                 const std::string& token = "", shm::ShmServer* shm = nullptr,
                                                 ApplyEarly apply_early = ApplyEarly::kAuto,
                                                 tcp::TcpServer* tcp = nullptr,
-                                                absl::Status tcp_refusal = absl::OkStatus());
+                                                absl::Status tcp_refusal = absl::OkStatus(),
+                                                GrpcStreamCounters* counters = nullptr);
 
 }  // namespace dtrain::ps
 

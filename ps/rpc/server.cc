@@ -96,6 +96,7 @@ struct PsServer::State {
   Cancellation shutdown;  // ends the pulls still waiting when the server shuts down
   std::unique_ptr<shm::ShmServer> shm;
   std::unique_ptr<tcp::TcpServer> tcp;
+  GrpcStreamCounters grpc_counters;  // the service's tensor streams
   std::unique_ptr<grpc::Service> service;
   std::unique_ptr<grpc::Server> server;
   absl::Duration linger;
@@ -152,7 +153,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
     ASSIGN_OR_RETURN(st.tcp, tcp::TcpServer::Start(st.ps.get(), to));
   }
   st.service = NewGrpcPsService(st.watch.get(), &st.shutdown, options.security.auth_token, st.shm.get(),
-                                options.apply_early, st.tcp.get(), tcp_refusal);
+                                options.apply_early, st.tcp.get(), tcp_refusal, &st.grpc_counters);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(addr, ServerCredentials(options.security), &st.port);
   builder.RegisterService(st.service.get());
@@ -182,6 +183,10 @@ int PsServer::port() const { return state_->port; }
 ParameterServer* PsServer::parameter_server() { return state_->ps.get(); }
 shm::ShmServer* PsServer::shm_server() { return state_->shm.get(); }
 tcp::TcpServer* PsServer::tcp_server() { return state_->tcp.get(); }
+PsServer::GrpcBytes PsServer::grpc_bytes() const {
+  return {state_->grpc_counters.bytes_received.load(std::memory_order_relaxed),
+          state_->grpc_counters.bytes_sent.load(std::memory_order_relaxed)};
+}
 
 bool PsServer::Wait(absl::Duration timeout) {
   const bool finished = state_->ps->WaitUntilFinished(timeout);

@@ -59,6 +59,11 @@ class PsServer {
   shm::ShmServer* shm_server();
   // The TCP data plane's server (null when it is not offered).
   tcp::TcpServer* tcp_server();
+  // The bytes of tensor data that came and went over gRPC's streams (grpc_ps_service.h), so far.
+  struct GrpcBytes {
+    int64_t received = 0, sent = 0;
+  };
+  GrpcBytes grpc_bytes() const;
 
   // Blocks until no worker is left (every one done or lost; see parameter_server()->outcome()) or `timeout`, then
   // shuts down once no worker needs this task (options.linger). Returns false on timeout.

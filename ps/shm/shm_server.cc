@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <list>
 #include <map>
 #include <thread>
@@ -109,6 +110,8 @@ class ShmServer::Impl {
       absl::MutexLock al(&a->mu);
       c.active_attachments += a->ended ? 0 : 1;
     }
+    c.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+    c.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
     return c;
   }
   const std::string& socket_name() const { return listener_->name(); }
@@ -144,6 +147,9 @@ class ShmServer::Impl {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::list<std::shared_ptr<Attachment>> attachments_ ABSL_GUARDED_BY(mu_);
   ShmServerCounters counters_ ABSL_GUARDED_BY(mu_);  // active_lanes: threads_'s
+  // Tensor bytes read from and written to the workers' memory (one relaxed add per piece, off mu_).
+  std::atomic<int64_t> bytes_received_{0};
+  std::atomic<int64_t> bytes_sent_{0};
   LaneThreads<Lane> threads_;  // one per connection; a lane marked there while its Hello is read
 };
 
@@ -514,6 +520,7 @@ bool ShmServer::Impl::HandlePush(Lane* lane, Attachment* a, const Frame& frame, 
                                               std::move(keep))
                    : st->upload->Write(ref->key, ref->offset, ref->n, ref->dtype, *data);
       if (!s.ok()) st->Fail(s, false);
+      bytes_received_.fetch_add(ref->n * DtypeBytes(ref->dtype), std::memory_order_relaxed);
       return true;
     }
     case FrameType::kPushRows: {
@@ -534,6 +541,7 @@ bool ShmServer::Impl::HandlePush(Lane* lane, Attachment* a, const Frame& frame, 
       absl::Status s = st->upload->WriteSparse(ref->table, reinterpret_cast<const int64_t*>(*ids), ref->n, ref->dim,
                                                ref->dtype, *rows);
       if (!s.ok()) st->Fail(s, false);
+      bytes_received_.fetch_add(ref->n * (8 + ref->dim * DtypeBytes(ref->dtype)), std::memory_order_relaxed);
       return true;
     }
     case FrameType::kPushNorm: {
@@ -590,7 +598,9 @@ using DestKind = Destination::Kind;
 // written at every Flush.
 class ShmPullReceiver : public PullReceiver {
  public:
-  ShmPullReceiver(Lane* lane, Attachment* a, const PullOrder& order) : lane_(lane), a_(a), order_(order) {}
+  // `bytes_sent` counts what is written to the worker's memory (the server's counter).
+  ShmPullReceiver(Lane* lane, Attachment* a, const PullOrder& order, std::atomic<int64_t>* bytes_sent)
+      : lane_(lane), a_(a), order_(order), bytes_sent_(bytes_sent) {}
 
   // Resolves every destination; a transport failure when one lies outside what the worker shared.
   absl::Status Prepare() {
@@ -645,6 +655,7 @@ class ShmPullReceiver : public PullReceiver {
   absl::Status Written(uint32_t key, int64_t offset, int64_t n) override {
     const Target& t = targets_[key];
     if (t.kind == DestKind::kSkip) return absl::OkStatus();
+    bytes_sent_->fetch_add(n * DtypeBytes(t.dtype), std::memory_order_relaxed);
     pieces_.slices.push_back(SlicePiece{key, offset, n, t.dtype});
     return pieces_.slices.size() >= 1024 ? Flush() : absl::OkStatus();
   }
@@ -659,6 +670,7 @@ class ShmPullReceiver : public PullReceiver {
     return Buffer{it->second.base + first * dim * el, order_.request.wire_dtype};
   }
   absl::Status SparseWritten(uint32_t table, int64_t first, int64_t n) override {
+    bytes_sent_->fetch_add(n * rows_[table].dim * DtypeBytes(order_.request.wire_dtype), std::memory_order_relaxed);
     pieces_.rows.push_back(RowPiece{table, first, n, order_.request.wire_dtype});
     return pieces_.rows.size() >= 1024 ? Flush() : absl::OkStatus();
   }
@@ -692,6 +704,7 @@ class ShmPullReceiver : public PullReceiver {
   Lane* lane_;
   Attachment* a_;
   const PullOrder& order_;
+  std::atomic<int64_t>* const bytes_sent_;
   std::map<uint32_t, Target> targets_;
   std::map<uint32_t, RowsTarget> rows_;
   PiecesWritten pieces_;
@@ -713,7 +726,7 @@ bool ShmServer::Impl::HandlePull(Lane* lane, Attachment* a, const Frame& frame, 
   absl::StatusOr<PullOrder> order = DecodePullOrder(frame.payload);
   if (!order.ok()) return Malformed(a, order.status()), false;
   PushResult end;
-  ShmPullReceiver receiver(lane, a, *order);
+  ShmPullReceiver receiver(lane, a, *order, &bytes_sent_);
   PullRequest request = order->request;
   if (request.worker_id != a->worker_id) {
     end.status = absl::PermissionDeniedError(

@@ -68,6 +68,10 @@ struct ShmServerCounters {
   // Open when their lane closed or fell silent: dropped, never acknowledged; nothing of them applied, except under
   // async --nonfinite=apply, whose slices are applied as each arrives whole (PushAccounting::partly_applied).
   int64_t uploads_cut_off = 0;
+  // Tensor data read from the workers' memory (pushes: values at their wire size, sparse rows with their ids) and
+  // written to it (pulls), by every lane so far.
+  int64_t bytes_received = 0;
+  int64_t bytes_sent = 0;
 };
 
 class ShmServer {
