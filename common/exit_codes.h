@@ -1,5 +1,6 @@
-// How a dtrain process ends, as its exit code: one table for dtrain_worker and dtrain_ps (README "How a run
-// ends"), so that a script, Slurm or a Kubernetes Job can tell a complete run from a degraded or failed one.
+// How a dtrain process ends, as its exit code: one table for dtrain_worker and dtrain_ps
+// (docs/faults_and_endings.md), so that a script, Slurm or a Kubernetes Job can tell a complete run from a
+// degraded or failed one.
 // The tools (dtrain_eval, dtrain_bench, dtrain_bench_ps, dtrain_convert) use 0, 1 and 2 with the same
 // meaning.
 //

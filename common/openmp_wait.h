@@ -7,7 +7,7 @@
 // other processes keep the CPUs busy, a team's waiting thread then spins on the CPU that the thread it waits
 // for needs: dtrain_bench --model=cnn --threads=2 beside one busy loop on a 2-core machine ran at 349-463
 // examples/sec in 5.0-5.7 s of CPU time, against 596-858 in 2.5-2.9 s with GOMP_SPINCOUNT=1000 (31% of its
-// cycles were libgomp's spin loop, perf), and no slower without the loop (README: Speed). So the dtrain
+// cycles were libgomp's spin loop, perf), and no slower without the loop (docs/speed.md). So the dtrain
 // binaries that compute run with GOMP_SPINCOUNT=1000 (tens of microseconds: long enough for the next parallel
 // region of a step, which follows within microseconds, to find the team awake) unless the environment sets
 // GOMP_SPINCOUNT or OMP_WAIT_POLICY itself.

@@ -1,4 +1,4 @@
-// How a run ends, with real processes on 127.0.0.1 (issue 25; README "How a run ends"):
+// How a run ends, with real processes on 127.0.0.1 (issue 25; docs/faults_and_endings.md):
 // - the exit code of every process for each ending: complete (0 everywhere, one summary line from the ps and
 //   the chief), degraded (3; --allow_degraded 0), a configuration refused (2 on every process), a peer that
 //   failed (4; a worker waiting for a chief that failed hears it at once);

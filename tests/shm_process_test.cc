@@ -161,7 +161,7 @@ TEST(ShmProcess, WorkerKilledMidPushIsNeverHalfAppliedAndItsSegmentsAreUnmapped)
       << ps::shm::CountSegments(ps->pid()) << " segments mapped by the ps, worker 0 shares "
       << ps::shm::CountSegments(w0->pid());
 
-  // The run reaches its end without worker 1: degraded (exit 3, README "How a run ends").
+  // The run reaches its end without worker 1: degraded (exit 3, docs/faults_and_endings.md).
   EXPECT_EQ(w0->Wait(absl::Minutes(2)), 3) << w0->Output();
   EXPECT_EQ(ps->Wait(absl::Seconds(30)), 3) << ps->Output();
   const std::string out = ps->Output();

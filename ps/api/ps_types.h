@@ -434,7 +434,7 @@ struct ControlRequest {
   int ps = -1;          // remove-ps: which task
 };
 
-// How a worker leaves the cluster (Done), which decides how the run ends (README "How a run ends").
+// How a worker leaves the cluster (Done), which decides how the run ends (docs/faults_and_endings.md).
 enum class Leaving : uint8_t {
   kCompleted = 0,  // it completed its training: the global step reached train_steps
   kFailed = 1,     // it stopped on an error of its own
@@ -480,7 +480,7 @@ struct WorkerStats {
   // missed no step (SummarizeRun).
   int64_t present_at_step = -1;
 };
-// How a run ended (README "How a run ends"; the exit codes follow it: common/exit_codes.h).
+// How a run ended (docs/faults_and_endings.md; the exit codes follow it: common/exit_codes.h).
 enum class RunOutcome {
   kComplete,    // the global step reached train_steps and no worker left before
   kDegraded,    // it reached train_steps, but some worker left before (lost, failed, refused or stopped)

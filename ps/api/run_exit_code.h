@@ -1,5 +1,5 @@
-// The exit code of a dtrain_ps or dtrain_worker whose run ended (common/exit_codes.h, README "How a run ends"),
-// one table for both binaries.
+// The exit code of a dtrain_ps or dtrain_worker whose run ended (common/exit_codes.h,
+// docs/faults_and_endings.md), one table for both binaries.
 //
 // Thread-safety: a pure function.
 #ifndef DTRAIN_PS_API_RUN_EXIT_CODE_H_

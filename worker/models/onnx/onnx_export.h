@@ -2,7 +2,7 @@
 // initializer that is a variable (weights, biases, BatchNorm's scale, bias and running statistics) or an
 // embedding table replaced by the trained values, FLOAT with its dims and name kept and the data in raw_data; everything else (nodes and
 // their order and names, opset, IR version, producer, metadata, the initializers that are not variables) as it
-// was. PyTorch loads the result into the module it was exported from (load_state_dict, see README.md), and
+// was. PyTorch loads the result into the module it was exported from (load_state_dict, docs/models.md), and
 // onnxruntime runs it.
 //
 // Weights as external data (ONNX's convention, onnx_external_data.h): a model imported with external data, or one

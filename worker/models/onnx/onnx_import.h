@@ -1,6 +1,6 @@
 // Import of ONNX models (ai.onnx domain, opsets 11-17, IR version <= 8): the file becomes a Graph
 // (worker/models/graph.h) whose variables are its float initializers, under their ONNX names and starting from
-// the file's values. See README.md ("Bring your own model") for what is supported and how to export from
+// the file's values. See docs/models.md for what is supported and how to export from
 // PyTorch.
 //
 // What the spec holds:

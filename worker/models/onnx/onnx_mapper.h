@@ -1,7 +1,7 @@
 // Maps an ONNX file's nodes onto GraphBuilder (worker/models/graph.h), node by node in the file's order:
 // constants and shape arithmetic are folded, Pad is merged into the Conv or AveragePool that reads it, MatMul +
 // Add of a bias into one Dense, a Softmax / LogSoftmax / SoftmaxCrossEntropyLoss head is stripped to the logits.
-// Internal to worker/models/onnx; what it supports and refuses is listed in README.md ("Bring your own model").
+// Internal to worker/models/onnx; what it supports and refuses is listed in docs/models.md.
 //
 // Variables: an initializer an op takes as a weight is a trainable variable under its ONNX name, in ONNX's layout
 // (Conv OIHW, Gemm [out, in] with transB = 1), starting from the file's values; BatchNormalization's running mean
