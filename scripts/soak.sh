@@ -14,8 +14,8 @@
 # scripts/check_updates.py proves from the journals (--journal_applied, --push_journal_dir) that no acknowledged
 # push was lost or applied twice.
 # Usage: scripts/soak.sh [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT] [--min_rate_ratio=PERCENT]
-#                        [--faults=SECONDS] [--cpus=LIST] [--window=SECONDS]
-#                        (default 10, 5, 5, 95, 0: no faults, all CPUs, 60)
+#                        [--faults=SECONDS] [--cpus=LIST] [--window=SECONDS] [--checkpoint_secs=SECONDS]
+#                        (default 10, 5, 5, 95, 0: no faults, all CPUs, 60, 30; --checkpoint_secs=0: none)
 #   2-hour soak with faults: scripts/soak.sh --minutes=120 --faults=60 --window=600
 # --cpus=LIST runs every process of the soak on those CPUs only (taskset -c LIST), so that other work on the
 # machine can be kept off them (e.g. taskset -c 0 for the other work, --cpus=1 here) and the step rate stays a
@@ -35,6 +35,7 @@ min_rate_ratio=95
 faults=0
 cpus=""
 window=60
+checkpoint_secs=30
 for a in "$@"; do
   case "$a" in
     --minutes=*) minutes="${a#*=}" ;;
@@ -44,10 +45,13 @@ for a in "$@"; do
     --faults=*) faults="${a#*=}" ;;
     --cpus=*) cpus="${a#*=}" ;;
     --window=*) window="${a#*=}" ;;
+    --checkpoint_secs=*) checkpoint_secs="${a#*=}" ;;
     *) echo "usage: $0 [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT] [--min_rate_ratio=PERCENT]" \
-            "[--faults=SECONDS] [--cpus=LIST] [--window=SECONDS]" >&2; exit 2 ;;
+            "[--faults=SECONDS] [--cpus=LIST] [--window=SECONDS] [--checkpoint_secs=SECONDS]" >&2; exit 2 ;;
   esac
 done
+[[ "$checkpoint_secs" =~ ^[0-9]+$ ]] ||
+  { echo "soak: --checkpoint_secs=$checkpoint_secs: expected a whole number of seconds (0: no checkpoints)" >&2; exit 2; }
 [[ "$faults" =~ ^[0-9]+$ ]] || { echo "soak: --faults=$faults: expected a whole number of seconds (0: none)" >&2; exit 2; }
 pin=()
 if [ -n "$cpus" ]; then
@@ -79,7 +83,7 @@ cluster=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1,127.0.0.1:$p2,127
 names=(ps worker0 worker1 worker2 worker3)
 pids=()
 "${pin[@]}" "$BIN/dtrain_ps" --job_name=ps --task_index=0 "${cluster[@]}" --checkpoint_dir="$dir/ckpt" \
-  --save_checkpoint_secs=30 --journal_applied --worker_timeout_secs=5 > "$dir/ps.log" 2>&1 &
+  --save_checkpoint_secs="$checkpoint_secs" --journal_applied --worker_timeout_secs=5 > "$dir/ps.log" 2>&1 &
 pids+=($!)
 start_worker() {
   "${pin[@]}" "$BIN/dtrain_worker" --job_name=worker --task_index="$1" "${cluster[@]}" --mode=async --model=mlp --threads=1 \
