@@ -7,6 +7,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -22,13 +23,9 @@ using ::testing::StartsWith;
 
 class ClusterFlagsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    absl::SetFlag(&FLAGS_ps_hosts, "");
-    absl::SetFlag(&FLAGS_worker_hosts, "");
-    absl::SetFlag(&FLAGS_cluster_spec, "");
-    unsetenv("TF_CONFIG");
-  }
+  void SetUp() override { unsetenv("TF_CONFIG"); }
   void TearDown() override { unsetenv("TF_CONFIG"); }
+  absl::FlagSaver flags_;  // what a test sets goes back to the defaults after it
 };
 
 TEST_F(ClusterFlagsTest, HostsFlagsGiveTheClusterAndThisTask) {

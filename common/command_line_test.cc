@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 
 ABSL_FLAG(std::string, test_model, "mlp", "The model to train");
 ABSL_FLAG(int64_t, test_train_steps, 2000, "Train until the global step reaches this");
@@ -27,11 +28,6 @@ using ::testing::Not;
 class CommandLineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::SetFlag(&FLAGS_test_model, "mlp");
-    absl::SetFlag(&FLAGS_test_train_steps, 2000);
-    absl::SetFlag(&FLAGS_test_shuffle, true);
-    absl::SetFlag(&FLAGS_test_learning_rate, 0.01);
-    absl::SetFlag(&FLAGS_test_checkpoint_dir, "");
     spec_.program = "dtrain_test";
     spec_.summary = "a test binary";
     spec_.peer_program = "dtrain_peer";
@@ -47,6 +43,7 @@ class CommandLineTest : public ::testing::Test {
     return ParseCommandLineArgs(args, spec_);
   }
   CommandLineSpec spec_;
+  absl::FlagSaver flags_;  // what a test (or a parse) sets goes back to the defaults after it
 };
 
 TEST_F(CommandLineTest, SetsFlagsInEveryForm) {

@@ -6,6 +6,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "gmock/gmock.h"
@@ -22,10 +23,7 @@ using ::testing::StartsWith;
 
 class TraceFlagsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    absl::SetFlag(&FLAGS_trace_steps, "");
-    absl::SetFlag(&FLAGS_trace_dir, "");
-  }
+  absl::FlagSaver flags_;  // what a test sets goes back to the defaults after it
   std::string Dir(const std::string& name) {
     return absl::StrCat(::testing::TempDir(), "/trace_flags_test.", ::getpid(), ".", name);
   }

@@ -235,7 +235,9 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<size_t>(32 << 10), MHD_OPTION_EXTERNAL_LOGGER,
       &LogFromMhd, nullptr, MHD_OPTION_END);
   if (e->impl_->daemon == nullptr) {
-    close(fd);
+    // Not closed here: past its checks of the options (fixed above, valid), libmicrohttpd closes the listening
+    // socket it was given when it fails (seen with Debian's 0.9.75 when it cannot start its threads), and
+    // closing the number again could close a descriptor another thread has opened since.
     return absl::UnavailableError(absl::StrCat(options.port_flag, "=", options.port,
                                                ": cannot serve /metrics on ", listen,
                                                " (libmicrohttpd did not start its request threads: see "

@@ -41,9 +41,18 @@ absl::Status TransportError(std::string message) { return absl::FailedPreconditi
 
 }  // namespace
 
+// Tensor bytes one attachment's lanes read from and wrote to the worker's memory. Only the thread serving the
+// attachment adds to them (relaxed), so each worker's counts stay on a cache line of their own; the server sums
+// them when asked and folds those of ended attachments into its totals (ShmServer::Impl::counters).
+struct LaneBytes {
+  std::atomic<int64_t> received{0};
+  std::atomic<int64_t> sent{0};
+};
+
 // One attached worker: its tickets, its two lanes, the segments it shared.
 struct Attachment {
   int worker_id = 0;
+  std::shared_ptr<LaneBytes> bytes = std::make_shared<LaneBytes>();  // the server holds it too (counters)
   std::string push_ticket, pull_ticket;
   absl::Time expires;
   // Cancelled when the attachment ends: wakes a pull in flight.
@@ -110,11 +119,32 @@ class ShmServer::Impl {
       absl::MutexLock al(&a->mu);
       c.active_attachments += a->ended ? 0 : 1;
     }
-    c.bytes_received = bytes_received_.load(std::memory_order_relaxed);
-    c.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
+    FoldEndedLaneBytes();
+    c.bytes_received = ended_bytes_received_;
+    c.bytes_sent = ended_bytes_sent_;
+    for (const auto& b : lane_bytes_) {
+      c.bytes_received += b->received.load(std::memory_order_relaxed);
+      c.bytes_sent += b->sent.load(std::memory_order_relaxed);
+    }
     return c;
   }
   const std::string& socket_name() const { return listener_->name(); }
+
+  // Each attachment's byte counts are summed while it may still count (an attachment holds them), then folded
+  // into the totals once and dropped: the sums never go down, and the list holds no more than the attachments.
+  void FoldEndedLaneBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto it = lane_bytes_.begin(); it != lane_bytes_.end();) {
+      if (it->use_count() == 1) {
+        // The attachment is gone: its serving thread's last adds happened before it let go of it.
+        std::atomic_thread_fence(std::memory_order_acquire);
+        ended_bytes_received_ += (*it)->received.load(std::memory_order_relaxed);
+        ended_bytes_sent_ += (*it)->sent.load(std::memory_order_relaxed);
+        it = lane_bytes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
 
  private:
   using LaneThread = LaneThreads<Lane>::Slot;
@@ -147,9 +177,11 @@ class ShmServer::Impl {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::list<std::shared_ptr<Attachment>> attachments_ ABSL_GUARDED_BY(mu_);
   ShmServerCounters counters_ ABSL_GUARDED_BY(mu_);  // active_lanes: threads_'s
-  // Tensor bytes read from and written to the workers' memory (one relaxed add per piece, off mu_).
-  std::atomic<int64_t> bytes_received_{0};
-  std::atomic<int64_t> bytes_sent_{0};
+  // Tensor bytes read from and written to the workers' memory: every attachment's own counts (LaneBytes), and
+  // the totals of those that ended. Folded by counters(), hence mutable.
+  mutable std::vector<std::shared_ptr<LaneBytes>> lane_bytes_ ABSL_GUARDED_BY(mu_);
+  mutable int64_t ended_bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable int64_t ended_bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   LaneThreads<Lane> threads_;  // one per connection; a lane marked there while its Hello is read
 };
 
@@ -220,6 +252,8 @@ absl::StatusOr<ShmOffer> ShmServer::Impl::Offer(const ShmAttachRequest& request)
     }
   }
   attachments_.push_back(a);
+  FoldEndedLaneBytes();
+  lane_bytes_.push_back(a->bytes);
   ++counters_.offers;
   return offer;
 }
@@ -520,7 +554,7 @@ bool ShmServer::Impl::HandlePush(Lane* lane, Attachment* a, const Frame& frame, 
                                               std::move(keep))
                    : st->upload->Write(ref->key, ref->offset, ref->n, ref->dtype, *data);
       if (!s.ok()) st->Fail(s, false);
-      bytes_received_.fetch_add(ref->n * DtypeBytes(ref->dtype), std::memory_order_relaxed);
+      a->bytes->received.fetch_add(ref->n * DtypeBytes(ref->dtype), std::memory_order_relaxed);
       return true;
     }
     case FrameType::kPushRows: {
@@ -541,7 +575,7 @@ bool ShmServer::Impl::HandlePush(Lane* lane, Attachment* a, const Frame& frame, 
       absl::Status s = st->upload->WriteSparse(ref->table, reinterpret_cast<const int64_t*>(*ids), ref->n, ref->dim,
                                                ref->dtype, *rows);
       if (!s.ok()) st->Fail(s, false);
-      bytes_received_.fetch_add(ref->n * (8 + ref->dim * DtypeBytes(ref->dtype)), std::memory_order_relaxed);
+      a->bytes->received.fetch_add(ref->n * (8 + ref->dim * DtypeBytes(ref->dtype)), std::memory_order_relaxed);
       return true;
     }
     case FrameType::kPushNorm: {
@@ -598,9 +632,9 @@ using DestKind = Destination::Kind;
 // written at every Flush.
 class ShmPullReceiver : public PullReceiver {
  public:
-  // `bytes_sent` counts what is written to the worker's memory (the server's counter).
-  ShmPullReceiver(Lane* lane, Attachment* a, const PullOrder& order, std::atomic<int64_t>* bytes_sent)
-      : lane_(lane), a_(a), order_(order), bytes_sent_(bytes_sent) {}
+  // What is written to the worker's memory counts in its attachment's LaneBytes.
+  ShmPullReceiver(Lane* lane, Attachment* a, const PullOrder& order)
+      : lane_(lane), a_(a), order_(order), bytes_sent_(&a->bytes->sent) {}
 
   // Resolves every destination; a transport failure when one lies outside what the worker shared.
   absl::Status Prepare() {
@@ -726,7 +760,7 @@ bool ShmServer::Impl::HandlePull(Lane* lane, Attachment* a, const Frame& frame, 
   absl::StatusOr<PullOrder> order = DecodePullOrder(frame.payload);
   if (!order.ok()) return Malformed(a, order.status()), false;
   PushResult end;
-  ShmPullReceiver receiver(lane, a, *order, &bytes_sent_);
+  ShmPullReceiver receiver(lane, a, *order);
   PullRequest request = order->request;
   if (request.worker_id != a->worker_id) {
     end.status = absl::PermissionDeniedError(

@@ -16,6 +16,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "ps/client/worker_client.h"
 #include "ps/shm/shm_frame.h"
@@ -362,6 +364,47 @@ TEST(ShmTransportTest, AProcessWithoutATicketCannotAttach) {
 // An offer ends the worker's attachment in place, so only the process registered as that worker gets one: a caller
 // with the token but another session (a stranger, or a worker of an older registration) is refused, and the live
 // attachment goes on: the worker's next steps still travel through shared memory, without attaching again.
+// The server's byte counts: the pushes' floats exactly, the pulls' at least, each attachment counting on its own
+// and its counts kept (not lost, not counted twice) once it has ended.
+TEST(ShmTransportTest, TheServerCountsTheBytesOfEveryAttachmentAlsoAfterItEnded) {
+  AgainstInProcess c(1);
+  ASSERT_TRUE(c.side.connected.ok()) << c.side.connected;
+  std::vector<float> expected;
+  for (int64_t s = 0; s < 3; ++s) {
+    ASSERT_TRUE(c.worker.Pull(s, std::max<int64_t>(0, s - 1), &expected).ok());
+    ASSERT_TRUE(c.side.client->Pull(s, std::max<int64_t>(0, s - 1), c.params.data).ok());
+    const std::vector<float> g = TestGradient(0, s, expected);
+    ASSERT_TRUE(c.worker.Push(s, g).ok());
+    std::copy(g.begin(), g.end(), c.grads.data);
+    ASSERT_TRUE(c.side.client->Push(s, c.grads.data).ok());
+  }
+  const ShmServerCounters during = c.side.servers[0]->counters();
+  EXPECT_EQ(during.bytes_received, 3 * c.n * 4);
+  EXPECT_GE(during.bytes_sent, 3 * c.n * 4);
+  EXPECT_EQ(during.bytes_sent, c.side.servers[0]->counters().bytes_sent);  // asking again changes nothing
+  // The worker goes: its lanes close, the attachment ends, and what it moved stays counted.
+  c.side.client.reset();
+  c.side.clients.clear();
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (c.side.servers[0]->counters().active_attachments > 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(c.side.servers[0]->counters().active_attachments, 0);
+  EXPECT_EQ(c.side.servers[0]->counters().bytes_received, during.bytes_received);
+  EXPECT_EQ(c.side.servers[0]->counters().bytes_sent, during.bytes_sent);
+  // An offer for it again (a worker attaching anew) drops the ended attachment, whose counts go into the totals
+  // once: the sums neither fall nor double, however often they are asked for.
+  ASSERT_TRUE(c.side.servers[0]
+                  ->Offer(ShmAttachRequest{0, HostBootId(), static_cast<uint32_t>(geteuid()),
+                                           c.shm_cluster->Session(0, 0)})
+                  .ok());
+  for (int i = 0; i < 2; ++i) {
+    const ShmServerCounters after = c.side.servers[0]->counters();
+    EXPECT_EQ(after.bytes_received, during.bytes_received);
+    EXPECT_EQ(after.bytes_sent, during.bytes_sent);
+  }
+}
+
 TEST(ShmTransportTest, AnOfferWithoutTheWorkersSessionLeavesItsAttachmentAlone) {
   AgainstInProcess c(1);
   ASSERT_TRUE(c.side.connected.ok()) << c.side.connected;
