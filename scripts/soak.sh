@@ -12,7 +12,9 @@
 # --min_rate_ratio percent of the first window's after the warm-up. With --faults=S, every S seconds one of the
 # workers 1-3 is killed with SIGKILL and started again at once (the chaos test's worker faults), and at the end
 # scripts/check_updates.py proves from the journals (--journal_applied, --push_journal_dir) that no acknowledged
-# push was lost or applied twice.
+# push was lost or applied twice. The ps's malloc heap (its /metrics' dtrain_heap_bytes: bytes in use and held by
+# the allocator) is sampled too and printed for the same windows, to tell memory the program keeps from the
+# allocator's fragmentation when the ps grows.
 # Usage: scripts/soak.sh [--minutes=N] [--interval=SECONDS] [--max_growth=PERCENT] [--min_rate_ratio=PERCENT]
 #                        [--faults=SECONDS] [--cpus=LIST] [--window=SECONDS] [--checkpoint_secs=SECONDS]
 #                        (default 10, 5, 5, 95, 0: no faults, all CPUs, 60, 30; --checkpoint_secs=0: none)
@@ -78,12 +80,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 
-IFS=, read -r p0 p1 p2 p3 p4 < <(python3 "$ROOT/scripts/free_ports.py" 5)
+IFS=, read -r p0 p1 p2 p3 p4 pm < <(python3 "$ROOT/scripts/free_ports.py" 6)
 cluster=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1,127.0.0.1:$p2,127.0.0.1:$p3,127.0.0.1:$p4)
 names=(ps worker0 worker1 worker2 worker3)
 pids=()
 "${pin[@]}" "$BIN/dtrain_ps" --job_name=ps --task_index=0 "${cluster[@]}" --checkpoint_dir="$dir/ckpt" \
-  --save_checkpoint_secs="$checkpoint_secs" --journal_applied --worker_timeout_secs=5 > "$dir/ps.log" 2>&1 &
+  --save_checkpoint_secs="$checkpoint_secs" --journal_applied --worker_timeout_secs=5 --metrics_port="$pm" \
+  > "$dir/ps.log" 2>&1 &
 pids+=($!)
 start_worker() {
   "${pin[@]}" "$BIN/dtrain_worker" --job_name=worker --task_index="$1" "${cluster[@]}" --mode=async --model=mlp --threads=1 \
@@ -98,6 +101,22 @@ rss() {
        END {if (r) print r, a, f, s; else print 0}' "/proc/$1/status" 2>/dev/null || echo 0
 }
 threads() { awk '/^Threads:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+# The ps's malloc heap from its /metrics (dtrain_heap_bytes): in use, held by the allocator; KiB ("" if unread).
+heap() {
+  python3 - "$pm" <<'PY' 2>/dev/null || true
+import sys, urllib.request
+try:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=2).read().decode()
+except Exception:
+    sys.exit(0)
+v = {}
+for line in text.splitlines():
+    if line.startswith("dtrain_heap_bytes{"):
+        v[line.split('"')[1]] = float(line.split()[-1]) / 1024
+if "in_use" in v and "held" in v:
+    print(f"{v['in_use']:.0f} {v['held']:.0f}")
+PY
+}
 chief_step() { grep -o '^step [0-9]*' "$dir/w0.log" 2>/dev/null | tail -1 | grep -o '[0-9]*' || echo 0; }
 total=$((minutes * 60))
 warmup=$((total / 5)); [ $warmup -ge 60 ] || warmup=60
@@ -110,6 +129,7 @@ echo "soak: 1 ps + 4 async workers, ${minutes} min, RSS every ${interval} s, war
 echo "  (growth: the mean RSS of the last ${window} s against the mean of the first ${window} s after the warm-up)"
 for k in 0 1 2 3 4; do : > "$dir/rss.$k"; : > "$dir/threads.$k"; done
 : > "$dir/steps"
+: > "$dir/heap"
 start=$(date +%s)
 died=""
 next_report=60
@@ -125,6 +145,7 @@ while true; do
     echo "$now $(threads "${pids[$k]}")" >> "$dir/threads.$k"
   done
   echo "$now $(chief_step)" >> "$dir/steps"
+  h=$(heap); [ -z "$h" ] || echo "$now $h" >> "$dir/heap"
   if [ -n "$died" ]; then break; fi
   if [ "$faults" -gt 0 ] && [ $now -ge $next_fault ]; then
     k=$((1 + RANDOM % 3))
@@ -173,6 +194,13 @@ for k in 0 1 2 3 4; do
     printf 'FAIL: %s grew %.2f%% after the warm-up\n' "${names[$k]}" "$g"; fail=1
   fi
 done
+# The ps's heap, the same windows: a rise of the bytes in use is memory the program keeps (a leak, or a table
+# that grows); a rise of the bytes held with those in use flat is the allocator's (fragmentation).
+awk -v a=$warmup -v b=$((warmup + window)) -v c=$((elapsed - window)) '
+  $1 >= a && $1 < b {wu += $2; wh += $3; nw++} $1 >= c {eu += $2; eh += $3; ne++}
+  END {if (nw && ne) printf "ps heap MiB (glibc malloc), after warm-up -> last window: in use %.1f -> %.1f, held %.1f -> %.1f\n",
+         wu / nw / 1024, eu / ne / 1024, wh / nw / 1024, eh / ne / 1024;
+       else print "ps heap: too few samples of its /metrics"}' "$dir/heap"
 # Threads: the most in the first window after the warm-up against the most in the last window.
 printf '%-8s %16s %16s\n' process "threads after warm-up" "last window"
 for k in 0 1 2 3 4; do

@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
 
+#include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics/scrape_families.h"
 #include "gmock/gmock.h"
@@ -125,6 +127,34 @@ TEST(ProcessFamiliesTest, ResidentMemoryAndCpuArePositive) {
   EXPECT_GE(rss, static_cast<double>(touched.size()));
   EXPECT_GE(cpu, 0);
   EXPECT_GE(fds, 3);  // stdin, stdout, stderr
+}
+
+// dtrain_heap_bytes follows what the program holds: a block of 16 MiB held shows in "in_use" (and in "held", which
+// counts in-use bytes too), and is gone from "in_use" once freed.
+TEST(ProcessFamiliesTest, HeapInUseFollowsWhatIsHeld) {
+#if !defined(__GLIBC__) || defined(ABSL_HAVE_ADDRESS_SANITIZER)
+  GTEST_SKIP() << "glibc's malloc is needed; not under AddressSanitizer";
+#endif
+  auto heap = [](const std::string& state) {
+    for (const prometheus::MetricFamily& f : ProcessFamilies()) {
+      if (f.name != "dtrain_heap_bytes") continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        if (m.label.size() == 1 && m.label[0].value == state) return m.gauge.value;
+      }
+    }
+    return -1.0;
+  };
+  constexpr size_t kBytes = size_t{16} << 20;
+  const double before = heap("in_use");
+  ASSERT_GE(before, 0);
+  char* block = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(block, nullptr);
+  block[0] = 1;
+  const double holding = heap("in_use");
+  EXPECT_GE(holding - before, static_cast<double>(kBytes));
+  EXPECT_GE(heap("held"), holding);
+  std::free(block);
+  EXPECT_LT(heap("in_use"), holding - static_cast<double>(kBytes) / 2);
 }
 
 TEST(NewestFileAgeTest, ReadsTheNewestMatchingFile) {

@@ -53,7 +53,8 @@ class CallbackCollectable : public prometheus::Collectable {
 // The process's own figures, under Prometheus' standard names (as client_golang's process collector writes
 // them, so that dashboards made for any exporter read them): process_resident_memory_bytes,
 // process_virtual_memory_bytes, process_cpu_seconds_total, process_open_fds, process_start_time_seconds,
-// process_threads. Read from /proc/self; a file that cannot be read leaves its family out.
+// process_threads. Read from /proc/self; a file that cannot be read leaves its family out. With glibc also
+// dtrain_heap_bytes{state="in_use"|"held"} (mallinfo2): the heap the program uses and what the allocator keeps.
 std::vector<prometheus::MetricFamily> ProcessFamilies();
 
 // Seconds since the newest modification time of the files in `dir` whose names `match` accepts; -1 when there
