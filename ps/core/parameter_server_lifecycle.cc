@@ -122,6 +122,15 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
           "worker ", request.worker_id, " places the variables on ", request.config.num_ps, " ps tasks, but the job "
           "has ", num_ps(), " (--ps_hosts must list the same tasks on every process)"));
     }
+    // Another task, still on the set it was started with, and a worker whose set never changed either (ps 0,
+    // which it registered with first, took its config as the job's): the spec's lists differ, and no move is
+    // coming to settle it. (A task that moved ahead of ps 0 in a change, or a worker of a changed set, waits.)
+    if (!coordinator() && request.config.ps_version == 0 && num_ps() == options_.num_ps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", request.worker_id, " places the variables on ", request.config.num_ps, " ps tasks, but ps task ",
+          options_.task_index, " was started among ", num_ps(),
+          " (--ps_hosts must list the same tasks on every process)"));
+    }
     return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index, " runs among ", num_ps(),
                                                " ps tasks, worker ", request.worker_id, "'s config says ",
                                                request.config.num_ps, ": waiting for the job to move"));

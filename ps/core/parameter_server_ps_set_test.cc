@@ -9,6 +9,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "ps/api/ps_interface.h"
 #include "ps/client/placement.h"
@@ -233,6 +235,21 @@ TEST(PsSetChangeTest, RefusalsAreOneLine) {
     auto ps0 = Task(0, {"h0:1"}, "");
     EXPECT_TRUE(absl::StrContains(ps0->Control(add).status().message(), "no job is running yet"));
   }
+}
+
+// A ps task started with a spec that lists more (or fewer) ps tasks than the workers' is a mistake no move will
+// settle: the worker hears it at once, naming the flag, instead of waiting out its deadline.
+TEST(PsSetChangeTest, ATaskWhoseSpecListsOtherTasksThanTheWorkersRefusesAtOnce) {
+  auto ps0 = Task(0, {"h0:1", "h1:2"}, "");
+  auto ps1 = Task(1, {"h0:1", "h1:2", "h2:3"}, "");  // its --ps_hosts lists a third task
+  WorkerClient c(std::vector<PsInterface*>{ps0.get(), ps1.get()}, PlacementFor(2), 0, true, Inline());
+  const std::vector<float> initial(8, 1.0f);
+  const absl::Time start = absl::Now();
+  const absl::Status s = c.Connect(SyncConfig(2), initial.data(), absl::Seconds(20));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "ps task 1 was started among 3")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "--ps_hosts must list the same tasks")) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 }  // namespace
