@@ -15,7 +15,7 @@
 // (all of the main arena's, the free chunks of the others), so such a high-water mark does not stay -- except in a
 // thread arena's top chunk: malloc_trim cuts the main arena's top only, and a thread arena's top shrinks on free
 // only past the trim threshold (512 MB here). A thread arena thus keeps resident the most its top ever reached (a
-// 2-hour soak: 10.9 MiB resident for 7.3 MB in use right after a trim; docs/faults_and_endings.md). One arena
+// 2-hour soak: 10.7 MiB resident for 7.0 MiB in use right after a trim; docs/faults_and_endings.md). One arena
 // (LimitMallocArenas(1)) removes that, for about 2% more CPU per push at 4 workers and 7-10% at 64.
 //
 // Thread-safety: TuneMallocForLargeReusedBuffers and LimitMallocArenas: call once, before other threads start.
