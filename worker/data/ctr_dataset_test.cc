@@ -157,8 +157,10 @@ TEST(CtrBatchStreamTest, RestoreContinuesWhereTheSavedStreamWas) {
     EXPECT_EQ(b->batches_read(), 5);
     EXPECT_EQ(Take(b.get(), 6 * 7), next) << "prefetch " << prefetch;
   }
-  // Another data set size is refused.
-  auto c = MustCreate(IndexedCtr(42), o);
+  // Another data set size is refused. (The stream keeps a reference to its data set, which its prefetching thread
+  // reads: the data set must outlive it, not be a temporary.)
+  const Dataset other = IndexedCtr(42);
+  auto c = MustCreate(other, o);
   EXPECT_EQ(c->Restore(state).code(), absl::StatusCode::kFailedPrecondition);
 }
 
