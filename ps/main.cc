@@ -483,6 +483,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<dtrain::ps::PsInterface>> c = dtrain::ps::NewGrpcPsClient(cluster->ps[0], copt);
     if (c.ok()) ps0 = *std::move(c);
   }
+  absl::Time ask_again = absl::Now() + absl::Seconds(2);
   while (!(finished = ps->WaitUntilFinished(absl::Seconds(ps0 != nullptr ? 0.5 : 1)))) {
     if (absl::Now() >= give_up) break;
     if (ps0 != nullptr) {
@@ -497,6 +498,19 @@ int main(int argc, char** argv) {
         retire.reason = absl::StrCat("the run ended before the job moved onto this task: ", over->line);
         ps->Control(retire).IgnoreError();
         ps0.reset();
+      } else if (absl::Now() >= ask_again) {
+        // A ps 0 that restarted before the chief moved the job lost the change: the join is asked again (ps 0
+        // answers "(asked before)" while it still holds it).
+        dtrain::ps::ControlRequest again;
+        again.command = "add-ps";
+        again.address = join;
+        again.reason = absl::StrCat("dtrain_ps --join=", join, ", asking again");
+        absl::StatusOr<std::string> said = ps0->Control(again);
+        if (said.ok() && !absl::StrContains(*said, "(asked before)")) {
+          LOG(WARNING) << "ps 0 (" << cluster->ps[0] << ") had lost this task's join (it restarted before the job "
+                       << "moved): asked again: " << *said;
+        }
+        ask_again = absl::Now() + absl::Seconds(2);
       }
     }
     if (signals->received() != 0 && stop_deadline == absl::InfiniteFuture()) {

@@ -222,10 +222,15 @@ def replay_all(ps_files):
     eras = []        # num_ps of each era
     for path, m in sorted(ps_files, key=lambda pm: (int(pm[1].group(3)), pm[0])):
         task, num_ps = int(m.group(1)), int(m.group(2))
+        records = journal_lines(path)
+        if not records:
+            # A process that recorded nothing under this layout held no state of it (a ps 0 started again with the
+            # spec's set while the chief moved the job onto another, then restored into that one): no era.
+            continue
         if not eras or eras[-1] != num_ps:
             eras.append(num_ps)
         era = len(eras) - 1
-        tasks.setdefault((era, task), Task(task, num_ps, era)).replay(path, journal_lines(path), find_in(tasks, eras))
+        tasks.setdefault((era, task), Task(task, num_ps, era)).replay(path, records, find_in(tasks, eras))
     return tasks, eras
 
 

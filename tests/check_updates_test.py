@@ -6,7 +6,8 @@ caught. A torn last line (a killed process) is ignored. Changes of the ps set (X
 another number of ps tasks): growing (1 -> 2, 2 -> 3), shrinking (2 -> 1) and both (1 -> 2 -> 1) pass, with the
 newest layout judged and the old layout's checkpoint carried; a loss or a double on either side of a change, a
 step the resharded checkpoint holds applied again, and a reshard of a checkpoint no journal recorded are caught.
-A commit ps 0 set aside (V: its step planned again) must be applied nowhere.
+A commit ps 0 set aside (V: its step planned again) must be applied nowhere. An empty journal (a process that
+recorded nothing) is no layout.
 tests/reshard_journal_test.sh does the same on the journals of real runs."""
 import json
 import os
@@ -212,6 +213,14 @@ for t in range(2):
     steps(0, 4, 8, 300, ps[(t, 3, 2)])
 w[(0, 3)] = acks(0, 4, 8, 300)
 expect("reshard again", ps, w, 0, accepted=14, applied_once=8, undone=6, lost=0, doubled=0)
+
+# ps 0 killed in a grow 1 -> 2 and started again with the spec: its new process opens a journal of 1 ps task that
+# records nothing (the chief restores it into the 2-task layout at once), between the joiner's journal and its own of
+# 2 tasks. An empty journal is no layout: the 2 tasks are judged together.
+ps, w = change(1, 2)
+ps[(0, 4, 2)] = ps.pop((0, 2, 2))
+ps[(0, 3, 1)] = []
+expect("grow with ps 0 restarted", ps, w, 0, accepted=10, applied_once=8, undone=2, lost=0, doubled=0, ps_tasks=2)
 
 # A reshard of a checkpoint the journals never recorded: of a layout without journals, or a label not copied.
 ps, w = change(1, 2)

@@ -14,6 +14,8 @@
 #     slices moved with their optimizer slots;
 #   - scripts/check_updates.py on the journals (--journal_applied, --push_journal_dir): every acknowledged push
 #     applied exactly once across 1 -> 2 -> 1 ps tasks, none lost or doubled;
+#   - ps 0 killed (kill -9) in a move and started again with the spec: the run completes, every process exits 0,
+#     check_updates finds nothing lost or doubled;
 #   - refusals are one line and exit 1: remove-ps of a task that is not the last, add-ps of a task of the job, and
 #     a second change while one is under way; dtrain_ps --join with a --task_index that is not the next exits 2.
 set -euo pipefail
@@ -34,12 +36,14 @@ C=(--ps_hosts=127.0.0.1:$p0 --worker_hosts=127.0.0.1:$p1,127.0.0.1:$p2)
 W=(--job_name=worker --model=cnn --mode=sync --train_steps=$STEPS --threads=1 --log_every=5 --eval_every=0
    --rpc_timeout_secs=30 --startup_wait_secs=60)
 P=(--job_name=ps --worker_timeout_secs=10 --journal_applied)
+P_RUN=()  # more flags for a run's ps 0
 
 # run NAME: ps 0 and two workers of one job, in the background (their pids in ps0 w0 w1).
 run() {
   local name=$1
   mkdir -p "$dir/$name"
-  "$B/dtrain_ps" "${C[@]}" "${P[@]}" --task_index=0 --checkpoint_dir="$dir/$name/ckpt" >"$dir/$name/ps0.log" 2>&1 &
+  "$B/dtrain_ps" "${C[@]}" "${P[@]}" "${P_RUN[@]}" --task_index=0 --checkpoint_dir="$dir/$name/ckpt" \
+    >"$dir/$name/ps0.log" 2>&1 &
   ps0=$!; bg+=($ps0)
   for i in 0 1; do
     # Worker 1 talks gRPC alone (the new set reaches it in gRPC's pull header), the chief shared memory (auto).
@@ -122,6 +126,48 @@ out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$m/ckpt" --worker_dir="
 echo "$out" | tail -1
 check "check_updates: lost 0, doubled 0 across 1 -> 2 -> 1 ps tasks" \
   bash -c "echo '$out' | grep -q 'ps tasks over time: 1 -> 2 -> 1' && echo '$out' | grep -q 'lost 0, doubled 0'"
+
+# ---- ps 0 killed (kill -9) as the job moves onto 2 ps tasks, and started again with the spec ----
+# Killed when it logs the move's step: before or while it saves its part of that step's checkpoint, or while the
+# chief restores the tasks. The chief brings the new set to the newest step every task can restore (the move's, or
+# the periodic checkpoint before it when ps 0's part was never saved), the restarted ps 0 takes the set from it, and
+# the run completes with every acknowledged push applied once.
+P_RUN=(--save_checkpoint_steps=20)
+run killed
+k="$dir/killed"
+wait_for_line "$k/w0.log" "^step 40," 120 || { echo "FAIL: the chief did not reach step 40"; tail "$k/w0.log"; exit 1; }
+"$B/dtrain_ps" "${C[@]}" "${P[@]}" "${P_RUN[@]}" --join=127.0.0.1:$p3 --checkpoint_dir="$k/ckpt" >"$k/ps1.log" 2>&1 &
+ps1=$!; bg+=($ps1)
+check "ps 0 fixes the step of the move" wait_for_line "$k/ps0.log" "the job moves onto 2 ps tasks here" 30
+kill -KILL "$ps0"; wait "$ps0" 2>/dev/null || true
+"$B/dtrain_ps" "${C[@]}" "${P[@]}" "${P_RUN[@]}" --task_index=0 --checkpoint_dir="$k/ckpt" >"$k/ps0b.log" 2>&1 &
+ps0=$!; bg+=($ps0)
+check "the restarted ps 0 runs on the job's 2 ps tasks" \
+  wait_for_line "$k/ps0b.log" "the job moved from 1 onto 2 ps tasks at step" 90
+for p in w0 w1 ps0 ps1; do
+  rc=0; wait "${!p}" || rc=$?
+  check "ps 0 killed in a move: $p exits 0 (got $rc)" test "$rc" = 0
+done
+check "...and the run completes" grep -q "run complete: training reached step $STEPS of $STEPS" "$k/ps0b.log"
+grep -h "restarted during the move\|every ps task restored the checkpoint of step\|the job moved onto 2 ps tasks" \
+  "$k/w0.log" || true
+if grep -q "restarted during the move" "$k/w0.log"; then
+  # ps 0's part of the move's checkpoint saved: that step, nothing trained again; else the checkpoint before it,
+  # which the chief's line names.
+  move=$(grep -o "restarted during the move at step [0-9]*" "$k/w0.log" | head -1 | awk '{print $NF}')
+  back=$(grep -o "every ps task restored the checkpoint of step [0-9]*" "$k/w0.log" | tail -1 | awk '{print $NF}')
+  if [ "${back:-0}" -lt "$move" ]; then
+    check "...the chief's line says the job went back to step $back" \
+      grep -q "^step $move: the job moved onto 2 ps tasks .*, back at step $back (ps 0 restarted during the move)" "$k/w0.log"
+  else
+    check "...the move's own checkpoint restored (step $back = $move)" test "$back" = "$move"
+  fi
+fi
+out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$k/ckpt" --worker_dir="$k/pushes" 2>&1) || true
+echo "$out" | tail -1
+check "check_updates: lost 0, doubled 0 with ps 0 killed in the move" \
+  bash -c "echo '$out' | grep -q 'lost 0, doubled 0'"
+P_RUN=()
 
 # ---- the straight run: 1 ps task all along; the same final values ----
 run straight

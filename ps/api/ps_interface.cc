@@ -63,7 +63,7 @@ std::optional<PsSet> ParsePsSetChanged(const absl::Status& s) {
   const size_t end = m.find_first_of(" ;\n\t");
   if (end != absl::string_view::npos) m = m.substr(0, end);
   set.hosts = absl::StrSplit(m, ',', absl::SkipEmpty());
-  if (set.version <= 0 || set.hosts.empty()) return std::nullopt;
+  if (set.version < 0 || set.hosts.empty()) return std::nullopt;
   return set;
 }
 

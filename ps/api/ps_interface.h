@@ -142,7 +142,8 @@ std::string RemovedReason(const absl::Status& s);
 // The answer of a ps task to a worker whose config places the variables on another number of ps tasks than the
 // job now has (it missed a change of the ps set, PsSet): Aborted, with the set in the message ("the job's ps
 // tasks changed (version 2 at step 840): localhost:2222,localhost:2225"), so that it crosses any transport. The
-// worker connects to that set (ParsePsSetChanged) and registers again.
+// worker connects to that set (ParsePsSetChanged) and registers again. Version 0 is the spec's set: ps 0's answer to
+// a worker that heard of a change the job lost (ps 0 restarted before the chief moved the state).
 absl::Status PsSetChangedError(const PsSet& set);
 // The set a PsSetChangedError carries (also with a transport's prefix); nullopt for any other status.
 std::optional<PsSet> ParsePsSetChanged(const absl::Status& s);

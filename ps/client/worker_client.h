@@ -181,6 +181,9 @@ class WorkerClient {
   // After Connect / Reconnect: the first step this worker counts in (ps 0 of an elastic sync job: a worker that
   // joins a running job starts at the next step boundary), 0: at once. Its first pull waits for it.
   int64_t join_step() const;
+  // After Connect / Reconnect / MoveTo: the global step ps 0 was at when this worker registered (a move's step, or
+  // an earlier checkpoint's when ps 0 restarted during the move).
+  int64_t registered_step() const;
   // The input stream's position after the batches of the step about to be pushed (BatchStream::SaveState()):
   // sent with that push's commit, for checkpoints. Call before BeginPush.
   void SetInputPosition(std::string position);
@@ -312,7 +315,11 @@ class WorkerClient {
   }
   TrainConfig TaskConfig(int task) const;
   void SetUpTasks();  // the per-task state for tasks_ and placement_ (constructor, MoveTo)
-  absl::Status MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait);
+  // The chief's part of MoveTo: every task restores its share of the move's checkpoint of `step`. kPs0Restarted:
+  // ps 0 came back without its state before its part of that checkpoint was known saved (PrepareTasks then brings
+  // every task to the newest step all can restore, as after any restart).
+  enum class MoveOutcome { kMoved, kPs0Restarted };
+  absl::StatusOr<MoveOutcome> MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait);
   // Connect's work once the initial values are in place (Reconnect's too).
   absl::Status ConnectTasks(absl::Duration wait);
   absl::Status PrepareTasks(absl::Time give_up, absl::Duration wait);
@@ -379,6 +386,7 @@ class WorkerClient {
   std::vector<uint64_t> sessions_ ABSL_GUARDED_BY(mu_);  // per task, from Register
   std::string restored_position_ ABSL_GUARDED_BY(mu_);   // from ps 0's Register
   int64_t join_step_ ABSL_GUARDED_BY(mu_) = 0;           // from ps 0's Register
+  int64_t registered_step_ ABSL_GUARDED_BY(mu_) = 0;     // from ps 0's Register
   absl::Duration lease_ ABSL_GUARDED_BY(mu_);            // from the last Connect
   std::string next_input_position_;  // SetInputPosition's, taken by the next BeginPush (training thread)
   std::string input_position_;       // the current push's: set by BeginPush, read by the push lanes

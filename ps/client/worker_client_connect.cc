@@ -82,6 +82,7 @@ absl::Status WorkerClient::ConnectTasks(absl::Duration wait) {
           if (t == 0) {
             restored_position_ = r->input_position;
             join_step_ = r->join_step;
+            registered_step_ = r->global_step;
           }
         }
         lease_ms = std::max(lease_ms, r->lease_ms);
@@ -187,7 +188,16 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
     absl::MutexLock lock(&mu_);
     move_step = move_step_;
   }
-  if (move_step >= 0) return MoveTasks(move_step, give_up, wait);
+  if (move_step >= 0) {
+    ASSIGN_OR_RETURN(const MoveOutcome moved, MoveTasks(move_step, give_up, wait));
+    if (moved == MoveOutcome::kMoved) return absl::OkStatus();
+    // ps 0 restarted before every task held its share of the move's step (killed while it decided or saved it):
+    // that step's checkpoint may lack ps 0's part. As after any restart, every task of the new set goes to the
+    // newest step every one of them can restore (that step when ps 0's part was saved; an earlier checkpoint,
+    // resharded, when it was not) and ps 0 takes the new set from the chief's config there (Adopt).
+    LOG(WARNING) << "chief: ps task 0 restarted during the move at step " << move_step
+                 << ": every ps task goes to the newest checkpoint step they can all restore, on the new set";
+  }
   // What every task holds and could restore (waiting for tasks that are not up yet).
   std::vector<CheckpointProbe> probes(num_tasks());
   for (int t = 0; t < num_tasks(); ++t) {
@@ -272,7 +282,8 @@ absl::Status WorkerClient::PrepareTasks(absl::Time give_up, absl::Duration wait)
   return absl::OkStatus();
 }
 
-absl::Status WorkerClient::MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait) {
+absl::StatusOr<WorkerClient::MoveOutcome> WorkerClient::MoveTasks(int64_t step, absl::Time give_up,
+                                                                   absl::Duration wait) {
   // Every task restores its share of the checkpoint of `step`, which every task of the old set saved as it applied
   // the step's decision (ps 0 marked it): NotFound while a part is still being written (ps 0's may be), tried again
   // until `give_up`. The tasks other than ps 0 at once, side by side (each reads the old parts it needs); ps 0 last,
@@ -284,6 +295,9 @@ absl::Status WorkerClient::MoveTasks(int64_t step, absl::Time give_up, absl::Dur
   for (absl::Duration backoff = absl::Milliseconds(5);; backoff = std::min(backoff * 2, absl::Milliseconds(200))) {
     absl::StatusOr<TrainingStats> stats = tasks_[0]->GetStats();
     if (stats.ok() && stats->checkpoint_step >= step) break;
+    // ps 0 holds the move's step from its decision on (it decides nothing past it until the move): behind it, it is
+    // a ps 0 started again, with no state, which will never save that step.
+    if (stats.ok() && stats->global_step < step) return MoveOutcome::kPs0Restarted;
     if (!stats.ok() && !Retryable(stats.status())) return stats.status();
     if (cancel_.cancelled()) return absl::CancelledError("moving onto other ps tasks: cancelled");
     if (absl::Now() > give_up) {
@@ -326,7 +340,7 @@ absl::Status WorkerClient::MoveTasks(int64_t step, absl::Time give_up, absl::Dur
   LOG(WARNING) << "chief: the job moved onto " << num_tasks() << " ps task" << (num_tasks() == 1 ? "" : "s")
                << " at step " << step << " in " << absl::FormatDuration(absl::Now() - started)
                << " (every task restored its share of that step)";
-  return absl::OkStatus();
+  return MoveOutcome::kMoved;
 }
 
 std::string WorkerClient::restored_input_position() const {
@@ -337,6 +351,11 @@ std::string WorkerClient::restored_input_position() const {
 int64_t WorkerClient::join_step() const {
   absl::MutexLock lock(&mu_);
   return join_step_;
+}
+
+int64_t WorkerClient::registered_step() const {
+  absl::MutexLock lock(&mu_);
+  return registered_step_;
 }
 
 void WorkerClient::SetInputPosition(std::string position) { next_input_position_ = std::move(position); }

@@ -115,6 +115,20 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     // another task has it wait (it registers with ps 0 first, and learns it there).
     const PsSet set = coordinator() ? ps_plan_.View(step_) : PsSet{};
     if (set.version > 0 && static_cast<int>(set.hosts.size()) == num_ps()) return PsSetChangedError(set);
+    // The worker heard of a change the job does not run on: ps 0 decided it, died before the chief moved the
+    // state, and the chief restored the job on the set it knew (the change died with ps 0; a --join task asks
+    // again). The worker goes back to the job's set.
+    if (coordinator() && configured_ && !ps_plan_.pending() && request.config.ps_version > ps_plan_.version() &&
+        static_cast<int>(ps_plan_.hosts().size()) == num_ps()) {
+      PsSet now;
+      now.version = ps_plan_.version();
+      now.hosts = ps_plan_.hosts();
+      LOG(WARNING) << "ps task 0: worker " << request.worker_id << " runs on version " << request.config.ps_version
+                   << " of the ps tasks (" << request.config.num_ps << "), which the job does not (a change lost "
+                   << "with a restart of ps 0): it goes back to version " << now.version << " ("
+                   << absl::StrJoin(now.hosts, ",") << ")";
+      return PsSetChangedError(now);
+    }
     // A mismatch of the spec's lists (no change ever made, or ps 0 runs the job); a ps 0 that restarted after a
     // change waits for the chief, whose config names the set it adopts.
     if (coordinator() && set.version == 0 && (configured_ || request.config.ps_version == 0)) {

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/env.h"
+#include "common/testing/fault_injection_env.h"
 #include "gtest/gtest.h"
 #include "ps/api/ps_interface.h"
 #include "ps/client/placement.h"
@@ -26,12 +28,19 @@ using Outcome = PushResponse::Outcome;
 
 const std::vector<VariableInfo> kVariables = {{"w", 3}, {"b", 2}, {"v", 3}};
 
-std::unique_ptr<ParameterServer> Task(int index, std::vector<std::string> hosts, const std::string& dir) {
+// `save_steps`, `env`: the checkpoint options of a test that needs an earlier checkpoint or a failing disk.
+std::unique_ptr<ParameterServer> Task(int index, std::vector<std::string> hosts, const std::string& dir,
+                                      int64_t save_steps = 0, Env* env = nullptr) {
   ParameterServerOptions o;
   o.task_index = index;
   o.num_ps = static_cast<int>(hosts.size());
   o.ps_hosts = std::move(hosts);
   o.checkpoint.dir = dir;
+  o.checkpoint.save_steps = save_steps;
+  if (env != nullptr) {
+    o.checkpoint.env = env;
+    o.checkpoint.max_attempts = 1;
+  }
   o.journal_applied = !dir.empty();
   absl::StatusOr<std::unique_ptr<ParameterServer>> ps = ParameterServer::Create(o);
   EXPECT_TRUE(ps.ok()) << ps.status();
@@ -201,6 +210,99 @@ TEST(PsSetChangeTest, APs0RestartedAfterAMoveAdoptsTheJobsSetFromTheChief) {
   absl::StatusOr<std::string> said = ps0->Control(remove);
   ASSERT_TRUE(said.ok()) << said.status();
   EXPECT_EQ(*said, "ps task 1 (h1:2) leaves at the next step boundary: 1 ps task");
+}
+
+// ps 0 killed in the move itself, before its part of the move's checkpoint was saved: that step cannot be restored,
+// so the chief brings the new set to the newest step every task can restore (an earlier checkpoint, resharded) and
+// the job trains on from there, its arithmetic unchanged, instead of waiting out its deadline and ending.
+TEST(PsSetChangeTest, APs0KilledBeforeSavingTheMovesStepSendsTheNewSetBackToTheNewestCheckpoint) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/ps_set_killed_", getpid());
+  const std::vector<float> initial = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto straight = Task(0, {"h0:1"}, dir + "_straight");
+  WorkerClient s(std::vector<PsInterface*>{straight.get()}, PlacementFor(1), 0, true, Inline());
+  ASSERT_TRUE(s.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
+  int64_t straight_step = 0;
+  const std::vector<float> expected = Train(s, &straight_step, 8);
+
+  ::dtrain::testing::FaultInjectionEnv disk(Env::Default());
+  auto ps0 = Task(0, {"h0:1"}, dir, /*save_steps=*/3, &disk);
+  WorkerClient c(std::vector<PsInterface*>{ps0.get()}, PlacementFor(1), 0, true, Inline());
+  ASSERT_TRUE(c.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
+  int64_t step = 0;
+  Train(c, &step, 3);  // the checkpoint of step 3 is saved
+  ControlRequest add;
+  add.command = "add-ps";
+  add.address = "h1:2";
+  ASSERT_TRUE(ps0->Control(add).ok());
+  disk.FailRenames(1);  // ps 0's part of the move's checkpoint (step 4) never reaches its name: it "died" first
+  std::vector<float> params(8), grads(8, 0.1f * 4.0f);
+  ASSERT_EQ(c.Push(3, grads.data())->outcome, Outcome::kAccepted);
+  absl::StatusOr<PullResult> at = c.Pull(4, 3, params.data());
+  ASSERT_TRUE(at.ok()) << at.status();
+  ASSERT_EQ(at->ps_set.step, 4);
+
+  // ps 0 comes back, started again with the spec (one ps task), no state; the joining task is up.
+  auto restarted = Task(0, {"h0:1"}, dir);
+  auto ps1 = Task(1, {"h0:1", "h1:2"}, dir);
+  const absl::Time start = absl::Now();
+  const absl::Status moved = c.MoveTo({restarted.get(), ps1.get()}, PlacementFor(2), at->ps_set, absl::Seconds(20));
+  ASSERT_TRUE(moved.ok()) << moved;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // not the deadline
+  EXPECT_EQ(restarted->step(), 3);
+  EXPECT_EQ(ps1->step(), 3);
+  EXPECT_EQ(c.registered_step(), 3);
+  absl::StatusOr<TrainingStats> stats = restarted->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->ps_hosts, (std::vector<std::string>{"h0:1", "h1:2"}));
+  // Steps 3.. again, on two tasks: the values equal those of a run that never moved.
+  step = 3;
+  EXPECT_EQ(Train(c, &step, 5), expected);
+}
+
+// ps 0 killed after it announced a move and before the chief heard of it: the chief restores the job on the set it
+// knows (the change died with ps 0), and a worker that heard of the change and moved is told the job's set (version
+// 0, the spec's) when it registers, instead of a refusal that ends it.
+TEST(PsSetChangeTest, AWorkerThatHeardOfAChangeLostWithPs0GoesBackToTheJobsSet) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/ps_set_lost_", getpid());
+  const std::vector<float> initial = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto ps0 = Task(0, {"h0:1"}, dir, /*save_steps=*/3);
+  WorkerClient c(std::vector<PsInterface*>{ps0.get()}, PlacementFor(1), 0, true, Inline());
+  ASSERT_TRUE(c.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
+  int64_t step = 0;
+  Train(c, &step, 3);
+  ControlRequest add;
+  add.command = "add-ps";
+  add.address = "h1:2";
+  ASSERT_TRUE(ps0->Control(add).ok());
+  std::vector<float> params(8), grads(8, 0.1f * 4.0f);
+  ASSERT_EQ(c.Push(3, grads.data())->outcome, Outcome::kAccepted);
+  absl::StatusOr<PullResult> at = c.Pull(4, 3, params.data());
+  ASSERT_TRUE(at.ok()) << at.status();
+  ASSERT_EQ(at->ps_set.version, 1);
+
+  // ps 0 dies; the chief never heard of the move and connects again on one task: the newest checkpoint.
+  auto restarted = Task(0, {"h0:1"}, dir, /*save_steps=*/3);
+  WorkerClient chief(std::vector<PsInterface*>{restarted.get()}, PlacementFor(1), 0, true, Inline());
+  ASSERT_TRUE(chief.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
+  EXPECT_EQ(restarted->step(), 4);  // the move's step was saved: the checkpoint of step 4
+
+  RegisterRequest moved;
+  moved.worker_id = 0;
+  moved.is_chief = false;
+  moved.config = SyncConfig(2);
+  moved.config.ps_version = 1;
+  moved.config.ps_hosts = {"h0:1", "h1:2"};
+  moved.config.slices = PlacementFor(2)[0];
+  absl::StatusOr<RegisterResponse> r = restarted->Register(moved);
+  ASSERT_FALSE(r.ok());
+  std::optional<PsSet> told = ParsePsSetChanged(r.status());
+  ASSERT_TRUE(told.has_value()) << r.status();
+  EXPECT_EQ(told->version, 0);
+  EXPECT_EQ(told->hosts, (std::vector<std::string>{"h0:1"}));
+  // The joiner asks again (as dtrain_ps --join does while it waits): a new change, not "(asked before)".
+  absl::StatusOr<std::string> again = restarted->Control(add);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, "ps task 1 (h1:2) joins at the next step boundary: 2 ps tasks");
 }
 
 TEST(PsSetChangeTest, RefusalsAreOneLine) {

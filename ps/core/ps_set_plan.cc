@@ -26,6 +26,11 @@ absl::StatusOr<std::string> PsSetPlan::Add(const std::string& address) {
   if (hosts_.empty()) {
     return absl::FailedPreconditionError("this ps task was not told the job's ps hosts (--ps_hosts): it cannot add one");
   }
+  if (pending() && leaving_.empty() && next_.size() == hosts_.size() + 1 && next_.back() == address) {
+    // The same task asking again (dtrain_ps --join does while it waits, in case ps 0 restarted and lost the change).
+    return absl::StrCat("ps task ", hosts_.size(), " (", address, ") joins at the next step boundary: ", next_.size(),
+                        " ps tasks (asked before)");
+  }
   if (pending()) {
     return absl::FailedPreconditionError(absl::StrCat("a change of the ps tasks is under way already (to ",
                                                       next_.size(),

@@ -28,7 +28,8 @@ class PsSetPlan {
 
   // A change asked for. Returns the line that says what happens; FailedPrecondition (one line: why not) when
   // another change is under way, the address is one of the job's already, the task is not the last or the only
-  // one, or the hosts are not known; InvalidArgument for an address that is no host:port.
+  // one, or the hosts are not known; InvalidArgument for an address that is no host:port. The task of the pending
+  // change asking to join again gets its line with " (asked before)" and changes nothing.
   absl::StatusOr<std::string> Add(const std::string& address);
   absl::StatusOr<std::string> Remove(int ps);
 
@@ -53,6 +54,7 @@ class PsSetPlan {
   absl::Status Adopt(const std::vector<std::string>& hosts, int64_t version, int num_ps);
   int num_ps() const { return static_cast<int>(hosts_.size()); }
   const std::vector<std::string>& hosts() const { return hosts_; }
+  int64_t version() const { return version_; }
 
  private:
   std::vector<std::string> hosts_;    // the job's tasks now

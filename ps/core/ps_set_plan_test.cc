@@ -10,6 +10,11 @@ TEST(PsSetPlanTest, AnAddedTaskJoinsAtTheNextDecisionAndNothingIsDecidedPastItUn
   EXPECT_EQ(plan.View(5).version, 0);  // never changed: headers carry nothing
   ASSERT_TRUE(plan.Add("h2:3").ok());
   EXPECT_TRUE(plan.pending());
+  // The joining task asking again (dtrain_ps --join does while it waits): the same change, said so.
+  absl::StatusOr<std::string> again = plan.Add("h2:3");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, "ps task 2 (h2:3) joins at the next step boundary: 3 ps tasks (asked before)");
+  EXPECT_NE(plan.Add("h3:4").status().message().find("under way already"), std::string::npos);
   EXPECT_FALSE(plan.Frozen(5));         // no step fixed yet: training goes on
   EXPECT_EQ(plan.View(5).version, 0);   // announced only once its step is fixed
   EXPECT_TRUE(plan.Decided(6));         // the next decision ends at step 6: the move happens there
