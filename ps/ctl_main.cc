@@ -5,7 +5,7 @@
 //   dtrain_ctl --ps_hosts=... remove-worker 3               worker 3 leaves at its next call; the run goes on
 //   dtrain_ctl --ps_hosts=... drain                         the run ends here: every task saves, the workers stop
 //   dtrain_ctl --ps_hosts=... add-ps h2:2222                a started ps task joins at the next step boundary
-//   dtrain_ctl --ps_hosts=... remove-ps 2                   the last ps task leaves at the next step boundary
+//   dtrain_ctl --ps_hosts=... remove-ps 2                   ps task 2 leaves at the next step boundary
 //
 // The cluster comes from --ps_hosts, --cluster_spec or TF_CONFIG as for the other binaries. A refusal is one line
 // on stderr and exit 2 (a bad command or argument) or 1 (the job refused it, or could not be reached).
@@ -48,7 +48,8 @@ constexpr char kUsage[] =
     "                      workers to stop (a later launch resumes from it)\n"
     "  add-ps ADDR         the ps task started at ADDR (dtrain_ps --join does this itself) joins at the next step\n"
     "                      boundary: every task saves that step and takes its share of it, resharded (sync jobs)\n"
-    "  remove-ps P         the last ps task P leaves at the next step boundary, its share moving to the others\n"
+    "  remove-ps P         ps task P (not 0) leaves at the next step boundary, its share moving to the others\n"
+    "                      (the last task takes its index)\n"
     "exit codes: 0 done, 1 the job refused it or could not be reached, 2 a bad command line";
 
 int Fail(const std::string& line, int code) {

@@ -11,7 +11,7 @@
 namespace dtrain::ps {
 
 CheckpointWriter::CheckpointWriter(const CheckpointOptions& options, int task, int num_ps)
-    : options_(options), task_(task) {
+    : options_(options) {
   CHECK(options_.enabled()) << "CheckpointWriter without a checkpoint directory";
   const absl::Status valid = ValidateCheckpointOptions(options_);
   CHECK(valid.ok()) << valid;
@@ -28,11 +28,12 @@ absl::Status CheckpointWriter::WriteOnce(const std::string& path, const std::str
 }
 
 absl::Status CheckpointWriter::Save(const CheckpointData& data) {
-  CHECK_EQ(data.task_index, task_);
-  // A live change of the job's ps tasks (ps/core/ps_set_plan.h) changes the number the task runs among.
-  CHECK(data.num_ps > task_) << "task " << task_ << " of " << data.num_ps;
+  // A live change of the job's ps tasks (ps/core/ps_set_plan.h) changes the number the task runs among, and its
+  // index when a task before it left (the last one takes its place).
+  const int task = data.task_index;
+  CHECK(task >= 0 && data.num_ps > task) << "task " << task << " of " << data.num_ps;
   const int num_ps = data.num_ps;
-  const std::string path = CheckpointPath(options_.dir, data.global_step, task_, num_ps);
+  const std::string path = CheckpointPath(options_.dir, data.global_step, task, num_ps);
   // Encoded before taking the lock: a large model's encoding need not wait for another Save's disk writes.
   const std::string bytes = SerializeCheckpoint(data);
   absl::MutexLock lock(&mu_);
@@ -43,7 +44,7 @@ absl::Status CheckpointWriter::Save(const CheckpointData& data) {
   for (;; ++attempt) {
     status = WriteOnce(path, bytes);
     if (status.ok() || absl::IsInvalidArgument(status) || attempt >= options_.max_attempts) break;
-    LOG(WARNING) << "ps task " << task_ << ": saving checkpoint " << path << ": attempt " << attempt << " of "
+    LOG(WARNING) << "ps task " << task << ": saving checkpoint " << path << ": attempt " << attempt << " of "
                  << options_.max_attempts << " failed (" << status << "); trying again in "
                  << absl::FormatDuration(backoff);
     options_.env->SleepFor(backoff);
@@ -52,18 +53,18 @@ absl::Status CheckpointWriter::Save(const CheckpointData& data) {
   if (!status.ok()) {
     ++failed_saves_;
     last_status_ = absl::Status(
-        status.code(), absl::StrCat("ps task ", task_, ": cannot save checkpoint ", path, " after ", attempt,
+        status.code(), absl::StrCat("ps task ", task, ": cannot save checkpoint ", path, " after ", attempt,
                                     " attempt", attempt == 1 ? "" : "s", ": ", status.message()));
     LOG(ERROR) << last_status_.message() << " (older checkpoints in " << options_.dir << " are kept)";
     return last_status_;
   }
   last_status_ = absl::OkStatus();
-  LOG(INFO) << "ps task " << task_ << ": saved checkpoint " << path << " in "
+  LOG(INFO) << "ps task " << task << ": saved checkpoint " << path << " in "
             << absl::FormatDuration(absl::Now() - start)
             << (attempt > 1 ? absl::StrCat(" (attempt ", attempt, ")") : "");
-  last_prune_status_ = PruneCheckpoints(options_.env, options_.dir, task_, num_ps, options_.keep);
+  last_prune_status_ = PruneCheckpoints(options_.env, options_.dir, task, num_ps, options_.keep);
   if (!last_prune_status_.ok()) {
-    LOG(WARNING) << "ps task " << task_ << ": pruning old checkpoints: " << last_prune_status_;
+    LOG(WARNING) << "ps task " << task << ": pruning old checkpoints: " << last_prune_status_;
   }
   return absl::OkStatus();
 }

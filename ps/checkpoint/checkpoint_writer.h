@@ -51,8 +51,8 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // See the file comment. `data.task_index` must be this writer's (CHECKed); the file is named by `data.num_ps`
-  // (the constructor's, or another after a live change of the job's ps tasks).
+  // See the file comment. The file is named by `data.task_index` and `data.num_ps` (the constructor's, or others
+  // after a live change of the job's ps tasks; 0 <= task_index < num_ps, CHECKed).
   absl::Status Save(const CheckpointData& data) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status last_status() const ABSL_LOCKS_EXCLUDED(mu_);        // of the newest Save; OK before any
@@ -65,7 +65,6 @@ class CheckpointWriter {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CheckpointOptions options_;
-  const int task_;
 
   mutable absl::Mutex mu_;
   absl::Status last_status_ ABSL_GUARDED_BY(mu_);

@@ -15,18 +15,18 @@ absl::StatusOr<std::string> ParameterServer::Impl::Control(const ControlRequest&
       ended = !job_ended_.empty() || finished_;
       step = step_;
     }
-    if (ended) return absl::StrCat("ps task ", options_.task_index, ": the run had already ended (step ", step, ")");
-    LOG(WARNING) << "ps task " << options_.task_index << ": drained by " << who;
+    if (ended) return absl::StrCat("ps task ", task_index(), ": the run had already ended (step ", step, ")");
+    LOG(WARNING) << "ps task " << task_index() << ": drained by " << who;
     EndRun(absl::StrCat("drained by ", who, " at step ", step));  // the final checkpoint is written before it returns
     absl::MutexLock lock(&mu_);
-    return absl::StrCat("ps task ", options_.task_index, ": drained at step ", step_,
+    return absl::StrCat("ps task ", task_index(), ": drained at step ", step_,
                         checkpointing() ? (final_checkpoint_status_.ok() ? ", its state saved" : ", its save FAILED")
                                         : " (it keeps no checkpoints)",
                         "; the workers are told to stop");
   }
   if (r.command == "remove-worker") {
     if (!coordinator()) {
-      return absl::StrCat("ps task ", options_.task_index, ": nothing to do (ps task 0 removes workers)");
+      return absl::StrCat("ps task ", task_index(), ": nothing to do (ps task 0 removes workers)");
     }
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(members_.CheckWorker(r.worker));
@@ -42,7 +42,7 @@ absl::StatusOr<std::string> ParameterServer::Impl::Control(const ControlRequest&
           !members_.present(r.worker) ? "it never joined" : s.lost ? "lost" : LeavingName(s.leaving), ")"));
     }
     members_.Remove(r.worker, absl::StrCat("removed by ", who, " at step ", step_));
-    LOG(INFO) << "ps task " << options_.task_index << ": worker " << r.worker << " removed by " << who
+    LOG(INFO) << "ps task " << task_index() << ": worker " << r.worker << " removed by " << who
               << " at step " << step_ << ": it leaves at its next call";
     cv_.SignalAll();
     return absl::StrCat("worker ", r.worker, " removed at step ", step_, ": it leaves at its next call");
@@ -58,7 +58,7 @@ void ParameterServer::Impl::MembershipChangedLocked() {
   const std::vector<int> active = members_.active_workers();
   if (!sync_) {
     const std::string change = elastic_->Changed(step_, active);
-    if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+    if (!change.empty()) LOG(INFO) << "ps task " << task_index() << ": " << change;
     return;
   }
   if (!elastic_->global() || !job_ended_.empty()) return;
@@ -73,7 +73,7 @@ void ParameterServer::Impl::MembershipChangedLocked() {
   for (int w : coordinator_->TakePending()) {
     if (journal_) journal_->Voided(w, step_, commit_ids_[w]);
   }
-  LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+  LOG(INFO) << "ps task " << task_index() << ": " << change;
 }
 
 bool ParameterServer::Impl::MustRedoLocked(int worker) const {
@@ -84,7 +84,7 @@ bool ParameterServer::Impl::MustRedoLocked(int worker) const {
 absl::StatusOr<std::string> ParameterServer::Impl::ChangePsSet(const ControlRequest& r, const std::string& who) {
   if (!coordinator()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("ps task ", options_.task_index, " does not change the ps tasks: ask ps task 0"));
+        absl::StrCat("ps task ", task_index(), " does not change the ps tasks: ask ps task 0"));
   }
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckRunning());
@@ -129,14 +129,14 @@ absl::StatusOr<std::string> ParameterServer::Impl::Retire(const std::string& who
 }
 
 std::string ParameterServer::Impl::RetireLocked(const std::string& who, std::shared_ptr<Cancellation>* ended) {
-  if (finished_) return absl::StrCat("ps task ", options_.task_index, ": the run was over already");
+  if (finished_) return absl::StrCat("ps task ", task_index(), ": the run was over already");
   outcome_ = TrainingOutcome();
   outcome_.kind = TrainingOutcome::Kind::kComplete;
   outcome_.succeeded = true;
   outcome_.global_step = step_;
-  outcome_.message = absl::StrCat("ps task ", options_.task_index, " left the job at step ", step_,
+  outcome_.message = absl::StrCat("ps task ", task_index(), " left the job at step ", step_,
                                   " (removed; its share lives on the other ps tasks; asked by ", who, ")");
-  LOG(INFO) << "ps task " << options_.task_index << ": " << outcome_.message;
+  LOG(INFO) << "ps task " << task_index() << ": " << outcome_.message;
   finished_ = true;
   *ended = NewEpochLocked();
   return outcome_.message;
@@ -155,7 +155,7 @@ void ParameterServer::Impl::RestoreElasticCursorLocked(const std::map<int, std::
   auto it = positions.find(kElasticCursorKey);
   absl::Status s = elastic_->RestoreState(it == positions.end() ? "0" : it->second);
   if (!s.ok()) {
-    LOG(WARNING) << "ps task " << options_.task_index << ": " << s.message() << ": the input starts again from "
+    LOG(WARNING) << "ps task " << task_index() << ": " << s.message() << ": the input starts again from "
                  << "its first batch";
     elastic_->RestoreState("0").IgnoreError();
   }

@@ -101,6 +101,10 @@ class ParameterServer::Impl {
         checkpoints_(options_.checkpoint.save_steps, options_.checkpoint.save_secs, options_.clock),
         ps_plan_(options_.ps_hosts) {
     num_ps_.store(options_.num_ps);
+    task_index_.store(options_.task_index);
+    if (options_.task_index < static_cast<int>(options_.ps_hosts.size())) {
+      own_address_ = options_.ps_hosts[options_.task_index];
+    }
     if (checkpointing()) {
       writer_ = std::make_unique<CheckpointWriter>(options_.checkpoint, options_.task_index, options_.num_ps);
     }
@@ -154,7 +158,7 @@ class ParameterServer::Impl {
   }
   absl::Status FinalCheckpointStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (final_save_started_ && !final_save_done_) {
-      return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index,
+      return absl::UnavailableError(absl::StrCat("ps task ", task_index(),
                                                  ": the final checkpoint is still being written"));
     }
     return final_checkpoint_status_;
@@ -202,7 +206,21 @@ class ParameterServer::Impl {
   class PushUpload;
   class DiscardUpload;
 
-  bool coordinator() const { return options_.task_index == 0; }
+  bool coordinator() const { return task_index() == 0; }
+  // This task's index among the job's ps tasks: the spec's, or another once a change of the ps set renumbered it
+  // (a task other than the last left: the last one takes its place), which Restore makes holding both locks.
+  // ps 0 is never renumbered.
+  int task_index() const { return task_index_.load(std::memory_order_acquire); }
+  // The index `config` gives this task: where its address stands in config.ps_hosts (a chief's config after a
+  // change of the ps set), else task_index().
+  int IndexIn(const TrainConfig& config) const {
+    if (!own_address_.empty()) {
+      for (size_t i = 0; i < config.ps_hosts.size(); ++i) {
+        if (config.ps_hosts[i] == own_address_) return static_cast<int>(i);
+      }
+    }
+    return task_index();
+  }
   // The number of ps tasks the job runs on: the spec's, or another after a live change (ps_set_plan.h), which
   // Restore makes holding both locks.
   int num_ps() const { return num_ps_.load(std::memory_order_acquire); }
@@ -502,6 +520,8 @@ class ParameterServer::Impl {
   std::unique_ptr<AppliedJournal> journal_;
   std::vector<std::unique_ptr<AppliedJournal>> old_journals_;
   std::atomic<int> num_ps_{1};
+  std::atomic<int> task_index_{0};
+  std::string own_address_;  // the spec's (or --join's) address of this task; empty when not told
   // Ps 0: the job's ps tasks and a change of them asked for (ps_set_plan.h).
   PsSetPlan ps_plan_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DeltaWriter> delta_writer_;  // set once in the constructor when writing deltas; thread-safe

@@ -31,7 +31,7 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   int64_t bytes = 0;
   for (const SliceSpec& s : config.slices) bytes += s.length * static_cast<int64_t>(sizeof(float));
   if (bytes > options_.max_model_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("the model's slices on ps task ", options_.task_index, " take ",
+    return absl::ResourceExhaustedError(absl::StrCat("the model's slices on ps task ", task_index(), " take ",
                                                      bytes, " bytes, more than --max_model_bytes=",
                                                      options_.max_model_bytes));
   }
@@ -40,7 +40,7 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   store->set_apply_threads(options_.apply_threads);
   // Without tables the sparse optimizer is not used (and may be unset): an empty store with the defaults.
   SparseStoreOptions sparse_options;
-  sparse_options.task_index = options_.task_index;
+  sparse_options.task_index = task_index();
   sparse_options.num_ps = num_ps();
   sparse_options.max_rows_cap = options_.sparse_max_rows;
   sparse_options.track_changes = deltas();
@@ -57,7 +57,7 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
   }
   if (bytes > options_.max_model_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("the model's slices and bounded sparse tables (max_rows) on ps "
-                                                     "task ", options_.task_index, " take up to ", bytes,
+                                                     "task ", task_index(), " take up to ", bytes,
                                                      " bytes, more than --max_model_bytes=", options_.max_model_bytes));
   }
   sparse->SetVersion(step_);
@@ -85,7 +85,7 @@ absl::Status ParameterServer::Impl::ConfigureLocked(const TrainConfig& config, i
     const std::string why = WhyLeavingEndsRunLocked(refused);
     if (!why.empty()) EndRunLocked(why);
   }
-  LOG(INFO) << "ps task " << options_.task_index << ": adopted the config of chief worker " << chief_ << " ("
+  LOG(INFO) << "ps task " << task_index() << ": adopted the config of chief worker " << chief_ << " ("
             << config_.mode << ", " << config_.num_workers << " workers"
             << (slots() > config_.num_workers ? absl::StrCat(" (up to ", slots(), ")") : "")
             << (config_.elastic_batch.empty() ? ""
@@ -142,10 +142,10 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     if (!coordinator() && request.config.ps_version == 0 && num_ps() == options_.num_ps) {
       return absl::FailedPreconditionError(absl::StrCat(
           "worker ", request.worker_id, " places the variables on ", request.config.num_ps, " ps tasks, but ps task ",
-          options_.task_index, " was started among ", num_ps(),
+          task_index(), " was started among ", num_ps(),
           " (--ps_hosts must list the same tasks on every process)"));
     }
-    return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index, " runs among ", num_ps(),
+    return absl::UnavailableError(absl::StrCat("ps task ", task_index(), " runs among ", num_ps(),
                                                " ps tasks, worker ", request.worker_id, "'s config says ",
                                                request.config.num_ps, ": waiting for the job to move"));
   }
@@ -156,9 +156,9 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
         // the chief has reported done and will not register again, so nothing is left for this worker to do.
         return RunOverError(RunOutcome::kComplete, ended_step_,
                             absl::StrCat("run complete: training reached step ", ended_step_, " while ps task ",
-                                         options_.task_index, " was down (reported to it after its restart)"));
+                                         task_index(), " was down (reported to it after its restart)"));
       }
-      return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index,
+      return absl::UnavailableError(absl::StrCat("ps task ", task_index(),
                                                  " is waiting for the chief to register its config (worker ",
                                                  request.worker_id, " is not the chief)"));
     }
@@ -167,7 +167,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     RETURN_IF_ERROR(CheckElasticConfig(request.config, slots()));
     ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> restored,
                      FindStateToRestore(options_.checkpoint.env, options_.checkpoint.dir, options_.delta.dir,
-                                        request.config, options_.task_index, num_ps(), request.restore_step));
+                                        request.config, task_index(), num_ps(), request.restore_step));
     if (restored.has_value()) step_ = restored->data.task_step;
     RETURN_IF_ERROR(ConfigureLocked(request.config, request.worker_id));
     if (restored.has_value()) {
@@ -194,7 +194,7 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
           journal_->Restored(restored->data.global_step);
         }
       }
-      LOG(INFO) << "ps task " << options_.task_index << ": restored " << restored->path
+      LOG(INFO) << "ps task " << task_index() << ": restored " << restored->path
                 << Resharded(restored->resharded_from, num_ps()) << " (step " << restored->data.global_step
                 << ", " << restored->data.slices.size() << " slices" << SparseRowsRestored(restored->data.tables)
                 << ")";
@@ -220,14 +220,14 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
     MembershipChangedLocked();
   }
   if (joins) {
-    LOG(INFO) << "ps task " << options_.task_index << ": worker " << request.worker_id << " joins the running job at "
+    LOG(INFO) << "ps task " << task_index() << ": worker " << request.worker_id << " joins the running job at "
               << "step " << step_ << (response.join_step > step_ ? absl::StrCat(" (it counts from step ",
                                                                                   response.join_step, ")")
                                                                    : "")
               << "; " << members_.num_active() << " active";
   }
   if (was_lost) {
-    LOG(INFO) << "ps task " << options_.task_index << ": worker " << request.worker_id
+    LOG(INFO) << "ps task " << task_index() << ": worker " << request.worker_id
               << " is back (registered again after it was declared lost; " << members_.num_active() << " active)";
   }
   cv_.SignalAll();  // a worker that comes back counts as active again
@@ -253,12 +253,12 @@ absl::StatusOr<CheckpointProbe> ParameterServer::Impl::Probe(const TrainConfig& 
   // another number of ps tasks (resharded); read outside the lock: it takes time.
   if (checkpointing()) {
     ASSIGN_OR_RETURN(probe.restorable_steps, RestorableSteps(options_.checkpoint.env, options_.checkpoint.dir,
-                                                             config, options_.task_index, num_ps_probed));
+                                                             config, IndexIn(config), num_ps_probed));
   }
   if (num_ps_probed != probe.num_ps) return probe;  // a move: from checkpoints alone (deltas are refused then)
   // And the steps of the deltas that chain from them (or from a fresh start).
   ASSIGN_OR_RETURN(const std::vector<int64_t> by_deltas,
-                   DeltaStepsReachable(options_.checkpoint.env, options_.delta.dir, options_.task_index,
+                   DeltaStepsReachable(options_.checkpoint.env, options_.delta.dir, task_index(),
                                        num_ps(), probe.restorable_steps));
   if (!by_deltas.empty()) {
     probe.restorable_steps.insert(probe.restorable_steps.end(), by_deltas.begin(), by_deltas.end());
@@ -275,17 +275,19 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
         absl::StrCat("Restore from worker ", worker_id, ": only the chief (worker 0) restores the ps tasks"));
   }
   if (!restorable()) {
-    return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
+    return absl::FailedPreconditionError(absl::StrCat("ps task ", task_index(),
                                                       " has no --checkpoint_dir: it cannot restore step ", step));
   }
   // A config for another number of ps tasks: the chief moves the job onto them (a change of the ps set,
   // ps_set_plan.h): this task takes its new share from the checkpoint of `step` that every old task wrote.
-  const bool move = OtherPsSet(config);
-  if (move && (options_.task_index >= config.num_ps || deltas())) {
+  // A task before this one left: this one (the last) takes its index (IndexIn: its address in the job's hosts).
+  const int index = IndexIn(config);
+  const bool move = OtherPsSet(config) || index != task_index();
+  if (move && (index >= config.num_ps || deltas())) {
     return absl::FailedPreconditionError(
-        options_.task_index >= config.num_ps
-            ? absl::StrCat("ps task ", options_.task_index, " has no place among ", config.num_ps, " ps tasks")
-            : absl::StrCat("ps task ", options_.task_index, " keeps deltas (--delta_dir): a live change of the ps "
+        index >= config.num_ps
+            ? absl::StrCat("ps task ", task_index(), " has no place among ", config.num_ps, " ps tasks")
+            : absl::StrCat("ps task ", task_index(), " keeps deltas (--delta_dir): a live change of the ps "
                            "tasks is not built for them"));
   }
   // Read and check the file first (or reshard a checkpoint of another number of ps tasks; or an earlier
@@ -293,15 +295,15 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
   RestorableCheckpoint restorable;
   if (options_.delta.dir.empty() || move) {
     ASSIGN_OR_RETURN(restorable, ReadCheckpointForTask(options_.checkpoint.env, options_.checkpoint.dir, step, config,
-                                                       options_.task_index, move ? config.num_ps : num_ps()));
+                                                       index, move ? config.num_ps : num_ps()));
   } else {
     TrainConfig exact = config;
     exact.mode = "sync";  // that step or nothing, whatever the mode
     ASSIGN_OR_RETURN(std::optional<RestorableCheckpoint> found,
                      FindStateToRestore(options_.checkpoint.env, options_.checkpoint.dir, options_.delta.dir, exact,
-                                        options_.task_index, num_ps(), step));
+                                        task_index(), num_ps(), step));
     if (!found.has_value()) {
-      return absl::NotFoundError(absl::StrCat("ps task ", options_.task_index,
+      return absl::NotFoundError(absl::StrCat("ps task ", task_index(),
                                               " has no checkpoint or deltas to restore step ", step));
     }
     restorable = *std::move(found);
@@ -312,7 +314,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
   {
     absl::MutexLock apply_lock(&apply_mu_);
     absl::MutexLock lock(&mu_);
-    int moved_from = 0;
+    int moved_from = 0, moved_from_index = task_index();
     if (move) {
       if (configured_) RETURN_IF_ERROR(CompareModelLocked(config, worker_id));
       if (coordinator()) {
@@ -323,15 +325,17 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
                             : ps_plan_.Adopt(config.ps_hosts, config.ps_version, config.num_ps));
       }
       moved_from = num_ps();
+      moved_from_index = task_index();
       num_ps_.store(config.num_ps, std::memory_order_release);
+      task_index_.store(index, std::memory_order_release);
       configured_ = false;  // configured again below with this task's new slices (and its shard of the rows)
       if (journal_) {
         absl::StatusOr<std::unique_ptr<AppliedJournal>> j = AppliedJournal::Open(
-            options_.checkpoint.env, options_.checkpoint.dir, options_.task_index, config.num_ps);
+            options_.checkpoint.env, options_.checkpoint.dir, task_index(), config.num_ps);
         if (j.ok()) {
           old_journals_.push_back(std::exchange(journal_, *std::move(j)));
         } else {
-          LOG(ERROR) << "ps task " << options_.task_index << ": cannot open a journal for " << config.num_ps
+          LOG(ERROR) << "ps task " << task_index() << ": cannot open a journal for " << config.num_ps
                      << " ps tasks (" << j.status() << "): the old one goes on";
         }
       }
@@ -339,14 +343,21 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     if (!configured_) {
       step_ = data.task_step;
       absl::Status configured = ConfigureLocked(config, worker_id);
-      if (!configured.ok() && moved_from > 0) num_ps_.store(moved_from, std::memory_order_release);
+      if (!configured.ok() && moved_from > 0) {
+        num_ps_.store(moved_from, std::memory_order_release);
+        task_index_.store(moved_from_index, std::memory_order_release);
+      }
       RETURN_IF_ERROR(configured);
     } else {
       RETURN_IF_ERROR(CompareTrainConfigs(config_, config, worker_id));
     }
     if (moved_from > 0) {
-      LOG(WARNING) << "ps task " << options_.task_index << ": the job moved from " << moved_from << " onto "
-                   << config.num_ps << " ps tasks at step " << data.global_step;
+      LOG(WARNING) << "ps task " << task_index() << ": the job moved from " << moved_from << " onto "
+                   << config.num_ps << " ps tasks at step " << data.global_step
+                   << (moved_from_index != task_index()
+                           ? absl::StrCat(" (this task was ps task ", moved_from_index, " of ", moved_from,
+                                          ": a task before it left, and it takes that one's place)")
+                           : std::string());
     }
     ASSIGN_OR_RETURN(const SparseStore::CheckedState tables, sparse_->CheckState(data.tables));
     RETURN_IF_ERROR(store_->ImportState(data.slices, data.task_step));
@@ -377,7 +388,7 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     }
     RestoredLocked(data.global_step);
     ended = NewEpochLocked();
-    LOG(WARNING) << "ps task " << options_.task_index << ": restored " << path
+    LOG(WARNING) << "ps task " << task_index() << ": restored " << path
                  << Resharded(restorable.resharded_from, num_ps()) << " on the chief's request (was at step "
                  << was << ", now " << step_ << SparseRowsRestored(data.tables) << "); every worker registers again";
   }
@@ -408,11 +419,11 @@ std::shared_ptr<Cancellation> ParameterServer::Impl::NewEpochLocked() {
 absl::Status ParameterServer::Impl::CheckReady() const {
   if (!configured_) {
     return absl::UnavailableError(
-        absl::StrCat("ps task ", options_.task_index, " has no config yet: waiting for the chief to register"));
+        absl::StrCat("ps task ", task_index(), " has no config yet: waiting for the chief to register"));
   }
   if (!initialized_) {
     return absl::UnavailableError(
-        absl::StrCat("ps task ", options_.task_index, " is not initialized yet: waiting for the chief"));
+        absl::StrCat("ps task ", task_index(), " is not initialized yet: waiting for the chief"));
   }
   return absl::OkStatus();
 }
@@ -436,10 +447,10 @@ absl::Status ParameterServer::Impl::Done(const DoneRequest& request) {
     const int64_t at = request.global_step > 0 ? request.global_step : (configured_ ? CheckpointLabel() : step_);
     if (members_.MarkDone(worker_id, request.leaving, at, request.reason)) {
       if (completed) {
-        LOG(INFO) << "ps task " << options_.task_index << ": worker " << worker_id << " is done ("
+        LOG(INFO) << "ps task " << task_index() << ": worker " << worker_id << " is done ("
                   << members_.num_done() << " of " << members_.present_workers().size() << ")";
       } else {
-        LOG(WARNING) << "ps task " << options_.task_index << ": worker " << worker_id << " left ("
+        LOG(WARNING) << "ps task " << task_index() << ": worker " << worker_id << " left ("
                      << LeavingName(request.leaving) << " at step " << at
                      << (request.reason.empty() ? "" : absl::StrCat(": ", request.reason)) << "; "
                      << members_.num_active() << " of " << members_.present_workers().size() << " still active)";
@@ -495,7 +506,7 @@ absl::Status ParameterServer::Impl::CompareModelLocked(const TrainConfig& config
 
 void ParameterServer::Impl::EndRunLocked(const std::string& why) {
   job_ended_ = why;
-  LOG(WARNING) << "ps task " << options_.task_index << ": " << why << ": the run ends here (step " << step_
+  LOG(WARNING) << "ps task " << task_index() << ": " << why << ": the run ends here (step " << step_
                << "); the workers still running are told to stop";
   cv_.SignalAll();  // pulls waiting for a step wake up and hear it
 }
@@ -517,7 +528,7 @@ absl::StatusOr<int64_t> ParameterServer::Impl::Heartbeat(int worker_id, uint64_t
   if (!configured_) last_contact_ = Now();
   RETURN_IF_ERROR(CheckRunning());
   if (!configured_) {
-    return absl::AbortedError(absl::StrCat("ps task ", options_.task_index, " has no config (it restarted): register again"));
+    return absl::AbortedError(absl::StrCat("ps task ", task_index(), " has no config (it restarted): register again"));
   }
   RETURN_IF_ERROR(members_.CheckSession(worker_id, session, Now()));
   return step_;
@@ -536,13 +547,13 @@ void ParameterServer::Impl::CheckLeases() {
       const absl::Duration quiet = std::min(options_.registration_timeout, absl::Seconds(10));
       if (finished_ || job_ended_.empty() || members_.all_ended() || Now() - last_contact_ < quiet) return;
       const std::vector<int> gone = members_.ExpireAll(step_, "silent after the run ended");
-      LOG(WARNING) << "ps task " << options_.task_index << ": no call for " << absl::FormatDuration(quiet)
+      LOG(WARNING) << "ps task " << task_index() << ": no call for " << absl::FormatDuration(quiet)
                    << " after the run ended: worker" << (gone.size() > 1 ? "s " : " ") << absl::StrJoin(gone, ", ")
                    << " declared lost";
     } else {
       const std::vector<int> lost = members_.ExpireLeases(Now(), options_.worker_timeout, CheckpointLabel());
       if (lost.empty()) return;
-      LOG(WARNING) << "ps task " << options_.task_index << ": worker" << (lost.size() > 1 ? "s " : " ")
+      LOG(WARNING) << "ps task " << task_index() << ": worker" << (lost.size() > 1 ? "s " : " ")
                    << absl::StrJoin(lost, ", ") << " lost: no contact for more than "
                    << absl::FormatDuration(options_.worker_timeout) << " (" << members_.num_active()
                    << " still active)";
@@ -571,7 +582,7 @@ void ParameterServer::Impl::CheckUnconfiguredLocked() {
                                   absl::FormatDuration(options_.registration_timeout),
                                   " (--registration_timeout_secs): the workers never reached this task, or training "
                                   "had ended before it was started again");
-  LOG(WARNING) << "ps task " << options_.task_index << ": " << outcome_.message;
+  LOG(WARNING) << "ps task " << task_index() << ": " << outcome_.message;
   finished_ = true;
   cv_.SignalAll();
 }
@@ -596,7 +607,7 @@ void ParameterServer::Impl::FinishAfterEndLocked() {
         ListCheckpointFiles(options_.checkpoint.env, options_.checkpoint.dir);
     int64_t newest = -1;
     for (const CheckpointFile& f : files.ok() ? *files : std::vector<CheckpointFile>{}) {
-      if (f.task == options_.task_index && f.num_ps == num_ps()) newest = std::max(newest, f.step);
+      if (f.task == task_index() && f.num_ps == num_ps()) newest = std::max(newest, f.step);
     }
     if (!files.ok()) {
       final_checkpoint_status_ = files.status();
@@ -604,14 +615,14 @@ void ParameterServer::Impl::FinishAfterEndLocked() {
       absl::StrAppend(&message, "; its newest checkpoint, step ", newest, ", holds the end");
     } else {
       final_checkpoint_status_ = absl::DataLossError(absl::StrCat(
-          "training reached step ", ended_step_, " while ps task ", options_.task_index,
+          "training reached step ", ended_step_, " while ps task ", task_index(),
           " was down, and its newest ", newest < 0 ? std::string("checkpoint: none") : absl::StrCat("checkpoint is step ", newest),
           ": the updates of its variables since then were lost with the killed process (resume from the newest "
           "checkpoint every task holds)"));
     }
   }
   outcome_.message = std::move(message);
-  LOG(INFO) << "ps task " << options_.task_index << ": " << outcome_.message;
+  LOG(INFO) << "ps task " << task_index() << ": " << outcome_.message;
   finished_ = true;
   cv_.SignalAll();
 }
@@ -638,7 +649,7 @@ void ParameterServer::Impl::LeaseLoop() {
       absl::MutexLock mu_lock(&mu_);
       if (configured_) {
         members_.RenewLeases(Now());
-        LOG(WARNING) << "ps task " << options_.task_index << ": its lease checks ran " << absl::FormatDuration(late)
+        LOG(WARNING) << "ps task " << task_index() << ": its lease checks ran " << absl::FormatDuration(late)
                      << " late (this process was not running): every worker's lease starts again";
       }
     }
@@ -699,7 +710,7 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
   const absl::Status saved = WriteCheckpoints(std::move(saves));
   if (writing_final && deltas()) {
     delta_writer_->Flush();  // every delta taken is on disk before the task may exit
-    LOG(INFO) << "ps task " << options_.task_index << ": " << delta_writer_->written() << " deltas written ("
+    LOG(INFO) << "ps task " << task_index() << ": " << delta_writer_->written() << " deltas written ("
               << delta_writer_->bytes_written() << " bytes, " << delta_writer_->write_seconds() << " s on the writer's "
               << "thread), " << delta_writer_->failed() << " failed";
   }
@@ -711,7 +722,7 @@ void ParameterServer::Impl::AfterWorkersLeft(std::optional<StepDecision> decided
     final_checkpoint_status_ = saved;
     final_save_done_ = true;
     if (saved.ok() && checkpointing()) {
-      LOG(INFO) << "ps task " << options_.task_index << ": final checkpoint of step "
+      LOG(INFO) << "ps task " << task_index() << ": final checkpoint of step "
                 << std::max(written_label_, int64_t{0}) << " saved";
     }
     if (members_.all_ended() && !finished_) FinishLocked();

@@ -136,11 +136,11 @@ TEST(PsSetChangeTest, TheJobMovesOntoAnAddedTaskAndBackWithoutChangingItsArithme
   ASSERT_TRUE(heard.has_value()) << refused.status();
   EXPECT_EQ(heard->hosts, (std::vector<std::string>{"h0:1", "h1:2"}));
 
-  // remove-ps: only the last task; then back onto one.
+  // remove-ps: never ps 0; then back onto one.
   ControlRequest remove;
   remove.command = "remove-ps";
   remove.ps = 0;
-  EXPECT_TRUE(absl::StrContains(ps0->Control(remove).status().message(), "only the last ps task (1)"));
+  EXPECT_TRUE(absl::StrContains(ps0->Control(remove).status().message(), "ps task 0 holds the global step"));
   remove.ps = 1;
   ASSERT_TRUE(ps0->Control(remove).ok());
   std::vector<float> values(8);
@@ -303,6 +303,63 @@ TEST(PsSetChangeTest, AWorkerThatHeardOfAChangeLostWithPs0GoesBackToTheJobsSet) 
   absl::StatusOr<std::string> again = restarted->Control(add);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(*again, "ps task 1 (h1:2) joins at the next step boundary: 2 ps tasks");
+}
+
+// A task other than the last leaves: the last one takes its index (it finds it by its address in the chief's
+// config), restores that index's share, and every value of the job equals a run that never moved.
+TEST(PsSetChangeTest, ATaskInTheMiddleLeavesAndTheLastTakesItsPlace) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/ps_set_middle_", getpid());
+  const std::vector<float> initial = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto straight = Task(0, {"h0:1"}, dir + "_straight");
+  WorkerClient s(std::vector<PsInterface*>{straight.get()}, PlacementFor(1), 0, true, Inline());
+  ASSERT_TRUE(s.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
+  int64_t straight_step = 0;
+  const std::vector<float> expected = Train(s, &straight_step, 10);
+
+  const std::vector<std::string> hosts = {"h0:1", "h1:2", "h2:3"};
+  auto ps0 = Task(0, hosts, dir);
+  auto ps1 = Task(1, hosts, dir);
+  auto ps2 = Task(2, hosts, dir);
+  WorkerClient c(std::vector<PsInterface*>{ps0.get(), ps1.get(), ps2.get()}, PlacementFor(3), 0, true, Inline());
+  ASSERT_TRUE(c.Connect(SyncConfig(3), initial.data(), absl::Seconds(5)).ok());
+  int64_t step = 0;
+  Train(c, &step, 3);
+  ControlRequest remove;
+  remove.command = "remove-ps";
+  remove.ps = 1;
+  absl::StatusOr<std::string> said = ps0->Control(remove);
+  ASSERT_TRUE(said.ok()) << said.status();
+  EXPECT_EQ(*said, "ps task 1 (h1:2) leaves at the next step boundary: 2 ps tasks; ps task 2 (h2:3) becomes ps task 1");
+  std::vector<float> params(8), grads(8, 0.1f * 4.0f);
+  ASSERT_EQ(c.Push(3, grads.data())->outcome, Outcome::kAccepted);
+  absl::StatusOr<PullResult> at = c.Pull(4, 3, params.data());
+  ASSERT_TRUE(at.ok()) << at.status();
+  ASSERT_EQ(at->ps_set.step, 4);
+  EXPECT_EQ(at->ps_set.hosts, (std::vector<std::string>{"h0:1", "h2:3"}));
+  EXPECT_EQ(at->ps_set.leaving, (std::vector<std::string>{"h1:2"}));
+  ASSERT_TRUE(c.MoveTo({ps0.get(), ps2.get()}, PlacementFor(2), at->ps_set, absl::Seconds(5)).ok());
+  ControlRequest retire;
+  retire.command = "retire";
+  ASSERT_TRUE(ps1->Control(retire).ok());
+  EXPECT_TRUE(ps1->finished());
+  EXPECT_EQ(ps2->step(), 4);
+  step = 4;
+  Train(c, &step, 3);
+  EXPECT_TRUE(Env::Default()->FileExists(absl::StrCat(dir, "/model.ckpt-4.ps2-of-3")));  // the move's, as ps 2
+  // Again, the last task (the renumbered one) leaves: back onto one task.
+  said = ps0->Control(remove);
+  ASSERT_TRUE(said.ok()) << said.status();
+  EXPECT_EQ(*said, "ps task 1 (h2:3) leaves at the next step boundary: 1 ps task");
+  grads.assign(8, 0.1f * 8.0f);
+  ASSERT_EQ(c.Push(7, grads.data())->outcome, Outcome::kAccepted);
+  at = c.Pull(8, 7, params.data());
+  ASSERT_TRUE(at.ok()) << at.status();
+  ASSERT_EQ(at->ps_set.step, 8);
+  ASSERT_TRUE(c.MoveTo({ps0.get()}, PlacementFor(1), at->ps_set, absl::Seconds(5)).ok());
+  EXPECT_TRUE(Env::Default()->FileExists(absl::StrCat(dir, "/model.ckpt-8.ps1-of-2")));  // written as ps task 1
+  ASSERT_TRUE(ps2->Control(retire).ok());
+  step = 8;
+  EXPECT_EQ(Train(c, &step, 2), expected);
 }
 
 TEST(PsSetChangeTest, RefusalsAreOneLine) {

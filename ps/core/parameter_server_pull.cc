@@ -100,11 +100,11 @@ bool ParameterServer::Impl::PullCall::stopped() const {
 
 absl::Status ParameterServer::Impl::PullStoppedError(const PullCall& call) const {
   if (call.epoch_cancel->cancelled()) {
-    return absl::AbortedError(absl::StrCat("ps task ", options_.task_index,
+    return absl::AbortedError(absl::StrCat("ps task ", task_index(),
                                            " was restored to another step while the pull waited: register again"));
   }
   return absl::CancelledError(absl::StrCat("Pull by worker ", call.request.worker_id, " on ps task ",
-                                           options_.task_index, " cancelled"));
+                                           task_index(), " cancelled"));
 }
 
 absl::Status ParameterServer::Impl::CheckPullLocked(const PullRequest& request) {
@@ -113,7 +113,7 @@ absl::Status ParameterServer::Impl::CheckPullLocked(const PullRequest& request) 
   RETURN_IF_ERROR(members_.CheckSession(request.worker_id, request.session, Now()));  // first: see StartPush
   RETURN_IF_ERROR(CheckReady());
   if (request.moving_averages && !store_->has_moving_averages()) {
-    return absl::FailedPreconditionError(absl::StrCat("ps task ", options_.task_index,
+    return absl::FailedPreconditionError(absl::StrCat("ps task ", task_index(),
                                                       " keeps no moving averages (the chief's "
                                                       "moving_average_decay is 0): cannot pull them"));
   }
@@ -159,7 +159,7 @@ absl::StatusOr<uint64_t> ParameterServer::Impl::AwaitPullLocked(PullCall& call, 
       !mu_.AwaitWithDeadline(absl::Condition(&may_go_on), call.deadline) && MustWait(request) && !tentative_open();
   if (!timed_out && MustWait(request) && tentative_open()) {
     tentative_writer = tentative_note_.writer;
-    LOG_FIRST_N(INFO, 1) << "ps task " << options_.task_index << ": worker " << request.worker_id
+    LOG_FIRST_N(INFO, 1) << "ps task " << task_index() << ": worker " << request.worker_id
                          << "'s pushes are applied as they arrive and its pulls stream them back (early apply)";
   }
   members_.stats(request.worker_id).wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);
@@ -182,7 +182,7 @@ absl::StatusOr<uint64_t> ParameterServer::Impl::AwaitPullLocked(PullCall& call, 
       waiting_for = gate_->DescribeWait(request.worker_id, members_);
     }
     return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
-                                                    options_.task_index, " timed out after ", request.timeout_ms,
+                                                    task_index(), " timed out after ", request.timeout_ms,
                                                     " ms waiting for ", waiting_for));
   }
   header->step = tentative_writer != 0 ? tentative_note_.step + 1 : step_;
@@ -207,7 +207,7 @@ absl::Status ParameterServer::Impl::StreamTentativePull(PullCall& call, uint64_t
   // then the decision: the values hold only if it is this update's.
   const auto undone = [&] { return undone_writer_.load() == tentative_writer; };
   const auto taken_back = [&] {
-    return absl::UnavailableError(absl::StrCat("ps task ", options_.task_index, " took back the update of worker ",
+    return absl::UnavailableError(absl::StrCat("ps task ", task_index(), " took back the update of worker ",
                                                request.worker_id, "'s push ", request.after_push, " for step ",
                                                version - 1, ", which this pull streamed as it arrived (the push "
                                                "did not become the step): pull again"));
@@ -226,7 +226,7 @@ absl::Status ParameterServer::Impl::StreamTentativePull(PullCall& call, uint64_t
       if (stopped()) return PullStoppedError(call);
       if (undone()) return taken_back();
       return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
-                                                      options_.task_index, " timed out after ", request.timeout_ms,
+                                                      task_index(), " timed out after ", request.timeout_ms,
                                                       " ms waiting for its push's update of step ", version - 1));
     }
     const SliceSpec& spec = store_->spec(k);
@@ -252,7 +252,7 @@ absl::Status ParameterServer::Impl::StreamTentativePull(PullCall& call, uint64_t
   RETURN_IF_ERROR(CheckRunning());
   if (!resolved()) {
     return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
-                                                    options_.task_index, " timed out after ", request.timeout_ms,
+                                                    task_index(), " timed out after ", request.timeout_ms,
                                                     " ms waiting for step ", version - 1, " to be decided"));
   }
   if (tentative_note_.writer != tentative_writer || tentative_note_.state != TentativeNote::kConfirmed) {
@@ -275,7 +275,7 @@ absl::Status ParameterServer::Impl::StreamSlices(PullCall& call, int64_t version
       if (!store_->WaitReadable(i, offset + n, version, call.deadline, stopped)) {
         if (stopped()) return PullStoppedError(call);
         return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
-                                                        options_.task_index, " timed out after ",
+                                                        task_index(), " timed out after ",
                                                         request.timeout_ms, " ms waiting for '", spec.variable,
                                                         "' to be updated to step ", version));
       }
@@ -300,7 +300,7 @@ absl::Status ParameterServer::Impl::StreamSparseRows(PullCall& call, int64_t ver
   if (!sparse_->WaitReadable(row_version, call.deadline, stopped)) {
     if (stopped()) return PullStoppedError(call);
     return absl::DeadlineExceededError(absl::StrCat("Pull by worker ", request.worker_id, " on ps task ",
-                                                    options_.task_index, " timed out after ", request.timeout_ms,
+                                                    task_index(), " timed out after ", request.timeout_ms,
                                                     " ms waiting for the sparse tables to be updated to step ",
                                                     version));
   }
@@ -334,7 +334,7 @@ absl::Status ParameterServer::Impl::StreamSparseRows(PullCall& call, int64_t ver
 absl::Status ParameterServer::Impl::CheckSparseRequest(const PullRequest& request) const {
   std::vector<char> asked(sparse_->num_tables(), 0);
   for (const SparseIds& e : request.sparse) {
-    RETURN_IF_ERROR(CheckPullRows(options_.max_pull_rows, request.worker_id, options_.task_index, e.table,
+    RETURN_IF_ERROR(CheckPullRows(options_.max_pull_rows, request.worker_id, task_index(), e.table,
                                   static_cast<int64_t>(e.ids.size())));
     RETURN_IF_ERROR(sparse_->CheckIds(e.table, e.ids.data(), static_cast<int64_t>(e.ids.size())));
     if (asked[e.table]++) {

@@ -39,7 +39,7 @@ void ParameterServer::Impl::ApplyTentativeLocked(uint64_t writer, int64_t epoch,
 
 void ParameterServer::Impl::NoteNonFiniteAtApply(int64_t zeroed, int64_t step, int i, const std::string& workers) {
   nonfinite_at_apply_ += zeroed;
-  LOG(ERROR) << "ps task " << options_.task_index << ": step " << step << ": " << zeroed << " gradient value"
+  LOG(ERROR) << "ps task " << task_index() << ": step " << step << ": " << zeroed << " gradient value"
              << (zeroed == 1 ? "" : "s") << " of '" << store_->spec(i).variable << "' from " << workers
              << " were NaN/Inf when applied though finite when they arrived (shared memory changed after its "
              << "check): applied as 0";
@@ -64,7 +64,7 @@ void ParameterServer::Impl::EndTentativeLocked(uint64_t writer, bool confirmed) 
   if (tentative_note_.writer != writer || tentative_note_.state != TentativeNote::kOpen) return;
   tentative_note_.state = confirmed ? TentativeNote::kConfirmed : TentativeNote::kUndone;
   if (!confirmed) {
-    LOG(WARNING) << "ps task " << options_.task_index << ": took back the early-applied push "
+    LOG(WARNING) << "ps task " << task_index() << ": took back the early-applied push "
                  << tentative_note_.request_id << " of worker " << tentative_note_.worker << " for step "
                  << tentative_note_.step << " (it did not become the step)";
     undone_writer_.store(writer);
@@ -167,7 +167,7 @@ absl::StatusOr<PushResponse> ParameterServer::Impl::FinishPush(const PushHeader&
       cv_.SignalAll();
       return absl::InvalidArgumentError(absl::StrCat("worker ", w, "'s gradient for step ", header.step,
                                                      " holds NaN or Inf in '", bad_slice, "' (ps task ",
-                                                     options_.task_index, ", --nonfinite=reject): nothing applied"));
+                                                     task_index(), ", --nonfinite=reject): nothing applied"));
     }
   }
   const bool skip = !bad_slice.empty() && options_.nonfinite == ParameterServerOptions::NonFinite::kSkip;
@@ -252,7 +252,7 @@ absl::Status ParameterServer::Impl::FinishAsyncPushLocked(const PushHeader& head
       ++accounting_.refused;
       return absl::FailedPreconditionError(absl::StrCat("worker ", w, "'s push for step ", header.step,
                                                         " ended without every slice of ps task ",
-                                                        options_.task_index, "; missing: ",
+                                                        task_index(), "; missing: ",
                                                         buffer.DescribeMissing()));
     }
     ++accounting_.accepted;

@@ -13,7 +13,7 @@ int64_t ParameterServer::Impl::CheckpointLabel() const { return sync_ || coordin
 
 CheckpointData ParameterServer::Impl::StateLocked(int64_t label, int64_t task_step, bool tables) const {
   CheckpointData d;
-  d.task_index = options_.task_index;
+  d.task_index = task_index();
   d.num_ps = num_ps();
   d.global_step = label;
   d.task_step = task_step;
@@ -115,7 +115,7 @@ bool ParameterServer::Impl::DeltaDueLocked() {
 
 void ParameterServer::Impl::TakeDeltaLocked(int64_t label, int64_t task_step) {
   if (!deltas()) {
-    LOG_FIRST_N(WARNING, 1) << "ps task " << options_.task_index << ": ps task 0 took a delta at step " << label
+    LOG_FIRST_N(WARNING, 1) << "ps task " << task_index() << ": ps task 0 took a delta at step " << label
                             << ", but this task writes none (no --delta_every_secs): serving lacks its part";
     return;
   }
@@ -140,7 +140,7 @@ void ParameterServer::Impl::RestoredLocked(int64_t step) {
   last_delta_time_ = Now();
   sparse_->SetClock(step);
   if (!options_.delta.dir.empty()) {
-    RemoveDeltasAfter(options_.checkpoint.env, options_.delta.dir, options_.task_index, num_ps(), step)
+    RemoveDeltasAfter(options_.checkpoint.env, options_.delta.dir, task_index(), num_ps(), step)
         .IgnoreError();  // logged there
   }
 }
@@ -148,7 +148,7 @@ void ParameterServer::Impl::RestoredLocked(int64_t step) {
 void ParameterServer::Impl::AdvanceSparseClock(int64_t step) {
   sparse_->SetClock(step);
   const int64_t expired = sparse_->MaybeExpire();
-  if (expired > 0) VLOG(1) << "ps task " << options_.task_index << ": " << expired << " rows expired at step " << step;
+  if (expired > 0) VLOG(1) << "ps task " << task_index() << ": " << expired << " rows expired at step " << step;
 }
 
 }  // namespace dtrain::ps

@@ -17,7 +17,7 @@ std::optional<StepDecision> ParameterServer::Impl::DecideLocked() {
   ++step_;
   if (elastic_ != nullptr) {
     const std::string change = elastic_->Advance(d->step, d->workers, members_.active_workers());
-    if (!change.empty()) LOG(INFO) << "ps task " << options_.task_index << ": " << change;
+    if (!change.empty()) LOG(INFO) << "ps task " << task_index() << ": " << change;
   }
   if (checkpointing() && checkpoints_.Due(step_)) {
     // The other tasks save this step too when they apply the decision; the state is copied once applied.
@@ -49,7 +49,7 @@ absl::StatusOr<std::vector<StepDecision>> ParameterServer::Impl::ClaimDecisions(
     if (d.step < next) continue;
     if (d.step > next) {
       return absl::FailedPreconditionError(absl::StrCat("missing decision for step ", next, " on ps task ",
-                                                        options_.task_index, " (got one for step ", d.step, ")"));
+                                                        task_index(), " (got one for step ", d.step, ")"));
     }
     if (!options_.decision_key.empty() && !HmacMatches(options_.decision_key, DecisionBytes(d), d.mac)) {
       return absl::PermissionDeniedError(absl::StrCat("the decision for step ", d.step,
@@ -69,12 +69,12 @@ absl::StatusOr<std::vector<StepDecision>> ParameterServer::Impl::ClaimDecisions(
         // was made: its gradients went with the rollback, and the decision itself may not stand (ps 0 may be
         // rolling back too, tasks one after another). Not a broken protocol: the worker registers again.
         return absl::AbortedError(absl::StrCat(
-            "decision for step ", d.step, " includes worker ", w, ", whose gradients ps task ", options_.task_index,
+            "decision for step ", d.step, " includes worker ", w, ", whose gradients ps task ", task_index(),
             " dropped when it rolled back to step ", step_, ": the decision was made before; register again"));
       }
       if (complete_step_[w] != d.step) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "decision for step ", d.step, " includes worker ", w, ", but ps task ", options_.task_index,
+            "decision for step ", d.step, " includes worker ", w, ", but ps task ", task_index(),
             " does not hold its gradients for that step (its last complete upload is for step ", complete_step_[w],
             ")"));
       }
@@ -171,12 +171,12 @@ ParameterServer::Impl::SummedGradients ParameterServer::Impl::ChooseSummedGradie
     GradientBuffers::Buffer* b = buffer_of[w];
     // Only a worker that broke the protocol (pushing step s+1 before pulling it) can have overwritten them.
     if (b->step() != d.step || !b->all_complete()) {
-      LOG(ERROR) << "ps task " << options_.task_index << ": worker " << w << "'s gradients for step " << d.step
+      LOG(ERROR) << "ps task " << task_index() << ": worker " << w << "'s gradients for step " << d.step
                  << " were overwritten (buffer holds step " << b->step() << "); step applied without them";
       continue;
     }
     if (!b->nonfinite_slice().empty() && options_.nonfinite == ParameterServerOptions::NonFinite::kSkip) {
-      LOG(WARNING) << "ps task " << options_.task_index << ": step " << d.step << " without worker " << w
+      LOG(WARNING) << "ps task " << task_index() << ": step " << d.step << " without worker " << w
                    << "'s gradient (NaN/Inf in '" << b->nonfinite_slice() << "', --nonfinite=skip)";
       (*outcome)[w] = kSkipped;
       continue;
@@ -246,7 +246,7 @@ void ParameterServer::Impl::RecordDecisionLocked(const StepDecision& d, const st
     if (checkpointing()) {
       saves->push_back(SnapshotLocked(d.step + 1, d.step + 1));
     } else {
-      LOG_FIRST_N(WARNING, 1) << "ps task " << options_.task_index << ": ps task 0 saved a checkpoint at step "
+      LOG_FIRST_N(WARNING, 1) << "ps task " << task_index() << ": ps task 0 saved a checkpoint at step "
                               << d.step + 1 << ", but this task has no --checkpoint_dir: its part is not saved";
     }
   }

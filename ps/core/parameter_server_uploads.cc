@@ -60,7 +60,7 @@ class ParameterServer::Impl::InitializeUpload : public SliceUpload {
   absl::StatusOr<PushResponse> Finish() override {
     absl::MutexLock lock(&impl_->mu_);
     if (impl_->initialized_) {
-      LOG(INFO) << "ps task " << impl_->options_.task_index << ": already initialized, ignoring Initialize at step "
+      LOG(INFO) << "ps task " << impl_->task_index() << ": already initialized, ignoring Initialize at step "
                 << impl_->step_;
       return PushResponse{PushResponse::Outcome::kAccepted, impl_->step_};
     }
@@ -79,7 +79,7 @@ class ParameterServer::Impl::InitializeUpload : public SliceUpload {
     impl_->sparse_->SetVersion(impl_->step_);
     impl_->initialized_ = true;
     if (impl_->journal_) impl_->journal_->Initialized();
-    LOG(INFO) << "ps task " << impl_->options_.task_index << ": initialized " << impl_->store_->num_slices()
+    LOG(INFO) << "ps task " << impl_->task_index() << ": initialized " << impl_->store_->num_slices()
               << " slices";
     return PushResponse{PushResponse::Outcome::kAccepted, impl_->step_};
   }
@@ -111,7 +111,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
         impl_->journal_->PartlyApplied(header_.worker_id, header_.step, header_.request_id, applied_slices_,
                                        impl_->store_->num_slices());
       }
-      LOG(WARNING) << "ps task " << impl_->options_.task_index << ": worker " << header_.worker_id << "'s push "
+      LOG(WARNING) << "ps task " << impl_->task_index() << ": worker " << header_.worker_id << "'s push "
                    << header_.request_id << " for step " << header_.step << " was cut off with " << applied_slices_
                    << " of " << impl_->store_->num_slices() << " slices applied (async, --nonfinite=apply: each "
                    << "slice is applied as it arrives whole)";
@@ -167,7 +167,7 @@ class ParameterServer::Impl::PushUpload : public SliceUpload {
       return status_ = absl::ResourceExhaustedError(absl::StrCat(
                  "worker ", header_.worker_id, "'s push carries more than ", limit, " rows of sparse table '",
                  impl_->sparse_->spec(table).name, "' (", held, " held, ", n, " more) to ps task ",
-                 impl_->options_.task_index, ": refused (--max_push_rows)"));
+                 impl_->task_index(), ": refused (--max_push_rows)"));
     }
     if (dim != impl_->sparse_->spec(table).dim) {
       const SparseTableSpec& spec = impl_->sparse_->spec(table);
@@ -280,7 +280,7 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartInitial
   RETURN_IF_ERROR(CheckRunning());
   if (!configured_) {
     return absl::UnavailableError(
-        absl::StrCat("ps task ", options_.task_index, " has no config yet: Register the chief first"));
+        absl::StrCat("ps task ", task_index(), " has no config yet: Register the chief first"));
   }
   if (worker_id != chief_) {
     return absl::FailedPreconditionError(absl::StrCat("Initialize from worker ", worker_id,
@@ -332,7 +332,7 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLoc
   RETURN_IF_ERROR(CheckReady());
   if (header.commit && !coordinator()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("commit=true sent to ps task ", options_.task_index, "; only ps task 0 takes commits"));
+        absl::StrCat("commit=true sent to ps task ", task_index(), "; only ps task 0 takes commits"));
   }
   if (header.input_position.size() > kMaxInputPositionBytes) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", header.worker_id, "'s input position takes ",
@@ -370,7 +370,7 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLoc
   }
   if (header.step > step_ && (sync_ || coordinator())) {
     return absl::FailedPreconditionError(absl::StrCat("push from worker ", header.worker_id, " for step ",
-                                                      header.step, ", but ps task ", options_.task_index,
+                                                      header.step, ", but ps task ", task_index(),
                                                       " is at step ", step_, " (pull before pushing)"));
   }
   ++accounting_.in_flight;

@@ -60,16 +60,20 @@ absl::StatusOr<std::string> PsSetPlan::Remove(int ps) {
     return absl::FailedPreconditionError(absl::StrCat("remove-ps ", ps, ": the job has ps tasks 0..", n - 1));
   }
   if (n == 1) return absl::FailedPreconditionError("the job has one ps task: it cannot be removed (dtrain_ctl drain ends the job)");
-  if (ps != n - 1) {
-    return absl::FailedPreconditionError(absl::StrCat("remove-ps ", ps, ": only the last ps task (", n - 1,
-                                                      ") leaves a running job (the others keep their index; ps 0 "
-                                                      "holds the global step)"));
+  if (ps == 0) {
+    return absl::FailedPreconditionError(
+        "remove-ps 0: ps task 0 holds the global step and decides the steps: it stays while the job runs (dtrain_ctl "
+        "drain ends the job)");
   }
+  // The last task takes the leaving one's index; every other task keeps its own.
   next_.assign(hosts_.begin(), hosts_.end() - 1);
-  leaving_ = {hosts_.back()};
+  if (ps != n - 1) next_[ps] = hosts_.back();
+  leaving_ = {hosts_[ps]};
   move_step_ = -1;
-  return absl::StrCat("ps task ", ps, " (", hosts_.back(), ") leaves at the next step boundary: ", next_.size(),
-                      " ps task", next_.size() == 1 ? "" : "s");
+  return absl::StrCat("ps task ", ps, " (", hosts_[ps], ") leaves at the next step boundary: ", next_.size(),
+                      " ps task", next_.size() == 1 ? "" : "s",
+                      ps != n - 1 ? absl::StrCat("; ps task ", n - 1, " (", hosts_.back(), ") becomes ps task ", ps)
+                                  : std::string());
 }
 
 bool PsSetPlan::Decided(int64_t step) {

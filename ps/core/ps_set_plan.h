@@ -5,8 +5,9 @@
 // ParameterServer::Restore with a config for another num_ps), and every pull's header from that step on names
 // the new set (PullHeader::ps_set), so each worker finishes its pull and connects to it.
 //
-// Only the last task leaves (remove-ps of task num_ps - 1): the others keep their index, so nothing but the
-// moving slices and rows changes hands.
+// Any task but ps 0 (which holds the global step and decides the steps) leaves: the last task takes the leaving
+// one's index (the chief's config names the new order, and a task finds its index by its address there), every
+// other task keeps its own.
 //
 // Thread-safety: none; ps 0 calls it under its mutex.
 #ifndef DTRAIN_PS_CORE_PS_SET_PLAN_H_
@@ -27,8 +28,8 @@ class PsSetPlan {
   explicit PsSetPlan(std::vector<std::string> hosts) : hosts_(std::move(hosts)) {}
 
   // A change asked for. Returns the line that says what happens; FailedPrecondition (one line: why not) when
-  // another change is under way, the address is one of the job's already, the task is not the last or the only
-  // one, or the hosts are not known; InvalidArgument for an address that is no host:port. The task of the pending
+  // another change is under way, the address is one of the job's already, the task is ps 0 or the only one, or
+  // the hosts are not known; InvalidArgument for an address that is no host:port. The task of the pending
   // change asking to join again gets its line with " (asked before)" and changes nothing.
   absl::StatusOr<std::string> Add(const std::string& address);
   absl::StatusOr<std::string> Remove(int ps);

@@ -38,20 +38,22 @@ TEST(PsSetPlanTest, AnAddedTaskJoinsAtTheNextDecisionAndNothingIsDecidedPastItUn
   EXPECT_EQ(plan.View(9).hosts.size(), 3u);
 }
 
-TEST(PsSetPlanTest, OnlyTheLastTaskLeavesAndEveryRefusalIsOneLine) {
+TEST(PsSetPlanTest, AnyTaskButPs0LeavesTheLastTakingItsPlaceAndEveryRefusalIsOneLine) {
   PsSetPlan plan({"h0:1", "h1:2", "h2:3"});
   EXPECT_EQ(plan.Remove(0).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(plan.Remove(1).status().message().find("only the last ps task (2)"), std::string::npos);
+  EXPECT_NE(plan.Remove(0).status().message().find("ps task 0 holds the global step"), std::string::npos);
   EXPECT_FALSE(plan.Remove(3).ok());
   EXPECT_EQ(plan.Add("h1:2").status().code(), absl::StatusCode::kFailedPrecondition);  // a task already
   EXPECT_EQ(plan.Add("nohost").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(plan.Add("h:99999").status().code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(plan.Remove(2).ok());
+  absl::StatusOr<std::string> said = plan.Remove(1);
+  ASSERT_TRUE(said.ok()) << said.status();
+  EXPECT_EQ(*said, "ps task 1 (h1:2) leaves at the next step boundary: 2 ps tasks; ps task 2 (h2:3) becomes ps task 1");
   EXPECT_NE(plan.Add("h3:4").status().message().find("under way already"), std::string::npos);
   ASSERT_TRUE(plan.Decided(10));
   const PsSet v = plan.View(10);
-  EXPECT_EQ(v.hosts, (std::vector<std::string>{"h0:1", "h1:2"}));
-  EXPECT_EQ(v.leaving, (std::vector<std::string>{"h2:3"}));
+  EXPECT_EQ(v.hosts, (std::vector<std::string>{"h0:1", "h2:3"}));
+  EXPECT_EQ(v.leaving, (std::vector<std::string>{"h1:2"}));
   ASSERT_TRUE(plan.Moved(2, 10).ok());
   ASSERT_TRUE(plan.Remove(1).ok());
   ASSERT_TRUE(plan.Decided(20));
