@@ -132,9 +132,7 @@ TEST(ProcessFamiliesTest, ResidentMemoryAndCpuArePositive) {
 // dtrain_heap_bytes follows what the program holds: a block of 16 MiB held shows in "in_use" (and in "held", which
 // counts in-use bytes too), and is gone from "in_use" once freed.
 TEST(ProcessFamiliesTest, HeapInUseFollowsWhatIsHeld) {
-#if !defined(__GLIBC__) || defined(ABSL_HAVE_ADDRESS_SANITIZER)
-  GTEST_SKIP() << "glibc's malloc is needed; not under AddressSanitizer";
-#endif
+  if (!HeapFiguresAvailable()) GTEST_SKIP() << "glibc's malloc (2.33 on) is needed; not under AddressSanitizer";
   auto heap = [](const std::string& state) {
     for (const prometheus::MetricFamily& f : ProcessFamilies()) {
       if (f.name != "dtrain_heap_bytes") continue;

@@ -86,6 +86,16 @@ double BootTimeSeconds() {
 
 }  // namespace
 
+// glibc's mallinfo2 (2.33 on); under AddressSanitizer malloc is not glibc's: no such figures.
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33)) && \
+    !defined(ABSL_HAVE_ADDRESS_SANITIZER)
+#define DTRAIN_HEAP_FIGURES 1
+#else
+#define DTRAIN_HEAP_FIGURES 0
+#endif
+
+bool HeapFiguresAvailable() { return DTRAIN_HEAP_FIGURES != 0; }
+
 std::vector<prometheus::MetricFamily> ProcessFamilies() {
   std::vector<prometheus::MetricFamily> out;
   const long page = sysconf(_SC_PAGESIZE);
@@ -115,8 +125,7 @@ std::vector<prometheus::MetricFamily> ProcessFamilies() {
           {}, boot + std::strtod(f[19].c_str(), nullptr) / static_cast<double>(ticks));
     }
   }
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33)) && !defined(ABSL_HAVE_ADDRESS_SANITIZER)
-  // (Under AddressSanitizer malloc is not glibc's: no such figures.)
+#if DTRAIN_HEAP_FIGURES
   {
     // glibc's heap: what the program holds (in use) and what the allocator holds from the system (held: what is
     // in use plus free chunks it keeps). A rise of the first is memory kept by the program; of the second alone,

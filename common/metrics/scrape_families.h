@@ -56,6 +56,8 @@ class CallbackCollectable : public prometheus::Collectable {
 // process_threads. Read from /proc/self; a file that cannot be read leaves its family out. With glibc also
 // dtrain_heap_bytes{state="in_use"|"held"} (mallinfo2): the heap the program uses and what the allocator keeps.
 std::vector<prometheus::MetricFamily> ProcessFamilies();
+// Whether ProcessFamilies has dtrain_heap_bytes in this build (glibc 2.33 or newer, not under AddressSanitizer).
+bool HeapFiguresAvailable();
 
 // Seconds since the newest modification time of the files in `dir` whose names `match` accepts; -1 when there
 // is none (or `dir` cannot be read). For checkpoint and delta ages, read at scrape time.
