@@ -79,6 +79,24 @@ std::vector<float> Train(WorkerClient& client, int64_t* step, int steps) {
   return params;
 }
 
+ControlRequest Change(const std::string& command, const std::string& address, int ps = 0) {
+  ControlRequest r;
+  r.command = command;
+  r.address = address;
+  r.ps = ps;
+  return r;
+}
+
+// Pushes step `step` (Train's gradient) and pulls the next: after a change asked of ps 0, that pull's header
+// announces the move at step + 1 (the step its decision ends at).
+absl::StatusOr<PullResult> PushAndPull(WorkerClient& c, int64_t step) {
+  std::vector<float> params(8), grads(8, 0.1f * static_cast<float>(step + 1));
+  absl::StatusOr<PushResponse> pushed = c.Push(step, grads.data());
+  if (!pushed.ok()) return pushed.status();
+  if (pushed->outcome != Outcome::kAccepted) return absl::InternalError("the push was not accepted");
+  return c.Pull(step + 1, step, params.data());
+}
+
 TEST(PsSetChangeTest, TheJobMovesOntoAnAddedTaskAndBackWithoutChangingItsArithmetic) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/ps_set_change_", getpid());
   const std::string straight_dir = dir + "_straight";
@@ -171,15 +189,11 @@ TEST(PsSetChangeTest, APs0RestartedAfterAMoveAdoptsTheJobsSetFromTheChief) {
   ASSERT_TRUE(c.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
   int64_t step = 0;
   Train(c, &step, 3);
-  ControlRequest add;
-  add.command = "add-ps";
-  add.address = "h1:2";
-  ASSERT_TRUE(ps0->Control(add).ok());
-  std::vector<float> params(8), grads(8, 0.1f * 4.0f);
-  ASSERT_EQ(c.Push(3, grads.data())->outcome, Outcome::kAccepted);
-  absl::StatusOr<PullResult> at = c.Pull(4, 3, params.data());
+  ASSERT_TRUE(ps0->Control(Change("add-ps", "h1:2")).ok());
+  absl::StatusOr<PullResult> at = PushAndPull(c, 3);
   ASSERT_TRUE(at.ok()) << at.status();
   ASSERT_EQ(at->ps_set.step, 4);
+  std::vector<float> params(8);
   auto ps1 = Task(1, {"h0:1", "h1:2"}, dir);
   ASSERT_TRUE(c.MoveTo({ps0.get(), ps1.get()}, PlacementFor(2), at->ps_set, absl::Seconds(5)).ok());
   step = 4;
@@ -230,14 +244,9 @@ TEST(PsSetChangeTest, APs0KilledBeforeSavingTheMovesStepSendsTheNewSetBackToTheN
   ASSERT_TRUE(c.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
   int64_t step = 0;
   Train(c, &step, 3);  // the checkpoint of step 3 is saved
-  ControlRequest add;
-  add.command = "add-ps";
-  add.address = "h1:2";
-  ASSERT_TRUE(ps0->Control(add).ok());
+  ASSERT_TRUE(ps0->Control(Change("add-ps", "h1:2")).ok());
   disk.FailRenames(1);  // ps 0's part of the move's checkpoint (step 4) never reaches its name: it "died" first
-  std::vector<float> params(8), grads(8, 0.1f * 4.0f);
-  ASSERT_EQ(c.Push(3, grads.data())->outcome, Outcome::kAccepted);
-  absl::StatusOr<PullResult> at = c.Pull(4, 3, params.data());
+  absl::StatusOr<PullResult> at = PushAndPull(c, 3);
   ASSERT_TRUE(at.ok()) << at.status();
   ASSERT_EQ(at->ps_set.step, 4);
 
@@ -270,13 +279,9 @@ TEST(PsSetChangeTest, AWorkerThatHeardOfAChangeLostWithPs0GoesBackToTheJobsSet) 
   ASSERT_TRUE(c.Connect(SyncConfig(1), initial.data(), absl::Seconds(5)).ok());
   int64_t step = 0;
   Train(c, &step, 3);
-  ControlRequest add;
-  add.command = "add-ps";
-  add.address = "h1:2";
+  const ControlRequest add = Change("add-ps", "h1:2");
   ASSERT_TRUE(ps0->Control(add).ok());
-  std::vector<float> params(8), grads(8, 0.1f * 4.0f);
-  ASSERT_EQ(c.Push(3, grads.data())->outcome, Outcome::kAccepted);
-  absl::StatusOr<PullResult> at = c.Pull(4, 3, params.data());
+  absl::StatusOr<PullResult> at = PushAndPull(c, 3);
   ASSERT_TRUE(at.ok()) << at.status();
   ASSERT_EQ(at->ps_set.version, 1);
 
@@ -324,15 +329,11 @@ TEST(PsSetChangeTest, ATaskInTheMiddleLeavesAndTheLastTakesItsPlace) {
   ASSERT_TRUE(c.Connect(SyncConfig(3), initial.data(), absl::Seconds(5)).ok());
   int64_t step = 0;
   Train(c, &step, 3);
-  ControlRequest remove;
-  remove.command = "remove-ps";
-  remove.ps = 1;
+  const ControlRequest remove = Change("remove-ps", "", 1);
   absl::StatusOr<std::string> said = ps0->Control(remove);
   ASSERT_TRUE(said.ok()) << said.status();
   EXPECT_EQ(*said, "ps task 1 (h1:2) leaves at the next step boundary: 2 ps tasks; ps task 2 (h2:3) becomes ps task 1");
-  std::vector<float> params(8), grads(8, 0.1f * 4.0f);
-  ASSERT_EQ(c.Push(3, grads.data())->outcome, Outcome::kAccepted);
-  absl::StatusOr<PullResult> at = c.Pull(4, 3, params.data());
+  absl::StatusOr<PullResult> at = PushAndPull(c, 3);
   ASSERT_TRUE(at.ok()) << at.status();
   ASSERT_EQ(at->ps_set.step, 4);
   EXPECT_EQ(at->ps_set.hosts, (std::vector<std::string>{"h0:1", "h2:3"}));
@@ -350,9 +351,7 @@ TEST(PsSetChangeTest, ATaskInTheMiddleLeavesAndTheLastTakesItsPlace) {
   said = ps0->Control(remove);
   ASSERT_TRUE(said.ok()) << said.status();
   EXPECT_EQ(*said, "ps task 1 (h2:3) leaves at the next step boundary: 1 ps task");
-  grads.assign(8, 0.1f * 8.0f);
-  ASSERT_EQ(c.Push(7, grads.data())->outcome, Outcome::kAccepted);
-  at = c.Pull(8, 7, params.data());
+  at = PushAndPull(c, 7);
   ASSERT_TRUE(at.ok()) << at.status();
   ASSERT_EQ(at->ps_set.step, 8);
   ASSERT_TRUE(c.MoveTo({ps0.get()}, PlacementFor(1), at->ps_set, absl::Seconds(5)).ok());
