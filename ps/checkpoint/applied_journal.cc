@@ -17,16 +17,18 @@ namespace dtrain::ps {
 absl::StatusOr<std::unique_ptr<AppliedJournal>> AppliedJournal::Open(Env* env, const std::string& dir, int task,
                                                                      int num_ps) {
   RETURN_IF_ERROR(env->CreateDirs(dir));
+  return std::unique_ptr<AppliedJournal>(new AppliedJournal(env, dir, task, num_ps));
+}
+
+absl::Status AppliedJournal::CreateLocked() {
   const int64_t start_us = absl::ToUnixMicros(absl::Now());
-  const std::string path = absl::StrFormat("%s%sapplied.ps%d-of-%d.%020d-%d.journal", dir,
-                                           dir.empty() || dir.back() == '/' ? "" : "/", task, num_ps, start_us,
+  const std::string path = absl::StrFormat("%s%sapplied.ps%d-of-%d.%020d-%d.journal", dir_,
+                                           dir_.empty() || dir_.back() == '/' ? "" : "/", task_, num_ps_, start_us,
                                            static_cast<int>(getpid()));
-  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(path));
-  std::unique_ptr<AppliedJournal> journal(new AppliedJournal(path, std::move(file)));
-  journal->Write(absl::StrCat("# dtrain applied journal v1 task=", task, " num_ps=", num_ps, " pid=", getpid(),
-                              " start_us=", start_us, "\n"));
-  RETURN_IF_ERROR(journal->Sync());
-  return journal;
+  ASSIGN_OR_RETURN(file_, env_->NewWritableFile(path));
+  path_ = path;
+  return file_->Append(absl::StrCat("# dtrain applied journal v1 task=", task_, " num_ps=", num_ps_, " pid=",
+                                    getpid(), " start_us=", start_us, "\n"));
 }
 
 bool AppliedJournal::ParseFileName(absl::string_view name, int* task, int* num_ps) {
@@ -45,9 +47,10 @@ bool AppliedJournal::ParseFileName(absl::string_view name, int* task, int* num_p
 void AppliedJournal::Write(const std::string& line) {
   absl::MutexLock lock(&mu_);
   if (!status_.ok()) return;
-  status_ = file_->Append(line);
+  if (file_ == nullptr) status_ = CreateLocked();
+  if (status_.ok()) status_ = file_->Append(line);
   if (!status_.ok()) {
-    LOG(ERROR) << "applied journal " << path_ << ": " << status_.message()
+    LOG(ERROR) << "applied journal " << (path_.empty() ? dir_ : path_) << ": " << status_.message()
                << "; it stops here (training goes on, but a checker will find it incomplete)";
   }
 }
@@ -74,7 +77,7 @@ void AppliedJournal::Initialized() { Write("I\n"); }
 absl::Status AppliedJournal::Sync() {
   absl::MutexLock lock(&mu_);
   if (!status_.ok()) return status_;
-  return file_->Sync();
+  return file_ != nullptr ? file_->Sync() : absl::OkStatus();
 }
 
 }  // namespace dtrain::ps

@@ -3,9 +3,12 @@
 // except those that a restore to an older checkpoint undid (scripts/check_updates.py reads these files with the
 // workers' ps/client/push_journal.h files; tests/chaos.sh runs it after every trial).
 //
-// One file per process (a restarted task writes a new one), in the checkpoint directory:
+// One file per process and layout (a restarted task writes a new one, and so does a task the job moved onto
+// another number of ps tasks), in the checkpoint directory, created with its first record (so the files order as
+// their first records do, and a process that records nothing under a layout leaves no file: a --join task
+// waiting to be moved in, a ps 0 started again with the spec's set and restored into the job's):
 //
-//   <dir>/applied.ps<task>-of-<num_ps>.<start micros, 20 digits>-<pid>.journal
+//   <dir>/applied.ps<task>-of-<num_ps>.<micros of the first record, 20 digits>-<pid>.journal
 //
 // Text, one record a line, written with one write(2) each (so a process killed with SIGKILL loses nothing it
 // wrote; only its last line may be torn, and readers ignore a last line without its newline). Sync() makes
@@ -30,7 +33,8 @@
 //   X <label> <num_ps>                       ... by checkpoint <label> written by <num_ps> tasks (resharded)
 //   I                                        the state was replaced by the chief's initial values
 //
-// Errors: Open fails like Env::NewWritableFile. A record that cannot be written (full disk) is logged once
+// Errors: Open fails like Env::CreateDirs. A file that cannot be created, or a record that cannot be written
+// (full disk), is logged once
 // (LOG(ERROR)) and the journal stops there; Sync() returns that error from then on. Training goes on: the
 // journal is evidence for a checker, not state.
 //
@@ -53,7 +57,7 @@ namespace dtrain::ps {
 
 class AppliedJournal {
  public:
-  // Creates `dir` if needed and a new journal file in it for ps task `task` of `num_ps` (named as above).
+  // Creates `dir` if needed; the journal of ps task `task` of `num_ps` (its file comes with the first record).
   static absl::StatusOr<std::unique_ptr<AppliedJournal>> Open(Env* env, const std::string& dir, int task,
                                                               int num_ps);
   // Whether `name` (without directory) is a journal file name of this form, and for which task and num_ps.
@@ -70,15 +74,23 @@ class AppliedJournal {
   // Everything written so far on stable storage.
   absl::Status Sync();
 
-  const std::string& path() const { return path_; }
+  // The file's path ("" before the first record).
+  std::string path() const {
+    absl::MutexLock lock(&mu_);
+    return path_;
+  }
 
  private:
-  AppliedJournal(std::string path, std::unique_ptr<WritableFile> file)
-      : path_(std::move(path)), file_(std::move(file)) {}
+  AppliedJournal(Env* env, std::string dir, int task, int num_ps)
+      : env_(env), dir_(std::move(dir)), task_(task), num_ps_(num_ps) {}
   void Write(const std::string& line);
+  absl::Status CreateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // the file and its first line
 
-  const std::string path_;
-  absl::Mutex mu_;
+  Env* const env_;
+  const std::string dir_;
+  const int task_, num_ps_;
+  mutable absl::Mutex mu_;
+  std::string path_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<WritableFile> file_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };

@@ -39,10 +39,17 @@ TEST(AppliedJournalTest, RecordsOneLineEachInAFileOfItsOwn) {
   EXPECT_EQ(lines[5], "R 8");
   EXPECT_EQ(lines[6], "X 5 2");
 
-  // A second process (a restarted task) writes a file of its own, and the names say whose they are.
+  // A second process (a restarted task) writes a file of its own, once it has something to record, and the
+  // names say whose they are.
   auto again = AppliedJournal::Open(Env::Default(), dir.path() + "/ckpt", 1, 3);
   ASSERT_TRUE(again.ok());
+  ASSERT_TRUE((*again)->Sync().ok());
+  EXPECT_EQ((*again)->path(), "");
+  EXPECT_EQ(Env::Default()->GetChildren(dir.path() + "/ckpt")->size(), 1u);  // nothing recorded: no file
+  (*again)->Restored(8);
+  EXPECT_NE((*again)->path(), "");
   EXPECT_NE((*again)->path(), (*journal)->path());
+  EXPECT_EQ(Lines((*again)->path()).back(), "R 8");
   const std::string name = (*journal)->path().substr((*journal)->path().rfind('/') + 1);
   int task = -1, num_ps = -1;
   EXPECT_TRUE(AppliedJournal::ParseFileName(name, &task, &num_ps)) << name;
@@ -59,6 +66,7 @@ TEST(AppliedJournalTest, AFullDiskStopsTheJournalAndSyncSaysSo) {
   testing::FaultInjectionEnv env(Env::Default());
   auto journal = AppliedJournal::Open(&env, dir.path(), 0, 1);
   ASSERT_TRUE(journal.ok()) << journal.status();
+  (*journal)->Initialized();  // the file and its first line
   env.FailWritesAfter(12);
   (*journal)->Accepted(0, 1, 2);    // 8 bytes: written
   (*journal)->Accepted(0, 10, 20);  // does not fit
@@ -67,8 +75,8 @@ TEST(AppliedJournalTest, AFullDiskStopsTheJournalAndSyncSaysSo) {
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
   env.ClearFaults();
   const std::vector<std::string> lines = Lines((*journal)->path());
-  ASSERT_GE(lines.size(), 2u);
-  EXPECT_EQ(lines[1], "K 0 1 2");
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_EQ(lines[2], "K 0 1 2");
   for (const std::string& l : lines) EXPECT_NE(l, "C 3");
 }
 
