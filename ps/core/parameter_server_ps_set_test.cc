@@ -347,6 +347,18 @@ TEST(PsSetChangeTest, ATaskInTheMiddleLeavesAndTheLastTakesItsPlace) {
   step = 4;
   Train(c, &step, 3);
   EXPECT_TRUE(Env::Default()->FileExists(absl::StrCat(dir, "/model.ckpt-4.ps2-of-3")));  // the move's, as ps 2
+  // The renumbered task dies and its scheduler starts it again with its first flags (task 2 of the spec's 3): the
+  // chief, connecting again, finds it by its address as task 1 and brings both tasks to the newest step they can
+  // restore (the move's checkpoint of 3 tasks, resharded); steps 4.. are trained again.
+  ps2.reset();
+  ps2 = Task(2, hosts, dir);
+  PsSet now = at->ps_set;
+  now.step = 0;  // nothing moves: the job runs on these already
+  ASSERT_TRUE(c.MoveTo({ps0.get(), ps2.get()}, PlacementFor(2), now, absl::Seconds(5)).ok());
+  EXPECT_EQ(ps0->step(), 4);
+  EXPECT_EQ(ps2->step(), 4);
+  step = 4;
+  Train(c, &step, 3);
   // Again, the last task (the renumbered one) leaves: back onto one task.
   said = ps0->Control(remove);
   ASSERT_TRUE(said.ok()) << said.status();
