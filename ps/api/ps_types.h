@@ -363,6 +363,11 @@ struct PullRequest {
   // its header as a whole pull does. InvalidArgument unless 0 <= part < parts <= kMaxPullParts.
   int part = 0;
   int parts = 1;
+  // Ps 0 of an async elastic job: -1, this worker does not read ahead (a model without sparse tables: each step's
+  // pull takes the next batch); -2, it does and has drawn nothing yet; >= 0, the batch it drew for this pull (its
+  // rows are in it): the one ps 0 held for it (ElasticView::next_batch), or the one it trains now (a pull of the
+  // same step again). See ps/core/elastic_plan.h.
+  int64_t elastic_read_ahead = -1;
   // Local only (not sent): this pull may stream while the worker's push still uploads (the push asked for the
   // early apply, PushHeader::apply_early). A transport that can gives such a pull a connection of its own
   // (ps/rpc/: on a shared one its data would queue ahead of the push's flow-control updates and slow the push).
@@ -387,9 +392,12 @@ struct ElasticView {
   int64_t first_batch = 0;  // "global": the step's batch
   std::vector<int64_t> batches;  // "per_worker": see above
   int unit = 0;             // examples of a batch of the order (0: not an elastic job)
+  // Async, a worker that reads ahead (PullRequest::elastic_read_ahead != -1): the batch ps 0 holds for its next
+  // step's pull (-1: none).
+  int64_t next_batch = -1;
   bool operator==(const ElasticView& o) const {
     return version == o.version && workers == o.workers && aggregating == o.aggregating &&
-           first_batch == o.first_batch && batches == o.batches && unit == o.unit;
+           first_batch == o.first_batch && batches == o.batches && unit == o.unit && next_batch == o.next_batch;
   }
 };
 

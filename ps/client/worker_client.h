@@ -229,6 +229,9 @@ class WorkerClient {
   // `read_only`: the rows are read without changing the tables (evaluation, export: PullRequest::
   // sparse_read_only).
   absl::Status SetSparsePull(std::vector<SparsePullRequest> requests, bool read_only = false);
+  // An async elastic job's worker that reads ahead: the batch its next pulls from ps 0 say it drew
+  // (PullRequest::elastic_read_ahead; -2: none yet). -1 (the default): it does not read ahead.
+  void SetElasticReadAhead(int64_t batch) { elastic_read_ahead_.store(batch, std::memory_order_relaxed); }
   // Waits until the rows of `table` have arrived from every task (at once when the pull did not ask for it).
   absl::Status WaitForSparse(uint32_t table);
   // Between BeginPush and FinishPush: sends the row gradients of `table` (grads: n * dim floats), split by
@@ -387,6 +390,7 @@ class WorkerClient {
   std::string restored_position_ ABSL_GUARDED_BY(mu_);   // from ps 0's Register
   int64_t join_step_ ABSL_GUARDED_BY(mu_) = 0;           // from ps 0's Register
   int64_t registered_step_ ABSL_GUARDED_BY(mu_) = 0;     // from ps 0's Register
+  std::atomic<int64_t> elastic_read_ahead_{-1};          // SetElasticReadAhead
   absl::Duration lease_ ABSL_GUARDED_BY(mu_);            // from the last Connect
   std::string next_input_position_;  // SetInputPosition's, taken by the next BeginPush (training thread)
   std::string input_position_;       // the current push's: set by BeginPush, read by the push lanes

@@ -116,6 +116,7 @@ void WorkerClient::StartPull(int64_t min_step, int64_t since_step, float* params
   request.wire_dtype = options_.wire_dtype;
   request.sparse = SparseRequest(0);
   request.sparse_read_only = sparse_read_only_;
+  request.elastic_read_ahead = elastic_read_ahead_.load(std::memory_order_relaxed);
   request.cancel = &inflight_;
   // ps 0 holds the pull until our push (if one is in flight) has been handled: it may still be on its way.
   {

@@ -23,6 +23,8 @@ void ElasticPlan::Start(const std::vector<int>& active) {
   assigned_.clear();
   for (const auto& [worker, batch] : outstanding_) returned_.insert(batch);
   outstanding_.clear();
+  for (const auto& [worker, batch] : reserved_) returned_.insert(batch);
+  reserved_.clear();
   plan_ = active;
   joins_.clear();
   if (sync_) Assign();
@@ -118,6 +120,10 @@ std::string ElasticPlan::Changed(int64_t step, const std::vector<int>& active) {
   if (active == plan_) return "";
   for (int w : plan_) {
     if (std::binary_search(active.begin(), active.end(), w)) continue;
+    if (auto r = reserved_.find(w); r != reserved_.end()) {  // held for its next step, never trained on
+      returned_.insert(r->second);
+      reserved_.erase(r);
+    }
     auto it = outstanding_.find(w);
     if (it == outstanding_.end()) continue;
     returned_.insert(it->second);  // it left before its next pull: its last batch may not have been trained on
@@ -129,7 +135,7 @@ std::string ElasticPlan::Changed(int64_t step, const std::vector<int>& active) {
   return Describe(step, before, plan_);
 }
 
-ElasticView ElasticPlan::View(int64_t step, int worker, bool take_batch) {
+ElasticView ElasticPlan::View(int64_t step, int worker, bool take_batch, int64_t read_ahead) {
   ElasticView v;
   v.version = version_;
   v.workers = plan_;
@@ -138,10 +144,33 @@ ElasticView ElasticPlan::View(int64_t step, int worker, bool take_batch) {
   if (sync_) {
     if (global_) v.first_batch = step;
     v.batches = assigned_;
-  } else if (take_batch) {
+  } else if (take_batch && read_ahead == -1) {
     const int64_t b = TakeBatch();  // the pull says the worker is done with the batch it took before
     outstanding_[worker] = b;
     v.batches = {b};
+  } else if (take_batch) {
+    // A worker that reads ahead: its pull carries the rows of the batch it drew, so the batch it trains is the one
+    // held for it a pull before (or, pulling the same step again, the one it has).
+    auto out = outstanding_.find(worker);
+    auto held = reserved_.find(worker);
+    if (out != outstanding_.end() && read_ahead == out->second) {
+      // The same step again (it drew the batch it was given, after its read-ahead missed): nothing moves.
+    } else if (held != reserved_.end() && read_ahead == held->second) {
+      outstanding_[worker] = held->second;  // the one before it is done (trained and pushed)
+      reserved_.erase(held);
+    } else {
+      // Nothing drawn yet, or a read-ahead of another batch (ps 0 restarted): the held batch, or the next one; the
+      // worker draws it again with its rows.
+      if (held != reserved_.end()) {
+        outstanding_[worker] = held->second;
+        reserved_.erase(held);
+      } else {
+        outstanding_[worker] = TakeBatch();
+      }
+    }
+    if (reserved_.find(worker) == reserved_.end()) reserved_[worker] = TakeBatch();
+    v.batches = {outstanding_[worker]};
+    v.next_batch = reserved_[worker];
   }
   return v;
 }
@@ -150,6 +179,7 @@ std::string ElasticPlan::SaveState() const {
   std::set<int64_t> back = returned_;
   back.insert(assigned_.begin(), assigned_.end());
   for (const auto& [worker, batch] : outstanding_) back.insert(batch);
+  for (const auto& [worker, batch] : reserved_) back.insert(batch);
   if (back.empty()) return absl::StrCat(cursor_);
   return absl::StrCat(cursor_, ":", absl::StrJoin(back, ","));
 }
@@ -177,6 +207,7 @@ absl::Status ElasticPlan::RestoreState(absl::string_view state) {
   returned_ = std::move(back);
   assigned_.clear();
   outstanding_.clear();
+  reserved_.clear();
   if (sync_) Assign();
   return absl::OkStatus();
 }

@@ -13,7 +13,10 @@
 // (Replan): the step's workers still active split the whole batch among them and compute the step again, at the
 // same parameters; the commits of the old split are set aside. So every step is the one batch, whoever left.
 // Async: no plan; each pull takes a batch for the pulling worker alone; a worker that leaves (or is lost) gives
-// back the batch it took last.
+// back the batch it took last. A worker whose model has sparse tables reads a step ahead (it pulls the rows of its
+// next batch with the pull before that step): ps 0 holds a second batch for it, named in each header
+// (ElasticView::next_batch), which its next pull trains when that pull says it read it
+// (PullRequest::elastic_read_ahead); a leaving worker gives back both.
 //
 // Thread-safety: thread-compatible; the ParameterServer guards it with its lock.
 #ifndef DTRAIN_PS_CORE_ELASTIC_PLAN_H_
@@ -60,8 +63,10 @@ class ElasticPlan {
   // the same); a worker that left gives back its batch.
   std::string Changed(int64_t step, const std::vector<int>& active);
   // The header of a pull by `worker` answered at `step` (sync: the plan and its batches; async: with `take_batch`
-  // the worker gets the next batch, else the view only describes the membership).
-  ElasticView View(int64_t step, int worker, bool take_batch);
+  // the worker gets the next batch, else the view only describes the membership). `read_ahead`: async, the pull's
+  // PullRequest::elastic_read_ahead (-1: the worker does not read ahead; else it gets the batch held for it, and
+  // another is held for its next step).
+  ElasticView View(int64_t step, int worker, bool take_batch, int64_t read_ahead = -1);
 
   bool global() const { return global_; }
   int64_t version() const { return version_; }
@@ -88,6 +93,7 @@ class ElasticPlan {
   std::vector<int64_t> assigned_;    // sync per_worker: plan_[i] reads assigned_[i]
   std::map<int, int64_t> joins_;     // worker -> the first step it counts in (sync, not yet in the plan)
   std::map<int, int64_t> outstanding_;  // async: the batch each worker took last
+  std::map<int, int64_t> reserved_;     // async, workers that read ahead: the batch held for the next step
   std::set<int64_t> returned_;       // batches given back, handed out again first
   int64_t version_ = 0;
   int64_t cursor_ = 0;

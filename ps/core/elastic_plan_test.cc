@@ -133,5 +133,39 @@ TEST(ElasticPlanTest, AsyncHandsEachPullTheNextBatch) {
   EXPECT_EQ(plan.View(6, 0, true).batches, (std::vector<int64_t>{3}));
 }
 
+// A worker that reads ahead (a model with sparse tables pulls a batch's rows with the pull before it trains it):
+// each header names the batch held for its next step, its next pull trains that one when it says it drew it, a pull
+// of the same step again keeps its batch, and a worker that leaves gives back both.
+TEST(ElasticPlanTest, AsyncHoldsTheNextBatchOfAWorkerThatReadsAhead) {
+  ElasticPlan plan(/*sync=*/false, false, 50, 0);
+  plan.Start({0});
+  ElasticView v = plan.View(0, 0, true, /*read_ahead=*/-2);  // nothing drawn yet
+  EXPECT_EQ(v.batches, (std::vector<int64_t>{0}));
+  EXPECT_EQ(v.next_batch, 1);
+  v = plan.View(0, 0, true, /*read_ahead=*/0);  // it drew batch 0 again with its rows: the same step
+  EXPECT_EQ(v.batches, (std::vector<int64_t>{0}));
+  EXPECT_EQ(v.next_batch, 1);
+  v = plan.View(1, 0, true, /*read_ahead=*/1);  // the next step, read ahead right
+  EXPECT_EQ(v.batches, (std::vector<int64_t>{1}));
+  EXPECT_EQ(v.next_batch, 2);
+  // A dense worker beside it takes batches as before, never the held one.
+  EXPECT_EQ(plan.Join(1, 2, {0}), 2);
+  EXPECT_EQ(plan.Changed(2, {0, 1}), "step 2: worker 1 joined (2 workers, async, batch 50 each)");
+  ElasticView dense = plan.View(2, 1, true);
+  EXPECT_EQ(dense.batches, (std::vector<int64_t>{3}));
+  EXPECT_EQ(dense.next_batch, -1);
+  // The state counts both of worker 0's batches as not trained on yet (a restored job hands them out again).
+  EXPECT_EQ(plan.SaveState(), "4:1,2,3");
+  // A read-ahead of a batch that is not its own (ps 0 restarted meanwhile): it gets the held one, and draws again.
+  v = plan.View(3, 0, true, /*read_ahead=*/7);
+  EXPECT_EQ(v.batches, (std::vector<int64_t>{2}));
+  EXPECT_EQ(v.next_batch, 4);
+  // Worker 0 leaves: its batch and the one held for it go back, handed out first.
+  EXPECT_EQ(plan.Changed(4, {1}), "step 4: worker 0 left (1 worker, async, batch 50 each)");
+  EXPECT_EQ(plan.View(4, 1, true).batches, (std::vector<int64_t>{2}));
+  EXPECT_EQ(plan.View(5, 1, true).batches, (std::vector<int64_t>{4}));
+  EXPECT_EQ(plan.View(6, 1, true).batches, (std::vector<int64_t>{5}));
+}
+
 }  // namespace
 }  // namespace dtrain::ps

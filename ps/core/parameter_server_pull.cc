@@ -191,7 +191,8 @@ absl::StatusOr<uint64_t> ParameterServer::Impl::AwaitPullLocked(PullCall& call, 
   if (sync_ && coordinator()) header->decisions = coordinator_->DecisionsSince(request.since_step, step_);
   if (elastic_ != nullptr && !request.sparse_read_only && !request.moving_averages) {
     // Async: each step's pull (its part 0) takes the next batch of the input for this worker.
-    header->elastic = elastic_->View(header->step, request.worker_id, !sync_ && request.part == 0);
+    header->elastic =
+        elastic_->View(header->step, request.worker_id, !sync_ && request.part == 0, request.elastic_read_ahead);
     elastic_seen_[request.worker_id] = header->elastic.version;
   }
   if (coordinator()) header->ps_set = ps_plan_.View(header->step);

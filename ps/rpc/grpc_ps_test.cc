@@ -243,6 +243,27 @@ TEST(GrpcPsTest, HundredMegabytesInNarrowAndWideTypes) {
   (*server)->Shutdown();
 }
 
+// The elastic read-ahead crosses gRPC both ways, its "none" (-1) as the proto's default, and -2 ("none drawn yet").
+TEST(WireFormatTest, TheElasticReadAheadAndTheHeldBatchRoundTrip) {
+  for (int64_t ahead : {int64_t{-2}, int64_t{-1}, int64_t{0}, int64_t{41}}) {
+    PullRequest r;
+    r.elastic_read_ahead = ahead;
+    dtrain::wire::PullRequest p;
+    wire::ToProto(r, &p);
+    EXPECT_EQ(wire::FromProto(p).elastic_read_ahead, ahead);
+  }
+  EXPECT_EQ(wire::FromProto(dtrain::wire::PullRequest()).elastic_read_ahead, -1);  // an older worker's pull
+  for (int64_t next : {int64_t{-1}, int64_t{0}, int64_t{12}}) {
+    PullHeader h;
+    h.elastic.unit = 64;
+    h.elastic.batches = {3};
+    h.elastic.next_batch = next;
+    dtrain::wire::PullHeader p;
+    wire::ToProto(h, &p);
+    EXPECT_EQ(wire::FromProto(p).elastic, h.elastic);
+  }
+}
+
 // A dtrain_ctl command's strings are cut to what a command needs, before a character, never inside one: the
 // reason goes on into the run's end and its stats, which a peer could not parse if they were not UTF-8.
 TEST(WireFormatTest, AControlRequestIsCutBeforeACharacter) {

@@ -328,6 +328,7 @@ void ToProto(const PullRequest& in, dtrain::wire::PullRequest* out) {
     out->set_part(in.part);
     out->set_parts(in.parts);
   }
+  out->set_elastic_read_ahead(in.elastic_read_ahead + 1);  // 0 (the proto default): -1
 }
 
 PullRequest FromProto(const dtrain::wire::PullRequest& in) {
@@ -349,6 +350,7 @@ PullRequest FromProto(const dtrain::wire::PullRequest& in) {
     r.part = in.part();
     r.parts = in.parts();
   }
+  r.elastic_read_ahead = std::max<int64_t>(in.elastic_read_ahead() - 1, -2);
   return r;
 }
 
@@ -365,6 +367,7 @@ void ToProto(const PullHeader& in, dtrain::wire::PullHeader* out) {
     e->set_first_batch(in.elastic.first_batch);
     e->mutable_batches()->Add(in.elastic.batches.begin(), in.elastic.batches.end());
     e->set_unit(in.elastic.unit);
+    e->set_next_batch(in.elastic.next_batch + 1);  // 0 (the proto default): none
   }
   if (in.ps_set.version > 0) {
     auto* p = out->mutable_ps_set();
@@ -389,6 +392,7 @@ PullHeader FromProto(const dtrain::wire::PullHeader& in) {
     h.elastic.first_batch = e.first_batch();
     h.elastic.batches.assign(e.batches().begin(), e.batches().end());
     h.elastic.unit = e.unit();
+    h.elastic.next_batch = std::max<int64_t>(e.next_batch() - 1, -1);
   }
   if (in.has_ps_set()) {
     const auto& p = in.ps_set();

@@ -236,6 +236,7 @@ void PullOrderFields(Io& io, M& m) {
   io.Bool(q.sparse_read_only);
   io.U64(q.after_push);
   io.Dtype(q.wire_dtype);
+  io.I64(q.elastic_read_ahead);
   io.List(m.destinations, 25, [&io](auto& d) {
     io.U32(d.key);
     io.Enum(d.kind, Destination::Kind::kStaging, "destination kind");
@@ -264,6 +265,7 @@ void PullHeaderFields(Io& io, M& m) {
   io.I64(m.elastic.first_batch);
   io.List(m.elastic.batches, 8, [&io](auto& batch) { io.I64(batch); });
   io.I32(m.elastic.unit);
+  io.I64(m.elastic.next_batch);
   io.I64(m.ps_set.version);
   io.I64(m.ps_set.step);
   io.List(m.ps_set.hosts, 4, [&io](auto& host) { io.Str(host, 256); });  // host:port

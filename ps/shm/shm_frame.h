@@ -33,7 +33,7 @@
 namespace dtrain::ps::shm {
 
 inline constexpr uint32_t kShmFrameMagic = 0x4d535444;  // "DTSM"
-inline constexpr uint16_t kShmFrameVersion = 3;
+inline constexpr uint16_t kShmFrameVersion = 4;  // 4: the elastic read-ahead (PullRequest, PullHeader)
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Within the default socket buffer (net.core.wmem_default, ~208 KiB), so that a frame is never refused as too large.
 inline constexpr size_t kMaxFramePayload = 128 << 10;

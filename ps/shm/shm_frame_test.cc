@@ -72,6 +72,7 @@ TEST(ShmFrameTest, PayloadsRoundTripAndRefuseGarbage) {
   order.request.sparse_read_only = true;
   order.request.after_push = 9;
   order.request.wire_dtype = WireDtype::kBF16;
+  order.request.elastic_read_ahead = 41;
   order.destinations = {Destination{1, Destination::Kind::kInPlace, 3, 4096, 10},
                         Destination{2, Destination::Kind::kSkip, 0, 0, 5}};
   order.sparse = {SparseOrder{0, 4, 16, 2, 0, 64}};
@@ -84,6 +85,7 @@ TEST(ShmFrameTest, PayloadsRoundTripAndRefuseGarbage) {
   EXPECT_EQ(back->request.wire_dtype, WireDtype::kBF16);
   EXPECT_TRUE(back->request.moving_averages);
   EXPECT_TRUE(back->request.sparse_read_only);
+  EXPECT_EQ(back->request.elastic_read_ahead, 41);
   ASSERT_EQ(back->destinations.size(), 2u);
   EXPECT_EQ(back->destinations[0].kind, Destination::Kind::kInPlace);
   EXPECT_EQ(back->destinations[0].at, 4096);
@@ -123,6 +125,7 @@ TEST(ShmFrameTest, APullHeaderCarriesTheElasticViewAndTheJobsPsSet) {
   h.elastic.aggregating = 2;
   h.elastic.batches = {10, 11};
   h.elastic.unit = 100;
+  h.elastic.next_batch = 12;
   h.ps_set.version = 2;
   h.ps_set.step = 840;
   h.ps_set.hosts = {"h0:2222", "h1:2222"};
@@ -130,7 +133,7 @@ TEST(ShmFrameTest, APullHeaderCarriesTheElasticViewAndTheJobsPsSet) {
   const std::string bytes = EncodePullHeader(h);
   absl::StatusOr<PullHeader> back = DecodePullHeader(bytes);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->elastic.batches, h.elastic.batches);
+  EXPECT_EQ(back->elastic, h.elastic);
   EXPECT_EQ(back->ps_set.version, 2);
   EXPECT_EQ(back->ps_set.step, 840);
   EXPECT_EQ(back->ps_set.hosts, h.ps_set.hosts);

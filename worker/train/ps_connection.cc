@@ -48,11 +48,6 @@ absl::Status SetUpConnection(const WorkerOptions& o, const std::vector<ps::PsInt
   ASSIGN_OR_RETURN(config.optimizer, OptimizerConfigOf(o));
   config.sparse_mode = o.sparse_mode;
   if (!local && !o.elastic_batch.empty()) {
-    if (!model0->graph().tables.empty() && o.mode != "sync") {
-      return absl::InvalidArgumentError(
-          "--elastic_batch with a model with sparse tables needs --mode=sync: such a model reads its batches a step "
-          "ahead, and an async pull hands out a batch nobody can foresee");
-    }
     if (!model0->graph().tables.empty() && o.row_cache_rows > 0) {
       return absl::InvalidArgumentError(
           "--elastic_batch with --row_cache_rows: not together (a step whose workers changed pulls its rows again, "

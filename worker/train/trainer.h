@@ -254,6 +254,9 @@ struct TrainingResult {
   // Seconds the training loop waited for the input stream's batches (the rest of `seconds` is the steps'): 0 when
   // the input pipeline keeps ahead of the towers.
   double input_wait_seconds = 0;
+  // An elastic job's sparse model: steps whose batches, read a step ahead, were not the ones ps 0 placed this
+  // worker on, and were drawn again with their rows (a change of the workers; async: the first step).
+  int64_t redrawn_steps = 0;
   bool stopped = false;  // stopped before the end (WorkerOptions::stop): it left the cluster as stopped
   // How the run ended, as ps 0 saw it once every worker had left (a cluster worker that completed waits for that,
   // at most a lease and a few seconds; local mode: complete), and its summary line (empty when ps 0 could not be

@@ -129,6 +129,11 @@ absl::Status FinishTraining(const WorkerOptions& o, bool chief, bool local, cons
                 result->seconds, result->examples / std::max(result->seconds, 1e-9));
     std::printf("worker %d: waited %.2f sec for input (%.1f%% of the training loop)\n", o.worker_id,
                 result->input_wait_seconds, 100.0 * result->input_wait_seconds / std::max(result->seconds, 1e-9));
+    if (result->redrawn_steps > 0) {
+      std::printf("worker %d: %lld step(s) drew their batches again (read ahead for another place; each pulled "
+                  "its rows once more)\n",
+                  o.worker_id, static_cast<long long>(result->redrawn_steps));
+    }
   }
   result->input_files_set_aside = d.set_aside.files.load();
   result->input_lines_set_aside = d.set_aside.lines.load();

@@ -132,6 +132,7 @@ struct TrainingLoop {
   ps::ElasticView Predicted(const ps::ElasticView& view) const;
   absl::StatusOr<bool> Draw(StepInput* in, const ps::ElasticView* view = nullptr);
   absl::StatusOr<ps::PullResult> StartPulling();
+  void ReadAhead(int64_t batch);
   absl::StatusOr<ps::PullResult> Recover(absl::Status failure);
   absl::StatusOr<ps::PullResult> Settle();
   void LogMembership();
@@ -216,6 +217,13 @@ Place TrainingLoop::PlaceOf(const ps::ElasticView& view) const {
 // plan's). When it is not (RedrawCurrent in TakeInput), the step's batches are drawn again.
 ps::ElasticView TrainingLoop::Predicted(const ps::ElasticView& view) const {
   ps::ElasticView next = view;
+  if (o.mode != "sync") {
+    // Async: the batch ps 0 holds for this worker's next step (none: the next one of the stream, drawn again
+    // once the pull names the step's batch).
+    next.batches.clear();
+    if (view.next_batch >= 0) next.batches.push_back(view.next_batch);
+    return next;
+  }
   if (global) {
     ++next.first_batch;
   } else {
@@ -263,8 +271,15 @@ absl::StatusOr<ps::PullResult> TrainingLoop::StartPulling() {
     if (!got) return absl::FailedPreconditionError("the input ended before its first batch");
     have_current = true;
     RETURN_IF_ERROR(steps->SetUpcomingBatches(current.views));
+    ReadAhead(-2);  // not drawn where ps 0 will place it: drawn again once the header names the batch
   }
   return steps->Start();
+}
+
+// An async elastic job's sparse model: tells ps 0, with the next pull, which batch this worker drew for it
+// (PullRequest::elastic_read_ahead; -2: none of its own yet).
+void TrainingLoop::ReadAhead(int64_t batch) {
+  if (sparse && elastic && o.mode != "sync" && !c->device_resident) c->client->SetElasticReadAhead(batch);
 }
 
 // A worker may connect again just before the chief rolls the tasks back (voiding the sessions it just got):
@@ -407,6 +422,8 @@ absl::StatusOr<Pass> TrainingLoop::TakeInput() {
     if (want.first >= 0 && (want.first != current.first || want.rounds != current.rounds)) {
       ASSIGN_OR_RETURN(const bool got, Draw(&current, &at.elastic));
       if (!got) return Pass::kInputEnded;
+      if (!at.elastic.batches.empty()) ReadAhead(at.elastic.batches[0]);  // async: the step's own batch, kept
+      ++result->redrawn_steps;
       absl::StatusOr<ps::PullResult> redrawn = steps->RedrawCurrent(current.views);
       if (!redrawn.ok()) {
         ASSIGN_OR_RETURN(at, Recover(redrawn.status()));
@@ -428,6 +445,7 @@ absl::StatusOr<Pass> TrainingLoop::Compute(absl::Status* stepped) {
     const ps::ElasticView next_view = elastic ? Predicted(at.elastic) : ps::ElasticView{};
     ASSIGN_OR_RETURN(const bool got, Draw(&upcoming, elastic ? &next_view : nullptr));
     if (!got) return Pass::kInputEnded;
+    ReadAhead(next_view.batches.empty() ? -2 : next_view.batches[0]);
     *stepped = steps->SetUpcomingBatches(upcoming.views);
   }
   if (stepped->ok() && scoring) {
