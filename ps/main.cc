@@ -139,6 +139,15 @@ ABSL_FLAG(int, metrics_port, 0,
 
 namespace {
 
+// The add-ps request of dtrain_ps --join=`address` (`note` after the reason).
+dtrain::ps::ControlRequest JoinRequest(const std::string& address, const std::string& note) {
+  dtrain::ps::ControlRequest r;
+  r.command = "add-ps";
+  r.address = address;
+  r.reason = absl::StrCat("dtrain_ps --join=", address, note);
+  return r;
+}
+
 // dtrain_ps --join: asks ps 0 at `ps0` to add this task (`address`) to the running job, again while ps 0 cannot be
 // reached or has no job yet, for at most `wait`. A refusal (FailedPrecondition, InvalidArgument) is returned at once.
 absl::Status AskToJoin(const std::string& ps0, const std::string& address, const dtrain::ps::SecurityOptions& security,
@@ -149,10 +158,7 @@ absl::Status AskToJoin(const std::string& ps0, const std::string& address, const
   copt.retry_window = absl::Seconds(10);
   absl::StatusOr<std::unique_ptr<dtrain::ps::PsInterface>> client = dtrain::ps::NewGrpcPsClient(ps0, copt);
   if (!client.ok()) return client.status();
-  dtrain::ps::ControlRequest r;
-  r.command = "add-ps";
-  r.address = address;
-  r.reason = absl::StrCat("dtrain_ps --join=", address);
+  const dtrain::ps::ControlRequest r = JoinRequest(address, "");
   const absl::Time give_up = absl::Now() + std::min(wait, absl::Minutes(10));
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
@@ -501,11 +507,7 @@ int main(int argc, char** argv) {
       } else if (absl::Now() >= ask_again) {
         // A ps 0 that restarted before the chief moved the job lost the change: the join is asked again (ps 0
         // answers "(asked before)" while it still holds it).
-        dtrain::ps::ControlRequest again;
-        again.command = "add-ps";
-        again.address = join;
-        again.reason = absl::StrCat("dtrain_ps --join=", join, ", asking again");
-        absl::StatusOr<std::string> said = ps0->Control(again);
+        absl::StatusOr<std::string> said = ps0->Control(JoinRequest(join, ", asking again"));
         if (said.ok() && !absl::StrContains(*said, "(asked before)")) {
           LOG(WARNING) << "ps 0 (" << cluster->ps[0] << ") had lost this task's join (it restarted before the job "
                        << "moved): asked again: " << *said;

@@ -153,14 +153,10 @@ ElasticView ElasticPlan::View(int64_t step, int worker, bool take_batch, int64_t
     // held for it a pull before (or, pulling the same step again, the one it has).
     auto out = outstanding_.find(worker);
     auto held = reserved_.find(worker);
-    if (out != outstanding_.end() && read_ahead == out->second) {
-      // The same step again (it drew the batch it was given, after its read-ahead missed): nothing moves.
-    } else if (held != reserved_.end() && read_ahead == held->second) {
-      outstanding_[worker] = held->second;  // the one before it is done (trained and pushed)
-      reserved_.erase(held);
-    } else {
-      // Nothing drawn yet, or a read-ahead of another batch (ps 0 restarted): the held batch, or the next one; the
-      // worker draws it again with its rows.
+    if (out == outstanding_.end() || read_ahead != out->second) {
+      // A new step (a pull of the same step again, after its read-ahead missed, keeps its batch): the one before
+      // is done (trained and pushed); it trains the held batch (a read-ahead of another one, or none, is drawn
+      // again with its rows), or the next one when none is held.
       if (held != reserved_.end()) {
         outstanding_[worker] = held->second;
         reserved_.erase(held);
