@@ -433,13 +433,17 @@ struct PullHeader {
   PsSet ps_set;         // ps 0: the job's ps tasks (version 0: the cluster spec's, unchanged)
 };
 
-// An operator's command to a ps task (PsInterface::Control; dtrain_ctl).
+// An operator's command to a ps task (PsInterface::Control; dtrain_ctl), or a worker's step of an async job's move
+// onto another set of ps tasks (WorkerClient::MoveTo): "stop-for-move" (ps 0: `worker` pushes nothing more to the
+// old set), "cut" (ps 0: once every active worker stopped, it saves its part of the move's checkpoint and takes no
+// push; Unavailable until then), "save-for-move" (any task: saves its part as checkpoint `step` and takes no push).
 struct ControlRequest {
-  std::string command;  // "remove-worker", "drain", "add-ps", "remove-ps", "retire"
-  int worker = -1;      // remove-worker: which
+  std::string command;  // "remove-worker", "drain", "add-ps", "remove-ps", "retire", and the three above
+  int worker = -1;      // remove-worker, stop-for-move: which
   std::string reason;   // who asked, for the logs and the workers' lines
   std::string address;  // add-ps: the new task's host:port
   int ps = -1;          // remove-ps: which task
+  int64_t step = -1;    // save-for-move: the checkpoint's label (the step ps 0 cut the job at)
 };
 
 // How a worker leaves the cluster (Done), which decides how the run ends (docs/faults_and_endings.md).

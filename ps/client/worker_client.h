@@ -322,6 +322,10 @@ class WorkerClient {
   // ps 0 came back without its state before its part of that checkpoint was known saved (PrepareTasks then brings
   // every task to the newest step all can restore, as after any restart).
   enum class MoveOutcome { kMoved, kPs0Restarted };
+  // MoveTo's first part in an async job: the push in flight lands, ps 0 hears that this worker stopped pushing to the
+  // old set, and the chief has ps 0 cut the job once every worker has and every old task save its part of the cut's
+  // step, which it returns in `step` (the move's step; ps 0 fixed another when the change was asked for).
+  absl::Status StopForMove(int64_t* step, absl::Time give_up, absl::Duration wait);
   absl::StatusOr<MoveOutcome> MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait);
   // Connect's work once the initial values are in place (Reconnect's too).
   absl::Status ConnectTasks(absl::Duration wait);

@@ -362,11 +362,13 @@ void WorkerClient::SetInputPosition(std::string position) { next_input_position_
 
 absl::Status WorkerClient::MoveTo(std::vector<PsInterface*> tasks, std::vector<std::vector<SliceSpec>> placement,
                                   const PsSet& set, absl::Duration wait) {
-  const int64_t step = set.step > 0 ? set.step : -1;
   if (tasks.empty() || tasks.size() != placement.size()) {
     return absl::InvalidArgumentError(absl::StrCat("moving onto ", tasks.size(), " ps tasks with a placement for ",
                                                    placement.size()));
   }
+  // Async: every task applies a push on its own, so the job is cut where no push is half applied (StopForMove).
+  int64_t step = set.step > 0 ? set.step : -1;
+  if (!sync_ && step >= 0) RETURN_IF_ERROR(StopForMove(&step, absl::Now() + wait, wait));
   // What is in flight ends first, and so do the lanes and the heartbeat, which use the old tasks.
   inflight_.Cancel();
   ReleasePullWrites();
@@ -400,6 +402,67 @@ absl::Status WorkerClient::MoveTo(std::vector<PsInterface*> tasks, std::vector<s
   absl::MutexLock lock(&mu_);
   move_step_ = -1;
   return moved;
+}
+
+absl::Status WorkerClient::StopForMove(int64_t* step, absl::Time give_up, absl::Duration wait) {
+  // The push in flight lands on every task of the old set (it is in the cut), then ps 0 hears that this worker
+  // pushes no more.
+  const absl::Status push = WaitPush().status();
+  VLOG(1) << "worker " << worker_id_ << " stops for the move after push: " << push;
+  // One command to one task of the old set, asked again while it answers Unavailable (ps 0 waiting for workers
+  // to stop), until `give_up`.
+  auto ask = [&](int t, const ControlRequest& r) -> absl::StatusOr<std::string> {
+    absl::Duration backoff = absl::Milliseconds(5);
+    absl::Time next_log = absl::Now() + absl::Seconds(5);
+    while (true) {
+      if (cancel_.cancelled()) return absl::CancelledError("moving onto other ps tasks: cancelled");
+      const absl::Time tried = absl::Now();
+      absl::StatusOr<std::string> said = tasks_[t]->Control(r);
+      if (said.ok() || !Retryable(said.status())) return said;
+      if (tried > give_up) {
+        return absl::DeadlineExceededError(absl::StrCat("moving onto other ps tasks: ", r.command, " on ps task ", t,
+                                                        " did not succeed within ", absl::FormatDuration(wait), " (",
+                                                        said.status().message(), ")"));
+      }
+      if (absl::Now() >= next_log) {
+        LOG(INFO) << "worker " << worker_id_ << ": " << said.status().message() << " " << Until(give_up, wait);
+        next_log = absl::Now() + absl::Seconds(5);
+      }
+      absl::SleepFor(PauseBefore(give_up, backoff));
+      backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    }
+  };
+  ControlRequest stop;
+  stop.command = "stop-for-move";
+  stop.worker = worker_id_;
+  stop.reason = absl::StrCat("worker ", worker_id_);
+  RETURN_IF_ERROR(ask(0, stop).status());
+  if (!is_chief_) return absl::OkStatus();
+  // The chief: ps 0 cuts the job once every active worker stopped (its part saved at its step), then every other
+  // task of the old set saves its part of that step, side by side.
+  ControlRequest cut = stop;
+  cut.command = "cut";
+  RETURN_IF_ERROR(ask(0, cut).status());
+  ASSIGN_OR_RETURN(const TrainingStats stats, tasks_[0]->GetStats());
+  if (stats.checkpoint_step != stats.global_step) {
+    return absl::InternalError(absl::StrCat("ps task 0 cut the job for the move at step ", stats.global_step,
+                                            " but its newest checkpoint is of step ", stats.checkpoint_step));
+  }
+  *step = stats.global_step;
+  ControlRequest save = stop;
+  save.command = "save-for-move";
+  save.step = *step;
+  std::vector<absl::Status> saved(tasks_.size());
+  {
+    std::vector<std::thread> others;
+    for (size_t t = 1; t < tasks_.size(); ++t) {
+      others.emplace_back([&, t] { saved[t] = ask(static_cast<int>(t), save).status(); });
+    }
+    for (std::thread& th : others) th.join();
+  }
+  for (const absl::Status& s : saved) RETURN_IF_ERROR(s);
+  LOG(INFO) << "chief: the async job was cut at step " << *step << " for the move: every ps task saved its part";
+  return absl::OkStatus();
 }
 
 absl::Status WorkerClient::Reconnect(absl::Duration wait) {

@@ -49,8 +49,11 @@ absl::StatusOr<std::string> ParameterServer::Impl::Control(const ControlRequest&
   }
   if (r.command == "add-ps" || r.command == "remove-ps") return ChangePsSet(r, who);
   if (r.command == "retire") return Retire(who);
-  return absl::InvalidArgumentError(absl::StrCat("unknown command '", r.command,
-                                                 "': ps tasks take remove-worker, drain, add-ps, remove-ps and retire"));
+  if (r.command == "stop-for-move" || r.command == "cut" || r.command == "save-for-move") return MoveAsync(r, who);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown command '", r.command,
+                   "': ps tasks take remove-worker, drain, add-ps, remove-ps, retire, and a worker's "
+                   "stop-for-move, cut and save-for-move"));
 }
 
 void ParameterServer::Impl::MembershipChangedLocked() {
@@ -92,11 +95,6 @@ absl::StatusOr<std::string> ParameterServer::Impl::ChangePsSet(const ControlRequ
   if (!configured_ || !initialized_) {
     return absl::FailedPreconditionError("no job is running yet (the chief has not initialized the ps tasks)");
   }
-  if (!sync_) {
-    return absl::FailedPreconditionError(
-        "the job trains asynchronously: a live change of the ps tasks is built for sync jobs only (stop, then "
-        "restart on the new number of ps tasks: the checkpoint is resharded)");
-  }
   if (!checkpointing()) {
     return absl::FailedPreconditionError("ps task 0 keeps no checkpoints (--checkpoint_dir): the state moves onto "
                                          "the new ps tasks through a checkpoint every task can read");
@@ -112,8 +110,100 @@ absl::StatusOr<std::string> ParameterServer::Impl::ChangePsSet(const ControlRequ
     ASSIGN_OR_RETURN(line, ps_plan_.Remove(r.ps));
   }
   LOG(INFO) << "ps task 0: " << line << " (asked by " << who << ", at step " << step_ << ")";
+  if (!sync_) {
+    // Async: the pulls announce the move from now on; each worker finishes the push in flight and stops
+    // (stop-for-move), and the chief cuts the job once they all have (MoveAsync). Pulls waiting for the staleness
+    // gate answer at once (a stopped worker no longer moves the slowest step).
+    ps_plan_.Decided(step_);
+    stopped_for_move_.clear();
+  }
   cv_.SignalAll();
   return line;
+}
+
+// An async job's move onto another set of ps tasks. Each task applies a push on its own, so the move needs a cut
+// that every task's part of the checkpoint agrees on: every worker finishes the push in flight (it lands on every
+// task) and says so to ps 0 (stop-for-move); once every active worker has (a worker that leaves or is lost meanwhile
+// is no longer waited for), the chief's "cut" has ps 0 save its part at its step L and take no push from then on,
+// and the chief has every other task of the old set save its part as checkpoint L (save-for-move). The chief then
+// moves the job from L as a sync move does (every task of the new set restores L resharded, ps 0 last).
+absl::StatusOr<std::string> ParameterServer::Impl::MoveAsync(const ControlRequest& r, const std::string& who) {
+  if (r.command == "save-for-move") return SaveForMove(r.step);
+  if (!coordinator()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ps task ", task_index(), " does not take ", r.command, ": ask ps task 0"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckRunning());
+    if (!configured_ || sync_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          r.command, ": ", !configured_ ? "no job is running yet" : "the job trains in sync (its moves need no cut)"));
+    }
+    if (!ps_plan_.pending() && r.command == "stop-for-move") {
+      // A worker that heard of the move late (it was lost meanwhile, or registered after the cut): the job moved
+      // without it, and it connects to the new set.
+      return absl::StrCat("ps task 0: no move of the ps tasks is under way (the job is on version ", ps_plan_.version(),
+                          ")");
+    }
+    if (!ps_plan_.pending()) {
+      return absl::FailedPreconditionError(absl::StrCat(r.command, ": no change of the ps tasks is under way"));
+    }
+    if (r.command == "stop-for-move") {
+      RETURN_IF_ERROR(members_.CheckWorker(r.worker));
+      stopped_for_move_.insert(r.worker);
+      cv_.SignalAll();
+      return absl::StrCat("ps task 0: worker ", r.worker, " stopped pushing at step ", step_, " for the move");
+    }
+    if (saved_for_move_) {
+      return absl::StrCat("ps task 0: the job was cut at step ", ps_plan_.move_step(), " for the move already");
+    }
+    std::vector<int> waiting;
+    for (int w : members_.active_workers()) {
+      if (stopped_for_move_.count(w) == 0) waiting.push_back(w);
+    }
+    if (!waiting.empty()) {
+      return absl::UnavailableError(absl::StrCat("ps task 0 waits for worker", waiting.size() == 1 ? " " : "s ",
+                                                 absl::StrJoin(waiting, ","),
+                                                 " to stop pushing before it cuts the job for the move"));
+    }
+  }
+  VLOG(1) << "cut asked by " << who;
+  int64_t label;
+  {
+    absl::MutexLock lock(&mu_);
+    label = step_;
+  }
+  return SaveForMove(label);
+}
+
+absl::StatusOr<std::string> ParameterServer::Impl::SaveForMove(int64_t label) {
+  std::vector<CheckpointData> saves;
+  {
+    absl::MutexLock apply_lock(&apply_mu_);
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckRunning());
+    if (!configured_ || !initialized_ || sync_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "save-for-move: ps task ", task_index(),
+          !configured_ || !initialized_ ? " holds no job's values" : " runs a sync job (its moves need no cut)"));
+    }
+    if (!checkpointing()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("save-for-move: ps task ", task_index(), " keeps no checkpoints (--checkpoint_dir)"));
+    }
+    if (label < 0 || (coordinator() && label != step_)) {
+      return absl::InvalidArgumentError(absl::StrCat("save-for-move: step ", label, " is not the step ps task ",
+                                                     task_index(), " is cut at (", step_, ")"));
+    }
+    if (coordinator()) ps_plan_.Cut(label);
+    saved_for_move_ = true;  // from here on a push is refused: it would be lost with the move
+    saves.push_back(SnapshotLocked(label, step_));
+  }
+  RETURN_IF_ERROR(WriteCheckpoints(std::move(saves)));
+  LOG(INFO) << "ps task " << task_index() << ": saved its part of step " << label
+            << " for the move onto other ps tasks; it takes no push until the move";
+  return absl::StrCat("ps task ", task_index(), ": saved step ", label, " for the move");
 }
 
 absl::StatusOr<std::string> ParameterServer::Impl::Retire(const std::string& who) {

@@ -52,6 +52,7 @@
 #include <algorithm>
 #include <atomic>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -230,6 +231,10 @@ class ParameterServer::Impl {
   absl::Status CompareModelLocked(const TrainConfig& config, int worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Control's add-ps / remove-ps on ps 0.
   absl::StatusOr<std::string> ChangePsSet(const ControlRequest& r, const std::string& who);
+  // Control's steps of an async job's move: stop-for-move, cut (ps 0), save-for-move (any task).
+  absl::StatusOr<std::string> MoveAsync(const ControlRequest& r, const std::string& who);
+  // Saves this task's part of an async move's checkpoint, labelled `label`, and takes no push from then on.
+  absl::StatusOr<std::string> SaveForMove(int64_t label) ABSL_LOCKS_EXCLUDED(mu_, apply_mu_);
   // Control's retire: a task the job no longer uses (after remove-ps) ends.
   absl::StatusOr<std::string> Retire(const std::string& who);
   std::string RetireLocked(const std::string& who, std::shared_ptr<Cancellation>* ended)
@@ -524,6 +529,10 @@ class ParameterServer::Impl {
   std::string own_address_;  // the spec's (or --join's) address of this task; empty when not told
   // Ps 0: the job's ps tasks and a change of them asked for (ps_set_plan.h).
   PsSetPlan ps_plan_ ABSL_GUARDED_BY(mu_);
+  // An async job's move (parameter_server_control.cc): ps 0, the workers that stopped pushing to the old set; any
+  // task, whether its part of the move's checkpoint is taken (it takes no push until the move restores it).
+  std::set<int> stopped_for_move_ ABSL_GUARDED_BY(mu_);
+  bool saved_for_move_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<DeltaWriter> delta_writer_;  // set once in the constructor when writing deltas; thread-safe
   int64_t delta_prev_step_ ABSL_GUARDED_BY(mu_) = -1;  // the step the next delta applies to (-1: a fresh start)
   absl::Time last_delta_time_ ABSL_GUARDED_BY(mu_);

@@ -149,6 +149,10 @@ absl::StatusOr<RegisterResponse> ParameterServer::Impl::Register(const RegisterR
                                                " ps tasks, worker ", request.worker_id, "'s config says ",
                                                request.config.num_ps, ": waiting for the job to move"));
   }
+  if (coordinator() && saved_for_move_) {
+    // An async job cut for a move (its pushes would be refused): the worker moves with the others.
+    return PsSetChangedError(ps_plan_.View(step_));
+  }
   if (!configured_) {
     if (!request.is_chief) {
       if (ended_step_ >= 0) {
@@ -366,6 +370,8 @@ absl::Status ParameterServer::Impl::Restore(const TrainConfig& config, int worke
     step_ = data.task_step;
     step_hint_ = data.global_step;
     initialized_ = true;
+    saved_for_move_ = false;  // an async move's cut ends with its restore (or a rollback)
+    stopped_for_move_.clear();
     applied_through_ = step_;
     coordinator_ = std::make_unique<SyncCoordinator>(ReplicasToAggregateLocked());
     coordinator_->StartAt(step_);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -30,8 +31,9 @@ const std::vector<VariableInfo> kVariables = {{"w", 3}, {"b", 2}, {"v", 3}};
 
 // `save_steps`, `env`: the checkpoint options of a test that needs an earlier checkpoint or a failing disk.
 std::unique_ptr<ParameterServer> Task(int index, std::vector<std::string> hosts, const std::string& dir,
-                                      int64_t save_steps = 0, Env* env = nullptr) {
+                                      int64_t save_steps = 0, Env* env = nullptr, int workers = 1) {
   ParameterServerOptions o;
+  o.num_workers = workers;
   o.task_index = index;
   o.num_ps = static_cast<int>(hosts.size());
   o.ps_hosts = std::move(hosts);
@@ -373,18 +375,137 @@ TEST(PsSetChangeTest, ATaskInTheMiddleLeavesAndTheLastTakesItsPlace) {
   EXPECT_EQ(Train(c, &step, 2), expected);
 }
 
+TrainConfig AsyncConfig(int num_ps) {
+  TrainConfig c = MakeConfig("async", /*num_workers=*/2, /*replicas_to_aggregate=*/0, /*learning_rate=*/0.5f);
+  c.optimizer.name = "adam";
+  c.num_ps = num_ps;
+  return c;
+}
+
+// One async step of worker `c`: the gradient (k + 1) * 0.1 (k: the worker's `*k`-th step) at the step it pulled
+// last (`*at`), then the pull of the next; returns the pull.
+absl::StatusOr<PullResult> AsyncStep(WorkerClient& c, int64_t* at, int* k, std::vector<float>* params) {
+  std::vector<float> grads(8, 0.1f * static_cast<float>(++*k));
+  absl::StatusOr<PushResponse> pushed = c.Push(*at, grads.data());
+  if (!pushed.ok()) return pushed.status();
+  if (pushed->outcome != Outcome::kAccepted) return absl::InternalError("the push was not accepted");
+  absl::StatusOr<PullResult> pulled = c.Pull(0, *at, params->data());
+  if (pulled.ok()) *at = pulled->step;
+  return pulled;
+}
+
+// An async job moves at a cut: every worker's push in flight lands and it stops pushing (stop-for-move); ps 0 cuts
+// the job only once every active worker has, and then takes no push; every old task saves its part of that step;
+// the new set restores it. Two workers pushing in turn (inline: one order) train exactly as a job that never moved.
+TEST(PsSetChangeTest, AnAsyncJobMovesAtACutWhereEveryWorkerStoppedAndLosesNoPush) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/ps_set_async_", getpid());
+  const std::vector<float> initial = {1, 2, 3, 4, 5, 6, 7, 8};
+  // The straight run: both workers on one task, the same pushes in the same order.
+  std::vector<float> expected(8);
+  {
+    auto ps = Task(0, {"h0:1"}, dir + "_straight", 0, nullptr, 2);
+    WorkerClient w0(std::vector<PsInterface*>{ps.get()}, PlacementFor(1), 0, true, Inline());
+    WorkerClient w1(std::vector<PsInterface*>{ps.get()}, PlacementFor(1), 1, false, Inline());
+    { absl::Status s = w0.Connect(AsyncConfig(1), initial.data(), absl::Seconds(5)); ASSERT_TRUE(s.ok()) << s; }
+    ASSERT_TRUE(w1.Connect(AsyncConfig(1), nullptr, absl::Seconds(5)).ok());
+    std::vector<float> params(8);
+    int64_t a0 = w0.Pull(0, 0, params.data())->step, a1 = w1.Pull(0, 0, params.data())->step;
+    int k0 = 0, k1 = 0;
+    for (int i = 0; i < 6; ++i) {
+      ASSERT_TRUE(AsyncStep(w0, &a0, &k0, &params).ok());
+      ASSERT_TRUE(AsyncStep(w1, &a1, &k1, &params).ok());
+    }
+    ASSERT_TRUE(AsyncStep(w1, &a1, &k1, &params).ok());
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(AsyncStep(w0, &a0, &k0, &params).ok());
+      ASSERT_TRUE(AsyncStep(w1, &a1, &k1, &params).ok());
+    }
+    ASSERT_TRUE(w0.Pull(0, a0, expected.data()).ok());
+  }
+
+  auto ps0 = Task(0, {"h0:1"}, dir, 0, nullptr, 2);
+  WorkerClient w0(std::vector<PsInterface*>{ps0.get()}, PlacementFor(1), 0, true, Inline());
+  WorkerClient w1(std::vector<PsInterface*>{ps0.get()}, PlacementFor(1), 1, false, Inline());
+  ASSERT_TRUE(w0.Connect(AsyncConfig(1), initial.data(), absl::Seconds(5)).ok());
+  ASSERT_TRUE(w1.Connect(AsyncConfig(1), nullptr, absl::Seconds(5)).ok());
+  std::vector<float> params(8);
+  int64_t a0 = w0.Pull(0, 0, params.data())->step, a1 = w1.Pull(0, 0, params.data())->step;
+  int k0 = 0, k1 = 0;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(AsyncStep(w0, &a0, &k0, &params).ok());
+    ASSERT_TRUE(AsyncStep(w1, &a1, &k1, &params).ok());
+  }
+  ASSERT_TRUE(ps0->Control(Change("add-ps", "h1:2")).ok());
+  // The pulls announce the move from now on; a worker that has not heard yet still pushes (its push is in the cut).
+  absl::StatusOr<PullResult> at0 = AsyncStep(w0, &a0, &k0, &params);
+  ASSERT_TRUE(at0.ok()) << at0.status();
+  EXPECT_EQ(at0->ps_set.version, 1);
+  EXPECT_EQ(at0->ps_set.hosts, (std::vector<std::string>{"h0:1", "h1:2"}));
+  // The chief stops; ps 0 does not cut while worker 1 has not: the move waits for it, up to its deadline.
+  auto ps1 = Task(1, {"h0:1", "h1:2"}, dir, 0, nullptr, 2);
+  absl::Status early = w0.MoveTo({ps0.get(), ps1.get()}, PlacementFor(2), at0->ps_set, absl::Milliseconds(300));
+  EXPECT_EQ(early.code(), absl::StatusCode::kDeadlineExceeded) << early;
+  EXPECT_TRUE(absl::StrContains(early.message(), "waits for worker 1 to stop pushing")) << early;
+  ASSERT_TRUE(AsyncStep(w1, &a1, &k1, &params).ok());
+  absl::StatusOr<PullResult> at1 = AsyncStep(w1, &a1, &k1, &params);
+  ASSERT_TRUE(at1.ok()) << at1.status();
+  EXPECT_EQ(at1->ps_set.version, 1);
+  const int64_t cut_at = ps0->step();
+  // Worker 1 stops and waits for the move; the chief cuts the job there and moves it.
+  absl::Status moved1;
+  std::thread other([&] {
+    moved1 = w1.MoveTo({ps0.get(), ps1.get()}, PlacementFor(2), at1->ps_set, absl::Seconds(10));
+  });
+  ASSERT_TRUE(w0.MoveTo({ps0.get(), ps1.get()}, PlacementFor(2), at0->ps_set, absl::Seconds(10)).ok());
+  other.join();
+  ASSERT_TRUE(moved1.ok()) << moved1;
+  EXPECT_EQ(ps0->step(), cut_at);
+  EXPECT_TRUE(Env::Default()->FileExists(absl::StrCat(dir, "/model.ckpt-", cut_at, ".ps0-of-1")));
+  // A push that reached an old task after its cut would be lost with the move: refused (here: ps 0 before the
+  // move is gone; checked through the Control steps' refusals on the moved job instead).
+  ControlRequest cut;
+  cut.command = "cut";
+  EXPECT_TRUE(absl::StrContains(ps0->Control(cut).status().message(), "no change of the ps tasks is under way"));
+  // Both go on on two tasks from where they were: the same values as the job that never moved.
+  a0 = w0.Pull(0, 0, params.data())->step;
+  a1 = w1.Pull(0, 0, params.data())->step;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(AsyncStep(w0, &a0, &k0, &params).ok());
+    ASSERT_TRUE(AsyncStep(w1, &a1, &k1, &params).ok());
+  }
+  std::vector<float> got(8);
+  ASSERT_TRUE(w0.Pull(0, a0, got.data()).ok());
+  EXPECT_EQ(got, expected);
+
+  // Once cut, a task takes no push (it would be lost with the move), and a worker still on the old set that
+  // registers hears the new one.
+  ASSERT_TRUE(ps0->Control(Change("remove-ps", "", 1)).ok());
+  ASSERT_TRUE(AsyncStep(w1, &a1, &k1, &params).ok());
+  ControlRequest stop;
+  stop.command = "stop-for-move";
+  for (int w : {0, 1}) {
+    stop.worker = w;
+    ASSERT_TRUE(ps0->Control(stop).ok());
+  }
+  absl::StatusOr<std::string> said = ps0->Control(cut);
+  ASSERT_TRUE(said.ok()) << said.status();
+  EXPECT_EQ(*said, absl::StrCat("ps task 0: saved step ", ps0->step(), " for the move"));
+  std::vector<float> grads(8, 0.1f);
+  absl::StatusOr<PushResponse> late = w1.Push(a1, grads.data());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted) << late.status();
+  EXPECT_TRUE(absl::StrContains(late.status().message(), "saved its state for a move")) << late.status();
+}
+
 TEST(PsSetChangeTest, RefusalsAreOneLine) {
-  {  // async
+  {  // an async move's steps: asked of ps 0, with a change under way, in an async job
     auto ps = Task(0, {"h0:1"}, "");
     WorkerClient c(std::vector<PsInterface*>{ps.get()}, PlacementFor(1), 0, true, Inline());
-    TrainConfig config = MakeConfig("async", 1, 0);
-    config.num_ps = 1;
-    const std::vector<float> initial(8, 1.0f);
-    ASSERT_TRUE(c.Connect(config, initial.data(), absl::Seconds(5)).ok());
-    ControlRequest add;
-    add.command = "add-ps";
-    add.address = "h1:2";
-    EXPECT_TRUE(absl::StrContains(ps->Control(add).status().message(), "built for sync jobs only"));
+    ASSERT_TRUE(c.Connect(SyncConfig(1), std::vector<float>(8, 1.0f).data(), absl::Seconds(5)).ok());
+    ControlRequest cut;
+    cut.command = "cut";
+    EXPECT_TRUE(absl::StrContains(ps->Control(cut).status().message(), "the job trains in sync")) << ps->Control(cut).status();
+    auto ps1 = Task(1, {"h0:1", "h1:2"}, "");
+    EXPECT_TRUE(absl::StrContains(ps1->Control(cut).status().message(), "ask ps task 0"));
   }
   {  // no checkpoints
     auto ps = Task(0, {"h0:1"}, "");

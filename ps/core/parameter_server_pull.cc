@@ -19,7 +19,8 @@ bool ParameterServer::Impl::MustWait(const PullRequest& request) const {
   // worker process restarted after its commit: computing the step again would only be dropped as a duplicate,
   // and would read a batch the uninterrupted run reads a step later).
   if (sync_ && coordinator() && coordinator_->HasCommitted(request.worker_id)) return true;
-  return !sync_ && coordinator() && gate_->MustWait(request.worker_id, members_);
+  // A pending move of the ps tasks stops the workers (async): none waits for the staleness gate meanwhile.
+  return !sync_ && coordinator() && !ps_plan_.pending() && gate_->MustWait(request.worker_id, members_);
 }
 
 absl::Status ParameterServer::Impl::Pull(const PullRequest& request, PullReceiver* receiver) {

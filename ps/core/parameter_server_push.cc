@@ -243,6 +243,12 @@ absl::Status ParameterServer::Impl::FinishAsyncPushLocked(const PushHeader& head
                                                           std::vector<CheckpointData>* saves) {
   const int w = header.worker_id;
   WorkerStats& stats = members_.stats(w);
+  if (saved_for_move_) {
+    // Its part of a move's checkpoint is taken: an update now would be lost with the move.
+    ++accounting_.refused;
+    return absl::AbortedError(absl::StrCat("ps task ", task_index(), " saved its state for a move onto other ps "
+                                           "tasks: worker ", w, "'s push for step ", header.step, " is not taken"));
+  }
   if (coordinator() && header.commit && config_.train_steps > 0 && step_ >= config_.train_steps) {
     // Async: the last step was reached while this push was on its way (see StartPushLocked).
     response->outcome = PushResponse::Outcome::kDroppedStale;

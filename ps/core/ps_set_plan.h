@@ -5,6 +5,9 @@
 // ParameterServer::Restore with a config for another num_ps), and every pull's header from that step on names
 // the new set (PullHeader::ps_set), so each worker finishes its pull and connects to it.
 //
+// An async job has no decisions: the step is fixed when the change is asked for (the pulls announce it from then
+// on), and moved to where ps 0 cut the job once every worker stopped pushing (Cut; parameter_server_control.cc).
+//
 // Any task but ps 0 (which holds the global step and decides the steps) leaves: the last task takes the leaving
 // one's index (the chief's config names the new order, and a task finds its index by its address there), every
 // other task keeps its own.
@@ -42,6 +45,11 @@ class PsSetPlan {
   // ps 0 decided a step that ends at `step` (its global step after the decision): the first one after a change
   // was asked for fixes the change's step. Returns whether it did (the decision must then be saved by every task).
   bool Decided(int64_t step);
+  // Async: the workers stopped pushing and ps 0 cut the job at `step` (every task saves its part there): the move
+  // happens at that step rather than the one fixed when it was asked for.
+  void Cut(int64_t step) {
+    if (pending()) move_step_ = step;
+  }
   // Whether ps 0 must not decide the step that starts at `step`: a change waits for the chief there.
   bool Frozen(int64_t step) const { return pending() && move_step_ >= 0 && step >= move_step_; }
   // What pull headers carry at ps 0's step `step`: the pending set once its step is reached; else the current one

@@ -452,6 +452,7 @@ class GrpcPsClient final : public PsInterface {
     req.set_reason(request.reason);
     req.set_address(request.address);
     req.set_ps(request.ps);
+    req.set_step(request.step);
     pb::ControlResponse resp;
     // One attempt: an operator's command is not repeated behind their back.
     RETURN_IF_ERROR(Unary("Control", control_, req, &resp, absl::ZeroDuration()));

@@ -455,6 +455,7 @@ ControlRequest FromProto(const dtrain::wire::ControlRequest& in, absl::string_vi
   r.worker = in.worker();
   r.address = CutUtf8(in.address(), 256);
   r.ps = in.ps();
+  r.step = in.step();
   r.reason = absl::StrCat(CutUtf8(in.reason(), 200), " (from ", peer, ")");
   return r;
 }
