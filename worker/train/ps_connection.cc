@@ -208,10 +208,12 @@ absl::Status MoveToPsSet(const WorkerOptions& o, Connection* c, data::BatchStrea
   c->ps_version = set.version;
   if (o.worker_id == 0 && !o.quiet && set.step > 0) {
     // ps 0 restarted during the move: the new set went back to the newest checkpoint every task could restore.
+    // An async job moves where ps 0 cut it (every worker stopped pushing), at or after the step it announced.
     const int64_t at = c->client->registered_step();
     const std::string back =
         at < set.step ? absl::StrCat(", back at step ", at, " (ps 0 restarted during the move)") : std::string();
-    std::printf("step %lld: the job moved onto %zu ps task%s (%s) in %.2f s%s\n", static_cast<long long>(set.step),
+    std::printf("step %lld: the job moved onto %zu ps task%s (%s) in %.2f s%s\n",
+                static_cast<long long>(std::max(at, set.step)),
                 c->tasks.size(), c->tasks.size() == 1 ? "" : "s", absl::StrJoin(set.hosts, ",").c_str(),
                 absl::ToDoubleSeconds(absl::Now() - started), back.c_str());
     std::fflush(stdout);
