@@ -72,9 +72,9 @@ ABSL_FLAG(double, chief_grace_secs, 30,
           "every process gets the signal at once (a Kubernetes Job deleted, Slurm's --signal), the chief finishes "
           "its step, evaluates and exports first, and the final checkpoint is of its step (0: end the run at once)");
 ABSL_FLAG(std::string, join, "",
-          "HOST:PORT: this ps task joins a running sync job at that address, as task N past the cluster spec's N ps "
+          "HOST:PORT: this ps task joins a running job (sync or async) at that address, as task N past the cluster spec's N ps "
           "tasks: it asks ps 0 (dtrain_ctl add-ps), and the chief moves the job onto it at the next step boundary "
-          "(needs the job's --checkpoint_dir, shared by every ps task)");
+          "(async: where every worker stopped pushing) (needs the job's --checkpoint_dir, shared by every ps task)");
 ABSL_FLAG(int, max_workers, 0,
           "Workers this task takes: past the cluster spec's (0: the spec's count), workers started with "
           "--task_index up to max_workers - 1 join the running job (the workers need --elastic_batch)");

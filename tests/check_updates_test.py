@@ -6,7 +6,8 @@ caught. A torn last line (a killed process) is ignored. Changes of the ps set (X
 another number of ps tasks): growing (1 -> 2, 2 -> 3), shrinking (2 -> 1) and both (1 -> 2 -> 1) pass, with the
 newest layout judged and the old layout's checkpoint carried; a loss or a double on either side of a change, a
 step the resharded checkpoint holds applied again, and a reshard of a checkpoint no journal recorded are caught.
-A commit ps 0 set aside (V: its step planned again) must be applied nowhere. An empty journal (a process that
+A commit ps 0 set aside (V: its step planned again) must be applied nowhere; an async push ps 0 dropped after the
+last step (E) may be applied once on the other tasks, never twice and never on ps 0. An empty journal (a process that
 recorded nothing) is no layout.
 tests/reshard_journal_test.sh does the same on the journals of real runs."""
 import json
@@ -130,6 +131,27 @@ expect("... and applied", ps, w, 1, doubled=2)
 ps, w = clean()
 ps[(0, 1)] += ["K 0 6 777", "P 0 6 777 1 2"]
 expect("partly applied", ps, w, 0, partly_applied=1, lost=0, doubled=0)
+
+# Async: ps 0 dropped a push that came after the run's last step (E) while ps 1 had applied its part on arrival:
+# counted, not an error. Applied twice on ps 1, applied on ps 0 too, or without ps 0's E record: doubled.
+def after_end():
+    ps, w = clean()
+    ps[(0, 1)] += ["E 0 6 106"]
+    ps[(1, 1)] += ["A 0 6 106 7"]
+    w[(0, 1)] += acks(0, 6, 7, 100, "dropped_stale")
+    return ps, w
+
+
+ps, w = after_end()
+expect("dropped after the end", ps, w, 0, applied_after_end=1, dropped=1, lost=0, doubled=0)
+ps[(1, 1)] += ["A 0 6 106 7"]
+expect("... applied twice", ps, w, 1, applied_after_end=0, doubled=1)
+ps, w = after_end()
+ps[(0, 1)] += ["A 0 6 106 7"]
+expect("... applied on ps 0", ps, w, 1, applied_after_end=0, doubled=1)
+ps, w = after_end()
+ps[(0, 1)].remove("E 0 6 106")
+expect("... without its E record", ps, w, 1, applied_after_end=0, doubled=1)
 
 # A restore that went back to a checkpoint copied after the push: the push must still be there.
 ps, w = clean()

@@ -3,9 +3,10 @@
 # worker, the MLP, sync or async by turns, --elastic_batch=per_worker; checkpoints every 25 steps, the ps's applied
 # journal and every worker's push journal) and, at random times drawn from a seeded RNG, makes workers 1-3 join, leave
 # by SIGTERM, by kill -9 or by dtrain_ctl remove-worker, and kills the ps with kill -9 once (started again with the
-# same flags; it restores its newest checkpoint and the workers carry on); sync trials also change the ps set: a second
-# ps task joins (dtrain_ps --join), leaves (dtrain_ctl remove-ps 1) and is killed with kill -9 and started again, and
-# the one kill of ps 0 may come in such a move itself (as ps 0 fixes its step). A trial passes when every process exits by
+# same flags; it restores its newest checkpoint and the workers carry on); every trial also changes the ps set: a
+# second ps task joins (dtrain_ps --join) and leaves (dtrain_ctl remove-ps 1), in sync trials it is also killed with
+# kill -9 and started again, and the one kill of ps 0 may come in such a move itself (as ps 0 fixes its step; async:
+# as it announces the move, before the cut where every worker stopped pushing). A trial passes when every process exits by
 # itself before its deadline, the ps and the chief exit 0 with "run complete", the push accounting balances, and
 # scripts/check_updates.py finds nothing acknowledged lost or applied twice across the joins, leaves and the restart.
 # Prints one line per trial and "elastic chaos: P/N trials passed; events: ...; updates checked U, lost L, doubled D".
@@ -63,8 +64,10 @@ for t in $(seq 1 "$trials"); do
   ps_pid=$!; pids+=($ps_pid)
   "$B/dtrain_worker" "${C[@]}" "${W[@]}" --task_index=0 >"$dir/w0.log" 2>&1 &
   w0=$!; pids+=($w0)
-  # Sync trials also change the ps set: a second ps task joins (--join), leaves (remove-ps) or is killed (kill -9)
-  # and started again (a joined task restarts with --join: ps 0 answers it is a task of the job already).
+  # Every trial also changes the ps set: a second ps task joins (--join) and leaves (remove-ps); in sync trials it is
+  # also killed (kill -9) and started again (a joined task restarts with --join: ps 0 answers it is a task of the
+  # job already). An async task restarted alone restores its own newest checkpoint, which holds other pushes than
+  # the other task's: a kill of a task of an async job on several ps tasks is a restart, not a move (left out).
   PS1=(--job_name=ps --join=127.0.0.1:$p2 --max_workers=4 --worker_timeout_secs=3 --checkpoint_dir="$dir/ckpt"
        --save_checkpoint_steps=25 --journal_applied --registration_timeout_secs=60)
   ps1_pid=""; ps1_in=0   # ps1_in: ps task 1 was asked to join and not asked to leave
@@ -77,12 +80,12 @@ for t in $(seq 1 "$trials"); do
     alive "$w0" || break
     k=$((1 + RANDOM % 3))
     what=$((RANDOM % 10))
-    if [ "$mode" = sync ] && [ "$what" -ge 8 ] && [ "$ps1_in" = 0 ] && { [ -z "$ps1_pid" ] || ! alive "$ps1_pid"; }; then
+    if [ "$what" -ge 8 ] && [ "$ps1_in" = 0 ] && { [ -z "$ps1_pid" ] || ! alive "$ps1_pid"; }; then
       moves=$(grep -c "the job moves onto" "$dir/ps.log" || true)
       "$B/dtrain_ps" "${C[@]}" "${PS1[@]}" >>"$dir/ps1.log" 2>&1 &
       ps1_pid=$!; pids+=($ps1_pid); ps1_in=1; events+=" ps1-join@$(chief_step "$dir/w0.log")"
       if [ "$ps_killed" = 0 ] && [ $((RANDOM % 3)) = 0 ]; then kill_ps0_in_move "$moves"; fi
-    elif [ "$mode" = sync ] && [ "$what" = 9 ] && [ "$ps1_in" = 1 ] && [ $((RANDOM % 2)) = 0 ]; then
+    elif [ "$what" = 9 ] && [ "$ps1_in" = 1 ] && [ $((RANDOM % 2)) = 0 ]; then
       moves=$(grep -c "the job moves onto" "$dir/ps.log" || true)
       if "$B/dtrain_ctl" --ps_hosts=127.0.0.1:$p0 remove-ps 1 >>"$dir/ctl.log" 2>&1; then
         ps1_in=0; events+=" ps1-remove@$(chief_step "$dir/w0.log")"

@@ -67,6 +67,9 @@ void AppliedJournal::Voided(int worker, int64_t step, uint64_t request_id) {
 void AppliedJournal::PartlyApplied(int worker, int64_t step, uint64_t request_id, int slices, int of) {
   Write(absl::StrCat("P ", worker, " ", step, " ", request_id, " ", slices, " ", of, "\n"));
 }
+void AppliedJournal::DroppedAfterEnd(int worker, int64_t step, uint64_t request_id) {
+  Write(absl::StrCat("E ", worker, " ", step, " ", request_id, "\n"));
+}
 void AppliedJournal::Checkpointed(int64_t label) { Write(absl::StrCat("C ", label, "\n")); }
 void AppliedJournal::Restored(int64_t label) { Write(absl::StrCat("R ", label, "\n")); }
 void AppliedJournal::Resharded(int64_t label, int from_num_ps) {

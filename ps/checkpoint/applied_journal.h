@@ -67,6 +67,9 @@ class AppliedJournal {
   void Applied(int worker, int64_t step, uint64_t request_id, int64_t at);
   void Voided(int worker, int64_t step, uint64_t request_id);
   void PartlyApplied(int worker, int64_t step, uint64_t request_id, int slices, int of);
+  // Async, ps 0: the push arrived after the run reached its last step and was dropped; the other tasks, which apply a
+  // push on their own as it arrives, may have applied their parts of it.
+  void DroppedAfterEnd(int worker, int64_t step, uint64_t request_id);
   void Checkpointed(int64_t label);
   void Restored(int64_t label);
   void Resharded(int64_t label, int from_num_ps);

@@ -324,8 +324,9 @@ class WorkerClient {
   enum class MoveOutcome { kMoved, kPs0Restarted };
   // MoveTo's first part in an async job: the push in flight lands, ps 0 hears that this worker stopped pushing to the
   // old set, and the chief has ps 0 cut the job once every worker has and every old task save its part of the cut's
-  // step, which it returns in `step` (the move's step; ps 0 fixed another when the change was asked for).
-  absl::Status StopForMove(int64_t* step, absl::Time give_up, absl::Duration wait);
+  // step, which it returns in `step` (the move's step; ps 0 fixed another when the change was asked for). `to`: the
+  // new set's size. Aborted for the chief when ps 0 restarted meanwhile (the change died with it).
+  absl::Status StopForMove(int64_t* step, size_t to, absl::Time give_up, absl::Duration wait);
   absl::StatusOr<MoveOutcome> MoveTasks(int64_t step, absl::Time give_up, absl::Duration wait);
   // Connect's work once the initial values are in place (Reconnect's too).
   absl::Status ConnectTasks(absl::Duration wait);

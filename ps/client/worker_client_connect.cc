@@ -368,7 +368,7 @@ absl::Status WorkerClient::MoveTo(std::vector<PsInterface*> tasks, std::vector<s
   }
   // Async: every task applies a push on its own, so the job is cut where no push is half applied (StopForMove).
   int64_t step = set.step > 0 ? set.step : -1;
-  if (!sync_ && step >= 0) RETURN_IF_ERROR(StopForMove(&step, absl::Now() + wait, wait));
+  if (!sync_ && step >= 0) RETURN_IF_ERROR(StopForMove(&step, tasks.size(), absl::Now() + wait, wait));
   // What is in flight ends first, and so do the lanes and the heartbeat, which use the old tasks.
   inflight_.Cancel();
   ReleasePullWrites();
@@ -404,7 +404,7 @@ absl::Status WorkerClient::MoveTo(std::vector<PsInterface*> tasks, std::vector<s
   return moved;
 }
 
-absl::Status WorkerClient::StopForMove(int64_t* step, absl::Time give_up, absl::Duration wait) {
+absl::Status WorkerClient::StopForMove(int64_t* step, size_t to, absl::Time give_up, absl::Duration wait) {
   // The push in flight lands on every task of the old set (it is in the cut), then ps 0 hears that this worker
   // pushes no more.
   const absl::Status push = WaitPush().status();
@@ -432,17 +432,32 @@ absl::Status WorkerClient::StopForMove(int64_t* step, absl::Time give_up, absl::
       backoff = std::min(backoff * 2, absl::Milliseconds(200));
     }
   };
+  // ps 0 restarted since it announced the move (it knows no move now, or no job yet): the change died with it.
+  // Another worker goes on to the new set, where ps 0's Register sends it back to the job's set when the change
+  // is gone (or has it wait for the move when it was asked again); the chief connects again to the old set, and
+  // restores it as after any restart of ps 0 (a --join task asks again).
+  auto lost = [&](const absl::Status& s) {
+    return absl::AbortedError(absl::StrCat("ps task 0 restarted during the move onto ", to,
+                                           " ps tasks (", s.message(), "): connecting again to the job's set"));
+  };
   ControlRequest stop;
   stop.command = "stop-for-move";
   stop.worker = worker_id_;
   stop.reason = absl::StrCat("worker ", worker_id_);
-  RETURN_IF_ERROR(ask(0, stop).status());
+  absl::StatusOr<std::string> stopped = ask(0, stop);
+  if (!stopped.ok() && stopped.status().code() == absl::StatusCode::kFailedPrecondition) {
+    if (!is_chief_) return absl::OkStatus();
+    return lost(stopped.status());
+  }
+  RETURN_IF_ERROR(stopped.status());
   if (!is_chief_) return absl::OkStatus();
   // The chief: ps 0 cuts the job once every active worker stopped (its part saved at its step), then every other
   // task of the old set saves its part of that step, side by side.
   ControlRequest cut = stop;
   cut.command = "cut";
-  RETURN_IF_ERROR(ask(0, cut).status());
+  absl::StatusOr<std::string> was_cut = ask(0, cut);
+  if (!was_cut.ok() && was_cut.status().code() == absl::StatusCode::kFailedPrecondition) return lost(was_cut.status());
+  RETURN_IF_ERROR(was_cut.status());
   ASSIGN_OR_RETURN(const TrainingStats stats, tasks_[0]->GetStats());
   if (stats.checkpoint_step != stats.global_step) {
     return absl::InternalError(absl::StrCat("ps task 0 cut the job for the move at step ", stats.global_step,

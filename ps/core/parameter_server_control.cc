@@ -116,6 +116,9 @@ absl::StatusOr<std::string> ParameterServer::Impl::ChangePsSet(const ControlRequ
     // gate answer at once (a stopped worker no longer moves the slowest step).
     ps_plan_.Decided(step_);
     stopped_for_move_.clear();
+    const size_t n = ps_plan_.pending_size();
+    LOG(INFO) << "ps task 0: step " << step_ << ": the job moves onto " << n << " ps task" << (n == 1 ? "" : "s")
+              << " where every worker has stopped pushing (an async job's cut)";
   }
   cv_.SignalAll();
   return line;

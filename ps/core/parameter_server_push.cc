@@ -253,6 +253,7 @@ absl::Status ParameterServer::Impl::FinishAsyncPushLocked(const PushHeader& head
     // Async: the last step was reached while this push was on its way (see StartPushLocked).
     response->outcome = PushResponse::Outcome::kDroppedStale;
     CountNotTaken(w, response->outcome);
+    if (journal_) journal_->DroppedAfterEnd(w, header.step, header.request_id);
   } else {
     if (!buffer.all_complete()) {
       ++accounting_.refused;
