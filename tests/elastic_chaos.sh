@@ -44,10 +44,14 @@ kill_ps0_in_move() {
     [ "$(grep -c "the job moves onto" "$dir/ps.log" || true)" -gt "$1" ] && break
     sleep 0.1
   done
+  chief_done && return 0
   kill -KILL "$ps_pid" 2>/dev/null || true; wait "$ps_pid" 2>/dev/null || true
   "$B/dtrain_ps" "${C[@]}" "${PSF[@]}" >>"$dir/ps.log" 2>&1 &
   ps_pid=$!; pids+=($ps_pid); ps_killed=1; events+=" ps-kill9-in-move"
 }
+# Whether the chief has reported done to ps 0: the events end there (a ps 0 killed after it, while it waits for a
+# killed worker's lease, is started again with no chief to come: a restart after the end, not chaos with membership).
+chief_done() { grep -q "worker 0 is done" "$dir/ps.log"; }
 # The global step the chief last printed.
 chief_step() { sed -n 's/^step \([0-9]*\),.*/\1/p' "$1" | tail -1; }
 
@@ -96,7 +100,8 @@ for t in $(seq 1 "$trials"); do
       kill -KILL "$ps1_pid" 2>/dev/null || true; wait "$ps1_pid" 2>/dev/null || true
       "$B/dtrain_ps" "${C[@]}" "${PS1[@]}" >>"$dir/ps1.log" 2>&1 &
       ps1_pid=$!; pids+=($ps1_pid); events+=" ps1-kill9@$(chief_step "$dir/w0.log")"
-    elif [ "$ps_killed" = 0 ] && [ "$what" = 0 ] && [ -n "$(ls "$dir/ckpt" | grep model.ckpt || true)" ]; then
+    elif [ "$ps_killed" = 0 ] && [ "$what" = 0 ] && [ -n "$(ls "$dir/ckpt" | grep model.ckpt || true)" ] && \
+         ! chief_done; then
       kill -KILL "$ps_pid" 2>/dev/null || true; wait "$ps_pid" 2>/dev/null || true
       "$B/dtrain_ps" "${C[@]}" "${PSF[@]}" >>"$dir/ps.log" 2>&1 &
       ps_pid=$!; pids+=($ps_pid); ps_killed=1; events+=" ps-kill9@$(chief_step "$dir/w0.log")"

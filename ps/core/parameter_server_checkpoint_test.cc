@@ -243,6 +243,36 @@ TEST_P(RestartAfterEndTest, TheRestartedTaskFinishesOnceTheWorkersReported) {
 
 INSTANTIATE_TEST_SUITE_P(ReportedEnd, RestartAfterEndTest, ::testing::Values(10, 13));
 
+// The job's ps set changed while it ran (1 -> 2 tasks) and ps 0, killed after the last step, is started again with
+// the spec's set: the complete checkpoint of the end by 2 tasks holds the end; one part of it alone does not.
+TEST(RestartAfterEndMovedTest, ACompleteCheckpointOfAnotherNumberOfTasksHoldsTheEnd) {
+  for (const bool complete : {true, false}) {
+    ScratchDir dir(complete ? "restart_after_end_moved" : "restart_after_end_moved_part");
+    // By name only: the restarted task lists the files and reads none of them.
+    ASSERT_TRUE(WriteFileAtomically(Env::Default(), dir.path() + "/model.ckpt-5.ps0-of-1", "x").ok());
+    ASSERT_TRUE(WriteFileAtomically(Env::Default(), dir.path() + "/model.ckpt-13.ps0-of-2", "x").ok());
+    if (complete) ASSERT_TRUE(WriteFileAtomically(Env::Default(), dir.path() + "/model.ckpt-13.ps1-of-2", "x").ok());
+    ParameterServerOptions o;
+    o.num_workers = 1;
+    o.checkpoint.dir = dir.path();
+    o.registration_timeout = absl::Seconds(600);
+    absl::StatusOr<std::unique_ptr<ParameterServer>> restarted = ParameterServer::Create(o);
+    ASSERT_TRUE(restarted.ok()) << restarted.status();
+    ParameterServer& ps = **restarted;
+    ASSERT_TRUE(ps.Done(0, /*session=*/0, /*completed=*/true, 13).ok());
+    ASSERT_TRUE(ps.WaitUntilFinished(absl::Seconds(10)));
+    if (complete) {
+      EXPECT_TRUE(ps.final_checkpoint_status().ok()) << ps.final_checkpoint_status();
+      EXPECT_TRUE(absl::StrContains(ps.outcome().message, "its newest checkpoint, step 13, holds the end"))
+          << ps.outcome().message;
+    } else {
+      EXPECT_EQ(ps.final_checkpoint_status().code(), absl::StatusCode::kDataLoss);
+      EXPECT_TRUE(absl::StrContains(ps.final_checkpoint_status().message(), "its newest checkpoint is step 5"))
+          << ps.final_checkpoint_status();
+    }
+  }
+}
+
 // The same kill, but the chief had not reported done: it meets the new process, restores the last step there, and
 // reports done. Worker 1 had reported done to the killed process and is not heard from again: the new process
 // last knew it present at the last step, so when its lease runs out the run is complete, not degraded: no step

@@ -608,15 +608,14 @@ void ParameterServer::Impl::FinishAfterEndLocked() {
   if (!checkpointing()) {
     message += "; it keeps no checkpoints";
   } else {
-    // A directory listing under mu_: once, when the task ends, with nothing left to serve.
-    absl::StatusOr<std::vector<CheckpointFile>> files =
-        ListCheckpointFiles(options_.checkpoint.env, options_.checkpoint.dir);
-    int64_t newest = -1;
-    for (const CheckpointFile& f : files.ok() ? *files : std::vector<CheckpointFile>{}) {
-      if (f.task == task_index() && f.num_ps == num_ps()) newest = std::max(newest, f.step);
-    }
-    if (!files.ok()) {
-      final_checkpoint_status_ = files.status();
+    // A directory listing under mu_: once, when the task ends, with nothing left to serve. This task's own file of
+    // a step, or a complete checkpoint of it by another number of ps tasks (the job's ps set changed while it ran,
+    // and this task restarted with the spec's).
+    absl::StatusOr<std::vector<int64_t>> steps =
+        CandidateSteps(options_.checkpoint.env, options_.checkpoint.dir, task_index(), num_ps());
+    const int64_t newest = steps.ok() && !steps->empty() ? steps->front() : -1;
+    if (!steps.ok()) {
+      final_checkpoint_status_ = steps.status();
     } else if (newest >= ended_step_) {
       absl::StrAppend(&message, "; its newest checkpoint, step ", newest, ", holds the end");
     } else {
