@@ -12,7 +12,10 @@
 #   - every process ends with its exit code: ps 0 and both workers 0 (run complete), the removed task 0 with the
 #     line that says it left the job;
 #   - scripts/check_updates.py on the journals: every acknowledged push applied exactly once across 1 -> 2 -> 1 ps
-#     tasks, none lost or doubled.
+#     tasks, none lost or doubled;
+#   - dlrm, async and elastic (--max_workers, its input handed out by ps 0, each worker's next batch held a pull
+#     ahead): 1 -> 2 -> 1 ps tasks, the rows moving with the tasks, each worker drawing its batches again at most
+#     on its first step and once per move, the run complete, check_updates clean.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 B="${DTRAIN_BIN_DIR:-$ROOT/build/bin}"
@@ -92,6 +95,45 @@ check "the move back paused training ${pauses[1]} s (< 10 s + the killed worker'
 out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$m/ckpt" --worker_dir="$m/pushes" 2>&1) || true
 echo "$out" | tail -1
 check "check_updates: lost 0, doubled 0 across 1 -> 2 -> 1 ps tasks" \
+  bash -c "echo '$out' | grep -q 'ps tasks over time: 1 -> 2 -> 1' && echo '$out' | grep -q 'lost 0, doubled 0'"
+
+# ---- dlrm, async and elastic: the rows move too, and each worker's batch read a pull ahead is drawn again ----
+d="$dir/dlrm"
+mkdir -p "$d"
+"$B/dtrain_convert" --synthetic_ctr --examples=20000 --test_examples=1000 --out="$d/ctr" >/dev/null
+DSTEPS=1500
+DW=(--job_name=worker --model=dlrm --data_dir="$d/ctr" --data_format=criteo --embedding_dim=8 --mode=async
+    --elastic_batch=per_worker --batch_size=64 --train_steps=$DSTEPS --threads=1 --seed=7 --log_every=5
+    --eval_every=0 --rpc_timeout_secs=30 --startup_wait_secs=60 --debug_step_delay_ms=20 --push_journal_dir="$d/pushes")
+DP=(--job_name=ps --max_workers=2 --worker_timeout_secs=$LEASE --journal_applied --checkpoint_dir="$d/ckpt")
+"$B/dtrain_ps" "${C[@]}" "${DP[@]}" --task_index=0 >"$d/ps0.log" 2>&1 &
+ps0=$!; bg+=($ps0)
+for i in 0 1; do
+  "$B/dtrain_worker" "${C[@]}" "${DW[@]}" --task_index=$i >"$d/w$i.log" 2>&1 &
+  eval "w$i=\$!"; bg+=($!)
+done
+wait_step "$d/w0.log" 100
+"$B/dtrain_ps" "${C[@]}" "${DP[@]}" --join=127.0.0.1:$p3 >"$d/ps1.log" 2>&1 &
+ps1=$!; bg+=($ps1)
+check "dlrm: the chief moves the job onto 2 ps tasks" wait_for_line "$d/w0.log" "^step [0-9]*: the job moved onto 2 ps tasks" 60
+dgrow=$(grep -o "^step [0-9]*: the job moved onto 2" "$d/w0.log" | awk '{print $2}' | tr -d :)
+check "dlrm: ps 1 restored its share of the rows of step $dgrow" grep -qF "model.ckpt-$dgrow.ps*-of-1 resharded from 1 ps task onto 2" "$d/ps1.log"
+wait_step "$d/w0.log" $((dgrow + 100))
+"$B/dtrain_ctl" --ps_hosts=127.0.0.1:$p0 remove-ps 1 >"$d/ctl_remove1.txt" 2>&1 || true
+check "dlrm: the chief moves the job back onto 1 ps task" wait_for_line "$d/w0.log" "^step [0-9]*: the job moved onto 1 ps task " 60
+for p in w0 w1 ps0 ps1; do
+  rc=0; wait "${!p}" || rc=$?
+  check "dlrm: $p exits 0 (got $rc)" test "$rc" = 0
+done
+check "dlrm: the run completes" grep -q "run complete: training reached step $DSTEPS of $DSTEPS" "$d/ps0.log"
+for w in 0 1; do
+  redrawn=$(sed -n "s/^worker $w: \([0-9]*\) step(s) drew their batches again.*/\1/p" "$d/w$w.log")
+  check "dlrm: worker $w drew its batches again on ${redrawn:-0} step(s) (at most 3: its first and one per move)" \
+    test "${redrawn:-0}" -le 3
+done
+out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$d/ckpt" --worker_dir="$d/pushes" 2>&1) || true
+echo "$out" | tail -1
+check "dlrm: check_updates: lost 0, doubled 0 across 1 -> 2 -> 1 ps tasks" \
   bash -c "echo '$out' | grep -q 'ps tasks over time: 1 -> 2 -> 1' && echo '$out' | grep -q 'lost 0, doubled 0'"
 
 echo "ps_set_change_async_test: $passed passed, $failed failed"
