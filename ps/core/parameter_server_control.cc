@@ -131,7 +131,7 @@ absl::StatusOr<std::string> ParameterServer::Impl::ChangePsSet(const ControlRequ
 // and the chief has every other task of the old set save its part as checkpoint L (save-for-move). The chief then
 // moves the job from L as a sync move does (every task of the new set restores L resharded, ps 0 last).
 absl::StatusOr<std::string> ParameterServer::Impl::MoveAsync(const ControlRequest& r, const std::string& who) {
-  if (r.command == "save-for-move") return SaveForMove(r.step);
+  if (r.command == "save-for-move") return SaveForMove(r.step, /*cut=*/false);
   if (!coordinator()) {
     return absl::FailedPreconditionError(
         absl::StrCat("ps task ", task_index(), " does not take ", r.command, ": ask ps task 0"));
@@ -158,29 +158,12 @@ absl::StatusOr<std::string> ParameterServer::Impl::MoveAsync(const ControlReques
       cv_.SignalAll();
       return absl::StrCat("ps task 0: worker ", r.worker, " stopped pushing at step ", step_, " for the move");
     }
-    if (saved_for_move_) {
-      return absl::StrCat("ps task 0: the job was cut at step ", ps_plan_.move_step(), " for the move already");
-    }
-    std::vector<int> waiting;
-    for (int w : members_.active_workers()) {
-      if (stopped_for_move_.count(w) == 0) waiting.push_back(w);
-    }
-    if (!waiting.empty()) {
-      return absl::UnavailableError(absl::StrCat("ps task 0 waits for worker", waiting.size() == 1 ? " " : "s ",
-                                                 absl::StrJoin(waiting, ","),
-                                                 " to stop pushing before it cuts the job for the move"));
-    }
   }
   VLOG(1) << "cut asked by " << who;
-  int64_t label;
-  {
-    absl::MutexLock lock(&mu_);
-    label = step_;
-  }
-  return SaveForMove(label);
+  return SaveForMove(-1, /*cut=*/true);
 }
 
-absl::StatusOr<std::string> ParameterServer::Impl::SaveForMove(int64_t label) {
+absl::StatusOr<std::string> ParameterServer::Impl::SaveForMove(int64_t label, bool cut) {
   std::vector<CheckpointData> saves;
   {
     absl::MutexLock apply_lock(&apply_mu_);
@@ -190,6 +173,25 @@ absl::StatusOr<std::string> ParameterServer::Impl::SaveForMove(int64_t label) {
       return absl::FailedPreconditionError(absl::StrCat(
           "save-for-move: ps task ", task_index(),
           !configured_ || !initialized_ ? " holds no job's values" : " runs a sync job (its moves need no cut)"));
+    }
+    if (cut) {
+      // ps 0 (checked and cut under the same locks as the save: no push slips in between).
+      if (!ps_plan_.pending()) {
+        return absl::FailedPreconditionError("cut: no change of the ps tasks is under way");
+      }
+      if (saved_for_move_) {
+        return absl::StrCat("ps task 0: the job was cut at step ", ps_plan_.move_step(), " for the move already");
+      }
+      std::vector<int> waiting;
+      for (int w : members_.active_workers()) {
+        if (stopped_for_move_.count(w) == 0) waiting.push_back(w);
+      }
+      if (!waiting.empty()) {
+        return absl::UnavailableError(absl::StrCat("ps task 0 waits for worker", waiting.size() == 1 ? " " : "s ",
+                                                   absl::StrJoin(waiting, ","),
+                                                   " to stop pushing before it cuts the job for the move"));
+      }
+      label = step_;
     }
     if (!checkpointing()) {
       return absl::FailedPreconditionError(

@@ -233,8 +233,9 @@ class ParameterServer::Impl {
   absl::StatusOr<std::string> ChangePsSet(const ControlRequest& r, const std::string& who);
   // Control's steps of an async job's move: stop-for-move, cut (ps 0), save-for-move (any task).
   absl::StatusOr<std::string> MoveAsync(const ControlRequest& r, const std::string& who);
-  // Saves this task's part of an async move's checkpoint, labelled `label`, and takes no push from then on.
-  absl::StatusOr<std::string> SaveForMove(int64_t label) ABSL_LOCKS_EXCLUDED(mu_, apply_mu_);
+  // Saves this task's part of an async move's checkpoint, labelled `label`, and takes no push from then on. `cut`
+  // (ps 0): once every active worker stopped pushing (Unavailable before), labelled with its step.
+  absl::StatusOr<std::string> SaveForMove(int64_t label, bool cut) ABSL_LOCKS_EXCLUDED(mu_, apply_mu_);
   // Control's retire: a task the job no longer uses (after remove-ps) ends.
   absl::StatusOr<std::string> Retire(const std::string& who);
   std::string RetireLocked(const std::string& who, std::shared_ptr<Cancellation>* ended)
