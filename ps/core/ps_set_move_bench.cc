@@ -3,9 +3,9 @@
 // present, Adagrad slots; a small dense part, Adam) on in-process ps tasks sharing one checkpoint directory, the
 // chief's WorkerClient driving the move exactly as a cluster's does (gRPC and the process boundary left out).
 //
-//   dtrain_bench_ps_set_move [--tables=26] [--rows=1000000] [--dim=16] [--dir=/tmp/...]
+//   dtrain_bench_ps_set_move [--tables=26] [--rows=1000000] [--dim=16] [--dir=/tmp/...] [--rounds=1]
 //
-// The job grows 1 -> 2 ps tasks, then shrinks 2 -> 1. For each move it prints the pause and its parts:
+// The job grows 1 -> 2 ps tasks, then shrinks 2 -> 1 (--rounds times). For each move it prints the pause and its parts:
 //   save     the step whose decision is marked for the move, less an ordinary step (every task writes its part)
 //   restore  WorkerClient::MoveTo: every task restores its share of that checkpoint, resharded (tasks > 0 side by
 //            side, ps 0 last), and the client registers with the new set
@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -35,6 +36,9 @@ ABSL_FLAG(int, tables, 26, "Embedding tables");
 ABSL_FLAG(int64_t, rows, 1000000, "Rows per table (every one of them is created before the moves)");
 ABSL_FLAG(int, dim, 16, "Floats per row");
 ABSL_FLAG(std::string, dir, "", "The checkpoint directory (default: a fresh one under /tmp, removed at the end)");
+ABSL_FLAG(int, rounds, 1,
+          "Times the job grows and shrinks (a later round reuses memory the process already touched: on a virtual "
+          "machine whose host backs memory as it is first touched, the first round pays for that too)");
 
 namespace dtrain::ps {
 namespace {
@@ -149,8 +153,11 @@ int Run() {
   };
   std::unique_ptr<ParameterServer> ps1;
   std::printf("%-12s %8s %9s %8s %10s\n", "move", "save s", "restore s", "pause s", "moved GB");
-  for (const char* move : {"1 -> 2", "2 -> 1"}) {
-    const bool grow = move[0] == '1';
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  for (int m = 0; m < 2 * rounds; ++m) {
+    const bool grow = m % 2 == 0;
+    const std::string move =
+        absl::StrCat(grow ? "1 -> 2" : "2 -> 1", rounds > 1 ? absl::StrCat(" (", m / 2 + 1, ")") : std::string());
     ControlRequest r;
     r.command = grow ? "add-ps" : "remove-ps";
     r.address = "h1:2";
@@ -159,7 +166,7 @@ int Run() {
     const double marked = one_step();  // its decision is saved by every task
     const int64_t at = step;
     PsSet set;
-    set.version = grow ? 1 : 2;
+    set.version = m + 1;
     set.step = at;
     set.hosts = grow ? std::vector<std::string>{"h0:1", "h1:2"} : std::vector<std::string>{"h0:1"};
     const double save = std::max(0.0, marked - ordinary);
@@ -169,7 +176,8 @@ int Run() {
     if (grow) tasks.push_back(ps1.get());
     Check(client.MoveTo(tasks, PlacementFor(grow ? 2 : 1), set, absl::Seconds(600)), "move");
     const double restore = Seconds(moving);
-    std::printf("%-12s %8.2f %9.2f %8.2f %10.2f\n", move, save, restore, save + restore, bytes_at(at) / 1e9);
+    std::printf("%-12s %8.2f %9.2f %8.2f %10.2f\n", move.c_str(), save, restore, save + restore,
+                bytes_at(at) / 1e9);
     std::fflush(stdout);
     if (!grow) {
       ControlRequest retire;
