@@ -4,7 +4,7 @@
 # with a message naming what is wrong: a misspelt field, a wrong type, a bad enum value, a missing required
 # field, a TF_CONFIG that lists more workers than the Job runs, and invalid TF_CONFIG JSON. Broken copies of the
 # elastic manifest (dtrain-elastic.yaml) must fail on dtrain's elastic rules: a worker without
-# --elastic_batch=per_worker, --elastic_batch=global, workers whose flags differ, a ps without --max_workers or
+# --elastic_batch, an --elastic_batch that is neither per_worker nor global (global passes), workers whose flags differ, a ps without --max_workers or
 # one too small for the declared scale, a scale annotation below the start or missing, no backoffLimitPerIndex,
 # the chief inside the scaled worker Job, a grace period shorter than --stop_grace_secs.
 # Then the elastic manifest's own pods run on 127.0.0.1 (their command and TF_CONFIG as Kubernetes would give
@@ -70,8 +70,16 @@ broken grace_below_stop_grace 's/"--logdir=\/logs"\]/"--logdir=\/logs", "--stop_
 # The elastic manifest: each of dtrain's elastic rules, broken once.
 MANIFEST=dtrain-elastic.yaml
 broken no_elastic_batch 's/ "--elastic_batch=per_worker",//' \
-  "needs --elastic_batch=per_worker on every worker"
-broken global_batch 's/--elastic_batch=per_worker/--elastic_batch=global/' "--elastic_batch=global: only per_worker is built"
+  "needs --elastic_batch=per_worker (or global) on every worker"
+broken bad_elastic_batch 's/--elastic_batch=per_worker/--elastic_batch=per_step/' "--elastic_batch=per_step: per_worker or global"
+# --elastic_batch=global (a fixed global batch) is an elastic job's other mode: accepted.
+sed 's/--elastic_batch=per_worker/--elastic_batch=global/' "$ROOT/deploy/kubernetes/dtrain-elastic.yaml" >"$dir/global.yaml"
+rc=0; out="$(node "$V/validate.mjs" "$dir/global.yaml" 2>&1)" || rc=$?
+if [ "$rc" = 0 ] && ! cmp -s "$dir/global.yaml" "$ROOT/deploy/kubernetes/dtrain-elastic.yaml"; then
+  passed=$((passed + 1))
+else
+  echo "$out"; echo "FAIL: the elastic manifest with --elastic_batch=global does not validate (exit $rc)"; failed=$((failed + 1))
+fi
 broken workers_differ '/name: dtrain-worker$/,$s/--train_steps=2000/--train_steps=3000/' "every worker needs the same flags"
 broken no_max_workers 's/, "--max_workers=8"//' "needs dtrain_ps --max_workers=M on every ps task"
 broken max_workers_below_spec 's/--max_workers=8/--max_workers=2/' \

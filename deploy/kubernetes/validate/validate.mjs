@@ -15,7 +15,7 @@
 //     flight finish, then the worker leaves, before Kubernetes' SIGKILL;
 //  4. for an elastic job (dtrain-elastic.yaml: dtrain_ps --max_workers=M, a worker Job scaled while it runs, see
 //     docs/elastic_schedulers.md): every ps task has the same M; every worker and the chief run
-//     --elastic_batch=per_worker (global is not built); the chief is a TF_CONFIG "chief" task of its own Job,
+//     --elastic_batch=per_worker or global (the same flags, so the same one); the chief is a TF_CONFIG "chief" task of its own Job,
 //     so no scale-down removes it; the scaled worker Job declares how far it may grow in the annotation
 //     dtrain/max-completions, which covers its completions, and the chief plus that many workers fit in M; its
 //     completions equal its parallelism (only then may Kubernetes change them) and it sets
@@ -206,9 +206,10 @@ function workerProblems(jobs) {
   for (const w of workers) {
     const batch = flagValue(w.argv, "elastic_batch");
     if (batch === undefined) {
-      problems.push(`${w.where}: an elastic job (workers join and leave) needs --elastic_batch=per_worker on every worker`);
-    } else if (batch !== "per_worker") {
-      problems.push(`${w.where}: --elastic_batch=${batch}: only per_worker is built`);
+      problems.push(`${w.where}: an elastic job (workers join and leave) needs --elastic_batch=per_worker (or ` +
+                    `global) on every worker`);
+    } else if (batch !== "per_worker" && batch !== "global") {
+      problems.push(`${w.where}: --elastic_batch=${batch}: per_worker or global`);
     }
   }
   if (ps.length === 0) return problems;
