@@ -353,6 +353,9 @@ absl::StatusOr<std::unique_ptr<SliceUpload>> ParameterServer::Impl::StartPushLoc
       (coordinator() ? step_ >= config_.train_steps : header.step >= config_.train_steps)) {
     members_.recent_ids(header.worker_id).Insert(header.request_id);
     cv_.SignalAll();
+    // ps 0's drop is the push's outcome; the other tasks may have applied their parts on arrival (the checker
+    // counts them, not as doubled).
+    if (coordinator() && journal_) journal_->DroppedAfterEnd(header.worker_id, header.step, header.request_id);
     return discard(PushResponse::Outcome::kDroppedStale);
   }
   if (sync_) {
