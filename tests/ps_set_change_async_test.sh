@@ -13,8 +13,6 @@
 #     line that says it left the job;
 #   - scripts/check_updates.py on the journals: every acknowledged push applied exactly once across 1 -> 2 -> 1 ps
 #     tasks, none lost or doubled;
-#   - ps 0 killed (kill -9) the moment it announces a move and started again with the spec: the change dies with it,
-#     the --join task asks again, the job moves, every process exits 0, check_updates clean;
 #   - dlrm, async and elastic (--max_workers, its input handed out by ps 0, each worker's next batch held a pull
 #     ahead): 1 -> 2 -> 1 ps tasks, the rows moving with the tasks, each worker drawing its batches again at most
 #     on its first step and once per move, the run complete, check_updates clean.
@@ -98,38 +96,6 @@ out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$m/ckpt" --worker_dir="
 echo "$out" | tail -1
 check "check_updates: lost 0, doubled 0 across 1 -> 2 -> 1 ps tasks" \
   bash -c "echo '$out' | grep -q 'ps tasks over time: 1 -> 2 -> 1' && echo '$out' | grep -q 'lost 0, doubled 0'"
-
-# ---- ps 0 killed (kill -9) the moment it announces the move, started again with the spec ----
-# Before the cut: the change dies with ps 0. The chief connects again to the job's set (the restarted ps 0 restores
-# its newest checkpoint), worker 1 is sent back to it, the --join task asks again, and the job moves then.
-k="$dir/killed"
-mkdir -p "$k"
-KP=(--job_name=ps --worker_timeout_secs=$LEASE --journal_applied --checkpoint_dir="$k/ckpt" --save_checkpoint_steps=20)
-"$B/dtrain_ps" "${C[@]}" "${KP[@]}" --task_index=0 >"$k/ps0.log" 2>&1 &
-ps0=$!; bg+=($ps0)
-for i in 0 1; do
-  "$B/dtrain_worker" "${C[@]}" "${W[@]}" --task_index=$i --push_journal_dir="$k/pushes" \
-    >"$k/w$i.log" 2>&1 &
-  eval "w$i=\$!"; bg+=($!)
-done
-wait_step "$k/w0.log" 60
-"$B/dtrain_ps" "${C[@]}" "${KP[@]}" --join=127.0.0.1:$p3 >"$k/ps1.log" 2>&1 &
-ps1=$!; bg+=($ps1)
-wait_for_line "$k/ps0.log" "the job moves onto 2 ps tasks where every worker has stopped pushing" 30 || true
-kill -KILL "$ps0"; wait "$ps0" 2>/dev/null || true
-"$B/dtrain_ps" "${C[@]}" "${KP[@]}" --task_index=0 >"$k/ps0b.log" 2>&1 &
-ps0=$!; bg+=($ps0)
-check "ps 0 killed as it announced the move: the joiner asks the restarted ps 0 again" \
-  wait_for_line "$k/ps0b.log" "joins at the next step boundary: 2 ps tasks (asked by dtrain_ps --join=127.0.0.1:$p3, asking again" 60
-check "...and the job moves onto 2 ps tasks" wait_for_line "$k/w0.log" "^step [0-9]*: the job moved onto 2 ps tasks" 90
-for p in w0 w1 ps0 ps1; do
-  rc=0; wait "${!p}" || rc=$?
-  check "ps 0 killed in the move: $p exits 0 (got $rc)" test "$rc" = 0
-done
-check "...and the run completes" grep -q "run complete: training reached step $STEPS of $STEPS" "$k/ps0b.log"
-out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$k/ckpt" --worker_dir="$k/pushes" 2>&1) || true
-echo "$out" | tail -1
-check "check_updates: lost 0, doubled 0 with ps 0 killed in the move" bash -c "echo '$out' | grep -q 'lost 0, doubled 0'"
 
 # ---- dlrm, async and elastic: the rows move too, and each worker's batch read a pull ahead is drawn again ----
 d="$dir/dlrm"
