@@ -196,7 +196,7 @@ const GroupRule kGroupRules[] = {
      }},
     {"Compute",
      [](absl::string_view n, absl::string_view) {
-       return StartsAny(n, {"tower", "num_gpus", "threads", "cuda", "device", "malloc_", "gpu"});
+       return StartsAny(n, {"tower", "num_gpus", "threads", "cuda", "device", "malloc_", "gpu", "compute_"});
      }},
     {"Output",
      [](absl::string_view n, absl::string_view) {

@@ -221,9 +221,12 @@ class Dense {
  public:
   virtual ~Dense() = default;
   virtual absl::Status Forward(const float* x, const float* w, const float* b, float* y) = 0;
-  // dx = alpha dy w^T (overwritten). May be skipped for the first layer.
+  // dx = alpha dy w^T (overwritten). May be skipped for the first layer. `w` must be the last Forward's (with
+  // bf16 compute the op reads its own rounded copy of it).
   virtual absl::Status BackwardData(const float* dy, const float* w, float* dx) = 0;
   // dw = alpha x^T dy (in w's layout), db = beta * sum_batch dy (both overwritten; db ignored without bias).
+  // `x` must be the last Forward's; with bf16 compute the two backward calls after a Forward share one rounding
+  // of dy, so they must see the same values behind it.
   virtual absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) = 0;
 };
 
@@ -364,14 +367,28 @@ class DeviceCounter {
   virtual absl::StatusOr<int64_t> Read() = 0;
 };
 
+// What a Device's matrix products (convolutions, Dense, MatMul) compute in. kBf16 is mixed precision: inside the
+// op the operands (activations, weights, incoming gradients) are rounded to bfloat16 (to nearest even) and the
+// products accumulate in fp32; the op's outputs (y, dx, dw, db) are fp32, as is every pointer crossing this
+// interface, and every other op (pooling, normalization, elementwise, softmax, the loss, the optimizer) computes
+// in fp32. Parameters are therefore fp32 everywhere outside the products (the master weights). An op the backend
+// has no bf16 path for computes in fp32 and Device::PrecisionReport says which and why.
+enum class ComputeDtype { kFp32, kBf16 };
+// "fp32" | "bf16"; InvalidArgument naming the value otherwise.
+absl::StatusOr<ComputeDtype> ParseComputeDtype(const std::string& name);
+const char* ComputeDtypeName(ComputeDtype dtype);
+
 // Where a Device runs. `threads` is the number of CPU threads its ops may use (CPU backend).
 struct DeviceSpec {
   enum class Kind { kCpu, kGpu };
   Kind kind = Kind::kCpu;
   int gpu_index = 0;
   int threads = 1;
-  static DeviceSpec Cpu(int threads) { return {Kind::kCpu, 0, threads}; }
-  static DeviceSpec Gpu(int index) { return {Kind::kGpu, index, 1}; }
+  ComputeDtype compute_dtype = ComputeDtype::kFp32;
+  static DeviceSpec Cpu(int threads, ComputeDtype dtype = ComputeDtype::kFp32) {
+    return {Kind::kCpu, 0, threads, dtype};
+  }
+  static DeviceSpec Gpu(int index, ComputeDtype dtype = ComputeDtype::kFp32) { return {Kind::kGpu, index, 1, dtype}; }
   std::string ToString() const;  // "cpu" or "gpu:N"
 };
 
@@ -380,6 +397,10 @@ class Device {
   virtual ~Device() = default;
   virtual std::string name() const = 0;  // e.g. "cpu" or "gpu:0"
   virtual const DeviceSpec& spec() const = 0;
+  // With bf16 compute (spec().compute_dtype): one line saying which ops made so far compute in bf16 and on which
+  // kernels (the library's implementation names, e.g. oneDNN's "brg:avx512_core_bf16", with the CPU's
+  // instruction set), and which fell back to fp32 and why. Empty with fp32 compute.
+  virtual std::string PrecisionReport() const { return ""; }
 
   // ---- memory ----
   // Returns device memory for n floats (64-byte aligned on the CPU), or an error (out of memory).

@@ -106,4 +106,12 @@ std::string DeviceSpec::ToString() const {
   return kind == Kind::kCpu ? std::string("cpu") : absl::StrCat("gpu:", gpu_index);
 }
 
+absl::StatusOr<ComputeDtype> ParseComputeDtype(const std::string& name) {
+  if (name == "fp32") return ComputeDtype::kFp32;
+  if (name == "bf16") return ComputeDtype::kBf16;
+  return absl::InvalidArgumentError(absl::StrCat("--compute_dtype=", name, ": expected fp32 or bf16"));
+}
+
+const char* ComputeDtypeName(ComputeDtype dtype) { return dtype == ComputeDtype::kBf16 ? "bf16" : "fp32"; }
+
 }  // namespace dtrain::kernels

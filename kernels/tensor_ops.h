@@ -112,7 +112,9 @@ class MatMul {
  public:
   virtual ~MatMul() = default;
   virtual absl::Status Forward(const float* a, const float* b, float* y) = 0;
-  // da (a's layout) = dy op(b)^T; db (b's layout) = op(a)^T dy. Both overwritten.
+  // da (a's layout) = dy op(b)^T; db (b's layout) = op(a)^T dy. Both overwritten. `a` and `b` must be the last
+  // Forward's; with bf16 compute (kernels/device.h, ComputeDtype) the op reads its own rounded copies of them, and
+  // the two backward calls after a Forward share one rounding of dy (the same values behind it).
   virtual absl::Status BackwardA(const float* dy, const float* b, float* da) = 0;
   virtual absl::Status BackwardB(const float* a, const float* dy, float* db) = 0;
 };

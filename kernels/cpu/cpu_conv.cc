@@ -2,6 +2,10 @@
 // asymmetric) padding: TensorFlow's SAME puts the extra padded row/column after. Dilations (oneDNN counts
 // d - 1), groups (oneDNN's 5-D grouped weights [g, out_c/g, in_c/g, kh, kw], depthwise included) and both
 // filter layouts are described to oneDNN by strides over the caller's buffer, so nothing is copied for them.
+// With bf16 compute (DnnlContext::bf16) x, dy and the filter are rounded into private bf16 copies (x's is kept
+// from Forward for BackwardWeights, dy's from BackwardWeights for BackwardData, the filter's from Forward for
+// BackwardData), the primitives accumulate in fp32 and write y, dx, dw and db in fp32 straight into the
+// caller's buffers.
 #include <cstdlib>
 #include <string>
 #include <unordered_map>
@@ -18,23 +22,39 @@ using dt = dnnl::memory::data_type;
 
 // The caller's filter (HWIO or OIHW) as oneDNN's logical weights: {out_c, in_c, kh, kw} without groups,
 // {groups, out_c/groups, in_c/groups, kh, kw} with them.
-memory::desc UserWeightsDesc(const Conv2DParams& p) {
+memory::desc UserWeightsDesc(const Conv2DParams& p, dt type = dt::f32) {
   const memory::dim G = p.groups, O = p.out_c, I = p.in_c / p.groups, KH = p.k_h, KW = p.k_w;
   const bool oihw = p.weight_layout == WeightLayout::kOIHW;
-  if (G == 1) return memory::desc({O, I, KH, KW}, dt::f32, oihw ? tag::oihw : tag::hwio);
+  if (G == 1) return memory::desc({O, I, KH, KW}, type, oihw ? tag::oihw : tag::hwio);
   const memory::dim Og = O / G;
   // Strides of (g, o, i, h, w); output channel g * Og + o in both layouts.
   const memory::dims strides = oihw ? memory::dims{Og * I * KH * KW, I * KH * KW, KH * KW, KW, 1}
                                     : memory::dims{Og, 1, O, KW * I * O, I * O};
-  return memory::desc({G, Og, I, KH, KW}, dt::f32, strides);
+  return memory::desc({G, Og, I, KH, KW}, type, strides);
 }
 
 class DnnlConv2D final : public Conv2D {
  public:
   DnnlConv2D(const DnnlContext& ctx, const Conv2DParams& p) : ctx_(ctx), p_(p), what_(Describe(p)) {}
 
-  // Builds everything; dnnl::error escapes to MakeCpuConv2D.
+  // Builds everything; dnnl::error escapes to MakeCpuConv2D. With bf16 compute, a shape oneDNN has no bf16
+  // primitive for is made in fp32 (the Device's PrecisionLog says so).
   void Init() {
+    if (ctx_.bf16) {
+      try {
+        Build(true);
+        ctx_.precision->Bf16("conv2d", {impl_fwd_, impl_bwd_data_, impl_bwd_w_});
+        return;
+      } catch (const dnnl::error& e) {
+        ctx_.precision->Fp32(what_, e.what());
+      }
+    }
+    Build(false);
+  }
+
+  void Build(bool bf16) {
+    bf16_ = bf16;
+    blocked_ = false;
     const dnnl::engine& eng = ctx_.engine;
     const memory::dims src_dims = {p_.batch, p_.in_c, p_.in_h, p_.in_w};
     const memory::dims dst_dims = {p_.batch, p_.out_c, p_.out_h(), p_.out_w()};
@@ -47,7 +67,10 @@ class DnnlConv2D final : public Conv2D {
     const memory::desc src_md(src_dims, dt::f32, tag::nhwc);
     const memory::desc dst_md(dst_dims, dt::f32, tag::nhwc);
     const memory::desc user_w_md = UserWeightsDesc(p_);
-    const memory::desc any_w_md(user_w_md.dims(), dt::f32, tag::any);
+    // bf16: the primitives read bf16 x, dy and filter (in the layouts they prefer for the filter) and write fp32.
+    const dt in_type = bf16 ? dt::bf16 : dt::f32;
+    const memory::desc any_w_md(user_w_md.dims(), in_type, tag::any);
+    const memory::desc src_in_md(src_dims, in_type, tag::nhwc), dst_in_md(dst_dims, in_type, tag::nhwc);
     // A zero descriptor is oneDNN's "no bias" (no BIAS / DIFF_BIAS argument either).
     const memory::desc bias_md = p_.has_bias ? memory::desc({p_.out_c}, dt::f32, tag::x) : memory::desc();
     const dnnl::primitive_attr attr = UserScratchpadAttr();
@@ -57,18 +80,22 @@ class DnnlConv2D final : public Conv2D {
       dnnl::convolution_backward_data::primitive_desc bwd_data;
       dnnl::convolution_backward_weights::primitive_desc bwd_w;
     };
+    // s_md/d_md: x and y (dx and dy the same) in fp32; bf16 replaces what the primitives read (x, dy) with
+    // src_in_md/dst_in_md and asks for fp32 diff weights in any layout.
     auto make = [&](dnnl::algorithm alg, const memory::desc& s_md, const memory::desc& d_md) {
+      const memory::desc& x_md = bf16 ? src_in_md : s_md;
+      const memory::desc& dy_md = bf16 ? dst_in_md : d_md;
+      const memory::desc dw_md = bf16 ? memory::desc(user_w_md.dims(), dt::f32, tag::any) : any_w_md;
       Pds pds;
       pds.fwd = dnnl::convolution_forward::primitive_desc(
-          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, s_md, any_w_md, bias_md, d_md,
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x_md, any_w_md, bias_md, d_md,
                                           strides, dilates, pad_l, pad_r),
           attr, eng);
       pds.bwd_data = dnnl::convolution_backward_data::primitive_desc(
-          dnnl::convolution_backward_data::desc(alg, s_md, any_w_md, d_md, strides, dilates, pad_l, pad_r), attr, eng,
-          pds.fwd);
+          dnnl::convolution_backward_data::desc(alg, s_md, any_w_md, dy_md, strides, dilates, pad_l, pad_r), attr,
+          eng, pds.fwd);
       pds.bwd_w = dnnl::convolution_backward_weights::primitive_desc(
-          dnnl::convolution_backward_weights::desc(alg, s_md, any_w_md, bias_md, d_md, strides, dilates, pad_l,
-                                                   pad_r),
+          dnnl::convolution_backward_weights::desc(alg, x_md, dw_md, bias_md, dy_md, strides, dilates, pad_l, pad_r),
           attr, eng, pds.fwd);
       return pds;
     };
@@ -78,7 +105,7 @@ class DnnlConv2D final : public Conv2D {
     // on NHWC. DTRAIN_CONV_WINOGRAD=0 turns Winograd off.
     Pds pds;
     const char* wino_env = std::getenv("DTRAIN_CONV_WINOGRAD");
-    const bool try_wino = p_.k_h == 3 && p_.k_w == 3 && p_.stride_h == 1 && p_.stride_w == 1 && p_.in_c >= 16 &&
+    const bool try_wino = !bf16 && p_.k_h == 3 && p_.k_w == 3 && p_.stride_h == 1 && p_.stride_w == 1 && p_.in_c >= 16 &&
                           p_.out_c >= 16 && p_.groups == 1 && p_.dilation_h == 1 && p_.dilation_w == 1 &&
                           !(wino_env != nullptr && std::string(wino_env) == "0");
     if (try_wino) {
@@ -94,8 +121,10 @@ class DnnlConv2D final : public Conv2D {
     const auto& fwd_pd = pds.fwd;
     const auto& bwd_data_pd = pds.bwd_data;
     const auto& bwd_w_pd = pds.bwd_w;
-    impls_ = absl::StrCat("fwd=", fwd_pd.impl_info_str(), " bwd_data=", bwd_data_pd.impl_info_str(),
-                          " bwd_weights=", bwd_w_pd.impl_info_str());
+    impl_fwd_ = fwd_pd.impl_info_str();
+    impl_bwd_data_ = bwd_data_pd.impl_info_str();
+    impl_bwd_w_ = bwd_w_pd.impl_info_str();
+    impls_ = absl::StrCat("fwd=", impl_fwd_, " bwd_data=", impl_bwd_data_, " bwd_weights=", impl_bwd_w_);
 
     // Plain-layout memories: handles are set per call.
     user_src_ = memory(src_md, eng, DNNL_MEMORY_NONE);
@@ -106,10 +135,12 @@ class DnnlConv2D final : public Conv2D {
       auto nhwc_bytes = [](const memory::desc& md) {
         return md.dims()[1] == 16 && md == memory::desc(md.dims(), dt::f32, tag::nChw16c);
       };
-      src_in_place_ = nhwc_bytes(fwd_pd.src_desc()) && nhwc_bytes(bwd_data_pd.diff_src_desc());
-      dst_in_place_ = nhwc_bytes(fwd_pd.dst_desc()) && nhwc_bytes(bwd_w_pd.diff_dst_desc()) &&
-                      bwd_data_pd.diff_dst_desc() == bwd_w_pd.diff_dst_desc();
-      if (src_in_place_) {
+      const bool src_in_place = nhwc_bytes(fwd_pd.src_desc()) && nhwc_bytes(bwd_data_pd.diff_src_desc());
+      const bool dst_in_place = nhwc_bytes(fwd_pd.dst_desc()) && nhwc_bytes(bwd_w_pd.diff_dst_desc()) &&
+                                bwd_data_pd.diff_dst_desc() == bwd_w_pd.diff_dst_desc();
+      stage_x_ = stage_dx_ = !src_in_place;
+      stage_y_ = stage_dy_ = !dst_in_place;
+      if (src_in_place) {
         src_ = memory(fwd_pd.src_desc(), eng, DNNL_MEMORY_NONE);
         diff_src_ = memory(bwd_data_pd.diff_src_desc(), eng, DNNL_MEMORY_NONE);
       } else {
@@ -118,7 +149,7 @@ class DnnlConv2D final : public Conv2D {
         to_src_ = dnnl::reorder(user_src_, src_);
         from_diff_src_ = dnnl::reorder(diff_src_, user_src_);
       }
-      if (dst_in_place_) {
+      if (dst_in_place) {
         dst_ = memory(fwd_pd.dst_desc(), eng, DNNL_MEMORY_NONE);
         diff_dst_ = memory(bwd_w_pd.diff_dst_desc(), eng, DNNL_MEMORY_NONE);
       } else {
@@ -127,7 +158,18 @@ class DnnlConv2D final : public Conv2D {
         from_dst_ = dnnl::reorder(dst_, user_dst_);
         to_diff_dst_ = dnnl::reorder(user_dst_, diff_dst_);
       }
+    } else if (bf16) {
+      // x and dy rounded into bf16 copies; y and dx written in place.
+      stage_x_ = stage_dy_ = true;
+      stage_y_ = stage_dx_ = false;
+      src_ = memory(src_in_md, eng);
+      to_src_ = dnnl::reorder(user_src_, src_);
+      diff_dst_ = memory(dst_in_md, eng);
+      to_diff_dst_ = dnnl::reorder(user_dst_, diff_dst_);
+      dst_ = user_dst_;
+      diff_src_ = user_src_;
     } else {
+      stage_x_ = stage_dx_ = stage_y_ = stage_dy_ = false;
       src_ = user_src_;
       dst_ = user_dst_;
       diff_src_ = user_src_;
@@ -183,13 +225,13 @@ class DnnlConv2D final : public Conv2D {
         fwd_w_.set_data_handle(Mutable(w));
       }
       cached_dy_ = nullptr;
-      if (blocked_ && !src_in_place_) {
+      if (stage_x_) {
         user_src_.set_data_handle(Mutable(x));
         to_src_.execute(ctx_.stream, user_src_, src_);  // kept for BackwardWeights (same x by contract)
       } else {
         src_.set_data_handle(Mutable(x));
       }
-      if (!blocked_ || dst_in_place_) dst_.set_data_handle(y);
+      if (!stage_y_) dst_.set_data_handle(y);
       std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_},
                                               {DNNL_ARG_WEIGHTS, fwd_w_},
                                               {DNNL_ARG_DST, dst_},
@@ -199,7 +241,7 @@ class DnnlConv2D final : public Conv2D {
         args[DNNL_ARG_BIAS] = bias_;
       }
       fwd_.execute(ctx_.stream, args);
-      if (blocked_ && !dst_in_place_) {
+      if (stage_y_) {
         user_dst_.set_data_handle(y);
         from_dst_.execute(ctx_.stream, dst_, user_dst_);
       }
@@ -225,7 +267,7 @@ class DnnlConv2D final : public Conv2D {
           weights = &bwd_data_w_;
           break;
       }
-      if (blocked_ && !dst_in_place_) {
+      if (stage_dy_) {
         // BackwardWeights (called just before, with the same dy) may have reordered dy already.
         if (cached_dy_ != dy) {
           user_dst_.set_data_handle(Mutable(dy));
@@ -235,12 +277,12 @@ class DnnlConv2D final : public Conv2D {
       } else {
         diff_dst_.set_data_handle(Mutable(dy));
       }
-      if (!blocked_ || src_in_place_) diff_src_.set_data_handle(dx);
+      if (!stage_dx_) diff_src_.set_data_handle(dx);
       bwd_data_.execute(ctx_.stream, {{DNNL_ARG_DIFF_DST, diff_dst_},
                                       {DNNL_ARG_WEIGHTS, *weights},
                                       {DNNL_ARG_DIFF_SRC, diff_src_},
                                       {DNNL_ARG_SCRATCHPAD, bwd_data_scratch_}});
-      if (blocked_ && !src_in_place_) {
+      if (stage_dx_) {
         user_src_.set_data_handle(dx);
         from_diff_src_.execute(ctx_.stream, diff_src_, user_src_);
       }
@@ -249,10 +291,9 @@ class DnnlConv2D final : public Conv2D {
 
   absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) override {
     return RunDnnl(ctx_, what_, " backward-weights", [&] {
-      // Blocked and not in place, src_ still holds the reordered copy of the last Forward's x (the header's
-      // contract).
-      if (!blocked_ || src_in_place_) src_.set_data_handle(Mutable(x));
-      if (blocked_ && !dst_in_place_) {
+      // Staged, src_ still holds the reordered copy of the last Forward's x (the header's contract).
+      if (!stage_x_) src_.set_data_handle(Mutable(x));
+      if (stage_dy_) {
         user_dst_.set_data_handle(Mutable(dy));
         to_diff_dst_.execute(ctx_.stream, user_dst_, diff_dst_);
         cached_dy_ = dy;
@@ -277,6 +318,7 @@ class DnnlConv2D final : public Conv2D {
   }
 
   const std::string& impls() const { return impls_; }
+  bool bf16() const { return bf16_; }
 
  private:
   enum BwdDataWeights { kShareForward, kUser, kReorderFromUser };
@@ -284,16 +326,18 @@ class DnnlConv2D final : public Conv2D {
   DnnlContext ctx_;
   Conv2DParams p_;
   std::string what_;
-  std::string impls_;
+  std::string impls_, impl_fwd_, impl_bwd_data_, impl_bwd_w_;
   dnnl::convolution_forward fwd_;
   dnnl::convolution_backward_data bwd_data_;
   dnnl::convolution_backward_weights bwd_w_;
   // Direct: src_/dst_/diff_src_/diff_dst_ are the caller's NHWC buffers (handles set per call); bias_ doubles
   // as diff_bias (unused without has_bias). Winograd (blocked_): they are blocked buffers owned here, reordered from/to user_src_/user_dst_.
   memory src_, dst_, diff_src_, diff_dst_, bias_, user_w_, user_src_, user_dst_;
-  bool blocked_ = false;
-  // Blocked, with x/dx (src) or y/dy (dst) in a layout that is NHWC's bytes: used in place, never reordered.
-  bool src_in_place_ = false, dst_in_place_ = false;
+  bool blocked_ = false;  // Winograd
+  bool bf16_ = false;     // the primitives read bf16
+  // Which of the caller's tensors go through an op-owned copy (Winograd's blocked layout unless it is NHWC's
+  // bytes; bf16's x and dy) instead of being used in place.
+  bool stage_x_ = false, stage_dx_ = false, stage_y_ = false, stage_dy_ = false;
   dnnl::reorder to_src_, from_dst_, to_diff_dst_, from_diff_src_;
   // dy reordered by BackwardWeights, reused by the BackwardData that follows (cleared by Forward and by use).
   const float* cached_dy_ = nullptr;

@@ -15,6 +15,43 @@
 #include "kernels/dropout_rng.h"
 
 namespace dtrain::kernels {
+namespace cpu {
+
+std::string EffectiveCpuIsa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+  }
+}
+
+std::string PrecisionLog::Report() const {
+  std::string bf16;
+  for (const auto& [kind, n] : bf16_) absl::StrAppend(&bf16, bf16.empty() ? "" : ", ", n, " ", kind);
+  std::string impls;
+  for (const std::string& i : impls_) absl::StrAppend(&impls, impls.empty() ? "" : ", ", i);
+  std::string fp32;
+  for (const std::string& f : fp32_) absl::StrAppend(&fp32, fp32.empty() ? "" : "; ", f);
+  const std::string isa = EffectiveCpuIsa();
+  const bool native = isa == "avx512_core_bf16" || isa == "avx512_core_amx";
+  return absl::StrCat("compute bf16 (fp32 accumulation) on oneDNN's ", isa,
+                      native ? "" : " (no bf16 instructions on this CPU: bf16 runs emulated or on reference kernels, "
+                                    "slower than fp32)",
+                      ": bf16 ", bf16.empty() ? "none" : bf16, impls.empty() ? "" : absl::StrCat(" [", impls, "]"),
+                      "; fp32 fallback: ", fp32.empty() ? "none" : fp32,
+                      "; pooling, normalization, elementwise, softmax, the loss and the optimizer compute in fp32");
+}
+
+}  // namespace cpu
+
 namespace {
 
 absl::Status CheckCount(const char* op, int64_t n) {
@@ -77,6 +114,7 @@ class CpuDevice final : public Device {
 
   std::string name() const override { return "cpu"; }
   const DeviceSpec& spec() const override { return spec_; }
+  std::string PrecisionReport() const override { return ctx_.bf16 ? ctx_.precision->Report() : ""; }
 
   absl::StatusOr<float*> Alloc(int64_t n) override {
     if (n < 0) return absl::InvalidArgumentError(absl::StrCat("Alloc: negative size ", n));
@@ -411,6 +449,7 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCpuDevice(const DeviceSpec& spec) 
     ctx.engine = dnnl::engine(dnnl::engine::kind::cpu, 0);
     ctx.stream = dnnl::stream(ctx.engine);
     ctx.threads = spec.threads;
+    ctx.bf16 = spec.compute_dtype == ComputeDtype::kBf16;
     return std::unique_ptr<Device>(new CpuDevice(spec, std::move(ctx)));
   } catch (const dnnl::error& e) {
     return cpu::DnnlError("CreateCpuDevice", e);

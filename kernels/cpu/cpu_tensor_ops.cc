@@ -1,6 +1,9 @@
 // The CPU backend's shape-specialized tensor ops of imported graphs (kernels/tensor_ops.h): batched MatMul,
 // Softmax and LayerNorm on oneDNN's primitives (matmul with strided descriptors for the transposed operands,
-// softmax_v2, layer_normalization), Reduce on the loops of tensor_loops.h.
+// softmax_v2, layer_normalization), Reduce on the loops of tensor_loops.h. With bf16 compute (DnnlContext::bf16)
+// the MatMul's products read bf16 copies of a and b (made by Forward, kept for the backward products) and of dy
+// (made by the first backward call, used by the second), accumulating in fp32 into fp32 outputs.
+#include <array>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -18,71 +21,150 @@ using dnnl::memory;
 using dt = dnnl::memory::data_type;
 
 // [batch, rows, cols] stored row-major, or read transposed ([batch, cols, rows] storage) when `transposed`.
-memory::desc Matrix(int64_t batch, int64_t rows, int64_t cols, bool transposed) {
+memory::desc Matrix(int64_t batch, int64_t rows, int64_t cols, bool transposed, dt type = dt::f32) {
   const memory::dims strides = transposed ? memory::dims{rows * cols, 1, rows} : memory::dims{rows * cols, cols, 1};
-  return memory::desc({batch, rows, cols}, dt::f32, strides);
+  return memory::desc({batch, rows, cols}, type, strides);
 }
 
 class DnnlMatMul final : public MatMul {
  public:
   DnnlMatMul(const DnnlContext& ctx, const MatMulParams& p) : ctx_(ctx), p_(p), what_(Describe(p)) {}
 
+  // With bf16 compute, a shape oneDNN has no bf16 matmul for is made in fp32 (the PrecisionLog says so).
   void Init() {
+    if (ctx_.bf16) {
+      try {
+        Build(true);
+        return;
+      } catch (const dnnl::error& e) {
+        ctx_.precision->Fp32(what_, e.what());
+      }
+    }
+    Build(false);
+  }
+
+  void Build(bool bf16) {
+    bf16_ = bf16;
     const dnnl::engine& eng = ctx_.engine;
     const int64_t B = p_.batch, M = p_.m, N = p_.n, K = p_.k;
     const dnnl::primitive_attr attr = UserScratchpadAttr();
+    const dt in = bf16 ? dt::bf16 : dt::f32;  // what the products read
+    const bool ta = p_.trans_a, tb = p_.trans_b;
+    if (bf16) {
+      a16_.Init(eng, Matrix(B, M, K, ta), Matrix(B, M, K, ta, in));
+      b16_.Init(eng, Matrix(B, K, N, tb), Matrix(B, K, N, tb, in));
+      dy16_.Init(eng, Matrix(B, M, N, false), Matrix(B, M, N, false, in));
+    }
+    // Every product writes a plain row-major matrix: oneDNN's optimized matmuls do not write a transposed
+    // destination (it would run on its reference kernel), so a gradient stored transposed is computed as the
+    // transposed product instead.
     // Forward: y[M,N] = op(a)[M,K] op(b)[K,N].
-    const memory::desc a_md = Matrix(B, M, K, p_.trans_a), b_md = Matrix(B, K, N, p_.trans_b);
-    const memory::desc y_md = Matrix(B, M, N, false);
-    dnnl::matmul::primitive_desc fwd_pd(dnnl::matmul::desc(a_md, b_md, y_md), attr, eng);
-    // da in a's layout: op(a)' = dy[M,N] op(b)^T[N,K], written as [M,K] (trans_a: into [K,M] storage).
-    const memory::desc bt_md = Matrix(B, N, K, !p_.trans_b), da_md = Matrix(B, M, K, p_.trans_a);
-    dnnl::matmul::primitive_desc da_pd(dnnl::matmul::desc(y_md, bt_md, da_md), attr, eng);
-    // db in b's layout: op(b)' = op(a)^T[K,M] dy[M,N].
-    const memory::desc at_md = Matrix(B, K, M, !p_.trans_a), db_md = Matrix(B, K, N, p_.trans_b);
-    dnnl::matmul::primitive_desc db_pd(dnnl::matmul::desc(at_md, y_md, db_md), attr, eng);
-    a_ = memory(a_md, eng, DNNL_MEMORY_NONE);
-    b_ = memory(b_md, eng, DNNL_MEMORY_NONE);
-    y_ = memory(y_md, eng, DNNL_MEMORY_NONE);
-    bt_ = memory(bt_md, eng, DNNL_MEMORY_NONE);
-    da_ = memory(da_md, eng, DNNL_MEMORY_NONE);
-    at_ = memory(at_md, eng, DNNL_MEMORY_NONE);
-    db_ = memory(db_md, eng, DNNL_MEMORY_NONE);
-    scratch_.Share(eng, {{&fwd_pd, &fwd_scratch_}, {&da_pd, &da_scratch_}, {&db_pd, &db_scratch_}});
-    fwd_ = dnnl::matmul(fwd_pd);
-    da_prim_ = dnnl::matmul(da_pd);
-    db_prim_ = dnnl::matmul(db_pd);
+    fwd_ = MakeProduct(Operand(kA, Matrix(B, M, K, ta, in)), Operand(kB, Matrix(B, K, N, tb, in)),
+                       Matrix(B, M, N, false), attr);
+    // da in a's layout: [M,K] = dy[M,N] op(b)^T[N,K]; stored [K,M] (trans_a): op(b)[K,N] dy^T[N,M].
+    da_ = ta ? MakeProduct(Operand(kB, Matrix(B, K, N, tb, in)), Operand(kDy, Matrix(B, N, M, true, in)),
+                           Matrix(B, K, M, false), attr)
+             : MakeProduct(Operand(kDy, Matrix(B, M, N, false, in)), Operand(kB, Matrix(B, N, K, !tb, in)),
+                           Matrix(B, M, K, false), attr);
+    // db in b's layout: [K,N] = op(a)^T[K,M] dy[M,N]; stored [N,K] (trans_b): dy^T[N,M] op(a)[M,K].
+    db_ = tb ? MakeProduct(Operand(kDy, Matrix(B, N, M, true, in)), Operand(kA, Matrix(B, M, K, ta, in)),
+                           Matrix(B, N, K, false), attr)
+             : MakeProduct(Operand(kA, Matrix(B, K, M, !ta, in)), Operand(kDy, Matrix(B, M, N, false, in)),
+                           Matrix(B, K, N, false), attr);
+    scratch_.Share(eng, {{&fwd_.pd, &fwd_.scratch}, {&da_.pd, &da_.scratch}, {&db_.pd, &db_.scratch}});
+    fwd_.prim = dnnl::matmul(fwd_.pd);
+    da_.prim = dnnl::matmul(da_.pd);
+    db_.prim = dnnl::matmul(db_.pd);
+    if (bf16) ctx_.precision->Bf16("matmul", {fwd_.pd.impl_info_str(), da_.pd.impl_info_str(), db_.pd.impl_info_str()});
   }
 
   absl::Status Forward(const float* a, const float* b, float* y) override {
-    return Run(" forward", fwd_, a_, a, b_, b, y_, y, fwd_scratch_);
+    return RunDnnl(ctx_, what_, " forward", [&] {
+      if (bf16_) {
+        a16_.Stage(ctx_.stream, a);
+        b16_.Stage(ctx_.stream, b);
+        staged_dy_ = nullptr;
+      }
+      Execute(fwd_, {a, b, nullptr}, y);
+    });
   }
+  // bf16: a's and b's copies are the last Forward's (the header's contract).
   absl::Status BackwardA(const float* dy, const float* b, float* da) override {
-    return Run(" backward (a)", da_prim_, y_, dy, bt_, b, da_, da, da_scratch_);
+    return RunDnnl(ctx_, what_, " backward (a)", [&] {
+      if (bf16_) StageDy(dy);
+      Execute(da_, {nullptr, b, dy}, da);
+    });
   }
   absl::Status BackwardB(const float* a, const float* dy, float* db) override {
-    return Run(" backward (b)", db_prim_, at_, a, y_, dy, db_, db, db_scratch_);
+    return RunDnnl(ctx_, what_, " backward (b)", [&] {
+      if (bf16_) StageDy(dy);
+      Execute(db_, {a, nullptr, dy}, db);
+    });
   }
 
  private:
-  absl::Status Run(const char* pass, dnnl::matmul& prim, memory& src, const float* s, memory& wei, const float* w,
-                   memory& dst, float* d, memory& scratch) {
-    return RunDnnl(ctx_, what_, pass, [&] {
-      src.set_data_handle(Mutable(s));
-      wei.set_data_handle(Mutable(w));
-      dst.set_data_handle(d);
-      prim.execute(ctx_.stream,
-                   {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, scratch}});
-    });
+  enum Which { kA, kB, kDy };
+  // One input of a product: which tensor, and how the product reads it (a view of the caller's buffer in fp32,
+  // set per call; of the op's bf16 copy in bf16).
+  struct Input {
+    Which which;
+    memory mem;
+  };
+  struct Product {
+    dnnl::matmul::primitive_desc pd;
+    dnnl::matmul prim;
+    Input src, wei;
+    memory dst, scratch;
+  };
+
+  Input Operand(Which which, const memory::desc& md) {
+    if (!bf16_) return {which, memory(md, ctx_.engine, DNNL_MEMORY_NONE)};
+    const Bf16Operand& copy = which == kA ? a16_ : which == kB ? b16_ : dy16_;
+    return {which, copy.View(ctx_.engine, md)};
+  }
+
+  Product MakeProduct(Input src, Input wei, const memory::desc& dst_md, const dnnl::primitive_attr& attr) {
+    Product p;
+    p.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src.mem.get_desc(), wei.mem.get_desc(), dst_md), attr,
+                                        ctx_.engine);
+    p.src = std::move(src);
+    p.wei = std::move(wei);
+    p.dst = memory(dst_md, ctx_.engine, DNNL_MEMORY_NONE);
+    return p;
+  }
+
+  // `tensors`: the caller's a, b, dy (those the pass has).
+  void Execute(Product& p, std::array<const float*, 3> tensors, float* out) {
+    if (!bf16_) {
+      p.src.mem.set_data_handle(Mutable(tensors[p.src.which]));
+      p.wei.mem.set_data_handle(Mutable(tensors[p.wei.which]));
+    }
+    p.dst.set_data_handle(out);
+    p.prim.execute(ctx_.stream, {{DNNL_ARG_SRC, p.src.mem},
+                                 {DNNL_ARG_WEIGHTS, p.wei.mem},
+                                 {DNNL_ARG_DST, p.dst},
+                                 {DNNL_ARG_SCRATCHPAD, p.scratch}});
+  }
+
+  // bf16: rounds dy into its copy unless the other backward call of this step just did (then the copy is used
+  // and forgotten, so that a later call with new values behind the same pointer rounds them again).
+  void StageDy(const float* dy) {
+    if (staged_dy_ == dy) {
+      staged_dy_ = nullptr;
+      return;
+    }
+    dy16_.Stage(ctx_.stream, dy);
+    staged_dy_ = dy;
   }
 
   DnnlContext ctx_;
   MatMulParams p_;
   std::string what_;
-  dnnl::matmul fwd_, da_prim_, db_prim_;
-  memory a_, b_, y_, bt_, da_, at_, db_;
+  Product fwd_, da_, db_;
+  bool bf16_ = false;
+  Bf16Operand a16_, b16_, dy16_;
+  const float* staged_dy_ = nullptr;
   SharedScratchpad scratch_;
-  memory fwd_scratch_, da_scratch_, db_scratch_;
 };
 
 class DnnlSoftmax final : public Softmax {

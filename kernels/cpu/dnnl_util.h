@@ -8,9 +8,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,15 +61,70 @@ class TransientArena {
   AlignedBuffer buffer_;
 };
 
+// What the matrix-product ops of one bf16 Device were made to compute in, for Device::PrecisionReport: the ops in
+// bf16 with oneDNN's implementation names, and those that fell back to fp32 with the reason. Thread-compatible:
+// the Device's thread.
+class PrecisionLog {
+ public:
+  // `kind` names the op ("conv2d", "dense", "matmul"); `impls` are oneDNN's implementation names of its
+  // primitives (impl_info_str), `why` the reason it is fp32 (oneDNN's error for the bf16 primitive).
+  void Bf16(const std::string& kind, std::initializer_list<std::string> impls) {
+    ++bf16_[kind];
+    for (const std::string& i : impls) impls_.insert(i);
+  }
+  void Fp32(const std::string& what, const std::string& why) { fp32_.push_back(absl::StrCat(what, " (", why, ")")); }
+  // "bf16: 2 conv2d, 2 dense on brg:avx512_core_bf16, ... (CPU ISA avx512_core_bf16); fp32: none; ...".
+  std::string Report() const;
+
+ private:
+  std::map<std::string, int> bf16_;
+  std::set<std::string> impls_;
+  std::vector<std::string> fp32_;
+};
+
+// oneDNN's name for the instruction set its kernels use on this CPU ("avx512_core_bf16", "avx512_core_amx",
+// "avx2", ...), as ONEDNN_VERBOSE prints it.
+std::string EffectiveCpuIsa();
+
 // What every op of one CPU Device shares: the oneDNN engine, its (in-order, synchronous on the CPU) stream,
-// and the OpenMP thread count. The handles are reference-counted, so ops may keep copies. Thread-compatible:
-// used by the one thread that owns the Device.
+// the OpenMP thread count and the compute dtype of matrix products. The handles are reference-counted, so ops
+// may keep copies. Thread-compatible: used by the one thread that owns the Device.
 struct DnnlContext {
   dnnl::engine engine;
   dnnl::stream stream;
   int threads = 1;
+  // Convolutions, Dense and MatMul compute in bf16 (kernels/device.h, ComputeDtype) and record in `precision`
+  // whether they could.
+  bool bf16 = false;
   // One per Device (copies of the context share it).
   std::shared_ptr<TransientArena> transient = std::make_shared<TransientArena>();
+  std::shared_ptr<PrecisionLog> precision = std::make_shared<PrecisionLog>();
+};
+
+// A private bf16 copy of an fp32 operand in the same logical layout (bf16 compute): Stage rounds the caller's
+// buffer into it (a oneDNN reorder: round to nearest even), and View describes the copy's bytes differently
+// (a transposed read of the same matrix). Thread-compatible.
+class Bf16Operand {
+ public:
+  // `f32` describes the caller's buffer, `bf16` the copy (the same dims; the layout may differ).
+  void Init(const dnnl::engine& engine, const dnnl::memory::desc& f32, const dnnl::memory::desc& bf16) {
+    user_ = dnnl::memory(f32, engine, DNNL_MEMORY_NONE);
+    copy_ = dnnl::memory(bf16, engine);
+    reorder_ = dnnl::reorder(user_, copy_);
+  }
+  void Stage(const dnnl::stream& stream, const float* p) {
+    user_.set_data_handle(const_cast<float*>(p));
+    reorder_.execute(stream, user_, copy_);
+  }
+  dnnl::memory& memory() { return copy_; }
+  // The copy's bytes under another descriptor (of no more bytes).
+  dnnl::memory View(const dnnl::engine& engine, const dnnl::memory::desc& md) const {
+    return dnnl::memory(md, engine, copy_.get_data_handle());
+  }
+
+ private:
+  dnnl::memory user_, copy_;
+  dnnl::reorder reorder_;
 };
 
 // Flush-to-zero and denormals-are-zero on the calling thread and on the OpenMP threads it runs ops with (its

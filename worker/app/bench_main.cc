@@ -100,7 +100,9 @@ int Main() {
   }
   absl::StatusOr<data::Normalization> normalize = InputNormalizationFromFlags();  // as dtrain_worker takes them
   if (!normalize.ok()) return Fail(normalize.status(), 2);
-  absl::StatusOr<std::vector<kernels::DeviceSpec>> specs = ParseTowers(o.towers, o.num_gpus, o.threads);
+  absl::StatusOr<kernels::ComputeDtype> dtype = ComputeDtypeFromFlags();
+  if (!dtype.ok()) return Fail(dtype.status(), 2);
+  absl::StatusOr<std::vector<kernels::DeviceSpec>> specs = ParseTowers(o.towers, o.num_gpus, o.threads, *dtype);
   if (!specs.ok()) return Fail(specs.status(), 2);
   // Data in memory: the real set when it loads (and fits the model), else synthetic of the same shape.
   data::DatasetPair dataset;
@@ -208,6 +210,9 @@ int Main() {
   };
 
   if (absl::Status s = run_steps(absl::GetFlag(FLAGS_warmup_steps)); !s.ok()) return Fail(s);
+  if (const std::string report = (*towers)->PrecisionReport(); !report.empty()) {
+    std::fprintf(stderr, "dtrain_bench: %s\n", report.c_str());
+  }
   std::vector<double> rates;
   const int window_steps = std::max(1, absl::GetFlag(FLAGS_window_steps));
   const int windows = std::max(1, absl::GetFlag(FLAGS_windows));
@@ -248,9 +253,10 @@ int Main() {
   std::sort(sorted.begin(), sorted.end());
   std::vector<std::string> names;
   for (const auto& s : *specs) names.push_back(s.ToString());
-  std::printf("dtrain_bench: model=%s batch=%d threads=%d towers=%s examples/sec median=%.1f min=%.1f max=%.1f",
-              o.model.c_str(), o.batch_size, o.threads, absl::StrJoin(names, ",").c_str(), sorted[sorted.size() / 2],
-              sorted.front(), sorted.back());
+  std::printf("dtrain_bench: model=%s batch=%d threads=%d towers=%s compute=%s examples/sec median=%.1f min=%.1f "
+              "max=%.1f",
+              o.model.c_str(), o.batch_size, o.threads, absl::StrJoin(names, ",").c_str(),
+              kernels::ComputeDtypeName(*dtype), sorted[sorted.size() / 2], sorted.front(), sorted.back());
   if (steady >= 0) {
     std::printf(" steady=%.1f (steps %lld-%lld of %lld)", steady, static_cast<long long>(steady_from),
                 static_cast<long long>(steps_total), static_cast<long long>(steps_total));

@@ -523,8 +523,13 @@ int main(int argc, char** argv) {
   }
   if (flags_ok.ok()) flags_ok = dtrain::ps::ValidateCheckpointOptions(o.checkpoint);
   if (flags_ok.ok()) {
+    absl::StatusOr<dtrain::kernels::ComputeDtype> dtype = dtrain::worker::ComputeDtypeFromFlags();
+    flags_ok = dtype.status();
+    if (dtype.ok()) o.compute_dtype = *dtype;
+  }
+  if (flags_ok.ok()) {
     absl::StatusOr<std::vector<dtrain::kernels::DeviceSpec>> towers =
-        dtrain::worker::ParseTowers(o.towers, o.num_gpus, o.threads);
+        dtrain::worker::ParseTowers(o.towers, o.num_gpus, o.threads, o.compute_dtype);
     flags_ok = towers.status();
     if (towers.ok()) {
       for (const auto& spec : *towers) {

@@ -9,6 +9,7 @@
 //                   (--image_size --resize_size --validation_split --label_column --npz_arrays --array_layout
 //                    --input_threads --augment --bad_images)
 //   thread_flags.cc: --threads (auto or a count)                     -> ThreadsFromFlags()
+//                    --compute_dtype (fp32 or bf16)                  -> ComputeDtypeFromFlags()
 //
 // A binary links the library of the flags it takes (dtrain_input_flags, dtrain_data_flags, dtrain_thread_flags).
 #ifndef DTRAIN_WORKER_APP_MODEL_FLAGS_H_
@@ -16,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/cpu_budget.h"
+#include "kernels/device.h"
 #include "worker/data/dataset.h"
 #include "worker/models/dlrm.h"
 
@@ -38,6 +40,8 @@ absl::StatusOr<models::DlrmConfig> DlrmConfigFromFlags();
 // caller knows run on this host's CPUs (a cluster spec's workers at its own host). InvalidArgument for a value
 // that is neither auto nor a whole number from 1 to 4096.
 absl::StatusOr<ThreadDecision> ThreadsFromFlags(int known_peers = 0);
+// --compute_dtype: InvalidArgument naming the value unless fp32 or bf16.
+absl::StatusOr<kernels::ComputeDtype> ComputeDtypeFromFlags();
 
 }  // namespace dtrain::worker
 

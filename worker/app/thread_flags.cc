@@ -1,4 +1,4 @@
-// --threads (worker/app/model_flags.h).
+// --threads and --compute_dtype (worker/app/model_flags.h).
 #include "absl/flags/flag.h"
 #include "common/status_macros.h"
 #include "worker/app/model_flags.h"
@@ -10,7 +10,16 @@ ABSL_FLAG(
     "or a number (kept as given; a warning when it is more than auto would pick: threads beyond the CPUs "
     "only contend for them)");
 
+ABSL_FLAG(std::string, compute_dtype, "fp32",
+          "fp32 | bf16: what the towers' convolutions and matrix products compute in. bf16 rounds their operands "
+          "to bfloat16 and accumulates in fp32 (oneDNN picks AVX-512 BF16 or AMX; one log line says which, and "
+          "which ops stayed fp32); parameters, optimizer, loss, normalization and softmax stay fp32");
+
 namespace dtrain::worker {
+
+absl::StatusOr<kernels::ComputeDtype> ComputeDtypeFromFlags() {
+  return kernels::ParseComputeDtype(absl::GetFlag(FLAGS_compute_dtype));
+}
 
 absl::StatusOr<ThreadDecision> ThreadsFromFlags(int known_peers) {
   ASSIGN_OR_RETURN(const int asked, ParseThreadCount(absl::GetFlag(FLAGS_threads)));

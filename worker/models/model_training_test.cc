@@ -37,8 +37,9 @@ Clusters MakeClusters(int classes, int dim, uint64_t seed) {
   return c;
 }
 
-TEST(ModelTrainingTest, MlpLearnsSeparableDataWithSgd) {
-  auto dev = testing::MakeCpuDevice();
+// 100 SGD steps of the mlp on ten clusters, with its matrix products in `dtype`.
+void MlpLearnsSeparableDataWithSgd(kernels::ComputeDtype dtype) {
+  auto dev = testing::MakeCpuDevice(dtype);
   ASSERT_NE(dev, nullptr);
   ModelOptions o;
   o.batch_size = 100;
@@ -86,6 +87,13 @@ TEST(ModelTrainingTest, MlpLearnsSeparableDataWithSgd) {
   auto second_half = model.CountCorrect(second.view());
   ASSERT_TRUE(second_half.ok());
   EXPECT_EQ(*first_half + *second_half, *correct_after);
+}
+
+TEST(ModelTrainingTest, MlpLearnsSeparableDataWithSgd) { MlpLearnsSeparableDataWithSgd(kernels::ComputeDtype::kFp32); }
+
+// The same with bf16 products (fp32 parameters, loss and update): it learns as well.
+TEST(ModelTrainingTest, MlpLearnsSeparableDataWithSgdInBf16) {
+  MlpLearnsSeparableDataWithSgd(kernels::ComputeDtype::kBf16);
 }
 
 TEST(ModelTrainingTest, SameSeedSameLossAndGradients) {

@@ -39,8 +39,8 @@ inline ModelDefaults DefaultsByName(const std::string& name) {
 namespace dtrain::models::testing {
 
 // The real CPU (oneDNN) backend with one thread; fails the test when it cannot be made.
-inline std::unique_ptr<kernels::Device> MakeCpuDevice() {
-  auto dev = kernels::CreateDevice(kernels::DeviceSpec::Cpu(1));
+inline std::unique_ptr<kernels::Device> MakeCpuDevice(kernels::ComputeDtype dtype = kernels::ComputeDtype::kFp32) {
+  auto dev = kernels::CreateDevice(kernels::DeviceSpec::Cpu(1, dtype));
   EXPECT_TRUE(dev.ok()) << dev.status();
   return dev.ok() ? std::move(dev).value() : nullptr;
 }

@@ -15,12 +15,12 @@
 
 namespace dtrain::worker {
 
-absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& towers, int num_gpus,
-                                                             int threads) {
+absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& towers, int num_gpus, int threads,
+                                                             kernels::ComputeDtype dtype) {
   if (threads < 1) return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1, got ", threads));
   std::vector<kernels::DeviceSpec> specs;
   if (towers.empty() && num_gpus > 0) {
-    for (int i = 0; i < num_gpus; ++i) specs.push_back(kernels::DeviceSpec::Gpu(i));
+    for (int i = 0; i < num_gpus; ++i) specs.push_back(kernels::DeviceSpec::Gpu(i, dtype));
     return specs;
   }
   int cpu_towers = 0;
@@ -36,7 +36,7 @@ absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& 
       if (item == "cpu") {
         ++cpu_towers;
       } else if (absl::ConsumePrefix(&item, "gpu:") && absl::SimpleAtoi(item, &index) && index >= 0) {
-        specs.push_back(kernels::DeviceSpec::Gpu(index));
+        specs.push_back(kernels::DeviceSpec::Gpu(index, dtype));
       } else {
         return absl::InvalidArgumentError(absl::StrCat("--towers=", towers, ": bad tower '", item,
                                                        "' (expected N, cpu, or gpu:INDEX)"));
@@ -49,7 +49,7 @@ absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& 
   for (int i = 0; i < cpu_towers; ++i) {
     // Split the threads: the first (threads % towers) towers get one more.
     const int t = std::max(1, threads / cpu_towers + (i < threads % cpu_towers ? 1 : 0));
-    specs.push_back(kernels::DeviceSpec::Cpu(t));
+    specs.push_back(kernels::DeviceSpec::Cpu(t, dtype));
   }
   return specs;
 }

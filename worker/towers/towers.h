@@ -41,9 +41,11 @@ namespace dtrain::worker {
 
 // Parses --towers: "" or "1" → one CPU tower; "N" → N CPU towers; "cpu,cpu" likewise; "gpu:0,gpu:1" → GPU
 // towers (a GPU may appear twice). `num_gpus` > 0 means gpu:0..num_gpus-1 and overrides an empty --towers.
-// CPU towers split `threads` among themselves (at least one each). InvalidArgument on a malformed list.
-absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(const std::string& towers, int num_gpus,
-                                                             int threads);
+// CPU towers split `threads` among themselves (at least one each). Every tower computes in `dtype`.
+// InvalidArgument on a malformed list.
+absl::StatusOr<std::vector<kernels::DeviceSpec>> ParseTowers(
+    const std::string& towers, int num_gpus, int threads,
+    kernels::ComputeDtype dtype = kernels::ComputeDtype::kFp32);
 
 struct TowersOptions {
   // CPU towers compute in place on the host buffers (nothing copied). false: each CPU tower's model owns
@@ -72,6 +74,9 @@ class Towers {
   models::Model* tower(int i) { return models_[i].get(); }
   kernels::Device* device(int i) { return devices_[i].get(); }
   int64_t num_parameters() const { return models_[0]->num_parameters(); }
+  // With bf16 compute, what the first tower's ops compute in (kernels::Device::PrecisionReport; the towers
+  // run the same ops); empty in fp32. Complete once a step has run (ops are made as the first one runs).
+  std::string PrecisionReport() const { return devices_[0]->PrecisionReport(); }
   // Whether the towers read host_params() and write host_grads() in place (CPU towers by default).
   bool host_resident() const { return host_resident_; }
   // Whether every tower is a GPU.

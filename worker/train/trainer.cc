@@ -269,7 +269,7 @@ absl::StatusOr<TrainingResult> Train(const WorkerOptions& options, const std::ve
   // Set-up: data, towers, placement and config, the connection (the chief initializes the variables).
   TrainingData data;
   RETURN_IF_ERROR(SetUpData(&o, local, chief, &data));
-  ASSIGN_OR_RETURN(std::vector<kernels::DeviceSpec> specs, ParseTowers(o.towers, o.num_gpus, o.threads));
+  ASSIGN_OR_RETURN(std::vector<kernels::DeviceSpec> specs, ParseTowers(o.towers, o.num_gpus, o.threads, o.compute_dtype));
   // Sparse tables stay on the ps (a step pulls the rows of its ids), so their models never keep the training
   // state on the devices.
   ASSIGN_OR_RETURN(const models::Graph graph, o.resolved_model->build_graph(data.model_options));

@@ -154,6 +154,7 @@ struct WorkerOptions {
   std::string towers;  // see ParseTowers
   int num_gpus = 0;
   int threads = 1;
+  kernels::ComputeDtype compute_dtype = kernels::ComputeDtype::kFp32;  // --compute_dtype
   // Local mode with GPU towers: variables, optimizer slots and moving averages live on the devices and the
   // optimizer runs there (checkpoints still go through the in-process ps). false: every step's gradients go
   // to the in-process ps and its parameters come back, as in a cluster (for comparisons).

@@ -401,6 +401,10 @@ absl::StatusOr<Pass> TrainingLoop::RunStep() {
   at = *next;
   RETURN_IF_ERROR(FollowPsSet());
   LogMembership();
+  if (result->local_steps == 0 && !o.quiet) {
+    // The ops are made as the first step runs: now the towers can say what they computed in.
+    if (const std::string report = towers->PrecisionReport(); !report.empty()) LOG(INFO) << "towers: " << report;
+  }
   ++result->local_steps;
   ++window_steps;
   window_examples += step_examples;
