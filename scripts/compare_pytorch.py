@@ -26,12 +26,28 @@ Examples:
   scripts/compare_pytorch.py --accuracy --model=cnn --threads=2   # one epoch each, test accuracy
   scripts/compare_pytorch.py --device=cuda --model=cnn            # PyTorch on cuda vs dtrain --towers=gpu:0
   scripts/compare_pytorch.py --model=mlp --plot=mlp.png           # the table also as mlp.csv, mlp.json, mlp.png
+  scripts/compare_pytorch.py --model=cnn --compute_dtype=bf16     # dtrain bf16 vs PyTorch autocast, dtrain fp32 beside
 
 --plot FILE.png (or .svg) writes the table beside the picture as FILE.csv and FILE.json and draws it: each row's
 examples/sec (or accuracy) of both systems, every launch as a dot; a picture that cannot be drawn is an error
 (exit 1, after the table is written).
+
+--compute_dtype=bf16 (default fp32) compares mixed precision: dtrain runs with --compute_dtype=bf16 (convolutions
+and matrix products in bf16 on oneDNN with fp32 accumulation, everything else in fp32), PyTorch runs its forward
+pass and loss under torch.autocast(dtype=torch.bfloat16) (CPU autocast; "cuda" on --device=cuda), backward and
+optimizer step outside it as PyTorch's AMP recipe does (--accuracy: the test forward under autocast too). Each
+repeat launches dtrain bf16, PyTorch bf16 and dtrain fp32 -- the baseline of the bf16 speed-up, measured in the
+same run -- and the table shows dtrain bf16, PyTorch bf16, their ratio, dtrain fp32 and bf16/fp32 (--accuracy:
+the two bf16 accuracies, their difference, dtrain fp32 and bf16 - fp32 in points). Its title names the instruction
+set oneDNN ran dtrain's bf16 on: dtrain's `compute bf16 ... on oneDNN's ISA` line is printed on stderr once per
+row, beside /proc/cpuinfo's avx512_bf16 and amx_bf16 flags (without either, dtrain's line says bf16 runs emulated).
+Debian's torch 1.13 is built with oneDNN (MKL-DNN 2.6.3; torch.backends.mkldnn.is_available() is True), and under
+CPU autocast its Conv2d and Linear really compute in bf16 -- bfloat16 outputs, from oneDNN's jit_bf16 convolution
+and brg matmul kernels on avx512_core_bf16 (ONEDNN_VERBOSE on an avx512_bf16 Xeon) -- ReLU and max-pooling follow
+in bf16 while the loss and the gradients of the fp32 weights are fp32 (in fp32, its Linear runs on OpenBLAS).
 """
 import argparse
+import contextlib
 import csv
 import gzip
 import json
@@ -76,6 +92,9 @@ DTRAIN_LINE = re.compile(r"^dtrain_bench: .*examples/sec median=([0-9.eE+-]+)", 
 TORCH_LINE = re.compile(r"^pytorch_bench: .*examples/sec median=([0-9.eE+-]+)", re.M)
 DTRAIN_ACC = re.compile(r"^step (\d+): test accuracy = ([0-9.]+) \((\d+) examples\)", re.M)
 TORCH_ACC = re.compile(r"^pytorch_accuracy: .*test accuracy = ([0-9.]+)", re.M)
+# dtrain's --compute_dtype=bf16 report on stderr (dtrain_bench's own line; the worker's in its log).
+BF16_REPORT = re.compile(r"^.*compute bf16 \(fp32 accumulation\) on oneDNN's (\w+).*$", re.M)
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -189,9 +208,19 @@ def load_fashion_mnist(torch, data_dir, split):
     return torch.from_numpy(x.astype("float32") / 255.0), torch.from_numpy(y.astype("int64"))
 
 
-def train_step(torch, model, opt, x, y):
+def forward_context(torch, a):
+    """The context of the forward pass and the loss: torch.autocast to bfloat16 with --compute_dtype=bf16 (the
+    CPU autocast on cpu, CUDA's on cuda), else none."""
+    if a.compute_dtype == "bf16":
+        return torch.autocast(a.device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_step(torch, model, opt, x, y, cast=contextlib.nullcontext):
+    """One step; `cast()` is the forward's context (forward_context): backward and the update run outside it."""
     opt.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.cross_entropy(model(x), y)
+    with cast():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
     loss.backward()
     opt.step()
     return loss
@@ -215,6 +244,7 @@ def pytorch_child(a):
     model.to(dev).train()
     opt = make_optimizer(torch, a.model, groups)
     gen = torch.Generator().manual_seed(a.seed)
+    cast = lambda: forward_context(torch, a)  # noqa: E731
     if a.accuracy:
         x, y = load_fashion_mnist(torch, a.data_dir, "train")
         perm = torch.randperm(len(x), generator=gen)
@@ -222,16 +252,17 @@ def pytorch_child(a):
         t0 = time.perf_counter()
         for i in range(steps):
             idx = perm[i * a.batch_size:(i + 1) * a.batch_size]
-            train_step(torch, model, opt, x[idx].to(dev), y[idx].to(dev))
+            train_step(torch, model, opt, x[idx].to(dev), y[idx].to(dev), cast)
         secs = time.perf_counter() - t0
         tx, ty = load_fashion_mnist(torch, a.data_dir, "t10k")
         model.eval()
         correct = 0
-        with torch.no_grad():
+        with torch.no_grad(), cast():
             for i in range(0, len(tx), 1000):
                 logits = model(tx[i:i + 1000].to(dev))
                 correct += int((logits.argmax(1).cpu() == ty[i:i + 1000]).sum())
-        print(f"pytorch_accuracy: model={a.model} batch={a.batch_size} threads={a.threads} steps={steps} "
+        print(f"pytorch_accuracy: model={a.model} batch={a.batch_size} threads={a.threads} "
+              f"compute={a.compute_dtype} steps={steps} "
               f"train_secs={secs:.1f} test accuracy = {correct / len(tx):.4f} ({len(tx)} examples)")
         return 0
     # Sixteen batches prepared up front, as dtrain_bench does: compute and the update are timed, not input.
@@ -256,7 +287,7 @@ def pytorch_child(a):
         loss = None
         for _ in range(n):
             bx, by = batches[step % len(batches)]
-            loss = train_step(torch, model, opt, bx, by)
+            loss = train_step(torch, model, opt, bx, by, cast)
             step += 1
         return loss
 
@@ -273,7 +304,8 @@ def pytorch_child(a):
     if not (last_loss == last_loss and abs(last_loss) < float("inf")):  # benchmarks verify what they time
         sys.exit(f"compare_pytorch: training diverged (loss {last_loss})")
     print(f"pytorch_bench: model={a.model} batch={a.batch_size} threads={a.threads} device={a.device} "
-          f"torch={torch.__version__} blas={blas} data={data} {tf32_state(torch, a.device)} loss first={first_loss:.4f} last={last_loss:.4f} "
+          f"compute={a.compute_dtype} torch={torch.__version__} blas={blas} data={data} {tf32_state(torch, a.device)} "
+          f"loss first={first_loss:.4f} last={last_loss:.4f} "
           f"examples/sec median={statistics.median(rates):.1f} min={min(rates):.1f} max={max(rates):.1f}")
     return 0
 
@@ -291,8 +323,9 @@ def torch_env(threads, device="cpu", **extra):
     return env
 
 
-def launch(cmd, env, pattern, timeout, verbose):
-    """Runs one launch; returns the pattern's match, or None (and prints why) when it failed."""
+def launch(cmd, env, pattern, timeout, verbose, stderr=None):
+    """Runs one launch; returns the pattern's match, or None (and prints why) when it failed. A list `stderr`
+    receives the launch's stderr."""
     try:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -300,6 +333,8 @@ def launch(cmd, env, pattern, timeout, verbose):
         return None
     if verbose:
         sys.stderr.write(r.stderr)
+    if stderr is not None:
+        stderr.append(r.stderr)
     m = pattern.search(r.stdout)
     if r.returncode != 0 or not m:
         tail = "\n      ".join((r.stdout + r.stderr).strip().splitlines()[-8:])
@@ -316,6 +351,8 @@ def child_cmd(a, model, batch, threads, accuracy=False):
         cmd.append("--strict_fp32")
     if a.any_blas:
         cmd.append("--any_blas")
+    if a.compute_dtype != "fp32":
+        cmd.append(f"--compute_dtype={a.compute_dtype}")
     if accuracy:
         return cmd + ["--accuracy"]
     return cmd + [f"--warmup_steps={a.warmup(model)}", f"--window_steps={a.steps(model)}", f"--windows={a.windows}"]
@@ -323,6 +360,54 @@ def child_cmd(a, model, batch, threads, accuracy=False):
 
 def dtrain_towers(a):
     return ["--towers=gpu:0"] if a.device == "cuda" else ([f"--towers={a.towers}"] if a.towers else [])
+
+
+def dtrain_compute(a, dtype):
+    """dtrain's --compute_dtype flag: none in an fp32 comparison (binaries without the flag still run it), else
+    explicit on both the bf16 launches and their fp32 baseline."""
+    return [] if a.compute_dtype == "fp32" else [f"--compute_dtype={dtype}"]
+
+
+def bf16_report(stderr, label):
+    """(dtrain's `compute bf16 ... on oneDNN's ISA` line from a launch's stderr, the ISA), printed on stderr for
+    the row `label`; (None, None) when the launch printed none."""
+    m = BF16_REPORT.search(stderr)
+    if not m:
+        print(f"  {label}: dtrain printed no 'compute bf16 (fp32 accumulation) on oneDNN's ISA' line",
+              file=sys.stderr)
+        return None, None
+    print(f"  {label}: {m.group(0).strip()}", file=sys.stderr)
+    return m.group(0).strip(), m.group(1)
+
+
+def dtrain_bench(a, model, batch, threads, dtype):
+    """One dtrain_bench launch: (examples/sec or None, its stderr). A result line that names another compute
+    dtype than asked for is a failed launch."""
+    cmd = [a.bin, f"--model={model}", f"--batch_size={batch}", f"--threads={threads}",
+           f"--warmup_steps={a.warmup(model)}", f"--window_steps={a.steps(model)}",
+           f"--windows={a.windows}", f"--data_dir={a.data_dir}"] + dtrain_towers(a) + dtrain_compute(a, dtype)
+    err = []
+    m = launch(cmd, dict(os.environ, OMP_NUM_THREADS=str(threads)), DTRAIN_LINE, a.timeout, a.verbose, err)
+    if m and dtrain_compute(a, dtype) and f" compute={dtype} " not in m.group(0):
+        line = m.string[m.start():].split("\n", 1)[0]
+        print(f"    not compute={dtype}: {' '.join(cmd)}\n      {line}", file=sys.stderr)
+        m = None
+    return (float(m.group(1)) if m else None), "".join(err)
+
+
+def isa_text(isas):
+    """What the table's title says of the instruction sets oneDNN ran dtrain's bf16 on."""
+    return f"dtrain on oneDNN's {','.join(isas)}" if isas else "dtrain's oneDNN ISA unknown"
+
+
+def cpu_bf16_flags():
+    """/proc/cpuinfo's bf16 flags, e.g. "avx512_bf16 yes, amx_bf16 no" ("unknown" without /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return "unknown (no /proc/cpuinfo)"
+    return ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in CPU_BF16_FLAGS)
 
 
 def fmt(xs):
@@ -335,71 +420,120 @@ def med(xs):
 
 
 def throughput(a, configs):
-    rows = []
+    bf16 = a.compute_dtype == "bf16"
+    rows, isas = [], []
     for model, batch, threads in configs:
         label = f"{model} batch={batch} threads={threads}"
-        dt, pt = [], []
+        dt, pt, ft = [], [], []  # dtrain and PyTorch in --compute_dtype; dtrain fp32, the baseline of bf16
+        report = None
         for r in range(a.repeats):
             if not a.pytorch_only:
-                cmd = [a.bin, f"--model={model}", f"--batch_size={batch}", f"--threads={threads}",
-                       f"--warmup_steps={a.warmup(model)}", f"--window_steps={a.steps(model)}",
-                       f"--windows={a.windows}", f"--data_dir={a.data_dir}"] + dtrain_towers(a)
-                m = launch(cmd, dict(os.environ, OMP_NUM_THREADS=str(threads)), DTRAIN_LINE, a.timeout, a.verbose)
-                dt.append(float(m.group(1)) if m else None)
+                rate, err = dtrain_bench(a, model, batch, threads, a.compute_dtype)
+                dt.append(rate)
+                report = report or (err if BF16_REPORT.search(err) else None)
             m = launch(child_cmd(a, model, batch, threads), torch_env(threads, a.device), TORCH_LINE, a.timeout,
                        a.verbose)
             pt.append(float(m.group(1)) if m else None)
-            d = "" if a.pytorch_only else f"dtrain {fmt(dt[-1:])}  "
-            print(f"  {label} launch {r + 1}/{a.repeats}: {d}PyTorch {fmt(pt[-1:])} ex/s", file=sys.stderr)
-        rows.append((model, batch, threads, dt, pt))
-    print(f"\nTraining examples/sec on {a.device} (median of {a.windows} windows per launch; median over "
-          f"{a.repeats} interleaved launches); load average {load()} at the end")
-    print(f"{'model':8} {'batch':>5} {'threads':>7} {'dtrain':>9} {'PyTorch':>9} {'ratio':>6}   "
-          "per launch: dtrain | PyTorch")
-    for model, batch, threads, dt, pt in rows:
-        d, p = med(dt), med(pt)
-        ratio = f"{d / p:6.2f}" if d and p else f"{'-':>6}"
-        print(f"{model:8} {batch:5d} {threads:7d} {fmt([d]):>9} {fmt([p]):>9} {ratio}   {fmt(dt)} | {fmt(pt)}")
-    failed = any(med(pt) is None or (not a.pytorch_only and med(dt) is None) for *_, dt, pt in rows)
+            if bf16 and not a.pytorch_only:
+                ft.append(dtrain_bench(a, model, batch, threads, "fp32")[0])
+            if bf16:
+                d = "" if a.pytorch_only else f"dtrain bf16 {fmt(dt[-1:])}  "
+                f32 = "" if a.pytorch_only else f"  dtrain fp32 {fmt(ft[-1:])}"
+                print(f"  {label} launch {r + 1}/{a.repeats}: {d}PyTorch bf16 {fmt(pt[-1:])}{f32} ex/s",
+                      file=sys.stderr)
+            else:
+                d = "" if a.pytorch_only else f"dtrain {fmt(dt[-1:])}  "
+                print(f"  {label} launch {r + 1}/{a.repeats}: {d}PyTorch {fmt(pt[-1:])} ex/s", file=sys.stderr)
+        if bf16 and not a.pytorch_only:
+            isa = bf16_report(report or "", label)[1]
+            if isa and isa not in isas:
+                isas.append(isa)
+        rows.append((model, batch, threads, dt, pt, ft))
+    if bf16:
+        on = "" if a.pytorch_only else f"{isa_text(isas)}; "
+        print(f"\nTraining examples/sec on {a.device}, compute bf16 ({on}PyTorch under "
+              f"torch.autocast; /proc/cpuinfo: {cpu_bf16_flags()}; median of {a.windows} windows per launch; "
+              f"median over {a.repeats} interleaved launches); load average {load()} at the end")
+        print(f"{'model':8} {'batch':>5} {'threads':>7} {'dtrain bf16':>11} {'PyTorch bf16':>12} {'ratio':>6} "
+              f"{'dtrain fp32':>11} {'bf16/fp32':>9}   per launch: dtrain bf16 | PyTorch bf16 | dtrain fp32")
+        for model, batch, threads, dt, pt, ft in rows:
+            d, p, f = med(dt), med(pt), med(ft)
+            ratio = f"{d / p:6.2f}" if d and p else f"{'-':>6}"
+            speedup = f"{d / f:9.2f}" if d and f else f"{'-':>9}"
+            print(f"{model:8} {batch:5d} {threads:7d} {fmt([d]):>11} {fmt([p]):>12} {ratio} {fmt([f]):>11} "
+                  f"{speedup}   {fmt(dt)} | {fmt(pt)} | {fmt(ft)}".rstrip())
+    else:
+        print(f"\nTraining examples/sec on {a.device} (median of {a.windows} windows per launch; median over "
+              f"{a.repeats} interleaved launches); load average {load()} at the end")
+        print(f"{'model':8} {'batch':>5} {'threads':>7} {'dtrain':>9} {'PyTorch':>9} {'ratio':>6}   "
+              "per launch: dtrain | PyTorch")
+        for model, batch, threads, dt, pt, _ in rows:
+            d, p = med(dt), med(pt)
+            ratio = f"{d / p:6.2f}" if d and p else f"{'-':>6}"
+            print(f"{model:8} {batch:5d} {threads:7d} {fmt([d]):>9} {fmt([p]):>9} {ratio}   {fmt(dt)} | {fmt(pt)}")
+    failed = any(med(pt) is None or (not a.pytorch_only and (med(dt) is None or (bf16 and med(ft) is None)))
+                 for *_, dt, pt, ft in rows)
     table = [{"model": m, "batch": b, "threads": t, "dtrain": med(dt), "pytorch": med(pt),
               "ratio": med(dt) / med(pt) if med(dt) and med(pt) else None, "dtrain_launches": dt,
-              "pytorch_launches": pt} for m, b, t, dt, pt in rows]
-    if a.plot and not write_plot(a, table, "examples/sec"):
+              "pytorch_launches": pt} for m, b, t, dt, pt, _ in rows]
+    if bf16:  # "dtrain" and "pytorch" are the bf16 figures; dtrain fp32 beside them
+        for r, (*_, dt, pt, ft) in zip(table, rows):
+            r.update({"dtrain_fp32": med(ft), "speedup_over_fp32": med(dt) / med(ft) if med(dt) and med(ft) else None,
+                      "dtrain_fp32_launches": ft})
+    if a.plot and not write_plot(a, table, "examples/sec", ",".join(isas)):
         return 1
     return 1 if failed else 0
 
 
-def write_plot(a, table, unit):
-    """The table as CSV and JSON beside --plot, and its picture; False (said on stderr) when it cannot be drawn."""
+def write_plot(a, table, unit, isa=""):
+    """The table as CSV and JSON beside --plot, and its picture; False (said on stderr) when it cannot be drawn.
+    With --compute_dtype=bf16 the rows' "dtrain" and "pytorch" are the bf16 figures and "dtrain_fp32" is drawn
+    beside them; `isa` is the instruction set oneDNN ran dtrain's bf16 on."""
+    bf16 = getattr(a, "compute_dtype", "fp32") == "bf16"
+    extra = [k for k in ("dtrain_fp32", "speedup_over_fp32", "bf16_minus_fp32") if any(k in r for r in table)]
     prefix = os.path.splitext(a.plot)[0]
     with open(prefix + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["model", "batch", "threads", "dtrain", "pytorch", "ratio"],
+        w = csv.DictWriter(f, fieldnames=["model", "batch", "threads", "dtrain", "pytorch", "ratio"] + extra,
                            extrasaction="ignore")
         w.writeheader()
         for r in table:
             w.writerow({k: ("" if v is None else v) for k, v in r.items()})
     with open(prefix + ".json", "w") as f:
-        json.dump({"device": a.device, "unit": unit, "repeats": a.repeats, "rows": table}, f, indent=1)
+        doc = {"device": a.device, "unit": unit, "repeats": a.repeats}
+        if bf16:
+            doc.update({"compute_dtype": "bf16", "isa": isa or None, "cpu_bf16_flags": cpu_bf16_flags()})
+        json.dump(dict(doc, rows=table), f, indent=1)
     print(f"table written to {prefix}.csv and {prefix}.json", file=sys.stderr)
     try:
         plt = plotting.pyplot(a.plot)
-        fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(table) + 2), 4))
+        fig, ax = plt.subplots(figsize=(max(6.5, 2.2 * len(table) + 2) if bf16 else max(4.5, 1.6 * len(table) + 2),
+                                        4))
         labels = [f"{r['model']}\nb{r['batch']} t{r['threads']}" for r in table]
-        for side, (key, name) in enumerate((("dtrain", "dtrain"), ("pytorch", "PyTorch"))):
-            xs = [i + (side - 0.5) * 0.38 for i in range(len(table))]
-            ax.bar(xs, [r[key] or 0 for r in table], width=0.36, label=name, color=f"C{side}")
+        sides = ((("dtrain", "dtrain bf16"), ("pytorch", "PyTorch bf16 (autocast)"), ("dtrain_fp32", "dtrain fp32"))
+                 if bf16 else (("dtrain", "dtrain"), ("pytorch", "PyTorch")))
+        step = 0.76 / len(sides)
+        for side, (key, name) in enumerate(sides):
+            xs = [i + (side - (len(sides) - 1) / 2) * step for i in range(len(table))]
+            ax.bar(xs, [r.get(key) or 0 for r in table], width=step - 0.02, label=name, color=f"C{side}")
             for x, r in zip(xs, table):
                 launches = [v for v in r.get(key + "_launches", []) if v is not None]
                 ax.plot([x] * len(launches), launches, ".", color="black", markersize=4)
         for i, r in enumerate(table):
-            if r["ratio"]:
-                top = max(r["dtrain"] or 0, r["pytorch"] or 0)
-                ax.text(i, top * 1.02, f"{r['ratio']:.2f}x", ha="center", va="bottom", fontsize=8)
+            notes = [f"{r['ratio']:.2f}x" + (" PyTorch" if bf16 else "")] if r["ratio"] else []
+            if r.get("speedup_over_fp32"):
+                notes.append(f"{r['speedup_over_fp32']:.2f}x fp32")
+            if notes:
+                top = max(r.get(key) or 0 for key, _ in sides)
+                ax.text(i, top * 1.02, "\n".join(notes), ha="center", va="bottom", fontsize=8)
+        if bf16:  # room for the two lines of notes under the title
+            heights = [v or 0 for r in table for key, _ in sides for v in [r.get(key)] + r.get(key + "_launches", [])]
+            ax.set_ylim(0, 1.2 * max(heights + [1e-9]))
         ax.set_xticks(range(len(table)))
         ax.set_xticklabels(labels, fontsize=8)
         ax.set_ylabel(unit)
-        ax.set_title(f"dtrain against PyTorch on {a.device}\n(median of {a.repeats} launches; dots: each launch)",
-                     fontsize=9)
+        compute = f", compute bf16\n({isa_text([isa] if isa else [])}; " if bf16 else "\n("
+        ax.set_title(f"dtrain against PyTorch on {a.device}{compute}median of {a.repeats} launches; dots: each "
+                     "launch)", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
         plotting.save(fig, a.plot, dpi=100)
@@ -411,27 +545,55 @@ def write_plot(a, table, unit):
 
 
 def accuracy(a, configs):
-    print(f"{'model':8} {'batch':>5} {'threads':>7} {'dtrain':>8} {'PyTorch':>8} {'diff (points)':>14}")
+    bf16 = a.compute_dtype == "bf16"
+    if not bf16:
+        print(f"{'model':8} {'batch':>5} {'threads':>7} {'dtrain':>8} {'PyTorch':>8} {'diff (points)':>14}")
     ok = True
-    table = []
+    table, isas = [], []
+    show = lambda v, width=8: f"{100 * v:{width - 1}.1f}%" if v is not None else f"{'-':>{width}}"  # noqa: E731
     for model, batch, threads in configs:
-        d = None
-        if not a.pytorch_only:
+        label = f"{model} batch={batch} threads={threads}"
+
+        def worker(dtype):
             cmd = [a.worker_bin, "--job_name=local", f"--model={model}", f"--batch_size={batch}",
                    f"--train_steps={60000 // batch}", f"--threads={threads}", f"--data_dir={a.data_dir}",
-                   f"--seed={a.seed}"] + dtrain_towers(a)
-            m = launch(cmd, dict(os.environ, OMP_NUM_THREADS=str(threads)), DTRAIN_ACC, a.timeout, a.verbose)
-            d = float(m.group(2)) if m else None
+                   f"--seed={a.seed}"] + dtrain_towers(a) + dtrain_compute(a, dtype)
+            err = []
+            m = launch(cmd, dict(os.environ, OMP_NUM_THREADS=str(threads)), DTRAIN_ACC, a.timeout, a.verbose, err)
+            return (float(m.group(2)) if m else None), "".join(err)
+
+        d = f = None
+        if not a.pytorch_only:
+            d, err = worker(a.compute_dtype)
+            if bf16:
+                isa = bf16_report(err, label)[1]
+                if isa and isa not in isas:
+                    isas.append(isa)
         m = launch(child_cmd(a, model, batch, threads, accuracy=True), torch_env(threads, a.device), TORCH_ACC,
                    a.timeout, a.verbose)
         p = float(m.group(1)) if m else None
-        ok = ok and p is not None and (a.pytorch_only or d is not None)
+        if bf16 and not a.pytorch_only:
+            f = worker("fp32")[0]
+        ok = ok and p is not None and (a.pytorch_only or (d is not None and (not bf16 or f is not None)))
         diff = f"{100 * (d - p):+14.1f}" if d is not None and p is not None else f"{'-':>14}"
-        show = lambda v: f"{100 * v:7.1f}%" if v is not None else f"{'-':>8}"
-        print(f"{model:8} {batch:5d} {threads:7d} {show(d)} {show(p)} {diff}", flush=True)
-        table.append({"model": model, "batch": batch, "threads": threads, "dtrain": d, "pytorch": p,
-                      "ratio": d / p if d and p else None})
-    if a.plot and not write_plot(a, table, "test accuracy after one epoch"):
+        row = {"model": model, "batch": batch, "threads": threads, "dtrain": d, "pytorch": p,
+               "ratio": d / p if d and p else None}
+        if bf16:
+            if not table:  # the header, once the first row has named oneDNN's ISA
+                on = "" if a.pytorch_only else f"{isa_text(isas)}; "
+                print(f"Test accuracy after one epoch, compute bf16 ({on}PyTorch under torch.autocast; "
+                      f"/proc/cpuinfo: {cpu_bf16_flags()})")
+                print(f"{'model':8} {'batch':>5} {'threads':>7} {'dtrain bf16':>11} {'PyTorch bf16':>12} "
+                      f"{'diff (points)':>14} {'dtrain fp32':>11} {'bf16 - fp32 (points)':>20}")
+            gain = f"{100 * (d - f):+20.1f}" if d is not None and f is not None else f"{'-':>20}"
+            print(f"{model:8} {batch:5d} {threads:7d} {show(d, 11)} {show(p, 12)} {diff} {show(f, 11)} {gain}",
+                  flush=True)
+            row.update({"dtrain_fp32": f, "bf16_minus_fp32": 100 * (d - f) if d is not None and f is not None
+                        else None})
+        else:
+            print(f"{model:8} {batch:5d} {threads:7d} {show(d)} {show(p)} {diff}", flush=True)
+        table.append(row)
+    if a.plot and not write_plot(a, table, "test accuracy after one epoch", ",".join(isas)):
         return 1
     return 0 if ok else 1
 
@@ -460,6 +622,9 @@ def parse_args(argv):
     p.add_argument("--strict_fp32", action="store_true",
                    help="cuda: forbid TF32 in PyTorch (cuDNN convolutions use it by default; dtrain never does)")
     p.add_argument("--towers", default="", help="dtrain's --towers on cpu (default: dtrain's own)")
+    p.add_argument("--compute_dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: dtrain --compute_dtype=bf16 against PyTorch under torch.autocast(bfloat16), with "
+                        "dtrain fp32 launched beside as the baseline (default fp32)")
     p.add_argument("--accuracy", action="store_true",
                    help="train one epoch (60,000 examples) in each and compare test accuracy")
     p.add_argument("--bin", default=os.path.join(REPO, "build/bin/dtrain_bench"), help="dtrain_bench binary")
@@ -540,6 +705,8 @@ def main(argv):
         return 2
     print(f"compare_pytorch: {len(configs)} row(s), {os.cpu_count()} CPUs, load average {load()} at the start",
           file=sys.stderr)
+    if a.compute_dtype == "bf16":
+        print(f"compare_pytorch: compute bf16; /proc/cpuinfo: {cpu_bf16_flags()}", file=sys.stderr)
     return accuracy(a, configs) if a.accuracy else throughput(a, configs)
 
 
