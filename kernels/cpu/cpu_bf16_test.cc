@@ -245,6 +245,56 @@ TEST_F(Bf16Test, GroupedAndDepthwiseConvolutionsAreBf16OrSayTheyAreNot) {
   }
 }
 
+// A 3x3 convolution with fp32 Winograd beside bf16 runs each pass on the faster (timed when made, pinned here by
+// DTRAIN_CONV_BF16_PASSES): every split gives results within bf16's bound of fp32 (Winograd's own error is far
+// smaller), including the splits where the backward passes run on an op whose Forward did not run and must
+// round or reorder x and the filter themselves; the report names the passes that stayed fp32.
+TEST_F(Bf16Test, ThreeByThreeConvolutionsSplitTheirPassesBetweenBf16AndFp32Winograd) {
+  unsetenv("DTRAIN_CONV_WINOGRAD");
+  const Conv2DParams p = Conv(2, 12, 32, 32, 3);
+  for (int passes : {0, 1, 2, 4, 5, 6}) {
+    setenv("DTRAIN_CONV_BF16_PASSES", std::to_string(passes).c_str(), 1);
+    auto dev = CreateCpuDevice(DeviceSpec::Cpu(1, ComputeDtype::kBf16));
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    const int64_t x_n = 2 * 12 * 12 * 32, y_n = 2 * 12 * 12 * 32, w_n = p.weights_size();
+    const std::vector<float> x = Random(x_n, 1), w = Random(w_n, 2), dy = Random(y_n, 3), zero(32, 0.0f);
+    auto run = [&](Device* d, const std::vector<float>& xi, const std::vector<float>& wi, const std::vector<float>& dyi) {
+      Buffers b(d);
+      auto op = d->MakeConv2D(p);
+      EXPECT_TRUE(op.ok()) << op.status();
+      float* xd = b.In(xi);
+      float* wd = b.In(wi);
+      float* y = b.Out(y_n);
+      float* dx = b.Out(x_n);
+      float* dw = b.Out(w_n);
+      float* db = b.Out(32);
+      float* dyd = b.In(dyi);
+      EXPECT_TRUE((*op)->Forward(xd, wd, b.In(zero), y).ok());
+      EXPECT_TRUE((*op)->BackwardWeights(xd, dyd, dw, db).ok());
+      EXPECT_TRUE((*op)->BackwardData(dyd, wd, dx).ok());
+      return std::vector<std::vector<float>>{b.Get(y, y_n), b.Get(dx, x_n), b.Get(dw, w_n)};
+    };
+    const auto got = run(dev->get(), x, w, dy);
+    const auto exact = run(fp32_.get(), x, w, dy);
+    const auto bound = run(fp32_.get(), Abs(x), Abs(w), Abs(dy));
+    const int64_t ks[] = {9 * 32, 9 * 32, 2 * 12 * 12};
+    for (int o = 0; o < 3; ++o) {
+      ExpectWithin({absl::StrCat("split ", passes, " output ", o), ks[o]}, "within bf16 of fp32", got[o], exact[o],
+                   bound[o], 2 * kU + kU * kU);
+    }
+    const std::string report = (*dev)->PrecisionReport();
+    if (passes == 0) {
+      EXPECT_NE(report.find("fp32 Winograd where it timed faster: conv2d[batch=2 in=12x12x32 out_c=32 k=3x3 "
+                            "stride=1x1 SAME] forward, backward-data, backward-weights"),
+                std::string::npos)
+          << report;
+    } else if (passes == 5) {
+      EXPECT_NE(report.find("SAME] backward-data;"), std::string::npos) << report;
+    }
+  }
+  unsetenv("DTRAIN_CONV_BF16_PASSES");
+}
+
 void CheckDense(Device* bf16, Device* fp32, const DenseParams& p) {
   const int64_t x_n = static_cast<int64_t>(p.batch) * p.in, y_n = static_cast<int64_t>(p.batch) * p.out;
   const int64_t w_n = static_cast<int64_t>(p.in) * p.out;

@@ -5,12 +5,19 @@
 // With bf16 compute (DnnlContext::bf16) x, dy and the filter are rounded into private bf16 copies (x's is kept
 // from Forward for BackwardWeights, dy's from BackwardWeights for BackwardData, the filter's from Forward for
 // BackwardData), the primitives accumulate in fp32 and write y, dx, dw and db in fp32 straight into the
-// caller's buffers.
+// caller's buffers. oneDNN has no bf16 Winograd, and on CPUs whose bf16 products run at twice fp32's rate (AVX-512
+// BF16 without AMX) fp32 Winograd F(4x4, 3x3) can be as fast: a 3x3 convolution that has both times each pass
+// (forward, backward-data, backward-weights) on each when it is made and runs every pass on the faster one
+// (RoutedConv2D; the Device's PrecisionLog lists the passes that stayed fp32).
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace dtrain::kernels::cpu {
@@ -33,17 +40,34 @@ memory::desc UserWeightsDesc(const Conv2DParams& p, dt type = dt::f32) {
   return memory::desc({G, Og, I, KH, KW}, type, strides);
 }
 
+// The passes of a convolution, as a bit set.
+enum ConvPass { kForward = 1, kBackwardData = 2, kBackwardWeights = 4, kAllPasses = 7 };
+
+// True when Winograd is worth trying for the shape (3x3, stride 1, many channels) and not turned off.
+bool WinogradCandidate(const Conv2DParams& p) {
+  const char* wino_env = std::getenv("DTRAIN_CONV_WINOGRAD");
+  return p.k_h == 3 && p.k_w == 3 && p.stride_h == 1 && p.stride_w == 1 && p.in_c >= 16 && p.out_c >= 16 &&
+         p.groups == 1 && p.dilation_h == 1 && p.dilation_w == 1 &&
+         !(wino_env != nullptr && std::string(wino_env) == "0");
+}
+
 class DnnlConv2D final : public Conv2D {
  public:
-  DnnlConv2D(const DnnlContext& ctx, const Conv2DParams& p) : ctx_(ctx), p_(p), what_(Describe(p)) {}
+  // `bf16`: the context's compute dtype, or false for the fp32 half of a RoutedConv2D.
+  DnnlConv2D(const DnnlContext& ctx, const Conv2DParams& p, bool bf16)
+      : ctx_(ctx), p_(p), what_(Describe(p)), want_bf16_(bf16) {}
+
+  // Runs only `passes` from now on (RoutedConv2D): without kForward, the backward passes round or reorder x and
+  // the filter themselves instead of reusing the copies a Forward of this op would have made.
+  void ServeOnly(int passes) { passes_ = passes; }
+  bool winograd() const { return blocked_; }
 
   // Builds everything; dnnl::error escapes to MakeCpuConv2D. With bf16 compute, a shape oneDNN has no bf16
   // primitive for is made in fp32 (the Device's PrecisionLog says so).
   void Init() {
-    if (ctx_.bf16) {
+    if (want_bf16_) {
       try {
         Build(true);
-        ctx_.precision->Bf16("conv2d", {impl_fwd_, impl_bwd_data_, impl_bwd_w_});
         return;
       } catch (const dnnl::error& e) {
         ctx_.precision->Fp32(what_, e.what());
@@ -104,11 +128,7 @@ class DnnlConv2D final : public Conv2D {
     // the blocked layout around each call (a few percent of the convolution's time). Everything else is direct
     // on NHWC. DTRAIN_CONV_WINOGRAD=0 turns Winograd off.
     Pds pds;
-    const char* wino_env = std::getenv("DTRAIN_CONV_WINOGRAD");
-    const bool try_wino = !bf16 && p_.k_h == 3 && p_.k_w == 3 && p_.stride_h == 1 && p_.stride_w == 1 && p_.in_c >= 16 &&
-                          p_.out_c >= 16 && p_.groups == 1 && p_.dilation_h == 1 && p_.dilation_w == 1 &&
-                          !(wino_env != nullptr && std::string(wino_env) == "0");
-    if (try_wino) {
+    if (!bf16 && WinogradCandidate(p_)) {
       try {
         pds = make(dnnl::algorithm::convolution_winograd, memory::desc(src_dims, dt::f32, tag::any),
                    memory::desc(dst_dims, dt::f32, tag::any));
@@ -253,8 +273,14 @@ class DnnlConv2D final : public Conv2D {
       memory* weights = &fwd_w_;
       switch (bwd_data_w_mode_) {
         case kShareForward:
-          // The reordered copy made by the last Forward (the header's contract: same w).
-          if (!fwd_w_reorders_) fwd_w_.set_data_handle(Mutable(w));
+          // The reordered copy made by the last Forward (the header's contract: same w), unless Forward runs
+          // elsewhere.
+          if (!fwd_w_reorders_) {
+            fwd_w_.set_data_handle(Mutable(w));
+          } else if (!(passes_ & kForward)) {
+            user_w_.set_data_handle(Mutable(w));
+            fwd_w_reorder_.execute(ctx_.stream, user_w_, fwd_w_);
+          }
           break;
         case kUser:
           user_w_.set_data_handle(Mutable(w));
@@ -291,8 +317,14 @@ class DnnlConv2D final : public Conv2D {
 
   absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) override {
     return RunDnnl(ctx_, what_, " backward-weights", [&] {
-      // Staged, src_ still holds the reordered copy of the last Forward's x (the header's contract).
-      if (!stage_x_) src_.set_data_handle(Mutable(x));
+      // Staged, src_ still holds the reordered copy of the last Forward's x (the header's contract), unless
+      // Forward runs elsewhere.
+      if (!stage_x_) {
+        src_.set_data_handle(Mutable(x));
+      } else if (!(passes_ & kForward)) {
+        user_src_.set_data_handle(Mutable(x));
+        to_src_.execute(ctx_.stream, user_src_, src_);
+      }
       if (stage_dy_) {
         user_dst_.set_data_handle(Mutable(dy));
         to_diff_dst_.execute(ctx_.stream, user_dst_, diff_dst_);
@@ -319,6 +351,9 @@ class DnnlConv2D final : public Conv2D {
 
   const std::string& impls() const { return impls_; }
   bool bf16() const { return bf16_; }
+  std::string impl(int pass) const {
+    return pass == kForward ? impl_fwd_ : pass == kBackwardData ? impl_bwd_data_ : impl_bwd_w_;
+  }
 
  private:
   enum BwdDataWeights { kShareForward, kUser, kReorderFromUser };
@@ -333,6 +368,8 @@ class DnnlConv2D final : public Conv2D {
   // Direct: src_/dst_/diff_src_/diff_dst_ are the caller's NHWC buffers (handles set per call); bias_ doubles
   // as diff_bias (unused without has_bias). Winograd (blocked_): they are blocked buffers owned here, reordered from/to user_src_/user_dst_.
   memory src_, dst_, diff_src_, diff_dst_, bias_, user_w_, user_src_, user_dst_;
+  bool want_bf16_ = false;
+  int passes_ = kAllPasses;
   bool blocked_ = false;  // Winograd
   bool bf16_ = false;     // the primitives read bf16
   // Which of the caller's tensors go through an op-owned copy (Winograd's blocked layout unless it is NHWC's
@@ -349,6 +386,105 @@ class DnnlConv2D final : public Conv2D {
   SharedScratchpad scratch_;
   memory fwd_scratch_, bwd_data_scratch_, bwd_w_scratch_;
 };
+
+// bf16 compute of a convolution that also has fp32 Winograd: each pass on whichever runs it faster here.
+class RoutedConv2D final : public Conv2D {
+ public:
+  RoutedConv2D(std::unique_ptr<DnnlConv2D> fp32, std::unique_ptr<DnnlConv2D> bf16, int bf16_passes)
+      : fp32_(std::move(fp32)), bf16_(std::move(bf16)) {
+    fp32_->ServeOnly(kAllPasses & ~bf16_passes);
+    bf16_->ServeOnly(bf16_passes);
+    fwd_ = bf16_passes & kForward ? bf16_.get() : fp32_.get();
+    bwd_data_ = bf16_passes & kBackwardData ? bf16_.get() : fp32_.get();
+    bwd_w_ = bf16_passes & kBackwardWeights ? bf16_.get() : fp32_.get();
+  }
+  absl::Status Forward(const float* x, const float* w, const float* b, float* y) override {
+    return fwd_->Forward(x, w, b, y);
+  }
+  absl::Status BackwardData(const float* dy, const float* w, float* dx) override {
+    return bwd_data_->BackwardData(dy, w, dx);
+  }
+  absl::Status BackwardWeights(const float* x, const float* dy, float* dw, float* db) override {
+    return bwd_w_->BackwardWeights(x, dy, dw, db);
+  }
+
+ private:
+  std::unique_ptr<DnnlConv2D> fp32_, bf16_;
+  DnnlConv2D *fwd_, *bwd_data_, *bwd_w_;
+};
+
+// Seconds one pass of `op` takes (the best of two runs after a warm-up), with the staging it does when it
+// runs that pass alone (ServeOnly). The buffers hold a small constant: the kernels' time does not depend on it.
+double TimePass(DnnlConv2D& op, int pass, const Conv2DParams& p) {
+  const int64_t x_n = static_cast<int64_t>(p.batch) * p.in_h * p.in_w * p.in_c;
+  const int64_t y_n = static_cast<int64_t>(p.batch) * p.out_h() * p.out_w() * p.out_c;
+  std::vector<float> x(x_n, 0.5f), y(y_n, 0.25f), w(p.weights_size(), 0.125f), b(p.out_c, 0.0f);
+  op.ServeOnly(pass);
+  double best = 1e30;
+  for (int run = 0; run < 3; ++run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status s = pass == kForward        ? op.Forward(x.data(), w.data(), b.data(), y.data())
+                     : pass == kBackwardData ? op.BackwardData(y.data(), w.data(), x.data())
+                                             : op.BackwardWeights(x.data(), y.data(), w.data(), b.data());
+    if (!s.ok()) return 1e30;
+    if (run > 0) best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  op.ServeOnly(kAllPasses);
+  return best;
+}
+
+const char* PassName(int pass) {
+  return pass == kForward ? "forward" : pass == kBackwardData ? "backward-data" : "backward-weights";
+}
+
+// bf16 compute: the bf16 op, or (a Winograd candidate) the passes split between bf16 and fp32 Winograd by
+// timing, once per shape and Device. Records what it chose in the context's PrecisionLog.
+absl::StatusOr<std::unique_ptr<Conv2D>> MakeBf16Conv2D(const DnnlContext& ctx, const Conv2DParams& p) {
+  const std::string what = Describe(p);
+  ASSIGN_OR_RETURN(std::unique_ptr<DnnlConv2D> bf16,
+                   MakeDnnlOp<DnnlConv2D>(ctx, absl::StrCat("MakeConv2D ", what), ctx, p, true));
+  const std::initializer_list<int> passes = {kForward, kBackwardData, kBackwardWeights};
+  if (!bf16->bf16()) return std::unique_ptr<Conv2D>(std::move(bf16));  // fp32: the log says why
+  std::unique_ptr<DnnlConv2D> fp32;
+  if (WinogradCandidate(p)) {
+    ASSIGN_OR_RETURN(fp32, MakeDnnlOp<DnnlConv2D>(ctx, absl::StrCat("MakeConv2D ", what), ctx, p, false));
+    if (!fp32->winograd()) fp32.reset();
+  }
+  if (fp32 == nullptr) {
+    ctx.precision->Bf16("conv2d", {bf16->impl(kForward), bf16->impl(kBackwardData), bf16->impl(kBackwardWeights)});
+    return std::unique_ptr<Conv2D>(std::move(bf16));
+  }
+  // DTRAIN_CONV_BF16_PASSES pins the split (a bit set: 1 forward, 2 backward-data, 4 backward-weights).
+  int bf16_passes = 0;
+  const char* pinned = std::getenv("DTRAIN_CONV_BF16_PASSES");
+  if (pinned != nullptr && *pinned != '\0') {
+    bf16_passes = std::atoi(pinned) & kAllPasses;
+  } else if (auto it = ctx.precision->conv_routes.find(what); it != ctx.precision->conv_routes.end()) {
+    bf16_passes = it->second;
+  } else {
+    UseThreads(ctx.threads);
+    for (int pass : passes) {
+      if (TimePass(*bf16, pass, p) <= TimePass(*fp32, pass, p)) bf16_passes |= pass;
+    }
+    ctx.precision->conv_routes[what] = bf16_passes;
+  }
+  std::vector<std::string> impls;
+  std::string fp32_passes;
+  for (int pass : passes) {
+    if (bf16_passes & pass) {
+      impls.push_back(bf16->impl(pass));
+    } else {
+      absl::StrAppend(&fp32_passes, fp32_passes.empty() ? "" : ", ", PassName(pass));
+    }
+  }
+  if (bf16_passes == kAllPasses) {
+    ctx.precision->Bf16("conv2d", {impls[0], impls[1], impls[2]});
+    return std::unique_ptr<Conv2D>(std::move(bf16));
+  }
+  ctx.precision->Winograd(what, fp32_passes, impls);
+  if (bf16_passes == 0) return std::unique_ptr<Conv2D>(std::move(fp32));
+  return std::unique_ptr<Conv2D>(new RoutedConv2D(std::move(fp32), std::move(bf16), bf16_passes));
+}
 
 }  // namespace
 
@@ -384,7 +520,10 @@ absl::StatusOr<std::unique_ptr<Conv2D>> MakeCpuConv2D(const DnnlContext& ctx, co
     return absl::InvalidArgumentError(
         absl::StrCat("MakeConv2D: the (dilated) kernel is larger than the padded input: ", Describe(p)));
   }
-  return MakeDnnlOp<DnnlConv2D>(ctx, absl::StrCat("MakeConv2D ", Describe(p)), ctx, p);
+  if (ctx.bf16) return MakeBf16Conv2D(ctx, p);
+  ASSIGN_OR_RETURN(std::unique_ptr<DnnlConv2D> op,
+                   MakeDnnlOp<DnnlConv2D>(ctx, absl::StrCat("MakeConv2D ", Describe(p)), ctx, p, false));
+  return std::unique_ptr<Conv2D>(std::move(op));
 }
 
 }  // namespace dtrain::kernels::cpu

@@ -38,14 +38,16 @@ std::string PrecisionLog::Report() const {
   for (const auto& [kind, n] : bf16_) absl::StrAppend(&bf16, bf16.empty() ? "" : ", ", n, " ", kind);
   std::string impls;
   for (const std::string& i : impls_) absl::StrAppend(&impls, impls.empty() ? "" : ", ", i);
-  std::string fp32;
+  std::string fp32, winograd;
   for (const std::string& f : fp32_) absl::StrAppend(&fp32, fp32.empty() ? "" : "; ", f);
+  for (const std::string& w : winograd_) absl::StrAppend(&winograd, winograd.empty() ? "" : "; ", w);
   const std::string isa = EffectiveCpuIsa();
   const bool native = isa == "avx512_core_bf16" || isa == "avx512_core_amx";
   return absl::StrCat("compute bf16 (fp32 accumulation) on oneDNN's ", isa,
                       native ? "" : " (no bf16 instructions on this CPU: bf16 runs emulated or on reference kernels, "
                                     "slower than fp32)",
                       ": bf16 ", bf16.empty() ? "none" : bf16, impls.empty() ? "" : absl::StrCat(" [", impls, "]"),
+                      winograd.empty() ? "" : absl::StrCat("; fp32 Winograd where it timed faster: ", winograd),
                       "; fp32 fallback: ", fp32.empty() ? "none" : fp32,
                       "; pooling, normalization, elementwise, softmax, the loss and the optimizer compute in fp32");
 }

@@ -73,13 +73,23 @@ class PrecisionLog {
     for (const std::string& i : impls) impls_.insert(i);
   }
   void Fp32(const std::string& what, const std::string& why) { fp32_.push_back(absl::StrCat(what, " (", why, ")")); }
-  // "bf16: 2 conv2d, 2 dense on brg:avx512_core_bf16, ... (CPU ISA avx512_core_bf16); fp32: none; ...".
+  // A convolution whose `fp32_passes` ("forward, backward-weights") run on fp32 Winograd because they timed
+  // faster than bf16 here; its other passes run in bf16 on `impls`.
+  void Winograd(const std::string& what, const std::string& fp32_passes, const std::vector<std::string>& impls) {
+    winograd_.push_back(absl::StrCat(what, " ", fp32_passes));
+    for (const std::string& i : impls) impls_.insert(i);
+  }
+  // "compute bf16 ... on oneDNN's avx512_core_bf16: bf16 2 conv2d, 2 dense [brg:avx512_core_bf16, ...]; fp32
+  // Winograd where it timed faster: ...; fp32 fallback: none; ...".
   std::string Report() const;
+
+  // The passes (kernels/cpu/cpu_conv.cc's bit set) each convolution shape runs in bf16, timed once per Device.
+  std::map<std::string, int> conv_routes;
 
  private:
   std::map<std::string, int> bf16_;
   std::set<std::string> impls_;
-  std::vector<std::string> fp32_;
+  std::vector<std::string> fp32_, winograd_;
 };
 
 // oneDNN's name for the instruction set its kernels use on this CPU ("avx512_core_bf16", "avx512_core_amx",
