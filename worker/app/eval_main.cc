@@ -100,6 +100,7 @@ struct EvalOptions {
   data::DataFormat data_format = data::DataFormat::kAuto;
   bool use_moving_averages = false, skip_eval = false, for_inference = false;
   int batch_size = 500, threads = 1;
+  dtrain::kernels::ComputeDtype compute_dtype = dtrain::kernels::ComputeDtype::kFp32;  // --compute_dtype
   data::Normalization normalize;
   InputPipeline input;  // image folders, arrays, CSV: as dtrain_worker read them
 };
@@ -208,7 +209,7 @@ absl::StatusOr<std::unique_ptr<EvalContext>> MakeContext(const EvalOptions& o, c
 
 // The model on the CPU and the test batches (when evaluating or writing logits).
 absl::Status PrepareModel(const EvalOptions& o, const models::ModelRef& spec, EvalContext* c) {
-  ASSIGN_OR_RETURN(c->device, kernels::CreateDevice(kernels::DeviceSpec::Cpu(o.threads)));
+  ASSIGN_OR_RETURN(c->device, kernels::CreateDevice(kernels::DeviceSpec::Cpu(o.threads, o.compute_dtype)));
   ASSIGN_OR_RETURN(c->model, models::CreateModel(*spec, c->mopt, c->device.get()));
   data::EvalBatchOptions eo;
   eo.batch_size = o.batch_size;
@@ -433,6 +434,12 @@ int main(int argc, char** argv) {
     LOG(INFO) << threads->line;
   }
   o.threads = threads->threads;
+  absl::StatusOr<dtrain::kernels::ComputeDtype> dtype = dtrain::worker::ComputeDtypeFromFlags();
+  if (!dtype.ok()) {
+    std::fprintf(stderr, "dtrain_eval: %s\n", std::string(dtype.status().message()).c_str());
+    return 2;
+  }
+  o.compute_dtype = *dtype;
   o.logits_path = absl::GetFlag(FLAGS_logits_out);
   o.for_inference = absl::GetFlag(FLAGS_export_for_inference);
   o.follow_deltas = absl::GetFlag(FLAGS_follow_deltas);
