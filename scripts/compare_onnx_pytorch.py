@@ -15,11 +15,24 @@ re-creates (--builtin=cnn) is timed too: the import's cost is the ratio of the t
       --learning_rate=1e-3
   scripts/compare_onnx_pytorch.py --example=cnn --builtin=cnn --batch_size=50 --threads=1 --optimizer=adam \\
       --learning_rate=1e-4
+  scripts/compare_onnx_pytorch.py --example=resnet20 --batch_size=128 --threads=2 --optimizer=momentum \\
+      --compute_dtype=bf16                              # dtrain bf16 vs PyTorch autocast, dtrain fp32 beside
 
 PyTorch runs under Debian's /usr/bin/python3 with LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp and
 OMP_NUM_THREADS set (/work/shared/BENCHMARKS.md says why), and each launch checks that PyTorch really loaded the
 OpenMP OpenBLAS (scripts/torch_blas.py): another BLAS is an error (exit 2) unless --any_blas. Needs python3-torch,
 libopenblas0-openmp (scripts/install_deps.sh installs both).
+
+--compute_dtype=bf16 (default fp32) compares mixed precision, as scripts/compare_pytorch.py does: dtrain_bench runs
+with --compute_dtype=bf16 (the imported graph's convolutions and matrix products in bf16 on oneDNN with fp32
+accumulation, everything else -- parameters, optimizer, loss, normalization, softmax -- in fp32), PyTorch runs the
+module's forward pass and the loss under torch.autocast("cpu", dtype=torch.bfloat16), backward and optimizer step
+outside it as PyTorch's AMP recipe does (Debian's torch 1.13 is built with oneDNN, so its Conv2d and Linear then
+compute in bf16). Each repeat launches dtrain bf16, PyTorch bf16 and dtrain fp32 -- the baseline of the bf16
+speed-up, measured in the same run -- and the table shows dtrain bf16, PyTorch bf16, their ratio, dtrain fp32 and
+bf16/fp32, every launch's figure, and in its title the instruction set oneDNN ran dtrain's bf16 on (from dtrain's
+`compute bf16 ... on oneDNN's ISA` line, printed once on stderr) beside /proc/cpuinfo's avx512_bf16 and amx_bf16
+flags. --builtin is then timed in bf16 too, so imported / built-in is the import's cost in bf16.
 """
 import argparse
 import json
@@ -32,6 +45,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_pytorch  # noqa: E402  (its --compute_dtype=bf16 helpers; standard library only at import)
 import torch_blas  # noqa: E402
 EXAMPLES = {  # example -> (module, class or factory, constructor kwargs, input shape, the export script's arguments)
     "mlp": ("export_mlp", "MLP", {}, (784,), []),
@@ -71,10 +85,12 @@ def pytorch_child(a):
     x = torch.rand(16, a.batch_size, *shape)
     y = torch.randint(0, 10, (16, a.batch_size))
     loss_fn = torch.nn.CrossEntropyLoss()
+    a.device = "cpu"  # forward_context's autocast device
 
     def step(i):
         opt.zero_grad()
-        loss = loss_fn(model(x[i % 16]), y[i % 16])
+        with compare_pytorch.forward_context(torch, a):  # bf16: autocast; backward and step outside
+            loss = loss_fn(model(x[i % 16]), y[i % 16])
         loss.backward()
         opt.step()
 
@@ -86,7 +102,7 @@ def pytorch_child(a):
         for i in range(a.window_steps):
             step(i)
         rates.append(a.window_steps * a.batch_size / (time.perf_counter() - start))
-    print(json.dumps({"examples_per_sec": statistics.median(rates), "blas": blas}))
+    print(json.dumps({"examples_per_sec": statistics.median(rates), "blas": blas, "compute_dtype": a.compute_dtype}))
 
 
 def run_pytorch(a):
@@ -97,19 +113,30 @@ def run_pytorch(a):
         sys.stderr.write(r.stderr[-2000:])
         sys.exit(r.returncode)
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    if out.get("compute_dtype") != a.compute_dtype:
+        sys.exit("the PyTorch launch ran compute %s, not %s" % (out.get("compute_dtype"), a.compute_dtype))
     return out["examples_per_sec"], out["blas"]
 
 
-def run_dtrain(a, model):
+def run_dtrain(a, model, dtype=None):
+    """One dtrain_bench launch: examples/sec, or (examples/sec, its stderr) when `dtype` is given: then it runs
+    with --compute_dtype=dtype (an fp32 comparison passes none) and a result line without compute=dtype is an
+    error."""
     cmd = [os.path.join(a.bin, "dtrain_bench"), "--model=" + model, "--batch_size=%d" % a.batch_size,
            "--threads=%d" % a.threads, "--optimizer=" + a.optimizer, "--learning_rate=%g" % a.learning_rate,
            "--windows=%d" % a.windows, "--window_steps=%d" % a.window_steps, "--steps_total=0",
            "--synthetic_examples=%d" % (16 * a.batch_size)]  # the 16 batches it times, as PyTorch's side holds
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    m = re.search(r"median=([0-9.]+)", out)
+    if dtype:
+        cmd.append("--compute_dtype=" + dtype)
+    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    m = re.search(r"median=([0-9.]+)", r.stdout)
     if not m:
-        sys.exit("dtrain_bench printed no rate:\n" + out)
-    return float(m.group(1))
+        sys.exit("dtrain_bench printed no rate:\n" + r.stdout)
+    if not dtype:
+        return float(m.group(1))
+    if " compute=%s " % dtype not in r.stdout:
+        sys.exit("dtrain_bench did not run compute=%s: %s\n%s" % (dtype, " ".join(cmd), r.stdout))
+    return float(m.group(1)), r.stderr
 
 
 def main():
@@ -128,6 +155,9 @@ def main():
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
     ap.add_argument("--any_blas", action="store_true",
                     help="time PyTorch even on another BLAS than the OpenMP OpenBLAS (named in the output)")
+    ap.add_argument("--compute_dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: dtrain --compute_dtype=bf16 against PyTorch under torch.autocast(bfloat16), with "
+                         "dtrain fp32 launched beside as the baseline (default fp32)")
     ap.add_argument("--pytorch_child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.pytorch_child:
@@ -140,6 +170,10 @@ def main():
                    EXAMPLES[a.example][4], check=True, capture_output=True)
     a_dtrain = argparse.Namespace(**vars(a))
     a_dtrain.optimizer = dtrain_optimizer
+    if a.compute_dtype == "bf16":
+        compare_bf16(a, a_dtrain, path)
+        subprocess.run(["rm", "-rf", work])
+        return
     dtrain, torch_rates, builtin, blas = [], [], [], set()
     for _ in range(a.repeats):
         dtrain.append(run_dtrain(a_dtrain, path))
@@ -158,6 +192,40 @@ def main():
         print("  built-in %s: %.1f examples/sec; imported / built-in = %.3f (launches %s)" %
               (a.builtin, b, d / b, ["%.1f" % x for x in builtin]))
     subprocess.run(["rm", "-rf", work])
+
+
+def compare_bf16(a, a_dtrain, path):
+    """--compute_dtype=bf16: per repeat dtrain bf16, PyTorch bf16 (autocast), dtrain fp32 (and the built-in in
+    bf16); the table as scripts/compare_pytorch.py prints it."""
+    fmt, med = compare_pytorch.fmt, compare_pytorch.med
+    dtrain, torch_rates, fp32, builtin, blas, report = [], [], [], [], set(), ""
+    for _ in range(a.repeats):
+        rate, err = run_dtrain(a_dtrain, path, "bf16")
+        dtrain.append(rate)
+        report = report or (err if compare_pytorch.BF16_REPORT.search(err) else "")
+        rate, used = run_pytorch(a)
+        torch_rates.append(rate)
+        blas.add(used)
+        fp32.append(run_dtrain(a_dtrain, path, "fp32")[0])
+        if a.builtin:
+            builtin.append(run_dtrain(a_dtrain, a.builtin, "bf16")[0])
+    label = "%s batch=%d threads=%d" % (a.example, a.batch_size, a.threads)
+    isa = compare_pytorch.bf16_report(report, label)[1]
+    d, t, f = med(dtrain), med(torch_rates), med(fp32)
+    print("Training examples/sec of %s (imported), %s, compute bf16 (%s; PyTorch under torch.autocast; "
+          "/proc/cpuinfo: %s; median of %d windows per launch; median over %d interleaved launches)" %
+          (a.example, a.optimizer, compare_pytorch.isa_text([isa] if isa else []), compare_pytorch.cpu_bf16_flags(),
+           a.windows, a.repeats))
+    print("%-8s %5s %7s %11s %12s %6s %11s %9s   per launch: dtrain bf16 | PyTorch bf16 | dtrain fp32" %
+          ("example", "batch", "threads", "dtrain bf16", "PyTorch bf16", "ratio", "dtrain fp32", "bf16/fp32"))
+    print("%-8s %5d %7d %11s %12s %6.2f %11s %9.2f   %s | %s | %s" %
+          (a.example, a.batch_size, a.threads, fmt([d]), fmt([t]), d / t, fmt([f]), d / f, fmt(dtrain),
+           fmt(torch_rates), fmt(fp32)))
+    print("  PyTorch's BLAS: %s" % ", ".join(sorted(blas)))
+    if a.builtin:
+        b = med(builtin)
+        print("  built-in %s (bf16): %.1f examples/sec; imported / built-in = %.3f (launches %s)" %
+              (a.builtin, b, d / b, ["%.1f" % x for x in builtin]))
 
 
 if __name__ == "__main__":
