@@ -411,7 +411,8 @@ def cpu_bf16_flags():
 
 
 def fmt(xs):
-    return " ".join("-" if x is None else f"{x:.0f}" for x in xs)
+    """Figures as printed: whole numbers, with a decimal below 100 (ResNet-50 on one core runs ~5 examples/sec)."""
+    return " ".join("-" if x is None else f"{x:.0f}" if x >= 100 else f"{x:.1f}" for x in xs)
 
 
 def med(xs):

@@ -1,4 +1,5 @@
 // The CPU Device: host memory, a oneDNN CPU engine and stream, and spec.threads OpenMP threads for every op.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
@@ -38,9 +39,24 @@ std::string PrecisionLog::Report() const {
   for (const auto& [kind, n] : bf16_) absl::StrAppend(&bf16, bf16.empty() ? "" : ", ", n, " ", kind);
   std::string impls;
   for (const std::string& i : impls_) absl::StrAppend(&impls, impls.empty() ? "" : ", ", i);
-  std::string fp32, winograd;
-  for (const std::string& f : fp32_) absl::StrAppend(&fp32, fp32.empty() ? "" : "; ", f);
-  for (const std::string& w : winograd_) absl::StrAppend(&winograd, winograd.empty() ? "" : "; ", w);
+  // Repeated entries (a network's identical blocks) once, with their count.
+  auto join = [](const std::vector<std::string>& items) {
+    std::vector<std::pair<std::string, int>> counted;
+    for (const std::string& i : items) {
+      auto it = std::find_if(counted.begin(), counted.end(), [&](const auto& c) { return c.first == i; });
+      if (it == counted.end()) {
+        counted.push_back({i, 1});
+      } else {
+        ++it->second;
+      }
+    }
+    std::string out;
+    for (const auto& [item, n] : counted) {
+      absl::StrAppend(&out, out.empty() ? "" : "; ", n > 1 ? absl::StrCat(n, " x ") : "", item);
+    }
+    return out;
+  };
+  const std::string fp32 = join(fp32_), winograd = join(winograd_);
   const std::string isa = EffectiveCpuIsa();
   const bool native = isa == "avx512_core_bf16" || isa == "avx512_core_amx";
   return absl::StrCat("compute bf16 (fp32 accumulation) on oneDNN's ", isa,
