@@ -65,15 +65,7 @@ class DnnlConv2D final : public Conv2D {
   // Builds everything; dnnl::error escapes to MakeCpuConv2D. With bf16 compute, a shape oneDNN has no bf16
   // primitive for is made in fp32 (the Device's PrecisionLog says so).
   void Init() {
-    if (want_bf16_) {
-      try {
-        Build(true);
-        return;
-      } catch (const dnnl::error& e) {
-        ctx_.precision->Fp32(what_, e.what());
-      }
-    }
-    Build(false);
+    BuildPreferringBf16(ctx_, want_bf16_, what_, [this](bool bf16) { Build(bf16); });
   }
 
   void Build(bool bf16) {

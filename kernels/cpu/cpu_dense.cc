@@ -26,15 +26,7 @@ class DnnlDense final : public Dense {
 
   // With bf16 compute, a shape oneDNN has no bf16 matmul for is made in fp32 (the PrecisionLog says so).
   void Init() {
-    if (ctx_.bf16) {
-      try {
-        Build(true);
-        return;
-      } catch (const dnnl::error& e) {
-        ctx_.precision->Fp32(what_, e.what());
-      }
-    }
-    Build(false);
+    BuildPreferringBf16(ctx_, ctx_.bf16, what_, [this](bool bf16) { Build(bf16); });
   }
 
   void Build(bool bf16) {
@@ -100,7 +92,7 @@ class DnnlDense final : public Dense {
       if (bf16_) {
         x16_.Stage(ctx_.stream, x);
         w16_.Stage(ctx_.stream, w);
-        staged_dy_ = nullptr;
+        dy16_.Forget();
       } else {
         x_.set_data_handle(Mutable(x));
         w_.set_data_handle(Mutable(w));
@@ -127,7 +119,7 @@ class DnnlDense final : public Dense {
   absl::Status BackwardData(const float* dy, const float* w, float* dx) override {
     return RunDnnl(ctx_, what_, " backward-data", [&] {
       if (bf16_) {
-        StageDy(dy);  // w's bf16 copy is the last Forward's (the header's contract)
+        dy16_.StageShared(ctx_.stream, dy);  // w's bf16 copy is the last Forward's (the header's contract)
       } else {
         dy_.set_data_handle(Mutable(dy));
         wt_.set_data_handle(Mutable(w));
@@ -145,7 +137,7 @@ class DnnlDense final : public Dense {
     try {
       dw_.set_data_handle(dw);
       if (bf16_) {
-        StageDy(dy);  // x's bf16 copy is the last Forward's (the header's contract)
+        dy16_.StageShared(ctx_.stream, dy);  // x's bf16 copy is the last Forward's (the header's contract)
       } else if (p_.weights_transposed) {
         dyt_.set_data_handle(Mutable(dy));
         x_.set_data_handle(Mutable(x));
@@ -172,17 +164,6 @@ class DnnlDense final : public Dense {
   }
 
  private:
-  // bf16: rounds dy into its copy unless the other backward call of this step just did (then the copy is used
-  // and forgotten, so that a later call with new values behind the same pointer rounds them again).
-  void StageDy(const float* dy) {
-    if (staged_dy_ == dy) {
-      staged_dy_ = nullptr;
-      return;
-    }
-    dy16_.Stage(ctx_.stream, dy);
-    staged_dy_ = dy;
-  }
-
   // db[o] = beta * sum_n dy[n, o]; the inner loop runs over contiguous o and vectorizes.
   void ColumnSums(const float* __restrict dy, float* __restrict db) const {
     const int out = p_.out;
@@ -213,7 +194,6 @@ class DnnlDense final : public Dense {
   memory x_, w_, dy_, wt_, xt_, dyt_, b_, y_, dx_, dw_;
   bool bf16_ = false;
   Bf16Operand x16_, w16_, dy16_;
-  const float* staged_dy_ = nullptr;
   bool bias_in_matmul_ = false;
   std::vector<float> scaled_bias_;  // beta * b, when the matmul adds a bias that beta scales
   SharedScratchpad scratch_;

@@ -32,15 +32,7 @@ class DnnlMatMul final : public MatMul {
 
   // With bf16 compute, a shape oneDNN has no bf16 matmul for is made in fp32 (the PrecisionLog says so).
   void Init() {
-    if (ctx_.bf16) {
-      try {
-        Build(true);
-        return;
-      } catch (const dnnl::error& e) {
-        ctx_.precision->Fp32(what_, e.what());
-      }
-    }
-    Build(false);
+    BuildPreferringBf16(ctx_, ctx_.bf16, what_, [this](bool bf16) { Build(bf16); });
   }
 
   void Build(bool bf16) {
@@ -83,7 +75,7 @@ class DnnlMatMul final : public MatMul {
       if (bf16_) {
         a16_.Stage(ctx_.stream, a);
         b16_.Stage(ctx_.stream, b);
-        staged_dy_ = nullptr;
+        dy16_.Forget();
       }
       Execute(fwd_, {a, b, nullptr}, y);
     });
@@ -91,13 +83,13 @@ class DnnlMatMul final : public MatMul {
   // bf16: a's and b's copies are the last Forward's (the header's contract).
   absl::Status BackwardA(const float* dy, const float* b, float* da) override {
     return RunDnnl(ctx_, what_, " backward (a)", [&] {
-      if (bf16_) StageDy(dy);
+      if (bf16_) dy16_.StageShared(ctx_.stream, dy);
       Execute(da_, {nullptr, b, dy}, da);
     });
   }
   absl::Status BackwardB(const float* a, const float* dy, float* db) override {
     return RunDnnl(ctx_, what_, " backward (b)", [&] {
-      if (bf16_) StageDy(dy);
+      if (bf16_) dy16_.StageShared(ctx_.stream, dy);
       Execute(db_, {a, nullptr, dy}, db);
     });
   }
@@ -146,24 +138,12 @@ class DnnlMatMul final : public MatMul {
                                  {DNNL_ARG_SCRATCHPAD, p.scratch}});
   }
 
-  // bf16: rounds dy into its copy unless the other backward call of this step just did (then the copy is used
-  // and forgotten, so that a later call with new values behind the same pointer rounds them again).
-  void StageDy(const float* dy) {
-    if (staged_dy_ == dy) {
-      staged_dy_ = nullptr;
-      return;
-    }
-    dy16_.Stage(ctx_.stream, dy);
-    staged_dy_ = dy;
-  }
-
   DnnlContext ctx_;
   MatMulParams p_;
   std::string what_;
   Product fwd_, da_, db_;
   bool bf16_ = false;
   Bf16Operand a16_, b16_, dy16_;
-  const float* staged_dy_ = nullptr;
   SharedScratchpad scratch_;
 };
 

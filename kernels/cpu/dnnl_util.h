@@ -126,6 +126,18 @@ class Bf16Operand {
     user_.set_data_handle(const_cast<float*>(p));
     reorder_.execute(stream, user_, copy_);
   }
+  // For an operand two calls share (dy, read by both backward products): rounds unless the other call just did,
+  // then the copy is used and forgotten, so that a later call with new values behind the same pointer rounds
+  // them again. Forget() (Forward) starts over.
+  void StageShared(const dnnl::stream& stream, const float* p) {
+    if (shared_ == p) {
+      shared_ = nullptr;
+      return;
+    }
+    Stage(stream, p);
+    shared_ = p;
+  }
+  void Forget() { shared_ = nullptr; }
   dnnl::memory& memory() { return copy_; }
   // The copy's bytes under another descriptor (of no more bytes).
   dnnl::memory View(const dnnl::engine& engine, const dnnl::memory::desc& md) const {
@@ -135,7 +147,24 @@ class Bf16Operand {
  private:
   dnnl::memory user_, copy_;
   dnnl::reorder reorder_;
+  const float* shared_ = nullptr;
 };
+
+// An op's Init with bf16 compute: build(true) makes its primitives reading bf16; when oneDNN has none for the
+// shape (dnnl::error), build(false) makes them in fp32 and the context's PrecisionLog names `what` with oneDNN's
+// reason. Without bf16 compute, build(false).
+template <typename Build>
+void BuildPreferringBf16(const DnnlContext& ctx, bool bf16, const std::string& what, Build&& build) {
+  if (bf16) {
+    try {
+      build(true);
+      return;
+    } catch (const dnnl::error& e) {
+      ctx.precision->Fp32(what, e.what());
+    }
+  }
+  build(false);
+}
 
 // Flush-to-zero and denormals-are-zero on the calling thread and on the OpenMP threads it runs ops with (its
 // own pool: libgomp keeps one per thread that starts parallel regions), once per thread and thread count.
