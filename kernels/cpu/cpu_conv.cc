@@ -59,7 +59,11 @@ class DnnlConv2D final : public Conv2D {
 
   // Runs only `passes` from now on (RoutedConv2D): without kForward, the backward passes round or reorder x and
   // the filter themselves instead of reusing the copies a Forward of this op would have made.
-  void ServeOnly(int passes) { passes_ = passes; }
+  // Forgets a dy rounded by an earlier call (the timing runs' buffers are gone).
+  void ServeOnly(int passes) {
+    passes_ = passes;
+    cached_dy_ = nullptr;
+  }
   bool winograd() const { return blocked_; }
 
   // Builds everything; dnnl::error escapes to MakeCpuConv2D. With bf16 compute, a shape oneDNN has no bf16
