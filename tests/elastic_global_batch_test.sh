@@ -93,9 +93,15 @@ elastic() {
   timeout 120 "$B/dtrain_eval" --checkpoint="$d/local/model.ckpt-$STEPS" --skip_eval --export="$d/local.npz" \
     >"$d/export2.log" 2>&1 || tail -3 "$d/export2.log"
   # Rows the elastic run pulled for batches it drew again (read a step ahead, before a change) are left out.
-  check "$name: 1 -> 2 -> 4 -> 3 -> 2 workers with a global batch of $g equal one process with batch $g (1e-5)" \
+  # The mlp's tolerance: its gradients of a batch of g and of parts of b sum in other orders, and where the CPU's
+  # kernels block the two batch sizes differently (AVX-512, seen on a Zen 4; not on AVX2) a ReLU that flips on a
+  # last-bit difference moves its hidden biases by ~1.5e-3 after 110 steps (the binaries before bf16 compute did
+  # the same there); a lost or doubled step moves them by 1e-2 and more, and check_updates below counts each push.
+  local tol=1e-5
+  [ "$name" = mlp ] && tol=5e-3
+  check "$name: 1 -> 2 -> 4 -> 3 -> 2 workers with a global batch of $g equal one process with batch $g ($tol)" \
     /usr/bin/python3 "$ROOT/tests/compare_values.py" "$name, elastic global batch vs local" "$d/elastic.npz" \
-    "$d/local.npz" --tol 1e-5 --extra_rows
+    "$d/local.npz" --tol $tol --extra_rows
   out=$(python3 "$ROOT/scripts/check_updates.py" --ps_dir="$d/ckpt" --worker_dir="$d/pushes" 2>&1) || true
   echo "$out" | tail -1
   check "$name: check_updates: lost 0, doubled 0" bash -c "echo '$out' | grep -q 'lost 0, doubled 0'"
